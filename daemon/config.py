@@ -1,0 +1,195 @@
+"""The daemon's configuration: one frozen dataclass, and small pure converters for its values.
+
+Each converter takes a string (from the command line or, later, a file or the environment) and
+returns the value or raises ValueError with a one-line reason, so each is testable alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from memrec.protocol import DEFAULT_SOCKET
+
+DEFAULT_OUTPUT = "/var/lib/memrec/"
+GiB = 1 << 30
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgtp]?)(i?b?)\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d)?\s*$", re.IGNORECASE)
+_DURATION_UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def byte_size(text: str | int) -> int:
+    """``"512M"`` → 536870912. Units K, M, G, T, P are powers of 1024 (``MiB``/``MB``/``M`` alike).
+
+    Raises:
+        ValueError: not a non-negative size.
+    """
+    if isinstance(text, int) and not isinstance(text, bool):
+        if text < 0:
+            raise ValueError(f"size must be >= 0, got {text}")
+        return text
+    match = _SIZE.match(str(text))
+    if not match or (match.group(3) and match.group(3).lower() == "i"):
+        raise ValueError(f"not a byte size: {text!r} (examples: 0, 4096, 512M, 1G, 1.5GiB)")
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+
+
+def positive_float(text: str | float) -> float:
+    """A finite number > 0.
+
+    Raises:
+        ValueError: not a number, not finite, or <= 0.
+    """
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
+def rate(text: str | float) -> float:
+    """Samples per second: a finite number >= 0 (0 turns the sampling off).
+
+    Raises:
+        ValueError: not a number, not finite, or negative.
+    """
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def duration(text: str | float) -> float:
+    """Seconds from ``"30"``, ``"30s"``, ``"500ms"``, ``"5m"``, ``"2h"``, ``"1d"`` (> 0).
+
+    Raises:
+        ValueError: not a positive duration.
+    """
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return positive_float(text)
+    match = _DURATION.match(str(text))
+    if not match:
+        raise ValueError(f"not a duration: {text!r} (examples: 30, 30s, 500ms, 5m, 2h)")
+    value = float(match.group(1)) * _DURATION_UNITS[(match.group(2) or "s").lower()]
+    if value <= 0:
+        raise ValueError(f"duration must be > 0, got {text!r}")
+    return value
+
+
+def octal_mode(text: str | int) -> int:
+    """A permission mode: ``"660"`` / ``"0o660"`` → 0o660.
+
+    Raises:
+        ValueError: not an octal number in 0..0o7777.
+    """
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    else:
+        try:
+            value = int(str(text).strip().removeprefix("0o"), 8)
+        except ValueError:
+            raise ValueError(f"not an octal mode: {text!r}") from None
+    if not 0 <= value <= 0o7777:
+        raise ValueError(f"mode out of range: {text!r}")
+    return value
+
+
+def ring_pages(text: str | int) -> int:
+    """Ring-buffer size in pages: a power of two >= 1.
+
+    Raises:
+        ValueError: not a power of two.
+    """
+    try:
+        value = int(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"not an integer: {text!r}") from None
+    if value < 1 or value & (value - 1):
+        raise ValueError(f"ring buffer pages must be a power of two, got {text!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    """Everything the daemon needs to know; the command line builds one.
+
+    Attributes:
+        output: a trace file, or a directory (existing, or written with a trailing ``/``) in which
+            each file gets a name with the host, the start time and the daemon's pid.
+        socket_path: the marker/subscriber socket.
+        socket_mode: the socket's permission bits (group members may send markers).
+        socket_group: group name or gid to own the socket (None: the daemon's group).
+        libcuda_paths: libcuda files to probe besides those found in /proc/*/maps and the usual
+            places.
+        follow_tree: record only tracked pids and their descendants (``memrec record``).
+        rotate_bytes: start a new file once this many bytes are written (0: never).
+        flush_interval: the longest a record waits in the writer's buffer (seconds).
+        keyframe_interval: seconds between two keyframes (full live state).
+        rescan_interval: seconds between two searches for newly mapped libcuda files.
+        poll_interval: seconds between two drains of the ring buffer.
+        nvml_device_hz / nvml_process_hz: NVML sample rates (0: off).
+        ringbuf_pages: BPF ring buffer size in pages (power of two).
+        subscriber_queue_bytes: the most bytes queued for one live subscriber before it loses
+            records (it then gets a ``lost`` notice and a fresh keyframe).
+        output_is_dir: whether ``output`` is a directory of traces (None: a trailing ``/`` or an
+            existing directory says so).
+    """
+
+    output: Path = DEFAULT_OUTPUT  # type: ignore[assignment]  (a str is converted)
+    socket_path: Path = Path(DEFAULT_SOCKET)
+    socket_mode: int = 0o660
+    socket_group: str | int | None = None
+    libcuda_paths: tuple[str, ...] = ()
+    follow_tree: bool = False
+    rotate_bytes: int = GiB
+    flush_interval: float = 0.2
+    keyframe_interval: float = 10.0
+    rescan_interval: float = 5.0
+    poll_interval: float = 0.05
+    nvml_device_hz: float = 10.0
+    nvml_process_hz: float = 1.0
+    ringbuf_pages: int = 1024
+    subscriber_queue_bytes: int = 64 << 20
+    output_is_dir: bool | None = None
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        # A trailing "/" means a directory: Path() drops it, so decide now and remember.
+        output = os.fspath(self.output)
+        if self.output_is_dir is None:
+            set_(self, "output_is_dir", output.endswith(os.sep) or os.path.isdir(output))
+        set_(self, "output", Path(output))
+        set_(self, "socket_path", Path(os.fspath(self.socket_path)))
+        set_(self, "socket_mode", octal_mode(self.socket_mode))
+        set_(self, "libcuda_paths", tuple(os.fspath(p) for p in self.libcuda_paths))
+        set_(self, "rotate_bytes", byte_size(self.rotate_bytes))
+        set_(self, "subscriber_queue_bytes", byte_size(self.subscriber_queue_bytes))
+        for name in ("flush_interval", "keyframe_interval", "rescan_interval", "poll_interval"):
+            set_(self, name, positive_float(getattr(self, name)))
+        for name in ("nvml_device_hz", "nvml_process_hz"):
+            set_(self, name, rate(getattr(self, name)))
+        set_(self, "ringbuf_pages", ring_pages(self.ringbuf_pages))
+
+    def replace(self, **changes) -> DaemonConfig:
+        """A copy with ``changes`` (validated the same way)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        """The configuration as the trace header records it (plain types only)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = os.fspath(value) if isinstance(value, Path) else list(value) if isinstance(value, tuple) else value
+        out["socket_mode"] = oct(self.socket_mode)
+        return out

@@ -1,0 +1,783 @@
+"""The memrec daemon: one event loop from the probes to the trace and the live subscribers.
+
+::
+
+    d = Daemon(config)
+    d.start()            # bind the socket, load the probes, attach every libcuda, open the trace
+    d.track_pid(pid)     # record mode only: follow this process tree
+    d.run(until=...)     # the loop; returns on SIGTERM/SIGINT or when until() is true
+    d.stop()             # phased shutdown (idempotent)
+
+One ``selectors`` loop serves the marker socket (markers, pings, subscribers) and a self-pipe
+that signals write to; timers drain the ring buffer (``poll_interval``), flush the writer
+(``flush_interval``), write keyframes (``keyframe_interval``) and look for newly mapped libcuda
+files (``rescan_interval``). NVML samples come from the sampler's thread through a queue.
+
+Each event gets its physical GPU here: the process's device ordinal through its
+``CUDA_VISIBLE_DEVICES`` (:func:`memrec.probes.procinfo.gpu_map`); the live state fills in the
+rest (a free gets its allocation's GPU...).
+
+Signal handlers only queue the signal (supervisor's model); :meth:`Daemon.handle_signal` acts on
+it from the loop: TERM/INT stop (or, in record mode, go to ``stop_signal_handler``), HUP rotates
+the trace file. Shutdown is phased: stop accepting, stop NVML, final drain, detach the probes,
+final keyframe and trailer, fsync, disconnect subscribers, remove the socket.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+import logging
+import os
+import selectors
+import signal
+import socket
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+from typing import Callable
+
+import numpy as np
+
+from memrec import __version__
+from memrec._errors import ExitCode
+from memrec._errors import MemrecCommandError
+from memrec._errors import MemrecError
+from memrec.columns import with_gpu
+from memrec.daemon.config import DaemonConfig
+from memrec.daemon.fanout import Fanout
+from memrec.daemon.markers import MarkerServer
+from memrec.daemon.sockets import BoundSocket
+from memrec.daemon.sockets import bind_unix_socket
+from memrec.events import GpuInfo
+from memrec.events import Kind
+from memrec.events import Marker
+from memrec.events import ProcessInfo
+from memrec.state import LiveState
+from memrec.trace.format import encode_record
+from memrec.trace.format import keyframe_record
+from memrec.trace.format import lost_record
+from memrec.trace.format import make_header
+from memrec.trace.format import process_record
+from memrec.trace.writer import TraceWriter
+
+log = logging.getLogger(__name__)
+
+#: Kinds that are about a whole process, never one GPU (the one-GPU fallback skips them).
+_PROCESS_KINDS = (int(Kind.PROC_EXIT), int(Kind.PROC_FORK))
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: In record mode, stop signals go to the command; this many of one kind stop the daemon anyway.
+_FORCE_STOP_AFTER = 3
+#: The most ring-buffer polls of the final drain.
+_FINAL_DRAIN_POLLS = 64
+
+
+class Mood(enum.Enum):
+    """The daemon's state (supervisor's "mood")."""
+
+    CREATED = "created"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+class ProbeLoadError(MemrecCommandError):
+    """The BPF probes cannot be compiled or loaded; the message is the reason in one line."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, exit_code=ExitCode.UNAVAILABLE)
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip() or type(error).__name__
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    # bcc puts the compiler's complaint on the last lines; keep the first and the last.
+    if len(lines) > 1:
+        return f"{lines[0]} ... {lines[-1]}"[:500]
+    return lines[0][:500] if lines else type(error).__name__
+
+
+def _default_probes_factory(**kwargs: Any) -> Any:
+    from memrec.probes.cuda import CudaProbes
+
+    return CudaProbes(**kwargs)
+
+
+def _default_find_libraries(extra: tuple[str, ...]) -> list:
+    from memrec.probes.libs import find_libcuda
+
+    return find_libcuda(list(extra))
+
+
+def _default_nvml() -> Any:
+    from memrec.probes import nvml
+
+    return nvml
+
+
+def _default_process_info(pid: int, gpus: list[GpuInfo], first_ts: int) -> ProcessInfo:
+    from memrec.probes.procinfo import process_info
+
+    return process_info(pid, gpus, first_ts)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Library:
+    path: str
+    dev: int
+    inode: int
+
+
+def _explicit_libraries(paths: tuple[str, ...]) -> list[_Library]:
+    """The libcuda files named on the command line (missing ones are logged by the caller once)."""
+    out = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        out.append(_Library(path, st.st_dev, st.st_ino))
+    return out
+
+
+def _report_dict(report: Any) -> dict:
+    """An AttachReport (path, attached, missing) as the header records it."""
+    attached = getattr(report, "attached", 0)
+    missing = getattr(report, "missing", ())
+    return {
+        "path": os.fspath(getattr(report, "path", "?")),
+        "attached": len(attached) if isinstance(attached, (list, tuple, set, frozenset)) else int(attached),
+        "missing": sorted(str(m) for m in missing),
+    }
+
+
+class Daemon:
+    """The recorder: probes → GPU stamping → live state → trace file and live subscribers.
+
+    Args:
+        config: what to record where.
+        probes_factory: builds the probes (``CudaProbes(follow_tree=, ringbuf_pages=)``).
+        nvml: provides ``list_gpus()`` and ``NvmlSampler`` (default :mod:`memrec.probes.nvml`);
+            None for the default.
+        clock: CLOCK_MONOTONIC ns, the probes' clock (timers and record timestamps).
+        find_libraries: ``(extra_paths) -> [LibraryFile(path, dev, inode)]``.
+        process_info: ``(pid, gpus, first_ts) -> ProcessInfo`` (reads /proc).
+        stop_signal_handler: record mode: SIGINT/SIGTERM are passed to it (from the loop, not
+            the signal handler) instead of stopping the daemon; the third signal of one kind
+            stops the daemon anyway.
+        install_signals: install the signal handlers in :meth:`start` (only from the main thread).
+    """
+
+    def __init__(
+        self,
+        config: DaemonConfig,
+        probes_factory: Callable[..., Any] | None = None,
+        nvml: Any = None,
+        clock: Callable[[], int] = time.monotonic_ns,
+        *,
+        find_libraries: Callable[[tuple[str, ...]], list] | None = None,
+        process_info: Callable[[int, list[GpuInfo], int], ProcessInfo] | None = None,
+        stop_signal_handler: Callable[[int], None] | None = None,
+        install_signals: bool = True,
+    ) -> None:
+        self.config = config
+        self._probes_factory = probes_factory or _default_probes_factory
+        self._nvml = nvml
+        self.clock = clock
+        self._find_libraries = find_libraries or _default_find_libraries
+        self._process_info = process_info or _default_process_info
+        self.stop_signal_handler = stop_signal_handler
+        self._install_signals = install_signals
+
+        self.mood = Mood.CREATED
+        self.stop_reason: str | None = None
+        self.probes: Any = None
+        self.gpus: list[GpuInfo] = []
+        self.notes: list[str] = []
+        self.state = LiveState()
+        self.files: list[Path] = []  # every trace file written, in order
+        self.writer: TraceWriter | None = None
+        self.selector: selectors.BaseSelector | None = None
+        self.bound: BoundSocket | None = None
+        self.markers: MarkerServer | None = None
+        self.fanout: Fanout | None = None
+        self.sampler: Any = None
+
+        self._signals: list[int] = []
+        self._signal_counts: dict[int, int] = {}
+        self._old_handlers: dict[int, Any] = {}
+        self._old_wakeup_fd: int | None = None
+        self._wake_r = self._wake_w = -1
+        self._libraries: dict[tuple[int, int], dict] = {}  # (dev, inode) -> report dict
+        self._skip_libraries: set[tuple[int, int]] = set()  # failed, or known under another identity
+        self._procs: dict[int, ProcessInfo] = {}
+        self._pending_markers: list[Marker] = []
+        self._nvml_queue: deque[tuple[np.ndarray, np.ndarray]] = deque()
+        self._lost = 0
+        self._part = 0
+        self._start_stamp = ""
+        self._poll_errors = 0
+        self._probes_closed = False
+        self._search_failed = False
+        self.events_recorded = 0
+        self.markers_recorded = 0
+        self._next: dict[str, int] = {}
+
+    # ================================================================== lifecycle
+
+    def start(self) -> None:
+        """Bind the socket, load the probes, attach libcuda, open the trace, start NVML.
+
+        Raises:
+            SocketError: the socket is in use or cannot be created (exit code CANT_CREATE).
+            ProbeLoadError: the BPF program cannot be loaded (exit code UNAVAILABLE).
+            MemrecCommandError: the output cannot be written (exit code CANT_CREATE).
+        """
+        if self.mood is not Mood.CREATED:
+            raise RuntimeError(f"Daemon.start() called in mood {self.mood.value}")
+        cfg = self.config
+        self._start_stamp = time.strftime("%Y%m%d-%H%M%S")
+        self.selector = selectors.DefaultSelector()
+        try:
+            # The socket first: a second daemon fails here, before the slow BPF compile.
+            self.bound = bind_unix_socket(cfg.socket_path, cfg.socket_mode, cfg.socket_group)
+            self._load_probes()
+            for path in cfg.libcuda_paths:
+                if not os.path.exists(path):
+                    log.warning("--libcuda %s: no such file", path)
+            self.scan_libraries()
+            if not self._libraries:
+                log.warning(
+                    "no libcuda.so.1 found yet: probes will attach when a process maps one "
+                    "(rescan every %g s); name one with --libcuda PATH", cfg.rescan_interval
+                )
+            self.gpus = self._list_gpus()
+            self.fanout = Fanout(self.selector, cfg.subscriber_queue_bytes)
+            self.markers = MarkerServer(self.bound.sock, self.selector, self._on_marker, self._on_subscribe)
+            self._open_writer(self._next_path(), reason="start")
+            self._start_sampler()
+            self._setup_signals()
+            self.markers.start()
+        except BaseException:
+            self._teardown(failed=True)
+            raise
+        now = self.clock()
+        self._next = {
+            "poll": now,
+            "flush": now + int(cfg.flush_interval * 1e9),
+            "keyframe": now + int(cfg.keyframe_interval * 1e9),
+            "rescan": now + int(cfg.rescan_interval * 1e9),
+        }
+        self.mood = Mood.RUNNING
+        log.info(
+            "recording to %s; markers on %s; %d GPU(s); %d libcuda file(s) probed",
+            self.files[-1], cfg.socket_path, len(self.gpus), len(self._libraries),
+        )
+
+    def track_pid(self, pid: int) -> None:
+        """Record mode: follow ``pid`` and its descendants (the probes filter in the kernel)."""
+        self.probes.track_pid(pid)
+
+    def run(self, until: Callable[[], bool] | None = None) -> str:
+        """Serve until a stop signal (or ``until()`` returns true); return why it returned.
+
+        The daemon keeps running after ``run`` returns because of ``until``: call :meth:`stop`.
+        """
+        if self.mood is Mood.STOPPING:  # a stop signal came before the loop ran
+            return self.stop_reason or "stopped"
+        if self.mood is not Mood.RUNNING:
+            raise RuntimeError(f"Daemon.run() called in mood {self.mood.value}")
+        assert self.selector is not None
+        poll_ns = int(self.config.poll_interval * 1e9)
+        while True:
+            self.handle_signal()
+            if self.mood is not Mood.RUNNING:
+                return self.stop_reason or "stopped"
+            if until is not None and until():
+                return "until"
+            now = self.clock()
+            timeout = min(max(0, min(self._next.values()) - now), poll_ns) / 1e9
+            for key, mask in self.selector.select(timeout):
+                key.data(mask)
+            self.tick(self.clock())
+
+    def stop(self) -> None:
+        """Phased shutdown; safe to call more than once and after a failed :meth:`start`."""
+        if self.mood in (Mood.STOPPED, Mood.CREATED):
+            return
+        self.mood = Mood.STOPPING
+        reason = self.stop_reason or "stop"
+        log.info("shutting down (%s)", reason)
+        self._teardown(failed=False)
+
+    def _teardown(self, failed: bool) -> None:
+        steps: list[tuple[str, Callable[[], None]]] = []
+        if self.markers is not None:
+            steps.append(("stop accepting", self.markers.stop_accepting))
+            if not failed:
+                steps.append(("read last markers", self._read_last_markers))
+        if self.sampler is not None:
+            steps.append(("stop NVML", self.sampler.stop))
+        if self.probes is not None and not failed:
+            steps.append(("final drain", self._final_drain))
+        if self.writer is not None and not failed:
+            steps.append(("write pending", self._write_pending))
+        if self.probes is not None:
+            # CudaProbes.close() detaches and frees the ring buffer: drain first, then detach.
+            steps.append(("detach probes", self._close_probes))
+        if self.writer is not None:
+            if failed:
+                steps.append(("close trace", lambda: self.writer.abort()))
+            else:
+                steps.append(("final keyframe", self._write_keyframe))
+                steps.append(("trailer", lambda: self.writer.close(self._trailer(self.stop_reason or "stop"))))
+        if self.fanout is not None:
+            steps.append(("subscribers", self.fanout.close))
+        if self.markers is not None:
+            steps.append(("marker clients", self.markers.close))
+        if self.bound is not None:
+            steps.append(("remove socket", self.bound.close))
+        steps.append(("signals", self._restore_signals))
+        if self.selector is not None:
+            steps.append(("selector", self.selector.close))
+        for name, step in steps:
+            try:
+                step()
+            except Exception as error:
+                log.error("shutdown step %r failed: %s", name, error)
+        self.mood = Mood.STOPPED
+        if not failed and self.files:
+            log.info("wrote %s", ", ".join(map(str, self.files)))
+
+    # ================================================================== signals
+
+    def queue_signal(self, signum: int, _frame: Any = None) -> None:
+        """The signal handler: queue ``signum`` (once) and nothing else."""
+        if signum not in self._signals:
+            self._signals.append(signum)
+
+    def handle_signal(self) -> None:
+        """Act on the queued signals (called from the loop, never from a handler)."""
+        while self._signals:
+            signum = self._signals.pop(0)
+            name = signal.Signals(signum).name
+            if signum in _STOP_SIGNALS:
+                count = self._signal_counts[signum] = self._signal_counts.get(signum, 0) + 1
+                if self.mood is not Mood.RUNNING:
+                    log.info("received %s: ignored, shutdown already in progress", name)
+                elif self.stop_signal_handler is not None and count < _FORCE_STOP_AFTER:
+                    log.info("received %s: passed on (recording continues until the command exits)", name)
+                    self.stop_signal_handler(signum)
+                else:
+                    log.info("received %s: shutting down", name)
+                    self.stop_reason = f"signal {name}"
+                    self.mood = Mood.STOPPING
+            elif signum == signal.SIGHUP:
+                if self.mood is not Mood.RUNNING:
+                    log.info("received SIGHUP: ignored, shutdown in progress")
+                else:
+                    log.info("received SIGHUP: rotating the trace file")
+                    self.rotate("SIGHUP")
+            else:
+                log.debug("received %s: ignored", name)
+
+    def _setup_signals(self) -> None:
+        if not self._install_signals:
+            return
+        if threading.current_thread() is not threading.main_thread():
+            log.debug("not in the main thread: signal handlers not installed")
+            return
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        assert self.selector is not None
+        self.selector.register(self._wake_r, selectors.EVENT_READ, self._drain_wakeup)
+        self._old_wakeup_fd = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        for signum in (*_STOP_SIGNALS, signal.SIGHUP):
+            self._old_handlers[signum] = signal.signal(signum, self.queue_signal)
+
+    def _drain_wakeup(self, _mask: int) -> None:
+        with contextlib.suppress(OSError):
+            while os.read(self._wake_r, 512):
+                pass
+
+    def _restore_signals(self) -> None:
+        for signum, handler in self._old_handlers.items():
+            with contextlib.suppress(Exception):
+                signal.signal(signum, handler)
+        self._old_handlers.clear()
+        if self._old_wakeup_fd is not None:
+            with contextlib.suppress(Exception):
+                signal.set_wakeup_fd(self._old_wakeup_fd)
+            self._old_wakeup_fd = None
+        for fd in (self._wake_r, self._wake_w):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._wake_r = self._wake_w = -1
+
+    # ================================================================== loop work
+
+    def tick(self, now: int) -> None:
+        """Do the timed work due at ``now`` (the loop calls it after every select)."""
+        nxt = self._next
+        cfg = self.config
+        if now >= nxt["poll"]:
+            self.drain()
+            nxt["poll"] = _advance(nxt["poll"], int(cfg.poll_interval * 1e9), now)
+        if self._pending_markers or self._nvml_queue:
+            self._write_pending()
+        if now >= nxt["keyframe"]:
+            self._write_keyframe()
+            nxt["keyframe"] = _advance(nxt["keyframe"], int(cfg.keyframe_interval * 1e9), now)
+            nxt["flush"] = now  # a keyframe is worth showing at once
+        if now >= nxt["flush"]:
+            assert self.writer is not None
+            self.writer.flush()
+            nxt["flush"] = _advance(nxt["flush"], int(cfg.flush_interval * 1e9), now)
+        if now >= nxt["rescan"]:
+            self.scan_libraries()
+            nxt["rescan"] = _advance(nxt["rescan"], int(cfg.rescan_interval * 1e9), now)
+        if self.fanout is not None and self.fanout.needs_resync:
+            assert self.writer is not None
+            self.writer.flush()
+            self.fanout.resync(self._resync_records)
+        if cfg.rotate_bytes and self.writer is not None and self.writer.bytes_written >= cfg.rotate_bytes:
+            self.rotate("size")
+
+    def _close_probes(self) -> None:
+        self._probes_closed = True
+        self.probes.close()
+
+    def drain(self) -> int:
+        """Poll the ring buffer once, record what it held; return the number of events."""
+        if self.probes is None or self._probes_closed:
+            return 0
+        try:
+            raw = self.probes.poll()
+        except Exception as error:
+            self._poll_errors += 1
+            if self._poll_errors <= 3:
+                log.error("ring buffer poll failed: %s", _one_line(error))
+            return 0
+        n = len(raw)
+        if n:
+            self.record_events(raw)
+        lost = int(self.probes.lost())
+        if lost != self._lost:
+            if lost > self._lost:
+                log.warning("%d events lost so far (ring buffer full: raise --ringbuf-pages?)", lost)
+            self._lost = lost
+            assert self.writer is not None
+            self.writer.write_lost(self.clock(), lost)
+        return n
+
+    def record_events(self, raw: np.ndarray) -> np.ndarray:
+        """Stamp GPUs on raw probe records, apply them to the live state, write them."""
+        events = with_gpu(raw, -1)
+        if len(events) > 1:
+            events = events[np.argsort(events["ts"], kind="stable")]
+        pids = events["pid"]
+        for pid in np.unique(pids).tolist():
+            info = self._process(pid, int(events["ts"][pids == pid][0]))
+            self._stamp(events, pids == pid, info)
+        self.state.apply(events)
+        assert self.writer is not None
+        self.writer.write_events(events)
+        self.events_recorded += len(events)
+        for pid in events["pid"][events["kind"] == int(Kind.PROC_EXIT)].tolist():
+            self._procs.pop(pid, None)  # a later process with this pid is a new one
+        return events
+
+    def _identity(self, info: ProcessInfo) -> bool:
+        """No NVML and no CUDA_VISIBLE_DEVICES: ordinal n is GPU n (CUDA's and NVML's order)."""
+        return not self.gpus and info.cuda_visible_devices is None
+
+    def _stamp(self, events: np.ndarray, rows: np.ndarray, info: ProcessInfo) -> None:
+        ordinal = events["ordinal"][rows].astype(np.int64)
+        if self._identity(info):
+            gpu = np.where(ordinal >= 0, ordinal, -1)
+        else:
+            gm = np.asarray(info.gpu_map, dtype=np.int64)
+            gpu = np.full(len(ordinal), -1, dtype=np.int64)
+            ok = (ordinal >= 0) & (ordinal < len(gm))
+            gpu[ok] = gm[ordinal[ok]]
+            if len(gm) == 1:
+                kinds = events["kind"][rows]
+                gpu[(ordinal == -1) & ~np.isin(kinds, _PROCESS_KINDS)] = gm[0]
+        events["gpu"][rows] = gpu
+
+    def _process(self, pid: int, first_ts: int) -> ProcessInfo:
+        info = self._procs.get(pid)
+        if info is None:
+            try:
+                info = self._process_info(pid, self.gpus, first_ts)
+            except Exception as error:  # /proc surprises must not cost the events
+                log.warning("pid %d: cannot read /proc (%s)", pid, error)
+                info = ProcessInfo(pid, None, [], None, None, [], first_ts)
+            self._procs[pid] = info
+            log.info(
+                "pid %d: %s (CUDA_VISIBLE_DEVICES=%s → GPUs %s)",
+                pid, " ".join(info.cmdline)[:200] or "?", info.cuda_visible_devices, info.gpu_map,
+            )
+            if self.writer is not None and not self.writer.closed:
+                self.writer.write_process(info)
+        return info
+
+    # ------------------------------------------------------------------ markers and NVML
+
+    def _on_marker(self, marker: Marker) -> None:
+        self._pending_markers.append(marker)
+
+    def _physical_gpu(self, marker: Marker) -> Marker:
+        """The client names its device ordinal; the trace holds the physical GPU."""
+        if marker.gpu is None:
+            return marker
+        info = self._process(marker.pid, marker.ts)
+        if self._identity(info):
+            return marker
+        if 0 <= marker.gpu < len(info.gpu_map):
+            return dataclasses.replace(marker, gpu=info.gpu_map[marker.gpu])
+        return marker  # unknown map: keep the number the client gave
+
+    def _nvml_sink(self, device_rows: np.ndarray, process_rows: np.ndarray) -> None:
+        """Called on the sampler's thread: only queue (the loop writes)."""
+        self._nvml_queue.append((device_rows, process_rows))
+
+    def _write_pending(self) -> None:
+        """Write queued markers (after the events that happened before them) and NVML samples."""
+        writer = self.writer
+        assert writer is not None
+        if self._pending_markers:
+            self.drain()  # events older than the markers go first
+            markers, self._pending_markers = self._pending_markers, []
+            for marker in sorted(markers, key=lambda m: m.ts):
+                writer.write_marker(self._physical_gpu(marker))
+                self.markers_recorded += 1
+        while self._nvml_queue:
+            device_rows, process_rows = self._nvml_queue.popleft()
+            if len(device_rows):
+                writer.write_nvml(device_rows)
+            if len(process_rows):
+                writer.write_procmem(process_rows)
+
+    def _read_last_markers(self) -> None:
+        """At shutdown: serve the marker clients once more, so markers already sent are kept."""
+        assert self.selector is not None
+        for _ in range(8):
+            ready = self.selector.select(0)
+            if not ready:
+                return
+            for key, mask in ready:
+                key.data(mask)
+
+    def _final_drain(self) -> None:
+        for _ in range(_FINAL_DRAIN_POLLS):
+            if not self.drain():
+                break
+
+    # ------------------------------------------------------------------ subscribers
+
+    def _sync_records(self, flush: bool = True) -> list[bytes]:
+        """What a subscriber needs to stand alone: header, known processes, a keyframe."""
+        assert self.writer is not None
+        if flush:
+            self.writer.flush()  # every event in the state has gone out to existing subscribers
+        out = [self.writer.header_bytes]
+        out += [encode_record(process_record(p)) for p in self._procs.values()]
+        out.append(encode_record(keyframe_record(self.clock(), 0, self.state.snapshot())))
+        return out
+
+    def _resync_records(self, dropped: int) -> list[bytes]:
+        notice = lost_record(self.clock(), self._lost)
+        notice["subscriber_dropped"] = dropped
+        sync = self._sync_records(flush=False)  # tick() flushed: no tee from inside the fanout
+        return [sync[0], encode_record(notice), *sync[1:]]
+
+    def _on_subscribe(self, sock: socket.socket) -> None:
+        assert self.fanout is not None
+        self.fanout.add(sock, self._sync_records())
+
+    # ------------------------------------------------------------------ files
+
+    def _next_path(self) -> Path:
+        cfg = self.config
+        part = self._part
+        if cfg.output_is_dir:
+            base = f"memrec-{socket.gethostname()}-{self._start_stamp}-{os.getpid()}"
+            return cfg.output / (f"{base}.mrec" if part == 0 else f"{base}.{part}.mrec")
+        if part == 0:
+            return cfg.output
+        suffix = cfg.output.suffix or ""
+        stem = cfg.output.name[: -len(suffix)] if suffix else cfg.output.name
+        return cfg.output.with_name(f"{stem}.{part}{suffix}")
+
+    def _header(self, reason: str) -> dict:
+        probes = {
+            "libraries": list(self._libraries.values()),
+            "attached": sum(r["attached"] for r in self._libraries.values()),
+            "missing": sorted({m for r in self._libraries.values() for m in r["missing"]}),
+            "follow_tree": self.config.follow_tree,
+        }
+        return make_header(
+            gpus=self.gpus,
+            probes=probes,
+            config=self.config.to_dict(),
+            daemon={"pid": os.getpid(), "version": __version__, "part": self._part, "opened_by": reason},
+            notes=list(self.notes),
+            previous=os.fspath(self.files[-1]) if self.files else None,
+        )
+
+    def _open_writer(self, path: Path, reason: str) -> None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tee = self.fanout.publish if self.fanout is not None else None
+            self.writer = TraceWriter(path, self._header(reason), tee=tee)
+        except OSError as error:
+            raise MemrecCommandError(
+                f"cannot write the trace {path}: {error.strerror or error}", exit_code=ExitCode.CANT_CREATE
+            ) from None
+        self.files.append(path)
+        for info in self._procs.values():
+            self.writer.write_process(info)
+        if self._lost:
+            self.writer.write_lost(self.clock(), self._lost)
+        self.writer.write_keyframe(self.clock(), 0, self.state.snapshot())
+        self.writer.flush()
+
+    def rotate(self, reason: str) -> Path:
+        """Close the current file with a trailer; open the next with a header and a keyframe."""
+        assert self.writer is not None
+        self._write_pending()
+        self._part += 1
+        path = self._next_path()
+        old = self.writer
+        old.close(self._trailer(f"rotate: {reason}", next_file=os.fspath(path)))
+        self._open_writer(path, reason=f"rotate: {reason}")
+        log.info("rotated (%s): %s → %s", reason, old.path, path)
+        return path
+
+    def _trailer(self, reason: str, **extra: Any) -> dict:
+        out = {
+            "reason": reason,
+            "part": self._part,
+            "markers": self.markers.stats() if self.markers is not None else {},
+            "subscribers": {
+                "total": self.fanout.total_subscribers if self.fanout else 0,
+                "dropped_records": self.fanout.dropped_records if self.fanout else 0,
+                "disconnected_slow": self.fanout.disconnected_slow if self.fanout else 0,
+            },
+            "state": {"anomalies": dict(self.state.anomalies), "failures": self.state.n_failures},
+        }
+        out.update(extra)
+        return out
+
+    def _write_keyframe(self) -> None:
+        assert self.writer is not None
+        self.writer.write_keyframe(self.clock(), None, self.state.snapshot())
+
+    # ------------------------------------------------------------------ probes, GPUs, NVML
+
+    def _load_probes(self) -> None:
+        try:
+            self.probes = self._probes_factory(
+                follow_tree=self.config.follow_tree, ringbuf_pages=self.config.ringbuf_pages
+            )
+            self.probes.load()
+        except MemrecCommandError:
+            raise
+        except Exception as error:  # bcc raises bare Exception for compile and load failures
+            raise ProbeLoadError(f"cannot load the BPF probes: {_one_line(error)}") from error
+
+    def scan_libraries(self) -> int:
+        """Attach the probes to every libcuda file not attached yet; return how many were new."""
+        try:
+            found = list(self._find_libraries(self.config.libcuda_paths))
+        except Exception as error:
+            if not self._search_failed:
+                log.warning("libcuda search failed: %s; probing only --libcuda paths", _one_line(error))
+            self._search_failed = True
+            found = []
+        found += _explicit_libraries(self.config.libcuda_paths)  # always, whatever the search says
+        new = 0
+        for lib in found:
+            key = (int(lib.dev), int(lib.inode))
+            if key in self._libraries or key in self._skip_libraries:
+                continue
+            try:
+                report = self.probes.attach_library(lib.path, identity=key)
+            except Exception as error:
+                self._skip_libraries.add(key)
+                log.warning("cannot attach to %s: %s", lib.path, _one_line(error))
+                continue
+            rec = _report_dict(report)
+            if getattr(report, "already_attached", False):  # another path to an attached inode
+                self._skip_libraries.add(key)
+                continue
+            self._libraries[key] = rec
+            new += 1
+            if rec["missing"]:
+                log.info(
+                    "attached %d probe(s) to %s; %d symbol(s) missing: %s",
+                    rec["attached"], rec["path"], len(rec["missing"]), ", ".join(rec["missing"]),
+                )
+            else:
+                log.info("attached %d probe(s) to %s", rec["attached"], rec["path"])
+        return new
+
+    def _nvml_module(self) -> Any:
+        if self._nvml is None:
+            self._nvml = _default_nvml()
+        return self._nvml
+
+    def _list_gpus(self) -> list[GpuInfo]:
+        nvml = self._nvml_module()
+        try:
+            gpus = list(nvml.list_gpus())
+        except nvml.NvmlUnavailable as error:
+            nvml.note_unavailable(error)
+            self.notes.append(f"NVML unavailable: {error}; no GPU list, no NVML samples")
+            return []
+        except MemrecError as error:
+            log.warning("cannot list GPUs through NVML: %s", error)
+            self.notes.append(f"NVML GPU list failed: {error}")
+            return []
+        if not gpus:
+            self.notes.append("NVML reports no GPUs")
+        return gpus
+
+    def _start_sampler(self) -> None:
+        cfg = self.config
+        if not (cfg.nvml_device_hz or cfg.nvml_process_hz):
+            self.notes.append("NVML sampling off")
+            return
+        nvml = self._nvml_module()
+        if any(n.startswith("NVML unavailable") for n in self.notes):
+            return  # said once already; no thread for nothing
+        self.sampler = nvml.NvmlSampler(self._nvml_sink, cfg.nvml_device_hz, cfg.nvml_process_hz, clock=self.clock)
+        self.sampler.start()
+
+    # ------------------------------------------------------------------ status
+
+    def stats(self) -> dict:
+        """Counters for logs and tests."""
+        return {
+            "mood": self.mood.value,
+            "events": self.events_recorded,
+            "markers": self.markers_recorded,
+            "lost": self._lost,
+            "files": [os.fspath(p) for p in self.files],
+            "processes": len(self._procs),
+            "libraries": len(self._libraries),
+            "subscribers": len(self.fanout) if self.fanout is not None else 0,
+            "marker_server": self.markers.stats() if self.markers is not None else {},
+        }
+
+
+def _advance(deadline: int, period: int, now: int) -> int:
+    """The next deadline after ``now`` on the grid ``deadline + k * period``."""
+    deadline += period
+    if deadline <= now:
+        deadline += ((now - deadline) // period + 1) * period
+    return deadline

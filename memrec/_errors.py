@@ -1,0 +1,35 @@
+"""Errors that carry an exit code; only ``main()`` prints them."""
+
+from __future__ import annotations
+
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    """Exit codes of the ``memrec`` command (sysexits-style where one fits)."""
+
+    OK = 0
+    ERROR = 1  # a check failed or the run found a problem (doctor, selftest)
+    USAGE = 2  # bad arguments
+    DATA = 65  # bad input file (not a trace, wrong version, corrupt)
+    NO_INPUT = 66  # input file missing or unreadable
+    UNAVAILABLE = 69  # a needed service is missing (no daemon, no BPF, no NVML)
+    SOFTWARE = 70  # internal error
+    CANT_CREATE = 73  # cannot write the output
+    NO_PERM = 77  # needs root or CAP_BPF+CAP_PERFMON
+
+
+class MemrecError(Exception):
+    """Base of every error memrec raises on purpose."""
+
+
+class MemrecCommandError(MemrecError):
+    """An error a command reports to the user as one line, with the exit code to return."""
+
+    def __init__(self, *args: object, exit_code: int = ExitCode.ERROR) -> None:
+        super().__init__(*args)
+        self.exit_code = int(exit_code)
+
+
+class TraceFormatError(MemrecError):
+    """A file is not a memrec trace, or is of a version this memrec cannot read."""

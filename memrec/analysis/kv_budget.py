@@ -1,0 +1,551 @@
+"""SGLang's KV-cache budget, rebuilt per rank from the markers ``memrec.sglang_hooks`` sends.
+
+SGLang sizes its KV cache at startup from three numbers each scheduler process measured or was
+given (every SGLang version since 0.4, see ``docs/sglang.md``)::
+
+    rest_memory = available_after_weights − pre_model_load_memory × (1 − mem_fraction_static)
+    tokens      = int(rest_memory × 2**30) // cell_size
+
+- ``pre_model_load_memory`` (``total_gpu_memory`` / ``min_per_gpu_memory`` in older code): the
+  free memory measured after NCCL and the custom all-reduce were set up and before the weights,
+  as a MIN over every rank of the world (a collective). It is not the GPU's capacity.
+- ``available_after_weights`` (``available_gpu_memory`` / ``post_model_load_memory``): the free
+  memory measured again when the KV cache is sized, also a WORLD MIN.
+- ``mem_fraction_static``: ``--mem-fraction-static``. The slack ``pre × (1 − fraction)`` is
+  kept for activations, CUDA graphs and workspaces.
+
+When ``rest_memory <= 0`` SGLang 0.5.23 raises ``ValueError("Loaded weights leave no GPU memory
+for the KV cache ...")``; when the token count ends up ``<= 0`` every version raises
+``RuntimeError("Not enough memory. Please try to increase --mem-fraction-static ...")``. The
+smallest fraction that leaves a positive budget is ``1 − available / pre``.
+
+Units: SGLang measures free memory as ``bytes / 2**30`` and prints it as "GB": those values are
+GiB floats here too, under SGLang's names (``pre_model_load_memory``, ``available_gpu_memory``,
+``rest_memory``, ``weight_load_mem_usage``). Fields ending in ``_bytes`` are bytes; ``_gib``
+fields are GiB computed by memrec. ``cell_size`` is bytes of KV per token (all layers).
+
+Everything here is a pure function of markers (:class:`memrec.events.Marker`): no trace file,
+no numpy. ``compare_budgets`` is the logic behind ``memrec diff``'s KV section.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from dataclasses import dataclass
+from dataclasses import field
+from typing import Iterable
+
+from memrec.events import Marker
+
+#: Bytes in the "GB" SGLang prints (it divides by 1 << 30).
+GIB = 1 << 30
+
+#: Failure texts (see memrec.sglang_hooks.targets).
+NO_MEMORY_FOR_KV = "Loaded weights leave no GPU memory"
+NOT_ENOUGH_MEMORY = "Not enough memory"
+POOL_TOO_SMALL = "Memory pool size is too small"
+
+_KV_BUDGET = "kv_budget"
+_KV_POOL = "kv_pool"
+_BASELINE = "memory_baseline"
+_LOAD = "load_weights"
+_WORKER = "init_model_worker"
+_DIST = "dist_init"
+_MEASURED = "gpu_memory_measured"
+_PROFILERS = ("profile_max_num_token", "_profile_available_bytes")
+
+
+def rest_memory(available: float, pre_model_load_memory: float, mem_fraction_static: float) -> float:
+    """SGLang's KV budget in GiB: ``available − pre × (1 − mem_fraction_static)``."""
+    return available - pre_model_load_memory * (1 - mem_fraction_static)
+
+
+def slack_memory(pre_model_load_memory: float, mem_fraction_static: float) -> float:
+    """The GiB kept out of the KV cache: ``pre × (1 − mem_fraction_static)``."""
+    return pre_model_load_memory * (1 - mem_fraction_static)
+
+
+def rest_bytes(rest_gib: float) -> int:
+    """``int(rest × 2**30)``, as SGLang converts it."""
+    return int(rest_gib * GIB)
+
+
+def tokens_from_rest(rest_gib_or_bytes: float | int, cell_size: int, *, is_bytes: bool = False) -> int:
+    """``int(rest × 2**30) // cell_size`` (0.5.7 – 0.5.10's ``profile_max_num_token``).
+
+    Raises:
+        ValueError: ``cell_size`` is not positive.
+    """
+    if cell_size <= 0:
+        raise ValueError(f"cell_size must be positive, got {cell_size}")
+    nbytes = int(rest_gib_or_bytes) if is_bytes else rest_bytes(rest_gib_or_bytes)
+    return nbytes // cell_size
+
+
+def min_mem_fraction_static(available: float, pre_model_load_memory: float) -> float | None:
+    """The smallest ``mem_fraction_static`` with a positive budget: ``1 − available / pre``.
+
+    (SGLang 0.5.23 prints it as "minimum viable"; any larger fraction gives ``rest > 0``.)
+    None when ``pre`` is not positive.
+    """
+    if not pre_model_load_memory or pre_model_load_memory <= 0:
+        return None
+    return 1 - available / pre_model_load_memory
+
+
+def classify_error(text: str | None) -> str | None:
+    """``no_memory_for_kv`` | ``not_enough_memory`` | ``pool_too_small`` | ``other`` | None."""
+    if not text:
+        return None
+    if NO_MEMORY_FOR_KV in text:
+        return "no_memory_for_kv"
+    if NOT_ENOUGH_MEMORY in text:
+        return "not_enough_memory"
+    if POOL_TOO_SMALL in text:
+        return "pool_too_small"
+    return "other"
+
+
+@dataclass(frozen=True)
+class KvBudget:
+    """One scheduler process's KV sizing (``draft``: its speculative-decoding draft runner).
+
+    GiB floats unless the name ends in ``_bytes`` / is a token count; None when not recorded.
+    """
+
+    pid: int
+    tp_rank: int | None = None
+    pp_rank: int | None = None
+    dp_rank: int | None = None
+    draft: bool = False
+    gpu: int | None = None  # physical GPU (NVML index) the daemon resolved for the marker
+    gpu_uuid: str | None = None
+    cuda_device: int | None = None  # the process's device ordinal
+    pre_model_load_memory: float | None = None
+    available_gpu_memory: float | None = None  # after weights, as SGLang measured it
+    available_is_world_min: bool | None = None  # measured with distributed=True
+    mem_fraction_static: float | None = None
+    slack_gib: float | None = None
+    rest_gib: float | None = None  # reconstructed with the formula
+    rest_bytes: int | None = None
+    sglang_rest_bytes: int | None = None  # what SGLang returned (0.5.23; includes its extra reservations)
+    cell_size: int | None = None
+    tokens: int | None = None
+    tokens_source: str | None = None  # "cell_size" (computed) | "sglang" (reported)
+    sglang_profiled_tokens: int | None = None  # profile_max_num_token's return (0.4.10 – 0.5.10)
+    max_total_num_tokens: int | None = None  # the pool's final size (after caps, page alignment)
+    min_mem_fraction_static: float | None = None
+    weight_load_mem_usage: float | None = None
+    local_free_at_baseline_gib: float | None = None  # this GPU alone (mem_get_info), not WORLD MIN
+    local_free_at_budget_gib: float | None = None
+    error: str | None = None
+    error_kind: str | None = None
+    ts: int | None = None  # when the budget was taken (kv_budget end)
+
+    @property
+    def ok(self) -> bool:
+        """Sizing succeeded with a positive budget (as far as the markers tell)."""
+        if self.error:
+            return False
+        if self.rest_gib is not None and self.rest_gib <= 0:
+            return False
+        return not (self.tokens is not None and self.tokens <= 0)
+
+    @property
+    def rank_key(self) -> tuple:
+        """What matches the same rank across two runs: ``(dp, pp, tp, draft)``."""
+        return (self.dp_rank, self.pp_rank, self.tp_rank, self.draft)
+
+    @property
+    def label(self) -> str:
+        """``DP0 PP0 TP3 draft`` style name (parts that are known)."""
+        parts = []
+        if self.dp_rank is not None:
+            parts.append(f"DP{self.dp_rank}")
+        if self.pp_rank is not None and self.pp_rank != 0:
+            parts.append(f"PP{self.pp_rank}")
+        parts.append(f"TP{self.tp_rank}" if self.tp_rank is not None else f"pid {self.pid}")
+        if self.draft:
+            parts.append("draft")
+        return " ".join(parts)
+
+    def to_dict(self) -> dict:
+        """Plain dict (for JSON reports), with ``ok`` and ``label``."""
+        out = asdict(self)
+        out["ok"] = self.ok
+        out["label"] = self.label
+        return out
+
+
+def _num(value: object) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def _int(value: object) -> int | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value) and value == int(value):
+        return int(value)
+    return None
+
+
+def _is_draft(marker: Marker) -> bool:
+    return bool(marker.values.get("is_draft_worker", False))
+
+
+@dataclass
+class _Group:
+    pid: int
+    draft: bool
+    budget: Marker | None = None  # kv_budget end
+    pool: Marker | None = None  # kv_pool end
+    baseline: Marker | None = None
+    load: Marker | None = None
+    worker: Marker | None = None
+    dist: Marker | None = None
+    measured: Marker | None = None  # last profiling measurement
+    ranks: dict = field(default_factory=dict)
+
+
+def _take_ranks(group: _Group, marker: Marker) -> None:
+    for key in ("tp_rank", "pp_rank", "dp_rank"):
+        value = marker.values.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            group.ranks.setdefault(key, value)
+
+
+def kv_budgets(markers: Iterable[Marker]) -> list[KvBudget]:
+    """The KV budget of every scheduler process (and draft runner) the markers show.
+
+    A process (or draft runner) appears when it sent a ``kv_budget``, ``kv_pool`` or
+    ``memory_baseline`` marker. When it sized more than once, the last sizing counts.
+    Sorted by (dp, pp, tp, draft, pid).
+    """
+    groups: dict[tuple[int, bool], _Group] = {}
+    shared: dict[int, _Group] = {}  # per pid: markers that belong to the process as a whole
+
+    for marker in sorted(markers, key=lambda m: m.ts):
+        if marker.phase == "begin":
+            continue
+        name = marker.name
+        whole = shared.setdefault(marker.pid, _Group(marker.pid, False))
+        _take_ranks(whole, marker)
+        if name in (_DIST, _WORKER):
+            if name == _DIST:
+                whole.dist = marker
+            else:
+                whole.worker = marker
+            continue
+        if name == _MEASURED:
+            caller = str(marker.values.get("caller", ""))
+            if caller.endswith(_PROFILERS):
+                whole.measured = marker
+            continue
+        if name not in (_KV_BUDGET, _KV_POOL, _BASELINE, _LOAD):
+            continue
+        key = (marker.pid, _is_draft(marker))
+        group = groups.setdefault(key, _Group(marker.pid, key[1]))  # weights alone: dropped below
+        _take_ranks(group, marker)
+        if name == _KV_BUDGET:
+            group.budget = marker
+        elif name == _KV_POOL:
+            group.pool = marker
+        elif name == _BASELINE:
+            group.baseline = marker
+        else:
+            group.load = marker
+
+    out = []
+    for (pid, draft), group in groups.items():
+        if group.budget is None and group.pool is None and group.baseline is None:
+            continue
+        out.append(_build(group, shared.get(pid)))
+    out.sort(key=lambda b: (_sort(b.dp_rank), _sort(b.pp_rank), _sort(b.tp_rank), b.draft, b.pid))
+    return out
+
+
+def _sort(value: int | None) -> tuple:
+    return (value is None, value or 0)
+
+
+def _first(*candidates: object) -> object:
+    for value in candidates:
+        if value is not None:
+            return value
+    return None
+
+
+def _values(marker: Marker | None) -> dict:
+    return marker.values if marker is not None else {}
+
+
+def _build(group: _Group, whole: _Group | None) -> KvBudget:
+    b, p, base = _values(group.budget), _values(group.pool), _values(group.baseline)
+    load = _values(group.load)
+    w = _values(whole.worker) if whole else {}
+    d = _values(whole.dist) if whole else {}
+    measured = _values(whole.measured) if whole else {}
+    ranks = dict(whole.ranks) if whole else {}
+    ranks.update(group.ranks)
+
+    pre = _num(_first(b.get("pre_model_load_memory"), base.get("pre_model_load_memory"), p.get("pre_model_load_memory")))
+    available = _num(b.get("available_gpu_memory"))
+    world_min = b.get("available_gpu_memory_distributed")
+    if available is None and measured and not group.draft:
+        available = _num(measured.get("result_gib"))
+        world_min = measured.get("distributed")
+    fraction = _num(_first(b.get("mem_fraction_static"), d.get("mem_fraction_static")))
+    cell = _int(_first(b.get("cell_size"), p.get("cell_size")))
+    if cell is not None and cell <= 0:
+        cell = None
+    sglang_rest = _int(b.get("rest_memory_bytes"))
+    profiled = _int(b.get("max_num_token"))
+    final_tokens = _int(p.get("max_total_num_tokens"))
+
+    slack = rest = None
+    nbytes = None
+    if pre is not None and fraction is not None:
+        slack = slack_memory(pre, fraction)
+        if available is not None:
+            rest = available - slack
+            nbytes = rest_bytes(rest)
+
+    tokens = source = None
+    if cell is not None and (sglang_rest is not None or nbytes is not None):
+        tokens = (sglang_rest if sglang_rest is not None else nbytes) // cell
+        source = "cell_size"
+    elif profiled is not None:
+        tokens, source = profiled, "sglang"
+    elif final_tokens is not None:
+        tokens, source = final_tokens, "sglang"
+
+    minimum = min_mem_fraction_static(available, pre) if available is not None and pre is not None else None
+
+    error = None
+    for candidate in (b, p) if group.draft else (b, p, w):
+        text = candidate.get("error")
+        if text:
+            error = str(text)
+            break
+
+    free_base = _int(base.get("free_bytes"))
+    free_budget = _int(b.get("free_bytes"))
+    any_marker = group.budget or group.pool or group.baseline
+    return KvBudget(
+        pid=group.pid,
+        tp_rank=ranks.get("tp_rank"),
+        pp_rank=ranks.get("pp_rank"),
+        dp_rank=ranks.get("dp_rank"),
+        draft=group.draft,
+        gpu=any_marker.gpu if any_marker is not None else None,
+        gpu_uuid=_first(b.get("gpu_uuid"), p.get("gpu_uuid"), base.get("gpu_uuid")),  # type: ignore[arg-type]
+        cuda_device=_int(_first(b.get("cuda_device"), p.get("cuda_device"), base.get("cuda_device"))),
+        pre_model_load_memory=pre,
+        available_gpu_memory=available,
+        available_is_world_min=None if world_min is None else bool(world_min),
+        mem_fraction_static=fraction,
+        slack_gib=slack,
+        rest_gib=rest,
+        rest_bytes=nbytes,
+        sglang_rest_bytes=sglang_rest,
+        cell_size=cell,
+        tokens=tokens,
+        tokens_source=source,
+        sglang_profiled_tokens=profiled,
+        max_total_num_tokens=final_tokens,
+        min_mem_fraction_static=minimum,
+        weight_load_mem_usage=_num(load.get("weight_load_mem_usage")),
+        local_free_at_baseline_gib=None if free_base is None else free_base / GIB,
+        local_free_at_budget_gib=None if free_budget is None else free_budget / GIB,
+        error=error,
+        error_kind=classify_error(error),
+        ts=group.budget.ts if group.budget is not None else None,
+    )
+
+
+# -- explanation -------------------------------------------------------------------------------
+
+
+def _gib(value: float | None) -> str:
+    return "?" if value is None else f"{value:.2f} GiB"
+
+
+def explain(budget: KvBudget) -> list[str]:
+    """Lines that show the formula with this rank's real numbers (for reports)."""
+    b = budget
+    where = f"{b.label} (pid {b.pid}" + (f", GPU {b.gpu}" if b.gpu is not None else "") + ")"
+    lines = []
+    if b.rest_gib is not None:
+        lines.append(
+            f"{where}: rest = available {_gib(b.available_gpu_memory)} − pre_model_load_memory "
+            f"{_gib(b.pre_model_load_memory)} × (1 − {b.mem_fraction_static:.3f}) = {_gib(b.rest_gib)}"
+        )
+    else:
+        lines.append(
+            f"{where}: pre_model_load_memory {_gib(b.pre_model_load_memory)}, available "
+            f"{_gib(b.available_gpu_memory)}, mem_fraction_static "
+            f"{'?' if b.mem_fraction_static is None else f'{b.mem_fraction_static:.3f}'}"
+        )
+    if b.sglang_rest_bytes is not None and b.rest_bytes is not None and b.sglang_rest_bytes != b.rest_bytes:
+        lines.append(
+            f"  SGLang's own rest: {_gib(b.sglang_rest_bytes / GIB)} "
+            f"({_gib(b.sglang_rest_bytes / GIB - (b.rest_gib or 0.0))} after its extra reservations)"
+        )
+    if b.tokens is not None:
+        how = f"cell {b.cell_size:,} B/token" if b.tokens_source == "cell_size" else "as SGLang profiled it"
+        lines.append(f"  → {b.tokens:,} tokens ({how})")
+    if b.max_total_num_tokens is not None and b.max_total_num_tokens != b.tokens:
+        lines.append(f"  pool: max_total_num_tokens = {b.max_total_num_tokens:,} (after caps and page alignment)")
+    if b.min_mem_fraction_static is not None:
+        lines.append(
+            f"  minimum viable mem_fraction_static = 1 − {b.available_gpu_memory:.2f} / "
+            f"{b.pre_model_load_memory:.2f} = {b.min_mem_fraction_static:.4f}"
+        )
+    if b.error:
+        lines.append(f"  sizing failed: {b.error}")
+    return lines
+
+
+def summarize(budgets: list[KvBudget]) -> dict:
+    """One run's KV sizing in a few numbers.
+
+    Returns a dict with ``ranks`` (target runners), ``failed`` (any rank failed),
+    ``errors`` (distinct texts), ``min_rest_gib`` and ``min_rest_label``, ``min_tokens``,
+    ``needed_mem_fraction_static`` (the largest per-rank minimum: the fraction that works for
+    every rank), ``local_free_spread_gib`` (max − min of the per-GPU free memory at sizing: a
+    large spread means one GPU pulled the WORLD MIN down) and ``lowest_free_label``.
+    """
+    targets = [b for b in budgets if not b.draft]
+    rests = [b for b in targets if b.rest_gib is not None]
+    worst = min(rests, key=lambda b: b.rest_gib) if rests else None  # type: ignore[arg-type,return-value]
+    token_counts = [b.tokens for b in targets if b.tokens is not None]
+    minimums = [b.min_mem_fraction_static for b in targets if b.min_mem_fraction_static is not None]
+    frees = [b for b in targets if b.local_free_at_budget_gib is not None]
+    lowest = min(frees, key=lambda b: b.local_free_at_budget_gib) if frees else None  # type: ignore[arg-type,return-value]
+    return {
+        "ranks": len(targets),
+        "failed": any(not b.ok for b in budgets),
+        "errors": sorted({b.error for b in budgets if b.error}),
+        "min_rest_gib": worst.rest_gib if worst else None,
+        "min_rest_label": worst.label if worst else None,
+        "min_tokens": min(token_counts) if token_counts else None,
+        "needed_mem_fraction_static": max(minimums) if minimums else None,
+        "local_free_spread_gib": (
+            max(b.local_free_at_budget_gib for b in frees) - min(b.local_free_at_budget_gib for b in frees)  # type: ignore[type-var,operator]
+            if frees
+            else None
+        ),
+        "lowest_free_label": lowest.label if lowest else None,
+    }
+
+
+# -- two runs ----------------------------------------------------------------------------------
+
+_DELTA_FIELDS = (
+    "pre_model_load_memory",
+    "available_gpu_memory",
+    "mem_fraction_static",
+    "slack_gib",
+    "rest_gib",
+    "tokens",
+    "max_total_num_tokens",
+    "min_mem_fraction_static",
+    "weight_load_mem_usage",
+    "local_free_at_baseline_gib",
+    "local_free_at_budget_gib",
+)
+
+
+@dataclass(frozen=True)
+class BudgetDiff:
+    """The same rank in two runs: ``after − before`` for each number both have."""
+
+    label: str
+    rank_key: tuple
+    before: KvBudget | None
+    after: KvBudget | None
+    deltas: dict
+    explanation: list[str]
+
+    def to_dict(self) -> dict:
+        """Plain dict (for JSON)."""
+        return {
+            "label": self.label,
+            "rank_key": list(self.rank_key),
+            "before": self.before.to_dict() if self.before else None,
+            "after": self.after.to_dict() if self.after else None,
+            "deltas": dict(self.deltas),
+            "explanation": list(self.explanation),
+        }
+
+
+def _delta(a: KvBudget, b: KvBudget, name: str) -> float | int | None:
+    x, y = getattr(a, name), getattr(b, name)
+    if x is None or y is None:
+        return None
+    return y - x
+
+
+def _explain_diff(a: KvBudget, b: KvBudget, deltas: dict) -> list[str]:
+    lines = []
+    d_rest = deltas.get("rest_gib")
+    if d_rest is not None:
+        d_avail = deltas.get("available_gpu_memory") or 0.0
+        d_slack = deltas.get("slack_gib") or 0.0
+        lines.append(
+            f"rest {d_rest:+.2f} GiB ({_gib(a.rest_gib)} → {_gib(b.rest_gib)}) = "
+            f"available after weights {d_avail:+.2f} GiB − slack {d_slack:+.2f} GiB"
+        )
+        d_pre = deltas.get("pre_model_load_memory")
+        d_frac = deltas.get("mem_fraction_static")
+        if d_pre:
+            lines.append(
+                f"  pre_model_load_memory {d_pre:+.2f} GiB: memory taken (or freed) before the weights, "
+                "after NCCL and the custom all-reduce (WORLD MIN)"
+            )
+        if d_frac:
+            lines.append(f"  mem_fraction_static {d_frac:+.3f}")
+        d_weights = deltas.get("weight_load_mem_usage")
+        if d_avail and d_pre is not None:
+            # available = pre − (what the weights and everything since took)
+            consumed = d_pre - d_avail
+            if abs(consumed) >= 0.005:
+                lines.append(
+                    f"  between the baseline and sizing, {consumed:+.2f} GiB more was taken"
+                    + (f" (weights {d_weights:+.2f} GiB)" if d_weights is not None else "")
+                )
+    if deltas.get("tokens") is not None:
+        lines.append(f"tokens {deltas['tokens']:+,} ({a.tokens:,} → {b.tokens:,})")
+    if a.ok != b.ok:
+        lines.append("sizing " + ("now fails: " + (b.error or "budget <= 0") if not b.ok else "now succeeds"))
+    return lines
+
+
+def compare_budgets(before: list[KvBudget], after: list[KvBudget]) -> list[BudgetDiff]:
+    """Match ranks of two runs (by dp/pp/tp rank and draft) and explain what moved.
+
+    Ranks found in only one run come with the other side None. The change in ``rest`` is split
+    exactly into the change in available memory after the weights and the change in slack
+    (``Δrest = Δavailable − Δslack``).
+    """
+    index_a = {b.rank_key: b for b in before}
+    index_b = {b.rank_key: b for b in after}
+    keys = sorted(set(index_a) | set(index_b), key=lambda k: (_sort(k[0]), _sort(k[1]), _sort(k[2]), k[3]))
+    out = []
+    for key in keys:
+        a, b = index_a.get(key), index_b.get(key)
+        label = (b or a).label  # type: ignore[union-attr]
+        if a is None or b is None:
+            out.append(BudgetDiff(label, key, a, b, {}, ["only in the " + ("second" if a is None else "first") + " run"]))
+            continue
+        deltas = {name: _delta(a, b, name) for name in _DELTA_FIELDS}
+        deltas = {k: v for k, v in deltas.items() if v is not None}
+        out.append(BudgetDiff(label, key, a, b, deltas, _explain_diff(a, b, deltas)))
+    return out

@@ -1,0 +1,306 @@
+"""Phase markers from inside a program: :func:`mark` and :func:`phase`.
+
+They never block and never raise into the host program:
+
+- one lazily connected, non-blocking Unix stream socket per process (a forked child opens its
+  own: the pid is checked on every call);
+- no daemon means a no-op returning False, and a new connection is tried at most once a second;
+- a full socket (EAGAIN) drops the marker and counts it;
+- a frame is never cut in the stream: when the kernel takes only part of one, the remainder is
+  kept (at most :data:`PENDING_CAP` bytes) and written before anything else; a connection that
+  cannot take its remainder is dropped.
+
+Timestamps are ``time.monotonic_ns()``, the clock of ``bpf_ktime_get_ns`` and of the probes.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import errno
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Any
+from typing import Callable
+
+from memrec import protocol
+
+log = logging.getLogger(__name__)
+
+#: The most bytes of unsent frames kept for a connection that accepted part of a frame.
+PENDING_CAP = 2 * protocol.MAX_CLIENT_FRAME
+#: Seconds between two attempts to reach a daemon that was not there.
+RECONNECT_INTERVAL = 1.0
+_MAX_ERROR_TEXT = 1000
+_SEND_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0) | getattr(socket, "MSG_DONTWAIT", 0)
+_RETRY_LATER = (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR, errno.ENOBUFS)
+
+
+def _scalar(value: Any) -> Any:
+    """Turn a value into something the protocol carries (numpy/torch scalars, paths, ...)."""
+    if protocol.is_scalar(value):
+        return value
+    item = getattr(value, "item", None)
+    if callable(item):
+        try:
+            value = item()
+        except Exception:
+            pass
+        else:
+            if protocol.is_scalar(value):
+                return value
+    try:
+        return str(value)[:_MAX_ERROR_TEXT]
+    except Exception:
+        return f"<{type(value).__name__}>"
+
+
+class MarkerClient:
+    """One process's connection to the daemon's marker socket.
+
+    Args:
+        path: the socket; None resolves ``$MEMREC_SOCKET`` or the default at each connect.
+        clock: the timestamp clock (CLOCK_MONOTONIC ns).
+        reconnect_interval: seconds between two connect attempts while no daemon answers.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        clock: Callable[[], int] = time.monotonic_ns,
+        reconnect_interval: float = RECONNECT_INTERVAL,
+    ) -> None:
+        self.path = path
+        self.clock = clock
+        self.reconnect_interval = reconnect_interval
+        self._reset()
+
+    def _reset(self) -> None:
+        """Forget the connection (at creation and in a forked child, whose socket is the parent's)."""
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._sock: socket.socket | None = None
+        self._pending = bytearray()
+        self._last_attempt: float | None = None
+        #: markers handed to the kernel (whole, or started with the rest pending)
+        self.sent = 0
+        #: markers dropped: no daemon, full socket, broken connection, bad arguments
+        self.dropped = 0
+
+    # -- public --------------------------------------------------------------------------------
+
+    def mark(self, name: str, phase: str = "instant", gpu: int | None = None, **values: Any) -> bool:
+        """Send one marker; return True when it was handed to the daemon's socket.
+
+        Never raises and never blocks (see the module docstring).
+        """
+        try:
+            return self._mark(name, phase, gpu, values)
+        except Exception as error:  # never into the host program
+            self.dropped += 1
+            log.debug("memrec marker %r dropped: %s", name, error)
+            return False
+
+    def flush(self) -> bool:
+        """Try to write a pending frame remainder; True when nothing is left pending."""
+        try:
+            if os.getpid() != self._pid:
+                self._after_fork()
+            with self._lock:
+                if self._sock is None:
+                    return not self._pending
+                self._flush_pending()
+                return not self._pending
+        except Exception:
+            return False
+
+    def close(self) -> None:
+        """Close the connection (a later mark() reconnects)."""
+        with contextlib.suppress(Exception):
+            if os.getpid() != self._pid:
+                self._after_fork()
+            with self._lock:
+                self._disconnect()
+                self._last_attempt = None
+
+    @property
+    def connected(self) -> bool:
+        """Whether this process holds a connection now."""
+        return self._sock is not None and os.getpid() == self._pid
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _after_fork(self) -> None:
+        old = self._sock
+        self._reset()
+        if old is not None:
+            # The parent keeps its own reference: closing ours does not shut its stream down.
+            with contextlib.suppress(OSError):
+                old.close()
+
+    def _mark(self, name: str, phase: str, gpu: int | None, values: dict) -> bool:
+        ts = self.clock()
+        tid = threading.get_native_id()
+        if os.getpid() != self._pid:
+            self._after_fork()
+        message = protocol.make_mark(
+            str(name)[: protocol.MAX_NAME],
+            phase,
+            int(ts),
+            tid,
+            None if gpu is None else int(gpu),
+            {str(k)[: protocol.MAX_VALUE_KEY]: _scalar(v) for k, v in values.items()},
+        )
+        problem = protocol.validate_mark(message)
+        if problem:
+            self.dropped += 1
+            log.debug("memrec marker dropped: %s", problem)
+            return False
+        data = protocol.encode_frame(message)  # ProtocolError (too large) → dropped by mark()
+        with self._lock:
+            return self._send(data)
+
+    def _send(self, data: bytes) -> bool:
+        if self._sock is None and not self._connect():
+            self.dropped += 1
+            return False
+        if self._pending:
+            self._flush_pending()
+            if self._sock is None:  # the connection broke while flushing
+                self.dropped += 1
+                return False
+            if self._pending:
+                if len(self._pending) + len(data) > PENDING_CAP:
+                    self.dropped += 1
+                    return False
+                self._pending += data
+                self.sent += 1
+                return True
+        try:
+            n = self._sock.send(data, _SEND_FLAGS)
+        except OSError as error:
+            if error.errno not in _RETRY_LATER:
+                self._disconnect()
+            self.dropped += 1
+            return False
+        if n < len(data):
+            self._pending += data[n:]
+        self.sent += 1
+        return True
+
+    def _flush_pending(self) -> None:
+        assert self._sock is not None
+        try:
+            n = self._sock.send(self._pending, _SEND_FLAGS)
+        except OSError as error:
+            if error.errno not in _RETRY_LATER:
+                self._disconnect()
+            return
+        del self._pending[:n]
+
+    def _connect(self) -> bool:
+        now = time.monotonic()
+        if self._last_attempt is not None and now - self._last_attempt < self.reconnect_interval:
+            return False
+        self._last_attempt = now
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
+        try:
+            sock.connect(protocol.socket_path(self.path))
+        except OSError:
+            sock.close()
+            return False
+        self._sock = sock
+        self._pending.clear()
+        return True
+
+    def _disconnect(self) -> None:
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.close()
+        self._sock = None
+        self._pending.clear()
+
+
+class Phase(contextlib.ContextDecorator):
+    """``with memrec.phase(name):`` (or ``@memrec.phase(name)``): begin and end markers.
+
+    The end marker carries an ``error`` value (``"Type: message"``) when the body raised; the
+    exception always propagates unchanged.
+    """
+
+    def __init__(self, client: MarkerClient | None, name: str, gpu: int | None = None, **values: Any) -> None:
+        self._client = client
+        self.name = name
+        self.gpu = gpu
+        self.values = values
+
+    def _target(self) -> MarkerClient:
+        return self._client if self._client is not None else _default_client()
+
+    def __enter__(self) -> Phase:
+        self._target().mark(self.name, "begin", self.gpu, **self.values)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is None:
+            self._target().mark(self.name, "end", self.gpu)
+        else:
+            try:
+                text = f"{exc_type.__name__}: {exc}"[:_MAX_ERROR_TEXT]
+            except Exception:
+                text = exc_type.__name__
+            self._target().mark(self.name, "end", self.gpu, error=text)
+        return False  # re-raise
+
+
+_client: MarkerClient | None = None
+_client_lock = threading.Lock()
+
+
+def _default_client() -> MarkerClient:
+    global _client
+    if _client is None:
+        with _client_lock:
+            if _client is None:
+                _client = MarkerClient()
+    return _client
+
+
+def mark(name: str, phase: str = "instant", gpu: int | None = None, **values: Any) -> bool:
+    """Send a phase marker to the memrec daemon; return True when it was sent.
+
+    Args:
+        name: what is happening (1..200 characters).
+        phase: ``"begin"``, ``"end"`` or ``"instant"``.
+        gpu: the CUDA device ordinal this marker is about, as this process numbers devices (the
+            daemon maps it to the physical GPU through the process's CUDA_VISIBLE_DEVICES).
+        **values: numbers, strings, booleans or None to record with the marker.
+
+    Never raises and never blocks: without a daemon it does nothing and returns False.
+    """
+    try:
+        return _default_client().mark(name, phase, gpu, **values)
+    except Exception:
+        return False
+
+
+def phase(name: str, gpu: int | None = None, **values: Any) -> Phase:
+    """``with memrec.phase("load_weights", gpu=0):`` marks the block's begin and end."""
+    return Phase(None, name, gpu, **values)
+
+
+def stats() -> dict:
+    """Counts of this process's markers: ``sent`` and ``dropped``."""
+    client = _default_client()
+    return {"sent": client.sent, "dropped": client.dropped, "connected": client.connected}
+
+
+def _at_exit() -> None:
+    if _client is not None:
+        _client.flush()
+
+
+atexit.register(_at_exit)

@@ -1,0 +1,100 @@
+"""The ``memrec`` command line: one module per subcommand, one class per command.
+
+Each command class is named ``<Name>Command``; the subcommand is the lower-cased name and its help
+is the class docstring. Commands raise :class:`MemrecCommandError`; only :func:`main` prints errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Protocol
+
+from memrec import __version__
+from memrec._errors import ExitCode
+from memrec._errors import MemrecCommandError
+from memrec._errors import MemrecError
+
+
+class Command(Protocol):
+    """What every subcommand provides."""
+
+    def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
+        """Add the subcommand's arguments."""
+
+    def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+        """Run the subcommand and return the exit code."""
+
+
+def _commands() -> list[Command]:
+    # Imported here so that `memrec dump` never pays for what `memrec daemon` imports.
+    from memrec.commands import daemon
+    from memrec.commands import demo
+    from memrec.commands import doctor
+    from memrec.commands import dump
+    from memrec.commands import mark
+    from memrec.commands import record
+    from memrec.commands import report
+
+    return [
+        daemon.DaemonCommand(),
+        record.RecordCommand(),
+        report.ReportCommand(),
+        dump.DumpCommand(),
+        mark.MarkCommand(),
+        doctor.DoctorCommand(),
+        demo.DemoCommand(),
+    ]
+
+
+def get_argument_parser() -> argparse.ArgumentParser:
+    """Build the parser with one subparser per command."""
+    parser = argparse.ArgumentParser(
+        prog="memrec",
+        description="Record and explain GPU memory: every driver allocation, mapping and IPC "
+        "open on the host, NVML beside it, phase markers from the application.",
+    )
+    parser.add_argument("--version", action="version", version=f"memrec {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command in _commands():
+        name = type(command).__name__
+        assert name.endswith("Command"), name
+        doc = (type(command).__doc__ or "").strip()
+        sub_parser = sub.add_parser(
+            name[: -len("Command")].lower(),
+            help=doc.splitlines()[0] if doc else None,
+            description=doc,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        command.prepare_parser(sub_parser)
+        sub_parser.set_defaults(entrypoint=command.run, parser=sub_parser)
+    return parser
+
+
+def _logging_level(verbosity: int) -> int:
+    return {0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG)
+
+
+def main(args: list[str] | None = None) -> int:
+    """Run the memrec command line and return its exit code."""
+    parser = get_argument_parser()
+    arg_values = parser.parse_args(args)
+    logging.basicConfig(
+        level=_logging_level(arg_values.verbose),
+        format="memrec: %(levelname)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        return int(arg_values.entrypoint(arg_values, arg_values.parser))
+    except MemrecCommandError as error:
+        print(f"memrec: error: {error}", file=sys.stderr)
+        return error.exit_code
+    except MemrecError as error:
+        print(f"memrec: error: {error}", file=sys.stderr)
+        return ExitCode.ERROR
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return ExitCode.OK

@@ -1,0 +1,105 @@
+"""``memrec daemon``: record every CUDA process on the host, in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from typing import Callable
+
+from memrec import protocol
+from memrec._errors import ExitCode
+from memrec._errors import MemrecCommandError
+
+
+def _arg(convert: Callable[[str], object]) -> Callable[[str], object]:
+    """An argparse ``type=`` that keeps the converter's one-line reason in the usage error."""
+
+    def parse(text: str) -> object:
+        try:
+            return convert(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    parse.__name__ = convert.__name__
+    return parse
+
+
+def require_privileges() -> None:
+    """Root, or CAP_BPF + CAP_PERFMON (or CAP_SYS_ADMIN).
+
+    Raises:
+        MemrecCommandError: neither (exit code NO_PERM, with a hint).
+    """
+    from memrec.commands.doctor import check_privileges
+
+    check = check_privileges()
+    if check.status != "ok":
+        raise MemrecCommandError(
+            f"the daemon needs root or CAP_BPF+CAP_PERFMON ({check.detail}): run as root or see memrec doctor",
+            exit_code=ExitCode.NO_PERM,
+        )
+
+
+class DaemonCommand:
+    """Record GPU memory events of every CUDA process on this host, until SIGINT/SIGTERM.
+
+    Runs in the foreground and logs to stderr (made for systemd). Probes every libcuda.so.1 that
+    is installed or mapped (new ones are picked up every few seconds), samples NVML, accepts phase
+    markers on a Unix socket, and writes a trace (SIGHUP starts a new file).
+
+    examples:
+        sudo memrec daemon -o /var/lib/memrec/
+        sudo memrec daemon -o run.mrec -d 10m --rotate-size 0
+        sudo memrec daemon --socket /tmp/memrec.sock --libcuda /opt/nvidia/lib64/libcuda.so.1
+    """
+
+    def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
+        from memrec.daemon import config as c
+
+        parser.add_argument(
+            "-o", "--output", default=c.DEFAULT_OUTPUT, metavar="PATH",
+            help=f"trace file, or directory for trace files (a trailing / or an existing directory; default {c.DEFAULT_OUTPUT})",
+        )
+        parser.add_argument("--socket", metavar="PATH", help=f"marker socket (default: $MEMREC_SOCKET or {protocol.DEFAULT_SOCKET})")
+        parser.add_argument("--socket-group", metavar="GROUP", help="group allowed to send markers (socket mode 0660)")
+        parser.add_argument("--libcuda", action="append", default=[], metavar="PATH", help="also probe this libcuda (repeatable)")
+        parser.add_argument("--rotate-size", type=_arg(c.byte_size), default=c.GiB, metavar="SIZE",
+                            help="start a new file after SIZE bytes (e.g. 512M; 0: never; default 1G)")
+        parser.add_argument("--nvml-hz", type=_arg(c.rate), default=10.0, metavar="F",
+                            help="NVML device-memory samples per second (0: off; default 10)")
+        parser.add_argument("--nvml-process-hz", type=_arg(c.rate), default=1.0, metavar="F",
+                            help="NVML per-process samples per second (0: off; default 1)")
+        parser.add_argument("--ringbuf-pages", type=_arg(c.ring_pages), default=1024, metavar="N",
+                            help="BPF ring buffer size in pages (power of two; default 1024)")
+        parser.add_argument("-d", "--duration", type=_arg(c.duration), metavar="DURATION",
+                            help="stop after this long (e.g. 30s, 10m, 2h)")
+
+    def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+        from memrec.daemon.config import DaemonConfig
+        from memrec.daemon.server import Daemon
+
+        if getattr(args, "verbose", 0) == 0:
+            logging.getLogger("memrec").setLevel(logging.INFO)  # a daemon says what it does
+        require_privileges()
+        config = DaemonConfig(
+            output=args.output,
+            socket_path=protocol.socket_path(args.socket),
+            socket_group=args.socket_group,
+            libcuda_paths=tuple(args.libcuda),
+            rotate_bytes=args.rotate_size,
+            nvml_device_hz=args.nvml_hz,
+            nvml_process_hz=args.nvml_process_hz,
+            ringbuf_pages=args.ringbuf_pages,
+        )
+        daemon = Daemon(config)
+        daemon.start()
+        until = None
+        if args.duration:
+            deadline = time.monotonic() + args.duration
+            until = lambda: time.monotonic() >= deadline  # noqa: E731
+        try:
+            daemon.run(until=until)
+        finally:
+            daemon.stop()
+        return ExitCode.OK

@@ -1,0 +1,45 @@
+"""``memrec demo``: record the bundled stub-driver workload and report it (no GPU needed)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from memrec._errors import ExitCode
+from memrec._errors import MemrecCommandError
+
+
+class DemoCommand:
+    """Record the bundled stub-driver workload with real probes, then print its report.
+
+    The stub is a small C library built here that exports the CUDA driver's memory API with the
+    driver's exact ABI, so the same uprobes a GPU host uses fire on it: processes that fork and
+    exec, two devices, CUDA_VISIBLE_DEVICES remapping, IPC between processes, VMM, a failed
+    allocation and a child that exits without freeing. No GPU is used or needed.
+    """
+
+    def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("-o", "--output", type=Path, default=Path("demo.mrec"), help="trace to write")
+
+    def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+        from memrec.analysis.report import build_report
+        from memrec.analysis.report import render_text
+        from memrec.commands.record import record_tree
+        from memrec.commands.record import require_root
+        from memrec.stubdriver.build import build_stub
+        from memrec.trace.reader import load_trace
+
+        require_root()
+        stub = build_stub()
+        print(
+            f"memrec demo: recording the bundled stub-driver workload ({stub}), not a GPU",
+            file=sys.stderr,
+        )
+        workload = [sys.executable, "-m", "memrec.stubdriver.workload", "demo", "--lib", str(stub)]
+        rc = record_tree(workload, args.output, libcuda_paths=(str(stub),))
+        if rc != 0:
+            raise MemrecCommandError(f"the stub workload failed with exit code {rc}", exit_code=ExitCode.SOFTWARE)
+        print(render_text(build_report(load_trace(args.output))))
+        print(f"memrec demo: trace written to {args.output} (try: memrec dump {args.output})", file=sys.stderr)
+        return ExitCode.OK

@@ -1,0 +1,128 @@
+"""``memrec doctor``: is this host able to record, and if not, what to do about it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from memrec._errors import ExitCode
+
+CAP_SYS_ADMIN = 21
+CAP_PERFMON = 38
+CAP_BPF = 39
+
+
+def _effective_caps(status_text: str) -> int:
+    for line in status_text.splitlines():
+        if line.startswith("CapEff:"):
+            return int(line.split()[1], 16)
+    return 0
+
+
+def check_privileges(uid: int | None = None, status_text: str | None = None):
+    """Root, or CAP_BPF + CAP_PERFMON (or CAP_SYS_ADMIN), is needed to load and attach probes."""
+    from memrec.probes.health import Check
+
+    uid = os.geteuid() if uid is None else uid
+    if uid == 0:
+        return Check("privileges", "ok", "running as root")
+    caps = _effective_caps(status_text if status_text is not None else Path("/proc/self/status").read_text())
+    if caps >> CAP_SYS_ADMIN & 1 or (caps >> CAP_BPF & 1 and caps >> CAP_PERFMON & 1):
+        return Check("privileges", "ok", "CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN) held")
+    return Check(
+        "privileges",
+        "fail",
+        f"uid {uid} without CAP_BPF+CAP_PERFMON",
+        "run as root (sudo memrec ...), or grant cap_bpf,cap_perfmon+ep",
+    )
+
+
+def check_tracefs(root: Path = Path("/sys/kernel/tracing")):
+    """uprobes are created and removed through tracefs' uprobe_events."""
+    from memrec.probes.health import Check
+
+    if (root / "uprobe_events").exists():
+        return Check("tracefs", "ok", f"{root}/uprobe_events present")
+    if (Path("/sys/kernel/debug/tracing") / "uprobe_events").exists():
+        return Check("tracefs", "ok", "/sys/kernel/debug/tracing/uprobe_events present")
+    return Check(
+        "tracefs",
+        "fail",
+        f"no uprobe_events under {root}",
+        f"mount -t tracefs nodev {root} (needs CONFIG_UPROBE_EVENTS)",
+    )
+
+
+def check_headers(release: str | None = None, modules: Path = Path("/lib/modules")):
+    """BCC compiles against /lib/modules/$(uname -r)/build; say whether they are the kernel's own."""
+    from memrec.probes.health import Check
+
+    release = release or os.uname().release
+    build = modules / release / "build"
+    if not (build / "include").exists():
+        return Check(
+            "kernel headers",
+            "fail",
+            f"{build} missing",
+            f"apt-get install linux-headers-{release}, or run scripts/setup (it falls back to the "
+            "distribution's headers for kernels without a package)",
+        )
+    target = os.path.realpath(build)
+    if release in target:
+        return Check("kernel headers", "ok", f"the running kernel's own ({target})")
+    return Check(
+        "kernel headers",
+        "warn",
+        f"fallback: {target} linked for kernel {release}, which has no headers package "
+        "(fine for uprobes: they use only pt_regs and maps)",
+    )
+
+
+def check_libcuda(extra: list[str]):
+    """Find every libcuda.so.1 the daemon would attach to."""
+    from memrec.probes.health import Check
+    from memrec.probes.libs import find_libcuda
+
+    libs = find_libcuda(extra)
+    if not libs:
+        return Check(
+            "libcuda",
+            "warn",
+            "no libcuda.so.1 mapped or installed",
+            "install the NVIDIA driver, or name one with --libcuda PATH (memrec demo uses a stub)",
+        )
+    return Check("libcuda", "ok", ", ".join(str(lib.path) for lib in libs))
+
+
+class DoctorCommand:
+    """Check this host: privileges, BPF, tracefs, bcc, kernel headers, libcuda, NVML.
+
+    Prints one line per check and, for each failure, what to do about it. Exits 1 when a check
+    that recording needs fails (warnings, such as no GPU, do not fail).
+    """
+
+    def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--libcuda", action="append", default=[], metavar="PATH", help="also look at this libcuda")
+        parser.add_argument("-j", "--json", action="store_true", help="print the checks as JSON")
+
+    def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+        from memrec.probes import health
+
+        checks = [
+            check_privileges(),
+            check_tracefs(),
+            check_headers(),
+            health.check_bcc(),
+            check_libcuda(args.libcuda),
+            health.check_nvml(),
+        ]
+        if args.json:
+            print(json.dumps([c.__dict__ for c in checks], indent=2))
+        else:
+            for c in checks:
+                print(f"{c.status.upper():4}  {c.name:15} {c.detail}")
+                if c.fix and c.status != "ok":
+                    print(f"      {'':15} -> {c.fix}")
+        return ExitCode.ERROR if any(c.status == "fail" for c in checks) else ExitCode.OK

@@ -1,0 +1,170 @@
+"""``memrec dump``: print every record of a trace as JSON lines (a debugging aid)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+from typing import Iterator
+from typing import TextIO
+
+import numpy as np
+
+from memrec._errors import ExitCode
+from memrec._errors import MemrecCommandError
+from memrec._errors import TraceFormatError
+from memrec.events import CU_RESULT_NAMES
+from memrec.events import FLAG_IPC_BYTES
+from memrec.events import Api
+from memrec.events import Kind
+from memrec.trace.format import EVENTS
+from memrec.trace.format import KEYFRAME
+from memrec.trace.format import NVML
+from memrec.trace.format import PROCMEM
+from memrec.trace.format import packb
+from memrec.trace.reader import TraceReader
+
+_KIND_NAMES = {int(k): k.name for k in Kind}
+_API_NAMES = {int(a): a.name for a in Api}
+
+
+def _kind_name(number: int) -> str:
+    return _KIND_NAMES.get(number) or f"KIND_{number}"
+
+
+def _api_name(number: int) -> str:
+    return _API_NAMES.get(number) or f"API_{number}"
+
+
+def result_name(result: int) -> str:
+    """The CUresult's name, or ``CUresult(<n>)`` for one memrec does not name."""
+    return CU_RESULT_NAMES.get(result) or f"CUresult({result})"
+
+
+def jsonable(obj: Any) -> Any:
+    """``obj`` with bytes as ``0x`` hex strings, numpy values as Python ones, map keys as str."""
+    if isinstance(obj, dict):
+        return {k if isinstance(k, str) else str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, (bytes, bytearray, memoryview)):
+        return "0x" + bytes(obj).hex()
+    if isinstance(obj, np.ndarray):
+        return jsonable(obj.tolist())
+    if isinstance(obj, np.generic):
+        return jsonable(obj.item())
+    return obj
+
+
+def event_lines(events: np.ndarray) -> Iterator[dict]:
+    """One dict per event, in the order of ``events`` (EVENT_DTYPE)."""
+    cols = {name: events[name].tolist() for name in events.dtype.names if name != "ipc"}
+    ipc_rows = set(np.flatnonzero(events["flags"] & FLAG_IPC_BYTES).tolist())
+    for i in range(len(events)):
+        line = {
+            "type": "event",
+            "kind": _kind_name(cols["kind"][i]),
+            "api": _api_name(cols["api"][i]),
+            "ts": cols["ts"][i],
+            "pid": cols["pid"][i],
+            "tid": cols["tid"][i],
+            "gpu": cols["gpu"][i],
+            "ordinal": cols["ordinal"][i],
+            "ptr": f"0x{cols['ptr'][i]:x}",
+            "size": cols["size"][i],
+            "handle": f"0x{cols['handle'][i]:x}",
+            "aux": cols["aux"][i],
+            "flags": cols["flags"][i],
+            "result": cols["result"][i],
+            "result_name": result_name(cols["result"][i]),
+        }
+        if i in ipc_rows:
+            line["ipc"] = events["ipc"][i].tobytes().hex()
+        yield line
+
+
+def sample_lines(kind: str, samples: np.ndarray) -> Iterator[dict]:
+    """One dict per NVML or procmem sample."""
+    cols = {name: samples[name].tolist() for name in samples.dtype.names}
+    for i in range(len(samples)):
+        yield {"type": kind, **{name: col[i] for name, col in cols.items()}}
+
+
+def keyframe_line(rec: dict) -> dict:
+    """A keyframe, summarised: its ts, event_index, encoded size and the size of each state entry."""
+    state = rec.get("state")
+    sizes = {}
+    if isinstance(state, dict):
+        for key, value in state.items():
+            sizes[str(key)] = len(value) if isinstance(value, (dict, list, str, bytes)) else None
+    return {
+        "type": KEYFRAME,
+        "ts": rec.get("ts"),
+        "event_index": rec.get("event_index"),
+        "state_bytes": len(packb(state)),
+        "sizes": sizes,
+    }
+
+
+def record_lines(rec: dict) -> Iterator[dict]:
+    """The dump lines of one decoded record."""
+    kind = rec["type"]
+    if kind == EVENTS:
+        yield from event_lines(rec["events"])
+    elif kind in (NVML, PROCMEM):
+        yield from sample_lines(kind, rec["samples"])
+    elif kind == KEYFRAME:
+        yield jsonable(keyframe_line(rec))
+    else:
+        yield jsonable(rec)
+
+
+def dump_trace(reader: TraceReader, out: TextIO) -> None:
+    """Write the header and every record of ``reader`` to ``out``, one JSON object per line."""
+    encode = json.JSONEncoder(separators=(", ", ": "), ensure_ascii=False).encode
+    out.write(encode(jsonable(reader.header)) + "\n")
+    for rec in reader:
+        out.write("".join(encode(line) + "\n" for line in record_lines(rec)))
+
+
+class DumpCommand:
+    """Print every record of a trace as one JSON object per line (for debugging).
+
+    The header first, then each event, sample, marker, process, lost count and keyframe
+    (summarised) in file order, then the trailer. Reader warnings (a truncated tail, no trailer)
+    go to stderr. Output to a terminal is refused unless --force: pipe it to a file, jq or less.
+
+    examples:
+        memrec dump run.mrec > run.jsonl
+        memrec dump run.mrec | jq 'select(.kind == "ALLOC")'
+    """
+
+    def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("trace", help="the trace file (.mrec)")
+        parser.add_argument(
+            "-f", "--force", action="store_true", help="write to the terminal even though the output is long"
+        )
+
+    def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+        out = sys.stdout
+        if out.isatty() and not args.force:
+            raise MemrecCommandError(
+                "refusing to print a whole trace to a terminal: redirect the output "
+                f"(memrec dump {args.trace} > trace.jsonl, or | less) or pass --force",
+                exit_code=ExitCode.USAGE,
+            )
+        try:
+            reader = TraceReader(args.trace)
+        except TraceFormatError as error:
+            raise MemrecCommandError(str(error), exit_code=ExitCode.DATA) from None
+        except OSError as error:
+            raise MemrecCommandError(
+                f"cannot open {args.trace}: {error.strerror or error}", exit_code=ExitCode.NO_INPUT
+            ) from None
+        with reader:
+            dump_trace(reader, out)
+            out.flush()
+        for warning in reader.warnings:
+            print(f"memrec: warning: {args.trace}: {warning}", file=sys.stderr)
+        return ExitCode.OK

@@ -1,0 +1,138 @@
+"""``memrec mark``: send one phase marker from a shell script."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import threading
+import time
+
+from memrec import protocol
+from memrec._errors import ExitCode
+from memrec._errors import MemrecCommandError
+
+#: Seconds the connect and the send may take before the marker is given up.
+TIMEOUT = 1.0
+
+
+def parse_value(text: str) -> bool | int | float | str:
+    """A marker value from the command line: true/false, an int, a float, else the string."""
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    try:
+        return int(text, 10)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def parse_values(items: list[str]) -> dict:
+    """``["tokens=1024", "ok=true"]`` → ``{"tokens": 1024, "ok": True}``.
+
+    Raises:
+        MemrecCommandError: an item is not KEY=VALUE (exit code USAGE).
+    """
+    values: dict = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key or not key.strip():
+            raise MemrecCommandError(f"bad value {item!r}: expected KEY=VALUE", exit_code=ExitCode.USAGE)
+        values[key.strip()] = parse_value(value)
+    return values
+
+
+def send_marker(path: str, message: dict, timeout: float = TIMEOUT) -> None:
+    """Connect, send one frame, close (no answer is awaited).
+
+    Raises:
+        MemrecCommandError: no daemon answers at ``path`` (exit code UNAVAILABLE).
+    """
+    data = protocol.encode_frame(message)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        try:
+            sock.connect(path)
+            sock.sendall(data)
+        except FileNotFoundError:
+            raise MemrecCommandError(
+                f"no memrec daemon: {path} does not exist (start one with memrec daemon, or set --socket / MEMREC_SOCKET)",
+                exit_code=ExitCode.UNAVAILABLE,
+            ) from None
+        except ConnectionRefusedError:
+            raise MemrecCommandError(
+                f"no memrec daemon listening on {path} (a stale socket?)", exit_code=ExitCode.UNAVAILABLE
+            ) from None
+        except PermissionError:
+            raise MemrecCommandError(
+                f"permission denied on {path}: join the socket's group or run as root",
+                exit_code=ExitCode.UNAVAILABLE,
+            ) from None
+        except (TimeoutError, socket.timeout):
+            raise MemrecCommandError(
+                f"the memrec daemon on {path} did not take the marker within {timeout:g} s",
+                exit_code=ExitCode.UNAVAILABLE,
+            ) from None
+        except OSError as error:
+            raise MemrecCommandError(
+                f"cannot send the marker to {path}: {error.strerror or error}", exit_code=ExitCode.UNAVAILABLE
+            ) from None
+
+
+class _UsageParser(argparse.ArgumentParser):
+    """Parses what follows NAME; reports errors as MemrecCommandError (exit code USAGE)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise MemrecCommandError(message, exit_code=ExitCode.USAGE)
+
+
+def _add_options(parser: argparse.ArgumentParser, default: object = None) -> None:
+    parser.add_argument("--phase", choices=protocol.PHASES, default=default if default is not None else "instant",
+                        help="begin, end or instant (default)")
+    parser.add_argument("--gpu", type=int, metavar="N", default=default, help="CUDA device ordinal the marker is about")
+    parser.add_argument("--socket", metavar="PATH", default=default,
+                        help=f"daemon socket (default: $MEMREC_SOCKET or {protocol.DEFAULT_SOCKET})")
+
+
+class MarkCommand:
+    """Send a phase marker to the running daemon (from a shell script or by hand).
+
+    Unlike memrec.mark() in a program, this reports failure: exit code 69 when no daemon listens.
+    The marker is stamped with this command's pid. Values are int, float, true/false or text.
+
+    examples:
+        memrec mark load_weights --phase begin --gpu 0
+        memrec mark kv_cache_sized tokens=524288 fraction=0.88 ok=true
+    """
+
+    def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
+        _add_options(parser)
+        parser.add_argument("name", help=f"what is happening (1..{protocol.MAX_NAME} characters)")
+        # Options may follow NAME and mix with the values: argparse alone cannot do that with two
+        # positionals, so everything after NAME is parsed again in run().
+        parser.add_argument("values", nargs=argparse.REMAINDER, metavar="KEY=VALUE",
+                            help="values to record, and any of the options above")
+
+    def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+        ts = time.monotonic_ns()
+        rest = _UsageParser(prog=f"{parser.prog} NAME", add_help=False)
+        _add_options(rest, default=argparse.SUPPRESS)
+        rest.add_argument("values", nargs="*")
+        extra = rest.parse_intermixed_args(args.values)
+        for key in ("phase", "gpu", "socket"):
+            if hasattr(extra, key):
+                setattr(args, key, getattr(extra, key))
+        values = parse_values(extra.values)
+        message = protocol.make_mark(args.name, args.phase, ts, threading.get_native_id(), args.gpu, values)
+        problem = protocol.validate_mark(message)
+        if problem:
+            raise MemrecCommandError(problem.removeprefix("mark: "), exit_code=ExitCode.USAGE)
+        try:
+            protocol.encode_frame(message)
+        except protocol.ProtocolError as error:
+            raise MemrecCommandError(str(error), exit_code=ExitCode.USAGE) from None
+        send_marker(protocol.socket_path(args.socket), message)
+        return ExitCode.OK

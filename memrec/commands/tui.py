@@ -1,0 +1,92 @@
+"""``memrec tui``: the terminal UI (replay a trace, follow the daemon, compare two traces)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from contextlib import suppress
+
+from memrec._errors import ExitCode
+from memrec._errors import MemrecCommandError
+from memrec._errors import TraceFormatError
+
+
+class TuiCommand:
+    """Browse GPU memory over time: one tab per GPU, a timeline stacked by category, who held what
+    at the cursor, the events around it.
+
+      memrec tui run.mrec                   replay a trace
+      memrec tui --live [SOCKET]            follow the running daemon
+      memrec tui base.mrec --diff other.mrec   compare two traces
+
+    Press ? inside for the keys.
+    """
+
+    def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("trace", nargs="?", metavar="TRACE", help="a .mrec trace file")
+        parser.add_argument(
+            "--live",
+            nargs="?",
+            const="",
+            default=None,
+            metavar="SOCKET",
+            help="follow the daemon (socket: $MEMREC_SOCKET or /run/memrec/memrec.sock)",
+        )
+        parser.add_argument("--diff", metavar="OTHER", help="compare TRACE with this trace")
+        parser.add_argument(
+            "--live-events",
+            type=int,
+            default=2_000_000,
+            metavar="N",
+            help="live: events kept in memory for the view (older ones are dropped; default 2000000)",
+        )
+
+    def make_source(self, args: argparse.Namespace):
+        """Build and open the data source; raise MemrecCommandError with the right exit code."""
+        try:
+            from memrec.tui.sources import DiffSource
+            from memrec.tui.sources import FileSource
+            from memrec.tui.sources import LiveSource
+        except ImportError as error:  # textual is an optional dependency
+            raise MemrecCommandError(
+                f"the TUI needs textual ({error.name} missing): pip install 'memrec[tui]'", exit_code=ExitCode.UNAVAILABLE
+            ) from None
+        if args.live is not None:
+            if args.trace or args.diff:
+                raise MemrecCommandError("--live takes no trace file (and no --diff)", exit_code=ExitCode.USAGE)
+            source = LiveSource(args.live or None, max_events=args.live_events)
+            try:
+                source.open()
+            except (OSError, ValueError) as error:
+                reason = getattr(error, "strerror", None) or str(error) or type(error).__name__
+                raise MemrecCommandError(
+                    f"no memrec daemon at {source.path} ({reason}); start one with `memrec daemon`",
+                    exit_code=ExitCode.UNAVAILABLE,
+                ) from None
+            return source
+        if not args.trace:
+            raise MemrecCommandError("give a trace file, or --live to follow the daemon", exit_code=ExitCode.USAGE)
+        paths = [args.trace] + ([args.diff] if args.diff else [])
+        for path in paths:
+            if not os.path.exists(path):
+                raise MemrecCommandError(f"{path}: no such file", exit_code=ExitCode.NO_INPUT)
+            if os.path.isdir(path) or not os.access(path, os.R_OK):
+                raise MemrecCommandError(f"{path}: not a readable file", exit_code=ExitCode.NO_INPUT)
+        source = DiffSource(args.trace, args.diff) if args.diff else FileSource(args.trace)
+        try:
+            source.open()
+        except TraceFormatError as error:
+            raise MemrecCommandError(str(error), exit_code=ExitCode.DATA) from None
+        except OSError as error:
+            raise MemrecCommandError(f"{error.filename or args.trace}: {error.strerror or error}", exit_code=ExitCode.NO_INPUT) from None
+        return source
+
+    def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+        source = self.make_source(args)
+        from memrec.tui.app import MemrecApp
+
+        app = MemrecApp(source)
+        with suppress(KeyboardInterrupt):
+            app.run()
+        source.stop()
+        return ExitCode.OK

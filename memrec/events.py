@@ -1,0 +1,224 @@
+"""The event model every layer shares: kinds, driver APIs and the columns of an event.
+
+This module must stay a stdlib-only leaf: the BPF program, the daemon, the trace format, the
+analysis and the TUI all agree through it. The BPF side gets the numbers as ``-D`` flags built
+from these tables (``bpf_defines()``), so there is one source of truth for every id.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from dataclasses import field
+
+
+class Kind(enum.IntEnum):
+    """What an event did. Numbers are part of trace format v1: never renumber."""
+
+    ALLOC = 1  # device memory allocated (cuMemAlloc*, pitch, managed, async, pool)
+    FREE = 2  # device memory freed (cuMemFree*, async)
+    VMM_CREATE = 3  # physical memory created (cuMemCreate): counted as owned
+    VMM_RELEASE = 4  # physical handle released (memory goes once it is also unmapped)
+    VMM_MAP = 5  # physical handle mapped at a VA (cuMemMap)
+    VMM_UNMAP = 6  # VA range unmapped (cuMemUnmap)
+    VA_RESERVE = 7  # VA reserved (cuMemAddressReserve): never counted as memory
+    VA_FREE = 8  # VA released (cuMemAddressFree)
+    IPC_EXPORT = 9  # cuIpcGetMemHandle: the exporter's pointer and the 64 handle bytes
+    IPC_OPEN = 10  # cuIpcOpenMemHandle_v2: a peer's memory mapped here, not owned
+    IPC_CLOSE = 11  # cuIpcCloseMemHandle
+    SHARE_EXPORT = 12  # cuMemExportToShareableHandle
+    SHARE_IMPORT = 13  # cuMemImportFromShareableHandle: a peer's physical handle, not owned
+    VMM_RETAIN = 14  # cuMemRetainAllocationHandle
+    HOST_ALLOC = 15  # pinned host memory (cuMemHostAlloc, cuMemAllocHost_v2)
+    HOST_FREE = 16  # cuMemFreeHost
+    HOST_REGISTER = 17  # cuMemHostRegister_v2
+    HOST_UNREGISTER = 18  # cuMemHostUnregister
+    CTX = 19  # a context bound to a device ordinal (retain, create, get-device)
+    PROC_EXIT = 20  # a traced process exited: everything it held is freed implicitly
+    PROC_FORK = 21  # a traced process forked (record mode follows the tree)
+
+
+class Api(enum.IntEnum):
+    """Which entry point produced an event. Numbers are part of trace format v1."""
+
+    NONE = 0
+    cuMemAlloc_v2 = 1
+    cuMemAllocPitch_v2 = 2
+    cuMemAllocManaged = 3
+    cuMemAllocAsync = 4
+    cuMemAllocAsync_ptsz = 5
+    cuMemAllocFromPoolAsync = 6
+    cuMemAllocFromPoolAsync_ptsz = 7
+    cuMemFree_v2 = 8
+    cuMemFreeAsync = 9
+    cuMemFreeAsync_ptsz = 10
+    cuMemCreate = 11
+    cuMemRelease = 12
+    cuMemMap = 13
+    cuMemUnmap = 14
+    cuMemAddressReserve = 15
+    cuMemAddressFree = 16
+    cuIpcGetMemHandle = 17
+    cuIpcOpenMemHandle_v2 = 18
+    cuIpcCloseMemHandle = 19
+    cuMemExportToShareableHandle = 20
+    cuMemImportFromShareableHandle = 21
+    cuMemRetainAllocationHandle = 22
+    cuMemHostAlloc = 23
+    cuMemAllocHost_v2 = 24
+    cuMemFreeHost = 25
+    cuMemHostRegister_v2 = 26
+    cuMemHostUnregister = 27
+    cuDevicePrimaryCtxRetain = 28
+    cuCtxCreate_v2 = 29
+    cuCtxCreate_v3 = 30
+    cuCtxCreate_v4 = 31
+    cuCtxSetCurrent = 32
+    cuCtxPushCurrent_v2 = 33
+    cuCtxPopCurrent_v2 = 34
+    cuCtxDestroy_v2 = 35
+    cuCtxGetCurrent = 36
+    cuCtxGetDevice = 37
+    sched_process_exit = 60
+    sched_process_fork = 61
+
+
+#: The kind each driver symbol's event has (None: context bookkeeping, no memory event of its own
+#: except Kind.CTX where a context is bound to a device).
+API_KIND: dict[Api, Kind] = {
+    Api.cuMemAlloc_v2: Kind.ALLOC,
+    Api.cuMemAllocPitch_v2: Kind.ALLOC,
+    Api.cuMemAllocManaged: Kind.ALLOC,
+    Api.cuMemAllocAsync: Kind.ALLOC,
+    Api.cuMemAllocAsync_ptsz: Kind.ALLOC,
+    Api.cuMemAllocFromPoolAsync: Kind.ALLOC,
+    Api.cuMemAllocFromPoolAsync_ptsz: Kind.ALLOC,
+    Api.cuMemFree_v2: Kind.FREE,
+    Api.cuMemFreeAsync: Kind.FREE,
+    Api.cuMemFreeAsync_ptsz: Kind.FREE,
+    Api.cuMemCreate: Kind.VMM_CREATE,
+    Api.cuMemRelease: Kind.VMM_RELEASE,
+    Api.cuMemMap: Kind.VMM_MAP,
+    Api.cuMemUnmap: Kind.VMM_UNMAP,
+    Api.cuMemAddressReserve: Kind.VA_RESERVE,
+    Api.cuMemAddressFree: Kind.VA_FREE,
+    Api.cuIpcGetMemHandle: Kind.IPC_EXPORT,
+    Api.cuIpcOpenMemHandle_v2: Kind.IPC_OPEN,
+    Api.cuIpcCloseMemHandle: Kind.IPC_CLOSE,
+    Api.cuMemExportToShareableHandle: Kind.SHARE_EXPORT,
+    Api.cuMemImportFromShareableHandle: Kind.SHARE_IMPORT,
+    Api.cuMemRetainAllocationHandle: Kind.VMM_RETAIN,
+    Api.cuMemHostAlloc: Kind.HOST_ALLOC,
+    Api.cuMemAllocHost_v2: Kind.HOST_ALLOC,
+    Api.cuMemFreeHost: Kind.HOST_FREE,
+    Api.cuMemHostRegister_v2: Kind.HOST_REGISTER,
+    Api.cuMemHostUnregister: Kind.HOST_UNREGISTER,
+    Api.cuDevicePrimaryCtxRetain: Kind.CTX,
+    Api.cuCtxCreate_v2: Kind.CTX,
+    Api.cuCtxCreate_v3: Kind.CTX,
+    Api.cuCtxCreate_v4: Kind.CTX,
+    Api.cuCtxGetDevice: Kind.CTX,
+    Api.sched_process_exit: Kind.PROC_EXIT,
+    Api.sched_process_fork: Kind.PROC_FORK,
+}
+
+#: Driver symbols that only move the per-thread current context (no event is emitted).
+CONTEXT_TRACKING_APIS = (
+    Api.cuCtxSetCurrent,
+    Api.cuCtxPushCurrent_v2,
+    Api.cuCtxPopCurrent_v2,
+    Api.cuCtxDestroy_v2,
+    Api.cuCtxGetCurrent,
+)
+
+#: CUresult values worth naming in reports.
+CU_RESULT_NAMES = {
+    0: "CUDA_SUCCESS",
+    1: "CUDA_ERROR_INVALID_VALUE",
+    2: "CUDA_ERROR_OUT_OF_MEMORY",
+    3: "CUDA_ERROR_NOT_INITIALIZED",
+    101: "CUDA_ERROR_INVALID_DEVICE",
+    201: "CUDA_ERROR_INVALID_CONTEXT",
+    400: "CUDA_ERROR_INVALID_HANDLE",
+    801: "CUDA_ERROR_NOT_SUPPORTED",
+}
+CUDA_ERROR_OUT_OF_MEMORY = 2
+
+#: Event.flags bits.
+FLAG_IPC_BYTES = 1 << 0  # the 64 handle bytes (IPC handle or fabric handle) were read
+
+#: The size of an IPC or fabric handle in bytes.
+IPC_HANDLE_SIZE = 64
+
+#: Columns of a raw event as the BPF program writes it (little-endian, packed, 128 bytes).
+#: (name, numpy type string). The C struct in probes/cuda.bpf.c has the same fields in this order.
+RAW_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("ts", "<u8"),  # CLOCK_MONOTONIC ns (bpf_ktime_get_ns), same clock as time.monotonic_ns()
+    ("pid", "<u4"),  # tgid
+    ("tid", "<u4"),
+    ("kind", "<u2"),  # Kind
+    ("api", "<u2"),  # Api
+    ("result", "<i4"),  # CUresult (0 success, 2 out of memory); 0 for tracepoint events
+    ("ordinal", "<i4"),  # the process's device ordinal (-1 unknown)
+    ("flags", "<u4"),  # FLAG_* bits
+    ("ptr", "<u8"),  # device pointer / VA / host pointer / child pid (fork)
+    ("size", "<u8"),  # bytes
+    ("handle", "<u8"),  # VMM handle / context
+    ("aux", "<u8"),  # per kind: map offset, alloc flags, handle type, alignment, ctx subtype
+    ("ipc", "V64"),  # 64 handle bytes when FLAG_IPC_BYTES is set, else zeros
+)
+
+#: Columns of an event in a trace: the raw columns plus the physical GPU the daemon resolved.
+EVENT_COLUMNS: tuple[tuple[str, str], ...] = RAW_COLUMNS + (
+    ("gpu", "<i2"),  # physical GPU (NVML index); -1 unknown or host memory
+)
+
+#: Device-memory categories used in accounting (report, TUI, analysis).
+CATEGORIES = ("driver", "vmm", "ipc_mapped", "host_pinned")
+
+
+def bpf_defines() -> list[str]:
+    """Return ``-D`` compiler flags naming every Kind and Api number for the BPF program."""
+    flags = [f"-DKIND_{k.name}={int(k)}" for k in Kind]
+    flags += [f"-DAPI_{a.name}={int(a)}" for a in Api]
+    flags.append(f"-DFLAG_IPC_BYTES={FLAG_IPC_BYTES}")
+    return flags
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One physical GPU as NVML names it (index is NVML's, i.e. PCI bus order)."""
+
+    index: int
+    uuid: str | None
+    name: str
+    total: int  # bytes of device memory
+    bar1_total: int | None = None
+
+
+@dataclass(frozen=True)
+class Marker:
+    """A phase marker as recorded: the client's fields plus the peer's credentials."""
+
+    ts: int
+    pid: int
+    uid: int
+    tid: int
+    name: str
+    phase: str  # "begin" | "end" | "instant"
+    gpu: int | None = None  # physical GPU the client named (NVML index), if any
+    values: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """What the daemon learned about a process that touched the driver."""
+
+    pid: int
+    ppid: int | None
+    cmdline: list[str]
+    exe: str | None
+    cuda_visible_devices: str | None
+    gpu_map: list[int]  # device ordinal -> physical GPU index (empty: unknown)
+    first_ts: int
+    rank: dict = field(default_factory=dict)  # e.g. {"tp": 0} when a marker or env told us

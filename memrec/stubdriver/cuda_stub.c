@@ -1,0 +1,1040 @@
+/*
+ * cuda_stub.c: a stand-in for the CUDA driver (libcuda.so.1) with no GPU behind it.
+ *
+ * Why it exists: memrec's probes are uprobes on libcuda's exported symbols. To test them on a
+ * machine without a GPU (CI, laptops, the no-GPU quick start) we need a library that exports the
+ * same symbols with the same ABI as cuda.h, so the BPF program reads arguments, out-pointers and
+ * the 64-byte by-value IPC handle exactly where the real driver has them. No memory is ever
+ * allocated on a device: device pointers are fake addresses, one window per physical device, and
+ * a per-device capacity makes over-capacity allocations fail with CUDA_ERROR_OUT_OF_MEMORY.
+ *
+ * Behaviour worth knowing:
+ *  - MEMREC_STUB_DEVICES (default 2) physical devices; MEMREC_STUB_DEVICE_BYTES (default 80 GiB)
+ *    each. CUDA_VISIBLE_DEVICES (comma list of indices) maps ordinals to physical devices; the
+ *    list stops at the first invalid entry, as the real driver does.
+ *  - Accounting is per process (there is no shared state between processes).
+ *  - IPC handles and fabric handles encode (exporter pid, pointer/handle, size, device) plus a
+ *    magic, so another process can open them. POSIX fds from cuMemExportToShareableHandle are
+ *    unlinked temp files holding the same encoding, so they survive SCM_RIGHTS.
+ *  - Exported functions never call each other, so one API call is exactly one probe hit.
+ *
+ * Build: cc -O1 -g -fPIC -shared -Wl,-soname,libcuda.so.1 -o libcuda.so.1 cuda_stub.c -lpthread
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---- cuda.h types (the subset the probes read; layouts as in cuda.h) ------------------------ */
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUstream_st *CUstream;
+typedef struct CUmemPoolHandle_st *CUmemoryPool;
+
+#define CU_IPC_HANDLE_SIZE 64
+typedef struct CUipcMemHandle_st {
+    char reserved[CU_IPC_HANDLE_SIZE];
+} CUipcMemHandle;
+
+typedef enum CUmemLocationType_enum {
+    CU_MEM_LOCATION_TYPE_INVALID = 0x0,
+    CU_MEM_LOCATION_TYPE_DEVICE = 0x1,
+} CUmemLocationType;
+
+typedef enum CUmemAllocationType_enum {
+    CU_MEM_ALLOCATION_TYPE_INVALID = 0x0,
+    CU_MEM_ALLOCATION_TYPE_PINNED = 0x1,
+} CUmemAllocationType;
+
+typedef enum CUmemAllocationHandleType_enum {
+    CU_MEM_HANDLE_TYPE_NONE = 0x0,
+    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 0x1,
+    CU_MEM_HANDLE_TYPE_WIN32 = 0x2,
+    CU_MEM_HANDLE_TYPE_WIN32_KMT = 0x4,
+    CU_MEM_HANDLE_TYPE_FABRIC = 0x8,
+} CUmemAllocationHandleType;
+
+typedef struct CUmemLocation_st {
+    CUmemLocationType type; /* +0 in the location, +8 in the prop */
+    int id;                 /* +4 in the location, +12 in the prop */
+} CUmemLocation;
+
+typedef struct CUmemAllocationProp_st {
+    CUmemAllocationType type;
+    CUmemAllocationHandleType requestedHandleTypes;
+    CUmemLocation location;
+    void *win32HandleMetaData;
+    struct {
+        unsigned char compressionType;
+        unsigned char gpuDirectRDMACapable;
+        unsigned short usage;
+        unsigned char reserved[4];
+    } allocFlags;
+} CUmemAllocationProp;
+
+typedef enum CUmemAllocationGranularity_flags_enum {
+    CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0x0,
+    CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 0x1,
+} CUmemAllocationGranularity_flags;
+
+typedef struct CUexecAffinityParam_st CUexecAffinityParam; /* opaque here */
+typedef struct CUctxCreateParams_st CUctxCreateParams;     /* opaque here */
+
+/* Compile-time checks that the layouts the BPF program relies on hold. */
+_Static_assert(sizeof(CUipcMemHandle) == 64, "CUipcMemHandle is 64 bytes");
+_Static_assert(__builtin_offsetof(CUmemAllocationProp, location) == 8, "prop->location at +8");
+_Static_assert(__builtin_offsetof(CUmemAllocationProp, location.id) == 12, "location.id at +12");
+_Static_assert(sizeof(CUmemAllocationProp) == 32, "CUmemAllocationProp is 32 bytes");
+
+enum {
+    CUDA_SUCCESS = 0,
+    CUDA_ERROR_INVALID_VALUE = 1,
+    CUDA_ERROR_OUT_OF_MEMORY = 2,
+    CUDA_ERROR_NOT_INITIALIZED = 3,
+    CUDA_ERROR_INVALID_DEVICE = 101,
+    CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_INVALID_HANDLE = 400,
+    CUDA_ERROR_NOT_SUPPORTED = 801,
+};
+
+/* Every exported entry point: kept out of line and in the dynamic symbol table for uprobes. */
+#define CUAPI __attribute__((visibility("default"), noinline, used))
+
+/* ---- configuration and state ----------------------------------------------------------------- */
+
+#define MAX_DEVICES 16
+#define DEVICE_BASE 0x7f0000000000ULL   /* device d's window starts at DEVICE_BASE + (d << 40) */
+#define DEVICE_WINDOW (1ULL << 40)
+#define VA_BASE 0x7a0000000000ULL       /* cuMemAddressReserve */
+#define IPC_BASE 0x7c0000000000ULL      /* cuIpcOpenMemHandle_v2 mappings */
+#define ALLOC_ALIGN 512ULL
+#define VMM_GRANULARITY (2ULL << 20)
+#define MAX_LIVE 65536
+#define MAX_SMALL 4096
+#define CTX_MAGIC 0x4d454d43u /* "MEMC" */
+#define HANDLE_TAG 0x4d52000000000000ULL
+static const char IPC_MAGIC[8] = {'M', 'R', 'E', 'C', 'I', 'P', 'C', '1'};
+static const char FAB_MAGIC[8] = {'M', 'R', 'E', 'C', 'F', 'A', 'B', '1'};
+
+struct CUctx_st {
+    unsigned magic;
+    int ordinal;
+    int physical;
+    int primary;
+    int refs;
+};
+
+struct live_alloc {
+    CUdeviceptr ptr;
+    unsigned long long size;
+    int physical;
+};
+
+struct vmm_handle {
+    CUmemGenericAllocationHandle id;
+    unsigned long long size;
+    int physical;
+    int refs;
+    int imported; /* imported handles do not charge this process's capacity */
+};
+
+struct range {
+    unsigned long long start;
+    unsigned long long size;
+    unsigned long long tag; /* mapping: the handle; ipc: unused; host: flags */
+};
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static int g_initialized;
+static int g_physical_count = 2;
+static unsigned long long g_capacity = 80ULL << 30;
+static int g_visible[MAX_DEVICES]; /* ordinal -> physical */
+static int g_visible_count;
+static unsigned long long g_used[MAX_DEVICES];
+static unsigned long long g_bump[MAX_DEVICES];
+static unsigned long long g_va_bump;
+static unsigned long long g_ipc_bump;
+static unsigned long long g_handle_seq;
+static struct CUctx_st g_primary[MAX_DEVICES];
+
+static struct live_alloc g_live[MAX_LIVE];
+static int g_live_count;
+static struct vmm_handle g_handles[MAX_SMALL];
+static int g_handle_count;
+static struct range g_maps[MAX_SMALL];
+static int g_map_count;
+static struct range g_reserved[MAX_SMALL];
+static int g_reserved_count;
+static struct range g_ipc_open[MAX_SMALL];
+static int g_ipc_open_count;
+static struct range g_host[MAX_SMALL];
+static int g_host_count;
+
+#define CTX_STACK_MAX 16
+static __thread CUcontext t_stack[CTX_STACK_MAX];
+static __thread int t_depth;
+
+/* ---- helpers (static: never exported, never probed) ------------------------------------------ */
+
+static unsigned long long env_u64(const char *name, unsigned long long dflt) {
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return dflt;
+    char *end = NULL;
+    unsigned long long x = strtoull(v, &end, 0);
+    return (end && *end == '\0') ? x : dflt;
+}
+
+static void parse_visible_devices(void) {
+    const char *v = getenv("CUDA_VISIBLE_DEVICES");
+    g_visible_count = 0;
+    if (!v) {
+        for (int i = 0; i < g_physical_count; i++)
+            g_visible[g_visible_count++] = i;
+        return;
+    }
+    /* The real driver keeps the entries up to the first invalid one. */
+    const char *p = v;
+    while (*p && g_visible_count < MAX_DEVICES) {
+        while (*p == ' ')
+            p++;
+        char *end = NULL;
+        long idx = strtol(p, &end, 10);
+        if (end == p || idx < 0 || idx >= g_physical_count)
+            break;
+        int dup = 0;
+        for (int i = 0; i < g_visible_count; i++)
+            dup |= g_visible[i] == (int)idx;
+        if (dup)
+            break;
+        g_visible[g_visible_count++] = (int)idx;
+        p = end;
+        while (*p == ' ')
+            p++;
+        if (*p != ',')
+            break;
+        p++;
+    }
+}
+
+static CUcontext current_ctx(void) { return t_depth > 0 ? t_stack[t_depth - 1] : NULL; }
+
+static int valid_ctx(CUcontext c) { return c && c->magic == CTX_MAGIC; }
+
+static unsigned long long align_up(unsigned long long x, unsigned long long a) {
+    return (x + a - 1) / a * a;
+}
+
+/* Charge `size` bytes to a physical device; returns a fake address or 0 when over capacity. */
+static CUdeviceptr charge(int physical, unsigned long long size) {
+    unsigned long long rounded = align_up(size ? size : 1, ALLOC_ALIGN);
+    if (size > g_capacity || g_used[physical] + size > g_capacity)
+        return 0;
+    if (g_bump[physical] + rounded > DEVICE_WINDOW)
+        return 0;
+    CUdeviceptr p = DEVICE_BASE + ((unsigned long long)physical << 40) + g_bump[physical];
+    g_bump[physical] += rounded;
+    g_used[physical] += size;
+    return p;
+}
+
+static CUresult device_alloc(CUdeviceptr *dptr, unsigned long long size) {
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!dptr || size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUcontext c = current_ctx();
+    if (!valid_ctx(c))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_lock(&g_lock);
+    CUresult rc = CUDA_SUCCESS;
+    if (g_live_count >= MAX_LIVE) {
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+        CUdeviceptr p = charge(c->physical, size);
+        if (!p) {
+            rc = CUDA_ERROR_OUT_OF_MEMORY; /* *dptr stays untouched, as the driver leaves it */
+        } else {
+            g_live[g_live_count].ptr = p;
+            g_live[g_live_count].size = size;
+            g_live[g_live_count].physical = c->physical;
+            g_live_count++;
+            *dptr = p;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+static CUresult device_free(CUdeviceptr p) {
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (p == 0)
+        return CUDA_SUCCESS;
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    /* Search from the end: the common pattern frees recent allocations first. */
+    for (int i = g_live_count - 1; i >= 0; i--) {
+        if (g_live[i].ptr == p) {
+            g_used[g_live[i].physical] -= g_live[i].size;
+            g_live[i] = g_live[--g_live_count];
+            rc = CUDA_SUCCESS;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+static int find_range(struct range *tab, int n, unsigned long long addr, int exact) {
+    for (int i = n - 1; i >= 0; i--) {
+        if (exact ? tab[i].start == addr : (addr >= tab[i].start && addr < tab[i].start + tab[i].size))
+            return i;
+    }
+    return -1;
+}
+
+static int add_range(struct range *tab, int *n, unsigned long long start, unsigned long long size,
+                     unsigned long long tag) {
+    if (*n >= MAX_SMALL)
+        return -1;
+    tab[*n].start = start;
+    tab[*n].size = size;
+    tab[*n].tag = tag;
+    return (*n)++;
+}
+
+static void del_range(struct range *tab, int *n, int i) { tab[i] = tab[--(*n)]; }
+
+static int find_handle(CUmemGenericAllocationHandle id) {
+    for (int i = 0; i < g_handle_count; i++)
+        if (g_handles[i].id == id)
+            return i;
+    return -1;
+}
+
+static int new_handle(unsigned long long size, int physical, int imported) {
+    if (g_handle_count >= MAX_SMALL)
+        return -1;
+    int i = g_handle_count++;
+    g_handles[i].id = HANDLE_TAG | ((unsigned long long)getpid() << 24) | (++g_handle_seq);
+    g_handles[i].size = size;
+    g_handles[i].physical = physical;
+    g_handles[i].refs = 1;
+    g_handles[i].imported = imported;
+    return i;
+}
+
+static void put_u32(char *b, unsigned v) { memcpy(b, &v, 4); }
+static void put_u64(char *b, unsigned long long v) { memcpy(b, &v, 8); }
+static unsigned get_u32(const char *b) { unsigned v; memcpy(&v, b, 4); return v; }
+static unsigned long long get_u64(const char *b) { unsigned long long v; memcpy(&v, b, 8); return v; }
+
+/* 64 distinctive bytes: magic, pid, device, value, size, then a pattern derived from the value. */
+static void encode64(char out[64], const char magic[8], unsigned long long value, unsigned long long size,
+                     int physical) {
+    memcpy(out, magic, 8);
+    put_u32(out + 8, (unsigned)getpid());
+    put_u32(out + 12, (unsigned)physical);
+    put_u64(out + 16, value);
+    put_u64(out + 24, size);
+    unsigned long long x = value ^ 0x9e3779b97f4a7c15ULL ^ ((unsigned long long)getpid() << 32);
+    for (int i = 32; i < 64; i++) {
+        x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+        out[i] = (char)((x >> 56) | 1); /* never zero */
+    }
+}
+
+static int decode64(const char in[64], const char magic[8], unsigned long long *value,
+                    unsigned long long *size, int *physical) {
+    if (memcmp(in, magic, 8) != 0)
+        return 0;
+    *physical = (int)get_u32(in + 12);
+    *value = get_u64(in + 16);
+    *size = get_u64(in + 24);
+    return *physical >= 0 && *physical < g_physical_count;
+}
+
+/* ---- initialisation and devices --------------------------------------------------------------- */
+
+CUAPI CUresult cuInit(unsigned int Flags) {
+    if (Flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    if (!g_initialized) {
+        g_physical_count = (int)env_u64("MEMREC_STUB_DEVICES", 2);
+        if (g_physical_count < 1)
+            g_physical_count = 1;
+        if (g_physical_count > MAX_DEVICES)
+            g_physical_count = MAX_DEVICES;
+        g_capacity = env_u64("MEMREC_STUB_DEVICE_BYTES", 80ULL << 30);
+        parse_visible_devices();
+        for (int i = 0; i < g_visible_count; i++) {
+            g_primary[i].magic = CTX_MAGIC;
+            g_primary[i].ordinal = i;
+            g_primary[i].physical = g_visible[i];
+            g_primary[i].primary = 1;
+            g_primary[i].refs = 0;
+        }
+        g_initialized = 1;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuDriverGetVersion(int *driverVersion) {
+    if (!driverVersion)
+        return CUDA_ERROR_INVALID_VALUE;
+    *driverVersion = 13000;
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuDeviceGetCount(int *count) {
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!count)
+        return CUDA_ERROR_INVALID_VALUE;
+    *count = g_visible_count;
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuDeviceGet(CUdevice *device, int ordinal) {
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!device)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (ordinal < 0 || ordinal >= g_visible_count)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *device = ordinal;
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!bytes)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= g_visible_count)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *bytes = g_capacity;
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUcontext c = current_ctx();
+    if (!valid_ctx(c))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_lock(&g_lock);
+    if (free_bytes)
+        *free_bytes = g_capacity - g_used[c->physical];
+    if (total)
+        *total = g_capacity;
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+
+/* Not a CUDA API: lets tests and the workload learn the physical device behind an ordinal. */
+CUAPI int memrec_stub_physical_device(int ordinal) {
+    if (!g_initialized || ordinal < 0 || ordinal >= g_visible_count)
+        return -1;
+    return g_visible[ordinal];
+}
+
+/* ---- contexts ---------------------------------------------------------------------------------- */
+
+CUAPI CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= g_visible_count)
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_lock);
+    g_primary[dev].refs++;
+    pthread_mutex_unlock(&g_lock);
+    *pctx = &g_primary[dev];
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (dev < 0 || dev >= g_visible_count)
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_lock);
+    if (g_primary[dev].refs > 0)
+        g_primary[dev].refs--;
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+
+static CUresult create_ctx(CUcontext *pctx, CUdevice dev) {
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= g_visible_count)
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (t_depth >= CTX_STACK_MAX)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    struct CUctx_st *c = calloc(1, sizeof(*c));
+    if (!c)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    c->magic = CTX_MAGIC;
+    c->ordinal = dev;
+    c->physical = g_visible[dev];
+    c->refs = 1;
+    t_stack[t_depth++] = c; /* a created context becomes current */
+    *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
+    (void)flags;
+    return create_ctx(pctx, dev);
+}
+
+CUAPI CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams,
+                              unsigned int flags, CUdevice dev) {
+    (void)paramsArray;
+    (void)numParams;
+    (void)flags;
+    return create_ctx(pctx, dev);
+}
+
+CUAPI CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams, unsigned int flags,
+                              CUdevice dev) {
+    (void)ctxCreateParams;
+    (void)flags;
+    return create_ctx(pctx, dev);
+}
+
+CUAPI CUresult cuCtxDestroy_v2(CUcontext ctx) {
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!valid_ctx(ctx) || ctx->primary)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (current_ctx() == ctx)
+        t_depth--; /* destroying the current context pops it */
+    ctx->magic = 0;
+    free(ctx);
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuCtxSetCurrent(CUcontext ctx) {
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (ctx == NULL) {
+        if (t_depth > 0)
+            t_depth--;
+        return CUDA_SUCCESS;
+    }
+    if (!valid_ctx(ctx))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (t_depth == 0)
+        t_stack[t_depth++] = ctx;
+    else
+        t_stack[t_depth - 1] = ctx;
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuCtxGetCurrent(CUcontext *pctx) {
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pctx = current_ctx();
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!valid_ctx(ctx))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (t_depth >= CTX_STACK_MAX)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    t_stack[t_depth++] = ctx;
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuCtxPopCurrent_v2(CUcontext *pctx) {
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (t_depth == 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    CUcontext c = t_stack[--t_depth];
+    if (pctx)
+        *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuCtxGetDevice(CUdevice *device) {
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!device)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUcontext c = current_ctx();
+    if (!valid_ctx(c))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *device = c->ordinal;
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuCtxSynchronize(void) {
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return valid_ctx(current_ctx()) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+/* ---- device memory ---------------------------------------------------------------------------- */
+
+CUAPI CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) { return device_alloc(dptr, bytesize); }
+
+CUAPI CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
+                                  unsigned int ElementSizeBytes) {
+    if (!pPitch || WidthInBytes == 0 || Height == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16)
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t pitch = (size_t)align_up(WidthInBytes, ALLOC_ALIGN);
+    CUresult rc = device_alloc(dptr, (unsigned long long)pitch * Height);
+    if (rc == CUDA_SUCCESS)
+        *pPitch = pitch;
+    return rc;
+}
+
+CUAPI CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
+    if (flags != 1 && flags != 2) /* CU_MEM_ATTACH_GLOBAL, CU_MEM_ATTACH_HOST */
+        return CUDA_ERROR_INVALID_VALUE;
+    return device_alloc(dptr, bytesize);
+}
+
+CUAPI CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+    (void)hStream;
+    return device_alloc(dptr, bytesize);
+}
+
+CUAPI CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+    (void)hStream;
+    return device_alloc(dptr, bytesize);
+}
+
+CUAPI CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                       CUstream hStream) {
+    (void)hStream;
+    if (!pool)
+        return CUDA_ERROR_INVALID_VALUE;
+    return device_alloc(dptr, bytesize);
+}
+
+CUAPI CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                            CUstream hStream) {
+    (void)hStream;
+    if (!pool)
+        return CUDA_ERROR_INVALID_VALUE;
+    return device_alloc(dptr, bytesize);
+}
+
+CUAPI CUresult cuMemFree_v2(CUdeviceptr dptr) { return device_free(dptr); }
+
+CUAPI CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
+    (void)hStream;
+    return device_free(dptr);
+}
+
+CUAPI CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
+    (void)hStream;
+    return device_free(dptr);
+}
+
+/* ---- virtual memory management ---------------------------------------------------------------- */
+
+CUAPI CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
+                                             CUmemAllocationGranularity_flags option) {
+    (void)option;
+    if (!granularity || !prop)
+        return CUDA_ERROR_INVALID_VALUE;
+    *granularity = VMM_GRANULARITY;
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                           unsigned long long flags) {
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!handle || !prop || flags != 0 || size == 0 || size % VMM_GRANULARITY != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return CUDA_ERROR_INVALID_VALUE;
+    int ordinal = prop->location.id;
+    if (ordinal < 0 || ordinal >= g_visible_count)
+        return CUDA_ERROR_INVALID_DEVICE;
+    int physical = g_visible[ordinal];
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&g_lock);
+    if (size > g_capacity || g_used[physical] + size > g_capacity) {
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+        int i = new_handle(size, physical, 0);
+        if (i < 0) {
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            g_used[physical] += size;
+            *handle = g_handles[i].id;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+CUAPI CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    int i = find_handle(handle);
+    if (i >= 0) {
+        rc = CUDA_SUCCESS;
+        if (--g_handles[i].refs == 0) {
+            if (!g_handles[i].imported)
+                g_used[g_handles[i].physical] -= g_handles[i].size;
+            g_handles[i] = g_handles[--g_handle_count];
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+CUAPI CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                                   unsigned long long flags) {
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!ptr || size == 0 || flags != 0 || size % VMM_GRANULARITY != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    (void)addr; /* a hint only, as in the driver */
+    unsigned long long a = alignment ? alignment : VMM_GRANULARITY;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&g_lock);
+    unsigned long long start = align_up(VA_BASE + g_va_bump, a);
+    if (add_range(g_reserved, &g_reserved_count, start, size, 0) < 0) {
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+        g_va_bump = start + size - VA_BASE;
+        *ptr = start;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+CUAPI CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    int i = find_range(g_reserved, g_reserved_count, ptr, 1);
+    if (i >= 0 && g_reserved[i].size == size) {
+        del_range(g_reserved, &g_reserved_count, i);
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+CUAPI CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                        unsigned long long flags) {
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (flags != 0 || size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&g_lock);
+    int h = find_handle(handle);
+    if (h < 0) {
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    } else if (offset + size > g_handles[h].size) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (find_range(g_reserved, g_reserved_count, ptr, 0) < 0) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (add_range(g_maps, &g_map_count, ptr, size, handle) < 0) {
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+CUAPI CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    int i = find_range(g_maps, g_map_count, ptr, 1);
+    if (i >= 0 && g_maps[i].size == size) {
+        del_range(g_maps, &g_map_count, i);
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+typedef struct CUmemAccessDesc_st CUmemAccessDesc; /* opaque here */
+
+CUAPI CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
+    (void)ptr;
+    (void)size;
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return (desc && count) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUAPI CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!handle)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    int m = find_range(g_maps, g_map_count, (unsigned long long)(uintptr_t)addr, 0);
+    if (m >= 0) {
+        int h = find_handle(g_maps[m].tag);
+        if (h >= 0) {
+            g_handles[h].refs++;
+            *handle = g_handles[h].id;
+            rc = CUDA_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+CUAPI CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
+                                            CUmemAllocationHandleType handleType, unsigned long long flags) {
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!shareableHandle || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    int h = find_handle(handle);
+    struct vmm_handle copy;
+    if (h >= 0)
+        copy = g_handles[h];
+    pthread_mutex_unlock(&g_lock);
+    if (h < 0)
+        return CUDA_ERROR_INVALID_HANDLE;
+    char blob[64];
+    if (handleType == CU_MEM_HANDLE_TYPE_FABRIC) {
+        encode64(blob, FAB_MAGIC, copy.id, copy.size, copy.physical);
+        memcpy(shareableHandle, blob, 64);
+        return CUDA_SUCCESS;
+    }
+    if (handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    /* An fd another process can receive over SCM_RIGHTS and decode: an unlinked temp file. */
+    char path[] = "/tmp/memrec-stub-XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    unlink(path);
+    encode64(blob, FAB_MAGIC, copy.id, copy.size, copy.physical);
+    if (pwrite(fd, blob, 64, 0) != 64) {
+        close(fd);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *(int *)shareableHandle = fd;
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
+                                              CUmemAllocationHandleType shHandleType) {
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!handle)
+        return CUDA_ERROR_INVALID_VALUE;
+    char blob[64];
+    if (shHandleType == CU_MEM_HANDLE_TYPE_FABRIC) {
+        if (!osHandle)
+            return CUDA_ERROR_INVALID_VALUE;
+        memcpy(blob, osHandle, 64);
+    } else if (shHandleType == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+        int fd = (int)(intptr_t)osHandle;
+        if (pread(fd, blob, 64, 0) != 64)
+            return CUDA_ERROR_INVALID_VALUE;
+    } else {
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    unsigned long long id, size;
+    int physical;
+    if (!decode64(blob, FAB_MAGIC, &id, &size, &physical))
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&g_lock);
+    int i = new_handle(size, physical, 1);
+    if (i < 0)
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    else
+        *handle = g_handles[i].id;
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+/* ---- IPC ---------------------------------------------------------------------------------------- */
+
+CUAPI CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!pHandle)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    for (int i = g_live_count - 1; i >= 0; i--) {
+        if (g_live[i].ptr == dptr) {
+            encode64(pHandle->reserved, IPC_MAGIC, dptr, g_live[i].size, g_live[i].physical);
+            rc = CUDA_SUCCESS;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+/* The handle is passed BY VALUE (64 bytes, SysV class MEMORY): it sits on the caller's stack at
+ * [rsp+8] on entry, and Flags arrives in the second integer register (rsi). */
+CUAPI CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags) {
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!pdptr || (Flags & ~1u) != 0) /* CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS */
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_ctx(current_ctx()))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    unsigned long long ptr, size;
+    int physical;
+    if (!decode64(handle.reserved, IPC_MAGIC, &ptr, &size, &physical))
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&g_lock);
+    unsigned long long va = IPC_BASE + g_ipc_bump;
+    if (add_range(g_ipc_open, &g_ipc_open_count, va, size, ptr) < 0) {
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+        g_ipc_bump += align_up(size ? size : 1, VMM_GRANULARITY);
+        *pdptr = va;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+CUAPI CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    int i = find_range(g_ipc_open, g_ipc_open_count, dptr, 1);
+    if (i >= 0) {
+        del_range(g_ipc_open, &g_ipc_open_count, i);
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+/* ---- pinned host memory (real host memory: callers may touch it) ------------------------------ */
+
+static CUresult host_alloc(void **pp, size_t bytesize, unsigned int flags) {
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!pp || bytesize == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_ctx(current_ctx()))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    void *p = NULL;
+    if (posix_memalign(&p, 4096, bytesize) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&g_lock);
+    int i = add_range(g_host, &g_host_count, (unsigned long long)(uintptr_t)p, bytesize, flags);
+    pthread_mutex_unlock(&g_lock);
+    if (i < 0) {
+        free(p);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *pp = p;
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags) {
+    return host_alloc(pp, bytesize, Flags);
+}
+
+CUAPI CUresult cuMemAllocHost_v2(void **pp, size_t bytesize) { return host_alloc(pp, bytesize, 0); }
+
+CUAPI CUresult cuMemFreeHost(void *p) {
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    int i = find_range(g_host, g_host_count, (unsigned long long)(uintptr_t)p, 1);
+    if (i >= 0) {
+        del_range(g_host, &g_host_count, i);
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_lock);
+    if (rc == CUDA_SUCCESS)
+        free(p);
+    return rc;
+}
+
+/* Registered ranges are only remembered, so Unregister can tell a known pointer from a stray one. */
+static struct range g_registered[MAX_SMALL];
+static int g_registered_count;
+
+CUAPI CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags) {
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!p || bytesize == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    int i = add_range(g_registered, &g_registered_count, (unsigned long long)(uintptr_t)p, bytesize, Flags);
+    pthread_mutex_unlock(&g_lock);
+    return i < 0 ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuMemHostUnregister(void *p) {
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    int i = find_range(g_registered, g_registered_count, (unsigned long long)(uintptr_t)p, 1);
+    if (i >= 0) {
+        del_range(g_registered, &g_registered_count, i);
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+CUAPI CUresult cuGetErrorName(CUresult error, const char **pStr) {
+    if (!pStr)
+        return CUDA_ERROR_INVALID_VALUE;
+    switch (error) {
+    case CUDA_SUCCESS: *pStr = "CUDA_SUCCESS"; break;
+    case CUDA_ERROR_INVALID_VALUE: *pStr = "CUDA_ERROR_INVALID_VALUE"; break;
+    case CUDA_ERROR_OUT_OF_MEMORY: *pStr = "CUDA_ERROR_OUT_OF_MEMORY"; break;
+    case CUDA_ERROR_NOT_INITIALIZED: *pStr = "CUDA_ERROR_NOT_INITIALIZED"; break;
+    case CUDA_ERROR_INVALID_DEVICE: *pStr = "CUDA_ERROR_INVALID_DEVICE"; break;
+    case CUDA_ERROR_INVALID_CONTEXT: *pStr = "CUDA_ERROR_INVALID_CONTEXT"; break;
+    case CUDA_ERROR_INVALID_HANDLE: *pStr = "CUDA_ERROR_INVALID_HANDLE"; break;
+    case CUDA_ERROR_NOT_SUPPORTED: *pStr = "CUDA_ERROR_NOT_SUPPORTED"; break;
+    default: *pStr = NULL; return CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
+}

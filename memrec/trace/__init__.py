@@ -1,0 +1,1 @@
+"""Trace format v1: writer, reader and the in-memory model (spec: docs/format.md)."""

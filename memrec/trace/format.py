@@ -1,0 +1,635 @@
+"""Trace format v1: record types, column layouts, and msgpack encoding of one record.
+
+A trace (``.mrec``) is a plain concatenation of msgpack objects, one per record (the full spec is
+``docs/format.md``)::
+
+    header  →  events | nvml | procmem | marker | process | lost | keyframe ...  →  trailer
+
+Every record is a msgpack map with a ``"type"`` key. The header's first key is ``"magic"``. The
+columnar records (``events``, ``nvml``, ``procmem``) carry one little-endian byte string per field
+of :data:`memrec.columns.EVENT_DTYPE` / ``NVML_DTYPE`` / ``PROCMEM_DTYPE``, so a reader decodes a
+chunk with one ``np.frombuffer`` per column. The 64-byte ``ipc`` column of events is stored sparsely:
+the row indices whose ``flags`` have :data:`FLAG_IPC_BYTES` plus their bytes.
+
+Two forms of a record exist:
+
+* the *logical* form, what writers take and readers give: a dict whose columnar payload is a numpy
+  structured array (``rec["events"]`` or ``rec["samples"]``), every other record a plain dict;
+* the *wire* form, what msgpack holds: the same dict with the array replaced by ``n``,
+  ``columns`` (and, for events, ``ipc_index`` / ``ipc``).
+
+:func:`encode_record` goes from logical to bytes and :func:`decode_record` from an unpacked wire
+object back to logical. The trace writer, the reader and the live socket (``frames.py``) all go
+through these two functions, so a live subscriber receives exactly the bytes the file holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import re
+import socket
+import time
+from typing import Any
+from typing import Iterator
+
+import msgpack
+import numpy as np
+
+from memrec._errors import TraceFormatError
+from memrec.columns import EVENT_DTYPE
+from memrec.columns import NVML_DTYPE
+from memrec.columns import PROCMEM_DTYPE
+from memrec.events import FLAG_IPC_BYTES
+from memrec.events import IPC_HANDLE_SIZE
+from memrec.events import GpuInfo
+from memrec.events import Marker
+from memrec.events import ProcessInfo
+
+#: The value of the header's first key, ``"magic"``.
+MAGIC = "memrec-trace"
+#: Major format version: a reader refuses a trace whose major version is newer than its own.
+FORMAT_VERSION = 1
+#: Minor format version: a newer minor only adds record types or fields, which older readers skip.
+FORMAT_MINOR = 0
+#: The clock of every ``ts`` in a trace (ns); the header's ``anchor`` ties it to wall-clock time.
+CLOCK = "CLOCK_MONOTONIC"
+
+# Record types (the value of every record's "type" key).
+HEADER = "header"
+EVENTS = "events"
+NVML = "nvml"
+PROCMEM = "procmem"
+MARKER = "marker"
+PROCESS = "process"
+LOST = "lost"
+KEYFRAME = "keyframe"
+TRAILER = "trailer"
+
+#: Every record type format v1 defines (a reader skips any other type with a warning).
+RECORD_TYPES = frozenset({HEADER, EVENTS, NVML, PROCMEM, MARKER, PROCESS, LOST, KEYFRAME, TRAILER})
+
+#: Columnar record types and the numpy dtype of one row of each.
+COLUMNAR: dict[str, np.dtype] = {EVENTS: EVENT_DTYPE, NVML: NVML_DTYPE, PROCMEM: PROCMEM_DTYPE}
+
+#: The key of the structured array in a columnar record's logical form.
+ROWS_KEY: dict[str, str] = {EVENTS: "events", NVML: "samples", PROCMEM: "samples"}
+
+#: The events column stored sparsely (only rows whose flags have FLAG_IPC_BYTES).
+SPARSE_COLUMN = "ipc"
+
+#: Value of a column a chunk does not carry (older or newer writer). Unlisted columns default to 0.
+COLUMN_DEFAULTS: dict[str, dict[str, int]] = {
+    EVENTS: {"ordinal": -1, "gpu": -1},
+    NVML: {"gpu": -1, "used": -1, "reserved": -1, "free": -1, "total": -1, "bar1_used": -1, "bar1_total": -1},
+    PROCMEM: {"gpu": -1, "used": -1},
+}
+
+#: The most rows a writer puts in one columnar record.
+MAX_CHUNK_ROWS = 65536
+
+_WIRE_KEYS = frozenset({"n", "columns", "ipc_index", "ipc"})
+
+
+# ---------------------------------------------------------------------------------------------
+# msgpack
+
+
+def _msgpack_default(obj: Any) -> Any:
+    """Turn what msgpack cannot pack natively into what it can (numpy scalars, dataclasses...)."""
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (set, frozenset)):
+        return sorted(obj)
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    raise TypeError(f"cannot encode {type(obj).__name__} in a trace record")
+
+
+def packb(obj: Any) -> bytes:
+    """msgpack-encode ``obj`` the way every trace record is encoded (bin type for bytes)."""
+    return msgpack.packb(obj, use_bin_type=True, default=_msgpack_default)
+
+
+def unpacker(max_buffer_size: int) -> msgpack.Unpacker:
+    """Return a feed-mode Unpacker configured the way every trace reader must be."""
+    return msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=max_buffer_size)
+
+
+def unpackb(data: bytes) -> Any:
+    """Decode one msgpack object the way every trace reader does (str keys, any map key type)."""
+    return msgpack.unpackb(data, raw=False, strict_map_key=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# header
+
+
+def column_schema() -> dict[str, list[list[str]]]:
+    """The header's ``columns`` entry: for each columnar type, ``[name, numpy dtype string]`` pairs."""
+    return {
+        kind: [[name, dtype.fields[name][0].str] for name in dtype.names] for kind, dtype in COLUMNAR.items()
+    }
+
+
+#: {record type: {column: dtype}}, as written by this version.
+Schema = dict[str, dict[str, np.dtype]]
+
+DEFAULT_SCHEMA: Schema = {
+    kind: {name: dtype.fields[name][0] for name in dtype.names} for kind, dtype in COLUMNAR.items()
+}
+
+
+#: A column dtype a header may declare: byte order, kind (unsigned, signed, float, bool, raw), size.
+_DTYPE_STR = re.compile(r"[<>|=]?[uifbV][1-9][0-9]{0,3}")
+
+
+def parse_schema(header: dict) -> Schema:
+    """Read the header's ``columns`` entry (the dtype the writer used for each column).
+
+    Raises:
+        TraceFormatError: the entry is malformed.
+    """
+    columns = header.get("columns")
+    if columns is None:
+        return DEFAULT_SCHEMA
+    schema: Schema = dict(DEFAULT_SCHEMA)
+    try:
+        for kind, pairs in columns.items():
+            schema[kind] = {}
+            for name, dt in pairs:
+                if not isinstance(name, str) or not isinstance(dt, str) or not _DTYPE_STR.fullmatch(dt):
+                    raise ValueError(f"bad column {name!r}: {dt!r}")
+                schema[kind][name] = np.dtype(dt)
+    except (AttributeError, TypeError, ValueError) as error:
+        raise TraceFormatError(f"malformed column schema in the header: {error}") from None
+    for kind, target in COLUMNAR.items():
+        for name, dtype in schema.get(kind, {}).items():
+            if name not in target.names:
+                continue
+            want = target.fields[name][0]
+            if dtype.hasobject or dtype.itemsize == 0 or not np.can_cast(dtype, want, casting="same_kind"):
+                raise TraceFormatError(
+                    f"malformed column schema in the header: {kind}.{name} is {dtype.str}, "
+                    f"which cannot be read as {want.str}"
+                )
+    return schema
+
+
+def read_boot_id() -> str | None:
+    """This boot's id (``/proc/sys/kernel/random/boot_id``): CLOCK_MONOTONIC is only comparable
+    between traces of the same boot."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def clock_anchor() -> dict[str, int]:
+    """One simultaneous reading of CLOCK_MONOTONIC and the wall clock (both ns)."""
+    before = time.monotonic_ns()
+    wall = time.time_ns()
+    after = time.monotonic_ns()
+    return {"monotonic_ns": (before + after) // 2, "wall_ns": wall}
+
+
+def make_header(
+    *,
+    host: str | None = None,
+    boot_id: str | None = None,
+    gpus: list[GpuInfo] | list[dict] = (),  # type: ignore[assignment]
+    probes: dict | None = None,
+    config: dict | None = None,
+    created_by: str | None = None,
+    anchor: dict[str, int] | None = None,
+    **extra: Any,
+) -> dict:
+    """Build a header with this host's defaults (host name, boot id, a clock anchor taken now).
+
+    ``probes`` says what was attached and what was missing (e.g. ``{"attached": [...],
+    "missing": [...], "libraries": [...]}``); ``config`` is the recorder's configuration. Both are
+    free-form maps. Extra keyword arguments become extra header keys.
+    """
+    if created_by is None:
+        from memrec import __version__
+
+        created_by = f"memrec {__version__}"
+    header = {
+        "host": host if host is not None else socket.gethostname(),
+        "boot_id": boot_id if boot_id is not None else read_boot_id(),
+        "clock": CLOCK,
+        "anchor": anchor if anchor is not None else clock_anchor(),
+        "gpus": [gpu_dict(g) for g in gpus],
+        "probes": probes if probes is not None else {},
+        "config": config if config is not None else {},
+        "created_by": created_by,
+    }
+    header.update(extra)
+    return finalize_header(header)
+
+
+def gpu_dict(gpu: GpuInfo | dict) -> dict:
+    """A GpuInfo as the header stores it."""
+    if isinstance(gpu, GpuInfo):
+        return dataclasses.asdict(gpu)
+    return dict(gpu)
+
+
+def finalize_header(header: dict) -> dict:
+    """Return ``header`` as a writer writes it: magic, version, minor and type first, then the
+    caller's keys, with ``gpus`` as dicts, the clock and an anchor (taken now if missing), and the
+    column schema. The caller's values for magic, version, minor, type and columns are replaced."""
+    reserved = {"magic", "version", "minor", "type", "columns"}
+    out: dict[str, Any] = {"magic": MAGIC, "version": FORMAT_VERSION, "minor": FORMAT_MINOR, "type": HEADER}
+    for key, value in header.items():
+        if key not in reserved:
+            out[key] = value
+    out["gpus"] = [gpu_dict(g) for g in out.get("gpus") or ()]
+    out.setdefault("clock", CLOCK)
+    if "anchor" not in out:
+        out["anchor"] = clock_anchor()
+    out["columns"] = column_schema()
+    return out
+
+
+def check_header(obj: Any, source: str = "input") -> dict:
+    """Validate a decoded header record and return it.
+
+    Raises:
+        TraceFormatError: not a memrec header (bad magic), or a newer major format version.
+    """
+    if not isinstance(obj, dict) or obj.get("magic") != MAGIC:
+        raise TraceFormatError(f"{source}: not a memrec trace (bad magic)")
+    version = obj.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise TraceFormatError(f"{source}: not a memrec trace (bad format version {version!r})")
+    if version > FORMAT_VERSION:
+        minor = obj.get("minor", 0)
+        raise TraceFormatError(
+            f"{source}: trace format version {version}.{minor} is newer than this memrec reads "
+            f"(format version {FORMAT_VERSION}.{FORMAT_MINOR}); upgrade memrec to read it"
+        )
+    parse_schema(obj)
+    return obj
+
+
+def header_prefix_plausible(data: bytes) -> bool:
+    """Whether ``data`` (the first bytes of a file) can be the start of a memrec header.
+
+    Used to tell a trace cut inside its header (a file just created, or a crash) from a file that
+    is not a trace at all: a header is a map whose first entry is ``"magic": MAGIC``.
+    """
+    if not data:
+        return True
+    first = data[0]
+    if 0x80 <= first <= 0x8F:
+        body = data[1:]
+    elif first == 0xDE:
+        body = data[3:]
+    elif first == 0xDF:
+        body = data[5:]
+    else:
+        return False
+    expected = packb("magic") + packb(MAGIC)
+    body = body[: len(expected)]
+    return expected[: len(body)] == body
+
+
+def to_wall_ns(header: dict, ts: int) -> int | None:
+    """Convert a trace ``ts`` (CLOCK_MONOTONIC ns) to wall-clock ns since the epoch, or None."""
+    anchor = header.get("anchor") or {}
+    try:
+        return int(ts) - int(anchor["monotonic_ns"]) + int(anchor["wall_ns"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# columnar records
+
+
+def as_rows(kind: str, arr: np.ndarray) -> np.ndarray:
+    """Return ``arr`` with exactly the dtype of ``kind``'s rows, converting field by field by name.
+
+    Raises:
+        ValueError: ``arr`` is not a 1-D structured array with every field of the row dtype.
+    """
+    dtype = COLUMNAR[kind]
+    if not isinstance(arr, np.ndarray) or arr.ndim != 1:
+        raise ValueError(f"{kind}: expected a 1-D numpy structured array, got {type(arr).__name__}")
+    if arr.dtype == dtype:
+        return arr
+    names = arr.dtype.names or ()
+    missing = [name for name in dtype.names if name not in names]
+    if missing:
+        raise ValueError(f"{kind}: the array lacks the field(s) {', '.join(missing)} (dtype {arr.dtype})")
+    out = np.empty(len(arr), dtype=dtype)
+    for name in dtype.names:
+        out[name] = arr[name]
+    return out
+
+
+class ChunkBuilder:
+    """Accumulates rows of one columnar type straight into per-column arrays.
+
+    ``append(arr)`` returns the wire form of every chunk it completed (``max_rows`` rows each);
+    ``take()`` returns the wire form of the rows left (or None). Each column is copied once, at
+    append time, into a contiguous array that the wire form then references (msgpack packs it
+    without another copy). Each chunk gets new arrays, so a wire form stays valid.
+    """
+
+    def __init__(self, kind: str, max_rows: int = MAX_CHUNK_ROWS) -> None:
+        if kind not in COLUMNAR:
+            raise ValueError(f"not a columnar record type: {kind!r}")
+        if max_rows < 1:
+            raise ValueError("max_rows must be at least 1")
+        self.kind = kind
+        self.max_rows = max_rows
+        self._dtype = COLUMNAR[kind]
+        self._sparse = kind == EVENTS
+        self._names = [n for n in self._dtype.names if not (self._sparse and n == SPARSE_COLUMN)]
+        self._reset()
+
+    def _reset(self) -> None:
+        self.rows = 0
+        self._cols: dict[str, np.ndarray] = {}
+        self._ipc_index: list[np.ndarray] = []
+        self._ipc: list[bytes] = []
+
+    def _reserve(self, rows: int) -> None:
+        """Make room for ``rows`` rows (doubling, capped at max_rows)."""
+        capacity = len(next(iter(self._cols.values()))) if self._cols else 0
+        if rows <= capacity:
+            return
+        new = min(self.max_rows, max(rows, 2 * capacity, 1024))
+        for name in self._names:
+            col = np.empty(new, dtype=self._dtype.fields[name][0])
+            if capacity:
+                col[: self.rows] = self._cols[name][: self.rows]
+            self._cols[name] = col
+
+    def append(self, arr: np.ndarray) -> list[dict]:
+        """Add rows (converted to the row dtype by field name); return the chunks completed."""
+        arr = as_rows(self.kind, arr)
+        done = []
+        start = 0
+        while start < len(arr):
+            take = min(self.max_rows - self.rows, len(arr) - start)
+            part = arr[start : start + take]
+            self._reserve(self.rows + take)
+            end = self.rows + take
+            for name in self._names:
+                self._cols[name][self.rows : end] = part[name]
+            if self._sparse:
+                idx = np.flatnonzero(part["flags"] & FLAG_IPC_BYTES)
+                if len(idx):
+                    self._ipc_index.append((idx + self.rows).astype("<u4"))
+                    self._ipc.append(part[SPARSE_COLUMN][idx].tobytes())
+            self.rows = end
+            start += take
+            if self.rows >= self.max_rows:
+                done.append(self._wire())
+        return done
+
+    def take(self) -> dict | None:
+        """Return the wire form of the rows accumulated so far (None if there are none)."""
+        return self._wire() if self.rows else None
+
+    def _wire(self) -> dict:
+        if self.rows:
+            columns = {n: memoryview(self._cols[n][: self.rows]) for n in self._names}
+        else:
+            columns = {n: b"" for n in self._names}
+        wire: dict[str, Any] = {"type": self.kind, "n": self.rows, "columns": columns}
+        if self._sparse:
+            index = np.concatenate(self._ipc_index) if self._ipc_index else np.zeros(0, "<u4")
+            wire["ipc_index"] = index.astype("<u4").tobytes()
+            wire["ipc"] = b"".join(self._ipc)
+        self._reset()
+        return wire
+
+
+def rows_to_wire(kind: str, arr: np.ndarray) -> dict:
+    """The wire form of one columnar record holding every row of ``arr`` (however many)."""
+    builder = ChunkBuilder(kind, max_rows=max(1, len(arr)))
+    done = builder.append(arr)
+    return done[0] if done else builder._wire()
+
+
+@dataclasses.dataclass
+class ColumnChunk:
+    """One columnar record decoded without copying: a read-only numpy view per column."""
+
+    kind: str
+    n: int
+    columns: dict[str, np.ndarray]
+    ipc_index: np.ndarray | None = None  # <u4 row indices (events only)
+    ipc: np.ndarray | None = None  # V64 rows, one per index
+
+    def fill(self, out: np.ndarray, start: int = 0) -> None:
+        """Write the chunk's rows into ``out[start:start + n]`` (``out`` zeroed by the caller)."""
+        end = start + self.n
+        defaults = COLUMN_DEFAULTS.get(self.kind, {})
+        for name in out.dtype.names:
+            col = self.columns.get(name)
+            if col is not None:
+                out[name][start:end] = col
+            elif name in defaults:
+                out[name][start:end] = defaults[name]
+        if self.ipc_index is not None and len(self.ipc_index):
+            out[SPARSE_COLUMN][start + self.ipc_index.astype(np.intp)] = self.ipc
+
+    def to_array(self) -> np.ndarray:
+        """The chunk as a new structured array of its row dtype."""
+        out = np.zeros(self.n, dtype=COLUMNAR[self.kind])
+        self.fill(out)
+        return out
+
+    @property
+    def last_ts(self) -> int | None:
+        ts = self.columns.get("ts")
+        return int(ts[-1]) if ts is not None and len(ts) else None
+
+
+def decode_columns(obj: dict, schema: Schema | None = None) -> ColumnChunk:
+    """Decode a columnar wire record into zero-copy column views.
+
+    ``schema`` is :func:`parse_schema` of the trace's header (the dtype each column was written
+    with); a column whose dtype differs from this version's is cast when filled. Unknown columns
+    are ignored; missing ones take :data:`COLUMN_DEFAULTS`.
+
+    Raises:
+        TraceFormatError: the record is malformed (a column's length does not match ``n``...).
+    """
+    kind = obj.get("type")
+    if kind not in COLUMNAR:
+        raise TraceFormatError(f"not a columnar record: {kind!r}")
+    n = obj.get("n")
+    columns = obj.get("columns")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0 or not isinstance(columns, dict):
+        raise TraceFormatError(f"malformed {kind} record: bad 'n' or 'columns'")
+    target = COLUMNAR[kind]
+    written = (schema or DEFAULT_SCHEMA).get(kind, DEFAULT_SCHEMA[kind])
+    out: dict[str, np.ndarray] = {}
+    for name, data in columns.items():
+        if name not in target.names:
+            continue  # a column from a newer writer
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TraceFormatError(f"malformed {kind} record: column {name!r} is not binary")
+        dtype = written.get(name, target.fields[name][0])
+        if len(data) != n * dtype.itemsize:
+            raise TraceFormatError(
+                f"malformed {kind} record: column {name!r} has {len(data)} bytes for {n} rows of {dtype.str}"
+            )
+        out[name] = np.frombuffer(data, dtype=dtype)
+    chunk = ColumnChunk(kind, n, out)
+    if kind == EVENTS:
+        index = obj.get("ipc_index", b"")
+        ipc = obj.get("ipc", b"")
+        if not isinstance(index, (bytes, bytearray)) or not isinstance(ipc, (bytes, bytearray)):
+            raise TraceFormatError("malformed events record: 'ipc_index' / 'ipc' are not binary")
+        if len(index) % 4 or len(ipc) != (len(index) // 4) * IPC_HANDLE_SIZE:
+            raise TraceFormatError(
+                f"malformed events record: {len(index) // 4} ipc indices for {len(ipc)} ipc bytes"
+            )
+        chunk.ipc_index = np.frombuffer(index, dtype="<u4")
+        if len(chunk.ipc_index) and int(chunk.ipc_index.max()) >= n:
+            raise TraceFormatError("malformed events record: an ipc index is out of range")
+        chunk.ipc = np.frombuffer(ipc, dtype=f"V{IPC_HANDLE_SIZE}")
+    return chunk
+
+
+# ---------------------------------------------------------------------------------------------
+# records
+
+
+def encode_record(rec: dict) -> bytes:
+    """Encode one logical record to the bytes a trace file (and a live subscriber) gets.
+
+    Columnar records (``type`` events / nvml / procmem) carry their rows as a numpy structured
+    array under ``"events"`` or ``"samples"``; every other record is packed as it is (numpy
+    scalars, enums and dataclasses are converted). A record already in wire form (it has
+    ``"columns"``) is packed as it is.
+
+    Raises:
+        ValueError: a columnar record without its rows, or rows of the wrong shape.
+        TypeError: a value msgpack cannot encode.
+    """
+    kind = rec.get("type")
+    if not isinstance(kind, str):
+        raise ValueError("a record needs a string 'type'")
+    if kind in COLUMNAR and "columns" not in rec:
+        key = ROWS_KEY[kind]
+        if key not in rec:
+            raise ValueError(f"a {kind} record needs its rows under {key!r}")
+        wire = rows_to_wire(kind, rec[key])
+        for k, v in rec.items():
+            if k not in (key, "type") and k not in _WIRE_KEYS:
+                wire[k] = v
+        return packb(wire)
+    return packb(rec)
+
+
+def decode_record(obj: Any, schema: Schema | None = None) -> dict:
+    """Turn one unpacked wire record into its logical form.
+
+    Columnar records get their rows as a new structured array under ``"events"`` / ``"samples"``
+    (built from zero-copy column views); other records are returned as they are.
+
+    Raises:
+        TraceFormatError: not a map with a string ``type``, or a malformed columnar record.
+    """
+    if not isinstance(obj, dict) or not isinstance(obj.get("type"), str):
+        raise TraceFormatError("malformed record: not a map with a string 'type'")
+    kind = obj["type"]
+    if kind not in COLUMNAR:
+        return obj
+    chunk = decode_columns(obj, schema)
+    rec = {k: v for k, v in obj.items() if k not in _WIRE_KEYS}
+    rec[ROWS_KEY[kind]] = chunk.to_array()
+    return rec
+
+
+def iter_decoded(data: bytes, schema: Schema | None = None) -> Iterator[dict]:
+    """Decode every complete record in ``data`` (a whole trace or a part after its header)."""
+    up = unpacker(max(len(data), 1 << 20))
+    up.feed(data)
+    for obj in up:
+        yield decode_record(obj, schema)
+
+
+def _fields(cls: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+#: Fields of Marker / ProcessInfo that must have these types for a record to be usable.
+_FIELD_TYPES: dict[type, dict[str, tuple[type, ...]]] = {
+    Marker: {"ts": (int,), "pid": (int,), "uid": (int,), "tid": (int,), "name": (str,), "phase": (str,),
+             "gpu": (int, type(None)), "values": (dict,)},
+    ProcessInfo: {"pid": (int,), "ppid": (int, type(None)), "cmdline": (list,), "exe": (str, type(None)),
+                  "cuda_visible_devices": (str, type(None)), "gpu_map": (list,), "first_ts": (int,),
+                  "rank": (dict,)},
+}
+
+
+def _from_record(cls: type, rec: dict) -> Any:
+    kwargs = {k: rec[k] for k in _fields(cls) if k in rec}
+    for name, types in _FIELD_TYPES[cls].items():
+        if name in kwargs and not isinstance(kwargs[name], types):
+            raise TraceFormatError(
+                f"malformed {rec.get('type')} record: {name} is a {type(kwargs[name]).__name__}"
+            )
+    try:
+        return cls(**kwargs)
+    except TypeError as error:
+        raise TraceFormatError(f"malformed {rec.get('type')} record: {error}") from None
+
+
+def marker_record(marker: Marker) -> dict:
+    """The logical record of a marker."""
+    return {"type": MARKER, **{k: getattr(marker, k) for k in _fields(Marker)}}
+
+
+def marker_from_record(rec: dict) -> Marker:
+    """The Marker a marker record holds (unknown fields are ignored)."""
+    return _from_record(Marker, rec)
+
+
+def process_record(process: ProcessInfo) -> dict:
+    """The logical record of a process."""
+    return {"type": PROCESS, **{k: getattr(process, k) for k in _fields(ProcessInfo)}}
+
+
+def process_from_record(rec: dict) -> ProcessInfo:
+    """The ProcessInfo a process record holds (unknown fields are ignored)."""
+    return _from_record(ProcessInfo, rec)
+
+
+def lost_record(ts: int, total: int) -> dict:
+    """A lost-events record: ``total`` events lost since the start of the recording, as of ``ts``."""
+    return {"type": LOST, "ts": int(ts), "total": int(total)}
+
+
+def keyframe_record(ts: int, event_index: int, state: dict) -> dict:
+    """A keyframe: the live state at ``ts``, valid after the first ``event_index`` events."""
+    return {"type": KEYFRAME, "ts": int(ts), "event_index": int(event_index), "state": state}
+
+
+def check_keyframe(rec: dict) -> tuple[int, int, dict]:
+    """Validate a keyframe record and return ``(ts, event_index, state)``.
+
+    Raises:
+        TraceFormatError: a field is missing or of the wrong type.
+    """
+    ts, index, state = rec.get("ts"), rec.get("event_index"), rec.get("state")
+    if not isinstance(ts, int) or not isinstance(index, int) or not isinstance(state, dict):
+        raise TraceFormatError("malformed keyframe record: needs int ts, int event_index and a map state")
+    return ts, index, state

@@ -1,0 +1,307 @@
+"""Read a trace: stream its records, or load all of it into a :class:`~memrec.trace.model.Trace`.
+
+Reading never loads the file at once: records are decoded from 1 MiB reads through a feed-mode
+msgpack Unpacker. Damage is reported, not raised: a trace cut anywhere (a crash, or a file still
+being written) yields every complete record before the cut and a warning in ``.warnings``.
+Only a file that is not a trace, or a trace of a newer major format version, raises
+:class:`~memrec._errors.TraceFormatError` (when opened).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+from typing import Any
+from typing import Callable
+from typing import Iterator
+
+import msgpack
+import numpy as np
+
+from memrec._errors import TraceFormatError
+from memrec.trace.format import COLUMNAR
+from memrec.trace.format import EVENTS
+from memrec.trace.format import HEADER
+from memrec.trace.format import KEYFRAME
+from memrec.trace.format import LOST
+from memrec.trace.format import MARKER
+from memrec.trace.format import NVML
+from memrec.trace.format import PROCESS
+from memrec.trace.format import PROCMEM
+from memrec.trace.format import RECORD_TYPES
+from memrec.trace.format import TRAILER
+from memrec.trace.format import ColumnChunk
+from memrec.trace.format import Schema
+from memrec.trace.format import check_header
+from memrec.trace.format import check_keyframe
+from memrec.trace.format import decode_columns
+from memrec.trace.format import decode_record
+from memrec.trace.format import header_prefix_plausible
+from memrec.trace.format import marker_from_record
+from memrec.trace.format import parse_schema
+from memrec.trace.format import process_from_record
+from memrec.trace.format import unpacker
+from memrec.trace.model import Keyframe
+from memrec.trace.model import Trace
+
+#: The largest header a reader looks for before calling a file "not a trace".
+MAX_HEADER_SIZE = 16 << 20
+#: The largest single record a reader accepts (a keyframe of a huge state, a giant chunk).
+MAX_RECORD_SIZE = 1 << 30
+
+
+class TraceReader:
+    """Streams the records of one trace file.
+
+    The header is read and checked when the reader is created; iterating (``for rec in reader``,
+    or :meth:`records`) yields every record after it in file order, decoded (columnar records carry
+    a structured array under ``"events"`` / ``"samples"``), the trailer included. Each iteration
+    starts over from the first record and sees what the file holds then, so a file still being
+    written can be read again for more.
+
+    Attributes:
+        path: the file.
+        header: the header record (``{}`` when the file ends inside its header: a warning says so).
+        schema: the column dtypes the header declares.
+        trailer: the trailer record once an iteration reached it, else None.
+        warnings: what the last iteration found wrong (truncated tail, no trailer, skipped records).
+        records_read: complete records the last iteration went through (header not counted).
+
+    Raises:
+        OSError: the file cannot be opened (FileNotFoundError etc.; the caller reports it).
+        TraceFormatError: not a memrec trace, or a newer major format version.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, read_size: int = 1 << 20) -> None:
+        self.path = os.fspath(path)
+        self._read_size = read_size
+        self._file = open(self.path, "rb")
+        try:
+            self._header_warnings: list[str] = []
+            self.header, self._data_start = self._read_header()
+            self.schema: Schema = parse_schema(self.header)
+        except BaseException:
+            self._file.close()
+            raise
+        self.trailer: dict | None = None
+        self.warnings: list[str] = list(self._header_warnings)
+        self.records_read = 0
+
+    # -- header ---------------------------------------------------------------------------------
+
+    def _read_header(self) -> tuple[dict, int]:
+        up = unpacker(MAX_HEADER_SIZE)
+        prefix = b""
+        fed = 0
+        while True:
+            chunk = self._file.read(min(self._read_size, MAX_HEADER_SIZE - fed)) if fed < MAX_HEADER_SIZE else b""
+            if chunk:
+                if len(prefix) < 64:
+                    prefix += chunk[: 64 - len(prefix)]
+                up.feed(chunk)
+                fed += len(chunk)
+            try:
+                obj = up.unpack()
+            except msgpack.OutOfData:
+                if chunk:
+                    continue
+                if header_prefix_plausible(prefix) and fed < MAX_HEADER_SIZE:
+                    self._header_warnings.append(
+                        f"trace ends inside its header ({fed} bytes): no records (still being created, or cut)"
+                    )
+                    return {}, fed
+                raise TraceFormatError(f"{self.path}: not a memrec trace (bad magic)") from None
+            except (ValueError, TypeError, msgpack.UnpackException):
+                raise TraceFormatError(f"{self.path}: not a memrec trace (bad magic)") from None
+            return check_header(obj, self.path), up.tell()
+
+    # -- records --------------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[dict]:
+        return self.records()
+
+    def records(self) -> Iterator[dict]:
+        """Yield every record after the header, decoded (see :func:`~memrec.trace.format.decode_record`)."""
+        schema = self.schema
+        return self._scan(lambda obj: decode_record(obj, schema))
+
+    def raw_records(self) -> Iterator[dict]:
+        """Yield every record after the header as msgpack gave it (columns as bytes)."""
+        return self._scan(lambda obj: obj)
+
+    def _scan(self, decode: Callable[[dict], Any]) -> Iterator[Any]:
+        """Yield ``decode(obj)`` for every well-formed record; turn damage into warnings."""
+        self.trailer = None
+        self.warnings = list(self._header_warnings)
+        self.records_read = 0
+        if not self.header:
+            return
+        warnings = self.warnings
+        unknown: collections.Counter[str] = collections.Counter()
+        malformed: list[str] = []
+        last_ts: int | None = None
+        self._file.seek(self._data_start)
+        up = unpacker(MAX_RECORD_SIZE)
+        fed = 0
+        consumed = 0  # end of the last complete object (tell() is unreliable after OutOfData)
+        stopped = False
+        while not stopped:
+            chunk = self._file.read(self._read_size)
+            if not chunk:
+                break
+            try:
+                up.feed(chunk)
+            except msgpack.BufferFull:
+                warnings.append(
+                    f"corrupt trace after {self.records_read} records at byte {self._data_start + consumed}: "
+                    f"a record is larger than {MAX_RECORD_SIZE} bytes; the rest is skipped"
+                )
+                stopped = True
+                break
+            fed += len(chunk)
+            while True:
+                offset = self._data_start + consumed
+                try:
+                    obj = up.unpack()
+                except msgpack.OutOfData:
+                    break
+                except (ValueError, TypeError, msgpack.UnpackException) as error:
+                    warnings.append(
+                        f"corrupt trace after {self.records_read} records at byte {offset} ({error}); "
+                        f"the rest is skipped"
+                    )
+                    stopped = True
+                    break
+                consumed = up.tell()
+                self.records_read += 1
+                kind = obj.get("type") if isinstance(obj, dict) else None
+                if not isinstance(kind, str):
+                    malformed.append(f"byte {offset}: not a map with a string 'type'")
+                    continue
+                if kind not in RECORD_TYPES:
+                    unknown[kind] += 1
+                    continue
+                if kind == HEADER:
+                    malformed.append(f"byte {offset}: a second header (concatenated traces?)")
+                    continue
+                try:
+                    item = decode(obj)
+                except TraceFormatError as error:
+                    malformed.append(f"byte {offset}: {error}")
+                    continue
+                ts = _record_ts(obj)
+                if ts is not None and (last_ts is None or ts > last_ts):
+                    last_ts = ts
+                if kind == TRAILER:
+                    self.trailer = obj
+                yield item
+        if not stopped:
+            tail = fed - consumed
+            if tail:
+                warnings.append(
+                    f"truncated tail after {self.records_read} records: trace ends at ts {last_ts} "
+                    f"({tail} bytes of an incomplete record at byte {self._data_start + consumed} skipped)"
+                )
+        for kind, count in sorted(unknown.items()):
+            warnings.append(
+                f"skipped {count} record(s) of unknown type {kind!r} (written by a newer memrec? "
+                f"this one reads format {self.header.get('version')}.x)"
+            )
+        if malformed:
+            warnings.append(f"skipped {len(malformed)} malformed record(s); first at {malformed[0]}")
+        if self.trailer is None:
+            warnings.append(
+                f"no trailer after {self.records_read} records: the recording did not finish "
+                f"(still being written, or the writer crashed); trace ends at ts {last_ts}"
+            )
+
+    # -- lifetime ---------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> TraceReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _record_ts(obj: dict) -> int | None:
+    if obj.get("type") in COLUMNAR:
+        columns = obj.get("columns")
+        ts = columns.get("ts") if isinstance(columns, dict) else None
+        if isinstance(ts, bytes) and len(ts) >= 8:
+            return int(np.frombuffer(ts[-8:], dtype="<u8")[0])
+        return None
+    ts = obj.get("ts") if obj.get("type") != TRAILER else obj.get("end_ts")
+    return ts if isinstance(ts, int) else None
+
+
+def _concat(kind: str, chunks: list[ColumnChunk]) -> np.ndarray:
+    """One array of every chunk's rows: one numpy copy per column per chunk into a zeroed array.
+
+    (Measured: filling straight into ``np.zeros`` beats assembling each chunk in a cache-sized
+    scratch array and copying it into ``np.empty``, about 19M vs 10M events/s.)
+    """
+    out = np.zeros(sum(c.n for c in chunks), dtype=COLUMNAR[kind])
+    start = 0
+    for chunk in chunks:
+        chunk.fill(out, start)
+        start += chunk.n
+    return out
+
+
+def load_trace(path: str | os.PathLike) -> Trace:
+    """Read a whole trace into memory.
+
+    Events, NVML and procmem samples are concatenated in file order (the writer writes them in
+    time order) with one numpy copy per column, no per-event Python. Processes are keyed by pid (a
+    later record for a pid replaces the earlier one); ``lost`` is the last cumulative total.
+
+    Raises:
+        OSError: the file cannot be opened.
+        TraceFormatError: not a memrec trace, or a newer major format version.
+    """
+    with TraceReader(path) as reader:
+        trace = Trace(header=reader.header)
+        schema = reader.schema
+        chunks: dict[str, list[ColumnChunk]] = {EVENTS: [], NVML: [], PROCMEM: []}
+        lost_total = 0
+
+        def decode(obj: dict) -> tuple[str, Any]:
+            kind = obj["type"]
+            if kind in COLUMNAR:
+                return kind, decode_columns(obj, schema)
+            if kind == MARKER:
+                return kind, marker_from_record(obj)
+            if kind == PROCESS:
+                return kind, process_from_record(obj)
+            if kind == KEYFRAME:
+                return kind, Keyframe(*check_keyframe(obj))
+            if kind == LOST:
+                total = obj.get("total")
+                if not isinstance(total, int):
+                    raise TraceFormatError("malformed lost record: needs an int total")
+                return kind, total
+            return kind, obj
+
+        for kind, item in reader._scan(decode):
+            if kind in COLUMNAR:
+                chunks[kind].append(item)
+            elif kind == MARKER:
+                trace.markers.append(item)
+            elif kind == PROCESS:
+                trace.processes[item.pid] = item
+            elif kind == KEYFRAME:
+                trace.keyframes.append(item)
+            elif kind == LOST:
+                lost_total = item
+        trace.events = _concat(EVENTS, chunks[EVENTS])
+        trace.nvml = _concat(NVML, chunks[NVML])
+        trace.procmem = _concat(PROCMEM, chunks[PROCMEM])
+        trace.trailer = reader.trailer
+        trailer_lost = (reader.trailer or {}).get("lost")
+        trace.lost = max(lost_total, trailer_lost) if isinstance(trailer_lost, int) else lost_total
+        trace.warnings = list(reader.warnings)
+    return trace

@@ -1,0 +1,391 @@
+"""Write a trace: records go through a :class:`Sink` (a file, memory, or a callback).
+
+``TraceWriter`` buffers events and samples into columnar chunks (at most ``max_chunk_rows`` rows
+each) and writes the other records as they come. Every record is one msgpack object, written whole
+with ``os.writev`` at :meth:`TraceWriter.flush` (or once 4 MiB are pending), so another process
+can read the file while it is written, and a crash at any point leaves a trace whose only damage
+is an incomplete last record (readers skip it with a warning).
+
+Record order in the file is the order of the calls, except that events, NVML and procmem rows are
+held back until their chunk is full, :meth:`~TraceWriter.flush`, a keyframe or
+:meth:`~TraceWriter.close`. A keyframe always follows the events it covers.
+
+For live subscribers, pass ``tee=callback``: it receives the bytes of every record (header
+included) as the writer hands them to its sink — the same bytes the file gets. Frame them with
+:func:`memrec.trace.frames.encode_frame`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+from typing import Protocol
+
+import numpy as np
+
+from memrec.events import Kind
+from memrec.events import Marker
+from memrec.events import ProcessInfo
+from memrec.trace.format import EVENTS
+from memrec.trace.format import KEYFRAME
+from memrec.trace.format import LOST
+from memrec.trace.format import MARKER
+from memrec.trace.format import MAX_CHUNK_ROWS
+from memrec.trace.format import NVML
+from memrec.trace.format import PROCESS
+from memrec.trace.format import PROCMEM
+from memrec.trace.format import TRAILER
+from memrec.trace.format import ChunkBuilder
+from memrec.trace.format import encode_record
+from memrec.trace.format import finalize_header
+from memrec.trace.format import keyframe_record
+from memrec.trace.format import lost_record
+from memrec.trace.format import marker_record
+from memrec.trace.format import packb
+from memrec.trace.format import process_record
+
+
+class Sink(Protocol):
+    """Where encoded records go. ``write_record`` gets one whole record at a time."""
+
+    def write_record(self, data: bytes) -> None:
+        """Accept one encoded record (may buffer it)."""
+
+    def flush(self) -> None:
+        """Make every record accepted so far visible to readers."""
+
+    def close(self) -> None:
+        """Flush, make durable where that means something, and release resources."""
+
+
+_IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 1024)
+
+
+class FileSink:
+    """Appends records to a file with ``os.write``; buffers up to ``buffer_size`` bytes.
+
+    Only whole records are buffered and ``flush`` writes them with ``os.writev`` (no copy; resuming
+    after short writes), so a reader in another process sees whole records except, at worst, the
+    last one while it is being written.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        fsync_on_flush: bool = False,
+        buffer_size: int = 4 << 20,
+        mode: int = 0o666,
+        exclusive: bool = False,
+    ) -> None:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_EXCL if exclusive else os.O_TRUNC)
+        self.path = os.fspath(path)
+        self._fd: int | None = os.open(self.path, flags, mode)
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+        self._buffer_size = buffer_size
+        self.fsync_on_flush = fsync_on_flush
+        self.bytes_written = 0  # bytes that reached the file
+
+    def write_record(self, data: bytes) -> None:
+        self._pending.append(data)
+        self._pending_bytes += len(data)
+        if self._pending_bytes >= self._buffer_size:
+            self._write_out()
+
+    def _write_out(self) -> None:
+        """Write the pending records with os.writev, resuming after short writes."""
+        if self._fd is None:
+            raise ValueError("write to a closed FileSink")
+        pending = self._pending
+        while pending:
+            batch = pending[:_IOV_MAX]
+            n = os.writev(self._fd, batch)
+            self.bytes_written += n
+            self._pending_bytes -= n
+            done = 0
+            for part in batch:
+                if n < len(part):
+                    break
+                n -= len(part)
+                done += 1
+            del pending[:done]
+            if n:
+                pending[0] = memoryview(pending[0])[n:]
+
+    def flush(self) -> None:
+        self._write_out()
+        if self.fsync_on_flush:
+            os.fsync(self._fd)  # type: ignore[arg-type]
+
+    def sync(self) -> None:
+        """Flush and fsync."""
+        self._write_out()
+        os.fsync(self._fd)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        if self._fd is None:
+            return
+        try:
+            self.sync()
+        finally:
+            os.close(self._fd)
+            self._fd = None
+
+
+class BytesSink:
+    """Keeps every record in memory: ``.data`` is the whole trace so far, ``.records`` each record."""
+
+    def __init__(self) -> None:
+        self.records: list[bytes] = []
+        self.closed = False
+
+    @property
+    def data(self) -> bytes:
+        return b"".join(self.records)
+
+    def write_record(self, data: bytes) -> None:
+        self.records.append(bytes(data))
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class CallbackSink:
+    """Calls ``callback(record_bytes)`` for every record (e.g. to fan out to live subscribers)."""
+
+    def __init__(self, callback: Callable[[bytes], None]) -> None:
+        self.callback = callback
+
+    def write_record(self, data: bytes) -> None:
+        self.callback(data)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class TraceWriter:
+    """Write one trace file (or sink): header at once, then records, then the trailer at close.
+
+    Args:
+        path_or_sink: a path (opened with :class:`FileSink`, truncated) or any :class:`Sink`.
+        header: the caller's header fields (see :func:`memrec.trace.format.make_header`); the writer
+            adds magic, version, type, column schema, and clock/anchor when missing.
+        fsync_on_flush: fsync the file at every flush (only with a path).
+        tee: called with the bytes of every record after the sink got them (live subscribers).
+        max_chunk_rows: the most rows per columnar record.
+
+    Not thread-safe: one thread (the daemon's loop) calls it.
+    """
+
+    def __init__(
+        self,
+        path_or_sink: str | os.PathLike | Sink,
+        header: dict,
+        *,
+        fsync_on_flush: bool = False,
+        tee: Callable[[bytes], None] | None = None,
+        max_chunk_rows: int = MAX_CHUNK_ROWS,
+    ) -> None:
+        # Encode the header first: a header msgpack cannot encode must not leave an empty file.
+        self.header = finalize_header(header)
+        self.header_bytes = encode_record(self.header)
+        if isinstance(path_or_sink, (str, os.PathLike)):
+            self.path: str | None = os.fspath(path_or_sink)
+            self._sink: Sink = FileSink(self.path, fsync_on_flush=fsync_on_flush)
+        else:
+            self.path = None
+            self._sink = path_or_sink
+        self._tee = tee
+        self._builders = {kind: ChunkBuilder(kind, max_chunk_rows) for kind in (EVENTS, NVML, PROCMEM)}
+        #: Rows (events, nvml, procmem) or records (the others) written so far, buffered included.
+        self.counts: dict[str, int] = dict.fromkeys((EVENTS, NVML, PROCMEM, MARKER, PROCESS, LOST, KEYFRAME), 0)
+        #: Encoded bytes handed to the sink (the file's size after :meth:`flush`).
+        self.bytes_written = 0
+        self.records_written = 0
+        self.lost = 0
+        self.last_ts: int | None = None
+        self._kinds = np.zeros(0, dtype=np.int64)
+        self.closed = False
+        self._emit(self.header_bytes)
+        self._sink.flush()
+
+    # -- properties ---------------------------------------------------------------------------
+
+    @property
+    def event_count(self) -> int:
+        """Events written so far (buffered included): the ``event_index`` of the next event."""
+        return self.counts[EVENTS]
+
+    @property
+    def pending_rows(self) -> int:
+        """Rows held back in unfinished chunks."""
+        return sum(b.rows for b in self._builders.values())
+
+    def event_kind_counts(self) -> dict[str, int]:
+        """Events written so far per Kind name (only kinds seen)."""
+        out = {}
+        for number, count in enumerate(self._kinds.tolist()):
+            if count:
+                try:
+                    name = Kind(number).name
+                except ValueError:
+                    name = f"KIND_{number}"
+                out[name] = count
+        return out
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ValueError("write to a closed TraceWriter")
+
+    def _emit(self, data: bytes) -> None:
+        self._sink.write_record(data)
+        self.bytes_written += len(data)
+        self.records_written += 1
+        if self._tee is not None:
+            self._tee(data)
+
+    def _emit_wire(self, wire: dict) -> None:
+        self._emit(packb(wire))
+
+    def _see_ts(self, ts: int) -> None:
+        if self.last_ts is None or ts > self.last_ts:
+            self.last_ts = ts
+
+    def _write_rows(self, kind: str, arr: np.ndarray) -> None:
+        self._check_open()
+        if len(arr) == 0:
+            return
+        builder = self._builders[kind]
+        for wire in builder.append(arr):
+            self._emit_wire(wire)
+        self.counts[kind] += len(arr)
+        self._see_ts(int(arr["ts"].max()))
+
+    def write_events(self, events: np.ndarray) -> None:
+        """Buffer events (EVENT_DTYPE, or any structured array with its fields), in time order.
+
+        The rows are copied: the caller may reuse ``events`` at once.
+        """
+        self._write_rows(EVENTS, events)
+        if len(events):
+            counts = np.bincount(events["kind"].astype(np.intp))
+            if len(counts) > len(self._kinds):
+                counts[: len(self._kinds)] += self._kinds
+                self._kinds = counts
+            else:
+                self._kinds[: len(counts)] += counts
+
+    def write_nvml(self, samples: np.ndarray) -> None:
+        """Buffer NVML device samples (NVML_DTYPE)."""
+        self._write_rows(NVML, samples)
+
+    def write_procmem(self, samples: np.ndarray) -> None:
+        """Buffer NVML per-process samples (PROCMEM_DTYPE)."""
+        self._write_rows(PROCMEM, samples)
+
+    def write_record(self, rec: dict) -> None:
+        """Write any logical record now (columnar ones go through their chunk buffer)."""
+        self._check_open()
+        kind = rec.get("type")
+        if kind == EVENTS:
+            self.write_events(rec["events"])
+        elif kind in (NVML, PROCMEM):
+            self._write_rows(kind, rec["samples"])
+        else:
+            self._emit(encode_record(rec))
+            if kind in self.counts:
+                self.counts[kind] += 1
+            if isinstance(rec.get("ts"), int):
+                self._see_ts(rec["ts"])
+
+    def write_marker(self, marker: Marker) -> None:
+        """Write a phase marker."""
+        self.write_record(marker_record(marker))
+
+    def write_process(self, process: ProcessInfo) -> None:
+        """Write what is known about a process (a later record for the same pid replaces it)."""
+        self.write_record(process_record(process))
+
+    def write_lost(self, ts: int, total: int) -> None:
+        """Write the cumulative number of events lost so far (e.g. ring-buffer reserve failures)."""
+        self.lost = int(total)
+        self.write_record(lost_record(ts, total))
+
+    def write_keyframe(self, ts: int, event_index: int | dict | None = None, state: dict | None = None) -> None:
+        """Write a keyframe: the full live state at ``ts``, valid after the first ``event_index``
+        events of this file (default: every event written so far).
+
+        Buffered events are written first, so the keyframe follows the events it covers. The
+        two-argument form ``write_keyframe(ts, state)`` is accepted too.
+        """
+        if isinstance(event_index, dict) and state is None:
+            event_index, state = None, event_index
+        if state is None:
+            raise TypeError("write_keyframe needs a state")
+        self._check_open()
+        self._emit_pending()
+        if event_index is None:
+            event_index = self.event_count
+        self.write_record(keyframe_record(ts, event_index, state))
+
+    def _emit_pending(self) -> None:
+        for builder in self._builders.values():
+            wire = builder.take()
+            if wire is not None:
+                self._emit_wire(wire)
+
+    def flush(self) -> None:
+        """Write every buffered chunk and record to the sink and make them visible to readers."""
+        self._check_open()
+        self._emit_pending()
+        self._sink.flush()
+
+    def trailer(self, extra: dict | None = None) -> dict:
+        """The trailer :meth:`close` would write now (``extra`` keys override the defaults)."""
+        out = {
+            "type": TRAILER,
+            "counts": dict(self.counts),
+            "event_kinds": self.event_kind_counts(),
+            "lost": self.lost,
+            "end_ts": self.last_ts,
+        }
+        out.update(extra or {})
+        out["type"] = TRAILER
+        return out
+
+    def close(self, trailer: dict | None = None) -> None:
+        """Flush, write the trailer (counts, lost, end_ts, plus ``trailer``'s keys), fsync, close."""
+        if self.closed:
+            return
+        self._emit_pending()
+        self._emit(encode_record(self.trailer(trailer)))
+        self.closed = True
+        self._sink.close()
+
+    def abort(self) -> None:
+        """Flush and close without a trailer (readers will warn that the trace is incomplete)."""
+        if self.closed:
+            return
+        try:
+            self._emit_pending()
+        finally:
+            self.closed = True
+            self._sink.close()
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()

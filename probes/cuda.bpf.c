@@ -1,0 +1,686 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// cuda.bpf.c: uprobes on the CUDA driver API (libcuda.so.1) that record every device-memory
+// event as one fixed-size record in a BPF ring buffer.
+//
+// Why this shape:
+//  - Entry probes read the arguments (and whatever lives only at entry, such as the 64-byte IPC
+//    handle passed by value on the stack); return probes read the out-pointers and the CUresult.
+//    Both halves meet in `inflight`, keyed by (api << 32 | tid) so different APIs may nest.
+//  - The device ordinal of an event is resolved here, from the calling thread's current context,
+//    because only the kernel sees every context switch of every thread (cuCtxSetCurrent & co.).
+//  - Records are submitted with BPF_RB_NO_WAKEUP: the reader polls the ring by mmap on a timer,
+//    so waking it per record would only cost (+50% per probe hit on the measured hosts).
+//  - Every number (Kind, Api, flags) comes from -D flags built by memrec.events.bpf_defines().
+//
+// -D flags: RINGBUF_PAGES (power of two), FOLLOW_TREE (record only `tracked` tgids and follow
+// their forks), HAVE_GROUP_DEAD (sched_process_exit has the group_dead field, kernel >= 6.16).
+//
+// ABI notes (x86-64 SysV): integer/pointer args in rdi, rsi, rdx, rcx, r8 (PT_REGS_PARM1..5).
+// cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags): the
+// 64-byte struct is class MEMORY, so it is copied to the stack and takes no register: pdptr is
+// in rdi, Flags in rsi (PARM2), and the handle is at [rsp + 8] on entry (rsp points at the return
+// address). On arm64 (AAPCS64) a composite larger than 16 bytes is passed by reference instead:
+// x1 holds a pointer to a copy and Flags is in x2.
+
+#include <uapi/linux/ptrace.h>
+
+#ifndef RINGBUF_PAGES
+#error "RINGBUF_PAGES must be given with -D (memrec.probes.cuda does)"
+#endif
+#ifndef KIND_ALLOC
+#error "the Kind/Api ids must be given with -D (memrec.events.bpf_defines())"
+#endif
+
+#define IPC_BYTES 64
+#define CTX_STACK_DEPTH 8 /* a power of two; deeper pushes are counted, not stored */
+#define CLONE_THREAD_FLAG 0x00010000ULL
+#define HANDLE_TYPE_POSIX_FD 1
+#define HANDLE_TYPE_FABRIC 8
+
+// One record, exactly memrec.events.RAW_COLUMNS (128 bytes, little-endian, no padding).
+struct event {
+    u64 ts;
+    u32 pid;
+    u32 tid;
+    u16 kind;
+    u16 api;
+    s32 result;
+    s32 ordinal;
+    u32 flags;
+    u64 ptr;
+    u64 size;
+    u64 handle;
+    u64 aux;
+    u8 ipc[IPC_BYTES];
+};
+
+// What the return probe must do to complete an event.
+enum out_mode {
+    OUT_NONE = 0,        // nothing to read
+    OUT_PTR,             // *(u64 *)out -> ptr (allocations, reservations, IPC open)
+    OUT_HANDLE,          // *(u64 *)out -> handle (cuMemCreate, imports, retain)
+    OUT_IPC,             // 64 bytes at out -> ipc (cuIpcGetMemHandle)
+    OUT_PITCH,           // *(u64 *)out -> ptr, *(size_t *)arg * arg2 -> size
+    OUT_SHARE_EXPORT,    // by handle type: int fd -> ptr, or 64 fabric bytes -> ipc
+    OUT_CTX_RETAIN,      // *(CUcontext *)out -> handle; ctx -> device
+    OUT_CTX_CREATE,      // as retain, and the context becomes current
+    OUT_CTX_SET,         // arg = ctx: replace the top of the stack (NULL pops)
+    OUT_CTX_PUSH,        // arg = ctx: push
+    OUT_CTX_POP,         // pop
+    OUT_CTX_DESTROY,     // arg = ctx: forget it, pop it if current
+    OUT_CTX_GET_CURRENT, // *(CUcontext *)out is the current context
+    OUT_CTX_GET_DEVICE,  // *(int *)out is the current context's device
+};
+
+struct inflight {
+    struct event ev; // prepared at entry, completed at return
+    u64 out;         // user pointer read at return
+    u64 arg;         // per mode: pitch pointer, context
+    u64 arg2;        // per mode: height
+    u32 mode;        // enum out_mode
+    u32 emit;        // 1: submit ev at return; 0: context bookkeeping only
+};
+
+struct ctx_key {
+    u64 ctx;
+    u32 tgid;
+    u32 pad;
+};
+
+struct ctx_stack {
+    u64 ctx[CTX_STACK_DEPTH];
+    u32 depth; // may exceed CTX_STACK_DEPTH: the top is then unknown until pops bring it back
+    u32 pad;
+};
+
+BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
+BPF_PERCPU_ARRAY(lost, u64, 1);
+// LRU: a thread killed inside a call never reaches the return probe; its entry ages out.
+BPF_TABLE("lru_hash", u64, struct inflight, inflight, 16384);
+BPF_TABLE("lru_hash", struct ctx_key, s32, ctx_dev, 16384);
+BPF_TABLE("lru_hash", u32, struct ctx_stack, ctx_stacks, 16384);
+// Device learnt from cuCtxGetDevice when the thread's context is not known (attached late).
+BPF_TABLE("lru_hash", u32, s32, thread_dev, 16384);
+// tgids that produced events: only they get a PROC_EXIT (not an LRU: evicting a live server
+// would lose its exit).
+BPF_HASH(seen, u32, u8, 65536);
+#ifdef FOLLOW_TREE
+BPF_HASH(tracked, u32, u8, 65536);
+#endif
+
+// ---- helpers ---------------------------------------------------------------------------------
+
+static __always_inline int wanted(u32 tgid) {
+#ifdef FOLLOW_TREE
+    return tracked.lookup(&tgid) != NULL;
+#else
+    return 1;
+#endif
+}
+
+static __always_inline u64 stack_top(struct ctx_stack *s) {
+    u32 d = s->depth;
+    if (d == 0 || d > CTX_STACK_DEPTH)
+        return 0;
+    return s->ctx[(d - 1) & (CTX_STACK_DEPTH - 1)];
+}
+
+static __always_inline void stack_push(struct ctx_stack *s, u64 c) {
+    u32 d = s->depth;
+    if (d < CTX_STACK_DEPTH)
+        s->ctx[d & (CTX_STACK_DEPTH - 1)] = c;
+    if (d < 0x7fffffff)
+        s->depth = d + 1;
+}
+
+static __always_inline void stack_pop(struct ctx_stack *s) {
+    if (s->depth > 0)
+        s->depth -= 1;
+}
+
+static __always_inline void stack_set(struct ctx_stack *s, u64 c) {
+    u32 d = s->depth;
+    if (c == 0) {
+        stack_pop(s);
+    } else if (d == 0) {
+        stack_push(s, c);
+    } else if (d <= CTX_STACK_DEPTH) {
+        s->ctx[(d - 1) & (CTX_STACK_DEPTH - 1)] = c;
+    }
+}
+
+static __always_inline struct ctx_stack *stack_of(u32 tid) {
+    struct ctx_stack zero = {};
+    return ctx_stacks.lookup_or_try_init(&tid, &zero);
+}
+
+static __always_inline u64 current_ctx(u32 tid) {
+    struct ctx_stack *s = ctx_stacks.lookup(&tid);
+    return s ? stack_top(s) : 0;
+}
+
+// The device ordinal of the calling thread's current context, or -1.
+static __always_inline s32 current_ordinal(u32 tgid, u32 tid) {
+    u64 c = current_ctx(tid);
+    if (c) {
+        struct ctx_key k = {.ctx = c, .tgid = tgid};
+        s32 *d = ctx_dev.lookup(&k);
+        if (d)
+            return *d;
+    }
+    s32 *td = thread_dev.lookup(&tid);
+    return td ? *td : -1;
+}
+
+static __always_inline void count_lost(void) {
+    u32 zero = 0;
+    u64 *n = lost.lookup(&zero);
+    if (n)
+        *n += 1;
+}
+
+static __always_inline void mark_seen(u32 tgid) {
+    if (!seen.lookup(&tgid)) {
+        u8 one = 1;
+        seen.update(&tgid, &one);
+    }
+}
+
+static __always_inline void submit(struct event *ev) {
+    // Seen even when the record is lost: the process still holds memory and must get its exit.
+    mark_seen(ev->pid);
+    // Ring order is reservation order; across CPUs it can differ from ts order by the few
+    // instructions between the two, so readers that need strict order sort a batch by ts.
+    ev->ts = bpf_ktime_get_ns();
+    struct event *rec = events.ringbuf_reserve(sizeof(struct event));
+    if (!rec) {
+        count_lost();
+        return;
+    }
+    __builtin_memcpy(rec, ev, sizeof(struct event));
+    events.ringbuf_submit(rec, BPF_RB_NO_WAKEUP);
+}
+
+// Record a process-level event (tracepoints): no inflight state, no ordinal.
+static __always_inline void submit_proc(u16 kind, u16 api, u32 pid, u32 tid, u64 ptr) {
+    struct event *rec = events.ringbuf_reserve(sizeof(struct event));
+    if (!rec) {
+        count_lost();
+        return;
+    }
+    __builtin_memset(rec, 0, sizeof(struct event));
+    rec->ts = bpf_ktime_get_ns();
+    rec->pid = pid;
+    rec->tid = tid;
+    rec->kind = kind;
+    rec->api = api;
+    rec->ordinal = -1;
+    rec->ptr = ptr;
+    events.ringbuf_submit(rec, BPF_RB_NO_WAKEUP);
+}
+
+#define ORD_CURRENT (-2) // begin(): resolve the ordinal from the thread's current context
+
+// Start a call: fill the common fields of `v` (the caller sets the rest) and stash it.
+// `ordinal` is ORD_CURRENT, -1 (not device-bound) or the device an argument names.
+static __always_inline int begin(struct inflight *v, u32 api, u16 kind, u32 mode, s32 ordinal) {
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+    u32 tid = (u32)id;
+    if (!wanted(tgid))
+        return 0;
+    v->ev.pid = tgid;
+    v->ev.tid = tid;
+    v->ev.kind = kind;
+    v->ev.api = api;
+    v->ev.ordinal = ordinal == ORD_CURRENT ? current_ordinal(tgid, tid) : ordinal;
+    v->mode = mode;
+    v->emit = kind != 0;
+    u64 key = ((u64)api << 32) | tid;
+    inflight.update(&key, v);
+    return 0;
+}
+
+// The per-thread context bookkeeping done at return (success only).
+static __always_inline void context_op(struct inflight *v, u32 tgid, u32 tid) {
+    u32 mode = v->mode;
+    if (mode == OUT_CTX_RETAIN || mode == OUT_CTX_CREATE) {
+        u64 c = 0;
+        bpf_probe_read_user(&c, sizeof(c), (void *)v->out);
+        v->ev.handle = c;
+        if (c) {
+            struct ctx_key k = {.ctx = c, .tgid = tgid};
+            s32 dev = v->ev.ordinal;
+            ctx_dev.update(&k, &dev);
+        }
+        if (mode == OUT_CTX_CREATE) {
+            struct ctx_stack *s = stack_of(tid);
+            if (s)
+                stack_push(s, c);
+            thread_dev.delete(&tid);
+        }
+        return;
+    }
+    if (mode == OUT_CTX_GET_DEVICE) {
+        s32 dev = -1;
+        bpf_probe_read_user(&dev, sizeof(dev), (void *)v->out);
+        u64 c = current_ctx(tid);
+        v->ev.handle = c;
+        v->ev.ordinal = dev;
+        if (c) {
+            struct ctx_key k = {.ctx = c, .tgid = tgid};
+            ctx_dev.update(&k, &dev);
+        }
+        thread_dev.update(&tid, &dev);
+        return;
+    }
+    struct ctx_stack *s = stack_of(tid);
+    if (!s)
+        return;
+    if (mode == OUT_CTX_SET) {
+        stack_set(s, v->arg);
+    } else if (mode == OUT_CTX_PUSH) {
+        stack_push(s, v->arg);
+    } else if (mode == OUT_CTX_POP) {
+        stack_pop(s);
+    } else if (mode == OUT_CTX_DESTROY) {
+        struct ctx_key k = {.ctx = v->arg, .tgid = tgid};
+        ctx_dev.delete(&k);
+        if (stack_top(s) == v->arg)
+            stack_pop(s);
+    } else if (mode == OUT_CTX_GET_CURRENT) {
+        u64 c = 0;
+        bpf_probe_read_user(&c, sizeof(c), (void *)v->out);
+        if (c == 0)
+            s->depth = 0; // no current context: the stack is empty
+        else if (stack_top(s) != c)
+            stack_set(s, c);
+        return; // the current context is unchanged: keep what cuCtxGetDevice taught us
+    }
+    thread_dev.delete(&tid);
+}
+
+// Finish a call at its return probe: read the outputs, do the bookkeeping, submit.
+static __always_inline int finish(struct pt_regs *ctx, u32 api) {
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+    u32 tid = (u32)id;
+    u64 key = ((u64)api << 32) | tid;
+    struct inflight *v = inflight.lookup(&key);
+    if (!v)
+        return 0;
+    s32 rc = (s32)PT_REGS_RC(ctx);
+    v->ev.result = rc;
+    if (rc == 0) {
+        u32 mode = v->mode;
+        if (mode == OUT_PTR) {
+            bpf_probe_read_user(&v->ev.ptr, sizeof(u64), (void *)v->out);
+        } else if (mode == OUT_HANDLE) {
+            bpf_probe_read_user(&v->ev.handle, sizeof(u64), (void *)v->out);
+        } else if (mode == OUT_IPC) {
+            if (bpf_probe_read_user(v->ev.ipc, IPC_BYTES, (void *)v->out) == 0)
+                v->ev.flags |= FLAG_IPC_BYTES;
+        } else if (mode == OUT_PITCH) {
+            u64 pitch = 0;
+            bpf_probe_read_user(&v->ev.ptr, sizeof(u64), (void *)v->out);
+            bpf_probe_read_user(&pitch, sizeof(pitch), (void *)v->arg);
+            v->ev.size = pitch * v->arg2;
+        } else if (mode == OUT_SHARE_EXPORT) {
+            if (v->ev.aux == HANDLE_TYPE_POSIX_FD) {
+                s32 fd = -1;
+                bpf_probe_read_user(&fd, sizeof(fd), (void *)v->out);
+                v->ev.ptr = (u64)(u32)fd;
+            } else if (v->ev.aux == HANDLE_TYPE_FABRIC) {
+                if (bpf_probe_read_user(v->ev.ipc, IPC_BYTES, (void *)v->out) == 0)
+                    v->ev.flags |= FLAG_IPC_BYTES;
+            }
+        } else if (mode >= OUT_CTX_RETAIN) {
+            context_op(v, tgid, tid);
+        }
+    }
+    if (v->emit)
+        submit(&v->ev);
+    inflight.delete(&key);
+    return 0;
+}
+
+// ---- entry probes ----------------------------------------------------------------------------
+// Each fills what only the entry can see; begin() stashes it for the return probe.
+
+#define ENTRY(name) int enter_##name(struct pt_regs *ctx)
+#define RETURN(name) \
+    int return_##name(struct pt_regs *ctx) { return finish(ctx, API_##name); }
+#define P1 PT_REGS_PARM1(ctx)
+#define P2 PT_REGS_PARM2(ctx)
+#define P3 PT_REGS_PARM3(ctx)
+#define P4 PT_REGS_PARM4(ctx)
+#define P5 PT_REGS_PARM5(ctx)
+
+// alloc(CUdeviceptr *dptr, size_t bytesize, ...): ptr read at return; handle = stream or pool.
+static __always_inline int alloc_entry(struct pt_regs *ctx, u32 api, u64 handle, u64 aux) {
+    struct inflight v = {};
+    v.out = P1;
+    v.ev.size = P2;
+    v.ev.handle = handle;
+    v.ev.aux = aux;
+    return begin(&v, api, KIND_ALLOC, OUT_PTR, ORD_CURRENT);
+}
+
+ENTRY(cuMemAlloc_v2) { return alloc_entry(ctx, API_cuMemAlloc_v2, 0, 0); }
+ENTRY(cuMemAllocManaged) { return alloc_entry(ctx, API_cuMemAllocManaged, 0, (u32)P3); }
+ENTRY(cuMemAllocAsync) { return alloc_entry(ctx, API_cuMemAllocAsync, P3, 0); }
+ENTRY(cuMemAllocAsync_ptsz) { return alloc_entry(ctx, API_cuMemAllocAsync_ptsz, P3, 0); }
+ENTRY(cuMemAllocFromPoolAsync) { return alloc_entry(ctx, API_cuMemAllocFromPoolAsync, P3, 0); }
+ENTRY(cuMemAllocFromPoolAsync_ptsz) { return alloc_entry(ctx, API_cuMemAllocFromPoolAsync_ptsz, P3, 0); }
+
+// cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height, unsigned)
+ENTRY(cuMemAllocPitch_v2) {
+    struct inflight v = {};
+    v.out = P1;
+    v.arg = P2;
+    v.arg2 = P4;
+    v.ev.size = P3 * P4; // what was asked; the pitch × height replaces it on success
+    return begin(&v, API_cuMemAllocPitch_v2, KIND_ALLOC, OUT_PITCH, ORD_CURRENT);
+}
+
+// free(CUdeviceptr dptr[, CUstream])
+static __always_inline int free_entry(struct pt_regs *ctx, u32 api, u64 stream) {
+    struct inflight v = {};
+    v.ev.ptr = P1;
+    v.ev.handle = stream;
+    return begin(&v, api, KIND_FREE, OUT_NONE, ORD_CURRENT);
+}
+
+ENTRY(cuMemFree_v2) { return free_entry(ctx, API_cuMemFree_v2, 0); }
+ENTRY(cuMemFreeAsync) { return free_entry(ctx, API_cuMemFreeAsync, P2); }
+ENTRY(cuMemFreeAsync_ptsz) { return free_entry(ctx, API_cuMemFreeAsync_ptsz, P2); }
+
+// cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop, u64)
+// prop->location.type at +8, prop->location.id (the device ordinal) at +12.
+ENTRY(cuMemCreate) {
+    struct inflight v = {};
+    v.out = P1;
+    v.ev.size = P2;
+    s32 loc[2] = {0, -1};
+    if (bpf_probe_read_user(loc, sizeof(loc), (void *)(P3 + 8)) != 0) {
+        loc[0] = 0; // unreadable prop: type and device unknown
+        loc[1] = -1;
+    }
+    v.ev.aux = (u32)loc[0];
+    // The device is the one the prop names, not the current context's.
+    return begin(&v, API_cuMemCreate, KIND_VMM_CREATE, OUT_HANDLE, loc[1]);
+}
+
+// cuMemRelease(CUmemGenericAllocationHandle handle)
+ENTRY(cuMemRelease) {
+    struct inflight v = {};
+    v.ev.handle = P1;
+    return begin(&v, API_cuMemRelease, KIND_VMM_RELEASE, OUT_NONE, -1);
+}
+
+// cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, u64 flags)
+ENTRY(cuMemMap) {
+    struct inflight v = {};
+    v.ev.ptr = P1;
+    v.ev.size = P2;
+    v.ev.aux = P3;
+    v.ev.handle = P4;
+    return begin(&v, API_cuMemMap, KIND_VMM_MAP, OUT_NONE, -1);
+}
+
+// cuMemUnmap(CUdeviceptr ptr, size_t size)
+ENTRY(cuMemUnmap) {
+    struct inflight v = {};
+    v.ev.ptr = P1;
+    v.ev.size = P2;
+    return begin(&v, API_cuMemUnmap, KIND_VMM_UNMAP, OUT_NONE, -1);
+}
+
+// cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr, u64 flags)
+ENTRY(cuMemAddressReserve) {
+    struct inflight v = {};
+    v.out = P1;
+    v.ev.size = P2;
+    v.ev.aux = P3;
+    v.ev.handle = P4;
+    return begin(&v, API_cuMemAddressReserve, KIND_VA_RESERVE, OUT_PTR, -1);
+}
+
+// cuMemAddressFree(CUdeviceptr ptr, size_t size)
+ENTRY(cuMemAddressFree) {
+    struct inflight v = {};
+    v.ev.ptr = P1;
+    v.ev.size = P2;
+    return begin(&v, API_cuMemAddressFree, KIND_VA_FREE, OUT_NONE, -1);
+}
+
+// cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr): handle bytes at return.
+ENTRY(cuIpcGetMemHandle) {
+    struct inflight v = {};
+    v.out = P1;
+    v.ev.ptr = P2;
+    return begin(&v, API_cuIpcGetMemHandle, KIND_IPC_EXPORT, OUT_IPC, ORD_CURRENT);
+}
+
+// cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle /* by value */, unsigned Flags)
+ENTRY(cuIpcOpenMemHandle_v2) {
+    struct inflight v = {};
+    v.out = P1;
+#if defined(bpf_target_arm64)
+    u64 handle_addr = P2; // AAPCS64: a pointer to the caller's copy
+    v.ev.aux = (u32)P3;
+#else
+    u64 handle_addr = PT_REGS_SP(ctx) + 8; // SysV: on the stack above the return address
+    v.ev.aux = (u32)P2;
+#endif
+    if (bpf_probe_read_user(v.ev.ipc, IPC_BYTES, (void *)handle_addr) == 0)
+        v.ev.flags |= FLAG_IPC_BYTES;
+    return begin(&v, API_cuIpcOpenMemHandle_v2, KIND_IPC_OPEN, OUT_PTR, ORD_CURRENT);
+}
+
+// cuIpcCloseMemHandle(CUdeviceptr dptr)
+ENTRY(cuIpcCloseMemHandle) {
+    struct inflight v = {};
+    v.ev.ptr = P1;
+    return begin(&v, API_cuIpcCloseMemHandle, KIND_IPC_CLOSE, OUT_NONE, ORD_CURRENT);
+}
+
+// cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle, type, u64 flags)
+ENTRY(cuMemExportToShareableHandle) {
+    struct inflight v = {};
+    v.out = P1;
+    v.ev.handle = P2;
+    v.ev.aux = (u32)P3;
+    return begin(&v, API_cuMemExportToShareableHandle, KIND_SHARE_EXPORT, OUT_SHARE_EXPORT, -1);
+}
+
+// cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle, type)
+// POSIX_FD: osHandle is the fd value itself; FABRIC: it points at the 64-byte fabric handle.
+ENTRY(cuMemImportFromShareableHandle) {
+    struct inflight v = {};
+    u32 type = (u32)P3;
+    v.out = P1;
+    v.ev.aux = type;
+    if (type == HANDLE_TYPE_FABRIC) {
+        if (bpf_probe_read_user(v.ev.ipc, IPC_BYTES, (void *)P2) == 0)
+            v.ev.flags |= FLAG_IPC_BYTES;
+    } else {
+        v.ev.ptr = P2;
+    }
+    return begin(&v, API_cuMemImportFromShareableHandle, KIND_SHARE_IMPORT, OUT_HANDLE, -1);
+}
+
+// cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+ENTRY(cuMemRetainAllocationHandle) {
+    struct inflight v = {};
+    v.out = P1;
+    v.ev.ptr = P2;
+    return begin(&v, API_cuMemRetainAllocationHandle, KIND_VMM_RETAIN, OUT_HANDLE, -1);
+}
+
+// Pinned host memory: cuMemHostAlloc(void **pp, size_t, unsigned Flags), cuMemAllocHost_v2(void **pp, size_t)
+ENTRY(cuMemHostAlloc) {
+    struct inflight v = {};
+    v.out = P1;
+    v.ev.size = P2;
+    v.ev.aux = (u32)P3;
+    return begin(&v, API_cuMemHostAlloc, KIND_HOST_ALLOC, OUT_PTR, ORD_CURRENT);
+}
+
+ENTRY(cuMemAllocHost_v2) {
+    struct inflight v = {};
+    v.out = P1;
+    v.ev.size = P2;
+    return begin(&v, API_cuMemAllocHost_v2, KIND_HOST_ALLOC, OUT_PTR, ORD_CURRENT);
+}
+
+ENTRY(cuMemFreeHost) {
+    struct inflight v = {};
+    v.ev.ptr = P1;
+    return begin(&v, API_cuMemFreeHost, KIND_HOST_FREE, OUT_NONE, ORD_CURRENT);
+}
+
+// cuMemHostRegister_v2(void *p, size_t bytesize, unsigned Flags)
+ENTRY(cuMemHostRegister_v2) {
+    struct inflight v = {};
+    v.ev.ptr = P1;
+    v.ev.size = P2;
+    v.ev.aux = (u32)P3;
+    return begin(&v, API_cuMemHostRegister_v2, KIND_HOST_REGISTER, OUT_NONE, ORD_CURRENT);
+}
+
+ENTRY(cuMemHostUnregister) {
+    struct inflight v = {};
+    v.ev.ptr = P1;
+    return begin(&v, API_cuMemHostUnregister, KIND_HOST_UNREGISTER, OUT_NONE, ORD_CURRENT);
+}
+
+// ---- contexts ------------------------------------------------------------------------------------
+// A CTX event binds a context to a device ordinal: aux 0 retain, 1 create, 2 get-device.
+
+static __always_inline int ctx_bind_entry(u32 api, u64 out, s32 dev, u64 subtype, u32 mode) {
+    struct inflight v = {};
+    v.out = out;
+    v.ev.aux = subtype;
+    return begin(&v, api, KIND_CTX, mode, dev);
+}
+
+// cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+ENTRY(cuDevicePrimaryCtxRetain) { return ctx_bind_entry(API_cuDevicePrimaryCtxRetain, P1, (s32)P2, 0, OUT_CTX_RETAIN); }
+// cuCtxCreate_v2(CUcontext *pctx, unsigned flags, CUdevice dev)
+ENTRY(cuCtxCreate_v2) { return ctx_bind_entry(API_cuCtxCreate_v2, P1, (s32)P3, 1, OUT_CTX_CREATE); }
+// cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int n, unsigned flags, CUdevice dev)
+ENTRY(cuCtxCreate_v3) { return ctx_bind_entry(API_cuCtxCreate_v3, P1, (s32)P5, 1, OUT_CTX_CREATE); }
+// cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned flags, CUdevice dev)
+ENTRY(cuCtxCreate_v4) { return ctx_bind_entry(API_cuCtxCreate_v4, P1, (s32)P4, 1, OUT_CTX_CREATE); }
+
+// cuCtxGetDevice(CUdevice *device)
+ENTRY(cuCtxGetDevice) {
+    struct inflight v = {};
+    v.out = P1;
+    v.ev.aux = 2;
+    return begin(&v, API_cuCtxGetDevice, KIND_CTX, OUT_CTX_GET_DEVICE, -1);
+}
+
+// Bookkeeping only (no event): kind 0 tells begin() not to emit.
+static __always_inline int ctx_track_entry(u32 api, u32 mode, u64 out, u64 arg) {
+    struct inflight v = {};
+    v.out = out;
+    v.arg = arg;
+    return begin(&v, api, 0, mode, -1);
+}
+
+ENTRY(cuCtxSetCurrent) { return ctx_track_entry(API_cuCtxSetCurrent, OUT_CTX_SET, 0, P1); }
+ENTRY(cuCtxPushCurrent_v2) { return ctx_track_entry(API_cuCtxPushCurrent_v2, OUT_CTX_PUSH, 0, P1); }
+ENTRY(cuCtxPopCurrent_v2) { return ctx_track_entry(API_cuCtxPopCurrent_v2, OUT_CTX_POP, P1, 0); }
+ENTRY(cuCtxDestroy_v2) { return ctx_track_entry(API_cuCtxDestroy_v2, OUT_CTX_DESTROY, 0, P1); }
+ENTRY(cuCtxGetCurrent) { return ctx_track_entry(API_cuCtxGetCurrent, OUT_CTX_GET_CURRENT, P1, 0); }
+
+// ---- return probes -------------------------------------------------------------------------------
+
+RETURN(cuMemAlloc_v2)
+RETURN(cuMemAllocPitch_v2)
+RETURN(cuMemAllocManaged)
+RETURN(cuMemAllocAsync)
+RETURN(cuMemAllocAsync_ptsz)
+RETURN(cuMemAllocFromPoolAsync)
+RETURN(cuMemAllocFromPoolAsync_ptsz)
+RETURN(cuMemFree_v2)
+RETURN(cuMemFreeAsync)
+RETURN(cuMemFreeAsync_ptsz)
+RETURN(cuMemCreate)
+RETURN(cuMemRelease)
+RETURN(cuMemMap)
+RETURN(cuMemUnmap)
+RETURN(cuMemAddressReserve)
+RETURN(cuMemAddressFree)
+RETURN(cuIpcGetMemHandle)
+RETURN(cuIpcOpenMemHandle_v2)
+RETURN(cuIpcCloseMemHandle)
+RETURN(cuMemExportToShareableHandle)
+RETURN(cuMemImportFromShareableHandle)
+RETURN(cuMemRetainAllocationHandle)
+RETURN(cuMemHostAlloc)
+RETURN(cuMemAllocHost_v2)
+RETURN(cuMemFreeHost)
+RETURN(cuMemHostRegister_v2)
+RETURN(cuMemHostUnregister)
+RETURN(cuDevicePrimaryCtxRetain)
+RETURN(cuCtxCreate_v2)
+RETURN(cuCtxCreate_v3)
+RETURN(cuCtxCreate_v4)
+RETURN(cuCtxSetCurrent)
+RETURN(cuCtxPushCurrent_v2)
+RETURN(cuCtxPopCurrent_v2)
+RETURN(cuCtxDestroy_v2)
+RETURN(cuCtxGetCurrent)
+RETURN(cuCtxGetDevice)
+
+// ---- process lifetime ------------------------------------------------------------------------
+
+// Every exiting task: forget its per-thread state; when the whole thread group is gone (or, on
+// kernels without group_dead, when its leader exits) emit PROC_EXIT for tgids that had events:
+// the driver frees everything such a process still held.
+TRACEPOINT_PROBE(sched, sched_process_exit) {
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+    u32 tid = (u32)id;
+    ctx_stacks.delete(&tid);
+    thread_dev.delete(&tid);
+#ifdef HAVE_GROUP_DEAD
+    if (!args->group_dead)
+        return 0;
+#else
+    if (tid != tgid)
+        return 0;
+#endif
+#ifdef FOLLOW_TREE
+    tracked.delete(&tgid);
+#endif
+    if (!seen.lookup(&tgid))
+        return 0;
+    seen.delete(&tgid);
+    submit_proc(KIND_PROC_EXIT, API_sched_process_exit, tgid, tid, 0);
+    return 0;
+}
+
+#ifdef FOLLOW_TREE
+// A tracked process forked: track the child before it can run. task_newtask fires in the
+// parent's context inside copy_process (like sched_process_fork, just before it) and carries
+// clone_flags, which tells a new process from a new thread (threads share the tracked tgid and
+// must not be reported as forks). The event keeps Api.sched_process_fork: it is the same moment.
+TRACEPOINT_PROBE(task, task_newtask) {
+    if (args->clone_flags & CLONE_THREAD_FLAG)
+        return 0;
+    u64 id = bpf_get_current_pid_tgid();
+    u32 parent = id >> 32;
+    if (!tracked.lookup(&parent))
+        return 0;
+    u32 child = args->pid;
+    u8 one = 1;
+    tracked.update(&child, &one);
+    submit_proc(KIND_PROC_FORK, API_sched_process_fork, parent, (u32)id, child);
+    return 0;
+}
+#endif

@@ -1,0 +1,331 @@
+"""Uprobes on the CUDA driver: load ``cuda.bpf.c``, attach it to libcuda files, drain events.
+
+Why a class around bcc: the daemon owns exactly one of these for its lifetime, attaches it to
+every libcuda inode it discovers (hosts with containers have several), polls it every ~50 ms and
+must be able to tear it down cleanly even when half of the attachments are already gone.
+
+``python -m memrec.probes.cuda --ebpf [--follow-tree]`` prints the BPF program with its ``-D``
+flags, which is what bcc compiles.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.resources
+import logging
+import mmap
+import os
+import resource
+import sys
+from dataclasses import dataclass
+from dataclasses import field
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from memrec.columns import RAW_DTYPE
+from memrec.events import Api
+from memrec.events import bpf_defines
+from memrec.probes.ringbuf import RingBufferReader
+
+log = logging.getLogger(__name__)
+
+PROGRAM = "cuda.bpf.c"
+#: The driver symbols probed, entry and return each (every Api except the tracepoints).
+SYMBOLS: tuple[str, ...] = tuple(a.name for a in Api if a is not Api.NONE and not a.name.startswith("sched_"))
+_EXIT_FORMAT = "events/sched/sched_process_exit/format"
+_TRACEFS_ROOTS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
+
+
+class ProbeError(RuntimeError):
+    """The probes cannot be loaded or used (no bcc, no BPF, compile failure)."""
+
+
+@dataclass(frozen=True)
+class AttachReport:
+    """What :meth:`CudaProbes.attach_library` did to one library file.
+
+    Attributes:
+        path: the path the caller named.
+        dev, inode: the file's identity (uprobes live on the inode, not the path).
+        attached: symbols with both an entry and a return probe.
+        missing: symbol -> why it is not probed (not exported by this driver version, or the
+            attach error).
+        already_attached: this (dev, inode) was attached before; nothing was done.
+    """
+
+    path: str
+    dev: int
+    inode: int
+    attached: tuple[str, ...] = ()
+    missing: dict[str, str] = field(default_factory=dict)
+    already_attached: bool = False
+
+
+def program_source() -> str:
+    """Return the BPF C program text."""
+    return importlib.resources.files("memrec.probes").joinpath(PROGRAM).read_text()
+
+
+def _tracefs_has_group_dead() -> bool:
+    """Whether sched_process_exit carries ``group_dead`` (kernel >= 6.16): a better exit moment."""
+    for root in _TRACEFS_ROOTS:
+        try:
+            return "group_dead" in Path(root, _EXIT_FORMAT).read_text()
+        except OSError:
+            continue
+    return False
+
+
+def program_cflags(follow_tree: bool, ringbuf_pages: int) -> list[str]:
+    """Return the ``-D`` flags the program is compiled with."""
+    flags = bpf_defines() + [f"-DRINGBUF_PAGES={ringbuf_pages}"]
+    if follow_tree:
+        flags.append("-DFOLLOW_TREE=1")
+    if _tracefs_has_group_dead():
+        flags.append("-DHAVE_GROUP_DEAD=1")
+    return flags
+
+
+def _raise_fd_limit(need: int) -> None:
+    """Every probe is an fd; lift the soft RLIMIT_NOFILE towards the hard one when it is short."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        new = hard if hard == resource.RLIM_INFINITY else min(hard, max(need, soft))
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the open-file limit to %d: %s", need, exc)
+
+
+class CudaProbes:
+    """The driver-API probes: one BPF program, attached to any number of libcuda files.
+
+    Args:
+        follow_tree: record only processes added with :meth:`track_pid` and their descendants
+            (followed in the kernel at fork); otherwise every process on the host.
+        ringbuf_pages: ring buffer size in pages (a power of two). 1024 pages = 4 MiB ≈ 30k
+            events between two polls.
+    """
+
+    def __init__(self, follow_tree: bool = False, ringbuf_pages: int = 1024) -> None:
+        if ringbuf_pages < 1 or ringbuf_pages & (ringbuf_pages - 1):
+            raise ValueError(f"ringbuf_pages must be a power of two, not {ringbuf_pages}")
+        self.follow_tree = follow_tree
+        self.ringbuf_pages = ringbuf_pages
+        self._bpf = None
+        self._reader: RingBufferReader | None = None
+        self._reports: dict[tuple[int, int], AttachReport] = {}
+        self._lib_fds: list[int] = []
+        self._events: list[bytes] = []  # uprobe event names this instance attached
+        self._logged_missing: set[str] = set()
+
+    # -- lifetime -------------------------------------------------------------------------------
+    def load(self) -> CudaProbes:
+        """Compile and load the program, attach the tracepoints and map the ring buffer.
+
+        Raises:
+            ProbeError: bcc is missing or the program does not compile/load (e.g. not root).
+        """
+        if self._bpf is not None:
+            return self
+        try:
+            from bcc import BPF  # the only import of bcc: memrec's core must not need it
+        except ImportError as exc:
+            raise ProbeError(f"bcc is not importable ({exc}): install python3-bpfcc") from exc
+        cflags = program_cflags(self.follow_tree, self.ringbuf_pages)
+        with importlib.resources.as_file(importlib.resources.files("memrec.probes").joinpath(PROGRAM)) as src:
+            try:
+                # bcc reports compile errors on stderr and raises a bare Exception.
+                self._bpf = BPF(src_file=str(src).encode(), cflags=cflags)
+            except Exception as exc:  # noqa: BLE001 - bcc raises plain Exception
+                raise ProbeError(f"cannot load {PROGRAM}: {exc}") from exc
+        try:
+            ring = self._bpf[b"events"]
+            self._reader = RingBufferReader(ring.map_fd, self.ringbuf_pages * mmap.PAGESIZE, RAW_DTYPE.itemsize, RAW_DTYPE)
+        except (OSError, ValueError, KeyError) as exc:
+            self.close()
+            raise ProbeError(f"cannot map the ring buffer: {exc}") from exc
+        return self
+
+    def close(self) -> None:
+        """Detach every probe and release the program; tolerates partial failure (logged)."""
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+        bpf, self._bpf = self._bpf, None
+        if bpf is not None:
+            for ev_name in list(bpf.uprobe_fds):
+                try:
+                    bpf.detach_uprobe_event(ev_name)
+                except Exception as exc:  # noqa: BLE001 - bcc raises plain Exception
+                    log.warning("cannot detach uprobe %s: %s", ev_name.decode(errors="replace"), exc)
+                    bpf.uprobe_fds.pop(ev_name, None)
+            try:
+                bpf.cleanup()
+            except Exception as exc:  # noqa: BLE001 - bcc raises plain Exception
+                log.warning("cleaning up the BPF program failed: %s", exc)
+        for fd in self._lib_fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._lib_fds.clear()
+        self._reports.clear()
+        self._events.clear()
+
+    def __enter__(self) -> CudaProbes:
+        return self.load()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _require(self):
+        if self._bpf is None:
+            raise ProbeError("probes are not loaded: call load() first")
+        return self._bpf
+
+    # -- attaching ------------------------------------------------------------------------------
+    def attach_library(self, path: str | os.PathLike[str], identity: tuple[int, int] | None = None) -> AttachReport:
+        """Attach an entry and a return probe to every probed symbol ``path`` exports.
+
+        The file is opened once and probed through ``/proc/self/fd/N``, so the probes land on
+        exactly the inode that was checked, even if the path is replaced meanwhile. Probes are
+        system-wide (pid -1): every process mapping this inode is seen, containers included.
+
+        Args:
+            path: a libcuda file (any path that reaches it, e.g. ``/proc/PID/root/...``).
+            identity: (dev, inode) as ``/proc/PID/maps`` shows it, when known: on overlayfs it
+                differs from what stat() on the path says, and both are remembered.
+
+        Returns:
+            The report; attaching a (dev, inode) a second time is a no-op that returns the first
+            report with ``already_attached=True``.
+
+        Raises:
+            ProbeError: not loaded, or the file cannot be opened or read as ELF.
+        """
+        bpf = self._require()
+        path = os.fspath(path)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise ProbeError(f"cannot open {path}: {exc}") from exc
+        st = os.fstat(fd)
+        keys = {(st.st_dev, st.st_ino)}
+        if identity is not None:
+            keys.add(tuple(identity))
+        for key in keys:
+            if key in self._reports:
+                os.close(fd)
+                return replace(self._reports[key], path=path, already_attached=True)
+        self._lib_fds.append(fd)
+        probe_path = f"/proc/self/fd/{fd}"
+        try:
+            exported = {name.decode() for name, _ in bpf.get_user_functions_and_addresses(probe_path.encode(), b"^cu")}
+        except Exception as exc:  # noqa: BLE001 - bcc raises plain Exception
+            raise ProbeError(f"cannot read the symbols of {path}: {exc}") from exc
+
+        _raise_fd_limit(len(self._events) + 2 * len(SYMBOLS) + 256)
+        self._lift_bcc_probe_quota(2 * len(SYMBOLS))
+        attached: list[str] = []
+        missing: dict[str, str] = {}
+        for sym in SYMBOLS:
+            if sym not in exported:
+                missing[sym] = "not exported by this driver"
+                continue
+            reason = self._attach_symbol(bpf, probe_path, sym)
+            if reason:
+                missing[sym] = reason
+            else:
+                attached.append(sym)
+        for sym, reason in missing.items():
+            level = logging.INFO if sym not in self._logged_missing else logging.DEBUG
+            self._logged_missing.add(sym)
+            log.log(level, "%s: %s not probed: %s", path, sym, reason)
+        report = AttachReport(path=path, dev=st.st_dev, inode=st.st_ino, attached=tuple(attached), missing=missing)
+        for key in keys:
+            self._reports[key] = report
+        log.info("attached %d/%d driver symbols in %s", len(attached), len(SYMBOLS), path)
+        return report
+
+    def _attach_symbol(self, bpf, probe_path: str, sym: str) -> str | None:
+        """Attach entry + return probes for ``sym``; return why not, or None on success."""
+        before = set(bpf.uprobe_fds)
+        try:
+            bpf.attach_uprobe(name=probe_path.encode(), sym=sym.encode(), fn_name=f"enter_{sym}".encode(), pid=-1)
+            bpf.attach_uretprobe(name=probe_path.encode(), sym=sym.encode(), fn_name=f"return_{sym}".encode(), pid=-1)
+        except Exception as exc:  # noqa: BLE001 - bcc raises plain Exception
+            # Never leave an entry probe without its return probe: it would only fill `inflight`.
+            for ev_name in set(bpf.uprobe_fds) - before:
+                try:
+                    bpf.detach_uprobe_event(ev_name)
+                except Exception as detach_exc:  # noqa: BLE001
+                    log.warning("cannot detach %s: %s", ev_name.decode(errors="replace"), detach_exc)
+            return f"attach failed: {exc}"
+        self._events.extend(set(bpf.uprobe_fds) - before)
+        return None
+
+    @staticmethod
+    def _lift_bcc_probe_quota(extra: int) -> None:
+        """bcc refuses more than 1000 open probes per process unless BCC_PROBE_LIMIT says more.
+
+        That quota is bcc's own guard, not a kernel limit; a host with several driver inodes
+        (containers with their own copies) needs ~90 per inode.
+        """
+        import bcc
+
+        need = bcc._get_num_open_probes() + extra
+        if need > bcc.BPF.get_probe_limit():
+            os.environ["BCC_PROBE_LIMIT"] = str(max(need, 4 * bcc.BPF.get_probe_limit()))
+
+    def attached_libraries(self) -> list[AttachReport]:
+        """Reports of every distinct library attached, in attach order."""
+        seen: list[AttachReport] = []
+        for report in self._reports.values():
+            if all(report is not r for r in seen):
+                seen.append(report)
+        return seen
+
+    def track_pid(self, pid: int) -> None:
+        """Record ``pid`` and, from now on, every process it forks (follow-tree mode only).
+
+        Raises:
+            ProbeError: the probes were not created with ``follow_tree=True``.
+        """
+        bpf = self._require()
+        if not self.follow_tree:
+            raise ProbeError("track_pid() needs CudaProbes(follow_tree=True)")
+        table = bpf[b"tracked"]
+        table[table.Key(pid)] = table.Leaf(1)
+
+    # -- reading --------------------------------------------------------------------------------
+    def poll(self, max_records: int | None = None) -> np.ndarray:
+        """Drain the ring buffer: every committed event so far, as an array of ``RAW_DTYPE``."""
+        self._require()
+        return self._reader.drain(max_records)
+
+    def lost(self) -> int:
+        """Events dropped so far because the ring buffer was full (cumulative)."""
+        table = self._require()[b"lost"]
+        return int(sum(table.getvalue(table.Key(0))))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the program as bcc compiles it (``--ebpf``)."""
+    parser = argparse.ArgumentParser(prog="python -m memrec.probes.cuda", description=__doc__.splitlines()[0])
+    parser.add_argument("--ebpf", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--follow-tree", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--ringbuf-pages", type=int, default=1024, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if not args.ebpf:
+        parser.error("only --ebpf is supported")
+    for flag in program_cflags(args.follow_tree, args.ringbuf_pages):
+        name, _, value = flag[2:].partition("=")
+        print(f"#define {name} {value or 1}")
+    print(program_source())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""Host checks that need bcc or NVML, for ``memrec doctor`` (only probes/ may import them)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+_TRIVIAL_PROGRAM = "int memrec_doctor(void *ctx) { return 0; }"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One doctor line: what was checked, whether it passed, and what to do if not."""
+
+    name: str
+    status: str  # "ok" | "warn" | "fail"
+    detail: str
+    fix: str = ""
+
+
+def check_bcc() -> Check:
+    """Import bcc and compile and load a trivial program: proves bcc, clang, headers and bpf()."""
+    try:
+        import bcc
+    except ImportError as error:
+        return Check(
+            "bcc",
+            "fail",
+            f"cannot import bcc ({error})",
+            "install python3-bpfcc and run scripts/setup (the venv links the system bcc)",
+        )
+    version = getattr(bcc, "__version__", "?")
+    try:
+        program = bcc.BPF(text=_TRIVIAL_PROGRAM)
+        program.load_func("memrec_doctor", bcc.BPF.KPROBE)
+        program.cleanup()
+    except Exception as error:  # bcc raises bare Exception for compile and load failures
+        return Check(
+            "bcc",
+            "fail",
+            f"bcc {version} imports but cannot compile or load a BPF program: {error}",
+            "check kernel headers (below) and that the kernel has CONFIG_BPF_SYSCALL",
+        )
+    return Check("bcc", "ok", f"bcc {version} compiled and loaded a BPF program")
+
+
+def check_nvml() -> Check:
+    """Ask NVML for the GPUs through the sampler's choke point."""
+    from memrec.probes import nvml
+
+    try:
+        gpus = nvml.list_gpus()
+    except nvml.NvmlUnavailable as error:
+        return Check(
+            "nvml",
+            "warn",
+            f"NVML unavailable: {error}",
+            "on a GPU host install the NVIDIA driver (libnvidia-ml.so.1); "
+            "without it the daemon records without NVML samples",
+        )
+    if not gpus:
+        return Check("nvml", "warn", "NVML works but reports no GPUs", "check nvidia-smi")
+    names = ", ".join(f"{g.index}: {g.name}" for g in gpus)
+    return Check("nvml", "ok", f"{len(gpus)} GPU(s): {names}")

@@ -1,0 +1,202 @@
+"""The daemon as a process: real probes on the stub driver, a marker from ``memrec mark``,
+SIGINT and SIGHUP, and the trace files it leaves (root; skipped with the reason otherwise)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from memrec import protocol
+from memrec.events import Kind
+from memrec.trace.reader import load_trace
+
+pytestmark = pytest.mark.bpf
+
+START_TIMEOUT = 120  # bcc compiles the program at start: tens of seconds on a slow VM
+
+
+@pytest.fixture
+def workdir():
+    d = Path(tempfile.mkdtemp(prefix="mrb", dir="/tmp"))  # short: sun_path holds 108 bytes
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+class DaemonProcess:
+    """``memrec daemon`` in a subprocess on a private socket and output."""
+
+    def __init__(self, workdir: Path, stub_lib: Path, output: str = "out.mrec") -> None:
+        self.socket = workdir / "d.sock"
+        self.output = workdir / output
+        self.log_path = workdir / "daemon.log"
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "memrec", "daemon", "-o", str(self.output), "--socket", str(self.socket),
+             "--libcuda", str(stub_lib), "--rotate-size", "0"],
+            stdout=self._log, stderr=subprocess.STDOUT, cwd="/",
+        )
+
+    def log(self) -> str:
+        if not self._log.closed:
+            self._log.flush()
+        return self.log_path.read_text()
+
+    def wait_ready(self) -> dict:
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"the daemon exited {self.proc.returncode} at start:\n{self.log()}")
+            try:
+                return protocol.ping(self.socket, timeout=1.0)
+            except OSError:
+                time.sleep(0.2)
+        pytest.fail(f"the daemon did not answer within {START_TIMEOUT} s:\n{self.log()}")
+
+    def signal(self, signum: int) -> None:
+        self.proc.send_signal(signum)
+
+    def stop(self, timeout: float = 30) -> int:
+        self.signal(signal.SIGINT)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self._log.close()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+
+
+@pytest.fixture
+def daemon_factory(workdir, stub_lib):
+    started: list[DaemonProcess] = []
+
+    def start(**kwargs) -> DaemonProcess:
+        d = DaemonProcess(workdir, stub_lib, **kwargs)
+        started.append(d)
+        d.wait_ready()
+        return d
+
+    yield start
+    for d in started:
+        d.kill()
+
+
+def run_workload(stub_lib: Path, *scenarios: str) -> dict:
+    proc = subprocess.run(
+        [sys.executable, "-m", "memrec.stubdriver.workload", "--lib", str(stub_lib), "--facts", *scenarios],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def facts_of(facts: dict, api: str) -> list[dict]:
+    return [c for c in facts["calls"] if c["api"] == api]
+
+
+def wait_for_events(path: Path, pids: set[int], timeout: float = 10) -> None:
+    """Until the file (flushed every 0.2 s) holds an exit event of every pid."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            ev = load_trace(path).events
+        except Exception:
+            ev = None
+        if ev is not None and pids <= set(ev["pid"][ev["kind"] == int(Kind.PROC_EXIT)].tolist()):
+            return
+        time.sleep(0.1)
+
+
+def test_daemon_records_a_workload_and_a_marker_then_stops_cleanly(daemon_factory, stub_lib):
+    # GIVEN a daemon probing the stub driver
+    d = daemon_factory()
+    # WHEN a workload runs (two devices, a child with CUDA_VISIBLE_DEVICES=1) and a shell marks
+    facts = run_workload(stub_lib, "basic", "multi")
+    mark = subprocess.run(
+        [sys.executable, "-m", "memrec", "mark", "after-workload", "--socket", str(d.socket), "tokens=42", "ok=true"],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert mark.returncode == 0, mark.stderr
+    pids = {c["pid"] for c in facts["calls"]}
+    wait_for_events(d.output, pids)
+    # AND the daemon gets SIGINT
+    rc = d.stop()
+    # THEN it exits 0, removes its socket, and the file ends with a trailer
+    log = d.log()
+    assert rc == 0, log
+    assert not d.socket.exists()
+    trace = load_trace(d.output)
+    assert trace.trailer is not None and trace.warnings == [], log
+    assert trace.trailer["reason"] == "signal SIGINT"
+    ev = trace.events
+    # AND every allocation of the workload is there, with its size, on its physical GPU
+    allocs = facts_of(facts, "cuMemAlloc_v2")
+    assert allocs
+    for fact in allocs:
+        rows = ev[(ev["pid"] == fact["pid"]) & (ev["api"] == 1) & (ev["size"] == fact["args"]["bytesize"])
+                  & (ev["result"] == fact["result"])]
+        assert len(rows) >= 1, f"not recorded: {fact}"
+        if fact["result"] == 0:
+            assert rows["gpu"][0] == fact["physical"], f"{fact} recorded on GPU {rows['gpu'][0]}"
+    # the child that sees only GPU 1 allocated on its ordinal 0: recorded on GPU 1
+    child = [p for p in facts["processes"] if p["cuda_visible_devices"] == "1"][0]
+    child_allocs = ev[(ev["pid"] == child["pid"]) & (ev["kind"] == int(Kind.ALLOC))]
+    assert len(child_allocs) and set(child_allocs["gpu"].tolist()) == {1}
+    assert trace.processes[child["pid"]].cuda_visible_devices == "1"
+    assert trace.processes[child["pid"]].gpu_map == [1]
+    # AND the marker, stamped with the pid of the `memrec mark` process, with its values
+    (marker,) = [m for m in trace.markers if m.name == "after-workload"]
+    assert marker.values == {"tokens": 42, "ok": True} and marker.uid == os.getuid()
+    assert marker.pid in trace.processes and "mark" in trace.processes[marker.pid].cmdline
+    # AND the header says what was probed
+    assert trace.header["probes"]["attached"] > 0
+    assert str(stub_lib) in [lib["path"] for lib in trace.header["probes"]["libraries"]]
+
+
+def test_sighup_rotates_into_two_readable_files(daemon_factory, stub_lib):
+    # GIVEN a daemon, and a first workload recorded
+    d = daemon_factory()
+    first = run_workload(stub_lib, "basic")
+    wait_for_events(d.output, {first["pid"]})
+    # WHEN SIGHUP comes, then a second workload runs
+    d.signal(signal.SIGHUP)
+    second_file = d.output.with_name("out.1.mrec")
+    deadline = time.monotonic() + 10
+    while not second_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert second_file.exists(), d.log()
+    second = run_workload(stub_lib, "basic")
+    wait_for_events(second_file, {second["pid"]})
+    assert d.stop() == 0, d.log()
+    # THEN two files, each whole: header, keyframe at 0, trailer; each workload in its own file
+    a, b = load_trace(d.output), load_trace(second_file)
+    for t in (a, b):
+        assert t.trailer is not None and t.warnings == [] and t.keyframes[0].event_index == 0
+    assert a.trailer["reason"] == "rotate: SIGHUP" and a.trailer["next_file"] == str(second_file)
+    assert b.header["previous"] == str(d.output)
+    assert first["pid"] in set(a.events["pid"].tolist()) and first["pid"] not in set(b.events["pid"].tolist())
+    assert second["pid"] in set(b.events["pid"].tolist()) and second["pid"] not in set(a.events["pid"].tolist())
+
+
+def test_memrec_mark_without_daemon_fails_clearly(workdir):
+    # GIVEN no daemon WHEN memrec mark is used THEN one line, exit code 69
+    proc = subprocess.run(
+        [sys.executable, "-m", "memrec", "mark", "x", "--socket", str(workdir / "none.sock")],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert proc.returncode == 69
+    assert proc.stderr.strip().startswith("memrec: error: no memrec daemon")
+    assert len(proc.stderr.strip().splitlines()) == 1

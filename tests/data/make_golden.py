@@ -1,0 +1,178 @@
+"""Regenerate the golden trace ``golden_v1.mrec`` and its expected dump ``golden_v1.dump.jsonl``.
+
+Run ``python tests/data/make_golden.py`` only when format v1 deliberately changes (a new minor):
+the test suite checks that today's writer still produces these exact bytes and that today's
+reader still decodes them to exactly this dump. Read the diff of the ``.jsonl`` before committing.
+
+The trace is small but holds every record type: two processes (TP0 exports a buffer over CUDA IPC,
+TP1 opens it), driver allocations, a VMM create/map, a failed (out of memory) allocation, NVML
+device and per-process samples, phase markers with SGLang's numbers, a lost-events count, a keyframe,
+and the trailer; events span several chunks (3 rows per chunk).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+
+import numpy as np
+
+from memrec.columns import NVML_DTYPE
+from memrec.columns import PROCMEM_DTYPE
+from memrec.columns import empty_events
+from memrec.events import FLAG_IPC_BYTES
+from memrec.events import Api
+from memrec.events import GpuInfo
+from memrec.events import Kind
+from memrec.events import Marker
+from memrec.events import ProcessInfo
+from memrec.trace.writer import BytesSink
+from memrec.trace.writer import TraceWriter
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+GOLDEN = os.path.join(HERE, "golden_v1.mrec")
+GOLDEN_DUMP = os.path.join(HERE, "golden_v1.dump.jsonl")
+
+GiB = 1 << 30
+MiB = 1 << 20
+T0 = 1_000_000_000_000  # CLOCK_MONOTONIC ns at the start of the recording
+TP0, TP1 = 4242, 4243
+IPC_HANDLE = bytes(range(64))
+
+HEADER = {
+    "host": "golden-host",
+    "boot_id": "00000000-0000-4000-8000-000000000000",
+    "clock": "CLOCK_MONOTONIC",
+    "anchor": {"monotonic_ns": T0, "wall_ns": 1_764_400_000_000_000_000},
+    "gpus": [
+        GpuInfo(index=i, uuid=f"GPU-{str(i) * 8}-0000-0000-0000-000000000000", name="NVIDIA H200",
+                total=150 * GiB, bar1_total=256 * GiB)
+        for i in range(2)
+    ],
+    "probes": {
+        "libraries": ["/usr/lib/x86_64-linux-gnu/libcuda.so.1"],
+        "attached": ["cuMemAlloc_v2", "cuMemFree_v2"],
+        "missing": ["cuMemAllocAsync_ptsz"],
+    },
+    "config": {"follow_tree": False, "nvml_device_hz": 10, "nvml_process_hz": 1},
+    "created_by": "memrec golden",
+}
+
+
+def _events() -> np.ndarray:
+    rows = [
+        # ts offset, pid, tid, kind, api, result, ordinal, gpu, ptr, size, handle, aux
+        (10, TP0, TP0, Kind.CTX, Api.cuDevicePrimaryCtxRetain, 0, 0, 0, 0, 0, 0x5500_0001, 0),
+        (20, TP0, TP0, Kind.ALLOC, Api.cuMemAlloc_v2, 0, 0, 0, 0x7F12_0000_0000, 2 * GiB, 0, 0),
+        (30, TP0, TP0, Kind.VA_RESERVE, Api.cuMemAddressReserve, 0, -1, -1, 0x7F20_0000_0000, 157 * GiB, 0, 0),
+        (40, TP0, TP0, Kind.VMM_CREATE, Api.cuMemCreate, 0, 0, 0, 0, 20 * MiB, 0x6600_0001, 1),
+        (50, TP0, TP0, Kind.VMM_MAP, Api.cuMemMap, 0, -1, 0, 0x7F20_0000_0000, 20 * MiB, 0x6600_0001, 0),
+        (60, TP0, TP0 + 7, Kind.IPC_EXPORT, Api.cuIpcGetMemHandle, 0, 0, 0, 0x7F12_0000_0000, 0, 0, 0),
+        (70, TP1, TP1, Kind.IPC_OPEN, Api.cuIpcOpenMemHandle_v2, 0, 0, 0, 0x7E00_0000_0000, 0, 0, 1),
+        (80, TP1, TP1, Kind.ALLOC, Api.cuMemAlloc_v2, 2, 0, 1, 0, 140 * GiB, 0, 0),
+        (90, TP1, TP1, Kind.ALLOC, Api.cuMemAllocPitch_v2, 999, 0, 1, 0, 4096, 0, 0),
+        (100, TP0, TP0, Kind.FREE, Api.cuMemFree_v2, 0, 0, 0, 0x7F12_0000_0000, 0, 0, 0),
+        (110, TP1, TP1, Kind.PROC_EXIT, Api.sched_process_exit, 0, -1, -1, 0, 0, 0, 0),
+    ]
+    ev = empty_events(len(rows))
+    for i, (dt, pid, tid, kind, api, result, ordinal, gpu, ptr, size, handle, aux) in enumerate(rows):
+        ev[i] = (T0 + dt, pid, tid, kind, api, result, ordinal, 0, ptr, size, handle, aux, b"", gpu)
+    for i in (5, 6):  # the exporter's and the importer's handle bytes are equal
+        ev["flags"][i] = FLAG_IPC_BYTES
+        ev["ipc"][i] = IPC_HANDLE
+    return ev
+
+
+def _nvml(ts: int, used0: int) -> np.ndarray:
+    s = np.zeros(2, dtype=NVML_DTYPE)
+    s["ts"] = ts
+    s["gpu"] = [0, 1]
+    s["used"] = [used0, 615 * MiB]
+    s["reserved"] = 615 * MiB
+    s["total"] = 150 * GiB
+    s["free"] = s["total"] - s["used"] - s["reserved"]
+    s["bar1_used"] = [2 * MiB, -1]
+    s["bar1_total"] = 256 * GiB
+    return s
+
+
+def _procmem(ts: int) -> np.ndarray:
+    s = np.zeros(2, dtype=PROCMEM_DTYPE)
+    s["ts"] = ts
+    s["gpu"] = [0, 1]
+    s["pid"] = [TP0, TP1]
+    s["used"] = [2 * GiB + 20 * MiB, 500 * MiB]
+    return s
+
+
+def _process(pid: int, first_ts: int, rank: dict) -> ProcessInfo:
+    return ProcessInfo(
+        pid=pid,
+        ppid=4000,
+        cmdline=["python", "-m", "sglang.launch_server", "--tp", "2"],
+        exe="/usr/bin/python3.11",
+        cuda_visible_devices="0,1",
+        gpu_map=[0, 1],
+        first_ts=first_ts,
+        rank=rank,
+    )
+
+
+def _marker(ts: int, pid: int, name: str, phase: str, gpu: int, values: dict) -> Marker:
+    return Marker(ts=ts, pid=pid, uid=1000, tid=pid, name=name, phase=phase, gpu=gpu, values=values)
+
+
+def write_golden(sink: object) -> TraceWriter:
+    """Write the golden trace to ``sink`` (a path or a Sink) and return the closed writer."""
+    ev = _events()
+    w = TraceWriter(sink, HEADER, max_chunk_rows=3)
+    w.write_process(_process(TP0, T0 + 10, {"tp": 0}))
+    w.write_marker(_marker(T0 + 15, TP0, "load_weights", "begin", 0, {"pre_model_load_memory": 139.5}))
+    w.write_events(ev[:5])
+    w.write_nvml(_nvml(T0 + 55, 2 * GiB + 20 * MiB + 615 * MiB))
+    w.write_process(_process(TP1, T0 + 70, {}))
+    w.write_events(ev[5:8])
+    oom = "Not enough memory. Please try to increase --mem-fraction-static."
+    w.write_marker(
+        _marker(T0 + 85, TP1, "kv_cache", "instant", 1, {"error": oom, "rest_memory": -3.25, "mem_fraction_static": 0.88})
+    )
+    w.write_lost(T0 + 86, 3)
+    # A later record for TP1 (its rank became known): readers keep the last one.
+    w.write_process(_process(TP1, T0 + 70, {"tp": 1}))
+    state = {"allocations": [[TP0, 0, 0x7F12_0000_0000, 2 * GiB]], "vmm": {0x6600_0001: [TP0, 0, 20 * MiB]}, "seq": 8}
+    w.write_keyframe(T0 + 87, state)
+    w.write_events(ev[8:])
+    w.write_procmem(_procmem(T0 + 95))
+    w.write_marker(_marker(T0 + 105, TP0, "load_weights", "end", 0, {"available_after_weights": 137.0}))
+    w.close({"end_ts": T0 + 120, "reason": "SIGTERM"})
+    return w
+
+
+def golden_bytes() -> bytes:
+    sink = BytesSink()
+    write_golden(sink)
+    return sink.data
+
+
+def golden_dump(path: str) -> str:
+    from memrec.commands.dump import dump_trace
+    from memrec.trace.reader import TraceReader
+
+    out = io.StringIO()
+    with TraceReader(path) as reader:
+        dump_trace(reader, out)
+    return out.getvalue()
+
+
+def main() -> int:
+    with open(GOLDEN, "wb") as f:
+        f.write(golden_bytes())
+    with open(GOLDEN_DUMP, "w", encoding="utf-8") as f:
+        f.write(golden_dump(GOLDEN))
+    print(f"wrote {GOLDEN} and {GOLDEN_DUMP}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""GPU tests: real driver calls on an NVIDIA GPU, recorded by real probes.
+
+They run on a GPU host as root with bcc importable (on the project's GPU host, after
+``source .gpu/use-bcc-bundle.sh``); anywhere else each test is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+
+def _skip_reason() -> str | None:
+    if not (Path("/dev/nvidiactl").exists() or Path("/dev/nvidia0").exists()):
+        return "no NVIDIA GPU on this host (/dev/nvidiactl missing)"
+    if os.geteuid() != 0:
+        return "GPU tests load BPF probes: run as root"
+    try:
+        import bcc  # noqa: F401
+    except ImportError:
+        return "bcc is not importable (see shared/gpu/ for carrying it to a GPU host)"
+    try:
+        from cuda.bindings import driver  # noqa: F401
+    except ImportError:
+        return "cuda-python (cuda.bindings.driver) is not installed"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = _skip_reason()
+    if reason is None:
+        return
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def memrec_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "memrec", *args]
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    """A real `memrec daemon` on a temporary socket and output directory."""
+    sock = tmp_path / "memrec.sock"
+    out = tmp_path / "traces"
+    proc = subprocess.Popen(memrec_cmd("-v", "daemon", "-o", str(out), "--socket", str(sock)))
+    deadline = time.monotonic() + 60
+    while not sock.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"daemon did not start (rc={proc.poll()})")
+        time.sleep(0.1)
+    yield sock, out
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 0

@@ -1,0 +1,80 @@
+"""Fixtures of the TUI tests: scripted traces, trace files, and the snapshot gate.
+
+Snapshot tests compare SVG screenshots with the ones under ``__snapshots__``; they only mean
+something with the exact textual and pytest-textual-snapshot versions that made them, so they are
+skipped (saying why) with any other version, and when the plugin is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import synth  # noqa: E402
+
+#: The versions the committed snapshots were made with.
+SNAPSHOT_PINS = {"textual": "8.2.8", "pytest-textual-snapshot": "1.1.0"}
+
+
+def _version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def snapshot_skip_reason() -> str | None:
+    for name, pin in SNAPSHOT_PINS.items():
+        got = _version(name)
+        if got != pin:
+            return f"snapshot tests need {name}=={pin} (have {got or 'none'}): pip install {name}=={pin}"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = snapshot_skip_reason()
+    if reason is None:
+        return
+    for item in items:
+        if "snap_compare" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture
+def trace():
+    return synth.sglang_like()
+
+
+@pytest.fixture
+def trace_file(tmp_path, trace):
+    path = tmp_path / "run.mrec"
+    synth.write_trace(path, trace)
+    return path
+
+
+class FixedClock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock():
+    return FixedClock()
+
+
+async def settle(pilot, rounds: int = 3) -> None:
+    """Let workers finish and their messages be handled."""
+    for _ in range(rounds):
+        await pilot.pause()
+        await pilot.app.workers.wait_for_complete()
+    await pilot.pause()

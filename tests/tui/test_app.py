@@ -1,0 +1,168 @@
+"""Pilot tests: keys, cursor, zoom, jumps, filters, tabs, help, diff (behaviour, not pixels)."""
+
+from __future__ import annotations
+
+import synth
+from conftest import settle
+
+from memrec.tui.app import MemrecApp
+from memrec.tui.sources import DiffSource
+from memrec.tui.sources import FileSource
+from memrec.tui.widgets.panels import EventsTable
+from memrec.tui.widgets.panels import HoldersTable
+
+SEC = synth.SEC
+T0 = synth.T0
+
+
+async def test_opens_on_gpu0_with_the_cursor_at_the_end(trace_file):
+    # GIVEN the app on a trace file
+    app = MemrecApp(FileSource(trace_file))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        # THEN GPU0's tab is shown, the cursor is at the end, and the holders are filled
+        assert app.gpu == 0 and app.loaded and app.indexed
+        assert app.cursor_ts == T0 + 12 * SEC
+        assert app.cursor_state is not None and app.cursor_state.gpu == 0
+        table = app.query_one("#holders", HoldersTable)
+        assert table.get_row_at(0)[0] == "tp0 4101"
+        assert "tab-gpu1" in [t.id for t in app.query("Tab")]
+
+
+async def test_cursor_keys_zoom_and_fit(trace_file):
+    app = MemrecApp(FileSource(trace_file))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        # WHEN home, then right three times
+        await pilot.press("home")
+        assert app.cursor_ts == T0
+        span = app.t1 - app.t0
+        await pilot.press("right", "right", "right")
+        # THEN the cursor moved three columns
+        step = span / (app.query_one("#timeline").size.width - 6)
+        assert abs(app.cursor_ts - (T0 + 3 * step)) <= 3
+        # WHEN zooming in twice then out once
+        await pilot.press("plus", "plus", "minus")
+        assert app.t1 - app.t0 == span // 2
+        assert app.t0 <= app.cursor_ts < app.t1
+        # WHEN fitting
+        await pilot.press("f")
+        assert app.t0 == T0
+
+
+async def test_jump_to_oom_shows_the_failed_gpu(trace_file):
+    app = MemrecApp(FileSource(trace_file))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        # GIVEN GPU1 shown and the cursor at the start
+        await pilot.press("1", "home")
+        # WHEN o is pressed
+        await pilot.press("o")
+        await settle(pilot)
+        # THEN the cursor is on the failed KV allocation and the event table shows it at the cursor
+        assert app.cursor_ts == T0 + int(7.05 * SEC)
+        events = app.query_one("#events", EventsTable)
+        row = events.get_row_at(events.cursor_row)
+        assert row[2] == "alloc" and "OUT_OF_MEMORY" in str(row[4])
+        # AND there is no further failure
+        await pilot.press("o")
+        assert app.cursor_ts == T0 + int(7.05 * SEC)
+
+
+async def test_marker_phase_and_big_jumps(trace_file):
+    app = MemrecApp(FileSource(trace_file))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        await pilot.press("home", "m")
+        assert app.cursor_ts == T0 + int(0.5 * SEC)
+        await pilot.press("p", "p")
+        assert app.cursor_ts == T0 + int(4.0 * SEC)
+        await pilot.press("P")
+        assert app.cursor_ts == T0 + int(0.5 * SEC)
+        await pilot.press("b")
+        assert app.cursor_ts == T0 + int(0.6 * SEC)
+
+
+async def test_filter_box_filters_the_event_table(trace_file):
+    app = MemrecApp(FileSource(trace_file))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        # WHEN a filter is typed and submitted
+        await pilot.press("slash")
+        assert app.focused.id == "filter"
+        await pilot.press(*"kind:free", "enter")
+        await settle(pilot)
+        # THEN only frees are listed, and the filter is kept
+        events = app.query_one("#events", EventsTable)
+        kinds = {events.get_row_at(i)[2] for i in range(events.row_count)}
+        assert kinds == {"free"} and events.row_count == 3
+        assert app.flt_text == "kind:free"
+        # WHEN a bad filter is submitted, THEN the old one stays
+        await pilot.press("slash", *" kind:nope", "enter")
+        await settle(pilot)
+        assert app.flt_text == "kind:free"
+
+
+async def test_tabs_overview_and_holders_views(trace_file):
+    app = MemrecApp(FileSource(trace_file))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        await pilot.press("a")
+        assert app.gpu == -1
+        assert app.query_one("#switcher").current == "overview"
+        assert "GPU1" in str(app.query_one("#ov-label1").render())
+        await pilot.press("g")
+        assert app.gpu == 0
+        await pilot.press("G", "G")
+        assert app.gpu == 1
+        await settle(pilot)
+        holders = app.query_one("#holders", HoldersTable)
+        await pilot.press("h")
+        assert holders.view_name == "phase"
+        assert holders.get_row_at(0)[0] == "load_weights"
+        await pilot.press("h")
+        assert holders.view_name == "largest"
+        assert holders.get_row_at(0)[2] == "load_weights"
+
+
+async def test_click_moves_the_cursor(trace_file):
+    app = MemrecApp(FileSource(trace_file))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        graph = app.query_one("#timeline")
+        await pilot.click("#timeline", offset=(6 + 10, 2))
+        expected = graph.ts_at(6 + 10)
+        assert app.cursor_ts == expected
+
+
+async def test_help_screen(trace_file):
+    app = MemrecApp(FileSource(trace_file))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.press("question_mark")
+        assert type(app.screen).__name__ == "HelpScreen"
+        await pilot.press("escape")
+        assert type(app.screen).__name__ == "Screen"
+
+
+async def test_diff_mode_compares_holders(tmp_path, trace):
+    # GIVEN a base with the OOM and another run with smaller weights and no OOM
+    a, b = tmp_path / "a.mrec", tmp_path / "b.mrec"
+    synth.write_trace(a, trace)
+    synth.write_trace(b, synth.sglang_like(oom=False, weights_gib=40))
+    app = MemrecApp(DiffSource(a, b))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        await pilot.press("1")
+        await pilot.press("home")
+        for _ in range(3):
+            await pilot.press("o") if False else None
+        app._set_cursor(T0 + 8 * SEC)
+        await settle(pilot)
+        holders = app.query_one("#holders", HoldersTable)
+        await pilot.press("h")  # by phase
+        rows = {holders.get_row_at(i)[0]: holders.get_row_at(i) for i in range(holders.row_count)}
+        # THEN the KV cache exists only in the other run, and weights shrank by 20 GiB
+        assert rows["kv_cache"][1] == "0" and rows["kv_cache"][2] == "90.0G"
+        assert rows["load_weights"][3] == "-20.0G"
+        assert app.other_state is not None

@@ -1,0 +1,222 @@
+"""The TUI's model without Textual: series, state at the cursor, event window, filters, jumps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import synth
+
+from memrec.state import LiveState
+from memrec.tui import model as model_mod
+from memrec.tui.model import EventFilter
+from memrec.tui.model import TraceModel
+from memrec.tui.model import fmt_bytes
+from memrec.tui.model import parse_filter
+from memrec.tui.model import phase_spans
+
+GiB = synth.GiB
+SEC = synth.SEC
+T0 = synth.T0
+
+
+def owned(st) -> int:
+    return st.owned
+
+
+def test_series_match_livestate_at_every_event(trace):
+    # GIVEN the scripted trace replayed into the model
+    m = TraceModel.from_trace(trace, checkpoint_every=16)
+    ref = LiveState()
+    # WHEN the series is read after each event
+    for i in range(len(trace.events)):
+        ref.apply(trace.events[i : i + 1].copy())
+        ts = int(trace.events["ts"][i])
+        if i + 1 < len(trace.events) and trace.events["ts"][i + 1] == ts:
+            continue
+        for g in (0, 1):
+            v = m.series_at(g, ts)
+            # THEN it equals what a LiveState says at that instant (owned and mapped)
+            assert int(v[[0, 1, 3]].sum()) == ref.owned_bytes(gpu=g), (i, g)
+            assert int(v[2]) == ref.mapped_bytes(gpu=g)
+
+
+def test_state_at_uses_a_checkpoint_not_a_replay_from_the_start(trace, monkeypatch):
+    # GIVEN a model with a checkpoint every 16 events
+    m = TraceModel.from_trace(trace, checkpoint_every=16)
+    applied = []
+    real = LiveState.apply
+
+    def spy(self, events):
+        applied.append(len(events))
+        return real(self, events)
+
+    monkeypatch.setattr(LiveState, "apply", spy)
+    # WHEN the state near the end is asked for
+    seq = len(trace.events) - 2
+    st = m.state_at(seq, 0)
+    # THEN at most one checkpoint's worth of events is replayed, and the answer is exact
+    assert sum(applied) < 16
+    monkeypatch.setattr(LiveState, "apply", real)
+    ref = LiveState()
+    ref.apply(trace.events[: seq + 1].copy())
+    assert st.owned == ref.owned_bytes(gpu=0)
+
+
+def test_state_at_before_indexing_uses_the_files_keyframes(trace, monkeypatch):
+    # GIVEN a model that has read the trace but not replayed it
+    m = TraceModel.from_trace(trace, index=False)
+    assert m.frontier == 0
+    kf = trace.keyframes[2]
+    applied = []
+    real = LiveState.apply
+    monkeypatch.setattr(LiveState, "apply", lambda self, ev: (applied.append(len(ev)), real(self, ev))[1])
+    # WHEN the state right at a keyframe is asked for
+    st = m.state_at(kf.event_index - 1, 0)
+    # THEN nothing is replayed and the keyframe's state is shown
+    assert sum(applied) == 0
+    ref = LiveState.from_snapshot(kf.state)
+    assert st.owned == ref.owned_bytes(gpu=0)
+    # AND the viewport beyond the frontier is drawn from keyframes, marked coarse
+    t0, t1 = m.time_range()
+    view = m.viewport(0, t0, t1, 40)
+    assert view.coarse.all()
+    assert view.owned.max() > 0
+
+
+def test_cursor_state_holders_phases_and_largest(trace):
+    # GIVEN the model, and the cursor just after rank 1's failed KV allocation
+    m = TraceModel.from_trace(trace)
+    seq = m.store.seq_at(T0 + int(8.0 * SEC))
+    # WHEN the state of GPU1 is computed
+    st = m.state_at(seq, 1)
+    # THEN rank 1 holds its weights (60 GiB) and NCCL buffers, grouped by phase
+    assert st.by_process[0][1] == "tp1"
+    phases = {name: b for name, b, _ in st.by_phase}
+    assert phases["load_weights"] == pytest.approx(60 * GiB, rel=0.01)
+    assert phases["nccl_init"] == 4 * 256 * synth.MiB + 512 * synth.MiB
+    assert "kv_cache" not in phases  # it failed
+    # AND the largest live allocations carry their age and the phase that made them
+    big = st.largest[0]
+    assert big.phase == "load_weights" and big.age > 4 * SEC
+    assert st.nvml is not None and st.untraced is not None
+
+
+def test_viewport_keeps_a_spike_narrower_than_a_column():
+    # GIVEN 1000 s of nothing with a 1 ms spike of 10 GiB in the middle
+    s = synth.Script()
+    s.add(0, 1, synth.Kind.ALLOC, synth.Api.cuMemAlloc_v2, 0, ptr=0x1000, size=GiB)
+    s.add(500, 1, synth.Kind.ALLOC, synth.Api.cuMemAlloc_v2, 0, ptr=0x2000, size=10 * GiB)
+    s.add(500.001, 1, synth.Kind.FREE, synth.Api.cuMemFree_v2, 0, ptr=0x2000)
+    s.add(1000, 1, synth.Kind.FREE, synth.Api.cuMemFree_v2, 0, ptr=0x1000)
+    tr = synth.Trace(header=synth.header(1), events=s.events())
+    m = TraceModel.from_trace(tr)
+    # WHEN it is drawn in 50 columns (20 s each)
+    view = m.viewport(0, T0, T0 + 1000 * SEC, 50)
+    # THEN the column holding the spike shows its peak, the others only the base allocation
+    assert view.owned.max() == 11 * GiB
+    assert (view.owned == 11 * GiB).sum() == 1
+    assert view.owned[10] == GiB
+
+
+def test_viewport_peak_through_the_block_pyramid():
+    # GIVEN many more change points than BLOCK in one column, with the maximum in the middle
+    n = model_mod.BLOCK * 20
+    series = model_mod.GpuSeries()
+    deltas = np.ones(n, dtype=np.int64)
+    deltas[n // 2 :] = -1
+    series.append(np.arange(n), np.arange(n, dtype=np.uint64), np.zeros(n, np.int8), deltas)
+    # WHEN the argmax of a range is asked for
+    i = series.argmax(3, n - 5)
+    # THEN it is the top of the ramp
+    assert series.total.a[i] == n // 2
+    assert series.argmax(n - 100, n) == n - 100
+
+
+def test_events_window_filters_and_centre(trace):
+    # GIVEN the model and the cursor at 5 s
+    m = TraceModel.from_trace(trace)
+    seq = m.store.seq_at(T0 + 5 * SEC)
+    # WHEN only allocations of at least 1 GiB on GPU0 are asked for
+    ev = m.events_window(seq, parse_filter("kind:alloc size>=1G"), gpu=0, before=5, after=5)
+    # THEN every row matches, the centre row is at or before the cursor
+    assert len(ev.rows) == 6  # 5 weight segments before, the KV cache after
+    assert (ev.rows["size"] >= GiB).all() and (ev.rows["gpu"] == 0).all()
+    assert ev.rows["ts"][ev.center] <= T0 + 5 * SEC < ev.rows["ts"][ev.center + 1]
+    assert ev.phases[0] == "load_weights"
+    # AND the failed allocation is found by "fail", text finds phases and kinds
+    fails = m.events_window(seq, parse_filter("fail"), gpu=None)
+    assert len(fails.rows) == 1 and fails.rows["result"][0] == 2
+    by_text = m.events_window(seq, parse_filter("cuda_graph"), gpu=1, before=100, after=100)
+    assert set(by_text.phases) == {"cuda_graph"}
+    # AND a free (gpu -1 in the trace) is shown on the GPU the replay resolved for it
+    frees = m.events_window(seq, parse_filter("kind:free"), gpu=0, before=100, after=100)
+    assert len(frees.rows) == 3 and (frees.rows["pid"] == synth.PIDS[0]).all()
+
+
+def test_parse_filter_words_and_errors():
+    f = parse_filter("pid:12,13 kind:alloc,vmm_c size>=1.5g phase:Weights oom some Text")
+    assert f.pids == {12, 13} and f.min_size == int(1.5 * GiB) and f.failed and f.phase == "Weights"
+    assert f.text == "some text"
+    assert 3 in f.kinds and 1 in f.kinds
+    assert parse_filter("").empty
+    with pytest.raises(ValueError, match="kind"):
+        parse_filter("kind:bogus")
+    with pytest.raises(ValueError, match="pid"):
+        parse_filter("pid:x")
+    assert EventFilter().empty
+
+
+def test_navigation_marker_phase_oom_big(trace):
+    m = TraceModel.from_trace(trace)
+    t = T0
+    assert m.next_failure_ts(t, True) == T0 + int(7.05 * SEC)
+    assert m.next_failure_ts(T0 + 8 * SEC, True) is None
+    assert m.next_failure_ts(T0 + 8 * SEC, False) == T0 + int(7.05 * SEC)
+    assert m.next_failure_ts(t, True, gpu=0) is None
+    assert m.next_big_ts(t, True, gpu=0) == T0 + int(0.6 * SEC)
+    assert m.next_big_ts(T0 + 6 * SEC, True, gpu=0, min_size=10 * GiB) == T0 + 7 * SEC
+    assert m.next_phase_ts(T0 + 1 * SEC, True, gpu=1) == T0 + int(4.05 * SEC)
+    assert m.next_marker_ts(T0 + 1 * SEC, False) == T0 + int(0.55 * SEC)
+
+
+def test_phase_spans_pair_nested_and_open():
+    from memrec.events import Marker
+
+    mk = [Marker(1, 7, 0, 7, "a", "begin"), Marker(2, 7, 0, 7, "b", "begin"), Marker(3, 7, 0, 7, "b", "end"),
+          Marker(4, 7, 0, 7, "i", "instant"), Marker(5, 8, 0, 8, "a", "begin")]
+    spans = phase_spans(mk)
+    assert [(s.name, s.begin, s.end) for s in spans] == [("a", 1, model_mod.NEVER), ("b", 2, 3), ("i", 4, 4),
+                                                         ("a", 5, model_mod.NEVER)]
+    pix = model_mod.PhaseIndex(spans)
+    assert pix.phase_of(7, 2) == "b" and pix.phase_of(7, 3) == "a" and pix.phase_of(9, 3) == ""
+
+
+def test_live_trim_bounds_memory():
+    # GIVEN a live model that keeps 20k events, fed 200k alloc/free events in batches
+    m = TraceModel(checkpoint_every=4096, max_events=20_000)
+    m.set_header(synth.header(1))
+    from memrec.columns import empty_events
+
+    for b in range(20):
+        ev = empty_events(10_000)
+        ev["ts"] = T0 + (b * 10_000 + np.arange(10_000)) * 1000
+        ev["pid"] = 1
+        ev["kind"] = np.where(np.arange(10_000) % 2, 2, 1)
+        ev["ptr"] = 0x1000 + (np.arange(10_000) // 2) * 0x1000 + b * 0x10_0000_0000
+        ev["size"] = np.where(np.arange(10_000) % 2, 0, 4096)
+        ev["gpu"] = 0
+        m.add_events(ev)
+        m.index_step(1 << 30)
+        m.trim()
+    # THEN the store, the checkpoints and the series stay bounded, and the state is still right
+    assert len(m.store) <= 20_000 + 10_000
+    assert len(m._checkpoints) <= 30_000 // 4096 + 2
+    assert len(m.series[0]) <= 30_000 + 10
+    st = m.state_at(m.store.n - 2, 0)  # after an alloc whose free is the last event
+    assert st.owned == 4096
+    assert m.state_at(m.store.n - 1, 0).owned == 0
+
+
+def test_fmt_bytes():
+    assert fmt_bytes(0) == "0" and fmt_bytes(1536) == "1.5K" and fmt_bytes(140 * GiB) == "140G"
+    assert fmt_bytes(-GiB) == "-1.0G" and fmt_bytes(GiB, signed=True) == "+1.0G"

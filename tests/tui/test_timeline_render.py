@@ -1,0 +1,91 @@
+"""The timeline graph rendered without an app (render_timeline is pure)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from memrec.tui.model import NCAT
+from memrec.tui.model import PhaseSpan
+from memrec.tui.model import SeriesView
+from memrec.tui.widgets.timeline import GUTTER
+from memrec.tui.widgets.timeline import TimelineOptions
+from memrec.tui.widgets.timeline import render_timeline
+
+G = 1 << 30
+
+
+def view(driver, vmm=None, nvml=None, coarse=None):
+    w = len(driver)
+    cats = np.zeros((NCAT, w), dtype=np.int64)
+    cats[0] = driver
+    if vmm is not None:
+        cats[1] = vmm
+    nv = np.array(nvml if nvml is not None else [-1] * w, dtype=np.int64)
+    return SeriesView(0, w * 1000, w, cats, nv, np.array(coarse or [False] * w), np.ones(w, dtype=bool))
+
+
+def chart_rows(strips, n):
+    return [s.text[GUTTER:] for s in strips[:n]]
+
+
+def test_full_and_empty_columns():
+    # GIVEN a 4-row chart scaled to 4 GiB: 0, 2, 4 GiB of driver memory
+    v = view([0, 2 * G, 4 * G])
+    # WHEN rendered without axis, event row or bands
+    strips = render_timeline(v, TimelineOptions(4, 4 * G, axis=False, event_row=False))
+    rows = chart_rows(strips, 4)
+    # THEN column 0 is empty, column 1 is filled half way, column 2 to the top
+    assert [r[0] for r in rows] == [" "] * 4
+    assert [r[1] for r in rows] == [" ", " ", "█", "█"]
+    assert [r[2] for r in rows] == ["█"] * 4
+    assert strips[0].text.startswith(" 4.0G┤") and strips[3].text.startswith("    0┤")
+
+
+def test_eighth_blocks_between_layers():
+    # GIVEN 1.5 rows of driver under 1 row of vmm
+    v = view([int(1.5 * G)], vmm=[G])
+    strips = render_timeline(v, TimelineOptions(4, 4 * G, axis=False, event_row=False))
+    col = [r[0] for r in chart_rows(strips, 4)]
+    # THEN the cell where driver ends is half a block in driver's colour on vmm's colour,
+    # and the cell where vmm ends is half a block of vmm on nothing
+    assert col == [" ", "▄", "▄", "█"]
+    seg = list(strips[2])[1]
+    assert str(seg.style.color.name) == "#5f87ff" and str(seg.style.bgcolor.name) == "#5fd787"
+    top = list(strips[1])[1]
+    assert str(top.style.color.name) == "#5fd787" and top.style.bgcolor is None
+
+
+def test_nvml_line_cursor_failures_bands_axis():
+    v = view([G] * 10, nvml=[3 * G] * 10)
+    band = [PhaseSpan("weights", 1, 0, 2000, 6000)]
+    strips = render_timeline(
+        v, TimelineOptions(8, 4 * G, cursor_ts=4500, bands=[("tp0", band)], failures=np.array([7500], dtype=np.uint64))
+    )
+    text = [s.text for s in strips]
+    # chart rows: 5 (8 - event row - band - axis); NVML at 3 GiB is row 3 of 5 from the bottom
+    assert "─" * 4 in text[5 - 1 - 3]
+    # the failure marker is in column 7 of the event row
+    assert text[5][GUTTER + 7] == "✗"
+    # the band names the phase from its first column
+    assert text[6].startswith("tp0") and text[6][GUTTER + 2 :].startswith("weig ")
+    # the axis starts at 0s
+    assert "└0s" in text[7]
+    # the cursor column has a background in the chart
+    cell = list(strips[0])[1 + 4]
+    assert cell.style.bgcolor is not None
+
+
+def test_no_colour_uses_shading_characters():
+    v = view([2 * G], vmm=[2 * G])
+    strips = render_timeline(v, TimelineOptions(4, 4 * G, axis=False, event_row=False, color=False))
+    assert [r[0] for r in chart_rows(strips, 4)] == ["▓", "▓", "█", "█"]
+    assert all(seg.style is None or seg.style.color is None for s in strips for seg in s)
+
+
+def test_coarse_columns_are_dim_and_outside_is_blank():
+    v = view([G, G, G], coarse=[False, True, True])
+    v.has_data[2] = False
+    strips = render_timeline(v, TimelineOptions(2, G, axis=False, event_row=False))
+    segs = list(strips[1])
+    assert not segs[1].style.dim and segs[2].style.dim
+    assert segs[3].text == " "

@@ -1,0 +1,353 @@
+"""memrec.mark() / memrec.phase(): never block, never raise, never corrupt the stream."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import memrec
+from memrec import client as client_mod
+from memrec import protocol
+from memrec.client import MarkerClient
+from memrec.daemon.markers import peer_credentials
+
+
+@pytest.fixture
+def sock_dir():
+    d = tempfile.mkdtemp(prefix="mrc", dir="/tmp")  # short: sun_path holds 108 bytes
+    yield Path(d)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+class Listener:
+    """A stand-in daemon: a listening socket whose connections the test reads (or not)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(str(path))
+        self.sock.listen(16)
+        self.sock.settimeout(5)
+
+    def accept(self) -> socket.socket:
+        conn, _ = self.sock.accept()
+        return conn
+
+    def close(self) -> None:
+        self.sock.close()
+        if self.path.exists():
+            self.path.unlink()
+
+
+def read_frames(
+    conn: socket.socket, timeout: float = 0.2, decoder: protocol.FrameDecoder | None = None
+) -> tuple[list[dict], int]:
+    """Everything the peer sent so far, decoded (raises on a corrupt stream); and leftover bytes.
+
+    Pass the same ``decoder`` to read one connection in several goes.
+    """
+    decoder = decoder if decoder is not None else protocol.FrameDecoder()
+    out: list[dict] = []
+    conn.settimeout(timeout)
+    while True:
+        try:
+            data = conn.recv(1 << 20)
+        except (TimeoutError, socket.timeout):
+            break
+        if not data:
+            break
+        out += decoder.feed(data)
+    return out, decoder.pending
+
+
+def test_no_daemon_is_a_quick_no_op(sock_dir):
+    # GIVEN no daemon at the socket path
+    c = MarkerClient(sock_dir / "none.sock")
+    # WHEN markers are sent
+    start = time.monotonic()
+    results = [c.mark("x") for _ in range(1000)]
+    elapsed = time.monotonic() - start
+    # THEN every one returns False at once and is counted as dropped
+    assert results == [False] * 1000
+    assert c.dropped == 1000 and c.sent == 0
+    assert elapsed < 0.5
+
+
+def test_connect_is_retried_at_most_every_interval(sock_dir, monkeypatch):
+    # GIVEN a client that found no daemon, counting its connect attempts
+    path = sock_dir / "late.sock"
+    c = MarkerClient(path, reconnect_interval=0.3)
+    attempts = []
+    real_connect = c._connect
+
+    def counting():
+        attempts.append(time.monotonic())
+        return real_connect()
+
+    monkeypatch.setattr(c, "_connect", counting)
+    assert c.mark("a") is False
+    # WHEN the daemon appears right away
+    server = Listener(path)
+    try:
+        # THEN the client does not try again before the interval...
+        assert c.mark("b") is False
+        assert len(attempts) == 2 and c._last_attempt is not None
+        # ...and connects once it has passed
+        time.sleep(0.35)
+        assert c.mark("c") is True
+        conn = server.accept()
+        frames, _ = read_frames(conn)
+        assert [f["name"] for f in frames] == ["c"]
+    finally:
+        server.close()
+
+
+def test_marker_fields(sock_dir):
+    # GIVEN a daemon
+    server = Listener(sock_dir / "d.sock")
+    c = MarkerClient(server.path)
+    try:
+        # WHEN a marker with values is sent
+        before = time.monotonic_ns()
+        assert c.mark("sized", "instant", gpu=1, tokens=10, frac=0.5, ok=True, note=None, path=Path("/x"))
+        after = time.monotonic_ns()
+        frames, _ = read_frames(server.accept())
+    finally:
+        server.close()
+    # THEN the frame is a valid mark on CLOCK_MONOTONIC with this thread's native id
+    (m,) = frames
+    assert protocol.validate_message(m) is None
+    assert m["name"] == "sized" and m["phase"] == "instant" and m["gpu"] == 1
+    assert before <= m["ts"] <= after
+    assert m["tid"] == __import__("threading").get_native_id()
+    assert m["values"] == {"tokens": 10, "frac": 0.5, "ok": True, "note": None, "path": "/x"}
+
+
+def test_peer_that_never_reads_never_blocks_and_stream_stays_whole(sock_dir):
+    # GIVEN a daemon that accepts but never reads, and markers of mixed sizes (some ~60 KiB)
+    server = Listener(sock_dir / "slow.sock")
+    c = MarkerClient(server.path)
+    try:
+        assert c.mark("first")
+        conn = server.accept()
+        results = []
+        slowest = 0.0
+        # WHEN far more is sent than the socket buffer holds
+        for i in range(400):
+            big = "y" * (60_000 if i % 3 == 0 else 10)
+            t0 = time.monotonic()
+            results.append(c.mark(f"m{i}", i=i, big=big))
+            slowest = max(slowest, time.monotonic() - t0)
+        # THEN no call blocked, some markers were dropped and counted, none raised
+        assert slowest < 0.05
+        assert False in results and True in results
+        assert c.dropped == results.count(False)
+        # WHEN the daemon finally reads, and the client flushes its pending remainder
+        decoder = protocol.FrameDecoder()
+        frames, _ = read_frames(conn, decoder=decoder)
+        for _ in range(100):
+            if c.flush():
+                break
+            more, _ = read_frames(conn, 0.05, decoder)
+            frames += more
+        more, leftover = read_frames(conn, decoder=decoder)
+        frames += more
+    finally:
+        server.close()
+    # THEN every accepted marker arrived whole, in order, and nothing else did
+    sent_names = ["first"] + [f"m{i}" for i, ok in enumerate(results) if ok]
+    assert [f["name"] for f in frames] == sent_names
+    assert leftover == 0
+    assert all(protocol.validate_message(f) is None for f in frames)
+
+
+def test_daemon_gone_mid_stream(sock_dir):
+    # GIVEN a connected client
+    server = Listener(sock_dir / "gone.sock")
+    c = MarkerClient(server.path, reconnect_interval=0.1)
+    assert c.mark("before")
+    conn = server.accept()
+    # WHEN the daemon closes the connection and goes away
+    conn.close()
+    server.close()
+    # THEN marks return False without raising, and the connection is dropped
+    results = [c.mark("after") for _ in range(3)]
+    assert results[-1] is False
+    assert not c.connected
+    # WHEN a daemon comes back THEN the client reconnects after the interval
+    server = Listener(sock_dir / "gone.sock")
+    try:
+        time.sleep(0.15)
+        assert c.mark("again") is True
+        frames, _ = read_frames(server.accept())
+        assert [f["name"] for f in frames] == ["again"]
+    finally:
+        server.close()
+
+
+def test_sigpipe_default_does_not_kill_the_host(sock_dir):
+    # GIVEN a host program that restored SIGPIPE's default action (dies on a broken pipe)
+    server = Listener(sock_dir / "pipe.sock")
+    script = textwrap.dedent(
+        f"""
+        import signal, sys, time
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        from memrec.client import MarkerClient
+        c = MarkerClient({str(server.path)!r})
+        assert c.mark("one")
+        sys.stdout.write("connected\\n"); sys.stdout.flush()
+        sys.stdin.readline()          # the daemon has closed its end
+        for _ in range(5):
+            c.mark("two", pad="x" * 1000)
+        print("alive")
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "connected"
+        conn = server.accept()
+        # WHEN the daemon's end closes and the program marks again
+        conn.close()
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        out, _ = proc.communicate(timeout=10)
+    finally:
+        server.close()
+    # THEN the program lives on (MSG_NOSIGNAL: EPIPE, not SIGPIPE)
+    assert proc.returncode == 0, f"killed by signal {-proc.returncode}" if proc.returncode < 0 else out
+    assert "alive" in out
+
+
+def test_forked_child_opens_its_own_connection(sock_dir):
+    # GIVEN a client connected in the parent
+    server = Listener(sock_dir / "fork.sock")
+    c = MarkerClient(server.path)
+    try:
+        assert c.mark("parent")
+        parent_conn = server.accept()
+        # WHEN a forked child marks
+        pid = os.fork()
+        if pid == 0:
+            ok = c.mark("child")
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.WEXITSTATUS(status) == 0
+        child_conn = server.accept()
+        # THEN the child's marker came on a new connection, credited to the child's pid
+        assert peer_credentials(child_conn)[0] == pid
+        assert peer_credentials(parent_conn)[0] == os.getpid()
+        assert [f["name"] for f in read_frames(child_conn)[0]] == ["child"]
+        assert [f["name"] for f in read_frames(parent_conn)[0]] == ["parent"]
+        # AND the parent's connection still works
+        assert c.mark("parent again")
+        assert [f["name"] for f in read_frames(parent_conn)[0]] == ["parent again"]
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize(
+    "args, kwargs",
+    [
+        (("",), {}),
+        (("x",), {"phase": "sideways"}),
+        (("x",), {"gpu": "zero"}),
+        (("x", "instant", -3), {}),
+        (("x",), {"blob": "z" * 70_000}),
+    ],
+    ids=["empty-name", "bad-phase", "bad-gpu", "negative-gpu", "too-large"],
+)
+def test_bad_arguments_return_false(sock_dir, args, kwargs):
+    # GIVEN a daemon WHEN mark() gets arguments the protocol refuses THEN False, no exception
+    server = Listener(sock_dir / "bad.sock")
+    try:
+        c = MarkerClient(server.path)
+        assert c.mark(*args, **kwargs) is False
+        assert c.dropped == 1
+    finally:
+        server.close()
+
+
+def test_odd_values_are_converted_not_refused(sock_dir):
+    # GIVEN values that are not protocol scalars (a list, an object with .item(), a huge int)
+    class Scalar:
+        def item(self):
+            return 3
+
+    server = Listener(sock_dir / "odd.sock")
+    try:
+        c = MarkerClient(server.path)
+        # WHEN they are sent THEN they arrive as scalars
+        assert c.mark("odd", lst=[1, 2], s=Scalar(), huge=2**70)
+        (m,), _ = read_frames(server.accept())
+    finally:
+        server.close()
+    assert m["values"] == {"lst": "[1, 2]", "s": 3, "huge": str(2**70)}
+
+
+@pytest.fixture
+def default_client(sock_dir, monkeypatch):
+    """memrec.mark/phase's process-wide client, pointed at a test socket."""
+    server = Listener(sock_dir / "default.sock")
+    monkeypatch.setenv(protocol.SOCKET_ENV, str(server.path))
+    monkeypatch.setattr(client_mod, "_client", None)
+    yield server
+    server.close()
+
+
+def test_phase_marks_begin_and_end(default_client):
+    # GIVEN the public API and a daemon
+    # WHEN a block runs inside memrec.phase
+    with memrec.phase("load", gpu=0, model="m"):
+        pass
+    frames, _ = read_frames(default_client.accept())
+    # THEN a begin (with the values) and an end arrive
+    assert [(f["name"], f["phase"]) for f in frames] == [("load", "begin"), ("load", "end")]
+    assert frames[0]["values"] == {"model": "m"} and frames[0]["gpu"] == 0
+    assert "error" not in frames[1]["values"]
+    assert frames[0]["ts"] <= frames[1]["ts"]
+
+
+def test_phase_end_carries_the_error_and_reraises(default_client):
+    # GIVEN a block that raises
+    class Boom(RuntimeError):
+        pass
+
+    # WHEN it runs inside memrec.phase THEN the same exception comes out
+    with pytest.raises(Boom, match="out of memory"):
+        with memrec.phase("kv_cache"):
+            raise Boom("out of memory")
+    frames, _ = read_frames(default_client.accept())
+    # AND the end marker says what went wrong
+    assert frames[1]["phase"] == "end"
+    assert frames[1]["values"]["error"] == "Boom: out of memory"
+
+
+def test_phase_as_decorator(default_client):
+    @memrec.phase("step")
+    def step(x):
+        return x * 2
+
+    assert step(21) == 42
+    frames, _ = read_frames(default_client.accept())
+    assert [f["phase"] for f in frames] == ["begin", "end"]
+
+
+def test_public_mark_without_daemon(monkeypatch, sock_dir):
+    # GIVEN no daemon for the process-wide client
+    monkeypatch.setenv(protocol.SOCKET_ENV, str(sock_dir / "absent.sock"))
+    monkeypatch.setattr(client_mod, "_client", None)
+    # WHEN the public API is used THEN it does nothing and says so with False
+    assert memrec.mark("x") is False
+    with memrec.phase("y"):
+        pass
+    assert client_mod.stats()["dropped"] == 3

@@ -1,0 +1,694 @@
+"""The daemon without BPF: signals, config, the socket, the marker server, GPU stamping, files.
+
+Probes and library discovery are stand-ins (tests/unit/daemon_fakes.py); sockets, /proc, the
+trace writer and reader, the live state and NVML's code above its choke point are real.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import pytest
+
+from memrec import protocol
+from memrec._errors import ExitCode
+from memrec.client import MarkerClient
+from memrec.daemon import config as cfgmod
+from memrec.daemon.config import DaemonConfig
+from memrec.daemon.fanout import Fanout
+from memrec.daemon.server import Daemon
+from memrec.daemon.server import Mood
+from memrec.daemon.server import ProbeLoadError
+from memrec.daemon.sockets import SocketError
+from memrec.daemon.sockets import bind_unix_socket
+from memrec.events import Kind
+from memrec.trace import frames
+from memrec.trace.reader import TraceReader
+from memrec.trace.reader import load_trace
+
+from tests.unit.daemon_fakes import FakeLibrary
+from tests.unit.daemon_fakes import FakeProbes
+from tests.unit.daemon_fakes import raw
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def workdir():
+    d = Path(tempfile.mkdtemp(prefix="mrd", dir="/tmp"))  # short: sun_path holds 108 bytes
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def make_daemon(workdir: Path, **overrides) -> Daemon:
+    options = dict(
+        output=workdir / "out.mrec",
+        socket_path=workdir / "s.sock",
+        nvml_device_hz=0,
+        nvml_process_hz=0,
+        poll_interval=0.01,
+        flush_interval=0.05,
+    )
+    options.update(overrides)
+    return Daemon(
+        DaemonConfig(**options),
+        probes_factory=FakeProbes,
+        find_libraries=lambda extra: [FakeLibrary("/fake/libcuda.so.1", 1, 42)],
+        install_signals=False,
+    )
+
+
+def pump(daemon: Daemon, seconds: float = 0.1) -> str:
+    """Run the daemon's loop for a while (the test thread plays the clients in between)."""
+    end = time.monotonic() + seconds
+    return daemon.run(until=lambda: time.monotonic() >= end)
+
+
+@pytest.fixture
+def daemon(workdir):
+    d = make_daemon(workdir)
+    d.start()
+    yield d
+    d.stop()
+
+
+def connect(path) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(2)
+    s.connect(str(path))
+    return s
+
+
+def recv_frames(sock: socket.socket, decoder=None, timeout: float = 0.5) -> list[dict]:
+    decoder = decoder or protocol.FrameDecoder(protocol.MAX_SERVER_FRAME)
+    sock.settimeout(timeout)
+    out = []
+    try:
+        while True:
+            data = sock.recv(1 << 20)
+            if not data:
+                break
+            out += decoder.feed(data)
+    except (TimeoutError, socket.timeout):
+        pass
+    return out
+
+
+# ------------------------------------------------------------------------------ signals
+
+
+def test_sigterm_is_queued_then_handled(daemon, caplog):
+    # GIVEN a running daemon
+    assert daemon.mood is Mood.RUNNING
+    # WHEN SIGTERM arrives (the handler only queues it) twice before the loop looks
+    daemon.queue_signal(signal.SIGTERM, None)
+    daemon.queue_signal(signal.SIGTERM, None)
+    assert daemon.mood is Mood.RUNNING  # nothing done in "signal context"
+    with caplog.at_level(logging.INFO, logger="memrec.daemon.server"):
+        daemon.handle_signal()
+    # THEN the daemon is shutting down, said once (the duplicate was not queued)
+    assert daemon.mood is Mood.STOPPING
+    assert daemon.stop_reason == "signal SIGTERM"
+    assert caplog.text.count("received SIGTERM: shutting down") == 1
+    # AND run() returns at once with the reason
+    assert daemon.run() == "signal SIGTERM"
+
+
+def test_sighup_rotates_and_is_ignored_during_shutdown(daemon, caplog):
+    # GIVEN a running daemon WHEN SIGHUP is handled
+    daemon.queue_signal(signal.SIGHUP)
+    with caplog.at_level(logging.INFO, logger="memrec.daemon.server"):
+        daemon.handle_signal()
+        # THEN a second file is open
+        assert [p.name for p in daemon.files] == ["out.mrec", "out.1.mrec"]
+        # WHEN SIGINT then SIGHUP come
+        daemon.queue_signal(signal.SIGINT)
+        daemon.queue_signal(signal.SIGHUP)
+        daemon.handle_signal()
+    # THEN the HUP is ignored, and said so
+    assert "received SIGINT: shutting down" in caplog.text
+    assert "received SIGHUP: ignored, shutdown in progress" in caplog.text
+    assert len(daemon.files) == 2
+
+
+def test_record_mode_passes_stop_signals_on(workdir, caplog):
+    # GIVEN a daemon in record mode that forwards stop signals to the command
+    forwarded = []
+    d = make_daemon(workdir, follow_tree=True)
+    d.stop_signal_handler = forwarded.append
+    d.start()
+    try:
+        with caplog.at_level(logging.INFO, logger="memrec.daemon.server"):
+            # WHEN SIGINT comes twice THEN it is passed on and the recording goes on
+            for _ in range(2):
+                d.queue_signal(signal.SIGINT)
+                d.handle_signal()
+            assert forwarded == [signal.SIGINT, signal.SIGINT]
+            assert d.mood is Mood.RUNNING
+            # WHEN a third comes THEN the daemon stops anyway
+            d.queue_signal(signal.SIGINT)
+            d.handle_signal()
+        assert d.mood is Mood.STOPPING and len(forwarded) == 2
+    finally:
+        d.stop()
+
+
+def test_real_signal_wakes_the_loop(workdir):
+    # GIVEN a daemon with its handlers installed (main thread), in its loop with a long poll
+    d = make_daemon(workdir, poll_interval=5.0)
+    d._install_signals = True
+    d.start()
+    try:
+        previous = signal.getsignal(signal.SIGTERM)
+        assert previous == d.queue_signal
+        # WHEN SIGTERM is sent to this process
+        start = time.monotonic()
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        old_alarm = signal.signal(signal.SIGALRM, lambda *a: os.kill(os.getpid(), signal.SIGTERM))
+        try:
+            reason = d.run()
+        finally:
+            signal.signal(signal.SIGALRM, old_alarm)
+        # THEN the loop returns promptly with the reason
+        assert reason == "signal SIGTERM"
+        assert time.monotonic() - start < 2.0
+    finally:
+        d.stop()
+    # AND the handlers are restored
+    assert signal.getsignal(signal.SIGTERM) != d.queue_signal
+
+
+# ------------------------------------------------------------------------------ config
+
+
+@pytest.mark.parametrize(
+    "text, value",
+    [("0", 0), ("4096", 4096), ("512M", 512 * MiB), ("512MiB", 512 * MiB), ("1g", 1 << 30), ("1.5G", 3 << 29), ("2KB", 2048)],
+)
+def test_byte_size(text, value):
+    assert cfgmod.byte_size(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "-1", "12X", "M", "1.2.3", "5Mi"])
+def test_byte_size_refuses(text):
+    with pytest.raises(ValueError, match="not a byte size"):
+        cfgmod.byte_size(text)
+
+
+def test_other_converters():
+    assert cfgmod.positive_float("0.2") == 0.2
+    for bad in ("0", "-1", "nan", "inf", "x"):
+        with pytest.raises(ValueError):
+            cfgmod.positive_float(bad)
+    assert cfgmod.rate("0") == 0.0
+    with pytest.raises(ValueError):
+        cfgmod.rate("-1")
+    assert cfgmod.duration("500ms") == 0.5 and cfgmod.duration("5m") == 300 and cfgmod.duration("2") == 2
+    with pytest.raises(ValueError):
+        cfgmod.duration("0s")
+    assert cfgmod.octal_mode("660") == 0o660 and cfgmod.octal_mode("0o600") == 0o600
+    with pytest.raises(ValueError):
+        cfgmod.octal_mode("999")
+    assert cfgmod.ring_pages("64") == 64
+    with pytest.raises(ValueError):
+        cfgmod.ring_pages("100")
+
+
+def test_config_defaults_and_validation(tmp_path):
+    c = DaemonConfig()
+    assert c.output_is_dir and os.fspath(c.output) == "/var/lib/memrec"
+    assert c.socket_path == Path("/run/memrec/memrec.sock") and c.socket_mode == 0o660
+    assert c.rotate_bytes == 1 << 30 and c.flush_interval == 0.2 and c.keyframe_interval == 10.0
+    assert c.rescan_interval == 5.0 and c.poll_interval == 0.05
+    assert (c.nvml_device_hz, c.nvml_process_hz) == (10.0, 1.0)
+    # a file vs a directory: a trailing slash or an existing directory
+    assert not DaemonConfig(output=tmp_path / "t.mrec").output_is_dir
+    assert DaemonConfig(output=tmp_path).output_is_dir
+    assert DaemonConfig(output=f"{tmp_path}/new/").replace(rotate_bytes="1M").output_is_dir
+    with pytest.raises(ValueError):
+        DaemonConfig(poll_interval=0)
+    with pytest.raises(ValueError):
+        DaemonConfig(rotate_bytes="lots")
+    assert DaemonConfig(rotate_bytes="512M").to_dict()["rotate_bytes"] == 512 * MiB
+
+
+# ------------------------------------------------------------------------------ socket
+
+
+def test_bind_sets_mode_and_removes_only_its_own(workdir):
+    path = workdir / "sub" / "m.sock"
+    # WHEN a socket is bound in a directory that does not exist yet
+    b = bind_unix_socket(path, mode=0o660)
+    # THEN the socket is there with the mode asked, and no temp name is left over
+    st = os.lstat(path)
+    assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o660
+    assert sorted(p.name for p in path.parent.iterdir()) == ["m.sock"]
+    connect(path).close()
+    # WHEN someone else replaced the path before close
+    os.unlink(path)
+    path.write_text("not ours")
+    b.close()
+    # THEN close leaves their file alone
+    assert path.read_text() == "not ours"
+
+
+def test_stale_socket_is_replaced(workdir):
+    # GIVEN a socket file nobody listens on (a crashed daemon)
+    path = workdir / "stale.sock"
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(path))
+    s.close()
+    assert path.exists()
+    # WHEN a new daemon binds THEN it takes the path over and accepts connections
+    b = bind_unix_socket(path)
+    try:
+        connect(path).close()
+        assert b.owns_path()
+    finally:
+        b.close()
+    # AND the path is gone after close (and the directory, not ours, stays)
+    assert not path.exists() and workdir.exists()
+
+
+def test_live_owner_is_a_clear_error(workdir):
+    # GIVEN a live listener on the path
+    path = workdir / "live.sock"
+    first = bind_unix_socket(path)
+    try:
+        # WHEN a second daemon binds THEN it refuses, naming the path, and leaves the first alone
+        with pytest.raises(SocketError, match="listening on .*live.sock") as info:
+            bind_unix_socket(path)
+        assert info.value.exit_code == ExitCode.CANT_CREATE
+        assert first.owns_path()
+        connect(path).close()
+        assert sorted(p.name for p in workdir.iterdir()) == ["live.sock"]
+    finally:
+        first.close()
+
+
+def test_a_regular_file_is_never_removed(workdir):
+    path = workdir / "file.sock"
+    path.write_text("precious")
+    with pytest.raises(SocketError, match="not a socket"):
+        bind_unix_socket(path)
+    assert path.read_text() == "precious"
+
+
+def test_socket_group(workdir):
+    b = bind_unix_socket(workdir / "g.sock", group=12345)
+    try:
+        assert os.lstat(workdir / "g.sock").st_gid == 12345
+    finally:
+        b.close()
+    with pytest.raises(SocketError, match="no such group"):
+        bind_unix_socket(workdir / "h.sock", group="no-such-group-memrec")
+    assert not (workdir / "h.sock").exists()
+
+
+def test_second_daemon_fails_before_loading_probes(daemon, workdir):
+    # GIVEN a running daemon WHEN another starts on the same socket
+    FakeProbes.instances.clear()
+    other = make_daemon(workdir, output=workdir / "other.mrec")
+    with pytest.raises(SocketError):
+        other.start()
+    # THEN it never loaded probes nor created a file, and the first one's socket is intact
+    assert FakeProbes.instances == []
+    assert not (workdir / "other.mrec").exists()
+    assert daemon.bound.owns_path()
+    connect(daemon.config.socket_path).close()
+
+
+# ------------------------------------------------------------------------------ marker server
+
+
+def test_ping(daemon):
+    # GIVEN a daemon WHEN pinged (the loop runs in between)
+    s = connect(daemon.config.socket_path)
+    s.sendall(protocol.encode_frame({"type": "ping"}))
+    pump(daemon, 0.05)
+    # THEN it answers with the protocol version and its pid
+    assert recv_frames(s) == [{"type": "pong", "version": protocol.PROTOCOL_VERSION, "pid": os.getpid()}]
+    s.close()
+
+
+@pytest.mark.parametrize(
+    "payload, reason",
+    [
+        (struct.pack(">I", 1 << 20), "exceeds the limit"),
+        (struct.pack(">I", 3) + b"\xc1\xc1\xc1", "not valid msgpack"),
+        (protocol.frame(msgpack.packb({"type": "mark", "name": "x"})), "phase must be"),
+        (protocol.frame(msgpack.packb({"type": "mark", "name": "x", "phase": "instant", "ts": 1, "tid": 1, "pid": 1})),
+         "unknown field(s) pid"),
+        (protocol.frame(msgpack.packb({"type": "shout"})), "unknown message type"),
+    ],
+    ids=["oversized", "garbage", "incomplete-mark", "claims-a-pid", "unknown-type"],
+)
+def test_bad_frames_are_answered_counted_and_the_daemon_keeps_serving(daemon, payload, reason):
+    # GIVEN a client that sends a bad frame, and a good client
+    bad = connect(daemon.config.socket_path)
+    good = MarkerClient(daemon.config.socket_path)
+    bad.sendall(payload)
+    pump(daemon, 0.05)
+    # THEN the bad one gets an error saying why, then the connection closes
+    replies = recv_frames(bad)
+    assert len(replies) == 1 and replies[0]["type"] == "error" and reason in replies[0]["message"]
+    assert bad.recv(10) == b""
+    assert daemon.markers.errors == 1
+    # AND the daemon still serves the good one
+    assert good.mark("still-here")
+    pump(daemon, 0.05)
+    daemon.stop()
+    trace = load_trace(daemon.files[0])
+    assert [m.name for m in trace.markers] == ["still-here"]
+    assert trace.trailer["markers"]["bad_frames"] == 1
+
+
+def test_connection_closed_inside_a_frame_is_counted(daemon):
+    s = connect(daemon.config.socket_path)
+    s.sendall(protocol.encode_frame({"type": "ping"})[:3])
+    s.close()
+    pump(daemon, 0.05)
+    assert daemon.markers.errors == 1
+    assert daemon.markers.clients == 0
+
+
+def test_markers_carry_the_peers_real_pid(daemon):
+    # GIVEN a forked child that sends a marker on its own connection
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        ok = MarkerClient(daemon.config.socket_path).mark("from-child", "instant", gpu=None, who="child")
+        os.write(w, b"1" if ok else b"0")
+        os._exit(0)
+    os.close(w)
+    assert os.read(r, 1) == b"1"
+    os.close(r)
+    os.waitpid(pid, 0)
+    # AND the parent sends one too
+    assert MarkerClient(daemon.config.socket_path).mark("from-parent")
+    pump(daemon, 0.05)
+    daemon.stop()
+    # THEN each marker is stamped with its sender's real pid and uid
+    markers = {m.name: m for m in load_trace(daemon.files[0]).markers}
+    assert markers["from-child"].pid == pid and markers["from-child"].uid == os.getuid()
+    assert markers["from-child"].values == {"who": "child"}
+    assert markers["from-parent"].pid == os.getpid()
+
+
+def test_markers_sent_just_before_shutdown_are_kept(daemon):
+    # GIVEN markers sent, and the loop never ran after them
+    c = MarkerClient(daemon.config.socket_path)
+    pump(daemon, 0.02)  # accept the connection... (the client connects lazily on its first mark)
+    assert c.mark("last-words")
+    # WHEN the daemon stops THEN they are in the file anyway
+    daemon.stop()
+    assert [m.name for m in load_trace(daemon.files[0]).markers] == ["last-words"]
+
+
+# ------------------------------------------------------------------------------ events, GPUs
+
+
+@pytest.fixture
+def worker():
+    """A live process with CUDA_VISIBLE_DEVICES=1,0 (what a remapped worker looks like)."""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="1,0")
+    p = subprocess.Popen(
+        [sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+    )
+    assert p.stdout.readline() == b"up\n"
+    yield p
+    p.stdin.close()
+    p.wait()
+
+
+def test_events_get_physical_gpus_and_process_records(daemon, worker):
+    # GIVEN no NVML on this host (ordinals are indices) and a worker with CUDA_VISIBLE_DEVICES=1,0
+    probes = FakeProbes.instances[-1]
+    t = time.monotonic_ns()
+    me = os.getpid()
+    probes.push(
+        raw(Kind.ALLOC, ts=t + 1, pid=worker.pid, tid=worker.pid, ordinal=0, ptr=0x1000, size=MiB),
+        raw(Kind.ALLOC, ts=t + 2, pid=worker.pid, tid=worker.pid, ordinal=1, ptr=0x2000, size=2 * MiB),
+        raw(Kind.FREE, ts=t + 3, pid=worker.pid, tid=worker.pid, ordinal=-1, ptr=0x1000),  # the state knows
+        raw(Kind.ALLOC, ts=t + 4, pid=me, tid=me, ordinal=1, ptr=0x3000, size=MiB),  # no CVD: identity
+    )
+    pump(daemon, 0.05)
+    daemon.stop()
+    trace = load_trace(daemon.files[0])
+    # THEN ordinal 0 of the worker is GPU 1 and its ordinal 1 is GPU 0; the free gets its alloc's GPU
+    assert trace.events["gpu"].tolist() == [1, 0, 1, 1]
+    # AND each pid has a process record read from /proc
+    assert trace.processes[worker.pid].cuda_visible_devices == "1,0"
+    assert trace.processes[worker.pid].cmdline[0] == sys.executable
+    assert trace.processes[me].ppid == os.getppid()
+    # AND the header notes the missing NVML, the probes attached and the config
+    assert trace.header["gpus"] == []
+    assert any("NVML" in n for n in trace.header["notes"])
+    lib = trace.header["probes"]["libraries"][0]
+    assert lib["path"] == "/fake/libcuda.so.1" and lib["missing"] == ["cuMemAllocAsync_ptsz"]
+    assert trace.header["config"]["socket_path"] == str(daemon.config.socket_path)
+    assert trace.trailer is not None and trace.trailer["reason"] == "stop"
+
+
+def test_single_gpu_process_gets_its_gpu_for_unknown_ordinals(workdir):
+    # GIVEN a process that sees exactly one GPU (CUDA_VISIBLE_DEVICES=3)
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="3")
+    p = subprocess.Popen([sys.executable, "-c", "import sys; print(1, flush=True); sys.stdin.read()"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    p.stdout.readline()
+    d = make_daemon(workdir)
+    d.start()
+    try:
+        t = time.monotonic_ns()
+        FakeProbes.instances[-1].push(
+            raw(Kind.VA_RESERVE, ts=t, pid=p.pid, ptr=0x7000_0000, size=1 << 30),  # ordinal -1
+            raw(Kind.PROC_EXIT, ts=t + 1, pid=p.pid),  # a process event: no GPU
+        )
+        pump(d, 0.05)
+    finally:
+        d.stop()
+        p.stdin.close()
+        p.wait()
+    # THEN the VA reserve is on GPU 3, the exit on none
+    assert load_trace(d.files[0]).events["gpu"].tolist() == [3, -1]
+
+
+def test_lost_events_are_recorded(daemon):
+    probes = FakeProbes.instances[-1]
+    probes.lost_total = 7
+    pump(daemon, 0.05)
+    daemon.stop()
+    trace = load_trace(daemon.files[0])
+    assert trace.lost == 7 and trace.trailer["lost"] == 7
+
+
+def test_probe_load_failure_is_one_line_and_cleans_up(workdir):
+    # GIVEN probes that cannot load (bcc's multi-line compiler complaint)
+    class Broken(FakeProbes):
+        def load(self):
+            raise RuntimeError("Failed to compile BPF module\n<built-in>:1:10: fatal error: 'x.h' file not found")
+
+    d = Daemon(DaemonConfig(output=workdir / "o.mrec", socket_path=workdir / "s.sock"), probes_factory=Broken,
+               find_libraries=lambda e: [], install_signals=False)
+    # WHEN the daemon starts THEN one line says why, exit code UNAVAILABLE
+    with pytest.raises(ProbeLoadError) as info:
+        d.start()
+    assert info.value.exit_code == ExitCode.UNAVAILABLE
+    assert "\n" not in str(info.value) and "Failed to compile" in str(info.value)
+    # AND the socket is gone and no trace was created
+    assert not (workdir / "s.sock").exists() and not (workdir / "o.mrec").exists()
+
+
+def test_phased_shutdown_order(daemon):
+    # GIVEN events still in the ring buffer at shutdown
+    probes = daemon.probes
+    t = time.monotonic_ns()
+    probes.push(raw(Kind.ALLOC, ts=t, pid=os.getpid(), ordinal=0, ptr=0x10, size=MiB))
+    # WHEN the daemon stops
+    daemon.stop()
+    # THEN they were drained before the probes were closed, the file has its trailer, the socket is gone
+    trace = load_trace(daemon.files[0])
+    assert len(trace.events) == 1 and probes.closed
+    assert trace.trailer is not None and trace.warnings == []
+    assert not daemon.config.socket_path.exists()
+    assert daemon.mood is Mood.STOPPED
+    daemon.stop()  # idempotent
+
+
+# ------------------------------------------------------------------------------ files
+
+
+def test_size_rotation_gives_files_that_stand_alone(workdir):
+    # GIVEN a tiny rotation size
+    d = make_daemon(workdir, rotate_bytes=20_000)
+    d.start()
+    try:
+        pid = os.getpid()
+        t = time.monotonic_ns()
+        for i in range(6):
+            d.probes.push(*[raw(Kind.ALLOC, ts=t + i * 100 + j, pid=pid, ordinal=0, ptr=(i * 100 + j + 1) << 12, size=MiB)
+                            for j in range(100)])
+            pump(d, 0.06)
+    finally:
+        d.stop()
+    # THEN several files, each with a header, a keyframe at event 0 and a trailer
+    assert len(d.files) >= 3
+    total = 0
+    for i, path in enumerate(d.files):
+        trace = load_trace(path)
+        assert trace.warnings == [] and trace.trailer is not None
+        assert trace.header["daemon"]["part"] == i
+        assert trace.keyframes[0].event_index == 0
+        assert os.getpid() in trace.processes
+        if i:
+            # the first keyframe of a later file holds every allocation made before it
+            assert trace.keyframes[0].state["n"] == total
+            assert trace.header["previous"] == str(d.files[i - 1])
+        total += len(trace.events)
+    assert total == 600
+    assert [p.name for p in d.files[:3]] == ["out.mrec", "out.1.mrec", "out.2.mrec"]
+
+
+def test_output_directory_names(workdir):
+    d = make_daemon(workdir, output=f"{workdir}/traces/")
+    d.start()
+    d.rotate("test")
+    d.stop()
+    names = [p.name for p in d.files]
+    assert names[0].startswith(f"memrec-{socket.gethostname()}-") and names[0].endswith(f"-{os.getpid()}.mrec")
+    assert names[1] == names[0].replace(".mrec", ".1.mrec")
+    assert all(TraceReader(p).header for p in d.files)
+
+
+def test_flush_interval_makes_records_visible_while_running(daemon):
+    # GIVEN an event WHEN the loop runs past the flush interval (50 ms here)
+    daemon.probes.push(raw(Kind.ALLOC, ts=time.monotonic_ns(), pid=os.getpid(), ordinal=0, ptr=0x10, size=MiB))
+    pump(daemon, 0.12)
+    # THEN another process reading the file sees it, before any close
+    assert len(load_trace(daemon.files[0]).events) == 1
+
+
+# ------------------------------------------------------------------------------ subscribers
+
+
+def test_subscriber_gets_header_keyframe_then_the_files_records(daemon):
+    # GIVEN an allocation already recorded
+    pid = os.getpid()
+    t = time.monotonic_ns()
+    daemon.probes.push(raw(Kind.ALLOC, ts=t, pid=pid, ordinal=0, ptr=0x10, size=MiB))
+    pump(daemon, 0.05)
+    # WHEN a subscriber connects
+    sub = connect(daemon.config.socket_path)
+    sub.sendall(protocol.encode_frame({"type": "subscribe"}))
+    pump(daemon, 0.05)
+    decoder = frames.FrameDecoder(frames.MAX_SUBSCRIBER_FRAME)
+    first = recv_frames(sub, decoder)
+    # THEN it gets the header, its process, and a keyframe that already holds the allocation
+    assert [r["type"] for r in first] == ["header", "process", "keyframe"]
+    assert first[2]["state"]["n"] == 1 and first[2]["state"]["allocs"][:3] == [pid, 0x10, MiB]
+    # WHEN more happens THEN it gets the same records as the file, no event twice
+    daemon.probes.push(raw(Kind.FREE, ts=t + 1, pid=pid, ptr=0x10))
+    MarkerClient(daemon.config.socket_path).mark("live")
+    pump(daemon, 0.1)
+    later = recv_frames(sub, decoder)
+    kinds = [r["type"] for r in later]
+    assert "marker" in kinds
+    events = np.concatenate([r["events"] for r in later if r["type"] == "events"])
+    assert events["kind"].tolist() == [int(Kind.FREE)]
+    # AND at shutdown it gets the trailer
+    daemon.stop()
+    assert recv_frames(sub, decoder)[-1]["type"] == "trailer"
+
+
+def test_slow_subscriber_is_resynced_not_corrupted():
+    # GIVEN a fanout with a small queue and a subscriber that does not read yet
+    import selectors
+
+    sel = selectors.DefaultSelector()
+    fan = Fanout(sel, max_queue_bytes=200_000)
+    a, b = socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    fan.add(a, [msgpack.packb({"type": "hello", "n": 0})])
+    # WHEN far more is published than fits
+    for i in range(200):
+        fan.publish(msgpack.packb({"type": "marker", "i": i, "pad": "x" * 5000}))
+    # THEN the subscriber waits for a resync, and the drops are counted
+    assert fan.needs_resync and fan.dropped_records > 0
+    fan.resync(lambda dropped: [msgpack.packb({"type": "hello"}),
+                                msgpack.packb({"type": "lost", "ts": 0, "total": 0, "subscriber_dropped": dropped})])
+    # WHEN the subscriber reads everything (the loop writing as it becomes writable)
+    decoder = frames.FrameDecoder(frames.MAX_SUBSCRIBER_FRAME, decode=False)
+    got = []
+    b.setblocking(False)
+    for _ in range(2000):
+        for key, mask in sel.select(0):
+            key.data(mask)
+        try:
+            got += decoder.feed(b.recv(1 << 16))
+        except BlockingIOError:
+            if not fan.subscribers[0].queue:
+                break
+    # THEN every frame is whole, and the lost notice counts exactly what was not delivered
+    lost = [r for r in got if r["type"] == "lost"]
+    markers = [r for r in got if r["type"] == "marker"]
+    assert len(lost) == 1 and lost[0]["subscriber_dropped"] == 200 - len(markers)
+    assert [m["i"] for m in markers] == list(range(len(markers)))
+    fan.close()
+    sel.close()
+
+
+# ------------------------------------------------------------------------------ command
+
+
+def test_daemon_command_needs_privileges(workdir):
+    # GIVEN an unprivileged user (nobody, no capabilities)
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to run the command as an unprivileged user")
+    cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all",
+           sys.executable, "-m", "memrec", "daemon", "-o", str(workdir / "x.mrec"), "--socket", str(workdir / "x.sock")]
+    # WHEN it runs the daemon THEN a one-line hint and exit code NO_PERM
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd="/")
+    assert proc.returncode == ExitCode.NO_PERM, proc.stderr
+    assert "run as root or see memrec doctor" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_daemon_command_bpf_failure_is_unavailable(workdir, monkeypatch, capsys):
+    # GIVEN probes that cannot load
+    from memrec.commands import main
+    from memrec.daemon import server
+
+    class Broken(FakeProbes):
+        def load(self):
+            raise RuntimeError("bpf(BPF_PROG_LOAD) failed: Operation not permitted")
+
+    monkeypatch.setattr(server, "_default_probes_factory", Broken)
+    # WHEN the command runs THEN exit code UNAVAILABLE and the reason on one line
+    rc = main(["daemon", "-o", str(workdir / "x.mrec"), "--socket", str(workdir / "x.sock"), "--nvml-hz", "0"])
+    assert rc == ExitCode.UNAVAILABLE
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "memrec: error: cannot load the BPF probes: bpf(BPF_PROG_LOAD) failed: Operation not permitted"
+
+
+def test_daemon_command_bad_size_is_usage(capsys):
+    from memrec.commands import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["daemon", "--rotate-size", "lots"])
+    assert info.value.code == 2
+    assert "not a byte size: 'lots'" in capsys.readouterr().err

@@ -1,0 +1,152 @@
+"""``memrec dump``: JSON lines for every record, refusal of a terminal, exit codes."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+
+import pytest
+
+from memrec import commands
+from memrec._errors import ExitCode
+from memrec.columns import empty_events
+from memrec.commands.dump import DumpCommand
+from memrec.events import FLAG_IPC_BYTES
+from memrec.trace import format as fmt
+from memrec.trace.writer import TraceWriter
+
+DATA = pathlib.Path(__file__).resolve().parents[1] / "data"
+GOLDEN = DATA / "golden_v1.mrec"
+GOLDEN_DUMP = DATA / "golden_v1.dump.jsonl"
+
+
+@pytest.fixture
+def main(monkeypatch):
+    """``memrec.commands.main``; if sibling commands are not importable yet, with dump alone."""
+    try:
+        commands._commands()
+    except ImportError:
+        monkeypatch.setattr(commands, "_commands", lambda: [DumpCommand()])
+    return commands.main
+
+
+def lines(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def test_dump_of_the_golden_trace_is_the_expected_output(main, capsys):
+    # GIVEN the committed golden trace and its expected dump
+    # WHEN dumped
+    rc = main(["dump", str(GOLDEN)])
+    out, err = capsys.readouterr()
+    # THEN the output is exactly the expected JSON lines, and nothing is reported
+    assert rc == ExitCode.OK
+    assert err == ""
+    assert out == GOLDEN_DUMP.read_text(encoding="utf-8")
+
+
+def test_dump_prints_one_line_per_event_with_names_and_hex(main, capsys):
+    # GIVEN the golden trace
+    # WHEN dumped
+    main(["dump", str(GOLDEN)])
+    out = lines(capsys.readouterr().out)
+    # THEN the header comes first, the trailer last, and each event is its own line
+    assert out[0]["type"] == "header" and out[0]["magic"] == fmt.MAGIC
+    assert out[-1]["type"] == "trailer"
+    events = [line for line in out if line["type"] == "event"]
+    assert len(events) == 11
+    oom = next(e for e in events if e["result"] == 2)
+    assert oom["kind"] == "ALLOC" and oom["api"] == "cuMemAlloc_v2" and oom["result_name"] == "CUDA_ERROR_OUT_OF_MEMORY"
+    alloc = next(e for e in events if e["kind"] == "ALLOC" and e["result"] == 0)
+    assert alloc["ptr"] == "0x7f1200000000" and alloc["handle"] == "0x0"
+    # AND only events with IPC bytes have an ipc key
+    assert [e["kind"] for e in events if "ipc" in e] == ["IPC_EXPORT", "IPC_OPEN"]
+    assert {e["ipc"] for e in events if "ipc" in e} == {bytes(range(64)).hex()}
+    # AND samples, markers, processes, lost and the keyframe summary are there
+    types = [line["type"] for line in out]
+    assert types.count("nvml") == 2 and types.count("procmem") == 2 and types.count("marker") == 3
+    assert types.count("process") == 3 and types.count("lost") == 1
+    keyframe = next(line for line in out if line["type"] == "keyframe")
+    assert keyframe["event_index"] == 8 and keyframe["sizes"] == {"allocations": 1, "vmm": 1, "seq": None}
+    assert keyframe["state_bytes"] > 0 and "state" not in keyframe
+
+
+def test_unknown_kind_api_and_result_numbers_are_shown_as_numbers(main, capsys, tmp_path):
+    # GIVEN an event with numbers this memrec does not name (from a newer recorder)
+    ev = empty_events(1)
+    ev["kind"], ev["api"], ev["result"] = 200, 300, 12345
+    ev["flags"] = FLAG_IPC_BYTES | 0x4
+    path = tmp_path / "t.mrec"
+    with TraceWriter(path, {"anchor": {"monotonic_ns": 0, "wall_ns": 0}}) as w:
+        w.write_events(ev)
+    # WHEN dumped
+    main(["dump", str(path)])
+    event = next(line for line in lines(capsys.readouterr().out) if line["type"] == "event")
+    # THEN the numbers appear in the names
+    assert (event["kind"], event["api"], event["result_name"]) == ("KIND_200", "API_300", "CUresult(12345)")
+    assert event["flags"] == 5 and event["ipc"] == "00" * 64
+
+
+def test_dump_refuses_a_terminal_unless_forced(main, capsys, monkeypatch):
+    # GIVEN stdout is a terminal
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    # WHEN dumping without --force
+    rc = main(["dump", str(GOLDEN)])
+    out, err = capsys.readouterr()
+    # THEN it refuses with a usage error that says how to proceed, and prints nothing
+    assert rc == ExitCode.USAGE
+    assert out == ""
+    assert err.count("\n") == 1 and "terminal" in err and "--force" in err
+    # WHEN forced THEN it dumps
+    assert main(["dump", "--force", str(GOLDEN)]) == ExitCode.OK
+    assert capsys.readouterr().out == GOLDEN_DUMP.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("make", [lambda p: None, lambda p: p.mkdir()], ids=["missing", "directory"])
+def test_an_input_that_cannot_be_opened_is_no_input(main, capsys, tmp_path, make):
+    # GIVEN a path that does not exist, or is a directory
+    path = tmp_path / "nope.mrec"
+    make(path)
+    # WHEN dumped
+    rc = main(["dump", str(path)])
+    out, err = capsys.readouterr()
+    # THEN NO_INPUT with one line naming the file
+    assert rc == ExitCode.NO_INPUT
+    assert out == "" and err.count("\n") == 1
+    assert err.startswith(f"memrec: error: cannot open {path}: ")
+
+
+@pytest.mark.parametrize(
+    "data,message",
+    [
+        (b"not a trace at all", "not a memrec trace"),
+        (fmt.encode_record({**fmt.finalize_header({"anchor": {}}), "version": 9}), "version 9.0 is newer"),
+    ],
+    ids=["bad-magic", "newer-version"],
+)
+def test_a_file_that_is_not_a_readable_trace_is_a_data_error(main, capsys, tmp_path, data, message):
+    # GIVEN a file that is not a trace, or a trace of a newer major version
+    path = tmp_path / "x.mrec"
+    path.write_bytes(data)
+    # WHEN dumped
+    rc = main(["dump", str(path)])
+    out, err = capsys.readouterr()
+    # THEN DATA with one line saying why
+    assert rc == ExitCode.DATA
+    assert out == "" and err.count("\n") == 1 and message in err
+
+
+def test_a_truncated_trace_is_dumped_up_to_the_cut_with_warnings_on_stderr(main, capsys, tmp_path):
+    # GIVEN the golden trace cut in the middle of its last record
+    data = GOLDEN.read_bytes()
+    path = tmp_path / "cut.mrec"
+    path.write_bytes(data[:-5])
+    # WHEN dumped
+    rc = main(["dump", str(path)])
+    out, err = capsys.readouterr()
+    # THEN it succeeds, prints everything but the trailer, and warns on stderr
+    assert rc == ExitCode.OK
+    expected = GOLDEN_DUMP.read_text(encoding="utf-8").splitlines(keepends=True)
+    assert out == "".join(expected[:-1])
+    assert "memrec: warning: " in err and "truncated tail after" in err and "no trailer" in err

@@ -1,0 +1,902 @@
+"""Trace format v1: record encoding, writer, reader, damage handling, frames and the golden file."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import msgpack
+import numpy as np
+import pytest
+
+from memrec._errors import TraceFormatError
+from memrec.columns import EVENT_DTYPE
+from memrec.columns import NVML_DTYPE
+from memrec.columns import PROCMEM_DTYPE
+from memrec.columns import RAW_DTYPE
+from memrec.columns import empty_events
+from memrec.commands.dump import dump_trace
+from memrec.events import FLAG_IPC_BYTES
+from memrec.events import Api
+from memrec.events import GpuInfo
+from memrec.events import Kind
+from memrec.events import Marker
+from memrec.events import ProcessInfo
+from memrec.trace import format as fmt
+from memrec.trace.frames import MAX_CLIENT_FRAME
+from memrec.trace.frames import FrameDecoder
+from memrec.trace.frames import FrameError
+from memrec.trace.frames import encode_frame
+from memrec.trace.frames import iter_frames
+from memrec.trace.reader import TraceReader
+from memrec.trace.reader import load_trace
+from memrec.trace.writer import TraceWriter
+
+DATA = pathlib.Path(__file__).resolve().parents[1] / "data"
+GOLDEN = DATA / "golden_v1.mrec"
+
+HEADER = {
+    "host": "test-host",
+    "boot_id": "boot",
+    "anchor": {"monotonic_ns": 1_000, "wall_ns": 5_000},
+    "gpus": [GpuInfo(index=0, uuid="GPU-0", name="H200", total=100, bar1_total=None)],
+    "probes": {"attached": ["cuMemAlloc_v2"], "missing": []},
+    "config": {},
+    "created_by": "test",
+}
+
+
+def make_golden_module():
+    spec = importlib.util.spec_from_file_location("make_golden", DATA / "make_golden.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def synthetic_events(n: int, *, start: int = 1_000_000, ipc_every: int = 7) -> np.ndarray:
+    """``n`` events in time order with every field varied; every ``ipc_every``-th carries handle bytes."""
+    rng = np.random.default_rng(n)
+    ev = empty_events(n)
+    ev["ts"] = start + np.arange(n, dtype=np.uint64) * 10
+    ev["pid"] = rng.integers(1, 1 << 22, n)
+    ev["tid"] = rng.integers(1, 1 << 22, n)
+    ev["kind"] = rng.integers(1, 22, n)
+    ev["api"] = rng.integers(0, 38, n)
+    ev["result"] = rng.choice([0, 0, 0, 2, -1], n)
+    ev["ordinal"] = rng.integers(-1, 8, n)
+    ev["ptr"] = rng.integers(0, 1 << 63, n, dtype=np.uint64) * 2 + 1  # top bit used too
+    ev["size"] = rng.integers(0, 1 << 40, n, dtype=np.uint64)
+    ev["handle"] = rng.integers(0, 1 << 63, n, dtype=np.uint64)
+    ev["aux"] = rng.integers(0, 1 << 32, n, dtype=np.uint64)
+    ev["gpu"] = rng.integers(-1, 8, n)
+    rows = np.arange(0, n, ipc_every)
+    ev["flags"][rows] |= FLAG_IPC_BYTES
+    ev["ipc"][rows] = [np.void(rng.bytes(64)) for _ in rows]
+    return ev
+
+
+def nvml_samples(n: int, start: int = 0) -> np.ndarray:
+    s = np.zeros(n, dtype=NVML_DTYPE)
+    s["ts"] = start + np.arange(n) * 100
+    s["gpu"] = np.arange(n) % 8
+    s["used"] = np.arange(n) * 1000
+    s["reserved"] = 615
+    s["free"] = -1
+    s["total"] = 1 << 37
+    s["bar1_used"] = np.arange(n)
+    s["bar1_total"] = 1 << 38
+    return s
+
+
+def procmem_samples(n: int, start: int = 0) -> np.ndarray:
+    s = np.zeros(n, dtype=PROCMEM_DTYPE)
+    s["ts"] = start + np.arange(n) * 100
+    s["gpu"] = np.arange(n) % 8
+    s["pid"] = 1000 + np.arange(n)
+    s["used"] = np.arange(n) << 20
+    return s
+
+
+MARKER = Marker(
+    ts=5, pid=10, uid=1000, tid=11, name="load_weights", phase="begin", gpu=3, values={"a": 1.5, "b": [1, 2]}
+)
+PROCESS = ProcessInfo(
+    pid=10,
+    ppid=1,
+    cmdline=["python", "x.py"],
+    exe="/usr/bin/python3",
+    cuda_visible_devices="2,3",
+    gpu_map=[2, 3],
+    first_ts=4,
+    rank={"tp": 1},
+)
+
+
+def raw_objects(data: bytes) -> list[tuple[dict, int]]:
+    """Every msgpack object of ``data`` with the offset where it ends (independent of the reader)."""
+    up = msgpack.Unpacker(raw=False, strict_map_key=False)
+    up.feed(data)
+    out = []
+    for obj in up:
+        out.append((obj, up.tell()))
+    return out
+
+
+def write_trace(path, events=None, **kwargs) -> bytes:
+    with TraceWriter(path, HEADER, **kwargs) as w:
+        if events is not None:
+            w.write_events(events)
+    return pathlib.Path(path).read_bytes()
+
+
+# ---------------------------------------------------------------------------------------------
+# encode_record / decode_record
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 100])
+def test_events_record_round_trips_with_sparse_ipc(n):
+    # GIVEN events where every 7th row carries 64 handle bytes
+    ev = synthetic_events(n)
+    # WHEN encoded and decoded
+    data = fmt.encode_record({"type": "events", "events": ev})
+    wire = msgpack.unpackb(data, raw=False)
+    rec = fmt.decode_record(wire)
+    # THEN every field comes back bit for bit
+    assert rec["type"] == "events"
+    assert rec["events"].dtype == EVENT_DTYPE
+    np.testing.assert_array_equal(rec["events"], ev)
+    # AND the ipc column is stored only for the flagged rows
+    assert "ipc" not in wire["columns"]
+    flagged = np.flatnonzero(ev["flags"] & FLAG_IPC_BYTES)
+    assert np.frombuffer(wire["ipc_index"], "<u4").tolist() == flagged.tolist()
+    assert len(wire["ipc"]) == 64 * len(flagged)
+
+
+def test_ipc_bytes_of_unflagged_rows_are_not_stored():
+    # GIVEN an event with handle bytes but without FLAG_IPC_BYTES
+    ev = empty_events(1)
+    ev["ipc"][0] = np.void(b"\xff" * 64)
+    # WHEN it round-trips
+    rec = fmt.decode_record(msgpack.unpackb(fmt.encode_record({"type": "events", "events": ev})))
+    # THEN the bytes read back as zeros (the flag says whether they exist)
+    assert rec["events"]["ipc"][0].tobytes() == b"\0" * 64
+
+
+@pytest.mark.parametrize(
+    "kind,key,rows",
+    [
+        ("nvml", "samples", nvml_samples(9)),
+        ("procmem", "samples", procmem_samples(9)),
+        ("nvml", "samples", nvml_samples(0)),
+        ("procmem", "samples", procmem_samples(0)),
+    ],
+)
+def test_sample_records_round_trip(kind, key, rows):
+    # GIVEN NVML or per-process samples (possibly none)
+    # WHEN encoded and decoded
+    rec = fmt.decode_record(msgpack.unpackb(fmt.encode_record({"type": kind, key: rows}), raw=False))
+    # THEN they come back equal with the right dtype
+    assert rec[key].dtype == fmt.COLUMNAR[kind]
+    np.testing.assert_array_equal(rec[key], rows)
+
+
+@pytest.mark.parametrize(
+    "rec",
+    [
+        fmt.marker_record(MARKER),
+        fmt.process_record(PROCESS),
+        fmt.lost_record(9, 12),
+        fmt.keyframe_record(10, 4, {"allocs": [[1, 2, 3]], 7: {"int keys": True}}),
+        {"type": "trailer", "counts": {"events": 3}, "lost": 0, "end_ts": 11},
+        fmt.finalize_header(HEADER),
+    ],
+    ids=["marker", "process", "lost", "keyframe", "trailer", "header"],
+)
+def test_plain_records_round_trip(rec):
+    # GIVEN a non-columnar record (a keyframe's state may use int keys)
+    # WHEN encoded and decoded the way readers decode
+    back = fmt.decode_record(fmt.unpackb(fmt.encode_record(rec)))
+    # THEN it is equal
+    assert back == rec
+
+
+def test_marker_and_process_records_convert_back_to_dataclasses():
+    # GIVEN marker and process records with an extra field from a newer writer
+    marker = {**fmt.marker_record(MARKER), "new_field": 1}
+    process = {**fmt.process_record(PROCESS), "new_field": 1}
+    # WHEN converted back
+    # THEN the dataclasses are equal and the extra field is ignored
+    assert fmt.marker_from_record(fmt.unpackb(fmt.encode_record(marker))) == MARKER
+    assert fmt.process_from_record(fmt.unpackb(fmt.encode_record(process))) == PROCESS
+
+
+def test_encode_record_converts_numpy_scalars_and_rejects_unknown_objects():
+    # GIVEN a marker whose values hold numpy scalars, and a record holding an arbitrary object
+    rec = {"type": "marker", "ts": np.uint64(5), "values": {"x": np.float32(0.5), "y": np.arange(3)}}
+    # WHEN encoded
+    back = fmt.unpackb(fmt.encode_record(rec))
+    # THEN numpy values become plain numbers and lists
+    assert back == {"type": "marker", "ts": 5, "values": {"x": 0.5, "y": [0, 1, 2]}}
+    with pytest.raises(TypeError, match="cannot encode"):
+        fmt.encode_record({"type": "marker", "values": object()})
+
+
+def test_rows_are_converted_by_field_name_and_a_missing_field_is_an_error():
+    # GIVEN events with the fields in another order (and as another structured dtype)
+    ev = synthetic_events(5)
+    reordered = np.zeros(5, dtype=[(n, EVENT_DTYPE.fields[n][0]) for n in reversed(EVENT_DTYPE.names)])
+    for name in EVENT_DTYPE.names:
+        reordered[name] = ev[name]
+    # WHEN encoded
+    rec = fmt.decode_record(msgpack.unpackb(fmt.encode_record({"type": "events", "events": reordered})))
+    # THEN fields are matched by name
+    np.testing.assert_array_equal(rec["events"], ev)
+    # AND raw records (no gpu column) are refused with the missing field named
+    with pytest.raises(ValueError, match="gpu"):
+        fmt.encode_record({"type": "events", "events": np.zeros(2, dtype=RAW_DTYPE)})
+
+
+def test_columns_are_zero_copy_views_of_the_record_bytes():
+    # GIVEN a decoded wire events record
+    wire = msgpack.unpackb(fmt.encode_record({"type": "events", "events": synthetic_events(10)}))
+    # WHEN its columns are decoded
+    chunk = fmt.decode_columns(wire)
+    # THEN each column is a view of the msgpack bytes, not a copy
+    assert chunk.columns["ts"].base is wire["columns"]["ts"]
+    assert chunk.n == 10
+
+
+def test_a_newer_writers_columns_are_ignored_and_missing_ones_take_defaults():
+    # GIVEN an events record with an extra column and without the gpu and ordinal columns
+    ev = synthetic_events(4)
+    wire = msgpack.unpackb(fmt.encode_record({"type": "events", "events": ev}))
+    del wire["columns"]["gpu"], wire["columns"]["ordinal"]
+    wire["columns"]["stream"] = b"\1" * 32
+    # WHEN decoded
+    out = fmt.decode_record(wire)["events"]
+    # THEN gpu and ordinal are -1 (unknown) and the rest is intact
+    assert out["gpu"].tolist() == [-1] * 4 and out["ordinal"].tolist() == [-1] * 4
+    np.testing.assert_array_equal(out["ptr"], ev["ptr"])
+
+
+def test_the_headers_column_schema_is_used_to_decode():
+    # GIVEN a (future) writer that declared gpu as a 4-byte column
+    header = fmt.finalize_header(HEADER)
+    header["columns"]["events"] = [[n, "<i4" if n == "gpu" else d] for n, d in header["columns"]["events"]]
+    ev = synthetic_events(3)
+    wire = msgpack.unpackb(fmt.encode_record({"type": "events", "events": ev}))
+    wire["columns"]["gpu"] = ev["gpu"].astype("<i4").tobytes()
+    # WHEN decoded with that header's schema
+    out = fmt.decode_record(wire, fmt.parse_schema(header))["events"]
+    # THEN the gpu values are read with the declared width
+    assert out["gpu"].tolist() == ev["gpu"].tolist()
+
+
+@pytest.mark.parametrize(
+    "damage,match",
+    [
+        (lambda w: w["columns"].__setitem__("ts", b"\0" * 7), "'ts' has 7 bytes"),
+        (lambda w: w.__setitem__("n", -1), "bad 'n'"),
+        (lambda w: w.__setitem__("ipc", b"\0" * 3), "ipc"),
+        (lambda w: w.__setitem__("ipc_index", np.array([99], "<u4").tobytes()), "ipc"),
+        (lambda w: w["columns"].__setitem__("pid", 5), "not binary"),
+    ],
+    ids=["short-column", "negative-n", "ipc-length", "ipc-index-range", "not-binary"],
+)
+def test_malformed_columnar_records_raise_trace_format_error(damage, match):
+    # GIVEN a damaged events record
+    ev = synthetic_events(7, ipc_every=3)
+    wire = msgpack.unpackb(fmt.encode_record({"type": "events", "events": ev}))
+    damage(wire)
+    # WHEN decoded THEN a TraceFormatError names the problem
+    with pytest.raises(TraceFormatError, match=match):
+        fmt.decode_record(wire)
+
+
+def test_header_starts_with_magic_and_carries_clock_anchor_and_schema():
+    # GIVEN a header built with the host's defaults
+    header = fmt.make_header(gpus=[GpuInfo(0, "GPU-0", "H200", 10)], probes={"attached": []})
+    data = fmt.encode_record(header)
+    # THEN magic is the first key (so the file's first bytes identify it)
+    assert list(header)[:4] == ["magic", "version", "minor", "type"]
+    assert fmt.header_prefix_plausible(data)
+    assert data[1 : 1 + len(fmt.packb("magic") + fmt.packb(fmt.MAGIC))] == fmt.packb("magic") + fmt.packb(fmt.MAGIC)
+    # AND the clock is CLOCK_MONOTONIC with one anchor, the GPUs are dicts, the schema is there
+    assert header["clock"] == "CLOCK_MONOTONIC"
+    assert set(header["anchor"]) == {"monotonic_ns", "wall_ns"}
+    assert header["gpus"][0]["uuid"] == "GPU-0"
+    assert header["columns"]["events"][0] == ["ts", "<u8"]
+    assert fmt.to_wall_ns(header, header["anchor"]["monotonic_ns"] + 7) == header["anchor"]["wall_ns"] + 7
+
+
+# ---------------------------------------------------------------------------------------------
+# writer → reader
+
+
+def test_every_record_type_round_trips_through_a_file(tmp_path):
+    # GIVEN a trace with every record type, events split over several chunks
+    path = tmp_path / "t.mrec"
+    ev = synthetic_events(1000)
+    nv, pm = nvml_samples(30), procmem_samples(12)
+    with TraceWriter(path, HEADER, max_chunk_rows=256) as w:
+        w.write_process(PROCESS)
+        w.write_events(ev[:300])
+        w.write_marker(MARKER)
+        w.write_nvml(nv[:10])
+        w.write_keyframe(1_003_000, 300, {"k": [1]})
+        w.write_events(ev[300:])
+        w.write_nvml(nv[10:])
+        w.write_procmem(pm)
+        w.write_lost(4, 2)
+        w.write_lost(8, 5)
+        w.write_process(ProcessInfo(**{**PROCESS.__dict__, "rank": {"tp": 7}}))
+    # WHEN loaded
+    trace = load_trace(path)
+    # THEN everything is back, in order, with no warnings
+    assert trace.warnings == []
+    np.testing.assert_array_equal(trace.events, ev)
+    np.testing.assert_array_equal(trace.nvml, nv)
+    np.testing.assert_array_equal(trace.procmem, pm)
+    assert trace.markers == [MARKER]
+    assert trace.processes == {10: ProcessInfo(**{**PROCESS.__dict__, "rank": {"tp": 7}})}
+    assert [(k.ts, k.event_index, k.state) for k in trace.keyframes] == [(1_003_000, 300, {"k": [1]})]
+    assert trace.lost == 5
+    assert trace.header["host"] == "test-host" and trace.gpus == [HEADER["gpus"][0]]
+    assert trace.trailer["counts"] == {
+        "events": 1000, "nvml": 30, "procmem": 12, "marker": 1, "process": 2, "lost": 2, "keyframe": 1
+    }
+    assert trace.trailer["end_ts"] == int(ev["ts"][-1])
+    assert sum(trace.trailer["event_kinds"].values()) == 1000
+
+
+def test_chunks_are_bounded_and_a_keyframe_follows_the_events_it_covers(tmp_path):
+    # GIVEN 150,000 events written in one call, then a keyframe
+    path = tmp_path / "t.mrec"
+    with TraceWriter(path, HEADER) as w:
+        w.write_events(synthetic_events(150_000))
+        w.write_keyframe(1, {"s": 1})
+    # WHEN the raw records are listed
+    objs = [obj for obj, _ in raw_objects(path.read_bytes())]
+    # THEN no events chunk holds more than 65536 rows, and the keyframe comes after all of them
+    sizes = [o["n"] for o in objs if o["type"] == "events"]
+    assert sizes == [65536, 65536, 150_000 - 2 * 65536]
+    kinds = [o["type"] for o in objs]
+    assert kinds == ["header", "events", "events", "events", "keyframe", "trailer"]
+    assert objs[4]["event_index"] == 150_000
+
+
+def test_empty_writes_add_no_records_and_a_trace_without_events_loads(tmp_path):
+    # GIVEN a writer that only gets empty arrays
+    path = tmp_path / "t.mrec"
+    with TraceWriter(path, HEADER) as w:
+        w.write_events(empty_events(0))
+        w.write_nvml(np.zeros(0, NVML_DTYPE))
+        w.flush()
+    # WHEN loaded
+    trace = load_trace(path)
+    # THEN there are just the header and trailer and empty arrays of the right dtype
+    assert [o["type"] for o, _ in raw_objects(path.read_bytes())] == ["header", "trailer"]
+    assert trace.events.dtype == EVENT_DTYPE and len(trace.events) == 0
+    assert trace.warnings == []
+
+
+def test_empty_chunks_written_by_another_writer_are_read(tmp_path):
+    # GIVEN a file with empty events/nvml/procmem chunks between real ones
+    ev = synthetic_events(5)
+    parts = [fmt.encode_record(fmt.finalize_header(HEADER))]
+    parts += [fmt.encode_record({"type": "events", "events": empty_events(0)})]
+    parts += [fmt.encode_record({"type": "events", "events": ev})]
+    parts += [fmt.encode_record({"type": k, "samples": np.zeros(0, fmt.COLUMNAR[k])}) for k in ("nvml", "procmem")]
+    parts += [fmt.encode_record({"type": "trailer"})]
+    path = tmp_path / "t.mrec"
+    path.write_bytes(b"".join(parts))
+    # WHEN loaded THEN the events are there and nothing is reported
+    trace = load_trace(path)
+    np.testing.assert_array_equal(trace.events, ev)
+    assert trace.warnings == []
+
+
+def test_writer_copies_rows_so_the_caller_may_reuse_its_buffer(tmp_path):
+    # GIVEN events that the caller overwrites right after handing them over
+    path = tmp_path / "t.mrec"
+    ev = synthetic_events(10)
+    expected = ev.copy()
+    with TraceWriter(path, HEADER) as w:
+        w.write_events(ev)
+        ev["ts"] = 0
+    # THEN the file has the values at the time of the call
+    np.testing.assert_array_equal(load_trace(path).events, expected)
+
+
+def test_writer_counts_bytes_and_refuses_writes_after_close(tmp_path):
+    # GIVEN a writer after flush
+    path = tmp_path / "t.mrec"
+    w = TraceWriter(path, HEADER)
+    w.write_events(synthetic_events(100))
+    assert w.event_count == 100 and w.pending_rows == 100
+    w.flush()
+    # THEN bytes_written is the file's size and nothing is pending
+    assert w.bytes_written == path.stat().st_size and w.pending_rows == 0
+    w.close({"reason": "done"})
+    w.close()  # idempotent
+    with pytest.raises(ValueError, match="closed"):
+        w.write_events(synthetic_events(1))
+    assert load_trace(path).trailer["reason"] == "done"
+
+
+def test_short_writes_are_resumed_without_losing_or_repeating_bytes(tmp_path, monkeypatch):
+    # GIVEN a kernel that writes at most 1000 bytes per writev call
+    real_writev = os.writev
+    calls = []
+
+    def short_writev(fd, buffers):
+        data = b"".join(bytes(b) for b in buffers)[:1000]
+        calls.append(len(data))
+        return real_writev(fd, [data])
+
+    monkeypatch.setattr(os, "writev", short_writev)
+    teed = []
+    path = tmp_path / "t.mrec"
+    ev = synthetic_events(500)
+    # WHEN a trace is written
+    with TraceWriter(path, HEADER, tee=teed.append, max_chunk_rows=100) as w:
+        w.write_events(ev)
+        w.write_marker(MARKER)
+    # THEN the file is exactly the records, written over many calls
+    assert len(calls) > 10
+    assert path.read_bytes() == b"".join(teed)
+    np.testing.assert_array_equal(load_trace(path).events, ev)
+
+
+def test_a_header_that_cannot_be_encoded_creates_no_file(tmp_path):
+    # GIVEN a header holding an object msgpack cannot encode
+    path = tmp_path / "t.mrec"
+    # WHEN a writer is created THEN TypeError, and no file is left behind
+    with pytest.raises(TypeError, match="cannot encode"):
+        TraceWriter(path, {**HEADER, "config": {"x": object()}})
+    assert not path.exists()
+
+
+def test_keyframe_two_argument_form_defaults_event_index_to_events_written(tmp_path):
+    # GIVEN 5 events then a keyframe without an explicit event index
+    path = tmp_path / "t.mrec"
+    with TraceWriter(path, HEADER) as w:
+        w.write_events(synthetic_events(5))
+        w.write_keyframe(99, {"x": 1})
+    # THEN the keyframe is valid after those 5 events
+    assert load_trace(path).keyframes[0].event_index == 5
+
+
+def test_tee_gets_exactly_the_bytes_of_the_file(tmp_path):
+    # GIVEN a writer teeing every record to a list (a live subscriber)
+    teed = []
+    path = tmp_path / "t.mrec"
+    with TraceWriter(path, HEADER, tee=teed.append, max_chunk_rows=4) as w:
+        w.write_events(synthetic_events(10))
+        w.write_marker(MARKER)
+        w.flush()
+        w.write_keyframe(7, {"a": 1})
+    # THEN the concatenated records are the file, byte for byte
+    assert b"".join(teed) == path.read_bytes()
+    assert teed[0] == w.header_bytes
+
+
+def test_exiting_the_writer_on_an_exception_leaves_a_readable_trace_without_trailer(tmp_path):
+    # GIVEN a writer whose block raises
+    path = tmp_path / "t.mrec"
+    ev = synthetic_events(3)
+    with pytest.raises(RuntimeError):
+        with TraceWriter(path, HEADER) as w:
+            w.write_events(ev)
+            raise RuntimeError("boom")
+    # WHEN loaded THEN the events are there and a warning says the trailer is missing
+    trace = load_trace(path)
+    np.testing.assert_array_equal(trace.events, ev)
+    assert trace.trailer is None
+    assert any("no trailer" in warning for warning in trace.warnings)
+
+
+def test_reader_streams_records_in_file_order(tmp_path):
+    # GIVEN a small trace
+    path = tmp_path / "t.mrec"
+    with TraceWriter(path, HEADER, max_chunk_rows=2) as w:
+        w.write_marker(MARKER)
+        w.write_events(synthetic_events(5))
+    # WHEN iterated
+    with TraceReader(path, read_size=16) as reader:
+        kinds = [rec["type"] for rec in reader]
+        again = [rec["type"] for rec in reader.raw_records()]
+    # THEN the records come in file order, and a second pass sees the same
+    assert kinds == ["marker", "events", "events", "events", "trailer"] == again
+    assert reader.trailer["type"] == "trailer" and reader.warnings == []
+
+
+# ---------------------------------------------------------------------------------------------
+# another process's view, crashes, truncation
+
+
+WRITER_CHILD = textwrap.dedent(
+    """
+    import os, sys
+    import numpy as np
+    from memrec.columns import empty_events
+    from memrec.trace.writer import TraceWriter
+    ev = empty_events(1000)
+    ev["ts"] = np.arange(1000) + 1
+    w = TraceWriter(sys.argv[1], {"host": "child", "anchor": {"monotonic_ns": 0, "wall_ns": 0}})
+    w.write_events(ev[:600])
+    w.flush()
+    w.write_events(ev[600:])  # buffered, never flushed before the first step
+    print("flushed", flush=True)
+    step = sys.stdin.readline().strip()
+    if step == "crash":
+        os._exit(9)  # no flush, no trailer
+    w.close()
+    print("closed", flush=True)
+    """
+)
+
+
+def start_writer_child(path):
+    child = subprocess.Popen(
+        [sys.executable, "-c", WRITER_CHILD, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout.readline().strip() == "flushed"
+    return child
+
+
+def test_another_process_reads_the_trace_while_it_is_being_written(tmp_path):
+    # GIVEN another process that flushed 600 events and still holds 400 in its buffer
+    path = tmp_path / "live.mrec"
+    child = start_writer_child(path)
+    try:
+        # WHEN this process loads the file
+        during = load_trace(path)
+        # THEN it sees the flushed events, and a warning that there is no trailer yet
+        assert len(during.events) == 600
+        assert during.trailer is None
+        assert any("no trailer" in w for w in during.warnings)
+        # WHEN the writer closes
+        child.stdin.write("close\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "closed"
+    finally:
+        child.stdin.close()
+        child.wait(timeout=30)
+    after = load_trace(path)
+    # THEN everything is there and nothing is reported
+    assert len(after.events) == 1000 and after.events["ts"].tolist() == list(range(1, 1001))
+    assert after.warnings == [] and after.trailer["counts"]["events"] == 1000
+
+
+def test_a_writer_that_crashes_leaves_everything_it_flushed(tmp_path):
+    # GIVEN a writer process killed after one flush (no trailer, buffered events lost)
+    path = tmp_path / "crash.mrec"
+    child = start_writer_child(path)
+    child.stdin.write("crash\n")
+    child.stdin.close()
+    assert child.wait(timeout=30) == 9
+    # WHEN loaded
+    trace = load_trace(path)
+    # THEN the flushed events are there, with a warning and never an exception
+    assert trace.events["ts"].tolist() == list(range(1, 601))
+    assert any("no trailer" in w and "trace ends at ts 600" in w for w in trace.warnings)
+
+
+def small_trace_bytes(tmp_path) -> bytes:
+    path = tmp_path / "small.mrec"
+    with TraceWriter(path, HEADER, max_chunk_rows=2) as w:
+        w.write_process(PROCESS)
+        w.write_events(synthetic_events(3, ipc_every=2))
+        w.write_marker(MARKER)
+        w.write_nvml(nvml_samples(2))
+        w.write_keyframe(9, {"s": [1, 2]})
+        w.write_procmem(procmem_samples(1))
+        w.write_lost(10, 4)
+    return path.read_bytes()
+
+
+def test_a_trace_cut_at_every_byte_offset_reads_everything_before_the_cut(tmp_path):
+    # GIVEN a small trace with every record type, and each record's end offset found independently
+    data = small_trace_bytes(tmp_path)
+    objs = raw_objects(data)
+    header_end = objs[0][1]
+    full = load_trace_bytes(tmp_path, data)
+    cut_path = tmp_path / "cut.mrec"
+    for cut in range(len(data) + 1):
+        cut_path.write_bytes(data[:cut])
+        # WHEN the trace cut after `cut` bytes is loaded
+        trace = load_trace(cut_path)  # THEN it never raises
+        complete = [obj for obj, end in objs[1:] if end <= cut]
+        n_events = sum(o["n"] for o in complete if o["type"] == "events")
+        # AND every record completed before the cut is there, and nothing else
+        np.testing.assert_array_equal(trace.events, full.events[:n_events])
+        assert len(trace.nvml) == sum(o["n"] for o in complete if o["type"] == "nvml")
+        assert len(trace.procmem) == sum(o["n"] for o in complete if o["type"] == "procmem")
+        assert len(trace.markers) == sum(o["type"] == "marker" for o in complete)
+        assert len(trace.processes) == sum(o["type"] == "process" for o in complete)
+        assert len(trace.keyframes) == sum(o["type"] == "keyframe" for o in complete)
+        assert trace.lost == (4 if any(o["type"] == "lost" for o in complete) else 0)
+        # AND a cut anywhere but the end is reported
+        if cut == len(data):
+            assert trace.warnings == [] and trace.trailer is not None
+        else:
+            assert trace.warnings, cut
+            assert trace.trailer is None
+            truncated = [w for w in trace.warnings if w.startswith("truncated tail")]
+            if cut < header_end:
+                assert trace.header == {} and "inside its header" in trace.warnings[0]
+            elif any(end == cut for _, end in objs):
+                assert truncated == [] and "no trailer" in trace.warnings[-1]
+            else:
+                assert truncated and truncated[0].startswith(f"truncated tail after {len(complete)} records")
+
+
+def load_trace_bytes(tmp_path, data: bytes, name: str = "t.mrec"):
+    path = tmp_path / name
+    path.write_bytes(data)
+    return load_trace(path)
+
+
+def test_corrupt_bytes_mid_file_keep_what_came_before(tmp_path):
+    # GIVEN a trace whose second record after the header starts with a byte msgpack never uses (0xc1)
+    data = small_trace_bytes(tmp_path)
+    objs = raw_objects(data)
+    start = objs[1][1]  # where the record after the process record starts
+    damaged = data[:start] + b"\xc1" + data[start + 1 :]
+    # WHEN loaded
+    trace = load_trace_bytes(tmp_path, damaged)
+    # THEN the records before the damage are kept and a warning gives its offset
+    assert len(trace.processes) == 1
+    assert any(f"corrupt trace after 1 records at byte {objs[1][1]}" in w for w in trace.warnings)
+
+
+def test_random_byte_damage_never_raises_anything_but_trace_format_error(tmp_path):
+    # GIVEN a small trace, and 400 copies each with a few random bytes overwritten
+    data = small_trace_bytes(tmp_path)
+    header_end = raw_objects(data)[0][1]
+    rng = np.random.default_rng(7)
+    path = tmp_path / "fuzz.mrec"
+    for _ in range(400):
+        damaged = bytearray(data)
+        for pos in rng.integers(0, len(data), rng.integers(1, 4)):
+            damaged[pos] = int(rng.integers(0, 256))
+        path.write_bytes(bytes(damaged))
+        # WHEN loaded and dumped
+        try:
+            trace = load_trace(path)
+            with TraceReader(path) as reader:
+                records = list(reader)
+                dump_trace(reader, io.StringIO())
+        except TraceFormatError:
+            continue  # the header was hit: refusing the file is the right answer
+        # THEN it never raises anything else, and damage after the header is reported or harmless
+        assert isinstance(trace.events, np.ndarray) and len(records) <= 9
+        if bytes(damaged[:header_end]) == data[:header_end] and bytes(damaged) != data:
+            assert trace.warnings or len(trace.events) == 3
+
+
+def test_a_malformed_record_is_skipped_and_the_rest_is_read(tmp_path):
+    # GIVEN a trace with a malformed events record (short column) and a non-map object between good ones
+    ev = synthetic_events(4)
+    bad = msgpack.unpackb(fmt.encode_record({"type": "events", "events": ev}))
+    bad["columns"]["ts"] = b"\0"
+    parts = [
+        fmt.encode_record(fmt.finalize_header(HEADER)),
+        fmt.packb(bad),
+        fmt.packb([1, 2, 3]),
+        fmt.encode_record({"type": "events", "events": ev}),
+        fmt.encode_record({"type": "trailer"}),
+    ]
+    # WHEN loaded
+    trace = load_trace_bytes(tmp_path, b"".join(parts))
+    # THEN the good events are read and the two bad records are reported once
+    np.testing.assert_array_equal(trace.events, ev)
+    malformed = [w for w in trace.warnings if "malformed" in w]
+    assert len(malformed) == 1
+    assert malformed[0].startswith("skipped 2 malformed record(s); first at byte ")
+    assert "column 'ts' has 1 bytes for 4 rows" in malformed[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# identity and versions
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"hello world, not a trace\n",
+        b'{"json": true}',
+        b"\x89PNG\r\n\x1a\n" + b"\0" * 100,
+        msgpack.packb({"magic": "other-format", "version": 1}),
+        msgpack.packb([fmt.MAGIC, 1]),
+        msgpack.packb({"magic": fmt.MAGIC, "version": "one"}),
+        b"\x81\xa5magic\xa5other",
+        b"\xc1" * 10,
+        b"\x81\x91\x01\x02",
+        fmt.encode_record({**fmt.finalize_header(HEADER), "columns": {"events": [["ts", "|O8"]]}}),
+        fmt.encode_record({**fmt.finalize_header(HEADER), "columns": {"events": [["ts", "<f8"]]}}),
+        fmt.encode_record({**fmt.finalize_header(HEADER), "columns": {"events": [["ts", "bogus"]]}}),
+    ],
+    ids=["text", "json", "png", "other-magic", "array", "bad-version", "cut-other-magic", "invalid-msgpack",
+         "unhashable-key", "object-column", "float-ts", "bogus-dtype"],
+)
+def test_a_file_that_is_not_a_trace_is_refused(tmp_path, data):
+    # GIVEN a file that is not a memrec trace
+    path = tmp_path / "x.mrec"
+    path.write_bytes(data)
+    # WHEN opened THEN TraceFormatError says so
+    with pytest.raises(TraceFormatError, match="not a memrec trace|malformed column schema"):
+        TraceReader(path)
+    with pytest.raises(TraceFormatError, match="not a memrec trace|malformed column schema"):
+        load_trace(path)
+
+
+def test_an_empty_file_is_a_trace_cut_inside_its_header(tmp_path):
+    # GIVEN an empty file (the recorder just created it)
+    path = tmp_path / "x.mrec"
+    path.write_bytes(b"")
+    # WHEN loaded THEN it is an empty trace with a warning, not an error
+    trace = load_trace(path)
+    assert trace.header == {} and len(trace.events) == 0
+    assert trace.warnings == ["trace ends inside its header (0 bytes): no records (still being created, or cut)"]
+
+
+def test_a_newer_major_version_is_refused_naming_both_versions(tmp_path):
+    # GIVEN a trace written by a future memrec with format 2.3
+    header = {**fmt.finalize_header(HEADER), "version": 2, "minor": 3}
+    path = tmp_path / "new.mrec"
+    path.write_bytes(fmt.encode_record(header) + fmt.encode_record({"type": "trailer"}))
+    # WHEN opened THEN the error names both versions
+    with pytest.raises(TraceFormatError, match=r"version 2\.3 is newer than this memrec reads \(format version 1\.0\)"):
+        TraceReader(path)
+
+
+def test_a_newer_minor_versions_unknown_records_are_skipped_with_a_warning(tmp_path):
+    # GIVEN a 1.4 trace with two records of a type this version does not know
+    ev = synthetic_events(3)
+    header = {**fmt.finalize_header(HEADER), "minor": 4, "new_header_field": {"x": 1}}
+    parts = [
+        fmt.encode_record(header),
+        fmt.packb({"type": "gpu_clocks", "ts": 1, "mhz": [1980]}),
+        fmt.encode_record({"type": "events", "events": ev}),
+        fmt.packb({"type": "gpu_clocks", "ts": 2, "mhz": [1980]}),
+        fmt.encode_record(fmt.marker_record(MARKER)),
+        fmt.encode_record({"type": "trailer"}),
+    ]
+    # WHEN loaded
+    trace = load_trace_bytes(tmp_path, b"".join(parts))
+    # THEN the known records are read, and one warning names the unknown type and its count
+    np.testing.assert_array_equal(trace.events, ev)
+    assert trace.markers == [MARKER]
+    assert trace.header["new_header_field"] == {"x": 1}
+    assert [w for w in trace.warnings if "gpu_clocks" in w] == [
+        "skipped 2 record(s) of unknown type 'gpu_clocks' (written by a newer memrec? this one reads format 1.x)"
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# frames (marker socket and live subscribers)
+
+
+def test_frames_fed_one_byte_at_a_time_decode_to_the_same_records():
+    # GIVEN framed records: a header, an events chunk, a marker
+    ev = synthetic_events(20)
+    stream = b"".join(
+        encode_frame(r)
+        for r in (fmt.finalize_header(HEADER), {"type": "events", "events": ev}, fmt.marker_record(MARKER))
+    )
+    # WHEN fed one byte at a time
+    decoder = FrameDecoder(max_size=1 << 20)
+    records = []
+    for i in range(len(stream)):
+        records += decoder.feed(stream[i : i + 1])
+    # THEN the records come out whole and decoded, with nothing left over
+    assert [r["type"] for r in records] == ["header", "events", "marker"]
+    np.testing.assert_array_equal(records[1]["events"], ev)
+    assert fmt.marker_from_record(records[2]) == MARKER
+    assert decoder.pending == 0
+
+
+def test_an_oversized_frame_is_refused_before_its_payload_arrives():
+    # GIVEN a client decoder (64 KiB limit) and a length prefix of 64 KiB + 1
+    decoder = FrameDecoder()
+    good = encode_frame({"type": "mark", "name": "x"})
+    # WHEN fed a good frame then only the bad prefix
+    with pytest.raises(FrameError, match=f"{MAX_CLIENT_FRAME + 1} bytes is over the limit of {MAX_CLIENT_FRAME}") as info:
+        decoder.feed(good + (MAX_CLIENT_FRAME + 1).to_bytes(4, "big"))
+    # THEN the good frame before it is still handed over
+    assert info.value.records == [{"type": "mark", "name": "x"}]
+    with pytest.raises(FrameError, match="over the limit"):
+        encode_frame(b"x" * 10, max_size=9)
+
+
+@pytest.mark.parametrize("payload", [b"\xc1", b"\x93\x01\x02\x03", b"\x81\xa4type\x05", b"", b"\x01\x02"])
+def test_a_frame_that_is_not_a_record_is_refused(payload):
+    # GIVEN a frame whose payload is not one msgpack map with a string type
+    # WHEN decoded THEN FrameError
+    with pytest.raises(FrameError, match="bad frame"):
+        FrameDecoder().feed(len(payload).to_bytes(4, "big") + payload)
+
+
+def test_iter_frames_reads_a_subscriber_stream_teed_from_the_writer(tmp_path):
+    # GIVEN a writer teeing framed records to a subscriber's stream
+    stream = io.BytesIO()
+    path = tmp_path / "t.mrec"
+    ev = synthetic_events(300)
+    with TraceWriter(path, HEADER, tee=lambda data: stream.write(encode_frame(data)), max_chunk_rows=128) as w:
+        w.write_events(ev)
+        w.write_marker(MARKER)
+    stream.seek(0)
+    # WHEN the subscriber reads it
+    records = list(iter_frames(stream))
+    # THEN it gets the same records the file holds
+    with TraceReader(path) as reader:
+        from_file = list(reader)
+    assert [r["type"] for r in records] == ["header"] + [r["type"] for r in from_file]
+    np.testing.assert_array_equal(np.concatenate([r["events"] for r in records if r["type"] == "events"]), ev)
+    # AND a stream cut inside a frame is an error
+    with pytest.raises(FrameError, match="ended inside a frame"):
+        list(iter_frames(io.BytesIO(stream.getvalue()[:-3])))
+
+
+def test_a_stream_header_of_a_newer_major_version_is_refused():
+    # GIVEN a subscriber stream whose header is format 2
+    frame = encode_frame({**fmt.finalize_header(HEADER), "version": 2})
+    # WHEN decoded THEN FrameError names the version
+    with pytest.raises(FrameError, match="version 2"):
+        FrameDecoder(1 << 20).feed(frame)
+
+
+# ---------------------------------------------------------------------------------------------
+# golden file
+
+
+def test_the_writer_still_produces_the_golden_bytes():
+    # GIVEN the committed golden trace and the script that made it
+    golden = make_golden_module()
+    # WHEN the script runs with today's writer
+    # THEN the bytes are identical (a difference is a format change: regenerate deliberately)
+    assert golden.golden_bytes() == GOLDEN.read_bytes()
+
+
+def test_the_golden_trace_decodes_to_what_it_was_written_with():
+    # GIVEN the committed golden trace
+    # WHEN loaded
+    trace = load_trace(GOLDEN)
+    # THEN its content is the recording make_golden.py describes
+    assert trace.warnings == []
+    assert trace.header["version"] == 1 and trace.header["host"] == "golden-host"
+    assert [g.name for g in trace.gpus] == ["NVIDIA H200", "NVIDIA H200"]
+    assert len(trace.events) == 11 and (np.diff(trace.events["ts"].astype(np.int64)) > 0).all()
+    export = trace.events[trace.events["kind"] == Kind.IPC_EXPORT]
+    opened = trace.events[trace.events["kind"] == Kind.IPC_OPEN]
+    assert export["ipc"][0].tobytes() == opened["ipc"][0].tobytes() == bytes(range(64))
+    oom = trace.events[trace.events["result"] == 2]
+    assert oom["api"].tolist() == [Api.cuMemAlloc_v2] and oom["gpu"].tolist() == [1]
+    assert trace.processes[4243].rank == {"tp": 1}
+    assert [m.phase for m in trace.markers] == ["begin", "instant", "end"]
+    assert trace.keyframes[0].event_index == 8 and trace.lost == 3
+    assert len(trace.nvml) == 2 and len(trace.procmem) == 2
+    assert trace.trailer["reason"] == "SIGTERM" and trace.trailer["counts"]["events"] == 11
+
+
+def test_the_spec_example_reads_the_golden_trace_with_only_msgpack_and_numpy(tmp_path):
+    # GIVEN the Python example from docs/format.md
+    doc = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "format.md").read_text()
+    example = doc.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "import memrec" not in example and "from memrec" not in example
+    script = tmp_path / "example.py"
+    script.write_text(example)
+    # WHEN it runs on the golden trace
+    out = subprocess.run([sys.executable, str(script), str(GOLDEN)], capture_output=True, text=True, timeout=60)
+    # THEN it finds the same events as memrec
+    assert out.returncode == 0, out.stderr
+    trace = load_trace(GOLDEN)
+    assert f"{len(trace.events)} events" in out.stdout
+    assert f"{int(trace.events['size'].sum())} bytes" in out.stdout

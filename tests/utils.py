@@ -1,0 +1,62 @@
+"""Helpers for tests: build event arrays by hand.
+
+    events(
+        ev(Kind.ALLOC, pid=1, ptr=0x1000, size=MiB, gpu=0),
+        ev(Kind.FREE, pid=1, ptr=0x1000),
+    )
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from memrec.columns import EVENT_DTYPE
+from memrec.columns import empty_events
+from memrec.events import API_KIND
+from memrec.events import FLAG_IPC_BYTES
+from memrec.events import IPC_HANDLE_SIZE
+from memrec.events import Api
+from memrec.events import Kind
+
+KiB = 2**10
+MiB = 2**20
+GiB = 2**30
+
+#: The Api an event of each kind gets when a test does not name one (the first in API_KIND).
+DEFAULT_API: dict[Kind, Api] = {}
+for _api, _kind in API_KIND.items():
+    DEFAULT_API.setdefault(_kind, _api)
+
+
+def handle_bytes(n: int) -> bytes:
+    """64 distinct, deterministic IPC/fabric handle bytes for ``n``."""
+    return bytes((n + i) % 256 for i in range(IPC_HANDLE_SIZE))
+
+
+def ev(kind: Kind, api: Api | None = None, **fields) -> np.void:
+    """One EVENT_DTYPE row: ``ordinal``/``gpu`` default to -1, ``api`` to the kind's usual one.
+
+    ``ipc=<bytes>`` (up to 64) also sets FLAG_IPC_BYTES.
+    """
+    row = empty_events(1)
+    row["kind"] = int(kind)
+    row["api"] = int(api if api is not None else DEFAULT_API.get(kind, Api.NONE))
+    ipc = fields.pop("ipc", None)
+    if ipc is not None:
+        row["ipc"] = np.void(bytes(ipc).ljust(IPC_HANDLE_SIZE, b"\0"))
+        row["flags"] |= FLAG_IPC_BYTES
+    for key, value in fields.items():
+        row[key] = value
+    return row[0]
+
+
+def events(*rows: np.void, step: int = 1000) -> np.ndarray:
+    """An EVENT_DTYPE array of ``rows``; a row without ``ts`` gets the previous one's + ``step``."""
+    out = np.zeros(len(rows), dtype=EVENT_DTYPE)
+    ts = 0
+    for i, row in enumerate(rows):
+        out[i] = row
+        if out["ts"][i] == 0:
+            out["ts"][i] = ts + step
+        ts = int(out["ts"][i])
+    return out

@@ -1,0 +1,85 @@
+"""Messages the data sources post to the app (the only way a source thread talks to it).
+
+``post_message`` is thread-safe; everything here is plain data. Floods are merged with
+``can_replace``: Textual drops a pending message when the one queued after it can replace it,
+so :class:`RecordsReceived` moves its records into the newer message before saying yes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from dataclasses import field
+
+from textual.message import Message
+
+
+@dataclass
+class RecordsReceived(Message):
+    """Decoded trace records from the live daemon, in stream order."""
+
+    records: list[dict] = field(default_factory=list)
+
+    def can_replace(self, message: Message) -> bool:
+        if isinstance(message, RecordsReceived):
+            message.records[:0] = self.records
+            self.records = []
+            return True
+        return False
+
+
+@dataclass
+class Connected(Message):
+    """The live source subscribed to the daemon (again, after a reconnect when ``attempt`` > 1)."""
+
+    path: str
+    attempt: int
+
+
+@dataclass
+class Disconnected(Message):
+    """The live connection ended; the source retries in ``retry_in`` seconds."""
+
+    reason: str
+    retry_in: float
+
+
+@dataclass
+class LoadProgress(Message):
+    """A file source's progress: ``phase`` is "scan" (reading records) or "index" (replaying)."""
+
+    phase: str
+    done: int
+    total: int
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, LoadProgress) and message.phase == self.phase
+
+
+@dataclass
+class Loaded(Message):
+    """The file was scanned: the model can draw the whole time range (the replay goes on)."""
+
+    seconds: float
+
+
+@dataclass
+class Indexed(Message):
+    """The replay reached the end: series and checkpoints cover the whole trace."""
+
+    seconds: float
+
+
+@dataclass
+class SourceFailed(Message):
+    """The source cannot go on (a file that became unreadable): one line for the user."""
+
+    error: str
+
+
+@dataclass
+class CursorStateReady(Message):
+    """The state at the cursor, computed in a worker (``key`` says which request it answers)."""
+
+    key: tuple
+    state: object
+    other: object = None

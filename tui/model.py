@@ -1,0 +1,1275 @@
+"""The TUI's data model: pure numpy + :class:`memrec.state.LiveState`, no Textual.
+
+A :class:`TraceModel` holds what a trace (a file being read, or a live daemon stream) says, and
+answers what the screen asks for:
+
+- a *time index* over the events (``seq`` = position in the trace, ``ts`` = CLOCK_MONOTONIC ns):
+  event chunks are kept as they were read (zero-copy column views for a file), with a monotone
+  envelope of the timestamps to turn a time into a ``seq``;
+- per-GPU *series* of bytes by category, built by replaying the events through a journaling
+  :class:`LiveState` (:meth:`TraceModel.index_step`, run in a worker thread for a file so that
+  the first frame never waits for it); until the replay reaches a time, the series there comes
+  from the trace's keyframes (coarse, drawn dim);
+- :meth:`TraceModel.viewport`: the series downsampled to one column per cell for a time range:
+  each column shows the stack at the instant of its peak (a block-max pyramid keeps this
+  O(columns) however many events the range holds), NVML's used memory beside it;
+- :meth:`TraceModel.state_at`: who holds what at a ``seq``: the nearest checkpoint (a file
+  keyframe, or a snapshot the replay took every ``checkpoint_every`` events) restored with
+  ``LiveState.from_snapshot`` plus a replay of the gap — never a replay from the start;
+- :meth:`TraceModel.events_window`: the events around a ``seq`` that pass an :class:`EventFilter`;
+- navigation: next/previous marker, phase, failed allocation (OOM), big allocation.
+
+Live mode bounds memory: :meth:`TraceModel.trim` drops the oldest event chunks, checkpoints and
+series points beyond ``max_events``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+import threading
+from dataclasses import dataclass
+from dataclasses import field
+from typing import Any
+from typing import Iterable
+
+import numpy as np
+
+from memrec.columns import EVENT_DTYPE
+from memrec.columns import NVML_DTYPE
+from memrec.events import CATEGORIES
+from memrec.events import CU_RESULT_NAMES
+from memrec.events import Api
+from memrec.events import GpuInfo
+from memrec.events import Kind
+from memrec.events import Marker
+from memrec.events import ProcessInfo
+from memrec.state import LiveState
+
+#: Category indices (same order as memrec.events.CATEGORIES).
+DRIVER, VMM, IPC_MAPPED, HOST_PINNED = range(4)
+NCAT = len(CATEGORIES)
+#: Categories stacked as owned device memory, bottom first; ipc_mapped is a view drawn above.
+OWNED = (DRIVER, VMM, HOST_PINNED)
+#: Kinds whose failure is a failed allocation (an OOM when the result is 2).
+ALLOC_KINDS = np.array([Kind.ALLOC, Kind.VMM_CREATE, Kind.HOST_ALLOC, Kind.IPC_OPEN, Kind.HOST_REGISTER], dtype=np.uint16)
+#: Allocations of at least this many bytes are remembered for "next big allocation".
+BIG_MIN = 64 << 20
+#: Block size of the max pyramid used to downsample series.
+BLOCK = 512
+NEVER = np.iinfo(np.int64).max
+
+
+# ----------------------------------------------------------------------------------------------
+# small helpers
+
+
+class Grow:
+    """A growable 1-D numpy array (capacity doubling), ``.a`` is the live view."""
+
+    def __init__(self, dtype: Any, capacity: int = 1024) -> None:
+        self._buf = np.zeros(capacity, dtype=dtype)
+        self.n = 0
+
+    @property
+    def a(self) -> np.ndarray:
+        return self._buf[: self.n]
+
+    def extend(self, values: np.ndarray) -> None:
+        m = len(values)
+        if self.n + m > len(self._buf):
+            cap = max(len(self._buf) * 2, self.n + m)
+            new = np.zeros(cap, dtype=self._buf.dtype)
+            new[: self.n] = self._buf[: self.n]
+            self._buf = new
+        self._buf[self.n : self.n + m] = values
+        self.n += m
+
+    def drop_front(self, k: int) -> None:
+        if k <= 0:
+            return
+        k = min(k, self.n)
+        self._buf = self._buf[k : self.n].copy() if self.n - k else np.zeros(16, dtype=self._buf.dtype)
+        self.n -= k
+
+
+def fmt_bytes(n: int | float | None, signed: bool = False) -> str:
+    """Human bytes with binary units (``1.5G``, ``640M``, ``12K``, ``0``)."""
+    if n is None:
+        return "-"
+    n = int(n)
+    sign = ""
+    if n < 0:
+        sign, n = "-", -n
+    elif signed and n > 0:
+        sign = "+"
+    for unit, shift in (("T", 40), ("G", 30), ("M", 20), ("K", 10)):
+        if n >= 1 << shift:
+            v = n / (1 << shift)
+            return f"{sign}{v:.1f}{unit}" if v < 100 else f"{sign}{v:.0f}{unit}"
+    return f"{sign}{n}"
+
+
+def fmt_dur(ns: int | float) -> str:
+    """A duration: ``850ns``, ``12.3ms``, ``4.20s``, ``3m05s``, ``2h03m``."""
+    ns = float(ns)
+    neg = ns < 0
+    ns = abs(ns)
+    if ns < 1e3:
+        s = f"{ns:.0f}ns"
+    elif ns < 1e6:
+        s = f"{ns / 1e3:.1f}us"
+    elif ns < 1e9:
+        s = f"{ns / 1e6:.1f}ms"
+    elif ns < 60e9:
+        s = f"{ns / 1e9:.2f}s"
+    elif ns < 3600e9:
+        m, sec = divmod(int(ns / 1e9), 60)
+        s = f"{m}m{sec:02d}s"
+    else:
+        h, m = divmod(int(ns / 60e9), 60)
+        s = f"{h}h{m:02d}m"
+    return "-" + s if neg else s
+
+
+_SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)([kmgt]?)i?b?$", re.I)
+
+
+def parse_size(text: str) -> int:
+    """``"1G"`` → 1073741824, ``"512m"``, ``"4096"``. Raises ValueError."""
+    m = _SIZE_RE.match(text.strip())
+    if not m:
+        raise ValueError(f"not a size: {text!r}")
+    mult = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(2).lower()]
+    return int(float(m.group(1)) * mult)
+
+
+KIND_NAMES = {int(k): k.name.lower() for k in Kind}
+API_NAMES = {int(a): a.name for a in Api}
+
+
+# ----------------------------------------------------------------------------------------------
+# filters
+
+
+@dataclass(frozen=True)
+class EventFilter:
+    """Which events the event table shows. Empty fields match everything."""
+
+    pids: frozenset[int] = frozenset()
+    kinds: frozenset[int] = frozenset()
+    min_size: int = 0
+    phase: str = ""
+    text: str = ""
+    failed: bool = False
+
+    @property
+    def empty(self) -> bool:
+        return self == EventFilter()
+
+
+def parse_filter(text: str) -> EventFilter:
+    """Parse the filter box: ``pid:123,456 kind:alloc,free size>=1G phase:weights fail some text``.
+
+    Unknown ``key:value`` words and malformed values raise ValueError with a one-line reason.
+    """
+    pids: set[int] = set()
+    kinds: set[int] = set()
+    min_size = 0
+    phase = ""
+    failed = False
+    words = []
+    for word in text.split():
+        low = word.lower()
+        if low.startswith("pid:"):
+            try:
+                pids.update(int(p) for p in low[4:].split(",") if p)
+            except ValueError:
+                raise ValueError(f"pid: wants numbers, got {word[4:]!r}") from None
+        elif low.startswith("kind:"):
+            for name in low[5:].split(","):
+                if not name:
+                    continue
+                match = [int(k) for k in Kind if k.name.lower() == name or k.name.lower().startswith(name)]
+                if not match:
+                    raise ValueError(f"kind: no event kind {name!r} (alloc, free, vmm_create, ipc_open, ...)")
+                kinds.update(match)
+        elif low.startswith(("size>=", "size>", "size:")):
+            value = low.split(">=", 1)[1] if ">=" in low else low.split(">", 1)[1] if ">" in low else low[5:]
+            min_size = parse_size(value)
+        elif low.startswith("phase:"):
+            phase = word[6:]
+        elif low in ("fail", "failed", "oom", "!ok"):
+            failed = True
+        else:
+            words.append(word)
+    return EventFilter(frozenset(pids), frozenset(kinds), min_size, phase, " ".join(words).lower(), failed)
+
+
+# ----------------------------------------------------------------------------------------------
+# phases
+
+
+@dataclass(frozen=True)
+class PhaseSpan:
+    """A phase from a begin/end pair of markers (an instant marker has ``end == begin``)."""
+
+    name: str
+    pid: int
+    gpu: int | None
+    begin: int
+    end: int  # NEVER while still open
+    values: dict = field(default_factory=dict, compare=False, hash=False)
+
+
+def phase_spans(markers: Iterable[Marker]) -> list[PhaseSpan]:
+    """Pair begin/end markers per (pid, name) (nested and repeated phases allowed), in begin order."""
+    open_: dict[tuple[int, str], list[Marker]] = {}
+    spans: list[PhaseSpan] = []
+    for m in sorted(markers, key=lambda m: m.ts):
+        key = (m.pid, m.name)
+        if m.phase == "begin":
+            open_.setdefault(key, []).append(m)
+        elif m.phase == "end":
+            stack = open_.get(key)
+            if stack:
+                b = stack.pop()
+                spans.append(PhaseSpan(m.name, m.pid, b.gpu, b.ts, m.ts, {**b.values, **m.values}))
+        else:
+            spans.append(PhaseSpan(m.name, m.pid, m.gpu, m.ts, m.ts, dict(m.values)))
+    for stack in open_.values():
+        for b in stack:
+            spans.append(PhaseSpan(b.name, b.pid, b.gpu, b.ts, NEVER, dict(b.values)))
+    spans.sort(key=lambda s: (s.begin, s.pid, s.name))
+    return spans
+
+
+class PhaseIndex:
+    """Which phase a process was in at a time (the innermost open span of that pid)."""
+
+    def __init__(self, spans: list[PhaseSpan]) -> None:
+        self.spans = spans
+        self._by_pid: dict[int, list[PhaseSpan]] = {}
+        for s in spans:
+            if s.end != s.begin:
+                self._by_pid.setdefault(s.pid, []).append(s)
+
+    def phase_of(self, pid: int, ts: int) -> str:
+        best = ""
+        best_begin = -1
+        for s in self._by_pid.get(pid, ()):
+            if s.begin > ts:
+                break
+            if ts < s.end and s.begin >= best_begin:
+                best, best_begin = s.name, s.begin
+        return best
+
+    def phases_of(self, pids: np.ndarray, tss: np.ndarray) -> list[str]:
+        out = [""] * len(pids)
+        if not self._by_pid:
+            return out
+        for i, (p, t) in enumerate(zip(pids.tolist(), tss.tolist())):
+            if p in self._by_pid:
+                out[i] = self.phase_of(p, t)
+        return out
+
+
+# ----------------------------------------------------------------------------------------------
+# views returned to the widgets
+
+
+@dataclass
+class SeriesView:
+    """One GPU's series over ``width`` columns of a time range (bytes, int64 arrays)."""
+
+    t0: int
+    t1: int
+    width: int
+    cats: np.ndarray  # (NCAT, width): bytes of each category at the column's peak
+    nvml_used: np.ndarray  # (width,) max NVML used in the column, -1 when no sample yet
+    coarse: np.ndarray  # (width,) bool: from keyframes (the replay has not reached it)
+    has_data: np.ndarray  # (width,) bool: inside the trace's time range
+    other_total: np.ndarray | None = None  # (width,) diff mode: the other trace's owned total
+
+    @property
+    def owned(self) -> np.ndarray:
+        return self.cats[list(OWNED)].sum(axis=0)
+
+    @property
+    def untraced(self) -> np.ndarray:
+        return np.where(self.nvml_used >= 0, np.maximum(self.nvml_used - self.owned, 0), 0)
+
+    def peak(self) -> int:
+        top = self.owned + self.untraced + self.cats[IPC_MAPPED]
+        return int(max(top.max(initial=0), self.nvml_used.max(initial=0)))
+
+
+@dataclass
+class LiveAlloc:
+    pid: int
+    label: str
+    category: str
+    size: int
+    address: int
+    ts: int
+    age: int
+    phase: str
+    api: str
+
+
+@dataclass
+class CursorState:
+    """Who holds what on one GPU after the event ``seq`` (at time ``ts``)."""
+
+    gpu: int
+    seq: int
+    ts: int
+    by_category: dict[str, int]
+    by_process: list[tuple[int, str, dict[str, int], int]]  # pid, label, category -> bytes, owned
+    by_phase: list[tuple[str, int, int]]  # phase, bytes, count
+    largest: list[LiveAlloc]
+    nvml: dict[str, int] | None
+    exact: bool = True
+
+    @property
+    def owned(self) -> int:
+        return sum(self.by_category.get(CATEGORIES[c], 0) for c in OWNED)
+
+    @property
+    def untraced(self) -> int | None:
+        if not self.nvml or self.nvml.get("used", -1) < 0:
+            return None
+        return self.nvml["used"] - self.owned
+
+
+@dataclass
+class EventRows:
+    """Events around a cursor: ``rows`` (EVENT_DTYPE), their seqs and phases; ``center`` is the
+    row index of the last event at or before the cursor (-1 if none)."""
+
+    rows: np.ndarray
+    seqs: np.ndarray
+    phases: list[str]
+    center: int
+    scanned_all: bool = True
+
+
+# ----------------------------------------------------------------------------------------------
+# the event store
+
+
+class EventStore:
+    """Event chunks in trace order, each an EVENT_DTYPE array or a lazily converted column chunk."""
+
+    def __init__(self, cache_chunks: int = 16) -> None:
+        self._chunks: list[Any] = []
+        self._starts: list[int] = []  # seq of each chunk's first event
+        self.base = 0  # seq of the first event still held
+        self.n = 0  # events seen (seq of the next)
+        self._ts = Grow(np.uint64, 1 << 16)  # monotone envelope of ts, from self.base
+        self._cache: dict[int, np.ndarray] = {}
+        self._cache_max = cache_chunks
+
+    def __len__(self) -> int:
+        return self.n - self.base
+
+    def append(self, chunk: Any) -> int:
+        """Add a chunk (EVENT_DTYPE array or an object with ``.n``, ``.columns`` and ``.to_array()``)."""
+        n = len(chunk) if isinstance(chunk, np.ndarray) else chunk.n
+        if n == 0:
+            return self.n
+        ts = chunk["ts"] if isinstance(chunk, np.ndarray) else chunk.columns["ts"]
+        env = np.maximum.accumulate(ts.astype(np.uint64, copy=False))
+        if self._ts.n:
+            env = np.maximum(env, self._ts.a[-1])
+        self._ts.extend(env)
+        start = self.n
+        self._chunks.append(chunk)
+        self._starts.append(start)
+        self.n += n
+        return start
+
+    @property
+    def ts(self) -> np.ndarray:
+        """Monotone envelope of the held events' timestamps (index = seq - base)."""
+        return self._ts.a
+
+    def first_ts(self) -> int | None:
+        return int(self._ts.a[0]) if self._ts.n else None
+
+    def last_ts(self) -> int | None:
+        return int(self._ts.a[-1]) if self._ts.n else None
+
+    def seq_at(self, ts: int) -> int:
+        """The seq of the last event with ts <= ``ts`` (base - 1 if none)."""
+        return self.base + int(np.searchsorted(self._ts.a, np.uint64(max(ts, 0)), side="right")) - 1
+
+    def ts_of(self, seq: int) -> int:
+        i = min(max(seq - self.base, 0), self._ts.n - 1)
+        return int(self._ts.a[i]) if self._ts.n else 0
+
+    def _array(self, k: int) -> np.ndarray:
+        c = self._chunks[k]
+        if isinstance(c, np.ndarray):
+            return c
+        start = self._starts[k]
+        arr = self._cache.get(start)
+        if arr is None:
+            arr = c.to_array()
+            if len(self._cache) >= self._cache_max:
+                self._cache.pop(next(iter(self._cache)))
+            self._cache[start] = arr
+        return arr
+
+    def slice(self, lo: int, hi: int) -> np.ndarray:
+        """Events with seq in [lo, hi) as one EVENT_DTYPE array (a view when inside one chunk)."""
+        lo = max(lo, self.base)
+        hi = min(hi, self.n)
+        if hi <= lo:
+            return np.zeros(0, dtype=EVENT_DTYPE)
+        k = bisect.bisect_right(self._starts, lo) - 1
+        parts = []
+        while k < len(self._chunks) and self._starts[k] < hi:
+            arr = self._array(k)
+            s = self._starts[k]
+            parts.append(arr[max(lo - s, 0) : hi - s])
+            k += 1
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def column(self, name: str, lo: int, hi: int) -> np.ndarray:
+        """One column for seq in [lo, hi), read from column views without converting chunks."""
+        lo = max(lo, self.base)
+        hi = min(hi, self.n)
+        if hi <= lo:
+            return np.zeros(0, dtype=EVENT_DTYPE[name])
+        k = bisect.bisect_right(self._starts, lo) - 1
+        parts = []
+        while k < len(self._chunks) and self._starts[k] < hi:
+            c = self._chunks[k]
+            col = c[name] if isinstance(c, np.ndarray) else c.columns.get(name)
+            s = self._starts[k]
+            n = len(c) if isinstance(c, np.ndarray) else c.n
+            if col is None:
+                col = self._array(k)[name]
+            parts.append(col[max(lo - s, 0) : min(hi - s, n)])
+            k += 1
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def drop_before(self, seq: int) -> None:
+        """Forget whole chunks that end at or before ``seq``."""
+        k = 0
+        while k + 1 < len(self._chunks) and self._starts[k + 1] <= seq:
+            k += 1
+        if k == 0:
+            return
+        new_base = self._starts[k]
+        self._ts.drop_front(new_base - self.base)
+        for s in self._starts[:k]:
+            self._cache.pop(s, None)
+        del self._chunks[:k]
+        del self._starts[:k]
+        self.base = new_base
+
+
+# ----------------------------------------------------------------------------------------------
+# per-GPU series
+
+
+class GpuSeries:
+    """Step series of one GPU's bytes per category, one point per change (from the journal)."""
+
+    def __init__(self) -> None:
+        self.seq = Grow(np.int64)
+        self.ts = Grow(np.uint64)
+        self.cum = [Grow(np.int64) for _ in range(NCAT)]
+        self.total = Grow(np.int64)  # owned + mapped: what the stack peaks on
+        self._last = np.zeros(NCAT, dtype=np.int64)
+        self._bmax = Grow(np.int64)
+        self._barg = Grow(np.int64)
+        self.offset = 0  # points dropped from the front (live trimming)
+
+    def __len__(self) -> int:
+        return self.seq.n
+
+    def append(self, seq: np.ndarray, ts: np.ndarray, cat: np.ndarray, delta: np.ndarray) -> None:
+        if not len(seq):
+            return
+        for c in range(NCAT):
+            d = np.where(cat == c, delta, 0)
+            self.cum[c].extend(np.cumsum(d) + self._last[c])
+            self._last[c] = self.cum[c].a[-1]
+        tot = self.cum[0].a[-len(seq) :].copy()
+        for c in range(1, NCAT):
+            tot += self.cum[c].a[-len(seq) :]
+        self.total.extend(tot)
+        self.seq.extend(seq)
+        self.ts.extend(ts)
+
+    def set_initial(self, values: np.ndarray, seq: int, ts: int) -> None:
+        """Start from a known state (a keyframe the trace began with)."""
+        self.append(
+            np.full(NCAT, seq, np.int64), np.full(NCAT, ts, np.uint64), np.arange(NCAT, dtype=np.int8), values.astype(np.int64)
+        )
+
+    def _blocks(self) -> None:
+        full = self.total.n // BLOCK
+        have = self._bmax.n
+        if full > have:
+            part = self.total.a[have * BLOCK : full * BLOCK].reshape(-1, BLOCK)
+            arg = part.argmax(axis=1)
+            self._bmax.extend(part[np.arange(len(part)), arg])
+            self._barg.extend(arg + (np.arange(len(part)) + have) * BLOCK)
+
+    def argmax(self, lo: int, hi: int) -> int:
+        """Index of the largest ``total`` in [lo, hi) (hi > lo)."""
+        tot = self.total.a
+        if hi - lo <= 4 * BLOCK:
+            return lo + int(np.argmax(tot[lo:hi]))
+        self._blocks()
+        b0 = -(-lo // BLOCK)
+        b1 = hi // BLOCK
+        cands = []
+        if lo < b0 * BLOCK:
+            cands.append(lo + int(np.argmax(tot[lo : b0 * BLOCK])))
+        if b1 > b0:
+            bm = self._bmax.a[b0:b1]
+            cands.append(int(self._barg.a[b0 + int(np.argmax(bm))]))
+        if b1 * BLOCK < hi:
+            cands.append(b1 * BLOCK + int(np.argmax(tot[b1 * BLOCK : hi])))
+        return max(cands, key=lambda i: tot[i])
+
+    def values_at(self, i: int) -> np.ndarray:
+        return np.array([self.cum[c].a[i] for c in range(NCAT)], dtype=np.int64)
+
+    def drop_before_seq(self, seq: int) -> None:
+        """Drop points before ``seq``, keeping the last one before it as the start value."""
+        k = int(np.searchsorted(self.seq.a, seq, side="left")) - 1
+        if k <= 0:
+            return
+        for g in (self.seq, self.ts, self.total, *self.cum):
+            g.drop_front(k)
+        self._bmax = Grow(np.int64)
+        self._barg = Grow(np.int64)
+        self.offset += k
+
+
+class NvmlSeries:
+    def __init__(self) -> None:
+        self.ts = Grow(np.uint64)
+        self.used = Grow(np.int64)
+        self.reserved = Grow(np.int64)
+        self.total = Grow(np.int64)
+        self.bar1_used = Grow(np.int64)
+        self.bar1_total = Grow(np.int64)
+
+    def append(self, s: np.ndarray) -> None:
+        self.ts.extend(s["ts"])
+        self.used.extend(s["used"])
+        self.reserved.extend(s["reserved"])
+        self.total.extend(s["total"])
+        self.bar1_used.extend(s["bar1_used"])
+        self.bar1_total.extend(s["bar1_total"])
+
+    def at(self, ts: int) -> dict[str, int] | None:
+        i = int(np.searchsorted(self.ts.a, np.uint64(max(ts, 0)), side="right")) - 1
+        if i < 0:
+            return None
+        return {
+            "ts": int(self.ts.a[i]),
+            "used": int(self.used.a[i]),
+            "reserved": int(self.reserved.a[i]),
+            "total": int(self.total.a[i]),
+            "bar1_used": int(self.bar1_used.a[i]),
+            "bar1_total": int(self.bar1_total.a[i]),
+        }
+
+
+# ----------------------------------------------------------------------------------------------
+# the model
+
+
+class TraceModel:
+    """Everything the TUI shows about one trace (see the module docstring).
+
+    Args:
+        checkpoint_every: events between two snapshots the replay keeps (bounds a cursor move's
+            replay); 0 keeps none.
+        max_events: live mode: events (and series points) kept; older ones are dropped.
+    """
+
+    def __init__(self, checkpoint_every: int = 32768, max_events: int | None = None) -> None:
+        self.lock = threading.RLock()
+        self.header: dict = {}
+        self.gpus: dict[int, GpuInfo] = {}
+        self.store = EventStore()
+        self.nvml: dict[int, NvmlSeries] = {}
+        self.markers: list[Marker] = []
+        self.processes: dict[int, ProcessInfo] = {}
+        self.keyframes: list[tuple[int, int, dict]] = []  # (event_index, ts, state)
+        self.lost = 0
+        self.warnings: list[str] = []
+        self.trailer: dict | None = None
+        self.checkpoint_every = checkpoint_every
+        self.max_events = max_events
+        self.series: dict[int, GpuSeries] = {}
+        self._checkpoints: list[tuple[int, dict]] = []  # (seq, snapshot) taken by the replay
+        self._live = LiveState(journal=True)
+        self._since_checkpoint = 0
+        self.frontier = 0  # events replayed (seq of the next to replay)
+        self._kf_points: list[tuple[int, dict[int, np.ndarray]]] = []  # (ts, gpu -> bytes per cat)
+        self._fail = {k: Grow(np.int64) for k in ("seq", "gpu", "kind", "result", "size")}
+        self._fail_ts = Grow(np.uint64)
+        self._big = {k: Grow(np.int64) for k in ("seq", "gpu", "size")}
+        self._big_ts = Grow(np.uint64)
+        self._phase_cache: tuple[int, PhaseIndex] | None = None
+        self.t_end_hint: int | None = None  # trailer's end_ts
+        self._gpu_pids: dict[int, set[int]] = {}  # pids that ever held memory on a GPU
+        self._gpu_res = Grow(np.int16)  # per replayed event: its GPU as the replay resolved it
+        self._gpu_res_base = 0  # seq of _gpu_res[0]
+
+    # ------------------------------------------------------------------ ingest
+
+    def set_header(self, header: dict) -> None:
+        with self.lock:
+            self.header = header
+            for g in header.get("gpus") or []:
+                info = GpuInfo(**g) if isinstance(g, dict) else g
+                self.gpus[info.index] = info
+
+    def add_events(self, chunk: Any) -> None:
+        """Add an events chunk (EVENT_DTYPE array or a column chunk) in trace order."""
+        with self.lock:
+            start = self.store.append(chunk)
+            n = self.store.n - start
+            if not n:
+                return
+            cols = (lambda name: chunk[name]) if isinstance(chunk, np.ndarray) else (lambda name: chunk.columns[name])
+            kind = cols("kind")
+            result = cols("result")
+            size = cols("size")
+            bad = np.flatnonzero((result != 0) & np.isin(kind, ALLOC_KINDS))
+            if len(bad):
+                self._fail["seq"].extend(bad + start)
+                self._fail_ts.extend(cols("ts")[bad])
+                self._fail["gpu"].extend(cols("gpu")[bad])
+                self._fail["kind"].extend(kind[bad])
+                self._fail["result"].extend(result[bad])
+                self._fail["size"].extend(size[bad])
+            big = np.flatnonzero((size >= BIG_MIN) & (result == 0) & np.isin(kind, ALLOC_KINDS))
+            if len(big):
+                self._big["seq"].extend(big + start)
+                self._big_ts.extend(cols("ts")[big])
+                self._big["gpu"].extend(cols("gpu")[big])
+                self._big["size"].extend(size[big])
+
+    def add_nvml(self, samples: np.ndarray) -> None:
+        with self.lock:
+            for g in np.unique(samples["gpu"]).tolist():
+                self.nvml.setdefault(int(g), NvmlSeries()).append(samples[samples["gpu"] == g])
+
+    def add_marker(self, marker: Marker) -> None:
+        with self.lock:
+            keys = [m.ts for m in self.markers]
+            self.markers.insert(bisect.bisect_right(keys, marker.ts), marker)
+
+    def add_process(self, process: ProcessInfo) -> None:
+        with self.lock:
+            self.processes[process.pid] = process
+
+    def add_keyframe(self, event_index: int, ts: int, state: dict) -> None:
+        """A keyframe of the trace: a checkpoint for :meth:`state_at`, and a coarse series point."""
+        with self.lock:
+            self.keyframes.append((event_index, ts, state))
+            if self.max_events and len(self.keyframes) > 64:
+                del self.keyframes[:-64]
+                del self._kf_points[:-64]
+            try:
+                s = LiveState.from_snapshot(state)
+            except (ValueError, KeyError, TypeError) as error:
+                self.warnings.append(f"keyframe at ts {ts} not usable: {error}")
+                return
+            self._kf_points.append((ts, _totals_by_gpu(s)))
+            if event_index == 0 and self.frontier == 0 and not self._checkpoints and self.store.n == 0:
+                # the trace starts with a state (a rotated file, or a live subscription)
+                s.n_events = 0
+                s.journal = self._live.journal
+                self._live = s
+                for g, values in _totals_by_gpu(s).items():
+                    self.series.setdefault(g, GpuSeries()).set_initial(values, -1, ts)
+
+    def set_lost(self, total: int) -> None:
+        self.lost = max(self.lost, int(total))
+
+    def add_record(self, rec: dict, live: bool = False) -> None:
+        """Add one decoded trace record (as :class:`memrec.trace.frames.FrameDecoder` gives them).
+
+        ``live``: the record comes from a daemon's stream, whose keyframes index the daemon's file:
+        for the stream they hold at the events received so far.
+        """
+        from memrec.trace.format import check_keyframe
+        from memrec.trace.format import marker_from_record
+        from memrec.trace.format import process_from_record
+
+        kind = rec.get("type")
+        if kind == "header":
+            self.set_header(rec)
+        elif kind == "events":
+            self.add_events(rec["events"])
+        elif kind == "nvml":
+            self.add_nvml(rec["samples"])
+        elif kind == "marker":
+            self.add_marker(marker_from_record(rec))
+        elif kind == "process":
+            self.add_process(process_from_record(rec))
+        elif kind == "keyframe":
+            ts, ei, state = check_keyframe(rec)
+            self.add_keyframe(self.store.n if live else ei, ts, state)
+        elif kind == "lost":
+            self.set_lost(rec.get("total", 0))
+        elif kind == "trailer":
+            self.trailer = rec
+            if isinstance(rec.get("end_ts"), int):
+                self.t_end_hint = rec["end_ts"]
+            if isinstance(rec.get("lost"), int):
+                self.set_lost(rec["lost"])
+
+    @classmethod
+    def from_trace(cls, trace: Any, index: bool = True, **kwargs: Any) -> TraceModel:
+        """Build a model from a loaded :class:`memrec.trace.model.Trace` (tests, small traces)."""
+        m = cls(**kwargs)
+        m.set_header(trace.header)
+        for p in trace.processes.values():
+            m.add_process(p)
+        for mk in trace.markers:
+            m.add_marker(mk)
+        kfs = sorted(trace.keyframes, key=lambda k: k.event_index)
+        if kfs and kfs[0].event_index == 0:
+            m.add_keyframe(0, kfs[0].ts, kfs[0].state)
+            kfs = kfs[1:]
+        if len(trace.nvml):
+            m.add_nvml(trace.nvml)
+        if len(trace.events):
+            m.add_events(trace.events)
+        for k in kfs:
+            m.add_keyframe(k.event_index, k.ts, k.state)
+        m.lost = trace.lost
+        m.trailer = trace.trailer
+        m.warnings.extend(trace.warnings)
+        if index:
+            while m.index_step(1 << 20):
+                pass
+        return m
+
+    # ------------------------------------------------------------------ replay
+
+    @property
+    def indexed(self) -> bool:
+        return self.frontier >= self.store.n
+
+    def index_step(self, budget: int = 65536) -> int:
+        """Replay up to ``budget`` more events into the series; return how many were replayed."""
+        lo = self.frontier
+        with self.lock:
+            hi = min(self.store.n, lo + budget)
+            if hi <= lo:
+                return 0
+            events = self.store.slice(lo, hi)
+        if not events.flags.writeable:
+            events = events.copy()
+        done = 0
+        while done < len(events):
+            step = len(events) - done
+            if self.checkpoint_every:
+                step = min(step, self.checkpoint_every - self._since_checkpoint)
+            part = events[done : done + step]
+            self._live.apply(part)
+            with self.lock:
+                self._gpu_res.extend(part["gpu"])
+            done += step
+            self._since_checkpoint += step
+            self._commit_journal()
+            if self.checkpoint_every and self._since_checkpoint >= self.checkpoint_every:
+                snap = self._live.snapshot()
+                with self.lock:
+                    self._checkpoints.append((self._live.n_events, snap))
+                self._since_checkpoint = 0
+            with self.lock:
+                self.frontier = lo + done
+        return done
+
+    def _commit_journal(self) -> None:
+        jr = self._live.journal
+        if not jr:
+            return
+        rows = np.frombuffer(jr, dtype=np.int64).reshape(-1, 6).copy()
+        del jr[:]
+        with self.lock:
+            gpus = rows[:, 2]
+            pairs = np.unique(rows[:, 2] * (1 << 32) + rows[:, 3])
+            for pair in pairs.tolist():
+                self._gpu_pids.setdefault(pair >> 32, set()).add(pair & 0xFFFFFFFF)
+            for g in np.unique(gpus).tolist():
+                sel = rows[gpus == g]
+                self.series.setdefault(int(g), GpuSeries()).append(
+                    sel[:, 0], sel[:, 1].astype(np.uint64), sel[:, 4].astype(np.int8), sel[:, 5]
+                )
+
+    def trim(self) -> None:
+        """Live mode: keep at most ``max_events`` events (and what depends on them)."""
+        if not self.max_events:
+            return
+        with self.lock:
+            if len(self.store) <= self.max_events:
+                return
+            want = min(self.store.n - self.max_events // 2, self.frontier)
+            cps = [c[0] for c in self._checkpoints if c[0] <= want]
+            if not cps:
+                return  # no checkpoint to restart from yet: keep everything
+            self.store.drop_before(cps[-1])
+            cut = self.store.base
+            self._gpu_res.drop_front(cut - self._gpu_res_base)
+            self._gpu_res_base = cut
+            self._checkpoints = [c for c in self._checkpoints if c[0] >= cps[-1]]
+            self.keyframes = [k for k in self.keyframes if k[0] >= cut]
+            for s in self.series.values():
+                s.drop_before_seq(cut)
+            for table, ts in ((self._fail, self._fail_ts), (self._big, self._big_ts)):
+                k = int(np.searchsorted(table["seq"].a, cut))
+                for g in table.values():
+                    g.drop_front(k)
+                ts.drop_front(k)
+            t_cut = self.store.first_ts() or 0
+            for nv in self.nvml.values():
+                k = int(np.searchsorted(nv.ts.a, np.uint64(t_cut))) - 1
+                for g in (nv.ts, nv.used, nv.reserved, nv.total, nv.bar1_used, nv.bar1_total):
+                    g.drop_front(k)
+            self._kf_points = [p for p in self._kf_points if p[0] >= t_cut]
+
+    # ------------------------------------------------------------------ time range
+
+    def time_range(self) -> tuple[int, int]:
+        """(first ts, last ts) over events, NVML samples and markers (0, 1 when empty)."""
+        lo, hi = [], []
+        f, l = self.store.first_ts(), self.store.last_ts()
+        if f is not None:
+            lo.append(f)
+            hi.append(l)
+        for nv in self.nvml.values():
+            if nv.ts.n:
+                lo.append(int(nv.ts.a[0]))
+                hi.append(int(nv.ts.a[-1]))
+        if self.markers:
+            lo.append(self.markers[0].ts)
+            hi.append(self.markers[-1].ts)
+        for _, ts, _ in self.keyframes:
+            lo.append(ts)
+            hi.append(ts)
+        if self.t_end_hint:
+            hi.append(self.t_end_hint)
+        if not lo:
+            return (0, 1)
+        a, b = min(lo), max(hi)
+        return (a, max(b, a + 1))
+
+    def gpu_ids(self) -> list[int]:
+        ids = set(self.gpus) | {g for g in self.series if g >= 0} | {g for g in self.nvml if g >= 0}
+        return sorted(ids)
+
+    def frontier_ts(self) -> int:
+        """Time up to which the series are exact (the replay's frontier)."""
+        if self.frontier >= self.store.n:
+            return self.time_range()[1] + 1
+        return self.store.ts_of(self.frontier) if self.frontier > self.store.base else -1
+
+    # ------------------------------------------------------------------ viewport
+
+    def viewport(self, gpu: int, t0: int, t1: int, width: int) -> SeriesView:
+        """The series of ``gpu`` over [t0, t1) in ``width`` columns (see the module docstring)."""
+        width = max(int(width), 1)
+        t1 = max(t1, t0 + 1)
+        edges = t0 + (np.arange(width + 1, dtype=np.float64) * ((t1 - t0) / width))
+        edges_u = np.maximum(edges, 0).astype(np.uint64)
+        cats = np.zeros((NCAT, width), dtype=np.int64)
+        nv_used = np.full(width, -1, dtype=np.int64)
+        coarse = np.zeros(width, dtype=bool)
+        with self.lock:
+            lo_t, hi_t = self.time_range()
+            has = (edges[1:] > lo_t) & (edges[:-1] <= hi_t)
+            ftime = self.frontier_ts()
+            s = self.series.get(gpu)
+            if s is not None and len(s):
+                pos = np.searchsorted(s.ts.a, edges_u, side="left")
+                for k in range(width):
+                    a, b = int(pos[k]), int(pos[k + 1])
+                    lo = max(a - 1, 0)
+                    if b <= lo:
+                        if a == 0:
+                            continue
+                        i = a - 1
+                    else:
+                        i = s.argmax(lo, b) if b - lo > 1 else lo
+                    cats[:, k] = s.values_at(i)
+            # beyond the replay's frontier: keyframes (coarse)
+            if ftime <= hi_t and self._kf_points:
+                kts = np.array([p[0] for p in self._kf_points], dtype=np.float64)
+                for k in np.flatnonzero(edges[1:] > ftime).tolist():
+                    j = int(np.searchsorted(kts, edges[k + 1], side="right")) - 1
+                    if j >= 0:
+                        cats[:, k] = self._kf_points[j][1].get(gpu, np.zeros(NCAT, np.int64))
+                    coarse[k] = True
+            elif ftime <= hi_t:
+                coarse[edges[1:] > ftime] = True
+            nv = self.nvml.get(gpu)
+            if nv is not None and nv.ts.n:
+                pos = np.searchsorted(nv.ts.a, edges_u, side="left")
+                used = nv.used.a
+                for k in range(width):
+                    a, b = int(pos[k]), int(pos[k + 1])
+                    if b > a:
+                        nv_used[k] = int(used[a:b].max())
+                    elif a > 0 and has[k]:
+                        nv_used[k] = int(used[a - 1])
+        cats[:, ~has] = 0
+        return SeriesView(t0, t1, width, cats, nv_used, coarse, has)
+
+    # ------------------------------------------------------------------ phases, labels
+
+    def phase_index(self) -> PhaseIndex:
+        with self.lock:
+            n = len(self.markers)
+            if self._phase_cache is None or self._phase_cache[0] != n:
+                self._phase_cache = (n, PhaseIndex(phase_spans(self.markers)))
+            return self._phase_cache[1]
+
+    def pid_label(self, pid: int) -> str:
+        p = self.processes.get(pid)
+        if p is not None and p.rank:
+            return " ".join(f"{k}{v}" for k, v in sorted(p.rank.items()))
+        return str(pid)
+
+    def pid_command(self, pid: int) -> str:
+        p = self.processes.get(pid)
+        if p is None or not p.cmdline:
+            return ""
+        return " ".join(p.cmdline)
+
+    def gpu_pids(self, gpu: int) -> list[int]:
+        """Processes seen on ``gpu`` (holding memory there, or told so by a marker or their map)."""
+        pids: set[int] = set()
+        for p in self.processes.values():
+            if gpu in (p.gpu_map or []):
+                pids.add(p.pid)
+        for m in self.markers:
+            if m.gpu == gpu:
+                pids.add(m.pid)
+        pids |= self._gpu_pids.get(gpu, set())
+        return sorted(pids)
+
+    def bands(self, gpu: int) -> list[tuple[str, list[PhaseSpan]]]:
+        """Phase spans per rank for ``gpu``'s processes: [(label, spans)], at most one row per pid."""
+        spans = self.phase_index().spans
+        pids = set(self.gpu_pids(gpu))
+        if not pids:
+            pids = {s.pid for s in spans}
+        rows: dict[int, list[PhaseSpan]] = {}
+        for s in spans:
+            if s.pid in pids or s.gpu == gpu:
+                rows.setdefault(s.pid, []).append(s)
+        return [(self.pid_label(pid), rows[pid]) for pid in sorted(rows, key=lambda p: (self.pid_label(p), p))]
+
+    # ------------------------------------------------------------------ state at the cursor
+
+    def _best_checkpoint(self, seq: int) -> tuple[int, dict | None]:
+        """The latest checkpoint valid after ``seq + 1`` events or fewer: (events covered, snapshot)."""
+        best: tuple[int, dict | None] = (0, None)
+        cps = self._checkpoints
+        i = bisect.bisect_right([c[0] for c in cps], seq + 1) - 1
+        if i >= 0:
+            best = cps[i]
+        elif cps and self.store.base:
+            best = cps[0]  # live mode after trimming: the oldest state still known
+        for ei, _ts, state in self.keyframes:
+            if best[0] < ei <= seq + 1 and state.get("v") is not None:
+                best = (ei, state)
+        return best
+
+    def live_state_at(self, seq: int) -> LiveState:
+        """A LiveState after the events up to and including ``seq`` (nearest checkpoint + gap)."""
+        with self.lock:
+            covered, snap = self._best_checkpoint(seq)
+            if snap is None and covered > 0:
+                covered = 0
+            if snap is None and self._kf_points and self.keyframes and self.keyframes[0][0] == 0:
+                snap = self.keyframes[0][2]
+            gap = self.store.slice(covered, seq + 1) if seq + 1 > covered else np.zeros(0, EVENT_DTYPE)
+        s = LiveState.from_snapshot(snap) if snap is not None else LiveState()
+        s.n_events = covered
+        if len(gap):
+            s.apply(gap if gap.flags.writeable else gap.copy())
+        return s
+
+    def state_at(self, seq: int, gpu: int, ts: int | None = None, n_largest: int = 50) -> CursorState:
+        """Who holds what on ``gpu`` after event ``seq`` (see :class:`CursorState`)."""
+        ts = self.store.ts_of(seq) if ts is None else ts
+        s = self.live_state_at(seq)
+        tot = s.totals().get(gpu, {})
+        by_cat: dict[str, int] = {}
+        procs = []
+        for pid, cats in tot.items():
+            for c, b in cats.items():
+                by_cat[c] = by_cat.get(c, 0) + b
+            owned = sum(b for c, b in cats.items() if c != "ipc_mapped")
+            procs.append((pid, self.pid_label(pid), dict(cats), owned))
+        procs.sort(key=lambda r: (-r[3], -sum(r[2].values()), r[0]))
+        pix = self.phase_index()
+        phases: dict[str, list[int]] = {}
+        for h in s.holdings(gpu=gpu):
+            if h.category == "ipc_mapped":
+                continue
+            ph = pix.phase_of(h.pid, h.ts) or "(none)"
+            row = phases.setdefault(ph, [0, 0])
+            row[0] += h.size
+            row[1] += 1
+        by_phase = sorted(((p, b, n) for p, (b, n) in phases.items()), key=lambda r: -r[1])
+        largest = [
+            LiveAlloc(
+                h.pid,
+                self.pid_label(h.pid),
+                h.category,
+                h.size,
+                h.address,
+                h.ts,
+                max(ts - h.ts, 0),
+                pix.phase_of(h.pid, h.ts),
+                API_NAMES.get(h.api, str(h.api)),
+            )
+            for h in s.largest(gpu, n_largest, mapped=True)
+        ]
+        nv = self.nvml.get(gpu)
+        return CursorState(gpu, seq, ts, by_cat, procs, by_phase, largest, nv.at(ts) if nv else None)
+
+    def nvml_at(self, gpu: int, ts: int) -> dict[str, int] | None:
+        nv = self.nvml.get(gpu)
+        return nv.at(ts) if nv else None
+
+    def series_at(self, gpu: int, ts: int) -> np.ndarray | None:
+        """Bytes per category on ``gpu`` at ``ts`` from the series (None beyond the replay)."""
+        with self.lock:
+            if ts >= self.frontier_ts():
+                return None
+            s = self.series.get(gpu)
+            if s is None or not len(s):
+                return np.zeros(NCAT, np.int64)
+            i = int(np.searchsorted(s.ts.a, np.uint64(max(ts, 0)), side="right")) - 1
+            return s.values_at(i) if i >= 0 else np.zeros(NCAT, np.int64)
+
+    # ------------------------------------------------------------------ events around the cursor
+
+    def events_window(
+        self, seq: int, flt: EventFilter, gpu: int | None = None, before: int = 100, after: int = 100, max_scan: int = 2_000_000
+    ) -> EventRows:
+        """Up to ``before`` matching events at or before ``seq`` and ``after`` after it."""
+        with self.lock:
+            base, n = self.store.base, self.store.n
+            seq = min(max(seq, base - 1), n - 1)
+            pix = self.phase_index() if flt.phase or flt.text else None
+            back: list[np.ndarray] = []
+            back_seq: list[np.ndarray] = []
+            got = 0
+            hi = seq + 1
+            scanned = 0
+            step = 4096
+            while got < before and hi > base and scanned < max_scan:
+                lo = max(base, hi - step)
+                rows = self._resolve_gpu(self.store.slice(lo, hi), lo)
+                m = self._match(rows, flt, gpu, pix)
+                idx = np.flatnonzero(m)
+                back.append(rows[idx])
+                back_seq.append(idx + lo)
+                got += len(idx)
+                scanned += hi - lo
+                hi = lo
+                step = min(step * 2, 1 << 18)
+            fwd: list[np.ndarray] = []
+            fwd_seq: list[np.ndarray] = []
+            got_f = 0
+            lo = seq + 1
+            step = 4096
+            scanned_f = 0
+            while got_f < after and lo < n and scanned_f < max_scan:
+                hi = min(n, lo + step)
+                rows = self._resolve_gpu(self.store.slice(lo, hi), lo)
+                m = self._match(rows, flt, gpu, pix)
+                idx = np.flatnonzero(m)
+                fwd.append(rows[idx])
+                fwd_seq.append(idx + lo)
+                got_f += len(idx)
+                scanned_f += hi - lo
+                lo = hi
+                step = min(step * 2, 1 << 18)
+        b_rows = np.concatenate(back[::-1]) if back else np.zeros(0, EVENT_DTYPE)
+        b_seq = np.concatenate(back_seq[::-1]) if back_seq else np.zeros(0, np.int64)
+        b_rows, b_seq = b_rows[-before:] if before else b_rows[:0], b_seq[-before:] if before else b_seq[:0]
+        f_rows = np.concatenate(fwd)[:after] if fwd else np.zeros(0, EVENT_DTYPE)
+        f_seq = np.concatenate(fwd_seq)[:after] if fwd_seq else np.zeros(0, np.int64)
+        rows = np.concatenate([b_rows, f_rows])
+        seqs = np.concatenate([b_seq, f_seq]).astype(np.int64)
+        pix = self.phase_index()
+        phases = pix.phases_of(rows["pid"], rows["ts"])
+        return EventRows(rows, seqs, phases, len(b_rows) - 1, scanned < max_scan and scanned_f < max_scan)
+
+    def _resolve_gpu(self, rows: np.ndarray, lo: int) -> np.ndarray:
+        """``rows`` (events from seq ``lo``) with the GPU the replay resolved (frees, unmaps...)."""
+        res = self._gpu_res
+        start = lo - self._gpu_res_base
+        n = min(len(rows), max(res.n - start, 0))
+        if n <= 0 or not (rows["gpu"][:n] < 0).any():
+            return rows
+        if not rows.flags.writeable:
+            rows = rows.copy()
+        rows["gpu"][:n] = res.a[start : start + n]
+        return rows
+
+    def _match(self, rows: np.ndarray, flt: EventFilter, gpu: int | None, pix: PhaseIndex | None) -> np.ndarray:
+        m = np.ones(len(rows), dtype=bool)
+        if gpu is not None:
+            pids = np.fromiter(self._gpu_pids.get(gpu, ()), np.uint32)
+            m &= (rows["gpu"] == gpu) | ((rows["gpu"] < 0) & np.isin(rows["pid"], pids))
+        if flt.pids:
+            m &= np.isin(rows["pid"], np.fromiter(flt.pids, np.uint32))
+        if flt.kinds:
+            m &= np.isin(rows["kind"], np.fromiter(flt.kinds, np.uint16))
+        if flt.min_size:
+            m &= rows["size"] >= flt.min_size
+        if flt.failed:
+            m &= rows["result"] != 0
+        if flt.phase and pix is not None and m.any():
+            idx = np.flatnonzero(m)
+            ph = pix.phases_of(rows["pid"][idx], rows["ts"][idx])
+            want = flt.phase.lower()
+            m[idx] = [want in p.lower() for p in ph]
+        if flt.text and m.any():
+            m &= self._text_mask(rows, flt.text, pix)
+        return m
+
+    def _text_mask(self, rows: np.ndarray, text: str, pix: PhaseIndex | None) -> np.ndarray:
+        """Rows whose kind, API, result name, pid, rank, command, phase or pointer match ``text``."""
+        out = np.zeros(len(rows), dtype=bool)
+        kinds = [k for k, name in KIND_NAMES.items() if text in name]
+        apis = [a for a, name in API_NAMES.items() if text in name.lower()]
+        results = [r for r, name in CU_RESULT_NAMES.items() if text in name.lower()]
+        if kinds:
+            out |= np.isin(rows["kind"], kinds)
+        if apis:
+            out |= np.isin(rows["api"], apis)
+        if results:
+            out |= np.isin(rows["result"], results)
+        pids = [p for p in self.processes if text in self.pid_label(p).lower() or text in self.pid_command(p).lower()]
+        if text.isdigit():
+            pids.append(int(text))
+        if pids:
+            out |= np.isin(rows["pid"], pids)
+        hex_text = text[2:] if text.startswith("0x") else text
+        if hex_text and all(c in "0123456789abcdef" for c in hex_text) and len(hex_text) >= 4:
+            try:
+                v = int(hex_text, 16)
+                out |= (rows["ptr"] == v) | (rows["handle"] == v)
+            except ValueError:
+                pass
+        if pix is not None and pix.spans and not out.all():
+            idx = np.flatnonzero(~out)
+            ph = pix.phases_of(rows["pid"][idx], rows["ts"][idx])
+            out[idx] = [text in p.lower() for p in ph]
+        return out
+
+    # ------------------------------------------------------------------ navigation
+
+    def next_marker_ts(self, ts: int, forward: bool) -> int | None:
+        keys = [m.ts for m in self.markers]
+        return _next_in(keys, ts, forward)
+
+    def next_phase_ts(self, ts: int, forward: bool, gpu: int | None = None) -> int | None:
+        spans = self.phase_index().spans
+        if gpu is not None:
+            pids = set(self.gpu_pids(gpu))
+            if pids:
+                spans = [s for s in spans if s.pid in pids or s.gpu == gpu] or spans
+        return _next_in(sorted(s.begin for s in spans if s.end != s.begin), ts, forward)
+
+    def next_failure_ts(self, ts: int, forward: bool, gpu: int | None = None) -> int | None:
+        with self.lock:
+            tss = self._fail_ts.a
+            if gpu is not None:
+                g = self._fail["gpu"].a
+                tss = tss[(g == gpu) | (g < 0)]
+            return _next_in(tss, ts, forward)
+
+    def next_big_ts(self, ts: int, forward: bool, gpu: int | None = None, min_size: int = 1 << 30) -> int | None:
+        with self.lock:
+            m = self._big["size"].a >= min_size
+            if gpu is not None:
+                m &= self._big["gpu"].a == gpu
+            return _next_in(self._big_ts.a[m], ts, forward)
+
+    def failures(self, gpu: int | None, t0: int, t1: int) -> np.ndarray:
+        """Timestamps of failed allocations in [t0, t1) (on ``gpu``, or unknown GPU)."""
+        with self.lock:
+            tss = self._fail_ts.a
+            if gpu is not None:
+                g = self._fail["gpu"].a
+                tss = tss[(g == gpu) | (g < 0)]
+            return tss[(tss >= t0) & (tss < t1)]
+
+    def failure_count(self) -> int:
+        return self._fail_ts.n
+
+
+def _next_in(keys: Any, ts: int, forward: bool) -> int | None:
+    keys = np.asarray(keys, dtype=np.uint64) if not isinstance(keys, np.ndarray) else keys
+    if not len(keys):
+        return None
+    t = np.uint64(max(ts, 0))
+    if forward:
+        i = int(np.searchsorted(keys, t, side="right"))
+        return int(keys[i]) if i < len(keys) else None
+    i = int(np.searchsorted(keys, t, side="left")) - 1
+    return int(keys[i]) if i >= 0 else None
+
+
+def _totals_by_gpu(s: LiveState) -> dict[int, np.ndarray]:
+    out: dict[int, np.ndarray] = {}
+    for g, pids in s.totals().items():
+        v = out.setdefault(g, np.zeros(NCAT, np.int64))
+        for cats in pids.values():
+            for c, b in cats.items():
+                v[CATEGORIES.index(c)] += b
+    return out
+
+
+def diff_rows(a: dict[str, int], b: dict[str, int]) -> list[tuple[str, int, int, int]]:
+    """(key, a, b, b - a) for every key of either mapping, biggest change first."""
+    keys = set(a) | set(b)
+    rows = [(k, a.get(k, 0), b.get(k, 0), b.get(k, 0) - a.get(k, 0)) for k in keys]
+    rows.sort(key=lambda r: (-abs(r[3]), r[0]))
+    return rows
+
+
+__all__ = [
+    "CursorState",
+    "EventFilter",
+    "EventRows",
+    "EventStore",
+    "LiveAlloc",
+    "PhaseSpan",
+    "SeriesView",
+    "TraceModel",
+    "diff_rows",
+    "fmt_bytes",
+    "fmt_dur",
+    "parse_filter",
+    "parse_size",
+    "phase_spans",
+]
+
+
+_ = NVML_DTYPE  # the dtype add_nvml expects

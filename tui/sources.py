@@ -1,0 +1,270 @@
+"""Where the TUI's data comes from: a trace file, the live daemon, or two files to compare.
+
+The app takes a source as an argument (tests pass their own). A source fills a
+:class:`~memrec.tui.model.TraceModel` and reports through ``post`` (the app's thread-safe
+``post_message``); it never touches widgets.
+
+- :class:`FileSource`: scans the file once, keeping event chunks as zero-copy column views (no
+  10-million-row copy before the first frame), then replays it into the model's series in steps.
+- :class:`LiveSource`: a reader thread subscribes on the daemon's Unix socket, decodes frames and
+  posts :class:`RecordsReceived`; when the daemon goes away it posts :class:`Disconnected` and
+  reconnects with exponential backoff.
+- :class:`DiffSource`: two file sources.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from typing import Callable
+
+from memrec.tui import messages
+from memrec.tui.model import TraceModel
+
+Post = Callable[[object], object]
+
+
+class FileSource:
+    """A ``.mrec`` file.
+
+    Raises (from :meth:`open`):
+        OSError: the file cannot be read.
+        TraceFormatError: not a memrec trace, or a newer format.
+    """
+
+    kind = "file"
+
+    def __init__(self, path: str | os.PathLike, index_step: int = 262144) -> None:
+        self.path = os.fspath(path)
+        self.index_step = index_step
+        self.model = TraceModel()
+        self._stop = threading.Event()
+        self._reader = None
+
+    @property
+    def title(self) -> str:
+        return os.path.basename(self.path)
+
+    def open(self) -> None:
+        """Check the file now (the command turns failures into exit codes)."""
+        from memrec.trace.reader import TraceReader
+
+        self._reader = TraceReader(self.path)
+        self.model.set_header(self._reader.header)
+
+    def scan(self, post: Post | None = None) -> None:
+        """Read every record into the model (events as column views); fast, no replay."""
+        from memrec.trace.format import COLUMNAR
+        from memrec.trace.format import check_keyframe
+        from memrec.trace.format import decode_columns
+        from memrec.trace.format import marker_from_record
+        from memrec.trace.format import process_from_record
+        from memrec.trace.model import Keyframe
+
+        if self._reader is None:
+            self.open()
+        reader = self._reader
+        model = self.model
+        schema = reader.schema
+        size = max(os.path.getsize(self.path), 1)
+        for i, obj in enumerate(reader.raw_records()):
+            if self._stop.is_set():
+                return
+            kind = obj.get("type")
+            if kind in COLUMNAR:
+                chunk = decode_columns(obj, schema)
+                if kind == "events":
+                    model.add_events(chunk)
+                elif kind == "nvml":
+                    model.add_nvml(chunk.to_array())
+            elif kind == "marker":
+                model.add_marker(marker_from_record(obj))
+            elif kind == "process":
+                model.add_process(process_from_record(obj))
+            elif kind == "keyframe":
+                k = Keyframe(*check_keyframe(obj))
+                model.add_keyframe(k.event_index, k.ts, k.state)
+            else:
+                model.add_record(obj)
+            if post is not None and i % 64 == 0:
+                post(messages.LoadProgress("scan", reader._file.tell(), size))
+        model.warnings.extend(reader.warnings)
+        reader.close()
+
+    def index(self, post: Post | None = None) -> None:
+        """Replay the events into the series (run in a worker thread)."""
+        model = self.model
+        while not self._stop.is_set():
+            n = model.index_step(self.index_step)
+            if not n:
+                break
+            if post is not None:
+                post(messages.LoadProgress("index", model.frontier, model.store.n))
+
+    def run(self, post: Post) -> None:
+        """Scan, tell the app it can draw, then replay (the worker thread's body)."""
+        t = time.perf_counter()
+        try:
+            self.scan(post)
+        except Exception as error:  # a file that changed under us: say so, do not crash the UI
+            post(messages.SourceFailed(f"{self.path}: {error}"))
+            return
+        post(messages.Loaded(time.perf_counter() - t))
+        self.index(post)
+        if not self._stop.is_set():
+            post(messages.Indexed(time.perf_counter() - t))
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class DiffSource:
+    """Two trace files: ``base`` is drawn, ``other`` is compared with it."""
+
+    kind = "diff"
+
+    def __init__(self, base: str | os.PathLike, other: str | os.PathLike) -> None:
+        self.base = FileSource(base)
+        self.other = FileSource(other)
+        self.model = self.base.model
+        self.other_model = self.other.model
+
+    @property
+    def title(self) -> str:
+        return f"{self.base.title} vs {self.other.title}"
+
+    def open(self) -> None:
+        self.base.open()
+        self.other.open()
+
+    def run(self, post: Post) -> None:
+        t = time.perf_counter()
+        try:
+            self.base.scan(post)
+            self.other.scan(None)
+        except Exception as error:
+            post(messages.SourceFailed(str(error)))
+            return
+        post(messages.Loaded(time.perf_counter() - t))
+        self.base.index(post)
+        self.other.index(None)
+        post(messages.Indexed(time.perf_counter() - t))
+
+    def stop(self) -> None:
+        self.base.stop()
+        self.other.stop()
+
+
+class LiveSource:
+    """Follows a running daemon over its Unix socket (subscriber protocol).
+
+    Args:
+        path: the daemon's socket (default: ``$MEMREC_SOCKET`` or /run/memrec/memrec.sock).
+        backoff: first and largest delay between reconnection attempts, seconds.
+        max_events: events the live model keeps (older ones are dropped: memory stays bounded).
+    """
+
+    kind = "live"
+
+    def __init__(self, path: str | None = None, backoff: tuple[float, float] = (0.2, 5.0), max_events: int = 2_000_000) -> None:
+        from memrec.protocol import socket_path
+
+        self.path = socket_path(path)
+        self.backoff = backoff
+        self.max_events = max_events
+        self.model = self.new_model()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._sock: socket.socket | None = None
+        self.attempts = 0
+
+    @property
+    def title(self) -> str:
+        return f"live {self.path}"
+
+    def new_model(self) -> TraceModel:
+        return TraceModel(max_events=self.max_events)
+
+    def open(self) -> None:
+        """Check that a daemon answers (raises OSError or ProtocolError when none does)."""
+        from memrec.protocol import ping
+
+        ping(self.path, timeout=2.0)
+
+    def start(self, post: Post) -> None:
+        self._thread = threading.Thread(target=self._run, args=(post,), name="memrec-live", daemon=True)
+        self._thread.start()
+
+    def run(self, post: Post) -> None:
+        self.start(post)
+
+    def _run(self, post: Post) -> None:
+        delay = self.backoff[0]
+        while not self._stop.is_set():
+            self.attempts += 1
+            reason = self._session(post)
+            if self._stop.is_set():
+                break
+            post(messages.Disconnected(reason, delay))
+            if self._stop.wait(delay):
+                break
+            delay = min(delay * 2, self.backoff[1])
+            if reason == "":
+                delay = self.backoff[0]
+
+    def _session(self, post: Post) -> str:
+        """One connection: subscribe, stream records until it ends; return why it ended."""
+        from memrec.protocol import encode_frame
+        from memrec.trace.frames import MAX_SUBSCRIBER_FRAME
+        from memrec.trace.frames import FrameDecoder
+        from memrec.trace.frames import FrameError
+
+        try:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(2.0)
+            sock.connect(self.path)
+            sock.sendall(encode_frame({"type": "subscribe"}))
+        except OSError as error:
+            return f"cannot connect to {self.path}: {error.strerror or error}"
+        self._sock = sock
+        sock.settimeout(0.25)
+        decoder = FrameDecoder(MAX_SUBSCRIBER_FRAME)
+        post(messages.Connected(self.path, self.attempts))
+        try:
+            while not self._stop.is_set():
+                try:
+                    data = sock.recv(1 << 20)
+                except socket.timeout:
+                    continue
+                if not data:
+                    return "the daemon closed the connection"
+                try:
+                    records = decoder.feed(data)
+                except FrameError as error:
+                    if error.records:
+                        post(messages.RecordsReceived(error.records))
+                    return f"bad frame from the daemon: {error}"
+                if records:
+                    if any(r.get("type") == "error" for r in records):
+                        msg = next(r for r in records if r.get("type") == "error").get("message", "")
+                        return f"the daemon refused: {msg}"
+                    post(messages.RecordsReceived(records))
+            return ""
+        except OSError as error:
+            return f"connection lost: {error.strerror or error}"
+        finally:
+            self._sock = None
+            sock.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        sock = self._sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2.0)

@@ -1,0 +1,1 @@
+"""Widgets of the memrec TUI (graph, panels)."""

@@ -1,0 +1,195 @@
+"""The panels around the timeline: the GPU header, who-holds-what at the cursor, the event table,
+and the status line. They format what the model computed; none of them computes anything.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import DataTable
+from textual.widgets import Static
+
+from memrec.events import CU_RESULT_NAMES
+from memrec.events import GpuInfo
+from memrec.tui.model import KIND_NAMES
+from memrec.tui.model import CursorState
+from memrec.tui.model import EventRows
+from memrec.tui.model import diff_rows
+from memrec.tui.model import fmt_bytes
+from memrec.tui.model import fmt_dur
+from memrec.tui.widgets.timeline import FAIL_COLOUR
+from memrec.tui.widgets.timeline import LAYER_COLOURS
+from memrec.tui.widgets.timeline import NVML_COLOUR
+
+HOLDER_VIEWS = ("process", "phase", "largest", "category")
+
+
+def legend(no_color: bool = False) -> Text:
+    """The colour key of the timeline."""
+    from memrec.tui.widgets.timeline import LAYERS
+
+    t = Text()
+    for name, colour, ch in LAYERS:
+        t.append(ch if no_color else "█", style=None if no_color else colour)
+        t.append(f"{name} ")
+    t.append("─" if not no_color else "-", style=None if no_color else f"bold {NVML_COLOUR}")
+    t.append("NVML used ")
+    t.append("✗", style=None if no_color else f"bold {FAIL_COLOUR}")
+    t.append("failed alloc")
+    return t
+
+
+def header_text(gpu: GpuInfo | None, gpu_id: int, cursor_rel: str, st: CursorState | None, series_owned: int | None,
+                nvml: dict | None, other: CursorState | None = None, wide: bool = True, no_color: bool = False) -> Text:
+    """The GPU header: identity on the first line, the memory at the cursor on the second."""
+    t = Text(no_wrap=False, overflow="ellipsis")
+    name = gpu.name if gpu else "GPU"
+    t.append(f"GPU{gpu_id} ", style="bold")
+    t.append(f"{name} ")
+    if gpu is not None:
+        if gpu.uuid:
+            t.append(f"{gpu.uuid[:16]}… " if len(gpu.uuid) > 17 and not wide else f"{gpu.uuid} ", style="dim")
+        t.append(f"total {fmt_bytes(gpu.total)} ")
+    t.append("│ ", style="dim")
+    t.append(f"t={cursor_rel}", style="bold")
+    if wide:
+        t.append("   ")
+        t.append_text(legend(no_color))
+    t.append("\n")
+    if nvml:
+        t.append("used ", style="dim")
+        t.append(fmt_bytes(nvml["used"]), style=None if no_color else f"bold {NVML_COLOUR}")
+        t.append(" rsv ", style="dim")
+        t.append(fmt_bytes(nvml["reserved"]) if nvml["reserved"] >= 0 else "-")
+    else:
+        t.append("used - ", style="dim")
+    owned = st.owned if st is not None else series_owned
+    t.append(" │ traced ", style="dim")
+    t.append(fmt_bytes(owned) if owned is not None else "…", style="bold")
+    if st is not None and wide:
+        for c in ("driver", "vmm", "host_pinned"):
+            if st.by_category.get(c):
+                t.append(f" {c[:6]} ", style="dim")
+                t.append(fmt_bytes(st.by_category[c]), style=None if no_color else LAYER_COLOURS[c])
+    t.append(" untraced ", style="dim")
+    if nvml and owned is not None and nvml["used"] >= 0:
+        t.append(fmt_bytes(nvml["used"] - owned))
+    else:
+        t.append("-")
+    if st is not None and st.by_category.get("ipc_mapped"):
+        t.append(" │ ipc ", style="dim")
+        t.append(fmt_bytes(st.by_category["ipc_mapped"]))
+    if nvml and nvml.get("bar1_total", -1) > 0:
+        t.append(" │ BAR1 ", style="dim")
+        t.append(f"{fmt_bytes(nvml['bar1_used'])}/{fmt_bytes(nvml['bar1_total'])}")
+    if other is not None:
+        t.append(" │ other traced ", style="dim")
+        t.append(fmt_bytes(other.owned))
+        if st is not None:
+            t.append(f" ({fmt_bytes(other.owned - st.owned, signed=True)})", style="bold")
+    return t
+
+
+class GpuHeader(Static):
+    """Name, UUID, total; NVML used/reserved, traced, untraced, BAR1 at the cursor."""
+
+
+class StatusLine(Static):
+    """Source, progress, connection, lost events, warnings."""
+
+
+class HoldersTable(DataTable):
+    """Who holds what on this GPU at the cursor; ``h`` cycles the grouping."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
+        self.view_name = HOLDER_VIEWS[0]
+
+    def show(self, st: CursorState | None, other: CursorState | None = None) -> None:
+        self.clear(columns=True)
+        self.border_title = f"at cursor: by {self.view_name} [dim](h)[/]"
+        if st is None:
+            self.add_column("")
+            self.add_row("…")
+            return
+        v = self.view_name
+        if other is not None and v != "largest":
+            self._show_diff(st, other)
+            return
+        if v == "process":
+            self.add_columns("rank/pid", "owned", "driver", "vmm", "ipc")
+            for pid, label, cats, owned in st.by_process:
+                lab = label if label == str(pid) else f"{label} {pid}"
+                self.add_row(lab, fmt_bytes(owned), fmt_bytes(cats.get("driver", 0)), fmt_bytes(cats.get("vmm", 0)),
+                             fmt_bytes(cats.get("ipc_mapped", 0)))
+        elif v == "phase":
+            self.add_columns("phase", "bytes", "allocs")
+            for name, b, n in st.by_phase:
+                self.add_row(name, fmt_bytes(b), str(n))
+        elif v == "category":
+            self.add_columns("category", "bytes")
+            for c, b in st.by_category.items():
+                self.add_row(c, fmt_bytes(b))
+            if st.nvml and st.nvml.get("used", -1) >= 0:
+                self.add_row("untraced", fmt_bytes(st.nvml["used"] - st.owned))
+                self.add_row("NVML used", fmt_bytes(st.nvml["used"]))
+        else:
+            self.add_columns("size", "age", "phase", "rank", "category", "address")
+            for a in st.largest:
+                self.add_row(fmt_bytes(a.size), fmt_dur(a.age), a.phase or "-", a.label, a.category, f"{a.address:#x}")
+        if not self.row_count:
+            self.add_row(*(["(nothing)"] + [""] * (len(self.columns) - 1)))
+
+    def _show_diff(self, st: CursorState, other: CursorState) -> None:
+        v = self.view_name
+        if v == "process":
+            a = {label: owned for _, label, _, owned in st.by_process}
+            b = {label: owned for _, label, _, owned in other.by_process}
+        elif v == "phase":
+            a = {n: b for n, b, _ in st.by_phase}
+            b = {n: x for n, x, _ in other.by_phase}
+        else:
+            a, b = dict(st.by_category), dict(other.by_category)
+        self.add_columns(v, "base", "other", "Δ")
+        for key, x, y, d in diff_rows(a, b):
+            self.add_row(key, fmt_bytes(x), fmt_bytes(y), fmt_bytes(d, signed=True))
+
+    def cycle(self) -> None:
+        self.view_name = HOLDER_VIEWS[(HOLDER_VIEWS.index(self.view_name) + 1) % len(HOLDER_VIEWS)]
+
+
+class EventsTable(DataTable):
+    """The events around the cursor (the row at the cursor is highlighted)."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
+        self.seqs: list[int] = []
+
+    def on_mount(self) -> None:
+        self.add_columns("time", "rank", "kind", "size", "result", "phase", "address")
+
+    def show(self, ev: EventRows | None, origin: int, label, flt_text: str = "") -> None:
+        self.clear()
+        self.border_title = "events" + (f" [dim]filter:[/] {flt_text}" if flt_text else " [dim](/ to filter)[/]")
+        if ev is None:
+            self.seqs = []
+            return
+        rows = ev.rows
+        self.seqs = ev.seqs.tolist()
+        for i in range(len(rows)):
+            r = rows[i]
+            res = int(r["result"])
+            kind = KIND_NAMES.get(int(r["kind"]), str(int(r["kind"])))
+            size = int(r["size"])
+            res_text = Text("ok" if res == 0 else CU_RESULT_NAMES.get(res, str(res)).replace("CUDA_ERROR_", ""),
+                            style="" if res == 0 else f"bold {FAIL_COLOUR}")
+            self.add_row(
+                fmt_dur(int(r["ts"]) - origin),
+                label(int(r["pid"])),
+                kind,
+                fmt_bytes(size) if size else "",
+                res_text,
+                ev.phases[i] or "",
+                f"{int(r['ptr']):#x}" if r["ptr"] else "",
+            )
+        if ev.center >= 0 and self.row_count:
+            self.move_cursor(row=min(ev.center, self.row_count - 1), animate=False)
