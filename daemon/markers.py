@@ -54,6 +54,7 @@ class MarkerServer:
         selector: the daemon's selector; the server registers the listener and its clients.
         on_marker: gets each valid marker, stamped with the peer's pid and uid.
         on_subscribe: takes over a connection that asked to subscribe (the server forgets it).
+        on_connect: told ``(pid, uid)`` of each new peer at once (while it surely still runs).
         daemon_pid: the pid reported in ``pong``.
         max_clients: connections beyond this are accepted and closed at once.
     """
@@ -64,6 +65,7 @@ class MarkerServer:
         selector: selectors.BaseSelector,
         on_marker: Callable[[Marker], None],
         on_subscribe: Callable[[socket.socket], None] | None = None,
+        on_connect: Callable[[int, int], None] | None = None,
         daemon_pid: int | None = None,
         max_clients: int = 1024,
     ) -> None:
@@ -71,6 +73,7 @@ class MarkerServer:
         self.selector = selector
         self.on_marker = on_marker
         self.on_subscribe = on_subscribe
+        self.on_connect = on_connect
         self.daemon_pid = os.getpid() if daemon_pid is None else daemon_pid
         self.max_clients = max_clients
         self._clients: dict[int, _Client] = {}
@@ -147,6 +150,11 @@ class MarkerServer:
             self._clients[sock.fileno()] = client
             fd = sock.fileno()
             self.selector.register(sock, selectors.EVENT_READ, lambda mask, fd=fd: self._readable(fd))
+            if self.on_connect is not None:
+                try:
+                    self.on_connect(pid, uid)
+                except Exception:
+                    log.exception("marker socket: on_connect failed for pid %d", pid)
 
     def _readable(self, fd: int) -> None:
         client = self._clients.get(fd)

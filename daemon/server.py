@@ -222,6 +222,7 @@ class Daemon:
         self._poll_errors = 0
         self._probes_closed = False
         self._search_failed = False
+        self._ring_fd: int | None = None
         self.events_recorded = 0
         self.markers_recorded = 0
         self._next: dict[str, int] = {}
@@ -256,9 +257,12 @@ class Daemon:
                 )
             self.gpus = self._list_gpus()
             self.fanout = Fanout(self.selector, cfg.subscriber_queue_bytes)
-            self.markers = MarkerServer(self.bound.sock, self.selector, self._on_marker, self._on_subscribe)
+            self.markers = MarkerServer(
+                self.bound.sock, self.selector, self._on_marker, self._on_subscribe, on_connect=self._on_connect
+            )
             self._open_writer(self._next_path(), reason="start")
             self._start_sampler()
+            self._watch_ring_buffer()
             self._setup_signals()
             self.markers.start()
         except BaseException:
@@ -304,10 +308,15 @@ class Daemon:
                 key.data(mask)
             self.tick(self.clock())
 
-    def stop(self) -> None:
-        """Phased shutdown; safe to call more than once and after a failed :meth:`start`."""
+    def stop(self, reason: str | None = None) -> None:
+        """Phased shutdown; safe to call more than once and after a failed :meth:`start`.
+
+        ``reason`` goes into the trailer (default: the stop signal, else "stop").
+        """
         if self.mood in (Mood.STOPPED, Mood.CREATED):
             return
+        if reason and not self.stop_reason:
+            self.stop_reason = reason
         self.mood = Mood.STOPPING
         reason = self.stop_reason or "stop"
         log.info("shutting down (%s)", reason)
@@ -446,7 +455,30 @@ class Daemon:
         if cfg.rotate_bytes and self.writer is not None and self.writer.bytes_written >= cfg.rotate_bytes:
             self.rotate("size")
 
+    def _watch_ring_buffer(self) -> None:
+        """Drain at once when the probes wake us (if they offer a pollable fd), not only on the timer.
+
+        Records are submitted without wakeups (cheap); a probe program that forces a wakeup for
+        the first, rare events of a process (context creation) lets the daemon read that
+        process's /proc while it surely still runs.
+        """
+        fileno = getattr(self.probes, "fileno", None)
+        if not callable(fileno):
+            return
+        try:
+            fd = int(fileno())
+            assert self.selector is not None
+            self.selector.register(fd, selectors.EVENT_READ, lambda _mask: self.drain())
+        except (OSError, ValueError, TypeError) as error:
+            log.debug("ring buffer fd not pollable (%s): draining on the timer only", error)
+            return
+        self._ring_fd = fd
+
     def _close_probes(self) -> None:
+        if self._ring_fd is not None and self.selector is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(self._ring_fd)
+            self._ring_fd = None
         self._probes_closed = True
         self.probes.close()
 
@@ -517,6 +549,9 @@ class Daemon:
                 log.warning("pid %d: cannot read /proc (%s)", pid, error)
                 info = ProcessInfo(pid, None, [], None, None, [], first_ts)
             self._procs[pid] = info
+            if not info.cmdline and info.exe is None:
+                log.info("pid %d ended before /proc could be read: its CUDA_VISIBLE_DEVICES is unknown, "
+                         "its ordinals are taken as the host's GPU numbers", pid)
             log.info(
                 "pid %d: %s (CUDA_VISIBLE_DEVICES=%s → GPUs %s)",
                 pid, " ".join(info.cmdline)[:200] or "?", info.cuda_visible_devices, info.gpu_map,
@@ -526,6 +561,10 @@ class Daemon:
         return info
 
     # ------------------------------------------------------------------ markers and NVML
+
+    def _on_connect(self, pid: int, _uid: int) -> None:
+        """Read a marker client's /proc now, while it surely runs (a shell's `memrec mark` is brief)."""
+        self._process(pid, self.clock())
 
     def _on_marker(self, marker: Marker) -> None:
         self._pending_markers.append(marker)
@@ -723,7 +762,7 @@ class Daemon:
                     rec["attached"], rec["path"], len(rec["missing"]), ", ".join(rec["missing"]),
                 )
             else:
-                log.info("attached %d probe(s) to %s", rec["attached"], rec["path"])
+                log.debug("attached %d probe(s) to %s", rec["attached"], rec["path"])
         return new
 
     def _nvml_module(self) -> Any:

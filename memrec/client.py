@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 PENDING_CAP = 2 * protocol.MAX_CLIENT_FRAME
 #: Seconds between two attempts to reach a daemon that was not there.
 RECONNECT_INTERVAL = 1.0
+#: The longest a marker waits for another thread's send (which takes microseconds) before it is dropped.
+LOCK_WAIT = 0.01
 _MAX_ERROR_TEXT = 1000
 _SEND_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0) | getattr(socket, "MSG_DONTWAIT", 0)
 _RETRY_LATER = (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR, errno.ENOBUFS)
@@ -81,6 +83,7 @@ class MarkerClient:
     def _reset(self) -> None:
         """Forget the connection (at creation and in a forked child, whose socket is the parent's)."""
         self._lock = threading.Lock()
+        self._owner: int | None = None  # thread holding _lock (re-entry from a signal handler)
         self._pid = os.getpid()
         self._sock: socket.socket | None = None
         self._pending = bytearray()
@@ -109,11 +112,15 @@ class MarkerClient:
         try:
             if os.getpid() != self._pid:
                 self._after_fork()
-            with self._lock:
+            if self._owner == threading.get_ident() or not self._lock.acquire(timeout=LOCK_WAIT):
+                return False
+            try:
                 if self._sock is None:
                     return not self._pending
                 self._flush_pending()
                 return not self._pending
+            finally:
+                self._lock.release()
         except Exception:
             return False
 
@@ -122,9 +129,13 @@ class MarkerClient:
         with contextlib.suppress(Exception):
             if os.getpid() != self._pid:
                 self._after_fork()
-            with self._lock:
+            if self._owner == threading.get_ident() or not self._lock.acquire(timeout=LOCK_WAIT):
+                return
+            try:
                 self._disconnect()
                 self._last_attempt = None
+            finally:
+                self._lock.release()
 
     @property
     def connected(self) -> bool:
@@ -160,8 +171,19 @@ class MarkerClient:
             log.debug("memrec marker dropped: %s", problem)
             return False
         data = protocol.encode_frame(message)  # ProtocolError (too large) → dropped by mark()
-        with self._lock:
+        me = threading.get_ident()
+        if self._owner == me:  # re-entered (a signal handler interrupted a mark on this thread)
+            self.dropped += 1
+            return False
+        if not self._lock.acquire(timeout=LOCK_WAIT):  # another thread holds it for microseconds
+            self.dropped += 1
+            return False
+        self._owner = me
+        try:
             return self._send(data)
+        finally:
+            self._owner = None
+            self._lock.release()
 
     def _send(self, data: bytes) -> bool:
         if self._sock is None and not self._connect():

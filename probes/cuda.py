@@ -219,12 +219,20 @@ class CudaProbes:
             if key in self._reports:
                 os.close(fd)
                 return replace(self._reports[key], path=path, already_attached=True)
-        self._lib_fds.append(fd)
+        try:
+            magic = os.pread(fd, 4, 0)
+        except OSError as exc:
+            magic = f"unreadable: {exc}".encode()
+        if magic != b"\x7fELF":
+            os.close(fd)
+            raise ProbeError(f"{path} is not an ELF file ({magic!r})")
         probe_path = f"/proc/self/fd/{fd}"
         try:
             exported = {name.decode() for name, _ in bpf.get_user_functions_and_addresses(probe_path.encode(), b"^cu")}
         except Exception as exc:  # noqa: BLE001 - bcc raises plain Exception
+            os.close(fd)
             raise ProbeError(f"cannot read the symbols of {path}: {exc}") from exc
+        self._lib_fds.append(fd)  # kept open: the probes' event names and the inode hang on it
 
         _raise_fd_limit(len(self._events) + 2 * len(SYMBOLS) + 256)
         self._lift_bcc_probe_quota(2 * len(SYMBOLS))

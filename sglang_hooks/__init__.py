@@ -21,11 +21,17 @@ import os
 from pathlib import Path
 
 
-def is_active() -> bool:
-    """Whether memrec is asked for in this process (see the module docstring)."""
-    from memrec.sglang_hooks.wrappers import is_active as _is_active
+def is_active(environ: dict | None = None) -> bool:
+    """Whether memrec is asked for in this process.
 
-    return _is_active()
+    ``MEMREC=1`` turns the hooks on and ``MEMREC=0`` off; with ``MEMREC`` unset (or empty), a
+    non-empty ``MEMREC_SOCKET`` (set by ``memrec record``) turns them on.
+    """
+    env = os.environ if environ is None else environ
+    flag = env.get("MEMREC")
+    if flag:
+        return flag == "1"
+    return bool(env.get("MEMREC_SOCKET"))
 
 
 def install_pth(site_dir: str | os.PathLike[str] | None = None) -> Path:

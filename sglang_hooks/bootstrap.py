@@ -32,8 +32,11 @@ from pathlib import Path
 from typing import Any
 from typing import Callable
 
+from memrec.sglang_hooks import is_active
 from memrec.sglang_hooks import targets as _targets
-from memrec.sglang_hooks import wrappers as _wrappers
+
+# memrec.sglang_hooks.wrappers is imported only once a watched SGLang module loads: a Python
+# process that never imports SGLang pays for the import hook and the targets table only.
 
 log = logging.getLogger("memrec.sglang_hooks")
 
@@ -162,6 +165,8 @@ def active_line() -> str | None:
     version = sglang_version()
     line = _targets.line_for_version(version)
     if version is None:
+        from memrec.sglang_hooks import wrappers as _wrappers
+
         _wrappers.warn_once(
             "unknown-version",
             "memrec: SGLang version unknown; using the %s targets (missing ones stay off)",
@@ -251,6 +256,8 @@ _install_lock = threading.Lock()
 def _on_loaded(module: Any) -> None:
     """Apply the active line's hooks that live in ``module``. Never raises."""
     try:
+        from memrec.sglang_hooks import wrappers as _wrappers
+
         line = active_line()
         if line is None:
             return
@@ -259,17 +266,16 @@ def _on_loaded(module: Any) -> None:
             if spec.module == name:
                 _wrappers.patch_target(spec, module)
     except Exception as error:
-        _wrappers.warn_once("bootstrap-error", "memrec: SGLang bootstrap failed on %s: %s", module, error)
+        log.warning("memrec: SGLang bootstrap failed on %s: %s", getattr(module, "__name__", module), error)
 
 
 def install(force: bool = False) -> bool:
     """Watch SGLang's modules and hook them as they load; True when the hook is in place.
 
-    Does nothing unless memrec is active (:func:`memrec.sglang_hooks.wrappers.is_active`) or
-    ``force``. Modules already imported are hooked at once. Idempotent.
+    Does nothing unless memrec is active (:func:`memrec.sglang_hooks.is_active`) or ``force``. Modules already imported are hooked at once. Idempotent.
     """
     global _finder
-    if not (force or _wrappers.is_active()):
+    if not (force or is_active()):
         return False
     with _install_lock:
         if _finder is not None:

@@ -26,9 +26,11 @@ import os
 import re
 import sys
 import threading
+import time
 from typing import Any
 from typing import Callable
 
+from memrec.sglang_hooks import is_active as _is_active
 from memrec.sglang_hooks.targets import GPU_MEMORY_MEASURED
 from memrec.sglang_hooks.targets import MEMORY_BASELINE
 from memrec.sglang_hooks.targets import HookSpec
@@ -61,17 +63,8 @@ def warn_once(key: str, message: str, *args: Any, level: int = logging.WARNING) 
 # -- activation --------------------------------------------------------------------------------
 
 
-def is_active(environ: dict | None = None) -> bool:
-    """Whether memrec is asked for in this process.
-
-    ``MEMREC=1`` turns the hooks on and ``MEMREC=0`` off; with ``MEMREC`` unset, a non-empty
-    ``MEMREC_SOCKET`` (set by ``memrec record``) turns them on.
-    """
-    env = os.environ if environ is None else environ
-    flag = env.get("MEMREC")
-    if flag is not None and flag != "":
-        return flag == "1"
-    return bool(env.get("MEMREC_SOCKET"))
+#: Re-exported: whether memrec is asked for (``MEMREC`` / ``MEMREC_SOCKET``).
+is_active = _is_active
 
 
 # -- sending -----------------------------------------------------------------------------------
@@ -155,8 +148,15 @@ def parse_proctitle(title: str) -> dict:
     return out
 
 
+_title_read_at = -1.0
+#: Seconds between two reads of /proc/self/cmdline while no SGLang title is found.
+TITLE_REREAD_S = 1.0
+
+
 def _proctitle() -> str:
-    global _title_cache
+    """This process's title: ``setproctitle.getproctitle()`` when SGLang has imported it (a
+    cheap call), else ``/proc/self/cmdline``, read at most once a second."""
+    global _title_cache, _title_read_at
     if _title_cache is not None:
         return _title_cache
     title = ""
@@ -167,6 +167,10 @@ def _proctitle() -> str:
         except Exception:
             title = ""
     if not title:
+        now = time.monotonic()
+        if now - _title_read_at < TITLE_REREAD_S:
+            return ""
+        _title_read_at = now
         try:
             with open("/proc/self/cmdline", "rb") as f:
                 title = f.read(4096).replace(b"\0", b" ").decode("utf-8", "replace").strip()
@@ -724,9 +728,10 @@ def patch_target(spec: HookSpec, module: Any = None, send: Callable | None = Non
 
 def reset_for_tests() -> None:
     """Forget caches and warnings (tests only)."""
-    global _rank_cache, _title_cache, _measure_count, _client_module
+    global _rank_cache, _title_cache, _title_read_at, _measure_count, _client_module
     _rank_cache = None
     _title_cache = None
+    _title_read_at = -1.0
     _measure_count = 0
     _client_module = None
     _uuid_cache.clear()

@@ -18,6 +18,7 @@ from textual import work
 from textual.app import App
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.containers import Horizontal
 from textual.containers import Vertical
 from textual.containers import VerticalScroll
@@ -125,6 +126,7 @@ class MemrecApp(App[None]):
         self._dirty = False
         self._gpu_ids: list[int] = []
         self._gpu_chosen = False
+        self._tab_ids_added: dict = {}
         self._state_key: tuple | None = None
         self.sub_title = source.title
 
@@ -153,7 +155,7 @@ class MemrecApp(App[None]):
     async def on_mount(self) -> None:
         self._q("#filter", Input).display = False
         self._q("#timeline", TimelineGraph).set_producer(self._produce_main)
-        await self._sync_gpus()
+        self._sync_gpus()
         self.set_interval(self.refresh_interval, self._tick)
         if self.source.kind == "live":
             self.source.run(self.post_message)
@@ -167,32 +169,37 @@ class MemrecApp(App[None]):
 
     # ------------------------------------------------------------------ GPUs and tabs
 
-    async def _sync_gpus(self) -> None:
+    def _sync_gpus(self) -> None:
+        """One tab (and one overview graph) per GPU the model knows; new GPUs are added.
+
+        Synchronous on purpose (nothing awaited): it runs from timers and message handlers alike.
+        """
         ids = self.model.gpu_ids()
         tabs = self._q("#gpu-tabs", Tabs)
-        if ids == self._gpu_ids and tabs.tab_count:
-            return
-        self._gpu_ids = ids
-        await tabs.clear()
-        await tabs.add_tab(Tab("all GPUs", id="tab-all"))
-        for g in ids:
-            await tabs.add_tab(Tab(f"GPU{g}", id=f"tab-gpu{g}"))
-        overview = self._q(f"#{OVERVIEW}", VerticalScroll)
-        await overview.remove_children()
-        for g in ids:
-            info = self.model.gpus.get(g)
-            graph = TimelineGraph(g, compact=True, id=f"ov-graph{g}", classes="ov-graph")
-            await overview.mount(Static(f"GPU{g} {info.name if info else ''}", id=f"ov-label{g}", classes="ov-label"), graph)
-            graph.set_producer(self._producer_for(g, compact=True))
-        if self.gpu not in ids and (self.gpu != -1 or not self._gpu_chosen):
-            self.gpu = ids[0] if ids else -1
-        self._gpu_chosen = self._gpu_chosen or bool(ids)
+        new = [g for g in ids if g not in self._gpu_ids]
+        if new:
+            self._gpu_ids = sorted(set(self._gpu_ids) | set(ids))
+            overview = self._q(f"#{OVERVIEW}", VerticalScroll)
+            for g in new:
+                tabs.add_tab(Tab(f"GPU{g}", id=f"tab-gpu{g}"), before="tab-all" if "all" in self._tab_ids_added else None)
+                self._tab_ids_added[g] = True
+                info = self.model.gpus.get(g)
+                graph = TimelineGraph(g, compact=True, id=f"ov-graph{g}", classes="ov-graph")
+                graph.set_producer(self._producer_for(g, compact=True))
+                overview.mount(Static(f"GPU{g} {info.name if info else ''}", id=f"ov-label{g}", classes="ov-label"), graph)
+            if "all" not in self._tab_ids_added and self._gpu_ids:
+                tabs.add_tab(Tab("all GPUs", id="tab-all"))
+                self._tab_ids_added["all"] = True
+        if self.gpu not in self._gpu_ids and (self.gpu != -1 or not self._gpu_chosen):
+            self.gpu = self._gpu_ids[0] if self._gpu_ids else -1
+        self._gpu_chosen = self._gpu_chosen or bool(self._gpu_ids)
         self._select_tab()
 
     def _select_tab(self) -> None:
         tabs = self._q("#gpu-tabs", Tabs)
         want = "tab-all" if self.gpu == -1 else f"tab-gpu{self.gpu}"
-        if tabs.active != want:
+        exists = "all" in self._tab_ids_added if self.gpu == -1 else self.gpu in self._tab_ids_added
+        if exists and tabs.active != want:
             tabs.active = want
         self._q("#switcher", ContentSwitcher).current = OVERVIEW if self.gpu == -1 else "gpu-view"
 
@@ -216,7 +223,7 @@ class MemrecApp(App[None]):
         self.refresh_all()
 
     def action_next_gpu(self, step: int) -> None:
-        order = [-1] + self._gpu_ids
+        order = self._gpu_ids + [-1]
         i = order.index(self.gpu) if self.gpu in order else 0
         self.action_show_gpu(order[(i + step) % len(order)])
 
@@ -259,6 +266,12 @@ class MemrecApp(App[None]):
 
     def refresh_all(self) -> None:
         """Redraw the visible graphs, the header and the status line; ask for the cursor state."""
+        try:
+            self._refresh_all()
+        except NoMatches:  # shutting down: the widgets are gone
+            pass
+
+    def _refresh_all(self) -> None:
         self._dirty = False
         if self.gpu == -1:
             for g in self._gpu_ids:
@@ -299,6 +312,10 @@ class MemrecApp(App[None]):
         self._q("#gpu-header", GpuHeader).update(text)
 
     def _update_status(self) -> None:
+        try:
+            self._q("#status", StatusLine)
+        except NoMatches:
+            return
         m = self.model
         parts = []
         if self.source.kind == "live":
@@ -355,7 +372,7 @@ class MemrecApp(App[None]):
         self.post_message(messages.CursorStateReady(key, (st, ev), other))
 
     def on_cursor_state_ready(self, message: messages.CursorStateReady) -> None:
-        if message.key != self._state_key:
+        if message.key != self._state_key or not self.screen_stack:
             return
         st, ev = message.state
         self.cursor_state = st
@@ -380,7 +397,7 @@ class MemrecApp(App[None]):
         self.t0, self.t1 = self.model.time_range()
         self.t1 += max((self.t1 - self.t0) // 100, 1)
         self.cursor_ts = self._initial_cursor()
-        await self._sync_gpus()
+        self._sync_gpus()
         self.refresh_all()
 
     def _initial_cursor(self) -> int:
@@ -421,14 +438,16 @@ class MemrecApp(App[None]):
         m.trim()
         self.last_data = self.clock()
         if any(r.get("type") == "header" for r in message.records):
-            await self._sync_gpus()
+            self._sync_gpus()
         self._dirty = True
 
     async def _tick(self) -> None:
         """Periodic: redraw after new data (at most every ``refresh_interval``), stale warning."""
+        if not self.screen_stack or not self.is_running:
+            return
         if self.source.kind == "live":
             if self._dirty and not self.paused:
-                await self._sync_gpus()
+                self._sync_gpus()
                 lo, hi = self.model.time_range()
                 if self.follow:
                     span = max(self.t1 - self.t0, 1)

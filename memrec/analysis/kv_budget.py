@@ -263,7 +263,7 @@ def kv_budgets(markers: Iterable[Marker]) -> list[KvBudget]:
             group.load = marker
 
     out = []
-    for (pid, draft), group in groups.items():
+    for (pid, _draft), group in groups.items():
         if group.budget is None and group.pool is None and group.baseline is None:
             continue
         out.append(_build(group, shared.get(pid)))

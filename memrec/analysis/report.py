@@ -6,7 +6,9 @@ fixed-width text. Byte counts are exact ints; ``*_s`` fields are seconds since t
 
 Per GPU: traced peak (and when) and final bytes, by category and by process; by phase where
 markers exist; what each process still held when it exited (freed implicitly); every failed call
-with who held what on that GPU at that instant; NVML beside it. "Traced" means owned memory the
+with who held what on that GPU at that instant; NVML beside it, and per NVML sample the traced
+bytes of each process and of the GPU with the rest as "untraced" (:mod:`memrec.analysis.reconcile`,
+section ``reconciliation``). "Traced" means owned memory the
 probes saw (driver allocations + VMM physical); ``ipc_mapped`` is peers' memory mapped by a
 process, shown in its view and never added to a GPU's total.
 """
@@ -21,6 +23,8 @@ import numpy as np
 from memrec.analysis.phases import Phases
 from memrec.analysis.phases import attribute
 from memrec.analysis.phases import build_phases
+from memrec.analysis.reconcile import Reconciliation
+from memrec.analysis.reconcile import reconcile
 from memrec.analysis.timeline import OWNED
 from memrec.analysis.timeline import GpuSeries
 from memrec.analysis.timeline import Timeline
@@ -92,11 +96,11 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
     phases = build_phases(trace.markers, end)
     usage = attribute(phases, tl.journal) if trace.markers else []
     procs = _processes(trace, tl, exits)
+    rec = reconcile(trace, tl)
 
     gpu_ids = set(tl.gpus) | {g for g, _ in failed_gpu.values()}
     gpu_ids |= {gi.index for gi in trace.gpus}
-    if len(trace.nvml):
-        gpu_ids |= {int(g) for g in np.unique(trace.nvml["gpu"])}
+    gpu_ids |= set(rec.gpus())
     gpu_info = {gi.index: gi for gi in trace.gpus}
 
     report: dict = {
@@ -146,7 +150,7 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
             continue
         section = _gpu_section(
             g, tl.gpus.get(g), gpu_info.get(g), start, pid, procs, exits, usage, phases,
-            failures_by_gpu.get(g, []), trace,
+            failures_by_gpu.get(g, []), trace, rec,
         )
         if section is None:
             continue
@@ -365,6 +369,7 @@ def _gpu_section(
     phases: Phases,
     failures: list[dict],
     trace: Any,
+    rec: Reconciliation,
 ) -> dict | None:
     pids = series.pids() if series is not None else []
     if pid is not None:
@@ -437,7 +442,18 @@ def _gpu_section(
     sec["held_at_exit"] = held
     sec["failures"] = failures
     sec["nvml"] = _nvml(trace, g, series, start)
+    sec["reconciliation"] = _reconciliation(rec, g, pid, start)
     return sec
+
+
+def _reconciliation(rec: Reconciliation, g: int, pid: int | None, start: int) -> dict | None:
+    """NVML vs traced on GPU ``g`` (None for the host section and GPUs without NVML samples)."""
+    if g < 0 or g not in rec.gpus():
+        return None
+    out = rec.gpu_summary(g, pid)
+    for row in out["processes"] + ([out["device"]] if out["device"] else []):
+        row["last_t_s"] = _sec(row["last_ts"] - start) if row["last_ts"] is not None else None
+    return out
 
 
 def _held_at_exit(g: int, exits: list[dict], pid: int | None, start: int) -> list[dict]:
@@ -748,6 +764,10 @@ def _render_gpu(sec: dict, procs: dict) -> list[str]:
             )
         )
 
+    if sec.get("reconciliation"):
+        out.append("")
+        out.extend(_render_reconciliation(sec["reconciliation"], procs))
+
     if sec["phases"]:
         out.append("")
         out.append("  by phase (net bytes per category during each phase of the process that made them; owned totals)")
@@ -797,6 +817,53 @@ def _render_gpu(sec: dict, procs: dict) -> list[str]:
         if any(f["gpu_inferred"] for f in sec["failures"]):
             out.append("    (GPU n? = the call named no GPU: inferred from the process's previous calls)")
     return out
+
+
+def _render_reconciliation(rc: dict, procs: dict) -> list[str]:
+    """The "NVML vs traced" table: each process NVML listed, then the whole GPU."""
+    out = ["  NVML vs traced (at each NVML sample; untraced = NVML - traced: context, modules, rounding, pools)"]
+    rows = []
+    for r in rc["processes"]:
+        notes = []
+        if not r["recorded"]:
+            notes.append("not recorded by memrec")
+        if r["negative_samples"]:
+            notes.append(f"! traced > NVML in {r['negative_samples']} of {r['samples']} samples")
+        if r["unavailable"]:
+            notes.append(f"{r['unavailable']} sample{'' if r['unavailable'] == 1 else 's'} without a value")
+        rows.append(
+            [str(r["pid"]), procs.get(r["pid"], {}).get("rank", ""), human(r["nvml_used_last"]),
+             human(r["traced_last"]), human(r["untraced_last"]), _range(r["untraced_min"], r["untraced_max"]), str(r["samples"]),
+             "; ".join(notes)]
+        )
+    d = rc["device"]
+    if d is not None:
+        notes = []
+        if d["reserved_last"] is not None:
+            notes.append(f"reserved {human(d['reserved_last'])} (driver/firmware, not in used)")
+        else:
+            notes.append("reserved unknown (NVML v1: used includes it)")
+        if d["negative_samples"]:
+            notes.append(f"! traced > NVML in {d['negative_samples']} of {d['samples']} samples")
+        rows.append(
+            ["GPU", "", human(d["used_last"]), human(d["traced_last"]), human(d["untraced_last"]),
+             _range(d["untraced_min"], d["untraced_max"]), str(d["samples"]), "; ".join(notes)]
+        )
+    out.extend(
+        _table(["PID", "RANK", "NVML USED", "TRACED", "UNTRACED", "UNTRACED MIN..MAX", "SAMPLES", ""], rows,
+               right={0, 2, 3, 4, 5, 6})
+    )
+    if rc["unsampled_pids"]:
+        out.append(
+            "    traced here but never in NVML's process samples: "
+            + ", ".join(f"pid {p}" for p in rc["unsampled_pids"])
+            + " (gone between samples, or another PID namespace)"
+        )
+    return out
+
+
+def _range(lo: int | None, hi: int | None) -> str:
+    return "-" if lo is None or hi is None else f"{human(lo)}..{human(hi)}"
 
 
 def _failure_table(failures: list[dict]) -> list[str]:

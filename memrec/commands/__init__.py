@@ -36,6 +36,7 @@ def _commands() -> list[Command]:
     from memrec.commands import mark
     from memrec.commands import record
     from memrec.commands import report
+    from memrec.commands import selftest
 
     return [
         daemon.DaemonCommand(),
@@ -45,6 +46,7 @@ def _commands() -> list[Command]:
         mark.MarkCommand(),
         doctor.DoctorCommand(),
         demo.DemoCommand(),
+        selftest.SelftestCommand(),
     ]
 
 

@@ -98,8 +98,10 @@ class DaemonCommand:
         if args.duration:
             deadline = time.monotonic() + args.duration
             until = lambda: time.monotonic() >= deadline  # noqa: E731
+        reason = None
         try:
-            daemon.run(until=until)
+            if daemon.run(until=until) == "until":
+                reason = f"duration {args.duration:g} s"
         finally:
-            daemon.stop()
+            daemon.stop(reason)
         return ExitCode.OK

@@ -120,18 +120,43 @@ def wait_for_events(path: Path, pids: set[int], timeout: float = 10) -> None:
         time.sleep(0.1)
 
 
+#: A worker that stays alive until told: the daemon reads /proc when it first sees a pid, so
+#: (unlike the workload's short-lived children) its CUDA_VISIBLE_DEVICES is certain to be read.
+WORKER = """
+import json, sys
+from memrec.stubdriver.workload import Driver, Facts
+facts = Facts()
+drv = Driver(sys.argv[1], facts)
+drv.init()
+for ordinal in (0, 1):
+    drv.use_device(ordinal)
+    drv.alloc(5 * 1024 * 1024 + ordinal)
+print(json.dumps(facts.calls), flush=True)
+sys.stdin.readline()
+"""
+
+
 def test_daemon_records_a_workload_and_a_marker_then_stops_cleanly(daemon_factory, stub_lib):
     # GIVEN a daemon probing the stub driver
     d = daemon_factory()
-    # WHEN a workload runs (two devices, a child with CUDA_VISIBLE_DEVICES=1) and a shell marks
-    facts = run_workload(stub_lib, "basic", "multi")
-    mark = subprocess.run(
-        [sys.executable, "-m", "memrec", "mark", "after-workload", "--socket", str(d.socket), "tokens=42", "ok=true"],
-        capture_output=True, text=True, timeout=30,
+    # WHEN a workload runs, a worker with CUDA_VISIBLE_DEVICES=1,0 allocates on its ordinals 0 and 1,
+    # and a shell script marks
+    facts = run_workload(stub_lib, "basic")
+    worker = subprocess.Popen(
+        [sys.executable, "-c", WORKER, str(stub_lib)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env=dict(os.environ, CUDA_VISIBLE_DEVICES="1,0"),
     )
-    assert mark.returncode == 0, mark.stderr
-    pids = {c["pid"] for c in facts["calls"]}
-    wait_for_events(d.output, pids)
+    worker_calls = json.loads(worker.stdout.readline())
+    mark = subprocess.Popen(
+        [sys.executable, "-m", "memrec", "mark", "after-workload", "--socket", str(d.socket), "tokens=42", "ok=true"],
+        stderr=subprocess.PIPE, text=True,
+    )
+    assert mark.wait(30) == 0, mark.stderr.read()
+    time.sleep(0.5)  # the daemon sees the worker's first events (and reads its /proc) while it lives
+    worker.stdin.write("\n")
+    worker.stdin.close()
+    assert worker.wait(30) == 0
+    wait_for_events(d.output, {facts["pid"], worker.pid})
     # AND the daemon gets SIGINT
     rc = d.stop()
     # THEN it exits 0, removes its socket, and the file ends with a trailer
@@ -142,25 +167,30 @@ def test_daemon_records_a_workload_and_a_marker_then_stops_cleanly(daemon_factor
     assert trace.trailer is not None and trace.warnings == [], log
     assert trace.trailer["reason"] == "signal SIGINT"
     ev = trace.events
-    # AND every allocation of the workload is there, with its size, on its physical GPU
+    # AND every allocation of the workload is there, with its size and result, on its GPU
     allocs = facts_of(facts, "cuMemAlloc_v2")
-    assert allocs
+    assert len(allocs) >= 4
     for fact in allocs:
         rows = ev[(ev["pid"] == fact["pid"]) & (ev["api"] == 1) & (ev["size"] == fact["args"]["bytesize"])
                   & (ev["result"] == fact["result"])]
-        assert len(rows) >= 1, f"not recorded: {fact}"
+        assert len(rows) == 1, f"not recorded once: {fact}"
         if fact["result"] == 0:
-            assert rows["gpu"][0] == fact["physical"], f"{fact} recorded on GPU {rows['gpu'][0]}"
-    # the child that sees only GPU 1 allocated on its ordinal 0: recorded on GPU 1
-    child = [p for p in facts["processes"] if p["cuda_visible_devices"] == "1"][0]
-    child_allocs = ev[(ev["pid"] == child["pid"]) & (ev["kind"] == int(Kind.ALLOC))]
-    assert len(child_allocs) and set(child_allocs["gpu"].tolist()) == {1}
-    assert trace.processes[child["pid"]].cuda_visible_devices == "1"
-    assert trace.processes[child["pid"]].gpu_map == [1]
+            assert rows["gpu"][0] == fact["physical"] == 0
+    # AND the worker's ordinal 0 is physical GPU 1 and its ordinal 1 is GPU 0, as its driver says
+    for fact in worker_calls:
+        if fact["api"] != "cuMemAlloc_v2":
+            continue
+        (row,) = ev[(ev["pid"] == worker.pid) & (ev["size"] == fact["args"]["bytesize"])]
+        assert row["ordinal"] == fact["ordinal"] and row["gpu"] == fact["physical"] == 1 - fact["ordinal"]
+    assert trace.processes[worker.pid].cuda_visible_devices == "1,0"
+    assert trace.processes[worker.pid].gpu_map == [1, 0]
+    # AND the process exits were recorded
+    exits = set(ev["pid"][ev["kind"] == int(Kind.PROC_EXIT)].tolist())
+    assert {facts["pid"], worker.pid} <= exits
     # AND the marker, stamped with the pid of the `memrec mark` process, with its values
     (marker,) = [m for m in trace.markers if m.name == "after-workload"]
     assert marker.values == {"tokens": 42, "ok": True} and marker.uid == os.getuid()
-    assert marker.pid in trace.processes and "mark" in trace.processes[marker.pid].cmdline
+    assert marker.pid == mark.pid and marker.pid in trace.processes
     # AND the header says what was probed
     assert trace.header["probes"]["attached"] > 0
     assert str(stub_lib) in [lib["path"] for lib in trace.header["probes"]["libraries"]]

@@ -319,7 +319,7 @@ def test_follow_tree_records_only_the_tracked_tree(tree_probes, stub_lib):
     # GIVEN a tracked workload and an untracked one, both waiting to start
     tree_probes.poll()
     cmd = [sys.executable, "-m", "memrec.stubdriver.workload", "--lib", str(stub_lib), "--facts", "--wait"]
-    tracked = subprocess.Popen([*cmd, "ipc", "leak"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    tracked = subprocess.Popen([*cmd, "ipc", "multi", "leak"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     other = subprocess.Popen([*cmd, "basic", "leak"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     tree_probes.track_pid(tracked.pid)
 
@@ -333,9 +333,11 @@ def test_follow_tree_records_only_the_tracked_tree(tree_probes, stub_lib):
     seen: list[np.ndarray] = []
     events = collect(tree_probes, pids, expected_count(facts) + len(children), batches=seen)
 
-    # THEN the tracked tree is recorded exactly, with a PROC_FORK per child, and nothing else is
+    # THEN the tracked tree is recorded exactly, with a PROC_FORK per child (not per thread:
+    # "multi" starts one), and nothing else is
     forks = events[events["kind"] == Kind.PROC_FORK]
     assert sorted(forks["ptr"].tolist()) == sorted(children)
+    assert len({int(t) for t in events[events["pid"] == tracked.pid]["tid"]}) == 2, "the worker thread is recorded"
     assert (forks["pid"] == tracked.pid).all() and (forks["api"] == Api.sched_process_fork).all()
     for child in children:
         fork = forks[forks["ptr"] == child][0]
@@ -400,3 +402,14 @@ def test_small_ring_wraps_without_loss_and_counts_loss_when_full(stub_lib):
         kept = kept[np.isin(kept["pid"], list(pids_of(facts)))]
         assert small.lost() > 0
         assert len(kept) + small.lost() == expected_count(facts), "every event is either kept or counted"
+
+
+def test_attaching_a_file_that_is_not_elf_fails_cleanly(probes, tmp_path):
+    from memrec.probes.cuda import ProbeError
+
+    bogus = tmp_path / "libcuda.so.1"
+    bogus.write_bytes(b"not an ELF file")
+    before = len(probes.attached_libraries())
+    with pytest.raises(ProbeError):
+        probes.attach_library(bogus)
+    assert len(probes.attached_libraries()) == before

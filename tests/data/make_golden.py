@@ -27,6 +27,7 @@ from memrec.events import GpuInfo
 from memrec.events import Kind
 from memrec.events import Marker
 from memrec.events import ProcessInfo
+from memrec.state import LiveState
 from memrec.trace.writer import BytesSink
 from memrec.trace.writer import TraceWriter
 
@@ -140,8 +141,10 @@ def write_golden(sink: object) -> TraceWriter:
     w.write_lost(T0 + 86, 3)
     # A later record for TP1 (its rank became known): readers keep the last one.
     w.write_process(_process(TP1, T0 + 70, {"tp": 1}))
-    state = {"allocations": [[TP0, 0, 0x7F12_0000_0000, 2 * GiB]], "vmm": {0x6600_0001: [TP0, 0, 20 * MiB]}, "seq": 8}
-    w.write_keyframe(T0 + 87, state)
+    # The keyframe is the real live state after the first 8 events, as the daemon writes it.
+    state = LiveState()
+    state.apply(ev[:8].copy())
+    w.write_keyframe(T0 + 87, state.snapshot())
     w.write_events(ev[8:])
     w.write_procmem(_procmem(T0 + 95))
     w.write_marker(_marker(T0 + 105, TP0, "load_weights", "end", 0, {"available_after_weights": 137.0}))

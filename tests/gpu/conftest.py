@@ -10,10 +10,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from memrec._errors import MemrecCommandError
+from memrec.live import wait_for_daemon
 
 
 def _skip_reason() -> str | None:
@@ -52,12 +54,11 @@ def daemon(tmp_path):
     sock = tmp_path / "memrec.sock"
     out = tmp_path / "traces"
     proc = subprocess.Popen(memrec_cmd("-v", "daemon", "-o", str(out), "--socket", str(sock)))
-    deadline = time.monotonic() + 60
-    while not sock.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"daemon did not start (rc={proc.poll()})")
-        time.sleep(0.1)
+    try:
+        wait_for_daemon(str(sock), timeout=120)
+    except MemrecCommandError as error:
+        proc.kill()
+        pytest.fail(f"daemon did not start (rc={proc.poll()}): {error}")
     yield sock, out
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 0

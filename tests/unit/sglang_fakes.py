@@ -47,6 +47,9 @@ class WheelUnavailable(Exception):
     """The wheel could not be fetched (the message says why)."""
 
 
+_unavailable: dict[str, str] = {}
+
+
 def _download(version: str, cache: Path) -> None:
     base = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q", "-d", str(cache)]
     attempts = [
@@ -82,6 +85,8 @@ def wheel_source(line: str) -> Path:
         WheelUnavailable: it could not be downloaded.
     """
     version = WHEELS[line]
+    if line in _unavailable:  # do not retry a failed download in every test
+        raise WheelUnavailable(_unavailable[line])
     cache = wheel_cache()
     cache.mkdir(parents=True, exist_ok=True)
     root = cache / f"src-{version}"
@@ -90,7 +95,11 @@ def wheel_source(line: str) -> Path:
         return root
     wheel = _find_wheel(version, cache)
     if wheel is None:
-        _download(version, cache)
+        try:
+            _download(version, cache)
+        except WheelUnavailable as error:
+            _unavailable[line] = str(error)
+            raise
         wheel = _find_wheel(version, cache)
         assert wheel is not None
     tmp = cache / f".src-{version}.{os.getpid()}"
@@ -98,12 +107,12 @@ def wheel_source(line: str) -> Path:
         for name in zf.namelist():
             if name.startswith("sglang/") and name.endswith(".py"):
                 zf.extract(name, tmp)
-    if root.exists():  # another process won the race
+    try:
+        os.replace(tmp, root)
+    except OSError:  # another process (an xdist worker) won the race
         import shutil
 
         shutil.rmtree(tmp, ignore_errors=True)
-    else:
-        os.replace(tmp, root)
     done.touch()
     return root
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -351,3 +352,64 @@ def test_public_mark_without_daemon(monkeypatch, sock_dir):
     with memrec.phase("y"):
         pass
     assert client_mod.stats()["dropped"] == 3
+
+
+SIGNAL_SCRIPT = """
+import json, signal, socket, sys, threading, time
+from memrec import protocol
+from memrec.client import MarkerClient
+
+path = sys.argv[1]
+server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+server.bind(path)
+server.listen()
+c = MarkerClient(path)
+assert c.mark("start")
+conn, _ = server.accept()
+received, decoder, done = [], protocol.FrameDecoder(), threading.Event()
+
+def reader():
+    conn.settimeout(0.05)
+    while not done.is_set():
+        try:
+            data = conn.recv(1 << 20)
+        except socket.timeout:
+            continue
+        if not data:
+            break
+        received.extend(decoder.feed(data))  # raises on a corrupt stream
+
+t = threading.Thread(target=reader)
+t.start()
+handler = []
+signal.signal(signal.SIGALRM, lambda *a: handler.append(c.mark("from-handler", n=len(handler))))
+signal.setitimer(signal.ITIMER_REAL, 0.0005, 0.0005)
+main = [c.mark("main", i=i, pad="p" * 3000) for i in range(3000)]
+signal.setitimer(signal.ITIMER_REAL, 0)
+while not c.flush():
+    time.sleep(0.01)
+time.sleep(0.2)
+done.set()
+t.join()
+names = [f["name"] for f in received]
+print(json.dumps({"main_sent": main.count(True), "main_got": names.count("main"),
+                  "handler_calls": len(handler), "handler_sent": handler.count(True),
+                  "handler_got": names.count("from-handler"), "pending": decoder.pending}))
+"""
+
+
+def test_marks_from_a_signal_handler_never_deadlock_or_corrupt(sock_dir):
+    # GIVEN a program that marks in its main loop and also from a signal handler firing every
+    # 0.5 ms, and a daemon that reads everything
+    # WHEN it runs (in a child, so that a deadlock fails the test instead of hanging it)
+    try:
+        proc = subprocess.run([sys.executable, "-c", SIGNAL_SCRIPT, str(sock_dir / "sig.sock")],
+                              capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("mark() deadlocked when called from a signal handler")
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout)
+    # THEN every frame the daemon got is whole, and exactly the markers reported sent arrived
+    assert r["handler_calls"] > 0, "the timer never fired"
+    assert r["main_got"] == r["main_sent"] and r["handler_got"] == r["handler_sent"]
+    assert r["pending"] == 0

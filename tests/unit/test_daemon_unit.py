@@ -692,3 +692,42 @@ def test_daemon_command_bad_size_is_usage(capsys):
         main(["daemon", "--rotate-size", "lots"])
     assert info.value.code == 2
     assert "not a byte size: 'lots'" in capsys.readouterr().err
+
+
+def test_a_probe_wakeup_drains_at_once(workdir):
+    # GIVEN probes that offer a pollable fd (a pipe stands in for the ring buffer's map fd), and
+    # a drain timer far away
+    r, w = os.pipe()
+
+    class WakingProbes(FakeProbes):
+        def fileno(self):
+            return r
+
+        def poll(self):
+            try:
+                os.read(r, 4096) if select_ready(r) else None
+            except BlockingIOError:
+                pass
+            return super().poll()
+
+    def select_ready(fd):
+        import select
+        return bool(select.select([fd], [], [], 0)[0])
+
+    d = make_daemon(workdir, poll_interval=30.0)
+    d._probes_factory = WakingProbes
+    d.start()
+    try:
+        pump(d, 0.05)  # the start-up drain
+        # WHEN an event arrives with a wakeup
+        d.probes.push(raw(Kind.ALLOC, ts=time.monotonic_ns(), pid=os.getpid(), ordinal=0, ptr=0x10, size=MiB))
+        os.write(w, b"!")
+        t0 = time.monotonic()
+        end = t0 + 2
+        d.run(until=lambda: d.events_recorded == 1 or time.monotonic() > end)
+        # THEN it is recorded at once, not at the next timer drain
+        assert d.events_recorded == 1 and time.monotonic() - t0 < 1.0
+    finally:
+        d.stop()
+        os.close(r)
+        os.close(w)

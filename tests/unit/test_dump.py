@@ -68,7 +68,7 @@ def test_dump_prints_one_line_per_event_with_names_and_hex(main, capsys):
     assert types.count("nvml") == 2 and types.count("procmem") == 2 and types.count("marker") == 3
     assert types.count("process") == 3 and types.count("lost") == 1
     keyframe = next(line for line in out if line["type"] == "keyframe")
-    assert keyframe["event_index"] == 8 and keyframe["sizes"] == {"allocations": 1, "vmm": 1, "seq": None}
+    assert keyframe["event_index"] == 8 and keyframe["sizes"]["allocs"] > 0 and keyframe["sizes"]["v"] is None
     assert keyframe["state_bytes"] > 0 and "state" not in keyframe
 
 

@@ -1,0 +1,144 @@
+"""Added latency per traced driver call on a GPU host, and the NVML sampler's CPU cost.
+
+Run as root on a GPU host with bcc importable:  python bench/bench_gpu_latency.py [--pairs N]
+In one run it times cuMemAlloc_v2 + cuMemFree_v2 pairs (1 MiB, through cuda-python) in four
+phases: no probes (the floor), a no-op BPF program on entry and return of both symbols (the cost
+of a uprobe hit alone on this machine), memrec's daemon attached, and no probes again. It then
+runs the NVML sampler at 10 Hz device / 1 Hz process for 10 s and reports its CPU time. Prints
+one JSON document (the validation page quotes it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+MiB = 2**20
+NOOP = "int noop(struct pt_regs *ctx) { return 0; }"
+
+
+def _driver():
+    from cuda.bindings import driver
+
+    driver.cuInit(0)
+    _, dev = driver.cuDeviceGet(0)
+    _, ctx = driver.cuDevicePrimaryCtxRetain(dev)
+    driver.cuCtxSetCurrent(ctx)
+    return driver
+
+
+def time_pairs(cu, pairs: int) -> dict:
+    """Median and mean ns of one alloc+free pair (after a warm-up)."""
+    for _ in range(200):
+        _, p = cu.cuMemAlloc(MiB)
+        cu.cuMemFree(p)
+    samples = []
+    for _ in range(pairs):
+        t0 = time.perf_counter_ns()
+        _, p = cu.cuMemAlloc(MiB)
+        cu.cuMemFree(p)
+        samples.append(time.perf_counter_ns() - t0)
+    samples.sort()
+    return {"median_ns": samples[len(samples) // 2], "mean_ns": sum(samples) // len(samples), "pairs": pairs}
+
+
+def libcuda_path() -> str:
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            if "libcuda.so" in line:
+                return line.split()[-1]
+    raise SystemExit("libcuda.so not mapped")
+
+
+def with_noop_probes(cu, pairs: int) -> dict:
+    from bcc import BPF
+
+    lib = libcuda_path()
+    b = BPF(text=NOOP)
+    for sym in ("cuMemAlloc_v2", "cuMemFree_v2"):
+        b.attach_uprobe(name=lib, sym=sym, fn_name="noop")
+        b.attach_uretprobe(name=lib, sym=sym, fn_name="noop")
+    try:
+        return time_pairs(cu, pairs)
+    finally:
+        b.cleanup()
+
+
+def with_daemon(cu, pairs: int) -> dict:
+    tmp = tempfile.mkdtemp()
+    sock = os.path.join(tmp, "memrec.sock")
+    proc = subprocess.Popen([sys.executable, "-m", "memrec", "daemon", "-o", tmp, "--socket", sock])
+    from memrec.live import wait_for_daemon
+
+    wait_for_daemon(sock, timeout=120)
+    try:
+        result = time_pairs(cu, pairs)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    result["trace_dir"] = tmp
+    return result
+
+
+def nvml_cpu(seconds: float = 10.0) -> dict:
+    from memrec.probes.nvml import NvmlSampler
+
+    rows = {"device": 0, "process": 0}
+
+    def sink(device, process):
+        rows["device"] += len(device)
+        rows["process"] += len(process)
+
+    idle0 = resource.getrusage(resource.RUSAGE_SELF)
+    time.sleep(seconds)
+    idle1 = resource.getrusage(resource.RUSAGE_SELF)
+    sampler = NvmlSampler(sink, device_hz=10.0, process_hz=1.0)
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    sampler.start()
+    time.sleep(seconds)
+    sampler.stop()
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
+    idle = (idle1.ru_utime + idle1.ru_stime) - (idle0.ru_utime + idle0.ru_stime)
+    return {
+        "seconds": seconds,
+        "cpu_seconds": round(cpu, 4),
+        "idle_cpu_seconds": round(idle, 4),
+        "cpu_percent_of_one_core": round(100 * (cpu - idle) / seconds, 3),
+        "device_rows": rows["device"],
+        "process_rows": rows["process"],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=5000)
+    args = parser.parse_args()
+    cu = _driver()
+    out = {"floor": time_pairs(cu, args.pairs)}
+    out["noop_uprobes"] = with_noop_probes(cu, args.pairs)
+    out["memrec_daemon"] = with_daemon(cu, args.pairs)
+    out["floor_again"] = time_pairs(cu, args.pairs)
+    floor = (out["floor"]["median_ns"] + out["floor_again"]["median_ns"]) / 2
+    out["per_pair_added_ns"] = {
+        "noop_uprobes": round(out["noop_uprobes"]["median_ns"] - floor),
+        "memrec": round(out["memrec_daemon"]["median_ns"] - floor),
+    }
+    out["ratio_to_floor"] = {
+        "noop_uprobes": round(out["noop_uprobes"]["median_ns"] / floor, 3),
+        "memrec": round(out["memrec_daemon"]["median_ns"] / floor, 3),
+    }
+    out["nvml_sampler"] = nvml_cpu()
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

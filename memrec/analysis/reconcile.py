@@ -1,0 +1,283 @@
+"""NVML vs traced: memrec's numbers beside the GPU's own, and the rest explained as "untraced".
+
+For every NVML per-process sample (a ``procmem`` row: one process's used memory on one GPU), the
+*traced* bytes are what that process owned on that GPU at the sample's ``ts`` according to the
+replay (driver allocations + VMM physical, ``ipc_mapped`` left out: a peer's memory is counted at
+its owner). The difference is the explicit **untraced** band of that process::
+
+    untraced = NVML used - traced
+
+memory the driver API calls memrec sees do not account for: the CUDA context, loaded modules
+(kernels, cuBLAS/cuDNN workspaces the libraries allocate through other paths), the allocator's page
+rounding (the driver hands out 2 MiB pages; memrec counts the bytes asked), pool reserves.
+
+For every NVML device sample the same is done for the whole GPU: NVML ``used`` beside the owned
+total of every process memrec traced on it, ``untraced = used - traced`` (other processes memrec did
+not record, every process's untraced band, the driver's own use), with NVML ``reserved`` beside it
+(nvmlMemory_v2: memory the driver/firmware set aside, *not* part of ``used``; -1 when only v1
+was available, where ``used`` includes it).
+
+Negative untraced (traced > NVML) is kept, never clipped, and counted (``negative_samples``): it
+happens when memrec counts bytes that are not resident (VMM handles created but not backed yet,
+managed memory not touched), or when a sample was taken between a driver call and NVML noticing
+it (the sample's ``ts`` is when the sampler's tick started; the call itself may take milliseconds).
+
+The lookup is "the state after every event at or before ``ts``" (:meth:`GpuSeries.index_at`),
+vectorised with ``np.searchsorted`` over one replay's step series: no replay per sample.
+Samples whose NVML value was unavailable (-1) are left out of the arrays and counted
+(``unavailable``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from dataclasses import field
+from typing import Any
+
+import numpy as np
+
+from memrec.analysis.timeline import GpuSeries
+from memrec.analysis.timeline import Timeline
+from memrec.analysis.timeline import build_timeline
+
+
+@dataclass
+class ProcessSeries:
+    """One process on one GPU: each NVML per-process sample beside the traced owned bytes.
+
+    Arrays are int64, one entry per sample NVML gave a value for, in time order.
+    """
+
+    gpu: int
+    pid: int
+    ts: np.ndarray
+    nvml_used: np.ndarray
+    traced: np.ndarray
+    untraced: np.ndarray  # nvml_used - traced; negative where traced > NVML (kept, not clipped)
+    unavailable: int = 0  # samples NVML listed the process in without a value (left out)
+    recorded: bool = True  # memrec recorded events of this process (False: NVML alone knows it)
+
+    @property
+    def negative(self) -> np.ndarray:
+        """Mask of the samples where traced > NVML used."""
+        return self.untraced < 0
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+
+@dataclass
+class DeviceSeries:
+    """One GPU: each NVML device sample beside the owned total of every traced process.
+
+    Arrays are int64, one entry per sample with an NVML ``used`` value, in time order;
+    ``reserved`` is -1 where NVML could not say (nvmlDeviceGetMemoryInfo v1).
+    """
+
+    gpu: int
+    ts: np.ndarray
+    used: np.ndarray
+    reserved: np.ndarray
+    traced: np.ndarray
+    untraced: np.ndarray  # used - traced; negative where traced > NVML (kept, not clipped)
+    unavailable: int = 0
+
+    @property
+    def negative(self) -> np.ndarray:
+        """Mask of the samples where traced > NVML used."""
+        return self.untraced < 0
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+
+@dataclass
+class Reconciliation:
+    """NVML vs traced for every GPU with NVML samples (see the module docstring)."""
+
+    processes: dict[tuple[int, int], ProcessSeries] = field(default_factory=dict)  # (gpu, pid) ->
+    devices: dict[int, DeviceSeries] = field(default_factory=dict)
+    #: Per GPU: processes that owned traced memory on it at some point (for "never sampled").
+    traced_pids: dict[int, list[int]] = field(default_factory=dict)
+    #: Whether the trace has any NVML per-process sample (of any GPU).
+    process_sampling: bool = False
+
+    def gpus(self) -> list[int]:
+        """GPUs with NVML samples (device or per-process), ascending."""
+        return sorted(set(self.devices) | {g for g, _ in self.processes})
+
+    def process(self, gpu: int, pid: int) -> ProcessSeries | None:
+        """The series of ``pid`` on ``gpu``, or None when NVML never listed it there."""
+        return self.processes.get((gpu, pid))
+
+    def gpu_summary(self, gpu: int, pid: int | None = None) -> dict:
+        """One GPU's reconciliation as plain JSON-able values (``pid``: only that process's row).
+
+        ``processes``: one row per process NVML listed on this GPU, pids ascending;
+        ``device``: the whole GPU (never filtered by ``pid``), None without device samples;
+        ``unsampled_pids``: processes that owned traced memory on this GPU but never appeared in
+        NVML's per-process samples of it (empty when the trace has no per-process samples at all).
+        """
+        rows = [
+            _process_row(s)
+            for (g, p), s in sorted(self.processes.items())
+            if g == gpu and (pid is None or p == pid)
+        ]
+        sampled = {p for g, p in self.processes if g == gpu}
+        unsampled = []
+        if self.process_sampling:
+            unsampled = [p for p in self.traced_pids.get(gpu, []) if p not in sampled and (pid is None or p == pid)]
+        dev = self.devices.get(gpu)
+        return {
+            "gpu": gpu,
+            "processes": rows,
+            "device": _device_row(dev) if dev is not None else None,
+            "unsampled_pids": unsampled,
+        }
+
+    def summary(self) -> dict[str, dict]:
+        """Every GPU's :meth:`gpu_summary`, keyed by the GPU index as a string (JSON keys)."""
+        return {str(g): self.gpu_summary(g) for g in self.gpus()}
+
+
+def reconcile(trace: Any, timeline: Timeline | None = None) -> Reconciliation:
+    """Put NVML's per-process and device samples of ``trace`` beside the traced owned bytes.
+
+    Args:
+        trace: a :class:`memrec.trace.model.Trace` (its ``nvml``, ``procmem`` and ``events``).
+        timeline: the replay of ``trace.events`` to look the traced bytes up in (the report passes
+            its own); default: one replay here, from the file's keyframe at event 0 if it has one
+            (a rotated file continues the previous one's state), as :func:`build_report` does.
+    """
+    if timeline is None:
+        from memrec.analysis.report import _initial_state  # report imports this module
+
+        initial, _ = _initial_state(trace)
+        timeline = build_timeline(trace.events, state=initial)
+    out = Reconciliation()
+    recorded: set[int] = set()
+    if len(timeline.events):
+        recorded |= {int(p) for p in np.unique(timeline.events["pid"])}
+    for g, s in timeline.gpus.items():
+        owned = s.by_pid()
+        out.traced_pids[g] = [p for p, v in owned.items() if v.any()]
+        recorded |= set(s.pids())
+
+    pm = trace.procmem
+    out.process_sampling = bool(len(pm))
+    if len(pm):
+        # Plain int64 columns first: sorting and gathering a structured array is several times slower.
+        key = (pm["gpu"].astype(np.int64) << 32) | pm["pid"].astype(np.int64)  # gpu, then pid (u4)
+        order = _by_key_then_time(key, pm["ts"])
+        key, ts, used = key[order], pm["ts"].astype(np.int64)[order], pm["used"].astype(np.int64)[order]
+        cut = np.nonzero(key[1:] != key[:-1])[0] + 1
+        for lo, hi in zip(np.concatenate(([0], cut)).tolist(), np.concatenate((cut, [len(ts)])).tolist()):
+            g, p = int(key[lo] >> 32), int(key[lo] & 0xFFFFFFFF)
+            ok = used[lo:hi] >= 0
+            t, u = ts[lo:hi][ok], used[lo:hi][ok]
+            series = timeline.gpus.get(g)
+            traced = _lookup(series, series.total(p) if series is not None else None, t)
+            out.processes[(g, p)] = ProcessSeries(
+                gpu=g, pid=p, ts=t, nvml_used=u, traced=traced, untraced=u - traced,
+                unavailable=int((~ok).sum()), recorded=p in recorded,
+            )
+
+    nv = trace.nvml
+    if len(nv):
+        gpu = nv["gpu"].astype(np.int64)
+        order = _by_key_then_time(gpu, nv["ts"])
+        gpu, ts = gpu[order], nv["ts"].astype(np.int64)[order]
+        used, reserved = nv["used"].astype(np.int64)[order], nv["reserved"].astype(np.int64)[order]
+        cut = np.nonzero(gpu[1:] != gpu[:-1])[0] + 1
+        for lo, hi in zip(np.concatenate(([0], cut)).tolist(), np.concatenate((cut, [len(ts)])).tolist()):
+            g = int(gpu[lo])
+            ok = used[lo:hi] >= 0
+            t, u = ts[lo:hi][ok], used[lo:hi][ok]
+            series = timeline.gpus.get(g)
+            traced = _lookup(series, series.total() if series is not None else None, t)
+            out.devices[g] = DeviceSeries(
+                gpu=g, ts=t, used=u, reserved=reserved[lo:hi][ok], traced=traced, untraced=u - traced,
+                unavailable=int((~ok).sum()),
+            )
+    return out
+
+
+def _by_key_then_time(key: np.ndarray, ts: np.ndarray) -> np.ndarray:
+    """The order that sorts rows by ``key``, then by ``ts`` (stable: equal rows keep file order).
+
+    One int64 key and contiguous columns: lexsort of a structured array's fields is several times
+    slower on hours of samples."""
+    return np.lexsort((ts.astype(np.int64), key))
+
+
+def _lookup(series: GpuSeries | None, values: np.ndarray | None, ts: np.ndarray) -> np.ndarray:
+    """``values`` (one per row of ``series``) at each of ``ts``: the row after every event at or
+    before it, row 0 (the initial state) before any; zeros without a series."""
+    if series is None or values is None or not len(series.ts):
+        return np.zeros(len(ts), dtype=np.int64)
+    rows = np.searchsorted(series.ts, ts, side="right") - 1
+    return values[np.maximum(rows, 0)].astype(np.int64)
+
+
+def _lower_median(a: np.ndarray) -> int:
+    """The median as an exact int: the lower of the two middle values for an even count."""
+    return int(np.sort(a)[(len(a) - 1) // 2])
+
+
+def _process_row(s: ProcessSeries) -> dict:
+    row: dict = {
+        "pid": s.pid,
+        "recorded": s.recorded,
+        "samples": len(s),
+        "unavailable": s.unavailable,
+        "last_ts": None,
+        "nvml_used_last": None,
+        "traced_last": None,
+        "untraced_last": None,
+        "untraced_min": None,
+        "untraced_median": None,
+        "untraced_max": None,
+        "negative_samples": 0,
+    }
+    if len(s):
+        u = s.untraced
+        row.update(
+            last_ts=int(s.ts[-1]),
+            nvml_used_last=int(s.nvml_used[-1]),
+            traced_last=int(s.traced[-1]),
+            untraced_last=int(u[-1]),
+            untraced_min=int(u.min()),
+            untraced_median=_lower_median(u),
+            untraced_max=int(u.max()),
+            negative_samples=int((u < 0).sum()),
+        )
+    return row
+
+
+def _device_row(d: DeviceSeries) -> dict:
+    row: dict = {
+        "samples": len(d),
+        "unavailable": d.unavailable,
+        "last_ts": None,
+        "used_last": None,
+        "reserved_last": None,
+        "traced_last": None,
+        "untraced_last": None,
+        "untraced_min": None,
+        "untraced_max": None,
+        "negative_samples": 0,
+    }
+    if len(d):
+        u = d.untraced
+        reserved = int(d.reserved[-1])
+        row.update(
+            last_ts=int(d.ts[-1]),
+            used_last=int(d.used[-1]),
+            reserved_last=reserved if reserved >= 0 else None,
+            traced_last=int(d.traced[-1]),
+            untraced_last=int(u[-1]),
+            untraced_min=int(u.min()),
+            untraced_max=int(u.max()),
+            negative_samples=int((u < 0).sum()),
+        )
+    return row

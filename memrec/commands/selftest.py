@@ -1,0 +1,121 @@
+"""``memrec selftest``: make real driver calls and check the running daemon recorded each one."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+
+from memrec._errors import ExitCode
+from memrec._errors import MemrecCommandError
+from memrec.events import Kind
+
+
+class _Collector(threading.Thread):
+    """Reads the live stream on its own thread and keeps the header and every event."""
+
+    def __init__(self, sock) -> None:
+        super().__init__(daemon=True)
+        self.sock = sock
+        self.header: dict = {}
+        self.chunks: list[np.ndarray] = []
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.ready = threading.Event()  # set once the header arrived: we are subscribed
+
+    def run(self) -> None:
+        from memrec.live import records
+
+        self.sock.settimeout(0.2)
+        while not self.stopping.is_set():
+            for rec in records(self.sock):
+                with self.lock:
+                    if rec.get("type") == "header":
+                        self.header = rec
+                        self.ready.set()
+                    elif rec.get("type") == "events":
+                        self.chunks.append(rec["events"])
+
+    def events(self) -> np.ndarray:
+        from memrec.columns import EVENT_DTYPE
+
+        with self.lock:
+            return np.concatenate(self.chunks) if self.chunks else np.zeros(0, EVENT_DTYPE)
+
+
+def _expected_gpu(header: dict, ordinal: int) -> int | None:
+    """The physical GPU this process's device ``ordinal`` is, as the daemon maps it."""
+    from memrec.events import GpuInfo
+    from memrec.probes.procinfo import gpu_map
+
+    gpus = [GpuInfo(**g) for g in header.get("gpus", [])]
+    mapping = gpu_map(os.environ.get("CUDA_VISIBLE_DEVICES"), gpus)
+    return mapping[ordinal] if ordinal < len(mapping) else None
+
+
+class SelftestCommand:
+    """Make a scripted set of real CUDA driver calls and check the daemon recorded each exactly.
+
+    With `memrec daemon` running, this runs cuda-python in child processes: allocations of
+    distinctive sizes, VMM create/reserve/map/unmap/release, an IPC export opened by a second
+    process, pinned host memory and a deliberate out-of-memory request. Each call must appear in
+    the daemon's live stream with the same process, sizes, pointers, handle bytes and physical
+    GPU. Prints PASS/FAIL per check; exits 1 if any fails.
+    """
+
+    def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--socket", metavar="PATH", help="the daemon's socket")
+        parser.add_argument("--device", type=int, default=0, help="device ordinal to test (default 0)")
+        parser.add_argument("--timeout", type=float, default=20.0, help="seconds to wait for the events")
+
+    def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+        from memrec.live import subscribe
+        from memrec.live import wait_for_daemon
+        from memrec.selftest import check_exits
+        from memrec.selftest import check_facts
+
+        wait_for_daemon(args.socket)
+        sock = subscribe(args.socket)
+        collector = _Collector(sock)
+        collector.start()
+        if not collector.ready.wait(30):
+            raise MemrecCommandError("the daemon accepted the subscription but sent nothing", exit_code=ExitCode.UNAVAILABLE)
+        workload = subprocess.run(
+            [sys.executable, "-m", "memrec.gpu.driver_calls", "--device", str(args.device)],
+            capture_output=True,
+            text=True,
+        )
+        if workload.returncode != 0:
+            collector.stopping.set()
+            raise MemrecCommandError(
+                f"the driver-call workload failed: {workload.stderr.strip().splitlines()[-1:]}",
+                exit_code=ExitCode.ERROR,
+            )
+        facts = [json.loads(line) for line in workload.stdout.splitlines() if line.startswith("{")]
+        pids = {fact["pid"] for fact in facts}
+        deadline = time.monotonic() + args.timeout
+        while time.monotonic() < deadline:  # every workload process's exit closes its events
+            events = collector.events()
+            exited = set(events["pid"][events["kind"] == Kind.PROC_EXIT].tolist())
+            if pids <= exited:
+                break
+            time.sleep(0.2)
+        collector.stopping.set()
+        collector.join(timeout=2)
+        sock.close()
+        events = collector.events()
+        gpu = _expected_gpu(collector.header, args.device)
+        results = check_facts(facts, events, gpu) + check_exits(pids, events)
+        for r in results:
+            print(f"{'PASS' if r.passed else 'FAIL'}  {r.name}: {r.detail}")
+        failed = sum(not r.passed for r in results)
+        calls = sum(1 for f in facts if f.get("call") != "context")
+        print(f"selftest: {len(results) - failed} passed, {failed} failed ({calls} driver calls made, "
+              f"{len(events)} events seen, expected GPU {gpu})")
+        return ExitCode.ERROR if failed else ExitCode.OK
