@@ -1,9 +1,9 @@
 """Added latency per traced driver call on a GPU host, and the NVML sampler's CPU cost.
 
 Run as root on a GPU host with bcc importable:  python bench/bench_gpu_latency.py [--pairs N]
-In one run it times cuMemAlloc_v2 + cuMemFree_v2 pairs (1 MiB, through cuda-python) in four
-phases: no probes (the floor), a no-op BPF program on entry and return of both symbols (the cost
-of a uprobe hit alone on this machine), memrec's daemon attached, and no probes again. It then
+In one run it times cuMemAlloc_v2 + cuMemFree_v2 pairs (1 MiB, through cuda-python) in three
+phases, interleaved over several rounds: no probes (the floor), a no-op BPF program on entry and
+return of both symbols (the cost of a uprobe hit alone on this machine), and memrec's daemon. It then
 runs the NVML sampler at 10 Hz device / 1 Hz process for 10 s and reports its CPU time. Prints
 one JSON document (the validation page quotes it).
 """
@@ -83,7 +83,6 @@ def with_daemon(cu, pairs: int) -> dict:
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)
-    result["trace_dir"] = tmp
     return result
 
 
@@ -117,24 +116,36 @@ def nvml_cpu(seconds: float = 10.0) -> dict:
     }
 
 
+def _median(values: list[int]) -> int:
+    values = sorted(values)
+    return values[len(values) // 2]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=5000)
+    parser.add_argument("--pairs", type=int, default=2000, help="alloc+free pairs per round")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of each phase, interleaved")
     args = parser.parse_args()
     cu = _driver()
-    out = {"floor": time_pairs(cu, args.pairs)}
-    out["noop_uprobes"] = with_noop_probes(cu, args.pairs)
-    out["memrec_daemon"] = with_daemon(cu, args.pairs)
-    out["floor_again"] = time_pairs(cu, args.pairs)
-    floor = (out["floor"]["median_ns"] + out["floor_again"]["median_ns"]) / 2
+    # Rounds alternate (floor, no-op, floor, memrec, ...) so drift in the driver's own speed
+    # lands on every phase alike; each phase's figure is the median of its round medians.
+    rounds: dict[str, list[int]] = {"floor": [], "noop_uprobes": [], "memrec_daemon": []}
+    for _ in range(args.rounds):
+        rounds["floor"].append(time_pairs(cu, args.pairs)["median_ns"])
+        rounds["noop_uprobes"].append(with_noop_probes(cu, args.pairs)["median_ns"])
+        rounds["floor"].append(time_pairs(cu, args.pairs)["median_ns"])
+        rounds["memrec_daemon"].append(with_daemon(cu, args.pairs)["median_ns"])
+    out = {"pairs_per_round": args.pairs, "rounds": rounds}
+    floor = _median(rounds["floor"])
+    out["median_ns_per_pair"] = {name: _median(values) for name, values in rounds.items()}
     out["per_pair_added_ns"] = {
-        "noop_uprobes": round(out["noop_uprobes"]["median_ns"] - floor),
-        "memrec": round(out["memrec_daemon"]["median_ns"] - floor),
+        name: _median(values) - floor for name, values in rounds.items() if name != "floor"
     }
     out["ratio_to_floor"] = {
-        "noop_uprobes": round(out["noop_uprobes"]["median_ns"] / floor, 3),
-        "memrec": round(out["memrec_daemon"]["median_ns"] / floor, 3),
+        name: round(_median(values) / floor, 3) for name, values in rounds.items() if name != "floor"
     }
+    noop = _median(rounds["noop_uprobes"])
+    out["memrec_over_noop_uprobes"] = round(_median(rounds["memrec_daemon"]) / noop, 3)
     out["nvml_sampler"] = nvml_cpu()
     print(json.dumps(out, indent=2))
     return 0

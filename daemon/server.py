@@ -100,6 +100,10 @@ def _one_line(error: BaseException) -> str:
     return lines[0][:500] if lines else type(error).__name__
 
 
+#: Batches in which a new process's ordinal map is checked against NVML before giving up.
+_MAP_CHECK_TRIES = 20
+
+
 def _default_probes_factory(**kwargs: Any) -> Any:
     from memrec.probes.cuda import CudaProbes
 
@@ -214,6 +218,10 @@ class Daemon:
         self._libraries: dict[tuple[int, int], dict] = {}  # (dev, inode) -> report dict
         self._skip_libraries: set[tuple[int, int]] = set()  # failed, or known under another identity
         self._procs: dict[int, ProcessInfo] = {}
+        self._map_checked: set[int] = set()  # pids whose ordinal map NVML confirmed or corrected
+        self._map_tries: dict[int, int] = {}
+        self._nvml_listing: dict[int, set[int]] | None = None
+        self._nvml_listing_failed = False
         self._pending_markers: list[Marker] = []
         self._nvml_queue: deque[tuple[np.ndarray, np.ndarray]] = deque()
         self._lost = 0
@@ -511,16 +519,71 @@ class Daemon:
         if len(events) > 1:
             events = events[np.argsort(events["ts"], kind="stable")]
         pids = events["pid"]
+        self._nvml_listing = None
         for pid in np.unique(pids).tolist():
-            info = self._process(pid, int(events["ts"][pids == pid][0]))
-            self._stamp(events, pids == pid, info)
+            rows = pids == pid
+            info = self._process(pid, int(events["ts"][rows][0]))
+            info = self._check_gpu_map(info, events["ordinal"][rows])
+            self._stamp(events, rows, info)
         self.state.apply(events)
         assert self.writer is not None
         self.writer.write_events(events)
         self.events_recorded += len(events)
         for pid in events["pid"][events["kind"] == int(Kind.PROC_EXIT)].tolist():
             self._procs.pop(pid, None)  # a later process with this pid is a new one
+            self._map_checked.discard(pid)
+            self._map_tries.pop(pid, None)
         return events
+
+    def _check_gpu_map(self, info: ProcessInfo, ordinals: np.ndarray) -> ProcessInfo:
+        """Check a new process's ordinal → GPU map against the GPUs NVML lists it on.
+
+        ``/proc/PID/environ`` shows the environment the process started with; a worker that sets
+        CUDA_VISIBLE_DEVICES itself before CUDA starts would otherwise be put on the wrong GPU.
+        Asked once per batch while some process is unchecked, at most _MAP_CHECK_TRIES batches
+        per process (NVML may not list processes of another PID namespace).
+        """
+        pid = info.pid
+        if not self.gpus or pid in self._map_checked:
+            return info
+        seen = {int(o) for o in np.unique(ordinals).tolist() if o >= 0}
+        if not seen:
+            return info
+        tries = self._map_tries[pid] = self._map_tries.get(pid, 0) + 1
+        listed = self._nvml_process_gpus().get(pid)
+        if not listed:
+            if tries >= _MAP_CHECK_TRIES:
+                self._map_checked.add(pid)
+            return info
+        self._map_checked.add(pid)
+        from memrec.probes.procinfo import checked_gpu_map
+
+        corrected = checked_gpu_map(info.gpu_map, seen, listed)
+        if corrected is None:
+            return info
+        log.warning(
+            "pid %d: NVML lists it on GPU(s) %s, which CUDA_VISIBLE_DEVICES=%s from its start-up "
+            "environment does not give (set later by the process?): ordinals now map to GPUs %s",
+            pid, sorted(listed), info.cuda_visible_devices, corrected,
+        )
+        info = dataclasses.replace(info, gpu_map=corrected, gpu_map_source="nvml")
+        self._procs[pid] = info
+        if self.writer is not None and not self.writer.closed:
+            self.writer.write_process(info)
+        return info
+
+    def _nvml_process_gpus(self) -> dict[int, set[int]]:
+        """pid → GPUs NVML lists it on, asked at most once per batch ({} without NVML)."""
+        if self._nvml_listing is None:
+            self._nvml_listing = {}
+            query = getattr(self._nvml_module(), "process_gpus", None)
+            if query is not None and not self._nvml_listing_failed:
+                try:
+                    self._nvml_listing = query([g.index for g in self.gpus])
+                except Exception as error:  # NVML gone: keep the environ maps
+                    log.info("cannot ask NVML for processes (%s): ordinal maps stay unchecked", error)
+                    self._nvml_listing_failed = True
+        return self._nvml_listing
 
     def _identity(self, info: ProcessInfo) -> bool:
         """No NVML and no CUDA_VISIBLE_DEVICES: ordinal n is GPU n (CUDA's and NVML's order)."""

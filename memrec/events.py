@@ -222,3 +222,4 @@ class ProcessInfo:
     gpu_map: list[int]  # device ordinal -> physical GPU index (empty: unknown)
     first_ts: int
     rank: dict = field(default_factory=dict)  # e.g. {"tp": 0} when a marker or env told us
+    gpu_map_source: str = "environ"  # "environ" (/proc/PID/environ) or "nvml" (corrected by NVML)

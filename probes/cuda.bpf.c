@@ -199,7 +199,9 @@ static __always_inline void submit(struct event *ev) {
         return;
     }
     __builtin_memcpy(rec, ev, sizeof(struct event));
-    events.ringbuf_submit(rec, BPF_RB_NO_WAKEUP);
+    // A context being bound is a process's first, rare driver event: wake the reader so the
+    // daemon reads the process's /proc (CUDA_VISIBLE_DEVICES) while it surely still runs.
+    events.ringbuf_submit(rec, ev->kind == KIND_CTX ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
 }
 
 // Record a process-level event (tracepoints): no inflight state, no ordinal.
@@ -508,7 +510,8 @@ ENTRY(cuMemImportFromShareableHandle) {
     } else {
         v.ev.ptr = P2;
     }
-    return begin(&v, API_cuMemImportFromShareableHandle, KIND_SHARE_IMPORT, OUT_HANDLE, -1);
+    // The importing context's device: the GPU whose view the imported memory is mapped into.
+    return begin(&v, API_cuMemImportFromShareableHandle, KIND_SHARE_IMPORT, OUT_HANDLE, ORD_CURRENT);
 }
 
 // cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)

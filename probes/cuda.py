@@ -313,6 +313,10 @@ class CudaProbes:
         self._require()
         return self._reader.drain(max_records)
 
+    def fileno(self) -> int:
+        """The ring buffer's map fd: readable when records wait (the daemon selects on it)."""
+        return int(self._require()[b"events"].map_fd)
+
     def lost(self) -> int:
         """Events dropped so far because the ring buffer was full (cumulative)."""
         table = self._require()[b"lost"]

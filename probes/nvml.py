@@ -173,6 +173,29 @@ def list_gpus() -> list[GpuInfo]:
     return out
 
 
+def process_gpus(indices: list[int]) -> dict[int, set[int]]:
+    """Which GPUs NVML lists each process on (pid → NVML indices), asked now.
+
+    The daemon asks when a new process's first events arrive, to check the ordinal → GPU map it
+    derived from ``/proc/PID/environ``: a process that sets CUDA_VISIBLE_DEVICES after it started
+    (``os.environ[...] = ...`` before CUDA initialises) shows the old value there.
+
+    Raises:
+        NvmlUnavailable: no NVML on this host.
+    """
+    out: dict[int, set[int]] = {}
+    for index in indices:
+        try:
+            handle = nvml_query("nvmlDeviceGetHandleByIndex", index)
+            procs = nvml_query("nvmlDeviceGetComputeRunningProcesses", handle)
+        except NvmlError as error:
+            log.debug("GPU %d: running processes unavailable (%s)", index, error)
+            continue
+        for p in procs or ():
+            out.setdefault(int(p.pid), set()).add(index)
+    return out
+
+
 class NvmlSampler:
     """Samples every GPU's memory (``device_hz``) and per-process memory (``process_hz``).
 

@@ -161,6 +161,26 @@ def gpu_map(cuda_visible_devices: str | None, gpus: list[GpuInfo]) -> list[int]:
     return out
 
 
+def checked_gpu_map(gpu_map: list[int], ordinals: set[int], nvml_gpus: set[int]) -> list[int] | None:
+    """Check an ordinal → GPU map against the GPUs NVML lists the process on; None if it holds.
+
+    ``/proc/PID/environ`` holds the environment a process started with; one that sets
+    CUDA_VISIBLE_DEVICES itself before CUDA initialises (spawned workers often do) maps its
+    ordinals differently. When the GPUs the map gives for the ordinals the process used are not
+    all among the GPUs NVML lists it on, the ordinals are taken to number NVML's GPUs in bus
+    order (CUDA's order on hosts of one GPU model), which is returned.
+    """
+    if not nvml_gpus or not ordinals:
+        return None
+    mapped = {gpu_map[o] for o in ordinals if 0 <= o < len(gpu_map)}
+    if len(mapped) == len(ordinals) and mapped <= nvml_gpus:
+        return None
+    candidate = sorted(nvml_gpus)
+    if max(ordinals) >= len(candidate):
+        return None
+    return candidate
+
+
 def process_info(pid: int, gpus: list[GpuInfo], first_ts: int, proc: Path = PROC) -> ProcessInfo:
     """A :class:`~memrec.events.ProcessInfo` for ``pid`` with its ordinal → GPU map."""
     read = read_proc(pid, proc)

@@ -127,6 +127,7 @@ class MemrecApp(App[None]):
         self._gpu_ids: list[int] = []
         self._gpu_chosen = False
         self._tab_ids_added: dict = {}
+        self._interacting_until = 0.0
         self._state_key: tuple | None = None
         self.sub_title = source.title
 
@@ -149,7 +150,9 @@ class MemrecApp(App[None]):
 
     def _q(self, selector: str, expect_type: type | None = None):
         """Query the main screen (not whichever screen is on top, e.g. the help)."""
-        base = self.screen_stack[0] if self.screen_stack else self.screen
+        if not self.screen_stack:
+            raise NoMatches(f"no screen yet (or any more) for {selector}")
+        base = self.screen_stack[0]
         return base.query_one(selector, expect_type) if expect_type else base.query_one(selector)
 
     async def on_mount(self) -> None:
@@ -160,9 +163,16 @@ class MemrecApp(App[None]):
         if self.source.kind == "live":
             self.source.run(self.post_message)
         else:
+            self.source.busy = lambda: time.monotonic() < self._interacting_until
             self.run_worker(lambda: self.source.run(self.post_message), thread=True, group="source", name="load")
         self._q("#timeline").focus()
         self.refresh_all()
+
+    def on_key(self) -> None:
+        self._interacting_until = time.monotonic() + 0.5
+
+    def on_mouse_down(self) -> None:
+        self._interacting_until = time.monotonic() + 0.5
 
     def on_unmount(self) -> None:
         self.source.stop()
@@ -174,8 +184,11 @@ class MemrecApp(App[None]):
 
         Synchronous on purpose (nothing awaited): it runs from timers and message handlers alike.
         """
+        try:
+            tabs = self._q("#gpu-tabs", Tabs)
+        except NoMatches:
+            return
         ids = self.model.gpu_ids()
-        tabs = self._q("#gpu-tabs", Tabs)
         new = [g for g in ids if g not in self._gpu_ids]
         if new:
             self._gpu_ids = sorted(set(self._gpu_ids) | set(ids))

@@ -53,8 +53,8 @@ NCAT = len(CATEGORIES)
 OWNED = (DRIVER, VMM, HOST_PINNED)
 #: Kinds whose failure is a failed allocation (an OOM when the result is 2).
 ALLOC_KINDS = np.array([Kind.ALLOC, Kind.VMM_CREATE, Kind.HOST_ALLOC, Kind.IPC_OPEN, Kind.HOST_REGISTER], dtype=np.uint16)
-#: Allocations of at least this many bytes are remembered for "next big allocation".
-BIG_MIN = 64 << 20
+#: Allocations of at least this many bytes are remembered for "next big allocation" (key b).
+BIG_MIN = 1 << 30
 #: Block size of the max pyramid used to downsample series.
 BLOCK = 512
 NEVER = np.iinfo(np.int64).max
@@ -366,7 +366,8 @@ class EventStore:
         self._starts: list[int] = []  # seq of each chunk's first event
         self.base = 0  # seq of the first event still held
         self.n = 0  # events seen (seq of the next)
-        self._ts = Grow(np.uint64, 1 << 16)  # monotone envelope of ts, from self.base
+        self._env: list[np.ndarray] = []  # per chunk: monotone envelope of ts (a view when sorted)
+        self._firsts: list[int] = []  # per chunk: env[0]
         self._cache: dict[int, np.ndarray] = {}
         self._cache_max = cache_chunks
 
@@ -379,34 +380,40 @@ class EventStore:
         if n == 0:
             return self.n
         ts = chunk["ts"] if isinstance(chunk, np.ndarray) else chunk.columns["ts"]
-        env = np.maximum.accumulate(ts.astype(np.uint64, copy=False))
-        if self._ts.n:
-            env = np.maximum(env, self._ts.a[-1])
-        self._ts.extend(env)
+        ts = ts.astype(np.uint64, copy=False)
+        prev = int(self._env[-1][-1]) if self._env else 0
+        if int(ts[0]) >= prev and (n < 2 or bool((ts[1:] >= ts[:-1]).all())):
+            env = ts  # sorted (the usual case): the column itself, no copy
+        else:
+            env = np.maximum(np.maximum.accumulate(ts), np.uint64(prev))
         start = self.n
         self._chunks.append(chunk)
         self._starts.append(start)
+        self._env.append(env)
+        self._firsts.append(int(env[0]))
         self.n += n
         return start
 
-    @property
-    def ts(self) -> np.ndarray:
-        """Monotone envelope of the held events' timestamps (index = seq - base)."""
-        return self._ts.a
-
     def first_ts(self) -> int | None:
-        return int(self._ts.a[0]) if self._ts.n else None
+        return self._firsts[0] if self._firsts else None
 
     def last_ts(self) -> int | None:
-        return int(self._ts.a[-1]) if self._ts.n else None
+        return int(self._env[-1][-1]) if self._env else None
 
     def seq_at(self, ts: int) -> int:
         """The seq of the last event with ts <= ``ts`` (base - 1 if none)."""
-        return self.base + int(np.searchsorted(self._ts.a, np.uint64(max(ts, 0)), side="right")) - 1
+        k = bisect.bisect_right(self._firsts, ts) - 1
+        if k < 0:
+            return self.base - 1
+        i = int(np.searchsorted(self._env[k], np.uint64(max(ts, 0)), side="right")) - 1
+        return self._starts[k] + i
 
     def ts_of(self, seq: int) -> int:
-        i = min(max(seq - self.base, 0), self._ts.n - 1)
-        return int(self._ts.a[i]) if self._ts.n else 0
+        if not self._env:
+            return 0
+        seq = min(max(seq, self.base), self.n - 1)
+        k = bisect.bisect_right(self._starts, seq) - 1
+        return int(self._env[k][seq - self._starts[k]])
 
     def _array(self, k: int) -> np.ndarray:
         c = self._chunks[k]
@@ -421,20 +428,41 @@ class EventStore:
             self._cache[start] = arr
         return arr
 
-    def slice(self, lo: int, hi: int) -> np.ndarray:
-        """Events with seq in [lo, hi) as one EVENT_DTYPE array (a view when inside one chunk)."""
+    def pieces(self, lo: int, hi: int) -> list[tuple[int, int, int]]:
+        """(chunk index, start, stop) covering seq [lo, hi): cheap; take it under the model's lock."""
         lo = max(lo, self.base)
         hi = min(hi, self.n)
+        out = []
         if hi <= lo:
-            return np.zeros(0, dtype=EVENT_DTYPE)
+            return out
         k = bisect.bisect_right(self._starts, lo) - 1
-        parts = []
         while k < len(self._chunks) and self._starts[k] < hi:
-            arr = self._array(k)
             s = self._starts[k]
-            parts.append(arr[max(lo - s, 0) : hi - s])
+            out.append((self._chunks[k], s, max(lo - s, 0), hi - s))
             k += 1
+        return out
+
+    def materialize(self, pieces: list) -> np.ndarray:
+        """The events of :meth:`pieces` as one array (the slow part: no lock needed, chunks never change)."""
+        if not pieces:
+            return np.zeros(0, dtype=EVENT_DTYPE)
+        parts = [self._array_of(c, s)[a:b] for c, s, a, b in pieces]
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _array_of(self, c: Any, start: int) -> np.ndarray:
+        if isinstance(c, np.ndarray):
+            return c
+        arr = self._cache.get(start)
+        if arr is None:
+            arr = c.to_array()
+            if len(self._cache) >= self._cache_max:
+                self._cache.pop(next(iter(self._cache)), None)
+            self._cache[start] = arr
+        return arr
+
+    def slice(self, lo: int, hi: int) -> np.ndarray:
+        """Events with seq in [lo, hi) as one EVENT_DTYPE array (a view when inside one chunk)."""
+        return self.materialize(self.pieces(lo, hi))
 
     def column(self, name: str, lo: int, hi: int) -> np.ndarray:
         """One column for seq in [lo, hi), read from column views without converting chunks."""
@@ -463,11 +491,12 @@ class EventStore:
         if k == 0:
             return
         new_base = self._starts[k]
-        self._ts.drop_front(new_base - self.base)
-        for s in self._starts[:k]:
-            self._cache.pop(s, None)
+        for st in self._starts[:k]:
+            self._cache.pop(st, None)
         del self._chunks[:k]
         del self._starts[:k]
+        del self._env[:k]
+        del self._firsts[:k]
         self.base = new_base
 
 
@@ -647,7 +676,8 @@ class TraceModel:
             kind = cols("kind")
             result = cols("result")
             size = cols("size")
-            bad = np.flatnonzero((result != 0) & np.isin(kind, ALLOC_KINDS))
+            bad = np.flatnonzero(result != 0)
+            bad = bad[np.isin(kind[bad], ALLOC_KINDS)]
             if len(bad):
                 self._fail["seq"].extend(bad + start)
                 self._fail_ts.extend(cols("ts")[bad])
@@ -655,7 +685,8 @@ class TraceModel:
                 self._fail["kind"].extend(kind[bad])
                 self._fail["result"].extend(result[bad])
                 self._fail["size"].extend(size[bad])
-            big = np.flatnonzero((size >= BIG_MIN) & (result == 0) & np.isin(kind, ALLOC_KINDS))
+            big = np.flatnonzero(size >= BIG_MIN)
+            big = big[(result[big] == 0) & np.isin(kind[big], ALLOC_KINDS)]
             if len(big):
                 self._big["seq"].extend(big + start)
                 self._big_ts.extend(cols("ts")[big])
@@ -773,7 +804,8 @@ class TraceModel:
             hi = min(self.store.n, lo + budget)
             if hi <= lo:
                 return 0
-            events = self.store.slice(lo, hi)
+            pieces = self.store.pieces(lo, hi)
+        events = self.store.materialize(pieces)
         if not events.flags.writeable:
             events = events.copy()
         done = 0
@@ -810,9 +842,9 @@ class TraceModel:
                 self._gpu_pids.setdefault(pair >> 32, set()).add(pair & 0xFFFFFFFF)
             for g in np.unique(gpus).tolist():
                 sel = rows[gpus == g]
-                self.series.setdefault(int(g), GpuSeries()).append(
-                    sel[:, 0], sel[:, 1].astype(np.uint64), sel[:, 4].astype(np.int8), sel[:, 5]
-                )
+                series = self.series.setdefault(int(g), GpuSeries())
+                series.append(sel[:, 0], sel[:, 1].astype(np.uint64), sel[:, 4].astype(np.int8), sel[:, 5])
+                series._blocks()  # keep the max pyramid current: redraws never build it
 
     def trim(self) -> None:
         """Live mode: keep at most ``max_events`` events (and what depends on them)."""
@@ -912,11 +944,13 @@ class TraceModel:
             # beyond the replay's frontier: keyframes (coarse)
             if ftime <= hi_t and self._kf_points:
                 kts = np.array([p[0] for p in self._kf_points], dtype=np.float64)
-                for k in np.flatnonzero(edges[1:] > ftime).tolist():
-                    j = int(np.searchsorted(kts, edges[k + 1], side="right")) - 1
+                ks = np.flatnonzero(edges[1:] > ftime)
+                js = (np.searchsorted(kts, edges[ks + 1], side="right") - 1).tolist()
+                zero = np.zeros(NCAT, np.int64)
+                for k, j in zip(ks.tolist(), js):
                     if j >= 0:
-                        cats[:, k] = self._kf_points[j][1].get(gpu, np.zeros(NCAT, np.int64))
-                    coarse[k] = True
+                        cats[:, k] = self._kf_points[j][1].get(gpu, zero)
+                coarse[ks] = True
             elif ftime <= hi_t:
                 coarse[edges[1:] > ftime] = True
             nv = self.nvml.get(gpu)
@@ -1001,10 +1035,11 @@ class TraceModel:
                 covered = 0
             if snap is None and self._kf_points and self.keyframes and self.keyframes[0][0] == 0:
                 snap = self.keyframes[0][2]
-            gap = self.store.slice(covered, seq + 1) if seq + 1 > covered else np.zeros(0, EVENT_DTYPE)
+            pieces = self.store.pieces(covered, seq + 1) if seq + 1 > covered else []
         s = LiveState.from_snapshot(snap) if snap is not None else LiveState()
         s.n_events = covered
-        if len(gap):
+        for piece in pieces:  # chunk by chunk, outside the lock: no 100-MB concatenation
+            gap = self.store.materialize([piece])
             s.apply(gap if gap.flags.writeable else gap.copy())
         return s
 

@@ -26,6 +26,11 @@ from memrec.tui.model import TraceModel
 Post = Callable[[object], object]
 
 
+def _chain(first, rest):
+    yield first
+    yield from rest
+
+
 class FileSource:
     """A ``.mrec`` file.
 
@@ -36,12 +41,14 @@ class FileSource:
 
     kind = "file"
 
-    def __init__(self, path: str | os.PathLike, index_step: int = 262144) -> None:
+    def __init__(self, path: str | os.PathLike, index_step: int = 16384) -> None:
         self.path = os.fspath(path)
         self.index_step = index_step
         self.model = TraceModel()
         self._stop = threading.Event()
         self._reader = None
+        #: Set by the app: true while the user interacts (the replay then pauses).
+        self.busy: Callable[[], bool] = lambda: False
 
     @property
     def title(self) -> str:
@@ -51,7 +58,7 @@ class FileSource:
         """Check the file now (the command turns failures into exit codes)."""
         from memrec.trace.reader import TraceReader
 
-        self._reader = TraceReader(self.path)
+        self._reader = TraceReader(self.path, read_size=16 << 20)
         self.model.set_header(self._reader.header)
 
     def scan(self, post: Post | None = None) -> None:
@@ -69,16 +76,29 @@ class FileSource:
         model = self.model
         schema = reader.schema
         size = max(os.path.getsize(self.path), 1)
-        for i, obj in enumerate(reader.raw_records()):
+        warnings: list[str] = []
+        from memrec.tui import mapped
+
+        try:
+            records = mapped.scan(self.path, reader._data_start, schema, warnings)
+            first = next(records, None)  # a generator: Unsupported comes here
+            records = _chain(first, records) if first is not None else iter(())
+            mapped_ok = True
+        except mapped.Unsupported:  # not mappable: the reader's way (copies, same records)
+            mapped_ok = False
+        if not mapped_ok:
+            records = ((obj.get("type"), decode_columns(obj, schema) if obj.get("type") in COLUMNAR else obj)
+                       for obj in reader.raw_records())
+        trailer = False
+        for i, (kind, obj) in enumerate(records):
             if self._stop.is_set():
                 return
-            kind = obj.get("type")
-            if kind in COLUMNAR:
-                chunk = decode_columns(obj, schema)
-                if kind == "events":
-                    model.add_events(chunk)
-                elif kind == "nvml":
-                    model.add_nvml(chunk.to_array())
+            if kind == "events":
+                model.add_events(obj)
+            elif kind == "nvml":
+                model.add_nvml(obj.to_array())
+            elif kind == "procmem":
+                pass
             elif kind == "marker":
                 model.add_marker(marker_from_record(obj))
             elif kind == "process":
@@ -87,16 +107,28 @@ class FileSource:
                 k = Keyframe(*check_keyframe(obj))
                 model.add_keyframe(k.event_index, k.ts, k.state)
             else:
+                trailer = trailer or kind == "trailer"
                 model.add_record(obj)
             if post is not None and i % 64 == 0:
-                post(messages.LoadProgress("scan", reader._file.tell(), size))
-        model.warnings.extend(reader.warnings)
+                post(messages.LoadProgress("scan", i, max(size // (1 << 22), i + 1)))
+        if mapped_ok:
+            model.warnings.extend(warnings)
+            if not trailer:
+                model.warnings.append("no trailer: the recording did not finish (still being written, or the writer crashed)")
+        else:
+            model.warnings.extend(reader.warnings)
         reader.close()
 
     def index(self, post: Post | None = None) -> None:
-        """Replay the events into the series (run in a worker thread)."""
+        """Replay the events into the series (run in a worker thread).
+
+        The replay is pure Python (LiveState): while the user is pressing keys (``busy()``), it
+        waits, so that it never competes with the UI thread for the GIL.
+        """
         model = self.model
         while not self._stop.is_set():
+            while self.busy() and not self._stop.is_set():
+                time.sleep(0.02)
             n = model.index_step(self.index_step)
             if not n:
                 break
@@ -130,6 +162,7 @@ class DiffSource:
         self.other = FileSource(other)
         self.model = self.base.model
         self.other_model = self.other.model
+        self.busy: Callable[[], bool] = lambda: False
 
     @property
     def title(self) -> str:
@@ -148,6 +181,7 @@ class DiffSource:
             post(messages.SourceFailed(str(error)))
             return
         post(messages.Loaded(time.perf_counter() - t))
+        self.base.busy = self.other.busy = self.busy
         self.base.index(post)
         self.other.index(None)
         post(messages.Indexed(time.perf_counter() - t))

@@ -26,6 +26,12 @@ The lookup is "the state after every event at or before ``ts``" (:meth:`GpuSerie
 vectorised with ``np.searchsorted`` over one replay's step series: no replay per sample.
 Samples whose NVML value was unavailable (-1) are left out of the arrays and counted
 (``unavailable``).
+
+A process's samples taken at or after its recorded exit (``PROC_EXIT``) stay in the arrays but are
+left out of the summary (``after_exit_samples``): the driver tears a context down some time after
+the process exits (tens of ms were measured on an H200), so NVML still lists the process with all
+of its memory while memrec has already freed it; that is not memory memrec missed. Device samples
+have the same lag (``used`` stays up for a while after an exit) and are not corrected.
 """
 
 from __future__ import annotations
@@ -39,13 +45,15 @@ import numpy as np
 from memrec.analysis.timeline import GpuSeries
 from memrec.analysis.timeline import Timeline
 from memrec.analysis.timeline import build_timeline
+from memrec.events import Kind
 
 
 @dataclass
 class ProcessSeries:
     """One process on one GPU: each NVML per-process sample beside the traced owned bytes.
 
-    Arrays are int64, one entry per sample NVML gave a value for, in time order.
+    Arrays are int64, one entry per sample NVML gave a value for, in time order (samples after
+    the process's recorded exit included: :attr:`live` masks them out).
     """
 
     gpu: int
@@ -56,6 +64,14 @@ class ProcessSeries:
     untraced: np.ndarray  # nvml_used - traced; negative where traced > NVML (kept, not clipped)
     unavailable: int = 0  # samples NVML listed the process in without a value (left out)
     recorded: bool = True  # memrec recorded events of this process (False: NVML alone knows it)
+    exit_ts: int | None = None  # the process's recorded exit (PROC_EXIT), if any
+
+    @property
+    def live(self) -> np.ndarray:
+        """Mask of the samples taken before the process's recorded exit (all of them without one)."""
+        if self.exit_ts is None:
+            return np.ones(len(self.ts), dtype=bool)
+        return self.ts < self.exit_ts
 
     @property
     def negative(self) -> np.ndarray:
@@ -113,7 +129,9 @@ class Reconciliation:
     def gpu_summary(self, gpu: int, pid: int | None = None) -> dict:
         """One GPU's reconciliation as plain JSON-able values (``pid``: only that process's row).
 
-        ``processes``: one row per process NVML listed on this GPU, pids ascending;
+        ``processes``: one row per process NVML listed on this GPU, pids ascending; its numbers
+        are over the samples taken before the process's recorded exit (``samples``), those after
+        it are only counted (``after_exit_samples``);
         ``device``: the whole GPU (never filtered by ``pid``), None without device samples;
         ``unsampled_pids``: processes that owned traced memory on this GPU but never appeared in
         NVML's per-process samples of it (empty when the trace has no per-process samples at all).
@@ -156,8 +174,13 @@ def reconcile(trace: Any, timeline: Timeline | None = None) -> Reconciliation:
         timeline = build_timeline(trace.events, state=initial)
     out = Reconciliation()
     recorded: set[int] = set()
-    if len(timeline.events):
-        recorded |= {int(p) for p in np.unique(timeline.events["pid"])}
+    exits: dict[int, int] = {}
+    ev = timeline.events
+    if len(ev):
+        recorded |= {int(p) for p in np.unique(ev["pid"])}
+        ex = ev[ev["kind"] == int(Kind.PROC_EXIT)]
+        for p, t in zip(ex["pid"].tolist(), ex["ts"].tolist()):
+            exits[p] = t  # the last one (a reused pid exits again later)
     for g, s in timeline.gpus.items():
         owned = s.by_pid()
         out.traced_pids[g] = [p for p, v in owned.items() if v.any()]
@@ -179,7 +202,7 @@ def reconcile(trace: Any, timeline: Timeline | None = None) -> Reconciliation:
             traced = _lookup(series, series.total(p) if series is not None else None, t)
             out.processes[(g, p)] = ProcessSeries(
                 gpu=g, pid=p, ts=t, nvml_used=u, traced=traced, untraced=u - traced,
-                unavailable=int((~ok).sum()), recorded=p in recorded,
+                unavailable=int((~ok).sum()), recorded=p in recorded, exit_ts=exits.get(p),
             )
 
     nv = trace.nvml
@@ -225,11 +248,15 @@ def _lower_median(a: np.ndarray) -> int:
 
 
 def _process_row(s: ProcessSeries) -> dict:
+    live = s.live
+    after = int((~live).sum())
     row: dict = {
         "pid": s.pid,
         "recorded": s.recorded,
-        "samples": len(s),
+        "samples": len(s) - after,
         "unavailable": s.unavailable,
+        "after_exit_samples": after,
+        "exit_ts": s.exit_ts,
         "last_ts": None,
         "nvml_used_last": None,
         "traced_last": None,
@@ -237,18 +264,21 @@ def _process_row(s: ProcessSeries) -> dict:
         "untraced_min": None,
         "untraced_median": None,
         "untraced_max": None,
+        "untraced_max_ts": None,
         "negative_samples": 0,
     }
-    if len(s):
-        u = s.untraced
+    if live.any():
+        u = s.untraced[live]
+        last = int(np.nonzero(live)[0][-1])
         row.update(
-            last_ts=int(s.ts[-1]),
-            nvml_used_last=int(s.nvml_used[-1]),
-            traced_last=int(s.traced[-1]),
+            last_ts=int(s.ts[last]),
+            nvml_used_last=int(s.nvml_used[last]),
+            traced_last=int(s.traced[last]),
             untraced_last=int(u[-1]),
             untraced_min=int(u.min()),
             untraced_median=_lower_median(u),
             untraced_max=int(u.max()),
+            untraced_max_ts=int(s.ts[live][int(np.argmax(u))]),
             negative_samples=int((u < 0).sum()),
         )
     return row
@@ -265,6 +295,7 @@ def _device_row(d: DeviceSeries) -> dict:
         "untraced_last": None,
         "untraced_min": None,
         "untraced_max": None,
+        "untraced_max_ts": None,
         "negative_samples": 0,
     }
     if len(d):
@@ -278,6 +309,7 @@ def _device_row(d: DeviceSeries) -> dict:
             untraced_last=int(u[-1]),
             untraced_min=int(u.min()),
             untraced_max=int(u.max()),
+            untraced_max_ts=int(d.ts[int(np.argmax(u))]),
             negative_samples=int((u < 0).sum()),
         )
     return row

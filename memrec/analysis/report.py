@@ -25,6 +25,9 @@ from memrec.analysis.phases import attribute
 from memrec.analysis.phases import build_phases
 from memrec.analysis.reconcile import Reconciliation
 from memrec.analysis.reconcile import reconcile
+from memrec.analysis.sglang_report import build_sglang_section
+from memrec.analysis.sglang_report import rank_labels
+from memrec.analysis.sglang_report import render_sglang
 from memrec.analysis.timeline import OWNED
 from memrec.analysis.timeline import GpuSeries
 from memrec.analysis.timeline import Timeline
@@ -158,6 +161,7 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
             report["host"] = section
         else:
             report["gpus"].append(section)
+    report["sglang"] = build_sglang_section(trace, phases, tl.journal, usage, start, gpu=gpu, pid=pid)
     return report
 
 
@@ -302,6 +306,7 @@ def _processes(trace: Any, tl: Timeline, exit_records: list[dict]) -> dict[int, 
     if len(trace.events):
         pids |= {int(p) for p in np.unique(trace.events["pid"])}
     exits = {r["pid"]: r["ts"] for r in exit_records}
+    ranks = rank_labels(trace.markers)  # "TP0" from the markers' tp/pp/dp_rank, else ProcessInfo.rank
     gpus_of: dict[int, set[int]] = {}
     for g, s in tl.gpus.items():
         for p in s.pids():
@@ -314,7 +319,7 @@ def _processes(trace: Any, tl: Timeline, exit_records: list[dict]) -> dict[int, 
             "ppid": info.ppid if info else None,
             "short": _short_cmdline(info),
             "cmdline": list(info.cmdline) if info else [],
-            "rank": _rank(info),
+            "rank": ranks.get(p) or _rank(info),
             "cuda_visible_devices": info.cuda_visible_devices if info else None,
             "gpus": sorted(gpus_of.get(p, ())),
             "exit_ts": exits.get(p),
@@ -452,7 +457,9 @@ def _reconciliation(rec: Reconciliation, g: int, pid: int | None, start: int) ->
         return None
     out = rec.gpu_summary(g, pid)
     for row in out["processes"] + ([out["device"]] if out["device"] else []):
-        row["last_t_s"] = _sec(row["last_ts"] - start) if row["last_ts"] is not None else None
+        for key in ("last_ts", "untraced_max_ts", "exit_ts"):
+            if key in row:
+                row[key[:-2] + "t_s"] = _sec(row[key] - start) if row[key] is not None else None
     return out
 
 
@@ -657,6 +664,9 @@ def render_text(report: dict) -> str:
             + ", ".join(f"{k} {v:,}" for k, v in tr["anomalies"].items())
         )
 
+    if report.get("sglang"):
+        out.append("")
+        out.extend(render_sglang(report["sglang"]))
     for sec in report["gpus"]:
         out.append("")
         out.extend(_render_gpu(sec, procs))
@@ -831,10 +841,14 @@ def _render_reconciliation(rc: dict, procs: dict) -> list[str]:
             notes.append(f"! traced > NVML in {r['negative_samples']} of {r['samples']} samples")
         if r["unavailable"]:
             notes.append(f"{r['unavailable']} sample{'' if r['unavailable'] == 1 else 's'} without a value")
+        if r["after_exit_samples"]:
+            n = r["after_exit_samples"]
+            notes.append(f"{n} sample{'' if n == 1 else 's'} after its exit left out"
+                         " (the driver frees later)")
         rows.append(
             [str(r["pid"]), procs.get(r["pid"], {}).get("rank", ""), human(r["nvml_used_last"]),
-             human(r["traced_last"]), human(r["untraced_last"]), _range(r["untraced_min"], r["untraced_max"]), str(r["samples"]),
-             "; ".join(notes)]
+             human(r["traced_last"]), human(r["untraced_last"]), _range(r["untraced_min"], r["untraced_max"]),
+             str(r["samples"]), "; ".join(notes)]
         )
     d = rc["device"]
     if d is not None:

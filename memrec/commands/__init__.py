@@ -31,6 +31,7 @@ def _commands() -> list[Command]:
     # Imported here so that `memrec dump` never pays for what `memrec daemon` imports.
     from memrec.commands import daemon
     from memrec.commands import demo
+    from memrec.commands import diff
     from memrec.commands import doctor
     from memrec.commands import dump
     from memrec.commands import mark
@@ -42,6 +43,7 @@ def _commands() -> list[Command]:
         daemon.DaemonCommand(),
         record.RecordCommand(),
         report.ReportCommand(),
+        diff.DiffCommand(),
         dump.DumpCommand(),
         mark.MarkCommand(),
         doctor.DoctorCommand(),

@@ -30,7 +30,7 @@ CMP_FIELDS = ("kind", "api", "result", "ordinal", "flags", "ptr", "size", "handl
 NO_EVENT = {a.name for a in CONTEXT_TRACKING_APIS}
 #: Kinds whose ordinal is not the current context's (the table says -1).
 UNBOUND = {Kind.VMM_RELEASE, Kind.VMM_MAP, Kind.VMM_UNMAP, Kind.VA_RESERVE, Kind.VA_FREE,
-           Kind.SHARE_EXPORT, Kind.SHARE_IMPORT, Kind.VMM_RETAIN}
+           Kind.SHARE_EXPORT, Kind.VMM_RETAIN}
 
 
 # ---- helpers ----------------------------------------------------------------------------------

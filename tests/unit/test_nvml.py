@@ -364,3 +364,67 @@ def test_daemon_records_nvml_samples_and_gpus(fake, short_dir):
     assert set(trace.nvml["gpu"].tolist()) == {0, 1} and len(trace.nvml) >= 10
     assert set(trace.procmem["pid"].tolist()) == {1000, 1001, 2000}
     assert (np.diff(trace.nvml["ts"].astype(np.int64)) >= 0).all()
+
+
+def test_daemon_corrects_a_gpu_map_that_nvml_contradicts(fake, short_dir):
+    # GIVEN a worker started without CUDA_VISIBLE_DEVICES that set it to "1" itself before CUDA
+    # started (/proc/PID/environ still shows no variable), and NVML lists it on GPU 1 only
+    import subprocess
+    import sys
+
+    from memrec.events import Kind
+    from memrec.trace.reader import load_trace
+    from tests.unit.daemon_fakes import FakeProbes
+    from tests.unit.daemon_fakes import raw
+
+    env = {k: v for k, v in __import__("os").environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    worker = subprocess.Popen([sys.executable, "-c", "import sys; print(1, flush=True); sys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    worker.stdout.readline()
+    fake.gpus[0]["procs"] = []
+    fake.gpus[1]["procs"] = [(worker.pid, 3 * GiB)]
+    d = _daemon(short_dir)
+    d.start()
+    try:
+        t = time.monotonic_ns()
+        FakeProbes.instances[-1].push(raw(Kind.ALLOC, ts=t, pid=worker.pid, tid=worker.pid, ordinal=0, ptr=0x1000, size=MiB))
+        _run(d, 0.1)
+    finally:
+        d.stop()
+        worker.stdin.close()
+        worker.wait()
+    trace = load_trace(d.files[0])
+    # THEN its ordinal 0 is GPU 1, and its process record says the map came from NVML
+    assert trace.events["gpu"].tolist() == [1]
+    info = trace.processes[worker.pid]
+    assert info.gpu_map == [1] and info.gpu_map_source == "nvml"
+
+
+def test_daemon_keeps_a_gpu_map_that_nvml_confirms(fake, short_dir):
+    # GIVEN a process whose environ map (all GPUs) agrees with NVML (it is listed on GPUs 0 and 1)
+    import os
+
+    from memrec.events import Kind
+    from memrec.trace.reader import load_trace
+    from tests.unit.daemon_fakes import FakeProbes
+    from tests.unit.daemon_fakes import raw
+
+    me = os.getpid()
+    fake.gpus[0]["procs"] = [(me, GiB)]
+    fake.gpus[1]["procs"] = [(me, GiB)]
+    d = _daemon(short_dir)
+    d.start()
+    try:
+        t = time.monotonic_ns()
+        FakeProbes.instances[-1].push(
+            raw(Kind.ALLOC, ts=t, pid=me, tid=me, ordinal=1, ptr=0x1000, size=MiB),
+            raw(Kind.ALLOC, ts=t + 1, pid=me, tid=me, ordinal=0, ptr=0x2000, size=MiB),
+        )
+        _run(d, 0.1)
+    finally:
+        d.stop()
+    trace = load_trace(d.files[0])
+    # THEN nothing changes (CUDA_VISIBLE_DEVICES of this test process permitting)
+    if os.environ.get("CUDA_VISIBLE_DEVICES") is None:
+        assert trace.events["gpu"].tolist() == [1, 0]
+        assert trace.processes[me].gpu_map_source == "environ"

@@ -118,3 +118,19 @@ def test_zombie_or_kernel_thread_cmdline(tmp_path):
     (tmp_path / "7").mkdir()
     (tmp_path / "7" / "cmdline").write_bytes(b"")
     assert procinfo.read_cmdline(7, tmp_path) == []
+
+
+def test_checked_gpu_map_corrects_only_contradicted_maps():
+    from memrec.probes.procinfo import checked_gpu_map
+
+    # ordinal 0 mapped to GPU 0 by the start-up environment, but NVML lists the process on GPU 1
+    assert checked_gpu_map([0, 1], {0}, {1}) == [1]
+    # consistent maps stay (None), including a remapped worker NVML agrees with
+    assert checked_gpu_map([1, 0], {0, 1}, {0, 1}) is None
+    assert checked_gpu_map([3], {0}, {3}) is None
+    # nothing to go on, or more ordinals used than GPUs listed: no correction
+    assert checked_gpu_map([0, 1], {0}, set()) is None
+    assert checked_gpu_map([0, 1], set(), {1}) is None
+    assert checked_gpu_map([0, 1], {0, 1}, {1}) is None
+    # two ordinals on GPUs 2 and 3 while the environ map said 0 and 1: bus order
+    assert checked_gpu_map([0, 1, 2, 3], {0, 1}, {2, 3}) == [2, 3]

@@ -167,9 +167,9 @@ def test_summary_numbers_are_exact():
     p1, p2, p9 = g0["processes"]
     # AND pid 1's row: last values, min, lower median (300 MiB of 300,300,300,302,302,310), max
     assert p1 == {
-        "pid": 1, "recorded": True, "samples": 6, "unavailable": 1, "last_ts": 6000,
-        "nvml_used_last": 2 * GiB + 310 * MiB, "traced_last": 2 * GiB, "untraced_last": 310 * MiB,
-        "untraced_min": 300 * MiB, "untraced_median": 300 * MiB, "untraced_max": 310 * MiB,
+        "pid": 1, "recorded": True, "samples": 6, "unavailable": 1, "after_exit_samples": 0, "exit_ts": None,
+        "last_ts": 6000, "nvml_used_last": 2 * GiB + 310 * MiB, "traced_last": 2 * GiB, "untraced_last": 310 * MiB,
+        "untraced_min": 300 * MiB, "untraced_median": 300 * MiB, "untraced_max": 310 * MiB, "untraced_max_ts": 6000,
         "negative_samples": 0,
     }
     assert (p2["untraced_last"], p2["untraced_min"], p2["untraced_median"], p2["untraced_max"],
@@ -179,11 +179,41 @@ def test_summary_numbers_are_exact():
     assert g0["device"] == {
         "samples": 3, "unavailable": 1, "last_ts": 5000, "used_last": 4 * GiB, "reserved_last": None,
         "traced_last": 2 * GiB + 768 * MiB, "untraced_last": GiB + 256 * MiB, "untraced_min": GiB,
-        "untraced_max": GiB + 256 * MiB, "negative_samples": 0,
+        "untraced_max": GiB + 256 * MiB, "untraced_max_ts": 4100, "negative_samples": 0,
     }
     # AND pid 4 held memory on GPU 0 but was never in NVML's process samples
     assert g0["unsampled_pids"] == [4]
     assert summary["1"]["device"] is None and summary["1"]["unsampled_pids"] == []
+
+
+def test_samples_after_a_process_exit_are_kept_but_left_out_of_the_summary():
+    # GIVEN pid 5 holding 1 GiB until it exits at 3000, and NVML still listing it with its memory
+    # after that (the driver tears the context down later)
+    trace = Trace(
+        header={},
+        events=events(
+            ev(Kind.ALLOC, pid=5, ptr=0x1000, size=GiB, gpu=0, ts=1000),
+            ev(Kind.PROC_EXIT, pid=5, ts=3000),
+        ),
+        procmem=procmem(
+            (2000, 0, 5, GiB + 600 * MiB), (3000, 0, 5, GiB + 600 * MiB), (3100, 0, 5, GiB + 600 * MiB),
+        ),
+    )
+    # WHEN reconciled
+    rec = reconcile(trace)
+    s = rec.process(0, 5)
+    # THEN the arrays hold every sample, the ones at or after the exit masked out as not live
+    assert s.untraced.tolist() == [600 * MiB, GiB + 600 * MiB, GiB + 600 * MiB]
+    assert (s.exit_ts, s.live.tolist()) == (3000, [True, False, False])
+    # AND the summary is over the live sample alone, the others counted
+    (row,) = rec.gpu_summary(0)["processes"]
+    assert (row["samples"], row["after_exit_samples"], row["exit_ts"]) == (1, 2, 3000)
+    assert (row["untraced_last"], row["untraced_max"], row["last_ts"]) == (600 * MiB, 600 * MiB, 2000)
+    # AND a process seen only after its exit has no numbers, and the text says why
+    only_after = Trace(header={}, events=trace.events, procmem=procmem((3100, 0, 5, GiB)))
+    (row,) = reconcile(only_after).gpu_summary(0)["processes"]
+    assert (row["samples"], row["after_exit_samples"], row["untraced_last"], row["untraced_max"]) == (0, 1, None, None)
+    assert "1 sample after its exit left out (the driver frees later)" in render_text(build_report(only_after))
 
 
 def test_a_given_timeline_is_used_without_another_replay(monkeypatch):
@@ -233,7 +263,9 @@ def test_report_json_has_the_reconciliation_section():
     assert r["trace"]["start_ts"] == 500
     p1 = rc["processes"][0]
     assert (p1["untraced_last"], p1["last_ts"], p1["last_t_s"]) == (310 * MiB, 6000, round((6000 - 500) / 1e9, 6))
+    assert (p1["exit_ts"], p1["exit_t_s"]) == (None, None)
     assert (rc["device"]["untraced_last"], rc["device"]["reserved_last"]) == (GiB + 256 * MiB, None)
+    assert rc["device"]["untraced_max_t_s"] == round((4100 - 500) / 1e9, 6)
     assert rc["unsampled_pids"] == [4]
     assert [p["pid"] for p in g1["reconciliation"]["processes"]] == [1, 3]
     assert g1["reconciliation"]["device"] is None

@@ -12,6 +12,7 @@ each layer gets its own shading character instead (█ ▓ ▒ ░ :).
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import numpy as np
@@ -96,6 +97,12 @@ def render_timeline(view: SeriesView, opt: TimelineOptions) -> list[Strip]:
     nvml = np.where(view.nvml_used >= 0, view.nvml_used * (chart_h / scale), -1.0)
     other = view.other_total * (chart_h / scale) if view.other_total is not None else None
     styles = [Style(color=c) for _, c, _ in LAYERS]
+    # plain Python lists: numpy calls per cell would let a busy worker thread take the GIL each time
+    cols = tops.T.tolist()
+    nvml = nvml.tolist()
+    other = other.tolist() if other is not None else None
+    has_data = view.has_data.tolist()
+    coarse = view.coarse.tolist()
     base = Style()
     dim = Style(dim=True)
     strips: list[Strip] = []
@@ -112,7 +119,7 @@ def render_timeline(view: SeriesView, opt: TimelineOptions) -> list[Strip]:
             label = ""
         segs.append(Segment(label.rjust(GUTTER - 1)[: GUTTER - 1] + ("┤" if label else "│"), dim))
         for k in range(w):
-            ch, st = _cell(tops[:, k], r, opt.color, styles)
+            ch, st = _cell(cols[k], r, opt.color, styles)
             if nvml[k] >= 0 and int(nvml[k]) == r and nvml[k] < chart_h:
                 ch = "─" if opt.color else "-"
                 st = (st or base) + Style(color=NVML_COLOUR, bold=True)
@@ -121,15 +128,15 @@ def render_timeline(view: SeriesView, opt: TimelineOptions) -> list[Strip]:
             if other is not None and int(other[k]) == r and other[k] < chart_h:
                 ch = "•"
                 st = (st or base) + Style(color=OTHER_COLOUR, bold=True)
-            if not view.has_data[k]:
+            if not has_data[k]:
                 ch, st = " ", base
-            elif view.coarse[k] and st is not None:
+            elif coarse[k] and st is not None:
                 st = st + dim
             if k == cursor_col:
                 st = (st or base) + Style(bgcolor=CURSOR_BG) if opt.color else (st or base) + Style(reverse=True)
                 if ch == " ":
                     ch = "│" if not opt.color else " "
-            segs.append(Segment(ch, st))
+            segs.append(Segment(ch, st or base))
         strips.append(Strip(segs))
     if opt.event_row:
         segs = [Segment(" " * (GUTTER - 1) + "│", dim)]
@@ -143,7 +150,7 @@ def render_timeline(view: SeriesView, opt: TimelineOptions) -> list[Strip]:
             ch = "✗" if cols[k] else " "
             if k == cursor_col:
                 st = st + (Style(bgcolor=CURSOR_BG) if opt.color else Style(reverse=True))
-            segs.append(Segment(ch, st))
+            segs.append(Segment(ch, st or base))
         strips.append(Strip(segs))
     for label, spans in bands:
         strips.append(_band_row(view, label, spans, cursor_col, opt.color))
@@ -152,7 +159,7 @@ def render_timeline(view: SeriesView, opt: TimelineOptions) -> list[Strip]:
     return strips
 
 
-def _cell(top: np.ndarray, r: int, color: bool, styles: list[Style]) -> tuple[str, Style | None]:
+def _cell(top: list[float], r: int, color: bool, styles: list[Style]) -> tuple[str, Style | None]:
     """Character and style of the cell spanning rows [r, r+1) given the layers' tops."""
     if not color:
         mid = r + 0.5
@@ -161,10 +168,10 @@ def _cell(top: np.ndarray, r: int, color: bool, styles: list[Style]) -> tuple[st
                 return LAYERS[j][2], None
         return " ", None
     # layer covering the bottom of the cell
-    j_bot = int(np.searchsorted(top, r, side="right"))
+    j_bot = bisect.bisect_right(top, r)
     if j_bot >= len(top):
         return " ", None
-    j_top = int(np.searchsorted(top, r + 1 - 1e-9, side="right"))
+    j_top = bisect.bisect_right(top, r + 1 - 1e-9)
     if j_top == j_bot:
         return "█", styles[j_bot]
     f = top[j_bot] - r  # fraction of the cell the bottom layer fills
@@ -208,6 +215,8 @@ def _band_row(view: SeriesView, label: str, spans: list[PhaseSpan], cursor_col: 
             cell = ("┃" + " " * (j - k))[: j - k]
         else:
             cell = (text + " " * (j - k))[: j - k] if text else " " * (j - k)
+            if text and j < w and names[j] and j - k > 2:
+                cell = cell[:-1] + " "  # keep a gap before the next phase's name
         if text and color:
             st = Style(color="#ffffff", bgcolor=band_colour(text))
         elif text:

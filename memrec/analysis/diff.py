@@ -1,0 +1,602 @@
+"""``memrec diff``: two runs compared phase by phase, rank by rank and GPU by GPU.
+
+:func:`diff_traces` replays both traces and returns one JSON-able dict; :func:`render_diff` turns
+it into text. Processes are matched by rank (``dp``, ``pp``, ``tp`` from the markers, else from
+``ProcessInfo.rank``), never by pid; processes without a rank are pooled as ``(no rank)``. GPUs
+are matched by index.
+
+The dict holds:
+
+- ``verdict``: a headline and a few lines that answer "why does one run fail when the other
+  works": which run fails and with what error, how the KV budget moved on every rank
+  (``Δrest = Δavailable_after_weights − Δslack``), and which phases' allocations between the
+  memory baseline and the KV sizing (or before the baseline) changed;
+- ``kv``: the KV budget of every rank side by side (:func:`memrec.analysis.kv_budget.compare_budgets`);
+- ``windows``: per GPU, what each (phase, rank) allocated between the baseline and the KV sizing
+  and before the baseline, in both runs;
+- ``phases``: per phase × rank × GPU × category, the net bytes in each run and the delta
+  (memory freed implicitly when a process exited is left out: it belongs to no phase);
+- ``failures``: SGLang errors, KV budgets that came out ``<= 0`` and failed driver calls, each
+  marked as in both runs or in one only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from memrec.analysis.kv_budget import KvBudget
+from memrec.analysis.kv_budget import compare_budgets
+from memrec.analysis.kv_budget import kv_budgets
+from memrec.analysis.phases import Phases
+from memrec.analysis.phases import attribute
+from memrec.analysis.phases import build_phases
+from memrec.analysis.sglang_report import MAPPED
+from memrec.analysis.sglang_report import NO_PHASE_LABEL
+from memrec.analysis.sglang_report import KvWindow
+from memrec.analysis.sglang_report import format_rank
+from memrec.analysis.sglang_report import kv_windows
+from memrec.analysis.sglang_report import marker_ranks
+from memrec.analysis.sglang_report import process_info_ranks
+from memrec.analysis.sglang_report import rank_sort_key
+from memrec.analysis.sglang_report import shown_dims
+from memrec.analysis.sglang_report import table
+from memrec.analysis.timeline import OWNED
+from memrec.analysis.timeline import Journal
+from memrec.analysis.timeline import build_timeline
+from memrec.events import CATEGORIES
+from memrec.events import CU_RESULT_NAMES
+from memrec.events import Api
+from memrec.events import Kind
+from memrec.state import LiveState
+
+DIFF_VERSION = 1
+NO_RANK = "(no rank)"
+#: Changes smaller than this are not named in the verdict.
+MIN_NAMED = 1 << 20
+#: How many changed phases the verdict names per window.
+VERDICT_PHASES = 3
+
+RankKey = tuple  # (dp, pp, tp) or () for processes without a rank
+
+
+# ------------------------------------------------------------------------------------------ one run
+
+
+@dataclass
+class Run:
+    """One trace, replayed and cut into what the diff compares."""
+
+    name: str
+    start: int
+    phases: Phases
+    journal: Journal
+    exit_rows: np.ndarray  # journal rows caused by a process exit (implicit frees)
+    rank_of: dict[int, RankKey]  # pid -> rank key
+    budgets: list[KvBudget]
+    windows: dict[int, KvWindow]
+    events: np.ndarray
+
+
+def _initial_state(trace: Any) -> LiveState | None:
+    """A rotated file continues from its keyframe at event 0 (as ``memrec report`` does)."""
+    for kf in trace.keyframes:
+        if kf.event_index == 0:
+            try:
+                state = LiveState.from_snapshot(kf.state, journal=True)
+            except (ValueError, KeyError, TypeError, AttributeError):
+                return None
+            state.n_events = 0
+            return state
+    return None
+
+
+def _start(trace: Any) -> int:
+    firsts = [int(a["ts"].min()) for a in (trace.events, trace.nvml, trace.procmem) if len(a)]
+    firsts += [min(m.ts for m in trace.markers)] if trace.markers else []
+    anchor = trace.header.get("anchor")
+    if isinstance(anchor, dict) and isinstance(anchor.get("monotonic_ns"), int):
+        firsts.append(anchor["monotonic_ns"])
+    return min(firsts) if firsts else 0
+
+
+def _norm_rank(rank: dict[str, int]) -> RankKey:
+    """(dp, pp, tp); a missing dp/pp is 0 when tp is known (SGLang sends None without DP/PP)."""
+    if not rank:
+        return ()
+    if "tp" in rank:
+        return (rank.get("dp", 0), rank.get("pp", 0), rank["tp"])
+    return (rank.get("dp"), rank.get("pp"), rank.get("tp"))
+
+
+def _norm_budget(b: KvBudget) -> KvBudget:
+    if b.tp_rank is None:
+        return b
+    return dataclasses.replace(b, dp_rank=b.dp_rank or 0, pp_rank=b.pp_rank or 0)
+
+
+def analyze(trace: Any, name: str) -> Run:
+    """Replay ``trace`` (its events' ``gpu`` get filled in) and gather what :func:`diff_traces` needs."""
+    start = _start(trace)
+    tl = build_timeline(trace.events, start=start, state=_initial_state(trace))
+    end = max([start] + [int(a["ts"].max()) for a in (trace.events,) if len(a)])
+    phases = build_phases(trace.markers, end)
+    j = tl.journal
+    n = len(trace.events)
+    if len(j) and n:
+        idx = np.clip(j.index, 0, n - 1)
+        exit_rows = (j.index >= 0) & (j.index < n) & (trace.events["kind"][idx] == int(Kind.PROC_EXIT))
+    else:
+        exit_rows = np.zeros(len(j), dtype=bool)
+    ranks = marker_ranks(trace.markers)
+    rank_of: dict[int, RankKey] = {}
+    for pid in set(trace.processes) | set(ranks) | {int(p) for p in np.unique(j.pid)}:
+        info = trace.processes.get(pid)
+        rank_of[pid] = _norm_rank(ranks.get(pid) or process_info_ranks(info.rank if info else None))
+    budgets = [_norm_budget(b) for b in kv_budgets(trace.markers)]
+    labels = {p: format_rank(_as_dict(k)) for p, k in rank_of.items() if k}
+    windows = kv_windows(trace.markers, phases, j, budgets, labels, skip=exit_rows)
+    return Run(name, start, phases, j, exit_rows, rank_of, budgets, windows, trace.events)
+
+
+def _as_dict(key: RankKey) -> dict[str, int]:
+    return {s: v for s, v in zip(("dp", "pp", "tp"), key) if v is not None}
+
+
+# ------------------------------------------------------------------------------------------ phases
+
+
+def _phase_order(run: Run) -> list[str]:
+    first: dict[str, int] = {}
+    for ph in run.phases.phases:
+        first[ph.path] = min(first.get(ph.path, ph.start), ph.start)
+    return sorted(first, key=lambda p: (first[p], p))
+
+
+def _merge_order(a: list[str], b: list[str]) -> list[str]:
+    """A's order, with B's other phases each placed after the phase that precedes it in B."""
+    out = list(a)
+    for i, path in enumerate(b):
+        if path in out:
+            continue
+        prev = next((b[k] for k in range(i - 1, -1, -1) if b[k] in out), None)
+        out.insert(out.index(prev) + 1 if prev is not None else 0, path)
+    return out
+
+
+def _phase_bytes(run: Run) -> tuple[dict[tuple, int], set[tuple]]:
+    """(path, rank key, gpu, category) -> net bytes (exits left out); and which (path, rank) exist."""
+    keep = ~run.exit_rows
+    j = Journal(*(getattr(run.journal, f.name)[keep] for f in dataclasses.fields(Journal)))
+    out: dict[tuple, int] = {}
+    for u in attribute(run.phases, j):
+        path = NO_PHASE_LABEL if u.phase < 0 else run.phases.phases[u.phase].path
+        key = (path, run.rank_of.get(u.pid, ()), u.gpu, u.category)
+        out[key] = out.get(key, 0) + u.net
+    present = {(ph.path, run.rank_of.get(ph.pid, ())) for ph in run.phases.phases}
+    present |= {(k[0], k[1]) for k in out}
+    return out, present
+
+
+def _rank_label(key: RankKey, dims: tuple[str, ...], draft: bool = False) -> str:
+    return format_rank(_as_dict(key), dims, draft) if key else NO_RANK
+
+
+def _phase_rows(a: Run, b: Run, dims: tuple[str, ...]) -> list[dict]:
+    bytes_a, present_a = _phase_bytes(a)
+    bytes_b, present_b = _phase_bytes(b)
+    order = _merge_order(_phase_order(a), _phase_order(b)) + [NO_PHASE_LABEL]
+    pos = {p: i for i, p in enumerate(order)}
+    rows = []
+    for key in set(bytes_a) | set(bytes_b):
+        va, vb = bytes_a.get(key, 0), bytes_b.get(key, 0)
+        if not va and not vb:
+            continue
+        path, rank, g, cat = key
+        rows.append(
+            {
+                "phase": path,
+                "rank": _rank_label(rank, dims),
+                "rank_key": list(rank),
+                "gpu": g,
+                "category": cat,
+                "owned": cat in OWNED,
+                "a": va if (path, rank) in present_a else None,
+                "b": vb if (path, rank) in present_b else None,
+                "delta": vb - va,
+            }
+        )
+    rows.sort(key=lambda r: (pos.get(r["phase"], len(order)), rank_sort_key(tuple(r["rank_key"]) + (None,) * 3),
+                             r["gpu"], CATEGORIES.index(r["category"])))
+    return rows
+
+
+# ------------------------------------------------------------------------------------------ windows
+
+
+def _window_table(rows: list[dict], rank_of: dict[int, RankKey]) -> dict[tuple[str, RankKey], dict]:
+    out: dict[tuple[str, RankKey], dict] = {}
+    for r in rows:
+        key = (r["phase"], rank_of.get(r["pid"], ()))
+        e = out.setdefault(key, {"owned": 0, "mapped": 0, "by_category": {}, "weights": r["weights"]})
+        e["owned"] += r["owned"]
+        e["mapped"] += r["mapped"]
+        for c, v in r["by_category"].items():
+            e["by_category"][c] = e["by_category"].get(c, 0) + v
+    return out
+
+
+def _window_diff(a: Run, b: Run, which: str, dims: tuple[str, ...]) -> list[dict]:
+    """Per GPU: each (phase, rank) in window ``which`` ("between" | "before") of both runs."""
+    out = []
+    for g in sorted(set(a.windows) | set(b.windows)):
+        wa, wb = a.windows.get(g), b.windows.get(g)
+        ta = _window_table(getattr(wa, which) if wa else [], a.rank_of)
+        tb = _window_table(getattr(wb, which) if wb else [], b.rank_of)
+        rows = []
+        order = _merge_order(list(dict.fromkeys(k[0] for k in ta)), list(dict.fromkeys(k[0] for k in tb)))
+        keys = sorted(set(ta) | set(tb), key=lambda k: (order.index(k[0]), rank_sort_key(tuple(k[1]) + (None,) * 3)))
+        for key in keys:
+            ea, eb = ta.get(key), tb.get(key)
+            rows.append(
+                {
+                    "phase": key[0],
+                    "rank": _rank_label(key[1], dims),
+                    "weights": (ea or eb)["weights"],  # type: ignore[index]
+                    "a_owned": ea["owned"] if ea else None,
+                    "b_owned": eb["owned"] if eb else None,
+                    "a_mapped": ea["mapped"] if ea else None,
+                    "b_mapped": eb["mapped"] if eb else None,
+                    "a_by_category": ea["by_category"] if ea else {},
+                    "b_by_category": eb["by_category"] if eb else {},
+                    "delta_owned": (eb["owned"] if eb else 0) - (ea["owned"] if ea else 0),
+                    "delta_mapped": (eb["mapped"] if eb else 0) - (ea["mapped"] if ea else 0),
+                }
+            )
+        out.append(
+            {
+                "gpu": g,
+                "in_a": wa is not None,
+                "in_b": wb is not None,
+                "rows": rows,
+                "a_owned": sum(r["a_owned"] or 0 for r in rows),
+                "b_owned": sum(r["b_owned"] or 0 for r in rows),
+            }
+        )
+    return out
+
+
+# ----------------------------------------------------------------------------------------- failures
+
+
+def _result_name(result: int) -> str:
+    return CU_RESULT_NAMES.get(result, f"CUresult {result}")
+
+
+def _api_name(api: int) -> str:
+    try:
+        return Api(api).name
+    except ValueError:
+        return str(api)
+
+
+def _failures(run: Run, dims: tuple[str, ...]) -> dict[tuple, dict]:
+    """Key -> failure: SGLang errors, KV budgets <= 0 without an error, failed driver calls."""
+    out: dict[tuple, dict] = {}
+    for ph in run.phases.phases:
+        err = ph.values.get("error")
+        if err:
+            rank = run.rank_of.get(ph.pid, ())
+            label = _rank_label(rank, dims)
+            key = ("sglang", label, ph.name, str(err))
+            out.setdefault(key, {"kind": "sglang_error", "rank": label, "rank_key": list(rank), "phase": ph.name,
+                                 "error": str(err), "count": 0})
+            out[key]["count"] += 1
+    for b in run.budgets:
+        if not b.ok and not b.error:
+            rank = run.rank_of.get(b.pid, ())
+            label = _rank_label(rank, dims, b.draft)
+            key = ("kv", label)
+            out[key] = {"kind": "kv_budget", "rank": label, "rank_key": list(rank), "phase": "kv_budget",
+                        "error": f"KV budget {b.rest_gib:.2f} GiB (<= 0)" if b.rest_gib is not None else "KV budget <= 0",
+                        "count": 1}
+    ev = run.events
+    if len(ev):
+        for i in np.nonzero(ev["result"] != 0)[0].tolist():
+            e = ev[i]
+            rank = run.rank_of.get(int(e["pid"]), ())
+            label = _rank_label(rank, dims)
+            api, result = _api_name(int(e["api"])), _result_name(int(e["result"]))
+            key = ("driver", label, int(e["gpu"]), api, result)
+            f = out.setdefault(key, {"kind": "driver_call", "rank": label, "rank_key": list(rank), "gpu": int(e["gpu"]), "api": api,
+                                     "result": result, "count": 0, "bytes": 0})
+            f["count"] += 1
+            f["bytes"] += int(e["size"])
+    return out
+
+
+def _failed(run: Run) -> bool:
+    return any(ph.values.get("error") for ph in run.phases.phases) or any(not b.ok for b in run.budgets)
+
+
+# ------------------------------------------------------------------------------------------ verdict
+
+
+def _h(n: int | None) -> str:
+    from memrec.analysis.report import human
+
+    return human(n)
+
+
+def _hd(n: int) -> str:
+    """A signed byte delta: ``+18.00 GiB``, ``-2.0 MiB``, ``0 B``."""
+    return ("+" if n > 0 else "") + _h(n)
+
+
+def _what_failed(fails: list[dict]) -> str:
+    kv = [f for f in fails if f["kind"] in ("sglang_error", "kv_budget") and f["phase"] in ("kv_budget", "kv_pool")]
+    pick = kv or [f for f in fails if f["kind"] != "driver_call"]
+    if not pick:
+        return "?"
+    ranks = list(dict.fromkeys(f["rank"] for f in pick))
+    errors = list(dict.fromkeys(f["error"] for f in pick))
+    what = "KV sizing" if kv else f"{pick[0]['phase']}"
+    return f"{what} failed on {', '.join(ranks)} ({' | '.join(errors)})"
+
+
+def _kv_lines(kv: list[dict], an: str, bn: str) -> list[str]:
+    pairs = [d for d in kv if d["before"] is not None and d["after"] is not None and "rest_gib" in d["deltas"]]
+    if not pairs:
+        return []
+    groups: dict[tuple, list[dict]] = {}
+    for d in pairs:
+        a, b, dl = d["before"], d["after"], d["deltas"]
+        key = tuple(round(x, 2) for x in (a["rest_gib"], b["rest_gib"], dl.get("available_gpu_memory", 0.0),
+                                           dl.get("slack_gib", 0.0), dl.get("pre_model_load_memory", 0.0)))
+        groups.setdefault(key, []).append(d)
+    lines = []
+    for (ra, rb, da, ds, dp), ds_ in list(groups.items())[:4]:
+        where = "on every rank" if len(groups) == 1 and len(pairs) > 1 else "on " + ", ".join(d["label"] for d in ds_)
+        d0 = ds_[0]
+        ta, tb = d0["before"]["tokens"], d0["after"]["tokens"]
+        tokens = f"; tokens {ta:,} → {tb:,}" if ta is not None and tb is not None else ""
+        lines.append(
+            f"KV budget: rest {ra:.2f} GiB → {rb:.2f} GiB {where} (Δrest {rb - ra:+.2f} GiB = "
+            f"Δavailable_after_weights {da:+.2f} GiB − Δslack {ds:+.2f} GiB){tokens}"
+        )
+        if abs(dp) >= 0.005:
+            lines.append(
+                f"  pre_model_load_memory {d0['before']['pre_model_load_memory']:.2f} → "
+                f"{d0['after']['pre_model_load_memory']:.2f} GiB ({dp:+.2f} GiB): memory taken before the baseline changed"
+            )
+    if len(groups) > 4:
+        lines.append(f"  ({len(groups) - 4} more rank groups in the KV table)")
+    return lines
+
+
+def _gpus_text(gpus: list[int]) -> str:
+    return f"GPU {gpus[0]}" if len(gpus) == 1 else "each of GPUs " + ", ".join(map(str, gpus))
+
+
+def _cause_lines(windows: list[dict], which: str, an: str, bn: str) -> list[str]:
+    """The phases whose allocations in a window changed most, one line per phase (GPUs alike merged)."""
+    where = "between the memory baseline and the KV sizing" if which == "between" else "before the memory baseline"
+    said: dict[str, list[int]] = {}  # line with "{gpus}" -> GPUs
+    totals: dict[str, list[int]] = {}
+    for w in windows:
+        by_phase: dict[str, dict] = {}
+        for r in w["rows"]:
+            e = by_phase.setdefault(r["phase"], {"delta": 0, "mapped": 0, "a": 0, "b": 0, "in_a": False, "in_b": False,
+                                                 "ranks": [], "cats": {}})
+            e["delta"] += r["delta_owned"]
+            e["mapped"] += r["delta_mapped"]
+            e["a"] += r["a_owned"] or 0
+            e["b"] += r["b_owned"] or 0
+            e["in_a"] |= r["a_owned"] is not None
+            e["in_b"] |= r["b_owned"] is not None
+            if r["delta_owned"]:
+                e["ranks"].append(f"{r['rank']} {_hd(r['delta_owned'])}")
+            for c in set(r["a_by_category"]) | set(r["b_by_category"]):
+                if c != MAPPED:
+                    e["cats"][c] = e["cats"].get(c, 0) + r["b_by_category"].get(c, 0) - r["a_by_category"].get(c, 0)
+        named = sorted((p for p, e in by_phase.items() if abs(e["delta"]) >= MIN_NAMED),
+                       key=lambda p: (-abs(by_phase[p]["delta"]), p))[:VERDICT_PHASES]
+        for p in named:
+            e = by_phase[p]
+            name = "allocations outside any phase" if p == NO_PHASE_LABEL else p.rsplit("/", 1)[-1]
+            if not e["in_a"]:
+                took = f"{name} took {_h(e['b'])} on {{gpus}} in {bn}; it does not run in {an}"
+            elif not e["in_b"]:
+                took = f"{name} took {_h(e['a'])} on {{gpus}} in {an}; it does not run in {bn}"
+            else:
+                took = f"{name} took {_h(e['b'])} on {{gpus}} in {bn}, {_h(e['a'])} in {an} ({_hd(e['delta'])})"
+            details = [", ".join(e["ranks"])] if len(e["ranks"]) > 1 else []
+            details += [", ".join(f"{c} {_hd(v)}" for c, v in e["cats"].items() if v)]
+            if e["mapped"]:
+                more = "more" if e["mapped"] > 0 else "less"
+                details.append(f"{_h(abs(e['mapped']))} {more} of peers' memory mapped by IPC, not owned")
+            said.setdefault(f"{where}, {took} ({'; '.join(x for x in details if x)})", []).append(w["gpu"])
+        if named and w["in_a"] and w["in_b"]:
+            total = f"  all traced changes {where} on {{gpus}}: {_hd(w['b_owned'] - w['a_owned'])} owned"
+            totals.setdefault(total, []).append(w["gpu"])
+    lines = [line.replace("{gpus}", _gpus_text(gpus)) for line, gpus in said.items()]
+    lines += [line.replace("{gpus}", _gpus_text(gpus)) for line, gpus in totals.items()]
+    return lines
+
+
+def _verdict(d: dict, a: Run, b: Run) -> dict:
+    an, bn = d["a"]["name"], d["b"]["name"]
+    fa, fb = d["a"]["failed"], d["b"]["failed"]
+    only_a = [f for f in d["failures"] if f["in"] == "a"]
+    only_b = [f for f in d["failures"] if f["in"] == "b"]
+    both = [f for f in d["failures"] if f["in"] == "both"]
+    if fb and not fa:
+        head = f"{bn} fails where {an} works: {_what_failed(only_b + both)}"
+    elif fa and not fb:
+        head = f"{bn} works where {an} fails: {an}'s {_what_failed(only_a + both)}"
+    elif fa and fb:
+        head = f"both runs fail: {an}: {_what_failed(only_a + both)}; {bn}: {_what_failed(only_b + both)}"
+    else:
+        head = "both runs work"
+    lines = _kv_lines(d["kv"], an, bn)
+    lines += _cause_lines(d["windows"]["between"], "between", an, bn)
+    pre_moved = any(abs(x["deltas"].get("pre_model_load_memory", 0.0)) >= 0.005 for x in d["kv"])
+    if pre_moved or not d["kv"]:
+        lines += _cause_lines(d["windows"]["before"], "before", an, bn)
+    needed = {}
+    for name, run in (("a", a), ("b", b)):
+        mins = [x.min_mem_fraction_static for x in run.budgets if not x.draft and x.min_mem_fraction_static is not None]
+        fracs = sorted({x.mem_fraction_static for x in run.budgets if x.mem_fraction_static is not None})
+        needed[name] = (max(mins) if mins else None, fracs)
+    for name, failed in (("a", fa), ("b", fb)):
+        need, fracs = needed[name]
+        if failed and need is not None:
+            ran = f" (it ran with {', '.join(f'{x:.3f}' for x in fracs)})" if fracs else ""
+            if need < 1:
+                lines.append(f"{d[name]['name']} needs --mem-fraction-static > {need:.4f} on every rank to size a KV cache{ran}")
+            else:
+                lines.append(f"no --mem-fraction-static sizes a KV cache in {d[name]['name']}: it would have to exceed {need:.4f}{ran}")
+    drv_a = [f for f in only_a if f["kind"] == "driver_call"]
+    drv_b = [f for f in only_b if f["kind"] == "driver_call"]
+    for name, drv in ((an, drv_a), (bn, drv_b)):
+        if drv:
+            n = sum(f["count"] for f in drv)
+            lines.append(f"{n} failed driver call{'' if n == 1 else 's'} only in {name} ({drv[0]['api']} {drv[0]['result']}, …)")
+    if not lines and head == "both runs work":
+        lines.append("no change in the KV budget or between the baseline and the KV sizing")
+    return {"headline": head, "lines": lines}
+
+
+# ------------------------------------------------------------------------------------------- public
+
+
+def diff_traces(a_trace: Any, b_trace: Any, a_name: str = "A", b_name: str = "B") -> dict:
+    """Compare two traces (``a`` the reference, ``b`` the other): a JSON-able dict (see the module)."""
+    a, b = analyze(a_trace, a_name), analyze(b_trace, b_name)
+    dims = shown_dims([_as_dict(k) for k in list(a.rank_of.values()) + list(b.rank_of.values()) if k])
+    kv = []
+    for bd in compare_budgets(a.budgets, b.budgets):
+        x = bd.to_dict()
+        dp, pp, tp, draft = bd.rank_key
+        x["label"] = _rank_label((dp, pp, tp), dims, draft) if tp is not None else bd.label
+        for side in ("before", "after"):
+            if x[side] is not None:
+                x[side]["label"] = x["label"]
+        kv.append(x)
+    fa, fb = _failures(a, dims), _failures(b, dims)
+    failures = []
+    for key in list(fa) + [k for k in fb if k not in fa]:
+        f = dict(fb.get(key) or fa[key])
+        f["in"] = "both" if key in fa and key in fb else ("a" if key in fa else "b")
+        if f["in"] == "both" and "count" in f:
+            f["count_a"], f["count_b"] = fa[key]["count"], fb[key]["count"]
+        failures.append(f)
+    kinds = ["sglang_error", "kv_budget", "driver_call"]
+    failures.sort(key=lambda f: (kinds.index(f["kind"]), rank_sort_key(tuple(f["rank_key"]) + (None,) * 3),
+                                 f.get("phase", ""), f.get("gpu", 0), f.get("api", ""), f.get("error", "")))
+    d: dict = {
+        "memrec_diff": DIFF_VERSION,
+        "a": {"name": a_name, "failed": _failed(a), "ranks": len([k for k in set(a.rank_of.values()) if k])},
+        "b": {"name": b_name, "failed": _failed(b), "ranks": len([k for k in set(b.rank_of.values()) if k])},
+        "kv": kv,
+        "windows": {"between": _window_diff(a, b, "between", dims), "before": _window_diff(a, b, "before", dims)},
+        "phases": _phase_rows(a, b, dims),
+        "failures": failures,
+    }
+    verdict = _verdict(d, a, b)
+    return {"memrec_diff": d["memrec_diff"], "a": d["a"], "b": d["b"], "verdict": verdict,
+            **{k: v for k, v in d.items() if k not in ("memrec_diff", "a", "b")}}
+
+
+def _g(v: float | None, digits: int = 2, sign: bool = False) -> str:
+    if v is None:
+        return "-"
+    return f"{v:+.{digits}f}" if sign else f"{v:.{digits}f}"
+
+
+def _n(v: int | None, sign: bool = False) -> str:
+    if v is None:
+        return "-"
+    return f"{v:+,}" if sign else f"{v:,}"
+
+
+def render_diff(d: dict) -> str:
+    """The diff as text: the verdict first, then the KV budgets, the windows, the phases, the failures."""
+    an, bn = d["a"]["name"], d["b"]["name"]
+    out = [f"memrec diff  A = {an}  B = {bn}", ""]
+    v = d["verdict"]
+    out.append(f"verdict: {v['headline']}")
+    out.extend(f"  {line}" for line in v["lines"])
+
+    if d["kv"]:
+        out.append("")
+        out.append("KV budget per rank (GiB as SGLang measures them; rest = available − pre × (1 − fraction); Δrest = Δavailable − Δslack)")
+        rows = []
+        for x in d["kv"]:
+            for tag, side in (("A", x["before"]), ("B", x["after"])):
+                if side is None:
+                    rows.append([x["label"], tag, "", "", "", "", "", "", "", "(not in this run)"])
+                    continue
+                rows.append(
+                    [x["label"], tag, _g(side["pre_model_load_memory"]), _g(side["available_gpu_memory"]),
+                     _g(side["mem_fraction_static"], 3), _g(side["slack_gib"]), _g(side["rest_gib"]), _n(side["tokens"]),
+                     _g(side["min_mem_fraction_static"], 4), side["error"] or ""]
+                )
+            dl = x["deltas"]
+            if dl:
+                rows.append(
+                    ["", "Δ", _g(dl.get("pre_model_load_memory"), sign=True), _g(dl.get("available_gpu_memory"), sign=True),
+                     _g(dl.get("mem_fraction_static"), 3, True), _g(dl.get("slack_gib"), sign=True),
+                     _g(dl.get("rest_gib"), sign=True), _n(dl.get("tokens"), True),
+                     _g(dl.get("min_mem_fraction_static"), 4, True), ""]
+                )
+        out.extend(table(["RANK", "RUN", "PRE", "AVAILABLE", "FRACTION", "SLACK", "REST", "TOKENS", "MIN FRACTION", "ERROR"],
+                         rows, right=set(range(2, 9)), indent="  "))
+
+    for which, title in (("between", "between the memory baseline and the KV sizing (lowers rest one for one)"),
+                         ("before", "before the memory baseline (lowers pre_model_load_memory and the slack)")):
+        for w in d["windows"][which]:
+            if not w["rows"]:
+                continue
+            out.append("")
+            out.append(f"GPU {w['gpu']}, {title}")
+            rows = [
+                [r["phase"], r["rank"], _h(r["a_owned"]) if r["a_owned"] is not None else "-",
+                 _h(r["b_owned"]) if r["b_owned"] is not None else "-", _hd(r["delta_owned"]),
+                 _hd(r["delta_mapped"]) if r["delta_mapped"] else ""]
+                for r in w["rows"]
+            ]
+            rows.append(["total", "", _h(w["a_owned"]), _h(w["b_owned"]), _hd(w["b_owned"] - w["a_owned"]), ""])
+            out.extend(table(["PHASE", "RANK", "A OWNED", "B OWNED", "Δ OWNED", "Δ IPC MAPPED"], rows,
+                             right={2, 3, 4, 5}, indent="  "))
+
+    if d["phases"]:
+        out.append("")
+        out.append("phases (net bytes per phase, rank, GPU and category; '-': the phase did not run; exits left out)")
+        rows = [
+            [r["phase"], r["rank"], str(r["gpu"]) if r["gpu"] >= 0 else "host",
+             r["category"] + ("" if r["owned"] else " (not owned)"),
+             _h(r["a"]) if r["a"] is not None else "-", _h(r["b"]) if r["b"] is not None else "-",
+             _hd(r["delta"])]
+            for r in d["phases"]
+        ]
+        out.extend(table(["PHASE", "RANK", "GPU", "CATEGORY", "A", "B", "Δ"], rows, right={2, 4, 5, 6}, indent="  "))
+
+    out.append("")
+    if d["failures"]:
+        out.append("failures")
+        rows = []
+        for f in d["failures"]:
+            where = {"both": "both", "a": "A only", "b": "B only"}[f["in"]]
+            if f["kind"] == "driver_call":
+                what = f"{f['api']} {f['result']} ×{f['count']} on GPU {f['gpu']}"
+            else:
+                what = f"{f['phase']}: {f['error']}"
+            rows.append([where, f["rank"], what])
+        out.extend(table(["IN", "RANK", "WHAT"], rows, right=set(), indent="  "))
+    else:
+        out.append("failures: none in either run")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,772 @@
+"""The SGLang section of ``memrec report``: per rank, the startup phases and the KV budget.
+
+Built from the markers ``memrec.sglang_hooks`` sends (``docs/sglang.md``) and the replay's
+journal. For every scheduler process (a TP/PP/DP rank):
+
+- each startup phase (``dist_init`` with NCCL and the custom all-reduce, ``memory_baseline``,
+  ``load_weights``, ``kv_budget``, ``kv_pool``, ``attention_backends``, ``cuda_graph_capture``,
+  …) with the net bytes it took per GPU and category, SGLang's own numbers from its markers, and
+  where it falls against the KV sizing (before the baseline, between the baseline and the sizing,
+  after the sizing);
+- the KV budget worked out with the rank's real values
+  (``rest = available_after_weights − pre_model_load_memory × (1 − mem_fraction_static)``), the
+  token count and the minimum viable ``--mem-fraction-static``;
+- what every process on the rank's GPU allocated between the memory baseline and the KV sizing
+  (memory taken there lowers ``rest`` one for one), and, when sizing failed, the error SGLang
+  raised and which phases' allocations made the difference.
+
+Ranks come from the markers' ``tp_rank`` / ``pp_rank`` / ``dp_rank`` (:func:`rank_labels`).
+``memrec diff`` (:mod:`memrec.analysis.diff`) uses the same windows (:func:`kv_windows`).
+
+Pure: takes the trace's markers, :class:`~memrec.analysis.phases.Phases` and the replay's
+:class:`~memrec.analysis.timeline.Journal`; returns JSON-able dicts (bytes exact ints, SGLang's
+GiB as floats under its own names).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from memrec.analysis.kv_budget import GIB
+from memrec.analysis.kv_budget import KvBudget
+from memrec.analysis.kv_budget import kv_budgets
+from memrec.analysis.kv_budget import summarize
+from memrec.analysis.phases import Phases
+from memrec.analysis.timeline import OWNED
+from memrec.analysis.timeline import Journal
+from memrec.events import CATEGORIES
+from memrec.events import Marker
+
+#: Marker names the SGLang hooks (and the stand-in) send.
+SGLANG_MARKERS = frozenset(
+    {
+        "dist_init", "custom_ar_init", "custom_ar_shared_buffer", "custom_ar_workspace",
+        "custom_ar_graph_register", "memory_baseline", "load_weights", "kv_budget", "kv_pool",
+        "attention_backends", "cuda_graph_capture", "init_model_worker", "gpu_memory_measured",
+    }
+)
+#: Enough to call a trace an SGLang one ("load_weights" alone is too common a name).
+_SPECIFIC = SGLANG_MARKERS - {"load_weights"}
+#: (short name, marker value) of each rank dimension, in display order.
+RANK_DIMS = (("dp", "dp_rank"), ("pp", "pp_rank"), ("tp", "tp_rank"))
+_PROFILERS = ("profile_max_num_token", "_profile_available_bytes")
+NO_PHASE_LABEL = "(outside phases)"
+WEIGHTS = "load_weights"
+MAPPED = "ipc_mapped"
+
+#: Phase position against the KV sizing.
+BEFORE = "before baseline"
+BETWEEN = "baseline→sizing"
+SIZING = "sizing"
+AFTER = "after sizing"
+AROUND_SIZING = "around sizing"
+AROUND_BASELINE = "around baseline"
+
+#: SGLang's values worth showing per marker (GiB floats under SGLang's names unless noted).
+_SHOWN = {
+    "dist_init": ("tp_size", "pp_size", "dp_size", "mem_fraction_static", "disable_custom_all_reduce",
+                  "pre_model_load_memory"),
+    "custom_ar_init": ("custom_ar_class", "class_name", "max_size", "world_size"),
+    "custom_ar_shared_buffer": ("size_in_bytes",),
+    "custom_ar_workspace": ("max_size",),
+    "memory_baseline": ("pre_model_load_memory",),
+    "load_weights": ("weight_load_mem_usage",),
+    "gpu_memory_measured": ("result_gib", "distributed"),
+    "kv_budget": ("available_gpu_memory", "rest_memory_bytes", "max_num_token"),
+    "kv_pool": ("max_total_num_tokens", "cell_size"),
+    "cuda_graph_capture": ("graph_memory_usage",),
+}
+_GIB_VALUES = {"pre_model_load_memory", "available_gpu_memory", "weight_load_mem_usage", "result_gib",
+               "graph_memory_usage"}
+_BYTE_VALUES = {"max_size", "size_in_bytes", "rest_memory_bytes"}
+#: Instants listed among a rank's phases.
+_INSTANTS = {"memory_baseline", "custom_ar_shared_buffer", "custom_ar_workspace"}
+
+
+# ------------------------------------------------------------------------------------------ ranks
+
+
+def has_sglang_markers(markers: Iterable[Marker]) -> bool:
+    """Whether the markers include ones only the SGLang hooks send."""
+    return any(m.name in _SPECIFIC for m in markers)
+
+
+def _as_int(value: object) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        return None
+    return int(value)
+
+
+def marker_ranks(markers: Iterable[Marker]) -> dict[int, dict[str, int]]:
+    """Per pid, ``{"dp": d, "pp": p, "tp": t}`` (the parts known) from markers' ``*_rank`` values."""
+    out: dict[int, dict[str, int]] = {}
+    for m in sorted(markers, key=lambda m: m.ts):
+        values = m.values or {}
+        for short, key in RANK_DIMS:
+            v = _as_int(values.get(key))
+            if v is not None:
+                out.setdefault(m.pid, {}).setdefault(short, v)
+    return out
+
+
+def process_info_ranks(rank: dict | None) -> dict[str, int]:
+    """``ProcessInfo.rank`` (``{"tp": 0}`` or ``{"tp_rank": 0}``) as ``{"tp": 0}``; other keys dropped."""
+    out: dict[str, int] = {}
+    for short, key in RANK_DIMS:
+        for name in (short, key):
+            v = _as_int((rank or {}).get(name))
+            if v is not None:
+                out.setdefault(short, v)
+    return out
+
+
+def shown_dims(ranks: Iterable[dict[str, int]]) -> tuple[str, ...]:
+    """The rank dimensions worth printing: TP always, DP and PP when some rank is not 0 in them."""
+    ranks = list(ranks)
+    return tuple(s for s, _ in RANK_DIMS if s == "tp" or any(r.get(s) for r in ranks))
+
+
+def format_rank(rank: dict[str, int], dims: tuple[str, ...] = ("tp",), draft: bool = False) -> str:
+    """``TP0``, ``DP1 TP3``, … (dimensions in ``dims`` that are known; all known when none is)."""
+    parts = [f"{s.upper()}{rank[s]}" for s, _ in RANK_DIMS if s in dims and s in rank]
+    if not parts:
+        parts = [f"{s.upper()}{rank[s]}" for s, _ in RANK_DIMS if s in rank]
+    if draft:
+        parts.append("draft")
+    return " ".join(parts)
+
+
+def rank_labels(markers: Iterable[Marker]) -> dict[int, str]:
+    """Per pid whose markers carry ``tp_rank`` / ``pp_rank`` / ``dp_rank``: ``TP0`` style labels.
+
+    DP and PP are shown when some process in the trace has a non-zero rank in them.
+    """
+    ranks = marker_ranks(markers)
+    dims = shown_dims(ranks.values())
+    return {pid: format_rank(r, dims) for pid, r in ranks.items()}
+
+
+def rank_sort_key(rank: dict[str, int] | tuple) -> tuple:
+    """Sort by (dp, pp, tp), unknown parts last."""
+    values = [rank.get(s) for s, _ in RANK_DIMS] if isinstance(rank, dict) else list(rank[:3])
+    return tuple((v is None, v or 0) for v in values)
+
+
+# ------------------------------------------------------------------------------- KV sizing times
+
+
+@dataclass(frozen=True)
+class KvTimes:
+    """When one scheduler process took its memory baseline and sized its KV cache."""
+
+    pid: int
+    gpu: int | None
+    baseline_ts: int | None
+    sizing_ts: int | None  # the measurement of available_after_weights (or the kv_budget span)
+
+
+def kv_times(markers: Iterable[Marker]) -> dict[int, KvTimes]:
+    """Per pid (target runner, not draft): the baseline and the last KV sizing."""
+    per: dict[int, dict[str, Any]] = {}
+    for m in sorted(markers, key=lambda m: m.ts):
+        values = m.values or {}
+        if values.get("is_draft_worker"):
+            continue
+        d = per.setdefault(m.pid, {"measured": []})
+        if m.name == "memory_baseline" and m.phase in ("end", "instant"):
+            d["baseline"] = m.ts
+            d["gpu"] = m.gpu if m.gpu is not None else d.get("gpu")
+        elif m.name == "dist_init" and m.phase == "end" and "pre_model_load_memory" in values:
+            d["dist_baseline"] = m.ts
+        elif m.name == "gpu_memory_measured" and str(values.get("caller", "")).endswith(_PROFILERS):
+            d["measured"].append(m.ts)
+        elif m.name == "kv_budget" and m.phase == "begin":
+            d["kv_begin"] = m.ts
+        elif m.name == "kv_budget" and m.phase in ("end", "instant"):
+            d["kv_end"] = m.ts
+            if m.gpu is not None:
+                d["gpu"] = m.gpu
+    out = {}
+    for pid, d in per.items():
+        baseline = d.get("baseline", d.get("dist_baseline"))
+        end = d.get("kv_end")
+        if baseline is None and end is None:
+            continue
+        sizing = None
+        if end is not None:
+            begin = d.get("kv_begin")
+            measured = [t for t in d["measured"] if t <= end and (baseline is None or t >= baseline)]
+            # The measurement is inside the span (0.5.10, 0.5.23) or just before it (the stand-in).
+            sizing = measured[-1] if measured else (begin if begin is not None and begin <= end else end)
+        out[pid] = KvTimes(pid, d.get("gpu"), baseline, sizing)
+    return out
+
+
+# ----------------------------------------------------------------------------------------- windows
+
+
+def window_rows(
+    journal: Journal, phases: Phases, gpu: int, t0: int | None, t1: int | None, labels: dict[int, str],
+    skip: np.ndarray | None = None,
+) -> list[dict]:
+    """Net bytes every process changed on ``gpu`` in ``(t0, t1]``, per (process, phase) and category.
+
+    ``t0`` None: from the start; ``t1`` None: to the end. ``skip``: journal rows to leave out
+    (a boolean mask). Rows in order of their first change; ``owned`` leaves ``ipc_mapped`` out.
+    """
+    if len(journal) == 0:
+        return []
+    m = journal.gpu == gpu
+    if t0 is not None:
+        m &= journal.ts > t0
+    if t1 is not None:
+        m &= journal.ts <= t1
+    if skip is not None:
+        m &= ~skip
+    idx = np.nonzero(m)[0]
+    if not len(idx):
+        return []
+    pids = journal.pid[idx]
+    ts = journal.ts[idx]
+    ph = phases.assign(pids, ts)
+    # Sum per (pid, phase id, category) with numpy; the loop below runs once per group.
+    keys = np.stack([pids, ph, journal.category[idx]], axis=1)
+    uniq, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+    sums = np.zeros(len(uniq), dtype=np.int64)
+    np.add.at(sums, inverse.reshape(-1), journal.delta[idx])
+    rows: dict[tuple[int, str], dict] = {}
+    for (p, phase_id, c), i, d in zip(uniq.tolist(), first.tolist(), sums.tolist()):
+        path = NO_PHASE_LABEL if phase_id < 0 else phases.phases[phase_id].path
+        t = int(ts[i])
+        row = rows.get((p, path))
+        if row is None:
+            row = rows[(p, path)] = {
+                "pid": p, "label": labels.get(p, ""), "phase": path, "name": path.rsplit("/", 1)[-1],
+                "first_ts": t, "by_category": {}, "owned": 0, "mapped": 0,
+                "weights": WEIGHTS in path.split("/"),
+            }
+        row["first_ts"] = min(row["first_ts"], t)
+        cat = CATEGORIES[c]
+        row["by_category"][cat] = row["by_category"].get(cat, 0) + d
+        if cat in OWNED:
+            row["owned"] += d
+        else:
+            row["mapped"] += d
+    out = [r for r in rows.values() if any(r["by_category"].values())]
+    for r in out:
+        r["by_category"] = {c: r["by_category"][c] for c in CATEGORIES if r["by_category"].get(c)}
+    out.sort(key=lambda r: (r["first_ts"], r["pid"], r["phase"]))
+    return out
+
+
+@dataclass(frozen=True)
+class KvWindow:
+    """One GPU's KV sizing: the ranks sized on it and what was allocated before and since the baseline."""
+
+    gpu: int
+    pids: tuple[int, ...]
+    baseline_ts: int | None  # the earliest baseline of the ranks on this GPU
+    sizing_ts: int | None  # the latest sizing of the ranks on this GPU
+    before: list[dict]  # (start, baseline]: lowers pre_model_load_memory (and the slack)
+    between: list[dict]  # (baseline, sizing]: lowers available_after_weights, so rest, one for one
+
+    def to_dict(self, start: int) -> dict:
+        """JSON-able, with times in seconds since ``start``."""
+        return {
+            "gpu": self.gpu,
+            "pids": list(self.pids),
+            "baseline_ts": self.baseline_ts,
+            "sizing_ts": self.sizing_ts,
+            "baseline_s": None if self.baseline_ts is None else _sec(self.baseline_ts - start),
+            "sizing_s": None if self.sizing_ts is None else _sec(self.sizing_ts - start),
+            "before": [_row_json(r) for r in self.before],
+            "between": [_row_json(r) for r in self.between],
+        }
+
+
+def _row_json(r: dict) -> dict:
+    return {k: v for k, v in r.items() if k != "first_ts"}
+
+
+def rank_gpus(markers: list[Marker], journal: Journal, budgets: list[KvBudget]) -> dict[int, int]:
+    """Per SGLang pid, the GPU it sized its KV cache on: from its markers, else where it held the most."""
+    times = kv_times(markers)
+    out = {pid: t.gpu for pid, t in times.items() if t.gpu is not None}
+    for b in budgets:
+        if not b.draft and b.gpu is not None:
+            out.setdefault(b.pid, b.gpu)
+    for pid in times:
+        if pid in out or len(journal) == 0:
+            continue
+        sel = (journal.pid == pid) & (journal.delta > 0)
+        if sel.any():
+            gpus, inv = np.unique(journal.gpu[sel], return_inverse=True)
+            sums = np.bincount(inv.reshape(-1), weights=journal.delta[sel])
+            out[pid] = int(gpus[int(np.argmax(sums))])
+    return out
+
+
+def kv_windows(
+    markers: list[Marker], phases: Phases, journal: Journal, budgets: list[KvBudget] | None = None,
+    labels: dict[int, str] | None = None, skip: np.ndarray | None = None,
+) -> dict[int, KvWindow]:
+    """Per GPU with a KV sizing: what every process allocated before the baseline and between the
+    baseline and the sizing (the ranks on one GPU share one window: earliest baseline, latest sizing)."""
+    budgets = kv_budgets(markers) if budgets is None else budgets
+    labels = rank_labels(markers) if labels is None else labels
+    times = kv_times(markers)
+    gpus = rank_gpus(markers, journal, budgets)
+    per_gpu: dict[int, list[KvTimes]] = {}
+    for pid, t in times.items():
+        if pid in gpus:
+            per_gpu.setdefault(gpus[pid], []).append(t)
+    out = {}
+    for g, ts in sorted(per_gpu.items()):
+        bases = [t.baseline_ts for t in ts if t.baseline_ts is not None]
+        sizes = [t.sizing_ts for t in ts if t.sizing_ts is not None]
+        base = min(bases) if bases else None
+        size = max(sizes) if sizes else None
+        before = window_rows(journal, phases, g, None, base, labels, skip) if base is not None else []
+        between = window_rows(journal, phases, g, base, size, labels, skip) if base is not None and size is not None else []
+        out[g] = KvWindow(g, tuple(sorted(t.pid for t in ts)), base, size, before, between)
+    return out
+
+
+# ---------------------------------------------------------------------------------------- section
+
+
+def _sec(ns: int) -> float:
+    return round(ns / 1e9, 6)
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, np.generic):
+        return v.item()
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    return str(v)
+
+
+def _shown_values(name: str, values: dict) -> dict:
+    keys = _SHOWN.get(name, ())
+    out = {}
+    for k, v in values.items():
+        if k in keys or (name == "cuda_graph_capture" and k.startswith("graph_memory_usage")):
+            out[k] = _jsonable(v)
+    if values.get("error"):
+        out["error"] = str(values["error"])
+    return out
+
+
+def _when(start: int, end: int, name: str, t: KvTimes | None) -> str | None:
+    if t is None:
+        return None
+    if name == "kv_budget":
+        return SIZING
+    if t.baseline_ts is not None and end <= t.baseline_ts:
+        return BEFORE
+    if t.sizing_ts is not None and start >= t.sizing_ts:
+        return AFTER
+    if t.baseline_ts is not None and t.sizing_ts is not None and start >= t.baseline_ts and end <= t.sizing_ts:
+        return BETWEEN
+    if t.sizing_ts is not None and start <= t.sizing_ts <= end:
+        return AROUND_SIZING  # e.g. kv_pool, whose span holds kv_budget (0.5.10, 0.5.23)
+    if t.baseline_ts is not None and start <= t.baseline_ts <= end:
+        return AROUND_BASELINE
+    return None
+
+
+def _phase_rows(pid: int, phases: Phases, usage: list, t: KvTimes | None, start: int, gpu: int | None) -> list[dict]:
+    """One row per (phase, GPU) of ``pid`` (a phase without memory: one row, its marker's GPU)."""
+    mem: dict[int, dict[int, dict[str, int]]] = {}
+    for u in usage:
+        if u.pid == pid and u.phase >= 0:
+            cats = mem.setdefault(u.phase, {}).setdefault(u.gpu, {})
+            cats[u.category] = cats.get(u.category, 0) + u.net
+    rows = []
+    for ph in phases.phases:
+        if ph.pid != pid:
+            continue
+        per_gpu = mem.get(ph.id) or {ph.gpu if ph.gpu is not None else -1: {}}
+        for g, cats in sorted(per_gpu.items()):
+            if gpu is not None and g != gpu:
+                continue
+            cats = {c: cats[c] for c in CATEGORIES if cats.get(c)}
+            rows.append(
+                {
+                    "kind": "phase", "name": ph.name, "path": ph.path, "depth": ph.depth,
+                    "gpu": None if g < 0 else g, "start_ts": ph.start, "end_ts": ph.end,
+                    "start_s": _sec(ph.start - start), "end_s": _sec(ph.end - start), "closed": ph.closed,
+                    "when": _when(ph.start, ph.end, ph.name, t),
+                    "by_category": cats,
+                    "net": sum(v for c, v in cats.items() if c in OWNED),
+                    "mapped_net": cats.get(MAPPED, 0),
+                    "values": _shown_values(ph.name, ph.values),
+                }
+            )
+    for i in phases.instants:
+        if i.pid != pid:
+            continue
+        profiler = i.name == "gpu_memory_measured" and str(i.values.get("caller", "")).endswith(_PROFILERS)
+        if i.name not in _INSTANTS and not profiler:
+            continue
+        depth = phases.phases[i.phase].depth + 1 if i.phase >= 0 else 0
+        rows.append(
+            {
+                "kind": "instant", "name": i.name, "path": i.name, "depth": depth, "gpu": i.gpu,
+                "start_ts": i.ts, "end_ts": i.ts, "start_s": _sec(i.ts - start), "end_s": _sec(i.ts - start),
+                "closed": True, "when": None, "by_category": {}, "net": 0, "mapped_net": 0,
+                "values": _shown_values(i.name, i.values),
+            }
+        )
+    rows.sort(key=lambda r: (r["start_ts"], r["kind"] == "phase", r["depth"]))
+    return rows
+
+
+def _cats_text(r: dict, human) -> str:
+    owned = [f"{c} {human(v)}" for c, v in r["by_category"].items() if c != MAPPED]
+    text = ", ".join(owned)
+    if r.get("mapped"):
+        text += ("; " if text else "") + f"{human(r['mapped'])} of peers' memory mapped by IPC, not owned"
+    return text
+
+
+def _frac(value: float | None) -> str:
+    return "?" if value is None else f"{value:.3f}"
+
+
+_KV_ERRORS = ("no_memory_for_kv", "not_enough_memory", "pool_too_small")
+
+
+def kv_failed(b: KvBudget) -> bool:
+    """The KV sizing itself failed: a budget or token count <= 0, or one of SGLang's sizing errors.
+
+    (``KvBudget.ok`` is also False when the worker failed later for another reason.)
+    """
+    if b.rest_gib is not None and b.rest_gib <= 0:
+        return True
+    if b.tokens is not None and b.tokens <= 0:
+        return True
+    return b.error_kind in _KV_ERRORS
+
+
+def _took(r: dict, human) -> str:
+    """``TP1's custom_ar_init took 18.00 GiB`` / ``pid 7 took 2.00 GiB outside any phase``."""
+    who = r["label"] or f"pid {r['pid']}"
+    if r["phase"] == NO_PHASE_LABEL:
+        return f"{who} took {human(r['owned'])} outside any phase"
+    return f"{who}'s {r['name']} took {human(r['owned'])}"
+
+
+def _extras(window: KvWindow) -> list[dict]:
+    """What was taken between the baseline and the sizing, the weights left out (largest first)."""
+    rows = [r for r in window.between if not r["weights"] and r["owned"] > 0]
+    return sorted(rows, key=lambda r: (-r["owned"], r["first_ts"]))
+
+
+def diagnose(budget: KvBudget, window: KvWindow | None, windows: dict[int, KvWindow] | None = None) -> dict:
+    """Which allocations between the baseline and the sizing made ``budget`` fail (or would have).
+
+    ``window``: the rank's GPU; ``windows``: every GPU's (available_after_weights is a MIN over
+    the ranks' GPUs, so when the rank's own GPU does not explain the failure another one may).
+    """
+    from memrec.analysis.report import human
+
+    windows = windows or {}
+    out: dict = {"shortfall_gib": None, "extra_owned": 0, "rest_without_extras_gib": None, "lines": []}
+    if window is None or window.baseline_ts is None:
+        return out
+    extras = _extras(window)
+    weights = sum(r["owned"] for r in window.between if r["weights"])
+    extra = sum(r["owned"] for r in extras)
+    out["extra_owned"] = extra
+    out["weights_owned"] = weights
+    if budget.rest_gib is not None:
+        out["shortfall_gib"] = -budget.rest_gib if budget.rest_gib <= 0 else 0.0
+        out["rest_without_extras_gib"] = budget.rest_gib + extra / GIB
+    if not kv_failed(budget):
+        return out
+    g = window.gpu
+    lines = []
+    for r in sorted(extras, key=lambda r: r["pid"] != budget.pid):  # its own first
+        if r["pid"] == budget.pid:
+            what = "allocations outside any phase" if r["phase"] == NO_PHASE_LABEL else r["name"]
+            lines.append(
+                f"between the baseline and the KV sizing, {what} took {human(r['owned'])} on GPU {g} "
+                f"({_cats_text(r, human)})"
+            )
+        else:
+            lines.append(f"on the same GPU, {_took(r, human)} ({_cats_text(r, human)})")
+    if budget.rest_gib is None:
+        out["lines"] = lines
+        return out
+    multi = len(windows) > 1
+    short = -budget.rest_gib
+    covered = bool(extras) and out["rest_without_extras_gib"] > 0
+    if covered:
+        caveat = " (if no other GPU measured less: available is a MIN over the ranks' GPUs)" if multi else ""
+        lines.append(
+            f"without these {human(extra)}, rest would have been {out['rest_without_extras_gib']:.2f} GiB "
+            f"instead of {budget.rest_gib:.2f} GiB{caveat}"
+        )
+        out["lines"] = lines
+        return out
+    others = [(w, _extras(w)) for k, w in sorted(windows.items()) if k != g]
+    others = [(w, x) for w, x in others if x]
+    if multi and others:
+        w, rows = max(others, key=lambda wx: (sum(r["owned"] for r in wx[1]), -wx[0].gpu))
+        out["other_gpu"] = w.gpu
+        lines.append(f"available_after_weights is a MIN over the ranks' GPUs; on GPU {w.gpu} in the same window:")
+        for r in rows[:3]:
+            lines.append(f"  {_took(r, human)} ({_cats_text(r, human)})")
+    elif extras:
+        lines.append(
+            f"without these {human(extra)} rest would still be {out['rest_without_extras_gib']:.2f} GiB: the weights "
+            f"({human(weights)} on GPU {g}) leave too little at --mem-fraction-static="
+            f"{_frac(budget.mem_fraction_static)} (shortfall {short:.2f} GiB)"
+        )
+    else:
+        lines.append(
+            f"nothing but the weights ({human(weights)} on GPU {g}) was allocated between the baseline and the "
+            f"KV sizing: they leave too little at --mem-fraction-static={_frac(budget.mem_fraction_static)}"
+            f" (shortfall {short:.2f} GiB)"
+        )
+    out["lines"] = lines
+    return out
+
+
+def budget_lines(b: KvBudget) -> list[str]:
+    """SGLang's formula with the rank's real numbers (GiB as SGLang measures them)."""
+    lines = []
+    f = b.mem_fraction_static
+    if b.rest_gib is not None and f is not None:
+        lines.append("rest   = available_after_weights − pre_model_load_memory × (1 − mem_fraction_static)")
+        lines.append(
+            f"       = {b.available_gpu_memory:.2f} GiB − {b.pre_model_load_memory:.2f} GiB × (1 − {f:.3f})"
+            f" = {b.available_gpu_memory:.2f} GiB − {b.slack_gib:.2f} GiB = {b.rest_gib:.2f} GiB"
+        )
+    else:
+        known = [
+            f"{name} {value:.2f} GiB" if isinstance(value, float) and name != "mem_fraction_static" else f"{name} {value}"
+            for name, value in (("pre_model_load_memory", b.pre_model_load_memory),
+                                ("available_after_weights", b.available_gpu_memory), ("mem_fraction_static", f))
+            if value is not None
+        ]
+        lines.append("incomplete: " + (", ".join(known) if known else "no SGLang numbers") + " (the rest was not recorded)")
+    if b.sglang_rest_bytes is not None and b.rest_bytes is not None and b.sglang_rest_bytes != b.rest_bytes:
+        lines.append(f"SGLang's own rest: {b.sglang_rest_bytes / GIB:.2f} GiB (after its multimodal/mamba reservations)")
+    if b.tokens is not None:
+        if b.tokens_source == "cell_size":
+            nbytes = b.sglang_rest_bytes if b.sglang_rest_bytes is not None else b.rest_bytes
+            lines.append(f"tokens = int(rest × 2**30) // cell_size = {nbytes:,} // {b.cell_size:,} = {b.tokens:,}")
+        else:
+            lines.append(f"tokens = {b.tokens:,} (as SGLang profiled it)")
+    if b.max_total_num_tokens is not None and b.max_total_num_tokens != b.tokens:
+        lines.append(f"pool: max_total_num_tokens = {b.max_total_num_tokens:,} (after caps and page alignment)")
+    if b.min_mem_fraction_static is not None:
+        ran = "" if f is None else f" (ran with {f:.3f})"
+        lines.append(
+            f"minimum viable --mem-fraction-static = 1 − {b.available_gpu_memory:.2f} / {b.pre_model_load_memory:.2f}"
+            f" = {b.min_mem_fraction_static:.4f}{ran}"
+        )
+    if b.available_is_world_min:
+        lines.append("(both measurements are MINs over every rank of the world)")
+    if b.error and b.error_kind in _KV_ERRORS:
+        lines.append(f"SGLang raised: {b.error}")
+    return lines
+
+
+def build_sglang_section(
+    trace: Any, phases: Phases, journal: Journal, usage: list, start: int,
+    gpu: int | None = None, pid: int | None = None,
+) -> dict | None:
+    """The SGLang section of the report (None when the trace has no SGLang markers).
+
+    Args:
+        trace: the Trace (its markers).
+        phases, journal, usage: the report's phases, replay journal and per-phase attribution.
+        start: the report's time origin (ns).
+        gpu, pid: the report's filters.
+    """
+    markers = trace.markers
+    if not has_sglang_markers(markers):
+        return None
+    budgets = kv_budgets(markers)
+    ranks = marker_ranks(markers)
+    dims = shown_dims(ranks.values())
+    labels = {p: format_rank(r, dims) for p, r in ranks.items()}
+    times = kv_times(markers)
+    windows = kv_windows(markers, phases, journal, budgets, labels)
+    gpus_of = rank_gpus(markers, journal, budgets)
+    sglang_pids = sorted({m.pid for m in markers if m.name in SGLANG_MARKERS} | set(ranks),
+                         key=lambda p: (rank_sort_key(ranks.get(p, {})), p))
+
+    out_ranks = []
+    for p in sglang_pids:
+        if pid is not None and p != pid:
+            continue
+        g = gpus_of.get(p)
+        if gpu is not None and g != gpu and not any(u.pid == p and u.gpu == gpu for u in usage):
+            continue
+        rows = _phase_rows(p, phases, usage, times.get(p), start, gpu)
+        own = []
+        for b in budgets:
+            if b.pid != p:
+                continue
+            d = b.to_dict()
+            d["label"] = format_rank(ranks.get(p, {}), dims, b.draft) or f"pid {p}" + (" draft" if b.draft else "")
+            d["sglang_label"] = b.label
+            d["formula"] = budget_lines(b)
+            w = windows.get(g) if not b.draft and g is not None else None
+            d["diagnosis"] = diagnose(b, w, windows) if w is not None else None
+            own.append(d)
+        errors = [
+            {"phase": ph.path, "error": str(ph.values["error"])}
+            for ph in phases.phases
+            if ph.pid == p and ph.values.get("error")
+        ]
+        out_ranks.append(
+            {
+                "pid": p, "label": labels.get(p, ""), "rank": dict(ranks.get(p, {})), "gpu": g,
+                "gpus": sorted({r["gpu"] for r in rows if r["gpu"] is not None and r["by_category"]}),
+                "phases": rows, "budgets": own, "errors": errors,
+            }
+        )
+    if not out_ranks and (pid is not None or gpu is not None):
+        return None  # the filter leaves no SGLang process
+    shown_windows = [w.to_dict(start) for g, w in windows.items() if gpu is None or g == gpu]
+    summary = summarize(budgets)
+    targets = [b for b in budgets if not b.draft]
+    summary["failed_labels"] = [format_rank(ranks.get(b.pid, {}), dims, b.draft) or f"pid {b.pid}" for b in budgets if not b.ok]
+    summary["kv_failed"] = any(kv_failed(b) for b in budgets)
+    fractions = sorted({b.mem_fraction_static for b in targets if b.mem_fraction_static is not None})
+    summary["mem_fraction_static"] = fractions
+    if summary["min_rest_label"] is not None:
+        worst = min((b for b in targets if b.rest_gib is not None), key=lambda b: b.rest_gib)  # type: ignore[arg-type,return-value]
+        summary["min_rest_label"] = format_rank(ranks.get(worst.pid, {}), dims) or worst.label
+    return {"ranks": out_ranks, "windows": shown_windows, "summary": _jsonable(summary)}
+
+
+# ----------------------------------------------------------------------------------------- render
+
+
+def _fmt_value(k: str, v: Any, human) -> str:
+    gib = k in _GIB_VALUES or k.startswith("graph_memory_usage")
+    if gib and isinstance(v, (int, float)) and not isinstance(v, bool):
+        return f"{v:.2f} GiB"
+    if k in _BYTE_VALUES and isinstance(v, int) and not isinstance(v, bool):
+        return human(v)
+    if k == "error":
+        return str(v).split(":", 1)[0]
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10_000:
+        return f"{v:,}"
+    return str(v)
+
+
+def table(headers: list[str], rows: list[list[str]], right: set[int], indent: str = "    ") -> list[str]:
+    """Fixed-width columns (``right``: right-aligned column numbers)."""
+    widths = [len(h) for h in headers]
+    for r in rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, r)]
+
+    def line(cells: list[str]) -> str:
+        out = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))]
+        return (indent + "  ".join(out)).rstrip()
+
+    return [line(headers)] + [line(r) for r in rows]
+
+
+def render_sglang(section: dict) -> list[str]:
+    """The SGLang section as text lines (deterministic)."""
+    from memrec.analysis.report import human
+
+    out = []
+    title = "SGLang startup per rank: phases, memory by category, KV budget"
+    out.append(title)
+    out.append("=" * len(title))
+    s = section["summary"]
+    if s["ranks"]:
+        fr = s.get("mem_fraction_static") or []
+        ran = f" (ran with {', '.join(f'{x:.3f}' for x in fr)})" if fr else ""
+        if s["failed"]:
+            what = "KV sizing" if s["kv_failed"] else "startup"
+            out.append(f"  {what} FAILED on {', '.join(s['failed_labels'])}: " + " | ".join(s["errors"] or ["budget <= 0"]))
+        else:
+            out.append(f"  KV sizing ok on {s['ranks']} rank{'' if s['ranks'] == 1 else 's'}")
+        if s["min_rest_gib"] is not None:
+            tokens = "" if s["min_tokens"] is None else f", fewest tokens {s['min_tokens']:,}"
+            out.append(f"  smallest rest {s['min_rest_gib']:.2f} GiB ({s['min_rest_label']}){tokens}")
+        need = s["needed_mem_fraction_static"]
+        if need is not None and need < 1:
+            out.append(f"  every rank needs --mem-fraction-static > {need:.4f}{ran}")
+        elif need is not None:
+            out.append(f"  no --mem-fraction-static can fit a KV cache: it would have to exceed {need:.4f}{ran}")
+        if s.get("local_free_spread_gib"):
+            out.append(
+                f"  per-GPU free memory at sizing differs by {s['local_free_spread_gib']:.2f} GiB; lowest: {s['lowest_free_label']}"
+            )
+    else:
+        out.append("  no KV sizing in the markers")
+    windows = {w["gpu"]: w for w in section["windows"]}
+    shown: dict[int, str] = {}  # GPU -> the rank under which its window was printed
+    for r in section["ranks"]:
+        out.append("")
+        head = f"{r['label'] or 'rank ?'}  pid {r['pid']}" + (f"  GPU {r['gpu']}" if r["gpu"] is not None else "")
+        out.append(head)
+        cats = [c for c in CATEGORIES if any(c in x["by_category"] for x in r["phases"])]
+        rows = []
+        for x in r["phases"]:
+            name = "  " * x["depth"] + ("* " if x["kind"] == "instant" else "") + x["name"]
+            if x["kind"] == "phase" and not x["closed"]:
+                name += " (unclosed)"
+            dur = "" if x["kind"] == "instant" else f"{x['end_s'] - x['start_s']:.3f}s"
+            mem = [human(x["by_category"][c]) if c in x["by_category"] else "-" for c in cats]
+            net = human(x["net"]) if x["kind"] == "phase" else ""
+            if x["kind"] == "instant":
+                mem = [""] * len(cats)
+            values = " ".join(f"{k}={_fmt_value(k, v, human)}" for k, v in x["values"].items())
+            rows.append(
+                [name, "" if x["gpu"] is None else str(x["gpu"]), f"+{x['start_s']:.3f}s", dur, x["when"] or ""]
+                + mem + [net, values]
+            )
+        out.extend(
+            table(["PHASE", "GPU", "START", "DURATION", "VS KV SIZING"] + [c.upper() for c in cats]
+                  + ["NET OWNED", "SGLANG'S NUMBERS"], rows, right=set(range(1, 4)) | set(range(5, 6 + len(cats))),
+                  indent="  ")
+        )
+        for b in r["budgets"]:
+            out.append(f"  KV budget{' (draft runner)' if b['draft'] else ''}, GiB as SGLang measures them:")
+            out.extend("    " + line for line in b["formula"])
+            w = windows.get(r["gpu"]) if not b["draft"] else None
+            if w is not None and w["between"] and w["gpu"] in shown:
+                out.append(f"  allocated on GPU {w['gpu']} between the baseline and the KV sizing: as for {shown[w['gpu']]} above")
+            elif w is not None and w["between"]:
+                shown[w["gpu"]] = r["label"] or f"pid {r['pid']}"
+                out.append(
+                    f"  allocated on GPU {w['gpu']} between the baseline (+{w['baseline_s']:.3f}s) and the KV sizing "
+                    f"(+{w['sizing_s']:.3f}s), which lowers rest one for one:"
+                )
+                wrows = [
+                    [x["label"] or f"pid {x['pid']}", x["phase"], human(x["owned"]), _cats_text(x, human)]
+                    for x in w["between"]
+                ]
+                out.extend(table(["RANK", "PHASE", "OWNED", "BY CATEGORY"], wrows, right={2}, indent="    "))
+            dg = b.get("diagnosis")
+            if dg and dg["lines"]:
+                out.append("  why it failed:")
+                out.extend("    " + line for line in dg["lines"])
+        told = {b["error"] for b in r["budgets"] if b["error"] and b["error_kind"] in _KV_ERRORS}
+        for e in r["errors"]:
+            if e["error"] not in told or e["phase"].rsplit("/", 1)[-1] not in ("kv_budget", "kv_pool"):
+                out.append(f"  SGLang raised in {e['phase']}: {e['error']}")
+    return out

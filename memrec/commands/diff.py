@@ -1,0 +1,63 @@
+"""``memrec diff``: two runs compared phase by phase, rank by rank and GPU by GPU."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from memrec._errors import ExitCode
+from memrec._errors import MemrecCommandError
+from memrec._errors import TraceFormatError
+
+
+class DiffCommand:
+    """Compare two traces: a verdict first, then the KV budget per rank and the phases side by side.
+
+    Processes are matched by rank (TP/PP/DP from the markers), not by pid; GPUs by index. The
+    verdict says which run fails and with what error, how SGLang's KV budget moved on each rank
+    (Δrest = Δavailable_after_weights − Δslack) and which phases' allocations between the memory
+    baseline and the KV sizing made the difference. Then: the KV budget side by side, what each
+    phase and rank allocated in those windows, the net bytes per phase × rank × GPU × category
+    in each run with the delta, and failures present in one run only. A is the reference.
+
+    examples:
+      memrec diff base.mrec custom-ar.mrec
+      memrec diff base.mrec custom-ar.mrec --json
+    """
+
+    def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("a", type=Path, metavar="A", help="the reference trace (.mrec)")
+        parser.add_argument("b", type=Path, metavar="B", help="the trace to compare with it")
+        parser.add_argument("-j", "--json", action="store_true", help="print the diff as one JSON document")
+
+    def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+        from memrec.analysis.diff import diff_traces
+        from memrec.analysis.diff import render_diff
+
+        a, b = _load(args.a), _load(args.b)
+        result = diff_traces(a, b, a_name=args.a.name, b_name=args.b.name)
+        if args.json:
+            print(json.dumps(result, indent=2))
+        else:
+            print(render_diff(result), end="")
+        return ExitCode.OK
+
+
+def _load(path: Path):
+    from memrec.trace.reader import load_trace
+
+    if not path.exists():
+        raise MemrecCommandError(f"{path}: no such file", exit_code=ExitCode.NO_INPUT)
+    if path.is_dir():
+        raise MemrecCommandError(f"{path}: is a directory, not a trace", exit_code=ExitCode.NO_INPUT)
+    if not os.access(path, os.R_OK):
+        raise MemrecCommandError(f"{path}: not readable", exit_code=ExitCode.NO_INPUT)
+    try:
+        return load_trace(path)
+    except TraceFormatError as error:
+        message = str(error) if str(path) in str(error) else f"{path}: {error}"
+        raise MemrecCommandError(message, exit_code=ExitCode.DATA) from error
+    except OSError as error:
+        raise MemrecCommandError(f"{path}: {error.strerror or error}", exit_code=ExitCode.NO_INPUT) from error

@@ -1,0 +1,74 @@
+"""``memrec tui``: arguments, one-line errors and exit codes (the app itself is not started)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from memrec._errors import ExitCode
+from memrec._errors import MemrecCommandError
+from memrec.commands.tui import TuiCommand
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    TuiCommand().prepare_parser(parser)
+    return parser.parse_args(list(argv))
+
+
+@pytest.mark.parametrize(
+    "argv, code, text",
+    [
+        (("/nonexistent/run.mrec",), ExitCode.NO_INPUT, "no such file"),
+        ((), ExitCode.USAGE, "give a trace file"),
+        (("--live", "/tmp/memrec-test-no-such.sock"), ExitCode.UNAVAILABLE, "no memrec daemon at /tmp/memrec-test-no-such.sock"),
+        (("a.mrec", "--live", "/x.sock"), ExitCode.USAGE, "--live takes no trace file"),
+    ],
+)
+def test_errors_have_exit_codes(argv, code, text):
+    with pytest.raises(MemrecCommandError) as info:
+        TuiCommand().make_source(parse(*argv))
+    assert info.value.exit_code == code
+    assert text in str(info.value) and "\n" not in str(info.value)
+
+
+def test_not_a_trace_is_a_data_error(tmp_path):
+    bad = tmp_path / "bad.mrec"
+    bad.write_bytes(b"hello, not msgpack")
+    with pytest.raises(MemrecCommandError) as info:
+        TuiCommand().make_source(parse(str(bad)))
+    assert info.value.exit_code == ExitCode.DATA and "not a memrec trace" in str(info.value)
+
+
+def test_diff_checks_both_files(trace_file, tmp_path):
+    with pytest.raises(MemrecCommandError) as info:
+        TuiCommand().make_source(parse(str(trace_file), "--diff", str(tmp_path / "missing.mrec")))
+    assert info.value.exit_code == ExitCode.NO_INPUT
+    source = TuiCommand().make_source(parse(str(trace_file), "--diff", str(trace_file)))
+    assert source.kind == "diff"
+
+
+def test_run_starts_the_app_with_the_source(trace_file, monkeypatch):
+    started = []
+
+    class FakeApp:
+        def __init__(self, source):
+            started.append(source)
+
+        def run(self):
+            started.append("ran")
+
+    monkeypatch.setattr("memrec.tui.app.MemrecApp", FakeApp)
+    assert TuiCommand().run(parse(str(trace_file)), argparse.ArgumentParser()) == ExitCode.OK
+    assert started[0].kind == "file" and started[1] == "ran"
+
+
+def test_registered_in_the_memrec_command(trace_file):
+    from memrec import commands
+
+    parser = commands.get_argument_parser()
+    choices = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    if "tui" not in choices:
+        pytest.skip("memrec.commands does not register TuiCommand yet (the lead adds it)")
+    assert commands.main(["tui", "/nonexistent.mrec"]) == ExitCode.NO_INPUT

@@ -1,0 +1,267 @@
+"""``memrec diff``: two runs compared by rank, phase and GPU, with a verdict on top.
+
+Inputs: the real H200 stand-in traces in ``examples/`` (see tests/unit/test_sglang_report.py)
+and hand-built runs from :func:`tests.unit.test_sglang_report.sglang_run` (TP0 on GPU 0, TP1 on
+GPU 1, dyadic numbers: every expected value is exact).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from memrec import commands
+from memrec._errors import ExitCode
+from memrec.analysis.diff import diff_traces
+from memrec.analysis.diff import render_diff
+from memrec.events import GpuInfo
+from memrec.trace import format as fmt
+from memrec.trace.reader import load_trace
+from memrec.trace.writer import TraceWriter
+from tests.unit.test_sglang_report import AVAIL_BASE
+from tests.unit.test_sglang_report import AVAIL_IPC
+from tests.unit.test_sglang_report import BASE
+from tests.unit.test_sglang_report import IPC
+from tests.unit.test_sglang_report import NOT_ENOUGH
+from tests.unit.test_sglang_report import PRE
+from tests.unit.test_sglang_report import sglang_run
+from tests.utils import GiB
+from tests.utils import MiB
+
+
+def examples_diff() -> dict:
+    return diff_traces(load_trace(BASE), load_trace(IPC), BASE.name, IPC.name)
+
+
+def write(trace, path):
+    """Write a hand-built Trace with the real writer."""
+    header = fmt.make_header(host="h", boot_id="b", anchor=trace.header["anchor"],
+                             gpus=[GpuInfo(**g) for g in trace.header["gpus"]])
+    w = TraceWriter(path, header)
+    for info in trace.processes.values():
+        w.write_process(info)
+    for m in trace.markers:
+        w.write_marker(m)
+    w.write_events(trace.events)
+    w.close()
+    return path
+
+
+# ------------------------------------------------------------------------------- the real traces
+
+
+def test_examples_verdict_answers_why_the_ipc_run_fails():
+    # GIVEN the stand-in without and with 18 GiB per rank exchanged by IPC after the baseline
+    d = examples_diff()
+    v = d["verdict"]
+    # THEN the verdict names the failing run and SGLang's error, the KV budget's move split into
+    # its two parts, the phase that made the difference and the fraction that would have worked
+    assert v["headline"] == (
+        f"sglang-standin-ipc.mrec fails where sglang-standin-base.mrec works: KV sizing failed on TP0, TP1 ({NOT_ENOUGH})"
+    )
+    assert v["lines"] == [
+        ("KV budget: rest 32.85 GiB → -3.15 GiB on every rank (Δrest -36.00 GiB = Δavailable_after_weights -36.00 GiB"
+        " − Δslack +0.00 GiB); tokens 215,317 → -20,613"),
+        ("between the memory baseline and the KV sizing, custom_ar_init took 36.00 GiB on GPU 0 in sglang-standin-ipc.mrec;"
+        " it does not run in sglang-standin-base.mrec (TP0 +18.00 GiB, TP1 +18.00 GiB; driver +36.00 GiB; 36.00 GiB more"
+        " of peers' memory mapped by IPC, not owned)"),
+        "  all traced changes between the memory baseline and the KV sizing on GPU 0: +36.00 GiB owned",
+        "sglang-standin-ipc.mrec needs --mem-fraction-static > 0.6228 on every rank to size a KV cache (it ran with 0.600)",
+    ]
+    assert (d["a"]["failed"], d["b"]["failed"]) == (False, True)
+
+
+def test_examples_kv_side_by_side_is_exact():
+    d = examples_diff()
+    # THEN ranks are matched by rank (the pids differ: 966/967 vs 1054/1055)
+    assert [(x["label"], x["before"]["pid"], x["after"]["pid"]) for x in d["kv"]] == [("TP0", 966, 1054), ("TP1", 967, 1055)]
+    x = d["kv"][0]
+    rest_a, rest_b = AVAIL_BASE - PRE * (1 - 0.6), AVAIL_IPC - PRE * (1 - 0.6)
+    assert (x["before"]["rest_gib"], x["after"]["rest_gib"]) == (rest_a, rest_b)
+    assert (x["before"]["tokens"], x["after"]["tokens"]) == (215317, -20613)
+    # AND Δrest = Δavailable − Δslack, exactly (the baseline did not move)
+    dl = x["deltas"]
+    assert (dl["pre_model_load_memory"], dl["available_gpu_memory"], dl["slack_gib"]) == (0.0, -36.0, 0.0)
+    assert dl["rest_gib"] == rest_b - rest_a == dl["available_gpu_memory"] - dl["slack_gib"]
+    assert dl["tokens"] == -235930
+
+
+def test_examples_phase_rows_and_failures():
+    d = examples_diff()
+    rows = {(r["phase"], r["rank"], r["gpu"], r["category"]): (r["a"], r["b"], r["delta"]) for r in d["phases"]}
+    # THEN per phase × rank × GPU × category: bytes in each run ('None': the phase did not run)
+    assert rows[("dist_init", "TP0", 0, "driver")] == (256 * MiB, 256 * MiB, 0)
+    assert rows[("load_weights", "TP1", 0, "driver")] == (25 * GiB, 25 * GiB, 0)
+    assert rows[("custom_ar_init", "TP0", 0, "driver")] == (None, 18 * GiB, 18 * GiB)
+    assert rows[("custom_ar_init", "TP1", 0, "ipc_mapped")] == (None, 18 * GiB, 18 * GiB)
+    pool = 35_278_290_944  # 215317 × 160 KiB rounded up to 2 MiB by PyTorch
+    assert rows[("kv_pool", "TP0", 0, "driver")] == (pool, None, -pool)
+    assert rows[("cuda_graph_capture", "TP1", 0, "driver")] == (192 * MiB, None, -192 * MiB)
+    # AND the phases come in startup order
+    order = list(dict.fromkeys(r["phase"] for r in d["phases"]))
+    assert order == ["dist_init", "load_weights", "custom_ar_init", "kv_pool", "cuda_graph_capture", "(outside phases)"]
+    # AND the failures are SGLang's error on both ranks, in the IPC run only
+    assert [(f["in"], f["rank"], f["phase"], f["error"]) for f in d["failures"]] == [
+        ("b", "TP0", "kv_budget", NOT_ENOUGH), ("b", "TP1", "kv_budget", NOT_ENOUGH),
+    ]
+    # AND the window table on GPU 0 holds both ranks' allocations in both runs
+    (w,) = d["windows"]["between"]
+    assert [(r["phase"], r["rank"], r["a_owned"], r["b_owned"], r["delta_mapped"]) for r in w["rows"]] == [
+        ("load_weights", "TP0", 25 * GiB, 25 * GiB, 0), ("load_weights", "TP1", 25 * GiB, 25 * GiB, 0),
+        ("custom_ar_init", "TP0", None, 18 * GiB, 18 * GiB), ("custom_ar_init", "TP1", None, 18 * GiB, 18 * GiB),
+    ]
+    assert (w["a_owned"], w["b_owned"]) == (50 * GiB, 86 * GiB)
+    assert json.loads(json.dumps(d)) == d
+
+
+def test_examples_reversed_says_the_other_run_works():
+    d = diff_traces(load_trace(IPC), load_trace(BASE), "ipc", "base")
+    assert d["verdict"]["headline"] == f"base works where ipc fails: ipc's KV sizing failed on TP0, TP1 ({NOT_ENOUGH})"
+    assert d["verdict"]["lines"][0].startswith("KV budget: rest -3.15 GiB → 32.85 GiB on every rank (Δrest +36.00 GiB")
+    assert [f["in"] for f in d["failures"]] == ["a", "a"]
+
+
+def test_examples_text_starts_with_the_verdict():
+    text = render_diff(examples_diff())
+    lines = text.splitlines()
+    assert lines[0] == "memrec diff  A = sglang-standin-base.mrec  B = sglang-standin-ipc.mrec"
+    assert lines[2].startswith("verdict: sglang-standin-ipc.mrec fails where sglang-standin-base.mrec works")
+    assert "  TP0   B    138.09      52.09     0.600  55.24   -3.15   -20,613        0.6228  " + NOT_ENOUGH in lines
+    assert "        Δ     +0.00     -36.00    +0.000  +0.00  -36.00  -235,930       +0.2607" in lines
+    assert "  custom_ar_init      TP0     0  ipc_mapped (not owned)          -   18.00 GiB  +18.00 GiB" in lines
+    assert text == render_diff(examples_diff())
+
+
+# -------------------------------------------------------------------------- hand-built traces
+
+
+def test_lazy_all_reduce_on_two_gpus_with_an_oom_only_in_b():
+    # GIVEN A: a clean start; B: 32 GiB per rank after the weights, and one failed 64 GiB allocation
+    d = diff_traces(sglang_run(), sglang_run(pid0=500, lazy_ar_gib=32, oom=True), "a", "b")
+    # THEN the verdict merges the two GPUs' identical change into one line and names the OOM
+    assert d["verdict"]["headline"] == f"b fails where a works: KV sizing failed on TP0, TP1 ({NOT_ENOUGH})"
+    assert d["verdict"]["lines"] == [
+        ("KV budget: rest 29.12 GiB → -2.88 GiB on every rank (Δrest -32.00 GiB = Δavailable_after_weights -32.00 GiB"
+        " − Δslack +0.00 GiB); tokens 29,824 → -2,944"),
+        ("between the memory baseline and the KV sizing, custom_ar_init took 32.00 GiB on each of GPUs 0, 1 in b;"
+        " it does not run in a (driver +32.00 GiB; 32.00 GiB more of peers' memory mapped by IPC, not owned)"),
+        "  all traced changes between the memory baseline and the KV sizing on each of GPUs 0, 1: +32.00 GiB owned",
+        "b needs --mem-fraction-static > 0.9114 on every rank to size a KV cache (it ran with 0.875)",
+        "1 failed driver call only in b (cuMemAlloc_v2 CUDA_ERROR_OUT_OF_MEMORY, …)",
+    ]
+    # AND the KV numbers are exact: rest 39 − 9.875 = 29.125 → 7 − 9.875 = −2.875
+    x = d["kv"][1]
+    assert (x["label"], x["before"]["rest_gib"], x["after"]["rest_gib"], x["deltas"]["rest_gib"]) == ("TP1", 29.125, -2.875, -32.0)
+    assert (x["before"]["tokens"], x["after"]["tokens"]) == (29824, -2944)
+    # AND the failures: SGLang's error on both ranks and the failed call, B only
+    assert [(f["in"], f["kind"], f["rank"]) for f in d["failures"]] == [
+        ("b", "sglang_error", "TP0"), ("b", "sglang_error", "TP1"), ("b", "driver_call", "TP0"),
+    ]
+    assert (d["failures"][2]["api"], d["failures"][2]["result"], d["failures"][2]["bytes"]) == (
+        "cuMemAlloc_v2", "CUDA_ERROR_OUT_OF_MEMORY", 64 * GiB,
+    )
+    # AND the pool's bytes are per GPU and rank; memory freed at exit is in no phase row
+    rows = {(r["phase"], r["rank"], r["gpu"], r["category"]): (r["a"], r["b"]) for r in d["phases"]}
+    assert rows[("kv_pool", "TP1", 1, "driver")] == (29824 * MiB, None)
+    assert not any(r["phase"] == "(outside phases)" for r in d["phases"])
+
+
+def test_memory_taken_before_the_baseline_moves_pre_and_the_slack():
+    # GIVEN B takes 32 GiB per rank inside dist_init, before the baseline
+    d = diff_traces(sglang_run(), sglang_run(pid0=500, early_ar_gib=32), "a", "b")
+    # THEN both work; pre drops by 32 GiB, the slack by 4 (32 × 0.125), rest by 28 = 32 − 4
+    x = d["kv"][0]
+    assert {k: x["deltas"][k] for k in ("pre_model_load_memory", "available_gpu_memory", "slack_gib", "rest_gib")} == {
+        "pre_model_load_memory": -32.0, "available_gpu_memory": -32.0, "slack_gib": -4.0, "rest_gib": -28.0,
+    }
+    assert d["verdict"]["headline"] == "both runs work"
+    assert d["verdict"]["lines"] == [
+        ("KV budget: rest 29.12 GiB → 1.12 GiB on every rank (Δrest -28.00 GiB = Δavailable_after_weights -32.00 GiB"
+        " − Δslack -4.00 GiB); tokens 29,824 → 1,152"),
+        "  pre_model_load_memory 79.00 → 47.00 GiB (-32.00 GiB): memory taken before the baseline changed",
+        ("before the memory baseline, custom_ar_init took 32.00 GiB on each of GPUs 0, 1 in b; it does not run in a"
+        " (driver +32.00 GiB)"),
+        "  all traced changes before the memory baseline on each of GPUs 0, 1: +32.00 GiB owned",
+    ]
+    assert [(r["phase"], r["a_owned"], r["b_owned"]) for r in d["windows"]["before"][0]["rows"]] == [
+        ("dist_init", GiB, GiB), ("dist_init/custom_ar_init", None, 32 * GiB),
+    ]
+
+
+def test_same_run_twice_has_no_change():
+    d = diff_traces(sglang_run(), sglang_run(pid0=700), "a", "b")
+    assert d["verdict"] == {"headline": "both runs work", "lines": [("KV budget: rest 29.12 GiB → 29.12 GiB on every rank "
+                            "(Δrest +0.00 GiB = Δavailable_after_weights +0.00 GiB − Δslack +0.00 GiB); tokens 29,824 → 29,824")]}
+    assert all(r["delta"] == 0 for r in d["phases"]) and d["failures"] == []
+
+
+def test_a_rank_present_in_one_run_only():
+    # GIVEN B without TP1's markers and memory
+    b = sglang_run(pid0=500)
+    b.markers = [m for m in b.markers if m.pid != 501]
+    b.events = b.events[b.events["pid"] != 501]
+    d = diff_traces(sglang_run(), b, "a", "b")
+    # THEN TP1's budget is only in A, and its phases have no B side
+    assert [(x["label"], x["before"] is not None, x["after"] is not None) for x in d["kv"]] == [
+        ("TP0", True, True), ("TP1", True, False),
+    ]
+    assert d["kv"][1]["explanation"] == ["only in the first run"]
+    assert {(r["phase"], r["b"]) for r in d["phases"] if r["rank"] == "TP1"} == {
+        ("dist_init", None), ("load_weights", None), ("kv_pool", None),
+    }
+
+
+# ------------------------------------------------------------------------------------------- CLI
+
+
+@pytest.fixture
+def main():
+    return commands.main
+
+
+def test_cli_text_and_json(main, tmp_path, capsys):
+    # GIVEN two runs written by the real writer
+    a = write(sglang_run(), tmp_path / "a.mrec")
+    b = write(sglang_run(pid0=500, lazy_ar_gib=32), tmp_path / "b.mrec")
+    # WHEN diffed as text
+    rc = main(["diff", str(a), str(b)])
+    out, err = capsys.readouterr()
+    # THEN exit 0, the verdict first, nothing on stderr
+    assert rc == ExitCode.OK and err == ""
+    assert out.splitlines()[2] == f"verdict: b.mrec fails where a.mrec works: KV sizing failed on TP0, TP1 ({NOT_ENOUGH})"
+    # WHEN diffed as JSON  THEN it is one document with the same verdict
+    rc = main(["diff", str(a), str(b), "--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert rc == ExitCode.OK and d["memrec_diff"] == 1 and d["verdict"]["headline"].startswith("b.mrec fails")
+    assert list(d)[:4] == ["memrec_diff", "a", "b", "verdict"]
+    assert d["kv"][0]["after"]["rest_gib"] == -2.875
+
+
+def test_cli_examples(main, capsys):
+    assert main(["diff", str(BASE), str(IPC)]) == ExitCode.OK
+    assert "custom_ar_init took 36.00 GiB on GPU 0" in capsys.readouterr().out
+
+
+def test_cli_missing_file_is_no_input(main, tmp_path, capsys):
+    a = write(sglang_run(), tmp_path / "a.mrec")
+    rc = main(["diff", str(a), str(tmp_path / "nope.mrec")])
+    assert rc == ExitCode.NO_INPUT == 66
+    assert capsys.readouterr().err == f"memrec: error: {tmp_path / 'nope.mrec'}: no such file\n"
+    assert main(["diff", str(tmp_path), str(a)]) == ExitCode.NO_INPUT
+
+
+def test_cli_not_a_trace_is_a_data_error(main, tmp_path, capsys):
+    a = write(sglang_run(), tmp_path / "a.mrec")
+    bad = tmp_path / "notes.txt"
+    bad.write_bytes(b"this is not a memrec trace\n" * 10)
+    rc = main(["diff", str(bad), str(a)])
+    err = capsys.readouterr().err
+    assert rc == ExitCode.DATA == 65
+    assert err.startswith("memrec: error: ") and len(err.splitlines()) == 1
+
+
+def test_the_worked_example_in_the_docs_is_this_output():
+    # GIVEN docs/sglang.md's worked example  THEN its diff block is what memrec diff prints today
+    docs = (BASE.parents[1] / "docs" / "sglang.md").read_text()
+    assert render_diff(examples_diff()) in docs

@@ -1,0 +1,420 @@
+"""The SGLang section of ``memrec report``: phases per rank with their memory, the KV budget with
+the real numbers, and which phases' allocations made sizing fail.
+
+Two kinds of input:
+
+- the real H200 traces in ``examples/`` (``memrec.gpu.sglang_standin``: two TP ranks sharing one
+  GPU, 256 MiB in dist_init, 25 GiB of weights per rank, with ``--ipc`` 18 GiB per rank exchanged
+  by CUDA IPC after the baseline, ``--mem-fraction-static 0.6``, 160 KiB of KV per token);
+- hand-built traces (:func:`sglang_run`): TP0 on GPU 0 and TP1 on GPU 1, 80 GiB each, with every
+  number chosen dyadic so that the expected values are exact.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from memrec.analysis.report import build_report
+from memrec.analysis.report import render_text
+from memrec.analysis.sglang_report import format_rank
+from memrec.analysis.sglang_report import has_sglang_markers
+from memrec.analysis.sglang_report import kv_times
+from memrec.analysis.sglang_report import rank_labels
+from memrec.events import Kind
+from memrec.events import Marker
+from memrec.events import ProcessInfo
+from memrec.trace.model import Trace
+from memrec.trace.reader import load_trace
+from tests.utils import GiB
+from tests.utils import MiB
+from tests.utils import ev
+from tests.utils import events
+from tests.utils import handle_bytes
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+BASE = EXAMPLES / "sglang-standin-base.mrec"
+IPC = EXAMPLES / "sglang-standin-ipc.mrec"
+NOT_ENOUGH = "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static."
+
+# The stand-in's numbers (memrec/gpu/sglang_standin.py and what SGLang-style measuring gave on the H200).
+PRE = 138.09130859375  # pre_model_load_memory, GiB, both runs
+AVAIL_BASE = 88.09130859375
+AVAIL_IPC = 52.09130859375
+CELL = 160 * 1024
+
+
+def ms(x: float) -> int:
+    return int(x * 1_000_000)
+
+
+def mark(t: float, pid: int, name: str, phase: str, gpu: int | None = None, **values) -> Marker:
+    return Marker(ts=ms(t), pid=pid, uid=0, tid=pid, name=name, phase=phase, gpu=gpu, values=values)
+
+
+def sglang_run(
+    *, pid0: int = 100, lazy_ar_gib: int = 0, early_ar_gib: int = 0, foreign_gib: int = 0, oom: bool = False,
+    frac: float = 0.875,
+) -> Trace:
+    """TP0 (pid ``pid0``, GPU 0) and TP1 (``pid0 + 1``, GPU 1) start like SGLang on two 80 GiB GPUs.
+
+    Each rank: 1 GiB in dist_init (NCCL); optionally ``early_ar_gib`` in a custom all-reduce nested
+    in dist_init (before the baseline); the baseline; 40 GiB of weights; optionally
+    ``lazy_ar_gib`` in a custom all-reduce after the weights whose buffer the peer opens by IPC;
+    optionally ``foreign_gib`` taken on GPU 1 by pid 999 (no markers) before the sizing; the KV
+    sizing with SGLang's formula (cell 1 MiB/token), the pool when it fits; exit.
+    available = min over GPUs of free = 39 − early − lazy − foreign.
+    """
+    pre = 79.0 - early_ar_gib
+    available = 39.0 - early_ar_gib - lazy_ar_gib - foreign_gib
+    rest = available - pre * (1 - frac)
+    tokens = int(rest * GiB) // MiB
+    rows: list = []
+    markers: list[Marker] = []
+    for r in (0, 1):
+        pid, g, o = pid0 + r, r, r * 0.1  # TP1 a little after TP0
+        ids = {"tp_rank": r, "pp_rank": 0, "dp_rank": 0}
+        markers += [
+            mark(1 + o, pid, "dist_init", "begin", g, mem_fraction_static=frac, tp_size=2, **ids),
+            mark(4 + o, pid, "dist_init", "end", g),
+            mark(5 + o, pid, "memory_baseline", "instant", g, pre_model_load_memory=pre, **ids),
+            mark(6 + o, pid, "load_weights", "begin", g, **ids),
+            mark(8 + o, pid, "load_weights", "end", g, weight_load_mem_usage=40.0, **ids),
+            mark(13 + o, pid, "gpu_memory_measured", "instant", g, caller="profile_max_num_token",
+                 result_gib=available, distributed=True, **ids),
+        ]
+        budget = dict(pre_model_load_memory=pre, available_gpu_memory=available, mem_fraction_static=frac,
+                      cell_size=MiB, max_num_token=tokens, **ids)
+        markers.append(mark(14 + o, pid, "kv_budget", "begin", g, **budget))
+        rows.append(ev(Kind.ALLOC, pid=pid, ptr=0x1000, size=GiB, gpu=g, ts=ms(2 + o)))
+        rows.append(ev(Kind.ALLOC, pid=pid, ptr=0x100000000, size=40 * GiB, gpu=g, ts=ms(7 + o)))
+        if early_ar_gib:
+            markers += [mark(2.5 + o, pid, "custom_ar_init", "begin", g, **ids), mark(3.5 + o, pid, "custom_ar_init", "end", g)]
+            rows.append(ev(Kind.ALLOC, pid=pid, ptr=0x2000000000, size=early_ar_gib * GiB, gpu=g, ts=ms(3 + o)))
+        if lazy_ar_gib:
+            markers += [mark(9 + o, pid, "custom_ar_init", "begin", g, **ids), mark(12 + o, pid, "custom_ar_init", "end", g)]
+            rows += [
+                ev(Kind.ALLOC, pid=pid, ptr=0x3000000000, size=lazy_ar_gib * GiB, gpu=g, ts=ms(10 + o)),
+                ev(Kind.IPC_EXPORT, pid=pid, ptr=0x3000000000, gpu=g, ipc=handle_bytes(r), ts=ms(10.5 + o)),
+                ev(Kind.IPC_OPEN, pid=pid, ptr=0x4000000000, gpu=g, ipc=handle_bytes(1 - r), ts=ms(11 + o)),
+            ]
+        if tokens > 0:
+            markers += [
+                mark(15 + o, pid, "kv_budget", "end", g, **budget),
+                mark(16 + o, pid, "kv_pool", "begin", g, max_total_num_tokens=tokens, cell_size=MiB, **ids),
+                mark(18 + o, pid, "kv_pool", "end", g),
+            ]
+            rows.append(ev(Kind.ALLOC, pid=pid, ptr=0x5000000000, size=tokens * MiB, gpu=g, ts=ms(17 + o)))
+        else:
+            markers.append(mark(15 + o, pid, "kv_budget", "end", g, error=NOT_ENOUGH, **budget))
+        if oom and r == 0:
+            rows.append(ev(Kind.ALLOC, pid=pid, size=64 * GiB, gpu=g, result=2, ts=ms(14.5)))
+        rows.append(ev(Kind.PROC_EXIT, pid=pid, ts=ms(30 + o)))
+    if foreign_gib:
+        rows.append(ev(Kind.ALLOC, pid=999, ptr=0x7000, size=foreign_gib * GiB, gpu=1, ts=ms(12.5)))
+    rows.sort(key=lambda row: int(row["ts"]))
+    procs = {
+        pid0 + r: ProcessInfo(pid0 + r, 1, ["python3", "-m", "sglang.launch_server"], None, None, [r], ms(0.5), {})
+        for r in (0, 1)
+    }
+    return Trace(
+        header={
+            "host": "h",
+            "anchor": {"monotonic_ns": ms(0.5), "wall_ns": 0},
+            "gpus": [{"index": i, "uuid": f"GPU-{i}", "name": "NVIDIA H200", "total": 80 * GiB} for i in (0, 1)],
+        },
+        events=events(*rows),
+        markers=sorted(markers, key=lambda m: m.ts),
+        processes=procs,
+        trailer={"type": "trailer", "end_ts": ms(40)},
+    )
+
+
+def phase_mem(rank: dict) -> list[tuple]:
+    return [(x["name"], x["when"], x["by_category"]) for x in rank["phases"] if x["kind"] == "phase"]
+
+
+# ------------------------------------------------------------------------------- the real traces
+
+
+def test_ipc_example_budget_is_negative_and_the_custom_all_reduce_is_named():
+    # GIVEN the H200 stand-in run with 18 GiB per rank exchanged by CUDA IPC after the baseline
+    report = build_report(load_trace(IPC))
+    s = report["sglang"]
+    # THEN both ranks are there, sharing GPU 0, labelled by their markers' tp_rank
+    assert [(r["label"], r["pid"], r["gpu"]) for r in s["ranks"]] == [("TP0", 1054, 0), ("TP1", 1055, 0)]
+    # AND each phase carries the memory it took, by category, and its place against the KV sizing
+    tp0 = s["ranks"][0]
+    assert phase_mem(tp0) == [
+        ("dist_init", "before baseline", {"driver": 256 * MiB}),
+        ("load_weights", "baseline→sizing", {"driver": 25 * GiB}),
+        ("custom_ar_init", "baseline→sizing", {"driver": 18 * GiB, "ipc_mapped": 18 * GiB}),
+        ("kv_budget", "sizing", {}),
+    ]
+    # AND the budget is SGLang's formula with the recorded numbers
+    (b,) = tp0["budgets"]
+    assert (b["pre_model_load_memory"], b["available_gpu_memory"], b["mem_fraction_static"]) == (PRE, AVAIL_IPC, 0.6)
+    assert b["rest_gib"] == AVAIL_IPC - PRE * (1 - 0.6)
+    assert b["tokens"] == -20613 and b["min_mem_fraction_static"] == 1 - AVAIL_IPC / PRE
+    assert b["error"] == NOT_ENOUGH and b["ok"] is False
+    assert b["formula"][1] == "       = 52.09 GiB − 138.09 GiB × (1 − 0.600) = 52.09 GiB − 55.24 GiB = -3.15 GiB"
+    assert b["formula"][2] == f"tokens = int(rest × 2**30) // cell_size = {int(b['rest_gib'] * GiB):,} // 163,840 = -20,613"
+    assert b["formula"][3] == "minimum viable --mem-fraction-static = 1 − 52.09 / 138.09 = 0.6228 (ran with 0.600)"
+    # AND the diagnosis names the custom all-reduce: its own 18 GiB, then the peer's on the same GPU
+    dg = b["diagnosis"]
+    assert dg["extra_owned"] == 36 * GiB and dg["weights_owned"] == 50 * GiB
+    assert dg["rest_without_extras_gib"] == b["rest_gib"] + 36.0
+    assert dg["lines"] == [
+        ("between the baseline and the KV sizing, custom_ar_init took 18.00 GiB on GPU 0 (driver 18.00 GiB; "
+        "18.00 GiB of peers' memory mapped by IPC, not owned)"),
+        ("on the same GPU, TP1's custom_ar_init took 18.00 GiB (driver 18.00 GiB; 18.00 GiB of peers' memory "
+        "mapped by IPC, not owned)"),
+        "without these 36.00 GiB, rest would have been 32.85 GiB instead of -3.15 GiB",
+    ]
+    # AND the summary says who failed and what fraction every rank needs
+    sm = s["summary"]
+    assert (sm["failed"], sm["failed_labels"], sm["errors"]) == (True, ["TP0", "TP1"], [NOT_ENOUGH])
+    assert sm["needed_mem_fraction_static"] == 1 - AVAIL_IPC / PRE and sm["mem_fraction_static"] == [0.6]
+    # AND the window on GPU 0 lists all four allocations between the baseline and the sizing
+    (w,) = s["windows"]
+    assert [(x["label"], x["phase"], x["owned"], x["mapped"]) for x in w["between"]] == [
+        ("TP1", "load_weights", 25 * GiB, 0), ("TP0", "load_weights", 25 * GiB, 0),
+        ("TP1", "custom_ar_init", 18 * GiB, 18 * GiB), ("TP0", "custom_ar_init", 18 * GiB, 18 * GiB),
+    ]
+    assert [(x["label"], x["phase"], x["owned"]) for x in w["before"]] == [
+        ("TP1", "(outside phases)", 2 * MiB), ("TP0", "(outside phases)", 2 * MiB),
+        ("TP1", "dist_init", 256 * MiB), ("TP0", "dist_init", 256 * MiB),
+    ]
+    # AND the whole section survives JSON
+    assert json.loads(json.dumps(s)) == s
+
+
+def test_base_example_sizes_the_pool_and_needs_a_smaller_fraction():
+    # GIVEN the same stand-in without the IPC buffers
+    s = build_report(load_trace(BASE))["sglang"]
+    tp1 = s["ranks"][1]
+    # THEN the pool took tokens × cell, rounded up to 2 MiB by PyTorch's caching allocator, and the
+    # graphs came out of the slack
+    pool = -(-215317 * CELL // (2 * MiB)) * 2 * MiB
+    assert pool == 35_278_290_944
+    assert phase_mem(tp1) == [
+        ("dist_init", "before baseline", {"driver": 256 * MiB}),
+        ("load_weights", "baseline→sizing", {"driver": 25 * GiB}),
+        ("kv_budget", "sizing", {}),
+        ("kv_pool", "after sizing", {"driver": pool}),
+        ("cuda_graph_capture", "after sizing", {"driver": 192 * MiB}),
+    ]
+    (b,) = tp1["budgets"]
+    assert (b["label"], b["rest_gib"], b["tokens"], b["ok"]) == ("TP1", AVAIL_BASE - PRE * (1 - 0.6), 215317, True)
+    assert b["diagnosis"]["lines"] == [] and b["diagnosis"]["extra_owned"] == 0
+    assert (s["summary"]["failed"], s["summary"]["needed_mem_fraction_static"]) == (False, 1 - AVAIL_BASE / PRE)
+
+
+def test_ipc_example_text_report():
+    # WHEN the failing run is rendered
+    text = render_text(build_report(load_trace(IPC)))
+    lines = text.splitlines()
+    # THEN the SGLang section comes before the GPU sections, with the verdict and the formula
+    assert lines[3] == "SGLang startup per rank: phases, memory by category, KV budget"
+    assert lines.index(lines[3]) < next(i for i, line in enumerate(lines) if line.startswith("GPU 0  NVIDIA H200"))
+    assert "  KV sizing FAILED on TP0, TP1: " + NOT_ENOUGH in lines
+    assert "  every rank needs --mem-fraction-static > 0.6228 (ran with 0.600)" in lines
+    assert "TP0  pid 1054  GPU 0" in lines and "TP1  pid 1055  GPU 0" in lines
+    assert (
+        "    between the baseline and the KV sizing, custom_ar_init took 18.00 GiB on GPU 0 (driver 18.00 GiB; "
+        "18.00 GiB of peers' memory mapped by IPC, not owned)"
+    ) in lines
+    assert "  allocated on GPU 0 between the baseline and the KV sizing: as for TP0 above" in lines
+    row = next(line for line in lines if line.strip().startswith("custom_ar_init") and "baseline→sizing" in line)
+    assert row.split()[5:9] == ["18.00", "GiB", "18.00", "GiB"]
+    # AND the process tables show the ranks the markers carry (the launcher has none)
+    procs = lines[lines.index("processes") + 1 :]
+    assert [line.split()[:2] for line in procs[1:4]] == [["1030", "-"], ["1054", "TP0"], ["1055", "TP1"]]
+
+
+# -------------------------------------------------------------------------- hand-built traces
+
+
+def test_lazy_custom_all_reduce_on_two_gpus_fails_sizing_with_exact_numbers():
+    # GIVEN 32 GiB per rank allocated after the weights and opened by the peer (GPU 0 and GPU 1)
+    s = build_report(sglang_run(lazy_ar_gib=32))["sglang"]
+    tp0, tp1 = s["ranks"]
+    # THEN available = 39 − 32 = 7 GiB, slack 79 × 0.125 = 9.875, rest −2.875 GiB, −2944 tokens of 1 MiB
+    (b,) = tp0["budgets"]
+    assert (b["pre_model_load_memory"], b["available_gpu_memory"], b["slack_gib"], b["rest_gib"]) == (79.0, 7.0, 9.875, -2.875)
+    assert (b["tokens"], b["min_mem_fraction_static"], b["error_kind"]) == (-2944, 1 - 7 / 79, "not_enough_memory")
+    # AND each rank's custom all-reduce is on its own GPU, with the peer's buffer mapped beside it
+    assert phase_mem(tp1)[2] == ("custom_ar_init", "baseline→sizing", {"driver": 32 * GiB, "ipc_mapped": 32 * GiB})
+    # AND the diagnosis names it, with the MIN-over-GPUs caveat (two GPUs)
+    assert b["diagnosis"]["lines"] == [
+        ("between the baseline and the KV sizing, custom_ar_init took 32.00 GiB on GPU 0 (driver 32.00 GiB; "
+        "32.00 GiB of peers' memory mapped by IPC, not owned)"),
+        ("without these 32.00 GiB, rest would have been 29.12 GiB instead of -2.88 GiB (if no other GPU measured "
+        "less: available is a MIN over the ranks' GPUs)"),
+    ]
+    assert [w["gpu"] for w in s["windows"]] == [0, 1]
+
+
+def test_a_foreign_process_on_the_other_gpu_is_found_through_the_world_min():
+    # GIVEN pid 999 (no markers) taking 40 GiB on GPU 1 between the baseline and the sizing
+    s = build_report(sglang_run(foreign_gib=40))["sglang"]
+    (b0,), (b1,) = s["ranks"][0]["budgets"], s["ranks"][1]["budgets"]
+    # THEN both ranks fail (available is the MIN over both GPUs: 39 − 40 = −1 GiB)
+    assert (b0["rest_gib"], b1["rest_gib"]) == (-10.875, -10.875)
+    # AND no fraction can help (1 − (−1)/79 > 1)
+    text = render_text(build_report(sglang_run(foreign_gib=40))).splitlines()
+    assert "  no --mem-fraction-static can fit a KV cache: it would have to exceed 1.0127 (ran with 0.875)" in text
+    # AND TP1's own GPU explains it
+    assert b1["diagnosis"]["lines"] == [
+        "on the same GPU, pid 999 took 40.00 GiB outside any phase (driver 40.00 GiB)",
+        ("without these 40.00 GiB, rest would have been 29.12 GiB instead of -10.88 GiB (if no other GPU measured "
+        "less: available is a MIN over the ranks' GPUs)"),
+    ]
+    # AND TP0, whose GPU saw nothing but the weights, is pointed at GPU 1
+    assert b0["diagnosis"]["other_gpu"] == 1
+    assert b0["diagnosis"]["lines"] == [
+        "available_after_weights is a MIN over the ranks' GPUs; on GPU 1 in the same window:",
+        "  pid 999 took 40.00 GiB outside any phase (driver 40.00 GiB)",
+    ]
+
+
+def test_weights_alone_too_big_is_said_so():
+    # GIVEN no extra allocation, but a fraction so small the slack exceeds what the weights left
+    s = build_report(sglang_run(frac=0.5))["sglang"]
+    (b,) = s["ranks"][0]["budgets"]
+    # THEN rest = 39 − 79 × 0.5 = −0.5 GiB and only the weights are blamed
+    assert (b["rest_gib"], b["min_mem_fraction_static"]) == (-0.5, 1 - 39 / 79)
+    assert b["diagnosis"]["lines"] == [
+        ("nothing but the weights (40.00 GiB on GPU 0) was allocated between the baseline and the KV sizing: "
+        "they leave too little at --mem-fraction-static=0.500 (shortfall 0.50 GiB)")
+    ]
+
+
+def test_an_allocation_before_the_baseline_is_placed_before_it():
+    # GIVEN a custom all-reduce nested in dist_init, before the baseline
+    s = build_report(sglang_run(early_ar_gib=32))["sglang"]
+    tp0 = s["ranks"][0]
+    # THEN it lowers pre (79 − 32 = 47) and sits before the baseline; the budget still fits
+    assert [(x["path"], x["when"], x["by_category"]) for x in tp0["phases"] if x["kind"] == "phase"][:2] == [
+        ("dist_init", "before baseline", {"driver": GiB}),
+        ("dist_init/custom_ar_init", "before baseline", {"driver": 32 * GiB}),
+    ]
+    (b,) = tp0["budgets"]
+    assert (b["pre_model_load_memory"], b["available_gpu_memory"], b["rest_gib"], b["tokens"], b["ok"]) == (
+        47.0, 7.0, 1.125, 1152, True,
+    )
+    assert [(x["phase"], x["owned"]) for x in s["windows"][0]["before"]] == [
+        ("dist_init", GiB), ("dist_init/custom_ar_init", 32 * GiB),
+    ]
+
+
+def test_filters_keep_one_rank_or_one_gpu():
+    trace = sglang_run(lazy_ar_gib=32)
+    # WHEN filtered by pid, then by GPU
+    by_pid = build_report(trace, pid=101)["sglang"]
+    by_gpu = build_report(sglang_run(lazy_ar_gib=32), gpu=1)["sglang"]
+    # THEN only TP1 remains, with GPU 1's window
+    assert [r["label"] for r in by_pid["ranks"]] == ["TP1"]
+    assert [r["label"] for r in by_gpu["ranks"]] == ["TP1"] and [w["gpu"] for w in by_gpu["windows"]] == [1]
+
+
+def test_no_sglang_markers_no_section():
+    # GIVEN a trace whose markers are not SGLang's ("load_weights" alone does not count)
+    trace = sglang_run()
+    trace.markers = [m for m in trace.markers if m.name == "load_weights"]
+    # WHEN reported  THEN there is no SGLang section and no heading
+    report = build_report(trace)
+    assert report["sglang"] is None and not has_sglang_markers(trace.markers)
+    assert "SGLang startup" not in render_text(report)
+
+
+# ------------------------------------------------------------------------------------------ ranks
+
+
+def test_rank_labels_from_markers_show_dp_and_pp_only_when_used():
+    # GIVEN markers of three processes, one of them in DP group 1
+    markers = [
+        mark(1, 10, "dist_init", "begin", tp_rank=0, pp_rank=0, dp_rank=0),
+        mark(2, 11, "dist_init", "begin", tp_rank=1, pp_rank=0, dp_rank=1),
+        mark(3, 12, "anything", "instant", tp_rank=2),
+        mark(4, 12, "anything", "instant", tp_rank=5),  # the first value counts
+        mark(5, 13, "anything", "instant", tp_rank=True),  # not a rank
+    ]
+    # THEN DP is shown (some rank is not 0 in it), PP is not
+    assert rank_labels(markers) == {10: "DP0 TP0", 11: "DP1 TP1", 12: "TP2"}
+    assert rank_labels(markers[:1]) == {10: "TP0"}
+    assert format_rank({"pp": 3}, ("tp",)) == "PP3" and format_rank({"tp": 1}, draft=True) == "TP1 draft"
+
+
+def test_marker_ranks_fill_the_report_rank_column_and_process_info_stays_the_fallback():
+    # GIVEN TP0/TP1 with marker ranks, and a third process known only by ProcessInfo.rank
+    trace = sglang_run()
+    trace.processes[300] = ProcessInfo(300, 1, ["python3"], None, None, [], ms(1), {"tp": 4})
+    # WHEN reported
+    procs = {p["pid"]: p["rank"] for p in build_report(trace)["processes"]}
+    # THEN the markers give "TP0"/"TP1"; ProcessInfo keeps its own form
+    assert (procs[100], procs[101], procs[300]) == ("TP0", "TP1", "tp4")
+
+
+def test_kv_times_use_the_profiler_measurement_and_skip_draft_workers():
+    markers = [
+        mark(1, 7, "memory_baseline", "instant", 2, pre_model_load_memory=10.0),
+        mark(2, 7, "memory_baseline", "instant", 2, pre_model_load_memory=9.0, is_draft_worker=True),
+        mark(3, 7, "kv_budget", "begin", 2),
+        mark(4, 7, "gpu_memory_measured", "instant", 2, caller="KVCacheConfigurator._profile_available_bytes"),
+        mark(5, 7, "gpu_memory_measured", "instant", 2, caller="something_else"),
+        mark(6, 7, "kv_budget", "end", 2),
+    ]
+    (t,) = kv_times(markers).values()
+    assert (t.pid, t.gpu, t.baseline_ts, t.sizing_ts) == (7, 2, ms(1), ms(4))
+    # AND without a measurement the kv_budget span's begin is the sizing
+    (t,) = kv_times([markers[0], markers[2], markers[5]]).values()
+    assert t.sizing_ts == ms(3)
+
+
+@pytest.mark.parametrize("path", [BASE, IPC])
+def test_report_of_the_examples_is_deterministic(path):
+    assert render_text(build_report(load_trace(path))) == render_text(build_report(load_trace(path)))
+
+
+def test_an_error_outside_the_kv_sizing_is_shown_and_a_filter_without_sglang_processes_drops_the_section():
+    # GIVEN TP0's worker failing after the pool (its init_model_worker span ends with an error)
+    trace = sglang_run()
+    trace.markers += [
+        mark(0.8, 100, "init_model_worker", "begin", 0, tp_rank=0),
+        mark(25, 100, "init_model_worker", "end", 0, error="RuntimeError: CUDA error: an illegal memory access"),
+    ]
+    trace.markers.sort(key=lambda m: m.ts)
+    report = build_report(trace)
+    # THEN the rank lists the error and the text says where SGLang raised it
+    assert report["sglang"]["ranks"][0]["errors"] == [
+        {"phase": "init_model_worker", "error": "RuntimeError: CUDA error: an illegal memory access"}
+    ]
+    assert "  SGLang raised in init_model_worker: RuntimeError: CUDA error: an illegal memory access" in (
+        render_text(report).splitlines()
+    )
+    # AND the sizing itself is not blamed: it succeeded (rest 29.125 GiB), the worker failed later
+    assert "  startup FAILED on TP0: RuntimeError: CUDA error: an illegal memory access" in render_text(report).splitlines()
+    (b,) = report["sglang"]["ranks"][0]["budgets"]
+    assert (b["rest_gib"], b["ok"], b["diagnosis"]["lines"], report["sglang"]["summary"]["kv_failed"]) == (
+        29.125, False, [], False,
+    )
+    assert not any(line.startswith("SGLang raised:") for line in b["formula"])
+    # AND nested phases keep their place: the weights are inside init_model_worker now
+    assert [x["path"] for x in report["sglang"]["ranks"][0]["phases"] if x["kind"] == "phase"][:3] == [
+        "init_model_worker", "init_model_worker/dist_init", "init_model_worker/load_weights",
+    ]
+    # WHEN filtered to a process that is not an SGLang rank  THEN no section
+    trace.processes[300] = ProcessInfo(300, 1, ["python3"], None, None, [], ms(1), {})
+    assert build_report(trace, pid=999)["sglang"] is None
+
+
+def test_the_worked_example_in_the_docs_is_this_output():
+    # GIVEN docs/sglang.md's worked example  THEN its report block is the SGLang section printed today
+    from memrec.analysis.sglang_report import render_sglang
+
+    docs = (EXAMPLES.parent / "docs" / "sglang.md").read_text()
+    section = "\n".join(render_sglang(build_report(load_trace(IPC))["sglang"])) + "\n"
+    assert section in docs
