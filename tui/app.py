@@ -398,8 +398,10 @@ class MemrecApp(App[None]):
     # ------------------------------------------------------------------ source messages
 
     def on_load_progress(self, message: messages.LoadProgress) -> None:
-        pct = 100 * message.done / max(message.total, 1)
-        self.progress = f"{'reading' if message.phase == 'scan' else 'indexing'} {pct:.0f}%"
+        if message.phase == "scan":
+            self.progress = f"reading… {message.done:,} records"
+        else:
+            self.progress = f"replaying {100 * message.done / max(message.total, 1):.0f}%"
         if message.phase == "index":
             self._dirty = True
         else:
@@ -414,9 +416,9 @@ class MemrecApp(App[None]):
         self.refresh_all()
 
     def _initial_cursor(self) -> int:
-        """The last keyframe (its state needs no replay), else the end of the trace."""
-        lo, hi = self.model.time_range()
-        return hi
+        """The end of the trace: what a user opens a trace for (an OOM, the final state), and where
+        the daemon's last keyframe (written at close) makes the state at the cursor free."""
+        return self.model.time_range()[1]
 
     def on_indexed(self, message: messages.Indexed) -> None:
         self.indexed = True

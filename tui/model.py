@@ -36,7 +36,6 @@ from typing import Iterable
 import numpy as np
 
 from memrec.columns import EVENT_DTYPE
-from memrec.columns import NVML_DTYPE
 from memrec.events import CATEGORIES
 from memrec.events import CU_RESULT_NAMES
 from memrec.events import Api
@@ -1306,5 +1305,3 @@ __all__ = [
     "phase_spans",
 ]
 
-
-_ = NVML_DTYPE  # the dtype add_nvml expects

@@ -75,7 +75,6 @@ class FileSource:
         reader = self._reader
         model = self.model
         schema = reader.schema
-        size = max(os.path.getsize(self.path), 1)
         warnings: list[str] = []
         from memrec.tui import mapped
 
@@ -110,7 +109,7 @@ class FileSource:
                 trailer = trailer or kind == "trailer"
                 model.add_record(obj)
             if post is not None and i % 64 == 0:
-                post(messages.LoadProgress("scan", i, max(size // (1 << 22), i + 1)))
+                post(messages.LoadProgress("scan", i, 0))
         if mapped_ok:
             model.warnings.extend(warnings)
             if not trailer:

@@ -43,7 +43,7 @@ from memrec.analysis.sglang_report import marker_ranks
 from memrec.analysis.sglang_report import process_info_ranks
 from memrec.analysis.sglang_report import rank_sort_key
 from memrec.analysis.sglang_report import shown_dims
-from memrec.analysis.sglang_report import table
+from memrec.analysis.text import table
 from memrec.analysis.timeline import OWNED
 from memrec.analysis.timeline import Journal
 from memrec.analysis.timeline import build_timeline

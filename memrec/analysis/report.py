@@ -28,6 +28,7 @@ from memrec.analysis.reconcile import reconcile
 from memrec.analysis.sglang_report import build_sglang_section
 from memrec.analysis.sglang_report import rank_labels
 from memrec.analysis.sglang_report import render_sglang
+from memrec.analysis.text import table
 from memrec.analysis.timeline import OWNED
 from memrec.analysis.timeline import GpuSeries
 from memrec.analysis.timeline import Timeline
@@ -591,18 +592,6 @@ def _t(seconds: float | None) -> str:
     return "-" if seconds is None else f"+{seconds:.3f}s"
 
 
-def _table(headers: list[str], rows: list[list[str]], right: set[int], indent: str = "  ") -> list[str]:
-    widths = [len(h) for h in headers]
-    for r in rows:
-        widths = [max(w, len(c)) for w, c in zip(widths, r)]
-
-    def line(cells: list[str]) -> str:
-        out = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))]
-        return (indent + "  ".join(out)).rstrip()
-
-    return [line(headers)] + [line(r) for r in rows]
-
-
 def _values(values: dict, limit: int = 60) -> str:
     text = ", ".join(f"{k}={_fmt_value(v)}" for k, v in values.items())
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -687,7 +676,7 @@ def render_text(report: dict) -> str:
              _t_exit(p, tr), p["short"]]
             for p in report["processes"]
         ]
-        out.extend(_table(["PID", "RANK", "GPUS", "EXIT", "COMMAND"], rows, right={0}))
+        out.extend(table(["PID", "RANK", "GPUS", "EXIT", "COMMAND"], rows, right={0}))
 
     if report["phases"] or report["instants"]:
         out.append("")
@@ -706,7 +695,7 @@ def render_text(report: dict) -> str:
                  [str(i["pid"]), f"* {i['name']}", _t(i["t_s"]), "", "", _values(i["values"])])
             )
         rows = [row for _, row in sorted(keyed, key=lambda kr: kr[0])]
-        out.extend(_table(["PID", "PHASE", "START", "END", "DURATION", "VALUES"], rows, right={0, 2, 3, 4}))
+        out.extend(table(["PID", "PHASE", "START", "END", "DURATION", "VALUES"], rows, right={0, 2, 3, 4}))
     return "\n".join(out) + "\n"
 
 
@@ -754,7 +743,7 @@ def _render_gpu(sec: dict, procs: dict) -> list[str]:
              _CATEGORY_NOTE.get(c["category"], "")]
             for c in sec["categories"]
         ]
-        out.extend(_table(["CATEGORY", "PEAK", "AT", "FINAL", ""], rows, right={1, 2, 3}))
+        out.extend(table(["CATEGORY", "PEAK", "AT", "FINAL", ""], rows, right={1, 2, 3}))
 
     if sec["processes"]:
         out.append("")
@@ -768,7 +757,7 @@ def _render_gpu(sec: dict, procs: dict) -> list[str]:
                  p["process"]]
             )
         out.extend(
-            _table(
+            table(
                 ["PID", "RANK", "PEAK", "AT", "FINAL", "MAPPED", "HELD AT EXIT", "NVML USED", "COMMAND"],
                 rows, right={0, 2, 3, 4, 5, 6, 7},
             )
@@ -790,7 +779,7 @@ def _render_gpu(sec: dict, procs: dict) -> list[str]:
                 + [human(r["allocated"]), human(r["freed"]), human(r["net"])]
             )
         out.extend(
-            _table(
+            table(
                 ["PID", "PHASE", "START", "END"] + [c.upper() for c in cats] + ["ALLOCATED", "FREED", "NET OWNED"],
                 rows, right=set(range(2, 7 + len(cats))) | {0},
             )
@@ -804,14 +793,14 @@ def _render_gpu(sec: dict, procs: dict) -> list[str]:
              str(r["count"]), "; ".join(_holding_text(h) for h in r["largest"])]
             for r in sec["held_at_exit"]
         ]
-        out.extend(_table(["PID", "EXIT AT", "OWNED", "MAPPED", "PIECES", "LARGEST"], rows, right={0, 1, 2, 3, 4}))
+        out.extend(table(["PID", "EXIT AT", "OWNED", "MAPPED", "PIECES", "LARGEST"], rows, right={0, 1, 2, 3, 4}))
 
     if sec["failures"]:
         out.append("")
         out.append(f"  failed calls ({len(sec['failures'])}), each with who held what on GPU {g} at that instant")
-        table = _failure_table(sec["failures"])
-        out.append(table[0])
-        for f, row in zip(sec["failures"], table[1:]):
+        failure_lines = _failure_table(sec["failures"])
+        out.append(failure_lines[0])
+        for f, row in zip(sec["failures"], failure_lines[1:]):
             out.append(row)
             if "holders" not in f:
                 continue
@@ -864,7 +853,7 @@ def _render_reconciliation(rc: dict, procs: dict) -> list[str]:
              _range(d["untraced_min"], d["untraced_max"]), str(d["samples"]), "; ".join(notes)]
         )
     out.extend(
-        _table(["PID", "RANK", "NVML USED", "TRACED", "UNTRACED", "UNTRACED MIN..MAX", "SAMPLES", ""], rows,
+        table(["PID", "RANK", "NVML USED", "TRACED", "UNTRACED", "UNTRACED MIN..MAX", "SAMPLES", ""], rows,
                right={0, 2, 3, 4, 5, 6})
     )
     if rc["unsampled_pids"]:
@@ -886,4 +875,4 @@ def _failure_table(failures: list[dict]) -> list[str]:
         gpu = "?" if f["gpu"] < 0 else str(f["gpu"]) + ("?" if f["gpu_inferred"] else "")
         size = human(f["size"]) if f["size"] else "-"
         rows.append([_t(f["t_s"]), str(f["pid"]), gpu, f["api"], size, f["result_name"]])
-    return _table(["TIME", "PID", "GPU", "API", "SIZE", "RESULT"], rows, right={0, 1, 4}, indent="    ")
+    return table(["TIME", "PID", "GPU", "API", "SIZE", "RESULT"], rows, right={0, 1, 4}, indent="    ")

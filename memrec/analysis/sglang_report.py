@@ -40,6 +40,7 @@ from memrec.analysis.timeline import OWNED
 from memrec.analysis.timeline import Journal
 from memrec.events import CATEGORIES
 from memrec.events import Marker
+from memrec.analysis.text import table
 
 #: Marker names the SGLang hooks (and the stand-in) send.
 SGLANG_MARKERS = frozenset(
@@ -671,19 +672,6 @@ def _fmt_value(k: str, v: Any, human) -> str:
     if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10_000:
         return f"{v:,}"
     return str(v)
-
-
-def table(headers: list[str], rows: list[list[str]], right: set[int], indent: str = "    ") -> list[str]:
-    """Fixed-width columns (``right``: right-aligned column numbers)."""
-    widths = [len(h) for h in headers]
-    for r in rows:
-        widths = [max(w, len(c)) for w, c in zip(widths, r)]
-
-    def line(cells: list[str]) -> str:
-        out = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))]
-        return (indent + "  ".join(out)).rstrip()
-
-    return [line(headers)] + [line(r) for r in rows]
 
 
 def render_sglang(section: dict) -> list[str]:

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 from memrec._errors import ExitCode
-from memrec._errors import MemrecCommandError
-from memrec._errors import TraceFormatError
 
 
 class DiffCommand:
@@ -35,29 +32,12 @@ class DiffCommand:
     def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         from memrec.analysis.diff import diff_traces
         from memrec.analysis.diff import render_diff
+        from memrec.commands.common import load_trace_for_command
 
-        a, b = _load(args.a), _load(args.b)
+        a, b = load_trace_for_command(args.a), load_trace_for_command(args.b)
         result = diff_traces(a, b, a_name=args.a.name, b_name=args.b.name)
         if args.json:
             print(json.dumps(result, indent=2))
         else:
             print(render_diff(result), end="")
         return ExitCode.OK
-
-
-def _load(path: Path):
-    from memrec.trace.reader import load_trace
-
-    if not path.exists():
-        raise MemrecCommandError(f"{path}: no such file", exit_code=ExitCode.NO_INPUT)
-    if path.is_dir():
-        raise MemrecCommandError(f"{path}: is a directory, not a trace", exit_code=ExitCode.NO_INPUT)
-    if not os.access(path, os.R_OK):
-        raise MemrecCommandError(f"{path}: not readable", exit_code=ExitCode.NO_INPUT)
-    try:
-        return load_trace(path)
-    except TraceFormatError as error:
-        message = str(error) if str(path) in str(error) else f"{path}: {error}"
-        raise MemrecCommandError(message, exit_code=ExitCode.DATA) from error
-    except OSError as error:
-        raise MemrecCommandError(f"{path}: {error.strerror or error}", exit_code=ExitCode.NO_INPUT) from error

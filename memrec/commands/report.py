@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 from memrec._errors import ExitCode
 from memrec._errors import MemrecCommandError
-from memrec._errors import TraceFormatError
 
 
 class ReportCommand:
@@ -35,23 +33,9 @@ class ReportCommand:
     def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         from memrec.analysis.report import build_report
         from memrec.analysis.report import render_text
-        from memrec.trace.reader import load_trace
+        from memrec.commands.common import load_trace_for_command
 
-        path: Path = args.trace
-        if not path.exists():
-            raise MemrecCommandError(f"{path}: no such file", exit_code=ExitCode.NO_INPUT)
-        if path.is_dir():
-            raise MemrecCommandError(f"{path}: is a directory, not a trace", exit_code=ExitCode.NO_INPUT)
-        if not os.access(path, os.R_OK):
-            raise MemrecCommandError(f"{path}: not readable", exit_code=ExitCode.NO_INPUT)
-        try:
-            trace = load_trace(path)
-        except TraceFormatError as error:
-            message = str(error) if str(path) in str(error) else f"{path}: {error}"
-            raise MemrecCommandError(message, exit_code=ExitCode.DATA) from error
-        except OSError as error:
-            raise MemrecCommandError(f"{path}: {error.strerror or error}", exit_code=ExitCode.NO_INPUT) from error
-
+        trace = load_trace_for_command(args.trace)
         report = build_report(trace, gpu=args.gpu, pid=args.pid)
         if args.gpu is not None and not report["gpus"] and report["host"] is None:
             known = sorted({gi.index for gi in trace.gpus})

@@ -62,3 +62,15 @@ def daemon(tmp_path):
     yield sock, out
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 0
+
+
+@pytest.fixture
+def torch():
+    """PyTorch with CUDA (the GPU host's own); the skip reason names what is missing."""
+    return pytest.importorskip("torch")
+
+
+@pytest.fixture
+def two_gpus(torch):
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs two or more GPUs (this host has {torch.cuda.device_count()})")

@@ -2,17 +2,7 @@
 # The multi-GPU validation in one go (nvidia-h200-x2 or larger), set up as run_on_device.sh is.
 #     OUT=/some/dir bash tests/gpu/run_multi_gpu.sh
 # Writes $OUT/results.tgz: host.log, multi-gpu-tests.log, the seed-case traces, reports and diff.
-set -u
-OUT=${OUT:-/tmp/memrec-out}
-RES=/tmp/memrec-results
-mkdir -p "$OUT" "$RES"
-repo=$(pwd)
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-source .gpu/use-bcc-bundle.sh .gpu/bcc.tar.xz >/dev/null 2>&1 || { echo "BCC bundle failed"; exit 1; }
-python3 -m pip install -q --no-deps --no-index --target /tmp/site .gpu/memrec-*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PYTHONPATH PYTHONUNBUFFERED=1
-rm -rf /tmp/gputests && cp -r "$repo/tests/gpu" /tmp/gputests
-cd /tmp
+source "$(dirname "$0")/device_env.sh"
 {
   date -u
   uname -r

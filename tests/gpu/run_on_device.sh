@@ -4,16 +4,7 @@
 # use-bcc-bundle.sh and a memrec wheel (pip wheel --no-deps -w .gpu .):
 #     OUT=/some/dir bash tests/gpu/run_on_device.sh [pytest -k EXPR]
 # Writes $OUT/results.tgz: host.log, gpu-tests.log, latency.json, example traces and their reports.
-set -u
-OUT=${OUT:-/tmp/memrec-out}
-RES=/tmp/memrec-results
-mkdir -p "$OUT" "$RES"
-repo=$(pwd)
-source .gpu/use-bcc-bundle.sh .gpu/bcc.tar.xz >/dev/null 2>&1 || { echo "BCC bundle failed"; exit 1; }
-python3 -m pip install -q --no-deps --no-index --target /tmp/site .gpu/memrec-*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PYTHONPATH PYTHONUNBUFFERED=1
-rm -rf /tmp/gputests && cp -r "$repo/tests/gpu" /tmp/gputests
-cd /tmp
+source "$(dirname "$0")/device_env.sh"
 {
   date -u
   uname -r

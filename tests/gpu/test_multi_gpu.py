@@ -23,8 +23,7 @@ from memrec.events import Kind
 from memrec.state import LiveState
 from memrec.trace.reader import load_trace
 
-torch = pytest.importorskip("torch")
-pytestmark = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two or more GPUs")
+pytestmark = pytest.mark.usefixtures("two_gpus")
 
 
 def _record(tmp_path, scenario: str, env: dict | None = None):

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
-
-torch = pytest.importorskip("torch")
 
 
-def test_device_values_match_nvml():
+def test_device_values_match_nvml(torch):
     # GIVEN torch with CUDA initialised on device 0
     from memrec.probes.nvml import list_gpus
     from memrec.sglang_hooks.wrappers import device_values

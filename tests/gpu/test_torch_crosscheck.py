@@ -13,7 +13,7 @@ from memrec.crosscheck import crosscheck_segments
 from memrec.events import Kind
 from memrec.trace.reader import load_trace
 
-pytest.importorskip("torch")
+pytestmark = pytest.mark.usefixtures("torch")
 
 
 def _record(tmp_path, scenario: str):

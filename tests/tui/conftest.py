@@ -38,6 +38,8 @@ def snapshot_skip_reason() -> str | None:
 
 def pytest_collection_modifyitems(config, items):
     reason = snapshot_skip_reason()
+    if reason is None and not config.pluginmanager.hasplugin("textual-snapshot"):
+        reason = "the pytest-textual-snapshot plugin is not active"
     if reason is None:
         return
     for item in items:
@@ -72,9 +74,20 @@ def clock():
     return FixedClock()
 
 
-async def settle(pilot, rounds: int = 3) -> None:
-    """Let workers finish and their messages be handled."""
-    for _ in range(rounds):
+async def settle(pilot, rounds: int = 3, timeout: float = 20.0) -> None:
+    """Let the file load, the workers finish and their messages be handled."""
+    import time
+
+    app = pilot.app
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        for _ in range(rounds):
+            await pilot.pause()
+            await app.workers.wait_for_complete()
         await pilot.pause()
-        await pilot.app.workers.wait_for_complete()
-    await pilot.pause()
+        live = getattr(app.source, "kind", "") == "live"
+        state_ok = app.gpu == -1 or app.cursor_state is not None or not app.loaded
+        key_ok = app._state_key is None or app.gpu == -1 or (app.cursor_state is not None and app.events_rows is not None)
+        if (live or (app.loaded and app.indexed)) and state_ok and key_ok and not app.workers._workers:
+            return
+        await pilot.pause(0.02)

@@ -3,7 +3,6 @@ the real daemon (with fake probes, no BPF) — follow, pause, stale warning, rec
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import socket
 import tempfile
@@ -11,7 +10,6 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import synth
 from conftest import FixedClock
@@ -69,7 +67,6 @@ class ScriptedDaemon:
 
 
 def first_records(trace, upto: int) -> list[dict]:
-    header = {"type": "header", "magic": "memrec", "version": 1, **trace.header}
     from memrec.trace.format import finalize_header
 
     header = finalize_header(trace.header)

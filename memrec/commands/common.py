@@ -1,0 +1,34 @@
+"""What several commands share: opening a trace with one-line errors and the right exit codes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from memrec._errors import ExitCode
+from memrec._errors import MemrecCommandError
+from memrec._errors import TraceFormatError
+
+
+def load_trace_for_command(path: Path):
+    """Load a whole trace, or raise the error a user should see.
+
+    Raises:
+        MemrecCommandError: missing, a directory or unreadable (NO_INPUT); not a memrec trace or a
+            newer format (DATA).
+    """
+    from memrec.trace.reader import load_trace
+
+    if not path.exists():
+        raise MemrecCommandError(f"{path}: no such file", exit_code=ExitCode.NO_INPUT)
+    if path.is_dir():
+        raise MemrecCommandError(f"{path}: is a directory, not a trace", exit_code=ExitCode.NO_INPUT)
+    if not os.access(path, os.R_OK):
+        raise MemrecCommandError(f"{path}: not readable", exit_code=ExitCode.NO_INPUT)
+    try:
+        return load_trace(path)
+    except TraceFormatError as error:
+        message = str(error) if str(path) in str(error) else f"{path}: {error}"
+        raise MemrecCommandError(message, exit_code=ExitCode.DATA) from error
+    except OSError as error:
+        raise MemrecCommandError(f"{path}: {error.strerror or error}", exit_code=ExitCode.NO_INPUT) from error
