@@ -38,6 +38,7 @@ def _commands() -> list[Command]:
     from memrec.commands import record
     from memrec.commands import report
     from memrec.commands import selftest
+    from memrec.commands import tui
 
     return [
         daemon.DaemonCommand(),
@@ -45,6 +46,7 @@ def _commands() -> list[Command]:
         report.ReportCommand(),
         diff.DiffCommand(),
         dump.DumpCommand(),
+        tui.TuiCommand(),
         mark.MarkCommand(),
         doctor.DoctorCommand(),
         demo.DemoCommand(),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 
-
 def test_device_values_match_nvml(torch):
     # GIVEN torch with CUDA initialised on device 0
     from memrec.probes.nvml import list_gpus
