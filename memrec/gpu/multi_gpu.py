@@ -11,6 +11,8 @@ Scenarios:
     two-gpus     one process that allocates on two GPUs
     ipc          custom-all-reduce style: each rank allocates a buffer on its GPU, exports it by
                  CUDA IPC (cuIpcGetMemHandle), and every other rank opens it in its own context
+                 (ipc and shareable put rank r on GPU r modulo the GPU count, so they also run on
+                 one GPU)
     shareable    the same through cuMem shareable handles: cuMemCreate (POSIX fd), the fd passed
                  over a Unix socket (SCM_RIGHTS), cuMemImportFromShareableHandle + cuMemMap
 NCCL_CUMEM_ENABLE is taken from the environment (run the nccl scenarios once with 0 and once
@@ -114,16 +116,19 @@ def _ok(result, what):
     return values[0] if len(values) == 1 else values
 
 
-def _context(cu, device: int):
+def _context(cu, rank: int) -> int:
+    """Make rank's GPU (rank modulo the GPU count: ranks share GPUs on smaller hosts) current."""
     _ok(cu.cuInit(0), "cuInit")
+    device = rank % int(_ok(cu.cuDeviceGetCount(), "cuDeviceGetCount"))
     dev = _ok(cu.cuDeviceGet(device), "cuDeviceGet")
     ctx = _ok(cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
     _ok(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    return device
 
 
 def _ipc_rank(rank: int, world: int, queues, barrier, results) -> None:
     cu = _cu()
-    _context(cu, rank)
+    device = _context(cu, rank)
     ptr = _ok(cu.cuMemAlloc(BUFFER + rank * MiB), "cuMemAlloc")
     handle = _ok(cu.cuIpcGetMemHandle(ptr), "cuIpcGetMemHandle")
     raw = bytes(handle.reserved) if not isinstance(handle.reserved, bytes) else handle.reserved
@@ -141,7 +146,7 @@ def _ipc_rank(rank: int, world: int, queues, barrier, results) -> None:
     import time
 
     time.sleep(1.5)  # let NVML (BAR1, per-process) see every mapping in place
-    results.put({"rank": rank, "pid": os.getpid(), "device": rank, "ptr": int(ptr), "size": BUFFER + rank * MiB,
+    results.put({"rank": rank, "pid": os.getpid(), "device": device, "ptr": int(ptr), "size": BUFFER + rank * MiB,
                  "ipc": raw.hex(), "opened": opened})
     barrier.wait()
     for o in opened:
@@ -151,11 +156,11 @@ def _ipc_rank(rank: int, world: int, queues, barrier, results) -> None:
 
 def _shareable_rank(rank: int, world: int, paths, barrier, results) -> None:
     cu = _cu()
-    _context(cu, rank)
+    device = _context(cu, rank)
     prop = cu.CUmemAllocationProp()
     prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
     prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-    prop.location.id = rank
+    prop.location.id = device
     prop.requestedHandleTypes = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
     gran = int(_ok(cu.cuMemGetAllocationGranularity(prop, cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM), "granularity"))
     size = (12 + rank) * gran
@@ -175,7 +180,7 @@ def _shareable_rank(rank: int, world: int, paths, barrier, results) -> None:
     mapped = []
     access = cu.CUmemAccessDesc()
     access.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-    access.location.id = rank
+    access.location.id = device
     access.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
     for _ in range(world - 1):
         conn, _ = server.accept()
@@ -191,7 +196,7 @@ def _shareable_rank(rank: int, world: int, paths, barrier, results) -> None:
     import time
 
     time.sleep(1.5)
-    results.put({"rank": rank, "pid": os.getpid(), "device": rank, "size": size, "handle": int(handle),
+    results.put({"rank": rank, "pid": os.getpid(), "device": device, "size": size, "handle": int(handle),
                  "fd": fd, "mapped": mapped})
     barrier.wait()
     for m in mapped:

@@ -1,6 +1,7 @@
 """Several GPUs of one host: attribution, NCCL's buffers, cross-GPU IPC and shareable handles.
 
-Needs two or more GPUs (the project's nvidia-h200-x2 kind); skipped with the reason elsewhere.
+The NCCL and two-GPU tests need two or more GPUs (the project's nvidia-h200-x2 kind) and skip with
+the reason elsewhere; the IPC and shareable-handle exchanges also run with ranks sharing one GPU.
 Each test records a workload of memrec.gpu.multi_gpu with `memrec record` and checks the trace
 against what the workload and PyTorch report, and against NVML's per-process lists.
 """
@@ -23,7 +24,6 @@ from memrec.events import Kind
 from memrec.state import LiveState
 from memrec.trace.reader import load_trace
 
-pytestmark = pytest.mark.usefixtures("two_gpus")
 
 
 def _record(tmp_path, scenario: str, env: dict | None = None):
@@ -54,6 +54,7 @@ def _gpu_of(trace, uuid: str) -> int:
     return next(g.index for g in trace.gpus if g.uuid == uuid)
 
 
+@pytest.mark.usefixtures("two_gpus")
 @pytest.mark.parametrize("cumem", ["0", "1"])
 @pytest.mark.parametrize("visible", ["cvd", "all"])
 def test_nccl_ranks_attributed_to_their_gpu(tmp_path, visible, cumem):
@@ -85,6 +86,7 @@ def test_nccl_ranks_attributed_to_their_gpu(tmp_path, visible, cumem):
               f"beyond PyTorch (NCCL and friends) {driver + vmm - torch_bytes} B")
 
 
+@pytest.mark.usefixtures("two_gpus")
 def test_one_process_two_gpus(tmp_path):
     # GIVEN one process allocating on cuda:0 and cuda:1
     trace, facts = _record(tmp_path, "two-gpus")
@@ -103,6 +105,7 @@ def _bar1_peak(trace) -> dict[int, int]:
     return {int(g): int(nv["bar1_used"][nv["gpu"] == g].max()) for g in np.unique(nv["gpu"])}
 
 
+@pytest.mark.usefixtures("torch")
 def test_ipc_exchange_owned_once_mapped_by_peers(tmp_path):
     # GIVEN each rank's buffer exported by CUDA IPC and opened by every other rank on its own GPU
     trace, facts = _record(tmp_path, "ipc")
@@ -131,6 +134,7 @@ def test_ipc_exchange_owned_once_mapped_by_peers(tmp_path):
     print("ipc: BAR1 used peak per GPU", _bar1_peak(trace))
 
 
+@pytest.mark.usefixtures("torch")
 def test_shareable_handles_imported_and_mapped(tmp_path):
     # GIVEN cuMem physical memory exported as POSIX fds and imported + mapped by every peer
     trace, facts = _record(tmp_path, "shareable")
