@@ -48,8 +48,23 @@ from memrec.analysis.timeline import build_timeline
 from memrec.events import Kind
 
 
+class _Samples:
+    """What both series share: ``ts`` and ``untraced`` arrays, one entry per NVML sample."""
+
+    ts: np.ndarray
+    untraced: np.ndarray
+
+    @property
+    def negative(self) -> np.ndarray:
+        """Mask of the samples where traced > NVML used."""
+        return self.untraced < 0
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+
 @dataclass
-class ProcessSeries:
+class ProcessSeries(_Samples):
     """One process on one GPU: each NVML per-process sample beside the traced owned bytes.
 
     Arrays are int64, one entry per sample NVML gave a value for, in time order (samples after
@@ -73,17 +88,9 @@ class ProcessSeries:
             return np.ones(len(self.ts), dtype=bool)
         return self.ts < self.exit_ts
 
-    @property
-    def negative(self) -> np.ndarray:
-        """Mask of the samples where traced > NVML used."""
-        return self.untraced < 0
-
-    def __len__(self) -> int:
-        return len(self.ts)
-
 
 @dataclass
-class DeviceSeries:
+class DeviceSeries(_Samples):
     """One GPU: each NVML device sample beside the owned total of every traced process.
 
     Arrays are int64, one entry per sample with an NVML ``used`` value, in time order;
@@ -97,14 +104,6 @@ class DeviceSeries:
     traced: np.ndarray
     untraced: np.ndarray  # used - traced; negative where traced > NVML (kept, not clipped)
     unavailable: int = 0
-
-    @property
-    def negative(self) -> np.ndarray:
-        """Mask of the samples where traced > NVML used."""
-        return self.untraced < 0
-
-    def __len__(self) -> int:
-        return len(self.ts)
 
 
 @dataclass

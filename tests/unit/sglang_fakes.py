@@ -33,6 +33,30 @@ import msgpack
 
 from memrec.sglang_hooks.targets import WHEELS
 
+
+#: The markers one TP worker of the fake SGLang 0.5.7 sends, in order (measurements left out).
+EXPECTED_PHASES = [
+    ("init_model_worker", "begin"),
+    ("dist_init", "begin"),
+    ("custom_ar_init", "begin"),
+    ("custom_ar_shared_buffer", "instant"),
+    ("custom_ar_shared_buffer", "instant"),
+    ("custom_ar_init", "end"),
+    ("dist_init", "end"),
+    ("memory_baseline", "instant"),
+    ("load_weights", "begin"),
+    ("load_weights", "end"),
+    ("kv_pool", "begin"),
+    ("kv_budget", "begin"),
+    ("kv_budget", "end"),
+    ("kv_pool", "end"),
+    ("attention_backends", "begin"),
+    ("attention_backends", "end"),
+    ("cuda_graph_capture", "begin"),
+    ("cuda_graph_capture", "end"),
+    ("init_model_worker", "end"),
+]
+
 GiB = 1 << 30
 
 

@@ -17,28 +17,6 @@ from memrec.analysis import kv_budget
 from memrec.events import Marker
 from memrec.sglang_hooks import bootstrap
 
-EXPECTED = [
-    ("init_model_worker", "begin"),
-    ("dist_init", "begin"),
-    ("custom_ar_init", "begin"),
-    ("custom_ar_shared_buffer", "instant"),
-    ("custom_ar_shared_buffer", "instant"),
-    ("custom_ar_init", "end"),
-    ("dist_init", "end"),
-    ("memory_baseline", "instant"),
-    ("load_weights", "begin"),
-    ("load_weights", "end"),
-    ("kv_pool", "begin"),
-    ("kv_budget", "begin"),
-    ("kv_budget", "end"),
-    ("kv_pool", "end"),
-    ("attention_backends", "begin"),
-    ("attention_backends", "end"),
-    ("cuda_graph_capture", "begin"),
-    ("cuda_graph_capture", "end"),
-    ("init_model_worker", "end"),
-]
-
 
 @pytest.fixture
 def workdir():
@@ -89,7 +67,7 @@ def test_spawned_workers_send_their_markers_with_their_own_pid_in_order(workdir,
     assert {pid for pid, _ in marks} == set(pids.values())
     for rank, pid in pids.items():
         mine = [m for p, m in marks if p == pid]
-        assert [(m["name"], m["phase"]) for m in mine if m["name"] != "gpu_memory_measured"] == EXPECTED
+        assert [(m["name"], m["phase"]) for m in mine if m["name"] != "gpu_memory_measured"] == sglang_fakes.EXPECTED_PHASES
         assert all(m["values"]["tp_rank"] == rank for m in mine if "tp_rank" in m["values"])
         stamps = [m["ts"] for m in mine]
         assert stamps == sorted(stamps)
