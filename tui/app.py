@@ -9,6 +9,7 @@ computed in a worker thread (nearest checkpoint + a short replay) so keys never 
 
 from __future__ import annotations
 
+import gc
 import time
 from typing import Any
 from typing import Callable
@@ -414,6 +415,15 @@ class MemrecApp(App[None]):
         self.cursor_ts = self._initial_cursor()
         self._sync_gpus()
         self.refresh_all()
+        self._freeze_heap()
+
+    def _freeze_heap(self) -> None:
+        """A file's model is built once and kept: move what is alive now out of the cyclic GC's
+        reach (``gc.freeze``), so that a full collection, run by whichever thread allocates, walks
+        only what came after (on a 10M-event trace one took 45-100 ms, stalling a key press).
+        Not in live mode, whose model is trimmed and rebuilt: frozen cycles would never be freed."""
+        if self.source.kind != "live":
+            gc.freeze()
 
     def _initial_cursor(self) -> int:
         """The end of the trace: what a user opens a trace for (an OOM, the final state), and where
@@ -422,6 +432,7 @@ class MemrecApp(App[None]):
 
     def on_indexed(self, message: messages.Indexed) -> None:
         self.indexed = True
+        self._freeze_heap()
         self.progress = ""
         self._state_key = None
         self.refresh_all()
