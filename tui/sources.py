@@ -14,6 +14,7 @@ The app takes a source as an argument (tests pass their own). A source fills a
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import threading
@@ -125,14 +126,21 @@ class FileSource:
         waits, so that it never competes with the UI thread for the GIL.
         """
         model = self.model
-        while not self._stop.is_set():
-            while self.busy() and not self._stop.is_set():
-                time.sleep(0.02)
-            n = model.index_step(self.index_step)
-            if not n:
-                break
-            if post is not None:
-                post(messages.LoadProgress("index", model.frontier, model.store.n))
+        # The replay makes no reference cycles; a full collection of the growing model, run by
+        # whichever thread allocates (the UI's, often), stalled key presses by up to ~100 ms.
+        # The collector rests until the replay is done (the app then freezes the model).
+        gc.disable()
+        try:
+            while not self._stop.is_set():
+                while self.busy() and not self._stop.is_set():
+                    time.sleep(0.02)
+                n = model.index_step(self.index_step)
+                if not n:
+                    break
+                if post is not None:
+                    post(messages.LoadProgress("index", model.frontier, model.store.n))
+        finally:
+            gc.enable()
 
     def run(self, post: Post) -> None:
         """Scan, tell the app it can draw, then replay (the worker thread's body)."""
