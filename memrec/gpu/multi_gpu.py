@@ -77,13 +77,19 @@ def run_nccl(world: int, visible: str) -> dict:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = 29500 + os.getpid() % 1000
-    procs = [ctx.Process(target=_nccl_rank, args=(r, world, visible, port, queue)) for r in range(world)]
+    ranks, codes = _run_ranks(ctx, _nccl_rank, [(r, world, visible, port, queue) for r in range(world)], queue)
+    return {"scenario": f"nccl-{visible}", "ranks": ranks, "exit_codes": codes}
+
+
+def _run_ranks(ctx, target, rank_args: list[tuple], results) -> tuple[list[dict], list[int]]:
+    """Start one process per rank, collect each rank's facts from ``results``, wait for all."""
+    procs = [ctx.Process(target=target, args=args) for args in rank_args]
     for p in procs:
         p.start()
-    ranks = sorted((queue.get(timeout=300) for _ in procs), key=lambda r: r["rank"])
+    ranks = sorted((results.get(timeout=300) for _ in procs), key=lambda r: r["rank"])
     for p in procs:
         p.join(timeout=300)
-    return {"scenario": f"nccl-{visible}", "ranks": ranks, "exit_codes": [p.exitcode for p in procs]}
+    return ranks, [p.exitcode for p in procs]
 
 
 def run_two_gpus() -> dict:
@@ -219,13 +225,8 @@ def run_peers(world: int, shareable: bool) -> dict:
     else:
         args = [ctx.Queue() for _ in range(world)]
         target = _ipc_rank
-    procs = [ctx.Process(target=target, args=(r, world, args, barrier, results)) for r in range(world)]
-    for p in procs:
-        p.start()
-    ranks = sorted((results.get(timeout=300) for _ in procs), key=lambda r: r["rank"])
-    for p in procs:
-        p.join(timeout=300)
-    return {"scenario": "shareable" if shareable else "ipc", "ranks": ranks, "exit_codes": [p.exitcode for p in procs]}
+    ranks, codes = _run_ranks(ctx, target, [(r, world, args, barrier, results) for r in range(world)], results)
+    return {"scenario": "shareable" if shareable else "ipc", "ranks": ranks, "exit_codes": codes}
 
 
 def main(argv: list[str] | None = None) -> int:
