@@ -36,6 +36,7 @@ from typing import Iterable
 
 import numpy as np
 
+from memrec.analysis.sglang_report import rank_labels
 from memrec.columns import EVENT_DTYPE
 from memrec.events import CATEGORIES
 from memrec.events import CU_RESULT_NAMES
@@ -633,6 +634,7 @@ class TraceModel:
         self.store = EventStore()
         self.nvml: dict[int, NvmlSeries] = {}
         self.markers: list[Marker] = []
+        self._rank_cache: tuple[int, dict[int, str]] | None = None
         self.processes: dict[int, ProcessInfo] = {}
         self.keyframes: list[tuple[int, int, dict]] = []  # (event_index, ts, state)
         self.lost = 0
@@ -983,10 +985,22 @@ class TraceModel:
             return self._phase_cache[1]
 
     def pid_label(self, pid: int) -> str:
+        """``TP0`` from the process's markers (as ``memrec report`` names ranks), else its
+        ProcessInfo rank, else the pid."""
+        label = self._rank_labels().get(pid)
+        if label:
+            return label
         p = self.processes.get(pid)
         if p is not None and p.rank:
             return " ".join(f"{k}{v}" for k, v in sorted(p.rank.items()))
         return str(pid)
+
+    def _rank_labels(self) -> dict[int, str]:
+        with self.lock:
+            n = len(self.markers)
+            if self._rank_cache is None or self._rank_cache[0] != n:
+                self._rank_cache = (n, rank_labels(self.markers))
+            return self._rank_cache[1]
 
     def pid_command(self, pid: int) -> str:
         p = self.processes.get(pid)

@@ -220,3 +220,18 @@ def test_live_trim_bounds_memory():
 def test_fmt_bytes():
     assert fmt_bytes(0) == "0" and fmt_bytes(1536) == "1.5K" and fmt_bytes(140 * GiB) == "140G"
     assert fmt_bytes(-GiB) == "-1.0G" and fmt_bytes(GiB, signed=True) == "+1.0G"
+
+
+def test_pid_labels_come_from_marker_ranks_then_process_records():
+    # GIVEN a process whose markers carry tp_rank=1, and one with only a ProcessInfo rank
+    from memrec.events import Marker
+    from memrec.events import ProcessInfo
+
+    m = TraceModel()
+    m.add_marker(Marker(ts=10, pid=100, uid=0, tid=100, name="load_weights", phase="begin", values={"tp_rank": 1}))
+    m.processes[200] = ProcessInfo(200, None, [], None, None, [], 0, rank={"tp": 0})
+    # WHEN labels are asked for
+    # THEN markers name TP1 as memrec report does, the record names tp0, and others keep their pid
+    assert m.pid_label(100) == "TP1"
+    assert m.pid_label(200) == "tp0"
+    assert m.pid_label(300) == "300"
