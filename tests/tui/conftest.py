@@ -74,6 +74,24 @@ def clock():
     return FixedClock()
 
 
+async def _until_scrolls_settle(pilot, rounds: int = 40) -> None:
+    """Wait until no widget's scroll offset moves between two pauses, on every screen of the stack
+    (tables scroll to their cursor row after a refresh, behind a modal too; a loaded machine
+    otherwise snapshots them before they do)."""
+    def offsets():
+        widgets = [w for screen in pilot.app.screen_stack for w in screen.walk_children()]
+        return [(id(w), w.scroll_offset) for w in widgets if hasattr(w, "scroll_offset")]
+
+    before, stable = offsets(), 0
+    for _ in range(rounds):
+        await pilot.pause(0.05)
+        now = offsets()
+        stable = stable + 1 if now == before else 0
+        if stable >= 4:  # 200 ms without a move: a deferred scroll would have landed
+            return
+        before = now
+
+
 async def settle(pilot, rounds: int = 3, timeout: float = 20.0) -> None:
     """Let the file load, the workers finish and their messages be handled."""
     import time
@@ -89,5 +107,9 @@ async def settle(pilot, rounds: int = 3, timeout: float = 20.0) -> None:
         state_ok = app.gpu == -1 or app.cursor_state is not None or not app.loaded
         key_ok = app._state_key is None or app.gpu == -1 or (app.cursor_state is not None and app.events_rows is not None)
         if (live or (app.loaded and app.indexed)) and state_ok and key_ok and not app.workers._workers:
+            # Tables scroll to their cursor row with an animation: a loaded machine can snapshot
+            # a scrollbar mid-way (seen once in CI: the events table's thumb one row apart).
+            await pilot.wait_for_scheduled_animations()
+            await _until_scrolls_settle(pilot)
             return
         await pilot.pause(0.02)

@@ -7,7 +7,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
-from textual.screen import ModalScreen
+from textual.screen import Screen
 from textual.widgets import Static
 
 #: (keys, what they do): the single list the help screen and docs/tui.md show.
@@ -36,8 +36,9 @@ KEYS = (
 )
 
 
-class HelpScreen(ModalScreen[None]):
-    """Keys and legend."""
+class HelpScreen(Screen[None]):
+    """Keys and legend, on a screen of its own: at 80x24 the help fills the terminal anyway, and
+    nothing of the (still updating) view behind it shows through."""
 
     BINDINGS = [Binding("escape,q,question_mark", "dismiss", "close")]
 
