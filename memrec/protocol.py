@@ -46,7 +46,8 @@ MAX_VALUE_KEY = 200
 PHASES = ("begin", "end", "instant")
 MESSAGE_TYPES = ("mark", "subscribe", "ping")
 
-_LENGTH = struct.Struct(">I")
+#: The length prefix of every frame: 4 bytes, big-endian.
+LENGTH = struct.Struct(">I")
 _INT_MIN = -(2**63)
 _UINT_MAX = 2**64 - 1
 
@@ -69,7 +70,7 @@ def pack(message: dict) -> bytes:
 
 def frame(payload: bytes) -> bytes:
     """Prefix already-encoded msgpack bytes (e.g. a trace record) with their length."""
-    return _LENGTH.pack(len(payload)) + payload
+    return LENGTH.pack(len(payload)) + payload
 
 
 def encode_frame(message: dict, max_size: int = MAX_CLIENT_FRAME) -> bytes:
@@ -107,17 +108,25 @@ class FrameDecoder:
         """
         self._buf += data
         out: list[dict] = []
-        while len(self._buf) >= _LENGTH.size:
-            (size,) = _LENGTH.unpack_from(self._buf)
+        while len(self._buf) >= LENGTH.size:
+            (size,) = LENGTH.unpack_from(self._buf)
             if size > self.max_size:
-                raise ProtocolError(f"frame of {size} bytes exceeds the limit of {self.max_size}")
-            end = _LENGTH.size + size
+                raise self._too_large(size, out)
+            end = LENGTH.size + size
             if len(self._buf) < end:
                 break
-            body = bytes(self._buf[_LENGTH.size : end])
+            body = bytes(self._buf[LENGTH.size : end])
             del self._buf[:end]
-            out.append(decode_payload(body))
+            out.append(self._decode(body, out))
         return out
+
+    def _too_large(self, size: int, done: list[dict]) -> Exception:
+        """The error for a frame over ``max_size`` (``done``: messages completed before it)."""
+        return ProtocolError(f"frame of {size} bytes exceeds the limit of {self.max_size}")
+
+    def _decode(self, body: bytes, done: list[dict]) -> dict:
+        """One frame's body as a message (subclasses decode trace records)."""
+        return decode_payload(body)
 
     @property
     def pending(self) -> int:

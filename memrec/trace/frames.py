@@ -17,11 +17,11 @@ A frame over the limit, or a payload that is not a msgpack map with a string ``t
 
 from __future__ import annotations
 
-import struct
 from typing import Any
 from typing import BinaryIO
 from typing import Iterator
 
+from memrec import protocol
 from memrec._errors import MemrecError
 from memrec._errors import TraceFormatError
 from memrec.trace.format import DEFAULT_SCHEMA
@@ -33,12 +33,11 @@ from memrec.trace.format import encode_record
 from memrec.trace.format import parse_schema
 from memrec.trace.format import unpackb
 
-#: The length prefix.
-LENGTH = struct.Struct(">I")
-#: The largest frame a client (marker sender) may send.
-MAX_CLIENT_FRAME = 64 * 1024
+#: The length prefix, and the largest frame a client (marker sender) may send: the protocol's.
+LENGTH = protocol.LENGTH
+MAX_CLIENT_FRAME = protocol.MAX_CLIENT_FRAME
 #: The largest frame a live subscriber accepts (an event chunk or a keyframe).
-MAX_SUBSCRIBER_FRAME = 1 << 30
+MAX_SUBSCRIBER_FRAME = protocol.MAX_SERVER_FRAME
 
 
 class FrameError(MemrecError):
@@ -85,7 +84,7 @@ def decode_payload(payload: bytes, *, decode: bool = True, schema: Schema | None
         raise FrameError(f"bad frame: {error}") from None
 
 
-class FrameDecoder:
+class FrameDecoder(protocol.FrameDecoder):
     """Incremental frame decoder for one connection.
 
     Args:
@@ -95,15 +94,9 @@ class FrameDecoder:
     """
 
     def __init__(self, max_size: int = MAX_CLIENT_FRAME, *, decode: bool = True) -> None:
-        self.max_size = max_size
+        super().__init__(max_size)
         self.decode = decode
         self.schema: Schema = DEFAULT_SCHEMA
-        self._buf = bytearray()
-
-    @property
-    def pending(self) -> int:
-        """Bytes received that do not yet form a whole frame."""
-        return len(self._buf)
 
     def feed(self, data: bytes) -> list[dict]:
         """Add received bytes; return every record completed by them, in order.
@@ -113,24 +106,17 @@ class FrameDecoder:
                 completed before it). A header record of a newer major version raises
                 FrameError too.
         """
-        self._buf += data
-        out: list[dict] = []
-        buf = self._buf
-        while len(buf) >= LENGTH.size:
-            (size,) = LENGTH.unpack_from(buf)
-            if size > self.max_size:
-                raise FrameError(f"frame of {size} bytes is over the limit of {self.max_size} bytes", out)
-            end = LENGTH.size + size
-            if len(buf) < end:
-                break
-            payload = bytes(buf[LENGTH.size : end])
-            del buf[:end]
-            try:
-                out.append(self._record(payload))
-            except FrameError as error:
-                error.records = out
-                raise
-        return out
+        return super().feed(data)
+
+    def _too_large(self, size: int, done: list[dict]) -> Exception:
+        return FrameError(f"frame of {size} bytes is over the limit of {self.max_size} bytes", done)
+
+    def _decode(self, body: bytes, done: list[dict]) -> dict:
+        try:
+            return self._record(body)
+        except FrameError as error:
+            error.records = done
+            raise
 
     def _record(self, payload: bytes) -> dict:
         rec = decode_payload(payload, decode=self.decode, schema=self.schema)

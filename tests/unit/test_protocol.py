@@ -133,9 +133,7 @@ def test_frames_agree_with_the_trace_frame_module():
     # GIVEN the trace package's framing (what live subscribers decode with)
     from memrec.trace import frames
 
-    # THEN the limits and the prefix are the same, and each side decodes the other's frames
-    assert frames.MAX_CLIENT_FRAME == protocol.MAX_CLIENT_FRAME
-    assert frames.MAX_SUBSCRIBER_FRAME == protocol.MAX_SERVER_FRAME
+    # THEN each side decodes the other's frames (the trace decoder is the protocol's, plus records)
     msg = _mark()
     assert frames.FrameDecoder(decode=False).feed(protocol.encode_frame(msg)) == [msg]
     assert FrameDecoder().feed(frames.encode_frame(msgpack.packb(msg))) == [msg]

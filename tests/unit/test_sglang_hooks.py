@@ -770,11 +770,15 @@ def test_line_selection_by_version():
 # -- SGLang 0.5.23's own plugin loader on a fake 0.5.23 --------------------------------------
 
 
-def _plugin_0_5_23(fake_sglang, monkeypatch, **plan):
-    real = _wheel("0.5.23")
-    sglang_fakes.write_fake_sglang(fake_sglang, "0.5.23", real_root=real)
+def _write_fake_0_5_23(fake_sglang) -> None:
+    """A fake 0.5.23 (its real plugin loader, HookRegistry and environ) with memrec's entry point."""
+    sglang_fakes.write_fake_sglang(fake_sglang, "0.5.23", real_root=_wheel("0.5.23"))
     sglang_fakes.write_plugin_dist(fake_sglang)
     importlib.invalidate_caches()
+
+
+def _plugin_0_5_23(fake_sglang, monkeypatch, **plan):
+    _write_fake_0_5_23(fake_sglang)
     monkeypatch.setenv("MEMREC", "1")
     scheduler = importlib.import_module("sglang.srt.managers.scheduler")
     return scheduler, sglang_fakes.server_args(**plan)
@@ -860,10 +864,7 @@ def test_plugin_reports_loaded_weights_leave_no_memory(rec: Recorder, fake_sglan
 
 def test_plugin_and_bootstrap_never_hook_twice(rec: Recorder, fake_sglang, monkeypatch):
     # GIVEN both ways in active on 0.5.23: the .pth bootstrap first, then the plugin
-    real = _wheel("0.5.23")
-    sglang_fakes.write_fake_sglang(fake_sglang, "0.5.23", real_root=real)
-    sglang_fakes.write_plugin_dist(fake_sglang)
-    importlib.invalidate_caches()
+    _write_fake_0_5_23(fake_sglang)
     monkeypatch.setenv("MEMREC", "1")
     bootstrap.install()
     scheduler = importlib.import_module("sglang.srt.managers.scheduler")
@@ -878,10 +879,7 @@ def test_plugin_and_bootstrap_never_hook_twice(rec: Recorder, fake_sglang, monke
 
 def test_bootstrap_takes_over_when_sglang_plugins_excludes_memrec(rec: Recorder, fake_sglang, monkeypatch):
     # GIVEN 0.5.23 with SGLANG_PLUGINS naming another plugin only, and the bootstrap installed
-    real = _wheel("0.5.23")
-    sglang_fakes.write_fake_sglang(fake_sglang, "0.5.23", real_root=real)
-    sglang_fakes.write_plugin_dist(fake_sglang)
-    importlib.invalidate_caches()
+    _write_fake_0_5_23(fake_sglang)
     monkeypatch.setenv("MEMREC", "1")
     monkeypatch.setenv("SGLANG_PLUGINS", "someone_else")
     bootstrap.install()
