@@ -10,6 +10,16 @@ from memrec._errors import MemrecCommandError
 from memrec._errors import TraceFormatError
 
 
+def check_trace_path(path: Path) -> None:
+    """Raise the one-line error (NO_INPUT) for a trace path that is missing, a folder or unreadable."""
+    if not path.exists():
+        raise MemrecCommandError(f"{path}: no such file", exit_code=ExitCode.NO_INPUT)
+    if path.is_dir():
+        raise MemrecCommandError(f"{path}: is a directory, not a trace", exit_code=ExitCode.NO_INPUT)
+    if not os.access(path, os.R_OK):
+        raise MemrecCommandError(f"{path}: not readable", exit_code=ExitCode.NO_INPUT)
+
+
 def load_trace_for_command(path: Path):
     """Load a whole trace, or raise the error a user should see.
 
@@ -19,12 +29,7 @@ def load_trace_for_command(path: Path):
     """
     from memrec.trace.reader import load_trace
 
-    if not path.exists():
-        raise MemrecCommandError(f"{path}: no such file", exit_code=ExitCode.NO_INPUT)
-    if path.is_dir():
-        raise MemrecCommandError(f"{path}: is a directory, not a trace", exit_code=ExitCode.NO_INPUT)
-    if not os.access(path, os.R_OK):
-        raise MemrecCommandError(f"{path}: not readable", exit_code=ExitCode.NO_INPUT)
+    check_trace_path(path)
     try:
         return load_trace(path)
     except TraceFormatError as error:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import os
 from contextlib import suppress
+from pathlib import Path
 
 from memrec._errors import ExitCode
 from memrec._errors import MemrecCommandError
 from memrec._errors import TraceFormatError
+from memrec.commands.common import check_trace_path
 
 
 class TuiCommand:
@@ -68,10 +69,7 @@ class TuiCommand:
             raise MemrecCommandError("give a trace file, or --live to follow the daemon", exit_code=ExitCode.USAGE)
         paths = [args.trace] + ([args.diff] if args.diff else [])
         for path in paths:
-            if not os.path.exists(path):
-                raise MemrecCommandError(f"{path}: no such file", exit_code=ExitCode.NO_INPUT)
-            if os.path.isdir(path) or not os.access(path, os.R_OK):
-                raise MemrecCommandError(f"{path}: not a readable file", exit_code=ExitCode.NO_INPUT)
+            check_trace_path(Path(path))
         source = DiffSource(args.trace, args.diff) if args.diff else FileSource(args.trace)
         try:
             source.open()
