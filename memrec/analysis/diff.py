@@ -48,9 +48,9 @@ from memrec.analysis.timeline import OWNED
 from memrec.analysis.timeline import Journal
 from memrec.analysis.timeline import build_timeline
 from memrec.events import CATEGORIES
-from memrec.events import CU_RESULT_NAMES
 from memrec.events import Api
 from memrec.events import Kind
+from memrec.events import cu_result_name
 from memrec.state import LiveState
 
 DIFF_VERSION = 1
@@ -272,10 +272,6 @@ def _window_diff(a: Run, b: Run, which: str, dims: tuple[str, ...]) -> list[dict
 # ----------------------------------------------------------------------------------------- failures
 
 
-def _result_name(result: int) -> str:
-    return CU_RESULT_NAMES.get(result, f"CUresult {result}")
-
-
 def _api_name(api: int) -> str:
     try:
         return Api(api).name
@@ -309,7 +305,7 @@ def _failures(run: Run, dims: tuple[str, ...]) -> dict[tuple, dict]:
             e = ev[i]
             rank = run.rank_of.get(int(e["pid"]), ())
             label = _rank_label(rank, dims)
-            api, result = _api_name(int(e["api"])), _result_name(int(e["result"]))
+            api, result = _api_name(int(e["api"])), cu_result_name(int(e["result"]))
             key = ("driver", label, int(e["gpu"]), api, result)
             f = out.setdefault(key, {"kind": "driver_call", "rank": label, "rank_key": list(rank), "gpu": int(e["gpu"]), "api": api,
                                      "result": result, "count": 0, "bytes": 0})

@@ -28,15 +28,16 @@ from memrec.analysis.reconcile import reconcile
 from memrec.analysis.sglang_report import build_sglang_section
 from memrec.analysis.sglang_report import rank_labels
 from memrec.analysis.sglang_report import render_sglang
+from memrec.analysis.text import count
 from memrec.analysis.text import table
 from memrec.analysis.timeline import OWNED
 from memrec.analysis.timeline import GpuSeries
 from memrec.analysis.timeline import Timeline
 from memrec.analysis.timeline import build_timeline
 from memrec.events import CATEGORIES
-from memrec.events import CU_RESULT_NAMES
 from memrec.events import Api
 from memrec.events import Kind
+from memrec.events import cu_result_name
 from memrec.events import ProcessInfo
 from memrec.state import LiveState
 
@@ -116,7 +117,12 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
             "end_ts": end,
             "duration_s": _sec(end - start),
             "events": n,
-            "failed_calls": len(failed_idx),
+            "failed_calls": sum(  # of the filter's selection
+                1 for i in failed_idx
+                if (pid is None or int(events["pid"][i]) == pid) and (gpu is None or failed_gpu[i][0] == gpu)
+            ),
+            "failed_calls_all": len(failed_idx),
+            "processes": len(procs),
             "lost": int(trace.lost),
             "complete": trace.trailer is not None,
             "warnings": list(trace.warnings) + notes,
@@ -262,10 +268,6 @@ def _api_name(api: int) -> str:
         return str(api)
 
 
-def _result_name(result: int) -> str:
-    return CU_RESULT_NAMES.get(result, f"CUresult {result}")
-
-
 def _failure(events: np.ndarray, i: int, g: int, inferred: bool, start: int, procs: dict) -> dict:
     e = events[i]
     p = int(e["pid"])
@@ -281,7 +283,7 @@ def _failure(events: np.ndarray, i: int, g: int, inferred: bool, start: int, pro
         "api": _api_name(int(e["api"])),
         "size": int(e["size"]),
         "result": int(e["result"]),
-        "result_name": _result_name(int(e["result"])),
+        "result_name": cu_result_name(int(e["result"])),
         "gpu": g,
         "gpu_inferred": inferred,
     }
@@ -408,6 +410,8 @@ def _gpu_section(
         sec["categories"] = []
         for c, s in cats.items():
             i = int(np.argmax(s))
+            if not s[i]:  # a category only other processes used (a -p filter): no row of zeros
+                continue
             sec["categories"].append(
                 {"category": c, "owned": c != "ipc_mapped", "peak": int(s[i]), "peak_ts": int(series.ts[i]),
                  "peak_t_s": _sec(int(series.ts[i]) - start), "final": int(s[-1])}
@@ -629,16 +633,17 @@ def render_text(report: dict) -> str:
     tr = report["trace"]
     procs = {p["pid"]: p for p in report["processes"]}
     out.append("memrec report")
-    failed = tr["failed_calls"]
     head = (
-        f"  trace: {tr['duration_s']:.3f} s, {tr['events']:,} events, {failed:,} failed call{'' if failed == 1 else 's'}, "
-        f"{len(report['processes'])} processes, {tr['markers']:,} markers, {tr['nvml_samples']:,} NVML samples"
+        f"  trace: {tr['duration_s']:.3f} s, {count(tr['events'], 'event')}, "
+        f"{count(tr['failed_calls_all'], 'failed call')}, {count(tr['processes'], 'process')}, "
+        f"{count(tr['markers'], 'marker')}, {count(tr['nvml_samples'], 'NVML sample')}"
     )
     out.append(head)
     flt = report["filter"]
     if flt["gpu"] is not None or flt["pid"] is not None:
         parts = [f"{k} {flt[k]}" for k in ("gpu", "pid") if flt[k] is not None]
-        out.append("  filter: " + ", ".join(parts))
+        shown = f"{count(len(report['processes']), 'process')}, {count(tr['failed_calls'], 'failed call')}"
+        out.append("  filter: " + ", ".join(parts) + f" ({shown})")
     if tr["lost"]:
         out.append(f"  !! LOST EVENTS: {tr['lost']:,} events were dropped while recording; the numbers below miss them")
     if not tr["complete"]:
@@ -829,10 +834,9 @@ def _render_reconciliation(rc: dict, procs: dict) -> list[str]:
         if r["negative_samples"]:
             notes.append(f"! traced > NVML in {r['negative_samples']} of {r['samples']} samples")
         if r["unavailable"]:
-            notes.append(f"{r['unavailable']} sample{'' if r['unavailable'] == 1 else 's'} without a value")
+            notes.append(f"{count(r['unavailable'], 'sample')} without a value")
         if r["after_exit_samples"]:
-            n = r["after_exit_samples"]
-            notes.append(f"{n} sample{'' if n == 1 else 's'} after its exit left out"
+            notes.append(f"{count(r['after_exit_samples'], 'sample')} after its exit left out"
                          " (the driver frees later)")
         rows.append(
             [str(r["pid"]), procs.get(r["pid"], {}).get("rank", ""), human(r["nvml_used_last"]),

@@ -14,3 +14,9 @@ def table(headers: list[str], rows: list[list[str]], right: set[int], indent: st
         return (indent + "  ".join(out)).rstrip()
 
     return [line(headers)] + [line(r) for r in rows]
+
+
+def count(n: int, word: str) -> str:
+    """``1 process``, ``2 processes``, ``1,024 events``: a count with its noun in the right number."""
+    plural = word + ("es" if word.endswith(("s", "sh", "ch", "x")) else "s")
+    return f"{n:,} {word if n == 1 else plural}"

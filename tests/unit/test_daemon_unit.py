@@ -731,3 +731,27 @@ def test_a_probe_wakeup_drains_at_once(workdir):
         d.stop()
         os.close(r)
         os.close(w)
+
+
+def test_process_log_lines_say_how_ordinals_map_without_python_reprs(workdir, worker, caplog):
+    # GIVEN a daemon without NVML, a worker with CUDA_VISIBLE_DEVICES=1,0 and this process
+    daemon = make_daemon(workdir)
+    with caplog.at_level(logging.INFO, logger="memrec.daemon.server"):
+        daemon.start()
+        probes = FakeProbes.instances[-1]
+        t = time.monotonic_ns()
+        me = os.getpid()
+        probes.push(
+            raw(Kind.ALLOC, ts=t + 1, pid=worker.pid, tid=worker.pid, ordinal=0, ptr=0x1000, size=MiB),
+            raw(Kind.ALLOC, ts=t + 2, pid=me, tid=me, ordinal=1, ptr=0x3000, size=MiB),
+        )
+        pump(daemon, 0.05)
+        daemon.stop()
+    # THEN the log says what it is doing during the slow steps, and each process line reads as text
+    assert "compiling and loading the BPF probes" in caplog.text
+    assert "detaching the probes" in caplog.text
+    assert f"pid {worker.pid}: " in caplog.text and "(CUDA_VISIBLE_DEVICES=1,0 → GPUs 1, 0)" in caplog.text
+    mine = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if mine is None:
+        assert "(CUDA_VISIBLE_DEVICES unset, no GPU list (no NVML): ordinal n is GPU n)" in caplog.text
+    assert "None" not in caplog.text and "[]" not in caplog.text
