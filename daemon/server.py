@@ -638,6 +638,8 @@ class Daemon:
         self._process(pid, self.clock())
 
     def _on_marker(self, marker: Marker) -> None:
+        if marker.pid not in self._procs:  # a process named by `memrec mark` (its shell): read it now
+            self._process(marker.pid, marker.ts)
         self._pending_markers.append(marker)
 
     def _physical_gpu(self, marker: Marker) -> Marker:
