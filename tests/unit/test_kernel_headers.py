@@ -132,7 +132,7 @@ def test_fresh_debian_host_without_a_kernel_package_falls_back_and_doctor_agrees
     result = host.run()
     # THEN it falls back to Debian's headers, links them, and says so in one line each
     assert result.returncode == 0, result.stderr
-    assert f"no headers package for kernel {RELEASE}: falling back to linux-headers-amd64" in result.stderr
+    assert f"no headers package for kernel {RELEASE}: falling back to the distribution's linux-headers-amd64" in result.stderr
     assert host.link("build") == str(host.src / "linux-headers-6.1.0-57-amd64")
     assert host.link("source") == str(host.src / "linux-headers-6.1.0-57-common")
     assert "apt-get install -y linux-headers-amd64" in host.apt_calls()
@@ -164,7 +164,7 @@ def test_ubuntu_links_the_generic_tree_and_its_common_half(tmp_path):
     result = host.run()
     # THEN Ubuntu's meta package and its -generic tree are used (no Debian -amd64 glob involved)
     assert result.returncode == 0, result.stderr
-    assert "falling back to linux-headers-generic" in result.stderr
+    assert "falling back to the distribution's linux-headers-generic" in result.stderr
     assert host.link("build") == str(host.src / "linux-headers-6.8.0-49-generic")
     assert host.link("source") == str(host.src / "linux-headers-6.8.0-49")
 
