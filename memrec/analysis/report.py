@@ -42,7 +42,7 @@ from memrec.events import ProcessInfo
 from memrec.state import LiveState
 
 REPORT_VERSION = 1
-#: How many holders' largest allocations an OOM snapshot lists, and how many on the GPU.
+#: How many holders' largest allocations the snapshot at a failed call lists, and how many on the GPU.
 HOLDER_LARGEST = 3
 GPU_LARGEST = 5
 #: Process exit records list this many largest pieces still held.
@@ -87,7 +87,7 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
         snap = cache.get(key)
         if snap is None:
             cache.clear()
-            snap = cache[key] = _oom_snapshot(state, g)
+            snap = cache[key] = _holders_snapshot(state, g)
         snapshots[index] = snap
 
     initial, notes = _initial_state(trace)
@@ -243,7 +243,7 @@ def _failure_gpus(events: np.ndarray, failed_idx: list[int]) -> dict[int, tuple[
     return out
 
 
-def _oom_snapshot(state: LiveState, g: int) -> dict:
+def _holders_snapshot(state: LiveState, g: int) -> dict:
     return {
         "owned_on_gpu": state.owned_bytes(gpu=g),
         "mapped_on_gpu": state.mapped_bytes(gpu=g),

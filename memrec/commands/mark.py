@@ -181,6 +181,7 @@ class MarkCommand:
         rest = _UsageParser(prog=f"{parser.prog} NAME", add_help=False)
         _add_options(rest, default=argparse.SUPPRESS)
         rest.add_argument("values", nargs="*")
+        rest.add_argument("-v", "--verbose", action="count", default=0)  # as anywhere (mark logs nothing more)
         extra = rest.parse_intermixed_args(args.values)
         for key in ("phase", "gpu", "socket", "pid"):
             if hasattr(extra, key):

@@ -202,3 +202,10 @@ def test_selftest_without_cuda_python_says_what_to_install(monkeypatch, capsys):
     assert "pip install 'memrec[gpu]'" in err
     assert "ModuleNotFoundError" not in err and "[" not in err.split("memrec[gpu]")[0].replace("memrec: error: ", "")
     assert len(err.splitlines()) == 1
+
+
+def test_mark_accepts_verbose_after_its_name(tmp_path, capsys):
+    # GIVEN no daemon WHEN `memrec mark x -v` THEN the usual one-line "no daemon" (not a usage error)
+    rc = commands.main(["mark", "x", "-v", "--socket", str(tmp_path / "none.sock")])
+    assert rc == ExitCode.UNAVAILABLE
+    assert capsys.readouterr().err.startswith("memrec: error: no memrec daemon")
