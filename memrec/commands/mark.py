@@ -7,6 +7,7 @@ import os
 import socket
 import threading
 import time
+from pathlib import Path
 
 from memrec import protocol
 from memrec._errors import ExitCode
@@ -96,10 +97,9 @@ _WRAPPERS = frozenset({"sudo", "doas", "su", "runuser", "env", "nice", "timeout"
 
 def _parent(pid: int) -> tuple[int, str]:
     """(parent pid, parent's command name) of ``pid``, from /proc."""
-    stat = open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace").read()
-    ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-    comm = open(f"/proc/{ppid}/comm", encoding="utf-8", errors="replace").read().strip()
-    return ppid, comm
+    stat = Path(f"/proc/{pid}/stat").read_text(errors="replace")
+    ppid = int(stat[stat.rindex(")") + 2 :].split()[1])  # the name in () may hold spaces
+    return ppid, Path(f"/proc/{ppid}/comm").read_text(errors="replace").strip()
 
 
 def invoking_process() -> int:
@@ -181,7 +181,8 @@ class MarkCommand:
         rest = _UsageParser(prog=f"{parser.prog} NAME", add_help=False)
         _add_options(rest, default=argparse.SUPPRESS)
         rest.add_argument("values", nargs="*")
-        rest.add_argument("-v", "--verbose", action="count", default=0)  # as anywhere (mark logs nothing more)
+        # -v after NAME too, as after any subcommand (mark has nothing more to log)
+        rest.add_argument("-v", "--verbose", action="count", default=0)
         extra = rest.parse_intermixed_args(args.values)
         for key in ("phase", "gpu", "socket", "pid"):
             if hasattr(extra, key):

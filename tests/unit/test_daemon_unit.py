@@ -762,8 +762,8 @@ def test_shell_markers_pair_into_one_phase(daemon, capsys):
     # GIVEN a shell script that marks the begin and the end of a phase with two `memrec mark` runs
     sock = daemon.config.socket_path
     memrec = f"{sys.executable} -m memrec"
-    script = (f"{memrec} mark load --phase begin --socket {sock} && "
-              f"{memrec} mark load --phase end --socket {sock} tokens=3 && echo $$")
+    script = (f"{memrec} mark load --phase begin --socket {sock} && "  # the end under a wrapper (as sudo)
+              f"timeout 30 {memrec} mark load --phase end --socket {sock} tokens=3 && echo $$")
     shell = subprocess.Popen(["bash", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     while shell.poll() is None:  # the daemon answers each `memrec mark` while it runs
         pump(daemon, 0.05)
