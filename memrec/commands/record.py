@@ -194,10 +194,12 @@ class RecordCommand:
     """Record a command and every process it starts, then exit with the command's exit code.
 
     Probes are attached before the command starts; forks, exec'd and spawned children are followed
-    in the kernel. Ctrl-C is passed to the command, and recording goes on until it exits.
+    in the kernel. Ctrl-C is passed to the command, and recording goes on until it exits. The
+    output's folder must exist; an existing trace is replaced only with -f.
 
     examples:
         sudo memrec record -o run.mrec -- python train.py
+        sudo memrec record -f -o run.mrec -- python train.py      # replace run.mrec
         sudo memrec record -o sgl.mrec -- python -m sglang.launch_server --model-path M --tp 8
     """
 
