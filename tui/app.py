@@ -159,7 +159,6 @@ class MemrecApp(App[None]):
     async def on_mount(self) -> None:
         self._q("#filter", Input).display = False
         self._q("#timeline", TimelineGraph).set_producer(self._produce_main)
-        self._sync_gpus()
         self.set_interval(self.refresh_interval, self._tick)
         if self.source.kind == "live":
             self.source.run(self.post_message)
@@ -180,15 +179,20 @@ class MemrecApp(App[None]):
 
     # ------------------------------------------------------------------ GPUs and tabs
 
-    def _sync_gpus(self) -> None:
-        """One tab (and one overview graph) per GPU the model knows; new GPUs are added.
+    def _sync_gpus(self) -> bool:
+        """One tab (and one overview graph) per GPU the model knows; new GPUs are added. True
+        when some were (the caller redraws).
 
-        Synchronous on purpose (nothing awaited): it runs from timers and message handlers alike.
+        The model learns GPUs at any time and from any record: a trace without NVML lists none in
+        its header and names them only in its events, which the scan reads after the first frame
+        and the live stream sends later still. So every redraw and every tick asks (a set lookup),
+        whatever message came first. Synchronous on purpose (nothing awaited): it runs from timers
+        and message handlers alike.
         """
         try:
             tabs = self._q("#gpu-tabs", Tabs)
         except NoMatches:
-            return
+            return False
         ids = self.model.gpu_ids()
         new = [g for g in ids if g not in self._gpu_ids]
         if new:
@@ -208,6 +212,7 @@ class MemrecApp(App[None]):
             self.gpu = self._gpu_ids[0] if self._gpu_ids else -1
         self._gpu_chosen = self._gpu_chosen or bool(self._gpu_ids)
         self._select_tab()
+        return bool(new)
 
     def _select_tab(self) -> None:
         tabs = self._q("#gpu-tabs", Tabs)
@@ -287,6 +292,7 @@ class MemrecApp(App[None]):
 
     def _refresh_all(self) -> None:
         self._dirty = False
+        self._sync_gpus()
         if self.gpu == -1:
             for g in self._gpu_ids:
                 try:
@@ -413,7 +419,6 @@ class MemrecApp(App[None]):
         self.t0, self.t1 = self.model.time_range()
         self.t1 += max((self.t1 - self.t0) // 100, 1)
         self.cursor_ts = self._initial_cursor()
-        self._sync_gpus()
         self.refresh_all()
         self._freeze_heap()
 
@@ -463,17 +468,16 @@ class MemrecApp(App[None]):
         m.index_step(1 << 62)
         m.trim()
         self.last_data = self.clock()
-        if any(r.get("type") == "header" for r in message.records):
-            self._sync_gpus()
         self._dirty = True
 
     async def _tick(self) -> None:
         """Periodic: redraw after new data (at most every ``refresh_interval``), stale warning."""
         if not self.screen_stack or not self.is_running:
             return
+        if self._sync_gpus():
+            self._dirty = True
         if self.source.kind == "live":
             if self._dirty and not self.paused:
-                self._sync_gpus()
                 lo, hi = self.model.time_range()
                 if self.follow:
                     span = max(self.t1 - self.t0, 1)

@@ -46,6 +46,7 @@ from memrec.events import Kind
 from memrec.events import Marker
 from memrec.events import ProcessInfo
 from memrec.state import LiveState
+from memrec.trace.model import GpuIds
 
 #: Category indices (same order as memrec.events.CATEGORIES).
 DRIVER, VMM, IPC_MAPPED, HOST_PINNED = range(4)
@@ -631,6 +632,7 @@ class TraceModel:
         self.lock = threading.RLock()
         self.header: dict = {}
         self.gpus: dict[int, GpuInfo] = {}
+        self._gpu_ids = GpuIds()  # every GPU named so far (header, events, samples, keyframes)
         self.store = EventStore()
         self.nvml: dict[int, NvmlSeries] = {}
         self.markers: list[Marker] = []
@@ -666,6 +668,7 @@ class TraceModel:
     def set_header(self, header: dict) -> None:
         with self.lock:
             self.header = header
+            self._gpu_ids.add_header(header)
             for g in header.get("gpus") or []:
                 info = GpuInfo(**g) if isinstance(g, dict) else g
                 self.gpus[info.index] = info
@@ -678,6 +681,7 @@ class TraceModel:
             if not n:
                 return
             cols = (lambda name: chunk[name]) if isinstance(chunk, np.ndarray) else (lambda name: chunk.columns[name])
+            self._gpu_ids.add_column(cols("gpu"))
             kind = cols("kind")
             result = cols("result")
             size = cols("size")
@@ -700,6 +704,7 @@ class TraceModel:
 
     def add_nvml(self, samples: np.ndarray) -> None:
         with self.lock:
+            self._gpu_ids.add_column(samples["gpu"])
             for g in np.unique(samples["gpu"]).tolist():
                 self.nvml.setdefault(int(g), NvmlSeries()).append(samples[samples["gpu"] == g])
 
@@ -731,6 +736,7 @@ class TraceModel:
                 s.journal = self._live.journal
                 self._live = s
                 for g, values in _totals_by_gpu(s).items():
+                    self._gpu_ids.add(g)
                     self.series.setdefault(g, GpuSeries()).set_initial(values, -1, ts)
 
     def set_lost(self, total: int) -> None:
@@ -851,6 +857,7 @@ class TraceModel:
                 self._gpu_pids.setdefault(pair >> 32, set()).add(pair & 0xFFFFFFFF)
             for g in np.unique(gpus).tolist():
                 sel = rows[gpus == g]
+                self._gpu_ids.add(int(g))
                 series = self.series.setdefault(int(g), GpuSeries())
                 series.append(sel[:, 0], sel[:, 1].astype(np.uint64), sel[:, 4].astype(np.int8), sel[:, 5])
                 series._blocks()  # keep the max pyramid current: redraws never build it
@@ -913,8 +920,11 @@ class TraceModel:
         return (a, max(b, a + 1))
 
     def gpu_ids(self) -> list[int]:
-        ids = set(self.gpus) | {g for g in self.series if g >= 0} | {g for g in self.nvml if g >= 0}
-        return sorted(ids)
+        """Every GPU named so far: it grows while a file is read and a live stream goes on (a
+        trace without NVML names its GPUs only in its events), so the view asks again after each
+        change (see :class:`memrec.trace.model.GpuIds`)."""
+        with self.lock:
+            return self._gpu_ids.sorted()
 
     def frontier_ts(self) -> int:
         """Time up to which the series are exact (the replay's frontier)."""

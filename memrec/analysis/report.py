@@ -103,7 +103,7 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
     rec = reconcile(trace, tl)
 
     gpu_ids = set(tl.gpus) | {g for g, _ in failed_gpu.values()}
-    gpu_ids |= {gi.index for gi in trace.gpus}
+    gpu_ids |= set(trace.gpu_ids())
     gpu_ids |= set(rec.gpus())
     gpu_info = {gi.index: gi for gi in trace.gpus}
 
