@@ -83,8 +83,8 @@ class MemrecApp(App[None]):
         Binding("M", "jump('marker', -1)", show=False),
         Binding("p", "jump('phase', 1)", "phase", key_display="pP"),
         Binding("P", "jump('phase', -1)", show=False),
-        Binding("o", "jump('oom', 1)", "OOM", key_display="oO"),
-        Binding("O", "jump('oom', -1)", show=False),
+        Binding("o", "jump('failure', 1)", "failed", key_display="oO"),
+        Binding("O", "jump('failure', -1)", show=False),
         Binding("b", "jump('big', 1)", "big alloc", key_display="bB"),
         Binding("B", "jump('big', -1)", show=False),
         Binding("h", "cycle_holders", "holders", show=False),
@@ -357,8 +357,11 @@ class MemrecApp(App[None]):
         if self.progress:
             parts.append(self.progress)
         nf = m.failure_count()
-        if nf:
-            parts.append(f"[b red]{nf} failed alloc{'s' if nf > 1 else ''}[/]")
+        here = m.failure_text(self.cursor_ts, None if self.gpu == -1 else self.gpu) if nf else None
+        if here:  # the cursor is on a failed call (key o): what failed, with the driver's name for it
+            parts.append(f"[b red]✗ {here}[/]")
+        elif nf:
+            parts.append(f"[b red]{nf} failed call{'s' if nf > 1 else ''}[/]")
         if m.lost or self.source.kind == "live":
             parts.append(f"lost {m.lost:,}" if not m.lost else f"[b yellow]lost {m.lost:,}[/]")
         if m.warnings:
@@ -431,7 +434,7 @@ class MemrecApp(App[None]):
             gc.freeze()
 
     def _initial_cursor(self) -> int:
-        """The end of the trace: what a user opens a trace for (an OOM, the final state), and where
+        """The end of the trace: what a user opens a trace for (a failed call, the final state), and where
         the daemon's last keyframe (written at close) makes the state at the cursor free."""
         return self.model.time_range()[1]
 
@@ -553,12 +556,12 @@ class MemrecApp(App[None]):
             ts = m.next_marker_ts(self.cursor_ts, fwd)
         elif what == "phase":
             ts = m.next_phase_ts(self.cursor_ts, fwd, gpu)
-        elif what == "oom":
+        elif what == "failure":
             ts = m.next_failure_ts(self.cursor_ts, fwd, gpu)
         else:
             ts = m.next_big_ts(self.cursor_ts, fwd, gpu)
         if ts is None:
-            names = {"marker": "marker", "phase": "phase", "oom": "failed allocation", "big": "big allocation"}
+            names = {"marker": "marker", "phase": "phase", "failure": "failed call", "big": "big allocation"}
             self.notify(f"no {'next' if fwd else 'previous'} {names[what]}", timeout=2)
             return
         self._set_cursor(ts)

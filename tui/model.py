@@ -17,7 +17,8 @@ answers what the screen asks for:
   keyframe, or a snapshot the replay took every ``checkpoint_every`` events) restored with
   ``LiveState.from_snapshot`` plus a replay of the gap — never a replay from the start;
 - :meth:`TraceModel.events_window`: the events around a ``seq`` that pass an :class:`EventFilter`;
-- navigation: next/previous marker, phase, failed allocation (OOM), big allocation.
+- navigation: next/previous marker, phase, failed driver call (any CUresult but success, as the
+  report counts them), big allocation.
 
 Live mode bounds memory: :meth:`TraceModel.trim` drops the oldest event chunks, checkpoints and
 series points beyond ``max_events``.
@@ -53,7 +54,7 @@ DRIVER, VMM, IPC_MAPPED, HOST_PINNED = range(4)
 NCAT = len(CATEGORIES)
 #: Categories stacked as owned device memory, bottom first; ipc_mapped is a view drawn above.
 OWNED = (DRIVER, VMM, HOST_PINNED)
-#: Kinds whose failure is a failed allocation (an OOM when the result is 2).
+#: Kinds that allocate (the "big allocation" jumps look at these).
 ALLOC_KINDS = np.array([Kind.ALLOC, Kind.VMM_CREATE, Kind.HOST_ALLOC, Kind.IPC_OPEN, Kind.HOST_REGISTER], dtype=np.uint16)
 #: Allocations of at least this many bytes are remembered for "next big allocation" (key b).
 BIG_MIN = 1 << 30
@@ -147,6 +148,11 @@ def parse_size(text: str) -> int:
 
 
 KIND_NAMES = {int(k): k.name.lower() for k in Kind}
+
+
+def result_name(result: int) -> str:
+    """A CUresult's name as the driver's header spells it (``CUDA_ERROR_NOT_PERMITTED``)."""
+    return CU_RESULT_NAMES.get(result) or f"CUresult {result}"
 API_NAMES = {int(a): a.name for a in Api}
 
 
@@ -653,7 +659,7 @@ class TraceModel:
         self._since_checkpoint = 0
         self.frontier = 0  # events replayed (seq of the next to replay)
         self._kf_points: list[tuple[int, dict[int, np.ndarray]]] = []  # (ts, gpu -> bytes per cat)
-        self._fail = {k: Grow(np.int64) for k in ("seq", "gpu", "kind", "result", "size")}
+        self._fail = {k: Grow(np.int64) for k in ("seq", "gpu", "api", "result")}  # failed calls
         self._fail_ts = Grow(np.uint64)
         self._big = {k: Grow(np.int64) for k in ("seq", "gpu", "size")}
         self._big_ts = Grow(np.uint64)
@@ -686,14 +692,11 @@ class TraceModel:
             result = cols("result")
             size = cols("size")
             bad = np.flatnonzero(result != 0)
-            bad = bad[np.isin(kind[bad], ALLOC_KINDS)]
             if len(bad):
                 self._fail["seq"].extend(bad + start)
                 self._fail_ts.extend(cols("ts")[bad])
-                self._fail["gpu"].extend(cols("gpu")[bad])
-                self._fail["kind"].extend(kind[bad])
-                self._fail["result"].extend(result[bad])
-                self._fail["size"].extend(size[bad])
+                for name in ("gpu", "api", "result"):
+                    self._fail[name].extend(cols(name)[bad])
             big = np.flatnonzero(size >= BIG_MIN)
             big = big[(result[big] == 0) & np.isin(kind[big], ALLOC_KINDS)]
             if len(big):
@@ -1280,8 +1283,22 @@ class TraceModel:
                 m &= self._big["gpu"].a == gpu
             return _next_in(self._big_ts.a[m], ts, forward)
 
+    def failure_text(self, ts: int, gpu: int | None = None) -> str | None:
+        """What failed at ``ts`` (on ``gpu``, or unknown GPU): ``cuMemCreate: CUDA_ERROR_NOT_PERMITTED``
+        (several: the first, and how many more)."""
+        with self.lock:
+            at = np.flatnonzero(self._fail_ts.a == np.uint64(max(ts, 0)))
+            if gpu is not None:
+                g = self._fail["gpu"].a[at]
+                at = at[(g == gpu) | (g < 0)]
+            if not len(at):
+                return None
+            api, result = int(self._fail["api"].a[at[0]]), int(self._fail["result"].a[at[0]])
+        more = f" (+{len(at) - 1} more)" if len(at) > 1 else ""
+        return f"{API_NAMES.get(api, f'api {api}')}: {result_name(result)}{more}"
+
     def failures(self, gpu: int | None, t0: int, t1: int) -> np.ndarray:
-        """Timestamps of failed allocations in [t0, t1) (on ``gpu``, or unknown GPU)."""
+        """Timestamps of failed calls in [t0, t1) (on ``gpu``, or unknown GPU)."""
         with self.lock:
             tss = self._fail_ts.a
             if gpu is not None:

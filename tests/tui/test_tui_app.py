@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import synth
 from conftest import settle
 
@@ -168,3 +169,44 @@ async def test_diff_mode_compares_holders(tmp_path, trace):
         assert rows["kv_cache"][1] == "0" and rows["kv_cache"][2] == "90.0G"
         assert rows["load_weights"][3] == "-20.0G"
         assert app.other_state is not None
+
+
+async def test_o_jumps_to_every_failed_call_and_names_its_result(tmp_path):
+    # GIVEN the scripted run plus a cuMemCreate refused with CUresult 800 (not permitted) on GPU1
+    from memrec.events import Api
+    from memrec.events import Kind
+    from memrec.trace.model import Trace
+    from memrec.tui.model import result_name
+
+    base = synth.sglang_like()
+    s = synth.Script()
+    s.add(2.0, synth.PIDS[1], Kind.VMM_CREATE, Api.cuMemCreate, 1, size=1 << 20, result=800)
+    events = np.sort(np.concatenate([base.events, s.events()]), order="ts", kind="stable")
+    path = tmp_path / "run.mrec"
+    synth.write_trace(path, Trace(header=base.header, events=events, nvml=base.nvml, markers=base.markers,
+                                  processes=base.processes, trailer=base.trailer))
+    app = MemrecApp(FileSource(path))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        status = app.query_one("#status")
+        # THEN the footer does not call the key "OOM", and the status counts failed calls
+        assert "OOM" not in _footer_text(app) and "failed" in _footer_text(app)
+        assert "2 failed calls" in str(status.render())
+        # WHEN GPU1 is shown and o pressed from the start
+        await pilot.press("1", "home", "o")
+        await settle(pilot)
+        # THEN the cursor is on the refused cuMemCreate, named with its CUresult, not as an OOM
+        assert app.cursor_ts == T0 + 2 * SEC
+        assert f"cuMemCreate: {result_name(800)}" in str(status.render())
+        # AND the next o goes on to the out-of-memory allocation
+        await pilot.press("o")
+        await settle(pilot)
+        assert app.cursor_ts == T0 + int(7.05 * SEC)
+        assert "cuMemAlloc_v2: CUDA_ERROR_OUT_OF_MEMORY" in str(status.render())
+
+
+def _footer_text(app) -> str:
+    """The footer's keys as drawn."""
+    from textual.widgets._footer import FooterKey
+
+    return " ".join(f"{k.key_display} {k.description}" for k in app.query(FooterKey))

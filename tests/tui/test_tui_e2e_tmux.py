@@ -36,7 +36,7 @@ def test_replay_in_a_terminal(trace_file, size, env):
         screen = t.wait_for("107 events")
         t.wait_for("tp0 4101")  # the state at the cursor is in
         assert "GPU0" in screen and "GPU1" in screen
-        # WHEN GPU1 is chosen and the cursor jumps to the first failed allocation
+        # WHEN GPU1 is chosen and the cursor jumps to the first failed call
         t.keys("1", "Home", "o")
         t.wait_for("t=7.05s")
         # THEN the event at the cursor is the out-of-memory KV-cache allocation (OUT_OF_MEMORY, cut at 80 columns)
@@ -44,7 +44,7 @@ def test_replay_in_a_terminal(trace_file, size, env):
         assert "tp1" in screen
         # WHEN the help is opened, THEN it lists the keys; escape closes it
         t.keys("?")
-        t.wait_for("next / previous failed allocation")
+        t.wait_for("next / previous failed driver call")
         t.keys("Escape")
         t.wait_for("events")
         # WHEN q is pressed, THEN the program ends (the shell's sleep keeps the pane)

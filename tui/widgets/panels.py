@@ -8,7 +8,6 @@ from rich.text import Text
 from textual.widgets import DataTable
 from textual.widgets import Static
 
-from memrec.events import CU_RESULT_NAMES
 from memrec.events import GpuInfo
 from memrec.tui.model import KIND_NAMES
 from memrec.tui.model import CursorState
@@ -16,6 +15,7 @@ from memrec.tui.model import EventRows
 from memrec.tui.model import diff_rows
 from memrec.tui.model import fmt_bytes
 from memrec.tui.model import fmt_dur
+from memrec.tui.model import result_name
 from memrec.tui.widgets.timeline import FAIL_COLOUR
 from memrec.tui.widgets.timeline import LAYER_COLOURS
 from memrec.tui.widgets.timeline import NVML_COLOUR
@@ -34,7 +34,7 @@ def legend(no_color: bool = False) -> Text:
     t.append("─" if not no_color else "-", style=None if no_color else f"bold {NVML_COLOUR}")
     t.append("NVML used ")
     t.append("✗", style=None if no_color else f"bold {FAIL_COLOUR}")
-    t.append("failed alloc")
+    t.append("failed call")
     return t
 
 
@@ -180,7 +180,7 @@ class EventsTable(DataTable):
             res = int(r["result"])
             kind = KIND_NAMES.get(int(r["kind"]), str(int(r["kind"])))
             size = int(r["size"])
-            res_text = Text("ok" if res == 0 else CU_RESULT_NAMES.get(res, str(res)).replace("CUDA_ERROR_", ""),
+            res_text = Text("ok" if res == 0 else result_name(res).replace("CUDA_ERROR_", ""),
                             style="" if res == 0 else f"bold {FAIL_COLOUR}")
             self.add_row(
                 fmt_dur(int(r["ts"]) - origin),
