@@ -34,7 +34,6 @@ from memrec.tui import messages
 from memrec.tui.model import CursorState
 from memrec.tui.model import EventFilter
 from memrec.tui.model import TraceModel
-from memrec.tui.model import fmt_bytes
 from memrec.tui.model import fmt_dur
 from memrec.tui.model import parse_filter
 from memrec.tui.widgets.panels import EventsTable
@@ -45,6 +44,7 @@ from memrec.tui.widgets.panels import header_text
 from memrec.tui.widgets.timeline import GUTTER
 from memrec.tui.widgets.timeline import TimelineGraph
 from memrec.tui.widgets.timeline import TimelineOptions
+from memrec.units import fmt_bytes
 
 OVERVIEW = "overview"
 MIN_SPAN = 10_000  # ns: the deepest zoom

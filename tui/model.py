@@ -37,6 +37,7 @@ from typing import Iterable
 
 import numpy as np
 
+from memrec.analysis.phases import NO_PHASE
 from memrec.analysis.sglang_report import rank_labels
 from memrec.columns import EVENT_DTYPE
 from memrec.events import CATEGORIES
@@ -94,23 +95,6 @@ class Grow:
         k = min(k, self.n)
         self._buf = self._buf[k : self.n].copy() if self.n - k else np.zeros(16, dtype=self._buf.dtype)
         self.n -= k
-
-
-def fmt_bytes(n: int | float | None, signed: bool = False) -> str:
-    """Human bytes with binary units (``1.5G``, ``640M``, ``12K``, ``0``)."""
-    if n is None:
-        return "-"
-    n = int(n)
-    sign = ""
-    if n < 0:
-        sign, n = "-", -n
-    elif signed and n > 0:
-        sign = "+"
-    for unit, shift in (("T", 40), ("G", 30), ("M", 20), ("K", 10)):
-        if n >= 1 << shift:
-            v = n / (1 << shift)
-            return f"{sign}{v:.1f}{unit}" if v < 100 else f"{sign}{v:.0f}{unit}"
-    return f"{sign}{n}"
 
 
 def fmt_dur(ns: int | float) -> str:
@@ -1098,7 +1082,7 @@ class TraceModel:
         for h in s.holdings(gpu=gpu):
             if h.category == "ipc_mapped":
                 continue
-            ph = pix.phase_of(h.pid, h.ts) or "(none)"
+            ph = pix.phase_of(h.pid, h.ts) or NO_PHASE
             row = phases.setdefault(ph, [0, 0])
             row[0] += h.size
             row[1] += 1
@@ -1350,7 +1334,6 @@ __all__ = [
     "SeriesView",
     "TraceModel",
     "diff_rows",
-    "fmt_bytes",
     "fmt_dur",
     "parse_filter",
     "parse_size",

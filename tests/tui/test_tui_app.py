@@ -11,6 +11,7 @@ from memrec.tui.sources import DiffSource
 from memrec.tui.sources import FileSource
 from memrec.tui.widgets.panels import EventsTable
 from memrec.tui.widgets.panels import HoldersTable
+from memrec.tui.widgets.timeline import GUTTER
 
 SEC = synth.SEC
 T0 = synth.T0
@@ -40,7 +41,7 @@ async def test_cursor_keys_zoom_and_fit(trace_file):
         span = app.t1 - app.t0
         await pilot.press("right", "right", "right")
         # THEN the cursor moved three columns
-        step = span / (app.query_one("#timeline").size.width - 6)
+        step = span / (app.query_one("#timeline").size.width - GUTTER)
         assert abs(app.cursor_ts - (T0 + 3 * step)) <= 3
         # WHEN zooming in twice then out once
         await pilot.press("plus", "plus", "minus")
@@ -166,8 +167,8 @@ async def test_diff_mode_compares_holders(tmp_path, trace):
         await pilot.press("h")  # by phase
         rows = {holders.get_row_at(i)[0]: holders.get_row_at(i) for i in range(holders.row_count)}
         # THEN the KV cache exists only in the other run, and weights shrank by 20 GiB
-        assert rows["kv_cache"][1] == "0" and rows["kv_cache"][2] == "90.0G"
-        assert rows["load_weights"][3] == "-20.0G"
+        assert rows["kv_cache"][1] == "0 B" and rows["kv_cache"][2] == "90.00 GiB"
+        assert rows["load_weights"][3] == "-20.00 GiB"
         assert app.other_state is not None
 
 
@@ -210,3 +211,28 @@ def _footer_text(app) -> str:
     from textual.widgets._footer import FooterKey
 
     return " ".join(f"{k.key_display} {k.description}" for k in app.query(FooterKey))
+
+
+async def test_report_diff_and_tui_use_the_same_words_and_sizes(trace_file, capsys):
+    # GIVEN the scripted run, whose ranks allocate a 32 MiB workspace before any phase begins
+    from memrec.commands import main
+
+    # WHEN the report and the diff are printed
+    assert main(["report", str(trace_file)]) == 0
+    report = capsys.readouterr().out
+    assert main(["diff", str(trace_file), str(trace_file)]) == 0
+    diff = capsys.readouterr().out
+    # THEN both call that memory "(no phase)" and write its size the same way
+    for text in (report, diff):
+        assert "(no phase)" in text and "32.0 MiB" in text and "outside phases" not in text
+    # AND so does the TUI's "by phase" view at the cursor
+    app = MemrecApp(FileSource(trace_file))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        await pilot.press("home", "right", "right", "right", "right", "h")  # t≈0.4 s: the workspace only
+        await settle(pilot)
+        holders = app.query_one("#holders", HoldersTable)
+        rows = [tuple(map(str, holders.get_row_at(i))) for i in range(holders.row_count)]
+        assert ("(no phase)", "32.0 MiB", "1") in rows, rows
+        # AND the header's total is written as in the report ("140.00 GiB")
+        assert "total 140.00 GiB" in str(app.query_one("#gpu-header").render())

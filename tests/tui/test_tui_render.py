@@ -38,7 +38,7 @@ def test_full_and_empty_columns():
     assert [r[0] for r in rows] == [" "] * 4
     assert [r[1] for r in rows] == [" ", " ", "█", "█"]
     assert [r[2] for r in rows] == ["█"] * 4
-    assert strips[0].text.startswith(" 4.0G┤") and strips[3].text.startswith("    0┤")
+    assert strips[0].text.startswith("  4.00 GiB┤") and strips[3].text.startswith("       0 B┤")
 
 
 def test_eighth_blocks_between_layers():

@@ -13,12 +13,12 @@ from memrec.tui.model import KIND_NAMES
 from memrec.tui.model import CursorState
 from memrec.tui.model import EventRows
 from memrec.tui.model import diff_rows
-from memrec.tui.model import fmt_bytes
 from memrec.tui.model import fmt_dur
 from memrec.tui.model import result_name
 from memrec.tui.widgets.timeline import FAIL_COLOUR
 from memrec.tui.widgets.timeline import LAYER_COLOURS
 from memrec.tui.widgets.timeline import NVML_COLOUR
+from memrec.units import fmt_bytes
 
 HOLDER_VIEWS = ("process", "phase", "largest", "category")
 

@@ -30,8 +30,8 @@ from memrec.tui.model import IPC_MAPPED
 from memrec.tui.model import VMM
 from memrec.tui.model import PhaseSpan
 from memrec.tui.model import SeriesView
-from memrec.tui.model import fmt_bytes
 from memrec.tui.model import fmt_dur
+from memrec.units import fmt_bytes
 
 #: Layers bottom to top: (name, colour (a 256-colour palette entry), no-colour character).
 LAYERS = (
@@ -48,7 +48,8 @@ OTHER_COLOUR = "#ff87ff"
 CURSOR_BG = "#d0d0d0"
 BAND_COLOURS = ("#5f5f87", "#5f875f", "#875f5f", "#5f8787", "#875f87", "#87875f", "#444444", "#585858")
 EIGHTHS = " ▁▂▃▄▅▆▇█"
-GUTTER = 6
+#: Columns left of the chart: the value axis ("140.00 GiB┤") and the phase bands' rank labels.
+GUTTER = 11
 
 
 def band_colour(name: str) -> str:
@@ -112,7 +113,7 @@ def render_timeline(view: SeriesView, opt: TimelineOptions) -> list[Strip]:
         if row == 0:
             label = fmt_bytes(scale)
         elif row == chart_h - 1:
-            label = "0"
+            label = fmt_bytes(0)
         elif row == chart_h // 2 and chart_h >= 5:
             label = fmt_bytes(scale // 2)
         else:
