@@ -14,6 +14,7 @@ import time
 from typing import Any
 from typing import Callable
 
+from textual import events
 from textual import on
 from textual import work
 from textual.app import App
@@ -85,7 +86,7 @@ class MemrecApp(App[None]):
         Binding("P", "jump('phase', -1)", show=False),
         Binding("o", "jump('failure', 1)", "failed", key_display="oO"),
         Binding("O", "jump('failure', -1)", show=False),
-        Binding("b", "jump('big', 1)", "big alloc", key_display="bB"),
+        Binding("b", "jump('big', 1)", "big", key_display="bB"),
         Binding("B", "jump('big', -1)", show=False),
         Binding("h", "cycle_holders", "holders", show=False),
         Binding("slash", "filter", "filter", key_display="/"),
@@ -130,6 +131,9 @@ class MemrecApp(App[None]):
         self._tab_ids_added: dict = {}
         self._interacting_until = 0.0
         self._state_key: tuple | None = None
+        #: Under 100 columns: the footer, the GPU header, the status line and the holders take
+        #: their short forms, so that everything fits at 80x24 (docs/tui.md).
+        self.narrow = False
         self.sub_title = source.title
 
     # ------------------------------------------------------------------ layout
@@ -328,7 +332,7 @@ class MemrecApp(App[None]):
             owned = int(v[[0, 1, 3]].sum()) if v is not None else None
         nv = self.model.nvml_at(g, self.cursor_ts)
         text = header_text(self.model.gpus.get(g), g, fmt_dur(self.cursor_ts - self.origin), st, owned, nv,
-                           self.other_state, wide=self.size.width >= 150, no_color=self.no_color)
+                           self.other_state, wide=self.size.width >= 150, narrow=self.narrow, no_color=self.no_color)
         self._q("#gpu-header", GpuHeader).update(text)
 
     def _update_status(self) -> None:
@@ -359,7 +363,7 @@ class MemrecApp(App[None]):
         nf = m.failure_count()
         here = m.failure_text(self.cursor_ts, None if self.gpu == -1 else self.gpu) if nf else None
         if here:  # the cursor is on a failed call (key o): what failed, with the driver's name for it
-            parts.append(f"[b red]✗ {here}[/]")
+            parts.append(f"[b red]✗ {here.replace('CUDA_ERROR_', '') if self.narrow else here}[/]")
         elif nf:
             parts.append(f"[b red]{nf} failed call{'s' if nf > 1 else ''}[/]")
         if m.lost or self.source.kind == "live":
@@ -633,6 +637,17 @@ class MemrecApp(App[None]):
     def _scrolled(self, message: TimelineGraph.Scrolled) -> None:
         self.action_zoom(0.5 if message.direction < 0 else 2.0, around=message.ts)
 
-    def on_resize(self) -> None:
-        self.set_class(self.size.width < 100, "narrow")
-        self.set_class(self.size.height < 30, "short")
+    def on_resize(self, event: events.Resize) -> None:
+        # event.size: this handler runs before the App's own, which sets self.size
+        self.narrow = narrow = event.size.width < 100
+        self.set_class(narrow, "narrow")
+        self.set_class(event.size.height < 30, "short")
+        try:
+            self._q("Footer", Footer).compact = narrow
+            holders = self._q("#holders", HoldersTable)
+        except NoMatches:
+            return
+        if holders.narrow != narrow:
+            holders.narrow = narrow
+            holders.show(self.cursor_state, self.other_state)
+        self.refresh_all()

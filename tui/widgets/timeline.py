@@ -204,7 +204,9 @@ def _band_row(view: SeriesView, label: str, spans: list[PhaseSpan], cursor_col: 
             names[k] = s.name  # later (inner) spans win
         if 0 <= a < w:
             starts[a] = True
-    segs = [Segment(label[: GUTTER - 1].ljust(GUTTER - 1) + "│", Style(dim=True))]
+    chars: list[str] = []
+    styles: list[Style] = []
+    full: tuple[int, int, str, Style] | None = None  # the cursor's phase, when its name was cut
     k = 0
     while k < w:
         name = names[k]
@@ -215,19 +217,36 @@ def _band_row(view: SeriesView, label: str, spans: list[PhaseSpan], cursor_col: 
         if name.startswith("┃"):
             cell = ("┃" + " " * (j - k))[: j - k]
         else:
-            cell = (text + " " * (j - k))[: j - k] if text else " " * (j - k)
-            if text and j < w and names[j] and j - k > 2:
-                cell = cell[:-1] + " "  # keep a gap before the next phase's name
+            room = j - k - (1 if j < w and names[j] and j - k > 2 else 0)  # a gap before the next name
+            cell = text if len(text) <= room else text[: room - 1] + "…" if room >= 2 else text[:room]
+            cell = cell.ljust(j - k) if text else " " * (j - k)
         if text and color:
             st = Style(color="#ffffff", bgcolor=band_colour(text))
         elif text:
             st = Style(reverse=True)
         else:
             st = Style()
-        for i, ch in enumerate(cell):
-            col = k + i
-            segs.append(Segment(ch, st + Style(bgcolor=CURSOR_BG) if col == cursor_col and color else st + Style(reverse=True) if col == cursor_col else st))
+        if text and cursor_col is not None and k <= cursor_col < j and not cell.startswith(text):
+            full = (k, j, text, st)
+        chars.extend(cell)
+        styles.extend([st] * len(cell))
         k = j
+    if full is not None:
+        # A phase too short for its name at this zoom: with the cursor in it, its whole name is
+        # written over its neighbours (the cursor is where the user looks), kept on screen.
+        k, j, text, st = full
+        start = max(0, min(k, w - len(text)))
+        end = start + len(text[:w])
+        chars[start:end], styles[start:end] = list(text[:w]), [st] * (end - start)
+        c = end  # what is left of a neighbour's name after it would read as part of this one
+        while c < w and c > 0 and names[c] == names[end] and not starts[c] and names[c]:
+            chars[c] = " "
+            c += 1
+    segs = [Segment(label[: GUTTER - 1].ljust(GUTTER - 1) + "│", Style(dim=True))]
+    for col, (ch, st) in enumerate(zip(chars, styles)):
+        if col == cursor_col:
+            st = st + Style(bgcolor=CURSOR_BG) if color else st + Style(reverse=True)
+        segs.append(Segment(ch, st))
     return Strip(segs)
 
 
