@@ -236,3 +236,23 @@ async def test_report_diff_and_tui_use_the_same_words_and_sizes(trace_file, caps
         assert ("(no phase)", "32.0 MiB", "1") in rows, rows
         # AND the header's total is written as in the report ("140.00 GiB")
         assert "total 140.00 GiB" in str(app.query_one("#gpu-header").render())
+
+
+async def test_narrow_layout_follows_resizes(trace_file):
+    from textual.widgets import Footer
+
+    app = MemrecApp(FileSource(trace_file))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        holders = app.query_one("#holders", HoldersTable)
+        assert [str(c.label) for c in holders.columns.values()] == ["rank/pid", "owned", "driver", "vmm", "ipc"]
+        # WHEN the terminal shrinks under 100 columns, THEN the short forms are used
+        await pilot.resize_terminal(80, 24)
+        await settle(pilot)
+        assert app.narrow and app.query_one(Footer).compact
+        assert [str(c.label) for c in holders.columns.values()] == ["rank/pid", "owned", "ipc"]
+        # AND when it grows again, the wide ones come back
+        await pilot.resize_terminal(120, 36)
+        await settle(pilot)
+        assert not app.narrow and not app.query_one(Footer).compact
+        assert [str(c.label) for c in holders.columns.values()] == ["rank/pid", "owned", "driver", "vmm", "ipc"]

@@ -109,3 +109,37 @@ def test_main_view_paints_on_every_start_under_load(no_gpu_list_file):
                     failed.append(f"{which} start {i + 1}:\n{screen}")
     # THEN every start drew the main view
     assert not failed, "\n".join(failed)
+
+
+def _fits_at_80x24(screen: str) -> None:
+    lines = screen.splitlines()
+    footer = lines[-1]
+    for key in ("? help", "q quit", "←→ cursor", "+- zoom", "mM marker", "pP phase", "oO failed", "bB big", "/ filter"):
+        assert key in footer, footer
+    assert lines[3].lstrip().startswith("used") and "┤" in lines[4], "the GPU header takes two lines"
+    holders = next(line for line in lines if "rank/pid" in line)
+    assert "owned" in holders and " ipc " in holders, holders
+    assert all(len(line) <= 80 for line in lines)
+
+
+def test_everything_fits_at_80x24(trace_file):
+    # GIVEN the TUI on the scripted trace at 120x36, with tmux's own TERM
+    t = Tmux("memrec-80x24", tui_command(trace_file), (120, 36))
+    try:
+        t.wait_for("tp0 4101")
+        # WHEN the terminal shrinks to 80x24 and the cursor goes to GPU1's failed KV-cache allocation
+        t.resize(80, 24)
+        t.keys("1", "Home", "o")
+        screen = t.wait_for("t=7.05s")
+        time.sleep(0.5)
+        screen = t.screen()
+        # THEN the footer keeps all its keys, the GPU header one line of memory, the holders their
+        # columns, and the failed call is named in the status line
+        _fits_at_80x24(screen)
+        assert "✗ cuMemAlloc_v2: OUT_OF_MEMORY" in screen
+        # AND the phase the cursor is in is named in full, however short it is at this zoom
+        t.keys("P", "P", "P")  # back to the start of nccl_init (1 s of 12: too short for its name)
+        screen = t.wait_for("nccl_init")
+        _fits_at_80x24(screen)
+    finally:
+        t.close()
