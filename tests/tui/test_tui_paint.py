@@ -110,9 +110,11 @@ async def test_a_file_opens_on_gpu0(tmp_path, which):
     async with app.run_test(size=(120, 36)) as pilot:
         # WHEN it is loaded and replayed
         await settle(pilot)
-        # THEN the tabs are built and GPU0 is shown
+        # THEN the tabs are built and GPU0 is shown (saying what a trace without NVML lacks)
         assert app.loaded and app.indexed
         assert_main_view(app)
+        header = str(app.query_one("#gpu-header", GpuHeader).render())
+        assert ("(no NVML: name and size not recorded)" in header) == (which == "no-gpu-list")
 
 
 async def test_live_stream_names_its_gpus_after_the_header(sockdir, trace):  # noqa: F811
