@@ -132,12 +132,12 @@ def parse_size(text: str) -> int:
 
 
 KIND_NAMES = {int(k): k.name.lower() for k in Kind}
+API_NAMES = {int(a): a.name for a in Api}
 
 
 def result_name(result: int) -> str:
     """A CUresult's name as the driver's header spells it (``CUDA_ERROR_NOT_PERMITTED``)."""
     return CU_RESULT_NAMES.get(result) or f"CUresult {result}"
-API_NAMES = {int(a): a.name for a in Api}
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """The timeline graph: memory over time stacked by category, NVML used as a line, phase bands,
-failed allocations, a time axis and the cursor.
+failed driver calls, a time axis and the cursor.
 
 :func:`render_timeline` is pure (a :class:`~memrec.tui.model.SeriesView` in, Rich strips out) so
 tests check it without an app; :class:`TimelineGraph` only hands it the current view and serves
