@@ -64,6 +64,7 @@ def test_tui_paints_the_recorded_trace(recorded, size, env):
         # AND they stay after keys and a resize
         t.keys("1", "End")
         t.resize(size[0] - 10, size[1] - 2)
+        t.wait_width(size[0] - 10)
         painted, screen = t.wait_painted(10)
         assert painted and "GPU1 " in screen, screen
     finally:

@@ -85,7 +85,7 @@ def test_main_view_paints(no_gpu_list_file, which, size, env):
         # and they stay drawn after keys and a resize
         t.keys("g", "G", "Right")
         t.resize(100, 30)
-        time.sleep(1.0)
+        t.wait_width(100)
         painted, screen = t.wait_painted(10)
         assert painted, screen
     finally:
@@ -141,5 +141,9 @@ def test_everything_fits_at_80x24(trace_file):
         t.keys("P", "P", "P")  # back to the start of nccl_init (1 s of 12: too short for its name)
         screen = t.wait_for("nccl_init")
         _fits_at_80x24(screen)
+        # AND back at 120x36 the wide layout returns
+        t.resize(120, 36)
+        screen = t.wait_for(" driver ")
+        assert "bB big  / filter" in screen
     finally:
         t.close()

@@ -48,8 +48,10 @@ class Tmux:
         self.name = name
         self.socket = f"{name}-{os.getpid()}"
         exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())
+        # COLUMNS and LINES: a pane started from pytest gets them, and a program that honours them
+        # (Textual does) then never follows a resize
         self._tmux("-f", "/dev/null", "new-session", "-d", "-s", name, "-x", str(size[0]), "-y", str(size[1]),
-                   f"env {exports} {command}; sleep 60", check=True)
+                   f"env -u COLUMNS -u LINES {exports} {command}; sleep 60", check=True)
 
     def _tmux(self, *args: str, check: bool = False) -> subprocess.CompletedProcess:
         return subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True, check=check)
@@ -77,6 +79,16 @@ class Tmux:
                 return s
             time.sleep(0.2)
         raise AssertionError(f"{text!r} not on screen:\n{self.screen()}")
+
+    def wait_width(self, width: int, timeout: float = 20.0) -> str:
+        """Wait until the program has redrawn at ``width`` columns (its tabs' rule spans them)."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            lines = self.screen().splitlines()
+            if len(lines) > 1 and len(lines[1]) == width:
+                return "\n".join(lines)
+            time.sleep(0.2)
+        raise AssertionError(f"not redrawn at {width} columns:\n{self.screen()}")
 
     def wait_painted(self, timeout: float = 30.0) -> tuple[bool, str]:
         """(painted, last screen): wait until :func:`main_view_painted` or ``timeout``."""
