@@ -31,11 +31,11 @@ import numpy as np
 from memrec.analysis.kv_budget import KvBudget
 from memrec.analysis.kv_budget import compare_budgets
 from memrec.analysis.kv_budget import kv_budgets
+from memrec.analysis.phases import NO_PHASE
 from memrec.analysis.phases import Phases
 from memrec.analysis.phases import attribute
 from memrec.analysis.phases import build_phases
 from memrec.analysis.sglang_report import MAPPED
-from memrec.analysis.sglang_report import NO_PHASE_LABEL
 from memrec.analysis.sglang_report import KvWindow
 from memrec.analysis.sglang_report import format_rank
 from memrec.analysis.sglang_report import kv_windows
@@ -173,7 +173,7 @@ def _phase_bytes(run: Run) -> tuple[dict[tuple, int], set[tuple]]:
     j = Journal(*(getattr(run.journal, f.name)[keep] for f in dataclasses.fields(Journal)))
     out: dict[tuple, int] = {}
     for u in attribute(run.phases, j):
-        path = NO_PHASE_LABEL if u.phase < 0 else run.phases.phases[u.phase].path
+        path = NO_PHASE if u.phase < 0 else run.phases.phases[u.phase].path
         key = (path, run.rank_of.get(u.pid, ()), u.gpu, u.category)
         out[key] = out.get(key, 0) + u.net
     present = {(ph.path, run.rank_of.get(ph.pid, ())) for ph in run.phases.phases}
@@ -188,7 +188,7 @@ def _rank_label(key: RankKey, dims: tuple[str, ...], draft: bool = False) -> str
 def _phase_rows(a: Run, b: Run, dims: tuple[str, ...]) -> list[dict]:
     bytes_a, present_a = _phase_bytes(a)
     bytes_b, present_b = _phase_bytes(b)
-    order = _merge_order(_phase_order(a), _phase_order(b)) + [NO_PHASE_LABEL]
+    order = _merge_order(_phase_order(a), _phase_order(b)) + [NO_PHASE]
     pos = {p: i for i, p in enumerate(order)}
     rows = []
     for key in set(bytes_a) | set(bytes_b):
@@ -402,7 +402,7 @@ def _cause_lines(windows: list[dict], which: str, an: str, bn: str) -> list[str]
                        key=lambda p: (-abs(by_phase[p]["delta"]), p))[:VERDICT_PHASES]
         for p in named:
             e = by_phase[p]
-            name = "allocations outside any phase" if p == NO_PHASE_LABEL else p.rsplit("/", 1)[-1]
+            name = "allocations outside any phase" if p == NO_PHASE else p.rsplit("/", 1)[-1]
             if not e["in_a"]:
                 took = f"{name} took {_h(e['b'])} on {{gpus}} in {bn}; it does not run in {an}"
             elif not e["in_b"]:

@@ -40,6 +40,7 @@ from memrec.events import Kind
 from memrec.events import cu_result_name
 from memrec.events import ProcessInfo
 from memrec.state import LiveState
+from memrec.units import fmt_bytes as human  # the one size format (report, diff, TUI)
 
 REPORT_VERSION = 1
 #: How many holders' largest allocations the snapshot at a failed call lists, and how many on the GPU.
@@ -104,7 +105,7 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
     rec = reconcile(trace, tl)
 
     gpu_ids = set(tl.gpus) | {g for g, _ in failed_gpu.values()}
-    gpu_ids |= {gi.index for gi in trace.gpus}
+    gpu_ids |= set(trace.gpu_ids())
     gpu_ids |= set(rec.gpus())
     gpu_info = {gi.index: gi for gi in trace.gpus}
 
@@ -576,20 +577,6 @@ def _nvml(trace: Any, g: int, series: GpuSeries | None, start: int) -> dict | No
 
 
 # ---------------------------------------------------------------------------------------- render
-
-
-def human(n: int | None) -> str:
-    """Bytes as B, KiB, MiB (one decimal) or GiB, TiB (two decimals); ``-`` for None."""
-    if n is None:
-        return "-"
-    sign = "-" if n < 0 else ""
-    a = abs(n)
-    if a < 1024:
-        return f"{sign}{a} B"
-    for unit, shift, digits in (("TiB", 40, 2), ("GiB", 30, 2), ("MiB", 20, 1), ("KiB", 10, 1)):
-        if a >= 1 << shift:
-            return f"{sign}{a / (1 << shift):.{digits}f} {unit}"
-    raise AssertionError("unreachable")
 
 
 def _t(seconds: float | None) -> str:

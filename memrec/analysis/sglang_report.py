@@ -35,6 +35,7 @@ from memrec.analysis.kv_budget import GIB
 from memrec.analysis.kv_budget import KvBudget
 from memrec.analysis.kv_budget import kv_budgets
 from memrec.analysis.kv_budget import summarize
+from memrec.analysis.phases import NO_PHASE
 from memrec.analysis.phases import Phases
 from memrec.analysis.timeline import OWNED
 from memrec.analysis.timeline import Journal
@@ -55,7 +56,6 @@ _SPECIFIC = SGLANG_MARKERS - {"load_weights"}
 #: (short name, marker value) of each rank dimension, in display order.
 RANK_DIMS = (("dp", "dp_rank"), ("pp", "pp_rank"), ("tp", "tp_rank"))
 _PROFILERS = ("profile_max_num_token", "_profile_available_bytes")
-NO_PHASE_LABEL = "(outside phases)"
 WEIGHTS = "load_weights"
 MAPPED = "ipc_mapped"
 
@@ -241,7 +241,7 @@ def window_rows(
     np.add.at(sums, inverse.reshape(-1), journal.delta[idx])
     rows: dict[tuple[int, str], dict] = {}
     for (p, phase_id, c), i, d in zip(uniq.tolist(), first.tolist(), sums.tolist()):
-        path = NO_PHASE_LABEL if phase_id < 0 else phases.phases[phase_id].path
+        path = NO_PHASE if phase_id < 0 else phases.phases[phase_id].path
         t = int(ts[i])
         row = rows.get((p, path))
         if row is None:
@@ -462,7 +462,7 @@ def kv_failed(b: KvBudget) -> bool:
 def _took(r: dict, human) -> str:
     """``TP1's custom_ar_init took 18.00 GiB`` / ``pid 7 took 2.00 GiB outside any phase``."""
     who = r["label"] or f"pid {r['pid']}"
-    if r["phase"] == NO_PHASE_LABEL:
+    if r["phase"] == NO_PHASE:
         return f"{who} took {human(r['owned'])} outside any phase"
     return f"{who}'s {r['name']} took {human(r['owned'])}"
 
@@ -499,7 +499,7 @@ def diagnose(budget: KvBudget, window: KvWindow | None, windows: dict[int, KvWin
     lines = []
     for r in sorted(extras, key=lambda r: r["pid"] != budget.pid):  # its own first
         if r["pid"] == budget.pid:
-            what = "allocations outside any phase" if r["phase"] == NO_PHASE_LABEL else r["name"]
+            what = "allocations outside any phase" if r["phase"] == NO_PHASE else r["name"]
             lines.append(
                 f"between the baseline and the KV sizing, {what} took {human(r['owned'])} on GPU {g} "
                 f"({_cats_text(r, human)})"

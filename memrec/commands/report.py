@@ -38,7 +38,7 @@ class ReportCommand:
         trace = load_trace_for_command(args.trace)
         report = build_report(trace, gpu=args.gpu, pid=args.pid)
         if args.gpu is not None and not report["gpus"] and report["host"] is None:
-            known = sorted({gi.index for gi in trace.gpus})
+            known = trace.gpu_ids()
             raise MemrecCommandError(
                 f"GPU {args.gpu} is not in this trace (GPUs: {', '.join(map(str, known)) or 'none'})",
                 exit_code=ExitCode.USAGE,

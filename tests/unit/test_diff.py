@@ -100,7 +100,7 @@ def test_examples_phase_rows_and_failures():
     assert rows[("cuda_graph_capture", "TP1", 0, "driver")] == (192 * MiB, None, -192 * MiB)
     # AND the phases come in startup order
     order = list(dict.fromkeys(r["phase"] for r in d["phases"]))
-    assert order == ["dist_init", "load_weights", "custom_ar_init", "kv_pool", "cuda_graph_capture", "(outside phases)"]
+    assert order == ["dist_init", "load_weights", "custom_ar_init", "kv_pool", "cuda_graph_capture", "(no phase)"]
     # AND the failures are SGLang's error on both ranks, in the IPC run only
     assert [(f["in"], f["rank"], f["phase"], f["error"]) for f in d["failures"]] == [
         ("b", "TP0", "kv_budget", NOT_ENOUGH), ("b", "TP1", "kv_budget", NOT_ENOUGH),
@@ -164,7 +164,7 @@ def test_lazy_all_reduce_on_two_gpus_with_an_oom_only_in_b():
     # AND the pool's bytes are per GPU and rank; memory freed at exit is in no phase row
     rows = {(r["phase"], r["rank"], r["gpu"], r["category"]): (r["a"], r["b"]) for r in d["phases"]}
     assert rows[("kv_pool", "TP1", 1, "driver")] == (29824 * MiB, None)
-    assert not any(r["phase"] == "(outside phases)" for r in d["phases"])
+    assert not any(r["phase"] == "(no phase)" for r in d["phases"])
 
 
 def test_memory_taken_before_the_baseline_moves_pre_and_the_slack():

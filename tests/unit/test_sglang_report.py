@@ -184,7 +184,7 @@ def test_ipc_example_budget_is_negative_and_the_custom_all_reduce_is_named():
         ("TP1", "custom_ar_init", 18 * GiB, 18 * GiB), ("TP0", "custom_ar_init", 18 * GiB, 18 * GiB),
     ]
     assert [(x["label"], x["phase"], x["owned"]) for x in w["before"]] == [
-        ("TP1", "(outside phases)", 2 * MiB), ("TP0", "(outside phases)", 2 * MiB),
+        ("TP1", "(no phase)", 2 * MiB), ("TP0", "(no phase)", 2 * MiB),
         ("TP1", "dist_init", 256 * MiB), ("TP0", "dist_init", 256 * MiB),
     ]
     # AND the whole section survives JSON
