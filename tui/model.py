@@ -42,6 +42,7 @@ from memrec.analysis.sglang_report import rank_labels
 from memrec.columns import EVENT_DTYPE
 from memrec.events import CATEGORIES
 from memrec.events import CU_RESULT_NAMES
+from memrec.events import cu_result_name
 from memrec.events import Api
 from memrec.events import GpuInfo
 from memrec.events import Kind
@@ -133,11 +134,6 @@ def parse_size(text: str) -> int:
 
 KIND_NAMES = {int(k): k.name.lower() for k in Kind}
 API_NAMES = {int(a): a.name for a in Api}
-
-
-def result_name(result: int) -> str:
-    """A CUresult's name as the driver's header spells it (``CUDA_ERROR_NOT_PERMITTED``)."""
-    return CU_RESULT_NAMES.get(result) or f"CUresult {result}"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1279,7 +1275,7 @@ class TraceModel:
                 return None
             api, result = int(self._fail["api"].a[at[0]]), int(self._fail["result"].a[at[0]])
         more = f" (+{len(at) - 1} more)" if len(at) > 1 else ""
-        return f"{API_NAMES.get(api, f'api {api}')}: {result_name(result)}{more}"
+        return f"{API_NAMES.get(api, f'api {api}')}: {cu_result_name(result)}{more}"
 
     def failures(self, gpu: int | None, t0: int, t1: int) -> np.ndarray:
         """Timestamps of failed calls in [t0, t1) (on ``gpu``, or unknown GPU)."""

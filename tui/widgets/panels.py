@@ -10,12 +10,12 @@ from textual.widgets import Static
 
 from memrec.analysis.phases import NO_PHASE
 from memrec.events import GpuInfo
+from memrec.events import cu_result_name
 from memrec.tui.model import KIND_NAMES
 from memrec.tui.model import CursorState
 from memrec.tui.model import EventRows
 from memrec.tui.model import diff_rows
 from memrec.tui.model import fmt_dur
-from memrec.tui.model import result_name
 from memrec.tui.widgets.timeline import FAIL_COLOUR
 from memrec.tui.widgets.timeline import LAYER_COLOURS
 from memrec.tui.widgets.timeline import NVML_COLOUR
@@ -191,7 +191,7 @@ class EventsTable(DataTable):
             res = int(r["result"])
             kind = KIND_NAMES.get(int(r["kind"]), str(int(r["kind"])))
             size = int(r["size"])
-            res_text = Text("ok" if res == 0 else result_name(res).replace("CUDA_ERROR_", ""),
+            res_text = Text("ok" if res == 0 else cu_result_name(res).replace("CUDA_ERROR_", ""),
                             style="" if res == 0 else f"bold {FAIL_COLOUR}")
             self.add_row(
                 fmt_dur(int(r["ts"]) - origin),
