@@ -11,9 +11,9 @@ Rules every hook keeps, whatever happens:
 - the hooked function runs exactly once, with the same arguments; its return value is returned
   as is and its exception is re-raised as the same object (bare ``raise``);
 - a hook never calls a collective (no ``distributed=True``, no ``torch.distributed``), never
-  creates a CUDA context (only the current device is queried, and only once CUDA is initialised
-  in this process), never imports torch, and never blocks (markers go through
-  :func:`memrec.client.mark`, which drops rather than waits);
+  creates a CUDA context or allocates (device numbers are read only where the calling thread
+  already has a current context: :mod:`memrec.sglang_hooks.device`), never imports torch, and
+  never blocks (markers go through :func:`memrec.client.mark`, which drops rather than waits);
 - anything that goes wrong inside a hook is logged once and that hook turns itself off;
 - a target that is missing on this SGLang is logged once and stays off.
 """
@@ -30,7 +30,9 @@ import time
 from typing import Any
 from typing import Callable
 
+from memrec.sglang_hooks import device as _device
 from memrec.sglang_hooks import is_active as _is_active
+from memrec.sglang_hooks.device import device_values
 from memrec.sglang_hooks.targets import GPU_MEMORY_MEASURED
 from memrec.sglang_hooks.targets import MEMORY_BASELINE
 from memrec.sglang_hooks.targets import HookSpec
@@ -238,58 +240,6 @@ def ranks(obj: Any = None) -> dict:
     if source == "sglang" and "tp_rank" in out:
         _rank_cache = dict(out)  # ranks do not change once the groups exist
     return out
-
-
-_uuid_cache: dict[int, str | None] = {}
-
-
-def _gpu_uuid(cuda: Any, ordinal: int) -> str | None:
-    if ordinal in _uuid_cache:
-        return _uuid_cache[ordinal]
-    uuid = None
-    try:
-        raw = getattr(cuda.get_device_properties(ordinal), "uuid", None)
-        if raw is not None:
-            text = str(raw)
-            uuid = text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
-    except Exception:
-        uuid = None
-    _uuid_cache[ordinal] = uuid
-    return uuid
-
-
-def device_values(out: dict) -> int | None:
-    """Add the current CUDA device's local numbers to ``out``; return its ordinal (or None).
-
-    Only when torch is already imported and CUDA already initialised here: nothing is imported,
-    no context is created on another device (``mem_get_info()`` of the *current* device), and
-    nothing is collective.
-    """
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return None
-    cuda = getattr(torch, "cuda", None)
-    if cuda is None:
-        return None
-    try:
-        if not cuda.is_initialized():
-            return None
-        ordinal = int(cuda.current_device())
-        free, total = cuda.mem_get_info()
-    except Exception:
-        return None
-    out["cuda_device"] = ordinal
-    out["free_bytes"] = int(free)
-    out["total_bytes"] = int(total)
-    try:
-        out["torch_reserved_bytes"] = int(cuda.memory_reserved(ordinal))
-        out["torch_allocated_bytes"] = int(cuda.memory_allocated(ordinal))
-    except Exception:
-        pass
-    uuid = _gpu_uuid(cuda, ordinal)
-    if uuid:
-        out["gpu_uuid"] = uuid
-    return ordinal
 
 
 def _caller(out: dict) -> None:
@@ -734,7 +684,7 @@ def reset_for_tests() -> None:
     _title_read_at = -1.0
     _measure_count = 0
     _client_module = None
-    _uuid_cache.clear()
+    _device.reset_for_tests()
     with _warned_lock:
         _warned.clear()
     _tls.__dict__.pop("stack", None)

@@ -33,6 +33,7 @@ from memrec import client
 from memrec.analysis import kv_budget
 from memrec.sglang_hooks import bootstrap
 from memrec.sglang_hooks import plugin
+from memrec.sglang_hooks import selfcheck
 from memrec.sglang_hooks import targets
 from memrec.sglang_hooks import wrappers
 from memrec.sglang_hooks.targets import TARGETS
@@ -113,49 +114,8 @@ def _wheel(line: str) -> Path:
 
 # -- stand-ins built from the targets table -----------------------------------------------------
 
-_counter = [0]
-
-
-def make_standin(spec: HookSpec, result=None) -> tuple[types.ModuleType, object]:
-    """A module holding a function/class named and shaped as ``spec``'s target.
-
-    Parameters are the ones the table says the hook reads; attributes read before the call are
-    class attributes, those read after are set by the call; it returns ``result``.
-    """
-    _counter[0] += 1
-    module = types.ModuleType(f"sglang_memrec_standin_{_counter[0]}")
-    params = "".join(f", {p}=None" for p in spec.param_names)
-    parts = spec.qualname.split(".")
-    namespace = {"RESULT": result}
-    if len(parts) == 1:
-        src = f"def {parts[0]}({params.lstrip(', ')}):\n    return RESULT\n"
-    else:
-        cls, meth = parts
-        lines = [f"class {cls}:"]
-        lines += [f"    {a} = 'before:{a}'" for a, _ in spec.attrs_before]
-        if spec.static:
-            lines += ["    @staticmethod", f"    def {meth}({params.lstrip(', ')}):", "        return RESULT"]
-        else:
-            lines += [f"    def {meth}(self{params}):"]
-            lines += [f"        self.{a} = 'after:{a}'" for a, _ in spec.attrs_after]
-            lines += ["        return RESULT"]
-        src = "\n".join(lines) + "\n"
-    exec(compile(src, f"<standin {spec.target}>", "exec"), namespace)
-    for key, value in namespace.items():
-        if key not in ("RESULT", "__builtins__"):
-            setattr(module, key, value)
-    return module, namespace[parts[0]]
-
-
-def _call(spec: HookSpec, obj, kwargs):
-    parts = spec.qualname.split(".")
-    if len(parts) == 1:
-        return obj(**kwargs)
-    cls, meth = obj, parts[1]
-    if spec.static:
-        return getattr(cls, meth)(**kwargs)
-    instance = object.__new__(cls)
-    return getattr(cls, meth)(instance, **kwargs), instance
+make_standin = selfcheck.standin
+_call = selfcheck.call_standin
 
 
 _ALL = [pytest.param(spec, id=f"{line}:{spec.qualname}") for line, specs in TARGETS.items() for spec in specs]
@@ -200,9 +160,9 @@ def test_every_target_hook_records_its_values(rec: Recorder, spec: HookSpec):
         values = rec.calls[0][3]
         assert (expected_params | expected_before | (expected_after if spec.hook == "after" else {})).items() <= values.items()
     if spec.marker == targets.GPU_MEMORY_MEASURED:
-        # the caller is this test (the hook's own frames are skipped)
-        assert rec.calls[0][3]["caller"] == "_call"
-        assert rec.calls[0][3]["caller_module"] == __name__
+        # the caller is the function that called the target (the hook's own frames are skipped)
+        assert rec.calls[0][3]["caller"] == "call_standin"
+        assert rec.calls[0][3]["caller_module"] == selfcheck.__name__
     if "class_name" in spec.extras:
         assert rec.calls[-1][3]["custom_ar_class"] == spec.qualname.split(".")[0]
 
@@ -364,95 +324,6 @@ def test_a_failing_hook_turns_itself_off_and_the_host_goes_on(monkeypatch, caplo
 
 
 # -- rank, GPU and local memory ----------------------------------------------------------------
-
-
-class _Untouchable:
-    def __getattr__(self, name):
-        raise AssertionError(f"a hook touched torch.distributed.{name}")
-
-
-def _fake_torch(initialized=True, device=3):
-    calls = []
-
-    class Props:
-        uuid = "5d8f3c1e-0000-1111-2222-333344445555"
-
-    class Cuda:
-        @staticmethod
-        def is_initialized():
-            return initialized
-
-        @staticmethod
-        def current_device():
-            calls.append("current_device")
-            return device
-
-        @staticmethod
-        def mem_get_info(*args):
-            calls.append(("mem_get_info", args))
-            return (70 * GiB, 141 * GiB)
-
-        @staticmethod
-        def memory_reserved(d):
-            return 2 * GiB
-
-        @staticmethod
-        def memory_allocated(d):
-            return GiB
-
-        @staticmethod
-        def get_device_properties(d):
-            calls.append(("props", d))
-            return Props()
-
-    torch = types.ModuleType("torch")
-    torch.cuda = Cuda
-    torch.distributed = _Untouchable()
-    return torch, calls
-
-
-def test_markers_carry_device_numbers_of_the_current_gpu_only(rec: Recorder, monkeypatch):
-    # GIVEN torch loaded with CUDA initialised on device 3, and a hooked load_model
-    torch, calls = _fake_torch()
-    monkeypatch.setitem(sys.modules, "torch", torch)
-    spec = next(s for s in TARGETS["0.5.7"] if s.marker == targets.LOAD_WEIGHTS)
-    module, cls = make_standin(spec)
-    wrappers.patch_target(spec, module)
-    runner = object.__new__(cls)
-    runner.gpu_id, runner.tp_rank, runner.pp_rank = 3, 5, 0
-    # WHEN it runs
-    cls.load_model(runner)
-    # THEN both markers name the device ordinal as the marker's gpu, the physical UUID, the
-    # current device's free/total, torch's own counters and the ranks from the runner
-    for _name, _phase, gpu, values in rec.calls:
-        assert gpu == 3
-        assert values["gpu_uuid"] == "GPU-5d8f3c1e-0000-1111-2222-333344445555"
-        assert (values["free_bytes"], values["total_bytes"]) == (70 * GiB, 141 * GiB)
-        assert (values["torch_reserved_bytes"], values["torch_allocated_bytes"]) == (2 * GiB, GiB)
-        assert (values["tp_rank"], values["pp_rank"], values["rank_source"]) == (5, 0, "object")
-        assert values["gpu_id"] == 3
-    # ... measured with mem_get_info() of the current device (no device argument: no new
-    # context), the UUID looked up once, and torch.distributed never touched
-    assert [c for c in calls if c[0] == "mem_get_info"] == [("mem_get_info", ())] * 2
-    assert [c for c in calls if c[0] == "props"] == [("props", 3)]
-
-
-def test_no_cuda_call_before_cuda_is_initialised_and_no_torch_import(rec: Recorder, monkeypatch):
-    # GIVEN torch loaded but CUDA not initialised
-    torch, calls = _fake_torch(initialized=False)
-    monkeypatch.setitem(sys.modules, "torch", torch)
-    spec = next(s for s in TARGETS["0.5.23"] if s.marker == targets.DIST_INIT)
-    module, fn = make_standin(spec)
-    wrappers.patch_target(spec, module)
-    # WHEN the hook runs
-    module.init_parallel_runtime(device="cuda", dist_port=1)
-    # THEN no CUDA function was called and the markers have no GPU
-    assert calls == []
-    assert all(gpu is None and "free_bytes" not in values for _, _, gpu, values in rec.calls)
-    # AND without torch loaded, the hooks never import it
-    monkeypatch.delitem(sys.modules, "torch")
-    module.init_parallel_runtime(device="cuda", dist_port=1)
-    assert "torch" not in sys.modules
 
 
 @pytest.mark.parametrize(
