@@ -255,9 +255,31 @@ def _caller(out: dict) -> None:
         return
     # The hook runs after the hooked function returned: the first frame outside the hook
     # machinery is its caller.
-    code = frame.f_code
-    out["caller"] = getattr(code, "co_qualname", code.co_name)
+    out["caller"] = qualname_of(frame)
     out["caller_module"] = frame.f_globals.get("__name__", "?")
+
+
+def qualname_of(frame: Any) -> str:
+    """The qualified name of ``frame``'s function: ``co_qualname`` (3.11+); on 3.10, looked up
+    through its ``self``/``cls`` (the class that defines it, behind any wrappers), else the
+    bare name."""
+    code = frame.f_code
+    name = getattr(code, "co_qualname", None)
+    if name:
+        return name
+    first = code.co_varnames[0] if code.co_argcount else None
+    owner = frame.f_locals.get(first) if first in ("self", "cls") else None
+    cls = owner if isinstance(owner, type) else type(owner) if owner is not None else None
+    for klass in getattr(cls, "__mro__", ()):
+        fn = klass.__dict__.get(code.co_name)
+        for _ in range(8):
+            fn = getattr(fn, "__func__", fn)
+            if fn is None or getattr(fn, "__code__", None) is code:
+                break
+            fn = getattr(fn, "__wrapped__", None)
+        if fn is not None:
+            return getattr(fn, "__qualname__", f"{klass.__name__}.{code.co_name}")
+    return code.co_name
 
 
 def _parallel_config(obj: Any, bound: dict, out: dict) -> None:
