@@ -38,13 +38,15 @@ def standin(spec: HookSpec, result: Any = None) -> tuple[types.ModuleType, Any]:
     module = types.ModuleType(f"sglang_memrec_standin_{_counter[0]}")
     params = "".join(f", {p}=None" for p in spec.param_names)
     parts = spec.qualname.split(".")
-    namespace: dict = {"RESULT": result}
+    namespace: dict = {"RESULT": result, "NS": types.SimpleNamespace}
     if len(parts) == 1:
         src = f"def {parts[0]}({params.lstrip(', ')}):\n    return RESULT\n"
     else:
         cls, meth = parts
         lines = [f"class {cls}:"]
-        lines += [f"    {a} = 'before:{a}'" for a, _ in spec.attrs_before]
+        for head in dict.fromkeys(a.split(".")[0] for a, _ in spec.attrs_before):
+            dotted = {a.split(".", 1)[1]: f"before:{a}" for a, _ in spec.attrs_before if a.startswith(head + ".")}
+            lines.append(f"    {head} = NS(**{dotted!r})" if dotted else f"    {head} = 'before:{head}'")
         if spec.static:
             lines += ["    @staticmethod", f"    def {meth}({params.lstrip(', ')}):", "        return RESULT"]
         else:
@@ -54,7 +56,7 @@ def standin(spec: HookSpec, result: Any = None) -> tuple[types.ModuleType, Any]:
         src = "\n".join(lines) + "\n"
     exec(compile(src, f"<standin {spec.target}>", "exec"), namespace)
     for key, value in namespace.items():
-        if key not in ("RESULT", "__builtins__"):
+        if key not in ("RESULT", "NS", "__builtins__"):
             setattr(module, key, value)
     return module, namespace[parts[0]]
 

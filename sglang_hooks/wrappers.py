@@ -478,7 +478,9 @@ class Hook:
                     scalar_values(key, bound[param], begin)
             for attr, key in spec.attrs_before:
                 try:
-                    value = getattr(obj, attr)
+                    value = obj
+                    for part in attr.split("."):  # "ps.tp_rank": through the object it names
+                        value = getattr(value, part)
                 except Exception:
                     continue
                 scalar_values(key, value, begin)
@@ -554,8 +556,8 @@ class Hook:
         gpu = self._common(obj, values)
         phase = "end" if spec.hook == "around" else "instant"
         self._send(spec.marker, phase, gpu, values)
-        if spec.baseline_from_result and exc is None and spec.result is not None and spec.result in values:
-            baseline = {spec.result: values[spec.result]}
+        if spec.baseline_from and exc is None and values.get(spec.baseline_from) is not None:
+            baseline = {spec.baseline_from: values[spec.baseline_from]}
             for key in ("gpu_id", "is_draft_worker"):
                 if key in begin:
                     baseline[key] = begin[key]
