@@ -85,6 +85,7 @@ class HookSpec:
             attribute (``ps.tp_rank``) is read through the objects it names.
         attrs_after: ``(attribute of self, value key)`` read after the call.
         result: value key for the return value (None: not recorded).
+        result_attrs: ``(attribute of the return value, value key)`` read after the call.
         extras: extractor names (:data:`EXTRAS`).
         static: the target is a ``@staticmethod`` (the patch keeps it one).
         capture_measurement: a span that records the first ``get_available_gpu_memory`` result
@@ -105,6 +106,7 @@ class HookSpec:
     attrs_before: tuple[tuple[str, str], ...] = ()
     attrs_after: tuple[tuple[str, str], ...] = ()
     result: str | None = None
+    result_attrs: tuple[tuple[str, str], ...] = ()
     extras: tuple[str, ...] = ()
     static: bool = False
     capture_measurement: bool = False
@@ -371,6 +373,7 @@ def _cell_size_pools() -> HookSpec:
         None,
         params=_p("available_bytes", "page_size"),
         attrs_before=(("_cell_size", "cell_size"),),
+        result_attrs=(("max_total_num_tokens", "sglang_tokens"),),
         contribute=True,
         note="max_tokens = available_bytes // cell_size (MHA/MLA/DSA); MemoryPoolConfig.__post_init__ "
         "raises 'Not enough memory...' when it is <= 0 (hybrid SWA / DSv4 configurators: not read)",
@@ -684,6 +687,7 @@ def table() -> list[TargetRow]:
             reads += [f"self.{a}→{k} (after)" if a != k else f"self.{a} (after)" for a, k in spec.attrs_after]
             if spec.result:
                 reads.append(f"result→{spec.result}")
+            reads += [f"result.{a}→{k}" for a, k in spec.result_attrs]
             reads += [f"[{e}]" for e in spec.extras]
             rows.append(
                 TargetRow(line, spec.target, spec.hook, spec.marker or "(into span)", ", ".join(reads), spec.note)

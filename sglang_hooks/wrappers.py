@@ -529,6 +529,12 @@ class Hook:
         if exc is None:
             if spec.result is not None:
                 scalar_values(spec.result, result, values)
+            for attr, key in spec.result_attrs:
+                try:
+                    value = getattr(result, attr)
+                except Exception:
+                    continue
+                scalar_values(key, value, values)
             for attr, key in spec.attrs_after:
                 try:
                     value = getattr(obj, attr)

@@ -35,6 +35,7 @@ from memrec.analysis.kv_budget import GIB
 from memrec.analysis.kv_budget import KvBudget
 from memrec.analysis.kv_budget import kv_budgets
 from memrec.analysis.kv_budget import summarize
+from memrec.analysis.kv_budget import terms_lines
 from memrec.analysis.phases import Phases
 from memrec.analysis.timeline import OWNED
 from memrec.analysis.timeline import Journal
@@ -450,8 +451,13 @@ _KV_ERRORS = ("no_memory_for_kv", "not_enough_memory", "pool_too_small")
 def kv_failed(b: KvBudget) -> bool:
     """The KV sizing itself failed: a budget or token count <= 0, or one of SGLang's sizing errors.
 
-    (``KvBudget.ok`` is also False when the worker failed later for another reason.)
+    (``KvBudget.ok`` is also False when the worker failed later for another reason.) A draft
+    runner sized by its target fails only by SGLang's own error.
     """
+    if b.sized_by_target:
+        return b.error_kind in _KV_ERRORS
+    if b.tokens is not None and b.tokens_source == "sglang":
+        return b.tokens <= 0 or b.error_kind in _KV_ERRORS
     if b.rest_gib is not None and b.rest_gib <= 0:
         return True
     if b.tokens is not None and b.tokens <= 0:
@@ -546,12 +552,17 @@ def diagnose(budget: KvBudget, window: KvWindow | None, windows: dict[int, KvWin
 
 def budget_lines(b: KvBudget) -> list[str]:
     """SGLang's formula with the rank's real numbers (GiB as SGLang measures them)."""
+    if b.sized_by_target:
+        own = f"; its own profile ({b.sglang_tokens:,} tokens) is discarded" if b.sglang_tokens is not None else ""
+        return [f"sized by the target: the draft uses the target's pool size{own}"] + (
+            [f"SGLang raised: {b.error}"] if b.error and b.error_kind in _KV_ERRORS else [])
     lines = []
     f = b.mem_fraction_static
     if b.rest_gib is not None and f is not None:
-        lines.append("rest   = available_after_weights − pre_model_load_memory × (1 − mem_fraction_static)")
+        rel = "≤" if b.unknown_terms else "="
+        lines.append(f"rest   {rel} available_after_weights − pre_model_load_memory × (1 − mem_fraction_static)")
         lines.append(
-            f"       = {b.available_gpu_memory:.2f} GiB − {b.pre_model_load_memory:.2f} GiB × (1 − {f:.3f})"
+            f"       {rel} {b.available_gpu_memory:.2f} GiB − {b.pre_model_load_memory:.2f} GiB × (1 − {f:.3f})"
             f" = {b.available_gpu_memory:.2f} GiB − {b.slack_gib:.2f} GiB = {b.rest_gib:.2f} GiB"
         )
     else:
@@ -562,21 +573,12 @@ def budget_lines(b: KvBudget) -> list[str]:
             if value is not None
         ]
         lines.append("incomplete: " + (", ".join(known) if known else "no SGLang numbers") + " (the rest was not recorded)")
-    if b.sglang_rest_bytes is not None and b.rest_bytes is not None and b.sglang_rest_bytes != b.rest_bytes:
-        lines.append(f"SGLang's own rest: {b.sglang_rest_bytes / GIB:.2f} GiB (after its multimodal/mamba reservations)")
-    if b.tokens is not None:
-        if b.tokens_source == "cell_size":
-            nbytes = b.sglang_rest_bytes if b.sglang_rest_bytes is not None else b.rest_bytes
-            lines.append(f"tokens = int(rest × 2**30) // cell_size = {nbytes:,} // {b.cell_size:,} = {b.tokens:,}")
-        else:
-            lines.append(f"tokens = {b.tokens:,} (as SGLang profiled it)")
-    if b.max_total_num_tokens is not None and b.max_total_num_tokens != b.tokens:
-        lines.append(f"pool: max_total_num_tokens = {b.max_total_num_tokens:,} (after caps and page alignment)")
+    lines += terms_lines(b)
     if b.min_mem_fraction_static is not None:
         ran = "" if f is None else f" (ran with {f:.3f})"
         lines.append(
-            f"minimum viable --mem-fraction-static = 1 − {b.available_gpu_memory:.2f} / {b.pre_model_load_memory:.2f}"
-            f" = {b.min_mem_fraction_static:.4f}{ran}"
+            f"minimum viable --mem-fraction-static {'≥' if b.unknown_terms else '='} 1 − "
+            f"{b.available_gpu_memory:.2f} / {b.pre_model_load_memory:.2f} = {b.min_mem_fraction_static:.4f}{ran}"
         )
     if b.available_is_world_min:
         lines.append("(both measurements are MINs over every rank of the world)")

@@ -525,7 +525,7 @@ def test_bootstrap_hooks_a_0_5_7_worker_as_its_modules_load(rec: Recorder, fake_
     assert b.available_gpu_memory == pytest.approx(available, abs=1e-12)
     assert b.mem_fraction_static == 0.875
     assert b.cell_size == 4096 * 32
-    assert b.tokens == runner.max_total_num_tokens == b.sglang_profiled_tokens  # computed == SGLang's
+    assert b.tokens == runner.max_total_num_tokens == b.sglang_tokens  # computed == SGLang's
     assert b.max_total_num_tokens == runner.max_total_num_tokens
     assert b.weight_load_mem_usage == pytest.approx(16.0)
     assert b.ok and b.error is None
@@ -710,7 +710,7 @@ def test_plugin_hooks_a_0_5_23_worker_through_sglangs_real_plugin_loader(
     assert b.available_gpu_memory == pytest.approx(available, abs=1e-12)
     assert b.available_is_world_min is True
     assert b.sglang_rest_bytes == b.rest_bytes  # SGLang's rest == the formula's (no extra reservations)
-    assert b.cell_size == 4096 * 32 and b.tokens_source == "cell_size"
+    assert b.cell_size == 4096 * 32 and b.tokens_source == "sglang" and b.memrec_tokens == b.tokens
     assert b.tokens == b.max_total_num_tokens
     ar = rec.find(targets.CUSTOM_AR_INIT, "end")[0]
     if car_v2:
@@ -872,13 +872,13 @@ def test_real_profile_max_num_token_agrees_with_the_rebuilt_budget(rec: Recorder
     cell = 8 // 2 * (128 + 128) * 32 * 2  # kv heads/tp × (k + v dims) × layers × bf16
     expected_rest = 61.3 - 79.1 * (1 - 0.85)
     assert b.rest_gib == expected_rest
-    assert b.sglang_profiled_tokens == tokens
+    assert b.sglang_tokens == tokens
     if line == "0.4.10":  # cell size is inline there: memrec reports SGLang's count
         assert (b.cell_size, b.tokens_source, b.tokens) == (None, "sglang", tokens)
         assert tokens == int(expected_rest * (1 << 30) // cell)
     else:
-        assert (b.cell_size, b.tokens_source) == (cell, "cell_size")
-        assert b.tokens == tokens == kv_budget.tokens_from_rest(expected_rest, cell)
+        assert (b.cell_size, b.tokens_source) == (cell, "sglang")
+        assert b.tokens == b.memrec_tokens == tokens == kv_budget.tokens_from_rest(expected_rest, cell)
 
 
 def _real_0_5_23(monkeypatch, rec: Recorder, available: float, fraction: float):
@@ -996,3 +996,18 @@ def test_real_0_5_23_pool_sizing_not_enough_memory_passes_through(rec: Recorder)
     end = rec.find(targets.KV_POOL, "end")[0]
     assert end["max_total_num_tokens"] == runner.max_total_num_tokens == 64000
     assert end["available_bytes"] == runner.budget and "error" not in end
+    assert end["sglang_tokens"] == 64000
+    # AND with a fixed overhead (0.5.22+ page-shard scratch), the count reported is SGLang's own,
+    # not memrec's rest // cell_size
+    rec.calls.clear()
+    pool_cls._fixed_overhead_bytes = 131072 * 64 * 10
+    spec = next(s for s in TARGETS["0.5.21"] if s.marker == targets.KV_BUDGET)
+    budget_module, budget_cls = make_standin(spec, runner.budget)
+    wrappers.patch_target(spec, budget_module)
+    budget_cls = budget_module.KVCacheConfigurator
+    budget_cls.gpu_id, budget_cls.is_draft_worker, budget_cls.mem_fraction_static = 0, False, 0.875
+    budget_cls._profile_available_bytes(budget_cls(), pre_model_load_memory=79.5)
+    runner.alloc_memory_pool()
+    (b,) = kv_budget.kv_budgets(rec.markers())
+    assert (b.tokens, b.tokens_source, b.memrec_tokens) == (63360, "sglang", 64000)
+    assert any("SGLang subtracted +640 tokens more" in line for line in kv_budget.explain(b))

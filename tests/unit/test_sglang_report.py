@@ -160,7 +160,8 @@ def test_ipc_example_budget_is_negative_and_the_custom_all_reduce_is_named():
     assert b["tokens"] == -20613 and b["min_mem_fraction_static"] == 1 - AVAIL_IPC / PRE
     assert b["error"] == NOT_ENOUGH and b["ok"] is False
     assert b["formula"][1] == "       = 52.09 GiB − 138.09 GiB × (1 − 0.600) = 52.09 GiB − 55.24 GiB = -3.15 GiB"
-    assert b["formula"][2] == f"tokens = int(rest × 2**30) // cell_size = {int(b['rest_gib'] * GiB):,} // 163,840 = -20,613"
+    assert b["formula"][2] == "→ -20,613 tokens (SGLang's own count)"
+    assert b["memrec_tokens"] == int(b["rest_gib"] * GiB) // 163840 == -20613
     assert b["formula"][3] == "minimum viable --mem-fraction-static = 1 − 52.09 / 138.09 = 0.6228 (ran with 0.600)"
     # AND the diagnosis names the custom all-reduce: its own 18 GiB, then the peer's on the same GPU
     dg = b["diagnosis"]
