@@ -214,20 +214,22 @@ def _sglang_ranks() -> dict:
 def ranks(obj: Any = None) -> dict:
     """``tp_rank``/``pp_rank``/``dp_rank`` of this process and where they came from.
 
-    Sources, first found wins per key: SGLang's parallel state (``get_parallel()`` on 0.5.23,
-    the ``_TP``/``_PP`` group coordinators before), the hooked object's own attributes, then the
-    process title SGLang sets (``sglang::scheduler_TP{n}...``).
+    Sources, first found wins per key: SGLang's parallel state (``get_parallel()`` from 0.5.16,
+    the ``_TP``/``_PP`` group coordinators before), the hooked object's own attributes (or its
+    ``ps``), then the process title SGLang sets (``sglang::scheduler_TP{n}...``).
     """
     global _rank_cache
     if _rank_cache is not None:
         return dict(_rank_cache)
     out = _sglang_ranks()
     source = "sglang" if out else None
-    if obj is not None:
+    if obj is not None and not isinstance(obj, type):
+        # The object's own attributes, else its ParallelState (``self.ps``: 0.5.13 – 0.5.20).
+        holders = (obj, getattr(obj, "ps", None))
         for key in ("tp_rank", "pp_rank", "dp_rank"):
-            if key not in out:
-                value = getattr(obj, key, None) if not isinstance(obj, type) else None
-                if isinstance(value, int) and not isinstance(value, bool):
+            for holder in holders:
+                value = getattr(holder, key, None) if holder is not None else None
+                if key not in out and isinstance(value, int) and not isinstance(value, bool):
                     out[key] = value
                     source = source or "object"
     if "tp_rank" not in out or "dp_rank" not in out:

@@ -42,6 +42,8 @@ from memrec.analysis.timeline import Journal
 from memrec.events import CATEGORIES
 from memrec.events import Marker
 from memrec.analysis.text import table
+from memrec.client import DROP_REASONS
+from memrec.client import DROPPED_MARKER
 
 #: Marker names the SGLang hooks (and the stand-in) send.
 SGLANG_MARKERS = frozenset(
@@ -652,10 +654,26 @@ def build_sglang_section(
     summary["kv_failed"] = any(kv_failed(b) for b in budgets)
     fractions = sorted({b.mem_fraction_static for b in targets if b.mem_fraction_static is not None})
     summary["mem_fraction_static"] = fractions
+    summary["fraction_is_lower_bound"] = any(b.unknown_terms for b in targets)
+    summary["markers_dropped"] = markers_dropped(markers, labels)
     if summary["min_rest_label"] is not None:
         worst = min((b for b in targets if b.rest_gib is not None), key=lambda b: b.rest_gib)  # type: ignore[arg-type,return-value]
         summary["min_rest_label"] = format_rank(ranks.get(worst.pid, {}), dims) or worst.label
     return {"ranks": out_ranks, "windows": shown_windows, "summary": _jsonable(summary)}
+
+
+def markers_dropped(markers: list, labels: dict[int, str]) -> list[dict]:
+    """Per process, the markers its client dropped (the last ``markers_dropped`` report: the
+    counts are cumulative), e.g. sent before the daemon was up or into a full socket."""
+    last: dict[int, Any] = {}
+    for m in markers:
+        if m.name == DROPPED_MARKER and (m.pid not in last or m.ts >= last[m.pid].ts):
+            last[m.pid] = m
+    return [
+        {"pid": p, "label": labels.get(p, ""), "dropped": int(m.values.get("dropped") or 0),
+         "reasons": {r: int(m.values.get(r) or 0) for r in DROP_REASONS}}
+        for p, m in sorted(last.items())
+    ]
 
 
 # ----------------------------------------------------------------------------------------- render
@@ -698,7 +716,8 @@ def render_sglang(section: dict) -> list[str]:
             out.append(f"  smallest rest {s['min_rest_gib']:.2f} GiB ({s['min_rest_label']}){tokens}")
         need = s["needed_mem_fraction_static"]
         if need is not None and need < 1:
-            out.append(f"  every rank needs --mem-fraction-static > {need:.4f}{ran}")
+            more = " at least (SGLang's other reservations are unknown: it raised)" if s.get("fraction_is_lower_bound") else ""
+            out.append(f"  every rank needs --mem-fraction-static > {need:.4f}{more}{ran}")
         elif need is not None:
             out.append(f"  no --mem-fraction-static can fit a KV cache: it would have to exceed {need:.4f}{ran}")
         if s.get("local_free_spread_gib"):
@@ -707,6 +726,10 @@ def render_sglang(section: dict) -> list[str]:
             )
     else:
         out.append("  no KV sizing in the markers")
+    for d in s.get("markers_dropped") or ():
+        reasons = ", ".join(f"{k} {v}" for k, v in d["reasons"].items() if v)
+        out.append(f"  markers lost: {d['label'] or 'pid ' + str(d['pid'])} dropped {d['dropped']} marker(s)"
+                   f" ({reasons}); phases around them may be missing")
     windows = {w["gpu"]: w for w in section["windows"]}
     shown: dict[int, str] = {}  # GPU -> the rank under which its window was printed
     for r in section["ranks"]:

@@ -362,6 +362,15 @@ def test_ranks_prefer_sglangs_parallel_state(monkeypatch):
     assert wrappers.ranks()["tp_rank"] == 4 and wrappers.ranks()["pp_rank"] == 1
 
 
+def test_ranks_from_the_objects_parallel_state(monkeypatch):
+    # GIVEN a 0.5.13 – 0.5.20 Scheduler: no rank attributes of its own, a ParallelState in self.ps,
+    # and no group coordinators yet (before distributed init)
+    monkeypatch.setattr(wrappers, "_proctitle", lambda: "")
+    scheduler = types.SimpleNamespace(ps=types.SimpleNamespace(tp_rank=3, pp_rank=1, dp_rank=0, gpu_id=3))
+    # WHEN ranks are resolved  THEN they come from self.ps
+    assert wrappers.ranks(scheduler) == {"tp_rank": 3, "pp_rank": 1, "dp_rank": 0, "rank_source": "object"}
+
+
 # -- the real client and a real socket --------------------------------------------------------
 
 

@@ -293,6 +293,27 @@ def test_weights_alone_too_big_is_said_so():
     ]
 
 
+def test_markers_a_rank_dropped_are_reported_with_their_reasons():
+    # GIVEN a run where TP1's client dropped 3 markers before the daemon answered and then 1 into
+    # a full socket (two cumulative reports: the last counts)
+    from memrec.analysis.sglang_report import render_sglang
+    from memrec.client import DROPPED_MARKER
+
+    trace = sglang_run()
+    reasons = dict(no_daemon=0, socket_full=0, connection_lost=0, busy=0, invalid=0)
+    trace.markers += [
+        mark(5.5, 101, DROPPED_MARKER, "instant", dropped=3, **{**reasons, "no_daemon": 3}),
+        mark(9.5, 101, DROPPED_MARKER, "instant", dropped=4, **{**reasons, "no_daemon": 3, "socket_full": 1}),
+    ]
+    # WHEN reported
+    s = build_report(trace)["sglang"]
+    # THEN the summary names the rank, the count and why, and the text says so under the verdict
+    assert s["summary"]["markers_dropped"] == [
+        {"pid": 101, "label": "TP1", "dropped": 4, "reasons": {**reasons, "no_daemon": 3, "socket_full": 1}}]
+    assert ("  markers lost: TP1 dropped 4 marker(s) (no_daemon 3, socket_full 1); phases around them may be "
+            "missing") in render_sglang(s)
+
+
 def test_an_allocation_before_the_baseline_is_placed_before_it():
     # GIVEN a custom all-reduce nested in dist_init, before the baseline
     s = build_report(sglang_run(early_ar_gib=32))["sglang"]
