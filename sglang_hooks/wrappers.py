@@ -127,6 +127,35 @@ def error_text(exc: BaseException) -> str:
         return type(exc).__name__
 
 
+#: At most this many frames (innermost first) in ``error_traceback``.
+MAX_ERROR_FRAMES = 12
+
+
+def _short_path(path: str) -> str:
+    """``…/site-packages/sglang/srt/x.py`` → ``sglang/srt/x.py`` (else the path as is)."""
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in path:
+            return path.rsplit(marker, 1)[1]
+    return path
+
+
+def error_where(exc: BaseException, out: dict) -> None:
+    """Add where ``exc`` was raised: ``error_at`` (``file:line in function``, the raising frame)
+    and ``error_traceback`` (innermost first, the hook's own frames left out). Reads no source
+    file: only the traceback's code objects and line numbers."""
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_filename not in _HOOK_FILES:
+            frames.append(f"{_short_path(code.co_filename)}:{tb.tb_lineno} in {code.co_name}")
+        tb = tb.tb_next
+    if not frames:
+        return
+    out["error_at"] = frames[-1][:MAX_ERROR_TEXT]
+    out["error_traceback"] = " ← ".join(reversed(frames[-MAX_ERROR_FRAMES:]))[:MAX_ERROR_TEXT]
+
+
 _TITLE_RANK = re.compile(r"(?:^|_)(ATTN_CP|MOE_DP|DP|PP|TP|EP)(\d+)(?=_|$)")
 _TITLE_KEYS = {"TP": "tp_rank", "PP": "pp_rank", "DP": "dp_rank", "EP": "ep_rank"}
 _rank_cache: dict | None = None
@@ -545,6 +574,7 @@ class Hook:
                 scalar_values(key, value, values)
         else:
             values["error"] = error_text(exc)
+            error_where(exc, values)
         if spec.marker == GPU_MEMORY_MEASURED:
             _caller(values)
             if exc is None:

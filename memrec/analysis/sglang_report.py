@@ -634,7 +634,8 @@ def build_sglang_section(
             d["diagnosis"] = diagnose(b, w, windows) if w is not None else None
             own.append(d)
         errors = [
-            {"phase": ph.path, "error": str(ph.values["error"])}
+            {"phase": ph.path, "error": str(ph.values["error"]), "at": ph.values.get("error_at"),
+             "traceback": ph.values.get("error_traceback")}
             for ph in phases.phases
             if ph.pid == p and ph.values.get("error")
         ]
@@ -779,7 +780,13 @@ def render_sglang(section: dict) -> list[str]:
                 out.append("  why it failed:")
                 out.extend("    " + line for line in dg["lines"])
         told = {b["error"] for b in r["budgets"] if b["error"] and b["error_kind"] in _KV_ERRORS}
+        raised_at = set()
         for e in r["errors"]:
             if e["error"] not in told or e["phase"].rsplit("/", 1)[-1] not in ("kv_budget", "kv_pool"):
                 out.append(f"  SGLang raised in {e['phase']}: {e['error']}")
+            if e.get("at") and (e["error"], e["at"]) not in raised_at:  # once per exception
+                raised_at.add((e["error"], e["at"]))
+                out.append(f"    raised at {e['at']}")
+                if e.get("traceback") and e["traceback"] != e["at"]:
+                    out.append(f"    traceback (innermost first): {e['traceback']}")
     return out

@@ -288,6 +288,7 @@ def test_exception_passes_through_as_the_same_object(rec: Recorder):
         def init_memory_pool(self, total_gpu_memory, server_args):
             raise error
 
+    init_memory_pool_line = ModelRunnerKVCacheMixin.init_memory_pool.__code__.co_firstlineno
     module = types.ModuleType("sglang_memrec_standin_raise")
     module.ModelRunnerKVCacheMixin = ModelRunnerKVCacheMixin
     wrappers.patch_target(spec, module)
@@ -297,9 +298,13 @@ def test_exception_passes_through_as_the_same_object(rec: Recorder):
     # THEN the very same exception object comes out, its traceback still reaching the raise ...
     assert info.value is error
     assert info.traceback[-1].name == "init_memory_pool"
-    # ... and the end marker carries its text
+    # ... and the end marker carries its text, the raising file:line and the traceback below the
+    # hooked call (the hook's own frames left out)
     end = rec.find(targets.KV_POOL, "end")[0]
     assert end["error"] == f"RuntimeError: {error}"
+    raise_line = init_memory_pool_line + 1
+    assert end["error_at"] == f"{__file__}:{raise_line} in init_memory_pool"
+    assert end["error_traceback"] == end["error_at"]
 
 
 def test_a_failing_hook_turns_itself_off_and_the_host_goes_on(monkeypatch, caplog):
@@ -554,6 +559,13 @@ def test_bootstrap_reports_not_enough_memory_and_keeps_sglangs_exception(rec: Re
     text = f"RuntimeError: {info.value}"
     assert rec.find(targets.KV_POOL, "end")[0]["error"] == text
     assert rec.find(targets.INIT_MODEL_WORKER, "end")[0]["error"] == text
+    # ... and where SGLang raised it: the same line seen from every span, the worker's traceback
+    # reaching down through the scheduler to the KV mixin
+    raised_at = {rec.find(name, "end")[0]["error_at"] for name in (targets.KV_POOL, targets.INIT_MODEL_WORKER)}
+    (at,) = raised_at
+    assert at.endswith(" in init_memory_pool") and "sglang/srt/model_executor/model_runner_kv_cache_mixin.py:" in at
+    chain = rec.find(targets.INIT_MODEL_WORKER, "end")[0]["error_traceback"].split(" ← ")
+    assert chain[0] == at and chain[-1].endswith(" in init_model_worker")
     (b,) = kv_budget.kv_budgets(rec.markers())
     assert b.error_kind == "not_enough_memory" and not b.ok
     assert b.rest_gib < 0 and b.tokens < 0

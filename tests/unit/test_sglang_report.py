@@ -293,6 +293,24 @@ def test_weights_alone_too_big_is_said_so():
     ]
 
 
+def test_where_sglang_raised_is_printed_once_per_exception():
+    # GIVEN a failing run whose kv_budget end markers carry where SGLang raised
+    from memrec.analysis.sglang_report import render_sglang
+
+    trace = sglang_run(frac=0.5)
+    at = "sglang/srt/model_executor/model_runner.py:1155 in init_memory_pool"
+    for m in trace.markers:
+        if m.name == "kv_budget" and m.phase == "end":
+            m.values.update(error_at=at, error_traceback=f"{at} ← sglang/srt/managers/tp_worker.py:54 in __init__")
+    # WHEN reported
+    s = build_report(trace)["sglang"]
+    lines = render_sglang(s)
+    # THEN each rank's error names the raising line and the traceback, once
+    assert s["ranks"][0]["errors"][0]["at"] == at
+    assert lines.count(f"    raised at {at}") == 2
+    assert lines.count(f"    traceback (innermost first): {at} ← sglang/srt/managers/tp_worker.py:54 in __init__") == 2
+
+
 def test_markers_a_rank_dropped_are_reported_with_their_reasons():
     # GIVEN a run where TP1's client dropped 3 markers before the daemon answered and then 1 into
     # a full socket (two cumulative reports: the last counts)
@@ -412,7 +430,8 @@ def test_an_error_outside_the_kv_sizing_is_shown_and_a_filter_without_sglang_pro
     report = build_report(trace)
     # THEN the rank lists the error and the text says where SGLang raised it
     assert report["sglang"]["ranks"][0]["errors"] == [
-        {"phase": "init_model_worker", "error": "RuntimeError: CUDA error: an illegal memory access"}
+        {"phase": "init_model_worker", "error": "RuntimeError: CUDA error: an illegal memory access", "at": None,
+         "traceback": None}
     ]
     assert "  SGLang raised in init_model_worker: RuntimeError: CUDA error: an illegal memory access" in (
         render_text(report).splitlines()
