@@ -657,10 +657,61 @@ def build_sglang_section(
     summary["mem_fraction_static"] = fractions
     summary["fraction_is_lower_bound"] = any(b.unknown_terms for b in targets)
     summary["markers_dropped"] = markers_dropped(markers, labels)
+    summary["custom_all_reduce"] = custom_ar_facts(markers)
     if summary["min_rest_label"] is not None:
         worst = min((b for b in targets if b.rest_gib is not None), key=lambda b: b.rest_gib)  # type: ignore[arg-type,return-value]
         summary["min_rest_label"] = format_rank(ranks.get(worst.pid, {}), dims) or worst.label
     return {"ranks": out_ranks, "windows": shown_windows, "summary": _jsonable(summary)}
+
+
+def custom_ar_facts(markers: list) -> dict | None:
+    """What the custom all-reduce was, from the hooks' markers: whether it was switched off
+    (``--disable-custom-all-reduce``), which class each rank built, the world size, NVLink,
+    whether SGLang disabled it itself (e.g. more than 2 PCIe-only GPUs), and the bytes of
+    IPC-shared buffers each rank allocated (legacy ``create_shared_buffer``)."""
+    switched_off = sorted({bool(m.values["disable_custom_all_reduce"]) for m in markers
+                           if m.name == "dist_init" and "disable_custom_all_reduce" in m.values})
+    inits = [m for m in markers if m.name == "custom_ar_init" and m.phase == "end"]
+    buffers: dict[int, int] = {}
+    for m in markers:
+        size = m.values.get("size_in_bytes")
+        if m.name == "custom_ar_shared_buffer" and isinstance(size, int) and not isinstance(size, bool):
+            buffers[m.pid] = buffers.get(m.pid, 0) + size
+    if not inits and not switched_off and not buffers:
+        return None
+
+    def values(key: str) -> list:
+        return sorted({m.values[key] for m in inits if m.values.get(key) is not None}, key=str)
+
+    return {
+        "switched_off": switched_off,
+        "classes": values("custom_ar_class"),
+        "world_size": values("world_size"),
+        "full_nvlink": values("full_nvlink"),
+        "disabled": values("disabled"),
+        "max_size": values("max_size"),
+        "ranks_built": len({m.pid for m in inits}),
+        "errors": sorted({str(m.values["error"]) for m in inits if m.values.get("error")}),
+        "shared_buffer_bytes": sorted(set(buffers.values())),
+    }
+
+
+def _custom_ar_line(c: dict, human) -> str:
+    if c["switched_off"] == [True] and not c["classes"]:
+        return "  custom all-reduce: off (--disable-custom-all-reduce): NCCL only"
+    if not c["ranks_built"]:
+        return "  custom all-reduce: not built (no custom_ar_init marker)"
+    parts = [f"{'/'.join(c['classes']) or 'built'} on {c['ranks_built']} rank(s)"]
+    for key, name in (("world_size", "world size"), ("full_nvlink", "full_nvlink"), ("disabled", "disabled")):
+        if c[key]:
+            parts.append(f"{name} {'/'.join(str(v) for v in c[key])}")
+    if c["disabled"] == [True]:
+        parts.append("SGLang disabled it after building it (NCCL does the all-reduce)")
+    if c["shared_buffer_bytes"]:
+        parts.append("IPC-shared buffers " + "/".join(human(b) for b in c["shared_buffer_bytes"]) + " per rank")
+    if c["errors"]:
+        parts.append("failed: " + " | ".join(c["errors"]))
+    return "  custom all-reduce: " + ", ".join(parts)
 
 
 def markers_dropped(markers: list, labels: dict[int, str]) -> list[dict]:
@@ -727,6 +778,8 @@ def render_sglang(section: dict) -> list[str]:
             )
     else:
         out.append("  no KV sizing in the markers")
+    if s.get("custom_all_reduce"):
+        out.append(_custom_ar_line(s["custom_all_reduce"], human))
     for d in s.get("markers_dropped") or ():
         reasons = ", ".join(f"{k} {v}" for k, v in d["reasons"].items() if v)
         out.append(f"  markers lost: {d['label'] or 'pid ' + str(d['pid'])} dropped {d['dropped']} marker(s)"

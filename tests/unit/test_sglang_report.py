@@ -311,6 +311,35 @@ def test_where_sglang_raised_is_printed_once_per_exception():
     assert lines.count(f"    traceback (innermost first): {at} ← sglang/srt/managers/tp_worker.py:54 in __init__") == 2
 
 
+def test_custom_all_reduce_facts_are_in_the_verdict():
+    # GIVEN a run whose hooks recorded the legacy custom all-reduce on both ranks: world size 2, no
+    # full NVLink, disabled by SGLang itself (more than 2 PCIe-only GPUs would do that), two 8 MiB
+    # IPC-shared buffers each
+    from memrec.analysis.report import human
+    from memrec.analysis.sglang_report import render_sglang
+
+    trace = sglang_run()
+    for r in (0, 1):
+        pid = 100 + r
+        trace.markers += [
+            mark(2 + r * 0.1, pid, "custom_ar_shared_buffer", "instant", r, size_in_bytes=8 * MiB),
+            mark(2.2 + r * 0.1, pid, "custom_ar_shared_buffer", "instant", r, size_in_bytes=8 * MiB),
+            mark(3 + r * 0.1, pid, "custom_ar_init", "end", r, custom_ar_class="CustomAllreduce", world_size=2,
+                 full_nvlink=False, disabled=True, max_size=8 * MiB),
+        ]
+    trace.markers.sort(key=lambda m: m.ts)
+    # WHEN reported
+    s = build_report(trace)["sglang"]
+    # THEN the verdict has the class, world size, NVLink, who disabled it, and the buffers per rank
+    c = s["summary"]["custom_all_reduce"]
+    assert (c["classes"], c["world_size"], c["full_nvlink"], c["disabled"], c["ranks_built"]) == (
+        ["CustomAllreduce"], [2], [False], [True], 2)
+    assert c["shared_buffer_bytes"] == [16 * MiB]
+    assert (f"  custom all-reduce: CustomAllreduce on 2 rank(s), world size 2, full_nvlink False, disabled True, "
+            f"SGLang disabled it after building it (NCCL does the all-reduce), IPC-shared buffers {human(16 * MiB)} "
+            "per rank") in render_sglang(s)
+
+
 def test_markers_a_rank_dropped_are_reported_with_their_reasons():
     # GIVEN a run where TP1's client dropped 3 markers before the daemon answered and then 1 into
     # a full socket (two cumulative reports: the last counts)
