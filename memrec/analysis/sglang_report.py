@@ -40,6 +40,8 @@ from memrec.analysis.phases import Phases
 from memrec.analysis.timeline import OWNED
 from memrec.analysis.timeline import Journal
 from memrec.events import CATEGORIES
+from memrec.events import CUDA_ERROR_OUT_OF_MEMORY
+from memrec.events import Kind
 from memrec.events import Marker
 from memrec.analysis.text import table
 from memrec.client import DROP_REASONS
@@ -658,10 +660,52 @@ def build_sglang_section(
     summary["fraction_is_lower_bound"] = any(b.unknown_terms for b in targets)
     summary["markers_dropped"] = markers_dropped(markers, labels)
     summary["custom_all_reduce"] = custom_ar_facts(markers)
+    summary["oom_after_sizing"] = ooms_after_sizing(trace, phases, times, labels, budgets)
     if summary["min_rest_label"] is not None:
         worst = min((b for b in targets if b.rest_gib is not None), key=lambda b: b.rest_gib)  # type: ignore[arg-type,return-value]
         summary["min_rest_label"] = format_rank(ranks.get(worst.pid, {}), dims) or worst.label
     return {"ranks": out_ranks, "windows": shown_windows, "summary": _jsonable(summary)}
+
+
+def ooms_after_sizing(trace: Any, phases: Phases, times: dict, labels: dict[int, str], budgets: list) -> list[dict]:
+    """Driver allocations that failed with CUDA_ERROR_OUT_OF_MEMORY in an SGLang process after
+    its KV sizing: the pools fit, but what came after (graphs, workspaces, the first batches)
+    did not fit in the slack (sgl-project/sglang#4330: "Not enough memory" at one fraction,
+    CUDA OOM at the next)."""
+    ev = trace.events
+    if not len(ev) or not times:
+        return []
+    failed = ev[(ev["kind"] == int(Kind.ALLOC)) & (ev["result"] == CUDA_ERROR_OUT_OF_MEMORY)]
+    slack = {b.pid: b for b in budgets if not b.draft}
+    out = []
+    for e in failed:
+        pid, ts = int(e["pid"]), int(e["ts"])
+        t = times.get(pid)
+        if t is None or t.sizing_ts is None or ts < t.sizing_ts:
+            continue
+        b = slack.get(pid)
+        ph = phases.phase_at(pid, ts)
+        out.append({
+            "pid": pid, "label": labels.get(pid, ""), "ts": ts, "size": int(e["size"]),
+            "gpu": None if int(e["gpu"]) < 0 else int(e["gpu"]),
+            "phase": phases.phases[ph].path if ph >= 0 else NO_PHASE_LABEL,
+            "slack_gib": b.slack_gib if b else None,
+            "mem_fraction_static": b.mem_fraction_static if b else None,
+            "min_mem_fraction_static": b.min_mem_fraction_static if b else None,
+        })
+    return out
+
+
+def _oom_line(o: dict, human) -> str:
+    who = o["label"] or f"pid {o['pid']}"
+    line = f"  CUDA out of memory after the KV sizing: {who} in {o['phase']} asked for {human(o['size'])}"
+    if o["slack_gib"] is not None and o["mem_fraction_static"] is not None:
+        line += (f"; the slack left for everything after the pools was {o['slack_gib']:.2f} GiB "
+                 f"(--mem-fraction-static {o['mem_fraction_static']:.3f})")
+        if o["min_mem_fraction_static"] is not None:
+            line += (f": a smaller fraction leaves more, but it must stay above "
+                     f"{o['min_mem_fraction_static']:.4f} for the pools to fit")
+    return line
 
 
 def custom_ar_facts(markers: list) -> dict | None:
@@ -778,6 +822,8 @@ def render_sglang(section: dict) -> list[str]:
             )
     else:
         out.append("  no KV sizing in the markers")
+    for o in s.get("oom_after_sizing") or ():
+        out.append(_oom_line(o, human))
     if s.get("custom_all_reduce"):
         out.append(_custom_ar_line(s["custom_all_reduce"], human))
     for d in s.get("markers_dropped") or ():

@@ -340,6 +340,23 @@ def test_custom_all_reduce_facts_are_in_the_verdict():
             "per rank") in render_sglang(s)
 
 
+def test_a_cuda_oom_after_the_kv_sizing_is_named_with_the_slack():
+    # GIVEN a run that sized fine, then TP0 asked the driver for 64 GiB and got
+    # CUDA_ERROR_OUT_OF_MEMORY (sglang_run's oom: at 14.5 ms, after the 13 ms measurement)
+    from memrec.analysis.sglang_report import render_sglang
+
+    s = build_report(sglang_run(oom=True))["sglang"]
+    # WHEN reported  THEN the OOM is named with the rank, the size, the slack and the fraction window
+    (o,) = s["summary"]["oom_after_sizing"]
+    assert (o["label"], o["size"], o["gpu"], o["slack_gib"]) == ("TP0", 64 * GiB, 0, 79.0 * 0.125)
+    assert (o["phase"], o["mem_fraction_static"], o["min_mem_fraction_static"]) == ("kv_budget", 0.875, 1 - 39 / 79)
+    assert (f"  CUDA out of memory after the KV sizing: TP0 in kv_budget asked for 64.00 GiB; the slack left for "
+            f"everything after the pools was 9.88 GiB (--mem-fraction-static 0.875): a smaller fraction leaves more, "
+            f"but it must stay above {1 - 39 / 79:.4f} for the pools to fit") in render_sglang(s)
+    # AND a run without the failed allocation has none
+    assert build_report(sglang_run())["sglang"]["summary"]["oom_after_sizing"] == []
+
+
 def test_markers_a_rank_dropped_are_reported_with_their_reasons():
     # GIVEN a run where TP1's client dropped 3 markers before the daemon answered and then 1 into
     # a full socket (two cumulative reports: the last counts)
