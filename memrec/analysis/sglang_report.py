@@ -390,7 +390,29 @@ def _when(start: int, end: int, name: str, t: KvTimes | None) -> str | None:
     return None
 
 
-def _phase_rows(pid: int, phases: Phases, usage: list, t: KvTimes | None, start: int, gpu: int | None) -> list[dict]:
+def torch_reserved_delta(markers: list) -> dict[tuple[int, int, str], int]:
+    """``(pid, begin ts, name)`` → the change in PyTorch's reserved bytes over that span, from the
+    hooks' begin and end markers (both must carry ``torch_reserved_bytes`` of the same device).
+
+    The driver bytes of a phase minus this is what came from outside PyTorch's caching
+    allocator: NCCL, the custom all-reduce's cudaMalloc, cuBLAS/cuDNN workspaces, CUDA graphs'
+    private memory outside the pool, contexts."""
+    open_: dict[tuple[int, str], list] = {}
+    out = {}
+    for m in sorted(markers, key=lambda m: m.ts):
+        if m.phase == "begin":
+            open_.setdefault((m.pid, m.name), []).append(m)
+        elif m.phase == "end" and open_.get((m.pid, m.name)):
+            b = open_[(m.pid, m.name)].pop()
+            x, y = b.values.get("torch_reserved_bytes"), m.values.get("torch_reserved_bytes")
+            same = b.values.get("cuda_device") == m.values.get("cuda_device")
+            if isinstance(x, int) and isinstance(y, int) and same:
+                out[(m.pid, b.ts, m.name)] = y - x
+    return out
+
+
+def _phase_rows(pid: int, phases: Phases, usage: list, t: KvTimes | None, start: int, gpu: int | None,
+                torch_delta: dict | None = None) -> list[dict]:
     """One row per (phase, GPU) of ``pid`` (a phase without memory: one row, its marker's GPU)."""
     mem: dict[int, dict[int, dict[str, int]]] = {}
     for u in usage:
@@ -418,6 +440,10 @@ def _phase_rows(pid: int, phases: Phases, usage: list, t: KvTimes | None, start:
                     "values": _shown_values(ph.name, ph.values),
                 }
             )
+            delta = (torch_delta or {}).get((pid, ph.start, ph.name))
+            if delta is not None and (ph.gpu is None or g in (ph.gpu, -1)):
+                rows[-1]["torch_reserved"] = delta
+                rows[-1]["non_torch"] = rows[-1]["net"] - delta
     for i in phases.instants:
         if i.pid != pid:
             continue
@@ -611,6 +637,7 @@ def build_sglang_section(
     dims = shown_dims(ranks.values())
     labels = {p: format_rank(r, dims) for p, r in ranks.items()}
     times = kv_times(markers)
+    torch_delta = torch_reserved_delta(markers)
     windows = kv_windows(markers, phases, journal, budgets, labels)
     gpus_of = rank_gpus(markers, journal, budgets)
     sglang_pids = sorted({m.pid for m in markers if m.name in SGLANG_MARKERS} | set(ranks),
@@ -623,7 +650,7 @@ def build_sglang_section(
         g = gpus_of.get(p)
         if gpu is not None and g != gpu and not any(u.pid == p and u.gpu == gpu for u in usage):
             continue
-        rows = _phase_rows(p, phases, usage, times.get(p), start, gpu)
+        rows = _phase_rows(p, phases, usage, times.get(p), start, gpu, torch_delta)
         own = []
         for b in budgets:
             if b.pid != p:
@@ -837,6 +864,7 @@ def render_sglang(section: dict) -> list[str]:
         head = f"{r['label'] or 'rank ?'}  pid {r['pid']}" + (f"  GPU {r['gpu']}" if r["gpu"] is not None else "")
         out.append(head)
         cats = [c for c in CATEGORIES if any(c in x["by_category"] for x in r["phases"])]
+        split = any("torch_reserved" in x for x in r["phases"])  # torch vs the rest, when recorded
         rows = []
         for x in r["phases"]:
             name = "  " * x["depth"] + ("* " if x["kind"] == "instant" else "") + x["name"]
@@ -848,14 +876,17 @@ def render_sglang(section: dict) -> list[str]:
             if x["kind"] == "instant":
                 mem = [""] * len(cats)
             values = " ".join(f"{k}={_fmt_value(k, v, human)}" for k, v in x["values"].items())
+            torch_cols = [human(x["torch_reserved"]) if "torch_reserved" in x else "",
+                          human(x["non_torch"]) if "non_torch" in x else ""] if split else []
             rows.append(
                 [name, "" if x["gpu"] is None else str(x["gpu"]), f"+{x['start_s']:.3f}s", dur, x["when"] or ""]
-                + mem + [net, values]
+                + mem + [net] + torch_cols + [values]
             )
+        extra = ["TORCH", "NOT TORCH"] if split else []
         out.extend(
             table(["PHASE", "GPU", "START", "DURATION", "VS KV SIZING"] + [c.upper() for c in cats]
-                  + ["NET OWNED", "SGLANG'S NUMBERS"], rows, right=set(range(1, 4)) | set(range(5, 6 + len(cats))),
-                  indent="  ")
+                  + ["NET OWNED"] + extra + ["SGLANG'S NUMBERS"], rows,
+                  right=set(range(1, 4)) | set(range(5, 6 + len(cats) + len(extra))), indent="  ")
         )
         for b in r["budgets"]:
             out.append(f"  KV budget{' (draft runner)' if b['draft'] else ''}, GiB as SGLang measures them:")

@@ -357,6 +357,26 @@ def test_a_cuda_oom_after_the_kv_sizing_is_named_with_the_slack():
     assert build_report(sglang_run())["sglang"]["summary"]["oom_after_sizing"] == []
 
 
+def test_each_phase_splits_into_torch_and_the_rest_when_the_hooks_recorded_torch():
+    # GIVEN TP0's load_weights span with PyTorch's reserved bytes at begin (1 GiB) and end (39 GiB):
+    # the driver saw 40 GiB in that span
+    from memrec.analysis.sglang_report import render_sglang
+
+    trace = sglang_run()
+    for m in trace.markers:
+        if m.pid == 100 and m.name == "load_weights":
+            m.values.update(cuda_device=0, torch_reserved_bytes=(GiB if m.phase == "begin" else 39 * GiB))
+    # WHEN reported
+    s = build_report(trace)["sglang"]
+    (row,) = [x for x in s["ranks"][0]["phases"] if x["name"] == "load_weights"]
+    # THEN 38 GiB of the 40 came through PyTorch's allocator and 2 GiB from elsewhere
+    assert (row["net"], row["torch_reserved"], row["non_torch"]) == (40 * GiB, 38 * GiB, 2 * GiB)
+    header = next(line for line in render_sglang(s) if line.lstrip().startswith("PHASE"))
+    assert "NET OWNED" in header and "TORCH" in header and "NOT TORCH" in header
+    # AND TP1, without torch numbers, has no such columns
+    assert all("torch_reserved" not in x for x in s["ranks"][1]["phases"])
+
+
 def test_markers_a_rank_dropped_are_reported_with_their_reasons():
     # GIVEN a run where TP1's client dropped 3 markers before the daemon answered and then 1 into
     # a full socket (two cumulative reports: the last counts)
