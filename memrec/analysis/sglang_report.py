@@ -687,6 +687,7 @@ def build_sglang_section(
     summary["fraction_is_lower_bound"] = any(b.unknown_terms for b in targets)
     summary["markers_dropped"] = markers_dropped(markers, labels)
     summary["custom_all_reduce"] = custom_ar_facts(markers)
+    summary["contexts"] = process_contexts(trace, sglang_pids, gpus_of, labels)
     summary["oom_after_sizing"] = ooms_after_sizing(trace, phases, times, labels, budgets)
     if summary["min_rest_label"] is not None:
         worst = min((b for b in targets if b.rest_gib is not None), key=lambda b: b.rest_gib)  # type: ignore[arg-type,return-value]
@@ -735,6 +736,54 @@ def _oom_line(o: dict, human) -> str:
     return line
 
 
+def process_contexts(trace: Any, pids: Iterable[int], gpus_of: dict[int, int], labels: dict[int, str]) -> list[dict]:
+    """Every CUDA context of the given processes, per GPU: where NVML listed the process (its
+    per-process samples) or the probes saw a context bound (CTX events). ``nvml_peak`` is the
+    most NVML said the process used there; ``allocated`` whether memrec saw it allocate there.
+    A context on a GPU that is not the rank's own and holds no allocation of its own is
+    ``foreign``: a context only (IPC, or a library touching another device), ~500 MiB of that
+    GPU's memory that the process never computes with (sgl-project/sglang#1533, #4233)."""
+    pids = set(pids)
+    seen: dict[tuple[int, int], dict] = {}
+    pm = trace.procmem
+    for pid in pids:
+        if len(pm):
+            rows = pm[(pm["pid"] == pid) & (pm["used"] > 0)]
+            for g in np.unique(rows["gpu"]):
+                used = rows["used"][rows["gpu"] == g]
+                seen[(pid, int(g))] = {"nvml_peak": int(used.max())}
+    ev = trace.events
+    if len(ev):
+        mine = ev[np.isin(ev["pid"], list(pids)) & (ev["gpu"] >= 0)]
+        ctx = mine[mine["kind"] == int(Kind.CTX)]
+        for pid, g in {(int(a), int(b)) for a, b in zip(ctx["pid"], ctx["gpu"])}:
+            seen.setdefault((pid, g), {"nvml_peak": None})
+        allocs = mine[np.isin(mine["kind"], [int(Kind.ALLOC), int(Kind.VMM_CREATE)]) & (mine["result"] == 0)]
+        allocated = {(int(a), int(b)) for a, b in zip(allocs["pid"], allocs["gpu"])}
+    else:
+        allocated = set()
+    out = []
+    for (pid, g), d in sorted(seen.items()):
+        own = gpus_of.get(pid)
+        out.append({
+            "pid": pid, "label": labels.get(pid, ""), "gpu": g, "nvml_peak": d["nvml_peak"],
+            "allocated": (pid, g) in allocated, "own_gpu": own,
+            "foreign": own is not None and g != own and (pid, g) not in allocated,
+        })
+    return out
+
+
+def _contexts_line(ctxs: list[dict], human) -> str | None:
+    foreign = [c for c in ctxs if c["foreign"]]
+    if not foreign:
+        return None
+    parts = []
+    for c in foreign:
+        cost = f"NVML {human(c['nvml_peak'])}" if c["nvml_peak"] is not None else "NVML cost not sampled"
+        parts.append(f"{c['label'] or 'pid ' + str(c['pid'])} on GPU {c['gpu']} ({cost})")
+    return "  foreign CUDA contexts (a rank's context on a GPU it does not compute on): " + ", ".join(parts)
+
+
 def custom_ar_facts(markers: list) -> dict | None:
     """What the custom all-reduce was, from the hooks' markers: whether it was switched off
     (``--disable-custom-all-reduce``), which class each rank built, the world size, NVLink,
@@ -767,7 +816,7 @@ def custom_ar_facts(markers: list) -> dict | None:
     }
 
 
-def _custom_ar_line(c: dict, human) -> str:
+def custom_ar_line(c: dict, human) -> str:
     if c["switched_off"] == [True] and not c["classes"]:
         return "  custom all-reduce: off (--disable-custom-all-reduce): NCCL only"
     if not c["ranks_built"]:
@@ -849,10 +898,13 @@ def render_sglang(section: dict) -> list[str]:
             )
     else:
         out.append("  no KV sizing in the markers")
+    foreign_line = _contexts_line(s.get("contexts") or [], human)
+    if foreign_line:
+        out.append(foreign_line)
     for o in s.get("oom_after_sizing") or ():
         out.append(_oom_line(o, human))
     if s.get("custom_all_reduce"):
-        out.append(_custom_ar_line(s["custom_all_reduce"], human))
+        out.append(custom_ar_line(s["custom_all_reduce"], human))
     for d in s.get("markers_dropped") or ():
         reasons = ", ".join(f"{k} {v}" for k, v in d["reasons"].items() if v)
         out.append(f"  markers lost: {d['label'] or 'pid ' + str(d['pid'])} dropped {d['dropped']} marker(s)"

@@ -377,6 +377,31 @@ def test_each_phase_splits_into_torch_and_the_rest_when_the_hooks_recorded_torch
     assert all("torch_reserved" not in x for x in s["ranks"][1]["phases"])
 
 
+def test_a_ranks_context_on_a_gpu_it_does_not_compute_on_is_flagged_with_its_nvml_cost():
+    # GIVEN TP0 (GPU 0) that also got a context on GPU 1 (what the old hooks' mem_get_info did on
+    # GPU 0, or an IPC open does), NVML listing it there at 518 MiB, with no allocation of its own
+    import numpy as np
+
+    from memrec.analysis.sglang_report import render_sglang
+    from memrec.columns import PROCMEM_DTYPE
+
+    trace = sglang_run()
+    trace.events = np.sort(np.concatenate([trace.events, events(ev(Kind.CTX, pid=100, gpu=1, ts=ms(1.5)))]),
+                           order="ts")
+    trace.procmem = np.array([(ms(20), 0, 100, 41 * GiB), (ms(20), 1, 100, 518 * MiB), (ms(20), 1, 101, 41 * GiB)],
+                             dtype=PROCMEM_DTYPE)
+    # WHEN reported
+    s = build_report(trace)["sglang"]
+    ctxs = {(c["label"], c["gpu"]): c for c in s["summary"]["contexts"]}
+    # THEN every context is listed per process and GPU, the one on GPU 1 flagged foreign with its cost
+    assert set(ctxs) == {("TP0", 0), ("TP0", 1), ("TP1", 1)}
+    assert (ctxs[("TP0", 1)]["foreign"], ctxs[("TP0", 1)]["nvml_peak"], ctxs[("TP0", 1)]["allocated"]) == (
+        True, 518 * MiB, False)
+    assert not ctxs[("TP0", 0)]["foreign"] and not ctxs[("TP1", 1)]["foreign"]
+    assert ("  foreign CUDA contexts (a rank's context on a GPU it does not compute on): TP0 on GPU 1 "
+            "(NVML 518.0 MiB)") in render_sglang(s)
+
+
 def test_markers_a_rank_dropped_are_reported_with_their_reasons():
     # GIVEN a run where TP1's client dropped 3 markers before the daemon answered and then 1 into
     # a full socket (two cumulative reports: the last counts)
