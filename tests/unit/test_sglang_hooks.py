@@ -33,6 +33,7 @@ from memrec import client
 from memrec.analysis import kv_budget
 from memrec.sglang_hooks import bootstrap
 from memrec.sglang_hooks import plugin
+from memrec.sglang_hooks import ranks as ranks_mod
 from memrec.sglang_hooks import selfcheck
 from memrec.sglang_hooks import targets
 from memrec.sglang_hooks import wrappers
@@ -344,7 +345,7 @@ def test_a_failing_hook_turns_itself_off_and_the_host_goes_on(monkeypatch, caplo
 )
 def test_ranks_from_sglangs_process_title(title, expected):
     # GIVEN a process title SGLang sets  WHEN parsed  THEN the ranks are read (MOE_DP is not DP)
-    assert wrappers.parse_proctitle(title) == expected
+    assert ranks_mod.parse_proctitle(title) == expected
 
 
 def test_ranks_prefer_sglangs_parallel_state(monkeypatch):
@@ -354,7 +355,7 @@ def test_ranks_prefer_sglangs_parallel_state(monkeypatch):
     monkeypatch.setitem(sys.modules, "sglang.srt.runtime_context", ctx)
     obj = types.SimpleNamespace(tp_rank=0, pp_rank=0, dp_rank=2)
     # WHEN ranks are resolved
-    got = wrappers.ranks(obj)
+    got = ranks_mod.ranks(obj)
     # THEN SGLang's own values win and the missing dp_rank comes from the object
     assert got == {"tp_rank": 6, "pp_rank": 1, "dp_rank": 2, "rank_source": "sglang"}
     # AND for older lines the group coordinators answer (without their accessor asserts)
@@ -364,16 +365,16 @@ def test_ranks_prefer_sglangs_parallel_state(monkeypatch):
     state._TP = types.SimpleNamespace(rank_in_group=4)
     state._PP = types.SimpleNamespace(rank_in_group=1)
     monkeypatch.setitem(sys.modules, "sglang.srt.distributed.parallel_state", state)
-    assert wrappers.ranks()["tp_rank"] == 4 and wrappers.ranks()["pp_rank"] == 1
+    assert ranks_mod.ranks()["tp_rank"] == 4 and ranks_mod.ranks()["pp_rank"] == 1
 
 
 def test_ranks_from_the_objects_parallel_state(monkeypatch):
     # GIVEN a 0.5.13 – 0.5.20 Scheduler: no rank attributes of its own, a ParallelState in self.ps,
     # and no group coordinators yet (before distributed init)
-    monkeypatch.setattr(wrappers, "_proctitle", lambda: "")
+    monkeypatch.setattr(ranks_mod, "_proctitle", lambda: "")
     scheduler = types.SimpleNamespace(ps=types.SimpleNamespace(tp_rank=3, pp_rank=1, dp_rank=0, gpu_id=3))
     # WHEN ranks are resolved  THEN they come from self.ps
-    assert wrappers.ranks(scheduler) == {"tp_rank": 3, "pp_rank": 1, "dp_rank": 0, "rank_source": "object"}
+    assert ranks_mod.ranks(scheduler) == {"tp_rank": 3, "pp_rank": 1, "dp_rank": 0, "rank_source": "object"}
 
 
 # -- the real client and a real socket --------------------------------------------------------
