@@ -482,69 +482,54 @@ def _line_0_5_16(graph_attr: str) -> tuple[HookSpec, ...]:
 _LINE_0_5_17 = _line_0_5_16("graph_memory_usage")
 _LINE_0_5_16 = _line_0_5_16("graph_mem_usage")
 
-_LINE_0_5_14: tuple[HookSpec, ...] = (
-    _measure("sglang.srt.utils.common", "re-exported as sglang.srt.utils"),
-    _dist_init_in_runner(returns_baseline=True),
-    *_custom_ar_legacy(),
-    *_custom_ar_v2(("max_pull_size", "max_push_size"), workspace=False, graph_ipc=True),
-    _load_weights(),
-    _kv_budget_bytes(_MIXIN, "ModelRunnerKVCacheMixin"),
-    _cell_size_pools(),
-    _kv_pool(_MIXIN, "ModelRunnerKVCacheMixin", "init_memory_pool", "pre_model_load_memory",
-             ("max_total_num_tokens", "max_running_requests")),
-    _attention("init_attention_backends"),
-    _graphs("init_cuda_graphs", "graph_mem_usage", ("capture_decode_cuda_graph",)),
-    _worker_in_scheduler(_SCHED_PS_RANKS),
-)
+def _line_0_5_11(*, renamed: bool, scheduler_ranks: tuple[tuple[str, str], ...]) -> tuple[HookSpec, ...]:
+    """0.5.11 – 0.5.15: the budget in bytes (``_profile_available_bytes``, still on the mixin),
+    the cell size in the pool configurator. ``renamed`` (0.5.14): ``init_attention_backends``,
+    ``init_cuda_graphs(capture_decode_cuda_graph)`` and the V2's graph-input IPC."""
+    return (
+        _measure("sglang.srt.utils.common", "re-exported as sglang.srt.utils"),
+        _dist_init_in_runner(returns_baseline=True),
+        *_custom_ar_legacy(),
+        *_custom_ar_v2(("max_pull_size", "max_push_size"), workspace=False, graph_ipc=renamed),
+        _load_weights(),
+        _kv_budget_bytes(_MIXIN, "ModelRunnerKVCacheMixin"),
+        _cell_size_pools(),
+        _kv_pool(_MIXIN, "ModelRunnerKVCacheMixin", "init_memory_pool", "pre_model_load_memory",
+                 ("max_total_num_tokens", "max_running_requests")),
+        _attention("init_attention_backends" if renamed else "init_attention_backend"),
+        _graphs("init_cuda_graphs", "graph_mem_usage", ("capture_decode_cuda_graph",)) if renamed
+        else _graphs("init_device_graphs", "graph_mem_usage"),
+        _worker_in_scheduler(scheduler_ranks),
+    )
 
-_LINE_0_5_11: tuple[HookSpec, ...] = (
-    _measure("sglang.srt.utils.common", "re-exported as sglang.srt.utils"),
-    _dist_init_in_runner(returns_baseline=True),
-    *_custom_ar_legacy(),
-    *_custom_ar_v2(("max_pull_size", "max_push_size"), workspace=False, graph_ipc=False),
-    _load_weights(),
-    _kv_budget_bytes(_MIXIN, "ModelRunnerKVCacheMixin"),
-    _cell_size_pools(),
-    _kv_pool(_MIXIN, "ModelRunnerKVCacheMixin", "init_memory_pool", "pre_model_load_memory",
-             ("max_total_num_tokens", "max_running_requests")),
-    _attention("init_attention_backend"),
-    _graphs("init_device_graphs", "graph_mem_usage"),
-    _worker_in_scheduler(_SCHED_RANKS),
-)
 
-#: 0.5.13: the same as 0.5.11 but the Scheduler's ranks moved into ``self.ps``.
-_LINE_0_5_13: tuple[HookSpec, ...] = tuple(
-    _worker_in_scheduler(_SCHED_PS_RANKS) if s.marker == INIT_MODEL_WORKER else s for s in _LINE_0_5_11
-)
+_LINE_0_5_14 = _line_0_5_11(renamed=True, scheduler_ranks=_SCHED_PS_RANKS)
+#: 0.5.13: the Scheduler's ranks moved into ``self.ps``.
+_LINE_0_5_13 = _line_0_5_11(renamed=False, scheduler_ranks=_SCHED_PS_RANKS)
+_LINE_0_5_11 = _line_0_5_11(renamed=False, scheduler_ranks=_SCHED_RANKS)
 
-_LINE_0_5_10: tuple[HookSpec, ...] = (
-    _measure("sglang.srt.utils.common", "re-exported as sglang.srt.utils"),
-    _dist_init_in_runner(returns_baseline=True),
-    *_custom_ar_legacy(),
-    *_custom_ar_v2(("max_pull_size", "max_push_size"), workspace=False, graph_ipc=False),
-    _load_weights(),
-    _kv_budget_tokens(_MIXIN, "ModelRunnerKVCacheMixin", "pre_model_load_memory"),
-    _cell_size_mixin(),
-    _kv_pool(_MIXIN, "ModelRunnerKVCacheMixin", "init_memory_pool", "pre_model_load_memory",
-             ("max_total_num_tokens", "max_running_requests")),
-    _attention("init_attention_backend"),
-    _graphs("init_device_graphs", "graph_mem_usage"),
-    _worker_in_scheduler(_SCHED_RANKS),
-)
 
-_LINE_0_5_7: tuple[HookSpec, ...] = (
-    _measure("sglang.srt.utils.common", "re-exported as sglang.srt.utils"),
-    _dist_init_in_runner(returns_baseline=True),
-    *_custom_ar_legacy(),
-    _load_weights(),
-    _kv_budget_tokens(_MIXIN, "ModelRunnerKVCacheMixin", "total_gpu_memory"),
-    _cell_size_mixin(),
-    _kv_pool(_MIXIN, "ModelRunnerKVCacheMixin", "init_memory_pool", "total_gpu_memory",
-             ("max_total_num_tokens", "max_running_requests")),
-    _attention("init_attention_backend"),
-    _graphs("init_device_graphs", "graph_mem_usage"),
-    _worker_in_scheduler(_SCHED_RANKS),
-)
+def _line_0_5_7(pre_param: str, *, v2: bool) -> tuple[HookSpec, ...]:
+    """0.5.7 – 0.5.10: KV methods on the mixin; ``pre_model_load_memory`` replaced
+    ``total_gpu_memory`` and the (opt-in) V2 custom all-reduce came in 0.5.10."""
+    return (
+        _measure("sglang.srt.utils.common", "re-exported as sglang.srt.utils"),
+        _dist_init_in_runner(returns_baseline=True),
+        *_custom_ar_legacy(),
+        *(_custom_ar_v2(("max_pull_size", "max_push_size"), workspace=False, graph_ipc=False) if v2 else ()),
+        _load_weights(),
+        _kv_budget_tokens(_MIXIN, "ModelRunnerKVCacheMixin", pre_param),
+        _cell_size_mixin(),
+        _kv_pool(_MIXIN, "ModelRunnerKVCacheMixin", "init_memory_pool", pre_param,
+                 ("max_total_num_tokens", "max_running_requests")),
+        _attention("init_attention_backend"),
+        _graphs("init_device_graphs", "graph_mem_usage"),
+        _worker_in_scheduler(_SCHED_RANKS),
+    )
+
+
+_LINE_0_5_10 = _line_0_5_7("pre_model_load_memory", v2=True)
+_LINE_0_5_7 = _line_0_5_7("total_gpu_memory", v2=False)
 
 
 def _line_0_5_1(measure_module: str, note: str, graph_attr: str = "graph_mem_usage") -> tuple[HookSpec, ...]:

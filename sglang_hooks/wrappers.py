@@ -244,6 +244,19 @@ def _mem_fraction_static(obj: Any, out: dict) -> None:
         scalar_values("mem_fraction_static", value, out)
 
 
+def read_attrs(source: Any, pairs: tuple[tuple[str, str], ...], out: dict) -> None:
+    """Store ``source.attr`` under ``key`` for each ``(attr, key)``; a dotted attribute
+    (``ps.tp_rank``) is read through the objects it names; a missing one is skipped."""
+    for attr, key in pairs:
+        try:
+            value = source
+            for part in attr.split("."):
+                value = getattr(value, part)
+        except Exception:
+            continue
+        scalar_values(key, value, out)
+
+
 # -- argument reading --------------------------------------------------------------------------
 
 
@@ -390,14 +403,7 @@ class Hook:
             for param, key in spec.params:
                 if param in bound:
                     scalar_values(key, bound[param], begin)
-            for attr, key in spec.attrs_before:
-                try:
-                    value = obj
-                    for part in attr.split("."):  # "ps.tp_rank": through the object it names
-                        value = getattr(value, part)
-                except Exception:
-                    continue
-                scalar_values(key, value, begin)
+            read_attrs(obj, spec.attrs_before, begin)
             if "parallel_config" in spec.extras:
                 _parallel_config(obj, bound, begin)
             if "mem_fraction_static" in spec.extras and "mem_fraction_static" not in begin:
@@ -443,18 +449,8 @@ class Hook:
         if exc is None:
             if spec.result is not None:
                 scalar_values(spec.result, result, values)
-            for attr, key in spec.result_attrs:
-                try:
-                    value = getattr(result, attr)
-                except Exception:
-                    continue
-                scalar_values(key, value, values)
-            for attr, key in spec.attrs_after:
-                try:
-                    value = getattr(obj, attr)
-                except Exception:
-                    continue
-                scalar_values(key, value, values)
+            read_attrs(result, spec.result_attrs, values)
+            read_attrs(obj, spec.attrs_after, values)
         else:
             values["error"] = error_text(exc)
             error_where(exc, values)

@@ -648,21 +648,16 @@ def test_pth_line_imports_memrec_only_when_asked(tmp_path, env, active):
     assert not path.exists() and bootstrap.uninstall_pth(site_dir) is False
 
 
-def test_line_selection_by_version():
+@pytest.mark.parametrize(
+    ("version", "line"),
+    [("0.5.23", "0.5.21"), ("0.6.0", "0.5.21"), ("0.5.20", "0.5.17"), ("0.5.16", "0.5.16"),
+     ("0.5.15.post1", "0.5.14"), ("0.5.12.post1", "0.5.11"), ("0.5.10.post1", "0.5.10"), ("0.5.9", "0.5.7"),
+     ("0.5.5.post3", "0.5.3"), ("0.5.2", "0.5.2"), ("0.5.1.post3", "0.5.1"), ("0.4.10.post2", "0.4.10"),
+     (None, "0.5.21")],
+)
+def test_line_selection_by_version(version, line):
     # GIVEN versions of every line and between lines  WHEN mapped  THEN the newest line at or below
-    assert targets.line_for_version("0.5.23") == "0.5.21"
-    assert targets.line_for_version("0.6.0") == "0.5.21"
-    assert targets.line_for_version("0.5.20") == "0.5.17"
-    assert targets.line_for_version("0.5.16") == "0.5.16"
-    assert targets.line_for_version("0.5.15.post1") == "0.5.14"
-    assert targets.line_for_version("0.5.12.post1") == "0.5.11"
-    assert targets.line_for_version("0.5.10.post1") == "0.5.10"
-    assert targets.line_for_version("0.5.9") == "0.5.7"
-    assert targets.line_for_version("0.5.5.post3") == "0.5.3"
-    assert targets.line_for_version("0.5.2") == "0.5.2"
-    assert targets.line_for_version("0.5.1.post3") == "0.5.1"
-    assert targets.line_for_version("0.4.10.post2") == "0.4.10"
-    assert targets.line_for_version(None) == "0.5.21"
+    assert targets.line_for_version(version) == line
 
 
 # -- SGLang 0.5.23's own plugin loader on a fake 0.5.23 --------------------------------------

@@ -9,10 +9,14 @@ say so.
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
 import sglang_fakes
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
+import make_sglang_fixture  # noqa: E402
 
 from memrec.sglang_hooks import targets
 from memrec.sglang_hooks.targets import TARGETS
@@ -41,30 +45,8 @@ def _tree(line: str, module: str) -> tuple[ast.Module, str]:
     return _trees[key]
 
 
-def _params(fn: ast.FunctionDef) -> list[str]:
-    a = fn.args
-    names = [p.arg for p in a.posonlyargs + a.args + a.kwonlyargs]
-    return names
-
-
-def _assigned_attrs(tree: ast.Module) -> set[str]:
-    """Attributes assigned as ``<x>.attr = ...`` anywhere, plus class-level annotated fields."""
-    out = set()
-    for node in ast.walk(tree):
-        targets_ = []
-        if isinstance(node, ast.Assign):
-            targets_ = node.targets
-        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
-            targets_ = [node.target]
-        for target in targets_:
-            for sub in ast.walk(target):
-                if isinstance(sub, ast.Attribute):
-                    out.add(sub.attr)
-        if isinstance(node, ast.ClassDef):
-            for stmt in node.body:
-                if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
-                    out.add(stmt.target.id)
-    return out
+_params = make_sglang_fixture._params  # (the fixture's *args/**kwargs entries are never read)
+_assigned_attrs = make_sglang_fixture._assigned_attrs
 
 
 _CASES = [pytest.param(line, spec, id=f"{line}:{spec.qualname}") for line, specs in TARGETS.items() for spec in specs]
