@@ -92,6 +92,24 @@ def oom_line(o: dict, human) -> str:
     return line
 
 
+def nccl_vmm(ranks: list[dict]) -> list[dict]:
+    """Per rank, the cuMem (VMM) memory its ``dist_init`` phase took outside the custom
+    all-reduce's own span: NCCL's buffers (NCCL allocates with cuMem when NCCL_CUMEM_ENABLE is on,
+    the default since NCCL 2.19), before the memory baseline, so they lower the slack."""
+    out = []
+    for r in ranks:
+        for x in r["phases"]:
+            vmm = x["by_category"].get("vmm", 0) if x["kind"] == "phase" and x["name"] == "dist_init" else 0
+            if vmm > 0:
+                out.append({"pid": r["pid"], "label": r["label"], "gpu": x["gpu"], "bytes": vmm})
+    return out
+
+
+def nccl_line(rows: list[dict], human) -> str:
+    who = ", ".join(f"{r['label'] or 'pid ' + str(r['pid'])} {human(r['bytes'])}" for r in rows)
+    return f"  NCCL's buffers (cuMem VMM in dist_init, outside the custom all-reduce; before the baseline): {who}"
+
+
 def process_contexts(trace: Any, pids: Iterable[int], gpus_of: dict[int, int], labels: dict[int, str]) -> list[dict]:
     """Every CUDA context of the given processes, per GPU: where NVML listed the process (its
     per-process samples) or the probes saw a context bound (CTX events). ``nvml_peak`` is the

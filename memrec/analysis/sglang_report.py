@@ -42,6 +42,8 @@ from memrec.analysis.sglang_facts import contexts_line
 from memrec.analysis.sglang_facts import custom_ar_facts
 from memrec.analysis.sglang_facts import custom_ar_line
 from memrec.analysis.sglang_facts import markers_dropped
+from memrec.analysis.sglang_facts import nccl_line
+from memrec.analysis.sglang_facts import nccl_vmm
 from memrec.analysis.sglang_facts import oom_line
 from memrec.analysis.sglang_facts import ooms_after_sizing
 from memrec.analysis.sglang_facts import process_contexts
@@ -671,6 +673,7 @@ def build_sglang_section(
     summary["markers_dropped"] = markers_dropped(markers, labels)
     summary["custom_all_reduce"] = custom_ar_facts(markers)
     summary["contexts"] = process_contexts(trace, sglang_pids, gpus_of, labels)
+    summary["nccl_vmm"] = nccl_vmm(out_ranks)
     summary["oom_after_sizing"] = ooms_after_sizing(trace, phases, times, labels, budgets)
     if summary["min_rest_label"] is not None:
         worst = min((b for b in targets if b.rest_gib is not None), key=lambda b: b.rest_gib)  # type: ignore[arg-type,return-value]
@@ -725,6 +728,8 @@ def render_sglang(section: dict) -> list[str]:
             )
     else:
         out.append("  no KV sizing in the markers")
+    if s.get("nccl_vmm"):
+        out.append(nccl_line(s["nccl_vmm"], human))
     foreign_line = contexts_line(s.get("contexts") or [], human)
     if foreign_line:
         out.append(foreign_line)

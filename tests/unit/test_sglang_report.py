@@ -402,6 +402,23 @@ def test_a_ranks_context_on_a_gpu_it_does_not_compute_on_is_flagged_with_its_nvm
             "(NVML 518.0 MiB)") in render_sglang(s)
 
 
+def test_nccls_cumem_buffers_in_dist_init_are_named():
+    # GIVEN TP0's dist_init also created 512 MiB of cuMem (VMM) physical memory, as NCCL does with
+    # NCCL_CUMEM_ENABLE
+    import numpy as np
+
+    from memrec.analysis.sglang_report import render_sglang
+
+    trace = sglang_run()
+    extra = events(ev(Kind.VMM_CREATE, pid=100, gpu=0, size=512 * MiB, handle=0x77, ts=ms(3)))
+    trace.events = np.sort(np.concatenate([trace.events, extra]), order="ts")
+    # WHEN reported  THEN they are named as NCCL's, per rank, before the baseline
+    s = build_report(trace)["sglang"]
+    assert s["summary"]["nccl_vmm"] == [{"pid": 100, "label": "TP0", "gpu": 0, "bytes": 512 * MiB}]
+    assert ("  NCCL's buffers (cuMem VMM in dist_init, outside the custom all-reduce; before the baseline): "
+            "TP0 512.0 MiB") in render_sglang(s)
+
+
 def test_markers_a_rank_dropped_are_reported_with_their_reasons():
     # GIVEN a run where TP1's client dropped 3 markers before the daemon answered and then 1 into
     # a full socket (two cumulative reports: the last counts)
