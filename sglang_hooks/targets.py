@@ -68,7 +68,7 @@ MARKER_NAMES = (
 EXTRAS = ("caller", "parallel_config", "mem_fraction_static", "class_name")
 
 #: Version lines, newest first. A version uses the newest line at or below it.
-LINES = ("0.5.21", "0.5.17", "0.5.16", "0.5.14", "0.5.13", "0.5.11", "0.5.10", "0.5.7", "0.5.3", "0.5.2", "0.5.1", "0.4.10")
+LINES = ("0.5.22", "0.5.21", "0.5.17", "0.5.16", "0.5.14", "0.5.13", "0.5.11", "0.5.10", "0.5.7", "0.5.3", "0.5.2", "0.5.1", "0.4.10")
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,8 @@ class HookSpec:
             taken inside it as ``available_gpu_memory`` (GiB).
         contribute: the values go into the innermost open span's end marker (as well as this
             hook's own marker, if it has one).
+        since: the first release of the line's range that has this target (None: all of
+            them); before it the target is expected to be missing (logged at debug level only).
         baseline_from: also emit an instant ``memory_baseline`` marker carrying this value
             key (``pre_model_load_memory``, the return value of ``init_torch_distributed`` up to
             0.5.15, ``self.pre_model_load_memory`` after it in 0.5.16 – 0.5.20).
@@ -112,6 +114,7 @@ class HookSpec:
     capture_measurement: bool = False
     contribute: bool = False
     baseline_from: str | None = None
+    since: str | None = None
     note: str = ""
 
     def __post_init__(self) -> None:
@@ -352,6 +355,33 @@ def _kv_budget_bytes(module: str, cls: str) -> HookSpec:
     )
 
 
+def _mamba_cache(module: str, cls: str, method: str) -> HookSpec:
+    """The mamba state cache SGLang takes out of the rest before dividing (mamba/hybrid models)."""
+    return HookSpec(
+        module,
+        f"{cls}.{method}",
+        "after",
+        None,
+        params=(("total_rest_memory", "rest_before_mamba_gib"),),
+        result="rest_after_mamba_gib",
+        contribute=True,
+        note="rest (GiB) before and after the mamba state cache; read into the kv_budget span",
+    )
+
+
+def _mm_reservation() -> HookSpec:
+    return HookSpec(
+        _KVC,
+        "mm_runtime_reservation_gb",
+        "after",
+        None,
+        result="mm_reservation_gib",
+        contribute=True,
+        since="0.5.18",
+        note="multimodal runtime reservation (GiB) subtracted from the rest; read into the kv_budget span",
+    )
+
+
 def _cell_size_mixin() -> HookSpec:
     return HookSpec(
         _MIXIN,
@@ -365,14 +395,15 @@ def _cell_size_mixin() -> HookSpec:
     )
 
 
-def _cell_size_pools() -> HookSpec:
+def _cell_size_pools(*, fixed_overhead: bool = False) -> HookSpec:
+    overhead = (("_fixed_overhead_bytes", "fixed_overhead_bytes"),) if fixed_overhead else ()
     return HookSpec(
         _POOLS,
         "DefaultPoolConfigurator.calculate_pool_sizes",
         "after",
         None,
         params=_p("available_bytes", "page_size"),
-        attrs_before=(("_cell_size", "cell_size"),),
+        attrs_before=(("_cell_size", "cell_size"),) + overhead,
         result_attrs=(("max_total_num_tokens", "sglang_tokens"),),
         contribute=True,
         note="max_tokens = available_bytes // cell_size (MHA/MLA/DSA); MemoryPoolConfig.__post_init__ "
@@ -447,19 +478,30 @@ _SCHED_PS_RANKS = tuple((f"ps.{a}", a) for a in ("gpu_id", "tp_rank", "pp_rank",
 
 # -- the lines ---------------------------------------------------------------------------------
 
-_LINE_0_5_21: tuple[HookSpec, ...] = (
-    _measure("sglang.srt.utils.common", "re-exported as sglang.srt.utils"),
-    *_dist_init_in_scheduler(),
-    *_custom_ar_legacy(),
-    *_custom_ar_v2(("max_size",), workspace=True, graph_ipc=True),
-    _load_weights(),
-    _kv_budget_bytes(_KVC, "KVCacheConfigurator"),
-    _cell_size_pools(),
-    _kv_pool(_MR, "ModelRunner", "alloc_memory_pool", None, ("max_total_num_tokens", "max_running_requests")),
-    _attention("init_attention_backends"),
-    _graphs("init_cuda_graphs", "graph_memory_usage", ("capture_decode_cuda_graph",)),
-    _worker_in_scheduler(()),  # ranks from runtime_context.get_parallel()
-)
+def _line_0_5_21(*, fixed_overhead: bool) -> tuple[HookSpec, ...]:
+    """0.5.21+: groups and the custom all-reduce built in ``Scheduler.__init__``
+    (``bootstrap.init_parallel_runtime``); ``fixed_overhead`` (0.5.22+): the pool configurator
+    charges a page-shard scratch before dividing."""
+    return (
+        _measure("sglang.srt.utils.common", "re-exported as sglang.srt.utils"),
+        *_dist_init_in_scheduler(),
+        *_custom_ar_legacy(),
+        *_custom_ar_v2(("max_size",), workspace=True, graph_ipc=True),
+        _load_weights(),
+        _kv_budget_bytes(_KVC, "KVCacheConfigurator"),
+        _mamba_cache(_KVC, "KVCacheConfigurator", "_handle_max_mamba_cache"),
+        _mm_reservation(),
+        _cell_size_pools(fixed_overhead=fixed_overhead),
+        _kv_pool(_MR, "ModelRunner", "alloc_memory_pool", None, ("max_total_num_tokens", "max_running_requests")),
+        _attention("init_attention_backends"),
+        _graphs("init_cuda_graphs", "graph_memory_usage", ("capture_decode_cuda_graph",)),
+        _worker_in_scheduler(()),  # ranks from runtime_context.get_parallel()
+    )
+
+
+_LINE_0_5_22 = _line_0_5_21(fixed_overhead=True)
+_LINE_0_5_21 = _line_0_5_21(fixed_overhead=False)
+
 
 def _line_0_5_16(graph_attr: str) -> tuple[HookSpec, ...]:
     """0.5.16 – 0.5.20: groups built inside ``ModelRunner.init_torch_distributed`` (through
@@ -471,6 +513,8 @@ def _line_0_5_16(graph_attr: str) -> tuple[HookSpec, ...]:
         *_custom_ar_v2(("max_size",), workspace=True, graph_ipc=True),
         _load_weights(),
         _kv_budget_bytes(_KVC, "KVCacheConfigurator"),
+        _mamba_cache(_KVC, "KVCacheConfigurator", "_handle_max_mamba_cache"),
+        *((_mm_reservation(),) if graph_attr == "graph_memory_usage" else ()),
         _cell_size_pools(),
         _kv_pool(_MR, "ModelRunner", "alloc_memory_pool", None, ("max_total_num_tokens", "max_running_requests")),
         _attention("init_attention_backends"),
@@ -493,6 +537,7 @@ def _line_0_5_11(*, renamed: bool, scheduler_ranks: tuple[tuple[str, str], ...])
         *_custom_ar_v2(("max_pull_size", "max_push_size"), workspace=False, graph_ipc=renamed),
         _load_weights(),
         _kv_budget_bytes(_MIXIN, "ModelRunnerKVCacheMixin"),
+        _mamba_cache(_MIXIN, "ModelRunnerKVCacheMixin", "handle_max_mamba_cache"),
         _cell_size_pools(),
         _kv_pool(_MIXIN, "ModelRunnerKVCacheMixin", "init_memory_pool", "pre_model_load_memory",
                  ("max_total_num_tokens", "max_running_requests")),
@@ -520,6 +565,7 @@ def _line_0_5_7(pre_param: str, *, v2: bool) -> tuple[HookSpec, ...]:
         _load_weights(),
         _kv_budget_tokens(_MIXIN, "ModelRunnerKVCacheMixin", pre_param),
         _cell_size_mixin(),
+        _mamba_cache(_MIXIN, "ModelRunnerKVCacheMixin", "handle_max_mamba_cache"),
         _kv_pool(_MIXIN, "ModelRunnerKVCacheMixin", "init_memory_pool", pre_param,
                  ("max_total_num_tokens", "max_running_requests")),
         _attention("init_attention_backend"),
@@ -565,6 +611,7 @@ _LINE_0_4_10: tuple[HookSpec, ...] = (
 
 #: Every line's hooks.
 TARGETS: dict[str, tuple[HookSpec, ...]] = {
+    "0.5.22": _LINE_0_5_22,
     "0.5.21": _LINE_0_5_21,
     "0.5.17": _LINE_0_5_17,
     "0.5.16": _LINE_0_5_16,
@@ -582,7 +629,8 @@ TARGETS: dict[str, tuple[HookSpec, ...]] = {
 #: A wheel each line's deeper tests read the real source of (the newest of its range unless an
 #: older one is the interesting one).
 WHEELS: dict[str, str] = {
-    "0.5.21": "0.5.23",
+    "0.5.22": "0.5.23",
+    "0.5.21": "0.5.21",
     "0.5.17": "0.5.20",
     "0.5.16": "0.5.16",
     "0.5.14": "0.5.15.post1",
@@ -598,7 +646,7 @@ WHEELS: dict[str, str] = {
 
 #: Lines that have SGLang's plugin system (entry-point group ``sglang.srt.plugins``).
 #: It exists since 0.5.11: ``load_plugins()`` is the first thing ``run_scheduler_process`` does.
-PLUGIN_LINES = frozenset({"0.5.21", "0.5.17", "0.5.16", "0.5.14", "0.5.13", "0.5.11"})
+PLUGIN_LINES = frozenset({"0.5.22", "0.5.21", "0.5.17", "0.5.16", "0.5.14", "0.5.13", "0.5.11"})
 
 #: The two failure texts of KV sizing (both mean: the KV budget is too small).
 NOT_ENOUGH_MEMORY = "Not enough memory"

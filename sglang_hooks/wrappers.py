@@ -553,13 +553,14 @@ def resolve(spec: HookSpec, module: Any = None) -> tuple[Any, str, Any] | None:
 
 
 def report_missing(spec: HookSpec) -> None:
-    """Log, once, that a target is missing on this SGLang (the hook stays off)."""
+    """Log, once, that a target is missing on this SGLang (the hook stays off). A target that
+    only the later releases of its line have (``spec.since``) is expected to be missing: debug."""
     warn_once(
         f"missing:{spec.key}",
         "memrec: SGLang target %s not found on this version; hook %s stays off",
         spec.target,
         spec.marker or "(span values)",
-        level=logging.INFO,
+        level=logging.DEBUG if spec.since else logging.INFO,
     )
 
 

@@ -139,6 +139,13 @@ class KvBudget:
     #: SGLang's terms beyond the formula, GiB (negative: subtracted): "other_reservations" (mamba
     #: cache, multimodal, activation reserve: SGLang's rest − the formula's). None: not recorded.
     other_reservations_gib: float | None = None
+    #: The terms SGLang reported on its own (hooks 0.5.7+ / 0.5.18+ / 0.5.22+): the mamba state
+    #: cache (GiB, negative: taken from the rest), the multimodal reservation (GiB), the pool's
+    #: fixed overhead (bytes) and page size (tokens).
+    mamba_cache_gib: float | None = None
+    mm_reservation_gib: float | None = None
+    fixed_overhead_bytes: int | None = None
+    page_size: int | None = None
     #: Terms SGLang used whose values are unknown because it raised before returning them; then
     #: ``rest_gib`` and ``min_mem_fraction_static`` are bounds (SGLang's rest ≤ rest_gib).
     unknown_terms: tuple[str, ...] = ()
@@ -355,6 +362,9 @@ def _build(group: _Group, whole: _Group | None) -> KvBudget:
             implied = sglang_tokens * cell / GIB
             other = implied - rest if abs(implied - rest) >= cell / GIB else 0.0
 
+    before_mamba, after_mamba = _num(b.get("rest_before_mamba_gib")), _num(b.get("rest_after_mamba_gib"))
+    mamba = after_mamba - before_mamba if before_mamba is not None and after_mamba is not None else None
+
     minimum = min_mem_fraction_static(available, pre) if available is not None and pre is not None else None
 
     error = None
@@ -393,6 +403,10 @@ def _build(group: _Group, whole: _Group | None) -> KvBudget:
         memrec_tokens=memrec_tokens,
         max_total_num_tokens=final_tokens,
         other_reservations_gib=other,
+        mamba_cache_gib=mamba,
+        mm_reservation_gib=_num(b.get("mm_reservation_gib")),
+        fixed_overhead_bytes=_int(p.get("fixed_overhead_bytes")),
+        page_size=_int(p.get("page_size")),
         unknown_terms=unknown,
         sized_by_target=group.draft,
         min_mem_fraction_static=minimum,
@@ -448,10 +462,17 @@ def terms_lines(b: KvBudget) -> list[str]:
     lines = []
     if b.other_reservations_gib is not None and abs(b.other_reservations_gib) >= 0.005:
         own = f"{_gib(b.sglang_rest_bytes / GIB)}" if b.sglang_rest_bytes is not None else "implied by its token count"
-        lines.append(
-            f"SGLang's own rest: {own} ({b.other_reservations_gib:+.2f} GiB of its other reservations: "
-            "mamba cache, multimodal, activation reserve)"
-        )
+        known = [(name, v) for name, v in (("mamba cache", b.mamba_cache_gib),
+                                            ("multimodal reservation", -b.mm_reservation_gib if b.mm_reservation_gib else None))
+                 if v]
+        rest = b.other_reservations_gib - sum(v for _, v in known)
+        parts = [f"{name} {v:+.2f} GiB" for name, v in known]
+        if abs(rest) >= 0.005 or not parts:
+            parts.append(f"{'other (activation reserve, …)' if parts else 'mamba cache, multimodal, activation reserve'} "
+                         f"{rest:+.2f} GiB")
+        lines.append(f"SGLang's own rest: {own} ({b.other_reservations_gib:+.2f} GiB of its other terms: {', '.join(parts)})")
+    if b.fixed_overhead_bytes:
+        lines.append(f"pool: fixed overhead {b.fixed_overhead_bytes:,} B charged before dividing by the cell size")
     if b.unknown_terms:
         lines.append(
             "unknown: SGLang's other reservations (mamba cache, multimodal, activation reserve): it raised "

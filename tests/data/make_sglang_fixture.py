@@ -227,7 +227,7 @@ def release_table(data: dict) -> str:
         ("dist_init", lambda s: s.marker == t.DIST_INIT),
         ("memory_baseline", lambda s: s.marker == t.MEMORY_BASELINE or bool(s.baseline_from)),
         ("kv_budget", lambda s: s.marker == t.KV_BUDGET),
-        ("cell size", lambda s: s.contribute),
+        ("terms read into the spans", lambda s: s.contribute),
         ("kv_pool", lambda s: s.marker == t.KV_POOL),
         ("attention_backends", lambda s: s.marker == t.ATTENTION_BACKENDS),
         ("cuda_graph_capture", lambda s: s.marker == t.CUDA_GRAPH_CAPTURE),

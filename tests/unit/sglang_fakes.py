@@ -638,11 +638,11 @@ def _write(root: Path, rel: str, text: str) -> None:
 def write_fake_sglang(root: Path, line: str, real_root: Path | None = None) -> Path:
     """Write a fake ``sglang`` package of ``line``'s shape under ``root``; return ``root``.
 
-    ``line`` is ``"0.5.7"`` (the ``.pth`` bootstrap shape) or ``"0.5.21"`` (the plugin shape, SGLang 0.5.23;
+    ``line`` is ``"0.5.7"`` (the ``.pth`` bootstrap shape) or ``"0.5.22"`` (the plugin shape, SGLang 0.5.23;
     ``real_root`` must be an unpacked 0.5.23 wheel: SGLang's real plugin loader, HookRegistry
     and environ module are copied from it).
     """
-    version = {"0.5.7": "0.5.7", "0.5.21": "0.5.23"}[line]
+    version = {"0.5.7": "0.5.7", "0.5.22": "0.5.23"}[line]
     _write(root, "sglang/__init__.py", "from sglang.version import __version__\n")
     _write(root, "sglang/version.py", f'__version__ = "{version}"\n')
     _write(root, "sglang/srt/__init__.py", "")

@@ -131,8 +131,8 @@ def test_budget_of_a_0_5_23_rank_reads_sglangs_rest_and_the_pool_cell_size():
     assert b.max_total_num_tokens == 876544
     assert b.local_free_at_baseline_gib == 80.0
     lines = kv.explain(b)
-    assert lines[1] == ("  SGLang's own rest: 53.56 GiB (-0.50 GiB of its other reservations: mamba cache, "
-                        "multimodal, activation reserve)")
+    assert lines[1] == ("  SGLang's own rest: 53.56 GiB (-0.50 GiB of its other terms: mamba cache, "
+                        "multimodal, activation reserve -0.50 GiB)")
 
 
 def test_draft_runner_is_sized_by_the_target_and_the_worker_error_goes_to_the_target():
@@ -240,9 +240,34 @@ def test_sglangs_own_count_wins_when_it_subtracted_more_than_the_formula():
     assert (b.tokens, b.tokens_source, b.memrec_tokens) == (458752, "sglang", 491520)
     assert b.other_reservations_gib == -4.0
     lines = kv.explain(b)
-    assert lines[1] == ("  SGLang's own rest: implied by its token count (-4.00 GiB of its other reservations: "
-                        "mamba cache, multimodal, activation reserve)")
+    assert lines[1] == ("  SGLang's own rest: implied by its token count (-4.00 GiB of its other terms: "
+                        "mamba cache, multimodal, activation reserve -4.00 GiB)")
     assert lines[2] == "  → 458,752 tokens (SGLang's own count)"
+
+
+def test_each_term_sglang_reported_is_shown_with_its_value():
+    # GIVEN 0.5.22+ markers of a multimodal hybrid-mamba model: the formula's rest 54.0625 GiB,
+    # SGLang took 3 GiB for the mamba cache (its own hook), reserved 0.5 GiB for multimodal, and
+    # 0.25 GiB more it did not break down; the pool charged a 64 MiB fixed overhead
+    markers = [
+        mk("memory_baseline", ts=1, pre_model_load_memory=79.5, tp_rank=0),
+        mk("kv_budget", ts=2, pre_model_load_memory=79.5, mem_fraction_static=0.875, tp_rank=0,
+           available_gpu_memory=64.0, rest_memory_bytes=int(50.3125 * GiB), mm_reservation_gib=0.5,
+           rest_before_mamba_gib=53.5625, rest_after_mamba_gib=50.5625),
+        mk("kv_pool", ts=3, cell_size=65536, page_size=64, fixed_overhead_bytes=64 * 1024 * 1024,
+           sglang_tokens=822272, available_bytes=int(50.3125 * GiB), max_total_num_tokens=822272, tp_rank=0),
+    ]
+    # WHEN rebuilt and explained
+    (b,) = kv.kv_budgets(markers)
+    lines = kv.explain(b)
+    # THEN each term has its value: −3 GiB mamba, −0.5 GiB multimodal, −0.25 GiB other; the fixed
+    # overhead; and the count is SGLang's (memrec's rest // cell would give 824,320)
+    assert (b.mamba_cache_gib, b.mm_reservation_gib, b.other_reservations_gib) == (-3.0, 0.5, -3.75)
+    assert (b.fixed_overhead_bytes, b.page_size, b.tokens, b.memrec_tokens) == (64 << 20, 64, 822272, 824320)
+    assert lines[1] == ("  SGLang's own rest: 50.31 GiB (-3.75 GiB of its other terms: mamba cache -3.00 GiB, "
+                        "multimodal reservation -0.50 GiB, other (activation reserve, …) -0.25 GiB)")
+    assert lines[2] == "  pool: fixed overhead 67,108,864 B charged before dividing by the cell size"
+    assert lines[3] == "  → 822,272 tokens (SGLang's own count)"
 
 
 def test_when_sglang_raised_in_its_budget_the_unknown_terms_are_named():

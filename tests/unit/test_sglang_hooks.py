@@ -231,7 +231,7 @@ def test_measurements_and_cell_size_go_into_the_enclosing_kv_budget_span(rec: Re
 
 def test_staticmethod_stays_a_staticmethod(rec: Recorder):
     # GIVEN CustomAllreduce.create_shared_buffer, a staticmethod in every version
-    spec = next(s for s in TARGETS["0.5.21"] if s.qualname == "CustomAllreduce.create_shared_buffer")
+    spec = next(s for s in TARGETS["0.5.22"] if s.qualname == "CustomAllreduce.create_shared_buffer")
     module, cls = make_standin(spec, ["ptr0", "ptr1"])
     # WHEN it is hooked
     wrappers.patch_target(spec, module)
@@ -265,7 +265,7 @@ def test_stale_from_import_names_are_rebound(rec: Recorder, monkeypatch):
 
 def test_missing_target_logs_once_and_stays_off(rec: Recorder, caplog):
     # GIVEN a module without the target a spec names
-    spec = next(s for s in TARGETS["0.5.21"] if s.marker == targets.KV_BUDGET)
+    spec = next(s for s in TARGETS["0.5.22"] if s.marker == targets.KV_BUDGET)
     module = types.ModuleType("sglang_memrec_standin_empty")
     caplog.set_level(logging.INFO, logger="memrec.sglang_hooks")
     # WHEN it is patched twice
@@ -404,7 +404,7 @@ def test_markers_reach_a_real_socket_server_with_our_pid(real_client):
     # GIVEN a marker server on a Unix socket and a hooked kv_budget stand-in (0.5.23 shape)
     server = sglang_fakes.MarkerServer(real_client)
     try:
-        spec = next(s for s in TARGETS["0.5.21"] if s.marker == targets.KV_BUDGET)
+        spec = next(s for s in TARGETS["0.5.22"] if s.marker == targets.KV_BUDGET)
         module, cls = make_standin(spec, 50 * GiB)
         wrappers.patch_target(spec, module)
         # WHEN it is called
@@ -454,7 +454,7 @@ def _host_checks(spec: HookSpec):
     return added
 
 
-_KV_0_5_23 = next(s for s in TARGETS["0.5.21"] if s.marker == targets.KV_BUDGET)
+_KV_0_5_23 = next(s for s in TARGETS["0.5.22"] if s.marker == targets.KV_BUDGET)
 
 
 def test_no_daemon_costs_the_host_nothing(real_client):
@@ -650,10 +650,10 @@ def test_pth_line_imports_memrec_only_when_asked(tmp_path, env, active):
 
 @pytest.mark.parametrize(
     ("version", "line"),
-    [("0.5.23", "0.5.21"), ("0.6.0", "0.5.21"), ("0.5.20", "0.5.17"), ("0.5.16", "0.5.16"),
+    [("0.5.23", "0.5.22"), ("0.5.21", "0.5.21"), ("0.6.0", "0.5.22"), ("0.5.20", "0.5.17"), ("0.5.16", "0.5.16"),
      ("0.5.15.post1", "0.5.14"), ("0.5.12.post1", "0.5.11"), ("0.5.10.post1", "0.5.10"), ("0.5.9", "0.5.7"),
      ("0.5.5.post3", "0.5.3"), ("0.5.2", "0.5.2"), ("0.5.1.post3", "0.5.1"), ("0.4.10.post2", "0.4.10"),
-     (None, "0.5.21")],
+     (None, "0.5.22")],
 )
 def test_line_selection_by_version(version, line):
     # GIVEN versions of every line and between lines  WHEN mapped  THEN the newest line at or below
@@ -665,7 +665,7 @@ def test_line_selection_by_version(version, line):
 
 def _write_fake_0_5_23(fake_sglang) -> None:
     """A fake 0.5.23 (its real plugin loader, HookRegistry and environ) with memrec's entry point."""
-    sglang_fakes.write_fake_sglang(fake_sglang, "0.5.21", real_root=_wheel("0.5.21"))
+    sglang_fakes.write_fake_sglang(fake_sglang, "0.5.22", real_root=_wheel("0.5.22"))
     sglang_fakes.write_plugin_dist(fake_sglang)
     importlib.invalidate_caches()
 
@@ -780,7 +780,7 @@ def test_bootstrap_takes_over_when_sglang_plugins_excludes_memrec(rec: Recorder,
     # WHEN a rank starts
     scheduler.run_scheduler_process(sglang_fakes.server_args(), None, gpu_id=0, tp_rank=0, pp_rank=0, dp_rank=None)
     # THEN the bootstrap did the hooking, once
-    assert bootstrap.active_line() == "0.5.21"
+    assert bootstrap.active_line() == "0.5.22"
     assert len(rec.find(targets.KV_BUDGET, "end")) == 1
 
 
@@ -899,9 +899,9 @@ def test_real_profile_max_num_token_agrees_with_the_rebuilt_budget(rec: Recorder
 
 
 def _real_0_5_23(monkeypatch, rec: Recorder, available: float, fraction: float):
-    real = _wheel("0.5.21")
-    spec = next(s for s in TARGETS["0.5.21"] if s.marker == targets.KV_BUDGET)
-    measure = next(s for s in TARGETS["0.5.21"] if s.marker == targets.GPU_MEMORY_MEASURED)
+    real = _wheel("0.5.22")
+    spec = next(s for s in TARGETS["0.5.22"] if s.marker == targets.KV_BUDGET)
+    measure = next(s for s in TARGETS["0.5.22"] if s.marker == targets.GPU_MEMORY_MEASURED)
     utils = types.ModuleType("sglang_memrec_standin_measure")
     exec("def get_available_gpu_memory(device, gpu_id, distributed=False, empty_cache=True, cpu_group=None):\n"
          f"    return {available!r}\n", utils.__dict__)
@@ -966,7 +966,7 @@ def test_real_0_5_23_failure_names_the_same_minimum_fraction(rec: Recorder, monk
 def test_real_0_5_23_pool_sizing_not_enough_memory_passes_through(rec: Recorder):
     # GIVEN SGLang 0.5.23's real MemoryPoolConfig and DefaultPoolConfigurator.calculate_pool_sizes,
     # the pool hook on the latter and a kv_pool span around it
-    real = _wheel("0.5.21")
+    real = _wheel("0.5.22")
     from dataclasses import dataclass
     from typing import Optional
 
@@ -979,9 +979,9 @@ def test_real_0_5_23_pool_sizing_not_enough_memory_passes_through(rec: Recorder)
         "calculate_pool_sizes": namespace["calculate_pool_sizes"], "_cell_size": 131072, "_fixed_overhead_bytes": 0})
     module = types.ModuleType("sglang_memrec_standin_pool")
     module.DefaultPoolConfigurator = pool_cls
-    contrib = next(s for s in TARGETS["0.5.21"] if s.qualname == "DefaultPoolConfigurator.calculate_pool_sizes")
+    contrib = next(s for s in TARGETS["0.5.22"] if s.qualname == "DefaultPoolConfigurator.calculate_pool_sizes")
     assert wrappers.patch_target(contrib, module)
-    kv_pool = next(s for s in TARGETS["0.5.21"] if s.marker == targets.KV_POOL)
+    kv_pool = next(s for s in TARGETS["0.5.22"] if s.marker == targets.KV_POOL)
 
     class ModelRunner:
         gpu_id = 0
@@ -1018,7 +1018,7 @@ def test_real_0_5_23_pool_sizing_not_enough_memory_passes_through(rec: Recorder)
     # not memrec's rest // cell_size
     rec.calls.clear()
     pool_cls._fixed_overhead_bytes = 131072 * 64 * 10
-    spec = next(s for s in TARGETS["0.5.21"] if s.marker == targets.KV_BUDGET)
+    spec = next(s for s in TARGETS["0.5.22"] if s.marker == targets.KV_BUDGET)
     budget_module, budget_cls = make_standin(spec, runner.budget)
     wrappers.patch_target(spec, budget_module)
     budget_cls = budget_module.KVCacheConfigurator

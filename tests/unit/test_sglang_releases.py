@@ -57,6 +57,8 @@ def problems(release: str) -> list[str]:
     out = []
     for spec in TARGETS[line]:
         found = _entry("defs", spec.key, release)
+        if found is None and spec.since and make_sglang_fixture._order(release) < make_sglang_fixture._order(spec.since):
+            continue  # only the later releases of the line have it
         if found is None:
             out.append(f"{spec.target}: not defined")
             continue
@@ -101,6 +103,21 @@ def test_the_plugin_is_the_way_in_exactly_where_sglang_loads_plugins():
 
 def test_every_release_titles_its_schedulers_the_way_memrec_parses():
     assert make_sglang_fixture.expand(FIXTURE["facts"]["proctitle"], RELEASES) == set(RELEASES)
+
+
+def test_a_target_marked_since_a_release_is_there_from_that_release_on():
+    # GIVEN the targets only the later releases of their line have
+    late = [(line, s) for line, specs in TARGETS.items() for s in specs if s.since]
+    assert late
+    for line, spec in late:
+        members = [r for r in RELEASES if targets.line_for_version(r) == line]
+        # THEN each is defined from its release on, and missing before it (else `since` is wrong)
+        have = [r for r in members if _entry("defs", spec.key, r) is not None]
+        order = make_sglang_fixture._order
+        expected = [r for r in members if order(r) >= order(spec.since)]
+        assert have and have == expected, (line, spec.target)
+    # AND `since` names a release where it first appears in some line
+    assert all(any(_entry("defs", s.key, s.since) for _, s in late if s.key == spec.key) for _, spec in late)
 
 
 def test_a_wrong_table_is_caught():

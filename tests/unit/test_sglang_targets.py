@@ -131,7 +131,7 @@ def test_kv_budget_target_holds_the_formula_memrec_rebuilds(line: str):
 @pytest.mark.parametrize(
     ("line", "texts"),
     [
-        ("0.5.21", (targets.NO_MEMORY_FOR_KV, targets.NOT_ENOUGH_MEMORY)),
+        ("0.5.22", (targets.NO_MEMORY_FOR_KV, targets.NOT_ENOUGH_MEMORY)),
         ("0.5.10", (targets.NOT_ENOUGH_MEMORY,)),
         ("0.5.7", (targets.NOT_ENOUGH_MEMORY,)),
         ("0.4.10", (targets.NOT_ENOUGH_MEMORY,)),
@@ -143,7 +143,7 @@ def test_failure_texts_memrec_matches_are_raised_inside_hooked_spans(line: str, 
     modules = {s.module for s in spans} | {s.module for s in TARGETS[line] if s.contribute}
     if line in ("0.5.10",):
         modules.add("sglang.srt.model_executor.model_runner_kv_cache_mixin")
-    if line == "0.5.21":
+    if line in ("0.5.22", "0.5.21"):
         modules.add("sglang.srt.model_executor.pool_configurator")
     # WHEN their source is searched
     found = {text: any(text in _tree(line, m)[1] for m in modules) for text in texts}
@@ -162,8 +162,8 @@ def test_scheduler_process_title_is_the_one_memrec_parses(line: str):
 
 def test_plugin_api_memrec_uses_exists_in_0_5_23():
     # GIVEN SGLang 0.5.23's plugin package
-    tree, text = _tree("0.5.21", "sglang.srt.plugins.hook_registry")
-    _, init_text = _tree("0.5.21", "sglang.srt.plugins")
+    tree, text = _tree("0.5.22", "sglang.srt.plugins.hook_registry")
+    _, init_text = _tree("0.5.22", "sglang.srt.plugins")
     # WHEN the registry and the loader are read
     register = sglang_fakes.find_def(tree, "HookRegistry.register")
     hook_type = sglang_fakes.find_def(tree, "HookType")
@@ -173,7 +173,7 @@ def test_plugin_api_memrec_uses_exists_in_0_5_23():
     assert any(isinstance(n, ast.Assign) and n.targets[0].id == "AROUND" for n in hook_type.body)
     assert "return hook(original_fn, *args, **kwargs)" in text
     assert 'GENERAL_PLUGINS_GROUP = "sglang.srt.plugins"' in init_text
-    assert "load_plugins()" in _tree("0.5.21", "sglang.srt.managers.scheduler")[1]
+    assert "load_plugins()" in _tree("0.5.22", "sglang.srt.managers.scheduler")[1]
 
 
 @pytest.mark.parametrize("line", list(TARGETS))
