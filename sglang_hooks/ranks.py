@@ -67,7 +67,7 @@ def _proctitle() -> str:
 def _sglang_ranks() -> dict:
     """Ranks from SGLang's own state, without importing anything and without collectives."""
     out: dict = {}
-    ctx = sys.modules.get("sglang.srt.runtime_context")  # 0.5.23
+    ctx = sys.modules.get("sglang.srt.runtime_context")  # 0.5.16+
     if ctx is not None:
         try:
             parallel = ctx.get_parallel()

@@ -1,17 +1,20 @@
 """The SGLang functions memrec hooks, per SGLang version line, and what each hook records.
 
-This module is pure data (stdlib only, no SGLang, no torch): the plugin (0.5.23+), the ``.pth``
-bootstrap (0.4.10 – 0.5.22) and the tests all read the same table. ``tests/unit/test_sglang_targets.py``
-checks every row against the real wheel's source with ``ast``: the module, the class and the
-function exist, the parameters a hook reads are in the signature, the attributes it reads after
-the call are assigned somewhere in that module, and ``static`` matches a ``@staticmethod``.
+This module is pure data (stdlib only, no SGLang, no torch): the plugin (0.5.11+), the ``.pth``
+bootstrap (0.4.10 – 0.5.10) and the tests all read the same table. A line is named by the first
+release it applies to; a release uses the newest line at or below it.
+
+Every release from 0.4.10 on is checked offline against ``tests/data/sglang_releases.json``
+(``tests/unit/test_sglang_releases.py``): each target is defined right where the table says (not
+inherited), with the parameters the hook reads, a ``@staticmethod`` exactly when marked, and the
+attributes it reads assigned in that module (or the class mixing it in).
+``tests/data/make_sglang_fixture.py`` rebuilds that file from every release's wheel;
+``tests/unit/test_sglang_targets.py`` checks deeper facts (the formula, the failure texts)
+against one wheel per line (:data:`WHEELS`).
 
 Units: SGLang's memory numbers are GiB floats (``free_bytes / (1 << 30)``) that its logs label
 "GB". Values keep SGLang's names and units; memrec's own additions end in ``_bytes`` (bytes) or
-``_gib`` (GiB).
-
-Line numbers in the notes are those of the wheel named by the line (``pip download --no-deps
-sglang==VERSION``); see ``shared/research/sglang.md`` for the lifecycle they belong to.
+``_gib`` (GiB). See ``shared/research/sglang.md`` for the lifecycle the targets belong to.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The hook logic both ways in share: the SGLang plugin (0.5.23+) and the ``.pth`` bootstrap.
+"""The hook logic both ways in share: the SGLang plugin (0.5.11+) and the ``.pth`` bootstrap.
 
 A :class:`Hook` is called as ``hook(original, *args, **kwargs)`` (SGLang's ``HookType.AROUND``
 protocol); :func:`wrap_function` turns it into a plain wrapper for the bootstrap and
@@ -198,7 +198,7 @@ def qualname_of(frame: Any) -> str:
 
 def _parallel_config(obj: Any, bound: dict, out: dict) -> None:
     ctx = sys.modules.get("sglang.srt.runtime_context")
-    if ctx is not None:  # 0.5.23: the published runtime context
+    if ctx is not None:  # 0.5.16+: the published runtime context
         try:
             parallel = ctx.get_parallel()
             for key in ("tp_size", "pp_size", "dp_size"):
