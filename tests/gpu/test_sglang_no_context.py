@@ -28,8 +28,9 @@ from memrec.trace.reader import load_trace
 pytestmark = pytest.mark.usefixtures("torch")
 
 # The worker: the hooks first (no context), then SGLang's set_device + an allocation and the
-# hooks again, then the old hooks' mistake (mem_get_info of GPU 0) as the control. With
-# "--wait", it prints a JSON line after each step and waits for a line on stdin.
+# hooks again, then the old hooks' mistake (mem_get_info of GPU 0) as the control (on a host
+# with more than one GPU: the target is the last GPU). With "--wait", it prints a JSON line after
+# each step and waits for a line on stdin.
 CHILD = r"""
 import json, sys, time
 import torch
@@ -58,9 +59,11 @@ def hooks(step):
         sys.stdin.readline()
 
 hooks("before_set_device")
-torch.cuda.set_device(target)
+t = time.monotonic_ns()
+torch.cuda.set_device(target)  # what SGLang does, then its first allocation: the one context
 x = torch.zeros(1 << 20, device="cuda")
 torch.cuda.synchronize()
+facts["make_context"] = {"t0": t, "t1": time.monotonic_ns()}
 hooks("after_set_device")
 t = time.monotonic_ns()
 torch.cuda.mem_get_info(0)  # the control: what the old hooks did
@@ -153,7 +156,9 @@ def test_hooks_make_no_driver_event_memrecs_trace_shows(tmp_path):
     assert len(before) == 0
     # AND after it at most the driver's context query (cuCtxGetDevice, once), no context, no byte
     assert set(after["kind"].tolist()) <= {int(Kind.CTX)} and len(after) <= 1
-    # AND the control's new context on GPU 0 is in the trace: the probes see contexts
+    # AND the context SGLang's own set_device + allocation made is in the trace (the probes see
+    # contexts), as is the control's on GPU 0 when that is another GPU
+    assert (window(facts["make_context"])["kind"] == Kind.CTX).sum() >= 1
     if facts["target"] != 0:
         assert (control["kind"] == Kind.CTX).sum() >= 1
     # AND the hooks' markers reached the trace
