@@ -120,6 +120,18 @@ def test_a_target_marked_since_a_release_is_there_from_that_release_on():
     assert all(any(_entry("defs", s.key, s.since) for _, s in late if s.key == spec.key) for _, spec in late)
 
 
+def test_every_release_imports_the_measuring_function_by_name_so_the_hooks_must_rebind():
+    # GIVEN the measuring function each release's line hooks, and the fixture's count of
+    # `from X import get_available_gpu_memory` in the sglang package (X its module or a re-export)
+    for release in RELEASES:
+        spec = next(s for s in TARGETS[targets.line_for_version(release)] if s.marker == targets.GPU_MEMORY_MEASURED)
+        importers = sum(_entry("reexports", f"{module}:{spec.qualname}", release) or 0
+                        for module in {spec.module, "sglang.srt.utils"})
+        # THEN callers hold their own binding: patching the module alone would miss them
+        # (patch_target rebinds such names, tested in test_sglang_hooks)
+        assert importers > 0, release
+
+
 def test_a_wrong_table_is_caught():
     # GIVEN 0.5.16, where profile_max_num_token and init_device_graphs are gone, checked with the
     # 0.5.10 line (what memrec used for it before)
