@@ -35,12 +35,16 @@ from memrec.analysis.phases import NO_PHASE
 from memrec.analysis.phases import Phases
 from memrec.analysis.phases import attribute
 from memrec.analysis.phases import build_phases
+from memrec.analysis.sglang_facts import custom_ar_facts
+from memrec.analysis.sglang_facts import custom_ar_line
+from memrec.analysis.sglang_facts import process_contexts
 from memrec.analysis.sglang_report import MAPPED
 from memrec.analysis.sglang_report import KvWindow
 from memrec.analysis.sglang_report import format_rank
 from memrec.analysis.sglang_report import kv_windows
 from memrec.analysis.sglang_report import marker_ranks
 from memrec.analysis.sglang_report import process_info_ranks
+from memrec.analysis.sglang_report import rank_gpus
 from memrec.analysis.sglang_report import rank_sort_key
 from memrec.analysis.sglang_report import shown_dims
 from memrec.analysis.text import table
@@ -79,6 +83,8 @@ class Run:
     budgets: list[KvBudget]
     windows: dict[int, KvWindow]
     events: np.ndarray
+    contexts: list = dataclasses.field(default_factory=list)  # foreign CUDA contexts (sglang_report.process_contexts)
+    custom_ar: dict | None = None  # sglang_report.custom_ar_facts
 
 
 def _initial_state(trace: Any) -> LiveState | None:
@@ -139,7 +145,10 @@ def analyze(trace: Any, name: str) -> Run:
     budgets = [_norm_budget(b) for b in kv_budgets(trace.markers)]
     labels = {p: format_rank(_as_dict(k)) for p, k in rank_of.items() if k}
     windows = kv_windows(trace.markers, phases, j, budgets, labels, skip=exit_rows)
-    return Run(name, start, phases, j, exit_rows, rank_of, budgets, windows, trace.events)
+    ranked = [p for p, k in rank_of.items() if k]
+    contexts = process_contexts(trace, ranked, rank_gpus(trace.markers, j, budgets), labels)
+    return Run(name, start, phases, j, exit_rows, rank_of, budgets, windows, trace.events,
+               [c for c in contexts if c["foreign"]], custom_ar_facts(trace.markers))
 
 
 def _as_dict(key: RankKey) -> dict[str, int]:
@@ -423,6 +432,29 @@ def _cause_lines(windows: list[dict], which: str, an: str, bn: str) -> list[str]
     return lines
 
 
+def _sglang_fact_lines(a: Run, b: Run) -> list[str]:
+    """Foreign CUDA contexts and the custom all-reduce, when they differ between the runs."""
+    from memrec.analysis.report import human
+
+    def foreign(run: Run) -> str:
+        return ", ".join(f"{c['label'] or 'pid ' + str(c['pid'])} on GPU {c['gpu']}"
+                         + (f" (NVML {human(c['nvml_peak'])})" if c["nvml_peak"] is not None else "")
+                         for c in run.contexts) or "none"
+
+    def car(run: Run) -> str:
+        c = run.custom_ar
+        if not c:
+            return "none"
+        return custom_ar_line(c, human).split(": ", 1)[1]
+
+    lines = []
+    if foreign(a) != foreign(b):
+        lines.append(f"foreign CUDA contexts: {a.name}: {foreign(a)}; {b.name}: {foreign(b)}")
+    if car(a) != car(b):
+        lines.append(f"custom all-reduce: {a.name}: {car(a)}; {b.name}: {car(b)}")
+    return lines
+
+
 def _verdict(d: dict, a: Run, b: Run) -> dict:
     an, bn = d["a"]["name"], d["b"]["name"]
     fa, fb = d["a"]["failed"], d["b"]["failed"]
@@ -455,6 +487,7 @@ def _verdict(d: dict, a: Run, b: Run) -> dict:
                 lines.append(f"{d[name]['name']} needs --mem-fraction-static > {need:.4f} on every rank to size a KV cache{ran}")
             else:
                 lines.append(f"no --mem-fraction-static sizes a KV cache in {d[name]['name']}: it would have to exceed {need:.4f}{ran}")
+    lines += _sglang_fact_lines(a, b)
     drv_a = [f for f in only_a if f["kind"] == "driver_call"]
     drv_b = [f for f in only_b if f["kind"] == "driver_call"]
     for name, drv in ((an, drv_a), (bn, drv_b)):
