@@ -34,6 +34,8 @@ from memrec.analysis.kv_budget import kv_budgets
 from memrec.analysis.phases import Phases
 from memrec.analysis.phases import attribute
 from memrec.analysis.phases import build_phases
+from memrec.analysis.replay import initial_state
+from memrec.analysis.replay import trace_bounds
 from memrec.analysis.sglang_report import MAPPED
 from memrec.analysis.sglang_report import NO_PHASE_LABEL
 from memrec.analysis.sglang_report import KvWindow
@@ -51,7 +53,6 @@ from memrec.events import CATEGORIES
 from memrec.events import CU_RESULT_NAMES
 from memrec.events import Api
 from memrec.events import Kind
-from memrec.state import LiveState
 
 DIFF_VERSION = 1
 NO_RANK = "(no rank)"
@@ -81,28 +82,6 @@ class Run:
     events: np.ndarray
 
 
-def _initial_state(trace: Any) -> LiveState | None:
-    """A rotated file continues from its keyframe at event 0 (as ``memrec report`` does)."""
-    for kf in trace.keyframes:
-        if kf.event_index == 0:
-            try:
-                state = LiveState.from_snapshot(kf.state, journal=True)
-            except (ValueError, KeyError, TypeError, AttributeError):
-                return None
-            state.n_events = 0
-            return state
-    return None
-
-
-def _start(trace: Any) -> int:
-    firsts = [int(a["ts"].min()) for a in (trace.events, trace.nvml, trace.procmem) if len(a)]
-    firsts += [min(m.ts for m in trace.markers)] if trace.markers else []
-    anchor = trace.header.get("anchor")
-    if isinstance(anchor, dict) and isinstance(anchor.get("monotonic_ns"), int):
-        firsts.append(anchor["monotonic_ns"])
-    return min(firsts) if firsts else 0
-
-
 def _norm_rank(rank: dict[str, int]) -> RankKey:
     """(dp, pp, tp); a missing dp/pp is 0 when tp is known (SGLang sends None without DP/PP)."""
     if not rank:
@@ -120,8 +99,8 @@ def _norm_budget(b: KvBudget) -> KvBudget:
 
 def analyze(trace: Any, name: str) -> Run:
     """Replay ``trace`` (its events' ``gpu`` get filled in) and gather what :func:`diff_traces` needs."""
-    start = _start(trace)
-    tl = build_timeline(trace.events, start=start, state=_initial_state(trace))
+    start = trace_bounds(trace)[0]
+    tl = build_timeline(trace.events, start=start, state=initial_state(trace)[0])
     end = max([start] + [int(a["ts"].max()) for a in (trace.events,) if len(a)])
     phases = build_phases(trace.markers, end)
     j = tl.journal

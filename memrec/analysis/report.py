@@ -25,6 +25,8 @@ from memrec.analysis.phases import attribute
 from memrec.analysis.phases import build_phases
 from memrec.analysis.reconcile import Reconciliation
 from memrec.analysis.reconcile import reconcile
+from memrec.analysis.replay import initial_state
+from memrec.analysis.replay import trace_bounds
 from memrec.analysis.sglang_report import build_sglang_section
 from memrec.analysis.sglang_report import rank_labels
 from memrec.analysis.sglang_report import render_sglang
@@ -69,7 +71,7 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
             holders at its failed calls still show every process on that GPU).
     """
     events = trace.events
-    start, end = _bounds(trace)
+    start, end = trace_bounds(trace)
     n = len(events)
     kinds = events["kind"] if n else np.zeros(0, np.uint16)
     failed_idx = np.nonzero(events["result"] != 0)[0].tolist() if n else []
@@ -89,7 +91,7 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
             snap = cache[key] = _oom_snapshot(state, g)
         snapshots[index] = snap
 
-    initial, notes = _initial_state(trace)
+    initial, notes = initial_state(trace)
     prior_exits = len(initial.exit_records()) if initial is not None else 0
     prior_anomalies = dict(initial.anomalies) if initial is not None else {}
     tl = build_timeline(events, start=start, state=initial, stops=failed_idx, at_stop=at_stop)
@@ -164,44 +166,6 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
             report["gpus"].append(section)
     report["sglang"] = build_sglang_section(trace, phases, tl.journal, usage, start, gpu=gpu, pid=pid)
     return report
-
-
-def _initial_state(trace: Any) -> tuple[LiveState | None, list[str]]:
-    """The state the file starts from: its keyframe at event 0 (a rotated file continues the
-    previous one's state), or None (empty)."""
-    for kf in trace.keyframes:
-        if kf.event_index != 0:
-            continue
-        try:
-            state = LiveState.from_snapshot(kf.state, journal=True)
-        except (ValueError, KeyError, TypeError, AttributeError) as error:
-            return None, [f"the keyframe at the start is not a state this memrec reads ({error}): replayed from empty"]
-        state.n_events = 0
-        return state, []
-    return None, []
-
-
-def _bounds(trace: Any) -> tuple[int, int]:
-    """The trace's first and last timestamp over events, markers and samples (trailer end if later)."""
-    firsts: list[int] = []
-    lasts: list[int] = []
-    for arr in (trace.events, trace.nvml, trace.procmem):
-        if len(arr):
-            firsts.append(int(arr["ts"].min()))
-            lasts.append(int(arr["ts"].max()))
-    if trace.markers:
-        firsts.append(min(m.ts for m in trace.markers))
-        lasts.append(max(m.ts for m in trace.markers))
-    trailer = trace.trailer or {}
-    for key in ("end_ts", "end"):
-        if isinstance(trailer.get(key), int):
-            lasts.append(trailer[key])
-            break
-    anchor = trace.header.get("anchor")
-    if isinstance(anchor, dict) and isinstance(anchor.get("monotonic_ns"), int):
-        firsts.append(anchor["monotonic_ns"])  # when the recording started
-    start = min(firsts) if firsts else 0
-    return start, max(lasts) if lasts else start
 
 
 def _sec(ns: int) -> float:
