@@ -102,7 +102,7 @@ def process_title(info: ProcessInfo | None, rank: str = "") -> str:
         elif any("multiprocessing" in a and "spawn_main" in a for a in argv[1:]):
             parts.append(f"{prog} (spawned)")
         else:
-            parts.append(" ".join([prog] + argv[1:4]))
+            parts.append(" ".join([prog] + argv[1:5]))
     return " ".join(parts)
 
 

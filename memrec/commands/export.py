@@ -52,8 +52,8 @@ class ExportCommand:
             raise MemrecCommandError(f"{error.filename or out}: {error.strerror or error}",
                                      exit_code=ExitCode.CANT_CREATE) from error
         if not written:
-            who = f"process {args.pid}" if args.pid is not None else "no process"
-            raise MemrecCommandError(f"{args.trace}: {who} used GPU memory in this trace: nothing to export",
+            who = f"process {args.pid} used no" if args.pid is not None else "no process used"
+            raise MemrecCommandError(f"{args.trace}: {who} GPU memory in this trace: nothing to export",
                                      exit_code=ExitCode.DATA)
         for path in written:
             print(path)

@@ -27,6 +27,8 @@ from memrec.export import require
 #: Owned categories, bottom to top, and their colours (colour-blind safe, Okabe-Ito).
 _STACK = (("driver", "#0072B2"), ("vmm", "#E69F00"), ("host_pinned", "#009E73"))
 _MAPPED = "#CC79A7"
+#: Opacity of the stacked areas (over white, or a phase band).
+STACK_ALPHA = 0.85
 _BAND = ("#f0f0f0", "#dcdcdc")
 PANEL_HEIGHT_IN = 2.8
 WIDTH_IN = 12.0
@@ -171,7 +173,7 @@ def _x_range(panels: list[Panel]) -> tuple[float, float]:
         ends = [((p.rec.start - p.offset) / 1e9, (p.rec.end - p.offset) / 1e9) for p in panels] or [(0.0, 1.0)]
         points = [v for e in ends for v in e]
     lo, hi = min(points), max(points)
-    pad = max((hi - lo) * 0.05, 1e-3)
+    pad = (hi - lo) * 0.05 if hi > lo else 1e-3
     return lo - pad, hi + pad
 
 
@@ -220,7 +222,7 @@ def _panel(ax, p: Panel, scale: int) -> None:
             x, lower = _steps(s, base, p, scale)
             top = base + cats[cat]
             _, upper = _steps(s, top, p, scale)
-            ax.fill_between(x, lower, upper, step="post", color=colour, alpha=0.85, linewidth=0, label=cat)
+            ax.fill_between(x, lower, upper, step="post", color=colour, alpha=STACK_ALPHA, linewidth=0, label=cat)
             base = top
         if "ipc_mapped" in cats and cats["ipc_mapped"].any():
             x, y = _steps(s, base + cats["ipc_mapped"], p, scale)
