@@ -16,6 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from memrec.analysis.names import api_name
+from memrec.analysis.names import kind_name
+from memrec.analysis.names import process_title
+from memrec.analysis.names import result_name
 from memrec.analysis.phases import Phases
 from memrec.analysis.phases import attribute
 from memrec.analysis.phases import build_phases
@@ -27,10 +31,6 @@ from memrec.analysis.timeline import OWNED
 from memrec.analysis.timeline import Timeline
 from memrec.analysis.timeline import build_timeline
 from memrec.analysis.timeline import state_at
-from memrec.events import CU_RESULT_NAMES
-from memrec.events import Api
-from memrec.events import Kind
-from memrec.events import ProcessInfo
 from memrec.trace.model import Trace
 
 #: Object columns hold Python str (names shared between rows: 8 bytes a row, not a fixed width).
@@ -62,48 +62,6 @@ def _use_pandas(choice: bool | None) -> bool:
     except ImportError:
         return False
     return True
-
-
-def api_name(api: int) -> str:
-    """The driver entry point's name (``cuMemAlloc_v2``), or its number as text when unknown."""
-    try:
-        return Api(api).name
-    except ValueError:
-        return str(api)
-
-
-def kind_name(kind: int) -> str:
-    """The event kind's name (``ALLOC``), or its number as text when unknown."""
-    try:
-        return Kind(kind).name
-    except ValueError:
-        return str(kind)
-
-
-def result_name(result: int) -> str:
-    """A CUresult's name (``CUDA_ERROR_OUT_OF_MEMORY``); ``CUresult N`` when memrec has no name for it."""
-    return CU_RESULT_NAMES.get(result, f"CUresult {result}")
-
-
-def process_title(info: ProcessInfo | None, rank: str = "") -> str:
-    """A short name a user recognises a process by: its rank, its title or its command.
-
-    A title set with setproctitle (``sglang::scheduler_TP0``: one argv word, no path) is shown as
-    is; a multiprocessing child (``python -c 'from multiprocessing.spawn import spawn_main...'``)
-    is "python3 (spawned)" rather than the start of that line; otherwise the program and its
-    first arguments.
-    """
-    parts = [rank] if rank else []
-    if info is not None and info.cmdline:
-        argv = list(info.cmdline)
-        prog = os.path.basename(argv[0])
-        if "::" in argv[0] or (len(argv) == 1 and "/" not in argv[0] and " " in argv[0].strip()):
-            parts.append(argv[0].strip())  # a title, not a command line
-        elif any("multiprocessing" in a and "spawn_main" in a for a in argv[1:]):
-            parts.append(f"{prog} (spawned)")
-        else:
-            parts.append(" ".join([prog] + argv[1:5]))
-    return " ".join(parts)
 
 
 def _table(columns: dict[str, Any], dtypes: dict[str, str], n: int) -> np.ndarray:

@@ -34,6 +34,8 @@ from memrec.analysis.kv_budget import kv_budgets
 from memrec.analysis.phases import Phases
 from memrec.analysis.phases import attribute
 from memrec.analysis.phases import build_phases
+from memrec.analysis.names import api_name
+from memrec.analysis.names import result_name
 from memrec.analysis.replay import initial_state
 from memrec.analysis.replay import trace_bounds
 from memrec.analysis.sglang_report import MAPPED
@@ -50,8 +52,6 @@ from memrec.analysis.timeline import OWNED
 from memrec.analysis.timeline import Journal
 from memrec.analysis.timeline import build_timeline
 from memrec.events import CATEGORIES
-from memrec.events import CU_RESULT_NAMES
-from memrec.events import Api
 from memrec.events import Kind
 
 DIFF_VERSION = 1
@@ -251,17 +251,6 @@ def _window_diff(a: Run, b: Run, which: str, dims: tuple[str, ...]) -> list[dict
 # ----------------------------------------------------------------------------------------- failures
 
 
-def _result_name(result: int) -> str:
-    return CU_RESULT_NAMES.get(result, f"CUresult {result}")
-
-
-def _api_name(api: int) -> str:
-    try:
-        return Api(api).name
-    except ValueError:
-        return str(api)
-
-
 def _failures(run: Run, dims: tuple[str, ...]) -> dict[tuple, dict]:
     """Key -> failure: SGLang errors, KV budgets <= 0 without an error, failed driver calls."""
     out: dict[tuple, dict] = {}
@@ -288,7 +277,7 @@ def _failures(run: Run, dims: tuple[str, ...]) -> dict[tuple, dict]:
             e = ev[i]
             rank = run.rank_of.get(int(e["pid"]), ())
             label = _rank_label(rank, dims)
-            api, result = _api_name(int(e["api"])), _result_name(int(e["result"]))
+            api, result = api_name(int(e["api"])), result_name(int(e["result"]))
             key = ("driver", label, int(e["gpu"]), api, result)
             f = out.setdefault(key, {"kind": "driver_call", "rank": label, "rank_key": list(rank), "gpu": int(e["gpu"]), "api": api,
                                      "result": result, "count": 0, "bytes": 0})

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from memrec.api import Recording
-from memrec.api import api_name
+from memrec.analysis.names import api_name
 from memrec.events import CUDA_ERROR_OUT_OF_MEMORY
 from memrec.events import Kind
 from memrec.state import DRIVER

@@ -24,9 +24,9 @@ import numpy as np
 
 from memrec.analysis.timeline import OWNED
 from memrec.api import Recording
-from memrec.api import api_name
-from memrec.api import process_title
-from memrec.api import result_name
+from memrec.analysis.names import api_name
+from memrec.analysis.names import process_title
+from memrec.analysis.names import result_name
 from memrec.events import FLAG_IPC_BYTES
 from memrec.events import Kind
 from memrec.export import require

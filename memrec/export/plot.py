@@ -21,7 +21,7 @@ import numpy as np
 from memrec.analysis.phases import Phase
 from memrec.analysis.timeline import GpuSeries
 from memrec.api import Recording
-from memrec.api import result_name
+from memrec.analysis.names import result_name
 from memrec.export import require
 
 #: Owned categories, bottom to top, and their colours (colour-blind safe, Okabe-Ito).
