@@ -294,7 +294,7 @@ def _failed(run: Run) -> bool:
 
 
 def _h(n: int | None) -> str:
-    from memrec.analysis.report import human
+    from memrec.analysis.text import human
 
     return human(n)
 

@@ -32,7 +32,7 @@ class ReportCommand:
 
     def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         from memrec.analysis.report import build_report
-        from memrec.analysis.report import render_text
+        from memrec.analysis.report_text import render_text
         from memrec.commands.common import load_trace_for_command
 
         trace = load_trace_for_command(args.trace)

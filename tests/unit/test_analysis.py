@@ -12,8 +12,8 @@ from memrec.analysis.phases import PhaseUsage
 from memrec.analysis.phases import attribute
 from memrec.analysis.phases import build_phases
 from memrec.analysis.report import build_report
-from memrec.analysis.report import human
-from memrec.analysis.report import render_text
+from memrec.analysis.text import human
+from memrec.analysis.report_text import render_text
 from memrec.analysis.timeline import build_timeline
 from memrec.analysis.timeline import state_at
 from memrec.columns import NVML_DTYPE

@@ -10,7 +10,7 @@ import pytest
 from memrec.analysis import reconcile as reconcile_mod
 from memrec.analysis.reconcile import reconcile
 from memrec.analysis.report import build_report
-from memrec.analysis.report import render_text
+from memrec.analysis.report_text import render_text
 from memrec.analysis.timeline import build_timeline
 from memrec.columns import NVML_DTYPE
 from memrec.columns import PROCMEM_DTYPE

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from memrec.analysis.report import build_report
-from memrec.analysis.report import render_text
+from memrec.analysis.report_text import render_text
 from memrec.analysis.sglang_report import format_rank
 from memrec.analysis.sglang_report import has_sglang_markers
 from memrec.analysis.sglang_report import kv_times
