@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from memrec.analysis.answer import build_answer
 from memrec.analysis.names import api_name
 from memrec.analysis.names import process_title
 from memrec.analysis.names import result_name
@@ -34,8 +35,10 @@ from memrec.analysis.sglang_report import rank_labels
 from memrec.analysis.text import human  # noqa: F401 (the report's byte format, imported from here by others)
 from memrec.analysis.timeline import OWNED
 from memrec.analysis.timeline import GpuSeries
+from memrec.analysis.timeline import Journal
 from memrec.analysis.timeline import Timeline
 from memrec.analysis.timeline import build_timeline
+from memrec.analysis.timeline import state_at
 from memrec.events import CATEGORIES
 from memrec.events import Kind
 from memrec.events import ProcessInfo
@@ -72,6 +75,7 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
 
     snapshots: dict[int, dict] = {}
     cache: dict[tuple[int, int], dict] = {}
+    phases = build_phases(trace.markers, end)
 
     def at_stop(index: int, state: LiveState) -> None:
         g = failed_gpu[index][0]
@@ -81,7 +85,7 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
         snap = cache.get(key)
         if snap is None:
             cache.clear()
-            snap = cache[key] = _oom_snapshot(state, g)
+            snap = cache[key] = _oom_snapshot(state, g, phases)
         snapshots[index] = snap
 
     initial, notes = initial_state(trace)
@@ -92,8 +96,8 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
     anomalies = {
         k: v - prior_anomalies.get(k, 0) for k, v in sorted(tl.state.anomalies.items()) if v > prior_anomalies.get(k, 0)
     }
-    phases = build_phases(trace.markers, end)
     usage = attribute(phases, tl.journal) if trace.markers else []
+    exit_usage = attribute(phases, _exit_rows(tl.journal, events)) if trace.markers else []
     procs = _processes(trace, tl, exits)
     rec = reconcile(trace, tl)
 
@@ -138,6 +142,8 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
         if pid is not None and int(events["pid"][i]) != pid:
             continue
         f = _failure(events, i, g, inferred, start, procs)
+        f["phase"] = phases.label(phases.phase_at(f["pid"], f["ts"]))
+        f["nvml_free"] = _nvml_free_before(trace, g, f["ts"])
         if g < 0 and not _is_host_kind(int(kinds[i])):
             report["failures_unknown_gpu"].append(f)
             continue
@@ -148,7 +154,7 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
         if gpu is not None and g != gpu:
             continue
         section = _gpu_section(
-            g, tl.gpus.get(g), gpu_info.get(g), start, pid, procs, exits, usage, phases,
+            g, tl.gpus.get(g), gpu_info.get(g), start, pid, procs, exits, (usage, exit_usage), phases,
             failures_by_gpu.get(g, []), trace, rec,
         )
         if section is None:
@@ -158,7 +164,24 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
         else:
             report["gpus"].append(section)
     report["sglang"] = build_sglang_section(trace, phases, tl.journal, usage, start, gpu=gpu, pid=pid)
+    _peak_by_phase(report, trace, tl, phases)
+    report["answer"] = build_answer(report)
     return report
+
+
+def _peak_by_phase(report: dict, trace: Any, tl: Timeline, phases: Phases) -> None:
+    """What the GPU with the highest peak held at that peak, by phase (the answer's second line).
+
+    One GPU only: the state there comes from the nearest keyframe and a replay of the rest.
+    """
+    secs = [s for s in report["gpus"] if s.get("peak") and s["peak"]["bytes"]]
+    if not secs:
+        return
+    sec = max(secs, key=lambda s: (s["peak"]["bytes"], -s["gpu"]))
+    series = tl.gpus[sec["gpu"]]
+    _, _, row = series.peak(report["filter"]["pid"])
+    state = state_at(tl.events, int(series.event_index[row]) + 1, trace.keyframes)
+    sec["peak"]["by_phase"] = held_by_phase(state, sec["gpu"], phases)
 
 
 def _sec(ns: int) -> float:
@@ -194,13 +217,58 @@ def _failure_gpus(events: np.ndarray, failed_idx: list[int]) -> dict[int, tuple[
     return out
 
 
-def _oom_snapshot(state: LiveState, g: int) -> dict:
+def _oom_snapshot(state: LiveState, g: int, phases: Phases) -> dict:
     return {
         "owned_on_gpu": state.owned_bytes(gpu=g),
         "mapped_on_gpu": state.mapped_bytes(gpu=g),
         "holders": [_holding_json(h) for h in state.holders(g, n=HOLDER_LARGEST)],
         "largest": [_holding_json(h._asdict()) for h in state.largest(g, GPU_LARGEST)],
+        "by_phase": held_by_phase(state, g, phases),
     }
+
+
+def held_by_phase(state: LiveState, g: int, phases: Phases, n: int = 5) -> list[dict]:
+    """What ``g`` holds now (owned), by the phase that allocated each piece: the ``n`` largest.
+
+    Each: ``{"phase", "bytes", "pids"}``; a piece's phase is its owner's innermost phase when it
+    was allocated (``(no phase)`` outside them).
+    """
+    held = [h for h in state.holdings(gpu=g) if h.category != "ipc_mapped"]
+    if not held:
+        return []
+    ids = phases.assign(np.array([h.pid for h in held], dtype=np.int64), np.array([h.ts for h in held], dtype=np.int64))
+    out: dict[str, dict] = {}
+    for h, ph in zip(held, ids.tolist()):
+        row = out.setdefault(phases.label(ph), {"phase": phases.label(ph), "bytes": 0, "pids": []})
+        row["bytes"] += h.size
+        if h.pid not in row["pids"]:
+            row["pids"].append(h.pid)
+    rows = sorted(out.values(), key=lambda r: (-r["bytes"], r["phase"]))[:n]
+    for r in rows:
+        r["pids"].sort()
+    return rows
+
+
+def _exit_rows(journal: Journal, events: np.ndarray) -> Journal:
+    """The journal's rows a process exit caused (the implicit frees of what it still held)."""
+    n = len(events)
+    if not len(journal) or not n:
+        return Journal(*(np.zeros(0, np.int64) for _ in range(6)))
+    idx = np.clip(journal.index, 0, n - 1)
+    m = (journal.index >= 0) & (journal.index < n) & (events["kind"][idx] == int(Kind.PROC_EXIT))
+    return Journal(journal.index[m], journal.ts[m], journal.gpu[m], journal.pid[m], journal.category[m],
+                   journal.delta[m])
+
+
+def _nvml_free_before(trace: Any, g: int, ts: int) -> int | None:
+    """NVML's free bytes on ``g`` at the last sample at or before ``ts`` (None without one)."""
+    nv = trace.nvml
+    if not len(nv) or g < 0:
+        return None
+    s = nv[(nv["gpu"] == g) & (nv["ts"] <= ts) & (nv["free"] >= 0)]
+    if not len(s):
+        return None
+    return int(s["free"][np.argmax(s["ts"])])
 
 
 def _holding_json(h: dict) -> dict:
@@ -308,7 +376,7 @@ def _gpu_section(
     pid: int | None,
     procs: dict,
     exits: list[dict],
-    usage: list,
+    usage: tuple[list, list],
     phases: Phases,
     failures: list[dict],
     trace: Any,
@@ -381,7 +449,7 @@ def _gpu_section(
         )
     rows.sort(key=lambda r: (-r["peak"], -r["mapped_peak"], r["pid"]))
     sec["processes"] = rows
-    sec["phases"] = _gpu_phases(g, usage, phases, pid, start) if phases.phases else []
+    sec["phases"] = _gpu_phases(g, usage[0], usage[1], phases, pid, start) if phases.phases else []
     sec["held_at_exit"] = held
     sec["failures"] = failures
     sec["nvml"] = _nvml(trace, g, series, start)
@@ -424,7 +492,10 @@ def _held_at_exit(g: int, exits: list[dict], pid: int | None, start: int) -> lis
     return out
 
 
-def _gpu_phases(g: int, usage: list, phases: Phases, pid: int | None, start: int) -> list[dict]:
+def _gpu_phases(g: int, usage: list, exit_usage: list, phases: Phases, pid: int | None, start: int) -> list[dict]:
+    """Per (pid, phase) on ``g``: bytes by category, allocated, freed, net; ``exit_freed`` and
+    ``exit_by_category`` are the part of ``freed`` a process exit made implicitly."""
+    at_exit = {(u.pid, u.phase, u.category): u.freed for u in exit_usage if u.gpu == g}
     rows: dict[tuple[int, int], dict] = {}
     for u in usage:
         if u.gpu != g or (pid is not None and u.pid != pid):
@@ -446,9 +517,15 @@ def _gpu_phases(g: int, usage: list, phases: Phases, pid: int | None, start: int
                 "freed": 0,
                 "net": 0,
                 "mapped_net": 0,
+                "exit_freed": 0,
+                "exit_by_category": {},
             }
         row["by_category"][u.category] = row["by_category"].get(u.category, 0) + u.net
+        freed_at_exit = at_exit.get((u.pid, u.phase, u.category), 0)
+        if freed_at_exit:
+            row["exit_by_category"][u.category] = freed_at_exit
         if u.category in OWNED:
+            row["exit_freed"] += freed_at_exit
             row["allocated"] += u.allocated
             row["freed"] += u.freed
             row["net"] += u.net

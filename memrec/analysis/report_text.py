@@ -9,9 +9,12 @@ processes that only mapped peers' memory; ``show_all`` keeps them.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+from memrec.analysis.answer import fit
 from memrec.analysis.sglang_report import render_sglang
+from memrec.analysis.text import fit_lines
 from memrec.analysis.text import human
 from memrec.analysis.text import table
 from memrec.events import CATEGORIES
@@ -32,9 +35,8 @@ def _t(seconds: float | None) -> str:
     return "-" if seconds is None else f"+{seconds:.3f}s"
 
 
-def _values(values: dict, limit: int = 60) -> str:
-    text = ", ".join(f"{k}={_fmt_value(v)}" for k, v in values.items())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+def _values(values: dict) -> str:
+    return ", ".join(f"{k}={_fmt_value(v)}" for k, v in values.items())
 
 
 def _fmt_value(v: Any) -> str:
@@ -63,16 +65,22 @@ def _holding_text(h: dict) -> str:
     return text
 
 
-def render_text(report: dict) -> str:
-    """The report as fixed-width text (deterministic for a given report)."""
-    out: list[str] = []
+def render_text(report: dict, width: int = 80, show_all: bool = False) -> str:
+    """The report as text at most ``width`` columns wide, the answer in its first three lines.
+
+    ``show_all`` keeps what the default view leaves out (see the module docstring). The same
+    report and width always give the same text.
+    """
+    out: list[str] = [fit(line, width) for line in report["answer"]["lines"]]
     tr = report["trace"]
     procs = {p["pid"]: p for p in report["processes"]}
+    out.append("")
     out.append("memrec report")
     failed = tr["failed_calls"]
+    nproc = len(report["processes"])
     head = (
         f"  trace: {tr['duration_s']:.3f} s, {tr['events']:,} events, {failed:,} failed call{'' if failed == 1 else 's'}, "
-        f"{len(report['processes'])} processes, {tr['markers']:,} markers, {tr['nvml_samples']:,} NVML samples"
+        f"{nproc} process{'' if nproc == 1 else 'es'}, {tr['markers']:,} markers, {tr['nvml_samples']:,} NVML samples"
     )
     out.append(head)
     flt = report["filter"]
@@ -95,13 +103,16 @@ def render_text(report: dict) -> str:
 
     if report.get("sglang"):
         out.append("")
-        out.extend(render_sglang(report["sglang"]))
+        sglang = render_sglang(report["sglang"], width)
+        out.extend(sglang if show_all else collapse(sglang, _RANK_BLOCK, procs))
+    gpu_lines: list[str] = []
     for sec in report["gpus"]:
-        out.append("")
-        out.extend(_render_gpu(sec, procs))
+        gpu_lines.append("")
+        gpu_lines.extend(_render_gpu(sec, procs, width, show_all))
+    out.extend(gpu_lines if show_all else collapse(gpu_lines, _GPU_BLOCK, procs))
     if report["host"] is not None:
         out.append("")
-        out.extend(_render_gpu(report["host"], procs))
+        out.extend(_render_gpu(report["host"], procs, width, show_all))
 
     if report["failures_unknown_gpu"]:
         out.append("")
@@ -116,7 +127,7 @@ def render_text(report: dict) -> str:
              _t_exit(p, tr), p["short"]]
             for p in report["processes"]
         ]
-        out.extend(table(["PID", "RANK", "GPUS", "EXIT", "COMMAND"], rows, right={0}))
+        out.extend(table(["PID", "RANK", "GPUS", "EXIT", "COMMAND"], rows, right={0}, width=width, wrap=True))
 
     if report["phases"] or report["instants"]:
         out.append("")
@@ -135,8 +146,9 @@ def render_text(report: dict) -> str:
                  [str(i["pid"]), f"* {i['name']}", _t(i["t_s"]), "", "", _values(i["values"])])
             )
         rows = [row for _, row in sorted(keyed, key=lambda kr: kr[0])]
-        out.extend(table(["PID", "PHASE", "START", "END", "DURATION", "VALUES"], rows, right={0, 2, 3, 4}))
-    return "\n".join(out) + "\n"
+        out.extend(table(["PID", "PHASE", "START", "END", "DURATION", "VALUES"], rows, right={0, 2, 3, 4},
+                         width=width, drop=(4, 3), wrap=True))
+    return "\n".join(fit_lines(out, width)) + "\n"
 
 
 def _t_exit(p: dict, tr: dict) -> str:
@@ -145,7 +157,7 @@ def _t_exit(p: dict, tr: dict) -> str:
     return _t(_sec(p["exit_ts"] - tr["start_ts"]))
 
 
-def _render_gpu(sec: dict, procs: dict) -> list[str]:
+def _render_gpu(sec: dict, procs: dict, width: int, show_all: bool) -> list[str]:
     out: list[str] = []
     g = sec["gpu"]
     if g < 0:
@@ -185,12 +197,15 @@ def _render_gpu(sec: dict, procs: dict) -> list[str]:
         ]
         out.extend(table(["CATEGORY", "PEAK", "AT", "FINAL", ""], rows, right={1, 2, 3}))
 
-    if sec["processes"]:
+    shown = [p for p in sec["processes"] if show_all or _process_row_matters(p)]
+    if shown:
         out.append("")
         rows = []
-        for p in sec["processes"]:
+        for p in shown:
+            no_peak = not p["peak"] and not show_all  # a peer that only mapped: no "0 B at +0.000s"
             rows.append(
-                [str(p["pid"]), p["rank"], human(p["peak"]), _t(p["peak_t_s"]), human(p["final"]),
+                [str(p["pid"]), p["rank"], "-" if no_peak else human(p["peak"]),
+                 "-" if no_peak else _t(p["peak_t_s"]), human(p["final"]),
                  human(p["mapped_peak"]) if p["mapped_peak"] else "-",
                  human(p["held_at_exit"]) if p["held_at_exit"] else "-",
                  human(p["nvml_used"]) if p["nvml_used"] is not None else "-",
@@ -198,21 +213,24 @@ def _render_gpu(sec: dict, procs: dict) -> list[str]:
             )
         out.extend(
             table(
-                ["PID", "RANK", "PEAK", "AT", "FINAL", "MAPPED", "HELD AT EXIT", "NVML USED", "COMMAND"],
-                rows, right={0, 2, 3, 4, 5, 6, 7},
+                ["PID", "RANK", "PEAK", "AT", "FINAL", "MAPPED", "AT EXIT", "NVML USED", "COMMAND"],
+                rows, right={0, 2, 3, 4, 5, 6, 7}, width=width, drop=(4, 7), wrap=True,
             )
         )
 
     if sec.get("reconciliation"):
         out.append("")
-        out.extend(_render_reconciliation(sec["reconciliation"], procs))
+        out.extend(_render_reconciliation(sec["reconciliation"], procs, width))
 
-    if sec["phases"]:
+    phase_rows = sec["phases"] if show_all else [r for r in map(_without_exit_frees, sec["phases"]) if r]
+    if phase_rows:
         out.append("")
         out.append("  by phase (net bytes per category during each phase of the process that made them; owned totals)")
-        cats = [c for c in CATEGORIES if any(c in r["by_category"] for r in sec["phases"])]
+        if not show_all and any(r["exit_freed"] or r["exit_by_category"] for r in sec["phases"]):
+            out.append("  (frees at process exit are under \"held at exit\"; --all counts them here too)")
+        cats = [c for c in CATEGORIES if any(c in r["by_category"] for r in phase_rows)]
         rows = []
-        for r in sec["phases"]:
+        for r in phase_rows:
             rows.append(
                 [str(r["pid"]), r["path"], _t(r["start_s"]), _t(r["end_s"])]
                 + [human(r["by_category"][c]) if c in r["by_category"] else "-" for c in cats]
@@ -221,7 +239,7 @@ def _render_gpu(sec: dict, procs: dict) -> list[str]:
         out.extend(
             table(
                 ["PID", "PHASE", "START", "END"] + [c.upper() for c in cats] + ["ALLOCATED", "FREED", "NET OWNED"],
-                rows, right=set(range(2, 7 + len(cats))) | {0},
+                rows, right=set(range(2, 7 + len(cats))) | {0}, width=width, drop=(3, 2),
             )
         )
 
@@ -233,7 +251,8 @@ def _render_gpu(sec: dict, procs: dict) -> list[str]:
              str(r["count"]), "; ".join(_holding_text(h) for h in r["largest"])]
             for r in sec["held_at_exit"]
         ]
-        out.extend(table(["PID", "EXIT AT", "OWNED", "MAPPED", "PIECES", "LARGEST"], rows, right={0, 1, 2, 3, 4}))
+        out.extend(table(["PID", "EXIT AT", "OWNED", "MAPPED", "PIECES", "LARGEST"], rows, right={0, 1, 2, 3, 4},
+                         width=width, wrap=True))
 
     if sec["failures"]:
         out.append("")
@@ -258,7 +277,93 @@ def _render_gpu(sec: dict, procs: dict) -> list[str]:
     return out
 
 
-def _render_reconciliation(rc: dict, procs: dict) -> list[str]:
+def _process_row_matters(p: dict) -> bool:
+    """A process row with anything in it (held, mapped, held at exit or seen by NVML)."""
+    return bool(p["peak"] or p["final"] or p["mapped_peak"] or p["held_at_exit"] or p["nvml_used"])
+
+
+def _without_exit_frees(r: dict) -> dict | None:
+    """A by-phase row without the frees a process exit made (None when nothing is left)."""
+    by_category = {c: v + r["exit_by_category"].get(c, 0) for c, v in r["by_category"].items()}
+    by_category = {c: v for c, v in by_category.items() if v}
+    row = dict(r, by_category=by_category, freed=r["freed"] - r["exit_freed"], net=r["net"] + r["exit_freed"])
+    if not by_category and not row["allocated"] and not row["freed"]:
+        return None
+    return row
+
+
+#: The first line of a block ``collapse`` compares: a GPU section's title, an SGLang rank's header.
+_GPU_BLOCK = re.compile(r"^GPU \d+\b")
+_RANK_BLOCK = re.compile(r"^((DP|PP|TP|EP)\d+ ?)+ +pid \d+")
+
+
+def collapse(lines: list[str], header: re.Pattern, procs: dict) -> list[str]:
+    """Blocks that say the same as the first one, pids, ranks, GPUs and times aside, become one line.
+
+    A block starts at a line ``header`` matches and runs to the next one. A block whose lines (in
+    any order, numbers that name a pid, rank, GPU, time or address masked) are those of the first
+    block becomes "<its header>: same as <first>"; runs of such blocks are joined ("GPU 1–7:
+    same as GPU 0"). One that differs in at most 3 lines shows only those lines.
+    """
+    starts = [i for i, text in enumerate(lines) if header.match(text)]
+    if len(starts) < 2:
+        return lines
+    bounds = list(zip(starts, starts[1:] + [len(lines)]))
+    pids = sorted((str(p) for p in procs), key=len, reverse=True)
+    mask = re.compile(r"\b(" + "|".join(map(re.escape, pids)) + r")\b") if pids else None
+
+    def norm(text: str) -> str:
+        text = mask.sub("P", text) if mask else text
+        text = re.sub(r"\b(DP|PP|TP|EP)\d+", r"\1n", text)
+        text = re.sub(r"\bGPU-[0-9a-fA-F-]+", "UUID", text)
+        text = re.sub(r"\bGPU \d+", "GPU n", text)
+        text = re.sub(r"[+-]?\d+\.\d+s\b", "T", text)
+        text = re.sub(r"0x[0-9a-f]+", "ADDR", text)
+        # Small bare numbers are GPU columns (a rank's own GPU, its peers'); counts with a unit stay.
+        text = re.sub(r"(?<![\w.=,+-])\d{1,3}(?![\w.,]| ?(B|KiB|MiB|GiB|TiB)\b)", "N", text)
+        return re.sub(r"\s+", " ", text).strip()
+
+    first_head = lines[starts[0]].split("  ")[0].split(" pid ")[0].strip()
+    base = sorted(norm(t) for t in lines[bounds[0][0] + 1 : bounds[0][1]] if t.strip() and not set(t) <= {"="})
+    out = lines[: bounds[0][1]]
+    same_run: list[str] = []
+
+    def flush() -> None:
+        if same_run:
+            names = same_run[0] if len(same_run) == 1 else f"{same_run[0]}–{same_run[-1].split()[-1]}"
+            out.append(f"{names}: same as {first_head} (pids, ranks, times aside)")
+            out.append("")
+            same_run.clear()
+
+    for lo, hi in bounds[1:]:
+        head = lines[lo].split("  ")[0].split(" pid ")[0].strip()
+        body = [t for t in lines[lo + 1 : hi] if t.strip() and not set(t) <= {"="}]
+        normed = sorted(norm(t) for t in body)
+        if normed == base:
+            same_run.append(head)
+            continue
+        flush()
+        rest = list(base)
+        extra = []
+        for t in body:
+            n = norm(t)
+            if n in rest:
+                rest.remove(n)
+            else:
+                extra.append(t)
+        if len(extra) <= 3 and len(body) == len(base):
+            out.append(f"{head}: same as {first_head} except")
+            out.extend(extra)
+            out.append("")
+        else:
+            out.extend(lines[lo:hi])
+    flush()
+    while out and not out[-1].strip():
+        out.pop()
+    return out
+
+
+def _render_reconciliation(rc: dict, procs: dict, width: int) -> list[str]:
     """The "NVML vs traced" table: each process NVML listed, then the whole GPU."""
     out = ["  NVML vs traced (at each NVML sample; untraced = NVML - traced: context, modules, rounding, pools)"]
     rows = []
@@ -294,7 +399,7 @@ def _render_reconciliation(rc: dict, procs: dict) -> list[str]:
         )
     out.extend(
         table(["PID", "RANK", "NVML USED", "TRACED", "UNTRACED", "UNTRACED MIN..MAX", "SAMPLES", ""], rows,
-               right={0, 2, 3, 4, 5, 6})
+              right={0, 2, 3, 4, 5, 6}, width=width, drop=(6,), wrap=True)
     )
     if rc["unsampled_pids"]:
         out.append(

@@ -674,8 +674,8 @@ def _fmt_value(k: str, v: Any, human) -> str:
     return str(v)
 
 
-def render_sglang(section: dict) -> list[str]:
-    """The SGLang section as text lines (deterministic)."""
+def render_sglang(section: dict, width: int | None = None) -> list[str]:
+    """The SGLang section as text lines (deterministic); tables fit ``width`` where they can."""
     from memrec.analysis.report import human
 
     out = []
@@ -730,7 +730,7 @@ def render_sglang(section: dict) -> list[str]:
         out.extend(
             table(["PHASE", "GPU", "START", "DURATION", "VS KV SIZING"] + [c.upper() for c in cats]
                   + ["NET OWNED", "SGLANG'S NUMBERS"], rows, right=set(range(1, 4)) | set(range(5, 6 + len(cats))),
-                  indent="  ")
+                  indent="  ", width=width, drop=(3, 4), wrap=True)
         )
         for b in r["budgets"]:
             out.append(f"  KV budget{' (draft runner)' if b['draft'] else ''}, GiB as SGLang measures them:")
@@ -748,7 +748,8 @@ def render_sglang(section: dict) -> list[str]:
                     [x["label"] or f"pid {x['pid']}", x["phase"], human(x["owned"]), _cats_text(x, human)]
                     for x in w["between"]
                 ]
-                out.extend(table(["RANK", "PHASE", "OWNED", "BY CATEGORY"], wrows, right={2}, indent="    "))
+                out.extend(table(["RANK", "PHASE", "OWNED", "BY CATEGORY"], wrows, right={2}, indent="    ",
+                                 width=width, wrap=True))
             dg = b.get("diagnosis")
             if dg and dg["lines"]:
                 out.append("  why it failed:")
