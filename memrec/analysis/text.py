@@ -46,7 +46,8 @@ def table(
     below = None  # its room when it goes on lines of its own, under the row
     if width is not None and wrap and total > width:
         room = width - (total - widths[-1])
-        if room >= 20:
+        longest_word = max((len(w) for r in rows for w in r[keep[-1]].split()), default=0)
+        if room >= max(20, longest_word):
             widths[-1] = min(widths[-1], room)
         else:
             room = None
@@ -76,6 +77,9 @@ def fit_lines(lines: list[str], width: int) -> list[str]:
     for text in lines:
         if len(text) <= width:
             out.append(text)
+            continue
+        if set(text) <= {"=", "-"}:  # a title's underline
+            out.append(text[:width])
             continue
         lead = len(text) - len(text.lstrip(" "))
         out.extend(
