@@ -7,8 +7,9 @@ held most on that GPU as shaded bands with their names, and every failed call as
 its result. Times are seconds since the recording started, or, with a second recording
 (:func:`plot_diff`), since the first marker name both recordings share, so the two line up.
 
-The x range is fitted to where something happened (memory changed, a phase, a failure), with a
-margin: a 20 s recording whose startup took 50 ms shows those 50 ms, not a vertical line.
+The x range is fitted to where something happened (memory changed, a phase, a failure; the frees
+of a process exit aside, which come at teardown), with a margin: a 20 s recording whose startup
+took 50 ms shows those 50 ms, not a vertical line.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 from memrec.analysis.phases import Phase
 from memrec.analysis.timeline import GpuSeries
 from memrec.api import Recording
+from memrec.events import Kind
 from memrec.analysis.names import result_name
 from memrec.export import require
 
@@ -106,10 +108,10 @@ def plot_diff(a: Recording, b: Recording, out: Path, names: tuple[str, str]) -> 
         for rec, off, name in ((a, offsets[0], names[0]), (b, offsets[1], names[1])):
             panels.append(Panel(rec, g, off, _title(rec, g, name)))
     label = f"seconds since {common[0]!r}" if common else "seconds since the recording started"
-    return _draw(panels, out, label), common[0] if common else None
+    return _draw(panels, out, label, same_scale=True), common[0] if common else None
 
 
-def _draw(panels: list[Panel], out: Path, xlabel: str) -> int:
+def _draw(panels: list[Panel], out: Path, xlabel: str, same_scale: bool = False) -> int:
     matplotlib = require("matplotlib", "plot", "memrec plot")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -117,10 +119,12 @@ def _draw(panels: list[Panel], out: Path, xlabel: str) -> int:
     from matplotlib.ticker import MaxNLocator
 
     n = max(len(panels), 1)
-    fig, axes = plt.subplots(n, 1, figsize=(WIDTH_IN, PANEL_HEIGHT_IN * n + 0.6), sharex=True, squeeze=False)
+    fig, axes = plt.subplots(n, 1, figsize=(WIDTH_IN, PANEL_HEIGHT_IN * n + 0.6), sharex=True, sharey=same_scale,
+                             squeeze=False)
     lo, hi = _x_range(panels)
+    top_all = max((_top(p) for p in panels), default=0.0)
     for ax, panel in zip(axes[:, 0], panels):
-        unit, scale = _unit(_top(panel))
+        unit, scale = _unit(top_all if same_scale else _top(panel))
         _panel(ax, panel, scale)
         # Ticks at round numbers of the unit (10, 20 GiB), not of bytes (18.63 GiB).
         ax.yaxis.set_major_locator(MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]))
@@ -160,12 +164,18 @@ def _top(p: Panel) -> float:
 
 
 def _x_range(panels: list[Panel]) -> tuple[float, float]:
-    """Seconds covering every memory change, phase and failure of the panels, with a 5% margin."""
+    """Seconds covering every memory change (process exits aside), phase and failure, with a 5% margin."""
     points: list[float] = []
     for p in panels:
         s = p.rec.timeline.gpus.get(p.gpu)
         if s is not None and len(s.ts) > 1:
-            points += [(s.ts[1] - p.offset) / 1e9, (s.ts[-1] - p.offset) / 1e9]
+            # Process exits free everything at teardown, often long after the story: left out.
+            ev = p.rec.timeline.events
+            idx = np.clip(s.event_index[1:], 0, max(len(ev) - 1, 0))
+            keep = ev["kind"][idx] != int(Kind.PROC_EXIT) if len(ev) else np.zeros(0, bool)
+            ts = s.ts[1:][keep]
+            if len(ts):
+                points += [(ts[0] - p.offset) / 1e9, (ts[-1] - p.offset) / 1e9]
         for ph in _band_phases(p):
             points += [(ph.start - p.offset) / 1e9, (ph.end - p.offset) / 1e9]
         points += [(t - p.offset) / 1e9 for t, _ in _failures(p)]

@@ -125,3 +125,12 @@ def test_helpers():
     lines = table(["A", "B", "TEXT"], [["1", "22", "word " * 12]], right={0}, width=40, drop=(1,), wrap=True)
     assert max(map(len, lines)) <= 40 and lines[0].split() == ["A", "TEXT"]
     assert " ".join(x.strip() for x in lines[1:]).split() == ["1"] + ["word"] * 12
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_docs_show_the_current_answer_of_every_example(path, capsys, monkeypatch):
+    """docs/report.md shows each example's first three lines as memrec prints them today."""
+    doc = (ROOT / "docs" / "report.md").read_text()
+    lines = report_text(path, capsys, monkeypatch)[:3]
+    block = "\n".join([f"$ memrec report examples/{path.name} | head -3"] + lines)
+    assert block in doc
