@@ -95,7 +95,8 @@ def _sglang_failed(sg: dict, summary: dict) -> list[list[str]]:
     worst = summary.get("min_rest_label")
     rank = next((r for r in sg.get("ranks", []) if r["label"] == worst), None)
     gpu = rank["gpu"] if rank else None
-    window = next((w for w in sg.get("windows", []) if w["gpu"] == gpu), None) or next(iter(sg.get("windows", [])), None)
+    windows = sg.get("windows", [])
+    window = next((w for w in windows if w["gpu"] == gpu), windows[0] if windows else None)
     extras: dict[str, dict] = {}
     if window is not None:
         gpu = window["gpu"]

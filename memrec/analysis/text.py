@@ -83,8 +83,9 @@ def fit_lines(lines: list[str], width: int) -> list[str]:
             continue
         lead = len(text) - len(text.lstrip(" "))
         out.extend(
-            textwrap.wrap(text.lstrip(" "), width, initial_indent=" " * lead, subsequent_indent=" " * min(lead + 4, width // 2),
-                          break_long_words=False, break_on_hyphens=False)
+            textwrap.wrap(text.lstrip(" "), width, initial_indent=" " * lead,
+                          subsequent_indent=" " * min(lead + 4, width // 2), break_long_words=False,
+                          break_on_hyphens=False)
         )
     return out
 

@@ -105,10 +105,11 @@ def test_perfetto_processes_phases_and_ipc_flows(tmp_path):
         # AND its phases are slices in begin order, each ended
         slices = read["events"][track(read, "phases", pid)]
         begins = [e.name for _, e in slices if e.type == TE.TYPE_SLICE_BEGIN]
-        assert begins == [m.name for m in sorted(trace.markers, key=lambda m: m.ts) if m.pid == pid and m.phase == "begin"]
+        mine = [m for m in sorted(trace.markers, key=lambda m: m.ts) if m.pid == pid]
+        assert begins == [m.name for m in mine if m.phase == "begin"]
         assert sum(e.type == TE.TYPE_SLICE_END for _, e in slices) == len(begins)
         instants = [e.name for _, e in slices if e.type == TE.TYPE_INSTANT]
-        assert instants == [m.name for m in sorted(trace.markers, key=lambda m: m.ts) if m.pid == pid and m.phase == "instant"]
+        assert instants == [m.name for m in mine if m.phase == "instant"]
     # AND every IPC open ends a flow that starts at the other rank's export of the same handle
     starts, ends = {}, {}
     for uuid, evs in read["events"].items():

@@ -134,3 +134,31 @@ def test_docs_show_the_current_answer_of_every_example(path, capsys, monkeypatch
     lines = report_text(path, capsys, monkeypatch)[:3]
     block = "\n".join([f"$ memrec report examples/{path.name} | head -3"] + lines)
     assert block in doc
+
+
+def test_identical_blocks_collapse_into_one_line():
+    from memrec.analysis.report_text import _GPU_BLOCK
+    from memrec.analysis.report_text import collapse
+
+    # GIVEN eight GPU sections, each one rank's, alike but for pids, ranks, GPU numbers and times;
+    # GPU 5's rank held more
+    lines = []
+    for g in range(8):
+        held = "60.00 GiB" if g != 5 else "70.00 GiB"
+        lines += [f"GPU {g}  NVIDIA H200  GPU-{g:04x}", "=" * 20,
+                  f"  peak traced   {held} at +8.{g}09s", f"  {100 + g}  TP{g}  {held}  +8.{g}09s", ""]
+    procs = {100 + g: {} for g in range(8)}
+    out = collapse(lines, _GPU_BLOCK, procs)
+    # THEN GPU 0 is shown, 1-4 and 6-7 are one line each run, GPU 5 only shows what differs
+    text = "\n".join(out)
+    assert "GPU 1–4: same as GPU 0 (pids, ranks, times aside)" in out
+    assert "GPU 6–7: same as GPU 0 (pids, ranks, times aside)" in out
+    assert "GPU 5: same as GPU 0 except" in out and "70.00 GiB" in text
+    assert text.count("peak traced") == 2
+
+
+def test_seed_example_ranks_collapse(capsys, monkeypatch):
+    lines = report_text(ROOT / "examples" / "seed-x2-ipc.mrec", capsys, monkeypatch)
+    assert "TP1: same as TP0 (pids, ranks, times aside)" in lines
+    full = report_text(ROOT / "examples" / "seed-x2-ipc.mrec", capsys, monkeypatch, None, "--all")
+    assert any(line.startswith("TP1  pid") for line in full)
