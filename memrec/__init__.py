@@ -8,14 +8,20 @@ numpy and the analysis only when called, so a program that only marks phases nev
 
 from __future__ import annotations
 
+import os
+from typing import TYPE_CHECKING
+
 from memrec.client import mark
 from memrec.client import phase
+
+if TYPE_CHECKING:
+    from memrec.api import Recording
 
 __version__ = "0.1.0"
 __all__ = ["__version__", "load", "mark", "phase"]
 
 
-def load(path, pandas=None):  # noqa: ANN001, ANN201 (documented in memrec.api.load)
+def load(path: str | os.PathLike, pandas: bool | None = None) -> Recording:
     """Read a ``.mrec`` trace as tables: see :func:`memrec.api.load`."""
     from memrec.api import load as _load
 

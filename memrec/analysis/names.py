@@ -38,14 +38,15 @@ def result_name(result: int) -> str:
 def process_title(info: ProcessInfo | None, rank: str = "") -> str:
     """A short name a user recognises a process by: its rank, then its title or its command.
 
-    A title set with setproctitle (``sglang::scheduler_TP0``) is shown as is; a multiprocessing
+    A title set with setproctitle (``sglang::scheduler_TP0``; /proc then shows it padded with empty
+    arguments) is shown as is; a multiprocessing
     child (``python -c 'from multiprocessing.spawn import spawn_main...'``) is "python3 (spawned)"
     rather than the start of that line; otherwise the program and its first four arguments.
     Never cut inside a word: no "..." in a name a user reads.
     """
     parts = [rank] if rank else []
-    if info is not None and info.cmdline:
-        argv = list(info.cmdline)
+    argv = [a for a in (info.cmdline if info is not None else []) if a.strip()]
+    if argv:
         prog = os.path.basename(argv[0])
         if "::" in argv[0] or (len(argv) == 1 and "/" not in argv[0] and " " in argv[0].strip()):
             parts.append(argv[0].strip())  # a title, not a command line

@@ -63,3 +63,20 @@ def test_by_phase_and_reconcile():
     device = rc[rc["pid"] == -1]
     assert len(device) == int((load_trace(SGLANG_IPC).nvml["gpu"] == 0).sum())
     assert (rc["untraced"] == rc["nvml_used"] - rc["traced"]).all()
+
+
+def test_process_names_prefer_titles_and_never_cut_a_command():
+    from memrec.analysis.names import process_title
+    from memrec.events import ProcessInfo
+
+    def info(*argv: str) -> ProcessInfo:
+        return ProcessInfo(pid=1, ppid=None, cmdline=list(argv), exe=None, cuda_visible_devices=None, gpu_map=[],
+                           first_ts=0)
+
+    # a title set with setproctitle, as /proc shows it (padded with empty arguments)
+    assert process_title(info("sglang::scheduler_TP0", "", ""), "TP0") == "TP0 sglang::scheduler_TP0"
+    spawn = info("/opt/venv/bin/python3", "-B", "-c", "from multiprocessing.spawn import spawn_main; spawn_main(3)")
+    assert process_title(spawn) == "python3 (spawned)"
+    assert process_title(info("/usr/bin/python3", "-m", "sglang.launch_server", "--tp", "8", "--port", "1")) == (
+        "python3 -m sglang.launch_server --tp 8")
+    assert process_title(None) == ""
