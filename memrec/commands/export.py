@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 
 from memrec._errors import ExitCode
@@ -37,17 +38,22 @@ class ExportCommand:
         parser.add_argument("-o", "--output", required=True, type=Path, metavar="PATH",
                             help="the file to write (a folder for parquet and csv)")
         parser.add_argument("-p", "--pid", type=int, metavar="PID", help="memory-viz: only process PID")
+        parser.add_argument("--max-entries", type=int, default=None, metavar="N",
+                            help="memory-viz: keep the last N actions per process and GPU (default 100000; "
+                            "memory_viz draws every one)")
 
     def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         from memrec.api import Recording
         from memrec.commands.common import load_trace_for_command
 
-        if args.pid is not None and args.to != "memory-viz":
-            parser.error("-p/--pid is only for --to memory-viz")
+        if (args.pid is not None or args.max_entries is not None) and args.to != "memory-viz":
+            parser.error("-p/--pid and --max-entries are only for --to memory-viz")
+        if args.max_entries is not None and args.max_entries < 1:
+            parser.error("--max-entries must be at least 1")
         rec = Recording(load_trace_for_command(args.trace), pandas=False)
         out: Path = args.output
         try:
-            written = self._write(rec, args.to, out, args.pid)
+            written = self._write(rec, args.to, out, args)
         except OSError as error:
             raise MemrecCommandError(f"{error.filename or out}: {error.strerror or error}",
                                      exit_code=ExitCode.CANT_CREATE) from error
@@ -60,7 +66,7 @@ class ExportCommand:
         return ExitCode.OK
 
     @staticmethod
-    def _write(rec, to: str, out: Path, pid: int | None) -> list[Path]:
+    def _write(rec, to: str, out: Path, args: argparse.Namespace) -> list[Path]:
         if to == "perfetto":
             from memrec.export.perfetto import write_perfetto
 
@@ -70,8 +76,13 @@ class ExportCommand:
         if to == "memory-viz":
             from memrec.export.memory_viz import write_memory_viz
 
+            from memrec.export.memory_viz import MAX_ENTRIES
+
             _check_file(out)
-            return write_memory_viz(rec, out, pid)
+            written, dropped = write_memory_viz(rec, out, args.pid, args.max_entries or MAX_ENTRIES)
+            if dropped:
+                logging.warning("memory-viz: the first %d actions were left out (--max-entries)", dropped)
+            return written
         from memrec.export import columnar
 
         if out.exists() and not out.is_dir():

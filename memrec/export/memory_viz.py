@@ -22,6 +22,7 @@ stacks): ``memrec:<phase>:cuMemAlloc_v2`` in memory_viz's stack panel.
 from __future__ import annotations
 
 import pickle
+from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,10 @@ from memrec.events import CUDA_ERROR_OUT_OF_MEMORY
 from memrec.events import Kind
 from memrec.state import DRIVER
 
+#: Actions kept per process and device, the latest (``--max-entries``).
+MAX_ENTRIES = 100_000
+_FREE = int(Kind.FREE)
+
 _SEGMENT = {
     int(Kind.ALLOC): ("segment_alloc", "alloc"),
     int(Kind.FREE): ("segment_free", "free_completed"),
@@ -40,58 +45,70 @@ _SEGMENT = {
 }
 
 
-def snapshots(rec: Recording) -> dict[int, dict]:
-    """One PyTorch memory snapshot per process that touched GPU memory: pid -> snapshot dict."""
+def snapshots(rec: Recording, max_entries: int = MAX_ENTRIES) -> tuple[dict[int, dict], int]:
+    """One PyTorch memory snapshot per process that touched GPU memory: pid -> snapshot dict.
+
+    Each device trace keeps its last ``max_entries`` actions (PyTorch's own history is a ring
+    buffer too; memory_viz draws every entry, and a browser stalls on millions). Returns the
+    snapshots and how many actions were left out.
+    """
     ev = rec.timeline.events  # GPUs filled in by the replay (a free gets its allocation's GPU)
-    labels = rec.events_array()["phase"]
     nv = rec.trace.nvml
     nv = nv[np.argsort(nv["ts"], kind="stable")] if len(nv) else nv
-    out: dict[int, dict] = {}
     kinds = ev["kind"]
-    relevant = np.isin(kinds, list(_SEGMENT)) & (ev["gpu"] >= 0)
-    oom = (kinds == int(Kind.ALLOC)) & (ev["result"] == CUDA_ERROR_OUT_OF_MEMORY)
+    oom_mask = (kinds == int(Kind.ALLOC)) & (ev["result"] == CUDA_ERROR_OUT_OF_MEMORY) & (ev["gpu"] >= 0)
+    ok_mask = np.isin(kinds, list(_SEGMENT)) & (ev["gpu"] >= 0) & (ev["result"] == 0)
+    sel = np.nonzero(ok_mask | oom_mask)[0]
+    phase = rec.phases.assign(ev["pid"][sel].astype(np.int64), ev["ts"][sel].astype(np.int64))
     freed = _freed_bytes(rec)
-    for i in np.nonzero(relevant | oom)[0].tolist():
-        e = ev[i]
-        pid, gpu, kind = int(e["pid"]), int(e["gpu"]), int(e["kind"])
-        snap = out.get(pid)
-        if snap is None:
-            snap = out[pid] = {"segments": [], "device_traces": [], "allocator_settings": {}}
-        traces = snap["device_traces"]
-        if gpu < 0:
+    traces: dict[tuple[int, int], deque] = {}
+    made = 0
+    frames_of: dict[tuple[int, int, int], list] = {}  # one frames list per (pid, api, phase): pickled once
+    cols = zip(sel.tolist(), ev["pid"][sel].tolist(), ev["gpu"][sel].tolist(), ev["kind"][sel].tolist(),
+               ev["api"][sel].tolist(), ev["ts"][sel].tolist(), ev["ptr"][sel].tolist(), ev["size"][sel].tolist(),
+               oom_mask[sel].tolist(), phase.tolist())
+    for i, pid, gpu, kind, api, ts, addr, size, oom, ph in cols:
+        frames = frames_of.get((pid, api, ph))
+        if frames is None:
+            call = f"{api_name(api)} ({rec.name_of(pid)})"
+            frames = frames_of[(pid, api, ph)] = [{"filename": f"memrec:{rec.phases.label(ph)}", "line": 0,
+                                                   "name": call}]
+        out = traces.get((pid, gpu))
+        if out is None:
+            out = traces[(pid, gpu)] = deque(maxlen=max_entries)
+        base = {"stream": 0, "time_us": ts // 1000, "frames": frames}
+        if oom:
+            free = _nvml_free_before(nv, gpu, ts)
+            out.append({**base, "action": "oom", "addr": 0, "size": size, "device_free": free})
+            made += 1
             continue
-        while len(traces) <= gpu:
-            traces.append([])
-        call = f"{api_name(int(e['api']))} ({rec.name_of(pid)})"
-        frames = [{"filename": f"memrec:{labels[i]}", "line": 0, "name": call}]
-        base = {"stream": 0, "time_us": int(e["ts"]) // 1000, "frames": frames}
-        if oom[i]:
-            free = _nvml_free_before(nv, gpu, int(e["ts"]))
-            traces[gpu].append({**base, "action": "oom", "addr": 0, "size": int(e["size"]), "device_free": free})
-            continue
-        if int(e["result"]) != 0:
-            continue
-        addr = int(e["ptr"])
-        size = int(e["size"])
-        if kind == int(Kind.FREE):
+        if kind == _FREE:
             size = freed.get(i, 0)
             if not size:
                 continue  # a free of memory from before the recording: no size to show
         segment_action, block_action = _SEGMENT[kind]
         if block_action == "free_completed":
-            traces[gpu].append({**base, "action": "free_requested", "addr": addr, "size": size})
-            traces[gpu].append({**base, "action": "free_completed", "addr": addr, "size": size})
-            traces[gpu].append({**base, "action": segment_action, "addr": addr, "size": size})
+            actions = ("free_requested", "free_completed", segment_action)
         else:
-            traces[gpu].append({**base, "action": segment_action, "addr": addr, "size": size})
-            traces[gpu].append({**base, "action": block_action, "addr": addr, "size": size})
+            actions = (segment_action, block_action)
+        for action in actions:
+            out.append({**base, "action": action, "addr": addr, "size": size})
+        made += len(actions)
+    snaps: dict[int, dict] = {}
+    kept = 0
+    for (pid, gpu), actions in sorted(traces.items()):
+        snap = snaps.setdefault(pid, {"segments": [], "device_traces": [], "allocator_settings": {}})
+        while len(snap["device_traces"]) <= gpu:
+            snap["device_traces"].append([])
+        snap["device_traces"][gpu] = list(actions)
+        kept += len(actions)
     state = rec.timeline.state
     live = [(h.pid, h.address, h.size, h.gpu, False) for h in state.holdings() if h.category == "driver"]
     live += [(p, va, size, g, True) for p, va, size, g in state.mappings()]
     for pid, addr, size, gpu, vmm in live:
-        if pid not in out or gpu < 0:
+        if pid not in snaps or gpu < 0:
             continue
-        out[pid]["segments"].append(
+        snaps[pid]["segments"].append(
             {
                 "device": gpu, "address": addr, "total_size": size, "allocated_size": size,
                 "active_size": size, "requested_size": size, "stream": 0, "segment_type": "large",
@@ -100,7 +117,7 @@ def snapshots(rec: Recording) -> dict[int, dict]:
                             "state": "active_allocated", "frames": []}],
             }
         )
-    return {p: s for p, s in out.items() if any(s["device_traces"]) or s["segments"]}
+    return snaps, made - kept
 
 
 def _freed_bytes(rec: Recording) -> dict[int, int]:
@@ -115,10 +132,12 @@ def _nvml_free_before(nv: np.ndarray, gpu: int, ts: int) -> int:
     return int(s["free"][-1]) if len(s) else 0
 
 
-def write_memory_viz(rec: Recording, path: Path, pid: int | None = None) -> list[Path]:
+def write_memory_viz(rec: Recording, path: Path, pid: int | None = None,
+                     max_entries: int = MAX_ENTRIES) -> tuple[list[Path], int]:
     """Write the snapshots: ``path`` itself for one process (or ``pid``), else ``<stem>.<pid><suffix>``
-    beside it for each process. Returns the paths written (empty when no process used GPU memory)."""
-    snaps = snapshots(rec)
+    beside it for each process. Returns the paths written (empty when no process used GPU memory)
+    and how many early actions were left out (see :func:`snapshots`)."""
+    snaps, dropped = snapshots(rec, max_entries)
     if pid is not None:
         snaps = {p: s for p, s in snaps.items() if p == pid}
     written = []
@@ -127,4 +146,4 @@ def write_memory_viz(rec: Recording, path: Path, pid: int | None = None) -> list
         with open(target, "wb") as f:
             pickle.dump(snap, f)
         written.append(target)
-    return written
+    return written, dropped

@@ -195,6 +195,17 @@ def test_memory_viz_maps_and_oom(tmp_path):
     assert "raise OutOfMemoryError" in text
 
 
+def test_memory_viz_keeps_the_last_entries(tmp_path, caplog):
+    out = tmp_path / "exp.pickle"
+    assert export(EXPANDABLE, "memory-viz", out, "--max-entries", "5") == 0
+    snap = pickle.loads(out.read_bytes())
+    full = tmp_path / "full.pickle"
+    assert export(EXPANDABLE, "memory-viz", full) == 0
+    every = pickle.loads(full.read_bytes())["device_traces"][0]
+    assert snap["device_traces"][0] == every[-5:]
+    assert f"the first {len(every) - 5} actions were left out" in caplog.text
+
+
 # --------------------------------------------------------------------------------------- parquet/csv
 
 
