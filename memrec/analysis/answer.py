@@ -92,8 +92,13 @@ def _sglang_failed(sg: dict, summary: dict) -> list[list[str]]:
     first = ["FAILED", f"SGLang's KV cache sizing on {span(sorted(labels))}: {error}"]
     if summary.get("min_rest_gib") is not None:
         first.append(f" (rest {_gib(summary['min_rest_gib'])})")
+    ranks = sg.get("ranks", [])  # (only the filtered process's with -p)
     worst = summary.get("min_rest_label")
-    rank = next((r for r in sg.get("ranks", []) if r["label"] == worst), None)
+    rank = next((r for r in ranks if r["label"] == worst), None)
+    if rank is None:  # the worst rank is filtered out: the first shown rank whose sizing failed
+        rank = next((r for r in ranks if any(not b.get("ok", True) for b in r.get("budgets", []))),
+                    ranks[0] if ranks else None)
+        worst = rank["label"] if rank else worst
     gpu = rank["gpu"] if rank else None
     windows = sg.get("windows", [])
     window = next((w for w in windows if w["gpu"] == gpu), windows[0] if windows else None)
@@ -128,7 +133,7 @@ def _sglang_failed(sg: dict, summary: dict) -> list[list[str]]:
     if order and order[0][0] in PHASE_FLAGS:
         fix.append(f", or {PHASE_FLAGS[order[0][0]]}")
     if order:
-        diag = next((b.get("diagnosis") for r in sg.get("ranks", []) for b in r.get("budgets", [])
+        diag = next((b.get("diagnosis") for r in ranks for b in r.get("budgets", [])
                      if r["label"] == worst and b.get("diagnosis")), None)
         if diag and diag.get("rest_without_extras_gib") is not None:
             fix.append(f" (without it rest = {_gib(diag['rest_without_extras_gib'])})")

@@ -162,3 +162,11 @@ def test_seed_example_ranks_collapse(capsys, monkeypatch):
     assert "TP1: same as TP0 (pids, ranks, times aside)" in lines
     full = report_text(ROOT / "examples" / "seed-x2-ipc.mrec", capsys, monkeypatch, None, "--all")
     assert any(line.startswith("TP1  pid") for line in full)
+
+
+def test_a_pid_filter_answers_for_that_process(capsys, monkeypatch):
+    path = ROOT / "examples" / "seed-x2-ipc.mrec"
+    report = build_report(load_trace(path))
+    tp1 = next(r for r in report["sglang"]["ranks"] if r["label"] == "TP1")
+    cause = report_text(path, capsys, monkeypatch, None, "-p", str(tp1["pid"]))[1]
+    assert cause.startswith(f"CAUSE   GPU {tp1['gpu']}: ") and "(TP1)" in cause
