@@ -10,8 +10,10 @@ from memrec._errors import MemrecCommandError
 
 
 class PlotCommand:
-    """Draw a trace as a picture: per GPU the owned bytes stacked by category, NVML used and
-    reserved, the phases as named bands and failed calls marked.
+    """Draw a trace as a picture for a bug report: one panel per GPU.
+
+    Per GPU the owned bytes stacked by category, NVML used and reserved, the phases as named bands
+    and failed calls marked.
 
     With --diff, a second trace is drawn under each GPU's panel, the two aligned on the first
     marker name they share (e.g. dist_init), so where they part is where they differ.
