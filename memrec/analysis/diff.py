@@ -38,6 +38,10 @@ from memrec.analysis.phases import build_phases
 from memrec.analysis.sglang_facts import custom_ar_facts
 from memrec.analysis.sglang_facts import custom_ar_line
 from memrec.analysis.sglang_facts import process_contexts
+from memrec.analysis.names import api_name
+from memrec.analysis.names import result_name
+from memrec.analysis.replay import initial_state
+from memrec.analysis.replay import trace_bounds
 from memrec.analysis.sglang_report import MAPPED
 from memrec.analysis.sglang_report import KvWindow
 from memrec.analysis.sglang_report import format_rank
@@ -52,10 +56,7 @@ from memrec.analysis.timeline import OWNED
 from memrec.analysis.timeline import Journal
 from memrec.analysis.timeline import build_timeline
 from memrec.events import CATEGORIES
-from memrec.events import Api
 from memrec.events import Kind
-from memrec.events import cu_result_name
-from memrec.state import LiveState
 
 DIFF_VERSION = 1
 NO_RANK = "(no rank)"
@@ -87,28 +88,6 @@ class Run:
     custom_ar: dict | None = None  # sglang_report.custom_ar_facts
 
 
-def _initial_state(trace: Any) -> LiveState | None:
-    """A rotated file continues from its keyframe at event 0 (as ``memrec report`` does)."""
-    for kf in trace.keyframes:
-        if kf.event_index == 0:
-            try:
-                state = LiveState.from_snapshot(kf.state, journal=True)
-            except (ValueError, KeyError, TypeError, AttributeError):
-                return None
-            state.n_events = 0
-            return state
-    return None
-
-
-def _start(trace: Any) -> int:
-    firsts = [int(a["ts"].min()) for a in (trace.events, trace.nvml, trace.procmem) if len(a)]
-    firsts += [min(m.ts for m in trace.markers)] if trace.markers else []
-    anchor = trace.header.get("anchor")
-    if isinstance(anchor, dict) and isinstance(anchor.get("monotonic_ns"), int):
-        firsts.append(anchor["monotonic_ns"])
-    return min(firsts) if firsts else 0
-
-
 def _norm_rank(rank: dict[str, int]) -> RankKey:
     """(dp, pp, tp); a missing dp/pp is 0 when tp is known (SGLang sends None without DP/PP)."""
     if not rank:
@@ -126,8 +105,8 @@ def _norm_budget(b: KvBudget) -> KvBudget:
 
 def analyze(trace: Any, name: str) -> Run:
     """Replay ``trace`` (its events' ``gpu`` get filled in) and gather what :func:`diff_traces` needs."""
-    start = _start(trace)
-    tl = build_timeline(trace.events, start=start, state=_initial_state(trace))
+    start = trace_bounds(trace)[0]
+    tl = build_timeline(trace.events, start=start, state=initial_state(trace)[0])
     end = max([start] + [int(a["ts"].max()) for a in (trace.events,) if len(a)])
     phases = build_phases(trace.markers, end)
     j = tl.journal
@@ -281,13 +260,6 @@ def _window_diff(a: Run, b: Run, which: str, dims: tuple[str, ...]) -> list[dict
 # ----------------------------------------------------------------------------------------- failures
 
 
-def _api_name(api: int) -> str:
-    try:
-        return Api(api).name
-    except ValueError:
-        return str(api)
-
-
 def _failures(run: Run, dims: tuple[str, ...]) -> dict[tuple, dict]:
     """Key -> failure: SGLang errors, KV budgets <= 0 without an error, failed driver calls."""
     out: dict[tuple, dict] = {}
@@ -314,7 +286,7 @@ def _failures(run: Run, dims: tuple[str, ...]) -> dict[tuple, dict]:
             e = ev[i]
             rank = run.rank_of.get(int(e["pid"]), ())
             label = _rank_label(rank, dims)
-            api, result = _api_name(int(e["api"])), cu_result_name(int(e["result"]))
+            api, result = api_name(int(e["api"])), result_name(int(e["result"]))
             key = ("driver", label, int(e["gpu"]), api, result)
             f = out.setdefault(key, {"kind": "driver_call", "rank": label, "rank_key": list(rank), "gpu": int(e["gpu"]), "api": api,
                                      "result": result, "count": 0, "bytes": 0})
@@ -331,7 +303,7 @@ def _failed(run: Run) -> bool:
 
 
 def _h(n: int | None) -> str:
-    from memrec.analysis.report import human
+    from memrec.analysis.text import human
 
     return human(n)
 
@@ -434,7 +406,7 @@ def _cause_lines(windows: list[dict], which: str, an: str, bn: str) -> list[str]
 
 def _sglang_fact_lines(a: Run, b: Run) -> list[str]:
     """Foreign CUDA contexts and the custom all-reduce, when they differ between the runs."""
-    from memrec.analysis.report import human
+    from memrec.analysis.text import human
 
     def foreign(run: Run) -> str:
         return ", ".join(f"{c['label'] or 'pid ' + str(c['pid'])} on GPU {c['gpu']}"

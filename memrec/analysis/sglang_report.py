@@ -500,7 +500,7 @@ def diagnose(budget: KvBudget, window: KvWindow | None, windows: dict[int, KvWin
     ``window``: the rank's GPU; ``windows``: every GPU's (available_after_weights is a MIN over
     the ranks' GPUs, so when the rank's own GPU does not explain the failure another one may).
     """
-    from memrec.analysis.report import human
+    from memrec.analysis.text import human
 
     windows = windows or {}
     out: dict = {"shortfall_gib": None, "extra_owned": 0, "rest_without_extras_gib": None, "lines": []}
@@ -696,9 +696,9 @@ def _fmt_value(k: str, v: Any, human) -> str:
     return str(v)
 
 
-def render_sglang(section: dict) -> list[str]:
-    """The SGLang section as text lines (deterministic)."""
-    from memrec.analysis.report import human
+def render_sglang(section: dict, width: int | None = None) -> list[str]:
+    """The SGLang section as text lines (deterministic); tables fit ``width`` where they can."""
+    from memrec.analysis.text import human
 
     out = []
     title = "SGLang startup per rank: phases, memory by category, KV budget"
@@ -770,7 +770,8 @@ def render_sglang(section: dict) -> list[str]:
         out.extend(
             table(["PHASE", "GPU", "START", "DURATION", "VS KV SIZING"] + [c.upper() for c in cats]
                   + ["NET OWNED"] + extra + ["SGLANG'S NUMBERS"], rows,
-                  right=set(range(1, 4)) | set(range(5, 6 + len(cats) + len(extra))), indent="  ")
+                  right=set(range(1, 4)) | set(range(5, 6 + len(cats) + len(extra))),
+                  indent="  ", width=width, drop=(3, 4), wrap=True)
         )
         for b in r["budgets"]:
             out.append(f"  KV budget{' (draft runner)' if b['draft'] else ''}, GiB as SGLang measures them:")
@@ -788,7 +789,8 @@ def render_sglang(section: dict) -> list[str]:
                     [x["label"] or f"pid {x['pid']}", x["phase"], human(x["owned"]), _cats_text(x, human)]
                     for x in w["between"]
                 ]
-                out.extend(table(["RANK", "PHASE", "OWNED", "BY CATEGORY"], wrows, right={2}, indent="    "))
+                out.extend(table(["RANK", "PHASE", "OWNED", "BY CATEGORY"], wrows, right={2}, indent="    ",
+                                 width=width, wrap=True))
             dg = b.get("diagnosis")
             if dg and dg["lines"]:
                 out.append("  why it failed:")

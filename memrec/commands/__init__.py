@@ -34,7 +34,9 @@ def _commands() -> list[Command]:
     from memrec.commands import diff
     from memrec.commands import doctor
     from memrec.commands import dump
+    from memrec.commands import export
     from memrec.commands import mark
+    from memrec.commands import plot
     from memrec.commands import record
     from memrec.commands import report
     from memrec.commands import selftest
@@ -46,6 +48,8 @@ def _commands() -> list[Command]:
         report.ReportCommand(),
         diff.DiffCommand(),
         dump.DumpCommand(),
+        export.ExportCommand(),
+        plot.PlotCommand(),
         tui.TuiCommand(),
         mark.MarkCommand(),
         doctor.DoctorCommand(),

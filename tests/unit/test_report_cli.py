@@ -66,7 +66,8 @@ def test_report_prints_the_text_report(main, tmp_path, capsys):
     out, err = capsys.readouterr()
     # THEN it succeeds with the per-GPU text and says nothing on stderr
     assert rc == ExitCode.OK and err == ""
-    assert out.startswith("memrec report\n")
+    # the answer first (the out-of-memory), then the details
+    assert out.splitlines()[0].startswith("FAILED  cuMemAlloc") and out.splitlines()[4] == "memrec report"
     assert "GPU 0  NVIDIA H200  GPU-0  140.00 GiB total" in out
     assert "GPU 1  NVIDIA H200  GPU-1  140.00 GiB total" in out
     assert "CUDA_ERROR_OUT_OF_MEMORY" in out

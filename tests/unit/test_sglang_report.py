@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from memrec.analysis.report import build_report
-from memrec.analysis.report import render_text
+from memrec.analysis.report_text import render_text
 from memrec.analysis.sglang_report import format_rank
 from memrec.analysis.sglang_report import has_sglang_markers
 from memrec.analysis.sglang_report import kv_times
@@ -215,11 +215,11 @@ def test_base_example_sizes_the_pool_and_needs_a_smaller_fraction():
 
 def test_ipc_example_text_report():
     # WHEN the failing run is rendered
-    text = render_text(build_report(load_trace(IPC)))
+    text = render_text(build_report(load_trace(IPC)), width=1000, show_all=True)
     lines = text.splitlines()
     # THEN the SGLang section comes before the GPU sections, with the verdict and the formula
-    assert lines[3] == "SGLang startup per rank: phases, memory by category, KV budget"
-    assert lines.index(lines[3]) < next(i for i, line in enumerate(lines) if line.startswith("GPU 0  NVIDIA H200"))
+    assert lines[7] == "SGLang startup per rank: phases, memory by category, KV budget"
+    assert lines.index(lines[7]) < next(i for i, line in enumerate(lines) if line.startswith("GPU 0  NVIDIA H200"))
     assert "  KV sizing FAILED on TP0, TP1: " + NOT_ENOUGH in lines
     assert "  every rank needs --mem-fraction-static > 0.6228 (ran with 0.600)" in lines
     assert "TP0  pid 1054  GPU 0" in lines and "TP1  pid 1055  GPU 0" in lines
@@ -265,7 +265,7 @@ def test_a_foreign_process_on_the_other_gpu_is_found_through_the_world_min():
     # THEN both ranks fail (available is the MIN over both GPUs: 39 − 40 = −1 GiB)
     assert (b0["rest_gib"], b1["rest_gib"]) == (-10.875, -10.875)
     # AND no fraction can help (1 − (−1)/79 > 1)
-    text = render_text(build_report(sglang_run(foreign_gib=40))).splitlines()
+    text = render_text(build_report(sglang_run(foreign_gib=40)), width=1000, show_all=True).splitlines()
     assert "  no --mem-fraction-static can fit a KV cache: it would have to exceed 1.0127 (ran with 0.875)" in text
     # AND TP1's own GPU explains it
     assert b1["diagnosis"]["lines"] == [
@@ -315,7 +315,7 @@ def test_custom_all_reduce_facts_are_in_the_verdict():
     # GIVEN a run whose hooks recorded the legacy custom all-reduce on both ranks: world size 2, no
     # full NVLink, disabled by SGLang itself (more than 2 PCIe-only GPUs would do that), two 8 MiB
     # IPC-shared buffers each
-    from memrec.analysis.report import human
+    from memrec.analysis.text import human
     from memrec.analysis.sglang_report import render_sglang
 
     trace = sglang_run()
@@ -475,7 +475,7 @@ def test_no_sglang_markers_no_section():
     # WHEN reported  THEN there is no SGLang section and no heading
     report = build_report(trace)
     assert report["sglang"] is None and not has_sglang_markers(trace.markers)
-    assert "SGLang startup" not in render_text(report)
+    assert "SGLang startup" not in render_text(report, width=1000, show_all=True)
 
 
 # ------------------------------------------------------------------------------------------ ranks
@@ -524,7 +524,7 @@ def test_kv_times_use_the_profiler_measurement_and_skip_draft_workers():
 
 @pytest.mark.parametrize("path", [BASE, IPC])
 def test_report_of_the_examples_is_deterministic(path):
-    assert render_text(build_report(load_trace(path))) == render_text(build_report(load_trace(path)))
+    assert render_text(build_report(load_trace(path)), width=1000, show_all=True) == render_text(build_report(load_trace(path)), width=1000, show_all=True)
 
 
 def test_an_error_outside_the_kv_sizing_is_shown_and_a_filter_without_sglang_processes_drops_the_section():
@@ -542,10 +542,10 @@ def test_an_error_outside_the_kv_sizing_is_shown_and_a_filter_without_sglang_pro
          "traceback": None}
     ]
     assert "  SGLang raised in init_model_worker: RuntimeError: CUDA error: an illegal memory access" in (
-        render_text(report).splitlines()
+        render_text(report, width=1000, show_all=True).splitlines()
     )
     # AND the sizing itself is not blamed: it succeeded (rest 29.125 GiB), the worker failed later
-    assert "  startup FAILED on TP0: RuntimeError: CUDA error: an illegal memory access" in render_text(report).splitlines()
+    assert "  startup FAILED on TP0: RuntimeError: CUDA error: an illegal memory access" in render_text(report, width=1000, show_all=True).splitlines()
     (b,) = report["sglang"]["ranks"][0]["budgets"]
     assert (b["rest_gib"], b["ok"], b["diagnosis"]["lines"], report["sglang"]["summary"]["kv_failed"]) == (
         29.125, False, [], False,
