@@ -140,7 +140,7 @@ def test_perfetto_failed_calls_are_instants_named_by_result(tmp_path):
     got = read["events"][track(read, "failed calls", pid)]
     assert [e.type for _, e in got] == [read["pb"].TrackEvent.TYPE_INSTANT] * len(failed)
     assert [ts for ts, _ in got] == failed["ts"].tolist()
-    assert got[0][1].name == "CUDA_ERROR_OUT_OF_MEMORY" and got[1][1].name == "CUresult 999"
+    assert got[0][1].name == "CUDA_ERROR_OUT_OF_MEMORY" and got[1][1].name == "CUDA_ERROR_UNKNOWN"
     args = {a.name: (a.int_value or a.string_value) for a in got[0][1].debug_annotations}
     assert args["size"] == int(failed["size"][0]) and args["api"] == "cuMemAlloc_v2"
 
