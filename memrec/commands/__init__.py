@@ -11,10 +11,10 @@ import logging
 import sys
 from typing import Protocol
 
-from memrec import __version__
 from memrec._errors import ExitCode
 from memrec._errors import MemrecCommandError
 from memrec._errors import MemrecError
+from memrec.build_info import version_text
 
 
 class Command(Protocol):
@@ -61,7 +61,7 @@ def get_argument_parser() -> argparse.ArgumentParser:
         description="Record and explain GPU memory: every driver allocation, mapping and IPC "
         "open on the host, NVML beside it, phase markers from the application.",
     )
-    parser.add_argument("--version", action="version", version=f"memrec {__version__}")
+    parser.add_argument("--version", action="version", version=version_text())
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in _commands():
