@@ -1,0 +1,201 @@
+"""The daemon as systemd runs it: started from contrib/systemd/memrec.service's command line with
+a real notify socket, scraped by a real Prometheus server, killed and restarted by the unit's
+restart policy (root and the stub driver; skipped with the reason otherwise).
+
+systemd is not PID 1 on the hosts these tests run on, so ``unit_runner`` plays its part, from the
+unit file (see that module for exactly what it does and does not emulate).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from memrec.daemon.caps import KEEP
+from memrec.trace.reader import load_trace
+from tests.bpf.unit_runner import UnitRunner
+
+pytestmark = pytest.mark.bpf
+
+UNIT = Path(__file__).resolve().parents[2] / "contrib" / "systemd" / "memrec.service"
+START_TIMEOUT = 120  # bcc compiles the program at start
+
+#: Holds device memory on two ordinals until told to exit; prints the driver calls it made.
+WORKER = """
+import json, sys
+from memrec.stubdriver.workload import Driver, Facts
+facts = Facts()
+drv = Driver(sys.argv[1], facts)
+drv.init()
+for ordinal, size in ((0, 7 << 20), (1, (3 << 20) + 4096)):
+    drv.use_device(ordinal)
+    drv.alloc(size)
+print(json.dumps(facts.calls), flush=True)
+sys.stdin.readline()
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def workdir():
+    d = Path(tempfile.mkdtemp(prefix="mrs", dir="/tmp"))  # short: sun_path holds 108 bytes
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+class Prometheus:
+    """A private Prometheus server: its own config, data folder and loopback port."""
+
+    def __init__(self, workdir: Path, target: str) -> None:
+        binary = shutil.which("prometheus")
+        if binary is None:
+            pytest.skip("no prometheus binary (Debian/Ubuntu: apt-get install prometheus)")
+        self.port = free_port()
+        config = workdir / "prometheus.yml"
+        config.write_text(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+            f"scrape_configs:\n  - job_name: memrec\n    static_configs:\n      - targets: ['{target}']\n"
+        )
+        self.log_path = workdir / "prometheus.log"
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(
+                [binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'tsdb'}",
+                 f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
+                stdout=log, stderr=subprocess.STDOUT, cwd=workdir,
+            )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.log_path.read_text()
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=1)
+                return
+            except OSError:
+                time.sleep(0.2)
+        pytest.fail(f"prometheus not ready in 60 s:\n{self.log_path.read_text()}")
+
+    def query(self, expr: str) -> list[dict]:
+        url = f"http://127.0.0.1:{self.port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            body = json.load(reply)
+        assert body["status"] == "success", body
+        return body["data"]["result"]
+
+    def wait_value(self, expr: str, want: float, timeout: float = 30) -> list[dict]:
+        """Until ``expr`` gives one series with value ``want``; fail with what it gave last."""
+        deadline = time.monotonic() + timeout
+        got: list[dict] = []
+        while time.monotonic() < deadline:
+            got = self.query(expr)
+            if len(got) == 1 and float(got[0]["value"][1]) == want:
+                return got
+            time.sleep(0.5)
+        pytest.fail(f"prometheus: {expr} gave {got}, want {want}")
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def capability_mask(pid: int) -> dict[str, int]:
+    """CapEff of every thread of ``pid``."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        for line in Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines():
+            if line.startswith("CapEff:"):
+                out[tid] = int(line.split()[1], 16)
+    return out
+
+
+def test_unit_command_line_notifies_is_scraped_and_restarts_on_failure(workdir, stub_lib):
+    # GIVEN the unit's own command line, with this test's paths, a notify socket and a free metrics port
+    metrics_port = free_port()
+    traces = workdir / "traces"
+    runner = UnitRunner(UNIT, workdir, [
+        "-o", f"{traces}/", "--socket", str(workdir / "d.sock"), "--socket-group", "root",
+        "--libcuda", str(stub_lib), "--metrics-addr", f"127.0.0.1:{metrics_port}",
+    ])
+    prometheus = Prometheus(workdir, f"127.0.0.1:{metrics_port}")
+    worker = None
+    try:
+        first = runner.start()
+        # WHEN it has attached its probes THEN it says READY, with its pid, and its watchdog pings come
+        ready = runner.wait_for("READY", START_TIMEOUT)
+        assert ready["READY"] == "1" and ready["MAINPID"] == str(first.pid)
+        assert "recording to" in ready["STATUS"]
+        runner.wait_for("WATCHDOG", runner.watchdog_usec / 1e6)
+        # AND every thread kept only the capabilities recording needs (--drop-capabilities in the unit)
+        keep = sum(1 << c for c in KEEP)
+        assert all(eff & ~keep == 0 for eff in capability_mask(first.pid).values()), capability_mask(first.pid)
+
+        # WHEN a process holds known device memory
+        worker = subprocess.Popen([sys.executable, "-c", WORKER, str(stub_lib)], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+        calls = json.loads(worker.stdout.readline())
+        held: dict[int, int] = {}
+        for c in calls:
+            if c["api"] == "cuMemAlloc_v2" and c["result"] == 0:
+                held[c["ordinal"]] = held.get(c["ordinal"], 0) + c["args"]["bytesize"]
+        assert held == {0: 7 << 20, 1: (3 << 20) + 4096}
+        # THEN Prometheus, scraping the daemon, answers with those bytes per GPU, under dcgm-exporter's labels
+        for gpu, size in held.items():
+            got = prometheus.wait_value(f'memrec_traced_bytes{{job="memrec",category="driver",gpu="{gpu}"}}', size)
+            assert got[0]["metric"]["Hostname"] == socket.gethostname()
+            assert got[0]["metric"]["device"] == f"nvidia{gpu}"
+        # (without NVML the UUID and modelName labels are empty, which Prometheus stores as absent)
+        exposition = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+        assert 'memrec_traced_bytes{Hostname="' in exposition and 'UUID=""' in exposition
+        prometheus.wait_value(f'sum(memrec_process_traced_bytes{{pid="{worker.pid}"}})', sum(held.values()))
+
+        # WHEN the daemon dies by a signal that is a failure (SIGKILL, as an OOM killer would)
+        first.send_signal(signal.SIGKILL)
+        # THEN the restart policy (Restart=on-failure) starts it again, and it is READY again
+        assert runner.supervise(timeout=30), f"Restart={runner.restart} did not restart after SIGKILL"
+        second = runner.proc
+        ready = runner.wait_for("READY", START_TIMEOUT)
+        assert ready["MAINPID"] == str(second.pid) != str(first.pid)
+        prometheus.wait_value('up{job="memrec"}', 1)
+        # AND the new daemon records: the worker exits...
+        worker.stdin.write("\n")
+        worker.stdin.flush()
+        assert worker.wait(30) == 0
+        # ... its exit is recorded
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not prometheus.query("memrec_events_total > 0"):
+            time.sleep(0.5)
+        assert prometheus.query("memrec_events_total > 0"), "the restarted daemon recorded nothing"
+
+        # WHEN systemd stops it (SIGTERM) THEN it says STOPPING, exits 0 and is not restarted
+        second.send_signal(signal.SIGTERM)
+        runner.wait_for("STOPPING", 30)
+        assert not runner.supervise(timeout=60)
+        assert second.returncode == 0, runner.log()
+        files = sorted(traces.glob("memrec-*.mrec"))
+        assert len(files) == 2  # one per start; the killed one has no trailer
+        complete = [load_trace(f).trailer is not None for f in files]
+        assert sorted(complete) == [False, True], runner.log()
+    finally:
+        if worker is not None and worker.poll() is None:
+            worker.kill()
+        prometheus.close()
+        runner.close()
