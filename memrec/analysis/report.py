@@ -39,6 +39,8 @@ from memrec.events import Api
 from memrec.events import Kind
 from memrec.events import ProcessInfo
 from memrec.state import LiveState
+from memrec.trace.merge import merged_summary
+from memrec.trace.merge import render_merged
 
 REPORT_VERSION = 1
 #: How many holders' largest allocations an OOM snapshot lists, and how many on the GPU.
@@ -125,6 +127,7 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
             "markers": len(trace.markers),
             "nvml_samples": int(len(trace.nvml)),
         },
+        "merged": merged_summary(trace.header),
         "processes": [p for p in procs.values() if pid is None or p["pid"] == pid],
         "gpus": [],
         "host": None,
@@ -635,6 +638,8 @@ def render_text(report: dict) -> str:
         f"{len(report['processes'])} processes, {tr['markers']:,} markers, {tr['nvml_samples']:,} NVML samples"
     )
     out.append(head)
+    if report.get("merged"):
+        out.extend(render_merged(report["merged"]))
     flt = report["filter"]
     if flt["gpu"] is not None or flt["pid"] is not None:
         parts = [f"{k} {flt[k]}" for k in ("gpu", "pid") if flt[k] is not None]

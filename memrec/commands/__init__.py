@@ -29,12 +29,15 @@ class Command(Protocol):
 
 def _commands() -> list[Command]:
     # Imported here so that `memrec dump` never pays for what `memrec daemon` imports.
+    from memrec.commands import completion
     from memrec.commands import daemon
     from memrec.commands import demo
     from memrec.commands import diff
     from memrec.commands import doctor
     from memrec.commands import dump
+    from memrec.commands import install_service
     from memrec.commands import mark
+    from memrec.commands import merge
     from memrec.commands import record
     from memrec.commands import report
     from memrec.commands import selftest
@@ -45,12 +48,15 @@ def _commands() -> list[Command]:
         record.RecordCommand(),
         report.ReportCommand(),
         diff.DiffCommand(),
+        merge.MergeCommand(),
         dump.DumpCommand(),
         tui.TuiCommand(),
         mark.MarkCommand(),
         doctor.DoctorCommand(),
         demo.DemoCommand(),
         selftest.SelftestCommand(),
+        install_service.InstallServiceCommand(),
+        completion.CompletionCommand(),
     ]
 
 
@@ -69,7 +75,7 @@ def get_argument_parser() -> argparse.ArgumentParser:
         assert name.endswith("Command"), name
         doc = (type(command).__doc__ or "").strip()
         sub_parser = sub.add_parser(
-            name[: -len("Command")].lower(),
+            _command_name(name[: -len("Command")]),
             help=doc.splitlines()[0] if doc else None,
             description=doc,
             formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -77,6 +83,11 @@ def get_argument_parser() -> argparse.ArgumentParser:
         command.prepare_parser(sub_parser)
         sub_parser.set_defaults(entrypoint=command.run, parser=sub_parser)
     return parser
+
+
+def _command_name(class_stem: str) -> str:
+    """``InstallService`` → ``install-service``."""
+    return "".join("-" + c.lower() if c.isupper() and i else c.lower() for i, c in enumerate(class_stem))
 
 
 def _logging_level(verbosity: int) -> int:
