@@ -35,6 +35,7 @@ class Subcommand:
     help: str
     options: tuple[Option, ...]
     positional_paths: bool  # a positional argument is a path (complete file names)
+    positional_choices: tuple[str, ...] = ()  # a positional argument's choices
 
 
 def _is_path(action: argparse.Action) -> bool:
@@ -68,6 +69,7 @@ def describe(parser: argparse.ArgumentParser) -> tuple[tuple[Option, ...], list[
                 subs.append(Subcommand(
                     name=name, help=helps.get(name, ""), options=_options(sub),
                     positional_paths=any(_is_path(a) for a in positional),
+                    positional_choices=tuple(str(c) for a in positional for c in a.choices or ()),
                 ))
     return _options(parser), subs
 
@@ -108,7 +110,12 @@ def bash_script(prog: str, parser: argparse.ArgumentParser) -> str:
                 action = "COMPREPLY=()"
             lines.append(f"            {pattern}) {action}; return ;;")
         lines.append("        esac")
-        files = 'COMPREPLY=($(compgen -f -- "$cur"))' if sub.positional_paths else "COMPREPLY=()"
+        if sub.positional_choices:
+            files = f'COMPREPLY=($(compgen -W {shlex.quote(" ".join(sub.positional_choices))} -- "$cur"))'
+        elif sub.positional_paths:
+            files = 'COMPREPLY=($(compgen -f -- "$cur"))'
+        else:
+            files = "COMPREPLY=()"
         lines.append(
             f'        if [[ "$cur" == -* ]]; then COMPREPLY=($(compgen -W {shlex.quote(_words(sub.options))} -- "$cur")); '
             f"else {files}; fi"
@@ -164,7 +171,10 @@ def zsh_script(prog: str, parser: argparse.ArgumentParser) -> str:
                 arg = ""
             for flag in o.flags:
                 specs.append(_zsh_quote(f"{flag}[{help_}]{arg}"))
-        specs.append(_zsh_quote("*:file:_files") if sub.positional_paths else _zsh_quote("*: :"))
+        if sub.positional_choices:
+            specs.append(_zsh_quote(f"1:{sub.name}:({' '.join(sub.positional_choices)})"))
+        else:
+            specs.append(_zsh_quote("*:file:_files") if sub.positional_paths else _zsh_quote("*: :"))
         lines.append(f"        {sub.name}) _arguments {' '.join(specs)} ;;")
     lines += ["    esac", "}", f'{fn} "$@"', ""]
     return "\n".join(lines)
@@ -186,7 +196,9 @@ def fish_script(prog: str, parser: argparse.ArgumentParser) -> str:
             if o.takes_value:
                 extra = f" -r -a {q(' '.join(o.choices))}" if o.choices else " -r -F" if o.is_path else " -r"
             lines.append(f"complete -c {prog} -n {cond} {_fish_flags(o)}{extra} -d {q(o.help)}")
-        if s.positional_paths:
+        if s.positional_choices:
+            lines.append(f"complete -c {prog} -n {cond} -a {q(' '.join(s.positional_choices))}")
+        elif s.positional_paths:
             lines.append(f"complete -c {prog} -n {cond} -F")
     return "\n".join(lines) + "\n"
 
