@@ -277,3 +277,23 @@ def test_version_names_the_trace_format_and_bpf_program():
     assert proc.returncode == 0
     assert proc.stdout.startswith("memrec ") and f"trace format {FORMAT_VERSION}." in proc.stdout
     assert "BPF program sha256:" in proc.stdout
+
+
+def test_the_grafana_dashboard_queries_only_metrics_the_daemon_exposes():
+    pytest.importorskip("prometheus_client")
+    import json
+    import re
+
+    from memrec.daemon.metrics import DaemonMetrics
+    from memrec.daemon.metrics import Snapshot
+
+    m = DaemonMetrics(("127.0.0.1", 0))
+    m.snapshot = Snapshot({}, {}, {}, {}, {}, {}, 0, 0, 0, 0.0, 0.0, 0)
+    exposed = set()
+    for family in m.collect():
+        exposed.add(family.name + ("_total" if family.type == "counter" else ""))
+    dashboard = json.loads((Path(__file__).resolve().parents[2] / "contrib/grafana/memrec.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    exprs += [v["query"] for v in dashboard["templating"]["list"]]
+    used = {name for e in exprs for name in re.findall(r"\bmemrec_[a-z0-9_]+", e)}
+    assert used and used <= exposed, used - exposed
