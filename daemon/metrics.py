@@ -84,6 +84,7 @@ class Snapshot:
     ring_fill: float
     drain_lag: float
     processes_seen: int
+    libraries: int
 
 
 class DrainMeter:
@@ -353,6 +354,7 @@ class DaemonMetrics:
             ring_fill=fill,
             drain_lag=lag,
             processes_seen=int(stats["processes"]),
+            libraries=int(stats["libraries"]),
         )
 
     # -- the scrape's side (HTTP thread) ----------------------------------------------------------
@@ -433,6 +435,7 @@ class DaemonMetrics:
             ("memrec_ring_fill_ratio", "the fullest the BPF ring buffer was at a drain in the last second", snap.ring_fill),
             ("memrec_drain_lag_seconds", "the oldest record's age at a drain in the last second", snap.drain_lag),
             ("memrec_processes", "processes the daemon knows now", snap.processes_seen),
+            ("memrec_probed_libraries", "libcuda files the probes are attached to", snap.libraries),
         ):
             fam = GaugeMetricFamily(name, doc, labels=["Hostname"])
             fam.add_metric([self.hostname], value)

@@ -160,6 +160,7 @@ def test_metrics_follow_the_live_state_with_bounded_labels(workdir, listener):
     assert list(series(got, "memrec_failed_calls_total", result="CUDA_ERROR_OUT_OF_MEMORY").values()) == [1]
     assert list(series(got, "memrec_events_total").values()) == [15]
     assert list(series(got, "memrec_lost_events_total").values()) == [0]
+    assert list(series(got, "memrec_probed_libraries").values()) == [1]
     assert len(series(got, "memrec_ring_fill_ratio")) == len(series(got, "memrec_drain_lag_seconds")) == 1
     info = next(k for k in got if k[0] == "memrec_info")
     assert dict(info[1])["trace_format"] == f"{FORMAT_VERSION}.0"
@@ -288,7 +289,7 @@ def test_the_grafana_dashboard_queries_only_metrics_the_daemon_exposes():
     from memrec.daemon.metrics import Snapshot
 
     m = DaemonMetrics(("127.0.0.1", 0))
-    m.snapshot = Snapshot({}, {}, {}, {}, {}, {}, 0, 0, 0, 0.0, 0.0, 0)
+    m.snapshot = Snapshot({}, {}, {}, {}, {}, {}, 0, 0, 0, 0.0, 0.0, 0, 0)
     exposed = set()
     for family in m.collect():
         exposed.add(family.name + ("_total" if family.type == "counter" else ""))

@@ -47,6 +47,22 @@ sys.stdin.readline()
 """
 
 
+#: Maps the driver, waits for a line, then holds memory on ordinal 0 until the next line.
+LATE_WORKER = """
+import json, sys
+from memrec.stubdriver.workload import Driver, Facts
+facts = Facts()
+drv = Driver(sys.argv[1], facts)
+drv.init()
+print("mapped", flush=True)
+sys.stdin.readline()
+drv.use_device(0)
+drv.alloc(5 << 20)
+print(json.dumps(facts.calls), flush=True)
+sys.stdin.readline()
+"""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -184,6 +200,28 @@ def test_unit_command_line_notifies_is_scraped_and_restarts_on_failure(workdir, 
         while time.monotonic() < deadline and not prometheus.query("memrec_events_total > 0"):
             time.sleep(0.5)
         assert prometheus.query("memrec_events_total > 0"), "the restarted daemon recorded nothing"
+
+        # WHEN a process maps a libcuda the daemon has not seen (another file) after the restart
+        lib2 = workdir / "lib2" / "libcuda.so.1"
+        lib2.parent.mkdir()
+        shutil.copy(stub_lib, lib2)
+        late = subprocess.Popen([sys.executable, "-c", LATE_WORKER, str(lib2)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+        try:
+            assert late.stdout.readline().strip() == "mapped"
+            # THEN the daemon, with its reduced capabilities, attaches to it at its next rescan...
+            prometheus.wait_value('memrec_probed_libraries{job="memrec"}', 2, timeout=30)
+            late.stdin.write("\n")
+            late.stdin.flush()
+            json.loads(late.stdout.readline())
+            # ... and records it
+            prometheus.wait_value(f'sum(memrec_process_traced_bytes{{pid="{late.pid}"}})', 5 << 20)
+            late.stdin.write("\n")
+            late.stdin.flush()
+            assert late.wait(30) == 0
+        finally:
+            if late.poll() is None:
+                late.kill()
 
         # WHEN systemd stops it (SIGTERM) THEN it says STOPPING, exits 0 and is not restarted
         second.send_signal(signal.SIGTERM)
