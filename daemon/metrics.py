@@ -423,20 +423,17 @@ class DaemonMetrics:
         for name, n in sorted(snap.failed.items()):
             fam.add_metric([self.hostname, name], n)
         yield fam
-        for name, doc, value in (
-            ("memrec_events", "events recorded", snap.events),
-            ("memrec_markers", "phase markers recorded", snap.markers),
-            ("memrec_lost_events", "events dropped because the ring buffer was full", snap.lost),
+        for kind, name, doc, value in (
+            (CounterMetricFamily, "memrec_events", "events recorded", snap.events),
+            (CounterMetricFamily, "memrec_markers", "phase markers recorded", snap.markers),
+            (CounterMetricFamily, "memrec_lost_events", "events dropped because the ring buffer was full", snap.lost),
+            (GaugeMetricFamily, "memrec_ring_fill_ratio",
+             "the fullest the BPF ring buffer was at a drain in the last second", snap.ring_fill),
+            (GaugeMetricFamily, "memrec_drain_lag_seconds", "the oldest record's age at a drain in the last second",
+             snap.drain_lag),
+            (GaugeMetricFamily, "memrec_processes", "processes the daemon knows now", snap.processes_seen),
+            (GaugeMetricFamily, "memrec_probed_libraries", "libcuda files the probes are attached to", snap.libraries),
         ):
-            fam = CounterMetricFamily(name, doc, labels=["Hostname"])
-            fam.add_metric([self.hostname], value)
-            yield fam
-        for name, doc, value in (
-            ("memrec_ring_fill_ratio", "the fullest the BPF ring buffer was at a drain in the last second", snap.ring_fill),
-            ("memrec_drain_lag_seconds", "the oldest record's age at a drain in the last second", snap.drain_lag),
-            ("memrec_processes", "processes the daemon knows now", snap.processes_seen),
-            ("memrec_probed_libraries", "libcuda files the probes are attached to", snap.libraries),
-        ):
-            fam = GaugeMetricFamily(name, doc, labels=["Hostname"])
+            fam = kind(name, doc, labels=["Hostname"])
             fam.add_metric([self.hostname], value)
             yield fam

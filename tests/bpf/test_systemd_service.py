@@ -15,7 +15,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.parse
 import urllib.request
@@ -25,6 +24,7 @@ import pytest
 
 from memrec.daemon.caps import KEEP
 from memrec.trace.reader import load_trace
+from tests.bpf.test_daemon import workdir  # noqa: F401 (a fixture)
 from tests.bpf.unit_runner import UnitRunner
 
 pytestmark = pytest.mark.bpf
@@ -67,13 +67,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-@pytest.fixture
-def workdir():
-    d = Path(tempfile.mkdtemp(prefix="mrs", dir="/tmp"))  # short: sun_path holds 108 bytes
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 class Prometheus:

@@ -8,11 +8,9 @@ and the notify socket are real.
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -31,15 +29,9 @@ from memrec.trace.format import FORMAT_VERSION
 from tests.unit.daemon_fakes import raw
 from tests.unit.test_daemon_unit import make_daemon
 from tests.unit.test_daemon_unit import pump
+from tests.unit.test_daemon_unit import workdir  # noqa: F401 (a fixture)
 
 MiB = 1 << 20
-
-
-@pytest.fixture
-def workdir():
-    d = Path(tempfile.mkdtemp(prefix="mrv", dir="/tmp"))  # short: sun_path holds 108 bytes
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture
