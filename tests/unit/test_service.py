@@ -189,6 +189,13 @@ def test_drain_meter_fill_lag_and_results():
     assert meter.failed == {"CUDA_ERROR_OUT_OF_MEMORY": 2, "CUresult 999": 1}
 
 
+def test_metrics_without_prometheus_client_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # as if not installed
+    with pytest.raises(Exception) as err:
+        Service(metrics_addr=("127.0.0.1", free_port())).listen()
+    assert getattr(err.value, "exit_code", None) == 69 and "pip install 'memrec[metrics]'" in str(err.value)
+
+
 @pytest.mark.parametrize("text, want", [("127.0.0.1:9862", ("127.0.0.1", 9862)), (":9862", ("", 9862)),
                                         ("[::1]:80", ("::1", 80)), ("host.example:1", ("host.example", 1))])
 def test_metrics_addr(text, want):
