@@ -137,6 +137,7 @@ def capability_mask(pid: int) -> dict[str, int]:
 
 
 def test_unit_command_line_notifies_is_scraped_and_restarts_on_failure(workdir, stub_lib):
+    pytest.importorskip("prometheus_client", reason="the unit serves metrics: pip install 'memrec[metrics]'")
     # GIVEN the unit's own command line, with this test's paths, a notify socket and a free metrics port
     metrics_port = free_port()
     traces = workdir / "traces"
