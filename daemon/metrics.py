@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 #: Processes per GPU with a series of their own; the rest are summed as pid="other".
 TOP_PROCESSES = 10
-#: Phase names kept for the phase-peak gauge (most recently begun first out... last out).
+#: Phase names kept for the phase-peak gauge (the one begun longest ago is dropped first).
 MAX_PHASES = 32
 #: Distinct CUresult codes counted by name; later ones count as "other".
 MAX_RESULTS = 16
@@ -51,6 +51,9 @@ SNAPSHOT_INTERVAL = 1.0
 #: Bytes of one ring-buffer record: the kernel's 8-byte header + the payload, 8-aligned.
 RECORD_BYTES = (8 + RAW_DTYPE.itemsize + 7) // 8 * 8
 PAGE = 4096
+#: Seconds a scrape connection may sit idle before the server drops it.
+SCRAPE_TIMEOUT = 10
+
 
 class _Server(http.server.ThreadingHTTPServer):
     """The scrape endpoint; binds without HTTPServer's reverse lookup of its own address."""
@@ -255,6 +258,8 @@ class DaemonMetrics:
         registry.register(self)
 
         class Handler(http.server.BaseHTTPRequestHandler):
+            timeout = SCRAPE_TIMEOUT
+
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
                 if self.path.split("?")[0] not in ("/metrics", "/"):
                     self.send_error(404, "only /metrics is served here")

@@ -140,10 +140,22 @@ def _host_gpus(host: Host) -> dict[int, dict]:
         seen |= {m.gpu for m in trace.markers if m.gpu is not None}
         for info in trace.processes.values():
             seen |= set(info.gpu_map)
+        for kf in trace.keyframes[:1]:  # memory held before the file began
+            seen |= _snapshot_gpus(kf.state)
         for g in seen:
             if g >= 0:
                 gpus.setdefault(int(g), {"index": int(g), "uuid": None, "name": "", "total": 0, "bar1_total": None})
     return dict(sorted(gpus.items()))
+
+
+def _snapshot_gpus(snap: dict) -> set[int]:
+    out: set[int] = set()
+    for table, names in _TABLES.items():
+        flat = snap.get(table) or []
+        for i, name in enumerate(names):
+            if name in _GPU_FIELDS:
+                out |= {int(g) for g in flat[i :: len(names)] if isinstance(g, int)}
+    return out
 
 
 def expected_clock_error(hosts: list[Host]) -> tuple[int | None, str]:

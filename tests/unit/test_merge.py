@@ -185,3 +185,29 @@ def test_merge_errors_are_one_line_with_exit_codes(two_hosts, tmp_path, capsys):
     assert main(["merge", str(a), str(early), "-o", str(tmp_path / "j4.mrec")]) == ExitCode.DATA
     assert "before the reference host booted" in capsys.readouterr().err
     assert main(["merge", str(early), str(a), "-o", str(tmp_path / "j5.mrec")]) == 0
+
+
+def test_memory_held_before_a_file_began_joins_on_the_right_host_and_gpu(two_hosts, tmp_path, capsys):
+    # GIVEN host c's trace is a rotated part: its first keyframe holds 1 GiB pid 50 took on its GPU 1
+    from memrec.state import LiveState
+
+    before = LiveState()
+    before.apply(events(ev(Kind.ALLOC, ts=900 * S, pid=50, ptr=0xA000, size=GiB, gpu=1)))
+    header = fmt.make_header(host="node-c", boot_id="boot-c", anchor={"monotonic_ns": 1000 * S, "wall_ns": WALL},
+                             gpus=[GpuInfo(0, "GPU-c0", "NVIDIA H200", 140 * GiB), GpuInfo(1, "GPU-c1", "NVIDIA H200", 140 * GiB)])
+    c = tmp_path / "c.mrec"
+    with TraceWriter(c, header) as w:
+        w.write_keyframe(1000 * S, 0, before.snapshot())
+        w.write_events(events(ev(Kind.FREE, ts=1005 * S, pid=50, ptr=0xA000, gpu=-1)))
+    a, _ = two_hosts
+    out = tmp_path / "job.mrec"
+    assert main(["merge", str(a), str(c), "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["report", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    # THEN the free matches the held memory (no anomaly), on node-c:1 = merged GPU 3, pid 10000050
+    assert report["trace"]["anomalies"] == {}
+    gpu3 = next(s for s in report["gpus"] if s["gpu"] == 3)
+    assert gpu3["name"].startswith("node-c:1") and gpu3["peak"]["bytes"] == GiB and gpu3["final"]["bytes"] == 0
+    freed = load_trace(out).events
+    assert freed["pid"].tolist() == [100, 100, PID_STRIDE + 50] and freed["gpu"].tolist() == [0, 0, 3]
