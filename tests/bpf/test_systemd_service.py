@@ -232,7 +232,7 @@ def test_unit_command_line_notifies_is_scraped_and_restarts_on_failure(workdir, 
         # WHEN systemd stops it (SIGTERM) THEN it says STOPPING, exits 0 and is not restarted
         second.send_signal(signal.SIGTERM)
         runner.wait_for("STOPPING", 30)
-        assert not runner.supervise(timeout=60)
+        assert not runner.supervise(timeout=runner.stop_timeout), runner.log()
         assert second.returncode == 0, runner.log()
         files = sorted(traces.glob("memrec-*.mrec"))
         assert len(files) == 2  # one per start; the killed one has no trailer

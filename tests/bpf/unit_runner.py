@@ -83,6 +83,7 @@ class UnitRunner:
         self.extra_args = extra_args
         self.restart = service.get("Restart", ["no"])[-1]
         self.restart_sec = seconds(service.get("RestartSec", ["0.1"])[-1])
+        self.stop_timeout = seconds(service.get("TimeoutStopSec", ["90"])[-1])  # systemd's default: 90 s
         watchdog = service.get("WatchdogSec")
         self.watchdog_usec = int(seconds(watchdog[-1]) * 1e6) if watchdog else None
         self.environment: dict[str, str] = {}
