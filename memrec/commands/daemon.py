@@ -44,7 +44,8 @@ def require_privileges() -> None:
 class DaemonCommand:
     """Record GPU memory events of every CUDA process on this host, until SIGINT/SIGTERM.
 
-    Runs in the foreground and logs to stderr (made for systemd). Probes every libcuda.so.1 that
+    Runs in the foreground and logs to stderr (made for systemd: with $NOTIFY_SOCKET it sends READY
+    once the probes are attached, WATCHDOG from its loop and STOPPING). Probes every libcuda.so.1 that
     is installed or mapped (new ones are picked up every few seconds), samples NVML, accepts phase
     markers on a Unix socket, and writes a trace (SIGHUP starts a new file).
 
@@ -52,6 +53,8 @@ class DaemonCommand:
         sudo memrec daemon -o /var/lib/memrec/
         sudo memrec daemon -o run.mrec -d 10m --rotate-size 0
         sudo memrec daemon --socket /tmp/memrec.sock --libcuda /opt/nvidia/lib64/libcuda.so.1
+        sudo memrec daemon -o /var/lib/memrec/ --keep 20 --metrics-addr 127.0.0.1:9862
+        sudo memrec install-service --enable     # the same under systemd (docs/operations.md)
     """
 
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:

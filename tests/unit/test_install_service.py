@@ -122,3 +122,18 @@ def test_zsh_completion_parses(tmp_path, capsys):
     assert path.read_text().startswith("#compdef memrec")
     proc = subprocess.run([zsh, "-n", str(path)], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_the_units_command_line_is_one_memrec_daemon_accepts():
+    """ExecStart's options parse (systemd-analyze checks the unit, not memrec's arguments)."""
+    import shlex
+
+    from memrec.commands import get_argument_parser
+    from tests.bpf.unit_runner import parse_unit
+
+    unit = parse_unit(Path(__file__).resolve().parents[2] / "contrib/systemd/memrec.service")
+    argv = shlex.split(unit["Service"]["ExecStart"][-1])
+    args = get_argument_parser().parse_args(argv[1:])
+    assert args.command == "daemon" and args.drop_capabilities and args.keep == 20
+    assert args.metrics_addr == ("127.0.0.1", 9862) and args.rotate_size == 1 << 30
+    assert args.output == "/var/lib/memrec/" and args.socket_group == "memrec"
