@@ -211,3 +211,19 @@ def test_memory_held_before_a_file_began_joins_on_the_right_host_and_gpu(two_hos
     assert gpu3["name"].startswith("node-c:1") and gpu3["peak"]["bytes"] == GiB and gpu3["final"]["bytes"] == 0
     freed = load_trace(out).events
     assert freed["pid"].tolist() == [100, 100, PID_STRIDE + 50] and freed["gpu"].tolist() == [0, 0, 3]
+
+
+def test_hosts_are_keyed_by_boot_id_and_name(tmp_path, capsys):
+    # two files of one host and boot are one host (one clock, one pid space); a reboot is another host
+    a1 = host_trace(tmp_path / "a1.mrec", "node-a", "boot-1", 100 * S, 0, [(1.0, 100, 0, MiB)], esterror_us=500)
+    a2 = host_trace(tmp_path / "a2.mrec", "node-a", "boot-1", 100 * S, 0, [(2.0, 101, 1, 2 * MiB)], esterror_us=500)
+    a3 = host_trace(tmp_path / "a3.mrec", "node-a", "boot-2", 7 * S, 0, [(3.0, 100, 0, 4 * MiB)], esterror_us=500)
+    out = tmp_path / "job.mrec"
+    assert main(["merge", str(a1), str(a2), str(a3), "-o", str(out)]) == 0
+    capsys.readouterr()
+    merged = load_trace(out)
+    hosts = merged.header["merged"]["hosts"]
+    assert [(h["host"], len(h["files"])) for h in hosts] == [("node-a@boot-1", 2), ("node-a@boot-2", 1)]
+    assert merged.events["pid"].tolist() == [100, 101, PID_STRIDE + 100]
+    assert merged.events["gpu"].tolist() == [0, 1, 2]
+    assert merged.events["ts"].tolist() == [101 * S, 102 * S, 103 * S]
