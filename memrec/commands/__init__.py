@@ -14,7 +14,6 @@ from typing import Protocol
 from memrec._errors import ExitCode
 from memrec._errors import MemrecCommandError
 from memrec._errors import MemrecError
-from memrec.build_info import version_text
 
 
 class Command(Protocol):
@@ -67,7 +66,7 @@ def get_argument_parser() -> argparse.ArgumentParser:
         description="Record and explain GPU memory: every driver allocation, mapping and IPC "
         "open on the host, NVML beside it, phase markers from the application.",
     )
-    parser.add_argument("--version", action="version", version=version_text())
+    parser.add_argument("--version", action=_VersionAction, help="print the version, trace format and BPF program, then exit")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in _commands():
@@ -83,6 +82,19 @@ def get_argument_parser() -> argparse.ArgumentParser:
         command.prepare_parser(sub_parser)
         sub_parser.set_defaults(entrypoint=command.run, parser=sub_parser)
     return parser
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: worked out only when asked (it reads the trace format and hashes the BPF source)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: object) -> None:
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        from memrec.build_info import version_text
+
+        print(version_text())
+        parser.exit()
 
 
 def _command_name(class_stem: str) -> str:
