@@ -31,6 +31,7 @@ CAP_BPF = 39
 #: What the daemon keeps after attaching.
 KEEP = frozenset({CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE, CAP_SYS_RESOURCE, CAP_PERFMON, CAP_BPF})
 
+_CAP_SETPCAP = 8
 _PR_CAPBSET_DROP = 24
 _PR_CAP_AMBIENT = 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
@@ -65,7 +66,10 @@ def drop_capabilities(keep: frozenset[int] = KEEP) -> None:
         CapabilityError: a prctl/capset call failed (errno and the step in the message).
     """
     libc = ctypes.CDLL(None, use_errno=True)
-    for cap in range(_last_cap() + 1):
+    # Without CAP_SETPCAP (a daemon given only CAP_BPF + CAP_PERFMON) the bounding set cannot
+    # shrink; the permitted set below still bounds what the process can ever have again.
+    can_bound = bool(thread_capabilities().get("CapEff", 0) & (1 << _CAP_SETPCAP))
+    for cap in range(_last_cap() + 1) if can_bound else ():
         if cap not in keep and libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
             errno = ctypes.get_errno()
             if errno != 22:  # EINVAL: a capability this kernel does not know

@@ -272,6 +272,21 @@ def test_drop_capabilities_keeps_only_what_recording_needs():
     assert proc.stdout.strip() == "ok", proc.stderr
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="dropping capabilities needs them first: run as root")
+def test_drop_capabilities_without_setpcap_still_reduces_what_it_can():
+    code = (
+        "from memrec.daemon.caps import KEEP, drop_capabilities, thread_capabilities\n"
+        "drop_capabilities(KEEP | {21})\n"  # CAP_SYS_ADMIN kept, CAP_SETPCAP gone
+        "drop_capabilities()\n"  # cannot touch the bounding set now; the rest it can
+        "c = thread_capabilities()\n"
+        "keep = sum(1 << k for k in KEEP)\n"
+        "assert c['CapEff'] == c['CapPrm'] == c['CapEff'] & keep and c['CapBnd'] & (1 << 21), c\n"
+        "print('ok')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.stdout.strip() == "ok", proc.stderr
+
+
 def test_version_names_the_trace_format_and_bpf_program():
     proc = subprocess.run([sys.executable, "-m", "memrec", "--version"], capture_output=True, text=True)
     assert proc.returncode == 0
