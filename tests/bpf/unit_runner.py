@@ -13,6 +13,11 @@ the unit file itself and nothing else:
   SIGHUP, SIGINT, SIGTERM or SIGPIPE; ``on-failure`` restarts after anything else, as does a
   watchdog timeout (which systemd answers with SIGABRT).
 
+Do not reach for ``systemd --user`` instead: it starts here (in a private mount namespace with
+``/run/systemd/system`` faked), but at start it moves every process of the cgroup it finds itself
+in, which on these hosts is the root of every hierarchy (the host's PID 1 and all sessions), into
+a new ``init.scope`` with a task limit. Tried once (2026-12-01) and undone by hand.
+
 It does not emulate sandboxing (``Protect*``, ``CapabilityBoundingSet`` ...): ``systemd-analyze
 verify`` checks those directives, and the daemon's own capability drop is checked in the test.
 """
