@@ -183,17 +183,12 @@ def test_unit_command_line_notifies_is_scraped_and_restarts_on_failure(workdir, 
         ready = runner.wait_for("READY", START_TIMEOUT)
         assert ready["MAINPID"] == str(second.pid) != str(first.pid)
         prometheus.wait_value('up{job="memrec"}', 1)
-        # AND the new daemon records: the worker exits...
+        # (memory taken before a daemon started is not in its live state: the worker may go)
         worker.stdin.write("\n")
         worker.stdin.flush()
         assert worker.wait(30) == 0
-        # ... its exit is recorded
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not prometheus.query("memrec_events_total > 0"):
-            time.sleep(0.5)
-        assert prometheus.query("memrec_events_total > 0"), "the restarted daemon recorded nothing"
 
-        # WHEN a process maps a libcuda the daemon has not seen (another file) after the restart
+        # WHEN, after the restart, a process maps a libcuda the daemon has not seen (another file)
         lib2 = workdir / "lib2" / "libcuda.so.1"
         lib2.parent.mkdir()
         shutil.copy(stub_lib, lib2)
