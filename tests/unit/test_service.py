@@ -186,7 +186,7 @@ def test_drain_meter_fill_lag_and_results():
     meter.batch(batch)
     assert meter.take() == (0.25, 0.25)
     assert meter.take() == (0.0, 0.0)
-    assert meter.failed == {"CUDA_ERROR_OUT_OF_MEMORY": 2, "CUresult 999": 1}
+    assert meter.failed == {"CUDA_ERROR_OUT_OF_MEMORY": 2, "CUDA_ERROR_UNKNOWN": 1}
 
 
 def test_metrics_without_prometheus_client_is_a_clear_error(monkeypatch):
