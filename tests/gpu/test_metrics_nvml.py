@@ -20,7 +20,7 @@ import pytest
 
 from memrec._errors import MemrecCommandError
 from memrec.live import wait_for_daemon
-from tests.gpu.conftest import memrec_cmd
+from conftest import memrec_cmd
 
 SIZE = 96 * 2**20 + 4096 + 17  # distinctive
 
