@@ -45,28 +45,30 @@ def fmt(times: list[float]) -> str:
 # ------------------------------------------------------------------ command line
 
 
-def cli_seconds(argv: list[str], repeat: int) -> list[float]:
-    out = []
-    env = dict(os.environ, MEMREC_SOCKET="/nonexistent/memrec.sock")
-    for _ in range(repeat):
-        t = time.perf_counter()
-        subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, check=False)
-        out.append(time.perf_counter() - t)
-    return out
-
-
 def bench_cli(repeat: int) -> None:
+    """Each command once per round, in turn, so that the host's load falls on all of them alike."""
     py = sys.executable
-    floor = cli_seconds([py, "-c", "pass"], repeat)
-    print(f"python -c pass           {fmt(floor)}")
-    for name, argv in (
-        ("memrec --help", [py, "-m", "memrec", "--help"]),
-        ("memrec mark (no daemon)", [py, "-m", "memrec", "mark", "--socket", "/nonexistent/s", "bench", "x=1"]),
-        ("memrec dump --help", [py, "-m", "memrec", "dump", "--help"]),
-    ):
-        times = cli_seconds(argv, repeat)
-        ratio = statistics.median(times) / statistics.median(floor)
-        print(f"{name:24} {fmt(times)}  = {ratio:.1f}x the bare interpreter")
+    commands = {
+        "python -c pass": [py, "-c", "pass"],
+        "memrec --help": [py, "-m", "memrec", "--help"],
+        "memrec mark (no daemon)": [py, "-m", "memrec", "mark", "--socket", "/nonexistent/s", "bench", "x=1"],
+        "memrec dump --help": [py, "-m", "memrec", "dump", "--help"],
+    }
+    times: dict[str, list[float]] = {name: [] for name in commands}
+    cpu: dict[str, list[float]] = {name: [] for name in commands}
+    for _ in range(repeat):
+        for name, argv in commands.items():
+            t = time.perf_counter()
+            proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            _pid, _status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = 0  # reaped here
+            times[name].append(time.perf_counter() - t)
+            cpu[name].append(usage.ru_utime + usage.ru_stime)
+    floor = statistics.median(times["python -c pass"])
+    cpu_floor = statistics.median(cpu["python -c pass"])
+    for name, t in times.items():
+        print(f"{name:24} wall {fmt(t)} = {statistics.median(t) / floor:.1f}x; "
+              f"CPU median {statistics.median(cpu[name]):.3f} s = {statistics.median(cpu[name]) / cpu_floor:.1f}x the bare interpreter")
 
 
 # ------------------------------------------------------------------ probes
@@ -201,7 +203,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--skip-probes", action="store_true", help="only the command-line part")
     args = parser.parse_args()
-    bench_cli(max(args.repeat, 5))
+    bench_cli(max(args.repeat, 20))
     if not args.skip_probes:
         bench_probes(args.repeat, args.threads)
     return 0
