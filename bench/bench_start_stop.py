@@ -59,7 +59,8 @@ def bench_cli(repeat: int) -> None:
     for _ in range(repeat):
         for name, argv in commands.items():
             t = time.perf_counter()
-            proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            # cwd="/": `python -m memrec` must find the installed memrec, not a checkout in cwd.
+            proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/")
             _pid, _status, usage = os.wait4(proc.pid, 0)
             proc.returncode = 0  # reaped here
             times[name].append(time.perf_counter() - t)
