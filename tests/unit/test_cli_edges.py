@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from memrec import commands
 from memrec._errors import ExitCode
 from memrec.events import GpuInfo
@@ -209,3 +211,22 @@ def test_mark_accepts_verbose_after_its_name(tmp_path, capsys):
     rc = commands.main(["mark", "x", "-v", "--socket", str(tmp_path / "none.sock")])
     assert rc == ExitCode.UNAVAILABLE
     assert capsys.readouterr().err.startswith("memrec: error: no memrec daemon")
+
+
+def test_every_help_fits_80_columns_and_keeps_every_word(monkeypatch, capsys):
+    # GIVEN help piped to a file or another program (memrec assumes 80 columns there)
+    monkeypatch.setenv("COLUMNS", "80")
+    from memrec.commands import _command_name
+    from memrec.commands import _commands
+
+    for command in _commands():
+        name = _command_name(type(command).__name__[: -len("Command")])
+        # WHEN a subcommand's --help is asked for
+        with pytest.raises(SystemExit) as done:
+            commands.main([name, "--help"])
+        assert done.value.code == 0
+        text = capsys.readouterr().out
+        # THEN no line is wider than 80 columns, and the docstring's words are all there, in order
+        assert [line for line in text.splitlines() if len(line) > 80] == [], name
+        doc_words = (type(command).__doc__ or "").split()
+        assert " ".join(text.split()).find(" ".join(doc_words)) >= 0, name
