@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 from typing import Iterator
 from typing import TextIO
@@ -14,6 +15,7 @@ import numpy as np
 from memrec._errors import ExitCode
 from memrec._errors import MemrecCommandError
 from memrec._errors import TraceFormatError
+from memrec.commands.common import check_trace_path
 from memrec.events import cu_result_name
 from memrec.events import FLAG_IPC_BYTES
 from memrec.events import Api
@@ -149,6 +151,7 @@ class DumpCommand:
                 f"(memrec dump {args.trace} > trace.jsonl, or | less) or pass --force",
                 exit_code=ExitCode.USAGE,
             )
+        check_trace_path(Path(args.trace))  # the same one-line errors as every other command's
         try:
             reader = TraceReader(args.trace)
         except TraceFormatError as error:
