@@ -230,3 +230,19 @@ def test_every_help_fits_80_columns_and_keeps_every_word(monkeypatch, capsys):
         assert [line for line in text.splitlines() if len(line) > 80] == [], name
         doc_words = (type(command).__doc__ or "").split()
         assert " ".join(text.split()).find(" ".join(doc_words)) >= 0, name
+
+
+def test_doctor_fits_80_columns_and_says_everything(monkeypatch, capsys):
+    # GIVEN doctor's output piped (80 columns assumed), on this host whatever it lacks
+    monkeypatch.setenv("COLUMNS", "80")
+    rc = commands.main(["doctor"])
+    text = capsys.readouterr().out
+    assert rc in (ExitCode.OK, ExitCode.ERROR)
+    # THEN no line is wider than 80, and every check's detail and fix are there in full
+    assert [line for line in text.splitlines() if len(line) > 80] == []
+    assert commands.main(["doctor", "--json"]) == rc
+    words = " ".join(text.split())
+    for check in json.loads(capsys.readouterr().out):
+        assert " ".join(check["detail"].split()) in words
+        if check["fix"] and check["status"] != "ok":
+            assert " ".join(f"-> {check['fix']}".split()) in words
