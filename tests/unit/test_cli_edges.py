@@ -246,3 +246,12 @@ def test_doctor_fits_80_columns_and_says_everything(monkeypatch, capsys):
         assert " ".join(check["detail"].split()) in words
         if check["fix"] and check["status"] != "ok":
             assert " ".join(f"-> {check['fix']}".split()) in words
+
+
+def test_mark_without_a_name_asks_only_for_the_name(capsys):
+    # GIVEN `memrec mark` with nothing after it  THEN a usage error that names only what is missing
+    # (KEY=VALUE pairs are optional: `memrec mark x` is complete)
+    with pytest.raises(SystemExit) as done:
+        commands.main(["mark"])
+    assert done.value.code == ExitCode.USAGE
+    assert capsys.readouterr().err.splitlines()[-1] == "memrec mark: error: the following arguments are required: name"
