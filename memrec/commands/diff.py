@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from pathlib import Path
 
 from memrec._errors import ExitCode
@@ -39,5 +40,6 @@ class DiffCommand:
         if args.json:
             print(json.dumps(result, indent=2))
         else:
-            print(render_diff(result), end="")
+            width = shutil.get_terminal_size((80, 24)).columns  # $COLUMNS, the terminal, else 80
+            print(render_diff(result, width=max(width, 40)), end="")
         return ExitCode.OK

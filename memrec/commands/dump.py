@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from memrec._errors import ExitCode
 from memrec._errors import MemrecCommandError
 from memrec._errors import TraceFormatError
+from memrec.commands.common import check_trace_path
 
 
 class DumpCommand:
@@ -36,6 +38,7 @@ class DumpCommand:
                 f"(memrec dump {args.trace} > trace.jsonl, or | less) or pass --force",
                 exit_code=ExitCode.USAGE,
             )
+        check_trace_path(Path(args.trace))  # the same one-line errors as every other command's
         # Imported here: numpy and the reader are for reading traces, not for `memrec --help`.
         from memrec.export.jsonl import dump_trace
         from memrec.trace.reader import TraceReader
