@@ -783,9 +783,10 @@ class Daemon:
 
     def _load_probes(self) -> None:
         try:
-            self.probes = self._probes_factory(
-                follow_tree=self.config.follow_tree, ringbuf_pages=self.config.ringbuf_pages
-            )
+            kwargs = {"follow_tree": self.config.follow_tree, "ringbuf_pages": self.config.ringbuf_pages}
+            if not self.config.untraced_probes:
+                kwargs["untraced"] = False
+            self.probes = self._probes_factory(**kwargs)
             self.probes.load()
         except MemrecCommandError:
             raise

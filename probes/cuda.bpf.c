@@ -200,8 +200,10 @@ static __always_inline void submit(struct event *ev) {
     }
     __builtin_memcpy(rec, ev, sizeof(struct event));
     // A context being bound is a process's first, rare driver event: wake the reader so the
-    // daemon reads the process's /proc (CUDA_VISIBLE_DEVICES) while it surely still runs.
-    events.ringbuf_submit(rec, ev->kind == KIND_CTX ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
+    // daemon reads the process's /proc (CUDA_VISIBLE_DEVICES) while it surely still runs, and
+    // reads NVML's per-process memory right before (CTX_BEGIN) and after (CTX) the context.
+    int wake = ev->kind == KIND_CTX || ev->kind == KIND_CTX_BEGIN;
+    events.ringbuf_submit(rec, wake ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
 }
 
 // Record a process-level event (tracepoints): no inflight state, no ordinal.
@@ -562,11 +564,18 @@ ENTRY(cuMemHostUnregister) {
 // ---- contexts ------------------------------------------------------------------------------------
 // A CTX event binds a context to a device ordinal: aux 0 retain, 1 create, 2 get-device.
 
+// Besides stashing the call, submit a CTX_BEGIN at once: the context's cost is NVML's
+// per-process used after the call minus before it, and only the entry tells "before".
 static __always_inline int ctx_bind_entry(u32 api, u64 out, s32 dev, u64 subtype, u32 mode) {
     struct inflight v = {};
     v.out = out;
     v.ev.aux = subtype;
-    return begin(&v, api, KIND_CTX, mode, dev);
+    begin(&v, api, KIND_CTX, mode, dev);
+    if (v.ev.pid == 0)
+        return 0; // not a wanted process (begin() left it untouched)
+    v.ev.kind = KIND_CTX_BEGIN;
+    submit(&v.ev);
+    return 0;
 }
 
 // cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
@@ -599,6 +608,118 @@ ENTRY(cuCtxPushCurrent_v2) { return ctx_track_entry(API_cuCtxPushCurrent_v2, OUT
 ENTRY(cuCtxPopCurrent_v2) { return ctx_track_entry(API_cuCtxPopCurrent_v2, OUT_CTX_POP, P1, 0); }
 ENTRY(cuCtxDestroy_v2) { return ctx_track_entry(API_cuCtxDestroy_v2, OUT_CTX_DESTROY, 0, P1); }
 ENTRY(cuCtxGetCurrent) { return ctx_track_entry(API_cuCtxGetCurrent, OUT_CTX_GET_CURRENT, P1, 0); }
+
+// ---- device code ---------------------------------------------------------------------------------
+// Loads run at start-up or once per module (cuLibraryLoad*, cuModuleLoad*) and once per kernel under
+// lazy loading (cuLibraryGetKernel, cuKernelGetFunction); never on the launch path.
+
+// A load: *out -> handle at return; ptr = the image in memory, or a file name read into ipc.
+static __always_inline int code_load_entry(struct pt_regs *ctx, u32 api, u64 image, u64 name) {
+    struct inflight v = {};
+    v.out = P1;
+    v.ev.ptr = image;
+    if (name && bpf_probe_read_user_str(v.ev.ipc, IPC_BYTES, (void *)name) > 0)
+        v.ev.flags |= FLAG_NAME;
+    return begin(&v, api, KIND_CODE_LOAD, OUT_HANDLE, ORD_CURRENT);
+}
+
+// cuLibraryLoadData(CUlibrary *library, const void *code, ...jit and library options)
+ENTRY(cuLibraryLoadData) { return code_load_entry(ctx, API_cuLibraryLoadData, P2, 0); }
+// cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, ...)
+ENTRY(cuLibraryLoadFromFile) { return code_load_entry(ctx, API_cuLibraryLoadFromFile, 0, P2); }
+// cuModuleLoad(CUmodule *module, const char *fname)
+ENTRY(cuModuleLoad) { return code_load_entry(ctx, API_cuModuleLoad, 0, P2); }
+// cuModuleLoadData(CUmodule *module, const void *image)
+ENTRY(cuModuleLoadData) { return code_load_entry(ctx, API_cuModuleLoadData, P2, 0); }
+// cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned numOptions, ...)
+ENTRY(cuModuleLoadDataEx) { return code_load_entry(ctx, API_cuModuleLoadDataEx, P2, 0); }
+// cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin)
+ENTRY(cuModuleLoadFatBinary) { return code_load_entry(ctx, API_cuModuleLoadFatBinary, P2, 0); }
+
+// cuLibraryUnload(CUlibrary library), cuModuleUnload(CUmodule hmod)
+static __always_inline int code_unload_entry(struct pt_regs *ctx, u32 api) {
+    struct inflight v = {};
+    v.ev.handle = P1;
+    return begin(&v, api, KIND_CODE_UNLOAD, OUT_NONE, ORD_CURRENT);
+}
+
+ENTRY(cuLibraryUnload) { return code_unload_entry(ctx, API_cuLibraryUnload); }
+ENTRY(cuModuleUnload) { return code_unload_entry(ctx, API_cuModuleUnload); }
+
+// cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name): the kernel's name
+// (cut at 63 bytes) goes to ipc.
+ENTRY(cuLibraryGetKernel) {
+    struct inflight v = {};
+    v.out = P1;
+    v.ev.ptr = P2;
+    if (bpf_probe_read_user_str(v.ev.ipc, IPC_BYTES, (void *)P3) > 0)
+        v.ev.flags |= FLAG_NAME;
+    return begin(&v, API_cuLibraryGetKernel, KIND_KERNEL_LOAD, OUT_HANDLE, ORD_CURRENT);
+}
+
+// cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel): loads the kernel into the current context.
+ENTRY(cuKernelGetFunction) {
+    struct inflight v = {};
+    v.out = P1;
+    v.ev.ptr = P2;
+    return begin(&v, API_cuKernelGetFunction, KIND_KERNEL_LOAD, OUT_HANDLE, ORD_CURRENT);
+}
+
+// ---- stream-ordered pools ------------------------------------------------------------------------
+
+// cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props): props->location.id at +12
+// (the same head as CUmemAllocationProp), props->maxSize at +24.
+ENTRY(cuMemPoolCreate) {
+    struct inflight v = {};
+    v.out = P1;
+    s32 loc[2] = {0, -1};
+    if (bpf_probe_read_user(loc, sizeof(loc), (void *)(P2 + 8)) != 0) {
+        loc[0] = 0;
+        loc[1] = -1;
+    }
+    bpf_probe_read_user(&v.ev.size, sizeof(u64), (void *)(P2 + 24));
+    v.ev.aux = (u32)loc[0];
+    return begin(&v, API_cuMemPoolCreate, KIND_POOL, OUT_HANDLE, loc[1]);
+}
+
+// cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
+ENTRY(cuDeviceGetDefaultMemPool) {
+    struct inflight v = {};
+    v.out = P1;
+    return begin(&v, API_cuDeviceGetDefaultMemPool, KIND_POOL, OUT_HANDLE, (s32)P2);
+}
+
+// cuMemPoolDestroy(CUmemoryPool pool)
+ENTRY(cuMemPoolDestroy) {
+    struct inflight v = {};
+    v.ev.handle = P1;
+    return begin(&v, API_cuMemPoolDestroy, KIND_POOL_DESTROY, OUT_NONE, -1);
+}
+
+// cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
+ENTRY(cuMemPoolTrimTo) {
+    struct inflight v = {};
+    v.ev.handle = P1;
+    v.ev.size = P2;
+    return begin(&v, API_cuMemPoolTrimTo, KIND_POOL_TRIM, OUT_NONE, -1);
+}
+
+// cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value): the value is a
+// cuuint64_t from the release threshold on (attributes 4..8), an int before it.
+ENTRY(cuMemPoolSetAttribute) {
+    struct inflight v = {};
+    u32 attr = (u32)P2;
+    v.ev.handle = P1;
+    v.ev.aux = attr;
+    if (attr >= MEMPOOL_ATTR_RELEASE_THRESHOLD) {
+        bpf_probe_read_user(&v.ev.size, sizeof(u64), (void *)P3);
+    } else {
+        u32 small = 0;
+        bpf_probe_read_user(&small, sizeof(small), (void *)P3);
+        v.ev.size = small;
+    }
+    return begin(&v, API_cuMemPoolSetAttribute, KIND_POOL_ATTR, OUT_NONE, -1);
+}
 
 // ---- return probes -------------------------------------------------------------------------------
 
@@ -639,6 +760,21 @@ RETURN(cuCtxPopCurrent_v2)
 RETURN(cuCtxDestroy_v2)
 RETURN(cuCtxGetCurrent)
 RETURN(cuCtxGetDevice)
+RETURN(cuLibraryLoadData)
+RETURN(cuLibraryLoadFromFile)
+RETURN(cuLibraryUnload)
+RETURN(cuModuleLoad)
+RETURN(cuModuleLoadData)
+RETURN(cuModuleLoadDataEx)
+RETURN(cuModuleLoadFatBinary)
+RETURN(cuModuleUnload)
+RETURN(cuLibraryGetKernel)
+RETURN(cuKernelGetFunction)
+RETURN(cuMemPoolCreate)
+RETURN(cuMemPoolDestroy)
+RETURN(cuMemPoolTrimTo)
+RETURN(cuMemPoolSetAttribute)
+RETURN(cuDeviceGetDefaultMemPool)
 
 // ---- process lifetime ------------------------------------------------------------------------
 
