@@ -38,6 +38,11 @@ CU_MEM_ATTACH_GLOBAL = 1
 CU_MEMHOSTALLOC_PORTABLE = 1
 CU_MEMHOSTREGISTER_PORTABLE = 1
 CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 1
+CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES = 1
+CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4
+CUDA_ERROR_FILE_NOT_FOUND = 301
+#: A stand-in for a fatbin: the stub only needs the address to be readable.
+IMAGE = b"\x50\xed\x55\xba" + bytes(60)
 
 MiB = 1 << 20
 GRANULE = 2 * MiB
@@ -80,6 +85,22 @@ class CUmemAllocationProp(ctypes.Structure):
     ]
 
 
+class CUmemPoolProps(ctypes.Structure):
+    """cuda.h layout: the head of CUmemAllocationProp (location.id at +12), maxSize at +24, 88 bytes."""
+
+    _fields_ = [
+        ("allocType", ctypes.c_int),
+        ("handleTypes", ctypes.c_int),
+        ("location", CUmemLocation),
+        ("win32SecurityAttributes", ctypes.c_void_p),
+        ("maxSize", ctypes.c_size_t),
+        ("usage", ctypes.c_ushort),
+        ("reserved", ctypes.c_ubyte * 54),
+    ]
+
+
+assert ctypes.sizeof(CUmemPoolProps) == 88
+assert CUmemPoolProps.maxSize.offset == 24
 assert ctypes.sizeof(CUipcMemHandle) == 64
 assert ctypes.sizeof(CUmemAllocationProp) == 32
 assert CUmemAllocationProp.location.offset == 8
@@ -137,6 +158,21 @@ SIGNATURES: dict[str, list] = {
     "cuMemFreeHost": [_vp],
     "cuMemHostRegister_v2": [_vp, _sz, _uint],
     "cuMemHostUnregister": [_vp],
+    "cuLibraryLoadData": [_pvp, _vp, _vp, _vp, _uint, _vp, _vp, _uint],
+    "cuLibraryLoadFromFile": [_pvp, ctypes.c_char_p, _vp, _vp, _uint, _vp, _vp, _uint],
+    "cuLibraryUnload": [_vp],
+    "cuModuleLoad": [_pvp, ctypes.c_char_p],
+    "cuModuleLoadData": [_pvp, _vp],
+    "cuModuleLoadDataEx": [_pvp, _vp, _uint, _vp, _vp],
+    "cuModuleLoadFatBinary": [_pvp, _vp],
+    "cuModuleUnload": [_vp],
+    "cuLibraryGetKernel": [_pvp, _vp, ctypes.c_char_p],
+    "cuKernelGetFunction": [_pvp, _vp],
+    "cuMemPoolCreate": [_pvp, _vp],
+    "cuMemPoolDestroy": [_vp],
+    "cuMemPoolTrimTo": [_vp, _sz],
+    "cuMemPoolSetAttribute": [_vp, _int, _vp],
+    "cuDeviceGetDefaultMemPool": [_pvp, _int],
     "memrec_stub_physical_device": [_int],
 }
 
@@ -427,6 +463,75 @@ class Driver:
     def ipc_close(self, ptr: int) -> None:
         self.call("cuIpcCloseMemHandle", {"dptr": ptr}, None, ptr)
 
+    def library_load_data(self, image: ctypes.Array) -> int:
+        p = ctypes.c_void_p()
+        addr = ctypes.addressof(image)
+        _, out = self.call("cuLibraryLoadData", {"code": addr}, lambda: {"library": p.value},
+                           ctypes.byref(p), addr, None, None, 0, None, None, 0)
+        return out["library"]
+
+    def library_load_file(self, path: str) -> int:
+        p = ctypes.c_void_p()
+        _, out = self.call("cuLibraryLoadFromFile", {"file": path}, lambda: {"library": p.value},
+                           ctypes.byref(p), path.encode(), None, None, 0, None, None, 0)
+        return out["library"]
+
+    def library_unload(self, library: int) -> None:
+        self.call("cuLibraryUnload", {"handle": library}, None, library)
+
+    def module_load(self, api: str, source: str | ctypes.Array, expect: int = CUDA_SUCCESS) -> int:
+        """cuModuleLoad (a file name) or cuModuleLoadData/DataEx/FatBinary (an image in memory)."""
+        p = ctypes.c_void_p()
+        if api == "cuModuleLoad":
+            args, cargs = {"file": source}, (source.encode(),)
+        else:
+            addr = ctypes.addressof(source)
+            args, cargs = {"code": addr}, (addr, 0, None, None) if api == "cuModuleLoadDataEx" else (addr,)
+        _, out = self.call(api, args, lambda: {"module": p.value}, ctypes.byref(p), *cargs, expect=expect)
+        return out.get("module", 0)
+
+    def module_unload(self, module: int) -> None:
+        self.call("cuModuleUnload", {"handle": module}, None, module)
+
+    def library_get_kernel(self, library: int, name: str) -> int:
+        p = ctypes.c_void_p()
+        _, out = self.call("cuLibraryGetKernel", {"library": library, "name": name}, lambda: {"kernel": p.value},
+                           ctypes.byref(p), library, name.encode())
+        return out["kernel"]
+
+    def kernel_get_function(self, kernel: int) -> int:
+        p = ctypes.c_void_p()
+        _, out = self.call("cuKernelGetFunction", {"kernel": kernel}, lambda: {"function": p.value}, ctypes.byref(p), kernel)
+        return out["function"]
+
+    def default_mem_pool(self, dev: int) -> int:
+        p = ctypes.c_void_p()
+        _, out = self.call("cuDeviceGetDefaultMemPool", {"dev": dev}, lambda: {"pool": p.value}, ctypes.byref(p), dev)
+        return out["pool"]
+
+    def pool_create(self, dev: int, max_size: int) -> int:
+        props = CUmemPoolProps()
+        props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED
+        props.location.type = CU_MEM_LOCATION_TYPE_DEVICE
+        props.location.id = dev
+        props.maxSize = max_size
+        p = ctypes.c_void_p()
+        args = {"location_type": CU_MEM_LOCATION_TYPE_DEVICE, "location_id": dev, "max_size": max_size}
+        _, out = self.call("cuMemPoolCreate", args, lambda: {"pool": p.value}, ctypes.byref(p), ctypes.byref(props))
+        return out["pool"]
+
+    def pool_destroy(self, pool: int) -> None:
+        self.call("cuMemPoolDestroy", {"handle": pool}, None, pool)
+
+    def pool_trim(self, pool: int, keep: int) -> None:
+        self.call("cuMemPoolTrimTo", {"handle": pool, "keep": keep}, None, pool, keep)
+
+    def pool_set_attribute(self, pool: int, attr: int, value: int) -> None:
+        """A cuuint64_t value from the release threshold on, an int before it (cuda.h)."""
+        box = ctypes.c_uint64(value) if attr >= CU_MEMPOOL_ATTR_RELEASE_THRESHOLD else ctypes.c_int(value)
+        self.call("cuMemPoolSetAttribute", {"handle": pool, "attr": attr, "value": value}, None,
+                  pool, attr, ctypes.byref(box))
+
     def use_device(self, dev: int) -> int:
         """Retain ``dev``'s primary context and make it current (what cudart does on first use)."""
         ctx = self.primary_ctx_retain(dev)
@@ -614,14 +719,62 @@ def scenario_leak_child(drv: Driver, ctx: RunContext) -> None:
         drv.alloc(size)
 
 
+def scenario_code(drv: Driver, ctx: RunContext) -> None:
+    """Device code, as PyTorch and NCCL load it: a library loaded before any context (nothing on
+    the device yet), kernels fetched once a context is current (the first one is the context's lazy
+    first-launch step), a library from a file, every cuModuleLoad* flavour, unloads, and a module
+    file that does not exist (CUDA_ERROR_FILE_NOT_FOUND)."""
+    image = ctypes.create_string_buffer(IMAGE, len(IMAGE))
+    lib = drv.library_load_data(image)
+    drv.use_device(0)
+    first = drv.library_get_kernel(lib, "memrec_first_kernel")
+    drv.kernel_get_function(first)
+    second = drv.library_get_kernel(lib, "_Z13memrec_kernelPfS_i_a_name_longer_than_the_sixty_three_bytes_kept")
+    drv.kernel_get_function(second)
+    from_file = drv.library_load_file(ctx.lib)
+    third = drv.library_get_kernel(from_file, "memrec_file_kernel")
+    drv.kernel_get_function(third)
+    modules = [drv.module_load("cuModuleLoad", ctx.lib)]
+    modules += [drv.module_load(api, image) for api in ("cuModuleLoadData", "cuModuleLoadDataEx", "cuModuleLoadFatBinary")]
+    drv.module_load("cuModuleLoad", "/nonexistent/memrec.cubin", expect=CUDA_ERROR_FILE_NOT_FOUND)
+    for m in modules:
+        drv.module_unload(m)
+    drv.library_unload(from_file)
+
+
+def scenario_pool(drv: Driver, ctx: RunContext) -> None:
+    """Stream-ordered pools as PyTorch's cudaMallocAsync backend and NCCL use them: the default pool
+    told to keep everything (release threshold UINT64_MAX), three blocks, one freed (the pool keeps
+    it), a trim that gives it back; a pool of its own created, used, kept, destroyed."""
+    drv.use_device(0)
+    default = drv.default_mem_pool(0)
+    drv.pool_set_attribute(default, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, 2**64 - 1)
+    drv.pool_set_attribute(default, CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES, 1)
+    blocks = [drv.alloc_async("cuMemAllocAsync", 64 * MiB, STREAM) for _ in range(3)]
+    drv.free_async("cuMemFreeAsync", blocks[1], STREAM)
+    drv.pool_trim(default, 0)
+    own = drv.pool_create(0, 1 << 30)
+    p = drv.alloc_from_pool("cuMemAllocFromPoolAsync", 32 * MiB, own, STREAM)
+    drv.free_async("cuMemFreeAsync", p, STREAM)  # threshold 0: given back at once
+    drv.pool_set_attribute(own, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, 16 * MiB)
+    p = drv.alloc_from_pool("cuMemAllocFromPoolAsync", 32 * MiB, own, STREAM)
+    drv.free_async("cuMemFreeAsync", p, STREAM)  # kept: 16 MiB of it
+    drv.pool_destroy(own)
+    for b in (blocks[0], blocks[2]):
+        drv.free_async("cuMemFreeAsync", b, STREAM)
+    drv.pool_trim(default, 0)
+
+
 SCENARIOS: dict[str, Callable[[Driver, RunContext], None]] = {
     "basic": scenario_basic,
     "vmm": scenario_vmm,
     "ipc": scenario_ipc,
     "multi": scenario_multi,
     "leak": scenario_leak,
+    "code": scenario_code,
+    "pool": scenario_pool,
 }
-DEMO = ("basic", "vmm", "ipc", "multi", "leak")
+DEMO = ("basic", "vmm", "ipc", "multi", "leak", "code", "pool")
 INTERNAL: dict[str, Callable[[Driver, RunContext], None]] = {
     "_ipc_import": scenario_ipc_import,
     "_visible_child": scenario_visible_child,
