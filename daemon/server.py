@@ -52,6 +52,7 @@ from memrec.daemon.fanout import Fanout
 from memrec.daemon.markers import MarkerServer
 from memrec.daemon.sockets import BoundSocket
 from memrec.daemon.sockets import bind_unix_socket
+from memrec.daemon.untraced import UntracedReadings
 from memrec.events import GpuInfo
 from memrec.events import Kind
 from memrec.events import Marker
@@ -209,6 +210,7 @@ class Daemon:
         self.markers: MarkerServer | None = None
         self.fanout: Fanout | None = None
         self.sampler: Any = None
+        self.readings: UntracedReadings | None = None
 
         self._signals: list[int] = []
         self._signal_counts: dict[int, int] = {}
@@ -270,6 +272,9 @@ class Daemon:
             )
             self._open_writer(self._next_path(), reason="start")
             self._start_sampler()
+            self.readings = UntracedReadings(
+                self._nvml_module(), [g.index for g in self.gpus], self._write_readings, self.clock
+            )
             self._watch_ring_buffer()
             self._setup_signals()
             self.markers.start()
@@ -445,6 +450,8 @@ class Daemon:
             nxt["poll"] = _advance(nxt["poll"], int(cfg.poll_interval * 1e9), now)
         if self._pending_markers or self._nvml_queue:
             self._write_pending()
+        if self.readings is not None:
+            self.readings.tick(now)
         if now >= nxt["keyframe"]:
             self._write_keyframe()
             nxt["keyframe"] = _advance(nxt["keyframe"], int(cfg.keyframe_interval * 1e9), now)
@@ -529,6 +536,8 @@ class Daemon:
         assert self.writer is not None
         self.writer.write_events(events)
         self.events_recorded += len(events)
+        if self.readings is not None:
+            self.readings.after_batch(events)
         for pid in events["pid"][events["kind"] == int(Kind.PROC_EXIT)].tolist():
             self._procs.pop(pid, None)  # a later process with this pid is a new one
             self._map_checked.discard(pid)
@@ -663,6 +672,11 @@ class Daemon:
                 writer.write_nvml(device_rows)
             if len(process_rows):
                 writer.write_procmem(process_rows)
+
+    def _write_readings(self, rows: np.ndarray) -> None:
+        """NVML readings around context binds and code loads (daemon/untraced.py)."""
+        if self.writer is not None and not self.writer.closed:
+            self.writer.write_procmem(rows)
 
     def _read_last_markers(self) -> None:
         """At shutdown: serve the marker clients once more, so markers already sent are kept."""

@@ -33,6 +33,7 @@ from memrec.analysis.timeline import OWNED
 from memrec.analysis.timeline import GpuSeries
 from memrec.analysis.timeline import Timeline
 from memrec.analysis.timeline import build_timeline
+from memrec.analysis.untraced import SPLIT
 from memrec.events import CATEGORIES
 from memrec.events import CU_RESULT_NAMES
 from memrec.events import Api
@@ -100,7 +101,7 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
     phases = build_phases(trace.markers, end)
     usage = attribute(phases, tl.journal) if trace.markers else []
     procs = _processes(trace, tl, exits)
-    rec = reconcile(trace, tl)
+    rec = reconcile(trace, tl, phases)
 
     gpu_ids = set(tl.gpus) | {g for g, _ in failed_gpu.values()}
     gpu_ids |= {gi.index for gi in trace.gpus}
@@ -457,8 +458,10 @@ def _reconciliation(rec: Reconciliation, g: int, pid: int | None, start: int) ->
     if g < 0 or g not in rec.gpus():
         return None
     out = rec.gpu_summary(g, pid)
-    for row in out["processes"] + ([out["device"]] if out["device"] else []):
-        for key in ("last_ts", "untraced_max_ts", "exit_ts"):
+    rows = out["processes"] + ([out["device"]] if out["device"] else []) + out["contexts"]
+    rows += [st for p in out["processes"] for st in p.get("steps", [])]
+    for row in rows:
+        for key in ("last_ts", "untraced_max_ts", "exit_ts", "ts", "cause_ts"):
             if key in row:
                 row[key[:-2] + "t_s"] = _sec(row[key] - start) if row[key] is not None else None
     return out
@@ -820,7 +823,7 @@ def _render_gpu(sec: dict, procs: dict) -> list[str]:
 
 def _render_reconciliation(rc: dict, procs: dict) -> list[str]:
     """The "NVML vs traced" table: each process NVML listed, then the whole GPU."""
-    out = ["  NVML vs traced (at each NVML sample; untraced = NVML - traced: context, modules, rounding, pools)"]
+    out = ["  NVML vs traced (at each NVML sample; untraced = NVML - traced, split below)"]
     rows = []
     for r in rc["processes"]:
         notes = []
@@ -862,6 +865,42 @@ def _render_reconciliation(rc: dict, procs: dict) -> list[str]:
             + ", ".join(f"pid {p}" for p in rc["unsampled_pids"])
             + " (gone between samples, or another PID namespace)"
         )
+    out.extend(_render_split(rc, procs))
+    return out
+
+
+def _render_split(rc: dict, procs: dict) -> list[str]:
+    """The untraced band split (memrec.analysis.untraced), the contexts, and the split per phase."""
+    rows = []
+    for r in rc["processes"]:
+        sp = r.get("split")
+        if sp:
+            rows.append([str(r["pid"]), procs.get(r["pid"], {}).get("rank", ""), human(r["untraced_last"]),
+                         *(human(sp[k]) for k in SPLIT)])
+    d = rc["device"]
+    if d is not None and d.get("split"):
+        rows.append(["GPU", "", "", *(human(d["split"][k]) for k in SPLIT)])
+    out: list[str] = []
+    if rows:
+        out.append("  Untraced, split (at the last sample; unexplained = untraced - the rest; GPU = its processes)")
+        out.extend(table(["PID", "RANK", "UNTRACED", "CONTEXT", "MODULE CODE", "POOLS", "BEFORE REC.", "UNEXPLAINED"],
+                         rows, right={0, 2, 3, 4, 5, 6, 7}))
+    ctx_rows = []
+    for c in rc["contexts"]:
+        note = f"foreign: pid {c['pid']} owns nothing on this GPU" if c["foreign"] else ""
+        ctx_rows.append([_t(c.get("t_s")), str(c["pid"]), c["api"], c["phase"], human(c["cost"]), note])
+    if ctx_rows:
+        out.append("  Contexts (cost: NVML steps over the bind and the first kernel in it)")
+        out.extend(table(["TIME", "PID", "API", "PHASE", "COST", ""], ctx_rows, right={0, 1, 4}))
+    phase_rows = []
+    for r in rc["processes"]:
+        for ph in r.get("split_by_phase", []):
+            if any(ph[k] for k in SPLIT if k != "before_recording"):
+                phase_rows.append([str(r["pid"]), ph["phase"], *(human(ph[k]) for k in SPLIT if k != "before_recording")])
+    if phase_rows:
+        out.append("  Untraced steps per phase")
+        out.extend(table(["PID", "PHASE", "CONTEXT", "MODULE CODE", "POOLS", "UNEXPLAINED"], phase_rows,
+                         right={0, 2, 3, 4, 5}))
     return out
 
 

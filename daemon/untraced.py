@@ -1,0 +1,130 @@
+"""NVML per-process readings at the moments that explain the untraced band.
+
+Why this exists: NVML's per-process ``used`` minus what the probes traced is the "untraced" band
+(contexts, device code, pool reserves). Its steps can only be told apart if NVML is read on both
+sides of each one; the sampler's 1 Hz would put a context, NCCL's kernels and a pool trim into one
+step. So the daemon reads NVML for the GPUs concerned:
+
+- right before a context is bound (``CTX_BEGIN``, submitted at the entry of the retain/create
+  with a forced wakeup: the call takes ~100 ms on an H200, the reader wakes within a few) and right
+  after (``CTX``): the difference is the context's cost;
+- after a batch that loaded device code or changed a pool (``CODE_LOAD``, ``KERNEL_LOAD``,
+  ``CODE_UNLOAD``, ``POOL*``), at most once per ``min_interval`` per GPU (PyTorch under
+  ``CUDA_MODULE_LOADING=EAGER`` loads thousands of libraries at start-up);
+- once more ``settle`` after any of those (a lazily loaded kernel reaches the device at its first
+  launch, just after the fetch that the probes saw).
+
+The readings are ordinary ``procmem`` rows in the trace; :mod:`memrec.analysis.untraced` does the
+attribution.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+from typing import Callable
+
+import numpy as np
+
+from memrec.events import Kind
+
+log = logging.getLogger(__name__)
+
+#: Kinds after which NVML is read (a bind: always; the others: rate-limited).
+_BIND = (int(Kind.CTX_BEGIN), int(Kind.CTX))
+_STEPS = tuple(int(k) for k in (Kind.CODE_LOAD, Kind.CODE_UNLOAD, Kind.KERNEL_LOAD, Kind.POOL,
+                                Kind.POOL_DESTROY, Kind.POOL_TRIM, Kind.POOL_ATTR))
+#: CTX events with this aux are cuCtxGetDevice, not a bind.
+_CTX_GET_DEVICE = 2
+
+
+class UntracedReadings:
+    """Reads NVML per-process memory around context binds, code loads and pool changes.
+
+    Args:
+        nvml: the daemon's NVML module (``process_memory(indices, now)``); readings are off when it
+            has none or NVML is unavailable.
+        gpus: the NVML indices of the host's GPUs (an event whose GPU is unknown reads them all).
+        write: receives the rows (the trace writer's ``write_procmem``).
+        clock: CLOCK_MONOTONIC ns, the trace's clock.
+        min_interval: seconds between two rate-limited readings of one GPU.
+        settle: seconds after a step when NVML is read once more.
+    """
+
+    def __init__(
+        self,
+        nvml: Any,
+        gpus: list[int],
+        write: Callable[[np.ndarray], None],
+        clock: Callable[[], int],
+        min_interval: float = 0.02,
+        settle: float = 0.25,
+    ) -> None:
+        self._query = getattr(nvml, "process_memory", None)
+        self._unavailable = getattr(nvml, "NvmlUnavailable", ())
+        self.gpus = list(gpus)
+        self.write = write
+        self.clock = clock
+        self.min_interval = int(min_interval * 1e9)
+        self.settle = int(settle * 1e9)
+        self._last: dict[int, int] = {}
+        self._due: dict[int, int] = {}  # GPU -> when to read once more
+        self.readings = 0  # NVML calls made (stats and tests)
+
+    @property
+    def enabled(self) -> bool:
+        return self._query is not None and bool(self.gpus)
+
+    def after_batch(self, events: np.ndarray) -> None:
+        """Read NVML for the GPUs a batch of stamped events bound a context on or loaded code into."""
+        if not self.enabled or not len(events):
+            return
+        kinds = events["kind"]
+        bind = np.isin(kinds, _BIND) & ~((kinds == int(Kind.CTX)) & (events["aux"] == _CTX_GET_DEVICE))
+        step = np.isin(kinds, _STEPS) & (events["result"] == 0)
+        if not (bind.any() or step.any()):
+            return
+        now = self.clock()
+        forced = self._gpus_of(events["gpu"][bind])
+        wanted = self._gpus_of(events["gpu"][step]) - forced
+        wanted = {g for g in wanted if now - self._last.get(g, -self.min_interval) >= self.min_interval}
+        for g in forced | self._gpus_of(events["gpu"][step]):
+            self._due[g] = now + self.settle
+        self._read(forced | wanted, now)
+
+    def tick(self, now: int) -> None:
+        """Take the follow-up readings that are due (the daemon's loop calls this)."""
+        if not self._due:
+            return
+        due = {g for g, t in self._due.items() if now >= t}
+        for g in due:
+            del self._due[g]
+        if due:
+            self._read(due, now)
+
+    def next_due(self) -> int | None:
+        """When :meth:`tick` has work next (None: nothing scheduled)."""
+        return min(self._due.values()) if self._due else None
+
+    def _gpus_of(self, gpus: np.ndarray) -> set[int]:
+        if not len(gpus):
+            return set()
+        found = {int(g) for g in np.unique(gpus).tolist()}
+        if -1 in found:  # not resolved (a library loaded before any context): every GPU
+            return set(self.gpus)
+        return found & set(self.gpus)
+
+    def _read(self, gpus: set[int], now: int) -> None:
+        if not gpus:
+            return
+        try:
+            rows = self._query(sorted(gpus), now)
+        except self._unavailable as error:
+            log.info("NVML unavailable (%s): no readings around contexts and code loads", error)
+            self._query = None
+            return
+        self.readings += 1
+        for g in gpus:
+            self._last[g] = now
+        if len(rows):
+            self.write(rows)
