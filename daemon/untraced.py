@@ -9,8 +9,9 @@ step. So the daemon reads NVML for the GPUs concerned:
   with a forced wakeup: the call takes ~100 ms on an H200, the reader wakes within a few) and right
   after (``CTX``): the difference is the context's cost;
 - after a batch that loaded device code or changed a pool (``CODE_LOAD``, ``KERNEL_LOAD``,
-  ``CODE_UNLOAD``, ``POOL*``), at most once per ``min_interval`` per GPU (PyTorch under
-  ``CUDA_MODULE_LOADING=EAGER`` loads thousands of libraries at start-up);
+  ``CODE_UNLOAD``, ``POOL*``, stream-ordered allocations and frees), at most once per
+  ``min_interval`` per GPU (PyTorch under ``CUDA_MODULE_LOADING=EAGER`` loads thousands of
+  libraries at start-up; its ``cudaMallocAsync`` backend allocates every tensor asynchronously);
 - once more ``settle`` after any of those (a lazily loaded kernel reaches the device at its first
   launch, just after the fetch that the probes saw).
 
@@ -26,6 +27,7 @@ from typing import Callable
 
 import numpy as np
 
+from memrec.events import STREAM_ORDERED_APIS
 from memrec.events import Kind
 
 log = logging.getLogger(__name__)
@@ -34,6 +36,7 @@ log = logging.getLogger(__name__)
 _BIND = (int(Kind.CTX_BEGIN), int(Kind.CTX))
 _STEPS = tuple(int(k) for k in (Kind.CODE_LOAD, Kind.CODE_UNLOAD, Kind.KERNEL_LOAD, Kind.POOL,
                                 Kind.POOL_DESTROY, Kind.POOL_TRIM, Kind.POOL_ATTR))
+_STREAM = [int(a) for a in STREAM_ORDERED_APIS]
 #: CTX events with this aux are cuCtxGetDevice, not a bind.
 _CTX_GET_DEVICE = 2
 
@@ -68,7 +71,8 @@ class UntracedReadings:
         self.min_interval = int(min_interval * 1e9)
         self.settle = int(settle * 1e9)
         self._last: dict[int, int] = {}
-        self._due: dict[int, int] = {}  # GPU -> when to read once more
+        self._deferred: dict[int, int] = {}  # GPU -> when a rate-limited reading is taken
+        self._settle: dict[int, int] = {}  # GPU -> when to read once more after a step
         self.readings = 0  # NVML calls made (stats and tests)
 
     @property
@@ -81,30 +85,31 @@ class UntracedReadings:
             return
         kinds = events["kind"]
         bind = np.isin(kinds, _BIND) & ~((kinds == int(Kind.CTX)) & (events["aux"] == _CTX_GET_DEVICE))
-        step = np.isin(kinds, _STEPS) & (events["result"] == 0)
+        step = (np.isin(kinds, _STEPS) | np.isin(events["api"], _STREAM)) & (events["result"] == 0)
         if not (bind.any() or step.any()):
             return
         now = self.clock()
         forced = self._gpus_of(events["gpu"][bind])
-        wanted = self._gpus_of(events["gpu"][step]) - forced
-        wanted = {g for g in wanted if now - self._last.get(g, -self.min_interval) >= self.min_interval}
-        for g in forced | self._gpus_of(events["gpu"][step]):
-            self._due[g] = now + self.settle
-        self._read(forced | wanted, now)
+        stepped = self._gpus_of(events["gpu"][step])
+        wanted = set(forced)
+        for g in stepped - forced:
+            ready = self._last.get(g, now - self.min_interval) + self.min_interval
+            if now >= ready:
+                wanted.add(g)
+            else:  # too soon after the last one: taken at the end of the interval, never skipped
+                self._deferred.setdefault(g, ready)
+        for g in forced | stepped:
+            self._settle[g] = now + self.settle
+        self._read(wanted, now)
 
     def tick(self, now: int) -> None:
-        """Take the follow-up readings that are due (the daemon's loop calls this)."""
-        if not self._due:
-            return
-        due = {g for g, t in self._due.items() if now >= t}
-        for g in due:
-            del self._due[g]
-        if due:
-            self._read(due, now)
-
-    def next_due(self) -> int | None:
-        """When :meth:`tick` has work next (None: nothing scheduled)."""
-        return min(self._due.values()) if self._due else None
+        """Take the deferred and follow-up readings that are due (the daemon's loop calls this)."""
+        due: set[int] = set()
+        for table in (self._deferred, self._settle):
+            for g in [g for g, t in table.items() if now >= t]:
+                del table[g]
+                due.add(g)
+        self._read(due, now)
 
     def _gpus_of(self, gpus: np.ndarray) -> set[int]:
         if not len(gpus):
@@ -126,5 +131,6 @@ class UntracedReadings:
         self.readings += 1
         for g in gpus:
             self._last[g] = now
+            self._deferred.pop(g, None)
         if len(rows):
             self.write(rows)

@@ -192,6 +192,16 @@ UNTRACED_APIS = (
     Api.cuDeviceGetDefaultMemPool,
 )
 
+#: Stream-ordered allocations and frees: they take from and give back to a pool.
+STREAM_ORDERED_APIS = (
+    Api.cuMemAllocAsync,
+    Api.cuMemAllocAsync_ptsz,
+    Api.cuMemAllocFromPoolAsync,
+    Api.cuMemAllocFromPoolAsync_ptsz,
+    Api.cuMemFreeAsync,
+    Api.cuMemFreeAsync_ptsz,
+)
+
 #: CU_MEMPOOL_ATTR_RELEASE_THRESHOLD (cuda.h): bytes a pool keeps before releasing at a sync.
 MEMPOOL_ATTR_RELEASE_THRESHOLD = 4
 

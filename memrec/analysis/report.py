@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from memrec.analysis.phases import NO_PHASE
 from memrec.analysis.phases import Phases
 from memrec.analysis.phases import attribute
 from memrec.analysis.phases import build_phases
@@ -879,7 +880,7 @@ def _render_split(rc: dict, procs: dict) -> list[str]:
                          *(human(sp[k]) for k in SPLIT)])
     d = rc["device"]
     if d is not None and d.get("split"):
-        rows.append(["GPU", "", "", *(human(d["split"][k]) for k in SPLIT)])
+        rows.append(["GPU", "", human(sum(d["split"].values())), *(human(d["split"][k]) for k in SPLIT)])
     out: list[str] = []
     if rows:
         out.append("  Untraced, split (at the last sample; unexplained = untraced - the rest; GPU = its processes)")
@@ -894,7 +895,10 @@ def _render_split(rc: dict, procs: dict) -> list[str]:
         out.extend(table(["TIME", "PID", "API", "PHASE", "COST", ""], ctx_rows, right={0, 1, 4}))
     phase_rows = []
     for r in rc["processes"]:
-        for ph in r.get("split_by_phase", []):
+        phased = r.get("split_by_phase", [])
+        if all(ph["phase"] == NO_PHASE for ph in phased):
+            continue  # no markers: the split above says it all
+        for ph in phased:
             if any(ph[k] for k in SPLIT if k != "before_recording"):
                 phase_rows.append([str(r["pid"]), ph["phase"], *(human(ph[k]) for k in SPLIT if k != "before_recording")])
     if phase_rows:

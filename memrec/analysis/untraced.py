@@ -44,6 +44,7 @@ from dataclasses import field
 import numpy as np
 
 from memrec.events import MEMPOOL_ATTR_RELEASE_THRESHOLD
+from memrec.events import STREAM_ORDERED_APIS
 from memrec.events import Api
 from memrec.events import Kind
 
@@ -56,8 +57,7 @@ _CONTEXT, _MODULE, _POOL = 3, 2, 1  # attribution strength
 _CATEGORY = {_CONTEXT: "context", _MODULE: "module_code", _POOL: "pools"}
 _BIND_AUX = (0, 1)  # CTX aux: retain, create (2 is cuCtxGetDevice)
 _ASYNC_ALLOC = {int(a) for a in (Api.cuMemAllocAsync, Api.cuMemAllocAsync_ptsz)}
-_POOL_ALLOC = {int(a) for a in (Api.cuMemAllocFromPoolAsync, Api.cuMemAllocFromPoolAsync_ptsz)}
-_ASYNC_FREE = {int(a) for a in (Api.cuMemFreeAsync, Api.cuMemFreeAsync_ptsz)}
+_STREAM = [int(a) for a in STREAM_ORDERED_APIS]
 _K = {k: int(k) for k in Kind}
 
 
@@ -117,9 +117,7 @@ class Explainers:
         ctx_bind = (kinds == _K[Kind.CTX]) & np.isin(events["aux"], _BIND_AUX)
         code = np.isin(kinds, [_K[Kind.CODE_LOAD], _K[Kind.CODE_UNLOAD], _K[Kind.KERNEL_LOAD]])
         pool = np.isin(kinds, [_K[Kind.POOL], _K[Kind.POOL_DESTROY], _K[Kind.POOL_TRIM], _K[Kind.POOL_ATTR]])
-        stream = np.isin(kinds, [_K[Kind.ALLOC], _K[Kind.FREE]]) & np.isin(
-            events["api"], list(_ASYNC_ALLOC | _POOL_ALLOC | _ASYNC_FREE)
-        )
+        stream = np.isin(kinds, [_K[Kind.ALLOC], _K[Kind.FREE]]) & np.isin(events["api"], _STREAM)
         sel = np.nonzero(ok & (ctx_bind | code | pool | stream))[0]
         ev = events[sel]
         strength = np.where(ctx_bind[sel], _CONTEXT, np.where(code[sel], _MODULE, _POOL)).astype(np.int64)
@@ -167,7 +165,7 @@ def pool_held(events: np.ndarray) -> dict[tuple[int, int], tuple[np.ndarray, np.
     apis = events["api"]
     rel = (events["result"] == 0) & (
         np.isin(kinds, [_K[Kind.POOL], _K[Kind.POOL_DESTROY], _K[Kind.POOL_TRIM], _K[Kind.POOL_ATTR], _K[Kind.PROC_EXIT]])
-        | (np.isin(kinds, [_K[Kind.ALLOC], _K[Kind.FREE]]) & np.isin(apis, list(_ASYNC_ALLOC | _POOL_ALLOC | _ASYNC_FREE)))
+        | (np.isin(kinds, [_K[Kind.ALLOC], _K[Kind.FREE]]) & np.isin(apis, _STREAM))
     )
     ev = events[rel]
     pools: dict[tuple[int, object], list] = {}  # (pid, key) -> [gpu, held, threshold]

@@ -27,6 +27,9 @@
  *  - With MEMREC_STUB_NVML_DIR set, the stub writes what NVML would say this process uses on each
  *    physical device to MEMREC_STUB_NVML_DIR/<pid> ("<device> <bytes>" lines, rewritten on every
  *    change): contexts + device code + allocations + pool-held bytes. Tests stand it in for NVML.
+ *  - MEMREC_STUB_PACE_US: context binds, code loads, kernel fetches, pool calls and stream-ordered
+ *    allocations sleep this long before they act, as the real driver takes its time (a primary
+ *    retain took ~100 ms on an H200): a recorder reading NVML after each call sees one step each.
  *
  * Build: cc -O1 -g -fPIC -shared -Wl,-soname,libcuda.so.1 -o libcuda.so.1 cuda_stub.c -lpthread
  */
@@ -249,6 +252,7 @@ static unsigned long long g_first_kernel_bytes = 90ULL << 20;
 static unsigned long long g_kernel_bytes = 2ULL << 20;
 static unsigned long long g_module_bytes = 4ULL << 20;
 static const char *g_nvml_dir;
+static unsigned long long g_pace_us;
 
 #define CTX_STACK_MAX 16
 static __thread CUcontext t_stack[CTX_STACK_MAX];
@@ -316,6 +320,12 @@ static CUdeviceptr charge(int physical, unsigned long long size) {
     g_bump[physical] += rounded;
     g_used[physical] += size;
     return p;
+}
+
+/* Take the driver's time before acting (MEMREC_STUB_PACE_US; never with the lock held). */
+static void pace(void) {
+    if (g_pace_us)
+        usleep((useconds_t)g_pace_us);
 }
 
 /* What NVML would list for this process, per physical device (MEMREC_STUB_NVML_DIR; lock held). */
@@ -544,6 +554,7 @@ CUAPI CUresult cuInit(unsigned int Flags) {
         g_first_kernel_bytes = env_u64("MEMREC_STUB_FIRST_KERNEL_BYTES", g_first_kernel_bytes);
         g_kernel_bytes = env_u64("MEMREC_STUB_KERNEL_BYTES", g_kernel_bytes);
         g_module_bytes = env_u64("MEMREC_STUB_MODULE_BYTES", g_module_bytes);
+        g_pace_us = env_u64("MEMREC_STUB_PACE_US", 0);
         g_nvml_dir = getenv("MEMREC_STUB_NVML_DIR");
         if (g_nvml_dir && !*g_nvml_dir)
             g_nvml_dir = NULL;
@@ -624,6 +635,7 @@ CUAPI int memrec_stub_physical_device(int ordinal) {
 /* ---- contexts ---------------------------------------------------------------------------------- */
 
 CUAPI CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
+    pace();
     if (!g_initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (!pctx)
@@ -655,6 +667,7 @@ CUAPI CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
 }
 
 static CUresult create_ctx(CUcontext *pctx, CUdevice dev) {
+    pace();
     if (!g_initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (!pctx)
@@ -806,6 +819,7 @@ CUAPI CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned in
 
 /* From the current device's default pool. */
 static CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize) {
+    pace();
     CUcontext c = current_ctx();
     int pool = -1;
     if (g_initialized && valid_ctx(c)) {
@@ -818,6 +832,7 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize) {
 
 /* From `pool`; a value that is no pool of the stub's (the workload's fake ones) is no pool at all. */
 static CUresult alloc_from_pool(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool) {
+    pace();
     if (!pool)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_lock);
@@ -851,11 +866,13 @@ CUAPI CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, 
 CUAPI CUresult cuMemFree_v2(CUdeviceptr dptr) { return device_free(dptr); }
 
 CUAPI CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
+    pace();
     (void)hStream;
     return device_free_to(dptr, 1);
 }
 
 CUAPI CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
+    pace();
     (void)hStream;
     return device_free_to(dptr, 1);
 }
@@ -863,6 +880,7 @@ CUAPI CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
 /* ---- stream-ordered pools ----------------------------------------------------------------------- */
 
 CUAPI CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev) {
+    pace();
     if (!g_initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (!pool_out)
@@ -879,6 +897,7 @@ CUAPI CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev) {
 }
 
 CUAPI CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps) {
+    pace();
     if (!g_initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (!pool || !poolProps || poolProps->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
@@ -896,6 +915,7 @@ CUAPI CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolPro
 }
 
 CUAPI CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+    pace();
     if (!g_initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
     CUresult rc = CUDA_ERROR_INVALID_VALUE;
@@ -918,6 +938,7 @@ CUAPI CUresult cuMemPoolDestroy(CUmemoryPool pool) {
 }
 
 CUAPI CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
+    pace();
     if (!g_initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
     CUresult rc = CUDA_ERROR_INVALID_VALUE;
@@ -934,6 +955,7 @@ CUAPI CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
 }
 
 CUAPI CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
+    pace();
     if (!g_initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (!value || attr < 1 || attr > 8)
@@ -965,6 +987,7 @@ static int find_code(unsigned long long id) {
 /* A library (no context needed, nothing on the device until a kernel is fetched) or a module
  * (loaded into the current context at once). */
 static CUresult code_load(unsigned long long *out, const void *image, const char *file, int is_module) {
+    pace();
     if (!g_initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (!out || (!image && !file))
@@ -995,6 +1018,7 @@ static CUresult code_load(unsigned long long *out, const void *image, const char
 }
 
 static CUresult code_unload(unsigned long long id, int is_module) {
+    pace();
     if (!g_initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
     CUresult rc = CUDA_ERROR_INVALID_HANDLE;
@@ -1080,6 +1104,7 @@ static void kernel_into_context(unsigned long long kernel, unsigned long long co
 
 /* A kernel handle encodes its library's slot and the name's hash, so fetching twice gives one handle. */
 CUAPI CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name) {
+    pace();
     if (!g_initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (!pKernel || !name || !*name)
@@ -1102,6 +1127,7 @@ CUAPI CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const ch
 }
 
 CUAPI CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel) {
+    pace();
     if (!g_initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (!pFunc || !kernel)

@@ -765,6 +765,17 @@ def scenario_pool(drv: Driver, ctx: RunContext) -> None:
     drv.pool_trim(default, 0)
 
 
+def scenario_foreign(drv: Driver, ctx: RunContext) -> None:
+    """A context on device 1 where the process allocates nothing (what careless tooling and IPC
+    do: a "foreign context"), beside its work on device 0."""
+    drv.use_device(0)
+    p = drv.alloc(8 * MiB)
+    c1 = drv.primary_ctx_retain(1)
+    drv.ctx_push(c1)
+    drv.ctx_pop()
+    drv.free(p)
+
+
 SCENARIOS: dict[str, Callable[[Driver, RunContext], None]] = {
     "basic": scenario_basic,
     "vmm": scenario_vmm,
@@ -773,8 +784,9 @@ SCENARIOS: dict[str, Callable[[Driver, RunContext], None]] = {
     "leak": scenario_leak,
     "code": scenario_code,
     "pool": scenario_pool,
+    "foreign": scenario_foreign,
 }
-DEMO = ("basic", "vmm", "ipc", "multi", "leak", "code", "pool")
+DEMO = ("basic", "vmm", "ipc", "multi", "leak", "code", "pool", "foreign")
 INTERNAL: dict[str, Callable[[Driver, RunContext], None]] = {
     "_ipc_import": scenario_ipc_import,
     "_visible_child": scenario_visible_child,
@@ -819,6 +831,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--lib", help="the stub libcuda.so.1 (default: $MEMREC_STUB_LIB, else build it)")
     parser.add_argument("--facts", action="store_true", help="print the calls made as JSON on stdout")
     parser.add_argument("--wait", action="store_true", help="read one line from stdin before starting")
+    parser.add_argument("--hold", action="store_true",
+                        help="after the scenarios, print 'ready' and read one line from stdin before exiting")
     parser.add_argument("-v", "--verbose", action="store_true", help="log every driver call on stderr")
     args = parser.parse_args(argv)
     known = set(SCENARIOS) | set(INTERNAL) | {"demo"}
@@ -866,6 +880,9 @@ def main(argv: list[str] | None = None) -> int:
     except (WorkloadError, subprocess.SubprocessError, json.JSONDecodeError) as exc:
         print(f"workload: error: {exc}", file=sys.stderr)
         return 1
+    if args.hold:
+        print("ready", file=sys.stderr, flush=True)
+        sys.stdin.readline()
     if args.facts:
         json.dump({"pid": os.getpid(), "scenarios": names, "lib": lib, "calls": facts.calls, "processes": facts.processes}, sys.stdout)
         sys.stdout.write("\n")
