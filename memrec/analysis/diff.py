@@ -17,7 +17,9 @@ The dict holds:
 - ``phases``: per phase × rank × GPU × category, the net bytes in each run and the delta
   (memory freed implicitly when a process exited is left out: it belongs to no phase);
 - ``failures``: SGLang errors, KV budgets that came out ``<= 0`` and failed driver calls, each
-  marked as in both runs or in one only.
+  marked as in both runs or in one only;
+- ``untraced``: per rank and GPU, the untraced band's split (context, module code, pools, before
+  recording, unexplained) and the contexts bound in each run (:mod:`memrec.analysis.untraced_diff`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from memrec.analysis.kv_budget import kv_budgets
 from memrec.analysis.phases import Phases
 from memrec.analysis.phases import attribute
 from memrec.analysis.phases import build_phases
+from memrec.analysis.reconcile import reconcile
 from memrec.analysis.sglang_report import MAPPED
 from memrec.analysis.sglang_report import NO_PHASE_LABEL
 from memrec.analysis.sglang_report import KvWindow
@@ -47,6 +50,9 @@ from memrec.analysis.text import table
 from memrec.analysis.timeline import OWNED
 from memrec.analysis.timeline import Journal
 from memrec.analysis.timeline import build_timeline
+from memrec.analysis.untraced_diff import render_untraced
+from memrec.analysis.untraced_diff import split_by_rank
+from memrec.analysis.untraced_diff import untraced_rows
 from memrec.events import CATEGORIES
 from memrec.events import CU_RESULT_NAMES
 from memrec.events import Api
@@ -79,6 +85,7 @@ class Run:
     budgets: list[KvBudget]
     windows: dict[int, KvWindow]
     events: np.ndarray
+    untraced: dict  # (rank, gpu) -> the untraced band's split
 
 
 def _initial_state(trace: Any) -> LiveState | None:
@@ -139,7 +146,8 @@ def analyze(trace: Any, name: str) -> Run:
     budgets = [_norm_budget(b) for b in kv_budgets(trace.markers)]
     labels = {p: format_rank(_as_dict(k)) for p, k in rank_of.items() if k}
     windows = kv_windows(trace.markers, phases, j, budgets, labels, skip=exit_rows)
-    return Run(name, start, phases, j, exit_rows, rank_of, budgets, windows, trace.events)
+    untraced = split_by_rank(reconcile(trace, tl, phases), rank_of)
+    return Run(name, start, phases, j, exit_rows, rank_of, budgets, windows, trace.events, untraced)
 
 
 def _as_dict(key: RankKey) -> dict[str, int]:
@@ -505,6 +513,7 @@ def diff_traces(a_trace: Any, b_trace: Any, a_name: str = "A", b_name: str = "B"
         "windows": {"between": _window_diff(a, b, "between", dims), "before": _window_diff(a, b, "before", dims)},
         "phases": _phase_rows(a, b, dims),
         "failures": failures,
+        "untraced": untraced_rows(a.untraced, b.untraced, lambda key: _rank_label(key, dims)),
     }
     verdict = _verdict(d, a, b)
     return {"memrec_diff": d["memrec_diff"], "a": d["a"], "b": d["b"], "verdict": verdict,
@@ -584,6 +593,8 @@ def render_diff(d: dict) -> str:
             for r in d["phases"]
         ]
         out.extend(table(["PHASE", "RANK", "GPU", "CATEGORY", "A", "B", "Δ"], rows, right={2, 4, 5, 6}, indent="  "))
+
+    out.extend(render_untraced(d.get("untraced", []), _h, _hd))
 
     out.append("")
     if d["failures"]:
