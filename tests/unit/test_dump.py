@@ -121,7 +121,7 @@ def test_an_input_that_cannot_be_opened_is_no_input(main, capsys, tmp_path, make
     "data,message",
     [
         (b"not a trace at all", "not a memrec trace"),
-        (fmt.encode_record({**fmt.finalize_header({"anchor": {}}), "version": 9}), "version 9.0 is newer"),
+        (fmt.encode_record({**fmt.finalize_header({"anchor": {}}), "version": 9}), f"version 9.{fmt.FORMAT_MINOR} is newer"),
     ],
     ids=["bad-magic", "newer-version"],
 )
