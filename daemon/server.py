@@ -53,6 +53,7 @@ from memrec.daemon.markers import MarkerServer
 from memrec.daemon.sockets import BoundSocket
 from memrec.daemon.sockets import bind_unix_socket
 from memrec.daemon.untraced import UntracedReadings
+from memrec.daemon.untraced import name_images
 from memrec.events import GpuInfo
 from memrec.events import Kind
 from memrec.events import Marker
@@ -532,6 +533,7 @@ class Daemon:
             info = self._process(pid, int(events["ts"][rows][0]))
             info = self._check_gpu_map(info, events["ordinal"][rows])
             self._stamp(events, rows, info)
+        name_images(events)
         self.state.apply(events)
         assert self.writer is not None
         self.writer.write_events(events)

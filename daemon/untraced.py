@@ -16,19 +16,26 @@ step. So the daemon reads NVML for the GPUs concerned:
   launch, just after the fetch that the probes saw).
 
 The readings are ordinary ``procmem`` rows in the trace; :mod:`memrec.analysis.untraced` does the
-attribution.
+attribution. :func:`name_images` also names the library file an in-memory image came from
+(``cuLibraryLoadData`` is handed a pointer into ``libnccl.so.2``'s or ``libcublasLt.so``'s mapped
+fatbin), so module code can be told per library.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
+import os
 from typing import Any
 from typing import Callable
 
 import numpy as np
 
+from memrec.events import FLAG_NAME
+from memrec.events import IPC_HANDLE_SIZE
 from memrec.events import STREAM_ORDERED_APIS
 from memrec.events import Kind
+from memrec.probes.libs import parse_maps
 
 log = logging.getLogger(__name__)
 
@@ -134,3 +141,39 @@ class UntracedReadings:
             self._deferred.pop(g, None)
         if len(rows):
             self.write(rows)
+
+
+def _read_maps(pid: int) -> str:
+    with open(f"/proc/{pid}/maps") as f:
+        return f.read()
+
+
+def name_images(events: np.ndarray, read_maps: Callable[[int], str] = _read_maps) -> int:
+    """Name, in place, the mapped file each unnamed in-memory code image lies in; return how many.
+
+    Reads ``/proc/PID/maps`` once per process of the batch that loaded code (at start-up, or once
+    per module): the process surely still runs, its events having just been drained. An image in
+    anonymous memory (a JIT's cubin) stays unnamed.
+    """
+    m = ((events["kind"] == int(Kind.CODE_LOAD)) & (events["ptr"] != 0) & (events["result"] == 0)
+         & ((events["flags"] & FLAG_NAME) == 0))
+    if not m.any() or not events.flags.writeable:
+        return 0
+    named = 0
+    rows = np.nonzero(m)[0]
+    for pid in np.unique(events["pid"][rows]).tolist():
+        try:
+            entries = sorted(parse_maps(read_maps(pid)), key=lambda e: e.start)
+        except OSError:
+            continue
+        starts = [e.start for e in entries]
+        for i in rows[events["pid"][rows] == pid].tolist():
+            ptr = int(events["ptr"][i])
+            k = bisect.bisect_right(starts, ptr) - 1
+            if k < 0 or ptr >= entries[k].end:
+                continue
+            name = os.path.basename(entries[k].path).encode()[: IPC_HANDLE_SIZE - 1]
+            events["ipc"][i] = np.void(name.ljust(IPC_HANDLE_SIZE, b"\0"))
+            events["flags"][i] |= FLAG_NAME
+            named += 1
+    return named

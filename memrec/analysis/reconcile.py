@@ -342,10 +342,15 @@ def _process_row(s: ProcessSeries, split: UntracedSplit | None, label: Any) -> d
             cell = by_phase.setdefault(label(st.phase), dict.fromkeys(SPLIT, 0))
             cell[st.category] += st.bytes
         row["split_by_phase"] = [{"phase": name, **cells} for name, cells in by_phase.items()]
+        by_library: dict[str, int] = {}
+        for st in counted:
+            if st.category == "module_code":
+                by_library[st.library or "(unknown)"] = by_library.get(st.library or "(unknown)", 0) + st.bytes
+        row["module_code_by_library"] = dict(sorted(by_library.items(), key=lambda kv: -abs(kv[1])))
         largest = sorted(counted, key=lambda st: -abs(st.bytes))[:MAX_STEPS]
         row["steps"] = [
             {"ts": st.ts, "bytes": st.bytes, "category": st.category, "cause": st.cause, "cause_ts": st.cause_ts,
-             "phase": label(st.phase)}
+             "phase": label(st.phase), "library": st.library}
             for st in sorted(largest, key=lambda st: st.ts)
         ]
     return row

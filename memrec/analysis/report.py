@@ -886,6 +886,10 @@ def _render_split(rc: dict, procs: dict) -> list[str]:
         out.append("  Untraced, split (at the last sample; unexplained = untraced - the rest; GPU = its processes)")
         out.extend(table(["PID", "RANK", "UNTRACED", "CONTEXT", "MODULE CODE", "POOLS", "BEFORE REC.", "UNEXPLAINED"],
                          rows, right={0, 2, 3, 4, 5, 6, 7}))
+        for r in rc["processes"]:
+            libs = {k: v for k, v in r.get("module_code_by_library", {}).items() if v}
+            if libs:
+                out.append(f"    pid {r['pid']} module code: " + "; ".join(f"{k} {human(v)}" for k, v in list(libs.items())[:6]))
     ctx_rows = []
     for c in rc["contexts"]:
         note = f"foreign: pid {c['pid']} owns nothing on this GPU" if c["foreign"] else ""

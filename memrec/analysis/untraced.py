@@ -38,11 +38,13 @@ reading when there is none.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from dataclasses import field
 
 import numpy as np
 
+from memrec.events import FLAG_NAME
 from memrec.events import MEMPOOL_ATTR_RELEASE_THRESHOLD
 from memrec.events import STREAM_ORDERED_APIS
 from memrec.events import Api
@@ -73,6 +75,7 @@ class Step:
     cause_ts: int | None
     phase: int  # phase id (-1: none)
     context: int | None = None  # the context handle, for context steps
+    library: str | None = None  # the library or module file of a code call (None: unknown)
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,7 @@ class Explainers:
             elif k == _K[Kind.KERNEL_LOAD] and (p, g) in pending:
                 strength[i] = _CONTEXT
                 ctx_of[i] = pending.pop((p, g))
+        self.libraries = _library_names(ev)
         self.by_pid: dict[int, tuple[np.ndarray, ...]] = {}
         pids = ev["pid"]
         ctx_arr = np.asarray(ctx_of, dtype=np.uint64)
@@ -144,15 +148,49 @@ class Explainers:
             self.by_pid[p] = (
                 ev["ts"][m].astype(np.int64), ev["gpu"][m].astype(np.int64), strength[m],
                 ev["api"][m].astype(np.int64), ctx_arr[m], ev["kind"][m].astype(np.int64),
+                np.asarray(self.libraries, dtype=object)[m] if len(ev) else np.zeros(0, dtype=object),
             )
 
     def of(self, pid: int, gpu: int) -> tuple[np.ndarray, ...]:
         """This process's explaining calls on ``gpu`` (and those whose GPU is unknown)."""
         cols = self.by_pid.get(pid)
         if cols is None:
-            return tuple(np.zeros(0, np.int64) for _ in range(6))
+            return tuple(np.zeros(0, np.int64) for _ in range(7))
         m = (cols[1] == gpu) | (cols[1] < 0)
         return tuple(c[m] for c in cols)
+
+
+def _name(flags: int, ipc: bytes) -> str | None:
+    if not flags & FLAG_NAME:
+        return None
+    return os.path.basename(ipc.split(b"\0", 1)[0].decode("utf-8", "replace")) or None
+
+
+def _library_names(ev: np.ndarray) -> list[str | None]:
+    """The library (or module) file each explaining call is about, where the trace names it.
+
+    Loads carry the name (the file, or the mapped library an image lay in); a kernel fetch names
+    its library by handle (cuLibraryGetKernel), a function fetch its kernel (cuKernelGetFunction).
+    """
+    names: dict[tuple[int, int], str | None] = {}
+    kernel_lib: dict[tuple[int, int], int] = {}
+    out: list[str | None] = []
+    for kind, api, pid, handle, ptr, flags, ipc in zip(
+        ev["kind"].tolist(), ev["api"].tolist(), ev["pid"].tolist(), ev["handle"].tolist(), ev["ptr"].tolist(),
+        ev["flags"].tolist(), ev["ipc"],
+    ):
+        lib = None
+        if kind == _K[Kind.CODE_LOAD]:
+            lib = names[(pid, handle)] = _name(flags, bytes(ipc)) or ("(in memory)" if ptr else None)
+        elif kind == _K[Kind.CODE_UNLOAD]:
+            lib = names.get((pid, handle))
+        elif api == int(Api.cuLibraryGetKernel):
+            kernel_lib[(pid, handle)] = ptr
+            lib = names.get((pid, ptr))
+        elif api == int(Api.cuKernelGetFunction):
+            lib = names.get((pid, kernel_lib.get((pid, ptr), 0)))
+        out.append(lib)
+    return out
 
 
 def pool_held(events: np.ndarray) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
@@ -247,7 +285,7 @@ def split_process(
         rows = np.searchsorted(pools[0], ts, side="right") - 1
         model = np.where(rows >= 0, pools[1][np.maximum(rows, 0)], 0)
     residual = nvml_used - traced - model
-    e_ts, _e_gpu, e_str, e_api, e_ctx, e_kind = explainers.of(pid, gpu)
+    e_ts, _e_gpu, e_str, e_api, e_ctx, e_kind, e_lib = explainers.of(pid, gpu)
     cum = {name: np.zeros(n, dtype=np.int64) for name in SPLIT}
     totals = dict.fromkeys(SPLIT, 0)
     steps: list[Step] = []
@@ -278,6 +316,7 @@ def split_process(
                 cause=Api(int(e_api[cause_i])).name if cause_i is not None and int(e_api[cause_i]) in Api._value2member_map_ else None,
                 cause_ts=cause_ts, phase=phase_of(pid, cause_ts if cause_ts is not None else int(ts[k])),
                 context=int(e_ctx[cause_i]) if cause_i is not None and category == "context" else None,
+                library=e_lib[cause_i] if cause_i is not None else None,
             ))
     return UntracedSplit(
         gpu=gpu, pid=pid, ts=ts, pools=model + cum["pools"], context=cum["context"], module_code=cum["module_code"],

@@ -463,9 +463,10 @@ class Driver:
     def ipc_close(self, ptr: int) -> None:
         self.call("cuIpcCloseMemHandle", {"dptr": ptr}, None, ptr)
 
-    def library_load_data(self, image: ctypes.Array) -> int:
+    def library_load_data(self, addr: int) -> int:
+        """cuLibraryLoadData of the image at ``addr`` (real programs pass a pointer into a mapped
+        library's fatbin section)."""
         p = ctypes.c_void_p()
-        addr = ctypes.addressof(image)
         _, out = self.call("cuLibraryLoadData", {"code": addr}, lambda: {"library": p.value},
                            ctypes.byref(p), addr, None, None, 0, None, None, 0)
         return out["library"]
@@ -725,7 +726,8 @@ def scenario_code(drv: Driver, ctx: RunContext) -> None:
     first-launch step), a library from a file, every cuModuleLoad* flavour, unloads, and a module
     file that does not exist (CUDA_ERROR_FILE_NOT_FOUND)."""
     image = ctypes.create_string_buffer(IMAGE, len(IMAGE))
-    lib = drv.library_load_data(image)
+    # As PyTorch and NCCL do: the image lies in a mapped library (here the driver's own file).
+    lib = drv.library_load_data(ctypes.cast(drv.lib.cuInit, ctypes.c_void_p).value)
     drv.use_device(0)
     first = drv.library_get_kernel(lib, "memrec_first_kernel")
     drv.kernel_get_function(first)

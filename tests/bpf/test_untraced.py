@@ -114,6 +114,10 @@ def test_code_and_pools_are_split_exactly(recording):
     assert ("context", "cuDevicePrimaryCtxRetain") in causes
     assert ("context", "cuLibraryGetKernel") in causes, "the first kernel in a context is the context's"
     assert {c for cat, c in causes if cat == "module_code"} >= {"cuModuleLoad", "cuModuleUnload", "cuLibraryGetKernel"}
+    # AND module code is told per library: the image handed to cuLibraryLoadData lay in the
+    # driver's mapped file, which the daemon named
+    row = next(r for r in rec.gpu_summary(0)["processes"] if r["pid"] == pid)
+    assert {k: v for k, v in row["module_code_by_library"].items() if v} == {"libcuda.so.1": KERNEL}
     (ctx,) = [c for c in rec.contexts if c.pid == pid]
     assert (ctx.gpu, ctx.cost, ctx.foreign) == (0, CTX + FIRST_KERNEL, False)
 
