@@ -361,6 +361,14 @@ static __always_inline int finish(struct pt_regs *ctx, u32 api) {
 #define P4 PT_REGS_PARM4(ctx)
 #define P5 PT_REGS_PARM5(ctx)
 
+// A CUmemLocation {type, id} at +8 of a CUmemAllocationProp or CUmemPoolProps; unreadable: {0, -1}.
+static __always_inline void read_location(u64 props, s32 *loc) {
+    if (bpf_probe_read_user(loc, 2 * sizeof(s32), (void *)(props + 8)) != 0) {
+        loc[0] = 0;
+        loc[1] = -1;
+    }
+}
+
 // alloc(CUdeviceptr *dptr, size_t bytesize, ...): ptr read at return; handle = stream or pool.
 static __always_inline int alloc_entry(struct pt_regs *ctx, u32 api, u64 handle, u64 aux) {
     struct inflight v = {};
@@ -406,11 +414,8 @@ ENTRY(cuMemCreate) {
     struct inflight v = {};
     v.out = P1;
     v.ev.size = P2;
-    s32 loc[2] = {0, -1};
-    if (bpf_probe_read_user(loc, sizeof(loc), (void *)(P3 + 8)) != 0) {
-        loc[0] = 0; // unreadable prop: type and device unknown
-        loc[1] = -1;
-    }
+    s32 loc[2];
+    read_location(P3, loc);
     v.ev.aux = (u32)loc[0];
     // The device is the one the prop names, not the current context's.
     return begin(&v, API_cuMemCreate, KIND_VMM_CREATE, OUT_HANDLE, loc[1]);
@@ -613,57 +618,46 @@ ENTRY(cuCtxGetCurrent) { return ctx_track_entry(API_cuCtxGetCurrent, OUT_CTX_GET
 // Loads run at start-up or once per module (cuLibraryLoad*, cuModuleLoad*) and once per kernel under
 // lazy loading (cuLibraryGetKernel, cuKernelGetFunction); never on the launch path.
 
-// A load: *out -> handle at return; ptr = the image in memory, or a file name read into ipc.
-static __always_inline int code_load_entry(struct pt_regs *ctx, u32 api, u64 image, u64 name) {
+// A load or fetch: *out -> handle at return; ptr = the image in memory (loads) or the library /
+// kernel a fetch names; a file or kernel name, when there is one, read into ipc (cut at 63 bytes).
+static __always_inline int load_entry(struct pt_regs *ctx, u32 api, u16 kind, u64 ptr, u64 name) {
     struct inflight v = {};
     v.out = P1;
-    v.ev.ptr = image;
+    v.ev.ptr = ptr;
     if (name && bpf_probe_read_user_str(v.ev.ipc, IPC_BYTES, (void *)name) > 0)
         v.ev.flags |= FLAG_NAME;
-    return begin(&v, api, KIND_CODE_LOAD, OUT_HANDLE, ORD_CURRENT);
+    return begin(&v, api, kind, OUT_HANDLE, ORD_CURRENT);
 }
 
 // cuLibraryLoadData(CUlibrary *library, const void *code, ...jit and library options)
-ENTRY(cuLibraryLoadData) { return code_load_entry(ctx, API_cuLibraryLoadData, P2, 0); }
+ENTRY(cuLibraryLoadData) { return load_entry(ctx, API_cuLibraryLoadData, KIND_CODE_LOAD, P2, 0); }
 // cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, ...)
-ENTRY(cuLibraryLoadFromFile) { return code_load_entry(ctx, API_cuLibraryLoadFromFile, 0, P2); }
+ENTRY(cuLibraryLoadFromFile) { return load_entry(ctx, API_cuLibraryLoadFromFile, KIND_CODE_LOAD, 0, P2); }
 // cuModuleLoad(CUmodule *module, const char *fname)
-ENTRY(cuModuleLoad) { return code_load_entry(ctx, API_cuModuleLoad, 0, P2); }
+ENTRY(cuModuleLoad) { return load_entry(ctx, API_cuModuleLoad, KIND_CODE_LOAD, 0, P2); }
 // cuModuleLoadData(CUmodule *module, const void *image)
-ENTRY(cuModuleLoadData) { return code_load_entry(ctx, API_cuModuleLoadData, P2, 0); }
+ENTRY(cuModuleLoadData) { return load_entry(ctx, API_cuModuleLoadData, KIND_CODE_LOAD, P2, 0); }
 // cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned numOptions, ...)
-ENTRY(cuModuleLoadDataEx) { return code_load_entry(ctx, API_cuModuleLoadDataEx, P2, 0); }
+ENTRY(cuModuleLoadDataEx) { return load_entry(ctx, API_cuModuleLoadDataEx, KIND_CODE_LOAD, P2, 0); }
 // cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin)
-ENTRY(cuModuleLoadFatBinary) { return code_load_entry(ctx, API_cuModuleLoadFatBinary, P2, 0); }
+ENTRY(cuModuleLoadFatBinary) { return load_entry(ctx, API_cuModuleLoadFatBinary, KIND_CODE_LOAD, P2, 0); }
+
+// A call about one handle (and a byte count): unloads, pool destruction and trims.
+static __always_inline int handle_entry(u32 api, u16 kind, u64 handle, u64 size, s32 ordinal) {
+    struct inflight v = {};
+    v.ev.handle = handle;
+    v.ev.size = size;
+    return begin(&v, api, kind, OUT_NONE, ordinal);
+}
 
 // cuLibraryUnload(CUlibrary library), cuModuleUnload(CUmodule hmod)
-static __always_inline int code_unload_entry(struct pt_regs *ctx, u32 api) {
-    struct inflight v = {};
-    v.ev.handle = P1;
-    return begin(&v, api, KIND_CODE_UNLOAD, OUT_NONE, ORD_CURRENT);
-}
+ENTRY(cuLibraryUnload) { return handle_entry(API_cuLibraryUnload, KIND_CODE_UNLOAD, P1, 0, ORD_CURRENT); }
+ENTRY(cuModuleUnload) { return handle_entry(API_cuModuleUnload, KIND_CODE_UNLOAD, P1, 0, ORD_CURRENT); }
 
-ENTRY(cuLibraryUnload) { return code_unload_entry(ctx, API_cuLibraryUnload); }
-ENTRY(cuModuleUnload) { return code_unload_entry(ctx, API_cuModuleUnload); }
-
-// cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name): the kernel's name
-// (cut at 63 bytes) goes to ipc.
-ENTRY(cuLibraryGetKernel) {
-    struct inflight v = {};
-    v.out = P1;
-    v.ev.ptr = P2;
-    if (bpf_probe_read_user_str(v.ev.ipc, IPC_BYTES, (void *)P3) > 0)
-        v.ev.flags |= FLAG_NAME;
-    return begin(&v, API_cuLibraryGetKernel, KIND_KERNEL_LOAD, OUT_HANDLE, ORD_CURRENT);
-}
-
+// cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name): with the kernel's name.
+ENTRY(cuLibraryGetKernel) { return load_entry(ctx, API_cuLibraryGetKernel, KIND_KERNEL_LOAD, P2, P3); }
 // cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel): loads the kernel into the current context.
-ENTRY(cuKernelGetFunction) {
-    struct inflight v = {};
-    v.out = P1;
-    v.ev.ptr = P2;
-    return begin(&v, API_cuKernelGetFunction, KIND_KERNEL_LOAD, OUT_HANDLE, ORD_CURRENT);
-}
+ENTRY(cuKernelGetFunction) { return load_entry(ctx, API_cuKernelGetFunction, KIND_KERNEL_LOAD, P2, 0); }
 
 // ---- stream-ordered pools ------------------------------------------------------------------------
 
@@ -672,11 +666,8 @@ ENTRY(cuKernelGetFunction) {
 ENTRY(cuMemPoolCreate) {
     struct inflight v = {};
     v.out = P1;
-    s32 loc[2] = {0, -1};
-    if (bpf_probe_read_user(loc, sizeof(loc), (void *)(P2 + 8)) != 0) {
-        loc[0] = 0;
-        loc[1] = -1;
-    }
+    s32 loc[2];
+    read_location(P2, loc);
     bpf_probe_read_user(&v.ev.size, sizeof(u64), (void *)(P2 + 24));
     v.ev.aux = (u32)loc[0];
     return begin(&v, API_cuMemPoolCreate, KIND_POOL, OUT_HANDLE, loc[1]);
@@ -689,20 +680,9 @@ ENTRY(cuDeviceGetDefaultMemPool) {
     return begin(&v, API_cuDeviceGetDefaultMemPool, KIND_POOL, OUT_HANDLE, (s32)P2);
 }
 
-// cuMemPoolDestroy(CUmemoryPool pool)
-ENTRY(cuMemPoolDestroy) {
-    struct inflight v = {};
-    v.ev.handle = P1;
-    return begin(&v, API_cuMemPoolDestroy, KIND_POOL_DESTROY, OUT_NONE, -1);
-}
-
-// cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
-ENTRY(cuMemPoolTrimTo) {
-    struct inflight v = {};
-    v.ev.handle = P1;
-    v.ev.size = P2;
-    return begin(&v, API_cuMemPoolTrimTo, KIND_POOL_TRIM, OUT_NONE, -1);
-}
+// cuMemPoolDestroy(CUmemoryPool pool), cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
+ENTRY(cuMemPoolDestroy) { return handle_entry(API_cuMemPoolDestroy, KIND_POOL_DESTROY, P1, 0, -1); }
+ENTRY(cuMemPoolTrimTo) { return handle_entry(API_cuMemPoolTrimTo, KIND_POOL_TRIM, P1, P2, -1); }
 
 // cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value): the value is a
 // cuuint64_t from the release threshold on (attributes 4..8), an int before it.

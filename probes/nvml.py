@@ -184,15 +184,8 @@ def process_gpus(indices: list[int]) -> dict[int, set[int]]:
         NvmlUnavailable: no NVML on this host.
     """
     out: dict[int, set[int]] = {}
-    for index in indices:
-        try:
-            handle = nvml_query("nvmlDeviceGetHandleByIndex", index)
-            procs = nvml_query("nvmlDeviceGetComputeRunningProcesses", handle)
-        except NvmlError as error:
-            log.debug("GPU %d: running processes unavailable (%s)", index, error)
-            continue
-        for p in procs or ():
-            out.setdefault(int(p.pid), set()).add(index)
+    for _, gpu, pid, _ in process_memory(indices, 0).tolist():
+        out.setdefault(int(pid), set()).add(int(gpu))
     return out
 
 

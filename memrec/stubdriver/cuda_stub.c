@@ -537,6 +537,17 @@ static int add_range(struct range *tab, int *n, unsigned long long start, unsign
 
 static void del_range(struct range *tab, int *n, int i) { tab[i] = tab[--(*n)]; }
 
+/* The checks of a call that writes to `out` about device `dev`. */
+static CUresult device_call(const void *out, CUdevice dev) {
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!out)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= g_visible_count)
+        return CUDA_ERROR_INVALID_DEVICE;
+    return CUDA_SUCCESS;
+}
+
 /* ---- initialisation and devices --------------------------------------------------------------- */
 
 CUAPI CUresult cuInit(unsigned int Flags) {
@@ -600,12 +611,9 @@ CUAPI CUresult cuDeviceGet(CUdevice *device, int ordinal) {
 }
 
 CUAPI CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
-    if (!g_initialized)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (!bytes)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (dev < 0 || dev >= g_visible_count)
-        return CUDA_ERROR_INVALID_DEVICE;
+    CUresult rc = device_call(bytes, dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
     *bytes = g_capacity;
     return CUDA_SUCCESS;
 }
@@ -636,12 +644,9 @@ CUAPI int memrec_stub_physical_device(int ordinal) {
 
 CUAPI CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
     pace();
-    if (!g_initialized)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (!pctx)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (dev < 0 || dev >= g_visible_count)
-        return CUDA_ERROR_INVALID_DEVICE;
+    CUresult rc = device_call(pctx, dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
     pthread_mutex_lock(&g_lock);
     if (g_primary[dev].refs++ == 0) {
         ctx_charge(&g_primary[dev]);
@@ -881,12 +886,9 @@ CUAPI CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
 
 CUAPI CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev) {
     pace();
-    if (!g_initialized)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (!pool_out)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (dev < 0 || dev >= g_visible_count)
-        return CUDA_ERROR_INVALID_DEVICE;
+    CUresult rc = device_call(pool_out, dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
     pthread_mutex_lock(&g_lock);
     int i = default_pool(g_visible[dev]);
     pthread_mutex_unlock(&g_lock);
@@ -914,65 +916,53 @@ CUAPI CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolPro
     return CUDA_SUCCESS;
 }
 
-CUAPI CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+enum pool_op { POOL_DESTROY, POOL_TRIM, POOL_THRESHOLD, POOL_OTHER_ATTR };
+
+/* One operation on a pool the stub made; INVALID_VALUE for any other handle (or destroying a
+ * device's default pool, which the driver refuses too). */
+static CUresult pool_op(CUmemoryPool pool, enum pool_op op, unsigned long long value) {
     pace();
     if (!g_initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
     CUresult rc = CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_lock);
     int i = find_pool(pool);
-    if (i >= 0 && !g_pools[i].is_default) {
-        /* Blocks still allocated from it stay valid and now belong to no pool. */
-        for (int a = 0; a < g_live_count; a++) {
-            if (g_live[a].pool == i + 1)
-                g_live[a].pool = 0;
-            else if (g_live[a].pool == g_pool_count)
-                g_live[a].pool = i + 1; /* the last pool moves into slot i */
-        }
-        g_pools[i] = g_pools[--g_pool_count];
-        nvml_publish();
+    if (i >= 0 && !(op == POOL_DESTROY && g_pools[i].is_default)) {
         rc = CUDA_SUCCESS;
+        if (op == POOL_DESTROY) {
+            /* Blocks still allocated from it stay valid and now belong to no pool. */
+            for (int a = 0; a < g_live_count; a++) {
+                if (g_live[a].pool == i + 1)
+                    g_live[a].pool = 0;
+                else if (g_live[a].pool == g_pool_count)
+                    g_live[a].pool = i + 1; /* the last pool moves into slot i */
+            }
+            g_pools[i] = g_pools[--g_pool_count];
+        } else if (op == POOL_TRIM) {
+            if (g_pools[i].held > value)
+                g_pools[i].held = value;
+        } else if (op == POOL_THRESHOLD) {
+            g_pools[i].threshold = value;
+            pool_settle(&g_pools[i]);
+        }
+        nvml_publish();
     }
     pthread_mutex_unlock(&g_lock);
     return rc;
 }
 
+CUAPI CUresult cuMemPoolDestroy(CUmemoryPool pool) { return pool_op(pool, POOL_DESTROY, 0); }
+
 CUAPI CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
-    pace();
-    if (!g_initialized)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult rc = CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&g_lock);
-    int i = find_pool(pool);
-    if (i >= 0) {
-        if (g_pools[i].held > minBytesToKeep)
-            g_pools[i].held = minBytesToKeep;
-        nvml_publish();
-        rc = CUDA_SUCCESS;
-    }
-    pthread_mutex_unlock(&g_lock);
-    return rc;
+    return pool_op(pool, POOL_TRIM, minBytesToKeep);
 }
 
 CUAPI CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
-    pace();
-    if (!g_initialized)
-        return CUDA_ERROR_NOT_INITIALIZED;
     if (!value || attr < 1 || attr > 8)
         return CUDA_ERROR_INVALID_VALUE;
-    CUresult rc = CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&g_lock);
-    int i = find_pool(pool);
-    if (i >= 0) {
-        if (attr == CU_MEMPOOL_ATTR_RELEASE_THRESHOLD) {
-            g_pools[i].threshold = *(unsigned long long *)value;
-            pool_settle(&g_pools[i]);
-            nvml_publish();
-        }
-        rc = CUDA_SUCCESS;
-    }
-    pthread_mutex_unlock(&g_lock);
-    return rc;
+    if (attr == CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
+        return pool_op(pool, POOL_THRESHOLD, *(unsigned long long *)value);
+    return pool_op(pool, POOL_OTHER_ATTR, 0);
 }
 
 /* ---- device code ---------------------------------------------------------------------------------- */
