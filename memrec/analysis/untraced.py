@@ -125,21 +125,29 @@ class Explainers:
         ev = events[sel]
         strength = np.where(ctx_bind[sel], _CONTEXT, np.where(code[sel], _MODULE, _POOL)).astype(np.int64)
         # The first kernel fetched into a new context is the context's (its lazy first-launch step).
+        # Retaining a context already bound costs nothing and explains nothing (NCCL and others
+        # retain the primary context again while they load their kernels).
         seen: dict[tuple[int, int], set[int]] = {}
         pending: dict[tuple[int, int], int] = {}
         handles = ev["handle"].astype(np.uint64).tolist()
         ctx_of = [0] * len(ev)
+        keep = np.ones(len(ev), dtype=bool)
         for i, (k, p, g) in enumerate(zip(ev["kind"].tolist(), ev["pid"].tolist(), ev["gpu"].tolist())):
             if k == _K[Kind.CTX]:
                 known = seen.setdefault((p, g), set())
-                if handles[i] not in known:
-                    known.add(handles[i])
-                    pending[(p, g)] = handles[i]
+                if handles[i] in known:
+                    keep[i] = False
+                    continue
+                known.add(handles[i])
+                pending[(p, g)] = handles[i]
                 ctx_of[i] = handles[i]
             elif k == _K[Kind.KERNEL_LOAD] and (p, g) in pending:
                 strength[i] = _CONTEXT
                 ctx_of[i] = pending.pop((p, g))
-        self.libraries = _library_names(ev)
+        libraries = _library_names(ev)
+        ev, strength = ev[keep], strength[keep]
+        ctx_of = [c for c, k in zip(ctx_of, keep.tolist()) if k]
+        self.libraries = [n for n, k in zip(libraries, keep.tolist()) if k]
         self.by_pid: dict[int, tuple[np.ndarray, ...]] = {}
         pids = ev["pid"]
         ctx_arr = np.asarray(ctx_of, dtype=np.uint64)

@@ -31,8 +31,8 @@ def mark(t: float, pid: int, name: str, phase: str) -> Marker:
 
 
 def context_trace() -> Trace:
-    """pid 1: a context on GPU 0, its first kernel, a second kernel, a late step, an allocation with
-    2 MiB of rounding; phases "init" then "load". pid 2: NVML lists it, memrec saw nothing of it."""
+    """pid 1: a context on GPU 0, its first kernel, a second kernel, the context retained again, a
+    late step, an allocation with 2 MiB of rounding; phases "init" then "load". pid 2: NVML lists it, memrec saw nothing of it."""
     return Trace(
         header={},
         events=events(
@@ -40,6 +40,8 @@ def context_trace() -> Trace:
             ev(Kind.CTX, api=Api.cuDevicePrimaryCtxRetain, pid=1, gpu=0, ordinal=0, handle=0xC1, ts=2 * S),
             ev(Kind.KERNEL_LOAD, api=Api.cuLibraryGetKernel, pid=1, gpu=0, handle=0x11, ts=3 * S),
             ev(Kind.KERNEL_LOAD, api=Api.cuKernelGetFunction, pid=1, gpu=0, handle=0x12, ts=5 * S),
+            # retained again (as NCCL does while loading its kernels): costs and explains nothing
+            ev(Kind.CTX, api=Api.cuDevicePrimaryCtxRetain, pid=1, gpu=0, ordinal=0, handle=0xC1, ts=int(5.2 * S)),
             ev(Kind.ALLOC, pid=1, gpu=0, ptr=0x1000, size=64 * MiB, ts=10 * S),
         ),
         procmem=procmem(
