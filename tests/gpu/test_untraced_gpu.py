@@ -18,6 +18,7 @@ import pytest
 from conftest import memrec_cmd
 
 from memrec.analysis.reconcile import reconcile
+from memrec.live import wait_for_daemon
 from memrec.analysis.report import human
 from memrec.trace.reader import load_trace
 
@@ -96,10 +97,8 @@ def test_process_running_before_the_daemon(tmp_path):
     sock, out = tmp_path / "d.sock", tmp_path / "trace.mrec"
     daemon = subprocess.Popen(memrec_cmd("daemon", "-o", str(out), "--socket", str(sock), "--rotate-size", "0"))
     try:
-        deadline = time.monotonic() + 120
-        while not sock.exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(3.0)  # attached, and at least two 1 Hz samples of the process
+        wait_for_daemon(str(sock), timeout=120)  # answers once the probes are attached
+        time.sleep(2.5)  # at least two 1 Hz samples of the process
         # WHEN it allocates 70 MiB more while recorded, idles and exits
         proc.stdin.write("go\n")
         proc.stdin.flush()
