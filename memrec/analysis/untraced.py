@@ -117,7 +117,9 @@ class Explainers:
     def __init__(self, events: np.ndarray) -> None:
         kinds = events["kind"]
         ok = events["result"] == 0
-        ctx_bind = (kinds == _K[Kind.CTX]) & np.isin(events["aux"], _BIND_AUX)
+        # A bind's entry (CTX_BEGIN) too: the context grows while the call runs (~100 ms on an
+        # H200), so a reading taken then already holds part of it.
+        ctx_bind = ((kinds == _K[Kind.CTX]) & np.isin(events["aux"], _BIND_AUX)) | (kinds == _K[Kind.CTX_BEGIN])
         code = np.isin(kinds, [_K[Kind.CODE_LOAD], _K[Kind.CODE_UNLOAD], _K[Kind.KERNEL_LOAD]])
         pool = np.isin(kinds, [_K[Kind.POOL], _K[Kind.POOL_DESTROY], _K[Kind.POOL_TRIM], _K[Kind.POOL_ATTR]])
         stream = np.isin(kinds, [_K[Kind.ALLOC], _K[Kind.FREE]]) & np.isin(events["api"], _STREAM)
@@ -132,8 +134,13 @@ class Explainers:
         handles = ev["handle"].astype(np.uint64).tolist()
         ctx_of = [0] * len(ev)
         keep = np.ones(len(ev), dtype=bool)
+        begins: dict[tuple[int, int], int] = {}  # a bind's entry, kept if it makes a new context
         for i, (k, p, g) in enumerate(zip(ev["kind"].tolist(), ev["pid"].tolist(), ev["gpu"].tolist())):
-            if k == _K[Kind.CTX]:
+            if k == _K[Kind.CTX_BEGIN]:
+                keep[i] = False
+                begins[(p, g)] = i
+            elif k == _K[Kind.CTX]:
+                begin = begins.pop((p, g), None)
                 known = seen.setdefault((p, g), set())
                 if handles[i] in known:
                     keep[i] = False
@@ -141,6 +148,9 @@ class Explainers:
                 known.add(handles[i])
                 pending[(p, g)] = handles[i]
                 ctx_of[i] = handles[i]
+                if begin is not None:
+                    keep[begin] = True
+                    ctx_of[begin] = handles[i]
             elif k == _K[Kind.KERNEL_LOAD] and (p, g) in pending:
                 strength[i] = _CONTEXT
                 ctx_of[i] = pending.pop((p, g))
@@ -297,7 +307,8 @@ def split_process(
     cum = {name: np.zeros(n, dtype=np.int64) for name in SPLIT}
     totals = dict.fromkeys(SPLIT, 0)
     steps: list[Step] = []
-    bound_before = bool(len(e_ts)) and bool(((e_kind == _K[Kind.CTX]) & (e_ts <= (ts[0] if n else 0))).any())
+    binds = np.isin(e_kind, [_K[Kind.CTX], _K[Kind.CTX_BEGIN]])
+    bound_before = bool(len(e_ts)) and bool((binds & (e_ts <= (ts[0] if n else 0))).any())
     for k in range(n):
         delta = int(residual[k] - (residual[k - 1] if k else 0))
         since = int(ts[k - 1]) if k else None

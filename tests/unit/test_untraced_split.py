@@ -45,6 +45,7 @@ def context_trace() -> Trace:
             ev(Kind.ALLOC, pid=1, gpu=0, ptr=0x1000, size=64 * MiB, ts=10 * S),
         ),
         procmem=procmem(
+            (1.5, 0, 1, 14 * MiB),  # read while the context is being made (after its CTX_BEGIN)
             (2.5, 0, 1, 500 * MiB),  # the context
             (3.5, 0, 1, 590 * MiB),  # its first kernel: the lazy first-launch step
             (4.0, 0, 1, 590 * MiB),
@@ -78,7 +79,7 @@ def test_context_first_kernel_module_code_and_the_rest_are_split():
          "unexplained": 2 * MiB},
     ]
     assert [(st["category"], st["cause"]) for st in row["steps"]] == [
-        ("context", "cuDevicePrimaryCtxRetain"), ("context", "cuLibraryGetKernel"),
+        ("context", "cuDevicePrimaryCtxRetain"), ("context", "cuDevicePrimaryCtxRetain"), ("context", "cuLibraryGetKernel"),
         ("module_code", "cuKernelGetFunction"), ("module_code", "cuKernelGetFunction"), ("unexplained", None),
     ]
     # AND the context's cost includes its first kernel
