@@ -111,7 +111,7 @@ class _Sampler:
             self._thread.join(timeout)
 
 
-def stub_env(directory: Path, pace_us: int = 30_000) -> dict[str, str]:
+def stub_env(directory: Path, pace_us: int = 60_000) -> dict[str, str]:
     """The environment that makes the stub write its NVML files and take its time."""
     env = dict(os.environ)
     env.update(MEMREC_STUB_NVML_DIR=str(directory), MEMREC_STUB_PACE_US=str(pace_us))
