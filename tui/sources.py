@@ -215,6 +215,8 @@ class DiffSource:
         self.base.index(post)
         self.other.index(None)
         post(messages.Indexed(time.perf_counter() - t))
+        if self.base.reconcile():  # the base's split, as a file source has it
+            post(messages.Indexed(time.perf_counter() - t))
 
     def stop(self) -> None:
         self.base.stop()
