@@ -9,9 +9,10 @@ step. So the daemon reads NVML for the GPUs concerned:
   with a forced wakeup: the call takes ~100 ms on an H200, the reader wakes within a few) and right
   after (``CTX``): the difference is the context's cost;
 - after a batch that loaded device code or changed a pool (``CODE_LOAD``, ``KERNEL_LOAD``,
-  ``CODE_UNLOAD``, ``POOL*``, stream-ordered allocations and frees), at most once per
-  ``min_interval`` per GPU (PyTorch under ``CUDA_MODULE_LOADING=EAGER`` loads thousands of
-  libraries at start-up; its ``cudaMallocAsync`` backend allocates every tensor asynchronously);
+  ``CODE_UNLOAD``, ``POOL*``), at most once per ``min_interval`` per GPU (PyTorch under
+  ``CUDA_MODULE_LOADING=EAGER`` loads thousands of libraries at start-up), and after
+  stream-ordered allocations and frees at most once per ``stream_interval`` (PyTorch's
+  ``cudaMallocAsync`` backend allocates every tensor that way);
 - once more ``settle`` after any of those (a lazily loaded kernel reaches the device at its first
   launch, just after the fetch that the probes saw).
 
@@ -57,7 +58,10 @@ class UntracedReadings:
         gpus: the NVML indices of the host's GPUs (an event whose GPU is unknown reads them all).
         write: receives the rows (the trace writer's ``write_procmem``).
         clock: CLOCK_MONOTONIC ns, the trace's clock.
-        min_interval: seconds between two rate-limited readings of one GPU.
+        min_interval: seconds between two readings of one GPU after code loads or pool calls.
+        stream_interval: the same after stream-ordered allocations and frees only (with the
+            ``cudaMallocAsync`` backend every tensor is one: at most this often per GPU, like the
+            device sampler's 10 Hz, whatever the allocation rate).
         settle: seconds after a step when NVML is read once more.
     """
 
@@ -68,6 +72,7 @@ class UntracedReadings:
         write: Callable[[np.ndarray], None],
         clock: Callable[[], int],
         min_interval: float = 0.02,
+        stream_interval: float = 0.1,
         settle: float = 0.25,
     ) -> None:
         self._query = getattr(nvml, "process_memory", None)
@@ -76,6 +81,7 @@ class UntracedReadings:
         self.write = write
         self.clock = clock
         self.min_interval = int(min_interval * 1e9)
+        self.stream_interval = int(stream_interval * 1e9)
         self.settle = int(settle * 1e9)
         self._last: dict[int, int] = {}
         self._deferred: dict[int, int] = {}  # GPU -> when a rate-limited reading is taken
@@ -91,21 +97,25 @@ class UntracedReadings:
         if not self.enabled or not len(events):
             return
         kinds = events["kind"]
+        ok = events["result"] == 0
         bind = np.isin(kinds, _BIND) & ~((kinds == int(Kind.CTX)) & (events["aux"] == _CTX_GET_DEVICE))
-        step = (np.isin(kinds, _STEPS) | np.isin(events["api"], _STREAM)) & (events["result"] == 0)
-        if not (bind.any() or step.any()):
+        code = np.isin(kinds, _STEPS) & ok
+        stream = np.isin(events["api"], _STREAM) & ok
+        if not (bind.any() or code.any() or stream.any()):
             return
         now = self.clock()
         forced = self._gpus_of(events["gpu"][bind])
-        stepped = self._gpus_of(events["gpu"][step])
+        coded = self._gpus_of(events["gpu"][code])
+        streamed = self._gpus_of(events["gpu"][stream])
         wanted = set(forced)
-        for g in stepped - forced:
-            ready = self._last.get(g, now - self.min_interval) + self.min_interval
+        for g in (coded | streamed) - forced:
+            interval = self.min_interval if g in coded else self.stream_interval
+            ready = self._last.get(g, now - interval) + interval
             if now >= ready:
                 wanted.add(g)
             else:  # too soon after the last one: taken at the end of the interval, never skipped
-                self._deferred.setdefault(g, ready)
-        for g in forced | stepped:
+                self._deferred[g] = min(self._deferred.get(g, ready), ready)
+        for g in forced | coded | streamed:
             self._settle[g] = now + self.settle
         self._read(wanted, now)
 

@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from dataclasses import field
@@ -833,6 +834,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--lib", help="the stub libcuda.so.1 (default: $MEMREC_STUB_LIB, else build it)")
     parser.add_argument("--facts", action="store_true", help="print the calls made as JSON on stdout")
     parser.add_argument("--wait", action="store_true", help="read one line from stdin before starting")
+    parser.add_argument("--linger", type=float, default=0.0, metavar="S",
+                        help="sleep S seconds after the scenarios (a recorder's last NVML reading of the final state)")
     parser.add_argument("--hold", action="store_true",
                         help="after the scenarios, print 'ready' and read one line from stdin before exiting")
     parser.add_argument("-v", "--verbose", action="store_true", help="log every driver call on stderr")
@@ -882,6 +885,8 @@ def main(argv: list[str] | None = None) -> int:
     except (WorkloadError, subprocess.SubprocessError, json.JSONDecodeError) as exc:
         print(f"workload: error: {exc}", file=sys.stderr)
         return 1
+    if args.linger > 0:
+        time.sleep(args.linger)
     if args.hold:
         print("ready", file=sys.stderr, flush=True)
         sys.stdin.readline()

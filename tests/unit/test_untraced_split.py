@@ -193,7 +193,22 @@ def test_readings_around_binds_are_forced_and_steps_are_deferred_never_dropped()
     now[0] += S
     r.after_batch(stamped(raw(Kind.CODE_LOAD, ordinal=-1)))
     assert nvml.calls[-1][0] == [0, 1]
-    # AND a failed call, an allocation and cuCtxGetDevice read nothing
+    # WHEN only stream-ordered allocations come, THEN readings are at most every 100 ms
+    now[0] += S
+    r.tick(now[0])  # the code load's follow-up
+    now[0] += S
+    n = len(nvml.calls)
+    for _ in range(5):
+        now[0] += 10_000_000
+        r.after_batch(stamped(raw(Kind.ALLOC, api=Api.cuMemAllocAsync, ordinal=0)))
+        r.tick(now[0])
+    assert len(nvml.calls) == n + 1  # the first; the next is due 100 ms after it
+    now[0] += 60_000_000
+    r.tick(now[0])
+    assert len(nvml.calls) == n + 2 and nvml.calls[-1][0] == [0]
+    # AND a failed call, a synchronous allocation and cuCtxGetDevice read nothing
+    now[0] += S
+    r.tick(now[0])  # the follow-ups
     n = len(nvml.calls)
     now[0] += S
     r.after_batch(stamped(raw(Kind.KERNEL_LOAD, ordinal=0, result=1), raw(Kind.ALLOC, ordinal=0),
