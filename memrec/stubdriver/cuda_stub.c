@@ -673,12 +673,9 @@ CUAPI CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
 
 static CUresult create_ctx(CUcontext *pctx, CUdevice dev) {
     pace();
-    if (!g_initialized)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (!pctx)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (dev < 0 || dev >= g_visible_count)
-        return CUDA_ERROR_INVALID_DEVICE;
+    CUresult rc = device_call(pctx, dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
     if (t_depth >= CTX_STACK_MAX)
         return CUDA_ERROR_OUT_OF_MEMORY;
     struct CUctx_st *c = calloc(1, sizeof(*c));
