@@ -181,6 +181,26 @@ class MarkerServer:
             if not self._handle(client, message):
                 return
 
+    def _about(self, client: _Client, pid: int | None) -> int:
+        """The pid a marker is stamped with: the peer's, or the one it names if it may speak for it.
+
+        Root may name any process, others only their own (the owner of /proc/PID); a claim that
+        fails (another user's process, or one already gone) is logged and the peer's pid kept.
+        """
+        if pid is None or pid == client.pid:
+            return client.pid
+        try:
+            owner = os.stat(f"/proc/{pid}").st_uid
+        except OSError:
+            log.warning("marker from pid %d names pid %d, which does not exist: stamped with %d",
+                        client.pid, pid, client.pid)
+            return client.pid
+        if client.uid != 0 and owner != client.uid:
+            log.warning("marker from pid %d (uid %d) names pid %d of uid %d: not allowed, stamped with %d",
+                        client.pid, client.uid, pid, owner, client.pid)
+            return client.pid
+        return pid
+
     def _handle(self, client: _Client, message: dict) -> bool:
         """Handle one message; False when the connection is gone (closed or handed over)."""
         problem = protocol.validate_message(message)
@@ -192,7 +212,7 @@ class MarkerServer:
             self.markers += 1
             marker = Marker(
                 ts=message["ts"],
-                pid=client.pid,
+                pid=self._about(client, message.get("pid")),
                 uid=client.uid,
                 tid=message["tid"],
                 name=message["name"],

@@ -93,6 +93,17 @@ class ProbeLoadError(MemrecCommandError):
         super().__init__(message, exit_code=ExitCode.UNAVAILABLE)
 
 
+def _gpu_text(info: ProcessInfo) -> str:
+    """How a process's device ordinals map to GPUs, for the log (never Python's None or [])."""
+    cvd = "CUDA_VISIBLE_DEVICES unset" if info.cuda_visible_devices is None else (
+        f"CUDA_VISIBLE_DEVICES={info.cuda_visible_devices}")
+    if info.gpu_map:
+        return f"{cvd} → GPUs {', '.join(map(str, info.gpu_map))}"
+    if info.cuda_visible_devices is None:
+        return f"{cvd}, no GPU list (no NVML): ordinal n is GPU n"
+    return f"{cvd} → no GPU it can name"
+
+
 def _one_line(error: BaseException) -> str:
     text = str(error).strip() or type(error).__name__
     lines = [line.strip() for line in text.splitlines() if line.strip()]
@@ -333,7 +344,7 @@ class Daemon:
             self.stop_reason = reason
         self.mood = Mood.STOPPING
         reason = self.stop_reason or "stop"
-        log.info("shutting down (%s)", reason)
+        log.info("shutting down (%s): detaching the probes takes a few seconds", reason)
         self._teardown(failed=False)
 
     def _teardown(self, failed: bool) -> None:
@@ -626,10 +637,7 @@ class Daemon:
             if not info.cmdline and info.exe is None:
                 log.info("pid %d ended before /proc could be read: its CUDA_VISIBLE_DEVICES is unknown, "
                          "its ordinals are taken as the host's GPU numbers", pid)
-            log.info(
-                "pid %d: %s (CUDA_VISIBLE_DEVICES=%s → GPUs %s)",
-                pid, " ".join(info.cmdline)[:200] or "?", info.cuda_visible_devices, info.gpu_map,
-            )
+            log.info("pid %d: %s (%s)", pid, " ".join(info.cmdline)[:200] or "?", _gpu_text(info))
             if self.writer is not None and not self.writer.closed:
                 self.writer.write_process(info)
         return info
@@ -641,6 +649,8 @@ class Daemon:
         self._process(pid, self.clock())
 
     def _on_marker(self, marker: Marker) -> None:
+        if marker.pid not in self._procs:  # a process named by `memrec mark` (its shell): read it now
+            self._process(marker.pid, marker.ts)
         self._pending_markers.append(marker)
 
     def _physical_gpu(self, marker: Marker) -> Marker:
@@ -798,6 +808,7 @@ class Daemon:
     # ------------------------------------------------------------------ probes, GPUs, NVML
 
     def _load_probes(self) -> None:
+        log.info("compiling and loading the BPF probes (a few seconds)")
         try:
             kwargs = {"follow_tree": self.config.follow_tree, "ringbuf_pages": self.config.ringbuf_pages}
             if not self.config.untraced_probes:

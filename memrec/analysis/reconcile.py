@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from memrec.analysis.replay import initial_state
 from memrec.analysis.timeline import GpuSeries
 from memrec.analysis.timeline import Timeline
 from memrec.analysis.timeline import build_timeline
@@ -193,9 +194,7 @@ def reconcile(trace: Any, timeline: Timeline | None = None, phases: Any = None) 
             default: built here from the markers.
     """
     if timeline is None:
-        from memrec.analysis.report import _initial_state  # report imports this module
-
-        initial, _ = _initial_state(trace)
+        initial, _ = initial_state(trace)
         timeline = build_timeline(trace.events, state=initial)
     out = Reconciliation()
     recorded: set[int] = set()

@@ -34,7 +34,9 @@ def _commands() -> list[Command]:
     from memrec.commands import diff
     from memrec.commands import doctor
     from memrec.commands import dump
+    from memrec.commands import export
     from memrec.commands import mark
+    from memrec.commands import plot
     from memrec.commands import record
     from memrec.commands import report
     from memrec.commands import selftest
@@ -46,6 +48,8 @@ def _commands() -> list[Command]:
         report.ReportCommand(),
         diff.DiffCommand(),
         dump.DumpCommand(),
+        export.ExportCommand(),
+        plot.PlotCommand(),
         tui.TuiCommand(),
         mark.MarkCommand(),
         doctor.DoctorCommand(),
@@ -63,6 +67,10 @@ def get_argument_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"memrec {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)")
+    # -v also after the subcommand (`memrec report -v x`): counted apart, added up in main().
+    verbose = argparse.ArgumentParser(add_help=False)
+    verbose.add_argument("-v", "--verbose", dest="verbose_after", action="count", default=0,
+                         help="more logging (-vv: debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in _commands():
         name = type(command).__name__
@@ -73,6 +81,7 @@ def get_argument_parser() -> argparse.ArgumentParser:
             help=doc.splitlines()[0] if doc else None,
             description=doc,
             formatter_class=argparse.RawDescriptionHelpFormatter,
+            parents=[verbose],
         )
         command.prepare_parser(sub_parser)
         sub_parser.set_defaults(entrypoint=command.run, parser=sub_parser)
@@ -87,6 +96,7 @@ def main(args: list[str] | None = None) -> int:
     """Run the memrec command line and return its exit code."""
     parser = get_argument_parser()
     arg_values = parser.parse_args(args)
+    arg_values.verbose += arg_values.verbose_after
     logging.basicConfig(
         level=_logging_level(arg_values.verbose),
         format="memrec: %(levelname)s: %(message)s",

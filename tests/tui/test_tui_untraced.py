@@ -47,12 +47,12 @@ async def test_holders_list_contexts_with_their_cost_and_the_split(tmp_path):
         # THEN GPU 0's context is there with its cost (the bind and its first kernel)
         assert holders.view_name == "context"
         row = holders.get_row_at(0)
-        assert (row[1], row[3], row[4]) == ("cuDevicePrimaryCtxRetain", "590M", "")
+        assert (row[1], row[3], row[4]) == ("cuDevicePrimaryCtxRetain", "590.0 MiB", "")
         # AND the next view is each process's split
         await pilot.press("h")
         await settle(pilot)
         assert holders.view_name == "untraced"
-        assert [str(c) for c in holders.get_row_at(0)[1:]] == ["590M", "0", "0", "0", "0"]
+        assert [str(c) for c in holders.get_row_at(0)[1:]] == ["590.0 MiB", "0 B", "0 B", "0 B", "0 B"]
         # AND on GPU 1 (the view stays; five more presses come back to contexts) it is foreign
         await pilot.press("g")  # the next GPU
         await settle(pilot)
