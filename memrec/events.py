@@ -204,6 +204,22 @@ STREAM_ORDERED_APIS = (
     Api.cuMemFreeAsync_ptsz,
 )
 
+#: Kinds whose failures are not failed memory calls unless out of memory. On an H200 every library a
+#: process loaded is unloaded at exit after the driver shut down (cuLibraryUnload returns
+#: CUDA_ERROR_DEINITIALIZED: 3,420 of them with cuBLAS under EAGER), and NCCL asks for kernels with
+#: no binary for the GPU (cuLibraryGetKernel: CUDA_ERROR_NO_BINARY_FOR_GPU): recorded, never
+#: counted or shown as failed calls.
+QUIET_FAILURE_KINDS = (
+    Kind.CTX_BEGIN,
+    Kind.CODE_LOAD,
+    Kind.CODE_UNLOAD,
+    Kind.KERNEL_LOAD,
+    Kind.POOL,
+    Kind.POOL_DESTROY,
+    Kind.POOL_TRIM,
+    Kind.POOL_ATTR,
+)
+
 #: CU_MEMPOOL_ATTR_RELEASE_THRESHOLD (cuda.h): bytes a pool keeps before releasing at a sync.
 MEMPOOL_ATTR_RELEASE_THRESHOLD = 4
 

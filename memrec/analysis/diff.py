@@ -33,20 +33,20 @@ import numpy as np
 from memrec.analysis.kv_budget import KvBudget
 from memrec.analysis.kv_budget import compare_budgets
 from memrec.analysis.kv_budget import kv_budgets
+from memrec.analysis.names import api_name
+from memrec.analysis.names import result_name
 from memrec.analysis.phases import NO_PHASE
 from memrec.analysis.phases import Phases
 from memrec.analysis.phases import attribute
 from memrec.analysis.phases import build_phases
+from memrec.analysis.reconcile import reconcile
+from memrec.analysis.replay import initial_state
+from memrec.analysis.replay import trace_bounds
 from memrec.analysis.sglang_facts import custom_ar_facts
 from memrec.analysis.sglang_facts import custom_ar_line
 from memrec.analysis.sglang_facts import process_contexts
-from memrec.analysis.names import api_name
-from memrec.analysis.names import result_name
-from memrec.analysis.replay import initial_state
-from memrec.analysis.replay import trace_bounds
-from memrec.analysis.reconcile import reconcile
-from memrec.analysis.sglang_report import MAPPED
 from memrec.analysis.sglang_report import KvWindow
+from memrec.analysis.sglang_report import MAPPED
 from memrec.analysis.sglang_report import format_rank
 from memrec.analysis.sglang_report import kv_windows
 from memrec.analysis.sglang_report import marker_ranks
@@ -55,12 +55,13 @@ from memrec.analysis.sglang_report import rank_gpus
 from memrec.analysis.sglang_report import rank_sort_key
 from memrec.analysis.sglang_report import shown_dims
 from memrec.analysis.text import table
-from memrec.analysis.timeline import OWNED
 from memrec.analysis.timeline import Journal
+from memrec.analysis.timeline import OWNED
 from memrec.analysis.timeline import build_timeline
 from memrec.analysis.untraced_diff import render_untraced
 from memrec.analysis.untraced_diff import split_by_rank
 from memrec.analysis.untraced_diff import untraced_rows
+from memrec.columns import failed_calls
 from memrec.events import CATEGORIES
 from memrec.events import Kind
 
@@ -290,7 +291,7 @@ def _failures(run: Run, dims: tuple[str, ...]) -> dict[tuple, dict]:
                         "count": 1}
     ev = run.events
     if len(ev):
-        for i in np.nonzero(ev["result"] != 0)[0].tolist():
+        for i in np.nonzero(failed_calls(ev))[0].tolist():
             e = ev[i]
             rank = run.rank_of.get(int(e["pid"]), ())
             label = _rank_label(rank, dims)

@@ -32,12 +32,13 @@ from memrec.analysis.replay import initial_state
 from memrec.analysis.replay import trace_bounds
 from memrec.analysis.sglang_report import build_sglang_section
 from memrec.analysis.sglang_report import rank_labels
-from memrec.analysis.timeline import OWNED
 from memrec.analysis.timeline import GpuSeries
 from memrec.analysis.timeline import Journal
+from memrec.analysis.timeline import OWNED
 from memrec.analysis.timeline import Timeline
 from memrec.analysis.timeline import build_timeline
 from memrec.analysis.timeline import state_at
+from memrec.columns import failed_calls
 from memrec.events import CATEGORIES
 from memrec.events import Kind
 from memrec.events import ProcessInfo
@@ -69,7 +70,7 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
     start, end = trace_bounds(trace)
     n = len(events)
     kinds = events["kind"] if n else np.zeros(0, np.uint16)
-    failed_idx = np.nonzero(events["result"] != 0)[0].tolist() if n else []
+    failed_idx = np.nonzero(failed_calls(events))[0].tolist() if n else []
     failed_gpu = _failure_gpus(events, failed_idx)
 
     snapshots: dict[int, dict] = {}

@@ -427,19 +427,19 @@ def _render_split(rc: dict, procs: dict, width: int) -> list[str]:
         rows.append(["GPU", "", human(sum(d["split"].values())), *(human(d["split"][k]) for k in SPLIT)])
     out: list[str] = []
     if rows:
-        out.append("  Untraced, split (at the last sample; unexplained = untraced - the rest; GPU = its processes)")
-        out.extend(table(["PID", "RANK", "UNTRACED", "CONTEXT", "MODULE CODE", "POOLS", "BEFORE REC.", "UNEXPLAINED"],
-                         rows, right={0, 2, 3, 4, 5, 6, 7}, width=width))
+        out.append("  Untraced, split at the last sample (unexplained = untraced - the rest)")
+        out.extend(table(["PID", "RANK", "UNTRACED", "CONTEXT", "MODULES", "POOLS", "BEFORE", "UNEXPLAINED"],
+                         rows, right={0, 2, 3, 4, 5, 6, 7}, width=width, drop=(1,)))
         for r in rc["processes"]:
             libs = {k: v for k, v in r.get("module_code_by_library", {}).items() if v}
             if libs:
                 out.append(f"    pid {r['pid']} module code: " + "; ".join(f"{k} {human(v)}" for k, v in list(libs.items())[:6]))
     ctx_rows = []
     for c in rc["contexts"]:
-        note = f"foreign: pid {c['pid']} owns nothing on this GPU" if c["foreign"] else ""
+        note = "foreign (owns nothing here)" if c["foreign"] else ""
         ctx_rows.append([_t(c.get("t_s")), str(c["pid"]), c["api"], c["phase"], human(c["cost"]), note])
     if ctx_rows:
-        out.append("  Contexts (cost: NVML steps over the bind and the first kernel in it)")
+        out.append("  Contexts (cost: NVML's steps over the bind and its first kernel)")
         out.extend(table(["TIME", "PID", "API", "PHASE", "COST", ""], ctx_rows, right={0, 1, 4}, width=width,
                          drop=(3,), wrap=True))
     phase_rows = []
@@ -452,7 +452,7 @@ def _render_split(rc: dict, procs: dict, width: int) -> list[str]:
                 phase_rows.append([str(r["pid"]), ph["phase"], *(human(ph[k]) for k in SPLIT if k != "before_recording")])
     if phase_rows:
         out.append("  Untraced steps per phase")
-        out.extend(table(["PID", "PHASE", "CONTEXT", "MODULE CODE", "POOLS", "UNEXPLAINED"], phase_rows,
+        out.extend(table(["PID", "PHASE", "CONTEXT", "MODULES", "POOLS", "UNEXPLAINED"], phase_rows,
                          right={0, 2, 3, 4, 5}, width=width))
     return out
 

@@ -221,3 +221,24 @@ def test_readings_are_off_without_a_process_memory_query():
     r = UntracedReadings(object(), [0], lambda rows: None, lambda: 0)
     assert not r.enabled
     r.after_batch(stamped(raw(Kind.CTX, api=Api.cuDevicePrimaryCtxRetain, ordinal=0)))
+
+
+def test_expected_failures_of_code_calls_are_not_failed_calls():
+    # GIVEN what an H200 shows at a process's exit (every library unloaded after the driver shut
+    # down: CUDA_ERROR_DEINITIALIZED) and NCCL's kernels without a binary for the GPU, beside a
+    # module load that ran out of memory
+    from memrec.analysis.report import build_report
+
+    trace = Trace(header={}, events=events(
+        ev(Kind.CTX, api=Api.cuDevicePrimaryCtxRetain, pid=5, gpu=0, handle=0xC0, ts=1 * S),
+        ev(Kind.KERNEL_LOAD, api=Api.cuLibraryGetKernel, pid=5, gpu=0, result=209, ts=2 * S),
+        ev(Kind.CODE_LOAD, api=Api.cuModuleLoadData, pid=5, gpu=0, result=2, ts=3 * S),
+        *[ev(Kind.CODE_UNLOAD, api=Api.cuLibraryUnload, pid=5, gpu=0, handle=h, result=4, ts=int((4 + h / 10) * S))
+          for h in range(1, 6)],
+    ))
+    # WHEN reported
+    report = build_report(trace)
+    # THEN only the out-of-memory load is a failed call
+    assert report["trace"]["failed_calls"] == 1
+    (failure,) = report["gpus"][0]["failures"]
+    assert (failure["api"], failure["result_name"]) == ("cuModuleLoadData", "CUDA_ERROR_OUT_OF_MEMORY")
