@@ -19,7 +19,7 @@ from conftest import memrec_cmd
 
 from memrec.analysis.reconcile import reconcile
 from memrec.live import wait_for_daemon
-from memrec.analysis.report import human
+from memrec.analysis.text import human
 from memrec.trace.reader import load_trace
 
 pytestmark = pytest.mark.usefixtures("torch")
