@@ -248,6 +248,11 @@ class Daemon:
         self.events_recorded = 0
         self.markers_recorded = 0
         self._next: dict[str, int] = {}
+        self._timers: list[list] = []  # [period ns, due ns, fn] from every()
+        #: Called from the loop with each marker as it arrives (device ordinal as the client sent it).
+        self.marker_listeners: list[Callable[[Marker], None]] = []
+        #: Called on the NVML sampler's thread with each batch of device rows (NVML_DTYPE).
+        self.sample_listeners: list[Callable[[np.ndarray], None]] = []
 
     # ================================================================== lifecycle
 
@@ -328,7 +333,10 @@ class Daemon:
             if until is not None and until():
                 return "until"
             now = self.clock()
-            timeout = min(max(0, min(self._next.values()) - now), poll_ns) / 1e9
+            due = min(self._next.values(), default=now)
+            if self._timers:
+                due = min(due, min(t[1] for t in self._timers))
+            timeout = min(max(0, due - now), poll_ns) / 1e9
             for key, mask in self.selector.select(timeout):
                 key.data(mask)
             self.tick(self.clock())
@@ -481,6 +489,21 @@ class Daemon:
             self.fanout.resync(self._resync_records)
         if cfg.rotate_bytes and self.writer is not None and self.writer.bytes_written >= cfg.rotate_bytes:
             self.rotate("size")
+        for timer in self._timers:
+            if now >= timer[1]:
+                timer[1] = _advance(timer[1], timer[0], now)
+                try:
+                    timer[2](now)
+                except Exception as error:  # an add-on (metrics, watchdog) never stops recording
+                    log.error("periodic %s failed: %s", getattr(timer[2], "__qualname__", timer[2]), _one_line(error))
+
+    def every(self, seconds: float, fn: Callable[[int], None]) -> None:
+        """Call ``fn(now)`` from the loop every ``seconds`` (the metrics' snapshot, systemd's watchdog).
+
+        The loop's thread owns the live state, so this is where an add-on may read it.
+        """
+        period = max(1, int(seconds * 1e9))
+        self._timers.append([period, self.clock() + period, fn])
 
     def _watch_ring_buffer(self) -> None:
         """Drain at once when the probes wake us (if they offer a pollable fd), not only on the timer.
@@ -652,6 +675,8 @@ class Daemon:
         if marker.pid not in self._procs:  # a process named by `memrec mark` (its shell): read it now
             self._process(marker.pid, marker.ts)
         self._pending_markers.append(marker)
+        for listener in self.marker_listeners:
+            listener(marker)
 
     def _physical_gpu(self, marker: Marker) -> Marker:
         """The client names its device ordinal; the trace holds the physical GPU."""
@@ -667,6 +692,8 @@ class Daemon:
     def _nvml_sink(self, device_rows: np.ndarray, process_rows: np.ndarray) -> None:
         """Called on the sampler's thread: only queue (the loop writes)."""
         self._nvml_queue.append((device_rows, process_rows))
+        for listener in self.sample_listeners:
+            listener(device_rows)
 
     def _write_pending(self) -> None:
         """Write queued markers (after the events that happened before them) and NVML samples."""

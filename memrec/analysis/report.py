@@ -43,6 +43,7 @@ from memrec.events import CATEGORIES
 from memrec.events import Kind
 from memrec.events import ProcessInfo
 from memrec.state import LiveState
+from memrec.trace.merge import merged_summary
 
 REPORT_VERSION = 1
 #: How many holders' largest allocations the snapshot at a failed call lists, and how many on the GPU.
@@ -129,6 +130,7 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
             "markers": len(trace.markers),
             "nvml_samples": int(len(trace.nvml)),
         },
+        "merged": merged_summary(trace.header),
         "processes": [p for p in procs.values() if pid is None or p["pid"] == pid],
         "gpus": [],
         "host": None,

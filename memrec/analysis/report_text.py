@@ -15,12 +15,13 @@ from typing import Any
 from memrec.analysis.answer import fit
 from memrec.analysis.phases import NO_PHASE
 from memrec.analysis.sglang_report import render_sglang
-from memrec.analysis.text import fit_lines
 from memrec.analysis.text import count
+from memrec.analysis.text import fit_lines
 from memrec.analysis.text import human
 from memrec.analysis.text import table
 from memrec.analysis.untraced import SPLIT
 from memrec.events import CATEGORIES
+from memrec.trace.merge import render_merged
 
 _CATEGORY_NOTE = {
     "driver": "cuMemAlloc*",
@@ -85,6 +86,8 @@ def render_text(report: dict, width: int = 80, show_all: bool = False) -> str:
         f"{count(tr['markers'], 'marker')}, {count(tr['nvml_samples'], 'NVML sample')}"
     )
     out.append(head)
+    if report.get("merged"):
+        out.extend(render_merged(report["merged"]))
     flt = report["filter"]
     if flt["gpu"] is not None or flt["pid"] is not None:
         parts = [f"{k} {flt[k]}" for k in ("gpu", "pid") if flt[k] is not None]
