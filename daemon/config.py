@@ -140,6 +140,8 @@ class DaemonConfig:
         poll_interval: seconds between two drains of the ring buffer.
         nvml_device_hz / nvml_process_hz: NVML sample rates (0: off).
         ringbuf_pages: BPF ring buffer size in pages (power of two).
+        untraced_probes: probe the code-loading and pool entry points that explain the untraced
+            band (off only to measure their cost).
         subscriber_queue_bytes: the most bytes queued for one live subscriber before it loses
             records (it then gets a ``lost`` notice and a fresh keyframe).
         output_is_dir: whether ``output`` is a directory of traces (None: a trailing ``/`` or an
@@ -160,6 +162,7 @@ class DaemonConfig:
     nvml_device_hz: float = 10.0
     nvml_process_hz: float = 1.0
     ringbuf_pages: int = 1024
+    untraced_probes: bool = True
     subscriber_queue_bytes: int = 64 << 20
     output_is_dir: bool | None = None
 

@@ -53,6 +53,8 @@ from memrec.daemon.fanout import Fanout
 from memrec.daemon.markers import MarkerServer
 from memrec.daemon.sockets import BoundSocket
 from memrec.daemon.sockets import bind_unix_socket
+from memrec.daemon.untraced import UntracedReadings
+from memrec.daemon.untraced import name_images
 from memrec.events import GpuInfo
 from memrec.events import Kind
 from memrec.events import Marker
@@ -221,6 +223,7 @@ class Daemon:
         self.markers: MarkerServer | None = None
         self.fanout: Fanout | None = None
         self.sampler: Any = None
+        self.readings: UntracedReadings | None = None
 
         self._signals: list[int] = []
         self._signal_counts: dict[int, int] = {}
@@ -287,6 +290,9 @@ class Daemon:
             )
             self._open_writer(self._next_path(), reason="start")
             self._start_sampler()
+            self.readings = UntracedReadings(
+                self._nvml_module(), [g.index for g in self.gpus], self._write_readings, self.clock
+            )
             self._watch_ring_buffer()
             self._setup_signals()
             self.markers.start()
@@ -468,6 +474,8 @@ class Daemon:
             nxt["poll"] = _advance(nxt["poll"], int(cfg.poll_interval * 1e9), now)
         if self._pending_markers or self._nvml_queue:
             self._write_pending()
+        if self.readings is not None:
+            self.readings.tick(now)
         if now >= nxt["keyframe"]:
             self._write_keyframe()
             nxt["keyframe"] = _advance(nxt["keyframe"], int(cfg.keyframe_interval * 1e9), now)
@@ -570,10 +578,13 @@ class Daemon:
             info = self._process(pid, int(events["ts"][rows][0]))
             info = self._check_gpu_map(info, events["ordinal"][rows])
             self._stamp(events, rows, info)
+        name_images(events)
         self.state.apply(events)
         assert self.writer is not None
         self.writer.write_events(events)
         self.events_recorded += len(events)
+        if self.readings is not None:
+            self.readings.after_batch(events)
         for pid in events["pid"][events["kind"] == int(Kind.PROC_EXIT)].tolist():
             self._procs.pop(pid, None)  # a later process with this pid is a new one
             self._map_checked.discard(pid)
@@ -712,6 +723,11 @@ class Daemon:
             if len(process_rows):
                 writer.write_procmem(process_rows)
 
+    def _write_readings(self, rows: np.ndarray) -> None:
+        """NVML readings around context binds and code loads (daemon/untraced.py)."""
+        if self.writer is not None and not self.writer.closed:
+            self.writer.write_procmem(rows)
+
     def _read_last_markers(self) -> None:
         """At shutdown: serve the marker clients once more, so markers already sent are kept."""
         assert self.selector is not None
@@ -832,9 +848,10 @@ class Daemon:
     def _load_probes(self) -> None:
         log.info("compiling and loading the BPF probes (a few seconds)")
         try:
-            self.probes = self._probes_factory(
-                follow_tree=self.config.follow_tree, ringbuf_pages=self.config.ringbuf_pages
-            )
+            kwargs = {"follow_tree": self.config.follow_tree, "ringbuf_pages": self.config.ringbuf_pages}
+            if not self.config.untraced_probes:
+                kwargs["untraced"] = False
+            self.probes = self._probes_factory(**kwargs)
             self.probes.load()
         except MemrecCommandError:
             raise

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from memrec.events import CUDA_ERROR_OUT_OF_MEMORY
 from memrec.events import EVENT_COLUMNS
+from memrec.events import QUIET_FAILURE_KINDS
 from memrec.events import RAW_COLUMNS
 
 #: One raw record as the BPF program writes it (payload of a ring-buffer record, 128 bytes).
@@ -47,3 +49,15 @@ NVML_DTYPE = np.dtype(
 
 #: One NVML per-process sample (1 Hz by default): a process's used memory on one GPU.
 PROCMEM_DTYPE = np.dtype([("ts", "<u8"), ("gpu", "<i2"), ("pid", "<u4"), ("used", "<i8")])
+
+
+_QUIET = np.array([int(k) for k in QUIET_FAILURE_KINDS], dtype=np.uint16)
+
+
+def failed_calls(events: np.ndarray) -> np.ndarray:
+    """Mask of the events that are failed calls as reports count them: a CUresult other than
+    success, except the expected failures of code and pool calls (QUIET_FAILURE_KINDS) that are
+    not out of memory."""
+    failed = events["result"] != 0
+    quiet = np.isin(events["kind"], _QUIET) & (events["result"] != CUDA_ERROR_OUT_OF_MEMORY)
+    return failed & ~quiet

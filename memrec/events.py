@@ -38,6 +38,15 @@ class Kind(enum.IntEnum):
     CTX = 19  # a context bound to a device ordinal (retain, create, get-device)
     PROC_EXIT = 20  # a traced process exited: everything it held is freed implicitly
     PROC_FORK = 21  # a traced process forked (record mode follows the tree)
+    # Format 1.1: what explains the memory NVML counts and allocations do not (the "untraced" band).
+    CTX_BEGIN = 22  # entry of a context creation (primary retain, cuCtxCreate*): NVML is read now
+    CODE_LOAD = 23  # device code loaded (cuLibraryLoad*, cuModuleLoad*): handle = library/module
+    CODE_UNLOAD = 24  # cuLibraryUnload / cuModuleUnload: handle = library/module
+    KERNEL_LOAD = 25  # one kernel fetched (cuLibraryGetKernel, cuKernelGetFunction): lazy loading's step
+    POOL = 26  # a stream-ordered pool made or named (cuMemPoolCreate, cuDeviceGetDefaultMemPool)
+    POOL_DESTROY = 27  # cuMemPoolDestroy: the pool's reserve goes back
+    POOL_TRIM = 28  # cuMemPoolTrimTo: the pool keeps at most `size` bytes it does not hand out
+    POOL_ATTR = 29  # cuMemPoolSetAttribute: aux = attribute, size = the value set
 
 
 class Api(enum.IntEnum):
@@ -81,6 +90,21 @@ class Api(enum.IntEnum):
     cuCtxDestroy_v2 = 35
     cuCtxGetCurrent = 36
     cuCtxGetDevice = 37
+    cuLibraryLoadData = 38
+    cuLibraryLoadFromFile = 39
+    cuLibraryUnload = 40
+    cuModuleLoad = 41
+    cuModuleLoadData = 42
+    cuModuleLoadDataEx = 43
+    cuModuleLoadFatBinary = 44
+    cuModuleUnload = 45
+    cuLibraryGetKernel = 46
+    cuKernelGetFunction = 47
+    cuMemPoolCreate = 48
+    cuMemPoolDestroy = 49
+    cuMemPoolTrimTo = 50
+    cuMemPoolSetAttribute = 51
+    cuDeviceGetDefaultMemPool = 52
     sched_process_exit = 60
     sched_process_fork = 61
 
@@ -120,6 +144,21 @@ API_KIND: dict[Api, Kind] = {
     Api.cuCtxCreate_v3: Kind.CTX,
     Api.cuCtxCreate_v4: Kind.CTX,
     Api.cuCtxGetDevice: Kind.CTX,
+    Api.cuLibraryLoadData: Kind.CODE_LOAD,
+    Api.cuLibraryLoadFromFile: Kind.CODE_LOAD,
+    Api.cuLibraryUnload: Kind.CODE_UNLOAD,
+    Api.cuModuleLoad: Kind.CODE_LOAD,
+    Api.cuModuleLoadData: Kind.CODE_LOAD,
+    Api.cuModuleLoadDataEx: Kind.CODE_LOAD,
+    Api.cuModuleLoadFatBinary: Kind.CODE_LOAD,
+    Api.cuModuleUnload: Kind.CODE_UNLOAD,
+    Api.cuLibraryGetKernel: Kind.KERNEL_LOAD,
+    Api.cuKernelGetFunction: Kind.KERNEL_LOAD,
+    Api.cuMemPoolCreate: Kind.POOL,
+    Api.cuMemPoolDestroy: Kind.POOL_DESTROY,
+    Api.cuMemPoolTrimTo: Kind.POOL_TRIM,
+    Api.cuMemPoolSetAttribute: Kind.POOL_ATTR,
+    Api.cuDeviceGetDefaultMemPool: Kind.POOL,
     Api.sched_process_exit: Kind.PROC_EXIT,
     Api.sched_process_fork: Kind.PROC_FORK,
 }
@@ -133,6 +172,57 @@ CONTEXT_TRACKING_APIS = (
     Api.cuCtxGetCurrent,
 )
 
+#: The entry points that load device code or keep stream-ordered pool memory: what the untraced
+#: band is made of besides contexts (docs/validation/untraced-explore.md found them on an H200).
+#: Each is called at start-up or once per module, kernel or pool, never per launch; the recorder
+#: can leave them out (``--no-untraced-probes``) to measure what they cost.
+UNTRACED_APIS = (
+    Api.cuLibraryLoadData,
+    Api.cuLibraryLoadFromFile,
+    Api.cuLibraryUnload,
+    Api.cuModuleLoad,
+    Api.cuModuleLoadData,
+    Api.cuModuleLoadDataEx,
+    Api.cuModuleLoadFatBinary,
+    Api.cuModuleUnload,
+    Api.cuLibraryGetKernel,
+    Api.cuKernelGetFunction,
+    Api.cuMemPoolCreate,
+    Api.cuMemPoolDestroy,
+    Api.cuMemPoolTrimTo,
+    Api.cuMemPoolSetAttribute,
+    Api.cuDeviceGetDefaultMemPool,
+)
+
+#: Stream-ordered allocations and frees: they take from and give back to a pool.
+STREAM_ORDERED_APIS = (
+    Api.cuMemAllocAsync,
+    Api.cuMemAllocAsync_ptsz,
+    Api.cuMemAllocFromPoolAsync,
+    Api.cuMemAllocFromPoolAsync_ptsz,
+    Api.cuMemFreeAsync,
+    Api.cuMemFreeAsync_ptsz,
+)
+
+#: Kinds whose failures are not failed memory calls unless out of memory. On an H200 every library a
+#: process loaded is unloaded at exit after the driver shut down (cuLibraryUnload returns
+#: CUDA_ERROR_DEINITIALIZED: 3,420 of them with cuBLAS under EAGER), and NCCL asks for kernels with
+#: no binary for the GPU (cuLibraryGetKernel: CUDA_ERROR_NO_BINARY_FOR_GPU): recorded, never
+#: counted or shown as failed calls.
+QUIET_FAILURE_KINDS = (
+    Kind.CTX_BEGIN,
+    Kind.CODE_LOAD,
+    Kind.CODE_UNLOAD,
+    Kind.KERNEL_LOAD,
+    Kind.POOL,
+    Kind.POOL_DESTROY,
+    Kind.POOL_TRIM,
+    Kind.POOL_ATTR,
+)
+
+#: CU_MEMPOOL_ATTR_RELEASE_THRESHOLD (cuda.h): bytes a pool keeps before releasing at a sync.
+MEMPOOL_ATTR_RELEASE_THRESHOLD = 4
+
 
 def cu_result_name(result: int) -> str:
     """The CUresult's name as the driver's header spells it (``CUresult <n>`` for a newer code)."""
@@ -143,6 +233,7 @@ CUDA_ERROR_OUT_OF_MEMORY = 2
 
 #: Event.flags bits.
 FLAG_IPC_BYTES = 1 << 0  # the 64 handle bytes (IPC handle or fabric handle) were read
+FLAG_NAME = 1 << 1  # the ipc column holds a NUL-terminated name (a file, a kernel), cut at 63 bytes
 
 #: The size of an IPC or fabric handle in bytes.
 IPC_HANDLE_SIZE = 64
@@ -162,7 +253,7 @@ RAW_COLUMNS: tuple[tuple[str, str], ...] = (
     ("size", "<u8"),  # bytes
     ("handle", "<u8"),  # VMM handle / context
     ("aux", "<u8"),  # per kind: map offset, alloc flags, handle type, alignment, ctx subtype
-    ("ipc", "V64"),  # 64 handle bytes when FLAG_IPC_BYTES is set, else zeros
+    ("ipc", "V64"),  # 64 handle bytes when FLAG_IPC_BYTES is set, a name with FLAG_NAME, else zeros
 )
 
 #: Columns of an event in a trace: the raw columns plus the physical GPU the daemon resolved.
@@ -179,6 +270,8 @@ def bpf_defines() -> list[str]:
     flags = [f"-DKIND_{k.name}={int(k)}" for k in Kind]
     flags += [f"-DAPI_{a.name}={int(a)}" for a in Api]
     flags.append(f"-DFLAG_IPC_BYTES={FLAG_IPC_BYTES}")
+    flags.append(f"-DFLAG_NAME={FLAG_NAME}")
+    flags.append(f"-DMEMPOOL_ATTR_RELEASE_THRESHOLD={MEMPOOL_ATTR_RELEASE_THRESHOLD}")
     return flags
 
 

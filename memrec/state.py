@@ -46,6 +46,8 @@ from typing import NamedTuple
 import numpy as np
 
 from memrec.events import CATEGORIES
+from memrec.events import CUDA_ERROR_OUT_OF_MEMORY
+from memrec.events import QUIET_FAILURE_KINDS
 from memrec.events import Api
 from memrec.events import FLAG_IPC_BYTES
 from memrec.events import Kind
@@ -101,6 +103,7 @@ _HOST_FREE = int(Kind.HOST_FREE)
 _HOST_REGISTER = int(Kind.HOST_REGISTER)
 _HOST_UNREGISTER = int(Kind.HOST_UNREGISTER)
 _PROC_EXIT = int(Kind.PROC_EXIT)
+_QUIET_KINDS = frozenset(int(k) for k in QUIET_FAILURE_KINDS)
 #: Kinds whose ``ipc`` column may carry handle bytes (IPC handle or fabric handle).
 _HANDLE_BYTES_KINDS = frozenset((_IPC_EXPORT, _IPC_OPEN, _SHARE_EXPORT, _SHARE_IMPORT))
 _API_IPC_OPEN = int(Api.cuIpcOpenMemHandle_v2)
@@ -245,6 +248,8 @@ class LiveState:
         for i in range(n):
             kind = kinds[i]
             if results[i] != 0:
+                if kind in _QUIET_KINDS and results[i] != CUDA_ERROR_OUT_OF_MEMORY:
+                    continue  # an expected failure of a code or pool call (events.QUIET_FAILURE_KINDS)
                 self.n_failures += 1
                 tid = int(events["tid"][i])
                 self.failures.append([base + i, tss[i], pids[i], tid, kind, apis[i], results[i], gpus[i], sizes[i], ptrs[i]])

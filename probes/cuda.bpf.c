@@ -200,8 +200,10 @@ static __always_inline void submit(struct event *ev) {
     }
     __builtin_memcpy(rec, ev, sizeof(struct event));
     // A context being bound is a process's first, rare driver event: wake the reader so the
-    // daemon reads the process's /proc (CUDA_VISIBLE_DEVICES) while it surely still runs.
-    events.ringbuf_submit(rec, ev->kind == KIND_CTX ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
+    // daemon reads the process's /proc (CUDA_VISIBLE_DEVICES) while it surely still runs, and
+    // reads NVML's per-process memory right before (CTX_BEGIN) and after (CTX) the context.
+    int wake = ev->kind == KIND_CTX || ev->kind == KIND_CTX_BEGIN;
+    events.ringbuf_submit(rec, wake ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
 }
 
 // Record a process-level event (tracepoints): no inflight state, no ordinal.
@@ -359,6 +361,14 @@ static __always_inline int finish(struct pt_regs *ctx, u32 api) {
 #define P4 PT_REGS_PARM4(ctx)
 #define P5 PT_REGS_PARM5(ctx)
 
+// A CUmemLocation {type, id} at +8 of a CUmemAllocationProp or CUmemPoolProps; unreadable: {0, -1}.
+static __always_inline void read_location(u64 props, s32 *loc) {
+    if (bpf_probe_read_user(loc, 2 * sizeof(s32), (void *)(props + 8)) != 0) {
+        loc[0] = 0;
+        loc[1] = -1;
+    }
+}
+
 // alloc(CUdeviceptr *dptr, size_t bytesize, ...): ptr read at return; handle = stream or pool.
 static __always_inline int alloc_entry(struct pt_regs *ctx, u32 api, u64 handle, u64 aux) {
     struct inflight v = {};
@@ -404,11 +414,8 @@ ENTRY(cuMemCreate) {
     struct inflight v = {};
     v.out = P1;
     v.ev.size = P2;
-    s32 loc[2] = {0, -1};
-    if (bpf_probe_read_user(loc, sizeof(loc), (void *)(P3 + 8)) != 0) {
-        loc[0] = 0; // unreadable prop: type and device unknown
-        loc[1] = -1;
-    }
+    s32 loc[2];
+    read_location(P3, loc);
     v.ev.aux = (u32)loc[0];
     // The device is the one the prop names, not the current context's.
     return begin(&v, API_cuMemCreate, KIND_VMM_CREATE, OUT_HANDLE, loc[1]);
@@ -562,11 +569,18 @@ ENTRY(cuMemHostUnregister) {
 // ---- contexts ------------------------------------------------------------------------------------
 // A CTX event binds a context to a device ordinal: aux 0 retain, 1 create, 2 get-device.
 
+// Besides stashing the call, submit a CTX_BEGIN at once: the context's cost is NVML's
+// per-process used after the call minus before it, and only the entry tells "before".
 static __always_inline int ctx_bind_entry(u32 api, u64 out, s32 dev, u64 subtype, u32 mode) {
     struct inflight v = {};
     v.out = out;
     v.ev.aux = subtype;
-    return begin(&v, api, KIND_CTX, mode, dev);
+    begin(&v, api, KIND_CTX, mode, dev);
+    if (v.ev.pid == 0)
+        return 0; // not a wanted process (begin() left it untouched)
+    v.ev.kind = KIND_CTX_BEGIN;
+    submit(&v.ev);
+    return 0;
 }
 
 // cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
@@ -599,6 +613,93 @@ ENTRY(cuCtxPushCurrent_v2) { return ctx_track_entry(API_cuCtxPushCurrent_v2, OUT
 ENTRY(cuCtxPopCurrent_v2) { return ctx_track_entry(API_cuCtxPopCurrent_v2, OUT_CTX_POP, P1, 0); }
 ENTRY(cuCtxDestroy_v2) { return ctx_track_entry(API_cuCtxDestroy_v2, OUT_CTX_DESTROY, 0, P1); }
 ENTRY(cuCtxGetCurrent) { return ctx_track_entry(API_cuCtxGetCurrent, OUT_CTX_GET_CURRENT, P1, 0); }
+
+// ---- device code ---------------------------------------------------------------------------------
+// Loads run at start-up or once per module (cuLibraryLoad*, cuModuleLoad*) and once per kernel under
+// lazy loading (cuLibraryGetKernel, cuKernelGetFunction); never on the launch path.
+
+// A load or fetch: *out -> handle at return; ptr = the image in memory (loads) or the library /
+// kernel a fetch names; a file or kernel name, when there is one, read into ipc (cut at 63 bytes).
+static __always_inline int load_entry(struct pt_regs *ctx, u32 api, u16 kind, u64 ptr, u64 name) {
+    struct inflight v = {};
+    v.out = P1;
+    v.ev.ptr = ptr;
+    if (name && bpf_probe_read_user_str(v.ev.ipc, IPC_BYTES, (void *)name) > 0)
+        v.ev.flags |= FLAG_NAME;
+    return begin(&v, api, kind, OUT_HANDLE, ORD_CURRENT);
+}
+
+// cuLibraryLoadData(CUlibrary *library, const void *code, ...jit and library options)
+ENTRY(cuLibraryLoadData) { return load_entry(ctx, API_cuLibraryLoadData, KIND_CODE_LOAD, P2, 0); }
+// cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, ...)
+ENTRY(cuLibraryLoadFromFile) { return load_entry(ctx, API_cuLibraryLoadFromFile, KIND_CODE_LOAD, 0, P2); }
+// cuModuleLoad(CUmodule *module, const char *fname)
+ENTRY(cuModuleLoad) { return load_entry(ctx, API_cuModuleLoad, KIND_CODE_LOAD, 0, P2); }
+// cuModuleLoadData(CUmodule *module, const void *image)
+ENTRY(cuModuleLoadData) { return load_entry(ctx, API_cuModuleLoadData, KIND_CODE_LOAD, P2, 0); }
+// cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned numOptions, ...)
+ENTRY(cuModuleLoadDataEx) { return load_entry(ctx, API_cuModuleLoadDataEx, KIND_CODE_LOAD, P2, 0); }
+// cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin)
+ENTRY(cuModuleLoadFatBinary) { return load_entry(ctx, API_cuModuleLoadFatBinary, KIND_CODE_LOAD, P2, 0); }
+
+// A call about one handle (and a byte count): unloads, pool destruction and trims.
+static __always_inline int handle_entry(u32 api, u16 kind, u64 handle, u64 size, s32 ordinal) {
+    struct inflight v = {};
+    v.ev.handle = handle;
+    v.ev.size = size;
+    return begin(&v, api, kind, OUT_NONE, ordinal);
+}
+
+// cuLibraryUnload(CUlibrary library), cuModuleUnload(CUmodule hmod)
+ENTRY(cuLibraryUnload) { return handle_entry(API_cuLibraryUnload, KIND_CODE_UNLOAD, P1, 0, ORD_CURRENT); }
+ENTRY(cuModuleUnload) { return handle_entry(API_cuModuleUnload, KIND_CODE_UNLOAD, P1, 0, ORD_CURRENT); }
+
+// cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name): with the kernel's name.
+ENTRY(cuLibraryGetKernel) { return load_entry(ctx, API_cuLibraryGetKernel, KIND_KERNEL_LOAD, P2, P3); }
+// cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel): loads the kernel into the current context.
+ENTRY(cuKernelGetFunction) { return load_entry(ctx, API_cuKernelGetFunction, KIND_KERNEL_LOAD, P2, 0); }
+
+// ---- stream-ordered pools ------------------------------------------------------------------------
+
+// cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props): props->location.id at +12
+// (the same head as CUmemAllocationProp), props->maxSize at +24.
+ENTRY(cuMemPoolCreate) {
+    struct inflight v = {};
+    v.out = P1;
+    s32 loc[2];
+    read_location(P2, loc);
+    bpf_probe_read_user(&v.ev.size, sizeof(u64), (void *)(P2 + 24));
+    v.ev.aux = (u32)loc[0];
+    return begin(&v, API_cuMemPoolCreate, KIND_POOL, OUT_HANDLE, loc[1]);
+}
+
+// cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
+ENTRY(cuDeviceGetDefaultMemPool) {
+    struct inflight v = {};
+    v.out = P1;
+    return begin(&v, API_cuDeviceGetDefaultMemPool, KIND_POOL, OUT_HANDLE, (s32)P2);
+}
+
+// cuMemPoolDestroy(CUmemoryPool pool), cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
+ENTRY(cuMemPoolDestroy) { return handle_entry(API_cuMemPoolDestroy, KIND_POOL_DESTROY, P1, 0, -1); }
+ENTRY(cuMemPoolTrimTo) { return handle_entry(API_cuMemPoolTrimTo, KIND_POOL_TRIM, P1, P2, -1); }
+
+// cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value): the value is a
+// cuuint64_t from the release threshold on (attributes 4..8), an int before it.
+ENTRY(cuMemPoolSetAttribute) {
+    struct inflight v = {};
+    u32 attr = (u32)P2;
+    v.ev.handle = P1;
+    v.ev.aux = attr;
+    if (attr >= MEMPOOL_ATTR_RELEASE_THRESHOLD) {
+        bpf_probe_read_user(&v.ev.size, sizeof(u64), (void *)P3);
+    } else {
+        u32 small = 0;
+        bpf_probe_read_user(&small, sizeof(small), (void *)P3);
+        v.ev.size = small;
+    }
+    return begin(&v, API_cuMemPoolSetAttribute, KIND_POOL_ATTR, OUT_NONE, -1);
+}
 
 // ---- return probes -------------------------------------------------------------------------------
 
@@ -639,6 +740,21 @@ RETURN(cuCtxPopCurrent_v2)
 RETURN(cuCtxDestroy_v2)
 RETURN(cuCtxGetCurrent)
 RETURN(cuCtxGetDevice)
+RETURN(cuLibraryLoadData)
+RETURN(cuLibraryLoadFromFile)
+RETURN(cuLibraryUnload)
+RETURN(cuModuleLoad)
+RETURN(cuModuleLoadData)
+RETURN(cuModuleLoadDataEx)
+RETURN(cuModuleLoadFatBinary)
+RETURN(cuModuleUnload)
+RETURN(cuLibraryGetKernel)
+RETURN(cuKernelGetFunction)
+RETURN(cuMemPoolCreate)
+RETURN(cuMemPoolDestroy)
+RETURN(cuMemPoolTrimTo)
+RETURN(cuMemPoolSetAttribute)
+RETURN(cuDeviceGetDefaultMemPool)
 
 // ---- process lifetime ------------------------------------------------------------------------
 

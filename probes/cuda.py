@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from memrec.columns import RAW_DTYPE
+from memrec.events import UNTRACED_APIS
 from memrec.events import Api
 from memrec.events import bpf_defines
 from memrec.probes.ringbuf import RingBufferReader
@@ -36,11 +37,15 @@ log = logging.getLogger(__name__)
 PROGRAM = "cuda.bpf.c"
 #: The driver symbols probed, entry and return each (every Api except the tracepoints).
 SYMBOLS: tuple[str, ...] = tuple(a.name for a in Api if a is not Api.NONE and not a.name.startswith("sched_"))
+#: The symbols that explain the untraced band (code loading, pools): left out with untraced=False.
+UNTRACED_SYMBOLS: tuple[str, ...] = tuple(a.name for a in UNTRACED_APIS)
 _EXIT_FORMAT = "events/sched/sched_process_exit/format"
 _TRACEFS_ROOTS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
 #: Threads that detach probes at close(). Closing a uprobe's perf event waits out RCU grace
-#: periods (~0.1 s) under a kernel-wide mutex, so threads gain only ~10 % (bench/bench_start_stop.py).
-DETACH_THREADS = 8
+#: periods (~0.1 s idle, ~0.4 s on a loaded VM) under a kernel-wide mutex: on an idle 2-core VM
+#: 8 threads gained ~10 % (bench/bench_start_stop.py); under load, with 178 probes, 32 threads took
+#: a daemon's stop from 74 s to 19 s, so the pool is sized for that.
+DETACH_THREADS = 32
 
 
 class ProbeError(RuntimeError):
@@ -142,13 +147,17 @@ class CudaProbes:
             (followed in the kernel at fork); otherwise every process on the host.
         ringbuf_pages: ring buffer size in pages (a power of two). 1024 pages = 4 MiB ≈ 30k
             events between two polls.
+        untraced: also probe the code-loading and pool entry points (:data:`UNTRACED_SYMBOLS`);
+            False only to measure what they cost.
     """
 
-    def __init__(self, follow_tree: bool = False, ringbuf_pages: int = 1024) -> None:
+    def __init__(self, follow_tree: bool = False, ringbuf_pages: int = 1024, untraced: bool = True) -> None:
         if ringbuf_pages < 1 or ringbuf_pages & (ringbuf_pages - 1):
             raise ValueError(f"ringbuf_pages must be a power of two, not {ringbuf_pages}")
         self.follow_tree = follow_tree
         self.ringbuf_pages = ringbuf_pages
+        #: The driver symbols this instance probes.
+        self.symbols = SYMBOLS if untraced else tuple(s for s in SYMBOLS if s not in UNTRACED_SYMBOLS)
         self._bpf = None
         self._reader: RingBufferReader | None = None
         self._reports: dict[tuple[int, int], AttachReport] = {}
@@ -264,11 +273,11 @@ class CudaProbes:
             raise ProbeError(f"cannot read the symbols of {path}: {exc}") from exc
         self._lib_fds.append(fd)  # kept open: the probes' event names and the inode hang on it
 
-        _raise_fd_limit(len(self._events) + 2 * len(SYMBOLS) + 256)
-        self._lift_bcc_probe_quota(2 * len(SYMBOLS))
+        _raise_fd_limit(len(self._events) + 2 * len(self.symbols) + 256)
+        self._lift_bcc_probe_quota(2 * len(self.symbols))
         attached: list[str] = []
         missing: dict[str, str] = {}
-        for sym in SYMBOLS:
+        for sym in self.symbols:
             if sym not in exported:
                 missing[sym] = "not exported by this driver"
                 continue
@@ -284,7 +293,7 @@ class CudaProbes:
         report = AttachReport(path=path, dev=st.st_dev, inode=st.st_ino, attached=tuple(attached), missing=missing)
         for key in keys:
             self._reports[key] = report
-        log.info("attached %d/%d driver symbols in %s", len(attached), len(SYMBOLS), path)
+        log.info("attached %d/%d driver symbols in %s", len(attached), len(self.symbols), path)
         return report
 
     def _attach_symbol(self, bpf, probe_path: str, sym: str) -> str | None:

@@ -184,6 +184,25 @@ def process_gpus(indices: list[int]) -> dict[int, set[int]]:
         NvmlUnavailable: no NVML on this host.
     """
     out: dict[int, set[int]] = {}
+    for _, gpu, pid, _ in process_memory(indices, 0).tolist():
+        out.setdefault(int(pid), set()).add(int(gpu))
+    return out
+
+
+def process_memory(indices: list[int], now: int) -> np.ndarray:
+    """Every process NVML lists on the GPUs ``indices`` with its used memory, asked now.
+
+    The daemon asks right before and after a context is bound and after device code or pool
+    calls, so each step of a process's untraced band has a reading on both sides (the sampler's
+    1 Hz would mix several steps into one). A GPU that cannot answer is left out (logged at debug).
+
+    Returns:
+        One :data:`~memrec.columns.PROCMEM_DTYPE` row per (GPU, process), ``ts`` = ``now``.
+
+    Raises:
+        NvmlUnavailable: no NVML on this host.
+    """
+    rows: list[tuple] = []
     for index in indices:
         try:
             handle = nvml_query("nvmlDeviceGetHandleByIndex", index)
@@ -191,9 +210,19 @@ def process_gpus(indices: list[int]) -> dict[int, set[int]]:
         except NvmlError as error:
             log.debug("GPU %d: running processes unavailable (%s)", index, error)
             continue
-        for p in procs or ():
-            out.setdefault(int(p.pid), set()).add(index)
-    return out
+        rows += _procmem_rows(now, index, procs)
+    return np.array(rows, dtype=PROCMEM_DTYPE)
+
+
+def _procmem_rows(now: int, gpu: int, procs: Any) -> list[tuple]:
+    """PROCMEM rows of one GPU's process list; used is -1 when NVML cannot say."""
+    rows = []
+    for p in procs or ():
+        used = getattr(p, "usedGpuMemory", None)
+        if used is None or used == NVML_VALUE_NOT_AVAILABLE:
+            used = -1
+        rows.append((now, gpu, int(p.pid), int(used)))
+    return rows
 
 
 class NvmlSampler:
@@ -374,11 +403,7 @@ class NvmlSampler:
             if gpu in self._lost:
                 continue
             procs = self._call(gpu, "nvmlDeviceGetComputeRunningProcesses", handle)
-            for p in procs or ():
-                used = getattr(p, "usedGpuMemory", None)
-                if used is None or used == NVML_VALUE_NOT_AVAILABLE:
-                    used = -1
-                rows.append((now, gpu, int(p.pid), int(used)))
+            rows += _procmem_rows(now, gpu, procs)
         return np.array(rows, dtype=PROCMEM_DTYPE)
 
 

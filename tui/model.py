@@ -318,6 +318,13 @@ class CursorState:
     largest: list[LiveAlloc]
     nvml: dict[str, int] | None
     exact: bool = True
+    #: Contexts bound on this GPU up to the cursor: (label, api, ts, cost or None, foreign).
+    contexts: list[tuple[str, str, int, int | None, bool]] = field(default_factory=list)
+    #: Per process, its untraced band split at its last NVML sample up to the cursor:
+    #: (label, {context, module_code, pools, before_recording, unexplained}).
+    untraced_split: list[tuple[str, dict[str, int]]] = field(default_factory=list)
+    #: Why the two lists above are empty, when they are ("" when they are known).
+    untraced_note: str = ""
 
     @property
     def owned(self) -> int:
@@ -648,6 +655,10 @@ class TraceModel:
         self._gpu_pids: dict[int, set[int]] = {}  # pids that ever held memory on a GPU
         self._gpu_res = Grow(np.int16)  # per replayed event: its GPU as the replay resolved it
         self._gpu_res_base = 0  # seq of _gpu_res[0]
+        #: The untraced band split (memrec.analysis.reconcile.Reconciliation): a file source sets
+        #: it once the replay is done (the same engine as ``memrec report``); None until then.
+        self.reconciliation: Any = None
+        self.untraced_note = "computed once the trace is replayed"
 
     # ------------------------------------------------------------------ ingest
 
@@ -1098,7 +1109,26 @@ class TraceModel:
             for h in s.largest(gpu, n_largest, mapped=True)
         ]
         nv = self.nvml.get(gpu)
-        return CursorState(gpu, seq, ts, by_cat, procs, by_phase, largest, nv.at(ts) if nv else None)
+        contexts, untraced = self.untraced_at(gpu, ts)
+        return CursorState(gpu, seq, ts, by_cat, procs, by_phase, largest, nv.at(ts) if nv else None,
+                           contexts=contexts, untraced_split=untraced, untraced_note=self.untraced_note)
+
+    def untraced_at(self, gpu: int, ts: int) -> tuple[list, list]:
+        """The contexts bound on ``gpu`` up to ``ts`` with their cost, and each process's untraced
+        split at its last NVML sample up to ``ts`` (empty until :attr:`reconciliation` is set)."""
+        rec = self.reconciliation
+        if rec is None:
+            return [], []
+        contexts = [(self.pid_label(c.pid), c.api, c.ts, c.cost, c.foreign)
+                    for c in rec.contexts if c.gpu == gpu and c.ts <= ts]
+        untraced = []
+        for (g, pid), split in sorted(rec.splits.items()):
+            if g != gpu:
+                continue
+            i = int(np.searchsorted(split.ts, ts, side="right")) - 1
+            if i >= 0:
+                untraced.append((self.pid_label(pid), split.at(i)))
+        return contexts, untraced
 
     def nvml_at(self, gpu: int, ts: int) -> dict[str, int] | None:
         nv = self.nvml.get(gpu)

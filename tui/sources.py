@@ -25,6 +25,8 @@ from memrec.tui import messages
 from memrec.tui.model import TraceModel
 
 Post = Callable[[object], object]
+#: The largest trace whose untraced band the TUI splits itself (a second read and replay).
+RECONCILE_MAX_EVENTS = 2_000_000
 
 
 def _chain(first, rest):
@@ -154,6 +156,27 @@ class FileSource:
         self.index(post)
         if not self._stop.is_set():
             post(messages.Indexed(time.perf_counter() - t))
+        if not self._stop.is_set() and self.reconcile():
+            post(messages.Indexed(time.perf_counter() - t))  # the cursor's state now has the split
+
+    def reconcile(self) -> bool:
+        """Split the untraced band with ``memrec report``'s engine (a second read and replay, so
+        only for traces up to :data:`RECONCILE_MAX_EVENTS`); return whether the model got it."""
+        model = self.model
+        if model.store.n > RECONCILE_MAX_EVENTS:
+            model.untraced_note = f"over {RECONCILE_MAX_EVENTS:,} events: see memrec report"
+            return False
+        from memrec.analysis.reconcile import reconcile
+        from memrec.trace.reader import load_trace
+
+        try:
+            rec = reconcile(load_trace(self.path))
+        except Exception as error:  # the view says why; the rest of the TUI goes on
+            model.untraced_note = f"cannot split the untraced band: {error}"
+            return False
+        model.reconciliation = rec
+        model.untraced_note = "" if rec.process_sampling else "no NVML per-process samples in this trace"
+        return True
 
     def stop(self) -> None:
         self._stop.set()
@@ -192,6 +215,8 @@ class DiffSource:
         self.base.index(post)
         self.other.index(None)
         post(messages.Indexed(time.perf_counter() - t))
+        if self.base.reconcile():  # the base's split, as a file source has it
+            post(messages.Indexed(time.perf_counter() - t))
 
     def stop(self) -> None:
         self.base.stop()

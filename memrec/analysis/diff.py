@@ -17,7 +17,9 @@ The dict holds:
 - ``phases``: per phase × rank × GPU × category, the net bytes in each run and the delta
   (memory freed implicitly when a process exited is left out: it belongs to no phase);
 - ``failures``: SGLang errors, KV budgets that came out ``<= 0`` and failed driver calls, each
-  marked as in both runs or in one only.
+  marked as in both runs or in one only;
+- ``untraced``: per rank and GPU, the untraced band's split (context, module code, pools, before
+  recording, unexplained) and the contexts bound in each run (:mod:`memrec.analysis.untraced_diff`).
 """
 
 from __future__ import annotations
@@ -31,19 +33,20 @@ import numpy as np
 from memrec.analysis.kv_budget import KvBudget
 from memrec.analysis.kv_budget import compare_budgets
 from memrec.analysis.kv_budget import kv_budgets
+from memrec.analysis.names import api_name
+from memrec.analysis.names import result_name
 from memrec.analysis.phases import NO_PHASE
 from memrec.analysis.phases import Phases
 from memrec.analysis.phases import attribute
 from memrec.analysis.phases import build_phases
+from memrec.analysis.reconcile import reconcile
+from memrec.analysis.replay import initial_state
+from memrec.analysis.replay import trace_bounds
 from memrec.analysis.sglang_facts import custom_ar_facts
 from memrec.analysis.sglang_facts import custom_ar_line
 from memrec.analysis.sglang_facts import process_contexts
-from memrec.analysis.names import api_name
-from memrec.analysis.names import result_name
-from memrec.analysis.replay import initial_state
-from memrec.analysis.replay import trace_bounds
-from memrec.analysis.sglang_report import MAPPED
 from memrec.analysis.sglang_report import KvWindow
+from memrec.analysis.sglang_report import MAPPED
 from memrec.analysis.sglang_report import format_rank
 from memrec.analysis.sglang_report import kv_windows
 from memrec.analysis.sglang_report import marker_ranks
@@ -53,9 +56,13 @@ from memrec.analysis.sglang_report import rank_sort_key
 from memrec.analysis.sglang_report import shown_dims
 from memrec.analysis.text import fit_lines
 from memrec.analysis.text import table
-from memrec.analysis.timeline import OWNED
 from memrec.analysis.timeline import Journal
+from memrec.analysis.timeline import OWNED
 from memrec.analysis.timeline import build_timeline
+from memrec.analysis.untraced_diff import render_untraced
+from memrec.analysis.untraced_diff import split_by_rank
+from memrec.analysis.untraced_diff import untraced_rows
+from memrec.columns import failed_calls
 from memrec.events import CATEGORIES
 from memrec.events import Kind
 
@@ -85,6 +92,7 @@ class Run:
     budgets: list[KvBudget]
     windows: dict[int, KvWindow]
     events: np.ndarray
+    untraced: dict  # (rank, gpu) -> the untraced band's split (memrec.analysis.untraced_diff)
     contexts: list = dataclasses.field(default_factory=list)  # foreign CUDA contexts (sglang_report.process_contexts)
     custom_ar: dict | None = None  # sglang_report.custom_ar_facts
 
@@ -127,7 +135,8 @@ def analyze(trace: Any, name: str) -> Run:
     windows = kv_windows(trace.markers, phases, j, budgets, labels, skip=exit_rows)
     ranked = [p for p, k in rank_of.items() if k]
     contexts = process_contexts(trace, ranked, rank_gpus(trace.markers, j, budgets), labels)
-    return Run(name, start, phases, j, exit_rows, rank_of, budgets, windows, trace.events,
+    untraced = split_by_rank(reconcile(trace, tl, phases), rank_of)
+    return Run(name, start, phases, j, exit_rows, rank_of, budgets, windows, trace.events, untraced,
                [c for c in contexts if c["foreign"]], custom_ar_facts(trace.markers))
 
 
@@ -283,7 +292,7 @@ def _failures(run: Run, dims: tuple[str, ...]) -> dict[tuple, dict]:
                         "count": 1}
     ev = run.events
     if len(ev):
-        for i in np.nonzero(ev["result"] != 0)[0].tolist():
+        for i in np.nonzero(failed_calls(ev))[0].tolist():
             e = ev[i]
             rank = run.rank_of.get(int(e["pid"]), ())
             label = _rank_label(rank, dims)
@@ -507,6 +516,7 @@ def diff_traces(a_trace: Any, b_trace: Any, a_name: str = "A", b_name: str = "B"
         "windows": {"between": _window_diff(a, b, "between", dims), "before": _window_diff(a, b, "before", dims)},
         "phases": _phase_rows(a, b, dims),
         "failures": failures,
+        "untraced": untraced_rows(a.untraced, b.untraced, lambda key: _rank_label(key, dims)),
     }
     verdict = _verdict(d, a, b)
     return {"memrec_diff": d["memrec_diff"], "a": d["a"], "b": d["b"], "verdict": verdict,
@@ -594,6 +604,8 @@ def render_diff(d: dict, width: int | None = None) -> str:
             for r in d["phases"]
         ]
         out.extend(table(["PHASE", "RANK", "GPU", "CATEGORY", "A", "B", "Δ"], rows, right={2, 4, 5, 6}, indent="  "))
+
+    out.extend(render_untraced(d.get("untraced", []), _h, _hd))
 
     out.append("")
     if d["failures"]:

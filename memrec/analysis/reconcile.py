@@ -7,9 +7,10 @@ its owner). The difference is the explicit **untraced** band of that process::
 
     untraced = NVML used - traced
 
-memory the driver API calls memrec sees do not account for: the CUDA context, loaded modules
-(kernels, cuBLAS/cuDNN workspaces the libraries allocate through other paths), the allocator's page
-rounding (the driver hands out 2 MiB pages; memrec counts the bytes asked), pool reserves.
+memory the driver API calls memrec sees do not account for. :mod:`memrec.analysis.untraced` splits
+it into context | module code | pools | before recording | unexplained (``splits``, and every
+context bound with its cost in ``contexts``); the rest is the allocator's page rounding (the
+driver hands out 2 MiB pages; memrec counts the bytes asked) and whatever no probed call explains.
 
 For every NVML device sample the same is done for the whole GPU: NVML ``used`` beside the owned
 total of every process memrec traced on it, ``untraced = used - traced`` (other processes memrec did
@@ -46,7 +47,17 @@ from memrec.analysis.replay import initial_state
 from memrec.analysis.timeline import GpuSeries
 from memrec.analysis.timeline import Timeline
 from memrec.analysis.timeline import build_timeline
+from memrec.analysis.untraced import SPLIT
+from memrec.analysis.untraced import ContextRecord
+from memrec.analysis.untraced import Explainers
+from memrec.analysis.untraced import UntracedSplit
+from memrec.analysis.untraced import contexts
+from memrec.analysis.untraced import pool_held
+from memrec.analysis.untraced import split_process
 from memrec.events import Kind
+
+#: Steps listed per process in a summary (the largest first); the totals hold every step.
+MAX_STEPS = 12
 
 
 class _Samples:
@@ -117,6 +128,12 @@ class Reconciliation:
     traced_pids: dict[int, list[int]] = field(default_factory=dict)
     #: Whether the trace has any NVML per-process sample (of any GPU).
     process_sampling: bool = False
+    #: (gpu, pid) -> the untraced band split (one per process series).
+    splits: dict[tuple[int, int], UntracedSplit] = field(default_factory=dict)
+    #: Every context bound, in time order.
+    contexts: list[ContextRecord] = field(default_factory=list)
+    #: phase id -> its path (the labels of the splits' steps).
+    phase_label: Any = None
 
     def gpus(self) -> list[int]:
         """GPUs with NVML samples (device or per-process), ascending."""
@@ -136,8 +153,9 @@ class Reconciliation:
         ``unsampled_pids``: processes that owned traced memory on this GPU but never appeared in
         NVML's per-process samples of it (empty when the trace has no per-process samples at all).
         """
+        label = self.phase_label or (lambda _i: "(no phase)")
         rows = [
-            _process_row(s)
+            _process_row(s, self.splits.get((g, p)), label)
             for (g, p), s in sorted(self.processes.items())
             if g == gpu and (pid is None or p == pid)
         ]
@@ -146,11 +164,17 @@ class Reconciliation:
         if self.process_sampling:
             unsampled = [p for p in self.traced_pids.get(gpu, []) if p not in sampled and (pid is None or p == pid)]
         dev = self.devices.get(gpu)
+        device = _device_row(dev) if dev is not None else None
+        if device is not None and pid is None:
+            device["split"] = _sum_splits(rows)
         return {
             "gpu": gpu,
             "processes": rows,
-            "device": _device_row(dev) if dev is not None else None,
+            "device": device,
             "unsampled_pids": unsampled,
+            "contexts": [
+                _context_row(c, label) for c in self.contexts if c.gpu == gpu and (pid is None or c.pid == pid)
+            ],
         }
 
     def summary(self) -> dict[str, dict]:
@@ -158,7 +182,7 @@ class Reconciliation:
         return {str(g): self.gpu_summary(g) for g in self.gpus()}
 
 
-def reconcile(trace: Any, timeline: Timeline | None = None) -> Reconciliation:
+def reconcile(trace: Any, timeline: Timeline | None = None, phases: Any = None) -> Reconciliation:
     """Put NVML's per-process and device samples of ``trace`` beside the traced owned bytes.
 
     Args:
@@ -166,6 +190,8 @@ def reconcile(trace: Any, timeline: Timeline | None = None) -> Reconciliation:
         timeline: the replay of ``trace.events`` to look the traced bytes up in (the report passes
             its own); default: one replay here, from the file's keyframe at event 0 if it has one
             (a rotated file continues the previous one's state), as :func:`build_report` does.
+        phases: the trace's :class:`~memrec.analysis.phases.Phases` (the report passes its own);
+            default: built here from the markers.
     """
     if timeline is None:
         initial, _ = initial_state(trace)
@@ -203,6 +229,8 @@ def reconcile(trace: Any, timeline: Timeline | None = None) -> Reconciliation:
                 unavailable=int((~ok).sum()), recorded=p in recorded, exit_ts=exits.get(p),
             )
 
+    _split_untraced(out, ev, phases if phases is not None else _phases(trace))
+
     nv = trace.nvml
     if len(nv):
         gpu = nv["gpu"].astype(np.int64)
@@ -221,6 +249,28 @@ def reconcile(trace: Any, timeline: Timeline | None = None) -> Reconciliation:
                 unavailable=int((~ok).sum()),
             )
     return out
+
+
+def _phases(trace: Any) -> Any:
+    from memrec.analysis.phases import build_phases
+
+    end = max([int(trace.events["ts"][-1])] if len(trace.events) else [0])
+    return build_phases(trace.markers, end)
+
+
+def _split_untraced(out: Reconciliation, events: np.ndarray, phases: Any) -> None:
+    """Fill ``out.splits`` and ``out.contexts`` (memrec.analysis.untraced)."""
+    out.phase_label = phases.label
+    phase_of = phases.phase_at if phases.phases else (lambda _pid, _ts: -1)
+    explainers = Explainers(events)
+    held = pool_held(events)
+    until: dict[tuple[int, int], int | None] = {}
+    for key, s in out.processes.items():
+        out.splits[key] = split_process(key[0], key[1], s.ts, s.nvml_used, s.traced, held.get(key), explainers, phase_of)
+        live = np.nonzero(s.live)[0]
+        until[key] = int(s.ts[live[-1]]) if len(live) else None
+    owners = {g: set(pids) for g, pids in out.traced_pids.items()}
+    out.contexts = contexts(events, out.splits, owners, phase_of, until)
 
 
 def _by_key_then_time(key: np.ndarray, ts: np.ndarray) -> np.ndarray:
@@ -245,7 +295,7 @@ def _lower_median(a: np.ndarray) -> int:
     return int(np.sort(a)[(len(a) - 1) // 2])
 
 
-def _process_row(s: ProcessSeries) -> dict:
+def _process_row(s: ProcessSeries, split: UntracedSplit | None, label: Any) -> dict:
     live = s.live
     after = int((~live).sum())
     row: dict = {
@@ -279,7 +329,43 @@ def _process_row(s: ProcessSeries) -> dict:
             untraced_max_ts=int(s.ts[live][int(np.argmax(u))]),
             negative_samples=int((u < 0).sum()),
         )
+    row["split"] = None
+    if split is not None and live.any():
+        last = int(np.nonzero(live)[0][-1])
+        row["split"] = split.at(last)
+        lim = s.ts[last]
+        counted = [st for st in split.steps if st.ts <= lim]
+        row["unexplained_max_abs"] = int(np.abs(split.unexplained[live]).max())
+        by_phase: dict[str, dict[str, int]] = {}
+        for st in counted:
+            cell = by_phase.setdefault(label(st.phase), dict.fromkeys(SPLIT, 0))
+            cell[st.category] += st.bytes
+        row["split_by_phase"] = [{"phase": name, **cells} for name, cells in by_phase.items()]
+        by_library: dict[str, int] = {}
+        for st in counted:
+            if st.category == "module_code":
+                by_library[st.library or "(unknown)"] = by_library.get(st.library or "(unknown)", 0) + st.bytes
+        row["module_code_by_library"] = dict(sorted(by_library.items(), key=lambda kv: -abs(kv[1])))
+        largest = sorted(counted, key=lambda st: -abs(st.bytes))[:MAX_STEPS]
+        row["steps"] = [
+            {"ts": st.ts, "bytes": st.bytes, "category": st.category, "cause": st.cause, "cause_ts": st.cause_ts,
+             "phase": label(st.phase), "library": st.library}
+            for st in sorted(largest, key=lambda st: st.ts)
+        ]
     return row
+
+
+def _sum_splits(rows: list[dict]) -> dict | None:
+    """The device's split: the sum of its processes' (at their last samples)."""
+    splits = [r["split"] for r in rows if r.get("split")]
+    if not splits:
+        return None
+    return {name: sum(sp[name] for sp in splits) for name in SPLIT}
+
+
+def _context_row(c: ContextRecord, label: Any) -> dict:
+    return {"pid": c.pid, "gpu": c.gpu, "handle": c.handle, "api": c.api, "ts": c.ts, "phase": label(c.phase),
+            "cost": c.cost, "foreign": c.foreign}
 
 
 def _device_row(d: DeviceSeries) -> dict:

@@ -32,12 +32,13 @@ from memrec.analysis.replay import initial_state
 from memrec.analysis.replay import trace_bounds
 from memrec.analysis.sglang_report import build_sglang_section
 from memrec.analysis.sglang_report import rank_labels
-from memrec.analysis.timeline import OWNED
 from memrec.analysis.timeline import GpuSeries
 from memrec.analysis.timeline import Journal
+from memrec.analysis.timeline import OWNED
 from memrec.analysis.timeline import Timeline
 from memrec.analysis.timeline import build_timeline
 from memrec.analysis.timeline import state_at
+from memrec.columns import failed_calls
 from memrec.events import CATEGORIES
 from memrec.events import Kind
 from memrec.events import ProcessInfo
@@ -70,7 +71,7 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
     start, end = trace_bounds(trace)
     n = len(events)
     kinds = events["kind"] if n else np.zeros(0, np.uint16)
-    failed_idx = np.nonzero(events["result"] != 0)[0].tolist() if n else []
+    failed_idx = np.nonzero(failed_calls(events))[0].tolist() if n else []
     failed_gpu = _failure_gpus(events, failed_idx)
 
     snapshots: dict[int, dict] = {}
@@ -99,7 +100,7 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
     usage = attribute(phases, tl.journal) if trace.markers else []
     exit_usage = attribute(phases, _exit_rows(tl.journal, events)) if trace.markers else []
     procs = _processes(trace, tl, exits)
-    rec = reconcile(trace, tl)
+    rec = reconcile(trace, tl, phases)
 
     gpu_ids = set(tl.gpus) | {g for g, _ in failed_gpu.values()}
     gpu_ids |= set(trace.gpu_ids())
@@ -470,8 +471,10 @@ def _reconciliation(rec: Reconciliation, g: int, pid: int | None, start: int) ->
     if g < 0 or g not in rec.gpus():
         return None
     out = rec.gpu_summary(g, pid)
-    for row in out["processes"] + ([out["device"]] if out["device"] else []):
-        for key in ("last_ts", "untraced_max_ts", "exit_ts"):
+    rows = out["processes"] + ([out["device"]] if out["device"] else []) + out["contexts"]
+    rows += [st for p in out["processes"] for st in p.get("steps", [])]
+    for row in rows:
+        for key in ("last_ts", "untraced_max_ts", "exit_ts", "ts", "cause_ts"):
             if key in row:
                 row[key[:-2] + "t_s"] = _sec(row[key] - start) if row[key] is not None else None
     return out

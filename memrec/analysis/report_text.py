@@ -13,11 +13,13 @@ import re
 from typing import Any
 
 from memrec.analysis.answer import fit
+from memrec.analysis.phases import NO_PHASE
 from memrec.analysis.sglang_report import render_sglang
 from memrec.analysis.text import count
 from memrec.analysis.text import fit_lines
 from memrec.analysis.text import human
 from memrec.analysis.text import table
+from memrec.analysis.untraced import SPLIT
 from memrec.events import CATEGORIES
 from memrec.trace.merge import render_merged
 
@@ -369,7 +371,7 @@ def collapse(lines: list[str], header: re.Pattern, procs: dict) -> list[str]:
 
 def _render_reconciliation(rc: dict, procs: dict, width: int) -> list[str]:
     """The "NVML vs traced" table: each process NVML listed, then the whole GPU."""
-    out = ["  NVML vs traced (at each NVML sample; untraced = NVML - traced: context, modules, rounding, pools)"]
+    out = ["  NVML vs traced (at each NVML sample; untraced = NVML - traced, split below)"]
     rows = []
     for r in rc["processes"]:
         notes = []
@@ -411,6 +413,50 @@ def _render_reconciliation(rc: dict, procs: dict, width: int) -> list[str]:
             + ", ".join(f"pid {p}" for p in rc["unsampled_pids"])
             + " (gone between samples, or another PID namespace)"
         )
+    out.extend(_render_split(rc, procs, width))
+    return out
+
+
+def _render_split(rc: dict, procs: dict, width: int) -> list[str]:
+    """The untraced band split (memrec.analysis.untraced), the contexts, and the split per phase."""
+    rows = []
+    for r in rc["processes"]:
+        sp = r.get("split")
+        if sp:
+            rows.append([str(r["pid"]), procs.get(r["pid"], {}).get("rank", ""), human(r["untraced_last"]),
+                         *(human(sp[k]) for k in SPLIT)])
+    d = rc["device"]
+    if d is not None and d.get("split"):
+        rows.append(["GPU", "", human(sum(d["split"].values())), *(human(d["split"][k]) for k in SPLIT)])
+    out: list[str] = []
+    if rows:
+        out.append("  Untraced, split at the last sample (unexplained = untraced - the rest)")
+        out.extend(table(["PID", "RANK", "UNTRACED", "CONTEXT", "MODULES", "POOLS", "BEFORE", "UNEXPLAINED"],
+                         rows, right={0, 2, 3, 4, 5, 6, 7}, width=width, drop=(1,)))
+        for r in rc["processes"]:
+            libs = {k: v for k, v in r.get("module_code_by_library", {}).items() if v}
+            if libs:
+                out.append(f"    pid {r['pid']} module code: " + "; ".join(f"{k} {human(v)}" for k, v in list(libs.items())[:6]))
+    ctx_rows = []
+    for c in rc["contexts"]:
+        note = "foreign (owns nothing here)" if c["foreign"] else ""
+        ctx_rows.append([_t(c.get("t_s")), str(c["pid"]), c["api"], c["phase"], human(c["cost"]), note])
+    if ctx_rows:
+        out.append("  Contexts (cost: NVML's steps over the bind and its first kernel)")
+        out.extend(table(["TIME", "PID", "API", "PHASE", "COST", ""], ctx_rows, right={0, 1, 4}, width=width,
+                         drop=(3,), wrap=True))
+    phase_rows = []
+    for r in rc["processes"]:
+        phased = r.get("split_by_phase", [])
+        if all(ph["phase"] == NO_PHASE for ph in phased):
+            continue  # no markers: the split above says it all
+        for ph in phased:
+            if any(ph[k] for k in SPLIT if k != "before_recording"):
+                phase_rows.append([str(r["pid"]), ph["phase"], *(human(ph[k]) for k in SPLIT if k != "before_recording")])
+    if phase_rows:
+        out.append("  Untraced steps per phase")
+        out.extend(table(["PID", "PHASE", "CONTEXT", "MODULES", "POOLS", "UNEXPLAINED"], phase_rows,
+                         right={0, 2, 3, 4, 5}, width=width))
     return out
 
 

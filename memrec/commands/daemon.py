@@ -77,6 +77,8 @@ class DaemonCommand:
                             help="NVML per-process samples per second (0: off; default 1)")
         parser.add_argument("--ringbuf-pages", type=_arg(c.ring_pages), default=1024, metavar="N",
                             help="BPF ring buffer size in pages (power of two; default 1024)")
+        parser.add_argument("--no-untraced-probes", dest="untraced_probes", action="store_false",
+                            help="leave out the code-loading and pool probes (to measure what they cost)")
         parser.add_argument("-d", "--duration", type=_arg(c.duration), metavar="DURATION",
                             help="stop after this long (e.g. 30s, 10m, 2h)")
         parser.add_argument("--keep", type=_arg(file_count), default=0, metavar="N",
@@ -106,6 +108,7 @@ class DaemonCommand:
             nvml_device_hz=args.nvml_hz,
             nvml_process_hz=args.nvml_process_hz,
             ringbuf_pages=args.ringbuf_pages,
+            untraced_probes=args.untraced_probes,
         )
         service = Service(args.metrics_addr, args.keep, args.drop_capabilities)
         service.listen()  # a taken metrics port fails before the slow BPF compile

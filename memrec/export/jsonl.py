@@ -15,6 +15,7 @@ import numpy as np
 
 from memrec.events import cu_result_name
 from memrec.events import FLAG_IPC_BYTES
+from memrec.events import FLAG_NAME
 from memrec.events import Api
 from memrec.events import Kind
 from memrec.trace.format import EVENTS
@@ -55,6 +56,7 @@ def event_lines(events: np.ndarray) -> Iterator[dict]:
     """One dict per event, in the order of ``events`` (EVENT_DTYPE)."""
     cols = {name: events[name].tolist() for name in events.dtype.names if name != "ipc"}
     ipc_rows = set(np.flatnonzero(events["flags"] & FLAG_IPC_BYTES).tolist())
+    name_rows = set(np.flatnonzero(events["flags"] & FLAG_NAME).tolist())
     for i in range(len(events)):
         line = {
             "type": "event",
@@ -75,6 +77,8 @@ def event_lines(events: np.ndarray) -> Iterator[dict]:
         }
         if i in ipc_rows:
             line["ipc"] = events["ipc"][i].tobytes().hex()
+        if i in name_rows:  # a file or kernel name (code loads), cut at 63 bytes
+            line["name"] = events["ipc"][i].tobytes().split(b"\0", 1)[0].decode("utf-8", "replace")
         yield line
 
 

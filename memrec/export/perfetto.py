@@ -22,11 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from memrec.analysis.timeline import OWNED
-from memrec.api import Recording
 from memrec.analysis.names import api_name
 from memrec.analysis.names import process_title
 from memrec.analysis.names import result_name
+from memrec.analysis.timeline import OWNED
+from memrec.api import Recording
+from memrec.columns import failed_calls
 from memrec.events import FLAG_IPC_BYTES
 from memrec.events import Kind
 from memrec.export import require
@@ -159,7 +160,7 @@ def _process_tracks(w: _Writer, rec: Recording) -> None:
         {int(p) for p in np.unique(ev["pid"])} | {ph.pid for ph in phases.phases} | {i.pid for i in phases.instants}
     )
     flows_out, flows_in = _ipc_flows(ev)
-    failed = np.nonzero(ev["result"] != 0)[0]
+    failed = np.nonzero(failed_calls(ev))[0]
     for pid in pids:
         title = process_title(rec.trace.processes.get(pid), rec.ranks.get(pid, "")) or f"pid {pid}"
         proc = w.track(title, pid=pid)

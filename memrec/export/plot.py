@@ -19,11 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
+from memrec.analysis.names import result_name
 from memrec.analysis.phases import Phase
 from memrec.analysis.timeline import GpuSeries
 from memrec.api import Recording
+from memrec.columns import failed_calls
 from memrec.events import Kind
-from memrec.analysis.names import result_name
 from memrec.export import require
 
 #: Owned categories, bottom to top, and their colours (colour-blind safe, Okabe-Ito).
@@ -209,7 +210,7 @@ def _failures(p: Panel) -> list[tuple[int, str]]:
     ev = p.rec.timeline.events
     if not len(ev):
         return []
-    idx = np.nonzero((ev["result"] != 0) & (ev["gpu"] == p.gpu))[0]
+    idx = np.nonzero(failed_calls(ev) & (ev["gpu"] == p.gpu))[0]
     return [(int(ev["ts"][i]), f"{result_name(int(ev['result'][i]))} {_human(int(ev['size'][i]))}") for i in idx]
 
 

@@ -17,6 +17,19 @@
  *    magic, so another process can open them. POSIX fds from cuMemExportToShareableHandle are
  *    unlinked temp files holding the same encoding, so they survive SCM_RIGHTS.
  *  - Exported functions never call each other, so one API call is exactly one probe hit.
+ *  - Device code and stream-ordered pools behave as measured on an H200 (docs/validation/
+ *    untraced-explore.md): a library load costs nothing on the device; a kernel fetched into a
+ *    context (cuLibraryGetKernel with a context current, cuKernelGetFunction) costs
+ *    MEMREC_STUB_KERNEL_BYTES, the first one in a context MEMREC_STUB_FIRST_KERNEL_BYTES (the
+ *    lazy first-launch step); a module load (cuModuleLoad*) costs MEMREC_STUB_MODULE_BYTES; a
+ *    context MEMREC_STUB_CTX_BYTES. Pools keep freed blocks up to their release threshold
+ *    (default 0: at once given back, as after a sync) until a trim or their destruction.
+ *  - With MEMREC_STUB_NVML_DIR set, the stub writes what NVML would say this process uses on each
+ *    physical device to MEMREC_STUB_NVML_DIR/<pid> ("<device> <bytes>" lines, rewritten on every
+ *    change): contexts + device code + allocations + pool-held bytes. Tests stand it in for NVML.
+ *  - MEMREC_STUB_PACE_US: context binds, code loads, kernel fetches, pool calls and stream-ordered
+ *    allocations sleep this long before they act, as the real driver takes its time (a primary
+ *    retain took ~100 ms on an H200): a recorder reading NVML after each call sees one step each.
  *
  * Build: cc -O1 -g -fPIC -shared -Wl,-soname,libcuda.so.1 -o libcuda.so.1 cuda_stub.c -lpthread
  */
@@ -39,6 +52,13 @@ typedef unsigned long long CUmemGenericAllocationHandle;
 typedef struct CUctx_st *CUcontext;
 typedef struct CUstream_st *CUstream;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUlib_st *CUlibrary;
+typedef struct CUkern_st *CUkernel;
+typedef struct CUfunc_st *CUfunction;
+typedef int CUjit_option;     /* an enum in cuda.h: only passed through */
+typedef int CUlibraryOption;  /* an enum in cuda.h: only passed through */
+typedef int CUmemPool_attribute;
 
 #define CU_IPC_HANDLE_SIZE 64
 typedef struct CUipcMemHandle_st {
@@ -86,6 +106,18 @@ typedef enum CUmemAllocationGranularity_flags_enum {
     CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 0x1,
 } CUmemAllocationGranularity_flags;
 
+typedef struct CUmemPoolProps_st {
+    CUmemAllocationType allocType;
+    CUmemAllocationHandleType handleTypes;
+    CUmemLocation location;
+    void *win32SecurityAttributes;
+    size_t maxSize;
+    unsigned short usage;
+    unsigned char reserved[54];
+} CUmemPoolProps;
+
+#define CU_MEMPOOL_ATTR_RELEASE_THRESHOLD 4
+
 typedef struct CUexecAffinityParam_st CUexecAffinityParam; /* opaque here */
 typedef struct CUctxCreateParams_st CUctxCreateParams;     /* opaque here */
 
@@ -94,6 +126,8 @@ _Static_assert(sizeof(CUipcMemHandle) == 64, "CUipcMemHandle is 64 bytes");
 _Static_assert(__builtin_offsetof(CUmemAllocationProp, location) == 8, "prop->location at +8");
 _Static_assert(__builtin_offsetof(CUmemAllocationProp, location.id) == 12, "location.id at +12");
 _Static_assert(sizeof(CUmemAllocationProp) == 32, "CUmemAllocationProp is 32 bytes");
+_Static_assert(__builtin_offsetof(CUmemPoolProps, location.id) == 12, "pool props location.id at +12");
+_Static_assert(__builtin_offsetof(CUmemPoolProps, maxSize) == 24, "pool props maxSize at +24");
 
 enum {
     CUDA_SUCCESS = 0,
@@ -131,12 +165,39 @@ struct CUctx_st {
     int physical;
     int primary;
     int refs;
+    int kernels;                /* kernels fetched into this context (the first costs more) */
+    unsigned long long resident; /* what the context itself costs on its device */
 };
 
 struct live_alloc {
     CUdeviceptr ptr;
     unsigned long long size;
     int physical;
+    int pool; /* index in g_pools + 1 of the pool it came from; 0: none (synchronous or unknown pool) */
+};
+
+/* A pool: what it keeps of freed blocks (held), up to its release threshold. */
+struct pool {
+    unsigned long long id;
+    int physical;
+    int is_default;
+    unsigned long long held;
+    unsigned long long threshold;
+};
+
+/* A library or module, and the kernels fetched from it into contexts (to give back at unload). */
+struct code {
+    unsigned long long id;
+    int is_module;
+    int physical; /* modules load into the current context's device at once; -1 for libraries */
+    unsigned long long resident;
+};
+
+struct kernel_load {
+    unsigned long long kernel; /* the CUkernel handle */
+    unsigned long long code;   /* its library */
+    CUcontext ctx;             /* the context it was loaded into (0: fetched, not loaded) */
+    unsigned long long resident;
 };
 
 struct vmm_handle {
@@ -178,6 +239,20 @@ static struct range g_ipc_open[MAX_SMALL];
 static int g_ipc_open_count;
 static struct range g_host[MAX_SMALL];
 static int g_host_count;
+static struct pool g_pools[MAX_SMALL];
+static int g_pool_count;
+static struct code g_code[MAX_SMALL];
+static int g_code_count;
+static struct kernel_load g_kernels[MAX_SMALL];
+static int g_kernel_count;
+static unsigned long long g_resident[MAX_DEVICES]; /* contexts and device code, per physical device */
+static int g_contexts[MAX_DEVICES];                /* live contexts per physical device */
+static unsigned long long g_ctx_bytes = 300ULL << 20;
+static unsigned long long g_first_kernel_bytes = 90ULL << 20;
+static unsigned long long g_kernel_bytes = 2ULL << 20;
+static unsigned long long g_module_bytes = 4ULL << 20;
+static const char *g_nvml_dir;
+static unsigned long long g_pace_us;
 
 #define CTX_STACK_MAX 16
 static __thread CUcontext t_stack[CTX_STACK_MAX];
@@ -247,73 +322,84 @@ static CUdeviceptr charge(int physical, unsigned long long size) {
     return p;
 }
 
-static CUresult device_alloc(CUdeviceptr *dptr, unsigned long long size) {
-    if (!g_initialized)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (!dptr || size == 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    CUcontext c = current_ctx();
-    if (!valid_ctx(c))
-        return CUDA_ERROR_INVALID_CONTEXT;
-    pthread_mutex_lock(&g_lock);
-    CUresult rc = CUDA_SUCCESS;
-    if (g_live_count >= MAX_LIVE) {
-        rc = CUDA_ERROR_OUT_OF_MEMORY;
-    } else {
-        CUdeviceptr p = charge(c->physical, size);
-        if (!p) {
-            rc = CUDA_ERROR_OUT_OF_MEMORY; /* *dptr stays untouched, as the driver leaves it */
-        } else {
-            g_live[g_live_count].ptr = p;
-            g_live[g_live_count].size = size;
-            g_live[g_live_count].physical = c->physical;
-            g_live_count++;
-            *dptr = p;
-        }
-    }
-    pthread_mutex_unlock(&g_lock);
-    return rc;
+/* Take the driver's time before acting (MEMREC_STUB_PACE_US; never with the lock held). */
+static void pace(void) {
+    if (g_pace_us)
+        usleep((useconds_t)g_pace_us);
 }
 
-static CUresult device_free(CUdeviceptr p) {
-    if (!g_initialized)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (p == 0)
-        return CUDA_SUCCESS;
-    CUresult rc = CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&g_lock);
-    /* Search from the end: the common pattern frees recent allocations first. */
-    for (int i = g_live_count - 1; i >= 0; i--) {
-        if (g_live[i].ptr == p) {
-            g_used[g_live[i].physical] -= g_live[i].size;
-            g_live[i] = g_live[--g_live_count];
-            rc = CUDA_SUCCESS;
-            break;
-        }
+/* What NVML would list for this process, per physical device (MEMREC_STUB_NVML_DIR; lock held). */
+static void nvml_publish(void) {
+    if (!g_nvml_dir)
+        return;
+    char path[512], tmp[520];
+    snprintf(path, sizeof(path), "%s/%d", g_nvml_dir, (int)getpid());
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return;
+    for (int d = 0; d < g_physical_count; d++) {
+        unsigned long long held = 0;
+        for (int i = 0; i < g_pool_count; i++)
+            if (g_pools[i].physical == d)
+                held += g_pools[i].held;
+        if (g_contexts[d] > 0 || g_used[d] || held || g_resident[d])
+            fprintf(f, "%d %llu\n", d, g_resident[d] + g_used[d] + held);
     }
-    pthread_mutex_unlock(&g_lock);
-    return rc;
+    fclose(f);
+    rename(tmp, path);
 }
 
-static int find_range(struct range *tab, int n, unsigned long long addr, int exact) {
-    for (int i = n - 1; i >= 0; i--) {
-        if (exact ? tab[i].start == addr : (addr >= tab[i].start && addr < tab[i].start + tab[i].size))
+static void ctx_charge(CUcontext c) {
+    c->resident = g_ctx_bytes;
+    c->kernels = 0;
+    g_resident[c->physical] += c->resident;
+    g_contexts[c->physical]++;
+}
+
+static void ctx_uncharge(CUcontext c) {
+    g_resident[c->physical] -= c->resident;
+    g_contexts[c->physical]--;
+    c->resident = 0;
+    for (int i = g_kernel_count - 1; i >= 0; i--) {
+        if (g_kernels[i].ctx == c) {
+            g_resident[c->physical] -= g_kernels[i].resident;
+            g_kernels[i] = g_kernels[--g_kernel_count];
+        }
+    }
+}
+
+static int find_pool(CUmemoryPool p) {
+    for (int i = 0; i < g_pool_count; i++)
+        if (g_pools[i].id == (unsigned long long)(uintptr_t)p)
             return i;
-    }
     return -1;
 }
 
-static int add_range(struct range *tab, int *n, unsigned long long start, unsigned long long size,
-                     unsigned long long tag) {
-    if (*n >= MAX_SMALL)
+static int new_pool(int physical, int is_default) {
+    if (g_pool_count >= MAX_SMALL)
         return -1;
-    tab[*n].start = start;
-    tab[*n].size = size;
-    tab[*n].tag = tag;
-    return (*n)++;
+    int i = g_pool_count++;
+    g_pools[i].id = HANDLE_TAG | (0xFULL << 44) | ((unsigned long long)getpid() << 24) | (++g_handle_seq);
+    g_pools[i].physical = physical;
+    g_pools[i].is_default = is_default;
+    g_pools[i].held = 0;
+    g_pools[i].threshold = 0;
+    return i;
 }
 
-static void del_range(struct range *tab, int *n, int i) { tab[i] = tab[--(*n)]; }
+static int default_pool(int physical) {
+    for (int i = 0; i < g_pool_count; i++)
+        if (g_pools[i].is_default && g_pools[i].physical == physical)
+            return i;
+    return new_pool(physical, 1);
+}
+
+/* A pool gives back what it holds over its release threshold (the stub "synchronises" at once). */
+static void pool_settle(struct pool *p) {
+    if (p->held > p->threshold)
+        p->held = p->threshold;
+}
 
 static int find_handle(CUmemGenericAllocationHandle id) {
     for (int i = 0; i < g_handle_count; i++)
@@ -364,6 +450,104 @@ static int decode64(const char in[64], const char magic[8], unsigned long long *
     return *physical >= 0 && *physical < g_physical_count;
 }
 
+/* Allocate on the current context's device; from pool `pool` (a g_pools index, or -1: none), whose
+ * held bytes are handed out first, as a stream-ordered pool reuses what was freed into it. */
+static CUresult device_alloc_from(CUdeviceptr *dptr, unsigned long long size, int pool) {
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!dptr || size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUcontext c = current_ctx();
+    if (!valid_ctx(c))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_lock(&g_lock);
+    CUresult rc = CUDA_SUCCESS;
+    if (g_live_count >= MAX_LIVE) {
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+        CUdeviceptr p = charge(c->physical, size);
+        if (!p) {
+            rc = CUDA_ERROR_OUT_OF_MEMORY; /* *dptr stays untouched, as the driver leaves it */
+        } else {
+            if (pool >= 0) {
+                unsigned long long take = g_pools[pool].held < size ? g_pools[pool].held : size;
+                g_pools[pool].held -= take;
+            }
+            g_live[g_live_count].ptr = p;
+            g_live[g_live_count].size = size;
+            g_live[g_live_count].physical = c->physical;
+            g_live[g_live_count].pool = pool + 1;
+            g_live_count++;
+            *dptr = p;
+            nvml_publish();
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+static CUresult device_alloc(CUdeviceptr *dptr, unsigned long long size) { return device_alloc_from(dptr, size, -1); }
+
+/* Free `p`; an asynchronous free (`to_pool`) leaves the block with its pool, up to the threshold. */
+static CUresult device_free_to(CUdeviceptr p, int to_pool) {
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (p == 0)
+        return CUDA_SUCCESS;
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    /* Search from the end: the common pattern frees recent allocations first. */
+    for (int i = g_live_count - 1; i >= 0; i--) {
+        if (g_live[i].ptr == p) {
+            g_used[g_live[i].physical] -= g_live[i].size;
+            int pool = g_live[i].pool - 1;
+            if (to_pool && pool >= 0) {
+                g_pools[pool].held += g_live[i].size;
+                pool_settle(&g_pools[pool]);
+            }
+            g_live[i] = g_live[--g_live_count];
+            rc = CUDA_SUCCESS;
+            nvml_publish();
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+static CUresult device_free(CUdeviceptr p) { return device_free_to(p, 0); }
+
+static int find_range(struct range *tab, int n, unsigned long long addr, int exact) {
+    for (int i = n - 1; i >= 0; i--) {
+        if (exact ? tab[i].start == addr : (addr >= tab[i].start && addr < tab[i].start + tab[i].size))
+            return i;
+    }
+    return -1;
+}
+
+static int add_range(struct range *tab, int *n, unsigned long long start, unsigned long long size,
+                     unsigned long long tag) {
+    if (*n >= MAX_SMALL)
+        return -1;
+    tab[*n].start = start;
+    tab[*n].size = size;
+    tab[*n].tag = tag;
+    return (*n)++;
+}
+
+static void del_range(struct range *tab, int *n, int i) { tab[i] = tab[--(*n)]; }
+
+/* The checks of a call that writes to `out` about device `dev`. */
+static CUresult device_call(const void *out, CUdevice dev) {
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!out)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= g_visible_count)
+        return CUDA_ERROR_INVALID_DEVICE;
+    return CUDA_SUCCESS;
+}
+
 /* ---- initialisation and devices --------------------------------------------------------------- */
 
 CUAPI CUresult cuInit(unsigned int Flags) {
@@ -377,6 +561,14 @@ CUAPI CUresult cuInit(unsigned int Flags) {
         if (g_physical_count > MAX_DEVICES)
             g_physical_count = MAX_DEVICES;
         g_capacity = env_u64("MEMREC_STUB_DEVICE_BYTES", 80ULL << 30);
+        g_ctx_bytes = env_u64("MEMREC_STUB_CTX_BYTES", g_ctx_bytes);
+        g_first_kernel_bytes = env_u64("MEMREC_STUB_FIRST_KERNEL_BYTES", g_first_kernel_bytes);
+        g_kernel_bytes = env_u64("MEMREC_STUB_KERNEL_BYTES", g_kernel_bytes);
+        g_module_bytes = env_u64("MEMREC_STUB_MODULE_BYTES", g_module_bytes);
+        g_pace_us = env_u64("MEMREC_STUB_PACE_US", 0);
+        g_nvml_dir = getenv("MEMREC_STUB_NVML_DIR");
+        if (g_nvml_dir && !*g_nvml_dir)
+            g_nvml_dir = NULL;
         parse_visible_devices();
         for (int i = 0; i < g_visible_count; i++) {
             g_primary[i].magic = CTX_MAGIC;
@@ -419,12 +611,9 @@ CUAPI CUresult cuDeviceGet(CUdevice *device, int ordinal) {
 }
 
 CUAPI CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
-    if (!g_initialized)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (!bytes)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (dev < 0 || dev >= g_visible_count)
-        return CUDA_ERROR_INVALID_DEVICE;
+    CUresult rc = device_call(bytes, dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
     *bytes = g_capacity;
     return CUDA_SUCCESS;
 }
@@ -454,14 +643,15 @@ CUAPI int memrec_stub_physical_device(int ordinal) {
 /* ---- contexts ---------------------------------------------------------------------------------- */
 
 CUAPI CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
-    if (!g_initialized)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (!pctx)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (dev < 0 || dev >= g_visible_count)
-        return CUDA_ERROR_INVALID_DEVICE;
+    pace();
+    CUresult rc = device_call(pctx, dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
     pthread_mutex_lock(&g_lock);
-    g_primary[dev].refs++;
+    if (g_primary[dev].refs++ == 0) {
+        ctx_charge(&g_primary[dev]);
+        nvml_publish();
+    }
     pthread_mutex_unlock(&g_lock);
     *pctx = &g_primary[dev];
     return CUDA_SUCCESS;
@@ -473,19 +663,19 @@ CUAPI CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     if (dev < 0 || dev >= g_visible_count)
         return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&g_lock);
-    if (g_primary[dev].refs > 0)
-        g_primary[dev].refs--;
+    if (g_primary[dev].refs > 0 && --g_primary[dev].refs == 0) {
+        ctx_uncharge(&g_primary[dev]);
+        nvml_publish();
+    }
     pthread_mutex_unlock(&g_lock);
     return CUDA_SUCCESS;
 }
 
 static CUresult create_ctx(CUcontext *pctx, CUdevice dev) {
-    if (!g_initialized)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (!pctx)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (dev < 0 || dev >= g_visible_count)
-        return CUDA_ERROR_INVALID_DEVICE;
+    pace();
+    CUresult rc = device_call(pctx, dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
     if (t_depth >= CTX_STACK_MAX)
         return CUDA_ERROR_OUT_OF_MEMORY;
     struct CUctx_st *c = calloc(1, sizeof(*c));
@@ -495,6 +685,10 @@ static CUresult create_ctx(CUcontext *pctx, CUdevice dev) {
     c->ordinal = dev;
     c->physical = g_visible[dev];
     c->refs = 1;
+    pthread_mutex_lock(&g_lock);
+    ctx_charge(c);
+    nvml_publish();
+    pthread_mutex_unlock(&g_lock);
     t_stack[t_depth++] = c; /* a created context becomes current */
     *pctx = c;
     return CUDA_SUCCESS;
@@ -527,6 +721,10 @@ CUAPI CUresult cuCtxDestroy_v2(CUcontext ctx) {
         return CUDA_ERROR_INVALID_CONTEXT;
     if (current_ctx() == ctx)
         t_depth--; /* destroying the current context pops it */
+    pthread_mutex_lock(&g_lock);
+    ctx_uncharge(ctx);
+    nvml_publish();
+    pthread_mutex_unlock(&g_lock);
     ctx->magic = 0;
     free(ctx);
     return CUDA_SUCCESS;
@@ -621,42 +819,319 @@ CUAPI CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned in
     return device_alloc(dptr, bytesize);
 }
 
+/* From the current device's default pool. */
+static CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize) {
+    pace();
+    CUcontext c = current_ctx();
+    int pool = -1;
+    if (g_initialized && valid_ctx(c)) {
+        pthread_mutex_lock(&g_lock);
+        pool = default_pool(c->physical);
+        pthread_mutex_unlock(&g_lock);
+    }
+    return device_alloc_from(dptr, bytesize, pool);
+}
+
+/* From `pool`; a value that is no pool of the stub's (the workload's fake ones) is no pool at all. */
+static CUresult alloc_from_pool(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool) {
+    pace();
+    if (!pool)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    int i = find_pool(pool);
+    pthread_mutex_unlock(&g_lock);
+    return device_alloc_from(dptr, bytesize, i);
+}
+
 CUAPI CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
     (void)hStream;
-    return device_alloc(dptr, bytesize);
+    return alloc_async(dptr, bytesize);
 }
 
 CUAPI CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
     (void)hStream;
-    return device_alloc(dptr, bytesize);
+    return alloc_async(dptr, bytesize);
 }
 
 CUAPI CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                                        CUstream hStream) {
     (void)hStream;
-    if (!pool)
-        return CUDA_ERROR_INVALID_VALUE;
-    return device_alloc(dptr, bytesize);
+    return alloc_from_pool(dptr, bytesize, pool);
 }
 
 CUAPI CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                                             CUstream hStream) {
     (void)hStream;
-    if (!pool)
-        return CUDA_ERROR_INVALID_VALUE;
-    return device_alloc(dptr, bytesize);
+    return alloc_from_pool(dptr, bytesize, pool);
 }
 
 CUAPI CUresult cuMemFree_v2(CUdeviceptr dptr) { return device_free(dptr); }
 
 CUAPI CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
+    pace();
     (void)hStream;
-    return device_free(dptr);
+    return device_free_to(dptr, 1);
 }
 
 CUAPI CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
+    pace();
     (void)hStream;
-    return device_free(dptr);
+    return device_free_to(dptr, 1);
+}
+
+/* ---- stream-ordered pools ----------------------------------------------------------------------- */
+
+CUAPI CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev) {
+    pace();
+    CUresult rc = device_call(pool_out, dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&g_lock);
+    int i = default_pool(g_visible[dev]);
+    pthread_mutex_unlock(&g_lock);
+    if (i < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *pool_out = (CUmemoryPool)(uintptr_t)g_pools[i].id;
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps) {
+    pace();
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!pool || !poolProps || poolProps->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return CUDA_ERROR_INVALID_VALUE;
+    int ordinal = poolProps->location.id;
+    if (ordinal < 0 || ordinal >= g_visible_count)
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_lock);
+    int i = new_pool(g_visible[ordinal], 0);
+    pthread_mutex_unlock(&g_lock);
+    if (i < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *pool = (CUmemoryPool)(uintptr_t)g_pools[i].id;
+    return CUDA_SUCCESS;
+}
+
+enum pool_op { POOL_DESTROY, POOL_TRIM, POOL_THRESHOLD, POOL_OTHER_ATTR };
+
+/* One operation on a pool the stub made; INVALID_VALUE for any other handle (or destroying a
+ * device's default pool, which the driver refuses too). */
+static CUresult pool_op(CUmemoryPool pool, enum pool_op op, unsigned long long value) {
+    pace();
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    int i = find_pool(pool);
+    if (i >= 0 && !(op == POOL_DESTROY && g_pools[i].is_default)) {
+        rc = CUDA_SUCCESS;
+        if (op == POOL_DESTROY) {
+            /* Blocks still allocated from it stay valid and now belong to no pool. */
+            for (int a = 0; a < g_live_count; a++) {
+                if (g_live[a].pool == i + 1)
+                    g_live[a].pool = 0;
+                else if (g_live[a].pool == g_pool_count)
+                    g_live[a].pool = i + 1; /* the last pool moves into slot i */
+            }
+            g_pools[i] = g_pools[--g_pool_count];
+        } else if (op == POOL_TRIM) {
+            if (g_pools[i].held > value)
+                g_pools[i].held = value;
+        } else if (op == POOL_THRESHOLD) {
+            g_pools[i].threshold = value;
+            pool_settle(&g_pools[i]);
+        }
+        nvml_publish();
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+CUAPI CUresult cuMemPoolDestroy(CUmemoryPool pool) { return pool_op(pool, POOL_DESTROY, 0); }
+
+CUAPI CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
+    return pool_op(pool, POOL_TRIM, minBytesToKeep);
+}
+
+CUAPI CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
+    if (!value || attr < 1 || attr > 8)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (attr == CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
+        return pool_op(pool, POOL_THRESHOLD, *(unsigned long long *)value);
+    return pool_op(pool, POOL_OTHER_ATTR, 0);
+}
+
+/* ---- device code ---------------------------------------------------------------------------------- */
+
+static int find_code(unsigned long long id) {
+    for (int i = 0; i < g_code_count; i++)
+        if (g_code[i].id == id)
+            return i;
+    return -1;
+}
+
+/* A library (no context needed, nothing on the device until a kernel is fetched) or a module
+ * (loaded into the current context at once). */
+static CUresult code_load(unsigned long long *out, const void *image, const char *file, int is_module) {
+    pace();
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!out || (!image && !file))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (file && access(file, R_OK) != 0)
+        return 301; /* CUDA_ERROR_FILE_NOT_FOUND */
+    CUcontext c = current_ctx();
+    if (is_module && !valid_ctx(c))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_lock(&g_lock);
+    CUresult rc = CUDA_SUCCESS;
+    if (g_code_count >= MAX_SMALL) {
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+        int i = g_code_count++;
+        g_code[i].id = HANDLE_TAG | (0xCULL << 44) | ((unsigned long long)getpid() << 24) | (++g_handle_seq);
+        g_code[i].is_module = is_module;
+        g_code[i].physical = is_module ? c->physical : -1;
+        g_code[i].resident = is_module ? g_module_bytes : 0;
+        if (is_module) {
+            g_resident[c->physical] += g_module_bytes;
+            nvml_publish();
+        }
+        *out = g_code[i].id;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+static CUresult code_unload(unsigned long long id, int is_module) {
+    pace();
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&g_lock);
+    int i = find_code(id);
+    if (i >= 0 && g_code[i].is_module == is_module) {
+        if (g_code[i].physical >= 0)
+            g_resident[g_code[i].physical] -= g_code[i].resident;
+        for (int k = g_kernel_count - 1; k >= 0; k--) {
+            if (g_kernels[k].code == id) {
+                if (g_kernels[k].ctx)
+                    g_resident[g_kernels[k].ctx->physical] -= g_kernels[k].resident;
+                g_kernels[k] = g_kernels[--g_kernel_count];
+            }
+        }
+        g_code[i] = g_code[--g_code_count];
+        nvml_publish();
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+CUAPI CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions,
+                                 void **jitOptionsValues, unsigned int numJitOptions,
+                                 CUlibraryOption *libraryOptions, void **libraryOptionValues,
+                                 unsigned int numLibraryOptions) {
+    (void)jitOptions, (void)jitOptionsValues, (void)numJitOptions;
+    (void)libraryOptions, (void)libraryOptionValues, (void)numLibraryOptions;
+    return code_load((unsigned long long *)library, code, NULL, 0);
+}
+
+CUAPI CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, CUjit_option *jitOptions,
+                                     void **jitOptionsValues, unsigned int numJitOptions,
+                                     CUlibraryOption *libraryOptions, void **libraryOptionValues,
+                                     unsigned int numLibraryOptions) {
+    (void)jitOptions, (void)jitOptionsValues, (void)numJitOptions;
+    (void)libraryOptions, (void)libraryOptionValues, (void)numLibraryOptions;
+    return code_load((unsigned long long *)library, NULL, fileName, 0);
+}
+
+CUAPI CUresult cuLibraryUnload(CUlibrary library) { return code_unload((unsigned long long)(uintptr_t)library, 0); }
+
+CUAPI CUresult cuModuleLoad(CUmodule *module, const char *fname) {
+    return code_load((unsigned long long *)module, NULL, fname, 1);
+}
+
+CUAPI CUresult cuModuleLoadData(CUmodule *module, const void *image) {
+    return code_load((unsigned long long *)module, image, NULL, 1);
+}
+
+CUAPI CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions,
+                                  CUjit_option *options, void **optionValues) {
+    (void)numOptions, (void)options, (void)optionValues;
+    return code_load((unsigned long long *)module, image, NULL, 1);
+}
+
+CUAPI CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin) {
+    return code_load((unsigned long long *)module, fatCubin, NULL, 1);
+}
+
+CUAPI CUresult cuModuleUnload(CUmodule hmod) { return code_unload((unsigned long long)(uintptr_t)hmod, 1); }
+
+/* Load kernel `kernel` of library `code` into the current context, once (lock held). */
+static void kernel_into_context(unsigned long long kernel, unsigned long long code) {
+    CUcontext c = current_ctx();
+    if (!valid_ctx(c))
+        return;
+    for (int k = 0; k < g_kernel_count; k++)
+        if (g_kernels[k].kernel == kernel && g_kernels[k].ctx == c)
+            return;
+    if (g_kernel_count >= MAX_SMALL)
+        return;
+    unsigned long long cost = c->kernels++ == 0 ? g_first_kernel_bytes : g_kernel_bytes;
+    g_kernels[g_kernel_count].kernel = kernel;
+    g_kernels[g_kernel_count].code = code;
+    g_kernels[g_kernel_count].ctx = c;
+    g_kernels[g_kernel_count].resident = cost;
+    g_kernel_count++;
+    g_resident[c->physical] += cost;
+    nvml_publish();
+}
+
+/* A kernel handle encodes its library's slot and the name's hash, so fetching twice gives one handle. */
+CUAPI CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name) {
+    pace();
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!pKernel || !name || !*name)
+        return CUDA_ERROR_INVALID_VALUE;
+    unsigned long long lib = (unsigned long long)(uintptr_t)library;
+    pthread_mutex_lock(&g_lock);
+    CUresult rc = CUDA_SUCCESS;
+    if (find_code(lib) < 0) {
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    } else {
+        unsigned long long h = 1469598103934665603ULL;
+        for (const char *p = name; *p; p++)
+            h = (h ^ (unsigned char)*p) * 1099511628211ULL;
+        unsigned long long kernel = (lib & ~0xFFFFFFULL) ^ (h & 0xFFFFFFULL) ^ (lib & 0xFFFFFF);
+        kernel_into_context(kernel, lib);
+        *pKernel = (CUkernel)(uintptr_t)kernel;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+CUAPI CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel) {
+    pace();
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!pFunc || !kernel)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUcontext c = current_ctx();
+    if (!valid_ctx(c))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    unsigned long long k = (unsigned long long)(uintptr_t)kernel;
+    pthread_mutex_lock(&g_lock);
+    unsigned long long code = 0;
+    for (int i = 0; i < g_kernel_count; i++)
+        if (g_kernels[i].kernel == k)
+            code = g_kernels[i].code;
+    kernel_into_context(k, code);
+    pthread_mutex_unlock(&g_lock);
+    *pFunc = (CUfunction)(uintptr_t)(k ^ ((unsigned long long)(uintptr_t)c & 0xFFFF));
+    return CUDA_SUCCESS;
 }
 
 /* ---- virtual memory management ---------------------------------------------------------------- */
@@ -693,6 +1168,7 @@ CUAPI CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, co
         } else {
             g_used[physical] += size;
             *handle = g_handles[i].id;
+            nvml_publish();
         }
     }
     pthread_mutex_unlock(&g_lock);
@@ -711,6 +1187,7 @@ CUAPI CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
             if (!g_handles[i].imported)
                 g_used[g_handles[i].physical] -= g_handles[i].size;
             g_handles[i] = g_handles[--g_handle_count];
+            nvml_publish();
         }
     }
     pthread_mutex_unlock(&g_lock);

@@ -22,421 +22,29 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from dataclasses import field
 
 from memrec._errors import MemrecError
-
-CUDA_SUCCESS = 0
-CUDA_ERROR_OUT_OF_MEMORY = 2
-CU_MEM_LOCATION_TYPE_DEVICE = 1
-CU_MEM_ALLOCATION_TYPE_PINNED = 1
-CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1
-CU_MEM_HANDLE_TYPE_FABRIC = 8
-CU_MEM_ATTACH_GLOBAL = 1
-CU_MEMHOSTALLOC_PORTABLE = 1
-CU_MEMHOSTREGISTER_PORTABLE = 1
-CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 1
-
-MiB = 1 << 20
-GRANULE = 2 * MiB
-
-#: Fake stream and pool values: the stub never dereferences them, the probes record them.
-STREAM = 0x5A5A00
-STREAM_PTSZ = 0x5A5A01
-POOL = 0x900100
-POOL_PTSZ = 0x900101
-
-
-class CUipcMemHandle(ctypes.Structure):
-    """cuda.h: ``typedef struct { char reserved[64]; } CUipcMemHandle`` (passed by value)."""
-
-    _fields_ = [("reserved", ctypes.c_char * 64)]
-
-
-class CUmemLocation(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
-
-
-class _AllocFlags(ctypes.Structure):
-    _fields_ = [
-        ("compressionType", ctypes.c_ubyte),
-        ("gpuDirectRDMACapable", ctypes.c_ubyte),
-        ("usage", ctypes.c_ushort),
-        ("reserved", ctypes.c_ubyte * 4),
-    ]
-
-
-class CUmemAllocationProp(ctypes.Structure):
-    """cuda.h layout: location.type at +8, location.id at +12, 32 bytes in all."""
-
-    _fields_ = [
-        ("type", ctypes.c_int),
-        ("requestedHandleTypes", ctypes.c_int),
-        ("location", CUmemLocation),
-        ("win32HandleMetaData", ctypes.c_void_p),
-        ("allocFlags", _AllocFlags),
-    ]
-
-
-assert ctypes.sizeof(CUipcMemHandle) == 64
-assert ctypes.sizeof(CUmemAllocationProp) == 32
-assert CUmemAllocationProp.location.offset == 8
-
-_u64 = ctypes.c_uint64
-_pu64 = ctypes.POINTER(ctypes.c_uint64)
-_vp = ctypes.c_void_p
-_pvp = ctypes.POINTER(ctypes.c_void_p)
-_sz = ctypes.c_size_t
-_psz = ctypes.POINTER(ctypes.c_size_t)
-_uint = ctypes.c_uint
-_int = ctypes.c_int
-_pint = ctypes.POINTER(ctypes.c_int)
-
-#: ctypes signatures, as in cuda.h.
-SIGNATURES: dict[str, list] = {
-    "cuInit": [_uint],
-    "cuDeviceGetCount": [_pint],
-    "cuDeviceGet": [_pint, _int],
-    "cuDeviceTotalMem_v2": [_psz, _int],
-    "cuDevicePrimaryCtxRetain": [_pvp, _int],
-    "cuCtxCreate_v2": [_pvp, _uint, _int],
-    "cuCtxCreate_v3": [_pvp, _vp, _int, _uint, _int],
-    "cuCtxCreate_v4": [_pvp, _vp, _uint, _int],
-    "cuCtxDestroy_v2": [_vp],
-    "cuCtxSetCurrent": [_vp],
-    "cuCtxGetCurrent": [_pvp],
-    "cuCtxPushCurrent_v2": [_vp],
-    "cuCtxPopCurrent_v2": [_pvp],
-    "cuCtxGetDevice": [_pint],
-    "cuMemAlloc_v2": [_pu64, _sz],
-    "cuMemAllocPitch_v2": [_pu64, _psz, _sz, _sz, _uint],
-    "cuMemAllocManaged": [_pu64, _sz, _uint],
-    "cuMemAllocAsync": [_pu64, _sz, _vp],
-    "cuMemAllocAsync_ptsz": [_pu64, _sz, _vp],
-    "cuMemAllocFromPoolAsync": [_pu64, _sz, _vp, _vp],
-    "cuMemAllocFromPoolAsync_ptsz": [_pu64, _sz, _vp, _vp],
-    "cuMemFree_v2": [_u64],
-    "cuMemFreeAsync": [_u64, _vp],
-    "cuMemFreeAsync_ptsz": [_u64, _vp],
-    "cuMemCreate": [_pu64, _sz, ctypes.POINTER(CUmemAllocationProp), ctypes.c_ulonglong],
-    "cuMemRelease": [_u64],
-    "cuMemMap": [_u64, _sz, _sz, _u64, ctypes.c_ulonglong],
-    "cuMemUnmap": [_u64, _sz],
-    "cuMemAddressReserve": [_pu64, _sz, _sz, _u64, ctypes.c_ulonglong],
-    "cuMemAddressFree": [_u64, _sz],
-    "cuMemRetainAllocationHandle": [_pu64, _vp],
-    "cuMemExportToShareableHandle": [_vp, _u64, _int, ctypes.c_ulonglong],
-    "cuMemImportFromShareableHandle": [_pu64, _vp, _int],
-    "cuIpcGetMemHandle": [ctypes.POINTER(CUipcMemHandle), _u64],
-    "cuIpcOpenMemHandle_v2": [_pu64, CUipcMemHandle, _uint],
-    "cuIpcCloseMemHandle": [_u64],
-    "cuMemHostAlloc": [_pvp, _sz, _uint],
-    "cuMemAllocHost_v2": [_pvp, _sz],
-    "cuMemFreeHost": [_vp],
-    "cuMemHostRegister_v2": [_vp, _sz, _uint],
-    "cuMemHostUnregister": [_vp],
-    "memrec_stub_physical_device": [_int],
-}
-
-
-class WorkloadError(Exception):
-    """A driver call returned something the scenario did not expect."""
-
-
-@dataclass
-class Facts:
-    """What this process (and the processes it started) did, for tests to compare with events."""
-
-    calls: list[dict] = field(default_factory=list)
-    processes: list[dict] = field(default_factory=list)
-
-    def merge(self, other: dict) -> None:
-        self.calls.extend(other.get("calls", []))
-        self.processes.extend(other.get("processes", []))
-
-
-class Driver:
-    """The stub driver behind ctypes, recording a fact per call.
-
-    The current context is mirrored per thread (a stack, as the driver keeps it) so each fact
-    carries the ordinal the probes must resolve, without asking the driver (which would add
-    probe hits of its own).
-    """
-
-    def __init__(self, lib_path: str, facts: Facts, verbose: bool = False) -> None:
-        self.lib = ctypes.CDLL(lib_path)
-        for name, argtypes in SIGNATURES.items():
-            fn = getattr(self.lib, name)
-            fn.argtypes = argtypes
-            fn.restype = ctypes.c_int
-        self.facts = facts
-        self.verbose = verbose
-        self._local = threading.local()
-        self._ctx_ordinal: dict[int, int] = {}
-
-    # -- bookkeeping ---------------------------------------------------------------------------
-    def _stack(self) -> list[int]:
-        if not hasattr(self._local, "stack"):
-            self._local.stack = []
-        return self._local.stack
-
-    def current_ordinal(self) -> int:
-        stack = self._stack()
-        return self._ctx_ordinal.get(stack[-1], -1) if stack else -1
-
-    def current_ctx(self) -> int:
-        stack = self._stack()
-        return stack[-1] if stack else 0
-
-    def physical(self, ordinal: int) -> int:
-        return self.lib.memrec_stub_physical_device(ordinal) if ordinal >= 0 else -1
-
-    def call(self, api: str, args: dict, out_fn: Callable[[], dict] | None, *cargs, expect: int = CUDA_SUCCESS) -> tuple[int, dict]:
-        """Call ``api`` with ``cargs``; record a fact with ``args`` and ``out_fn()`` on success."""
-        ordinal = self.current_ordinal()
-        ctx = self.current_ctx()
-        rc = getattr(self.lib, api)(*cargs)
-        out = out_fn() if (out_fn and rc == CUDA_SUCCESS) else {}
-        fact = {
-            "pid": os.getpid(),
-            "tid": threading.get_native_id(),
-            "api": api,
-            "result": rc,
-            "args": args,
-            "out": out,
-            "ordinal": ordinal,
-            "physical": self.physical(ordinal),
-            "ctx": ctx,
-        }
-        self.facts.calls.append(fact)
-        if self.verbose:
-            print(f"[{fact['pid']}/{fact['tid']}] {api}({_fmt(args)}) = {rc} {_fmt(out)} ordinal={ordinal}", file=sys.stderr)
-        if rc != expect:
-            raise WorkloadError(f"{api}({_fmt(args)}) returned {rc}, expected {expect}")
-        return rc, out
-
-    # -- driver calls (one method per API used) --------------------------------------------------
-    def init(self) -> None:
-        # Not probed: cuInit, cuDeviceGet and friends are not memory events.
-        rc = self.lib.cuInit(0)
-        if rc != CUDA_SUCCESS:
-            raise WorkloadError(f"cuInit returned {rc}")
-
-    def device_count(self) -> int:
-        n = ctypes.c_int()
-        if self.lib.cuDeviceGetCount(ctypes.byref(n)) != CUDA_SUCCESS:
-            raise WorkloadError("cuDeviceGetCount failed")
-        return n.value
-
-    def total_mem(self, dev: int) -> int:
-        n = ctypes.c_size_t()
-        if self.lib.cuDeviceTotalMem_v2(ctypes.byref(n), dev) != CUDA_SUCCESS:
-            raise WorkloadError("cuDeviceTotalMem_v2 failed")
-        return n.value
-
-    def primary_ctx_retain(self, dev: int) -> int:
-        p = ctypes.c_void_p()
-        _, out = self.call("cuDevicePrimaryCtxRetain", {"dev": dev}, lambda: {"ctx": p.value}, ctypes.byref(p), dev)
-        self._ctx_ordinal[out["ctx"]] = dev
-        return out["ctx"]
-
-    def ctx_create(self, version: int, dev: int, flags: int = 0) -> int:
-        p = ctypes.c_void_p()
-        api = f"cuCtxCreate_v{version}"
-        args = {"dev": dev, "flags": flags}
-        if version == 2:
-            cargs = (ctypes.byref(p), flags, dev)
-        elif version == 3:
-            cargs = (ctypes.byref(p), None, 0, flags, dev)
-        else:
-            cargs = (ctypes.byref(p), None, flags, dev)
-        _, out = self.call(api, args, lambda: {"ctx": p.value}, *cargs)
-        self._ctx_ordinal[out["ctx"]] = dev
-        self._stack().append(out["ctx"])
-        return out["ctx"]
-
-    def ctx_destroy(self, ctx: int) -> None:
-        self.call("cuCtxDestroy_v2", {"ctx": ctx}, None, ctx)
-        stack = self._stack()
-        if stack and stack[-1] == ctx:
-            stack.pop()
-
-    def ctx_set_current(self, ctx: int) -> None:
-        self.call("cuCtxSetCurrent", {"ctx": ctx}, None, ctx)
-        stack = self._stack()
-        if stack:
-            stack[-1] = ctx
-        else:
-            stack.append(ctx)
-
-    def ctx_push(self, ctx: int) -> None:
-        self.call("cuCtxPushCurrent_v2", {"ctx": ctx}, None, ctx)
-        self._stack().append(ctx)
-
-    def ctx_pop(self) -> int:
-        p = ctypes.c_void_p()
-        _, out = self.call("cuCtxPopCurrent_v2", {}, lambda: {"ctx": p.value}, ctypes.byref(p))
-        self._stack().pop()
-        return out["ctx"]
-
-    def ctx_get_current(self) -> int:
-        p = ctypes.c_void_p()
-        _, out = self.call("cuCtxGetCurrent", {}, lambda: {"ctx": p.value or 0}, ctypes.byref(p))
-        return out["ctx"]
-
-    def ctx_get_device(self) -> int:
-        d = ctypes.c_int()
-        _, out = self.call("cuCtxGetDevice", {}, lambda: {"device": d.value}, ctypes.byref(d))
-        return out["device"]
-
-    def alloc(self, size: int, expect: int = CUDA_SUCCESS) -> int:
-        p = ctypes.c_uint64(0)
-        self.call("cuMemAlloc_v2", {"bytesize": size}, lambda: {"dptr": p.value}, ctypes.byref(p), size, expect=expect)
-        return p.value
-
-    def alloc_pitch(self, width: int, height: int, elem: int) -> tuple[int, int]:
-        p = ctypes.c_uint64(0)
-        pitch = ctypes.c_size_t(0)
-        args = {"width": width, "height": height, "elem": elem}
-        _, out = self.call(
-            "cuMemAllocPitch_v2", args, lambda: {"dptr": p.value, "pitch": pitch.value},
-            ctypes.byref(p), ctypes.byref(pitch), width, height, elem,
-        )
-        return out["dptr"], out["pitch"]
-
-    def alloc_managed(self, size: int, flags: int) -> int:
-        p = ctypes.c_uint64(0)
-        self.call("cuMemAllocManaged", {"bytesize": size, "flags": flags}, lambda: {"dptr": p.value}, ctypes.byref(p), size, flags)
-        return p.value
-
-    def alloc_async(self, api: str, size: int, stream: int) -> int:
-        p = ctypes.c_uint64(0)
-        self.call(api, {"bytesize": size, "stream": stream}, lambda: {"dptr": p.value}, ctypes.byref(p), size, stream)
-        return p.value
-
-    def alloc_from_pool(self, api: str, size: int, pool: int, stream: int) -> int:
-        p = ctypes.c_uint64(0)
-        args = {"bytesize": size, "pool": pool, "stream": stream}
-        self.call(api, args, lambda: {"dptr": p.value}, ctypes.byref(p), size, pool, stream)
-        return p.value
-
-    def free(self, ptr: int) -> None:
-        self.call("cuMemFree_v2", {"dptr": ptr}, None, ptr)
-
-    def free_async(self, api: str, ptr: int, stream: int) -> None:
-        self.call(api, {"dptr": ptr, "stream": stream}, None, ptr, stream)
-
-    def host_alloc(self, size: int, flags: int) -> int:
-        p = ctypes.c_void_p()
-        _, out = self.call("cuMemHostAlloc", {"bytesize": size, "flags": flags}, lambda: {"p": p.value}, ctypes.byref(p), size, flags)
-        return out["p"]
-
-    def alloc_host(self, size: int) -> int:
-        p = ctypes.c_void_p()
-        _, out = self.call("cuMemAllocHost_v2", {"bytesize": size}, lambda: {"p": p.value}, ctypes.byref(p), size)
-        return out["p"]
-
-    def free_host(self, ptr: int) -> None:
-        self.call("cuMemFreeHost", {"p": ptr}, None, ptr)
-
-    def host_register(self, ptr: int, size: int, flags: int) -> None:
-        self.call("cuMemHostRegister_v2", {"p": ptr, "bytesize": size, "flags": flags}, None, ptr, size, flags)
-
-    def host_unregister(self, ptr: int) -> None:
-        self.call("cuMemHostUnregister", {"p": ptr}, None, ptr)
-
-    def address_reserve(self, size: int, alignment: int, addr: int) -> int:
-        p = ctypes.c_uint64(0)
-        args = {"size": size, "alignment": alignment, "addr": addr}
-        _, out = self.call("cuMemAddressReserve", args, lambda: {"ptr": p.value}, ctypes.byref(p), size, alignment, addr, 0)
-        return out["ptr"]
-
-    def address_free(self, ptr: int, size: int) -> None:
-        self.call("cuMemAddressFree", {"ptr": ptr, "size": size}, None, ptr, size)
-
-    def mem_create(self, size: int, device: int, expect: int = CUDA_SUCCESS) -> int:
-        prop = CUmemAllocationProp()
-        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED
-        prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | CU_MEM_HANDLE_TYPE_FABRIC
-        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE
-        prop.location.id = device
-        h = ctypes.c_uint64(0)
-        args = {"size": size, "location_type": CU_MEM_LOCATION_TYPE_DEVICE, "location_id": device}
-        self.call("cuMemCreate", args, lambda: {"handle": h.value}, ctypes.byref(h), size, ctypes.byref(prop), 0, expect=expect)
-        return h.value
-
-    def mem_release(self, handle: int) -> None:
-        self.call("cuMemRelease", {"handle": handle}, None, handle)
-
-    def mem_map(self, ptr: int, size: int, offset: int, handle: int) -> None:
-        args = {"ptr": ptr, "size": size, "offset": offset, "handle": handle}
-        self.call("cuMemMap", args, None, ptr, size, offset, handle, 0)
-
-    def mem_unmap(self, ptr: int, size: int) -> None:
-        self.call("cuMemUnmap", {"ptr": ptr, "size": size}, None, ptr, size)
-
-    def retain_allocation_handle(self, addr: int) -> int:
-        h = ctypes.c_uint64(0)
-        _, out = self.call("cuMemRetainAllocationHandle", {"addr": addr}, lambda: {"handle": h.value}, ctypes.byref(h), addr)
-        return out["handle"]
-
-    def export_fd(self, handle: int) -> int:
-        fd = ctypes.c_int(-1)
-        args = {"handle": handle, "type": CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR}
-        _, out = self.call("cuMemExportToShareableHandle", args, lambda: {"fd": fd.value},
-                           ctypes.byref(fd), handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)
-        return out["fd"]
-
-    def export_fabric(self, handle: int) -> bytes:
-        buf = (ctypes.c_char * 64)()
-        args = {"handle": handle, "type": CU_MEM_HANDLE_TYPE_FABRIC}
-        _, out = self.call("cuMemExportToShareableHandle", args, lambda: {"fabric": bytes(buf).hex()},
-                           ctypes.byref(buf), handle, CU_MEM_HANDLE_TYPE_FABRIC, 0)
-        return bytes.fromhex(out["fabric"])
-
-    def import_fd(self, fd: int) -> int:
-        h = ctypes.c_uint64(0)
-        args = {"fd": fd, "type": CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR}
-        _, out = self.call("cuMemImportFromShareableHandle", args, lambda: {"handle": h.value},
-                           ctypes.byref(h), fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
-        return out["handle"]
-
-    def import_fabric(self, blob: bytes) -> int:
-        h = ctypes.c_uint64(0)
-        buf = (ctypes.c_char * 64).from_buffer_copy(blob)
-        args = {"fabric": blob.hex(), "type": CU_MEM_HANDLE_TYPE_FABRIC}
-        _, out = self.call("cuMemImportFromShareableHandle", args, lambda: {"handle": h.value},
-                           ctypes.byref(h), ctypes.addressof(buf), CU_MEM_HANDLE_TYPE_FABRIC)
-        return out["handle"]
-
-    def ipc_get_handle(self, ptr: int) -> bytes:
-        handle = CUipcMemHandle()
-        _, out = self.call("cuIpcGetMemHandle", {"dptr": ptr}, lambda: {"handle": bytes(handle).hex()},
-                           ctypes.byref(handle), ptr)
-        return bytes.fromhex(out["handle"])
-
-    def ipc_open(self, blob: bytes, flags: int) -> int:
-        handle = CUipcMemHandle.from_buffer_copy(blob)
-        p = ctypes.c_uint64(0)
-        args = {"handle": blob.hex(), "flags": flags}
-        _, out = self.call("cuIpcOpenMemHandle_v2", args, lambda: {"dptr": p.value}, ctypes.byref(p), handle, flags)
-        return out["dptr"]
-
-    def ipc_close(self, ptr: int) -> None:
-        self.call("cuIpcCloseMemHandle", {"dptr": ptr}, None, ptr)
-
-    def use_device(self, dev: int) -> int:
-        """Retain ``dev``'s primary context and make it current (what cudart does on first use)."""
-        ctx = self.primary_ctx_retain(dev)
-        self.ctx_set_current(ctx)
-        return ctx
-
-
-def _fmt(d: dict) -> str:
-    return ", ".join(f"{k}={hex(v) if isinstance(v, int) and v > 4096 else v}" for k, v in d.items())
-
+from memrec.stubdriver.driver import CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+from memrec.stubdriver.driver import CU_MEM_ATTACH_GLOBAL
+from memrec.stubdriver.driver import CU_MEMHOSTALLOC_PORTABLE
+from memrec.stubdriver.driver import CU_MEMHOSTREGISTER_PORTABLE
+from memrec.stubdriver.driver import CU_MEMPOOL_ATTR_RELEASE_THRESHOLD
+from memrec.stubdriver.driver import CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES
+from memrec.stubdriver.driver import CUDA_ERROR_FILE_NOT_FOUND
+from memrec.stubdriver.driver import CUDA_ERROR_OUT_OF_MEMORY
+from memrec.stubdriver.driver import GRANULE
+from memrec.stubdriver.driver import IMAGE
+from memrec.stubdriver.driver import POOL
+from memrec.stubdriver.driver import POOL_PTSZ
+from memrec.stubdriver.driver import STREAM
+from memrec.stubdriver.driver import STREAM_PTSZ
+from memrec.stubdriver.driver import Driver
+from memrec.stubdriver.driver import Facts
+from memrec.stubdriver.driver import MiB
+from memrec.stubdriver.driver import WorkloadError
 
 # ---- scenarios ------------------------------------------------------------------------------------
 
@@ -614,14 +222,75 @@ def scenario_leak_child(drv: Driver, ctx: RunContext) -> None:
         drv.alloc(size)
 
 
+def scenario_code(drv: Driver, ctx: RunContext) -> None:
+    """Device code, as PyTorch and NCCL load it: a library loaded before any context (nothing on
+    the device yet), kernels fetched once a context is current (the first one is the context's lazy
+    first-launch step), a library from a file, every cuModuleLoad* flavour, unloads, and a module
+    file that does not exist (CUDA_ERROR_FILE_NOT_FOUND)."""
+    image = ctypes.create_string_buffer(IMAGE, len(IMAGE))
+    # As PyTorch and NCCL do: the image lies in a mapped library (here the driver's own file).
+    lib = drv.library_load_data(ctypes.cast(drv.lib.cuInit, ctypes.c_void_p).value)
+    drv.use_device(0)
+    first = drv.library_get_kernel(lib, "memrec_first_kernel")
+    drv.kernel_get_function(first)
+    second = drv.library_get_kernel(lib, "_Z13memrec_kernelPfS_i_a_name_longer_than_the_sixty_three_bytes_kept")
+    drv.kernel_get_function(second)
+    from_file = drv.library_load_file(ctx.lib)
+    third = drv.library_get_kernel(from_file, "memrec_file_kernel")
+    drv.kernel_get_function(third)
+    modules = [drv.module_load("cuModuleLoad", ctx.lib)]
+    modules += [drv.module_load(api, image) for api in ("cuModuleLoadData", "cuModuleLoadDataEx", "cuModuleLoadFatBinary")]
+    drv.module_load("cuModuleLoad", "/nonexistent/memrec.cubin", expect=CUDA_ERROR_FILE_NOT_FOUND)
+    for m in modules:
+        drv.module_unload(m)
+    drv.library_unload(from_file)
+
+
+def scenario_pool(drv: Driver, ctx: RunContext) -> None:
+    """Stream-ordered pools as PyTorch's cudaMallocAsync backend and NCCL use them: the default pool
+    told to keep everything (release threshold UINT64_MAX), three blocks, one freed (the pool keeps
+    it), a trim that gives it back; a pool of its own created, used, kept, destroyed."""
+    drv.use_device(0)
+    default = drv.default_mem_pool(0)
+    drv.pool_set_attribute(default, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, 2**64 - 1)
+    drv.pool_set_attribute(default, CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES, 1)
+    blocks = [drv.alloc_async("cuMemAllocAsync", 64 * MiB, STREAM) for _ in range(3)]
+    drv.free_async("cuMemFreeAsync", blocks[1], STREAM)
+    drv.pool_trim(default, 0)
+    own = drv.pool_create(0, 1 << 30)
+    p = drv.alloc_from_pool("cuMemAllocFromPoolAsync", 32 * MiB, own, STREAM)
+    drv.free_async("cuMemFreeAsync", p, STREAM)  # threshold 0: given back at once
+    drv.pool_set_attribute(own, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, 16 * MiB)
+    p = drv.alloc_from_pool("cuMemAllocFromPoolAsync", 32 * MiB, own, STREAM)
+    drv.free_async("cuMemFreeAsync", p, STREAM)  # kept: 16 MiB of it
+    drv.pool_destroy(own)
+    for b in (blocks[0], blocks[2]):
+        drv.free_async("cuMemFreeAsync", b, STREAM)
+    drv.pool_trim(default, 0)
+
+
+def scenario_foreign(drv: Driver, ctx: RunContext) -> None:
+    """A context on device 1 where the process allocates nothing (what careless tooling and IPC
+    do: a "foreign context"), beside its work on device 0."""
+    drv.use_device(0)
+    p = drv.alloc(8 * MiB)
+    c1 = drv.primary_ctx_retain(1)
+    drv.ctx_push(c1)
+    drv.ctx_pop()
+    drv.free(p)
+
+
 SCENARIOS: dict[str, Callable[[Driver, RunContext], None]] = {
     "basic": scenario_basic,
     "vmm": scenario_vmm,
     "ipc": scenario_ipc,
     "multi": scenario_multi,
     "leak": scenario_leak,
+    "code": scenario_code,
+    "pool": scenario_pool,
+    "foreign": scenario_foreign,
 }
-DEMO = ("basic", "vmm", "ipc", "multi", "leak")
+DEMO = ("basic", "vmm", "ipc", "multi", "leak", "code", "pool", "foreign")
 INTERNAL: dict[str, Callable[[Driver, RunContext], None]] = {
     "_ipc_import": scenario_ipc_import,
     "_visible_child": scenario_visible_child,
@@ -666,6 +335,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--lib", help="the stub libcuda.so.1 (default: $MEMREC_STUB_LIB, else build it)")
     parser.add_argument("--facts", action="store_true", help="print the calls made as JSON on stdout")
     parser.add_argument("--wait", action="store_true", help="read one line from stdin before starting")
+    parser.add_argument("--linger", type=float, default=0.0, metavar="S",
+                        help="sleep S seconds after the scenarios (a recorder's last NVML reading of the final state)")
+    parser.add_argument("--hold", action="store_true",
+                        help="after the scenarios, print 'ready' and read one line from stdin before exiting")
     parser.add_argument("-v", "--verbose", action="store_true", help="log every driver call on stderr")
     args = parser.parse_args(argv)
     known = set(SCENARIOS) | set(INTERNAL) | {"demo"}
@@ -713,6 +386,11 @@ def main(argv: list[str] | None = None) -> int:
     except (WorkloadError, subprocess.SubprocessError, json.JSONDecodeError) as exc:
         print(f"workload: error: {exc}", file=sys.stderr)
         return 1
+    if args.linger > 0:
+        time.sleep(args.linger)
+    if args.hold:
+        print("ready", file=sys.stderr, flush=True)
+        sys.stdin.readline()
     if args.facts:
         json.dump({"pid": os.getpid(), "scenarios": names, "lib": lib, "calls": facts.calls, "processes": facts.processes}, sys.stdout)
         sys.stdout.write("\n")

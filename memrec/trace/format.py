@@ -42,6 +42,7 @@ from memrec.columns import EVENT_DTYPE
 from memrec.columns import NVML_DTYPE
 from memrec.columns import PROCMEM_DTYPE
 from memrec.events import FLAG_IPC_BYTES
+from memrec.events import FLAG_NAME
 from memrec.events import IPC_HANDLE_SIZE
 from memrec.events import GpuInfo
 from memrec.events import Marker
@@ -53,7 +54,7 @@ MAGIC = "memrec-trace"
 #: Major format version: a reader refuses a trace whose major version is newer than its own.
 FORMAT_VERSION = 1
 #: Minor format version: a newer minor only adds record types or fields, which older readers skip.
-FORMAT_MINOR = 0
+FORMAT_MINOR = 1
 #: The clock of every ``ts`` in a trace (ns); the header's ``anchor`` ties it to wall-clock time.
 CLOCK = "CLOCK_MONOTONIC"
 
@@ -77,8 +78,10 @@ COLUMNAR: dict[str, np.dtype] = {EVENTS: EVENT_DTYPE, NVML: NVML_DTYPE, PROCMEM:
 #: The key of the structured array in a columnar record's logical form.
 ROWS_KEY: dict[str, str] = {EVENTS: "events", NVML: "samples", PROCMEM: "samples"}
 
-#: The events column stored sparsely (only rows whose flags have FLAG_IPC_BYTES).
+#: The events column stored sparsely (only rows whose flags have FLAG_IPC_BYTES or, since minor 1,
+#: FLAG_NAME: a file or kernel name).
 SPARSE_COLUMN = "ipc"
+SPARSE_FLAGS = FLAG_IPC_BYTES | FLAG_NAME
 
 #: Value of a column a chunk does not carry (older or newer writer). Unlisted columns default to 0.
 COLUMN_DEFAULTS: dict[str, dict[str, int]] = {
@@ -391,7 +394,7 @@ class ChunkBuilder:
             for name in self._names:
                 self._cols[name][self.rows : end] = part[name]
             if self._sparse:
-                idx = np.flatnonzero(part["flags"] & FLAG_IPC_BYTES)
+                idx = np.flatnonzero(part["flags"] & SPARSE_FLAGS)
                 if len(idx):
                     self._ipc_index.append((idx + self.rows).astype("<u4"))
                     self._ipc.append(part[SPARSE_COLUMN][idx].tobytes())

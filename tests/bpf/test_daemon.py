@@ -125,7 +125,7 @@ def wait_for_events(path: Path, pids: set[int], timeout: float = 10) -> None:
 #: (unlike the workload's short-lived children) its CUDA_VISIBLE_DEVICES is certain to be read.
 WORKER = """
 import json, sys
-from memrec.stubdriver.workload import Driver, Facts
+from memrec.stubdriver.driver import Driver, Facts
 facts = Facts()
 drv = Driver(sys.argv[1], facts)
 drv.init()

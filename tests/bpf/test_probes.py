@@ -21,6 +21,7 @@ from memrec.columns import RAW_DTYPE
 from memrec.events import API_KIND
 from memrec.events import CONTEXT_TRACKING_APIS
 from memrec.events import FLAG_IPC_BYTES
+from memrec.events import FLAG_NAME
 from memrec.events import Api
 from memrec.events import Kind
 
@@ -30,7 +31,14 @@ CMP_FIELDS = ("kind", "api", "result", "ordinal", "flags", "ptr", "size", "handl
 NO_EVENT = {a.name for a in CONTEXT_TRACKING_APIS}
 #: Kinds whose ordinal is not the current context's (the table says -1).
 UNBOUND = {Kind.VMM_RELEASE, Kind.VMM_MAP, Kind.VMM_UNMAP, Kind.VA_RESERVE, Kind.VA_FREE,
-           Kind.SHARE_EXPORT, Kind.VMM_RETAIN}
+           Kind.SHARE_EXPORT, Kind.VMM_RETAIN, Kind.POOL_DESTROY, Kind.POOL_TRIM, Kind.POOL_ATTR}
+#: Calls whose entry also emits a CTX_BEGIN (the daemon reads NVML before the context exists).
+CTX_BINDS = {"cuDevicePrimaryCtxRetain", "cuCtxCreate_v2", "cuCtxCreate_v3", "cuCtxCreate_v4"}
+
+
+def name_bytes(name: str) -> bytes:
+    """A name as the probe reads it: at most 63 bytes and a NUL, zeros after."""
+    return name.encode()[:63].ljust(64, b"\0")
 
 
 # ---- helpers ----------------------------------------------------------------------------------
@@ -99,7 +107,42 @@ def expected_event(fact: dict) -> dict | None:
             ev.update(aux=2, handle=fact["ctx"], ordinal=out.get("device", -1))
         else:
             ev.update(aux=0 if api == "cuDevicePrimaryCtxRetain" else 1, handle=out.get("ctx", 0), ordinal=a["dev"])
+    elif kind == Kind.CODE_LOAD:
+        ev.update(handle=out.get("library", out.get("module", 0)), ptr=a.get("code", 0))
+        if "file" in a:
+            ev.update(ipc=name_bytes(a["file"]), flags=FLAG_NAME)
+    elif kind == Kind.CODE_UNLOAD:
+        ev["handle"] = a["handle"]
+    elif kind == Kind.KERNEL_LOAD:
+        if api == "cuLibraryGetKernel":
+            ev.update(ptr=a["library"], handle=out.get("kernel", 0), ipc=name_bytes(a["name"]), flags=FLAG_NAME)
+        else:
+            ev.update(ptr=a["kernel"], handle=out.get("function", 0))
+    elif kind == Kind.POOL:
+        ev["handle"] = out.get("pool", 0)
+        if api == "cuMemPoolCreate":
+            ev.update(ordinal=a["location_id"], aux=a["location_type"], size=a["max_size"])
+        else:
+            ev["ordinal"] = a["dev"]
+    elif kind == Kind.POOL_DESTROY:
+        ev["handle"] = a["handle"]
+    elif kind == Kind.POOL_TRIM:
+        ev.update(handle=a["handle"], size=a["keep"])
+    elif kind == Kind.POOL_ATTR:
+        ev.update(handle=a["handle"], aux=a["attr"], size=a["value"])
     return ev
+
+
+def expected_events(fact: dict) -> list[dict]:
+    """Every event one driver call must produce, in order: a context bind's CTX_BEGIN at entry
+    (whatever the call returns), then the call's own event."""
+    ev = expected_event(fact)
+    if ev is None:
+        return []
+    if fact["api"] not in CTX_BINDS:
+        return [ev]
+    begin = dict(ev, kind=int(Kind.CTX_BEGIN), result=0, handle=0)
+    return [begin, ev]
 
 
 def as_dict(rec: np.void) -> dict:
@@ -155,7 +198,7 @@ def assert_exact(events: np.ndarray, facts: dict) -> None:
     tids = {(c["pid"], c["tid"]) for c in facts["calls"]}
     assert {(int(e["pid"]), int(e["tid"])) for e in calls} <= tids
     for pid, tid in sorted(tids):
-        expected = [e for f in facts["calls"] if (f["pid"], f["tid"]) == (pid, tid) if (e := expected_event(f))]
+        expected = [e for f in facts["calls"] if (f["pid"], f["tid"]) == (pid, tid) for e in expected_events(f)]
         actual = [as_dict(e) for e in calls if (e["pid"], e["tid"]) == (pid, tid)]
         assert len(actual) == len(expected), f"{pid}/{tid}: {len(actual)} events, expected {len(expected)}"
         for i, (got, want) in enumerate(zip(actual, expected)):
@@ -163,7 +206,7 @@ def assert_exact(events: np.ndarray, facts: dict) -> None:
 
 
 def expected_count(facts: dict) -> int:
-    return sum(1 for f in facts["calls"] if expected_event(f)) + len(pids_of(facts))
+    return sum(len(expected_events(f)) for f in facts["calls"]) + len(pids_of(facts))
 
 
 def record(probes, lib: Path, *scenarios: str) -> tuple[dict, np.ndarray]:
@@ -301,9 +344,79 @@ def test_leaking_child_gets_a_process_exit(probes, stub_lib):
 
     leaker = next(p["pid"] for p in facts["processes"] if p["role"] == "leaker")
     mine = events[events["pid"] == leaker]
-    assert [Kind(k).name for k in mine["kind"]] == ["CTX", "ALLOC", "ALLOC", "ALLOC", "PROC_EXIT"]
+    assert [Kind(k).name for k in mine["kind"]] == ["CTX_BEGIN", "CTX", "ALLOC", "ALLOC", "ALLOC", "PROC_EXIT"]
     assert not (mine["kind"] == Kind.FREE).any()
     assert mine[-1]["api"] == Api.sched_process_exit and mine[-1]["ordinal"] == -1
+
+
+def test_code_loading_events_are_exact(probes, stub_lib):
+    # GIVEN the stub driver; WHEN a workload loads libraries and modules and fetches kernels
+    facts, events = record(probes, stub_lib, "code")
+
+    # THEN every call is one event with the handles the driver returned
+    assert_exact(events, facts)
+    loads = events[events["kind"] == Kind.CODE_LOAD]
+    first = loads[0]
+    assert first["api"] == Api.cuLibraryLoadData and first["ordinal"] == -1, "a library loaded before any context"
+    assert first["ptr"] != 0 and first["handle"] != 0
+    from_file = by_api(events, Api.cuLibraryLoadFromFile)[0]
+    assert from_file["flags"] & FLAG_NAME and bytes(from_file["ipc"]).rstrip(b"\0").decode() == str(stub_lib)
+    kernels = by_api(events, Api.cuLibraryGetKernel)
+    assert bytes(kernels[1]["ipc"])[63] == 0 and len(bytes(kernels[1]["ipc"]).rstrip(b"\0")) == 63, "long names are cut"
+    functions = by_api(events, Api.cuKernelGetFunction)
+    assert functions["ptr"].tolist() == kernels["handle"].tolist(), "a function names the kernel it came from"
+    missing = by_api(events, Api.cuModuleLoad)
+    assert missing[-1]["result"] == 301 and missing[-1]["handle"] == 0
+
+
+def test_pool_events_are_exact(probes, stub_lib):
+    # GIVEN the stub; WHEN a workload uses the default pool, trims it, and a pool of its own
+    facts, events = record(probes, stub_lib, "pool")
+
+    # THEN pool creation, attributes (64-bit and int values), trims and destruction are exact
+    assert_exact(events, facts)
+    default = by_api(events, Api.cuDeviceGetDefaultMemPool)[0]
+    attrs = by_api(events, Api.cuMemPoolSetAttribute)
+    assert attrs[0]["handle"] == default["handle"] and attrs[0]["aux"] == 4 and attrs[0]["size"] == 2**64 - 1
+    assert attrs[1]["aux"] == 1 and attrs[1]["size"] == 1
+    created = by_api(events, Api.cuMemPoolCreate)[0]
+    assert created["ordinal"] == 0 and created["size"] == 1 << 30
+    assert by_api(events, Api.cuMemPoolDestroy)[0]["handle"] == created["handle"]
+    from_pool = by_api(events, Api.cuMemAllocFromPoolAsync)
+    assert (from_pool["handle"] == created["handle"]).all(), "allocations name their pool"
+
+
+def test_context_binds_emit_a_begin_record_first(probes, stub_lib):
+    # GIVEN a workload retaining and creating contexts on two devices
+    facts, events = record(probes, stub_lib, "multi")
+    main = facts["pid"]
+    mine = events[(events["pid"] == main) & np.isin(events["kind"], [Kind.CTX_BEGIN, Kind.CTX])]
+    mine = mine[mine["api"] != Api.cuCtxGetDevice]
+
+    # THEN each bind is a CTX_BEGIN (entry, same device) followed by its CTX (return)
+    kinds = mine["kind"].tolist()
+    assert kinds == [Kind.CTX_BEGIN, Kind.CTX] * (len(kinds) // 2) and len(kinds) == 10
+    assert (mine["ordinal"][0::2] == mine["ordinal"][1::2]).all()
+    assert (mine["ts"][0::2] <= mine["ts"][1::2]).all()
+
+
+def test_without_untraced_probes_code_and_pool_calls_are_not_seen(stub_lib):
+    # GIVEN probes built without the untraced set (what bench/ compares against)
+    from memrec.probes.cuda import UNTRACED_SYMBOLS
+    from memrec.probes.cuda import CudaProbes
+
+    with CudaProbes(ringbuf_pages=64, untraced=False) as p:
+        report = p.attach_library(stub_lib)
+        assert not set(UNTRACED_SYMBOLS) & set(report.attached)
+
+        # WHEN the code and pool scenarios run
+        facts = run_workload(stub_lib, "code", "pool")
+        time.sleep(0.1)
+        events = p.poll()
+        events = events[np.isin(events["pid"], list(pids_of(facts)))]
+
+    # THEN only the allocation and context events are there
+    assert len(events) and not np.isin(events["kind"], [Kind.CODE_LOAD, Kind.KERNEL_LOAD, Kind.POOL, Kind.POOL_TRIM]).any()
 
 
 def test_demo_records_everything_without_loss(probes, stub_lib):

@@ -62,8 +62,8 @@ def test_hooks_make_no_driver_event_before_a_context_exists(probes, stub_lib):
     # THEN while the hooks ran without a context there was no driver event at all
     assert facts["no_context"]["hooks"] > 40
     assert len(window("no_context")) == 0
-    # AND the control context is seen by the probes
+    # AND the control context is seen by the probes (its entry, CTX_BEGIN, and its return)
     control = window("control")
-    assert [Api(a).name for a in control["api"]] == ["cuCtxCreate_v2"]
+    assert [Api(a).name for a in control["api"]] == ["cuCtxCreate_v2", "cuCtxCreate_v2"]
     # AND with the context current, the hooks only asked for its device, once
     assert [Api(a).name for a in window("context")["api"]] == ["cuCtxGetDevice"]

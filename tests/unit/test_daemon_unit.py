@@ -706,6 +706,47 @@ def test_daemon_command_bpf_failure_is_unavailable(workdir, monkeypatch, capsys)
     assert err[-1] == "memrec: error: cannot load the BPF probes: bpf(BPF_PROG_LOAD) failed: Operation not permitted"
 
 
+def test_no_untraced_probes_reaches_the_probes(workdir, monkeypatch):
+    # GIVEN probes that record how they were made (and stop the daemon there)
+    from memrec.commands import main
+    from memrec.daemon import server
+
+    made = []
+
+    class Recording(FakeProbes):
+        def __init__(self, **kwargs):
+            made.append(kwargs)
+            super().__init__(follow_tree=kwargs["follow_tree"], ringbuf_pages=kwargs["ringbuf_pages"])
+
+        def load(self):
+            raise RuntimeError("stop here")
+
+    monkeypatch.setattr(server, "_default_probes_factory", lambda **kw: Recording(**kw))
+    argv = ["daemon", "-o", str(workdir / "x.mrec"), "--socket", str(workdir / "x.sock"), "--nvml-hz", "0"]
+    # WHEN the daemon starts with and without --no-untraced-probes
+    main(argv)
+    main([*argv, "--no-untraced-probes"])
+    # THEN the code-loading and pool probes are asked for by default and left out on request
+    assert "untraced" not in made[0] and made[1]["untraced"] is False
+
+
+def test_name_images_names_the_mapped_file_an_image_lies_in():
+    # GIVEN a batch with two in-memory code loads (one inside libnccl's mapping, one anonymous)
+    from memrec.columns import with_gpu
+    from memrec.daemon.untraced import name_images
+    from memrec.events import FLAG_NAME
+
+    maps = ("7f0000000000-7f0000100000 r--p 00000000 08:01 1234 /usr/lib/libnccl.so.2.28.9\n"
+            "7f0000200000-7f0000300000 rw-p 00000000 00:00 0 \n")
+    ev = with_gpu(np.concatenate([raw(Kind.CODE_LOAD, pid=7, ptr=0x7F0000000800),
+                                  raw(Kind.CODE_LOAD, pid=7, ptr=0x7F0000200800)]), -1)
+    # WHEN named from the process's maps
+    assert name_images(ev, read_maps=lambda pid: maps) == 1
+    # THEN the first carries the library's file name, the second stays unnamed
+    assert ev["flags"][0] & FLAG_NAME and bytes(ev["ipc"][0]).rstrip(b"\0") == b"libnccl.so.2.28.9"
+    assert not ev["flags"][1] & FLAG_NAME
+
+
 def test_daemon_command_bad_size_is_usage(capsys):
     from memrec.commands import main
 

@@ -6,6 +6,7 @@ import json
 import pathlib
 import sys
 
+import numpy as np
 import pytest
 
 from memrec import commands
@@ -88,6 +89,27 @@ def test_unknown_kind_api_and_result_numbers_are_shown_as_numbers(main, capsys, 
     assert event["flags"] == 5 and event["ipc"] == "00" * 64
 
 
+def test_names_of_code_loads_survive_the_file_and_are_dumped_as_text(main, capsys, tmp_path):
+    # GIVEN a kernel fetch whose probe read the kernel's name (FLAG_NAME: the ipc column holds it)
+    from memrec.events import FLAG_NAME
+    from memrec.events import Api
+    from memrec.events import Kind
+
+    ev = empty_events(2)
+    ev["kind"], ev["api"] = int(Kind.KERNEL_LOAD), int(Api.cuLibraryGetKernel)
+    ev["flags"][0] = FLAG_NAME
+    ev["ipc"][0] = np.void(b"ncclDevKernel_AllReduce_Sum_f32".ljust(64, b"\0"))
+    path = tmp_path / "t.mrec"
+    with TraceWriter(path, {"anchor": {"monotonic_ns": 0, "wall_ns": 0}}) as w:
+        w.write_events(ev)
+    # WHEN dumped
+    main(["dump", str(path)])
+    events = [line for line in lines(capsys.readouterr().out) if line["type"] == "event"]
+    # THEN the name came back from the file's sparse column, as text, and only where it was read
+    assert events[0]["name"] == "ncclDevKernel_AllReduce_Sum_f32" and "ipc" not in events[0]
+    assert "name" not in events[1]
+
+
 def test_dump_refuses_a_terminal_unless_forced(main, capsys, monkeypatch):
     # GIVEN stdout is a terminal
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
@@ -122,7 +144,7 @@ def test_an_input_that_cannot_be_opened_is_no_input(main, capsys, tmp_path, make
     "data,message",
     [
         (b"not a trace at all", "not a memrec trace"),
-        (fmt.encode_record({**fmt.finalize_header({"anchor": {}}), "version": 9}), "version 9.0 is newer"),
+        (fmt.encode_record({**fmt.finalize_header({"anchor": {}}), "version": 9}), f"version 9.{fmt.FORMAT_MINOR} is newer"),
     ],
     ids=["bad-magic", "newer-version"],
 )

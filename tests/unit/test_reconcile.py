@@ -166,21 +166,27 @@ def test_summary_numbers_are_exact():
     g0 = summary["0"]
     p1, p2, p9 = g0["processes"]
     # AND pid 1's row: last values, min, lower median (300 MiB of 300,300,300,302,302,310), max
-    assert p1 == {
+    want = {
         "pid": 1, "recorded": True, "samples": 6, "unavailable": 1, "after_exit_samples": 0, "exit_ts": None,
         "last_ts": 6000, "nvml_used_last": 2 * GiB + 310 * MiB, "traced_last": 2 * GiB, "untraced_last": 310 * MiB,
         "untraced_min": 300 * MiB, "untraced_median": 300 * MiB, "untraced_max": 310 * MiB, "untraced_max_ts": 6000,
         "negative_samples": 0,
     }
+    assert {k: p1[k] for k in want} == want
+    # AND its untraced band split: no context bound while recording, so its first sample is what it
+    # held before; the 10 MiB that came later with allocations only are unexplained
+    assert p1["split"] == {"context": 0, "module_code": 0, "pools": 0, "before_recording": 300 * MiB,
+                           "unexplained": 10 * MiB}
     assert (p2["untraced_last"], p2["untraced_min"], p2["untraced_median"], p2["untraced_max"],
             p2["negative_samples"]) == (-56 * MiB, -56 * MiB, -56 * MiB, 200 * MiB, 1)
     assert (p9["pid"], p9["recorded"], p9["traced_last"], p9["untraced_last"]) == (9, False, 0, 420 * MiB)
     # AND the device row, reserved unknown
-    assert g0["device"] == {
+    want = {
         "samples": 3, "unavailable": 1, "last_ts": 5000, "used_last": 4 * GiB, "reserved_last": None,
         "traced_last": 2 * GiB + 768 * MiB, "untraced_last": GiB + 256 * MiB, "untraced_min": GiB,
         "untraced_max": GiB + 256 * MiB, "untraced_max_ts": 4100, "negative_samples": 0,
     }
+    assert {k: g0["device"][k] for k in want} == want
     # AND pid 4 held memory on GPU 0 but was never in NVML's process samples
     assert g0["unsampled_pids"] == [4]
     assert summary["1"]["device"] is None and summary["1"]["unsampled_pids"] == []
@@ -280,7 +286,7 @@ def test_report_text_has_the_nvml_vs_traced_table():
     lines = text.splitlines()
     # THEN each GPU has the table: per process, then the GPU with its reserve
     at = lines.index(
-        "  NVML vs traced (at each NVML sample; untraced = NVML - traced: context, modules, rounding, pools)"
+        "  NVML vs traced (at each NVML sample; untraced = NVML - traced, split below)"
     )
     assert lines[at + 1:at + 6] == [
         "  PID  RANK  NVML USED     TRACED   UNTRACED     UNTRACED MIN..MAX  SAMPLES",

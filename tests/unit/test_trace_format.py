@@ -753,7 +753,7 @@ def test_a_newer_major_version_is_refused_naming_both_versions(tmp_path):
     path = tmp_path / "new.mrec"
     path.write_bytes(fmt.encode_record(header) + fmt.encode_record({"type": "trailer"}))
     # WHEN opened THEN the error names both versions
-    with pytest.raises(TraceFormatError, match=r"version 2\.3 is newer than this memrec reads \(format version 1\.0\)"):
+    with pytest.raises(TraceFormatError, match=rf"version 2\.3 is newer than this memrec reads \(format version 1\.{fmt.FORMAT_MINOR}\)"):
         TraceReader(path)
 
 

@@ -25,7 +25,7 @@ KEYS = (
     ("0-9", "show GPU n"),
     ("a", "all GPUs overview"),
     ("g G", "next / previous GPU tab"),
-    ("h", "holders at the cursor: by process, phase, largest, category"),
+    ("h", "holders at the cursor: by process, phase, largest, category, context, untraced"),
     ("/", "filter events: pid:N kind:alloc,free size>=1G phase:NAME fail TEXT"),
     ("esc", "leave the filter box / close this screen"),
     ("y", "y scale: GPU total / fit the view"),

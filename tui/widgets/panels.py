@@ -21,7 +21,7 @@ from memrec.tui.widgets.timeline import LAYER_COLOURS
 from memrec.tui.widgets.timeline import NVML_COLOUR
 from memrec.units import fmt_bytes
 
-HOLDER_VIEWS = ("process", "phase", "largest", "category")
+HOLDER_VIEWS = ("process", "phase", "largest", "category", "context", "untraced")
 
 
 def legend(no_color: bool = False) -> Text:
@@ -119,7 +119,7 @@ class HoldersTable(DataTable):
             self.add_row("…")
             return
         v = self.view_name
-        if other is not None and v != "largest":
+        if other is not None and v not in ("largest", "context", "untraced"):
             self._show_diff(st, other)
             return
         if v == "process":
@@ -139,6 +139,16 @@ class HoldersTable(DataTable):
             if st.nvml and st.nvml.get("used", -1) >= 0:
                 self.add_row("untraced", fmt_bytes(st.nvml["used"] - st.owned))
                 self.add_row("NVML used", fmt_bytes(st.nvml["used"]))
+        elif v == "context":
+            self.add_columns("rank/pid", "context", "bound", "cost", "")
+            for label, api, ts, cost, foreign in st.contexts:
+                self.add_row(label, api, fmt_dur(max(st.ts - ts, 0)) + " ago", fmt_bytes(cost) if cost is not None else "-",
+                             "foreign: allocates nothing here" if foreign else "")
+        elif v == "untraced":
+            self.add_columns("rank/pid", "context", "module code", "pools", "before", "unexplained")
+            for label, sp in st.untraced_split:
+                self.add_row(label, *(fmt_bytes(sp[k]) for k in ("context", "module_code", "pools", "before_recording",
+                                                                 "unexplained")))
         elif self.narrow:
             self.add_columns("size", "phase", "rank")
             for a in st.largest:
@@ -148,7 +158,8 @@ class HoldersTable(DataTable):
             for a in st.largest:
                 self.add_row(fmt_bytes(a.size), fmt_dur(a.age), a.phase or NO_PHASE, a.label, a.category, f"{a.address:#x}")
         if not self.row_count:
-            self.add_row(*(["(nothing)"] + [""] * (len(self.columns) - 1)))
+            empty = st.untraced_note if v in ("context", "untraced") and st.untraced_note else "(nothing)"
+            self.add_row(*([empty] + [""] * (len(self.columns) - 1)))
 
     def _show_diff(self, st: CursorState, other: CursorState) -> None:
         v = self.view_name
