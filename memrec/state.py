@@ -81,6 +81,9 @@ JOURNAL_FIELDS = ("index", "ts", "gpu", "pid", "category", "delta")
 
 #: How many recent failed calls the state keeps, and how many largest allocations an exit record keeps.
 MAX_FAILURES = 256
+#: The largest size and ts the accounting takes (larger ones can only come from a damaged file).
+_MAX_SIZE = np.uint64(1 << 52)
+_MAX_TS = np.uint64((1 << 63) - 1)
 EXIT_LARGEST = 5
 
 # Kind numbers as plain ints for the hot loop.
@@ -221,12 +224,14 @@ class LiveState:
         if n == 0:
             return
         kinds = events["kind"].tolist()
-        tss = events["ts"].tolist()
+        # A damaged file can hold any u64: keep ts and sizes where the int64 journal and the
+        # analysis can hold them (no driver gives 4 PiB, no clock reads 2^63 ns).
+        tss = np.minimum(events["ts"], _MAX_TS).tolist()
         pids = events["pid"].tolist()
         results = events["result"].tolist()
         gpus = events["gpu"].tolist()
         ptrs = events["ptr"].tolist()
-        sizes = events["size"].tolist()
+        sizes = np.minimum(events["size"], _MAX_SIZE).tolist()
         apis = events["api"].tolist()
         handles = events["handle"].tolist()
         auxs = flags = ipcs = None  # decoded on the first event that is not an alloc or a free

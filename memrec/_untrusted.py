@@ -1,0 +1,96 @@
+"""Handling values that come from someone else: marker clients, other users' processes, files.
+
+Three dangers, one place each:
+
+- **terminal escapes**: a marker name, a marker value or another user's command line printed raw
+  can retitle, clear or reprogram the reader's terminal (``ESC]0;...BEL``, ``ESC[2J``).
+  :func:`clean_text` makes any string safe to print: every control character (C0, DEL, C1) and
+  every Unicode format character (bidi overrides) is shown as a visible escape instead.
+- **unbounded repr**: ``repr()`` of a 1000-deep nested list raises RecursionError, and of a huge
+  map takes the memory of the map. :func:`short_repr` describes any value in at most ``limit``
+  characters without recursing.
+- **deep nesting**: msgpack decodes objects nested up to 1024 levels, deeper than Python's own
+  recursion limit; json, ``==``, ``repr`` and copies then fail. :func:`too_deep` tells without
+  recursing, so decoders can refuse such input before anything walks it.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from typing import Any
+
+#: Nesting that every memrec record and message stays far below (a keyframe is about 5 deep).
+MAX_DEPTH = 32
+
+_CONTAINERS = (list, tuple, dict)
+
+
+def _visible(ch: str) -> str:
+    code = ord(ch)
+    if code < 0x20 or 0x7F <= code < 0xA0:
+        return f"\\x{code:02x}"
+    if unicodedata.category(ch) in ("Cf", "Cs", "Co", "Cn"):
+        return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+    return ch
+
+
+def clean_text(value: Any, limit: int | None = None, *, keep_newlines: bool = False) -> str:
+    """``value`` as text that is safe to print on a terminal, at most ``limit`` characters.
+
+    Control characters become ``\\xNN`` (``\\n`` and ``\\t`` too, unless ``keep_newlines``);
+    a value that is not a string is shown with :func:`short_repr`.
+    """
+    if not isinstance(value, str):
+        value = short_repr(value, limit or 200)
+    if limit is not None and len(value) > limit:
+        value = value[: max(limit - 1, 0)] + "…"
+    if value.isprintable():
+        return value
+    keep = "\n\t" if keep_newlines else ""
+    return "".join(ch if ch.isprintable() or ch in keep else _visible(ch) for ch in value)
+
+
+def short_repr(value: Any, limit: int = 80) -> str:
+    """A description of ``value`` of at most ``limit`` characters, whatever its size or depth.
+
+    Scalars are shown with ``repr`` (strings cut first); containers by type and size, with their
+    first scalar items when they hold any (never walked further).
+    """
+    if isinstance(value, str):
+        text = repr(value[: limit + 1])
+    elif isinstance(value, (bytes, bytearray, memoryview)):
+        text = f"<{len(value)} bytes>"
+    elif value is None or isinstance(value, (bool, int, float)):
+        text = repr(value)
+    elif isinstance(value, _CONTAINERS):
+        kind = type(value).__name__
+        items = list(value.items())[:4] if isinstance(value, dict) else list(value[:4])
+        shown = []
+        for item in items:
+            parts = item if isinstance(value, dict) else (item,)
+            if any(isinstance(p, _CONTAINERS) for p in parts):
+                shown.append("…")
+                break
+            shown.append(": ".join(short_repr(p, 20) for p in parts))
+        text = f"<{kind} of {len(value)}: {', '.join(shown)}>" if shown else f"<{kind} of {len(value)}>"
+    else:
+        text = f"<{type(value).__name__}>"
+    if len(text) > limit:
+        text = text[: max(limit - 1, 0)] + "…"
+    return clean_text(text)
+
+
+def too_deep(value: Any, max_depth: int = MAX_DEPTH) -> bool:
+    """Whether ``value`` nests lists/maps more than ``max_depth`` levels (checked without recursion)."""
+    if not isinstance(value, _CONTAINERS):
+        return False
+    stack = [(value, 1)]
+    while stack:
+        obj, depth = stack.pop()
+        if depth > max_depth:
+            return True
+        children = obj.values() if isinstance(obj, dict) else obj
+        if isinstance(obj, dict):
+            stack.extend((k, depth + 1) for k in obj if isinstance(k, _CONTAINERS))
+        stack.extend((c, depth + 1) for c in children if isinstance(c, _CONTAINERS))
+    return False
