@@ -46,6 +46,7 @@ from memrec.events import Kind
 from memrec.events import Marker
 from memrec.events import ProcessInfo
 from memrec.state import LiveState
+from memrec.trace.format import gpus_from_header
 
 #: Category indices (same order as memrec.events.CATEGORIES).
 DRIVER, VMM, IPC_MAPPED, HOST_PINNED = range(4)
@@ -666,8 +667,7 @@ class TraceModel:
     def set_header(self, header: dict) -> None:
         with self.lock:
             self.header = header
-            for g in header.get("gpus") or []:
-                info = GpuInfo(**g) if isinstance(g, dict) else g
+            for info in gpus_from_header(header):
                 self.gpus[info.index] = info
 
     def add_events(self, chunk: Any) -> None:
@@ -677,7 +677,7 @@ class TraceModel:
             n = self.store.n - start
             if not n:
                 return
-            cols = (lambda name: chunk[name]) if isinstance(chunk, np.ndarray) else (lambda name: chunk.columns[name])
+            cols = (lambda name: chunk[name]) if isinstance(chunk, np.ndarray) else chunk.column
             kind = cols("kind")
             result = cols("result")
             size = cols("size")

@@ -237,6 +237,22 @@ def make_header(
     return finalize_header(header)
 
 
+def gpus_from_header(header: dict) -> list[GpuInfo]:
+    """The header's GPU list as GpuInfo, leaving out entries a damaged file made unusable."""
+    out = []
+    entries = header.get("gpus")
+    for g in entries if isinstance(entries, list) else ():
+        if not isinstance(g, dict):
+            continue
+        fields = {f.name: g.get(f.name) for f in dataclasses.fields(GpuInfo)}
+        if not (_int_in(_GPU)(fields["index"]) and _optional(_is(str))(fields["uuid"])
+                and isinstance(fields["name"], str) and _int_in(_TS)(fields["total"])
+                and _optional(_int_in(_TS))(fields["bar1_total"])):
+            continue
+        out.append(GpuInfo(**fields))
+    return out
+
+
 def gpu_dict(gpu: GpuInfo | dict) -> dict:
     """A GpuInfo as the header stores it."""
     if isinstance(gpu, GpuInfo):
@@ -448,6 +464,14 @@ class ColumnChunk:
         if self.ipc_index is not None and len(self.ipc_index):
             out[SPARSE_COLUMN][start + self.ipc_index.astype(np.intp)] = self.ipc
 
+    def column(self, name: str) -> np.ndarray:
+        """One column's values: the chunk's own, or its default when the chunk does not carry it."""
+        col = self.columns.get(name)
+        if col is not None:
+            return col
+        dtype = COLUMNAR[self.kind].fields[name][0]
+        return np.full(self.n, COLUMN_DEFAULTS.get(self.kind, {}).get(name, 0), dtype=dtype)
+
     def to_array(self) -> np.ndarray:
         """The chunk as a new structured array of its row dtype."""
         out = np.zeros(self.n, dtype=COLUMNAR[self.kind])
@@ -499,7 +523,7 @@ def decode_columns(obj: dict, schema: Schema | None = None) -> ColumnChunk:
     if kind == EVENTS:
         index = obj.get("ipc_index", b"")
         ipc = obj.get("ipc", b"")
-        if not isinstance(index, (bytes, bytearray)) or not isinstance(ipc, (bytes, bytearray)):
+        if not isinstance(index, (bytes, bytearray, memoryview)) or not isinstance(ipc, (bytes, bytearray, memoryview)):
             raise TraceFormatError("malformed events record: 'ipc_index' / 'ipc' are not binary")
         if len(index) % 4 or len(ipc) != (len(index) // 4) * IPC_HANDLE_SIZE:
             raise TraceFormatError(

@@ -13,6 +13,7 @@ from memrec.columns import PROCMEM_DTYPE
 from memrec.events import GpuInfo
 from memrec.events import Marker
 from memrec.events import ProcessInfo
+from memrec.trace.format import gpus_from_header
 
 
 @dataclass
@@ -42,4 +43,4 @@ class Trace:
     @property
     def gpus(self) -> list[GpuInfo]:
         """The GPUs the header names."""
-        return [GpuInfo(**g) for g in self.header.get("gpus", [])]
+        return gpus_from_header(self.header)
