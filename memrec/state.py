@@ -45,6 +45,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from memrec._untrusted import clean_text
 from memrec.events import CATEGORIES
 from memrec.events import Api
 from memrec.events import FLAG_IPC_BYTES
@@ -794,8 +795,17 @@ class LiveState:
         Raises:
             ValueError: the snapshot is of another version or malformed.
         """
-        if d.get("v") != SNAPSHOT_VERSION:
-            raise ValueError(f"keyframe version {d.get('v')!r} is not {SNAPSHOT_VERSION}")
+        if not isinstance(d, dict) or d.get("v") != SNAPSHOT_VERSION:
+            version = d.get("v") if isinstance(d, dict) else None
+            raise ValueError(f"keyframe version {version!r} is not {SNAPSHOT_VERSION}")
+        try:
+            return cls._restore(d, journal)
+        except (KeyError, TypeError, IndexError, AttributeError, OverflowError, ValueError) as error:
+            # A damaged file: whatever broke, the caller gets the one documented error.
+            raise ValueError(f"malformed keyframe ({type(error).__name__}: {clean_text(str(error), 100)})") from None
+
+    @classmethod
+    def _restore(cls, d: dict, journal: bool) -> LiveState:
         s = cls(journal=journal, max_failures=d.get("max_failures", MAX_FAILURES))
         s.n_events = d["n"]
         s.last_ts = d["ts"]

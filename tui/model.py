@@ -715,15 +715,15 @@ class TraceModel:
     def add_keyframe(self, event_index: int, ts: int, state: dict) -> None:
         """A keyframe of the trace: a checkpoint for :meth:`state_at`, and a coarse series point."""
         with self.lock:
+            try:
+                s = LiveState.from_snapshot(state)
+            except ValueError as error:  # never kept: the cursor must not restore from it later
+                self.warnings.append(f"keyframe at ts {ts} not usable: {error}")
+                return
             self.keyframes.append((event_index, ts, state))
             if self.max_events and len(self.keyframes) > 64:
                 del self.keyframes[:-64]
                 del self._kf_points[:-64]
-            try:
-                s = LiveState.from_snapshot(state)
-            except (ValueError, KeyError, TypeError) as error:
-                self.warnings.append(f"keyframe at ts {ts} not usable: {error}")
-                return
             self._kf_points.append((ts, _totals_by_gpu(s)))
             if event_index == 0 and self.frontier == 0 and not self._checkpoints and self.store.n == 0:
                 # the trace starts with a state (a rotated file, or a live subscription)
