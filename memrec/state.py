@@ -40,6 +40,7 @@ from __future__ import annotations
 import heapq
 from array import array
 from collections import deque
+from typing import Any
 from typing import Iterator
 from typing import NamedTuple
 
@@ -164,6 +165,20 @@ def _flat_keyed(table: dict) -> list:
         out.append(k)
         out.extend(table[k])
     return out
+
+
+def _check_ints(flat: Any, name: str, *, bytes_every: int = 0, bytes_at: int = 0, none_ok: bool = False) -> None:
+    """Raise TypeError unless ``flat`` is a list of 64-bit ints (bytes at ``bytes_at`` of every
+    ``bytes_every`` items; None allowed with ``none_ok``): a snapshot's tables, checked before use."""
+    if not isinstance(flat, list):
+        raise TypeError(f"{name} is not a list")
+    for i, v in enumerate(flat):
+        if bytes_every and i % bytes_every == bytes_at:
+            ok = isinstance(v, bytes)
+        else:
+            ok = (isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**64) or (none_ok and v is None)
+        if not ok:
+            raise TypeError(f"{name}[{i}] is a {type(v).__name__}")
 
 
 def _rows(flat: list, stride: int) -> Iterator[list]:
@@ -806,6 +821,16 @@ class LiveState:
 
     @classmethod
     def _restore(cls, d: dict, journal: bool) -> LiveState:
+        for name in ("allocs", "handles", "maps", "aliases", "host", "peaks", "failures"):
+            _check_ints(d[name], name)
+        _check_ints(d["exports"], "exports", bytes_every=len(EXPORT_FIELDS))
+        _check_ints(d["fabric"], "fabric", bytes_every=len(FABRIC_FIELDS))
+        _check_ints(d["opens"], "opens", bytes_every=len(OPEN_FIELDS), bytes_at=2 + _O_BYTES)
+        for e in d["exits"]:
+            _check_ints(e[:2], "exits")
+            _check_ints(e[2], "exits")
+            _check_ints(e[3], "exits", none_ok=True)
+        _check_ints([d["n"], d["ts"], d["n_failures"], d.get("max_failures", MAX_FAILURES)], "counts")
         s = cls(journal=journal, max_failures=d.get("max_failures", MAX_FAILURES))
         s.n_events = d["n"]
         s.last_ts = d["ts"]
@@ -844,6 +869,10 @@ class LiveState:
         for (g, _, c), b in s._bytes.items():
             if c != IPC_MAPPED:
                 s._gpu_owned[g] = s._gpu_owned.get(g, 0) + b
+        # What the views ask of a state, asked once now: a damaged table fails here, not in a view.
+        s.totals()
+        s.exit_records()
+        s.largest(None, 1)
         return s
 
 
