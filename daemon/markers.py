@@ -58,6 +58,27 @@ def root_only(_pid: int, uid: int, _gid: int) -> bool:
     return uid == 0
 
 
+def root_or_group(gid: int) -> Callable[[int, int, int], bool]:
+    """A subscribe right for root and the members of group ``gid`` (primary or supplementary)."""
+
+    def allowed(pid: int, uid: int, peer_gid: int) -> bool:
+        return uid == 0 or peer_gid == gid or gid in _supplementary_groups(pid)
+
+    return allowed
+
+
+def _supplementary_groups(pid: int) -> set[int]:
+    """The groups of a connected peer, from ``/proc/PID/status`` (empty when it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Groups:"):
+                    return {int(g) for g in line.split()[1:] if g.isdigit()}
+    except OSError:
+        pass
+    return set()
+
+
 class _Client:
     __slots__ = ("sock", "pid", "uid", "gid", "decoder", "last_active", "frame_started")
 

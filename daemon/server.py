@@ -30,6 +30,7 @@ import dataclasses
 import enum
 import logging
 import os
+import secrets
 import selectors
 import signal
 import socket
@@ -49,9 +50,14 @@ from memrec._errors import MemrecError
 from memrec.columns import with_gpu
 from memrec.daemon.config import DaemonConfig
 from memrec.daemon.fanout import Fanout
+from memrec._untrusted import clean_text
 from memrec.daemon.markers import MarkerServer
+from memrec.daemon.markers import root_only
+from memrec.daemon.markers import root_or_group
 from memrec.daemon.sockets import BoundSocket
 from memrec.daemon.sockets import bind_unix_socket
+from memrec.daemon.sockets import group_id
+from memrec.daemon.throttle import Throttle
 from memrec.events import GpuInfo
 from memrec.events import Kind
 from memrec.events import Marker
@@ -62,6 +68,8 @@ from memrec.trace.format import keyframe_record
 from memrec.trace.format import lost_record
 from memrec.trace.format import make_header
 from memrec.trace.format import process_record
+from memrec.trace.writer import MAX_HELD_BYTES
+from memrec.trace.writer import FileSink
 from memrec.trace.writer import TraceWriter
 
 log = logging.getLogger(__name__)
@@ -73,6 +81,11 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _FORCE_STOP_AFTER = 3
 #: The most ring-buffer polls of the final drain.
 _FINAL_DRAIN_POLLS = 64
+#: A marker's ts must lie within this many ns before its arrival on the daemon's clock; any other
+#: value (a clock of another time namespace, a made-up 2^64 - 1) is replaced by the arrival time.
+MARKER_TS_WINDOW = 60 * 10**9
+#: How often idle and half-sent marker connections are looked for (ns).
+_SWEEP_NS = 10**9
 
 
 class Mood(enum.Enum):
@@ -145,6 +158,11 @@ def _explicit_libraries(paths: tuple[str, ...]) -> list[_Library]:
             continue
         out.append(_Library(path, st.st_dev, st.st_ino))
     return out
+
+
+def _create_sink(path: Path) -> FileSink:
+    """A new trace file: never through a symbolic link; an existing regular file is replaced."""
+    return FileSink(path, replace=True)
 
 
 def _report_dict(report: Any) -> dict:
@@ -233,7 +251,11 @@ class Daemon:
         self._ring_fd: int | None = None
         self.events_recorded = 0
         self.markers_recorded = 0
+        self.markers_restamped = 0
         self._next: dict[str, int] = {}
+        self._loss_log = Throttle(log, 5.0)
+        self._disk_full = False
+        self._restamp_log = Throttle(log, 60.0)
 
     # ================================================================== lifecycle
 
@@ -249,6 +271,7 @@ class Daemon:
             raise RuntimeError(f"Daemon.start() called in mood {self.mood.value}")
         cfg = self.config
         self._start_stamp = time.strftime("%Y%m%d-%H%M%S")
+        self._name_token = secrets.token_hex(4)
         self.selector = selectors.DefaultSelector()
         try:
             # The socket first: a second daemon fails here, before the slow BPF compile.
@@ -266,7 +289,8 @@ class Daemon:
             self.gpus = self._list_gpus()
             self.fanout = Fanout(self.selector, cfg.subscriber_queue_bytes)
             self.markers = MarkerServer(
-                self.bound.sock, self.selector, self._on_marker, self._on_subscribe, on_connect=self._on_connect
+                self.bound.sock, self.selector, self._on_marker, self._on_subscribe, on_connect=self._on_connect,
+                may_subscribe=root_only if cfg.live_group is None else root_or_group(group_id(cfg.live_group)),
             )
             self._open_writer(self._next_path(), reason="start")
             self._start_sampler()
@@ -282,6 +306,7 @@ class Daemon:
             "flush": now + int(cfg.flush_interval * 1e9),
             "keyframe": now + int(cfg.keyframe_interval * 1e9),
             "rescan": now + int(cfg.rescan_interval * 1e9),
+            "sweep": now + _SWEEP_NS,
         }
         self.mood = Mood.RUNNING
         log.info(
@@ -452,15 +477,21 @@ class Daemon:
         if now >= nxt["flush"]:
             assert self.writer is not None
             self.writer.flush()
+            self._watch_disk()
             nxt["flush"] = _advance(nxt["flush"], int(cfg.flush_interval * 1e9), now)
         if now >= nxt["rescan"]:
             self.scan_libraries()
             nxt["rescan"] = _advance(nxt["rescan"], int(cfg.rescan_interval * 1e9), now)
+        if now >= nxt["sweep"]:
+            if self.markers is not None:
+                self.markers.sweep()
+            nxt["sweep"] = _advance(nxt["sweep"], _SWEEP_NS, now)
         if self.fanout is not None and self.fanout.needs_resync:
             assert self.writer is not None
             self.writer.flush()
             self.fanout.resync(self._resync_records)
-        if cfg.rotate_bytes and self.writer is not None and self.writer.bytes_written >= cfg.rotate_bytes:
+        if (cfg.rotate_bytes and self.writer is not None and self.writer.bytes_written >= cfg.rotate_bytes
+                and self.writer.stalled is None):
             self.rotate("size")
 
     def _watch_ring_buffer(self) -> None:
@@ -507,7 +538,7 @@ class Daemon:
         lost = int(self.probes.lost())
         if lost != self._lost:
             if lost > self._lost:
-                log.warning("%d events lost so far (ring buffer full: raise --ringbuf-pages?)", lost)
+                self._loss_log.log(logging.WARNING, "%d events lost so far (ring buffer full: raise --ringbuf-pages?)", lost)
             self._lost = lost
             assert self.writer is not None
             self.writer.write_lost(self.clock(), lost)
@@ -617,7 +648,8 @@ class Daemon:
                          "its ordinals are taken as the host's GPU numbers", pid)
             log.info(
                 "pid %d: %s (CUDA_VISIBLE_DEVICES=%s → GPUs %s)",
-                pid, " ".join(info.cmdline)[:200] or "?", info.cuda_visible_devices, info.gpu_map,
+                pid, clean_text(" ".join(info.cmdline), 200) or "?", clean_text(info.cuda_visible_devices, 100),
+                info.gpu_map,
             )
             if self.writer is not None and not self.writer.closed:
                 self.writer.write_process(info)
@@ -630,6 +662,21 @@ class Daemon:
         self._process(pid, self.clock())
 
     def _on_marker(self, marker: Marker) -> None:
+        """Queue a marker; its ts is the client's only when the daemon's clock agrees.
+
+        A client's CLOCK_MONOTONIC is the daemon's on one host, so an honest ts lies a little
+        before the marker's arrival. Any other value (another time namespace's clock, a made-up
+        2^63) would stretch or break every report of the trace: the arrival time replaces it.
+        """
+        now = self.clock()
+        if not now - MARKER_TS_WINDOW <= marker.ts <= now:
+            self.markers_restamped += 1
+            self._restamp_log.log(
+                logging.WARNING, "marker %r from pid %d: its ts %d is not within the last %d s of this "
+                "host's clock (%d); stamped with its arrival time", clean_text(marker.name, 60), marker.pid,
+                marker.ts, MARKER_TS_WINDOW // 10**9, now,
+            )
+            marker = dataclasses.replace(marker, ts=now)
         self._pending_markers.append(marker)
 
     def _physical_gpu(self, marker: Marker) -> Marker:
@@ -703,11 +750,12 @@ class Daemon:
 
     # ------------------------------------------------------------------ files
 
-    def _next_path(self) -> Path:
+    def _next_path(self, part: int | None = None) -> Path:
         cfg = self.config
-        part = self._part
+        part = self._part if part is None else part
         if cfg.output_is_dir:
-            base = f"memrec-{socket.gethostname()}-{self._start_stamp}-{os.getpid()}"
+            # A random part: nobody can plant a file (or link) at a name known in advance.
+            base = f"memrec-{socket.gethostname()}-{self._start_stamp}-{os.getpid()}-{self._name_token}"
             return cfg.output / (f"{base}.mrec" if part == 0 else f"{base}.{part}.mrec")
         if part == 0:
             return cfg.output
@@ -731,15 +779,20 @@ class Daemon:
             previous=os.fspath(self.files[-1]) if self.files else None,
         )
 
-    def _open_writer(self, path: Path, reason: str) -> None:
+    def _open_writer(self, path: Path, reason: str, sink: FileSink | None = None) -> None:
+        """Start a trace file (``sink``: already created) with the header, processes and a keyframe."""
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            if sink is None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                sink = _create_sink(path)
             tee = self.fanout.publish if self.fanout is not None else None
-            self.writer = TraceWriter(path, self._header(reason), tee=tee)
+            self.writer = TraceWriter(sink, self._header(reason), tee=tee)
         except OSError as error:
             raise MemrecCommandError(
                 f"cannot write the trace {path}: {error.strerror or error}", exit_code=ExitCode.CANT_CREATE
             ) from None
+        if sink.replaced:
+            log.warning("replaced the existing file %s", path)
         self.files.append(path)
         for info in self._procs.values():
             self.writer.write_process(info)
@@ -749,16 +802,45 @@ class Daemon:
         self.writer.flush()
 
     def rotate(self, reason: str) -> Path:
-        """Close the current file with a trailer; open the next with a header and a keyframe."""
+        """Close the current file with a trailer; open the next with a header and a keyframe.
+
+        The next file is created first: when it cannot be (a full disk, a bad folder), recording
+        goes on in the current one and the error is logged.
+        """
         assert self.writer is not None
         self._write_pending()
+        path = self._next_path(self._part + 1)
+        try:
+            sink = _create_sink(path)
+        except OSError as error:
+            log.error("cannot rotate (%s) to %s: %s; recording goes on in %s", reason, path,
+                      error.strerror or error, self.writer.path)
+            return Path(self.writer.path or path)
         self._part += 1
-        path = self._next_path()
         old = self.writer
         old.close(self._trailer(f"rotate: {reason}", next_file=os.fspath(path)))
-        self._open_writer(path, reason=f"rotate: {reason}")
+        self._open_writer(path, reason=f"rotate: {reason}", sink=sink)
         log.info("rotated (%s): %s → %s", reason, old.path, path)
         return path
+
+    def _watch_disk(self) -> None:
+        """Say once when writes stall (a full disk) and once when they resume, with what was lost."""
+        writer = self.writer
+        if writer is None:
+            return
+        stalled = writer.stalled
+        if stalled is not None and not self._disk_full:
+            self._disk_full = True
+            log.error(
+                "cannot write %s: %s. Recording goes on: the live state is kept, up to %d MiB of records "
+                "are held and written when space returns, later ones are dropped and counted",
+                writer.path, stalled.strerror or stalled, MAX_HELD_BYTES >> 20,
+            )
+        elif stalled is None and self._disk_full:
+            self._disk_full = False
+            records, nbytes = writer.dropped
+            log.warning("%s takes writes again; %d record(s) (%d bytes) were dropped while the disk was full",
+                        writer.path, records, nbytes)
 
     def _trailer(self, reason: str, **extra: Any) -> dict:
         out = {
@@ -771,7 +853,11 @@ class Daemon:
                 "disconnected_slow": self.fanout.disconnected_slow if self.fanout else 0,
             },
             "state": {"anomalies": dict(self.state.anomalies), "failures": self.state.n_failures},
+            "markers_restamped": self.markers_restamped,
         }
+        if self.writer is not None and self.writer.dropped[0]:
+            records, nbytes = self.writer.dropped
+            out["disk_full"] = {"dropped_records": records, "dropped_bytes": nbytes}
         out.update(extra)
         return out
 

@@ -30,6 +30,7 @@ from typing import Any
 import msgpack
 
 from memrec._untrusted import MAX_DEPTH
+from memrec._untrusted import clean_text
 from memrec._untrusted import short_repr
 from memrec._untrusted import too_deep
 
@@ -219,7 +220,7 @@ def validate_message(message: dict) -> str | None:
 
 def _names(keys: set) -> str:
     """A client's unexpected keys, shown bounded (at most 8, each cut, escapes made visible)."""
-    shown = sorted(short_repr(k, 40) for k in list(keys)[:8])
+    shown = sorted(clean_text(k, 40) if isinstance(k, str) else short_repr(k, 40) for k in list(keys)[:8])
     return ", ".join(shown) + (f" (+{len(keys) - 8} more)" if len(keys) > 8 else "")
 
 

@@ -248,7 +248,7 @@ class TraceWriter:
             self.path: str | None = os.fspath(path_or_sink)
             self._sink: Sink = FileSink(self.path, fsync_on_flush=fsync_on_flush, replace=replace)
         else:
-            self.path = None
+            self.path = getattr(path_or_sink, "path", None)
             self._sink = path_or_sink
         self._tee = tee
         self._builders = {kind: ChunkBuilder(kind, max_chunk_rows) for kind in (EVENTS, NVML, PROCMEM)}

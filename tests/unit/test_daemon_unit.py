@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -570,9 +571,14 @@ def test_output_directory_names(workdir):
     d.rotate("test")
     d.stop()
     names = [p.name for p in d.files]
-    assert names[0].startswith(f"memrec-{socket.gethostname()}-") and names[0].endswith(f"-{os.getpid()}.mrec")
+    # host, start time, pid, and a random part nobody can guess (issue 15: no name to plant a link at)
+    assert re.fullmatch(rf"memrec-{re.escape(socket.gethostname())}-\d{{8}}-\d{{6}}-{os.getpid()}-[0-9a-f]{{8}}\.mrec", names[0])
     assert names[1] == names[0].replace(".mrec", ".1.mrec")
     assert all(TraceReader(p).header for p in d.files)
+    again = make_daemon(workdir, output=f"{workdir}/traces/", socket_path=workdir / "s2.sock")
+    again.start()
+    again.stop()
+    assert again.files[0].name != names[0]
 
 
 def test_flush_interval_makes_records_visible_while_running(daemon):
