@@ -84,6 +84,8 @@ _FINAL_DRAIN_POLLS = 64
 #: A marker's ts must lie within this many ns before its arrival on the daemon's clock; any other
 #: value (a clock of another time namespace, a made-up 2^64 - 1) is replaced by the arrival time.
 MARKER_TS_WINDOW = 60 * 10**9
+#: The most distinct driver files (inodes) probed: each costs ~90 probes, fds and stop time.
+MAX_LIBRARIES = 16
 #: How often idle and half-sent marker connections are looked for (ns).
 _SWEEP_NS = 10**9
 
@@ -892,6 +894,11 @@ class Daemon:
         for lib in found:
             key = (int(lib.dev), int(lib.inode))
             if key in self._libraries or key in self._skip_libraries:
+                continue
+            if len(self._libraries) >= MAX_LIBRARIES:
+                self._skip_libraries.add(key)
+                log.warning("not probing %s: %d driver files are probed already (the most memrec probes)",
+                            lib.path, MAX_LIBRARIES)
                 continue
             try:
                 report = self.probes.attach_library(lib.path, identity=key)

@@ -8,7 +8,9 @@ They never block and never raise into the host program:
 - a full socket (EAGAIN) drops the marker and counts it;
 - a frame is never cut in the stream: when the kernel takes only part of one, the remainder is
   kept (at most :data:`PENDING_CAP` bytes) and written before anything else; a connection that
-  cannot take its remainder is dropped.
+  cannot take its remainder is dropped;
+- a connection the daemon closed (it closes idle ones) is noticed before the next marker, which
+  goes out on a new one.
 
 Timestamps are ``time.monotonic_ns()``, the clock of ``bpf_ktime_get_ns`` and of the probes.
 """
@@ -186,6 +188,10 @@ class MarkerClient:
             self._lock.release()
 
     def _send(self, data: bytes) -> bool:
+        if self._sock is not None and self._peer_closed():
+            # The daemon closed an idle connection (or restarted): reconnect now, lose nothing.
+            self._disconnect()
+            self._last_attempt = None
         if self._sock is None and not self._connect():
             self.dropped += 1
             return False
@@ -212,6 +218,17 @@ class MarkerClient:
             self._pending += data[n:]
         self.sent += 1
         return True
+
+    def _peer_closed(self) -> bool:
+        """Whether the daemon has closed this connection (it never writes to a marker client
+        except an error just before closing)."""
+        assert self._sock is not None
+        try:
+            return self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) is not None
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return True
 
     def _flush_pending(self) -> None:
         assert self._sock is not None
