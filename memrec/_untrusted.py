@@ -16,7 +16,7 @@ Three dangers, one place each:
 
 from __future__ import annotations
 
-import unicodedata
+import dataclasses
 from typing import Any
 
 #: Nesting that every memrec record and message stays far below (a keyframe is about 5 deep).
@@ -25,29 +25,25 @@ MAX_DEPTH = 32
 _CONTAINERS = (list, tuple, dict)
 
 
-def _visible(ch: str) -> str:
-    code = ord(ch)
-    if code < 0x20 or 0x7F <= code < 0xA0:
-        return f"\\x{code:02x}"
-    if unicodedata.category(ch) in ("Cf", "Cs", "Co", "Cn"):
-        return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
-    return ch
+#: What a terminal acts on: C0 controls, DEL, C1 controls (ESC, CSI, OSC...), and the Unicode
+#: format characters that reorder or hide text (bidi overrides and isolates, zero-width marks).
+_UNSAFE = [*range(0x20), *range(0x7F, 0xA0), 0x061C, 0x180E, *range(0x200B, 0x2010), *range(0x202A, 0x202F),
+           *range(0x2060, 0x2070), 0xFEFF]
+_ESCAPED = {c: (f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}") for c in _UNSAFE}
+_ESCAPED_KEEP_LINES = {c: v for c, v in _ESCAPED.items() if c not in (0x0A, 0x09)}
 
 
 def clean_text(value: Any, limit: int | None = None, *, keep_newlines: bool = False) -> str:
     """``value`` as text that is safe to print on a terminal, at most ``limit`` characters.
 
-    Control characters become ``\\xNN`` (``\\n`` and ``\\t`` too, unless ``keep_newlines``);
-    a value that is not a string is shown with :func:`short_repr`.
+    Control and format characters become visible escapes (``\\x1b``); ``\\n`` and ``\\t`` too,
+    unless ``keep_newlines``. A value that is not a string is shown with :func:`short_repr`.
     """
     if not isinstance(value, str):
         value = short_repr(value, limit or 200)
     if limit is not None and len(value) > limit:
         value = value[: max(limit - 1, 0)] + "…"
-    if value.isprintable():
-        return value
-    keep = "\n\t" if keep_newlines else ""
-    return "".join(ch if ch.isprintable() or ch in keep else _visible(ch) for ch in value)
+    return value.translate(_ESCAPED_KEEP_LINES if keep_newlines else _ESCAPED)
 
 
 def short_repr(value: Any, limit: int = 80) -> str:
@@ -94,3 +90,9 @@ def too_deep(value: Any, max_depth: int = MAX_DEPTH) -> bool:
             stack.extend((k, depth + 1) for k in obj if isinstance(k, _CONTAINERS))
         stack.extend((c, depth + 1) for c in children if isinstance(c, _CONTAINERS))
     return False
+
+
+def clean_marker(marker: Any) -> Any:
+    """A :class:`~memrec.events.Marker` with its name and text values made safe to print."""
+    values = {clean_text(k): clean_text(v) if isinstance(v, str) else v for k, v in (marker.values or {}).items()}
+    return dataclasses.replace(marker, name=clean_text(marker.name), values=values)

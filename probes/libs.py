@@ -28,6 +28,8 @@ from collections.abc import Iterable
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from memrec._untrusted import clean_text
+
 log = logging.getLogger(__name__)
 
 LIBCUDA_PREFIX = "libcuda.so"
@@ -243,7 +245,7 @@ def trusted(libs: Iterable[LibraryFile]) -> list[LibraryFile]:
             out.append(lib)
         elif (lib.dev, lib.inode) not in _REFUSED:
             _REFUSED.add((lib.dev, lib.inode))
-            log.warning("not probing %s: %s (only root's driver files are probed)", lib.path, reason)
+            log.warning("not probing %s: %s (only root's driver files are probed)", clean_text(lib.path, 300), reason)
     return out
 
 

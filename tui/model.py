@@ -26,6 +26,7 @@ series points beyond ``max_events``.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import marshal
 import re
 import threading
@@ -45,6 +46,8 @@ from memrec.events import GpuInfo
 from memrec.events import Kind
 from memrec.events import Marker
 from memrec.events import ProcessInfo
+from memrec._untrusted import clean_marker
+from memrec._untrusted import clean_text
 from memrec.state import LiveState
 from memrec.trace.format import gpus_from_header
 
@@ -704,11 +707,14 @@ class TraceModel:
                 self.nvml.setdefault(int(g), NvmlSeries()).append(samples[samples["gpu"] == g])
 
     def add_marker(self, marker: Marker) -> None:
+        marker = clean_marker(marker)  # a client's text must not drive the terminal
         with self.lock:
             keys = [m.ts for m in self.markers]
             self.markers.insert(bisect.bisect_right(keys, marker.ts), marker)
 
     def add_process(self, process: ProcessInfo) -> None:
+        process = dataclasses.replace(process, cmdline=[clean_text(a) for a in process.cmdline],
+                                      exe=None if process.exe is None else clean_text(process.exe))
         with self.lock:
             self.processes[process.pid] = process
 

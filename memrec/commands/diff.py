@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from memrec._errors import ExitCode
+from memrec._untrusted import clean_text
 
 
 class DiffCommand:
@@ -39,5 +40,5 @@ class DiffCommand:
         if args.json:
             print(json.dumps(result, indent=2))
         else:
-            print(render_diff(result), end="")
+            print(clean_text(render_diff(result), keep_newlines=True), end="")
         return ExitCode.OK

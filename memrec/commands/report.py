@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from memrec._errors import ExitCode
+from memrec._untrusted import clean_text
 from memrec._errors import MemrecCommandError
 
 
@@ -48,5 +49,5 @@ class ReportCommand:
         if args.json:
             print(json.dumps(report, indent=2))
         else:
-            print(render_text(report), end="")
+            print(clean_text(render_text(report), keep_newlines=True), end="")
         return ExitCode.OK
