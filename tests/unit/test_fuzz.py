@@ -15,6 +15,7 @@ import tempfile
 import msgpack
 import pytest
 from hypothesis import HealthCheck
+from hypothesis import example
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -104,8 +105,12 @@ def daemon():
     shutil.rmtree(d, ignore_errors=True)
 
 
+DEEP_FRAME = protocol.frame(b"\x81\xa4type" + b"\x91" * 1000 + b"\xc0")  # the frame that killed the daemon
+
+
 @FUZZ
 @given(frames=st.lists(FRAME, min_size=1, max_size=5))
+@example(frames=[DEEP_FRAME])
 def test_any_bytes_on_the_socket_leave_the_daemon_serving(frames, daemon):
     import socket
 
