@@ -139,7 +139,8 @@ def cmd_kill(args, lib: Path) -> None:
         mine = _allocs(trace, w.pid_reported)
         sizes = mine["size"].astype(int) - 4096
         contiguous = bool(len(sizes)) and (sizes == sizes[0] + range(len(sizes))).all()
-        gaps += not contiguous
+        missing = sorted(set(range(int(sizes.min()), int(sizes.max()) + 1)) - set(sizes.tolist())) if len(sizes) else []
+        gaps += len(missing) > trace.lost  # a gap the lost count does not cover
         last = int(trace.events["ts"].max()) if len(trace.events) else None
         ms = (t_kill - last) / 1e6 if last else float("nan")
         lost_ms.append(ms)
@@ -149,12 +150,13 @@ def cmd_kill(args, lib: Path) -> None:
         frees_unknown = state.anomalies.get("free_unknown", 0)
         unmatched += frees_unknown
         print(f"run {run + 1}: {len(mine)} allocs read back, report rc {report.returncode}, last event {ms:.0f} ms "
-              f"before the kill, contiguous {contiguous}, frees of unrecorded allocs {frees_unknown}, "
+              f"before the kill, contiguous {contiguous} (missing {missing[:5]} of {int(sizes.min()) if len(sizes) else None}.., lost {trace.lost}), frees of unrecorded allocs {frees_unknown}, "
               f"warnings {len(trace.warnings)}", flush=True)
         shutil.rmtree(workdir, ignore_errors=True)
     print(f"kill: {ok} of {args.runs} traces read back (report exit 0); last event before the kill: "
           f"min {min(lost_ms):.0f} ms, median {statistics.median(lost_ms):.0f} ms, max {max(lost_ms):.0f} ms; "
-          f"{args.runs - gaps} of {args.runs} with every alloc between the first and last recorded; "
+          f"{args.runs - gaps} of {args.runs} with every alloc between the first and last recorded either "
+          f"recorded or counted lost; "
           f"{unmatched} free(s) of an alloc made before the probes were in place")
 
 
