@@ -309,8 +309,8 @@ class LiveState:
                     fill_idx.append(i)
                     fill_gpu.append(g)
                 key = (g, pid, DRIVER)
-                counts[key] -= size
-                owned[g] -= size
+                counts[key] = counts.get(key, 0) - size  # a restored state drops zero counters
+                owned[g] = owned.get(g, 0) - size
                 if jext is not None:
                     jext((base + i, tss[i], g, pid, DRIVER, -size))
                 if exported:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+from pathlib import Path
 import tempfile
 
 import msgpack
@@ -135,3 +136,14 @@ def test_the_fuzzed_daemon_still_writes_a_readable_trace(daemon):
     daemon.writer.flush()
     trace = load_trace(daemon.files[0])
     assert any(m.name == "alive" for m in trace.markers)
+
+
+# ------------------------------------------------------------------------------ found by the long run
+
+CRASHES = sorted((Path(__file__).parent.parent / "data" / "fuzz").glob("*.mrec"))
+
+
+@pytest.mark.parametrize("path", CRASHES, ids=[p.stem for p in CRASHES])
+def test_inputs_the_long_fuzz_run_found_stay_fixed(path, workdir):
+    """Each file here once failed the check (tests/fuzz/run_atheris.py found it); see its name."""
+    harness.check_trace_bytes(path.read_bytes(), workdir)
