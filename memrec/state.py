@@ -47,6 +47,7 @@ from typing import NamedTuple
 import numpy as np
 
 from memrec._untrusted import clean_text
+from memrec._untrusted import short_repr
 from memrec.events import CATEGORIES
 from memrec.events import Api
 from memrec.events import FLAG_IPC_BYTES
@@ -167,18 +168,27 @@ def _flat_keyed(table: dict) -> list:
     return out
 
 
-def _check_ints(flat: Any, name: str, *, bytes_every: int = 0, bytes_at: int = 0, none_ok: bool = False) -> None:
-    """Raise TypeError unless ``flat`` is a list of 64-bit ints (bytes at ``bytes_at`` of every
-    ``bytes_every`` items; None allowed with ``none_ok``): a snapshot's tables, checked before use."""
+def _check_table(flat: Any, name: str, fields: tuple[str, ...], *, none_ok: bool = False) -> None:
+    """Raise TypeError unless ``flat`` is a snapshot table of rows ``fields`` whose every value
+    can be what its field is: bytes for handle bytes, an int16 for a GPU, a category index for a
+    category, a 64-bit int for the rest (None too with ``none_ok``). Checked before use: a damaged
+    keyframe must fail here, not later in a view or a numpy column."""
     if not isinstance(flat, list):
         raise TypeError(f"{name} is not a list")
     for i, v in enumerate(flat):
-        if bytes_every and i % bytes_every == bytes_at:
+        field = fields[i % len(fields)]
+        if field.endswith("_bytes"):
             ok = isinstance(v, bytes)
+        elif not isinstance(v, int) or isinstance(v, bool):
+            ok = none_ok and v is None
+        elif "gpu" in field:
+            ok = -(2**15) <= v < 2**15
+        elif field == "category":
+            ok = 0 <= v < len(CATEGORIES)
         else:
-            ok = (isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**64) or (none_ok and v is None)
+            ok = -(2**63) <= v < 2**64
         if not ok:
-            raise TypeError(f"{name}[{i}] is a {type(v).__name__}")
+            raise TypeError(f"{name}[{i}] ({field}) cannot be {short_repr(v, 40)}")
 
 
 def _rows(flat: list, stride: int) -> Iterator[list]:
@@ -821,16 +831,16 @@ class LiveState:
 
     @classmethod
     def _restore(cls, d: dict, journal: bool) -> LiveState:
-        for name in ("allocs", "handles", "maps", "aliases", "host", "peaks", "failures"):
-            _check_ints(d[name], name)
-        _check_ints(d["exports"], "exports", bytes_every=len(EXPORT_FIELDS))
-        _check_ints(d["fabric"], "fabric", bytes_every=len(FABRIC_FIELDS))
-        _check_ints(d["opens"], "opens", bytes_every=len(OPEN_FIELDS), bytes_at=2 + _O_BYTES)
+        tables = {"allocs": ALLOC_FIELDS, "handles": HANDLE_FIELDS, "maps": MAP_FIELDS, "aliases": ALIAS_FIELDS,
+                  "exports": EXPORT_FIELDS, "fabric": FABRIC_FIELDS, "opens": OPEN_FIELDS, "host": HOST_FIELDS,
+                  "peaks": PEAK_FIELDS, "failures": FAILURE_FIELDS}
+        for name, fields in tables.items():
+            _check_table(d[name], name, fields)
         for e in d["exits"]:
-            _check_ints(e[:2], "exits")
-            _check_ints(e[2], "exits")
-            _check_ints(e[3], "exits", none_ok=True)
-        _check_ints([d["n"], d["ts"], d["n_failures"], d.get("max_failures", MAX_FAILURES)], "counts")
+            _check_table(e[:2], "exits", ("pid", "ts"))
+            _check_table(e[2], "exits", HELD_FIELDS)
+            _check_table(e[3], "exits", LARGEST_FIELDS, none_ok=True)
+        _check_table([d["n"], d["ts"], d["n_failures"], d.get("max_failures", MAX_FAILURES)], "counts", ("n",))
         s = cls(journal=journal, max_failures=d.get("max_failures", MAX_FAILURES))
         s.n_events = d["n"]
         s.last_ts = d["ts"]
