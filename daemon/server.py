@@ -47,9 +47,11 @@ from memrec import __version__
 from memrec._errors import ExitCode
 from memrec._errors import MemrecCommandError
 from memrec._errors import MemrecError
+from memrec._errors import one_line
 from memrec.columns import with_gpu
 from memrec.daemon.config import DaemonConfig
 from memrec.daemon.fanout import Fanout
+from memrec.daemon.libraries import Libraries
 from memrec._untrusted import clean_text
 from memrec.daemon.markers import MarkerServer
 from memrec.daemon.markers import root_only
@@ -84,8 +86,6 @@ _FINAL_DRAIN_POLLS = 64
 #: A marker's ts must lie within this many ns before its arrival on the daemon's clock; any other
 #: value (a clock of another time namespace, a made-up 2^64 - 1) is replaced by the arrival time.
 MARKER_TS_WINDOW = 60 * 10**9
-#: The most distinct driver files (inodes) probed: each costs ~90 probes, fds and stop time.
-MAX_LIBRARIES = 16
 #: How often idle and half-sent marker connections are looked for (ns).
 _SWEEP_NS = 10**9
 
@@ -106,15 +106,6 @@ class ProbeLoadError(MemrecCommandError):
         super().__init__(message, exit_code=ExitCode.UNAVAILABLE)
 
 
-def _one_line(error: BaseException) -> str:
-    text = str(error).strip() or type(error).__name__
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    # bcc puts the compiler's complaint on the last lines; keep the first and the last.
-    if len(lines) > 1:
-        return f"{lines[0]} ... {lines[-1]}"[:500]
-    return lines[0][:500] if lines else type(error).__name__
-
-
 #: Batches in which a new process's ordinal map is checked against NVML before giving up.
 _MAP_CHECK_TRIES = 20
 
@@ -123,12 +114,6 @@ def _default_probes_factory(**kwargs: Any) -> Any:
     from memrec.probes.cuda import CudaProbes
 
     return CudaProbes(**kwargs)
-
-
-def _default_find_libraries(extra: tuple[str, ...]) -> list:
-    from memrec.probes.libs import find_libcuda
-
-    return find_libcuda(list(extra))
 
 
 def _default_nvml() -> Any:
@@ -143,39 +128,9 @@ def _default_process_info(pid: int, gpus: list[GpuInfo], first_ts: int) -> Proce
     return process_info(pid, gpus, first_ts)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Library:
-    path: str
-    dev: int
-    inode: int
-
-
-def _explicit_libraries(paths: tuple[str, ...]) -> list[_Library]:
-    """The libcuda files named on the command line (missing ones are logged by the caller once)."""
-    out = []
-    for path in paths:
-        try:
-            st = os.stat(path)
-        except OSError:
-            continue
-        out.append(_Library(path, st.st_dev, st.st_ino))
-    return out
-
-
 def _create_sink(path: Path) -> FileSink:
     """A new trace file: never through a symbolic link; an existing regular file is replaced."""
     return FileSink(path, replace=True)
-
-
-def _report_dict(report: Any) -> dict:
-    """An AttachReport (path, attached, missing) as the header records it."""
-    attached = getattr(report, "attached", 0)
-    missing = getattr(report, "missing", ())
-    return {
-        "path": os.fspath(getattr(report, "path", "?")),
-        "attached": len(attached) if isinstance(attached, (list, tuple, set, frozenset)) else int(attached),
-        "missing": sorted(str(m) for m in missing),
-    }
 
 
 class Daemon:
@@ -211,7 +166,7 @@ class Daemon:
         self._probes_factory = probes_factory or _default_probes_factory
         self._nvml = nvml
         self.clock = clock
-        self._find_libraries = find_libraries or _default_find_libraries
+        self.libraries = Libraries(find_libraries, config.libcuda_paths)
         self._process_info = process_info or _default_process_info
         self.stop_signal_handler = stop_signal_handler
         self._install_signals = install_signals
@@ -235,8 +190,6 @@ class Daemon:
         self._old_handlers: dict[int, Any] = {}
         self._old_wakeup_fd: int | None = None
         self._wake_r = self._wake_w = -1
-        self._libraries: dict[tuple[int, int], dict] = {}  # (dev, inode) -> report dict
-        self._skip_libraries: set[tuple[int, int]] = set()  # failed, or known under another identity
         self._procs: dict[int, ProcessInfo] = {}
         self._map_checked: set[int] = set()  # pids whose ordinal map NVML confirmed or corrected
         self._map_tries: dict[int, int] = {}
@@ -249,7 +202,6 @@ class Daemon:
         self._start_stamp = ""
         self._poll_errors = 0
         self._probes_closed = False
-        self._search_failed = False
         self._ring_fd: int | None = None
         self.events_recorded = 0
         self.markers_recorded = 0
@@ -283,7 +235,7 @@ class Daemon:
                 if not os.path.exists(path):
                     log.warning("--libcuda %s: no such file", path)
             self.scan_libraries()
-            if not self._libraries:
+            if not self.libraries.attached:
                 log.warning(
                     "no libcuda.so.1 found yet: probes will attach when a process maps one "
                     "(rescan every %g s); name one with --libcuda PATH", cfg.rescan_interval
@@ -313,7 +265,7 @@ class Daemon:
         self.mood = Mood.RUNNING
         log.info(
             "recording to %s; markers on %s; %d GPU(s); %d libcuda file(s) probed",
-            self.files[-1], cfg.socket_path, len(self.gpus), len(self._libraries),
+            self.files[-1], cfg.socket_path, len(self.gpus), len(self.libraries.attached),
         )
 
     def track_pid(self, pid: int) -> None:
@@ -532,7 +484,7 @@ class Daemon:
         except Exception as error:
             self._poll_errors += 1
             if self._poll_errors <= 3:
-                log.error("ring buffer poll failed: %s", _one_line(error))
+                log.error("ring buffer poll failed: %s", one_line(error))
             return 0
         n = len(raw)
         if n:
@@ -766,12 +718,7 @@ class Daemon:
         return cfg.output.with_name(f"{stem}.{part}{suffix}")
 
     def _header(self, reason: str) -> dict:
-        probes = {
-            "libraries": list(self._libraries.values()),
-            "attached": sum(r["attached"] for r in self._libraries.values()),
-            "missing": sorted({m for r in self._libraries.values() for m in r["missing"]}),
-            "follow_tree": self.config.follow_tree,
-        }
+        probes = {**self.libraries.header(), "follow_tree": self.config.follow_tree}
         return make_header(
             gpus=self.gpus,
             probes=probes,
@@ -878,48 +825,11 @@ class Daemon:
         except MemrecCommandError:
             raise
         except Exception as error:  # bcc raises bare Exception for compile and load failures
-            raise ProbeLoadError(f"cannot load the BPF probes: {_one_line(error)}") from error
+            raise ProbeLoadError(f"cannot load the BPF probes: {one_line(error)}") from error
 
     def scan_libraries(self) -> int:
         """Attach the probes to every libcuda file not attached yet; return how many were new."""
-        try:
-            found = list(self._find_libraries(self.config.libcuda_paths))
-        except Exception as error:
-            if not self._search_failed:
-                log.warning("libcuda search failed: %s; probing only --libcuda paths", _one_line(error))
-            self._search_failed = True
-            found = []
-        found += _explicit_libraries(self.config.libcuda_paths)  # always, whatever the search says
-        new = 0
-        for lib in found:
-            key = (int(lib.dev), int(lib.inode))
-            if key in self._libraries or key in self._skip_libraries:
-                continue
-            if len(self._libraries) >= MAX_LIBRARIES:
-                self._skip_libraries.add(key)
-                log.warning("not probing %s: %d driver files are probed already (the most memrec probes)",
-                            lib.path, MAX_LIBRARIES)
-                continue
-            try:
-                report = self.probes.attach_library(lib.path, identity=key)
-            except Exception as error:
-                self._skip_libraries.add(key)
-                log.warning("cannot attach to %s: %s", lib.path, _one_line(error))
-                continue
-            rec = _report_dict(report)
-            if getattr(report, "already_attached", False):  # another path to an attached inode
-                self._skip_libraries.add(key)
-                continue
-            self._libraries[key] = rec
-            new += 1
-            if rec["missing"]:
-                log.info(
-                    "attached %d probe(s) to %s; %d symbol(s) missing: %s",
-                    rec["attached"], rec["path"], len(rec["missing"]), ", ".join(rec["missing"]),
-                )
-            else:
-                log.debug("attached %d probe(s) to %s", rec["attached"], rec["path"])
-        return new
+        return self.libraries.scan(self.probes)
 
     def _nvml_module(self) -> Any:
         if self._nvml is None:
@@ -964,7 +874,7 @@ class Daemon:
             "lost": self._lost,
             "files": [os.fspath(p) for p in self.files],
             "processes": len(self._procs),
-            "libraries": len(self._libraries),
+            "libraries": len(self.libraries.attached),
             "subscribers": len(self.fanout) if self.fanout is not None else 0,
             "marker_server": self.markers.stats() if self.markers is not None else {},
         }

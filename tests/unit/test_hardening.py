@@ -473,15 +473,15 @@ def test_9_only_root_owned_unwritable_driver_files_are_probed(tmp_path, caplog):
 
 
 def test_9_the_daemon_probes_at_most_max_libraries(workdir, caplog):  # noqa: F811
-    from memrec.daemon.server import MAX_LIBRARIES
+    from memrec.daemon.libraries import MAX_LIBRARIES
     from tests.unit.daemon_fakes import FakeLibrary
 
     d = make_daemon(workdir)
-    d._find_libraries = lambda extra: [FakeLibrary(f"/lib{i}/libcuda.so.1", 1, 100 + i) for i in range(40)]
+    d.libraries.find = lambda extra: [FakeLibrary(f"/lib{i}/libcuda.so.1", 1, 100 + i) for i in range(40)]
     d.start()
     d.scan_libraries()
     d.stop()
-    assert len(d._libraries) == MAX_LIBRARIES
+    assert len(d.libraries.attached) == MAX_LIBRARIES
     assert sum("driver files are probed already" in r.message for r in caplog.records) == 40 - MAX_LIBRARIES
 
 
