@@ -42,6 +42,7 @@ _UCRED = struct.Struct("3i")  # pid, uid, gid
 #: Bad frames logged at WARNING before the rest go to DEBUG (a broken client must not flood logs).
 _LOUD_ERRORS = 20
 _RECV = 65536
+_CRED_SPACE = socket.CMSG_SPACE(_UCRED.size)
 #: accept() errors that mean "no file descriptor or memory for now": pause accepting.
 _OUT_OF_FDS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 _ACCEPT_BACKOFF = (0.05, 2.0)  # first and longest pause, seconds
@@ -51,6 +52,23 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
     """(pid, uid, gid) of the process that connected ``sock`` (Linux SO_PEERCRED)."""
     data = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
     return _UCRED.unpack(data)
+
+
+def _recv_with_sender(sock: socket.socket) -> tuple[bytes, tuple[int, int] | None]:
+    """Receive bytes and the (pid, uid) the kernel stamped them with (SO_PASSCRED is on).
+
+    SO_PEERCRED names the process that *connected*; a child that inherited the connection and
+    writes on it after a fork would be filed under its parent. With SO_PASSCRED the kernel
+    attaches the writer's own credentials to what it wrote, and never hands bytes of two writers
+    to one recvmsg.
+    """
+    data, ancdata, _flags, _addr = sock.recvmsg(_RECV, _CRED_SPACE)
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(payload) >= _UCRED.size:
+            pid, uid, _gid = _UCRED.unpack_from(payload)
+            if pid > 0:
+                return data, (pid, uid)
+    return data, None
 
 
 def root_only(_pid: int, uid: int, _gid: int) -> bool:
@@ -253,6 +271,7 @@ class MarkerServer:
         sock.setblocking(False)
         try:
             pid, uid, gid = peer_credentials(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         except OSError as error:
             log.warning("marker socket: no peer credentials (%s): connection closed", error.strerror)
             sock.close()
@@ -293,7 +312,7 @@ class MarkerServer:
 
     def _serve(self, fd: int, client: _Client) -> None:
         try:
-            data = client.sock.recv(_RECV)
+            data, sender = _recv_with_sender(client.sock)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
@@ -316,11 +335,17 @@ class MarkerServer:
         elif client.frame_started is None or messages:
             client.frame_started = now
         for message in messages:
-            if not self._handle(client, message):
+            if not self._handle(client, message, sender):
                 return
 
-    def _handle(self, client: _Client, message: dict) -> bool:
-        """Handle one message; False when the connection is gone (closed or handed over)."""
+    def _handle(self, client: _Client, message: dict, sender: tuple[int, int] | None = None) -> bool:
+        """Handle one message; False when the connection is gone (closed or handed over).
+
+        ``sender``: (pid, uid) of the process that wrote the bytes completing the message, when
+        the kernel says (a forked child writing on its parent's connection is itself, not its
+        parent); else the connection's peer credentials.
+        """
+        pid, uid = sender or (client.pid, client.uid)
         problem = protocol.validate_message(message)
         if problem:
             self._bad(client, problem)
@@ -330,8 +355,8 @@ class MarkerServer:
             self.markers += 1
             marker = Marker(
                 ts=message["ts"],
-                pid=client.pid,
-                uid=client.uid,
+                pid=pid,
+                uid=uid,
                 tid=message["tid"],
                 name=message["name"],
                 phase=message["phase"],
@@ -341,7 +366,7 @@ class MarkerServer:
             try:
                 self.on_marker(marker)
             except Exception:
-                log.exception("marker from pid %d could not be recorded", client.pid)
+                log.exception("marker from pid %d could not be recorded", pid)
             return True
         if kind == "ping":
             self.pings += 1

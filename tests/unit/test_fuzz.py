@@ -12,6 +12,7 @@ import os
 import random
 from pathlib import Path
 import tempfile
+import time
 
 import msgpack
 import pytest
@@ -126,7 +127,9 @@ def test_any_bytes_on_the_socket_leave_the_daemon_serving(frames, daemon):
     s.close()
     before = daemon.markers_recorded
     assert MarkerClient(daemon.config.socket_path).mark("alive")
-    pump(daemon, 0.005)
+    deadline = time.monotonic() + 5
+    while daemon.markers_recorded == before and time.monotonic() < deadline:  # a busy host: wait
+        pump(daemon, 0.005)
     assert daemon.mood.value == "running"
     assert daemon.markers_recorded >= before + 1
 

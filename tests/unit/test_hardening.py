@@ -611,6 +611,30 @@ def test_13_the_return_probe_is_attached_before_the_entry_probe():
     assert order == ["return", "entry"]
 
 
+def test_13_a_childs_marker_on_its_parents_connection_is_filed_under_the_child(daemon):
+    """Confirmed: SO_PEERCRED names the process that connected, so a child writing on the
+    connection it inherited was filed under its parent (even after the parent exited). The daemon
+    now takes the writer's pid from the kernel's per-write credentials (SO_PASSCRED)."""
+    # GIVEN a connection opened by this process, then inherited by a forked child
+    s = connect(daemon.config.socket_path)
+    pump(daemon, 0.02)
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        s.sendall(protocol.encode_frame(protocol.make_mark("from-child", "instant", time.monotonic_ns(), 1)))
+        os.write(w, b"1")
+        os._exit(0)
+    assert os.read(r, 1) == b"1"
+    os.waitpid(child, 0)
+    # WHEN the parent writes on it too
+    s.sendall(protocol.encode_frame(protocol.make_mark("from-parent", "instant", time.monotonic_ns(), 1)))
+    pump(daemon, 0.05)
+    daemon.stop()
+    # THEN each marker carries the pid of the process that wrote it
+    by_name = {m.name: m.pid for m in load_trace(daemon.files[0]).markers}
+    assert by_name == {"from-child": child, "from-parent": os.getpid()}
+
+
 def test_13_a_forked_childs_marker_goes_on_its_own_connection(daemon):
     """Confirmed: the kernel stamps a connection with its connector's pid, so a child writing on
     its parent's socket would be filed under the parent. memrec's client never does: it checks
