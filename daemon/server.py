@@ -48,11 +48,11 @@ from memrec._errors import ExitCode
 from memrec._errors import MemrecCommandError
 from memrec._errors import MemrecError
 from memrec._errors import one_line
+from memrec._untrusted import clean_text
 from memrec.columns import with_gpu
 from memrec.daemon.config import DaemonConfig
 from memrec.daemon.fanout import Fanout
 from memrec.daemon.libraries import Libraries
-from memrec._untrusted import clean_text
 from memrec.daemon.markers import MarkerServer
 from memrec.daemon.markers import root_only
 from memrec.daemon.markers import root_or_group

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 from memrec._errors import ExitCode
-from memrec._untrusted import clean_text
 from memrec._errors import MemrecCommandError
+from memrec._untrusted import clean_text
 
 
 class ReportCommand:

@@ -19,15 +19,12 @@ import sys
 import time
 from pathlib import Path
 
-import msgpack
-import numpy as np
 import pytest
 
 from memrec import protocol
 from memrec._errors import ExitCode
 from memrec.client import MarkerClient
 from memrec.commands import main
-from memrec.daemon.markers import MarkerServer
 from memrec.events import GpuInfo
 from memrec.events import Kind
 from memrec.events import Marker
