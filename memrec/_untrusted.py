@@ -23,6 +23,7 @@ from typing import Any
 MAX_DEPTH = 32
 
 _CONTAINERS = (list, tuple, dict)
+_CONTAINER_TYPES = frozenset(_CONTAINERS)
 
 
 #: What a terminal acts on: C0 controls, DEL, C1 controls (ESC, CSI, OSC...), and the Unicode
@@ -77,7 +78,11 @@ def short_repr(value: Any, limit: int = 80) -> str:
 
 
 def too_deep(value: Any, max_depth: int = MAX_DEPTH) -> bool:
-    """Whether ``value`` nests lists/maps more than ``max_depth`` levels (checked without recursion)."""
+    """Whether ``value`` nests lists/maps more than ``max_depth`` levels (checked without recursion).
+
+    Flat lists of scalars (a keyframe's tables) are passed over at C speed: only the types of
+    their items are collected.
+    """
     if not isinstance(value, _CONTAINERS):
         return False
     stack = [(value, 1)]
@@ -85,10 +90,10 @@ def too_deep(value: Any, max_depth: int = MAX_DEPTH) -> bool:
         obj, depth = stack.pop()
         if depth > max_depth:
             return True
-        children = obj.values() if isinstance(obj, dict) else obj
-        if isinstance(obj, dict):
-            stack.extend((k, depth + 1) for k in obj if isinstance(k, _CONTAINERS))
-        stack.extend((c, depth + 1) for c in children if isinstance(c, _CONTAINERS))
+        children = list(obj.keys()) + list(obj.values()) if isinstance(obj, dict) else obj
+        if _CONTAINER_TYPES.isdisjoint(set(map(type, children))):
+            continue
+        stack.extend((c, depth + 1) for c in children if type(c) in _CONTAINER_TYPES)
     return False
 
 
