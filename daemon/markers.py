@@ -338,6 +338,26 @@ class MarkerServer:
             if not self._handle(client, message, sender):
                 return
 
+    def _about(self, pid: int, uid: int, named: int | None) -> int:
+        """The pid a marker is stamped with: its writer's, or the one it names if it may speak for it.
+
+        Root may name any process, others only their own (the owner of /proc/PID); a claim that
+        fails (another user's process, or one already gone) is logged and the writer's pid kept.
+        """
+        if named is None or named == pid:
+            return pid
+        try:
+            owner = os.stat(f"/proc/{named}").st_uid
+        except OSError:
+            self._bad_log.log(logging.WARNING, "marker from pid %d names pid %d, which does not exist: "
+                              "stamped with %d", pid, named, pid)
+            return pid
+        if uid != 0 and owner != uid:
+            self._bad_log.log(logging.WARNING, "marker from pid %d (uid %d) names pid %d of uid %d: not "
+                              "allowed, stamped with %d", pid, uid, named, owner, pid)
+            return pid
+        return named
+
     def _handle(self, client: _Client, message: dict, sender: tuple[int, int] | None = None) -> bool:
         """Handle one message; False when the connection is gone (closed or handed over).
 
@@ -355,7 +375,7 @@ class MarkerServer:
             self.markers += 1
             marker = Marker(
                 ts=message["ts"],
-                pid=pid,
+                pid=self._about(pid, uid, message.get("pid")),
                 uid=uid,
                 tid=message["tid"],
                 name=message["name"],

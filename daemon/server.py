@@ -106,6 +106,17 @@ class ProbeLoadError(MemrecCommandError):
         super().__init__(message, exit_code=ExitCode.UNAVAILABLE)
 
 
+def _gpu_text(info: ProcessInfo) -> str:
+    """How a process's device ordinals map to GPUs, for the log (never Python's None or [])."""
+    cvd = "CUDA_VISIBLE_DEVICES unset" if info.cuda_visible_devices is None else (
+        f"CUDA_VISIBLE_DEVICES={info.cuda_visible_devices}")
+    if info.gpu_map:
+        return f"{cvd} → GPUs {', '.join(map(str, info.gpu_map))}"
+    if info.cuda_visible_devices is None:
+        return f"{cvd}, no GPU list (no NVML): ordinal n is GPU n"
+    return f"{cvd} → no GPU it can name"
+
+
 #: Batches in which a new process's ordinal map is checked against NVML before giving up.
 _MAP_CHECK_TRIES = 20
 
@@ -210,6 +221,11 @@ class Daemon:
         self._loss_log = Throttle(log, 5.0)
         self._disk_full = False
         self._restamp_log = Throttle(log, 60.0)
+        self._timers: list[list] = []  # [period ns, due ns, fn] from every()
+        #: Called from the loop with each marker as it arrives (device ordinal as the client sent it).
+        self.marker_listeners: list[Callable[[Marker], None]] = []
+        #: Called on the NVML sampler's thread with each batch of device rows (NVML_DTYPE).
+        self.sample_listeners: list[Callable[[np.ndarray], None]] = []
 
     # ================================================================== lifecycle
 
@@ -290,7 +306,10 @@ class Daemon:
             if until is not None and until():
                 return "until"
             now = self.clock()
-            timeout = min(max(0, min(self._next.values()) - now), poll_ns) / 1e9
+            due = min(self._next.values(), default=now)
+            if self._timers:
+                due = min(due, min(t[1] for t in self._timers))
+            timeout = min(max(0, due - now), poll_ns) / 1e9
             for key, mask in self.selector.select(timeout):
                 key.data(mask)
             self.tick(self.clock())
@@ -306,7 +325,7 @@ class Daemon:
             self.stop_reason = reason
         self.mood = Mood.STOPPING
         reason = self.stop_reason or "stop"
-        log.info("shutting down (%s)", reason)
+        log.info("shutting down (%s): detaching the probes takes a few seconds", reason)
         self._teardown(failed=False)
 
     def _teardown(self, failed: bool) -> None:
@@ -447,6 +466,21 @@ class Daemon:
         if (cfg.rotate_bytes and self.writer is not None and self.writer.bytes_written >= cfg.rotate_bytes
                 and self.writer.stalled is None):
             self.rotate("size")
+        for timer in self._timers:
+            if now >= timer[1]:
+                timer[1] = _advance(timer[1], timer[0], now)
+                try:
+                    timer[2](now)
+                except Exception as error:  # an add-on (metrics, watchdog) never stops recording
+                    log.error("periodic %s failed: %s", getattr(timer[2], "__qualname__", timer[2]), one_line(error))
+
+    def every(self, seconds: float, fn: Callable[[int], None]) -> None:
+        """Call ``fn(now)`` from the loop every ``seconds`` (the metrics' snapshot, systemd's watchdog).
+
+        The loop's thread owns the live state, so this is where an add-on may read it.
+        """
+        period = max(1, int(seconds * 1e9))
+        self._timers.append([period, self.clock() + period, fn])
 
     def _watch_ring_buffer(self) -> None:
         """Drain at once when the probes wake us (if they offer a pollable fd), not only on the timer.
@@ -600,11 +634,8 @@ class Daemon:
             if not info.cmdline and info.exe is None:
                 log.info("pid %d ended before /proc could be read: its CUDA_VISIBLE_DEVICES is unknown, "
                          "its ordinals are taken as the host's GPU numbers", pid)
-            log.info(
-                "pid %d: %s (CUDA_VISIBLE_DEVICES=%s → GPUs %s)",
-                pid, clean_text(" ".join(info.cmdline), 200) or "?", clean_text(info.cuda_visible_devices, 100),
-                info.gpu_map,
-            )
+            log.info("pid %d: %s (%s)", pid, clean_text(" ".join(info.cmdline), 200) or "?",
+                     clean_text(_gpu_text(info), 200))
             if self.writer is not None and not self.writer.closed:
                 self.writer.write_process(info)
         return info
@@ -631,7 +662,11 @@ class Daemon:
                 marker.ts, MARKER_TS_WINDOW // 10**9, now,
             )
             marker = dataclasses.replace(marker, ts=now)
+        if marker.pid not in self._procs:  # a process named by `memrec mark` (its shell): read it now
+            self._process(marker.pid, marker.ts)
         self._pending_markers.append(marker)
+        for listener in self.marker_listeners:
+            listener(marker)
 
     def _physical_gpu(self, marker: Marker) -> Marker:
         """The client names its device ordinal; the trace holds the physical GPU."""
@@ -647,6 +682,8 @@ class Daemon:
     def _nvml_sink(self, device_rows: np.ndarray, process_rows: np.ndarray) -> None:
         """Called on the sampler's thread: only queue (the loop writes)."""
         self._nvml_queue.append((device_rows, process_rows))
+        for listener in self.sample_listeners:
+            listener(device_rows)
 
     def _write_pending(self) -> None:
         """Write queued markers (after the events that happened before them) and NVML samples."""
@@ -817,6 +854,7 @@ class Daemon:
     # ------------------------------------------------------------------ probes, GPUs, NVML
 
     def _load_probes(self) -> None:
+        log.info("compiling and loading the BPF probes (a few seconds)")
         try:
             self.probes = self._probes_factory(
                 follow_tree=self.config.follow_tree, ringbuf_pages=self.config.ringbuf_pages

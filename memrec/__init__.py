@@ -2,12 +2,27 @@
 
 The public API for programs is the marker client: :func:`mark` and :func:`phase` send phase
 markers to a running ``memrec daemon``; they never block, never raise, and do nothing without one.
+For reading a trace in Python (notebooks, pandas): :func:`load` (docs/python-api.md); it imports
+numpy and the analysis only when called, so a program that only marks phases never pays for them.
 """
 
 from __future__ import annotations
 
+import os
+from typing import TYPE_CHECKING
+
 from memrec.client import mark
 from memrec.client import phase
 
+if TYPE_CHECKING:
+    from memrec.api import Recording
+
 __version__ = "0.1.0"
-__all__ = ["__version__", "mark", "phase"]
+__all__ = ["__version__", "load", "mark", "phase"]
+
+
+def load(path: str | os.PathLike, pandas: bool | None = None) -> Recording:
+    """Read a ``.mrec`` trace as tables: see :func:`memrec.api.load`."""
+    from memrec.api import load as _load
+
+    return _load(path, pandas=pandas)

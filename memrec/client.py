@@ -6,6 +6,9 @@ They never block and never raise into the host program:
   own: the pid is checked on every call);
 - no daemon means a no-op returning False, and a new connection is tried at most once a second;
 - a full socket (EAGAIN) drops the marker and counts it;
+- dropped markers are not silently lost: the counts, by reason, travel to the daemon as one
+  ``markers_dropped`` marker (:data:`DROPPED_MARKER`) ahead of the next marker that gets through
+  (and at exit), so the trace says how many of this process's markers it is missing and why;
 - a frame is never cut in the stream: when the kernel takes only part of one, the remainder is
   kept (at most :data:`PENDING_CAP` bytes) and written before anything else; a connection that
   cannot take its remainder is dropped;
@@ -41,6 +44,11 @@ LOCK_WAIT = 0.01
 _MAX_ERROR_TEXT = 1000
 _SEND_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0) | getattr(socket, "MSG_DONTWAIT", 0)
 _RETRY_LATER = (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR, errno.ENOBUFS)
+
+#: The marker that reports this process's dropped markers (cumulative counts, by reason).
+DROPPED_MARKER = "markers_dropped"
+#: Why a marker was dropped (the value keys of :data:`DROPPED_MARKER`, each a count).
+DROP_REASONS = ("no_daemon", "socket_full", "connection_lost", "busy", "invalid")
 
 
 def _scalar(value: Any) -> Any:
@@ -94,6 +102,12 @@ class MarkerClient:
         self.sent = 0
         #: markers dropped: no daemon, full socket, broken connection, bad arguments
         self.dropped = 0
+        #: the same, by reason (:data:`DROP_REASONS`)
+        self.drops = dict.fromkeys(DROP_REASONS, 0)
+        #: how many of the drops the daemon has been told about
+        self.dropped_reported = 0
+        self._first_drop_ts: int | None = None
+        self._last_drop_ts: int | None = None
 
     # -- public --------------------------------------------------------------------------------
 
@@ -105,18 +119,22 @@ class MarkerClient:
         try:
             return self._mark(name, phase, gpu, values)
         except Exception as error:  # never into the host program
-            self.dropped += 1
+            self._drop("invalid")
             log.debug("memrec marker %r dropped: %s", name, error)
             return False
 
     def flush(self) -> bool:
-        """Try to write a pending frame remainder; True when nothing is left pending."""
+        """Try to write a pending frame remainder and any unreported drops (one connect attempt
+        when there are drops to report); True when nothing is left pending."""
         try:
             if os.getpid() != self._pid:
                 self._after_fork()
             if self._owner == threading.get_ident() or not self._lock.acquire(timeout=LOCK_WAIT):
                 return False
             try:
+                if self.dropped > self.dropped_reported:
+                    self._last_attempt = None
+                    self._send(b"", count=False)
                 if self._sock is None:
                     return not self._pending
                 self._flush_pending()
@@ -169,16 +187,16 @@ class MarkerClient:
         )
         problem = protocol.validate_mark(message)
         if problem:
-            self.dropped += 1
+            self._drop("invalid")
             log.debug("memrec marker dropped: %s", problem)
             return False
         data = protocol.encode_frame(message)  # ProtocolError (too large) → dropped by mark()
         me = threading.get_ident()
         if self._owner == me:  # re-entered (a signal handler interrupted a mark on this thread)
-            self.dropped += 1
+            self._drop("busy")
             return False
         if not self._lock.acquire(timeout=LOCK_WAIT):  # another thread holds it for microseconds
-            self.dropped += 1
+            self._drop("busy")
             return False
         self._owner = me
         try:
@@ -187,37 +205,68 @@ class MarkerClient:
             self._owner = None
             self._lock.release()
 
-    def _send(self, data: bytes) -> bool:
+    def _drop(self, reason: str) -> None:
+        self.dropped += 1
+        self.drops[reason] += 1
+        ts = self.clock()
+        if self._first_drop_ts is None:
+            self._first_drop_ts = ts
+        self._last_drop_ts = ts
+
+    def _drop_report(self) -> bytes:
+        """The :data:`DROPPED_MARKER` frame when drops are not reported yet, else nothing."""
+        if self.dropped <= self.dropped_reported:
+            return b""
+        values = {"dropped": self.dropped, "since_last_report": self.dropped - self.dropped_reported,
+                  "first_drop_ts": self._first_drop_ts, "last_drop_ts": self._last_drop_ts, **self.drops}
+        message = protocol.make_mark(DROPPED_MARKER, "instant", int(self.clock()), threading.get_native_id(), None, values)
+        return protocol.encode_frame(message)
+
+    def _send(self, data: bytes, count: bool = True) -> bool:
+        """Send ``data`` (one frame; ``count=False``: only the drop report) after the drop report."""
         if self._sock is not None and self._peer_closed():
             # The daemon closed an idle connection (or restarted): reconnect now, lose nothing.
             self._disconnect()
             self._last_attempt = None
         if self._sock is None and not self._connect():
-            self.dropped += 1
+            if count:
+                self._drop("no_daemon")
             return False
         if self._pending:
             self._flush_pending()
             if self._sock is None:  # the connection broke while flushing
-                self.dropped += 1
+                if count:
+                    self._drop("connection_lost")
                 return False
-            if self._pending:
-                if len(self._pending) + len(data) > PENDING_CAP:
-                    self.dropped += 1
-                    return False
-                self._pending += data
-                self.sent += 1
-                return True
+        report = self._drop_report()
+        if self._pending:
+            if len(self._pending) + len(report) + len(data) > PENDING_CAP:
+                if count:
+                    self._drop("socket_full")
+                return False
+            self._pending += report + data
+            self._reported_now(report)
+            self.sent += count
+            return True
+        frames = report + data
         try:
-            n = self._sock.send(data, _SEND_FLAGS)
+            n = self._sock.send(frames, _SEND_FLAGS)
         except OSError as error:
-            if error.errno not in _RETRY_LATER:
+            lost = error.errno not in _RETRY_LATER
+            if lost:
                 self._disconnect()
-            self.dropped += 1
+            if count:
+                self._drop("connection_lost" if lost else "socket_full")
             return False
-        if n < len(data):
-            self._pending += data[n:]
-        self.sent += 1
+        if n < len(frames):
+            self._pending += frames[n:]
+        self._reported_now(report)
+        self.sent += count
         return True
+
+    def _reported_now(self, report: bytes) -> None:
+        if report:
+            self.dropped_reported = self.dropped
 
     def _peer_closed(self) -> bool:
         """Whether the daemon has closed this connection (it never writes to a marker client
@@ -332,9 +381,11 @@ def phase(name: str, gpu: int | None = None, **values: Any) -> Phase:
 
 
 def stats() -> dict:
-    """Counts of this process's markers: ``sent`` and ``dropped``."""
+    """Counts of this process's markers: ``sent``, ``dropped`` (and ``drops`` by reason,
+    ``dropped_reported``: how many of them the daemon was told about)."""
     client = _default_client()
-    return {"sent": client.sent, "dropped": client.dropped, "connected": client.connected}
+    return {"sent": client.sent, "dropped": client.dropped, "drops": dict(client.drops),
+            "dropped_reported": client.dropped_reported, "connected": client.connected}
 
 
 def _at_exit() -> None:

@@ -11,6 +11,8 @@ import enum
 from dataclasses import dataclass
 from dataclasses import field
 
+from memrec._cu_results import CU_RESULT_NAMES
+
 
 class Kind(enum.IntEnum):
     """What an event did. Numbers are part of trace format v1: never renumber."""
@@ -131,17 +133,12 @@ CONTEXT_TRACKING_APIS = (
     Api.cuCtxGetCurrent,
 )
 
-#: CUresult values worth naming in reports.
-CU_RESULT_NAMES = {
-    0: "CUDA_SUCCESS",
-    1: "CUDA_ERROR_INVALID_VALUE",
-    2: "CUDA_ERROR_OUT_OF_MEMORY",
-    3: "CUDA_ERROR_NOT_INITIALIZED",
-    101: "CUDA_ERROR_INVALID_DEVICE",
-    201: "CUDA_ERROR_INVALID_CONTEXT",
-    400: "CUDA_ERROR_INVALID_HANDLE",
-    801: "CUDA_ERROR_NOT_SUPPORTED",
-}
+
+def cu_result_name(result: int) -> str:
+    """The CUresult's name as the driver's header spells it (``CUresult <n>`` for a newer code)."""
+    return CU_RESULT_NAMES.get(result, f"CUresult {result}")
+
+
 CUDA_ERROR_OUT_OF_MEMORY = 2
 
 #: Event.flags bits.

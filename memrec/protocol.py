@@ -8,14 +8,17 @@ Client → daemon::
 
     {type: "mark", name: str (1..200 chars), phase: "begin" | "end" | "instant",
      ts: int (client CLOCK_MONOTONIC ns), tid: int, gpu: int | None (the client's CUDA device
-     ordinal), values: {str: None | bool | int | float | str}}
+     ordinal), values: {str: None | bool | int | float | str},
+     pid: int (optional: the process the marker is about; see below)}
     {type: "ping"}                     → {type: "pong", version: int, pid: int}
     {type: "subscribe"}                → the trace header, a keyframe, then every record the
                                          trace file gets, each one frame (the same bytes)
 
 Any malformed frame or message gets ``{type: "error", message: str}`` and the connection is closed.
-The daemon stamps a marker with the peer's pid and uid from SO_PEERCRED: a client cannot speak for
-another process.
+The daemon stamps a marker with the peer's pid and uid from SO_PEERCRED. A client may name another
+process in ``pid`` (``memrec mark`` names the shell that runs it, so a shell script's begin and end
+pair up); the daemon takes it only from root or from the owner of that process, and otherwise
+keeps the peer's pid: a client cannot speak for another user's process.
 
 This module is stdlib + msgpack only: it is imported by every program that sends markers.
 """
@@ -46,6 +49,7 @@ MAX_CLIENT_FRAME = 64 * 1024
 MAX_SERVER_FRAME = 1 << 30  # = memrec.trace.frames.MAX_SUBSCRIBER_FRAME
 #: Limits of a marker's fields.
 MAX_NAME = 200
+MAX_PID = 2**22  # Linux's pid_max limit
 MAX_VALUES = 256
 MAX_VALUE_KEY = 200
 PHASES = ("begin", "end", "instant")
@@ -173,7 +177,7 @@ def is_scalar(value: Any) -> bool:
 
 def validate_mark(message: dict) -> str | None:
     """Check a ``mark`` message; return None when valid, else a one-line reason."""
-    unknown = set(message) - {"type", "name", "phase", "ts", "tid", "gpu", "values"}
+    unknown = set(message) - {"type", "name", "phase", "ts", "tid", "gpu", "values", "pid"}
     if unknown:
         return f"mark: unknown field(s) {_names(unknown)}"
     name = message.get("name")
@@ -187,6 +191,9 @@ def validate_mark(message: dict) -> str | None:
     tid = message.get("tid")
     if not _is_int(tid) or not 0 <= tid < 2**32:
         return "mark: tid must be a non-negative integer"
+    pid = message.get("pid")
+    if pid is not None and (not _is_int(pid) or not 0 < pid <= MAX_PID):
+        return f"mark: pid must be a process id (1..{MAX_PID}) or nil"
     gpu = message.get("gpu")
     if gpu is not None and (not _is_int(gpu) or not 0 <= gpu < 2**15):
         return "mark: gpu must be a non-negative integer or nil"
@@ -231,9 +238,10 @@ def make_mark(
     tid: int,
     gpu: int | None = None,
     values: dict | None = None,
+    pid: int | None = None,
 ) -> dict:
-    """Build a ``mark`` message."""
-    return {
+    """Build a ``mark`` message (``pid``: the process it is about, when not the sender)."""
+    message = {
         "type": "mark",
         "name": name,
         "phase": phase,
@@ -242,6 +250,9 @@ def make_mark(
         "gpu": gpu,
         "values": values or {},
     }
+    if pid is not None:
+        message["pid"] = pid
+    return message
 
 
 def make_pong(pid: int) -> dict:
@@ -265,12 +276,27 @@ def ping(path: str | os.PathLike[str] | None = None, timeout: float = 1.0) -> di
         sock.settimeout(timeout)
         sock.connect(socket_path(path))
         sock.sendall(encode_frame({"type": "ping"}))
-        decoder = FrameDecoder(MAX_SERVER_FRAME)
-        while True:
-            data = sock.recv(4096)
-            if not data:
-                raise ProtocolError("the daemon closed the connection without answering")
-            for message in decoder.feed(data):
-                if message.get("type") != "pong":
-                    raise ProtocolError(f"expected pong, got {message.get('type')!r}: {message}")
-                return message
+        return await_pong(sock)
+
+
+def await_pong(sock: socket.socket) -> dict:
+    """Read the daemon's answer to a ``ping`` sent on ``sock`` (within the socket's timeout).
+
+    The daemon handles a connection's messages in order, so once the pong is here everything sent
+    before the ping has been handled.
+
+    Raises:
+        OSError: the socket failed or timed out.
+        ProtocolError: the daemon answered with an error (its message) or closed the connection.
+    """
+    decoder = FrameDecoder(MAX_SERVER_FRAME)
+    while True:
+        data = sock.recv(4096)
+        if not data:
+            raise ProtocolError("the daemon closed the connection without answering")
+        for message in decoder.feed(data):
+            if message.get("type") == "error":
+                raise ProtocolError(str(message.get("message")))
+            if message.get("type") != "pong":
+                raise ProtocolError(f"expected pong, got {message.get('type')!r}: {message}")
+            return message

@@ -723,6 +723,14 @@ class LiveState:
                 for ptr, r in d.items():
                     yield Holding(p, -1, "host_pinned", r[0], ptr, r[1], r[2])
 
+    def mappings(self, pid: int | None = None) -> Iterator[tuple[int, int, int, int]]:
+        """Live VMM mappings as (pid, va, size, gpu of the mapped handle; -1 unknown), pids ascending."""
+        for p in sorted(self._maps) if pid is None else [pid]:
+            hs = self._handles.get(p) or {}
+            for va, m in sorted(self._maps.get(p, {}).items()):
+                rec = hs.get(self._resolve_alias(p, m[1]))
+                yield p, va, m[0], rec[_H_GPU] if rec is not None else -1
+
     def largest(self, gpu: int | None, n: int = 10, pid: int | None = None, mapped: bool = False) -> list[Holding]:
         """The ``n`` largest live owned allocations on ``gpu`` (with ``mapped``: ipc_mapped too)."""
         items = (h for h in self.holdings(gpu=gpu, pid=pid) if mapped or h.category != "ipc_mapped")

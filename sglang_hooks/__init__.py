@@ -3,9 +3,9 @@
 Two ways in, both switched on only when memrec is asked for (``MEMREC=1``, or ``MEMREC_SOCKET``
 set and ``MEMREC`` unset):
 
-- SGLang 0.5.23+: the plugin :func:`memrec.sglang_hooks.plugin.register` (entry point
+- SGLang 0.5.11+: the plugin :func:`memrec.sglang_hooks.plugin.register` (entry point
   ``memrec`` of group ``sglang.srt.plugins``);
-- SGLang 0.4.10 – 0.5.22: a ``.pth`` file (:func:`install_pth`) whose line starts the import
+- SGLang 0.4.10 – 0.5.10: a ``.pth`` file (:func:`install_pth`) whose line starts the import
   hook of :mod:`memrec.sglang_hooks.bootstrap` in every spawned worker.
 
 Both apply the table of :mod:`memrec.sglang_hooks.targets` through the same wrappers

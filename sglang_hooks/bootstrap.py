@@ -1,4 +1,4 @@
-"""The ``.pth`` way in, for SGLang without a plugin system (0.4.10 – 0.5.22).
+"""The ``.pth`` way in, for SGLang without a plugin system (0.4.10 – 0.5.10).
 
 SGLang starts every worker (schedulers, detokenizer, DP controller) with multiprocessing
 ``spawn``: a fresh interpreter that runs ``site`` first and inherits the environment. A ``.pth``
@@ -11,7 +11,7 @@ module names in the targets table; when one of them has finished executing, the 
 module are applied (:func:`memrec.sglang_hooks.wrappers.patch_target`), so every later
 ``from X import f`` sees the wrapper, and names imported earlier are rebound.
 
-On an SGLang line with the plugin system (0.5.23+) the bootstrap steps aside when memrec's
+On an SGLang line with the plugin system (0.5.11+) the bootstrap steps aside when memrec's
 entry point will be loaded (see :func:`plugin_will_load`), so targets are never hooked twice.
 
 Set-up: ``python -c "import memrec.sglang_hooks as h; print(h.install_pth())"`` with the Python

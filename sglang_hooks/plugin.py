@@ -1,4 +1,4 @@
-"""The SGLang plugin (0.5.23+): entry point ``memrec`` of group ``sglang.srt.plugins``.
+"""The SGLang plugin (0.5.11+): entry point ``memrec`` of group ``sglang.srt.plugins``.
 
 SGLang's ``load_plugins()`` runs first thing in every scheduler process (and in the launcher,
 the detokenizer and the DP controller): it calls :func:`register`, then

@@ -1,17 +1,20 @@
 """The SGLang functions memrec hooks, per SGLang version line, and what each hook records.
 
-This module is pure data (stdlib only, no SGLang, no torch): the plugin (0.5.23+), the ``.pth``
-bootstrap (0.4.10 – 0.5.22) and the tests all read the same table. ``tests/unit/test_sglang_targets.py``
-checks every row against the real wheel's source with ``ast``: the module, the class and the
-function exist, the parameters a hook reads are in the signature, the attributes it reads after
-the call are assigned somewhere in that module, and ``static`` matches a ``@staticmethod``.
+This module is pure data (stdlib only, no SGLang, no torch): the plugin (0.5.11+), the ``.pth``
+bootstrap (0.4.10 – 0.5.10) and the tests all read the same table. A line is named by the first
+release it applies to; a release uses the newest line at or below it.
+
+Every release from 0.4.10 on is checked offline against ``tests/data/sglang_releases.json``
+(``tests/unit/test_sglang_releases.py``): each target is defined right where the table says (not
+inherited), with the parameters the hook reads, a ``@staticmethod`` exactly when marked, and the
+attributes it reads assigned in that module (or the class mixing it in).
+``tests/data/make_sglang_fixture.py`` rebuilds that file from every release's wheel;
+``tests/unit/test_sglang_targets.py`` checks deeper facts (the formula, the failure texts)
+against one wheel per line (:data:`WHEELS`).
 
 Units: SGLang's memory numbers are GiB floats (``free_bytes / (1 << 30)``) that its logs label
 "GB". Values keep SGLang's names and units; memrec's own additions end in ``_bytes`` (bytes) or
-``_gib`` (GiB).
-
-Line numbers in the notes are those of the wheel named by the line (``pip download --no-deps
-sglang==VERSION``); see ``shared/research/sglang.md`` for the lifecycle they belong to.
+``_gib`` (GiB). See ``shared/research/sglang.md`` for the lifecycle the targets belong to.
 """
 
 from __future__ import annotations
@@ -20,489 +23,200 @@ import re
 from dataclasses import dataclass
 from dataclasses import field
 
-#: Hook types. ``around``: begin and end markers bracketing the call (the end carries the values
-#: read after the call, or ``error`` when it raised). ``after``: one instant marker after the call
-#: (with ``error`` when it raised). ``before``: one instant marker before the call.
-HOOK_TYPES = ("before", "after", "around")
-
-#: Marker names (phase names) the hooks emit.
-DIST_INIT = "dist_init"
-CUSTOM_AR_INIT = "custom_ar_init"
-CUSTOM_AR_SHARED_BUFFER = "custom_ar_shared_buffer"
-CUSTOM_AR_WORKSPACE = "custom_ar_workspace"
-CUSTOM_AR_GRAPH_REGISTER = "custom_ar_graph_register"
-MEMORY_BASELINE = "memory_baseline"
-LOAD_WEIGHTS = "load_weights"
-KV_BUDGET = "kv_budget"
-KV_POOL = "kv_pool"
-ATTENTION_BACKENDS = "attention_backends"
-CUDA_GRAPH_CAPTURE = "cuda_graph_capture"
-INIT_MODEL_WORKER = "init_model_worker"
-GPU_MEMORY_MEASURED = "gpu_memory_measured"
-
-MARKER_NAMES = (
-    DIST_INIT,
-    CUSTOM_AR_INIT,
-    CUSTOM_AR_SHARED_BUFFER,
-    CUSTOM_AR_WORKSPACE,
-    CUSTOM_AR_GRAPH_REGISTER,
-    MEMORY_BASELINE,
-    LOAD_WEIGHTS,
-    KV_BUDGET,
-    KV_POOL,
-    ATTENTION_BACKENDS,
-    CUDA_GRAPH_CAPTURE,
-    INIT_MODEL_WORKER,
-    GPU_MEMORY_MEASURED,
-)
-
-#: Extractors (named in HookSpec.extras) implemented in wrappers.py.
-#: - ``caller``: the function that called the hooked one (skipping hook frames): ``caller``,
-#:   ``caller_module``.
-#: - ``parallel_config``: sizes and flags from SGLang's runtime context (0.5.23) or
-#:   ``server_args`` (older): ``tp_size``, ``pp_size``, ``dp_size``, ``mem_fraction_static``,
-#:   ``disable_custom_all_reduce``.
-#: - ``mem_fraction_static``: ``self.mem_fraction_static`` or, on 0.5.23, the runtime context's
-#:   ``get_schedule().mem_fraction_static``.
-#: - ``class_name``: ``custom_ar_class`` = the class of ``self`` (which custom all-reduce was built).
-EXTRAS = ("caller", "parallel_config", "mem_fraction_static", "class_name")
+from memrec.sglang_hooks import roles as r
+from memrec.sglang_hooks.spec import ATTENTION_BACKENDS
+from memrec.sglang_hooks.spec import CUDA_GRAPH_CAPTURE
+from memrec.sglang_hooks.spec import CUSTOM_AR_GRAPH_REGISTER
+from memrec.sglang_hooks.spec import CUSTOM_AR_INIT
+from memrec.sglang_hooks.spec import CUSTOM_AR_SHARED_BUFFER
+from memrec.sglang_hooks.spec import CUSTOM_AR_WORKSPACE
+from memrec.sglang_hooks.spec import DIST_INIT
+from memrec.sglang_hooks.spec import EXTRAS
+from memrec.sglang_hooks.spec import GPU_MEMORY_MEASURED
+from memrec.sglang_hooks.spec import HOOK_TYPES
+from memrec.sglang_hooks.spec import INIT_MODEL_WORKER
+from memrec.sglang_hooks.spec import KV_BUDGET
+from memrec.sglang_hooks.spec import KV_POOL
+from memrec.sglang_hooks.spec import LOAD_WEIGHTS
+from memrec.sglang_hooks.spec import MARKER_NAMES
+from memrec.sglang_hooks.spec import MEMORY_BASELINE
+from memrec.sglang_hooks.spec import HookSpec
 
 #: Version lines, newest first. A version uses the newest line at or below it.
-LINES = ("0.5.23", "0.5.10", "0.5.7", "0.4.10")
-
-
-@dataclass(frozen=True)
-class HookSpec:
-    """One hooked SGLang function and what its hook records.
-
-    Attributes:
-        module: the module that defines it (where the hook patches it).
-        qualname: ``function`` or ``Class.method`` inside ``module``.
-        hook: ``before`` | ``after`` | ``around`` (see :data:`HOOK_TYPES`).
-        marker: the marker name; None for a hook that only adds values to the enclosing span.
-        params: ``(parameter, value key)`` pairs read from the call's arguments (at begin).
-        attrs_before: ``(attribute of self, value key)`` read before the call.
-        attrs_after: ``(attribute of self, value key)`` read after the call.
-        result: value key for the return value (None: not recorded).
-        extras: extractor names (:data:`EXTRAS`).
-        static: the target is a ``@staticmethod`` (the patch keeps it one).
-        capture_measurement: a span that records the first ``get_available_gpu_memory`` result
-            taken inside it as ``available_gpu_memory`` (GiB).
-        contribute: the values go into the innermost open span's end marker (as well as this
-            hook's own marker, if it has one).
-        baseline_from_result: also emit an instant ``memory_baseline`` marker carrying the
-            result as ``pre_model_load_memory`` (older lines, where the baseline is the return
-            value of ``init_torch_distributed``).
-        note: where it sits in SGLang's lifecycle (file:line in that wheel).
-    """
-
-    module: str
-    qualname: str
-    hook: str
-    marker: str | None
-    params: tuple[tuple[str, str], ...] = ()
-    attrs_before: tuple[tuple[str, str], ...] = ()
-    attrs_after: tuple[tuple[str, str], ...] = ()
-    result: str | None = None
-    extras: tuple[str, ...] = ()
-    static: bool = False
-    capture_measurement: bool = False
-    contribute: bool = False
-    baseline_from_result: bool = False
-    note: str = ""
-
-    def __post_init__(self) -> None:
-        if self.hook not in HOOK_TYPES:
-            raise ValueError(f"{self.target}: hook type {self.hook!r} not in {HOOK_TYPES}")
-        if self.marker is not None and self.marker not in MARKER_NAMES:
-            raise ValueError(f"{self.target}: unknown marker {self.marker!r}")
-        if self.marker is None and not self.contribute:
-            raise ValueError(f"{self.target}: a hook without a marker must contribute")
-        unknown = set(self.extras) - set(EXTRAS)
-        if unknown:
-            raise ValueError(f"{self.target}: unknown extras {sorted(unknown)}")
-
-    @property
-    def target(self) -> str:
-        """The dotted target, as SGLang's ``HookRegistry.register`` takes it."""
-        return f"{self.module}.{self.qualname}"
-
-    @property
-    def key(self) -> str:
-        """A short unique name for logs: ``module:qualname``."""
-        return f"{self.module}:{self.qualname}"
-
-    @property
-    def param_names(self) -> tuple[str, ...]:
-        """The parameters the hook reads (they must exist in the real signature)."""
-        return tuple(name for name, _ in self.params)
-
-    @property
-    def attr_names(self) -> tuple[str, ...]:
-        """The attributes of ``self`` the hook reads (before and after the call)."""
-        return tuple(name for name, _ in self.attrs_before + self.attrs_after)
-
-
-def _p(*names: str, **renamed: str) -> tuple[tuple[str, str], ...]:
-    """Parameter (or attribute) pairs: ``_p("a", b="key")`` → ``(("a", "a"), ("b", "key"))``."""
-    return tuple((n, n) for n in names) + tuple(renamed.items())
-
-
-# -- building blocks shared by several lines ---------------------------------------------------
-
-_MEASURE_PARAMS = _p("device", "gpu_id", "distributed", "empty_cache")
-
-
-def _measure(module: str, note: str) -> HookSpec:
-    return HookSpec(
-        module,
-        "get_available_gpu_memory",
-        "after",
-        GPU_MEMORY_MEASURED,
-        params=_MEASURE_PARAMS,
-        result="result_gib",
-        extras=("caller",),
-        note=note,
-    )
-
-
-_CAR = "sglang.srt.distributed.device_communicators.custom_all_reduce"
-_CAR_V2 = "sglang.srt.distributed.device_communicators.custom_all_reduce_v2"
-_MR = "sglang.srt.model_executor.model_runner"
-_MIXIN = "sglang.srt.model_executor.model_runner_kv_cache_mixin"
-_SCHED = "sglang.srt.managers.scheduler"
-_CAR_AFTER = _p("max_size", "world_size", "rank", "full_nvlink", "disabled")
-
-
-def _custom_ar_legacy(line_note: str) -> tuple[HookSpec, ...]:
-    return (
-        HookSpec(
-            _CAR,
-            "CustomAllreduce.__init__",
-            "around",
-            CUSTOM_AR_INIT,
-            params=_p("max_size"),
-            attrs_after=_CAR_AFTER,
-            extras=("class_name",),
-            note=f"legacy custom all-reduce: cudaMalloc + cudaIpcGetMemHandle/OpenMemHandle per peer ({line_note})",
-        ),
-        HookSpec(
-            _CAR,
-            "CustomAllreduce.create_shared_buffer",
-            "after",
-            CUSTOM_AR_SHARED_BUFFER,
-            params=_p("size_in_bytes"),
-            static=True,
-            note="staticmethod: one cudaMalloc of size_in_bytes, its IPC handle all-gathered and opened by every peer",
-        ),
-        HookSpec(
-            _CAR,
-            "CustomAllreduce.register_graph_buffers",
-            "around",
-            CUSTOM_AR_GRAPH_REGISTER,
-            extras=("class_name",),
-            note="after CUDA-graph capture: IPC-opens every peer's captured input buffers",
-        ),
-    )
-
-
-def _model_runner_common(
-    *, kv_param: str, graphs: str, graph_attr: str, attention: str, mixin: bool, pool_attrs: tuple[str, ...]
-) -> tuple[HookSpec, ...]:
-    """Hooks of the 0.4.10 – 0.5.10 ModelRunner (KV methods on the mixin from 0.5.7)."""
-    kv_module, kv_class = (_MIXIN, "ModelRunnerKVCacheMixin") if mixin else (_MR, "ModelRunner")
-    rank_attrs = _p("gpu_id", "tp_rank", "pp_rank", "is_draft_worker")
-    specs = [
-        HookSpec(
-            _MR,
-            "ModelRunner.init_torch_distributed",
-            "around",
-            DIST_INIT,
-            attrs_before=rank_attrs,
-            result="pre_model_load_memory",
-            extras=("parallel_config",),
-            baseline_from_result=True,
-            note="NCCL/gloo groups and the custom all-reduce are built here; returns the WORLD-MIN "
-            "free GiB measured after them (min_per_gpu_memory / pre_model_load_memory)",
-        ),
-        HookSpec(
-            _MR,
-            "ModelRunner.load_model",
-            "around",
-            LOAD_WEIGHTS,
-            attrs_before=rank_attrs,
-            attrs_after=_p("weight_load_mem_usage"),
-            note="weights; SGLang stores weight_load_mem_usage (GiB) = free before − free after",
-        ),
-        HookSpec(
-            kv_module,
-            f"{kv_class}.profile_max_num_token",
-            "around",
-            KV_BUDGET,
-            params=((kv_param, "pre_model_load_memory"),),
-            attrs_before=_p("gpu_id", "is_draft_worker", "mem_fraction_static"),
-            result="max_num_token",
-            capture_measurement=True,
-            note="rest_memory = available − pre_model_load_memory × (1 − mem_fraction_static); "
-            "returns int(rest_memory × 2**30) // cell_size (profiled tokens, before caps)",
-        ),
-        HookSpec(
-            kv_module,
-            f"{kv_class}.init_memory_pool",
-            "around",
-            KV_POOL,
-            params=((kv_param, "pre_model_load_memory"),),
-            attrs_before=_p("gpu_id", "is_draft_worker"),
-            attrs_after=_p(*pool_attrs),
-            note="caps, page alignment, PP MIN; raises RuntimeError 'Not enough memory...' when "
-            "max_total_num_tokens <= 0; allocates the pools",
-        ),
-        HookSpec(
-            _MR,
-            f"ModelRunner.{attention}",
-            "around",
-            ATTENTION_BACKENDS,
-            attrs_before=_p("gpu_id"),
-            note="attention backend workspaces (FlashInfer float workspace)",
-        ),
-        HookSpec(
-            _MR,
-            f"ModelRunner.{graphs}",
-            "around",
-            CUDA_GRAPH_CAPTURE,
-            attrs_before=_p("gpu_id"),
-            attrs_after=((graph_attr, "graph_memory_usage"),),
-            note=f"CUDA graph capture; SGLang stores {graph_attr} (GiB)",
-        ),
-    ]
-    if mixin:
-        specs.append(
-            HookSpec(
-                _MIXIN,
-                "ModelRunnerKVCacheMixin.get_cell_size_per_token",
-                "after",
-                None,
-                params=_p("num_layers"),
-                result="cell_size",
-                contribute=True,
-                note="bytes of KV cache per token (all layers); read into the kv_budget span",
-            )
-        )
-    return tuple(specs)
+LINES = ("0.5.22", "0.5.21", "0.5.17", "0.5.16", "0.5.14", "0.5.13", "0.5.11", "0.5.10", "0.5.7", "0.5.3", "0.5.2", "0.5.1", "0.4.10")
 
 
 # -- the lines ---------------------------------------------------------------------------------
 
-_LINE_0_5_23: tuple[HookSpec, ...] = (
-    _measure("sglang.srt.utils.common", "utils/common.py:427, re-exported as sglang.srt.utils"),
-    HookSpec(
-        "sglang.srt.distributed.bootstrap",
-        "init_parallel_runtime",
-        "around",
-        DIST_INIT,
-        params=_p("device", "dist_port"),
-        extras=("parallel_config",),
-        note="bootstrap.py:90: set_device, NCCL/gloo groups, custom all-reduce, NCCL prewarm",
-    ),
-    *_custom_ar_legacy("0.5.23 custom_all_reduce.py:51"),
-    HookSpec(
-        _CAR_V2,
-        "CustomAllReduceV2.__init__",
-        "around",
-        CUSTOM_AR_INIT,
-        params=_p("max_size"),
-        attrs_after=_p("max_size", "max_push_size", "max_pull_size", "world_size", "rank", "disabled"),
-        extras=("class_name",),
-        note="custom_all_reduce_v2.py:110: symmetric memory (cuMemCreate/cuMemMap + shareable "
-        "handles), the default on CUDA (SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2)",
-    ),
-    HookSpec(
-        _CAR_V2,
-        "CustomAllReduceV2._init_workspace",
-        "after",
-        CUSTOM_AR_WORKSPACE,
-        attrs_after=_p("max_size", "max_push_size", "max_pull_size"),
-        note="custom_all_reduce_v2.py:265: (re)allocates the symmetric workspace "
-        "(also from reserve_push_capacity)",
-    ),
-    HookSpec(
-        _CAR_V2,
-        "CustomAllReduceV2._register_graph_inputs_ipc",
-        "around",
-        CUSTOM_AR_GRAPH_REGISTER,
-        extras=("class_name",),
-        note="custom_all_reduce_v2.py:522: IPC-opens captured graph inputs after capture",
-    ),
-    HookSpec(
-        "sglang.srt.distributed.bootstrap",
-        "measure_pre_model_load_memory",
-        "around",
-        MEMORY_BASELINE,
-        params=_p("device", "is_draft_worker"),
-        result="pre_model_load_memory",
-        note="bootstrap.py:193: WORLD-MIN free GiB after distributed init (local only for a draft)",
-    ),
-    HookSpec(
-        _MR,
-        "ModelRunner.load_model",
-        "around",
-        LOAD_WEIGHTS,
-        attrs_before=_p("gpu_id", "is_draft_worker"),
-        attrs_after=_p("weight_load_mem_usage"),
-        note="model_runner.py:1270; weight_load_mem_usage (GiB) = free before − free after",
-    ),
-    HookSpec(
-        "sglang.srt.mem_cache.kv_cache_configurator",
-        "KVCacheConfigurator._profile_available_bytes",
-        "around",
-        KV_BUDGET,
-        params=_p("pre_model_load_memory"),
-        attrs_before=_p("gpu_id", "is_draft_worker"),
-        result="rest_memory_bytes",
-        extras=("mem_fraction_static",),
-        capture_measurement=True,
-        note="kv_cache_configurator.py:2990: rest = available − pre × (1 − mem_fraction_static) "
-        "(− multimodal reservation, mamba); raises ValueError 'Loaded weights leave no GPU "
-        "memory...' when rest <= 0; returns int(rest × 2**30) bytes",
-    ),
-    HookSpec(
-        "sglang.srt.model_executor.pool_configurator",
-        "DefaultPoolConfigurator.calculate_pool_sizes",
-        "after",
-        None,
-        params=_p("available_bytes", "page_size"),
-        attrs_before=(("_cell_size", "cell_size"),),
-        contribute=True,
-        note="pool_configurator.py:637: max_tokens = available_bytes // cell_size (MHA/MLA/DSA); "
-        "MemoryPoolConfig.__post_init__ raises 'Not enough memory...' when it is <= 0",
-    ),
-    HookSpec(
-        _MR,
-        "ModelRunner.alloc_memory_pool",
-        "around",
-        KV_POOL,
-        attrs_before=_p("gpu_id", "is_draft_worker", "pre_model_load_memory"),
-        attrs_after=_p("max_total_num_tokens", "max_running_requests"),
-        note="model_runner.py:971: KVCacheConfigurator.configure → pools",
-    ),
-    HookSpec(
-        _MR,
-        "ModelRunner.init_attention_backends",
-        "around",
-        ATTENTION_BACKENDS,
-        attrs_before=_p("gpu_id"),
-        note="model_runner.py:1105",
-    ),
-    HookSpec(
-        _MR,
-        "ModelRunner.init_cuda_graphs",
-        "around",
-        CUDA_GRAPH_CAPTURE,
-        params=_p("capture_decode_cuda_graph"),
-        attrs_before=_p("gpu_id"),
-        attrs_after=_p("graph_memory_usage"),
-        note="model_runner.py:1170; graph_memory_usage is a dict {phase: GiB}",
-    ),
-    HookSpec(
-        _SCHED,
-        "Scheduler.init_model_worker",
-        "around",
-        INIT_MODEL_WORKER,
-        note="scheduler.py:1128: target + draft workers, pools, backends, graphs",
-    ),
-)
+def _line_0_5_21(*, fixed_overhead: bool) -> tuple[HookSpec, ...]:
+    """0.5.21+: groups and the custom all-reduce built in ``Scheduler.__init__``
+    (``bootstrap.init_parallel_runtime``); ``fixed_overhead`` (0.5.22+): the pool configurator
+    charges a page-shard scratch before dividing."""
+    return (
+        r.measure("sglang.srt.utils.common", "re-exported as sglang.srt.utils"),
+        *r.dist_init_in_scheduler(),
+        *r.custom_ar_legacy(),
+        *r.custom_ar_v2(("max_size",), workspace=True, graph_ipc=True),
+        r.load_weights(),
+        r.kv_budget_bytes(r.KV_CONFIGURATOR, "KVCacheConfigurator"),
+        r.mamba_cache(r.KV_CONFIGURATOR, "KVCacheConfigurator", "_handle_max_mamba_cache"),
+        r.mm_reservation(),
+        r.cell_size_pools(fixed_overhead=fixed_overhead),
+        r.kv_pool(r.MODEL_RUNNER, "ModelRunner", "alloc_memory_pool", None, ("max_total_num_tokens", "max_running_requests")),
+        r.attention("init_attention_backends"),
+        r.graphs("init_cuda_graphs", "graph_memory_usage", ("capture_decode_cuda_graph",)),
+        r.worker_in_scheduler(()),  # ranks from runtime_context.get_parallel()
+    )
 
-_LINE_0_5_10: tuple[HookSpec, ...] = (
-    _measure("sglang.srt.utils.common", "utils/common.py:498"),
-    *_custom_ar_legacy("0.5.10 custom_all_reduce.py:47"),
-    HookSpec(
-        _CAR_V2,
-        "CustomAllReduceV2.__init__",
-        "around",
-        CUSTOM_AR_INIT,
-        params=_p("max_pull_size", "max_push_size"),
-        attrs_after=_p("world_size", "rank", "disabled"),
-        extras=("class_name",),
-        note="custom_all_reduce_v2.py:32: JIT all-reduce, opt-in (SGLANG_USE_JIT_ALL_REDUCE=1)",
-    ),
-    *_model_runner_common(
-        kv_param="pre_model_load_memory",
-        graphs="init_device_graphs",
-        graph_attr="graph_mem_usage",
-        attention="init_attention_backend",
-        mixin=True,
-        pool_attrs=("max_total_num_tokens", "max_running_requests"),
-    ),
-    HookSpec(
-        _SCHED,
-        "Scheduler.init_model_worker",
-        "around",
-        INIT_MODEL_WORKER,
-        attrs_before=_p("gpu_id", "tp_rank", "pp_rank", "dp_rank"),
-        note="scheduler.py:631",
-    ),
-)
 
-_LINE_0_5_7: tuple[HookSpec, ...] = (
-    _measure("sglang.srt.utils.common", "utils/common.py:479"),
-    *_custom_ar_legacy("0.5.7 custom_all_reduce.py:52"),
-    *_model_runner_common(
-        kv_param="total_gpu_memory",
-        graphs="init_device_graphs",
-        graph_attr="graph_mem_usage",
-        attention="init_attention_backend",
-        mixin=True,
-        pool_attrs=("max_total_num_tokens", "max_running_requests"),
-    ),
-    HookSpec(
-        _SCHED,
-        "Scheduler.init_model_worker",
-        "around",
-        INIT_MODEL_WORKER,
-        attrs_before=_p("gpu_id", "tp_rank", "pp_rank", "dp_rank"),
-        note="scheduler.py:468",
-    ),
-)
+_LINE_0_5_22 = _line_0_5_21(fixed_overhead=True)
+_LINE_0_5_21 = _line_0_5_21(fixed_overhead=False)
+
+
+def _line_0_5_16(graph_attr: str) -> tuple[HookSpec, ...]:
+    """0.5.16 – 0.5.20: groups built inside ``ModelRunner.init_torch_distributed`` (through
+    ``bootstrap.init_torch_distributed``), which returns None; KV sizing in the configurator."""
+    return (
+        r.measure("sglang.srt.utils.common", "re-exported as sglang.srt.utils"),
+        r.dist_init_in_runner(returns_baseline=False, ranks=r.RUNNER_PS_RANKS),
+        *r.custom_ar_legacy(),
+        *r.custom_ar_v2(("max_size",), workspace=True, graph_ipc=True),
+        r.load_weights(),
+        r.kv_budget_bytes(r.KV_CONFIGURATOR, "KVCacheConfigurator"),
+        r.mamba_cache(r.KV_CONFIGURATOR, "KVCacheConfigurator", "_handle_max_mamba_cache"),
+        *((r.mm_reservation(),) if graph_attr == "graph_memory_usage" else ()),
+        r.cell_size_pools(),
+        r.kv_pool(r.MODEL_RUNNER, "ModelRunner", "alloc_memory_pool", None, ("max_total_num_tokens", "max_running_requests")),
+        r.attention("init_attention_backends"),
+        r.graphs("init_cuda_graphs", graph_attr, ("capture_decode_cuda_graph",)),
+        r.worker_in_scheduler(r.SCHED_PS_RANKS),
+    )
+
+
+_LINE_0_5_17 = _line_0_5_16("graph_memory_usage")
+_LINE_0_5_16 = _line_0_5_16("graph_mem_usage")
+
+def _line_0_5_11(*, renamed: bool, scheduler_ranks: tuple[tuple[str, str], ...]) -> tuple[HookSpec, ...]:
+    """0.5.11 – 0.5.15: the budget in bytes (``_profile_available_bytes``, still on the mixin),
+    the cell size in the pool configurator. ``renamed`` (0.5.14): ``init_attention_backends``,
+    ``init_cuda_graphs(capture_decode_cuda_graph)`` and the V2's graph-input IPC."""
+    return (
+        r.measure("sglang.srt.utils.common", "re-exported as sglang.srt.utils"),
+        r.dist_init_in_runner(returns_baseline=True),
+        *r.custom_ar_legacy(),
+        *r.custom_ar_v2(("max_pull_size", "max_push_size"), workspace=False, graph_ipc=renamed),
+        r.load_weights(),
+        r.kv_budget_bytes(r.KV_MIXIN, "ModelRunnerKVCacheMixin"),
+        r.mamba_cache(r.KV_MIXIN, "ModelRunnerKVCacheMixin", "handle_max_mamba_cache"),
+        r.cell_size_pools(),
+        r.kv_pool(r.KV_MIXIN, "ModelRunnerKVCacheMixin", "init_memory_pool", "pre_model_load_memory",
+                 ("max_total_num_tokens", "max_running_requests")),
+        r.attention("init_attention_backends" if renamed else "init_attention_backend"),
+        r.graphs("init_cuda_graphs", "graph_mem_usage", ("capture_decode_cuda_graph",)) if renamed
+        else r.graphs("init_device_graphs", "graph_mem_usage"),
+        r.worker_in_scheduler(scheduler_ranks),
+    )
+
+
+_LINE_0_5_14 = _line_0_5_11(renamed=True, scheduler_ranks=r.SCHED_PS_RANKS)
+#: 0.5.13: the Scheduler's ranks moved into ``self.ps``.
+_LINE_0_5_13 = _line_0_5_11(renamed=False, scheduler_ranks=r.SCHED_PS_RANKS)
+_LINE_0_5_11 = _line_0_5_11(renamed=False, scheduler_ranks=r.SCHED_RANKS)
+
+
+def _line_0_5_7(pre_param: str, *, v2: bool) -> tuple[HookSpec, ...]:
+    """0.5.7 – 0.5.10: KV methods on the mixin; ``pre_model_load_memory`` replaced
+    ``total_gpu_memory`` and the (opt-in) V2 custom all-reduce came in 0.5.10."""
+    return (
+        r.measure("sglang.srt.utils.common", "re-exported as sglang.srt.utils"),
+        r.dist_init_in_runner(returns_baseline=True),
+        *r.custom_ar_legacy(),
+        *(r.custom_ar_v2(("max_pull_size", "max_push_size"), workspace=False, graph_ipc=False) if v2 else ()),
+        r.load_weights(),
+        r.kv_budget_tokens(r.KV_MIXIN, "ModelRunnerKVCacheMixin", pre_param),
+        r.cell_size_mixin(),
+        r.mamba_cache(r.KV_MIXIN, "ModelRunnerKVCacheMixin", "handle_max_mamba_cache"),
+        r.kv_pool(r.KV_MIXIN, "ModelRunnerKVCacheMixin", "init_memory_pool", pre_param,
+                 ("max_total_num_tokens", "max_running_requests")),
+        r.attention("init_attention_backend"),
+        r.graphs("init_device_graphs", "graph_mem_usage"),
+        r.worker_in_scheduler(r.SCHED_RANKS),
+    )
+
+
+_LINE_0_5_10 = _line_0_5_7("pre_model_load_memory", v2=True)
+_LINE_0_5_7 = _line_0_5_7("total_gpu_memory", v2=False)
+
+
+def _line_0_5_1(measure_module: str, note: str, graph_attr: str = "graph_mem_usage") -> tuple[HookSpec, ...]:
+    """0.5.1 – 0.5.6: all on ModelRunner, graphs in ``init_device_graphs``."""
+    return (
+        r.measure(measure_module, note),
+        r.dist_init_in_runner(returns_baseline=True),
+        *r.custom_ar_legacy(),
+        r.load_weights(),
+        r.kv_budget_tokens(r.MODEL_RUNNER, "ModelRunner", "total_gpu_memory"),
+        r.kv_pool(r.MODEL_RUNNER, "ModelRunner", "init_memory_pool", "total_gpu_memory", ("max_total_num_tokens",)),
+        r.attention("init_attention_backend"),
+        r.graphs("init_device_graphs", graph_attr),
+        r.worker_in_tp_worker(),
+    )
+
+
+_LINE_0_5_3 = _line_0_5_1("sglang.srt.utils.common", "utils became a package in 0.5.3; re-exported as sglang.srt.utils")
+_LINE_0_5_2 = _line_0_5_1("sglang.srt.utils", "utils.py (a module, not a package, until 0.5.2)")
+_LINE_0_5_1 = _line_0_5_1("sglang.srt.utils", "utils.py", graph_attr="cuda_graph_mem_usage")
 
 _LINE_0_4_10: tuple[HookSpec, ...] = (
-    _measure("sglang.srt.utils", "utils.py:357 (utils is a module, not a package, in 0.4.x)"),
-    *_custom_ar_legacy("0.4.10 custom_all_reduce.py:66"),
-    *_model_runner_common(
-        kv_param="total_gpu_memory",
-        graphs="init_cuda_graphs",
-        graph_attr="cuda_graph_mem_usage",
-        attention="init_attention_backend",
-        mixin=False,
-        pool_attrs=("max_total_num_tokens",),  # 0.4.x keeps max_num_reqs local
-    ),
-    HookSpec(
-        "sglang.srt.managers.tp_worker",
-        "TpModelWorker.__init__",
-        "around",
-        INIT_MODEL_WORKER,
-        params=_p("gpu_id", "tp_rank", "pp_rank", "dp_rank", "is_draft_worker"),
-        note="tp_worker.py:54 (0.4.x has no Scheduler.init_model_worker): builds the ModelRunner",
-    ),
+    r.measure("sglang.srt.utils", "utils.py (a module, not a package, in 0.4.x)"),
+    r.dist_init_in_runner(returns_baseline=True),
+    *r.custom_ar_legacy(),
+    r.load_weights(),
+    r.kv_budget_tokens(r.MODEL_RUNNER, "ModelRunner", "total_gpu_memory"),
+    r.kv_pool(r.MODEL_RUNNER, "ModelRunner", "init_memory_pool", "total_gpu_memory", ("max_total_num_tokens",)),
+    r.attention("init_attention_backend"),
+    r.graphs("init_cuda_graphs", "cuda_graph_mem_usage"),
+    r.worker_in_tp_worker(),
 )
 
 #: Every line's hooks.
 TARGETS: dict[str, tuple[HookSpec, ...]] = {
-    "0.5.23": _LINE_0_5_23,
+    "0.5.22": _LINE_0_5_22,
+    "0.5.21": _LINE_0_5_21,
+    "0.5.17": _LINE_0_5_17,
+    "0.5.16": _LINE_0_5_16,
+    "0.5.14": _LINE_0_5_14,
+    "0.5.13": _LINE_0_5_13,
+    "0.5.11": _LINE_0_5_11,
     "0.5.10": _LINE_0_5_10,
     "0.5.7": _LINE_0_5_7,
+    "0.5.3": _LINE_0_5_3,
+    "0.5.2": _LINE_0_5_2,
+    "0.5.1": _LINE_0_5_1,
     "0.4.10": _LINE_0_4_10,
 }
 
-#: The exact wheels each line was read from (the test fetches these).
+#: A wheel each line's deeper tests read the real source of (the newest of its range unless an
+#: older one is the interesting one).
 WHEELS: dict[str, str] = {
-    "0.5.23": "0.5.23",
+    "0.5.22": "0.5.23",
+    "0.5.21": "0.5.21",
+    "0.5.17": "0.5.20",
+    "0.5.16": "0.5.16",
+    "0.5.14": "0.5.15.post1",
+    "0.5.13": "0.5.13",
+    "0.5.11": "0.5.12.post1",
     "0.5.10": "0.5.10",
     "0.5.7": "0.5.7",
+    "0.5.3": "0.5.6.post2",
+    "0.5.2": "0.5.2",
+    "0.5.1": "0.5.1.post3",
     "0.4.10": "0.4.10.post2",
 }
 
 #: Lines that have SGLang's plugin system (entry-point group ``sglang.srt.plugins``).
-PLUGIN_LINES = frozenset({"0.5.23"})
+#: It exists since 0.5.11: ``load_plugins()`` is the first thing ``run_scheduler_process`` does.
+PLUGIN_LINES = frozenset({"0.5.22", "0.5.21", "0.5.17", "0.5.16", "0.5.14", "0.5.13", "0.5.11"})
 
 #: The two failure texts of KV sizing (both mean: the KV budget is too small).
 NOT_ENOUGH_MEMORY = "Not enough memory"
@@ -576,8 +290,20 @@ def table() -> list[TargetRow]:
             reads += [f"self.{a}→{k} (after)" if a != k else f"self.{a} (after)" for a, k in spec.attrs_after]
             if spec.result:
                 reads.append(f"result→{spec.result}")
+            reads += [f"result.{a}→{k}" for a, k in spec.result_attrs]
             reads += [f"[{e}]" for e in spec.extras]
             rows.append(
                 TargetRow(line, spec.target, spec.hook, spec.marker or "(into span)", ", ".join(reads), spec.note)
             )
     return rows
+
+
+#: The table's public names (the marker names and :class:`HookSpec` come from
+#: :mod:`memrec.sglang_hooks.spec`; readers of the table find them here too).
+__all__ = [
+    "ATTENTION_BACKENDS", "CUDA_GRAPH_CAPTURE", "CUSTOM_AR_GRAPH_REGISTER", "CUSTOM_AR_INIT",
+    "CUSTOM_AR_SHARED_BUFFER", "CUSTOM_AR_WORKSPACE", "DIST_INIT", "EXTRAS", "GPU_MEMORY_MEASURED", "HOOK_TYPES",
+    "INIT_MODEL_WORKER", "KV_BUDGET", "KV_POOL", "LINES", "LOAD_WEIGHTS", "MARKER_NAMES", "MEMORY_BASELINE",
+    "NOT_ENOUGH_MEMORY", "NO_MEMORY_FOR_KV", "PLUGIN_LINES", "TARGETS", "WHEELS", "HookSpec", "TargetRow",
+    "all_modules", "line_for_version", "modules", "parse_version", "table", "targets_for_version",
+]

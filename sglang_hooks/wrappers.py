@@ -1,4 +1,4 @@
-"""The hook logic both ways in share: the SGLang plugin (0.5.23+) and the ``.pth`` bootstrap.
+"""The hook logic both ways in share: the SGLang plugin (0.5.11+) and the ``.pth`` bootstrap.
 
 A :class:`Hook` is called as ``hook(original, *args, **kwargs)`` (SGLang's ``HookType.AROUND``
 protocol); :func:`wrap_function` turns it into a plain wrapper for the bootstrap and
@@ -11,9 +11,9 @@ Rules every hook keeps, whatever happens:
 - the hooked function runs exactly once, with the same arguments; its return value is returned
   as is and its exception is re-raised as the same object (bare ``raise``);
 - a hook never calls a collective (no ``distributed=True``, no ``torch.distributed``), never
-  creates a CUDA context (only the current device is queried, and only once CUDA is initialised
-  in this process), never imports torch, and never blocks (markers go through
-  :func:`memrec.client.mark`, which drops rather than waits);
+  creates a CUDA context or allocates (device numbers are read only where the calling thread
+  already has a current context: :mod:`memrec.sglang_hooks.device`), never imports torch, and
+  never blocks (markers go through :func:`memrec.client.mark`, which drops rather than waits);
 - anything that goes wrong inside a hook is logged once and that hook turns itself off;
 - a target that is missing on this SGLang is logged once and stays off.
 """
@@ -23,14 +23,16 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import re
 import sys
 import threading
-import time
 from typing import Any
 from typing import Callable
 
+from memrec.sglang_hooks import device as _device
 from memrec.sglang_hooks import is_active as _is_active
+from memrec.sglang_hooks import ranks as _ranks
+from memrec.sglang_hooks.device import device_values
+from memrec.sglang_hooks.ranks import ranks
 from memrec.sglang_hooks.targets import GPU_MEMORY_MEASURED
 from memrec.sglang_hooks.targets import MEMORY_BASELINE
 from memrec.sglang_hooks.targets import HookSpec
@@ -125,171 +127,33 @@ def error_text(exc: BaseException) -> str:
         return type(exc).__name__
 
 
-_TITLE_RANK = re.compile(r"(?:^|_)(ATTN_CP|MOE_DP|DP|PP|TP|EP)(\d+)(?=_|$)")
-_TITLE_KEYS = {"TP": "tp_rank", "PP": "pp_rank", "DP": "dp_rank", "EP": "ep_rank"}
-_rank_cache: dict | None = None
-_title_cache: str | None = None
+#: At most this many frames (innermost first) in ``error_traceback``.
+MAX_ERROR_FRAMES = 12
 
 
-def parse_proctitle(title: str) -> dict:
-    """Ranks from SGLang's process title, e.g. ``sglang::scheduler_DP1_PP0_TP3_EP3``.
-
-    ``MOE_DP``/``ATTN_CP`` ranks are skipped (their ``DP`` is not the data-parallel rank).
-    """
-    if "sglang::scheduler" not in title:
-        return {}
-    rest = title.split("sglang::scheduler", 1)[1].strip()
-    suffix = rest.split()[0] if rest else ""
-    out: dict = {}
-    for m in _TITLE_RANK.finditer(suffix):
-        key = _TITLE_KEYS.get(m.group(1))
-        if key is not None:
-            out[key] = int(m.group(2))
-    return out
+def _short_path(path: str) -> str:
+    """``…/site-packages/sglang/srt/x.py`` → ``sglang/srt/x.py`` (else the path as is)."""
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in path:
+            return path.rsplit(marker, 1)[1]
+    return path
 
 
-_title_read_at = -1.0
-#: Seconds between two reads of /proc/self/cmdline while no SGLang title is found.
-TITLE_REREAD_S = 1.0
-
-
-def _proctitle() -> str:
-    """This process's title: ``setproctitle.getproctitle()`` when SGLang has imported it (a
-    cheap call), else ``/proc/self/cmdline``, read at most once a second."""
-    global _title_cache, _title_read_at
-    if _title_cache is not None:
-        return _title_cache
-    title = ""
-    spt = sys.modules.get("setproctitle")
-    if spt is not None:
-        try:
-            title = str(spt.getproctitle())
-        except Exception:
-            title = ""
-    if not title:
-        now = time.monotonic()
-        if now - _title_read_at < TITLE_REREAD_S:
-            return ""
-        _title_read_at = now
-        try:
-            with open("/proc/self/cmdline", "rb") as f:
-                title = f.read(4096).replace(b"\0", b" ").decode("utf-8", "replace").strip()
-        except OSError:
-            title = ""
-    if "sglang::scheduler" in title:
-        _title_cache = title  # set once, before any model work: safe to keep
-    return title
-
-
-def _sglang_ranks() -> dict:
-    """Ranks from SGLang's own state, without importing anything and without collectives."""
-    out: dict = {}
-    ctx = sys.modules.get("sglang.srt.runtime_context")  # 0.5.23
-    if ctx is not None:
-        try:
-            parallel = ctx.get_parallel()
-        except Exception:
-            parallel = None
-        if parallel is not None:
-            for key in ("tp_rank", "pp_rank", "dp_rank"):
-                try:
-                    value = getattr(parallel, key)
-                except Exception:  # not published yet: RuntimeError / ValueError
-                    continue
-                if isinstance(value, int) and not isinstance(value, bool):
-                    out[key] = value
-    if "tp_rank" not in out:
-        state = sys.modules.get("sglang.srt.distributed.parallel_state")  # every version
-        if state is not None:
-            for key, group in (("tp_rank", "_TP"), ("pp_rank", "_PP")):
-                coordinator = getattr(state, group, None)
-                value = getattr(coordinator, "rank_in_group", None) if coordinator is not None else None
-                if isinstance(value, int) and not isinstance(value, bool) and key not in out:
-                    out[key] = value
-    return out
-
-
-def ranks(obj: Any = None) -> dict:
-    """``tp_rank``/``pp_rank``/``dp_rank`` of this process and where they came from.
-
-    Sources, first found wins per key: SGLang's parallel state (``get_parallel()`` on 0.5.23,
-    the ``_TP``/``_PP`` group coordinators before), the hooked object's own attributes, then the
-    process title SGLang sets (``sglang::scheduler_TP{n}...``).
-    """
-    global _rank_cache
-    if _rank_cache is not None:
-        return dict(_rank_cache)
-    out = _sglang_ranks()
-    source = "sglang" if out else None
-    if obj is not None:
-        for key in ("tp_rank", "pp_rank", "dp_rank"):
-            if key not in out:
-                value = getattr(obj, key, None) if not isinstance(obj, type) else None
-                if isinstance(value, int) and not isinstance(value, bool):
-                    out[key] = value
-                    source = source or "object"
-    if "tp_rank" not in out or "dp_rank" not in out:
-        for key, value in parse_proctitle(_proctitle()).items():
-            if key in ("tp_rank", "pp_rank", "dp_rank") and key not in out:
-                out[key] = value
-                source = source or "proctitle"
-    if source:
-        out["rank_source"] = source
-    if source == "sglang" and "tp_rank" in out:
-        _rank_cache = dict(out)  # ranks do not change once the groups exist
-    return out
-
-
-_uuid_cache: dict[int, str | None] = {}
-
-
-def _gpu_uuid(cuda: Any, ordinal: int) -> str | None:
-    if ordinal in _uuid_cache:
-        return _uuid_cache[ordinal]
-    uuid = None
-    try:
-        raw = getattr(cuda.get_device_properties(ordinal), "uuid", None)
-        if raw is not None:
-            text = str(raw)
-            uuid = text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
-    except Exception:
-        uuid = None
-    _uuid_cache[ordinal] = uuid
-    return uuid
-
-
-def device_values(out: dict) -> int | None:
-    """Add the current CUDA device's local numbers to ``out``; return its ordinal (or None).
-
-    Only when torch is already imported and CUDA already initialised here: nothing is imported,
-    no context is created on another device (``mem_get_info()`` of the *current* device), and
-    nothing is collective.
-    """
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return None
-    cuda = getattr(torch, "cuda", None)
-    if cuda is None:
-        return None
-    try:
-        if not cuda.is_initialized():
-            return None
-        ordinal = int(cuda.current_device())
-        free, total = cuda.mem_get_info()
-    except Exception:
-        return None
-    out["cuda_device"] = ordinal
-    out["free_bytes"] = int(free)
-    out["total_bytes"] = int(total)
-    try:
-        out["torch_reserved_bytes"] = int(cuda.memory_reserved(ordinal))
-        out["torch_allocated_bytes"] = int(cuda.memory_allocated(ordinal))
-    except Exception:
-        pass
-    uuid = _gpu_uuid(cuda, ordinal)
-    if uuid:
-        out["gpu_uuid"] = uuid
-    return ordinal
+def error_where(exc: BaseException, out: dict) -> None:
+    """Add where ``exc`` was raised: ``error_at`` (``file:line in function``, the raising frame)
+    and ``error_traceback`` (innermost first, the hook's own frames left out). Reads no source
+    file: only the traceback's code objects and line numbers."""
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_filename not in _HOOK_FILES:
+            frames.append(f"{_short_path(code.co_filename)}:{tb.tb_lineno} in {code.co_name}")
+        tb = tb.tb_next
+    if not frames:
+        return
+    out["error_at"] = frames[-1][:MAX_ERROR_TEXT]
+    out["error_traceback"] = " ← ".join(reversed(frames[-MAX_ERROR_FRAMES:]))[:MAX_ERROR_TEXT]
 
 
 def _caller(out: dict) -> None:
@@ -305,14 +169,36 @@ def _caller(out: dict) -> None:
         return
     # The hook runs after the hooked function returned: the first frame outside the hook
     # machinery is its caller.
-    code = frame.f_code
-    out["caller"] = getattr(code, "co_qualname", code.co_name)
+    out["caller"] = qualname_of(frame)
     out["caller_module"] = frame.f_globals.get("__name__", "?")
+
+
+def qualname_of(frame: Any) -> str:
+    """The qualified name of ``frame``'s function: ``co_qualname`` (3.11+); on 3.10, looked up
+    through its ``self``/``cls`` (the class that defines it, behind any wrappers), else the
+    bare name."""
+    code = frame.f_code
+    name = getattr(code, "co_qualname", None)
+    if name:
+        return name
+    first = code.co_varnames[0] if code.co_argcount else None
+    owner = frame.f_locals.get(first) if first in ("self", "cls") else None
+    cls = owner if isinstance(owner, type) else type(owner) if owner is not None else None
+    for klass in getattr(cls, "__mro__", ()):
+        fn = klass.__dict__.get(code.co_name)
+        for _ in range(8):
+            fn = getattr(fn, "__func__", fn)
+            if fn is None or getattr(fn, "__code__", None) is code:
+                break
+            fn = getattr(fn, "__wrapped__", None)
+        if fn is not None:
+            return getattr(fn, "__qualname__", f"{klass.__name__}.{code.co_name}")
+    return code.co_name
 
 
 def _parallel_config(obj: Any, bound: dict, out: dict) -> None:
     ctx = sys.modules.get("sglang.srt.runtime_context")
-    if ctx is not None:  # 0.5.23: the published runtime context
+    if ctx is not None:  # 0.5.16+: the published runtime context
         try:
             parallel = ctx.get_parallel()
             for key in ("tp_size", "pp_size", "dp_size"):
@@ -356,6 +242,19 @@ def _mem_fraction_static(obj: Any, out: dict) -> None:
         value = getattr(server_args, "mem_fraction_static", None) if server_args is not None else None
     if value is not None:
         scalar_values("mem_fraction_static", value, out)
+
+
+def read_attrs(source: Any, pairs: tuple[tuple[str, str], ...], out: dict) -> None:
+    """Store ``source.attr`` under ``key`` for each ``(attr, key)``; a dotted attribute
+    (``ps.tp_rank``) is read through the objects it names; a missing one is skipped."""
+    for attr, key in pairs:
+        try:
+            value = source
+            for part in attr.split("."):
+                value = getattr(value, part)
+        except Exception:
+            continue
+        scalar_values(key, value, out)
 
 
 # -- argument reading --------------------------------------------------------------------------
@@ -504,12 +403,7 @@ class Hook:
             for param, key in spec.params:
                 if param in bound:
                     scalar_values(key, bound[param], begin)
-            for attr, key in spec.attrs_before:
-                try:
-                    value = getattr(obj, attr)
-                except Exception:
-                    continue
-                scalar_values(key, value, begin)
+            read_attrs(obj, spec.attrs_before, begin)
             if "parallel_config" in spec.extras:
                 _parallel_config(obj, bound, begin)
             if "mem_fraction_static" in spec.extras and "mem_fraction_static" not in begin:
@@ -555,14 +449,11 @@ class Hook:
         if exc is None:
             if spec.result is not None:
                 scalar_values(spec.result, result, values)
-            for attr, key in spec.attrs_after:
-                try:
-                    value = getattr(obj, attr)
-                except Exception:
-                    continue
-                scalar_values(key, value, values)
+            read_attrs(result, spec.result_attrs, values)
+            read_attrs(obj, spec.attrs_after, values)
         else:
             values["error"] = error_text(exc)
+            error_where(exc, values)
         if spec.marker == GPU_MEMORY_MEASURED:
             _caller(values)
             if exc is None:
@@ -582,8 +473,8 @@ class Hook:
         gpu = self._common(obj, values)
         phase = "end" if spec.hook == "around" else "instant"
         self._send(spec.marker, phase, gpu, values)
-        if spec.baseline_from_result and exc is None and spec.result is not None and spec.result in values:
-            baseline = {spec.result: values[spec.result]}
+        if spec.baseline_from and exc is None and values.get(spec.baseline_from) is not None:
+            baseline = {spec.baseline_from: values[spec.baseline_from]}
             for key in ("gpu_id", "is_draft_worker"):
                 if key in begin:
                     baseline[key] = begin[key]
@@ -662,13 +553,14 @@ def resolve(spec: HookSpec, module: Any = None) -> tuple[Any, str, Any] | None:
 
 
 def report_missing(spec: HookSpec) -> None:
-    """Log, once, that a target is missing on this SGLang (the hook stays off)."""
+    """Log, once, that a target is missing on this SGLang (the hook stays off). A target that
+    only the later releases of its line have (``spec.since``) is expected to be missing: debug."""
     warn_once(
         f"missing:{spec.key}",
         "memrec: SGLang target %s not found on this version; hook %s stays off",
         spec.target,
         spec.marker or "(span values)",
-        level=logging.INFO,
+        level=logging.DEBUG if spec.since else logging.INFO,
     )
 
 
@@ -728,13 +620,11 @@ def patch_target(spec: HookSpec, module: Any = None, send: Callable | None = Non
 
 def reset_for_tests() -> None:
     """Forget caches and warnings (tests only)."""
-    global _rank_cache, _title_cache, _title_read_at, _measure_count, _client_module
-    _rank_cache = None
-    _title_cache = None
-    _title_read_at = -1.0
+    global _measure_count, _client_module
+    _ranks.reset_for_tests()
     _measure_count = 0
     _client_module = None
-    _uuid_cache.clear()
+    _device.reset_for_tests()
     with _warned_lock:
         _warned.clear()
     _tls.__dict__.pop("stack", None)

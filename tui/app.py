@@ -14,6 +14,7 @@ import time
 from typing import Any
 from typing import Callable
 
+from textual import events
 from textual import on
 from textual import work
 from textual.app import App
@@ -34,7 +35,6 @@ from memrec.tui import messages
 from memrec.tui.model import CursorState
 from memrec.tui.model import EventFilter
 from memrec.tui.model import TraceModel
-from memrec.tui.model import fmt_bytes
 from memrec.tui.model import fmt_dur
 from memrec.tui.model import parse_filter
 from memrec.tui.widgets.panels import EventsTable
@@ -45,6 +45,7 @@ from memrec.tui.widgets.panels import header_text
 from memrec.tui.widgets.timeline import GUTTER
 from memrec.tui.widgets.timeline import TimelineGraph
 from memrec.tui.widgets.timeline import TimelineOptions
+from memrec.units import fmt_bytes
 
 OVERVIEW = "overview"
 MIN_SPAN = 10_000  # ns: the deepest zoom
@@ -83,9 +84,9 @@ class MemrecApp(App[None]):
         Binding("M", "jump('marker', -1)", show=False),
         Binding("p", "jump('phase', 1)", "phase", key_display="pP"),
         Binding("P", "jump('phase', -1)", show=False),
-        Binding("o", "jump('oom', 1)", "OOM", key_display="oO"),
-        Binding("O", "jump('oom', -1)", show=False),
-        Binding("b", "jump('big', 1)", "big alloc", key_display="bB"),
+        Binding("o", "jump('failure', 1)", "failed", key_display="oO"),
+        Binding("O", "jump('failure', -1)", show=False),
+        Binding("b", "jump('big', 1)", "big", key_display="bB"),
         Binding("B", "jump('big', -1)", show=False),
         Binding("h", "cycle_holders", "holders", show=False),
         Binding("slash", "filter", "filter", key_display="/"),
@@ -130,6 +131,9 @@ class MemrecApp(App[None]):
         self._tab_ids_added: dict = {}
         self._interacting_until = 0.0
         self._state_key: tuple | None = None
+        #: Under 100 columns: the footer, the GPU header, the status line and the holders take
+        #: their short forms, so that everything fits at 80x24 (docs/tui.md).
+        self.narrow = False
         self.sub_title = source.title
 
     # ------------------------------------------------------------------ layout
@@ -159,7 +163,6 @@ class MemrecApp(App[None]):
     async def on_mount(self) -> None:
         self._q("#filter", Input).display = False
         self._q("#timeline", TimelineGraph).set_producer(self._produce_main)
-        self._sync_gpus()
         self.set_interval(self.refresh_interval, self._tick)
         if self.source.kind == "live":
             self.source.run(self.post_message)
@@ -180,15 +183,20 @@ class MemrecApp(App[None]):
 
     # ------------------------------------------------------------------ GPUs and tabs
 
-    def _sync_gpus(self) -> None:
-        """One tab (and one overview graph) per GPU the model knows; new GPUs are added.
+    def _sync_gpus(self) -> bool:
+        """One tab (and one overview graph) per GPU the model knows; new GPUs are added. True
+        when some were (the caller redraws).
 
-        Synchronous on purpose (nothing awaited): it runs from timers and message handlers alike.
+        The model learns GPUs at any time and from any record: a trace without NVML lists none in
+        its header and names them only in its events, which the scan reads after the first frame
+        and the live stream sends later still. So every redraw and every tick asks (a set lookup),
+        whatever message came first. Synchronous on purpose (nothing awaited): it runs from timers
+        and message handlers alike.
         """
         try:
             tabs = self._q("#gpu-tabs", Tabs)
         except NoMatches:
-            return
+            return False
         ids = self.model.gpu_ids()
         new = [g for g in ids if g not in self._gpu_ids]
         if new:
@@ -208,6 +216,7 @@ class MemrecApp(App[None]):
             self.gpu = self._gpu_ids[0] if self._gpu_ids else -1
         self._gpu_chosen = self._gpu_chosen or bool(self._gpu_ids)
         self._select_tab()
+        return bool(new)
 
     def _select_tab(self) -> None:
         tabs = self._q("#gpu-tabs", Tabs)
@@ -287,6 +296,7 @@ class MemrecApp(App[None]):
 
     def _refresh_all(self) -> None:
         self._dirty = False
+        self._sync_gpus()
         if self.gpu == -1:
             for g in self._gpu_ids:
                 try:
@@ -322,7 +332,7 @@ class MemrecApp(App[None]):
             owned = int(v[[0, 1, 3]].sum()) if v is not None else None
         nv = self.model.nvml_at(g, self.cursor_ts)
         text = header_text(self.model.gpus.get(g), g, fmt_dur(self.cursor_ts - self.origin), st, owned, nv,
-                           self.other_state, wide=self.size.width >= 150, no_color=self.no_color)
+                           self.other_state, wide=self.size.width >= 150, narrow=self.narrow, no_color=self.no_color)
         self._q("#gpu-header", GpuHeader).update(text)
 
     def _update_status(self) -> None:
@@ -351,8 +361,11 @@ class MemrecApp(App[None]):
         if self.progress:
             parts.append(self.progress)
         nf = m.failure_count()
-        if nf:
-            parts.append(f"[b red]{nf} failed alloc{'s' if nf > 1 else ''}[/]")
+        here = m.failure_text(self.cursor_ts, None if self.gpu == -1 else self.gpu) if nf else None
+        if here:  # the cursor is on a failed call (key o): what failed, with the driver's name for it
+            parts.append(f"[b red]✗ {here.replace('CUDA_ERROR_', '') if self.narrow else here}[/]")
+        elif nf:
+            parts.append(f"[b red]{nf} failed call{'s' if nf > 1 else ''}[/]")
         if m.lost or self.source.kind == "live":
             parts.append(f"lost {m.lost:,}" if not m.lost else f"[b yellow]lost {m.lost:,}[/]")
         if m.warnings:
@@ -413,7 +426,6 @@ class MemrecApp(App[None]):
         self.t0, self.t1 = self.model.time_range()
         self.t1 += max((self.t1 - self.t0) // 100, 1)
         self.cursor_ts = self._initial_cursor()
-        self._sync_gpus()
         self.refresh_all()
         self._freeze_heap()
 
@@ -426,7 +438,7 @@ class MemrecApp(App[None]):
             gc.freeze()
 
     def _initial_cursor(self) -> int:
-        """The end of the trace: what a user opens a trace for (an OOM, the final state), and where
+        """The end of the trace: what a user opens a trace for (a failed call, the final state), and where
         the daemon's last keyframe (written at close) makes the state at the cursor free."""
         return self.model.time_range()[1]
 
@@ -463,17 +475,16 @@ class MemrecApp(App[None]):
         m.index_step(1 << 62)
         m.trim()
         self.last_data = self.clock()
-        if any(r.get("type") == "header" for r in message.records):
-            self._sync_gpus()
         self._dirty = True
 
     async def _tick(self) -> None:
         """Periodic: redraw after new data (at most every ``refresh_interval``), stale warning."""
         if not self.screen_stack or not self.is_running:
             return
+        if self._sync_gpus():
+            self._dirty = True
         if self.source.kind == "live":
             if self._dirty and not self.paused:
-                self._sync_gpus()
                 lo, hi = self.model.time_range()
                 if self.follow:
                     span = max(self.t1 - self.t0, 1)
@@ -549,12 +560,12 @@ class MemrecApp(App[None]):
             ts = m.next_marker_ts(self.cursor_ts, fwd)
         elif what == "phase":
             ts = m.next_phase_ts(self.cursor_ts, fwd, gpu)
-        elif what == "oom":
+        elif what == "failure":
             ts = m.next_failure_ts(self.cursor_ts, fwd, gpu)
         else:
             ts = m.next_big_ts(self.cursor_ts, fwd, gpu)
         if ts is None:
-            names = {"marker": "marker", "phase": "phase", "oom": "failed allocation", "big": "big allocation"}
+            names = {"marker": "marker", "phase": "phase", "failure": "failed call", "big": "big allocation"}
             self.notify(f"no {'next' if fwd else 'previous'} {names[what]}", timeout=2)
             return
         self._set_cursor(ts)
@@ -626,6 +637,17 @@ class MemrecApp(App[None]):
     def _scrolled(self, message: TimelineGraph.Scrolled) -> None:
         self.action_zoom(0.5 if message.direction < 0 else 2.0, around=message.ts)
 
-    def on_resize(self) -> None:
-        self.set_class(self.size.width < 100, "narrow")
-        self.set_class(self.size.height < 30, "short")
+    def on_resize(self, event: events.Resize) -> None:
+        # event.size: this handler runs before the App's own, which sets self.size
+        self.narrow = narrow = event.size.width < 100
+        self.set_class(narrow, "narrow")
+        self.set_class(event.size.height < 30, "short")
+        try:
+            self._q("Footer", Footer).compact = narrow
+            holders = self._q("#holders", HoldersTable)
+        except NoMatches:
+            return
+        if holders.narrow != narrow:
+            holders.narrow = narrow
+            holders.show(self.cursor_state, self.other_state)
+        self.refresh_all()

@@ -17,7 +17,8 @@ answers what the screen asks for:
   keyframe, or a snapshot the replay took every ``checkpoint_every`` events) restored with
   ``LiveState.from_snapshot`` plus a replay of the gap — never a replay from the start;
 - :meth:`TraceModel.events_window`: the events around a ``seq`` that pass an :class:`EventFilter`;
-- navigation: next/previous marker, phase, failed allocation (OOM), big allocation.
+- navigation: next/previous marker, phase, failed driver call (any CUresult but success, as the
+  report counts them), big allocation.
 
 Live mode bounds memory: :meth:`TraceModel.trim` drops the oldest event chunks, checkpoints and
 series points beyond ``max_events``.
@@ -37,26 +38,29 @@ from typing import Iterable
 
 import numpy as np
 
+from memrec._untrusted import clean_marker
+from memrec._untrusted import clean_text
+from memrec.analysis.phases import NO_PHASE
 from memrec.analysis.sglang_report import rank_labels
 from memrec.columns import EVENT_DTYPE
 from memrec.events import CATEGORIES
 from memrec.events import CU_RESULT_NAMES
+from memrec.events import cu_result_name
 from memrec.events import Api
 from memrec.events import GpuInfo
 from memrec.events import Kind
 from memrec.events import Marker
 from memrec.events import ProcessInfo
-from memrec._untrusted import clean_marker
-from memrec._untrusted import clean_text
 from memrec.state import LiveState
 from memrec.trace.format import gpus_from_header
+from memrec.trace.model import GpuIds
 
 #: Category indices (same order as memrec.events.CATEGORIES).
 DRIVER, VMM, IPC_MAPPED, HOST_PINNED = range(4)
 NCAT = len(CATEGORIES)
 #: Categories stacked as owned device memory, bottom first; ipc_mapped is a view drawn above.
 OWNED = (DRIVER, VMM, HOST_PINNED)
-#: Kinds whose failure is a failed allocation (an OOM when the result is 2).
+#: Kinds that allocate (the "big allocation" jumps look at these).
 ALLOC_KINDS = np.array([Kind.ALLOC, Kind.VMM_CREATE, Kind.HOST_ALLOC, Kind.IPC_OPEN, Kind.HOST_REGISTER], dtype=np.uint16)
 #: Allocations of at least this many bytes are remembered for "next big allocation" (key b).
 BIG_MIN = 1 << 30
@@ -96,23 +100,6 @@ class Grow:
         k = min(k, self.n)
         self._buf = self._buf[k : self.n].copy() if self.n - k else np.zeros(16, dtype=self._buf.dtype)
         self.n -= k
-
-
-def fmt_bytes(n: int | float | None, signed: bool = False) -> str:
-    """Human bytes with binary units (``1.5G``, ``640M``, ``12K``, ``0``)."""
-    if n is None:
-        return "-"
-    n = int(n)
-    sign = ""
-    if n < 0:
-        sign, n = "-", -n
-    elif signed and n > 0:
-        sign = "+"
-    for unit, shift in (("T", 40), ("G", 30), ("M", 20), ("K", 10)):
-        if n >= 1 << shift:
-            v = n / (1 << shift)
-            return f"{sign}{v:.1f}{unit}" if v < 100 else f"{sign}{v:.0f}{unit}"
-    return f"{sign}{n}"
 
 
 def fmt_dur(ns: int | float) -> str:
@@ -635,6 +622,7 @@ class TraceModel:
         self.lock = threading.RLock()
         self.header: dict = {}
         self.gpus: dict[int, GpuInfo] = {}
+        self._gpu_ids = GpuIds()  # every GPU named so far (header, events, samples, keyframes)
         self.store = EventStore()
         self.nvml: dict[int, NvmlSeries] = {}
         self.markers: list[Marker] = []
@@ -655,7 +643,7 @@ class TraceModel:
         self._since_checkpoint = 0
         self.frontier = 0  # events replayed (seq of the next to replay)
         self._kf_points: list[tuple[int, dict[int, np.ndarray]]] = []  # (ts, gpu -> bytes per cat)
-        self._fail = {k: Grow(np.int64) for k in ("seq", "gpu", "kind", "result", "size")}
+        self._fail = {k: Grow(np.int64) for k in ("seq", "gpu", "api", "result")}  # failed calls
         self._fail_ts = Grow(np.uint64)
         self._big = {k: Grow(np.int64) for k in ("seq", "gpu", "size")}
         self._big_ts = Grow(np.uint64)
@@ -670,6 +658,7 @@ class TraceModel:
     def set_header(self, header: dict) -> None:
         with self.lock:
             self.header = header
+            self._gpu_ids.add_header(header)
             for info in gpus_from_header(header):
                 self.gpus[info.index] = info
 
@@ -681,18 +670,16 @@ class TraceModel:
             if not n:
                 return
             cols = (lambda name: chunk[name]) if isinstance(chunk, np.ndarray) else chunk.column
+            self._gpu_ids.add_column(cols("gpu"))
             kind = cols("kind")
             result = cols("result")
             size = cols("size")
             bad = np.flatnonzero(result != 0)
-            bad = bad[np.isin(kind[bad], ALLOC_KINDS)]
             if len(bad):
                 self._fail["seq"].extend(bad + start)
                 self._fail_ts.extend(cols("ts")[bad])
-                self._fail["gpu"].extend(cols("gpu")[bad])
-                self._fail["kind"].extend(kind[bad])
-                self._fail["result"].extend(result[bad])
-                self._fail["size"].extend(size[bad])
+                for name in ("gpu", "api", "result"):
+                    self._fail[name].extend(cols(name)[bad])
             big = np.flatnonzero(size >= BIG_MIN)
             big = big[(result[big] == 0) & np.isin(kind[big], ALLOC_KINDS)]
             if len(big):
@@ -703,6 +690,7 @@ class TraceModel:
 
     def add_nvml(self, samples: np.ndarray) -> None:
         with self.lock:
+            self._gpu_ids.add_column(samples["gpu"])
             for g in np.unique(samples["gpu"]).tolist():
                 self.nvml.setdefault(int(g), NvmlSeries()).append(samples[samples["gpu"] == g])
 
@@ -737,6 +725,7 @@ class TraceModel:
                 s.journal = self._live.journal
                 self._live = s
                 for g, values in _totals_by_gpu(s).items():
+                    self._gpu_ids.add(g)
                     self.series.setdefault(g, GpuSeries()).set_initial(values, -1, ts)
 
     def set_lost(self, total: int) -> None:
@@ -857,6 +846,7 @@ class TraceModel:
                 self._gpu_pids.setdefault(pair >> 32, set()).add(pair & 0xFFFFFFFF)
             for g in np.unique(gpus).tolist():
                 sel = rows[gpus == g]
+                self._gpu_ids.add(int(g))
                 series = self.series.setdefault(int(g), GpuSeries())
                 series.append(sel[:, 0], sel[:, 1].astype(np.uint64), sel[:, 4].astype(np.int8), sel[:, 5])
                 series._blocks()  # keep the max pyramid current: redraws never build it
@@ -919,8 +909,11 @@ class TraceModel:
         return (a, max(b, a + 1))
 
     def gpu_ids(self) -> list[int]:
-        ids = set(self.gpus) | {g for g in self.series if g >= 0} | {g for g in self.nvml if g >= 0}
-        return sorted(ids)
+        """Every GPU named so far: it grows while a file is read and a live stream goes on (a
+        trace without NVML names its GPUs only in its events), so the view asks again after each
+        change (see :class:`memrec.trace.model.GpuIds`)."""
+        with self.lock:
+            return self._gpu_ids.sorted()
 
     def frontier_ts(self) -> int:
         """Time up to which the series are exact (the replay's frontier)."""
@@ -1091,7 +1084,7 @@ class TraceModel:
         for h in s.holdings(gpu=gpu):
             if h.category == "ipc_mapped":
                 continue
-            ph = pix.phase_of(h.pid, h.ts) or "(none)"
+            ph = pix.phase_of(h.pid, h.ts) or NO_PHASE
             row = phases.setdefault(ph, [0, 0])
             row[0] += h.size
             row[1] += 1
@@ -1276,8 +1269,22 @@ class TraceModel:
                 m &= self._big["gpu"].a == gpu
             return _next_in(self._big_ts.a[m], ts, forward)
 
+    def failure_text(self, ts: int, gpu: int | None = None) -> str | None:
+        """What failed at ``ts`` (on ``gpu``, or unknown GPU): ``cuMemCreate: CUDA_ERROR_NOT_PERMITTED``
+        (several: the first, and how many more)."""
+        with self.lock:
+            at = np.flatnonzero(self._fail_ts.a == np.uint64(max(ts, 0)))
+            if gpu is not None:
+                g = self._fail["gpu"].a[at]
+                at = at[(g == gpu) | (g < 0)]
+            if not len(at):
+                return None
+            api, result = int(self._fail["api"].a[at[0]]), int(self._fail["result"].a[at[0]])
+        more = f" (+{len(at) - 1} more)" if len(at) > 1 else ""
+        return f"{API_NAMES.get(api, f'api {api}')}: {cu_result_name(result)}{more}"
+
     def failures(self, gpu: int | None, t0: int, t1: int) -> np.ndarray:
-        """Timestamps of failed allocations in [t0, t1) (on ``gpu``, or unknown GPU)."""
+        """Timestamps of failed calls in [t0, t1) (on ``gpu``, or unknown GPU)."""
         with self.lock:
             tss = self._fail_ts.a
             if gpu is not None:
@@ -1329,7 +1336,6 @@ __all__ = [
     "SeriesView",
     "TraceModel",
     "diff_rows",
-    "fmt_bytes",
     "fmt_dur",
     "parse_filter",
     "parse_size",

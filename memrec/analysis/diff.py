@@ -31,16 +31,24 @@ import numpy as np
 from memrec.analysis.kv_budget import KvBudget
 from memrec.analysis.kv_budget import compare_budgets
 from memrec.analysis.kv_budget import kv_budgets
+from memrec.analysis.phases import NO_PHASE
 from memrec.analysis.phases import Phases
 from memrec.analysis.phases import attribute
 from memrec.analysis.phases import build_phases
+from memrec.analysis.sglang_facts import custom_ar_facts
+from memrec.analysis.sglang_facts import custom_ar_line
+from memrec.analysis.sglang_facts import process_contexts
+from memrec.analysis.names import api_name
+from memrec.analysis.names import result_name
+from memrec.analysis.replay import initial_state
+from memrec.analysis.replay import trace_bounds
 from memrec.analysis.sglang_report import MAPPED
-from memrec.analysis.sglang_report import NO_PHASE_LABEL
 from memrec.analysis.sglang_report import KvWindow
 from memrec.analysis.sglang_report import format_rank
 from memrec.analysis.sglang_report import kv_windows
 from memrec.analysis.sglang_report import marker_ranks
 from memrec.analysis.sglang_report import process_info_ranks
+from memrec.analysis.sglang_report import rank_gpus
 from memrec.analysis.sglang_report import rank_sort_key
 from memrec.analysis.sglang_report import shown_dims
 from memrec.analysis.text import table
@@ -48,10 +56,7 @@ from memrec.analysis.timeline import OWNED
 from memrec.analysis.timeline import Journal
 from memrec.analysis.timeline import build_timeline
 from memrec.events import CATEGORIES
-from memrec.events import CU_RESULT_NAMES
-from memrec.events import Api
 from memrec.events import Kind
-from memrec.state import LiveState
 
 DIFF_VERSION = 1
 NO_RANK = "(no rank)"
@@ -79,28 +84,8 @@ class Run:
     budgets: list[KvBudget]
     windows: dict[int, KvWindow]
     events: np.ndarray
-
-
-def _initial_state(trace: Any) -> LiveState | None:
-    """A rotated file continues from its keyframe at event 0 (as ``memrec report`` does)."""
-    for kf in trace.keyframes:
-        if kf.event_index == 0:
-            try:
-                state = LiveState.from_snapshot(kf.state, journal=True)
-            except (ValueError, KeyError, TypeError, AttributeError):
-                return None
-            state.n_events = 0
-            return state
-    return None
-
-
-def _start(trace: Any) -> int:
-    firsts = [int(a["ts"].min()) for a in (trace.events, trace.nvml, trace.procmem) if len(a)]
-    firsts += [min(m.ts for m in trace.markers)] if trace.markers else []
-    anchor = trace.header.get("anchor")
-    if isinstance(anchor, dict) and isinstance(anchor.get("monotonic_ns"), int):
-        firsts.append(anchor["monotonic_ns"])
-    return min(firsts) if firsts else 0
+    contexts: list = dataclasses.field(default_factory=list)  # foreign CUDA contexts (sglang_report.process_contexts)
+    custom_ar: dict | None = None  # sglang_report.custom_ar_facts
 
 
 def _norm_rank(rank: dict[str, int]) -> RankKey:
@@ -120,8 +105,8 @@ def _norm_budget(b: KvBudget) -> KvBudget:
 
 def analyze(trace: Any, name: str) -> Run:
     """Replay ``trace`` (its events' ``gpu`` get filled in) and gather what :func:`diff_traces` needs."""
-    start = _start(trace)
-    tl = build_timeline(trace.events, start=start, state=_initial_state(trace))
+    start = trace_bounds(trace)[0]
+    tl = build_timeline(trace.events, start=start, state=initial_state(trace)[0])
     end = max([start] + [int(a["ts"].max()) for a in (trace.events,) if len(a)])
     phases = build_phases(trace.markers, end)
     j = tl.journal
@@ -139,7 +124,10 @@ def analyze(trace: Any, name: str) -> Run:
     budgets = [_norm_budget(b) for b in kv_budgets(trace.markers)]
     labels = {p: format_rank(_as_dict(k)) for p, k in rank_of.items() if k}
     windows = kv_windows(trace.markers, phases, j, budgets, labels, skip=exit_rows)
-    return Run(name, start, phases, j, exit_rows, rank_of, budgets, windows, trace.events)
+    ranked = [p for p, k in rank_of.items() if k]
+    contexts = process_contexts(trace, ranked, rank_gpus(trace.markers, j, budgets), labels)
+    return Run(name, start, phases, j, exit_rows, rank_of, budgets, windows, trace.events,
+               [c for c in contexts if c["foreign"]], custom_ar_facts(trace.markers))
 
 
 def _as_dict(key: RankKey) -> dict[str, int]:
@@ -173,7 +161,7 @@ def _phase_bytes(run: Run) -> tuple[dict[tuple, int], set[tuple]]:
     j = Journal(*(getattr(run.journal, f.name)[keep] for f in dataclasses.fields(Journal)))
     out: dict[tuple, int] = {}
     for u in attribute(run.phases, j):
-        path = NO_PHASE_LABEL if u.phase < 0 else run.phases.phases[u.phase].path
+        path = NO_PHASE if u.phase < 0 else run.phases.phases[u.phase].path
         key = (path, run.rank_of.get(u.pid, ()), u.gpu, u.category)
         out[key] = out.get(key, 0) + u.net
     present = {(ph.path, run.rank_of.get(ph.pid, ())) for ph in run.phases.phases}
@@ -188,7 +176,7 @@ def _rank_label(key: RankKey, dims: tuple[str, ...], draft: bool = False) -> str
 def _phase_rows(a: Run, b: Run, dims: tuple[str, ...]) -> list[dict]:
     bytes_a, present_a = _phase_bytes(a)
     bytes_b, present_b = _phase_bytes(b)
-    order = _merge_order(_phase_order(a), _phase_order(b)) + [NO_PHASE_LABEL]
+    order = _merge_order(_phase_order(a), _phase_order(b)) + [NO_PHASE]
     pos = {p: i for i, p in enumerate(order)}
     rows = []
     for key in set(bytes_a) | set(bytes_b):
@@ -272,17 +260,6 @@ def _window_diff(a: Run, b: Run, which: str, dims: tuple[str, ...]) -> list[dict
 # ----------------------------------------------------------------------------------------- failures
 
 
-def _result_name(result: int) -> str:
-    return CU_RESULT_NAMES.get(result, f"CUresult {result}")
-
-
-def _api_name(api: int) -> str:
-    try:
-        return Api(api).name
-    except ValueError:
-        return str(api)
-
-
 def _failures(run: Run, dims: tuple[str, ...]) -> dict[tuple, dict]:
     """Key -> failure: SGLang errors, KV budgets <= 0 without an error, failed driver calls."""
     out: dict[tuple, dict] = {}
@@ -309,7 +286,7 @@ def _failures(run: Run, dims: tuple[str, ...]) -> dict[tuple, dict]:
             e = ev[i]
             rank = run.rank_of.get(int(e["pid"]), ())
             label = _rank_label(rank, dims)
-            api, result = _api_name(int(e["api"])), _result_name(int(e["result"]))
+            api, result = api_name(int(e["api"])), result_name(int(e["result"]))
             key = ("driver", label, int(e["gpu"]), api, result)
             f = out.setdefault(key, {"kind": "driver_call", "rank": label, "rank_key": list(rank), "gpu": int(e["gpu"]), "api": api,
                                      "result": result, "count": 0, "bytes": 0})
@@ -326,7 +303,7 @@ def _failed(run: Run) -> bool:
 
 
 def _h(n: int | None) -> str:
-    from memrec.analysis.report import human
+    from memrec.analysis.text import human
 
     return human(n)
 
@@ -406,7 +383,7 @@ def _cause_lines(windows: list[dict], which: str, an: str, bn: str) -> list[str]
                        key=lambda p: (-abs(by_phase[p]["delta"]), p))[:VERDICT_PHASES]
         for p in named:
             e = by_phase[p]
-            name = "allocations outside any phase" if p == NO_PHASE_LABEL else p.rsplit("/", 1)[-1]
+            name = "allocations outside any phase" if p == NO_PHASE else p.rsplit("/", 1)[-1]
             if not e["in_a"]:
                 took = f"{name} took {_h(e['b'])} on {{gpus}} in {bn}; it does not run in {an}"
             elif not e["in_b"]:
@@ -424,6 +401,29 @@ def _cause_lines(windows: list[dict], which: str, an: str, bn: str) -> list[str]
             totals.setdefault(total, []).append(w["gpu"])
     lines = [line.replace("{gpus}", _gpus_text(gpus)) for line, gpus in said.items()]
     lines += [line.replace("{gpus}", _gpus_text(gpus)) for line, gpus in totals.items()]
+    return lines
+
+
+def _sglang_fact_lines(a: Run, b: Run) -> list[str]:
+    """Foreign CUDA contexts and the custom all-reduce, when they differ between the runs."""
+    from memrec.analysis.text import human
+
+    def foreign(run: Run) -> str:
+        return ", ".join(f"{c['label'] or 'pid ' + str(c['pid'])} on GPU {c['gpu']}"
+                         + (f" (NVML {human(c['nvml_peak'])})" if c["nvml_peak"] is not None else "")
+                         for c in run.contexts) or "none"
+
+    def car(run: Run) -> str:
+        c = run.custom_ar
+        if not c:
+            return "none"
+        return custom_ar_line(c, human).split(": ", 1)[1]
+
+    lines = []
+    if foreign(a) != foreign(b):
+        lines.append(f"foreign CUDA contexts: {a.name}: {foreign(a)}; {b.name}: {foreign(b)}")
+    if car(a) != car(b):
+        lines.append(f"custom all-reduce: {a.name}: {car(a)}; {b.name}: {car(b)}")
     return lines
 
 
@@ -459,6 +459,7 @@ def _verdict(d: dict, a: Run, b: Run) -> dict:
                 lines.append(f"{d[name]['name']} needs --mem-fraction-static > {need:.4f} on every rank to size a KV cache{ran}")
             else:
                 lines.append(f"no --mem-fraction-static sizes a KV cache in {d[name]['name']}: it would have to exceed {need:.4f}{ran}")
+    lines += _sglang_fact_lines(a, b)
     drv_a = [f for f in only_a if f["kind"] == "driver_call"]
     drv_b = [f for f in only_b if f["kind"] == "driver_call"]
     for name, drv in ((an, drv_a), (bn, drv_b)):

@@ -129,12 +129,30 @@ class KvBudget:
     slack_gib: float | None = None
     rest_gib: float | None = None  # reconstructed with the formula
     rest_bytes: int | None = None
-    sglang_rest_bytes: int | None = None  # what SGLang returned (0.5.23; includes its extra reservations)
+    sglang_rest_bytes: int | None = None  # what SGLang returned (0.5.11+; includes its extra reservations)
     cell_size: int | None = None
-    tokens: int | None = None
-    tokens_source: str | None = None  # "cell_size" (computed) | "sglang" (reported)
-    sglang_profiled_tokens: int | None = None  # profile_max_num_token's return (0.4.10 – 0.5.10)
+    tokens: int | None = None  # SGLang's own count when it computed one, else memrec's
+    tokens_source: str | None = None  # "sglang" (SGLang's count) | "cell_size" (memrec's rest // cell) | "pool"
+    sglang_tokens: int | None = None  # SGLang's count: profile_max_num_token (≤ 0.5.10), calculate_pool_sizes (0.5.11+)
+    memrec_tokens: int | None = None  # rest bytes // cell_size (SGLang's rest when it returned one)
     max_total_num_tokens: int | None = None  # the pool's final size (after caps, page alignment)
+    #: SGLang's terms beyond the formula, GiB (negative: subtracted): "other_reservations" (mamba
+    #: cache, multimodal, activation reserve: SGLang's rest − the formula's). None: not recorded.
+    other_reservations_gib: float | None = None
+    #: The terms SGLang reported on its own (hooks 0.5.7+ / 0.5.18+ / 0.5.22+): the mamba state
+    #: cache (GiB, negative: taken from the rest), the multimodal reservation (GiB), the pool's
+    #: fixed overhead (bytes) and page size (tokens).
+    mamba_cache_gib: float | None = None
+    mm_reservation_gib: float | None = None
+    fixed_overhead_bytes: int | None = None
+    page_size: int | None = None
+    #: Terms SGLang used whose values are unknown because it raised before returning them; then
+    #: ``rest_gib`` and ``min_mem_fraction_static`` are bounds (SGLang's rest ≤ rest_gib).
+    unknown_terms: tuple[str, ...] = ()
+    #: A speculative-decoding draft runner does not keep a budget of its own: the target's pool
+    #: size overwrites it (``draft_runner_cache_size`` up to 0.5.10, the target's
+    #: MemoryPoolConfig after), so its rest/tokens never fail or size anything.
+    sized_by_target: bool = False
     min_mem_fraction_static: float | None = None
     weight_load_mem_usage: float | None = None
     local_free_at_baseline_gib: float | None = None  # this GPU alone (mem_get_info), not WORLD MIN
@@ -148,6 +166,10 @@ class KvBudget:
         """Sizing succeeded with a positive budget (as far as the markers tell)."""
         if self.error:
             return False
+        if self.sized_by_target:
+            return True
+        if self.tokens is not None and self.tokens_source == "sglang":
+            return self.tokens > 0  # SGLang's own count decides (it subtracts more than the formula)
         if self.rest_gib is not None and self.rest_gib <= 0:
             return False
         return not (self.tokens is not None and self.tokens <= 0)
@@ -173,6 +195,7 @@ class KvBudget:
     def to_dict(self) -> dict:
         """Plain dict (for JSON reports), with ``ok`` and ``label``."""
         out = asdict(self)
+        out["unknown_terms"] = list(self.unknown_terms)  # JSON has no tuples
         out["ok"] = self.ok
         out["label"] = self.label
         return out
@@ -306,7 +329,7 @@ def _build(group: _Group, whole: _Group | None) -> KvBudget:
     if cell is not None and cell <= 0:
         cell = None
     sglang_rest = _int(b.get("rest_memory_bytes"))
-    profiled = _int(b.get("max_num_token"))
+    sglang_tokens = _int(_first(b.get("max_num_token"), p.get("sglang_tokens")))
     final_tokens = _int(p.get("max_total_num_tokens"))
 
     slack = rest = None
@@ -317,14 +340,30 @@ def _build(group: _Group, whole: _Group | None) -> KvBudget:
             rest = available - slack
             nbytes = rest_bytes(rest)
 
-    tokens = source = None
+    memrec_tokens = None
     if cell is not None and (sglang_rest is not None or nbytes is not None):
-        tokens = (sglang_rest if sglang_rest is not None else nbytes) // cell
-        source = "cell_size"
-    elif profiled is not None:
-        tokens, source = profiled, "sglang"
+        memrec_tokens = (sglang_rest if sglang_rest is not None else nbytes) // cell  # type: ignore[operator]
+    if sglang_tokens is not None:
+        tokens, source = sglang_tokens, "sglang"
+    elif memrec_tokens is not None:
+        tokens, source = memrec_tokens, "cell_size"
     elif final_tokens is not None:
-        tokens, source = final_tokens, "sglang"
+        tokens, source = final_tokens, "pool"
+    else:
+        tokens = source = None
+
+    # SGLang's terms beyond the formula: its own rest (0.5.11+), or what its token count implies
+    # (≤ 0.5.10: tokens × cell is its rest to within one cell).
+    other = None
+    if rest is not None:
+        if sglang_rest is not None:
+            other = sglang_rest / GIB - rest
+        elif b.get("max_num_token") is not None and sglang_tokens is not None and cell is not None:
+            implied = sglang_tokens * cell / GIB
+            other = implied - rest if abs(implied - rest) >= cell / GIB else 0.0
+
+    before_mamba, after_mamba = _num(b.get("rest_before_mamba_gib")), _num(b.get("rest_after_mamba_gib"))
+    mamba = after_mamba - before_mamba if before_mamba is not None and after_mamba is not None else None
 
     minimum = min_mem_fraction_static(available, pre) if available is not None and pre is not None else None
 
@@ -334,6 +373,8 @@ def _build(group: _Group, whole: _Group | None) -> KvBudget:
         if text:
             error = str(text)
             break
+    # SGLang raised inside its budget function: whatever it subtracts beyond the formula is unknown.
+    unknown = ("other_reservations",) if b.get("error") and sglang_rest is None and sglang_tokens is None else ()
 
     free_base = _int(base.get("free_bytes"))
     free_budget = _int(b.get("free_bytes"))
@@ -358,8 +399,16 @@ def _build(group: _Group, whole: _Group | None) -> KvBudget:
         cell_size=cell,
         tokens=tokens,
         tokens_source=source,
-        sglang_profiled_tokens=profiled,
+        sglang_tokens=sglang_tokens,
+        memrec_tokens=memrec_tokens,
         max_total_num_tokens=final_tokens,
+        other_reservations_gib=other,
+        mamba_cache_gib=mamba,
+        mm_reservation_gib=_num(b.get("mm_reservation_gib")),
+        fixed_overhead_bytes=_int(p.get("fixed_overhead_bytes")),
+        page_size=_int(p.get("page_size")),
+        unknown_terms=unknown,
+        sized_by_target=group.draft,
         min_mem_fraction_static=minimum,
         weight_load_mem_usage=_num(load.get("weight_load_mem_usage")),
         local_free_at_baseline_gib=None if free_base is None else free_base / GIB,
@@ -381,10 +430,14 @@ def explain(budget: KvBudget) -> list[str]:
     """Lines that show the formula with this rank's real numbers (for reports)."""
     b = budget
     where = f"{b.label} (pid {b.pid}" + (f", GPU {b.gpu}" if b.gpu is not None else "") + ")"
+    if b.sized_by_target:
+        own = f"; its own profile ({b.sglang_tokens:,} tokens) is discarded" if b.sglang_tokens is not None else ""
+        return [f"{where}: sized by the target (the draft uses the target's pool size{own})"] + (
+            [f"  sizing failed: {b.error}"] if b.error else [])
     lines = []
     if b.rest_gib is not None:
         lines.append(
-            f"{where}: rest = available {_gib(b.available_gpu_memory)} − pre_model_load_memory "
+            f"{where}: rest {'≤' if b.unknown_terms else '='} available {_gib(b.available_gpu_memory)} − pre_model_load_memory "
             f"{_gib(b.pre_model_load_memory)} × (1 − {b.mem_fraction_static:.3f}) = {_gib(b.rest_gib)}"
         )
     else:
@@ -393,23 +446,52 @@ def explain(budget: KvBudget) -> list[str]:
             f"{_gib(b.available_gpu_memory)}, mem_fraction_static "
             f"{'?' if b.mem_fraction_static is None else f'{b.mem_fraction_static:.3f}'}"
         )
-    if b.sglang_rest_bytes is not None and b.rest_bytes is not None and b.sglang_rest_bytes != b.rest_bytes:
-        lines.append(
-            f"  SGLang's own rest: {_gib(b.sglang_rest_bytes / GIB)} "
-            f"({_gib(b.sglang_rest_bytes / GIB - (b.rest_gib or 0.0))} after its extra reservations)"
-        )
-    if b.tokens is not None:
-        how = f"cell {b.cell_size:,} B/token" if b.tokens_source == "cell_size" else "as SGLang profiled it"
-        lines.append(f"  → {b.tokens:,} tokens ({how})")
-    if b.max_total_num_tokens is not None and b.max_total_num_tokens != b.tokens:
-        lines.append(f"  pool: max_total_num_tokens = {b.max_total_num_tokens:,} (after caps and page alignment)")
+    lines += ["  " + line for line in terms_lines(b)]
     if b.min_mem_fraction_static is not None:
         lines.append(
-            f"  minimum viable mem_fraction_static = 1 − {b.available_gpu_memory:.2f} / "
-            f"{b.pre_model_load_memory:.2f} = {b.min_mem_fraction_static:.4f}"
+            f"  minimum viable mem_fraction_static {'≥' if b.unknown_terms else '='} 1 − "
+            f"{b.available_gpu_memory:.2f} / {b.pre_model_load_memory:.2f} = {b.min_mem_fraction_static:.4f}"
         )
     if b.error:
         lines.append(f"  sizing failed: {b.error}")
+    return lines
+
+
+def terms_lines(b: KvBudget) -> list[str]:
+    """SGLang's own terms beyond the formula, its token count, and what is unknown."""
+    lines = []
+    if b.other_reservations_gib is not None and abs(b.other_reservations_gib) >= 0.005:
+        own = f"{_gib(b.sglang_rest_bytes / GIB)}" if b.sglang_rest_bytes is not None else "implied by its token count"
+        known = [(name, v) for name, v in (("mamba cache", b.mamba_cache_gib),
+                                            ("multimodal reservation", -b.mm_reservation_gib if b.mm_reservation_gib else None))
+                 if v]
+        rest = b.other_reservations_gib - sum(v for _, v in known)
+        parts = [f"{name} {v:+.2f} GiB" for name, v in known]
+        if abs(rest) >= 0.005 or not parts:
+            parts.append(f"{'other (activation reserve, …)' if parts else 'mamba cache, multimodal, activation reserve'} "
+                         f"{rest:+.2f} GiB")
+        lines.append(f"SGLang's own rest: {own} ({b.other_reservations_gib:+.2f} GiB of its other terms: {', '.join(parts)})")
+    if b.fixed_overhead_bytes:
+        lines.append(f"pool: fixed overhead {b.fixed_overhead_bytes:,} B charged before dividing by the cell size")
+    if b.unknown_terms:
+        lines.append(
+            "unknown: SGLang's other reservations (mamba cache, multimodal, activation reserve): it raised "
+            "before returning its rest, so the rest above is an upper bound and the minimum fraction a lower one"
+        )
+    if b.tokens is not None:
+        if b.tokens_source == "sglang":
+            lines.append(f"→ {b.tokens:,} tokens (SGLang's own count)")
+            if b.memrec_tokens is not None and b.memrec_tokens != b.tokens:
+                lines.append(
+                    f"  (rest // cell_size {b.cell_size:,} B/token would give {b.memrec_tokens:,}: SGLang subtracted "
+                    f"{b.memrec_tokens - b.tokens:+,} tokens more: fixed overhead, page alignment or the reservations above)"
+                )
+        elif b.tokens_source == "cell_size":
+            lines.append(f"→ {b.tokens:,} tokens (rest // cell {b.cell_size:,} B/token; SGLang's own count not recorded)")
+        else:
+            lines.append(f"→ {b.tokens:,} tokens (the pool's size)")
+    if b.max_total_num_tokens is not None and b.max_total_num_tokens != b.tokens:
+        lines.append(f"pool: max_total_num_tokens = {b.max_total_num_tokens:,} (after caps and page alignment)")
     return lines
 
 

@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from memrec.analysis.replay import initial_state
 from memrec.analysis.timeline import GpuSeries
 from memrec.analysis.timeline import Timeline
 from memrec.analysis.timeline import build_timeline
@@ -167,9 +168,7 @@ def reconcile(trace: Any, timeline: Timeline | None = None) -> Reconciliation:
             (a rotated file continues the previous one's state), as :func:`build_report` does.
     """
     if timeline is None:
-        from memrec.analysis.report import _initial_state  # report imports this module
-
-        initial, _ = _initial_state(trace)
+        initial, _ = initial_state(trace)
         timeline = build_timeline(trace.events, state=initial)
     out = Reconciliation()
     recorded: set[int] = set()

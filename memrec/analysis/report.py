@@ -15,44 +15,42 @@ process, shown in its view and never added to a GPU's total.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 
+from memrec.analysis.answer import build_answer
+from memrec.analysis.names import api_name
+from memrec.analysis.names import process_title
+from memrec.analysis.names import result_name
 from memrec.analysis.phases import Phases
 from memrec.analysis.phases import attribute
 from memrec.analysis.phases import build_phases
 from memrec.analysis.reconcile import Reconciliation
 from memrec.analysis.reconcile import reconcile
+from memrec.analysis.replay import initial_state
+from memrec.analysis.replay import trace_bounds
 from memrec.analysis.sglang_report import build_sglang_section
 from memrec.analysis.sglang_report import rank_labels
-from memrec.analysis.sglang_report import render_sglang
-from memrec.analysis.text import table
 from memrec.analysis.timeline import OWNED
 from memrec.analysis.timeline import GpuSeries
+from memrec.analysis.timeline import Journal
 from memrec.analysis.timeline import Timeline
 from memrec.analysis.timeline import build_timeline
+from memrec.analysis.timeline import state_at
 from memrec.events import CATEGORIES
-from memrec.events import CU_RESULT_NAMES
-from memrec.events import Api
 from memrec.events import Kind
 from memrec.events import ProcessInfo
 from memrec.state import LiveState
+from memrec.trace.merge import merged_summary
 
 REPORT_VERSION = 1
-#: How many holders' largest allocations an OOM snapshot lists, and how many on the GPU.
+#: How many holders' largest allocations the snapshot at a failed call lists, and how many on the GPU.
 HOLDER_LARGEST = 3
 GPU_LARGEST = 5
 #: Process exit records list this many largest pieces still held.
 EXIT_LARGEST = 3
 
-_CATEGORY_NOTE = {
-    "driver": "cuMemAlloc*",
-    "vmm": "cuMemCreate physical",
-    "ipc_mapped": "peers' memory mapped here: not owned, not in totals",
-    "host_pinned": "pinned host memory",
-}
 
 
 # ----------------------------------------------------------------------------------------- build
@@ -69,7 +67,7 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
             holders at its failed calls still show every process on that GPU).
     """
     events = trace.events
-    start, end = _bounds(trace)
+    start, end = trace_bounds(trace)
     n = len(events)
     kinds = events["kind"] if n else np.zeros(0, np.uint16)
     failed_idx = np.nonzero(events["result"] != 0)[0].tolist() if n else []
@@ -77,6 +75,7 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
 
     snapshots: dict[int, dict] = {}
     cache: dict[tuple[int, int], dict] = {}
+    phases = build_phases(trace.markers, end)
 
     def at_stop(index: int, state: LiveState) -> None:
         g = failed_gpu[index][0]
@@ -86,10 +85,10 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
         snap = cache.get(key)
         if snap is None:
             cache.clear()
-            snap = cache[key] = _oom_snapshot(state, g)
+            snap = cache[key] = _holders_snapshot(state, g, phases)
         snapshots[index] = snap
 
-    initial, notes = _initial_state(trace)
+    initial, notes = initial_state(trace)
     prior_exits = len(initial.exit_records()) if initial is not None else 0
     prior_anomalies = dict(initial.anomalies) if initial is not None else {}
     tl = build_timeline(events, start=start, state=initial, stops=failed_idx, at_stop=at_stop)
@@ -97,13 +96,13 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
     anomalies = {
         k: v - prior_anomalies.get(k, 0) for k, v in sorted(tl.state.anomalies.items()) if v > prior_anomalies.get(k, 0)
     }
-    phases = build_phases(trace.markers, end)
     usage = attribute(phases, tl.journal) if trace.markers else []
+    exit_usage = attribute(phases, _exit_rows(tl.journal, events)) if trace.markers else []
     procs = _processes(trace, tl, exits)
     rec = reconcile(trace, tl)
 
     gpu_ids = set(tl.gpus) | {g for g, _ in failed_gpu.values()}
-    gpu_ids |= {gi.index for gi in trace.gpus}
+    gpu_ids |= set(trace.gpu_ids())
     gpu_ids |= set(rec.gpus())
     gpu_info = {gi.index: gi for gi in trace.gpus}
 
@@ -116,7 +115,12 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
             "end_ts": end,
             "duration_s": _sec(end - start),
             "events": n,
-            "failed_calls": len(failed_idx),
+            "failed_calls": sum(  # of the filter's selection
+                1 for i in failed_idx
+                if (pid is None or int(events["pid"][i]) == pid) and (gpu is None or failed_gpu[i][0] == gpu)
+            ),
+            "failed_calls_all": len(failed_idx),
+            "processes": len(procs),
             "lost": int(trace.lost),
             "complete": trace.trailer is not None,
             "warnings": list(trace.warnings) + notes,
@@ -125,6 +129,7 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
             "markers": len(trace.markers),
             "nvml_samples": int(len(trace.nvml)),
         },
+        "merged": merged_summary(trace.header),
         "processes": [p for p in procs.values() if pid is None or p["pid"] == pid],
         "gpus": [],
         "host": None,
@@ -143,6 +148,8 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
         if pid is not None and int(events["pid"][i]) != pid:
             continue
         f = _failure(events, i, g, inferred, start, procs)
+        f["phase"] = phases.label(phases.phase_at(f["pid"], f["ts"]))
+        f["nvml_free"] = _nvml_free_before(trace, g, f["ts"])
         if g < 0 and not _is_host_kind(int(kinds[i])):
             report["failures_unknown_gpu"].append(f)
             continue
@@ -153,7 +160,7 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
         if gpu is not None and g != gpu:
             continue
         section = _gpu_section(
-            g, tl.gpus.get(g), gpu_info.get(g), start, pid, procs, exits, usage, phases,
+            g, tl.gpus.get(g), gpu_info.get(g), start, pid, procs, exits, (usage, exit_usage), phases,
             failures_by_gpu.get(g, []), trace, rec,
         )
         if section is None:
@@ -163,45 +170,24 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
         else:
             report["gpus"].append(section)
     report["sglang"] = build_sglang_section(trace, phases, tl.journal, usage, start, gpu=gpu, pid=pid)
+    _peak_by_phase(report, trace, tl, phases)
+    report["answer"] = build_answer(report)
     return report
 
 
-def _initial_state(trace: Any) -> tuple[LiveState | None, list[str]]:
-    """The state the file starts from: its keyframe at event 0 (a rotated file continues the
-    previous one's state), or None (empty)."""
-    for kf in trace.keyframes:
-        if kf.event_index != 0:
-            continue
-        try:
-            state = LiveState.from_snapshot(kf.state, journal=True)
-        except (ValueError, KeyError, TypeError, AttributeError) as error:
-            return None, [f"the keyframe at the start is not a state this memrec reads ({error}): replayed from empty"]
-        state.n_events = 0
-        return state, []
-    return None, []
+def _peak_by_phase(report: dict, trace: Any, tl: Timeline, phases: Phases) -> None:
+    """What the GPU with the highest peak held at that peak, by phase (the answer's second line).
 
-
-def _bounds(trace: Any) -> tuple[int, int]:
-    """The trace's first and last timestamp over events, markers and samples (trailer end if later)."""
-    firsts: list[int] = []
-    lasts: list[int] = []
-    for arr in (trace.events, trace.nvml, trace.procmem):
-        if len(arr):
-            firsts.append(int(arr["ts"].min()))
-            lasts.append(int(arr["ts"].max()))
-    if trace.markers:
-        firsts.append(min(m.ts for m in trace.markers))
-        lasts.append(max(m.ts for m in trace.markers))
-    trailer = trace.trailer or {}
-    for key in ("end_ts", "end"):
-        if isinstance(trailer.get(key), int):
-            lasts.append(trailer[key])
-            break
-    anchor = trace.header.get("anchor")
-    if isinstance(anchor, dict) and isinstance(anchor.get("monotonic_ns"), int):
-        firsts.append(anchor["monotonic_ns"])  # when the recording started
-    start = min(firsts) if firsts else 0
-    return start, max(lasts) if lasts else start
+    One GPU only: the state there comes from the nearest keyframe and a replay of the rest.
+    """
+    secs = [s for s in report["gpus"] if s.get("peak") and s["peak"]["bytes"]]
+    if not secs:
+        return
+    sec = max(secs, key=lambda s: (s["peak"]["bytes"], -s["gpu"]))
+    series = tl.gpus[sec["gpu"]]
+    _, _, row = series.peak(report["filter"]["pid"])
+    state = state_at(tl.events, int(series.event_index[row]) + 1, trace.keyframes)
+    sec["peak"]["by_phase"] = held_by_phase(state, sec["gpu"], phases)
 
 
 def _sec(ns: int) -> float:
@@ -237,33 +223,67 @@ def _failure_gpus(events: np.ndarray, failed_idx: list[int]) -> dict[int, tuple[
     return out
 
 
-def _oom_snapshot(state: LiveState, g: int) -> dict:
+def _holders_snapshot(state: LiveState, g: int, phases: Phases) -> dict:
     return {
         "owned_on_gpu": state.owned_bytes(gpu=g),
         "mapped_on_gpu": state.mapped_bytes(gpu=g),
         "holders": [_holding_json(h) for h in state.holders(g, n=HOLDER_LARGEST)],
         "largest": [_holding_json(h._asdict()) for h in state.largest(g, GPU_LARGEST)],
+        "by_phase": held_by_phase(state, g, phases),
     }
+
+
+def held_by_phase(state: LiveState, g: int, phases: Phases, n: int = 5) -> list[dict]:
+    """What ``g`` holds now (owned), by the phase that allocated each piece: the ``n`` largest.
+
+    Each: ``{"phase", "bytes", "pids"}``; a piece's phase is its owner's innermost phase when it
+    was allocated (``(no phase)`` outside them).
+    """
+    held = [h for h in state.holdings(gpu=g) if h.category != "ipc_mapped"]
+    if not held:
+        return []
+    ids = phases.assign(np.array([h.pid for h in held], dtype=np.int64), np.array([h.ts for h in held], dtype=np.int64))
+    out: dict[str, dict] = {}
+    for h, ph in zip(held, ids.tolist()):
+        row = out.setdefault(phases.label(ph), {"phase": phases.label(ph), "bytes": 0, "pids": []})
+        row["bytes"] += h.size
+        if h.pid not in row["pids"]:
+            row["pids"].append(h.pid)
+    rows = sorted(out.values(), key=lambda r: (-r["bytes"], r["phase"]))[:n]
+    for r in rows:
+        r["pids"].sort()
+    return rows
+
+
+def _exit_rows(journal: Journal, events: np.ndarray) -> Journal:
+    """The journal's rows a process exit caused (the implicit frees of what it still held)."""
+    n = len(events)
+    if not len(journal) or not n:
+        return Journal(*(np.zeros(0, np.int64) for _ in range(6)))
+    idx = np.clip(journal.index, 0, n - 1)
+    m = (journal.index >= 0) & (journal.index < n) & (events["kind"][idx] == int(Kind.PROC_EXIT))
+    return Journal(journal.index[m], journal.ts[m], journal.gpu[m], journal.pid[m], journal.category[m],
+                   journal.delta[m])
+
+
+def _nvml_free_before(trace: Any, g: int, ts: int) -> int | None:
+    """NVML's free bytes on ``g`` at the last sample at or before ``ts`` (None without one)."""
+    nv = trace.nvml
+    if not len(nv) or g < 0:
+        return None
+    s = nv[(nv["gpu"] == g) & (nv["ts"] <= ts) & (nv["free"] >= 0)]
+    if not len(s):
+        return None
+    return int(s["free"][np.argmax(s["ts"])])
 
 
 def _holding_json(h: dict) -> dict:
     h = dict(h)
     if "api" in h:
-        h["api"] = _api_name(h["api"])
+        h["api"] = api_name(h["api"])
     if "largest" in h:
         h["largest"] = [_holding_json(x) for x in h["largest"]]
     return h
-
-
-def _api_name(api: int) -> str:
-    try:
-        return Api(api).name
-    except ValueError:
-        return str(api)
-
-
-def _result_name(result: int) -> str:
-    return CU_RESULT_NAMES.get(result, f"CUresult {result}")
 
 
 def _failure(events: np.ndarray, i: int, g: int, inferred: bool, start: int, procs: dict) -> dict:
@@ -278,22 +298,13 @@ def _failure(events: np.ndarray, i: int, g: int, inferred: bool, start: int, pro
         "tid": int(e["tid"]),
         "process": procs.get(p, {}).get("short", ""),
         "kind": Kind(kind).name if kind in Kind._value2member_map_ else str(kind),
-        "api": _api_name(int(e["api"])),
+        "api": api_name(int(e["api"])),
         "size": int(e["size"]),
         "result": int(e["result"]),
-        "result_name": _result_name(int(e["result"])),
+        "result_name": result_name(int(e["result"])),
         "gpu": g,
         "gpu_inferred": inferred,
     }
-
-
-def _short_cmdline(info: ProcessInfo | None, limit: int = 40) -> str:
-    if info is None or not info.cmdline:
-        return ""
-    argv = list(info.cmdline)
-    argv[0] = os.path.basename(argv[0])
-    text = " ".join(argv)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _rank(info: ProcessInfo | None) -> str:
@@ -318,7 +329,7 @@ def _processes(trace: Any, tl: Timeline, exit_records: list[dict]) -> dict[int, 
         out[p] = {
             "pid": p,
             "ppid": info.ppid if info else None,
-            "short": _short_cmdline(info),
+            "short": process_title(info),
             "cmdline": list(info.cmdline) if info else [],
             "rank": ranks.get(p) or _rank(info),
             "cuda_visible_devices": info.cuda_visible_devices if info else None,
@@ -371,7 +382,7 @@ def _gpu_section(
     pid: int | None,
     procs: dict,
     exits: list[dict],
-    usage: list,
+    usage: tuple[list, list],
     phases: Phases,
     failures: list[dict],
     trace: Any,
@@ -408,6 +419,8 @@ def _gpu_section(
         sec["categories"] = []
         for c, s in cats.items():
             i = int(np.argmax(s))
+            if not s[i]:  # a category only other processes used (a -p filter): no row of zeros
+                continue
             sec["categories"].append(
                 {"category": c, "owned": c != "ipc_mapped", "peak": int(s[i]), "peak_ts": int(series.ts[i]),
                  "peak_t_s": _sec(int(series.ts[i]) - start), "final": int(s[-1])}
@@ -444,7 +457,7 @@ def _gpu_section(
         )
     rows.sort(key=lambda r: (-r["peak"], -r["mapped_peak"], r["pid"]))
     sec["processes"] = rows
-    sec["phases"] = _gpu_phases(g, usage, phases, pid, start) if phases.phases else []
+    sec["phases"] = _gpu_phases(g, usage[0], usage[1], phases, pid, start) if phases.phases else []
     sec["held_at_exit"] = held
     sec["failures"] = failures
     sec["nvml"] = _nvml(trace, g, series, start)
@@ -487,7 +500,10 @@ def _held_at_exit(g: int, exits: list[dict], pid: int | None, start: int) -> lis
     return out
 
 
-def _gpu_phases(g: int, usage: list, phases: Phases, pid: int | None, start: int) -> list[dict]:
+def _gpu_phases(g: int, usage: list, exit_usage: list, phases: Phases, pid: int | None, start: int) -> list[dict]:
+    """Per (pid, phase) on ``g``: bytes by category, allocated, freed, net; ``exit_freed`` and
+    ``exit_by_category`` are the part of ``freed`` a process exit made implicitly."""
+    at_exit = {(u.pid, u.phase, u.category): u.freed for u in exit_usage if u.gpu == g}
     rows: dict[tuple[int, int], dict] = {}
     for u in usage:
         if u.gpu != g or (pid is not None and u.pid != pid):
@@ -509,9 +525,15 @@ def _gpu_phases(g: int, usage: list, phases: Phases, pid: int | None, start: int
                 "freed": 0,
                 "net": 0,
                 "mapped_net": 0,
+                "exit_freed": 0,
+                "exit_by_category": {},
             }
         row["by_category"][u.category] = row["by_category"].get(u.category, 0) + u.net
+        freed_at_exit = at_exit.get((u.pid, u.phase, u.category), 0)
+        if freed_at_exit:
+            row["exit_by_category"][u.category] = freed_at_exit
         if u.category in OWNED:
+            row["exit_freed"] += freed_at_exit
             row["allocated"] += u.allocated
             row["freed"] += u.freed
             row["net"] += u.net
@@ -569,310 +591,3 @@ def _nvml(trace: Any, g: int, series: GpuSeries | None, start: int) -> dict | No
         out["traced_at_last"] = traced
         out["untraced_at_last"] = out["last_used"] - traced
     return out
-
-
-# ---------------------------------------------------------------------------------------- render
-
-
-def human(n: int | None) -> str:
-    """Bytes as B, KiB, MiB (one decimal) or GiB, TiB (two decimals); ``-`` for None."""
-    if n is None:
-        return "-"
-    sign = "-" if n < 0 else ""
-    a = abs(n)
-    if a < 1024:
-        return f"{sign}{a} B"
-    for unit, shift, digits in (("TiB", 40, 2), ("GiB", 30, 2), ("MiB", 20, 1), ("KiB", 10, 1)):
-        if a >= 1 << shift:
-            return f"{sign}{a / (1 << shift):.{digits}f} {unit}"
-    raise AssertionError("unreachable")
-
-
-def _t(seconds: float | None) -> str:
-    return "-" if seconds is None else f"+{seconds:.3f}s"
-
-
-def _values(values: dict, limit: int = 60) -> str:
-    text = ", ".join(f"{k}={_fmt_value(v)}" for k, v in values.items())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _fmt_value(v: Any) -> str:
-    if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 1 << 20:
-        return human(v)
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
-
-
-def _pid_label(pid: int, procs: dict[int, dict]) -> str:
-    p = procs.get(pid, {})
-    bits = [f"pid {pid}"]
-    if p.get("rank"):
-        bits.append(p["rank"])
-    if p.get("short"):
-        bits.append(p["short"])
-    return " ".join(bits)
-
-
-def _holding_text(h: dict) -> str:
-    addr = f"handle {h['address']:#x}" if h["category"] == "vmm" else f"{h['address']:#x}"
-    text = f"{human(h['size'])} {h['category']} {addr}"
-    if h["category"] == "ipc_mapped" and h.get("peer"):
-        text += f" from pid {h['peer']}"
-    return text
-
-
-def render_text(report: dict) -> str:
-    """The report as fixed-width text (deterministic for a given report)."""
-    out: list[str] = []
-    tr = report["trace"]
-    procs = {p["pid"]: p for p in report["processes"]}
-    out.append("memrec report")
-    failed = tr["failed_calls"]
-    head = (
-        f"  trace: {tr['duration_s']:.3f} s, {tr['events']:,} events, {failed:,} failed call{'' if failed == 1 else 's'}, "
-        f"{len(report['processes'])} processes, {tr['markers']:,} markers, {tr['nvml_samples']:,} NVML samples"
-    )
-    out.append(head)
-    flt = report["filter"]
-    if flt["gpu"] is not None or flt["pid"] is not None:
-        parts = [f"{k} {flt[k]}" for k in ("gpu", "pid") if flt[k] is not None]
-        out.append("  filter: " + ", ".join(parts))
-    if tr["lost"]:
-        out.append(f"  !! LOST EVENTS: {tr['lost']:,} events were dropped while recording; the numbers below miss them")
-    if not tr["complete"]:
-        out.append("  !! no trailer: the recording did not end cleanly (the trace may stop early)")
-    for w in tr["warnings"]:
-        out.append(f"  !! reader warning: {w}")
-    for w in tr["phase_warnings"]:
-        out.append(f"  !  markers: {w}")
-    if tr["anomalies"]:
-        out.append(
-            "  note: events that did not match the recorded state (usually memory from before the recording): "
-            + ", ".join(f"{k} {v:,}" for k, v in tr["anomalies"].items())
-        )
-
-    if report.get("sglang"):
-        out.append("")
-        out.extend(render_sglang(report["sglang"]))
-    for sec in report["gpus"]:
-        out.append("")
-        out.extend(_render_gpu(sec, procs))
-    if report["host"] is not None:
-        out.append("")
-        out.extend(_render_gpu(report["host"], procs))
-
-    if report["failures_unknown_gpu"]:
-        out.append("")
-        out.append("failed calls on an unknown GPU")
-        out.extend(_failure_table(report["failures_unknown_gpu"]))
-
-    if report["processes"]:
-        out.append("")
-        out.append("processes")
-        rows = [
-            [str(p["pid"]), p["rank"], ",".join("host" if g < 0 else str(g) for g in p["gpus"]) or "-",
-             _t_exit(p, tr), p["short"]]
-            for p in report["processes"]
-        ]
-        out.extend(table(["PID", "RANK", "GPUS", "EXIT", "COMMAND"], rows, right={0}))
-
-    if report["phases"] or report["instants"]:
-        out.append("")
-        out.append("phases")
-        keyed = []
-        for ph in report["phases"]:
-            name = "  " * ph["depth"] + ph["name"] + ("" if ph["closed"] else " (unclosed)")
-            keyed.append(
-                ((ph["pid"], ph["start_ts"], 0, ph["id"]),
-                 [str(ph["pid"]), name, _t(ph["start_s"]), _t(ph["end_s"]), f"{ph['end_s'] - ph['start_s']:.3f}s",
-                  _values(ph["values"])])
-            )
-        for n, i in enumerate(report["instants"]):
-            keyed.append(
-                ((i["pid"], i["ts"], 1, n),
-                 [str(i["pid"]), f"* {i['name']}", _t(i["t_s"]), "", "", _values(i["values"])])
-            )
-        rows = [row for _, row in sorted(keyed, key=lambda kr: kr[0])]
-        out.extend(table(["PID", "PHASE", "START", "END", "DURATION", "VALUES"], rows, right={0, 2, 3, 4}))
-    return "\n".join(out) + "\n"
-
-
-def _t_exit(p: dict, tr: dict) -> str:
-    if p["exit_ts"] is None:
-        return "-"
-    return _t(_sec(p["exit_ts"] - tr["start_ts"]))
-
-
-def _render_gpu(sec: dict, procs: dict) -> list[str]:
-    out: list[str] = []
-    g = sec["gpu"]
-    if g < 0:
-        title = "HOST (pinned memory) and device memory of unknown GPU"
-    else:
-        bits = [f"GPU {g}"]
-        if sec["name"]:
-            bits.append(sec["name"])
-        if sec["uuid"]:
-            bits.append(sec["uuid"])
-        if sec["total"]:
-            bits.append(f"{human(sec['total'])} total")
-        title = "  ".join(bits)
-    out.append(title)
-    out.append("=" * len(title))
-    pk = sec["peak"]
-    final = human(sec["final"]["bytes"])
-    out.append(f"  peak traced   {human(pk['bytes'])} at {_t(pk['t_s'])}    final traced   {final}")
-    nv = sec["nvml"]
-    if nv is not None:
-        line = f"  NVML used     last {human(nv['last_used'])}, peak {human(nv['peak_used'])}"
-        line += f" at {_t(nv['peak_used_t_s'])}"
-        line += f"; reserved last {human(nv['last_reserved'])}, peak {human(nv['peak_reserved'])}"
-        out.append(line)
-        if "untraced_at_last" in nv:
-            out.append(
-                f"                not traced at the last sample: {human(nv['untraced_at_last'])} "
-                f"(contexts, pools, other processes)"
-            )
-
-    if sec["categories"]:
-        out.append("")
-        rows = [
-            [c["category"], human(c["peak"]), _t(c["peak_t_s"]), human(c["final"]),
-             _CATEGORY_NOTE.get(c["category"], "")]
-            for c in sec["categories"]
-        ]
-        out.extend(table(["CATEGORY", "PEAK", "AT", "FINAL", ""], rows, right={1, 2, 3}))
-
-    if sec["processes"]:
-        out.append("")
-        rows = []
-        for p in sec["processes"]:
-            rows.append(
-                [str(p["pid"]), p["rank"], human(p["peak"]), _t(p["peak_t_s"]), human(p["final"]),
-                 human(p["mapped_peak"]) if p["mapped_peak"] else "-",
-                 human(p["held_at_exit"]) if p["held_at_exit"] else "-",
-                 human(p["nvml_used"]) if p["nvml_used"] is not None else "-",
-                 p["process"]]
-            )
-        out.extend(
-            table(
-                ["PID", "RANK", "PEAK", "AT", "FINAL", "MAPPED", "HELD AT EXIT", "NVML USED", "COMMAND"],
-                rows, right={0, 2, 3, 4, 5, 6, 7},
-            )
-        )
-
-    if sec.get("reconciliation"):
-        out.append("")
-        out.extend(_render_reconciliation(sec["reconciliation"], procs))
-
-    if sec["phases"]:
-        out.append("")
-        out.append("  by phase (net bytes per category during each phase of the process that made them; owned totals)")
-        cats = [c for c in CATEGORIES if any(c in r["by_category"] for r in sec["phases"])]
-        rows = []
-        for r in sec["phases"]:
-            rows.append(
-                [str(r["pid"]), r["path"], _t(r["start_s"]), _t(r["end_s"])]
-                + [human(r["by_category"][c]) if c in r["by_category"] else "-" for c in cats]
-                + [human(r["allocated"]), human(r["freed"]), human(r["net"])]
-            )
-        out.extend(
-            table(
-                ["PID", "PHASE", "START", "END"] + [c.upper() for c in cats] + ["ALLOCATED", "FREED", "NET OWNED"],
-                rows, right=set(range(2, 7 + len(cats))) | {0},
-            )
-        )
-
-    if sec["held_at_exit"]:
-        out.append("")
-        out.append("  held at exit (freed implicitly when the process exited)")
-        rows = [
-            [str(r["pid"]), _t(r["t_s"]), human(r["owned"]), human(r["mapped"]) if r["mapped"] else "-",
-             str(r["count"]), "; ".join(_holding_text(h) for h in r["largest"])]
-            for r in sec["held_at_exit"]
-        ]
-        out.extend(table(["PID", "EXIT AT", "OWNED", "MAPPED", "PIECES", "LARGEST"], rows, right={0, 1, 2, 3, 4}))
-
-    if sec["failures"]:
-        out.append("")
-        out.append(f"  failed calls ({len(sec['failures'])}), each with who held what on GPU {g} at that instant")
-        failure_lines = _failure_table(sec["failures"])
-        out.append(failure_lines[0])
-        for f, row in zip(sec["failures"], failure_lines[1:]):
-            out.append(row)
-            if "holders" not in f:
-                continue
-            out.append(
-                f"        GPU {f['gpu']} then: {human(f['owned_on_gpu'])} owned"
-                + (f", {human(f['mapped_on_gpu'])} mapped from peers" if f["mapped_on_gpu"] else "")
-            )
-            for h in f["holders"]:
-                cats = ", ".join(f"{c} {human(b)}" for c, b in h["by_category"].items())
-                out.append(f"          {_pid_label(h['pid'], procs)}: {human(h['owned'])} owned ({cats})")
-                if h["largest"]:
-                    out.append("            largest: " + "; ".join(_holding_text(x) for x in h["largest"]))
-        if any(f["gpu_inferred"] for f in sec["failures"]):
-            out.append("    (GPU n? = the call named no GPU: inferred from the process's previous calls)")
-    return out
-
-
-def _render_reconciliation(rc: dict, procs: dict) -> list[str]:
-    """The "NVML vs traced" table: each process NVML listed, then the whole GPU."""
-    out = ["  NVML vs traced (at each NVML sample; untraced = NVML - traced: context, modules, rounding, pools)"]
-    rows = []
-    for r in rc["processes"]:
-        notes = []
-        if not r["recorded"]:
-            notes.append("not recorded by memrec")
-        if r["negative_samples"]:
-            notes.append(f"! traced > NVML in {r['negative_samples']} of {r['samples']} samples")
-        if r["unavailable"]:
-            notes.append(f"{r['unavailable']} sample{'' if r['unavailable'] == 1 else 's'} without a value")
-        if r["after_exit_samples"]:
-            n = r["after_exit_samples"]
-            notes.append(f"{n} sample{'' if n == 1 else 's'} after its exit left out"
-                         " (the driver frees later)")
-        rows.append(
-            [str(r["pid"]), procs.get(r["pid"], {}).get("rank", ""), human(r["nvml_used_last"]),
-             human(r["traced_last"]), human(r["untraced_last"]), _range(r["untraced_min"], r["untraced_max"]),
-             str(r["samples"]), "; ".join(notes)]
-        )
-    d = rc["device"]
-    if d is not None:
-        notes = []
-        if d["reserved_last"] is not None:
-            notes.append(f"reserved {human(d['reserved_last'])} (driver/firmware, not in used)")
-        else:
-            notes.append("reserved unknown (NVML v1: used includes it)")
-        if d["negative_samples"]:
-            notes.append(f"! traced > NVML in {d['negative_samples']} of {d['samples']} samples")
-        rows.append(
-            ["GPU", "", human(d["used_last"]), human(d["traced_last"]), human(d["untraced_last"]),
-             _range(d["untraced_min"], d["untraced_max"]), str(d["samples"]), "; ".join(notes)]
-        )
-    out.extend(
-        table(["PID", "RANK", "NVML USED", "TRACED", "UNTRACED", "UNTRACED MIN..MAX", "SAMPLES", ""], rows,
-               right={0, 2, 3, 4, 5, 6})
-    )
-    if rc["unsampled_pids"]:
-        out.append(
-            "    traced here but never in NVML's process samples: "
-            + ", ".join(f"pid {p}" for p in rc["unsampled_pids"])
-            + " (gone between samples, or another PID namespace)"
-        )
-    return out
-
-
-def _range(lo: int | None, hi: int | None) -> str:
-    return "-" if lo is None or hi is None else f"{human(lo)}..{human(hi)}"
-
-
-def _failure_table(failures: list[dict]) -> list[str]:
-    rows = []
-    for f in failures:
-        gpu = "?" if f["gpu"] < 0 else str(f["gpu"]) + ("?" if f["gpu_inferred"] else "")
-        size = human(f["size"]) if f["size"] else "-"
-        rows.append([_t(f["t_s"]), str(f["pid"]), gpu, f["api"], size, f["result_name"]])
-    return table(["TIME", "PID", "GPU", "API", "SIZE", "RESULT"], rows, right={0, 1, 4}, indent="    ")

@@ -35,7 +35,19 @@ from memrec.analysis.kv_budget import GIB
 from memrec.analysis.kv_budget import KvBudget
 from memrec.analysis.kv_budget import kv_budgets
 from memrec.analysis.kv_budget import summarize
+from memrec.analysis.kv_budget import terms_lines
+from memrec.analysis.phases import NO_PHASE
 from memrec.analysis.phases import Phases
+from memrec.analysis.sglang_facts import contexts_line
+from memrec.analysis.sglang_facts import custom_ar_facts
+from memrec.analysis.sglang_facts import custom_ar_line
+from memrec.analysis.sglang_facts import markers_dropped
+from memrec.analysis.sglang_facts import nccl_line
+from memrec.analysis.sglang_facts import nccl_vmm
+from memrec.analysis.sglang_facts import oom_line
+from memrec.analysis.sglang_facts import ooms_after_sizing
+from memrec.analysis.sglang_facts import process_contexts
+from memrec.analysis.sglang_facts import torch_reserved_delta
 from memrec.analysis.timeline import OWNED
 from memrec.analysis.timeline import Journal
 from memrec.events import CATEGORIES
@@ -55,7 +67,6 @@ _SPECIFIC = SGLANG_MARKERS - {"load_weights"}
 #: (short name, marker value) of each rank dimension, in display order.
 RANK_DIMS = (("dp", "dp_rank"), ("pp", "pp_rank"), ("tp", "tp_rank"))
 _PROFILERS = ("profile_max_num_token", "_profile_available_bytes")
-NO_PHASE_LABEL = "(outside phases)"
 WEIGHTS = "load_weights"
 MAPPED = "ipc_mapped"
 
@@ -241,7 +252,7 @@ def window_rows(
     np.add.at(sums, inverse.reshape(-1), journal.delta[idx])
     rows: dict[tuple[int, str], dict] = {}
     for (p, phase_id, c), i, d in zip(uniq.tolist(), first.tolist(), sums.tolist()):
-        path = NO_PHASE_LABEL if phase_id < 0 else phases.phases[phase_id].path
+        path = NO_PHASE if phase_id < 0 else phases.phases[phase_id].path
         t = int(ts[i])
         row = rows.get((p, path))
         if row is None:
@@ -385,7 +396,8 @@ def _when(start: int, end: int, name: str, t: KvTimes | None) -> str | None:
     return None
 
 
-def _phase_rows(pid: int, phases: Phases, usage: list, t: KvTimes | None, start: int, gpu: int | None) -> list[dict]:
+def _phase_rows(pid: int, phases: Phases, usage: list, t: KvTimes | None, start: int, gpu: int | None,
+                torch_delta: dict | None = None) -> list[dict]:
     """One row per (phase, GPU) of ``pid`` (a phase without memory: one row, its marker's GPU)."""
     mem: dict[int, dict[int, dict[str, int]]] = {}
     for u in usage:
@@ -413,6 +425,10 @@ def _phase_rows(pid: int, phases: Phases, usage: list, t: KvTimes | None, start:
                     "values": _shown_values(ph.name, ph.values),
                 }
             )
+            delta = (torch_delta or {}).get((pid, ph.start, ph.name))
+            if delta is not None and (ph.gpu is None or g in (ph.gpu, -1)):
+                rows[-1]["torch_reserved"] = delta
+                rows[-1]["non_torch"] = rows[-1]["net"] - delta
     for i in phases.instants:
         if i.pid != pid:
             continue
@@ -450,8 +466,13 @@ _KV_ERRORS = ("no_memory_for_kv", "not_enough_memory", "pool_too_small")
 def kv_failed(b: KvBudget) -> bool:
     """The KV sizing itself failed: a budget or token count <= 0, or one of SGLang's sizing errors.
 
-    (``KvBudget.ok`` is also False when the worker failed later for another reason.)
+    (``KvBudget.ok`` is also False when the worker failed later for another reason.) A draft
+    runner sized by its target fails only by SGLang's own error.
     """
+    if b.sized_by_target:
+        return b.error_kind in _KV_ERRORS
+    if b.tokens is not None and b.tokens_source == "sglang":
+        return b.tokens <= 0 or b.error_kind in _KV_ERRORS
     if b.rest_gib is not None and b.rest_gib <= 0:
         return True
     if b.tokens is not None and b.tokens <= 0:
@@ -462,7 +483,7 @@ def kv_failed(b: KvBudget) -> bool:
 def _took(r: dict, human) -> str:
     """``TP1's custom_ar_init took 18.00 GiB`` / ``pid 7 took 2.00 GiB outside any phase``."""
     who = r["label"] or f"pid {r['pid']}"
-    if r["phase"] == NO_PHASE_LABEL:
+    if r["phase"] == NO_PHASE:
         return f"{who} took {human(r['owned'])} outside any phase"
     return f"{who}'s {r['name']} took {human(r['owned'])}"
 
@@ -479,7 +500,7 @@ def diagnose(budget: KvBudget, window: KvWindow | None, windows: dict[int, KvWin
     ``window``: the rank's GPU; ``windows``: every GPU's (available_after_weights is a MIN over
     the ranks' GPUs, so when the rank's own GPU does not explain the failure another one may).
     """
-    from memrec.analysis.report import human
+    from memrec.analysis.text import human
 
     windows = windows or {}
     out: dict = {"shortfall_gib": None, "extra_owned": 0, "rest_without_extras_gib": None, "lines": []}
@@ -499,7 +520,7 @@ def diagnose(budget: KvBudget, window: KvWindow | None, windows: dict[int, KvWin
     lines = []
     for r in sorted(extras, key=lambda r: r["pid"] != budget.pid):  # its own first
         if r["pid"] == budget.pid:
-            what = "allocations outside any phase" if r["phase"] == NO_PHASE_LABEL else r["name"]
+            what = "allocations outside any phase" if r["phase"] == NO_PHASE else r["name"]
             lines.append(
                 f"between the baseline and the KV sizing, {what} took {human(r['owned'])} on GPU {g} "
                 f"({_cats_text(r, human)})"
@@ -546,12 +567,17 @@ def diagnose(budget: KvBudget, window: KvWindow | None, windows: dict[int, KvWin
 
 def budget_lines(b: KvBudget) -> list[str]:
     """SGLang's formula with the rank's real numbers (GiB as SGLang measures them)."""
+    if b.sized_by_target:
+        own = f"; its own profile ({b.sglang_tokens:,} tokens) is discarded" if b.sglang_tokens is not None else ""
+        return [f"sized by the target: the draft uses the target's pool size{own}"] + (
+            [f"SGLang raised: {b.error}"] if b.error and b.error_kind in _KV_ERRORS else [])
     lines = []
     f = b.mem_fraction_static
     if b.rest_gib is not None and f is not None:
-        lines.append("rest   = available_after_weights − pre_model_load_memory × (1 − mem_fraction_static)")
+        rel = "≤" if b.unknown_terms else "="
+        lines.append(f"rest   {rel} available_after_weights − pre_model_load_memory × (1 − mem_fraction_static)")
         lines.append(
-            f"       = {b.available_gpu_memory:.2f} GiB − {b.pre_model_load_memory:.2f} GiB × (1 − {f:.3f})"
+            f"       {rel} {b.available_gpu_memory:.2f} GiB − {b.pre_model_load_memory:.2f} GiB × (1 − {f:.3f})"
             f" = {b.available_gpu_memory:.2f} GiB − {b.slack_gib:.2f} GiB = {b.rest_gib:.2f} GiB"
         )
     else:
@@ -562,21 +588,12 @@ def budget_lines(b: KvBudget) -> list[str]:
             if value is not None
         ]
         lines.append("incomplete: " + (", ".join(known) if known else "no SGLang numbers") + " (the rest was not recorded)")
-    if b.sglang_rest_bytes is not None and b.rest_bytes is not None and b.sglang_rest_bytes != b.rest_bytes:
-        lines.append(f"SGLang's own rest: {b.sglang_rest_bytes / GIB:.2f} GiB (after its multimodal/mamba reservations)")
-    if b.tokens is not None:
-        if b.tokens_source == "cell_size":
-            nbytes = b.sglang_rest_bytes if b.sglang_rest_bytes is not None else b.rest_bytes
-            lines.append(f"tokens = int(rest × 2**30) // cell_size = {nbytes:,} // {b.cell_size:,} = {b.tokens:,}")
-        else:
-            lines.append(f"tokens = {b.tokens:,} (as SGLang profiled it)")
-    if b.max_total_num_tokens is not None and b.max_total_num_tokens != b.tokens:
-        lines.append(f"pool: max_total_num_tokens = {b.max_total_num_tokens:,} (after caps and page alignment)")
+    lines += terms_lines(b)
     if b.min_mem_fraction_static is not None:
         ran = "" if f is None else f" (ran with {f:.3f})"
         lines.append(
-            f"minimum viable --mem-fraction-static = 1 − {b.available_gpu_memory:.2f} / {b.pre_model_load_memory:.2f}"
-            f" = {b.min_mem_fraction_static:.4f}{ran}"
+            f"minimum viable --mem-fraction-static {'≥' if b.unknown_terms else '='} 1 − "
+            f"{b.available_gpu_memory:.2f} / {b.pre_model_load_memory:.2f} = {b.min_mem_fraction_static:.4f}{ran}"
         )
     if b.available_is_world_min:
         lines.append("(both measurements are MINs over every rank of the world)")
@@ -605,6 +622,7 @@ def build_sglang_section(
     dims = shown_dims(ranks.values())
     labels = {p: format_rank(r, dims) for p, r in ranks.items()}
     times = kv_times(markers)
+    torch_delta = torch_reserved_delta(markers)
     windows = kv_windows(markers, phases, journal, budgets, labels)
     gpus_of = rank_gpus(markers, journal, budgets)
     sglang_pids = sorted({m.pid for m in markers if m.name in SGLANG_MARKERS} | set(ranks),
@@ -617,7 +635,7 @@ def build_sglang_section(
         g = gpus_of.get(p)
         if gpu is not None and g != gpu and not any(u.pid == p and u.gpu == gpu for u in usage):
             continue
-        rows = _phase_rows(p, phases, usage, times.get(p), start, gpu)
+        rows = _phase_rows(p, phases, usage, times.get(p), start, gpu, torch_delta)
         own = []
         for b in budgets:
             if b.pid != p:
@@ -630,7 +648,8 @@ def build_sglang_section(
             d["diagnosis"] = diagnose(b, w, windows) if w is not None else None
             own.append(d)
         errors = [
-            {"phase": ph.path, "error": str(ph.values["error"])}
+            {"phase": ph.path, "error": str(ph.values["error"]), "at": ph.values.get("error_at"),
+             "traceback": ph.values.get("error_traceback")}
             for ph in phases.phases
             if ph.pid == p and ph.values.get("error")
         ]
@@ -650,13 +669,16 @@ def build_sglang_section(
     summary["kv_failed"] = any(kv_failed(b) for b in budgets)
     fractions = sorted({b.mem_fraction_static for b in targets if b.mem_fraction_static is not None})
     summary["mem_fraction_static"] = fractions
+    summary["fraction_is_lower_bound"] = any(b.unknown_terms for b in targets)
+    summary["markers_dropped"] = markers_dropped(markers, labels)
+    summary["custom_all_reduce"] = custom_ar_facts(markers)
+    summary["contexts"] = process_contexts(trace, sglang_pids, gpus_of, labels)
+    summary["nccl_vmm"] = nccl_vmm(out_ranks)
+    summary["oom_after_sizing"] = ooms_after_sizing(trace, phases, times, labels, budgets)
     if summary["min_rest_label"] is not None:
         worst = min((b for b in targets if b.rest_gib is not None), key=lambda b: b.rest_gib)  # type: ignore[arg-type,return-value]
         summary["min_rest_label"] = format_rank(ranks.get(worst.pid, {}), dims) or worst.label
     return {"ranks": out_ranks, "windows": shown_windows, "summary": _jsonable(summary)}
-
-
-# ----------------------------------------------------------------------------------------- render
 
 
 def _fmt_value(k: str, v: Any, human) -> str:
@@ -674,9 +696,9 @@ def _fmt_value(k: str, v: Any, human) -> str:
     return str(v)
 
 
-def render_sglang(section: dict) -> list[str]:
-    """The SGLang section as text lines (deterministic)."""
-    from memrec.analysis.report import human
+def render_sglang(section: dict, width: int | None = None) -> list[str]:
+    """The SGLang section as text lines (deterministic); tables fit ``width`` where they can."""
+    from memrec.analysis.text import human
 
     out = []
     title = "SGLang startup per rank: phases, memory by category, KV budget"
@@ -696,7 +718,8 @@ def render_sglang(section: dict) -> list[str]:
             out.append(f"  smallest rest {s['min_rest_gib']:.2f} GiB ({s['min_rest_label']}){tokens}")
         need = s["needed_mem_fraction_static"]
         if need is not None and need < 1:
-            out.append(f"  every rank needs --mem-fraction-static > {need:.4f}{ran}")
+            more = " at least (SGLang's other reservations are unknown: it raised)" if s.get("fraction_is_lower_bound") else ""
+            out.append(f"  every rank needs --mem-fraction-static > {need:.4f}{more}{ran}")
         elif need is not None:
             out.append(f"  no --mem-fraction-static can fit a KV cache: it would have to exceed {need:.4f}{ran}")
         if s.get("local_free_spread_gib"):
@@ -705,6 +728,19 @@ def render_sglang(section: dict) -> list[str]:
             )
     else:
         out.append("  no KV sizing in the markers")
+    if s.get("nccl_vmm"):
+        out.append(nccl_line(s["nccl_vmm"], human))
+    foreign_line = contexts_line(s.get("contexts") or [], human)
+    if foreign_line:
+        out.append(foreign_line)
+    for o in s.get("oom_after_sizing") or ():
+        out.append(oom_line(o, human))
+    if s.get("custom_all_reduce"):
+        out.append(custom_ar_line(s["custom_all_reduce"], human))
+    for d in s.get("markers_dropped") or ():
+        reasons = ", ".join(f"{k} {v}" for k, v in d["reasons"].items() if v)
+        out.append(f"  markers lost: {d['label'] or 'pid ' + str(d['pid'])} dropped {d['dropped']} marker(s)"
+                   f" ({reasons}); phases around them may be missing")
     windows = {w["gpu"]: w for w in section["windows"]}
     shown: dict[int, str] = {}  # GPU -> the rank under which its window was printed
     for r in section["ranks"]:
@@ -712,6 +748,7 @@ def render_sglang(section: dict) -> list[str]:
         head = f"{r['label'] or 'rank ?'}  pid {r['pid']}" + (f"  GPU {r['gpu']}" if r["gpu"] is not None else "")
         out.append(head)
         cats = [c for c in CATEGORIES if any(c in x["by_category"] for x in r["phases"])]
+        split = any("torch_reserved" in x for x in r["phases"])  # torch vs the rest, when recorded
         rows = []
         for x in r["phases"]:
             name = "  " * x["depth"] + ("* " if x["kind"] == "instant" else "") + x["name"]
@@ -723,14 +760,18 @@ def render_sglang(section: dict) -> list[str]:
             if x["kind"] == "instant":
                 mem = [""] * len(cats)
             values = " ".join(f"{k}={_fmt_value(k, v, human)}" for k, v in x["values"].items())
+            torch_cols = [human(x["torch_reserved"]) if "torch_reserved" in x else "",
+                          human(x["non_torch"]) if "non_torch" in x else ""] if split else []
             rows.append(
                 [name, "" if x["gpu"] is None else str(x["gpu"]), f"+{x['start_s']:.3f}s", dur, x["when"] or ""]
-                + mem + [net, values]
+                + mem + [net] + torch_cols + [values]
             )
+        extra = ["TORCH", "NOT TORCH"] if split else []
         out.extend(
             table(["PHASE", "GPU", "START", "DURATION", "VS KV SIZING"] + [c.upper() for c in cats]
-                  + ["NET OWNED", "SGLANG'S NUMBERS"], rows, right=set(range(1, 4)) | set(range(5, 6 + len(cats))),
-                  indent="  ")
+                  + ["NET OWNED"] + extra + ["SGLANG'S NUMBERS"], rows,
+                  right=set(range(1, 4)) | set(range(5, 6 + len(cats) + len(extra))),
+                  indent="  ", width=width, drop=(3, 4), wrap=True)
         )
         for b in r["budgets"]:
             out.append(f"  KV budget{' (draft runner)' if b['draft'] else ''}, GiB as SGLang measures them:")
@@ -748,13 +789,20 @@ def render_sglang(section: dict) -> list[str]:
                     [x["label"] or f"pid {x['pid']}", x["phase"], human(x["owned"]), _cats_text(x, human)]
                     for x in w["between"]
                 ]
-                out.extend(table(["RANK", "PHASE", "OWNED", "BY CATEGORY"], wrows, right={2}, indent="    "))
+                out.extend(table(["RANK", "PHASE", "OWNED", "BY CATEGORY"], wrows, right={2}, indent="    ",
+                                 width=width, wrap=True))
             dg = b.get("diagnosis")
             if dg and dg["lines"]:
                 out.append("  why it failed:")
                 out.extend("    " + line for line in dg["lines"])
         told = {b["error"] for b in r["budgets"] if b["error"] and b["error_kind"] in _KV_ERRORS}
+        raised_at = set()
         for e in r["errors"]:
             if e["error"] not in told or e["phase"].rsplit("/", 1)[-1] not in ("kv_budget", "kv_pool"):
                 out.append(f"  SGLang raised in {e['phase']}: {e['error']}")
+            if e.get("at") and (e["error"], e["at"]) not in raised_at:  # once per exception
+                raised_at.add((e["error"], e["at"]))
+                out.append(f"    raised at {e['at']}")
+                if e.get("traceback") and e["traceback"] != e["at"]:
+                    out.append(f"    traceback (innermost first): {e['traceback']}")
     return out

@@ -1,16 +1,98 @@
-"""Fixed-width text tables shared by the report, its SGLang section and the diff."""
+"""Fixed-width text shared by the report, its SGLang section and the diff: byte counts and tables."""
 
 from __future__ import annotations
 
+import textwrap
 
-def table(headers: list[str], rows: list[list[str]], right: set[int], indent: str = "  ") -> list[str]:
-    """Lines of a table: columns as wide as their widest cell; ``right``: right-aligned columns."""
-    widths = [len(h) for h in headers]
-    for r in rows:
-        widths = [max(w, len(c)) for w, c in zip(widths, r)]
+from memrec.units import fmt_bytes as human  # noqa: F401 (the one size format, re-exported for the report's modules)
 
-    def line(cells: list[str]) -> str:
-        out = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))]
+
+def table(
+    headers: list[str],
+    rows: list[list[str]],
+    right: set[int],
+    indent: str = "  ",
+    width: int | None = None,
+    drop: tuple[int, ...] = (),
+    wrap: bool = False,
+) -> list[str]:
+    """Lines of a table: columns as wide as their widest cell; ``right``: right-aligned columns.
+
+    With ``width``: the columns in ``drop`` are left out, in that order, while the table is wider;
+    then, with ``wrap``, the last column (free text) wraps onto continuation lines under itself.
+    Cells are never cut.
+    """
+    keep = list(range(len(headers)))
+
+    def widths_of(cols: list[int]) -> list[int]:
+        ws = [len(headers[c]) for c in cols]
+        for r in rows:
+            ws = [max(w, len(r[c])) for w, c in zip(ws, cols)]
+        return ws
+
+    widths = widths_of(keep)
+    total = len(indent) + sum(widths) + 2 * (len(keep) - 1)
+    if width is not None:
+        for c in drop:
+            if total <= width:
+                break
+            keep.remove(c)
+            widths = widths_of(keep)
+            total = len(indent) + sum(widths) + 2 * (len(keep) - 1)
+
+    def line(cells: list[str], ws: list[int]) -> str:
+        out = [c.rjust(w) if k in right else c.ljust(w) for k, c, w in zip(keep, cells, ws)]
         return (indent + "  ".join(out)).rstrip()
 
-    return [line(headers)] + [line(r) for r in rows]
+    room = None  # the last column's room when it wraps beside the others
+    below = None  # its room when it goes on lines of its own, under the row
+    if width is not None and wrap and total > width:
+        room = width - (total - widths[-1])
+        longest_word = max((len(w) for r in rows for w in r[keep[-1]].split()), default=0)
+        if room >= max(20, longest_word):
+            widths[-1] = min(widths[-1], room)
+        else:
+            room = None
+            below = width - len(indent) - 4
+            widths[-1] = len(headers[keep[-1]])
+    out = [line([headers[c] for c in keep], widths)]
+    for r in rows:
+        cells = [r[c] for c in keep]
+        limit = room if room is not None else below
+        if limit is None or len(cells[-1]) <= (room if room is not None else widths[-1]):
+            out.append(line(cells, widths))
+            continue
+        pieces = textwrap.wrap(cells[-1], limit, break_long_words=False, break_on_hyphens=False) or [""]
+        if room is not None:
+            out.append(line(cells[:-1] + [pieces[0]], widths))
+            out.extend(line([""] * (len(cells) - 1) + [p], widths) for p in pieces[1:])
+        else:
+            out.append(line(cells[:-1] + [""], widths))
+            out.extend(indent + "    " + p for p in pieces)
+    return out
+
+
+def fit_lines(lines: list[str], width: int) -> list[str]:
+    """Every line at most ``width`` wide: longer ones wrap at spaces, continued 4 columns further in
+    (a word longer than the room stays whole rather than being cut)."""
+    out = []
+    for text in lines:
+        if len(text) <= width:
+            out.append(text)
+            continue
+        if set(text) <= {"=", "-"}:  # a title's underline
+            out.append(text[:width])
+            continue
+        lead = len(text) - len(text.lstrip(" "))
+        out.extend(
+            textwrap.wrap(text.lstrip(" "), width, initial_indent=" " * lead,
+                          subsequent_indent=" " * min(lead + 4, width // 2), break_long_words=False,
+                          break_on_hyphens=False)
+        )
+    return out
+
+
+def count(n: int, word: str) -> str:
+    """``1 process``, ``2 processes``, ``1,024 events``: a count with its noun in the right number."""
+    plural = word + ("es" if word.endswith(("s", "sh", "ch", "x")) else "s")
+    return f"{n:,} {word if n == 1 else plural}"

@@ -11,7 +11,6 @@ import logging
 import sys
 from typing import Protocol
 
-from memrec import __version__
 from memrec._errors import ExitCode
 from memrec._errors import MemrecCommandError
 from memrec._errors import MemrecError
@@ -29,12 +28,17 @@ class Command(Protocol):
 
 def _commands() -> list[Command]:
     # Imported here so that `memrec dump` never pays for what `memrec daemon` imports.
+    from memrec.commands import completion
     from memrec.commands import daemon
     from memrec.commands import demo
     from memrec.commands import diff
     from memrec.commands import doctor
     from memrec.commands import dump
+    from memrec.commands import export
+    from memrec.commands import install_service
     from memrec.commands import mark
+    from memrec.commands import merge
+    from memrec.commands import plot
     from memrec.commands import record
     from memrec.commands import report
     from memrec.commands import selftest
@@ -45,12 +49,17 @@ def _commands() -> list[Command]:
         record.RecordCommand(),
         report.ReportCommand(),
         diff.DiffCommand(),
+        merge.MergeCommand(),
         dump.DumpCommand(),
+        export.ExportCommand(),
+        plot.PlotCommand(),
         tui.TuiCommand(),
         mark.MarkCommand(),
         doctor.DoctorCommand(),
         demo.DemoCommand(),
         selftest.SelftestCommand(),
+        install_service.InstallServiceCommand(),
+        completion.CompletionCommand(),
     ]
 
 
@@ -61,22 +70,45 @@ def get_argument_parser() -> argparse.ArgumentParser:
         description="Record and explain GPU memory: every driver allocation, mapping and IPC "
         "open on the host, NVML beside it, phase markers from the application.",
     )
-    parser.add_argument("--version", action="version", version=f"memrec {__version__}")
+    parser.add_argument("--version", action=_VersionAction, help="print the version, trace format and BPF program, then exit")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)")
+    # -v also after the subcommand (`memrec report -v x`): counted apart, added up in main().
+    verbose = argparse.ArgumentParser(add_help=False)
+    verbose.add_argument("-v", "--verbose", dest="verbose_after", action="count", default=0,
+                         help="more logging (-vv: debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in _commands():
         name = type(command).__name__
         assert name.endswith("Command"), name
         doc = (type(command).__doc__ or "").strip()
         sub_parser = sub.add_parser(
-            name[: -len("Command")].lower(),
+            _command_name(name[: -len("Command")]),
             help=doc.splitlines()[0] if doc else None,
             description=doc,
             formatter_class=argparse.RawDescriptionHelpFormatter,
+            parents=[verbose],
         )
         command.prepare_parser(sub_parser)
         sub_parser.set_defaults(entrypoint=command.run, parser=sub_parser)
     return parser
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: worked out only when asked (it reads the trace format and hashes the BPF source)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: object) -> None:
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        from memrec.build_info import version_text
+
+        print(version_text())
+        parser.exit()
+
+
+def _command_name(class_stem: str) -> str:
+    """``InstallService`` → ``install-service``."""
+    return "".join("-" + c.lower() if c.isupper() and i else c.lower() for i, c in enumerate(class_stem))
 
 
 def _logging_level(verbosity: int) -> int:
@@ -87,6 +119,7 @@ def main(args: list[str] | None = None) -> int:
     """Run the memrec command line and return its exit code."""
     parser = get_argument_parser()
     arg_values = parser.parse_args(args)
+    arg_values.verbose += arg_values.verbose_after
     logging.basicConfig(
         level=_logging_level(arg_values.verbose),
         format="memrec: %(levelname)s: %(message)s",

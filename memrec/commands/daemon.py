@@ -44,7 +44,8 @@ def require_privileges() -> None:
 class DaemonCommand:
     """Record GPU memory events of every CUDA process on this host, until SIGINT/SIGTERM.
 
-    Runs in the foreground and logs to stderr (made for systemd). Probes every libcuda.so.1 that
+    Runs in the foreground and logs to stderr (made for systemd: with $NOTIFY_SOCKET it sends READY
+    once the probes are attached, WATCHDOG from its loop and STOPPING). Probes every libcuda.so.1 that
     is installed or mapped (new ones are picked up every few seconds), samples NVML, accepts phase
     markers on a Unix socket, and writes a trace (SIGHUP starts a new file).
 
@@ -52,10 +53,14 @@ class DaemonCommand:
         sudo memrec daemon -o /var/lib/memrec/
         sudo memrec daemon -o run.mrec -d 10m --rotate-size 0
         sudo memrec daemon --socket /tmp/memrec.sock --libcuda /opt/nvidia/lib64/libcuda.so.1
+        sudo memrec daemon -o /var/lib/memrec/ --keep 20 --metrics-addr 127.0.0.1:9862
+        sudo memrec install-service --enable     # the same under systemd (docs/operations.md)
     """
 
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
         from memrec.daemon import config as c
+        from memrec.daemon.service import file_count
+        from memrec.daemon.service import metrics_addr
 
         parser.add_argument(
             "-o", "--output", default=c.DEFAULT_OUTPUT, metavar="PATH",
@@ -77,10 +82,20 @@ class DaemonCommand:
                             help="BPF ring buffer size in pages (power of two; default 1024)")
         parser.add_argument("-d", "--duration", type=_arg(c.duration), metavar="DURATION",
                             help="stop after this long (e.g. 30s, 10m, 2h)")
+        parser.add_argument("--keep", type=_arg(file_count), default=0, metavar="N",
+                            help="in a trace directory, keep the N newest trace files and delete older ones "
+                                 "(0: keep all; with --rotate-size, the directory stays under about N x SIZE)")
+        parser.add_argument("--metrics-addr", type=_arg(metrics_addr), metavar="HOST:PORT",
+                            help="serve Prometheus metrics at http://HOST:PORT/metrics (needs memrec[metrics]; "
+                                 ":PORT listens on every address)")
+        parser.add_argument("--drop-capabilities", action="store_true",
+                            help="once the probes are attached, keep only the capabilities recording needs "
+                                 "(CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH, CAP_SYS_RESOURCE)")
 
     def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         from memrec.daemon.config import DaemonConfig
         from memrec.daemon.server import Daemon
+        from memrec.daemon.service import Service
 
         if getattr(args, "verbose", 0) == 0:
             logging.getLogger("memrec").setLevel(logging.INFO)  # a daemon says what it does
@@ -96,8 +111,16 @@ class DaemonCommand:
             nvml_process_hz=args.nvml_process_hz,
             ringbuf_pages=args.ringbuf_pages,
         )
+        service = Service(args.metrics_addr, args.keep, args.drop_capabilities)
+        service.listen()  # a taken metrics port fails before the slow BPF compile
         daemon = Daemon(config)
-        daemon.start()
+        try:
+            daemon.start()
+            service.started(daemon)
+        except BaseException:
+            daemon.stop("failed to start")
+            service.close()
+            raise
         until = None
         if args.duration:
             deadline = time.monotonic() + args.duration
@@ -107,5 +130,7 @@ class DaemonCommand:
             if daemon.run(until=until) == "until":
                 reason = f"duration {args.duration:g} s"
         finally:
+            service.stopping(daemon, reason)
             daemon.stop(reason)
+            service.close()
         return ExitCode.OK

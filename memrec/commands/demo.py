@@ -24,22 +24,29 @@ class DemoCommand:
 
     def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         from memrec.analysis.report import build_report
-        from memrec.analysis.report import render_text
+        from memrec.analysis.report_text import render_text
+        from memrec.commands.record import check_output
         from memrec.commands.record import record_tree
         from memrec.commands.record import require_root
         from memrec.stubdriver.build import build_stub
         from memrec.trace.reader import load_trace
 
+        replacing = check_output(args.output, force=True)  # the demo's own file: made again each run
         require_root()
         stub = build_stub()
-        print(
-            f"memrec demo: recording the bundled stub-driver workload ({stub}), not a GPU",
-            file=sys.stderr,
-        )
+        say(f"recording the bundled stub-driver workload ({stub}), not a GPU")
+        if replacing:
+            say(f"replacing {args.output}")
         workload = [sys.executable, "-m", "memrec.stubdriver.workload", "demo", "--lib", str(stub)]
-        rc = record_tree(workload, args.output, libcuda_paths=(str(stub),))
+        rc = record_tree(workload, args.output, libcuda_paths=(str(stub),), prog="memrec demo")
         if rc != 0:
             raise MemrecCommandError(f"the stub workload failed with exit code {rc}", exit_code=ExitCode.SOFTWARE)
         print(render_text(build_report(load_trace(args.output))))
-        print(f"memrec demo: trace written to {args.output} (try: memrec dump {args.output})", file=sys.stderr)
+        say(f"trace written to {args.output}; next: memrec tui {args.output}  (or memrec report, "
+            f"memrec dump {args.output} | head)")
         return ExitCode.OK
+
+
+def say(text: str) -> None:
+    """One line of progress on stderr (the report itself goes to stdout)."""
+    print(f"memrec demo: {text}", file=sys.stderr, flush=True)

@@ -14,7 +14,7 @@ import numpy as np
 from memrec._errors import ExitCode
 from memrec._errors import MemrecCommandError
 from memrec._errors import TraceFormatError
-from memrec.events import CU_RESULT_NAMES
+from memrec.events import cu_result_name
 from memrec.events import FLAG_IPC_BYTES
 from memrec.events import Api
 from memrec.events import Kind
@@ -35,11 +35,6 @@ def _kind_name(number: int) -> str:
 
 def _api_name(number: int) -> str:
     return _API_NAMES.get(number) or f"API_{number}"
-
-
-def result_name(result: int) -> str:
-    """The CUresult's name, or ``CUresult(<n>)`` for one memrec does not name."""
-    return CU_RESULT_NAMES.get(result) or f"CUresult({result})"
 
 
 def jsonable(obj: Any) -> Any:
@@ -77,7 +72,7 @@ def event_lines(events: np.ndarray) -> Iterator[dict]:
             "aux": cols["aux"][i],
             "flags": cols["flags"][i],
             "result": cols["result"][i],
-            "result_name": result_name(cols["result"][i]),
+            "result_name": cu_result_name(cols["result"][i]),
         }
         if i in ipc_rows:
             line["ipc"] = events["ipc"][i].tobytes().hex()

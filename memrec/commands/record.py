@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,6 +93,32 @@ def resolve_command(command: list[str]) -> list[str]:
     return command
 
 
+def check_output(path: Path, force: bool) -> bool:
+    """Check the trace can be written at ``path``; return True when it replaces an existing file.
+
+    A missing folder is a typing mistake more often than a wish, so it is not created; an existing
+    trace is a recording someone may still want, so it is kept unless ``force``. An existing
+    folder is fine: the trace gets a timestamped name inside it, as with ``memrec daemon``.
+
+    Raises:
+        MemrecCommandError: the folder is missing, or the file exists and ``force`` is false
+            (exit code CANT_CREATE).
+    """
+    if path.is_dir():
+        return False
+    folder = path.parent
+    if not folder.is_dir():
+        what = "is not a folder" if folder.exists() else "no such folder"
+        raise MemrecCommandError(f"cannot write {path}: {folder}: {what}", exit_code=ExitCode.CANT_CREATE)
+    if path.exists() or path.is_symlink():
+        if not force:
+            raise MemrecCommandError(
+                f"{path} exists: use -f/--force to replace it, or another -o", exit_code=ExitCode.CANT_CREATE
+            )
+        return True
+    return False
+
+
 def require_root() -> None:
     """Loading probes needs root (or CAP_BPF + CAP_PERFMON, which `memrec doctor` checks)."""
     if os.geteuid() != 0:
@@ -108,11 +135,14 @@ def record_tree(
     socket_path: str | None = None,
     nvml_device_hz: float | None = None,
     nvml_process_hz: float | None = None,
+    prog: str = "memrec record",
 ) -> int:
     """Record ``command`` and every process it starts into ``output``; return its exit code.
 
     The command's environment gets ``MEMREC=1`` and ``MEMREC_SOCKET`` so that memrec.mark() and
-    the SGLang hooks in any process of the tree send their markers into this recording.
+    the SGLang hooks in any process of the tree send their markers into this recording. Compiling
+    the probes before the command starts and removing them after it ends take seconds each (most
+    of a short recording); a line on stderr (``prog: ...``) says so before each.
     """
     from memrec.daemon.config import DaemonConfig
     from memrec.daemon.server import Daemon
@@ -134,6 +164,7 @@ def record_tree(
         **overrides,
     )
     daemon = Daemon(config, stop_signal_handler=lambda signum: _forward(child, signum))
+    print(f"{prog}: compiling and loading the BPF probes (a few seconds)", file=sys.stderr, flush=True)
     try:
         daemon.start()
         daemon.track_pid(child.pid)
@@ -144,6 +175,7 @@ def record_tree(
     try:
         daemon.run(until=child.poll)
     finally:
+        print(f"{prog}: detaching the probes and closing the trace (a few seconds)", file=sys.stderr, flush=True)
         daemon.stop()
     return child.wait()
 
@@ -162,15 +194,19 @@ class RecordCommand:
     """Record a command and every process it starts, then exit with the command's exit code.
 
     Probes are attached before the command starts; forks, exec'd and spawned children are followed
-    in the kernel. Ctrl-C is passed to the command, and recording goes on until it exits.
+    in the kernel. Ctrl-C is passed to the command, and recording goes on until it exits. The
+    output's folder must exist; an existing trace is replaced only with -f.
 
     examples:
         sudo memrec record -o run.mrec -- python train.py
+        sudo memrec record -f -o run.mrec -- python train.py      # replace run.mrec
         sudo memrec record -o sgl.mrec -- python -m sglang.launch_server --model-path M --tp 8
     """
 
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("-o", "--output", required=True, type=Path, help="trace file to write (.mrec)")
+        parser.add_argument("-o", "--output", required=True, type=Path,
+                            help="trace file to write (.mrec), in an existing folder; or an existing folder")
+        parser.add_argument("-f", "--force", action="store_true", help="replace the output file if it exists")
         parser.add_argument("--libcuda", action="append", default=[], metavar="PATH", help="also probe this libcuda")
         parser.add_argument("--socket", metavar="PATH", help="marker socket for the recorded tree")
         parser.add_argument("--nvml-hz", type=float, help="NVML device samples per second (default 10)")
@@ -179,6 +215,8 @@ class RecordCommand:
 
     def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         command = resolve_command(args.command)
+        if check_output(args.output, args.force):
+            print(f"memrec record: replacing {args.output}", file=sys.stderr)
         require_root()
         return record_tree(
             command,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from pathlib import Path
 
 from memrec._errors import ExitCode
@@ -30,16 +31,19 @@ class ReportCommand:
         parser.add_argument("-j", "--json", action="store_true", help="print the report as JSON")
         parser.add_argument("-g", "--gpu", type=int, metavar="N", help="only GPU N (NVML index; -1: host)")
         parser.add_argument("-p", "--pid", type=int, metavar="PID", help="only the memory of process PID")
+        parser.add_argument("-a", "--all", action="store_true",
+                            help="keep what the default view leaves out: zero rows, frees at process exit in the "
+                            "by-phase tables, ranks and GPUs that repeat the first one")
 
     def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         from memrec.analysis.report import build_report
-        from memrec.analysis.report import render_text
+        from memrec.analysis.report_text import render_text
         from memrec.commands.common import load_trace_for_command
 
         trace = load_trace_for_command(args.trace)
         report = build_report(trace, gpu=args.gpu, pid=args.pid)
         if args.gpu is not None and not report["gpus"] and report["host"] is None:
-            known = sorted({gi.index for gi in trace.gpus})
+            known = trace.gpu_ids()
             raise MemrecCommandError(
                 f"GPU {args.gpu} is not in this trace (GPUs: {', '.join(map(str, known)) or 'none'})",
                 exit_code=ExitCode.USAGE,
@@ -49,5 +53,7 @@ class ReportCommand:
         if args.json:
             print(json.dumps(report, indent=2))
         else:
-            print(clean_text(render_text(report), keep_newlines=True), end="")
+            width = shutil.get_terminal_size((80, 24)).columns  # $COLUMNS, the terminal, else 80
+            text = render_text(report, width=max(width, 40), show_all=args.all)
+            print(clean_text(text, keep_newlines=True), end="")  # a client's text never drives the terminal
         return ExitCode.OK

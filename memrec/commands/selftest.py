@@ -59,6 +59,24 @@ def _expected_gpu(header: dict, ordinal: int) -> int | None:
     return mapping[ordinal] if ordinal < len(mapping) else None
 
 
+def _require_cuda_python() -> None:
+    """The driver calls go through cuda-python, an extra (``memrec[gpu]``), not a dependency.
+
+    Raises:
+        MemrecCommandError: it is not importable (exit code UNAVAILABLE, with what to install).
+    """
+    from memrec.gpu.driver_calls import driver_api
+
+    try:
+        driver_api()
+    except ImportError as error:
+        raise MemrecCommandError(
+            f"selftest makes real driver calls through cuda-python, which is not importable "
+            f"(no module {error.name or 'cuda'}): pip install 'memrec[gpu]'",
+            exit_code=ExitCode.UNAVAILABLE,
+        ) from None
+
+
 class SelftestCommand:
     """Make a scripted set of real CUDA driver calls and check the daemon recorded each exactly.
 
@@ -80,6 +98,7 @@ class SelftestCommand:
         from memrec.selftest import check_exits
         from memrec.selftest import check_facts
 
+        _require_cuda_python()
         wait_for_daemon(args.socket)
         sock = subscribe(args.socket)
         collector = _Collector(sock)
@@ -93,10 +112,8 @@ class SelftestCommand:
         )
         if workload.returncode != 0:
             collector.stopping.set()
-            raise MemrecCommandError(
-                f"the driver-call workload failed: {workload.stderr.strip().splitlines()[-1:]}",
-                exit_code=ExitCode.ERROR,
-            )
+            last = (workload.stderr.strip().splitlines() or [f"exit code {workload.returncode}"])[-1]
+            raise MemrecCommandError(f"the driver-call workload failed: {last}", exit_code=ExitCode.ERROR)
         facts = [json.loads(line) for line in workload.stdout.splitlines() if line.startswith("{")]
         pids = {fact["pid"] for fact in facts}
         deadline = time.monotonic() + args.timeout

@@ -23,7 +23,8 @@ IPC_SIZE = 5 * 2**20 + 12345
 VMM_GRANULES = 3
 
 
-def _driver():
+def driver_api():
+    """cuda-python's driver module (raises ImportError without cuda-python)."""
     try:
         from cuda.bindings import driver
     except ImportError:  # cuda-python < 12.6
@@ -62,7 +63,7 @@ def _context(cu, ordinal: int):
 
 
 def run_exporter(ordinal: int) -> None:
-    cu = _driver()
+    cu = driver_api()
     dev, _ = _context(cu, ordinal)
     total = _check(cu.cuDeviceTotalMem(dev), "cuDeviceTotalMem")
     _emit(call="context", ordinal=ordinal, total=int(total))
@@ -126,7 +127,7 @@ def run_exporter(ordinal: int) -> None:
 
 
 def run_importer(ordinal: int, handle_hex: str) -> None:
-    cu = _driver()
+    cu = driver_api()
     _context(cu, ordinal)
     handle = cu.CUipcMemHandle()
     handle.reserved = bytes.fromhex(handle_hex)

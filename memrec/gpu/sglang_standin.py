@@ -14,7 +14,12 @@ Run as ``python -m memrec.gpu.sglang_standin [--ipc] --tp 2``. Every rank runs o
 ``--ipc`` each rank allocates a shared buffer after the baseline and opens every peer's buffer
 by CUDA IPC (through torch.multiprocessing), the way a lazily created custom all-reduce
 workspace would; the KV budget then comes out negative and the rank fails with SGLang's own
-"Not enough memory" error. It is a stand-in, labelled as such in every marker (standin=True).
+"Not enough memory" error: that is a forced or patched build (the original report had one).
+With ``--stock-ar`` it builds the custom all-reduce the way stock SGLang does instead: inside
+distributed init, before the baseline, two IPC-shared buffers of about 8 MiB and an 8 MiB
+rank_data tensor per rank (and stock SGLang builds it only with full NVLink or at most two
+PCIe-only GPUs: 0.5.23 custom_all_reduce_utils.py:490-496). It is a stand-in, labelled as such
+in every marker (standin=True).
 """
 
 from __future__ import annotations
@@ -42,6 +47,32 @@ def _world_min(value: float, rank: int, shared, barrier) -> float:
     return result
 
 
+#: Stock SGLang's legacy custom all-reduce: max_size 8 MiB (custom_all_reduce.py), a meta
+#: buffer of ops.meta_size() + max_size and a data buffer of max_size, both cudaMalloc'd and
+#: opened by every peer over CUDA IPC, plus an 8 MiB rank_data tensor.
+STOCK_AR_MAX_SIZE = 8 * MiB
+STOCK_AR_META = 4 * 1024  # ops.meta_size() is a few KiB
+
+
+def _stock_custom_all_reduce(torch, memrec, rank, args, device, ids, queues, barrier) -> list:
+    """What stock SGLang does inside distributed init, before the memory baseline: a few MiB
+    per rank, exchanged by IPC (SGLang builds it only with full NVLink or at most 2 PCIe GPUs)."""
+    kept = []
+    memrec.mark("custom_ar_init", phase="begin", gpu=device, max_size=STOCK_AR_MAX_SIZE, **ids)
+    for size in (STOCK_AR_META + STOCK_AR_MAX_SIZE, STOCK_AR_MAX_SIZE):
+        mine = torch.empty(size, dtype=torch.uint8, device="cuda")
+        for peer in range(args.tp):
+            if peer != rank:
+                queues[peer].put(mine)
+        kept += [mine] + [queues[rank].get(timeout=120) for _ in range(args.tp - 1)]
+        memrec.mark("custom_ar_shared_buffer", gpu=device, size_in_bytes=size, **ids)
+        barrier.wait()
+    kept.append(torch.empty(STOCK_AR_MAX_SIZE, dtype=torch.uint8, device="cuda"))  # rank_data
+    memrec.mark("custom_ar_init", phase="end", gpu=device, custom_ar_class="CustomAllreduce(stand-in)",
+                world_size=args.tp, rank=rank, max_size=STOCK_AR_MAX_SIZE, disabled=False, **ids)
+    return kept
+
+
 def rank_main(rank: int, args, shared, barrier, queues) -> None:
     import torch
 
@@ -53,8 +84,12 @@ def rank_main(rank: int, args, shared, barrier, queues) -> None:
     ids = dict(tp_rank=rank, pp_rank=0, dp_rank=0, standin=True)
     frac = args.mem_fraction_static
 
-    with memrec.phase("dist_init", gpu=device, mem_fraction_static=frac, tp_size=args.tp, **ids):
+    stock = []
+    with memrec.phase("dist_init", gpu=device, mem_fraction_static=frac, tp_size=args.tp,
+                      disable_custom_all_reduce=not args.stock_ar, **ids):
         comm_buffer = torch.empty(256 * MiB, dtype=torch.uint8, device="cuda")
+        if args.stock_ar:
+            stock = _stock_custom_all_reduce(torch, memrec, rank, args, device, ids, queues, barrier)
     barrier.wait()
     pre = _world_min(_free_gib(torch), rank, shared, barrier)
     memrec.mark("memory_baseline", gpu=device, pre_model_load_memory=pre, **ids)
@@ -99,7 +134,7 @@ def rank_main(rank: int, args, shared, barrier, queues) -> None:
         graph.replay()
         torch.cuda.synchronize()
     barrier.wait()
-    del comm_buffer, weights, peers, kv, static_out
+    del comm_buffer, weights, peers, kv, static_out, stock
 
 
 def _entry(rank, args, shared, barrier, queues):
@@ -117,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--weights-gib", type=int, default=25, help="weights per rank")
     parser.add_argument("--ipc-gib", type=int, default=18, help="shared buffer per rank (with --ipc)")
     parser.add_argument("--mem-fraction-static", type=float, default=0.6)
+    parser.add_argument("--stock-ar", action="store_true",
+                        help="build the custom all-reduce as stock SGLang does: a few MiB, before the baseline")
     args = parser.parse_args(argv)
     import torch.multiprocessing as mp
 
@@ -130,7 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     for p in procs:
         p.join()
     codes = [p.exitcode for p in procs]
-    print(f"sglang stand-in ({'with' if args.ipc else 'without'} IPC buffers): rank exit codes {codes}")
+    kind = "stock custom all-reduce" if args.stock_ar else "no custom all-reduce"
+    print(f"sglang stand-in ({kind}, {'with' if args.ipc else 'without'} IPC buffers after the baseline): "
+          f"rank exit codes {codes}")
     return 0 if all(c == 0 for c in codes) else 1
 
 

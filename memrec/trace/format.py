@@ -47,6 +47,7 @@ from memrec.events import IPC_HANDLE_SIZE
 from memrec.events import GpuInfo
 from memrec.events import Marker
 from memrec.events import ProcessInfo
+from memrec.trace.clock import read_clock_sync
 
 #: The value of the header's first key, ``"magic"``.
 MAGIC = "memrec-trace"
@@ -228,6 +229,7 @@ def make_header(
         "boot_id": boot_id if boot_id is not None else read_boot_id(),
         "clock": CLOCK,
         "anchor": anchor if anchor is not None else clock_anchor(),
+        "clock_sync": read_clock_sync(),  # the wall clock's error estimate (merging hosts needs it)
         "gpus": [gpu_dict(g) for g in gpus],
         "probes": probes if probes is not None else {},
         "config": config if config is not None else {},

@@ -23,11 +23,15 @@ for scenario in ipc expandable; do
   python3 -m memrec report "$RES/torch-$scenario.mrec" > "$RES/torch-$scenario.report.txt" 2>&1
 done
 
-# The SGLang stand-in (worked example of docs/sglang.md): once without, once with IPC buffers.
-python3 -m memrec record -o "$RES/standin-base.mrec" -- python3 -m memrec.gpu.sglang_standin --tp 2 > "$RES/standin-base.log" 2>&1
-python3 -m memrec record -o "$RES/standin-ipc.mrec" -- python3 -m memrec.gpu.sglang_standin --tp 2 --ipc > "$RES/standin-ipc.log" 2>&1
-python3 -m memrec report "$RES/standin-base.mrec" > "$RES/standin-base.report.txt" 2>&1
-python3 -m memrec report "$RES/standin-ipc.mrec" > "$RES/standin-ipc.report.txt" 2>&1
+# The SGLang stand-in (worked example of docs/sglang.md): without custom all-reduce buffers, with
+# them built before the baseline as stock SGLang does (a few MiB), and with a forced 30 GiB build.
+for v in base:"" stock:--stock-ar ipc:--ipc; do
+  name=${v%%:*} flag=${v#*:}
+  python3 -m memrec record -o "$RES/standin-$name.mrec" -- python3 -m memrec.gpu.sglang_standin --tp 2 $flag > "$RES/standin-$name.log" 2>&1
+  python3 -m memrec report "$RES/standin-$name.mrec" > "$RES/standin-$name.report.txt" 2>&1
+done
+python3 -m memrec diff "$RES/standin-base.mrec" "$RES/standin-stock.mrec" > "$RES/standin-diff-stock.txt" 2>&1
+python3 -m memrec diff "$RES/standin-base.mrec" "$RES/standin-ipc.mrec" > "$RES/standin-diff-ipc.txt" 2>&1
 tail -n 3 "$RES"/standin-*.log
 
 python3 "$repo/bench/bench_gpu_latency.py" > "$RES/latency.json" 2> "$RES/latency.log"

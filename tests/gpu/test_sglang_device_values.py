@@ -6,7 +6,7 @@ from __future__ import annotations
 def test_device_values_match_nvml(torch):
     # GIVEN torch with CUDA initialised on device 0
     from memrec.probes.nvml import list_gpus
-    from memrec.sglang_hooks.wrappers import device_values
+    from memrec.sglang_hooks.device import device_values
 
     torch.cuda.set_device(0)
     torch.zeros(1, device="cuda")

@@ -154,6 +154,14 @@ def sglang_like(keyframe_every: float = 4.0, oom: bool = True, weights_gib: floa
                  keyframes=keyframes, lost=0, trailer={"type": "trailer", "end_ts": T0 + 12 * SEC, "lost": 0})
 
 
+def without_nvml(trace: Trace) -> Trace:
+    """``trace`` as a host without NVML records it: no GPU list in the header, no samples (the
+    GPUs are named only by the events, as in every stub-driver and ``memrec demo`` trace)."""
+    header = {k: v for k, v in trace.header.items() if k != "gpus"} | {"gpus": []}
+    return Trace(header=header, events=trace.events, markers=trace.markers, processes=trace.processes,
+                 keyframes=trace.keyframes, lost=trace.lost, trailer=trace.trailer)
+
+
 def write_trace(path, trace: Trace) -> None:
     """Write ``trace`` with the real writer (keyframes at their event indices)."""
     from memrec.trace.writer import TraceWriter

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import synth
 from conftest import settle
 
@@ -10,6 +11,7 @@ from memrec.tui.sources import DiffSource
 from memrec.tui.sources import FileSource
 from memrec.tui.widgets.panels import EventsTable
 from memrec.tui.widgets.panels import HoldersTable
+from memrec.tui.widgets.timeline import GUTTER
 
 SEC = synth.SEC
 T0 = synth.T0
@@ -39,7 +41,7 @@ async def test_cursor_keys_zoom_and_fit(trace_file):
         span = app.t1 - app.t0
         await pilot.press("right", "right", "right")
         # THEN the cursor moved three columns
-        step = span / (app.query_one("#timeline").size.width - 6)
+        step = span / (app.query_one("#timeline").size.width - GUTTER)
         assert abs(app.cursor_ts - (T0 + 3 * step)) <= 3
         # WHEN zooming in twice then out once
         await pilot.press("plus", "plus", "minus")
@@ -165,6 +167,91 @@ async def test_diff_mode_compares_holders(tmp_path, trace):
         await pilot.press("h")  # by phase
         rows = {holders.get_row_at(i)[0]: holders.get_row_at(i) for i in range(holders.row_count)}
         # THEN the KV cache exists only in the other run, and weights shrank by 20 GiB
-        assert rows["kv_cache"][1] == "0" and rows["kv_cache"][2] == "90.0G"
-        assert rows["load_weights"][3] == "-20.0G"
+        assert rows["kv_cache"][1] == "0 B" and rows["kv_cache"][2] == "90.00 GiB"
+        assert rows["load_weights"][3] == "-20.00 GiB"
         assert app.other_state is not None
+
+
+async def test_o_jumps_to_every_failed_call_and_names_its_result(tmp_path):
+    # GIVEN the scripted run plus a cuMemCreate refused with CUresult 800 (not permitted) on GPU1
+    from memrec.events import Api
+    from memrec.events import Kind
+    from memrec.trace.model import Trace
+
+    base = synth.sglang_like()
+    s = synth.Script()
+    s.add(2.0, synth.PIDS[1], Kind.VMM_CREATE, Api.cuMemCreate, 1, size=1 << 20, result=800)
+    events = np.sort(np.concatenate([base.events, s.events()]), order="ts", kind="stable")
+    path = tmp_path / "run.mrec"
+    synth.write_trace(path, Trace(header=base.header, events=events, nvml=base.nvml, markers=base.markers,
+                                  processes=base.processes, trailer=base.trailer))
+    app = MemrecApp(FileSource(path))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        status = app.query_one("#status")
+        # THEN the footer does not call the key "OOM", and the status counts failed calls
+        assert "OOM" not in _footer_text(app) and "failed" in _footer_text(app)
+        assert "2 failed calls" in str(status.render())
+        # WHEN GPU1 is shown and o pressed from the start
+        await pilot.press("1", "home", "o")
+        await settle(pilot)
+        # THEN the cursor is on the refused cuMemCreate, named with its CUresult, not as an OOM
+        assert app.cursor_ts == T0 + 2 * SEC
+        assert "cuMemCreate: CUDA_ERROR_NOT_PERMITTED" in str(status.render())
+        # AND the next o goes on to the out-of-memory allocation
+        await pilot.press("o")
+        await settle(pilot)
+        assert app.cursor_ts == T0 + int(7.05 * SEC)
+        assert "cuMemAlloc_v2: CUDA_ERROR_OUT_OF_MEMORY" in str(status.render())
+
+
+def _footer_text(app) -> str:
+    """The footer's keys as drawn."""
+    from textual.widgets._footer import FooterKey
+
+    return " ".join(f"{k.key_display} {k.description}" for k in app.query(FooterKey))
+
+
+async def test_report_diff_and_tui_use_the_same_words_and_sizes(trace_file, capsys):
+    # GIVEN the scripted run, whose ranks allocate a 32 MiB workspace before any phase begins
+    from memrec.commands import main
+
+    # WHEN the report and the diff are printed
+    assert main(["report", str(trace_file)]) == 0
+    report = capsys.readouterr().out
+    assert main(["diff", str(trace_file), str(trace_file)]) == 0
+    diff = capsys.readouterr().out
+    # THEN both call that memory "(no phase)" and write its size the same way
+    for text in (report, diff):
+        assert "(no phase)" in text and "32.0 MiB" in text and "outside phases" not in text
+    # AND so does the TUI's "by phase" view at the cursor
+    app = MemrecApp(FileSource(trace_file))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        await pilot.press("home", "right", "right", "right", "right", "h")  # t≈0.4 s: the workspace only
+        await settle(pilot)
+        holders = app.query_one("#holders", HoldersTable)
+        rows = [tuple(map(str, holders.get_row_at(i))) for i in range(holders.row_count)]
+        assert ("(no phase)", "32.0 MiB", "1") in rows, rows
+        # AND the header's total is written as in the report ("140.00 GiB")
+        assert "total 140.00 GiB" in str(app.query_one("#gpu-header").render())
+
+
+async def test_narrow_layout_follows_resizes(trace_file):
+    from textual.widgets import Footer
+
+    app = MemrecApp(FileSource(trace_file))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        holders = app.query_one("#holders", HoldersTable)
+        assert [str(c.label) for c in holders.columns.values()] == ["rank/pid", "owned", "driver", "vmm", "ipc"]
+        # WHEN the terminal shrinks under 100 columns, THEN the short forms are used
+        await pilot.resize_terminal(80, 24)
+        await settle(pilot)
+        assert app.narrow and app.query_one(Footer).compact
+        assert [str(c.label) for c in holders.columns.values()] == ["rank/pid", "owned", "ipc"]
+        # AND when it grows again, the wide ones come back
+        await pilot.resize_terminal(120, 36)
+        await settle(pilot)
+        assert not app.narrow and not app.query_one(Footer).compact
+        assert [str(c.label) for c in holders.columns.values()] == ["rank/pid", "owned", "driver", "vmm", "ipc"]

@@ -1,82 +1,42 @@
 """End to end: the real command in a real terminal (tmux), driven with send-keys and read with
-capture-pane — 256 colours at 100x30, then without colour at 80x24."""
+capture-pane: with tmux's own TERM and with ``xterm-256color``, at 120x36, 100x30 and 80x24, on
+traces with a GPU list in the header and without one (no NVML), and started again and again on a
+busy host (the long version: ``bench/bench_tui_paint.py``)."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 import time
+from pathlib import Path
 
 import pytest
+import synth
+from tmux_term import Tmux
+from tmux_term import cpu_load
+from tmux_term import tui_command
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "seed-x2-base.mrec"
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (apt-get install tmux)")
-
-
-def _command(trace_file) -> str:
-    from memrec import commands
-
-    try:
-        import argparse
-
-        parser = commands.get_argument_parser()
-        choices = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
-        registered = "tui" in choices
-    except Exception:
-        registered = False
-    module = "memrec tui" if registered else "memrec.tui"
-    return f"{sys.executable} -m {module} {trace_file}"
-
-
-class Tmux:
-    def __init__(self, name: str, command: str, size: tuple[int, int], env: dict[str, str]) -> None:
-        self.name = name
-        exports = " ".join(f"{k}={v}" for k, v in env.items())
-        subprocess.run(
-            ["tmux", "new-session", "-d", "-s", name, "-x", str(size[0]), "-y", str(size[1]),
-             f"env {exports} {command}; sleep 30"],
-            check=True,
-        )
-
-    def screen(self) -> str:
-        out = subprocess.run(["tmux", "capture-pane", "-p", "-t", self.name], capture_output=True, text=True)
-        return out.stdout
-
-    def keys(self, *keys: str) -> None:
-        for k in keys:
-            subprocess.run(["tmux", "send-keys", "-t", self.name, k], check=True)
-            time.sleep(0.15)
-
-    def wait_for(self, text: str, timeout: float = 20.0) -> str:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            s = self.screen()
-            if text in s:
-                return s
-            time.sleep(0.2)
-        raise AssertionError(f"{text!r} not on screen:\n{self.screen()}")
-
-    def close(self) -> None:
-        subprocess.run(["tmux", "kill-session", "-t", self.name], capture_output=True)
 
 
 @pytest.mark.parametrize(
     "size, env",
     [
+        pytest.param((120, 36), {}, id="tmux-default-term-120x36"),
         pytest.param((100, 30), {"TERM": "xterm-256color", "COLORTERM": ""}, id="256-colours"),
         pytest.param((80, 24), {"TERM": "xterm-256color", "NO_COLOR": "1"}, id="no-colour-80x24"),
     ],
 )
 def test_replay_in_a_terminal(trace_file, size, env):
-    name = f"memrec-e2e-{os.getpid()}-{size[0]}"
-    t = Tmux(name, _command(trace_file), size, env)
+    name = f"memrec-e2e-{size[0]}"
+    t = Tmux(name, tui_command(trace_file), size, env)
     try:
         # GIVEN the TUI on the scripted trace
         screen = t.wait_for("107 events")
         t.wait_for("tp0 4101")  # the state at the cursor is in
         assert "GPU0" in screen and "GPU1" in screen
-        # WHEN GPU1 is chosen and the cursor jumps to the first failed allocation
+        # WHEN GPU1 is chosen and the cursor jumps to the first failed call
         t.keys("1", "Home", "o")
         t.wait_for("t=7.05s")
         # THEN the event at the cursor is the out-of-memory KV-cache allocation (OUT_OF_MEMORY, cut at 80 columns)
@@ -84,7 +44,7 @@ def test_replay_in_a_terminal(trace_file, size, env):
         assert "tp1" in screen
         # WHEN the help is opened, THEN it lists the keys; escape closes it
         t.keys("?")
-        t.wait_for("next / previous failed allocation")
+        t.wait_for("next / previous failed driver call")
         t.keys("Escape")
         t.wait_for("events")
         # WHEN q is pressed, THEN the program ends (the shell's sleep keeps the pane)
@@ -93,5 +53,97 @@ def test_replay_in_a_terminal(trace_file, size, env):
         while time.monotonic() < end and "t=7.05s" in t.screen():
             time.sleep(0.2)
         assert "t=7.05s" not in t.screen()
+    finally:
+        t.close()
+
+
+@pytest.fixture
+def no_gpu_list_file(tmp_path):
+    """The scripted trace as a host without NVML records it (GPUs named only by the events)."""
+    path = tmp_path / "no-nvml.mrec"
+    synth.write_trace(path, synth.without_nvml(synth.sglang_like()))
+    return path
+
+
+@pytest.mark.parametrize("which", ["no-gpu-list", "gpu-list"])
+@pytest.mark.parametrize(
+    "size, env",
+    [
+        pytest.param((120, 36), {}, id="tmux-default-term-120x36"),
+        pytest.param((80, 24), {}, id="tmux-default-term-80x24"),
+        pytest.param((120, 36), {"TERM": "xterm-256color"}, id="xterm-256color-120x36"),
+    ],
+)
+def test_main_view_paints(no_gpu_list_file, which, size, env):
+    # GIVEN a trace whose header lists no GPU (no NVML), or one that lists them
+    path = no_gpu_list_file if which == "no-gpu-list" else EXAMPLE
+    t = Tmux(f"memrec-paint-{which}-{size[0]}", tui_command(path), size, env)
+    try:
+        # WHEN the user opens it, THEN the GPU tabs, the header and the timeline are drawn
+        painted, screen = t.wait_painted()
+        assert painted, f"the main view never painted (TERM {env.get('TERM') or t.term()}):\n{screen}"
+        # and they stay drawn after keys and a resize
+        t.keys("g", "G", "Right")
+        t.resize(100, 30)
+        t.wait_width(100)
+        painted, screen = t.wait_painted(10)
+        assert painted, screen
+    finally:
+        t.close()
+
+
+def test_main_view_paints_on_every_start_under_load(no_gpu_list_file):
+    # GIVEN a busy host (two spinning processes) and tmux's own TERM
+    paths = {"no-gpu-list": no_gpu_list_file, "gpu-list": EXAMPLE}
+    failed = []
+    with cpu_load(2):
+        # WHEN the TUI is started three times on each trace
+        for which, path in paths.items():
+            for i in range(3):
+                t = Tmux(f"memrec-load-{which}-{i}", tui_command(path), (120, 36))
+                try:
+                    painted, screen = t.wait_painted()
+                finally:
+                    t.close()
+                if not painted:
+                    failed.append(f"{which} start {i + 1}:\n{screen}")
+    # THEN every start drew the main view
+    assert not failed, "\n".join(failed)
+
+
+def _fits_at_80x24(screen: str) -> None:
+    lines = screen.splitlines()
+    footer = lines[-1]
+    for key in ("? help", "q quit", "←→ cursor", "+- zoom", "mM marker", "pP phase", "oO failed", "bB big", "/ filter"):
+        assert key in footer, footer
+    assert lines[3].lstrip().startswith("used") and "┤" in lines[4], "the GPU header takes two lines"
+    holders = next(line for line in lines if "rank/pid" in line)
+    assert "owned" in holders and " ipc " in holders, holders
+    assert all(len(line) <= 80 for line in lines)
+
+
+def test_everything_fits_at_80x24(trace_file):
+    # GIVEN the TUI on the scripted trace at 120x36, with tmux's own TERM
+    t = Tmux("memrec-80x24", tui_command(trace_file), (120, 36))
+    try:
+        t.wait_for("tp0 4101")
+        # WHEN the terminal shrinks to 80x24 and the cursor goes to GPU1's failed KV-cache allocation
+        t.resize(80, 24)
+        t.keys("1", "Home", "o")
+        screen = t.wait_for("t=7.05s")
+        time.sleep(0.5)
+        screen = t.screen()
+        # THEN the footer keeps all its keys, the GPU header one line of memory, the holders their
+        # columns, and the failed call is named in the status line
+        _fits_at_80x24(screen)
+        assert "✗ cuMemAlloc_v2: OUT_OF_MEMORY" in screen
+        # AND the phase the cursor is in is named in full, however short it is at this zoom
+        t.keys("P", "P", "P")  # back to the start of nccl_init (1 s of 12: too short for its name)
+        screen = t.wait_for("nccl_init")
+        _fits_at_80x24(screen)
+        # AND back at 120x36 the wide layout returns
+        t.resize(120, 36)
+        screen = t.wait_for(" driver ")
+        assert "bB big  / filter" in screen
     finally:
         t.close()

@@ -10,7 +10,6 @@ from memrec.state import LiveState
 from memrec.tui import model as model_mod
 from memrec.tui.model import EventFilter
 from memrec.tui.model import TraceModel
-from memrec.tui.model import fmt_bytes
 from memrec.tui.model import parse_filter
 from memrec.tui.model import phase_spans
 
@@ -215,11 +214,6 @@ def test_live_trim_bounds_memory():
     st = m.state_at(m.store.n - 2, 0)  # after an alloc whose free is the last event
     assert st.owned == 4096
     assert m.state_at(m.store.n - 1, 0).owned == 0
-
-
-def test_fmt_bytes():
-    assert fmt_bytes(0) == "0" and fmt_bytes(1536) == "1.5K" and fmt_bytes(140 * GiB) == "140G"
-    assert fmt_bytes(-GiB) == "-1.0G" and fmt_bytes(GiB, signed=True) == "+1.0G"
 
 
 def test_pid_labels_come_from_marker_ranks_then_process_records():

@@ -38,7 +38,7 @@ def test_full_and_empty_columns():
     assert [r[0] for r in rows] == [" "] * 4
     assert [r[1] for r in rows] == [" ", " ", "█", "█"]
     assert [r[2] for r in rows] == ["█"] * 4
-    assert strips[0].text.startswith(" 4.0G┤") and strips[3].text.startswith("    0┤")
+    assert strips[0].text.startswith("  4.00 GiB┤") and strips[3].text.startswith("       0 B┤")
 
 
 def test_eighth_blocks_between_layers():
@@ -66,13 +66,31 @@ def test_nvml_line_cursor_failures_bands_axis():
     assert "─" * 4 in text[5 - 1 - 3]
     # the failure marker is in column 7 of the event row
     assert text[5][GUTTER + 7] == "✗"
-    # the band names the phase from its first column
-    assert text[6].startswith("tp0") and text[6][GUTTER + 2 :].startswith("weig ")
+    # the band names the phase from its first column; too short for its name, but the cursor is
+    # in it: the whole name is written
+    assert text[6].startswith("tp0") and text[6][GUTTER + 2 :].startswith("weights ")
     # the axis starts at 0s
     assert "└0s" in text[7]
     # the cursor column has a background in the chart
     cell = list(strips[0])[1 + 4]
     assert cell.style.bgcolor is not None
+
+
+def test_phase_names_cut_with_an_ellipsis_unless_the_cursor_is_in_them():
+    # GIVEN a 4-column phase "load_weights" then a 4-column phase "kv_cache" (1000 ns per column)
+    v = view([G] * 20)
+    bands = [("tp0", [PhaseSpan("load_weights", 1, 0, 1000, 5000), PhaseSpan("kv_cache", 1, 0, 5000, 9000)])]
+
+    def band(cursor: int) -> str:
+        strips = render_timeline(v, TimelineOptions(8, 4 * G, cursor_ts=cursor, bands=bands))
+        return strips[6].text[GUTTER:]
+
+    # THEN away from both, each shows the start of its name and "…"
+    assert band(9500).startswith(" lo… kv_…  ")
+    # AND with the cursor in one, its whole name is written over its neighbour, nothing of the
+    # neighbour's name left to read as part of it
+    assert band(2500).startswith(" load_weights") and "kv" not in band(2500)
+    assert band(6500)[5:].startswith("kv_cache")
 
 
 def test_no_colour_uses_shading_characters():

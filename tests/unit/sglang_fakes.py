@@ -108,9 +108,18 @@ def wheel_source(line: str) -> Path:
     Raises:
         WheelUnavailable: it could not be downloaded.
     """
-    version = WHEELS[line]
-    if line in _unavailable:  # do not retry a failed download in every test
-        raise WheelUnavailable(_unavailable[line])
+    return release_source(WHEELS[line])
+
+
+def release_source(version: str) -> Path:
+    """The unpacked ``.py`` files of SGLang release ``version`` (the root holding ``sglang/``),
+    downloaded once into :func:`wheel_cache`.
+
+    Raises:
+        WheelUnavailable: it could not be downloaded.
+    """
+    if version in _unavailable:  # do not retry a failed download in every test
+        raise WheelUnavailable(_unavailable[version])
     cache = wheel_cache()
     cache.mkdir(parents=True, exist_ok=True)
     root = cache / f"src-{version}"
@@ -122,7 +131,7 @@ def wheel_source(line: str) -> Path:
         try:
             _download(version, cache)
         except WheelUnavailable as error:
-            _unavailable[line] = str(error)
+            _unavailable[version] = str(error)
             raise
         wheel = _find_wheel(version, cache)
         assert wheel is not None
@@ -629,11 +638,11 @@ def _write(root: Path, rel: str, text: str) -> None:
 def write_fake_sglang(root: Path, line: str, real_root: Path | None = None) -> Path:
     """Write a fake ``sglang`` package of ``line``'s shape under ``root``; return ``root``.
 
-    ``line`` is ``"0.5.7"`` (the ``.pth`` bootstrap shape) or ``"0.5.23"`` (the plugin shape;
+    ``line`` is ``"0.5.7"`` (the ``.pth`` bootstrap shape) or ``"0.5.22"`` (the plugin shape, SGLang 0.5.23;
     ``real_root`` must be an unpacked 0.5.23 wheel: SGLang's real plugin loader, HookRegistry
     and environ module are copied from it).
     """
-    version = {"0.5.7": "0.5.7", "0.5.23": "0.5.23"}[line]
+    version = {"0.5.7": "0.5.7", "0.5.22": "0.5.23"}[line]
     _write(root, "sglang/__init__.py", "from sglang.version import __version__\n")
     _write(root, "sglang/version.py", f'__version__ = "{version}"\n')
     _write(root, "sglang/srt/__init__.py", "")

@@ -12,8 +12,8 @@ from memrec.analysis.phases import PhaseUsage
 from memrec.analysis.phases import attribute
 from memrec.analysis.phases import build_phases
 from memrec.analysis.report import build_report
-from memrec.analysis.report import human
-from memrec.analysis.report import render_text
+from memrec.analysis.text import human
+from memrec.analysis.report_text import render_text
 from memrec.analysis.timeline import build_timeline
 from memrec.analysis.timeline import state_at
 from memrec.columns import NVML_DTYPE
@@ -254,6 +254,8 @@ def test_report_numbers_are_exact():
     g0, g1 = r["gpus"]
     # AND GPU 0's peak is the 17 GiB after the KV cache, all tp0's, at 66 ms
     assert (g0["gpu"], g0["name"], g0["uuid"], g0["total"]) == (0, "NVIDIA H200", "GPU-0000", 140 * GiB)
+    # (what was held at the peak, by the phase that allocated it, adds up to the peak)
+    assert sum(x["bytes"] for x in g0["peak"].pop("by_phase")) == 17 * GiB
     assert g0["peak"] == {
         "bytes": 17 * GiB, "ts": ms(66), "t_s": 0.061,
         "by_category": {"driver": 15 * GiB, "vmm": 2 * GiB}, "by_pid": [{"pid": 100, "bytes": 17 * GiB}],
@@ -305,12 +307,12 @@ def test_report_numbers_are_exact():
 
 def test_report_text_has_the_expected_lines():
     # GIVEN the report of the SGLang-like trace
-    text = render_text(build_report(sglang_trace()))
+    text = render_text(build_report(sglang_trace()), width=1000, show_all=True)
     lines = text.splitlines()
     # THEN the warnings come first and each GPU has its header, peak, NVML and tables
-    assert lines[0] == "memrec report"
-    assert "  !! LOST EVENTS: 3 events were dropped while recording; the numbers below miss them" in lines[:5]
-    assert "  !! reader warning: truncated tail: 12 bytes skipped" in lines[:6]
+    assert lines[4] == "memrec report"
+    assert "  !! LOST EVENTS: 3 events were dropped while recording; the numbers below miss them" in lines[4:9]
+    assert "  !! reader warning: truncated tail: 12 bytes skipped" in lines[4:10]
     assert "GPU 0  NVIDIA H200  GPU-0000  140.00 GiB total" in lines
     assert "  peak traced   17.00 GiB at +0.061s    final traced   17.00 GiB" in lines
     assert "  NVML used     last 17.50 GiB, peak 18.00 GiB at +0.062s; reserved last 615.0 MiB, peak 615.0 MiB" in lines
@@ -325,7 +327,7 @@ def test_report_text_has_the_expected_lines():
     assert any(line.split()[:3] == ["200", "init_kv", "(unclosed)"] for line in lines) is False
     assert any(line.split()[:3] == ["100", "init_kv", "(unclosed)"] for line in lines)
     # AND the text is deterministic
-    assert render_text(build_report(sglang_trace())) == text
+    assert render_text(build_report(sglang_trace()), width=1000, show_all=True) == text
 
 
 def test_report_filters_by_gpu_and_by_pid():
@@ -362,7 +364,7 @@ def test_failed_call_without_a_gpu_gets_its_process_gpu_or_is_listed_apart():
     assert (f["gpu"], f["gpu_inferred"], f["owned_on_gpu"]) == (1, True, MiB)
     assert [x["pid"] for x in r["failures_unknown_gpu"]] == [9]
     assert "holders" not in r["failures_unknown_gpu"][0]
-    text = render_text(r)
+    text = render_text(r, width=1000, show_all=True)
     assert "failed calls on an unknown GPU" in text and "(GPU n? = the call named no GPU" in text
 
 
@@ -428,7 +430,7 @@ def test_report_of_an_empty_trace():
     r = build_report(Trace(header={}))
     # THEN the report is empty but renders
     assert r["gpus"] == [] and r["trace"]["events"] == 0
-    assert render_text(r).startswith("memrec report\n")
+    assert "\n\nmemrec report\n" in render_text(r, width=1000, show_all=True)
 
 
 def test_anomalies_are_reported():
@@ -436,7 +438,7 @@ def test_anomalies_are_reported():
     r = build_report(Trace(header={}, events=events(ev(Kind.FREE, pid=1, ptr=0x10))))
     # THEN it is noted
     assert r["trace"]["anomalies"] == {"free_unknown": 1}
-    assert "free_unknown 1" in render_text(r)
+    assert "free_unknown 1" in render_text(r, width=1000, show_all=True)
 
 
 @pytest.mark.parametrize(

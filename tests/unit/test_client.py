@@ -108,9 +108,51 @@ def test_connect_is_retried_at_most_every_interval(sock_dir, monkeypatch):
         assert c.mark("c") is True
         conn = server.accept()
         frames, _ = read_frames(conn)
-        assert [f["name"] for f in frames] == ["c"]
+        # ...with the count of the markers dropped meanwhile ahead of the first one through
+        assert [f["name"] for f in frames] == [client_mod.DROPPED_MARKER, "c"]
+        assert frames[0]["values"]["no_daemon"] == 2
     finally:
         server.close()
+
+
+def test_markers_dropped_before_the_daemon_is_up_are_counted_and_reported(sock_dir):
+    # GIVEN a worker that marks 5 times before the daemon is up
+    path = sock_dir / "late.sock"
+    c = MarkerClient(path, reconnect_interval=0.0)
+    before = time.monotonic_ns()
+    assert [c.mark(f"early{i}") for i in range(5)] == [False] * 5
+    server = Listener(path)
+    try:
+        # WHEN the daemon is up and the next markers get through
+        assert c.mark("late", step=1) and c.mark("later")
+        frames, _ = read_frames(server.accept())
+    finally:
+        server.close()
+    # THEN one markers_dropped marker says how many were lost, why and when, ahead of them
+    assert [f["name"] for f in frames] == [client_mod.DROPPED_MARKER, "late", "later"]
+    report = frames[0]["values"]
+    assert report["dropped"] == report["since_last_report"] == report["no_daemon"] == 5
+    assert report["socket_full"] == report["connection_lost"] == report["busy"] == report["invalid"] == 0
+    assert before <= report["first_drop_ts"] <= report["last_drop_ts"] <= frames[1]["ts"]
+    assert (c.dropped, c.dropped_reported, c.sent) == (5, 5, 2)
+    assert memrec.client.DROP_REASONS == ("no_daemon", "socket_full", "connection_lost", "busy", "invalid")
+
+
+def test_flush_reports_drops_even_without_another_marker(sock_dir):
+    # GIVEN markers dropped while no daemon answered, then a daemon that came up
+    path = sock_dir / "exit.sock"
+    c = MarkerClient(path, reconnect_interval=60.0)
+    assert c.mark("a") is False and c.mark("b") is False
+    server = Listener(path)
+    try:
+        # WHEN the client flushes (as it does at exit), inside the reconnect interval
+        assert c.flush()
+        frames, _ = read_frames(server.accept())
+    finally:
+        server.close()
+    # THEN the daemon is told about both, and the report itself is not counted as a marker sent
+    assert [f["name"] for f in frames] == [client_mod.DROPPED_MARKER]
+    assert frames[0]["values"]["no_daemon"] == 2 and c.sent == 0
 
 
 def test_marker_fields(sock_dir):
@@ -165,9 +207,12 @@ def test_peer_that_never_reads_never_blocks_and_stream_stays_whole(sock_dir):
         frames += more
     finally:
         server.close()
-    # THEN every accepted marker arrived whole, in order, and nothing else did
+    # THEN every accepted marker arrived whole, in order, and nothing else did but the reports
+    # of the dropped ones, whose last count is every drop (all for a full socket)
     sent_names = ["first"] + [f"m{i}" for i, ok in enumerate(results) if ok]
-    assert [f["name"] for f in frames] == sent_names
+    assert [f["name"] for f in frames if f["name"] != client_mod.DROPPED_MARKER] == sent_names
+    reports = [f["values"] for f in frames if f["name"] == client_mod.DROPPED_MARKER]
+    assert reports and reports[-1]["dropped"] == reports[-1]["socket_full"] == c.dropped
     assert leftover == 0
     assert all(protocol.validate_message(f) is None for f in frames)
 
@@ -191,7 +236,10 @@ def test_daemon_gone_mid_stream(sock_dir):
         time.sleep(0.15)
         assert c.mark("again") is True
         frames, _ = read_frames(server.accept())
-        assert [f["name"] for f in frames] == ["again"]
+        # ... and tells the daemon about the markers lost while it was gone
+        assert [f["name"] for f in frames] == [client_mod.DROPPED_MARKER, "again"]
+        report = frames[0]["values"]
+        assert report["dropped"] == report["connection_lost"] + report["no_daemon"] == results.count(False)
     finally:
         server.close()
 

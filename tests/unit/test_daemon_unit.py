@@ -17,6 +17,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -351,11 +352,11 @@ def test_ping(daemon):
         (struct.pack(">I", 1 << 20), "exceeds the limit"),
         (struct.pack(">I", 3) + b"\xc1\xc1\xc1", "not valid msgpack"),
         (protocol.frame(msgpack.packb({"type": "mark", "name": "x"})), "phase must be"),
-        (protocol.frame(msgpack.packb({"type": "mark", "name": "x", "phase": "instant", "ts": 1, "tid": 1, "pid": 1})),
-         "unknown field(s) pid"),
+        (protocol.frame(msgpack.packb({"type": "mark", "name": "x", "phase": "instant", "ts": 1, "tid": 1, "pid": -1})),
+         "pid must be a process id"),
         (protocol.frame(msgpack.packb({"type": "shout"})), "unknown message type"),
     ],
-    ids=["oversized", "garbage", "incomplete-mark", "claims-a-pid", "unknown-type"],
+    ids=["oversized", "garbage", "incomplete-mark", "bad-pid", "unknown-type"],
 )
 def test_bad_frames_are_answered_counted_and_the_daemon_keeps_serving(daemon, payload, reason):
     # GIVEN a client that sends a bad frame, and a good client
@@ -737,3 +738,90 @@ def test_a_probe_wakeup_drains_at_once(workdir):
         d.stop()
         os.close(r)
         os.close(w)
+
+
+def test_process_log_lines_say_how_ordinals_map_without_python_reprs(workdir, worker, caplog):
+    # GIVEN a daemon without NVML, a worker with CUDA_VISIBLE_DEVICES=1,0 and this process
+    daemon = make_daemon(workdir)
+    with caplog.at_level(logging.INFO, logger="memrec.daemon.server"):
+        daemon.start()
+        probes = FakeProbes.instances[-1]
+        t = time.monotonic_ns()
+        me = os.getpid()
+        probes.push(
+            raw(Kind.ALLOC, ts=t + 1, pid=worker.pid, tid=worker.pid, ordinal=0, ptr=0x1000, size=MiB),
+            raw(Kind.ALLOC, ts=t + 2, pid=me, tid=me, ordinal=1, ptr=0x3000, size=MiB),
+        )
+        pump(daemon, 0.05)
+        daemon.stop()
+    # THEN the log says what it is doing during the slow steps, and each process line reads as text
+    assert "compiling and loading the BPF probes" in caplog.text
+    assert "detaching the probes" in caplog.text
+    assert f"pid {worker.pid}: " in caplog.text and "(CUDA_VISIBLE_DEVICES=1,0 → GPUs 1, 0)" in caplog.text
+    mine = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if mine is None:
+        assert "(CUDA_VISIBLE_DEVICES unset, no GPU list (no NVML): ordinal n is GPU n)" in caplog.text
+    assert "None" not in caplog.text and "[]" not in caplog.text
+
+
+def test_shell_markers_pair_into_one_phase(daemon, capsys):
+    # GIVEN a shell script that marks the begin and the end of a phase with two `memrec mark` runs
+    sock = daemon.config.socket_path
+    memrec = f"{sys.executable} -m memrec"
+    script = (f"{memrec} mark load --phase begin --socket {sock} && "  # the end under a wrapper (as sudo)
+              f"timeout 30 {memrec} mark load --phase end --socket {sock} tokens=3 && echo $$")
+    shell = subprocess.Popen(["bash", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while shell.poll() is None:  # the daemon answers each `memrec mark` while it runs
+        pump(daemon, 0.05)
+    assert shell.returncode == 0, shell.stderr.read()
+    shell_pid = int(shell.stdout.read())
+    pump(daemon, 0.05)
+    daemon.stop()
+    # WHEN the trace is reported
+    from memrec import commands
+
+    assert commands.main(["report", str(daemon.files[0])]) == 0
+    out = capsys.readouterr().out
+    # THEN both markers carry the shell's pid, and the report shows one closed phase
+    markers = load_trace(daemon.files[0]).markers
+    assert [(m.name, m.phase, m.pid) for m in markers] == [("load", "begin", shell_pid), ("load", "end", shell_pid)]
+    assert "unclosed" not in out and "without a begin" not in out
+    assert any(line.split()[:2] == [str(shell_pid), "load"] for line in out.splitlines())
+
+
+def test_mark_pid_names_another_process_of_this_user(daemon, worker, capsys):
+    # GIVEN a process of ours running (a server started in the background)
+    from memrec import commands
+
+    # WHEN a marker names it with --pid, and another names a process that does not exist
+    sock = str(daemon.config.socket_path)
+    loop = threading.Thread(target=pump, args=(daemon, 1.0))
+    loop.start()
+    assert commands.main(["mark", "warmup", "--pid", str(worker.pid), "--socket", sock]) == 0
+    assert commands.main(["mark", "x", "--pid", "4194304", "--socket", sock]) == ExitCode.USAGE
+    loop.join()
+    err = capsys.readouterr().err
+    daemon.stop()
+    # THEN the first is that process's marker; the second is refused in one line
+    (marker,) = load_trace(daemon.files[0]).markers
+    assert (marker.name, marker.pid) == ("warmup", worker.pid)
+    assert err == "memrec: error: --pid 4194304: no such process\n"
+
+
+def test_daemon_keeps_the_peers_pid_when_the_named_process_is_not_the_peers(daemon, caplog):
+    # GIVEN a non-root peer naming root's process 1, and a peer naming a process that is gone
+    from memrec.daemon.markers import _Client
+
+    a, b = socket.socketpair()
+    try:
+        with caplog.at_level(logging.WARNING, logger="memrec.daemon.markers"):
+            # WHEN the daemon decides whose marker each is
+            other_user = daemon.markers._about(_Client(a, 4321, 12345), 1)
+            gone = daemon.markers._about(_Client(a, 4321, 0), 4194304)
+            root = daemon.markers._about(_Client(a, 4321, 0), 1)
+    finally:
+        a.close()
+        b.close()
+    # THEN only root (or the owner) may speak for another process; refusals are logged
+    assert (other_user, gone, root) == (4321, 4321, 1)
+    assert "not allowed" in caplog.text and "does not exist" in caplog.text

@@ -16,6 +16,7 @@ from memrec._errors import ExitCode
 from memrec.analysis.diff import diff_traces
 from memrec.analysis.diff import render_diff
 from memrec.events import GpuInfo
+from memrec.events import Kind
 from memrec.trace import format as fmt
 from memrec.trace.reader import load_trace
 from memrec.trace.writer import TraceWriter
@@ -27,6 +28,8 @@ from tests.unit.test_sglang_report import NOT_ENOUGH
 from tests.unit.test_sglang_report import PRE
 from tests.unit.test_sglang_report import sglang_run
 from tests.utils import GiB
+from tests.utils import ev
+from tests.utils import events
 from tests.utils import MiB
 
 
@@ -68,6 +71,7 @@ def test_examples_verdict_answers_why_the_ipc_run_fails():
         " of peers' memory mapped by IPC, not owned)"),
         "  all traced changes between the memory baseline and the KV sizing on GPU 0: +36.00 GiB owned",
         "sglang-standin-ipc.mrec needs --mem-fraction-static > 0.6228 on every rank to size a KV cache (it ran with 0.600)",
+        "custom all-reduce: sglang-standin-base.mrec: none; sglang-standin-ipc.mrec: built on 2 rank(s)",
     ]
     assert (d["a"]["failed"], d["b"]["failed"]) == (False, True)
 
@@ -100,7 +104,7 @@ def test_examples_phase_rows_and_failures():
     assert rows[("cuda_graph_capture", "TP1", 0, "driver")] == (192 * MiB, None, -192 * MiB)
     # AND the phases come in startup order
     order = list(dict.fromkeys(r["phase"] for r in d["phases"]))
-    assert order == ["dist_init", "load_weights", "custom_ar_init", "kv_pool", "cuda_graph_capture", "(outside phases)"]
+    assert order == ["dist_init", "load_weights", "custom_ar_init", "kv_pool", "cuda_graph_capture", "(no phase)"]
     # AND the failures are SGLang's error on both ranks, in the IPC run only
     assert [(f["in"], f["rank"], f["phase"], f["error"]) for f in d["failures"]] == [
         ("b", "TP0", "kv_budget", NOT_ENOUGH), ("b", "TP1", "kv_budget", NOT_ENOUGH),
@@ -148,6 +152,7 @@ def test_lazy_all_reduce_on_two_gpus_with_an_oom_only_in_b():
         " it does not run in a (driver +32.00 GiB; 32.00 GiB more of peers' memory mapped by IPC, not owned)"),
         "  all traced changes between the memory baseline and the KV sizing on each of GPUs 0, 1: +32.00 GiB owned",
         "b needs --mem-fraction-static > 0.9114 on every rank to size a KV cache (it ran with 0.875)",
+        "custom all-reduce: a: none; b: built on 2 rank(s)",
         "1 failed driver call only in b (cuMemAlloc_v2 CUDA_ERROR_OUT_OF_MEMORY, …)",
     ]
     # AND the KV numbers are exact: rest 39 − 9.875 = 29.125 → 7 − 9.875 = −2.875
@@ -164,7 +169,7 @@ def test_lazy_all_reduce_on_two_gpus_with_an_oom_only_in_b():
     # AND the pool's bytes are per GPU and rank; memory freed at exit is in no phase row
     rows = {(r["phase"], r["rank"], r["gpu"], r["category"]): (r["a"], r["b"]) for r in d["phases"]}
     assert rows[("kv_pool", "TP1", 1, "driver")] == (29824 * MiB, None)
-    assert not any(r["phase"] == "(outside phases)" for r in d["phases"])
+    assert not any(r["phase"] == "(no phase)" for r in d["phases"])
 
 
 def test_memory_taken_before_the_baseline_moves_pre_and_the_slack():
@@ -183,10 +188,26 @@ def test_memory_taken_before_the_baseline_moves_pre_and_the_slack():
         ("before the memory baseline, custom_ar_init took 32.00 GiB on each of GPUs 0, 1 in b; it does not run in a"
         " (driver +32.00 GiB)"),
         "  all traced changes before the memory baseline on each of GPUs 0, 1: +32.00 GiB owned",
+        "custom all-reduce: a: none; b: built on 2 rank(s)",
     ]
     assert [(r["phase"], r["a_owned"], r["b_owned"]) for r in d["windows"]["before"][0]["rows"]] == [
         ("dist_init", GiB, GiB), ("dist_init/custom_ar_init", None, 32 * GiB),
     ]
+
+
+def test_a_foreign_context_in_one_run_only_is_in_the_verdict():
+    # GIVEN B's TP0 also holds a context on GPU 1 (no allocation there), NVML: 518 MiB
+    import numpy as np
+
+    from memrec.columns import PROCMEM_DTYPE
+
+    b_trace = sglang_run(pid0=500)
+    b_trace.events = np.sort(np.concatenate([b_trace.events, events(ev(Kind.CTX, pid=500, gpu=1, ts=1_500_000))]),
+                             order="ts")
+    b_trace.procmem = np.array([(20_000_000, 1, 500, 518 * MiB)], dtype=PROCMEM_DTYPE)
+    # WHEN diffed  THEN the verdict names it, with its NVML cost
+    d = diff_traces(sglang_run(), b_trace, "a", "b")
+    assert "foreign CUDA contexts: a: none; b: TP0 on GPU 1 (NVML 518.0 MiB)" in d["verdict"]["lines"]
 
 
 def test_same_run_twice_has_no_change():

@@ -84,7 +84,7 @@ def test_unknown_kind_api_and_result_numbers_are_shown_as_numbers(main, capsys, 
     main(["dump", str(path)])
     event = next(line for line in lines(capsys.readouterr().out) if line["type"] == "event")
     # THEN the numbers appear in the names
-    assert (event["kind"], event["api"], event["result_name"]) == ("KIND_200", "API_300", "CUresult(12345)")
+    assert (event["kind"], event["api"], event["result_name"]) == ("KIND_200", "API_300", "CUresult 12345")
     assert event["flags"] == 5 and event["ipc"] == "00" * 64
 
 

@@ -89,8 +89,9 @@ def test_budget_of_a_0_5_7_rank_uses_the_cell_size():
     assert (b.pid, b.tp_rank, b.pp_rank, b.dp_rank, b.draft, b.gpu) == (100, 3, 0, None, False, 5)
     assert (b.pre_model_load_memory, b.available_gpu_memory, b.mem_fraction_static) == (80.0, 70.0, 0.875)
     assert (b.slack_gib, b.rest_gib, b.rest_bytes) == (10.0, 60.0, 60 * GiB)
-    assert (b.cell_size, b.tokens, b.tokens_source) == (131072, 491520, "cell_size")
-    assert b.sglang_profiled_tokens == 491520 and b.max_total_num_tokens == 491520
+    assert (b.cell_size, b.tokens, b.tokens_source) == (131072, 491520, "sglang")
+    assert b.sglang_tokens == b.memrec_tokens == 491520 and b.max_total_num_tokens == 491520
+    assert b.other_reservations_gib == 0.0 and b.unknown_terms == ()
     assert b.min_mem_fraction_static == 0.125
     assert b.weight_load_mem_usage == 10.0
     assert b.local_free_at_budget_gib == 72.0
@@ -123,16 +124,18 @@ def test_budget_of_a_0_5_23_rank_reads_sglangs_rest_and_the_pool_cell_size():
     # WHEN rebuilt
     (b,) = kv.kv_budgets(markers)
     # THEN the formula gives 64 − 79.5 × 0.125 = 54.0625 GiB, SGLang's own rest is 0.5 GiB less,
-    # and the tokens come from SGLang's rest bytes: 53.5625 × 2**30 / 2**16 = 877,568
+    # and without SGLang's own count the tokens come from its rest bytes: 53.5625 × 2**30 / 2**16
     assert b.rest_gib == 54.0625 and b.sglang_rest_bytes == int(53.5625 * GiB)
+    assert b.other_reservations_gib == -0.5
     assert (b.cell_size, b.tokens, b.tokens_source) == (65536, 877568, "cell_size")
     assert b.max_total_num_tokens == 876544
     assert b.local_free_at_baseline_gib == 80.0
     lines = kv.explain(b)
-    assert "after its extra reservations" in lines[1]
+    assert lines[1] == ("  SGLang's own rest: 53.56 GiB (-0.50 GiB of its other terms: mamba cache, "
+                        "multimodal, activation reserve -0.50 GiB)")
 
 
-def test_draft_runner_gets_its_own_budget_and_the_worker_error_goes_to_the_target():
+def test_draft_runner_is_sized_by_the_target_and_the_worker_error_goes_to_the_target():
     # GIVEN a process with a target and an EAGLE draft runner, whose worker init failed
     markers = _rank_0_5_7(pid=7, tp=0, available=70.0) + [
         mk("memory_baseline", "instant", pid=7, ts=10, pre_model_load_memory=70.0, is_draft_worker=True, tp_rank=0),
@@ -143,12 +146,16 @@ def test_draft_runner_gets_its_own_budget_and_the_worker_error_goes_to_the_targe
     ]
     # WHEN rebuilt
     target, draft = kv.kv_budgets(markers)
-    # THEN target and draft are separate, the draft's rest is 12 − 70 × 0.125 = 3.25 GiB, and the
+    # THEN target and draft are separate; the draft's own profile (−3 tokens) is not a budget of
+    # its own (SGLang overwrites it with the target's pool size), so it fails nothing; the
     # worker's failure is reported on the target
-    assert (target.draft, draft.draft) == (False, True)
-    assert draft.rest_gib == 3.25 and draft.tokens == 3.25 * GiB // 4096 and draft.label == "TP0 draft"
+    assert (target.draft, draft.draft, draft.sized_by_target) == (False, True, True)
+    assert draft.sglang_tokens == -3 and draft.ok and draft.label == "TP0 draft"
+    assert kv.explain(draft) == ["TP0 draft (pid 7): sized by the target (the draft uses the target's pool size; "
+                                 "its own profile (-3 tokens) is discarded)"]
     assert target.error_kind == "not_enough_memory" and not target.ok
     assert draft.error is None
+    assert kv.summarize([target, draft])["ranks"] == 1
 
 
 def test_missing_available_falls_back_to_the_profilers_measurement():
@@ -215,10 +222,96 @@ def test_explain_shows_the_formula_with_the_real_numbers():
     # THEN the lines read as the formula with this rank's numbers
     assert lines[0] == ("TP0 (pid 1, GPU 2): rest = available 8.00 GiB − pre_model_load_memory 80.00 GiB × "
                         "(1 − 0.875) = -2.00 GiB")
-    assert "→ -16,384 tokens (cell 131,072 B/token)" in lines[1]
+    assert lines[1] == "  → -16,384 tokens (SGLang's own count)"
     assert any("minimum viable mem_fraction_static = 1 − 8.00 / 80.00 = 0.9000" in line for line in lines)
     assert lines[-1].startswith("  sizing failed: RuntimeError: Not enough memory")
     assert b.to_dict()["ok"] is False and b.to_dict()["label"] == "TP0"
+
+
+def test_sglangs_own_count_wins_when_it_subtracted_more_than_the_formula():
+    # GIVEN a 0.5.7 – 0.5.10 mamba model: SGLang's handle_max_mamba_cache took 4 GiB of the 60 GiB
+    # rest before dividing, so it profiled 56 × 2**30 / 2**17 = 458,752 tokens
+    markers = _rank_0_5_7(pid=1, tp=0, available=70.0)
+    budget = next(m for m in markers if m.name == "kv_budget" and m.phase == "end")
+    budget.values["max_num_token"] = 458752
+    # WHEN rebuilt
+    (b,) = kv.kv_budgets(markers)
+    # THEN the tokens are SGLang's, and the 4 GiB it subtracted is shown as its other reservations
+    assert (b.tokens, b.tokens_source, b.memrec_tokens) == (458752, "sglang", 491520)
+    assert b.other_reservations_gib == -4.0
+    lines = kv.explain(b)
+    assert lines[1] == ("  SGLang's own rest: implied by its token count (-4.00 GiB of its other terms: "
+                        "mamba cache, multimodal, activation reserve -4.00 GiB)")
+    assert lines[2] == "  → 458,752 tokens (SGLang's own count)"
+
+
+def test_each_term_sglang_reported_is_shown_with_its_value():
+    # GIVEN 0.5.22+ markers of a multimodal hybrid-mamba model: the formula's rest 54.0625 GiB,
+    # SGLang took 3 GiB for the mamba cache (its own hook), reserved 0.5 GiB for multimodal, and
+    # 0.25 GiB more it did not break down; the pool charged a 64 MiB fixed overhead
+    markers = [
+        mk("memory_baseline", ts=1, pre_model_load_memory=79.5, tp_rank=0),
+        mk("kv_budget", ts=2, pre_model_load_memory=79.5, mem_fraction_static=0.875, tp_rank=0,
+           available_gpu_memory=64.0, rest_memory_bytes=int(50.3125 * GiB), mm_reservation_gib=0.5,
+           rest_before_mamba_gib=53.5625, rest_after_mamba_gib=50.5625),
+        mk("kv_pool", ts=3, cell_size=65536, page_size=64, fixed_overhead_bytes=64 * 1024 * 1024,
+           sglang_tokens=822272, available_bytes=int(50.3125 * GiB), max_total_num_tokens=822272, tp_rank=0),
+    ]
+    # WHEN rebuilt and explained
+    (b,) = kv.kv_budgets(markers)
+    lines = kv.explain(b)
+    # THEN each term has its value: −3 GiB mamba, −0.5 GiB multimodal, −0.25 GiB other; the fixed
+    # overhead; and the count is SGLang's (memrec's rest // cell would give 824,320)
+    assert (b.mamba_cache_gib, b.mm_reservation_gib, b.other_reservations_gib) == (-3.0, 0.5, -3.75)
+    assert (b.fixed_overhead_bytes, b.page_size, b.tokens, b.memrec_tokens) == (64 << 20, 64, 822272, 824320)
+    assert lines[1] == ("  SGLang's own rest: 50.31 GiB (-3.75 GiB of its other terms: mamba cache -3.00 GiB, "
+                        "multimodal reservation -0.50 GiB, other (activation reserve, …) -0.25 GiB)")
+    assert lines[2] == "  pool: fixed overhead 67,108,864 B charged before dividing by the cell size"
+    assert lines[3] == "  → 822,272 tokens (SGLang's own count)"
+
+
+def test_when_sglang_raised_in_its_budget_the_unknown_terms_are_named():
+    # GIVEN 0.5.15+: _profile_available_bytes raised ValueError (rest <= 0 after ITS reservations)
+    # while the formula alone gives +0.5 GiB
+    markers = [
+        mk("memory_baseline", ts=1, pre_model_load_memory=80.0, tp_rank=0),
+        mk("kv_budget", ts=2, pre_model_load_memory=80.0, mem_fraction_static=0.875, available_gpu_memory=10.5,
+           tp_rank=0, error="ValueError: Loaded weights leave no GPU memory for the KV cache under "
+           "--mem-fraction-static=0.875. Raise --mem-fraction-static above 0.869 (minimum viable = 1 - "
+           "available/pre = 0.8688)."),
+    ]
+    # WHEN rebuilt and explained
+    (b,) = kv.kv_budgets(markers)
+    lines = kv.explain(b)
+    # THEN the failure stands, SGLang's other reservations are named as unknown, the rest is shown
+    # as an upper bound and the minimum fraction as a lower one, not as facts
+    assert not b.ok and b.error_kind == "no_memory_for_kv" and b.unknown_terms == ("other_reservations",)
+    assert lines[0].endswith("rest ≤ available 10.50 GiB − pre_model_load_memory 80.00 GiB × (1 − 0.875) = 0.50 GiB")
+    assert lines[1].startswith("  unknown: SGLang's other reservations")
+    assert "minimum viable mem_fraction_static ≥ 1 − 10.50 / 80.00 = 0.8688" in lines[2]
+
+
+def test_dp_attention_negative_profile_comes_out_per_dp_rank():
+    # GIVEN DeepSeek-R1 with DP attention on 0.4.x (sgl-project/sglang#7691): every DP rank
+    # profiled −561,981 tokens, the ranks named by SGLang's process titles (DP{d}_TP{t})
+    markers = []
+    for dp in range(2):
+        pid = 300 + dp
+        markers += [
+            mk("memory_baseline", "instant", pid=pid, ts=1, pre_model_load_memory=60.0, tp_rank=dp, dp_rank=dp,
+               rank_source="proctitle"),
+            mk("kv_budget", pid=pid, ts=2, pre_model_load_memory=60.0, mem_fraction_static=0.95,
+               available_gpu_memory=0.25, max_num_token=-561981, tp_rank=dp, dp_rank=dp),
+        ]
+    # WHEN rebuilt
+    budgets = kv.kv_budgets(markers)
+    # THEN each DP rank is its own budget, with SGLang's negative count, failed, and the fraction
+    # it would have needed (1 − 0.25/60)
+    assert [b.label for b in budgets] == ["DP0 TP0", "DP1 TP1"]
+    for b in budgets:
+        assert (b.tokens, b.tokens_source, b.ok) == (-561981, "sglang", False)
+        assert b.rest_gib == kv.rest_memory(0.25, 60.0, 0.95) and b.min_mem_fraction_static == 1 - 0.25 / 60.0
+    assert kv.summarize(budgets)["failed"] is True and kv.summarize(budgets)["min_tokens"] == -561981
 
 
 # -- two runs ----------------------------------------------------------------------------------

@@ -99,7 +99,9 @@ def test_valid_messages_pass():
         ({"values": {"a": [1, 2]}}, "not nil/bool/int/float/str"),
         ({"values": {"a": {"b": 1}}}, "not nil/bool/int/float/str"),
         ({"values": {1: 2}}, "value keys"),
-        ({"pid": 1}, "unknown field"),
+        ({"pid": 0}, "pid must be a process id"),
+        ({"pid": "7"}, "pid must be a process id"),
+        ({"shell": 1}, "unknown field"),
     ],
 )
 def test_invalid_marks_say_why(over, reason):

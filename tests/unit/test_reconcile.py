@@ -10,7 +10,7 @@ import pytest
 from memrec.analysis import reconcile as reconcile_mod
 from memrec.analysis.reconcile import reconcile
 from memrec.analysis.report import build_report
-from memrec.analysis.report import render_text
+from memrec.analysis.report_text import render_text
 from memrec.analysis.timeline import build_timeline
 from memrec.columns import NVML_DTYPE
 from memrec.columns import PROCMEM_DTYPE
@@ -213,7 +213,7 @@ def test_samples_after_a_process_exit_are_kept_but_left_out_of_the_summary():
     only_after = Trace(header={}, events=trace.events, procmem=procmem((3100, 0, 5, GiB)))
     (row,) = reconcile(only_after).gpu_summary(0)["processes"]
     assert (row["samples"], row["after_exit_samples"], row["untraced_last"], row["untraced_max"]) == (0, 1, None, None)
-    assert "1 sample after its exit left out (the driver frees later)" in render_text(build_report(only_after))
+    assert "1 sample after its exit left out (the driver frees later)" in render_text(build_report(only_after), width=1000, show_all=True)
 
 
 def test_a_given_timeline_is_used_without_another_replay(monkeypatch):
@@ -276,7 +276,7 @@ def test_report_json_has_the_reconciliation_section():
 
 def test_report_text_has_the_nvml_vs_traced_table():
     # GIVEN the two-GPU trace's report
-    text = render_text(build_report(two_gpu_trace()))
+    text = render_text(build_report(two_gpu_trace()), width=1000, show_all=True)
     lines = text.splitlines()
     # THEN each GPU has the table: per process, then the GPU with its reserve
     at = lines.index(
@@ -315,5 +315,5 @@ def test_a_gpu_seen_only_in_per_process_samples_gets_a_section():
     # THEN its section reconciles the process as all untraced
     assert g3["gpu"] == 3 and g3["reconciliation"]["processes"][0]["untraced_last"] == 500 * MiB
     assert "   42        500.0 MiB     0 B  500.0 MiB  500.0 MiB..500.0 MiB        1  not recorded by memrec" in (
-        render_text(build_report(trace)).splitlines()
+        render_text(build_report(trace), width=1000, show_all=True).splitlines()
     )

@@ -31,12 +31,14 @@ def main(monkeypatch):
     return commands.main
 
 
-def write_trace(path, close: bool = True):
+def write_trace(path, close: bool = True, nvml: bool = True):
+    """``nvml=False``: as a host without NVML records it (no GPU list in the header)."""
+    gpus = [GpuInfo(0, "GPU-0", "NVIDIA H200", 140 * GiB), GpuInfo(1, "GPU-1", "NVIDIA H200", 140 * GiB)]
     header = fmt.make_header(
         host="gpu-host",
         boot_id="b",
         anchor={"monotonic_ns": 1_000, "wall_ns": 0},
-        gpus=[GpuInfo(0, "GPU-0", "NVIDIA H200", 140 * GiB), GpuInfo(1, "GPU-1", "NVIDIA H200", 140 * GiB)],
+        gpus=gpus if nvml else [],
     )
     w = TraceWriter(path, header)
     w.write_process(ProcessInfo(7, 1, ["python3", "serve.py"], None, "0", [0], 1_000, {"tp": 0}))
@@ -64,7 +66,8 @@ def test_report_prints_the_text_report(main, tmp_path, capsys):
     out, err = capsys.readouterr()
     # THEN it succeeds with the per-GPU text and says nothing on stderr
     assert rc == ExitCode.OK and err == ""
-    assert out.startswith("memrec report\n")
+    # the answer first (the out-of-memory), then the details
+    assert out.splitlines()[0].startswith("FAILED  cuMemAlloc") and out.splitlines()[4] == "memrec report"
     assert "GPU 0  NVIDIA H200  GPU-0  140.00 GiB total" in out
     assert "GPU 1  NVIDIA H200  GPU-1  140.00 GiB total" in out
     assert "CUDA_ERROR_OUT_OF_MEMORY" in out
@@ -134,6 +137,20 @@ def test_unknown_gpu_or_pid_is_a_usage_error(main, tmp_path, capsys):
     # THEN both are usage errors that say what is there
     assert rc_gpu == ExitCode.USAGE and "GPU 5 is not in this trace (GPUs: 0, 1)" in err_gpu
     assert rc_pid == ExitCode.USAGE and "process 999 is not in this trace" in err_pid
+
+
+def test_gpus_of_a_trace_without_nvml_come_from_its_events(main, tmp_path, capsys):
+    # GIVEN a trace recorded without NVML: its header lists no GPU, its events name GPUs 0 and 1
+    path = write_trace(tmp_path / "run.mrec", nvml=False)
+    # WHEN a GPU it does not have is asked for
+    rc = main(["report", "-g", "7", str(path)])
+    err = capsys.readouterr().err
+    # THEN the error lists the GPUs the events name
+    assert rc == ExitCode.USAGE and "GPU 7 is not in this trace (GPUs: 0, 1)" in err
+    # AND one it has is reported alone
+    assert main(["report", "-g", "1", "--json", str(path)]) == ExitCode.OK
+    report = json.loads(capsys.readouterr().out)
+    assert [g["gpu"] for g in report["gpus"]] == [1]
 
 
 def test_pid_filter(main, tmp_path, capsys):

@@ -33,6 +33,8 @@ from memrec import client
 from memrec.analysis import kv_budget
 from memrec.sglang_hooks import bootstrap
 from memrec.sglang_hooks import plugin
+from memrec.sglang_hooks import ranks as ranks_mod
+from memrec.sglang_hooks import selfcheck
 from memrec.sglang_hooks import targets
 from memrec.sglang_hooks import wrappers
 from memrec.sglang_hooks.targets import TARGETS
@@ -113,49 +115,8 @@ def _wheel(line: str) -> Path:
 
 # -- stand-ins built from the targets table -----------------------------------------------------
 
-_counter = [0]
-
-
-def make_standin(spec: HookSpec, result=None) -> tuple[types.ModuleType, object]:
-    """A module holding a function/class named and shaped as ``spec``'s target.
-
-    Parameters are the ones the table says the hook reads; attributes read before the call are
-    class attributes, those read after are set by the call; it returns ``result``.
-    """
-    _counter[0] += 1
-    module = types.ModuleType(f"sglang_memrec_standin_{_counter[0]}")
-    params = "".join(f", {p}=None" for p in spec.param_names)
-    parts = spec.qualname.split(".")
-    namespace = {"RESULT": result}
-    if len(parts) == 1:
-        src = f"def {parts[0]}({params.lstrip(', ')}):\n    return RESULT\n"
-    else:
-        cls, meth = parts
-        lines = [f"class {cls}:"]
-        lines += [f"    {a} = 'before:{a}'" for a, _ in spec.attrs_before]
-        if spec.static:
-            lines += ["    @staticmethod", f"    def {meth}({params.lstrip(', ')}):", "        return RESULT"]
-        else:
-            lines += [f"    def {meth}(self{params}):"]
-            lines += [f"        self.{a} = 'after:{a}'" for a, _ in spec.attrs_after]
-            lines += ["        return RESULT"]
-        src = "\n".join(lines) + "\n"
-    exec(compile(src, f"<standin {spec.target}>", "exec"), namespace)
-    for key, value in namespace.items():
-        if key not in ("RESULT", "__builtins__"):
-            setattr(module, key, value)
-    return module, namespace[parts[0]]
-
-
-def _call(spec: HookSpec, obj, kwargs):
-    parts = spec.qualname.split(".")
-    if len(parts) == 1:
-        return obj(**kwargs)
-    cls, meth = obj, parts[1]
-    if spec.static:
-        return getattr(cls, meth)(**kwargs)
-    instance = object.__new__(cls)
-    return getattr(cls, meth)(instance, **kwargs), instance
+make_standin = selfcheck.standin
+_call = selfcheck.call_standin
 
 
 _ALL = [pytest.param(spec, id=f"{line}:{spec.qualname}") for line, specs in TARGETS.items() for spec in specs]
@@ -190,9 +151,9 @@ def test_every_target_hook_records_its_values(rec: Recorder, spec: HookSpec):
         assert expected_before.items() <= begin.items()
         assert (expected_params | expected_before | expected_after).items() <= end.items()
         assert "error" not in end
-        if spec.baseline_from_result:
+        if spec.baseline_from:
             assert rec.calls[2][:2] == (targets.MEMORY_BASELINE, "instant")
-            assert rec.calls[2][3]["pre_model_load_memory"] == result
+            assert rec.calls[2][3]["pre_model_load_memory"] == end[spec.baseline_from]
         else:
             assert len(rec.calls) == 2
     else:
@@ -200,9 +161,9 @@ def test_every_target_hook_records_its_values(rec: Recorder, spec: HookSpec):
         values = rec.calls[0][3]
         assert (expected_params | expected_before | (expected_after if spec.hook == "after" else {})).items() <= values.items()
     if spec.marker == targets.GPU_MEMORY_MEASURED:
-        # the caller is this test (the hook's own frames are skipped)
-        assert rec.calls[0][3]["caller"] == "_call"
-        assert rec.calls[0][3]["caller_module"] == __name__
+        # the caller is the function that called the target (the hook's own frames are skipped)
+        assert rec.calls[0][3]["caller"] == "call_standin"
+        assert rec.calls[0][3]["caller_module"] == selfcheck.__name__
     if "class_name" in spec.extras:
         assert rec.calls[-1][3]["custom_ar_class"] == spec.qualname.split(".")[0]
 
@@ -270,7 +231,7 @@ def test_measurements_and_cell_size_go_into_the_enclosing_kv_budget_span(rec: Re
 
 def test_staticmethod_stays_a_staticmethod(rec: Recorder):
     # GIVEN CustomAllreduce.create_shared_buffer, a staticmethod in every version
-    spec = next(s for s in TARGETS["0.5.23"] if s.qualname == "CustomAllreduce.create_shared_buffer")
+    spec = next(s for s in TARGETS["0.5.22"] if s.qualname == "CustomAllreduce.create_shared_buffer")
     module, cls = make_standin(spec, ["ptr0", "ptr1"])
     # WHEN it is hooked
     wrappers.patch_target(spec, module)
@@ -304,7 +265,7 @@ def test_stale_from_import_names_are_rebound(rec: Recorder, monkeypatch):
 
 def test_missing_target_logs_once_and_stays_off(rec: Recorder, caplog):
     # GIVEN a module without the target a spec names
-    spec = next(s for s in TARGETS["0.5.23"] if s.marker == targets.KV_BUDGET)
+    spec = next(s for s in TARGETS["0.5.22"] if s.marker == targets.KV_BUDGET)
     module = types.ModuleType("sglang_memrec_standin_empty")
     caplog.set_level(logging.INFO, logger="memrec.sglang_hooks")
     # WHEN it is patched twice
@@ -328,6 +289,7 @@ def test_exception_passes_through_as_the_same_object(rec: Recorder):
         def init_memory_pool(self, total_gpu_memory, server_args):
             raise error
 
+    init_memory_pool_line = ModelRunnerKVCacheMixin.init_memory_pool.__code__.co_firstlineno
     module = types.ModuleType("sglang_memrec_standin_raise")
     module.ModelRunnerKVCacheMixin = ModelRunnerKVCacheMixin
     wrappers.patch_target(spec, module)
@@ -337,9 +299,13 @@ def test_exception_passes_through_as_the_same_object(rec: Recorder):
     # THEN the very same exception object comes out, its traceback still reaching the raise ...
     assert info.value is error
     assert info.traceback[-1].name == "init_memory_pool"
-    # ... and the end marker carries its text
+    # ... and the end marker carries its text, the raising file:line and the traceback below the
+    # hooked call (the hook's own frames left out)
     end = rec.find(targets.KV_POOL, "end")[0]
     assert end["error"] == f"RuntimeError: {error}"
+    raise_line = init_memory_pool_line + 1
+    assert end["error_at"] == f"{__file__}:{raise_line} in init_memory_pool"
+    assert end["error_traceback"] == end["error_at"]
 
 
 def test_a_failing_hook_turns_itself_off_and_the_host_goes_on(monkeypatch, caplog):
@@ -366,95 +332,6 @@ def test_a_failing_hook_turns_itself_off_and_the_host_goes_on(monkeypatch, caplo
 # -- rank, GPU and local memory ----------------------------------------------------------------
 
 
-class _Untouchable:
-    def __getattr__(self, name):
-        raise AssertionError(f"a hook touched torch.distributed.{name}")
-
-
-def _fake_torch(initialized=True, device=3):
-    calls = []
-
-    class Props:
-        uuid = "5d8f3c1e-0000-1111-2222-333344445555"
-
-    class Cuda:
-        @staticmethod
-        def is_initialized():
-            return initialized
-
-        @staticmethod
-        def current_device():
-            calls.append("current_device")
-            return device
-
-        @staticmethod
-        def mem_get_info(*args):
-            calls.append(("mem_get_info", args))
-            return (70 * GiB, 141 * GiB)
-
-        @staticmethod
-        def memory_reserved(d):
-            return 2 * GiB
-
-        @staticmethod
-        def memory_allocated(d):
-            return GiB
-
-        @staticmethod
-        def get_device_properties(d):
-            calls.append(("props", d))
-            return Props()
-
-    torch = types.ModuleType("torch")
-    torch.cuda = Cuda
-    torch.distributed = _Untouchable()
-    return torch, calls
-
-
-def test_markers_carry_device_numbers_of_the_current_gpu_only(rec: Recorder, monkeypatch):
-    # GIVEN torch loaded with CUDA initialised on device 3, and a hooked load_model
-    torch, calls = _fake_torch()
-    monkeypatch.setitem(sys.modules, "torch", torch)
-    spec = next(s for s in TARGETS["0.5.7"] if s.marker == targets.LOAD_WEIGHTS)
-    module, cls = make_standin(spec)
-    wrappers.patch_target(spec, module)
-    runner = object.__new__(cls)
-    runner.gpu_id, runner.tp_rank, runner.pp_rank = 3, 5, 0
-    # WHEN it runs
-    cls.load_model(runner)
-    # THEN both markers name the device ordinal as the marker's gpu, the physical UUID, the
-    # current device's free/total, torch's own counters and the ranks from the runner
-    for _name, _phase, gpu, values in rec.calls:
-        assert gpu == 3
-        assert values["gpu_uuid"] == "GPU-5d8f3c1e-0000-1111-2222-333344445555"
-        assert (values["free_bytes"], values["total_bytes"]) == (70 * GiB, 141 * GiB)
-        assert (values["torch_reserved_bytes"], values["torch_allocated_bytes"]) == (2 * GiB, GiB)
-        assert (values["tp_rank"], values["pp_rank"], values["rank_source"]) == (5, 0, "object")
-        assert values["gpu_id"] == 3
-    # ... measured with mem_get_info() of the current device (no device argument: no new
-    # context), the UUID looked up once, and torch.distributed never touched
-    assert [c for c in calls if c[0] == "mem_get_info"] == [("mem_get_info", ())] * 2
-    assert [c for c in calls if c[0] == "props"] == [("props", 3)]
-
-
-def test_no_cuda_call_before_cuda_is_initialised_and_no_torch_import(rec: Recorder, monkeypatch):
-    # GIVEN torch loaded but CUDA not initialised
-    torch, calls = _fake_torch(initialized=False)
-    monkeypatch.setitem(sys.modules, "torch", torch)
-    spec = next(s for s in TARGETS["0.5.23"] if s.marker == targets.DIST_INIT)
-    module, fn = make_standin(spec)
-    wrappers.patch_target(spec, module)
-    # WHEN the hook runs
-    module.init_parallel_runtime(device="cuda", dist_port=1)
-    # THEN no CUDA function was called and the markers have no GPU
-    assert calls == []
-    assert all(gpu is None and "free_bytes" not in values for _, _, gpu, values in rec.calls)
-    # AND without torch loaded, the hooks never import it
-    monkeypatch.delitem(sys.modules, "torch")
-    module.init_parallel_runtime(device="cuda", dist_port=1)
-    assert "torch" not in sys.modules
-
-
 @pytest.mark.parametrize(
     ("title", "expected"),
     [
@@ -468,7 +345,7 @@ def test_no_cuda_call_before_cuda_is_initialised_and_no_torch_import(rec: Record
 )
 def test_ranks_from_sglangs_process_title(title, expected):
     # GIVEN a process title SGLang sets  WHEN parsed  THEN the ranks are read (MOE_DP is not DP)
-    assert wrappers.parse_proctitle(title) == expected
+    assert ranks_mod.parse_proctitle(title) == expected
 
 
 def test_ranks_prefer_sglangs_parallel_state(monkeypatch):
@@ -478,7 +355,7 @@ def test_ranks_prefer_sglangs_parallel_state(monkeypatch):
     monkeypatch.setitem(sys.modules, "sglang.srt.runtime_context", ctx)
     obj = types.SimpleNamespace(tp_rank=0, pp_rank=0, dp_rank=2)
     # WHEN ranks are resolved
-    got = wrappers.ranks(obj)
+    got = ranks_mod.ranks(obj)
     # THEN SGLang's own values win and the missing dp_rank comes from the object
     assert got == {"tp_rank": 6, "pp_rank": 1, "dp_rank": 2, "rank_source": "sglang"}
     # AND for older lines the group coordinators answer (without their accessor asserts)
@@ -488,7 +365,16 @@ def test_ranks_prefer_sglangs_parallel_state(monkeypatch):
     state._TP = types.SimpleNamespace(rank_in_group=4)
     state._PP = types.SimpleNamespace(rank_in_group=1)
     monkeypatch.setitem(sys.modules, "sglang.srt.distributed.parallel_state", state)
-    assert wrappers.ranks()["tp_rank"] == 4 and wrappers.ranks()["pp_rank"] == 1
+    assert ranks_mod.ranks()["tp_rank"] == 4 and ranks_mod.ranks()["pp_rank"] == 1
+
+
+def test_ranks_from_the_objects_parallel_state(monkeypatch):
+    # GIVEN a 0.5.13 – 0.5.20 Scheduler: no rank attributes of its own, a ParallelState in self.ps,
+    # and no group coordinators yet (before distributed init)
+    monkeypatch.setattr(ranks_mod, "_proctitle", lambda: "")
+    scheduler = types.SimpleNamespace(ps=types.SimpleNamespace(tp_rank=3, pp_rank=1, dp_rank=0, gpu_id=3))
+    # WHEN ranks are resolved  THEN they come from self.ps
+    assert ranks_mod.ranks(scheduler) == {"tp_rank": 3, "pp_rank": 1, "dp_rank": 0, "rank_source": "object"}
 
 
 # -- the real client and a real socket --------------------------------------------------------
@@ -518,7 +404,7 @@ def test_markers_reach_a_real_socket_server_with_our_pid(real_client):
     # GIVEN a marker server on a Unix socket and a hooked kv_budget stand-in (0.5.23 shape)
     server = sglang_fakes.MarkerServer(real_client)
     try:
-        spec = next(s for s in TARGETS["0.5.23"] if s.marker == targets.KV_BUDGET)
+        spec = next(s for s in TARGETS["0.5.22"] if s.marker == targets.KV_BUDGET)
         module, cls = make_standin(spec, 50 * GiB)
         wrappers.patch_target(spec, module)
         # WHEN it is called
@@ -568,7 +454,7 @@ def _host_checks(spec: HookSpec):
     return added
 
 
-_KV_0_5_23 = next(s for s in TARGETS["0.5.23"] if s.marker == targets.KV_BUDGET)
+_KV_0_5_23 = next(s for s in TARGETS["0.5.22"] if s.marker == targets.KV_BUDGET)
 
 
 def test_no_daemon_costs_the_host_nothing(real_client):
@@ -654,7 +540,7 @@ def test_bootstrap_hooks_a_0_5_7_worker_as_its_modules_load(rec: Recorder, fake_
     assert b.available_gpu_memory == pytest.approx(available, abs=1e-12)
     assert b.mem_fraction_static == 0.875
     assert b.cell_size == 4096 * 32
-    assert b.tokens == runner.max_total_num_tokens == b.sglang_profiled_tokens  # computed == SGLang's
+    assert b.tokens == runner.max_total_num_tokens == b.sglang_tokens  # computed == SGLang's
     assert b.max_total_num_tokens == runner.max_total_num_tokens
     assert b.weight_load_mem_usage == pytest.approx(16.0)
     assert b.ok and b.error is None
@@ -674,6 +560,13 @@ def test_bootstrap_reports_not_enough_memory_and_keeps_sglangs_exception(rec: Re
     text = f"RuntimeError: {info.value}"
     assert rec.find(targets.KV_POOL, "end")[0]["error"] == text
     assert rec.find(targets.INIT_MODEL_WORKER, "end")[0]["error"] == text
+    # ... and where SGLang raised it: the same line seen from every span, the worker's traceback
+    # reaching down through the scheduler to the KV mixin
+    raised_at = {rec.find(name, "end")[0]["error_at"] for name in (targets.KV_POOL, targets.INIT_MODEL_WORKER)}
+    (at,) = raised_at
+    assert at.endswith(" in init_memory_pool") and "sglang/srt/model_executor/model_runner_kv_cache_mixin.py:" in at
+    chain = rec.find(targets.INIT_MODEL_WORKER, "end")[0]["error_traceback"].split(" ← ")
+    assert chain[0] == at and chain[-1].endswith(" in init_model_worker")
     (b,) = kv_budget.kv_budgets(rec.markers())
     assert b.error_kind == "not_enough_memory" and not b.ok
     assert b.rest_gib < 0 and b.tokens < 0
@@ -755,16 +648,16 @@ def test_pth_line_imports_memrec_only_when_asked(tmp_path, env, active):
     assert not path.exists() and bootstrap.uninstall_pth(site_dir) is False
 
 
-def test_line_selection_by_version():
+@pytest.mark.parametrize(
+    ("version", "line"),
+    [("0.5.23", "0.5.22"), ("0.5.21", "0.5.21"), ("0.6.0", "0.5.22"), ("0.5.20", "0.5.17"), ("0.5.16", "0.5.16"),
+     ("0.5.15.post1", "0.5.14"), ("0.5.12.post1", "0.5.11"), ("0.5.10.post1", "0.5.10"), ("0.5.9", "0.5.7"),
+     ("0.5.5.post3", "0.5.3"), ("0.5.2", "0.5.2"), ("0.5.1.post3", "0.5.1"), ("0.4.10.post2", "0.4.10"),
+     (None, "0.5.22")],
+)
+def test_line_selection_by_version(version, line):
     # GIVEN versions of every line and between lines  WHEN mapped  THEN the newest line at or below
-    assert targets.line_for_version("0.5.23") == "0.5.23"
-    assert targets.line_for_version("0.6.0") == "0.5.23"
-    assert targets.line_for_version("0.5.15") == "0.5.10"
-    assert targets.line_for_version("0.5.10.post1") == "0.5.10"
-    assert targets.line_for_version("0.5.9") == "0.5.7"
-    assert targets.line_for_version("0.5.5.post3") == "0.4.10"
-    assert targets.line_for_version("0.4.10.post2") == "0.4.10"
-    assert targets.line_for_version(None) == "0.5.23"
+    assert targets.line_for_version(version) == line
 
 
 # -- SGLang 0.5.23's own plugin loader on a fake 0.5.23 --------------------------------------
@@ -772,7 +665,7 @@ def test_line_selection_by_version():
 
 def _write_fake_0_5_23(fake_sglang) -> None:
     """A fake 0.5.23 (its real plugin loader, HookRegistry and environ) with memrec's entry point."""
-    sglang_fakes.write_fake_sglang(fake_sglang, "0.5.23", real_root=_wheel("0.5.23"))
+    sglang_fakes.write_fake_sglang(fake_sglang, "0.5.22", real_root=_wheel("0.5.22"))
     sglang_fakes.write_plugin_dist(fake_sglang)
     importlib.invalidate_caches()
 
@@ -834,7 +727,7 @@ def test_plugin_hooks_a_0_5_23_worker_through_sglangs_real_plugin_loader(
     assert b.available_gpu_memory == pytest.approx(available, abs=1e-12)
     assert b.available_is_world_min is True
     assert b.sglang_rest_bytes == b.rest_bytes  # SGLang's rest == the formula's (no extra reservations)
-    assert b.cell_size == 4096 * 32 and b.tokens_source == "cell_size"
+    assert b.cell_size == 4096 * 32 and b.tokens_source == "sglang" and b.memrec_tokens == b.tokens
     assert b.tokens == b.max_total_num_tokens
     ar = rec.find(targets.CUSTOM_AR_INIT, "end")[0]
     if car_v2:
@@ -887,7 +780,7 @@ def test_bootstrap_takes_over_when_sglang_plugins_excludes_memrec(rec: Recorder,
     # WHEN a rank starts
     scheduler.run_scheduler_process(sglang_fakes.server_args(), None, gpu_id=0, tp_rank=0, pp_rank=0, dp_rank=None)
     # THEN the bootstrap did the hooking, once
-    assert bootstrap.active_line() == "0.5.23"
+    assert bootstrap.active_line() == "0.5.22"
     assert len(rec.find(targets.KV_BUDGET, "end")) == 1
 
 
@@ -996,19 +889,19 @@ def test_real_profile_max_num_token_agrees_with_the_rebuilt_budget(rec: Recorder
     cell = 8 // 2 * (128 + 128) * 32 * 2  # kv heads/tp × (k + v dims) × layers × bf16
     expected_rest = 61.3 - 79.1 * (1 - 0.85)
     assert b.rest_gib == expected_rest
-    assert b.sglang_profiled_tokens == tokens
+    assert b.sglang_tokens == tokens
     if line == "0.4.10":  # cell size is inline there: memrec reports SGLang's count
         assert (b.cell_size, b.tokens_source, b.tokens) == (None, "sglang", tokens)
         assert tokens == int(expected_rest * (1 << 30) // cell)
     else:
-        assert (b.cell_size, b.tokens_source) == (cell, "cell_size")
-        assert b.tokens == tokens == kv_budget.tokens_from_rest(expected_rest, cell)
+        assert (b.cell_size, b.tokens_source) == (cell, "sglang")
+        assert b.tokens == b.memrec_tokens == tokens == kv_budget.tokens_from_rest(expected_rest, cell)
 
 
 def _real_0_5_23(monkeypatch, rec: Recorder, available: float, fraction: float):
-    real = _wheel("0.5.23")
-    spec = next(s for s in TARGETS["0.5.23"] if s.marker == targets.KV_BUDGET)
-    measure = next(s for s in TARGETS["0.5.23"] if s.marker == targets.GPU_MEMORY_MEASURED)
+    real = _wheel("0.5.22")
+    spec = next(s for s in TARGETS["0.5.22"] if s.marker == targets.KV_BUDGET)
+    measure = next(s for s in TARGETS["0.5.22"] if s.marker == targets.GPU_MEMORY_MEASURED)
     utils = types.ModuleType("sglang_memrec_standin_measure")
     exec("def get_available_gpu_memory(device, gpu_id, distributed=False, empty_cache=True, cpu_group=None):\n"
          f"    return {available!r}\n", utils.__dict__)
@@ -1073,7 +966,7 @@ def test_real_0_5_23_failure_names_the_same_minimum_fraction(rec: Recorder, monk
 def test_real_0_5_23_pool_sizing_not_enough_memory_passes_through(rec: Recorder):
     # GIVEN SGLang 0.5.23's real MemoryPoolConfig and DefaultPoolConfigurator.calculate_pool_sizes,
     # the pool hook on the latter and a kv_pool span around it
-    real = _wheel("0.5.23")
+    real = _wheel("0.5.22")
     from dataclasses import dataclass
     from typing import Optional
 
@@ -1086,9 +979,9 @@ def test_real_0_5_23_pool_sizing_not_enough_memory_passes_through(rec: Recorder)
         "calculate_pool_sizes": namespace["calculate_pool_sizes"], "_cell_size": 131072, "_fixed_overhead_bytes": 0})
     module = types.ModuleType("sglang_memrec_standin_pool")
     module.DefaultPoolConfigurator = pool_cls
-    contrib = next(s for s in TARGETS["0.5.23"] if s.qualname == "DefaultPoolConfigurator.calculate_pool_sizes")
+    contrib = next(s for s in TARGETS["0.5.22"] if s.qualname == "DefaultPoolConfigurator.calculate_pool_sizes")
     assert wrappers.patch_target(contrib, module)
-    kv_pool = next(s for s in TARGETS["0.5.23"] if s.marker == targets.KV_POOL)
+    kv_pool = next(s for s in TARGETS["0.5.22"] if s.marker == targets.KV_POOL)
 
     class ModelRunner:
         gpu_id = 0
@@ -1120,3 +1013,18 @@ def test_real_0_5_23_pool_sizing_not_enough_memory_passes_through(rec: Recorder)
     end = rec.find(targets.KV_POOL, "end")[0]
     assert end["max_total_num_tokens"] == runner.max_total_num_tokens == 64000
     assert end["available_bytes"] == runner.budget and "error" not in end
+    assert end["sglang_tokens"] == 64000
+    # AND with a fixed overhead (0.5.22+ page-shard scratch), the count reported is SGLang's own,
+    # not memrec's rest // cell_size
+    rec.calls.clear()
+    pool_cls._fixed_overhead_bytes = 131072 * 64 * 10
+    spec = next(s for s in TARGETS["0.5.22"] if s.marker == targets.KV_BUDGET)
+    budget_module, budget_cls = make_standin(spec, runner.budget)
+    wrappers.patch_target(spec, budget_module)
+    budget_cls = budget_module.KVCacheConfigurator
+    budget_cls.gpu_id, budget_cls.is_draft_worker, budget_cls.mem_fraction_static = 0, False, 0.875
+    budget_cls._profile_available_bytes(budget_cls(), pre_model_load_memory=79.5)
+    runner.alloc_memory_pool()
+    (b,) = kv_budget.kv_budgets(rec.markers())
+    assert (b.tokens, b.tokens_source, b.memrec_tokens) == (63360, "sglang", 64000)
+    assert any("SGLang subtracted +640 tokens more" in line for line in kv_budget.explain(b))

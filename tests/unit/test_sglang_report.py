@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from memrec.analysis.report import build_report
-from memrec.analysis.report import render_text
+from memrec.analysis.report_text import render_text
 from memrec.analysis.sglang_report import format_rank
 from memrec.analysis.sglang_report import has_sglang_markers
 from memrec.analysis.sglang_report import kv_times
@@ -160,7 +160,8 @@ def test_ipc_example_budget_is_negative_and_the_custom_all_reduce_is_named():
     assert b["tokens"] == -20613 and b["min_mem_fraction_static"] == 1 - AVAIL_IPC / PRE
     assert b["error"] == NOT_ENOUGH and b["ok"] is False
     assert b["formula"][1] == "       = 52.09 GiB − 138.09 GiB × (1 − 0.600) = 52.09 GiB − 55.24 GiB = -3.15 GiB"
-    assert b["formula"][2] == f"tokens = int(rest × 2**30) // cell_size = {int(b['rest_gib'] * GiB):,} // 163,840 = -20,613"
+    assert b["formula"][2] == "→ -20,613 tokens (SGLang's own count)"
+    assert b["memrec_tokens"] == int(b["rest_gib"] * GiB) // 163840 == -20613
     assert b["formula"][3] == "minimum viable --mem-fraction-static = 1 − 52.09 / 138.09 = 0.6228 (ran with 0.600)"
     # AND the diagnosis names the custom all-reduce: its own 18 GiB, then the peer's on the same GPU
     dg = b["diagnosis"]
@@ -184,7 +185,7 @@ def test_ipc_example_budget_is_negative_and_the_custom_all_reduce_is_named():
         ("TP1", "custom_ar_init", 18 * GiB, 18 * GiB), ("TP0", "custom_ar_init", 18 * GiB, 18 * GiB),
     ]
     assert [(x["label"], x["phase"], x["owned"]) for x in w["before"]] == [
-        ("TP1", "(outside phases)", 2 * MiB), ("TP0", "(outside phases)", 2 * MiB),
+        ("TP1", "(no phase)", 2 * MiB), ("TP0", "(no phase)", 2 * MiB),
         ("TP1", "dist_init", 256 * MiB), ("TP0", "dist_init", 256 * MiB),
     ]
     # AND the whole section survives JSON
@@ -214,11 +215,11 @@ def test_base_example_sizes_the_pool_and_needs_a_smaller_fraction():
 
 def test_ipc_example_text_report():
     # WHEN the failing run is rendered
-    text = render_text(build_report(load_trace(IPC)))
+    text = render_text(build_report(load_trace(IPC)), width=1000, show_all=True)
     lines = text.splitlines()
     # THEN the SGLang section comes before the GPU sections, with the verdict and the formula
-    assert lines[3] == "SGLang startup per rank: phases, memory by category, KV budget"
-    assert lines.index(lines[3]) < next(i for i, line in enumerate(lines) if line.startswith("GPU 0  NVIDIA H200"))
+    assert lines[7] == "SGLang startup per rank: phases, memory by category, KV budget"
+    assert lines.index(lines[7]) < next(i for i, line in enumerate(lines) if line.startswith("GPU 0  NVIDIA H200"))
     assert "  KV sizing FAILED on TP0, TP1: " + NOT_ENOUGH in lines
     assert "  every rank needs --mem-fraction-static > 0.6228 (ran with 0.600)" in lines
     assert "TP0  pid 1054  GPU 0" in lines and "TP1  pid 1055  GPU 0" in lines
@@ -264,7 +265,7 @@ def test_a_foreign_process_on_the_other_gpu_is_found_through_the_world_min():
     # THEN both ranks fail (available is the MIN over both GPUs: 39 − 40 = −1 GiB)
     assert (b0["rest_gib"], b1["rest_gib"]) == (-10.875, -10.875)
     # AND no fraction can help (1 − (−1)/79 > 1)
-    text = render_text(build_report(sglang_run(foreign_gib=40))).splitlines()
+    text = render_text(build_report(sglang_run(foreign_gib=40)), width=1000, show_all=True).splitlines()
     assert "  no --mem-fraction-static can fit a KV cache: it would have to exceed 1.0127 (ran with 0.875)" in text
     # AND TP1's own GPU explains it
     assert b1["diagnosis"]["lines"] == [
@@ -290,6 +291,153 @@ def test_weights_alone_too_big_is_said_so():
         ("nothing but the weights (40.00 GiB on GPU 0) was allocated between the baseline and the KV sizing: "
         "they leave too little at --mem-fraction-static=0.500 (shortfall 0.50 GiB)")
     ]
+
+
+def test_where_sglang_raised_is_printed_once_per_exception():
+    # GIVEN a failing run whose kv_budget end markers carry where SGLang raised
+    from memrec.analysis.sglang_report import render_sglang
+
+    trace = sglang_run(frac=0.5)
+    at = "sglang/srt/model_executor/model_runner.py:1155 in init_memory_pool"
+    for m in trace.markers:
+        if m.name == "kv_budget" and m.phase == "end":
+            m.values.update(error_at=at, error_traceback=f"{at} ← sglang/srt/managers/tp_worker.py:54 in __init__")
+    # WHEN reported
+    s = build_report(trace)["sglang"]
+    lines = render_sglang(s)
+    # THEN each rank's error names the raising line and the traceback, once
+    assert s["ranks"][0]["errors"][0]["at"] == at
+    assert lines.count(f"    raised at {at}") == 2
+    assert lines.count(f"    traceback (innermost first): {at} ← sglang/srt/managers/tp_worker.py:54 in __init__") == 2
+
+
+def test_custom_all_reduce_facts_are_in_the_verdict():
+    # GIVEN a run whose hooks recorded the legacy custom all-reduce on both ranks: world size 2, no
+    # full NVLink, disabled by SGLang itself (more than 2 PCIe-only GPUs would do that), two 8 MiB
+    # IPC-shared buffers each
+    from memrec.analysis.text import human
+    from memrec.analysis.sglang_report import render_sglang
+
+    trace = sglang_run()
+    for r in (0, 1):
+        pid = 100 + r
+        trace.markers += [
+            mark(2 + r * 0.1, pid, "custom_ar_shared_buffer", "instant", r, size_in_bytes=8 * MiB),
+            mark(2.2 + r * 0.1, pid, "custom_ar_shared_buffer", "instant", r, size_in_bytes=8 * MiB),
+            mark(3 + r * 0.1, pid, "custom_ar_init", "end", r, custom_ar_class="CustomAllreduce", world_size=2,
+                 full_nvlink=False, disabled=True, max_size=8 * MiB),
+        ]
+    trace.markers.sort(key=lambda m: m.ts)
+    # WHEN reported
+    s = build_report(trace)["sglang"]
+    # THEN the verdict has the class, world size, NVLink, who disabled it, and the buffers per rank
+    c = s["summary"]["custom_all_reduce"]
+    assert (c["classes"], c["world_size"], c["full_nvlink"], c["disabled"], c["ranks_built"]) == (
+        ["CustomAllreduce"], [2], [False], [True], 2)
+    assert c["shared_buffer_bytes"] == [16 * MiB]
+    assert (f"  custom all-reduce: CustomAllreduce on 2 rank(s), world size 2, full_nvlink False, disabled True, "
+            f"SGLang disabled it after building it (NCCL does the all-reduce), IPC-shared buffers {human(16 * MiB)} "
+            "per rank") in render_sglang(s)
+
+
+def test_a_cuda_oom_after_the_kv_sizing_is_named_with_the_slack():
+    # GIVEN a run that sized fine, then TP0 asked the driver for 64 GiB and got
+    # CUDA_ERROR_OUT_OF_MEMORY (sglang_run's oom: at 14.5 ms, after the 13 ms measurement)
+    from memrec.analysis.sglang_report import render_sglang
+
+    s = build_report(sglang_run(oom=True))["sglang"]
+    # WHEN reported  THEN the OOM is named with the rank, the size, the slack and the fraction window
+    (o,) = s["summary"]["oom_after_sizing"]
+    assert (o["label"], o["size"], o["gpu"], o["slack_gib"]) == ("TP0", 64 * GiB, 0, 79.0 * 0.125)
+    assert (o["phase"], o["mem_fraction_static"], o["min_mem_fraction_static"]) == ("kv_budget", 0.875, 1 - 39 / 79)
+    assert (f"  CUDA out of memory after the KV sizing: TP0 in kv_budget asked for 64.00 GiB; the slack left for "
+            f"everything after the pools was 9.88 GiB (--mem-fraction-static 0.875): a smaller fraction leaves more, "
+            f"but it must stay above {1 - 39 / 79:.4f} for the pools to fit") in render_sglang(s)
+    # AND a run without the failed allocation has none
+    assert build_report(sglang_run())["sglang"]["summary"]["oom_after_sizing"] == []
+
+
+def test_each_phase_splits_into_torch_and_the_rest_when_the_hooks_recorded_torch():
+    # GIVEN TP0's load_weights span with PyTorch's reserved bytes at begin (1 GiB) and end (39 GiB):
+    # the driver saw 40 GiB in that span
+    from memrec.analysis.sglang_report import render_sglang
+
+    trace = sglang_run()
+    for m in trace.markers:
+        if m.pid == 100 and m.name == "load_weights":
+            m.values.update(cuda_device=0, torch_reserved_bytes=(GiB if m.phase == "begin" else 39 * GiB))
+    # WHEN reported
+    s = build_report(trace)["sglang"]
+    (row,) = [x for x in s["ranks"][0]["phases"] if x["name"] == "load_weights"]
+    # THEN 38 GiB of the 40 came through PyTorch's allocator and 2 GiB from elsewhere
+    assert (row["net"], row["torch_reserved"], row["non_torch"]) == (40 * GiB, 38 * GiB, 2 * GiB)
+    header = next(line for line in render_sglang(s) if line.lstrip().startswith("PHASE"))
+    assert "NET OWNED" in header and "TORCH" in header and "NOT TORCH" in header
+    # AND TP1, without torch numbers, has no such columns
+    assert all("torch_reserved" not in x for x in s["ranks"][1]["phases"])
+
+
+def test_a_ranks_context_on_a_gpu_it_does_not_compute_on_is_flagged_with_its_nvml_cost():
+    # GIVEN TP0 (GPU 0) that also got a context on GPU 1 (what the old hooks' mem_get_info did on
+    # GPU 0, or an IPC open does), NVML listing it there at 518 MiB, with no allocation of its own
+    import numpy as np
+
+    from memrec.analysis.sglang_report import render_sglang
+    from memrec.columns import PROCMEM_DTYPE
+
+    trace = sglang_run()
+    trace.events = np.sort(np.concatenate([trace.events, events(ev(Kind.CTX, pid=100, gpu=1, ts=ms(1.5)))]),
+                           order="ts")
+    trace.procmem = np.array([(ms(20), 0, 100, 41 * GiB), (ms(20), 1, 100, 518 * MiB), (ms(20), 1, 101, 41 * GiB)],
+                             dtype=PROCMEM_DTYPE)
+    # WHEN reported
+    s = build_report(trace)["sglang"]
+    ctxs = {(c["label"], c["gpu"]): c for c in s["summary"]["contexts"]}
+    # THEN every context is listed per process and GPU, the one on GPU 1 flagged foreign with its cost
+    assert set(ctxs) == {("TP0", 0), ("TP0", 1), ("TP1", 1)}
+    assert (ctxs[("TP0", 1)]["foreign"], ctxs[("TP0", 1)]["nvml_peak"], ctxs[("TP0", 1)]["allocated"]) == (
+        True, 518 * MiB, False)
+    assert not ctxs[("TP0", 0)]["foreign"] and not ctxs[("TP1", 1)]["foreign"]
+    assert ("  foreign CUDA contexts (a rank's context on a GPU it does not compute on): TP0 on GPU 1 "
+            "(NVML 518.0 MiB)") in render_sglang(s)
+
+
+def test_nccls_cumem_buffers_in_dist_init_are_named():
+    # GIVEN TP0's dist_init also created 512 MiB of cuMem (VMM) physical memory, as NCCL does with
+    # NCCL_CUMEM_ENABLE
+    import numpy as np
+
+    from memrec.analysis.sglang_report import render_sglang
+
+    trace = sglang_run()
+    extra = events(ev(Kind.VMM_CREATE, pid=100, gpu=0, size=512 * MiB, handle=0x77, ts=ms(3)))
+    trace.events = np.sort(np.concatenate([trace.events, extra]), order="ts")
+    # WHEN reported  THEN they are named as NCCL's, per rank, before the baseline
+    s = build_report(trace)["sglang"]
+    assert s["summary"]["nccl_vmm"] == [{"pid": 100, "label": "TP0", "gpu": 0, "bytes": 512 * MiB}]
+    assert ("  NCCL's buffers (cuMem VMM in dist_init, outside the custom all-reduce; before the baseline): "
+            "TP0 512.0 MiB") in render_sglang(s)
+
+
+def test_markers_a_rank_dropped_are_reported_with_their_reasons():
+    # GIVEN a run where TP1's client dropped 3 markers before the daemon answered and then 1 into
+    # a full socket (two cumulative reports: the last counts)
+    from memrec.analysis.sglang_report import render_sglang
+    from memrec.client import DROPPED_MARKER
+
+    trace = sglang_run()
+    reasons = dict(no_daemon=0, socket_full=0, connection_lost=0, busy=0, invalid=0)
+    trace.markers += [
+        mark(5.5, 101, DROPPED_MARKER, "instant", dropped=3, **{**reasons, "no_daemon": 3}),
+        mark(9.5, 101, DROPPED_MARKER, "instant", dropped=4, **{**reasons, "no_daemon": 3, "socket_full": 1}),
+    ]
+    # WHEN reported
+    s = build_report(trace)["sglang"]
+    # THEN the summary names the rank, the count and why, and the text says so under the verdict
+    assert s["summary"]["markers_dropped"] == [
+        {"pid": 101, "label": "TP1", "dropped": 4, "reasons": {**reasons, "no_daemon": 3, "socket_full": 1}}]
+    assert ("  markers lost: TP1 dropped 4 marker(s) (no_daemon 3, socket_full 1); phases around them may be "
+            "missing") in render_sglang(s)
 
 
 def test_an_allocation_before_the_baseline_is_placed_before_it():
@@ -327,7 +475,7 @@ def test_no_sglang_markers_no_section():
     # WHEN reported  THEN there is no SGLang section and no heading
     report = build_report(trace)
     assert report["sglang"] is None and not has_sglang_markers(trace.markers)
-    assert "SGLang startup" not in render_text(report)
+    assert "SGLang startup" not in render_text(report, width=1000, show_all=True)
 
 
 # ------------------------------------------------------------------------------------------ ranks
@@ -376,7 +524,7 @@ def test_kv_times_use_the_profiler_measurement_and_skip_draft_workers():
 
 @pytest.mark.parametrize("path", [BASE, IPC])
 def test_report_of_the_examples_is_deterministic(path):
-    assert render_text(build_report(load_trace(path))) == render_text(build_report(load_trace(path)))
+    assert render_text(build_report(load_trace(path)), width=1000, show_all=True) == render_text(build_report(load_trace(path)), width=1000, show_all=True)
 
 
 def test_an_error_outside_the_kv_sizing_is_shown_and_a_filter_without_sglang_processes_drops_the_section():
@@ -390,13 +538,14 @@ def test_an_error_outside_the_kv_sizing_is_shown_and_a_filter_without_sglang_pro
     report = build_report(trace)
     # THEN the rank lists the error and the text says where SGLang raised it
     assert report["sglang"]["ranks"][0]["errors"] == [
-        {"phase": "init_model_worker", "error": "RuntimeError: CUDA error: an illegal memory access"}
+        {"phase": "init_model_worker", "error": "RuntimeError: CUDA error: an illegal memory access", "at": None,
+         "traceback": None}
     ]
     assert "  SGLang raised in init_model_worker: RuntimeError: CUDA error: an illegal memory access" in (
-        render_text(report).splitlines()
+        render_text(report, width=1000, show_all=True).splitlines()
     )
     # AND the sizing itself is not blamed: it succeeded (rest 29.125 GiB), the worker failed later
-    assert "  startup FAILED on TP0: RuntimeError: CUDA error: an illegal memory access" in render_text(report).splitlines()
+    assert "  startup FAILED on TP0: RuntimeError: CUDA error: an illegal memory access" in render_text(report, width=1000, show_all=True).splitlines()
     (b,) = report["sglang"]["ranks"][0]["budgets"]
     assert (b["rest_gib"], b["ok"], b["diagnosis"]["lines"], report["sglang"]["summary"]["kv_failed"]) == (
         29.125, False, [], False,

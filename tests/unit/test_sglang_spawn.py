@@ -79,4 +79,4 @@ def test_spawned_workers_send_their_markers_with_their_own_pid_in_order(workdir,
     assert [(b.tp_rank, b.pid) for b in budgets] == [(r, pids[r]) for r in range(3)]
     rests = [b.rest_gib for b in budgets]
     assert rests[0] - rests[1] == pytest.approx(1.0) and rests[0] - rests[2] == pytest.approx(2.0)
-    assert all(b.ok and b.tokens == b.sglang_profiled_tokens for b in budgets)
+    assert all(b.ok and b.tokens == b.sglang_tokens for b in budgets)

@@ -9,10 +9,14 @@ say so.
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
 import sglang_fakes
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
+import make_sglang_fixture  # noqa: E402
 
 from memrec.sglang_hooks import targets
 from memrec.sglang_hooks.targets import TARGETS
@@ -41,30 +45,8 @@ def _tree(line: str, module: str) -> tuple[ast.Module, str]:
     return _trees[key]
 
 
-def _params(fn: ast.FunctionDef) -> list[str]:
-    a = fn.args
-    names = [p.arg for p in a.posonlyargs + a.args + a.kwonlyargs]
-    return names
-
-
-def _assigned_attrs(tree: ast.Module) -> set[str]:
-    """Attributes assigned as ``<x>.attr = ...`` anywhere, plus class-level annotated fields."""
-    out = set()
-    for node in ast.walk(tree):
-        targets_ = []
-        if isinstance(node, ast.Assign):
-            targets_ = node.targets
-        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
-            targets_ = [node.target]
-        for target in targets_:
-            for sub in ast.walk(target):
-                if isinstance(sub, ast.Attribute):
-                    out.add(sub.attr)
-        if isinstance(node, ast.ClassDef):
-            for stmt in node.body:
-                if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
-                    out.add(stmt.target.id)
-    return out
+_params = make_sglang_fixture._params  # (the fixture's *args/**kwargs entries are never read)
+_assigned_attrs = make_sglang_fixture._assigned_attrs
 
 
 _CASES = [pytest.param(line, spec, id=f"{line}:{spec.qualname}") for line, specs in TARGETS.items() for spec in specs]
@@ -116,7 +98,7 @@ def test_every_line_emits_every_phase_of_the_lifecycle(line: str):
     specs = TARGETS[line]
     # WHEN the markers it emits are collected (a baseline may come from the dist_init result)
     emitted = {s.marker for s in specs if s.marker} | {
-        targets.MEMORY_BASELINE for s in specs if s.baseline_from_result
+        targets.MEMORY_BASELINE for s in specs if s.baseline_from
     }
     # THEN every phase the issue asks for is there
     wanted = {
@@ -149,7 +131,7 @@ def test_kv_budget_target_holds_the_formula_memrec_rebuilds(line: str):
 @pytest.mark.parametrize(
     ("line", "texts"),
     [
-        ("0.5.23", (targets.NO_MEMORY_FOR_KV, targets.NOT_ENOUGH_MEMORY)),
+        ("0.5.22", (targets.NO_MEMORY_FOR_KV, targets.NOT_ENOUGH_MEMORY)),
         ("0.5.10", (targets.NOT_ENOUGH_MEMORY,)),
         ("0.5.7", (targets.NOT_ENOUGH_MEMORY,)),
         ("0.4.10", (targets.NOT_ENOUGH_MEMORY,)),
@@ -161,7 +143,7 @@ def test_failure_texts_memrec_matches_are_raised_inside_hooked_spans(line: str, 
     modules = {s.module for s in spans} | {s.module for s in TARGETS[line] if s.contribute}
     if line in ("0.5.10",):
         modules.add("sglang.srt.model_executor.model_runner_kv_cache_mixin")
-    if line == "0.5.23":
+    if line in ("0.5.22", "0.5.21"):
         modules.add("sglang.srt.model_executor.pool_configurator")
     # WHEN their source is searched
     found = {text: any(text in _tree(line, m)[1] for m in modules) for text in texts}
@@ -180,8 +162,8 @@ def test_scheduler_process_title_is_the_one_memrec_parses(line: str):
 
 def test_plugin_api_memrec_uses_exists_in_0_5_23():
     # GIVEN SGLang 0.5.23's plugin package
-    tree, text = _tree("0.5.23", "sglang.srt.plugins.hook_registry")
-    _, init_text = _tree("0.5.23", "sglang.srt.plugins")
+    tree, text = _tree("0.5.22", "sglang.srt.plugins.hook_registry")
+    _, init_text = _tree("0.5.22", "sglang.srt.plugins")
     # WHEN the registry and the loader are read
     register = sglang_fakes.find_def(tree, "HookRegistry.register")
     hook_type = sglang_fakes.find_def(tree, "HookType")
@@ -191,7 +173,7 @@ def test_plugin_api_memrec_uses_exists_in_0_5_23():
     assert any(isinstance(n, ast.Assign) and n.targets[0].id == "AROUND" for n in hook_type.body)
     assert "return hook(original_fn, *args, **kwargs)" in text
     assert 'GENERAL_PLUGINS_GROUP = "sglang.srt.plugins"' in init_text
-    assert "load_plugins()" in _tree("0.5.23", "sglang.srt.managers.scheduler")[1]
+    assert "load_plugins()" in _tree("0.5.22", "sglang.srt.managers.scheduler")[1]
 
 
 @pytest.mark.parametrize("line", list(TARGETS))

@@ -900,3 +900,21 @@ def test_the_spec_example_reads_the_golden_trace_with_only_msgpack_and_numpy(tmp
     trace = load_trace(GOLDEN)
     assert f"{len(trace.events)} events" in out.stdout
     assert f"{int(trace.events['size'].sum())} bytes" in out.stdout
+
+
+def test_gpu_ids_come_from_the_header_the_events_and_the_samples():
+    from memrec.trace.model import Trace
+
+    # GIVEN a header without NVML's list, events on GPUs 3 and 0 and on the host (-1), a sample of GPU 5
+    ev = empty_events(4)
+    ev["gpu"] = [3, -1, 0, 3]
+    nvml = np.zeros(1, dtype=NVML_DTYPE)
+    nvml["gpu"] = 5
+    bare = Trace(header={"gpus": []}, events=ev)
+    # THEN the GPUs are those named, sorted, the host left out
+    assert bare.gpu_ids() == [0, 3]
+    assert Trace(header={"gpus": []}, events=ev, nvml=nvml).gpu_ids() == [0, 3, 5]
+    # AND a header's list counts even for a GPU no event names
+    listed = Trace(header={"gpus": [{"index": 1, "uuid": None, "name": "X", "total": 1}]}, events=ev)
+    assert listed.gpu_ids() == [0, 1, 3]
+    assert Trace(header={"gpus": []}).gpu_ids() == []

@@ -20,7 +20,7 @@ KEYS = (
     ("click", "put the cursor where you click (drag to scrub)"),
     ("m M", "next / previous marker"),
     ("p P", "next / previous phase begin on this GPU"),
-    ("o O", "next / previous failed allocation (OOM)"),
+    ("o O", "next / previous failed driver call"),
     ("b B", "next / previous big allocation (≥ 1 GiB)"),
     ("0-9", "show GPU n"),
     ("a", "all GPUs overview"),

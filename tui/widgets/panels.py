@@ -8,17 +8,18 @@ from rich.text import Text
 from textual.widgets import DataTable
 from textual.widgets import Static
 
-from memrec.events import CU_RESULT_NAMES
+from memrec.analysis.phases import NO_PHASE
 from memrec.events import GpuInfo
+from memrec.events import cu_result_name
 from memrec.tui.model import KIND_NAMES
 from memrec.tui.model import CursorState
 from memrec.tui.model import EventRows
 from memrec.tui.model import diff_rows
-from memrec.tui.model import fmt_bytes
 from memrec.tui.model import fmt_dur
 from memrec.tui.widgets.timeline import FAIL_COLOUR
 from memrec.tui.widgets.timeline import LAYER_COLOURS
 from memrec.tui.widgets.timeline import NVML_COLOUR
+from memrec.units import fmt_bytes
 
 HOLDER_VIEWS = ("process", "phase", "largest", "category")
 
@@ -34,15 +35,17 @@ def legend(no_color: bool = False) -> Text:
     t.append("─" if not no_color else "-", style=None if no_color else f"bold {NVML_COLOUR}")
     t.append("NVML used ")
     t.append("✗", style=None if no_color else f"bold {FAIL_COLOUR}")
-    t.append("failed alloc")
+    t.append("failed call")
     return t
 
 
 def header_text(gpu: GpuInfo | None, gpu_id: int, cursor_rel: str, st: CursorState | None, series_owned: int | None,
-                nvml: dict | None, other: CursorState | None = None, wide: bool = True, no_color: bool = False) -> Text:
-    """The GPU header: identity on the first line, the memory at the cursor on the second."""
+                nvml: dict | None, other: CursorState | None = None, wide: bool = True, narrow: bool = False,
+                no_color: bool = False) -> Text:
+    """The GPU header: identity on the first line, the memory at the cursor on the second
+    (``narrow``: without NVML's reserved memory and BAR1, so that it stays one line at 80 columns)."""
     t = Text(no_wrap=False, overflow="ellipsis")
-    name = gpu.name if gpu else "GPU"
+    name = gpu.name if gpu else "(no NVML: name and size not recorded)"
     t.append(f"GPU{gpu_id} ", style="bold")
     t.append(f"{name} ")
     if gpu is not None:
@@ -58,8 +61,9 @@ def header_text(gpu: GpuInfo | None, gpu_id: int, cursor_rel: str, st: CursorSta
     if nvml:
         t.append("used ", style="dim")
         t.append(fmt_bytes(nvml["used"]), style=None if no_color else f"bold {NVML_COLOUR}")
-        t.append(" rsv ", style="dim")
-        t.append(fmt_bytes(nvml["reserved"]) if nvml["reserved"] >= 0 else "-")
+        if not narrow:
+            t.append(" rsv ", style="dim")
+            t.append(fmt_bytes(nvml["reserved"]) if nvml["reserved"] >= 0 else "-")
     else:
         t.append("used - ", style="dim")
     owned = st.owned if st is not None else series_owned
@@ -78,7 +82,7 @@ def header_text(gpu: GpuInfo | None, gpu_id: int, cursor_rel: str, st: CursorSta
     if st is not None and st.by_category.get("ipc_mapped"):
         t.append(" │ ipc ", style="dim")
         t.append(fmt_bytes(st.by_category["ipc_mapped"]))
-    if nvml and nvml.get("bar1_total", -1) > 0:
+    if nvml and nvml.get("bar1_total", -1) > 0 and not narrow:
         t.append(" │ BAR1 ", style="dim")
         t.append(f"{fmt_bytes(nvml['bar1_used'])}/{fmt_bytes(nvml['bar1_total'])}")
     if other is not None:
@@ -103,6 +107,9 @@ class HoldersTable(DataTable):
     def __init__(self, **kwargs) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
         self.view_name = HOLDER_VIEWS[0]
+        #: Under 100 columns (38 for this table): by process shows owned and ipc (driver and vmm
+        #: are the "by category" view), the largest show size, phase and rank.
+        self.narrow = False
 
     def show(self, st: CursorState | None, other: CursorState | None = None) -> None:
         self.clear(columns=True)
@@ -116,11 +123,11 @@ class HoldersTable(DataTable):
             self._show_diff(st, other)
             return
         if v == "process":
-            self.add_columns("rank/pid", "owned", "driver", "vmm", "ipc")
+            cats_shown = ("ipc_mapped",) if self.narrow else ("driver", "vmm", "ipc_mapped")
+            self.add_columns("rank/pid", "owned", *({"ipc_mapped": "ipc"}.get(c, c) for c in cats_shown))
             for pid, label, cats, owned in st.by_process:
                 lab = label if label == str(pid) else f"{label} {pid}"
-                self.add_row(lab, fmt_bytes(owned), fmt_bytes(cats.get("driver", 0)), fmt_bytes(cats.get("vmm", 0)),
-                             fmt_bytes(cats.get("ipc_mapped", 0)))
+                self.add_row(lab, fmt_bytes(owned), *(fmt_bytes(cats.get(c, 0)) for c in cats_shown))
         elif v == "phase":
             self.add_columns("phase", "bytes", "allocs")
             for name, b, n in st.by_phase:
@@ -132,10 +139,14 @@ class HoldersTable(DataTable):
             if st.nvml and st.nvml.get("used", -1) >= 0:
                 self.add_row("untraced", fmt_bytes(st.nvml["used"] - st.owned))
                 self.add_row("NVML used", fmt_bytes(st.nvml["used"]))
+        elif self.narrow:
+            self.add_columns("size", "phase", "rank")
+            for a in st.largest:
+                self.add_row(fmt_bytes(a.size), a.phase or NO_PHASE, a.label)
         else:
             self.add_columns("size", "age", "phase", "rank", "category", "address")
             for a in st.largest:
-                self.add_row(fmt_bytes(a.size), fmt_dur(a.age), a.phase or "-", a.label, a.category, f"{a.address:#x}")
+                self.add_row(fmt_bytes(a.size), fmt_dur(a.age), a.phase or NO_PHASE, a.label, a.category, f"{a.address:#x}")
         if not self.row_count:
             self.add_row(*(["(nothing)"] + [""] * (len(self.columns) - 1)))
 
@@ -180,7 +191,7 @@ class EventsTable(DataTable):
             res = int(r["result"])
             kind = KIND_NAMES.get(int(r["kind"]), str(int(r["kind"])))
             size = int(r["size"])
-            res_text = Text("ok" if res == 0 else CU_RESULT_NAMES.get(res, str(res)).replace("CUDA_ERROR_", ""),
+            res_text = Text("ok" if res == 0 else cu_result_name(res).replace("CUDA_ERROR_", ""),
                             style="" if res == 0 else f"bold {FAIL_COLOUR}")
             self.add_row(
                 fmt_dur(int(r["ts"]) - origin),

@@ -1,5 +1,5 @@
 """The timeline graph: memory over time stacked by category, NVML used as a line, phase bands,
-failed allocations, a time axis and the cursor.
+failed driver calls, a time axis and the cursor.
 
 :func:`render_timeline` is pure (a :class:`~memrec.tui.model.SeriesView` in, Rich strips out) so
 tests check it without an app; :class:`TimelineGraph` only hands it the current view and serves
@@ -30,8 +30,8 @@ from memrec.tui.model import IPC_MAPPED
 from memrec.tui.model import VMM
 from memrec.tui.model import PhaseSpan
 from memrec.tui.model import SeriesView
-from memrec.tui.model import fmt_bytes
 from memrec.tui.model import fmt_dur
+from memrec.units import fmt_bytes
 
 #: Layers bottom to top: (name, colour (a 256-colour palette entry), no-colour character).
 LAYERS = (
@@ -48,7 +48,8 @@ OTHER_COLOUR = "#ff87ff"
 CURSOR_BG = "#d0d0d0"
 BAND_COLOURS = ("#5f5f87", "#5f875f", "#875f5f", "#5f8787", "#875f87", "#87875f", "#444444", "#585858")
 EIGHTHS = " ▁▂▃▄▅▆▇█"
-GUTTER = 6
+#: Columns left of the chart: the value axis ("140.00 GiB┤") and the phase bands' rank labels.
+GUTTER = 11
 
 
 def band_colour(name: str) -> str:
@@ -112,7 +113,7 @@ def render_timeline(view: SeriesView, opt: TimelineOptions) -> list[Strip]:
         if row == 0:
             label = fmt_bytes(scale)
         elif row == chart_h - 1:
-            label = "0"
+            label = fmt_bytes(0)
         elif row == chart_h // 2 and chart_h >= 5:
             label = fmt_bytes(scale // 2)
         else:
@@ -203,7 +204,9 @@ def _band_row(view: SeriesView, label: str, spans: list[PhaseSpan], cursor_col: 
             names[k] = s.name  # later (inner) spans win
         if 0 <= a < w:
             starts[a] = True
-    segs = [Segment(label[: GUTTER - 1].ljust(GUTTER - 1) + "│", Style(dim=True))]
+    chars: list[str] = []
+    styles: list[Style] = []
+    full: tuple[int, int, str, Style] | None = None  # the cursor's phase, when its name was cut
     k = 0
     while k < w:
         name = names[k]
@@ -214,19 +217,36 @@ def _band_row(view: SeriesView, label: str, spans: list[PhaseSpan], cursor_col: 
         if name.startswith("┃"):
             cell = ("┃" + " " * (j - k))[: j - k]
         else:
-            cell = (text + " " * (j - k))[: j - k] if text else " " * (j - k)
-            if text and j < w and names[j] and j - k > 2:
-                cell = cell[:-1] + " "  # keep a gap before the next phase's name
+            room = j - k - (1 if j < w and names[j] and j - k > 2 else 0)  # a gap before the next name
+            cell = text if len(text) <= room else text[: room - 1] + "…" if room >= 2 else text[:room]
+            cell = cell.ljust(j - k) if text else " " * (j - k)
         if text and color:
             st = Style(color="#ffffff", bgcolor=band_colour(text))
         elif text:
             st = Style(reverse=True)
         else:
             st = Style()
-        for i, ch in enumerate(cell):
-            col = k + i
-            segs.append(Segment(ch, st + Style(bgcolor=CURSOR_BG) if col == cursor_col and color else st + Style(reverse=True) if col == cursor_col else st))
+        if text and cursor_col is not None and k <= cursor_col < j and not cell.startswith(text):
+            full = (k, j, text, st)
+        chars.extend(cell)
+        styles.extend([st] * len(cell))
         k = j
+    if full is not None:
+        # A phase too short for its name at this zoom: with the cursor in it, its whole name is
+        # written over its neighbours (the cursor is where the user looks), kept on screen.
+        k, j, text, st = full
+        start = max(0, min(k, w - len(text)))
+        end = start + len(text[:w])
+        chars[start:end], styles[start:end] = list(text[:w]), [st] * (end - start)
+        c = end  # what is left of a neighbour's name after it would read as part of this one
+        while c < w and c > 0 and names[c] == names[end] and not starts[c] and names[c]:
+            chars[c] = " "
+            c += 1
+    segs = [Segment(label[: GUTTER - 1].ljust(GUTTER - 1) + "│", Style(dim=True))]
+    for col, (ch, st) in enumerate(zip(chars, styles)):
+        if col == cursor_col:
+            st = st + Style(bgcolor=CURSOR_BG) if color else st + Style(reverse=True)
+        segs.append(Segment(ch, st))
     return Strip(segs)
 
 

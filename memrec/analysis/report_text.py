@@ -1,0 +1,427 @@
+"""The text of ``memrec report``: the answer first, then per GPU the details.
+
+:func:`render_text` turns :func:`memrec.analysis.report.build_report`'s dict into fixed-width text
+that fits ``width`` columns (long free-text cells wrap onto continuation lines; nothing is cut
+with "..."). The default view leaves out what does not help an answer: rows that are all zero,
+the frees a process's exit made implicitly (they are in "held at exit"), and zero peaks of
+processes that only mapped peers' memory; ``show_all`` keeps them.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from memrec.analysis.answer import fit
+from memrec.analysis.sglang_report import render_sglang
+from memrec.analysis.text import count
+from memrec.analysis.text import fit_lines
+from memrec.analysis.text import human
+from memrec.analysis.text import table
+from memrec.events import CATEGORIES
+from memrec.trace.merge import render_merged
+
+_CATEGORY_NOTE = {
+    "driver": "cuMemAlloc*",
+    "vmm": "cuMemCreate physical",
+    "ipc_mapped": "peers' memory mapped here: not owned, not in totals",
+    "host_pinned": "pinned host memory",
+}
+
+
+def _sec(ns: int) -> float:
+    return round(ns / 1e9, 6)
+
+
+def _t(seconds: float | None) -> str:
+    return "-" if seconds is None else f"+{seconds:.3f}s"
+
+
+def _values(values: dict) -> str:
+    return ", ".join(f"{k}={_fmt_value(v)}" for k, v in values.items())
+
+
+def _fmt_value(v: Any) -> str:
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 1 << 20:
+        return human(v)
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def _pid_label(pid: int, procs: dict[int, dict]) -> str:
+    p = procs.get(pid, {})
+    bits = [f"pid {pid}"]
+    if p.get("rank"):
+        bits.append(p["rank"])
+    if p.get("short"):
+        bits.append(p["short"])
+    return " ".join(bits)
+
+
+def _holding_text(h: dict) -> str:
+    addr = f"handle {h['address']:#x}" if h["category"] == "vmm" else f"{h['address']:#x}"
+    text = f"{human(h['size'])} {h['category']} {addr}"
+    if h["category"] == "ipc_mapped" and h.get("peer"):
+        text += f" from pid {h['peer']}"
+    return text
+
+
+def render_text(report: dict, width: int = 80, show_all: bool = False) -> str:
+    """The report as text at most ``width`` columns wide, the answer in its first three lines.
+
+    ``show_all`` keeps what the default view leaves out (see the module docstring). The same
+    report and width always give the same text.
+    """
+    out: list[str] = [fit(line, width) for line in report["answer"]["lines"]]
+    tr = report["trace"]
+    procs = {p["pid"]: p for p in report["processes"]}
+    out.append("")
+    out.append("memrec report")
+    head = (
+        f"  trace: {tr['duration_s']:.3f} s, {count(tr['events'], 'event')}, "
+        f"{count(tr['failed_calls_all'], 'failed call')}, {count(tr['processes'], 'process')}, "
+        f"{count(tr['markers'], 'marker')}, {count(tr['nvml_samples'], 'NVML sample')}"
+    )
+    out.append(head)
+    if report.get("merged"):
+        out.extend(render_merged(report["merged"]))
+    flt = report["filter"]
+    if flt["gpu"] is not None or flt["pid"] is not None:
+        parts = [f"{k} {flt[k]}" for k in ("gpu", "pid") if flt[k] is not None]
+        shown = f"{count(len(report['processes']), 'process')}, {count(tr['failed_calls'], 'failed call')}"
+        out.append("  filter: " + ", ".join(parts) + f" ({shown})")
+    if tr["lost"]:
+        out.append(f"  !! LOST EVENTS: {tr['lost']:,} events were dropped while recording; the numbers below miss them")
+    if not tr["complete"]:
+        out.append("  !! no trailer: the recording did not end cleanly (the trace may stop early)")
+    for w in tr["warnings"]:
+        out.append(f"  !! reader warning: {w}")
+    for w in tr["phase_warnings"]:
+        out.append(f"  !  markers: {w}")
+    if tr["anomalies"]:
+        out.append(
+            "  note: events that did not match the recorded state (usually memory from before the recording): "
+            + ", ".join(f"{k} {v:,}" for k, v in tr["anomalies"].items())
+        )
+
+    if report.get("sglang"):
+        out.append("")
+        sglang = render_sglang(report["sglang"], width)
+        out.extend(sglang if show_all else collapse(sglang, _RANK_BLOCK, procs))
+    gpu_lines: list[str] = []
+    for sec in report["gpus"]:
+        gpu_lines.append("")
+        gpu_lines.extend(_render_gpu(sec, procs, width, show_all))
+    out.extend(gpu_lines if show_all else collapse(gpu_lines, _GPU_BLOCK, procs))
+    if report["host"] is not None:
+        out.append("")
+        out.extend(_render_gpu(report["host"], procs, width, show_all))
+
+    if report["failures_unknown_gpu"]:
+        out.append("")
+        out.append("failed calls on an unknown GPU")
+        out.extend(_failure_table(report["failures_unknown_gpu"]))
+
+    if report["processes"]:
+        out.append("")
+        out.append("processes")
+        rows = [
+            [str(p["pid"]), p["rank"], ",".join("host" if g < 0 else str(g) for g in p["gpus"]) or "-",
+             _t_exit(p, tr), p["short"]]
+            for p in report["processes"]
+        ]
+        out.extend(table(["PID", "RANK", "GPUS", "EXIT", "COMMAND"], rows, right={0}, width=width, wrap=True))
+
+    if report["phases"] or report["instants"]:
+        out.append("")
+        out.append("phases")
+        keyed = []
+        for ph in report["phases"]:
+            name = "  " * ph["depth"] + ph["name"] + ("" if ph["closed"] else " (unclosed)")
+            keyed.append(
+                ((ph["pid"], ph["start_ts"], 0, ph["id"]),
+                 [str(ph["pid"]), name, _t(ph["start_s"]), _t(ph["end_s"]), f"{ph['end_s'] - ph['start_s']:.3f}s",
+                  _values(ph["values"])])
+            )
+        for n, i in enumerate(report["instants"]):
+            keyed.append(
+                ((i["pid"], i["ts"], 1, n),
+                 [str(i["pid"]), f"* {i['name']}", _t(i["t_s"]), "", "", _values(i["values"])])
+            )
+        rows = [row for _, row in sorted(keyed, key=lambda kr: kr[0])]
+        out.extend(table(["PID", "PHASE", "START", "END", "DURATION", "VALUES"], rows, right={0, 2, 3, 4},
+                         width=width, drop=(4, 3), wrap=True))
+    return "\n".join(fit_lines(out, width)) + "\n"
+
+
+def _t_exit(p: dict, tr: dict) -> str:
+    if p["exit_ts"] is None:
+        return "-"
+    return _t(_sec(p["exit_ts"] - tr["start_ts"]))
+
+
+def _render_gpu(sec: dict, procs: dict, width: int, show_all: bool) -> list[str]:
+    out: list[str] = []
+    g = sec["gpu"]
+    if g < 0:
+        title = "HOST (pinned memory) and device memory of unknown GPU"
+    else:
+        bits = [f"GPU {g}"]
+        if sec["name"]:
+            bits.append(sec["name"])
+        if sec["uuid"]:
+            bits.append(sec["uuid"])
+        if sec["total"]:
+            bits.append(f"{human(sec['total'])} total")
+        title = "  ".join(bits)
+    out.append(title)
+    out.append("=" * len(title))
+    pk = sec["peak"]
+    final = human(sec["final"]["bytes"])
+    out.append(f"  peak traced   {human(pk['bytes'])} at {_t(pk['t_s'])}    final traced   {final}")
+    nv = sec["nvml"]
+    if nv is not None:
+        line = f"  NVML used     last {human(nv['last_used'])}, peak {human(nv['peak_used'])}"
+        line += f" at {_t(nv['peak_used_t_s'])}"
+        line += f"; reserved last {human(nv['last_reserved'])}, peak {human(nv['peak_reserved'])}"
+        out.append(line)
+        if "untraced_at_last" in nv:
+            out.append(
+                f"                not traced at the last sample: {human(nv['untraced_at_last'])} "
+                f"(contexts, pools, other processes)"
+            )
+
+    if sec["categories"]:
+        out.append("")
+        rows = [
+            [c["category"], human(c["peak"]), _t(c["peak_t_s"]), human(c["final"]),
+             _CATEGORY_NOTE.get(c["category"], "")]
+            for c in sec["categories"]
+        ]
+        out.extend(table(["CATEGORY", "PEAK", "AT", "FINAL", ""], rows, right={1, 2, 3}))
+
+    shown = [p for p in sec["processes"] if show_all or _process_row_matters(p)]
+    if shown:
+        out.append("")
+        rows = []
+        for p in shown:
+            no_peak = not p["peak"] and not show_all  # a peer that only mapped: no "0 B at +0.000s"
+            rows.append(
+                [str(p["pid"]), p["rank"], "-" if no_peak else human(p["peak"]),
+                 "-" if no_peak else _t(p["peak_t_s"]), human(p["final"]),
+                 human(p["mapped_peak"]) if p["mapped_peak"] else "-",
+                 human(p["held_at_exit"]) if p["held_at_exit"] else "-",
+                 human(p["nvml_used"]) if p["nvml_used"] is not None else "-",
+                 p["process"]]
+            )
+        out.extend(
+            table(
+                ["PID", "RANK", "PEAK", "AT", "FINAL", "MAPPED", "AT EXIT", "NVML USED", "COMMAND"],
+                rows, right={0, 2, 3, 4, 5, 6, 7}, width=width, drop=(4, 7), wrap=True,
+            )
+        )
+
+    if sec.get("reconciliation"):
+        out.append("")
+        out.extend(_render_reconciliation(sec["reconciliation"], procs, width))
+
+    phase_rows = sec["phases"] if show_all else [r for r in map(_without_exit_frees, sec["phases"]) if r]
+    if phase_rows:
+        out.append("")
+        out.append("  by phase (net bytes per category during each phase of the process that made them; owned totals)")
+        if not show_all and any(r["exit_freed"] or r["exit_by_category"] for r in sec["phases"]):
+            out.append("  (frees at process exit are under \"held at exit\"; --all counts them here too)")
+        cats = [c for c in CATEGORIES if any(c in r["by_category"] for r in phase_rows)]
+        rows = []
+        for r in phase_rows:
+            rows.append(
+                [str(r["pid"]), r["path"], _t(r["start_s"]), _t(r["end_s"])]
+                + [human(r["by_category"][c]) if c in r["by_category"] else "-" for c in cats]
+                + [human(r["allocated"]), human(r["freed"]), human(r["net"])]
+            )
+        out.extend(
+            table(
+                ["PID", "PHASE", "START", "END"] + [c.upper() for c in cats] + ["ALLOCATED", "FREED", "NET OWNED"],
+                rows, right=set(range(2, 7 + len(cats))) | {0}, width=width, drop=(3, 2),
+            )
+        )
+
+    if sec["held_at_exit"]:
+        out.append("")
+        out.append("  held at exit (freed implicitly when the process exited)")
+        rows = [
+            [str(r["pid"]), _t(r["t_s"]), human(r["owned"]), human(r["mapped"]) if r["mapped"] else "-",
+             str(r["count"]), "; ".join(_holding_text(h) for h in r["largest"])]
+            for r in sec["held_at_exit"]
+        ]
+        out.extend(table(["PID", "EXIT AT", "OWNED", "MAPPED", "PIECES", "LARGEST"], rows, right={0, 1, 2, 3, 4},
+                         width=width, wrap=True))
+
+    if sec["failures"]:
+        out.append("")
+        out.append(f"  failed calls ({len(sec['failures'])}), each with who held what on GPU {g} at that instant")
+        failure_lines = _failure_table(sec["failures"])
+        out.append(failure_lines[0])
+        for f, row in zip(sec["failures"], failure_lines[1:]):
+            out.append(row)
+            if "holders" not in f:
+                continue
+            out.append(
+                f"        GPU {f['gpu']} then: {human(f['owned_on_gpu'])} owned"
+                + (f", {human(f['mapped_on_gpu'])} mapped from peers" if f["mapped_on_gpu"] else "")
+            )
+            for h in f["holders"]:
+                cats = ", ".join(f"{c} {human(b)}" for c, b in h["by_category"].items())
+                out.append(f"          {_pid_label(h['pid'], procs)}: {human(h['owned'])} owned ({cats})")
+                if h["largest"]:
+                    out.append("            largest: " + "; ".join(_holding_text(x) for x in h["largest"]))
+        if any(f["gpu_inferred"] for f in sec["failures"]):
+            out.append("    (GPU n? = the call named no GPU: inferred from the process's previous calls)")
+    return out
+
+
+def _process_row_matters(p: dict) -> bool:
+    """A process row with anything in it (held, mapped, held at exit or seen by NVML)."""
+    return bool(p["peak"] or p["final"] or p["mapped_peak"] or p["held_at_exit"] or p["nvml_used"])
+
+
+def _without_exit_frees(r: dict) -> dict | None:
+    """A by-phase row without the frees a process exit made (None when nothing is left)."""
+    by_category = {c: v + r["exit_by_category"].get(c, 0) for c, v in r["by_category"].items()}
+    by_category = {c: v for c, v in by_category.items() if v}
+    row = dict(r, by_category=by_category, freed=r["freed"] - r["exit_freed"], net=r["net"] + r["exit_freed"])
+    if not by_category and not row["allocated"] and not row["freed"]:
+        return None
+    return row
+
+
+#: The first line of a block ``collapse`` compares: a GPU section's title, an SGLang rank's header.
+_GPU_BLOCK = re.compile(r"^GPU \d+\b")
+_RANK_BLOCK = re.compile(r"^((DP|PP|TP|EP)\d+ ?)+ +pid \d+")
+
+
+def collapse(lines: list[str], header: re.Pattern, procs: dict) -> list[str]:
+    """Blocks that say the same as the first one, pids, ranks, GPUs and times aside, become one line.
+
+    A block starts at a line ``header`` matches and runs to the next one. A block whose lines (in
+    any order, numbers that name a pid, rank, GPU, time or address masked) are those of the first
+    block becomes "<its header>: same as <first>"; runs of such blocks are joined ("GPU 1–7:
+    same as GPU 0"). One that differs in at most 3 lines shows only those lines.
+    """
+    starts = [i for i, text in enumerate(lines) if header.match(text)]
+    if len(starts) < 2:
+        return lines
+    bounds = list(zip(starts, starts[1:] + [len(lines)]))
+    pids = sorted((str(p) for p in procs), key=len, reverse=True)
+    mask = re.compile(r"\b(" + "|".join(map(re.escape, pids)) + r")\b") if pids else None
+
+    def norm(text: str) -> str:
+        text = mask.sub("P", text) if mask else text
+        text = re.sub(r"\b(DP|PP|TP|EP)\d+", r"\1n", text)
+        text = re.sub(r"\bGPU-[0-9a-fA-F-]+", "UUID", text)
+        text = re.sub(r"\bGPU \d+", "GPU n", text)
+        text = re.sub(r"[+-]?\d+\.\d+s\b", "T", text)
+        text = re.sub(r"0x[0-9a-f]+", "ADDR", text)
+        # Small bare numbers are GPU columns (a rank's own GPU, its peers'); counts with a unit stay.
+        text = re.sub(r"(?<![\w.=,+-])\d{1,3}(?![\w.,]| ?(B|KiB|MiB|GiB|TiB)\b)", "N", text)
+        return re.sub(r"\s+", " ", text).strip()
+
+    first_head = lines[starts[0]].split("  ")[0].split(" pid ")[0].strip()
+    base = sorted(norm(t) for t in lines[bounds[0][0] + 1 : bounds[0][1]] if t.strip() and not set(t) <= {"="})
+    out = lines[: bounds[0][1]]
+    same_run: list[str] = []
+
+    def flush() -> None:
+        if same_run:
+            names = same_run[0] if len(same_run) == 1 else f"{same_run[0]}–{same_run[-1].split()[-1]}"
+            out.append(f"{names}: same as {first_head} (pids, ranks, times aside)")
+            out.append("")
+            same_run.clear()
+
+    for lo, hi in bounds[1:]:
+        head = lines[lo].split("  ")[0].split(" pid ")[0].strip()
+        body = [t for t in lines[lo + 1 : hi] if t.strip() and not set(t) <= {"="}]
+        normed = sorted(norm(t) for t in body)
+        if normed == base:
+            same_run.append(head)
+            continue
+        flush()
+        rest = list(base)
+        extra = []
+        for t in body:
+            n = norm(t)
+            if n in rest:
+                rest.remove(n)
+            else:
+                extra.append(t)
+        if len(extra) <= 3 and len(body) == len(base):
+            out.append(f"{head}: same as {first_head} except")
+            out.extend(extra)
+            out.append("")
+        else:
+            out.extend(lines[lo:hi])
+    flush()
+    while out and not out[-1].strip():
+        out.pop()
+    return out
+
+
+def _render_reconciliation(rc: dict, procs: dict, width: int) -> list[str]:
+    """The "NVML vs traced" table: each process NVML listed, then the whole GPU."""
+    out = ["  NVML vs traced (at each NVML sample; untraced = NVML - traced: context, modules, rounding, pools)"]
+    rows = []
+    for r in rc["processes"]:
+        notes = []
+        if not r["recorded"]:
+            notes.append("not recorded by memrec")
+        if r["negative_samples"]:
+            notes.append(f"! traced > NVML in {r['negative_samples']} of {r['samples']} samples")
+        if r["unavailable"]:
+            notes.append(f"{count(r['unavailable'], 'sample')} without a value")
+        if r["after_exit_samples"]:
+            n = r["after_exit_samples"]
+            notes.append(f"{count(n, 'sample')} after its exit left out"
+                         " (the driver frees later)")
+        rows.append(
+            [str(r["pid"]), procs.get(r["pid"], {}).get("rank", ""), human(r["nvml_used_last"]),
+             human(r["traced_last"]), human(r["untraced_last"]), _range(r["untraced_min"], r["untraced_max"]),
+             str(r["samples"]), "; ".join(notes)]
+        )
+    d = rc["device"]
+    if d is not None:
+        notes = []
+        if d["reserved_last"] is not None:
+            notes.append(f"reserved {human(d['reserved_last'])} (driver/firmware, not in used)")
+        else:
+            notes.append("reserved unknown (NVML v1: used includes it)")
+        if d["negative_samples"]:
+            notes.append(f"! traced > NVML in {d['negative_samples']} of {d['samples']} samples")
+        rows.append(
+            ["GPU", "", human(d["used_last"]), human(d["traced_last"]), human(d["untraced_last"]),
+             _range(d["untraced_min"], d["untraced_max"]), str(d["samples"]), "; ".join(notes)]
+        )
+    out.extend(
+        table(["PID", "RANK", "NVML USED", "TRACED", "UNTRACED", "UNTRACED MIN..MAX", "SAMPLES", ""], rows,
+              right={0, 2, 3, 4, 5, 6}, width=width, drop=(6,), wrap=True)
+    )
+    if rc["unsampled_pids"]:
+        out.append(
+            "    traced here but never in NVML's process samples: "
+            + ", ".join(f"pid {p}" for p in rc["unsampled_pids"])
+            + " (gone between samples, or another PID namespace)"
+        )
+    return out
+
+
+def _range(lo: int | None, hi: int | None) -> str:
+    return "-" if lo is None or hi is None else f"{human(lo)}..{human(hi)}"
+
+
+def _failure_table(failures: list[dict]) -> list[str]:
+    rows = []
+    for f in failures:
+        gpu = "?" if f["gpu"] < 0 else str(f["gpu"]) + ("?" if f["gpu_inferred"] else "")
+        size = human(f["size"]) if f["size"] else "-"
+        rows.append([_t(f["t_s"]), str(f["pid"]), gpu, f["api"], size, f["result_name"]])
+    return table(["TIME", "PID", "GPU", "API", "SIZE", "RESULT"], rows, right={0, 1, 4}, indent="    ")

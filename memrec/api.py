@@ -1,0 +1,307 @@
+"""``memrec.load(path)``: a trace as tables, for notebooks, pandas, polars and DuckDB.
+
+A :class:`Recording` replays the trace once (the same replay as ``memrec report``: keyframe at
+event 0, :func:`memrec.analysis.timeline.build_timeline`, :func:`memrec.analysis.phases.build_phases`)
+and hands out typed tables: numpy structured arrays, or pandas DataFrames when pandas is installed
+and ``pandas`` is not False. Names (kind, api, result, phase, category) are strings, sizes and
+times integers (ns on CLOCK_MONOTONIC, plus ``t_s``: seconds since the recording started, the
+``+N.NNNs`` of the report). The exports (``memrec export``) are written from these same tables.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from memrec.analysis.names import api_name
+from memrec.analysis.names import kind_name
+from memrec.analysis.names import process_title
+from memrec.analysis.names import result_name
+from memrec.analysis.phases import Phases
+from memrec.analysis.phases import attribute
+from memrec.analysis.phases import build_phases
+from memrec.analysis.reconcile import Reconciliation
+from memrec.analysis.reconcile import reconcile
+from memrec.analysis.replay import initial_state
+from memrec.analysis.replay import trace_bounds
+from memrec.analysis.timeline import OWNED
+from memrec.analysis.timeline import Timeline
+from memrec.analysis.timeline import build_timeline
+from memrec.analysis.timeline import state_at
+from memrec.trace.model import Trace
+
+#: Object columns hold Python str (names shared between rows: 8 bytes a row, not a fixed width).
+_STR = "O"
+
+
+def load(path: str | os.PathLike, pandas: bool | None = None) -> Recording:
+    """Read a ``.mrec`` trace (a truncated tail is skipped with a warning, as everywhere).
+
+    Args:
+        path: the trace file.
+        pandas: tables as pandas DataFrames (True), numpy structured arrays (False), or DataFrames
+            when pandas can be imported (None, the default).
+
+    Raises:
+        OSError: the file cannot be opened.
+        memrec._errors.TraceFormatError: not a memrec trace, or a newer format.
+    """
+    from memrec.trace.reader import load_trace
+
+    return Recording(load_trace(path), pandas=pandas)
+
+
+def _use_pandas(choice: bool | None) -> bool:
+    if choice is not None:
+        return choice
+    try:
+        import pandas  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _table(columns: dict[str, Any], dtypes: dict[str, str], n: int) -> np.ndarray:
+    out = np.zeros(n, dtype=[(k, dtypes[k]) for k in columns])
+    for k, v in columns.items():
+        out[k] = v
+    return out
+
+
+class Recording:
+    """One trace, replayed once, as tables (see the module docstring).
+
+    Attributes:
+        trace: the decoded :class:`memrec.trace.model.Trace`.
+        start: the recording's start (CLOCK_MONOTONIC ns): ``t_s`` is relative to it.
+        end: its last timestamp.
+    """
+
+    def __init__(self, trace: Trace, pandas: bool | None = None) -> None:
+        self.trace = trace
+        self.start, self.end = trace_bounds(trace)
+        self._pandas = _use_pandas(pandas)
+        self.notes: list[str] = []
+
+    # ------------------------------------------------------------------ the one replay
+
+    @cached_property
+    def timeline(self) -> Timeline:
+        """The replay: per-GPU step series, the journal and the final state (fills ``events["gpu"]``)."""
+        initial, self.notes = initial_state(self.trace)
+        return build_timeline(self.trace.events, start=self.start, state=initial)
+
+    @cached_property
+    def phases(self) -> Phases:
+        """Phases (begin/end marker pairs per process) and instants."""
+        return build_phases(self.trace.markers, self.end)
+
+    @cached_property
+    def ranks(self) -> dict[int, str]:
+        """pid -> rank label ("TP0") from the markers' SGLang ranks, else the process record's rank."""
+        from memrec.analysis.sglang_report import rank_labels
+
+        out = {p: f"{' '.join(f'{k}{v}' for k, v in sorted(i.rank.items()))}" for p, i in self.trace.processes.items()
+               if i.rank}
+        out.update(rank_labels(self.trace.markers))
+        return out
+
+    def name_of(self, pid: int) -> str:
+        """``pid 1054 TP0 python3 (spawned)``: how tables and exports name a process."""
+        title = process_title(self.trace.processes.get(pid), self.ranks.get(pid, ""))
+        return f"pid {pid} {title}".rstrip()
+
+    def _out(self, arr: np.ndarray) -> Any:
+        if not self._pandas:
+            return arr
+        import pandas as pd
+
+        return pd.DataFrame({k: arr[k] for k in arr.dtype.names})
+
+    def _t_s(self, ts: np.ndarray) -> np.ndarray:
+        return (ts.astype(np.int64) - self.start) / 1e9
+
+    # ------------------------------------------------------------------ tables
+
+    def events_array(self) -> np.ndarray:
+        """Every driver event, one row each, with names and the phase of its process at that time."""
+        ev = self.timeline.events  # the replay has filled in each event's GPU where it could
+        n = len(ev)
+        phase_ids = self.phases.assign(ev["pid"].astype(np.int64), ev["ts"].astype(np.int64)) if n else np.zeros(0)
+        labels = {i: self.phases.label(int(i)) for i in np.unique(phase_ids).tolist()}
+        kinds = {k: kind_name(k) for k in np.unique(ev["kind"]).tolist()}
+        apis = {a: api_name(a) for a in np.unique(ev["api"]).tolist()}
+        results = {r: result_name(r) for r in np.unique(ev["result"]).tolist()}
+        cols = {
+            "ts": ev["ts"], "t_s": self._t_s(ev["ts"]), "pid": ev["pid"], "tid": ev["tid"],
+            "kind": [kinds[k] for k in ev["kind"].tolist()], "api": [apis[a] for a in ev["api"].tolist()],
+            "result": ev["result"], "result_name": [results[r] for r in ev["result"].tolist()],
+            "gpu": ev["gpu"], "ordinal": ev["ordinal"], "size": ev["size"], "ptr": ev["ptr"],
+            "handle": ev["handle"], "aux": ev["aux"], "flags": ev["flags"],
+            "phase": [labels[i] for i in phase_ids.tolist()],
+        }
+        types = {"ts": "<i8", "t_s": "<f8", "pid": "<i8", "tid": "<i8", "kind": _STR, "api": _STR, "result": "<i4",
+                 "result_name": _STR, "gpu": "<i2", "ordinal": "<i4", "size": "<i8", "ptr": "<u8", "handle": "<u8",
+                 "aux": "<u8", "flags": "<u4", "phase": _STR}
+        return _table(cols, types, n)
+
+    @property
+    def events(self) -> Any:
+        """Every driver event (see :meth:`events_array`)."""
+        return self._out(self.events_array())
+
+    def samples_array(self) -> np.ndarray:
+        """NVML device samples: used, reserved, free, total (bytes; -1 where NVML gave none)."""
+        nv = self.trace.nvml
+        cols = {"ts": nv["ts"], "t_s": self._t_s(nv["ts"])}
+        cols.update({k: nv[k] for k in ("gpu", "used", "reserved", "free", "total", "bar1_used", "bar1_total")})
+        types = {k: "<i8" for k in cols}
+        types.update(t_s="<f8", gpu="<i2")
+        return _table(cols, types, len(nv))
+
+    @property
+    def samples(self) -> Any:
+        """NVML device samples (see :meth:`samples_array`)."""
+        return self._out(self.samples_array())
+
+    def process_samples_array(self) -> np.ndarray:
+        """NVML per-process samples: a process's used bytes on one GPU."""
+        pm = self.trace.procmem
+        cols = {"ts": pm["ts"], "t_s": self._t_s(pm["ts"]), "gpu": pm["gpu"], "pid": pm["pid"], "used": pm["used"]}
+        return _table(cols, {"ts": "<i8", "t_s": "<f8", "gpu": "<i2", "pid": "<i8", "used": "<i8"}, len(pm))
+
+    @property
+    def process_samples(self) -> Any:
+        """NVML per-process samples (see :meth:`process_samples_array`)."""
+        return self._out(self.process_samples_array())
+
+    def markers_array(self) -> np.ndarray:
+        """Phase markers as recorded (``values`` as ``k=v`` text, the JSON of the report has them typed)."""
+        mk = sorted(self.trace.markers, key=lambda m: m.ts)
+        ts = np.array([m.ts for m in mk], dtype=np.int64)
+        cols = {
+            "ts": ts, "t_s": self._t_s(ts), "pid": [m.pid for m in mk], "tid": [m.tid for m in mk],
+            "name": [m.name for m in mk], "phase": [m.phase for m in mk],
+            "gpu": [-1 if m.gpu is None else m.gpu for m in mk],
+            "rank": [self.ranks.get(m.pid, "") for m in mk],
+            "values": [", ".join(f"{k}={v}" for k, v in (m.values or {}).items()) for m in mk],
+        }
+        types = {"ts": "<i8", "t_s": "<f8", "pid": "<i8", "tid": "<i8", "name": _STR, "phase": _STR, "gpu": "<i2",
+                 "rank": _STR, "values": _STR}
+        return _table(cols, types, len(mk))
+
+    @property
+    def markers(self) -> Any:
+        """Phase markers (see :meth:`markers_array`)."""
+        return self._out(self.markers_array())
+
+    def processes_array(self) -> np.ndarray:
+        """Every process the trace knows: pid, parent, rank, name, command line, GPUs visible."""
+        pids = sorted(set(self.trace.processes) | {int(p) for p in np.unique(self.trace.events["pid"])})
+        infos = [self.trace.processes.get(p) for p in pids]
+        cols = {
+            "pid": pids,
+            "ppid": [i.ppid if i and i.ppid is not None else -1 for i in infos],
+            "rank": [self.ranks.get(p, "") for p in pids],
+            "name": [process_title(i) for i in infos],
+            "cmdline": [" ".join(i.cmdline) if i else "" for i in infos],
+            "cuda_visible_devices": [(i.cuda_visible_devices or "") if i else "" for i in infos],
+            "first_ts": [i.first_ts if i else -1 for i in infos],
+        }
+        types = {"pid": "<i8", "ppid": "<i8", "rank": _STR, "name": _STR, "cmdline": _STR,
+                 "cuda_visible_devices": _STR, "first_ts": "<i8"}
+        return _table(cols, types, len(pids))
+
+    @property
+    def processes(self) -> Any:
+        """Processes (see :meth:`processes_array`)."""
+        return self._out(self.processes_array())
+
+    # ------------------------------------------------------------------ questions
+
+    def state_at(self, t: float) -> Any:
+        """Who held what at ``t`` seconds after the recording started: one row per live piece.
+
+        Columns: pid, gpu (-1 host), category, size, address (pointer, or the VMM handle), since_s
+        (when it was made), api, peer (ipc_mapped: the exporter's pid), phase (the owner's phase at
+        ``t``). Starts from the latest keyframe at or before ``t`` and replays only the rest.
+        """
+        ts = self.start + int(round(t * 1e9))
+        ev = self.timeline.events
+        index = int(np.searchsorted(ev["ts"], ts, side="right")) if len(ev) else 0
+        state = state_at(ev, index, self.trace.keyframes)
+        rows = sorted(state.holdings(), key=lambda h: (h.gpu, h.pid, -h.size, h.address))
+        n = len(rows)
+        pids = np.array([h.pid for h in rows], dtype=np.int64)
+        phase = self.phases.assign(pids, np.full(n, ts, dtype=np.int64)) if n else np.zeros(0, np.int64)
+        cols = {
+            "pid": pids, "gpu": [h.gpu for h in rows], "category": [h.category for h in rows],
+            "size": [h.size for h in rows], "address": [h.address for h in rows],
+            "since_s": [(h.ts - self.start) / 1e9 for h in rows], "api": [api_name(h.api) for h in rows],
+            "peer": [h.peer for h in rows], "phase": [self.phases.label(int(i)) for i in phase.tolist()],
+        }
+        types = {"pid": "<i8", "gpu": "<i2", "category": _STR, "size": "<i8", "address": "<u8", "since_s": "<f8",
+                 "api": _STR, "peer": "<i8", "phase": _STR}
+        return self._out(_table(cols, types, n))
+
+    def by_phase(self) -> Any:
+        """Bytes each phase allocated and freed per process, GPU and category (see :meth:`by_phase_array`)."""
+        return self._out(self.by_phase_array())
+
+    def by_phase_array(self) -> np.ndarray:
+        """Bytes each phase allocated and freed, per process, GPU and category (the report's "by phase").
+
+        One row per (phase, pid, gpu, category) with ``allocated``, ``freed`` and ``net``; changes
+        outside any phase of their process are in ``(no phase)``; ``owned`` is False for
+        ipc_mapped (a peer's memory, in the importer's view).
+        """
+        usage = attribute(self.phases, self.timeline.journal)
+        ph = self.phases.phases
+        cols = {
+            "phase": [self.phases.label(u.phase) for u in usage],
+            "start_s": [(ph[u.phase].start - self.start) / 1e9 if u.phase >= 0 else np.nan for u in usage],
+            "end_s": [(ph[u.phase].end - self.start) / 1e9 if u.phase >= 0 else np.nan for u in usage],
+            "pid": [u.pid for u in usage], "rank": [self.ranks.get(u.pid, "") for u in usage],
+            "gpu": [u.gpu for u in usage], "category": [u.category for u in usage],
+            "allocated": [u.allocated for u in usage], "freed": [u.freed for u in usage],
+            "net": [u.net for u in usage],
+            "owned": [u.category in OWNED for u in usage],
+        }
+        types = {"phase": _STR, "start_s": "<f8", "end_s": "<f8", "pid": "<i8", "rank": _STR, "gpu": "<i2",
+                 "category": _STR, "allocated": "<i8", "freed": "<i8", "net": "<i8", "owned": "?"}
+        return _table(cols, types, len(usage))
+
+    def reconciliation(self) -> Reconciliation:
+        """NVML vs traced, as series (:class:`memrec.analysis.reconcile.Reconciliation`)."""
+        return reconcile(self.trace, self.timeline)
+
+    def reconcile(self) -> Any:
+        """NVML beside the traced bytes at every NVML sample: one row per (sample, process or GPU).
+
+        ``pid`` is -1 for the whole GPU's row (NVML ``used`` vs every traced process's owned bytes);
+        ``untraced = nvml_used - traced`` (context, modules, pools, other processes; negative
+        when NVML lags the driver calls).
+        """
+        rec = self.reconciliation()
+        parts = []
+        for (g, p), s in sorted(rec.processes.items()):
+            parts.append((g, p, s.ts, s.nvml_used, s.traced, s.untraced))
+        for g, d in sorted(rec.devices.items()):
+            parts.append((g, -1, d.ts, d.used, d.traced, d.untraced))
+        n = sum(len(x[2]) for x in parts)
+        cols: dict[str, Any] = {k: np.zeros(n, dtype=np.int64) for k in ("ts", "gpu", "pid", "nvml_used", "traced",
+                                                                          "untraced")}
+        at = 0
+        for g, p, ts, used, traced, untraced in parts:
+            sl = slice(at, at + len(ts))
+            cols["ts"][sl], cols["gpu"][sl], cols["pid"][sl] = ts, g, p
+            cols["nvml_used"][sl], cols["traced"][sl], cols["untraced"][sl] = used, traced, untraced
+            at += len(ts)
+        cols = {"ts": cols["ts"], "t_s": self._t_s(cols["ts"]), **{k: v for k, v in cols.items() if k != "ts"}}
+        types = {k: "<i8" for k in cols}
+        types.update(t_s="<f8", gpu="<i2")
+        return self._out(_table(cols, types, n))
+

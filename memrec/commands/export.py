@@ -1,0 +1,97 @@
+"""``memrec export``: a trace in the formats other tools open (Perfetto, PyTorch memory_viz, Parquet, CSV)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from memrec._errors import ExitCode
+from memrec._errors import MemrecCommandError
+
+FORMATS = ("perfetto", "memory-viz", "parquet", "csv")
+
+
+class ExportCommand:
+    """Write a trace for Perfetto, PyTorch's memory_viz, or pandas/polars/DuckDB.
+
+    --to perfetto     one .pftrace for ui.perfetto.dev: per GPU a counter track per category and
+                      NVML used/reserved; per process its held bytes, its phases as slices,
+                      failed calls as instants, IPC opens as flows from the exporter
+    --to memory-viz   PyTorch's snapshot pickle, one per process (FILE, or FILE.<pid>.pickle
+                      beside it when several processes used GPU memory; -p picks one) for
+                      `python -m torch.cuda._memory_viz trace_plot` and pytorch.org/memory_viz
+    --to parquet|csv  a folder with one file per table: events, samples, process_samples,
+                      markers, processes, by_phase (the tables of memrec.load)
+
+    Needs `pip install 'memrec[export]'` for perfetto and parquet.
+
+    examples:
+      memrec export run.mrec --to perfetto -o run.pftrace
+      memrec export run.mrec --to memory-viz -o snapshot.pickle
+      memrec export run.mrec --to parquet -o run-tables/
+    """
+
+    def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("trace", type=Path, help="the .mrec trace to read")
+        parser.add_argument("--to", required=True, choices=FORMATS, help="the format to write")
+        parser.add_argument("-o", "--output", required=True, type=Path, metavar="PATH",
+                            help="the file to write (a folder for parquet and csv)")
+        parser.add_argument("-p", "--pid", type=int, metavar="PID", help="memory-viz: only process PID")
+        parser.add_argument("--max-entries", type=int, default=None, metavar="N",
+                            help="memory-viz: keep the last N actions per process and GPU (default 100000; "
+                            "memory_viz draws every one)")
+
+    def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+        from memrec.api import Recording
+        from memrec.commands.common import load_trace_for_command
+
+        if (args.pid is not None or args.max_entries is not None) and args.to != "memory-viz":
+            parser.error("-p/--pid and --max-entries are only for --to memory-viz")
+        if args.max_entries is not None and args.max_entries < 1:
+            parser.error("--max-entries must be at least 1")
+        rec = Recording(load_trace_for_command(args.trace), pandas=False)
+        out: Path = args.output
+        try:
+            written = self._write(rec, args.to, out, args)
+        except OSError as error:
+            raise MemrecCommandError(f"{error.filename or out}: {error.strerror or error}",
+                                     exit_code=ExitCode.CANT_CREATE) from error
+        if not written:
+            who = f"process {args.pid} used no" if args.pid is not None else "no process used"
+            raise MemrecCommandError(f"{args.trace}: {who} GPU memory in this trace: nothing to export",
+                                     exit_code=ExitCode.DATA)
+        for path in written:
+            print(path)
+        return ExitCode.OK
+
+    @staticmethod
+    def _write(rec, to: str, out: Path, args: argparse.Namespace) -> list[Path]:
+        if to == "perfetto":
+            from memrec.export.perfetto import write_perfetto
+
+            _check_file(out)
+            write_perfetto(rec, out)
+            return [out]
+        if to == "memory-viz":
+            from memrec.export.memory_viz import write_memory_viz
+
+            from memrec.export.memory_viz import MAX_ENTRIES
+
+            _check_file(out)
+            written, dropped = write_memory_viz(rec, out, args.pid, args.max_entries or MAX_ENTRIES)
+            if dropped:
+                logging.warning("memory-viz: the first %d actions were left out (--max-entries)", dropped)
+            return written
+        from memrec.export import columnar
+
+        if out.exists() and not out.is_dir():
+            raise MemrecCommandError(f"{out}: exists and is not a folder (--to {to} writes one file per table)",
+                                     exit_code=ExitCode.CANT_CREATE)
+        out.mkdir(parents=True, exist_ok=True)
+        return columnar.write_parquet(rec, out) if to == "parquet" else columnar.write_csv(rec, out)
+
+
+def _check_file(out: Path) -> None:
+    if out.is_dir():
+        raise MemrecCommandError(f"{out}: is a folder; give a file name", exit_code=ExitCode.CANT_CREATE)

@@ -1,0 +1,56 @@
+"""``memrec plot``: a picture of a trace, one panel per GPU, for a bug report."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from memrec._errors import ExitCode
+from memrec._errors import MemrecCommandError
+
+
+class PlotCommand:
+    """Draw a trace as a picture for a bug report: one panel per GPU.
+
+    Per GPU the owned bytes stacked by category, NVML used and reserved, the phases as named bands
+    and failed calls marked.
+
+    With --diff, a second trace is drawn under each GPU's panel, the two aligned on the first
+    marker name they share (e.g. dist_init), so where they part is where they differ.
+    The format follows the output's suffix (.png, .svg, .pdf). Needs `pip install 'memrec[plot]'`.
+
+    examples:
+      memrec plot run.mrec -o timeline.png
+      memrec plot base.mrec --diff custom_ar.mrec -o diff.png
+    """
+
+    def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("trace", type=Path, help="the .mrec trace to draw")
+        parser.add_argument("-o", "--output", required=True, type=Path, metavar="FILE",
+                            help="the picture to write (.png, .svg or .pdf)")
+        parser.add_argument("--diff", type=Path, metavar="OTHER", help="a second trace to draw aligned under it")
+
+    def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+        from memrec.api import Recording
+        from memrec.commands.common import load_trace_for_command
+        from memrec.export import plot
+
+        suffix = args.output.suffix.lower()
+        if suffix not in (".png", ".svg", ".pdf"):
+            parser.error(f"-o {args.output}: the picture's name must end in .png, .svg or .pdf")
+        if args.output.is_dir():
+            raise MemrecCommandError(f"{args.output}: is a folder; give a file name", exit_code=ExitCode.CANT_CREATE)
+        rec = Recording(load_trace_for_command(args.trace), pandas=False)
+        try:
+            if args.diff is None:
+                panels = plot.plot(rec, args.output)
+                note = ""
+            else:
+                other = Recording(load_trace_for_command(args.diff), pandas=False)
+                panels, marker = plot.plot_diff(rec, other, args.output, (args.trace.name, args.diff.name))
+                note = f", aligned on {marker!r}" if marker else ", no common marker: aligned on the starts"
+        except OSError as error:
+            raise MemrecCommandError(f"{args.output}: {error.strerror or error}",
+                                     exit_code=ExitCode.CANT_CREATE) from error
+        print(f"{args.output}: {panels} panel{'' if panels == 1 else 's'}{note}")
+        return ExitCode.OK

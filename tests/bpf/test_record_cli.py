@@ -1,0 +1,47 @@
+"""`memrec demo` and `memrec record` as a user runs them (real probes on the stub driver): what they
+say while they work, what they do with an existing output, and where they point the user next."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from memrec.trace.reader import load_trace
+
+
+def memrec(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "memrec", *args], capture_output=True, text=True, timeout=180,
+                          cwd=cwd)
+
+
+def test_demo_says_each_slow_step_replaces_its_own_file_and_points_at_a_command_that_works(bpf_host, tmp_path):
+    # GIVEN the demo's trace from an earlier run
+    out = tmp_path / "demo.mrec"
+    out.write_bytes(b"an earlier demo")
+    # WHEN the demo runs again
+    proc = memrec("demo", "-o", str(out))
+    # THEN it replaces its file and says so, and says what it does before each silent wait
+    assert proc.returncode == 0, proc.stderr
+    err = proc.stderr
+    assert f"memrec demo: replacing {out}" in err
+    assert "memrec demo: compiling and loading the BPF probes" in err
+    assert "memrec demo: detaching the probes" in err
+    assert load_trace(out).trailer is not None
+    # AND the hint it ends with names commands that work on a terminal (not a bare `memrec dump`)
+    hint = err.strip().splitlines()[-1]
+    assert f"memrec tui {out}" in hint and f"memrec dump {out} | head" in hint
+    assert "GPU 0" in proc.stdout and "CUDA_ERROR_OUT_OF_MEMORY" in proc.stdout
+
+
+def test_record_force_replaces_an_existing_trace_and_says_so(bpf_host, tmp_path):
+    # GIVEN an existing file at the output
+    out = tmp_path / "run.mrec"
+    out.write_bytes(b"an earlier recording")
+    # WHEN recording with --force
+    proc = memrec("record", "-f", "-o", str(out), "--", "true")
+    # THEN the command's exit code, one line about the replaced file, one before each slow step
+    assert proc.returncode == 0, proc.stderr
+    assert f"memrec record: replacing {out}" in proc.stderr
+    assert "memrec record: compiling and loading the BPF probes" in proc.stderr
+    assert "memrec record: detaching the probes" in proc.stderr
+    assert load_trace(out).trailer is not None

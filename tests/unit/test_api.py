@@ -1,0 +1,82 @@
+"""``memrec.load``: the documented Python API, as a notebook uses it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import memrec
+from memrec.analysis.report import build_report
+from memrec.events import Kind
+from memrec.trace.reader import load_trace
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = ROOT / "tests" / "data" / "golden_v1.mrec"
+SGLANG_IPC = ROOT / "examples" / "sglang-standin-ipc.mrec"
+
+
+def test_tables_as_numpy_without_pandas():
+    rec = memrec.load(SGLANG_IPC, pandas=False)
+    ev = rec.events
+    raw = load_trace(SGLANG_IPC).events
+    assert isinstance(ev, np.ndarray) and len(ev) == len(raw)
+    assert ev["kind"].tolist() == [Kind(k).name for k in raw["kind"].tolist()]
+    assert ev["size"].dtype == np.int64 and ev["size"].tolist() == raw["size"].tolist()
+    # the phase of each event is its own process's phase at that time
+    weights = ev[(ev["kind"] == "ALLOC") & (ev["phase"] == "load_weights")]
+    assert len(weights) == 2 and len(set(weights["pid"].tolist())) == 2
+    assert len(rec.samples) == len(load_trace(SGLANG_IPC).nvml)
+    assert set(rec.processes["rank"].tolist()) >= {"TP0", "TP1"}
+
+
+def test_tables_as_dataframes():
+    pd = pytest.importorskip("pandas", reason="pandas not installed")
+    rec = memrec.load(GOLDEN)
+    assert isinstance(rec.events, pd.DataFrame)
+    oom = rec.events.query("result_name == 'CUDA_ERROR_OUT_OF_MEMORY'")
+    assert len(oom) == 1 and oom["api"].iloc[0] == "cuMemAlloc_v2"
+    assert list(rec.markers["name"]) == [m.name for m in sorted(load_trace(GOLDEN).markers, key=lambda m: m.ts)]
+
+
+def test_state_at_agrees_with_the_report_at_the_peak():
+    rec = memrec.load(SGLANG_IPC, pandas=False)
+    report = build_report(load_trace(SGLANG_IPC))
+    peak = report["gpus"][0]["peak"]
+    state = rec.state_at(peak["t_s"])
+    owned = state[(state["gpu"] == 0) & (state["category"] != "ipc_mapped")]
+    assert int(owned["size"].sum()) == peak["bytes"]
+    assert set(state["phase"].tolist()) <= {p["name"] for p in report["phases"]} | {"(no phase)"}
+    # before anything happened, nothing is held
+    assert len(rec.state_at(0.0)) == 0
+
+
+def test_by_phase_and_reconcile():
+    rec = memrec.load(SGLANG_IPC, pandas=False)
+    ph = rec.by_phase()
+    ev = load_trace(SGLANG_IPC).events
+    alloc = ev[(ev["kind"] == int(Kind.ALLOC)) & (ev["result"] == 0)]
+    owned = ph[ph["owned"]]
+    assert int(owned["allocated"].sum()) == int(alloc["size"].sum())
+    rc = rec.reconcile()
+    device = rc[rc["pid"] == -1]
+    assert len(device) == int((load_trace(SGLANG_IPC).nvml["gpu"] == 0).sum())
+    assert (rc["untraced"] == rc["nvml_used"] - rc["traced"]).all()
+
+
+def test_process_names_prefer_titles_and_never_cut_a_command():
+    from memrec.analysis.names import process_title
+    from memrec.events import ProcessInfo
+
+    def info(*argv: str) -> ProcessInfo:
+        return ProcessInfo(pid=1, ppid=None, cmdline=list(argv), exe=None, cuda_visible_devices=None, gpu_map=[],
+                           first_ts=0)
+
+    # a title set with setproctitle, as /proc shows it (padded with empty arguments)
+    assert process_title(info("sglang::scheduler_TP0", "", ""), "TP0") == "TP0 sglang::scheduler_TP0"
+    spawn = info("/opt/venv/bin/python3", "-B", "-c", "from multiprocessing.spawn import spawn_main; spawn_main(3)")
+    assert process_title(spawn) == "python3 (spawned)"
+    assert process_title(info("/usr/bin/python3", "-m", "sglang.launch_server", "--tp", "8", "--port", "1")) == (
+        "python3 -m sglang.launch_server --tp 8")
+    assert process_title(None) == ""

@@ -1,0 +1,211 @@
+"""Edges of the command line a new user hits first (issue "First contact", section 3), run as a
+user runs them: ``main([...])`` with the output captured, or ``python -m memrec`` in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from memrec import commands
+from memrec._errors import ExitCode
+from memrec.events import GpuInfo
+from memrec.events import Kind
+from memrec.events import ProcessInfo
+from memrec.trace import format as fmt
+from memrec.trace.writer import TraceWriter
+from tests.utils import GiB
+from tests.utils import MiB
+from tests.utils import ev
+from tests.utils import events
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def write_trace(path: Path) -> Path:
+    """Two processes on GPU 0: pid 7 (driver and VMM memory, two failed calls: OOM and 800),
+    pid 8 (driver memory only, no failure)."""
+    header = fmt.make_header(
+        host="h", boot_id="b", anchor={"monotonic_ns": 1_000, "wall_ns": 0},
+        gpus=[GpuInfo(0, "GPU-0", "NVIDIA H200", 140 * GiB)],
+    )
+    w = TraceWriter(path, header)
+    w.write_process(ProcessInfo(7, 1, ["python3", "serve.py"], None, None, [0], 1_000))
+    w.write_process(ProcessInfo(8, 1, ["python3", "side.py"], None, None, [0], 1_000))
+    w.write_events(
+        events(
+            ev(Kind.ALLOC, pid=7, ptr=0x1000, size=3 * GiB, gpu=0),
+            ev(Kind.VMM_CREATE, pid=7, handle=0x55, size=2 * MiB, gpu=0),
+            ev(Kind.ALLOC, pid=8, ptr=0x9000, size=MiB, gpu=0),
+            ev(Kind.ALLOC, pid=7, size=200 * GiB, gpu=0, result=2),
+            ev(Kind.ALLOC, pid=7, size=MiB, gpu=0, result=800),
+        )
+    )
+    w.close()
+    return path
+
+
+# ---------------------------------------------------------------------- 3.6 every CUresult named
+
+
+def test_report_and_dump_name_cuda_error_not_permitted(tmp_path, capsys):
+    # GIVEN a trace with a call that failed with CUresult 800
+    path = write_trace(tmp_path / "run.mrec")
+    # WHEN reported, as text and as JSON
+    assert commands.main(["report", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert commands.main(["report", "--json", str(path)]) == 0
+    failures = json.loads(capsys.readouterr().out)["gpus"][0]["failures"]
+    # THEN it is named as the driver's header names it, beside the out-of-memory one
+    assert "CUDA_ERROR_NOT_PERMITTED" in text and "CUresult 800" not in text
+    assert [f["result_name"] for f in failures] == ["CUDA_ERROR_OUT_OF_MEMORY", "CUDA_ERROR_NOT_PERMITTED"]
+    # AND the report calls them failed calls, not OOMs
+    assert "failed calls (2)" in text and "OOM" not in text
+
+
+def test_the_name_table_is_what_the_drivers_header_gives():
+    # GIVEN the generator and the committed table  WHEN checked against cuda.h (when the toolkit is here)
+    header = Path("/usr/local/cuda/include/cuda.h")
+    from memrec._cu_results import CU_RESULT_NAMES
+
+    # THEN every code CUDA 12+ documents for allocations is there, and the table is the header's
+    assert {2: "CUDA_ERROR_OUT_OF_MEMORY", 800: "CUDA_ERROR_NOT_PERMITTED", 999: "CUDA_ERROR_UNKNOWN"}.items() \
+        <= CU_RESULT_NAMES.items()
+    assert len(CU_RESULT_NAMES) > 90
+    if header.exists():
+        check = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen-cu-results"), "--check", str(header)],
+                               capture_output=True, text=True, timeout=60)
+        assert check.returncode == 0, check.stderr
+
+
+def test_the_generator_reads_a_header_enum_and_refuses_a_header_without_one(tmp_path):
+    # GIVEN a header with a two-entry enum (comments between), and one with none
+    good = tmp_path / "cuda.h"
+    good.write_text("#define CUDA_VERSION 12345\ntypedef enum cudaError_enum {\n  /** ok */\n"
+                    "  CUDA_SUCCESS = 0,\n  /**\n   * no\n   */\n  CUDA_ERROR_X = 7\n} CUresult;\n")
+    bad = tmp_path / "empty.h"
+    bad.write_text("int x;\n")
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import importlib.machinery
+        import importlib.util
+
+        loader = importlib.machinery.SourceFileLoader("gen_cu_results", str(ROOT / "scripts" / "gen-cu-results"))
+        spec = importlib.util.spec_from_loader("gen_cu_results", loader)
+        gen = importlib.util.module_from_spec(spec)
+        loader.exec_module(gen)
+    finally:
+        sys.path.pop(0)
+    # WHEN parsed  THEN names by value and the version; the other is one clear error
+    assert gen.parse(good.read_text()) == ({0: "CUDA_SUCCESS", 7: "CUDA_ERROR_X"}, "12345")
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen-cu-results"), "--check", str(bad)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 66 and "no 'typedef enum cudaError_enum" in result.stderr
+
+
+# ---------------------------------------------------------------------- 3.9 small report errors
+
+
+def test_filtered_report_counts_its_own_selection_and_prints_no_empty_rows(tmp_path, capsys):
+    # GIVEN a trace where pid 8 made no failed call and used no VMM memory
+    path = write_trace(tmp_path / "run.mrec")
+    # WHEN reported for pid 8 alone
+    rc = commands.main(["report", "-p", "8", str(path)])
+    out = capsys.readouterr().out
+    # THEN the trace line counts the trace and the filter line the selection, in good English
+    assert rc == 0
+    assert "  trace: " in out and "2 failed calls, 2 processes" in out
+    assert "  filter: pid 8 (1 process, 0 failed calls)" in out
+    assert "1 processes" not in out
+    # AND no category row for memory only pid 7 had
+    assert "vmm" not in out
+    assert "driver" in out
+
+
+def test_unfiltered_one_process_trace_says_1_process(tmp_path, capsys):
+    # GIVEN a trace of one process WHEN reported THEN "1 process", "1 failed call"
+    header = fmt.make_header(host="h", boot_id="b", anchor={"monotonic_ns": 1_000, "wall_ns": 0})
+    w = TraceWriter(tmp_path / "one.mrec", header)
+    w.write_events(events(ev(Kind.ALLOC, pid=7, size=200 * GiB, gpu=0, result=2)))
+    w.close()
+    assert commands.main(["report", str(tmp_path / "one.mrec")]) == 0
+    out = capsys.readouterr().out
+    assert "1 failed call, 1 process, 0 markers" in out
+
+
+# ---------------------------------------------------------------------- 3.8 -v after the subcommand
+
+
+def test_verbose_after_the_subcommand_counts_like_before_it(tmp_path):
+    # GIVEN a trace  WHEN `memrec report -v` / `-vv` / `memrec -v report -v` run in a fresh process
+    path = write_trace(tmp_path / "run.mrec")
+    probe = "import logging, sys; from memrec.commands import main; rc = main(sys.argv[1:]); " \
+            "print('LEVEL', logging.getLogger().level, file=sys.stderr); sys.exit(rc)"
+    levels = {}
+    for args in (["report", "-v"], ["report", "-vv"], ["-v", "report", "-v"], ["report"]):
+        proc = subprocess.run([sys.executable, "-c", probe, *args, str(path)], capture_output=True, text=True,
+                              timeout=60, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr
+        levels[" ".join(args)] = int(proc.stderr.split("LEVEL")[-1])
+    # THEN each is accepted, and the counts add up
+    assert levels == {"report -v": 20, "report -vv": 10, "-v report -v": 10, "report": 30}
+
+
+# ---------------------------------------------------------------------- 3.4 record's output
+
+
+def test_record_refuses_a_missing_folder_and_creates_nothing(tmp_path, capsys):
+    # GIVEN an output in a folder that does not exist
+    out = tmp_path / "no" / "such" / "x.mrec"
+    # WHEN recording
+    rc = commands.main(["record", "-o", str(out), "--", "true"])
+    err = capsys.readouterr().err
+    # THEN one line, exit 73, and no folder made
+    assert rc == ExitCode.CANT_CREATE
+    assert err == f"memrec: error: cannot write {out}: {out.parent}: no such folder\n"
+    assert not (tmp_path / "no").exists()
+
+
+def test_record_refuses_to_replace_a_trace_without_force(tmp_path, capsys):
+    # GIVEN an existing trace
+    out = tmp_path / "run.mrec"
+    out.write_bytes(b"an earlier recording")
+    # WHEN recording to it again without --force
+    rc = commands.main(["record", "-o", str(out), "--", "true"])
+    err = capsys.readouterr().err
+    # THEN it is kept, and the user is told how to replace it
+    assert rc == ExitCode.CANT_CREATE
+    assert err == f"memrec: error: {out} exists: use -f/--force to replace it, or another -o\n"
+    assert out.read_bytes() == b"an earlier recording"
+
+
+def test_record_refuses_a_folder_that_is_a_file(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    rc = commands.main(["record", "-o", str(tmp_path / "file" / "x.mrec"), "--", "true"])
+    assert rc == ExitCode.CANT_CREATE
+    assert "is not a folder" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------- 3.5 selftest without cuda-python
+
+
+def test_selftest_without_cuda_python_says_what_to_install(monkeypatch, capsys):
+    # GIVEN no cuda-python (None in sys.modules makes its import fail, as when it is not installed)
+    monkeypatch.setitem(sys.modules, "cuda", None)
+    # WHEN selftest runs (no daemon either: the missing package is said first)
+    rc = commands.main(["selftest", "--socket", "/nonexistent/memrec.sock"])
+    err = capsys.readouterr().err
+    # THEN one line naming the extra to install, exit 69 like the other missing dependencies
+    assert rc == ExitCode.UNAVAILABLE
+    assert err.startswith("memrec: error: selftest makes real driver calls through cuda-python")
+    assert "pip install 'memrec[gpu]'" in err
+    assert "ModuleNotFoundError" not in err and "[" not in err.split("memrec[gpu]")[0].replace("memrec: error: ", "")
+    assert len(err.splitlines()) == 1
+
+
+def test_mark_accepts_verbose_after_its_name(tmp_path, capsys):
+    # GIVEN no daemon WHEN `memrec mark x -v` THEN the usual one-line "no daemon" (not a usage error)
+    rc = commands.main(["mark", "x", "-v", "--socket", str(tmp_path / "none.sock")])
+    assert rc == ExitCode.UNAVAILABLE
+    assert capsys.readouterr().err.startswith("memrec: error: no memrec daemon")

@@ -1,0 +1,281 @@
+"""``memrec export``: each format written by the real CLI and read back by its real consumer.
+
+Perfetto's own protos (the ``perfetto`` package) parse the .pftrace; PyTorch's ``_memory_viz``
+reads the snapshot pickles; pyarrow reads the Parquet and CSV tables. The expected numbers come
+from the trace itself (its events, NVML samples, markers) or from ``memrec report``'s JSON, never
+from constants. Each consumer that is not installed skips its tests with the reason.
+"""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from memrec._errors import ExitCode
+from memrec.analysis.report import build_report
+from memrec.commands import main
+from memrec.events import Kind
+from memrec.trace.reader import load_trace
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = ROOT / "tests" / "data" / "golden_v1.mrec"  # an OOM, an IPC export/open pair, markers, NVML
+SGLANG_IPC = ROOT / "examples" / "sglang-standin-ipc.mrec"  # two TP ranks on an H200, custom all-reduce
+EXPANDABLE = ROOT / "examples" / "torch-expandable.mrec"  # PyTorch expandable segments: cuMemMap granules
+
+
+def export(trace: Path, to: str, out: Path, *extra: str) -> int:
+    return main(["export", str(trace), "--to", to, "-o", str(out), *extra])
+
+
+# ------------------------------------------------------------------------------------------ perfetto
+
+
+def read_perfetto(path: Path) -> dict:
+    """Tracks by uuid and each track's events, parsed with the protos the perfetto package ships.
+
+    (Perfetto's trace processor would be the other reader, but the package downloads its binary on
+    first use, which this offline host cannot do.)
+    """
+    pb = pytest.importorskip("perfetto.protos.perfetto.trace.perfetto_trace_pb2", reason="perfetto not installed")
+    trace = pb.Trace()
+    trace.ParseFromString(path.read_bytes())
+    tracks: dict[int, object] = {}
+    events: dict[int, list] = {}
+    for p in trace.packet:
+        if p.HasField("track_descriptor"):
+            tracks[p.track_descriptor.uuid] = p.track_descriptor
+        elif p.HasField("track_event"):
+            assert p.track_event.track_uuid in tracks, "an event before its track's descriptor"
+            events.setdefault(p.track_event.track_uuid, []).append((p.timestamp, p.track_event))
+    return {"pb": pb, "tracks": tracks, "events": events}
+
+
+def track(read: dict, name: str, parent_pid: int | None = None):
+    """The uuid of the track named ``name`` (under the process ``parent_pid`` when given)."""
+    tracks = read["tracks"]
+    for uuid, d in tracks.items():
+        if d.name != name:
+            continue
+        if parent_pid is None or tracks[d.parent_uuid].process.pid == parent_pid:
+            return uuid
+    raise AssertionError(f"no track {name!r} (pid {parent_pid}) in {sorted(d.name for d in tracks.values())}")
+
+
+def counter_values(read: dict, uuid: int) -> list[tuple[int, int]]:
+    return [(ts, e.counter_value) for ts, e in read["events"].get(uuid, [])]
+
+
+def test_perfetto_counters_per_gpu_category_and_nvml(tmp_path):
+    # GIVEN a two-rank recording with NVML samples
+    out = tmp_path / "run.pftrace"
+    # WHEN it is exported
+    assert export(SGLANG_IPC, "perfetto", out) == 0
+    read = read_perfetto(out)
+    # THEN GPU 0's driver counter peaks where the report's driver category peaks
+    report = build_report(load_trace(SGLANG_IPC))
+    cats = {c["category"]: c for c in report["gpus"][0]["categories"]}
+    driver = counter_values(read, track(read, "GPU 0 driver"))
+    assert read["tracks"][track(read, "GPU 0 driver")].counter.unit == read["pb"].CounterDescriptor.UNIT_SIZE_BYTES
+    assert max(v for _, v in driver) == cats["driver"]["peak"]
+    assert driver[-1][1] == cats["driver"]["final"]
+    assert max(v for _, v in counter_values(read, track(read, "GPU 0 ipc_mapped"))) == cats["ipc_mapped"]["peak"]
+    # AND NVML used is every sample of GPU 0 where the value changed
+    nv = load_trace(SGLANG_IPC).nvml
+    nv = nv[nv["gpu"] == 0]
+    used = nv["used"].tolist()
+    changes = [(int(t), u) for k, (t, u) in enumerate(zip(nv["ts"].tolist(), used)) if k == 0 or used[k - 1] != u]
+    assert counter_values(read, track(read, "GPU 0 NVML used")) == changes
+
+
+def test_perfetto_processes_phases_and_ipc_flows(tmp_path):
+    out = tmp_path / "run.pftrace"
+    assert export(SGLANG_IPC, "perfetto", out) == 0
+    read = read_perfetto(out)
+    trace = load_trace(SGLANG_IPC)
+    TE = read["pb"].TrackEvent
+    procs = {d.process.pid: d.process.process_name for d in read["tracks"].values() if d.HasField("process")}
+    ranks = {m.pid: m.values.get("tp_rank") for m in trace.markers if "tp_rank" in m.values}
+    for pid, tp in ranks.items():
+        # THEN each rank is a process named by its rank, holding what it allocated on GPU 0
+        assert procs[pid].startswith(f"TP{tp} ")
+        held = counter_values(read, track(read, "held on GPU 0", pid))
+        sizes = trace.events["size"][(trace.events["pid"] == pid) & (trace.events["kind"] == int(Kind.ALLOC))]
+        assert max(v for _, v in held) == int(sizes.sum())
+        # AND its phases are slices in begin order, each ended
+        slices = read["events"][track(read, "phases", pid)]
+        begins = [e.name for _, e in slices if e.type == TE.TYPE_SLICE_BEGIN]
+        mine = [m for m in sorted(trace.markers, key=lambda m: m.ts) if m.pid == pid]
+        assert begins == [m.name for m in mine if m.phase == "begin"]
+        assert sum(e.type == TE.TYPE_SLICE_END for _, e in slices) == len(begins)
+        instants = [e.name for _, e in slices if e.type == TE.TYPE_INSTANT]
+        assert instants == [m.name for m in mine if m.phase == "instant"]
+    # AND every IPC open ends a flow that starts at the other rank's export of the same handle
+    starts, ends = {}, {}
+    for uuid, evs in read["events"].items():
+        d = read["tracks"][uuid]
+        if d.name != "IPC":
+            continue
+        pid = read["tracks"][d.parent_uuid].process.pid
+        for _, e in evs:
+            starts.update({f: (pid, e.name) for f in e.flow_ids})
+            ends.update({f: (pid, e.name) for f in e.terminating_flow_ids})
+    opens = int((trace.events["kind"] == int(Kind.IPC_OPEN)).sum())
+    assert len(ends) == opens > 0 and set(ends) == set(starts)
+    for f, (pid, name) in ends.items():
+        assert name == "cuIpcOpenMemHandle_v2" and starts[f][1] == "cuIpcGetMemHandle" and starts[f][0] != pid
+
+
+def test_perfetto_failed_calls_are_instants_named_by_result(tmp_path):
+    out = tmp_path / "golden.pftrace"
+    assert export(GOLDEN, "perfetto", out) == 0
+    read = read_perfetto(out)
+    ev = load_trace(GOLDEN).events
+    failed = ev[ev["result"] != 0]
+    pid = int(failed["pid"][0])
+    got = read["events"][track(read, "failed calls", pid)]
+    assert [e.type for _, e in got] == [read["pb"].TrackEvent.TYPE_INSTANT] * len(failed)
+    assert [ts for ts, _ in got] == failed["ts"].tolist()
+    assert got[0][1].name == "CUDA_ERROR_OUT_OF_MEMORY" and got[1][1].name == "CUDA_ERROR_UNKNOWN"
+    args = {a.name: (a.int_value or a.string_value) for a in got[0][1].debug_annotations}
+    assert args["size"] == int(failed["size"][0]) and args["api"] == "cuMemAlloc_v2"
+
+
+# ---------------------------------------------------------------------------------------- memory_viz
+
+
+def memory_viz(*args: str) -> subprocess.CompletedProcess:
+    pytest.importorskip("torch", reason="torch not installed (pip install 'memrec[viz-test]' or torch CPU)")
+    return subprocess.run([sys.executable, "-m", "torch.cuda._memory_viz", *args], capture_output=True, text=True,
+                          timeout=120, check=True)
+
+
+def test_memory_viz_one_snapshot_per_process_read_by_pytorch(tmp_path, capsys):
+    out = tmp_path / "snapshot.pickle"
+    assert export(SGLANG_IPC, "memory-viz", out) == 0
+    trace = load_trace(SGLANG_IPC)
+    allocs = trace.events[trace.events["kind"] == int(Kind.ALLOC)]
+    pids = sorted({int(p) for p in allocs["pid"]})
+    written = capsys.readouterr().out.split()
+    assert written == [str(tmp_path / f"snapshot.{p}.pickle") for p in pids]
+    for pid in pids:
+        path = tmp_path / f"snapshot.{pid}.pickle"
+        mine = allocs[allocs["pid"] == pid]
+        # THEN PyTorch's own reader replays one cudaMalloc per driver allocation, on device 0
+        text = memory_viz("trace", str(path)).stdout
+        assert "Device 0 ----" in text
+        assert text.count("= cudaMalloc(") == len(mine)
+        for size in mine["size"].tolist():
+            assert f"cudaMalloc({int(mine['ptr'][mine['size'] == size][0])}," in text
+        # AND its stats and its HTML timeline take the file
+        assert "segments:" in memory_viz("stats", str(path)).stdout
+        html = tmp_path / f"{pid}.html"
+        memory_viz("trace_plot", str(path), "-o", str(html))
+        assert "snapshot.pickle" in html.read_text()
+
+
+def test_memory_viz_maps_and_oom(tmp_path):
+    # GIVEN expandable segments (cuMemMap granules) and a trace with an out-of-memory
+    out = tmp_path / "exp.pickle"
+    assert export(EXPANDABLE, "memory-viz", out) == 0
+    snap = pickle.loads(out.read_bytes())
+    ev = load_trace(EXPANDABLE).events
+    actions = [a["action"] for trace in snap["device_traces"] for a in trace]
+    # THEN each cuMemMap is a segment_map and each cuMemUnmap a segment_unmap, as PyTorch records them
+    assert actions.count("segment_map") == int((ev["kind"] == int(Kind.VMM_MAP)).sum()) > 0
+    assert actions.count("segment_unmap") == int((ev["kind"] == int(Kind.VMM_UNMAP)).sum())
+    memory_viz("trace", str(out))
+    oom = tmp_path / "oom.pickle"
+    assert export(GOLDEN, "memory-viz", oom, "-p", "4243") == 0
+    text = memory_viz("trace", str(oom)).stdout
+    assert "raise OutOfMemoryError" in text
+
+
+def test_memory_viz_keeps_the_last_entries(tmp_path, caplog):
+    out = tmp_path / "exp.pickle"
+    assert export(EXPANDABLE, "memory-viz", out, "--max-entries", "5") == 0
+    snap = pickle.loads(out.read_bytes())
+    full = tmp_path / "full.pickle"
+    assert export(EXPANDABLE, "memory-viz", full) == 0
+    every = pickle.loads(full.read_bytes())["device_traces"][0]
+    assert snap["device_traces"][0] == every[-5:]
+    assert f"the first {len(every) - 5} actions were left out" in caplog.text
+
+
+# --------------------------------------------------------------------------------------- parquet/csv
+
+
+def test_parquet_tables_are_typed(tmp_path):
+    pq = pytest.importorskip("pyarrow.parquet", reason="pyarrow not installed")
+    pa = pytest.importorskip("pyarrow")
+    out = tmp_path / "tables"
+    assert export(GOLDEN, "parquet", out) == 0
+    events = pq.read_table(out / "events.parquet")
+    ev = load_trace(GOLDEN).events
+    assert events.num_rows == len(ev)
+    assert pa.types.is_dictionary(events.schema.field("kind").type)
+    assert events.schema.field("size").type == pa.int64()
+    assert events.schema.field("ts").type == pa.int64()
+    kinds = events.column("kind").to_pylist()
+    assert kinds == [Kind(k).name for k in ev["kind"].tolist()]
+    assert events.column("size").to_pylist() == ev["size"].tolist()
+    oom = [r for r in events.to_pylist() if r["result"] == 2]
+    assert oom[0]["result_name"] == "CUDA_ERROR_OUT_OF_MEMORY" and oom[0]["api"] == "cuMemAlloc_v2"
+    markers = pq.read_table(out / "markers.parquet")
+    assert markers.num_rows == len(load_trace(GOLDEN).markers)
+    assert {p.stem for p in out.iterdir()} == {"events", "samples", "process_samples", "markers", "processes",
+                                                "by_phase"}
+
+
+def test_csv_tables_read_back_with_types(tmp_path):
+    csv = pytest.importorskip("pyarrow.csv", reason="pyarrow not installed")
+    pa = pytest.importorskip("pyarrow")
+    out = tmp_path / "tables"
+    assert export(SGLANG_IPC, "csv", out) == 0
+    events = csv.read_csv(out / "events.csv")
+    ev = load_trace(SGLANG_IPC).events
+    assert events.schema.field("size").type == pa.int64()
+    assert events.schema.field("kind").type == pa.string()
+    assert events.column("size").to_pylist() == ev["size"].tolist()
+    phases = csv.read_csv(out / "by_phase.csv")
+    alloc = dict(zip(phases.column("phase").to_pylist(), phases.column("allocated").to_pylist()))
+    assert alloc["load_weights"] == int(ev["size"][ev["size"] > 20 * 2**30][0])
+
+
+# ------------------------------------------------------------------------------------------- errors
+
+
+def test_export_errors(tmp_path, capsys):
+    assert export(tmp_path / "nope.mrec", "csv", tmp_path / "x") == ExitCode.NO_INPUT
+    assert capsys.readouterr().err.count("\n") == 1
+    (tmp_path / "afile").write_text("")
+    assert export(GOLDEN, "parquet", tmp_path / "afile") == ExitCode.CANT_CREATE
+    assert "not a folder" in capsys.readouterr().err
+    assert export(GOLDEN, "perfetto", tmp_path) == ExitCode.CANT_CREATE
+    assert export(GOLDEN, "memory-viz", tmp_path / "s.pickle", "-p", "1") == ExitCode.DATA
+    assert "process 1 used no GPU memory" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        export(GOLDEN, "csv", tmp_path / "c", "-p", "1")
+
+
+def test_missing_package_is_one_line_with_the_extra(tmp_path, capsys, monkeypatch):
+    # GIVEN perfetto cannot be imported
+    monkeypatch.setitem(sys.modules, "perfetto.trace_builder.proto_builder", None)
+    # WHEN exporting to perfetto THEN one line says what to install, and the exit code says unavailable
+    assert export(GOLDEN, "perfetto", tmp_path / "x.pftrace") == ExitCode.UNAVAILABLE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install 'memrec[export]'" in err
+
+
+def test_large_values_stay_exact(tmp_path):
+    """Sizes above 2**53 (no float on the way) survive the columnar path."""
+    pq = pytest.importorskip("pyarrow.parquet", reason="pyarrow not installed")
+    out = tmp_path / "t"
+    assert export(GOLDEN, "parquet", out) == 0
+    ptrs = pq.read_table(out / "events.parquet").column("ptr").to_pylist()
+    assert ptrs == load_trace(GOLDEN).events["ptr"].tolist()
+    assert np.uint64(max(ptrs)) == load_trace(GOLDEN).events["ptr"].max()

@@ -1,0 +1,314 @@
+"""The daemon's service add-ons without BPF: sd_notify on a real datagram socket, the metrics
+endpoint scraped over HTTP, the trace directory's retention, capabilities, --version.
+
+Probes are the stand-ins of tests/unit/daemon_fakes.py; the daemon, its sockets, the HTTP server
+and the notify socket are real.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from memrec.client import MarkerClient
+from memrec.commands import main
+from memrec.daemon.notify import Notifier
+from memrec.daemon.retention import prune
+from memrec.daemon.service import Service
+from memrec.daemon.service import file_count
+from memrec.daemon.service import metrics_addr
+from memrec.events import Kind
+from memrec.trace.format import FORMAT_VERSION
+from tests.unit.daemon_fakes import raw
+from tests.unit.test_daemon_unit import make_daemon
+from tests.unit.test_daemon_unit import pump
+from tests.unit.test_daemon_unit import workdir  # noqa: F401 (a fixture)
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def listener(workdir):
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(workdir / "notify"))
+    sock.settimeout(2)
+    yield sock
+    sock.close()
+
+
+def recv(sock: socket.socket) -> dict[str, str]:
+    return dict(line.partition("=")[::2] for line in sock.recv(4096).decode().splitlines())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------------------ sd_notify
+
+
+def test_notifier_speaks_the_protocol_to_a_real_socket(workdir, listener):
+    n = Notifier({"NOTIFY_SOCKET": str(workdir / "notify"), "WATCHDOG_USEC": "4000000"})
+    assert n.enabled and n.watchdog_interval == 2.0
+    assert n.ready("up")
+    assert recv(listener) == {"READY": "1", "STATUS": "up", "MAINPID": str(os.getpid())}
+    assert n.watchdog() and recv(listener) == {"WATCHDOG": "1"}
+    assert n.stopping("bye") and recv(listener) == {"STOPPING": "1", "STATUS": "bye"}
+    n.close()
+
+
+def test_notifier_abstract_socket_and_no_manager():
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    name = f"memrec-test-{os.getpid()}"
+    sock.bind(b"\0" + name.encode())
+    sock.settimeout(2)
+    try:
+        assert Notifier({"NOTIFY_SOCKET": "@" + name}).ready("x")
+        assert recv(sock)["READY"] == "1"
+    finally:
+        sock.close()
+    quiet = Notifier({})
+    assert not quiet.enabled and not quiet.ready("x") and quiet.watchdog_interval is None
+    # WATCHDOG_PID of another process: the watchdog is not ours
+    assert Notifier({"WATCHDOG_USEC": "1000000", "WATCHDOG_PID": "1"}).watchdog_interval is None
+
+
+def test_a_vanished_manager_is_logged_once_and_never_raises(workdir, caplog):
+    n = Notifier({"NOTIFY_SOCKET": str(workdir / "gone")})
+    assert not n.ready("x") and not n.watchdog()
+    assert sum("cannot notify" in r.message for r in caplog.records) == 1
+
+
+# ------------------------------------------------------------------------------ metrics
+
+
+def scrape(port: int) -> dict[tuple[str, tuple], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def series(samples: dict, name: str, **labels: str) -> dict[tuple, float]:
+    return {k: v for k, v in samples.items() if k[0] == name and set(labels.items()) <= set(k[1])}
+
+
+def test_metrics_follow_the_live_state_with_bounded_labels(workdir, listener):
+    pytest.importorskip("prometheus_client")
+    port = free_port()
+    daemon = make_daemon(workdir)
+    notifier = Notifier({"NOTIFY_SOCKET": str(workdir / "notify")})
+    service = Service(metrics_addr=("127.0.0.1", port), notifier=notifier)
+    service.listen()
+    daemon.start()
+    try:
+        service.started(daemon)
+        assert recv(listener)["READY"] == "1"
+        probes = daemon.probes._inner
+        # GIVEN a phase begun by a marker, 12 processes holding memory on GPU 0, one on GPU 1,
+        # a failed out-of-memory call and an IPC open
+        client = MarkerClient(daemon.config.socket_path)
+        assert client.mark("load_weights", "begin")
+        pump(daemon, 0.05)
+        rows = [raw(Kind.ALLOC, pid=1000 + i, ptr=0x1000, size=(i + 1) * MiB, ordinal=0, ts=time.monotonic_ns())
+                for i in range(12)]
+        rows.append(raw(Kind.ALLOC, pid=2000, ptr=0x2000, size=64 * MiB, ordinal=1, ts=time.monotonic_ns()))
+        rows.append(raw(Kind.ALLOC, pid=2000, ptr=0, size=1 << 40, ordinal=1, result=2, ts=time.monotonic_ns()))
+        probes.push(*rows)
+        pump(daemon, 0.1)
+        assert client.mark("load_weights", "end")
+        # free the biggest after the phase ended: the phase peak keeps it, the traced bytes do not
+        probes.push(raw(Kind.FREE, pid=1011, ptr=0x1000, ordinal=0, ts=time.monotonic_ns()))
+        pump(daemon, 1.3)  # a snapshot a second
+        got = scrape(port)
+    finally:
+        service.stopping(daemon, "test")
+        daemon.stop()
+        service.close()
+    held0 = sum((i + 1) * MiB for i in range(11))
+    assert series(got, "memrec_traced_bytes", gpu="0", category="driver") == {
+        ("memrec_traced_bytes", (("Hostname", socket.gethostname()), ("UUID", ""), ("category", "driver"),
+                                 ("device", "nvidia0"), ("gpu", "0"), ("modelName", ""))): held0}
+    assert list(series(got, "memrec_traced_bytes", gpu="1").values()) == [64 * MiB]
+    procs = series(got, "memrec_process_traced_bytes", gpu="0")
+    by_pid = {dict(k[1])["pid"]: v for k, v in procs.items()}
+    # THEN the 10 largest have series of their own and the rest is one "other"
+    assert len(by_pid) == 11 and by_pid["other"] == 1 * MiB
+    assert by_pid["1010"] == 11 * MiB and "1011" not in by_pid
+    assert list(series(got, "memrec_phase_peak_bytes", gpu="0", phase="load_weights").values()) == [held0 + 12 * MiB]
+    assert list(series(got, "memrec_failed_calls_total", result="CUDA_ERROR_OUT_OF_MEMORY").values()) == [1]
+    assert list(series(got, "memrec_events_total").values()) == [15]
+    assert list(series(got, "memrec_lost_events_total").values()) == [0]
+    assert list(series(got, "memrec_probed_libraries").values()) == [1]
+    assert len(series(got, "memrec_ring_fill_ratio")) == len(series(got, "memrec_drain_lag_seconds")) == 1
+    info = next(k for k in got if k[0] == "memrec_info")
+    assert dict(info[1])["trace_format"] == f"{FORMAT_VERSION}.0"
+    assert recv(listener) == {"STOPPING": "1", "STATUS": "shutting down (test)"}
+
+
+def test_a_taken_metrics_port_fails_before_start(workdir, capsys):
+    pytest.importorskip("prometheus_client")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        service = Service(metrics_addr=("127.0.0.1", port))
+        with pytest.raises(Exception) as err:
+            service.listen()
+        assert getattr(err.value, "exit_code", None) == 73 and f"127.0.0.1:{port}" in str(err.value)
+
+
+def test_drain_meter_fill_lag_and_results():
+    import numpy as np
+
+    from memrec.columns import RAW_DTYPE
+    from memrec.daemon.metrics import RECORD_BYTES
+    from memrec.daemon.metrics import DrainMeter
+
+    now = [10**12]
+    meter = DrainMeter(ring_bytes=64 * RECORD_BYTES, clock=lambda: now[0])
+    batch = np.zeros(16, RAW_DTYPE)
+    batch["ts"] = now[0] - 250_000_000  # a quarter second old
+    batch["result"][:3] = [2, 2, 999]
+    meter.batch(batch)
+    assert meter.take() == (0.25, 0.25)
+    assert meter.take() == (0.0, 0.0)
+    assert meter.failed == {"CUDA_ERROR_OUT_OF_MEMORY": 2, "CUDA_ERROR_UNKNOWN": 1}
+
+
+def test_metrics_without_prometheus_client_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # as if not installed
+    with pytest.raises(Exception) as err:
+        Service(metrics_addr=("127.0.0.1", free_port())).listen()
+    assert getattr(err.value, "exit_code", None) == 69 and "pip install 'memrec[metrics]'" in str(err.value)
+
+
+@pytest.mark.parametrize("text, want", [("127.0.0.1:9862", ("127.0.0.1", 9862)), (":9862", ("", 9862)),
+                                        ("[::1]:80", ("::1", 80)), ("host.example:1", ("host.example", 1))])
+def test_metrics_addr(text, want):
+    assert metrics_addr(text) == want
+
+
+@pytest.mark.parametrize("text", ["9862", "host:", "host:0", "host:70000", "[::1]", "a:b:1"])
+def test_metrics_addr_refuses(text):
+    with pytest.raises(ValueError, match="not HOST:PORT"):
+        metrics_addr(text)
+
+
+def test_daemon_refuses_bad_service_options(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["daemon", "--keep", "-1"])
+    assert exc.value.code == 2 and "must be >= 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["daemon", "--metrics-addr", "9862"])
+    assert "not HOST:PORT" in capsys.readouterr().err
+    assert file_count("3") == 3
+
+
+# ------------------------------------------------------------------------------ retention
+
+
+def test_prune_keeps_the_newest_and_touches_nothing_else(workdir):
+    for i in range(5):
+        p = workdir / f"memrec-host-2026120{i}-000000-1.mrec"
+        p.write_bytes(b"x")
+        os.utime(p, (1000 + i, 1000 + i))
+    current = workdir / "memrec-host-20261201-000000-1.mrec"
+    (workdir / "notes.mrec").write_bytes(b"mine")
+    (workdir / "memrec-dir.mrec").mkdir()
+    os.symlink("/etc/hostname", workdir / "memrec-link.mrec")
+    deleted = prune(workdir, keep=3, current=current)
+    left = sorted(p.name for p in workdir.iterdir())
+    # the current file (an old mtime) stays and counts as one of the three
+    assert sorted(deleted) == ["memrec-host-20261200-000000-1.mrec", "memrec-host-20261202-000000-1.mrec"]
+    assert left == ["memrec-dir.mrec", "memrec-host-20261201-000000-1.mrec", "memrec-host-20261203-000000-1.mrec",
+                    "memrec-host-20261204-000000-1.mrec", "memrec-link.mrec", "notes.mrec"]
+    assert prune(workdir, keep=0) == []
+
+
+def test_daemon_keeps_n_files_across_rotations(workdir):
+    daemon = make_daemon(workdir, output=f"{workdir}/traces/")
+    service = Service(keep_files=2, notifier=Notifier({}))
+    daemon.start()
+    try:
+        service.started(daemon)
+        for _ in range(4):
+            daemon.rotate("test")
+        service._prune(daemon)
+        left = sorted(p.name for p in (workdir / "traces").iterdir())
+    finally:
+        daemon.stop()
+    assert len(daemon.files) == 5 and left == sorted(p.name for p in daemon.files[-2:])
+
+
+# ------------------------------------------------------------------------------ capabilities, version
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="dropping capabilities needs them first: run as root")
+def test_drop_capabilities_keeps_only_what_recording_needs():
+    code = (
+        "from memrec.daemon.caps import KEEP, drop_capabilities, thread_capabilities\n"
+        "drop_capabilities()\n"
+        "c = thread_capabilities()\n"
+        "keep = sum(1 << k for k in KEEP)\n"
+        "assert c['CapEff'] & ~keep == 0 and c['CapPrm'] & ~keep == 0 and c['CapBnd'] & ~keep == 0, c\n"
+        "assert c['CapEff'] & (1 << 39), 'CAP_BPF kept'\n"
+        "print('ok')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+    assert proc.stdout.strip() == "ok", proc.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="dropping capabilities needs them first: run as root")
+def test_drop_capabilities_without_setpcap_still_reduces_what_it_can():
+    code = (
+        "from memrec.daemon.caps import KEEP, drop_capabilities, thread_capabilities\n"
+        "drop_capabilities(KEEP | {21})\n"  # CAP_SYS_ADMIN kept, CAP_SETPCAP gone
+        "drop_capabilities()\n"  # cannot touch the bounding set now; the rest it can
+        "c = thread_capabilities()\n"
+        "keep = sum(1 << k for k in KEEP)\n"
+        "assert c['CapEff'] == c['CapPrm'] == c['CapEff'] & keep and c['CapBnd'] & (1 << 21), c\n"
+        "print('ok')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_version_names_the_trace_format_and_bpf_program():
+    proc = subprocess.run([sys.executable, "-m", "memrec", "--version"], capture_output=True, text=True)
+    assert proc.returncode == 0
+    assert proc.stdout.startswith("memrec ") and f"trace format {FORMAT_VERSION}." in proc.stdout
+    assert "BPF program sha256:" in proc.stdout
+
+
+def test_the_grafana_dashboard_queries_only_metrics_the_daemon_exposes():
+    pytest.importorskip("prometheus_client")
+    import json
+    import re
+
+    from memrec.daemon.metrics import DaemonMetrics
+    from memrec.daemon.metrics import Snapshot
+
+    m = DaemonMetrics(("127.0.0.1", 0))
+    m.snapshot = Snapshot({}, {}, {}, {}, {}, {}, 0, 0, 0, 0.0, 0.0, 0, 0)
+    exposed = set()
+    for family in m.collect():
+        exposed.add(family.name + ("_total" if family.type == "counter" else ""))
+    dashboard = json.loads((Path(__file__).resolve().parents[2] / "contrib/grafana/memrec.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    exprs += [v["query"] for v in dashboard["templating"]["list"]]
+    used = {name for e in exprs for name in re.findall(r"\bmemrec_[a-z0-9_]+", e)}
+    assert used and used <= exposed, used - exposed

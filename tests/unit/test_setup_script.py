@@ -1,0 +1,79 @@
+"""scripts/setup in a copy of this checkout, as a new user's first screen shows it.
+
+The host's packages are taken as installed (a fake dpkg-query on PATH) and its kernel headers as
+linked (a fake modules root): the header step has its own tests (test_kernel_headers.py). What runs
+for real is the virtualenv and pip, whose output must not reach the user's screen.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SKIP = {".git", ".venv", "__pycache__", ".pytest_cache", "build"}
+
+
+def _can_run() -> str | None:
+    if os.geteuid() != 0:
+        return "scripts/setup runs as root"
+    if shutil.which("apt-get") is None:
+        return "scripts/setup knows Debian/Ubuntu hosts only"
+    probe = subprocess.run(["/usr/bin/python3", "-c", "import bcc, venv, ensurepip"], capture_output=True)
+    if probe.returncode != 0:
+        return "the system python3 lacks bcc or venv (python3-bpfcc, python3-venv)"
+    return None
+
+
+@pytest.fixture
+def fresh_clone(tmp_path) -> Path:
+    reason = _can_run()
+    if reason:
+        pytest.skip(reason)
+    clone = tmp_path / "memrec"
+    shutil.copytree(ROOT, clone, ignore=lambda d, names: [n for n in names if n in SKIP or n.endswith(".egg-info")])
+    return clone
+
+
+def run_setup(clone: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    (fake / "dpkg-query").write_text("#!/bin/sh\nprintf 'install ok installed'\n")
+    (fake / "dpkg-query").chmod(0o755)
+    build = tmp_path / "modules" / os.uname().release / "build" / "include"
+    build.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}", MEMREC_MODULES_ROOT=str(tmp_path / "modules"),
+               MEMREC_SRC_ROOT=str(tmp_path / "src"), TMPDIR=str(tmp_path / "tmp"))
+    for key in ("MEMREC_SETUP_LOG", "MEMREC_APT_UPDATED", "VIRTUAL_ENV"):
+        env.pop(key, None)
+    return subprocess.run(["bash", str(clone / "scripts" / "setup")], capture_output=True, text=True, env=env,
+                          timeout=600, cwd="/")
+
+
+def test_setup_shows_its_own_lines_only_and_a_rerun_says_ready(fresh_clone, tmp_path):
+    # GIVEN a fresh copy of the checkout (no .venv) on a host with the packages and headers in place
+    # WHEN set up, as scripts/start does first
+    first = run_setup(fresh_clone, tmp_path)
+    # THEN it works, and the screen holds memrec's lines alone: no pip notices, no setuptools
+    # warning about folders named like the package, no apt output
+    assert first.returncode == 0, first.stderr
+    lines = first.stderr.splitlines()
+    assert all(line.startswith("memrec setup: ") for line in lines), first.stderr
+    assert lines[0] == "memrec setup: installing memrec[nvml,tui,metrics] into .venv (pip)"
+    assert lines[-1].startswith("memrec setup: ready: memrec ")
+    assert first.stdout == ""
+    assert (fresh_clone / ".venv" / "bin" / "memrec").exists()
+    # WHEN run again THEN one line, and its log was removed both times
+    again = run_setup(fresh_clone, tmp_path)
+    assert again.returncode == 0 and again.stderr.splitlines() == [lines[-1]]
+    assert list((tmp_path / "tmp").glob("memrec-setup.*")) == []
+    # AND a .venv without pip (made before python3-venv was installed) is made again
+    shutil.rmtree(fresh_clone / ".venv" / "lib")
+    redo = run_setup(fresh_clone, tmp_path)
+    assert redo.returncode == 0, redo.stderr
+    assert "making .venv again: the one here has no working pip" in redo.stderr
