@@ -173,6 +173,7 @@ class MarkerServer:
         self.refused = 0
         self.timed_out = 0
         self.accept_pauses = 0
+        self.claims_refused = 0
 
     def start(self) -> None:
         """Start accepting connections."""
@@ -349,14 +350,23 @@ class MarkerServer:
         try:
             owner = os.stat(f"/proc/{named}").st_uid
         except OSError:
-            self._bad_log.log(logging.WARNING, "marker from pid %d names pid %d, which does not exist: "
-                              "stamped with %d", pid, named, pid)
+            self._claim_refused("marker from pid %d names pid %d, which does not exist: stamped with %d",
+                                pid, named, pid)
             return pid
         if uid != 0 and owner != uid:
-            self._bad_log.log(logging.WARNING, "marker from pid %d (uid %d) names pid %d of uid %d: not "
-                              "allowed, stamped with %d", pid, uid, named, owner, pid)
+            self._claim_refused("marker from pid %d (uid %d) names pid %d of uid %d: not allowed, "
+                                "stamped with %d", pid, uid, named, owner, pid)
             return pid
         return named
+
+    def _claim_refused(self, message: str, *args: object) -> None:
+        """Say a refused claim: the first ones each, then at most one line per 10 s (a client
+        may repeat it as fast as it can write)."""
+        self.claims_refused += 1
+        if self.claims_refused <= _LOUD_ERRORS:
+            log.warning(message, *args)
+        else:
+            self._bad_log.log(logging.WARNING, message, *args)
 
     def _handle(self, client: _Client, message: dict, sender: tuple[int, int] | None = None) -> bool:
         """Handle one message; False when the connection is gone (closed or handed over).

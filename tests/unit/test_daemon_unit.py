@@ -809,19 +809,12 @@ def test_mark_pid_names_another_process_of_this_user(daemon, worker, capsys):
 
 
 def test_daemon_keeps_the_peers_pid_when_the_named_process_is_not_the_peers(daemon, caplog):
-    # GIVEN a non-root peer naming root's process 1, and a peer naming a process that is gone
-    from memrec.daemon.markers import _Client
-
-    a, b = socket.socketpair()
-    try:
-        with caplog.at_level(logging.WARNING, logger="memrec.daemon.markers"):
-            # WHEN the daemon decides whose marker each is
-            other_user = daemon.markers._about(_Client(a, 4321, 12345), 1)
-            gone = daemon.markers._about(_Client(a, 4321, 0), 4194304)
-            root = daemon.markers._about(_Client(a, 4321, 0), 1)
-    finally:
-        a.close()
-        b.close()
+    # GIVEN a non-root writer naming root's process 1, and a writer naming a process that is gone
+    with caplog.at_level(logging.WARNING, logger="memrec.daemon.markers"):
+        # WHEN the daemon decides whose marker each is (writer pid, writer uid, pid named)
+        other_user = daemon.markers._about(4321, 12345, 1)
+        gone = daemon.markers._about(4321, 0, 4194304)
+        root = daemon.markers._about(4321, 0, 1)
     # THEN only root (or the owner) may speak for another process; refusals are logged
     assert (other_user, gone, root) == (4321, 4321, 1)
     assert "not allowed" in caplog.text and "does not exist" in caplog.text
