@@ -11,11 +11,10 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from memrec.client import mark
-from memrec.client import phase
-
 if TYPE_CHECKING:
     from memrec.api import Recording
+    from memrec.client import mark
+    from memrec.client import phase
 
 __version__ = "0.1.0"
 __all__ = ["__version__", "load", "mark", "phase"]
@@ -26,3 +25,13 @@ def load(path: str | os.PathLike, pandas: bool | None = None) -> Recording:
     from memrec.api import load as _load
 
     return _load(path, pandas=pandas)
+
+
+def __getattr__(name: str):
+    """``memrec.mark`` and ``memrec.phase`` on first use: the command line (``memrec --help``)
+    imports this package too, and need not pay for the client's socket and msgpack."""
+    if name in ("mark", "phase"):
+        from memrec import client
+
+        return getattr(client, name)
+    raise AttributeError(f"module 'memrec' has no attribute {name!r}")

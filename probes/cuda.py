@@ -18,6 +18,7 @@ import mmap
 import os
 import resource
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from dataclasses import field
 from dataclasses import replace
@@ -39,6 +40,9 @@ SYMBOLS: tuple[str, ...] = tuple(a.name for a in Api if a is not Api.NONE and no
 DRIVER_API = ("cuInit", "cuMemAlloc_v2", "cuMemFree_v2")
 _EXIT_FORMAT = "events/sched/sched_process_exit/format"
 _TRACEFS_ROOTS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
+#: Threads that detach probes at close(). Closing a uprobe's perf event waits out RCU grace
+#: periods (~0.1 s) under a kernel-wide mutex, so threads gain only ~10 % (bench/bench_start_stop.py).
+DETACH_THREADS = 8
 
 
 class ProbeError(RuntimeError):
@@ -89,6 +93,36 @@ def program_cflags(follow_tree: bool, ringbuf_pages: int) -> list[str]:
     if _tracefs_has_group_dead():
         flags.append("-DHAVE_GROUP_DEAD=1")
     return flags
+
+
+def detach_uprobes(bpf, threads: int = DETACH_THREADS) -> list[str]:
+    """Detach every uprobe of ``bpf`` from ``threads`` threads; return one line per failure.
+
+    Why not ``bpf.detach_uprobe_event`` per probe: it is serial, and each detach sleeps in the
+    kernel for RCU grace periods, so ~74 probes per libcuda take 7-9 s. The two kernel calls
+    (close the perf event, remove the probe) release the GIL and run in the pool; bcc's own
+    bookkeeping (its probe table and global count, not thread-safe) is done here, in one thread.
+    The kernel serialises most of the wait (perf_uprobe_destroy holds event_mutex), so this is
+    ~10 % faster, not N times; the daemon writes its trailer before it gets here. Multi-uprobe
+    links (one link, one wait for many probes) need the program loaded for
+    BPF_TRACE_UPROBE_MULTI, which bcc 0.26 cannot do.
+    """
+    from bcc.libbcc import lib
+
+    def detach(item: tuple[bytes, int]) -> str | None:
+        ev_name, fd = item
+        if lib.bpf_close_perf_event_fd(fd) < 0 or lib.bpf_detach_uprobe(ev_name) < 0:
+            return f"cannot detach uprobe {ev_name.decode(errors='replace')}"
+        return None
+
+    items = list(bpf.uprobe_fds.items())
+    if not items:
+        return []
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(items))), thread_name_prefix="detach") as pool:
+        failures = [why for why in pool.map(detach, items) if why]
+    for ev_name, _fd in items:
+        bpf._del_uprobe_fd(ev_name)  # noqa: SLF001 - bcc's count of open probes must follow
+    return failures
 
 
 def _raise_fd_limit(need: int) -> None:
@@ -159,12 +193,8 @@ class CudaProbes:
             self._reader = None
         bpf, self._bpf = self._bpf, None
         if bpf is not None:
-            for ev_name in list(bpf.uprobe_fds):
-                try:
-                    bpf.detach_uprobe_event(ev_name)
-                except Exception as exc:  # noqa: BLE001 - bcc raises plain Exception
-                    log.warning("cannot detach uprobe %s: %s", ev_name.decode(errors="replace"), exc)
-                    bpf.uprobe_fds.pop(ev_name, None)
+            for failure in detach_uprobes(bpf):
+                log.warning("%s", failure)
             try:
                 bpf.cleanup()
             except Exception as exc:  # noqa: BLE001 - bcc raises plain Exception

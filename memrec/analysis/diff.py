@@ -51,6 +51,7 @@ from memrec.analysis.sglang_report import process_info_ranks
 from memrec.analysis.sglang_report import rank_gpus
 from memrec.analysis.sglang_report import rank_sort_key
 from memrec.analysis.sglang_report import shown_dims
+from memrec.analysis.text import fit_lines
 from memrec.analysis.text import table
 from memrec.analysis.timeline import OWNED
 from memrec.analysis.timeline import Journal
@@ -524,17 +525,24 @@ def _n(v: int | None, sign: bool = False) -> str:
     return f"{v:+,}" if sign else f"{v:,}"
 
 
-def render_diff(d: dict) -> str:
-    """The diff as text: the verdict first, then the KV budgets, the windows, the phases, the failures."""
+def render_diff(d: dict, width: int | None = None) -> str:
+    """The diff as text: the verdict first, then the KV budgets, the windows, the phases, the failures.
+
+    With ``width``, the sentences and the tables' free-text columns (SGLang's error, what failed)
+    wrap to fit it; the number columns stay on one line.
+    """
     an, bn = d["a"]["name"], d["b"]["name"]
     out = [f"memrec diff  A = {an}  B = {bn}", ""]
     v = d["verdict"]
     out.append(f"verdict: {v['headline']}")
     out.extend(f"  {line}" for line in v["lines"])
+    if width is not None:
+        out = fit_lines(out, width)
 
     if d["kv"]:
         out.append("")
-        out.append("KV budget per rank (GiB as SGLang measures them; rest = available − pre × (1 − fraction); Δrest = Δavailable − Δslack)")
+        title = "KV budget per rank (GiB as SGLang measures them; rest = available − pre × (1 − fraction); Δrest = Δavailable − Δslack)"
+        out.extend(fit_lines([title], width) if width is not None else [title])
         rows = []
         for x in d["kv"]:
             for tag, side in (("A", x["before"]), ("B", x["after"])):
@@ -555,7 +563,7 @@ def render_diff(d: dict) -> str:
                      _g(dl.get("min_mem_fraction_static"), 4, True), ""]
                 )
         out.extend(table(["RANK", "RUN", "PRE", "AVAILABLE", "FRACTION", "SLACK", "REST", "TOKENS", "MIN FRACTION", "ERROR"],
-                         rows, right=set(range(2, 9)), indent="  "))
+                         rows, right=set(range(2, 9)), indent="  ", width=width, drop=(8,), wrap=True))
 
     for which, title in (("between", "between the memory baseline and the KV sizing (lowers rest one for one)"),
                          ("before", "before the memory baseline (lowers pre_model_load_memory and the slack)")):
@@ -576,7 +584,8 @@ def render_diff(d: dict) -> str:
 
     if d["phases"]:
         out.append("")
-        out.append("phases (net bytes per phase, rank, GPU and category; '-': the phase did not run; exits left out)")
+        title = "phases (net bytes per phase, rank, GPU and category; '-': the phase did not run; exits left out)"
+        out.extend(fit_lines([title], width) if width is not None else [title])
         rows = [
             [r["phase"], r["rank"], str(r["gpu"]) if r["gpu"] >= 0 else "host",
              r["category"] + ("" if r["owned"] else " (not owned)"),
@@ -597,7 +606,7 @@ def render_diff(d: dict) -> str:
             else:
                 what = f"{f['phase']}: {f['error']}"
             rows.append([where, f["rank"], what])
-        out.extend(table(["IN", "RANK", "WHAT"], rows, right=set(), indent="  "))
+        out.extend(table(["IN", "RANK", "WHAT"], rows, right=set(), indent="  ", width=width, wrap=True))
     else:
         out.append("failures: none in either run")
     return "\n".join(out) + "\n"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import textwrap
 from typing import Protocol
 
 from memrec._errors import ExitCode
@@ -85,12 +86,53 @@ def get_argument_parser() -> argparse.ArgumentParser:
             _command_name(name[: -len("Command")]),
             help=doc.splitlines()[0] if doc else None,
             description=doc,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
+            formatter_class=_DocstringFormatter,
             parents=[verbose],
         )
         command.prepare_parser(sub_parser)
         sub_parser.set_defaults(entrypoint=command.run, parser=sub_parser)
     return parser
+
+
+class _DocstringFormatter(argparse.RawDescriptionHelpFormatter):
+    """A command's docstring as its help, fitted to the terminal (80 columns when piped).
+
+    The docstrings keep their layout (examples, the --to table) but are written ~100 columns wide:
+    a run of lines at the paragraph's indent is reflowed as one paragraph, and any other line too
+    wide wraps with its continuation 4 columns further in. Nothing is cut.
+    """
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        out: list[str] = []
+        head, hang, words = "", 0, []  # the block being reflowed: its first line's prefix, its indent
+
+        def flush() -> None:
+            if words:
+                out.extend(textwrap.wrap(" ".join(words), width, initial_indent=indent + head,
+                                         subsequent_indent=indent + " " * hang, break_long_words=False,
+                                         break_on_hyphens=False))
+                words.clear()
+
+        for line in text.splitlines():
+            lead = len(line) - len(line.lstrip(" "))
+            if not line.strip():
+                flush()
+                out.append("")
+            elif words and lead == hang and hang >= 4:  # the block goes on
+                words.append(line.strip())
+            elif lead == 4:  # a paragraph, or a row of a two-column table continued under its second cell
+                flush()
+                gap = line.find("  ", lead)
+                hang = gap + len(line[gap:]) - len(line[gap:].lstrip(" ")) if gap > 0 else lead
+                head, words[:] = line[:hang], [line[hang:].strip()]
+            else:  # the summary, an example: wrapped alone, continued 4 columns further in
+                flush()
+                hang = 0
+                out.extend(textwrap.wrap(line.strip(), width, initial_indent=indent + " " * lead,
+                                         subsequent_indent=indent + " " * (lead + 4), break_long_words=False,
+                                         break_on_hyphens=False))
+        flush()
+        return "\n".join(out)
 
 
 class _VersionAction(argparse.Action):

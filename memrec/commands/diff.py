@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from pathlib import Path
 
 from memrec._errors import ExitCode
@@ -40,5 +41,7 @@ class DiffCommand:
         if args.json:
             print(json.dumps(result, indent=2))
         else:
-            print(clean_text(render_diff(result), keep_newlines=True), end="")
+            width = shutil.get_terminal_size((80, 24)).columns  # $COLUMNS, the terminal, else 80
+            text = render_diff(result, width=max(width, 40))
+            print(clean_text(text, keep_newlines=True), end="")  # a client's text never drives the terminal
         return ExitCode.OK

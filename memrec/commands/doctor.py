@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import textwrap
 from pathlib import Path
 
 from memrec._errors import ExitCode
@@ -121,8 +123,12 @@ class DoctorCommand:
         if args.json:
             print(json.dumps([c.__dict__ for c in checks], indent=2))
         else:
+            width = max(shutil.get_terminal_size((80, 24)).columns, 40)  # $COLUMNS, the terminal, else 80
             for c in checks:
-                print(f"{c.status.upper():4}  {c.name:15} {c.detail}")
+                lines = [(f"{c.status.upper():4}  {c.name:15} ", c.detail)]
                 if c.fix and c.status != "ok":
-                    print(f"      {'':15} -> {c.fix}")
+                    lines.append((f"      {'':15} ", f"-> {c.fix}"))
+                for head, text in lines:  # wrapped under the detail's column, never cut
+                    print("\n".join(textwrap.wrap(text, width, initial_indent=head, subsequent_indent=" " * len(head),
+                                                  break_long_words=False, break_on_hyphens=False)))
         return ExitCode.ERROR if any(c.status == "fail" for c in checks) else ExitCode.OK

@@ -67,10 +67,13 @@ class ExportCommand:
 
     @staticmethod
     def _write(rec, to: str, out: Path, args: argparse.Namespace) -> list[Path]:
+        from memrec.export import require
+
         if to == "perfetto":
             from memrec.export.perfetto import write_perfetto
 
             _check_file(out)
+            require("perfetto.trace_builder.proto_builder", "export", "--to perfetto")  # before making the file
             write_perfetto(rec, out)
             return [out]
         if to == "memory-viz":
@@ -88,6 +91,8 @@ class ExportCommand:
         if out.exists() and not out.is_dir():
             raise MemrecCommandError(f"{out}: exists and is not a folder (--to {to} writes one file per table)",
                                      exit_code=ExitCode.CANT_CREATE)
+        if to == "parquet":
+            require("pyarrow.parquet", "export", "--to parquet")  # before making the folder
         out.mkdir(parents=True, exist_ok=True)
         return columnar.write_parquet(rec, out) if to == "parquet" else columnar.write_csv(rec, out)
 

@@ -15,11 +15,9 @@ Files are written to a temporary name and renamed, so a half-written unit is nev
 from __future__ import annotations
 
 import argparse
-import importlib.resources
 import os
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -40,6 +38,8 @@ _EXEC_START = re.compile(r"^ExecStart=(\S+)", re.MULTILINE)
 
 def contrib_file(*parts: str) -> str:
     """A file shipped in contrib/ (the wheel carries it as package data of memrec.contrib)."""
+    import importlib.resources
+
     return importlib.resources.files("memrec.contrib").joinpath(*parts).read_text()
 
 
@@ -80,6 +80,8 @@ def _write(root: Path, rel: Path, text: str) -> Path:
 
 
 def _run(argv: list[str]) -> None:
+    import subprocess
+
     proc = subprocess.run(argv, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         detail = (proc.stderr or proc.stdout).strip().splitlines()

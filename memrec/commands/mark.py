@@ -173,8 +173,9 @@ class MarkCommand:
         parser.add_argument("name", help=f"what is happening (1..{protocol.MAX_NAME} characters)")
         # Options may follow NAME and mix with the values: argparse alone cannot do that with two
         # positionals, so everything after NAME is parsed again in run().
-        parser.add_argument("values", nargs=argparse.REMAINDER, metavar="KEY=VALUE",
-                            help="values to record, and any of the options above")
+        values = parser.add_argument("values", nargs=argparse.REMAINDER, metavar="KEY=VALUE",
+                                     help="values to record, and any of the options above")
+        values.required = False  # argparse counts a REMAINDER as required: `memrec mark` named it missing
 
     def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         ts = time.monotonic_ns()

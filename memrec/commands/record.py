@@ -175,7 +175,7 @@ def record_tree(
     try:
         daemon.run(until=child.poll)
     finally:
-        print(f"{prog}: detaching the probes and closing the trace (a few seconds)", file=sys.stderr, flush=True)
+        print(f"{prog}: closing the trace, then detaching the probes (a few seconds)", file=sys.stderr, flush=True)
         daemon.stop()
     return child.wait()
 

@@ -10,11 +10,8 @@ import sys
 import threading
 import time
 
-import numpy as np
-
 from memrec._errors import ExitCode
 from memrec._errors import MemrecCommandError
-from memrec.events import Kind
 
 
 class _Collector(threading.Thread):
@@ -43,6 +40,8 @@ class _Collector(threading.Thread):
                         self.chunks.append(rec["events"])
 
     def events(self) -> np.ndarray:
+        import numpy as np
+
         from memrec.columns import EVENT_DTYPE
 
         with self.lock:
@@ -93,6 +92,7 @@ class SelftestCommand:
         parser.add_argument("--timeout", type=float, default=20.0, help="seconds to wait for the events")
 
     def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+        from memrec.events import Kind
         from memrec.live import subscribe
         from memrec.live import wait_for_daemon
         from memrec.selftest import check_exits

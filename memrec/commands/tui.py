@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from contextlib import suppress
 from pathlib import Path
 
@@ -13,8 +14,9 @@ from memrec.commands.common import check_trace_path
 
 
 class TuiCommand:
-    """Browse GPU memory over time: one tab per GPU, a timeline stacked by category, who held what
-    at the cursor, the events around it.
+    """Browse GPU memory over time: one tab per GPU, a timeline stacked by category, who held what.
+
+    At the cursor: who held what on that GPU; beside it, the events around that instant.
 
       memrec tui run.mrec                   replay a trace
       memrec tui --live [SOCKET]            follow the running daemon
@@ -84,10 +86,24 @@ class TuiCommand:
 
     def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         source = self.make_source(args)
-        from memrec.tui.app import MemrecApp
+        try:
+            if not on_a_terminal():
+                raise MemrecCommandError(
+                    "memrec tui needs a terminal (its keys come from stdin, its screen goes to stderr); "
+                    "for text use memrec report",
+                    exit_code=ExitCode.USAGE,
+                )
+            from memrec.tui.app import MemrecApp
 
-        app = MemrecApp(source)
-        with suppress(KeyboardInterrupt):
-            app.run()
-        source.stop()
+            app = MemrecApp(source)
+            with suppress(KeyboardInterrupt):
+                app.run()
+        finally:
+            source.stop()
         return ExitCode.OK
+
+
+def on_a_terminal() -> bool:
+    """Whether the app can run: textual reads keys from stdin and draws on the original stderr, and
+    with either redirected it would wait forever for keys or paint escape codes into a file."""
+    return sys.stdin.isatty() and sys.__stderr__ is not None and sys.__stderr__.isatty()

@@ -3,6 +3,7 @@ SIGINT and SIGHUP, and the trace files it leaves (root; skipped with the reason 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -219,6 +220,31 @@ def test_sighup_rotates_into_two_readable_files(daemon_factory, stub_lib):
     assert b.header["previous"] == str(d.output)
     assert first["pid"] in set(a.events["pid"].tolist()) and first["pid"] not in set(b.events["pid"].tolist())
     assert second["pid"] in set(b.events["pid"].tolist()) and second["pid"] not in set(a.events["pid"].tolist())
+
+
+def test_sigterm_leaves_a_complete_trace_while_the_probes_still_detach(daemon_factory, stub_lib):
+    # GIVEN a daemon with a workload recorded (every probe on the stub attached)
+    d = daemon_factory()
+    facts = run_workload(stub_lib, "basic")
+    wait_for_events(d.output, {facts["pid"]})
+    # WHEN SIGTERM comes
+    d.signal(signal.SIGTERM)
+    complete_while_running = None
+    while d.proc.poll() is None:
+        with contextlib.suppress(Exception):  # the file is being written
+            trace = load_trace(d.output)
+            if trace.trailer is not None:
+                complete_while_running = d.proc.poll() is None
+                break
+        time.sleep(0.01)
+    assert d.proc.wait(60) == 0, d.log()
+    # THEN the file was whole (trailer, no warnings) while the daemon was still detaching its probes
+    assert complete_while_running, d.log()
+    trace = load_trace(d.output)
+    assert trace.trailer["reason"] == "signal SIGTERM" and trace.warnings == []
+    assert facts["pid"] in set(trace.events["pid"].tolist())
+    log = d.log()
+    assert log.index("detaching the probes") < log.index("probes detached in")
 
 
 def test_memrec_mark_without_daemon_fails_clearly(workdir):

@@ -159,7 +159,7 @@ def golden_bytes() -> bytes:
 
 
 def golden_dump(path: str) -> str:
-    from memrec.commands.dump import dump_trace
+    from memrec.export.jsonl import dump_trace
     from memrec.trace.reader import TraceReader
 
     out = io.StringIO()

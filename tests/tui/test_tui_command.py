@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 
 import pytest
 
@@ -60,6 +62,7 @@ def test_run_starts_the_app_with_the_source(trace_file, monkeypatch):
             started.append("ran")
 
     monkeypatch.setattr("memrec.tui.app.MemrecApp", FakeApp)
+    monkeypatch.setattr("memrec.commands.tui.on_a_terminal", lambda: True)
     assert TuiCommand().run(parse(str(trace_file)), argparse.ArgumentParser()) == ExitCode.OK
     assert started[0].kind == "file" and started[1] == "ran"
 
@@ -72,3 +75,13 @@ def test_registered_in_the_memrec_command(trace_file):
     if "tui" not in choices:
         pytest.skip("memrec.commands does not register TuiCommand yet (the lead adds it)")
     assert commands.main(["tui", "/nonexistent.mrec"]) == ExitCode.NO_INPUT
+
+
+def test_without_a_terminal_it_says_so_instead_of_waiting(trace_file):
+    # GIVEN a trace, and stdin and stderr that are not a terminal (a script, a pipe, cron)
+    # WHEN memrec tui runs THEN it ends at once with one line and the usage exit code (it used to
+    # start the app, which waited forever for keys that could not come)
+    done = subprocess.run([sys.executable, "-m", "memrec", "tui", str(trace_file)], stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == ExitCode.USAGE
+    assert done.stderr.count("\n") == 1 and "needs a terminal" in done.stderr

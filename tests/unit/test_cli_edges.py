@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from memrec import commands
 from memrec._errors import ExitCode
 from memrec.events import GpuInfo
@@ -209,3 +211,47 @@ def test_mark_accepts_verbose_after_its_name(tmp_path, capsys):
     rc = commands.main(["mark", "x", "-v", "--socket", str(tmp_path / "none.sock")])
     assert rc == ExitCode.UNAVAILABLE
     assert capsys.readouterr().err.startswith("memrec: error: no memrec daemon")
+
+
+def test_every_help_fits_80_columns_and_keeps_every_word(monkeypatch, capsys):
+    # GIVEN help piped to a file or another program (memrec assumes 80 columns there)
+    monkeypatch.setenv("COLUMNS", "80")
+    from memrec.commands import _command_name
+    from memrec.commands import _commands
+
+    for command in _commands():
+        name = _command_name(type(command).__name__[: -len("Command")])
+        # WHEN a subcommand's --help is asked for
+        with pytest.raises(SystemExit) as done:
+            commands.main([name, "--help"])
+        assert done.value.code == 0
+        text = capsys.readouterr().out
+        # THEN no line is wider than 80 columns, and the docstring's words are all there, in order
+        assert [line for line in text.splitlines() if len(line) > 80] == [], name
+        doc_words = (type(command).__doc__ or "").split()
+        assert " ".join(text.split()).find(" ".join(doc_words)) >= 0, name
+
+
+def test_doctor_fits_80_columns_and_says_everything(monkeypatch, capsys):
+    # GIVEN doctor's output piped (80 columns assumed), on this host whatever it lacks
+    monkeypatch.setenv("COLUMNS", "80")
+    rc = commands.main(["doctor"])
+    text = capsys.readouterr().out
+    assert rc in (ExitCode.OK, ExitCode.ERROR)
+    # THEN no line is wider than 80, and every check's detail and fix are there in full
+    assert [line for line in text.splitlines() if len(line) > 80] == []
+    assert commands.main(["doctor", "--json"]) == rc
+    words = " ".join(text.split())
+    for check in json.loads(capsys.readouterr().out):
+        assert " ".join(check["detail"].split()) in words
+        if check["fix"] and check["status"] != "ok":
+            assert " ".join(f"-> {check['fix']}".split()) in words
+
+
+def test_mark_without_a_name_asks_only_for_the_name(capsys):
+    # GIVEN `memrec mark` with nothing after it  THEN a usage error that names only what is missing
+    # (KEY=VALUE pairs are optional: `memrec mark x` is complete)
+    with pytest.raises(SystemExit) as done:
+        commands.main(["mark"])
+    assert done.value.code == ExitCode.USAGE
+    assert capsys.readouterr().err.splitlines()[-1] == "memrec mark: error: the following arguments are required: name"

@@ -532,6 +532,26 @@ def test_phased_shutdown_order(daemon):
     daemon.stop()  # idempotent
 
 
+def test_trace_is_complete_on_disk_before_the_probes_detach(daemon):
+    # GIVEN a daemon whose probes look at the trace file when they are told to detach
+    probes = daemon.probes
+    seen = {}
+
+    def close() -> None:
+        trace = load_trace(daemon.files[0])
+        seen.update(trailer=trace.trailer, warnings=trace.warnings, socket=daemon.config.socket_path.exists())
+        probes.closed = True
+
+    probes.close = close
+    probes.push(raw(Kind.ALLOC, ts=time.monotonic_ns(), pid=os.getpid(), ordinal=0, ptr=0x10, size=MiB))
+    # WHEN the daemon stops
+    daemon.stop()
+    # THEN the trailer was on disk (and the socket gone) before the slow detach began
+    assert probes.closed
+    assert seen["trailer"] is not None and seen["warnings"] == []
+    assert seen["socket"] is False
+
+
 # ------------------------------------------------------------------------------ files
 
 

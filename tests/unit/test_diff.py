@@ -137,6 +137,22 @@ def test_examples_text_starts_with_the_verdict():
     assert text == render_diff(examples_diff())
 
 
+def test_cli_text_fits_the_terminal_width(monkeypatch, capsys):
+    # GIVEN an 80-column terminal (or output to a pipe, where memrec assumes 80)
+    monkeypatch.setenv("COLUMNS", "80")
+    # WHEN diffing the example runs on the command line
+    assert commands.main(["diff", str(BASE), str(IPC)]) == ExitCode.OK
+    text = capsys.readouterr().out
+    lines = text.splitlines()
+    # THEN the verdict, the KV budget and the failures fit in 80 columns (sentences and SGLang's
+    # error wrap; nothing is cut), and the verdict still comes first
+    # (the phases table of numbers is left as it is: it has no free-text column to wrap)
+    phases, failures = lines.index(next(x for x in lines if x.startswith("phases ("))), lines.index("failures")
+    assert [x for x in lines[:phases] + lines[failures:] if len(x) > 80] == []
+    assert lines[2].startswith("verdict: sglang-standin-ipc.mrec fails")
+    assert NOT_ENOUGH in " ".join(x.strip() for x in lines[failures:])
+
+
 # -------------------------------------------------------------------------- hand-built traces
 
 
@@ -237,7 +253,9 @@ def test_a_rank_present_in_one_run_only():
 
 
 @pytest.fixture
-def main():
+def main(monkeypatch):
+    # A wide terminal: these tests read whole lines; test_cli_text_fits_the_terminal_width wraps them.
+    monkeypatch.setenv("COLUMNS", "1000")
     return commands.main
 
 

@@ -111,10 +111,11 @@ def test_an_input_that_cannot_be_opened_is_no_input(main, capsys, tmp_path, make
     # WHEN dumped
     rc = main(["dump", str(path)])
     out, err = capsys.readouterr()
-    # THEN NO_INPUT with one line naming the file
+    # THEN NO_INPUT with one line naming the file, the very line memrec report prints for it
     assert rc == ExitCode.NO_INPUT
     assert out == "" and err.count("\n") == 1
-    assert err.startswith(f"memrec: error: cannot open {path}: ")
+    assert err.startswith(f"memrec: error: {path}: ")
+    assert main(["report", str(path)]) == ExitCode.NO_INPUT and capsys.readouterr().err == err
 
 
 @pytest.mark.parametrize(

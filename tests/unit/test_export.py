@@ -269,6 +269,18 @@ def test_missing_package_is_one_line_with_the_extra(tmp_path, capsys, monkeypatc
     assert export(GOLDEN, "perfetto", tmp_path / "x.pftrace") == ExitCode.UNAVAILABLE
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "pip install 'memrec[export]'" in err
+    # AND no empty file is left where the trace was to go
+    assert not (tmp_path / "x.pftrace").exists()
+
+
+def test_missing_pyarrow_makes_no_folder(tmp_path, capsys, monkeypatch):
+    # GIVEN pyarrow cannot be imported
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    # WHEN exporting to parquet THEN it says what to install and leaves no empty folder behind
+    assert export(GOLDEN, "parquet", tmp_path / "tables") == ExitCode.UNAVAILABLE
+    assert "pip install 'memrec[export]'" in capsys.readouterr().err
+    assert not (tmp_path / "tables").exists()
 
 
 def test_large_values_stay_exact(tmp_path):

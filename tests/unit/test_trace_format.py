@@ -20,7 +20,7 @@ from memrec.columns import NVML_DTYPE
 from memrec.columns import PROCMEM_DTYPE
 from memrec.columns import RAW_DTYPE
 from memrec.columns import empty_events
-from memrec.commands.dump import dump_trace
+from memrec.export.jsonl import dump_trace
 from memrec.events import FLAG_IPC_BYTES
 from memrec.events import Api
 from memrec.events import GpuInfo
