@@ -129,7 +129,10 @@ class DaemonConfig:
             each file gets a name with the host, the start time and the daemon's pid.
         socket_path: the marker/subscriber socket.
         socket_mode: the socket's permission bits (group members may send markers).
-        socket_group: group name or gid to own the socket (None: the daemon's group).
+        socket_group: group name or gid to own the socket (None: the daemon's group). Its
+            members may send markers.
+        live_group: group name or gid whose members may also subscribe to the live view (every
+            event and the command lines of every traced process); None: root only.
         libcuda_paths: libcuda files to probe besides those found in /proc/*/maps and the usual
             places.
         follow_tree: record only tracked pids and their descendants (``memrec record``).
@@ -152,6 +155,7 @@ class DaemonConfig:
     socket_path: Path = Path(DEFAULT_SOCKET)
     socket_mode: int = 0o660
     socket_group: str | int | None = None
+    live_group: str | int | None = None
     libcuda_paths: tuple[str, ...] = ()
     follow_tree: bool = False
     rotate_bytes: int = GiB

@@ -197,6 +197,15 @@ class Fanout:
         sub = self._subs.get(fd)
         if sub is None:
             return
+        try:
+            self._serve(sub, mask)
+        except Exception as error:  # a bug met by one subscriber: that one goes, nobody else
+            log.error("live subscriber fd %d: internal error (%s): disconnected", fd, type(error).__name__)
+            log.debug("live subscriber: internal error", exc_info=True)
+            self._drop(sub)
+
+    def _serve(self, sub: Subscriber, mask: int) -> None:
+        fd = sub.fd
         if mask & selectors.EVENT_READ:
             try:
                 data = sub.sock.recv(4096)

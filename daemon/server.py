@@ -31,6 +31,7 @@ import dataclasses
 import enum
 import logging
 import os
+import secrets
 import selectors
 import signal
 import socket
@@ -47,12 +48,19 @@ from memrec import __version__
 from memrec._errors import ExitCode
 from memrec._errors import MemrecCommandError
 from memrec._errors import MemrecError
+from memrec._errors import one_line
+from memrec._untrusted import clean_text
 from memrec.columns import with_gpu
 from memrec.daemon.config import DaemonConfig
 from memrec.daemon.fanout import Fanout
+from memrec.daemon.libraries import Libraries
 from memrec.daemon.markers import MarkerServer
+from memrec.daemon.markers import root_only
+from memrec.daemon.markers import root_or_group
 from memrec.daemon.sockets import BoundSocket
 from memrec.daemon.sockets import bind_unix_socket
+from memrec.daemon.sockets import group_id
+from memrec.daemon.throttle import Throttle
 from memrec.daemon.untraced import UntracedReadings
 from memrec.daemon.untraced import name_images
 from memrec.events import GpuInfo
@@ -65,6 +73,8 @@ from memrec.trace.format import keyframe_record
 from memrec.trace.format import lost_record
 from memrec.trace.format import make_header
 from memrec.trace.format import process_record
+from memrec.trace.writer import MAX_HELD_BYTES
+from memrec.trace.writer import FileSink
 from memrec.trace.writer import TraceWriter
 
 log = logging.getLogger(__name__)
@@ -76,6 +86,11 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _FORCE_STOP_AFTER = 3
 #: The most ring-buffer polls of the final drain.
 _FINAL_DRAIN_POLLS = 64
+#: A marker's ts must lie within this many ns before its arrival on the daemon's clock; any other
+#: value (a clock of another time namespace, a made-up 2^64 - 1) is replaced by the arrival time.
+MARKER_TS_WINDOW = 60 * 10**9
+#: How often idle and half-sent marker connections are looked for (ns).
+_SWEEP_NS = 10**9
 
 
 class Mood(enum.Enum):
@@ -105,15 +120,6 @@ def _gpu_text(info: ProcessInfo) -> str:
     return f"{cvd} → no GPU it can name"
 
 
-def _one_line(error: BaseException) -> str:
-    text = str(error).strip() or type(error).__name__
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    # bcc puts the compiler's complaint on the last lines; keep the first and the last.
-    if len(lines) > 1:
-        return f"{lines[0]} ... {lines[-1]}"[:500]
-    return lines[0][:500] if lines else type(error).__name__
-
-
 #: Batches in which a new process's ordinal map is checked against NVML before giving up.
 _MAP_CHECK_TRIES = 20
 
@@ -122,12 +128,6 @@ def _default_probes_factory(**kwargs: Any) -> Any:
     from memrec.probes.cuda import CudaProbes
 
     return CudaProbes(**kwargs)
-
-
-def _default_find_libraries(extra: tuple[str, ...]) -> list:
-    from memrec.probes.libs import find_libcuda
-
-    return find_libcuda(list(extra))
 
 
 def _default_nvml() -> Any:
@@ -142,34 +142,9 @@ def _default_process_info(pid: int, gpus: list[GpuInfo], first_ts: int) -> Proce
     return process_info(pid, gpus, first_ts)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Library:
-    path: str
-    dev: int
-    inode: int
-
-
-def _explicit_libraries(paths: tuple[str, ...]) -> list[_Library]:
-    """The libcuda files named on the command line (missing ones are logged by the caller once)."""
-    out = []
-    for path in paths:
-        try:
-            st = os.stat(path)
-        except OSError:
-            continue
-        out.append(_Library(path, st.st_dev, st.st_ino))
-    return out
-
-
-def _report_dict(report: Any) -> dict:
-    """An AttachReport (path, attached, missing) as the header records it."""
-    attached = getattr(report, "attached", 0)
-    missing = getattr(report, "missing", ())
-    return {
-        "path": os.fspath(getattr(report, "path", "?")),
-        "attached": len(attached) if isinstance(attached, (list, tuple, set, frozenset)) else int(attached),
-        "missing": sorted(str(m) for m in missing),
-    }
+def _create_sink(path: Path) -> FileSink:
+    """A new trace file: never through a symbolic link; an existing regular file is replaced."""
+    return FileSink(path, replace=True)
 
 
 class Daemon:
@@ -205,7 +180,7 @@ class Daemon:
         self._probes_factory = probes_factory or _default_probes_factory
         self._nvml = nvml
         self.clock = clock
-        self._find_libraries = find_libraries or _default_find_libraries
+        self.libraries = Libraries(find_libraries, config.libcuda_paths)
         self._process_info = process_info or _default_process_info
         self.stop_signal_handler = stop_signal_handler
         self._install_signals = install_signals
@@ -230,8 +205,6 @@ class Daemon:
         self._old_handlers: dict[int, Any] = {}
         self._old_wakeup_fd: int | None = None
         self._wake_r = self._wake_w = -1
-        self._libraries: dict[tuple[int, int], dict] = {}  # (dev, inode) -> report dict
-        self._skip_libraries: set[tuple[int, int]] = set()  # failed, or known under another identity
         self._procs: dict[int, ProcessInfo] = {}
         self._map_checked: set[int] = set()  # pids whose ordinal map NVML confirmed or corrected
         self._map_tries: dict[int, int] = {}
@@ -244,11 +217,14 @@ class Daemon:
         self._start_stamp = ""
         self._poll_errors = 0
         self._probes_closed = False
-        self._search_failed = False
         self._ring_fd: int | None = None
         self.events_recorded = 0
         self.markers_recorded = 0
+        self.markers_restamped = 0
         self._next: dict[str, int] = {}
+        self._loss_log = Throttle(log, 5.0)
+        self._disk_full = False
+        self._restamp_log = Throttle(log, 60.0)
         self._timers: list[list] = []  # [period ns, due ns, fn] from every()
         #: Called from the loop with each marker as it arrives (device ordinal as the client sent it).
         self.marker_listeners: list[Callable[[Marker], None]] = []
@@ -269,6 +245,7 @@ class Daemon:
             raise RuntimeError(f"Daemon.start() called in mood {self.mood.value}")
         cfg = self.config
         self._start_stamp = time.strftime("%Y%m%d-%H%M%S")
+        self._name_token = secrets.token_hex(4)
         self.selector = selectors.DefaultSelector()
         try:
             # The socket first: a second daemon fails here, before the slow BPF compile.
@@ -278,7 +255,7 @@ class Daemon:
                 if not os.path.exists(path):
                     log.warning("--libcuda %s: no such file", path)
             self.scan_libraries()
-            if not self._libraries:
+            if not self.libraries.attached:
                 log.warning(
                     "no libcuda.so.1 found yet: probes will attach when a process maps one "
                     "(rescan every %g s); name one with --libcuda PATH", cfg.rescan_interval
@@ -286,7 +263,8 @@ class Daemon:
             self.gpus = self._list_gpus()
             self.fanout = Fanout(self.selector, cfg.subscriber_queue_bytes)
             self.markers = MarkerServer(
-                self.bound.sock, self.selector, self._on_marker, self._on_subscribe, on_connect=self._on_connect
+                self.bound.sock, self.selector, self._on_marker, self._on_subscribe, on_connect=self._on_connect,
+                may_subscribe=root_only if cfg.live_group is None else root_or_group(group_id(cfg.live_group)),
             )
             self._open_writer(self._next_path(), reason="start")
             self._start_sampler()
@@ -305,11 +283,12 @@ class Daemon:
             "flush": now + int(cfg.flush_interval * 1e9),
             "keyframe": now + int(cfg.keyframe_interval * 1e9),
             "rescan": now + int(cfg.rescan_interval * 1e9),
+            "sweep": now + _SWEEP_NS,
         }
         self.mood = Mood.RUNNING
         log.info(
             "recording to %s; markers on %s; %d GPU(s); %d libcuda file(s) probed",
-            self.files[-1], cfg.socket_path, len(self.gpus), len(self._libraries),
+            self.files[-1], cfg.socket_path, len(self.gpus), len(self.libraries.attached),
         )
 
     def track_pid(self, pid: int) -> None:
@@ -483,15 +462,21 @@ class Daemon:
         if now >= nxt["flush"]:
             assert self.writer is not None
             self.writer.flush()
+            self._watch_disk()
             nxt["flush"] = _advance(nxt["flush"], int(cfg.flush_interval * 1e9), now)
         if now >= nxt["rescan"]:
             self.scan_libraries()
             nxt["rescan"] = _advance(nxt["rescan"], int(cfg.rescan_interval * 1e9), now)
+        if now >= nxt["sweep"]:
+            if self.markers is not None:
+                self.markers.sweep()
+            nxt["sweep"] = _advance(nxt["sweep"], _SWEEP_NS, now)
         if self.fanout is not None and self.fanout.needs_resync:
             assert self.writer is not None
             self.writer.flush()
             self.fanout.resync(self._resync_records)
-        if cfg.rotate_bytes and self.writer is not None and self.writer.bytes_written >= cfg.rotate_bytes:
+        if (cfg.rotate_bytes and self.writer is not None and self.writer.bytes_written >= cfg.rotate_bytes
+                and self.writer.stalled is None):
             self.rotate("size")
         for timer in self._timers:
             if now >= timer[1]:
@@ -499,7 +484,7 @@ class Daemon:
                 try:
                     timer[2](now)
                 except Exception as error:  # an add-on (metrics, watchdog) never stops recording
-                    log.error("periodic %s failed: %s", getattr(timer[2], "__qualname__", timer[2]), _one_line(error))
+                    log.error("periodic %s failed: %s", getattr(timer[2], "__qualname__", timer[2]), one_line(error))
 
     def every(self, seconds: float, fn: Callable[[int], None]) -> None:
         """Call ``fn(now)`` from the loop every ``seconds`` (the metrics' snapshot, systemd's watchdog).
@@ -552,7 +537,7 @@ class Daemon:
         except Exception as error:
             self._poll_errors += 1
             if self._poll_errors <= 3:
-                log.error("ring buffer poll failed: %s", _one_line(error))
+                log.error("ring buffer poll failed: %s", one_line(error))
             return 0
         n = len(raw)
         if n:
@@ -560,7 +545,7 @@ class Daemon:
         lost = int(self.probes.lost())
         if lost != self._lost:
             if lost > self._lost:
-                log.warning("%d events lost so far (ring buffer full: raise --ringbuf-pages?)", lost)
+                self._loss_log.log(logging.WARNING, "%d events lost so far (ring buffer full: raise --ringbuf-pages?)", lost)
             self._lost = lost
             assert self.writer is not None
             self.writer.write_lost(self.clock(), lost)
@@ -671,7 +656,8 @@ class Daemon:
             if not info.cmdline and info.exe is None:
                 log.info("pid %d ended before /proc could be read: its CUDA_VISIBLE_DEVICES is unknown, "
                          "its ordinals are taken as the host's GPU numbers", pid)
-            log.info("pid %d: %s (%s)", pid, " ".join(info.cmdline)[:200] or "?", _gpu_text(info))
+            log.info("pid %d: %s (%s)", pid, clean_text(" ".join(info.cmdline), 200) or "?",
+                     clean_text(_gpu_text(info), 200))
             if self.writer is not None and not self.writer.closed:
                 self.writer.write_process(info)
         return info
@@ -683,6 +669,21 @@ class Daemon:
         self._process(pid, self.clock())
 
     def _on_marker(self, marker: Marker) -> None:
+        """Queue a marker; its ts is the client's only when the daemon's clock agrees.
+
+        A client's CLOCK_MONOTONIC is the daemon's on one host, so an honest ts lies a little
+        before the marker's arrival. Any other value (another time namespace's clock, a made-up
+        2^63) would stretch or break every report of the trace: the arrival time replaces it.
+        """
+        now = self.clock()
+        if not now - MARKER_TS_WINDOW <= marker.ts <= now:
+            self.markers_restamped += 1
+            self._restamp_log.log(
+                logging.WARNING, "marker %r from pid %d: its ts %d is not within the last %d s of this "
+                "host's clock (%d); stamped with its arrival time", clean_text(marker.name, 60), marker.pid,
+                marker.ts, MARKER_TS_WINDOW // 10**9, now,
+            )
+            marker = dataclasses.replace(marker, ts=now)
         if marker.pid not in self._procs:  # a process named by `memrec mark` (its shell): read it now
             self._process(marker.pid, marker.ts)
         self._pending_markers.append(marker)
@@ -767,11 +768,12 @@ class Daemon:
 
     # ------------------------------------------------------------------ files
 
-    def _next_path(self) -> Path:
+    def _next_path(self, part: int | None = None) -> Path:
         cfg = self.config
-        part = self._part
+        part = self._part if part is None else part
         if cfg.output_is_dir:
-            base = f"memrec-{socket.gethostname()}-{self._start_stamp}-{os.getpid()}"
+            # A random part: nobody can plant a file (or link) at a name known in advance.
+            base = f"memrec-{socket.gethostname()}-{self._start_stamp}-{os.getpid()}-{self._name_token}"
             return cfg.output / (f"{base}.mrec" if part == 0 else f"{base}.{part}.mrec")
         if part == 0:
             return cfg.output
@@ -780,12 +782,7 @@ class Daemon:
         return cfg.output.with_name(f"{stem}.{part}{suffix}")
 
     def _header(self, reason: str) -> dict:
-        probes = {
-            "libraries": list(self._libraries.values()),
-            "attached": sum(r["attached"] for r in self._libraries.values()),
-            "missing": sorted({m for r in self._libraries.values() for m in r["missing"]}),
-            "follow_tree": self.config.follow_tree,
-        }
+        probes = {**self.libraries.header(), "follow_tree": self.config.follow_tree}
         return make_header(
             gpus=self.gpus,
             probes=probes,
@@ -795,15 +792,20 @@ class Daemon:
             previous=os.fspath(self.files[-1]) if self.files else None,
         )
 
-    def _open_writer(self, path: Path, reason: str) -> None:
+    def _open_writer(self, path: Path, reason: str, sink: FileSink | None = None) -> None:
+        """Start a trace file (``sink``: already created) with the header, processes and a keyframe."""
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            if sink is None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                sink = _create_sink(path)
             tee = self.fanout.publish if self.fanout is not None else None
-            self.writer = TraceWriter(path, self._header(reason), tee=tee)
+            self.writer = TraceWriter(sink, self._header(reason), tee=tee)
         except OSError as error:
             raise MemrecCommandError(
                 f"cannot write the trace {path}: {error.strerror or error}", exit_code=ExitCode.CANT_CREATE
             ) from None
+        if sink.replaced:
+            log.warning("replaced the existing file %s", path)
         self.files.append(path)
         for info in self._procs.values():
             self.writer.write_process(info)
@@ -813,16 +815,45 @@ class Daemon:
         self.writer.flush()
 
     def rotate(self, reason: str) -> Path:
-        """Close the current file with a trailer; open the next with a header and a keyframe."""
+        """Close the current file with a trailer; open the next with a header and a keyframe.
+
+        The next file is created first: when it cannot be (a full disk, a bad folder), recording
+        goes on in the current one and the error is logged.
+        """
         assert self.writer is not None
         self._write_pending()
+        path = self._next_path(self._part + 1)
+        try:
+            sink = _create_sink(path)
+        except OSError as error:
+            log.error("cannot rotate (%s) to %s: %s; recording goes on in %s", reason, path,
+                      error.strerror or error, self.writer.path)
+            return Path(self.writer.path or path)
         self._part += 1
-        path = self._next_path()
         old = self.writer
         old.close(self._trailer(f"rotate: {reason}", next_file=os.fspath(path)))
-        self._open_writer(path, reason=f"rotate: {reason}")
+        self._open_writer(path, reason=f"rotate: {reason}", sink=sink)
         log.info("rotated (%s): %s → %s", reason, old.path, path)
         return path
+
+    def _watch_disk(self) -> None:
+        """Say once when writes stall (a full disk) and once when they resume, with what was lost."""
+        writer = self.writer
+        if writer is None:
+            return
+        stalled = writer.stalled
+        if stalled is not None and not self._disk_full:
+            self._disk_full = True
+            log.error(
+                "cannot write %s: %s. Recording goes on: the live state is kept, up to %d MiB of records "
+                "are held and written when space returns, later ones are dropped and counted",
+                writer.path, stalled.strerror or stalled, MAX_HELD_BYTES >> 20,
+            )
+        elif stalled is None and self._disk_full:
+            self._disk_full = False
+            records, nbytes = writer.dropped
+            log.warning("%s takes writes again; %d record(s) (%d bytes) were dropped while the disk was full",
+                        writer.path, records, nbytes)
 
     def _trailer(self, reason: str, **extra: Any) -> dict:
         out = {
@@ -835,7 +866,11 @@ class Daemon:
                 "disconnected_slow": self.fanout.disconnected_slow if self.fanout else 0,
             },
             "state": {"anomalies": dict(self.state.anomalies), "failures": self.state.n_failures},
+            "markers_restamped": self.markers_restamped,
         }
+        if self.writer is not None and self.writer.dropped[0]:
+            records, nbytes = self.writer.dropped
+            out["disk_full"] = {"dropped_records": records, "dropped_bytes": nbytes}
         out.update(extra)
         return out
 
@@ -856,43 +891,11 @@ class Daemon:
         except MemrecCommandError:
             raise
         except Exception as error:  # bcc raises bare Exception for compile and load failures
-            raise ProbeLoadError(f"cannot load the BPF probes: {_one_line(error)}") from error
+            raise ProbeLoadError(f"cannot load the BPF probes: {one_line(error)}") from error
 
     def scan_libraries(self) -> int:
         """Attach the probes to every libcuda file not attached yet; return how many were new."""
-        try:
-            found = list(self._find_libraries(self.config.libcuda_paths))
-        except Exception as error:
-            if not self._search_failed:
-                log.warning("libcuda search failed: %s; probing only --libcuda paths", _one_line(error))
-            self._search_failed = True
-            found = []
-        found += _explicit_libraries(self.config.libcuda_paths)  # always, whatever the search says
-        new = 0
-        for lib in found:
-            key = (int(lib.dev), int(lib.inode))
-            if key in self._libraries or key in self._skip_libraries:
-                continue
-            try:
-                report = self.probes.attach_library(lib.path, identity=key)
-            except Exception as error:
-                self._skip_libraries.add(key)
-                log.warning("cannot attach to %s: %s", lib.path, _one_line(error))
-                continue
-            rec = _report_dict(report)
-            if getattr(report, "already_attached", False):  # another path to an attached inode
-                self._skip_libraries.add(key)
-                continue
-            self._libraries[key] = rec
-            new += 1
-            if rec["missing"]:
-                log.info(
-                    "attached %d probe(s) to %s; %d symbol(s) missing: %s",
-                    rec["attached"], rec["path"], len(rec["missing"]), ", ".join(rec["missing"]),
-                )
-            else:
-                log.debug("attached %d probe(s) to %s", rec["attached"], rec["path"])
-        return new
+        return self.libraries.scan(self.probes)
 
     def _nvml_module(self) -> Any:
         if self._nvml is None:
@@ -937,7 +940,7 @@ class Daemon:
             "lost": self._lost,
             "files": [os.fspath(p) for p in self.files],
             "processes": len(self._procs),
-            "libraries": len(self._libraries),
+            "libraries": len(self.libraries.attached),
             "subscribers": len(self.fanout) if self.fanout is not None else 0,
             "marker_server": self.markers.stats() if self.markers is not None else {},
         }

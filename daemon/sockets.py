@@ -50,7 +50,8 @@ def socket_in_use(path: str | os.PathLike[str], timeout: float = 0.5) -> bool:
         return True
 
 
-def _gid(group: str | int) -> int:
+def group_id(group: str | int) -> int:
+    """The gid of a group name or number (SocketError when no such group)."""
     if isinstance(group, int):
         return group
     if group.isdigit():
@@ -129,7 +130,7 @@ def bind_unix_socket(
         try:
             os.chmod(tmp, mode)
             if group is not None:
-                os.chown(tmp, -1, _gid(group))
+                os.chown(tmp, -1, group_id(group))
         except PermissionError:
             raise SocketError(
                 f"cannot set the group of {path} to {group!r}: only root or a member of that group may (EPERM)"

@@ -33,3 +33,13 @@ class MemrecCommandError(MemrecError):
 
 class TraceFormatError(MemrecError):
     """A file is not a memrec trace, or is of a version this memrec cannot read."""
+
+
+def one_line(error: BaseException) -> str:
+    """An exception as one line of at most 500 characters (bcc puts a compiler's complaint on
+    several lines: the first and the last are kept)."""
+    text = str(error).strip() or type(error).__name__
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(lines) > 1:
+        return f"{lines[0]} ... {lines[-1]}"[:500]
+    return lines[0][:500] if lines else type(error).__name__

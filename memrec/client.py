@@ -11,7 +11,9 @@ They never block and never raise into the host program:
   (and at exit), so the trace says how many of this process's markers it is missing and why;
 - a frame is never cut in the stream: when the kernel takes only part of one, the remainder is
   kept (at most :data:`PENDING_CAP` bytes) and written before anything else; a connection that
-  cannot take its remainder is dropped.
+  cannot take its remainder is dropped;
+- a connection the daemon closed (it closes idle ones) is noticed before the next marker, which
+  goes out on a new one.
 
 Timestamps are ``time.monotonic_ns()``, the clock of ``bpf_ktime_get_ns`` and of the probes.
 """
@@ -222,6 +224,10 @@ class MarkerClient:
 
     def _send(self, data: bytes, count: bool = True) -> bool:
         """Send ``data`` (one frame; ``count=False``: only the drop report) after the drop report."""
+        if self._sock is not None and self._peer_closed():
+            # The daemon closed an idle connection (or restarted): reconnect now, lose nothing.
+            self._disconnect()
+            self._last_attempt = None
         if self._sock is None and not self._connect():
             if count:
                 self._drop("no_daemon")
@@ -261,6 +267,17 @@ class MarkerClient:
     def _reported_now(self, report: bytes) -> None:
         if report:
             self.dropped_reported = self.dropped
+
+    def _peer_closed(self) -> bool:
+        """Whether the daemon has closed this connection (it never writes to a marker client
+        except an error just before closing)."""
+        assert self._sock is not None
+        try:
+            return self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) is not None
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return True
 
     def _flush_pending(self) -> None:
         assert self._sock is not None

@@ -32,6 +32,11 @@ from typing import Any
 
 import msgpack
 
+from memrec._untrusted import MAX_DEPTH
+from memrec._untrusted import clean_text
+from memrec._untrusted import short_repr
+from memrec._untrusted import too_deep
+
 #: The socket the daemon listens on, unless ``MEMREC_SOCKET`` names another.
 DEFAULT_SOCKET = "/run/memrec/memrec.sock"
 #: The environment variable that overrides :data:`DEFAULT_SOCKET` (set by ``memrec record``).
@@ -154,6 +159,8 @@ def decode_payload(body: bytes) -> dict:
         raise ProtocolError(f"frame is not valid msgpack ({type(error).__name__})") from None
     if not isinstance(message, dict):
         raise ProtocolError(f"frame holds a {type(message).__name__}, not a map")
+    if too_deep(message):
+        raise ProtocolError(f"frame nests deeper than {MAX_DEPTH} levels")
     return message
 
 
@@ -172,7 +179,7 @@ def validate_mark(message: dict) -> str | None:
     """Check a ``mark`` message; return None when valid, else a one-line reason."""
     unknown = set(message) - {"type", "name", "phase", "ts", "tid", "gpu", "values", "pid"}
     if unknown:
-        return f"mark: unknown field(s) {', '.join(sorted(map(str, unknown)))}"
+        return f"mark: unknown field(s) {_names(unknown)}"
     name = message.get("name")
     if not isinstance(name, str) or not 1 <= len(name) <= MAX_NAME:
         return f"mark: name must be a string of 1..{MAX_NAME} characters"
@@ -199,7 +206,7 @@ def validate_mark(message: dict) -> str | None:
         if not isinstance(key, str) or not 1 <= len(key) <= MAX_VALUE_KEY:
             return f"mark: value keys must be strings of 1..{MAX_VALUE_KEY} characters"
         if not is_scalar(value):
-            return f"mark: value {key!r} is a {type(value).__name__}, not nil/bool/int/float/str"
+            return f"mark: value {short_repr(key, 40)} is a {type(value).__name__}, not nil/bool/int/float/str"
     return None
 
 
@@ -211,11 +218,17 @@ def validate_message(message: dict) -> str | None:
     if kind in ("ping", "subscribe"):
         extra = set(message) - {"type"}
         if extra:
-            return f"{kind}: unexpected field(s) {', '.join(sorted(map(str, extra)))}"
+            return f"{kind}: unexpected field(s) {_names(extra)}"
         return None
     if kind is None:
         return "message has no type"
-    return f"unknown message type {kind!r} (expected one of {', '.join(MESSAGE_TYPES)})"
+    return f"unknown message type {short_repr(kind, 60)} (expected one of {', '.join(MESSAGE_TYPES)})"
+
+
+def _names(keys: set) -> str:
+    """A client's unexpected keys, shown bounded (at most 8, each cut, escapes made visible)."""
+    shown = sorted(clean_text(k, 40) if isinstance(k, str) else short_repr(k, 40) for k in list(keys)[:8])
+    return ", ".join(shown) + (f" (+{len(keys) - 8} more)" if len(keys) > 8 else "")
 
 
 def make_mark(

@@ -40,11 +40,14 @@ from __future__ import annotations
 import heapq
 from array import array
 from collections import deque
+from typing import Any
 from typing import Iterator
 from typing import NamedTuple
 
 import numpy as np
 
+from memrec._untrusted import clean_text
+from memrec._untrusted import short_repr
 from memrec.events import CATEGORIES
 from memrec.events import CUDA_ERROR_OUT_OF_MEMORY
 from memrec.events import QUIET_FAILURE_KINDS
@@ -83,6 +86,9 @@ JOURNAL_FIELDS = ("index", "ts", "gpu", "pid", "category", "delta")
 
 #: How many recent failed calls the state keeps, and how many largest allocations an exit record keeps.
 MAX_FAILURES = 256
+#: The largest size and ts the accounting takes (larger ones can only come from a damaged file).
+_MAX_SIZE = np.uint64(1 << 52)
+_MAX_TS = np.uint64((1 << 63) - 1)
 EXIT_LARGEST = 5
 
 # Kind numbers as plain ints for the hot loop.
@@ -165,6 +171,47 @@ def _flat_keyed(table: dict) -> list:
     return out
 
 
+def _check_table(flat: Any, name: str, fields: tuple[str, ...], *, none_ok: bool = False) -> None:
+    """Raise TypeError unless ``flat`` is a snapshot table of rows ``fields`` whose every value
+    can be what its field is: bytes for handle bytes, an int16 for a GPU, a category index for a
+    category, a 64-bit int for the rest (None too with ``none_ok``). Checked before use: a damaged
+    keyframe must fail here, not later in a view or a numpy column.
+
+    Tables of plain ints (nearly all) are checked with numpy in one pass; others item by item.
+    """
+    if not isinstance(flat, list):
+        raise TypeError(f"{name} is not a list")
+    stride = len(fields)
+    if not any(f.endswith("_bytes") for f in fields) and len(flat) % stride == 0:
+        try:
+            arr = np.asarray(flat)
+        except (ValueError, OverflowError):
+            arr = None
+        if arr is not None and arr.ndim == 1 and arr.dtype.kind in "iu":
+            rows = arr.reshape(-1, stride)
+            for i, field in enumerate(fields):
+                col = rows[:, i]
+                if "gpu" in field and len(col) and (col.min() < -(2**15) or col.max() >= 2**15):
+                    raise TypeError(f"{name}: a {field} is out of range")
+                if field == "category" and len(col) and (col.min() < 0 or col.max() >= len(CATEGORIES)):
+                    raise TypeError(f"{name}: a category is out of range")
+            return
+    for i, v in enumerate(flat):
+        field = fields[i % stride]
+        if field.endswith("_bytes"):
+            ok = isinstance(v, bytes)
+        elif not isinstance(v, int) or isinstance(v, bool):
+            ok = none_ok and v is None
+        elif "gpu" in field:
+            ok = -(2**15) <= v < 2**15
+        elif field == "category":
+            ok = 0 <= v < len(CATEGORIES)
+        else:
+            ok = -(2**63) <= v < 2**64
+        if not ok:
+            raise TypeError(f"{name}[{i}] ({field}) cannot be {short_repr(v, 40)}")
+
+
 def _rows(flat: list, stride: int) -> Iterator[list]:
     if len(flat) % stride:
         raise ValueError(f"snapshot table length {len(flat)} is not a multiple of {stride}")
@@ -224,12 +271,14 @@ class LiveState:
         if n == 0:
             return
         kinds = events["kind"].tolist()
-        tss = events["ts"].tolist()
+        # A damaged file can hold any u64: keep ts and sizes where the int64 journal and the
+        # analysis can hold them (no driver gives 4 PiB, no clock reads 2^63 ns).
+        tss = np.minimum(events["ts"], _MAX_TS).tolist()
         pids = events["pid"].tolist()
         results = events["result"].tolist()
         gpus = events["gpu"].tolist()
         ptrs = events["ptr"].tolist()
-        sizes = events["size"].tolist()
+        sizes = np.minimum(events["size"], _MAX_SIZE).tolist()
         apis = events["api"].tolist()
         handles = events["handle"].tolist()
         auxs = flags = ipcs = None  # decoded on the first event that is not an alloc or a free
@@ -293,8 +342,8 @@ class LiveState:
                     fill_idx.append(i)
                     fill_gpu.append(g)
                 key = (g, pid, DRIVER)
-                counts[key] -= size
-                owned[g] -= size
+                counts[key] = counts.get(key, 0) - size  # a restored state drops zero counters
+                owned[g] = owned.get(g, 0) - size
                 if jext is not None:
                     jext((base + i, tss[i], g, pid, DRIVER, -size))
                 if exported:
@@ -802,8 +851,27 @@ class LiveState:
         Raises:
             ValueError: the snapshot is of another version or malformed.
         """
-        if d.get("v") != SNAPSHOT_VERSION:
-            raise ValueError(f"keyframe version {d.get('v')!r} is not {SNAPSHOT_VERSION}")
+        if not isinstance(d, dict) or d.get("v") != SNAPSHOT_VERSION:
+            version = d.get("v") if isinstance(d, dict) else None
+            raise ValueError(f"keyframe version {version!r} is not {SNAPSHOT_VERSION}")
+        try:
+            return cls._restore(d, journal)
+        except (KeyError, TypeError, IndexError, AttributeError, OverflowError, ValueError) as error:
+            # A damaged file: whatever broke, the caller gets the one documented error.
+            raise ValueError(f"malformed keyframe ({type(error).__name__}: {clean_text(str(error), 100)})") from None
+
+    @classmethod
+    def _restore(cls, d: dict, journal: bool) -> LiveState:
+        tables = {"allocs": ALLOC_FIELDS, "handles": HANDLE_FIELDS, "maps": MAP_FIELDS, "aliases": ALIAS_FIELDS,
+                  "exports": EXPORT_FIELDS, "fabric": FABRIC_FIELDS, "opens": OPEN_FIELDS, "host": HOST_FIELDS,
+                  "peaks": PEAK_FIELDS, "failures": FAILURE_FIELDS}
+        for name, fields in tables.items():
+            _check_table(d[name], name, fields)
+        for e in d["exits"]:
+            _check_table(e[:2], "exits", ("pid", "ts"))
+            _check_table(e[2], "exits", HELD_FIELDS)
+            _check_table(e[3], "exits", LARGEST_FIELDS, none_ok=True)
+        _check_table([d["n"], d["ts"], d["n_failures"], d.get("max_failures", MAX_FAILURES)], "counts", ("n",))
         s = cls(journal=journal, max_failures=d.get("max_failures", MAX_FAILURES))
         s.n_events = d["n"]
         s.last_ts = d["ts"]

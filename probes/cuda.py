@@ -39,6 +39,8 @@ PROGRAM = "cuda.bpf.c"
 SYMBOLS: tuple[str, ...] = tuple(a.name for a in Api if a is not Api.NONE and not a.name.startswith("sched_"))
 #: The symbols that explain the untraced band (code loading, pools): left out with untraced=False.
 UNTRACED_SYMBOLS: tuple[str, ...] = tuple(a.name for a in UNTRACED_APIS)
+#: What every CUDA driver exports; a file without them is not the driver (nothing is attached to it).
+DRIVER_API = ("cuInit", "cuMemAlloc_v2", "cuMemFree_v2")
 _EXIT_FORMAT = "events/sched/sched_process_exit/format"
 _TRACEFS_ROOTS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
 #: Threads that detach probes at close(). Closing a uprobe's perf event waits out RCU grace
@@ -271,6 +273,10 @@ class CudaProbes:
         except Exception as exc:  # noqa: BLE001 - bcc raises plain Exception
             os.close(fd)
             raise ProbeError(f"cannot read the symbols of {path}: {exc}") from exc
+        lacking = [sym for sym in DRIVER_API if sym not in exported]
+        if lacking:  # a file named libcuda.so* that is not the driver: nothing to probe there
+            os.close(fd)
+            raise ProbeError(f"{path} does not export the CUDA driver API (no {', '.join(lacking)})")
         self._lib_fds.append(fd)  # kept open: the probes' event names and the inode hang on it
 
         _raise_fd_limit(len(self._events) + 2 * len(self.symbols) + 256)
@@ -300,8 +306,11 @@ class CudaProbes:
         """Attach entry + return probes for ``sym``; return why not, or None on success."""
         before = set(bpf.uprobe_fds)
         try:
-            bpf.attach_uprobe(name=probe_path.encode(), sym=sym.encode(), fn_name=f"enter_{sym}".encode(), pid=-1)
+            # The return probe first: a call that enters once the entry probe is in place is then
+            # surely seen returning. (Entry first left a window in which one call was entered,
+            # never returned, and neither recorded nor counted as lost.)
             bpf.attach_uretprobe(name=probe_path.encode(), sym=sym.encode(), fn_name=f"return_{sym}".encode(), pid=-1)
+            bpf.attach_uprobe(name=probe_path.encode(), sym=sym.encode(), fn_name=f"enter_{sym}".encode(), pid=-1)
         except Exception as exc:  # noqa: BLE001 - bcc raises plain Exception
             # Never leave an entry probe without its return probe: it would only fill `inflight`.
             for ev_name in set(bpf.uprobe_fds) - before:

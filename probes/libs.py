@@ -9,6 +9,11 @@ else ``/proc/PID/map_files/<range>`` (also works when the file was deleted, e.g.
 driver upgrade). Then add the usual install paths, ``ldconfig -p`` and the caller's paths, so
 probes are in place before the first CUDA process starts.
 
+Only files that could be the real driver are returned (:func:`untrusted_reason`): root attaches
+probes to what this finds, so a file any user can make (a ``libcuda.so`` in a home folder,
+mapped by a user's process) must not count: it must be owned by root and writable by nobody else.
+The probes themselves then refuse a file that does not export the driver's API.
+
 Parsing is kept apart from /proc I/O so it can be tested without either.
 """
 
@@ -17,10 +22,13 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import stat
 import subprocess
 from collections.abc import Iterable
 from collections.abc import Iterator
 from dataclasses import dataclass
+
+from memrec._untrusted import clean_text
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +40,8 @@ USUAL_PATHS = (
     "/usr/lib/wsl/lib/libcuda.so.1",
 )
 _DELETED = " (deleted)"
+#: (dev, inode) of files refused already (each is said once per process, not at every rescan).
+_REFUSED: set[tuple[int, int]] = set()
 
 
 @dataclass(frozen=True)
@@ -207,6 +217,38 @@ def files_at(paths: Iterable[str]) -> list[LibraryFile]:
     return list(out.values())
 
 
+def untrusted_reason(path: str) -> str | None:
+    """Why the file at ``path`` cannot be the host's driver, or None when it can.
+
+    The driver is installed by root: a file owned by another user, or writable by group or
+    others, is somebody's copy, and root does not attach probes to it.
+    """
+    try:
+        st = os.stat(path)
+    except OSError as error:
+        return f"cannot stat it ({error.strerror or error})"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if st.st_uid != 0:
+        return f"owned by uid {st.st_uid}, not root"
+    if st.st_mode & 0o022:
+        return f"writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def trusted(libs: Iterable[LibraryFile]) -> list[LibraryFile]:
+    """The files that may be the driver; each refused one is logged once (a warning)."""
+    out = []
+    for lib in libs:
+        reason = untrusted_reason(lib.path)
+        if reason is None:
+            out.append(lib)
+        elif (lib.dev, lib.inode) not in _REFUSED:
+            _REFUSED.add((lib.dev, lib.inode))
+            log.warning("not probing %s: %s (only root's driver files are probed)", clean_text(lib.path, 300), reason)
+    return out
+
+
 def find_libcuda(
     extra_paths: Iterable[str] = (),
     *,
@@ -222,7 +264,8 @@ def find_libcuda(
 
     Returns:
         One :class:`LibraryFile` per (dev, inode); a file both mapped and installed appears once,
-        with the identity ``/proc/PID/maps`` gives it.
+        with the identity ``/proc/PID/maps`` gives it. Files :func:`untrusted_reason` refuses are
+        left out (and logged once).
     """
     result: dict[tuple[int, int], LibraryFile] = {}
     for lib in scan_processes(proc_root):
@@ -230,4 +273,4 @@ def find_libcuda(
     installed = list(usual_paths) + (ldconfig_paths() if use_ldconfig else []) + list(extra_paths)
     for lib in files_at(installed):
         result.setdefault((lib.dev, lib.inode), lib)
-    return list(result.values())
+    return trusted(result.values())

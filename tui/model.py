@@ -27,6 +27,7 @@ series points beyond ``max_events``.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import marshal
 import re
 import threading
@@ -37,6 +38,8 @@ from typing import Iterable
 
 import numpy as np
 
+from memrec._untrusted import clean_marker
+from memrec._untrusted import clean_text
 from memrec.analysis.phases import NO_PHASE
 from memrec.analysis.sglang_report import rank_labels
 from memrec.columns import EVENT_DTYPE
@@ -49,6 +52,7 @@ from memrec.events import Kind
 from memrec.events import Marker
 from memrec.events import ProcessInfo
 from memrec.state import LiveState
+from memrec.trace.format import gpus_from_header
 from memrec.trace.model import GpuIds
 
 #: Category indices (same order as memrec.events.CATEGORIES).
@@ -666,8 +670,7 @@ class TraceModel:
         with self.lock:
             self.header = header
             self._gpu_ids.add_header(header)
-            for g in header.get("gpus") or []:
-                info = GpuInfo(**g) if isinstance(g, dict) else g
+            for info in gpus_from_header(header):
                 self.gpus[info.index] = info
 
     def add_events(self, chunk: Any) -> None:
@@ -677,7 +680,7 @@ class TraceModel:
             n = self.store.n - start
             if not n:
                 return
-            cols = (lambda name: chunk[name]) if isinstance(chunk, np.ndarray) else (lambda name: chunk.columns[name])
+            cols = (lambda name: chunk[name]) if isinstance(chunk, np.ndarray) else chunk.column
             self._gpu_ids.add_column(cols("gpu"))
             kind = cols("kind")
             result = cols("result")
@@ -703,26 +706,29 @@ class TraceModel:
                 self.nvml.setdefault(int(g), NvmlSeries()).append(samples[samples["gpu"] == g])
 
     def add_marker(self, marker: Marker) -> None:
+        marker = clean_marker(marker)  # a client's text must not drive the terminal
         with self.lock:
             keys = [m.ts for m in self.markers]
             self.markers.insert(bisect.bisect_right(keys, marker.ts), marker)
 
     def add_process(self, process: ProcessInfo) -> None:
+        process = dataclasses.replace(process, cmdline=[clean_text(a) for a in process.cmdline],
+                                      exe=None if process.exe is None else clean_text(process.exe))
         with self.lock:
             self.processes[process.pid] = process
 
     def add_keyframe(self, event_index: int, ts: int, state: dict) -> None:
         """A keyframe of the trace: a checkpoint for :meth:`state_at`, and a coarse series point."""
         with self.lock:
+            try:
+                s = LiveState.from_snapshot(state)
+            except ValueError as error:  # never kept: the cursor must not restore from it later
+                self.warnings.append(f"keyframe at ts {ts} not usable: {error}")
+                return
             self.keyframes.append((event_index, ts, state))
             if self.max_events and len(self.keyframes) > 64:
                 del self.keyframes[:-64]
                 del self._kf_points[:-64]
-            try:
-                s = LiveState.from_snapshot(state)
-            except (ValueError, KeyError, TypeError) as error:
-                self.warnings.append(f"keyframe at ts {ts} not usable: {error}")
-                return
             self._kf_points.append((ts, _totals_by_gpu(s)))
             if event_index == 0 and self.frontier == 0 and not self._checkpoints and self.store.n == 0:
                 # the trace starts with a state (a rotated file, or a live subscription)

@@ -29,11 +29,6 @@ Post = Callable[[object], object]
 RECONCILE_MAX_EVENTS = 2_000_000
 
 
-def _chain(first, rest):
-    yield first
-    yield from rest
-
-
 class FileSource:
     """A ``.mrec`` file.
 
@@ -65,60 +60,37 @@ class FileSource:
         self.model.set_header(self._reader.header)
 
     def scan(self, post: Post | None = None) -> None:
-        """Read every record into the model (events as column views); fast, no replay."""
-        from memrec.trace.format import COLUMNAR
-        from memrec.trace.format import check_keyframe
-        from memrec.trace.format import decode_columns
-        from memrec.trace.format import marker_from_record
-        from memrec.trace.format import process_from_record
-        from memrec.trace.model import Keyframe
+        """Read every record into the model (events as views of the mapped file); fast, no replay.
 
+        The records and warnings are the reader's (:meth:`~memrec.trace.reader.TraceReader.items`),
+        the same every command gets.
+        """
         if self._reader is None:
             self.open()
         reader = self._reader
         model = self.model
-        schema = reader.schema
-        warnings: list[str] = []
-        from memrec.tui import mapped
-
-        try:
-            records = mapped.scan(self.path, reader._data_start, schema, warnings)
-            first = next(records, None)  # a generator: Unsupported comes here
-            records = _chain(first, records) if first is not None else iter(())
-            mapped_ok = True
-        except mapped.Unsupported:  # not mappable: the reader's way (copies, same records)
-            mapped_ok = False
-        if not mapped_ok:
-            records = ((obj.get("type"), decode_columns(obj, schema) if obj.get("type") in COLUMNAR else obj)
-                       for obj in reader.raw_records())
-        trailer = False
-        for i, (kind, obj) in enumerate(records):
+        for i, (kind, item) in enumerate(reader.items(mapped=True)):
             if self._stop.is_set():
                 return
             if kind == "events":
-                model.add_events(obj)
+                model.add_events(item)
             elif kind == "nvml":
-                model.add_nvml(obj.to_array())
+                model.add_nvml(item.to_array())
             elif kind == "procmem":
                 pass
             elif kind == "marker":
-                model.add_marker(marker_from_record(obj))
+                model.add_marker(item)
             elif kind == "process":
-                model.add_process(process_from_record(obj))
+                model.add_process(item)
             elif kind == "keyframe":
-                k = Keyframe(*check_keyframe(obj))
-                model.add_keyframe(k.event_index, k.ts, k.state)
+                model.add_keyframe(item.event_index, item.ts, item.state)
+            elif kind == "lost":
+                model.set_lost(item)
             else:
-                trailer = trailer or kind == "trailer"
-                model.add_record(obj)
+                model.add_record(item)
             if post is not None and i % 64 == 0:
                 post(messages.LoadProgress("scan", i, 0))
-        if mapped_ok:
-            model.warnings.extend(warnings)
-            if not trailer:
-                model.warnings.append("no trailer: the recording did not finish (still being written, or the writer crashed)")
-        else:
-            model.warnings.extend(reader.warnings)
+        model.warnings.extend(reader.warnings)
         reader.close()
 
     def index(self, post: Post | None = None) -> None:

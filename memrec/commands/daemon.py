@@ -68,6 +68,9 @@ class DaemonCommand:
         )
         parser.add_argument("--socket", metavar="PATH", help=f"marker socket (default: $MEMREC_SOCKET or {protocol.DEFAULT_SOCKET})")
         parser.add_argument("--socket-group", metavar="GROUP", help="group allowed to send markers (socket mode 0660)")
+        parser.add_argument("--live-group", metavar="GROUP",
+                            help="group also allowed to subscribe to the live view: every event and every traced "
+                                 "process's command line (default: root only)")
         parser.add_argument("--libcuda", action="append", default=[], metavar="PATH", help="also probe this libcuda (repeatable)")
         parser.add_argument("--rotate-size", type=_arg(c.byte_size), default=c.GiB, metavar="SIZE",
                             help="start a new file after SIZE bytes (e.g. 512M; 0: never; default 1G)")
@@ -103,6 +106,7 @@ class DaemonCommand:
             output=args.output,
             socket_path=protocol.socket_path(args.socket),
             socket_group=args.socket_group,
+            live_group=args.live_group,
             libcuda_paths=tuple(args.libcuda),
             rotate_bytes=args.rotate_size,
             nvml_device_hz=args.nvml_hz,

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 from memrec._errors import ExitCode
+from memrec._untrusted import clean_text
 
 
 class DiffCommand:
@@ -41,5 +42,6 @@ class DiffCommand:
             print(json.dumps(result, indent=2))
         else:
             width = shutil.get_terminal_size((80, 24)).columns  # $COLUMNS, the terminal, else 80
-            print(render_diff(result, width=max(width, 40)), end="")
+            text = render_diff(result, width=max(width, 40))
+            print(clean_text(text, keep_newlines=True), end="")  # a client's text never drives the terminal
         return ExitCode.OK

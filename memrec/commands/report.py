@@ -9,6 +9,7 @@ from pathlib import Path
 
 from memrec._errors import ExitCode
 from memrec._errors import MemrecCommandError
+from memrec._untrusted import clean_text
 
 
 class ReportCommand:
@@ -53,5 +54,6 @@ class ReportCommand:
             print(json.dumps(report, indent=2))
         else:
             width = shutil.get_terminal_size((80, 24)).columns  # $COLUMNS, the terminal, else 80
-            print(render_text(report, width=max(width, 40), show_all=args.all), end="")
+            text = render_text(report, width=max(width, 40), show_all=args.all)
+            print(clean_text(text, keep_newlines=True), end="")  # a client's text never drives the terminal
         return ExitCode.OK

@@ -38,6 +38,7 @@ import msgpack
 import numpy as np
 
 from memrec._errors import TraceFormatError
+from memrec._untrusted import too_deep
 from memrec.columns import EVENT_DTYPE
 from memrec.columns import NVML_DTYPE
 from memrec.columns import PROCMEM_DTYPE
@@ -239,6 +240,22 @@ def make_header(
     }
     header.update(extra)
     return finalize_header(header)
+
+
+def gpus_from_header(header: dict) -> list[GpuInfo]:
+    """The header's GPU list as GpuInfo, leaving out entries a damaged file made unusable."""
+    out = []
+    entries = header.get("gpus")
+    for g in entries if isinstance(entries, list) else ():
+        if not isinstance(g, dict):
+            continue
+        fields = {f.name: g.get(f.name) for f in dataclasses.fields(GpuInfo)}
+        if not (_int_in(_GPU)(fields["index"]) and _optional(_is(str))(fields["uuid"])
+                and isinstance(fields["name"], str) and _int_in(_TS)(fields["total"])
+                and _optional(_int_in(_TS))(fields["bar1_total"])):
+            continue
+        out.append(GpuInfo(**fields))
+    return out
 
 
 def gpu_dict(gpu: GpuInfo | dict) -> dict:
@@ -452,6 +469,14 @@ class ColumnChunk:
         if self.ipc_index is not None and len(self.ipc_index):
             out[SPARSE_COLUMN][start + self.ipc_index.astype(np.intp)] = self.ipc
 
+    def column(self, name: str) -> np.ndarray:
+        """One column's values: the chunk's own, or its default when the chunk does not carry it."""
+        col = self.columns.get(name)
+        if col is not None:
+            return col
+        dtype = COLUMNAR[self.kind].fields[name][0]
+        return np.full(self.n, COLUMN_DEFAULTS.get(self.kind, {}).get(name, 0), dtype=dtype)
+
     def to_array(self) -> np.ndarray:
         """The chunk as a new structured array of its row dtype."""
         out = np.zeros(self.n, dtype=COLUMNAR[self.kind])
@@ -481,6 +506,10 @@ def decode_columns(obj: dict, schema: Schema | None = None) -> ColumnChunk:
     columns = obj.get("columns")
     if not isinstance(n, int) or isinstance(n, bool) or n < 0 or not isinstance(columns, dict):
         raise TraceFormatError(f"malformed {kind} record: bad 'n' or 'columns'")
+    if n and not isinstance(columns.get("ts"), (bytes, bytearray, memoryview)):
+        # Every writer writes ts; without it nothing ties n to bytes present, and n rows would be
+        # allocated from a few bytes of input (n = 10 million: gigabytes).
+        raise TraceFormatError(f"malformed {kind} record: {n} rows but no ts column")
     target = COLUMNAR[kind]
     written = (schema or DEFAULT_SCHEMA).get(kind, DEFAULT_SCHEMA[kind])
     out: dict[str, np.ndarray] = {}
@@ -499,7 +528,7 @@ def decode_columns(obj: dict, schema: Schema | None = None) -> ColumnChunk:
     if kind == EVENTS:
         index = obj.get("ipc_index", b"")
         ipc = obj.get("ipc", b"")
-        if not isinstance(index, (bytes, bytearray)) or not isinstance(ipc, (bytes, bytearray)):
+        if not isinstance(index, (bytes, bytearray, memoryview)) or not isinstance(ipc, (bytes, bytearray, memoryview)):
             raise TraceFormatError("malformed events record: 'ipc_index' / 'ipc' are not binary")
         if len(index) % 4 or len(ipc) != (len(index) // 4) * IPC_HANDLE_SIZE:
             raise TraceFormatError(
@@ -575,22 +604,67 @@ def _fields(cls: type) -> list[str]:
     return [f.name for f in dataclasses.fields(cls)]
 
 
-#: Fields of Marker / ProcessInfo that must have these types for a record to be usable.
-_FIELD_TYPES: dict[type, dict[str, tuple[type, ...]]] = {
-    Marker: {"ts": (int,), "pid": (int,), "uid": (int,), "tid": (int,), "name": (str,), "phase": (str,),
-             "gpu": (int, type(None)), "values": (dict,)},
-    ProcessInfo: {"pid": (int,), "ppid": (int, type(None)), "cmdline": (list,), "exe": (str, type(None)),
-                  "cuda_visible_devices": (str, type(None)), "gpu_map": (list,), "first_ts": (int,),
-                  "rank": (dict,)},
+_U32 = (0, 2**32)
+_TS = (0, 2**63)  # timestamps are u8 in the columns and int64 in the analysis
+_GPU = (-(2**15), 2**15)
+
+
+def _int_in(bounds: tuple[int, int]) -> Any:
+    def check(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and bounds[0] <= value < bounds[1]
+
+    check.__doc__ = f"an integer in [{bounds[0]}, {bounds[1]})"
+    return check
+
+
+def _optional(check: Any) -> Any:
+    def optional(value: Any) -> bool:
+        return value is None or check(value)
+
+    optional.__doc__ = f"nil or {check.__doc__}"
+    return optional
+
+
+def _is(*types: type) -> Any:
+    def check(value: Any) -> bool:
+        return isinstance(value, types)
+
+    check.__doc__ = " or ".join(t.__name__ for t in types)
+    return check
+
+
+def _list_of(check: Any, limit: int) -> Any:
+    def list_of(value: Any) -> bool:
+        return isinstance(value, list) and len(value) <= limit and all(check(v) for v in value)
+
+    list_of.__doc__ = f"a list of {check.__doc__} (at most {limit})"
+    return list_of
+
+
+def _value_map(value: Any) -> bool:
+    """a map with string keys, nested at most 8 deep"""
+    return isinstance(value, dict) and all(isinstance(k, str) for k in value) and not too_deep(value, 8)
+
+
+#: What each field of Marker / ProcessInfo must be for a record to be used: a damaged file must
+#: not hand the analysis a value it cannot hold (a ts past int64, a cmdline of numbers, a map key
+#: that is a list).
+_FIELD_CHECKS: dict[type, dict[str, Any]] = {
+    Marker: {"ts": _int_in(_TS), "pid": _int_in(_U32), "uid": _int_in(_U32), "tid": _int_in(_U32),
+             "name": _is(str), "phase": _is(str), "gpu": _optional(_int_in(_GPU)), "values": _value_map},
+    ProcessInfo: {"pid": _int_in(_U32), "ppid": _optional(_int_in(_U32)), "cmdline": _list_of(_is(str), 1 << 16),
+                  "exe": _optional(_is(str)), "cuda_visible_devices": _optional(_is(str)),
+                  "gpu_map": _list_of(_int_in(_GPU), 1 << 12), "first_ts": _int_in(_TS), "rank": _value_map,
+                  "gpu_map_source": _is(str)},
 }
 
 
 def _from_record(cls: type, rec: dict) -> Any:
     kwargs = {k: rec[k] for k in _fields(cls) if k in rec}
-    for name, types in _FIELD_TYPES[cls].items():
-        if name in kwargs and not isinstance(kwargs[name], types):
+    for name, check in _FIELD_CHECKS[cls].items():
+        if name in kwargs and not check(kwargs[name]):
             raise TraceFormatError(
-                f"malformed {rec.get('type')} record: {name} is a {type(kwargs[name]).__name__}"
+                f"malformed {rec.get('type')} record: {name} is not {check.__doc__}"
             )
     try:
         return cls(**kwargs)

@@ -13,6 +13,7 @@ from memrec.columns import PROCMEM_DTYPE
 from memrec.events import GpuInfo
 from memrec.events import Marker
 from memrec.events import ProcessInfo
+from memrec.trace.format import gpus_from_header
 
 
 @dataclass
@@ -41,8 +42,9 @@ class Trace:
 
     @property
     def gpus(self) -> list[GpuInfo]:
-        """The GPUs the header names (NVML's list: empty on a host without NVML)."""
-        return [GpuInfo(**g) for g in self.header.get("gpus", [])]
+        """The GPUs the header names (NVML's list: empty on a host without NVML); entries a
+        damaged file made unusable are left out."""
+        return gpus_from_header(self.header)
 
     def gpu_ids(self) -> list[int]:
         """Every GPU the trace names: the header's and those its events and NVML samples name."""
@@ -66,10 +68,9 @@ class GpuIds:
         self._ids: set[int] = set()
 
     def add_header(self, header: dict) -> None:
-        for g in header.get("gpus") or ():
-            index = g.get("index") if isinstance(g, dict) else getattr(g, "index", None)
-            if isinstance(index, int) and index >= 0:
-                self._ids.add(index)
+        for g in gpus_from_header(header):
+            if g.index >= 0:
+                self._ids.add(g.index)
 
     def add_column(self, column: np.ndarray) -> None:
         """A ``gpu`` column of events or NVML samples (any length; counted, not sorted)."""

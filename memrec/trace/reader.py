@@ -10,6 +10,7 @@ Only a file that is not a trace, or a trace of a newer major format version, rai
 from __future__ import annotations
 
 import collections
+import itertools
 import os
 from typing import Any
 from typing import Callable
@@ -19,6 +20,10 @@ import msgpack
 import numpy as np
 
 from memrec._errors import TraceFormatError
+from memrec._untrusted import MAX_DEPTH
+from memrec._untrusted import clean_text
+from memrec._untrusted import too_deep
+from memrec.trace import mapped as _mapped
 from memrec.trace.format import COLUMNAR
 from memrec.trace.format import EVENTS
 from memrec.trace.format import HEADER
@@ -129,35 +134,58 @@ class TraceReader:
         """Yield every record after the header as msgpack gave it (columns as bytes)."""
         return self._scan(lambda obj: obj)
 
-    def _scan(self, decode: Callable[[dict], Any]) -> Iterator[Any]:
-        """Yield ``decode(obj)`` for every well-formed record; turn damage into warnings."""
-        self.trailer = None
-        self.warnings = list(self._header_warnings)
-        self.records_read = 0
-        if not self.header:
-            return
-        warnings = self.warnings
-        unknown: collections.Counter[str] = collections.Counter()
-        malformed: list[str] = []
-        last_ts: int | None = None
+    def items(self, *, mapped: bool = False) -> Iterator[tuple[str, Any]]:
+        """Yield ``(type, item)`` for every usable record, each checked the same way for every caller.
+
+        Items: :class:`~memrec.trace.format.ColumnChunk` for events / nvml / procmem,
+        :class:`~memrec.events.Marker`, :class:`~memrec.events.ProcessInfo`,
+        :class:`~memrec.trace.model.Keyframe`, the cumulative total (int) for lost, the record
+        itself for the trailer and any other type. A record that fails its check is skipped and
+        counted in ``warnings``.
+
+        ``mapped``: read through a memory mapping, the columns staying views of the file (no
+        copy of the events before they are used); a file that cannot be mapped is streamed.
+        """
+        schema = self.schema
+
+        def check(obj: dict) -> tuple[str, Any]:
+            kind = obj["type"]
+            if kind in COLUMNAR:
+                return kind, decode_columns(obj, schema)
+            if kind == MARKER:
+                return kind, marker_from_record(obj)
+            if kind == PROCESS:
+                return kind, process_from_record(obj)
+            if kind == KEYFRAME:
+                return kind, Keyframe(*check_keyframe(obj))
+            if kind == LOST:
+                total = obj.get("total")
+                if not isinstance(total, int) or isinstance(total, bool) or not 0 <= total < 2**63:
+                    raise TraceFormatError("malformed lost record: needs an int total")
+                return kind, total
+            return kind, obj
+
+        return self._scan(check, mapped=mapped)
+
+    def _stream_objects(self) -> Iterator[tuple[int, Any]]:
+        """``(offset, object)`` for each msgpack object after the header, from 1 MiB reads.
+
+        Damage ends the iteration and sets ``self._damage`` (a warning without the record count).
+        """
         self._file.seek(self._data_start)
         up = unpacker(MAX_RECORD_SIZE)
         fed = 0
         consumed = 0  # end of the last complete object (tell() is unreliable after OutOfData)
-        stopped = False
-        while not stopped:
+        while True:
             chunk = self._file.read(self._read_size)
             if not chunk:
                 break
             try:
                 up.feed(chunk)
             except msgpack.BufferFull:
-                warnings.append(
-                    f"corrupt trace after {self.records_read} records at byte {self._data_start + consumed}: "
-                    f"a record is larger than {MAX_RECORD_SIZE} bytes; the rest is skipped"
-                )
-                stopped = True
-                break
+                self._damage = (f"at byte {self._data_start + consumed}: a record is larger than "
+                                f"{MAX_RECORD_SIZE} bytes; the rest is skipped")
+                return
             fed += len(chunk)
             while True:
                 offset = self._data_start + consumed
@@ -166,42 +194,78 @@ class TraceReader:
                 except msgpack.OutOfData:
                     break
                 except (ValueError, TypeError, msgpack.UnpackException) as error:
-                    warnings.append(
-                        f"corrupt trace after {self.records_read} records at byte {offset} ({error}); "
-                        f"the rest is skipped"
-                    )
-                    stopped = True
-                    break
+                    self._damage = f"at byte {offset} ({error or type(error).__name__}); the rest is skipped"
+                    return
                 consumed = up.tell()
-                self.records_read += 1
-                kind = obj.get("type") if isinstance(obj, dict) else None
-                if not isinstance(kind, str):
-                    malformed.append(f"byte {offset}: not a map with a string 'type'")
-                    continue
-                if kind not in RECORD_TYPES:
-                    unknown[kind] += 1
-                    continue
-                if kind == HEADER:
-                    malformed.append(f"byte {offset}: a second header (concatenated traces?)")
-                    continue
-                try:
-                    item = decode(obj)
-                except TraceFormatError as error:
-                    malformed.append(f"byte {offset}: {error}")
-                    continue
-                ts = _record_ts(obj)
-                if ts is not None and (last_ts is None or ts > last_ts):
-                    last_ts = ts
-                if kind == TRAILER:
-                    self.trailer = obj
-                yield item
-        if not stopped:
-            tail = fed - consumed
-            if tail:
-                warnings.append(
-                    f"truncated tail after {self.records_read} records: trace ends at ts {last_ts} "
-                    f"({tail} bytes of an incomplete record at byte {self._data_start + consumed} skipped)"
-                )
+                yield offset, obj
+        if fed > consumed:
+            self._tail = (fed - consumed, self._data_start + consumed)
+
+    def _mapped_objects(self) -> Iterator[tuple[int, Any]]:
+        """Like :meth:`_stream_objects`, through a memory mapping (columns stay views of the file)."""
+        try:
+            yield from _mapped.objects(self.path, self._data_start)
+        except _mapped.Truncated as cut:
+            self._tail = (os.fstat(self._file.fileno()).st_size - cut.at, cut.at)
+        except _mapped.Damaged as error:
+            self._damage = f"at byte {error.at} ({error}); the rest is skipped"
+
+    def _scan(self, decode: Callable[[dict], Any], *, mapped: bool = False) -> Iterator[Any]:
+        """Yield ``decode(obj)`` for every well-formed record; turn damage into warnings."""
+        self.trailer = None
+        self.warnings = list(self._header_warnings)
+        self.records_read = 0
+        self._damage: str | None = None
+        self._tail: tuple[int, int] | None = None
+        if not self.header:
+            return
+        warnings = self.warnings
+        unknown: collections.Counter[str] = collections.Counter()
+        malformed: list[str] = []
+        last_ts: int | None = None
+        source = self._stream_objects()
+        if mapped:
+            objects = self._mapped_objects()
+            try:
+                first = next(objects, None)
+            except _mapped.Unsupported:
+                pass
+            else:
+                source = itertools.chain([first] if first is not None else [], objects)
+        for offset, obj in source:
+            self.records_read += 1
+            kind = obj.get("type") if isinstance(obj, dict) else None
+            if not isinstance(kind, str):
+                malformed.append(f"byte {offset}: not a map with a string 'type'")
+                continue
+            if kind not in RECORD_TYPES:
+                unknown[clean_text(kind, 40)] += 1
+                continue
+            if kind == HEADER:
+                malformed.append(f"byte {offset}: a second header (concatenated traces?)")
+                continue
+            if kind not in COLUMNAR and too_deep(obj):
+                malformed.append(f"byte {offset}: nested deeper than {MAX_DEPTH} levels")
+                continue
+            try:
+                item = decode(obj)
+            except TraceFormatError as error:
+                malformed.append(f"byte {offset}: {error}")
+                continue
+            ts = _record_ts(obj)
+            if ts is not None and (last_ts is None or ts > last_ts):
+                last_ts = ts
+            if kind == TRAILER:
+                self.trailer = obj
+            yield item
+        if self._damage is not None:
+            warnings.append(f"corrupt trace after {self.records_read} records {self._damage}")
+        elif self._tail is not None:
+            tail, at = self._tail
+            warnings.append(
+                f"truncated tail after {self.records_read} records: trace ends at ts {last_ts} "
+                f"({tail} bytes of an incomplete record at byte {at} skipped)"
+            )
         for kind, count in sorted(unknown.items()):
             warnings.append(
                 f"skipped {count} record(s) of unknown type {kind!r} (written by a newer memrec? "
@@ -231,8 +295,8 @@ def _record_ts(obj: dict) -> int | None:
     if obj.get("type") in COLUMNAR:
         columns = obj.get("columns")
         ts = columns.get("ts") if isinstance(columns, dict) else None
-        if isinstance(ts, bytes) and len(ts) >= 8:
-            return int(np.frombuffer(ts[-8:], dtype="<u8")[0])
+        if isinstance(ts, (bytes, memoryview)) and len(ts) >= 8:
+            return int(np.frombuffer(bytes(ts[-8:]), dtype="<u8")[0])
         return None
     ts = obj.get("ts") if obj.get("type") != TRAILER else obj.get("end_ts")
     return ts if isinstance(ts, int) else None
@@ -265,28 +329,9 @@ def load_trace(path: str | os.PathLike) -> Trace:
     """
     with TraceReader(path) as reader:
         trace = Trace(header=reader.header)
-        schema = reader.schema
         chunks: dict[str, list[ColumnChunk]] = {EVENTS: [], NVML: [], PROCMEM: []}
         lost_total = 0
-
-        def decode(obj: dict) -> tuple[str, Any]:
-            kind = obj["type"]
-            if kind in COLUMNAR:
-                return kind, decode_columns(obj, schema)
-            if kind == MARKER:
-                return kind, marker_from_record(obj)
-            if kind == PROCESS:
-                return kind, process_from_record(obj)
-            if kind == KEYFRAME:
-                return kind, Keyframe(*check_keyframe(obj))
-            if kind == LOST:
-                total = obj.get("total")
-                if not isinstance(total, int):
-                    raise TraceFormatError("malformed lost record: needs an int total")
-                return kind, total
-            return kind, obj
-
-        for kind, item in reader._scan(decode):
+        for kind, item in reader.items():
             if kind in COLUMNAR:
                 chunks[kind].append(item)
             elif kind == MARKER:

@@ -17,12 +17,14 @@ included) as the writer hands them to its sink — the same bytes the file gets.
 
 from __future__ import annotations
 
+import errno
 import os
 from typing import Callable
 from typing import Protocol
 
 import numpy as np
 
+from memrec._files import create_new
 from memrec.events import Kind
 from memrec.events import Marker
 from memrec.events import ProcessInfo
@@ -61,12 +63,27 @@ class Sink(Protocol):
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 1024)
 
 
+#: Write errors that may pass (space freed, quota raised): records are held and retried.
+RETRYABLE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+#: The most bytes a stalled FileSink holds before it drops new records (counted).
+MAX_HELD_BYTES = 64 << 20
+
+
 class FileSink:
     """Appends records to a file with ``os.write``; buffers up to ``buffer_size`` bytes.
 
     Only whole records are buffered and ``flush`` writes them with ``os.writev`` (no copy; resuming
     after short writes), so a reader in another process sees whole records except, at worst, the
     last one while it is being written.
+
+    A full disk (ENOSPC, EDQUOT) does not raise: the sink *stalls* (``stalled`` holds the error),
+    keeps the records (up to ``max_held`` bytes; later ones are dropped and counted in
+    ``dropped_records`` / ``dropped_bytes``) and tries again at every flush, resuming exactly at
+    the byte where the kernel stopped, so the stream stays whole. Closed while still stalled, the
+    file is cut back to its last whole record: it ends cleanly, without the records that never fit.
+
+    The file is created with :func:`memrec._files.create_new` (never through a symbolic link);
+    ``replace`` allows replacing an existing regular file, and ``replaced`` tells whether one was.
     """
 
     def __init__(
@@ -76,31 +93,49 @@ class FileSink:
         fsync_on_flush: bool = False,
         buffer_size: int = 4 << 20,
         mode: int = 0o666,
-        exclusive: bool = False,
+        replace: bool = True,
+        max_held: int = MAX_HELD_BYTES,
     ) -> None:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_EXCL if exclusive else os.O_TRUNC)
         self.path = os.fspath(path)
-        self._fd: int | None = os.open(self.path, flags, mode)
-        self._pending: list[bytes] = []
+        fd, self.replaced = create_new(self.path, mode, replace=replace)
+        self._fd: int | None = fd
+        self._pending: list[bytes | memoryview] = []
         self._pending_bytes = 0
+        self._head_done = 0  # bytes of _pending[0] already in the file
         self._buffer_size = buffer_size
+        self._max_held = max_held
         self.fsync_on_flush = fsync_on_flush
         self.bytes_written = 0  # bytes that reached the file
+        #: the error that stalled the writes (None while writing works)
+        self.stalled: OSError | None = None
+        self.dropped_records = 0
+        self.dropped_bytes = 0
 
     def write_record(self, data: bytes) -> None:
+        if self.stalled is not None and self._pending_bytes + len(data) > self._max_held:
+            self.dropped_records += 1
+            self.dropped_bytes += len(data)
+            return
         self._pending.append(data)
         self._pending_bytes += len(data)
         if self._pending_bytes >= self._buffer_size:
             self._write_out()
 
     def _write_out(self) -> None:
-        """Write the pending records with os.writev, resuming after short writes."""
+        """Write the pending records with os.writev, resuming after short writes and a full disk."""
         if self._fd is None:
             raise ValueError("write to a closed FileSink")
         pending = self._pending
         while pending:
             batch = pending[:_IOV_MAX]
-            n = os.writev(self._fd, batch)
+            try:
+                n = os.writev(self._fd, batch)
+            except OSError as error:
+                if error.errno not in RETRYABLE_ERRNOS:
+                    raise
+                self.stalled = error
+                return
+            self.stalled = None
             self.bytes_written += n
             self._pending_bytes -= n
             done = 0
@@ -109,25 +144,34 @@ class FileSink:
                     break
                 n -= len(part)
                 done += 1
+            if done:
+                self._head_done = 0
             del pending[:done]
             if n:
                 pending[0] = memoryview(pending[0])[n:]
+                self._head_done += n
 
     def flush(self) -> None:
         self._write_out()
-        if self.fsync_on_flush:
+        if self.fsync_on_flush and self.stalled is None:
             os.fsync(self._fd)  # type: ignore[arg-type]
 
     def sync(self) -> None:
         """Flush and fsync."""
         self._write_out()
-        os.fsync(self._fd)  # type: ignore[arg-type]
+        if self.stalled is None:
+            os.fsync(self._fd)  # type: ignore[arg-type]
 
     def close(self) -> None:
         if self._fd is None:
             return
         try:
             self.sync()
+            if self.stalled is not None:  # never fitted: end the file at its last whole record
+                self.dropped_records += len(self._pending)
+                self.dropped_bytes += self._pending_bytes
+                os.ftruncate(self._fd, self.bytes_written - self._head_done)
+                self._pending.clear()
         finally:
             os.close(self._fd)
             self._fd = None
@@ -174,12 +218,15 @@ class TraceWriter:
     """Write one trace file (or sink): header at once, then records, then the trailer at close.
 
     Args:
-        path_or_sink: a path (opened with :class:`FileSink`, truncated) or any :class:`Sink`.
+        path_or_sink: a path (created with :class:`FileSink`, never through a symbolic link) or
+            any :class:`Sink`.
         header: the caller's header fields (see :func:`memrec.trace.format.make_header`); the writer
             adds magic, version, type, column schema, and clock/anchor when missing.
         fsync_on_flush: fsync the file at every flush (only with a path).
         tee: called with the bytes of every record after the sink got them (live subscribers).
         max_chunk_rows: the most rows per columnar record.
+        replace: with a path: replace an existing regular file (else FileExistsError);
+            ``replaced`` says whether one was.
 
     Not thread-safe: one thread (the daemon's loop) calls it.
     """
@@ -192,15 +239,16 @@ class TraceWriter:
         fsync_on_flush: bool = False,
         tee: Callable[[bytes], None] | None = None,
         max_chunk_rows: int = MAX_CHUNK_ROWS,
+        replace: bool = True,
     ) -> None:
         # Encode the header first: a header msgpack cannot encode must not leave an empty file.
         self.header = finalize_header(header)
         self.header_bytes = encode_record(self.header)
         if isinstance(path_or_sink, (str, os.PathLike)):
             self.path: str | None = os.fspath(path_or_sink)
-            self._sink: Sink = FileSink(self.path, fsync_on_flush=fsync_on_flush)
+            self._sink: Sink = FileSink(self.path, fsync_on_flush=fsync_on_flush, replace=replace)
         else:
-            self.path = None
+            self.path = getattr(path_or_sink, "path", None)
             self._sink = path_or_sink
         self._tee = tee
         self._builders = {kind: ChunkBuilder(kind, max_chunk_rows) for kind in (EVENTS, NVML, PROCMEM)}
@@ -217,6 +265,21 @@ class TraceWriter:
         self._sink.flush()
 
     # -- properties ---------------------------------------------------------------------------
+
+    @property
+    def replaced(self) -> bool:
+        """Whether creating the file replaced an existing one."""
+        return bool(getattr(self._sink, "replaced", False))
+
+    @property
+    def stalled(self) -> OSError | None:
+        """The error (a full disk) that holds writes back now, None while writing works."""
+        return getattr(self._sink, "stalled", None)
+
+    @property
+    def dropped(self) -> tuple[int, int]:
+        """Records and bytes dropped because the disk stayed full (see :class:`FileSink`)."""
+        return getattr(self._sink, "dropped_records", 0), getattr(self._sink, "dropped_bytes", 0)
 
     @property
     def event_count(self) -> int:

@@ -236,16 +236,18 @@ def test_attach_reports_every_symbol_and_is_idempotent(probes, stub_lib):
     assert len(probes.attached_libraries()) == 1
 
 
-def test_library_without_driver_symbols_reports_them_missing(stub_lib):
-    from memrec.probes.cuda import SYMBOLS
+def test_a_library_that_is_not_the_driver_gets_no_probes(stub_lib):
+    # GIVEN an ELF library that exports none of the driver's API (issue 15: any file named
+    # libcuda.so* used to get probes, uncapped)
     from memrec.probes.cuda import CudaProbes
+    from memrec.probes.cuda import ProbeError
 
     libc = next(p for p in ("/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib64/libc.so.6", "/lib64/libc.so.6") if Path(p).exists())
     with CudaProbes(ringbuf_pages=16) as p:
-        report = p.attach_library(libc)
-        assert report.attached == ()
-        assert set(report.missing) == set(SYMBOLS)
-        assert all("not exported" in why for why in report.missing.values())
+        # THEN attaching is refused, saying what it lacks, and nothing is attached or kept open
+        with pytest.raises(ProbeError, match="does not export the CUDA driver API .*cuInit"):
+            p.attach_library(libc)
+        assert p.attached_libraries() == [] and p._lib_fds == []
 
 
 def test_poll_on_an_idle_ring_returns_an_empty_raw_array(probes):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from memrec.tui import mapped
+from memrec.trace import mapped
 from memrec.tui.sources import FileSource
 
 
@@ -15,7 +15,7 @@ def scanned(path, monkeypatch=None, fallback=False):
             raise mapped.Unsupported("test")
             yield  # pragma: no cover
 
-        monkeypatch.setattr(mapped, "scan", refuse)
+        monkeypatch.setattr(mapped, "objects", refuse)
     src = FileSource(path)
     src.scan()
     src.index()

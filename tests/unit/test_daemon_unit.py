@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -591,9 +592,14 @@ def test_output_directory_names(workdir):
     d.rotate("test")
     d.stop()
     names = [p.name for p in d.files]
-    assert names[0].startswith(f"memrec-{socket.gethostname()}-") and names[0].endswith(f"-{os.getpid()}.mrec")
+    # host, start time, pid, and a random part nobody can guess (issue 15: no name to plant a link at)
+    assert re.fullmatch(rf"memrec-{re.escape(socket.gethostname())}-\d{{8}}-\d{{6}}-{os.getpid()}-[0-9a-f]{{8}}\.mrec", names[0])
     assert names[1] == names[0].replace(".mrec", ".1.mrec")
     assert all(TraceReader(p).header for p in d.files)
+    again = make_daemon(workdir, output=f"{workdir}/traces/", socket_path=workdir / "s2.sock")
+    again.start()
+    again.stop()
+    assert again.files[0].name != names[0]
 
 
 def test_flush_interval_makes_records_visible_while_running(daemon):
@@ -864,19 +870,12 @@ def test_mark_pid_names_another_process_of_this_user(daemon, worker, capsys):
 
 
 def test_daemon_keeps_the_peers_pid_when_the_named_process_is_not_the_peers(daemon, caplog):
-    # GIVEN a non-root peer naming root's process 1, and a peer naming a process that is gone
-    from memrec.daemon.markers import _Client
-
-    a, b = socket.socketpair()
-    try:
-        with caplog.at_level(logging.WARNING, logger="memrec.daemon.markers"):
-            # WHEN the daemon decides whose marker each is
-            other_user = daemon.markers._about(_Client(a, 4321, 12345), 1)
-            gone = daemon.markers._about(_Client(a, 4321, 0), 4194304)
-            root = daemon.markers._about(_Client(a, 4321, 0), 1)
-    finally:
-        a.close()
-        b.close()
+    # GIVEN a non-root writer naming root's process 1, and a writer naming a process that is gone
+    with caplog.at_level(logging.WARNING, logger="memrec.daemon.markers"):
+        # WHEN the daemon decides whose marker each is (writer pid, writer uid, pid named)
+        other_user = daemon.markers._about(4321, 12345, 1)
+        gone = daemon.markers._about(4321, 0, 4194304)
+        root = daemon.markers._about(4321, 0, 1)
     # THEN only root (or the owner) may speak for another process; refusals are logged
     assert (other_user, gone, root) == (4321, 4321, 1)
     assert "not allowed" in caplog.text and "does not exist" in caplog.text

@@ -1,0 +1,152 @@
+"""Fuzzing, bounded for CI: damaged traces and hostile socket frames (issue 15).
+
+Every reading command and the TUI's loading path must read a damaged file (with warnings) or
+refuse it with exit code 65 and one line; no traceback, whatever the bytes. The daemon must keep
+serving whatever a client sends. A longer coverage-guided run of the same checks:
+``tests/fuzz/run_atheris.py`` (see docs/reliability.md).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+import tempfile
+import time
+
+import msgpack
+import pytest
+from hypothesis import HealthCheck
+from hypothesis import example
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
+
+from memrec import protocol
+from memrec.client import MarkerClient
+from memrec.trace.reader import load_trace
+
+from tests.fuzz import harness
+from tests.unit.test_daemon_unit import make_daemon
+from tests.unit.test_daemon_unit import pump
+
+GOLDEN = os.path.join(os.path.dirname(__file__), "..", "data", "golden_v1.mrec")
+HEADER, RECORDS = harness.golden_records(GOLDEN)
+PATHS = [(i, p) for i, r in enumerate(RECORDS) for p in harness.key_paths(r)]
+FUZZ = settings(max_examples=int(os.environ.get("MEMREC_FUZZ_EXAMPLES", "150")), deadline=None,
+                suppress_health_check=list(HealthCheck), derandomize="MEMREC_FUZZ_RANDOM" not in os.environ)
+
+# Values that broke a reader once: edges of every integer width, escapes, deep nesting, wrong types.
+EDGE_INTS = st.sampled_from([0, -1, 1, 2**15, 2**31 - 1, 2**32, 2**53, 2**63 - 1, 2**63, 2**64 - 1, -(2**63)])
+SCALARS = st.one_of(
+    st.none(), st.booleans(), EDGE_INTS, st.integers(-(2**63), 2**64 - 1), st.floats(),
+    st.text(max_size=20), st.just("\x1b]0;pwned\x07\x1b[2J"), st.binary(max_size=40),
+)
+VALUES = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                       st.dictionaries(st.one_of(st.text(max_size=8), EDGE_INTS), inner, max_size=4)),
+                      max_leaves=12)
+DEEP = st.integers(40, 1000).map(lambda n: [[]] if n < 0 else _nest(n))
+
+
+def _nest(n: int) -> list:
+    out: list = []
+    for _ in range(n):
+        out = [out]
+    return out
+
+
+EDIT = st.one_of(
+    st.tuples(st.sampled_from(PATHS), st.one_of(VALUES, DEEP, st.just(harness.DELETE))).map(lambda t: (t[0][0], t[0][1], t[1])),
+    st.tuples(st.just(len(RECORDS)), st.just([]),
+              st.dictionaries(st.sampled_from(["type", "n", "columns", "ts", "state", "name", "pid", "total"]),
+                              st.one_of(VALUES, st.sampled_from(["events", "nvml", "procmem", "marker", "keyframe", "lost", "trailer", "process"])),
+                              max_size=6)),
+)
+
+
+@pytest.fixture(scope="module")
+def workdir():
+    with tempfile.TemporaryDirectory() as d:
+        yield d
+
+
+@FUZZ
+@given(edits=st.lists(EDIT, min_size=1, max_size=4))
+def test_structurally_damaged_traces_never_crash_a_command_or_the_tui(edits, workdir):
+    harness.check_trace_bytes(harness.edited_trace(HEADER, RECORDS, edits), workdir)
+
+
+@FUZZ
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 8))
+def test_byte_damaged_traces_never_crash_a_command_or_the_tui(seed, n, workdir):
+    with open(GOLDEN, "rb") as f:
+        data = f.read()
+    harness.check_trace_bytes(harness.mutate(data, random.Random(seed), n), workdir)
+
+
+# ------------------------------------------------------------------------------ the socket
+
+FRAME = st.one_of(
+    st.binary(max_size=300),  # anything at all
+    VALUES.map(lambda v: protocol.frame(msgpack.packb(v, use_bin_type=True))),
+    st.dictionaries(st.sampled_from(["type", "name", "phase", "ts", "tid", "gpu", "values"]),
+                    st.one_of(VALUES, DEEP, st.sampled_from(["mark", "ping", "subscribe", "begin", "end", "instant"])),
+                    max_size=7).map(lambda m: protocol.frame(msgpack.packb(m, use_bin_type=True))),
+)
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    import shutil
+
+    d = tempfile.mkdtemp(prefix="mrf", dir="/tmp")
+    daemon = make_daemon(__import__("pathlib").Path(d))
+    daemon.start()
+    yield daemon
+    daemon.stop()
+    shutil.rmtree(d, ignore_errors=True)
+
+
+DEEP_FRAME = protocol.frame(b"\x81\xa4type" + b"\x91" * 1000 + b"\xc0")  # the frame that killed the daemon
+
+
+@FUZZ
+@given(frames=st.lists(FRAME, min_size=1, max_size=5))
+@example(frames=[DEEP_FRAME])
+def test_any_bytes_on_the_socket_leave_the_daemon_serving(frames, daemon):
+    import socket
+
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(str(daemon.config.socket_path))
+    for data in frames:
+        try:
+            s.sendall(data)
+        except OSError:  # the daemon closed the connection after a bad frame
+            break
+    pump(daemon, 0.005)
+    s.close()
+    before = daemon.markers_recorded
+    assert MarkerClient(daemon.config.socket_path).mark("alive")
+    deadline = time.monotonic() + 5
+    while daemon.markers_recorded == before and time.monotonic() < deadline:  # a busy host: wait
+        pump(daemon, 0.005)
+    assert daemon.mood.value == "running"
+    assert daemon.markers_recorded >= before + 1
+
+
+def test_the_fuzzed_daemon_still_writes_a_readable_trace(daemon):
+    # runs after the socket fuzzing above (same module-scoped daemon)
+    daemon.writer.flush()
+    trace = load_trace(daemon.files[0])
+    assert any(m.name == "alive" for m in trace.markers)
+
+
+# ------------------------------------------------------------------------------ found by the long run
+
+CRASHES = sorted((Path(__file__).parent.parent / "data" / "fuzz").glob("*.mrec"))
+
+
+@pytest.mark.parametrize("path", CRASHES, ids=[p.stem for p in CRASHES])
+def test_inputs_the_long_fuzz_run_found_stay_fixed(path, workdir):
+    """Each file here once failed the check (tests/fuzz/run_atheris.py found it); see its name."""
+    harness.check_trace_bytes(path.read_bytes(), workdir)
