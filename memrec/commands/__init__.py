@@ -10,11 +10,13 @@ import argparse
 import logging
 import sys
 import textwrap
+import traceback
 from typing import Protocol
 
 from memrec._errors import ExitCode
 from memrec._errors import MemrecCommandError
 from memrec._errors import MemrecError
+from memrec._errors import one_line
 
 
 class Command(Protocol):
@@ -179,3 +181,9 @@ def main(args: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return ExitCode.OK
+    except Exception as error:  # a bug: one line for the user, the traceback with -v
+        if arg_values.verbose:
+            traceback.print_exc()
+        print(f"memrec: internal error: {type(error).__name__}: {one_line(error)} "
+              "(a bug in memrec: run again with -v for the traceback)", file=sys.stderr)
+        return ExitCode.SOFTWARE

@@ -255,3 +255,23 @@ def test_mark_without_a_name_asks_only_for_the_name(capsys):
         commands.main(["mark"])
     assert done.value.code == ExitCode.USAGE
     assert capsys.readouterr().err.splitlines()[-1] == "memrec mark: error: the following arguments are required: name"
+
+
+def test_an_unexpected_error_is_one_line_and_exit_70(monkeypatch, capsys):
+    # GIVEN a command that fails in a way memrec did not foresee (a bug)
+    from memrec.commands import report
+
+    def boom(self, args, parser):
+        raise ZeroDivisionError("division by zero\nsecond line")
+
+    monkeypatch.setattr(report.ReportCommand, "run", boom)
+    # WHEN a user runs it
+    rc = commands.main(["report", "x.mrec"])
+    err = capsys.readouterr().err
+    # THEN one line says it is a bug and how to see more, with the internal-error exit code
+    assert rc == 70
+    assert err.count("\n") == 1 and "internal error: ZeroDivisionError: division by zero" in err
+    assert "Traceback" not in err and "-v" in err
+    # AND with -v the traceback is there too
+    assert commands.main(["report", "-v", "x.mrec"]) == 70
+    assert "Traceback" in capsys.readouterr().err
