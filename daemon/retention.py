@@ -20,6 +20,15 @@ log = logging.getLogger(__name__)
 
 #: Names the daemon gives the files of a trace directory (see ``Daemon._next_path``).
 TRACE_NAME = re.compile(r"^memrec-[^/]+\.mrec$")
+#: The part number of a rotated file (``<base>.<part>.mrec``; the first part has none).
+_PART = re.compile(r"\.(\d+)\.mrec$")
+
+
+def _age_key(mtime_ns: int, name: str) -> tuple[int, int]:
+    """Newer files sort higher: by modification time, then by part number, since rotations a few
+    milliseconds apart share a timestamp on file systems with coarse clocks."""
+    m = _PART.search(name)
+    return (mtime_ns, int(m.group(1)) if m else 0)
 
 
 def prune(directory: Path, keep: int, current: Path | None = None) -> list[str]:
@@ -42,7 +51,7 @@ def prune(directory: Path, keep: int, current: Path | None = None) -> list[str]:
             except OSError:
                 continue
             if stat.S_ISREG(st.st_mode):
-                found.append((st.st_mtime_ns, name))
+                found.append((_age_key(st.st_mtime_ns, name), name))
         found.sort(reverse=True)
         # The file being written counts as one of the kept.
         for _, name in found[max(0, keep - (current is not None)):]:

@@ -25,6 +25,7 @@ from memrec.daemon.service import Service
 from memrec.daemon.service import file_count
 from memrec.daemon.service import metrics_addr
 from memrec.events import Kind
+from memrec.trace.format import FORMAT_MINOR
 from memrec.trace.format import FORMAT_VERSION
 from tests.unit.daemon_fakes import raw
 from tests.unit.test_daemon_unit import make_daemon
@@ -155,7 +156,7 @@ def test_metrics_follow_the_live_state_with_bounded_labels(workdir, listener):
     assert list(series(got, "memrec_probed_libraries").values()) == [1]
     assert len(series(got, "memrec_ring_fill_ratio")) == len(series(got, "memrec_drain_lag_seconds")) == 1
     info = next(k for k in got if k[0] == "memrec_info")
-    assert dict(info[1])["trace_format"] == f"{FORMAT_VERSION}.0"
+    assert dict(info[1])["trace_format"] == f"{FORMAT_VERSION}.{FORMAT_MINOR}"
     assert recv(listener) == {"STOPPING": "1", "STATUS": "shutting down (test)"}
 
 
@@ -237,6 +238,18 @@ def test_prune_keeps_the_newest_and_touches_nothing_else(workdir):
     assert left == ["memrec-dir.mrec", "memrec-host-20261201-000000-1.mrec", "memrec-host-20261203-000000-1.mrec",
                     "memrec-host-20261204-000000-1.mrec", "memrec-link.mrec", "notes.mrec"]
     assert prune(workdir, keep=0) == []
+
+
+def test_prune_orders_rotated_parts_that_share_a_timestamp(workdir):
+    # GIVEN a trace's first part and parts 1-3, rotated within one tick of the file system's clock
+    names = ["memrec-h-1-1-abcd.mrec"] + [f"memrec-h-1-1-abcd.{n}.mrec" for n in (1, 2, 3)]
+    for name in names:
+        (workdir / name).write_bytes(b"x")
+        os.utime(workdir / name, ns=(10**18, 10**18))
+    # WHEN two are kept
+    deleted = prune(workdir, keep=2)
+    # THEN the two highest parts stay, whatever the names' sort order says
+    assert sorted(deleted) == sorted(names[:2])
 
 
 def test_daemon_keeps_n_files_across_rotations(workdir):
