@@ -9,9 +9,13 @@ import subprocess
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from memrec._errors import ExitCode
 from memrec._errors import MemrecCommandError
+
+if TYPE_CHECKING:  # numpy is imported where it is used, so `memrec --help` stays light
+    import numpy as np
 
 
 class _Collector(threading.Thread):
