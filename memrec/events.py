@@ -263,6 +263,14 @@ EVENT_COLUMNS: tuple[tuple[str, str], ...] = RAW_COLUMNS + (
 
 #: Device-memory categories used in accounting (report, TUI, analysis).
 CATEGORIES = ("driver", "vmm", "ipc_mapped", "host_pinned")
+#: Index of each category in :data:`CATEGORIES` (the journal, snapshots and series columns use these).
+DRIVER, VMM, IPC_MAPPED, HOST_PINNED = range(len(CATEGORIES))
+CATEGORY_INDEX = {name: i for i, name in enumerate(CATEGORIES)}
+#: Categories that are memory a process owns, bottom first as the TUI stacks them (ipc_mapped is a
+#: view of a peer's memory, counted by its exporter).
+OWNED_CATEGORIES = (DRIVER, VMM, HOST_PINNED)
+#: The same, by name (the analysis keys its tables by category name).
+OWNED = tuple(CATEGORIES[i] for i in OWNED_CATEGORIES)
 
 
 def bpf_defines() -> list[str]:

@@ -55,13 +55,11 @@ from memrec.events import Api
 from memrec.events import FLAG_IPC_BYTES
 from memrec.events import Kind
 
-#: Index of each category in :data:`memrec.events.CATEGORIES` (the journal and snapshots use these).
-DRIVER, VMM, IPC_MAPPED, HOST_PINNED = range(4)
-assert CATEGORIES[DRIVER] == "driver" and CATEGORIES[VMM] == "vmm"
-assert CATEGORIES[IPC_MAPPED] == "ipc_mapped" and CATEGORIES[HOST_PINNED] == "host_pinned"
-CATEGORY_INDEX = {name: i for i, name in enumerate(CATEGORIES)}
-#: Categories that are memory a process owns (ipc_mapped is a view of a peer's memory).
-OWNED_CATEGORIES = (DRIVER, VMM, HOST_PINNED)
+from memrec.events import CATEGORY_INDEX  # noqa: F401  (re-exported: callers read it here)
+from memrec.events import DRIVER
+from memrec.events import HOST_PINNED
+from memrec.events import IPC_MAPPED
+from memrec.events import VMM
 
 #: Snapshot format version (a keyframe's ``"v"``).
 SNAPSHOT_VERSION = 1

@@ -45,6 +45,7 @@ from memrec.tui.widgets.panels import header_text
 from memrec.tui.widgets.timeline import GUTTER
 from memrec.tui.widgets.timeline import TimelineGraph
 from memrec.tui.widgets.timeline import TimelineOptions
+from memrec.events import OWNED_CATEGORIES
 from memrec.units import fmt_bytes
 
 OVERVIEW = "overview"
@@ -318,7 +319,7 @@ class MemrecApp(App[None]):
         if nv:
             parts.append(f"used {fmt_bytes(nv['used'])}")
         if owned is not None:
-            parts.append(f"traced {fmt_bytes(int(owned[[0, 1, 3]].sum()))}")
+            parts.append(f"traced {fmt_bytes(int(owned[list(OWNED_CATEGORIES)].sum()))}")
         if info:
             parts.append(f"of {fmt_bytes(info.total)}")
         self._q(f"#ov-label{g}", Static).update("  ".join(parts))
@@ -329,7 +330,7 @@ class MemrecApp(App[None]):
         owned = None
         if st is None:
             v = self.model.series_at(g, self.cursor_ts)
-            owned = int(v[[0, 1, 3]].sum()) if v is not None else None
+            owned = int(v[list(OWNED_CATEGORIES)].sum()) if v is not None else None
         nv = self.model.nvml_at(g, self.cursor_ts)
         text = header_text(self.model.gpus.get(g), g, fmt_dur(self.cursor_ts - self.origin), st, owned, nv,
                            self.other_state, wide=self.size.width >= 150, narrow=self.narrow, no_color=self.no_color)

@@ -48,6 +48,8 @@ from memrec.events import CU_RESULT_NAMES
 from memrec.events import cu_result_name
 from memrec.events import Api
 from memrec.events import GpuInfo
+from memrec.events import IPC_MAPPED
+from memrec.events import OWNED_CATEGORIES as OWNED
 from memrec.events import Kind
 from memrec.events import Marker
 from memrec.events import ProcessInfo
@@ -55,11 +57,7 @@ from memrec.state import LiveState
 from memrec.trace.format import gpus_from_header
 from memrec.trace.model import GpuIds
 
-#: Category indices (same order as memrec.events.CATEGORIES).
-DRIVER, VMM, IPC_MAPPED, HOST_PINNED = range(4)
 NCAT = len(CATEGORIES)
-#: Categories stacked as owned device memory, bottom first; ipc_mapped is a view drawn above.
-OWNED = (DRIVER, VMM, HOST_PINNED)
 #: Kinds that allocate (the "big allocation" jumps look at these).
 ALLOC_KINDS = np.array([Kind.ALLOC, Kind.VMM_CREATE, Kind.HOST_ALLOC, Kind.IPC_OPEN, Kind.HOST_REGISTER], dtype=np.uint16)
 #: Allocations of at least this many bytes are remembered for "next big allocation" (key b).

@@ -17,11 +17,10 @@ from typing import Sequence
 import numpy as np
 
 from memrec.events import CATEGORIES
-from memrec.state import IPC_MAPPED
+from memrec.events import OWNED
 from memrec.state import JOURNAL_FIELDS
 from memrec.state import LiveState
 
-OWNED = tuple(c for i, c in enumerate(CATEGORIES) if i != IPC_MAPPED)
 
 
 @dataclass

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import synth
 
+from memrec.events import OWNED_CATEGORIES
 from memrec.state import LiveState
 from memrec.tui import model as model_mod
 from memrec.tui.model import EventFilter
@@ -35,7 +36,7 @@ def test_series_match_livestate_at_every_event(trace):
         for g in (0, 1):
             v = m.series_at(g, ts)
             # THEN it equals what a LiveState says at that instant (owned and mapped)
-            assert int(v[[0, 1, 3]].sum()) == ref.owned_bytes(gpu=g), (i, g)
+            assert int(v[list(OWNED_CATEGORIES)].sum()) == ref.owned_bytes(gpu=g), (i, g)
             assert int(v[2]) == ref.mapped_bytes(gpu=g)
 
 

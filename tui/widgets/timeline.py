@@ -24,10 +24,10 @@ from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget
 
-from memrec.tui.model import DRIVER
-from memrec.tui.model import HOST_PINNED
-from memrec.tui.model import IPC_MAPPED
-from memrec.tui.model import VMM
+from memrec.events import DRIVER
+from memrec.events import HOST_PINNED
+from memrec.events import IPC_MAPPED
+from memrec.events import VMM
 from memrec.tui.model import PhaseSpan
 from memrec.tui.model import SeriesView
 from memrec.tui.model import fmt_dur
