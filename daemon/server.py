@@ -57,6 +57,7 @@ from memrec.daemon.libraries import Libraries
 from memrec.daemon.markers import MarkerServer
 from memrec.daemon.markers import root_only
 from memrec.daemon.markers import root_or_group
+from memrec.daemon.scheduling import Priority
 from memrec.daemon.sockets import BoundSocket
 from memrec.daemon.sockets import bind_unix_socket
 from memrec.daemon.sockets import group_id
@@ -199,6 +200,7 @@ class Daemon:
         self.fanout: Fanout | None = None
         self.sampler: Any = None
         self.readings: UntracedReadings | None = None
+        self.priority = Priority(config.scheduling)
 
         self._signals: list[int] = []
         self._signal_counts: dict[int, int] = {}
@@ -248,6 +250,8 @@ class Daemon:
         self._name_token = secrets.token_hex(4)
         self.selector = selectors.DefaultSelector()
         try:
+            # Before the compile (a start on a busy host is quicker) and before any thread starts.
+            log.info("scheduling: %s", self.priority.apply())
             # The socket first: a second daemon fails here, before the slow BPF compile.
             self.bound = bind_unix_socket(cfg.socket_path, cfg.socket_mode, cfg.socket_group)
             self._load_probes()
@@ -366,6 +370,7 @@ class Daemon:
             # written and fsynced) and the socket free before it starts.
             steps.append(("detach probes", self._detach_probes))
         steps.append(("signals", self._restore_signals))
+        steps.append(("scheduling", self.priority.restore))
         if self.selector is not None:
             steps.append(("selector", self.selector.close))
         for name, step in steps:
@@ -867,6 +872,7 @@ class Daemon:
             },
             "state": {"anomalies": dict(self.state.anomalies), "failures": self.state.n_failures},
             "markers_restamped": self.markers_restamped,
+            "lost": self._lost,
         }
         if self.writer is not None and self.writer.dropped[0]:
             records, nbytes = self.writer.dropped
