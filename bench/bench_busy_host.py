@@ -21,6 +21,8 @@ Configurations (``--config``, repeatable; rounds interleave them):
   old   ``--scheduling off --ringbuf-pages 1024``: the defaults before (nice 0, a 4 MiB ring); the
         BPF-side wakeup stays (it is compiled in)
   fifo  ``--scheduling fifo:10``
+  base  another memrec's defaults: the daemon runs with ``--baseline-python`` (e.g. the main
+        branch's ``/work/main/.venv/bin/python``: a 4 MiB ring, nice 0, no BPF-side wakeup)
 
 The lost count is the daemon's (every process on the host): other processes that use a stub
 driver while this runs add to it, and the line says how many of their events were recorded.
@@ -46,6 +48,7 @@ CONFIGS = {
     "new": (),
     "old": ("--scheduling", "off", "--ringbuf-pages", "1024"),
     "fifo": ("--scheduling", "fifo:10"),
+    "base": (),
 }
 
 
@@ -61,13 +64,13 @@ def run_delay_ns(pid: int) -> int:
     return total
 
 
-def one_run(config: str, lib: Path, loop: Path, procs: int, pairs: int) -> dict:
+def one_run(config: str, lib: Path, loop: Path, procs: int, pairs: int, python: str) -> dict:
     from memrec.events import Kind
     from memrec.trace.reader import load_trace
 
     workdir = Path(tempfile.mkdtemp(prefix="mrbusy", dir="/tmp"))
     try:
-        daemon = Daemon(workdir, lib, *CONFIGS[config])
+        daemon = Daemon(workdir, lib, *CONFIGS[config], python=python if config == "base" else sys.executable)
         time.sleep(0.5)  # the daemon's first keyframe and rescan settle
         wait0 = run_delay_ns(daemon.proc.pid)
         t0 = time.monotonic()
@@ -100,6 +103,8 @@ def main() -> int:
     parser.add_argument("--procs", type=int, default=16, help="busy processes at once (default 16)")
     parser.add_argument("--pairs", type=int, default=20_000, help="alloc/free pairs per process (default 20000)")
     parser.add_argument("--config", action="append", choices=sorted(CONFIGS), help="default: new")
+    parser.add_argument("--baseline-python", default="/work/main/.venv/bin/python",
+                        help="the interpreter (with its memrec) of the 'base' configuration")
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("bench_busy_host: needs root (BPF)", file=sys.stderr)
@@ -115,7 +120,7 @@ def main() -> int:
               f"load average {os.getloadavg()[0]:.1f} at the start", flush=True)
         for run in range(args.runs):
             for config in configs:
-                r = one_run(config, lib, loop, args.procs, args.pairs)
+                r = one_run(config, lib, loop, args.procs, args.pairs, args.baseline_python)
                 results[config].append(r)
                 verdict = "ALL RECORDED" if r["recorded"] == r["made"] and not r["lost"] else (
                     f"missing {r['made'] - r['recorded']:,} ({100 * (r['made'] - r['recorded']) / r['made']:.1f} %)")

@@ -45,9 +45,9 @@ from typing import Callable
 import numpy as np
 
 from memrec import __version__
-from memrec._errors import ExitCode
-from memrec._errors import MemrecCommandError
 from memrec._errors import MemrecError
+from memrec._errors import OutputError
+from memrec._errors import ProbeLoadError
 from memrec._errors import one_line
 from memrec._untrusted import clean_text
 from memrec.columns import with_gpu
@@ -101,13 +101,6 @@ class Mood(enum.Enum):
     RUNNING = "running"
     STOPPING = "stopping"
     STOPPED = "stopped"
-
-
-class ProbeLoadError(MemrecCommandError):
-    """The BPF probes cannot be compiled or loaded; the message is the reason in one line."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, exit_code=ExitCode.UNAVAILABLE)
 
 
 def _gpu_text(info: ProcessInfo) -> str:
@@ -239,9 +232,9 @@ class Daemon:
         """Bind the socket, load the probes, attach libcuda, open the trace, start NVML.
 
         Raises:
-            SocketError: the socket is in use or cannot be created (exit code CANT_CREATE).
-            ProbeLoadError: the BPF program cannot be loaded (exit code UNAVAILABLE).
-            MemrecCommandError: the output cannot be written (exit code CANT_CREATE).
+            SocketError: the socket is in use or cannot be created.
+            ProbeLoadError: the BPF program cannot be loaded.
+            OutputError: the trace cannot be written.
         """
         if self.mood is not Mood.CREATED:
             raise RuntimeError(f"Daemon.start() called in mood {self.mood.value}")
@@ -806,9 +799,7 @@ class Daemon:
             tee = self.fanout.publish if self.fanout is not None else None
             self.writer = TraceWriter(sink, self._header(reason), tee=tee)
         except OSError as error:
-            raise MemrecCommandError(
-                f"cannot write the trace {path}: {error.strerror or error}", exit_code=ExitCode.CANT_CREATE
-            ) from None
+            raise OutputError(f"cannot write the trace {path}: {error.strerror or error}") from None
         if sink.replaced:
             log.warning("replaced the existing file %s", path)
         self.files.append(path)
@@ -894,7 +885,7 @@ class Daemon:
                 kwargs["untraced"] = False
             self.probes = self._probes_factory(**kwargs)
             self.probes.load()
-        except MemrecCommandError:
+        except ProbeLoadError:
             raise
         except Exception as error:  # bcc raises bare Exception for compile and load failures
             raise ProbeLoadError(f"cannot load the BPF probes: {one_line(error)}") from error

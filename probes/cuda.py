@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from memrec._errors import ProbeError
 from memrec.columns import RAW_DTYPE
 from memrec.events import UNTRACED_APIS
 from memrec.events import Api
@@ -48,10 +49,6 @@ _TRACEFS_ROOTS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
 #: 8 threads gained ~10 % (bench/bench_start_stop.py); under load, with 178 probes, 32 threads took
 #: a daemon's stop from 74 s to 19 s, so the pool is sized for that.
 DETACH_THREADS = 32
-
-
-class ProbeError(RuntimeError):
-    """The probes cannot be loaded or used (no bcc, no BPF, compile failure)."""
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The ``memrec`` command line: one module per subcommand, one class per command.
 
 Each command class is named ``<Name>Command``; the subcommand is the lower-cased name and its help
-is the class docstring. Commands raise :class:`MemrecCommandError`; only :func:`main` prints errors.
+is the class docstring. Commands raise :class:`MemrecCommandError` (the daemon and the probes
+their domain errors, mapped by :func:`memrec.commands.common.exit_code`); only :func:`main` prints errors.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ import traceback
 from typing import Protocol
 
 from memrec._errors import ExitCode
-from memrec._errors import MemrecCommandError
 from memrec._errors import MemrecError
 from memrec._errors import one_line
+from memrec.commands.common import exit_code
 
 
 class Command(Protocol):
@@ -171,12 +172,9 @@ def main(args: list[str] | None = None) -> int:
     )
     try:
         return int(arg_values.entrypoint(arg_values, arg_values.parser))
-    except MemrecCommandError as error:
-        print(f"memrec: error: {error}", file=sys.stderr)
-        return error.exit_code
     except MemrecError as error:
         print(f"memrec: error: {error}", file=sys.stderr)
-        return ExitCode.ERROR
+        return exit_code(error)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

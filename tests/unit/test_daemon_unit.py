@@ -27,13 +27,15 @@ import pytest
 
 from memrec import protocol
 from memrec._errors import ExitCode
+from memrec._errors import ProbeLoadError
 from memrec.client import MarkerClient
+from memrec.commands.common import exit_code
 from memrec.daemon import config as cfgmod
+from memrec.daemon import scheduling
 from memrec.daemon.config import DaemonConfig
 from memrec.daemon.fanout import Fanout
 from memrec.daemon.server import Daemon
 from memrec.daemon.server import Mood
-from memrec.daemon.server import ProbeLoadError
 from memrec.daemon.sockets import SocketError
 from memrec.daemon.sockets import bind_unix_socket
 from memrec.events import Kind
@@ -293,7 +295,7 @@ def test_live_owner_is_a_clear_error(workdir):
         # WHEN a second daemon binds THEN it refuses, naming the path, and leaves the first alone
         with pytest.raises(SocketError, match="listening on .*live.sock") as info:
             bind_unix_socket(path)
-        assert info.value.exit_code == ExitCode.CANT_CREATE
+        assert exit_code(info.value) == ExitCode.CANT_CREATE
         assert first.owns_path()
         connect(path).close()
         assert sorted(p.name for p in workdir.iterdir()) == ["live.sock"]
@@ -510,7 +512,7 @@ def test_probe_load_failure_is_one_line_and_cleans_up(workdir):
     # WHEN the daemon starts THEN one line says why, exit code UNAVAILABLE
     with pytest.raises(ProbeLoadError) as info:
         d.start()
-    assert info.value.exit_code == ExitCode.UNAVAILABLE
+    assert exit_code(info.value) == ExitCode.UNAVAILABLE
     assert "\n" not in str(info.value) and "Failed to compile" in str(info.value)
     # AND the socket is gone and no trace was created
     assert not (workdir / "s.sock").exists() and not (workdir / "o.mrec").exists()
@@ -879,3 +881,46 @@ def test_daemon_keeps_the_peers_pid_when_the_named_process_is_not_the_peers(daem
     # THEN only root (or the owner) may speak for another process; refusals are logged
     assert (other_user, gone, root) == (4321, 4321, 1)
     assert "not allowed" in caplog.text and "does not exist" in caplog.text
+
+
+# ---------------------------------------------------------------------- scheduling
+
+
+@pytest.mark.parametrize("text, want", [("nice:-10", "nice:-10"), (" NICE : 5 ", "nice:5"), ("fifo:10", "fifo:10"),
+                                        ("rr:99", "rr:99"), ("off", "off")])
+def test_scheduling_policies_parse(text, want):
+    assert scheduling.parse(text) == want
+
+
+def test_the_loop_runs_at_its_priority_and_gives_it_back(workdir):
+    # GIVEN a daemon with the default policy, started from this thread
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    d = make_daemon(workdir)
+    d.start()
+    try:
+        # THEN the loop's thread runs at nice -10 (root may raise it) while the daemon runs
+        assert os.getpriority(os.PRIO_PROCESS, 0) == (-10 if os.geteuid() == 0 else before)
+    finally:
+        d.stop()
+    # AND the thread has its own priority back once the daemon stopped
+    assert os.getpriority(os.PRIO_PROCESS, 0) == before
+
+
+def test_a_realtime_policy_that_is_refused_falls_back_to_nice(monkeypatch, caplog):
+    # GIVEN a host that refuses real-time scheduling (a container without CAP_SYS_NICE)
+    def refuse(*_args):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "sched_setscheduler", refuse)
+    priority = scheduling.Priority("fifo:10")
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    try:
+        # WHEN applied THEN the loop gets nice -10 instead, and the log says why
+        with caplog.at_level(logging.WARNING):
+            got = priority.apply()
+        assert got == ("nice -10" if os.geteuid() == 0 else f"nice {before} (nice -10 not permitted)")
+        assert "cannot run the loop at SCHED_FIFO 10 (Operation not permitted)" in caplog.text
+    finally:
+        monkeypatch.undo()
+        priority.restore()
+    assert os.getpriority(os.PRIO_PROCESS, 0) == before

@@ -25,6 +25,7 @@ from memrec import protocol
 from memrec._errors import ExitCode
 from memrec.client import MarkerClient
 from memrec.commands import main
+from memrec.commands.common import exit_code
 from memrec.events import GpuInfo
 from memrec.events import Kind
 from memrec.events import Marker
@@ -363,7 +364,7 @@ def test_7_the_daemon_never_writes_through_a_link_at_its_output(workdir):  # noq
     # THEN the daemon refuses to start, saying why, and the file is untouched
     with pytest.raises(Exception, match="symbolic link") as info:
         d.start()
-    assert getattr(info.value, "exit_code", None) == ExitCode.CANT_CREATE
+    assert exit_code(info.value) == ExitCode.CANT_CREATE
     assert secret.read_text() == "root's data"
 
 
