@@ -13,9 +13,8 @@ that signals write to; timers drain the ring buffer (``poll_interval``), flush t
 (``flush_interval``), write keyframes (``keyframe_interval``) and look for newly mapped libcuda
 files (``rescan_interval``). NVML samples come from the sampler's thread through a queue.
 
-Each event gets its physical GPU here: the process's device ordinal through its
-``CUDA_VISIBLE_DEVICES`` (:func:`memrec.probes.procinfo.gpu_map`); the live state fills in the
-rest (a free gets its allocation's GPU...).
+Each event gets its physical GPU from :class:`memrec.daemon.gpustamp.GpuStamper` (the process's
+device ordinal through its ``CUDA_VISIBLE_DEVICES``); the live state fills in the rest.
 
 Signal handlers only queue the signal (supervisor's model); :meth:`Daemon.handle_signal` acts on
 it from the loop: TERM/INT stop (or, in record mode, go to ``stop_signal_handler``), HUP rotates
@@ -53,6 +52,7 @@ from memrec._untrusted import clean_text
 from memrec.columns import with_gpu
 from memrec.daemon.config import DaemonConfig
 from memrec.daemon.fanout import Fanout
+from memrec.daemon.gpustamp import GpuStamper
 from memrec.daemon.libraries import Libraries
 from memrec.daemon.markers import MarkerServer
 from memrec.daemon.markers import root_only
@@ -65,7 +65,6 @@ from memrec.daemon.throttle import Throttle
 from memrec.daemon.untraced import UntracedReadings
 from memrec.daemon.untraced import name_images
 from memrec.events import GpuInfo
-from memrec.events import Kind
 from memrec.events import Marker
 from memrec.events import ProcessInfo
 from memrec.state import LiveState
@@ -80,8 +79,6 @@ from memrec.trace.writer import TraceWriter
 
 log = logging.getLogger(__name__)
 
-#: Kinds that are about a whole process, never one GPU (the one-GPU fallback skips them).
-_PROCESS_KINDS = (int(Kind.PROC_EXIT), int(Kind.PROC_FORK))
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: In record mode, stop signals go to the command; this many of one kind stop the daemon anyway.
 _FORCE_STOP_AFTER = 3
@@ -103,21 +100,6 @@ class Mood(enum.Enum):
     STOPPED = "stopped"
 
 
-def _gpu_text(info: ProcessInfo) -> str:
-    """How a process's device ordinals map to GPUs, for the log (never Python's None or [])."""
-    cvd = "CUDA_VISIBLE_DEVICES unset" if info.cuda_visible_devices is None else (
-        f"CUDA_VISIBLE_DEVICES={info.cuda_visible_devices}")
-    if info.gpu_map:
-        return f"{cvd} → GPUs {', '.join(map(str, info.gpu_map))}"
-    if info.cuda_visible_devices is None:
-        return f"{cvd}, no GPU list (no NVML): ordinal n is GPU n"
-    return f"{cvd} → no GPU it can name"
-
-
-#: Batches in which a new process's ordinal map is checked against NVML before giving up.
-_MAP_CHECK_TRIES = 20
-
-
 def _default_probes_factory(**kwargs: Any) -> Any:
     from memrec.probes.cuda import CudaProbes
 
@@ -128,12 +110,6 @@ def _default_nvml() -> Any:
     from memrec.probes import nvml
 
     return nvml
-
-
-def _default_process_info(pid: int, gpus: list[GpuInfo], first_ts: int) -> ProcessInfo:
-    from memrec.probes.procinfo import process_info
-
-    return process_info(pid, gpus, first_ts)
 
 
 def _create_sink(path: Path) -> FileSink:
@@ -175,7 +151,7 @@ class Daemon:
         self._nvml = nvml
         self.clock = clock
         self.libraries = Libraries(find_libraries, config.libcuda_paths)
-        self._process_info = process_info or _default_process_info
+        self.stamper = GpuStamper(self._nvml_module, process_info, self._write_process)
         self.stop_signal_handler = stop_signal_handler
         self._install_signals = install_signals
 
@@ -200,11 +176,6 @@ class Daemon:
         self._old_handlers: dict[int, Any] = {}
         self._old_wakeup_fd: int | None = None
         self._wake_r = self._wake_w = -1
-        self._procs: dict[int, ProcessInfo] = {}
-        self._map_checked: set[int] = set()  # pids whose ordinal map NVML confirmed or corrected
-        self._map_tries: dict[int, int] = {}
-        self._nvml_listing: dict[int, set[int]] | None = None
-        self._nvml_listing_failed = False
         self._pending_markers: list[Marker] = []
         self._nvml_queue: deque[tuple[np.ndarray, np.ndarray]] = deque()
         self._lost = 0
@@ -257,7 +228,7 @@ class Daemon:
                     "no libcuda.so.1 found yet: probes will attach when a process maps one "
                     "(rescan every %g s); name one with --libcuda PATH", cfg.rescan_interval
                 )
-            self.gpus = self._list_gpus()
+            self.gpus = self.stamper.gpus = self._list_gpus()
             self.fanout = Fanout(self.selector, cfg.subscriber_queue_bytes)
             self.markers = MarkerServer(
                 self.bound.sock, self.selector, self._on_marker, self._on_subscribe, on_connect=self._on_connect,
@@ -554,13 +525,7 @@ class Daemon:
         events = with_gpu(raw, -1)
         if len(events) > 1:
             events = events[np.argsort(events["ts"], kind="stable")]
-        pids = events["pid"]
-        self._nvml_listing = None
-        for pid in np.unique(pids).tolist():
-            rows = pids == pid
-            info = self._process(pid, int(events["ts"][rows][0]))
-            info = self._check_gpu_map(info, events["ordinal"][rows])
-            self._stamp(events, rows, info)
+        self.stamper.stamp(events)
         name_images(events)
         self.state.apply(events)
         assert self.writer is not None
@@ -568,103 +533,14 @@ class Daemon:
         self.events_recorded += len(events)
         if self.readings is not None:
             self.readings.after_batch(events)
-        for pid in events["pid"][events["kind"] == int(Kind.PROC_EXIT)].tolist():
-            self._procs.pop(pid, None)  # a later process with this pid is a new one
-            self._map_checked.discard(pid)
-            self._map_tries.pop(pid, None)
+        self.stamper.forget_exited(events)
         return events
-
-    def _check_gpu_map(self, info: ProcessInfo, ordinals: np.ndarray) -> ProcessInfo:
-        """Check a new process's ordinal → GPU map against the GPUs NVML lists it on.
-
-        ``/proc/PID/environ`` shows the environment the process started with; a worker that sets
-        CUDA_VISIBLE_DEVICES itself before CUDA starts would otherwise be put on the wrong GPU.
-        Asked once per batch while some process is unchecked, at most _MAP_CHECK_TRIES batches
-        per process (NVML may not list processes of another PID namespace).
-        """
-        pid = info.pid
-        if not self.gpus or pid in self._map_checked:
-            return info
-        seen = {int(o) for o in np.unique(ordinals).tolist() if o >= 0}
-        if not seen:
-            return info
-        tries = self._map_tries[pid] = self._map_tries.get(pid, 0) + 1
-        listed = self._nvml_process_gpus().get(pid)
-        if not listed:
-            if tries >= _MAP_CHECK_TRIES:
-                self._map_checked.add(pid)
-            return info
-        self._map_checked.add(pid)
-        from memrec.probes.procinfo import checked_gpu_map
-
-        corrected = checked_gpu_map(info.gpu_map, seen, listed)
-        if corrected is None:
-            return info
-        log.warning(
-            "pid %d: NVML lists it on GPU(s) %s, which CUDA_VISIBLE_DEVICES=%s from its start-up "
-            "environment does not give (set later by the process?): ordinals now map to GPUs %s",
-            pid, sorted(listed), info.cuda_visible_devices, corrected,
-        )
-        info = dataclasses.replace(info, gpu_map=corrected, gpu_map_source="nvml")
-        self._procs[pid] = info
-        if self.writer is not None and not self.writer.closed:
-            self.writer.write_process(info)
-        return info
-
-    def _nvml_process_gpus(self) -> dict[int, set[int]]:
-        """pid → GPUs NVML lists it on, asked at most once per batch ({} without NVML)."""
-        if self._nvml_listing is None:
-            self._nvml_listing = {}
-            query = getattr(self._nvml_module(), "process_gpus", None)
-            if query is not None and not self._nvml_listing_failed:
-                try:
-                    self._nvml_listing = query([g.index for g in self.gpus])
-                except Exception as error:  # NVML gone: keep the environ maps
-                    log.info("cannot ask NVML for processes (%s): ordinal maps stay unchecked", error)
-                    self._nvml_listing_failed = True
-        return self._nvml_listing
-
-    def _identity(self, info: ProcessInfo) -> bool:
-        """No NVML and no CUDA_VISIBLE_DEVICES: ordinal n is GPU n (CUDA's and NVML's order)."""
-        return not self.gpus and info.cuda_visible_devices is None
-
-    def _stamp(self, events: np.ndarray, rows: np.ndarray, info: ProcessInfo) -> None:
-        ordinal = events["ordinal"][rows].astype(np.int64)
-        if self._identity(info):
-            gpu = np.where(ordinal >= 0, ordinal, -1)
-        else:
-            gm = np.asarray(info.gpu_map, dtype=np.int64)
-            gpu = np.full(len(ordinal), -1, dtype=np.int64)
-            ok = (ordinal >= 0) & (ordinal < len(gm))
-            gpu[ok] = gm[ordinal[ok]]
-            if len(gm) == 1:
-                kinds = events["kind"][rows]
-                gpu[(ordinal == -1) & ~np.isin(kinds, _PROCESS_KINDS)] = gm[0]
-        events["gpu"][rows] = gpu
-
-    def _process(self, pid: int, first_ts: int) -> ProcessInfo:
-        info = self._procs.get(pid)
-        if info is None:
-            try:
-                info = self._process_info(pid, self.gpus, first_ts)
-            except Exception as error:  # /proc surprises must not cost the events
-                log.warning("pid %d: cannot read /proc (%s)", pid, error)
-                info = ProcessInfo(pid, None, [], None, None, [], first_ts)
-            self._procs[pid] = info
-            if not info.cmdline and info.exe is None:
-                log.info("pid %d ended before /proc could be read: its CUDA_VISIBLE_DEVICES is unknown, "
-                         "its ordinals are taken as the host's GPU numbers", pid)
-            log.info("pid %d: %s (%s)", pid, clean_text(" ".join(info.cmdline), 200) or "?",
-                     clean_text(_gpu_text(info), 200))
-            if self.writer is not None and not self.writer.closed:
-                self.writer.write_process(info)
-        return info
 
     # ------------------------------------------------------------------ markers and NVML
 
     def _on_connect(self, pid: int, _uid: int) -> None:
         """Read a marker client's /proc now, while it surely runs (a shell's `memrec mark` is brief)."""
-        self._process(pid, self.clock())
+        self.stamper.process(pid, self.clock())
 
     def _on_marker(self, marker: Marker) -> None:
         """Queue a marker; its ts is the client's only when the daemon's clock agrees.
@@ -682,22 +558,11 @@ class Daemon:
                 marker.ts, MARKER_TS_WINDOW // 10**9, now,
             )
             marker = dataclasses.replace(marker, ts=now)
-        if marker.pid not in self._procs:  # a process named by `memrec mark` (its shell): read it now
-            self._process(marker.pid, marker.ts)
+        if marker.pid not in self.stamper.processes:  # named by `memrec mark` (its shell): read it now
+            self.stamper.process(marker.pid, marker.ts)
         self._pending_markers.append(marker)
         for listener in self.marker_listeners:
             listener(marker)
-
-    def _physical_gpu(self, marker: Marker) -> Marker:
-        """The client names its device ordinal; the trace holds the physical GPU."""
-        if marker.gpu is None:
-            return marker
-        info = self._process(marker.pid, marker.ts)
-        if self._identity(info):
-            return marker
-        if 0 <= marker.gpu < len(info.gpu_map):
-            return dataclasses.replace(marker, gpu=info.gpu_map[marker.gpu])
-        return marker  # unknown map: keep the number the client gave
 
     def _nvml_sink(self, device_rows: np.ndarray, process_rows: np.ndarray) -> None:
         """Called on the sampler's thread: only queue (the loop writes)."""
@@ -713,7 +578,7 @@ class Daemon:
             self.drain()  # events older than the markers go first
             markers, self._pending_markers = self._pending_markers, []
             for marker in sorted(markers, key=lambda m: m.ts):
-                writer.write_marker(self._physical_gpu(marker))
+                writer.write_marker(self.stamper.marker(marker))
                 self.markers_recorded += 1
         while self._nvml_queue:
             device_rows, process_rows = self._nvml_queue.popleft()
@@ -721,6 +586,11 @@ class Daemon:
                 writer.write_nvml(device_rows)
             if len(process_rows):
                 writer.write_procmem(process_rows)
+
+    def _write_process(self, info: ProcessInfo) -> None:
+        """A new process, or a corrected GPU map: into the trace (the stamper calls this)."""
+        if self.writer is not None and not self.writer.closed:
+            self.writer.write_process(info)
 
     def _write_readings(self, rows: np.ndarray) -> None:
         """NVML readings around context binds and code loads (daemon/untraced.py)."""
@@ -750,7 +620,7 @@ class Daemon:
         if flush:
             self.writer.flush()  # every event in the state has gone out to existing subscribers
         out = [self.writer.header_bytes]
-        out += [encode_record(process_record(p)) for p in self._procs.values()]
+        out += [encode_record(process_record(p)) for p in self.stamper.processes.values()]
         out.append(encode_record(keyframe_record(self.clock(), 0, self.state.snapshot())))
         return out
 
@@ -803,7 +673,7 @@ class Daemon:
         if sink.replaced:
             log.warning("replaced the existing file %s", path)
         self.files.append(path)
-        for info in self._procs.values():
+        for info in self.stamper.processes.values():
             self.writer.write_process(info)
         if self._lost:
             self.writer.write_lost(self.clock(), self._lost)
@@ -936,7 +806,7 @@ class Daemon:
             "markers": self.markers_recorded,
             "lost": self._lost,
             "files": [os.fspath(p) for p in self.files],
-            "processes": len(self._procs),
+            "processes": len(self.stamper.processes),
             "libraries": len(self.libraries.attached),
             "subscribers": len(self.fanout) if self.fanout is not None else 0,
             "marker_server": self.markers.stats() if self.markers is not None else {},

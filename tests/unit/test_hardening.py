@@ -510,11 +510,11 @@ def test_10_client_text_cannot_drive_the_terminal(workdir, tmp_path, caplog):  #
 
 
 def test_10_other_users_cmdlines_reach_the_daemon_log_cleaned(daemon, caplog):
-    from memrec.daemon import server
+    from memrec.daemon import gpustamp
 
-    daemon._process_info = lambda pid, gpus, ts: ProcessInfo(pid, 1, ["evil", ESCAPES], None, None, [], ts)
-    caplog.set_level(logging.INFO, logger=server.__name__)
-    daemon._process(4242, 1)
+    daemon.stamper.process_info = lambda pid, gpus, ts: ProcessInfo(pid, 1, ["evil", ESCAPES], None, None, [], ts)
+    caplog.set_level(logging.INFO, logger=gpustamp.__name__)
+    daemon.stamper.process(4242, 1)
     lines = [r.getMessage() for r in caplog.records if "pid 4242" in r.getMessage()]
     assert lines and all("\x1b" not in line and "\x07" not in line for line in lines)
 
