@@ -34,7 +34,6 @@ import secrets
 import selectors
 import signal
 import socket
-import threading
 import time
 from collections import deque
 from pathlib import Path
@@ -58,6 +57,7 @@ from memrec.daemon.markers import MarkerServer
 from memrec.daemon.markers import root_only
 from memrec.daemon.markers import root_or_group
 from memrec.daemon.scheduling import Priority
+from memrec.daemon.signals import SignalInbox
 from memrec.daemon.sockets import BoundSocket
 from memrec.daemon.sockets import bind_unix_socket
 from memrec.daemon.sockets import group_id
@@ -79,7 +79,7 @@ from memrec.trace.writer import TraceWriter
 
 log = logging.getLogger(__name__)
 
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # the others of signals.HANDLED: SIGHUP rotates
 #: In record mode, stop signals go to the command; this many of one kind stop the daemon anyway.
 _FORCE_STOP_AFTER = 3
 #: The most ring-buffer polls of the final drain.
@@ -171,11 +171,8 @@ class Daemon:
         self.readings: UntracedReadings | None = None
         self.priority = Priority(config.scheduling)
 
-        self._signals: list[int] = []
+        self.signals = SignalInbox()
         self._signal_counts: dict[int, int] = {}
-        self._old_handlers: dict[int, Any] = {}
-        self._old_wakeup_fd: int | None = None
-        self._wake_r = self._wake_w = -1
         self._pending_markers: list[Marker] = []
         self._nvml_queue: deque[tuple[np.ndarray, np.ndarray]] = deque()
         self._lost = 0
@@ -240,7 +237,8 @@ class Daemon:
                 self._nvml_module(), [g.index for g in self.gpus], self._write_readings, self.clock
             )
             self._watch_ring_buffer()
-            self._setup_signals()
+            if self._install_signals:
+                self.signals.install(self.selector, self.queue_signal)
             self.markers.start()
         except BaseException:
             self._teardown(failed=True)
@@ -333,7 +331,7 @@ class Daemon:
             # Last: detaching costs ~0.1 s per probe in the kernel; the trace is complete (trailer
             # written and fsynced) and the socket free before it starts.
             steps.append(("detach probes", self._detach_probes))
-        steps.append(("signals", self._restore_signals))
+        steps.append(("signals", self.signals.restore))
         steps.append(("scheduling", self.priority.restore))
         if self.selector is not None:
             steps.append(("selector", self.selector.close))
@@ -350,13 +348,12 @@ class Daemon:
 
     def queue_signal(self, signum: int, _frame: Any = None) -> None:
         """The signal handler: queue ``signum`` (once) and nothing else."""
-        if signum not in self._signals:
-            self._signals.append(signum)
+        self.signals.queue(signum)
 
     def handle_signal(self) -> None:
         """Act on the queued signals (called from the loop, never from a handler)."""
-        while self._signals:
-            signum = self._signals.pop(0)
+        while self.signals.pending:
+            signum = self.signals.pending.pop(0)
             name = signal.Signals(signum).name
             if signum in _STOP_SIGNALS:
                 count = self._signal_counts[signum] = self._signal_counts.get(signum, 0) + 1
@@ -377,39 +374,6 @@ class Daemon:
                     self.rotate("SIGHUP")
             else:
                 log.debug("received %s: ignored", name)
-
-    def _setup_signals(self) -> None:
-        if not self._install_signals:
-            return
-        if threading.current_thread() is not threading.main_thread():
-            log.debug("not in the main thread: signal handlers not installed")
-            return
-        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        assert self.selector is not None
-        self.selector.register(self._wake_r, selectors.EVENT_READ, self._drain_wakeup)
-        self._old_wakeup_fd = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
-        for signum in (*_STOP_SIGNALS, signal.SIGHUP):
-            self._old_handlers[signum] = signal.signal(signum, self.queue_signal)
-
-    def _drain_wakeup(self, _mask: int) -> None:
-        with contextlib.suppress(OSError):
-            while os.read(self._wake_r, 512):
-                pass
-
-    def _restore_signals(self) -> None:
-        for signum, handler in self._old_handlers.items():
-            with contextlib.suppress(Exception):
-                signal.signal(signum, handler)
-        self._old_handlers.clear()
-        if self._old_wakeup_fd is not None:
-            with contextlib.suppress(Exception):
-                signal.set_wakeup_fd(self._old_wakeup_fd)
-            self._old_wakeup_fd = None
-        for fd in (self._wake_r, self._wake_w):
-            if fd >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-        self._wake_r = self._wake_w = -1
 
     # ================================================================== loop work
 
