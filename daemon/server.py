@@ -25,7 +25,6 @@ the trace is complete before it starts).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import enum
 import logging
@@ -45,12 +44,12 @@ import numpy as np
 from memrec import __version__
 from memrec._errors import MemrecError
 from memrec._errors import OutputError
-from memrec._errors import ProbeLoadError
 from memrec._errors import one_line
 from memrec._untrusted import clean_text
 from memrec.columns import with_gpu
 from memrec.daemon.config import DaemonConfig
 from memrec.daemon.fanout import Fanout
+from memrec.daemon.feed import ProbeFeed
 from memrec.daemon.gpustamp import GpuStamper
 from memrec.daemon.libraries import Libraries
 from memrec.daemon.markers import MarkerServer
@@ -100,12 +99,6 @@ class Mood(enum.Enum):
     STOPPED = "stopped"
 
 
-def _default_probes_factory(**kwargs: Any) -> Any:
-    from memrec.probes.cuda import CudaProbes
-
-    return CudaProbes(**kwargs)
-
-
 def _default_nvml() -> Any:
     from memrec.probes import nvml
 
@@ -147,7 +140,7 @@ class Daemon:
         install_signals: bool = True,
     ) -> None:
         self.config = config
-        self._probes_factory = probes_factory or _default_probes_factory
+        self.feed = ProbeFeed(probes_factory, config)
         self._nvml = nvml
         self.clock = clock
         self.libraries = Libraries(find_libraries, config.libcuda_paths)
@@ -157,7 +150,6 @@ class Daemon:
 
         self.mood = Mood.CREATED
         self.stop_reason: str | None = None
-        self.probes: Any = None
         self.gpus: list[GpuInfo] = []
         self.notes: list[str] = []
         self.state = LiveState()
@@ -175,17 +167,12 @@ class Daemon:
         self._signal_counts: dict[int, int] = {}
         self._pending_markers: list[Marker] = []
         self._nvml_queue: deque[tuple[np.ndarray, np.ndarray]] = deque()
-        self._lost = 0
         self._part = 0
         self._start_stamp = ""
-        self._poll_errors = 0
-        self._probes_closed = False
-        self._ring_fd: int | None = None
         self.events_recorded = 0
         self.markers_recorded = 0
         self.markers_restamped = 0
         self._next: dict[str, int] = {}
-        self._loss_log = Throttle(log, 5.0)
         self._disk_full = False
         self._restamp_log = Throttle(log, 60.0)
         self._timers: list[list] = []  # [period ns, due ns, fn] from every()
@@ -215,7 +202,7 @@ class Daemon:
             log.info("scheduling: %s", self.priority.apply())
             # The socket first: a second daemon fails here, before the slow BPF compile.
             self.bound = bind_unix_socket(cfg.socket_path, cfg.socket_mode, cfg.socket_group)
-            self._load_probes()
+            self.feed.load()
             for path in cfg.libcuda_paths:
                 if not os.path.exists(path):
                     log.warning("--libcuda %s: no such file", path)
@@ -236,7 +223,7 @@ class Daemon:
             self.readings = UntracedReadings(
                 self._nvml_module(), [g.index for g in self.gpus], self._write_readings, self.clock
             )
-            self._watch_ring_buffer()
+            self.feed.watch(self.selector, self.drain)
             if self._install_signals:
                 self.signals.install(self.selector, self.queue_signal)
             self.markers.start()
@@ -256,6 +243,15 @@ class Daemon:
             "recording to %s; markers on %s; %d GPU(s); %d libcuda file(s) probed",
             self.files[-1], cfg.socket_path, len(self.gpus), len(self.libraries.attached),
         )
+
+    @property
+    def probes(self) -> Any:
+        """The probes (CudaProbes or a stand-in); an add-on may wrap them (the metrics' meter)."""
+        return self.feed.probes
+
+    @probes.setter
+    def probes(self, probes: Any) -> None:
+        self.feed.probes = probes
 
     def track_pid(self, pid: int) -> None:
         """Record mode: follow ``pid`` and its descendants (the probes filter in the kernel)."""
@@ -314,7 +310,7 @@ class Daemon:
         if self.writer is not None and not failed:
             steps.append(("write pending", self._write_pending))
         if self.probes is not None:
-            steps.append(("stop reading probes", self._stop_reading_probes))
+            steps.append(("stop reading probes", self.feed.stop_reading))
         if self.writer is not None:
             if failed:
                 steps.append(("close trace", lambda: self.writer.abort()))
@@ -330,7 +326,7 @@ class Daemon:
         if self.probes is not None:
             # Last: detaching costs ~0.1 s per probe in the kernel; the trace is complete (trailer
             # written and fsynced) and the socket free before it starts.
-            steps.append(("detach probes", self._detach_probes))
+            steps.append(("detach probes", self.feed.detach))
         steps.append(("signals", self.signals.restore))
         steps.append(("scheduling", self.priority.restore))
         if self.selector is not None:
@@ -427,62 +423,18 @@ class Daemon:
         period = max(1, int(seconds * 1e9))
         self._timers.append([period, self.clock() + period, fn])
 
-    def _watch_ring_buffer(self) -> None:
-        """Drain at once when the probes wake us (if they offer a pollable fd), not only on the timer.
-
-        Records are submitted without wakeups (cheap); a probe program that forces a wakeup for
-        the first, rare events of a process (context creation) lets the daemon read that
-        process's /proc while it surely still runs.
-        """
-        fileno = getattr(self.probes, "fileno", None)
-        if not callable(fileno):
-            return
-        try:
-            fd = int(fileno())
-            assert self.selector is not None
-            self.selector.register(fd, selectors.EVENT_READ, lambda _mask: self.drain())
-        except (OSError, ValueError, TypeError) as error:
-            log.debug("ring buffer fd not pollable (%s): draining on the timer only", error)
-            return
-        self._ring_fd = fd
-
-    def _stop_reading_probes(self) -> None:
-        """Read no more events: what the probes see from here on is after the trailer."""
-        if self._ring_fd is not None and self.selector is not None:
-            with contextlib.suppress(KeyError, ValueError):
-                self.selector.unregister(self._ring_fd)
-            self._ring_fd = None
-        self._probes_closed = True
-
-    def _detach_probes(self) -> None:
-        self._stop_reading_probes()
-        log.info("detaching the probes (the trace is already complete)")
-        started = time.monotonic()
-        self.probes.close()
-        log.info("probes detached in %.1f s", time.monotonic() - started)
-
     def drain(self) -> int:
         """Poll the ring buffer once, record what it held; return the number of events."""
-        if self.probes is None or self._probes_closed:
+        raw = self.feed.read()
+        if raw is None:
             return 0
-        try:
-            raw = self.probes.poll()
-        except Exception as error:
-            self._poll_errors += 1
-            if self._poll_errors <= 3:
-                log.error("ring buffer poll failed: %s", one_line(error))
-            return 0
-        n = len(raw)
-        if n:
+        if len(raw):
             self.record_events(raw)
-        lost = int(self.probes.lost())
-        if lost != self._lost:
-            if lost > self._lost:
-                self._loss_log.log(logging.WARNING, "%d events lost so far (ring buffer full: raise --ringbuf-pages?)", lost)
-            self._lost = lost
+        lost = self.feed.new_lost()
+        if lost is not None:
             assert self.writer is not None
             self.writer.write_lost(self.clock(), lost)
-        return n
+        return len(raw)
 
     def record_events(self, raw: np.ndarray) -> np.ndarray:
         """Stamp GPUs on raw probe records, apply them to the live state, write them."""
@@ -589,7 +541,7 @@ class Daemon:
         return out
 
     def _resync_records(self, dropped: int) -> list[bytes]:
-        notice = lost_record(self.clock(), self._lost)
+        notice = lost_record(self.clock(), self.feed.lost)
         notice["subscriber_dropped"] = dropped
         sync = self._sync_records(flush=False)  # tick() flushed: no tee from inside the fanout
         return [sync[0], encode_record(notice), *sync[1:]]
@@ -639,8 +591,8 @@ class Daemon:
         self.files.append(path)
         for info in self.stamper.processes.values():
             self.writer.write_process(info)
-        if self._lost:
-            self.writer.write_lost(self.clock(), self._lost)
+        if self.feed.lost:
+            self.writer.write_lost(self.clock(), self.feed.lost)
         self.writer.write_keyframe(self.clock(), 0, self.state.snapshot())
         self.writer.flush()
 
@@ -697,7 +649,7 @@ class Daemon:
             },
             "state": {"anomalies": dict(self.state.anomalies), "failures": self.state.n_failures},
             "markers_restamped": self.markers_restamped,
-            "lost": self._lost,
+            "lost": self.feed.lost,
         }
         if self.writer is not None and self.writer.dropped[0]:
             records, nbytes = self.writer.dropped
@@ -710,19 +662,6 @@ class Daemon:
         self.writer.write_keyframe(self.clock(), None, self.state.snapshot())
 
     # ------------------------------------------------------------------ probes, GPUs, NVML
-
-    def _load_probes(self) -> None:
-        log.info("compiling and loading the BPF probes (a few seconds)")
-        try:
-            kwargs = {"follow_tree": self.config.follow_tree, "ringbuf_pages": self.config.ringbuf_pages}
-            if not self.config.untraced_probes:
-                kwargs["untraced"] = False
-            self.probes = self._probes_factory(**kwargs)
-            self.probes.load()
-        except ProbeLoadError:
-            raise
-        except Exception as error:  # bcc raises bare Exception for compile and load failures
-            raise ProbeLoadError(f"cannot load the BPF probes: {one_line(error)}") from error
 
     def scan_libraries(self) -> int:
         """Attach the probes to every libcuda file not attached yet; return how many were new."""
@@ -768,7 +707,7 @@ class Daemon:
             "mood": self.mood.value,
             "events": self.events_recorded,
             "markers": self.markers_recorded,
-            "lost": self._lost,
+            "lost": self.feed.lost,
             "files": [os.fspath(p) for p in self.files],
             "processes": len(self.stamper.processes),
             "libraries": len(self.libraries.attached),

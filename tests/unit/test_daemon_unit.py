@@ -34,6 +34,7 @@ from memrec.daemon import config as cfgmod
 from memrec.daemon import scheduling
 from memrec.daemon.config import DaemonConfig
 from memrec.daemon.fanout import Fanout
+from memrec.daemon.feed import ProbeFeed
 from memrec.daemon.server import Daemon
 from memrec.daemon.server import Mood
 from memrec.daemon.sockets import SocketError
@@ -700,13 +701,13 @@ def test_daemon_command_needs_privileges(workdir):
 def test_daemon_command_bpf_failure_is_unavailable(workdir, monkeypatch, capsys):
     # GIVEN probes that cannot load
     from memrec.commands import main
-    from memrec.daemon import server
+    from memrec.daemon import feed
 
     class Broken(FakeProbes):
         def load(self):
             raise RuntimeError("bpf(BPF_PROG_LOAD) failed: Operation not permitted")
 
-    monkeypatch.setattr(server, "_default_probes_factory", Broken)
+    monkeypatch.setattr(feed, "default_probes_factory", Broken)
     # WHEN the command runs THEN exit code UNAVAILABLE and the reason on one line
     rc = main(["daemon", "-o", str(workdir / "x.mrec"), "--socket", str(workdir / "x.sock"), "--nvml-hz", "0"])
     assert rc == ExitCode.UNAVAILABLE
@@ -717,7 +718,7 @@ def test_daemon_command_bpf_failure_is_unavailable(workdir, monkeypatch, capsys)
 def test_no_untraced_probes_reaches_the_probes(workdir, monkeypatch):
     # GIVEN probes that record how they were made (and stop the daemon there)
     from memrec.commands import main
-    from memrec.daemon import server
+    from memrec.daemon import feed
 
     made = []
 
@@ -729,7 +730,7 @@ def test_no_untraced_probes_reaches_the_probes(workdir, monkeypatch):
         def load(self):
             raise RuntimeError("stop here")
 
-    monkeypatch.setattr(server, "_default_probes_factory", lambda **kw: Recording(**kw))
+    monkeypatch.setattr(feed, "default_probes_factory", lambda **kw: Recording(**kw))
     argv = ["daemon", "-o", str(workdir / "x.mrec"), "--socket", str(workdir / "x.sock"), "--nvml-hz", "0"]
     # WHEN the daemon starts with and without --no-untraced-probes
     main(argv)
@@ -785,7 +786,7 @@ def test_a_probe_wakeup_drains_at_once(workdir):
         return bool(select.select([fd], [], [], 0)[0])
 
     d = make_daemon(workdir, poll_interval=30.0)
-    d._probes_factory = WakingProbes
+    d.feed = ProbeFeed(WakingProbes, d.config)
     d.start()
     try:
         pump(d, 0.05)  # the start-up drain
