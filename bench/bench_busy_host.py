@@ -70,7 +70,9 @@ def one_run(config: str, lib: Path, loop: Path, procs: int, pairs: int, python: 
 
     workdir = Path(tempfile.mkdtemp(prefix="mrbusy", dir="/tmp"))
     try:
-        daemon = Daemon(workdir, lib, *CONFIGS[config], python=python if config == "base" else sys.executable)
+        # The baseline runs from its own folder: `-m memrec` must not find this checkout's package.
+        base = config == "base"
+        daemon = Daemon(workdir, lib, *CONFIGS[config], python=python if base else sys.executable, cwd=workdir if base else None)
         time.sleep(0.5)  # the daemon's first keyframe and rescan settle
         wait0 = run_delay_ns(daemon.proc.pid)
         t0 = time.monotonic()

@@ -71,14 +71,14 @@ print("done", i, time.monotonic_ns(), flush=True)
 
 
 class Daemon:
-    def __init__(self, workdir: Path, lib: Path, *extra: str, python: str = sys.executable) -> None:
+    def __init__(self, workdir: Path, lib: Path, *extra: str, python: str = sys.executable, cwd: Path | None = None) -> None:
         self.socket = workdir / "d.sock"
         self.output = workdir / "out.mrec"
         self.log = open(workdir / "daemon.log", "w")
         self.proc = subprocess.Popen(
             [python, "-m", "memrec", "daemon", "-o", str(self.output), "--socket", str(self.socket),
              "--libcuda", str(lib), "--rotate-size", "0", "--nvml-hz", "0", "--nvml-process-hz", "0", *extra],
-            stdout=self.log, stderr=subprocess.STDOUT,
+            stdout=self.log, stderr=subprocess.STDOUT, cwd=cwd,
         )
         deadline = time.monotonic() + 180
         while True:

@@ -25,7 +25,6 @@ the trace is complete before it starts).
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import logging
 import os
@@ -34,7 +33,6 @@ import selectors
 import signal
 import socket
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any
 from typing import Callable
@@ -45,12 +43,12 @@ from memrec import __version__
 from memrec._errors import MemrecError
 from memrec._errors import OutputError
 from memrec._errors import one_line
-from memrec._untrusted import clean_text
 from memrec.columns import with_gpu
 from memrec.daemon.config import DaemonConfig
 from memrec.daemon.fanout import Fanout
 from memrec.daemon.feed import ProbeFeed
 from memrec.daemon.gpustamp import GpuStamper
+from memrec.daemon.intake import Intake
 from memrec.daemon.libraries import Libraries
 from memrec.daemon.markers import MarkerServer
 from memrec.daemon.markers import root_only
@@ -60,7 +58,6 @@ from memrec.daemon.signals import SignalInbox
 from memrec.daemon.sockets import BoundSocket
 from memrec.daemon.sockets import bind_unix_socket
 from memrec.daemon.sockets import group_id
-from memrec.daemon.throttle import Throttle
 from memrec.daemon.untraced import UntracedReadings
 from memrec.daemon.untraced import name_images
 from memrec.events import GpuInfo
@@ -83,9 +80,6 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # the others of signals.HANDLED
 _FORCE_STOP_AFTER = 3
 #: The most ring-buffer polls of the final drain.
 _FINAL_DRAIN_POLLS = 64
-#: A marker's ts must lie within this many ns before its arrival on the daemon's clock; any other
-#: value (a clock of another time namespace, a made-up 2^64 - 1) is replaced by the arrival time.
-MARKER_TS_WINDOW = 60 * 10**9
 #: How often idle and half-sent marker connections are looked for (ns).
 _SWEEP_NS = 10**9
 
@@ -165,16 +159,13 @@ class Daemon:
 
         self.signals = SignalInbox()
         self._signal_counts: dict[int, int] = {}
-        self._pending_markers: list[Marker] = []
-        self._nvml_queue: deque[tuple[np.ndarray, np.ndarray]] = deque()
+        self.intake = Intake(clock)
         self._part = 0
         self._start_stamp = ""
         self.events_recorded = 0
         self.markers_recorded = 0
-        self.markers_restamped = 0
         self._next: dict[str, int] = {}
         self._disk_full = False
-        self._restamp_log = Throttle(log, 60.0)
         self._timers: list[list] = []  # [period ns, due ns, fn] from every()
         #: Called from the loop with each marker as it arrives (device ordinal as the client sent it).
         self.marker_listeners: list[Callable[[Marker], None]] = []
@@ -380,7 +371,7 @@ class Daemon:
         if now >= nxt["poll"]:
             self.drain()
             nxt["poll"] = _advance(nxt["poll"], int(cfg.poll_interval * 1e9), now)
-        if self._pending_markers or self._nvml_queue:
+        if self.intake:
             self._write_pending()
         if self.readings is not None:
             self.readings.tick(now)
@@ -459,30 +450,16 @@ class Daemon:
         self.stamper.process(pid, self.clock())
 
     def _on_marker(self, marker: Marker) -> None:
-        """Queue a marker; its ts is the client's only when the daemon's clock agrees.
-
-        A client's CLOCK_MONOTONIC is the daemon's on one host, so an honest ts lies a little
-        before the marker's arrival. Any other value (another time namespace's clock, a made-up
-        2^63) would stretch or break every report of the trace: the arrival time replaces it.
-        """
-        now = self.clock()
-        if not now - MARKER_TS_WINDOW <= marker.ts <= now:
-            self.markers_restamped += 1
-            self._restamp_log.log(
-                logging.WARNING, "marker %r from pid %d: its ts %d is not within the last %d s of this "
-                "host's clock (%d); stamped with its arrival time", clean_text(marker.name, 60), marker.pid,
-                marker.ts, MARKER_TS_WINDOW // 10**9, now,
-            )
-            marker = dataclasses.replace(marker, ts=now)
+        """Queue a marker (its ts checked: :meth:`Intake.marker`) and read its process's /proc."""
+        marker = self.intake.marker(marker)
         if marker.pid not in self.stamper.processes:  # named by `memrec mark` (its shell): read it now
             self.stamper.process(marker.pid, marker.ts)
-        self._pending_markers.append(marker)
         for listener in self.marker_listeners:
             listener(marker)
 
     def _nvml_sink(self, device_rows: np.ndarray, process_rows: np.ndarray) -> None:
         """Called on the sampler's thread: only queue (the loop writes)."""
-        self._nvml_queue.append((device_rows, process_rows))
+        self.intake.sample(device_rows, process_rows)
         for listener in self.sample_listeners:
             listener(device_rows)
 
@@ -490,14 +467,13 @@ class Daemon:
         """Write queued markers (after the events that happened before them) and NVML samples."""
         writer = self.writer
         assert writer is not None
-        if self._pending_markers:
+        if self.intake.markers:
             self.drain()  # events older than the markers go first
-            markers, self._pending_markers = self._pending_markers, []
-            for marker in sorted(markers, key=lambda m: m.ts):
+            for marker in self.intake.take_markers():
                 writer.write_marker(self.stamper.marker(marker))
                 self.markers_recorded += 1
-        while self._nvml_queue:
-            device_rows, process_rows = self._nvml_queue.popleft()
+        while self.intake.samples:
+            device_rows, process_rows = self.intake.samples.popleft()
             if len(device_rows):
                 writer.write_nvml(device_rows)
             if len(process_rows):
@@ -648,7 +624,7 @@ class Daemon:
                 "disconnected_slow": self.fanout.disconnected_slow if self.fanout else 0,
             },
             "state": {"anomalies": dict(self.state.anomalies), "failures": self.state.n_failures},
-            "markers_restamped": self.markers_restamped,
+            "markers_restamped": self.intake.restamped,
             "lost": self.feed.lost,
         }
         if self.writer is not None and self.writer.dropped[0]:
