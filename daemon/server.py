@@ -28,7 +28,6 @@ from __future__ import annotations
 import enum
 import logging
 import os
-import secrets
 import selectors
 import signal
 import socket
@@ -55,6 +54,9 @@ from memrec.daemon.markers import root_only
 from memrec.daemon.markers import root_or_group
 from memrec.daemon.scheduling import Priority
 from memrec.daemon.signals import SignalInbox
+from memrec.daemon.tracefiles import DiskWatch
+from memrec.daemon.tracefiles import TraceNames
+from memrec.daemon.tracefiles import create_sink
 from memrec.daemon.sockets import BoundSocket
 from memrec.daemon.sockets import bind_unix_socket
 from memrec.daemon.sockets import group_id
@@ -69,7 +71,6 @@ from memrec.trace.format import keyframe_record
 from memrec.trace.format import lost_record
 from memrec.trace.format import make_header
 from memrec.trace.format import process_record
-from memrec.trace.writer import MAX_HELD_BYTES
 from memrec.trace.writer import FileSink
 from memrec.trace.writer import TraceWriter
 
@@ -97,11 +98,6 @@ def _default_nvml() -> Any:
     from memrec.probes import nvml
 
     return nvml
-
-
-def _create_sink(path: Path) -> FileSink:
-    """A new trace file: never through a symbolic link; an existing regular file is replaced."""
-    return FileSink(path, replace=True)
 
 
 class Daemon:
@@ -161,11 +157,10 @@ class Daemon:
         self._signal_counts: dict[int, int] = {}
         self.intake = Intake(clock)
         self._part = 0
-        self._start_stamp = ""
         self.events_recorded = 0
         self.markers_recorded = 0
         self._next: dict[str, int] = {}
-        self._disk_full = False
+        self.disk = DiskWatch()
         self._timers: list[list] = []  # [period ns, due ns, fn] from every()
         #: Called from the loop with each marker as it arrives (device ordinal as the client sent it).
         self.marker_listeners: list[Callable[[Marker], None]] = []
@@ -185,8 +180,7 @@ class Daemon:
         if self.mood is not Mood.CREATED:
             raise RuntimeError(f"Daemon.start() called in mood {self.mood.value}")
         cfg = self.config
-        self._start_stamp = time.strftime("%Y%m%d-%H%M%S")
-        self._name_token = secrets.token_hex(4)
+        self.names = TraceNames(cfg)
         self.selector = selectors.DefaultSelector()
         try:
             # Before the compile (a start on a busy host is quicker) and before any thread starts.
@@ -209,7 +203,7 @@ class Daemon:
                 self.bound.sock, self.selector, self._on_marker, self._on_subscribe, on_connect=self._on_connect,
                 may_subscribe=root_only if cfg.live_group is None else root_or_group(group_id(cfg.live_group)),
             )
-            self._open_writer(self._next_path(), reason="start")
+            self._open_writer(self.names.path(0), reason="start")
             self._start_sampler()
             self.readings = UntracedReadings(
                 self._nvml_module(), [g.index for g in self.gpus], self._write_readings, self.clock
@@ -382,7 +376,7 @@ class Daemon:
         if now >= nxt["flush"]:
             assert self.writer is not None
             self.writer.flush()
-            self._watch_disk()
+            self.disk.check(self.writer)
             nxt["flush"] = _advance(nxt["flush"], int(cfg.flush_interval * 1e9), now)
         if now >= nxt["rescan"]:
             self.scan_libraries()
@@ -528,19 +522,6 @@ class Daemon:
 
     # ------------------------------------------------------------------ files
 
-    def _next_path(self, part: int | None = None) -> Path:
-        cfg = self.config
-        part = self._part if part is None else part
-        if cfg.output_is_dir:
-            # A random part: nobody can plant a file (or link) at a name known in advance.
-            base = f"memrec-{socket.gethostname()}-{self._start_stamp}-{os.getpid()}-{self._name_token}"
-            return cfg.output / (f"{base}.mrec" if part == 0 else f"{base}.{part}.mrec")
-        if part == 0:
-            return cfg.output
-        suffix = cfg.output.suffix or ""
-        stem = cfg.output.name[: -len(suffix)] if suffix else cfg.output.name
-        return cfg.output.with_name(f"{stem}.{part}{suffix}")
-
     def _header(self, reason: str) -> dict:
         probes = {**self.libraries.header(), "follow_tree": self.config.follow_tree}
         return make_header(
@@ -557,7 +538,7 @@ class Daemon:
         try:
             if sink is None:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                sink = _create_sink(path)
+                sink = create_sink(path)
             tee = self.fanout.publish if self.fanout is not None else None
             self.writer = TraceWriter(sink, self._header(reason), tee=tee)
         except OSError as error:
@@ -580,9 +561,9 @@ class Daemon:
         """
         assert self.writer is not None
         self._write_pending()
-        path = self._next_path(self._part + 1)
+        path = self.names.path(self._part + 1)
         try:
-            sink = _create_sink(path)
+            sink = create_sink(path)
         except OSError as error:
             log.error("cannot rotate (%s) to %s: %s; recording goes on in %s", reason, path,
                       error.strerror or error, self.writer.path)
@@ -593,25 +574,6 @@ class Daemon:
         self._open_writer(path, reason=f"rotate: {reason}", sink=sink)
         log.info("rotated (%s): %s → %s", reason, old.path, path)
         return path
-
-    def _watch_disk(self) -> None:
-        """Say once when writes stall (a full disk) and once when they resume, with what was lost."""
-        writer = self.writer
-        if writer is None:
-            return
-        stalled = writer.stalled
-        if stalled is not None and not self._disk_full:
-            self._disk_full = True
-            log.error(
-                "cannot write %s: %s. Recording goes on: the live state is kept, up to %d MiB of records "
-                "are held and written when space returns, later ones are dropped and counted",
-                writer.path, stalled.strerror or stalled, MAX_HELD_BYTES >> 20,
-            )
-        elif stalled is None and self._disk_full:
-            self._disk_full = False
-            records, nbytes = writer.dropped
-            log.warning("%s takes writes again; %d record(s) (%d bytes) were dropped while the disk was full",
-                        writer.path, records, nbytes)
 
     def _trailer(self, reason: str, **extra: Any) -> dict:
         out = {
