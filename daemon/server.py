@@ -39,7 +39,6 @@ from typing import Callable
 import numpy as np
 
 from memrec import __version__
-from memrec._errors import MemrecError
 from memrec._errors import OutputError
 from memrec._errors import one_line
 from memrec.columns import with_gpu
@@ -52,14 +51,17 @@ from memrec.daemon.libraries import Libraries
 from memrec.daemon.markers import MarkerServer
 from memrec.daemon.markers import root_only
 from memrec.daemon.markers import root_or_group
+from memrec.daemon.nvmlsetup import default_nvml
+from memrec.daemon.nvmlsetup import list_gpus
+from memrec.daemon.nvmlsetup import start_sampler
 from memrec.daemon.scheduling import Priority
 from memrec.daemon.signals import SignalInbox
-from memrec.daemon.tracefiles import DiskWatch
-from memrec.daemon.tracefiles import TraceNames
-from memrec.daemon.tracefiles import create_sink
 from memrec.daemon.sockets import BoundSocket
 from memrec.daemon.sockets import bind_unix_socket
 from memrec.daemon.sockets import group_id
+from memrec.daemon.tracefiles import DiskWatch
+from memrec.daemon.tracefiles import TraceNames
+from memrec.daemon.tracefiles import create_sink
 from memrec.daemon.untraced import UntracedReadings
 from memrec.daemon.untraced import name_images
 from memrec.events import GpuInfo
@@ -92,12 +94,6 @@ class Mood(enum.Enum):
     RUNNING = "running"
     STOPPING = "stopping"
     STOPPED = "stopped"
-
-
-def _default_nvml() -> Any:
-    from memrec.probes import nvml
-
-    return nvml
 
 
 class Daemon:
@@ -197,14 +193,14 @@ class Daemon:
                     "no libcuda.so.1 found yet: probes will attach when a process maps one "
                     "(rescan every %g s); name one with --libcuda PATH", cfg.rescan_interval
                 )
-            self.gpus = self.stamper.gpus = self._list_gpus()
+            self.gpus = self.stamper.gpus = list_gpus(self._nvml_module(), self.notes)
             self.fanout = Fanout(self.selector, cfg.subscriber_queue_bytes)
             self.markers = MarkerServer(
                 self.bound.sock, self.selector, self._on_marker, self._on_subscribe, on_connect=self._on_connect,
                 may_subscribe=root_only if cfg.live_group is None else root_or_group(group_id(cfg.live_group)),
             )
             self._open_writer(self.names.path(0), reason="start")
-            self._start_sampler()
+            self.sampler = start_sampler(self._nvml_module(), cfg, self._nvml_sink, self.clock, self.notes)
             self.readings = UntracedReadings(
                 self._nvml_module(), [g.index for g in self.gpus], self._write_readings, self.clock
             )
@@ -607,35 +603,8 @@ class Daemon:
 
     def _nvml_module(self) -> Any:
         if self._nvml is None:
-            self._nvml = _default_nvml()
+            self._nvml = default_nvml()
         return self._nvml
-
-    def _list_gpus(self) -> list[GpuInfo]:
-        nvml = self._nvml_module()
-        try:
-            gpus = list(nvml.list_gpus())
-        except nvml.NvmlUnavailable as error:
-            nvml.note_unavailable(error)
-            self.notes.append(f"NVML unavailable: {error}; no GPU list, no NVML samples")
-            return []
-        except MemrecError as error:
-            log.warning("cannot list GPUs through NVML: %s", error)
-            self.notes.append(f"NVML GPU list failed: {error}")
-            return []
-        if not gpus:
-            self.notes.append("NVML reports no GPUs")
-        return gpus
-
-    def _start_sampler(self) -> None:
-        cfg = self.config
-        if not (cfg.nvml_device_hz or cfg.nvml_process_hz):
-            self.notes.append("NVML sampling off")
-            return
-        nvml = self._nvml_module()
-        if any(n.startswith("NVML unavailable") for n in self.notes):
-            return  # said once already; no thread for nothing
-        self.sampler = nvml.NvmlSampler(self._nvml_sink, cfg.nvml_device_hz, cfg.nvml_process_hz, clock=self.clock)
-        self.sampler.start()
 
     # ------------------------------------------------------------------ status
 
