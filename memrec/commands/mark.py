@@ -168,6 +168,9 @@ class MarkCommand:
         memrec mark warmup --phase begin --pid "$SERVER_PID"
     """
 
+    #: Nothing here logs: main() leaves logging out of this quick command (see memrec.commands).
+    logs = False
+
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
         _add_options(parser)
         parser.add_argument("name", help=f"what is happening (1..{protocol.MAX_NAME} characters)")
