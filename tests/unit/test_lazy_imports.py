@@ -52,7 +52,7 @@ def test_dump_still_imports_what_it_needs(tmp_path):
 
 #: What the quick commands left out to start within 2× a bare interpreter: every other command's
 #: module, and the standard library's slower modules that they do not need.
-NOT_QUICK = ("logging", "typing", "dataclasses", "memrec.commands.daemon", "memrec.commands.report",
+NOT_QUICK = ("logging", "typing", "dataclasses", "pathlib", "memrec.commands.daemon", "memrec.commands.report",
              "memrec.commands.completion", "memrec.daemon.config")
 
 
