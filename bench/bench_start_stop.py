@@ -50,12 +50,15 @@ def bench_cli(repeat: int) -> None:
 
     Two floors: ``python -c pass`` (the interpreter with its site-packages and their .pth files,
     which memrec pays for too: an editable install's finder is most of it) and ``python -S -c
-    pass`` (no site at all: the interpreter alone).
+    pass`` (no site at all: the interpreter alone); and the modules `memrec mark` needs at the
+    least, imported alone.
     """
     py = sys.executable
     commands = {
         "python -c pass": [py, "-c", "pass"],
         "python -S -c pass": [py, "-S", "-c", "pass"],
+        # What `memrec mark` cannot do without (parse its arguments, connect, encode the marker).
+        "import argparse+socket+msgpack": [py, "-c", "import argparse, socket, msgpack"],
         "memrec --help": [py, "-m", "memrec", "--help"],
         "memrec mark (no daemon)": [py, "-m", "memrec", "mark", "--socket", "/nonexistent/s", "bench", "x=1"],
         "memrec dump --help": [py, "-m", "memrec", "dump", "--help"],
@@ -78,7 +81,7 @@ def bench_cli(repeat: int) -> None:
     print(f"{py}, {repeat} rounds, load average {os.getloadavg()[0]:.1f}; ratios: to python -c pass, to python -S")
     for name, t in times.items():
         c = statistics.median(cpu[name])
-        print(f"{name:24} wall {fmt(t)} = {statistics.median(t) / floor:.1f}x, {statistics.median(t) / bare:.1f}x; "
+        print(f"{name:30} wall {fmt(t)} = {statistics.median(t) / floor:.1f}x, {statistics.median(t) / bare:.1f}x; "
               f"CPU median {c:.3f} s = {c / cpu_floor:.1f}x, {c / cpu_bare:.1f}x")
 
 
