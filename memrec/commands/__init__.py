@@ -1,7 +1,8 @@
 """The ``memrec`` command line: one module per subcommand, one class per command.
 
-Each command class is named ``<Name>Command``; the subcommand is the lower-cased name and its help
-is the class docstring. Commands raise :class:`MemrecCommandError`; only :func:`main` prints errors.
+Each command class is named ``<Name>Command`` (``install-service``: ``InstallServiceCommand`` in
+``install_service.py``), listed in :data:`COMMANDS`; its help is the class docstring. Commands
+raise :class:`MemrecCommandError`; only :func:`main` prints errors.
 """
 
 from __future__ import annotations
@@ -62,10 +63,6 @@ def load_command(name: str) -> Command:
     """The command ``name`` (``install-service`` → ``install_service.InstallServiceCommand``)."""
     module = importlib.import_module(f"memrec.commands.{name.replace('-', '_')}")
     return getattr(module, "".join(part.capitalize() for part in name.split("-")) + "Command")()
-
-
-def _commands() -> list[Command]:
-    return [load_command(name) for name in COMMANDS]
 
 
 def get_argument_parser(only: str | None = None) -> argparse.ArgumentParser:
