@@ -66,6 +66,7 @@ is_active = _is_active
 
 # -- sending -----------------------------------------------------------------------------------
 
+
 def _send(name: str, phase: str, gpu: int | None, values: dict) -> None:
     """Hand one marker to ``memrec.client.mark`` (looked up at each call: tests replace it)."""
     if STATE.client is None:
