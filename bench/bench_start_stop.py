@@ -50,13 +50,15 @@ def bench_cli(repeat: int) -> None:
 
     Two floors: ``python -c pass`` (the interpreter with its site-packages and their .pth files,
     which memrec pays for too: an editable install's finder is most of it) and ``python -S -c
-    pass`` (no site at all: the interpreter alone); and the modules `memrec mark` needs at the
-    least, imported alone.
+    pass`` (no site at all: the interpreter alone); and what `memrec --help` and `memrec mark` need
+    at the least, alone: argparse printing an empty parser's help; argparse, socket and msgpack.
     """
     py = sys.executable
     commands = {
         "python -c pass": [py, "-c", "pass"],
         "python -S -c pass": [py, "-S", "-c", "pass"],
+        # What `memrec --help` cannot do without: an empty argparse parser printing its help.
+        "argparse -h alone": [py, "-c", "import argparse; argparse.ArgumentParser().parse_args(['-h'])"],
         # What `memrec mark` cannot do without (parse its arguments, connect, encode the marker).
         "import argparse+socket+msgpack": [py, "-c", "import argparse, socket, msgpack"],
         "memrec --help": [py, "-m", "memrec", "--help"],

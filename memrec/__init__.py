@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 #: typing.TYPE_CHECKING without importing typing (type checkers take this spelling too): the quick
-#: commands (`memrec mark`, `--help`) import this package and typing is a tenth of their start-up.
+#: commands (`memrec mark`, `--help`) import this package, and typing costs them milliseconds.
 TYPE_CHECKING = False
 
 if TYPE_CHECKING:

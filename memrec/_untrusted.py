@@ -101,8 +101,8 @@ def too_deep(value: Any, max_depth: int = MAX_DEPTH) -> bool:
 
 def clean_marker(marker: Any) -> Any:
     """A :class:`~memrec.events.Marker` with its name and text values made safe to print."""
-    # Imported here: dataclasses (with inspect and ast) was a fifth of `memrec mark`'s start-up,
-    # which reaches this module through the protocol and never calls this.
+    # Imported here: dataclasses (with inspect and ast) costs milliseconds of `memrec mark`'s
+    # start-up, which reaches this module through the protocol and never calls this.
     import dataclasses
 
     values = {clean_text(k): clean_text(v) if isinstance(v, str) else v for k, v in (marker.values or {}).items()}

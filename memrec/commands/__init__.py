@@ -38,7 +38,7 @@ if TYPE_CHECKING:  # typing only for the checker: see memrec.TYPE_CHECKING
 #: The subcommands, in ``memrec --help`` order, with the one-line summary that lists each there (the
 #: first line of its class's docstring; tests/unit/test_lazy_imports.py checks that they agree).
 #: The summaries are written here as well so that a run imports the module of the one command it
-#: runs: importing all fifteen to list them made `memrec --help` and `memrec mark` take 3.5× a bare
+#: runs: importing all fifteen to list them made `memrec --help` and `memrec mark` take 6× a bare
 #: interpreter (docs/performance.md).
 COMMANDS: dict[str, str] = {
     "daemon": "Record GPU memory events of every CUDA process on this host, until SIGINT/SIGTERM.",
@@ -170,8 +170,8 @@ class _VersionAction(argparse.Action):
 
 def _configure_logging(verbosity: int) -> None:
     """Log to stderr as ``memrec: LEVEL: message``; -v for info, -vv for debug."""
-    # Imported here: logging (with traceback) is an eighth of `memrec mark`'s start-up, which logs
-    # nothing, and --help exits before this (docs/performance.md).
+    # Imported here: logging (with traceback) costs milliseconds of `memrec mark`'s start-up, which
+    # logs nothing, and --help exits before this (docs/performance.md).
     import logging
 
     logging.basicConfig(

@@ -95,8 +95,8 @@ _WRAPPERS = frozenset({"sudo", "doas", "su", "runuser", "env", "nice", "timeout"
 
 
 def _read_proc(path: str) -> str:
-    # open() rather than pathlib: pathlib is a tenth of this quick command's start-up where
-    # nothing else imports it (an installed memrec; docs/performance.md).
+    # open() rather than pathlib: pathlib costs this quick command milliseconds of its start-up
+    # where nothing else imports it (an installed memrec; docs/performance.md).
     with open(path, errors="replace") as f:
         return f.read()
 
