@@ -149,7 +149,7 @@ def test_perfetto_rendering_draws_every_track_of_the_file(tmp_path):
     png = tmp_path / "tracks.png"
     rows = perfetto_tracks.render(read, png)
     # THEN there is one row per track that has events, and the picture is not blank
-    assert rows == len(read["events"]) == 10
+    assert rows == len(read["events"]) > 0
     from matplotlib.image import imread
 
     img = imread(png)
