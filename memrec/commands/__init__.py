@@ -15,9 +15,9 @@ import textwrap
 
 from memrec import TYPE_CHECKING
 from memrec._errors import ExitCode
+from memrec._errors import MemrecCommandError
 from memrec._errors import MemrecError
 from memrec._errors import one_line
-from memrec.commands.common import exit_code
 
 if TYPE_CHECKING:  # typing only for the checker: see memrec.TYPE_CHECKING
     from typing import Protocol
@@ -191,7 +191,12 @@ def main(args: list[str] | None = None) -> int:
         _configure_logging(arg_values.verbose)
     try:
         return int(arg_values.entrypoint(arg_values, arg_values.parser))
-    except MemrecError as error:
+    except MemrecCommandError as error:  # a command's own error says its exit code
+        print(f"memrec: error: {error}", file=sys.stderr)
+        return error.exit_code
+    except MemrecError as error:  # a domain's (daemon, sockets, probes, trace format): mapped in one place
+        from memrec.commands.common import exit_code  # here: the quick commands never import it
+
         print(f"memrec: error: {error}", file=sys.stderr)
         return exit_code(error)
     except KeyboardInterrupt:
