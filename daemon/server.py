@@ -40,7 +40,6 @@ import numpy as np
 
 from memrec import __version__
 from memrec._errors import OutputError
-from memrec._errors import one_line
 from memrec.columns import with_gpu
 from memrec.daemon.config import DaemonConfig
 from memrec.daemon.fanout import Fanout
@@ -59,6 +58,8 @@ from memrec.daemon.signals import SignalInbox
 from memrec.daemon.sockets import BoundSocket
 from memrec.daemon.sockets import bind_unix_socket
 from memrec.daemon.sockets import group_id
+from memrec.daemon.timers import AddOnTimers
+from memrec.daemon.timers import advance
 from memrec.daemon.tracefiles import DiskWatch
 from memrec.daemon.tracefiles import TraceNames
 from memrec.daemon.tracefiles import create_sink
@@ -157,7 +158,7 @@ class Daemon:
         self.markers_recorded = 0
         self._next: dict[str, int] = {}
         self.disk = DiskWatch()
-        self._timers: list[list] = []  # [period ns, due ns, fn] from every()
+        self._timers = AddOnTimers()
         #: Called from the loop with each marker as it arrives (device ordinal as the client sent it).
         self.marker_listeners: list[Callable[[Marker], None]] = []
         #: Called on the NVML sampler's thread with each batch of device rows (NVML_DTYPE).
@@ -257,8 +258,9 @@ class Daemon:
                 return "until"
             now = self.clock()
             due = min(self._next.values(), default=now)
-            if self._timers:
-                due = min(due, min(t[1] for t in self._timers))
+            addon = self._timers.due()
+            if addon is not None:
+                due = min(due, addon)
             timeout = min(max(0, due - now), poll_ns) / 1e9
             for key, mask in self.selector.select(timeout):
                 key.data(mask)
@@ -360,27 +362,27 @@ class Daemon:
         cfg = self.config
         if now >= nxt["poll"]:
             self.drain()
-            nxt["poll"] = _advance(nxt["poll"], int(cfg.poll_interval * 1e9), now)
+            nxt["poll"] = advance(nxt["poll"], int(cfg.poll_interval * 1e9), now)
         if self.intake:
             self._write_pending()
         if self.readings is not None:
             self.readings.tick(now)
         if now >= nxt["keyframe"]:
             self._write_keyframe()
-            nxt["keyframe"] = _advance(nxt["keyframe"], int(cfg.keyframe_interval * 1e9), now)
+            nxt["keyframe"] = advance(nxt["keyframe"], int(cfg.keyframe_interval * 1e9), now)
             nxt["flush"] = now  # a keyframe is worth showing at once
         if now >= nxt["flush"]:
             assert self.writer is not None
             self.writer.flush()
             self.disk.check(self.writer)
-            nxt["flush"] = _advance(nxt["flush"], int(cfg.flush_interval * 1e9), now)
+            nxt["flush"] = advance(nxt["flush"], int(cfg.flush_interval * 1e9), now)
         if now >= nxt["rescan"]:
             self.scan_libraries()
-            nxt["rescan"] = _advance(nxt["rescan"], int(cfg.rescan_interval * 1e9), now)
+            nxt["rescan"] = advance(nxt["rescan"], int(cfg.rescan_interval * 1e9), now)
         if now >= nxt["sweep"]:
             if self.markers is not None:
                 self.markers.sweep()
-            nxt["sweep"] = _advance(nxt["sweep"], _SWEEP_NS, now)
+            nxt["sweep"] = advance(nxt["sweep"], _SWEEP_NS, now)
         if self.fanout is not None and self.fanout.needs_resync:
             assert self.writer is not None
             self.writer.flush()
@@ -388,21 +390,14 @@ class Daemon:
         if (cfg.rotate_bytes and self.writer is not None and self.writer.bytes_written >= cfg.rotate_bytes
                 and self.writer.stalled is None):
             self.rotate("size")
-        for timer in self._timers:
-            if now >= timer[1]:
-                timer[1] = _advance(timer[1], timer[0], now)
-                try:
-                    timer[2](now)
-                except Exception as error:  # an add-on (metrics, watchdog) never stops recording
-                    log.error("periodic %s failed: %s", getattr(timer[2], "__qualname__", timer[2]), one_line(error))
+        self._timers.run(now)
 
     def every(self, seconds: float, fn: Callable[[int], None]) -> None:
         """Call ``fn(now)`` from the loop every ``seconds`` (the metrics' snapshot, systemd's watchdog).
 
         The loop's thread owns the live state, so this is where an add-on may read it.
         """
-        period = max(1, int(seconds * 1e9))
-        self._timers.append([period, self.clock() + period, fn])
+        self._timers.every(int(seconds * 1e9), self.clock(), fn)
 
     def drain(self) -> int:
         """Poll the ring buffer once, record what it held; return the number of events."""
@@ -621,11 +616,3 @@ class Daemon:
             "subscribers": len(self.fanout) if self.fanout is not None else 0,
             "marker_server": self.markers.stats() if self.markers is not None else {},
         }
-
-
-def _advance(deadline: int, period: int, now: int) -> int:
-    """The next deadline after ``now`` on the grid ``deadline + k * period``."""
-    deadline += period
-    if deadline <= now:
-        deadline += ((now - deadline) // period + 1) * period
-    return deadline
