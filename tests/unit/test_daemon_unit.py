@@ -925,3 +925,15 @@ def test_a_realtime_policy_that_is_refused_falls_back_to_nice(monkeypatch, caplo
         monkeypatch.undo()
         priority.restore()
     assert os.getpriority(os.PRIO_PROCESS, 0) == before
+
+
+def test_the_trailer_carries_the_exact_lost_total(workdir):
+    # GIVEN a daemon whose probes dropped 7 events (a full ring buffer)
+    d = make_daemon(workdir)
+    d.start()
+    d.probes.lost_total = 7
+    pump(d, 0.05)
+    # WHEN it stops THEN the trailer says so, besides the lost records, and the reader agrees
+    d.stop()
+    trace = load_trace(workdir / "out.mrec")
+    assert trace.trailer["lost"] == 7 and trace.lost == 7
