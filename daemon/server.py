@@ -8,21 +8,18 @@
     d.run(until=...)     # the loop; returns on SIGTERM/SIGINT or when until() is true
     d.stop()             # phased shutdown (idempotent)
 
-One ``selectors`` loop serves the marker socket (markers, pings, subscribers) and a self-pipe
-that signals write to; timers drain the ring buffer (``poll_interval``), flush the writer
-(``flush_interval``), write keyframes (``keyframe_interval``) and look for newly mapped libcuda
-files (``rescan_interval``). NVML samples come from the sampler's thread through a queue.
+One ``selectors`` loop serves the marker socket (markers, pings, subscribers), the ring buffer's
+fd (the program's wakeups) and a self-pipe that signals write to; timers drain the ring buffer
+(``poll_interval``), flush the writer (``flush_interval``), write keyframes (``keyframe_interval``)
+and look for newly mapped libcuda files (``rescan_interval``). This module holds the loop and the
+order of things; its neighbours each own one concern: ``feed`` (the probes), ``gpustamp`` (each
+event's physical GPU), ``intake`` (markers and NVML samples), ``nvmlsetup``, ``tracefiles``,
+``signals`` (handlers only queue; :meth:`Daemon.handle_signal` acts from the loop), ``timers``.
 
-Each event gets its physical GPU from :class:`memrec.daemon.gpustamp.GpuStamper` (the process's
-device ordinal through its ``CUDA_VISIBLE_DEVICES``); the live state fills in the rest.
-
-Signal handlers only queue the signal (supervisor's model); :meth:`Daemon.handle_signal` acts on
-it from the loop: TERM/INT stop (or, in record mode, go to ``stop_signal_handler``), HUP rotates
-the trace file. Shutdown is phased: stop accepting, stop NVML, final drain, final keyframe and trailer,
-fsync, disconnect subscribers, remove the socket, and only then detach the probes (the slow part:
-the trace is complete before it starts).
+Shutdown is phased: stop accepting, stop NVML, final drain, final keyframe and trailer, fsync,
+disconnect subscribers, remove the socket, and only then detach the probes (the slow part: the
+trace is complete before it starts).
 """
-
 from __future__ import annotations
 
 import enum
@@ -79,9 +76,6 @@ from memrec.trace.writer import TraceWriter
 
 log = logging.getLogger(__name__)
 
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # the others of signals.HANDLED: SIGHUP rotates
-#: In record mode, stop signals go to the command; this many of one kind stop the daemon anyway.
-_FORCE_STOP_AFTER = 3
 #: The most ring-buffer polls of the final drain.
 _FINAL_DRAIN_POLLS = 64
 #: How often idle and half-sent marker connections are looked for (ns).
@@ -151,7 +145,6 @@ class Daemon:
         self.priority = Priority(config.scheduling)
 
         self.signals = SignalInbox()
-        self._signal_counts: dict[int, int] = {}
         self.intake = Intake(clock)
         self._part = 0
         self.events_recorded = 0
@@ -331,28 +324,15 @@ class Daemon:
 
     def handle_signal(self) -> None:
         """Act on the queued signals (called from the loop, never from a handler)."""
-        while self.signals.pending:
-            signum = self.signals.pending.pop(0)
-            name = signal.Signals(signum).name
-            if signum in _STOP_SIGNALS:
-                count = self._signal_counts[signum] = self._signal_counts.get(signum, 0) + 1
-                if self.mood is not Mood.RUNNING:
-                    log.info("received %s: ignored, shutdown already in progress", name)
-                elif self.stop_signal_handler is not None and count < _FORCE_STOP_AFTER:
-                    log.info("received %s: passed on (recording continues until the command exits)", name)
-                    self.stop_signal_handler(signum)
-                else:
-                    log.info("received %s: shutting down", name)
-                    self.stop_reason = f"signal {name}"
-                    self.mood = Mood.STOPPING
-            elif signum == signal.SIGHUP:
-                if self.mood is not Mood.RUNNING:
-                    log.info("received SIGHUP: ignored, shutdown in progress")
-                else:
-                    log.info("received SIGHUP: rotating the trace file")
-                    self.rotate("SIGHUP")
-            else:
-                log.debug("received %s: ignored", name)
+        while taken := self.signals.take(self.mood is Mood.RUNNING, self.stop_signal_handler is not None):
+            action, signum = taken
+            if action == "pass on":
+                self.stop_signal_handler(signum)
+            elif action == "stop":
+                self.stop_reason = f"signal {signal.Signals(signum).name}"
+                self.mood = Mood.STOPPING
+            elif action == "rotate":
+                self.rotate("SIGHUP")
 
     # ================================================================== loop work
 

@@ -21,13 +21,17 @@ log = logging.getLogger(__name__)
 
 #: The signals the daemon handles: stop (TERM, INT) and rotate the trace (HUP).
 HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+STOP = (signal.SIGTERM, signal.SIGINT)
+#: In record mode, stop signals go to the command; this many of one kind stop the daemon anyway.
+FORCE_STOP_AFTER = 3
 
 
 class SignalInbox:
-    """Queued signals (each at most once until taken) and the handlers that queue them."""
+    """Queued signals (each at most once until taken), what each asks for, and the handlers."""
 
     def __init__(self) -> None:
         self.pending: list[int] = []
+        self._counts: dict[int, int] = {}
         self._old_handlers: dict[int, Any] = {}
         self._old_wakeup_fd: int | None = None
         self._wake_r = self._wake_w = -1
@@ -36,6 +40,36 @@ class SignalInbox:
         """Queue ``signum`` unless it waits already (all a handler may do)."""
         if signum not in self.pending:
             self.pending.append(signum)
+
+    def take(self, running: bool, passes_on: bool) -> tuple[str, int] | None:
+        """The next queued signal and what it asks for (said in the log), or None when none waits.
+
+        The answer is ``"stop"``, ``"pass on"`` (record mode, where ``passes_on``: TERM/INT go to
+        the command, until the third of one kind), ``"rotate"`` (HUP) or ``"ignore"`` (anything
+        while not ``running``, or a signal the daemon does not handle).
+        """
+        if not self.pending:
+            return None
+        signum = self.pending.pop(0)
+        name = signal.Signals(signum).name
+        if signum in STOP:
+            count = self._counts[signum] = self._counts.get(signum, 0) + 1
+            if not running:
+                log.info("received %s: ignored, shutdown already in progress", name)
+                return "ignore", signum
+            if passes_on and count < FORCE_STOP_AFTER:
+                log.info("received %s: passed on (recording continues until the command exits)", name)
+                return "pass on", signum
+            log.info("received %s: shutting down", name)
+            return "stop", signum
+        if signum == signal.SIGHUP:
+            if not running:
+                log.info("received SIGHUP: ignored, shutdown in progress")
+                return "ignore", signum
+            log.info("received SIGHUP: rotating the trace file")
+            return "rotate", signum
+        log.debug("received %s: ignored", name)
+        return "ignore", signum
 
     def install(self, selector: selectors.BaseSelector, handler: Callable[[int, Any], None]) -> None:
         """Install ``handler`` for :data:`HANDLED` and the self-pipe that wakes ``selector``.

@@ -122,7 +122,7 @@ def test_sigterm_is_queued_then_handled(daemon, caplog):
     daemon.queue_signal(signal.SIGTERM, None)
     daemon.queue_signal(signal.SIGTERM, None)
     assert daemon.mood is Mood.RUNNING  # nothing done in "signal context"
-    with caplog.at_level(logging.INFO, logger="memrec.daemon.server"):
+    with caplog.at_level(logging.INFO, logger="memrec.daemon"):
         daemon.handle_signal()
     # THEN the daemon is shutting down, said once (the duplicate was not queued)
     assert daemon.mood is Mood.STOPPING
@@ -135,7 +135,7 @@ def test_sigterm_is_queued_then_handled(daemon, caplog):
 def test_sighup_rotates_and_is_ignored_during_shutdown(daemon, caplog):
     # GIVEN a running daemon WHEN SIGHUP is handled
     daemon.queue_signal(signal.SIGHUP)
-    with caplog.at_level(logging.INFO, logger="memrec.daemon.server"):
+    with caplog.at_level(logging.INFO, logger="memrec.daemon"):
         daemon.handle_signal()
         # THEN a second file is open
         assert [p.name for p in daemon.files] == ["out.mrec", "out.1.mrec"]
@@ -156,7 +156,7 @@ def test_record_mode_passes_stop_signals_on(workdir, caplog):
     d.stop_signal_handler = forwarded.append
     d.start()
     try:
-        with caplog.at_level(logging.INFO, logger="memrec.daemon.server"):
+        with caplog.at_level(logging.INFO, logger="memrec.daemon"):
             # WHEN SIGINT comes twice THEN it is passed on and the recording goes on
             for _ in range(2):
                 d.queue_signal(signal.SIGINT)
