@@ -1,0 +1,223 @@
+"""Driver allocations and frees of a run of events, applied at once with numpy.
+
+cuMemAlloc and cuMemFree are nearly every event on a busy host. :func:`apply_run` applies a
+piece of a batch (no IPC export, IPC open or process exit inside: :meth:`LiveState.apply` cuts
+there) with the result the event-by-event path (:meth:`LiveState._apply_events`) gives:
+
+- the run's allocations and frees are sorted by (pid, ptr), stable, so each key's events stay in
+  order; whether a key is live before an event follows from the event before it (an allocation
+  leaves it live, a free leaves it gone) or, for a key's first event, from the table. That gives
+  every anomaly (an allocation over a live one, a free of an unknown pointer), every matched
+  free's size and GPU (the fill-in), and the table's end state (the last allocation of a key);
+- the other kinds of the run (VMM, host, IPC close) go event by event with their counter
+  changes held back, and :func:`apply_changes` applies all changes in event order: the counters
+  summed per key, each GPU's owned total a running sum whose peak is its first maximum, the
+  journal rows stacked.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from memrec.events import CUDA_ERROR_OUT_OF_MEMORY
+from memrec.events import DRIVER
+from memrec.events import IPC_MAPPED
+from memrec.state.fields import ALLOC
+from memrec.state.fields import FREE
+from memrec.state.fields import MAX_SIZE
+from memrec.state.fields import MAX_TS
+from memrec.state.fields import OTHER_KINDS
+from memrec.state.fields import QUIET_KINDS
+
+if TYPE_CHECKING:
+    from memrec.state.allocs import AllocTable
+    from memrec.state.live import LiveState
+
+_QUIET = np.array(sorted(QUIET_KINDS), np.uint16)
+
+
+def apply_run(state: LiveState, events: np.ndarray, lo: int, hi: int, fill: list) -> None:
+    """Apply ``events[lo:hi]`` (no export, open or exit among them) to ``state`` at once."""
+    seg = events[lo:hi]
+    kinds = seg["kind"]
+    ok = seg["result"] == 0
+    base = state.n_events + lo
+    _failures(state, seg, ok, base)
+    other = np.flatnonzero(ok & np.isin(kinds, OTHER_KINDS))
+    state._log = []
+    try:
+        state._apply_events(events, other + lo, fill)
+        pm = np.flatnonzero(ok & ((kinds == ALLOC) | (kinds == FREE)))
+        changes = _allocs_and_frees(state, seg[pm], pm + lo, base - lo, fill)
+        log = state._log
+    finally:
+        state._log = None
+    if log:
+        cols = list(zip(*log))
+        more = [np.asarray(c, np.int64) for c in cols[:6]] + [np.asarray(cols[6], bool)]
+        changes = [np.concatenate((a, b)) for a, b in zip(changes, more)]
+        order = np.argsort(changes[0], kind="stable")
+        changes = [c[order] for c in changes]
+    apply_changes(state, *changes)
+
+
+def _failures(state: LiveState, seg: np.ndarray, ok: np.ndarray, base: int) -> None:
+    """Count the failed calls (but expected failures of code and pool calls) and keep the latest."""
+    bad = np.flatnonzero(~ok)
+    if len(bad) == 0:
+        return
+    loud = ~np.isin(seg["kind"][bad], _QUIET) | (seg["result"][bad] == CUDA_ERROR_OUT_OF_MEMORY)
+    bad = bad[loud]
+    state.n_failures += len(bad)
+    keep = state.failures.maxlen
+    if keep == 0 or len(bad) == 0:
+        return
+    if keep is not None:
+        bad = bad[-keep:]
+    f = seg[bad]
+    cols = ((bad + base).tolist(), np.minimum(f["ts"], MAX_TS).tolist(), f["pid"].tolist(), f["tid"].tolist(),
+            f["kind"].tolist(), f["api"].tolist(), f["result"].tolist(), f["gpu"].tolist(),
+            np.minimum(f["size"], MAX_SIZE).tolist(), f["ptr"].tolist())
+    state.failures.extend(list(row) for row in zip(*cols))
+
+
+def _allocs_and_frees(state: LiveState, ev: np.ndarray, where: np.ndarray, base: int, fill: list) -> list[np.ndarray]:
+    """Apply successful ALLOC/FREE events ``ev`` (at batch positions ``where``) to the table.
+
+    Returns their counter changes in event order: index, ts, gpu, pid, category, delta, peak.
+    """
+    m = len(ev)
+    table = state._allocs
+    order = np.lexsort((ev["ptr"], ev["pid"]))
+    pid = ev["pid"][order]
+    ptr = ev["ptr"][order]
+    is_alloc = ev["kind"][order] == ALLOC
+    size = np.minimum(ev["size"][order], MAX_SIZE).astype(np.int64)
+    gpu = ev["gpu"][order]
+    ts = np.minimum(ev["ts"][order], MAX_TS).astype(np.int64)
+    index = (where[order] + base).astype(np.int64)
+    head = np.ones(m, bool)
+    head[1:] = (pid[1:] != pid[:-1]) | (ptr[1:] != ptr[:-1])
+    heads = np.flatnonzero(head)
+    rows, slots = table.lookup(pid[heads], ptr[heads])
+    found = rows >= 0
+    # What each event meets: the key's previous event (live after an allocation) or the table.
+    live_before = np.zeros(m, bool)
+    live_before[1:] = is_alloc[:-1]
+    prev_size = np.zeros(m, np.int64)
+    prev_size[1:] = size[:-1]
+    prev_gpu = np.zeros(m, np.int16)
+    prev_gpu[1:] = gpu[:-1]
+    live_before[heads] = found
+    r = np.maximum(rows, 0)
+    prev_size[heads] = np.where(found, table.size[r], 0)
+    prev_gpu[heads] = np.where(found, table.gpu[r], 0)
+
+    over = is_alloc & live_before
+    freed = ~is_alloc & live_before
+    n_over = int(np.count_nonzero(over))
+    n_unknown = int(np.count_nonzero(~is_alloc & ~live_before))
+    if n_over:
+        state._anomaly("alloc_over_live", n_over)
+    if n_unknown:
+        state._anomaly("free_unknown", n_unknown)
+    gfill = freed & (gpu < 0) & (prev_gpu >= 0)
+    if gfill.any():
+        fill.append((where[order][gfill], prev_gpu[gfill]))
+
+    # The table's end state: found keys leave, each key's last allocation (if last) comes in.
+    table.remove(rows[found], slots[found])
+    tails = np.concatenate((heads[1:] - 1, [m - 1])) if m else heads
+    last = tails[is_alloc[tails]]
+    table.insert(pid[last], ptr[last], size[last], gpu[last], ts[last], ev["api"][order][last])
+    if state._exported:
+        for p, q in zip(pid[freed].tolist(), ptr[freed].tolist()):
+            if p in state._exported:
+                state._forget_exports(p, q)
+
+    # Changes: an overwritten allocation leaves first (when not empty), then the new one comes.
+    drop = over & (prev_size != 0)
+    parts = (
+        (drop, 0, prev_gpu, -prev_size, True),
+        (is_alloc, 1, gpu, size, True),
+        (freed, 1, prev_gpu, -prev_size, False),
+    )
+    key = np.concatenate([index[sel] * 2 + sub for sel, sub, _, _, _ in parts])
+    out = [
+        np.concatenate([index[sel] for sel, *_ in parts]),
+        np.concatenate([ts[sel] for sel, *_ in parts]),
+        np.concatenate([g[sel].astype(np.int64) for sel, _, g, _, _ in parts]),
+        np.concatenate([pid[sel].astype(np.int64) for sel, *_ in parts]),
+        np.full(len(key), DRIVER, np.int64),
+        np.concatenate([d[sel] for sel, _, _, d, _ in parts]),
+        np.concatenate([np.full(np.count_nonzero(sel), pk) for sel, _, _, _, pk in parts]).astype(bool),
+    ]
+    seq = np.argsort(key)
+    return [c[seq] for c in out]
+
+
+def apply_changes(state: LiveState, index: np.ndarray, ts: np.ndarray, gpu: np.ndarray, pid: np.ndarray,
+                  cat: np.ndarray, delta: np.ndarray, peak: np.ndarray) -> None:
+    """Apply counter changes (in event order) as :meth:`LiveState._change` would one by one."""
+    if len(index) == 0:
+        return
+    if state.journal is not None:
+        state.journal.frombytes(np.column_stack((index, ts, gpu, pid, cat, delta)).astype(np.int64).tobytes())
+    counts = state._bytes
+    key = ((gpu + 32768) << 34) | (pid << 2) | cat
+    order = np.argsort(key, kind="stable")
+    sk = key[order]
+    starts = np.flatnonzero(np.concatenate(([True], sk[1:] != sk[:-1])))
+    sums = np.add.reduceat(delta[order], starts)
+    for k, s in zip(sk[starts].tolist(), sums.tolist()):
+        kk = ((k >> 34) - 32768, (k >> 2) & 0xFFFFFFFF, k & 3)
+        v = counts.get(kk, 0) + s
+        if v:
+            counts[kk] = v
+        else:
+            counts.pop(kk, None)
+    own = cat != IPC_MAPPED
+    og, od, ot, op = gpu[own], delta[own], ts[own], peak[own]
+    owned = state._gpu_owned
+    peaks = state._peaks
+    for g in np.unique(og).tolist():
+        sel = og == g
+        run = owned.get(g, 0) + np.cumsum(od[sel])
+        owned[g] = int(run[-1])
+        touch = op[sel]
+        if not touch.any():
+            continue
+        vals = run[touch]
+        tt = ot[sel][touch]
+        pk = peaks.get(g)
+        if pk is None:
+            pk = peaks[g] = [max(int(vals[0]), 0), int(tt[0])]
+        j = int(np.argmax(vals))
+        if vals[j] > pk[0]:
+            pk[0] = int(vals[j])
+            pk[1] = int(tt[j])
+
+
+def last_of_keys(pids: np.ndarray, ptrs: np.ndarray) -> np.ndarray:
+    """Positions of the last row of each distinct (pid, ptr)."""
+    n = len(pids)
+    order = np.lexsort((np.arange(n), ptrs, pids))
+    sp, sq = pids[order], ptrs[order]
+    tail = np.ones(n, bool)
+    tail[:-1] = (sp[1:] != sp[:-1]) | (sq[1:] != sq[:-1])
+    return order[tail]
+
+
+def alloc_totals(table: AllocTable) -> dict[tuple[int, int, int], int]:
+    """Driver bytes by (gpu, pid, DRIVER) of the live allocations."""
+    rows = table.rows_of()
+    if len(rows) == 0:
+        return {}
+    key = ((table.gpu[rows].astype(np.int64) + 32768) << 32) | table.pid[rows].astype(np.int64)
+    order = np.argsort(key, kind="stable")
+    sk = key[order]
+    starts = np.flatnonzero(np.concatenate(([True], sk[1:] != sk[:-1])))
+    sums = np.add.reduceat(table.size[rows][order], starts)
+    return {((k >> 32) - 32768, k & 0xFFFFFFFF, DRIVER): s for k, s in zip(sk[starts].tolist(), sums.tolist())}
