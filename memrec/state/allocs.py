@@ -26,6 +26,13 @@ _MIN_SLOTS_BITS = 10
 _MIN_ROWS = 1024
 
 
+def key_hash(pids: np.ndarray, ptrs: np.ndarray) -> np.ndarray:
+    """A 64-bit mix of (pid, ptr) keys (equal keys, equal hashes; the index takes its top bits)."""
+    x = ptrs.astype(np.uint64) ^ (pids.astype(np.uint64) * np.uint64(_C1))
+    x *= np.uint64(_C2)
+    return x
+
+
 class AllocTable:
     """Rows ``pid, ptr, size, gpu, ts, api`` (``live`` marks used rows) and a hash index."""
 
@@ -57,12 +64,10 @@ class AllocTable:
     # ------------------------------------------------------------------ hashing
 
     def _hash(self, pids: np.ndarray, ptrs: np.ndarray) -> np.ndarray:
-        x = ptrs.astype(np.uint64) ^ (pids.astype(np.uint64) * np.uint64(_C1))
-        x *= np.uint64(_C2)
-        return (x >> np.uint64(64 - self._bits)).astype(np.int64)
+        return (key_hash(pids, ptrs) >> np.uint64(64 - self._bits)).astype(np.int64)
 
     def _hash1(self, pid: int, ptr: int) -> int:
-        return (((ptr ^ (pid * _C1 & _M64)) * _C2) & _M64) >> (64 - self._bits)
+        return ((((ptr & _M64) ^ (pid * _C1 & _M64)) * _C2) & _M64) >> (64 - self._bits)
 
     # ------------------------------------------------------------------ batches
 
@@ -197,13 +202,46 @@ class AllocTable:
             pos = (pos + 1) & mask
 
     def add(self, pid: int, ptr: int, size: int, gpu: int, ts: int, api: int) -> None:
-        """Add one absent key."""
-        self.insert(np.array([pid], np.uint32), np.array([ptr], np.uint64), np.array([size], np.int64),
-                    np.array([gpu], np.int16), np.array([ts], np.int64), np.array([api], np.uint16))
+        """Add one absent key (item by item: cheaper than numpy calls for one row)."""
+        if self._nfree:
+            self._nfree -= 1
+            row = int(self._free[self._nfree])
+        else:
+            if self._top == len(self.live):
+                self._grow(self._top + 1)
+            row = self._top
+            self._top += 1
+        self.pid[row] = pid
+        self.ptr[row] = ptr
+        self.size[row] = size
+        self.gpu[row] = gpu
+        self.ts[row] = ts
+        self.api[row] = api
+        self.live[row] = True
+        self.count += 1
+        if self.count + self._tombs > _MAX_LOAD * len(self._slots):
+            self._rehash()
+            return
+        mask = (1 << self._bits) - 1
+        pos = self._hash1(pid, ptr)
+        slots = self._slots
+        while slots[pos] >= 0:
+            pos = (pos + 1) & mask
+        if slots[pos] == TOMB:
+            self._tombs -= 1
+        slots[pos] = row
 
     def drop(self, row: int, slot: int) -> None:
         """Remove one key found by :meth:`find`."""
-        self.remove(np.array([row], np.int64), np.array([slot], np.int64))
+        self._slots[slot] = TOMB
+        self._tombs += 1
+        self.live[row] = False
+        self.count -= 1
+        if self._nfree == len(self._free):
+            self._push_free(np.array([row]))
+        else:
+            self._free[self._nfree] = row
+            self._nfree += 1
 
     def row(self, row: int) -> tuple[int, int, int, int]:
         """(size, gpu, ts, api) of a row."""

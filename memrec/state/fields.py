@@ -67,8 +67,11 @@ HANDLE_BYTES_KINDS = frozenset((IPC_EXPORT, IPC_OPEN, SHARE_EXPORT, SHARE_IMPORT
 #: Successful kinds that change the VMM, IPC or host tables (one Python step each).
 OTHER_KINDS = (VMM_CREATE, VMM_RELEASE, VMM_MAP, VMM_UNMAP, VMM_RETAIN, IPC_CLOSE, SHARE_EXPORT, SHARE_IMPORT,
                HOST_ALLOC, HOST_FREE, HOST_REGISTER, HOST_UNREGISTER)
-#: Successful kinds that read or drop driver allocations or IPC exports: a batch is cut around them.
-BARRIER_KINDS = (IPC_EXPORT, IPC_OPEN, PROC_EXIT)
+#: Successful kinds that read driver allocations or IPC exports: one joins a run applied at once
+#: when the run's allocations and frees before it cannot change what it reads (plain.Planner).
+JOINABLE_KINDS = (IPC_EXPORT, IPC_OPEN)
+#: Kinds that may end a run: those and process exits (which drop every allocation of a process).
+BARRIER_KINDS = (*JOINABLE_KINDS, PROC_EXIT)
 API_IPC_OPEN = int(Api.cuIpcOpenMemHandle_v2)
 
 #: CUmemLocationType of a cuMemCreate: 0 (not read) and 1 are device memory, others are host.

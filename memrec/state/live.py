@@ -139,6 +139,9 @@ class LiveState(VmmIpc):
         #: While a run applies at once: the per-event kinds' counter changes, applied with the
         #: run's (in event order) by :func:`memrec.state.plain.apply_changes`.
         self._log: list[tuple] | None = None
+        #: IPC exports inside such a run whose allocation came earlier in it: event index ->
+        #: (base, (size, gpu, ts, api)) as the allocation was then (see plain.Planner).
+        self._alloc_hints: dict[int, tuple[int, tuple[int, int, int, int]]] = {}
         self.failures: deque[list] = deque(maxlen=max_failures)
         #: Failed calls seen in all (``failures`` keeps only the most recent).
         self.n_failures = 0
@@ -160,10 +163,11 @@ class LiveState(VmmIpc):
 
         The fill-in writes into ``events["gpu"]`` in place; a read-only array is left untouched.
 
-        The batch is cut before and after every IPC export, IPC open and process exit (they read
-        or drop driver allocations). Each piece with at least :attr:`vector_min_run` driver
-        allocations and frees is applied at once (:func:`memrec.state.plain.apply_run`), the
-        others event by event; the result is the same either way.
+        The batch is applied in pieces: a process exit, and an IPC export or open whose outcome
+        the allocations and frees before it in the piece could change (:meth:`_cuts_before`),
+        ends one. A piece with at least :attr:`vector_min_run` driver allocations and frees is
+        applied at once (:func:`memrec.state.plain.apply_run`), others event by event; the
+        result is the same either way.
         """
         names = events.dtype.names or ()
         missing = [c for c in REQUIRED_COLUMNS if c not in names]
@@ -175,15 +179,30 @@ class LiveState(VmmIpc):
         kinds = events["kind"]
         ok = events["result"] == 0
         plain_ok = ok & ((kinds == ALLOC) | (kinds == FREE))
-        n_plain = np.concatenate(([0], np.cumsum(plain_ok)))
-        cuts = np.flatnonzero(ok & np.isin(kinds, BARRIER_KINDS))
-        bounds = np.unique(np.concatenate(([0, n], cuts, cuts + 1))).tolist()
+        n_plain = np.concatenate(([0], np.cumsum(plain_ok))).tolist()
         fill: list[tuple[np.ndarray, np.ndarray]] = []
-        for lo, hi in zip(bounds[:-1], bounds[1:]):
+
+        def piece(lo: int, hi: int) -> None:
+            if hi <= lo:
+                return
             if n_plain[hi] - n_plain[lo] >= max(self.vector_min_run, 1):
                 plain.apply_run(self, events, lo, hi, fill)
             else:
                 self._apply_events(events, np.arange(lo, hi), fill)
+
+        lo = 0
+        barriers = np.flatnonzero(ok & np.isin(kinds, BARRIER_KINDS))
+        if len(barriers):
+            plan = plain.Planner(self, events, plain_ok)
+            for b in barriers.tolist():
+                if plan.joins(lo, b):
+                    continue
+                piece(lo, b)
+                self._apply_events(events, np.arange(b, b + 1), fill)
+                lo = b + 1
+                plan.restart()
+        piece(lo, n)
+        self._alloc_hints.clear()
         self.n_events += n
         self.last_ts = int(min(events["ts"][-1], MAX_TS))
         if fill and events.flags.writeable:
@@ -299,9 +318,13 @@ class LiveState(VmmIpc):
         if self.journal is not None:
             self.journal.extend((index, ts, gpu, pid, cat, delta))
 
-    def _alloc_at(self, pid: int, ptr: int) -> tuple[int, tuple[int, int, int, int] | None]:
+    def _alloc_at(self, pid: int, ptr: int, index: int) -> tuple[int, tuple[int, int, int, int] | None]:
         """The driver allocation at ``ptr`` or holding it (a block inside a cached segment; of
-        overlapping ones, the one starting nearest below): (base, (size, gpu, ts, api))."""
+        overlapping ones, the one starting nearest below) for event ``index``: (base, (size,
+        gpu, ts, api))."""
+        hint = self._alloc_hints.get(index)
+        if hint is not None:
+            return hint
         al = self._allocs
         row, _ = al.find(pid, ptr)
         if row >= 0:

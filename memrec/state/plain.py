@@ -24,11 +24,15 @@ import numpy as np
 from memrec.events import CUDA_ERROR_OUT_OF_MEMORY
 from memrec.events import DRIVER
 from memrec.events import IPC_MAPPED
+from memrec.state.allocs import key_hash
 from memrec.state.fields import ALLOC
 from memrec.state.fields import FREE
 from memrec.state.fields import MAX_SIZE
 from memrec.state.fields import MAX_TS
+from memrec.state.fields import IPC_EXPORT
+from memrec.state.fields import JOINABLE_KINDS
 from memrec.state.fields import OTHER_KINDS
+from memrec.state.fields import PROC_EXIT
 from memrec.state.fields import QUIET_KINDS
 
 if TYPE_CHECKING:
@@ -36,6 +40,7 @@ if TYPE_CHECKING:
     from memrec.state.live import LiveState
 
 _QUIET = np.array(sorted(QUIET_KINDS), np.uint16)
+_PER_EVENT = OTHER_KINDS + JOINABLE_KINDS
 
 
 def apply_run(state: LiveState, events: np.ndarray, lo: int, hi: int, fill: list) -> None:
@@ -45,7 +50,7 @@ def apply_run(state: LiveState, events: np.ndarray, lo: int, hi: int, fill: list
     ok = seg["result"] == 0
     base = state.n_events + lo
     _failures(state, seg, ok, base)
-    other = np.flatnonzero(ok & np.isin(kinds, OTHER_KINDS))
+    other = np.flatnonzero(ok & np.isin(kinds, _PER_EVENT))
     state._log = []
     try:
         state._apply_events(events, other + lo, fill)
@@ -61,6 +66,74 @@ def apply_run(state: LiveState, events: np.ndarray, lo: int, hi: int, fill: list
         order = np.argsort(changes[0], kind="stable")
         changes = [c[order] for c in changes]
     apply_changes(state, *changes)
+
+
+class Planner:
+    """Whether an IPC export or open can join the run being gathered, for one batch.
+
+    In a run the other kinds go first, event by event, and the allocations and frees after, at
+    once. An export reads the allocation at its pointer: it joins when the run has no earlier
+    event on that (pid, ptr) and the table has it, or the run's last earlier event on it is an
+    allocation (then its row is handed over as a hint), or the run has no earlier event of that
+    process at all (the interior look-up sees the table as it was). An open reads the exports:
+    it joins unless the run frees an exported allocation before it. A process exit never joins.
+    """
+
+    def __init__(self, state: LiveState, events: np.ndarray, plain_ok: np.ndarray) -> None:
+        self.state = state
+        self.events = events
+        self.kinds = events["kind"]
+        self.pids = events["pid"]
+        self.ptrs = events["ptr"]
+        self.plain_ok = plain_ok
+        self.keys = key_hash(self.pids, self.ptrs)
+        self.exported: list[int] = []  # key hashes of allocations exported by exports joined to the run
+
+    def restart(self) -> None:
+        """A new run begins."""
+        self.exported.clear()
+
+    def joins(self, lo: int, b: int) -> bool:
+        """Whether event ``b`` (an export, open or exit) joins the run that began at ``lo``."""
+        kind = int(self.kinds[b])
+        if kind == PROC_EXIT:
+            return False
+        before = np.flatnonzero(self.plain_ok[lo:b]) + lo
+        if kind == IPC_EXPORT:
+            return self._export_joins(before, b)
+        return self._open_joins(before)
+
+    def _export_joins(self, before: np.ndarray, b: int) -> bool:
+        state = self.state
+        pid, ptr, key = int(self.pids[b]), int(self.ptrs[b]), int(self.keys[b])
+        same = before[(self.keys[before] == key) & (self.pids[before] == pid) & (self.ptrs[before] == ptr)]
+        index = state.n_events + b
+        if len(same):
+            if np.any(self.kinds[same] == FREE):
+                return False  # the free forgets exports made before it only: keep it in order
+            last = self.events[same[-1]]
+            rec = (int(min(last["size"], MAX_SIZE)), int(last["gpu"]), int(min(last["ts"], MAX_TS)), int(last["api"]))
+            state._alloc_hints[index] = (ptr, rec)
+        elif state._allocs.find(pid, ptr)[0] < 0:
+            if np.any(self.pids[before] == pid):
+                return False
+            base, found = state._alloc_at(pid, ptr, index)
+            if found is not None:
+                key = int(key_hash(np.array([pid]), np.array([base], np.uint64))[0])
+        self.exported.append(key)
+        return True
+
+    def _open_joins(self, before: np.ndarray) -> bool:
+        state = self.state
+        if not (state._exported or self.exported):
+            return True
+        frees = before[self.kinds[before] == FREE]
+        if len(frees) == 0:
+            return True
+        pairs = [(p, q) for p, d in state._exported.items() for q in d]
+        known = key_hash(np.array([p for p, _ in pairs], np.uint32), np.array([q for _, q in pairs], np.uint64))
+        known = np.concatenate((known, np.array(self.exported, np.uint64)))
+        return not np.isin(self.keys[frees], known).any()
 
 
 def _failures(state: LiveState, seg: np.ndarray, ok: np.ndarray, base: int) -> None:

@@ -144,7 +144,7 @@ class VmmIpc:
             if hbytes is None:
                 self._anomaly("export_without_bytes")
                 return None
-            base_ptr, rec = self._alloc_at(pid, ptr)
+            base_ptr, rec = self._alloc_at(pid, ptr, index)
             if rec is None:
                 self._anomaly("export_unknown_alloc")
                 self._exports[hbytes] = [pid, ptr, g, 0, t]

@@ -56,6 +56,29 @@ _rare = st.one_of(
 _event = st.one_of(_plain, _plain, _plain, _plain, _failed, _rare)
 
 
+@st.composite
+def _ipc_story(draw) -> list:
+    """An allocation exported (at its base or inside it) and opened by a peer, with frees and
+    reallocations of it before or after the export and the open, in any order."""
+    pid, peer = draw(st.permutations(PIDS))[:2]
+    ptr, n = draw(st.sampled_from(PTRS[:3])), draw(st.integers(1, 2))
+    steps = [
+        ev(Kind.ALLOC, pid=pid, ptr=ptr, size=draw(st.sampled_from(SIZES[1:])), gpu=draw(st.sampled_from(GPUS))),
+        ev(Kind.IPC_EXPORT, pid=pid, ptr=ptr + draw(st.sampled_from((0, 0x100))), ipc=handle_bytes(n)),
+        ev(Kind.FREE, pid=pid, ptr=ptr),
+        ev(Kind.IPC_OPEN, pid=peer, ptr=0x5000 + n, ipc=handle_bytes(n), gpu=draw(st.sampled_from(GPUS))),
+        ev(Kind.ALLOC, pid=pid, ptr=ptr, size=4096, gpu=0),
+        ev(Kind.IPC_EXPORT, pid=pid, ptr=ptr, ipc=handle_bytes(n)),
+    ]
+    return draw(st.permutations(steps))[: draw(st.integers(2, len(steps)))]
+
+
+#: Events one by one and IPC stories, flattened.
+_events = st.lists(st.one_of(_event.map(lambda e: [e]), _ipc_story()), min_size=4, max_size=60).map(
+    lambda parts: [e for part in parts for e in part]
+)
+
+
 def _run(rows: list, cuts: list[int], vector_min_run: int, max_failures: int) -> tuple[LiveState, np.ndarray]:
     arr = events(*rows)
     state = LiveState(journal=True, max_failures=max_failures)
@@ -85,7 +108,7 @@ def _observed(state: LiveState) -> dict:
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(rows=st.lists(_event, min_size=8, max_size=120), cuts=st.lists(st.integers(0, 120), max_size=5),
+@given(rows=_events, cuts=st.lists(st.integers(0, 120), max_size=5),
        max_failures=st.sampled_from((0, 3, 256)))
 def test_runs_at_once_equal_event_by_event(rows, cuts, max_failures):
     # GIVEN any sequence of events, split into batches the same way
