@@ -56,6 +56,11 @@ class AllocTable:
     def __len__(self) -> int:
         return self.count
 
+    @property
+    def used(self) -> int:
+        """Rows below this have been used (live or freed); none above."""
+        return self._top
+
     def nbytes(self) -> int:
         """Bytes of numpy storage held (rows, free list and index)."""
         cols = (self.pid, self.ptr, self.size, self.gpu, self.ts, self.api, self.live, self._free, self._slots)

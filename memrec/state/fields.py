@@ -30,7 +30,7 @@ PEAK_FIELDS = ("gpu", "bytes", "ts")
 #: An exit record: [pid, ts, held rows (HELD_FIELDS, flat), largest rows (LARGEST_FIELDS, flat)].
 HELD_FIELDS = ("gpu", "category", "bytes", "count")
 LARGEST_FIELDS = ("gpu", "category", "size", "address", "ts", "api", "peer")
-#: Version 2's driver allocations: one little-endian column of bytes per field, rows sorted by (pid, ptr).
+#: Version 2's driver allocations: one column per field, of this type (see snapshot.encode_allocs).
 ALLOC_COLUMNS = {"pid": "<u4", "ptr": "<u8", "size": "<i8", "gpu": "<i2", "ts": "<i8", "api": "<u2"}
 
 #: Journal columns (one row per change of a counter): see :attr:`LiveState.journal`.

@@ -45,6 +45,7 @@ from __future__ import annotations
 import heapq
 from array import array
 from collections import deque
+from typing import Callable
 from typing import Iterator
 
 import numpy as np
@@ -95,7 +96,8 @@ from memrec.state.fields import REQUIRED_COLUMNS
 from memrec.state.fields import SNAPSHOT_VERSION
 from memrec.state.fields import Holding
 from memrec.state.snapshot import alloc_arrays
-from memrec.state.snapshot import alloc_columns
+from memrec.state.snapshot import capture_allocs
+from memrec.state.snapshot import encode_allocs
 from memrec.state.snapshot import check_table
 from memrec.state.snapshot import flat
 from memrec.state.snapshot import flat_keyed
@@ -559,14 +561,19 @@ class LiveState(VmmIpc):
         """The state as a keyframe: a dict of plain ints, bytes, str keys and flat lists.
 
         Every table is one flat list of rows (``*_FIELDS`` give the order), sorted, so that equal
-        states give equal snapshots; the driver allocations are columns of bytes
-        (``ALLOC_COLUMNS``). :meth:`from_snapshot` restores it exactly.
+        states give equal snapshots; the driver allocations are compressed columns
+        (:func:`memrec.state.snapshot.encode_allocs`). :meth:`from_snapshot` restores it exactly.
         """
-        return {
+        return self.snapshot_later()()
+
+    def snapshot_later(self) -> Callable[[], dict]:
+        """Take the state now, cheaply (copies of the allocation columns, the small tables as
+        lists); the function returned builds :meth:`snapshot`'s dict from that, in any thread."""
+        out = {
             "v": SNAPSHOT_VERSION,
             "n": self.n_events,
             "ts": self.last_ts,
-            "allocs": alloc_columns(self._allocs),
+            "allocs": None,
             "handles": flat_nested(self._handles),
             "maps": flat_nested(self._maps),
             "aliases": flat_nested(self._aliases),
@@ -581,6 +588,12 @@ class LiveState(VmmIpc):
             "max_failures": self.failures.maxlen,
             "anomalies": dict(sorted(self.anomalies.items())),
         }
+        cols = capture_allocs(self._allocs)
+
+        def finish() -> dict:
+            return {**out, "allocs": encode_allocs(cols)}
+
+        return finish
 
     @classmethod
     def from_snapshot(cls, d: dict, journal: bool = False) -> LiveState:

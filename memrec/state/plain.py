@@ -130,9 +130,7 @@ class Planner:
         frees = before[self.kinds[before] == FREE]
         if len(frees) == 0:
             return True
-        pairs = [(p, q) for p, d in state._exported.items() for q in d]
-        known = key_hash(np.array([p for p, _ in pairs], np.uint32), np.array([q for _, q in pairs], np.uint64))
-        known = np.concatenate((known, np.array(self.exported, np.uint64)))
+        known = np.concatenate((exported_keys(state), np.array(self.exported, np.uint64)))
         return not np.isin(self.keys[frees], known).any()
 
 
@@ -205,10 +203,11 @@ def _allocs_and_frees(state: LiveState, ev: np.ndarray, where: np.ndarray, base:
     tails = np.concatenate((heads[1:] - 1, [m - 1])) if m else heads
     last = tails[is_alloc[tails]]
     table.insert(pid[last], ptr[last], size[last], gpu[last], ts[last], ev["api"][order][last])
-    if state._exported:
-        for p, q in zip(pid[freed].tolist(), ptr[freed].tolist()):
-            if p in state._exported:
-                state._forget_exports(p, q)
+    if state._exported and freed.any():
+        hits = np.flatnonzero(freed)
+        hits = hits[np.isin(key_hash(pid[hits], ptr[hits]), exported_keys(state))]
+        for p, q in zip(pid[hits].tolist(), ptr[hits].tolist()):
+            state._forget_exports(p, q)
 
     # Changes: an overwritten allocation leaves first (when not empty), then the new one comes.
     drop = over & (prev_size != 0)
@@ -271,6 +270,12 @@ def apply_changes(state: LiveState, index: np.ndarray, ts: np.ndarray, gpu: np.n
         if vals[j] > pk[0]:
             pk[0] = int(vals[j])
             pk[1] = int(tt[j])
+
+
+def exported_keys(state: LiveState) -> np.ndarray:
+    """Key hashes of the allocations with IPC exports (a hash match is then checked exactly)."""
+    pairs = [(p, q) for p, d in state._exported.items() for q in d]
+    return key_hash(np.array([p for p, _ in pairs], np.uint32), np.array([q for _, q in pairs], np.uint64))
 
 
 def last_of_keys(pids: np.ndarray, ptrs: np.ndarray) -> np.ndarray:

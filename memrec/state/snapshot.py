@@ -1,9 +1,10 @@
 """Snapshots (keyframes) of a :class:`memrec.state.LiveState`: build, check and restore.
 
 A snapshot is a dict of plain ints, bytes, str keys and flat lists, so msgpack carries it as it
-is. Version 2 stores the driver allocations, nearly all of a large state, as one column of bytes
-per field (:data:`ALLOC_COLUMNS`): building and encoding it is a copy, not a million Python
-lists. Version 1 (one flat list of rows) is still read, and :func:`alloc_rows` gives any
+is. Version 2 stores the driver allocations, nearly all of a large state, as one compressed
+column of bytes per field (:func:`encode_allocs`): taking it is a copy of numpy columns, and
+the rest (sort, compression) can run in another thread, not a million Python lists on the
+daemon's loop. Version 1 (one flat list of rows) is still read, and :func:`alloc_rows` gives any
 snapshot's allocations in that form for tools that edit rows (``memrec merge``).
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from typing import Any
 from typing import Iterator
+import zlib
 
 import numpy as np
 
@@ -105,28 +107,46 @@ def rows(flat: list, stride: int) -> Iterator[list]:
 
 
 
-def alloc_columns(table: AllocTable) -> dict[str, bytes]:
-    """The live allocations as version 2's columns of bytes, rows sorted by (pid, ptr)."""
-    order = table.sorted_rows()
-    return {name: getattr(table, name)[order].astype(dt, copy=False).tobytes() for name, dt in ALLOC_COLUMNS.items()}
+def capture_allocs(table: AllocTable) -> dict[str, np.ndarray]:
+    """Copies of the table's columns and live marks (plain copies: cheap, on the caller's
+    thread); :func:`encode_allocs` turns them into a snapshot's ``allocs`` anywhere later."""
+    used = table.used
+    return {name: getattr(table, name)[:used].copy() for name in (*ALLOC_COLUMNS, "live")}
+
+
+def encode_allocs(cols: dict[str, np.ndarray]) -> dict:
+    """Version 2's ``allocs``: ``n`` rows, sorted by (pid, ptr); each column little-endian and
+    zlib-compressed (level 1), ``ptr`` as differences from the row before (mod 2^64).
+
+    numpy's sort and zlib let go of the interpreter lock: run in a thread, this leaves the
+    daemon's loop alone.
+    """
+    rows = np.flatnonzero(cols["live"])
+    order = rows[np.lexsort((cols["ptr"][rows], cols["pid"][rows]))]
+    out: dict = {"n": len(order)}
+    for name, dt in ALLOC_COLUMNS.items():
+        col = np.ascontiguousarray(cols[name][order], dtype=dt)
+        if name == "ptr" and len(col):
+            col[1:] = np.diff(col)
+        out[name] = zlib.compress(col, 1)
+    return out
 
 
 def alloc_arrays(value: Any) -> dict[str, np.ndarray]:
-    """A snapshot's ``allocs`` (version 2 columns, or version 1's flat list) as numpy columns.
+    """A snapshot's ``allocs`` (version 2's columns, or version 1's flat list) as numpy columns.
 
     Raises:
-        TypeError: a column is missing, not bytes, of a length that is not whole rows, or the
-            columns disagree on the number of rows; a row of a flat list is not ints.
+        TypeError: a column is missing, not zlib data of ``n`` rows, or a row of a flat list is
+            not ints.
     """
     if isinstance(value, dict):
+        n = value["n"]
+        if not isinstance(n, int) or not 0 <= n < 1 << 40:
+            raise TypeError("allocs.n is not a row count")
         out = {}
         for name, dt in ALLOC_COLUMNS.items():
-            raw = value[name]
-            if not isinstance(raw, bytes) or len(raw) % np.dtype(dt).itemsize:
-                raise TypeError(f"allocs.{name} is not a column of {dt}")
-            out[name] = np.frombuffer(raw, dt)
-        if len({len(c) for c in out.values()}) > 1:
-            raise TypeError("the allocs columns differ in length")
+            out[name] = np.frombuffer(_inflate(value[name], n * np.dtype(dt).itemsize, name), dt)
+        out["ptr"] = np.cumsum(out["ptr"], dtype=np.uint64)
     else:
         check_table(value, "allocs", ALLOC_FIELDS)
         stride = len(ALLOC_FIELDS)
@@ -136,6 +156,20 @@ def alloc_arrays(value: Any) -> dict[str, np.ndarray]:
         out = {name: flat[:, i].astype(dt) for i, (name, dt) in enumerate(ALLOC_COLUMNS.items())}
     if len(out["size"]) and (out["size"].min() < 0 or out["ts"].min() < 0):
         raise TypeError("allocs: a size or ts is negative")
+    return out
+
+
+def _inflate(data: Any, size: int, name: str) -> bytes:
+    """Exactly ``size`` bytes from zlib ``data`` (never more: a damaged count cannot blow up)."""
+    if not isinstance(data, bytes):
+        raise TypeError(f"allocs.{name} is not bytes")
+    d = zlib.decompressobj()
+    try:
+        out = d.decompress(data, size)
+    except zlib.error as error:
+        raise TypeError(f"allocs.{name}: {error}") from None
+    if len(out) != size or d.unconsumed_tail or (size and not d.eof and d.decompress(b"", 1)):
+        raise TypeError(f"allocs.{name} does not hold {size} bytes")
     return out
 
 
