@@ -23,6 +23,7 @@ import numpy as np
 
 from memrec.events import CUDA_ERROR_OUT_OF_MEMORY
 from memrec.events import DRIVER
+from memrec.events import FLAG_IPC_BYTES
 from memrec.events import IPC_MAPPED
 from memrec.state.allocs import key_hash
 from memrec.state.fields import ALLOC
@@ -55,7 +56,8 @@ def apply_run(state: LiveState, events: np.ndarray, lo: int, hi: int, fill: list
     try:
         state._apply_events(events, other + lo, fill)
         pm = np.flatnonzero(ok & ((kinds == ALLOC) | (kinds == FREE)))
-        changes = _allocs_and_frees(state, seg[pm], pm + lo, base - lo, fill)
+        cols = {name: seg[name][pm] for name in ("kind", "pid", "ptr", "size", "gpu", "ts", "api")}
+        changes = _allocs_and_frees(state, cols, pm + lo, base - lo, fill)
         log = state._log
     finally:
         state._log = None
@@ -73,10 +75,11 @@ class Planner:
 
     In a run the other kinds go first, event by event, and the allocations and frees after, at
     once. An export reads the allocation at its pointer: it joins when the run has no earlier
-    event on that (pid, ptr) and the table has it, or the run's last earlier event on it is an
-    allocation (then its row is handed over as a hint), or the run has no earlier event of that
-    process at all (the interior look-up sees the table as it was). An open reads the exports:
-    it joins unless the run frees an exported allocation before it. A process exit never joins.
+    event on that (pid, ptr) and the table has it, or the run's earlier events on it are
+    allocations only (the last one's row is handed over as a hint; a free between would forget
+    the export), or the run has no earlier event of that process at all (the interior look-up
+    sees the table as it was). An open reads the export of its handle: it joins unless the run
+    frees that export's allocation before it. A process exit never joins.
     """
 
     def __init__(self, state: LiveState, events: np.ndarray, plain_ok: np.ndarray) -> None:
@@ -85,28 +88,47 @@ class Planner:
         self.kinds = events["kind"]
         self.pids = events["pid"]
         self.ptrs = events["ptr"]
-        self.plain_ok = plain_ok
         self.keys = key_hash(self.pids, self.ptrs)
-        self.exported: list[int] = []  # key hashes of allocations exported by exports joined to the run
+        # The batch's successful allocations and frees by (key hash, position), and by pid.
+        self.plain = np.flatnonzero(plain_ok)
+        by_key = np.lexsort((self.plain, self.keys[self.plain]))
+        self.sorted_keys = self.keys[self.plain][by_key]
+        self.sorted_pos = self.plain[by_key]
+        self._of_pid: dict[int, np.ndarray] = {}
+        self.joined: dict[bytes, int] = {}  # handle bytes -> key hash of the allocation, of exports joined
 
     def restart(self) -> None:
         """A new run begins."""
-        self.exported.clear()
+        self.joined.clear()
 
     def joins(self, lo: int, b: int) -> bool:
         """Whether event ``b`` (an export, open or exit) joins the run that began at ``lo``."""
         kind = int(self.kinds[b])
         if kind == PROC_EXIT:
             return False
-        before = np.flatnonzero(self.plain_ok[lo:b]) + lo
         if kind == IPC_EXPORT:
-            return self._export_joins(before, b)
-        return self._open_joins(before)
+            return self._export_joins(lo, b)
+        return self._open_joins(lo, b)
 
-    def _export_joins(self, before: np.ndarray, b: int) -> bool:
+    def _on_key(self, key: int, lo: int, b: int) -> np.ndarray:
+        """Positions in [lo, b) of allocations and frees whose key hashes to ``key``."""
+        k = np.uint64(key)
+        i0, i1 = np.searchsorted(self.sorted_keys, k, "left"), np.searchsorted(self.sorted_keys, k, "right")
+        pos = self.sorted_pos[i0:i1]
+        return pos[np.searchsorted(pos, lo) : np.searchsorted(pos, b)]
+
+    def _pid_has_events(self, pid: int, lo: int, b: int) -> bool:
+        pos = self._of_pid.get(pid)
+        if pos is None:
+            pos = self._of_pid[pid] = self.plain[self.pids[self.plain] == pid]
+        i = np.searchsorted(pos, lo)
+        return bool(i < len(pos) and pos[i] < b)
+
+    def _export_joins(self, lo: int, b: int) -> bool:
         state = self.state
         pid, ptr, key = int(self.pids[b]), int(self.ptrs[b]), int(self.keys[b])
-        same = before[(self.keys[before] == key) & (self.pids[before] == pid) & (self.ptrs[before] == ptr)]
+        same = self._on_key(key, lo, b)
+        same = same[(self.pids[same] == pid) & (self.ptrs[same] == ptr)]
         index = state.n_events + b
         if len(same):
             if np.any(self.kinds[same] == FREE):
@@ -115,23 +137,27 @@ class Planner:
             rec = (int(min(last["size"], MAX_SIZE)), int(last["gpu"]), int(min(last["ts"], MAX_TS)), int(last["api"]))
             state._alloc_hints[index] = (ptr, rec)
         elif state._allocs.find(pid, ptr)[0] < 0:
-            if np.any(self.pids[before] == pid):
+            if self._pid_has_events(pid, lo, b):
                 return False
             base, found = state._alloc_at(pid, ptr, index)
             if found is not None:
                 key = int(key_hash(np.array([pid]), np.array([base], np.uint64))[0])
-        self.exported.append(key)
+        if int(self.events["flags"][b]) & FLAG_IPC_BYTES:
+            self.joined[self.events["ipc"][b].tobytes()] = key
         return True
 
-    def _open_joins(self, before: np.ndarray) -> bool:
+    def _open_joins(self, lo: int, b: int) -> bool:
         state = self.state
-        if not (state._exported or self.exported):
-            return True
-        frees = before[self.kinds[before] == FREE]
-        if len(frees) == 0:
-            return True
-        known = np.concatenate((exported_keys(state), np.array(self.exported, np.uint64)))
-        return not np.isin(self.keys[frees], known).any()
+        if not int(self.events["flags"][b]) & FLAG_IPC_BYTES:
+            return True  # it reads no export
+        hb = self.events["ipc"][b].tobytes()
+        key = self.joined.get(hb)
+        if key is None:
+            ex = state._exports.get(hb)
+            if ex is None or not (0 <= ex[0] < 1 << 32 and 0 <= ex[1] < 1 << 64):
+                return True
+            key = int(key_hash(np.array([ex[0]], np.uint32), np.array([ex[1]], np.uint64))[0])
+        return not np.any(self.kinds[self._on_key(key, lo, b)] == FREE)
 
 
 def _failures(state: LiveState, seg: np.ndarray, ok: np.ndarray, base: int) -> None:
@@ -154,12 +180,13 @@ def _failures(state: LiveState, seg: np.ndarray, ok: np.ndarray, base: int) -> N
     state.failures.extend(list(row) for row in zip(*cols))
 
 
-def _allocs_and_frees(state: LiveState, ev: np.ndarray, where: np.ndarray, base: int, fill: list) -> list[np.ndarray]:
-    """Apply successful ALLOC/FREE events ``ev`` (at batch positions ``where``) to the table.
+def _allocs_and_frees(state: LiveState, ev: dict[str, np.ndarray], where: np.ndarray, base: int,
+                      fill: list) -> list[np.ndarray]:
+    """Apply successful ALLOC/FREE events (columns ``ev``, at batch positions ``where``) to the table.
 
     Returns their counter changes in event order: index, ts, gpu, pid, category, delta, peak.
     """
-    m = len(ev)
+    m = len(where)
     table = state._allocs
     order = np.lexsort((ev["ptr"], ev["pid"]))
     pid = ev["pid"][order]
@@ -168,7 +195,6 @@ def _allocs_and_frees(state: LiveState, ev: np.ndarray, where: np.ndarray, base:
     size = np.minimum(ev["size"][order], MAX_SIZE).astype(np.int64)
     gpu = ev["gpu"][order]
     ts = np.minimum(ev["ts"][order], MAX_TS).astype(np.int64)
-    index = (where[order] + base).astype(np.int64)
     head = np.ones(m, bool)
     head[1:] = (pid[1:] != pid[:-1]) | (ptr[1:] != ptr[:-1])
     heads = np.flatnonzero(head)
@@ -209,25 +235,34 @@ def _allocs_and_frees(state: LiveState, ev: np.ndarray, where: np.ndarray, base:
         for p, q in zip(pid[hits].tolist(), ptr[hits].tolist()):
             state._forget_exports(p, q)
 
-    # Changes: an overwritten allocation leaves first (when not empty), then the new one comes.
-    drop = over & (prev_size != 0)
-    parts = (
-        (drop, 0, prev_gpu, -prev_size, True),
-        (is_alloc, 1, gpu, size, True),
-        (freed, 1, prev_gpu, -prev_size, False),
-    )
-    key = np.concatenate([index[sel] * 2 + sub for sel, sub, _, _, _ in parts])
-    out = [
-        np.concatenate([index[sel] for sel, *_ in parts]),
-        np.concatenate([ts[sel] for sel, *_ in parts]),
-        np.concatenate([g[sel].astype(np.int64) for sel, _, g, _, _ in parts]),
-        np.concatenate([pid[sel].astype(np.int64) for sel, *_ in parts]),
-        np.full(len(key), DRIVER, np.int64),
-        np.concatenate([d[sel] for sel, _, _, d, _ in parts]),
-        np.concatenate([np.full(np.count_nonzero(sel), pk) for sel, _, _, _, pk in parts]).astype(bool),
+    # Changes, two slots per event in event order: an overwritten allocation leaves first (when
+    # not empty), then the new one comes (or the freed one leaves).
+    def unsort(x: np.ndarray) -> np.ndarray:
+        out = np.empty_like(x)
+        out[order] = x
+        return out
+
+    valid = np.empty(2 * m, bool)
+    valid[0::2] = unsort(over & (prev_size != 0))
+    valid[1::2] = unsort(is_alloc | freed)
+    gpus = np.empty(2 * m, np.int64)
+    gpus[0::2] = unsort(prev_gpu)
+    gpus[1::2] = unsort(np.where(is_alloc, gpu, prev_gpu))
+    delta = np.empty(2 * m, np.int64)
+    delta[0::2] = unsort(-prev_size)
+    delta[1::2] = unsort(np.where(is_alloc, size, -prev_size))
+    peak = np.ones(2 * m, bool)
+    peak[1::2] = ev["kind"] == ALLOC
+    two = np.repeat(np.arange(m), 2)[valid]
+    return [
+        where[two] + base,
+        np.minimum(ev["ts"][two], MAX_TS).astype(np.int64),
+        gpus[valid],
+        ev["pid"][two].astype(np.int64),
+        np.full(len(two), DRIVER, np.int64),
+        delta[valid],
+        peak[valid],
     ]
-    seq = np.argsort(key)
-    return [c[seq] for c in out]
 
 
 def apply_changes(state: LiveState, index: np.ndarray, ts: np.ndarray, gpu: np.ndarray, pid: np.ndarray,
@@ -238,12 +273,11 @@ def apply_changes(state: LiveState, index: np.ndarray, ts: np.ndarray, gpu: np.n
     if state.journal is not None:
         state.journal.frombytes(np.column_stack((index, ts, gpu, pid, cat, delta)).astype(np.int64).tobytes())
     counts = state._bytes
-    key = ((gpu + 32768) << 34) | (pid << 2) | cat
-    order = np.argsort(key, kind="stable")
-    sk = key[order]
-    starts = np.flatnonzero(np.concatenate(([True], sk[1:] != sk[:-1])))
-    sums = np.add.reduceat(delta[order], starts)
-    for k, s in zip(sk[starts].tolist(), sums.tolist()):
+    keys, inv = np.unique(((gpu + 32768) << 34) | (pid << 2) | cat, return_inverse=True)
+    # Exact sums through float bincount: each half of a delta (26 bits) sums below 2^53.
+    hi = np.bincount(inv, weights=delta >> 26, minlength=len(keys)).astype(np.int64)
+    lo = np.bincount(inv, weights=delta & ((1 << 26) - 1), minlength=len(keys)).astype(np.int64)
+    for k, s in zip(keys.tolist(), ((hi << 26) + lo).tolist()):
         kk = ((k >> 34) - 32768, (k >> 2) & 0xFFFFFFFF, k & 3)
         v = counts.get(kk, 0) + s
         if v:
