@@ -13,6 +13,8 @@ kinds and short runs take.
 
 from __future__ import annotations
 
+from typing import Union
+
 import numpy as np
 
 EMPTY = -1
@@ -24,6 +26,8 @@ _C2 = 0xBF58476D1CE4E5B9
 _MAX_LOAD = 0.5
 _MIN_SLOTS_BITS = 10
 _MIN_ROWS = 1024
+
+Col = Union[np.ndarray, int]  # one row's value or a column of them
 
 
 def key_hash(pids: np.ndarray, ptrs: np.ndarray) -> np.ndarray:
@@ -106,18 +110,22 @@ class AllocTable:
         if n == 0:
             return
         rows = self._take_rows(n)
-        self.pid[rows] = pids
-        self.ptr[rows] = ptrs
-        self.size[rows] = sizes
-        self.gpu[rows] = gpus
-        self.ts[rows] = tss
-        self.api[rows] = apis
-        self.live[rows] = True
+        self._write(rows, pids, ptrs, sizes, gpus, tss, apis)
         self.count += n
         if (self.count + self._tombs) > _MAX_LOAD * len(self._slots):
             self._rehash()
         else:
             self._index(rows)
+
+    def _write(self, rows: Col, pid: Col, ptr: Col, size: Col, gpu: Col, ts: Col, api: Col) -> None:
+        """Fill rows (one, or an array of them) and mark them live."""
+        self.pid[rows] = pid
+        self.ptr[rows] = ptr
+        self.size[rows] = size
+        self.gpu[rows] = gpu
+        self.ts[rows] = ts
+        self.api[rows] = api
+        self.live[rows] = True
 
     def remove(self, rows: np.ndarray, where: np.ndarray) -> None:
         """Drop rows found by :meth:`lookup` (``where``: their slots), each once."""
@@ -216,13 +224,7 @@ class AllocTable:
                 self._grow(self._top + 1)
             row = self._top
             self._top += 1
-        self.pid[row] = pid
-        self.ptr[row] = ptr
-        self.size[row] = size
-        self.gpu[row] = gpu
-        self.ts[row] = ts
-        self.api[row] = api
-        self.live[row] = True
+        self._write(row, pid, ptr, size, gpu, ts, api)
         self.count += 1
         if self.count + self._tombs > _MAX_LOAD * len(self._slots):
             self._rehash()

@@ -4,12 +4,7 @@ written valid after the events they cover, readable by every reader."""
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import time
-from pathlib import Path
-
-import pytest
 
 from memrec.events import Kind
 from memrec.state import LiveState
@@ -17,15 +12,9 @@ from memrec.trace.reader import load_trace
 from tests.unit.daemon_fakes import raw
 from tests.unit.test_daemon_unit import make_daemon
 from tests.unit.test_daemon_unit import pump
+from tests.unit.test_daemon_unit import workdir  # noqa: F401 (a fixture)
 
 MiB = 1 << 20
-
-
-@pytest.fixture
-def workdir():
-    d = Path(tempfile.mkdtemp(prefix="mrk", dir="/tmp"))  # short: sun_path holds 108 bytes
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def test_an_idle_daemon_writes_no_keyframes(workdir):
