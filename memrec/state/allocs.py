@@ -264,14 +264,11 @@ class AllocTable:
         return np.flatnonzero(live)
 
     def drop_pid(self, pid: int) -> None:
-        """Forget every allocation of ``pid`` (the index is rebuilt: exits are rare)."""
+        """Forget every allocation of ``pid``."""
         rows = self.rows_of(pid)
-        if len(rows) == 0:
-            return
-        self.live[rows] = False
-        self.count -= len(rows)
-        self._push_free(rows)
-        self._rehash()
+        if len(rows):
+            found, where = self.lookup(self.pid[rows], self.ptr[rows])
+            self.remove(found, where)
 
     def sorted_rows(self) -> np.ndarray:
         """Live rows ordered by (pid, ptr): the canonical order of a snapshot."""

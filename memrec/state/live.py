@@ -344,9 +344,20 @@ class LiveState(VmmIpc):
 
     def _exit(self, index: int, t: int, pid: int) -> None:
         """Free everything ``pid`` held, as the driver does when a process exits, and record it."""
-        holdings = list(self.holdings(pid=pid))
+        al = self._allocs
+        rows = al.rows_of(pid)
         held: dict[tuple[int, int], list[int]] = {}
-        for h in holdings:
+        gpus, inverse = np.unique(al.gpu[rows], return_inverse=True)
+        sums = plain.group_sums(inverse, al.size[rows], len(gpus))
+        for g, b, n in zip(gpus.tolist(), sums.tolist(), np.bincount(inverse, minlength=len(gpus)).tolist()):
+            held[(g, DRIVER)] = [b, n]
+        # The largest driver allocations come from the few largest by the same order, in numpy.
+        top = rows[np.lexsort((al.ptr[rows], al.gpu[rows], -al.size[rows]))[:EXIT_LARGEST]]
+        holdings = [Holding(pid, int(al.gpu[r]), "driver", int(al.size[r]), int(al.ptr[r]), int(al.ts[r]),
+                            int(al.api[r])) for r in top]
+        others = list(self._other_holdings(pid=pid))
+        holdings += others
+        for h in others:
             row = held.setdefault((h.gpu, CATEGORY_INDEX[h.category]), [0, 0])
             row[0] += h.size
             row[1] += 1

@@ -274,10 +274,7 @@ def apply_changes(state: LiveState, index: np.ndarray, ts: np.ndarray, gpu: np.n
         state.journal.frombytes(np.column_stack((index, ts, gpu, pid, cat, delta)).astype(np.int64).tobytes())
     counts = state._bytes
     keys, inv = np.unique(((gpu + 32768) << 34) | (pid << 2) | cat, return_inverse=True)
-    # Exact sums through float bincount: each half of a delta (26 bits) sums below 2^53.
-    hi = np.bincount(inv, weights=delta >> 26, minlength=len(keys)).astype(np.int64)
-    lo = np.bincount(inv, weights=delta & ((1 << 26) - 1), minlength=len(keys)).astype(np.int64)
-    for k, s in zip(keys.tolist(), ((hi << 26) + lo).tolist()):
+    for k, s in zip(keys.tolist(), group_sums(inv, delta, len(keys)).tolist()):
         kk = ((k >> 34) - 32768, (k >> 2) & 0xFFFFFFFF, k & 3)
         v = counts.get(kk, 0) + s
         if v:
@@ -304,6 +301,15 @@ def apply_changes(state: LiveState, index: np.ndarray, ts: np.ndarray, gpu: np.n
         if vals[j] > pk[0]:
             pk[0] = int(vals[j])
             pk[1] = int(tt[j])
+
+
+def group_sums(groups: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """Exact int64 sums of ``values`` (below 2^52 in size) by group number, through float
+    bincount: each 26-bit half sums below 2^53 for up to 2^26 values."""
+    values = values.astype(np.int64, copy=False)
+    hi = np.bincount(groups, weights=values >> 26, minlength=n).astype(np.int64)
+    lo = np.bincount(groups, weights=values & ((1 << 26) - 1), minlength=n).astype(np.int64)
+    return (hi << 26) + lo
 
 
 def exported_keys(state: LiveState) -> np.ndarray:
