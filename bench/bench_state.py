@@ -179,17 +179,28 @@ def rate(raw: np.ndarray, batch: int, make, repeat: int) -> tuple[float, float]:
 
 
 def live_state(cls: type, n: int, chunk: int = 50_000) -> object:
-    """A state holding ``n`` live driver allocations (8 processes, 8 GPUs), fed in chunks."""
+    """A state holding ``n`` live driver allocations of 8 processes on 8 GPUs (sizes from 512 B to
+    20 MiB, pointers with random gaps, so that keyframes compress as real ones would), fed in chunks."""
+    rng = np.random.default_rng(7)
     state = cls()
+    ptr = np.full(8, 0x7F0000000000, np.uint64) + (np.arange(8, dtype=np.uint64) << np.uint64(40))
+    ts = 0
     for start in range(0, n, chunk):
-        i = np.arange(start, min(n, start + chunk), dtype=np.uint64)
-        ev = empty_events(len(i))
+        m = min(n, start + chunk) - start
+        ev = empty_events(m)
+        p = rng.integers(0, 8, m)
+        size = rng.choice(np.array([512, 4096, 65536, 2 * MiB, 20 * MiB], np.uint64), m)
+        step = size + rng.integers(0, 64, m).astype(np.uint64) * 512
+        for q in range(8):  # each process's pointers ascend with gaps
+            sel = p == q
+            ev["ptr"][sel] = ptr[q] + np.cumsum(step[sel]) - step[sel]
+            ptr[q] += step[sel].sum()
         ev["kind"] = int(Kind.ALLOC)
-        ev["ts"] = (i + 1) * 1000
-        ev["pid"] = 1000 + i % 8
-        ev["gpu"] = i % 8
-        ev["ptr"] = 0x7F0000000000 + i * 4096
-        ev["size"] = 512 + (i % 7) * 512
+        ev["ts"] = ts + np.cumsum(rng.integers(1, 5000, m)).astype(np.uint64)
+        ts = int(ev["ts"][-1])
+        ev["pid"] = 1000 + p
+        ev["gpu"] = p
+        ev["size"] = size
         ev["api"] = 1
         state.apply(ev)
     return state
