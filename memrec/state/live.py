@@ -351,10 +351,7 @@ class LiveState(VmmIpc):
         sums = plain.group_sums(inverse, al.size[rows], len(gpus))
         for g, b, n in zip(gpus.tolist(), sums.tolist(), np.bincount(inverse, minlength=len(gpus)).tolist()):
             held[(g, DRIVER)] = [b, n]
-        # The largest driver allocations come from the few largest by the same order, in numpy.
-        top = rows[np.lexsort((al.ptr[rows], al.gpu[rows], -al.size[rows]))[:EXIT_LARGEST]]
-        holdings = [Holding(pid, int(al.gpu[r]), "driver", int(al.size[r]), int(al.ptr[r]), int(al.ts[r]),
-                            int(al.api[r])) for r in top]
+        holdings = self._top_driver(rows, EXIT_LARGEST)
         others = list(self._other_holdings(pid=pid))
         holdings += others
         for h in others:
@@ -487,8 +484,20 @@ class LiveState(VmmIpc):
 
     def largest(self, gpu: int | None, n: int = 10, pid: int | None = None, mapped: bool = False) -> list[Holding]:
         """The ``n`` largest live owned allocations on ``gpu`` (with ``mapped``: ipc_mapped too)."""
-        items = (h for h in self.holdings(gpu=gpu, pid=pid) if mapped or h.category != "ipc_mapped")
+        rows = self._allocs.rows_of(pid)
+        if gpu is not None:
+            rows = rows[self._allocs.gpu[rows] == gpu]
+        items = self._top_driver(rows, n)
+        items += (h for h in self._other_holdings(gpu, pid) if mapped or h.category != "ipc_mapped")
         return heapq.nsmallest(n, items, key=_largest_key)
+
+    def _top_driver(self, rows: np.ndarray, n: int) -> list[Holding]:
+        """The ``n`` first driver allocations of ``rows`` by size, largest first (ties: gpu, pid,
+        pointer: the order of ``_largest_key`` and ``_holder_key`` among allocations), with numpy."""
+        al = self._allocs
+        top = rows[np.lexsort((al.ptr[rows], al.pid[rows], al.gpu[rows], -al.size[rows]))[:n]]
+        return [Holding(int(al.pid[r]), int(al.gpu[r]), "driver", int(al.size[r]), int(al.ptr[r]), int(al.ts[r]),
+                        int(al.api[r])) for r in top]
 
     def holders(self, gpu: int, n: int = 3) -> list[dict]:
         """Who holds what on ``gpu`` now (an OOM snapshot), biggest owner first.
@@ -504,7 +513,11 @@ class LiveState(VmmIpc):
             e["by_category"][CATEGORIES[cat]] = b
             e["mapped" if cat == IPC_MAPPED else "owned"] += b
         tops: dict[int, list[Holding]] = {p: [] for p in per}
-        for h in self.holdings(gpu=gpu):
+        on_gpu = self._allocs.rows_of()
+        on_gpu = on_gpu[self._allocs.gpu[on_gpu] == gpu]
+        for p in per:
+            tops[p] = self._top_driver(on_gpu[self._allocs.pid[on_gpu] == p], n)
+        for h in self._other_holdings(gpu=gpu):
             if h.pid in tops:
                 tops[h.pid].append(h)
         out = []
