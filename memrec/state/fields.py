@@ -6,7 +6,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-from memrec.events import CUDA_ERROR_OUT_OF_MEMORY  # noqa: F401  (re-exported for the state's modules)
 from memrec.events import QUIET_FAILURE_KINDS
 from memrec.events import Api
 from memrec.events import Kind
