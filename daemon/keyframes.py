@@ -71,14 +71,15 @@ class Keyframes:
         if job is None:
             return False
         taken_for, ts, index, n, build = job
+        if taken_for is not writer or writer is None or writer.closed:
+            self._job = None  # the file it was taken for is closed: the thread ends on its own
+            return False
         if not wait and build.is_alive():
             return False
         build.join()
         self._job = None
         if build.error is not None:
             raise build.error
-        if taken_for is not writer or writer.closed:
-            return False
         assert build.snapshot is not None
         writer.write_keyframe(ts, index, build.snapshot)
         self._last = (writer, n)
