@@ -7,7 +7,7 @@ Every number comes with a floor measured in the same run (the machine is shared)
 
 1. The daemon path without BPF: raw records (``RAW_DTYPE``, as the ring buffer hands them) in
    batches; the floor is decoding them (``with_gpu`` and the sort by ts the daemon does), the
-   path is decode + ``LiveState.apply``. Two workloads: ``churn`` (a caching allocator's
+   path is decode + ``LiveState.apply`` (and, for the share apply takes, + the trace writer). Two workloads: ``churn`` (a caching allocator's
    cuMemAlloc/cuMemFree from 8 processes, 1% VMM and pinned host calls, IPC exports at start)
    and ``mixed`` (20% VMM, 1.7% IPC export/open: the worst case for runs applied at once).
    Also with ``journal=True`` (the analysis' replay) and, for reference, every event one by one.
@@ -47,6 +47,7 @@ from memrec.state import LiveState  # noqa: E402
 from memrec.trace.format import encode_record  # noqa: E402
 from memrec.trace.format import keyframe_record  # noqa: E402
 from memrec.trace.format import make_header  # noqa: E402
+from memrec.trace.writer import CallbackSink  # noqa: E402
 from memrec.trace.writer import FileSink  # noqa: E402
 from memrec.trace.writer import TraceWriter  # noqa: E402
 
@@ -158,24 +159,32 @@ def decode(raw: np.ndarray) -> np.ndarray:
     return events[np.argsort(events["ts"], kind="stable")]
 
 
-def rate(raw: np.ndarray, batch: int, make, repeat: int) -> tuple[float, float]:
-    """Median events per CPU second (this process's: the machine is shared) of the floor (decode)
-    and of decode + apply, over ``repeat`` runs."""
-    floors, paths = [], []
+def rate(raw: np.ndarray, batch: int, make, repeat: int) -> tuple[float, float, float]:
+    """Median events per CPU second (this process's: the machine is shared) of the floor (decode),
+    of decode + apply, and of decode + apply + the trace writer (to a sink that drops the bytes),
+    over ``repeat`` runs."""
+    floors, paths, writes = [], [], []
     batches = [raw[i : i + batch] for i in range(0, len(raw), batch)]
+    header = make_header(host="bench", boot_id="bench", anchor={"monotonic_ns": 0, "wall_ns": 0}, gpus=[])
     for _ in range(repeat):
         state = make()
-        t_dec = t_apply = 0.0
+        writer = TraceWriter(CallbackSink(lambda data: None), header)
+        t_dec = t_apply = t_write = 0.0
         for b in batches:
             t0 = time.process_time()
             ev = decode(b)
             t1 = time.process_time()
             state.apply(ev)
-            t_apply += time.process_time() - t1
+            t2 = time.process_time()
+            writer.write_events(ev)
+            t_write += time.process_time() - t2
+            t_apply += t2 - t1
             t_dec += t1 - t0
+        writer.close()
         floors.append(len(raw) / t_dec)
         paths.append(len(raw) / (t_dec + t_apply))
-    return statistics.median(floors), statistics.median(paths)
+        writes.append(len(raw) / (t_dec + t_apply + t_write))
+    return statistics.median(floors), statistics.median(paths), statistics.median(writes)
 
 
 def live_state(cls: type, n: int, chunk: int = 50_000) -> object:
@@ -314,10 +323,12 @@ def main() -> None:
             makers = {**impls, "LiveState journal=True": lambda: LiveState(journal=True),
                       "LiveState event by event": one_by_one}
             for label, make in makers.items():
-                floor, path = rate(raw, args.batch, make, args.repeat)
+                floor, path, written = rate(raw, args.batch, make, args.repeat)
                 apply_rate = 1 / (1 / path - 1 / floor)
                 print(f"  {label:26} floor (decode) {floor / 1e6:5.2f}M/s  decode+apply {path / 1e6:5.2f}M/s  "
-                      f"apply alone {apply_rate / 1e6:5.2f}M/s  ({floor / path:.2f}x the floor's time)", flush=True)
+                      f"apply alone {apply_rate / 1e6:5.2f}M/s  ({floor / path:.2f}x the floor's time)  "
+                      f"+ writer {written / 1e6:5.2f}M/s (apply {(1 / path - 1 / floor) * written:.0%} of it)",
+                      flush=True)
     if "memory" not in skip:
         print(f"\nmemory at {args.live:,} live allocations (tracemalloc / RSS growth per allocation)")
         for label, cls in impls.items():

@@ -170,13 +170,13 @@ class LiveState(Queries, VmmIpc):
         kinds = events["kind"]
         ok = events["result"] == 0
         plain_ok = ok & ((kinds == ALLOC) | (kinds == FREE))
-        n_plain = np.concatenate(([0], np.cumsum(plain_ok))).tolist()
+        n_plain = np.concatenate(([0], np.cumsum(plain_ok)))
         fill: list[tuple[np.ndarray, np.ndarray]] = []
 
         def piece(lo: int, hi: int) -> None:
             if hi <= lo:
                 return
-            if n_plain[hi] - n_plain[lo] >= max(self.vector_min_run, 1):
+            if int(n_plain[hi]) - int(n_plain[lo]) >= max(self.vector_min_run, 1):
                 plain.apply_run(self, events, lo, hi, fill)
             else:
                 self._apply_events(events, np.arange(lo, hi), fill)

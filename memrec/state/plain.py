@@ -41,7 +41,9 @@ if TYPE_CHECKING:
     from memrec.state.live import LiveState
 
 _QUIET = np.array(sorted(QUIET_KINDS), np.uint16)
-_PER_EVENT = OTHER_KINDS + JOINABLE_KINDS
+#: Kind -> whether a successful one goes event by event inside a run (a table: one gather per batch).
+_PER_EVENT = np.zeros(1 << 16, bool)
+_PER_EVENT[list(OTHER_KINDS + JOINABLE_KINDS)] = True
 
 
 def apply_run(state: LiveState, events: np.ndarray, lo: int, hi: int, fill: list) -> None:
@@ -51,7 +53,7 @@ def apply_run(state: LiveState, events: np.ndarray, lo: int, hi: int, fill: list
     ok = seg["result"] == 0
     base = state.n_events + lo
     _failures(state, seg, ok, base)
-    other = np.flatnonzero(ok & np.isin(kinds, _PER_EVENT))
+    other = np.flatnonzero(ok & _PER_EVENT[kinds])
     state._log = []
     try:
         state._apply_events(events, other + lo, fill)
@@ -188,7 +190,7 @@ def _allocs_and_frees(state: LiveState, ev: dict[str, np.ndarray], where: np.nda
     """
     m = len(where)
     table = state._allocs
-    order = np.lexsort((ev["ptr"], ev["pid"]))
+    order = _by_key(ev["pid"], ev["ptr"])
     pid = ev["pid"][order]
     ptr = ev["ptr"][order]
     is_alloc = ev["kind"][order] == ALLOC
@@ -263,6 +265,23 @@ def _allocs_and_frees(state: LiveState, ev: dict[str, np.ndarray], where: np.nda
         delta[valid],
         peak[valid],
     ]
+
+
+def _by_key(pid: np.ndarray, ptr: np.ndarray) -> np.ndarray:
+    """The order that groups equal (pid, ptr) keys, each group in event order.
+
+    One unstable sort of the key's hash with the position in its low bits (fast); when two keys
+    share those hash bits (rare: then their events could interleave) a stable sort by (pid, ptr).
+    """
+    m = len(pid)
+    bits = max(20, m.bit_length())
+    pos = np.arange(m, dtype=np.uint64)
+    composite = (key_hash(pid, ptr) >> np.uint64(bits) << np.uint64(bits)) | pos
+    order = np.argsort(composite)
+    sp, sq, sh = pid[order], ptr[order], composite[order] >> np.uint64(bits)
+    if np.any((sh[1:] == sh[:-1]) & ((sp[1:] != sp[:-1]) | (sq[1:] != sq[:-1]))):
+        return np.lexsort((ptr, pid))
+    return order
 
 
 def apply_changes(state: LiveState, index: np.ndarray, ts: np.ndarray, gpu: np.ndarray, pid: np.ndarray,
