@@ -1,15 +1,16 @@
 """Driver allocations and frees of a run of events, applied at once with numpy.
 
 cuMemAlloc and cuMemFree are nearly every event on a busy host. :func:`apply_run` applies a
-piece of a batch (no IPC export, IPC open or process exit inside: :meth:`LiveState.apply` cuts
-there) with the result the event-by-event path (:meth:`LiveState._apply_events`) gives:
+piece of a batch (no process exit inside, and IPC exports and opens only where :class:`Planner`
+lets them join: :meth:`LiveState.apply` cuts there) with the result the event-by-event path
+(:meth:`LiveState._apply_events`) gives:
 
-- the run's allocations and frees are sorted by (pid, ptr), stable, so each key's events stay in
-  order; whether a key is live before an event follows from the event before it (an allocation
+- the run's allocations and frees are grouped by (pid, ptr), each key's events in order
+  (:func:`_by_key`); whether a key is live before an event follows from the event before it (an allocation
   leaves it live, a free leaves it gone) or, for a key's first event, from the table. That gives
   every anomaly (an allocation over a live one, a free of an unknown pointer), every matched
   free's size and GPU (the fill-in), and the table's end state (the last allocation of a key);
-- the other kinds of the run (VMM, host, IPC close) go event by event with their counter
+- the other kinds of the run (VMM, host, IPC) go event by event with their counter
   changes held back, and :func:`apply_changes` applies all changes in event order: the counters
   summed per key, each GPU's owned total a running sum whose peak is its first maximum, the
   journal rows stacked.
@@ -28,10 +29,10 @@ from memrec.events import IPC_MAPPED
 from memrec.state.allocs import key_hash
 from memrec.state.fields import ALLOC
 from memrec.state.fields import FREE
-from memrec.state.fields import MAX_SIZE
-from memrec.state.fields import MAX_TS
 from memrec.state.fields import IPC_EXPORT
 from memrec.state.fields import JOINABLE_KINDS
+from memrec.state.fields import MAX_SIZE
+from memrec.state.fields import MAX_TS
 from memrec.state.fields import OTHER_KINDS
 from memrec.state.fields import PROC_EXIT
 from memrec.state.fields import QUIET_KINDS
@@ -47,7 +48,7 @@ _PER_EVENT[list(OTHER_KINDS + JOINABLE_KINDS)] = True
 
 
 def apply_run(state: LiveState, events: np.ndarray, lo: int, hi: int, fill: list) -> None:
-    """Apply ``events[lo:hi]`` (no export, open or exit among them) to ``state`` at once."""
+    """Apply ``events[lo:hi]`` (no exit among them; exports and opens that may join) at once."""
     seg = events[lo:hi]
     kinds = seg["kind"]
     ok = seg["result"] == 0
