@@ -107,6 +107,12 @@ def rows(flat: list, stride: int) -> Iterator[list]:
 
 
 
+#: Bytes of one allocation row, and the most a keyframe's columns may inflate (row bytes per
+#: compressed byte).
+_ROW_BYTES = sum(np.dtype(dt).itemsize for dt in ALLOC_COLUMNS.values())
+_MAX_INFLATE = 256
+
+
 def capture_allocs(table: AllocTable) -> dict[str, np.ndarray]:
     """Copies of the table's columns and live marks (plain copies: cheap, on the caller's
     thread); :func:`encode_allocs` turns them into a snapshot's ``allocs`` anywhere later."""
@@ -141,8 +147,10 @@ def alloc_arrays(value: Any) -> dict[str, np.ndarray]:
     """
     if isinstance(value, dict):
         n = value["n"]
-        if not isinstance(n, int) or not 0 <= n < 1 << 40:
-            raise TypeError("allocs.n is not a row count")
+        packed = sum(len(value[name]) for name in ALLOC_COLUMNS if isinstance(value.get(name), bytes))
+        # Real columns shrink about 5x; a damaged count may not make a reader inflate without bound.
+        if not isinstance(n, int) or not 0 <= n * _ROW_BYTES <= _MAX_INFLATE * packed + (1 << 20):
+            raise TypeError("allocs.n is not a row count its columns can hold")
         out = {}
         for name, dt in ALLOC_COLUMNS.items():
             out[name] = np.frombuffer(_inflate(value[name], n * np.dtype(dt).itemsize, name), dt)
