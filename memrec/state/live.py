@@ -155,8 +155,8 @@ class LiveState(Queries, VmmIpc):
         The fill-in writes into ``events["gpu"]`` in place; a read-only array is left untouched.
 
         The batch is applied in pieces: a process exit, and an IPC export or open whose outcome
-        the allocations and frees before it in the piece could change (:meth:`_cuts_before`),
-        ends one. A piece with at least :attr:`vector_min_run` driver allocations and frees is
+        the allocations and frees before it in the piece could change
+        (:class:`memrec.state.plain.Planner`), ends one. A piece with at least :attr:`vector_min_run` driver allocations and frees is
         applied at once (:func:`memrec.state.plain.apply_run`), others event by event; the
         result is the same either way.
         """
