@@ -182,6 +182,7 @@ class LiveState(Queries, VmmIpc):
                 self._apply_events(events, np.arange(lo, hi), fill)
 
         lo = 0
+        self._alloc_hints.clear()
         barriers = np.flatnonzero(ok & np.isin(kinds, BARRIER_KINDS))
         if len(barriers):
             plan = plain.Planner(self, events, plain_ok)
