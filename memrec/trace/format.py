@@ -1,4 +1,4 @@
-"""Trace format v1: record types, column layouts, and msgpack encoding of one record.
+"""Trace format v2: record types, column layouts, and msgpack encoding of one record.
 
 A trace (``.mrec``) is a plain concatenation of msgpack objects, one per record (the full spec is
 ``docs/format.md``)::
@@ -6,17 +6,19 @@ A trace (``.mrec``) is a plain concatenation of msgpack objects, one per record 
     header  →  events | nvml | procmem | marker | process | lost | keyframe ...  →  trailer
 
 Every record is a msgpack map with a ``"type"`` key. The header's first key is ``"magic"``. The
-columnar records (``events``, ``nvml``, ``procmem``) carry one little-endian byte string per field
-of :data:`memrec.columns.EVENT_DTYPE` / ``NVML_DTYPE`` / ``PROCMEM_DTYPE``, so a reader decodes a
-chunk with one ``np.frombuffer`` per column. The 64-byte ``ipc`` column of events is stored sparsely:
-the row indices whose ``flags`` have :data:`FLAG_IPC_BYTES` plus their bytes.
+columnar records (``events``, ``nvml``, ``procmem``) hold the fields of
+:data:`memrec.columns.EVENT_DTYPE` / ``NVML_DTYPE`` / ``PROCMEM_DTYPE`` column by column: in format
+2 as one Zstandard frame of delta / frame-of-reference encoded columns (:mod:`memrec.trace.codec`),
+in format 1 (still read) as one little-endian byte string per column. The 64-byte ``ipc`` column
+of events is stored sparsely in both: the row indices whose ``flags`` have :data:`FLAG_IPC_BYTES`
+(or :data:`FLAG_NAME`) plus their bytes.
 
 Two forms of a record exist:
 
 * the *logical* form, what writers take and readers give: a dict whose columnar payload is a numpy
   structured array (``rec["events"]`` or ``rec["samples"]``), every other record a plain dict;
-* the *wire* form, what msgpack holds: the same dict with the array replaced by ``n``,
-  ``columns`` (and, for events, ``ipc_index`` / ``ipc``).
+* the *wire* form, what msgpack holds: the same dict with the array replaced by ``n`` and ``z``
+  (format 2), or ``n``, ``columns`` and, for events, ``ipc_index`` / ``ipc`` (format 1).
 
 :func:`encode_record` goes from logical to bytes and :func:`decode_record` from an unpacked wire
 object back to logical. The trace writer, the reader and the live socket (``frames.py``) all go
@@ -48,14 +50,16 @@ from memrec.events import IPC_HANDLE_SIZE
 from memrec.events import GpuInfo
 from memrec.events import Marker
 from memrec.events import ProcessInfo
+from memrec.trace import codec
 from memrec.trace.clock import read_clock_sync
 
 #: The value of the header's first key, ``"magic"``.
 MAGIC = "memrec-trace"
 #: Major format version: a reader refuses a trace whose major version is newer than its own.
-FORMAT_VERSION = 1
+#: Version 2 compresses columnar records (:mod:`memrec.trace.codec`); version 1 files still read.
+FORMAT_VERSION = 2
 #: Minor format version: a newer minor only adds record types or fields, which older readers skip.
-FORMAT_MINOR = 1
+FORMAT_MINOR = 0
 #: The clock of every ``ts`` in a trace (ns); the header's ``anchor`` ties it to wall-clock time.
 CLOCK = "CLOCK_MONOTONIC"
 
@@ -93,8 +97,15 @@ COLUMN_DEFAULTS: dict[str, dict[str, int]] = {
 
 #: The most rows a writer puts in one columnar record.
 MAX_CHUNK_ROWS = 65536
+#: The most rows a reader accepts in one format-2 columnar record: a constant column takes no
+#: bytes, so this bounds what a damaged record can make a reader allocate (about 70 MB).
+MAX_RECORD_ROWS = 1 << 20
 
-_WIRE_KEYS = frozenset({"n", "columns", "ipc_index", "ipc"})
+_WIRE_KEYS = frozenset({"n", "columns", "ipc_index", "ipc", "z"})
+#: A format-2 keyframe's key for its state: one Zstandard frame of the msgpack map.
+STATE_Z = "state_z"
+#: The largest keyframe state a reader decompresses (a state of 1M live allocations: ~27 MiB).
+MAX_STATE_SIZE = 1 << 30
 
 
 # ---------------------------------------------------------------------------------------------
@@ -362,17 +373,17 @@ def as_rows(kind: str, arr: np.ndarray) -> np.ndarray:
 class ChunkBuilder:
     """Accumulates rows of one columnar type straight into per-column arrays.
 
-    ``append(arr)`` returns the wire form of every chunk it completed (``max_rows`` rows each);
-    ``take()`` returns the wire form of the rows left (or None). Each column is copied once, at
-    append time, into a contiguous array that the wire form then references (msgpack packs it
-    without another copy). Each chunk gets new arrays, so a wire form stays valid.
+    ``append(arr)`` returns the wire form of every chunk it completed (``max_rows`` rows each,
+    at most :data:`MAX_RECORD_ROWS`); ``take()`` returns the wire form of the rows left (or None).
+    Each column is copied once, at append time, into a contiguous array, which the codec encodes
+    and compresses when the chunk is complete (:func:`memrec.trace.codec.encode_payload`).
     """
 
     def __init__(self, kind: str, max_rows: int = MAX_CHUNK_ROWS) -> None:
         if kind not in COLUMNAR:
             raise ValueError(f"not a columnar record type: {kind!r}")
-        if max_rows < 1:
-            raise ValueError("max_rows must be at least 1")
+        if not 1 <= max_rows <= MAX_RECORD_ROWS:
+            raise ValueError(f"max_rows must be between 1 and {MAX_RECORD_ROWS}")
         self.kind = kind
         self.max_rows = max_rows
         self._dtype = COLUMNAR[kind]
@@ -426,21 +437,20 @@ class ChunkBuilder:
         return self._wire() if self.rows else None
 
     def _wire(self) -> dict:
-        if self.rows:
-            columns = {n: memoryview(self._cols[n][: self.rows]) for n in self._names}
-        else:
-            columns = {n: b"" for n in self._names}
-        wire: dict[str, Any] = {"type": self.kind, "n": self.rows, "columns": columns}
-        if self._sparse:
-            index = np.concatenate(self._ipc_index) if self._ipc_index else np.zeros(0, "<u4")
-            wire["ipc_index"] = index.astype("<u4").tobytes()
-            wire["ipc"] = b"".join(self._ipc)
+        columns = [self._cols[n][: self.rows] if self.rows else np.zeros(0, self._dtype.fields[n][0])
+                   for n in self._names]
+        index = np.concatenate(self._ipc_index) if self._ipc_index else None
+        payload = codec.encode_payload(columns, index, b"".join(self._ipc))
         self._reset()
-        return wire
+        return {"type": self.kind, "n": len(columns[0]), "z": payload}
 
 
 def rows_to_wire(kind: str, arr: np.ndarray) -> dict:
-    """The wire form of one columnar record holding every row of ``arr`` (however many)."""
+    """The wire form of one columnar record holding every row of ``arr``.
+
+    Raises:
+        ValueError: more than :data:`MAX_RECORD_ROWS` rows (write them with a TraceWriter).
+    """
     builder = ChunkBuilder(kind, max_rows=max(1, len(arr)))
     done = builder.append(arr)
     return done[0] if done else builder._wire()
@@ -490,11 +500,12 @@ class ColumnChunk:
 
 
 def decode_columns(obj: dict, schema: Schema | None = None) -> ColumnChunk:
-    """Decode a columnar wire record into zero-copy column views.
+    """Decode a columnar wire record: format 2 into new contiguous columns (one decompression),
+    format 1 into zero-copy column views of the record's bytes.
 
-    ``schema`` is :func:`parse_schema` of the trace's header (the dtype each column was written
-    with); a column whose dtype differs from this version's is cast when filled. Unknown columns
-    are ignored; missing ones take :data:`COLUMN_DEFAULTS`.
+    ``schema`` is :func:`parse_schema` of the trace's header (the columns in the order and dtype
+    the writer wrote them); a format-1 column whose dtype differs from this version's is cast
+    when filled. Unknown columns are ignored; missing ones take :data:`COLUMN_DEFAULTS`.
 
     Raises:
         TraceFormatError: the record is malformed (a column's length does not match ``n``...).
@@ -503,6 +514,8 @@ def decode_columns(obj: dict, schema: Schema | None = None) -> ColumnChunk:
     if kind not in COLUMNAR:
         raise TraceFormatError(f"not a columnar record: {kind!r}")
     n = obj.get("n")
+    if "z" in obj:
+        return _decode_v2(kind, n, obj["z"], schema)
     columns = obj.get("columns")
     if not isinstance(n, int) or isinstance(n, bool) or n < 0 or not isinstance(columns, dict):
         raise TraceFormatError(f"malformed {kind} record: bad 'n' or 'columns'")
@@ -541,6 +554,26 @@ def decode_columns(obj: dict, schema: Schema | None = None) -> ColumnChunk:
     return chunk
 
 
+def _decode_v2(kind: str, n: Any, data: Any, schema: Schema | None) -> ColumnChunk:
+    if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_RECORD_ROWS:
+        raise TraceFormatError(f"malformed {kind} record: bad 'n' (at most {MAX_RECORD_ROWS} rows)")
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TraceFormatError(f"malformed {kind} record: 'z' is not binary")
+    target = COLUMNAR[kind]
+    written = (schema or DEFAULT_SCHEMA).get(kind, DEFAULT_SCHEMA[kind])
+    names = [name for name in written if not (kind == EVENTS and name == SPARSE_COLUMN)]
+    dtypes = [target.fields[name][0] if name in target.names else None for name in names]
+    try:
+        cols, index, ipc = codec.decode_payload(data, n, dtypes, sparse=kind == EVENTS)
+    except TraceFormatError as error:
+        raise TraceFormatError(f"malformed {kind} record: {error}") from None
+    chunk = ColumnChunk(kind, n, {name: col for name, col in zip(names, cols) if col is not None})
+    if kind == EVENTS:
+        chunk.ipc_index = index if index is not None else np.zeros(0, "<u4")
+        chunk.ipc = np.frombuffer(ipc, dtype=f"V{IPC_HANDLE_SIZE}")
+    return chunk
+
+
 # ---------------------------------------------------------------------------------------------
 # records
 
@@ -560,7 +593,7 @@ def encode_record(rec: dict) -> bytes:
     kind = rec.get("type")
     if not isinstance(kind, str):
         raise ValueError("a record needs a string 'type'")
-    if kind in COLUMNAR and "columns" not in rec:
+    if kind in COLUMNAR and "columns" not in rec and "z" not in rec:
         key = ROWS_KEY[kind]
         if key not in rec:
             raise ValueError(f"a {kind} record needs its rows under {key!r}")
@@ -568,6 +601,11 @@ def encode_record(rec: dict) -> bytes:
         for k, v in rec.items():
             if k not in (key, "type") and k not in _WIRE_KEYS:
                 wire[k] = v
+        return packb(wire)
+    if kind == KEYFRAME and "state" in rec:
+        # the state compresses several-fold (ids and sizes repeat): stored as one Zstandard frame
+        wire = {k: v for k, v in rec.items() if k != "state"}
+        wire[STATE_Z] = codec.compress(packb(rec["state"]))
         return packb(wire)
     return packb(rec)
 
@@ -584,6 +622,8 @@ def decode_record(obj: Any, schema: Schema | None = None) -> dict:
     if not isinstance(obj, dict) or not isinstance(obj.get("type"), str):
         raise TraceFormatError("malformed record: not a map with a string 'type'")
     kind = obj["type"]
+    if kind == KEYFRAME:
+        return expand_keyframe(obj)
     if kind not in COLUMNAR:
         return obj
     chunk = decode_columns(obj, schema)
@@ -702,12 +742,37 @@ def keyframe_record(ts: int, event_index: int, state: dict) -> dict:
     return {"type": KEYFRAME, "ts": int(ts), "event_index": int(event_index), "state": state}
 
 
+def expand_keyframe(rec: dict) -> dict:
+    """A keyframe record with its state decompressed (format 2 stores it as ``state_z``).
+
+    Raises:
+        TraceFormatError: the state does not decompress, is not msgpack, or nests too deep.
+    """
+    if STATE_Z not in rec:
+        return rec
+    blob = rec[STATE_Z]
+    if not isinstance(blob, (bytes, bytearray, memoryview)):
+        raise TraceFormatError("malformed keyframe record: state_z is not binary")
+    try:
+        state = unpackb(codec.decompress(blob, MAX_STATE_SIZE))
+    except TraceFormatError as error:
+        raise TraceFormatError(f"malformed keyframe record: its state {error}") from None
+    except Exception as error:  # msgpack raises several unrelated types for bad input
+        raise TraceFormatError(f"malformed keyframe record: its state is not msgpack ({type(error).__name__})") from None
+    if too_deep(state):
+        raise TraceFormatError("malformed keyframe record: its state nests too deep")
+    out = {k: v for k, v in rec.items() if k != STATE_Z}
+    out["state"] = state
+    return out
+
+
 def check_keyframe(rec: dict) -> tuple[int, int, dict]:
-    """Validate a keyframe record and return ``(ts, event_index, state)``.
+    """Validate a keyframe record (compressed or not) and return ``(ts, event_index, state)``.
 
     Raises:
         TraceFormatError: a field is missing or of the wrong type.
     """
+    rec = expand_keyframe(rec)
     ts, index, state = rec.get("ts"), rec.get("event_index"), rec.get("state")
     if not isinstance(ts, int) or not isinstance(index, int) or not isinstance(state, dict):
         raise TraceFormatError("malformed keyframe record: needs int ts, int event_index and a map state")

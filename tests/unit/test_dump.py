@@ -18,8 +18,10 @@ from memrec.trace import format as fmt
 from memrec.trace.writer import TraceWriter
 
 DATA = pathlib.Path(__file__).resolve().parents[1] / "data"
-GOLDEN = DATA / "golden_v1.mrec"
-GOLDEN_DUMP = DATA / "golden_v1.dump.jsonl"
+GOLDEN = DATA / "golden_v2.mrec"
+GOLDEN_DUMP = DATA / "golden_v2.dump.jsonl"
+#: (trace, expected dump) for format 2 and for format 1, which must still dump the same
+GOLDENS = [pytest.param(DATA / f"golden_v{v}.mrec", DATA / f"golden_v{v}.dump.jsonl", id=f"v{v}") for v in (2, 1)]
 
 
 @pytest.fixture
@@ -36,15 +38,16 @@ def lines(text: str) -> list[dict]:
     return [json.loads(line) for line in text.splitlines()]
 
 
-def test_dump_of_the_golden_trace_is_the_expected_output(main, capsys):
+@pytest.mark.parametrize("golden,golden_dump", GOLDENS)
+def test_dump_of_the_golden_trace_is_the_expected_output(main, capsys, golden, golden_dump):
     # GIVEN the committed golden trace and its expected dump
     # WHEN dumped
-    rc = main(["dump", str(GOLDEN)])
+    rc = main(["dump", str(golden)])
     out, err = capsys.readouterr()
     # THEN the output is exactly the expected JSON lines, and nothing is reported
     assert rc == ExitCode.OK
     assert err == ""
-    assert out == GOLDEN_DUMP.read_text(encoding="utf-8")
+    assert out == golden_dump.read_text(encoding="utf-8")
 
 
 def test_dump_prints_one_line_per_event_with_names_and_hex(main, capsys):
@@ -160,9 +163,10 @@ def test_a_file_that_is_not_a_readable_trace_is_a_data_error(main, capsys, tmp_p
     assert out == "" and err.count("\n") == 1 and message in err
 
 
-def test_a_truncated_trace_is_dumped_up_to_the_cut_with_warnings_on_stderr(main, capsys, tmp_path):
+@pytest.mark.parametrize("golden,golden_dump", GOLDENS)
+def test_a_truncated_trace_is_dumped_up_to_the_cut_with_warnings_on_stderr(main, capsys, tmp_path, golden, golden_dump):
     # GIVEN the golden trace cut in the middle of its last record
-    data = GOLDEN.read_bytes()
+    data = golden.read_bytes()
     path = tmp_path / "cut.mrec"
     path.write_bytes(data[:-5])
     # WHEN dumped
@@ -170,6 +174,6 @@ def test_a_truncated_trace_is_dumped_up_to_the_cut_with_warnings_on_stderr(main,
     out, err = capsys.readouterr()
     # THEN it succeeds, prints everything but the trailer, and warns on stderr
     assert rc == ExitCode.OK
-    expected = GOLDEN_DUMP.read_text(encoding="utf-8").splitlines(keepends=True)
+    expected = golden_dump.read_text(encoding="utf-8").splitlines(keepends=True)
     assert out == "".join(expected[:-1])
     assert "memrec: warning: " in err and "truncated tail after" in err and "no trailer" in err

@@ -1,0 +1,214 @@
+"""The column codec of trace format 2: a columnar chunk as one Zstandard frame.
+
+Format 1 stored each column as its raw little-endian bytes (66 bytes per event). Format 2 keeps the
+columns apart but encodes each one so that a general-purpose compressor finds little left to do:
+
+* **delta** where that narrows a column (timestamps, pointers that walk a heap): the first value,
+  then the differences;
+* **frame of reference**: the column's (or the differences') minimum is stored once and every value
+  as its offset from it, in the fewest bytes that hold the largest offset (0, 1, 2, 4 or 8): a
+  constant column (``result`` = 0, ``gpu`` = 3) takes no bytes at all;
+* the rare ``ipc`` bytes stay sparse, as in format 1 (their row indices, then 64 bytes each);
+
+and the whole chunk is then one Zstandard frame (``zstandard``, the reference library's binding)
+with its content checksum, so that a damaged byte in a chunk is found, not decoded into events.
+All arithmetic is modulo 2^64, so every integer column round-trips exactly whatever its values.
+
+The payload (what the frame decompresses to), all little-endian::
+
+    n (u4: rows, the same as the record's ``n``), k (u4: rows with ipc bytes; 0 for NVML and procmem)
+    per column, in the order of the header's column schema for this record type (``ipc`` left out):
+        code (u1: transform << 4 | width), base (u8), first (u8)
+    per column: its block: n values (raw) or n - 1 differences (delta), ``width`` bytes each
+    k row indices (u4), then k × 64 ipc bytes (events only)
+
+``decode_payload`` checks every length against ``n`` before it allocates, so a damaged chunk is
+refused (:class:`~memrec._errors.TraceFormatError`) rather than decoded into nonsense or memory.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+
+import numpy as np
+import zstandard
+
+from memrec._errors import TraceFormatError
+
+#: Column transforms (the high nibble of a column's code).
+RAW = 0
+DELTA = 1
+#: Bytes per stored value; a code's low nibble is one of these.
+WIDTHS = (0, 1, 2, 4, 8)
+#: The Zstandard level the writer uses: level 3 compresses the 10M-event bench trace to about a
+#: third of level 1's size at most a few percent more time per chunk (docs/performance.md).
+LEVEL = 3
+
+_ENTRY = struct.Struct("<BQQ")
+_COUNT = struct.Struct("<II")
+_MASK = (1 << 64) - 1
+_U64 = np.uint64
+_local = threading.local()
+
+
+def _compressor() -> zstandard.ZstdCompressor:
+    """One compressor per thread (a zstd context is not thread-safe; making one costs ~100 µs)."""
+    c = getattr(_local, "c", None)
+    if c is None:
+        c = _local.c = zstandard.ZstdCompressor(level=LEVEL, write_checksum=True)
+    return c
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    d = getattr(_local, "d", None)
+    if d is None:
+        d = _local.d = zstandard.ZstdDecompressor()
+    return d
+
+
+def _width(span: int) -> int:
+    for w in WIDTHS:
+        if span < 1 << (8 * w):
+            return w
+    return 8
+
+
+def _encode_column(col: np.ndarray) -> tuple[bytes, bytes]:
+    """(directory entry, block) of one integer column."""
+    signed = col.dtype.kind == "i"
+    v = col.astype(np.int64 if signed else _U64, copy=False)
+    n = len(v)
+    lo, hi = (int(v.min()), int(v.max())) if n else (0, 0)
+    transform, width, base, first, values = RAW, _width(hi - lo), lo, 0, v
+    if n > 2 and width:
+        u = v.view(_U64)
+        d = (u[1:] - u[:-1]).view(np.int64)
+        dlo, dhi = int(d.min()), int(d.max())
+        dwidth = _width(dhi - dlo)
+        if dwidth < width:
+            transform, width, base, first, values = DELTA, dwidth, dlo, int(u[0]), d
+    entry = _ENTRY.pack(transform << 4 | WIDTHS.index(width), base & _MASK, first & _MASK)
+    if not width:
+        return entry, b""
+    stored = values.view(_U64) - _U64(base & _MASK)  # wraps modulo 2^64: exact for every span
+    return entry, stored.astype(f"<u{width}").tobytes()
+
+
+def encode_payload(columns: list[np.ndarray], ipc_index: np.ndarray | None = None, ipc: bytes = b"") -> bytes:
+    """One compressed chunk of ``columns`` (equal lengths, schema order) and its sparse ipc rows."""
+    k = 0 if ipc_index is None else len(ipc_index)
+    entries = [_COUNT.pack(len(columns[0]) if columns else 0, k)]
+    blocks = []
+    for col in columns:
+        entry, block = _encode_column(col)
+        entries.append(entry)
+        blocks.append(block)
+    if k:
+        blocks.append(np.asarray(ipc_index, dtype="<u4").tobytes())
+        blocks.append(bytes(ipc))
+    return _compressor().compress(b"".join(entries + blocks))
+
+
+def payload_bound(n: int, ncols: int, sparse: bool) -> int:
+    """The most bytes a valid payload of ``n`` rows and ``ncols`` columns decompresses to."""
+    return _COUNT.size + ncols * (_ENTRY.size + 8 * n) + (n * 68 if sparse else 0)
+
+
+def decode_payload(
+    data: bytes | memoryview, n: int, dtypes: list[np.dtype | None], *, sparse: bool
+) -> tuple[list[np.ndarray | None], np.ndarray | None, bytes]:
+    """Decode one compressed chunk of ``n`` rows.
+
+    ``dtypes``: per column in schema order, the dtype to decode it into (None: a column this
+    version does not know, skipped). Returns the columns (new contiguous arrays), the ipc row
+    indices (u4, or None) and their 64-byte rows.
+
+    Raises:
+        TraceFormatError: not a Zstandard frame, or lengths that do not match ``n``.
+    """
+    bound = payload_bound(n, len(dtypes), sparse)
+    try:
+        raw = _decompressor().decompress(data, max_output_size=bound)
+    except zstandard.ZstdError as error:
+        raise TraceFormatError(f"column data does not decompress ({error})") from None
+    if len(raw) > bound:
+        raise TraceFormatError(f"column data of {len(raw)} bytes is too long for {n} rows")
+    head = _COUNT.size + len(dtypes) * _ENTRY.size
+    if len(raw) < head:
+        raise TraceFormatError(f"column data of {len(raw)} bytes lacks its directory")
+    rows, k = _COUNT.unpack_from(raw, 0)
+    if rows != n:
+        raise TraceFormatError(f"column data holds {rows} rows, the record says {n}")
+    if k > n or (k and not sparse):
+        raise TraceFormatError(f"{k} ipc rows for {n} rows")
+    entries = [_ENTRY.unpack_from(raw, _COUNT.size + i * _ENTRY.size) for i in range(len(dtypes))]
+    sizes = []
+    for code, _base, _first in entries:
+        transform, wcode = code >> 4, code & 0x0F
+        if transform not in (RAW, DELTA) or wcode >= len(WIDTHS):
+            raise TraceFormatError(f"unknown column code {code:#x}")
+        rows = n - 1 if transform == DELTA and n else n
+        sizes.append(rows * WIDTHS[wcode])
+    expected = head + sum(sizes) + k * 68
+    if len(raw) != expected:
+        raise TraceFormatError(f"column data has {len(raw)} bytes where {n} rows take {expected}")
+    buf = memoryview(raw)
+    out: list[np.ndarray | None] = []
+    pos = head
+    for (code, base, first), size, dtype in zip(entries, sizes, dtypes):
+        if dtype is not None:
+            out.append(_decode_column(buf[pos : pos + size], n, code, base, first, dtype))
+        else:
+            out.append(None)
+        pos += size
+    if not k:
+        return out, None, b""
+    index = np.frombuffer(buf[pos : pos + 4 * k], dtype="<u4").copy()
+    pos += 4 * k
+    if int(index.max()) >= n:
+        raise TraceFormatError("an ipc index is out of range")
+    return out, index, bytes(buf[pos : pos + 64 * k])
+
+
+def _decode_column(block: memoryview, n: int, code: int, base: int, first: int, dtype: np.dtype) -> np.ndarray:
+    transform, width = code >> 4, WIDTHS[code & 0x0F]
+    out = np.empty(n, dtype=_U64)
+    if not n:
+        return out.astype(dtype)
+    if transform == RAW:
+        if width:
+            np.add(np.frombuffer(block, dtype=f"<u{width}"), _U64(base), out=out, casting="unsafe")
+        else:
+            out.fill(base)
+    else:
+        out[0] = first
+        if n > 1:
+            if width:
+                np.add(np.frombuffer(block, dtype=f"<u{width}"), _U64(base), out=out[1:], casting="unsafe")
+            else:
+                out[1:] = base
+            np.cumsum(out, out=out)
+    if dtype.itemsize == 8:
+        return out.view(dtype) if dtype.kind in "ui" else out.view(np.int64).astype(dtype)
+    return out.view(np.int64).astype(dtype)
+
+
+def compress(data: bytes) -> bytes:
+    """One Zstandard frame (with its checksum) of ``data``: a keyframe's packed state."""
+    return _compressor().compress(data)
+
+
+def decompress(data: bytes | memoryview, limit: int) -> bytes:
+    """The bytes of one Zstandard frame, refused past ``limit`` bytes.
+
+    Raises:
+        TraceFormatError: not a Zstandard frame, damaged, or larger than ``limit``.
+    """
+    try:
+        out = _decompressor().decompress(data, max_output_size=limit)
+    except zstandard.ZstdError as error:
+        raise TraceFormatError(f"does not decompress ({error})") from None
+    if len(out) > limit:
+        raise TraceFormatError(f"decompresses to more than {limit} bytes")
+    return out
