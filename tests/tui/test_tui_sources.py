@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -53,9 +55,10 @@ def test_truncated_file_is_read_up_to_the_cut(trace_file, tmp_path, cut):
         assert st.owned >= 0
 
 
-def test_events_are_views_of_the_file(trace_file):
-    src = FileSource(trace_file)
+def test_format_1_events_are_views_of_the_file():
+    # GIVEN a format-1 trace (raw columns in the file)
+    src = FileSource(Path(__file__).resolve().parents[1] / "data" / "golden_v1.mrec")
     src.scan()
     chunk = src.model.store._chunks[0]
-    # the ts column is a numpy view onto the mapping, not a copy
-    assert not chunk.columns["ts"].flags.owndata
+    # THEN the ts column is a numpy view onto the mapping, not a copy
+    assert not chunk.columns["ts"].flags.owndata and isinstance(chunk.columns["ts"].base, memoryview)
