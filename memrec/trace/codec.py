@@ -172,26 +172,28 @@ def decode_payload(
 
 
 def _decode_column(block: memoryview, n: int, code: int, base: int, first: int, dtype: np.dtype) -> np.ndarray:
+    """One column, computed in the unsigned type of its own width: arithmetic modulo 2^(8·size)
+    gives the low bytes of the modulo-2^64 values, which are the values (no 8-byte temporary)."""
     transform, width = code >> 4, WIDTHS[code & 0x0F]
-    out = np.empty(n, dtype=_U64)
+    unsigned = np.dtype(f"<u{dtype.itemsize}")
+    mask = (1 << (8 * dtype.itemsize)) - 1
+    out = np.empty(n, dtype=unsigned)
     if not n:
-        return out.astype(dtype)
-    if transform == RAW:
+        return out.view(dtype)
+    body = out if transform == RAW else out[1:]
+    if transform == DELTA:
+        out[0] = first & mask
+    if len(body):
         if width:
-            np.add(np.frombuffer(block, dtype=f"<u{width}"), _U64(base), out=out, casting="unsafe")
+            stored = np.frombuffer(block, dtype=f"<u{width}")
+            if width > dtype.itemsize:
+                stored = stored.astype(unsigned)  # (a narrower column than its values: wraps)
+            np.add(stored, unsigned.type(base & mask), out=body, casting="unsafe")
         else:
-            out.fill(base)
-    else:
-        out[0] = first
-        if n > 1:
-            if width:
-                np.add(np.frombuffer(block, dtype=f"<u{width}"), _U64(base), out=out[1:], casting="unsafe")
-            else:
-                out[1:] = base
-            np.cumsum(out, out=out)
-    if dtype.itemsize == 8:
-        return out.view(dtype) if dtype.kind in "ui" else out.view(np.int64).astype(dtype)
-    return out.view(np.int64).astype(dtype)
+            body.fill(base & mask)
+    if transform == DELTA:
+        np.cumsum(out, dtype=unsigned, out=out)
+    return out.view(dtype)
 
 
 def compress(data: bytes) -> bytes:

@@ -46,6 +46,10 @@ from memrec.trace.records import deliver
 MAX_HEADER_SIZE = 16 << 20
 #: The largest single record a reader accepts (a keyframe of a huge state, a giant chunk).
 MAX_RECORD_SIZE = 1 << 30
+#: How far from the end :meth:`TraceReader.expected_events` looks for the trailer; its first
+#: bytes: a fixmap whose first entry is "type": "trailer" (how the writer writes it).
+_TRAILER_WINDOW = 1 << 16
+_TRAILER_KEY = b"\xa4type\xa7trailer"
 
 
 class TraceReader:
@@ -261,6 +265,26 @@ class TraceReader:
                 f"(still being written, or the writer crashed); trace ends at ts {last_ts}"
             )
 
+    def expected_events(self) -> int:
+        """The events the trailer counts, read from the file's last bytes without a scan; 0 when
+        there is no trailer there (a crash, a file still written) or it does not parse.
+
+        Only a hint for sizing (``load_trace`` allocates its columns once): nothing relies on it.
+        """
+        size = os.fstat(self._file.fileno()).st_size
+        start = max(self._data_start, size - _TRAILER_WINDOW)
+        self._file.seek(start)
+        tail = self._file.read(size - start)
+        at = tail.rfind(_TRAILER_KEY)
+        if at < 1:
+            return 0
+        try:
+            obj = msgpack.unpackb(tail[at - 1 :], raw=False, strict_map_key=False)
+        except (ValueError, TypeError, msgpack.UnpackException):
+            return 0  # not the trailer's first bytes after all (extra data, a cut): no hint
+        count = obj.get("counts", {}).get("events") if isinstance(obj, dict) and isinstance(obj.get("counts"), dict) else None
+        return count if isinstance(count, int) and 0 <= count <= 256 * size else 0
+
     # -- lifetime ---------------------------------------------------------------------------------
 
     def close(self) -> None:
@@ -304,6 +328,6 @@ def load_trace(path: str | os.PathLike) -> Trace:
         TraceFormatError: not a memrec trace, or a newer major format version.
     """
     with TraceReader(path) as reader:
-        builder = TraceBuilder(reader.header)
+        builder = TraceBuilder(reader.header, expected_events=reader.expected_events())
         reader.feed(builder)
         return builder.finish(reader.warnings)

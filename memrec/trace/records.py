@@ -132,22 +132,23 @@ def deliver(kind: str, item: Any, sink: RecordSink) -> None:
 class TraceBuilder:
     """A :class:`RecordSink` that builds a :class:`Trace` (``load_trace``, a live session saved).
 
-    Event chunks are kept as their decoded columns and joined once, column by column, at
-    :meth:`finish` (each chunk's column is released as it is copied, so the peak is the trace's
-    columns plus one column of chunks); the EVENT_DTYPE rows are built only when
-    ``Trace.events`` is first used.
+    Each events chunk is copied into the trace's columns as it comes and then dropped, so the
+    peak is the trace's columns plus one chunk. ``expected_events`` (the trailer's count, when the
+    caller knows it) sizes the columns at once; without it, or past it, they double as needed.
+    The EVENT_DTYPE rows are built only when ``Trace.events`` is first used.
     """
 
-    def __init__(self, header: dict | None = None) -> None:
+    def __init__(self, header: dict | None = None, expected_events: int = 0) -> None:
         self.trace = Trace(header=header or {})
-        self._chunks: dict[str, list[ColumnChunk]] = {EVENTS: [], NVML: [], PROCMEM: []}
+        self._chunks: dict[str, list[ColumnChunk]] = {NVML: [], PROCMEM: []}
+        self._events = _GrowingColumns(expected_events)
         self._lost = 0
 
     def on_header(self, header: dict) -> None:
         self.trace.header = header
 
     def on_events(self, chunk: ColumnChunk) -> None:
-        self._chunks[EVENTS].append(chunk)
+        self._events.append(chunk)
 
     def on_nvml(self, chunk: ColumnChunk) -> None:
         self._chunks[NVML].append(chunk)
@@ -173,40 +174,51 @@ class TraceBuilder:
     def finish(self, warnings: list[str] = ()) -> Trace:  # type: ignore[assignment]
         """The trace: events, NVML and procmem joined in file order; ``lost`` the last total."""
         trace = self.trace
-        trace.event_columns = join_events(self._chunks[EVENTS])
+        trace.event_columns = self._events.finish()
         trace.nvml = _concat(NVML, self._chunks[NVML])
         trace.procmem = _concat(PROCMEM, self._chunks[PROCMEM])
-        self._chunks = {EVENTS: [], NVML: [], PROCMEM: []}
+        self._chunks = {NVML: [], PROCMEM: []}
+        self._events = _GrowingColumns(0)
         trailer_lost = (trace.trailer or {}).get("lost")
         trace.lost = max(self._lost, trailer_lost) if isinstance(trailer_lost, int) else self._lost
         trace.warnings = list(warnings)
         return trace
 
 
-def join_events(chunks: list[ColumnChunk]) -> EventColumns:
-    """Every chunk's events as one set of contiguous columns (each chunk's column released as
-    it is copied: the peak is the result plus one column of chunks)."""
-    n = sum(c.n for c in chunks)
-    columns = {}
-    for name in EVENT_DTYPE.names:
-        if name == SPARSE_COLUMN:
-            continue
-        out = np.empty(n, dtype=EVENT_DTYPE[name])
-        start = 0
-        for c in chunks:
-            out[start : start + c.n] = c.column(name)
-            c.columns.pop(name, None)
-            start += c.n
-        columns[name] = out
-    starts = np.cumsum([0] + [c.n for c in chunks[:-1]]) if chunks else []
-    index = [c.ipc_index.astype(np.int64) + s for c, s in zip(chunks, starts) if c.ipc_index is not None]
-    ipc = [c.ipc for c in chunks if c.ipc_index is not None]
-    return EventColumns(
-        n,
-        columns,
-        np.concatenate(index) if index else np.zeros(0, np.int64),
-        np.concatenate(ipc) if ipc else np.zeros(0, EVENT_DTYPE[SPARSE_COLUMN]),
-    )
+class _GrowingColumns:
+    """Event columns that chunks are appended to (capacity doubles; trimmed at the end)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.n = 0
+        self._names = [name for name in EVENT_DTYPE.names if name != SPARSE_COLUMN]
+        self._cols = {name: np.empty(capacity, dtype=EVENT_DTYPE[name]) for name in self._names}
+        self._index: list[np.ndarray] = []
+        self._ipc: list[np.ndarray] = []
+
+    def append(self, chunk: ColumnChunk) -> None:
+        end = self.n + chunk.n
+        capacity = len(self._cols[self._names[0]])
+        if end > capacity:
+            capacity = max(end, 2 * capacity, 1 << 16)
+            for name, col in self._cols.items():
+                grown = np.empty(capacity, dtype=col.dtype)
+                grown[: self.n] = col[: self.n]
+                self._cols[name] = grown
+        for name, col in self._cols.items():
+            col[self.n : end] = chunk.column(name)
+        if chunk.ipc_index is not None and len(chunk.ipc_index):
+            self._index.append(chunk.ipc_index.astype(np.int64) + self.n)
+            self._ipc.append(chunk.ipc)
+        self.n = end
+
+    def finish(self) -> EventColumns:
+        cols = {name: col if len(col) == self.n else col[: self.n].copy() for name, col in self._cols.items()}
+        return EventColumns(
+            self.n,
+            cols,
+            np.concatenate(self._index) if self._index else np.zeros(0, np.int64),
+            np.concatenate(self._ipc) if self._ipc else np.zeros(0, EVENT_DTYPE[SPARSE_COLUMN]),
+        )
 
 
 def _concat(kind: str, chunks: list[ColumnChunk]) -> np.ndarray:
