@@ -148,6 +148,12 @@ class TraceReader:
         schema = self.schema
         return self._scan(lambda obj: check_record(obj, schema), mapped=mapped)
 
+    def entries(self, *, mapped: bool = False) -> Iterator[tuple[str, Any, dict]]:
+        """Like :meth:`items`, with each record as msgpack gave it: ``(type, item, record)``
+        (``memrec dump`` prints a marker's or a trailer's own keys, checked as every reader's)."""
+        schema = self.schema
+        return self._scan(lambda obj: (*check_record(obj, schema), obj), mapped=mapped)
+
     def feed(self, sink: RecordSink, *, mapped: bool = False) -> None:
         """Hand every usable record to ``sink`` (see :meth:`items`); warnings as for :meth:`items`."""
         for kind, item in self.items(mapped=mapped):

@@ -177,3 +177,35 @@ def test_a_truncated_trace_is_dumped_up_to_the_cut_with_warnings_on_stderr(main,
     expected = golden_dump.read_text(encoding="utf-8").splitlines(keepends=True)
     assert out == "".join(expected[:-1])
     assert "memrec: warning: " in err and "truncated tail after" in err and "no trailer" in err
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 3000])
+def test_chunk_at_a_time_event_lines_are_the_json_encoders_lines(n):
+    from memrec.events import FLAG_NAME
+    from memrec.export.jsonl import event_lines
+    from memrec.export.jsonl import event_text
+
+    # GIVEN events with values at the edges of every column, constant and varied columns, names
+    # this memrec does not know, and rows with handle bytes or a name
+    rng = np.random.default_rng(n)
+    ev = empty_events(n)
+    for name in ("ts", "ptr", "size", "handle", "aux"):
+        ev[name] = rng.integers(0, 2**64 - 1, n, dtype=np.uint64, endpoint=True)
+    ev["ts"][0], ev["ptr"][-1] = 0, 2**64 - 1
+    ev["pid"] = rng.choice([1, 4242, 2**32 - 1], n)
+    ev["tid"] = 7
+    ev["gpu"] = rng.choice([-(2**15), -1, 0, 3, 2**15 - 1], n)
+    ev["ordinal"] = rng.choice([-(2**31), -1, 0, 2**31 - 1], n)
+    ev["kind"] = rng.choice([1, 2, 10, 200], n)
+    ev["api"] = rng.choice([1, 8, 300], n)
+    ev["result"] = rng.choice([0, 2, 800, -5, 12345], n)
+    ev["flags"] = rng.choice([0, 0, 0, FLAG_IPC_BYTES, FLAG_NAME, 4], n)
+    ev["ipc"][ev["flags"] == FLAG_NAME] = np.void("kernel_é".encode().ljust(64, b"\0"))
+    ev["ipc"][ev["flags"] == FLAG_IPC_BYTES] = np.void(bytes(range(64)))
+    encode = json.JSONEncoder(separators=(", ", ": "), ensure_ascii=False).encode
+    # WHEN the chunk is formatted column-wise (as memrec dump does) and one dict per event
+    chunk = fmt.decode_columns(fmt.unpackb(fmt.encode_record({"type": "events", "events": ev})))
+    fast = event_text(chunk, encode)
+    slow = "".join(encode(line) + "\n" for line in event_lines(chunk.to_array()))
+    # THEN the text is the same, byte for byte
+    assert fast == slow
