@@ -111,9 +111,9 @@ def keyframe_line(rec: dict) -> dict:
     }
 
 
-def event_text(chunk: ColumnChunk, encode: Callable[[Any], str]) -> str:
-    """The dump lines of one events chunk, built a chunk at a time (:mod:`.jsonl_fast`); the few
-    rows with handle bytes or a name go through :func:`event_lines`."""
+def event_text(chunk: ColumnChunk, encode: Callable[[Any], str]) -> bytes:
+    """The dump lines of one events chunk (UTF-8), built a chunk at a time (:mod:`.jsonl_fast`);
+    the few rows with handle bytes or a name go through :func:`event_lines`."""
     columns = {name: chunk.column(name) for name in _EVENT_COLUMNS}
     special = np.flatnonzero(columns["flags"] & (FLAG_IPC_BYTES | FLAG_NAME))
     names = {"kind": _kind_name, "api": _api_name, "result": cu_result_name}
@@ -122,7 +122,7 @@ def event_text(chunk: ColumnChunk, encode: Callable[[Any], str]) -> str:
     for row in [*special.tolist(), chunk.n]:
         if row > start:
             run = {name: col[start:row] for name, col in columns.items()}
-            parts.append(format_lines(run, EVENT_FIELDS, '"type": "event", ', names, encode).decode())
+            parts.append(format_lines(run, EVENT_FIELDS, '"type": "event", ', names, encode))
         if row < chunk.n:
             rows = np.zeros(1, dtype=EVENT_DTYPE)
             for name, col in columns.items():
@@ -131,9 +131,9 @@ def event_text(chunk: ColumnChunk, encode: Callable[[Any], str]) -> str:
                 at = np.flatnonzero(chunk.ipc_index == row)
                 if len(at):
                     rows["ipc"] = chunk.ipc[at[0]]
-            parts.append(encode(next(event_lines(rows))) + "\n")
+            parts.append((encode(next(event_lines(rows))) + "\n").encode())
         start = row + 1
-    return "".join(parts)
+    return b"".join(parts)
 
 
 def dump_trace(reader: TraceReader, out: TextIO) -> None:
@@ -144,9 +144,17 @@ def dump_trace(reader: TraceReader, out: TextIO) -> None:
     """
     encode = json.JSONEncoder(separators=(", ", ": "), ensure_ascii=False).encode
     out.write(encode(jsonable(reader.header)) + "\n")
+    binary = getattr(out, "buffer", None)  # a file's bytes: the event text is UTF-8 already
+    if binary is not None and (getattr(out, "encoding", "") or "").lower().replace("-", "") != "utf8":
+        binary = None
     for kind, item, rec in reader.entries():
         if kind == EVENTS:
-            out.write(event_text(item, encode))
+            text = event_text(item, encode)
+            if binary is not None:
+                out.flush()
+                binary.write(text)
+            else:
+                out.write(text.decode())
         elif kind in (NVML, PROCMEM):
             out.write("".join(encode(line) + "\n" for line in sample_lines(kind, item.to_array())))
         elif kind == KEYFRAME:

@@ -1,10 +1,10 @@
 """``memrec dump``'s event lines built a chunk at a time with numpy, no Python per event.
 
 A line is a fixed sequence of pieces: constant text, and one field per column. Each field is
-formatted for the whole chunk at once into a NUL-padded byte matrix (``n`` rows × the widest
-value): decimal with ``astype("S")``, hex from nibbles, names and small ranges through a table.
-A column whose values are all equal becomes constant text. The pieces are laid side by side in
-one ``n × width`` byte matrix, and dropping every NUL byte leaves exactly the concatenated lines
+formatted for the whole chunk at once into a NUL-padded ``S<w>`` array (``w`` the widest value):
+decimal with ``astype("S")``, hex from nibbles, names and small ranges through a table. A column
+whose values are all equal becomes constant text. The pieces are the fields of one structured
+array (a row = a line), and dropping every NUL byte of its buffer leaves exactly the lines
 (JSON text never holds a NUL). The output is byte for byte what ``json`` gives for the same
 dict (``memrec.export.jsonl.event_lines``; the tests compare both).
 """
@@ -34,20 +34,15 @@ EVENT_FIELDS: list[Field] = [
 ]
 
 
-def _matrix(strings: np.ndarray) -> np.ndarray:
-    """An ``S<w>`` array as an ``n × w`` byte matrix (NUL-padded on the right)."""
-    return strings.view(np.uint8).reshape(len(strings), strings.dtype.itemsize)
-
-
 def _decimal(col: np.ndarray) -> np.ndarray | bytes:
     lo, hi = int(col.min()), int(col.max())
     if lo == hi:
         return str(lo).encode()
     if hi - lo < min(_TABLE_RANGE, len(col)) and hi < 2**63:
         table = np.array([str(v).encode() for v in range(lo, hi + 1)])
-        return _matrix(table[(col.astype(np.int64) - lo)])
+        return table[(col.astype(np.int64) - lo)]
     width = max(len(str(lo)), len(str(hi)))
-    return _matrix(col.astype(f"S{width}"))
+    return col.astype(f"S{width}")
 
 
 def _hexadecimal(col: np.ndarray) -> np.ndarray | bytes:
@@ -61,7 +56,7 @@ def _hexadecimal(col: np.ndarray) -> np.ndarray | bytes:
     keep[:, -1] = True
     out = _HEX[nibbles]
     out[~keep] = 0
-    return out
+    return out.view(f"S{digits}").reshape(-1)
 
 
 def _named(col: np.ndarray, name: Callable[[int], str], encode: Callable[[str], str]) -> np.ndarray | bytes:
@@ -69,7 +64,7 @@ def _named(col: np.ndarray, name: Callable[[int], str], encode: Callable[[str], 
     texts = [encode(name(v)).encode() for v in values.tolist()]
     if len(texts) == 1:
         return texts[0]
-    return _matrix(np.array(texts)[inverse.reshape(-1)])
+    return np.array(texts)[inverse.reshape(-1)]
 
 
 def format_lines(
@@ -107,15 +102,10 @@ def format_lines(
         if form == "x":
             text += '"'
     pieces.append((text + "}\n").encode())
-    width = sum(len(p) if isinstance(p, bytes) else p.shape[1] for p in pieces)
-    lines = np.empty((n, width), dtype=np.uint8)
-    at = 0
-    for piece in pieces:
-        if isinstance(piece, bytes):
-            lines[:, at : at + len(piece)] = np.frombuffer(piece, dtype=np.uint8)
-            at += len(piece)
-        else:
-            lines[:, at : at + piece.shape[1]] = piece
-            at += piece.shape[1]
-    flat = lines.reshape(-1)
+    layout = np.dtype([(f"p{i}", f"S{len(p) if isinstance(p, bytes) else p.dtype.itemsize}")
+                       for i, p in enumerate(pieces)])
+    lines = np.empty(n, dtype=layout)
+    for i, piece in enumerate(pieces):
+        lines[f"p{i}"] = piece
+    flat = lines.view(np.uint8)
     return flat[flat != 0].tobytes()

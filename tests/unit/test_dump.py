@@ -205,7 +205,7 @@ def test_chunk_at_a_time_event_lines_are_the_json_encoders_lines(n):
     encode = json.JSONEncoder(separators=(", ", ": "), ensure_ascii=False).encode
     # WHEN the chunk is formatted column-wise (as memrec dump does) and one dict per event
     chunk = fmt.decode_columns(fmt.unpackb(fmt.encode_record({"type": "events", "events": ev})))
-    fast = event_text(chunk, encode)
+    fast = event_text(chunk, encode).decode()
     slow = "".join(encode(line) + "\n" for line in event_lines(chunk.to_array()))
     # THEN the text is the same, byte for byte
     assert fast == slow
