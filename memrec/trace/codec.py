@@ -14,13 +14,17 @@ and the whole chunk is then one Zstandard frame (``zstandard``, the reference li
 with its content checksum, so that a damaged byte in a chunk is found, not decoded into events.
 All arithmetic is modulo 2^64, so every integer column round-trips exactly whatever its values.
 
-The payload (what the frame decompresses to), all little-endian::
+The payload (what the frame decompresses to); *varint* is an unsigned LEB128 integer, *zigzag*
+a signed 64-bit value as a varint (0, -1, 1, -2... as 0, 1, 2, 3...); blocks are little-endian::
 
-    n (u4: rows, the same as the record's ``n``), k (u4: rows with ipc bytes; 0 for NVML and procmem)
+    n (varint: rows, the same as the record's ``n``), k (varint: rows with ipc bytes)
     per column, in the order of the header's column schema for this record type (``ipc`` left out):
-        code (u1: transform << 4 | width), base (u8), first (u8)
+        code (u1: transform << 4 | width code), base (zigzag), first (zigzag; delta columns only)
     per column: its block: n values (raw) or n - 1 differences (delta), ``width`` bytes each
     k row indices (u4), then k × 64 ipc bytes (events only)
+
+A value is ``base + stored`` (raw), or ``first`` followed by the running sum of ``base + stored``
+(delta), all modulo 2^64, then taken as the column's dtype (its low bytes).
 
 ``decode_payload`` checks every length against ``n`` before it allocates, so a damaged chunk is
 refused (:class:`~memrec._errors.TraceFormatError`) rather than decoded into nonsense or memory.
@@ -28,7 +32,6 @@ refused (:class:`~memrec._errors.TraceFormatError`) rather than decoded into non
 
 from __future__ import annotations
 
-import struct
 import threading
 
 import numpy as np
@@ -45,8 +48,6 @@ WIDTHS = (0, 1, 2, 4, 8)
 #: third of level 1's size at most a few percent more time per chunk (docs/performance.md).
 LEVEL = 3
 
-_ENTRY = struct.Struct("<BQQ")
-_COUNT = struct.Struct("<II")
 _MASK = (1 << 64) - 1
 _U64 = np.uint64
 _local = threading.local()
@@ -74,6 +75,53 @@ def _width(span: int) -> int:
     return 8
 
 
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _zigzag(value: int) -> bytes:
+    """A value given as its 64-bit pattern, read as signed, zigzag-encoded as a varint."""
+    value &= _MASK
+    if value >= 1 << 63:
+        value -= 1 << 64
+    return _varint(value << 1 if value >= 0 else ((-value) << 1) - 1)
+
+
+class _Cursor:
+    """Reads the payload's varints, refusing what runs past its end or past 64 bits."""
+
+    def __init__(self, data: memoryview) -> None:
+        self.data = data
+        self.pos = 0
+
+    def varint(self) -> int:
+        value = shift = 0
+        while True:
+            if self.pos >= len(self.data) or shift > 63:
+                raise TraceFormatError("column data ends inside its directory")
+            byte = self.data[self.pos]
+            self.pos += 1
+            value |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                return value
+            shift += 7
+
+    def zigzag(self) -> int:
+        z = self.varint()
+        return ((z >> 1) if not z & 1 else -((z + 1) >> 1)) & _MASK
+
+    def byte(self) -> int:
+        if self.pos >= len(self.data):
+            raise TraceFormatError("column data ends inside its directory")
+        self.pos += 1
+        return self.data[self.pos - 1]
+
+
 def _encode_column(col: np.ndarray) -> tuple[bytes, bytes]:
     """(directory entry, block) of one integer column."""
     signed = col.dtype.kind == "i"
@@ -88,7 +136,9 @@ def _encode_column(col: np.ndarray) -> tuple[bytes, bytes]:
         dwidth = _width(dhi - dlo)
         if dwidth < width:
             transform, width, base, first, values = DELTA, dwidth, dlo, int(u[0]), d
-    entry = _ENTRY.pack(transform << 4 | WIDTHS.index(width), base & _MASK, first & _MASK)
+    entry = bytes([transform << 4 | WIDTHS.index(width)]) + _zigzag(base)
+    if transform == DELTA:
+        entry += _zigzag(first)
     if not width:
         return entry, b""
     stored = values.view(_U64) - _U64(base & _MASK)  # wraps modulo 2^64: exact for every span
@@ -98,7 +148,7 @@ def _encode_column(col: np.ndarray) -> tuple[bytes, bytes]:
 def encode_payload(columns: list[np.ndarray], ipc_index: np.ndarray | None = None, ipc: bytes = b"") -> bytes:
     """One compressed chunk of ``columns`` (equal lengths, schema order) and its sparse ipc rows."""
     k = 0 if ipc_index is None else len(ipc_index)
-    entries = [_COUNT.pack(len(columns[0]) if columns else 0, k)]
+    entries = [_varint(len(columns[0]) if columns else 0), _varint(k)]
     blocks = []
     for col in columns:
         entry, block = _encode_column(col)
@@ -112,7 +162,7 @@ def encode_payload(columns: list[np.ndarray], ipc_index: np.ndarray | None = Non
 
 def payload_bound(n: int, ncols: int, sparse: bool) -> int:
     """The most bytes a valid payload of ``n`` rows and ``ncols`` columns decompresses to."""
-    return _COUNT.size + ncols * (_ENTRY.size + 8 * n) + (n * 68 if sparse else 0)
+    return 20 + ncols * (21 + 8 * n) + (n * 68 if sparse else 0)
 
 
 def decode_payload(
@@ -134,28 +184,29 @@ def decode_payload(
         raise TraceFormatError(f"column data does not decompress ({error})") from None
     if len(raw) > bound:
         raise TraceFormatError(f"column data of {len(raw)} bytes is too long for {n} rows")
-    head = _COUNT.size + len(dtypes) * _ENTRY.size
-    if len(raw) < head:
-        raise TraceFormatError(f"column data of {len(raw)} bytes lacks its directory")
-    rows, k = _COUNT.unpack_from(raw, 0)
+    buf = memoryview(raw)
+    cursor = _Cursor(buf)
+    rows, k = cursor.varint(), cursor.varint()
     if rows != n:
         raise TraceFormatError(f"column data holds {rows} rows, the record says {n}")
     if k > n or (k and not sparse):
         raise TraceFormatError(f"{k} ipc rows for {n} rows")
-    entries = [_ENTRY.unpack_from(raw, _COUNT.size + i * _ENTRY.size) for i in range(len(dtypes))]
+    entries = []
     sizes = []
-    for code, _base, _first in entries:
+    for _ in dtypes:
+        code = cursor.byte()
         transform, wcode = code >> 4, code & 0x0F
         if transform not in (RAW, DELTA) or wcode >= len(WIDTHS):
             raise TraceFormatError(f"unknown column code {code:#x}")
-        rows = n - 1 if transform == DELTA and n else n
-        sizes.append(rows * WIDTHS[wcode])
-    expected = head + sum(sizes) + k * 68
+        base = cursor.zigzag()
+        first = cursor.zigzag() if transform == DELTA else 0
+        entries.append((code, base, first))
+        sizes.append((n - 1 if transform == DELTA and n else n) * WIDTHS[wcode])
+    expected = cursor.pos + sum(sizes) + k * 68
     if len(raw) != expected:
         raise TraceFormatError(f"column data has {len(raw)} bytes where {n} rows take {expected}")
-    buf = memoryview(raw)
     out: list[np.ndarray | None] = []
-    pos = head
+    pos = cursor.pos
     for (code, base, first), size, dtype in zip(entries, sizes, dtypes):
         if dtype is not None:
             out.append(_decode_column(buf[pos : pos + size], n, code, base, first, dtype))
