@@ -97,9 +97,10 @@ COLUMN_DEFAULTS: dict[str, dict[str, int]] = {
 
 #: The most rows a writer puts in one columnar record.
 MAX_CHUNK_ROWS = 65536
-#: The most rows a reader accepts in one format-2 columnar record: a constant column takes no
-#: bytes, so this bounds what a damaged record can make a reader allocate (about 70 MB).
-MAX_RECORD_ROWS = 1 << 20
+#: The most rows a reader accepts in one format-2 columnar record (what a writer writes at most): a
+#: constant column takes no bytes, so this bounds what one damaged record can make a reader
+#: allocate (4.3 MB of columns).
+MAX_RECORD_ROWS = MAX_CHUNK_ROWS
 
 _WIRE_KEYS = frozenset({"n", "columns", "ipc_index", "ipc", "z"})
 #: A format-2 keyframe's key for its state: one Zstandard frame of the msgpack map.

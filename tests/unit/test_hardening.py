@@ -20,11 +20,13 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from memrec import protocol
 from memrec._errors import ExitCode
 from memrec.client import MarkerClient
+from memrec.columns import EVENT_DTYPE
 from memrec.commands import main
 from memrec.events import GpuInfo
 from memrec.events import Kind
@@ -179,6 +181,17 @@ def _peak_rss_of(code: str) -> int:
     script = code + "\nimport resource; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
     return int(out.stdout.split()[-1]) * 1024
+
+
+def test_3_a_format_2_record_claiming_ten_million_rows_is_refused(tmp_path):
+    from memrec.trace import codec
+
+    # GIVEN a format-2 record of 10 million rows whose every column is constant (no column bytes)
+    payload = codec.encode_payload([np.zeros(1, dtype=EVENT_DTYPE[n]) for n in EVENT_DTYPE.names if n != "ipc"])
+    path = raw_trace(tmp_path / "t.mrec", {"type": "events", "n": 10_000_000, "z": payload})
+    # WHEN loaded THEN it is refused for its row count before anything is decoded
+    trace = load_trace(path)
+    assert trace.n_events == 0 and any("bad 'n' (at most 65536 rows)" in w for w in trace.warnings)
 
 
 @pytest.mark.parametrize("kind", ["events", "nvml"])

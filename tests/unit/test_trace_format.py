@@ -957,7 +957,7 @@ def test_the_golden_trace_decodes_to_what_it_was_written_with(path, version):
     assert trace.trailer["reason"] == "SIGTERM" and trace.trailer["counts"]["events"] == 11
 
 
-def test_the_spec_example_reads_the_golden_trace_with_only_msgpack_and_numpy(tmp_path):
+def test_the_spec_example_reads_the_golden_trace_with_only_msgpack_numpy_and_zstandard(tmp_path):
     # GIVEN the Python example from docs/format.md
     doc = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "format.md").read_text()
     example = doc.split("```python\n", 1)[1].split("```", 1)[0]
