@@ -65,7 +65,7 @@ def events(*rows: np.void, step: int = 1000) -> np.ndarray:
 def v1_wire(kind: str, rows: np.ndarray) -> dict:
     """A columnar record in format 1's wire form (one raw byte string per column, the ``ipc``
     column sparse): what memrec 0.1 wrote, for the tests that read format 1."""
-    from memrec.trace.format import SPARSE_FLAGS
+    from memrec.trace.chunks import SPARSE_FLAGS
 
     names = [n for n in rows.dtype.names if n != "ipc"]
     wire = {"type": kind, "n": len(rows), "columns": {n: np.ascontiguousarray(rows[n]).tobytes() for n in names}}

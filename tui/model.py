@@ -55,7 +55,7 @@ from memrec.events import Kind
 from memrec.events import Marker
 from memrec.events import ProcessInfo
 from memrec.state import LiveState
-from memrec.trace.format import DEFAULT_SCHEMA
+from memrec.trace.chunks import DEFAULT_SCHEMA
 from memrec.trace.format import gpus_from_header
 from memrec.trace.format import parse_schema
 from memrec.trace.model import GpuIds

@@ -15,18 +15,18 @@ from typing import TextIO
 import numpy as np
 
 from memrec.columns import EVENT_DTYPE
-from memrec.events import cu_result_name
 from memrec.events import FLAG_IPC_BYTES
 from memrec.events import FLAG_NAME
 from memrec.events import Api
 from memrec.events import Kind
+from memrec.events import cu_result_name
 from memrec.export.jsonl_fast import EVENT_FIELDS
 from memrec.export.jsonl_fast import format_lines
-from memrec.trace.format import EVENTS
+from memrec.trace.chunks import EVENTS
+from memrec.trace.chunks import NVML
+from memrec.trace.chunks import PROCMEM
+from memrec.trace.chunks import ColumnChunk
 from memrec.trace.format import KEYFRAME
-from memrec.trace.format import NVML
-from memrec.trace.format import PROCMEM
-from memrec.trace.format import ColumnChunk
 from memrec.trace.format import packb
 from memrec.trace.reader import TraceReader
 

@@ -23,7 +23,7 @@ from typing import Iterator
 import msgpack
 
 from memrec._untrusted import MAX_DEPTH
-from memrec.trace.format import COLUMNAR
+from memrec.trace.chunks import COLUMNAR
 
 _U8 = struct.Struct(">B")
 _U16 = struct.Struct(">H")

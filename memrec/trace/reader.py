@@ -24,13 +24,13 @@ from memrec._untrusted import MAX_DEPTH
 from memrec._untrusted import clean_text
 from memrec._untrusted import too_deep
 from memrec.trace import mapped as _mapped
-from memrec.trace.format import COLUMNAR
+from memrec.trace.chunks import COLUMNAR
+from memrec.trace.chunks import ROWS_KEY
+from memrec.trace.chunks import ColumnChunk
+from memrec.trace.chunks import Schema
 from memrec.trace.format import HEADER
 from memrec.trace.format import RECORD_TYPES
-from memrec.trace.format import ROWS_KEY
 from memrec.trace.format import TRAILER
-from memrec.trace.format import ColumnChunk
-from memrec.trace.format import Schema
 from memrec.trace.format import check_header
 from memrec.trace.format import decode_record
 from memrec.trace.format import header_prefix_plausible

@@ -28,6 +28,7 @@ from memrec.events import Kind
 from memrec.events import Marker
 from memrec.events import ProcessInfo
 from memrec.trace import format as fmt
+from memrec.trace.chunks import MAX_RECORD_ROWS
 from memrec.trace.frames import MAX_CLIENT_FRAME
 from memrec.trace.frames import FrameDecoder
 from memrec.trace.frames import FrameError
@@ -337,7 +338,7 @@ def _flip(data: bytes, at: int) -> bytes:
     [
         (lambda w: w.__setitem__("n", 8), "holds 7 rows, the record says 8"),
         (lambda w: w.__setitem__("n", -1), "bad 'n'"),
-        (lambda w: w.__setitem__("n", fmt.MAX_RECORD_ROWS + 1), "bad 'n'"),
+        (lambda w: w.__setitem__("n", MAX_RECORD_ROWS + 1), "bad 'n'"),
         (lambda w: w.__setitem__("z", 5), "not binary"),
         (lambda w: w.__setitem__("z", b"not zstd at all"), "does not decompress"),
         (lambda w: w.__setitem__("z", w["z"][:-6]), "does not decompress"),
