@@ -99,21 +99,26 @@ def load_in_fresh_process(path: Path) -> tuple[float, float, float]:
     return wall, cpu, rss
 
 
-def events_bytes_per_event(path: str) -> tuple[int, float, float]:
-    """(events, format-1 bytes per event, format-2 bytes per event) of the events records."""
+def reencoded(path: str) -> tuple[int, float, float, int, int]:
+    """A format-1 file written again as format 2, record for record (chunks as recorded: a flush
+    after each): (events, events-record bytes per event v1, v2, whole file bytes v1, v2)."""
+    sink = BytesSink()
     with TraceReader(path) as reader:
+        writer = TraceWriter(sink, dict(reader.header))
         v1 = v2 = n = 0
         for raw, rec in zip(reader.raw_records(), reader.records()):
-            if raw.get("type") != "events":
+            kind = rec["type"]
+            if kind == "trailer":
                 continue
-            sink = BytesSink()
-            writer = TraceWriter(sink, dict(reader.header))
-            writer.write_events(rec["events"])
+            before = len(sink.records)
+            writer.write_record(rec)
             writer.flush()
-            v1 += len(packb(raw))
-            v2 += len(sink.records[1])
-            n += len(rec["events"])
-    return n, v1 / max(n, 1), v2 / max(n, 1)
+            if kind == "events":
+                v1 += len(packb(raw))
+                v2 += sum(len(r) for r in sink.records[before:])
+                n += len(rec["events"])
+        writer.close(reader.trailer)
+    return n, v1 / max(n, 1), v2 / max(n, 1), os.path.getsize(path), len(sink.data)
 
 
 def main() -> int:
@@ -137,8 +142,9 @@ def main() -> int:
         w.write_events(synthetic(1_000_000))
     print(f"size: bench_trace.py's random events: {random_path.stat().st_size / 1e6:.2f} B/event")
     for example in sorted(glob.glob(str(ROOT / "examples" / "*.mrec"))):
-        count, v1, v2 = events_bytes_per_event(example)
-        print(f"size: {Path(example).name}: {count} events: events records {v1:.1f} B/event (v1) -> {v2:.1f} (v2)")
+        count, v1, v2, f1, f2 = reencoded(example)
+        print(f"size: {Path(example).name}: {count} events: events records {v1:.1f} B/event (v1) -> {v2:.1f} (v2); "
+              f"whole file {f1:,} -> {f2:,} bytes")
 
     with open(path, "rb") as f:  # warm the page cache
         while f.read(1 << 24):
