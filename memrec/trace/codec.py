@@ -177,13 +177,10 @@ def decode_payload(
     Raises:
         TraceFormatError: not a Zstandard frame, or lengths that do not match ``n``.
     """
-    bound = payload_bound(n, len(dtypes), sparse)
     try:
-        raw = _decompressor().decompress(data, max_output_size=bound)
-    except zstandard.ZstdError as error:
-        raise TraceFormatError(f"column data does not decompress ({error})") from None
-    if len(raw) > bound:
-        raise TraceFormatError(f"column data of {len(raw)} bytes is too long for {n} rows")
+        raw = decompress(data, payload_bound(n, len(dtypes), sparse))
+    except TraceFormatError as error:
+        raise TraceFormatError(f"column data {error}") from None
     buf = memoryview(raw)
     cursor = _Cursor(buf)
     rows, k = cursor.varint(), cursor.varint()

@@ -107,26 +107,18 @@ def check_record(obj: dict, schema: Schema | None = None) -> tuple[str, Any]:
     return kind, obj
 
 
+#: The RecordSink method each record type goes to.
+_METHODS = {
+    HEADER: "on_header", EVENTS: "on_events", NVML: "on_nvml", PROCMEM: "on_procmem", MARKER: "on_marker",
+    PROCESS: "on_process", KEYFRAME: "on_keyframe", LOST: "on_lost", TRAILER: "on_trailer",
+}
+
+
 def deliver(kind: str, item: Any, sink: RecordSink) -> None:
     """Hand one checked item (from :func:`check_record`) to ``sink``; other types are ignored."""
-    if kind == EVENTS:
-        sink.on_events(item)
-    elif kind == NVML:
-        sink.on_nvml(item)
-    elif kind == PROCMEM:
-        sink.on_procmem(item)
-    elif kind == MARKER:
-        sink.on_marker(item)
-    elif kind == PROCESS:
-        sink.on_process(item)
-    elif kind == KEYFRAME:
-        sink.on_keyframe(item)
-    elif kind == LOST:
-        sink.on_lost(item)
-    elif kind == TRAILER:
-        sink.on_trailer(item)
-    elif kind == HEADER:
-        sink.on_header(item)
+    method = _METHODS.get(kind)
+    if method is not None:
+        getattr(sink, method)(item)
 
 
 class TraceBuilder:
