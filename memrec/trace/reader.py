@@ -282,14 +282,18 @@ class TraceReader:
         self._file.seek(start)
         tail = self._file.read(size - start)
         at = tail.rfind(_TRAILER_KEY)
-        if at < 1:
-            return 0
-        try:
-            obj = msgpack.unpackb(tail[at - 1 :], raw=False, strict_map_key=False)
-        except (ValueError, TypeError, msgpack.UnpackException):
-            return 0  # not the trailer's first bytes after all (extra data, a cut): no hint
-        count = obj.get("counts", {}).get("events") if isinstance(obj, dict) and isinstance(obj.get("counts"), dict) else None
-        return count if isinstance(count, int) and 0 <= count <= 256 * size else 0
+        for start in (at - 1, at - 3):  # after a fixmap's one byte, or a map16's three
+            if start < 0:
+                continue
+            try:
+                obj = msgpack.unpackb(tail[start:], raw=False, strict_map_key=False)
+            except (ValueError, TypeError, msgpack.UnpackException):
+                continue  # not the trailer's first bytes after all (extra data, a cut)
+            counts = obj.get("counts") if isinstance(obj, dict) else None
+            count = counts.get("events") if isinstance(counts, dict) else None
+            if isinstance(count, int) and 0 <= count <= 256 * size:
+                return count
+        return 0
 
     # -- lifetime ---------------------------------------------------------------------------------
 

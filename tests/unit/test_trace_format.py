@@ -990,3 +990,21 @@ def test_gpu_ids_come_from_the_header_the_events_and_the_samples():
     listed = Trace(header={"gpus": [{"index": 1, "uuid": None, "name": "X", "total": 1}]}, events=ev)
     assert listed.gpu_ids() == [0, 1, 3]
     assert Trace(header={"gpus": []}).gpu_ids() == []
+
+
+@pytest.mark.parametrize("claimed", [0, 5, 600, 10**9, "many"])
+def test_load_sizes_its_columns_from_the_trailer_but_never_trusts_it(tmp_path, claimed):
+    # GIVEN 600 events in chunks of 128, and a trailer whose count is right, low, high or junk
+    ev = synthetic_events(600)
+    path = tmp_path / "t.mrec"
+    with TraceWriter(path, HEADER, max_chunk_rows=128) as w:
+        w.write_events(ev)
+        w.trailer = lambda extra=None, w=w: {"type": "trailer", "counts": {"events": claimed}, "lost": 0}
+    # WHEN loaded
+    with TraceReader(path) as reader:
+        hint = reader.expected_events()
+    trace = load_trace(path)
+    # THEN the hint is the trailer's plausible count, and the events are exactly those written
+    assert hint == (claimed if claimed in (5, 600) else 0)
+    np.testing.assert_array_equal(trace.events, ev)
+    assert trace.event_columns["ts"].flags.c_contiguous and trace.n_events == 600
