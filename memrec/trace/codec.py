@@ -222,24 +222,30 @@ def decode_payload(
 
 def _decode_column(block: memoryview, n: int, code: int, base: int, first: int, dtype: np.dtype) -> np.ndarray:
     """One column, computed in the unsigned type of its own width: arithmetic modulo 2^(8·size)
-    gives the low bytes of the modulo-2^64 values, which are the values (no 8-byte temporary)."""
+    gives the low bytes of the modulo-2^64 values, which are the values (no 8-byte temporary).
+
+    A constant column comes back as a read-only broadcast view of its one value (no memory).
+    """
     transform, width = code >> 4, WIDTHS[code & 0x0F]
     unsigned = np.dtype(f"<u{dtype.itemsize}")
     mask = (1 << (8 * dtype.itemsize)) - 1
+    if transform == RAW and not width:
+        return np.broadcast_to(np.array(base & mask, dtype=unsigned).view(dtype), (n,))
     out = np.empty(n, dtype=unsigned)
     if not n:
+        return out.view(dtype)
+    if transform == DELTA and not width:  # a constant step: first, first + base, ...
+        np.multiply(np.arange(n, dtype=unsigned), unsigned.type(base & mask), out=out)
+        out += unsigned.type(first & mask)
         return out.view(dtype)
     body = out if transform == RAW else out[1:]
     if transform == DELTA:
         out[0] = first & mask
     if len(body):
-        if width:
-            stored = np.frombuffer(block, dtype=f"<u{width}")
-            if width > dtype.itemsize:
-                stored = stored.astype(unsigned)  # (a narrower column than its values: wraps)
-            np.add(stored, unsigned.type(base & mask), out=body, casting="unsafe")
-        else:
-            body.fill(base & mask)
+        stored = np.frombuffer(block, dtype=f"<u{width}")
+        if width > dtype.itemsize:
+            stored = stored.astype(unsigned)  # (a narrower column than its values: wraps)
+        np.add(stored, unsigned.type(base & mask), out=body, casting="unsafe")
     if transform == DELTA:
         np.cumsum(out, dtype=unsigned, out=out)
     return out.view(dtype)
