@@ -667,6 +667,7 @@ class TraceModel:
         self._schema = DEFAULT_SCHEMA  # a live stream's column schema (its header's)
         self._live_stream = False
         self._skipped = 0  # malformed records a stream sent
+        self._skipped_at = 0  # where the warning that counts them is
 
     # ------------------------------------------------------------------ ingest
 
@@ -799,8 +800,12 @@ class TraceModel:
             kind, item = check_record(rec, self._schema)
         except TraceFormatError as error:
             self._skipped += 1
-            if self._skipped == 1 or self._skipped % 1000 == 0:
-                self.warnings.append(f"skipped {self._skipped} malformed record(s) from the stream; last: {error}")
+            message = f"skipped {self._skipped} malformed record(s) from the stream; last: {error}"
+            if self._skipped == 1:
+                self._skipped_at = len(self.warnings)
+                self.warnings.append(message)
+            else:  # one line, kept up to date
+                self.warnings[self._skipped_at] = message
             return
         self._live_stream = live
         deliver(kind, item, self)
