@@ -91,6 +91,8 @@ class _LazyEvents:
             columns = obj.__dict__.get("_event_columns")
             events = columns.to_array() if columns is not None else np.zeros(0, dtype=EVENT_DTYPE)
             obj.__dict__["_events"] = events
+            # the rows hold everything: the columns become views of them (0.7 GB less for 10M)
+            obj.__dict__["_event_columns"] = None
         return events
 
     def __set__(self, obj: Trace, value: np.ndarray | None) -> None:
@@ -103,8 +105,9 @@ class Trace:
     """Everything one ``.mrec`` file (or a live session so far) holds, decoded.
 
     ``events`` (EVENT_DTYPE rows) and ``event_columns`` (the same events column by column) are
-    two views of one set of events: a loaded trace has the columns and builds the rows on first
-    use; a trace made from rows gives column views of them.
+    two views of one set of events: a loaded trace has contiguous columns and builds the rows on
+    first use (the columns are then views of the rows); a trace made from rows gives column views
+    of them.
     """
 
     header: dict

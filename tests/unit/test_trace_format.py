@@ -1004,7 +1004,10 @@ def test_load_sizes_its_columns_from_the_trailer_but_never_trusts_it(tmp_path, c
     with TraceReader(path) as reader:
         hint = reader.expected_events()
     trace = load_trace(path)
-    # THEN the hint is the trailer's plausible count, and the events are exactly those written
+    # THEN the hint is the trailer's plausible count, and the events are exactly those written,
+    # as contiguous columns until the rows are asked for (the columns are then views of them)
     assert hint == (claimed if claimed in (5, 600) else 0)
-    np.testing.assert_array_equal(trace.events, ev)
     assert trace.event_columns["ts"].flags.c_contiguous and trace.n_events == 600
+    np.testing.assert_array_equal(trace.events, ev)
+    np.testing.assert_array_equal(trace.event_columns["size"], ev["size"])
+    assert trace.event_columns["size"].base is not None and not trace.event_columns["size"].flags.c_contiguous
