@@ -43,6 +43,7 @@ from memrec.daemon.fanout import Fanout
 from memrec.daemon.feed import ProbeFeed
 from memrec.daemon.gpustamp import GpuStamper
 from memrec.daemon.intake import Intake
+from memrec.daemon.keyframes import Keyframes
 from memrec.daemon.libraries import Libraries
 from memrec.daemon.markers import MarkerServer
 from memrec.daemon.markers import root_only
@@ -134,6 +135,7 @@ class Daemon:
         self.gpus: list[GpuInfo] = []
         self.notes: list[str] = []
         self.state = LiveState()
+        self.keyframes = Keyframes()
         self.files: list[Path] = []  # every trace file written, in order
         self.writer: TraceWriter | None = None
         self.selector: selectors.BaseSelector | None = None
@@ -347,10 +349,12 @@ class Daemon:
             self._write_pending()
         if self.readings is not None:
             self.readings.tick(now)
-        if now >= nxt["keyframe"]:
-            self._write_keyframe()
-            nxt["keyframe"] = advance(nxt["keyframe"], int(cfg.keyframe_interval * 1e9), now)
+        if self.keyframes.collect(self.writer):
             nxt["flush"] = now  # a keyframe is worth showing at once
+        if now >= nxt["keyframe"]:
+            assert self.writer is not None
+            self.keyframes.start(self.writer, self.state, now)  # built in a thread, written by collect
+            nxt["keyframe"] = advance(nxt["keyframe"], int(cfg.keyframe_interval * 1e9), now)
         if now >= nxt["flush"]:
             assert self.writer is not None
             self.writer.flush()
@@ -521,7 +525,7 @@ class Daemon:
             self.writer.write_process(info)
         if self.feed.lost:
             self.writer.write_lost(self.clock(), self.feed.lost)
-        self.writer.write_keyframe(self.clock(), 0, self.state.snapshot())
+        self.keyframes.write_now(self.writer, self.state, self.clock(), 0)
         self.writer.flush()
 
     def rotate(self, reason: str) -> Path:
@@ -568,7 +572,7 @@ class Daemon:
 
     def _write_keyframe(self) -> None:
         assert self.writer is not None
-        self.writer.write_keyframe(self.clock(), None, self.state.snapshot())
+        self.keyframes.write_now(self.writer, self.state, self.clock())
 
     # ------------------------------------------------------------------ probes, GPUs, NVML
 
