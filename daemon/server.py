@@ -16,9 +16,8 @@ order of things; its neighbours each own one concern: ``feed`` (the probes), ``g
 event's physical GPU), ``intake`` (markers and NVML samples), ``nvmlsetup``, ``tracefiles``,
 ``signals`` (handlers only queue; :meth:`Daemon.handle_signal` acts from the loop), ``timers``.
 
-Shutdown is phased: stop accepting, stop NVML, final drain, final keyframe and trailer, fsync,
-disconnect subscribers, remove the socket, and only then detach the probes (the slow part: the
-trace is complete before it starts).
+Shutdown is phased (:meth:`Daemon._teardown`): the trace is complete, and the socket gone,
+before the probes' slow detach starts.
 """
 from __future__ import annotations
 
