@@ -40,8 +40,8 @@ import numpy as np
 
 from memrec._untrusted import clean_marker
 from memrec._untrusted import clean_text
-from memrec.analysis.phases import NO_PHASE
-from memrec.analysis.sglang_report import rank_labels
+from memrec.engine.phases import NO_PHASE
+from memrec.ranks import rank_labels
 from memrec.columns import EVENT_DTYPE
 from memrec.events import CATEGORIES
 from memrec.events import CU_RESULT_NAMES

@@ -35,36 +35,36 @@ from memrec.analysis.kv_budget import compare_budgets
 from memrec.analysis.kv_budget import kv_budgets
 from memrec.analysis.names import api_name
 from memrec.analysis.names import result_name
-from memrec.analysis.phases import NO_PHASE
-from memrec.analysis.phases import Phases
-from memrec.analysis.phases import attribute
-from memrec.analysis.phases import build_phases
+from memrec.engine.phases import NO_PHASE
+from memrec.engine.phases import Phases
+from memrec.engine.phases import attribute
 from memrec.analysis.reconcile import reconcile
-from memrec.analysis.replay import initial_state
-from memrec.analysis.replay import trace_bounds
+from memrec.engine.replay import initial_state
+from memrec.engine.replay import trace_bounds
+from memrec.engine.replay import trace_phases
 from memrec.analysis.sglang_facts import custom_ar_facts
 from memrec.analysis.sglang_facts import custom_ar_line
 from memrec.analysis.sglang_facts import process_contexts
 from memrec.analysis.sglang_report import KvWindow
 from memrec.analysis.sglang_report import MAPPED
-from memrec.analysis.sglang_report import format_rank
+from memrec.ranks import format_rank
 from memrec.analysis.sglang_report import kv_windows
-from memrec.analysis.sglang_report import marker_ranks
-from memrec.analysis.sglang_report import process_info_ranks
+from memrec.ranks import marker_ranks
+from memrec.ranks import process_info_ranks
 from memrec.analysis.sglang_report import rank_gpus
-from memrec.analysis.sglang_report import rank_sort_key
-from memrec.analysis.sglang_report import shown_dims
+from memrec.ranks import rank_sort_key
+from memrec.ranks import shown_dims
 from memrec.analysis.text import fit_lines
+from memrec.analysis.text import human
 from memrec.analysis.text import table
-from memrec.analysis.timeline import Journal
-from memrec.analysis.timeline import OWNED
-from memrec.analysis.timeline import build_timeline
+from memrec.engine.journal import Journal
+from memrec.events import OWNED
+from memrec.engine.replay import build_timeline
 from memrec.analysis.untraced_diff import render_untraced
 from memrec.analysis.untraced_diff import split_by_rank
 from memrec.analysis.untraced_diff import untraced_rows
 from memrec.columns import failed_calls
 from memrec.events import CATEGORIES
-from memrec.events import Kind
 
 DIFF_VERSION = 1
 NO_RANK = "(no rank)"
@@ -116,15 +116,9 @@ def analyze(trace: Any, name: str) -> Run:
     """Replay ``trace`` (its events' ``gpu`` get filled in) and gather what :func:`diff_traces` needs."""
     start = trace_bounds(trace)[0]
     tl = build_timeline(trace.events, start=start, state=initial_state(trace)[0])
-    end = max([start] + [int(a["ts"].max()) for a in (trace.events,) if len(a)])
-    phases = build_phases(trace.markers, end)
+    phases = trace_phases(trace)
     j = tl.journal
-    n = len(trace.events)
-    if len(j) and n:
-        idx = np.clip(j.index, 0, n - 1)
-        exit_rows = (j.index >= 0) & (j.index < n) & (trace.events["kind"][idx] == int(Kind.PROC_EXIT))
-    else:
-        exit_rows = np.zeros(len(j), dtype=bool)
+    exit_rows = j.exit_mask(trace.events)
     ranks = marker_ranks(trace.markers)
     rank_of: dict[int, RankKey] = {}
     for pid in set(trace.processes) | set(ranks) | {int(p) for p in np.unique(j.pid)}:
@@ -167,10 +161,8 @@ def _merge_order(a: list[str], b: list[str]) -> list[str]:
 
 def _phase_bytes(run: Run) -> tuple[dict[tuple, int], set[tuple]]:
     """(path, rank key, gpu, category) -> net bytes (exits left out); and which (path, rank) exist."""
-    keep = ~run.exit_rows
-    j = Journal(*(getattr(run.journal, f.name)[keep] for f in dataclasses.fields(Journal)))
     out: dict[tuple, int] = {}
-    for u in attribute(run.phases, j):
+    for u in attribute(run.phases, run.journal.take(~run.exit_rows)):
         path = NO_PHASE if u.phase < 0 else run.phases.phases[u.phase].path
         key = (path, run.rank_of.get(u.pid, ()), u.gpu, u.category)
         out[key] = out.get(key, 0) + u.net
@@ -313,8 +305,6 @@ def _failed(run: Run) -> bool:
 
 
 def _h(n: int | None) -> str:
-    from memrec.analysis.text import human
-
     return human(n)
 
 
@@ -416,8 +406,6 @@ def _cause_lines(windows: list[dict], which: str, an: str, bn: str) -> list[str]
 
 def _sglang_fact_lines(a: Run, b: Run) -> list[str]:
     """Foreign CUDA contexts and the custom all-reduce, when they differ between the runs."""
-    from memrec.analysis.text import human
-
     def foreign(run: Run) -> str:
         return ", ".join(f"{c['label'] or 'pid ' + str(c['pid'])} on GPU {c['gpu']}"
                          + (f" (NVML {human(c['nvml_peak'])})" if c["nvml_peak"] is not None else "")

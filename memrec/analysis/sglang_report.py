@@ -18,8 +18,8 @@ journal. For every scheduler process (a TP/PP/DP rank):
 Ranks come from the markers' ``tp_rank`` / ``pp_rank`` / ``dp_rank`` (:func:`rank_labels`).
 ``memrec diff`` (:mod:`memrec.analysis.diff`) uses the same windows (:func:`kv_windows`).
 
-Pure: takes the trace's markers, :class:`~memrec.analysis.phases.Phases` and the replay's
-:class:`~memrec.analysis.timeline.Journal`; returns JSON-able dicts (bytes exact ints, SGLang's
+Pure: takes the trace's markers, :class:`~memrec.engine.phases.Phases` and the replay's
+:class:`~memrec.engine.journal.Journal`; returns JSON-able dicts (bytes exact ints, SGLang's
 GiB as floats under its own names).
 """
 
@@ -36,8 +36,8 @@ from memrec.analysis.kv_budget import KvBudget
 from memrec.analysis.kv_budget import kv_budgets
 from memrec.analysis.kv_budget import summarize
 from memrec.analysis.kv_budget import terms_lines
-from memrec.analysis.phases import NO_PHASE
-from memrec.analysis.phases import Phases
+from memrec.engine.phases import NO_PHASE
+from memrec.engine.phases import Phases
 from memrec.analysis.sglang_facts import contexts_line
 from memrec.analysis.sglang_facts import custom_ar_facts
 from memrec.analysis.sglang_facts import custom_ar_line
@@ -48,10 +48,11 @@ from memrec.analysis.sglang_facts import oom_line
 from memrec.analysis.sglang_facts import ooms_after_sizing
 from memrec.analysis.sglang_facts import process_contexts
 from memrec.analysis.sglang_facts import torch_reserved_delta
-from memrec.analysis.timeline import OWNED
-from memrec.analysis.timeline import Journal
+from memrec.events import OWNED
+from memrec.engine.journal import Journal
 from memrec.events import CATEGORIES
 from memrec.events import Marker
+from memrec.analysis.text import human
 from memrec.analysis.text import table
 
 #: Marker names the SGLang hooks (and the stand-in) send.
@@ -64,8 +65,6 @@ SGLANG_MARKERS = frozenset(
 )
 #: Enough to call a trace an SGLang one ("load_weights" alone is too common a name).
 _SPECIFIC = SGLANG_MARKERS - {"load_weights"}
-#: (short name, marker value) of each rank dimension, in display order.
-RANK_DIMS = (("dp", "dp_rank"), ("pp", "pp_rank"), ("tp", "tp_rank"))
 _PROFILERS = ("profile_max_num_token", "_profile_available_bytes")
 WEIGHTS = "load_weights"
 MAPPED = "ipc_mapped"
@@ -105,67 +104,6 @@ _INSTANTS = {"memory_baseline", "custom_ar_shared_buffer", "custom_ar_workspace"
 def has_sglang_markers(markers: Iterable[Marker]) -> bool:
     """Whether the markers include ones only the SGLang hooks send."""
     return any(m.name in _SPECIFIC for m in markers)
-
-
-def _as_int(value: object) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        return None
-    return int(value)
-
-
-def marker_ranks(markers: Iterable[Marker]) -> dict[int, dict[str, int]]:
-    """Per pid, ``{"dp": d, "pp": p, "tp": t}`` (the parts known) from markers' ``*_rank`` values."""
-    out: dict[int, dict[str, int]] = {}
-    for m in sorted(markers, key=lambda m: m.ts):
-        values = m.values or {}
-        for short, key in RANK_DIMS:
-            v = _as_int(values.get(key))
-            if v is not None:
-                out.setdefault(m.pid, {}).setdefault(short, v)
-    return out
-
-
-def process_info_ranks(rank: dict | None) -> dict[str, int]:
-    """``ProcessInfo.rank`` (``{"tp": 0}`` or ``{"tp_rank": 0}``) as ``{"tp": 0}``; other keys dropped."""
-    out: dict[str, int] = {}
-    for short, key in RANK_DIMS:
-        for name in (short, key):
-            v = _as_int((rank or {}).get(name))
-            if v is not None:
-                out.setdefault(short, v)
-    return out
-
-
-def shown_dims(ranks: Iterable[dict[str, int]]) -> tuple[str, ...]:
-    """The rank dimensions worth printing: TP always, DP and PP when some rank is not 0 in them."""
-    ranks = list(ranks)
-    return tuple(s for s, _ in RANK_DIMS if s == "tp" or any(r.get(s) for r in ranks))
-
-
-def format_rank(rank: dict[str, int], dims: tuple[str, ...] = ("tp",), draft: bool = False) -> str:
-    """``TP0``, ``DP1 TP3``, … (dimensions in ``dims`` that are known; all known when none is)."""
-    parts = [f"{s.upper()}{rank[s]}" for s, _ in RANK_DIMS if s in dims and s in rank]
-    if not parts:
-        parts = [f"{s.upper()}{rank[s]}" for s, _ in RANK_DIMS if s in rank]
-    if draft:
-        parts.append("draft")
-    return " ".join(parts)
-
-
-def rank_labels(markers: Iterable[Marker]) -> dict[int, str]:
-    """Per pid whose markers carry ``tp_rank`` / ``pp_rank`` / ``dp_rank``: ``TP0`` style labels.
-
-    DP and PP are shown when some process in the trace has a non-zero rank in them.
-    """
-    ranks = marker_ranks(markers)
-    dims = shown_dims(ranks.values())
-    return {pid: format_rank(r, dims) for pid, r in ranks.items()}
-
-
-def rank_sort_key(rank: dict[str, int] | tuple) -> tuple:
-    """Sort by (dp, pp, tp), unknown parts last."""
-    values = [rank.get(s) for s, _ in RANK_DIMS] if isinstance(rank, dict) else list(rank[:3])
-    return tuple((v is None, v or 0) for v in values)
 
 
 # ------------------------------------------------------------------------------- KV sizing times
@@ -500,8 +438,6 @@ def diagnose(budget: KvBudget, window: KvWindow | None, windows: dict[int, KvWin
     ``window``: the rank's GPU; ``windows``: every GPU's (available_after_weights is a MIN over
     the ranks' GPUs, so when the rank's own GPU does not explain the failure another one may).
     """
-    from memrec.analysis.text import human
-
     windows = windows or {}
     out: dict = {"shortfall_gib": None, "extra_owned": 0, "rest_without_extras_gib": None, "lines": []}
     if window is None or window.baseline_ts is None:
@@ -698,8 +634,6 @@ def _fmt_value(k: str, v: Any, human) -> str:
 
 def render_sglang(section: dict, width: int | None = None) -> list[str]:
     """The SGLang section as text lines (deterministic); tables fit ``width`` where they can."""
-    from memrec.analysis.text import human
-
     out = []
     title = "SGLang startup per rank: phases, memory by category, KV budget"
     out.append(title)

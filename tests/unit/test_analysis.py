@@ -7,15 +7,15 @@ import json
 import numpy as np
 import pytest
 
-from memrec.analysis.phases import NO_PHASE
-from memrec.analysis.phases import PhaseUsage
-from memrec.analysis.phases import attribute
-from memrec.analysis.phases import build_phases
+from memrec.engine.phases import NO_PHASE
+from memrec.engine.phases import PhaseUsage
+from memrec.engine.phases import attribute
+from memrec.engine.phases import build_phases
 from memrec.analysis.report import build_report
 from memrec.analysis.text import human
 from memrec.analysis.report_text import render_text
-from memrec.analysis.timeline import build_timeline
-from memrec.analysis.timeline import state_at
+from memrec.engine.replay import build_timeline
+from memrec.engine.replay import state_at
 from memrec.columns import NVML_DTYPE
 from memrec.columns import PROCMEM_DTYPE
 from memrec.events import Kind

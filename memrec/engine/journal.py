@@ -1,0 +1,66 @@
+"""The replay's journal as columns: one row per change of a (gpu, pid, category) total.
+
+:class:`memrec.state.LiveState` built with ``journal=True`` appends one row per change
+(``memrec.state.JOURNAL_FIELDS``), implicit frees at a process exit included. Every series, phase
+attribution and window in the engine is numpy over these columns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from dataclasses import fields
+
+import numpy as np
+
+from memrec.events import Kind
+from memrec.state import JOURNAL_FIELDS
+from memrec.state import LiveState
+
+
+@dataclass
+class Journal:
+    """The state's journal as columns: one row per change of a (gpu, pid, category) total."""
+
+    index: np.ndarray  # event index (into the replayed events) that caused the change
+    ts: np.ndarray
+    gpu: np.ndarray
+    pid: np.ndarray
+    category: np.ndarray  # index into memrec.events.CATEGORIES
+    delta: np.ndarray  # signed bytes
+
+    @classmethod
+    def from_rows(cls, raw: bytes | bytearray | memoryview) -> Journal:
+        """Columns (owned copies) from raw journal rows (``JOURNAL_FIELDS`` int64 each)."""
+        flat = np.frombuffer(raw, dtype=np.int64) if len(raw) else np.zeros(0, np.int64)
+        rows = flat.reshape(-1, len(JOURNAL_FIELDS))
+        return cls(*(rows[:, k].copy() for k in range(len(JOURNAL_FIELDS))))
+
+    @classmethod
+    def from_state(cls, state: LiveState, consume: bool = False) -> Journal:
+        """The journal of a state built with ``journal=True``; ``consume`` empties the state's
+        copy (a whole-trace replay's journal is as large as the events: hold it once)."""
+        if state.journal is None:
+            raise ValueError("the state was built without journal=True")
+        out = cls.from_rows(state.journal)
+        if consume:
+            del state.journal[:]
+        return out
+
+    @classmethod
+    def empty(cls) -> Journal:
+        return cls(*(np.zeros(0, np.int64) for _ in range(len(JOURNAL_FIELDS))))
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def take(self, mask: np.ndarray) -> Journal:
+        """The rows where ``mask`` is true."""
+        return Journal(*(getattr(self, f.name)[mask] for f in fields(self)))
+
+    def exit_mask(self, events: np.ndarray) -> np.ndarray:
+        """Rows a process exit caused (the implicit frees of what it still held)."""
+        n = len(events)
+        if not len(self) or not n:
+            return np.zeros(len(self), dtype=bool)
+        idx = np.clip(self.index, 0, n - 1)
+        return (self.index >= 0) & (self.index < n) & (events["kind"][idx] == int(Kind.PROC_EXIT))
