@@ -34,7 +34,6 @@ from memrec.engine.replay import trace_phases
 from memrec.analysis.sglang_report import build_sglang_section
 from memrec.ranks import pid_labels
 from memrec.engine.series import GpuSeries
-from memrec.engine.journal import Journal
 from memrec.events import OWNED
 from memrec.engine.replay import Timeline
 from memrec.engine.replay import build_timeline

@@ -15,7 +15,7 @@ journal. For every scheduler process (a TP/PP/DP rank):
   (memory taken there lowers ``rest`` one for one), and, when sizing failed, the error SGLang
   raised and which phases' allocations made the difference.
 
-Ranks come from the markers' ``tp_rank`` / ``pp_rank`` / ``dp_rank`` (:func:`rank_labels`).
+Ranks come from the markers' ``tp_rank`` / ``pp_rank`` / ``dp_rank`` (:mod:`memrec.ranks`).
 ``memrec diff`` (:mod:`memrec.analysis.diff`) uses the same windows (:func:`kv_windows`).
 
 Pure: takes the trace's markers, :class:`~memrec.engine.phases.Phases` and the replay's
@@ -52,6 +52,11 @@ from memrec.events import OWNED
 from memrec.engine.journal import Journal
 from memrec.events import CATEGORIES
 from memrec.events import Marker
+from memrec.ranks import format_rank
+from memrec.ranks import marker_ranks
+from memrec.ranks import rank_labels
+from memrec.ranks import rank_sort_key
+from memrec.ranks import shown_dims
 from memrec.analysis.text import human
 from memrec.analysis.text import table
 
