@@ -38,6 +38,17 @@ def factorize(col: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return inverse.reshape(-1).astype(np.int64), uniq
 
 
+def _codes(col: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Codes of a column for :func:`group`: its offset from its minimum when its values span a
+    small range (no pass to make them dense: values that never occur cost an empty slot of the
+    combined key, which :func:`group` drops), else :func:`factorize`."""
+    if len(col):
+        lo, hi = int(col.min()), int(col.max())
+        if hi - lo < 1 << 12:
+            return col.astype(np.int64) - lo, np.arange(lo, hi + 1).astype(col.dtype)
+    return factorize(col)
+
+
 def group(cols: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
     """Group rows by the values of ``cols`` (equal-length integer arrays).
 
@@ -45,7 +56,7 @@ def group(cols: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
     column ``c`` in group ``g``; groups ordered lexicographically by the columns.
     """
     n = len(cols[0]) if cols else 0
-    factors = [factorize(c) for c in cols]
+    factors = [_codes(c, n) for c in cols]
     size = 1
     for _, u in factors:
         size *= max(len(u), 1)
