@@ -45,13 +45,13 @@ from memrec.engine.replay import trace_phases
 from memrec.analysis.sglang_facts import custom_ar_facts
 from memrec.analysis.sglang_facts import custom_ar_line
 from memrec.analysis.sglang_facts import process_contexts
-from memrec.analysis.sglang_report import KvWindow
-from memrec.analysis.sglang_report import MAPPED
+from memrec.analysis.sglang_windows import KvWindow
+from memrec.analysis.sglang_windows import MAPPED
 from memrec.ranks import format_rank
-from memrec.analysis.sglang_report import kv_windows
+from memrec.analysis.sglang_windows import kv_windows
 from memrec.ranks import marker_ranks
 from memrec.ranks import process_info_ranks
-from memrec.analysis.sglang_report import rank_gpus
+from memrec.analysis.sglang_windows import rank_gpus
 from memrec.ranks import rank_sort_key
 from memrec.ranks import shown_dims
 from memrec.analysis.text import fit_lines
