@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from memrec.analysis.kv_budget import GIB
+from memrec.analysis.kv_budget import PROFILERS
 from memrec.analysis.kv_budget import KvBudget
 from memrec.analysis.kv_budget import kv_budgets
 from memrec.analysis.kv_budget import summarize
@@ -56,7 +57,6 @@ from memrec.ranks import marker_ranks
 from memrec.ranks import rank_sort_key
 from memrec.ranks import shown_dims
 from memrec.analysis.sglang_windows import MAPPED
-from memrec.analysis.sglang_windows import PROFILERS
 from memrec.analysis.sglang_windows import KvTimes
 from memrec.analysis.sglang_windows import KvWindow
 from memrec.analysis.sglang_windows import kv_times

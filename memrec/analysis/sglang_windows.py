@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from memrec.analysis.kv_budget import PROFILERS
 from memrec.analysis.kv_budget import KvBudget
 from memrec.analysis.kv_budget import kv_budgets
 from memrec.analysis.text import seconds
@@ -29,8 +30,6 @@ from memrec.events import OWNED
 from memrec.events import Marker
 from memrec.ranks import rank_labels
 
-#: Callers of SGLang's memory measurement that size the KV cache (0.5.10 and 0.5.23 names).
-PROFILERS = ("profile_max_num_token", "_profile_available_bytes")
 WEIGHTS = "load_weights"
 MAPPED = "ipc_mapped"
 

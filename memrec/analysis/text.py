@@ -101,3 +101,8 @@ def count(n: int, word: str) -> str:
 def seconds(ns: int) -> float:
     """Nanoseconds as seconds, rounded to the microsecond (the JSON's ``*_s`` fields)."""
     return round(ns / 1e9, 6)
+
+
+def signed_human(n: int) -> str:
+    """A signed byte delta: ``+18.00 GiB``, ``-2.0 MiB``, ``0 B``."""
+    return ("+" if n > 0 else "") + human(n)
