@@ -30,21 +30,26 @@ class Journal:
 
     @classmethod
     def from_rows(cls, raw: bytes | bytearray | memoryview) -> Journal:
-        """Columns (owned copies) from raw journal rows (``JOURNAL_FIELDS`` int64 each)."""
+        """Columns from raw journal rows (``JOURNAL_FIELDS`` int64 each): strided views of ``raw``,
+        no copy (a whole trace's journal is as large as its events: it is held once)."""
         flat = np.frombuffer(raw, dtype=np.int64) if len(raw) else np.zeros(0, np.int64)
         rows = flat.reshape(-1, len(JOURNAL_FIELDS))
-        return cls(*(rows[:, k].copy() for k in range(len(JOURNAL_FIELDS))))
+        return cls(*(rows[:, k] for k in range(len(JOURNAL_FIELDS))))
 
     @classmethod
     def from_state(cls, state: LiveState, consume: bool = False) -> Journal:
-        """The journal of a state built with ``journal=True``; ``consume`` empties the state's
-        copy (a whole-trace replay's journal is as large as the events: hold it once)."""
+        """The journal of a state built with ``journal=True``.
+
+        ``consume``: the columns take the state's journal over (no copy) and the state goes on with
+        an empty one; without it they are a copy (the state may append to its own later).
+        """
         if state.journal is None:
             raise ValueError("the state was built without journal=True")
-        out = cls.from_rows(state.journal)
-        if consume:
-            del state.journal[:]
-        return out
+        raw = state.journal
+        if not consume:
+            return cls.from_rows(bytes(raw))
+        state.journal = raw[:0]  # a new, empty journal of the same kind: `raw` lives on in the views
+        return cls.from_rows(raw)
 
     @classmethod
     def empty(cls) -> Journal:

@@ -61,11 +61,11 @@ class GpuSeries:
 
     def series(self, pid: int | None = None, categories: tuple[str, ...] | None = OWNED) -> np.ndarray:
         """Bytes over time summed over the selected keys (default: every pid, owned categories)."""
-        ck = (pid, categories)
+        sel = self._selected(pid, categories)
+        ck = sel.tobytes()  # selections of the same keys (every pid = the only pid) share one series
         hit = self._cache.get(ck)
         if hit is not None:
             return hit
-        sel = self._selected(pid, categories)
         out = np.zeros(len(self.ts), dtype=np.int64)
         if sel.any():
             out[0] = int(self.initial[sel].sum())
