@@ -85,11 +85,13 @@ def main() -> int:
                 res[k].append(run(k, path))
         med = {k: statistics.median(r["s"] for r in v) for k, v in res.items()}
         rss = max(r["rss_mib"] for r in res["report"])
+        rss_load = max(r["rss_mib"] for r in res["load"])
+        rss_apply = max(r["rss_mib"] for r in res["apply"])
         engine = med["report"] - med["load"] - med["apply"]
         rows.append((n, med, rss, engine))
         print(f"{n:>11,} events  numpy pass {med['pass']:.3f} s | load {med['load']:.2f} s | apply {med['apply']:.2f} s | "
               f"report {med['report']:.2f} s ({min(r['s'] for r in res['report']):.2f}-{max(r['s'] for r in res['report']):.2f}), "
-              f"peak {rss:.0f} MiB | engine+report after apply {engine:.2f} s = x{engine / med['pass']:.0f} numpy passes")
+              f"peak {rss:.0f} MiB (load alone {rss_load:.0f}, load + apply {rss_apply:.0f}) | engine+report after apply {engine:.2f} s = x{engine / med['pass']:.0f} numpy passes")
         if not args.keep:
             path.unlink()
     if len(rows) > 1:

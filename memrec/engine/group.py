@@ -45,7 +45,7 @@ def _codes(col: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     if len(col):
         lo, hi = int(col.min()), int(col.max())
         if hi - lo < 1 << 12:
-            return col.astype(np.int64) - lo, np.arange(lo, hi + 1).astype(col.dtype)
+            return np.subtract(col, lo, dtype=np.int64), np.arange(lo, hi + 1).astype(col.dtype)
     return factorize(col)
 
 

@@ -126,7 +126,7 @@ def gpu_series(g: int, j: Journal, initial: dict, start: int, first_index: int) 
     init = [(p * NCAT + c, b) for (gg, p, c), b in initial.items() if gg == g]
     init_codes = np.array([k for k, _ in init], dtype=np.int64)
     codes, uniq = factorize(np.concatenate((init_codes, code)))
-    key_of_change = codes[len(init) :]
+    key_of_change = codes[len(init) :].astype(np.int32)  # a GPU's (pid, category) pairs: a handful
     initial_row = np.zeros(len(uniq), dtype=np.int64)
     if init:
         np.add.at(initial_row, codes[: len(init)], np.array([b for _, b in init], dtype=np.int64))
