@@ -10,8 +10,9 @@ For each size, in fresh processes (so peak memory is each one's own):
 * ``numpy pass``: one ``np.cumsum`` over the events' timestamps (a floor for "numpy speed");
 * ``report``: ``memrec report`` end to end (``main(["report", path])``), wall time and peak RSS.
 
-``engine`` = report − load − apply: what the replay engine and the report add after the journal
-(series, phases, attribution, reconciliation, text). Prints per-size medians of ``--repeat`` runs,
+``after the journal`` = the report's own time outside ``LiveState.apply`` and ``load_trace``,
+timed inside the report's process: what the replay engine and the report add (series, phases,
+attribution, reconciliation, text). Prints per-size medians of ``--repeat`` runs,
 each as a ratio to the numpy pass, and the growth from the smallest to the largest size.
 """
 
@@ -35,8 +36,23 @@ import numpy as np
 sys.path.insert(0, sys.argv[1])
 what, path = sys.argv[2], sys.argv[3]
 t = time.perf_counter()
+spent = {"apply": 0.0, "load": 0.0}
 if what == "report":
+    import memrec.trace.reader as reader
     from memrec.commands import main
+    from memrec.state import LiveState
+
+    def timed(key, fn):
+        def wrapper(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[key] += time.perf_counter() - t0
+        return wrapper
+
+    LiveState.apply = timed("apply", LiveState.apply)
+    reader.load_trace = timed("load", reader.load_trace)
     with contextlib.redirect_stdout(io.StringIO()):
         rc = main(["report", path])
     assert rc == 0, rc
@@ -52,7 +68,7 @@ else:
         else:
             np.cumsum(ev["ts"].astype(np.int64))
 dt = time.perf_counter() - t
-print(json.dumps({"s": dt, "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+print(json.dumps({"s": dt, "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **spent}))
 """
 
 
@@ -87,11 +103,13 @@ def main() -> int:
         rss = max(r["rss_mib"] for r in res["report"])
         rss_load = max(r["rss_mib"] for r in res["load"])
         rss_apply = max(r["rss_mib"] for r in res["apply"])
-        engine = med["report"] - med["load"] - med["apply"]
+        # in the report's own process: the time outside LiveState.apply and load_trace
+        engine = statistics.median(r["s"] - r["apply"] - r["load"] for r in res["report"])
+        in_apply = statistics.median(r["apply"] / r["s"] for r in res["report"])
         rows.append((n, med, rss, engine))
         print(f"{n:>11,} events  numpy pass {med['pass']:.3f} s | load {med['load']:.2f} s | apply {med['apply']:.2f} s | "
               f"report {med['report']:.2f} s ({min(r['s'] for r in res['report']):.2f}-{max(r['s'] for r in res['report']):.2f}), "
-              f"peak {rss:.0f} MiB (load alone {rss_load:.0f}, load + apply {rss_apply:.0f}) | engine+report after apply {engine:.2f} s = x{engine / med['pass']:.0f} numpy passes")
+              f"peak {rss:.0f} MiB (load alone {rss_load:.0f}, load + apply {rss_apply:.0f}) | in the report: apply {in_apply:.0%} of it, after the journal {engine:.2f} s = x{engine / med['pass']:.0f} numpy passes")
         if not args.keep:
             path.unlink()
     if len(rows) > 1:
