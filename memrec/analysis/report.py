@@ -77,11 +77,11 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
     cache: dict[tuple[int, int], dict] = {}
     phases = trace_phases(trace)
 
-    def at_stop(index: int, state: LiveState) -> None:
+    def at_stop(index: int, state: LiveState, changes: int) -> None:
         g = failed_gpu[index][0]
         # The journal grows with every change: failed calls in a row with nothing in between
         # see the same state, computed once.
-        key = (len(state.journal or ()), g)
+        key = (changes, g)
         snap = cache.get(key)
         if snap is None:
             cache.clear()

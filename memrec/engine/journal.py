@@ -30,25 +30,35 @@ class Journal:
 
     @classmethod
     def from_rows(cls, raw: bytes | bytearray | memoryview) -> Journal:
-        """Columns (contiguous, owned) from raw journal rows (``JOURNAL_FIELDS`` int64 each).
-
-        One transposing copy: every later pass reads one column, not the whole row width (strided
-        views of a 10M-row journal made each column pass cost six).
-        """
+        """Columns (contiguous, owned) from raw journal rows (``JOURNAL_FIELDS`` int64 each)."""
         flat = np.frombuffer(raw, dtype=np.int64) if len(raw) else np.zeros(0, np.int64)
-        cols = flat.reshape(-1, len(JOURNAL_FIELDS)).T.copy()
-        return cls(*cols)
+        rows = flat.reshape(-1, len(JOURNAL_FIELDS))
+        return cls(*(rows[:, k].copy() for k in range(len(JOURNAL_FIELDS))))
 
     @classmethod
     def from_state(cls, state: LiveState, consume: bool = False) -> Journal:
         """The journal of a state built with ``journal=True``; ``consume`` empties the state's own
-        (a whole trace's journal is as large as its events: it is not held twice for long)."""
+        (a replay takes it chunk by chunk, so it is never held twice)."""
         if state.journal is None:
             raise ValueError("the state was built without journal=True")
         raw = state.journal
         if consume:
             state.journal = raw[:0]  # a new, empty journal of the same kind; `raw` goes with this call
         return cls.from_rows(raw)
+
+    @classmethod
+    def concat(cls, parts: list[Journal]) -> Journal:
+        """One journal of ``parts`` in order (column by column: one column's copy at a time)."""
+        if len(parts) == 1:
+            return parts[0]
+        if not parts:
+            return cls.empty()
+        cols = []
+        for f in fields(cls):
+            cols.append(np.concatenate([getattr(p, f.name) for p in parts]))
+            for p in parts:
+                setattr(p, f.name, None)  # each part's column goes as soon as it is copied
+        return cls(*cols)
 
     @classmethod
     def empty(cls) -> Journal:

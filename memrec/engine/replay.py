@@ -26,7 +26,9 @@ from memrec.engine.series import GpuSeries
 from memrec.engine.series import gpu_series
 from memrec.state import LiveState
 
-#: Events per LiveState.apply call in a whole-trace replay (see :func:`_apply`).
+#: Events per LiveState.apply call in a whole-trace replay: what apply makes per call (lists of a
+#: call's columns) and the state's own journal stay bounded however long the trace (one
+#: 10M-event call took 2.5 GB).
 APPLY_CHUNK = 1 << 20
 #: What a snapshot that is not this version's LiveState raises in ``LiveState.from_snapshot``.
 BAD_SNAPSHOT = (ValueError, KeyError, TypeError, AttributeError)
@@ -92,7 +94,7 @@ def build_timeline(
     start: int | None = None,
     state: LiveState | None = None,
     stops: Sequence[int] = (),
-    at_stop: Callable[[int, LiveState], None] | None = None,
+    at_stop: Callable[[int, LiveState, int], None] | None = None,
 ) -> Timeline:
     """Replay ``events`` (filling in their ``gpu``) and build every GPU's series.
 
@@ -101,10 +103,11 @@ def build_timeline(
         start: the time of each series' initial row (default: the first event's ts).
         state: a state to continue from (e.g. restored from a keyframe, with ``journal=True``);
             its holdings are the initial row. Default: empty.
-        stops: event indexes (into ``events``, ascending) where ``at_stop(index, state)`` is
-            called with the state just *before* that event: who held what at a failed call.
+        stops: event indexes (into ``events``, ascending) where ``at_stop(index, state, changes)``
+            is called with the state just *before* that event (who held what at a failed call)
+            and the number of journal rows so far (equal for two stops: nothing changed between).
 
-    The state's journal is moved into :attr:`Timeline.journal` (the state's own copy is emptied).
+    The journal moves into :attr:`Timeline.journal` as it grows (the state's own stays short).
     """
     if state is None:
         state = LiveState(journal=True)
@@ -112,28 +115,26 @@ def build_timeline(
         raise ValueError("build_timeline needs a state with journal=True")
     initial = state.counters()  # (gpu, pid, category index) -> bytes
     first_index = state.n_events
+    parts: list[Journal] = []
+    changes = 0
     done = 0
-    for stop in stops:
+    for stop in [*stops, len(events)]:
         if stop < done:
             raise ValueError("stops must be ascending")
-        _apply(state, events[done:stop])
+        for lo in range(done, stop, APPLY_CHUNK):
+            state.apply(events[lo : min(stop, lo + APPLY_CHUNK)])
+            parts.append(Journal.from_state(state, consume=True))
+            changes += len(parts[-1])
         done = stop
-        if at_stop is not None:
-            at_stop(stop, state)
-    _apply(state, events[done:])
-    journal = Journal.from_state(state, consume=True)
+        if at_stop is not None and stop < len(events):
+            at_stop(stop, state, changes)
+    journal = Journal.concat(parts)
+    del parts
     if start is None:
         start = int(events["ts"][0]) if len(events) else 0
     gpus = sorted({int(g) for g in _distinct(journal.gpu)} | {g for g, _, _ in initial})
     out = {g: gpu_series(g, journal, initial, start, first_index) for g in gpus}
     return Timeline(gpus=out, journal=journal, state=state, start=start, events=events)
-
-
-def _apply(state: LiveState, events: np.ndarray) -> None:
-    """``state.apply`` in slices of :data:`APPLY_CHUNK` events: what apply makes per call (lists
-    of a call's columns) stays bounded however long the trace (one 10M-event call took 2.5 GB)."""
-    for lo in range(0, len(events), APPLY_CHUNK):
-        state.apply(events[lo : lo + APPLY_CHUNK])
 
 
 def _distinct(small_ints: np.ndarray) -> list[int]:

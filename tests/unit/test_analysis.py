@@ -174,7 +174,7 @@ def test_timeline_stops_see_the_state_before_each_stop():
     # GIVEN a stop at the failed call (index 8)
     seen = {}
     # WHEN replayed with stops
-    build_timeline(sglang_events(), stops=[8, 9], at_stop=lambda i, st: seen.update({i: st.owned_bytes(gpu=0)}))
+    build_timeline(sglang_events(), stops=[8, 9], at_stop=lambda i, st, _changes: seen.update({i: st.owned_bytes(gpu=0)}))
     # THEN each callback saw the state just before its event
     assert seen == {8: 12 * GiB, 9: 12 * GiB}
 
