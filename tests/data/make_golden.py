@@ -28,6 +28,7 @@ from memrec.events import Kind
 from memrec.events import Marker
 from memrec.events import ProcessInfo
 from memrec.state import LiveState
+from memrec.state import alloc_rows
 from memrec.trace.writer import BytesSink
 from memrec.trace.writer import TraceWriter
 
@@ -141,10 +142,12 @@ def write_golden(sink: object) -> TraceWriter:
     w.write_lost(T0 + 86, 3)
     # A later record for TP1 (its rank became known): readers keep the last one.
     w.write_process(_process(TP1, T0 + 70, {"tp": 1}))
-    # The keyframe is the real live state after the first 8 events, as the daemon writes it.
+    # The keyframe is the real live state after the first 8 events, as the daemon wrote it with
+    # snapshot version 1 (allocations as one flat list): readers must keep reading it.
     state = LiveState()
     state.apply(ev[:8].copy())
-    w.write_keyframe(T0 + 87, state.snapshot())
+    snap = state.snapshot()
+    w.write_keyframe(T0 + 87, {**snap, "v": 1, "allocs": alloc_rows(snap)})
     w.write_events(ev[8:])
     w.write_procmem(_procmem(T0 + 95))
     w.write_marker(_marker(T0 + 105, TP0, "load_weights", "end", 0, {"available_after_weights": 137.0}))

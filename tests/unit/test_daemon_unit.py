@@ -37,6 +37,7 @@ from memrec.daemon.server import ProbeLoadError
 from memrec.daemon.sockets import SocketError
 from memrec.daemon.sockets import bind_unix_socket
 from memrec.events import Kind
+from memrec.state import alloc_rows
 from memrec.trace import frames
 from memrec.trace.reader import TraceReader
 from memrec.trace.reader import load_trace
@@ -627,7 +628,7 @@ def test_subscriber_gets_header_keyframe_then_the_files_records(daemon):
     first = recv_frames(sub, decoder)
     # THEN it gets the header, its process, and a keyframe that already holds the allocation
     assert [r["type"] for r in first] == ["header", "process", "keyframe"]
-    assert first[2]["state"]["n"] == 1 and first[2]["state"]["allocs"][:3] == [pid, 0x10, MiB]
+    assert first[2]["state"]["n"] == 1 and alloc_rows(first[2]["state"])[:3] == [pid, 0x10, MiB]
     # WHEN more happens THEN it gets the same records as the file, no event twice
     daemon.probes.push(raw(Kind.FREE, ts=t + 1, pid=pid, ptr=0x10))
     MarkerClient(daemon.config.socket_path).mark("live")
