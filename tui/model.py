@@ -55,6 +55,7 @@ from memrec.engine.phases import OPEN_END
 from memrec.engine.phases import Phases
 from memrec.engine.phases import build_phases
 from memrec.engine.phases import held_by_phase
+from memrec.engine.journal import take_rows
 from memrec.engine.replay import advance
 from memrec.engine.series import CategorySeries
 from memrec.engine.series import Grow
@@ -718,11 +719,9 @@ class TraceModel:
         return done
 
     def _commit_journal(self) -> None:
-        jr = self._live.journal
-        if not jr:
+        rows = take_rows(self._live)
+        if not len(rows):
             return
-        rows = np.frombuffer(jr, dtype=np.int64).reshape(-1, 6).copy()
-        del jr[:]
         with self.lock:
             gpus = rows[:, 2]
             pairs = np.unique(rows[:, 2] * (1 << 32) + rows[:, 3])

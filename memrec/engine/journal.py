@@ -28,42 +28,6 @@ class Journal:
     category: np.ndarray  # index into memrec.events.CATEGORIES
     delta: np.ndarray  # signed bytes
 
-    @classmethod
-    def from_rows(cls, raw: bytes | bytearray | memoryview) -> Journal:
-        """Columns (contiguous, owned) from raw journal rows (``JOURNAL_FIELDS`` int64 each)."""
-        flat = np.frombuffer(raw, dtype=np.int64) if len(raw) else np.zeros(0, np.int64)
-        rows = flat.reshape(-1, len(JOURNAL_FIELDS))
-        return cls(*(rows[:, k].copy() for k in range(len(JOURNAL_FIELDS))))
-
-    @classmethod
-    def from_state(cls, state: LiveState, consume: bool = False) -> Journal:
-        """The journal of a state built with ``journal=True``; ``consume`` empties the state's own
-        (a replay takes it chunk by chunk, so it is never held twice)."""
-        if state.journal is None:
-            raise ValueError("the state was built without journal=True")
-        raw = state.journal
-        if consume:
-            state.journal = raw[:0]  # a new, empty journal of the same kind; `raw` goes with this call
-        return cls.from_rows(raw)
-
-    @classmethod
-    def concat(cls, parts: list[Journal]) -> Journal:
-        """One journal of ``parts`` in order (column by column: one column's copy at a time)."""
-        if len(parts) == 1:
-            return parts[0]
-        if not parts:
-            return cls.empty()
-        cols = []
-        for f in fields(cls):
-            cols.append(np.concatenate([getattr(p, f.name) for p in parts]))
-            for p in parts:
-                setattr(p, f.name, None)  # each part's column goes as soon as it is copied
-        return cls(*cols)
-
-    @classmethod
-    def empty(cls) -> Journal:
-        return cls(*(np.zeros(0, np.int64) for _ in range(len(JOURNAL_FIELDS))))
-
     def __len__(self) -> int:
         return len(self.index)
 
@@ -78,3 +42,46 @@ class Journal:
             return np.zeros(len(self), dtype=bool)
         idx = np.clip(self.index, 0, n - 1)
         return (self.index >= 0) & (self.index < n) & (events["kind"][idx] == int(Kind.PROC_EXIT))
+
+
+def take_rows(state: LiveState) -> np.ndarray:
+    """The rows ``state`` journaled so far, (rows × ``JOURNAL_FIELDS``) int64, moved out of it (the
+    state goes on with an empty journal of the same kind): how every replay reads the journal."""
+    raw = state.journal
+    if raw is None:
+        raise ValueError("the state was built without journal=True")
+    state.journal = raw[:0]
+    if not len(raw):
+        return np.zeros((0, len(JOURNAL_FIELDS)), dtype=np.int64)
+    return np.frombuffer(raw, dtype=np.int64).reshape(-1, len(JOURNAL_FIELDS))
+
+
+class JournalBuffer:
+    """A replay's journal gathered chunk by chunk into one (fields × rows) array.
+
+    ``take(state)`` moves what the state journaled since the last call in (one transposing copy
+    per chunk into preallocated columns: the state's own journal stays short, and no concatenation
+    at the end); :meth:`journal` gives the columns (contiguous views, no copy).
+    """
+
+    def __init__(self, capacity: int = 0) -> None:
+        # np.empty does not touch its pages: capacity not used costs no memory
+        self._buf = np.empty((len(JOURNAL_FIELDS), max(capacity, 1024)), dtype=np.int64)
+        self.n = 0
+
+    def take(self, state: LiveState) -> None:
+        """Move ``state``'s journal rows in (the state goes on with an empty journal)."""
+        rows = take_rows(state)
+        m = len(rows)
+        if not m:
+            return
+        if self.n + m > self._buf.shape[1]:
+            grown = np.empty((len(JOURNAL_FIELDS), max(2 * self._buf.shape[1], self.n + m)), dtype=np.int64)
+            grown[:, : self.n] = self._buf[:, : self.n]
+            self._buf = grown
+        self._buf[:, self.n : self.n + m] = rows.T
+        self.n += m
+
+    def journal(self) -> Journal:
+        """The rows taken so far, as columns."""
+        return Journal(*(self._buf[k, : self.n] for k in range(len(JOURNAL_FIELDS))))

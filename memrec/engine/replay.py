@@ -20,6 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from memrec.engine.journal import Journal
+from memrec.engine.journal import JournalBuffer
 from memrec.engine.phases import Phases
 from memrec.engine.phases import build_phases
 from memrec.engine.series import GpuSeries
@@ -115,21 +116,19 @@ def build_timeline(
         raise ValueError("build_timeline needs a state with journal=True")
     initial = state.counters()  # (gpu, pid, category index) -> bytes
     first_index = state.n_events
-    parts: list[Journal] = []
-    changes = 0
+    rows = JournalBuffer(capacity=len(events) + len(events) // 8)  # about a change per event
+    rows.take(state)  # what the state had journaled before (normally nothing)
     done = 0
     for stop in [*stops, len(events)]:
         if stop < done:
             raise ValueError("stops must be ascending")
         for lo in range(done, stop, APPLY_CHUNK):
             state.apply(events[lo : min(stop, lo + APPLY_CHUNK)])
-            parts.append(Journal.from_state(state, consume=True))
-            changes += len(parts[-1])
+            rows.take(state)
         done = stop
         if at_stop is not None and stop < len(events):
-            at_stop(stop, state, changes)
-    journal = Journal.concat(parts)
-    del parts
+            at_stop(stop, state, rows.n)
+    journal = rows.journal()
     if start is None:
         start = int(events["ts"][0]) if len(events) else 0
     gpus = sorted({int(g) for g in _distinct(journal.gpu)} | {g for g, _, _ in initial})
