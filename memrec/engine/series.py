@@ -200,15 +200,22 @@ class CategorySeries:
 
     def append(self, seq: np.ndarray, ts: np.ndarray, cat: np.ndarray, delta: np.ndarray) -> None:
         """Add journal changes (event index, ts, category index, signed bytes) in replay order."""
-        if not len(seq):
+        n = len(seq)
+        if not n:
             return
+        present = np.bincount(cat, minlength=NCAT) if cat.min() >= 0 else np.ones(NCAT, dtype=np.int64)
+        tot = np.full(n, int(self._last.sum()), dtype=np.int64)
         for c in range(NCAT):
-            d = np.where(cat == c, delta, 0)
-            self.cum[c].extend(np.cumsum(d) + self._last[c])
+            if present[c] == len(cat):  # the chunk changes one category only: no mask
+                step = np.cumsum(delta)
+            elif present[c]:
+                step = np.cumsum(np.where(cat == c, delta, 0))
+            else:  # unchanged in this chunk: a constant run
+                self.cum[c].extend(np.full(n, self._last[c], dtype=np.int64))
+                continue
+            tot += step
+            self.cum[c].extend(step + self._last[c])
             self._last[c] = self.cum[c].a[-1]
-        tot = self.cum[0].a[-len(seq) :].copy()
-        for c in range(1, NCAT):
-            tot += self.cum[c].a[-len(seq) :]
         self.total.extend(tot)
         self.seq.extend(seq)
         self.ts.extend(ts)
