@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import re
 import shutil
 import signal
@@ -557,14 +558,17 @@ def test_trace_is_complete_on_disk_before_the_probes_detach(daemon):
 
 
 def test_size_rotation_gives_files_that_stand_alone(workdir):
-    # GIVEN a tiny rotation size
-    d = make_daemon(workdir, rotate_bytes=20_000)
+    # GIVEN a tiny rotation size, and events with random threads and pointer bits (trace format 2
+    # stores regular events in under a byte each)
+    d = make_daemon(workdir, rotate_bytes=4_000)
     d.start()
+    rng = random.Random(5)
     try:
         pid = os.getpid()
         t = time.monotonic_ns()
         for i in range(6):
-            d.probes.push(*[raw(Kind.ALLOC, ts=t + i * 100 + j, pid=pid, ordinal=0, ptr=(i * 100 + j + 1) << 12, size=MiB)
+            d.probes.push(*[raw(Kind.ALLOC, ts=t + i * 100 + j, pid=pid, tid=rng.getrandbits(31), ordinal=0,
+                                ptr=(rng.getrandbits(20) << 20 | (i * 100 + j + 1)) << 12, size=MiB)
                             for j in range(100)])
             pump(d, 0.06)
     finally:
