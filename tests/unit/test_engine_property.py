@@ -162,7 +162,7 @@ ISSUE_16 = dict(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @example(**ISSUE_16)
 @given(markers_st, ops_st, st.booleans())
 def test_report_diff_and_tui_give_the_same_phase_and_bytes_at_every_time(marks, ops, ranked):
