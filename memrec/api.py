@@ -1,7 +1,7 @@
 """``memrec.load(path)``: a trace as tables, for notebooks, pandas, polars and DuckDB.
 
 A :class:`Recording` replays the trace once (the same replay as ``memrec report``: keyframe at
-event 0, :func:`memrec.analysis.timeline.build_timeline`, :func:`memrec.analysis.phases.build_phases`)
+event 0, :func:`memrec.engine.replay.build_timeline`, :func:`memrec.engine.phases.build_phases`)
 and hands out typed tables: numpy structured arrays, or pandas DataFrames when pandas is installed
 and ``pandas`` is not False. Names (kind, api, result, phase, category) are strings, sizes and
 times integers (ns on CLOCK_MONOTONIC, plus ``t_s``: seconds since the recording started, the
@@ -20,17 +20,18 @@ from memrec.analysis.names import api_name
 from memrec.analysis.names import kind_name
 from memrec.analysis.names import process_title
 from memrec.analysis.names import result_name
-from memrec.analysis.phases import Phases
-from memrec.analysis.phases import attribute
-from memrec.analysis.phases import build_phases
+from memrec.engine.phases import Phases
+from memrec.engine.phases import attribute
 from memrec.analysis.reconcile import Reconciliation
 from memrec.analysis.reconcile import reconcile
-from memrec.analysis.replay import initial_state
-from memrec.analysis.replay import trace_bounds
-from memrec.analysis.timeline import OWNED
-from memrec.analysis.timeline import Timeline
-from memrec.analysis.timeline import build_timeline
-from memrec.analysis.timeline import state_at
+from memrec.engine.replay import initial_state
+from memrec.engine.replay import trace_bounds
+from memrec.engine.replay import trace_phases
+from memrec.events import OWNED
+from memrec.engine.replay import Timeline
+from memrec.engine.replay import build_timeline
+from memrec.engine.replay import state_at
+from memrec.ranks import pid_labels
 from memrec.trace.model import Trace
 
 #: Object columns hold Python str (names shared between rows: 8 bytes a row, not a fixed width).
@@ -97,17 +98,12 @@ class Recording:
     @cached_property
     def phases(self) -> Phases:
         """Phases (begin/end marker pairs per process) and instants."""
-        return build_phases(self.trace.markers, self.end)
+        return trace_phases(self.trace)
 
     @cached_property
     def ranks(self) -> dict[int, str]:
         """pid -> rank label ("TP0") from the markers' SGLang ranks, else the process record's rank."""
-        from memrec.analysis.sglang_report import rank_labels
-
-        out = {p: f"{' '.join(f'{k}{v}' for k, v in sorted(i.rank.items()))}" for p, i in self.trace.processes.items()
-               if i.rank}
-        out.update(rank_labels(self.trace.markers))
-        return out
+        return pid_labels(self.trace.markers, self.trace.processes)
 
     def name_of(self, pid: int) -> str:
         """``pid 1054 TP0 python3 (spawned)``: how tables and exports name a process."""

@@ -41,8 +41,6 @@ import numpy as np
 from memrec._errors import TraceFormatError
 from memrec._untrusted import clean_marker
 from memrec._untrusted import clean_text
-from memrec.analysis.phases import NO_PHASE
-from memrec.analysis.sglang_report import rank_labels
 from memrec.columns import EVENT_DTYPE
 from memrec.events import CATEGORIES
 from memrec.events import CU_RESULT_NAMES
@@ -54,6 +52,16 @@ from memrec.events import OWNED_CATEGORIES as OWNED
 from memrec.events import Kind
 from memrec.events import Marker
 from memrec.events import ProcessInfo
+from memrec.engine.phases import OPEN_END
+from memrec.engine.phases import Phases
+from memrec.engine.phases import build_phases
+from memrec.engine.phases import held_by_phase
+from memrec.engine.journal import take_rows
+from memrec.engine.replay import advance
+from memrec.engine.series import CategorySeries
+from memrec.engine.series import Grow
+from memrec.ranks import process_label
+from memrec.ranks import rank_labels
 from memrec.state import LiveState
 from memrec.trace.chunks import DEFAULT_SCHEMA
 from memrec.trace.format import gpus_from_header
@@ -65,42 +73,11 @@ NCAT = len(CATEGORIES)
 ALLOC_KINDS = np.array([Kind.ALLOC, Kind.VMM_CREATE, Kind.HOST_ALLOC, Kind.IPC_OPEN, Kind.HOST_REGISTER], dtype=np.uint16)
 #: Allocations of at least this many bytes are remembered for "next big allocation" (key b).
 BIG_MIN = 1 << 30
-#: Block size of the max pyramid used to downsample series.
-BLOCK = 512
-NEVER = np.iinfo(np.int64).max
+NEVER = OPEN_END
 
 
 # ----------------------------------------------------------------------------------------------
 # small helpers
-
-
-class Grow:
-    """A growable 1-D numpy array (capacity doubling), ``.a`` is the live view."""
-
-    def __init__(self, dtype: Any, capacity: int = 1024) -> None:
-        self._buf = np.zeros(capacity, dtype=dtype)
-        self.n = 0
-
-    @property
-    def a(self) -> np.ndarray:
-        return self._buf[: self.n]
-
-    def extend(self, values: np.ndarray) -> None:
-        m = len(values)
-        if self.n + m > len(self._buf):
-            cap = max(len(self._buf) * 2, self.n + m)
-            new = np.zeros(cap, dtype=self._buf.dtype)
-            new[: self.n] = self._buf[: self.n]
-            self._buf = new
-        self._buf[self.n : self.n + m] = values
-        self.n += m
-
-    def drop_front(self, k: int) -> None:
-        if k <= 0:
-            return
-        k = min(k, self.n)
-        self._buf = self._buf[k : self.n].copy() if self.n - k else np.zeros(16, dtype=self._buf.dtype)
-        self.n -= k
 
 
 def fmt_dur(ns: int | float) -> str:
@@ -205,7 +182,8 @@ def parse_filter(text: str) -> EventFilter:
 
 @dataclass(frozen=True)
 class PhaseSpan:
-    """A phase from a begin/end pair of markers (an instant marker has ``end == begin``)."""
+    """A phase piece as the phase bands draw it (an instant marker has ``end == begin``); a view of
+    :class:`memrec.engine.phases.Phase`."""
 
     name: str
     pid: int
@@ -213,58 +191,34 @@ class PhaseSpan:
     begin: int
     end: int  # NEVER while still open
     values: dict = field(default_factory=dict, compare=False, hash=False)
+    path: str = ""  # the phase path (memrec.engine.phases); "" for an instant
+    resumed: bool = False  # continues a piece cut where an enclosing phase ended: not a begin
 
 
 def phase_spans(markers: Iterable[Marker]) -> list[PhaseSpan]:
-    """Pair begin/end markers per (pid, name) (nested and repeated phases allowed), in begin order."""
-    open_: dict[tuple[int, str], list[Marker]] = {}
-    spans: list[PhaseSpan] = []
-    for m in sorted(markers, key=lambda m: m.ts):
-        key = (m.pid, m.name)
-        if m.phase == "begin":
-            open_.setdefault(key, []).append(m)
-        elif m.phase == "end":
-            stack = open_.get(key)
-            if stack:
-                b = stack.pop()
-                spans.append(PhaseSpan(m.name, m.pid, b.gpu, b.ts, m.ts, {**b.values, **m.values}))
-        else:
-            spans.append(PhaseSpan(m.name, m.pid, m.gpu, m.ts, m.ts, dict(m.values)))
-    for stack in open_.values():
-        for b in stack:
-            spans.append(PhaseSpan(b.name, b.pid, b.gpu, b.ts, NEVER, dict(b.values)))
-    spans.sort(key=lambda s: (s.begin, s.pid, s.name))
-    return spans
+    """The phases of ``markers`` (the engine's semantics) and the instants, in begin order."""
+    return PhaseIndex(build_phases(markers)).spans
 
 
 class PhaseIndex:
-    """Which phase a process was in at a time (the innermost open span of that pid)."""
+    """Which phase a process was in at a time: a view of :class:`memrec.engine.phases.Phases`
+    (the report's and diff's phases), with "" for no phase."""
 
-    def __init__(self, spans: list[PhaseSpan]) -> None:
+    def __init__(self, phases: Phases) -> None:
+        self.phases = phases
+        spans = [PhaseSpan(p.name, p.pid, p.gpu, p.start, p.end, p.values, p.path, p.resumes >= 0)
+                 for p in phases.phases]
+        spans += [PhaseSpan(i.name, i.pid, i.gpu, i.ts, i.ts, i.values) for i in phases.instants]
+        spans.sort(key=lambda s: (s.begin, s.pid, s.name))
         self.spans = spans
-        self._by_pid: dict[int, list[PhaseSpan]] = {}
-        for s in spans:
-            if s.end != s.begin:
-                self._by_pid.setdefault(s.pid, []).append(s)
 
     def phase_of(self, pid: int, ts: int) -> str:
-        best = ""
-        best_begin = -1
-        for s in self._by_pid.get(pid, ()):
-            if s.begin > ts:
-                break
-            if ts < s.end and s.begin >= best_begin:
-                best, best_begin = s.name, s.begin
-        return best
+        ph = self.phases.phase_at(pid, ts)
+        return self.phases.label(ph) if ph >= 0 else ""
 
     def phases_of(self, pids: np.ndarray, tss: np.ndarray) -> list[str]:
-        out = [""] * len(pids)
-        if not self._by_pid:
-            return out
-        for i, (p, t) in enumerate(zip(pids.tolist(), tss.tolist())):
-            if p in self._by_pid:
-                out[i] = self.phase_of(p, t)
-        return out
+        ids = self.phases.assign(np.asarray(pids), np.asarray(tss).astype(np.int64))
+        return ["" if i < 0 else self.phases.phases[i].path for i in ids.tolist()]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -501,85 +455,7 @@ class EventStore:
 
 
 # ----------------------------------------------------------------------------------------------
-# per-GPU series
-
-
-class GpuSeries:
-    """Step series of one GPU's bytes per category, one point per change (from the journal)."""
-
-    def __init__(self) -> None:
-        self.seq = Grow(np.int64)
-        self.ts = Grow(np.uint64)
-        self.cum = [Grow(np.int64) for _ in range(NCAT)]
-        self.total = Grow(np.int64)  # owned + mapped: what the stack peaks on
-        self._last = np.zeros(NCAT, dtype=np.int64)
-        self._bmax = Grow(np.int64)
-        self._barg = Grow(np.int64)
-        self.offset = 0  # points dropped from the front (live trimming)
-
-    def __len__(self) -> int:
-        return self.seq.n
-
-    def append(self, seq: np.ndarray, ts: np.ndarray, cat: np.ndarray, delta: np.ndarray) -> None:
-        if not len(seq):
-            return
-        for c in range(NCAT):
-            d = np.where(cat == c, delta, 0)
-            self.cum[c].extend(np.cumsum(d) + self._last[c])
-            self._last[c] = self.cum[c].a[-1]
-        tot = self.cum[0].a[-len(seq) :].copy()
-        for c in range(1, NCAT):
-            tot += self.cum[c].a[-len(seq) :]
-        self.total.extend(tot)
-        self.seq.extend(seq)
-        self.ts.extend(ts)
-
-    def set_initial(self, values: np.ndarray, seq: int, ts: int) -> None:
-        """Start from a known state (a keyframe the trace began with)."""
-        self.append(
-            np.full(NCAT, seq, np.int64), np.full(NCAT, ts, np.uint64), np.arange(NCAT, dtype=np.int8), values.astype(np.int64)
-        )
-
-    def _blocks(self) -> None:
-        full = self.total.n // BLOCK
-        have = self._bmax.n
-        if full > have:
-            part = self.total.a[have * BLOCK : full * BLOCK].reshape(-1, BLOCK)
-            arg = part.argmax(axis=1)
-            self._bmax.extend(part[np.arange(len(part)), arg])
-            self._barg.extend(arg + (np.arange(len(part)) + have) * BLOCK)
-
-    def argmax(self, lo: int, hi: int) -> int:
-        """Index of the largest ``total`` in [lo, hi) (hi > lo)."""
-        tot = self.total.a
-        if hi - lo <= 4 * BLOCK:
-            return lo + int(np.argmax(tot[lo:hi]))
-        self._blocks()
-        b0 = -(-lo // BLOCK)
-        b1 = hi // BLOCK
-        cands = []
-        if lo < b0 * BLOCK:
-            cands.append(lo + int(np.argmax(tot[lo : b0 * BLOCK])))
-        if b1 > b0:
-            bm = self._bmax.a[b0:b1]
-            cands.append(int(self._barg.a[b0 + int(np.argmax(bm))]))
-        if b1 * BLOCK < hi:
-            cands.append(b1 * BLOCK + int(np.argmax(tot[b1 * BLOCK : hi])))
-        return max(cands, key=lambda i: tot[i])
-
-    def values_at(self, i: int) -> np.ndarray:
-        return np.array([self.cum[c].a[i] for c in range(NCAT)], dtype=np.int64)
-
-    def drop_before_seq(self, seq: int) -> None:
-        """Drop points before ``seq``, keeping the last one before it as the start value."""
-        k = int(np.searchsorted(self.seq.a, seq, side="left")) - 1
-        if k <= 0:
-            return
-        for g in (self.seq, self.ts, self.total, *self.cum):
-            g.drop_front(k)
-        self._bmax = Grow(np.int64)
-        self._barg = Grow(np.int64)
-        self.offset += k
+# NVML samples
 
 
 class NvmlSeries:
@@ -642,7 +518,7 @@ class TraceModel:
         self.trailer: dict | None = None
         self.checkpoint_every = checkpoint_every
         self.max_events = max_events
-        self.series: dict[int, GpuSeries] = {}
+        self.series: dict[int, CategorySeries] = {}
         # (seq, snapshot) taken by the replay, the snapshot marshalled: one bytes object instead of
         # flat lists of ~10^4 ints each, which every full GC pass would walk (300 checkpoints of a
         # 10M-event trace made each gen-2 collection ~110 ms, stalling whichever thread ran it)
@@ -742,7 +618,7 @@ class TraceModel:
                 self._live = s
                 for g, values in _totals_by_gpu(s).items():
                     self._gpu_ids.add(g)
-                    self.series.setdefault(g, GpuSeries()).set_initial(values, -1, ts)
+                    self.series.setdefault(g, CategorySeries()).set_initial(values, -1, ts)
 
     def set_lost(self, total: int) -> None:
         self.lost = max(self.lost, int(total))
@@ -880,11 +756,9 @@ class TraceModel:
         return done
 
     def _commit_journal(self) -> None:
-        jr = self._live.journal
-        if not jr:
+        rows = take_rows(self._live)
+        if not len(rows):
             return
-        rows = np.frombuffer(jr, dtype=np.int64).reshape(-1, 6).copy()
-        del jr[:]
         with self.lock:
             gpus = rows[:, 2]
             pairs = np.unique(rows[:, 2] * (1 << 32) + rows[:, 3])
@@ -893,9 +767,9 @@ class TraceModel:
             for g in np.unique(gpus).tolist():
                 sel = rows[gpus == g]
                 self._gpu_ids.add(int(g))
-                series = self.series.setdefault(int(g), GpuSeries())
+                series = self.series.setdefault(int(g), CategorySeries())
                 series.append(sel[:, 0], sel[:, 1].astype(np.uint64), sel[:, 4].astype(np.int8), sel[:, 5])
-                series._blocks()  # keep the max pyramid current: redraws never build it
+                series.blocks()  # keep the max pyramid current: redraws never build it
 
     def trim(self) -> None:
         """Live mode: keep at most ``max_events`` events (and what depends on them)."""
@@ -1026,7 +900,7 @@ class TraceModel:
         with self.lock:
             n = len(self.markers)
             if self._phase_cache is None or self._phase_cache[0] != n:
-                self._phase_cache = (n, PhaseIndex(phase_spans(self.markers)))
+                self._phase_cache = (n, PhaseIndex(build_phases(self.markers)))
             return self._phase_cache[1]
 
     def pid_label(self, pid: int) -> str:
@@ -1036,9 +910,7 @@ class TraceModel:
         if label:
             return label
         p = self.processes.get(pid)
-        if p is not None and p.rank:
-            return " ".join(f"{k}{v}" for k, v in sorted(p.rank.items()))
-        return str(pid)
+        return (process_label(p.rank) if p is not None else "") or str(pid)
 
     def _rank_labels(self) -> dict[int, str]:
         with self.lock:
@@ -1106,11 +978,12 @@ class TraceModel:
         if isinstance(snap, bytes):
             snap = marshal.loads(snap)
         s = LiveState.from_snapshot(snap) if snap is not None else LiveState()
-        s.n_events = covered
-        for piece in pieces:  # chunk by chunk, outside the lock: no 100-MB concatenation
-            gap = self.store.materialize([piece])
-            s.apply(gap if gap.flags.writeable else gap.copy())
-        return s
+        # chunk by chunk, outside the lock: no 100-MB concatenation
+        return advance(s, covered, (self._writable(self.store.materialize([piece])) for piece in pieces))
+
+    @staticmethod
+    def _writable(events: np.ndarray) -> np.ndarray:
+        return events if events.flags.writeable else events.copy()
 
     def state_at(self, seq: int, gpu: int, ts: int | None = None, n_largest: int = 50) -> CursorState:
         """Who holds what on ``gpu`` after event ``seq`` (see :class:`CursorState`)."""
@@ -1126,15 +999,7 @@ class TraceModel:
             procs.append((pid, self.pid_label(pid), dict(cats), owned))
         procs.sort(key=lambda r: (-r[3], -sum(r[2].values()), r[0]))
         pix = self.phase_index()
-        phases: dict[str, list[int]] = {}
-        for h in s.holdings(gpu=gpu):
-            if h.category == "ipc_mapped":
-                continue
-            ph = pix.phase_of(h.pid, h.ts) or NO_PHASE
-            row = phases.setdefault(ph, [0, 0])
-            row[0] += h.size
-            row[1] += 1
-        by_phase = sorted(((p, b, n) for p, (b, n) in phases.items()), key=lambda r: -r[1])
+        by_phase = [(r.phase, r.bytes, r.count) for r in held_by_phase(s, gpu, pix.phases)]
         largest = [
             LiveAlloc(
                 h.pid,
@@ -1183,8 +1048,8 @@ class TraceModel:
             s = self.series.get(gpu)
             if s is None or not len(s):
                 return np.zeros(NCAT, np.int64)
-            i = int(np.searchsorted(s.ts.a, np.uint64(max(ts, 0)), side="right")) - 1
-            return s.values_at(i) if i >= 0 else np.zeros(NCAT, np.int64)
+            v = s.at_time(ts)
+            return v if v is not None else np.zeros(NCAT, np.int64)
 
     # ------------------------------------------------------------------ events around the cursor
 
@@ -1317,7 +1182,7 @@ class TraceModel:
             pids = set(self.gpu_pids(gpu))
             if pids:
                 spans = [s for s in spans if s.pid in pids or s.gpu == gpu] or spans
-        return _next_in(sorted(s.begin for s in spans if s.end != s.begin), ts, forward)
+        return _next_in(sorted(s.begin for s in spans if s.end != s.begin and not s.resumed), ts, forward)
 
     def next_failure_ts(self, ts: int, forward: bool, gpu: int | None = None) -> int | None:
         with self.lock:

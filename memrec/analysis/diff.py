@@ -31,40 +31,38 @@ from typing import Any
 import numpy as np
 
 from memrec.analysis.kv_budget import KvBudget
-from memrec.analysis.kv_budget import compare_budgets
 from memrec.analysis.kv_budget import kv_budgets
+from memrec.analysis.kv_budget_diff import compare_budgets
 from memrec.analysis.names import api_name
 from memrec.analysis.names import result_name
-from memrec.analysis.phases import NO_PHASE
-from memrec.analysis.phases import Phases
-from memrec.analysis.phases import attribute
-from memrec.analysis.phases import build_phases
+from memrec.engine.phases import NO_PHASE
+from memrec.engine.phases import Phases
+from memrec.engine.phases import attribute
 from memrec.analysis.reconcile import reconcile
-from memrec.analysis.replay import initial_state
-from memrec.analysis.replay import trace_bounds
+from memrec.engine.replay import initial_state
+from memrec.engine.replay import trace_bounds
+from memrec.engine.replay import trace_phases
 from memrec.analysis.sglang_facts import custom_ar_facts
 from memrec.analysis.sglang_facts import custom_ar_line
 from memrec.analysis.sglang_facts import process_contexts
-from memrec.analysis.sglang_report import KvWindow
-from memrec.analysis.sglang_report import MAPPED
-from memrec.analysis.sglang_report import format_rank
-from memrec.analysis.sglang_report import kv_windows
-from memrec.analysis.sglang_report import marker_ranks
-from memrec.analysis.sglang_report import process_info_ranks
-from memrec.analysis.sglang_report import rank_gpus
-from memrec.analysis.sglang_report import rank_sort_key
-from memrec.analysis.sglang_report import shown_dims
-from memrec.analysis.text import fit_lines
-from memrec.analysis.text import table
-from memrec.analysis.timeline import Journal
-from memrec.analysis.timeline import OWNED
-from memrec.analysis.timeline import build_timeline
-from memrec.analysis.untraced_diff import render_untraced
+from memrec.analysis.sglang_windows import KvWindow
+from memrec.analysis.sglang_windows import MAPPED
+from memrec.ranks import format_rank
+from memrec.analysis.sglang_windows import kv_windows
+from memrec.ranks import marker_ranks
+from memrec.ranks import process_info_ranks
+from memrec.analysis.sglang_windows import rank_gpus
+from memrec.ranks import rank_sort_key
+from memrec.ranks import shown_dims
+from memrec.analysis.text import human
+from memrec.analysis.text import signed_human
+from memrec.engine.journal import Journal
+from memrec.events import OWNED
+from memrec.engine.replay import build_timeline
 from memrec.analysis.untraced_diff import split_by_rank
 from memrec.analysis.untraced_diff import untraced_rows
 from memrec.columns import failed_calls
 from memrec.events import CATEGORIES
-from memrec.events import Kind
 
 DIFF_VERSION = 1
 NO_RANK = "(no rank)"
@@ -116,15 +114,9 @@ def analyze(trace: Any, name: str) -> Run:
     """Replay ``trace`` (its events' ``gpu`` get filled in) and gather what :func:`diff_traces` needs."""
     start = trace_bounds(trace)[0]
     tl = build_timeline(trace.events, start=start, state=initial_state(trace)[0])
-    end = max([start] + [int(a["ts"].max()) for a in (trace.events,) if len(a)])
-    phases = build_phases(trace.markers, end)
+    phases = trace_phases(trace)
     j = tl.journal
-    n = len(trace.events)
-    if len(j) and n:
-        idx = np.clip(j.index, 0, n - 1)
-        exit_rows = (j.index >= 0) & (j.index < n) & (trace.events["kind"][idx] == int(Kind.PROC_EXIT))
-    else:
-        exit_rows = np.zeros(len(j), dtype=bool)
+    exit_rows = j.exit_mask(trace.events)
     ranks = marker_ranks(trace.markers)
     rank_of: dict[int, RankKey] = {}
     for pid in set(trace.processes) | set(ranks) | {int(p) for p in np.unique(j.pid)}:
@@ -167,10 +159,8 @@ def _merge_order(a: list[str], b: list[str]) -> list[str]:
 
 def _phase_bytes(run: Run) -> tuple[dict[tuple, int], set[tuple]]:
     """(path, rank key, gpu, category) -> net bytes (exits left out); and which (path, rank) exist."""
-    keep = ~run.exit_rows
-    j = Journal(*(getattr(run.journal, f.name)[keep] for f in dataclasses.fields(Journal)))
     out: dict[tuple, int] = {}
-    for u in attribute(run.phases, j):
+    for u in attribute(run.phases, run.journal.take(~run.exit_rows)):
         path = NO_PHASE if u.phase < 0 else run.phases.phases[u.phase].path
         key = (path, run.rank_of.get(u.pid, ()), u.gpu, u.category)
         out[key] = out.get(key, 0) + u.net
@@ -312,17 +302,6 @@ def _failed(run: Run) -> bool:
 # ------------------------------------------------------------------------------------------ verdict
 
 
-def _h(n: int | None) -> str:
-    from memrec.analysis.text import human
-
-    return human(n)
-
-
-def _hd(n: int) -> str:
-    """A signed byte delta: ``+18.00 GiB``, ``-2.0 MiB``, ``0 B``."""
-    return ("+" if n > 0 else "") + _h(n)
-
-
 def _what_failed(fails: list[dict]) -> str:
     kv = [f for f in fails if f["kind"] in ("sglang_error", "kv_budget") and f["phase"] in ("kv_budget", "kv_pool")]
     pick = kv or [f for f in fails if f["kind"] != "driver_call"]
@@ -385,7 +364,7 @@ def _cause_lines(windows: list[dict], which: str, an: str, bn: str) -> list[str]
             e["in_a"] |= r["a_owned"] is not None
             e["in_b"] |= r["b_owned"] is not None
             if r["delta_owned"]:
-                e["ranks"].append(f"{r['rank']} {_hd(r['delta_owned'])}")
+                e["ranks"].append(f"{r['rank']} {signed_human(r['delta_owned'])}")
             for c in set(r["a_by_category"]) | set(r["b_by_category"]):
                 if c != MAPPED:
                     e["cats"][c] = e["cats"].get(c, 0) + r["b_by_category"].get(c, 0) - r["a_by_category"].get(c, 0)
@@ -395,19 +374,19 @@ def _cause_lines(windows: list[dict], which: str, an: str, bn: str) -> list[str]
             e = by_phase[p]
             name = "allocations outside any phase" if p == NO_PHASE else p.rsplit("/", 1)[-1]
             if not e["in_a"]:
-                took = f"{name} took {_h(e['b'])} on {{gpus}} in {bn}; it does not run in {an}"
+                took = f"{name} took {human(e['b'])} on {{gpus}} in {bn}; it does not run in {an}"
             elif not e["in_b"]:
-                took = f"{name} took {_h(e['a'])} on {{gpus}} in {an}; it does not run in {bn}"
+                took = f"{name} took {human(e['a'])} on {{gpus}} in {an}; it does not run in {bn}"
             else:
-                took = f"{name} took {_h(e['b'])} on {{gpus}} in {bn}, {_h(e['a'])} in {an} ({_hd(e['delta'])})"
+                took = f"{name} took {human(e['b'])} on {{gpus}} in {bn}, {human(e['a'])} in {an} ({signed_human(e['delta'])})"
             details = [", ".join(e["ranks"])] if len(e["ranks"]) > 1 else []
-            details += [", ".join(f"{c} {_hd(v)}" for c, v in e["cats"].items() if v)]
+            details += [", ".join(f"{c} {signed_human(v)}" for c, v in e["cats"].items() if v)]
             if e["mapped"]:
                 more = "more" if e["mapped"] > 0 else "less"
-                details.append(f"{_h(abs(e['mapped']))} {more} of peers' memory mapped by IPC, not owned")
+                details.append(f"{human(abs(e['mapped']))} {more} of peers' memory mapped by IPC, not owned")
             said.setdefault(f"{where}, {took} ({'; '.join(x for x in details if x)})", []).append(w["gpu"])
         if named and w["in_a"] and w["in_b"]:
-            total = f"  all traced changes {where} on {{gpus}}: {_hd(w['b_owned'] - w['a_owned'])} owned"
+            total = f"  all traced changes {where} on {{gpus}}: {signed_human(w['b_owned'] - w['a_owned'])} owned"
             totals.setdefault(total, []).append(w["gpu"])
     lines = [line.replace("{gpus}", _gpus_text(gpus)) for line, gpus in said.items()]
     lines += [line.replace("{gpus}", _gpus_text(gpus)) for line, gpus in totals.items()]
@@ -416,8 +395,6 @@ def _cause_lines(windows: list[dict], which: str, an: str, bn: str) -> list[str]
 
 def _sglang_fact_lines(a: Run, b: Run) -> list[str]:
     """Foreign CUDA contexts and the custom all-reduce, when they differ between the runs."""
-    from memrec.analysis.text import human
-
     def foreign(run: Run) -> str:
         return ", ".join(f"{c['label'] or 'pid ' + str(c['pid'])} on GPU {c['gpu']}"
                          + (f" (NVML {human(c['nvml_peak'])})" if c["nvml_peak"] is not None else "")
@@ -521,104 +498,3 @@ def diff_traces(a_trace: Any, b_trace: Any, a_name: str = "A", b_name: str = "B"
     verdict = _verdict(d, a, b)
     return {"memrec_diff": d["memrec_diff"], "a": d["a"], "b": d["b"], "verdict": verdict,
             **{k: v for k, v in d.items() if k not in ("memrec_diff", "a", "b")}}
-
-
-def _g(v: float | None, digits: int = 2, sign: bool = False) -> str:
-    if v is None:
-        return "-"
-    return f"{v:+.{digits}f}" if sign else f"{v:.{digits}f}"
-
-
-def _n(v: int | None, sign: bool = False) -> str:
-    if v is None:
-        return "-"
-    return f"{v:+,}" if sign else f"{v:,}"
-
-
-def render_diff(d: dict, width: int | None = None) -> str:
-    """The diff as text: the verdict first, then the KV budgets, the windows, the phases, the failures.
-
-    With ``width``, the sentences and the tables' free-text columns (SGLang's error, what failed)
-    wrap to fit it; the number columns stay on one line.
-    """
-    an, bn = d["a"]["name"], d["b"]["name"]
-    out = [f"memrec diff  A = {an}  B = {bn}", ""]
-    v = d["verdict"]
-    out.append(f"verdict: {v['headline']}")
-    out.extend(f"  {line}" for line in v["lines"])
-    if width is not None:
-        out = fit_lines(out, width)
-
-    if d["kv"]:
-        out.append("")
-        title = "KV budget per rank (GiB as SGLang measures them; rest = available − pre × (1 − fraction); Δrest = Δavailable − Δslack)"
-        out.extend(fit_lines([title], width) if width is not None else [title])
-        rows = []
-        for x in d["kv"]:
-            for tag, side in (("A", x["before"]), ("B", x["after"])):
-                if side is None:
-                    rows.append([x["label"], tag, "", "", "", "", "", "", "", "(not in this run)"])
-                    continue
-                rows.append(
-                    [x["label"], tag, _g(side["pre_model_load_memory"]), _g(side["available_gpu_memory"]),
-                     _g(side["mem_fraction_static"], 3), _g(side["slack_gib"]), _g(side["rest_gib"]), _n(side["tokens"]),
-                     _g(side["min_mem_fraction_static"], 4), side["error"] or ""]
-                )
-            dl = x["deltas"]
-            if dl:
-                rows.append(
-                    ["", "Δ", _g(dl.get("pre_model_load_memory"), sign=True), _g(dl.get("available_gpu_memory"), sign=True),
-                     _g(dl.get("mem_fraction_static"), 3, True), _g(dl.get("slack_gib"), sign=True),
-                     _g(dl.get("rest_gib"), sign=True), _n(dl.get("tokens"), True),
-                     _g(dl.get("min_mem_fraction_static"), 4, True), ""]
-                )
-        out.extend(table(["RANK", "RUN", "PRE", "AVAILABLE", "FRACTION", "SLACK", "REST", "TOKENS", "MIN FRACTION", "ERROR"],
-                         rows, right=set(range(2, 9)), indent="  ", width=width, drop=(8,), wrap=True))
-
-    for which, title in (("between", "between the memory baseline and the KV sizing (lowers rest one for one)"),
-                         ("before", "before the memory baseline (lowers pre_model_load_memory and the slack)")):
-        for w in d["windows"][which]:
-            if not w["rows"]:
-                continue
-            out.append("")
-            out.append(f"GPU {w['gpu']}, {title}")
-            rows = [
-                [r["phase"], r["rank"], _h(r["a_owned"]) if r["a_owned"] is not None else "-",
-                 _h(r["b_owned"]) if r["b_owned"] is not None else "-", _hd(r["delta_owned"]),
-                 _hd(r["delta_mapped"]) if r["delta_mapped"] else ""]
-                for r in w["rows"]
-            ]
-            rows.append(["total", "", _h(w["a_owned"]), _h(w["b_owned"]), _hd(w["b_owned"] - w["a_owned"]), ""])
-            out.extend(table(["PHASE", "RANK", "A OWNED", "B OWNED", "Δ OWNED", "Δ IPC MAPPED"], rows,
-                             right={2, 3, 4, 5}, indent="  "))
-
-    if d["phases"]:
-        out.append("")
-        title = "phases (net bytes per phase, rank, GPU and category; '-': the phase did not run; exits left out)"
-        out.extend(fit_lines([title], width) if width is not None else [title])
-        rows = [
-            [r["phase"], r["rank"], str(r["gpu"]) if r["gpu"] >= 0 else "host",
-             r["category"] + ("" if r["owned"] else " (not owned)"),
-             _h(r["a"]) if r["a"] is not None else "-", _h(r["b"]) if r["b"] is not None else "-",
-             _hd(r["delta"])]
-            for r in d["phases"]
-        ]
-        out.extend(table(["PHASE", "RANK", "GPU", "CATEGORY", "A", "B", "Δ"], rows, right={2, 4, 5, 6}, indent="  "))
-
-    out.extend(render_untraced(d.get("untraced", []), _h, _hd))
-
-    out.append("")
-    if d["failures"]:
-        out.append("failures")
-        rows = []
-        for f in d["failures"]:
-            where = {"both": "both", "a": "A only", "b": "B only"}[f["in"]]
-            if f["kind"] == "driver_call":
-                what = f"{f['api']} {f['result']} ×{f['count']} on GPU {f['gpu']}"
-            else:
-                what = f"{f['phase']}: {f['error']}"
-            rows.append([where, f["rank"], what])
-        out.extend(table(["IN", "RANK", "WHAT"], rows, right=set(), indent="  ", width=width, wrap=True))
-    else:
-        out.append("failures: none in either run")
-    return "\n".join(out) + "\n"

@@ -53,7 +53,8 @@ _LOAD = "load_weights"
 _WORKER = "init_model_worker"
 _DIST = "dist_init"
 _MEASURED = "gpu_memory_measured"
-_PROFILERS = ("profile_max_num_token", "_profile_available_bytes")
+#: Callers of SGLang's memory measurement that size the KV cache (0.5.10 and 0.5.23 names).
+PROFILERS = ("profile_max_num_token", "_profile_available_bytes")
 
 
 def rest_memory(available: float, pre_model_load_memory: float, mem_fraction_static: float) -> float:
@@ -268,7 +269,7 @@ def kv_budgets(markers: Iterable[Marker]) -> list[KvBudget]:
             continue
         if name == _MEASURED:
             caller = str(marker.values.get("caller", ""))
-            if caller.endswith(_PROFILERS):
+            if caller.endswith(PROFILERS):
                 whole.measured = marker
             continue
         if name not in (_KV_BUDGET, _KV_POOL, _BASELINE, _LOAD):
@@ -290,11 +291,12 @@ def kv_budgets(markers: Iterable[Marker]) -> list[KvBudget]:
         if group.budget is None and group.pool is None and group.baseline is None:
             continue
         out.append(_build(group, shared.get(pid)))
-    out.sort(key=lambda b: (_sort(b.dp_rank), _sort(b.pp_rank), _sort(b.tp_rank), b.draft, b.pid))
+    out.sort(key=lambda b: (none_last(b.dp_rank), none_last(b.pp_rank), none_last(b.tp_rank), b.draft, b.pid))
     return out
 
 
-def _sort(value: int | None) -> tuple:
+def none_last(value: int | None) -> tuple:
+    """Sort key: unknown (None) after every number."""
     return (value is None, value or 0)
 
 
@@ -422,7 +424,8 @@ def _build(group: _Group, whole: _Group | None) -> KvBudget:
 # -- explanation -------------------------------------------------------------------------------
 
 
-def _gib(value: float | None) -> str:
+def gib_text(value: float | None) -> str:
+    """``12.34 GiB``, ``?`` when unknown."""
     return "?" if value is None else f"{value:.2f} GiB"
 
 
@@ -437,13 +440,13 @@ def explain(budget: KvBudget) -> list[str]:
     lines = []
     if b.rest_gib is not None:
         lines.append(
-            f"{where}: rest {'≤' if b.unknown_terms else '='} available {_gib(b.available_gpu_memory)} − pre_model_load_memory "
-            f"{_gib(b.pre_model_load_memory)} × (1 − {b.mem_fraction_static:.3f}) = {_gib(b.rest_gib)}"
+            f"{where}: rest {'≤' if b.unknown_terms else '='} available {gib_text(b.available_gpu_memory)} − pre_model_load_memory "
+            f"{gib_text(b.pre_model_load_memory)} × (1 − {b.mem_fraction_static:.3f}) = {gib_text(b.rest_gib)}"
         )
     else:
         lines.append(
-            f"{where}: pre_model_load_memory {_gib(b.pre_model_load_memory)}, available "
-            f"{_gib(b.available_gpu_memory)}, mem_fraction_static "
+            f"{where}: pre_model_load_memory {gib_text(b.pre_model_load_memory)}, available "
+            f"{gib_text(b.available_gpu_memory)}, mem_fraction_static "
             f"{'?' if b.mem_fraction_static is None else f'{b.mem_fraction_static:.3f}'}"
         )
     lines += ["  " + line for line in terms_lines(b)]
@@ -461,7 +464,7 @@ def terms_lines(b: KvBudget) -> list[str]:
     """SGLang's own terms beyond the formula, its token count, and what is unknown."""
     lines = []
     if b.other_reservations_gib is not None and abs(b.other_reservations_gib) >= 0.005:
-        own = f"{_gib(b.sglang_rest_bytes / GIB)}" if b.sglang_rest_bytes is not None else "implied by its token count"
+        own = f"{gib_text(b.sglang_rest_bytes / GIB)}" if b.sglang_rest_bytes is not None else "implied by its token count"
         known = [(name, v) for name, v in (("mamba cache", b.mamba_cache_gib),
                                             ("multimodal reservation", -b.mm_reservation_gib if b.mm_reservation_gib else None))
                  if v]
@@ -526,108 +529,3 @@ def summarize(budgets: list[KvBudget]) -> dict:
         ),
         "lowest_free_label": lowest.label if lowest else None,
     }
-
-
-# -- two runs ----------------------------------------------------------------------------------
-
-_DELTA_FIELDS = (
-    "pre_model_load_memory",
-    "available_gpu_memory",
-    "mem_fraction_static",
-    "slack_gib",
-    "rest_gib",
-    "tokens",
-    "max_total_num_tokens",
-    "min_mem_fraction_static",
-    "weight_load_mem_usage",
-    "local_free_at_baseline_gib",
-    "local_free_at_budget_gib",
-)
-
-
-@dataclass(frozen=True)
-class BudgetDiff:
-    """The same rank in two runs: ``after − before`` for each number both have."""
-
-    label: str
-    rank_key: tuple
-    before: KvBudget | None
-    after: KvBudget | None
-    deltas: dict
-    explanation: list[str]
-
-    def to_dict(self) -> dict:
-        """Plain dict (for JSON)."""
-        return {
-            "label": self.label,
-            "rank_key": list(self.rank_key),
-            "before": self.before.to_dict() if self.before else None,
-            "after": self.after.to_dict() if self.after else None,
-            "deltas": dict(self.deltas),
-            "explanation": list(self.explanation),
-        }
-
-
-def _delta(a: KvBudget, b: KvBudget, name: str) -> float | int | None:
-    x, y = getattr(a, name), getattr(b, name)
-    if x is None or y is None:
-        return None
-    return y - x
-
-
-def _explain_diff(a: KvBudget, b: KvBudget, deltas: dict) -> list[str]:
-    lines = []
-    d_rest = deltas.get("rest_gib")
-    if d_rest is not None:
-        d_avail = deltas.get("available_gpu_memory") or 0.0
-        d_slack = deltas.get("slack_gib") or 0.0
-        lines.append(
-            f"rest {d_rest:+.2f} GiB ({_gib(a.rest_gib)} → {_gib(b.rest_gib)}) = "
-            f"available after weights {d_avail:+.2f} GiB − slack {d_slack:+.2f} GiB"
-        )
-        d_pre = deltas.get("pre_model_load_memory")
-        d_frac = deltas.get("mem_fraction_static")
-        if d_pre:
-            lines.append(
-                f"  pre_model_load_memory {d_pre:+.2f} GiB: memory taken (or freed) before the weights, "
-                "after NCCL and the custom all-reduce (WORLD MIN)"
-            )
-        if d_frac:
-            lines.append(f"  mem_fraction_static {d_frac:+.3f}")
-        d_weights = deltas.get("weight_load_mem_usage")
-        if d_avail and d_pre is not None:
-            # available = pre − (what the weights and everything since took)
-            consumed = d_pre - d_avail
-            if abs(consumed) >= 0.005:
-                lines.append(
-                    f"  between the baseline and sizing, {consumed:+.2f} GiB more was taken"
-                    + (f" (weights {d_weights:+.2f} GiB)" if d_weights is not None else "")
-                )
-    if deltas.get("tokens") is not None:
-        lines.append(f"tokens {deltas['tokens']:+,} ({a.tokens:,} → {b.tokens:,})")
-    if a.ok != b.ok:
-        lines.append("sizing " + ("now fails: " + (b.error or "budget <= 0") if not b.ok else "now succeeds"))
-    return lines
-
-
-def compare_budgets(before: list[KvBudget], after: list[KvBudget]) -> list[BudgetDiff]:
-    """Match ranks of two runs (by dp/pp/tp rank and draft) and explain what moved.
-
-    Ranks found in only one run come with the other side None. The change in ``rest`` is split
-    exactly into the change in available memory after the weights and the change in slack
-    (``Δrest = Δavailable − Δslack``).
-    """
-    index_a = {b.rank_key: b for b in before}
-    index_b = {b.rank_key: b for b in after}
-    keys = sorted(set(index_a) | set(index_b), key=lambda k: (_sort(k[0]), _sort(k[1]), _sort(k[2]), k[3]))
-    out = []
-    for key in keys:
-        a, b = index_a.get(key), index_b.get(key)
-        label = (b or a).label  # type: ignore[union-attr]
-        if a is None or b is None:
-            out.append(BudgetDiff(label, key, a, b, {}, ["only in the " + ("second" if a is None else "first") + " run"]))
-            continue
-        deltas = {name: _delta(a, b, name) for name in _DELTA_FIELDS}
-        deltas = {k: v for k, v in deltas.items() if v is not None}
-        out.append(BudgetDiff(label, key, a, b, deltas, _explain_diff(a, b, deltas)))
-    return out

@@ -43,10 +43,11 @@ from typing import Any
 
 import numpy as np
 
-from memrec.analysis.replay import initial_state
-from memrec.analysis.timeline import GpuSeries
-from memrec.analysis.timeline import Timeline
-from memrec.analysis.timeline import build_timeline
+from memrec.engine.replay import initial_state
+from memrec.engine.replay import trace_phases
+from memrec.engine.series import GpuSeries
+from memrec.engine.replay import Timeline
+from memrec.engine.replay import build_timeline
 from memrec.analysis.untraced import SPLIT
 from memrec.analysis.untraced import ContextRecord
 from memrec.analysis.untraced import Explainers
@@ -190,7 +191,7 @@ def reconcile(trace: Any, timeline: Timeline | None = None, phases: Any = None) 
         timeline: the replay of ``trace.events`` to look the traced bytes up in (the report passes
             its own); default: one replay here, from the file's keyframe at event 0 if it has one
             (a rotated file continues the previous one's state), as :func:`build_report` does.
-        phases: the trace's :class:`~memrec.analysis.phases.Phases` (the report passes its own);
+        phases: the trace's :class:`~memrec.engine.phases.Phases` (the report passes its own);
             default: built here from the markers.
     """
     if timeline is None:
@@ -229,7 +230,7 @@ def reconcile(trace: Any, timeline: Timeline | None = None, phases: Any = None) 
                 unavailable=int((~ok).sum()), recorded=p in recorded, exit_ts=exits.get(p),
             )
 
-    _split_untraced(out, ev, phases if phases is not None else _phases(trace))
+    _split_untraced(out, ev, phases if phases is not None else trace_phases(trace))
 
     nv = trace.nvml
     if len(nv):
@@ -249,13 +250,6 @@ def reconcile(trace: Any, timeline: Timeline | None = None, phases: Any = None) 
                 unavailable=int((~ok).sum()),
             )
     return out
-
-
-def _phases(trace: Any) -> Any:
-    from memrec.analysis.phases import build_phases
-
-    end = max([int(trace.events["ts"][-1])] if len(trace.events) else [0])
-    return build_phases(trace.markers, end)
 
 
 def _split_untraced(out: Reconciliation, events: np.ndarray, phases: Any) -> None:

@@ -23,25 +23,24 @@ from memrec.analysis.answer import build_answer
 from memrec.analysis.names import api_name
 from memrec.analysis.names import process_title
 from memrec.analysis.names import result_name
-from memrec.analysis.phases import Phases
-from memrec.analysis.phases import attribute
-from memrec.analysis.phases import build_phases
+from memrec.engine.phases import Phases
+from memrec.engine.phases import attribute
+from memrec.engine.phases import held_by_phase
 from memrec.analysis.reconcile import Reconciliation
 from memrec.analysis.reconcile import reconcile
-from memrec.analysis.replay import initial_state
-from memrec.analysis.replay import trace_bounds
+from memrec.engine.replay import initial_state
+from memrec.engine.replay import trace_bounds
+from memrec.engine.replay import trace_phases
 from memrec.analysis.sglang_report import build_sglang_section
-from memrec.analysis.sglang_report import rank_labels
-from memrec.analysis.timeline import GpuSeries
-from memrec.analysis.timeline import Journal
-from memrec.analysis.timeline import OWNED
-from memrec.analysis.timeline import Timeline
-from memrec.analysis.timeline import build_timeline
-from memrec.analysis.timeline import state_at
+from memrec.ranks import pid_labels
+from memrec.engine.series import GpuSeries
+from memrec.events import OWNED
+from memrec.engine.replay import Timeline
+from memrec.engine.replay import build_timeline
+from memrec.engine.replay import state_at
 from memrec.columns import failed_calls
 from memrec.events import CATEGORIES
 from memrec.events import Kind
-from memrec.events import ProcessInfo
 from memrec.state import LiveState
 from memrec.trace.merge import merged_summary
 
@@ -76,13 +75,13 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
 
     snapshots: dict[int, dict] = {}
     cache: dict[tuple[int, int], dict] = {}
-    phases = build_phases(trace.markers, end)
+    phases = trace_phases(trace)
 
-    def at_stop(index: int, state: LiveState) -> None:
+    def at_stop(index: int, state: LiveState, changes: int) -> None:
         g = failed_gpu[index][0]
         # The journal grows with every change: failed calls in a row with nothing in between
         # see the same state, computed once.
-        key = (len(state.journal or ()), g)
+        key = (changes, g)
         snap = cache.get(key)
         if snap is None:
             cache.clear()
@@ -98,7 +97,7 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
         k: v - prior_anomalies.get(k, 0) for k, v in sorted(tl.state.anomalies.items()) if v > prior_anomalies.get(k, 0)
     }
     usage = attribute(phases, tl.journal) if trace.markers else []
-    exit_usage = attribute(phases, _exit_rows(tl.journal, events)) if trace.markers else []
+    exit_usage = attribute(phases, tl.journal.take(tl.journal.exit_mask(events))) if trace.markers else []
     procs = _processes(trace, tl, exits)
     rec = reconcile(trace, tl, phases)
 
@@ -188,7 +187,7 @@ def _peak_by_phase(report: dict, trace: Any, tl: Timeline, phases: Phases) -> No
     series = tl.gpus[sec["gpu"]]
     _, _, row = series.peak(report["filter"]["pid"])
     state = state_at(tl.events, int(series.event_index[row]) + 1, trace.keyframes)
-    sec["peak"]["by_phase"] = held_by_phase(state, sec["gpu"], phases)
+    sec["peak"]["by_phase"] = _held_by_phase(state, sec["gpu"], phases)
 
 
 def _sec(ns: int) -> float:
@@ -230,41 +229,14 @@ def _holders_snapshot(state: LiveState, g: int, phases: Phases) -> dict:
         "mapped_on_gpu": state.mapped_bytes(gpu=g),
         "holders": [_holding_json(h) for h in state.holders(g, n=HOLDER_LARGEST)],
         "largest": [_holding_json(h._asdict()) for h in state.largest(g, GPU_LARGEST)],
-        "by_phase": held_by_phase(state, g, phases),
+        "by_phase": _held_by_phase(state, g, phases),
     }
 
 
-def held_by_phase(state: LiveState, g: int, phases: Phases, n: int = 5) -> list[dict]:
-    """What ``g`` holds now (owned), by the phase that allocated each piece: the ``n`` largest.
-
-    Each: ``{"phase", "bytes", "pids"}``; a piece's phase is its owner's innermost phase when it
-    was allocated (``(no phase)`` outside them).
-    """
-    held = [h for h in state.holdings(gpu=g) if h.category != "ipc_mapped"]
-    if not held:
-        return []
-    ids = phases.assign(np.array([h.pid for h in held], dtype=np.int64), np.array([h.ts for h in held], dtype=np.int64))
-    out: dict[str, dict] = {}
-    for h, ph in zip(held, ids.tolist()):
-        row = out.setdefault(phases.label(ph), {"phase": phases.label(ph), "bytes": 0, "pids": []})
-        row["bytes"] += h.size
-        if h.pid not in row["pids"]:
-            row["pids"].append(h.pid)
-    rows = sorted(out.values(), key=lambda r: (-r["bytes"], r["phase"]))[:n]
-    for r in rows:
-        r["pids"].sort()
-    return rows
-
-
-def _exit_rows(journal: Journal, events: np.ndarray) -> Journal:
-    """The journal's rows a process exit caused (the implicit frees of what it still held)."""
-    n = len(events)
-    if not len(journal) or not n:
-        return Journal(*(np.zeros(0, np.int64) for _ in range(6)))
-    idx = np.clip(journal.index, 0, n - 1)
-    m = (journal.index >= 0) & (journal.index < n) & (events["kind"][idx] == int(Kind.PROC_EXIT))
-    return Journal(journal.index[m], journal.ts[m], journal.gpu[m], journal.pid[m], journal.category[m],
-                   journal.delta[m])
+def _held_by_phase(state: LiveState, g: int, phases: Phases, n: int = 5) -> list[dict]:
+    """What ``g`` holds now (owned), by the phase that allocated each piece: the ``n`` largest
+    (:func:`memrec.engine.phases.held_by_phase`, the TUI's cursor panel reads the same)."""
+    return [{"phase": r.phase, "bytes": r.bytes, "pids": list(r.pids)} for r in held_by_phase(state, g, phases)[:n]]
 
 
 def _nvml_free_before(trace: Any, g: int, ts: int) -> int | None:
@@ -308,18 +280,12 @@ def _failure(events: np.ndarray, i: int, g: int, inferred: bool, start: int, pro
     }
 
 
-def _rank(info: ProcessInfo | None) -> str:
-    if info is None or not info.rank:
-        return ""
-    return " ".join(f"{k}{v}" for k, v in sorted(info.rank.items()))
-
-
 def _processes(trace: Any, tl: Timeline, exit_records: list[dict]) -> dict[int, dict]:
     pids = set(trace.processes) | {p for s in tl.gpus.values() for p in s.pids()}
     if len(trace.events):
         pids |= {int(p) for p in np.unique(trace.events["pid"])}
     exits = {r["pid"]: r["ts"] for r in exit_records}
-    ranks = rank_labels(trace.markers)  # "TP0" from the markers' tp/pp/dp_rank, else ProcessInfo.rank
+    ranks = pid_labels(trace.markers, trace.processes)  # "TP0" from the markers' tp/pp/dp_rank, else ProcessInfo.rank
     gpus_of: dict[int, set[int]] = {}
     for g, s in tl.gpus.items():
         for p in s.pids():
@@ -332,7 +298,7 @@ def _processes(trace: Any, tl: Timeline, exit_records: list[dict]) -> dict[int, 
             "ppid": info.ppid if info else None,
             "short": process_title(info),
             "cmdline": list(info.cmdline) if info else [],
-            "rank": ranks.get(p) or _rank(info),
+            "rank": ranks.get(p, ""),
             "cuda_visible_devices": info.cuda_visible_devices if info else None,
             "gpus": sorted(gpus_of.get(p, ())),
             "exit_ts": exits.get(p),

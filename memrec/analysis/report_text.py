@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from memrec.analysis.answer import fit
-from memrec.analysis.phases import NO_PHASE
+from memrec.engine.phases import NO_PHASE
 from memrec.analysis.sglang_report import render_sglang
 from memrec.analysis.text import count
 from memrec.analysis.text import fit_lines

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from memrec.analysis.phases import NO_PHASE
-from memrec.analysis.phases import Phases
+from memrec.engine.phases import NO_PHASE
+from memrec.engine.phases import Phases
 from memrec.client import DROP_REASONS
 from memrec.client import DROPPED_MARKER
 from memrec.events import CUDA_ERROR_OUT_OF_MEMORY

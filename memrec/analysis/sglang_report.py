@@ -15,29 +15,29 @@ journal. For every scheduler process (a TP/PP/DP rank):
   (memory taken there lowers ``rest`` one for one), and, when sizing failed, the error SGLang
   raised and which phases' allocations made the difference.
 
-Ranks come from the markers' ``tp_rank`` / ``pp_rank`` / ``dp_rank`` (:func:`rank_labels`).
-``memrec diff`` (:mod:`memrec.analysis.diff`) uses the same windows (:func:`kv_windows`).
+Ranks come from the markers' ``tp_rank`` / ``pp_rank`` / ``dp_rank`` (:mod:`memrec.ranks`).
+``memrec diff`` (:mod:`memrec.analysis.diff`) uses the same windows (:mod:`memrec.analysis.sglang_windows`).
 
-Pure: takes the trace's markers, :class:`~memrec.analysis.phases.Phases` and the replay's
-:class:`~memrec.analysis.timeline.Journal`; returns JSON-able dicts (bytes exact ints, SGLang's
+Pure: takes the trace's markers, :class:`~memrec.engine.phases.Phases` and the replay's
+:class:`~memrec.engine.journal.Journal`; returns JSON-able dicts (bytes exact ints, SGLang's
 GiB as floats under its own names).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from memrec.analysis.kv_budget import GIB
+from memrec.analysis.kv_budget import PROFILERS
 from memrec.analysis.kv_budget import KvBudget
 from memrec.analysis.kv_budget import kv_budgets
 from memrec.analysis.kv_budget import summarize
 from memrec.analysis.kv_budget import terms_lines
-from memrec.analysis.phases import NO_PHASE
-from memrec.analysis.phases import Phases
+from memrec.engine.phases import NO_PHASE
+from memrec.engine.phases import Phases
 from memrec.analysis.sglang_facts import contexts_line
 from memrec.analysis.sglang_facts import custom_ar_facts
 from memrec.analysis.sglang_facts import custom_ar_line
@@ -48,10 +48,21 @@ from memrec.analysis.sglang_facts import oom_line
 from memrec.analysis.sglang_facts import ooms_after_sizing
 from memrec.analysis.sglang_facts import process_contexts
 from memrec.analysis.sglang_facts import torch_reserved_delta
-from memrec.analysis.timeline import OWNED
-from memrec.analysis.timeline import Journal
+from memrec.events import OWNED
+from memrec.engine.journal import Journal
 from memrec.events import CATEGORIES
 from memrec.events import Marker
+from memrec.ranks import format_rank
+from memrec.ranks import marker_ranks
+from memrec.ranks import rank_sort_key
+from memrec.ranks import shown_dims
+from memrec.analysis.sglang_windows import MAPPED
+from memrec.analysis.sglang_windows import KvTimes
+from memrec.analysis.sglang_windows import KvWindow
+from memrec.analysis.sglang_windows import kv_times
+from memrec.analysis.sglang_windows import kv_windows
+from memrec.analysis.sglang_windows import rank_gpus
+from memrec.analysis.text import human
 from memrec.analysis.text import table
 
 #: Marker names the SGLang hooks (and the stand-in) send.
@@ -64,11 +75,6 @@ SGLANG_MARKERS = frozenset(
 )
 #: Enough to call a trace an SGLang one ("load_weights" alone is too common a name).
 _SPECIFIC = SGLANG_MARKERS - {"load_weights"}
-#: (short name, marker value) of each rank dimension, in display order.
-RANK_DIMS = (("dp", "dp_rank"), ("pp", "pp_rank"), ("tp", "tp_rank"))
-_PROFILERS = ("profile_max_num_token", "_profile_available_bytes")
-WEIGHTS = "load_weights"
-MAPPED = "ipc_mapped"
 
 #: Phase position against the KV sizing.
 BEFORE = "before baseline"
@@ -105,247 +111,6 @@ _INSTANTS = {"memory_baseline", "custom_ar_shared_buffer", "custom_ar_workspace"
 def has_sglang_markers(markers: Iterable[Marker]) -> bool:
     """Whether the markers include ones only the SGLang hooks send."""
     return any(m.name in _SPECIFIC for m in markers)
-
-
-def _as_int(value: object) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        return None
-    return int(value)
-
-
-def marker_ranks(markers: Iterable[Marker]) -> dict[int, dict[str, int]]:
-    """Per pid, ``{"dp": d, "pp": p, "tp": t}`` (the parts known) from markers' ``*_rank`` values."""
-    out: dict[int, dict[str, int]] = {}
-    for m in sorted(markers, key=lambda m: m.ts):
-        values = m.values or {}
-        for short, key in RANK_DIMS:
-            v = _as_int(values.get(key))
-            if v is not None:
-                out.setdefault(m.pid, {}).setdefault(short, v)
-    return out
-
-
-def process_info_ranks(rank: dict | None) -> dict[str, int]:
-    """``ProcessInfo.rank`` (``{"tp": 0}`` or ``{"tp_rank": 0}``) as ``{"tp": 0}``; other keys dropped."""
-    out: dict[str, int] = {}
-    for short, key in RANK_DIMS:
-        for name in (short, key):
-            v = _as_int((rank or {}).get(name))
-            if v is not None:
-                out.setdefault(short, v)
-    return out
-
-
-def shown_dims(ranks: Iterable[dict[str, int]]) -> tuple[str, ...]:
-    """The rank dimensions worth printing: TP always, DP and PP when some rank is not 0 in them."""
-    ranks = list(ranks)
-    return tuple(s for s, _ in RANK_DIMS if s == "tp" or any(r.get(s) for r in ranks))
-
-
-def format_rank(rank: dict[str, int], dims: tuple[str, ...] = ("tp",), draft: bool = False) -> str:
-    """``TP0``, ``DP1 TP3``, … (dimensions in ``dims`` that are known; all known when none is)."""
-    parts = [f"{s.upper()}{rank[s]}" for s, _ in RANK_DIMS if s in dims and s in rank]
-    if not parts:
-        parts = [f"{s.upper()}{rank[s]}" for s, _ in RANK_DIMS if s in rank]
-    if draft:
-        parts.append("draft")
-    return " ".join(parts)
-
-
-def rank_labels(markers: Iterable[Marker]) -> dict[int, str]:
-    """Per pid whose markers carry ``tp_rank`` / ``pp_rank`` / ``dp_rank``: ``TP0`` style labels.
-
-    DP and PP are shown when some process in the trace has a non-zero rank in them.
-    """
-    ranks = marker_ranks(markers)
-    dims = shown_dims(ranks.values())
-    return {pid: format_rank(r, dims) for pid, r in ranks.items()}
-
-
-def rank_sort_key(rank: dict[str, int] | tuple) -> tuple:
-    """Sort by (dp, pp, tp), unknown parts last."""
-    values = [rank.get(s) for s, _ in RANK_DIMS] if isinstance(rank, dict) else list(rank[:3])
-    return tuple((v is None, v or 0) for v in values)
-
-
-# ------------------------------------------------------------------------------- KV sizing times
-
-
-@dataclass(frozen=True)
-class KvTimes:
-    """When one scheduler process took its memory baseline and sized its KV cache."""
-
-    pid: int
-    gpu: int | None
-    baseline_ts: int | None
-    sizing_ts: int | None  # the measurement of available_after_weights (or the kv_budget span)
-
-
-def kv_times(markers: Iterable[Marker]) -> dict[int, KvTimes]:
-    """Per pid (target runner, not draft): the baseline and the last KV sizing."""
-    per: dict[int, dict[str, Any]] = {}
-    for m in sorted(markers, key=lambda m: m.ts):
-        values = m.values or {}
-        if values.get("is_draft_worker"):
-            continue
-        d = per.setdefault(m.pid, {"measured": []})
-        if m.name == "memory_baseline" and m.phase in ("end", "instant"):
-            d["baseline"] = m.ts
-            d["gpu"] = m.gpu if m.gpu is not None else d.get("gpu")
-        elif m.name == "dist_init" and m.phase == "end" and "pre_model_load_memory" in values:
-            d["dist_baseline"] = m.ts
-        elif m.name == "gpu_memory_measured" and str(values.get("caller", "")).endswith(_PROFILERS):
-            d["measured"].append(m.ts)
-        elif m.name == "kv_budget" and m.phase == "begin":
-            d["kv_begin"] = m.ts
-        elif m.name == "kv_budget" and m.phase in ("end", "instant"):
-            d["kv_end"] = m.ts
-            if m.gpu is not None:
-                d["gpu"] = m.gpu
-    out = {}
-    for pid, d in per.items():
-        baseline = d.get("baseline", d.get("dist_baseline"))
-        end = d.get("kv_end")
-        if baseline is None and end is None:
-            continue
-        sizing = None
-        if end is not None:
-            begin = d.get("kv_begin")
-            measured = [t for t in d["measured"] if t <= end and (baseline is None or t >= baseline)]
-            # The measurement is inside the span (0.5.10, 0.5.23) or just before it (the stand-in).
-            sizing = measured[-1] if measured else (begin if begin is not None and begin <= end else end)
-        out[pid] = KvTimes(pid, d.get("gpu"), baseline, sizing)
-    return out
-
-
-# ----------------------------------------------------------------------------------------- windows
-
-
-def window_rows(
-    journal: Journal, phases: Phases, gpu: int, t0: int | None, t1: int | None, labels: dict[int, str],
-    skip: np.ndarray | None = None,
-) -> list[dict]:
-    """Net bytes every process changed on ``gpu`` in ``(t0, t1]``, per (process, phase) and category.
-
-    ``t0`` None: from the start; ``t1`` None: to the end. ``skip``: journal rows to leave out
-    (a boolean mask). Rows in order of their first change; ``owned`` leaves ``ipc_mapped`` out.
-    """
-    if len(journal) == 0:
-        return []
-    m = journal.gpu == gpu
-    if t0 is not None:
-        m &= journal.ts > t0
-    if t1 is not None:
-        m &= journal.ts <= t1
-    if skip is not None:
-        m &= ~skip
-    idx = np.nonzero(m)[0]
-    if not len(idx):
-        return []
-    pids = journal.pid[idx]
-    ts = journal.ts[idx]
-    ph = phases.assign(pids, ts)
-    # Sum per (pid, phase id, category) with numpy; the loop below runs once per group.
-    keys = np.stack([pids, ph, journal.category[idx]], axis=1)
-    uniq, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
-    sums = np.zeros(len(uniq), dtype=np.int64)
-    np.add.at(sums, inverse.reshape(-1), journal.delta[idx])
-    rows: dict[tuple[int, str], dict] = {}
-    for (p, phase_id, c), i, d in zip(uniq.tolist(), first.tolist(), sums.tolist()):
-        path = NO_PHASE if phase_id < 0 else phases.phases[phase_id].path
-        t = int(ts[i])
-        row = rows.get((p, path))
-        if row is None:
-            row = rows[(p, path)] = {
-                "pid": p, "label": labels.get(p, ""), "phase": path, "name": path.rsplit("/", 1)[-1],
-                "first_ts": t, "by_category": {}, "owned": 0, "mapped": 0,
-                "weights": WEIGHTS in path.split("/"),
-            }
-        row["first_ts"] = min(row["first_ts"], t)
-        cat = CATEGORIES[c]
-        row["by_category"][cat] = row["by_category"].get(cat, 0) + d
-        if cat in OWNED:
-            row["owned"] += d
-        else:
-            row["mapped"] += d
-    out = [r for r in rows.values() if any(r["by_category"].values())]
-    for r in out:
-        r["by_category"] = {c: r["by_category"][c] for c in CATEGORIES if r["by_category"].get(c)}
-    out.sort(key=lambda r: (r["first_ts"], r["pid"], r["phase"]))
-    return out
-
-
-@dataclass(frozen=True)
-class KvWindow:
-    """One GPU's KV sizing: the ranks sized on it and what was allocated before and since the baseline."""
-
-    gpu: int
-    pids: tuple[int, ...]
-    baseline_ts: int | None  # the earliest baseline of the ranks on this GPU
-    sizing_ts: int | None  # the latest sizing of the ranks on this GPU
-    before: list[dict]  # (start, baseline]: lowers pre_model_load_memory (and the slack)
-    between: list[dict]  # (baseline, sizing]: lowers available_after_weights, so rest, one for one
-
-    def to_dict(self, start: int) -> dict:
-        """JSON-able, with times in seconds since ``start``."""
-        return {
-            "gpu": self.gpu,
-            "pids": list(self.pids),
-            "baseline_ts": self.baseline_ts,
-            "sizing_ts": self.sizing_ts,
-            "baseline_s": None if self.baseline_ts is None else _sec(self.baseline_ts - start),
-            "sizing_s": None if self.sizing_ts is None else _sec(self.sizing_ts - start),
-            "before": [_row_json(r) for r in self.before],
-            "between": [_row_json(r) for r in self.between],
-        }
-
-
-def _row_json(r: dict) -> dict:
-    return {k: v for k, v in r.items() if k != "first_ts"}
-
-
-def rank_gpus(markers: list[Marker], journal: Journal, budgets: list[KvBudget]) -> dict[int, int]:
-    """Per SGLang pid, the GPU it sized its KV cache on: from its markers, else where it held the most."""
-    times = kv_times(markers)
-    out = {pid: t.gpu for pid, t in times.items() if t.gpu is not None}
-    for b in budgets:
-        if not b.draft and b.gpu is not None:
-            out.setdefault(b.pid, b.gpu)
-    for pid in times:
-        if pid in out or len(journal) == 0:
-            continue
-        sel = (journal.pid == pid) & (journal.delta > 0)
-        if sel.any():
-            gpus, inv = np.unique(journal.gpu[sel], return_inverse=True)
-            sums = np.bincount(inv.reshape(-1), weights=journal.delta[sel])
-            out[pid] = int(gpus[int(np.argmax(sums))])
-    return out
-
-
-def kv_windows(
-    markers: list[Marker], phases: Phases, journal: Journal, budgets: list[KvBudget] | None = None,
-    labels: dict[int, str] | None = None, skip: np.ndarray | None = None,
-) -> dict[int, KvWindow]:
-    """Per GPU with a KV sizing: what every process allocated before the baseline and between the
-    baseline and the sizing (the ranks on one GPU share one window: earliest baseline, latest sizing)."""
-    budgets = kv_budgets(markers) if budgets is None else budgets
-    labels = rank_labels(markers) if labels is None else labels
-    times = kv_times(markers)
-    gpus = rank_gpus(markers, journal, budgets)
-    per_gpu: dict[int, list[KvTimes]] = {}
-    for pid, t in times.items():
-        if pid in gpus:
-            per_gpu.setdefault(gpus[pid], []).append(t)
-    out = {}
-    for g, ts in sorted(per_gpu.items()):
-        bases = [t.baseline_ts for t in ts if t.baseline_ts is not None]
-        sizes = [t.sizing_ts for t in ts if t.sizing_ts is not None]
-        base = min(bases) if bases else None
-        size = max(sizes) if sizes else None
-        before = window_rows(journal, phases, g, None, base, labels, skip) if base is not None else []
-        between = window_rows(journal, phases, g, base, size, labels, skip) if base is not None and size is not None else []
-        out[g] = KvWindow(g, tuple(sorted(t.pid for t in ts)), base, size, before, between)
-    return out
 
 
 # ---------------------------------------------------------------------------------------- section
@@ -432,7 +197,7 @@ def _phase_rows(pid: int, phases: Phases, usage: list, t: KvTimes | None, start:
     for i in phases.instants:
         if i.pid != pid:
             continue
-        profiler = i.name == "gpu_memory_measured" and str(i.values.get("caller", "")).endswith(_PROFILERS)
+        profiler = i.name == "gpu_memory_measured" and str(i.values.get("caller", "")).endswith(PROFILERS)
         if i.name not in _INSTANTS and not profiler:
             continue
         depth = phases.phases[i.phase].depth + 1 if i.phase >= 0 else 0
@@ -500,8 +265,6 @@ def diagnose(budget: KvBudget, window: KvWindow | None, windows: dict[int, KvWin
     ``window``: the rank's GPU; ``windows``: every GPU's (available_after_weights is a MIN over
     the ranks' GPUs, so when the rank's own GPU does not explain the failure another one may).
     """
-    from memrec.analysis.text import human
-
     windows = windows or {}
     out: dict = {"shortfall_gib": None, "extra_owned": 0, "rest_without_extras_gib": None, "lines": []}
     if window is None or window.baseline_ts is None:
@@ -698,8 +461,6 @@ def _fmt_value(k: str, v: Any, human) -> str:
 
 def render_sglang(section: dict, width: int | None = None) -> list[str]:
     """The SGLang section as text lines (deterministic); tables fit ``width`` where they can."""
-    from memrec.analysis.text import human
-
     out = []
     title = "SGLang startup per rank: phases, memory by category, KV budget"
     out.append(title)

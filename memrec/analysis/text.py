@@ -96,3 +96,13 @@ def count(n: int, word: str) -> str:
     """``1 process``, ``2 processes``, ``1,024 events``: a count with its noun in the right number."""
     plural = word + ("es" if word.endswith(("s", "sh", "ch", "x")) else "s")
     return f"{n:,} {word if n == 1 else plural}"
+
+
+def seconds(ns: int) -> float:
+    """Nanoseconds as seconds, rounded to the microsecond (the JSON's ``*_s`` fields)."""
+    return round(ns / 1e9, 6)
+
+
+def signed_human(n: int) -> str:
+    """A signed byte delta: ``+18.00 GiB``, ``-2.0 MiB``, ``0 B``."""
+    return ("+" if n > 0 else "") + human(n)

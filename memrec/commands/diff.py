@@ -33,7 +33,7 @@ class DiffCommand:
 
     def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         from memrec.analysis.diff import diff_traces
-        from memrec.analysis.diff import render_diff
+        from memrec.analysis.diff_text import render_diff
         from memrec.commands.common import load_trace_for_command
 
         a, b = load_trace_for_command(args.a), load_trace_for_command(args.b)

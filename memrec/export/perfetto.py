@@ -25,7 +25,7 @@ import numpy as np
 from memrec.analysis.names import api_name
 from memrec.analysis.names import process_title
 from memrec.analysis.names import result_name
-from memrec.analysis.timeline import OWNED
+from memrec.events import OWNED
 from memrec.api import Recording
 from memrec.columns import failed_calls
 from memrec.events import FLAG_IPC_BYTES

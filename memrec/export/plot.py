@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from memrec.analysis.names import result_name
-from memrec.analysis.phases import Phase
-from memrec.analysis.timeline import GpuSeries
+from memrec.engine.phases import Phase
+from memrec.engine.series import GpuSeries
 from memrec.api import Recording
 from memrec.columns import failed_calls
 from memrec.events import Kind

@@ -13,6 +13,9 @@ from memrec.tui.model import EventFilter
 from memrec.tui.model import TraceModel
 from memrec.tui.model import parse_filter
 from memrec.tui.model import phase_spans
+from memrec.engine.phases import build_phases
+from memrec.engine.series import BLOCK
+from memrec.engine.series import CategorySeries
 
 GiB = synth.GiB
 SEC = synth.SEC
@@ -120,8 +123,8 @@ def test_viewport_keeps_a_spike_narrower_than_a_column():
 
 def test_viewport_peak_through_the_block_pyramid():
     # GIVEN many more change points than BLOCK in one column, with the maximum in the middle
-    n = model_mod.BLOCK * 20
-    series = model_mod.GpuSeries()
+    n = BLOCK * 20
+    series = CategorySeries()
     deltas = np.ones(n, dtype=np.int64)
     deltas[n // 2 :] = -1
     series.append(np.arange(n), np.arange(n, dtype=np.uint64), np.zeros(n, np.int8), deltas)
@@ -187,8 +190,8 @@ def test_phase_spans_pair_nested_and_open():
     spans = phase_spans(mk)
     assert [(s.name, s.begin, s.end) for s in spans] == [("a", 1, model_mod.NEVER), ("b", 2, 3), ("i", 4, 4),
                                                          ("a", 5, model_mod.NEVER)]
-    pix = model_mod.PhaseIndex(spans)
-    assert pix.phase_of(7, 2) == "b" and pix.phase_of(7, 3) == "a" and pix.phase_of(9, 3) == ""
+    pix = model_mod.PhaseIndex(build_phases(mk))
+    assert pix.phase_of(7, 2) == "a/b" and pix.phase_of(7, 3) == "a" and pix.phase_of(9, 3) == ""
 
 
 def test_live_trim_bounds_memory():

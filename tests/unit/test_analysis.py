@@ -7,15 +7,15 @@ import json
 import numpy as np
 import pytest
 
-from memrec.analysis.phases import NO_PHASE
-from memrec.analysis.phases import PhaseUsage
-from memrec.analysis.phases import attribute
-from memrec.analysis.phases import build_phases
+from memrec.engine.phases import NO_PHASE
+from memrec.engine.phases import PhaseUsage
+from memrec.engine.phases import attribute
+from memrec.engine.phases import build_phases
 from memrec.analysis.report import build_report
 from memrec.analysis.text import human
 from memrec.analysis.report_text import render_text
-from memrec.analysis.timeline import build_timeline
-from memrec.analysis.timeline import state_at
+from memrec.engine.replay import build_timeline
+from memrec.engine.replay import state_at
 from memrec.columns import NVML_DTYPE
 from memrec.columns import PROCMEM_DTYPE
 from memrec.events import Kind
@@ -176,7 +176,7 @@ def test_timeline_stops_see_the_state_before_each_stop():
     # GIVEN a stop at the failed call (index 8)
     seen = {}
     # WHEN replayed with stops
-    build_timeline(sglang_events(), stops=[8, 9], at_stop=lambda i, st: seen.update({i: st.owned_bytes(gpu=0)}))
+    build_timeline(sglang_events(), stops=[8, 9], at_stop=lambda i, st, _changes: seen.update({i: st.owned_bytes(gpu=0)}))
     # THEN each callback saw the state just before its event
     assert seen == {8: 12 * GiB, 9: 12 * GiB}
 
@@ -199,15 +199,26 @@ def test_phases_nest_and_unclosed_ones_end_at_trace_end():
     assert ph.warnings == []
 
 
-def test_an_outer_end_closes_inner_phases_and_stray_ends_warn():
+def test_an_end_closes_its_own_begin_and_a_phase_begun_inside_goes_on_one_level_up():
     # GIVEN A ⊃ B where A ends first, then an end without a begin
     ph = build_phases(
         [mark(1, 7, "A", "begin"), mark(2, 7, "B", "begin"), mark(3, 7, "A", "end"), mark(4, 7, "C", "end")],
         end_ts=ms(10),
     )
-    # THEN B ends with A, unclosed, and both problems are reported
-    assert [(p.name, p.end, p.closed) for p in ph.phases] == [("A", ms(3), True), ("B", ms(3), False)]
-    assert len(ph.warnings) == 2 and "'B' was still open" in ph.warnings[0] and "without a begin" in ph.warnings[1]
+    # THEN A closes alone; B goes on as "B" until the trace's end (a second piece), both problems warned
+    assert [(p.name, p.path, p.start, p.end, p.closed, p.resumes) for p in ph.phases] == [
+        ("A", "A", ms(1), ms(3), True, -1), ("B", "A/B", ms(2), ms(3), False, -1), ("B", "B", ms(3), ms(10), False, 1)]
+    assert len(ph.warnings) == 2 and "'B' goes on as 'B'" in ph.warnings[0] and "without a begin" in ph.warnings[1]
+
+
+def test_issue_16_overlapping_unclosed_markers_give_one_answer_at_every_time():
+    # GIVEN the issue's case on one process: A-begin t=10, B-begin t=20, A-end t=30, B never closed
+    ph = build_phases([mark(10, 1, "A", "begin"), mark(20, 1, "B", "begin"), mark(30, 1, "A", "end")], end_ts=ms(50))
+    # THEN both are open at 25 ("A/B"), B alone at 40 ("B"), nothing before 10
+    assert ph.label_at(1, ms(25)) == "A/B"
+    assert ph.label_at(1, ms(40)) == "B"
+    assert ph.label_at(1, ms(5)) == NO_PHASE
+    assert ph.label_at(1, ms(15)) == "A"
 
 
 def test_phase_of_an_event_is_the_innermost_open_one_of_its_own_process():

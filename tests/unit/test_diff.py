@@ -14,7 +14,7 @@ import pytest
 from memrec import commands
 from memrec._errors import ExitCode
 from memrec.analysis.diff import diff_traces
-from memrec.analysis.diff import render_diff
+from memrec.analysis.diff_text import render_diff
 from memrec.events import GpuInfo
 from memrec.events import Kind
 from memrec.trace import format as fmt

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from memrec.analysis import kv_budget as kv
+from memrec.analysis.kv_budget_diff import compare_budgets
 from memrec.events import Marker
 
 GiB = 1 << 30
@@ -323,7 +324,7 @@ def test_compare_splits_the_change_in_rest_exactly():
     before = kv.kv_budgets(_rank_0_5_7(pid=1, tp=0, available=70.0, pre=80.0))
     after = kv.kv_budgets(_rank_0_5_7(pid=2, tp=0, available=68.0, pre=78.0))
     # WHEN compared
-    (d,) = kv.compare_budgets(before, after)
+    (d,) = compare_budgets(before, after)
     # THEN Δrest = −1.75 GiB = Δavailable (−2) − Δslack (−0.25), and the token loss is exact
     assert d.label == "TP0" and d.rank_key == (None, 0, 0, False)
     assert d.deltas["rest_gib"] == -1.75
@@ -344,7 +345,7 @@ def test_compare_says_when_sizing_starts_failing_and_unmatched_ranks():
     failing.append(mk("kv_pool", pid=3, ts=9, tp_rank=0, error="RuntimeError: Not enough memory."))
     after = kv.kv_budgets(failing)
     # WHEN compared
-    d0, d1 = kv.compare_budgets(before, after)
+    d0, d1 = compare_budgets(before, after)
     # THEN TP0 says it now fails, with the rest going from 60 to −1 GiB; TP1 is only in run A
     assert d0.deltas["rest_gib"] == -61.0
     assert d0.explanation[-1] == "sizing now fails: RuntimeError: Not enough memory."

@@ -11,7 +11,7 @@ from memrec.analysis import reconcile as reconcile_mod
 from memrec.analysis.reconcile import reconcile
 from memrec.analysis.report import build_report
 from memrec.analysis.report_text import render_text
-from memrec.analysis.timeline import build_timeline
+from memrec.engine.replay import build_timeline
 from memrec.columns import NVML_DTYPE
 from memrec.columns import PROCMEM_DTYPE
 from memrec.events import Kind

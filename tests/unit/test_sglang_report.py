@@ -19,10 +19,10 @@ import pytest
 
 from memrec.analysis.report import build_report
 from memrec.analysis.report_text import render_text
-from memrec.analysis.sglang_report import format_rank
+from memrec.ranks import format_rank
 from memrec.analysis.sglang_report import has_sglang_markers
-from memrec.analysis.sglang_report import kv_times
-from memrec.analysis.sglang_report import rank_labels
+from memrec.analysis.sglang_windows import kv_times
+from memrec.ranks import rank_labels
 from memrec.events import Kind
 from memrec.events import Marker
 from memrec.events import ProcessInfo

@@ -8,7 +8,7 @@ from rich.text import Text
 from textual.widgets import DataTable
 from textual.widgets import Static
 
-from memrec.analysis.phases import NO_PHASE
+from memrec.engine.phases import NO_PHASE
 from memrec.events import GpuInfo
 from memrec.events import cu_result_name
 from memrec.tui.model import KIND_NAMES

@@ -1,0 +1,124 @@
+"""``memrec report`` on the synthetic trace of bench_tui.py, against floors measured in the same run.
+
+    python bench/bench_report.py [--events 1000000 10000000] [--repeat 3] [--dir /tmp]
+
+For each size, in fresh processes (so peak memory is each one's own):
+
+* ``load``: ``load_trace`` alone (the format's part);
+* ``apply``: ``LiveState(journal=True).apply`` over the loaded events alone (the live state's
+  part: every replay needs it);
+* ``numpy pass``: one ``np.cumsum`` over the events' timestamps (a floor for "numpy speed");
+* ``report``: ``memrec report`` end to end (``main(["report", path])``), wall time and peak RSS.
+
+``after the journal`` = the report's own time outside ``LiveState.apply`` and ``load_trace``,
+timed inside the report's process: what the replay engine and the report add (series, phases,
+attribution, reconciliation, text). Prints per-size medians of ``--repeat`` runs,
+each as a ratio to the numpy pass, and the growth from the smallest to the largest size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CHILD = r"""
+import contextlib, io, json, resource, sys, time
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+what, path = sys.argv[2], sys.argv[3]
+t = time.perf_counter()
+spent = {"apply": 0.0, "load": 0.0}
+if what == "report":
+    import memrec.trace.reader as reader
+    from memrec.commands import main
+    from memrec.state import LiveState
+
+    def timed(key, fn):
+        def wrapper(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[key] += time.perf_counter() - t0
+        return wrapper
+
+    LiveState.apply = timed("apply", LiveState.apply)
+    reader.load_trace = timed("load", reader.load_trace)
+    with contextlib.redirect_stdout(io.StringIO()):
+        rc = main(["report", path])
+    assert rc == 0, rc
+else:
+    from memrec.trace.reader import load_trace
+    trace = load_trace(path)
+    if what != "load":
+        ev = trace.events
+        t = time.perf_counter()
+        if what == "apply":
+            from memrec.state import LiveState
+            LiveState(journal=True).apply(ev)
+        else:
+            np.cumsum(ev["ts"].astype(np.int64))
+dt = time.perf_counter() - t
+print(json.dumps({"s": dt, "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **spent}))
+"""
+
+
+def run(what: str, path: Path) -> dict:
+    out = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), what, str(path)], check=True,
+                         capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--events", type=int, nargs="+", default=[1_000_000, 10_000_000])
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--dir", default=None, help="where the traces go (default: the temp dir)")
+    ap.add_argument("--keep", action="store_true", help="keep the traces (reused when present)")
+    args = ap.parse_args()
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bench_tui import write_trace
+
+    tmp = Path(args.dir or tempfile.gettempdir())
+    rows = []
+    print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+    for n in args.events:
+        path = tmp / f"bench-report-{n}.mrec"
+        if not path.exists():
+            write_trace(path, n, 4000, 1_000_000)
+        res: dict[str, list[dict]] = {k: [] for k in ("pass", "load", "apply", "report")}
+        for _ in range(args.repeat):
+            for k in res:
+                res[k].append(run(k, path))
+        med = {k: statistics.median(r["s"] for r in v) for k, v in res.items()}
+        rss = max(r["rss_mib"] for r in res["report"])
+        rss_load = max(r["rss_mib"] for r in res["load"])
+        rss_apply = max(r["rss_mib"] for r in res["apply"])
+        # in the report's own process: the time outside LiveState.apply and load_trace
+        engine = statistics.median(r["s"] - r["apply"] - r["load"] for r in res["report"])
+        in_apply = statistics.median(r["apply"] / r["s"] for r in res["report"])
+        rows.append((n, med, rss, engine))
+        print(f"{n:>11,} events  numpy pass {med['pass']:.3f} s | load {med['load']:.2f} s | apply {med['apply']:.2f} s | "
+              f"report {med['report']:.2f} s ({min(r['s'] for r in res['report']):.2f}-{max(r['s'] for r in res['report']):.2f}), "
+              f"peak {rss:.0f} MiB (load alone {rss_load:.0f}, load + apply {rss_apply:.0f}) | in the report: apply {in_apply:.0%} of it, after the journal {engine:.2f} s = x{engine / med['pass']:.0f} numpy passes")
+        if not args.keep:
+            path.unlink()
+    if len(rows) > 1:
+        (n0, m0, _, e0), (n1, m1, _, e1) = rows[0], rows[-1]
+        print(f"growth {n0:,} -> {n1:,} (x{n1 / n0:.0f} events): report x{m1['report'] / m0['report']:.1f}, "
+              f"apply x{m1['apply'] / m0['apply']:.1f}, load x{m1['load'] / m0['load']:.1f}, after apply x{e1 / e0:.1f}")
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,247 @@
+"""Phases from markers, the one phase of a process at any time, and the bytes each phase moved.
+
+The semantics (``docs/report.md``, "Phases"), the same for ``memrec report``, ``memrec diff``,
+``memrec.load``, the exports and the TUI:
+
+- A phase is a begin/end marker pair of one process with the same name. An end closes *its own*
+  begin: the latest begin of that name in that process still open. Phases of other names stay
+  open, whatever their order (SGLang's hooks nest by construction; hand-written markers may not).
+- While several phases of a process are open, its phase is their path from the earliest begun
+  to the latest, joined by "/" (``load_weights/kv_pool``). A phase that outlives the phase it
+  began in (B begun inside A, A ended first) goes on under the path still open (``A/B`` until
+  A's end, ``B`` after): its span is split in two pieces, the second :attr:`Phase.resumes` the
+  first; a warning says so.
+- A phase never ended ends at the trace's end (``closed`` False); an end without a begin is
+  ignored with a warning. Instants are single markers; they have the phase open at their time.
+- Spans are half-open, ``[start, end)``: at the time of an end marker the phase is over; several
+  markers at one time all apply before that time is read.
+- Markers are per process (pid); a rank is a process (its markers carry ``tp_rank`` &c.).
+
+Attribution: every change of a (gpu, pid, category) total (the replay's journal, implicit frees
+at exit included) belongs to the innermost phase of *its* process open at that moment; a process
+without markers, or a change outside all of its phases, is ``(no phase)`` (phase id -1). Bytes
+still held are attributed to the phase of the process that allocated them, when it did.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from dataclasses import field
+from typing import Any
+from typing import Iterable
+
+import numpy as np
+
+from memrec.engine.group import group
+from memrec.engine.group import group_sum
+from memrec.engine.journal import Journal
+from memrec.events import CATEGORIES
+from memrec.events import IPC_MAPPED
+from memrec.events import Marker
+
+NO_PHASE = "(no phase)"
+#: End time of a phase not ended yet when the end of the trace is not known (a live stream).
+OPEN_END = np.iinfo(np.int64).max
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One begin/end span of one process (or a piece of one: see :attr:`resumes`)."""
+
+    id: int  # index in Phases.phases (numbered in order of their begin)
+    pid: int
+    name: str
+    path: str  # names of the phases open in this process, earliest begun first, joined by "/"
+    start: int
+    end: int
+    depth: int  # 0 outermost
+    parent: int  # id of the enclosing phase, -1 none
+    closed: bool  # ended by its own end marker (False: the trace's end, or split: see resumes)
+    gpu: int | None = None  # the GPU the begin marker named
+    values: dict = field(default_factory=dict)  # the begin marker's values, updated by the end's
+    resumes: int = -1  # id of the piece this one continues (an enclosing phase ended first), -1 none
+
+
+@dataclass(frozen=True)
+class Instant:
+    """One instant marker, with the phase of its process open at that moment."""
+
+    pid: int
+    name: str
+    ts: int
+    phase: int  # innermost open phase id, -1 none
+    gpu: int | None = None
+    values: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PhaseUsage:
+    """Bytes one process allocated and freed on one GPU, in one category, during one phase."""
+
+    phase: int  # -1: (no phase)
+    pid: int
+    gpu: int
+    category: str
+    allocated: int
+    freed: int
+
+    @property
+    def net(self) -> int:
+        return self.allocated - self.freed
+
+
+@dataclass
+class Phases:
+    """The phases and instants of a trace, and per process which phase is innermost when."""
+
+    phases: list[Phase]
+    instants: list[Instant]
+    warnings: list[str]
+    #: pid -> (segment start times, innermost phase id from that time on, -1 none)
+    segments: dict[int, tuple[np.ndarray, np.ndarray]]
+
+    def label(self, phase_id: int) -> str:
+        """A phase's path, or ``(no phase)``."""
+        return NO_PHASE if phase_id < 0 else self.phases[phase_id].path
+
+    def assign(self, pids: np.ndarray, ts: np.ndarray) -> np.ndarray:
+        """The innermost phase id (-1 none) of each (pid, ts)."""
+        out = np.full(len(ts), -1, dtype=np.int64)
+        if not self.segments or not len(ts):
+            return out
+        pids = np.asarray(pids)
+        ts = np.asarray(ts).astype(np.int64, copy=False)
+        for pid, (starts, ids) in self.segments.items():
+            sel = np.flatnonzero(pids == pid)
+            if not len(sel):
+                continue
+            k = np.searchsorted(starts, ts[sel], side="right") - 1
+            out[sel] = np.where(k >= 0, ids[np.maximum(k, 0)], -1)
+        return out
+
+    def phase_at(self, pid: int, ts: int) -> int:
+        """The innermost phase of ``pid`` open at ``ts`` (-1 none)."""
+        return int(self.assign(np.array([pid]), np.array([ts], dtype=np.int64))[0])
+
+    def label_at(self, pid: int, ts: int) -> str:
+        """The phase path of ``pid`` at ``ts`` (``(no phase)`` outside its phases)."""
+        return self.label(self.phase_at(pid, ts))
+
+    def labels(self, ids: Iterable[int]) -> list[str]:
+        """:meth:`label` of each id."""
+        return [self.label(i) for i in ids]
+
+
+def build_phases(markers: Iterable[Marker], end_ts: int = OPEN_END) -> Phases:
+    """Pair begin/end markers per process (see the module docstring); unclosed phases end at
+    ``end_ts`` (or the last marker, if later)."""
+    markers = list(markers)
+    order = sorted(range(len(markers)), key=lambda i: (markers[i].ts, i))
+    end_ts = max([end_ts] + [markers[i].ts for i in order])
+    rows: list[dict[str, Any]] = []  # mutable phases while building
+    instants: list[Instant] = []
+    warnings: list[str] = []
+    stacks: dict[int, list[int]] = {}  # pid -> open phase ids, in begin order
+    points: dict[int, list[tuple[int, int]]] = {}  # pid -> [(ts, innermost id after this marker)]
+
+    def open_phase(pid: int, name: str, ts: int, gpu: int | None, values: dict, resumes: int) -> None:
+        stack = stacks[pid]
+        parent = stack[-1] if stack else -1
+        rows.append(dict(
+            id=len(rows), pid=pid, name=name, path=f"{rows[parent]['path']}/{name}" if parent >= 0 else name,
+            start=ts, end=end_ts, depth=len(stack), parent=parent, closed=False, gpu=gpu, values=values,
+            resumes=resumes,
+        ))
+        stack.append(len(rows) - 1)
+
+    for i in order:
+        mk = markers[i]
+        stack = stacks.setdefault(mk.pid, [])
+        if mk.phase == "begin":
+            open_phase(mk.pid, mk.name, mk.ts, mk.gpu, dict(mk.values or {}), -1)
+        elif mk.phase == "end":
+            j = next((k for k in range(len(stack) - 1, -1, -1) if rows[stack[k]]["name"] == mk.name), None)
+            if j is None:
+                warnings.append(f"pid {mk.pid}: end of {mk.name!r} at {mk.ts} without a begin (ignored)")
+                continue
+            row = rows[stack[j]]
+            row["end"] = mk.ts
+            row["closed"] = True
+            row["values"].update(mk.values or {})
+            later = stack[j + 1 :]
+            del stack[j:]
+            for inner in later:  # begun inside the phase that ended: they go on, one level up
+                old = rows[inner]
+                old["end"] = mk.ts
+                open_phase(mk.pid, old["name"], mk.ts, old["gpu"], dict(old["values"]), inner)
+                warnings.append(
+                    f"pid {mk.pid}: {mk.name!r} ended at {mk.ts} while {old['name']!r} begun inside it was open; "
+                    f"{old['name']!r} goes on as {rows[-1]['path']!r}"
+                )
+        elif mk.phase == "instant":
+            instants.append(Instant(mk.pid, mk.name, mk.ts, stack[-1] if stack else -1, mk.gpu, dict(mk.values or {})))
+            continue
+        else:
+            warnings.append(f"pid {mk.pid}: marker {mk.name!r} with unknown phase {mk.phase!r} (ignored)")
+            continue
+        points.setdefault(mk.pid, []).append((mk.ts, stack[-1] if stack else -1))
+    segments = {}
+    for pid, pts in points.items():
+        starts: list[int] = []
+        ids: list[int] = []
+        for ts, innermost in pts:
+            if starts and starts[-1] == ts:  # several markers at one time: the last one wins
+                ids[-1] = innermost
+            else:
+                starts.append(ts)
+                ids.append(innermost)
+        segments[pid] = (np.asarray(starts, dtype=np.int64), np.asarray(ids, dtype=np.int64))
+    # Instants take the phase open at their time once every marker at that time applied.
+    phases = Phases([Phase(**r) for r in rows], [], warnings, segments)
+    phases.instants = [
+        Instant(x.pid, x.name, x.ts, phases.phase_at(x.pid, x.ts), x.gpu, x.values) for x in instants
+    ]
+    return phases
+
+
+def attribute(phases: Phases, journal: Journal) -> list[PhaseUsage]:
+    """Bytes allocated and freed per (phase, pid, gpu, category), ordered by gpu, pid, phase, category."""
+    if len(journal) == 0:
+        return []
+    phase = phases.assign(journal.pid, journal.ts)
+    inverse, (g, p, ph, c) = group([journal.gpu, journal.pid, phase, journal.category])
+    d = journal.delta
+    allocated = group_sum(inverse, len(g), np.where(d > 0, d, 0))
+    freed = group_sum(inverse, len(g), np.where(d < 0, -d, 0))
+    return [
+        PhaseUsage(phase=ph_, pid=p_, gpu=g_, category=CATEGORIES[c_], allocated=a, freed=f)
+        for g_, p_, ph_, c_, a, f in zip(g.tolist(), p.tolist(), ph.tolist(), c.tolist(), allocated.tolist(), freed.tolist())
+    ]
+
+
+@dataclass(frozen=True)
+class HeldByPhase:
+    """Owned bytes one GPU holds now that were allocated in one phase (``(no phase)`` outside)."""
+
+    phase: str
+    bytes: int
+    count: int  # allocations
+    pids: tuple[int, ...]
+
+
+def held_by_phase(state: Any, gpu: int, phases: Phases) -> list[HeldByPhase]:
+    """What ``gpu`` holds in ``state`` (a LiveState; owned, ``ipc_mapped`` left out), by the phase
+    the owner was in when it allocated each piece; largest first (then by path)."""
+    held = [h for h in state.holdings(gpu=gpu) if h.category != CATEGORIES[IPC_MAPPED]]
+    if not held:
+        return []
+    ids = phases.assign(np.array([h.pid for h in held], dtype=np.int64), np.array([h.ts for h in held], dtype=np.int64))
+    out: dict[str, list] = {}
+    for h, ph in zip(held, ids.tolist()):
+        row = out.setdefault(phases.label(ph), [0, 0, set()])
+        row[0] += h.size
+        row[1] += 1
+        row[2].add(h.pid)
+    rows = [HeldByPhase(k, b, n, tuple(sorted(p))) for k, (b, n, p) in out.items()]
+    rows.sort(key=lambda r: (-r.bytes, r.phase))
+    return rows

@@ -1,0 +1,177 @@
+"""One replay of a trace: where it starts, the span it covers, its series, the state at an event.
+
+A rotated file continues the previous file's state: its keyframe at event 0 is the state the replay
+starts from (:func:`initial_state`). The span of a trace (:func:`trace_bounds`) is what every
+``+N.NNNs`` a user reads is relative to, so the report, ``memrec.load``, the plot, the exports and
+the TUI agree on it. :func:`build_timeline` is the whole-trace replay (``LiveState.apply`` with its
+journal, then numpy); :func:`state_at` is the state after some events, from the nearest snapshot
+plus the gap (:func:`advance`), never a replay from the start when a snapshot is nearer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from dataclasses import field
+from typing import Any
+from typing import Callable
+from typing import Iterable
+from typing import Sequence
+
+import numpy as np
+
+from memrec.engine.journal import Journal
+from memrec.engine.journal import JournalBuffer
+from memrec.engine.phases import Phases
+from memrec.engine.phases import build_phases
+from memrec.engine.series import GpuSeries
+from memrec.engine.series import gpu_series
+from memrec.state import LiveState
+
+#: Events per LiveState.apply call in a whole-trace replay: what apply makes per call (lists of a
+#: call's columns) and the state's own journal stay bounded however long the trace (one
+#: 10M-event call took 2.5 GB).
+APPLY_CHUNK = 1 << 20
+#: What a snapshot that is not this version's LiveState raises in ``LiveState.from_snapshot``.
+BAD_SNAPSHOT = (ValueError, KeyError, TypeError, AttributeError)
+
+
+def initial_state(trace: Any) -> tuple[LiveState | None, list[str]]:
+    """The state the file starts from (journal on): its keyframe at event 0, or None (empty).
+
+    Returns the state and notes for the user (a keyframe this memrec cannot read is replayed over).
+    """
+    for kf in trace.keyframes:
+        if kf.event_index != 0:
+            continue
+        try:
+            state = LiveState.from_snapshot(kf.state, journal=True)
+        except BAD_SNAPSHOT as error:
+            return None, [f"the keyframe at the start is not a state this memrec reads ({error}): replayed from empty"]
+        state.n_events = 0
+        return state, []
+    return None, []
+
+
+def trace_bounds(trace: Any) -> tuple[int, int]:
+    """The trace's first and last timestamp over events, markers and samples (trailer end if later).
+
+    The recording's start (the header's monotonic anchor) counts as a first timestamp: times are
+    relative to when memrec started recording, not to the first event.
+    """
+    firsts: list[int] = []
+    lasts: list[int] = []
+    for arr in (trace.events, trace.nvml, trace.procmem):
+        if len(arr):
+            firsts.append(int(arr["ts"].min()))
+            lasts.append(int(arr["ts"].max()))
+    if trace.markers:
+        firsts.append(min(m.ts for m in trace.markers))
+        lasts.append(max(m.ts for m in trace.markers))
+    trailer = trace.trailer or {}
+    for key in ("end_ts", "end"):
+        if isinstance(trailer.get(key), int):
+            lasts.append(trailer[key])
+            break
+    anchor = trace.header.get("anchor")
+    if isinstance(anchor, dict) and isinstance(anchor.get("monotonic_ns"), int):
+        firsts.append(anchor["monotonic_ns"])  # when the recording started
+    start = min(firsts) if firsts else 0
+    return start, max(lasts) if lasts else start
+
+
+@dataclass
+class Timeline:
+    """Everything one replay gives: series per GPU, the journal and the final state."""
+
+    gpus: dict[int, GpuSeries]
+    journal: Journal
+    state: LiveState
+    start: int
+    events: np.ndarray = field(repr=False)
+
+
+def build_timeline(
+    events: np.ndarray,
+    start: int | None = None,
+    state: LiveState | None = None,
+    stops: Sequence[int] = (),
+    at_stop: Callable[[int, LiveState, int], None] | None = None,
+) -> Timeline:
+    """Replay ``events`` (filling in their ``gpu``) and build every GPU's series.
+
+    Args:
+        events: EVENT_DTYPE in time order.
+        start: the time of each series' initial row (default: the first event's ts).
+        state: a state to continue from (e.g. restored from a keyframe, with ``journal=True``);
+            its holdings are the initial row. Default: empty.
+        stops: event indexes (into ``events``, ascending) where ``at_stop(index, state, changes)``
+            is called with the state just *before* that event (who held what at a failed call)
+            and the number of journal rows so far (equal for two stops: nothing changed between).
+
+    The journal moves into :attr:`Timeline.journal` as it grows (the state's own stays short).
+    """
+    if state is None:
+        state = LiveState(journal=True)
+    elif state.journal is None:
+        raise ValueError("build_timeline needs a state with journal=True")
+    initial = state.counters()  # (gpu, pid, category index) -> bytes
+    first_index = state.n_events
+    rows = JournalBuffer(capacity=len(events) + len(events) // 8)  # about a change per event
+    rows.take(state)  # what the state had journaled before (normally nothing)
+    done = 0
+    for stop in [*stops, len(events)]:
+        if stop < done:
+            raise ValueError("stops must be ascending")
+        for lo in range(done, stop, APPLY_CHUNK):
+            state.apply(events[lo : min(stop, lo + APPLY_CHUNK)])
+            rows.take(state)
+        done = stop
+        if at_stop is not None and stop < len(events):
+            at_stop(stop, state, rows.n)
+    journal = rows.journal()
+    if start is None:
+        start = int(events["ts"][0]) if len(events) else 0
+    gpus = sorted({int(g) for g in _distinct(journal.gpu)} | {g for g, _, _ in initial})
+    out = {g: gpu_series(g, journal, initial, start, first_index) for g in gpus}
+    return Timeline(gpus=out, journal=journal, state=state, start=start, events=events)
+
+
+def _distinct(small_ints: np.ndarray) -> list[int]:
+    """Distinct values of a column of GPU indexes (a handful) without sorting the column."""
+    if not len(small_ints):
+        return []
+    lo = int(small_ints.min())
+    counts = np.bincount(small_ints - lo)
+    return (np.flatnonzero(counts) + lo).tolist()
+
+
+def advance(state: LiveState, covered: int, chunks: Iterable[np.ndarray]) -> LiveState:
+    """``state`` (valid after ``covered`` events: a snapshot restored, or empty) moved on by ``chunks``."""
+    state.n_events = covered
+    for chunk in chunks:
+        state.apply(chunk)
+    return state
+
+
+def state_at(events: np.ndarray, index: int, keyframes: list | None = None) -> LiveState:
+    """The state after the first ``index`` events, starting from the latest keyframe at or before it.
+
+    ``keyframes``: :class:`memrec.trace.model.Keyframe` items (``event_index``, ``state``); one that
+    is not a :meth:`LiveState.snapshot` of this version is skipped (replayed over instead).
+    """
+    usable = sorted(
+        (kf for kf in keyframes or () if 0 <= kf.event_index <= index), key=lambda kf: kf.event_index, reverse=True
+    )
+    for kf in usable:
+        try:
+            state = LiveState.from_snapshot(kf.state)
+        except BAD_SNAPSHOT:
+            continue  # not a LiveState snapshot (another version): try an earlier one
+        return advance(state, kf.event_index, [events[kf.event_index : index]])
+    return advance(LiveState(), 0, [events[:index]])
+
+
+def trace_phases(trace: Any) -> Phases:
+    """The trace's phases, unclosed ones ending at the trace's end (:func:`trace_bounds`): what
+    the report, diff, ``memrec.load`` and the reconciliation all read."""
+    return build_phases(trace.markers, trace_bounds(trace)[1])

@@ -1,0 +1,275 @@
+"""Step series of bytes over time, built from the replay's journal with numpy only.
+
+Two shapes of one thing, both read from :class:`~memrec.engine.journal.Journal` rows:
+
+- :class:`GpuSeries`: the whole trace on one GPU, per (pid, category), for ``memrec report``,
+  ``memrec diff``, ``memrec.load`` and the exports. It keeps the journal's changes (sparse), not a
+  dense (changes × keys) matrix: a series summed over any selection of keys is one masked
+  ``cumsum``, so memory is linear in the changes whatever the number of processes.
+- :class:`CategorySeries`: one GPU's bytes per category, appended chunk by chunk as a replay
+  goes (the TUI's file replay and live stream), with a block-max pyramid so that downsampling a
+  time range to screen columns is O(columns).
+
+Owned totals leave ``ipc_mapped`` out (mapped, not owned); GPU -1 is the host (pinned memory)
+and device memory of unknown GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from dataclasses import field
+from typing import Any
+
+import numpy as np
+
+from memrec.engine.group import factorize
+from memrec.engine.journal import Journal
+from memrec.events import CATEGORIES
+from memrec.events import OWNED
+
+NCAT = len(CATEGORIES)
+#: Block size of the max pyramid used to downsample a CategorySeries.
+BLOCK = 512
+#: Series a GpuSeries keeps computed (each is one int64 per row): the report asks for a few
+#: selections several times; more would hold memory in proportion to the trace for nothing.
+CACHED = 6
+
+
+@dataclass
+class GpuSeries:
+    """Bytes held on one GPU after each event that changed them (a step function of time).
+
+    Row ``i`` is the state right after event ``event_index[i]`` (at ``ts[i]``); row 0 is the
+    state before the first change (at the trace's start, ``event_index`` = first - 1). ``keys``
+    are the (pid, category) pairs that held or mapped anything here, ascending.
+    """
+
+    gpu: int
+    ts: np.ndarray
+    event_index: np.ndarray
+    keys: list[tuple[int, str]]
+    key_of_change: np.ndarray = field(repr=False)  # per journal change: index into keys
+    delta: np.ndarray = field(repr=False)  # per change: signed bytes
+    last_change: np.ndarray = field(repr=False)  # per row >= 1: the row's last change
+    initial: np.ndarray = field(repr=False)  # per key: bytes at row 0
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    def _selected(self, pid: int | None, categories: tuple[str, ...] | None) -> np.ndarray:
+        return np.array(
+            [(pid is None or p == pid) and (categories is None or c in categories) for p, c in self.keys], dtype=bool
+        )
+
+    def series(self, pid: int | None = None, categories: tuple[str, ...] | None = OWNED) -> np.ndarray:
+        """Bytes over time summed over the selected keys (default: every pid, owned categories)."""
+        sel = self._selected(pid, categories)
+        ck = sel.tobytes()  # selections of the same keys (every pid = the only pid) share one series
+        hit = self._cache.get(ck)
+        if hit is not None:
+            return hit
+        out = np.zeros(len(self.ts), dtype=np.int64)
+        if sel.any():
+            out[0] = int(self.initial[sel].sum())
+            if len(self.delta):
+                d = self.delta if sel.all() else np.where(sel[self.key_of_change], self.delta, 0)
+                out[1:] = out[0] + np.cumsum(d)[self.last_change]
+        if len(self._cache) >= CACHED:
+            del self._cache[next(iter(self._cache))]
+        self._cache[ck] = out
+        return out
+
+    def total(self, pid: int | None = None) -> np.ndarray:
+        """Owned bytes over time (ipc_mapped left out), of every process or of ``pid``."""
+        return self.series(pid, OWNED)
+
+    def by_category(self, pid: int | None = None) -> dict[str, np.ndarray]:
+        """One series per category present (ipc_mapped included: it is the importers' view)."""
+        present = {c for p, c in self.keys if pid is None or p == pid}
+        return {c: self.series(pid, (c,)) for c in CATEGORIES if c in present}
+
+    def by_pid(self, categories: tuple[str, ...] | None = OWNED) -> dict[int, np.ndarray]:
+        """One series per process (owned categories by default), pids ascending."""
+        return {p: self.series(p, categories) for p in self.pids()}
+
+    def pids(self) -> list[int]:
+        """Processes that held or mapped anything on this GPU."""
+        return sorted({p for p, _ in self.keys})
+
+    def index_at(self, ts: int) -> int:
+        """Row holding the state at time ``ts`` (after every event at or before it); 0 before any."""
+        return max(int(np.searchsorted(self.ts, ts, side="right")) - 1, 0)
+
+    def at(self, ts: int, pid: int | None = None, categories: tuple[str, ...] | None = OWNED) -> int:
+        """Bytes held at ``ts`` (owned by default)."""
+        return int(self.series(pid, categories)[self.index_at(ts)])
+
+    def peak(self, pid: int | None = None, categories: tuple[str, ...] | None = OWNED) -> tuple[int, int, int]:
+        """(bytes, ts, row) of the highest point; the first one when it is reached several times."""
+        s = self.series(pid, categories)
+        i = int(np.argmax(s)) if len(s) else 0
+        return int(s[i]), int(self.ts[i]), i
+
+    def row(self, i: int) -> dict[tuple[int, str], int]:
+        """What every (pid, category) held at row ``i`` (zeros left out)."""
+        held = self.initial.copy()
+        if i > 0:
+            upto = int(self.last_change[i - 1]) + 1
+            np.add.at(held, self.key_of_change[:upto], self.delta[:upto])
+        return {k: int(v) for k, v in zip(self.keys, held.tolist()) if v}
+
+
+def gpu_series(g: int, j: Journal, initial: dict, start: int, first_index: int) -> GpuSeries:
+    """GPU ``g``'s series from the journal rows on it and the state the replay started from
+    (``initial``: (gpu, pid, category index) -> bytes)."""
+    m = j.gpu == g
+    pid = j.pid[m]
+    code = pid * NCAT + j.category[m]  # (pid, category) as one int: sorts like the pair
+    init = [(p * NCAT + c, b) for (gg, p, c), b in initial.items() if gg == g]
+    init_codes = np.array([k for k, _ in init], dtype=np.int64)
+    codes, uniq = factorize(np.concatenate((init_codes, code)))
+    key_of_change = codes[len(init) :].astype(np.int32)  # a GPU's (pid, category) pairs: a handful
+    initial_row = np.zeros(len(uniq), dtype=np.int64)
+    if init:
+        np.add.at(initial_row, codes[: len(init)], np.array([b for _, b in init], dtype=np.int64))
+    index = j.index[m]
+    n = len(index)
+    # One row per event: several changes from one event (a process exit) collapse to the last.
+    last = np.ones(n, dtype=bool)
+    if n > 1:
+        last[:-1] = index[1:] != index[:-1]
+    rows = np.flatnonzero(last)
+    return GpuSeries(
+        gpu=g,
+        ts=np.concatenate(([start], j.ts[m][rows])).astype(np.int64),
+        event_index=np.concatenate(([first_index - 1], index[rows])).astype(np.int64),
+        keys=[(int(k) // NCAT, CATEGORIES[int(k) % NCAT]) for k in uniq.tolist()],
+        key_of_change=key_of_change,
+        delta=j.delta[m],
+        last_change=rows,
+        initial=initial_row,
+    )
+
+
+# ------------------------------------------------------------------------------ chunk by chunk
+
+
+class Grow:
+    """A growable 1-D numpy array (capacity doubling), ``.a`` is the live view."""
+
+    def __init__(self, dtype: Any, capacity: int = 1024) -> None:
+        self._buf = np.zeros(capacity, dtype=dtype)
+        self.n = 0
+
+    @property
+    def a(self) -> np.ndarray:
+        return self._buf[: self.n]
+
+    def extend(self, values: np.ndarray) -> None:
+        m = len(values)
+        if self.n + m > len(self._buf):
+            cap = max(len(self._buf) * 2, self.n + m)
+            new = np.zeros(cap, dtype=self._buf.dtype)
+            new[: self.n] = self._buf[: self.n]
+            self._buf = new
+        self._buf[self.n : self.n + m] = values
+        self.n += m
+
+    def drop_front(self, k: int) -> None:
+        if k <= 0:
+            return
+        k = min(k, self.n)
+        self._buf = self._buf[k : self.n].copy() if self.n - k else np.zeros(16, dtype=self._buf.dtype)
+        self.n -= k
+
+
+class CategorySeries:
+    """Step series of one GPU's bytes per category, one point per journal change, appended as
+    the replay goes; ``total`` (owned + mapped) is what a stacked view peaks on."""
+
+    def __init__(self) -> None:
+        self.seq = Grow(np.int64)
+        self.ts = Grow(np.uint64)
+        self.cum = [Grow(np.int64) for _ in range(NCAT)]
+        self.total = Grow(np.int64)
+        self._last = np.zeros(NCAT, dtype=np.int64)
+        self._bmax = Grow(np.int64)
+        self._barg = Grow(np.int64)
+        self.offset = 0  # points dropped from the front (live trimming)
+
+    def __len__(self) -> int:
+        return self.seq.n
+
+    def append(self, seq: np.ndarray, ts: np.ndarray, cat: np.ndarray, delta: np.ndarray) -> None:
+        """Add journal changes (event index, ts, category index, signed bytes) in replay order."""
+        n = len(seq)
+        if not n:
+            return
+        present = np.bincount(cat, minlength=NCAT) if cat.min() >= 0 else np.ones(NCAT, dtype=np.int64)
+        tot = np.full(n, int(self._last.sum()), dtype=np.int64)
+        for c in range(NCAT):
+            if present[c] == len(cat):  # the chunk changes one category only: no mask
+                step = np.cumsum(delta)
+            elif present[c]:
+                step = np.cumsum(np.where(cat == c, delta, 0))
+            else:  # unchanged in this chunk: a constant run
+                self.cum[c].extend(np.full(n, self._last[c], dtype=np.int64))
+                continue
+            tot += step
+            self.cum[c].extend(step + self._last[c])
+            self._last[c] = self.cum[c].a[-1]
+        self.total.extend(tot)
+        self.seq.extend(seq)
+        self.ts.extend(ts)
+
+    def set_initial(self, values: np.ndarray, seq: int, ts: int) -> None:
+        """Start from a known state (a keyframe the trace began with)."""
+        self.append(
+            np.full(NCAT, seq, np.int64), np.full(NCAT, ts, np.uint64), np.arange(NCAT, dtype=np.int8), values.astype(np.int64)
+        )
+
+    def blocks(self) -> None:
+        """Bring the block-max pyramid up to date (the replay does it, so redraws never do)."""
+        full = self.total.n // BLOCK
+        have = self._bmax.n
+        if full > have:
+            part = self.total.a[have * BLOCK : full * BLOCK].reshape(-1, BLOCK)
+            arg = part.argmax(axis=1)
+            self._bmax.extend(part[np.arange(len(part)), arg])
+            self._barg.extend(arg + (np.arange(len(part)) + have) * BLOCK)
+
+    def argmax(self, lo: int, hi: int) -> int:
+        """Index of the largest ``total`` in [lo, hi) (hi > lo)."""
+        tot = self.total.a
+        if hi - lo <= 4 * BLOCK:
+            return lo + int(np.argmax(tot[lo:hi]))
+        self.blocks()
+        b0 = -(-lo // BLOCK)
+        b1 = hi // BLOCK
+        cands = []
+        if lo < b0 * BLOCK:
+            cands.append(lo + int(np.argmax(tot[lo : b0 * BLOCK])))
+        if b1 > b0:
+            bm = self._bmax.a[b0:b1]
+            cands.append(int(self._barg.a[b0 + int(np.argmax(bm))]))
+        if b1 * BLOCK < hi:
+            cands.append(b1 * BLOCK + int(np.argmax(tot[b1 * BLOCK : hi])))
+        return max(cands, key=lambda i: tot[i])
+
+    def values_at(self, i: int) -> np.ndarray:
+        """Bytes per category at point ``i``."""
+        return np.array([self.cum[c].a[i] for c in range(NCAT)], dtype=np.int64)
+
+    def at_time(self, ts: int) -> np.ndarray | None:
+        """Bytes per category after every change at or before ``ts`` (None before the first)."""
+        i = int(np.searchsorted(self.ts.a, np.uint64(max(ts, 0)), side="right")) - 1
+        return self.values_at(i) if i >= 0 else None
+
+    def drop_before_seq(self, seq: int) -> None:
+        """Drop points before ``seq``, keeping the last one before it as the start value."""
+        k = int(np.searchsorted(self.seq.a, seq, side="left")) - 1
+        if k <= 0:
+            return
+        for g in (self.seq, self.ts, self.total, *self.cum):
+            g.drop_front(k)
+        self._bmax = Grow(np.int64)
+        self._barg = Grow(np.int64)
+        self.offset += k
