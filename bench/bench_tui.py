@@ -185,7 +185,7 @@ def bench_redraw(model, width: int = 154) -> dict:
 
         def draw(t0=t0, span=span, c=c):
             v = model.viewport(0, t0, t0 + span, width)
-            return render_timeline(v, TimelineOptions(28, 140 * GiB, c, lo, model.bands(0), 4, model.failures(0, t0, t0 + span)))
+            return render_timeline(v, TimelineOptions(28, 140 * GiB, c, lo, model.bands(0), 4, model.landmarks.failures(0, t0, t0 + span)))
 
         d, _ = timed(draw)
         (zooms if i % 2 else draws).append(d)

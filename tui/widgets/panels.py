@@ -11,15 +11,15 @@ from textual.widgets import Static
 from memrec.analysis.phases import NO_PHASE
 from memrec.events import GpuInfo
 from memrec.events import cu_result_name
-from memrec.tui.model import KIND_NAMES
+from memrec.tui.filters import KIND_NAMES
 from memrec.tui.model import CursorState
-from memrec.tui.model import EventRows
 from memrec.tui.model import diff_rows
-from memrec.tui.model import fmt_dur
+from memrec.tui.store import EventRows
 from memrec.tui.widgets.timeline import FAIL_COLOUR
 from memrec.tui.widgets.timeline import LAYER_COLOURS
 from memrec.tui.widgets.timeline import NVML_COLOUR
 from memrec.units import fmt_bytes
+from memrec.units import fmt_dur
 
 HOLDER_VIEWS = ("process", "phase", "largest", "category", "context", "untraced")
 

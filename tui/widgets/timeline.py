@@ -30,8 +30,8 @@ from memrec.events import IPC_MAPPED
 from memrec.events import VMM
 from memrec.tui.model import PhaseSpan
 from memrec.tui.model import SeriesView
-from memrec.tui.model import fmt_dur
 from memrec.units import fmt_bytes
+from memrec.units import fmt_dur
 
 #: Layers bottom to top: (name, colour (a 256-colour palette entry), no-colour character).
 LAYERS = (
