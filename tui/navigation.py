@@ -221,3 +221,27 @@ def answer(model: TraceModel) -> Landing | None:
     if best is None or best[0] <= 0:
         return None
     return Landing(best[2], -best[1], f"peak {fmt_bytes(best[0])} on GPU{-best[1]}")
+
+
+@dataclass(frozen=True)
+class Alignment:
+    """How ``memrec tui A --diff B`` lines B up with A: B's time = A's time + ``shift``."""
+
+    shift: int
+    text: str  # what both runs were aligned on, for the header
+
+
+def align(base: TraceModel, other: TraceModel, base_start: int, other_start: int) -> Alignment:
+    """Align two traces on their first common marker (the first of ``base``'s markers, in time,
+    whose name and phase ``other`` also has, matched to the first such marker there): two runs of
+    one server start their phases at different offsets from the first event, so aligning on the
+    start would compare different moments. Without a common marker: on the starts."""
+    seen: dict[tuple[str, str], int] = {}
+    for m in other.markers:
+        seen.setdefault((m.name, m.phase), m.ts)
+    for m in base.markers:
+        ts = seen.get((m.name, m.phase))
+        if ts is not None:
+            phase = "" if m.phase == "instant" else f" {m.phase}"
+            return Alignment(ts - m.ts, f"aligned on {m.name}{phase}")
+    return Alignment(other_start - base_start, "aligned on the start (no common marker)")

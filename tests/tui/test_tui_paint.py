@@ -34,7 +34,8 @@ class ScriptedSource:
     """A file source whose worker runs ``steps`` in order: "learn" (the model reads the events,
     which name GPUs 0 and 1), "loaded" and "indexed" (the messages a FileSource posts)."""
 
-    kind = "file"
+    live = False
+    other_model = None
     title = "scripted.mrec"
 
     def __init__(self, steps: list[str]) -> None:
@@ -57,6 +58,12 @@ class ScriptedSource:
             time.sleep(0.2)  # each step handled before the next, as on a slow or busy host
         self.done.set()
 
+    def start(self, post) -> None:
+        threading.Thread(target=self.run, args=(post,), daemon=True).start()
+
+    def new_model(self) -> TraceModel:
+        return TraceModel()
+
     def stop(self) -> None:
         pass
 
@@ -64,7 +71,7 @@ class ScriptedSource:
 def assert_main_view(app: MemrecApp) -> None:
     tabs = [t.id for t in app.query("Tab")]
     assert tabs == ["tab-gpu0", "tab-gpu1", "tab-all"], tabs
-    assert app.gpu == 0
+    assert app.main.gpu == 0
     assert app.query_one("#gpu-tabs").active == "tab-gpu0"
     assert app.query_one("#switcher").current == "gpu-view"
     assert str(app.query_one("#gpu-header", GpuHeader).render()).startswith("GPU0")
@@ -111,7 +118,7 @@ async def test_a_file_opens_on_gpu0(tmp_path, which):
         # WHEN it is loaded and replayed
         await settle(pilot)
         # THEN the tabs are built and GPU0 is shown (saying what a trace without NVML lacks)
-        assert app.loaded and app.indexed
+        assert app.main.loaded and app.main.indexed
         assert_main_view(app)
         header = str(app.query_one("#gpu-header", GpuHeader).render())
         assert ("(no NVML: name and size not recorded)" in header) == (which == "no-gpu-list")
@@ -124,7 +131,7 @@ async def test_live_stream_names_its_gpus_after_the_header(sockdir, trace):  # n
     app = MemrecApp(LiveSource(str(sockdir / "d.sock")), refresh_interval=0.05)
     try:
         async with app.run_test(size=(120, 36)) as pilot:
-            await wait_for(pilot, lambda: daemon.subscribed.is_set() and app.connected)
+            await wait_for(pilot, lambda: daemon.subscribed.is_set() and app.link.connected)
             assert [t.id for t in app.query("Tab")] == []
             # WHEN the first events arrive, naming GPUs 0 and 1
             daemon.send({"type": "events", "events": trace.events[:40]})

@@ -56,7 +56,7 @@ async def test_holders_list_contexts_with_their_cost_and_the_split(tmp_path):
         # AND on GPU 1 (the view stays; five more presses come back to contexts) it is foreign
         await pilot.press("g")  # the next GPU
         await settle(pilot)
-        assert app.gpu == 1
+        assert app.main.gpu == 1
         await pilot.press("h", "h", "h", "h", "h")
         await settle(pilot)
         assert holders.view_name == "context"

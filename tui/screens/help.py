@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
@@ -18,7 +20,7 @@ KEYS = (
     ("f", "zoom to fit the whole trace"),
     (", .", "pan left / right by half a screen"),
     ("click", "put the cursor where you click (drag to scrub)"),
-    ("m M", "next / previous marker"),
+    ("m M", "next / previous marker (the status line names what the cursor lands on)"),
     ("p P", "next / previous phase begin on this GPU"),
     ("o O", "next / previous failed driver call"),
     ("b B", "next / previous big allocation (≥ 1 GiB)"),
@@ -28,7 +30,7 @@ KEYS = (
     ("h", "holders at the cursor: by process, phase, largest, category, context, untraced"),
     ("/", "filter events: pid:N kind:alloc,free size>=1G phase:NAME fail TEXT"),
     ("esc", "leave the filter box / close this screen"),
-    ("y", "y scale: GPU total / fit the view"),
+    ("y", "y axis: fitted to the data on screen / the GPU's total memory"),
     ("space", "live: pause / resume the display (recording goes on)"),
     ("F", "live: follow the newest events"),
     ("?", "this help"),
@@ -44,6 +46,7 @@ class HelpScreen(Screen[None]):
 
     def compose(self) -> ComposeResult:
         from memrec.tui.widgets.panels import legend
+        from memrec.tui.widgets.timeline import glyphs_for
 
         table = Table(box=None, show_header=False, padding=(0, 1))
         table.add_column(style="bold")
@@ -56,9 +59,10 @@ class HelpScreen(Screen[None]):
         with VerticalScroll(id="help-body"):
             yield Static(body)
             yield Static(table)
-            yield Static(Text("\nTimeline: ", style="bold") + legend(self.app.no_color))
+            yield Static(Text("\nTimeline: ", style="bold") + legend(self.app.no_color, glyphs_for(os.environ.get("TERM"))))
             yield Static(
-                "Stacked: owned memory by category; untraced = NVML used - traced (owned). "
+                "Stacked: owned memory by category; untraced = NVML used - traced (owned), \"NVML lag\" "
+                "where NVML's sample has not caught up with the calls yet. "
                 "ipc_mapped is a peer's memory mapped here: drawn on top, never counted as owned. "
                 "Dim columns are drawn from keyframes while the replay has not reached them. "
                 "Bands under the chart are the phases each rank marked."
