@@ -62,3 +62,19 @@ def test_without_a_failure_a_trace_opens_at_its_peak():
     empty = TraceModel()
     empty.set_header(synth.header(1))
     assert answer(empty) is None
+
+
+def test_diff_aligns_on_the_first_common_marker():
+    # GIVEN two runs whose phases start 3 s apart from their first events (B waited longer)
+    from dataclasses import replace
+
+    a = synth.sglang_like()
+    b = synth.sglang_like(oom=False)
+    b = replace(b, markers=[replace(m, ts=m.ts + 3 * SEC) for m in b.markers])
+    ma, mb = TraceModel.from_trace(a), TraceModel.from_trace(b)
+    # WHEN aligned
+    from memrec.tui.navigation import align
+
+    al = align(ma, mb, ma.time_range()[0], mb.time_range()[0])
+    # THEN B's time is A's plus 3 s, on the first marker both have
+    assert al.shift == 3 * SEC and al.text == "aligned on load_weights begin"
