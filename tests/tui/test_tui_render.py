@@ -127,7 +127,7 @@ def test_console_glyphs_draw_half_blocks_and_ascii():
     # GIVEN 1.5 rows of driver under 1 row of vmm, and a failed call, on the Linux console
     assert glyphs_for("linux") is CONSOLE_GLYPHS and glyphs_for("xterm-256color") is not CONSOLE_GLYPHS
     v = view([int(1.5 * G)], vmm=[G])
-    strips = render_timeline(v, TimelineOptions(4, 4 * G, axis=False, failures=np.array([0]), glyphs=CONSOLE_GLYPHS))
+    strips = render_timeline(v, TimelineOptions(5, 4 * G, axis=False, failures=np.array([0]), glyphs=CONSOLE_GLYPHS))
     cells = "".join(s.text[GUTTER:] for s in strips)
     # THEN only blocks the console font has are drawn, and the failure is an x
     assert set(cells) <= set(" ▄█x") and "▄" in cells
