@@ -33,11 +33,14 @@ JUMP_NAMES = {"marker": "marker", "phase": "phase", "failure": "failed call", "b
 
 @dataclass(frozen=True)
 class Landing:
-    """Where a jump put the cursor: the time, the GPU it concerns (None: any), and what is there."""
+    """Where a jump put the cursor: the time, the GPU it concerns (None: any), and what is there
+    (for a failed call, ``failure``: where it happened, "in kv_cache · tp1", which the status line
+    writes after the call's name and result)."""
 
     ts: int
     gpu: int | None
     text: str
+    failure: bool = False
 
 
 class TraceModel(Protocol):
@@ -193,7 +196,7 @@ def jump(model: TraceModel, what: str, ts: int, forward: bool, gpu: int | None) 
         hit = model.landmarks.next_failure(ts, forward, gpu)
         if hit is None:
             return None
-        return Landing(hit[0], gpu, f"failed call {_where(model, hit[1], hit[0])}")
+        return Landing(hit[0], gpu, _where(model, hit[1], hit[0]), failure=True)
     hit = model.landmarks.next_big(ts, forward, gpu)
     if hit is None:
         return None
@@ -209,7 +212,7 @@ def answer(model: TraceModel) -> Landing | None:
         ts, pid, gpu = hit
         if gpu < 0:  # a call that failed before naming its device: the GPU its process used
             gpu = next((g for g in model.gpu_ids() if pid in model.gpu_pids(g)), -1)
-        return Landing(ts, gpu if gpu >= 0 else None, f"first failed call {_where(model, pid, ts)}")
+        return Landing(ts, gpu if gpu >= 0 else None, _where(model, pid, ts), failure=True)
     best: tuple[int, int, int] | None = None  # (bytes, gpu, ts)
     with model.lock:
         for g, series in model.series.items():

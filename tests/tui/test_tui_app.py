@@ -32,7 +32,7 @@ async def test_opens_at_the_first_failed_call_and_names_it(trace_file):
         assert "tab-gpu0" in [t.id for t in app.query("Tab")]
         # AND the status line says what the cursor is on
         status = str(app.query_one("#status").render())
-        assert "first failed call in kv_cache · tp1" in status and "cuMemAlloc_v2: CUDA_ERROR_OUT_OF_MEMORY" in status
+        assert "✗ cuMemAlloc_v2: CUDA_ERROR_OUT_OF_MEMORY in kv_cache · tp1" in status
 
 
 async def test_without_a_failure_opens_at_the_peak(tmp_path):
@@ -274,3 +274,37 @@ async def test_narrow_layout_follows_resizes(trace_file):
         await settle(pilot)
         assert not app.main.narrow and not app.query_one(Footer).compact
         assert [str(c.label) for c in holders.columns.values()] == ["rank/pid", "owned", "driver", "vmm", "ipc"]
+
+
+async def test_y_axis_fits_the_data_and_y_shows_the_gpu_total(trace_file):
+    app = MemrecApp(FileSource(trace_file))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        graph = app.query_one("#timeline")
+        # GIVEN GPU1 (at most ~64 GiB of its 140 GiB used) WHEN it opens
+        top = graph.render_line(0).text
+        # THEN the axis tops out just above the data, not at the GPU's total
+        assert "GiB┤" in top and "140.00 GiB" not in top
+        assert 60 < float(top.split()[0]) < 70
+        # WHEN y is pressed THEN the axis shows the whole GPU; again, and it fits the data again
+        await pilot.press("y")
+        assert graph.render_line(0).text.startswith("140.00 GiB┤")
+        await pilot.press("y")
+        assert graph.render_line(0).text == top
+
+
+async def test_diff_aligns_the_runs_on_their_first_common_marker(tmp_path):
+    # GIVEN a base run and another whose phases all start 2 s later after its first event
+    from dataclasses import replace
+
+    a, b = tmp_path / "a.mrec", tmp_path / "b.mrec"
+    synth.write_trace(a, synth.sglang_like())
+    other = synth.sglang_like(oom=False, weights_gib=40)
+    late = replace(other, markers=[replace(m, ts=m.ts + 2 * SEC) for m in other.markers])
+    synth.write_trace(b, late)
+    app = MemrecApp(DiffSource(a, b))
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(pilot)
+        # THEN the other run is read 2 s later than the base, and the header says on what
+        assert app.main.alignment.shift == 2 * SEC
+        assert "aligned on load_weights begin" in str(app.query_one("#gpu-header").render())

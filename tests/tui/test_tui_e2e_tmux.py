@@ -33,7 +33,7 @@ def test_replay_in_a_terminal(trace_file, size, env):
     t = Tmux(name, tui_command(trace_file), size, env)
     try:
         # GIVEN the TUI on the scripted trace
-        screen = t.wait_for("107 events")
+        screen = t.wait_for("OUT_OF_MEMORY in kv_cache · tp1")  # it opens on the failed call
         t.wait_for("tp1 4102")  # the state at the cursor (GPU1's failed call, where it opens) is in
         assert "GPU0" in screen and "GPU1" in screen
         # WHEN GPU1 is chosen and the cursor jumps to the first failed call

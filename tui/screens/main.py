@@ -385,19 +385,22 @@ class MainScreen(Screen[None]):
                 parts.append("[reverse] PAUSED [/]")
             elif self.follow:
                 parts.append("following")
-        else:
-            parts.append(self.source_title)
-        parts.append(f"{m.store.n:,} events")
+        landing = self.landing if self.landing is not None and self.landing.ts == self.cursor_ts else None
+        if not (self.narrow and landing is not None):  # at 80 columns what the cursor is on comes first
+            if not self.live:
+                parts.append(self.source_title)
+            parts.append(f"{m.store.n:,} events")
         if self.progress:
             parts.append(self.progress)
-        if self.landing is not None and self.landing.ts == self.cursor_ts:
-            parts.append(f"[b]{self.landing.text}[/]")
         nf = m.landmarks.count()
         here = m.landmarks.failure_text(self.cursor_ts, None if self.gpu == -1 else self.gpu) if nf else None
-        if here:  # the cursor is on a failed call (key o): what failed, with the driver's name for it
-            parts.append(f"[b red]{g.fail} {here.replace('CUDA_ERROR_', '') if self.narrow else here}[/]")
+        if here:  # the cursor is on a failed call (key o): what failed, with the driver's name for it, and where
+            where = f" {landing.text}" if landing is not None and landing.failure else ""
+            parts.append(f"[b red]{g.fail} {here.replace('CUDA_ERROR_', '') if self.narrow else here}{where}[/]")
         elif nf:
             parts.append(f"[b red]{nf} failed call{'s' if nf > 1 else ''}[/]")
+        if landing is not None and not landing.failure:
+            parts.append(f"[b]{landing.text}[/]")
         if m.lost or self.live:
             parts.append(f"lost {m.lost:,}" if not m.lost else f"[b yellow]lost {m.lost:,}[/]")
         if m.warnings:
