@@ -287,9 +287,12 @@ class MainScreen(Screen[None]):
         """Bytes at the top of the chart: fitted to what is on screen (a 20 MiB workload on a
         140 GiB GPU is not a flat line), or the GPU's total memory (key y)."""
         info = self.model.gpus.get(gpu)
+        peak = view.peak()
+        if view.other_total is not None:  # diff mode: the other run's line stays on the chart
+            peak = max(peak, int(view.other_total.max(initial=0)))
         if not self.scale_full or info is None or not info.total:
-            return max(view.peak(), 1) * 21 // 20
-        return max(info.total, view.peak())
+            return max(peak, 1) * 21 // 20
+        return max(info.total, peak)
 
     def _producer_for(self, gpu: int, compact: bool):
         def produce(width: int, height: int):
