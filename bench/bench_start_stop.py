@@ -11,8 +11,8 @@ probes (``CudaProbes.close()``) on the stub driver, and the daemon: SIGTERM to a
 Start: compiling and loading the BPF program (``CudaProbes.load()``), the floor being bcc
 compiling a one-line program.
 
-Command line: ``python -c pass`` (the floor) against ``memrec --help`` and ``memrec mark``
-(no daemon: the command fails fast after importing everything it needs).
+Command line: ``python -c pass`` and ``python -S -c pass`` (the floors) against ``memrec --help``
+and ``memrec mark`` (no daemon: the command fails fast after importing everything it needs).
 
 Needs root, tracefs and a C compiler for the stub driver (as tests/bpf); the command-line part
 runs anywhere (``--skip-probes``).
@@ -46,10 +46,21 @@ def fmt(times: list[float]) -> str:
 
 
 def bench_cli(repeat: int) -> None:
-    """Each command once per round, in turn, so that the host's load falls on all of them alike."""
+    """Each command once per round, in turn, so that the host's load falls on all of them alike.
+
+    Two floors: ``python -c pass`` (the interpreter with its site-packages and their .pth files,
+    which memrec pays for too: an editable install's finder is most of it) and ``python -S -c
+    pass`` (no site at all: the interpreter alone); and what `memrec --help` and `memrec mark` need
+    at the least, alone: argparse printing an empty parser's help; argparse, socket and msgpack.
+    """
     py = sys.executable
     commands = {
         "python -c pass": [py, "-c", "pass"],
+        "python -S -c pass": [py, "-S", "-c", "pass"],
+        # What `memrec --help` cannot do without: an empty argparse parser printing its help.
+        "argparse -h alone": [py, "-c", "import argparse; argparse.ArgumentParser().parse_args(['-h'])"],
+        # What `memrec mark` cannot do without (parse its arguments, connect, encode the marker).
+        "import argparse+socket+msgpack": [py, "-c", "import argparse, socket, msgpack"],
         "memrec --help": [py, "-m", "memrec", "--help"],
         "memrec mark (no daemon)": [py, "-m", "memrec", "mark", "--socket", "/nonexistent/s", "bench", "x=1"],
         "memrec dump --help": [py, "-m", "memrec", "dump", "--help"],
@@ -66,10 +77,14 @@ def bench_cli(repeat: int) -> None:
             times[name].append(time.perf_counter() - t)
             cpu[name].append(usage.ru_utime + usage.ru_stime)
     floor = statistics.median(times["python -c pass"])
+    bare = statistics.median(times["python -S -c pass"])
     cpu_floor = statistics.median(cpu["python -c pass"])
+    cpu_bare = statistics.median(cpu["python -S -c pass"])
+    print(f"{py}, {repeat} rounds, load average {os.getloadavg()[0]:.1f}; ratios: to python -c pass, to python -S")
     for name, t in times.items():
-        print(f"{name:24} wall {fmt(t)} = {statistics.median(t) / floor:.1f}x; "
-              f"CPU median {statistics.median(cpu[name]):.3f} s = {statistics.median(cpu[name]) / cpu_floor:.1f}x the bare interpreter")
+        c = statistics.median(cpu[name])
+        print(f"{name:30} wall {fmt(t)} = {statistics.median(t) / floor:.1f}x, {statistics.median(t) / bare:.1f}x; "
+              f"CPU median {c:.3f} s = {c / cpu_floor:.1f}x, {c / cpu_bare:.1f}x")
 
 
 # ------------------------------------------------------------------ probes

@@ -9,7 +9,9 @@ numpy and the analysis only when called, so a program that only marks phases nev
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+#: typing.TYPE_CHECKING without importing typing (type checkers take this spelling too): the quick
+#: commands (`memrec mark`, `--help`) import this package, and typing costs them milliseconds.
+TYPE_CHECKING = False
 
 if TYPE_CHECKING:
     from memrec.api import Recording

@@ -16,8 +16,10 @@ Three dangers, one place each:
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
+from memrec import TYPE_CHECKING
+
+if TYPE_CHECKING:  # typing only for the checker: `memrec mark` imports this (see memrec.TYPE_CHECKING)
+    from typing import Any
 
 #: Nesting that every memrec record and message stays far below (a keyframe is about 5 deep).
 MAX_DEPTH = 32
@@ -99,5 +101,9 @@ def too_deep(value: Any, max_depth: int = MAX_DEPTH) -> bool:
 
 def clean_marker(marker: Any) -> Any:
     """A :class:`~memrec.events.Marker` with its name and text values made safe to print."""
+    # Imported here: dataclasses (with inspect and ast) costs milliseconds of `memrec mark`'s
+    # start-up, which reaches this module through the protocol and never calls this.
+    import dataclasses
+
     values = {clean_text(k): clean_text(v) if isinstance(v, str) else v for k, v in (marker.values or {}).items()}
     return dataclasses.replace(marker, name=clean_text(marker.name), values=values)

@@ -28,7 +28,10 @@ from __future__ import annotations
 import os
 import socket
 import struct
-from typing import Any
+from memrec import TYPE_CHECKING
+
+if TYPE_CHECKING:  # typing only for the checker: `memrec mark` imports this (see memrec.TYPE_CHECKING)
+    from typing import Any
 
 import msgpack
 

@@ -34,6 +34,7 @@ from typing import Callable
 
 from memrec.sglang_hooks import is_active
 from memrec.sglang_hooks import targets as _targets
+from memrec.sglang_hooks.state import STATE
 
 # memrec.sglang_hooks.wrappers is imported only once a watched SGLang module loads: a Python
 # process that never imports SGLang pays for the import hook and the targets table only.
@@ -101,17 +102,14 @@ def uninstall_pth(site_dir: str | os.PathLike[str] | None = None) -> bool:
 
 # -- which SGLang ------------------------------------------------------------------------------
 
-_version_cache: list = []  # [version or None] once known
-
-
 def sglang_version() -> str | None:
     """The running SGLang's version, without importing anything heavy.
 
     Looks at SGLang's version modules if loaded, then the installed distribution's metadata,
     then imports ``sglang.version`` (a tiny module). None when none of these answer.
     """
-    if _version_cache:
-        return _version_cache[0]
+    if STATE.version:
+        return STATE.version[0]
     version = None
     for name in ("sglang.version", "sglang._version", "sglang"):
         mod = sys.modules.get(name)
@@ -133,7 +131,7 @@ def sglang_version() -> str | None:
             version = getattr(importlib.import_module("sglang.version"), "__version__", None)
         except Exception:
             version = None
-    _version_cache.append(version)
+    STATE.version.append(version)
     return version
 
 
@@ -155,19 +153,14 @@ def plugin_will_load() -> bool:
     return any(ep.name == "memrec" and ep.value.startswith("memrec.sglang_hooks.plugin") for ep in eps)
 
 
-_line_cache: list = []  # [line or None]
-
-
 def active_line() -> str | None:
     """The targets line this process patches; None when the plugin does the work instead."""
-    if _line_cache:
-        return _line_cache[0]
+    if STATE.line:
+        return STATE.line[0]
     version = sglang_version()
     line = _targets.line_for_version(version)
     if version is None:
-        from memrec.sglang_hooks import wrappers as _wrappers
-
-        _wrappers.warn_once(
+        STATE.warn_once(
             "unknown-version",
             "memrec: SGLang version unknown; using the %s targets (missing ones stay off)",
             line,
@@ -176,7 +169,7 @@ def active_line() -> str | None:
     if line in _targets.PLUGIN_LINES and plugin_will_load():
         log.debug("memrec: SGLang %s has plugins and memrec's entry point: the bootstrap steps aside", version)
         line = None
-    _line_cache.append(line)
+    STATE.line.append(line)
     return line
 
 
@@ -249,10 +242,6 @@ class PostImportFinder(importlib.abc.MetaPathFinder):
         return spec
 
 
-_finder: PostImportFinder | None = None
-_install_lock = threading.Lock()
-
-
 def _on_loaded(module: Any) -> None:
     """Apply the active line's hooks that live in ``module``. Never raises."""
     try:
@@ -274,34 +263,18 @@ def install(force: bool = False) -> bool:
 
     Does nothing unless memrec is active (:func:`memrec.sglang_hooks.is_active`) or ``force``. Modules already imported are hooked at once. Idempotent.
     """
-    global _finder
     if not (force or is_active()):
         return False
-    with _install_lock:
-        if _finder is not None:
+    with STATE.install_lock:
+        if STATE.finder is not None:
             return True
         watched = _targets.all_modules()
-        _finder = PostImportFinder(watched, _on_loaded)
-        sys.meta_path.insert(0, _finder)
+        STATE.finder = PostImportFinder(watched, _on_loaded)
+        sys.meta_path.insert(0, STATE.finder)
     for name in sorted(watched & set(sys.modules)):
         _on_loaded(sys.modules[name])
     return True
 
 
-def uninstall() -> None:
-    """Stop watching imports (hooks already applied stay: they are harmless without a daemon)."""
-    global _finder
-    with _install_lock:
-        if _finder is not None:
-            try:
-                sys.meta_path.remove(_finder)
-            except ValueError:
-                pass
-            _finder = None
-
-
-def reset_for_tests() -> None:
-    """Uninstall and forget the cached version and line (tests only)."""
-    uninstall()
-    _version_cache.clear()
-    _line_cache.clear()
+#: Stop watching imports (hooks already applied stay: they are harmless without a daemon).
+uninstall = STATE.uninstall

@@ -19,24 +19,18 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
-import threading
 from typing import Any
+
+from memrec.sglang_hooks.state import STATE
 
 #: The driver's soname; a library loaded under another name is found by its soname too.
 DRIVER_SONAME = "libcuda.so.1"
 
-_driver: Any = None
-_driver_lock = threading.Lock()
-_uuid_cache: dict[int, str | None] = {}
-#: Context handle -> device ordinal: ``cuCtxGetDevice`` once per context, not once per marker.
-_ctx_device: dict[int, int] = {}
-
 
 def loaded_driver() -> Any:
     """The CUDA driver this process has already loaded, or None. Never loads it."""
-    global _driver
-    if _driver is not None:
-        return _driver
+    if STATE.driver is not None:
+        return STATE.driver
     mode = getattr(os, "RTLD_NOLOAD", 0)
     if not mode:  # not Linux: no way to ask without loading
         return None
@@ -44,15 +38,15 @@ def loaded_driver() -> Any:
         lib = ctypes.CDLL(DRIVER_SONAME, mode=mode | os.RTLD_LAZY)
     except OSError:
         return None
-    with _driver_lock:
-        if _driver is None:
+    with STATE.driver_lock:
+        if STATE.driver is None:
             try:
                 for name in ("cuCtxGetCurrent", "cuCtxGetDevice", "cuMemGetInfo_v2"):
                     getattr(lib, name).restype = ctypes.c_int
             except AttributeError:
                 return None  # not a CUDA driver
-            _driver = lib
-    return _driver
+            STATE.driver = lib
+    return STATE.driver
 
 
 def current_device(lib: Any) -> int | None:
@@ -60,22 +54,24 @@ def current_device(lib: Any) -> int | None:
     ctx = ctypes.c_void_p()
     if lib.cuCtxGetCurrent(ctypes.byref(ctx)) != 0 or not ctx.value:
         return None  # driver not initialised (CUDA_ERROR_NOT_INITIALIZED) or no current context
-    known = _ctx_device.get(ctx.value)
+    known = STATE.ctx_device.get(ctx.value)
     if known is not None:
         return known
     device = ctypes.c_int(-1)
     if lib.cuCtxGetDevice(ctypes.byref(device)) != 0:
         return None
-    if len(_ctx_device) < 256:  # a handle may be reused after cuCtxDestroy: keep the map small
-        _ctx_device[ctx.value] = device.value
+    # Context handle -> device ordinal: cuCtxGetDevice once per context, not once per marker. A
+    # handle may be reused after cuCtxDestroy: the map stays small.
+    if len(STATE.ctx_device) < 256:
+        STATE.ctx_device[ctx.value] = device.value
     return device.value
 
 
 def _uuid(lib: Any, ordinal: int) -> str | None:
     """``GPU-…`` of ``ordinal`` from the driver (``cuDeviceGetUuid``), else from torch's cached
     device properties (only once torch initialised CUDA: reading them creates nothing)."""
-    if ordinal in _uuid_cache:
-        return _uuid_cache[ordinal]
+    if ordinal in STATE.uuid_cache:
+        return STATE.uuid_cache[ordinal]
     uuid = None
     for name in ("cuDeviceGetUuid_v2", "cuDeviceGetUuid"):
         fn = getattr(lib, name, None)
@@ -96,7 +92,7 @@ def _uuid(lib: Any, ordinal: int) -> str | None:
         if raw_uuid is not None:
             text = str(raw_uuid)
             uuid = text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
-    _uuid_cache[ordinal] = uuid
+    STATE.uuid_cache[ordinal] = uuid
     return uuid
 
 
@@ -144,11 +140,3 @@ def device_values(out: dict) -> int | None:
     if uuid:
         out["gpu_uuid"] = uuid
     return ordinal
-
-
-def reset_for_tests() -> None:
-    """Forget the driver handle and UUIDs (tests only)."""
-    global _driver
-    _driver = None
-    _uuid_cache.clear()
-    _ctx_device.clear()

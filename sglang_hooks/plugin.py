@@ -22,6 +22,7 @@ import sys
 
 from memrec.sglang_hooks import targets as _targets
 from memrec.sglang_hooks import wrappers as _wrappers
+from memrec.sglang_hooks.state import STATE
 
 log = logging.getLogger("memrec.sglang_hooks")
 
@@ -36,8 +37,6 @@ NON_MODEL_ENTRIES = frozenset(
 )
 #: The SGLang function that calls ``load_plugins()`` in a TP/PP worker.
 SCHEDULER_ENTRY = "run_scheduler_process"
-
-_registered = False
 
 
 def _callers(depth: int = 40) -> set[str]:
@@ -67,11 +66,10 @@ def wanted_here() -> bool:
 
 def register() -> None:
     """Register memrec's hooks with SGLang's ``HookRegistry`` (the entry point). Never raises."""
-    global _registered
     try:
-        if _registered or not _wrappers.is_active():
+        if STATE.registered or not _wrappers.is_active():
             return
-        _registered = True
+        STATE.registered = True
         if not wanted_here():
             log.debug("memrec: no SGLang hooks in this process (no model memory here)")
             return
@@ -79,7 +77,7 @@ def register() -> None:
             from sglang.srt.plugins.hook_registry import HookRegistry
             from sglang.srt.plugins.hook_registry import HookType
         except Exception as error:
-            _wrappers.warn_once("no-registry", "memrec: SGLang's HookRegistry is not importable (%s)", error)
+            STATE.warn_once("no-registry", "memrec: SGLang's HookRegistry is not importable (%s)", error)
             return
         from memrec.sglang_hooks.bootstrap import sglang_version
 
@@ -96,10 +94,4 @@ def register() -> None:
             count += 1
         log.info("memrec: registered %d SGLang hooks (targets line %s)", count, line)
     except Exception as error:  # a plugin must never stop SGLang
-        _wrappers.warn_once("plugin-error", "memrec: SGLang plugin failed: %s", error)
-
-
-def reset_for_tests() -> None:
-    """Forget that :func:`register` ran (tests only)."""
-    global _registered
-    _registered = False
+        STATE.warn_once("plugin-error", "memrec: SGLang plugin failed: %s", error)

@@ -8,10 +8,10 @@ import sys
 import time
 from typing import Any
 
+from memrec.sglang_hooks.state import STATE
+
 _TITLE_RANK = re.compile(r"(?:^|_)(ATTN_CP|MOE_DP|DP|PP|TP|EP)(\d+)(?=_|$)")
 _TITLE_KEYS = {"TP": "tp_rank", "PP": "pp_rank", "DP": "dp_rank", "EP": "ep_rank"}
-_rank_cache: dict | None = None
-_title_cache: str | None = None
 
 
 def parse_proctitle(title: str) -> dict:
@@ -31,7 +31,6 @@ def parse_proctitle(title: str) -> dict:
     return out
 
 
-_title_read_at = -1.0
 #: Seconds between two reads of /proc/self/cmdline while no SGLang title is found.
 TITLE_REREAD_S = 1.0
 
@@ -39,9 +38,8 @@ TITLE_REREAD_S = 1.0
 def _proctitle() -> str:
     """This process's title: ``setproctitle.getproctitle()`` when SGLang has imported it (a
     cheap call), else ``/proc/self/cmdline``, read at most once a second."""
-    global _title_cache, _title_read_at
-    if _title_cache is not None:
-        return _title_cache
+    if STATE.title_cache is not None:
+        return STATE.title_cache
     title = ""
     spt = sys.modules.get("setproctitle")
     if spt is not None:
@@ -51,16 +49,16 @@ def _proctitle() -> str:
             title = ""
     if not title:
         now = time.monotonic()
-        if now - _title_read_at < TITLE_REREAD_S:
+        if now - STATE.title_read_at < TITLE_REREAD_S:
             return ""
-        _title_read_at = now
+        STATE.title_read_at = now
         try:
             with open("/proc/self/cmdline", "rb") as f:
                 title = f.read(4096).replace(b"\0", b" ").decode("utf-8", "replace").strip()
         except OSError:
             title = ""
     if "sglang::scheduler" in title:
-        _title_cache = title  # set once, before any model work: safe to keep
+        STATE.title_cache = title  # set once, before any model work: safe to keep
     return title
 
 
@@ -99,9 +97,8 @@ def ranks(obj: Any = None) -> dict:
     the ``_TP``/``_PP`` group coordinators before), the hooked object's own attributes (or its
     ``ps``), then the process title SGLang sets (``sglang::scheduler_TP{n}...``).
     """
-    global _rank_cache
-    if _rank_cache is not None:
-        return dict(_rank_cache)
+    if STATE.rank_cache is not None:
+        return dict(STATE.rank_cache)
     out = _sglang_ranks()
     source = "sglang" if out else None
     if obj is not None and not isinstance(obj, type):
@@ -121,13 +118,5 @@ def ranks(obj: Any = None) -> dict:
     if source:
         out["rank_source"] = source
     if source == "sglang" and "tp_rank" in out:
-        _rank_cache = dict(out)  # ranks do not change once the groups exist
+        STATE.rank_cache = dict(out)  # ranks do not change once the groups exist
     return out
-
-
-def reset_for_tests() -> None:
-    """Forget the cached ranks and title (tests only)."""
-    global _rank_cache, _title_cache, _title_read_at
-    _rank_cache = None
-    _title_cache = None
-    _title_read_at = -1.0

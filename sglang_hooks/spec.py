@@ -41,7 +41,7 @@ MARKER_NAMES = (
     GPU_MEMORY_MEASURED,
 )
 
-#: Extractors (named in HookSpec.extras) implemented in wrappers.py.
+#: Extractors (named in HookSpec.extras) implemented in values.py.
 #: - ``caller``: the function that called the hooked one (skipping hook frames): ``caller``,
 #:   ``caller_module``.
 #: - ``parallel_config``: sizes and flags from SGLang's runtime context (0.5.23) or

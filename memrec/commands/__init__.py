@@ -1,73 +1,77 @@
 """The ``memrec`` command line: one module per subcommand, one class per command.
 
-Each command class is named ``<Name>Command``; the subcommand is the lower-cased name and its help
-is the class docstring. Commands raise :class:`MemrecCommandError`; only :func:`main` prints errors.
+Each command class is named ``<Name>Command`` (``install-service``: ``InstallServiceCommand`` in
+``install_service.py``), listed in :data:`COMMANDS`; its help is the class docstring. Commands
+raise :class:`MemrecCommandError`; only :func:`main` prints errors.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
+import importlib
 import sys
 import textwrap
-import traceback
-from typing import Protocol
 
+from memrec import TYPE_CHECKING
 from memrec._errors import ExitCode
 from memrec._errors import MemrecCommandError
 from memrec._errors import MemrecError
 from memrec._errors import one_line
 
+if TYPE_CHECKING:  # typing only for the checker: see memrec.TYPE_CHECKING
+    from typing import Protocol
 
-class Command(Protocol):
-    """What every subcommand provides."""
+    class Command(Protocol):
+        """What every subcommand provides.
 
-    def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
-        """Add the subcommand's arguments."""
+        A command that never logs says so with a class attribute ``logs = False``: main() then
+        leaves the logging module out (unless -v is given), which the quick commands need.
+        """
 
-    def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-        """Run the subcommand and return the exit code."""
+        def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
+            """Add the subcommand's arguments."""
 
-
-def _commands() -> list[Command]:
-    # Imported here so that `memrec dump` never pays for what `memrec daemon` imports.
-    from memrec.commands import completion
-    from memrec.commands import daemon
-    from memrec.commands import demo
-    from memrec.commands import diff
-    from memrec.commands import doctor
-    from memrec.commands import dump
-    from memrec.commands import export
-    from memrec.commands import install_service
-    from memrec.commands import mark
-    from memrec.commands import merge
-    from memrec.commands import plot
-    from memrec.commands import record
-    from memrec.commands import report
-    from memrec.commands import selftest
-    from memrec.commands import tui
-
-    return [
-        daemon.DaemonCommand(),
-        record.RecordCommand(),
-        report.ReportCommand(),
-        diff.DiffCommand(),
-        merge.MergeCommand(),
-        dump.DumpCommand(),
-        export.ExportCommand(),
-        plot.PlotCommand(),
-        tui.TuiCommand(),
-        mark.MarkCommand(),
-        doctor.DoctorCommand(),
-        demo.DemoCommand(),
-        selftest.SelftestCommand(),
-        install_service.InstallServiceCommand(),
-        completion.CompletionCommand(),
-    ]
+        def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+            """Run the subcommand and return the exit code."""
 
 
-def get_argument_parser() -> argparse.ArgumentParser:
-    """Build the parser with one subparser per command."""
+#: The subcommands, in ``memrec --help`` order, with the one-line summary that lists each there (the
+#: first line of its class's docstring; tests/unit/test_lazy_imports.py checks that they agree).
+#: The summaries are written here as well so that a run imports the module of the one command it
+#: runs: importing all fifteen to list them made `memrec --help` and `memrec mark` take 6× a bare
+#: interpreter (docs/performance.md).
+COMMANDS: dict[str, str] = {
+    "daemon": "Record GPU memory events of every CUDA process on this host, until SIGINT/SIGTERM.",
+    "record": "Record a command and every process it starts, then exit with the command's exit code.",
+    "report": "Summarise a trace per GPU: peaks, processes, categories, phases, exits and failed calls.",
+    "diff": "Compare two traces: a verdict first, then the KV budget per rank and the phases side by side.",
+    "merge": "Merge the traces of several hosts of one job (multi-node TP/PP) into one trace.",
+    "dump": "Print every record of a trace as one JSON object per line (for debugging).",
+    "export": "Write a trace for Perfetto, PyTorch's memory_viz, or pandas/polars/DuckDB.",
+    "plot": "Draw a trace as a picture for a bug report: one panel per GPU.",
+    "tui": "Browse GPU memory over time: one tab per GPU, a timeline stacked by category, who held what.",
+    "mark": "Send a phase marker to the running daemon (from a shell script or by hand).",
+    "doctor": "Check this host: privileges, BPF, tracefs, bcc, kernel headers, libcuda, NVML.",
+    "demo": "Record the bundled stub-driver workload with real probes, then print its report.",
+    "selftest": "Make a scripted set of real CUDA driver calls and check the daemon recorded each exactly.",
+    "install-service": "Install the systemd service (unit, socket group, shell completions); --enable starts it.",
+    "completion": "Print a shell completion script for bash, zsh or fish.",
+}
+
+
+def load_command(name: str) -> Command:
+    """The command ``name`` (``install-service`` → ``install_service.InstallServiceCommand``)."""
+    module = importlib.import_module(f"memrec.commands.{name.replace('-', '_')}")
+    return getattr(module, "".join(part.capitalize() for part in name.split("-")) + "Command")()
+
+
+def get_argument_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser with one subparser per command, each with its arguments.
+
+    With ``only`` naming a command, that command's subparser alone (what a command line that runs it
+    needs); with any other ``only``, the commands by name and summary alone (what `memrec --help` and
+    a misspelt command's error show).
+    """
     parser = argparse.ArgumentParser(
         prog="memrec",
         description="Record and explain GPU memory: every driver allocation, mapping and IPC "
@@ -80,20 +84,34 @@ def get_argument_parser() -> argparse.ArgumentParser:
     verbose.add_argument("-v", "--verbose", dest="verbose_after", action="count", default=0,
                          help="more logging (-vv: debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for command in _commands():
-        name = type(command).__name__
-        assert name.endswith("Command"), name
-        doc = (type(command).__doc__ or "").strip()
+    for name, summary in COMMANDS.items():
+        if only in COMMANDS and name != only:
+            continue
+        if only is not None and only not in COMMANDS:
+            sub.add_parser(name, help=summary)
+            continue
+        command = load_command(name)
         sub_parser = sub.add_parser(
-            _command_name(name[: -len("Command")]),
-            help=doc.splitlines()[0] if doc else None,
-            description=doc,
+            name,
+            help=summary,
+            description=(type(command).__doc__ or "").strip(),
             formatter_class=_DocstringFormatter,
             parents=[verbose],
         )
         command.prepare_parser(sub_parser)
         sub_parser.set_defaults(entrypoint=command.run, parser=sub_parser)
     return parser
+
+
+def _command_in(argv: list[str]) -> str:
+    """The subcommand a command line runs: its first word that is not an option (the options before
+    a subcommand take no value); none when -h comes first (`memrec -h mark` lists every command)."""
+    for word in argv:
+        if word in ("-h", "--help"):
+            return ""
+        if not word.startswith("-"):
+            return word
+    return ""
 
 
 class _DocstringFormatter(argparse.RawDescriptionHelpFormatter):
@@ -150,25 +168,26 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
-def _command_name(class_stem: str) -> str:
-    """``InstallService`` → ``install-service``."""
-    return "".join("-" + c.lower() if c.isupper() and i else c.lower() for i, c in enumerate(class_stem))
+def _configure_logging(verbosity: int) -> None:
+    """Log to stderr as ``memrec: LEVEL: message``; -v for info, -vv for debug."""
+    # Imported here: logging (with traceback) costs milliseconds of `memrec mark`'s start-up, which
+    # logs nothing, and --help exits before this (docs/performance.md).
+    import logging
 
-
-def _logging_level(verbosity: int) -> int:
-    return {0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG)
+    logging.basicConfig(
+        level={0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG),
+        format="memrec: %(levelname)s: %(message)s",
+        stream=sys.stderr,
+    )
 
 
 def main(args: list[str] | None = None) -> int:
     """Run the memrec command line and return its exit code."""
-    parser = get_argument_parser()
-    arg_values = parser.parse_args(args)
+    argv = sys.argv[1:] if args is None else args
+    arg_values = get_argument_parser(only=_command_in(argv)).parse_args(argv)
     arg_values.verbose += arg_values.verbose_after
-    logging.basicConfig(
-        level=_logging_level(arg_values.verbose),
-        format="memrec: %(levelname)s: %(message)s",
-        stream=sys.stderr,
-    )
+    if arg_values.verbose or getattr(arg_values.entrypoint.__self__, "logs", True):
+        _configure_logging(arg_values.verbose)
     try:
         return int(arg_values.entrypoint(arg_values, arg_values.parser))
     except MemrecCommandError as error:
@@ -183,6 +202,8 @@ def main(args: list[str] | None = None) -> int:
         return ExitCode.OK
     except Exception as error:  # a bug: one line for the user, the traceback with -v
         if arg_values.verbose:
+            import traceback  # only for a bug: see _configure_logging
+
             traceback.print_exc()
         print(f"memrec: internal error: {type(error).__name__}: {one_line(error)} "
               "(a bug in memrec: run again with -v for the traceback)", file=sys.stderr)

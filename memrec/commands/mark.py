@@ -7,7 +7,6 @@ import os
 import socket
 import threading
 import time
-from pathlib import Path
 
 from memrec import protocol
 from memrec._errors import ExitCode
@@ -95,11 +94,18 @@ def send_marker(path: str, message: dict, timeout: float = TIMEOUT) -> None:
 _WRAPPERS = frozenset({"sudo", "doas", "su", "runuser", "env", "nice", "timeout", "setpriv"})
 
 
+def _read_proc(path: str) -> str:
+    # open() rather than pathlib: pathlib costs this quick command milliseconds of its start-up
+    # where nothing else imports it (an installed memrec; docs/performance.md).
+    with open(path, errors="replace") as f:
+        return f.read()
+
+
 def _parent(pid: int) -> tuple[int, str]:
     """(parent pid, parent's command name) of ``pid``, from /proc."""
-    stat = Path(f"/proc/{pid}/stat").read_text(errors="replace")
+    stat = _read_proc(f"/proc/{pid}/stat")
     ppid = int(stat[stat.rindex(")") + 2 :].split()[1])  # the name in () may hold spaces
-    return ppid, Path(f"/proc/{ppid}/comm").read_text(errors="replace").strip()
+    return ppid, _read_proc(f"/proc/{ppid}/comm").strip()
 
 
 def invoking_process() -> int:
@@ -167,6 +173,9 @@ class MarkCommand:
         memrec mark kv_cache_sized tokens=524288 fraction=0.88 ok=true
         memrec mark warmup --phase begin --pid "$SERVER_PID"
     """
+
+    #: Nothing here logs: main() leaves logging out of this quick command (see memrec.commands).
+    logs = False
 
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
         _add_options(parser)

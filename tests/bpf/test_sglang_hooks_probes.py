@@ -23,10 +23,11 @@ CHILD = r"""
 import ctypes, json, os, sys, time
 lib = ctypes.CDLL(sys.argv[1], mode=os.RTLD_GLOBAL)
 assert lib.cuInit(0) == 0
-from memrec.sglang_hooks import selfcheck, wrappers
+from memrec.sglang_hooks import selfcheck
+from memrec.sglang_hooks.state import STATE
 facts = {"pid": os.getpid()}
 def hooks(step):
-    wrappers.reset_for_tests()
+    STATE.reset()
     t0 = time.monotonic_ns()
     n = selfcheck.run_every_hook(lambda *a: None)
     facts[step] = {"t0": t0, "t1": time.monotonic_ns(), "hooks": n}

@@ -35,7 +35,8 @@ CHILD = r"""
 import json, sys, time
 import torch
 from memrec import client
-from memrec.sglang_hooks import selfcheck, wrappers
+from memrec.sglang_hooks import selfcheck
+from memrec.sglang_hooks.state import STATE
 
 wait = "--wait" in sys.argv
 target = torch.cuda.device_count() - 1
@@ -48,7 +49,7 @@ def hooks(step):
     def send(name, phase, gpu, values):
         sent.append({"gpu": gpu, **{k: values.get(k) for k in ("cuda_device", "gpu_uuid", "free_bytes")}})
         client.mark(name, phase=phase, gpu=gpu, **values)
-    wrappers.reset_for_tests()
+    STATE.reset()
     t0 = time.monotonic_ns()
     n = selfcheck.run_every_hook(send)
     facts[step] = {"t0": t0, "t1": time.monotonic_ns(), "hooks": n, "markers": len(sent),

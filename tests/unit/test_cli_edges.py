@@ -216,11 +216,8 @@ def test_mark_accepts_verbose_after_its_name(tmp_path, capsys):
 def test_every_help_fits_80_columns_and_keeps_every_word(monkeypatch, capsys):
     # GIVEN help piped to a file or another program (memrec assumes 80 columns there)
     monkeypatch.setenv("COLUMNS", "80")
-    from memrec.commands import _command_name
-    from memrec.commands import _commands
-
-    for command in _commands():
-        name = _command_name(type(command).__name__[: -len("Command")])
+    for name in commands.COMMANDS:
+        command = commands.load_command(name)
         # WHEN a subcommand's --help is asked for
         with pytest.raises(SystemExit) as done:
             commands.main([name, "--help"])

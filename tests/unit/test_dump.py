@@ -12,7 +12,6 @@ import pytest
 from memrec import commands
 from memrec._errors import ExitCode
 from memrec.columns import empty_events
-from memrec.commands.dump import DumpCommand
 from memrec.events import FLAG_IPC_BYTES
 from memrec.trace import format as fmt
 from memrec.trace.writer import TraceWriter
@@ -23,12 +22,8 @@ GOLDEN_DUMP = DATA / "golden_v1.dump.jsonl"
 
 
 @pytest.fixture
-def main(monkeypatch):
-    """``memrec.commands.main``; if sibling commands are not importable yet, with dump alone."""
-    try:
-        commands._commands()
-    except ImportError:
-        monkeypatch.setattr(commands, "_commands", lambda: [DumpCommand()])
+def main():
+    """``memrec.commands.main``: the real command line."""
     return commands.main
 
 

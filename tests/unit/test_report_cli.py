@@ -8,7 +8,6 @@ import pytest
 
 from memrec import commands
 from memrec._errors import ExitCode
-from memrec.commands.report import ReportCommand
 from memrec.events import GpuInfo
 from memrec.events import Kind
 from memrec.events import Marker
@@ -22,12 +21,8 @@ from tests.utils import events
 
 
 @pytest.fixture
-def main(monkeypatch):
-    """``memrec.commands.main``; if sibling commands are not importable yet, with report alone."""
-    try:
-        commands._commands()
-    except ImportError:
-        monkeypatch.setattr(commands, "_commands", lambda: [ReportCommand()])
+def main():
+    """``memrec.commands.main``: the real command line."""
     return commands.main
 
 

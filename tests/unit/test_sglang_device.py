@@ -24,7 +24,8 @@ GiB = 1 << 30
 # (is_initialized() true after get_device_capability(), no context), every hook called once.
 _PRELUDE = r'''
 import ctypes, json, os, sys, types
-from memrec.sglang_hooks import selfcheck, wrappers
+from memrec.sglang_hooks import selfcheck
+from memrec.sglang_hooks.state import STATE
 
 calls = []
 class Props:
@@ -56,7 +57,7 @@ def libcuda_mapped():
 def run_hooks():
     sent = []
     n = selfcheck.run_every_hook(lambda name, phase, gpu, values: sent.append((name, gpu, values)))
-    wrappers.reset_for_tests()
+    STATE.reset()
     return n, sent
 
 def device_keys(sent):

@@ -16,6 +16,7 @@ through the real client to a real Unix socket server in the test.
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import os
 import subprocess
@@ -37,6 +38,7 @@ from memrec.sglang_hooks import ranks as ranks_mod
 from memrec.sglang_hooks import selfcheck
 from memrec.sglang_hooks import targets
 from memrec.sglang_hooks import wrappers
+from memrec.sglang_hooks.state import STATE
 from memrec.sglang_hooks.targets import TARGETS
 from memrec.sglang_hooks.targets import HookSpec
 
@@ -72,13 +74,9 @@ class Recorder:
 
 @pytest.fixture(autouse=True)
 def _fresh_state():
-    wrappers.reset_for_tests()
-    bootstrap.reset_for_tests()
-    plugin.reset_for_tests()
+    STATE.reset()
     yield
-    wrappers.reset_for_tests()
-    bootstrap.reset_for_tests()
-    plugin.reset_for_tests()
+    STATE.reset()
 
 
 @pytest.fixture
@@ -360,7 +358,7 @@ def test_ranks_prefer_sglangs_parallel_state(monkeypatch):
     assert got == {"tp_rank": 6, "pp_rank": 1, "dp_rank": 2, "rank_source": "sglang"}
     # AND for older lines the group coordinators answer (without their accessor asserts)
     monkeypatch.delitem(sys.modules, "sglang.srt.runtime_context")
-    wrappers.reset_for_tests()
+    STATE.reset()
     state = types.ModuleType("sglang.srt.distributed.parallel_state")
     state._TP = types.SimpleNamespace(rank_in_group=4)
     state._PP = types.SimpleNamespace(rank_in_group=1)
@@ -600,6 +598,39 @@ def test_bootstrap_hooks_modules_imported_before_it(rec: Recorder, fake_sglang):
     scheduler.run_scheduler_process(sglang_fakes.server_args(), None, gpu_id=0, tp_rank=0, moe_ep_rank=0, pp_rank=0,
                                     dp_rank=None)
     assert rec.find(targets.KV_BUDGET, "end")
+
+
+def test_a_forked_child_starts_with_its_own_per_process_state():
+    """STATE's lifecycle across os.fork: what is per process starts afresh, what was installed stays."""
+    # GIVEN hooks that installed their import hook, warned, counted measurements and cached ranks
+    assert bootstrap.install(force=True)
+    STATE.warn_once("before-fork", "memrec: test warning")
+    STATE.measure_count = 7
+    STATE.rank_cache = {"tp_rank": 3, "rank_source": "sglang"}
+    read, write = os.pipe()
+    # WHEN the process forks while one of its locks is held (another thread warning, say)
+    with STATE.warned_lock:
+        pid = os.fork()
+        if pid == 0:  # the child: report what it starts with, and that warning does not deadlock
+            os.close(read)
+            STATE.warn_once("in-child", "memrec: child warning")
+            facts = {"warned": sorted(STATE.warned), "measure_count": STATE.measure_count,
+                     "rank_cache": STATE.rank_cache, "finder_installed": STATE.finder in sys.meta_path}
+            os.write(write, json.dumps(facts).encode())
+            os._exit(0)
+    os.close(write)
+    deadline = time.monotonic() + 10
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            pytest.fail("the forked child deadlocked on a lock held at the fork")
+        time.sleep(0.01)
+    with os.fdopen(read) as f:
+        facts = json.loads(f.read())
+    # THEN the child warned afresh and counted nothing yet, read its ranks anew, kept the import hook
+    assert facts == {"warned": ["in-child"], "measure_count": 0, "rank_cache": None, "finder_installed": True}
+    # AND the parent kept its own
+    assert STATE.warned == {"before-fork"} and STATE.measure_count == 7 and STATE.rank_cache["tp_rank"] == 3
 
 
 def test_bootstrap_install_is_gated_by_the_environment(monkeypatch):
