@@ -79,7 +79,7 @@ class TuiCommand:
             raise MemrecCommandError(str(error), exit_code=ExitCode.DATA) from None
         except OSError as error:
             raise MemrecCommandError(f"{error.filename or args.trace}: {error.strerror or error}", exit_code=ExitCode.NO_INPUT) from None
-        for path, model in zip(paths, (source.model, source.other_model)):
+        for path, model in zip(paths, (source.model, getattr(source, "other_model", None))):
             if not model.header:  # cut inside its header: nothing to show
                 raise MemrecCommandError(f"{path}: the file ends inside its header: nothing to show", exit_code=ExitCode.DATA)
         return source
