@@ -128,12 +128,8 @@ class Landmarks:
     def next_failure(self, ts: int, forward: bool, gpu: int | None = None) -> tuple[int, int, int] | None:
         """The next (or previous) failed call after ``ts``: (ts, pid, gpu), or None."""
         with self._lock:
-            idx = self._failed_on(gpu)
-            i = next_index(self._fail_ts.a[idx], ts, forward)
-            if i is None:
-                return None
-            j = idx[i]
-            return int(self._fail_ts.a[j]), int(self._fail["pid"].a[j]), int(self._fail["gpu"].a[j])
+            j = _next_among(self._fail_ts.a, self._failed_on(gpu), ts, forward)
+            return None if j is None else (int(self._fail_ts.a[j]), int(self._fail["pid"].a[j]), int(self._fail["gpu"].a[j]))
 
     def next_big(self, ts: int, forward: bool, gpu: int | None = None, min_size: int = BIG_MIN) -> tuple[int, int, int] | None:
         """The next (or previous) successful allocation of ``min_size`` or more: (ts, pid, size)."""
@@ -141,12 +137,14 @@ class Landmarks:
             m = self._big["size"].a >= min_size
             if gpu is not None:
                 m &= self._big["gpu"].a == gpu
-            idx = np.flatnonzero(m)
-            i = next_index(self._big_ts.a[idx], ts, forward)
-            if i is None:
-                return None
-            j = idx[i]
-            return int(self._big_ts.a[j]), int(self._big["pid"].a[j]), int(self._big["size"].a[j])
+            j = _next_among(self._big_ts.a, np.flatnonzero(m), ts, forward)
+            return None if j is None else (int(self._big_ts.a[j]), int(self._big["pid"].a[j]), int(self._big["size"].a[j]))
+
+
+def _next_among(tss: np.ndarray, idx: np.ndarray, ts: int, forward: bool) -> int | None:
+    """Of the rows ``idx`` (in time order), the one :func:`next_index` picks by their ``tss``."""
+    i = next_index(tss[idx], ts, forward)
+    return None if i is None else int(idx[i])
 
 
 def next_index(keys: Any, ts: int, forward: bool) -> int | None:
