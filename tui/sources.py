@@ -72,8 +72,14 @@ class _Threaded:
         raise NotImplementedError
 
     def start(self, post: Post) -> None:
-        self._thread = threading.Thread(target=self.run, args=(post,), name=f"memrec-{type(self).__name__}", daemon=True)
+        self._thread = threading.Thread(target=self._body, args=(post,), name=f"memrec-{type(self).__name__}", daemon=True)
         self._thread.start()
+
+    def _body(self, post: Post) -> None:
+        try:
+            self.run(post)
+        except Exception as error:  # no traceback over the screen (it is on stderr): the status line says it
+            post(messages.SourceFailed(f"{type(error).__name__}: {error}"))
 
     def _join(self) -> None:
         if self._thread is not None and self._thread is not threading.current_thread():
