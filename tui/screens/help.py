@@ -20,7 +20,7 @@ KEYS = (
     ("f", "zoom to fit the whole trace"),
     (", .", "pan left / right by half a screen"),
     ("click", "put the cursor where you click (drag to scrub)"),
-    ("m M", "next / previous marker (the status line names each landing)"),
+    ("m M", "next / previous marker (named in the status line)"),
     ("p P", "next / previous phase begin on this GPU"),
     ("o O", "next / previous failed driver call"),
     ("b B", "next / previous big allocation (≥ 1 GiB)"),
