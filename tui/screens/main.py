@@ -52,6 +52,7 @@ from memrec.tui.widgets.panels import GpuHeader
 from memrec.tui.widgets.panels import HoldersTable
 from memrec.tui.widgets.panels import StatusLine
 from memrec.tui.widgets.panels import header_text
+from memrec.tui.widgets.timeline import CONSOLE_GLYPHS
 from memrec.tui.widgets.timeline import GUTTER
 from memrec.tui.widgets.timeline import TimelineGraph
 from memrec.tui.widgets.timeline import TimelineOptions
@@ -183,6 +184,7 @@ class MainScreen(Screen[None]):
         would otherwise find tabs not yet mounted)."""
 
     def on_mount(self) -> None:
+        self.set_class(self.glyphs is CONSOLE_GLYPHS, "console")
         self.query_one("#filter", Input).display = False
         self.query_one("#timeline", TimelineGraph).set_producer(self._produce_main)
         self.query_one("#timeline").focus()
