@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -53,10 +55,43 @@ def test_truncated_file_is_read_up_to_the_cut(trace_file, tmp_path, cut):
         assert st.owned >= 0
 
 
-def test_events_are_views_of_the_file(trace_file):
-    src = FileSource(trace_file)
+def test_format_1_events_are_views_of_the_file():
+    # GIVEN a format-1 trace (raw columns in the file)
+    src = FileSource(Path(__file__).resolve().parents[1] / "data" / "golden_v1.mrec")
     src.scan()
     chunk = src.model.store._chunks[0]
-    # the ts column is a numpy view onto the mapping, not a copy
-    assert not chunk.columns["ts"].flags.owndata
+    # THEN the ts column is a numpy view onto the mapping, not a copy
+    assert not chunk.columns["ts"].flags.owndata and isinstance(chunk.columns["ts"].base, memoryview)
 
+
+def test_a_live_stream_and_the_file_get_the_same_records_and_skip_the_same_damage(trace_file):
+    from memrec.trace.frames import FrameDecoder
+    from memrec.trace.frames import MAX_SUBSCRIBER_FRAME
+    from memrec.trace.frames import encode_frame
+    from memrec.trace.reader import TraceReader
+    from memrec.tui.model import TraceModel
+
+    # GIVEN the file's records, as a daemon streams them, with one events chunk cut short and one
+    # marker whose ts is out of range (the same damage in a copy of the file)
+    with TraceReader(trace_file) as reader:
+        records = [reader.header, *reader.raw_records()]
+    chunk = next(i for i, r in enumerate(records) if r.get("type") == "events")
+    marker = next(i for i, r in enumerate(records) if r.get("type") == "marker")
+    records[chunk] = {**records[chunk], "z": records[chunk]["z"][:-4]}
+    records[marker] = {**records[marker], "ts": -1}
+    from memrec.trace.format import packb
+
+    damaged = trace_file.with_name("damaged.mrec")
+    damaged.write_bytes(b"".join(packb(r) for r in records))
+    # WHEN the live path (frames split, records in wire form) feeds a model, and the file is scanned
+    live = TraceModel()
+    for rec in FrameDecoder(MAX_SUBSCRIBER_FRAME, decode=False).feed(b"".join(encode_frame(packb(r)) for r in records)):
+        live.add_record(rec)
+    src = FileSource(damaged)
+    src.scan()
+    # THEN neither raises; both keep every other record and say they skipped two
+    assert live.store.n == src.model.store.n > 0
+    assert [m.ts for m in live.markers] == [m.ts for m in src.model.markers]
+    assert len(live.keyframes) == len(src.model.keyframes)
+    assert [w for w in live.warnings if "malformed" in w][0].startswith("skipped 2 malformed record(s) from the stream")
+    assert any("skipped 2 malformed record(s)" in w for w in src.model.warnings)
