@@ -5,14 +5,15 @@
 * write: ``TraceWriter.write_events`` in daemon-sized batches, a ``flush()`` after each batch
   (the daemon flushes at least every 200 ms), then ``close()`` (fsync). Floor: ``os.write`` of the
   same bytes in as many calls, then fsync.
-* load: ``load_trace`` (every chunk decoded into one EVENT_DTYPE array). Floor: read the same
-  trace file's bytes, plus one flat copy of the same rows held in memory
-  (``np.frombuffer(raw_rows, np.uint8).copy().view(EVENT_DTYPE)``: an owned array): the least
-  any reader of the file must do.
+* load: ``load_trace`` (every chunk decoded into the trace's columns; the EVENT_DTYPE rows are
+  not built). Floor: read the same trace file's bytes, plus one flat copy of the same rows held
+  in memory (``np.frombuffer(raw_rows, np.uint8).copy().view(EVENT_DTYPE)``: an owned array).
 * stream: iterating ``TraceReader`` (one structured array per chunk), for the TUI/dump path.
 
 Prints events/s for each, the ratio to its floor (1.0 = as fast as raw numpy; higher = slower),
-and bytes per event (the sparse ipc column makes a trace about half the size of the raw rows).
+and bytes per event. These events are uniformly random (pointers, sizes: about 13 bytes of
+entropy an event), the worst case for the format's codec; ``bench/bench_format.py`` measures the
+10M-event trace of ``bench/bench_tui.py``.
 """
 
 from __future__ import annotations

@@ -53,6 +53,7 @@ from memrec._untrusted import clean_text
 from memrec.columns import with_gpu
 from memrec.daemon.config import DaemonConfig
 from memrec.daemon.fanout import Fanout
+from memrec.daemon.keyframes import Keyframes
 from memrec.daemon.libraries import Libraries
 from memrec.daemon.markers import MarkerServer
 from memrec.daemon.markers import root_only
@@ -191,6 +192,7 @@ class Daemon:
         self.gpus: list[GpuInfo] = []
         self.notes: list[str] = []
         self.state = LiveState()
+        self.keyframes = Keyframes()
         self.files: list[Path] = []  # every trace file written, in order
         self.writer: TraceWriter | None = None
         self.selector: selectors.BaseSelector | None = None
@@ -455,10 +457,12 @@ class Daemon:
             self._write_pending()
         if self.readings is not None:
             self.readings.tick(now)
-        if now >= nxt["keyframe"]:
-            self._write_keyframe()
-            nxt["keyframe"] = _advance(nxt["keyframe"], int(cfg.keyframe_interval * 1e9), now)
+        if self.keyframes.collect(self.writer):
             nxt["flush"] = now  # a keyframe is worth showing at once
+        if now >= nxt["keyframe"]:
+            assert self.writer is not None
+            self.keyframes.start(self.writer, self.state, now)  # built in a thread, written by collect
+            nxt["keyframe"] = _advance(nxt["keyframe"], int(cfg.keyframe_interval * 1e9), now)
         if now >= nxt["flush"]:
             assert self.writer is not None
             self.writer.flush()
@@ -811,7 +815,7 @@ class Daemon:
             self.writer.write_process(info)
         if self._lost:
             self.writer.write_lost(self.clock(), self._lost)
-        self.writer.write_keyframe(self.clock(), 0, self.state.snapshot())
+        self.keyframes.write_now(self.writer, self.state, self.clock(), 0)
         self.writer.flush()
 
     def rotate(self, reason: str) -> Path:
@@ -876,7 +880,7 @@ class Daemon:
 
     def _write_keyframe(self) -> None:
         assert self.writer is not None
-        self.writer.write_keyframe(self.clock(), None, self.state.snapshot())
+        self.keyframes.write_now(self.writer, self.state, self.clock())
 
     # ------------------------------------------------------------------ probes, GPUs, NVML
 

@@ -60,3 +60,17 @@ def events(*rows: np.void, step: int = 1000) -> np.ndarray:
             out["ts"][i] = ts + step
         ts = int(out["ts"][i])
     return out
+
+
+def v1_wire(kind: str, rows: np.ndarray) -> dict:
+    """A columnar record in format 1's wire form (one raw byte string per column, the ``ipc``
+    column sparse): what memrec 0.1 wrote, for the tests that read format 1."""
+    from memrec.trace.chunks import SPARSE_FLAGS
+
+    names = [n for n in rows.dtype.names if n != "ipc"]
+    wire = {"type": kind, "n": len(rows), "columns": {n: np.ascontiguousarray(rows[n]).tobytes() for n in names}}
+    if kind == "events":
+        index = np.flatnonzero(rows["flags"] & SPARSE_FLAGS).astype("<u4")
+        wire["ipc_index"] = index.tobytes()
+        wire["ipc"] = rows["ipc"][index].tobytes()
+    return wire

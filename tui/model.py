@@ -38,6 +38,7 @@ from typing import Iterable
 
 import numpy as np
 
+from memrec._errors import TraceFormatError
 from memrec._untrusted import clean_marker
 from memrec._untrusted import clean_text
 from memrec.analysis.phases import NO_PHASE
@@ -50,7 +51,9 @@ from memrec.events import OWNED_CATEGORIES as OWNED
 from memrec.events import Marker
 from memrec.events import ProcessInfo
 from memrec.state import LiveState
+from memrec.trace.chunks import DEFAULT_SCHEMA
 from memrec.trace.format import gpus_from_header
+from memrec.trace.format import parse_schema
 from memrec.trace.model import GpuIds
 from memrec.tui.filters import API_NAMES
 from memrec.tui.filters import EventFilter
@@ -370,6 +373,10 @@ class TraceModel:
         #: it once the replay is done (the same engine as ``memrec report``); None until then.
         self.reconciliation: Any = None
         self.untraced_note = "computed once the trace is replayed"
+        self._schema = DEFAULT_SCHEMA  # a live stream's column schema (its header's)
+        self._live_stream = False
+        self._skipped = 0  # malformed records a stream sent
+        self._skipped_at = 0  # where the warning that counts them is
 
     # ------------------------------------------------------------------ ingest
 
@@ -434,38 +441,68 @@ class TraceModel:
     def set_lost(self, total: int) -> None:
         self.lost = max(self.lost, int(total))
 
+    # RecordSink (memrec.trace.records): the one dispatch that file scans and the live stream use
+
+    def on_header(self, header: dict) -> None:
+        self.set_header(header)
+        try:
+            self._schema = parse_schema(header)
+        except TraceFormatError as error:
+            self.warnings.append(f"stream header: {error}")
+
+    def on_events(self, chunk: Any) -> None:
+        self.add_events(chunk)
+
+    def on_nvml(self, chunk: Any) -> None:
+        self.add_nvml(chunk.to_array())
+
+    def on_procmem(self, chunk: Any) -> None:
+        """Per-process samples are not drawn (the untraced split reads them from the file)."""
+
+    def on_marker(self, marker: Marker) -> None:
+        self.add_marker(marker)
+
+    def on_process(self, process: ProcessInfo) -> None:
+        self.add_process(process)
+
+    def on_keyframe(self, keyframe: Any) -> None:
+        # a live stream's keyframes index the daemon's file: for the stream they hold at the
+        # events received so far
+        self.add_keyframe(self.store.n if self._live_stream else keyframe.event_index, keyframe.ts, keyframe.state)
+
+    def on_lost(self, total: int) -> None:
+        self.set_lost(total)
+
+    def on_trailer(self, trailer: dict) -> None:
+        self.trailer = trailer
+        if isinstance(trailer.get("end_ts"), int):
+            self.t_end_hint = trailer["end_ts"]
+        if isinstance(trailer.get("lost"), int):
+            self.set_lost(trailer["lost"])
+
     def add_record(self, rec: dict, live: bool = False) -> None:
-        """Add one decoded trace record (as :class:`memrec.trace.frames.FrameDecoder` gives them).
+        """Add one record as a live stream delivers it (wire form: ``FrameDecoder(decode=False)``).
 
-        ``live``: the record comes from a daemon's stream, whose keyframes index the daemon's file:
-        for the stream they hold at the events received so far.
+        It is checked exactly as a file's records are (:func:`memrec.trace.records.check_record`);
+        a malformed one is skipped and counted in ``warnings``, never raised into the app.
+        ``live``: the record comes from a daemon's stream (see :meth:`on_keyframe`).
         """
-        from memrec.trace.format import check_keyframe
-        from memrec.trace.format import marker_from_record
-        from memrec.trace.format import process_from_record
+        from memrec.trace.records import check_record
+        from memrec.trace.records import deliver
 
-        kind = rec.get("type")
-        if kind == "header":
-            self.set_header(rec)
-        elif kind == "events":
-            self.add_events(rec["events"])
-        elif kind == "nvml":
-            self.add_nvml(rec["samples"])
-        elif kind == "marker":
-            self.add_marker(marker_from_record(rec))
-        elif kind == "process":
-            self.add_process(process_from_record(rec))
-        elif kind == "keyframe":
-            ts, ei, state = check_keyframe(rec)
-            self.add_keyframe(self.store.n if live else ei, ts, state)
-        elif kind == "lost":
-            self.set_lost(rec.get("total", 0))
-        elif kind == "trailer":
-            self.trailer = rec
-            if isinstance(rec.get("end_ts"), int):
-                self.t_end_hint = rec["end_ts"]
-            if isinstance(rec.get("lost"), int):
-                self.set_lost(rec["lost"])
+        try:
+            kind, item = check_record(rec, self._schema)
+        except TraceFormatError as error:
+            self._skipped += 1
+            message = f"skipped {self._skipped} malformed record(s) from the stream; last: {error}"
+            if self._skipped == 1:
+                self._skipped_at = len(self.warnings)
+                self.warnings.append(message)
+            else:  # one line, kept up to date
+                self.warnings[self._skipped_at] = message
+            return
+        self._live_stream = live
+        deliver(kind, item, self)
 
     @classmethod
     def from_trace(cls, trace: Any, index: bool = True, **kwargs: Any) -> TraceModel:

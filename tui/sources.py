@@ -4,10 +4,11 @@ The app takes a source as an argument (tests pass their own). A source fills a
 :class:`~memrec.tui.model.TraceModel` and reports through ``post`` (the app's thread-safe
 ``post_message``); it never touches widgets.
 
-- :class:`FileSource`: scans the file once, keeping event chunks as zero-copy column views (no
-  10-million-row copy before the first frame), then replays it into the model's series in steps.
-- :class:`LiveSource`: a reader thread subscribes on the daemon's Unix socket, decodes frames and
-  posts :class:`RecordsReceived`; when the daemon goes away it posts :class:`Disconnected` and
+- :class:`FileSource`: scans the file once, keeping event chunks as columns decoded from the
+  mapped file (no 10-million-row structured array before the first frame), then replays it into
+  the model's series in steps.
+- :class:`LiveSource`: a reader thread subscribes on the daemon's Unix socket, splits frames and
+  posts :class:`RecordsReceived` (the model checks each record as a file's); when the daemon goes away it posts :class:`Disconnected` and
   reconnects with exponential backoff.
 - :class:`DiffSource`: two file sources.
 
@@ -120,34 +121,22 @@ class FileSource(_Threaded):
         self.model.set_header(self._reader.header)
 
     def scan(self, post: Post | None = None) -> None:
-        """Read every record into the model (events as views of the mapped file); fast, no replay.
+        """Read every record into the model (events decoded straight from the mapped file; format-1
+        columns stay views of it); fast, no replay.
 
         The records and warnings are the reader's (:meth:`~memrec.trace.reader.TraceReader.items`),
         the same every command gets.
         """
         if self._reader is None:
             self.open()
+        from memrec.trace.records import deliver
+
         reader = self._reader
         model = self.model
         for i, (kind, item) in enumerate(reader.items(mapped=True)):
             if self._stop.is_set():
                 return
-            if kind == "events":
-                model.add_events(item)
-            elif kind == "nvml":
-                model.add_nvml(item.to_array())
-            elif kind == "procmem":
-                pass
-            elif kind == "marker":
-                model.add_marker(item)
-            elif kind == "process":
-                model.add_process(item)
-            elif kind == "keyframe":
-                model.add_keyframe(item.event_index, item.ts, item.state)
-            elif kind == "lost":
-                model.set_lost(item)
-            else:
-                model.add_record(item)
+            deliver(kind, item, model)  # the model is a RecordSink, as load_trace's builder is
             if post is not None and i % 64 == 0:
                 post(messages.LoadProgress("scan", i, 0))
         model.warnings.extend(reader.warnings)
@@ -331,7 +320,8 @@ class LiveSource(_Threaded):
             return f"cannot connect to {self.path}: {error.strerror or error}"
         self._sock = sock
         sock.settimeout(0.25)
-        decoder = FrameDecoder(MAX_SUBSCRIBER_FRAME)
+        # records stay in wire form: the model checks and decodes them as a file's are
+        decoder = FrameDecoder(MAX_SUBSCRIBER_FRAME, decode=False)
         post(messages.Connected(self.path, self.attempts))
         try:
             while not self._stop.is_set():

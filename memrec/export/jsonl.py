@@ -8,24 +8,30 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from typing import Callable
 from typing import Iterator
 from typing import TextIO
 
 import numpy as np
 
-from memrec.events import cu_result_name
+from memrec.columns import EVENT_DTYPE
 from memrec.events import FLAG_IPC_BYTES
 from memrec.events import FLAG_NAME
 from memrec.events import Api
 from memrec.events import Kind
-from memrec.trace.format import EVENTS
+from memrec.events import cu_result_name
+from memrec.export.jsonl_fast import EVENT_FIELDS
+from memrec.export.jsonl_fast import format_lines
+from memrec.trace.chunks import EVENTS
+from memrec.trace.chunks import NVML
+from memrec.trace.chunks import PROCMEM
+from memrec.trace.chunks import ColumnChunk
 from memrec.trace.format import KEYFRAME
-from memrec.trace.format import NVML
-from memrec.trace.format import PROCMEM
 from memrec.trace.format import packb
 from memrec.trace.reader import TraceReader
 
 _KIND_NAMES = {int(k): k.name for k in Kind}
+_EVENT_COLUMNS = [name for name in EVENT_DTYPE.names if name != "ipc"]
 _API_NAMES = {int(a): a.name for a in Api}
 
 
@@ -105,22 +111,54 @@ def keyframe_line(rec: dict) -> dict:
     }
 
 
-def record_lines(rec: dict) -> Iterator[dict]:
-    """The dump lines of one decoded record."""
-    kind = rec["type"]
-    if kind == EVENTS:
-        yield from event_lines(rec["events"])
-    elif kind in (NVML, PROCMEM):
-        yield from sample_lines(kind, rec["samples"])
-    elif kind == KEYFRAME:
-        yield jsonable(keyframe_line(rec))
-    else:
-        yield jsonable(rec)
+def event_text(chunk: ColumnChunk, encode: Callable[[Any], str]) -> bytes:
+    """The dump lines of one events chunk (UTF-8), built a chunk at a time (:mod:`.jsonl_fast`);
+    the few rows with handle bytes or a name go through :func:`event_lines`."""
+    columns = {name: chunk.column(name) for name in _EVENT_COLUMNS}
+    special = np.flatnonzero(columns["flags"] & (FLAG_IPC_BYTES | FLAG_NAME))
+    names = {"kind": _kind_name, "api": _api_name, "result": cu_result_name}
+    parts = []
+    start = 0
+    for row in [*special.tolist(), chunk.n]:
+        if row > start:
+            run = {name: col[start:row] for name, col in columns.items()}
+            parts.append(format_lines(run, EVENT_FIELDS, '"type": "event", ', names, encode))
+        if row < chunk.n:
+            rows = np.zeros(1, dtype=EVENT_DTYPE)
+            for name, col in columns.items():
+                rows[name] = col[row]
+            if chunk.ipc_index is not None:
+                at = np.flatnonzero(chunk.ipc_index == row)
+                if len(at):
+                    rows["ipc"] = chunk.ipc[at[0]]
+            parts.append((encode(next(event_lines(rows))) + "\n").encode())
+        start = row + 1
+    return b"".join(parts)
 
 
 def dump_trace(reader: TraceReader, out: TextIO) -> None:
-    """Write the header and every record of ``reader`` to ``out``, one JSON object per line."""
+    """Write the header and every usable record of ``reader`` to ``out``, one JSON object per line.
+
+    Records are checked as every reader checks them (:meth:`TraceReader.entries`): a malformed one
+    is left out and counted in the reader's warnings.
+    """
     encode = json.JSONEncoder(separators=(", ", ": "), ensure_ascii=False).encode
     out.write(encode(jsonable(reader.header)) + "\n")
-    for rec in reader:
-        out.write("".join(encode(line) + "\n" for line in record_lines(rec)))
+    binary = getattr(out, "buffer", None)  # a file's bytes: the event text is UTF-8 already
+    if binary is not None and (getattr(out, "encoding", "") or "").lower().replace("-", "") != "utf8":
+        binary = None
+    for kind, item, rec in reader.entries():
+        if kind == EVENTS:
+            text = event_text(item, encode)
+            if binary is not None:
+                out.flush()
+                binary.write(text)
+            else:
+                out.write(text.decode())
+        elif kind in (NVML, PROCMEM):
+            out.write("".join(encode(line) + "\n" for line in sample_lines(kind, item.to_array())))
+        elif kind == KEYFRAME:
+            line = keyframe_line({"ts": item.ts, "event_index": item.event_index, "state": item.state})
+            out.write(encode(jsonable(line)) + "\n")
+        else:
+            out.write(encode(jsonable(rec)) + "\n")

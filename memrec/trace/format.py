@@ -1,4 +1,4 @@
-"""Trace format v1: record types, column layouts, and msgpack encoding of one record.
+"""Trace format v2: record types, column layouts, and msgpack encoding of one record.
 
 A trace (``.mrec``) is a plain concatenation of msgpack objects, one per record (the full spec is
 ``docs/format.md``)::
@@ -6,17 +6,18 @@ A trace (``.mrec``) is a plain concatenation of msgpack objects, one per record 
     header  →  events | nvml | procmem | marker | process | lost | keyframe ...  →  trailer
 
 Every record is a msgpack map with a ``"type"`` key. The header's first key is ``"magic"``. The
-columnar records (``events``, ``nvml``, ``procmem``) carry one little-endian byte string per field
-of :data:`memrec.columns.EVENT_DTYPE` / ``NVML_DTYPE`` / ``PROCMEM_DTYPE``, so a reader decodes a
-chunk with one ``np.frombuffer`` per column. The 64-byte ``ipc`` column of events is stored sparsely:
-the row indices whose ``flags`` have :data:`FLAG_IPC_BYTES` plus their bytes.
+columnar records (``events``, ``nvml``, ``procmem``) hold the fields of
+:data:`memrec.columns.EVENT_DTYPE` / ``NVML_DTYPE`` / ``PROCMEM_DTYPE`` column by column
+(:mod:`memrec.trace.chunks`): in format 2 as one Zstandard frame of delta / frame-of-reference
+encoded columns (:mod:`memrec.trace.codec`), in format 1 (still read) as one little-endian byte
+string per column.
 
 Two forms of a record exist:
 
 * the *logical* form, what writers take and readers give: a dict whose columnar payload is a numpy
   structured array (``rec["events"]`` or ``rec["samples"]``), every other record a plain dict;
-* the *wire* form, what msgpack holds: the same dict with the array replaced by ``n``,
-  ``columns`` (and, for events, ``ipc_index`` / ``ipc``).
+* the *wire* form, what msgpack holds: the same dict with the array replaced by ``n`` and ``z``
+  (format 2), or ``n``, ``columns`` and, for events, ``ipc_index`` / ``ipc`` (format 1).
 
 :func:`encode_record` goes from logical to bytes and :func:`decode_record` from an unpacked wire
 object back to logical. The trace writer, the reader and the live socket (``frames.py``) all go
@@ -39,62 +40,47 @@ import numpy as np
 
 from memrec._errors import TraceFormatError
 from memrec._untrusted import too_deep
-from memrec.columns import EVENT_DTYPE
-from memrec.columns import NVML_DTYPE
-from memrec.columns import PROCMEM_DTYPE
-from memrec.events import FLAG_IPC_BYTES
-from memrec.events import FLAG_NAME
-from memrec.events import IPC_HANDLE_SIZE
 from memrec.events import GpuInfo
 from memrec.events import Marker
 from memrec.events import ProcessInfo
+from memrec.trace import codec
+from memrec.trace.chunks import COLUMNAR
+from memrec.trace.chunks import DEFAULT_SCHEMA
+from memrec.trace.chunks import EVENTS
+from memrec.trace.chunks import NVML
+from memrec.trace.chunks import PROCMEM
+from memrec.trace.chunks import ROWS_KEY
+from memrec.trace.chunks import Schema
+from memrec.trace.chunks import decode_columns
+from memrec.trace.chunks import rows_to_wire
 from memrec.trace.clock import read_clock_sync
 
 #: The value of the header's first key, ``"magic"``.
 MAGIC = "memrec-trace"
 #: Major format version: a reader refuses a trace whose major version is newer than its own.
-FORMAT_VERSION = 1
+#: Version 2 compresses columnar records (:mod:`memrec.trace.codec`); version 1 files still read.
+FORMAT_VERSION = 2
 #: Minor format version: a newer minor only adds record types or fields, which older readers skip.
-FORMAT_MINOR = 1
+FORMAT_MINOR = 0
 #: The clock of every ``ts`` in a trace (ns); the header's ``anchor`` ties it to wall-clock time.
 CLOCK = "CLOCK_MONOTONIC"
 
 # Record types (the value of every record's "type" key).
 HEADER = "header"
-EVENTS = "events"
-NVML = "nvml"
-PROCMEM = "procmem"
 MARKER = "marker"
 PROCESS = "process"
 LOST = "lost"
 KEYFRAME = "keyframe"
 TRAILER = "trailer"
 
-#: Every record type format v1 defines (a reader skips any other type with a warning).
+#: Every record type the format defines (a reader skips any other type with a warning).
 RECORD_TYPES = frozenset({HEADER, EVENTS, NVML, PROCMEM, MARKER, PROCESS, LOST, KEYFRAME, TRAILER})
 
-#: Columnar record types and the numpy dtype of one row of each.
-COLUMNAR: dict[str, np.dtype] = {EVENTS: EVENT_DTYPE, NVML: NVML_DTYPE, PROCMEM: PROCMEM_DTYPE}
-
-#: The key of the structured array in a columnar record's logical form.
-ROWS_KEY: dict[str, str] = {EVENTS: "events", NVML: "samples", PROCMEM: "samples"}
-
-#: The events column stored sparsely (only rows whose flags have FLAG_IPC_BYTES or, since minor 1,
-#: FLAG_NAME: a file or kernel name).
-SPARSE_COLUMN = "ipc"
-SPARSE_FLAGS = FLAG_IPC_BYTES | FLAG_NAME
-
-#: Value of a column a chunk does not carry (older or newer writer). Unlisted columns default to 0.
-COLUMN_DEFAULTS: dict[str, dict[str, int]] = {
-    EVENTS: {"ordinal": -1, "gpu": -1},
-    NVML: {"gpu": -1, "used": -1, "reserved": -1, "free": -1, "total": -1, "bar1_used": -1, "bar1_total": -1},
-    PROCMEM: {"gpu": -1, "used": -1},
-}
-
-#: The most rows a writer puts in one columnar record.
-MAX_CHUNK_ROWS = 65536
-
-_WIRE_KEYS = frozenset({"n", "columns", "ipc_index", "ipc"})
+_WIRE_KEYS = frozenset({"n", "columns", "ipc_index", "ipc", "z"})
+#: A format-2 keyframe's key for its state: one Zstandard frame of the msgpack map.
+STATE_Z = "state_z"
+#: The largest keyframe state a reader decompresses (a state of 1M live allocations: ~27 MiB).
+MAX_STATE_SIZE = 1 << 30
 
 
 # ---------------------------------------------------------------------------------------------
@@ -142,14 +128,6 @@ def column_schema() -> dict[str, list[list[str]]]:
     return {
         kind: [[name, dtype.fields[name][0].str] for name in dtype.names] for kind, dtype in COLUMNAR.items()
     }
-
-
-#: {record type: {column: dtype}}, as written by this version.
-Schema = dict[str, dict[str, np.dtype]]
-
-DEFAULT_SCHEMA: Schema = {
-    kind: {name: dtype.fields[name][0] for name in dtype.names} for kind, dtype in COLUMNAR.items()
-}
 
 
 #: A column dtype a header may declare: byte order, kind (unsigned, signed, float, bool, raw), size.
@@ -335,213 +313,6 @@ def to_wall_ns(header: dict, ts: int) -> int | None:
 
 
 # ---------------------------------------------------------------------------------------------
-# columnar records
-
-
-def as_rows(kind: str, arr: np.ndarray) -> np.ndarray:
-    """Return ``arr`` with exactly the dtype of ``kind``'s rows, converting field by field by name.
-
-    Raises:
-        ValueError: ``arr`` is not a 1-D structured array with every field of the row dtype.
-    """
-    dtype = COLUMNAR[kind]
-    if not isinstance(arr, np.ndarray) or arr.ndim != 1:
-        raise ValueError(f"{kind}: expected a 1-D numpy structured array, got {type(arr).__name__}")
-    if arr.dtype == dtype:
-        return arr
-    names = arr.dtype.names or ()
-    missing = [name for name in dtype.names if name not in names]
-    if missing:
-        raise ValueError(f"{kind}: the array lacks the field(s) {', '.join(missing)} (dtype {arr.dtype})")
-    out = np.empty(len(arr), dtype=dtype)
-    for name in dtype.names:
-        out[name] = arr[name]
-    return out
-
-
-class ChunkBuilder:
-    """Accumulates rows of one columnar type straight into per-column arrays.
-
-    ``append(arr)`` returns the wire form of every chunk it completed (``max_rows`` rows each);
-    ``take()`` returns the wire form of the rows left (or None). Each column is copied once, at
-    append time, into a contiguous array that the wire form then references (msgpack packs it
-    without another copy). Each chunk gets new arrays, so a wire form stays valid.
-    """
-
-    def __init__(self, kind: str, max_rows: int = MAX_CHUNK_ROWS) -> None:
-        if kind not in COLUMNAR:
-            raise ValueError(f"not a columnar record type: {kind!r}")
-        if max_rows < 1:
-            raise ValueError("max_rows must be at least 1")
-        self.kind = kind
-        self.max_rows = max_rows
-        self._dtype = COLUMNAR[kind]
-        self._sparse = kind == EVENTS
-        self._names = [n for n in self._dtype.names if not (self._sparse and n == SPARSE_COLUMN)]
-        self._reset()
-
-    def _reset(self) -> None:
-        self.rows = 0
-        self._cols: dict[str, np.ndarray] = {}
-        self._ipc_index: list[np.ndarray] = []
-        self._ipc: list[bytes] = []
-
-    def _reserve(self, rows: int) -> None:
-        """Make room for ``rows`` rows (doubling, capped at max_rows)."""
-        capacity = len(next(iter(self._cols.values()))) if self._cols else 0
-        if rows <= capacity:
-            return
-        new = min(self.max_rows, max(rows, 2 * capacity, 1024))
-        for name in self._names:
-            col = np.empty(new, dtype=self._dtype.fields[name][0])
-            if capacity:
-                col[: self.rows] = self._cols[name][: self.rows]
-            self._cols[name] = col
-
-    def append(self, arr: np.ndarray) -> list[dict]:
-        """Add rows (converted to the row dtype by field name); return the chunks completed."""
-        arr = as_rows(self.kind, arr)
-        done = []
-        start = 0
-        while start < len(arr):
-            take = min(self.max_rows - self.rows, len(arr) - start)
-            part = arr[start : start + take]
-            self._reserve(self.rows + take)
-            end = self.rows + take
-            for name in self._names:
-                self._cols[name][self.rows : end] = part[name]
-            if self._sparse:
-                idx = np.flatnonzero(part["flags"] & SPARSE_FLAGS)
-                if len(idx):
-                    self._ipc_index.append((idx + self.rows).astype("<u4"))
-                    self._ipc.append(part[SPARSE_COLUMN][idx].tobytes())
-            self.rows = end
-            start += take
-            if self.rows >= self.max_rows:
-                done.append(self._wire())
-        return done
-
-    def take(self) -> dict | None:
-        """Return the wire form of the rows accumulated so far (None if there are none)."""
-        return self._wire() if self.rows else None
-
-    def _wire(self) -> dict:
-        if self.rows:
-            columns = {n: memoryview(self._cols[n][: self.rows]) for n in self._names}
-        else:
-            columns = {n: b"" for n in self._names}
-        wire: dict[str, Any] = {"type": self.kind, "n": self.rows, "columns": columns}
-        if self._sparse:
-            index = np.concatenate(self._ipc_index) if self._ipc_index else np.zeros(0, "<u4")
-            wire["ipc_index"] = index.astype("<u4").tobytes()
-            wire["ipc"] = b"".join(self._ipc)
-        self._reset()
-        return wire
-
-
-def rows_to_wire(kind: str, arr: np.ndarray) -> dict:
-    """The wire form of one columnar record holding every row of ``arr`` (however many)."""
-    builder = ChunkBuilder(kind, max_rows=max(1, len(arr)))
-    done = builder.append(arr)
-    return done[0] if done else builder._wire()
-
-
-@dataclasses.dataclass
-class ColumnChunk:
-    """One columnar record decoded without copying: a read-only numpy view per column."""
-
-    kind: str
-    n: int
-    columns: dict[str, np.ndarray]
-    ipc_index: np.ndarray | None = None  # <u4 row indices (events only)
-    ipc: np.ndarray | None = None  # V64 rows, one per index
-
-    def fill(self, out: np.ndarray, start: int = 0) -> None:
-        """Write the chunk's rows into ``out[start:start + n]`` (``out`` zeroed by the caller)."""
-        end = start + self.n
-        defaults = COLUMN_DEFAULTS.get(self.kind, {})
-        for name in out.dtype.names:
-            col = self.columns.get(name)
-            if col is not None:
-                out[name][start:end] = col
-            elif name in defaults:
-                out[name][start:end] = defaults[name]
-        if self.ipc_index is not None and len(self.ipc_index):
-            out[SPARSE_COLUMN][start + self.ipc_index.astype(np.intp)] = self.ipc
-
-    def column(self, name: str) -> np.ndarray:
-        """One column's values: the chunk's own, or its default when the chunk does not carry it."""
-        col = self.columns.get(name)
-        if col is not None:
-            return col
-        dtype = COLUMNAR[self.kind].fields[name][0]
-        return np.full(self.n, COLUMN_DEFAULTS.get(self.kind, {}).get(name, 0), dtype=dtype)
-
-    def to_array(self) -> np.ndarray:
-        """The chunk as a new structured array of its row dtype."""
-        out = np.zeros(self.n, dtype=COLUMNAR[self.kind])
-        self.fill(out)
-        return out
-
-    @property
-    def last_ts(self) -> int | None:
-        ts = self.columns.get("ts")
-        return int(ts[-1]) if ts is not None and len(ts) else None
-
-
-def decode_columns(obj: dict, schema: Schema | None = None) -> ColumnChunk:
-    """Decode a columnar wire record into zero-copy column views.
-
-    ``schema`` is :func:`parse_schema` of the trace's header (the dtype each column was written
-    with); a column whose dtype differs from this version's is cast when filled. Unknown columns
-    are ignored; missing ones take :data:`COLUMN_DEFAULTS`.
-
-    Raises:
-        TraceFormatError: the record is malformed (a column's length does not match ``n``...).
-    """
-    kind = obj.get("type")
-    if kind not in COLUMNAR:
-        raise TraceFormatError(f"not a columnar record: {kind!r}")
-    n = obj.get("n")
-    columns = obj.get("columns")
-    if not isinstance(n, int) or isinstance(n, bool) or n < 0 or not isinstance(columns, dict):
-        raise TraceFormatError(f"malformed {kind} record: bad 'n' or 'columns'")
-    if n and not isinstance(columns.get("ts"), (bytes, bytearray, memoryview)):
-        # Every writer writes ts; without it nothing ties n to bytes present, and n rows would be
-        # allocated from a few bytes of input (n = 10 million: gigabytes).
-        raise TraceFormatError(f"malformed {kind} record: {n} rows but no ts column")
-    target = COLUMNAR[kind]
-    written = (schema or DEFAULT_SCHEMA).get(kind, DEFAULT_SCHEMA[kind])
-    out: dict[str, np.ndarray] = {}
-    for name, data in columns.items():
-        if name not in target.names:
-            continue  # a column from a newer writer
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise TraceFormatError(f"malformed {kind} record: column {name!r} is not binary")
-        dtype = written.get(name, target.fields[name][0])
-        if len(data) != n * dtype.itemsize:
-            raise TraceFormatError(
-                f"malformed {kind} record: column {name!r} has {len(data)} bytes for {n} rows of {dtype.str}"
-            )
-        out[name] = np.frombuffer(data, dtype=dtype)
-    chunk = ColumnChunk(kind, n, out)
-    if kind == EVENTS:
-        index = obj.get("ipc_index", b"")
-        ipc = obj.get("ipc", b"")
-        if not isinstance(index, (bytes, bytearray, memoryview)) or not isinstance(ipc, (bytes, bytearray, memoryview)):
-            raise TraceFormatError("malformed events record: 'ipc_index' / 'ipc' are not binary")
-        if len(index) % 4 or len(ipc) != (len(index) // 4) * IPC_HANDLE_SIZE:
-            raise TraceFormatError(
-                f"malformed events record: {len(index) // 4} ipc indices for {len(ipc)} ipc bytes"
-            )
-        chunk.ipc_index = np.frombuffer(index, dtype="<u4")
-        if len(chunk.ipc_index) and int(chunk.ipc_index.max()) >= n:
-            raise TraceFormatError("malformed events record: an ipc index is out of range")
-        chunk.ipc = np.frombuffer(ipc, dtype=f"V{IPC_HANDLE_SIZE}")
-    return chunk
-
-
-# ---------------------------------------------------------------------------------------------
 # records
 
 
@@ -560,7 +331,7 @@ def encode_record(rec: dict) -> bytes:
     kind = rec.get("type")
     if not isinstance(kind, str):
         raise ValueError("a record needs a string 'type'")
-    if kind in COLUMNAR and "columns" not in rec:
+    if kind in COLUMNAR and "columns" not in rec and "z" not in rec:
         key = ROWS_KEY[kind]
         if key not in rec:
             raise ValueError(f"a {kind} record needs its rows under {key!r}")
@@ -568,6 +339,11 @@ def encode_record(rec: dict) -> bytes:
         for k, v in rec.items():
             if k not in (key, "type") and k not in _WIRE_KEYS:
                 wire[k] = v
+        return packb(wire)
+    if kind == KEYFRAME and "state" in rec:
+        # the state compresses several-fold (ids and sizes repeat): stored as one Zstandard frame
+        wire = {k: v for k, v in rec.items() if k != "state"}
+        wire[STATE_Z] = codec.compress(packb(rec["state"]))
         return packb(wire)
     return packb(rec)
 
@@ -584,6 +360,8 @@ def decode_record(obj: Any, schema: Schema | None = None) -> dict:
     if not isinstance(obj, dict) or not isinstance(obj.get("type"), str):
         raise TraceFormatError("malformed record: not a map with a string 'type'")
     kind = obj["type"]
+    if kind == KEYFRAME:
+        return expand_keyframe(obj)
     if kind not in COLUMNAR:
         return obj
     chunk = decode_columns(obj, schema)
@@ -702,12 +480,37 @@ def keyframe_record(ts: int, event_index: int, state: dict) -> dict:
     return {"type": KEYFRAME, "ts": int(ts), "event_index": int(event_index), "state": state}
 
 
+def expand_keyframe(rec: dict) -> dict:
+    """A keyframe record with its state decompressed (format 2 stores it as ``state_z``).
+
+    Raises:
+        TraceFormatError: the state does not decompress, is not msgpack, or nests too deep.
+    """
+    if STATE_Z not in rec:
+        return rec
+    blob = rec[STATE_Z]
+    if not isinstance(blob, (bytes, bytearray, memoryview)):
+        raise TraceFormatError("malformed keyframe record: state_z is not binary")
+    try:
+        state = unpackb(codec.decompress(blob, MAX_STATE_SIZE))
+    except TraceFormatError as error:
+        raise TraceFormatError(f"malformed keyframe record: its state {error}") from None
+    except Exception as error:  # msgpack raises several unrelated types for bad input
+        raise TraceFormatError(f"malformed keyframe record: its state is not msgpack ({type(error).__name__})") from None
+    if too_deep(state):
+        raise TraceFormatError("malformed keyframe record: its state nests too deep")
+    out = {k: v for k, v in rec.items() if k != STATE_Z}
+    out["state"] = state
+    return out
+
+
 def check_keyframe(rec: dict) -> tuple[int, int, dict]:
-    """Validate a keyframe record and return ``(ts, event_index, state)``.
+    """Validate a keyframe record (compressed or not) and return ``(ts, event_index, state)``.
 
     Raises:
         TraceFormatError: a field is missing or of the wrong type.
     """
+    rec = expand_keyframe(rec)
     ts, index, state = rec.get("ts"), rec.get("event_index"), rec.get("state")
     if not isinstance(ts, int) or not isinstance(index, int) or not isinstance(state, dict):
         raise TraceFormatError("malformed keyframe record: needs int ts, int event_index and a map state")

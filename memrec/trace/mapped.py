@@ -1,10 +1,10 @@
 """Zero-copy walk of a trace file (the TUI's first frame comes from it).
 
-The streaming reader decodes every record through msgpack, which copies each column's bytes
-(for 10 million events, 600 MiB of fresh memory before the first frame). Here the file is
-memory-mapped and the records are walked with a minimal msgpack parser that returns the
-*offsets* of binary values: columnar records come back in wire form with their columns as
-views of the mapping (the kernel reads those pages only when the replay touches them); every
+The streaming reader decodes every record through msgpack, which copies each binary value. Here
+the file is memory-mapped and the records are walked with a minimal msgpack parser that returns
+the *offsets* of binary values: columnar records come back in wire form with their binary values
+as views of the mapping (a format-2 chunk's Zstandard frame is decompressed from there; a
+format-1 file's columns stay views, read by the kernel only when the replay touches them); every
 other record (header, keyframe, marker, process, lost, trailer) is small and is decoded by
 msgpack as usual.
 
@@ -23,7 +23,7 @@ from typing import Iterator
 import msgpack
 
 from memrec._untrusted import MAX_DEPTH
-from memrec.trace.format import COLUMNAR
+from memrec.trace.chunks import COLUMNAR
 
 _U8 = struct.Struct(">B")
 _U16 = struct.Struct(">H")

@@ -47,6 +47,7 @@ from memrec.state import OPEN_FIELDS
 from memrec.state import PEAK_FIELDS
 from memrec.state import ALIAS_FIELDS
 from memrec.state import LiveState
+from memrec.state import alloc_rows
 from memrec.trace.format import make_header
 from memrec.trace.model import Trace
 from memrec.trace.writer import TraceWriter
@@ -148,8 +149,18 @@ def _host_gpus(host: Host) -> dict[int, dict]:
     return dict(sorted(gpus.items()))
 
 
+def _with_alloc_rows(snap: dict) -> dict:
+    """``snap`` with its driver allocations as rows, whatever the keyframe's version (a damaged
+    table is left for LiveState.from_snapshot to refuse)."""
+    try:
+        return dict(snap, allocs=alloc_rows(snap))
+    except (TypeError, ValueError, KeyError, OverflowError):
+        return snap
+
+
 def _snapshot_gpus(snap: dict) -> set[int]:
     out: set[int] = set()
+    snap = _with_alloc_rows(snap)
     for table, names in _TABLES.items():
         flat = snap.get(table) or []
         for i, name in enumerate(names):
@@ -199,6 +210,7 @@ def _remap_row(row: list, names: tuple[str, ...], host: Host) -> list:
 
 
 def _remap_snapshot(snap: dict, host: Host) -> dict:
+    snap = _with_alloc_rows(snap)
     out = dict(snap)
     for table, names in _TABLES.items():
         flat = snap.get(table) or []

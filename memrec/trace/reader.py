@@ -24,35 +24,32 @@ from memrec._untrusted import MAX_DEPTH
 from memrec._untrusted import clean_text
 from memrec._untrusted import too_deep
 from memrec.trace import mapped as _mapped
-from memrec.trace.format import COLUMNAR
-from memrec.trace.format import EVENTS
+from memrec.trace.chunks import COLUMNAR
+from memrec.trace.chunks import ROWS_KEY
+from memrec.trace.chunks import ColumnChunk
+from memrec.trace.chunks import Schema
 from memrec.trace.format import HEADER
-from memrec.trace.format import KEYFRAME
-from memrec.trace.format import LOST
-from memrec.trace.format import MARKER
-from memrec.trace.format import NVML
-from memrec.trace.format import PROCESS
-from memrec.trace.format import PROCMEM
 from memrec.trace.format import RECORD_TYPES
 from memrec.trace.format import TRAILER
-from memrec.trace.format import ColumnChunk
-from memrec.trace.format import Schema
 from memrec.trace.format import check_header
-from memrec.trace.format import check_keyframe
-from memrec.trace.format import decode_columns
 from memrec.trace.format import decode_record
 from memrec.trace.format import header_prefix_plausible
-from memrec.trace.format import marker_from_record
 from memrec.trace.format import parse_schema
-from memrec.trace.format import process_from_record
 from memrec.trace.format import unpacker
-from memrec.trace.model import Keyframe
 from memrec.trace.model import Trace
+from memrec.trace.records import RecordSink
+from memrec.trace.records import TraceBuilder
+from memrec.trace.records import check_record
+from memrec.trace.records import deliver
 
 #: The largest header a reader looks for before calling a file "not a trace".
 MAX_HEADER_SIZE = 16 << 20
 #: The largest single record a reader accepts (a keyframe of a huge state, a giant chunk).
 MAX_RECORD_SIZE = 1 << 30
+#: How far from the end :meth:`TraceReader.expected_events` looks for the trailer; its first
+#: bytes: a fixmap whose first entry is "type": "trailer" (how the writer writes it).
+_TRAILER_WINDOW = 1 << 16
+_TRAILER_KEY = b"\xa4type\xa7trailer"
 
 
 class TraceReader:
@@ -135,7 +132,8 @@ class TraceReader:
         return self._scan(lambda obj: obj)
 
     def items(self, *, mapped: bool = False) -> Iterator[tuple[str, Any]]:
-        """Yield ``(type, item)`` for every usable record, each checked the same way for every caller.
+        """Yield ``(type, item)`` for every usable record, each checked the same way for every caller
+        (:func:`memrec.trace.records.check_record`).
 
         Items: :class:`~memrec.trace.format.ColumnChunk` for events / nvml / procmem,
         :class:`~memrec.events.Marker`, :class:`~memrec.events.ProcessInfo`,
@@ -143,29 +141,23 @@ class TraceReader:
         itself for the trailer and any other type. A record that fails its check is skipped and
         counted in ``warnings``.
 
-        ``mapped``: read through a memory mapping, the columns staying views of the file (no
-        copy of the events before they are used); a file that cannot be mapped is streamed.
+        ``mapped``: read through a memory mapping (format-1 columns stay views of the file; a
+        format-2 chunk is decompressed straight from the mapping); a file that cannot be mapped
+        is streamed.
         """
         schema = self.schema
+        return self._scan(lambda obj: check_record(obj, schema), mapped=mapped)
 
-        def check(obj: dict) -> tuple[str, Any]:
-            kind = obj["type"]
-            if kind in COLUMNAR:
-                return kind, decode_columns(obj, schema)
-            if kind == MARKER:
-                return kind, marker_from_record(obj)
-            if kind == PROCESS:
-                return kind, process_from_record(obj)
-            if kind == KEYFRAME:
-                return kind, Keyframe(*check_keyframe(obj))
-            if kind == LOST:
-                total = obj.get("total")
-                if not isinstance(total, int) or isinstance(total, bool) or not 0 <= total < 2**63:
-                    raise TraceFormatError("malformed lost record: needs an int total")
-                return kind, total
-            return kind, obj
+    def entries(self, *, mapped: bool = False) -> Iterator[tuple[str, Any, dict]]:
+        """Like :meth:`items`, with each record as msgpack gave it: ``(type, item, record)``
+        (``memrec dump`` prints a marker's or a trailer's own keys, checked as every reader's)."""
+        schema = self.schema
+        return self._scan(lambda obj: (*check_record(obj, schema), obj), mapped=mapped)
 
-        return self._scan(check, mapped=mapped)
+    def feed(self, sink: RecordSink, *, mapped: bool = False) -> None:
+        """Hand every usable record to ``sink`` (see :meth:`items`); warnings as for :meth:`items`."""
+        for kind, item in self.items(mapped=mapped):
+            deliver(kind, item, sink)
 
     def _stream_objects(self) -> Iterator[tuple[int, Any]]:
         """``(offset, object)`` for each msgpack object after the header, from 1 MiB reads.
@@ -252,7 +244,7 @@ class TraceReader:
             except TraceFormatError as error:
                 malformed.append(f"byte {offset}: {error}")
                 continue
-            ts = _record_ts(obj)
+            ts = _record_ts(obj, item)
             if ts is not None and (last_ts is None or ts > last_ts):
                 last_ts = ts
             if kind == TRAILER:
@@ -279,6 +271,30 @@ class TraceReader:
                 f"(still being written, or the writer crashed); trace ends at ts {last_ts}"
             )
 
+    def expected_events(self) -> int:
+        """The events the trailer counts, read from the file's last bytes without a scan; 0 when
+        there is no trailer there (a crash, a file still written) or it does not parse.
+
+        Only a hint for sizing (``load_trace`` allocates its columns once): nothing relies on it.
+        """
+        size = os.fstat(self._file.fileno()).st_size
+        start = max(self._data_start, size - _TRAILER_WINDOW)
+        self._file.seek(start)
+        tail = self._file.read(size - start)
+        at = tail.rfind(_TRAILER_KEY)
+        for start in (at - 1, at - 3):  # after a fixmap's one byte, or a map16's three
+            if start < 0:
+                continue
+            try:
+                obj = msgpack.unpackb(tail[start:], raw=False, strict_map_key=False)
+            except (ValueError, TypeError, msgpack.UnpackException):
+                continue  # not the trailer's first bytes after all (extra data, a cut)
+            counts = obj.get("counts") if isinstance(obj, dict) else None
+            count = counts.get("events") if isinstance(counts, dict) else None
+            if isinstance(count, int) and 0 <= count <= 256 * size:
+                return count
+        return 0
+
     # -- lifetime ---------------------------------------------------------------------------------
 
     def close(self) -> None:
@@ -291,9 +307,16 @@ class TraceReader:
         self.close()
 
 
-def _record_ts(obj: dict) -> int | None:
+def _record_ts(obj: dict, item: Any) -> int | None:
+    """The latest ts a record holds (its last row's for columnar ones), or None."""
     if obj.get("type") in COLUMNAR:
-        columns = obj.get("columns")
+        chunk = item[1] if isinstance(item, tuple) else item
+        if isinstance(chunk, ColumnChunk):
+            return chunk.last_ts
+        rows = chunk.get(ROWS_KEY[obj["type"]]) if isinstance(chunk, dict) else None
+        if rows is not None:
+            return int(rows["ts"][-1]) if len(rows) else None
+        columns = obj.get("columns")  # raw format-1 records
         ts = columns.get("ts") if isinstance(columns, dict) else None
         if isinstance(ts, (bytes, memoryview)) and len(ts) >= 8:
             return int(np.frombuffer(bytes(ts[-8:]), dtype="<u8")[0])
@@ -302,51 +325,19 @@ def _record_ts(obj: dict) -> int | None:
     return ts if isinstance(ts, int) else None
 
 
-def _concat(kind: str, chunks: list[ColumnChunk]) -> np.ndarray:
-    """One array of every chunk's rows: one numpy copy per column per chunk into a zeroed array.
-
-    (Measured: filling straight into ``np.zeros`` beats assembling each chunk in a cache-sized
-    scratch array and copying it into ``np.empty``, about 19M vs 10M events/s.)
-    """
-    out = np.zeros(sum(c.n for c in chunks), dtype=COLUMNAR[kind])
-    start = 0
-    for chunk in chunks:
-        chunk.fill(out, start)
-        start += chunk.n
-    return out
-
-
 def load_trace(path: str | os.PathLike) -> Trace:
     """Read a whole trace into memory.
 
-    Events, NVML and procmem samples are concatenated in file order (the writer writes them in
-    time order) with one numpy copy per column, no per-event Python. Processes are keyed by pid (a
-    later record for a pid replaces the earlier one); ``lost`` is the last cumulative total.
+    Events, NVML and procmem samples are joined in file order (the writer writes them in time
+    order) with one numpy copy per column, no per-event Python; the events stay columns
+    (``Trace.event_columns``) until ``Trace.events`` is used. Processes are keyed by pid (a later
+    record for a pid replaces the earlier one); ``lost`` is the last cumulative total.
 
     Raises:
         OSError: the file cannot be opened.
         TraceFormatError: not a memrec trace, or a newer major format version.
     """
     with TraceReader(path) as reader:
-        trace = Trace(header=reader.header)
-        chunks: dict[str, list[ColumnChunk]] = {EVENTS: [], NVML: [], PROCMEM: []}
-        lost_total = 0
-        for kind, item in reader.items():
-            if kind in COLUMNAR:
-                chunks[kind].append(item)
-            elif kind == MARKER:
-                trace.markers.append(item)
-            elif kind == PROCESS:
-                trace.processes[item.pid] = item
-            elif kind == KEYFRAME:
-                trace.keyframes.append(item)
-            elif kind == LOST:
-                lost_total = item
-        trace.events = _concat(EVENTS, chunks[EVENTS])
-        trace.nvml = _concat(NVML, chunks[NVML])
-        trace.procmem = _concat(PROCMEM, chunks[PROCMEM])
-        trace.trailer = reader.trailer
-        trailer_lost = (reader.trailer or {}).get("lost")
-        trace.lost = max(lost_total, trailer_lost) if isinstance(trailer_lost, int) else lost_total
-        trace.warnings = list(reader.warnings)
-    return trace
+        builder = TraceBuilder(reader.header, expected_events=reader.expected_events())
+        reader.feed(builder)
+        return builder.finish(reader.warnings)

@@ -1,8 +1,11 @@
-"""Regenerate the golden trace ``golden_v1.mrec`` and its expected dump ``golden_v1.dump.jsonl``.
+"""Regenerate the golden trace ``golden_v2.mrec`` and its expected dump ``golden_v2.dump.jsonl``.
 
-Run ``python tests/data/make_golden.py`` only when format v1 deliberately changes (a new minor):
+Run ``python tests/data/make_golden.py`` only when format v2 deliberately changes (a new minor):
 the test suite checks that today's writer still produces these exact bytes and that today's
 reader still decodes them to exactly this dump. Read the diff of the ``.jsonl`` before committing.
+``golden_v1.mrec`` and its dump are what this script wrote with format 1: they stay as they are,
+so that the reader keeps reading format 1 (the dump is the same but for the header's version).
+The exact bytes depend on the Zstandard library (pinned in constraints.txt).
 
 The trace is small but holds every record type: two processes (TP0 exports a buffer over CUDA IPC,
 TP1 opens it), driver allocations, a VMM create/map, a failed (out of memory) allocation, NVML
@@ -28,12 +31,13 @@ from memrec.events import Kind
 from memrec.events import Marker
 from memrec.events import ProcessInfo
 from memrec.state import LiveState
+from memrec.state import alloc_rows
 from memrec.trace.writer import BytesSink
 from memrec.trace.writer import TraceWriter
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-GOLDEN = os.path.join(HERE, "golden_v1.mrec")
-GOLDEN_DUMP = os.path.join(HERE, "golden_v1.dump.jsonl")
+GOLDEN = os.path.join(HERE, "golden_v2.mrec")
+GOLDEN_DUMP = os.path.join(HERE, "golden_v2.dump.jsonl")
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -141,10 +145,12 @@ def write_golden(sink: object) -> TraceWriter:
     w.write_lost(T0 + 86, 3)
     # A later record for TP1 (its rank became known): readers keep the last one.
     w.write_process(_process(TP1, T0 + 70, {"tp": 1}))
-    # The keyframe is the real live state after the first 8 events, as the daemon writes it.
+    # The keyframe is the real live state after the first 8 events, as the daemon wrote it with
+    # snapshot version 1 (allocations as one flat list): readers must keep reading it.
     state = LiveState()
     state.apply(ev[:8].copy())
-    w.write_keyframe(T0 + 87, state.snapshot())
+    snap = state.snapshot()
+    w.write_keyframe(T0 + 87, {**snap, "v": 1, "allocs": alloc_rows(snap)})
     w.write_events(ev[8:])
     w.write_procmem(_procmem(T0 + 95))
     w.write_marker(_marker(T0 + 105, TP0, "load_weights", "end", 0, {"available_after_weights": 137.0}))

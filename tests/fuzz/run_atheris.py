@@ -56,9 +56,10 @@ def _report() -> None:
 def main() -> None:
     logging.disable(logging.CRITICAL)  # the commands' warnings are expected; only failures matter
     argv = list(sys.argv)
-    if not any(not a.startswith("-") for a in argv[1:]):  # no corpus dir: seed one with the golden trace
+    if not any(not a.startswith("-") for a in argv[1:]):  # no corpus dir: seed one with the golden traces
         corpus = tempfile.mkdtemp(prefix="memrec-corpus-")
-        shutil.copy(os.path.join(HERE, "..", "data", "golden_v1.mrec"), corpus)
+        for version in (1, 2):
+            shutil.copy(os.path.join(HERE, "..", "data", f"golden_v{version}.mrec"), corpus)
         argv.append(corpus)
     import atexit
 

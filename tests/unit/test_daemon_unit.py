@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import re
 import shutil
 import signal
@@ -37,6 +38,7 @@ from memrec.daemon.server import ProbeLoadError
 from memrec.daemon.sockets import SocketError
 from memrec.daemon.sockets import bind_unix_socket
 from memrec.events import Kind
+from memrec.state import alloc_rows
 from memrec.trace import frames
 from memrec.trace.reader import TraceReader
 from memrec.trace.reader import load_trace
@@ -556,14 +558,17 @@ def test_trace_is_complete_on_disk_before_the_probes_detach(daemon):
 
 
 def test_size_rotation_gives_files_that_stand_alone(workdir):
-    # GIVEN a tiny rotation size
-    d = make_daemon(workdir, rotate_bytes=20_000)
+    # GIVEN a tiny rotation size, and events with random threads and pointer bits (trace format 2
+    # stores regular events in under a byte each)
+    d = make_daemon(workdir, rotate_bytes=4_000)
     d.start()
+    rng = random.Random(5)
     try:
         pid = os.getpid()
         t = time.monotonic_ns()
         for i in range(6):
-            d.probes.push(*[raw(Kind.ALLOC, ts=t + i * 100 + j, pid=pid, ordinal=0, ptr=(i * 100 + j + 1) << 12, size=MiB)
+            d.probes.push(*[raw(Kind.ALLOC, ts=t + i * 100 + j, pid=pid, tid=rng.getrandbits(31), ordinal=0,
+                                ptr=(rng.getrandbits(20) << 20 | (i * 100 + j + 1)) << 12, size=MiB)
                             for j in range(100)])
             pump(d, 0.06)
     finally:
@@ -627,7 +632,7 @@ def test_subscriber_gets_header_keyframe_then_the_files_records(daemon):
     first = recv_frames(sub, decoder)
     # THEN it gets the header, its process, and a keyframe that already holds the allocation
     assert [r["type"] for r in first] == ["header", "process", "keyframe"]
-    assert first[2]["state"]["n"] == 1 and first[2]["state"]["allocs"][:3] == [pid, 0x10, MiB]
+    assert first[2]["state"]["n"] == 1 and alloc_rows(first[2]["state"])[:3] == [pid, 0x10, MiB]
     # WHEN more happens THEN it gets the same records as the file, no event twice
     daemon.probes.push(raw(Kind.FREE, ts=t + 1, pid=pid, ptr=0x10))
     MarkerClient(daemon.config.socket_path).mark("live")

@@ -17,8 +17,10 @@ from memrec.trace import format as fmt
 from memrec.trace.writer import TraceWriter
 
 DATA = pathlib.Path(__file__).resolve().parents[1] / "data"
-GOLDEN = DATA / "golden_v1.mrec"
-GOLDEN_DUMP = DATA / "golden_v1.dump.jsonl"
+GOLDEN = DATA / "golden_v2.mrec"
+GOLDEN_DUMP = DATA / "golden_v2.dump.jsonl"
+#: (trace, expected dump) for format 2 and for format 1, which must still dump the same
+GOLDENS = [pytest.param(DATA / f"golden_v{v}.mrec", DATA / f"golden_v{v}.dump.jsonl", id=f"v{v}") for v in (2, 1)]
 
 
 @pytest.fixture
@@ -31,15 +33,16 @@ def lines(text: str) -> list[dict]:
     return [json.loads(line) for line in text.splitlines()]
 
 
-def test_dump_of_the_golden_trace_is_the_expected_output(main, capsys):
+@pytest.mark.parametrize("golden,golden_dump", GOLDENS)
+def test_dump_of_the_golden_trace_is_the_expected_output(main, capsys, golden, golden_dump):
     # GIVEN the committed golden trace and its expected dump
     # WHEN dumped
-    rc = main(["dump", str(GOLDEN)])
+    rc = main(["dump", str(golden)])
     out, err = capsys.readouterr()
     # THEN the output is exactly the expected JSON lines, and nothing is reported
     assert rc == ExitCode.OK
     assert err == ""
-    assert out == GOLDEN_DUMP.read_text(encoding="utf-8")
+    assert out == golden_dump.read_text(encoding="utf-8")
 
 
 def test_dump_prints_one_line_per_event_with_names_and_hex(main, capsys):
@@ -155,9 +158,10 @@ def test_a_file_that_is_not_a_readable_trace_is_a_data_error(main, capsys, tmp_p
     assert out == "" and err.count("\n") == 1 and message in err
 
 
-def test_a_truncated_trace_is_dumped_up_to_the_cut_with_warnings_on_stderr(main, capsys, tmp_path):
+@pytest.mark.parametrize("golden,golden_dump", GOLDENS)
+def test_a_truncated_trace_is_dumped_up_to_the_cut_with_warnings_on_stderr(main, capsys, tmp_path, golden, golden_dump):
     # GIVEN the golden trace cut in the middle of its last record
-    data = GOLDEN.read_bytes()
+    data = golden.read_bytes()
     path = tmp_path / "cut.mrec"
     path.write_bytes(data[:-5])
     # WHEN dumped
@@ -165,6 +169,38 @@ def test_a_truncated_trace_is_dumped_up_to_the_cut_with_warnings_on_stderr(main,
     out, err = capsys.readouterr()
     # THEN it succeeds, prints everything but the trailer, and warns on stderr
     assert rc == ExitCode.OK
-    expected = GOLDEN_DUMP.read_text(encoding="utf-8").splitlines(keepends=True)
+    expected = golden_dump.read_text(encoding="utf-8").splitlines(keepends=True)
     assert out == "".join(expected[:-1])
     assert "memrec: warning: " in err and "truncated tail after" in err and "no trailer" in err
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 3000])
+def test_chunk_at_a_time_event_lines_are_the_json_encoders_lines(n):
+    from memrec.events import FLAG_NAME
+    from memrec.export.jsonl import event_lines
+    from memrec.export.jsonl import event_text
+
+    # GIVEN events with values at the edges of every column, constant and varied columns, names
+    # this memrec does not know, and rows with handle bytes or a name
+    rng = np.random.default_rng(n)
+    ev = empty_events(n)
+    for name in ("ts", "ptr", "size", "handle", "aux"):
+        ev[name] = rng.integers(0, 2**64 - 1, n, dtype=np.uint64, endpoint=True)
+    ev["ts"][0], ev["ptr"][-1] = 0, 2**64 - 1
+    ev["pid"] = rng.choice([1, 4242, 2**32 - 1], n)
+    ev["tid"] = 7
+    ev["gpu"] = rng.choice([-(2**15), -1, 0, 3, 2**15 - 1], n)
+    ev["ordinal"] = rng.choice([-(2**31), -1, 0, 2**31 - 1], n)
+    ev["kind"] = rng.choice([1, 2, 10, 200], n)
+    ev["api"] = rng.choice([1, 8, 300], n)
+    ev["result"] = rng.choice([0, 2, 800, -5, 12345], n)
+    ev["flags"] = rng.choice([0, 0, 0, FLAG_IPC_BYTES, FLAG_NAME, 4], n)
+    ev["ipc"][ev["flags"] == FLAG_NAME] = np.void("kernel_é".encode().ljust(64, b"\0"))
+    ev["ipc"][ev["flags"] == FLAG_IPC_BYTES] = np.void(bytes(range(64)))
+    encode = json.JSONEncoder(separators=(", ", ": "), ensure_ascii=False).encode
+    # WHEN the chunk is formatted column-wise (as memrec dump does) and one dict per event
+    chunk = fmt.decode_columns(fmt.unpackb(fmt.encode_record({"type": "events", "events": ev})))
+    fast = event_text(chunk, encode).decode()
+    slow = "".join(encode(line) + "\n" for line in event_lines(chunk.to_array()))
+    # THEN the text is the same, byte for byte
+    assert fast == slow

@@ -30,9 +30,9 @@ from tests.fuzz import harness
 from tests.unit.test_daemon_unit import make_daemon
 from tests.unit.test_daemon_unit import pump
 
-GOLDEN = os.path.join(os.path.dirname(__file__), "..", "data", "golden_v1.mrec")
-HEADER, RECORDS = harness.golden_records(GOLDEN)
-PATHS = [(i, p) for i, r in enumerate(RECORDS) for p in harness.key_paths(r)]
+#: The golden trace in format 2 (what memrec writes) and in format 1 (what it still reads).
+GOLDENS = [os.path.join(os.path.dirname(__file__), "..", "data", f"golden_v{v}.mrec") for v in (2, 1)]
+SEEDS = {path: harness.golden_records(path) for path in GOLDENS}
 FUZZ = settings(max_examples=int(os.environ.get("MEMREC_FUZZ_EXAMPLES", "150")), deadline=None,
                 suppress_health_check=list(HealthCheck), derandomize="MEMREC_FUZZ_RANDOM" not in os.environ)
 
@@ -55,13 +55,19 @@ def _nest(n: int) -> list:
     return out
 
 
-EDIT = st.one_of(
-    st.tuples(st.sampled_from(PATHS), st.one_of(VALUES, DEEP, st.just(harness.DELETE))).map(lambda t: (t[0][0], t[0][1], t[1])),
-    st.tuples(st.just(len(RECORDS)), st.just([]),
-              st.dictionaries(st.sampled_from(["type", "n", "columns", "ts", "state", "name", "pid", "total"]),
-                              st.one_of(VALUES, st.sampled_from(["events", "nvml", "procmem", "marker", "keyframe", "lost", "trailer", "process"])),
-                              max_size=6)),
-)
+def _edit(records: list[dict]) -> st.SearchStrategy:
+    """One edit of ``records``: a value replaced or deleted anywhere, or a made-up record added."""
+    paths = [(i, p) for i, r in enumerate(records) for p in harness.key_paths(r)]
+    return st.one_of(
+        st.tuples(st.sampled_from(paths), st.one_of(VALUES, DEEP, st.just(harness.DELETE))).map(lambda t: (t[0][0], t[0][1], t[1])),
+        st.tuples(st.just(len(records)), st.just([]),
+                  st.dictionaries(st.sampled_from(["type", "n", "columns", "z", "ts", "state", "state_z", "name", "pid", "total"]),
+                                  st.one_of(VALUES, st.sampled_from(["events", "nvml", "procmem", "marker", "keyframe", "lost", "trailer", "process"])),
+                                  max_size=6)),
+    )
+
+
+EDITS = {path: _edit(records) for path, (_, records) in SEEDS.items()}
 
 
 @pytest.fixture(scope="module")
@@ -70,16 +76,20 @@ def workdir():
         yield d
 
 
+@pytest.mark.parametrize("golden", GOLDENS, ids=["v2", "v1"])
 @FUZZ
-@given(edits=st.lists(EDIT, min_size=1, max_size=4))
-def test_structurally_damaged_traces_never_crash_a_command_or_the_tui(edits, workdir):
-    harness.check_trace_bytes(harness.edited_trace(HEADER, RECORDS, edits), workdir)
+@given(data=st.data())
+def test_structurally_damaged_traces_never_crash_a_command_or_the_tui(golden, data, workdir):
+    edits = data.draw(st.lists(EDITS[golden], min_size=1, max_size=4))
+    header, records = SEEDS[golden]
+    harness.check_trace_bytes(harness.edited_trace(header, records, edits), workdir)
 
 
+@pytest.mark.parametrize("golden", GOLDENS, ids=["v2", "v1"])
 @FUZZ
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 8))
-def test_byte_damaged_traces_never_crash_a_command_or_the_tui(seed, n, workdir):
-    with open(GOLDEN, "rb") as f:
+def test_byte_damaged_traces_never_crash_a_command_or_the_tui(golden, seed, n, workdir):
+    with open(golden, "rb") as f:
         data = f.read()
     harness.check_trace_bytes(harness.mutate(data, random.Random(seed), n), workdir)
 

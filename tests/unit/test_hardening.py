@@ -11,6 +11,7 @@ import contextlib
 import io
 import logging
 import os
+import random
 import resource
 import socket
 import struct
@@ -19,11 +20,13 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from memrec import protocol
 from memrec._errors import ExitCode
 from memrec.client import MarkerClient
+from memrec.columns import EVENT_DTYPE
 from memrec.commands import main
 from memrec.events import GpuInfo
 from memrec.events import Kind
@@ -44,6 +47,7 @@ from tests.utils import GiB
 from tests.utils import MiB
 from tests.utils import ev
 from tests.utils import events
+from tests.utils import v1_wire
 
 NOBODY = 65534
 
@@ -179,6 +183,17 @@ def _peak_rss_of(code: str) -> int:
     return int(out.stdout.split()[-1]) * 1024
 
 
+def test_3_a_format_2_record_claiming_ten_million_rows_is_refused(tmp_path):
+    from memrec.trace import codec
+
+    # GIVEN a format-2 record of 10 million rows whose every column is constant (no column bytes)
+    payload = codec.encode_payload([np.zeros(1, dtype=EVENT_DTYPE[n]) for n in EVENT_DTYPE.names if n != "ipc"])
+    path = raw_trace(tmp_path / "t.mrec", {"type": "events", "n": 10_000_000, "z": payload})
+    # WHEN loaded THEN it is refused for its row count before anything is decoded
+    trace = load_trace(path)
+    assert trace.n_events == 0 and any("bad 'n' (at most 65536 rows)" in w for w in trace.warnings)
+
+
 @pytest.mark.parametrize("kind", ["events", "nvml"])
 def test_3_a_1kb_file_claiming_ten_million_rows_takes_no_more_memory(tmp_path, kind):
     # GIVEN a tiny file whose record claims 10 million rows and carries no column bytes
@@ -205,6 +220,7 @@ DAMAGE = {
     "rank-unhashable": {"record": {"type": "process", "pid": 7, "ppid": 1, "cmdline": ["x"], "exe": None,
                                    "cuda_visible_devices": None, "gpu_map": [], "first_ts": 1, "rank": [[1]]}},
     "missing-columns": {"columns_only": ["ts", "pid"]},
+    "compressed-columns-cut": {"z_cut": 3},
     "keyframe-garbage": {"record": {"type": "keyframe", "ts": 1, "event_index": 0,
                                     "state": {"v": 1, "n": 0, "ts": 0, "allocs": [None, 1, 2, 3, 4, 5]}}},
 }
@@ -219,8 +235,11 @@ def _damaged(tmp_path: Path, damage: dict) -> Path:
     for name, value in damage.get("events", {}).items():
         rows[name][0] = value
     wire = fmt.rows_to_wire("events", rows)
-    if "columns_only" in damage:
-        wire["columns"] = {k: bytes(v) for k, v in wire["columns"].items() if k in damage["columns_only"]}
+    if "columns_only" in damage:  # a format-1 record (raw columns) that lacks some
+        wire = v1_wire("events", rows)
+        wire["columns"] = {k: v for k, v in wire["columns"].items() if k in damage["columns_only"]}
+    if "z_cut" in damage:  # a format-2 record whose compressed columns lost their end
+        wire["z"] = wire["z"][: -damage["z_cut"]]
     records = [header, wire] + ([damage["record"]] if "record" in damage else [])
     path = tmp_path / "damaged.mrec"
     path.write_bytes(b"".join(fmt.packb(r) for r in records))
@@ -405,8 +424,12 @@ def small_disk(workdir):  # noqa: F811
 def _fill_until_stalled(d, pid: int, seconds: float = 10) -> int:
     n = 0
     deadline = time.monotonic() + seconds
+    rng = random.Random(8)
     while d.writer.stalled is None and time.monotonic() < deadline:
-        rows = [raw(Kind.ALLOC, ts=time.monotonic_ns(), pid=pid, ordinal=0, ptr=0x1000 + 16 * (n + i), size=4096)
+        # distinct pointers with random high bits and random threads: the trace format compresses
+        # regular events to a byte or two, and the disk must fill in a few thousand events
+        rows = [raw(Kind.ALLOC, ts=time.monotonic_ns(), pid=pid, tid=rng.getrandbits(31), ordinal=0,
+                    ptr=(rng.getrandbits(20) << 24 | (n + i)) << 4, size=4096)
                 for i in range(2000)]
         d.probes.push(*rows)
         n += len(rows)
@@ -416,8 +439,8 @@ def _fill_until_stalled(d, pid: int, seconds: float = 10) -> int:
 
 
 def test_8_a_full_disk_keeps_the_state_says_so_once_and_resumes(workdir, small_disk, caplog):  # noqa: F811
-    filler = small_disk / "filler"
-    filler.write_bytes(b"\0" * (1 << 20))
+    filler = small_disk / "filler"  # freed later: room for the held records and the final keyframe
+    filler.write_bytes(b"\0" * (3 << 19))
     d = make_daemon(workdir, output=small_disk / "out.mrec", flush_interval=0.01)
     d.start()
     n = _fill_until_stalled(d, os.getpid())

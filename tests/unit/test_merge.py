@@ -165,6 +165,9 @@ def test_a_recorded_trace_and_its_copy_from_a_shifted_host_report_the_same_per_g
     assert b_peak == 2 * S
     assert len(merged["processes"]) == 2 * len(alone["processes"])
     assert merged["trace"]["lost"] == 2 * alone["trace"]["lost"]
+    # AND merge read a format-1 file (the golden recording) and a format-2 one, and wrote format 2
+    versions = [load_trace(p).header["version"] for p in (GOLDEN, b, out)]
+    assert versions == [1, 2, 2]
 
 
 def test_merge_errors_are_one_line_with_exit_codes(two_hosts, tmp_path, capsys):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import zlib
+
 import msgpack
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ from memrec.columns import RAW_DTYPE
 from memrec.events import Api
 from memrec.events import Kind
 from memrec.state import LiveState
+from memrec.state import alloc_rows
 from tests.utils import GiB
 from tests.utils import KiB
 from tests.utils import MiB
@@ -540,6 +543,43 @@ def test_snapshot_of_another_version_is_refused():
     snap["v"] = 99
     with pytest.raises(ValueError, match="version"):
         LiveState.from_snapshot(snap)
+
+
+def test_a_version_1_keyframe_still_restores():
+    # GIVEN a keyframe as version 1 wrote it: the driver allocations as one flat list of rows
+    state = LiveState()
+    state.apply(scenario()[:14])
+    v1 = {**state.snapshot(), "v": 1, "allocs": alloc_rows(state.snapshot())}
+    assert v1["allocs"] and all(isinstance(x, int) for x in v1["allocs"])
+    # WHEN it is restored (through msgpack, as from an old trace)
+    wire = msgpack.unpackb(msgpack.packb(v1, use_bin_type=True), raw=False)
+    restored = LiveState.from_snapshot(wire)
+    # THEN it is the same state
+    restored.check()
+    assert restored.snapshot() == state.snapshot()
+
+
+@pytest.mark.parametrize("damage", ["not zlib", "short", "count", "missing", "negative size"])
+def test_a_damaged_allocation_column_is_one_clear_error(damage):
+    # GIVEN a keyframe whose compressed allocation columns were damaged
+    state = LiveState()
+    state.apply(events(ev(Kind.ALLOC, pid=1, ptr=0x1000, size=MiB, gpu=0),
+                       ev(Kind.ALLOC, pid=1, ptr=0x9000, size=MiB, gpu=0)))
+    snap = state.snapshot()
+    allocs = dict(snap["allocs"])
+    if damage == "not zlib":
+        allocs["size"] = b"\x00" * 16
+    elif damage == "short":
+        allocs["size"] = zlib.compress(np.array([MiB], "<i8").tobytes())
+    elif damage == "count":
+        allocs["n"] = 1 << 30
+    elif damage == "missing":
+        del allocs["ts"]
+    else:
+        allocs["size"] = zlib.compress(np.array([MiB, -1], "<i8").tobytes())
+    # WHEN it is restored THEN one ValueError says it is malformed
+    with pytest.raises(ValueError, match="malformed keyframe"):
+        LiveState.from_snapshot({**snap, "allocs": allocs})
 
 
 def test_counters_match_the_tables_after_every_event():

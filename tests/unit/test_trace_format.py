@@ -28,6 +28,7 @@ from memrec.events import Kind
 from memrec.events import Marker
 from memrec.events import ProcessInfo
 from memrec.trace import format as fmt
+from memrec.trace.chunks import MAX_RECORD_ROWS
 from memrec.trace.frames import MAX_CLIENT_FRAME
 from memrec.trace.frames import FrameDecoder
 from memrec.trace.frames import FrameError
@@ -36,9 +37,11 @@ from memrec.trace.frames import iter_frames
 from memrec.trace.reader import TraceReader
 from memrec.trace.reader import load_trace
 from memrec.trace.writer import TraceWriter
+from tests.utils import v1_wire
 
 DATA = pathlib.Path(__file__).resolve().parents[1] / "data"
-GOLDEN = DATA / "golden_v1.mrec"
+GOLDEN = DATA / "golden_v2.mrec"  # what today's writer writes
+GOLDEN_V1 = DATA / "golden_v1.mrec"  # what format 1 wrote (frozen: the reader must still read it)
 
 HEADER = {
     "host": "test-host",
@@ -138,7 +141,7 @@ def write_trace(path, events=None, **kwargs) -> bytes:
 # encode_record / decode_record
 
 
-@pytest.mark.parametrize("n", [0, 1, 7, 100])
+@pytest.mark.parametrize("n", [0, 1, 2, 7, 100])
 def test_events_record_round_trips_with_sparse_ipc(n):
     # GIVEN events where every 7th row carries 64 handle bytes
     ev = synthetic_events(n)
@@ -150,11 +153,39 @@ def test_events_record_round_trips_with_sparse_ipc(n):
     assert rec["type"] == "events"
     assert rec["events"].dtype == EVENT_DTYPE
     np.testing.assert_array_equal(rec["events"], ev)
-    # AND the ipc column is stored only for the flagged rows
-    assert "ipc" not in wire["columns"]
+    # AND the record is one compressed payload whose ipc rows are only the flagged ones
+    assert set(wire) == {"type", "n", "z"} and wire["n"] == n
+    chunk = fmt.decode_columns(wire)
     flagged = np.flatnonzero(ev["flags"] & FLAG_IPC_BYTES)
-    assert np.frombuffer(wire["ipc_index"], "<u4").tolist() == flagged.tolist()
-    assert len(wire["ipc"]) == 64 * len(flagged)
+    assert chunk.ipc_index.tolist() == flagged.tolist() and len(chunk.ipc) == len(flagged)
+
+
+@pytest.mark.parametrize(
+    "column,values",
+    [
+        ("ts", [0, 2**64 - 1, 5, 2**63]),  # deltas that wrap around
+        ("ptr", [2**64 - 1] * 4),  # a constant at the top of the range
+        ("gpu", [-(2**15), 2**15 - 1, -1, 0]),  # signed extremes
+        ("result", [-(2**31), 2**31 - 1, 0, 2]),
+        ("size", [10, 20, 30, 40]),  # constant delta: no bytes at all
+    ],
+)
+def test_the_column_codec_round_trips_extreme_values(column, values):
+    # GIVEN events whose column holds values at the edges of its dtype
+    ev = synthetic_events(4)
+    ev[column] = values
+    # WHEN encoded and decoded
+    rec = fmt.decode_record(fmt.unpackb(fmt.encode_record({"type": "events", "events": ev})))
+    # THEN they come back exactly
+    assert rec["events"][column].tolist() == ev[column].tolist()
+
+
+def test_a_format_1_events_record_still_decodes():
+    # GIVEN an events record as format 1 wrote it (raw columns, sparse ipc)
+    ev = synthetic_events(50)
+    wire = msgpack.unpackb(fmt.packb(v1_wire("events", ev)))
+    # WHEN decoded THEN every field comes back
+    np.testing.assert_array_equal(fmt.decode_record(wire)["events"], ev)
 
 
 def test_ipc_bytes_of_unflagged_rows_are_not_stored():
@@ -241,9 +272,9 @@ def test_rows_are_converted_by_field_name_and_a_missing_field_is_an_error():
         fmt.encode_record({"type": "events", "events": np.zeros(2, dtype=RAW_DTYPE)})
 
 
-def test_columns_are_zero_copy_views_of_the_record_bytes():
-    # GIVEN a decoded wire events record
-    wire = msgpack.unpackb(fmt.encode_record({"type": "events", "events": synthetic_events(10)}))
+def test_format_1_columns_are_zero_copy_views_of_the_record_bytes():
+    # GIVEN a decoded format-1 wire events record
+    wire = msgpack.unpackb(fmt.packb(v1_wire("events", synthetic_events(10))))
     # WHEN its columns are decoded
     chunk = fmt.decode_columns(wire)
     # THEN each column is a view of the msgpack bytes, not a copy
@@ -254,7 +285,7 @@ def test_columns_are_zero_copy_views_of_the_record_bytes():
 def test_a_newer_writers_columns_are_ignored_and_missing_ones_take_defaults():
     # GIVEN an events record with an extra column and without the gpu and ordinal columns
     ev = synthetic_events(4)
-    wire = msgpack.unpackb(fmt.encode_record({"type": "events", "events": ev}))
+    wire = msgpack.unpackb(fmt.packb(v1_wire("events", ev)))
     del wire["columns"]["gpu"], wire["columns"]["ordinal"]
     wire["columns"]["stream"] = b"\1" * 32
     # WHEN decoded
@@ -269,7 +300,7 @@ def test_the_headers_column_schema_is_used_to_decode():
     header = fmt.finalize_header(HEADER)
     header["columns"]["events"] = [[n, "<i4" if n == "gpu" else d] for n, d in header["columns"]["events"]]
     ev = synthetic_events(3)
-    wire = msgpack.unpackb(fmt.encode_record({"type": "events", "events": ev}))
+    wire = msgpack.unpackb(fmt.packb(v1_wire("events", ev)))
     wire["columns"]["gpu"] = ev["gpu"].astype("<i4").tobytes()
     # WHEN decoded with that header's schema
     out = fmt.decode_record(wire, fmt.parse_schema(header))["events"]
@@ -288,14 +319,54 @@ def test_the_headers_column_schema_is_used_to_decode():
     ],
     ids=["short-column", "negative-n", "ipc-length", "ipc-index-range", "not-binary"],
 )
-def test_malformed_columnar_records_raise_trace_format_error(damage, match):
-    # GIVEN a damaged events record
+def test_malformed_format_1_columnar_records_raise_trace_format_error(damage, match):
+    # GIVEN a damaged format-1 events record
+    ev = synthetic_events(7, ipc_every=3)
+    wire = msgpack.unpackb(fmt.packb(v1_wire("events", ev)))
+    damage(wire)
+    # WHEN decoded THEN a TraceFormatError names the problem
+    with pytest.raises(TraceFormatError, match=match):
+        fmt.decode_record(wire)
+
+
+def _flip(data: bytes, at: int) -> bytes:
+    return data[:at] + bytes([data[at] ^ 0x40]) + data[at + 1 :]
+
+
+@pytest.mark.parametrize(
+    "damage,match",
+    [
+        (lambda w: w.__setitem__("n", 8), "holds 7 rows, the record says 8"),
+        (lambda w: w.__setitem__("n", -1), "bad 'n'"),
+        (lambda w: w.__setitem__("n", MAX_RECORD_ROWS + 1), "bad 'n'"),
+        (lambda w: w.__setitem__("z", 5), "not binary"),
+        (lambda w: w.__setitem__("z", b"not zstd at all"), "does not decompress"),
+        (lambda w: w.__setitem__("z", w["z"][:-6]), "does not decompress"),
+        (lambda w: w.__setitem__("z", _flip(w["z"], len(w["z"]) // 2)), "does not decompress"),
+    ],
+    ids=["wrong-n", "negative-n", "huge-n", "not-binary", "not-zstd", "cut", "flipped-byte"],
+)
+def test_malformed_format_2_columnar_records_raise_trace_format_error(damage, match):
+    # GIVEN a damaged format-2 events record
     ev = synthetic_events(7, ipc_every=3)
     wire = msgpack.unpackb(fmt.encode_record({"type": "events", "events": ev}))
     damage(wire)
     # WHEN decoded THEN a TraceFormatError names the problem
     with pytest.raises(TraceFormatError, match=match):
         fmt.decode_record(wire)
+
+
+def test_a_keyframe_state_is_compressed_and_a_damaged_one_is_refused():
+    # GIVEN a keyframe record
+    rec = fmt.keyframe_record(10, 4, {"allocs": [[1, 2, 3]] * 1000})
+    wire = fmt.unpackb(fmt.encode_record(rec))
+    # THEN its state is stored compressed and reads back equal
+    assert "state" not in wire and len(wire["state_z"]) < len(fmt.packb(rec["state"])) // 10
+    assert fmt.decode_record(wire) == rec
+    # AND a damaged state is a TraceFormatError
+    wire["state_z"] = _flip(wire["state_z"], len(wire["state_z"]) // 2)
+    with pytest.raises(TraceFormatError, match="malformed keyframe"):
+        fmt.check_keyframe(wire)
 
 
 def test_header_starts_with_magic_and_carries_clock_anchor_and_schema():
@@ -685,7 +756,7 @@ def test_a_malformed_record_is_skipped_and_the_rest_is_read(tmp_path):
     # GIVEN a trace with a malformed events record (short column) and a non-map object between good ones
     ev = synthetic_events(4)
     bad = msgpack.unpackb(fmt.encode_record({"type": "events", "events": ev}))
-    bad["columns"]["ts"] = b"\0"
+    bad["z"] = bad["z"][:-1]
     parts = [
         fmt.encode_record(fmt.finalize_header(HEADER)),
         fmt.packb(bad),
@@ -700,7 +771,7 @@ def test_a_malformed_record_is_skipped_and_the_rest_is_read(tmp_path):
     malformed = [w for w in trace.warnings if "malformed" in w]
     assert len(malformed) == 1
     assert malformed[0].startswith("skipped 2 malformed record(s); first at byte ")
-    assert "column 'ts' has 1 bytes for 4 rows" in malformed[0]
+    assert "malformed events record: column data does not decompress" in malformed[0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -748,17 +819,17 @@ def test_an_empty_file_is_a_trace_cut_inside_its_header(tmp_path):
 
 
 def test_a_newer_major_version_is_refused_naming_both_versions(tmp_path):
-    # GIVEN a trace written by a future memrec with format 2.3
-    header = {**fmt.finalize_header(HEADER), "version": 2, "minor": 3}
+    # GIVEN a trace written by a future memrec with format 3.3
+    header = {**fmt.finalize_header(HEADER), "version": 3, "minor": 3}
     path = tmp_path / "new.mrec"
     path.write_bytes(fmt.encode_record(header) + fmt.encode_record({"type": "trailer"}))
     # WHEN opened THEN the error names both versions
-    with pytest.raises(TraceFormatError, match=rf"version 2\.3 is newer than this memrec reads \(format version 1\.{fmt.FORMAT_MINOR}\)"):
+    with pytest.raises(TraceFormatError, match=rf"version 3\.3 is newer than this memrec reads \(format version 2\.{fmt.FORMAT_MINOR}\)"):
         TraceReader(path)
 
 
 def test_a_newer_minor_versions_unknown_records_are_skipped_with_a_warning(tmp_path):
-    # GIVEN a 1.4 trace with two records of a type this version does not know
+    # GIVEN a 2.4 trace with two records of a type this version does not know
     ev = synthetic_events(3)
     header = {**fmt.finalize_header(HEADER), "minor": 4, "new_header_field": {"x": 1}}
     parts = [
@@ -776,7 +847,7 @@ def test_a_newer_minor_versions_unknown_records_are_skipped_with_a_warning(tmp_p
     assert trace.markers == [MARKER]
     assert trace.header["new_header_field"] == {"x": 1}
     assert [w for w in trace.warnings if "gpu_clocks" in w] == [
-        "skipped 2 record(s) of unknown type 'gpu_clocks' (written by a newer memrec? this one reads format 1.x)"
+        "skipped 2 record(s) of unknown type 'gpu_clocks' (written by a newer memrec? this one reads format 2.x)"
     ]
 
 
@@ -846,10 +917,10 @@ def test_iter_frames_reads_a_subscriber_stream_teed_from_the_writer(tmp_path):
 
 
 def test_a_stream_header_of_a_newer_major_version_is_refused():
-    # GIVEN a subscriber stream whose header is format 2
-    frame = encode_frame({**fmt.finalize_header(HEADER), "version": 2})
+    # GIVEN a subscriber stream whose header is format 3
+    frame = encode_frame({**fmt.finalize_header(HEADER), "version": 3})
     # WHEN decoded THEN FrameError names the version
-    with pytest.raises(FrameError, match="version 2"):
+    with pytest.raises(FrameError, match="version 3"):
         FrameDecoder(1 << 20).feed(frame)
 
 
@@ -865,13 +936,14 @@ def test_the_writer_still_produces_the_golden_bytes():
     assert golden.golden_bytes() == GOLDEN.read_bytes()
 
 
-def test_the_golden_trace_decodes_to_what_it_was_written_with():
-    # GIVEN the committed golden trace
+@pytest.mark.parametrize("path,version", [(GOLDEN, 2), (GOLDEN_V1, 1)], ids=["v2", "v1"])
+def test_the_golden_trace_decodes_to_what_it_was_written_with(path, version):
+    # GIVEN the committed golden trace (format 2, and format 1's)
     # WHEN loaded
-    trace = load_trace(GOLDEN)
+    trace = load_trace(path)
     # THEN its content is the recording make_golden.py describes
     assert trace.warnings == []
-    assert trace.header["version"] == 1 and trace.header["host"] == "golden-host"
+    assert trace.header["version"] == version and trace.header["host"] == "golden-host"
     assert [g.name for g in trace.gpus] == ["NVIDIA H200", "NVIDIA H200"]
     assert len(trace.events) == 11 and (np.diff(trace.events["ts"].astype(np.int64)) > 0).all()
     export = trace.events[trace.events["kind"] == Kind.IPC_EXPORT]
@@ -886,7 +958,7 @@ def test_the_golden_trace_decodes_to_what_it_was_written_with():
     assert trace.trailer["reason"] == "SIGTERM" and trace.trailer["counts"]["events"] == 11
 
 
-def test_the_spec_example_reads_the_golden_trace_with_only_msgpack_and_numpy(tmp_path):
+def test_the_spec_example_reads_the_golden_trace_with_only_msgpack_numpy_and_zstandard(tmp_path):
     # GIVEN the Python example from docs/format.md
     doc = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "format.md").read_text()
     example = doc.split("```python\n", 1)[1].split("```", 1)[0]
@@ -918,3 +990,24 @@ def test_gpu_ids_come_from_the_header_the_events_and_the_samples():
     listed = Trace(header={"gpus": [{"index": 1, "uuid": None, "name": "X", "total": 1}]}, events=ev)
     assert listed.gpu_ids() == [0, 1, 3]
     assert Trace(header={"gpus": []}).gpu_ids() == []
+
+
+@pytest.mark.parametrize("claimed", [0, 5, 600, 10**9, "many"])
+def test_load_sizes_its_columns_from_the_trailer_but_never_trusts_it(tmp_path, claimed):
+    # GIVEN 600 events in chunks of 128, and a trailer whose count is right, low, high or junk
+    ev = synthetic_events(600)
+    path = tmp_path / "t.mrec"
+    with TraceWriter(path, HEADER, max_chunk_rows=128) as w:
+        w.write_events(ev)
+        w.trailer = lambda extra=None, w=w: {"type": "trailer", "counts": {"events": claimed}, "lost": 0}
+    # WHEN loaded
+    with TraceReader(path) as reader:
+        hint = reader.expected_events()
+    trace = load_trace(path)
+    # THEN the hint is the trailer's plausible count, and the events are exactly those written,
+    # as contiguous columns until the rows are asked for (the columns are then views of them)
+    assert hint == (claimed if claimed in (5, 600) else 0)
+    assert trace.event_columns["ts"].flags.c_contiguous and trace.n_events == 600
+    np.testing.assert_array_equal(trace.events, ev)
+    np.testing.assert_array_equal(trace.event_columns["size"], ev["size"])
+    assert trace.event_columns["size"].base is not None and not trace.event_columns["size"].flags.c_contiguous

@@ -1,0 +1,286 @@
+"""Live driver allocations keyed (pid, ptr), held in columns with a numpy hash index.
+
+The daemon keeps a million live allocations on a busy host and applies hundreds of thousands of
+events a second. A dict of lists costs about 260 bytes per allocation and one Python step per
+event; here each allocation is one row of six numpy columns (33 bytes) plus 8–16 bytes of index,
+and :mod:`memrec.state.plain` looks up, inserts and removes whole batches at once.
+
+The index is open addressing with linear probing over ``int32`` slots holding row numbers
+(:data:`EMPTY`, :data:`TOMB` for a removed key). Keys are unique: a key is inserted only when it
+is absent. The scalar methods (:meth:`AllocTable.find`, ...) serve the per-event path that rare
+kinds and short runs take.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import numpy as np
+
+EMPTY = -1
+TOMB = -2
+_M64 = (1 << 64) - 1
+_C1 = 0x9E3779B97F4A7C15
+_C2 = 0xBF58476D1CE4E5B9
+#: The index is rebuilt larger once live keys plus removed ones fill this share of its slots.
+_MAX_LOAD = 0.5
+_MIN_SLOTS_BITS = 10
+_MIN_ROWS = 1024
+
+Col = Union[np.ndarray, int]  # one row's value or a column of them
+
+
+def key_hash(pids: np.ndarray, ptrs: np.ndarray) -> np.ndarray:
+    """A 64-bit mix of (pid, ptr) keys (equal keys, equal hashes; the index takes its top bits)."""
+    x = ptrs.astype(np.uint64) ^ (pids.astype(np.uint64) * np.uint64(_C1))
+    x *= np.uint64(_C2)
+    return x
+
+
+class AllocTable:
+    """Rows ``pid, ptr, size, gpu, ts, api`` (``live`` marks used rows) and a hash index."""
+
+    def __init__(self) -> None:
+        self.pid = np.zeros(_MIN_ROWS, np.uint32)
+        self.ptr = np.zeros(_MIN_ROWS, np.uint64)
+        self.size = np.zeros(_MIN_ROWS, np.int64)
+        self.gpu = np.zeros(_MIN_ROWS, np.int16)
+        self.ts = np.zeros(_MIN_ROWS, np.int64)
+        self.api = np.zeros(_MIN_ROWS, np.uint16)
+        self.live = np.zeros(_MIN_ROWS, bool)
+        self._top = 0  # rows [0, top) have been used; freed ones below it are in _free
+        self._free = np.zeros(64, np.int32)  # a stack of freed rows: the first _nfree
+        self._nfree = 0
+        self._bits = _MIN_SLOTS_BITS
+        self._slots = np.full(1 << self._bits, EMPTY, np.int32)
+        self._tombs = 0
+        #: Live allocations.
+        self.count = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    @property
+    def used(self) -> int:
+        """Rows below this have been used (live or freed); none above."""
+        return self._top
+
+    def nbytes(self) -> int:
+        """Bytes of numpy storage held (rows, free list and index)."""
+        cols = (self.pid, self.ptr, self.size, self.gpu, self.ts, self.api, self.live, self._free, self._slots)
+        return sum(c.nbytes for c in cols)
+
+    # ------------------------------------------------------------------ hashing
+
+    def _hash(self, pids: np.ndarray, ptrs: np.ndarray) -> np.ndarray:
+        return (key_hash(pids, ptrs) >> np.uint64(64 - self._bits)).astype(np.int64)
+
+    def _hash1(self, pid: int, ptr: int) -> int:
+        return ((((ptr & _M64) ^ (pid * _C1 & _M64)) * _C2) & _M64) >> (64 - self._bits)
+
+    # ------------------------------------------------------------------ batches
+
+    def lookup(self, pids: np.ndarray, ptrs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Rows and index slots of keys ``(pids[i], ptrs[i])``: -1 where absent."""
+        n = len(pids)
+        rows = np.full(n, -1, np.int64)
+        where = np.full(n, -1, np.int64)
+        if n == 0 or self.count == 0:
+            return rows, where
+        pids = pids.astype(np.uint32, copy=False)
+        ptrs = ptrs.astype(np.uint64, copy=False)
+        mask = (1 << self._bits) - 1
+        pos = self._hash(pids, ptrs)
+        pending = np.arange(n)
+        while len(pending):
+            s = self._slots[pos].astype(np.int64)
+            r = np.maximum(s, 0)
+            hit = (s >= 0) & (self.pid[r] == pids[pending]) & (self.ptr[r] == ptrs[pending])
+            rows[pending[hit]] = s[hit]
+            where[pending[hit]] = pos[hit]
+            go = ~hit & (s != EMPTY)
+            pending = pending[go]
+            pos = (pos[go] + 1) & mask
+        return rows, where
+
+    def insert(self, pids: np.ndarray, ptrs: np.ndarray, sizes: np.ndarray, gpus: np.ndarray,
+               tss: np.ndarray, apis: np.ndarray) -> None:
+        """Add rows whose keys are absent and distinct from each other."""
+        n = len(pids)
+        if n == 0:
+            return
+        rows = self._take_rows(n)
+        self._write(rows, pids, ptrs, sizes, gpus, tss, apis)
+        self.count += n
+        if (self.count + self._tombs) > _MAX_LOAD * len(self._slots):
+            self._rehash()
+        else:
+            self._index(rows)
+
+    def _write(self, rows: Col, pid: Col, ptr: Col, size: Col, gpu: Col, ts: Col, api: Col) -> None:
+        """Fill rows (one, or an array of them) and mark them live."""
+        self.pid[rows] = pid
+        self.ptr[rows] = ptr
+        self.size[rows] = size
+        self.gpu[rows] = gpu
+        self.ts[rows] = ts
+        self.api[rows] = api
+        self.live[rows] = True
+
+    def remove(self, rows: np.ndarray, where: np.ndarray) -> None:
+        """Drop rows found by :meth:`lookup` (``where``: their slots), each once."""
+        if len(rows) == 0:
+            return
+        self._slots[where] = TOMB
+        self._tombs += len(rows)
+        self.live[rows] = False
+        self.count -= len(rows)
+        self._push_free(rows)
+
+    def _push_free(self, rows: np.ndarray) -> None:
+        need = self._nfree + len(rows)
+        if need > len(self._free):
+            grown = np.zeros(max(need, 2 * len(self._free)), np.int32)
+            grown[: self._nfree] = self._free[: self._nfree]
+            self._free = grown
+        self._free[self._nfree : need] = rows
+        self._nfree = need
+
+    def _take_rows(self, n: int) -> np.ndarray:
+        k = min(n, self._nfree)
+        self._nfree -= k
+        rows = self._free[self._nfree : self._nfree + k].astype(np.int64)
+        more = n - k
+        if more:
+            if self._top + more > len(self.live):
+                self._grow(self._top + more)
+            rows = np.concatenate((rows, np.arange(self._top, self._top + more)))
+            self._top += more
+        return rows
+
+    def _grow(self, need: int) -> None:
+        cap = max(need, len(self.live) + len(self.live) // 2)
+        for name in ("pid", "ptr", "size", "gpu", "ts", "api", "live"):
+            old = getattr(self, name)
+            new = np.zeros(cap, old.dtype)
+            new[: len(old)] = old
+            setattr(self, name, new)
+
+    def _rehash(self) -> None:
+        bits = _MIN_SLOTS_BITS
+        while self.count > _MAX_LOAD * 0.75 * (1 << bits):
+            bits += 1
+        self._bits = bits
+        self._slots = np.full(1 << bits, EMPTY, np.int32)
+        self._tombs = 0
+        self._index(np.flatnonzero(self.live[: self._top]))
+
+    def _index(self, rows: np.ndarray) -> None:
+        """Put ``rows`` (keys not in the index) into free slots, claiming each slot once."""
+        mask = (1 << self._bits) - 1
+        pos = self._hash(self.pid[rows], self.ptr[rows])
+        pending = rows
+        while len(pending):
+            s = self._slots[pos]
+            free = s < 0
+            cand = np.flatnonzero(free)
+            taken = np.zeros(len(pending), bool)
+            if len(cand):
+                slots, first = np.unique(pos[cand], return_index=True)
+                win = cand[first]
+                self._tombs -= int(np.count_nonzero(self._slots[slots] == TOMB))
+                self._slots[slots] = pending[win]
+                taken[win] = True
+            stay = ~taken
+            # A loser of a claimed slot sees it taken next round and moves on then.
+            step = np.where(free[stay], 0, 1)
+            pending = pending[stay]
+            pos = (pos[stay] + step) & mask
+
+    # ------------------------------------------------------------------ one key
+
+    def find(self, pid: int, ptr: int) -> tuple[int, int]:
+        """(row, slot) of one key, (-1, -1) when absent."""
+        if self.count == 0:
+            return -1, -1
+        mask = (1 << self._bits) - 1
+        pos = self._hash1(pid, ptr)
+        slots = self._slots
+        while True:
+            s = int(slots[pos])
+            if s == EMPTY:
+                return -1, -1
+            if s >= 0 and int(self.ptr[s]) == ptr and int(self.pid[s]) == pid:
+                return s, pos
+            pos = (pos + 1) & mask
+
+    def add(self, pid: int, ptr: int, size: int, gpu: int, ts: int, api: int) -> None:
+        """Add one absent key (item by item: cheaper than numpy calls for one row)."""
+        if self._nfree:
+            self._nfree -= 1
+            row = int(self._free[self._nfree])
+        else:
+            if self._top == len(self.live):
+                self._grow(self._top + 1)
+            row = self._top
+            self._top += 1
+        self._write(row, pid, ptr, size, gpu, ts, api)
+        self.count += 1
+        if self.count + self._tombs > _MAX_LOAD * len(self._slots):
+            self._rehash()
+            return
+        mask = (1 << self._bits) - 1
+        pos = self._hash1(pid, ptr)
+        slots = self._slots
+        while slots[pos] >= 0:
+            pos = (pos + 1) & mask
+        if slots[pos] == TOMB:
+            self._tombs -= 1
+        slots[pos] = row
+
+    def drop(self, row: int, slot: int) -> None:
+        """Remove one key found by :meth:`find`."""
+        self._slots[slot] = TOMB
+        self._tombs += 1
+        self.live[row] = False
+        self.count -= 1
+        if self._nfree == len(self._free):
+            self._push_free(np.array([row]))
+        else:
+            self._free[self._nfree] = row
+            self._nfree += 1
+
+    def row(self, row: int) -> tuple[int, int, int, int]:
+        """(size, gpu, ts, api) of a row."""
+        return int(self.size[row]), int(self.gpu[row]), int(self.ts[row]), int(self.api[row])
+
+    # ------------------------------------------------------------------ whole tables
+
+    def rows_of(self, pid: int | None = None) -> np.ndarray:
+        """Live rows (of one process), in row order."""
+        live = self.live[: self._top]
+        if pid is not None:
+            live = live & (self.pid[: self._top] == pid)
+        return np.flatnonzero(live)
+
+    def drop_pid(self, pid: int) -> None:
+        """Forget every allocation of ``pid``."""
+        rows = self.rows_of(pid)
+        if len(rows):
+            found, where = self.lookup(self.pid[rows], self.ptr[rows])
+            self.remove(found, where)
+
+    def sorted_rows(self) -> np.ndarray:
+        """Live rows ordered by (pid, ptr): the canonical order of a snapshot."""
+        rows = self.rows_of()
+        return rows[np.lexsort((self.ptr[rows], self.pid[rows]))]
+
+    def check(self) -> None:
+        """Raise AssertionError unless every live row is found at its key and counts agree."""
+        rows = self.rows_of()
+        assert len(rows) == self.count, f"{len(rows)} live rows, count {self.count}"
+        found, _ = self.lookup(self.pid[rows], self.ptr[rows])
+        assert np.array_equal(found, rows), "the index does not find every live row"
+        used = np.count_nonzero(self._slots >= 0)
+        assert used == self.count, f"{used} index slots for {self.count} rows"
+        assert np.count_nonzero(self._slots == TOMB) == self._tombs, "removed-slot count is off"

@@ -1,0 +1,484 @@
+"""The live memory state: who holds what, on which GPU, right now.
+
+One :class:`LiveState` is kept by the daemon (keyframes, live view) and rebuilt by the analysis
+(replay). :meth:`LiveState.apply` takes event arrays (``EVENT_DTYPE``) in time order and keeps:
+
+- driver allocations ``(pid, ptr)`` (``cuMemAlloc*``): category ``driver``, owned;
+- VMM physical handles ``(pid, handle)`` (``cuMemCreate``): category ``vmm``, owned from creation
+  until the handle is released *and* no longer mapped (a handle created with a host location is
+  ``host_pinned``); ``cuMemRetainAllocationHandle`` adds a reference that a release takes back;
+- VMM mappings ``(pid, va)`` (``cuMemMap``): never counted themselves, they keep a handle alive;
+- IPC exports (64 handle bytes → exporter pid, pointer, GPU, and the size of the exporter's
+  allocation) and IPC opens ``(pid, mapped ptr)``: *mapped, not owned*. An open is counted once as
+  ``ipc_mapped`` in the importer's view (under the importer's GPU, or the owner's GPU when the
+  importer's is unknown) and never in any device's owned total: the bytes are owned by the exporter;
+- shareable imports (``cuMemImportFromShareableHandle``): a peer's physical handle, mapped, not
+  owned (``ipc_mapped``); its size is learned from the first ``cuMemMap`` of it, or from the
+  exporter's handle when fabric handle bytes join the two;
+- pinned host memory ``(pid, ptr)`` (``cuMemHostAlloc``, ``cuMemAllocHost``, ``cuMemHostRegister``):
+  category ``host_pinned``, GPU -1.
+
+Failed calls (``result != 0``) change nothing; the most recent ones are kept (``failures``) with a
+running count for OOM analysis. ``PROC_EXIT`` frees everything the process held (the driver does
+this implicitly) and records what that was (:meth:`LiveState.exit_records`).
+
+``apply`` also fills in ``events["gpu"]`` where it is -1 and the state knows it: a free gets its
+allocation's GPU, a map/unmap/release/retain its handle's GPU, an IPC close its open's GPU, an IPC
+export its allocation's GPU. Host events stay -1 (host memory).
+
+GPU -1 in the tables means "host, or a GPU nobody could tell": host pinned memory always, device
+memory only when the daemon could not resolve the device.
+
+Known limits: when an exporter frees (or exits) while importers still have its memory open, the
+bytes leave the exporter's owned total at once although the driver keeps them until the last
+importer closes; ``cuMemUnmap`` over several mappings is handled, partial unmaps of one mapping
+drop the whole mapping.
+
+The package: :mod:`memrec.state.live` (this class: batches, counters, snapshots),
+:mod:`memrec.state.plain` (driver allocations and frees of a batch at once, numpy),
+:mod:`memrec.state.allocs` (their columnar table), :mod:`memrec.state.vmm_ipc` (every other kind,
+one Python step per event), :mod:`memrec.state.queries` (totals, holdings, holders, exits),
+:mod:`memrec.state.snapshot` (keyframe tables).
+"""
+
+from __future__ import annotations
+
+import heapq
+from array import array
+from collections import deque
+from typing import Callable
+
+import numpy as np
+
+from memrec._untrusted import clean_text
+from memrec.events import CATEGORY_INDEX
+from memrec.events import CUDA_ERROR_OUT_OF_MEMORY
+from memrec.events import DRIVER
+from memrec.events import FLAG_IPC_BYTES
+from memrec.events import IPC_MAPPED
+from memrec.state import plain
+from memrec.state.allocs import AllocTable
+from memrec.state.fields import ALIAS_FIELDS
+from memrec.state.fields import ALLOC
+from memrec.state.fields import BARRIER_KINDS
+from memrec.state.fields import EXIT_LARGEST
+from memrec.state.fields import EXPORT_FIELDS
+from memrec.state.fields import FABRIC_FIELDS
+from memrec.state.fields import FAILURE_FIELDS
+from memrec.state.fields import FREE
+from memrec.state.fields import HANDLE_BYTES_KINDS
+from memrec.state.fields import HANDLE_FIELDS
+from memrec.state.fields import HELD_FIELDS
+from memrec.state.fields import HOST_FIELDS
+from memrec.state.fields import LARGEST_FIELDS
+from memrec.state.fields import MAP_FIELDS
+from memrec.state.fields import MAX_FAILURES
+from memrec.state.fields import MAX_SIZE
+from memrec.state.fields import MAX_TS
+from memrec.state.fields import O_BYTES
+from memrec.state.fields import OPEN_FIELDS
+from memrec.state.fields import PEAK_FIELDS
+from memrec.state.fields import QUIET_KINDS
+from memrec.state.fields import READ_VERSIONS
+from memrec.state.fields import REQUIRED_COLUMNS
+from memrec.state.fields import SNAPSHOT_VERSION
+from memrec.state.snapshot import alloc_arrays
+from memrec.state.snapshot import capture_allocs
+from memrec.state.snapshot import encode_allocs
+from memrec.state.snapshot import check_table
+from memrec.state.snapshot import flat
+from memrec.state.snapshot import flat_keyed
+from memrec.state.snapshot import flat_nested
+from memrec.state.snapshot import rows as table_rows
+from memrec.state.queries import Queries
+from memrec.state.queries import largest_key
+from memrec.state.vmm_ipc import VmmIpc
+
+#: A run of at least this many driver allocations and frees (between events that cut a batch)
+#: is applied at once with numpy; a shorter one event by event, where numpy's fixed cost per
+#: call would be more than the Python steps it saves.
+VECTOR_MIN_RUN = 24
+
+
+class LiveState(Queries, VmmIpc):
+    """The live memory state built from events (see :mod:`memrec.state` for the accounting).
+
+    Args:
+        journal: keep :attr:`journal`, one row per counter change (what :mod:`memrec.analysis`
+            turns into time series); off in the daemon.
+        max_failures: how many recent failed calls to keep.
+    """
+
+    #: Runs of driver allocations and frees shorter than this go event by event (tests set it
+    #: to 0 or to a huge number to compare the two paths).
+    vector_min_run = VECTOR_MIN_RUN
+
+    def __init__(self, journal: bool = False, max_failures: int = MAX_FAILURES) -> None:
+        self._allocs = AllocTable()  # driver allocations (pid, ptr) -> size, gpu, ts, api
+        self._handles: dict[int, dict[int, list]] = {}  # pid -> handle -> handle record
+        self._maps: dict[int, dict[int, list]] = {}  # pid -> va -> [size, handle, offset, ts]
+        self._aliases: dict[int, dict[int, int]] = {}  # pid -> retained handle -> handle
+        self._exports: dict[bytes, list] = {}  # handle bytes -> [pid, ptr, gpu, size, ts]
+        self._exported: dict[int, dict[int, list[bytes]]] = {}  # pid -> ptr -> handle bytes
+        self._fabric: dict[bytes, list] = {}  # fabric handle bytes -> [pid, handle]
+        self._opens: dict[int, dict[int, list]] = {}  # pid -> mapped ptr -> open record
+        self._host: dict[int, dict[int, list]] = {}  # pid -> ptr -> [size, ts, api]
+        self._bytes: dict[tuple[int, int, int], int] = {}  # (gpu, pid, category) -> bytes
+        self._gpu_owned: dict[int, int] = {}  # gpu -> owned bytes (host pinned under -1)
+        self._peaks: dict[int, list] = {}  # gpu -> [bytes, ts] of the owned peak
+        self._exits: list[list] = []
+        #: While a run applies at once: the per-event kinds' counter changes, applied with the
+        #: run's (in event order) by :func:`memrec.state.plain.apply_changes`.
+        self._log: list[tuple] | None = None
+        #: IPC exports inside such a run whose allocation came earlier in it: event index ->
+        #: (base, (size, gpu, ts, api)) as the allocation was then (see plain.Planner).
+        self._alloc_hints: dict[int, tuple[int, tuple[int, int, int, int]]] = {}
+        self.failures: deque[list] = deque(maxlen=max_failures)
+        #: Failed calls seen in all (``failures`` keeps only the most recent).
+        self.n_failures = 0
+        #: Events that did not match the state (a free of an unknown pointer, ...), by what they were.
+        #: Usually the trace started after the memory was allocated.
+        self.anomalies: dict[str, int] = {}
+        #: Events applied so far (the index of the next event).
+        self.n_events = 0
+        #: Timestamp of the last event applied.
+        self.last_ts = 0
+        #: With ``journal=True``: flat ``array('q')`` of rows ``JOURNAL_FIELDS`` (event index, ts,
+        #: gpu, pid, category index, signed bytes), one per change of a (gpu, pid, category) total.
+        self.journal: array | None = array("q") if journal else None
+
+    # ------------------------------------------------------------------ apply
+
+    def apply(self, events: np.ndarray) -> None:
+        """Apply events (``EVENT_DTYPE``, in time order) and fill in their ``gpu`` where known.
+
+        The fill-in writes into ``events["gpu"]`` in place; a read-only array is left untouched.
+
+        The batch is applied in pieces: a process exit, and an IPC export or open whose outcome
+        the allocations and frees before it in the piece could change
+        (:class:`memrec.state.plain.Planner`), ends one. A piece with at least :attr:`vector_min_run` driver allocations and frees is
+        applied at once (:func:`memrec.state.plain.apply_run`), others event by event; the
+        result is the same either way.
+        """
+        names = events.dtype.names or ()
+        missing = [c for c in REQUIRED_COLUMNS if c not in names]
+        if missing:
+            raise TypeError(f"events lack the columns {missing}: expected EVENT_DTYPE")
+        n = len(events)
+        if n == 0:
+            return
+        kinds = events["kind"]
+        ok = events["result"] == 0
+        plain_ok = ok & ((kinds == ALLOC) | (kinds == FREE))
+        n_plain = np.concatenate(([0], np.cumsum(plain_ok)))
+        fill: list[tuple[np.ndarray, np.ndarray]] = []
+
+        def piece(lo: int, hi: int) -> None:
+            if hi <= lo:
+                return
+            if int(n_plain[hi]) - int(n_plain[lo]) >= max(self.vector_min_run, 1):
+                plain.apply_run(self, events, lo, hi, fill)
+            else:
+                self._apply_events(events, np.arange(lo, hi), fill)
+
+        lo = 0
+        self._alloc_hints.clear()
+        barriers = np.flatnonzero(ok & np.isin(kinds, BARRIER_KINDS))
+        if len(barriers):
+            plan = plain.Planner(self, events, plain_ok)
+            for b in barriers.tolist():
+                if plan.joins(lo, b):
+                    continue
+                piece(lo, b)
+                self._apply_events(events, np.arange(b, b + 1), fill)
+                lo = b + 1
+                plan.restart()
+        piece(lo, n)
+        self._alloc_hints.clear()
+        self.n_events += n
+        self.last_ts = int(min(events["ts"][-1], MAX_TS))
+        if fill and events.flags.writeable:
+            idx = np.concatenate([f[0] for f in fill])
+            if len(idx):
+                events["gpu"][idx] = np.concatenate([f[1] for f in fill])
+
+    def _apply_events(self, events: np.ndarray, idx: np.ndarray, fill: list) -> None:
+        """Apply ``events[idx]`` one by one (any kind): the reference for every path."""
+        if len(idx) == 0:
+            return
+        sub = events[idx]
+        kinds = sub["kind"].tolist()
+        # A damaged file can hold any u64: keep ts and sizes where the int64 journal and the
+        # analysis can hold them (no driver gives 4 PiB, no clock reads 2^63 ns).
+        tss = np.minimum(sub["ts"], MAX_TS).tolist()
+        pids = sub["pid"].tolist()
+        results = sub["result"].tolist()
+        gpus = sub["gpu"].tolist()
+        ptrs = sub["ptr"].tolist()
+        sizes = np.minimum(sub["size"], MAX_SIZE).tolist()
+        apis = sub["api"].tolist()
+        handles = sub["handle"].tolist()
+        auxs = flags = ipcs = None  # decoded on the first event that is not an alloc or a free
+        allocs = self._allocs
+        fill_idx: list[int] = []
+        fill_gpu: list[int] = []
+        base = self.n_events
+        index = (idx + base).tolist()
+        for i in range(len(kinds)):
+            kind = kinds[i]
+            if results[i] != 0:
+                if kind in QUIET_KINDS and results[i] != CUDA_ERROR_OUT_OF_MEMORY:
+                    continue  # an expected failure of a code or pool call (events.QUIET_FAILURE_KINDS)
+                self.n_failures += 1
+                tid = int(sub["tid"][i])
+                self.failures.append([index[i], tss[i], pids[i], tid, kind, apis[i], results[i], gpus[i], sizes[i], ptrs[i]])
+                continue
+            if kind == ALLOC:
+                pid, ptr, t = pids[i], ptrs[i], tss[i]
+                row, slot = allocs.find(pid, ptr)
+                if row >= 0:  # a free we did not see: drop the old one first
+                    self._anomaly("alloc_over_live")
+                    old_size, old_gpu = int(allocs.size[row]), int(allocs.gpu[row])
+                    allocs.drop(row, slot)
+                    self._change(index[i], t, old_gpu, pid, DRIVER, -old_size)
+                allocs.add(pid, ptr, sizes[i], gpus[i], t, apis[i])
+                self._change(index[i], t, gpus[i], pid, DRIVER, sizes[i], keep_zero=True)
+            elif kind == FREE:
+                pid, ptr = pids[i], ptrs[i]
+                row, slot = allocs.find(pid, ptr)
+                if row < 0:
+                    self._anomaly("free_unknown")
+                    continue
+                size, g = int(allocs.size[row]), int(allocs.gpu[row])
+                allocs.drop(row, slot)
+                if gpus[i] < 0 and g >= 0:
+                    fill_idx.append(i)
+                    fill_gpu.append(g)
+                self._change(index[i], tss[i], g, pid, DRIVER, -size, peak=False, keep_zero=True)
+                if self._exported:
+                    self._forget_exports(pid, ptr)
+            else:
+                if auxs is None:
+                    auxs = sub["aux"].tolist()
+                    flags = sub["flags"].tolist()
+                    ipcs = sub["ipc"]
+                hbytes = None
+                if kind in HANDLE_BYTES_KINDS and flags[i] & FLAG_IPC_BYTES:
+                    hbytes = ipcs[i].tobytes()
+                g = self._apply_other(
+                    kind, index[i], tss[i], pids[i], gpus[i], ptrs[i], sizes[i], handles[i], apis[i], auxs[i], hbytes
+                )
+                if g is not None and g >= 0 and gpus[i] < 0:
+                    fill_idx.append(i)
+                    fill_gpu.append(g)
+        if fill_idx:
+            fill.append((idx[fill_idx], np.asarray(fill_gpu, np.int16)))
+
+    def _anomaly(self, what: str, count: int = 1) -> None:
+        self.anomalies[what] = self.anomalies.get(what, 0) + count
+
+    def _change(self, index: int, ts: int, gpu: int, pid: int, cat: int, delta: int, *,
+                peak: bool = True, keep_zero: bool = False) -> None:
+        """Add ``delta`` bytes to (gpu, pid, category), keeping the owned totals and peaks.
+
+        A change of 0 is dropped unless ``keep_zero`` (an allocation or free of 0 bytes still
+        gets its journal row); ``peak=False`` (a free) leaves the peak alone. While a run is
+        applied at once the change waits in ``_log``.
+        """
+        if delta == 0 and not keep_zero:
+            return
+        if self._log is not None:
+            self._log.append((index, ts, gpu, pid, cat, delta, peak))
+            return
+        key = (gpu, pid, cat)
+        v = self._bytes.get(key, 0) + delta
+        if v:
+            self._bytes[key] = v
+        else:
+            self._bytes.pop(key, None)
+        if cat != IPC_MAPPED:
+            tot = self._gpu_owned.get(gpu, 0) + delta
+            self._gpu_owned[gpu] = tot
+            pk = self._peaks.get(gpu)
+            if not peak:
+                pass
+            elif pk is None:
+                self._peaks[gpu] = [max(tot, 0), ts]
+            elif tot > pk[0]:
+                pk[0] = tot
+                pk[1] = ts
+        if self.journal is not None:
+            self.journal.extend((index, ts, gpu, pid, cat, delta))
+
+    def _alloc_at(self, pid: int, ptr: int, index: int) -> tuple[int, tuple[int, int, int, int] | None]:
+        """The driver allocation at ``ptr`` or holding it (a block inside a cached segment; of
+        overlapping ones, the one starting nearest below) for event ``index``: (base, (size,
+        gpu, ts, api))."""
+        hint = self._alloc_hints.get(index)
+        if hint is not None:
+            return hint
+        al = self._allocs
+        row, _ = al.find(pid, ptr)
+        if row >= 0:
+            return ptr, al.row(row)
+        cand = al.rows_of(pid)
+        if not (0 <= ptr < 1 << 64) or len(cand) == 0:
+            return ptr, None
+        base = al.ptr[cand]
+        p = np.uint64(ptr)
+        inside = (base <= p) & ((p - np.minimum(base, p)) < al.size[cand].astype(np.uint64))
+        if not inside.any():
+            return ptr, None
+        hit = cand[inside][np.argmax(base[inside])]
+        return int(al.ptr[hit]), al.row(hit)
+
+    def _exit(self, index: int, t: int, pid: int) -> None:
+        """Free everything ``pid`` held, as the driver does when a process exits, and record it."""
+        al = self._allocs
+        rows = al.rows_of(pid)
+        held: dict[tuple[int, int], list[int]] = {}
+        gpus, inverse = np.unique(al.gpu[rows], return_inverse=True)
+        sums = plain.group_sums(inverse, al.size[rows], len(gpus))
+        for g, b, n in zip(gpus.tolist(), sums.tolist(), np.bincount(inverse, minlength=len(gpus)).tolist()):
+            held[(g, DRIVER)] = [b, n]
+        holdings = self._top_driver(rows, EXIT_LARGEST)
+        others = list(self._other_holdings(pid=pid))
+        holdings += others
+        for h in others:
+            row = held.setdefault((h.gpu, CATEGORY_INDEX[h.category]), [0, 0])
+            row[0] += h.size
+            row[1] += 1
+        largest = heapq.nsmallest(EXIT_LARGEST, holdings, key=largest_key)
+        self._exits.append(
+            [
+                pid,
+                t,
+                flat([[gg, c, b, n] for (gg, c), (b, n) in sorted(held.items())]),
+                flat([[h.gpu, CATEGORY_INDEX[h.category], h.size, h.address, h.ts, h.api, h.peer] for h in largest]),
+            ]
+        )
+        for key in sorted(k for k in self._bytes if k[1] == pid):
+            self._change(index, t, key[0], pid, key[2], -self._bytes[key])
+        self._allocs.drop_pid(pid)
+        for table in (self._handles, self._maps, self._aliases, self._opens, self._host):
+            table.pop(pid, None)
+        for ptr_bytes in self._exported.pop(pid, {}).values():
+            for hb in ptr_bytes:
+                self._exports.pop(hb, None)
+        for hb in [hb for hb, ex in self._exports.items() if ex[0] == pid]:
+            del self._exports[hb]
+        for fb in [fb for fb, f in self._fabric.items() if f[0] == pid]:
+            del self._fabric[fb]
+
+    # --------------------------------------------------------------- snapshot
+
+    def snapshot(self) -> dict:
+        """The state as a keyframe: a dict of plain ints, bytes, str keys and flat lists.
+
+        Every table is one flat list of rows (``*_FIELDS`` give the order), sorted, so that equal
+        states give equal snapshots; the driver allocations are compressed columns
+        (:func:`memrec.state.snapshot.encode_allocs`). :meth:`from_snapshot` restores it exactly.
+        """
+        return self.snapshot_later()()
+
+    def snapshot_later(self) -> Callable[[], dict]:
+        """Take the state now, cheaply (copies of the allocation columns, the small tables as
+        lists); the function returned builds :meth:`snapshot`'s dict from that, in any thread."""
+        out = {
+            "v": SNAPSHOT_VERSION,
+            "n": self.n_events,
+            "ts": self.last_ts,
+            "allocs": None,
+            "handles": flat_nested(self._handles),
+            "maps": flat_nested(self._maps),
+            "aliases": flat_nested(self._aliases),
+            "exports": flat_keyed(self._exports),
+            "fabric": flat_keyed(self._fabric),
+            "opens": flat_nested(self._opens),
+            "host": flat_nested(self._host),
+            "peaks": flat([[g, pk[0], pk[1]] for g, pk in sorted(self._peaks.items())]),
+            "exits": [[e[0], e[1], list(e[2]), list(e[3])] for e in self._exits],
+            "failures": flat([list(f) for f in self.failures]),
+            "n_failures": self.n_failures,
+            "max_failures": self.failures.maxlen,
+            "anomalies": dict(sorted(self.anomalies.items())),
+        }
+        cols = capture_allocs(self._allocs)
+
+        def finish() -> dict:
+            return {**out, "allocs": encode_allocs(cols)}
+
+        return finish
+
+    @classmethod
+    def from_snapshot(cls, d: dict, journal: bool = False) -> LiveState:
+        """Restore a state from :meth:`snapshot`'s dict (also after a msgpack round trip), of
+        this version or version 1.
+
+        Raises:
+            ValueError: the snapshot is of another version or malformed.
+        """
+        if not isinstance(d, dict) or d.get("v") not in READ_VERSIONS:
+            version = d.get("v") if isinstance(d, dict) else None
+            raise ValueError(f"keyframe version {version!r} is not one of {', '.join(map(str, READ_VERSIONS))}")
+        try:
+            return cls._restore(d, journal)
+        except (KeyError, TypeError, IndexError, AttributeError, OverflowError, ValueError) as error:
+            # A damaged file: whatever broke, the caller gets the one documented error.
+            raise ValueError(f"malformed keyframe ({type(error).__name__}: {clean_text(str(error), 100)})") from None
+
+    @classmethod
+    def _restore(cls, d: dict, journal: bool) -> LiveState:
+        tables = {"handles": HANDLE_FIELDS, "maps": MAP_FIELDS, "aliases": ALIAS_FIELDS,
+                  "exports": EXPORT_FIELDS, "fabric": FABRIC_FIELDS, "opens": OPEN_FIELDS, "host": HOST_FIELDS,
+                  "peaks": PEAK_FIELDS, "failures": FAILURE_FIELDS}
+        for name, fields in tables.items():
+            check_table(d[name], name, fields)
+        cols = alloc_arrays(d["allocs"])
+        for e in d["exits"]:
+            check_table(e[:2], "exits", ("pid", "ts"))
+            check_table(e[2], "exits", HELD_FIELDS)
+            check_table(e[3], "exits", LARGEST_FIELDS, none_ok=True)
+        check_table([d["n"], d["ts"], d["n_failures"], d.get("max_failures", MAX_FAILURES)], "counts", ("n",))
+        s = cls(journal=journal, max_failures=d.get("max_failures", MAX_FAILURES))
+        s.n_events = d["n"]
+        s.last_ts = d["ts"]
+        # A repeated (pid, ptr) in a damaged keyframe: the last row wins, as a dict would have it.
+        last = plain.last_of_keys(cols["pid"], cols["ptr"])
+        s._allocs.insert(*(cols[name][last] for name in ("pid", "ptr", "size", "gpu", "ts", "api")))
+        for p, h, *r in table_rows(d["handles"], len(HANDLE_FIELDS)):
+            s._handles.setdefault(p, {})[h] = r
+        for p, va, *m in table_rows(d["maps"], len(MAP_FIELDS)):
+            s._maps.setdefault(p, {})[va] = m
+        for p, a, h in table_rows(d["aliases"], len(ALIAS_FIELDS)):
+            s._aliases.setdefault(p, {})[a] = h
+        for hb, *ex in table_rows(d["exports"], len(EXPORT_FIELDS)):
+            hb = bytes(hb)
+            s._exports[hb] = ex
+            if s._allocs.find(ex[0], ex[1])[0] >= 0:
+                s._exported.setdefault(ex[0], {}).setdefault(ex[1], []).append(hb)
+        for fb, *f in table_rows(d["fabric"], len(FABRIC_FIELDS)):
+            s._fabric[bytes(fb)] = f
+        for p, ptr, *o in table_rows(d["opens"], len(OPEN_FIELDS)):
+            o[O_BYTES] = bytes(o[O_BYTES])
+            s._opens.setdefault(p, {})[ptr] = o
+        for p, ptr, *r in table_rows(d["host"], len(HOST_FIELDS)):
+            s._host.setdefault(p, {})[ptr] = r
+        for g, b, ts in table_rows(d["peaks"], len(PEAK_FIELDS)):
+            s._peaks[g] = [b, ts]
+        s._exits = [[e[0], e[1], list(e[2]), list(e[3])] for e in d["exits"]]
+        for f in table_rows(d["failures"], len(FAILURE_FIELDS)):
+            s.failures.append(f)
+        s.n_failures = d["n_failures"]
+        s.anomalies = dict(d["anomalies"])
+        # The counters follow from the tables (the driver allocations summed with numpy).
+        for (g, p, c), b in plain.alloc_totals(s._allocs).items():
+            s._bytes[(g, p, c)] = b
+        for h in s._other_holdings():
+            key = (h.gpu, h.pid, CATEGORY_INDEX[h.category])
+            s._bytes[key] = s._bytes.get(key, 0) + h.size
+        s._bytes = {k: v for k, v in s._bytes.items() if v}
+        for (g, _, c), b in s._bytes.items():
+            if c != IPC_MAPPED:
+                s._gpu_owned[g] = s._gpu_owned.get(g, 0) + b
+        return s

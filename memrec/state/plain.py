@@ -1,0 +1,361 @@
+"""Driver allocations and frees of a run of events, applied at once with numpy.
+
+cuMemAlloc and cuMemFree are nearly every event on a busy host. :func:`apply_run` applies a
+piece of a batch (no process exit inside, and IPC exports and opens only where :class:`Planner`
+lets them join: :meth:`LiveState.apply` cuts there) with the result the event-by-event path
+(:meth:`LiveState._apply_events`) gives:
+
+- the run's allocations and frees are grouped by (pid, ptr), each key's events in order
+  (:func:`_by_key`); whether a key is live before an event follows from the event before it (an allocation
+  leaves it live, a free leaves it gone) or, for a key's first event, from the table. That gives
+  every anomaly (an allocation over a live one, a free of an unknown pointer), every matched
+  free's size and GPU (the fill-in), and the table's end state (the last allocation of a key);
+- the other kinds of the run (VMM, host, IPC) go event by event with their counter
+  changes held back, and :func:`apply_changes` applies all changes in event order: the counters
+  summed per key, each GPU's owned total a running sum whose peak is its first maximum, the
+  journal rows stacked.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from memrec.events import CUDA_ERROR_OUT_OF_MEMORY
+from memrec.events import DRIVER
+from memrec.events import FLAG_IPC_BYTES
+from memrec.events import IPC_MAPPED
+from memrec.state.allocs import key_hash
+from memrec.state.fields import ALLOC
+from memrec.state.fields import FREE
+from memrec.state.fields import IPC_EXPORT
+from memrec.state.fields import JOINABLE_KINDS
+from memrec.state.fields import MAX_SIZE
+from memrec.state.fields import MAX_TS
+from memrec.state.fields import OTHER_KINDS
+from memrec.state.fields import PROC_EXIT
+from memrec.state.fields import QUIET_KINDS
+
+if TYPE_CHECKING:
+    from memrec.state.allocs import AllocTable
+    from memrec.state.live import LiveState
+
+_QUIET = np.array(sorted(QUIET_KINDS), np.uint16)
+#: Kind -> whether a successful one goes event by event inside a run (a table: one gather per batch).
+_PER_EVENT = np.zeros(1 << 16, bool)
+_PER_EVENT[list(OTHER_KINDS + JOINABLE_KINDS)] = True
+
+
+def apply_run(state: LiveState, events: np.ndarray, lo: int, hi: int, fill: list) -> None:
+    """Apply ``events[lo:hi]`` (no exit among them; exports and opens that may join) at once."""
+    seg = events[lo:hi]
+    kinds = seg["kind"]
+    ok = seg["result"] == 0
+    base = state.n_events + lo
+    _failures(state, seg, ok, base)
+    other = np.flatnonzero(ok & _PER_EVENT[kinds])
+    state._log = []
+    try:
+        state._apply_events(events, other + lo, fill)
+        pm = np.flatnonzero(ok & ((kinds == ALLOC) | (kinds == FREE)))
+        cols = {name: seg[name][pm] for name in ("kind", "pid", "ptr", "size", "gpu", "ts", "api")}
+        changes = _allocs_and_frees(state, cols, pm + lo, base - lo, fill)
+        log = state._log
+    finally:
+        state._log = None
+    if log:
+        cols = list(zip(*log))
+        more = [np.asarray(c, np.int64) for c in cols[:6]] + [np.asarray(cols[6], bool)]
+        changes = [np.concatenate((a, b)) for a, b in zip(changes, more)]
+        order = np.argsort(changes[0], kind="stable")
+        changes = [c[order] for c in changes]
+    apply_changes(state, *changes)
+
+
+class Planner:
+    """Whether an IPC export or open can join the run being gathered, for one batch.
+
+    In a run the other kinds go first, event by event, and the allocations and frees after, at
+    once. An export reads the allocation at its pointer: it joins when the run has no earlier
+    event on that (pid, ptr) and the table has it, or the run's earlier events on it are
+    allocations only (the last one's row is handed over as a hint; a free between would forget
+    the export), or the run has no earlier event of that process at all (the interior look-up
+    sees the table as it was). An open reads the export of its handle: it joins unless the run
+    frees that export's allocation before it. A process exit never joins.
+    """
+
+    def __init__(self, state: LiveState, events: np.ndarray, plain_ok: np.ndarray) -> None:
+        self.state = state
+        self.events = events
+        self.kinds = events["kind"]
+        self.pids = events["pid"]
+        self.ptrs = events["ptr"]
+        self.keys = key_hash(self.pids, self.ptrs)
+        # The batch's successful allocations and frees by (key hash, position), and by pid.
+        self.plain = np.flatnonzero(plain_ok)
+        by_key = np.lexsort((self.plain, self.keys[self.plain]))
+        self.sorted_keys = self.keys[self.plain][by_key]
+        self.sorted_pos = self.plain[by_key]
+        self._of_pid: dict[int, np.ndarray] = {}
+        self.joined: dict[bytes, int] = {}  # handle bytes -> key hash of the allocation, of exports joined
+
+    def restart(self) -> None:
+        """A new run begins."""
+        self.joined.clear()
+
+    def joins(self, lo: int, b: int) -> bool:
+        """Whether event ``b`` (an export, open or exit) joins the run that began at ``lo``."""
+        kind = int(self.kinds[b])
+        if kind == PROC_EXIT:
+            return False
+        if kind == IPC_EXPORT:
+            return self._export_joins(lo, b)
+        return self._open_joins(lo, b)
+
+    def _on_key(self, key: int, lo: int, b: int) -> np.ndarray:
+        """Positions in [lo, b) of allocations and frees whose key hashes to ``key``."""
+        k = np.uint64(key)
+        i0, i1 = np.searchsorted(self.sorted_keys, k, "left"), np.searchsorted(self.sorted_keys, k, "right")
+        pos = self.sorted_pos[i0:i1]
+        return pos[np.searchsorted(pos, lo) : np.searchsorted(pos, b)]
+
+    def _pid_has_events(self, pid: int, lo: int, b: int) -> bool:
+        pos = self._of_pid.get(pid)
+        if pos is None:
+            pos = self._of_pid[pid] = self.plain[self.pids[self.plain] == pid]
+        i = np.searchsorted(pos, lo)
+        return bool(i < len(pos) and pos[i] < b)
+
+    def _export_joins(self, lo: int, b: int) -> bool:
+        state = self.state
+        pid, ptr, key = int(self.pids[b]), int(self.ptrs[b]), int(self.keys[b])
+        same = self._on_key(key, lo, b)
+        same = same[(self.pids[same] == pid) & (self.ptrs[same] == ptr)]
+        index = state.n_events + b
+        if len(same):
+            if np.any(self.kinds[same] == FREE):
+                return False  # the free forgets exports made before it only: keep it in order
+            last = self.events[same[-1]]
+            rec = (int(min(last["size"], MAX_SIZE)), int(last["gpu"]), int(min(last["ts"], MAX_TS)), int(last["api"]))
+            state._alloc_hints[index] = (ptr, rec)
+        elif state._allocs.find(pid, ptr)[0] < 0:
+            if self._pid_has_events(pid, lo, b):
+                return False
+            base, found = state._alloc_at(pid, ptr, index)
+            if found is not None:
+                key = int(key_hash(np.array([pid]), np.array([base], np.uint64))[0])
+        if int(self.events["flags"][b]) & FLAG_IPC_BYTES:
+            self.joined[self.events["ipc"][b].tobytes()] = key
+        return True
+
+    def _open_joins(self, lo: int, b: int) -> bool:
+        state = self.state
+        if not int(self.events["flags"][b]) & FLAG_IPC_BYTES:
+            return True  # it reads no export
+        hb = self.events["ipc"][b].tobytes()
+        key = self.joined.get(hb)
+        if key is None:
+            ex = state._exports.get(hb)
+            if ex is None or not (0 <= ex[0] < 1 << 32 and 0 <= ex[1] < 1 << 64):
+                return True
+            key = int(key_hash(np.array([ex[0]], np.uint32), np.array([ex[1]], np.uint64))[0])
+        return not np.any(self.kinds[self._on_key(key, lo, b)] == FREE)
+
+
+def _failures(state: LiveState, seg: np.ndarray, ok: np.ndarray, base: int) -> None:
+    """Count the failed calls (but expected failures of code and pool calls) and keep the latest."""
+    bad = np.flatnonzero(~ok)
+    if len(bad) == 0:
+        return
+    loud = ~np.isin(seg["kind"][bad], _QUIET) | (seg["result"][bad] == CUDA_ERROR_OUT_OF_MEMORY)
+    bad = bad[loud]
+    state.n_failures += len(bad)
+    keep = state.failures.maxlen
+    if keep == 0 or len(bad) == 0:
+        return
+    if keep is not None:
+        bad = bad[-keep:]
+    f = seg[bad]
+    cols = ((bad + base).tolist(), np.minimum(f["ts"], MAX_TS).tolist(), f["pid"].tolist(), f["tid"].tolist(),
+            f["kind"].tolist(), f["api"].tolist(), f["result"].tolist(), f["gpu"].tolist(),
+            np.minimum(f["size"], MAX_SIZE).tolist(), f["ptr"].tolist())
+    state.failures.extend(list(row) for row in zip(*cols))
+
+
+def _allocs_and_frees(state: LiveState, ev: dict[str, np.ndarray], where: np.ndarray, base: int,
+                      fill: list) -> list[np.ndarray]:
+    """Apply successful ALLOC/FREE events (columns ``ev``, at batch positions ``where``) to the table.
+
+    Returns their counter changes in event order: index, ts, gpu, pid, category, delta, peak.
+    """
+    m = len(where)
+    table = state._allocs
+    order = _by_key(ev["pid"], ev["ptr"])
+    pid = ev["pid"][order]
+    ptr = ev["ptr"][order]
+    is_alloc = ev["kind"][order] == ALLOC
+    size = np.minimum(ev["size"][order], MAX_SIZE).astype(np.int64)
+    gpu = ev["gpu"][order]
+    ts = np.minimum(ev["ts"][order], MAX_TS).astype(np.int64)
+    head = np.ones(m, bool)
+    head[1:] = (pid[1:] != pid[:-1]) | (ptr[1:] != ptr[:-1])
+    heads = np.flatnonzero(head)
+    rows, slots = table.lookup(pid[heads], ptr[heads])
+    found = rows >= 0
+    # What each event meets: the key's previous event (live after an allocation) or the table.
+    live_before = np.zeros(m, bool)
+    live_before[1:] = is_alloc[:-1]
+    prev_size = np.zeros(m, np.int64)
+    prev_size[1:] = size[:-1]
+    prev_gpu = np.zeros(m, np.int16)
+    prev_gpu[1:] = gpu[:-1]
+    live_before[heads] = found
+    r = np.maximum(rows, 0)
+    prev_size[heads] = np.where(found, table.size[r], 0)
+    prev_gpu[heads] = np.where(found, table.gpu[r], 0)
+
+    over = is_alloc & live_before
+    freed = ~is_alloc & live_before
+    n_over = int(np.count_nonzero(over))
+    n_unknown = int(np.count_nonzero(~is_alloc & ~live_before))
+    if n_over:
+        state._anomaly("alloc_over_live", n_over)
+    if n_unknown:
+        state._anomaly("free_unknown", n_unknown)
+    gfill = freed & (gpu < 0) & (prev_gpu >= 0)
+    if gfill.any():
+        fill.append((where[order][gfill], prev_gpu[gfill]))
+
+    # The table's end state: found keys leave, each key's last allocation (if last) comes in.
+    table.remove(rows[found], slots[found])
+    tails = np.concatenate((heads[1:] - 1, [m - 1])) if m else heads
+    last = tails[is_alloc[tails]]
+    table.insert(pid[last], ptr[last], size[last], gpu[last], ts[last], ev["api"][order][last])
+    if state._exported and freed.any():
+        hits = np.flatnonzero(freed)
+        hits = hits[np.isin(key_hash(pid[hits], ptr[hits]), exported_keys(state))]
+        for p, q in zip(pid[hits].tolist(), ptr[hits].tolist()):
+            state._forget_exports(p, q)
+
+    # Changes, two slots per event in event order: an overwritten allocation leaves first (when
+    # not empty), then the new one comes (or the freed one leaves).
+    def unsort(x: np.ndarray) -> np.ndarray:
+        out = np.empty_like(x)
+        out[order] = x
+        return out
+
+    valid = np.empty(2 * m, bool)
+    valid[0::2] = unsort(over & (prev_size != 0))
+    valid[1::2] = unsort(is_alloc | freed)
+    gpus = np.empty(2 * m, np.int64)
+    gpus[0::2] = unsort(prev_gpu)
+    gpus[1::2] = unsort(np.where(is_alloc, gpu, prev_gpu))
+    delta = np.empty(2 * m, np.int64)
+    delta[0::2] = unsort(-prev_size)
+    delta[1::2] = unsort(np.where(is_alloc, size, -prev_size))
+    peak = np.ones(2 * m, bool)
+    peak[1::2] = ev["kind"] == ALLOC
+    two = np.repeat(np.arange(m), 2)[valid]
+    return [
+        where[two] + base,
+        np.minimum(ev["ts"][two], MAX_TS).astype(np.int64),
+        gpus[valid],
+        ev["pid"][two].astype(np.int64),
+        np.full(len(two), DRIVER, np.int64),
+        delta[valid],
+        peak[valid],
+    ]
+
+
+def _by_key(pid: np.ndarray, ptr: np.ndarray) -> np.ndarray:
+    """The order that groups equal (pid, ptr) keys, each group in event order.
+
+    One unstable sort of the key's hash with the position in its low bits (fast); when two keys
+    share those hash bits (rare: then their events could interleave) a stable sort by (pid, ptr).
+    """
+    m = len(pid)
+    bits = max(20, m.bit_length())
+    pos = np.arange(m, dtype=np.uint64)
+    composite = (key_hash(pid, ptr) >> np.uint64(bits) << np.uint64(bits)) | pos
+    order = np.argsort(composite)
+    sp, sq, sh = pid[order], ptr[order], composite[order] >> np.uint64(bits)
+    if np.any((sh[1:] == sh[:-1]) & ((sp[1:] != sp[:-1]) | (sq[1:] != sq[:-1]))):
+        return np.lexsort((ptr, pid))
+    return order
+
+
+def apply_changes(state: LiveState, index: np.ndarray, ts: np.ndarray, gpu: np.ndarray, pid: np.ndarray,
+                  cat: np.ndarray, delta: np.ndarray, peak: np.ndarray) -> None:
+    """Apply counter changes (in event order) as :meth:`LiveState._change` would one by one."""
+    if len(index) == 0:
+        return
+    if state.journal is not None:
+        state.journal.frombytes(np.column_stack((index, ts, gpu, pid, cat, delta)).astype(np.int64).tobytes())
+    counts = state._bytes
+    keys, inv = np.unique(((gpu + 32768) << 34) | (pid << 2) | cat, return_inverse=True)
+    for k, s in zip(keys.tolist(), group_sums(inv, delta, len(keys)).tolist()):
+        kk = ((k >> 34) - 32768, (k >> 2) & 0xFFFFFFFF, k & 3)
+        v = counts.get(kk, 0) + s
+        if v:
+            counts[kk] = v
+        else:
+            counts.pop(kk, None)
+    own = cat != IPC_MAPPED
+    og, od, ot, op = gpu[own], delta[own], ts[own], peak[own]
+    owned = state._gpu_owned
+    peaks = state._peaks
+    for g in np.unique(og).tolist():
+        sel = og == g
+        run = owned.get(g, 0) + np.cumsum(od[sel])
+        owned[g] = int(run[-1])
+        touch = op[sel]
+        if not touch.any():
+            continue
+        vals = run[touch]
+        tt = ot[sel][touch]
+        pk = peaks.get(g)
+        if pk is None:
+            pk = peaks[g] = [max(int(vals[0]), 0), int(tt[0])]
+        j = int(np.argmax(vals))
+        if vals[j] > pk[0]:
+            pk[0] = int(vals[j])
+            pk[1] = int(tt[j])
+
+
+def group_sums(groups: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """Exact int64 sums of ``values`` (below 2^52 in size) by group number, through float
+    bincount: each 26-bit half sums below 2^53 for up to 2^26 values."""
+    values = values.astype(np.int64, copy=False)
+    hi = np.bincount(groups, weights=values >> 26, minlength=n).astype(np.int64)
+    lo = np.bincount(groups, weights=values & ((1 << 26) - 1), minlength=n).astype(np.int64)
+    return (hi << 26) + lo
+
+
+def exported_keys(state: LiveState) -> np.ndarray:
+    """Key hashes of the allocations with IPC exports (a hash match is then checked exactly)."""
+    pairs = [(p, q) for p, d in state._exported.items() for q in d]
+    return key_hash(np.array([p for p, _ in pairs], np.uint32), np.array([q for _, q in pairs], np.uint64))
+
+
+def last_of_keys(pids: np.ndarray, ptrs: np.ndarray) -> np.ndarray:
+    """Positions of the last row of each distinct (pid, ptr)."""
+    n = len(pids)
+    order = np.lexsort((np.arange(n), ptrs, pids))
+    sp, sq = pids[order], ptrs[order]
+    tail = np.ones(n, bool)
+    tail[:-1] = (sp[1:] != sp[:-1]) | (sq[1:] != sq[:-1])
+    return order[tail]
+
+
+def alloc_totals(table: AllocTable) -> dict[tuple[int, int, int], int]:
+    """Driver bytes by (gpu, pid, DRIVER) of the live allocations."""
+    rows = table.rows_of()
+    if len(rows) == 0:
+        return {}
+    key = ((table.gpu[rows].astype(np.int64) + 32768) << 32) | table.pid[rows].astype(np.int64)
+    order = np.argsort(key, kind="stable")
+    sk = key[order]
+    starts = np.flatnonzero(np.concatenate(([True], sk[1:] != sk[:-1])))
+    sums = np.add.reduceat(table.size[rows][order], starts)
+    return {((k >> 32) - 32768, k & 0xFFFFFFFF, DRIVER): s for k, s in zip(sk[starts].tolist(), sums.tolist())}

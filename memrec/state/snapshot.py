@@ -1,0 +1,188 @@
+"""Snapshots (keyframes) of a :class:`memrec.state.LiveState`: build, check and restore.
+
+A snapshot is a dict of plain ints, bytes, str keys and flat lists, so msgpack carries it as it
+is. Version 2 stores the driver allocations, nearly all of a large state, as one compressed
+column of bytes per field (:func:`encode_allocs`): taking it is a copy of numpy columns, and
+the rest (sort, compression) can run in another thread, not a million Python lists on the
+daemon's loop. Version 1 (one flat list of rows) is still read, and :func:`alloc_rows` gives any
+snapshot's allocations in that form for tools that edit rows (``memrec merge``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+from typing import Any
+from typing import Iterator
+import zlib
+
+import numpy as np
+
+from memrec._untrusted import short_repr
+from memrec.events import CATEGORIES
+from memrec.state.fields import ALLOC_COLUMNS
+from memrec.state.fields import ALLOC_FIELDS
+
+if TYPE_CHECKING:
+    from memrec.state.allocs import AllocTable
+
+def flat(rows: list[list]) -> list:
+    out: list = []
+    for row in rows:
+        out.extend(row)
+    return out
+
+
+def flat_nested(table: dict[int, dict]) -> list:
+    """pid -> key -> row (a list, or one value) as one flat list [pid, key, *row, ...], sorted."""
+    out: list = []
+    ext = out.extend
+    app = out.append
+    for p in sorted(table):
+        d = table[p]
+        for k in sorted(d):
+            ext((p, k))
+            r = d[k]
+            if isinstance(r, list):
+                ext(r)
+            else:
+                app(r)
+    return out
+
+
+def flat_keyed(table: dict) -> list:
+    """key -> row as one flat list [key, *row, ...], sorted by key."""
+    out: list = []
+    for k in sorted(table):
+        out.append(k)
+        out.extend(table[k])
+    return out
+
+
+def check_table(flat: Any, name: str, fields: tuple[str, ...], *, none_ok: bool = False) -> None:
+    """Raise TypeError unless ``flat`` is a snapshot table of rows ``fields`` whose every value
+    can be what its field is: bytes for handle bytes, an int16 for a GPU, a category index for a
+    category, a 64-bit int for the rest (None too with ``none_ok``). Checked before use: a damaged
+    keyframe must fail here, not later in a view or a numpy column.
+
+    Tables of plain ints (nearly all) are checked with numpy in one pass; others item by item.
+    """
+    if not isinstance(flat, list):
+        raise TypeError(f"{name} is not a list")
+    stride = len(fields)
+    if not any(f.endswith("_bytes") for f in fields) and len(flat) % stride == 0:
+        try:
+            arr = np.asarray(flat)
+        except (ValueError, OverflowError):
+            arr = None
+        if arr is not None and arr.ndim == 1 and arr.dtype.kind in "iu":
+            rows = arr.reshape(-1, stride)
+            for i, field in enumerate(fields):
+                col = rows[:, i]
+                if "gpu" in field and len(col) and (col.min() < -(2**15) or col.max() >= 2**15):
+                    raise TypeError(f"{name}: a {field} is out of range")
+                if field == "category" and len(col) and (col.min() < 0 or col.max() >= len(CATEGORIES)):
+                    raise TypeError(f"{name}: a category is out of range")
+            return
+    for i, v in enumerate(flat):
+        field = fields[i % stride]
+        if field.endswith("_bytes"):
+            ok = isinstance(v, bytes)
+        elif not isinstance(v, int) or isinstance(v, bool):
+            ok = none_ok and v is None
+        elif "gpu" in field:
+            ok = -(2**15) <= v < 2**15
+        elif field == "category":
+            ok = 0 <= v < len(CATEGORIES)
+        else:
+            ok = -(2**63) <= v < 2**64
+        if not ok:
+            raise TypeError(f"{name}[{i}] ({field}) cannot be {short_repr(v, 40)}")
+
+
+def rows(flat: list, stride: int) -> Iterator[list]:
+    if len(flat) % stride:
+        raise ValueError(f"snapshot table length {len(flat)} is not a multiple of {stride}")
+    for i in range(0, len(flat), stride):
+        yield flat[i : i + stride]
+
+
+
+#: Bytes of one allocation row, and the most a keyframe's columns may inflate (row bytes per
+#: compressed byte).
+_ROW_BYTES = sum(np.dtype(dt).itemsize for dt in ALLOC_COLUMNS.values())
+_MAX_INFLATE = 256
+
+
+def capture_allocs(table: AllocTable) -> dict[str, np.ndarray]:
+    """Copies of the table's columns and live marks (plain copies: cheap, on the caller's
+    thread); :func:`encode_allocs` turns them into a snapshot's ``allocs`` anywhere later."""
+    used = table.used
+    return {name: getattr(table, name)[:used].copy() for name in (*ALLOC_COLUMNS, "live")}
+
+
+def encode_allocs(cols: dict[str, np.ndarray]) -> dict:
+    """Version 2's ``allocs``: ``n`` rows, sorted by (pid, ptr); each column little-endian and
+    zlib-compressed (level 1), ``ptr`` as differences from the row before (mod 2^64).
+
+    numpy's sort and zlib let go of the interpreter lock: run in a thread, this leaves the
+    daemon's loop alone.
+    """
+    rows = np.flatnonzero(cols["live"])
+    order = rows[np.lexsort((cols["ptr"][rows], cols["pid"][rows]))]
+    out: dict = {"n": len(order)}
+    for name, dt in ALLOC_COLUMNS.items():
+        col = np.ascontiguousarray(cols[name][order], dtype=dt)
+        if name == "ptr" and len(col):
+            col[1:] = np.diff(col)
+        out[name] = zlib.compress(col, 1)
+    return out
+
+
+def alloc_arrays(value: Any) -> dict[str, np.ndarray]:
+    """A snapshot's ``allocs`` (version 2's columns, or version 1's flat list) as numpy columns.
+
+    Raises:
+        TypeError: a column is missing, not zlib data of ``n`` rows, or a row of a flat list is
+            not ints.
+    """
+    if isinstance(value, dict):
+        n = value["n"]
+        packed = sum(len(value[name]) for name in ALLOC_COLUMNS if isinstance(value.get(name), bytes))
+        # Real columns shrink about 5x; a damaged count may not make a reader inflate without bound.
+        if not isinstance(n, int) or not 0 <= n * _ROW_BYTES <= _MAX_INFLATE * packed + (1 << 20):
+            raise TypeError("allocs.n is not a row count its columns can hold")
+        out = {}
+        for name, dt in ALLOC_COLUMNS.items():
+            out[name] = np.frombuffer(_inflate(value[name], n * np.dtype(dt).itemsize, name), dt)
+        out["ptr"] = np.cumsum(out["ptr"], dtype=np.uint64)
+    else:
+        check_table(value, "allocs", ALLOC_FIELDS)
+        stride = len(ALLOC_FIELDS)
+        if len(value) % stride:
+            raise ValueError(f"snapshot table length {len(value)} is not a multiple of {stride}")
+        flat = np.array(value, dtype=object).reshape(-1, stride) if value else np.zeros((0, stride), object)
+        out = {name: flat[:, i].astype(dt) for i, (name, dt) in enumerate(ALLOC_COLUMNS.items())}
+    if len(out["size"]) and (out["size"].min() < 0 or out["ts"].min() < 0):
+        raise TypeError("allocs: a size or ts is negative")
+    return out
+
+
+def _inflate(data: Any, size: int, name: str) -> bytes:
+    """Exactly ``size`` bytes from zlib ``data`` (never more: a damaged count cannot blow up)."""
+    if not isinstance(data, bytes):
+        raise TypeError(f"allocs.{name} is not bytes")
+    d = zlib.decompressobj()
+    try:
+        out = d.decompress(data, size)
+    except zlib.error as error:
+        raise TypeError(f"allocs.{name}: {error}") from None
+    if len(out) != size or d.unconsumed_tail or (size and not d.eof and d.decompress(b"", 1)):
+        raise TypeError(f"allocs.{name} does not hold {size} bytes")
+    return out
+
+
+def alloc_rows(snap: dict) -> list:
+    """A snapshot's driver allocations as one flat list of rows (``ALLOC_FIELDS``), any version."""
+    cols = alloc_arrays(snap.get("allocs") or [])
+    rows = np.stack([cols[name].astype(object) for name in ALLOC_COLUMNS], axis=1) if len(cols["pid"]) else ()
+    return [int(v) for row in rows for v in row]

@@ -1,0 +1,261 @@
+"""VMM handles and mappings, IPC exports and opens, shareable handles and pinned host memory.
+
+These kinds are rare next to cuMemAlloc/cuMemFree, so they keep one Python step per event
+(:meth:`VmmIpc._apply_other`); :class:`memrec.state.LiveState` mixes this in. The accounting
+rules are in :mod:`memrec.state`'s docstring.
+"""
+
+from __future__ import annotations
+
+from memrec.events import HOST_PINNED
+from memrec.events import IPC_MAPPED
+from memrec.events import VMM
+from memrec.state.fields import H_CAT
+from memrec.state.fields import H_GPU
+from memrec.state.fields import H_NMAPS
+from memrec.state.fields import H_REFS
+from memrec.state.fields import H_SIZE
+from memrec.state.fields import HOST_ALLOC
+from memrec.state.fields import HOST_FREE
+from memrec.state.fields import HOST_REGISTER
+from memrec.state.fields import HOST_UNREGISTER
+from memrec.state.fields import IPC_CLOSE
+from memrec.state.fields import IPC_EXPORT
+from memrec.state.fields import IPC_OPEN
+from memrec.state.fields import LOCATION_DEVICE
+from memrec.state.fields import O_GPU
+from memrec.state.fields import O_REFS
+from memrec.state.fields import O_SIZE
+from memrec.state.fields import PROC_EXIT
+from memrec.state.fields import SHARE_EXPORT
+from memrec.state.fields import SHARE_IMPORT
+from memrec.state.fields import VMM_CREATE
+from memrec.state.fields import VMM_MAP
+from memrec.state.fields import VMM_RELEASE
+from memrec.state.fields import VMM_RETAIN
+from memrec.state.fields import VMM_UNMAP
+
+
+class VmmIpc:
+    """The per-event accounting of every kind but driver allocations and frees (a mixin of LiveState)."""
+
+    _handles: dict[int, dict[int, list]]
+    _maps: dict[int, dict[int, list]]
+    _aliases: dict[int, dict[int, int]]
+    _exports: dict[bytes, list]
+    _exported: dict[int, dict[int, list[bytes]]]
+    _fabric: dict[bytes, list]
+    _opens: dict[int, dict[int, list]]
+    _host: dict[int, dict[int, list]]
+
+    def _forget_exports(self, pid: int, ptr: int) -> None:
+        """The exporter freed ``ptr``: its IPC handles can no longer be opened."""
+        ex = self._exported.get(pid)
+        if ex is None or ptr not in ex:
+            return
+        for hb in ex.pop(ptr):
+            cur = self._exports.get(hb)
+            if cur is not None and cur[0] == pid and cur[1] == ptr:
+                del self._exports[hb]
+        if not ex:
+            del self._exported[pid]
+
+
+    def _apply_other(
+        self, kind: int, index: int, t: int, pid: int, g: int, ptr: int, size: int, handle: int, api: int,
+        aux: int, hbytes: bytes | None,
+    ) -> int | None:
+        """Apply one successful event that is not ALLOC/FREE; return the GPU to fill in, if any."""
+        if kind == VMM_CREATE:
+            cat = VMM if aux in LOCATION_DEVICE else HOST_PINNED
+            gg = g if cat == VMM else -1
+            hs = self._handles.setdefault(pid, {})
+            old = hs.get(handle)
+            if old is not None:
+                self._anomaly("create_over_live")
+                self._drop_handle(index, t, pid, handle, old)
+            hs[handle] = [size, gg, t, cat, 1, 0, 0, api]
+            self._change(index, t, gg, pid, cat, size)
+            return None
+        if kind == VMM_MAP:
+            h = self._resolve_alias(pid, handle)
+            rec = self._handles.get(pid, {}).get(h)
+            ms = self._maps.setdefault(pid, {})
+            if ptr in ms:
+                self._anomaly("map_over_live")
+                self._unmap_one(index, t, pid, ptr)
+            ms[ptr] = [size, h, aux, t]
+            if rec is None:
+                self._anomaly("map_unknown_handle")
+                return None
+            rec[H_NMAPS] += 1
+            if rec[H_CAT] == IPC_MAPPED and size > rec[H_SIZE]:
+                # A shareable import: its size is what is mapped of it.
+                self._change(index, t, rec[H_GPU], pid, IPC_MAPPED, size - rec[H_SIZE])
+                rec[H_SIZE] = size
+            return rec[H_GPU]
+        if kind == VMM_UNMAP:
+            ms = self._maps.get(pid)
+            if not ms:
+                self._anomaly("unmap_unknown")
+                return None
+            if ptr in ms and ms[ptr][0] >= size:
+                targets = [ptr]
+            else:
+                end = ptr + max(size, 1)
+                targets = sorted(va for va, m in ms.items() if va < end and va + m[0] > ptr)
+            if not targets:
+                self._anomaly("unmap_unknown")
+                return None
+            first_gpu = None
+            for va in targets:
+                gg = self._unmap_one(index, t, pid, va)
+                if first_gpu is None:
+                    first_gpu = gg
+            return first_gpu
+        if kind == VMM_RELEASE:
+            h = handle
+            al = self._aliases.get(pid)
+            if al and h in al:
+                h = al.pop(h)
+            rec = self._handles.get(pid, {}).get(h)
+            if rec is None:
+                self._anomaly("release_unknown")
+                return None
+            rec[H_REFS] -= 1
+            gg = rec[H_GPU]
+            if rec[H_REFS] <= 0 and rec[H_NMAPS] <= 0:
+                self._drop_handle(index, t, pid, h, rec)
+            return gg
+        if kind == VMM_RETAIN:
+            hs = self._handles.get(pid, {})
+            rec = hs.get(handle)
+            if rec is None:
+                # The handle returned is not one we know: alias it to the handle mapped at ptr.
+                m = self._mapping_at(pid, ptr)
+                rec = hs.get(m[1]) if m is not None else None
+                if rec is None:
+                    self._anomaly("retain_unknown")
+                    return None
+                self._aliases.setdefault(pid, {})[handle] = m[1]
+            rec[H_REFS] += 1
+            return rec[H_GPU]
+        if kind == IPC_EXPORT:
+            if hbytes is None:
+                self._anomaly("export_without_bytes")
+                return None
+            base_ptr, rec = self._alloc_at(pid, ptr, index)
+            if rec is None:
+                self._anomaly("export_unknown_alloc")
+                self._exports[hbytes] = [pid, ptr, g, 0, t]
+                return None
+            self._exports[hbytes] = [pid, base_ptr, rec[1], rec[0], t]
+            lst = self._exported.setdefault(pid, {}).setdefault(base_ptr, [])
+            if hbytes not in lst:
+                lst.append(hbytes)
+            return rec[1]
+        if kind == IPC_OPEN:
+            ex = self._exports.get(hbytes) if hbytes is not None else None
+            if ex is None:
+                self._anomaly("open_unknown_export")
+                exporter, owner_gpu, osize, eptr = 0, -1, 0, 0
+            else:
+                exporter, eptr, owner_gpu, osize = ex[0], ex[1], ex[2], ex[3]
+            os_ = self._opens.setdefault(pid, {})
+            o = os_.get(ptr)
+            if o is not None:
+                o[O_REFS] += 1
+                return None
+            view_gpu = g if g >= 0 else owner_gpu
+            os_[ptr] = [hbytes or b"", exporter, owner_gpu, osize, view_gpu, 1, t, eptr]
+            self._change(index, t, view_gpu, pid, IPC_MAPPED, osize)
+            return None
+        if kind == IPC_CLOSE:
+            os_ = self._opens.get(pid)
+            o = os_.get(ptr) if os_ else None
+            if o is None:
+                self._anomaly("close_unknown")
+                return None
+            o[O_REFS] -= 1
+            if o[O_REFS] <= 0:
+                del os_[ptr]
+                self._change(index, t, o[O_GPU], pid, IPC_MAPPED, -o[O_SIZE])
+            return o[O_GPU]
+        if kind == SHARE_EXPORT:
+            rec = self._handles.get(pid, {}).get(self._resolve_alias(pid, handle))
+            if hbytes is not None:
+                self._fabric[hbytes] = [pid, handle]
+            return rec[H_GPU] if rec is not None else None
+        if kind == SHARE_IMPORT:
+            exporter, isize, gg = 0, 0, g
+            if hbytes is not None and hbytes in self._fabric:
+                epid, eh = self._fabric[hbytes]
+                erec = self._handles.get(epid, {}).get(eh)
+                exporter = epid
+                if erec is not None:
+                    isize = erec[H_SIZE]
+                    if gg < 0:
+                        gg = erec[H_GPU]
+            hs = self._handles.setdefault(pid, {})
+            old = hs.get(handle)
+            if old is not None:
+                self._anomaly("import_over_live")
+                self._drop_handle(index, t, pid, handle, old)
+            hs[handle] = [isize, gg, t, IPC_MAPPED, 1, 0, exporter, api]
+            self._change(index, t, gg, pid, IPC_MAPPED, isize)
+            return None
+        if kind == HOST_ALLOC or kind == HOST_REGISTER:
+            d = self._host.setdefault(pid, {})
+            old = d.get(ptr)
+            if old is not None:
+                self._anomaly("host_over_live")
+                self._change(index, t, -1, pid, HOST_PINNED, -old[0])
+            d[ptr] = [size, t, api]
+            self._change(index, t, -1, pid, HOST_PINNED, size)
+            return None
+        if kind == HOST_FREE or kind == HOST_UNREGISTER:
+            d = self._host.get(pid)
+            rec = d.pop(ptr, None) if d else None
+            if rec is None:
+                self._anomaly("host_free_unknown")
+                return None
+            self._change(index, t, -1, pid, HOST_PINNED, -rec[0])
+            return None
+        if kind == PROC_EXIT:
+            self._exit(index, t, pid)
+            return None
+        return None  # VA reserve/free, CTX, fork: nothing to count
+
+    def _resolve_alias(self, pid: int, handle: int) -> int:
+        al = self._aliases.get(pid)
+        if al:
+            return al.get(handle, handle)
+        return handle
+
+    def _mapping_at(self, pid: int, va: int) -> list | None:
+        ms = self._maps.get(pid)
+        if not ms:
+            return None
+        m = ms.get(va)
+        if m is not None:
+            return m
+        for base, m in ms.items():
+            if base <= va < base + m[0]:
+                return m
+        return None
+
+    def _unmap_one(self, index: int, t: int, pid: int, va: int) -> int | None:
+        m = self._maps[pid].pop(va)
+        hs = self._handles.get(pid)
+        rec = hs.get(m[1]) if hs else None
+        if rec is None:
+            return None
+        rec[H_NMAPS] -= 1
+        if rec[H_REFS] <= 0 and rec[H_NMAPS] <= 0:
+            self._drop_handle(index, t, pid, m[1], rec)
+        return rec[H_GPU]
+
+    def _drop_handle(self, index: int, t: int, pid: int, handle: int, rec: list) -> None:
+        del self._handles[pid][handle]
+        self._change(index, t, rec[H_GPU], pid, rec[H_CAT], -rec[H_SIZE])
+

@@ -1,0 +1,172 @@
+"""LiveState.apply: a run of allocations and frees applied at once (numpy) gives exactly what
+the event-by-event path gives: tables, counters, peaks, anomalies, failures, exits, journal rows
+and the GPU filled into the events, for any sequence and any split into batches."""
+
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+from hypothesis import HealthCheck
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
+
+from memrec.events import CUDA_ERROR_OUT_OF_MEMORY
+from memrec.events import Kind
+from memrec.state import LiveState
+from tests.utils import MiB
+from tests.utils import ev
+from tests.utils import events
+from tests.utils import handle_bytes
+
+PIDS = (7, 8, 9)
+PTRS = (0x1000, 0x2000, 0x3000, 0x1800)  # 0x1800 lies inside a 0x1000 allocation of 4 KiB or more
+SIZES = (0, 512, 4096, MiB)
+GPUS = (-1, 0, 1)
+
+_plain = st.builds(
+    lambda kind, pid, ptr, size, gpu: ev(kind, pid=pid, ptr=ptr, size=size if kind == Kind.ALLOC else 0, gpu=gpu),
+    st.sampled_from((Kind.ALLOC, Kind.FREE)), st.sampled_from(PIDS), st.sampled_from(PTRS),
+    st.sampled_from(SIZES), st.sampled_from(GPUS),
+)
+_failed = st.builds(
+    lambda kind, pid, result: ev(kind, pid=pid, ptr=0x1000, size=MiB, result=result),
+    st.sampled_from((Kind.ALLOC, Kind.FREE, Kind.VMM_CREATE, Kind.CODE_LOAD)), st.sampled_from(PIDS),
+    st.sampled_from((CUDA_ERROR_OUT_OF_MEMORY, 1)),
+)
+_rare = st.one_of(
+    st.builds(lambda pid: ev(Kind.PROC_EXIT, pid=pid), st.sampled_from(PIDS)),
+    st.builds(lambda pid, h, gpu: ev(Kind.VMM_CREATE, pid=pid, handle=h, size=2 * MiB, gpu=gpu),
+              st.sampled_from(PIDS), st.integers(1, 3), st.sampled_from(GPUS)),
+    st.builds(lambda pid, h, va: ev(Kind.VMM_MAP, pid=pid, handle=h, ptr=va, size=2 * MiB),
+              st.sampled_from(PIDS), st.integers(1, 3), st.sampled_from((0x90000, 0xA0000))),
+    st.builds(lambda pid, va: ev(Kind.VMM_UNMAP, pid=pid, ptr=va, size=2 * MiB),
+              st.sampled_from(PIDS), st.sampled_from((0x90000, 0xA0000))),
+    st.builds(lambda pid, h: ev(Kind.VMM_RELEASE, pid=pid, handle=h), st.sampled_from(PIDS), st.integers(1, 3)),
+    st.builds(lambda pid, ptr, n: ev(Kind.IPC_EXPORT, pid=pid, ptr=ptr, ipc=handle_bytes(n)),
+              st.sampled_from(PIDS), st.sampled_from(PTRS), st.integers(1, 2)),
+    st.builds(lambda pid, n, gpu: ev(Kind.IPC_OPEN, pid=pid, ptr=0x5000 + n, ipc=handle_bytes(n), gpu=gpu),
+              st.sampled_from(PIDS), st.integers(1, 2), st.sampled_from(GPUS)),
+    st.builds(lambda pid, n: ev(Kind.IPC_CLOSE, pid=pid, ptr=0x5000 + n), st.sampled_from(PIDS), st.integers(1, 2)),
+    st.builds(lambda kind, pid: ev(kind, pid=pid, ptr=0x8000, size=4096),
+              st.sampled_from((Kind.HOST_ALLOC, Kind.HOST_FREE)), st.sampled_from(PIDS)),
+)
+#: Mostly allocations and frees of a few keys (reuse, double frees, unknown frees), some failures
+#: and rare kinds that cut or join the runs.
+_event = st.one_of(_plain, _plain, _plain, _plain, _failed, _rare)
+
+
+@st.composite
+def _ipc_story(draw) -> list:
+    """An allocation exported (at its base or inside it) and opened by a peer, with frees and
+    reallocations of it before or after the export and the open, in any order."""
+    pid, peer = draw(st.permutations(PIDS))[:2]
+    ptr, n = draw(st.sampled_from(PTRS[:3])), draw(st.integers(1, 2))
+    steps = [
+        ev(Kind.ALLOC, pid=pid, ptr=ptr, size=draw(st.sampled_from(SIZES[1:])), gpu=draw(st.sampled_from(GPUS))),
+        ev(Kind.IPC_EXPORT, pid=pid, ptr=ptr + draw(st.sampled_from((0, 0x100))), ipc=handle_bytes(n)),
+        ev(Kind.FREE, pid=pid, ptr=ptr),
+        ev(Kind.IPC_OPEN, pid=peer, ptr=0x5000 + n, ipc=handle_bytes(n), gpu=draw(st.sampled_from(GPUS))),
+        ev(Kind.ALLOC, pid=pid, ptr=ptr, size=4096, gpu=0),
+        ev(Kind.IPC_EXPORT, pid=pid, ptr=ptr, ipc=handle_bytes(n)),
+    ]
+    return draw(st.permutations(steps))[: draw(st.integers(2, len(steps)))]
+
+
+#: Events one by one and IPC stories, flattened.
+_events = st.lists(st.one_of(_event.map(lambda e: [e]), _ipc_story()), min_size=4, max_size=60).map(
+    lambda parts: [e for part in parts for e in part]
+)
+
+
+def _run(rows: list, cuts: list[int], vector_min_run: int, max_failures: int) -> tuple[LiveState, np.ndarray]:
+    arr = events(*rows)
+    state = LiveState(journal=True, max_failures=max_failures)
+    state.vector_min_run = vector_min_run
+    bounds = sorted({0, len(arr), *(c % (len(arr) + 1) for c in cuts)})
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        state.apply(arr[lo:hi])
+    state.check()
+    return state, arr
+
+
+def _observed(state: LiveState) -> dict:
+    return {
+        "snapshot": state.snapshot(),
+        "journal": state.journal.tolist(),
+        "counters": state.counters(),
+        "totals": state.totals(),
+        "peaks": state.peaks(),
+        "owned": {g: state.owned_bytes(gpu=g) for g in (-1, 0, 1)},
+        "anomalies": state.anomalies,
+        "failures": state.failure_records(),
+        "n_failures": state.n_failures,
+        "exits": state.exit_records(),
+        "holdings": sorted(state.holdings()),
+        "n": (state.n_events, state.last_ts),
+    }
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=_events, cuts=st.lists(st.integers(0, 120), max_size=5),
+       max_failures=st.sampled_from((0, 3, 256)))
+def test_runs_at_once_equal_event_by_event(rows, cuts, max_failures):
+    # GIVEN any sequence of events, split into batches the same way
+    # WHEN it is applied with every run at once and with every event one by one
+    fast, fast_arr = _run(rows, cuts, 0, max_failures)
+    slow, slow_arr = _run(rows, cuts, 10**9, max_failures)
+    # THEN everything the state shows, and the GPU filled into the events, is the same
+    assert _observed(fast) == _observed(slow)
+    assert fast_arr["gpu"].tolist() == slow_arr["gpu"].tolist()
+    # AND a keyframe of it restores the same state, through msgpack
+    wire = msgpack.unpackb(msgpack.packb(fast.snapshot(), use_bin_type=True), raw=False)
+    again = LiveState.from_snapshot(wire, journal=True)
+    again.check()
+    assert again.snapshot() == slow.snapshot()
+
+
+def test_a_long_run_with_reuse_and_double_frees_is_exact():
+    # GIVEN 20,000 allocations and frees over 300 keys of 3 processes (reuse, double frees,
+    # unknown frees, frees that fill in the GPU), in batches of 4,096
+    rng = np.random.default_rng(5)
+    n = 20_000
+    kinds = rng.choice([int(Kind.ALLOC), int(Kind.FREE)], n)
+    rows = [
+        ev(Kind(k), pid=int(rng.integers(1, 4)), ptr=int(rng.integers(0, 100)) * 4096,
+           size=int(rng.integers(1, 1 << 20)) if k == Kind.ALLOC else 0, gpu=int(rng.integers(-1, 4)))
+        for k in kinds
+    ]
+    cuts = list(range(0, n, 4096))
+    # WHEN applied at once and event by event
+    fast, fast_arr = _run(rows, cuts, 0, 256)
+    slow, slow_arr = _run(rows, cuts, 10**9, 256)
+    # THEN both agree exactly, and the table grew and rehashed on the way
+    assert _observed(fast) == _observed(slow)
+    assert fast_arr["gpu"].tolist() == slow_arr["gpu"].tolist()
+    assert fast.anomalies["free_unknown"] > 0 and fast.anomalies["alloc_over_live"] > 0
+
+
+def test_keys_whose_hashes_collide_still_pair_exactly(monkeypatch):
+    # GIVEN a hash that sends every (pid, ptr) to the same value (so the fast grouping sort and the
+    # planner's key index see one key), and events with allocations, frees, exports and opens
+    import memrec.state.plain as plain
+
+    monkeypatch.setattr(plain, "key_hash", lambda pids, ptrs: np.zeros(len(pids), np.uint64))
+    rng = np.random.default_rng(9)
+    rows = []
+    for i in range(3000):
+        pid, ptr = int(rng.integers(1, 4)), int(rng.integers(0, 40)) * 4096
+        r = rng.random()
+        if r < 0.5:
+            rows.append(ev(Kind.ALLOC, pid=pid, ptr=ptr, size=int(rng.integers(1, 1 << 20)), gpu=int(rng.integers(-1, 3))))
+        elif r < 0.97:
+            rows.append(ev(Kind.FREE, pid=pid, ptr=ptr))
+        elif r < 0.985:
+            rows.append(ev(Kind.IPC_EXPORT, pid=pid, ptr=ptr, ipc=handle_bytes(i % 5)))
+        else:
+            rows.append(ev(Kind.IPC_OPEN, pid=pid, ptr=0x5000 + i, ipc=handle_bytes(i % 5)))
+    # WHEN applied at once and event by event THEN both agree exactly
+    fast, fast_arr = _run(rows, list(range(0, 3000, 700)), 0, 256)
+    slow, slow_arr = _run(rows, list(range(0, 3000, 700)), 10**9, 256)
+    assert _observed(fast) == _observed(slow)
+    assert fast_arr["gpu"].tolist() == slow_arr["gpu"].tolist()
