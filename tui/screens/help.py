@@ -12,30 +12,7 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Static
 
-#: (keys, what they do): the single list the help screen and docs/tui.md show.
-KEYS = (
-    ("← →", "move the cursor one column (shift: ten)"),
-    ("home end", "cursor to the start / end of the trace"),
-    ("+ -", "zoom in / out around the cursor (mouse wheel: around the pointer)"),
-    ("f", "zoom to fit the whole trace"),
-    (", .", "pan left / right by half a screen"),
-    ("click", "put the cursor where you click (drag to scrub)"),
-    ("m M", "next / previous marker (named in the status line)"),
-    ("p P", "next / previous phase begin on this GPU"),
-    ("o O", "next / previous failed driver call"),
-    ("b B", "next / previous big allocation (≥ 1 GiB)"),
-    ("0-9", "show GPU n"),
-    ("a", "all GPUs overview"),
-    ("g G", "next / previous GPU tab"),
-    ("h", "holders at the cursor: by process, phase, largest, category, context, untraced"),
-    ("/", "filter events: pid:N kind:alloc,free size>=1G phase:NAME fail TEXT"),
-    ("esc", "leave the filter box / close this screen"),
-    ("y", "y axis: fitted to the data on screen / the GPU's total memory"),
-    ("space", "live: pause / resume the display (recording goes on)"),
-    ("F", "live: follow the newest events"),
-    ("?", "this help"),
-    ("q", "quit"),
-)
+from memrec.tui.screens.keys import KEYS
 
 
 class HelpScreen(Screen[None]):

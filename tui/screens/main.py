@@ -19,7 +19,6 @@ from textual import events
 from textual import on
 from textual import work
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.containers import Vertical
 from textual.containers import VerticalScroll
@@ -46,24 +45,26 @@ from memrec.tui.navigation import Landing
 from memrec.tui.navigation import align
 from memrec.tui.navigation import answer
 from memrec.tui.navigation import jump
+from memrec.tui.screens.keys import BINDINGS
+from memrec.tui.screens.keys import LIVE_ACTIONS
 from memrec.tui.store import EventRows
 from memrec.tui.widgets.panels import EventsTable
 from memrec.tui.widgets.panels import GpuHeader
 from memrec.tui.widgets.panels import HoldersTable
 from memrec.tui.widgets.panels import StatusLine
+from memrec.tui.widgets.panels import StatusFacts
 from memrec.tui.widgets.panels import header_text
+from memrec.tui.widgets.panels import overview_label
+from memrec.tui.widgets.panels import status_parts
 from memrec.tui.widgets.timeline import CONSOLE_GLYPHS
 from memrec.tui.widgets.timeline import GUTTER
 from memrec.tui.widgets.timeline import TimelineGraph
 from memrec.tui.widgets.timeline import TimelineOptions
 from memrec.tui.widgets.timeline import glyphs_for
-from memrec.units import fmt_bytes
 from memrec.units import fmt_dur
 
 OVERVIEW = "overview"
 MIN_SPAN = 10_000  # ns: the deepest zoom
-#: Actions that only mean something while following a live stream.
-LIVE_ACTIONS = frozenset({"pause", "follow"})
 
 
 @dataclass
@@ -87,38 +88,7 @@ class MainScreen(Screen[None]):
             the status line warns.
     """
 
-    BINDINGS = [
-        Binding("question_mark", "help", "help"),
-        Binding("q", "app.quit", "quit"),
-        Binding("left", "move(-1)", "cursor", key_display="←→"),
-        Binding("right", "move(1)", "cursor", show=False),
-        Binding("shift+left", "move(-10)", show=False),
-        Binding("shift+right", "move(10)", show=False),
-        Binding("home", "jump_edge(0)", show=False),
-        Binding("end", "jump_edge(1)", show=False),
-        Binding("plus,equals_sign", "zoom(0.5)", "zoom", key_display="+-"),
-        Binding("minus", "zoom(2)", show=False),
-        Binding("f", "fit", "fit", show=False),
-        Binding("comma", "pan(-0.5)", show=False),
-        Binding("full_stop", "pan(0.5)", show=False),
-        Binding("m", "jump('marker', 1)", "marker", key_display="mM"),
-        Binding("M", "jump('marker', -1)", show=False),
-        Binding("p", "jump('phase', 1)", "phase", key_display="pP"),
-        Binding("P", "jump('phase', -1)", show=False),
-        Binding("o", "jump('failure', 1)", "failed", key_display="oO"),
-        Binding("O", "jump('failure', -1)", show=False),
-        Binding("b", "jump('big', 1)", "big", key_display="bB"),
-        Binding("B", "jump('big', -1)", show=False),
-        Binding("h", "cycle_holders", "holders", show=False),
-        Binding("slash", "filter", "filter", key_display="/"),
-        Binding("escape", "leave_filter", show=False),
-        Binding("a", "show_gpu(-1)", "all GPUs", show=False),
-        Binding("g", "next_gpu(1)", show=False),
-        Binding("G", "next_gpu(-1)", show=False),
-        Binding("y", "toggle_scale", show=False),
-        Binding("space", "pause", "pause", show=False),
-        Binding("F", "follow", show=False),
-    ] + [Binding(str(i), f"show_gpu({i})", show=False) for i in range(10)]
+    BINDINGS = BINDINGS
 
     def __init__(self, model: TraceModel, other_model: TraceModel | None, title: str, *, live: bool, link: Link,
                  clock: Callable[[], float] = time.monotonic, stale_after: float = 3.0) -> None:
@@ -344,17 +314,10 @@ class MainScreen(Screen[None]):
         self._request_state()
 
     def _overview_label(self, g: int) -> None:
-        info = self.model.gpus.get(g)
-        nv = self.model.nvml_at(g, self.cursor_ts)
         owned = self.model.series_at(g, self.cursor_ts)
-        parts = [f"[b]GPU{g}[/] {info.name if info else ''}"]
-        if nv:
-            parts.append(f"used {fmt_bytes(nv['used'])}")
-        if owned is not None:
-            parts.append(f"traced {fmt_bytes(int(owned[list(OWNED_CATEGORIES)].sum()))}")
-        if info:
-            parts.append(f"of {fmt_bytes(info.total)}")
-        self.query_one(f"#ov-label{g}", Static).update("  ".join(parts))
+        text = overview_label(g, self.model.gpus.get(g), self.model.nvml_at(g, self.cursor_ts),
+                              None if owned is None else int(owned[list(OWNED_CATEGORIES)].sum()))
+        self.query_one(f"#ov-label{g}", Static).update(text)
 
     def _update_header(self) -> None:
         g = max(self.gpu, 0)
@@ -378,39 +341,22 @@ class MainScreen(Screen[None]):
         g = self.glyphs
         parts = []
         if self.live:
-            if self.link.connected:
-                quiet = self.clock() - self.link.last_data
-                if quiet > self.stale_after:
-                    parts.append(f"[b yellow]{g.stale} no data for {quiet:.0f}s[/] (daemon stalled?)")
-                else:
-                    parts.append(f"[b green]{g.live}[/] live")
-            else:
+            quiet = self.clock() - self.link.last_data
+            if not self.link.connected:
                 parts.append(f"[b red]{g.fail}[/] {self.link.note or 'connecting'}")
-            if self.paused:
-                parts.append("[reverse] PAUSED [/]")
-            elif self.follow:
-                parts.append("following")
+            elif quiet > self.stale_after:
+                parts.append(f"[b yellow]{g.stale} no data for {quiet:.0f}s[/] (daemon stalled?)")
+            else:
+                parts.append(f"[b green]{g.live}[/] live")
+            if self.paused or self.follow:
+                parts.append("[reverse] PAUSED [/]" if self.paused else "following")
         landing = self.landing if self.landing is not None and self.landing.ts == self.cursor_ts else None
-        if not (self.narrow and landing is not None):  # at 80 columns what the cursor is on comes first
-            if not self.live:
-                parts.append(self.source_title)
-            parts.append(f"{m.store.n:,} events")
-        if self.progress:
-            parts.append(self.progress)
-        nf = m.landmarks.count()
-        here = m.landmarks.failure_text(self.cursor_ts, None if self.gpu == -1 else self.gpu) if nf else None
-        if here:  # the cursor is on a failed call (key o): what failed, with the driver's name for it, and where
-            where = f" {landing.text}" if landing is not None and landing.failure else ""
-            parts.append(f"[b red]{g.fail} {here.replace('CUDA_ERROR_', '') if self.narrow else here}{where}[/]")
-        elif nf:
-            parts.append(f"[b red]{nf} failed call{'s' if nf > 1 else ''}[/]")
-        if landing is not None and not landing.failure:
-            parts.append(f"[b]{landing.text}[/]")
-        if m.lost or self.live:
-            parts.append(f"lost {m.lost:,}" if not m.lost else f"[b yellow]lost {m.lost:,}[/]")
-        if m.warnings:
-            parts.append(f"[yellow]{len(m.warnings)} warning{'s' if len(m.warnings) > 1 else ''}[/]")
-        parts.append(f"view {fmt_dur(self.t1 - self.t0)}")
+        here = m.landmarks.failure_text(self.cursor_ts, None if self.gpu == -1 else self.gpu)
+        parts += status_parts(StatusFacts(
+            title=None if self.live else self.source_title, events=m.store.n, progress=self.progress,
+            failure_here=here, failures=m.landmarks.count(), landing=landing,
+            lost=m.lost if m.lost or self.live else None, warnings=len(m.warnings), span=self.t1 - self.t0,
+        ), narrow=self.narrow, glyphs=g)
         status.update(" │ ".join(parts))
 
     # ------------------------------------------------------------------ cursor state (worker)

@@ -4,6 +4,8 @@ and the status line. They format what the model computed; none of them computes 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from rich.text import Text
 from textual.widgets import DataTable
 from textual.widgets import Static
@@ -14,6 +16,7 @@ from memrec.events import cu_result_name
 from memrec.tui.filters import KIND_NAMES
 from memrec.tui.model import CursorState
 from memrec.tui.model import diff_rows
+from memrec.tui.navigation import Landing
 from memrec.tui.store import EventRows
 from memrec.tui.widgets.timeline import FAIL_COLOUR
 from memrec.tui.widgets.timeline import UNICODE_GLYPHS
@@ -108,6 +111,59 @@ def header_text(gpu: GpuInfo | None, gpu_id: int, cursor_rel: str, st: CursorSta
         if aligned:
             t.append(f" {aligned}", style="dim")
     return t
+
+
+def overview_label(gpu_id: int, gpu: GpuInfo | None, nvml: dict | None, owned: int | None) -> str:
+    """One GPU's line in the all-GPUs overview: NVML used and traced at the cursor, of its total."""
+    parts = [f"[b]GPU{gpu_id}[/] {gpu.name if gpu else ''}"]
+    if nvml:
+        parts.append(f"used {fmt_bytes(nvml['used'])}")
+    if owned is not None:
+        parts.append(f"traced {fmt_bytes(owned)}")
+    if gpu:
+        parts.append(f"of {fmt_bytes(gpu.total)}")
+    return "  ".join(parts)
+
+
+@dataclass(frozen=True)
+class StatusFacts:
+    """What the status line says about a trace at the cursor (the live connection aside)."""
+
+    title: str | None  # the file(s); None live
+    events: int
+    progress: str
+    failure_here: str | None  # the failed call at the cursor ("cuMemAlloc_v2: CUDA_ERROR_...")
+    failures: int
+    landing: Landing | None  # what the last jump landed on, while the cursor is there
+    lost: int | None  # None: not worth a word (a file that lost nothing)
+    warnings: int
+    span: int  # ns on screen
+
+
+def status_parts(f: StatusFacts, narrow: bool, glyphs: Glyphs = UNICODE_GLYPHS) -> list[str]:
+    """The status line's pieces (markup); ``narrow`` (80 columns): what the cursor landed on
+    comes before the file name and the event count, which it then leaves out."""
+    parts = []
+    if not (narrow and f.landing is not None):
+        if f.title is not None:
+            parts.append(f.title)
+        parts.append(f"{f.events:,} events")
+    if f.progress:
+        parts.append(f.progress)
+    if f.failure_here:  # the cursor is on a failed call (key o): what failed, its CUresult's name, and where
+        where = f" {f.landing.text}" if f.landing is not None and f.landing.failure else ""
+        what = f.failure_here.replace("CUDA_ERROR_", "") if narrow else f.failure_here
+        parts.append(f"[b red]{glyphs.fail} {what}{where}[/]")
+    elif f.failures:
+        parts.append(f"[b red]{f.failures} failed call{'s' if f.failures > 1 else ''}[/]")
+    if f.landing is not None and not f.landing.failure:
+        parts.append(f"[b]{f.landing.text}[/]")
+    if f.lost is not None:
+        parts.append(f"[b yellow]lost {f.lost:,}[/]" if f.lost else "lost 0")
+    if f.warnings:
+        parts.append(f"[yellow]{f.warnings} warning{'s' if f.warnings > 1 else ''}[/]")
+    parts.append(f"view {fmt_dur(f.span)}")
+    return parts
 
 
 class GpuHeader(Static):
