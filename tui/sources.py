@@ -82,6 +82,11 @@ class _Threaded:
         except Exception as error:  # no traceback over the screen (it is on stderr): the status line says it
             post(messages.SourceFailed(f"{type(error).__name__}: {error}"))
 
+    @property
+    def running(self) -> bool:
+        """The thread is still at work (a file: reading, replaying, splitting the untraced band)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def _join(self) -> None:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=2.0)

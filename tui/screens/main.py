@@ -127,7 +127,9 @@ class MainScreen(Screen[None]):
         self._gpu_ids: list[int] = []
         self._gpu_chosen = False
         self._tab_ids_added: dict = {}
-        self._state_key: tuple | None = None
+        self._state_key: tuple | None = None  # the latest cursor-state request
+        #: The request the holders and events show the answer to (== the latest: they are current).
+        self.answered_key: tuple | None = None
         #: Under 100 columns: the footer, the GPU header, the status line and the holders take
         #: their short forms, so that everything fits at 80x24 (docs/tui.md).
         self.narrow = False
@@ -386,6 +388,7 @@ class MainScreen(Screen[None]):
     def on_cursor_state_ready(self, message: messages.CursorStateReady) -> None:
         if message.key != self._state_key or not self.is_attached:
             return
+        self.answered_key = message.key
         self.cursor_state = message.state
         self.other_state = message.other
         self.events_rows = message.events
