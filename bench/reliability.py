@@ -71,14 +71,14 @@ print("done", i, time.monotonic_ns(), flush=True)
 
 
 class Daemon:
-    def __init__(self, workdir: Path, lib: Path, *extra: str) -> None:
+    def __init__(self, workdir: Path, lib: Path, *extra: str, python: str = sys.executable, cwd: Path | None = None) -> None:
         self.socket = workdir / "d.sock"
         self.output = workdir / "out.mrec"
         self.log = open(workdir / "daemon.log", "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "memrec", "daemon", "-o", str(self.output), "--socket", str(self.socket),
+            [python, "-m", "memrec", "daemon", "-o", str(self.output), "--socket", str(self.socket),
              "--libcuda", str(lib), "--rotate-size", "0", "--nvml-hz", "0", "--nvml-process-hz", "0", *extra],
-            stdout=self.log, stderr=subprocess.STDOUT,
+            stdout=self.log, stderr=subprocess.STDOUT, cwd=cwd,
         )
         deadline = time.monotonic() + 180
         while True:
@@ -161,8 +161,8 @@ def cmd_kill(args, lib: Path) -> None:
 
 
 def cmd_overload(args, lib: Path) -> None:
-    """The workload makes 2 events per iteration (alloc, free) plus 2 of its own (the context
-    retain and its exit): recorded + lost must be exactly that. The daemon probes every process
+    """The workload makes 2 events per iteration (alloc, free) plus 3 of its own (the context
+    retain's CTX_BEGIN at entry and CTX at return, and its exit): recorded + lost must be exactly that. The daemon probes every process
     on the host, so the lost count would include other processes' losses: events of other
     processes in the trace are shown, and such a run says so."""
     exact = 0
@@ -175,7 +175,7 @@ def cmd_overload(args, lib: Path) -> None:
         time.sleep(1.0)
         d.stop()
         trace = load_trace(d.output)
-        made = 2 * int(done[1]) + 2
+        made = 2 * int(done[1]) + 3
         ev = trace.events
         recorded = int((ev["pid"] == w.pid_reported).sum())
         others = int((ev["pid"] != w.pid_reported).sum())

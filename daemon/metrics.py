@@ -29,8 +29,8 @@ from typing import Iterator
 
 import numpy as np
 
-from memrec._errors import ExitCode
-from memrec._errors import MemrecCommandError
+from memrec._errors import SocketError
+from memrec._errors import UnavailableError
 from memrec.columns import RAW_DTYPE
 from memrec.events import CATEGORIES
 from memrec.events import CU_RESULT_NAMES
@@ -242,18 +242,15 @@ class DaemonMetrics:
         """Bind the HTTP server's socket (serving starts with :meth:`serve`).
 
         Raises:
-            MemrecCommandError: prometheus-client is not installed (UNAVAILABLE) or the address
-                cannot be bound (CANT_CREATE).
+            UnavailableError: prometheus-client is not installed.
+            SocketError: the address cannot be bound.
         """
         try:
             from prometheus_client import CONTENT_TYPE_LATEST
             from prometheus_client import generate_latest
             from prometheus_client.registry import CollectorRegistry
         except ImportError:
-            raise MemrecCommandError(
-                "--metrics-addr needs prometheus-client: pip install 'memrec[metrics]'",
-                exit_code=ExitCode.UNAVAILABLE,
-            ) from None
+            raise UnavailableError("--metrics-addr needs prometheus-client: pip install 'memrec[metrics]'") from None
         registry = CollectorRegistry(auto_describe=False)
         registry.register(self)
 
@@ -279,9 +276,7 @@ class DaemonMetrics:
         try:
             self._server = server_class((host or "0.0.0.0", port), Handler)
         except OSError as error:
-            raise MemrecCommandError(
-                f"cannot serve metrics on {host}:{port}: {error.strerror or error}", exit_code=ExitCode.CANT_CREATE
-            ) from None
+            raise SocketError(f"cannot serve metrics on {host}:{port}: {error.strerror or error}") from None
 
     def serve(self) -> None:
         """Answer scrapes on a thread of its own (it inherits the caller's capabilities)."""

@@ -18,8 +18,7 @@ import logging
 import re
 from typing import Any
 
-from memrec._errors import ExitCode
-from memrec._errors import MemrecCommandError
+from memrec._errors import PrivilegeError
 from memrec.daemon.notify import Notifier
 
 log = logging.getLogger(__name__)
@@ -109,7 +108,7 @@ class Service:
         try:
             drop_capabilities()
         except CapabilityError as error:
-            raise MemrecCommandError(f"--drop-capabilities: {error.strerror}", exit_code=ExitCode.NO_PERM) from None
+            raise PrivilegeError(f"--drop-capabilities: {error.strerror}") from None
         # Capabilities are per thread: the NVML sampler, started with the daemon, drops its own at
         # its next sample (its listener runs on its thread).
         if daemon.sampler is not None:

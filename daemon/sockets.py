@@ -19,17 +19,9 @@ import socket
 import stat
 from pathlib import Path
 
-from memrec._errors import ExitCode
-from memrec._errors import MemrecCommandError
+from memrec._errors import SocketError
 
 log = logging.getLogger(__name__)
-
-
-class SocketError(MemrecCommandError):
-    """The socket cannot be set up (in use, not a socket, permissions); one-line message."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, exit_code=ExitCode.CANT_CREATE)
 
 
 def socket_in_use(path: str | os.PathLike[str], timeout: float = 0.5) -> bool:

@@ -1,4 +1,10 @@
-"""Errors that carry an exit code; only ``main()`` prints them."""
+"""memrec's errors: the commands' own (with an exit code) and the domains' (without one).
+
+Only ``main()`` prints them. The daemon, its sockets and the probes raise domain errors that say
+what went wrong, not how a command should end; :func:`memrec.commands.common.exit_code` is the one
+place that turns them into exit codes. A command raises :class:`MemrecCommandError` with the exit
+code it means.
+"""
 
 from __future__ import annotations
 
@@ -33,6 +39,35 @@ class MemrecCommandError(MemrecError):
 
 class TraceFormatError(MemrecError):
     """A file is not a memrec trace, or is of a version this memrec cannot read."""
+
+
+class DaemonError(MemrecError):
+    """The daemon cannot start or go on; the message is the reason in one line."""
+
+
+class SocketError(DaemonError):
+    """A socket the daemon serves on cannot be set up (in use, not a socket, permissions, an address)."""
+
+
+class OutputError(DaemonError):
+    """The daemon cannot create or write its trace."""
+
+
+class PrivilegeError(DaemonError):
+    """The daemon cannot get or give up a privilege it was asked to (capabilities)."""
+
+
+class UnavailableError(MemrecError):
+    """Something the daemon needs is not installed (an optional package)."""
+
+
+class ProbeError(MemrecError):
+    """The probes cannot be loaded or used (no bcc, no BPF, a compile failure, a file that is not
+    the driver)."""
+
+
+class ProbeLoadError(ProbeError):
+    """The BPF program cannot be compiled or loaded; the message is the reason in one line."""
 
 
 def one_line(error: BaseException) -> str:

@@ -10,10 +10,12 @@
 //  - The device ordinal of an event is resolved here, from the calling thread's current context,
 //    because only the kernel sees every context switch of every thread (cuCtxSetCurrent & co.).
 //  - Records are submitted with BPF_RB_NO_WAKEUP: the reader polls the ring by mmap on a timer,
-//    so waking it per record would only cost (+50% per probe hit on the measured hosts).
+//    so waking it per record would only cost (+50% per probe hit on the measured hosts). Once
+//    the ring holds RINGBUF_WAKE_BYTES, a submit forces the wakeup: a burst is drained when it
+//    fills a quarter of the ring, not when the timer comes round.
 //  - Every number (Kind, Api, flags) comes from -D flags built by memrec.events.bpf_defines().
 //
-// -D flags: RINGBUF_PAGES (power of two), FOLLOW_TREE (record only `tracked` tgids and follow
+// -D flags: RINGBUF_PAGES (power of two), RINGBUF_WAKE_BYTES (the fill that wakes the reader), FOLLOW_TREE (record only `tracked` tgids and follow
 // their forks), HAVE_GROUP_DEAD (sched_process_exit has the group_dead field, kernel >= 6.16).
 //
 // ABI notes (x86-64 SysV): integer/pointer args in rdi, rsi, rdx, rcx, r8 (PT_REGS_PARM1..5).
@@ -27,6 +29,9 @@
 
 #ifndef RINGBUF_PAGES
 #error "RINGBUF_PAGES must be given with -D (memrec.probes.cuda does)"
+#endif
+#ifndef RINGBUF_WAKE_BYTES
+#error "RINGBUF_WAKE_BYTES must be given with -D (memrec.probes.cuda does)"
 #endif
 #ifndef KIND_ALLOC
 #error "the Kind/Api ids must be given with -D (memrec.events.bpf_defines())"
@@ -94,7 +99,7 @@ struct ctx_stack {
     u32 pad;
 };
 
-BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
+BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES); // first: EVENTS_MAP below counts on it
 BPF_PERCPU_ARRAY(lost, u64, 1);
 // LRU: a thread killed inside a call never reaches the return probe; its entry ages out.
 BPF_TABLE("lru_hash", u64, struct inflight, inflight, 16384);
@@ -187,6 +192,16 @@ static __always_inline void mark_seen(u32 tgid) {
     }
 }
 
+// The `events` map for helpers bcc 0.26 has no method for (bpf_ringbuf_query): its rewriter names
+// a map bpf_pseudo_fd(1, -N), N counting declarations from 1, and `events` is declared first.
+// Were it another map, the verifier would refuse the program (bpf_ringbuf_query takes only a ring).
+#define EVENTS_MAP ((void *)bpf_pseudo_fd(1, -1))
+
+// How to submit a record: without waking the reader (it polls), unless the ring is filling up.
+static __always_inline u64 wakeup_flag(void) {
+    return bpf_ringbuf_query(EVENTS_MAP, BPF_RB_AVAIL_DATA) >= RINGBUF_WAKE_BYTES ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
+}
+
 static __always_inline void submit(struct event *ev) {
     // Seen even when the record is lost: the process still holds memory and must get its exit.
     mark_seen(ev->pid);
@@ -203,7 +218,7 @@ static __always_inline void submit(struct event *ev) {
     // daemon reads the process's /proc (CUDA_VISIBLE_DEVICES) while it surely still runs, and
     // reads NVML's per-process memory right before (CTX_BEGIN) and after (CTX) the context.
     int wake = ev->kind == KIND_CTX || ev->kind == KIND_CTX_BEGIN;
-    events.ringbuf_submit(rec, wake ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
+    events.ringbuf_submit(rec, wake ? BPF_RB_FORCE_WAKEUP : wakeup_flag());
 }
 
 // Record a process-level event (tracepoints): no inflight state, no ordinal.
@@ -221,7 +236,7 @@ static __always_inline void submit_proc(u16 kind, u16 api, u32 pid, u32 tid, u64
     rec->api = api;
     rec->ordinal = -1;
     rec->ptr = ptr;
-    events.ringbuf_submit(rec, BPF_RB_NO_WAKEUP);
+    events.ringbuf_submit(rec, wakeup_flag());
 }
 
 #define ORD_CURRENT (-2) // begin(): resolve the ordinal from the thread's current context

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from memrec._errors import ProbeError
 from memrec.columns import RAW_DTYPE
 from memrec.events import UNTRACED_APIS
 from memrec.events import Api
@@ -48,10 +49,6 @@ _TRACEFS_ROOTS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
 #: 8 threads gained ~10 % (bench/bench_start_stop.py); under load, with 178 probes, 32 threads took
 #: a daemon's stop from 74 s to 19 s, so the pool is sized for that.
 DETACH_THREADS = 32
-
-
-class ProbeError(RuntimeError):
-    """The probes cannot be loaded or used (no bcc, no BPF, compile failure)."""
 
 
 @dataclass(frozen=True)
@@ -90,9 +87,19 @@ def _tracefs_has_group_dead() -> bool:
     return False
 
 
+def wake_bytes(ringbuf_pages: int) -> int:
+    """The ring fill (bytes) from which every submit wakes the reader: a quarter of the ring.
+
+    Below it records wait for the reader's next poll (a wakeup per record would cost about half
+    a probe hit); above it the reader is woken at once, so a burst is drained with three
+    quarters of the ring still free, whatever the poll interval.
+    """
+    return ringbuf_pages * mmap.PAGESIZE // 4
+
+
 def program_cflags(follow_tree: bool, ringbuf_pages: int) -> list[str]:
     """Return the ``-D`` flags the program is compiled with."""
-    flags = bpf_defines() + [f"-DRINGBUF_PAGES={ringbuf_pages}"]
+    flags = bpf_defines() + [f"-DRINGBUF_PAGES={ringbuf_pages}", f"-DRINGBUF_WAKE_BYTES={wake_bytes(ringbuf_pages)}"]
     if follow_tree:
         flags.append("-DFOLLOW_TREE=1")
     if _tracefs_has_group_dead():
@@ -148,7 +155,7 @@ class CudaProbes:
         follow_tree: record only processes added with :meth:`track_pid` and their descendants
             (followed in the kernel at fork); otherwise every process on the host.
         ringbuf_pages: ring buffer size in pages (a power of two). 1024 pages = 4 MiB ≈ 30k
-            events between two polls.
+            events; the reader is woken when a quarter of it is filled (:func:`wake_bytes`).
         untraced: also probe the code-loading and pool entry points (:data:`UNTRACED_SYMBOLS`);
             False only to measure what they cost.
     """

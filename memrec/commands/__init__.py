@@ -2,7 +2,8 @@
 
 Each command class is named ``<Name>Command`` (``install-service``: ``InstallServiceCommand`` in
 ``install_service.py``), listed in :data:`COMMANDS`; its help is the class docstring. Commands
-raise :class:`MemrecCommandError`; only :func:`main` prints errors.
+raise :class:`MemrecCommandError` (the daemon and the probes their domain errors, mapped by
+:func:`memrec.commands.common.exit_code`); only :func:`main` prints errors.
 """
 
 from __future__ import annotations
@@ -190,12 +191,14 @@ def main(args: list[str] | None = None) -> int:
         _configure_logging(arg_values.verbose)
     try:
         return int(arg_values.entrypoint(arg_values, arg_values.parser))
-    except MemrecCommandError as error:
+    except MemrecCommandError as error:  # a command's own error says its exit code
         print(f"memrec: error: {error}", file=sys.stderr)
         return error.exit_code
-    except MemrecError as error:
+    except MemrecError as error:  # a domain's (daemon, sockets, probes, trace format): mapped in one place
+        from memrec.commands.common import exit_code  # here: the quick commands never import it
+
         print(f"memrec: error: {error}", file=sys.stderr)
-        return ExitCode.ERROR
+        return exit_code(error)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

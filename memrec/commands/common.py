@@ -1,13 +1,49 @@
-"""What several commands share: opening a trace with one-line errors and the right exit codes."""
+"""What several commands share: the exit code of every error, opening a trace with one-line errors."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+from memrec._errors import DaemonError
 from memrec._errors import ExitCode
 from memrec._errors import MemrecCommandError
+from memrec._errors import MemrecError
+from memrec._errors import OutputError
+from memrec._errors import PrivilegeError
+from memrec._errors import ProbeError
+from memrec._errors import SocketError
 from memrec._errors import TraceFormatError
+from memrec._errors import UnavailableError
+
+#: The exit code of each domain error (the first class in this order that the error is an instance of).
+EXIT_CODES: tuple[tuple[type[MemrecError], ExitCode], ...] = (
+    (TraceFormatError, ExitCode.DATA),
+    (SocketError, ExitCode.CANT_CREATE),
+    (OutputError, ExitCode.CANT_CREATE),
+    (PrivilegeError, ExitCode.NO_PERM),
+    (ProbeError, ExitCode.UNAVAILABLE),
+    (UnavailableError, ExitCode.UNAVAILABLE),
+    (DaemonError, ExitCode.ERROR),
+)
+
+
+def exit_code(error: MemrecError) -> int:
+    """The exit code ``main()`` returns for ``error``: a command error's own, else by its domain."""
+    if isinstance(error, MemrecCommandError):
+        return error.exit_code
+    for kind, code in EXIT_CODES:
+        if isinstance(error, kind):
+            return int(code)
+    return int(ExitCode.ERROR)
+
+
+def trace_error(path: Path | str, error: TraceFormatError | OSError) -> MemrecCommandError:
+    """The one-line error for a trace that cannot be read: not a trace (DATA) or unreadable (NO_INPUT)."""
+    if isinstance(error, OSError):
+        return MemrecCommandError(f"{error.filename or path}: {error.strerror or error}", exit_code=ExitCode.NO_INPUT)
+    message = str(error) if str(path) in str(error) else f"{path}: {error}"
+    return MemrecCommandError(message, exit_code=exit_code(error))
 
 
 def check_trace_path(path: Path) -> None:
@@ -35,11 +71,8 @@ def load_trace_for_command(path: Path):
     check_trace_path(path)
     try:
         trace = load_trace(path)
-    except TraceFormatError as error:
-        message = str(error) if str(path) in str(error) else f"{path}: {error}"
-        raise MemrecCommandError(message, exit_code=ExitCode.DATA) from error
-    except OSError as error:
-        raise MemrecCommandError(f"{path}: {error.strerror or error}", exit_code=ExitCode.NO_INPUT) from error
+    except (TraceFormatError, OSError) as error:
+        raise trace_error(path, error) from error
     if not trace.header:  # cut inside its header: nothing to report
         raise MemrecCommandError(f"{path}: {trace.warnings[0]}", exit_code=ExitCode.DATA)
     return trace

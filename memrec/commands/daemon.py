@@ -59,6 +59,7 @@ class DaemonCommand:
 
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
         from memrec.daemon import config as c
+        from memrec.daemon import scheduling
         from memrec.daemon.service import file_count
         from memrec.daemon.service import metrics_addr
 
@@ -78,8 +79,12 @@ class DaemonCommand:
                             help="NVML device-memory samples per second (0: off; default 10)")
         parser.add_argument("--nvml-process-hz", type=_arg(c.rate), default=1.0, metavar="F",
                             help="NVML per-process samples per second (0: off; default 1)")
-        parser.add_argument("--ringbuf-pages", type=_arg(c.ring_pages), default=1024, metavar="N",
-                            help="BPF ring buffer size in pages (power of two; default 1024)")
+        parser.add_argument("--ringbuf-pages", type=_arg(c.ring_pages), default=c.DEFAULT_RINGBUF_PAGES, metavar="N",
+                            help=f"BPF ring buffer size in pages (power of two; default {c.DEFAULT_RINGBUF_PAGES}: 16 MiB)")
+        parser.add_argument("--scheduling", type=_arg(scheduling.parse), default=scheduling.DEFAULT, metavar="POLICY",
+                            help="the daemon's CPU priority, so that it drains the ring buffer while the traced "
+                                 f"processes keep every CPU busy: nice:N, fifo:N, rr:N or off (default {scheduling.DEFAULT}; "
+                                 "falls back to the priority it has where not permitted)")
         parser.add_argument("--no-untraced-probes", dest="untraced_probes", action="store_false",
                             help="leave out the code-loading and pool probes (to measure what they cost)")
         parser.add_argument("-d", "--duration", type=_arg(c.duration), metavar="DURATION",
@@ -112,6 +117,7 @@ class DaemonCommand:
             nvml_device_hz=args.nvml_hz,
             nvml_process_hz=args.nvml_process_hz,
             ringbuf_pages=args.ringbuf_pages,
+            scheduling=args.scheduling,
             untraced_probes=args.untraced_probes,
         )
         service = Service(args.metrics_addr, args.keep, args.drop_capabilities)

@@ -11,6 +11,7 @@ from memrec._errors import ExitCode
 from memrec._errors import MemrecCommandError
 from memrec._errors import TraceFormatError
 from memrec.commands.common import check_trace_path
+from memrec.commands.common import trace_error
 
 
 class TuiCommand:
@@ -75,10 +76,8 @@ class TuiCommand:
         source = DiffSource(args.trace, args.diff) if args.diff else FileSource(args.trace)
         try:
             source.open()
-        except TraceFormatError as error:
-            raise MemrecCommandError(str(error), exit_code=ExitCode.DATA) from None
-        except OSError as error:
-            raise MemrecCommandError(f"{error.filename or args.trace}: {error.strerror or error}", exit_code=ExitCode.NO_INPUT) from None
+        except (TraceFormatError, OSError) as error:
+            raise trace_error(" / ".join(paths), error) from None
         for path, model in zip(paths, (source.model, getattr(source, "other_model", None))):
             if not model.header:  # cut inside its header: nothing to show
                 raise MemrecCommandError(f"{path}: the file ends inside its header: nothing to show", exit_code=ExitCode.DATA)

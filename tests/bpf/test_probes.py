@@ -528,3 +528,71 @@ def test_attaching_a_file_that_is_not_elf_fails_cleanly(probes, tmp_path):
     with pytest.raises(ProbeError):
         probes.attach_library(bogus)
     assert len(probes.attached_libraries()) == before
+
+
+#: A process that makes alloc/free pairs without a pause (argv: the driver, the number of pairs).
+BURST = r"""
+import ctypes, sys
+from memrec.stubdriver.workload import Driver, Facts
+drv = Driver(sys.argv[1], Facts())
+drv.init()
+drv.ctx_set_current(drv.primary_ctx_retain(0))
+alloc, free, p = drv.lib.cuMemAlloc_v2, drv.lib.cuMemFree_v2, ctypes.c_uint64()
+for i in range(int(sys.argv[2])):
+    alloc(ctypes.byref(p), 4096 + i)
+    free(p.value)
+"""
+
+
+def test_a_burst_of_many_rings_is_drained_on_the_programs_wakeups(tmp_path):
+    # GIVEN probes with a 1 MiB ring (about 7,700 records) on a private copy of the stub, and a
+    # reader that drains only when the ring's fd wakes it: no timer (its select waits 60 s), and a
+    # real-time priority so that a loaded host does not delay it (it sleeps between wakeups)
+    import os
+    import select
+    import threading
+
+    from memrec.probes.cuda import CudaProbes
+    from memrec.stubdriver.build import build_stub
+
+    lib = build_stub(tmp_path / "stub")
+    pairs = 25_000  # 50,000 records: six and a half rings, far more than a 50 ms poll would find
+    with CudaProbes(ringbuf_pages=256) as probes:
+        probes.attach_library(lib)
+        batches: list[np.ndarray] = []
+        wakeups = [0]
+        stop_r, stop_w = os.pipe()
+
+        def reader() -> None:
+            try:
+                os.sched_setscheduler(0, os.SCHED_FIFO | os.SCHED_RESET_ON_FORK, os.sched_param(1))
+            except OSError:
+                os.setpriority(os.PRIO_PROCESS, 0, -10)
+            while True:
+                ready, _, _ = select.select([probes.fileno(), stop_r], [], [], 60)
+                if stop_r in ready:
+                    return
+                if ready:
+                    wakeups[0] += 1
+                    batches.append(probes.poll())
+
+        th = threading.Thread(target=reader)
+        th.start()
+        try:
+            # WHEN a process makes the burst without a pause
+            proc = subprocess.run([sys.executable, "-c", BURST, str(lib), str(pairs)], capture_output=True, text=True,
+                                  timeout=300)
+            assert proc.returncode == 0, proc.stderr
+        finally:
+            os.write(stop_w, b"x")
+            th.join()
+            os.close(stop_r)
+            os.close(stop_w)
+        batches.append(probes.poll())  # the last quarter ring, below the wakeup threshold
+        events = np.concatenate(batches)
+        calls = events[np.isin(events["kind"], [int(Kind.ALLOC), int(Kind.FREE)])]
+        # THEN every call was recorded and none lost, over several wakeups by the program
+        assert probes.lost() == 0
+        assert len(calls) == 2 * pairs
+        assert sorted(calls["size"][calls["kind"] == int(Kind.ALLOC)].tolist()) == list(range(4096, 4096 + pairs))
+        assert wakeups[0] >= 4

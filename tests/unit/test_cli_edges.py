@@ -4,6 +4,8 @@ user runs them: ``main([...])`` with the output captured, or ``python -m memrec`
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -187,6 +189,34 @@ def test_record_refuses_a_folder_that_is_a_file(tmp_path, capsys):
     rc = commands.main(["record", "-o", str(tmp_path / "file" / "x.mrec"), "--", "true"])
     assert rc == ExitCode.CANT_CREATE
     assert "is not a folder" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------- the daemon's domain errors
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the daemon refuses to start without root before it binds")
+def test_daemon_on_a_socket_in_use_is_one_line_and_exit_73(tmp_path, capsys):
+    # GIVEN another process listening on the marker socket
+    path = tmp_path / "taken.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as taken:
+        taken.bind(str(path))
+        taken.listen()
+        # WHEN a daemon is started on it (the socket is bound before the slow BPF compile)
+        rc = commands.main(["daemon", "-o", str(tmp_path / "x.mrec"), "--socket", str(path)])
+    err = capsys.readouterr().err
+    # THEN the socket's domain error becomes one line and CANT_CREATE, and no trace is made
+    assert rc == ExitCode.CANT_CREATE
+    assert [line for line in err.splitlines() if line.startswith("memrec: error:")] == [err.splitlines()[-1]]
+    assert "taken.sock" in err.splitlines()[-1] and not (tmp_path / "x.mrec").exists()
+
+
+@pytest.mark.parametrize("policy", ["nice", "nice:-21", "fifo:0", "rr:100", "off:1", "idle"])
+def test_daemon_scheduling_policy_is_checked_before_anything_starts(policy, capsys):
+    # WHEN --scheduling is not a policy THEN a usage error that says what is wrong, exit 2
+    with pytest.raises(SystemExit) as info:
+        commands.main(["daemon", "--scheduling", policy])
+    assert info.value.code == ExitCode.USAGE
+    assert "--scheduling" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------- 3.5 selftest without cuda-python

@@ -28,13 +28,16 @@ import pytest
 
 from memrec import protocol
 from memrec._errors import ExitCode
+from memrec._errors import ProbeLoadError
 from memrec.client import MarkerClient
+from memrec.commands.common import exit_code
 from memrec.daemon import config as cfgmod
+from memrec.daemon import scheduling
 from memrec.daemon.config import DaemonConfig
 from memrec.daemon.fanout import Fanout
+from memrec.daemon.feed import ProbeFeed
 from memrec.daemon.server import Daemon
 from memrec.daemon.server import Mood
-from memrec.daemon.server import ProbeLoadError
 from memrec.daemon.sockets import SocketError
 from memrec.daemon.sockets import bind_unix_socket
 from memrec.events import Kind
@@ -121,7 +124,7 @@ def test_sigterm_is_queued_then_handled(daemon, caplog):
     daemon.queue_signal(signal.SIGTERM, None)
     daemon.queue_signal(signal.SIGTERM, None)
     assert daemon.mood is Mood.RUNNING  # nothing done in "signal context"
-    with caplog.at_level(logging.INFO, logger="memrec.daemon.server"):
+    with caplog.at_level(logging.INFO, logger="memrec.daemon"):
         daemon.handle_signal()
     # THEN the daemon is shutting down, said once (the duplicate was not queued)
     assert daemon.mood is Mood.STOPPING
@@ -134,7 +137,7 @@ def test_sigterm_is_queued_then_handled(daemon, caplog):
 def test_sighup_rotates_and_is_ignored_during_shutdown(daemon, caplog):
     # GIVEN a running daemon WHEN SIGHUP is handled
     daemon.queue_signal(signal.SIGHUP)
-    with caplog.at_level(logging.INFO, logger="memrec.daemon.server"):
+    with caplog.at_level(logging.INFO, logger="memrec.daemon"):
         daemon.handle_signal()
         # THEN a second file is open
         assert [p.name for p in daemon.files] == ["out.mrec", "out.1.mrec"]
@@ -155,7 +158,7 @@ def test_record_mode_passes_stop_signals_on(workdir, caplog):
     d.stop_signal_handler = forwarded.append
     d.start()
     try:
-        with caplog.at_level(logging.INFO, logger="memrec.daemon.server"):
+        with caplog.at_level(logging.INFO, logger="memrec.daemon"):
             # WHEN SIGINT comes twice THEN it is passed on and the recording goes on
             for _ in range(2):
                 d.queue_signal(signal.SIGINT)
@@ -295,7 +298,7 @@ def test_live_owner_is_a_clear_error(workdir):
         # WHEN a second daemon binds THEN it refuses, naming the path, and leaves the first alone
         with pytest.raises(SocketError, match="listening on .*live.sock") as info:
             bind_unix_socket(path)
-        assert info.value.exit_code == ExitCode.CANT_CREATE
+        assert exit_code(info.value) == ExitCode.CANT_CREATE
         assert first.owns_path()
         connect(path).close()
         assert sorted(p.name for p in workdir.iterdir()) == ["live.sock"]
@@ -512,7 +515,7 @@ def test_probe_load_failure_is_one_line_and_cleans_up(workdir):
     # WHEN the daemon starts THEN one line says why, exit code UNAVAILABLE
     with pytest.raises(ProbeLoadError) as info:
         d.start()
-    assert info.value.exit_code == ExitCode.UNAVAILABLE
+    assert exit_code(info.value) == ExitCode.UNAVAILABLE
     assert "\n" not in str(info.value) and "Failed to compile" in str(info.value)
     # AND the socket is gone and no trace was created
     assert not (workdir / "s.sock").exists() and not (workdir / "o.mrec").exists()
@@ -703,13 +706,13 @@ def test_daemon_command_needs_privileges(workdir):
 def test_daemon_command_bpf_failure_is_unavailable(workdir, monkeypatch, capsys):
     # GIVEN probes that cannot load
     from memrec.commands import main
-    from memrec.daemon import server
+    from memrec.daemon import feed
 
     class Broken(FakeProbes):
         def load(self):
             raise RuntimeError("bpf(BPF_PROG_LOAD) failed: Operation not permitted")
 
-    monkeypatch.setattr(server, "_default_probes_factory", Broken)
+    monkeypatch.setattr(feed, "default_probes_factory", Broken)
     # WHEN the command runs THEN exit code UNAVAILABLE and the reason on one line
     rc = main(["daemon", "-o", str(workdir / "x.mrec"), "--socket", str(workdir / "x.sock"), "--nvml-hz", "0"])
     assert rc == ExitCode.UNAVAILABLE
@@ -720,7 +723,7 @@ def test_daemon_command_bpf_failure_is_unavailable(workdir, monkeypatch, capsys)
 def test_no_untraced_probes_reaches_the_probes(workdir, monkeypatch):
     # GIVEN probes that record how they were made (and stop the daemon there)
     from memrec.commands import main
-    from memrec.daemon import server
+    from memrec.daemon import feed
 
     made = []
 
@@ -732,7 +735,7 @@ def test_no_untraced_probes_reaches_the_probes(workdir, monkeypatch):
         def load(self):
             raise RuntimeError("stop here")
 
-    monkeypatch.setattr(server, "_default_probes_factory", lambda **kw: Recording(**kw))
+    monkeypatch.setattr(feed, "default_probes_factory", lambda **kw: Recording(**kw))
     argv = ["daemon", "-o", str(workdir / "x.mrec"), "--socket", str(workdir / "x.sock"), "--nvml-hz", "0"]
     # WHEN the daemon starts with and without --no-untraced-probes
     main(argv)
@@ -788,7 +791,7 @@ def test_a_probe_wakeup_drains_at_once(workdir):
         return bool(select.select([fd], [], [], 0)[0])
 
     d = make_daemon(workdir, poll_interval=30.0)
-    d._probes_factory = WakingProbes
+    d.feed = ProbeFeed(WakingProbes, d.config)
     d.start()
     try:
         pump(d, 0.05)  # the start-up drain
@@ -884,3 +887,58 @@ def test_daemon_keeps_the_peers_pid_when_the_named_process_is_not_the_peers(daem
     # THEN only root (or the owner) may speak for another process; refusals are logged
     assert (other_user, gone, root) == (4321, 4321, 1)
     assert "not allowed" in caplog.text and "does not exist" in caplog.text
+
+
+# ---------------------------------------------------------------------- scheduling
+
+
+@pytest.mark.parametrize("text, want", [("nice:-10", "nice:-10"), (" NICE : 5 ", "nice:5"), ("fifo:10", "fifo:10"),
+                                        ("rr:99", "rr:99"), ("off", "off")])
+def test_scheduling_policies_parse(text, want):
+    assert scheduling.parse(text) == want
+
+
+def test_the_loop_runs_at_its_priority_and_gives_it_back(workdir):
+    # GIVEN a daemon with the default policy, started from this thread
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    d = make_daemon(workdir)
+    d.start()
+    try:
+        # THEN the loop's thread runs at nice -10 (root may raise it) while the daemon runs
+        assert os.getpriority(os.PRIO_PROCESS, 0) == (-10 if os.geteuid() == 0 else before)
+    finally:
+        d.stop()
+    # AND the thread has its own priority back once the daemon stopped
+    assert os.getpriority(os.PRIO_PROCESS, 0) == before
+
+
+def test_a_realtime_policy_that_is_refused_falls_back_to_nice(monkeypatch, caplog):
+    # GIVEN a host that refuses real-time scheduling (a container without CAP_SYS_NICE)
+    def refuse(*_args):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "sched_setscheduler", refuse)
+    priority = scheduling.Priority("fifo:10")
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    try:
+        # WHEN applied THEN the loop gets nice -10 instead, and the log says why
+        with caplog.at_level(logging.WARNING):
+            got = priority.apply()
+        assert got == ("nice -10" if os.geteuid() == 0 else f"nice {before} (nice -10 not permitted)")
+        assert "cannot run the loop at SCHED_FIFO 10 (Operation not permitted)" in caplog.text
+    finally:
+        monkeypatch.undo()
+        priority.restore()
+    assert os.getpriority(os.PRIO_PROCESS, 0) == before
+
+
+def test_the_trailer_carries_the_exact_lost_total(workdir):
+    # GIVEN a daemon whose probes dropped 7 events (a full ring buffer)
+    d = make_daemon(workdir)
+    d.start()
+    d.probes.lost_total = 7
+    pump(d, 0.05)
+    # WHEN it stops THEN the trailer says so, besides the lost records, and the reader agrees
+    d.stop()
+    trace = load_trace(workdir / "out.mrec")
+    assert trace.trailer["lost"] == 7 and trace.lost == 7

@@ -28,6 +28,7 @@ from memrec._errors import ExitCode
 from memrec.client import MarkerClient
 from memrec.columns import EVENT_DTYPE
 from memrec.commands import main
+from memrec.commands.common import exit_code
 from memrec.events import GpuInfo
 from memrec.events import Kind
 from memrec.events import Marker
@@ -382,7 +383,7 @@ def test_7_the_daemon_never_writes_through_a_link_at_its_output(workdir):  # noq
     # THEN the daemon refuses to start, saying why, and the file is untouched
     with pytest.raises(Exception, match="symbolic link") as info:
         d.start()
-    assert getattr(info.value, "exit_code", None) == ExitCode.CANT_CREATE
+    assert exit_code(info.value) == ExitCode.CANT_CREATE
     assert secret.read_text() == "root's data"
 
 
@@ -532,11 +533,11 @@ def test_10_client_text_cannot_drive_the_terminal(workdir, tmp_path, caplog):  #
 
 
 def test_10_other_users_cmdlines_reach_the_daemon_log_cleaned(daemon, caplog):
-    from memrec.daemon import server
+    from memrec.daemon import gpustamp
 
-    daemon._process_info = lambda pid, gpus, ts: ProcessInfo(pid, 1, ["evil", ESCAPES], None, None, [], ts)
-    caplog.set_level(logging.INFO, logger=server.__name__)
-    daemon._process(4242, 1)
+    daemon.stamper.process_info = lambda pid, gpus, ts: ProcessInfo(pid, 1, ["evil", ESCAPES], None, None, [], ts)
+    caplog.set_level(logging.INFO, logger=gpustamp.__name__)
+    daemon.stamper.process(4242, 1)
     lines = [r.getMessage() for r in caplog.records if "pid 4242" in r.getMessage()]
     assert lines and all("\x1b" not in line and "\x07" not in line for line in lines)
 

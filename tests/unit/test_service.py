@@ -19,6 +19,7 @@ import pytest
 
 from memrec.client import MarkerClient
 from memrec.commands import main
+from memrec.commands.common import exit_code
 from memrec.daemon.notify import Notifier
 from memrec.daemon.retention import prune
 from memrec.daemon.service import Service
@@ -169,7 +170,7 @@ def test_a_taken_metrics_port_fails_before_start(workdir, capsys):
         service = Service(metrics_addr=("127.0.0.1", port))
         with pytest.raises(Exception) as err:
             service.listen()
-        assert getattr(err.value, "exit_code", None) == 73 and f"127.0.0.1:{port}" in str(err.value)
+        assert exit_code(err.value) == 73 and f"127.0.0.1:{port}" in str(err.value)
 
 
 def test_drain_meter_fill_lag_and_results():
@@ -194,7 +195,7 @@ def test_metrics_without_prometheus_client_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "prometheus_client", None)  # as if not installed
     with pytest.raises(Exception) as err:
         Service(metrics_addr=("127.0.0.1", free_port())).listen()
-    assert getattr(err.value, "exit_code", None) == 69 and "pip install 'memrec[metrics]'" in str(err.value)
+    assert exit_code(err.value) == 69 and "pip install 'memrec[metrics]'" in str(err.value)
 
 
 @pytest.mark.parametrize("text, want", [("127.0.0.1:9862", ("127.0.0.1", 9862)), (":9862", ("", 9862)),
