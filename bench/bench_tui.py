@@ -151,20 +151,20 @@ async def first_frame(path: Path) -> tuple[float, float, object]:
     app = MemrecApp(FileSource(path))
     first = None
     async with app.run_test(size=(160, 48)) as pilot:
-        while app.cursor_state is None:
+        while app.main.cursor_state is None:
             await pilot.pause(0.005)
         first = time.perf_counter() - t0
         # redraws of the running app while the replay goes on: the handler's synchronous work
         # (timeline, header, status; the state at the cursor is then computed in a worker)
         redraw = []
-        for action in (lambda: app.action_move(-1), lambda: app.action_move(-10), lambda: app.action_zoom(0.5),
-                       lambda: app.action_zoom(2.0), lambda: app.action_move(1), app.action_fit):
+        for action in (lambda: app.main.action_move(-1), lambda: app.main.action_move(-10), lambda: app.main.action_zoom(0.5),
+                       lambda: app.main.action_zoom(2.0), lambda: app.main.action_move(1), app.main.action_fit):
             app.on_key()  # what a key press does first: the replay pauses while the user interacts
             t = time.perf_counter()
             action()
             redraw.append(time.perf_counter() - t)
             await pilot.pause(0.05)
-        while not app.indexed:
+        while not app.main.indexed:
             await pilot.pause(0.05)
         full = time.perf_counter() - t0
         return first, full, (app, redraw)
@@ -185,7 +185,7 @@ def bench_redraw(model, width: int = 154) -> dict:
 
         def draw(t0=t0, span=span, c=c):
             v = model.viewport(0, t0, t0 + span, width)
-            return render_timeline(v, TimelineOptions(28, 140 * GiB, c, lo, model.bands(0), 4, model.failures(0, t0, t0 + span)))
+            return render_timeline(v, TimelineOptions(28, 140 * GiB, c, lo, model.bands(0), 4, model.landmarks.failures(0, t0, t0 + span)))
 
         d, _ = timed(draw)
         (zooms if i % 2 else draws).append(d)

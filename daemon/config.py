@@ -16,32 +16,15 @@ from pathlib import Path
 from memrec.daemon.scheduling import DEFAULT as DEFAULT_SCHEDULING
 from memrec.daemon.scheduling import parse as scheduling_policy
 from memrec.protocol import DEFAULT_SOCKET
+from memrec.units import parse_size as byte_size  # the one size parser (the TUI's filter reads sizes with it too)
 
 DEFAULT_OUTPUT = "/var/lib/memrec/"
 GiB = 1 << 30
 #: 16 MiB of 4 KiB pages: 123,000 records, about 1.2 s at 100k events/s.
 DEFAULT_RINGBUF_PAGES = 4096
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgtp]?)(i?b?)\s*$", re.IGNORECASE)
-_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d)?\s*$", re.IGNORECASE)
 _DURATION_UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def byte_size(text: str | int) -> int:
-    """``"512M"`` → 536870912. Units K, M, G, T, P are powers of 1024 (``MiB``/``MB``/``M`` alike).
-
-    Raises:
-        ValueError: not a non-negative size.
-    """
-    if isinstance(text, int) and not isinstance(text, bool):
-        if text < 0:
-            raise ValueError(f"size must be >= 0, got {text}")
-        return text
-    match = _SIZE.match(str(text))
-    if not match or (match.group(3) and match.group(3).lower() == "i"):
-        raise ValueError(f"not a byte size: {text!r} (examples: 0, 4096, 512M, 1G, 1.5GiB)")
-    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
 
 
 def positive_float(text: str | float) -> float:

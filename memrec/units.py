@@ -1,7 +1,13 @@
-"""Sizes as every command shows them: ``memrec report``, ``memrec diff`` and the TUI read the same
-``60.00 GiB``, so a number copied from one is found in the others."""
+"""Sizes and durations as every command shows and reads them: ``memrec report``, ``memrec diff``
+and the TUI write the same ``60.00 GiB``, so a number copied from one is found in the others, and
+the daemon's options and the TUI's filter read sizes with the one parser below."""
 
 from __future__ import annotations
+
+import re
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgtp]?)(i?b?)\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
 
 
 def fmt_bytes(n: int | float | None, signed: bool = False) -> str:
@@ -16,3 +22,42 @@ def fmt_bytes(n: int | float | None, signed: bool = False) -> str:
         if a >= 1 << shift:
             return f"{sign}{a / (1 << shift):.{digits}f} {unit}"
     return f"{sign}{a} B"
+
+
+def parse_size(text: str | int) -> int:
+    """``"512M"`` → 536870912. Units K, M, G, T, P are powers of 1024 (``MiB``/``MB``/``M`` alike),
+    so what :func:`fmt_bytes` writes (``1.50 GiB``) reads back.
+
+    Raises:
+        ValueError: not a non-negative size.
+    """
+    if isinstance(text, int) and not isinstance(text, bool):
+        if text < 0:
+            raise ValueError(f"size must be >= 0, got {text}")
+        return text
+    match = _SIZE.match(str(text))
+    if not match or (match.group(3) and match.group(3).lower() == "i"):
+        raise ValueError(f"not a byte size: {text!r} (examples: 0, 4096, 512M, 1G, 1.5GiB)")
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+
+
+def fmt_dur(ns: int | float) -> str:
+    """A duration in nanoseconds: ``850ns``, ``12.3ms``, ``4.20s``, ``3m05s``, ``2h03m``."""
+    ns = float(ns)
+    neg = ns < 0
+    ns = abs(ns)
+    if ns < 1e3:
+        s = f"{ns:.0f}ns"
+    elif ns < 1e6:
+        s = f"{ns / 1e3:.1f}us"
+    elif ns < 1e9:
+        s = f"{ns / 1e6:.1f}ms"
+    elif ns < 60e9:
+        s = f"{ns / 1e9:.2f}s"
+    elif ns < 3600e9:
+        m, sec = divmod(int(ns / 1e9), 60)
+        s = f"{m}m{sec:02d}s"
+    else:
+        h, m = divmod(int(ns / 60e9), 60)
+        s = f"{h}h{m:02d}m"
+    return "-" + s if neg else s

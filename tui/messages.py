@@ -1,4 +1,5 @@
-"""Messages the data sources post to the app (the only way a source thread talks to it).
+"""Messages the data sources post to the app (the only way a source thread talks to it), and the
+one the main screen's cursor worker posts to the screen.
 
 ``post_message`` is thread-safe; everything here is plain data. Floods are merged with
 ``can_replace``: Textual drops a pending message when the one queued after it can replace it,
@@ -11,6 +12,9 @@ from dataclasses import dataclass
 from dataclasses import field
 
 from textual.message import Message
+
+from memrec.tui.model import CursorState
+from memrec.tui.store import EventRows
 
 
 @dataclass
@@ -78,8 +82,10 @@ class SourceFailed(Message):
 
 @dataclass
 class CursorStateReady(Message):
-    """The state at the cursor, computed in a worker (``key`` says which request it answers)."""
+    """The state at the cursor and the events around it, computed in a worker (``key`` says which
+    request it answers; ``other``: diff mode, the other trace's state at the aligned time)."""
 
     key: tuple
-    state: object
-    other: object = None
+    state: CursorState
+    events: EventRows
+    other: CursorState | None = None

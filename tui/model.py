@@ -17,8 +17,9 @@ answers what the screen asks for:
   keyframe, or a snapshot the replay took every ``checkpoint_every`` events) restored with
   ``LiveState.from_snapshot`` plus a replay of the gap — never a replay from the start;
 - :meth:`TraceModel.events_window`: the events around a ``seq`` that pass an :class:`EventFilter`;
-- navigation: next/previous marker, phase, failed driver call (any CUresult but success, as the
-  report counts them), big allocation.
+- :attr:`TraceModel.landmarks`: failed driver calls and big allocations, where the cursor jumps
+  (:mod:`memrec.tui.navigation`); the events live in an :class:`~memrec.tui.store.EventStore`
+  and the table's filter language is :mod:`memrec.tui.filters`.
 
 Live mode bounds memory: :meth:`TraceModel.trim` drops the oldest event chunks, checkpoints and
 series points beyond ``max_events``.
@@ -29,7 +30,6 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import marshal
-import re
 import threading
 from dataclasses import dataclass
 from dataclasses import field
@@ -43,13 +43,9 @@ from memrec._untrusted import clean_marker
 from memrec._untrusted import clean_text
 from memrec.columns import EVENT_DTYPE
 from memrec.events import CATEGORIES
-from memrec.events import CU_RESULT_NAMES
-from memrec.events import cu_result_name
-from memrec.events import Api
 from memrec.events import GpuInfo
 from memrec.events import IPC_MAPPED
 from memrec.events import OWNED_CATEGORIES as OWNED
-from memrec.events import Kind
 from memrec.events import Marker
 from memrec.events import ProcessInfo
 from memrec.engine.phases import OPEN_END
@@ -67,113 +63,15 @@ from memrec.trace.chunks import DEFAULT_SCHEMA
 from memrec.trace.format import gpus_from_header
 from memrec.trace.format import parse_schema
 from memrec.trace.model import GpuIds
+from memrec.tui.filters import API_NAMES
+from memrec.tui.filters import EventFilter
+from memrec.tui.filters import event_mask
+from memrec.tui.navigation import Landmarks
+from memrec.tui.store import EventRows
+from memrec.tui.store import EventStore
 
 NCAT = len(CATEGORIES)
-#: Kinds that allocate (the "big allocation" jumps look at these).
-ALLOC_KINDS = np.array([Kind.ALLOC, Kind.VMM_CREATE, Kind.HOST_ALLOC, Kind.IPC_OPEN, Kind.HOST_REGISTER], dtype=np.uint16)
-#: Allocations of at least this many bytes are remembered for "next big allocation" (key b).
-BIG_MIN = 1 << 30
 NEVER = OPEN_END
-
-
-# ----------------------------------------------------------------------------------------------
-# small helpers
-
-
-def fmt_dur(ns: int | float) -> str:
-    """A duration: ``850ns``, ``12.3ms``, ``4.20s``, ``3m05s``, ``2h03m``."""
-    ns = float(ns)
-    neg = ns < 0
-    ns = abs(ns)
-    if ns < 1e3:
-        s = f"{ns:.0f}ns"
-    elif ns < 1e6:
-        s = f"{ns / 1e3:.1f}us"
-    elif ns < 1e9:
-        s = f"{ns / 1e6:.1f}ms"
-    elif ns < 60e9:
-        s = f"{ns / 1e9:.2f}s"
-    elif ns < 3600e9:
-        m, sec = divmod(int(ns / 1e9), 60)
-        s = f"{m}m{sec:02d}s"
-    else:
-        h, m = divmod(int(ns / 60e9), 60)
-        s = f"{h}h{m:02d}m"
-    return "-" + s if neg else s
-
-
-_SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)([kmgt]?)i?b?$", re.I)
-
-
-def parse_size(text: str) -> int:
-    """``"1G"`` → 1073741824, ``"512m"``, ``"4096"``. Raises ValueError."""
-    m = _SIZE_RE.match(text.strip())
-    if not m:
-        raise ValueError(f"not a size: {text!r}")
-    mult = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(2).lower()]
-    return int(float(m.group(1)) * mult)
-
-
-KIND_NAMES = {int(k): k.name.lower() for k in Kind}
-API_NAMES = {int(a): a.name for a in Api}
-
-
-# ----------------------------------------------------------------------------------------------
-# filters
-
-
-@dataclass(frozen=True)
-class EventFilter:
-    """Which events the event table shows. Empty fields match everything."""
-
-    pids: frozenset[int] = frozenset()
-    kinds: frozenset[int] = frozenset()
-    min_size: int = 0
-    phase: str = ""
-    text: str = ""
-    failed: bool = False
-
-    @property
-    def empty(self) -> bool:
-        return self == EventFilter()
-
-
-def parse_filter(text: str) -> EventFilter:
-    """Parse the filter box: ``pid:123,456 kind:alloc,free size>=1G phase:weights fail some text``.
-
-    Unknown ``key:value`` words and malformed values raise ValueError with a one-line reason.
-    """
-    pids: set[int] = set()
-    kinds: set[int] = set()
-    min_size = 0
-    phase = ""
-    failed = False
-    words = []
-    for word in text.split():
-        low = word.lower()
-        if low.startswith("pid:"):
-            try:
-                pids.update(int(p) for p in low[4:].split(",") if p)
-            except ValueError:
-                raise ValueError(f"pid: wants numbers, got {word[4:]!r}") from None
-        elif low.startswith("kind:"):
-            for name in low[5:].split(","):
-                if not name:
-                    continue
-                match = [int(k) for k in Kind if k.name.lower() == name or k.name.lower().startswith(name)]
-                if not match:
-                    raise ValueError(f"kind: no event kind {name!r} (alloc, free, vmm_create, ipc_open, ...)")
-                kinds.update(match)
-        elif low.startswith(("size>=", "size>", "size:")):
-            value = low.split(">=", 1)[1] if ">=" in low else low.split(">", 1)[1] if ">" in low else low[5:]
-            min_size = parse_size(value)
-        elif low.startswith("phase:"):
-            phase = word[6:]
-        elif low in ("fail", "failed", "oom", "!ok"):
-            failed = True
-        else:
-            words.append(word)
-    return EventFilter(frozenset(pids), frozenset(kinds), min_size, phase, " ".join(words).lower(), failed)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -296,164 +194,6 @@ class CursorState:
         return self.nvml["used"] - self.owned
 
 
-@dataclass
-class EventRows:
-    """Events around a cursor: ``rows`` (EVENT_DTYPE), their seqs and phases; ``center`` is the
-    row index of the last event at or before the cursor (-1 if none)."""
-
-    rows: np.ndarray
-    seqs: np.ndarray
-    phases: list[str]
-    center: int
-    scanned_all: bool = True
-
-
-# ----------------------------------------------------------------------------------------------
-# the event store
-
-
-class EventStore:
-    """Event chunks in trace order, each an EVENT_DTYPE array or a lazily converted column chunk."""
-
-    def __init__(self, cache_chunks: int = 16) -> None:
-        self._chunks: list[Any] = []
-        self._starts: list[int] = []  # seq of each chunk's first event
-        self.base = 0  # seq of the first event still held
-        self.n = 0  # events seen (seq of the next)
-        self._env: list[np.ndarray] = []  # per chunk: monotone envelope of ts (a view when sorted)
-        self._firsts: list[int] = []  # per chunk: env[0]
-        self._cache: dict[int, np.ndarray] = {}
-        self._cache_max = cache_chunks
-
-    def __len__(self) -> int:
-        return self.n - self.base
-
-    def append(self, chunk: Any) -> int:
-        """Add a chunk (EVENT_DTYPE array or an object with ``.n``, ``.columns`` and ``.to_array()``)."""
-        n = len(chunk) if isinstance(chunk, np.ndarray) else chunk.n
-        if n == 0:
-            return self.n
-        ts = chunk["ts"] if isinstance(chunk, np.ndarray) else chunk.columns["ts"]
-        ts = ts.astype(np.uint64, copy=False)
-        prev = int(self._env[-1][-1]) if self._env else 0
-        if int(ts[0]) >= prev and (n < 2 or bool((ts[1:] >= ts[:-1]).all())):
-            env = ts  # sorted (the usual case): the column itself, no copy
-        else:
-            env = np.maximum(np.maximum.accumulate(ts), np.uint64(prev))
-        start = self.n
-        self._chunks.append(chunk)
-        self._starts.append(start)
-        self._env.append(env)
-        self._firsts.append(int(env[0]))
-        self.n += n
-        return start
-
-    def first_ts(self) -> int | None:
-        return self._firsts[0] if self._firsts else None
-
-    def last_ts(self) -> int | None:
-        return int(self._env[-1][-1]) if self._env else None
-
-    def seq_at(self, ts: int) -> int:
-        """The seq of the last event with ts <= ``ts`` (base - 1 if none)."""
-        k = bisect.bisect_right(self._firsts, ts) - 1
-        if k < 0:
-            return self.base - 1
-        i = int(np.searchsorted(self._env[k], np.uint64(max(ts, 0)), side="right")) - 1
-        return self._starts[k] + i
-
-    def ts_of(self, seq: int) -> int:
-        if not self._env:
-            return 0
-        seq = min(max(seq, self.base), self.n - 1)
-        k = bisect.bisect_right(self._starts, seq) - 1
-        return int(self._env[k][seq - self._starts[k]])
-
-    def _array(self, k: int) -> np.ndarray:
-        c = self._chunks[k]
-        if isinstance(c, np.ndarray):
-            return c
-        start = self._starts[k]
-        arr = self._cache.get(start)
-        if arr is None:
-            arr = c.to_array()
-            if len(self._cache) >= self._cache_max:
-                self._cache.pop(next(iter(self._cache)))
-            self._cache[start] = arr
-        return arr
-
-    def pieces(self, lo: int, hi: int) -> list[tuple[int, int, int]]:
-        """(chunk index, start, stop) covering seq [lo, hi): cheap; take it under the model's lock."""
-        lo = max(lo, self.base)
-        hi = min(hi, self.n)
-        out = []
-        if hi <= lo:
-            return out
-        k = bisect.bisect_right(self._starts, lo) - 1
-        while k < len(self._chunks) and self._starts[k] < hi:
-            s = self._starts[k]
-            out.append((self._chunks[k], s, max(lo - s, 0), hi - s))
-            k += 1
-        return out
-
-    def materialize(self, pieces: list) -> np.ndarray:
-        """The events of :meth:`pieces` as one array (the slow part: no lock needed, chunks never change)."""
-        if not pieces:
-            return np.zeros(0, dtype=EVENT_DTYPE)
-        parts = [self._array_of(c, s)[a:b] for c, s, a, b in pieces]
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
-
-    def _array_of(self, c: Any, start: int) -> np.ndarray:
-        if isinstance(c, np.ndarray):
-            return c
-        arr = self._cache.get(start)
-        if arr is None:
-            arr = c.to_array()
-            if len(self._cache) >= self._cache_max:
-                self._cache.pop(next(iter(self._cache)), None)
-            self._cache[start] = arr
-        return arr
-
-    def slice(self, lo: int, hi: int) -> np.ndarray:
-        """Events with seq in [lo, hi) as one EVENT_DTYPE array (a view when inside one chunk)."""
-        return self.materialize(self.pieces(lo, hi))
-
-    def column(self, name: str, lo: int, hi: int) -> np.ndarray:
-        """One column for seq in [lo, hi), read from column views without converting chunks."""
-        lo = max(lo, self.base)
-        hi = min(hi, self.n)
-        if hi <= lo:
-            return np.zeros(0, dtype=EVENT_DTYPE[name])
-        k = bisect.bisect_right(self._starts, lo) - 1
-        parts = []
-        while k < len(self._chunks) and self._starts[k] < hi:
-            c = self._chunks[k]
-            col = c[name] if isinstance(c, np.ndarray) else c.columns.get(name)
-            s = self._starts[k]
-            n = len(c) if isinstance(c, np.ndarray) else c.n
-            if col is None:
-                col = self._array(k)[name]
-            parts.append(col[max(lo - s, 0) : min(hi - s, n)])
-            k += 1
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
-
-    def drop_before(self, seq: int) -> None:
-        """Forget whole chunks that end at or before ``seq``."""
-        k = 0
-        while k + 1 < len(self._chunks) and self._starts[k + 1] <= seq:
-            k += 1
-        if k == 0:
-            return
-        new_base = self._starts[k]
-        for st in self._starts[:k]:
-            self._cache.pop(st, None)
-        del self._chunks[:k]
-        del self._starts[:k]
-        del self._env[:k]
-        del self._firsts[:k]
-        self.base = new_base
-
-
 # ----------------------------------------------------------------------------------------------
 # NVML samples
 
@@ -527,10 +267,7 @@ class TraceModel:
         self._since_checkpoint = 0
         self.frontier = 0  # events replayed (seq of the next to replay)
         self._kf_points: list[tuple[int, dict[int, np.ndarray]]] = []  # (ts, gpu -> bytes per cat)
-        self._fail = {k: Grow(np.int64) for k in ("seq", "gpu", "api", "result")}  # failed calls
-        self._fail_ts = Grow(np.uint64)
-        self._big = {k: Grow(np.int64) for k in ("seq", "gpu", "size")}
-        self._big_ts = Grow(np.uint64)
+        self.landmarks = Landmarks()  # failed calls and big allocations (the jumps' targets)
         self._phase_cache: tuple[int, PhaseIndex] | None = None
         self.t_end_hint: int | None = None  # trailer's end_ts
         self._gpu_pids: dict[int, set[int]] = {}  # pids that ever held memory on a GPU
@@ -563,22 +300,7 @@ class TraceModel:
                 return
             cols = (lambda name: chunk[name]) if isinstance(chunk, np.ndarray) else chunk.column
             self._gpu_ids.add_column(cols("gpu"))
-            kind = cols("kind")
-            result = cols("result")
-            size = cols("size")
-            bad = np.flatnonzero(result != 0)
-            if len(bad):
-                self._fail["seq"].extend(bad + start)
-                self._fail_ts.extend(cols("ts")[bad])
-                for name in ("gpu", "api", "result"):
-                    self._fail[name].extend(cols(name)[bad])
-            big = np.flatnonzero(size >= BIG_MIN)
-            big = big[(result[big] == 0) & np.isin(kind[big], ALLOC_KINDS)]
-            if len(big):
-                self._big["seq"].extend(big + start)
-                self._big_ts.extend(cols("ts")[big])
-                self._big["gpu"].extend(cols("gpu")[big])
-                self._big["size"].extend(size[big])
+            self.landmarks.add(cols, start)
 
     def add_nvml(self, samples: np.ndarray) -> None:
         with self.lock:
@@ -790,11 +512,7 @@ class TraceModel:
             self.keyframes = [k for k in self.keyframes if k[0] >= cut]
             for s in self.series.values():
                 s.drop_before_seq(cut)
-            for table, ts in ((self._fail, self._fail_ts), (self._big, self._big_ts)):
-                k = int(np.searchsorted(table["seq"].a, cut))
-                for g in table.values():
-                    g.drop_front(k)
-                ts.drop_front(k)
+            self.landmarks.drop_before_seq(cut)
             t_cut = self.store.first_ts() or 0
             for nv in self.nvml.values():
                 k = int(np.searchsorted(nv.ts.a, np.uint64(t_cut))) - 1
@@ -1119,123 +837,12 @@ class TraceModel:
         return rows
 
     def _match(self, rows: np.ndarray, flt: EventFilter, gpu: int | None, pix: PhaseIndex | None) -> np.ndarray:
-        m = np.ones(len(rows), dtype=bool)
-        if gpu is not None:
-            pids = np.fromiter(self._gpu_pids.get(gpu, ()), np.uint32)
-            m &= (rows["gpu"] == gpu) | ((rows["gpu"] < 0) & np.isin(rows["pid"], pids))
-        if flt.pids:
-            m &= np.isin(rows["pid"], np.fromiter(flt.pids, np.uint32))
-        if flt.kinds:
-            m &= np.isin(rows["kind"], np.fromiter(flt.kinds, np.uint16))
-        if flt.min_size:
-            m &= rows["size"] >= flt.min_size
-        if flt.failed:
-            m &= rows["result"] != 0
-        if flt.phase and pix is not None and m.any():
-            idx = np.flatnonzero(m)
-            ph = pix.phases_of(rows["pid"][idx], rows["ts"][idx])
-            want = flt.phase.lower()
-            m[idx] = [want in p.lower() for p in ph]
-        if flt.text and m.any():
-            m &= self._text_mask(rows, flt.text, pix)
-        return m
+        return event_mask(rows, flt, gpu, self._gpu_pids.get(gpu, ()), pix.phases_of if pix is not None else None,
+                          self._pids_named)
 
-    def _text_mask(self, rows: np.ndarray, text: str, pix: PhaseIndex | None) -> np.ndarray:
-        """Rows whose kind, API, result name, pid, rank, command, phase or pointer match ``text``."""
-        out = np.zeros(len(rows), dtype=bool)
-        kinds = [k for k, name in KIND_NAMES.items() if text in name]
-        apis = [a for a, name in API_NAMES.items() if text in name.lower()]
-        results = [r for r, name in CU_RESULT_NAMES.items() if text in name.lower()]
-        if kinds:
-            out |= np.isin(rows["kind"], kinds)
-        if apis:
-            out |= np.isin(rows["api"], apis)
-        if results:
-            out |= np.isin(rows["result"], results)
-        pids = [p for p in self.processes if text in self.pid_label(p).lower() or text in self.pid_command(p).lower()]
-        if text.isdigit():
-            pids.append(int(text))
-        if pids:
-            out |= np.isin(rows["pid"], pids)
-        hex_text = text[2:] if text.startswith("0x") else text
-        if hex_text and all(c in "0123456789abcdef" for c in hex_text) and len(hex_text) >= 4:
-            try:
-                v = int(hex_text, 16)
-                out |= (rows["ptr"] == v) | (rows["handle"] == v)
-            except ValueError:
-                pass
-        if pix is not None and pix.spans and not out.all():
-            idx = np.flatnonzero(~out)
-            ph = pix.phases_of(rows["pid"][idx], rows["ts"][idx])
-            out[idx] = [text in p.lower() for p in ph]
-        return out
-
-    # ------------------------------------------------------------------ navigation
-
-    def next_marker_ts(self, ts: int, forward: bool) -> int | None:
-        keys = [m.ts for m in self.markers]
-        return _next_in(keys, ts, forward)
-
-    def next_phase_ts(self, ts: int, forward: bool, gpu: int | None = None) -> int | None:
-        spans = self.phase_index().spans
-        if gpu is not None:
-            pids = set(self.gpu_pids(gpu))
-            if pids:
-                spans = [s for s in spans if s.pid in pids or s.gpu == gpu] or spans
-        return _next_in(sorted(s.begin for s in spans if s.end != s.begin and not s.resumed), ts, forward)
-
-    def next_failure_ts(self, ts: int, forward: bool, gpu: int | None = None) -> int | None:
-        with self.lock:
-            tss = self._fail_ts.a
-            if gpu is not None:
-                g = self._fail["gpu"].a
-                tss = tss[(g == gpu) | (g < 0)]
-            return _next_in(tss, ts, forward)
-
-    def next_big_ts(self, ts: int, forward: bool, gpu: int | None = None, min_size: int = 1 << 30) -> int | None:
-        with self.lock:
-            m = self._big["size"].a >= min_size
-            if gpu is not None:
-                m &= self._big["gpu"].a == gpu
-            return _next_in(self._big_ts.a[m], ts, forward)
-
-    def failure_text(self, ts: int, gpu: int | None = None) -> str | None:
-        """What failed at ``ts`` (on ``gpu``, or unknown GPU): ``cuMemCreate: CUDA_ERROR_NOT_PERMITTED``
-        (several: the first, and how many more)."""
-        with self.lock:
-            at = np.flatnonzero(self._fail_ts.a == np.uint64(max(ts, 0)))
-            if gpu is not None:
-                g = self._fail["gpu"].a[at]
-                at = at[(g == gpu) | (g < 0)]
-            if not len(at):
-                return None
-            api, result = int(self._fail["api"].a[at[0]]), int(self._fail["result"].a[at[0]])
-        more = f" (+{len(at) - 1} more)" if len(at) > 1 else ""
-        return f"{API_NAMES.get(api, f'api {api}')}: {cu_result_name(result)}{more}"
-
-    def failures(self, gpu: int | None, t0: int, t1: int) -> np.ndarray:
-        """Timestamps of failed calls in [t0, t1) (on ``gpu``, or unknown GPU)."""
-        with self.lock:
-            tss = self._fail_ts.a
-            if gpu is not None:
-                g = self._fail["gpu"].a
-                tss = tss[(g == gpu) | (g < 0)]
-            return tss[(tss >= t0) & (tss < t1)]
-
-    def failure_count(self) -> int:
-        return self._fail_ts.n
-
-
-def _next_in(keys: Any, ts: int, forward: bool) -> int | None:
-    keys = np.asarray(keys, dtype=np.uint64) if not isinstance(keys, np.ndarray) else keys
-    if not len(keys):
-        return None
-    t = np.uint64(max(ts, 0))
-    if forward:
-        i = int(np.searchsorted(keys, t, side="right"))
-        return int(keys[i]) if i < len(keys) else None
-    i = int(np.searchsorted(keys, t, side="left")) - 1
-    return int(keys[i]) if i >= 0 else None
+    def _pids_named(self, text: str) -> list[int]:
+        """Processes whose rank label or command line contains ``text`` (lower case)."""
+        return [p for p in self.processes if text in self.pid_label(p).lower() or text in self.pid_command(p).lower()]
 
 
 def _totals_by_gpu(s: LiveState) -> dict[int, np.ndarray]:
@@ -1258,17 +865,10 @@ def diff_rows(a: dict[str, int], b: dict[str, int]) -> list[tuple[str, int, int,
 
 __all__ = [
     "CursorState",
-    "EventFilter",
-    "EventRows",
-    "EventStore",
     "LiveAlloc",
     "PhaseSpan",
     "SeriesView",
     "TraceModel",
     "diff_rows",
-    "fmt_dur",
-    "parse_filter",
-    "parse_size",
     "phase_spans",
 ]
-

@@ -11,6 +11,8 @@ The app takes a source as an argument (tests pass their own). A source fills a
   posts :class:`RecordsReceived` (the model checks each record as a file's); when the daemon goes away it posts :class:`Disconnected` and
   reconnects with exponential backoff.
 - :class:`DiffSource`: two file sources.
+
+All three implement :class:`Source`, the one type the app takes.
 """
 
 from __future__ import annotations
@@ -21,16 +23,78 @@ import socket
 import threading
 import time
 from typing import Callable
+from typing import Protocol
 
 from memrec.tui import messages
 from memrec.tui.model import TraceModel
 
 Post = Callable[[object], object]
+
+
+class Source(Protocol):
+    """What the app draws from (like the trace writer's ``Sink`` on the other side).
+
+    A source fills :attr:`model` (and :attr:`other_model`, comparing two traces) from a thread of
+    its own, started by :meth:`start`, and reports only through ``post`` (the app's thread-safe
+    ``post_message``): :class:`~memrec.tui.messages.Loaded` and ``Indexed`` for a file,
+    ``Connected``/``Disconnected``/``RecordsReceived`` for a live stream.
+    """
+
+    #: The model the view draws; a live source replaces it when the daemon starts a new stream.
+    model: TraceModel
+    #: Diff mode: the trace compared with :attr:`model` (None otherwise).
+    other_model: TraceModel | None
+    #: A stream that goes on (the view follows it, can pause, and reconnects); False: files read once.
+    live: bool
+    #: Set by the app: true while the user interacts (a file's replay then waits).
+    busy: Callable[[], bool]
+
+    @property
+    def title(self) -> str:
+        """What the status line calls the source."""
+
+    def start(self, post: Post) -> None:
+        """Start delivering (returns at once)."""
+
+    def new_model(self) -> TraceModel:
+        """A fresh model for a new stream (live: the daemon restarted)."""
+
+    def stop(self) -> None:
+        """Stop and wait briefly for the thread; safe to call twice."""
+
+
+class _Threaded:
+    """A source whose :meth:`run` is the body of a daemon thread of its own."""
+
+    _stop: threading.Event
+    _thread: threading.Thread | None = None
+
+    def run(self, post: Post) -> None:
+        raise NotImplementedError
+
+    def start(self, post: Post) -> None:
+        self._thread = threading.Thread(target=self._body, args=(post,), name=f"memrec-{type(self).__name__}", daemon=True)
+        self._thread.start()
+
+    def _body(self, post: Post) -> None:
+        try:
+            self.run(post)
+        except Exception as error:  # no traceback over the screen (it is on stderr): the status line says it
+            post(messages.SourceFailed(f"{type(error).__name__}: {error}"))
+
+    @property
+    def running(self) -> bool:
+        """The thread is still at work (a file: reading, replaying, splitting the untraced band)."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def _join(self) -> None:
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2.0)
 #: The largest trace whose untraced band the TUI splits itself (a second read and replay).
 RECONCILE_MAX_EVENTS = 2_000_000
 
 
-class FileSource:
+class FileSource(_Threaded):
     """A ``.mrec`` file.
 
     Raises (from :meth:`open`):
@@ -38,7 +102,8 @@ class FileSource:
         TraceFormatError: not a memrec trace, or a newer format.
     """
 
-    kind = "file"
+    live = False
+    other_model = None
 
     def __init__(self, path: str | os.PathLike, index_step: int = 16384) -> None:
         self.path = os.fspath(path)
@@ -139,20 +204,24 @@ class FileSource:
         model.untraced_note = "" if rec.process_sampling else "no NVML per-process samples in this trace"
         return True
 
+    def new_model(self) -> TraceModel:
+        return TraceModel()
+
     def stop(self) -> None:
         self._stop.set()
+        self._join()
 
 
-class DiffSource:
+class DiffSource(_Threaded):
     """Two trace files: ``base`` is drawn, ``other`` is compared with it."""
 
-    kind = "diff"
+    live = False
 
     def __init__(self, base: str | os.PathLike, other: str | os.PathLike) -> None:
         self.base = FileSource(base)
         self.other = FileSource(other)
         self.model = self.base.model
-        self.other_model = self.other.model
+        self.other_model: TraceModel | None = self.other.model
         self.busy: Callable[[], bool] = lambda: False
 
     @property
@@ -179,12 +248,16 @@ class DiffSource:
         if self.base.reconcile():  # the base's split, as a file source has it
             post(messages.Indexed(time.perf_counter() - t))
 
+    def new_model(self) -> TraceModel:
+        return TraceModel()
+
     def stop(self) -> None:
         self.base.stop()
         self.other.stop()
+        self._join()
 
 
-class LiveSource:
+class LiveSource(_Threaded):
     """Follows a running daemon over its Unix socket (subscriber protocol).
 
     Args:
@@ -193,7 +266,8 @@ class LiveSource:
         max_events: events the live model keeps (older ones are dropped: memory stays bounded).
     """
 
-    kind = "live"
+    live = True
+    other_model = None
 
     def __init__(self, path: str | None = None, backoff: tuple[float, float] = (0.2, 5.0), max_events: int = 2_000_000) -> None:
         from memrec.protocol import socket_path
@@ -203,9 +277,9 @@ class LiveSource:
         self.max_events = max_events
         self.model = self.new_model()
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._sock: socket.socket | None = None
         self.attempts = 0
+        self.busy: Callable[[], bool] = lambda: False
 
     @property
     def title(self) -> str:
@@ -220,14 +294,8 @@ class LiveSource:
 
         ping(self.path, timeout=2.0)
 
-    def start(self, post: Post) -> None:
-        self._thread = threading.Thread(target=self._run, args=(post,), name="memrec-live", daemon=True)
-        self._thread.start()
-
     def run(self, post: Post) -> None:
-        self.start(post)
-
-    def _run(self, post: Post) -> None:
+        """Subscribe, and again with a growing delay whenever the connection ends (the thread's body)."""
         delay = self.backoff[0]
         while not self._stop.is_set():
             self.attempts += 1
@@ -294,5 +362,4 @@ class LiveSource:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=2.0)
+        self._join()

@@ -35,6 +35,7 @@ def run_commands(path: str) -> dict[str, int]:
 def load_in_tui(path: str) -> None:
     """The TUI's loading path without a screen: scan, replay, and the model queries views make."""
     from memrec._errors import TraceFormatError
+    from memrec.tui.navigation import answer
     from memrec.tui.sources import FileSource
 
     src = FileSource(path)
@@ -46,6 +47,7 @@ def load_in_tui(path: str) -> None:
     src.index()
     model = src.model
     model.time_range()
+    answer(model)  # where the view opens
     for g in model.gpu_ids():
         n = model.store.n
         if n:

@@ -92,24 +92,47 @@ async def _until_scrolls_settle(pilot, rounds: int = 40) -> None:
         before = now
 
 
+async def _until_tables_measured(pilot, rounds: int = 40) -> None:
+    """Wait until every table has measured its new rows: a DataTable sizes its columns when its
+    message queue is empty, which on a loaded machine can come after a snapshot (columns as wide
+    as their labels, the values cut)."""
+    from textual.widgets import DataTable
+
+    for _ in range(rounds):
+        tables = [w for screen in pilot.app.screen_stack for w in screen.query(DataTable)]
+        if not any(t._require_update_dimensions or t._updated_cells for t in tables):
+            return
+        await pilot.pause(0.05)
+
+
 async def settle(pilot, rounds: int = 3, timeout: float = 20.0) -> None:
     """Let the file load, the workers finish and their messages be handled."""
     import time
 
+    from textual.worker import WorkerCancelled
+
     app = pilot.app
     end = time.monotonic() + timeout
     while time.monotonic() < end:
+        # a file source's thread still at work (splitting the untraced band after the replay) posts
+        # once more: its messages must be handled before the view is settled
+        busy = not app.source.live and getattr(app.source, "running", False)
         for _ in range(rounds):
             await pilot.pause()
-            await app.workers.wait_for_complete()
+            try:
+                await app.workers.wait_for_complete()
+            except WorkerCancelled:  # a cursor request replaced by a newer one (a key, the replay's end)
+                pass
         await pilot.pause()
-        live = getattr(app.source, "kind", "") == "live"
-        state_ok = app.gpu == -1 or app.cursor_state is not None or not app.loaded
-        key_ok = app._state_key is None or app.gpu == -1 or (app.cursor_state is not None and app.events_rows is not None)
-        if (live or (app.loaded and app.indexed)) and state_ok and key_ok and not app.workers._workers:
+        live = app.source.live
+        state_ok = app.main.gpu == -1 or app.main.cursor_state is not None or not app.main.loaded
+        key_ok = app.main._state_key is None or app.main.gpu == -1 or app.main.answered_key == app.main._state_key
+        if (live or (app.main.loaded and app.main.indexed)) and not busy and state_ok and key_ok and not app.workers._workers:
             # Tables scroll to their cursor row with an animation: a loaded machine can snapshot
             # a scrollbar mid-way (seen once in CI: the events table's thumb one row apart).
             await pilot.wait_for_scheduled_animations()
+            await _until_tables_measured(pilot)
             await _until_scrolls_settle(pilot)
+            await _until_tables_measured(pilot)
             return
         await pilot.pause(0.02)

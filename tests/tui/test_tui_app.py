@@ -17,18 +17,34 @@ SEC = synth.SEC
 T0 = synth.T0
 
 
-async def test_opens_on_gpu0_with_the_cursor_at_the_end(trace_file):
-    # GIVEN the app on a trace file
+async def test_opens_at_the_first_failed_call_and_names_it(trace_file):
+    # GIVEN the app on a trace whose only failed call is rank 1's KV-cache allocation on GPU1
     app = MemrecApp(FileSource(trace_file))
     async with app.run_test(size=(120, 36)) as pilot:
         await settle(pilot)
-        # THEN GPU0's tab is shown, the cursor is at the end, and the holders are filled
-        assert app.gpu == 0 and app.loaded and app.indexed
-        assert app.cursor_ts == T0 + 12 * SEC
-        assert app.cursor_state is not None and app.cursor_state.gpu == 0
+        # THEN GPU1's tab is shown with the cursor on that call, and the holders are filled
+        main = app.main
+        assert main.gpu == 1 and main.loaded and main.indexed
+        assert main.cursor_ts == T0 + int(7.05 * SEC)
+        assert main.cursor_state is not None and main.cursor_state.gpu == 1
         table = app.query_one("#holders", HoldersTable)
-        assert table.get_row_at(0)[0] == "tp0 4101"
-        assert "tab-gpu1" in [t.id for t in app.query("Tab")]
+        assert table.get_row_at(0)[0] == "tp1 4102"
+        assert "tab-gpu0" in [t.id for t in app.query("Tab")]
+        # AND the status line says what the cursor is on
+        status = str(app.query_one("#status").render())
+        assert "✗ cuMemAlloc_v2: CUDA_ERROR_OUT_OF_MEMORY in kv_cache · tp1" in status
+
+
+async def test_without_a_failure_opens_at_the_peak(tmp_path):
+    # GIVEN a run without the failure: GPU1 peaks once its KV cache is allocated
+    path = tmp_path / "ok.mrec"
+    synth.write_trace(path, synth.sglang_like(oom=False))
+    app = MemrecApp(FileSource(path))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        # THEN the view opens on GPU1 at the first instant of that peak, named in the status line
+        assert (app.main.gpu, app.main.cursor_ts) == (1, T0 + int(7.05 * SEC))
+        assert "peak 152.62 GiB on GPU1" in str(app.query_one("#status").render())
 
 
 async def test_cursor_keys_zoom_and_fit(trace_file):
@@ -37,19 +53,19 @@ async def test_cursor_keys_zoom_and_fit(trace_file):
         await settle(pilot)
         # WHEN home, then right three times
         await pilot.press("home")
-        assert app.cursor_ts == T0
-        span = app.t1 - app.t0
+        assert app.main.cursor_ts == T0
+        span = app.main.t1 - app.main.t0
         await pilot.press("right", "right", "right")
         # THEN the cursor moved three columns
         step = span / (app.query_one("#timeline").size.width - GUTTER)
-        assert abs(app.cursor_ts - (T0 + 3 * step)) <= 3
+        assert abs(app.main.cursor_ts - (T0 + 3 * step)) <= 3
         # WHEN zooming in twice then out once
         await pilot.press("plus", "plus", "minus")
-        assert app.t1 - app.t0 == span // 2
-        assert app.t0 <= app.cursor_ts < app.t1
+        assert app.main.t1 - app.main.t0 == span // 2
+        assert app.main.t0 <= app.main.cursor_ts < app.main.t1
         # WHEN fitting
         await pilot.press("f")
-        assert app.t0 == T0
+        assert app.main.t0 == T0
 
 
 async def test_jump_to_oom_shows_the_failed_gpu(trace_file):
@@ -62,30 +78,32 @@ async def test_jump_to_oom_shows_the_failed_gpu(trace_file):
         await pilot.press("o")
         await settle(pilot)
         # THEN the cursor is on the failed KV allocation and the event table shows it at the cursor
-        assert app.cursor_ts == T0 + int(7.05 * SEC)
+        assert app.main.cursor_ts == T0 + int(7.05 * SEC)
         events = app.query_one("#events", EventsTable)
         row = events.get_row_at(events.cursor_row)
         assert row[2] == "alloc" and "OUT_OF_MEMORY" in str(row[4])
         # AND there is no further failure
         await pilot.press("o")
-        assert app.cursor_ts == T0 + int(7.05 * SEC)
+        assert app.main.cursor_ts == T0 + int(7.05 * SEC)
 
 
 async def test_marker_phase_and_big_jumps(trace_file):
     app = MemrecApp(FileSource(trace_file))
     async with app.run_test(size=(120, 36)) as pilot:
         await settle(pilot)
-        await pilot.press("home", "m")
-        assert app.cursor_ts == T0 + int(0.5 * SEC)
+        await pilot.press("0", "home", "m")
+        assert app.main.cursor_ts == T0 + int(0.5 * SEC)
+        # AND the status line names what the cursor landed on
+        assert "marker load_weights begin · tp0" in str(app.query_one("#status").render())
         await pilot.press("p")
-        assert app.cursor_ts == T0 + int(4.0 * SEC)
+        assert app.main.cursor_ts == T0 + int(4.0 * SEC)
         await pilot.press("p")
-        assert app.cursor_ts == T0 + int(5.2 * SEC)
+        assert app.main.cursor_ts == T0 + int(5.2 * SEC)
         await pilot.press("P")
-        assert app.cursor_ts == T0 + int(4.0 * SEC)
+        assert app.main.cursor_ts == T0 + int(4.0 * SEC)
         await pilot.press("home")
         await pilot.press("b")
-        assert app.cursor_ts == T0 + int(0.6 * SEC)
+        assert app.main.cursor_ts == T0 + int(0.6 * SEC)
 
 
 async def test_filter_box_filters_the_event_table(trace_file):
@@ -101,11 +119,11 @@ async def test_filter_box_filters_the_event_table(trace_file):
         events = app.query_one("#events", EventsTable)
         kinds = {events.get_row_at(i)[2] for i in range(events.row_count)}
         assert kinds == {"free"} and events.row_count == 3
-        assert app.flt_text == "kind:free"
+        assert app.main.flt_text == "kind:free"
         # WHEN a bad filter is submitted, THEN the old one stays
         await pilot.press("slash", *" kind:nope", "enter")
         await settle(pilot)
-        assert app.flt_text == "kind:free"
+        assert app.main.flt_text == "kind:free"
 
 
 async def test_tabs_overview_and_holders_views(trace_file):
@@ -113,13 +131,13 @@ async def test_tabs_overview_and_holders_views(trace_file):
     async with app.run_test(size=(120, 36)) as pilot:
         await settle(pilot)
         await pilot.press("a")
-        assert app.gpu == -1
+        assert app.main.gpu == -1
         assert app.query_one("#switcher").current == "overview"
         assert "GPU1" in str(app.query_one("#ov-label1").render())
         await pilot.press("g")
-        assert app.gpu == 0
+        assert app.main.gpu == 0
         await pilot.press("G", "G")
-        assert app.gpu == 1
+        assert app.main.gpu == 1
         await pilot.press("home", "o")  # rank 1 exits at 9 s: look before that
         await settle(pilot)
         holders = app.query_one("#holders", HoldersTable)
@@ -139,7 +157,7 @@ async def test_click_moves_the_cursor(trace_file):
         await pilot.click("#timeline", offset=(6 + 10, 2))
         await settle(pilot)
         expected = graph.ts_at(6 + 10)
-        assert app.cursor_ts == expected
+        assert app.main.cursor_ts == expected
 
 
 async def test_help_screen(trace_file):
@@ -149,7 +167,7 @@ async def test_help_screen(trace_file):
         await pilot.press("question_mark")
         assert type(app.screen).__name__ == "HelpScreen"
         await pilot.press("escape")
-        assert type(app.screen).__name__ == "Screen"
+        assert type(app.screen).__name__ == "MainScreen"
 
 
 async def test_diff_mode_compares_holders(tmp_path, trace):
@@ -161,7 +179,7 @@ async def test_diff_mode_compares_holders(tmp_path, trace):
     async with app.run_test(size=(120, 36)) as pilot:
         await settle(pilot)
         await pilot.press("1")
-        app._set_cursor(T0 + 8 * SEC)
+        app.main._set_cursor(T0 + 8 * SEC)
         await settle(pilot)
         holders = app.query_one("#holders", HoldersTable)
         await pilot.press("h")  # by phase
@@ -169,7 +187,7 @@ async def test_diff_mode_compares_holders(tmp_path, trace):
         # THEN the KV cache exists only in the other run, and weights shrank by 20 GiB
         assert rows["kv_cache"][1] == "0 B" and rows["kv_cache"][2] == "90.00 GiB"
         assert rows["load_weights"][3] == "-20.00 GiB"
-        assert app.other_state is not None
+        assert app.main.other_state is not None
 
 
 async def test_o_jumps_to_every_failed_call_and_names_its_result(tmp_path):
@@ -191,17 +209,18 @@ async def test_o_jumps_to_every_failed_call_and_names_its_result(tmp_path):
         status = app.query_one("#status")
         # THEN the footer does not call the key "OOM", and the status counts failed calls
         assert "OOM" not in _footer_text(app) and "failed" in _footer_text(app)
+        await pilot.press("home")
         assert "2 failed calls" in str(status.render())
         # WHEN GPU1 is shown and o pressed from the start
         await pilot.press("1", "home", "o")
         await settle(pilot)
         # THEN the cursor is on the refused cuMemCreate, named with its CUresult, not as an OOM
-        assert app.cursor_ts == T0 + 2 * SEC
+        assert app.main.cursor_ts == T0 + 2 * SEC
         assert "cuMemCreate: CUDA_ERROR_NOT_PERMITTED" in str(status.render())
         # AND the next o goes on to the out-of-memory allocation
         await pilot.press("o")
         await settle(pilot)
-        assert app.cursor_ts == T0 + int(7.05 * SEC)
+        assert app.main.cursor_ts == T0 + int(7.05 * SEC)
         assert "cuMemAlloc_v2: CUDA_ERROR_OUT_OF_MEMORY" in str(status.render())
 
 
@@ -248,10 +267,44 @@ async def test_narrow_layout_follows_resizes(trace_file):
         # WHEN the terminal shrinks under 100 columns, THEN the short forms are used
         await pilot.resize_terminal(80, 24)
         await settle(pilot)
-        assert app.narrow and app.query_one(Footer).compact
+        assert app.main.narrow and app.query_one(Footer).compact
         assert [str(c.label) for c in holders.columns.values()] == ["rank/pid", "owned", "ipc"]
         # AND when it grows again, the wide ones come back
         await pilot.resize_terminal(120, 36)
         await settle(pilot)
-        assert not app.narrow and not app.query_one(Footer).compact
+        assert not app.main.narrow and not app.query_one(Footer).compact
         assert [str(c.label) for c in holders.columns.values()] == ["rank/pid", "owned", "driver", "vmm", "ipc"]
+
+
+async def test_y_axis_fits_the_data_and_y_shows_the_gpu_total(trace_file):
+    app = MemrecApp(FileSource(trace_file))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        graph = app.query_one("#timeline")
+        # GIVEN GPU1 (at most ~64 GiB of its 140 GiB used) WHEN it opens
+        top = graph.render_line(0).text
+        # THEN the axis tops out just above the data, not at the GPU's total
+        assert "GiB┤" in top and "140.00 GiB" not in top
+        assert 60 < float(top.split()[0]) < 70
+        # WHEN y is pressed THEN the axis shows the whole GPU; again, and it fits the data again
+        await pilot.press("y")
+        assert graph.render_line(0).text.startswith("140.00 GiB┤")
+        await pilot.press("y")
+        assert graph.render_line(0).text == top
+
+
+async def test_diff_aligns_the_runs_on_their_first_common_marker(tmp_path):
+    # GIVEN a base run and another whose phases all start 2 s later after its first event
+    from dataclasses import replace
+
+    a, b = tmp_path / "a.mrec", tmp_path / "b.mrec"
+    synth.write_trace(a, synth.sglang_like())
+    other = synth.sglang_like(oom=False, weights_gib=40)
+    late = replace(other, markers=[replace(m, ts=m.ts + 2 * SEC) for m in other.markers])
+    synth.write_trace(b, late)
+    app = MemrecApp(DiffSource(a, b))
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(pilot)
+        # THEN the other run is read 2 s later than the base, and the header says on what
+        assert app.main.alignment.shift == 2 * SEC
+        assert "aligned on load_weights begin" in str(app.query_one("#gpu-header").render())

@@ -48,7 +48,7 @@ def test_diff_checks_both_files(trace_file, tmp_path):
         TuiCommand().make_source(parse(str(trace_file), "--diff", str(tmp_path / "missing.mrec")))
     assert info.value.exit_code == ExitCode.NO_INPUT
     source = TuiCommand().make_source(parse(str(trace_file), "--diff", str(trace_file)))
-    assert source.kind == "diff"
+    assert type(source).__name__ == "DiffSource" and source.other_model is not None
 
 
 def test_run_starts_the_app_with_the_source(trace_file, monkeypatch):
@@ -64,7 +64,7 @@ def test_run_starts_the_app_with_the_source(trace_file, monkeypatch):
     monkeypatch.setattr("memrec.tui.app.MemrecApp", FakeApp)
     monkeypatch.setattr("memrec.commands.tui.on_a_terminal", lambda: True)
     assert TuiCommand().run(parse(str(trace_file)), argparse.ArgumentParser()) == ExitCode.OK
-    assert started[0].kind == "file" and started[1] == "ran"
+    assert type(started[0]).__name__ == "FileSource" and not started[0].live and started[1] == "ran"
 
 
 def test_registered_in_the_memrec_command(trace_file):

@@ -33,8 +33,8 @@ def test_replay_in_a_terminal(trace_file, size, env):
     t = Tmux(name, tui_command(trace_file), size, env)
     try:
         # GIVEN the TUI on the scripted trace
-        screen = t.wait_for("107 events")
-        t.wait_for("tp0 4101")  # the state at the cursor is in
+        screen = t.wait_for("OUT_OF_MEMORY in kv_cache · tp1")  # it opens on the failed call
+        t.wait_for("tp1 4102")  # the state at the cursor (GPU1's failed call, where it opens) is in
         assert "GPU0" in screen and "GPU1" in screen
         # WHEN GPU1 is chosen and the cursor jumps to the first failed call
         t.keys("1", "Home", "o")
@@ -126,7 +126,7 @@ def test_everything_fits_at_80x24(trace_file):
     # GIVEN the TUI on the scripted trace at 120x36, with tmux's own TERM
     t = Tmux("memrec-80x24", tui_command(trace_file), (120, 36))
     try:
-        t.wait_for("tp0 4101")
+        t.wait_for("tp1 4102")
         # WHEN the terminal shrinks to 80x24 and the cursor goes to GPU1's failed KV-cache allocation
         t.resize(80, 24)
         t.keys("1", "Home", "o")
@@ -145,5 +145,32 @@ def test_everything_fits_at_80x24(trace_file):
         t.resize(120, 36)
         screen = t.wait_for(" driver ")
         assert "bB big  / filter" in screen
+    finally:
+        t.close()
+
+
+#: What the Linux console's fonts lack and the view used to draw: eighth blocks, braille, ✗ • ┃ … ↑ ● ⚠, heavy lines, round corners.
+NOT_IN_CONSOLE_FONT = set("▁▂▃▅▆▇") | {chr(c) for c in range(0x2800, 0x2900)} | set("✗•┃…↑●⚠━╸╺╭╮╰╯")
+
+
+def test_linux_console_gets_its_own_glyphs_and_16_distinct_colours(trace_file):
+    # GIVEN the TUI on the Linux console (TERM=linux: 16 colours, a font without eighth blocks)
+    t = Tmux("memrec-linux", tui_command(trace_file), (160, 40), {"TERM": "linux", "COLORTERM": ""})
+    try:
+        # WHEN it opens (at GPU1's failed call)
+        t.wait_for("tp1 4102")
+        time.sleep(0.5)
+        screen = t.screen()
+        # THEN the header, the chart, the failure row and the bands use only glyphs the console has
+        lines = screen.splitlines()
+        bottom = next(i for i, line in enumerate(lines) if "0 B┤" in line)
+        body = "\n".join(lines[:bottom + 4])  # the tabs, their underline, the header, the chart, the bands, the axis
+        body += "\n" + "\n".join(line[:1] + line[-1:] for line in lines[bottom + 4 : -2])  # the tables' borders, not their scrollbars
+        assert not (set(body) & NOT_IN_CONSOLE_FONT), sorted(set(body) & NOT_IN_CONSOLE_FONT)
+        assert "x" in lines[bottom + 1][11:]  # the failed call, in ASCII, under the chart
+        # AND the legend's five categories are drawn in five different ANSI colours
+        colours = t.legend_colours()
+        assert len(colours) == 5 and len(set(colours.values())) == 5, colours
+        print("legend colours under TERM=linux:", colours)
     finally:
         t.close()

@@ -96,21 +96,21 @@ async def test_follows_pauses_warns_when_stale_and_reconnects(sockdir, trace):
     async with app.run_test(size=(120, 36)) as pilot:
         # GIVEN the app subscribed and got the first 40 events
         await wait_for(pilot, lambda: app.model.store.n == 40)
-        assert app.connected and app.follow and app.gpu == 0
+        assert app.link.connected and app.main.follow and app.main.gpu == 0
         assert "live" in str(app.query_one("#status").render())
         first_model = app.model
         # WHEN more events arrive, THEN the cursor follows the newest
         server.send({"type": "events", "events": trace.events[40:60]})
         await wait_for(pilot, lambda: app.model.store.n == 60)
-        assert app.cursor_ts == app.model.time_range()[1] >= int(trace.events["ts"][59])
+        assert app.main.cursor_ts == app.model.time_range()[1] >= int(trace.events["ts"][59])
         # WHEN paused, new events are recorded but the view stays
         await pilot.press("space")
-        cursor = app.cursor_ts
+        cursor = app.main.cursor_ts
         server.send({"type": "events", "events": trace.events[60:80]})
         await wait_for(pilot, lambda: app.model.store.n == 80)
-        assert app.cursor_ts == cursor and "PAUSED" in str(app.query_one("#status").render())
+        assert app.main.cursor_ts == cursor and "PAUSED" in str(app.query_one("#status").render())
         await pilot.press("space")
-        await wait_for(pilot, lambda: app.cursor_ts == int(trace.events["ts"][79]))  # past the NVML samples
+        await wait_for(pilot, lambda: app.main.cursor_ts == int(trace.events["ts"][79]))  # past the NVML samples
         # WHEN nothing arrives for longer than stale_after, THEN the status line warns
         clock.now += 10
         await pilot.pause(0.2)
@@ -121,12 +121,12 @@ async def test_follows_pauses_warns_when_stale_and_reconnects(sockdir, trace):
         assert "lost 1,234" in str(app.query_one("#status").render())
         # WHEN the daemon goes away
         server.close()
-        await wait_for(pilot, lambda: not app.connected)
+        await wait_for(pilot, lambda: not app.link.connected)
         assert "retrying" in str(app.query_one("#status").render())
         # AND a new one starts with another trace
         server2 = ScriptedDaemon(path, first_records(trace, 10))
         # THEN the app reconnects and shows the new daemon's data only
-        await wait_for(pilot, lambda: app.connected and app.model is not first_model and app.model.store.n == 10)
+        await wait_for(pilot, lambda: app.link.connected and app.model is not first_model and app.model.store.n == 10)
         assert source.attempts >= 2
         server2.close()
 
@@ -147,7 +147,7 @@ async def test_live_against_the_real_daemon(sockdir):
         source = LiveSource(str(sockdir / "s.sock"), backoff=(0.05, 0.2))
         app = MemrecApp(source, refresh_interval=0.05)
         async with app.run_test(size=(120, 36)) as pilot:
-            await wait_for(pilot, lambda: app.connected and bool(app.model.header))
+            await wait_for(pilot, lambda: app.link.connected and bool(app.model.header))
             # WHEN a process allocates 3 x 1 MiB and frees one
             pid = 4242
             daemon.probes.push(

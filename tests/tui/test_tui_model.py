@@ -1,4 +1,4 @@
-"""The TUI's model without Textual: series, state at the cursor, event window, filters, jumps."""
+"""The TUI's model without Textual: series, state at the cursor, event window, filters."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import synth
 from memrec.events import OWNED_CATEGORIES
 from memrec.state import LiveState
 from memrec.tui import model as model_mod
-from memrec.tui.model import EventFilter
+from memrec.tui.filters import EventFilter
+from memrec.tui.filters import parse_filter
 from memrec.tui.model import TraceModel
-from memrec.tui.model import parse_filter
 from memrec.tui.model import phase_spans
 from memrec.engine.phases import build_phases
 from memrec.engine.series import BLOCK
@@ -167,19 +167,6 @@ def test_parse_filter_words_and_errors():
     with pytest.raises(ValueError, match="pid"):
         parse_filter("pid:x")
     assert EventFilter().empty
-
-
-def test_navigation_marker_phase_oom_big(trace):
-    m = TraceModel.from_trace(trace)
-    t = T0
-    assert m.next_failure_ts(t, True) == T0 + int(7.05 * SEC)
-    assert m.next_failure_ts(T0 + 8 * SEC, True) is None
-    assert m.next_failure_ts(T0 + 8 * SEC, False) == T0 + int(7.05 * SEC)
-    assert m.next_failure_ts(t, True, gpu=0) is None
-    assert m.next_big_ts(t, True, gpu=0) == T0 + int(0.6 * SEC)
-    assert m.next_big_ts(T0 + 6 * SEC, True, gpu=0, min_size=10 * GiB) == T0 + 7 * SEC
-    assert m.next_phase_ts(T0 + 1 * SEC, True, gpu=1) == T0 + int(4.05 * SEC)
-    assert m.next_marker_ts(T0 + 1 * SEC, False) == T0 + int(0.55 * SEC)
 
 
 def test_phase_spans_pair_nested_and_open():

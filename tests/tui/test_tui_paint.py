@@ -34,7 +34,8 @@ class ScriptedSource:
     """A file source whose worker runs ``steps`` in order: "learn" (the model reads the events,
     which name GPUs 0 and 1), "loaded" and "indexed" (the messages a FileSource posts)."""
 
-    kind = "file"
+    live = False
+    other_model = None
     title = "scripted.mrec"
 
     def __init__(self, steps: list[str]) -> None:
@@ -57,17 +58,26 @@ class ScriptedSource:
             time.sleep(0.2)  # each step handled before the next, as on a slow or busy host
         self.done.set()
 
+    def start(self, post) -> None:
+        threading.Thread(target=self.run, args=(post,), daemon=True).start()
+
+    def new_model(self) -> TraceModel:
+        return TraceModel()
+
     def stop(self) -> None:
         pass
 
 
-def assert_main_view(app: MemrecApp) -> None:
+def assert_main_view(app: MemrecApp, gpu: int | None) -> None:
+    """The tabs are built and one GPU's view is shown, its tab selected (``gpu``; None: the one the
+    view chose, which depends on whether it knew the trace's failed call (on GPU1) when it opened)."""
     tabs = [t.id for t in app.query("Tab")]
     assert tabs == ["tab-gpu0", "tab-gpu1", "tab-all"], tabs
-    assert app.gpu == 0
-    assert app.query_one("#gpu-tabs").active == "tab-gpu0"
+    gpu = app.main.gpu if gpu is None else gpu
+    assert app.main.gpu == gpu and gpu in (0, 1)
+    assert app.query_one("#gpu-tabs").active == f"tab-gpu{gpu}"
     assert app.query_one("#switcher").current == "gpu-view"
-    assert str(app.query_one("#gpu-header", GpuHeader).render()).startswith("GPU0")
+    assert str(app.query_one("#gpu-header", GpuHeader).render()).startswith(f"GPU{gpu}")
 
 
 async def until(pilot, cond, timeout: float = 10.0) -> None:
@@ -94,12 +104,12 @@ async def test_gpus_learned_in_any_order_build_the_tabs(steps):
         # WHEN it has run all its steps
         await until(pilot, source.done.is_set)
         await until(pilot, lambda: len(app.query("Tab")) == 3)
-        # THEN the GPU tabs exist and GPU0's view is shown
-        assert_main_view(app)
+        # THEN the GPU tabs exist and a GPU's view is shown
+        assert_main_view(app, None)
 
 
 @pytest.mark.parametrize("which", ["no-gpu-list", "gpu-list"])
-async def test_a_file_opens_on_gpu0(tmp_path, which):
+async def test_a_file_opens_on_the_gpu_of_its_failed_call(tmp_path, which):
     # GIVEN a trace file recorded without NVML (no GPU list), or one with a GPU list
     if which == "no-gpu-list":
         path = tmp_path / "no-nvml.mrec"
@@ -110,9 +120,10 @@ async def test_a_file_opens_on_gpu0(tmp_path, which):
     async with app.run_test(size=(120, 36)) as pilot:
         # WHEN it is loaded and replayed
         await settle(pilot)
-        # THEN the tabs are built and GPU0 is shown (saying what a trace without NVML lacks)
-        assert app.loaded and app.indexed
-        assert_main_view(app)
+        # THEN the tabs are built and the GPU of the failed call is shown (the example has none: the GPU of its peak, GPU0)
+        # (saying what a trace without NVML lacks)
+        assert app.main.loaded and app.main.indexed
+        assert_main_view(app, 1 if which == "no-gpu-list" else 0)
         header = str(app.query_one("#gpu-header", GpuHeader).render())
         assert ("(no NVML: name and size not recorded)" in header) == (which == "no-gpu-list")
 
@@ -124,12 +135,12 @@ async def test_live_stream_names_its_gpus_after_the_header(sockdir, trace):  # n
     app = MemrecApp(LiveSource(str(sockdir / "d.sock")), refresh_interval=0.05)
     try:
         async with app.run_test(size=(120, 36)) as pilot:
-            await wait_for(pilot, lambda: daemon.subscribed.is_set() and app.connected)
+            await wait_for(pilot, lambda: daemon.subscribed.is_set() and app.link.connected)
             assert [t.id for t in app.query("Tab")] == []
             # WHEN the first events arrive, naming GPUs 0 and 1
             daemon.send({"type": "events", "events": trace.events[:40]})
             await wait_for(pilot, lambda: len(app.query("Tab")) == 3)
             # THEN the view follows: tabs built and GPU0 shown
-            assert_main_view(app)
+            assert_main_view(app, 0)
     finally:
         daemon.close()

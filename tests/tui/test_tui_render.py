@@ -107,3 +107,38 @@ def test_coarse_columns_are_dim_and_outside_is_blank():
     segs = list(strips[1])
     assert not segs[1].style.dim and segs[2].style.dim
     assert segs[3].text == " "
+
+
+def test_every_layer_keeps_its_own_colour_in_16_colours():
+    # GIVEN the palette, WHEN a 16-colour terminal downgrades it, THEN no two layers share a colour
+    from rich.color import Color
+    from rich.color import ColorSystem
+
+    from memrec.tui.widgets.timeline import LAYERS
+
+    ansi = {name: Color.parse(c).downgrade(ColorSystem.STANDARD).number for name, c, _ in LAYERS}
+    assert len(set(ansi.values())) == len(LAYERS), ansi
+
+
+def test_console_glyphs_draw_half_blocks_and_ascii():
+    from memrec.tui.widgets.timeline import CONSOLE_GLYPHS
+    from memrec.tui.widgets.timeline import glyphs_for
+
+    # GIVEN 1.5 rows of driver under 1 row of vmm, and a failed call, on the Linux console
+    assert glyphs_for("linux") is CONSOLE_GLYPHS and glyphs_for("xterm-256color") is not CONSOLE_GLYPHS
+    v = view([int(1.5 * G)], vmm=[G])
+    strips = render_timeline(v, TimelineOptions(5, 4 * G, axis=False, failures=np.array([0]), glyphs=CONSOLE_GLYPHS))
+    cells = "".join(s.text[GUTTER:] for s in strips)
+    # THEN only blocks the console font has are drawn, and the failure is an x
+    assert set(cells) <= set(" ▄█x") and "▄" in cells
+    assert strips[-1].text[GUTTER] == "x"
+
+
+def test_negative_untraced_reads_as_nvml_lag():
+    # GIVEN NVML's last sample below the traced memory (it lags the calls)
+    from memrec.tui.widgets.panels import header_text
+
+    text = str(header_text(None, 0, "1.00s", None, 3 * G, {"used": 2 * G, "reserved": 0}))
+    # THEN the header says so instead of a negative size
+    assert "untraced NVML lag" in text and "-1.00 GiB" not in text
+    assert "untraced 1.00 GiB" in str(header_text(None, 0, "1.00s", None, G, {"used": 2 * G, "reserved": 0}))

@@ -59,6 +59,18 @@ class Tmux:
     def screen(self) -> str:
         return self._tmux("capture-pane", "-p", "-t", self.name).stdout
 
+    def legend_colours(self) -> dict[str, str]:
+        """The foreground colour (SGR parameters) of each category's block in the header's legend."""
+        text = self._tmux("capture-pane", "-e", "-p", "-t", self.name).stdout
+        out = {}
+        for name in ("driver", "vmm", "host_pinned", "untraced", "ipc_mapped"):
+            m = re.search(r"((?:\x1b\[[0-9;]*m)+)█(?:\x1b\[[0-9;]*m)*" + name + " ", text)
+            if m:
+                params = ";".join(re.findall(r"\x1b\[([0-9;]*)m", m.group(1)))
+                fg = re.findall(r"(?:^|;)(3[0-7]|9[0-7]|38;5;\d+|38;2;\d+;\d+;\d+)(?=;|$)", params)
+                out[name] = fg[-1] if fg else params
+        return out
+
     def term(self) -> str:
         """TERM as the pane's program got it (tmux's ``default-terminal``)."""
         return self._tmux("show-options", "-gv", "default-terminal").stdout.strip()

@@ -17,3 +17,25 @@ def test_sizes_read_the_same_everywhere():
 def test_signed_deltas():
     assert fmt_bytes(-GiB) == "-1.00 GiB" and fmt_bytes(GiB, signed=True) == "+1.00 GiB"
     assert fmt_bytes(0, signed=True) == "0 B" and fmt_bytes(-2 * MiB, signed=True) == "-2.0 MiB"
+
+
+def test_one_size_parser_reads_what_fmt_bytes_writes():
+    # GIVEN sizes as every command writes them, WHEN read back, THEN they give the bytes again
+    from memrec.units import parse_size
+
+    for n in (0, 777, 512 * MiB, 60 * GiB, 3 * GiB // 2):
+        assert parse_size(fmt_bytes(n)) == n
+    # AND the daemon's options and the TUI's filter read the same spellings with the same parser
+    from daemon.config import byte_size
+    from memrec.tui.filters import parse_filter
+
+    assert byte_size is parse_size
+    for text, value in (("512M", 512 * MiB), ("1g", GiB), ("1.5GiB", 3 * GiB // 2), ("2KB", 2 * KiB)):
+        assert parse_size(text) == value == parse_filter(f"size>={text}").min_size
+
+
+def test_durations():
+    from memrec.units import fmt_dur
+
+    assert [fmt_dur(n) for n in (850, 12_300_000, 4_200_000_000, 185e9, 7380e9)] == ["850ns", "12.3ms", "4.20s", "3m05s", "2h03m"]
+    assert fmt_dur(-1_500_000) == "-1.5ms"

@@ -4,6 +4,8 @@ and the status line. They format what the model computed; none of them computes 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from rich.text import Text
 from textual.widgets import DataTable
 from textual.widgets import Static
@@ -11,20 +13,34 @@ from textual.widgets import Static
 from memrec.engine.phases import NO_PHASE
 from memrec.events import GpuInfo
 from memrec.events import cu_result_name
-from memrec.tui.model import KIND_NAMES
+from memrec.tui.filters import KIND_NAMES
 from memrec.tui.model import CursorState
-from memrec.tui.model import EventRows
 from memrec.tui.model import diff_rows
-from memrec.tui.model import fmt_dur
+from memrec.tui.navigation import Landing
+from memrec.tui.store import EventRows
 from memrec.tui.widgets.timeline import FAIL_COLOUR
+from memrec.tui.widgets.timeline import UNICODE_GLYPHS
+from memrec.tui.widgets.timeline import Glyphs
 from memrec.tui.widgets.timeline import LAYER_COLOURS
 from memrec.tui.widgets.timeline import NVML_COLOUR
 from memrec.units import fmt_bytes
+from memrec.units import fmt_dur
 
 HOLDER_VIEWS = ("process", "phase", "largest", "category", "context", "untraced")
 
 
-def legend(no_color: bool = False) -> Text:
+#: What the header and the holders say where NVML's used memory is below the traced memory: NVML
+#: samples lag the driver calls (10 Hz), so right after an allocation the difference is negative
+#: for a moment; that is not memory anyone holds.
+NVML_LAG = "NVML lag"
+
+
+def untraced_text(used: int, owned: int) -> str:
+    """NVML used - traced, or :data:`NVML_LAG` when that is negative."""
+    return NVML_LAG if used < owned else fmt_bytes(used - owned)
+
+
+def legend(no_color: bool = False, glyphs: Glyphs = UNICODE_GLYPHS) -> Text:
     """The colour key of the timeline."""
     from memrec.tui.widgets.timeline import LAYERS
 
@@ -34,29 +50,30 @@ def legend(no_color: bool = False) -> Text:
         t.append(f"{name} ")
     t.append("─" if not no_color else "-", style=None if no_color else f"bold {NVML_COLOUR}")
     t.append("NVML used ")
-    t.append("✗", style=None if no_color else f"bold {FAIL_COLOUR}")
+    t.append(glyphs.fail, style=None if no_color else f"bold {FAIL_COLOUR}")
     t.append("failed call")
     return t
 
 
 def header_text(gpu: GpuInfo | None, gpu_id: int, cursor_rel: str, st: CursorState | None, series_owned: int | None,
                 nvml: dict | None, other: CursorState | None = None, wide: bool = True, narrow: bool = False,
-                no_color: bool = False) -> Text:
+                no_color: bool = False, glyphs: Glyphs = UNICODE_GLYPHS, aligned: str = "") -> Text:
     """The GPU header: identity on the first line, the memory at the cursor on the second
-    (``narrow``: without NVML's reserved memory and BAR1, so that it stays one line at 80 columns)."""
+    (``narrow``: without NVML's reserved memory and BAR1, so that it stays one line at 80 columns;
+    ``aligned``: diff mode, what the two runs are aligned on)."""
     t = Text(no_wrap=False, overflow="ellipsis")
     name = gpu.name if gpu else "(no NVML: name and size not recorded)"
     t.append(f"GPU{gpu_id} ", style="bold")
     t.append(f"{name} ")
     if gpu is not None:
         if gpu.uuid:
-            t.append(f"{gpu.uuid[:16]}… " if len(gpu.uuid) > 17 and not wide else f"{gpu.uuid} ", style="dim")
+            t.append(f"{gpu.uuid[:16]}{glyphs.more} " if len(gpu.uuid) > 17 and not wide else f"{gpu.uuid} ", style="dim")
         t.append(f"total {fmt_bytes(gpu.total)} ")
     t.append("│ ", style="dim")
     t.append(f"t={cursor_rel}", style="bold")
     if wide:
         t.append("   ")
-        t.append_text(legend(no_color))
+        t.append_text(legend(no_color, glyphs))
     t.append("\n")
     if nvml:
         t.append("used ", style="dim")
@@ -76,7 +93,8 @@ def header_text(gpu: GpuInfo | None, gpu_id: int, cursor_rel: str, st: CursorSta
                 t.append(fmt_bytes(st.by_category[c]), style=None if no_color else LAYER_COLOURS[c])
     t.append(" untraced ", style="dim")
     if nvml and owned is not None and nvml["used"] >= 0:
-        t.append(fmt_bytes(nvml["used"] - owned))
+        lag = nvml["used"] < owned
+        t.append(untraced_text(nvml["used"], owned), style="dim italic" if lag else "")
     else:
         t.append("-")
     if st is not None and st.by_category.get("ipc_mapped"):
@@ -90,7 +108,62 @@ def header_text(gpu: GpuInfo | None, gpu_id: int, cursor_rel: str, st: CursorSta
         t.append(fmt_bytes(other.owned))
         if st is not None:
             t.append(f" ({fmt_bytes(other.owned - st.owned, signed=True)})", style="bold")
+        if aligned:
+            t.append(f" {aligned}", style="dim")
     return t
+
+
+def overview_label(gpu_id: int, gpu: GpuInfo | None, nvml: dict | None, owned: int | None) -> str:
+    """One GPU's line in the all-GPUs overview: NVML used and traced at the cursor, of its total."""
+    parts = [f"[b]GPU{gpu_id}[/] {gpu.name if gpu else ''}"]
+    if nvml:
+        parts.append(f"used {fmt_bytes(nvml['used'])}")
+    if owned is not None:
+        parts.append(f"traced {fmt_bytes(owned)}")
+    if gpu:
+        parts.append(f"of {fmt_bytes(gpu.total)}")
+    return "  ".join(parts)
+
+
+@dataclass(frozen=True)
+class StatusFacts:
+    """What the status line says about a trace at the cursor (the live connection aside)."""
+
+    title: str | None  # the file(s); None live
+    events: int
+    progress: str
+    failure_here: str | None  # the failed call at the cursor ("cuMemAlloc_v2: CUDA_ERROR_...")
+    failures: int
+    landing: Landing | None  # what the last jump landed on, while the cursor is there
+    lost: int | None  # None: not worth a word (a file that lost nothing)
+    warnings: int
+    span: int  # ns on screen
+
+
+def status_parts(f: StatusFacts, narrow: bool, glyphs: Glyphs = UNICODE_GLYPHS) -> list[str]:
+    """The status line's pieces (markup); ``narrow`` (80 columns): what the cursor landed on
+    comes before the file name and the event count, which it then leaves out."""
+    parts = []
+    if not (narrow and f.landing is not None):
+        if f.title is not None:
+            parts.append(f.title)
+        parts.append(f"{f.events:,} events")
+    if f.progress:
+        parts.append(f.progress)
+    if f.failure_here:  # the cursor is on a failed call (key o): what failed, its CUresult's name, and where
+        where = f" {f.landing.text}" if f.landing is not None and f.landing.failure else ""
+        what = f.failure_here.replace("CUDA_ERROR_", "") if narrow else f.failure_here
+        parts.append(f"[b red]{glyphs.fail} {what}{where}[/]")
+    elif f.failures:
+        parts.append(f"[b red]{f.failures} failed call{'s' if f.failures > 1 else ''}[/]")
+    if f.landing is not None and not f.landing.failure:
+        parts.append(f"[b]{f.landing.text}[/]")
+    if f.lost is not None:
+        parts.append(f"[b yellow]lost {f.lost:,}[/]" if f.lost else "lost 0")
+    if f.warnings:
+        parts.append(f"[yellow]{f.warnings} warning{'s' if f.warnings > 1 else ''}[/]")
+    parts.append(f"view {fmt_dur(f.span)}")
+    return parts
 
 
 class GpuHeader(Static):
@@ -137,7 +210,7 @@ class HoldersTable(DataTable):
             for c, b in st.by_category.items():
                 self.add_row(c, fmt_bytes(b))
             if st.nvml and st.nvml.get("used", -1) >= 0:
-                self.add_row("untraced", fmt_bytes(st.nvml["used"] - st.owned))
+                self.add_row("untraced", untraced_text(st.nvml["used"], st.owned))
                 self.add_row("NVML used", fmt_bytes(st.nvml["used"]))
         elif v == "context":
             self.add_columns("rank/pid", "context", "bound", "cost", "")

@@ -7,13 +7,20 @@ its lines from ``render_line``.
 
 Cells use eighth blocks: a cell where a layer ends draws ``▁..▇`` in the lower layer's colour on
 the upper layer's colour, so a 10-row chart resolves 80 levels. Without colour (``NO_COLOR``)
-each layer gets its own shading character instead (█ ▓ ▒ ░ :).
+each layer gets its own shading character instead (█ ▓ ▒ ░ :). The Linux console
+(``TERM=linux``) has a font of 256 or 512 glyphs without eighth blocks, ``✗``, ``•``, ``┃`` or
+``…``: :data:`CONSOLE_GLYPHS` draws with half blocks and ASCII there (:func:`glyphs_for`).
+
+The colours are 256-colour palette entries chosen so that in a 16-colour terminal (the Linux
+console, ``TERM=xterm``) every layer still gets an ANSI colour of its own (tests check the
+downgrade).
 """
 
 from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from dataclasses import field
 
 import numpy as np
 from rich.segment import Segment
@@ -30,16 +37,17 @@ from memrec.events import IPC_MAPPED
 from memrec.events import VMM
 from memrec.tui.model import PhaseSpan
 from memrec.tui.model import SeriesView
-from memrec.tui.model import fmt_dur
 from memrec.units import fmt_bytes
+from memrec.units import fmt_dur
 
-#: Layers bottom to top: (name, colour (a 256-colour palette entry), no-colour character).
+#: Layers bottom to top: (name, colour (a 256-colour palette entry), no-colour character). In 16
+#: colours: bright blue, bright green, magenta, bright black, cyan.
 LAYERS = (
     ("driver", "#5f87ff", "█"),
     ("vmm", "#5fd787", "▓"),
-    ("host_pinned", "#d787d7", "▒"),
+    ("host_pinned", "#af00d7", "▒"),
     ("untraced", "#6c6c6c", "░"),
-    ("ipc_mapped", "#5fafaf", ":"),
+    ("ipc_mapped", "#00afaf", ":"),
 )
 LAYER_COLOURS = {name: colour for name, colour, _ in LAYERS}
 NVML_COLOUR = "#ffd75f"
@@ -47,9 +55,33 @@ FAIL_COLOUR = "#ff5f5f"
 OTHER_COLOUR = "#ff87ff"
 CURSOR_BG = "#d0d0d0"
 BAND_COLOURS = ("#5f5f87", "#5f875f", "#875f5f", "#5f8787", "#875f87", "#87875f", "#444444", "#585858")
-EIGHTHS = " ▁▂▃▄▅▆▇█"
 #: Columns left of the chart: the value axis ("140.00 GiB┤") and the phase bands' rank labels.
 GUTTER = 11
+
+
+@dataclass(frozen=True)
+class Glyphs:
+    """The characters the timeline and the panels draw with (see the module docstring)."""
+
+    eighths: str = " ▁▂▃▄▅▆▇█"  # a cell filled 0/8 .. 8/8 from below
+    fail: str = "✗"
+    other: str = "•"  # diff mode: the other run's traced total
+    above: str = "↑"  # NVML used above the chart
+    instant: str = "┃"  # an instant marker in a phase band
+    more: str = "…"  # a name cut short
+    live: str = "●"
+    stale: str = "⚠"
+
+
+UNICODE_GLYPHS = Glyphs()
+#: Only what the Linux console's fonts have (CP437's blocks and box drawing, ASCII): a half block
+#: stands for 3/8 to 5/8, a full block from 6/8.
+CONSOLE_GLYPHS = Glyphs(eighths="   ▄▄▄███", fail="x", other="*", above="^", instant="|", more="~", live="*", stale="!")
+
+
+def glyphs_for(term: str | None) -> Glyphs:
+    """The glyphs for a terminal type (``$TERM``): the console's own for ``linux``."""
+    return CONSOLE_GLYPHS if (term or "").split("-")[0] == "linux" else UNICODE_GLYPHS
 
 
 def band_colour(name: str) -> str:
@@ -77,6 +109,7 @@ class TimelineOptions:
     color: bool = True
     axis: bool = True
     event_row: bool = True
+    glyphs: Glyphs = field(default_factory=Glyphs)
 
 
 def render_timeline(view: SeriesView, opt: TimelineOptions) -> list[Strip]:
@@ -107,6 +140,7 @@ def render_timeline(view: SeriesView, opt: TimelineOptions) -> list[Strip]:
     base = Style()
     dim = Style(dim=True)
     strips: list[Strip] = []
+    g = opt.glyphs
     for row in range(chart_h):
         r = chart_h - 1 - row  # 0 = bottom row
         segs: list[Segment] = []
@@ -120,14 +154,14 @@ def render_timeline(view: SeriesView, opt: TimelineOptions) -> list[Strip]:
             label = ""
         segs.append(Segment(label.rjust(GUTTER - 1)[: GUTTER - 1] + ("┤" if label else "│"), dim))
         for k in range(w):
-            ch, st = _cell(cols[k], r, opt.color, styles)
+            ch, st = _cell(cols[k], r, opt.color, styles, g.eighths)
             if nvml[k] >= 0 and int(nvml[k]) == r and nvml[k] < chart_h:
                 ch = "─" if opt.color else "-"
                 st = (st or base) + Style(color=NVML_COLOUR, bold=True)
             elif nvml[k] >= chart_h and r == chart_h - 1:
-                ch, st = "↑", Style(color=NVML_COLOUR, bold=True)
+                ch, st = g.above, Style(color=NVML_COLOUR, bold=True)
             if other is not None and int(other[k]) == r and other[k] < chart_h:
-                ch = "•"
+                ch = g.other
                 st = (st or base) + Style(color=OTHER_COLOUR, bold=True)
             if not has_data[k]:
                 ch, st = " ", base
@@ -148,19 +182,19 @@ def render_timeline(view: SeriesView, opt: TimelineOptions) -> list[Strip]:
             cols[idx] = True
         for k in range(w):
             st = Style(color=FAIL_COLOUR, bold=True) if cols[k] else base
-            ch = "✗" if cols[k] else " "
+            ch = g.fail if cols[k] else " "
             if k == cursor_col:
                 st = st + (Style(bgcolor=CURSOR_BG) if opt.color else Style(reverse=True))
             segs.append(Segment(ch, st or base))
         strips.append(Strip(segs))
     for label, spans in bands:
-        strips.append(_band_row(view, label, spans, cursor_col, opt.color))
+        strips.append(_band_row(view, label, spans, cursor_col, opt.color, g))
     if opt.axis:
         strips.append(_axis_row(view, opt.origin_ts, cursor_col))
     return strips
 
 
-def _cell(top: list[float], r: int, color: bool, styles: list[Style]) -> tuple[str, Style | None]:
+def _cell(top: list[float], r: int, color: bool, styles: list[Style], eighths: str) -> tuple[str, Style | None]:
     """Character and style of the cell spanning rows [r, r+1) given the layers' tops."""
     if not color:
         mid = r + 0.5
@@ -182,10 +216,16 @@ def _cell(top: list[float], r: int, color: bool, styles: list[Style]) -> tuple[s
         return ("█", styles[j_top]) if j_top < len(top) else (" ", None)
     if eighth >= 8:
         return "█", styles[j_bot]
-    return EIGHTHS[eighth], Style(color=styles[j_bot].color, bgcolor=upper)
+    ch = eighths[eighth]
+    if ch == " ":  # too little of the lower layer for this terminal's glyphs: the upper one fills the cell
+        return ("█", styles[j_top]) if j_top < len(top) else (" ", None)
+    if ch == "█":
+        return "█", styles[j_bot]
+    return ch, Style(color=styles[j_bot].color, bgcolor=upper)
 
 
-def _band_row(view: SeriesView, label: str, spans: list[PhaseSpan], cursor_col: int | None, color: bool) -> Strip:
+def _band_row(view: SeriesView, label: str, spans: list[PhaseSpan], cursor_col: int | None, color: bool,
+              g: Glyphs) -> Strip:
     w = view.width
     span = (view.t1 - view.t0) / w
     names = [""] * w
@@ -215,10 +255,10 @@ def _band_row(view: SeriesView, label: str, spans: list[PhaseSpan], cursor_col: 
             j += 1
         text = name.lstrip("┃")
         if name.startswith("┃"):
-            cell = ("┃" + " " * (j - k))[: j - k]
+            cell = (g.instant + " " * (j - k))[: j - k]
         else:
             room = j - k - (1 if j < w and names[j] and j - k > 2 else 0)  # a gap before the next name
-            cell = text if len(text) <= room else text[: room - 1] + "…" if room >= 2 else text[:room]
+            cell = text if len(text) <= room else text[: room - 1] + g.more if room >= 2 else text[:room]
             cell = cell.ljust(j - k) if text else " " * (j - k)
         if text and color:
             st = Style(color="#ffffff", bgcolor=band_colour(text))
