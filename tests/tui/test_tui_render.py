@@ -93,6 +93,17 @@ def test_phase_names_cut_with_an_ellipsis_unless_the_cursor_is_in_them():
     assert band(6500)[5:].startswith("kv_cache")
 
 
+def test_a_one_column_neighbour_leaves_no_letter_before_the_cursors_phase_name():
+    # GIVEN SGLang's startup at a coarse zoom: a 1-column "load_weights" right before a 3-column
+    # "cuda_graph_capture" (seen on examples/sglang-standin-base.mrec as "lcuda_graph_capture")
+    v = view([G] * 30)
+    bands = [("tp0", [PhaseSpan("load_weights", 1, 0, 1000, 2000), PhaseSpan("cuda_graph_capture", 1, 0, 2000, 5000)])]
+    # WHEN the cursor is in the short phase
+    band = render_timeline(v, TimelineOptions(8, 4 * G, cursor_ts=2500, bands=bands))[6].text[GUTTER:]
+    # THEN its whole name is written, with a blank, not the neighbour's "l", before it
+    assert band.startswith("  cuda_graph_capture")
+
+
 def test_no_colour_uses_shading_characters():
     v = view([2 * G], vmm=[2 * G])
     strips = render_timeline(v, TimelineOptions(4, 4 * G, axis=False, event_row=False, color=False))

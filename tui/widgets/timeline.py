@@ -278,6 +278,8 @@ def _band_row(view: SeriesView, label: str, spans: list[PhaseSpan], cursor_col: 
         start = max(0, min(k, w - len(text)))
         end = start + len(text[:w])
         chars[start:end], styles[start:end] = list(text[:w]), [st] * (end - start)
+        if start > 0 and chars[start - 1] not in (" ", g.instant):
+            chars[start - 1] = " "  # a neighbour's last letter before it would read as this name's first
         c = end  # what is left of a neighbour's name after it would read as part of this one
         while c < w and c > 0 and names[c] == names[end] and not starts[c] and names[c]:
             chars[c] = " "
