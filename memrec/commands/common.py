@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from memrec._errors import DaemonError
@@ -59,8 +60,13 @@ def check_trace_path(path: Path) -> None:
         raise MemrecCommandError(f"{path}: empty file, not a memrec trace (yet?)", exit_code=ExitCode.DATA)
 
 
-def load_trace_for_command(path: Path):
+def load_trace_for_command(path: Path, *, warn: bool = True):
     """Load a whole trace, or raise the error a user should see.
+
+    With ``warn``, the reader's warnings (a cut or damaged trace, no trailer) go to stderr as
+    ``memrec: warning: PATH: ...``, as ``memrec dump`` writes them: a diff, an export, a plot or a
+    merge of a damaged trace would otherwise look complete. ``memrec report`` shows them in its
+    own output instead.
 
     Raises:
         MemrecCommandError: missing, a directory or unreadable (NO_INPUT); not a memrec trace or a
@@ -75,4 +81,7 @@ def load_trace_for_command(path: Path):
         raise trace_error(path, error) from error
     if not trace.header:  # cut inside its header: nothing to report
         raise MemrecCommandError(f"{path}: {trace.warnings[0]}", exit_code=ExitCode.DATA)
+    if warn:
+        for warning in trace.warnings:
+            print(f"memrec: warning: {path}: {warning}", file=sys.stderr)
     return trace

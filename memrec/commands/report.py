@@ -40,7 +40,7 @@ class ReportCommand:
         from memrec.analysis.report_text import render_text
         from memrec.commands.common import load_trace_for_command
 
-        trace = load_trace_for_command(args.trace)
+        trace = load_trace_for_command(args.trace, warn=False)  # in the report itself
         report = build_report(trace, gpu=args.gpu, pid=args.pid)
         if args.gpu is not None and not report["gpus"] and report["host"] is None:
             known = trace.gpu_ids()

@@ -302,3 +302,39 @@ def test_an_unexpected_error_is_one_line_and_exit_70(monkeypatch, capsys):
     # AND with -v the traceback is there too
     assert commands.main(["report", "-v", "x.mrec"]) == 70
     assert "Traceback" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["diff", "{ok}", "{cut}"],
+        ["export", "{cut}", "--to", "csv", "-o", "{tmp}/tables"],
+        ["plot", "{cut}", "-o", "{tmp}/cut.png"],
+        ["merge", "{ok}", "{cut}", "-o", "{tmp}/merged.mrec"],
+    ],
+    ids=["diff", "export", "plot", "merge"],
+)
+def test_a_cut_trace_is_warned_about_on_stderr_by_every_command_that_reads_it(tmp_path, capsys, argv):
+    pytest.importorskip("matplotlib")
+    # GIVEN a whole trace and a copy cut in its last record (a crashed recorder, a partial copy)
+    ok = write_trace(tmp_path / "ok.mrec")
+    cut = tmp_path / "cut.mrec"
+    cut.write_bytes(ok.read_bytes()[:-5])
+    # WHEN a command other than report or dump reads it
+    rc = commands.main([a.format(ok=ok, cut=cut, tmp=tmp_path) for a in argv])
+    err = capsys.readouterr().err
+    # THEN it still succeeds, and says on stderr that the trace is cut, naming the file
+    assert rc == ExitCode.OK
+    assert f"memrec: warning: {cut}: truncated tail after" in err and "no trailer" in err
+    assert f"memrec: warning: {ok}:" not in err
+
+
+def test_report_shows_a_cut_traces_warnings_once_in_its_output(tmp_path, capsys):
+    # GIVEN a cut trace
+    cut = tmp_path / "cut.mrec"
+    cut.write_bytes(write_trace(tmp_path / "ok.mrec").read_bytes()[:-5])
+    # WHEN reported
+    assert commands.main(["report", str(cut)]) == 0
+    out, err = capsys.readouterr()
+    # THEN the report says it, and stderr does not say it again
+    assert "truncated tail after" in out and err == ""
