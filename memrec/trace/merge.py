@@ -113,7 +113,15 @@ def _wall_minus_mono(path: str, header: dict) -> int:
 def group_hosts(traces: list[tuple[str, Trace]]) -> list[Host]:
     """Hosts in the order their first trace was given; each host's traces in time order."""
     hosts: dict[tuple[str | None, str], Host] = {}
+    seen: dict[str, str] = {}  # one recording's identity -> the path it was first given as
     for path, trace in traces:
+        ts = trace.events["ts"]
+        identity = repr((trace.header.get("boot_id"), trace.header.get("anchor"), trace.header.get("daemon"),
+                         len(ts), ts[:1].tolist(), ts[-1:].tolist()))
+        if identity in seen:
+            # Every event would count twice: twice the memory, then frees of freed memory.
+            raise MergeError(f"{path}: the same recording as {seen[identity]}: give each trace once")
+        seen[identity] = path
         name = str(trace.header.get("host") or "?")
         key = (trace.header.get("boot_id"), name)
         if key not in hosts:

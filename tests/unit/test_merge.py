@@ -230,3 +230,20 @@ def test_hosts_are_keyed_by_boot_id_and_name(tmp_path, capsys):
     assert merged.events["pid"].tolist() == [100, 101, PID_STRIDE + 100]
     assert merged.events["gpu"].tolist() == [0, 1, 2]
     assert merged.events["ts"].tolist() == [101 * S, 102 * S, 103 * S]
+
+
+def test_one_recording_given_twice_is_refused_not_counted_twice(two_hosts, tmp_path, capsys):
+    # GIVEN a host's trace and a copy of it under another name (a path given twice, a file copied
+    # off the node twice)
+    a, b = two_hosts
+    copy = tmp_path / "a-copy.mrec"
+    copy.write_bytes(a.read_bytes())
+    for twice in ([a, b, a], [a, copy, b]):
+        out = tmp_path / "job.mrec"
+        # WHEN merged
+        rc = main(["merge", *map(str, twice), "-o", str(out)])
+        # THEN one line names both, exit 65, and no merged trace with every event doubled is written
+        err = capsys.readouterr().err
+        assert rc == ExitCode.DATA and err.count("\n") == 1
+        assert f"{twice[2] if twice[2] == a else copy}: the same recording as {a}" in err
+        assert not out.exists()
