@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from dataclasses import dataclass
 
@@ -53,12 +54,15 @@ def check_nvml() -> Check:
     try:
         gpus = nvml.list_gpus()
     except nvml.NvmlUnavailable as error:
+        # A `pip install memrec` without the extra lacks the binding, not the driver.
+        missing = importlib.util.find_spec("pynvml") is None
         return Check(
             "nvml",
             "warn",
             f"NVML unavailable: {error}",
-            "on a GPU host install the NVIDIA driver (libnvidia-ml.so.1); "
-            "without it the daemon records without NVML samples",
+            ("pip install 'memrec[nvml]' (scripts/setup installs it)" if missing
+             else "on a GPU host install the NVIDIA driver (libnvidia-ml.so.1)")
+            + "; without it the daemon records without NVML samples",
         )
     if not gpus:
         return Check("nvml", "warn", "NVML works but reports no GPUs", "check nvidia-smi")

@@ -338,3 +338,18 @@ def test_report_shows_a_cut_traces_warnings_once_in_its_output(tmp_path, capsys)
     out, err = capsys.readouterr()
     # THEN the report says it, and stderr does not say it again
     assert "truncated tail after" in out and err == ""
+
+
+def test_doctor_without_the_nvml_binding_says_to_install_the_extra_not_the_driver(monkeypatch, capsys):
+    from memrec.probes import nvml
+
+    # GIVEN `pip install memrec` without [nvml]: pynvml cannot be imported (the driver may be there)
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    monkeypatch.setattr(nvml, "_pynvml", None)
+    monkeypatch.setattr(nvml, "_unavailable", None)
+    # WHEN the host is checked
+    commands.main(["doctor", "--json"])
+    check = next(c for c in json.loads(capsys.readouterr().out) if c["name"] == "nvml")
+    # THEN the fix names the package extra, not a driver install
+    assert "nvidia-ml-py package is not installed" in check["detail"]
+    assert check["fix"].startswith("pip install 'memrec[nvml]'") and "NVIDIA driver" not in check["fix"]
