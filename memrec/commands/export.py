@@ -72,7 +72,7 @@ class ExportCommand:
         if to == "perfetto":
             from memrec.export.perfetto import write_perfetto
 
-            _check_file(out)
+            _check_file(out, args.trace)
             require("perfetto.trace_builder.proto_builder", "export", "--to perfetto")  # before making the file
             write_perfetto(rec, out)
             return [out]
@@ -81,7 +81,7 @@ class ExportCommand:
 
             from memrec.export.memory_viz import MAX_ENTRIES
 
-            _check_file(out)
+            _check_file(out, args.trace)
             written, dropped = write_memory_viz(rec, out, args.pid, args.max_entries or MAX_ENTRIES)
             if dropped:
                 logging.warning("memory-viz: the first %d actions were left out (--max-entries)", dropped)
@@ -97,6 +97,8 @@ class ExportCommand:
         return columnar.write_parquet(rec, out) if to == "parquet" else columnar.write_csv(rec, out)
 
 
-def _check_file(out: Path) -> None:
+def _check_file(out: Path, trace: Path) -> None:
+    if out.exists() and out.resolve() == trace.resolve():  # `-o run.mrec` would replace the recording
+        raise MemrecCommandError(f"{out}: is the trace being exported; give another name", exit_code=ExitCode.USAGE)
     if out.is_dir():
         raise MemrecCommandError(f"{out}: is a folder; give a file name", exit_code=ExitCode.CANT_CREATE)

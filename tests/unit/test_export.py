@@ -288,6 +288,20 @@ def test_export_errors(tmp_path, capsys):
         export(GOLDEN, "csv", tmp_path / "c", "-p", "1")
 
 
+@pytest.mark.parametrize("to,extra", [("perfetto", ()), ("memory-viz", ("-p", "{pid}"))])
+def test_export_onto_the_trace_itself_is_refused_and_the_trace_kept(tmp_path, capsys, to, extra):
+    # GIVEN a copy of a recording, and a slip of the keyboard: -o names the trace itself
+    trace = tmp_path / "run.mrec"
+    trace.write_bytes(GOLDEN.read_bytes())
+    pid = str(int(load_trace(trace).events["pid"][0]))
+    # WHEN exported (memory-viz for one process writes exactly -o's name)
+    rc = export(trace, to, trace, *(e.format(pid=pid) for e in extra))
+    # THEN a usage error, one line, and the recording is still there, byte for byte
+    assert rc == ExitCode.USAGE
+    assert capsys.readouterr().err.count("\n") == 1
+    assert trace.read_bytes() == GOLDEN.read_bytes()
+
+
 def test_missing_package_is_one_line_with_the_extra(tmp_path, capsys, monkeypatch):
     # GIVEN perfetto cannot be imported
     monkeypatch.setitem(sys.modules, "perfetto.trace_builder.proto_builder", None)
