@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,27 @@ def test_setup_shows_its_own_lines_only_and_a_rerun_says_ready(fresh_clone, tmp_
     redo = run_setup(fresh_clone, tmp_path)
     assert redo.returncode == 0, redo.stderr
     assert "making .venv again: the one here has no working pip" in redo.stderr
+
+
+def test_operations_md_by_hand_bcc_link_works_with_another_python3_first_on_path(tmp_path):
+    # GIVEN docs/operations.md's by-hand lines that let a virtualenv reach the system bcc, a fresh
+    # virtualenv made by another Python, and a PATH whose python3 has no bcc (pyenv, conda)
+    if subprocess.run(["/usr/bin/python3", "-c", "import bcc"], capture_output=True).returncode != 0:
+        pytest.skip("the system python3 has no bcc (python3-bpfcc)")
+    doc = (ROOT / "docs" / "operations.md").read_text()
+    block = doc.split("# the venv must see the system's bcc package", 1)[1].split("\n", 1)[1]
+    block = block.split("/opt/memrec/bin/memrec doctor", 1)[0]
+    lines = [line for line in block.splitlines() if line and not line.startswith("#")]
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    shadow = tmp_path / "bin"
+    shadow.mkdir()
+    (shadow / "python3").write_text('#!/bin/sh\nexec /usr/bin/python3 -S "$@"\n')  # no site-packages: no bcc
+    (shadow / "python3").chmod(0o755)
+    script = "\n".join(["set -e", *lines]).replace("/opt/memrec/bin/python", str(venv / "bin" / "python"))
+    # WHEN a user runs them
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True,
+                          env={**os.environ, "PATH": f"{shadow}:{os.environ['PATH']}"})
+    # THEN the virtualenv imports bcc
+    assert done.returncode == 0, done.stderr
+    assert subprocess.run([str(venv / "bin" / "python"), "-c", "import bcc"], capture_output=True).returncode == 0
