@@ -26,12 +26,9 @@ def check_bcc() -> Check:
     try:
         import bcc
     except ImportError as error:
-        return Check(
-            "bcc",
-            "fail",
-            f"cannot import bcc ({error})",
-            "install python3-bpfcc and run scripts/setup (the venv links the system bcc)",
-        )
+        from memrec.probes.cuda import bcc_missing_hint
+
+        return Check("bcc", "fail", f"cannot import bcc ({error})", bcc_missing_hint())
     version = getattr(bcc, "__version__", "?")
     try:
         program = bcc.BPF(text=_TRIVIAL_PROGRAM)

@@ -353,3 +353,29 @@ def test_doctor_without_the_nvml_binding_says_to_install_the_extra_not_the_drive
     # THEN the fix names the package extra, not a driver install
     assert "nvidia-ml-py package is not installed" in check["detail"]
     assert check["fix"].startswith("pip install 'memrec[nvml]'") and "NVIDIA driver" not in check["fix"]
+
+
+@pytest.mark.parametrize("system_bcc", [True, False], ids=["system-bcc-out-of-reach", "no-bcc"])
+def test_without_bcc_doctor_and_record_say_whether_to_install_it_or_reach_it(monkeypatch, capsys, tmp_path, system_bcc):
+    from memrec.probes import cuda
+
+    # GIVEN `pip install memrec` in a virtualenv: bcc does not import; the system's python3-bpfcc is
+    # installed (a folder where the distribution puts it) or not
+    monkeypatch.setitem(sys.modules, "bcc", None)
+    system = tmp_path / "dist-packages" / "bcc"
+    if system_bcc:
+        system.mkdir(parents=True)
+    monkeypatch.setattr(cuda, "SYSTEM_BCC_GLOBS", (str(system),))
+    # WHEN the host is checked, and a command is recorded
+    commands.main(["doctor", "--json"])
+    check = next(c for c in json.loads(capsys.readouterr().out) if c["name"] == "bcc")
+    rc = commands.main(["record", "-o", str(tmp_path / "r.mrec"), "--", "true"])
+    err = capsys.readouterr().err
+    # THEN both say the same thing: reach the installed bcc, or install it
+    if system_bcc:
+        assert f"the system's bcc is installed ({system})" in check["fix"] and "scripts/setup" in check["fix"]
+    else:
+        assert check["fix"].startswith("install python3-bpfcc")
+    if os.geteuid() == 0:  # as another user, record stops earlier, at the privilege check
+        last = err.splitlines()[-1]
+        assert rc == ExitCode.UNAVAILABLE and last.startswith("memrec: error: ") and last.endswith(check["fix"])
