@@ -310,7 +310,7 @@ def test_an_unexpected_error_is_one_line_and_exit_70(monkeypatch, capsys):
         ["diff", "{ok}", "{cut}"],
         ["export", "{cut}", "--to", "csv", "-o", "{tmp}/tables"],
         ["plot", "{cut}", "-o", "{tmp}/cut.png"],
-        ["merge", "{ok}", "{cut}", "-o", "{tmp}/merged.mrec"],
+        ["merge", "{cut}", str(ROOT / "tests" / "data" / "golden_v1.mrec"), "-o", "{tmp}/merged.mrec"],
     ],
     ids=["diff", "export", "plot", "merge"],
 )
