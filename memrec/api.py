@@ -11,6 +11,7 @@ times integers (ns on CLOCK_MONOTONIC, plus ``t_s``: seconds since the recording
 from __future__ import annotations
 
 import os
+import warnings
 from functools import cached_property
 from typing import Any
 
@@ -39,7 +40,9 @@ _STR = "O"
 
 
 def load(path: str | os.PathLike, pandas: bool | None = None) -> Recording:
-    """Read a ``.mrec`` trace (a truncated tail is skipped with a warning, as everywhere).
+    """Read a ``.mrec`` trace: what is readable of a cut or damaged one, each of the reader's
+    warnings (a truncated tail, skipped records, no trailer) issued as a ``UserWarning`` naming the
+    file, as the commands print them; they stay in ``rec.trace.warnings``.
 
     Args:
         path: the trace file.
@@ -52,7 +55,10 @@ def load(path: str | os.PathLike, pandas: bool | None = None) -> Recording:
     """
     from memrec.trace.reader import load_trace
 
-    return Recording(load_trace(path), pandas=pandas)
+    trace = load_trace(path)
+    for warning in trace.warnings:
+        warnings.warn(f"{os.fspath(path)}: {warning}", UserWarning, stacklevel=2)
+    return Recording(trace, pandas=pandas)
 
 
 def _use_pandas(choice: bool | None) -> bool:

@@ -80,3 +80,24 @@ def test_process_names_prefer_titles_and_never_cut_a_command():
     assert process_title(info("/usr/bin/python3", "-m", "sglang.launch_server", "--tp", "8", "--port", "1")) == (
         "python3 -m sglang.launch_server --tp 8")
     assert process_title(None) == ""
+
+
+def test_load_of_a_cut_trace_warns_and_keeps_what_is_readable(tmp_path):
+    # GIVEN a copy of a recording cut in the middle (a crashed recorder, a partial copy)
+    data = SGLANG_IPC.read_bytes()
+    cut = tmp_path / "cut.mrec"
+    cut.write_bytes(data[: len(data) // 2])
+    # WHEN loaded from Python
+    with pytest.warns(UserWarning) as caught:
+        rec = memrec.load(cut, pandas=False)
+    # THEN each reader warning is a Python warning naming the file, also kept on the trace
+    messages = [str(w.message) for w in caught]
+    assert any(m.startswith(f"{cut}: truncated tail after") for m in messages)
+    assert any("no trailer" in m for m in messages) and len(messages) == len(rec.trace.warnings)
+    # AND the events before the cut are there
+    assert 0 < len(rec.events) < len(load_trace(SGLANG_IPC).events)
+
+
+def test_load_of_a_whole_trace_warns_nothing(recwarn):
+    memrec.load(SGLANG_IPC, pandas=False)
+    assert [str(w.message) for w in recwarn if issubclass(w.category, UserWarning)] == []
