@@ -57,7 +57,7 @@ def load(path: str | os.PathLike, pandas: bool | None = None) -> Recording:
 
     trace = load_trace(path)
     for warning in trace.warnings:
-        warnings.warn(f"{os.fspath(path)}: {warning}", UserWarning, stacklevel=2)
+        warnings.warn(f"{os.fspath(path)}: {warning}", UserWarning, stacklevel=3)  # the caller of memrec.load
     return Recording(trace, pandas=pandas)
 
 

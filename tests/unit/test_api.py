@@ -94,6 +94,7 @@ def test_load_of_a_cut_trace_warns_and_keeps_what_is_readable(tmp_path):
     messages = [str(w.message) for w in caught]
     assert any(m.startswith(f"{cut}: truncated tail after") for m in messages)
     assert any("no trailer" in m for m in messages) and len(messages) == len(rec.trace.warnings)
+    assert {w.filename for w in caught} == {__file__}  # pointing at the line that called memrec.load
     # AND the events before the cut are there
     assert 0 < len(rec.events) < len(load_trace(SGLANG_IPC).events)
 
