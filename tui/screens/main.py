@@ -36,8 +36,6 @@ from memrec.events import OWNED_CATEGORIES
 from memrec.tui import messages
 from memrec.tui.filters import EventFilter
 from memrec.tui.filters import parse_filter
-from memrec.tui.model import CursorState
-from memrec.tui.model import SeriesView
 from memrec.tui.model import TraceModel
 from memrec.tui.navigation import JUMP_NAMES
 from memrec.tui.navigation import Alignment
@@ -48,6 +46,8 @@ from memrec.tui.navigation import jump
 from memrec.tui.screens.keys import BINDINGS
 from memrec.tui.screens.keys import LIVE_ACTIONS
 from memrec.tui.store import EventRows
+from memrec.tui.views import CursorState
+from memrec.tui.views import SeriesView
 from memrec.tui.widgets.panels import EventsTable
 from memrec.tui.widgets.panels import GpuHeader
 from memrec.tui.widgets.panels import HoldersTable
