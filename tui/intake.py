@@ -20,6 +20,7 @@ import numpy as np
 from memrec._errors import TraceFormatError
 from memrec._untrusted import clean_marker
 from memrec._untrusted import clean_text
+from memrec.columns import NVML_DTYPE
 from memrec.events import CATEGORIES
 from memrec.events import GpuInfo
 from memrec.events import Marker
@@ -58,6 +59,14 @@ class NvmlSeries:
         self.total.extend(s["total"])
         self.bar1_used.extend(s["bar1_used"])
         self.bar1_total.extend(s["bar1_total"])
+
+    def samples(self, gpu: int) -> np.ndarray:
+        """The samples as NVML_DTYPE rows of ``gpu`` (``free`` is not kept: -1)."""
+        out = np.zeros(self.ts.n, NVML_DTYPE)
+        out["gpu"], out["free"] = gpu, -1
+        for name in ("ts", "used", "reserved", "total", "bar1_used", "bar1_total"):
+            out[name] = getattr(self, name).a
+        return out
 
     def at(self, ts: int) -> dict[str, int] | None:
         i = int(np.searchsorted(self.ts.a, np.uint64(max(ts, 0)), side="right")) - 1
@@ -120,6 +129,13 @@ class TraceIntake:
         self.untraced_note = "computed once the trace is replayed"
         self._schema = DEFAULT_SCHEMA  # a live stream's column schema (its header's)
         self._live_stream = False
+        #: A file's per-process NVML samples: not drawn, kept for the untraced split.
+        self.procmem: list[np.ndarray] = []
+        #: Set by a file source before the replay: keep the replay's journal for the untraced split
+        #: (:meth:`memrec.tui.replay.ReplayedTrace.replayed`), so that it needs no second replay.
+        self.keep_journal = False
+        self._journal: list[np.ndarray] | None = None  # the rows, chunk by chunk, while kept
+        self._initial: dict | None = None  # the state the replay started from, as counters
         self._skipped = 0  # malformed records a stream sent
         self._skipped_at = 0  # where the warning that counts them is
 
@@ -202,7 +218,9 @@ class TraceIntake:
         self.add_nvml(chunk.to_array())
 
     def on_procmem(self, chunk: Any) -> None:
-        """Per-process samples are not drawn (the untraced split reads them from the file)."""
+        """Per-process samples are not drawn; a file's are kept for the untraced split."""
+        if not self._live_stream:
+            self.procmem.append(chunk.to_array())
 
     def on_marker(self, marker: Marker) -> None:
         self.add_marker(marker)

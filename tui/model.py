@@ -118,10 +118,6 @@ class TraceModel(ReplayedTrace):
         # chunk by chunk, outside the lock: no 100-MB concatenation
         return advance(s, covered, (self._writable(self.store.materialize([piece])) for piece in pieces))
 
-    @staticmethod
-    def _writable(events: np.ndarray) -> np.ndarray:
-        return events if events.flags.writeable else events.copy()
-
     def state_at(self, seq: int, gpu: int, ts: int | None = None, n_largest: int = 50) -> CursorState:
         """Who holds what on ``gpu`` after event ``seq`` (see :class:`CursorState`)."""
         ts = self.store.ts_of(seq) if ts is None else ts

@@ -11,21 +11,40 @@ memory with :meth:`~ReplayedTrace.trim`.
 from __future__ import annotations
 
 import marshal
+from dataclasses import dataclass
 
 import numpy as np
 
-from memrec.events import CATEGORIES
-from memrec.engine.phases import build_phases
+from memrec.columns import NVML_DTYPE
+from memrec.columns import PROCMEM_DTYPE
+from memrec.engine.journal import Journal
 from memrec.engine.journal import take_rows
+from memrec.engine.phases import build_phases
+from memrec.engine.replay import Timeline
 from memrec.engine.series import CategorySeries
+from memrec.engine.series import gpu_series
+from memrec.events import CATEGORIES
 from memrec.ranks import process_label
 from memrec.ranks import rank_labels
+from memrec.state import JOURNAL_FIELDS
 from memrec.tui.intake import TraceIntake
 from memrec.tui.views import PhaseIndex
 from memrec.tui.views import PhaseSpan
 from memrec.tui.views import SeriesView
 
 NCAT = len(CATEGORIES)
+
+
+@dataclass
+class TraceView:
+    """What :func:`memrec.analysis.reconcile.reconcile` reads of a trace, from the model."""
+
+    header: dict
+    trailer: dict | None
+    markers: list
+    events: np.ndarray
+    nvml: np.ndarray
+    procmem: np.ndarray
 
 
 class ReplayedTrace(TraceIntake):
@@ -44,6 +63,8 @@ class ReplayedTrace(TraceIntake):
             hi = min(self.store.n, lo + budget)
             if hi <= lo:
                 return 0
+            if lo == 0 and self.keep_journal and self._journal is None:
+                self._journal, self._initial = [], self._live.counters()
             pieces = self.store.pieces(lo, hi)
         events = self.store.materialize(pieces)
         if not events.flags.writeable:
@@ -77,6 +98,8 @@ class ReplayedTrace(TraceIntake):
         rows = take_rows(self._live)
         if not len(rows):
             return
+        if self._journal is not None:
+            self._journal.append(rows)
         with self.lock:
             gpus = rows[:, 2]
             pairs = np.unique(rows[:, 2] * (1 << 32) + rows[:, 3])
@@ -88,6 +111,34 @@ class ReplayedTrace(TraceIntake):
                 series = self.series.setdefault(int(g), CategorySeries())
                 series.append(sel[:, 0], sel[:, 1].astype(np.uint64), sel[:, 4].astype(np.int8), sel[:, 5])
                 series.blocks()  # keep the max pyramid current: redraws never build it
+
+    def replayed(self) -> tuple[TraceView, Timeline] | None:
+        """The trace as :func:`memrec.analysis.reconcile.reconcile` reads it, and the replay this
+        model did as the engine's :class:`~memrec.engine.replay.Timeline` (built from the journal
+        kept since the first event: ``keep_journal``), so that the untraced split needs neither a
+        second read nor a second replay. None when there is no such journal (not asked for, or
+        the replay is not done). The journal is handed over: a second call gives None.
+        """
+        with self.lock:
+            if self._journal is None or self._initial is None or not self.indexed or self.store.base:
+                return None
+            rows, initial, self._journal, self._initial = self._journal, self._initial, None, None
+            n = self.store.n
+            events = self._writable(self.store.materialize(self.store.pieces(0, n)))
+            events["gpu"] = self._gpu_res.a[:n]  # as the replay resolved them (frees, unmaps...)
+            nvml = np.concatenate([nv.samples(g) for g, nv in sorted(self.nvml.items())] or [np.zeros(0, NVML_DTYPE)])
+            view = TraceView(self.header, self.trailer, list(self.markers), events, nvml,
+                             np.concatenate(self.procmem) if self.procmem else np.zeros(0, PROCMEM_DTYPE))
+        journal = Journal(*np.ascontiguousarray(np.concatenate(rows).T)) if rows else \
+            Journal(*np.zeros((len(JOURNAL_FIELDS), 0), np.int64))
+        start = int(events["ts"][0]) if n else 0
+        gpus = sorted({int(g) for g in np.unique(journal.gpu)} | {g for g, _, _ in initial})
+        series = {g: gpu_series(g, journal, initial, start, 0) for g in gpus}
+        return view, Timeline(gpus=series, journal=journal, state=self._live, start=start, events=events)
+
+    @staticmethod
+    def _writable(events: np.ndarray) -> np.ndarray:
+        return events if events.flags.writeable else events.copy()
 
     def trim(self) -> None:
         """Live mode: keep at most ``max_events`` events (and what depends on them)."""
