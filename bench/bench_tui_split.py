@@ -1,6 +1,6 @@
 """Benchmark of the TUI's untraced split on a mid-size trace (run by hand, not by the tests).
 
-    .venv/bin/python bench/bench_tui_split.py [--events 1000000] [--repeat 3]
+    .venv/bin/python bench/bench_tui_split.py [--events 1000000] [--repeat 3] [--trace PATH]
 
 The TUI splits the untraced band with ``memrec report``'s engine once its replay is done
 (:meth:`memrec.tui.sources.FileSource.reconcile`). It used to read the file again and replay it a
@@ -50,13 +50,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--keep", type=Path, help="write the trace here and keep it (reused when it exists)")
+    ap.add_argument("--trace", type=Path, default=Path(tempfile.gettempdir()) / "memrec-bench-split.mrec",
+                    help="the trace (written when it does not exist, and kept)")
     args = ap.parse_args()
-    tmp = None
-    path = args.keep
-    if path is None:
-        tmp = tempfile.TemporaryDirectory(prefix="memrec-bench-")
-        path = Path(tmp.name) / "bench.mrec"
+    path = args.trace
     if not path.exists():
         write_trace(path, args.events, 4000, 1_000_000)
     ts = np.arange(args.events, dtype=np.uint64)
