@@ -34,9 +34,8 @@ from memrec.trace.format import parse_schema
 from memrec.trace.model import GpuIds
 from memrec.tui.navigation import Landmarks
 from memrec.tui.store import EventStore
+from memrec.tui.views import NCAT
 from memrec.tui.views import PhaseIndex
-
-NCAT = len(CATEGORIES)
 
 
 # ----------------------------------------------------------------------------------------------

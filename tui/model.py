@@ -42,10 +42,8 @@ from memrec.tui.filters import API_NAMES
 from memrec.tui.filters import EventFilter
 from memrec.tui.filters import event_mask
 from memrec.tui.store import EventRows
-from memrec.tui.intake import NvmlSeries
 from memrec.tui.replay import ReplayedTrace
 from memrec.tui.views import NCAT
-from memrec.tui.views import NEVER
 from memrec.tui.views import CursorState
 from memrec.tui.views import LiveAlloc
 from memrec.tui.views import PhaseIndex

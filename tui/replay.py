@@ -23,16 +23,14 @@ from memrec.engine.phases import build_phases
 from memrec.engine.replay import Timeline
 from memrec.engine.series import CategorySeries
 from memrec.engine.series import gpu_series
-from memrec.events import CATEGORIES
 from memrec.ranks import process_label
 from memrec.ranks import rank_labels
 from memrec.state import JOURNAL_FIELDS
 from memrec.tui.intake import TraceIntake
+from memrec.tui.views import NCAT
 from memrec.tui.views import PhaseIndex
 from memrec.tui.views import PhaseSpan
 from memrec.tui.views import SeriesView
-
-NCAT = len(CATEGORIES)
 
 
 @dataclass
