@@ -130,10 +130,9 @@ class TraceIntake:
         self._live_stream = False
         #: A file's per-process NVML samples: not drawn, kept for the untraced split.
         self.procmem: list[np.ndarray] = []
-        #: Set by a file source before the replay: keep the replay's journal for the untraced split
-        #: (:meth:`memrec.tui.replay.ReplayedTrace.replayed`), so that it needs no second replay.
-        self.keep_journal = False
-        self._journal: list[np.ndarray] | None = None  # the rows, chunk by chunk, while kept
+        #: The replay's journal rows, chunk by chunk, when kept for the untraced split
+        #: (:meth:`memrec.tui.replay.ReplayedTrace.keep_journal`); None when not.
+        self._journal: list[np.ndarray] | None = None
         self._initial: dict | None = None  # the state the replay started from, as counters
         self._skipped = 0  # malformed records a stream sent
         self._skipped_at = 0  # where the warning that counts them is

@@ -61,8 +61,6 @@ class ReplayedTrace(TraceIntake):
             hi = min(self.store.n, lo + budget)
             if hi <= lo:
                 return 0
-            if lo == 0 and self.keep_journal and self._journal is None:
-                self._journal, self._initial = [], self._live.counters()
             pieces = self.store.pieces(lo, hi)
         events = self.store.materialize(pieces)
         if not events.flags.writeable:
@@ -110,19 +108,28 @@ class ReplayedTrace(TraceIntake):
                 series.append(sel[:, 0], sel[:, 1].astype(np.uint64), sel[:, 4].astype(np.int8), sel[:, 5])
                 series.blocks()  # keep the max pyramid current: redraws never build it
 
+    def keep_journal(self) -> None:
+        """Keep the replay's journal from the first event on, for :meth:`replayed` (a file source
+        asks before its replay; the journal costs about 48 bytes per change)."""
+        with self.lock:
+            if self.frontier == 0 and self._journal is None:
+                self._journal, self._initial = [], self._live.counters()
+
     def replayed(self) -> tuple[TraceView, Timeline] | None:
         """The trace as :func:`memrec.analysis.reconcile.reconcile` reads it, and the replay this
         model did as the engine's :class:`~memrec.engine.replay.Timeline` (built from the journal
-        kept since the first event: ``keep_journal``), so that the untraced split needs neither a
+        kept since the first event: :meth:`keep_journal`), so that the untraced split needs neither a
         second read nor a second replay. None when there is no such journal (not asked for, or
-        the replay is not done). The journal is handed over: a second call gives None.
+        the replay is not done, or live). The journal is handed over: a second call gives None.
         """
         with self.lock:
             if self._journal is None or self._initial is None or not self.indexed or self.store.base:
                 return None
             rows, initial, self._journal, self._initial = self._journal, self._initial, None, None
             n = self.store.n
-            events = self._writable(self.store.materialize(self.store.pieces(0, n)))
+            events = self.store.materialize(self.store.pieces(0, n))
+            if not events.flags.owndata:  # a view of the store's own events: they stay as read
+                events = events.copy()
             events["gpu"] = self._gpu_res.a[:n]  # as the replay resolved them (frees, unmaps...)
             nvml = np.concatenate([nv.samples(g) for g, nv in sorted(self.nvml.items())] or [np.zeros(0, NVML_DTYPE)])
             view = TraceView(self.header, self.trailer, list(self.markers), events, nvml,

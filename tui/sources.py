@@ -105,9 +105,11 @@ class FileSource(_Threaded):
     live = False
     other_model = None
 
-    def __init__(self, path: str | os.PathLike, index_step: int = 16384) -> None:
+    def __init__(self, path: str | os.PathLike, index_step: int = 16384, split_untraced: bool = True) -> None:
         self.path = os.fspath(path)
         self.index_step = index_step
+        #: Split the untraced band once replayed (:meth:`reconcile`); a diff's other trace does not.
+        self.split_untraced = split_untraced
         self.model = TraceModel()
         self._stop = threading.Event()
         self._reader = None
@@ -154,7 +156,8 @@ class FileSource(_Threaded):
         waits, so that it never competes with the UI thread for the GIL.
         """
         model = self.model
-        model.keep_journal = model.store.n <= RECONCILE_MAX_EVENTS  # for the untraced split
+        if self.split_untraced and model.store.n <= RECONCILE_MAX_EVENTS:
+            model.keep_journal()  # for the untraced split (reconcile)
         # The replay makes no reference cycles; a full collection of the growing model, run by
         # whichever thread allocates (the UI's, often), stalled key presses by up to ~100 ms.
         # The collector rests until the replay is done (the app then freezes the model).
@@ -222,7 +225,7 @@ class DiffSource(_Threaded):
 
     def __init__(self, base: str | os.PathLike, other: str | os.PathLike) -> None:
         self.base = FileSource(base)
-        self.other = FileSource(other)
+        self.other = FileSource(other, split_untraced=False)
         self.model = self.base.model
         self.other_model: TraceModel | None = self.other.model
         self.busy: Callable[[], bool] = lambda: False

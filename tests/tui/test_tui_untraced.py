@@ -93,7 +93,11 @@ def test_the_split_from_the_tuis_own_replay_is_the_reports(tmp_path):
     rotated = tmp_path / "rotated.mrec"
     synth.write_trace(rotated, dataclasses.replace(full, events=full.events[64:], procmem=pm,
                                                    keyframes=[dataclasses.replace(kf, event_index=0)]))
-    for path in (ctx, sg, rotated):
+    # and one with per-process samples and no events at all
+    quiet = tmp_path / "quiet.mrec"
+    with TraceWriter(quiet, synth.header()) as w:
+        w.write_procmem(np.array([(T0 + i * SEC, 0, 4101, 5 * MiB) for i in range(3)], dtype=PROCMEM_DTYPE))
+    for path in (ctx, sg, rotated, quiet):
         # WHEN the TUI splits the untraced band from its own replay (no second read or replay)
         ours = _split_by_the_tui(path, index_step=777)
         # THEN it is memrec report's split of the file, number for number
