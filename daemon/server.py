@@ -42,6 +42,7 @@ from memrec.daemon.fanout import Fanout
 from memrec.daemon.feed import ProbeFeed
 from memrec.daemon.gpustamp import GpuStamper
 from memrec.daemon.intake import Intake
+from memrec.daemon.keyframes import HoldingSink
 from memrec.daemon.keyframes import Keyframes
 from memrec.daemon.libraries import Libraries
 from memrec.daemon.markers import MarkerServer
@@ -371,7 +372,7 @@ class Daemon:
             self.writer.flush()
             self.fanout.resync(self._resync_records)
         if (cfg.rotate_bytes and self.writer is not None and self.writer.bytes_written >= cfg.rotate_bytes
-                and self.writer.stalled is None):
+                and self.writer.stalled is None and not self.keyframes.holding):
             self.rotate("size")
         self._timers.run(now)
 
@@ -508,13 +509,14 @@ class Daemon:
         )
 
     def _open_writer(self, path: Path, reason: str, sink: FileSink | None = None) -> None:
-        """Start a trace file (``sink``: already created) with the header, processes and a keyframe."""
+        """Start a trace file (``sink``: already created) with the header and processes; its first
+        keyframe is built in a thread and written before the file's events (:class:`HoldingSink`)."""
         try:
             if sink is None:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 sink = create_sink(path)
-            tee = self.fanout.publish if self.fanout is not None else None
-            self.writer = TraceWriter(sink, self._header(reason), tee=tee)
+            holder = HoldingSink(sink, self.fanout.publish if self.fanout is not None else None)
+            self.writer = TraceWriter(holder, self._header(reason))
         except OSError as error:
             raise OutputError(f"cannot write the trace {path}: {error.strerror or error}") from None
         if sink.replaced:
@@ -524,8 +526,8 @@ class Daemon:
             self.writer.write_process(info)
         if self.feed.lost:
             self.writer.write_lost(self.clock(), self.feed.lost)
-        self.keyframes.write_now(self.writer, self.state, self.clock(), 0)
         self.writer.flush()
+        self.keyframes.start_first(self.writer, holder, self.state, self.clock())  # written by tick()
 
     def rotate(self, reason: str) -> Path:
         """Close the current file with a trailer; open the next with a header and a keyframe.
@@ -544,6 +546,7 @@ class Daemon:
             return Path(self.writer.path or path)
         self._part += 1
         old = self.writer
+        self.keyframes.collect(old, wait=self.keyframes.holding)  # its own first keyframe, if still held
         old.close(self._trailer(f"rotate: {reason}", next_file=os.fspath(path)))
         self._open_writer(path, reason=f"rotate: {reason}", sink=sink)
         log.info("rotated (%s): %s → %s", reason, old.path, path)
