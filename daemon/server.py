@@ -367,10 +367,8 @@ class Daemon:
             if self.markers is not None:
                 self.markers.sweep()
             nxt["sweep"] = advance(nxt["sweep"], _SWEEP_NS, now)
-        if self.fanout is not None and self.fanout.needs_resync:
-            assert self.writer is not None
-            self.writer.flush()
-            self.fanout.resync(self._resync_records)
+        if self.fanout is not None:
+            self._serve_subscribers()
         if (cfg.rotate_bytes and self.writer is not None and self.writer.bytes_written >= cfg.rotate_bytes
                 and self.writer.stalled is None and not self.keyframes.holding):
             self.rotate("size")
@@ -475,25 +473,29 @@ class Daemon:
 
     # ------------------------------------------------------------------ subscribers
 
-    def _sync_records(self, flush: bool = True) -> list[bytes]:
-        """What a subscriber needs to stand alone: header, known processes, a keyframe."""
-        assert self.writer is not None
-        if flush:
-            self.writer.flush()  # every event in the state has gone out to existing subscribers
-        out = [self.writer.header_bytes]
-        out += [encode_record(process_record(p)) for p in self.stamper.processes.values()]
-        out.append(encode_record(keyframe_record(self.clock(), 0, self.state.snapshot())))
-        return out
+    def _serve_subscribers(self) -> None:
+        """Send the syncs built in the thread; start one for the subscribers that wait (new or
+        resynced), unless a new file's first keyframe is still held back: a sync taken then
+        would be followed by that older keyframe."""
+        assert self.fanout is not None and self.writer is not None
+        if self.fanout.needs_resync:
+            self.fanout.resync(self._lost_notice)
+        self.fanout.collect()
+        if self.fanout.wants_sync and not self.keyframes.holding:
+            self.writer.flush()  # every event in the state has gone out to the subscribers
+            head = [self.writer.header_bytes]
+            head += [encode_record(process_record(p)) for p in self.stamper.processes.values()]
+            ts, finish = self.clock(), self.state.snapshot_later()
+            self.fanout.start_sync(head, lambda: encode_record(keyframe_record(ts, 0, finish())))
 
-    def _resync_records(self, dropped: int) -> list[bytes]:
+    def _lost_notice(self, dropped: int) -> bytes:
         notice = lost_record(self.clock(), self.feed.lost)
         notice["subscriber_dropped"] = dropped
-        sync = self._sync_records(flush=False)  # tick() flushed: no tee from inside the fanout
-        return [sync[0], encode_record(notice), *sync[1:]]
+        return encode_record(notice)
 
     def _on_subscribe(self, sock: socket.socket) -> None:
         assert self.fanout is not None
-        self.fanout.add(sock, self._sync_records())
+        self.fanout.add(sock)
 
     # ------------------------------------------------------------------ files
 
