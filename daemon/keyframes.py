@@ -105,7 +105,7 @@ class HoldingSink:
 
 
 class Keyframes:
-    """Decides when the daemon writes a keyframe and builds the periodic ones in a thread."""
+    """Decides when the daemon writes a keyframe; builds a file's first and the periodic ones in a thread."""
 
     def __init__(self, max_held: int = MAX_HELD_BYTES) -> None:
         # writer, ts, index, n, build, and the sink holding the file's records (a first keyframe)

@@ -113,27 +113,33 @@ def _held_build(state: LiveState) -> threading.Event:
     return release
 
 
-def _allocs(n: int, first: int, t: int) -> np.ndarray:
-    return np.concatenate([raw(Kind.ALLOC, ts=t + i, pid=os.getpid(), ordinal=0, ptr=(first + i) << 12, size=4096)
+def _allocs(n: int, first: int, t: int, kind: Kind = Kind.ALLOC) -> np.ndarray:
+    """``n`` allocations of 4 KiB from pointer number ``first`` on (``kind=Kind.FREE``: their frees)."""
+    size = 4096 if kind == Kind.ALLOC else 0
+    return np.concatenate([raw(kind, ts=t + i, pid=os.getpid(), ordinal=0, ptr=(first + i) << 12, size=size)
                            for i in range(n)])
+
+
+def _daemon_holding(workdir, n: int, t: int):
+    """A started daemon whose state holds ``n`` live allocations."""
+    d = make_daemon(workdir)
+    d.start()
+    d.probes.push(_allocs(n, 1, t))
+    pump(d, 0.2)
+    return d
 
 
 def test_a_rotation_at_many_live_allocations_keeps_every_event_after_its_first_keyframe(workdir):
     # GIVEN a daemon holding 20,000 live allocations
-    d = make_daemon(workdir)
-    d.start()
     t = time.monotonic_ns()
+    d = _daemon_holding(workdir, 20_000, t)
     try:
-        d.probes.push(_allocs(20_000, 1, t))
-        pump(d, 0.2)
         # WHEN the file rotates and the new file's first keyframe is still being built while
         # allocations and frees go on
         release = _held_build(d.state)
         d.rotate("test")
         assert d.keyframes.holding
-        d.probes.push(_allocs(300, 100_000, t + 50_000),
-                      *[raw(Kind.FREE, ts=t + 60_000 + i, pid=os.getpid(), ordinal=0, ptr=(1 + i) << 12)
-                        for i in range(200)])
+        d.probes.push(_allocs(300, 100_000, t + 50_000), _allocs(200, 1, t + 60_000, Kind.FREE))
         pump(d, 0.2)
         # THEN the new file, read meanwhile (as after a crash), holds no event before its keyframe
         early = load_trace(d.files[1])
@@ -164,19 +170,15 @@ def test_a_rotation_at_many_live_allocations_keeps_every_event_after_its_first_k
 
 def test_a_subscriber_joining_while_its_keyframe_is_built_gets_every_later_event_after_it(workdir):
     # GIVEN a daemon holding 5,000 live allocations, and a subscriber whose keyframe is slow to build
-    d = make_daemon(workdir)
-    d.start()
     t = time.monotonic_ns()
+    d = _daemon_holding(workdir, 5_000, t)
     try:
-        d.probes.push(_allocs(5_000, 1, t))
-        pump(d, 0.2)
         release = _held_build(d.state)
         sub = connect(d.config.socket_path)
         sub.sendall(protocol.encode_frame({"type": "subscribe"}))
         pump(d, 0.1)
         # WHEN events come while it is built
-        d.probes.push(*[raw(Kind.FREE, ts=t + 10_000 + i, pid=os.getpid(), ordinal=0, ptr=(1 + i) << 12)
-                        for i in range(100)])
+        d.probes.push(_allocs(100, 1, t + 10_000, Kind.FREE))
         pump(d, 0.1)
         decoder = frames.FrameDecoder(frames.MAX_SUBSCRIBER_FRAME)
         assert recv_frames(sub, decoder, timeout=0.1) == []  # nothing before its keyframe
