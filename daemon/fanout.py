@@ -125,7 +125,7 @@ class Fanout:
             return
         sync.build.join()
         self._sync = None
-        subs = [s for s in sync.subs if s.fd in self._subs]
+        subs = [s for s in sync.subs if self._subs.get(s.fd) is s]
         if sync.build.error is not None:
             log.error("live subscribers: their keyframe failed (%s); %d disconnected",
                       type(sync.build.error).__name__, len(subs), exc_info=sync.build.error)
@@ -203,9 +203,10 @@ class Fanout:
         """More was published while the sync was built than one subscriber may queue: its
         subscribers go (the thread ends on its own)."""
         self._sync = None
-        subs = [s for s in sync.subs if s.fd in self._subs]
-        log.warning("live subscribers: %d bytes published while their keyframe was built; %d disconnected",
-                    sync.tail_bytes, len(subs))
+        subs = [s for s in sync.subs if self._subs.get(s.fd) is s]
+        if subs:
+            log.warning("live subscribers: %d bytes published while their keyframe was built; %d disconnected",
+                        sync.tail_bytes, len(subs))
         self.disconnected_slow += len(subs)
         for sub in subs:
             self._drop(sub)
