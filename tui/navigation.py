@@ -18,6 +18,7 @@ import numpy as np
 
 from memrec.engine.phases import NO_PHASE
 from memrec.events import Kind
+from memrec.events import OWNED_CATEGORIES
 from memrec.events import cu_result_name
 from memrec.tui.filters import API_NAMES
 from memrec.engine.series import Grow
@@ -203,8 +204,10 @@ def jump(model: TraceModel, what: str, ts: int, forward: bool, gpu: int | None) 
 
 def answer(model: TraceModel) -> Landing | None:
     """Where a trace opens: its first failed driver call (on the GPU it failed on), else the first
-    instant of the highest traced peak (owned + mapped) over all GPUs; None for an empty trace.
-    The peak needs the replay: before it is done it is the peak of what has been replayed."""
+    instant of the highest traced peak over all GPUs; None for an empty trace. The peak is of owned
+    bytes, as the report's "peak traced" (peers' memory mapped by IPC is the exporter's, drawn
+    above the stack but never counted). It needs the replay: before the replay is done it is the
+    peak of what has been replayed."""
     hit = model.landmarks.next_failure(-1, True)
     if hit is not None:
         ts, pid, gpu = hit
@@ -216,8 +219,9 @@ def answer(model: TraceModel) -> Landing | None:
         for g, series in model.series.items():
             if not len(series):
                 continue
-            i = series.argmax(0, len(series))
-            peak = (int(series.total.a[i]), -g, int(series.ts.a[i]))
+            owned = np.sum([series.cum[c].a for c in OWNED_CATEGORIES], axis=0)
+            i = int(np.argmax(owned))
+            peak = (int(owned[i]), -g, int(series.ts.a[i]))
             best = peak if best is None or peak > best else best
     if best is None or best[0] <= 0:
         return None

@@ -3,11 +3,16 @@ trace opens (its first failed call, else its highest peak)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import synth
 
+from memrec.engine.replay import build_timeline
+from memrec.trace.reader import load_trace
 from memrec.tui.model import TraceModel
 from memrec.tui.navigation import answer
 from memrec.tui.navigation import jump
+from memrec.units import fmt_bytes
 
 GiB = synth.GiB
 SEC = synth.SEC
@@ -62,6 +67,21 @@ def test_without_a_failure_a_trace_opens_at_its_peak():
     empty = TraceModel()
     empty.set_header(synth.header(1))
     assert answer(empty) is None
+
+
+def test_the_opening_peak_is_the_reports_owned_peak_not_owned_plus_mapped():
+    # GIVEN the H200 stand-in whose ranks map each other's 18 GiB buffers by IPC after the peak
+    #   of what they own (owned + mapped would peak 36 GiB higher, at another time)
+    path = Path(__file__).resolve().parents[2] / "examples" / "sglang-standin-ipc.mrec"
+    trace = load_trace(path)
+    m = TraceModel.from_trace(trace)
+    while not m.indexed:
+        m.index_step()
+    # WHEN asked where the answer is
+    a = answer(m)
+    # THEN it is the report's "peak traced": the same bytes at the same instant on the same GPU
+    peak_bytes, peak_ts, _ = build_timeline(trace.events).gpus[0].peak()
+    assert (a.ts, a.gpu, a.text) == (peak_ts, 0, f"peak {fmt_bytes(peak_bytes)} on GPU0")
 
 
 def test_diff_aligns_on_the_first_common_marker():
