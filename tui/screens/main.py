@@ -53,9 +53,9 @@ from memrec.tui.widgets.panels import GpuHeader
 from memrec.tui.widgets.panels import HoldersTable
 from memrec.tui.widgets.panels import StatusLine
 from memrec.tui.widgets.panels import StatusFacts
+from memrec.tui.widgets.panels import fit_status
 from memrec.tui.widgets.panels import header_text
 from memrec.tui.widgets.panels import overview_label
-from memrec.tui.widgets.panels import status_parts
 from memrec.tui.widgets.timeline import CONSOLE_GLYPHS
 from memrec.tui.widgets.timeline import TimelineGraph
 from memrec.tui.widgets.timeline import TimelineOptions
@@ -339,12 +339,12 @@ class MainScreen(ViewKeys, Screen[None]):
                 parts.append("[reverse] PAUSED [/]" if self.paused else "following")
         landing = self.landing if self.landing is not None and self.landing.ts == self.cursor_ts else None
         here = m.landmarks.failure_text(self.cursor_ts, None if self.gpu == -1 else self.gpu)
-        parts += status_parts(StatusFacts(
+        facts = StatusFacts(
             title=None if self.live else self.source_title, events=m.store.n, progress=self.progress,
             failure_here=here, failures=m.landmarks.count(), landing=landing,
             lost=m.lost if m.lost or self.live else None, warnings=len(m.warnings), span=self.t1 - self.t0,
-        ), narrow=self.narrow, glyphs=g)
-        status.update(" │ ".join(parts))
+        )
+        status.update(fit_status(parts, facts, status.content_size.width or self.size.width, g))
 
     # ------------------------------------------------------------------ cursor state (worker)
 

@@ -166,6 +166,30 @@ def status_parts(f: StatusFacts, narrow: bool, glyphs: Glyphs = UNICODE_GLYPHS) 
     return parts
 
 
+def fit_status(prefix: list[str], f: StatusFacts, width: int, glyphs: Glyphs = UNICODE_GLYPHS) -> str:
+    """The status line in ``width`` cells: every piece if they fit, else the narrow pieces, else
+    without the file name, the event count, the view's span and the warnings' count (`memrec report`
+    lists the warnings), in that order. What the cursor
+    landed on and what failed there are what the line is read for; cut at the edge, it would end
+    mid-phrase (``... in (no``)."""
+    sep = " │ "
+
+    def fits(parts: list[str]) -> bool:
+        return Text.from_markup(sep.join(parts)).cell_len <= width
+
+    parts = prefix + status_parts(f, False, glyphs)
+    if fits(parts):
+        return sep.join(parts)
+    parts = prefix + status_parts(f, True, glyphs)
+    warned = f"[yellow]{f.warnings} warning{'s' if f.warnings > 1 else ''}[/]"
+    for piece in (f.title, f"{f.events:,} events", f"view {fmt_dur(f.span)}", warned):
+        if fits(parts):
+            break
+        if piece in parts[len(prefix) :]:
+            parts.remove(piece)
+    return sep.join(parts)
+
+
 class GpuHeader(Static):
     """Name, UUID, total; NVML used/reserved, traced, untraced, BAR1 at the cursor."""
 
