@@ -152,9 +152,9 @@ class ChunkBuilder:
         columns = [self._cols[n][: self.rows] if self.rows else np.zeros(0, self._dtype.fields[n][0])
                    for n in self._names]
         index = np.concatenate(self._ipc_index) if self._ipc_index else None
-        payload = codec.encode_payload(columns, index, b"".join(self._ipc))
+        key, payload = codec.encode_payload(columns, index, b"".join(self._ipc))
         self._reset()
-        return {"type": self.kind, "n": len(columns[0]), "z": payload}
+        return {"type": self.kind, "n": len(columns[0]), key: payload}
 
 
 def rows_to_wire(kind: str, arr: np.ndarray) -> dict:
@@ -226,8 +226,9 @@ def decode_columns(obj: dict, schema: Schema | None = None) -> ColumnChunk:
     if kind not in COLUMNAR:
         raise TraceFormatError(f"not a columnar record: {kind!r}")
     n = obj.get("n")
-    if "z" in obj:
-        return _decode_v2(kind, n, obj["z"], schema)
+    for key in codec.KEYS:
+        if key in obj:
+            return _decode_v2(kind, n, key, obj[key], schema)
     columns = obj.get("columns")
     if not isinstance(n, int) or isinstance(n, bool) or n < 0 or not isinstance(columns, dict):
         raise TraceFormatError(f"malformed {kind} record: bad 'n' or 'columns'")
@@ -266,17 +267,17 @@ def decode_columns(obj: dict, schema: Schema | None = None) -> ColumnChunk:
     return chunk
 
 
-def _decode_v2(kind: str, n: Any, data: Any, schema: Schema | None) -> ColumnChunk:
+def _decode_v2(kind: str, n: Any, key: str, data: Any, schema: Schema | None) -> ColumnChunk:
     if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_RECORD_ROWS:
         raise TraceFormatError(f"malformed {kind} record: bad 'n' (at most {MAX_RECORD_ROWS} rows)")
     if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise TraceFormatError(f"malformed {kind} record: 'z' is not binary")
+        raise TraceFormatError(f"malformed {kind} record: {key!r} is not binary")
     target = COLUMNAR[kind]
     written = (schema or DEFAULT_SCHEMA).get(kind, DEFAULT_SCHEMA[kind])
     names = [name for name in written if not (kind == EVENTS and name == SPARSE_COLUMN)]
     dtypes = [target.fields[name][0] if name in target.names else None for name in names]
     try:
-        cols, index, ipc = codec.decode_payload(data, n, dtypes, sparse=kind == EVENTS)
+        cols, index, ipc = codec.decode_payload(key, data, n, dtypes, sparse=kind == EVENTS)
     except TraceFormatError as error:
         raise TraceFormatError(f"malformed {kind} record: {error}") from None
     chunk = ColumnChunk(kind, n, {name: col for name, col in zip(names, cols) if col is not None})

@@ -33,6 +33,7 @@ refused (:class:`~memrec._errors.TraceFormatError`) rather than decoded into non
 from __future__ import annotations
 
 import threading
+import zlib
 
 import numpy as np
 import zstandard
@@ -42,8 +43,18 @@ from memrec._errors import TraceFormatError
 #: Column transforms (the high nibble of a column's code).
 RAW = 0
 DELTA = 1
-#: Bytes per stored value; a code's low nibble is one of these.
+#: Bytes per stored value; a code's low nibble is one of these (an index into it), or VARINT.
 WIDTHS = (0, 1, 2, 4, 8)
+#: The width code of a column stored as LEB128 values (since 2.1).
+VARINT = len(WIDTHS)
+#: A code bit (since 2.1): the column's base is 0 and left out of the directory.
+ZERO_BASE = 0x80
+#: Record keys of a chunk's bytes: the 2.0 payload as a Zstandard frame; since 2.1, the 2.1
+#: payload as a Zstandard frame, or as it is followed by its CRC-32 (little-endian u4).
+ZSTD_V20 = "z"
+ZSTD = "c"
+RAW_PAYLOAD = "r"
+KEYS = (ZSTD_V20, ZSTD, RAW_PAYLOAD)
 #: The Zstandard level the writer uses. Measured on 1M events (2026-12-01, CPU time): level 3
 #: gives 1.16 B/event on bench_tui.py's events at 16.2M events/s and 15.4 on bench_trace.py's
 #: random ones at 11.3M/s; level 1 gives 1.31 and 15.8 at 19.1M/s and 16.9M/s.
@@ -123,65 +134,133 @@ class _Cursor:
         return self.data[self.pos - 1]
 
 
+def _varint_sizes(values: np.ndarray) -> np.ndarray:
+    """The LEB128 length of each u8 value (1 to 10 bytes)."""
+    sizes = np.ones(len(values), np.uint8)
+    for bits in range(7, 64, 7):
+        sizes += values >= _U64(1 << bits)
+    return sizes
+
+
+def _varints(values: np.ndarray, sizes: np.ndarray) -> bytes:
+    """``values`` (u8) as consecutive LEB128 integers of the given ``sizes``."""
+    out = np.empty(int(sizes.sum(dtype=np.int64)), np.uint8)
+    at = np.cumsum(sizes, dtype=np.int64) - sizes
+    for j in range(int(sizes.max())):
+        more = sizes > j
+        byte = (values[more] >> _U64(7 * j)) & _U64(0x7F) | np.where(sizes[more] > j + 1, _U64(0x80), _U64(0))
+        out[at[more] + j] = byte
+    return out.tobytes()
+
+
 def _encode_column(col: np.ndarray) -> tuple[bytes, bytes]:
-    """(directory entry, block) of one integer column."""
+    """(directory entry, block) of one integer column: of the raw and delta forms, each with
+    fixed-width or LEB128 values, the one of fewest bytes (on a tie the first of raw fixed,
+    raw LEB128, delta fixed, delta LEB128)."""
     signed = col.dtype.kind == "i"
-    v = col.astype(np.int64 if signed else _U64, copy=False)
-    n = len(v)
-    lo, hi = (int(v.min()), int(v.max())) if n else (0, 0)
-    transform, width, base, first, values = RAW, _width(hi - lo), lo, 0, v
-    if n > 2 and width:
-        u = v.view(_U64)
-        d = (u[1:] - u[:-1]).view(np.int64)
-        dlo, dhi = int(d.min()), int(d.max())
-        dwidth = _width(dhi - dlo)
-        if dwidth < width:
-            transform, width, base, first, values = DELTA, dwidth, dlo, int(u[0]), d
-    entry = bytes([transform << 4 | WIDTHS.index(width)]) + _zigzag(base)
-    if transform == DELTA:
-        entry += _zigzag(first)
-    if not width:
-        return entry, b""
-    stored = values.view(_U64) - _U64(base & _MASK)  # wraps modulo 2^64: exact for every span
-    return entry, stored.astype(f"<u{width}").tobytes()
+    u = col.astype(np.int64 if signed else _U64, copy=False).view(_U64)
+    n = len(u)
+    forms = [(RAW, u, 0)]
+    if n > 2:
+        forms.append((DELTA, u[1:] - u[:-1], int(u[0])))  # modulo 2^64
+    best = None
+    for transform, values, first in forms:
+        signed_values = values.view(np.int64)
+        lo, hi = (int(signed_values.min()), int(signed_values.max())) if len(values) else (0, 0)
+        width = _width(hi - lo)
+        stored = values - _U64(lo & _MASK)  # wraps modulo 2^64: exact for every span
+        head = (transform << 4 | (ZERO_BASE if not lo & _MASK else 0), lo, first)
+        candidates = [(len(values) * width, WIDTHS.index(width))]
+        if width >= 2:
+            sizes = _varint_sizes(stored)
+            candidates.append((int(sizes.sum(dtype=np.int64)), VARINT))
+        for size, wcode in candidates:
+            entry = bytes([head[0] | wcode]) + (b"" if head[0] & ZERO_BASE else _zigzag(lo))
+            if transform == DELTA:
+                entry += _zigzag(first)
+            if best is None or len(entry) + size < best[0]:
+                best = (len(entry) + size, entry, stored, wcode)
+    _, entry, stored, wcode = best
+    if wcode == VARINT:
+        return entry, _varints(stored, _varint_sizes(stored))
+    width = WIDTHS[wcode]
+    return entry, stored.astype(f"<u{width}").tobytes() if width else b""
 
 
-def encode_payload(columns: list[np.ndarray], ipc_index: np.ndarray | None = None, ipc: bytes = b"") -> bytes:
-    """One compressed chunk of ``columns`` (equal lengths, schema order) and its sparse ipc rows."""
+def encode_payload(columns: list[np.ndarray], ipc_index: np.ndarray | None = None, ipc: bytes = b"") -> tuple[str, bytes]:
+    """One chunk of ``columns`` (equal lengths, schema order) and its sparse ipc rows, as
+    ``(record key, bytes)``: a Zstandard frame (``"c"``), or the payload and its CRC-32 (``"r"``)
+    when compression does not pay (a chunk of a few rows: the frame's own bytes cost more)."""
+    n = len(columns[0]) if columns else 0
     k = 0 if ipc_index is None else len(ipc_index)
-    entries = [_varint(len(columns[0]) if columns else 0), _varint(k)]
+    entries = [_varint(n), _varint(k)]
     blocks = []
     for col in columns:
         entry, block = _encode_column(col)
         entries.append(entry)
         blocks.append(block)
     if k:
-        blocks.append(np.asarray(ipc_index, dtype="<u4").tobytes())
-        blocks.append(bytes(ipc))
-    return _compressor().compress(b"".join(entries + blocks))
+        blocks.append(_encode_ipc(n, np.asarray(ipc_index), bytes(ipc)))
+    payload = b"".join(entries + blocks)
+    frame = _compressor().compress(payload)
+    if len(frame) < len(payload) + 4:
+        return ZSTD, frame
+    return RAW_PAYLOAD, payload + zlib.crc32(payload).to_bytes(4, "little")
+
+
+def _encode_ipc(n: int, index: np.ndarray, ipc: bytes) -> bytes:
+    """The ipc section: distinct rows once each, their zero bytes left out (module docstring)."""
+    rows = np.frombuffer(ipc, np.uint8).reshape(-1, 64)
+    distinct, first, which = np.unique(rows, axis=0, return_index=True, return_inverse=True)
+    if len(distinct) == len(rows):
+        distinct, which = rows, None
+    else:  # in order of first appearance (deterministic either way)
+        order = np.argsort(first)
+        distinct = distinct[order]
+        which = np.argsort(order)[which.ravel()]
+    nonzero = distinct != 0
+    masks = np.packbits(nonzero, axis=1, bitorder="little")
+    parts = [_varint(len(distinct)), index.astype(_small(n)).tobytes()]
+    if which is not None:
+        parts.append(which.astype(_small(len(distinct))).tobytes())
+    parts += [masks.tobytes(), distinct[nonzero].tobytes()]
+    return b"".join(parts)
+
+
+def _small(count: int) -> str:
+    """The index dtype of a table of ``count`` entries: u1 up to 256, else u2 (a chunk's rows fit)."""
+    return "u1" if count <= 256 else "<u2"
 
 
 def payload_bound(n: int, ncols: int, sparse: bool) -> int:
     """The most bytes a valid payload of ``n`` rows and ``ncols`` columns decompresses to."""
-    return 20 + ncols * (21 + 8 * n) + (n * 68 if sparse else 0)
+    return 30 + ncols * (21 + 10 * n) + (n * 76 if sparse else 0)
 
 
 def decode_payload(
-    data: bytes | memoryview, n: int, dtypes: list[np.dtype | None], *, sparse: bool
+    key: str, data: bytes | memoryview, n: int, dtypes: list[np.dtype | None], *, sparse: bool
 ) -> tuple[list[np.ndarray | None], np.ndarray | None, bytes]:
-    """Decode one compressed chunk of ``n`` rows.
+    """Decode one chunk of ``n`` rows stored under record key ``key`` (:data:`KEYS`).
 
     ``dtypes``: per column in schema order, the dtype to decode it into (None: a column this
     version does not know, skipped). Returns the columns (new contiguous arrays), the ipc row
     indices (u4, or None) and their 64-byte rows.
 
     Raises:
-        TraceFormatError: not a Zstandard frame, or lengths that do not match ``n``.
+        TraceFormatError: not a Zstandard frame, a failed checksum, or lengths that do not
+            match ``n``.
     """
-    try:
-        raw = decompress(data, payload_bound(n, len(dtypes), sparse))
-    except TraceFormatError as error:
-        raise TraceFormatError(f"column data {error}") from None
+    if key == RAW_PAYLOAD:
+        raw = bytes(data)
+        if len(raw) < 4 or zlib.crc32(raw[:-4]) != int.from_bytes(raw[-4:], "little"):
+            raise TraceFormatError("column data fails its checksum")
+        raw = raw[:-4]
+    else:
+        try:
+            raw = decompress(data, payload_bound(n, len(dtypes), sparse))
+        except TraceFormatError as error:
+            raise TraceFormatError(f"column data {error}") from None
+    lean = key != ZSTD_V20
     buf = memoryview(raw)
     cursor = _Cursor(buf)
     rows, k = cursor.varint(), cursor.varint()
@@ -190,51 +269,106 @@ def decode_payload(
     if k > n or (k and not sparse):
         raise TraceFormatError(f"{k} ipc rows for {n} rows")
     entries = []
-    sizes = []
     for _ in dtypes:
         code = cursor.byte()
-        transform, wcode = code >> 4, code & 0x0F
-        if transform not in (RAW, DELTA) or wcode >= len(WIDTHS):
+        transform, wcode = (code >> 4) & (0x07 if lean else 0x0F), code & 0x0F
+        if transform not in (RAW, DELTA) or wcode >= len(WIDTHS) + lean:
             raise TraceFormatError(f"unknown column code {code:#x}")
-        base = cursor.zigzag()
+        base = 0 if lean and code & ZERO_BASE else cursor.zigzag()
         first = cursor.zigzag() if transform == DELTA else 0
-        entries.append((code, base, first))
-        sizes.append((n - 1 if transform == DELTA and n else n) * WIDTHS[wcode])
-    expected = cursor.pos + sum(sizes) + k * 68
-    if len(raw) != expected:
-        raise TraceFormatError(f"column data has {len(raw)} bytes where {n} rows take {expected}")
+        entries.append((transform, wcode, base, first))
     out: list[np.ndarray | None] = []
-    pos = cursor.pos
-    for (code, base, first), size, dtype in zip(entries, sizes, dtypes):
-        if dtype is not None:
-            out.append(_decode_column(buf[pos : pos + size], n, code, base, first, dtype))
+    for (transform, wcode, base, first), dtype in zip(entries, dtypes):
+        count = n - 1 if transform == DELTA and n else n
+        if wcode == VARINT:
+            stored, cursor.pos = _read_varints(buf, cursor.pos, count)
         else:
-            out.append(None)
-        pos += size
+            size = count * WIDTHS[wcode]
+            if cursor.pos + size > len(buf):
+                raise TraceFormatError(f"column data has {len(buf)} bytes, too few for {n} rows")
+            stored = np.frombuffer(buf[cursor.pos : cursor.pos + size], dtype=f"<u{WIDTHS[wcode]}") if size else None
+            cursor.pos += size
+        out.append(None if dtype is None else _decode_column(stored, n, transform, base, first, dtype))
+    if lean:
+        index, ipc = _decode_ipc(buf, cursor, n, k)
+    else:
+        if len(buf) != cursor.pos + 68 * k:
+            raise TraceFormatError(f"column data has {len(buf)} bytes where {n} rows take {cursor.pos + 68 * k}")
+        index = np.frombuffer(buf[cursor.pos : cursor.pos + 4 * k], dtype="<u4").copy()
+        ipc = bytes(buf[cursor.pos + 4 * k :])
     if not k:
         return out, None, b""
-    index = np.frombuffer(buf[pos : pos + 4 * k], dtype="<u4").copy()
-    pos += 4 * k
     if int(index.max()) >= n:
         raise TraceFormatError("an ipc index is out of range")
-    return out, index, bytes(buf[pos : pos + 64 * k])
+    return out, index, ipc
 
 
-def _decode_column(block: memoryview, n: int, code: int, base: int, first: int, dtype: np.dtype) -> np.ndarray:
-    """One column, computed in the unsigned type of its own width: arithmetic modulo 2^(8·size)
-    gives the low bytes of the modulo-2^64 values, which are the values (no 8-byte temporary).
+def _decode_ipc(buf: memoryview, cursor: _Cursor, n: int, k: int) -> tuple[np.ndarray | None, bytes]:
+    """The 2.1 ipc section (see :func:`_encode_ipc`), checked to end exactly where the payload does."""
+    if not k:
+        if cursor.pos != len(buf):
+            raise TraceFormatError(f"column data has {len(buf) - cursor.pos} bytes past its {n} rows")
+        return None, b""
+    u = cursor.varint()
+    if not 1 <= u <= k:
+        raise TraceFormatError(f"{u} distinct ipc rows for {k}")
+    tables = [(_small(n), k)] + ([(_small(u), k)] if u < k else []) + [("u1", 8 * u)]
+    arrays = []
+    for dtype, count in tables:
+        size = count * np.dtype(dtype).itemsize
+        if cursor.pos + size > len(buf):
+            raise TraceFormatError("column data ends inside its ipc rows")
+        arrays.append(np.frombuffer(buf[cursor.pos : cursor.pos + size], dtype=dtype))
+        cursor.pos += size
+    index, masks = arrays[0].astype("<u4"), arrays[-1]
+    nonzero = np.unpackbits(masks.reshape(u, 8), axis=1, bitorder="little").astype(bool)
+    if int(nonzero.sum()) != len(buf) - cursor.pos:
+        raise TraceFormatError(f"column data has {len(buf) - cursor.pos} ipc bytes where its masks take {int(nonzero.sum())}")
+    rows = np.zeros((u, 64), np.uint8)
+    rows[nonzero] = np.frombuffer(buf[cursor.pos :], np.uint8)
+    if u < k:
+        which = arrays[1]
+        if int(which.max()) >= u:
+            raise TraceFormatError("an ipc row refers past the distinct rows")
+        rows = rows[which]
+    if len(index) > 1 and not (index[1:] > index[:-1]).all():
+        raise TraceFormatError("the ipc indices are not ascending")
+    return index, rows.tobytes()
+
+
+def _read_varints(buf: memoryview, pos: int, count: int) -> tuple[np.ndarray, int]:
+    """``count`` LEB128 values from ``pos`` (as u8, modulo 2^64) and the position after them."""
+    if not count:
+        return np.zeros(0, _U64), pos
+    data = np.frombuffer(buf[pos:], np.uint8)
+    ends = np.flatnonzero(data < 0x80)
+    if len(ends) < count:
+        raise TraceFormatError("column data ends inside a column")
+    ends = ends[:count]
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    if int((ends - starts).max()) > 9:
+        raise TraceFormatError("a column value is longer than 64 bits")
+    body = data[: ends[-1] + 1]
+    shift = np.arange(len(body)) - np.repeat(starts, ends - starts + 1)
+    values = (body & 0x7F).astype(_U64) << (7 * shift).astype(_U64)
+    return np.add.reduceat(values, starts), pos + int(ends[-1]) + 1
+
+
+def _decode_column(stored: np.ndarray | None, n: int, transform: int, base: int, first: int, dtype: np.dtype) -> np.ndarray:
+    """One column from its stored values (None: width 0), computed in the unsigned type of its
+    own width: arithmetic modulo 2^(8·size) gives the low bytes of the modulo-2^64 values, which
+    are the values (no 8-byte temporary).
 
     A constant column comes back as a read-only broadcast view of its one value (no memory).
     """
-    transform, width = code >> 4, WIDTHS[code & 0x0F]
     unsigned = np.dtype(f"<u{dtype.itemsize}")
     mask = (1 << (8 * dtype.itemsize)) - 1
-    if transform == RAW and not width:
+    if transform == RAW and stored is None:
         return np.broadcast_to(np.array(base & mask, dtype=unsigned).view(dtype), (n,))
     out = np.empty(n, dtype=unsigned)
     if not n:
         return out.view(dtype)
-    if transform == DELTA and not width:  # a constant step: first, first + base, ...
+    if transform == DELTA and stored is None:  # a constant step: first, first + base, ...
         np.multiply(np.arange(n, dtype=unsigned), unsigned.type(base & mask), out=out)
         out += unsigned.type(first & mask)
         return out.view(dtype)
@@ -242,8 +376,7 @@ def _decode_column(block: memoryview, n: int, code: int, base: int, first: int, 
     if transform == DELTA:
         out[0] = first & mask
     if len(body):
-        stored = np.frombuffer(block, dtype=f"<u{width}")
-        if width > dtype.itemsize:
+        if stored.itemsize > dtype.itemsize:
             stored = stored.astype(unsigned)  # (a narrower column than its values: wraps)
         np.add(stored, unsigned.type(base & mask), out=body, casting="unsafe")
     if transform == DELTA:
