@@ -47,6 +47,9 @@ DELTA = 1
 WIDTHS = (0, 1, 2, 4, 8)
 #: The width code of a column stored as LEB128 values (since 2.1).
 VARINT = len(WIDTHS)
+#: Width codes BITS + b (b = 1..7, since 2.1): b bits per value, packed least significant first.
+BITS = VARINT
+CODES = BITS + 8
 #: A code bit (since 2.1): the column's base is 0 and left out of the directory.
 ZERO_BASE = 0x80
 #: Record keys of a chunk's bytes: the 2.0 payload as a Zstandard frame; since 2.1, the 2.1
@@ -171,6 +174,9 @@ def _encode_column(col: np.ndarray) -> tuple[bytes, bytes]:
         stored = values - _U64(lo & _MASK)  # wraps modulo 2^64: exact for every span
         head = (transform << 4 | (ZERO_BASE if not lo & _MASK else 0), lo, first)
         candidates = [(len(values) * width, WIDTHS.index(width))]
+        if width == 1:
+            bits = (hi - lo).bit_length()
+            candidates.append(((len(values) * bits + 7) // 8, BITS + bits))
         if width >= 2:
             sizes = _varint_sizes(stored)
             candidates.append((int(sizes.sum(dtype=np.int64)), VARINT))
@@ -183,6 +189,9 @@ def _encode_column(col: np.ndarray) -> tuple[bytes, bytes]:
     _, entry, stored, wcode = best
     if wcode == VARINT:
         return entry, _varints(stored, _varint_sizes(stored))
+    if wcode > BITS:
+        planes = (stored[:, None] >> np.arange(wcode - BITS, dtype=_U64)) & _U64(1)
+        return entry, np.packbits(planes.astype(np.uint8), bitorder="little").tobytes()
     width = WIDTHS[wcode]
     return entry, stored.astype(f"<u{width}").tobytes() if width else b""
 
@@ -272,7 +281,7 @@ def decode_payload(
     for _ in dtypes:
         code = cursor.byte()
         transform, wcode = (code >> 4) & (0x07 if lean else 0x0F), code & 0x0F
-        if transform not in (RAW, DELTA) or wcode >= len(WIDTHS) + lean:
+        if transform not in (RAW, DELTA) or wcode >= (CODES if lean else VARINT):
             raise TraceFormatError(f"unknown column code {code:#x}")
         base = 0 if lean and code & ZERO_BASE else cursor.zigzag()
         first = cursor.zigzag() if transform == DELTA else 0
@@ -282,6 +291,8 @@ def decode_payload(
         count = n - 1 if transform == DELTA and n else n
         if wcode == VARINT:
             stored, cursor.pos = _read_varints(buf, cursor.pos, count)
+        elif wcode > BITS:
+            stored, cursor.pos = _read_bits(buf, cursor.pos, count, wcode - BITS)
         else:
             size = count * WIDTHS[wcode]
             if cursor.pos + size > len(buf):
@@ -334,6 +345,16 @@ def _decode_ipc(buf: memoryview, cursor: _Cursor, n: int, k: int) -> tuple[np.nd
     if len(index) > 1 and not (index[1:] > index[:-1]).all():
         raise TraceFormatError("the ipc indices are not ascending")
     return index, rows.tobytes()
+
+
+def _read_bits(buf: memoryview, pos: int, count: int, bits: int) -> tuple[np.ndarray, int]:
+    """``count`` values of ``bits`` bits each (packed least significant first) from ``pos`` (as u1)."""
+    size = (count * bits + 7) // 8
+    if pos + size > len(buf):
+        raise TraceFormatError("column data ends inside a column")
+    planes = np.unpackbits(np.frombuffer(buf[pos : pos + size], np.uint8), count=count * bits, bitorder="little")
+    weights = (1 << np.arange(bits)).astype(np.uint8)
+    return (planes.reshape(count, bits) * weights).sum(axis=1, dtype=np.uint8), pos + size
 
 
 def _read_varints(buf: memoryview, pos: int, count: int) -> tuple[np.ndarray, int]:
