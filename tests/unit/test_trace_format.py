@@ -40,7 +40,8 @@ from memrec.trace.writer import TraceWriter
 from tests.utils import v1_wire
 
 DATA = pathlib.Path(__file__).resolve().parents[1] / "data"
-GOLDEN = DATA / "golden_v2.mrec"  # what today's writer writes
+GOLDEN = DATA / "golden_v2_1.mrec"  # what today's writer writes
+GOLDEN_V2_0 = DATA / "golden_v2.mrec"  # what format 2.0 wrote (frozen: the reader must still read it)
 GOLDEN_V1 = DATA / "golden_v1.mrec"  # what format 1 wrote (frozen: the reader must still read it)
 
 HEADER = {
@@ -154,7 +155,7 @@ def test_events_record_round_trips_with_sparse_ipc(n):
     assert rec["events"].dtype == EVENT_DTYPE
     np.testing.assert_array_equal(rec["events"], ev)
     # AND the record is one compressed payload whose ipc rows are only the flagged ones
-    assert set(wire) == {"type", "n", "z"} and wire["n"] == n
+    assert set(wire) in ({"type", "n", "c"}, {"type", "n", "r"}) and wire["n"] == n
     chunk = fmt.decode_columns(wire)
     flagged = np.flatnonzero(ev["flags"] & FLAG_IPC_BYTES)
     assert chunk.ipc_index.tolist() == flagged.tolist() and len(chunk.ipc) == len(flagged)
@@ -333,18 +334,28 @@ def _flip(data: bytes, at: int) -> bytes:
     return data[:at] + bytes([data[at] ^ 0x40]) + data[at + 1 :]
 
 
+def _key(wire: dict) -> str:
+    """The key of a format-2 record's chunk bytes ("c": compressed, "r": raw, "z": 2.0)."""
+    return next(key for key in ("c", "r", "z") if key in wire)
+
+
+def _damage(wire: dict, change) -> None:
+    wire[_key(wire)] = change(wire[_key(wire)])
+
+
 @pytest.mark.parametrize(
     "damage,match",
     [
         (lambda w: w.__setitem__("n", 8), "holds 7 rows, the record says 8"),
         (lambda w: w.__setitem__("n", -1), "bad 'n'"),
         (lambda w: w.__setitem__("n", MAX_RECORD_ROWS + 1), "bad 'n'"),
-        (lambda w: w.__setitem__("z", 5), "not binary"),
-        (lambda w: w.__setitem__("z", b"not zstd at all"), "does not decompress"),
-        (lambda w: w.__setitem__("z", w["z"][:-6]), "does not decompress"),
-        (lambda w: w.__setitem__("z", _flip(w["z"], len(w["z"]) // 2)), "does not decompress"),
+        (lambda w: _damage(w, lambda z: 5), "not binary"),
+        (lambda w: w.__setitem__("c", w.pop(_key(w))), "does not decompress"),
+        (lambda w: w.__setitem__("r", w.pop(_key(w))), "fails its checksum"),
+        (lambda w: _damage(w, lambda z: z[:-6]), "does not decompress|fails its checksum"),
+        (lambda w: _damage(w, lambda z: _flip(z, len(z) // 2)), "does not decompress|fails its checksum"),
     ],
-    ids=["wrong-n", "negative-n", "huge-n", "not-binary", "not-zstd", "cut", "flipped-byte"],
+    ids=["wrong-n", "negative-n", "huge-n", "not-binary", "raw-as-zstd", "zstd-as-raw", "cut", "flipped-byte"],
 )
 def test_malformed_format_2_columnar_records_raise_trace_format_error(damage, match):
     # GIVEN a damaged format-2 events record
@@ -756,7 +767,7 @@ def test_a_malformed_record_is_skipped_and_the_rest_is_read(tmp_path):
     # GIVEN a trace with a malformed events record (short column) and a non-map object between good ones
     ev = synthetic_events(4)
     bad = msgpack.unpackb(fmt.encode_record({"type": "events", "events": ev}))
-    bad["z"] = bad["z"][:-1]
+    _damage(bad, lambda z: z[:-1])
     parts = [
         fmt.encode_record(fmt.finalize_header(HEADER)),
         fmt.packb(bad),
@@ -936,9 +947,9 @@ def test_the_writer_still_produces_the_golden_bytes():
     assert golden.golden_bytes() == GOLDEN.read_bytes()
 
 
-@pytest.mark.parametrize("path,version", [(GOLDEN, 2), (GOLDEN_V1, 1)], ids=["v2", "v1"])
+@pytest.mark.parametrize("path,version", [(GOLDEN, 2), (GOLDEN_V2_0, 2), (GOLDEN_V1, 1)], ids=["v2.1", "v2.0", "v1"])
 def test_the_golden_trace_decodes_to_what_it_was_written_with(path, version):
-    # GIVEN the committed golden trace (format 2, and format 1's)
+    # GIVEN the committed golden trace (format 2.1, and format 2.0's and 1's)
     # WHEN loaded
     trace = load_trace(path)
     # THEN its content is the recording make_golden.py describes
