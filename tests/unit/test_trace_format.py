@@ -6,6 +6,7 @@ import importlib.util
 import io
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import textwrap
@@ -350,12 +351,11 @@ def _damage(wire: dict, change) -> None:
         (lambda w: w.__setitem__("n", -1), "bad 'n'"),
         (lambda w: w.__setitem__("n", MAX_RECORD_ROWS + 1), "bad 'n'"),
         (lambda w: _damage(w, lambda z: 5), "not binary"),
-        (lambda w: w.__setitem__("c", w.pop(_key(w))), "does not decompress"),
-        (lambda w: w.__setitem__("r", w.pop(_key(w))), "fails its checksum"),
+        (lambda w: w.__setitem__("c" if _key(w) == "r" else "r", w.pop(_key(w))), "does not decompress|fails its checksum"),
         (lambda w: _damage(w, lambda z: z[:-6]), "does not decompress|fails its checksum"),
         (lambda w: _damage(w, lambda z: _flip(z, len(z) // 2)), "does not decompress|fails its checksum"),
     ],
-    ids=["wrong-n", "negative-n", "huge-n", "not-binary", "raw-as-zstd", "zstd-as-raw", "cut", "flipped-byte"],
+    ids=["wrong-n", "negative-n", "huge-n", "not-binary", "swapped-key", "cut", "flipped-byte"],
 )
 def test_malformed_format_2_columnar_records_raise_trace_format_error(damage, match):
     # GIVEN a damaged format-2 events record
@@ -782,7 +782,7 @@ def test_a_malformed_record_is_skipped_and_the_rest_is_read(tmp_path):
     malformed = [w for w in trace.warnings if "malformed" in w]
     assert len(malformed) == 1
     assert malformed[0].startswith("skipped 2 malformed record(s); first at byte ")
-    assert "malformed events record: column data does not decompress" in malformed[0]
+    assert re.search("malformed events record: column data (does not decompress|fails its checksum)", malformed[0])
 
 
 # ---------------------------------------------------------------------------------------------
