@@ -57,6 +57,9 @@ CODES = BITS + 8
 LEAN_ROWS = 256
 #: A code bit (since 2.1): the column's base is 0 and left out of the directory.
 ZERO_BASE = 0x80
+#: A code bit (since 2.1): a shift s (u1) follows, and a stored value stands for stored << s
+#: (sizes and pointers aligned to 2 MiB lose their 21 zero bits).
+SHIFTED = 0x40
 #: Record keys of a chunk's bytes: the 2.0 payload as a Zstandard frame; since 2.1, the 2.1
 #: payload as a Zstandard frame, or as it is followed by its CRC-32 (little-endian u4).
 ZSTD_V20 = "z"
@@ -174,22 +177,29 @@ def _encode_column(col: np.ndarray) -> tuple[bytes, bytes]:
     best = None
     for transform, values, first in forms:
         signed_values = values.view(np.int64)
-        lo, hi = (int(signed_values.min()), int(signed_values.max())) if len(values) else (0, 0)
-        width = _width(hi - lo)
+        lo = int(signed_values.min()) if len(values) else 0
         stored = values - _U64(lo & _MASK)  # wraps modulo 2^64: exact for every span
         head = transform << 4 | (0 if lo & _MASK else ZERO_BASE)
-        candidates = [(len(values) * width, WIDTHS.index(width))]
-        if n <= LEAN_ROWS and width == 1:
-            bits = (hi - lo).bit_length()
-            candidates.append(((len(values) * bits + 7) // 8, BITS + bits))
-        elif n <= LEAN_ROWS and width >= 2:
-            candidates.append((int(_varint_sizes(stored).sum(dtype=np.int64)), VARINT))
-        for size, wcode in candidates:
-            entry = bytes([head | wcode]) + (b"" if head & ZERO_BASE else _zigzag(lo))
-            if transform == DELTA:
-                entry += _zigzag(first)
-            if best is None or len(entry) + size < best[0]:
-                best = (len(entry) + size, entry, stored, wcode)
+        entry = bytes([head]) + (b"" if head & ZERO_BASE else _zigzag(lo)) + (_zigzag(first) if transform == DELTA else b"")
+        shifts = [0]
+        if n <= LEAN_ROWS and len(values):
+            ones = int(np.bitwise_or.reduce(stored))
+            if ones:
+                shifts.append((ones & -ones).bit_length() - 1)
+        for shift in dict.fromkeys(shifts):
+            shifted = stored >> _U64(shift) if shift else stored
+            span = int(shifted.max()) if len(values) else 0
+            width = _width(span)
+            candidates = [(len(values) * width, WIDTHS.index(width))]
+            if n <= LEAN_ROWS and width == 1:
+                bits = span.bit_length()
+                candidates.append(((len(values) * bits + 7) // 8, BITS + bits))
+            elif n <= LEAN_ROWS and width >= 2:
+                candidates.append((int(_varint_sizes(shifted).sum(dtype=np.int64)), VARINT))
+            for size, wcode in candidates:
+                coded = bytes([entry[0] | wcode | (SHIFTED if shift else 0)]) + entry[1:] + (bytes([shift]) if shift else b"")
+                if best is None or len(coded) + size < best[0]:
+                    best = (len(coded) + size, coded, shifted, wcode)
     _, entry, stored, wcode = best
     if wcode == VARINT:
         return entry, _varints(stored, _varint_sizes(stored))
@@ -284,14 +294,17 @@ def decode_payload(
     entries = []
     for _ in dtypes:
         code = cursor.byte()
-        transform, wcode = (code >> 4) & (0x07 if lean else 0x0F), code & 0x0F
+        transform, wcode = (code >> 4) & (0x03 if lean else 0x0F), code & 0x0F
         if transform not in (RAW, DELTA) or wcode >= (CODES if lean else VARINT):
             raise TraceFormatError(f"unknown column code {code:#x}")
         base = 0 if lean and code & ZERO_BASE else cursor.zigzag()
         first = cursor.zigzag() if transform == DELTA else 0
-        entries.append((transform, wcode, base, first))
+        shift = cursor.byte() if lean and code & SHIFTED else 0
+        if shift > 63:
+            raise TraceFormatError(f"a column shifted by {shift} bits")
+        entries.append((transform, wcode, base, first, shift))
     out: list[np.ndarray | None] = []
-    for (transform, wcode, base, first), dtype in zip(entries, dtypes):
+    for (transform, wcode, base, first, shift), dtype in zip(entries, dtypes):
         count = n - 1 if transform == DELTA and n else n
         if wcode == VARINT:
             stored, cursor.pos = _read_varints(buf, cursor.pos, count)
@@ -303,6 +316,8 @@ def decode_payload(
                 raise TraceFormatError(f"column data has {len(buf)} bytes, too few for {n} rows")
             stored = np.frombuffer(buf[cursor.pos : cursor.pos + size], dtype=f"<u{WIDTHS[wcode]}") if size else None
             cursor.pos += size
+        if shift and stored is not None:
+            stored = stored.astype(_U64) << _U64(shift)
         out.append(None if dtype is None else _decode_column(stored, n, transform, base, first, dtype))
     if lean:
         index, ipc = _decode_ipc(buf, cursor, n, k)
