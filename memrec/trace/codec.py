@@ -164,6 +164,18 @@ def _varints(values: np.ndarray, sizes: np.ndarray) -> bytes:
     return out.tobytes()
 
 
+def _bases(forms: list, lean: bool) -> list:
+    """(transform, values, first, base) to try: each form's minimum as its base, and in a small
+    chunk also 0 (no base in the directory: LEB128 values that are small anyway, e.g. time steps)."""
+    out = []
+    for transform, values, first in forms:
+        lo = int(values.view(np.int64).min()) if len(values) else 0
+        out.append((transform, values, first, lo))
+        if lean and lo > 0:
+            out.append((transform, values, first, 0))
+    return out
+
+
 def _encode_column(col: np.ndarray) -> tuple[bytes, bytes]:
     """(directory entry, block) of one integer column: of the raw and delta forms, each with
     fixed-width or LEB128 values, the one of fewest bytes (on a tie the first of raw fixed,
@@ -175,9 +187,7 @@ def _encode_column(col: np.ndarray) -> tuple[bytes, bytes]:
     if n > 2:
         forms.append((DELTA, u[1:] - u[:-1], int(u[0])))  # modulo 2^64
     best = None
-    for transform, values, first in forms:
-        signed_values = values.view(np.int64)
-        lo = int(signed_values.min()) if len(values) else 0
+    for transform, values, first, lo in _bases(forms, n <= LEAN_ROWS):
         stored = values - _U64(lo & _MASK)  # wraps modulo 2^64: exact for every span
         head = transform << 4 | (0 if lo & _MASK else ZERO_BASE)
         entry = bytes([head]) + (b"" if head & ZERO_BASE else _zigzag(lo)) + (_zigzag(first) if transform == DELTA else b"")
