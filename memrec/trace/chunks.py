@@ -154,7 +154,7 @@ class ChunkBuilder:
         index = np.concatenate(self._ipc_index) if self._ipc_index else None
         key, payload = codec.encode_payload(columns, index, b"".join(self._ipc))
         self._reset()
-        return {"type": self.kind, "n": len(columns[0]), key: payload}
+        return {"type": self.kind, key: payload}  # (the payload holds n: a 2.1 record omits it)
 
 
 def rows_to_wire(kind: str, arr: np.ndarray) -> dict:
@@ -268,7 +268,10 @@ def decode_columns(obj: dict, schema: Schema | None = None) -> ColumnChunk:
 
 
 def _decode_v2(kind: str, n: Any, key: str, data: Any, schema: Schema | None) -> ColumnChunk:
-    if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_RECORD_ROWS:
+    """A format-2 chunk; ``n`` None is a 2.1 record that leaves its row count to the payload."""
+    if (n is not None or key == codec.ZSTD_V20) and (
+        not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_RECORD_ROWS
+    ):
         raise TraceFormatError(f"malformed {kind} record: bad 'n' (at most {MAX_RECORD_ROWS} rows)")
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise TraceFormatError(f"malformed {kind} record: {key!r} is not binary")
@@ -277,7 +280,7 @@ def _decode_v2(kind: str, n: Any, key: str, data: Any, schema: Schema | None) ->
     names = [name for name in written if not (kind == EVENTS and name == SPARSE_COLUMN)]
     dtypes = [target.fields[name][0] if name in target.names else None for name in names]
     try:
-        cols, index, ipc = codec.decode_payload(key, data, n, dtypes, sparse=kind == EVENTS)
+        n, cols, index, ipc = codec.decode_payload(key, data, n, dtypes, sparse=kind == EVENTS, max_rows=MAX_RECORD_ROWS)
     except TraceFormatError as error:
         raise TraceFormatError(f"malformed {kind} record: {error}") from None
     chunk = ColumnChunk(kind, n, {name: col for name, col in zip(names, cols) if col is not None})

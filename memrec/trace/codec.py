@@ -60,6 +60,9 @@ ZERO_BASE = 0x80
 #: A code bit (since 2.1): a shift s (u1) follows, and a stored value stands for stored << s
 #: (sizes and pointers aligned to 2 MiB lose their 21 zero bits).
 SHIFTED = 0x40
+#: The entry of a column whose values are all 0, left out of a 2.1 directory (its bit in the
+#: directory's bitmap is clear).
+ABSENT = bytes([ZERO_BASE])
 #: Record keys of a chunk's bytes: the 2.0 payload as a Zstandard frame; since 2.1, the 2.1
 #: payload as a Zstandard frame, or as it is followed by its CRC-32 (little-endian u4).
 ZSTD_V20 = "z"
@@ -137,6 +140,12 @@ class _Cursor:
     def zigzag(self) -> int:
         z = self.varint()
         return ((z >> 1) if not z & 1 else -((z + 1) >> 1)) & _MASK
+
+    def take(self, size: int) -> bytes:
+        if self.pos + size > len(self.data):
+            raise TraceFormatError("column data ends inside its directory")
+        self.pos += size
+        return bytes(self.data[self.pos - size : self.pos])
 
     def byte(self) -> int:
         if self.pos >= len(self.data):
@@ -226,12 +235,16 @@ def encode_payload(columns: list[np.ndarray], ipc_index: np.ndarray | None = Non
     when compression does not pay (a chunk of a few rows: the frame's own bytes cost more)."""
     n = len(columns[0]) if columns else 0
     k = 0 if ipc_index is None else len(ipc_index)
-    entries = [_varint(n), _varint(k)]
+    entries = []
     blocks = []
-    for col in columns:
+    present = 0
+    for i, col in enumerate(columns):
         entry, block = _encode_column(col)
-        entries.append(entry)
+        if entry != ABSENT:
+            present |= 1 << i
+            entries.append(entry)
         blocks.append(block)
+    entries[:0] = [_varint(n), _varint(k), present.to_bytes((len(columns) + 7) // 8, "little")]
     if k:
         blocks.append(_encode_ipc(n, np.asarray(ipc_index), bytes(ipc)))
     payload = b"".join(entries + blocks)
@@ -271,13 +284,14 @@ def payload_bound(n: int, ncols: int, sparse: bool) -> int:
 
 
 def decode_payload(
-    key: str, data: bytes | memoryview, n: int, dtypes: list[np.dtype | None], *, sparse: bool
-) -> tuple[list[np.ndarray | None], np.ndarray | None, bytes]:
-    """Decode one chunk of ``n`` rows stored under record key ``key`` (:data:`KEYS`).
+    key: str, data: bytes | memoryview, n: int | None, dtypes: list[np.dtype | None], *, sparse: bool, max_rows: int
+) -> tuple[int, list[np.ndarray | None], np.ndarray | None, bytes]:
+    """Decode one chunk stored under record key ``key`` (:data:`KEYS`).
 
-    ``dtypes``: per column in schema order, the dtype to decode it into (None: a column this
-    version does not know, skipped). Returns the columns (new contiguous arrays), the ipc row
-    indices (u4, or None) and their 64-byte rows.
+    ``n``: the rows the record says it holds (a 2.1 record need not say: None), at most
+    ``max_rows`` in any case. ``dtypes``: per column in schema order, the dtype to decode it
+    into (None: a column this version does not know, skipped). Returns the rows, the columns
+    (new contiguous arrays), the ipc row indices (u4, or None) and their 64-byte rows.
 
     Raises:
         TraceFormatError: not a Zstandard frame, a failed checksum, or lengths that do not
@@ -290,20 +304,27 @@ def decode_payload(
         raw = raw[:-4]
     else:
         try:
-            raw = decompress(data, payload_bound(n, len(dtypes), sparse))
+            raw = decompress(data, payload_bound(max_rows if n is None else n, len(dtypes), sparse))
         except TraceFormatError as error:
             raise TraceFormatError(f"column data {error}") from None
     lean = key != ZSTD_V20
     buf = memoryview(raw)
     cursor = _Cursor(buf)
     rows, k = cursor.varint(), cursor.varint()
-    if rows != n:
+    if n is not None and rows != n:
         raise TraceFormatError(f"column data holds {rows} rows, the record says {n}")
+    if rows > max_rows:
+        raise TraceFormatError(f"column data holds {rows} rows (at most {max_rows})")
+    n = rows
     if k > n or (k and not sparse):
         raise TraceFormatError(f"{k} ipc rows for {n} rows")
+    present = -1
+    if lean:
+        size = (len(dtypes) + 7) // 8
+        present = int.from_bytes(cursor.take(size), "little")
     entries = []
-    for _ in dtypes:
-        code = cursor.byte()
+    for i in range(len(dtypes)):
+        code = cursor.byte() if present >> i & 1 else ABSENT[0]
         transform, wcode = (code >> 4) & (0x03 if lean else 0x0F), code & 0x0F
         if transform not in (RAW, DELTA) or wcode >= (CODES if lean else VARINT):
             raise TraceFormatError(f"unknown column code {code:#x}")
@@ -337,10 +358,10 @@ def decode_payload(
         index = np.frombuffer(buf[cursor.pos : cursor.pos + 4 * k], dtype="<u4").copy()
         ipc = bytes(buf[cursor.pos + 4 * k :])
     if not k:
-        return out, None, b""
+        return n, out, None, b""
     if int(index.max()) >= n:
         raise TraceFormatError("an ipc index is out of range")
-    return out, index, ipc
+    return n, out, index, ipc
 
 
 def _decode_ipc(buf: memoryview, cursor: _Cursor, n: int, k: int) -> tuple[np.ndarray | None, bytes]:
