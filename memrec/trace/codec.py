@@ -1,4 +1,4 @@
-"""The column codec of trace format 2: a columnar chunk as one Zstandard frame.
+"""The column codec of trace format 2: a columnar chunk as one payload, compressed or raw.
 
 Format 1 stored each column as its raw little-endian bytes (66 bytes per event). Format 2 keeps the
 columns apart but encodes each one so that a general-purpose compressor finds little left to do:
@@ -8,23 +8,20 @@ columns apart but encodes each one so that a general-purpose compressor finds li
 * **frame of reference**: the column's (or the differences') minimum is stored once and every value
   as its offset from it, in the fewest bytes that hold the largest offset (0, 1, 2, 4 or 8): a
   constant column (``result`` = 0, ``gpu`` = 3) takes no bytes at all;
-* the rare ``ipc`` bytes stay sparse, as in format 1 (their row indices, then 64 bytes each);
+* the rare ``ipc`` bytes stay sparse (their row indices, then their bytes);
 
 and the whole chunk is then one Zstandard frame (``zstandard``, the reference library's binding)
 with its content checksum, so that a damaged byte in a chunk is found, not decoded into events.
 All arithmetic is modulo 2^64, so every integer column round-trips exactly whatever its values.
 
-The payload (what the frame decompresses to); *varint* is an unsigned LEB128 integer, *zigzag*
-a signed 64-bit value as a varint (0, -1, 1, -2... as 0, 1, 2, 3...); blocks are little-endian::
-
-    n (varint: rows, the same as the record's ``n``), k (varint: rows with ipc bytes)
-    per column, in the order of the header's column schema for this record type (``ipc`` left out):
-        code (u1: transform << 4 | width code), base (zigzag), first (zigzag; delta columns only)
-    per column: its block: n values (raw) or n - 1 differences (delta), ``width`` bytes each
-    k row indices (u4), then k × 64 ipc bytes (events only)
-
-A value is ``base + stored`` (raw), or ``first`` followed by the running sum of ``base + stored``
-(delta), all modulo 2^64, then taken as the column's dtype (its low bytes).
+Minor 1 (2.1) is for the chunks the recorder writes at low event rates (a flush every 200 ms: a
+few rows each), where the frame's own bytes and a column's directory entry cost more than its
+values. A chunk's payload is stored raw with a CRC-32 (key ``r``) when that is smaller than its
+frame (``c``); all-zero columns leave the directory (a bitmap says which are present), a base of 0
+is left out, and a chunk of up to :data:`LEAN_ROWS` rows may store a column as varints, as packed
+bits or shifted (aligned sizes and pointers); the ipc section stores each distinct row once
+(an IPC_OPEN's bytes are its IPC_EXPORT's) without its zero bytes. Each chunk stays self-contained.
+``docs/format.md`` is the spec of both payloads; format 2.0's (key ``z``) is still read.
 
 ``decode_payload`` checks every length against ``n`` before it allocates, so a damaged chunk is
 refused (:class:`~memrec._errors.TraceFormatError`) rather than decoded into nonsense or memory.
