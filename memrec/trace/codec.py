@@ -37,9 +37,12 @@ import zstandard
 
 from memrec._errors import TraceFormatError
 
-#: Column transforms (the high nibble of a column's code).
+#: Column transforms (the high nibble of a column's code; bits 4-5 since 2.1).
 RAW = 0
 DELTA = 1
+#: A 2.1 transform: the values of an earlier column of the chunk (its index, u1, follows the code)
+#: plus ``base + stored`` (``tid`` is mostly ``pid``, ``gpu`` mostly ``ordinal``).
+REF = 2
 #: Bytes per stored value; a code's low nibble is one of these (an index into it), or VARINT.
 WIDTHS = (0, 1, 2, 4, 8)
 #: The width code of a column stored as LEB128 values (since 2.1).
@@ -73,6 +76,7 @@ LEVEL = 3
 
 _MASK = (1 << 64) - 1
 _U64 = np.uint64
+_U64_DTYPE = np.dtype("<u8")
 _local = threading.local()
 
 
@@ -171,8 +175,9 @@ def _varints(values: np.ndarray, sizes: np.ndarray) -> bytes:
 
 
 def _bases(forms: list, lean: bool) -> list:
-    """(transform, values, first, base) to try: each form's minimum as its base, and in a small
-    chunk also 0 (no base in the directory: LEB128 values that are small anyway, e.g. time steps)."""
+    """(transform, values, first or reference, base) to try: each form's minimum as its base,
+    and in a small chunk also 0 (no base in the directory: LEB128 values that are small anyway,
+    e.g. time steps)."""
     out = []
     for transform, values, first in forms:
         lo = int(values.view(np.int64).min()) if len(values) else 0
@@ -182,21 +187,26 @@ def _bases(forms: list, lean: bool) -> list:
     return out
 
 
-def _encode_column(col: np.ndarray) -> tuple[bytes, bytes]:
-    """(directory entry, block) of one integer column: of the raw and delta forms, each with
-    fixed-width or LEB128 values, the one of fewest bytes (on a tie the first of raw fixed,
-    raw LEB128, delta fixed, delta LEB128)."""
-    signed = col.dtype.kind == "i"
-    u = col.astype(np.int64 if signed else _U64, copy=False).view(_U64)
+def _as_u64(col: np.ndarray) -> np.ndarray:
+    """A column's values as their 64-bit patterns (signed ones sign-extended)."""
+    return col.astype(np.int64 if col.dtype.kind == "i" else _U64, copy=False).view(_U64)
+
+
+def _encode_column(u: np.ndarray, earlier: list[np.ndarray]) -> tuple[bytes, bytes]:
+    """(directory entry, block) of one integer column (its :func:`_as_u64` values): of the raw,
+    delta and (``earlier``: the columns before it, in a small chunk) reference forms, each with
+    fixed-width, LEB128 or packed values, the one of fewest bytes (on a tie the first tried)."""
     n = len(u)
     forms = [(RAW, u, 0)]
     if n > 2:
         forms.append((DELTA, u[1:] - u[:-1], int(u[0])))  # modulo 2^64
+    forms += [(REF, u - e, j) for j, e in enumerate(earlier)]  # e.g. tid = pid, gpu = ordinal
     best = None
     for transform, values, first, lo in _bases(forms, n <= LEAN_ROWS):
         stored = values - _U64(lo & _MASK)  # wraps modulo 2^64: exact for every span
         head = transform << 4 | (0 if lo & _MASK else ZERO_BASE)
-        entry = bytes([head]) + (b"" if head & ZERO_BASE else _zigzag(lo)) + (_zigzag(first) if transform == DELTA else b"")
+        entry = bytes([head]) + (bytes([first]) if transform == REF else b"")
+        entry += (b"" if head & ZERO_BASE else _zigzag(lo)) + (_zigzag(first) if transform == DELTA else b"")
         shifts = [0]
         if n <= LEAN_ROWS and len(values):
             ones = int(np.bitwise_or.reduce(stored))
@@ -235,8 +245,9 @@ def encode_payload(columns: list[np.ndarray], ipc_index: np.ndarray | None = Non
     entries = []
     blocks = []
     present = 0
-    for i, col in enumerate(columns):
-        entry, block = _encode_column(col)
+    values = [_as_u64(col) for col in columns]
+    for i, u in enumerate(values):
+        entry, block = _encode_column(u, values[:i] if n <= LEAN_ROWS else [])
         if entry != ABSENT:
             present |= 1 << i
             entries.append(entry)
@@ -323,14 +334,19 @@ def decode_payload(
     for i in range(len(dtypes)):
         code = cursor.byte() if present >> i & 1 else ABSENT[0]
         transform, wcode = (code >> 4) & (0x03 if lean else 0x0F), code & 0x0F
-        if transform not in (RAW, DELTA) or wcode >= (CODES if lean else VARINT):
+        if transform not in ((RAW, DELTA, REF) if lean else (RAW, DELTA)) or wcode >= (CODES if lean else VARINT):
             raise TraceFormatError(f"unknown column code {code:#x}")
+        first = cursor.byte() if transform == REF else 0
+        if transform == REF and first >= i:
+            raise TraceFormatError(f"column {i} refers to column {first}")
         base = 0 if lean and code & ZERO_BASE else cursor.zigzag()
-        first = cursor.zigzag() if transform == DELTA else 0
+        first = cursor.zigzag() if transform == DELTA else first
         shift = cursor.byte() if lean and code & SHIFTED else 0
         if shift > 63:
             raise TraceFormatError(f"a column shifted by {shift} bits")
         entries.append((transform, wcode, base, first, shift))
+    refs = any(entry[0] == REF for entry in entries)
+    full: list[np.ndarray | None] = []  # each column's 64-bit values, when a later one refers to it
     out: list[np.ndarray | None] = []
     for (transform, wcode, base, first, shift), dtype in zip(entries, dtypes):
         count = n - 1 if transform == DELTA and n else n
@@ -346,7 +362,12 @@ def decode_payload(
             cursor.pos += size
         if shift and stored is not None:
             stored = stored.astype(_U64) << _U64(shift)
+        if transform == REF:
+            full.append(_decode_column(stored, n, RAW, base, 0, _U64_DTYPE) + full[first])  # modulo 2^64
+            out.append(None if dtype is None else full[-1].astype(f"<u{dtype.itemsize}").view(dtype))
+            continue
         out.append(None if dtype is None else _decode_column(stored, n, transform, base, first, dtype))
+        full.append(_decode_column(stored, n, transform, base, first, _U64_DTYPE) if refs else None)
     if lean:
         index, ipc = _decode_ipc(buf, cursor, n, k)
     else:
