@@ -52,6 +52,12 @@ MAX_CHUNK_ROWS = 65536
 #: allocate (4.3 MB of columns).
 MAX_RECORD_ROWS = MAX_CHUNK_ROWS
 
+#: The record type a 2.1 writer gives each columnar type's records: one letter, as the type is
+#: most of the envelope of a chunk of a few rows. A 2.0 reader skips them as unknown types.
+SHORT_TYPE = {EVENTS: "e", NVML: "n", PROCMEM: "p"}
+#: Every type a columnar record may have, and the columnar type (the logical one) it stands for.
+COLUMNAR_TYPE: dict[str, str] = {**{kind: kind for kind in COLUMNAR}, **{v: k for k, v in SHORT_TYPE.items()}}
+
 #: {record type: {column: dtype}}, as written by this version.
 Schema = dict[str, dict[str, np.dtype]]
 
@@ -154,7 +160,7 @@ class ChunkBuilder:
         index = np.concatenate(self._ipc_index) if self._ipc_index else None
         key, payload = codec.encode_payload(columns, index, b"".join(self._ipc))
         self._reset()
-        return {"type": self.kind, key: payload}  # (the payload holds n: a 2.1 record omits it)
+        return {"type": SHORT_TYPE[self.kind], key: payload}  # (the payload holds n: a 2.1 record omits it)
 
 
 def rows_to_wire(kind: str, arr: np.ndarray) -> dict:
@@ -222,9 +228,9 @@ def decode_columns(obj: dict, schema: Schema | None = None) -> ColumnChunk:
     Raises:
         TraceFormatError: the record is malformed (a column's length does not match ``n``...).
     """
-    kind = obj.get("type")
-    if kind not in COLUMNAR:
-        raise TraceFormatError(f"not a columnar record: {kind!r}")
+    kind = COLUMNAR_TYPE.get(obj.get("type"))  # type: ignore[arg-type]
+    if kind is None:
+        raise TraceFormatError(f"not a columnar record: {obj.get('type')!r}")
     n = obj.get("n")
     for key in codec.KEYS:
         if key in obj:

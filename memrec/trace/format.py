@@ -45,6 +45,7 @@ from memrec.events import Marker
 from memrec.events import ProcessInfo
 from memrec.trace import codec
 from memrec.trace.chunks import COLUMNAR
+from memrec.trace.chunks import COLUMNAR_TYPE
 from memrec.trace.chunks import DEFAULT_SCHEMA
 from memrec.trace.chunks import EVENTS
 from memrec.trace.chunks import NVML
@@ -74,7 +75,7 @@ KEYFRAME = "keyframe"
 TRAILER = "trailer"
 
 #: Every record type the format defines (a reader skips any other type with a warning).
-RECORD_TYPES = frozenset({HEADER, EVENTS, NVML, PROCMEM, MARKER, PROCESS, LOST, KEYFRAME, TRAILER})
+RECORD_TYPES = frozenset({HEADER, *COLUMNAR_TYPE, MARKER, PROCESS, LOST, KEYFRAME, TRAILER})
 
 _WIRE_KEYS = frozenset({"n", "columns", "ipc_index", "ipc", *codec.KEYS})
 #: A format-2 keyframe's key for its state: one Zstandard frame of the msgpack map.
@@ -362,11 +363,12 @@ def decode_record(obj: Any, schema: Schema | None = None) -> dict:
     kind = obj["type"]
     if kind == KEYFRAME:
         return expand_keyframe(obj)
-    if kind not in COLUMNAR:
+    if kind not in COLUMNAR_TYPE:
         return obj
     chunk = decode_columns(obj, schema)
     rec = {k: v for k, v in obj.items() if k not in _WIRE_KEYS}
-    rec[ROWS_KEY[kind]] = chunk.to_array()
+    rec["type"] = chunk.kind
+    rec[ROWS_KEY[chunk.kind]] = chunk.to_array()
     return rec
 
 
