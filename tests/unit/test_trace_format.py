@@ -29,6 +29,7 @@ from memrec.events import Kind
 from memrec.events import Marker
 from memrec.events import ProcessInfo
 from memrec.trace import format as fmt
+from memrec.trace.chunks import COLUMNAR_TYPE
 from memrec.trace.chunks import MAX_RECORD_ROWS
 from memrec.trace.frames import MAX_CLIENT_FRAME
 from memrec.trace.frames import FrameDecoder
@@ -445,10 +446,10 @@ def test_chunks_are_bounded_and_a_keyframe_follows_the_events_it_covers(tmp_path
     # WHEN the raw records are listed
     objs = [obj for obj, _ in raw_objects(path.read_bytes())]
     # THEN no events chunk holds more than 65536 rows, and the keyframe comes after all of them
-    sizes = [fmt.decode_columns(o).n for o in objs if o["type"] == "events"]
+    sizes = [fmt.decode_columns(o).n for o in objs if o["type"] == "e"]
     assert sizes == [65536, 65536, 150_000 - 2 * 65536]
     kinds = [o["type"] for o in objs]
-    assert kinds == ["header", "events", "events", "events", "keyframe", "trailer"]
+    assert kinds == ["header", "e", "e", "e", "keyframe", "trailer"]
     assert objs[4]["event_index"] == 150_000
 
 
@@ -593,8 +594,10 @@ def test_reader_streams_records_in_file_order(tmp_path):
     with TraceReader(path, read_size=16) as reader:
         kinds = [rec["type"] for rec in reader]
         again = [rec["type"] for rec in reader.raw_records()]
-    # THEN the records come in file order, and a second pass sees the same
-    assert kinds == ["marker", "events", "events", "events", "trailer"] == again
+    # THEN the records come in file order, and a second pass sees the same (the wire's short
+    # type for a chunk: "e")
+    assert kinds == ["marker", "events", "events", "events", "trailer"]
+    assert again == ["marker", "e", "e", "e", "trailer"]
     assert reader.trailer["type"] == "trailer" and reader.warnings == []
 
 
@@ -695,7 +698,8 @@ def test_a_trace_cut_at_every_byte_offset_reads_everything_before_the_cut(tmp_pa
         # WHEN the trace cut after `cut` bytes is loaded
         trace = load_trace(cut_path)  # THEN it never raises
         complete = [obj for obj, end in objs[1:] if end <= cut]
-        rows = {kind: sum(fmt.decode_columns(o).n for o in complete if o["type"] == kind) for kind in ("events", "nvml", "procmem")}
+        rows = {kind: sum(fmt.decode_columns(o).n for o in complete if COLUMNAR_TYPE.get(o["type"]) == kind)
+                for kind in ("events", "nvml", "procmem")}
         n_events = rows["events"]
         # AND every record completed before the cut is there, and nothing else
         np.testing.assert_array_equal(trace.events, full.events[:n_events])
