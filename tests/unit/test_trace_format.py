@@ -144,6 +144,87 @@ def write_trace(path, events=None, **kwargs) -> bytes:
 # encode_record / decode_record
 
 
+def recorded_like(n: int) -> np.ndarray:
+    """``n`` events as the recorder writes them at a low rate: one process whose tid is mostly its
+    pid, 2 MiB-aligned pointers and sizes, ordinal = gpu, and (from 2 rows) an IPC export and its
+    open carrying the same handle bytes, which are mostly zero as a driver's are."""
+    rng = np.random.default_rng(n)
+    ev = empty_events(n)
+    ev["ts"] = 10**12 + np.cumsum(rng.integers(1, 10**8, n)).astype(np.uint64)
+    ev["pid"] = 775
+    ev["tid"] = np.where(np.arange(n) % 3 == 2, 812, 775)
+    ev["kind"] = rng.choice([Kind.ALLOC, Kind.FREE], n)
+    ev["api"] = np.where(ev["kind"] == Kind.ALLOC, Api.cuMemAlloc_v2, Api.cuMemFree_v2)
+    ev["ordinal"] = ev["gpu"] = rng.integers(-1, 2, n)
+    ev["ptr"] = 0x7F0000000000 + (rng.integers(0, 1000, n).astype(np.uint64) << np.uint64(21))
+    ev["size"] = rng.integers(1, 100, n).astype(np.uint64) << np.uint64(21)
+    if n >= 2:
+        handle = np.zeros(64, np.uint8)
+        handle[[0, 1, 2, 8, 9, 20, 32, 37, 48, 50, 51]] = rng.integers(1, 256, 11)
+        ev["kind"][[0, -1]] = [Kind.IPC_EXPORT, Kind.IPC_OPEN]
+        ev["flags"][[0, -1]] = FLAG_IPC_BYTES
+        ev["ipc"][[0, -1]] = np.void(handle.tobytes())
+    return ev
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 9, 256, 257, 5000])
+def test_chunks_of_recorded_events_round_trip_in_few_bytes(n):
+    # GIVEN events as the recorder writes them (aligned sizes, tid = pid, an IPC pair)
+    ev = recorded_like(n)
+    # WHEN written as one chunk and read back
+    data = fmt.encode_record({"type": "events", "events": ev})
+    wire = msgpack.unpackb(data, raw=False)
+    # THEN every field comes back bit for bit, under the 2.1 chunk type
+    assert wire["type"] == "e"
+    np.testing.assert_array_equal(fmt.decode_record(wire)["events"], ev)
+    # AND a chunk of a few rows is stored raw (its frame would cost more) and is small: the
+    # envelope, checksum and directory are ~40 bytes, each event a few more, the handle ~24
+    if n <= 3:
+        assert set(wire) == {"type", "r"} and len(data) <= 40 + 16 * n + (24 if n >= 2 else 0)
+
+
+def test_a_handle_repeated_in_a_chunk_is_stored_once():
+    # GIVEN an IPC export and its open in one chunk, carrying the same 64 handle bytes, and the
+    # same chunk with the open's bytes different
+    ev = recorded_like(4)
+    other = ev.copy()
+    other["ipc"][-1] = np.void(bytes(range(1, 65)))
+    # WHEN written
+    same, different = (len(fmt.encode_record({"type": "events", "events": e})) for e in (ev, other))
+    # THEN the repeated bytes cost one byte (which row they are), not their 64
+    assert different - same >= 60
+    wire = msgpack.unpackb(fmt.encode_record({"type": "events", "events": ev}), raw=False)
+    assert fmt.decode_record(wire)["events"]["ipc"][-1] == ev["ipc"][0]
+
+
+def test_every_damaged_byte_of_a_raw_chunk_is_found():
+    # GIVEN a chunk of 3 events, stored raw with its CRC-32
+    wire = msgpack.unpackb(fmt.encode_record({"type": "events", "events": recorded_like(3)}), raw=False)
+    raw = wire["r"]
+    for at in range(len(raw)):
+        # WHEN any one byte of it is damaged
+        bad = {**wire, "r": raw[:at] + bytes([raw[at] ^ 0x10]) + raw[at + 1 :]}
+        # THEN the record is refused, never decoded into other events
+        with pytest.raises(TraceFormatError, match="fails its checksum"):
+            fmt.decode_record(bad)
+
+
+@pytest.mark.parametrize("path", sorted((pathlib.Path(__file__).resolve().parents[2] / "examples").glob("*.mrec")),
+                         ids=lambda p: p.stem)
+def test_the_h200_examples_take_at_most_24_bytes_an_event_chunk_for_chunk(path):
+    # GIVEN a format-1 recording from the H200 (chunks of 1-9 events: a flush every 200 ms)
+    with TraceReader(path) as reader:
+        chunks = [rec for rec in reader if rec["type"] == "events"]
+    # WHEN each chunk is written as format 2.1 writes it
+    size = sum(len(fmt.encode_record(rec)) for rec in chunks)
+    n = sum(len(rec["events"]) for rec in chunks)
+    # THEN the events records take at most 24 bytes an event (issue 11's goal), and read back
+    assert n and size / n <= 24
+    for rec in chunks:
+        again = fmt.decode_record(msgpack.unpackb(fmt.encode_record(rec), raw=False))
+        np.testing.assert_array_equal(again["events"], rec["events"])
+
+
 @pytest.mark.parametrize("n", [0, 1, 2, 7, 100])
 def test_events_record_round_trips_with_sparse_ipc(n):
     # GIVEN events where every 7th row carries 64 handle bytes
