@@ -50,10 +50,11 @@ VARINT = len(WIDTHS)
 #: Width codes BITS + b (b = 1..7, since 2.1): b bits per value, packed least significant first.
 BITS = VARINT
 CODES = BITS + 8
-#: The most rows of a chunk whose columns the writer considers storing as LEB128 or packed bits:
-#: those save the few bytes that matter in a chunk of a few rows (a 200 ms flush), but decode
-#: several times slower than fixed widths, which Zstandard compresses as well in a large chunk
-#: (1M events of bench_tui.py: 0.56 B/event with them, 1.19 without, loaded in 5x the time).
+#: The most rows of a chunk whose columns the writer considers storing as LEB128, packed bits,
+#: shifted or as references: those save the few bytes that matter in a chunk of a few rows (a
+#: 200 ms flush), but decode slower than fixed widths, which Zstandard compresses better in a
+#: large chunk (1M events of bench_tui.py, chunks of 65,536 rows, 2026-12-01: 0.56 B/event and
+#: 0.16-0.20 s of CPU to load with them in every chunk, 0.48 B/event and 0.035-0.065 s without).
 LEAN_ROWS = 256
 #: A code bit (since 2.1): the column's base is 0 and left out of the directory.
 ZERO_BASE = 0x80
