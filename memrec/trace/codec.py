@@ -156,12 +156,12 @@ class _Cursor:
         return self.data[self.pos - 1]
 
 
+_VARINT_LIMITS = np.array([1 << bits for bits in range(7, 64, 7)], _U64)
+
+
 def _varint_sizes(values: np.ndarray) -> np.ndarray:
     """The LEB128 length of each u8 value (1 to 10 bytes)."""
-    sizes = np.ones(len(values), np.uint8)
-    for bits in range(7, 64, 7):
-        sizes += values >= _U64(1 << bits)
-    return sizes
+    return np.searchsorted(_VARINT_LIMITS, values, side="right").astype(np.uint8) + np.uint8(1)
 
 
 def _varints(values: np.ndarray, sizes: np.ndarray) -> bytes:
@@ -193,15 +193,27 @@ def _as_u64(col: np.ndarray) -> np.ndarray:
     return col.astype(np.int64 if col.dtype.kind == "i" else _U64, copy=False).view(_U64)
 
 
-def _encode_column(u: np.ndarray, earlier: list[np.ndarray]) -> tuple[bytes, bytes]:
+def _nearest(values: np.ndarray, i: int) -> list[tuple[int, np.ndarray]]:
+    """The earlier column (index, values) whose differences from column ``i`` span the least
+    (``values``: every column's u8 values, one per row of a 2-D array), or none for the first."""
+    if not i or not values.shape[1]:
+        return []
+    diffs = (values[i] - values[:i]).view(np.int64)  # modulo 2^64
+    spans = (diffs.max(axis=1) - diffs.min(axis=1)).view(_U64)  # exact: the true span is < 2^64
+    j = int(np.argmin(spans))
+    return [(j, values[j])]
+
+
+def _encode_column(u: np.ndarray, earlier: list[tuple[int, np.ndarray]]) -> tuple[bytes, bytes]:
     """(directory entry, block) of one integer column (its :func:`_as_u64` values): of the raw,
-    delta and (``earlier``: the columns before it, in a small chunk) reference forms, each with
-    fixed-width, LEB128 or packed values, the one of fewest bytes (on a tie the first tried)."""
+    delta and (``earlier``: an earlier column and its values, in a small chunk) reference forms,
+    each with fixed-width, LEB128 or packed values, the one of fewest bytes (on a tie the first
+    tried)."""
     n = len(u)
     forms = [(RAW, u, 0)]
     if n > 2:
         forms.append((DELTA, u[1:] - u[:-1], int(u[0])))  # modulo 2^64
-    forms += [(REF, u - e, j) for j, e in enumerate(earlier)]  # e.g. tid = pid, gpu = ordinal
+    forms += [(REF, u - e, j) for j, e in earlier]  # e.g. tid = pid, gpu = ordinal
     best = None
     for transform, values, first, lo in _bases(forms, n <= LEAN_ROWS):
         stored = values - _U64(lo & _MASK)  # wraps modulo 2^64: exact for every span
@@ -246,9 +258,9 @@ def encode_payload(columns: list[np.ndarray], ipc_index: np.ndarray | None = Non
     entries = []
     blocks = []
     present = 0
-    values = [_as_u64(col) for col in columns]
+    values = np.stack([_as_u64(col) for col in columns]) if columns else np.zeros((0, 0), _U64)
     for i, u in enumerate(values):
-        entry, block = _encode_column(u, values[:i] if n <= LEAN_ROWS else [])
+        entry, block = _encode_column(u, _nearest(values, i) if n <= LEAN_ROWS else [])
         if entry != ABSENT:
             present |= 1 << i
             entries.append(entry)
