@@ -63,7 +63,8 @@ def timed(repeat: int, fn) -> tuple[list[float], list[float]]:
 
 def load_floor(path: Path) -> None:
     """Read the file and decompress each columnar record's frame into one new buffer (as big as
-    every frame's content: the pages a loader must fill, faulted in as a loader's are)."""
+    every frame's content: the pages a loader must fill, faulted in as a loader's are). Chunks
+    stored raw (key "r", a few rows each) are left out: there is nothing to decompress."""
     dctx = zstandard.ZstdDecompressor()
     frames = []
     up = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=1 << 30)
@@ -71,7 +72,7 @@ def load_floor(path: Path) -> None:
         while data := f.read(1 << 24):
             up.feed(data)
             for obj in up:
-                z = obj.get("z") if isinstance(obj, dict) else None
+                z = obj.get("c", obj.get("z")) if isinstance(obj, dict) else None
                 if z is not None:
                     frames.append(z)
     total = sum(zstandard.frame_content_size(z) for z in frames)

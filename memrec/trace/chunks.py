@@ -52,6 +52,12 @@ MAX_CHUNK_ROWS = 65536
 #: allocate (4.3 MB of columns).
 MAX_RECORD_ROWS = MAX_CHUNK_ROWS
 
+#: The record type a 2.1 writer gives each columnar type's records: one letter, as the type is
+#: most of the envelope of a chunk of a few rows. A 2.0 reader skips them as unknown types.
+SHORT_TYPE = {EVENTS: "e", NVML: "n", PROCMEM: "p"}
+#: Every type a columnar record may have, and the columnar type (the logical one) it stands for.
+COLUMNAR_TYPE: dict[str, str] = {**{kind: kind for kind in COLUMNAR}, **{v: k for k, v in SHORT_TYPE.items()}}
+
 #: {record type: {column: dtype}}, as written by this version.
 Schema = dict[str, dict[str, np.dtype]]
 
@@ -152,9 +158,9 @@ class ChunkBuilder:
         columns = [self._cols[n][: self.rows] if self.rows else np.zeros(0, self._dtype.fields[n][0])
                    for n in self._names]
         index = np.concatenate(self._ipc_index) if self._ipc_index else None
-        payload = codec.encode_payload(columns, index, b"".join(self._ipc))
+        key, payload = codec.encode_payload(columns, index, b"".join(self._ipc))
         self._reset()
-        return {"type": self.kind, "n": len(columns[0]), "z": payload}
+        return {"type": SHORT_TYPE[self.kind], key: payload}  # (the payload holds n: a 2.1 record omits it)
 
 
 def rows_to_wire(kind: str, arr: np.ndarray) -> dict:
@@ -222,12 +228,13 @@ def decode_columns(obj: dict, schema: Schema | None = None) -> ColumnChunk:
     Raises:
         TraceFormatError: the record is malformed (a column's length does not match ``n``...).
     """
-    kind = obj.get("type")
-    if kind not in COLUMNAR:
-        raise TraceFormatError(f"not a columnar record: {kind!r}")
+    kind = COLUMNAR_TYPE.get(obj.get("type"))  # type: ignore[arg-type]
+    if kind is None:
+        raise TraceFormatError(f"not a columnar record: {obj.get('type')!r}")
     n = obj.get("n")
-    if "z" in obj:
-        return _decode_v2(kind, n, obj["z"], schema)
+    for key in codec.KEYS:
+        if key in obj:
+            return _decode_v2(kind, n, key, obj[key], schema)
     columns = obj.get("columns")
     if not isinstance(n, int) or isinstance(n, bool) or n < 0 or not isinstance(columns, dict):
         raise TraceFormatError(f"malformed {kind} record: bad 'n' or 'columns'")
@@ -266,17 +273,20 @@ def decode_columns(obj: dict, schema: Schema | None = None) -> ColumnChunk:
     return chunk
 
 
-def _decode_v2(kind: str, n: Any, data: Any, schema: Schema | None) -> ColumnChunk:
-    if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_RECORD_ROWS:
+def _decode_v2(kind: str, n: Any, key: str, data: Any, schema: Schema | None) -> ColumnChunk:
+    """A format-2 chunk; ``n`` None is a 2.1 record that leaves its row count to the payload."""
+    if (n is not None or key == codec.ZSTD_V20) and (
+        not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_RECORD_ROWS
+    ):
         raise TraceFormatError(f"malformed {kind} record: bad 'n' (at most {MAX_RECORD_ROWS} rows)")
     if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise TraceFormatError(f"malformed {kind} record: 'z' is not binary")
+        raise TraceFormatError(f"malformed {kind} record: {key!r} is not binary")
     target = COLUMNAR[kind]
     written = (schema or DEFAULT_SCHEMA).get(kind, DEFAULT_SCHEMA[kind])
     names = [name for name in written if not (kind == EVENTS and name == SPARSE_COLUMN)]
     dtypes = [target.fields[name][0] if name in target.names else None for name in names]
     try:
-        cols, index, ipc = codec.decode_payload(data, n, dtypes, sparse=kind == EVENTS)
+        n, cols, index, ipc = codec.decode_payload(key, data, n, dtypes, sparse=kind == EVENTS, max_rows=MAX_RECORD_ROWS)
     except TraceFormatError as error:
         raise TraceFormatError(f"malformed {kind} record: {error}") from None
     chunk = ColumnChunk(kind, n, {name: col for name, col in zip(names, cols) if col is not None})

@@ -1,4 +1,4 @@
-"""The column codec of trace format 2: a columnar chunk as one Zstandard frame.
+"""The column codec of trace format 2: a columnar chunk as one payload, compressed or raw.
 
 Format 1 stored each column as its raw little-endian bytes (66 bytes per event). Format 2 keeps the
 columns apart but encodes each one so that a general-purpose compressor finds little left to do:
@@ -8,23 +8,20 @@ columns apart but encodes each one so that a general-purpose compressor finds li
 * **frame of reference**: the column's (or the differences') minimum is stored once and every value
   as its offset from it, in the fewest bytes that hold the largest offset (0, 1, 2, 4 or 8): a
   constant column (``result`` = 0, ``gpu`` = 3) takes no bytes at all;
-* the rare ``ipc`` bytes stay sparse, as in format 1 (their row indices, then 64 bytes each);
+* the rare ``ipc`` bytes stay sparse (their row indices, then their bytes);
 
 and the whole chunk is then one Zstandard frame (``zstandard``, the reference library's binding)
 with its content checksum, so that a damaged byte in a chunk is found, not decoded into events.
 All arithmetic is modulo 2^64, so every integer column round-trips exactly whatever its values.
 
-The payload (what the frame decompresses to); *varint* is an unsigned LEB128 integer, *zigzag*
-a signed 64-bit value as a varint (0, -1, 1, -2... as 0, 1, 2, 3...); blocks are little-endian::
-
-    n (varint: rows, the same as the record's ``n``), k (varint: rows with ipc bytes)
-    per column, in the order of the header's column schema for this record type (``ipc`` left out):
-        code (u1: transform << 4 | width code), base (zigzag), first (zigzag; delta columns only)
-    per column: its block: n values (raw) or n - 1 differences (delta), ``width`` bytes each
-    k row indices (u4), then k × 64 ipc bytes (events only)
-
-A value is ``base + stored`` (raw), or ``first`` followed by the running sum of ``base + stored``
-(delta), all modulo 2^64, then taken as the column's dtype (its low bytes).
+Minor 1 (2.1) is for the chunks the recorder writes at low event rates (a flush every 200 ms: a
+few rows each), where the frame's own bytes and a column's directory entry cost more than its
+values. A chunk's payload is stored raw with a CRC-32 (key ``r``) when that is smaller than its
+frame (``c``); all-zero columns leave the directory (a bitmap says which are present), a base of 0
+is left out, and a chunk of up to :data:`LEAN_ROWS` rows may store a column as varints, as packed
+bits or shifted (aligned sizes and pointers); the ipc section stores each distinct row once
+(an IPC_OPEN's bytes are its IPC_EXPORT's) without its zero bytes. Each chunk stays self-contained.
+``docs/format.md`` is the spec of both payloads; format 2.0's (key ``z``) is still read.
 
 ``decode_payload`` checks every length against ``n`` before it allocates, so a damaged chunk is
 refused (:class:`~memrec._errors.TraceFormatError`) rather than decoded into nonsense or memory.
@@ -33,17 +30,46 @@ refused (:class:`~memrec._errors.TraceFormatError`) rather than decoded into non
 from __future__ import annotations
 
 import threading
+import zlib
 
 import numpy as np
 import zstandard
 
 from memrec._errors import TraceFormatError
 
-#: Column transforms (the high nibble of a column's code).
+#: Column transforms (the high nibble of a column's code; bits 4-5 since 2.1).
 RAW = 0
 DELTA = 1
-#: Bytes per stored value; a code's low nibble is one of these.
+#: A 2.1 transform: the values of an earlier column of the chunk (its index, u1, follows the code)
+#: plus ``base + stored`` (``tid`` is mostly ``pid``, ``gpu`` mostly ``ordinal``).
+REF = 2
+#: Bytes per stored value; a code's low nibble is one of these (an index into it), or VARINT.
 WIDTHS = (0, 1, 2, 4, 8)
+#: The width code of a column stored as LEB128 values (since 2.1).
+VARINT = len(WIDTHS)
+#: Width codes BITS + b (b = 1..7, since 2.1): b bits per value, packed least significant first.
+BITS = VARINT
+CODES = BITS + 8
+#: The most rows of a chunk whose columns the writer considers storing as LEB128, packed bits,
+#: shifted or as references: those save the few bytes that matter in a chunk of a few rows (a
+#: 200 ms flush), but decode slower than fixed widths, which Zstandard compresses better in a
+#: large chunk (1M events of bench_tui.py, chunks of 65,536 rows, 2026-12-01: 0.56 B/event and
+#: 0.16-0.20 s of CPU to load with them in every chunk, 0.48 B/event and 0.035-0.065 s without).
+LEAN_ROWS = 256
+#: A code bit (since 2.1): the column's base is 0 and left out of the directory.
+ZERO_BASE = 0x80
+#: A code bit (since 2.1): a shift s (u1) follows, and a stored value stands for stored << s
+#: (sizes and pointers aligned to 2 MiB lose their 21 zero bits).
+SHIFTED = 0x40
+#: The entry of a column whose values are all 0, left out of a 2.1 directory (its bit in the
+#: directory's bitmap is clear).
+ABSENT = bytes([ZERO_BASE])
+#: Record keys of a chunk's bytes: the 2.0 payload as a Zstandard frame; since 2.1, the 2.1
+#: payload as a Zstandard frame, or as it is followed by its CRC-32 (little-endian u4).
+ZSTD_V20 = "z"
+ZSTD = "c"
+RAW_PAYLOAD = "r"
+KEYS = (ZSTD_V20, ZSTD, RAW_PAYLOAD)
 #: The Zstandard level the writer uses. Measured on 1M events (2026-12-01, CPU time): level 3
 #: gives 1.16 B/event on bench_tui.py's events at 16.2M events/s and 15.4 on bench_trace.py's
 #: random ones at 11.3M/s; level 1 gives 1.31 and 15.8 at 19.1M/s and 16.9M/s.
@@ -51,6 +77,7 @@ LEVEL = 3
 
 _MASK = (1 << 64) - 1
 _U64 = np.uint64
+_U64_DTYPE = np.dtype("<u8")
 _local = threading.local()
 
 
@@ -116,6 +143,12 @@ class _Cursor:
         z = self.varint()
         return ((z >> 1) if not z & 1 else -((z + 1) >> 1)) & _MASK
 
+    def take(self, size: int) -> bytes:
+        if self.pos + size > len(self.data):
+            raise TraceFormatError("column data ends inside its directory")
+        self.pos += size
+        return bytes(self.data[self.pos - size : self.pos])
+
     def byte(self) -> int:
         if self.pos >= len(self.data):
             raise TraceFormatError("column data ends inside its directory")
@@ -123,118 +156,321 @@ class _Cursor:
         return self.data[self.pos - 1]
 
 
-def _encode_column(col: np.ndarray) -> tuple[bytes, bytes]:
-    """(directory entry, block) of one integer column."""
-    signed = col.dtype.kind == "i"
-    v = col.astype(np.int64 if signed else _U64, copy=False)
-    n = len(v)
-    lo, hi = (int(v.min()), int(v.max())) if n else (0, 0)
-    transform, width, base, first, values = RAW, _width(hi - lo), lo, 0, v
-    if n > 2 and width:
-        u = v.view(_U64)
-        d = (u[1:] - u[:-1]).view(np.int64)
-        dlo, dhi = int(d.min()), int(d.max())
-        dwidth = _width(dhi - dlo)
-        if dwidth < width:
-            transform, width, base, first, values = DELTA, dwidth, dlo, int(u[0]), d
-    entry = bytes([transform << 4 | WIDTHS.index(width)]) + _zigzag(base)
-    if transform == DELTA:
-        entry += _zigzag(first)
-    if not width:
-        return entry, b""
-    stored = values.view(_U64) - _U64(base & _MASK)  # wraps modulo 2^64: exact for every span
-    return entry, stored.astype(f"<u{width}").tobytes()
+_VARINT_LIMITS = np.array([1 << bits for bits in range(7, 64, 7)], _U64)
 
 
-def encode_payload(columns: list[np.ndarray], ipc_index: np.ndarray | None = None, ipc: bytes = b"") -> bytes:
-    """One compressed chunk of ``columns`` (equal lengths, schema order) and its sparse ipc rows."""
+def _varint_sizes(values: np.ndarray) -> np.ndarray:
+    """The LEB128 length of each u8 value (1 to 10 bytes)."""
+    return np.searchsorted(_VARINT_LIMITS, values, side="right").astype(np.uint8) + np.uint8(1)
+
+
+def _varints(values: np.ndarray, sizes: np.ndarray) -> bytes:
+    """``values`` (u8) as consecutive LEB128 integers of the given ``sizes``."""
+    out = np.empty(int(sizes.sum(dtype=np.int64)), np.uint8)
+    at = np.cumsum(sizes, dtype=np.int64) - sizes
+    for j in range(int(sizes.max())):
+        more = sizes > j
+        byte = (values[more] >> _U64(7 * j)) & _U64(0x7F) | np.where(sizes[more] > j + 1, _U64(0x80), _U64(0))
+        out[at[more] + j] = byte
+    return out.tobytes()
+
+
+def _bases(forms: list, lean: bool) -> list:
+    """(transform, values, first or reference, base) to try: each form's minimum as its base,
+    and in a small chunk also 0 (no base in the directory: LEB128 values that are small anyway,
+    e.g. time steps)."""
+    out = []
+    for transform, values, first in forms:
+        lo = int(values.view(np.int64).min()) if len(values) else 0
+        out.append((transform, values, first, lo))
+        if lean and lo > 0:
+            out.append((transform, values, first, 0))
+    return out
+
+
+def _as_u64(col: np.ndarray) -> np.ndarray:
+    """A column's values as their 64-bit patterns (signed ones sign-extended)."""
+    return col.astype(np.int64 if col.dtype.kind == "i" else _U64, copy=False).view(_U64)
+
+
+def _nearest(values: np.ndarray, i: int) -> list[tuple[int, np.ndarray]]:
+    """The earlier column (index, values) whose differences from column ``i`` span the least
+    (``values``: every column's u8 values, one per row of a 2-D array), or none for the first."""
+    if not i or not values.shape[1]:
+        return []
+    diffs = (values[i] - values[:i]).view(np.int64)  # modulo 2^64
+    spans = (diffs.max(axis=1) - diffs.min(axis=1)).view(_U64)  # exact: the true span is < 2^64
+    j = int(np.argmin(spans))
+    return [(j, values[j])]
+
+
+def _encode_column(u: np.ndarray, earlier: list[tuple[int, np.ndarray]]) -> tuple[bytes, bytes]:
+    """(directory entry, block) of one integer column (its :func:`_as_u64` values): of the raw,
+    delta and (``earlier``: an earlier column and its values, in a small chunk) reference forms,
+    each with fixed-width, LEB128 or packed values, the one of fewest bytes (on a tie the first
+    tried)."""
+    n = len(u)
+    forms = [(RAW, u, 0)]
+    if n > 2:
+        forms.append((DELTA, u[1:] - u[:-1], int(u[0])))  # modulo 2^64
+    forms += [(REF, u - e, j) for j, e in earlier]  # e.g. tid = pid, gpu = ordinal
+    best = None
+    for transform, values, first, lo in _bases(forms, n <= LEAN_ROWS):
+        stored = values - _U64(lo & _MASK)  # wraps modulo 2^64: exact for every span
+        head = transform << 4 | (0 if lo & _MASK else ZERO_BASE)
+        entry = bytes([head]) + (bytes([first]) if transform == REF else b"")
+        entry += (b"" if head & ZERO_BASE else _zigzag(lo)) + (_zigzag(first) if transform == DELTA else b"")
+        shifts = [0]
+        if n <= LEAN_ROWS and len(values):
+            ones = int(np.bitwise_or.reduce(stored))
+            if ones:
+                shifts.append((ones & -ones).bit_length() - 1)
+        for shift in dict.fromkeys(shifts):
+            shifted = stored >> _U64(shift) if shift else stored
+            span = int(shifted.max()) if len(values) else 0
+            width = _width(span)
+            candidates = [(len(values) * width, WIDTHS.index(width))]
+            if n <= LEAN_ROWS and width == 1:
+                bits = span.bit_length()
+                candidates.append(((len(values) * bits + 7) // 8, BITS + bits))
+            elif n <= LEAN_ROWS and width >= 2:
+                candidates.append((int(_varint_sizes(shifted).sum(dtype=np.int64)), VARINT))
+            for size, wcode in candidates:
+                coded = bytes([entry[0] | wcode | (SHIFTED if shift else 0)]) + entry[1:] + (bytes([shift]) if shift else b"")
+                if best is None or len(coded) + size < best[0]:
+                    best = (len(coded) + size, coded, shifted, wcode)
+    _, entry, stored, wcode = best
+    if wcode == VARINT:
+        return entry, _varints(stored, _varint_sizes(stored))
+    if wcode > BITS:
+        planes = (stored[:, None] >> np.arange(wcode - BITS, dtype=_U64)) & _U64(1)
+        return entry, np.packbits(planes.astype(np.uint8), bitorder="little").tobytes()
+    width = WIDTHS[wcode]
+    return entry, stored.astype(f"<u{width}").tobytes() if width else b""
+
+
+def encode_payload(columns: list[np.ndarray], ipc_index: np.ndarray | None = None, ipc: bytes = b"") -> tuple[str, bytes]:
+    """One chunk of ``columns`` (equal lengths, schema order) and its sparse ipc rows, as
+    ``(record key, bytes)``: a Zstandard frame (``"c"``), or the payload and its CRC-32 (``"r"``)
+    when compression does not pay (a chunk of a few rows: the frame's own bytes cost more)."""
+    n = len(columns[0]) if columns else 0
     k = 0 if ipc_index is None else len(ipc_index)
-    entries = [_varint(len(columns[0]) if columns else 0), _varint(k)]
+    entries = []
     blocks = []
-    for col in columns:
-        entry, block = _encode_column(col)
-        entries.append(entry)
+    present = 0
+    values = np.stack([_as_u64(col) for col in columns]) if columns else np.zeros((0, 0), _U64)
+    for i, u in enumerate(values):
+        entry, block = _encode_column(u, _nearest(values, i) if n <= LEAN_ROWS else [])
+        if entry != ABSENT:
+            present |= 1 << i
+            entries.append(entry)
         blocks.append(block)
+    entries[:0] = [_varint(n), _varint(k), present.to_bytes((len(columns) + 7) // 8, "little")]
     if k:
-        blocks.append(np.asarray(ipc_index, dtype="<u4").tobytes())
-        blocks.append(bytes(ipc))
-    return _compressor().compress(b"".join(entries + blocks))
+        blocks.append(_encode_ipc(n, np.asarray(ipc_index), bytes(ipc)))
+    payload = b"".join(entries + blocks)
+    frame = _compressor().compress(payload)
+    if len(frame) < len(payload) + 4:
+        return ZSTD, frame
+    return RAW_PAYLOAD, payload + zlib.crc32(payload).to_bytes(4, "little")
+
+
+def _encode_ipc(n: int, index: np.ndarray, ipc: bytes) -> bytes:
+    """The ipc section: distinct rows once each, their zero bytes left out (module docstring)."""
+    rows = np.frombuffer(ipc, np.uint8).reshape(-1, 64)
+    distinct, first, which = np.unique(rows, axis=0, return_index=True, return_inverse=True)
+    if len(distinct) == len(rows):
+        distinct, which = rows, None
+    else:  # in order of first appearance (deterministic either way)
+        order = np.argsort(first)
+        distinct = distinct[order]
+        which = np.argsort(order)[which.ravel()]
+    nonzero = distinct != 0
+    masks = np.packbits(nonzero, axis=1, bitorder="little")
+    parts = [_varint(len(distinct)), index.astype(_small(n)).tobytes()]
+    if which is not None:
+        parts.append(which.astype(_small(len(distinct))).tobytes())
+    parts += [masks.tobytes(), distinct[nonzero].tobytes()]
+    return b"".join(parts)
+
+
+def _small(count: int) -> str:
+    """The index dtype of a table of ``count`` entries: u1 up to 256, else u2 (a chunk's rows fit)."""
+    return "u1" if count <= 256 else "<u2"
 
 
 def payload_bound(n: int, ncols: int, sparse: bool) -> int:
     """The most bytes a valid payload of ``n`` rows and ``ncols`` columns decompresses to."""
-    return 20 + ncols * (21 + 8 * n) + (n * 68 if sparse else 0)
+    return 30 + ncols * (21 + 10 * n) + (n * 76 if sparse else 0)
 
 
 def decode_payload(
-    data: bytes | memoryview, n: int, dtypes: list[np.dtype | None], *, sparse: bool
-) -> tuple[list[np.ndarray | None], np.ndarray | None, bytes]:
-    """Decode one compressed chunk of ``n`` rows.
+    key: str, data: bytes | memoryview, n: int | None, dtypes: list[np.dtype | None], *, sparse: bool, max_rows: int
+) -> tuple[int, list[np.ndarray | None], np.ndarray | None, bytes]:
+    """Decode one chunk stored under record key ``key`` (:data:`KEYS`).
 
-    ``dtypes``: per column in schema order, the dtype to decode it into (None: a column this
-    version does not know, skipped). Returns the columns (new contiguous arrays), the ipc row
-    indices (u4, or None) and their 64-byte rows.
+    ``n``: the rows the record says it holds (a 2.1 record need not say: None), at most
+    ``max_rows`` in any case. ``dtypes``: per column in schema order, the dtype to decode it
+    into (None: a column this version does not know, skipped). Returns the rows, the columns
+    (new contiguous arrays), the ipc row indices (u4, or None) and their 64-byte rows.
 
     Raises:
-        TraceFormatError: not a Zstandard frame, or lengths that do not match ``n``.
+        TraceFormatError: not a Zstandard frame, a failed checksum, or lengths that do not
+            match ``n``.
     """
-    try:
-        raw = decompress(data, payload_bound(n, len(dtypes), sparse))
-    except TraceFormatError as error:
-        raise TraceFormatError(f"column data {error}") from None
+    if key == RAW_PAYLOAD:
+        raw = bytes(data)
+        if len(raw) < 4 or zlib.crc32(raw[:-4]) != int.from_bytes(raw[-4:], "little"):
+            raise TraceFormatError("column data fails its checksum")
+        raw = raw[:-4]
+    else:
+        try:
+            raw = decompress(data, payload_bound(max_rows if n is None else n, len(dtypes), sparse))
+        except TraceFormatError as error:
+            raise TraceFormatError(f"column data {error}") from None
+    lean = key != ZSTD_V20
     buf = memoryview(raw)
     cursor = _Cursor(buf)
     rows, k = cursor.varint(), cursor.varint()
-    if rows != n:
+    if n is not None and rows != n:
         raise TraceFormatError(f"column data holds {rows} rows, the record says {n}")
+    if rows > max_rows:
+        raise TraceFormatError(f"column data holds {rows} rows (at most {max_rows})")
+    n = rows
     if k > n or (k and not sparse):
         raise TraceFormatError(f"{k} ipc rows for {n} rows")
+    present = -1
+    if lean:
+        size = (len(dtypes) + 7) // 8
+        present = int.from_bytes(cursor.take(size), "little")
     entries = []
-    sizes = []
-    for _ in dtypes:
-        code = cursor.byte()
-        transform, wcode = code >> 4, code & 0x0F
-        if transform not in (RAW, DELTA) or wcode >= len(WIDTHS):
+    for i in range(len(dtypes)):
+        code = cursor.byte() if present >> i & 1 else ABSENT[0]
+        transform, wcode = (code >> 4) & (0x03 if lean else 0x0F), code & 0x0F
+        if transform not in ((RAW, DELTA, REF) if lean else (RAW, DELTA)) or wcode >= (CODES if lean else VARINT):
             raise TraceFormatError(f"unknown column code {code:#x}")
-        base = cursor.zigzag()
-        first = cursor.zigzag() if transform == DELTA else 0
-        entries.append((code, base, first))
-        sizes.append((n - 1 if transform == DELTA and n else n) * WIDTHS[wcode])
-    expected = cursor.pos + sum(sizes) + k * 68
-    if len(raw) != expected:
-        raise TraceFormatError(f"column data has {len(raw)} bytes where {n} rows take {expected}")
+        first = cursor.byte() if transform == REF else 0
+        if transform == REF and first >= i:
+            raise TraceFormatError(f"column {i} refers to column {first}")
+        base = 0 if lean and code & ZERO_BASE else cursor.zigzag()
+        first = cursor.zigzag() if transform == DELTA else first
+        shift = cursor.byte() if lean and code & SHIFTED else 0
+        if shift > 63:
+            raise TraceFormatError(f"a column shifted by {shift} bits")
+        entries.append((transform, wcode, base, first, shift))
+    refs = any(entry[0] == REF for entry in entries)
+    full: list[np.ndarray | None] = []  # each column's 64-bit values, when a later one refers to it
     out: list[np.ndarray | None] = []
-    pos = cursor.pos
-    for (code, base, first), size, dtype in zip(entries, sizes, dtypes):
-        if dtype is not None:
-            out.append(_decode_column(buf[pos : pos + size], n, code, base, first, dtype))
+    for (transform, wcode, base, first, shift), dtype in zip(entries, dtypes):
+        count = n - 1 if transform == DELTA and n else n
+        if wcode == VARINT:
+            stored, cursor.pos = _read_varints(buf, cursor.pos, count)
+        elif wcode > BITS:
+            stored, cursor.pos = _read_bits(buf, cursor.pos, count, wcode - BITS)
         else:
-            out.append(None)
-        pos += size
+            size = count * WIDTHS[wcode]
+            if cursor.pos + size > len(buf):
+                raise TraceFormatError(f"column data has {len(buf)} bytes, too few for {n} rows")
+            stored = np.frombuffer(buf[cursor.pos : cursor.pos + size], dtype=f"<u{WIDTHS[wcode]}") if size else None
+            cursor.pos += size
+        if shift and stored is not None:
+            stored = stored.astype(_U64) << _U64(shift)
+        if transform == REF:
+            full.append(_decode_column(stored, n, RAW, base, 0, _U64_DTYPE) + full[first])  # modulo 2^64
+            out.append(None if dtype is None else full[-1].astype(f"<u{dtype.itemsize}").view(dtype))
+            continue
+        out.append(None if dtype is None else _decode_column(stored, n, transform, base, first, dtype))
+        full.append(_decode_column(stored, n, transform, base, first, _U64_DTYPE) if refs else None)
+    if lean:
+        index, ipc = _decode_ipc(buf, cursor, n, k)
+    else:
+        if len(buf) != cursor.pos + 68 * k:
+            raise TraceFormatError(f"column data has {len(buf)} bytes where {n} rows take {cursor.pos + 68 * k}")
+        index = np.frombuffer(buf[cursor.pos : cursor.pos + 4 * k], dtype="<u4").copy()
+        ipc = bytes(buf[cursor.pos + 4 * k :])
     if not k:
-        return out, None, b""
-    index = np.frombuffer(buf[pos : pos + 4 * k], dtype="<u4").copy()
-    pos += 4 * k
+        return n, out, None, b""
     if int(index.max()) >= n:
         raise TraceFormatError("an ipc index is out of range")
-    return out, index, bytes(buf[pos : pos + 64 * k])
+    return n, out, index, ipc
 
 
-def _decode_column(block: memoryview, n: int, code: int, base: int, first: int, dtype: np.dtype) -> np.ndarray:
-    """One column, computed in the unsigned type of its own width: arithmetic modulo 2^(8·size)
-    gives the low bytes of the modulo-2^64 values, which are the values (no 8-byte temporary).
+def _decode_ipc(buf: memoryview, cursor: _Cursor, n: int, k: int) -> tuple[np.ndarray | None, bytes]:
+    """The 2.1 ipc section (see :func:`_encode_ipc`), checked to end exactly where the payload does."""
+    if not k:
+        if cursor.pos != len(buf):
+            raise TraceFormatError(f"column data has {len(buf) - cursor.pos} bytes past its {n} rows")
+        return None, b""
+    u = cursor.varint()
+    if not 1 <= u <= k:
+        raise TraceFormatError(f"{u} distinct ipc rows for {k}")
+    tables = [(_small(n), k)] + ([(_small(u), k)] if u < k else []) + [("u1", 8 * u)]
+    arrays = []
+    for dtype, count in tables:
+        size = count * np.dtype(dtype).itemsize
+        if cursor.pos + size > len(buf):
+            raise TraceFormatError("column data ends inside its ipc rows")
+        arrays.append(np.frombuffer(buf[cursor.pos : cursor.pos + size], dtype=dtype))
+        cursor.pos += size
+    index, masks = arrays[0].astype("<u4"), arrays[-1]
+    nonzero = np.unpackbits(masks.reshape(u, 8), axis=1, bitorder="little").astype(bool)
+    if int(nonzero.sum()) != len(buf) - cursor.pos:
+        raise TraceFormatError(f"column data has {len(buf) - cursor.pos} ipc bytes where its masks take {int(nonzero.sum())}")
+    rows = np.zeros((u, 64), np.uint8)
+    rows[nonzero] = np.frombuffer(buf[cursor.pos :], np.uint8)
+    if u < k:
+        which = arrays[1]
+        if int(which.max()) >= u:
+            raise TraceFormatError("an ipc row refers past the distinct rows")
+        rows = rows[which]
+    if len(index) > 1 and not (index[1:] > index[:-1]).all():
+        raise TraceFormatError("the ipc indices are not ascending")
+    return index, rows.tobytes()
+
+
+def _read_bits(buf: memoryview, pos: int, count: int, bits: int) -> tuple[np.ndarray, int]:
+    """``count`` values of ``bits`` bits each (packed least significant first) from ``pos`` (as u1)."""
+    size = (count * bits + 7) // 8
+    if pos + size > len(buf):
+        raise TraceFormatError("column data ends inside a column")
+    planes = np.unpackbits(np.frombuffer(buf[pos : pos + size], np.uint8), count=count * bits, bitorder="little")
+    weights = (1 << np.arange(bits)).astype(np.uint8)
+    return (planes.reshape(count, bits) * weights).sum(axis=1, dtype=np.uint8), pos + size
+
+
+def _read_varints(buf: memoryview, pos: int, count: int) -> tuple[np.ndarray, int]:
+    """``count`` LEB128 values from ``pos`` (as u8, modulo 2^64) and the position after them."""
+    if not count:
+        return np.zeros(0, _U64), pos
+    data = np.frombuffer(buf[pos:], np.uint8)
+    ends = np.flatnonzero(data < 0x80)
+    if len(ends) < count:
+        raise TraceFormatError("column data ends inside a column")
+    ends = ends[:count]
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    if int((ends - starts).max()) > 9:
+        raise TraceFormatError("a column value is longer than 64 bits")
+    body = data[: ends[-1] + 1]
+    shift = np.arange(len(body)) - np.repeat(starts, ends - starts + 1)
+    values = (body & 0x7F).astype(_U64) << (7 * shift).astype(_U64)
+    return np.add.reduceat(values, starts), pos + int(ends[-1]) + 1
+
+
+def _decode_column(stored: np.ndarray | None, n: int, transform: int, base: int, first: int, dtype: np.dtype) -> np.ndarray:
+    """One column from its stored values (None: width 0), computed in the unsigned type of its
+    own width: arithmetic modulo 2^(8·size) gives the low bytes of the modulo-2^64 values, which
+    are the values (no 8-byte temporary).
 
     A constant column comes back as a read-only broadcast view of its one value (no memory).
     """
-    transform, width = code >> 4, WIDTHS[code & 0x0F]
     unsigned = np.dtype(f"<u{dtype.itemsize}")
     mask = (1 << (8 * dtype.itemsize)) - 1
-    if transform == RAW and not width:
+    if transform == RAW and stored is None:
         return np.broadcast_to(np.array(base & mask, dtype=unsigned).view(dtype), (n,))
     out = np.empty(n, dtype=unsigned)
     if not n:
         return out.view(dtype)
-    if transform == DELTA and not width:  # a constant step: first, first + base, ...
+    if transform == DELTA and stored is None:  # a constant step: first, first + base, ...
         np.multiply(np.arange(n, dtype=unsigned), unsigned.type(base & mask), out=out)
         out += unsigned.type(first & mask)
         return out.view(dtype)
@@ -242,8 +478,7 @@ def _decode_column(block: memoryview, n: int, code: int, base: int, first: int, 
     if transform == DELTA:
         out[0] = first & mask
     if len(body):
-        stored = np.frombuffer(block, dtype=f"<u{width}")
-        if width > dtype.itemsize:
+        if stored.itemsize > dtype.itemsize:
             stored = stored.astype(unsigned)  # (a narrower column than its values: wraps)
         np.add(stored, unsigned.type(base & mask), out=body, casting="unsafe")
     if transform == DELTA:

@@ -45,6 +45,7 @@ from memrec.events import Marker
 from memrec.events import ProcessInfo
 from memrec.trace import codec
 from memrec.trace.chunks import COLUMNAR
+from memrec.trace.chunks import COLUMNAR_TYPE
 from memrec.trace.chunks import DEFAULT_SCHEMA
 from memrec.trace.chunks import EVENTS
 from memrec.trace.chunks import NVML
@@ -61,7 +62,7 @@ MAGIC = "memrec-trace"
 #: Version 2 compresses columnar records (:mod:`memrec.trace.codec`); version 1 files still read.
 FORMAT_VERSION = 2
 #: Minor format version: a newer minor only adds record types or fields, which older readers skip.
-FORMAT_MINOR = 0
+FORMAT_MINOR = 1
 #: The clock of every ``ts`` in a trace (ns); the header's ``anchor`` ties it to wall-clock time.
 CLOCK = "CLOCK_MONOTONIC"
 
@@ -74,9 +75,9 @@ KEYFRAME = "keyframe"
 TRAILER = "trailer"
 
 #: Every record type the format defines (a reader skips any other type with a warning).
-RECORD_TYPES = frozenset({HEADER, EVENTS, NVML, PROCMEM, MARKER, PROCESS, LOST, KEYFRAME, TRAILER})
+RECORD_TYPES = frozenset({HEADER, *COLUMNAR_TYPE, MARKER, PROCESS, LOST, KEYFRAME, TRAILER})
 
-_WIRE_KEYS = frozenset({"n", "columns", "ipc_index", "ipc", "z"})
+_WIRE_KEYS = frozenset({"n", "columns", "ipc_index", "ipc", *codec.KEYS})
 #: A format-2 keyframe's key for its state: one Zstandard frame of the msgpack map.
 STATE_Z = "state_z"
 #: The largest keyframe state a reader decompresses (a state of 1M live allocations: ~27 MiB).
@@ -331,7 +332,7 @@ def encode_record(rec: dict) -> bytes:
     kind = rec.get("type")
     if not isinstance(kind, str):
         raise ValueError("a record needs a string 'type'")
-    if kind in COLUMNAR and "columns" not in rec and "z" not in rec:
+    if kind in COLUMNAR and "columns" not in rec and not any(key in rec for key in codec.KEYS):
         key = ROWS_KEY[kind]
         if key not in rec:
             raise ValueError(f"a {kind} record needs its rows under {key!r}")
@@ -362,11 +363,12 @@ def decode_record(obj: Any, schema: Schema | None = None) -> dict:
     kind = obj["type"]
     if kind == KEYFRAME:
         return expand_keyframe(obj)
-    if kind not in COLUMNAR:
+    if kind not in COLUMNAR_TYPE:
         return obj
     chunk = decode_columns(obj, schema)
     rec = {k: v for k, v in obj.items() if k not in _WIRE_KEYS}
-    rec[ROWS_KEY[kind]] = chunk.to_array()
+    rec["type"] = chunk.kind
+    rec[ROWS_KEY[chunk.kind]] = chunk.to_array()
     return rec
 
 

@@ -23,7 +23,7 @@ from typing import Iterator
 import msgpack
 
 from memrec._untrusted import MAX_DEPTH
-from memrec.trace.chunks import COLUMNAR
+from memrec.trace.chunks import COLUMNAR_TYPE
 
 _U8 = struct.Struct(">B")
 _U16 = struct.Struct(">H")
@@ -214,7 +214,7 @@ def objects(path: str, data_start: int) -> Iterator[tuple[int, Any]]:
 def _object(mm: mmap.mmap, view: memoryview, start: int, size: int) -> tuple[Any, int]:
     """The object at ``start`` and where the next one begins."""
     kind, _ = _skip_or_type(view, start, size)
-    if kind in COLUMNAR:
+    if kind in COLUMNAR_TYPE:
         obj, pos = _parse(view, start, size, True)
         wire = {k: (view[v.start : v.end] if isinstance(v, _Bin) else v) for k, v in obj.items()}
         columns = obj.get("columns")

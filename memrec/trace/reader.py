@@ -24,7 +24,7 @@ from memrec._untrusted import MAX_DEPTH
 from memrec._untrusted import clean_text
 from memrec._untrusted import too_deep
 from memrec.trace import mapped as _mapped
-from memrec.trace.chunks import COLUMNAR
+from memrec.trace.chunks import COLUMNAR_TYPE
 from memrec.trace.chunks import ROWS_KEY
 from memrec.trace.chunks import ColumnChunk
 from memrec.trace.chunks import Schema
@@ -236,7 +236,7 @@ class TraceReader:
             if kind == HEADER:
                 malformed.append(f"byte {offset}: a second header (concatenated traces?)")
                 continue
-            if kind not in COLUMNAR and too_deep(obj):
+            if kind not in COLUMNAR_TYPE and too_deep(obj):
                 malformed.append(f"byte {offset}: nested deeper than {MAX_DEPTH} levels")
                 continue
             try:
@@ -309,11 +309,11 @@ class TraceReader:
 
 def _record_ts(obj: dict, item: Any) -> int | None:
     """The latest ts a record holds (its last row's for columnar ones), or None."""
-    if obj.get("type") in COLUMNAR:
+    if obj.get("type") in COLUMNAR_TYPE:
         chunk = item[1] if isinstance(item, tuple) else item
         if isinstance(chunk, ColumnChunk):
             return chunk.last_ts
-        rows = chunk.get(ROWS_KEY[obj["type"]]) if isinstance(chunk, dict) else None
+        rows = chunk.get(ROWS_KEY[COLUMNAR_TYPE[obj["type"]]]) if isinstance(chunk, dict) else None
         if rows is not None:
             return int(rows["ts"][-1]) if len(rows) else None
         columns = obj.get("columns")  # raw format-1 records

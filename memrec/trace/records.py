@@ -26,6 +26,7 @@ from memrec.columns import EVENT_DTYPE
 from memrec.events import Marker
 from memrec.events import ProcessInfo
 from memrec.trace.chunks import COLUMNAR
+from memrec.trace.chunks import COLUMNAR_TYPE
 from memrec.trace.chunks import EVENTS
 from memrec.trace.chunks import NVML
 from memrec.trace.chunks import PROCMEM
@@ -91,8 +92,9 @@ def check_record(obj: dict, schema: Schema | None = None) -> tuple[str, Any]:
     if not isinstance(obj, dict) or not isinstance(obj.get("type"), str):
         raise TraceFormatError("malformed record: not a map with a string 'type'")
     kind = obj["type"]
-    if kind in COLUMNAR:
-        return kind, decode_columns(obj, schema)
+    if kind in COLUMNAR_TYPE:
+        chunk = decode_columns(obj, schema)
+        return chunk.kind, chunk
     if kind == MARKER:
         return kind, marker_from_record(obj)
     if kind == PROCESS:

@@ -1,10 +1,11 @@
-"""Regenerate the golden trace ``golden_v2.mrec`` and its expected dump ``golden_v2.dump.jsonl``.
+"""Regenerate the golden trace ``golden_v2_1.mrec`` and its expected dump ``golden_v2_1.dump.jsonl``.
 
 Run ``python tests/data/make_golden.py`` only when format v2 deliberately changes (a new minor):
 the test suite checks that today's writer still produces these exact bytes and that today's
 reader still decodes them to exactly this dump. Read the diff of the ``.jsonl`` before committing.
-``golden_v1.mrec`` and its dump are what this script wrote with format 1: they stay as they are,
-so that the reader keeps reading format 1 (the dump is the same but for the header's version).
+``golden_v1.mrec`` and its dump are what this script wrote with format 1, ``golden_v2.mrec`` and
+its dump what it wrote with format 2.0: they stay as they are, so that the reader keeps reading
+format 1 and 2.0 (the dumps are the same but for the header's version and minor).
 The exact bytes depend on the Zstandard library (pinned in constraints.txt).
 
 The trace is small but holds every record type: two processes (TP0 exports a buffer over CUDA IPC,
@@ -36,8 +37,8 @@ from memrec.trace.writer import BytesSink
 from memrec.trace.writer import TraceWriter
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-GOLDEN = os.path.join(HERE, "golden_v2.mrec")
-GOLDEN_DUMP = os.path.join(HERE, "golden_v2.dump.jsonl")
+GOLDEN = os.path.join(HERE, "golden_v2_1.mrec")
+GOLDEN_DUMP = os.path.join(HERE, "golden_v2_1.dump.jsonl")
 
 GiB = 1 << 30
 MiB = 1 << 20

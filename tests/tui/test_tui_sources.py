@@ -75,9 +75,10 @@ def test_a_live_stream_and_the_file_get_the_same_records_and_skip_the_same_damag
     # marker whose ts is out of range (the same damage in a copy of the file)
     with TraceReader(trace_file) as reader:
         records = [reader.header, *reader.raw_records()]
-    chunk = next(i for i, r in enumerate(records) if r.get("type") == "events")
+    chunk = next(i for i, r in enumerate(records) if r.get("type") in ("e", "events"))
     marker = next(i for i, r in enumerate(records) if r.get("type") == "marker")
-    records[chunk] = {**records[chunk], "z": records[chunk]["z"][:-4]}
+    key = next(key for key in ("c", "r", "z") if key in records[chunk])
+    records[chunk] = {**records[chunk], key: records[chunk][key][:-4]}
     records[marker] = {**records[marker], "ts": -1}
     from memrec.trace.format import packb
 

@@ -17,10 +17,10 @@ from memrec.trace import format as fmt
 from memrec.trace.writer import TraceWriter
 
 DATA = pathlib.Path(__file__).resolve().parents[1] / "data"
-GOLDEN = DATA / "golden_v2.mrec"
-GOLDEN_DUMP = DATA / "golden_v2.dump.jsonl"
+GOLDEN = DATA / "golden_v2_1.mrec"
+GOLDEN_DUMP = DATA / "golden_v2_1.dump.jsonl"
 #: (trace, expected dump) for format 2 and for format 1, which must still dump the same
-GOLDENS = [pytest.param(DATA / f"golden_v{v}.mrec", DATA / f"golden_v{v}.dump.jsonl", id=f"v{v}") for v in (2, 1)]
+GOLDENS = [pytest.param(DATA / f"golden_v{v}.mrec", DATA / f"golden_v{v}.dump.jsonl", id=f"v{v}") for v in ("2_1", 2, 1)]
 
 
 @pytest.fixture

@@ -240,7 +240,8 @@ def _damaged(tmp_path: Path, damage: dict) -> Path:
         wire = v1_wire("events", rows)
         wire["columns"] = {k: v for k, v in wire["columns"].items() if k in damage["columns_only"]}
     if "z_cut" in damage:  # a format-2 record whose compressed columns lost their end
-        wire["z"] = wire["z"][: -damage["z_cut"]]
+        key = next(key for key in ("c", "r") if key in wire)
+        wire[key] = wire[key][: -damage["z_cut"]]
     records = [header, wire] + ([damage["record"]] if "record" in damage else [])
     path = tmp_path / "damaged.mrec"
     path.write_bytes(b"".join(fmt.packb(r) for r in records))

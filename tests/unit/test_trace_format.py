@@ -6,6 +6,7 @@ import importlib.util
 import io
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import textwrap
@@ -28,6 +29,7 @@ from memrec.events import Kind
 from memrec.events import Marker
 from memrec.events import ProcessInfo
 from memrec.trace import format as fmt
+from memrec.trace.chunks import COLUMNAR_TYPE
 from memrec.trace.chunks import MAX_RECORD_ROWS
 from memrec.trace.frames import MAX_CLIENT_FRAME
 from memrec.trace.frames import FrameDecoder
@@ -40,7 +42,8 @@ from memrec.trace.writer import TraceWriter
 from tests.utils import v1_wire
 
 DATA = pathlib.Path(__file__).resolve().parents[1] / "data"
-GOLDEN = DATA / "golden_v2.mrec"  # what today's writer writes
+GOLDEN = DATA / "golden_v2_1.mrec"  # what today's writer writes
+GOLDEN_V2_0 = DATA / "golden_v2.mrec"  # what format 2.0 wrote (frozen: the reader must still read it)
 GOLDEN_V1 = DATA / "golden_v1.mrec"  # what format 1 wrote (frozen: the reader must still read it)
 
 HEADER = {
@@ -141,6 +144,87 @@ def write_trace(path, events=None, **kwargs) -> bytes:
 # encode_record / decode_record
 
 
+def recorded_like(n: int) -> np.ndarray:
+    """``n`` events as the recorder writes them at a low rate: one process whose tid is mostly its
+    pid, 2 MiB-aligned pointers and sizes, ordinal = gpu, and (from 2 rows) an IPC export and its
+    open carrying the same handle bytes, which are mostly zero as a driver's are."""
+    rng = np.random.default_rng(n)
+    ev = empty_events(n)
+    ev["ts"] = 10**12 + np.cumsum(rng.integers(1, 10**8, n)).astype(np.uint64)
+    ev["pid"] = 775
+    ev["tid"] = np.where(np.arange(n) % 3 == 2, 812, 775)
+    ev["kind"] = rng.choice([Kind.ALLOC, Kind.FREE], n)
+    ev["api"] = np.where(ev["kind"] == Kind.ALLOC, Api.cuMemAlloc_v2, Api.cuMemFree_v2)
+    ev["ordinal"] = ev["gpu"] = rng.integers(-1, 2, n)
+    ev["ptr"] = 0x7F0000000000 + (rng.integers(0, 1000, n).astype(np.uint64) << np.uint64(21))
+    ev["size"] = rng.integers(1, 100, n).astype(np.uint64) << np.uint64(21)
+    if n >= 2:
+        handle = np.zeros(64, np.uint8)
+        handle[[0, 1, 2, 8, 9, 20, 32, 37, 48, 50, 51]] = rng.integers(1, 256, 11)
+        ev["kind"][[0, -1]] = [Kind.IPC_EXPORT, Kind.IPC_OPEN]
+        ev["flags"][[0, -1]] = FLAG_IPC_BYTES
+        ev["ipc"][[0, -1]] = np.void(handle.tobytes())
+    return ev
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 9, 256, 257, 5000])
+def test_chunks_of_recorded_events_round_trip_in_few_bytes(n):
+    # GIVEN events as the recorder writes them (aligned sizes, tid = pid, an IPC pair)
+    ev = recorded_like(n)
+    # WHEN written as one chunk and read back
+    data = fmt.encode_record({"type": "events", "events": ev})
+    wire = msgpack.unpackb(data, raw=False)
+    # THEN every field comes back bit for bit, under the 2.1 chunk type
+    assert wire["type"] == "e"
+    np.testing.assert_array_equal(fmt.decode_record(wire)["events"], ev)
+    # AND a chunk of a few rows is stored raw (its frame would cost more) and is small: the
+    # envelope, checksum and directory are ~40 bytes, each event a few more, the handle ~24
+    if n <= 3:
+        assert set(wire) == {"type", "r"} and len(data) <= 40 + 16 * n + (24 if n >= 2 else 0)
+
+
+def test_a_handle_repeated_in_a_chunk_is_stored_once():
+    # GIVEN an IPC export and its open in one chunk, carrying the same 64 handle bytes, and the
+    # same chunk with the open's bytes different
+    ev = recorded_like(4)
+    other = ev.copy()
+    other["ipc"][-1] = np.void(bytes(range(1, 65)))
+    # WHEN written
+    same, different = (len(fmt.encode_record({"type": "events", "events": e})) for e in (ev, other))
+    # THEN the repeated bytes cost one byte (which row they are), not their 64
+    assert different - same >= 60
+    wire = msgpack.unpackb(fmt.encode_record({"type": "events", "events": ev}), raw=False)
+    assert fmt.decode_record(wire)["events"]["ipc"][-1] == ev["ipc"][0]
+
+
+def test_every_damaged_byte_of_a_raw_chunk_is_found():
+    # GIVEN a chunk of 3 events, stored raw with its CRC-32
+    wire = msgpack.unpackb(fmt.encode_record({"type": "events", "events": recorded_like(3)}), raw=False)
+    raw = wire["r"]
+    for at in range(len(raw)):
+        # WHEN any one byte of it is damaged
+        bad = {**wire, "r": raw[:at] + bytes([raw[at] ^ 0x10]) + raw[at + 1 :]}
+        # THEN the record is refused, never decoded into other events
+        with pytest.raises(TraceFormatError, match="fails its checksum"):
+            fmt.decode_record(bad)
+
+
+@pytest.mark.parametrize("path", sorted((pathlib.Path(__file__).resolve().parents[2] / "examples").glob("*.mrec")),
+                         ids=lambda p: p.stem)
+def test_the_h200_examples_take_at_most_24_bytes_an_event_chunk_for_chunk(path):
+    # GIVEN a format-1 recording from the H200 (chunks of 1-9 events: a flush every 200 ms)
+    with TraceReader(path) as reader:
+        chunks = [rec for rec in reader if rec["type"] == "events"]
+    # WHEN each chunk is written as format 2.1 writes it
+    size = sum(len(fmt.encode_record(rec)) for rec in chunks)
+    n = sum(len(rec["events"]) for rec in chunks)
+    # THEN the events records take at most 24 bytes an event (issue 11's goal), and read back
+    assert n and size / n <= 24
+    for rec in chunks:
+        again = fmt.decode_record(msgpack.unpackb(fmt.encode_record(rec), raw=False))
+        np.testing.assert_array_equal(again["events"], rec["events"])
+
+
 @pytest.mark.parametrize("n", [0, 1, 2, 7, 100])
 def test_events_record_round_trips_with_sparse_ipc(n):
     # GIVEN events where every 7th row carries 64 handle bytes
@@ -154,7 +238,7 @@ def test_events_record_round_trips_with_sparse_ipc(n):
     assert rec["events"].dtype == EVENT_DTYPE
     np.testing.assert_array_equal(rec["events"], ev)
     # AND the record is one compressed payload whose ipc rows are only the flagged ones
-    assert set(wire) == {"type", "n", "z"} and wire["n"] == n
+    assert set(wire) in ({"type", "c"}, {"type", "r"})  # (its row count is in the payload)
     chunk = fmt.decode_columns(wire)
     flagged = np.flatnonzero(ev["flags"] & FLAG_IPC_BYTES)
     assert chunk.ipc_index.tolist() == flagged.tolist() and len(chunk.ipc) == len(flagged)
@@ -333,18 +417,27 @@ def _flip(data: bytes, at: int) -> bytes:
     return data[:at] + bytes([data[at] ^ 0x40]) + data[at + 1 :]
 
 
+def _key(wire: dict) -> str:
+    """The key of a format-2 record's chunk bytes ("c": compressed, "r": raw, "z": 2.0)."""
+    return next(key for key in ("c", "r", "z") if key in wire)
+
+
+def _damage(wire: dict, change) -> None:
+    wire[_key(wire)] = change(wire[_key(wire)])
+
+
 @pytest.mark.parametrize(
     "damage,match",
     [
         (lambda w: w.__setitem__("n", 8), "holds 7 rows, the record says 8"),
         (lambda w: w.__setitem__("n", -1), "bad 'n'"),
         (lambda w: w.__setitem__("n", MAX_RECORD_ROWS + 1), "bad 'n'"),
-        (lambda w: w.__setitem__("z", 5), "not binary"),
-        (lambda w: w.__setitem__("z", b"not zstd at all"), "does not decompress"),
-        (lambda w: w.__setitem__("z", w["z"][:-6]), "does not decompress"),
-        (lambda w: w.__setitem__("z", _flip(w["z"], len(w["z"]) // 2)), "does not decompress"),
+        (lambda w: _damage(w, lambda z: 5), "not binary"),
+        (lambda w: w.__setitem__("c" if _key(w) == "r" else "r", w.pop(_key(w))), "does not decompress|fails its checksum"),
+        (lambda w: _damage(w, lambda z: z[:-6]), "does not decompress|fails its checksum"),
+        (lambda w: _damage(w, lambda z: _flip(z, len(z) // 2)), "does not decompress|fails its checksum"),
     ],
-    ids=["wrong-n", "negative-n", "huge-n", "not-binary", "not-zstd", "cut", "flipped-byte"],
+    ids=["wrong-n", "negative-n", "huge-n", "not-binary", "swapped-key", "cut", "flipped-byte"],
 )
 def test_malformed_format_2_columnar_records_raise_trace_format_error(damage, match):
     # GIVEN a damaged format-2 events record
@@ -434,10 +527,10 @@ def test_chunks_are_bounded_and_a_keyframe_follows_the_events_it_covers(tmp_path
     # WHEN the raw records are listed
     objs = [obj for obj, _ in raw_objects(path.read_bytes())]
     # THEN no events chunk holds more than 65536 rows, and the keyframe comes after all of them
-    sizes = [o["n"] for o in objs if o["type"] == "events"]
+    sizes = [fmt.decode_columns(o).n for o in objs if o["type"] == "e"]
     assert sizes == [65536, 65536, 150_000 - 2 * 65536]
     kinds = [o["type"] for o in objs]
-    assert kinds == ["header", "events", "events", "events", "keyframe", "trailer"]
+    assert kinds == ["header", "e", "e", "e", "keyframe", "trailer"]
     assert objs[4]["event_index"] == 150_000
 
 
@@ -582,8 +675,10 @@ def test_reader_streams_records_in_file_order(tmp_path):
     with TraceReader(path, read_size=16) as reader:
         kinds = [rec["type"] for rec in reader]
         again = [rec["type"] for rec in reader.raw_records()]
-    # THEN the records come in file order, and a second pass sees the same
-    assert kinds == ["marker", "events", "events", "events", "trailer"] == again
+    # THEN the records come in file order, and a second pass sees the same (the wire's short
+    # type for a chunk: "e")
+    assert kinds == ["marker", "events", "events", "events", "trailer"]
+    assert again == ["marker", "e", "e", "e", "trailer"]
     assert reader.trailer["type"] == "trailer" and reader.warnings == []
 
 
@@ -684,11 +779,12 @@ def test_a_trace_cut_at_every_byte_offset_reads_everything_before_the_cut(tmp_pa
         # WHEN the trace cut after `cut` bytes is loaded
         trace = load_trace(cut_path)  # THEN it never raises
         complete = [obj for obj, end in objs[1:] if end <= cut]
-        n_events = sum(o["n"] for o in complete if o["type"] == "events")
+        rows = {kind: sum(fmt.decode_columns(o).n for o in complete if COLUMNAR_TYPE.get(o["type"]) == kind)
+                for kind in ("events", "nvml", "procmem")}
+        n_events = rows["events"]
         # AND every record completed before the cut is there, and nothing else
         np.testing.assert_array_equal(trace.events, full.events[:n_events])
-        assert len(trace.nvml) == sum(o["n"] for o in complete if o["type"] == "nvml")
-        assert len(trace.procmem) == sum(o["n"] for o in complete if o["type"] == "procmem")
+        assert len(trace.nvml) == rows["nvml"] and len(trace.procmem) == rows["procmem"]
         assert len(trace.markers) == sum(o["type"] == "marker" for o in complete)
         assert len(trace.processes) == sum(o["type"] == "process" for o in complete)
         assert len(trace.keyframes) == sum(o["type"] == "keyframe" for o in complete)
@@ -756,7 +852,7 @@ def test_a_malformed_record_is_skipped_and_the_rest_is_read(tmp_path):
     # GIVEN a trace with a malformed events record (short column) and a non-map object between good ones
     ev = synthetic_events(4)
     bad = msgpack.unpackb(fmt.encode_record({"type": "events", "events": ev}))
-    bad["z"] = bad["z"][:-1]
+    _damage(bad, lambda z: z[:-1])
     parts = [
         fmt.encode_record(fmt.finalize_header(HEADER)),
         fmt.packb(bad),
@@ -771,7 +867,7 @@ def test_a_malformed_record_is_skipped_and_the_rest_is_read(tmp_path):
     malformed = [w for w in trace.warnings if "malformed" in w]
     assert len(malformed) == 1
     assert malformed[0].startswith("skipped 2 malformed record(s); first at byte ")
-    assert "malformed events record: column data does not decompress" in malformed[0]
+    assert re.search("malformed events record: column data (does not decompress|fails its checksum)", malformed[0])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -936,9 +1032,9 @@ def test_the_writer_still_produces_the_golden_bytes():
     assert golden.golden_bytes() == GOLDEN.read_bytes()
 
 
-@pytest.mark.parametrize("path,version", [(GOLDEN, 2), (GOLDEN_V1, 1)], ids=["v2", "v1"])
+@pytest.mark.parametrize("path,version", [(GOLDEN, 2), (GOLDEN_V2_0, 2), (GOLDEN_V1, 1)], ids=["v2.1", "v2.0", "v1"])
 def test_the_golden_trace_decodes_to_what_it_was_written_with(path, version):
-    # GIVEN the committed golden trace (format 2, and format 1's)
+    # GIVEN the committed golden trace (format 2.1, and format 2.0's and 1's)
     # WHEN loaded
     trace = load_trace(path)
     # THEN its content is the recording make_golden.py describes
