@@ -5,8 +5,8 @@
 For each size, in fresh processes (so peak memory is each one's own):
 
 * ``load``: ``load_trace`` alone (the format's part);
-* ``apply``: ``LiveState(journal=True).apply`` over the loaded events alone (the live state's
-  part: every replay needs it);
+* ``apply``: ``LiveState(journal=True).apply`` over the loaded event columns alone (the live
+  state's part: every replay needs it);
 * ``numpy pass``: one ``np.cumsum`` over the events' timestamps (a floor for "numpy speed");
 * ``report``: ``memrec report`` end to end (``main(["report", path])``), wall time and peak RSS.
 
@@ -60,7 +60,7 @@ else:
     from memrec.trace.reader import load_trace
     trace = load_trace(path)
     if what != "load":
-        ev = trace.events
+        ev = trace.event_columns  # what the report replays: the columns, no rows built
         t = time.perf_counter()
         if what == "apply":
             from memrec.state import LiveState
