@@ -122,16 +122,20 @@ def build_timeline(
     first_index = state.n_events
     rows = JournalBuffer(capacity=len(events) + len(events) // 8)  # about a change per event
     rows.take(state)  # what the state had journaled before (normally nothing)
-    done = 0
-    for stop in [*stops, len(events)]:
-        if stop < done:
-            raise ValueError("stops must be ascending")
-        for lo in range(done, stop, APPLY_CHUNK):
-            state.apply(events[lo : min(stop, lo + APPLY_CHUNK)])
-            rows.take(state)
-        done = stop
-        if at_stop is not None and stop < len(events):
-            at_stop(stop, state, rows.n)
+    state.journal_sink = rows
+    try:
+        done = 0
+        for stop in [*stops, len(events)]:
+            if stop < done:
+                raise ValueError("stops must be ascending")
+            for lo in range(done, stop, APPLY_CHUNK):
+                state.apply(events[lo : min(stop, lo + APPLY_CHUNK)])
+                rows.take(state)
+            done = stop
+            if at_stop is not None and stop < len(events):
+                at_stop(stop, state, rows.n)
+    finally:
+        state.journal_sink = None
     journal = rows.journal()
     if start is None:
         start = int(events["ts"][0]) if len(events) else 0

@@ -147,6 +147,10 @@ class LiveState(Queries, VmmIpc):
         #: With ``journal=True``: flat ``array('q')`` of rows ``JOURNAL_FIELDS`` (event index, ts,
         #: gpu, pid, category index, signed bytes), one per change of a (gpu, pid, category) total.
         self.journal: array | None = array("q") if journal else None
+        #: Where a replay gathers the journal as columns (``memrec.engine.journal.JournalBuffer``:
+        #: ``take(state)`` moves :attr:`journal`'s rows in, ``add(*columns)`` appends a batch's
+        #: changes without building rows); None: every change goes to :attr:`journal`.
+        self.journal_sink: Any = None
 
     # ------------------------------------------------------------------ apply
 

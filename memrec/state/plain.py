@@ -291,7 +291,10 @@ def apply_changes(state: LiveState, index: np.ndarray, ts: np.ndarray, gpu: np.n
     """Apply counter changes (in event order) as :meth:`LiveState._change` would one by one."""
     if len(index) == 0:
         return
-    if state.journal is not None:
+    if state.journal is not None and state.journal_sink is not None:
+        state.journal_sink.take(state)  # the rows journaled before these, first
+        state.journal_sink.add(index, ts, gpu, pid, cat, delta)  # a replay's columns: straight in
+    elif state.journal is not None:
         state.journal.frombytes(np.column_stack((index, ts, gpu, pid, cat, delta)).astype(np.int64).tobytes())
     counts = state._bytes
     keys, inv = np.unique(((gpu + 32768) << 34) | (pid << 2) | cat, return_inverse=True)
