@@ -5,8 +5,9 @@
 For each size, in fresh processes (so peak memory is each one's own):
 
 * ``load``: ``load_trace`` alone (the format's part);
-* ``apply``: ``LiveState(journal=True).apply`` over the loaded event columns alone (the live
-  state's part: every replay needs it);
+* ``apply``: ``LiveState(journal=True).apply`` over the loaded event columns alone, a chunk at a
+  time with the journal gathered into columns, as the replay does (the live state's part: every
+  replay needs it);
 * ``numpy pass``: one ``np.cumsum`` over the events' timestamps (a floor for "numpy speed");
 * ``report``: ``memrec report`` end to end (``main(["report", path])``), wall time and peak RSS.
 
@@ -62,9 +63,16 @@ else:
     if what != "load":
         ev = trace.event_columns  # what the report replays: the columns, no rows built
         t = time.perf_counter()
-        if what == "apply":
+        if what == "apply":  # as the replay applies: a chunk at a time, journal into columns
+            from memrec.engine.journal import JournalBuffer
+            from memrec.engine.replay import APPLY_CHUNK
             from memrec.state import LiveState
-            LiveState(journal=True).apply(ev)
+            from memrec.state.batch import Batch
+            ev, state, sink = Batch.of(ev), LiveState(journal=True), JournalBuffer(len(ev))
+            state.journal_sink = sink
+            for lo in range(0, len(ev), APPLY_CHUNK):
+                state.apply(ev[lo : lo + APPLY_CHUNK])
+                sink.take(state)
         else:
             np.cumsum(ev["ts"].astype(np.int64))
 dt = time.perf_counter() - t

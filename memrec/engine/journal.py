@@ -9,12 +9,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from dataclasses import fields
+from typing import Any
 
 import numpy as np
 
 from memrec.events import Kind
 from memrec.state import JOURNAL_FIELDS
 from memrec.state import LiveState
+
+
+#: Journal rows per step of :meth:`Journal.exit_mask`.
+MASK_CHUNK = 1 << 20
 
 
 @dataclass
@@ -35,13 +40,22 @@ class Journal:
         """The rows where ``mask`` is true."""
         return Journal(*(getattr(self, f.name)[mask] for f in fields(self)))
 
-    def exit_mask(self, events: np.ndarray) -> np.ndarray:
-        """Rows a process exit caused (the implicit frees of what it still held)."""
+    def exit_mask(self, events: Any) -> np.ndarray:
+        """Rows a process exit caused (the implicit frees of what it still held).
+
+        ``events``: the replayed events (rows or columns: only ``kind`` is read). A million rows
+        at a time: no index-sized temporaries over the whole journal.
+        """
         n = len(events)
+        out = np.zeros(len(self), dtype=bool)
         if not len(self) or not n:
-            return np.zeros(len(self), dtype=bool)
-        idx = np.clip(self.index, 0, n - 1)
-        return (self.index >= 0) & (self.index < n) & (events["kind"][idx] == int(Kind.PROC_EXIT))
+            return out
+        is_exit = events["kind"] == int(Kind.PROC_EXIT)
+        for lo in range(0, len(self), MASK_CHUNK):
+            idx = self.index[lo : lo + MASK_CHUNK]
+            inside = (idx >= 0) & (idx < n)
+            out[lo : lo + MASK_CHUNK] = inside & is_exit[np.where(inside, idx, 0)]
+        return out
 
 
 def take_rows(state: LiveState) -> np.ndarray:
