@@ -137,6 +137,8 @@ def gpu_series(g: int, j: Journal, initial: dict, start: int, first_index: int) 
     if n > 1:
         last[:-1] = index[1:] != index[:-1]
     rows = np.flatnonzero(last)
+    if n < 1 << 31:
+        rows = rows.astype(np.int32)  # 4 bytes a row less for as long as the series is kept
     return GpuSeries(
         gpu=g,
         ts=np.concatenate(([start], j.ts[m][rows])).astype(np.int64),
