@@ -61,14 +61,14 @@ else:
     from memrec.trace.reader import load_trace
     trace = load_trace(path)
     if what != "load":
+        from memrec.engine.journal import JournalBuffer
+        from memrec.engine.replay import APPLY_CHUNK
+        from memrec.state import LiveState
+        from memrec.state.batch import Batch
         ev = trace.event_columns  # what the report replays: the columns, no rows built
         t = time.perf_counter()
         if what == "apply":  # as the replay applies: a chunk at a time, journal into columns
-            from memrec.engine.journal import JournalBuffer
-            from memrec.engine.replay import APPLY_CHUNK
-            from memrec.state import LiveState
-            from memrec.state.batch import Batch
-            ev, state, sink = Batch.of(ev), LiveState(journal=True), JournalBuffer(len(ev))
+            ev, state, sink = Batch.of(ev), LiveState(journal=True), JournalBuffer(len(ev) + len(ev) // 8)
             state.journal_sink = sink
             for lo in range(0, len(ev), APPLY_CHUNK):
                 state.apply(ev[lo : lo + APPLY_CHUNK])

@@ -449,9 +449,7 @@ class TraceModel:
             if hi <= lo:
                 return 0
             pieces = self.store.pieces(lo, hi)
-        events = self.store.materialize(pieces)
-        if not events.flags.writeable:
-            events = events.copy()
+        events = self.store.batch(pieces)
         done = 0
         while done < len(events):
             step = len(events) - done

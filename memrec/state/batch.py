@@ -50,8 +50,17 @@ class Batch:
             names = events.dtype.names or ()
             cols = {n: events[n] for n in names if n != "ipc"}
             dense = events["ipc"] if "ipc" in names else None
-        elif hasattr(events, "ipc_index"):
-            return cls._checked(len(events), dict(events.columns), events.ipc_index, events.ipc)
+        elif hasattr(events, "ipc_index"):  # EventColumns, or a trace file's ColumnChunk
+            index = events.ipc_index
+            if index is None:
+                index, ipc = np.zeros(0, np.int64), np.zeros(0, _IPC)
+            else:
+                index, ipc = index.astype(np.int64, copy=False), events.ipc
+            if hasattr(events, "column"):  # a chunk: a column the file left out reads as its default
+                cols = {name: events.column(name) for name in EVENT_DTYPE.names if name != "ipc"}
+            else:
+                cols = dict(events.columns)
+            return cls._checked(events.n, cols, index, ipc)
         else:
             cols = {n: c for n, c in dict(events).items() if n != "ipc"}
             dense = events.get("ipc")
@@ -68,6 +77,19 @@ class Batch:
         if missing:
             raise TypeError(f"events lack the columns {missing}: expected EVENT_DTYPE")
         return cls(n, cols, ipc_index, ipc)
+
+    @classmethod
+    def concat(cls, batches: list[Batch]) -> Batch:
+        """One Batch of ``batches`` in order (columns copied; one Batch is returned as it is)."""
+        if len(batches) == 1:
+            return batches[0]
+        starts = np.cumsum([0] + [b.n for b in batches[:-1]])
+        return cls(
+            sum(b.n for b in batches),
+            {k: np.concatenate([b.columns[k] for b in batches]) for k in batches[0].columns},
+            np.concatenate([b.ipc_index + s for b, s in zip(batches, starts.tolist())]),
+            np.concatenate([b.ipc for b in batches]),
+        )
 
     def __len__(self) -> int:
         return self.n
