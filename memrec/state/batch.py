@@ -10,6 +10,7 @@ trace's column). The 64-byte ``ipc`` field is kept sparse: the few events that c
 from __future__ import annotations
 
 from typing import Any
+from typing import Iterator
 
 import numpy as np
 
@@ -93,6 +94,10 @@ class Batch:
 
     def __len__(self) -> int:
         return self.n
+
+    def __iter__(self) -> Iterator[dict]:
+        """Each event's fields (a dict), in order."""
+        return (self[i] for i in range(self.n))
 
     def __getitem__(self, key: Any) -> Any:
         if isinstance(key, str):
