@@ -1,14 +1,18 @@
 """Live subscribers: each gets the trace's records as frames, the same bytes the file gets.
 
-A new subscriber first gets a *sync*: the current file's header, a keyframe of the live state and
-the known processes (the daemon builds it, :meth:`Fanout.add`); after that every record the trace
-writer emits (:meth:`Fanout.publish`, the writer's ``tee``).
+A new subscriber first gets a *sync*: the current file's header, the known processes and a
+keyframe of the live state; after that every record the trace writer emits (:meth:`Fanout.publish`,
+the writer's ``tee``). At a million live allocations a keyframe takes a quarter of a second to
+build, too long for the daemon's loop: the loop takes the state cheaply (:meth:`Fanout.start_sync`)
+and a thread builds the keyframe; meanwhile every record published is kept (bounded by
+``max_queue_bytes``) and the subscriber gets it after its keyframe (:meth:`Fanout.collect`).
+Subscribers that come while a sync is being built join that one.
 
 Writes never block: each subscriber has a queue, written as far as its socket takes and continued
 when the selector says it is writable. A queue over ``max_queue_bytes`` is emptied (the frame
 being written is kept whole, so the stream is never cut) and the subscriber is marked for a
 *resync*: from then on it gets nothing until the daemon's loop sends it a ``lost`` notice with
-the number of records it missed, the header and a fresh keyframe. A subscriber that overflows
+the number of records it missed (:meth:`Fanout.resync`), then a sync like a new subscriber's. A subscriber that overflows
 again right after a resync, or whose resync alone does not fit, is disconnected.
 """
 
@@ -21,6 +25,7 @@ import selectors
 import socket
 from typing import Callable
 
+from memrec.daemon.keyframes import Build
 from memrec.trace.frames import encode_frame
 
 log = logging.getLogger(__name__)
@@ -41,6 +46,20 @@ class Subscriber:
         self.overflows = 0
         self.sent_since_resync = 0
         self.writing = False  # EVENT_WRITE registered
+        self.syncing = True  # waits for its sync (gets no published record directly)
+        self.notice: list[bytes] = []  # frames sent after the header of its sync (a lost notice)
+
+
+class _Sync:
+    """A sync being built: the frames before its keyframe (header, processes), the thread that
+    builds the keyframe's record, every frame published since, and who waits for it."""
+
+    def __init__(self, head: list[bytes], build: Build) -> None:
+        self.head = [encode_frame(r) for r in head]
+        self.build = build
+        self.tail: list[bytes] = []
+        self.tail_bytes = 0
+        self.subs: list[Subscriber] = []
 
 
 class Fanout:
@@ -55,6 +74,7 @@ class Fanout:
         self.selector = selector
         self.max_queue_bytes = max_queue_bytes
         self._subs: dict[int, Subscriber] = {}
+        self._sync: _Sync | None = None
         #: counters
         self.total_subscribers = 0
         self.disconnected_slow = 0
@@ -72,30 +92,76 @@ class Fanout:
         """Whether some subscriber waits for :meth:`resync`."""
         return any(s.needs_resync for s in self._subs.values())
 
-    def add(self, sock: socket.socket, sync: list[bytes]) -> Subscriber:
-        """Take over a connected socket and queue its ``sync`` records (encoded record bytes)."""
+    @property
+    def wants_sync(self) -> bool:
+        """Whether a subscriber waits for a sync that is not being built: call :meth:`start_sync`."""
+        return self._sync is None and any(s.syncing for s in self._subs.values())
+
+    def add(self, sock: socket.socket) -> Subscriber:
+        """Take over a connected socket; it gets its sync from the one being built, else from the
+        next :meth:`start_sync`."""
         sock.setblocking(False)
         sub = Subscriber(sock)
         self._subs[sub.fd] = sub
         self.total_subscribers += 1
         self.selector.register(sock, selectors.EVENT_READ, lambda mask, fd=sub.fd: self._ready(fd, mask))
-        frames = [encode_frame(r) for r in sync]
-        if sum(map(len, frames)) > self.max_queue_bytes:
-            log.warning("live subscriber: its first sync (%d bytes) exceeds the queue limit; disconnected",
-                        sum(map(len, frames)))
-            self._drop(sub)
-            return sub
-        for f in frames:
-            self._enqueue(sub, f)
-        self._write(sub)
+        if self._sync is not None:
+            self._sync.subs.append(sub)
         return sub
+
+    def start_sync(self, head: list[bytes], finish: Callable[[], bytes]) -> None:
+        """Sync every subscriber that waits: ``head`` (header, processes: encoded records) and the
+        keyframe record ``finish()`` builds in a thread, taken when every record before it was
+        published; what is published until then follows it."""
+        assert self._sync is None
+        self._sync = _Sync(head, Build(finish))
+        self._sync.subs = [s for s in self._subs.values() if s.syncing]
+        self._sync.build.start()
+
+    def collect(self, wait: bool = False) -> None:
+        """Send the sync being built to its subscribers once it is done (``wait``: wait for it)."""
+        sync = self._sync
+        if sync is None or (sync.build.is_alive() and not wait):
+            return
+        sync.build.join()
+        self._sync = None
+        subs = [s for s in sync.subs if self._subs.get(s.fd) is s]
+        if sync.build.error is not None:
+            log.error("live subscribers: their keyframe failed (%s); %d disconnected",
+                      type(sync.build.error).__name__, len(subs), exc_info=sync.build.error)
+            for sub in subs:
+                self._drop(sub)
+            return
+        keyframe = encode_frame(sync.build.snapshot)
+        for sub in subs:
+            frames = [*sync.head[:1], *sub.notice, *sync.head[1:], keyframe, *sync.tail]
+            size = sum(map(len, frames))
+            if sub.queued + size > self.max_queue_bytes:
+                log.warning("live subscriber fd %d: its sync (%d bytes) exceeds the queue limit; disconnected",
+                            sub.fd, size)
+                self.disconnected_slow += 1
+                self._drop(sub)
+                continue
+            sub.syncing = False
+            sub.notice = []
+            for f in frames:
+                self._enqueue(sub, f)
+            self._write(sub)
 
     def publish(self, record: bytes) -> None:
         """Send one encoded record (the bytes the file gets) to every subscriber."""
         if not self._subs:
             return
         data = encode_frame(record)
+        sync = self._sync
+        if sync is not None:
+            sync.tail.append(data)
+            sync.tail_bytes += len(data)
+            if sync.tail_bytes > self.max_queue_bytes:
+                self._abandon(sync)
         for sub in list(self._subs.values()):
+            if sub.syncing:
+                continue
             if sub.needs_resync:
                 sub.dropped += 1
                 sub.dropped_unreported += 1
@@ -111,28 +177,19 @@ class Fanout:
             sub.sent_since_resync += 1
             self._write(sub)
 
-    def resync(self, make_sync: Callable[[int], list[bytes]]) -> None:
-        """Resynchronise every subscriber that overflowed.
-
-        ``make_sync(dropped)`` returns the records to send (a lost notice counting ``dropped``
-        records, the header, a keyframe...); the daemon flushes its writer first, so the keyframe
-        covers every record the subscriber will get after it.
-        """
+    def resync(self, make_notice: Callable[[int], bytes]) -> None:
+        """Resynchronise every subscriber that overflowed: it waits for a sync, which gets the
+        ``lost`` notice ``make_notice(dropped)`` (an encoded record) after its header."""
         for sub in list(self._subs.values()):
             if not sub.needs_resync:
                 continue
-            frames = [encode_frame(r) for r in make_sync(sub.dropped_unreported)]
-            if sub.queued + sum(map(len, frames)) > self.max_queue_bytes:
-                log.warning("live subscriber fd %d cannot keep up even after a resync; disconnected", sub.fd)
-                self.disconnected_slow += 1
-                self._drop(sub)
-                continue
+            sub.notice = [encode_frame(make_notice(sub.dropped_unreported))]
             sub.needs_resync = False
             sub.dropped_unreported = 0
             sub.sent_since_resync = 0
-            for f in frames:
-                self._enqueue(sub, f)
-            self._write(sub)
+            sub.syncing = True
+            if self._sync is not None:
+                self._sync.subs.append(sub)
 
     def close(self) -> None:
         """Try once more to write what is queued, then disconnect everybody."""
@@ -141,6 +198,18 @@ class Fanout:
             self._drop(sub)
 
     # -- internals ------------------------------------------------------------------------------
+
+    def _abandon(self, sync: _Sync) -> None:
+        """More was published while the sync was built than one subscriber may queue: its
+        subscribers go (the thread ends on its own)."""
+        self._sync = None
+        subs = [s for s in sync.subs if self._subs.get(s.fd) is s]
+        if subs:
+            log.warning("live subscribers: %d bytes published while their keyframe was built; %d disconnected",
+                        sync.tail_bytes, len(subs))
+        self.disconnected_slow += len(subs)
+        for sub in subs:
+            self._drop(sub)
 
     def _overflow(self, sub: Subscriber) -> None:
         sub.overflows += 1

@@ -42,6 +42,7 @@ from memrec.daemon.fanout import Fanout
 from memrec.daemon.feed import ProbeFeed
 from memrec.daemon.gpustamp import GpuStamper
 from memrec.daemon.intake import Intake
+from memrec.daemon.keyframes import HoldingSink
 from memrec.daemon.keyframes import Keyframes
 from memrec.daemon.libraries import Libraries
 from memrec.daemon.markers import MarkerServer
@@ -366,12 +367,10 @@ class Daemon:
             if self.markers is not None:
                 self.markers.sweep()
             nxt["sweep"] = advance(nxt["sweep"], _SWEEP_NS, now)
-        if self.fanout is not None and self.fanout.needs_resync:
-            assert self.writer is not None
-            self.writer.flush()
-            self.fanout.resync(self._resync_records)
+        if self.fanout is not None:
+            self._serve_subscribers()
         if (cfg.rotate_bytes and self.writer is not None and self.writer.bytes_written >= cfg.rotate_bytes
-                and self.writer.stalled is None):
+                and self.writer.stalled is None and not self.keyframes.holding):
             self.rotate("size")
         self._timers.run(now)
 
@@ -474,25 +473,29 @@ class Daemon:
 
     # ------------------------------------------------------------------ subscribers
 
-    def _sync_records(self, flush: bool = True) -> list[bytes]:
-        """What a subscriber needs to stand alone: header, known processes, a keyframe."""
-        assert self.writer is not None
-        if flush:
-            self.writer.flush()  # every event in the state has gone out to existing subscribers
-        out = [self.writer.header_bytes]
-        out += [encode_record(process_record(p)) for p in self.stamper.processes.values()]
-        out.append(encode_record(keyframe_record(self.clock(), 0, self.state.snapshot())))
-        return out
+    def _serve_subscribers(self) -> None:
+        """Send the syncs built in the thread; start one for the subscribers that wait (new or
+        resynced), unless a new file's first keyframe is still held back: a sync taken then
+        would be followed by that older keyframe."""
+        assert self.fanout is not None and self.writer is not None
+        if self.fanout.needs_resync:
+            self.fanout.resync(self._lost_notice)
+        self.fanout.collect()
+        if self.fanout.wants_sync and not self.keyframes.holding:
+            self.writer.flush()  # every event in the state has gone out to the subscribers
+            head = [self.writer.header_bytes]
+            head += [encode_record(process_record(p)) for p in self.stamper.processes.values()]
+            ts, finish = self.clock(), self.state.snapshot_later()
+            self.fanout.start_sync(head, lambda: encode_record(keyframe_record(ts, 0, finish())))
 
-    def _resync_records(self, dropped: int) -> list[bytes]:
+    def _lost_notice(self, dropped: int) -> bytes:
         notice = lost_record(self.clock(), self.feed.lost)
         notice["subscriber_dropped"] = dropped
-        sync = self._sync_records(flush=False)  # tick() flushed: no tee from inside the fanout
-        return [sync[0], encode_record(notice), *sync[1:]]
+        return encode_record(notice)
 
     def _on_subscribe(self, sock: socket.socket) -> None:
         assert self.fanout is not None
-        self.fanout.add(sock, self._sync_records())
+        self.fanout.add(sock)
 
     # ------------------------------------------------------------------ files
 
@@ -508,13 +511,14 @@ class Daemon:
         )
 
     def _open_writer(self, path: Path, reason: str, sink: FileSink | None = None) -> None:
-        """Start a trace file (``sink``: already created) with the header, processes and a keyframe."""
+        """Start a trace file (``sink``: already created) with the header and processes; its first
+        keyframe is built in a thread and written before the file's events (:class:`HoldingSink`)."""
         try:
             if sink is None:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 sink = create_sink(path)
-            tee = self.fanout.publish if self.fanout is not None else None
-            self.writer = TraceWriter(sink, self._header(reason), tee=tee)
+            holder = HoldingSink(sink, self.fanout.publish if self.fanout is not None else None)
+            self.writer = TraceWriter(holder, self._header(reason))
         except OSError as error:
             raise OutputError(f"cannot write the trace {path}: {error.strerror or error}") from None
         if sink.replaced:
@@ -524,8 +528,8 @@ class Daemon:
             self.writer.write_process(info)
         if self.feed.lost:
             self.writer.write_lost(self.clock(), self.feed.lost)
-        self.keyframes.write_now(self.writer, self.state, self.clock(), 0)
         self.writer.flush()
+        self.keyframes.start_first(self.writer, holder, self.state, self.clock())  # written by tick()
 
     def rotate(self, reason: str) -> Path:
         """Close the current file with a trailer; open the next with a header and a keyframe.
@@ -544,6 +548,7 @@ class Daemon:
             return Path(self.writer.path or path)
         self._part += 1
         old = self.writer
+        self.keyframes.collect(old, wait=self.keyframes.holding)  # its own first keyframe, if still held
         old.close(self._trailer(f"rotate: {reason}", next_file=os.fspath(path)))
         self._open_writer(path, reason=f"rotate: {reason}", sink=sink)
         log.info("rotated (%s): %s → %s", reason, old.path, path)

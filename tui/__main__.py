@@ -1,25 +1,19 @@
-"""``python -m memrec.tui ARGS``: the same as ``memrec tui ARGS``."""
+"""``python -m memrec.tui ARGS``: the same as ``memrec tui ARGS``.
+
+It goes through :func:`memrec.commands.main`, so both entry points parse alike and end alike:
+one line on stderr and the exit code of :func:`memrec.commands.common.exit_code` for every
+error, the command's own and the domains' (daemon, sockets, probes, trace format).
+"""
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from memrec._errors import MemrecCommandError
-from memrec.commands.tui import TuiCommand
+from memrec.commands import main as memrec_main
 
 
 def main(argv: list[str] | None = None) -> int:
-    command = TuiCommand()
-    parser = argparse.ArgumentParser(prog="memrec tui", description=TuiCommand.__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    command.prepare_parser(parser)
-    args = parser.parse_args(argv)
-    try:
-        return command.run(args, parser)
-    except MemrecCommandError as error:
-        print(f"memrec: error: {error}", file=sys.stderr)
-        return error.exit_code
+    return memrec_main(["tui", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -13,8 +13,8 @@ from dataclasses import field
 
 from textual.message import Message
 
-from memrec.tui.model import CursorState
 from memrec.tui.store import EventRows
+from memrec.tui.views import CursorState
 
 
 @dataclass

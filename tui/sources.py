@@ -90,7 +90,7 @@ class _Threaded:
     def _join(self) -> None:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=2.0)
-#: The largest trace whose untraced band the TUI splits itself (a second read and replay).
+#: The largest trace whose untraced band the TUI splits itself (it keeps the replay's journal for it).
 RECONCILE_MAX_EVENTS = 2_000_000
 
 
@@ -105,9 +105,11 @@ class FileSource(_Threaded):
     live = False
     other_model = None
 
-    def __init__(self, path: str | os.PathLike, index_step: int = 16384) -> None:
+    def __init__(self, path: str | os.PathLike, index_step: int = 16384, split_untraced: bool = True) -> None:
         self.path = os.fspath(path)
         self.index_step = index_step
+        #: Split the untraced band once replayed (:meth:`reconcile`); a diff's other trace does not.
+        self.split_untraced = split_untraced
         self.model = TraceModel()
         self._stop = threading.Event()
         self._reader = None
@@ -154,6 +156,8 @@ class FileSource(_Threaded):
         waits, so that it never competes with the UI thread for the GIL.
         """
         model = self.model
+        if self.split_untraced and model.store.n <= RECONCILE_MAX_EVENTS:
+            model.keep_journal()  # for the untraced split (reconcile)
         # The replay makes no reference cycles; a full collection of the growing model, run by
         # whichever thread allocates (the UI's, often), stalled key presses by up to ~100 ms.
         # The collector rests until the replay is done (the app then freezes the model).
@@ -186,17 +190,19 @@ class FileSource(_Threaded):
             post(messages.Indexed(time.perf_counter() - t))  # the cursor's state now has the split
 
     def reconcile(self) -> bool:
-        """Split the untraced band with ``memrec report``'s engine (a second read and replay, so
-        only for traces up to :data:`RECONCILE_MAX_EVENTS`); return whether the model got it."""
+        """Split the untraced band with ``memrec report``'s engine, over this model's own events and
+        replay (its journal, kept: no second read or replay; only for traces up to
+        :data:`RECONCILE_MAX_EVENTS`, the journal's memory); return whether the model got it."""
         model = self.model
-        if model.store.n > RECONCILE_MAX_EVENTS:
-            model.untraced_note = f"over {RECONCILE_MAX_EVENTS:,} events: see memrec report"
+        replayed = model.replayed()
+        if replayed is None:
+            if model.store.n > RECONCILE_MAX_EVENTS:
+                model.untraced_note = f"over {RECONCILE_MAX_EVENTS:,} events: see memrec report"
             return False
         from memrec.analysis.reconcile import reconcile
-        from memrec.trace.reader import load_trace
 
         try:
-            rec = reconcile(load_trace(self.path))
+            rec = reconcile(replayed[0], timeline=replayed[1])
         except Exception as error:  # the view says why; the rest of the TUI goes on
             model.untraced_note = f"cannot split the untraced band: {error}"
             return False
@@ -219,7 +225,7 @@ class DiffSource(_Threaded):
 
     def __init__(self, base: str | os.PathLike, other: str | os.PathLike) -> None:
         self.base = FileSource(base)
-        self.other = FileSource(other)
+        self.other = FileSource(other, split_untraced=False)
         self.model = self.base.model
         self.other_model: TraceModel | None = self.other.model
         self.busy: Callable[[], bool] = lambda: False

@@ -61,7 +61,9 @@ def trace_bounds(trace: Any) -> tuple[int, int]:
     """
     firsts: list[int] = []
     lasts: list[int] = []
-    for arr in (trace.event_columns, trace.nvml, trace.procmem):
+    # a loaded Trace's columns (no rows built); a view made of rows (the TUI's) has events only
+    events = trace.event_columns if hasattr(trace, "event_columns") else trace.events
+    for arr in (events, trace.nvml, trace.procmem):
         if len(arr):
             firsts.append(int(arr["ts"].min()))
             lasts.append(int(arr["ts"].max()))

@@ -185,3 +185,5 @@ def write_trace(path, trace: Trace) -> None:
         for m in markers[mi:]:
             w.write_marker(m)
         w.write_nvml(trace.nvml)
+        if len(trace.procmem):
+            w.write_procmem(trace.procmem)

@@ -85,3 +85,37 @@ def test_without_a_terminal_it_says_so_instead_of_waiting(trace_file):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == ExitCode.USAGE
     assert done.stderr.count("\n") == 1 and "needs a terminal" in done.stderr
+
+
+def test_python_dash_m_memrec_tui_ends_as_memrec_tui_does(tmp_path):
+    # GIVEN a trace path that does not exist and a file that is not a trace
+    bad = tmp_path / "bad.mrec"
+    bad.write_bytes(b"hello, not msgpack")
+    for path, code in ((tmp_path / "missing.mrec", ExitCode.NO_INPUT), (bad, ExitCode.DATA)):
+        # WHEN both entry points open it
+        runs = [subprocess.run([sys.executable, "-m", *entry, str(path)], stdin=subprocess.DEVNULL,
+                               capture_output=True, text=True, timeout=60)
+                for entry in (("memrec.tui",), ("memrec", "tui"))]
+        # THEN they end with the same one line and the same exit code
+        assert [r.returncode for r in runs] == [code, code]
+        assert runs[0].stderr == runs[1].stderr and runs[0].stderr.count("\n") == 1, runs
+
+
+def test_a_domain_error_through_python_dash_m_memrec_tui_is_mapped_once(monkeypatch, capsys):
+    # GIVEN a live source whose socket cannot be used: a domain error (no exit code of its own),
+    # which the command does not turn into a MemrecCommandError itself
+    from memrec._errors import SocketError
+    from memrec.commands import main as memrec_main
+    from memrec.tui.__main__ import main as tui_main
+
+    def refuse(self):
+        raise SocketError(f"{self.path}: not a socket")
+
+    monkeypatch.setattr("memrec.tui.sources.LiveSource.open", refuse)
+    # WHEN `python -m memrec.tui --live X` and `memrec tui --live X` run
+    lines = []
+    for run in (tui_main, lambda argv: memrec_main(["tui", *argv])):
+        # THEN both return the exit code of memrec.commands.common.exit_code with one line
+        assert run(["--live", "/tmp/memrec-test-x.sock"]) == ExitCode.CANT_CREATE
+        lines.append(capsys.readouterr().err)
+    assert lines[0] == lines[1] == "memrec: error: /tmp/memrec-test-x.sock: not a socket\n"

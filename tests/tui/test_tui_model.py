@@ -8,7 +8,7 @@ import synth
 
 from memrec.events import OWNED_CATEGORIES
 from memrec.state import LiveState
-from memrec.tui import model as model_mod
+from memrec.tui import views
 from memrec.tui.filters import EventFilter
 from memrec.tui.filters import parse_filter
 from memrec.tui.model import TraceModel
@@ -175,9 +175,9 @@ def test_phase_spans_pair_nested_and_open():
     mk = [Marker(1, 7, 0, 7, "a", "begin"), Marker(2, 7, 0, 7, "b", "begin"), Marker(3, 7, 0, 7, "b", "end"),
           Marker(4, 7, 0, 7, "i", "instant"), Marker(5, 8, 0, 8, "a", "begin")]
     spans = phase_spans(mk)
-    assert [(s.name, s.begin, s.end) for s in spans] == [("a", 1, model_mod.NEVER), ("b", 2, 3), ("i", 4, 4),
-                                                         ("a", 5, model_mod.NEVER)]
-    pix = model_mod.PhaseIndex(build_phases(mk))
+    assert [(s.name, s.begin, s.end) for s in spans] == [("a", 1, views.NEVER), ("b", 2, 3), ("i", 4, 4),
+                                                         ("a", 5, views.NEVER)]
+    pix = views.PhaseIndex(build_phases(mk))
     assert pix.phase_of(7, 2) == "a/b" and pix.phase_of(7, 3) == "a" and pix.phase_of(9, 3) == ""
 
 

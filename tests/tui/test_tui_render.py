@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from memrec.tui.model import NCAT
-from memrec.tui.model import PhaseSpan
-from memrec.tui.model import SeriesView
+from memrec.tui.views import NCAT
+from memrec.tui.views import PhaseSpan
+from memrec.tui.views import SeriesView
 from memrec.tui.widgets.timeline import GUTTER
 from memrec.tui.widgets.timeline import TimelineOptions
 from memrec.tui.widgets.timeline import render_timeline

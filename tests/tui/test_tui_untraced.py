@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import synth
 from conftest import settle
@@ -62,3 +64,41 @@ async def test_holders_list_contexts_with_their_cost_and_the_split(tmp_path):
         await settle(pilot)
         assert holders.view_name == "context"
         assert holders.get_row_at(0)[4] == "foreign: allocates nothing here"
+
+
+def _split_by_the_tui(path, **source) -> dict:
+    src = FileSource(path, **source)
+    src.scan()
+    src.index()
+    assert src.reconcile(), src.model.untraced_note
+    return src.model.reconciliation.summary()
+
+
+def test_the_split_from_the_tuis_own_replay_is_the_reports(tmp_path):
+    # GIVEN traces with contexts and per-process samples, and one with markers, NVML and
+    # keyframes (the replay's journal spans their keyframes; chunks of an odd size)
+    from memrec.analysis.reconcile import reconcile
+    from memrec.trace.reader import load_trace
+
+    ctx = tmp_path / "ctx.mrec"
+    write_context_trace(ctx)
+    sg = tmp_path / "sglang.mrec"
+    synth.write_trace(sg, synth.sglang_like())
+    # a rotated file: it starts with the state at a keyframe, and NVML lists its processes
+    full = synth.sglang_like()
+    kf = next(k for k in full.keyframes if k.event_index == 64)
+    pids = sorted({int(p) for p in full.events["pid"]})
+    pm = np.array([(int(ts), g, pid, (1 + g) * 900 * MiB) for ts in full.nvml["ts"][::8] for g in (0, 1) for pid in pids],
+                  dtype=PROCMEM_DTYPE)
+    rotated = tmp_path / "rotated.mrec"
+    synth.write_trace(rotated, dataclasses.replace(full, events=full.events[64:], procmem=pm,
+                                                   keyframes=[dataclasses.replace(kf, event_index=0)]))
+    # and one with per-process samples and no events at all
+    quiet = tmp_path / "quiet.mrec"
+    with TraceWriter(quiet, synth.header()) as w:
+        w.write_procmem(np.array([(T0 + i * SEC, 0, 4101, 5 * MiB) for i in range(3)], dtype=PROCMEM_DTYPE))
+    for path in (ctx, sg, rotated, quiet):
+        # WHEN the TUI splits the untraced band from its own replay (no second read or replay)
+        ours = _split_by_the_tui(path, index_step=777)
+        # THEN it is memrec report's split of the file, number for number
+        assert ours == reconcile(load_trace(path)).summary(), path

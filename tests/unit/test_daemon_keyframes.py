@@ -7,17 +7,23 @@ import os
 import threading
 import time
 
+import numpy as np
+
+from memrec import protocol
 from memrec.daemon.keyframes import Keyframes
 from memrec.events import Kind
 from memrec.state import LiveState
+from memrec.trace import frames
 from memrec.trace.format import make_header
 from memrec.trace.reader import load_trace
 from memrec.trace.writer import TraceWriter
 from tests.unit.daemon_fakes import raw
 from tests.utils import ev
 from tests.utils import events
+from tests.unit.test_daemon_unit import connect
 from tests.unit.test_daemon_unit import make_daemon
 from tests.unit.test_daemon_unit import pump
+from tests.unit.test_daemon_unit import recv_frames
 from tests.unit.test_daemon_unit import workdir  # noqa: F401 (a fixture)
 
 MiB = 1 << 20
@@ -86,3 +92,106 @@ def test_a_keyframe_taken_before_a_rotation_is_dropped_without_waiting(tmp_path)
     new.close()
     assert load_trace(tmp_path / "a.mrec").keyframes == []
     assert [k.ts for k in load_trace(tmp_path / "b.mrec").keyframes] == [200]
+
+
+def _held_build(state: LiveState) -> threading.Event:
+    """Make the next keyframe taken of ``state`` wait in its thread until the event returned is set."""
+    release = threading.Event()
+    take = state.snapshot_later
+
+    def later():
+        finish = take()
+        del state.snapshot_later  # the keyframes after this one are built as usual
+
+        def slow() -> dict:
+            release.wait(10)
+            return finish()
+
+        return slow
+
+    state.snapshot_later = later  # type: ignore[method-assign]
+    return release
+
+
+def _allocs(n: int, first: int, t: int, kind: Kind = Kind.ALLOC) -> np.ndarray:
+    """``n`` allocations of 4 KiB from pointer number ``first`` on (``kind=Kind.FREE``: their frees)."""
+    size = 4096 if kind == Kind.ALLOC else 0
+    return np.concatenate([raw(kind, ts=t + i, pid=os.getpid(), ordinal=0, ptr=(first + i) << 12, size=size)
+                           for i in range(n)])
+
+
+def _daemon_holding(workdir, n: int, t: int):
+    """A started daemon whose state holds ``n`` live allocations."""
+    d = make_daemon(workdir)
+    d.start()
+    d.probes.push(_allocs(n, 1, t))
+    pump(d, 0.2)
+    return d
+
+
+def test_a_rotation_at_many_live_allocations_keeps_every_event_after_its_first_keyframe(workdir):
+    # GIVEN a daemon holding 20,000 live allocations
+    t = time.monotonic_ns()
+    d = _daemon_holding(workdir, 20_000, t)
+    try:
+        # WHEN the file rotates and the new file's first keyframe is still being built while
+        # allocations and frees go on
+        release = _held_build(d.state)
+        d.rotate("test")
+        assert d.keyframes.holding
+        d.probes.push(_allocs(300, 100_000, t + 50_000), _allocs(200, 1, t + 60_000, Kind.FREE))
+        pump(d, 0.2)
+        # THEN the new file, read meanwhile (as after a crash), holds no event before its keyframe
+        early = load_trace(d.files[1])
+        assert len(early.events) == 0 and early.keyframes == [] and os.getpid() in early.processes
+        assert [w for w in early.warnings if "no trailer" not in w] == []
+        # WHEN the keyframe is done and more comes
+        release.set()
+        pump(d, 0.2)
+        d.probes.push(_allocs(100, 200_000, t + 90_000))
+        pump(d, 0.1)
+    finally:
+        d.stop()
+    old, new = load_trace(d.files[0]), load_trace(d.files[1])
+    assert old.warnings == [] and new.warnings == []
+    # THEN every event is in one of the files, once
+    assert len(old.events) == 20_000 and len(new.events) == 600
+    # AND the new file's first keyframe, at its event 0, is the state the old file leaves
+    first = new.keyframes[0]
+    assert first.event_index == 0
+    ref = LiveState()
+    ref.apply(old.events.copy())
+    assert LiveState.from_snapshot(first.state).snapshot() == ref.snapshot()
+    # AND replaying the new file from it gives the daemon's last state
+    restored = LiveState.from_snapshot(first.state)
+    restored.apply(new.events.copy())
+    assert restored.snapshot() == d.state.snapshot()
+
+
+def test_a_subscriber_joining_while_its_keyframe_is_built_gets_every_later_event_after_it(workdir):
+    # GIVEN a daemon holding 5,000 live allocations, and a subscriber whose keyframe is slow to build
+    t = time.monotonic_ns()
+    d = _daemon_holding(workdir, 5_000, t)
+    try:
+        release = _held_build(d.state)
+        sub = connect(d.config.socket_path)
+        sub.sendall(protocol.encode_frame({"type": "subscribe"}))
+        pump(d, 0.1)
+        # WHEN events come while it is built
+        d.probes.push(_allocs(100, 1, t + 10_000, Kind.FREE))
+        pump(d, 0.1)
+        decoder = frames.FrameDecoder(frames.MAX_SUBSCRIBER_FRAME)
+        assert recv_frames(sub, decoder, timeout=0.1) == []  # nothing before its keyframe
+        release.set()
+        pump(d, 0.2)
+        d.probes.push(_allocs(50, 100_000, t + 20_000))
+        pump(d, 0.1)
+        got = recv_frames(sub, decoder)
+    finally:
+        d.stop()
+    # THEN it got header, process, keyframe, then the events, each once: keyframe + events = the daemon's state
+    assert [r["type"] for r in got[:3]] == ["header", "process", "keyframe"]
+    state = LiveState.from_snapshot(got[2]["state"])
+    assert got[2]["state"]["n"] == 5_000
+    state.apply(np.concatenate([r["events"] for r in got[3:] if r["type"] == "events"]))
+    assert state.n_events == 5_150 and state.snapshot() == d.state.snapshot()

@@ -658,14 +658,22 @@ def test_slow_subscriber_is_resynced_not_corrupted():
     fan = Fanout(sel, max_queue_bytes=200_000)
     a, b = socket.socketpair()
     a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-    fan.add(a, [msgpack.packb({"type": "hello", "n": 0})])
+    fan.add(a)
+
+    def sync() -> None:
+        fan.start_sync([msgpack.packb({"type": "hello"})], lambda: msgpack.packb({"type": "keyframe"}))
+
+    sync()
+    fan.collect(wait=True)
     # WHEN far more is published than fits
     for i in range(200):
         fan.publish(msgpack.packb({"type": "marker", "i": i, "pad": "x" * 5000}))
     # THEN the subscriber waits for a resync, and the drops are counted
     assert fan.needs_resync and fan.dropped_records > 0
-    fan.resync(lambda dropped: [msgpack.packb({"type": "hello"}),
-                                msgpack.packb({"type": "lost", "ts": 0, "total": 0, "subscriber_dropped": dropped})])
+    fan.resync(lambda dropped: msgpack.packb({"type": "lost", "ts": 0, "total": 0, "subscriber_dropped": dropped}))
+    assert fan.wants_sync
+    sync()
+    fan.collect(wait=True)
     # WHEN the subscriber reads everything (the loop writing as it becomes writable)
     decoder = frames.FrameDecoder(frames.MAX_SUBSCRIBER_FRAME, decode=False)
     got = []
@@ -679,6 +687,7 @@ def test_slow_subscriber_is_resynced_not_corrupted():
             if not fan.subscribers[0].queue:
                 break
     # THEN every frame is whole, and the lost notice counts exactly what was not delivered
+    assert [r["type"] for r in got if r["type"] != "marker"] == ["hello", "keyframe", "hello", "lost", "keyframe"]
     lost = [r for r in got if r["type"] == "lost"]
     markers = [r for r in got if r["type"] == "marker"]
     assert len(lost) == 1 and lost[0]["subscriber_dropped"] == 200 - len(markers)

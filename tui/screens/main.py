@@ -1,7 +1,8 @@
 """The main screen: one tab per GPU (header, timeline, holders and events at the cursor) and an
 all-GPUs overview. It holds the view (which GPU, the time range, the cursor, the filter) and the
 keys; the app (:mod:`memrec.tui.app`) holds the source and the timers, and routes the source's
-messages here.
+messages here. The keys that move the view (cursor, zoom, pan, jumps, filter) are
+:mod:`memrec.tui.screens.view_keys`.
 
 The timeline is redrawn in the UI thread from the model's downsampled series (cheap); the state at
 the cursor is computed in a worker thread (nearest checkpoint + a short replay), so keys never wait
@@ -36,18 +37,17 @@ from memrec.events import OWNED_CATEGORIES
 from memrec.tui import messages
 from memrec.tui.filters import EventFilter
 from memrec.tui.filters import parse_filter
-from memrec.tui.model import CursorState
-from memrec.tui.model import SeriesView
 from memrec.tui.model import TraceModel
-from memrec.tui.navigation import JUMP_NAMES
 from memrec.tui.navigation import Alignment
 from memrec.tui.navigation import Landing
 from memrec.tui.navigation import align
 from memrec.tui.navigation import answer
-from memrec.tui.navigation import jump
 from memrec.tui.screens.keys import BINDINGS
 from memrec.tui.screens.keys import LIVE_ACTIONS
+from memrec.tui.screens.view_keys import ViewKeys
 from memrec.tui.store import EventRows
+from memrec.tui.views import CursorState
+from memrec.tui.views import SeriesView
 from memrec.tui.widgets.panels import EventsTable
 from memrec.tui.widgets.panels import GpuHeader
 from memrec.tui.widgets.panels import HoldersTable
@@ -57,14 +57,12 @@ from memrec.tui.widgets.panels import header_text
 from memrec.tui.widgets.panels import overview_label
 from memrec.tui.widgets.panels import status_parts
 from memrec.tui.widgets.timeline import CONSOLE_GLYPHS
-from memrec.tui.widgets.timeline import GUTTER
 from memrec.tui.widgets.timeline import TimelineGraph
 from memrec.tui.widgets.timeline import TimelineOptions
 from memrec.tui.widgets.timeline import glyphs_for
 from memrec.units import fmt_dur
 
 OVERVIEW = "overview"
-MIN_SPAN = 10_000  # ns: the deepest zoom
 
 
 @dataclass
@@ -76,7 +74,7 @@ class Link:
     last_data: float = 0.0
 
 
-class MainScreen(Screen[None]):
+class MainScreen(ViewKeys, Screen[None]):
     """The view of one trace (or of two, compared).
 
     Args:
@@ -237,19 +235,6 @@ class MainScreen(Screen[None]):
             self.gpu = gpu
             self._select_tab()
             self.refresh_all()
-
-    def action_show_gpu(self, gpu: int) -> None:
-        if gpu != -1 and gpu not in self._gpu_ids:
-            self.notify(f"no GPU{gpu} in this trace", severity="warning", timeout=2)
-            return
-        self.gpu = gpu
-        self._select_tab()
-        self.refresh_all()
-
-    def action_next_gpu(self, step: int) -> None:
-        order = self._gpu_ids + [-1]
-        i = order.index(self.gpu) if self.gpu in order else 0
-        self.action_show_gpu(order[(i + step) % len(order)])
 
     # ------------------------------------------------------------------ drawing
 
@@ -471,86 +456,7 @@ class MainScreen(Screen[None]):
         elif self._dirty:
             self.refresh_all()
 
-    # ------------------------------------------------------------------ actions
-
-    def _graph_width(self) -> int:
-        try:
-            w = self.query_one("#timeline", TimelineGraph).size.width - GUTTER
-        except NoMatches:
-            w = 0
-        return max(w, 10)
-
-    def _set_cursor(self, ts: int, follow: bool = False) -> None:
-        lo, hi = self.model.time_range()
-        self.cursor_ts = int(min(max(ts, lo), hi))
-        self.follow = follow
-        span = self.t1 - self.t0
-        if self.cursor_ts < self.t0:
-            self.t0 = self.cursor_ts - span // 10
-            self.t1 = self.t0 + span
-        elif self.cursor_ts >= self.t1:
-            self.t1 = self.cursor_ts + span // 10
-            self.t0 = self.t1 - span
-        self.refresh_all()
-
-    def action_move(self, cols: int) -> None:
-        step = (self.t1 - self.t0) / self._graph_width()
-        self._set_cursor(int(self.cursor_ts + cols * step))
-
-    def action_jump_edge(self, end: int) -> None:
-        lo, hi = self.model.time_range()
-        self._set_cursor(hi if end else lo, follow=bool(end) and self.live)
-
-    def action_zoom(self, factor: float, around: int | None = None) -> None:
-        c = self.cursor_ts if around is None else around
-        span = max(int((self.t1 - self.t0) * factor), MIN_SPAN)
-        lo, hi = self.model.time_range()
-        span = min(span, max(hi - lo, MIN_SPAN) * 2)
-        frac = (c - self.t0) / max(self.t1 - self.t0, 1)
-        frac = min(max(frac, 0.0), 1.0)
-        self.t0 = int(c - frac * span)
-        self.t1 = self.t0 + span
-        self.refresh_all()
-
-    def action_fit(self) -> None:
-        lo, hi = self.model.time_range()
-        self.t0, self.t1 = lo, hi + max((hi - lo) // self._graph_width(), 1)
-        self.refresh_all()
-
-    def action_pan(self, frac: float) -> None:
-        d = int((self.t1 - self.t0) * frac)
-        self.t0 += d
-        self.t1 += d
-        self.follow = False
-        self.refresh_all()
-
-    def action_jump(self, what: str, direction: int) -> None:
-        fwd = direction > 0
-        where = jump(self.model, what, self.cursor_ts, fwd, None if self.gpu == -1 else self.gpu)
-        if where is None:
-            self.notify(f"no {'next' if fwd else 'previous'} {JUMP_NAMES[what]}", timeout=2)
-            return
-        self.landing = where
-        self._set_cursor(where.ts)
-
-    def action_cycle_holders(self) -> None:
-        table = self.query_one("#holders", HoldersTable)
-        table.cycle()
-        table.show(self.cursor_state, self.other_state)
-
-    def action_filter(self) -> None:
-        if self.gpu == -1:
-            return
-        box = self.query_one("#filter", Input)
-        box.display = True
-        box.value = self.flt_text
-        box.focus()
-
-    def action_leave_filter(self) -> None:
-        box = self.query_one("#filter", Input)
-        if box.has_focus:
-            box.display = bool(self.flt_text)
-            self.query_one("#timeline").focus()
+    # ------------------------------------------------------------------ the view keys' @on handlers
 
     @on(Input.Submitted, "#filter")
     def _filter_submitted(self, event: Input.Submitted) -> None:
@@ -564,26 +470,6 @@ class MainScreen(Screen[None]):
         event.input.display = bool(self.flt_text)
         self.query_one("#timeline").focus()
         self.refresh_all()
-
-    def action_toggle_scale(self) -> None:
-        self.scale_full = not self.scale_full
-        self.refresh_all()
-
-    def action_pause(self) -> None:
-        self.paused = not self.paused
-        if not self.paused:
-            self._dirty = True
-        self._update_status()
-
-    def action_follow(self) -> None:
-        self.follow = True
-        self.paused = False
-        self._dirty = True
-
-    def action_help(self) -> None:
-        from memrec.tui.screens.help import HelpScreen
-
-        self.app.push_screen(HelpScreen())
 
     @on(TimelineGraph.Clicked)
     def _clicked(self, message: TimelineGraph.Clicked) -> None:

@@ -14,10 +14,10 @@ from memrec.engine.phases import NO_PHASE
 from memrec.events import GpuInfo
 from memrec.events import cu_result_name
 from memrec.tui.filters import KIND_NAMES
-from memrec.tui.model import CursorState
-from memrec.tui.model import diff_rows
 from memrec.tui.navigation import Landing
 from memrec.tui.store import EventRows
+from memrec.tui.views import CursorState
+from memrec.tui.views import diff_rows
 from memrec.tui.widgets.timeline import FAIL_COLOUR
 from memrec.tui.widgets.timeline import UNICODE_GLYPHS
 from memrec.tui.widgets.timeline import Glyphs

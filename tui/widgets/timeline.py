@@ -1,7 +1,7 @@
 """The timeline graph: memory over time stacked by category, NVML used as a line, phase bands,
 failed driver calls, a time axis and the cursor.
 
-:func:`render_timeline` is pure (a :class:`~memrec.tui.model.SeriesView` in, Rich strips out) so
+:func:`render_timeline` is pure (a :class:`~memrec.tui.views.SeriesView` in, Rich strips out) so
 tests check it without an app; :class:`TimelineGraph` only hands it the current view and serves
 its lines from ``render_line``.
 
@@ -35,8 +35,8 @@ from memrec.events import DRIVER
 from memrec.events import HOST_PINNED
 from memrec.events import IPC_MAPPED
 from memrec.events import VMM
-from memrec.tui.model import PhaseSpan
-from memrec.tui.model import SeriesView
+from memrec.tui.views import PhaseSpan
+from memrec.tui.views import SeriesView
 from memrec.units import fmt_bytes
 from memrec.units import fmt_dur
 
