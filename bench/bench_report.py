@@ -2,13 +2,16 @@
 
     python bench/bench_report.py [--events 1000000 10000000] [--repeat 3] [--dir /tmp]
 
-For each size, in fresh processes (so peak memory is each one's own):
+For each size, in fresh processes (so peak memory is each one's own), the sizes interleaved
+within each repeat:
 
 * ``load``: ``load_trace`` alone (the format's part);
-* ``apply``: ``LiveState(journal=True).apply`` over the loaded events alone (the live state's
-  part: every replay needs it);
+* ``apply``: ``LiveState(journal=True).apply`` over the loaded event columns alone, a chunk at a
+  time with the journal gathered into columns, as the replay does (the live state's part: every
+  replay needs it);
 * ``numpy pass``: one ``np.cumsum`` over the events' timestamps (a floor for "numpy speed");
-* ``report``: ``memrec report`` end to end (``main(["report", path])``), wall time and peak RSS.
+* ``report``: ``memrec report`` end to end (``main(["report", path])``), wall time and peak RSS;
+* ``tui``: the TUI model's replay of the file (``FileSource.index`` after its scan, no app).
 
 ``after the journal`` = the report's own time outside ``LiveState.apply`` and ``load_trace``,
 timed inside the report's process: what the replay engine and the report add (series, phases,
@@ -56,15 +59,28 @@ if what == "report":
     with contextlib.redirect_stdout(io.StringIO()):
         rc = main(["report", path])
     assert rc == 0, rc
+elif what == "tui":  # the TUI's model replay (FileSource.index) after its scan, without the app
+    from memrec.tui.sources import FileSource
+    source = FileSource(path)
+    source.scan()
+    t = time.perf_counter()
+    source.index()
 else:
     from memrec.trace.reader import load_trace
     trace = load_trace(path)
     if what != "load":
-        ev = trace.events
+        from memrec.engine.journal import JournalBuffer
+        from memrec.engine.replay import APPLY_CHUNK
+        from memrec.state import LiveState
+        from memrec.state.batch import Batch
+        ev = trace.event_columns  # what the report replays: the columns, no rows built
         t = time.perf_counter()
-        if what == "apply":
-            from memrec.state import LiveState
-            LiveState(journal=True).apply(ev)
+        if what == "apply":  # as the replay applies: a chunk at a time, journal into columns
+            ev, state, sink = Batch.of(ev), LiveState(journal=True), JournalBuffer(len(ev) + len(ev) // 8)
+            state.journal_sink = sink
+            for lo in range(0, len(ev), APPLY_CHUNK):
+                state.apply(ev[lo : lo + APPLY_CHUNK])
+                sink.take(state)
         else:
             np.cumsum(ev["ts"].astype(np.int64))
 dt = time.perf_counter() - t
@@ -91,31 +107,37 @@ def main() -> int:
     tmp = Path(args.dir or tempfile.gettempdir())
     rows = []
     print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
-    for n in args.events:
-        path = tmp / f"bench-report-{n}.mrec"
+    paths = {n: tmp / f"bench-report-{n}.mrec" for n in args.events}
+    for n, path in paths.items():
         if not path.exists():
             write_trace(path, n, 4000, 1_000_000)
-        res: dict[str, list[dict]] = {k: [] for k in ("pass", "load", "apply", "report")}
-        for _ in range(args.repeat):
-            for k in res:
-                res[k].append(run(k, path))
-        med = {k: statistics.median(r["s"] for r in v) for k, v in res.items()}
-        rss = max(r["rss_mib"] for r in res["report"])
-        rss_load = max(r["rss_mib"] for r in res["load"])
-        rss_apply = max(r["rss_mib"] for r in res["apply"])
+    res = {n: {k: [] for k in ("pass", "load", "apply", "report", "tui")} for n in args.events}
+    for _ in range(args.repeat):  # sizes interleaved: a change of the host's load hits every size
+        for n, path in paths.items():
+            for k in res[n]:
+                res[n][k].append(run(k, path))
+    for n in args.events:
+        r_n = res[n]
+        med = {k: statistics.median(r["s"] for r in v) for k, v in r_n.items()}
+        rss = max(r["rss_mib"] for r in r_n["report"])
+        rss_load = max(r["rss_mib"] for r in r_n["load"])
+        rss_apply = max(r["rss_mib"] for r in r_n["apply"])
         # in the report's own process: the time outside LiveState.apply and load_trace
-        engine = statistics.median(r["s"] - r["apply"] - r["load"] for r in res["report"])
-        in_apply = statistics.median(r["apply"] / r["s"] for r in res["report"])
+        engine = statistics.median(r["s"] - r["apply"] - r["load"] for r in r_n["report"])
+        in_apply = statistics.median(r["apply"] / r["s"] for r in r_n["report"])
         rows.append((n, med, rss, engine))
         print(f"{n:>11,} events  numpy pass {med['pass']:.3f} s | load {med['load']:.2f} s | apply {med['apply']:.2f} s | "
-              f"report {med['report']:.2f} s ({min(r['s'] for r in res['report']):.2f}-{max(r['s'] for r in res['report']):.2f}), "
-              f"peak {rss:.0f} MiB (load alone {rss_load:.0f}, load + apply {rss_apply:.0f}) | in the report: apply {in_apply:.0%} of it, after the journal {engine:.2f} s = x{engine / med['pass']:.0f} numpy passes")
-        if not args.keep:
+              f"report {med['report']:.2f} s ({min(r['s'] for r in r_n['report']):.2f}-{max(r['s'] for r in r_n['report']):.2f}), "
+              f"peak {rss:.0f} MiB (load alone {rss_load:.0f}, load + apply {rss_apply:.0f}) | in the report: apply {in_apply:.0%} of it, after the journal {engine:.2f} s = x{engine / med['pass']:.0f} numpy passes | "
+              f"TUI model replay {med['tui']:.2f} s ({min(r['s'] for r in r_n['tui']):.2f}-{max(r['s'] for r in r_n['tui']):.2f})")
+    if not args.keep:
+        for path in paths.values():
             path.unlink()
     if len(rows) > 1:
         (n0, m0, _, e0), (n1, m1, _, e1) = rows[0], rows[-1]
         print(f"growth {n0:,} -> {n1:,} (x{n1 / n0:.0f} events): report x{m1['report'] / m0['report']:.1f}, "
-              f"apply x{m1['apply'] / m0['apply']:.1f}, load x{m1['load'] / m0['load']:.1f}, after apply x{e1 / e0:.1f}")
+              f"apply x{m1['apply'] / m0['apply']:.1f}, load x{m1['load'] / m0['load']:.1f}, after apply x{e1 / e0:.1f}, "
+              f"TUI model replay x{m1['tui'] / m0['tui']:.1f}")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     return 0
 

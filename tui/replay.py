@@ -62,9 +62,7 @@ class ReplayedTrace(TraceIntake):
             if hi <= lo:
                 return 0
             pieces = self.store.pieces(lo, hi)
-        events = self.store.materialize(pieces)
-        if not events.flags.writeable:
-            events = events.copy()
+        events = self.store.batch(pieces)  # columns: no rows built for the replay
         done = 0
         while done < len(events):
             step = len(events) - done

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from memrec.columns import EVENT_DTYPE
+from memrec.state.batch import Batch
 
 
 @dataclass
@@ -103,6 +104,15 @@ class EventStore:
             return np.zeros(0, dtype=EVENT_DTYPE)
         parts = [self._array_of(c, s)[a:b] for c, s, a, b in pieces]
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def batch(self, pieces: list) -> Batch:
+        """The events of :meth:`pieces` as columns for ``LiveState.apply`` (no 130-byte rows
+        built), with a ``gpu`` column of their own for the replay to fill in."""
+        if not pieces:
+            return Batch.of(np.zeros(0, dtype=EVENT_DTYPE))
+        out = Batch.concat([Batch.of(c)[a:b] for c, _, a, b in pieces])
+        out.columns["gpu"] = out.columns["gpu"].copy()
+        return out
 
     def _array_of(self, c: Any, start: int) -> np.ndarray:
         if isinstance(c, np.ndarray):

@@ -63,6 +63,7 @@ from memrec.analysis.untraced_diff import split_by_rank
 from memrec.analysis.untraced_diff import untraced_rows
 from memrec.columns import failed_calls
 from memrec.events import CATEGORIES
+from memrec.state.batch import Batch
 
 DIFF_VERSION = 1
 NO_RANK = "(no rank)"
@@ -89,7 +90,7 @@ class Run:
     rank_of: dict[int, RankKey]  # pid -> rank key
     budgets: list[KvBudget]
     windows: dict[int, KvWindow]
-    events: np.ndarray
+    events: Batch  # the replayed events, column by column
     untraced: dict  # (rank, gpu) -> the untraced band's split (memrec.analysis.untraced_diff)
     contexts: list = dataclasses.field(default_factory=list)  # foreign CUDA contexts (sglang_report.process_contexts)
     custom_ar: dict | None = None  # sglang_report.custom_ar_facts
@@ -113,10 +114,11 @@ def _norm_budget(b: KvBudget) -> KvBudget:
 def analyze(trace: Any, name: str) -> Run:
     """Replay ``trace`` (its events' ``gpu`` get filled in) and gather what :func:`diff_traces` needs."""
     start = trace_bounds(trace)[0]
-    tl = build_timeline(trace.events, start=start, state=initial_state(trace)[0])
+    events = Batch.of(trace.event_columns)  # columns: no 130-byte rows built
+    tl = build_timeline(events, start=start, state=initial_state(trace)[0])
     phases = trace_phases(trace)
     j = tl.journal
-    exit_rows = j.exit_mask(trace.events)
+    exit_rows = j.exit_mask(events)
     ranks = marker_ranks(trace.markers)
     rank_of: dict[int, RankKey] = {}
     for pid in set(trace.processes) | set(ranks) | {int(p) for p in np.unique(j.pid)}:
@@ -128,7 +130,7 @@ def analyze(trace: Any, name: str) -> Run:
     ranked = [p for p, k in rank_of.items() if k]
     contexts = process_contexts(trace, ranked, rank_gpus(trace.markers, j, budgets), labels)
     untraced = split_by_rank(reconcile(trace, tl, phases), rank_of)
-    return Run(name, start, phases, j, exit_rows, rank_of, budgets, windows, trace.events, untraced,
+    return Run(name, start, phases, j, exit_rows, rank_of, budgets, windows, events, untraced,
                [c for c in contexts if c["foreign"]], custom_ar_facts(trace.markers))
 
 

@@ -188,7 +188,7 @@ def reconcile(trace: Any, timeline: Timeline | None = None, phases: Any = None) 
 
     Args:
         trace: a :class:`memrec.trace.model.Trace` (its ``nvml``, ``procmem`` and ``events``).
-        timeline: the replay of ``trace.events`` to look the traced bytes up in (the report passes
+        timeline: the replay of the trace's events to look the traced bytes up in (the report passes
             its own); default: one replay here, from the file's keyframe at event 0 if it has one
             (a rotated file continues the previous one's state), as :func:`build_report` does.
         phases: the trace's :class:`~memrec.engine.phases.Phases` (the report passes its own);
@@ -196,7 +196,7 @@ def reconcile(trace: Any, timeline: Timeline | None = None, phases: Any = None) 
     """
     if timeline is None:
         initial, _ = initial_state(trace)
-        timeline = build_timeline(trace.events, state=initial)
+        timeline = build_timeline(trace.event_columns, state=initial)
     out = Reconciliation()
     recorded: set[int] = set()
     exits: dict[int, int] = {}

@@ -42,6 +42,7 @@ from memrec.columns import failed_calls
 from memrec.events import CATEGORIES
 from memrec.events import Kind
 from memrec.state import LiveState
+from memrec.state.batch import Batch
 from memrec.trace.merge import merged_summary
 
 REPORT_VERSION = 1
@@ -60,13 +61,13 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
     """Replay ``trace`` and summarise it per GPU (JSON-able).
 
     Args:
-        trace: a :class:`memrec.trace.model.Trace`; its ``events["gpu"]`` are filled in where the
+        trace: a :class:`memrec.trace.model.Trace`; its ``event_columns["gpu"]`` are filled in where the
             replay knows them.
         gpu: only this GPU (-1: the host / unknown-GPU section).
         pid: only this process's memory (peaks, phases, exits, failed calls are its own; the
             holders at its failed calls still show every process on that GPU).
     """
-    events = trace.events
+    events = Batch.of(trace.event_columns)  # the loaded columns, never the 130-byte rows
     start, end = trace_bounds(trace)
     n = len(events)
     kinds = events["kind"] if n else np.zeros(0, np.uint16)
@@ -98,6 +99,10 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
     }
     usage = attribute(phases, tl.journal) if trace.markers else []
     exit_usage = attribute(phases, tl.journal.take(tl.journal.exit_mask(events))) if trace.markers else []
+    sglang = build_sglang_section(trace, phases, tl.journal, usage, start, gpu=gpu, pid=pid)
+    # Nothing below reads the journal: its columns (35 B a change) go before the reconciliation
+    # makes its temporaries (the report's peak memory on 10M events).
+    tl.journal = tl.journal.take(np.zeros(len(tl.journal), dtype=bool))
     procs = _processes(trace, tl, exits)
     rec = reconcile(trace, tl, phases)
 
@@ -169,7 +174,7 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
             report["host"] = section
         else:
             report["gpus"].append(section)
-    report["sglang"] = build_sglang_section(trace, phases, tl.journal, usage, start, gpu=gpu, pid=pid)
+    report["sglang"] = sglang
     _peak_by_phase(report, trace, tl, phases)
     report["answer"] = build_answer(report)
     return report
@@ -282,8 +287,8 @@ def _failure(events: np.ndarray, i: int, g: int, inferred: bool, start: int, pro
 
 def _processes(trace: Any, tl: Timeline, exit_records: list[dict]) -> dict[int, dict]:
     pids = set(trace.processes) | {p for s in tl.gpus.values() for p in s.pids()}
-    if len(trace.events):
-        pids |= {int(p) for p in np.unique(trace.events["pid"])}
+    if len(trace.event_columns):
+        pids |= {int(p) for p in np.unique(trace.event_columns["pid"])}
     exits = {r["pid"]: r["ts"] for r in exit_records}
     ranks = pid_labels(trace.markers, trace.processes)  # "TP0" from the markers' tp/pp/dp_rank, else ProcessInfo.rank
     gpus_of: dict[int, set[int]] = {}

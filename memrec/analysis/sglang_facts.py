@@ -26,6 +26,7 @@ from memrec.client import DROP_REASONS
 from memrec.client import DROPPED_MARKER
 from memrec.events import CUDA_ERROR_OUT_OF_MEMORY
 from memrec.events import Kind
+from memrec.state.batch import Batch
 
 def torch_reserved_delta(markers: list) -> dict[tuple[int, int, str], int]:
     """``(pid, begin ts, name)`` → the change in PyTorch's reserved bytes over that span, from the
@@ -53,7 +54,7 @@ def ooms_after_sizing(trace: Any, phases: Phases, times: dict, labels: dict[int,
     its KV sizing: the pools fit, but what came after (graphs, workspaces, the first batches)
     did not fit in the slack (sgl-project/sglang#4330: "Not enough memory" at one fraction,
     CUDA OOM at the next)."""
-    ev = trace.events
+    ev = Batch.of(trace.event_columns)  # columns: no 130-byte rows built
     if not len(ev) or not times:
         return []
     failed = ev[(ev["kind"] == int(Kind.ALLOC)) & (ev["result"] == CUDA_ERROR_OUT_OF_MEMORY)]
@@ -123,7 +124,7 @@ def process_contexts(trace: Any, pids: Iterable[int], gpus_of: dict[int, int], l
             for g in np.unique(rows["gpu"]):
                 used = rows["used"][rows["gpu"] == g]
                 seen[(pid, int(g))] = {"nvml_peak": int(used.max())}
-    ev = trace.events
+    ev = Batch.of(trace.event_columns)  # columns: no 130-byte rows built
     if len(ev):
         mine = ev[np.isin(ev["pid"], list(pids)) & (ev["gpu"] >= 0)]
         ctx = mine[mine["kind"] == int(Kind.CTX)]

@@ -41,6 +41,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from dataclasses import field
+from typing import Iterable
 
 import numpy as np
 
@@ -61,6 +62,15 @@ _BIND_AUX = (0, 1)  # CTX aux: retain, create (2 is cuCtxGetDevice)
 _ASYNC_ALLOC = {int(a) for a in (Api.cuMemAllocAsync, Api.cuMemAllocAsync_ptsz)}
 _STREAM = [int(a) for a in STREAM_ORDERED_APIS]
 _K = {k: int(k) for k in Kind}
+
+
+def _one_of(col: np.ndarray, values: Iterable[int]) -> np.ndarray:
+    """``np.isin(col, values)`` for a few small ints over an event column: one bool per event and
+    nothing wider (``np.isin``'s table method makes an int64 copy of the column: 80 MB at 10M)."""
+    out = np.zeros(len(col), dtype=bool)
+    for v in values:
+        out |= col == v
+    return out
 
 
 @dataclass(frozen=True)
@@ -119,10 +129,10 @@ class Explainers:
         ok = events["result"] == 0
         # A bind's entry (CTX_BEGIN) too: the context grows while the call runs (~100 ms on an
         # H200), so a reading taken then already holds part of it.
-        ctx_bind = ((kinds == _K[Kind.CTX]) & np.isin(events["aux"], _BIND_AUX)) | (kinds == _K[Kind.CTX_BEGIN])
-        code = np.isin(kinds, [_K[Kind.CODE_LOAD], _K[Kind.CODE_UNLOAD], _K[Kind.KERNEL_LOAD]])
-        pool = np.isin(kinds, [_K[Kind.POOL], _K[Kind.POOL_DESTROY], _K[Kind.POOL_TRIM], _K[Kind.POOL_ATTR]])
-        stream = np.isin(kinds, [_K[Kind.ALLOC], _K[Kind.FREE]]) & np.isin(events["api"], _STREAM)
+        ctx_bind = ((kinds == _K[Kind.CTX]) & _one_of(events["aux"], _BIND_AUX)) | (kinds == _K[Kind.CTX_BEGIN])
+        code = _one_of(kinds, [_K[Kind.CODE_LOAD], _K[Kind.CODE_UNLOAD], _K[Kind.KERNEL_LOAD]])
+        pool = _one_of(kinds, [_K[Kind.POOL], _K[Kind.POOL_DESTROY], _K[Kind.POOL_TRIM], _K[Kind.POOL_ATTR]])
+        stream = _one_of(kinds, [_K[Kind.ALLOC], _K[Kind.FREE]]) & _one_of(events["api"], _STREAM)
         sel = np.nonzero(ok & (ctx_bind | code | pool | stream))[0]
         ev = events[sel]
         strength = np.where(ctx_bind[sel], _CONTEXT, np.where(code[sel], _MODULE, _POOL)).astype(np.int64)
@@ -220,8 +230,8 @@ def pool_held(events: np.ndarray) -> dict[tuple[int, int], tuple[np.ndarray, np.
     kinds = events["kind"]
     apis = events["api"]
     rel = (events["result"] == 0) & (
-        np.isin(kinds, [_K[Kind.POOL], _K[Kind.POOL_DESTROY], _K[Kind.POOL_TRIM], _K[Kind.POOL_ATTR], _K[Kind.PROC_EXIT]])
-        | (np.isin(kinds, [_K[Kind.ALLOC], _K[Kind.FREE]]) & np.isin(apis, _STREAM))
+        _one_of(kinds, [_K[Kind.POOL], _K[Kind.POOL_DESTROY], _K[Kind.POOL_TRIM], _K[Kind.POOL_ATTR], _K[Kind.PROC_EXIT]])
+        | (_one_of(kinds, [_K[Kind.ALLOC], _K[Kind.FREE]]) & _one_of(apis, _STREAM))
     )
     ev = events[rel]
     pools: dict[tuple[int, object], list] = {}  # (pid, key) -> [gpu, held, threshold]
@@ -351,7 +361,7 @@ def contexts(events: np.ndarray, splits: dict[tuple[int, int], UntracedSplit], o
         owners: GPU -> pids that owned traced memory on it at some point.
         until: (gpu, pid) -> the last sample counted (steps after it, e.g. after exit, are not).
     """
-    m = (events["kind"] == _K[Kind.CTX]) & np.isin(events["aux"], _BIND_AUX) & (events["result"] == 0)
+    m = (events["kind"] == _K[Kind.CTX]) & _one_of(events["aux"], _BIND_AUX) & (events["result"] == 0)
     out: list[ContextRecord] = []
     seen: set[tuple[int, int, int]] = set()
     for ts, pid, gpu, handle, api in zip(

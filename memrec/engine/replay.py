@@ -26,6 +26,7 @@ from memrec.engine.phases import build_phases
 from memrec.engine.series import GpuSeries
 from memrec.engine.series import gpu_series
 from memrec.state import LiveState
+from memrec.state.batch import Batch
 
 #: Events per LiveState.apply call in a whole-trace replay: what apply makes per call (lists of a
 #: call's columns) and the state's own journal stay bounded however long the trace (one
@@ -60,7 +61,9 @@ def trace_bounds(trace: Any) -> tuple[int, int]:
     """
     firsts: list[int] = []
     lasts: list[int] = []
-    for arr in (trace.events, trace.nvml, trace.procmem):
+    # a loaded Trace's columns (no rows built); a view made of rows (the TUI's) has events only
+    events = trace.event_columns if hasattr(trace, "event_columns") else trace.events
+    for arr in (events, trace.nvml, trace.procmem):
         if len(arr):
             firsts.append(int(arr["ts"].min()))
             lasts.append(int(arr["ts"].max()))
@@ -87,11 +90,11 @@ class Timeline:
     journal: Journal
     state: LiveState
     start: int
-    events: np.ndarray = field(repr=False)
+    events: np.ndarray | Batch = field(repr=False)  # the rows replayed, or a Batch over the columns
 
 
 def build_timeline(
-    events: np.ndarray,
+    events: np.ndarray | Batch | Any,
     start: int | None = None,
     state: LiveState | None = None,
     stops: Sequence[int] = (),
@@ -100,7 +103,8 @@ def build_timeline(
     """Replay ``events`` (filling in their ``gpu``) and build every GPU's series.
 
     Args:
-        events: EVENT_DTYPE in time order.
+        events: in time order: EVENT_DTYPE rows, or columns (``Trace.event_columns``, a
+            :class:`~memrec.state.batch.Batch`), replayed in place without building rows.
         start: the time of each series' initial row (default: the first event's ts).
         state: a state to continue from (e.g. restored from a keyframe, with ``journal=True``);
             its holdings are the initial row. Default: empty.
@@ -114,20 +118,26 @@ def build_timeline(
         state = LiveState(journal=True)
     elif state.journal is None:
         raise ValueError("build_timeline needs a state with journal=True")
+    if not isinstance(events, np.ndarray):
+        events = Batch.of(events)
     initial = state.counters()  # (gpu, pid, category index) -> bytes
     first_index = state.n_events
     rows = JournalBuffer(capacity=len(events) + len(events) // 8)  # about a change per event
     rows.take(state)  # what the state had journaled before (normally nothing)
-    done = 0
-    for stop in [*stops, len(events)]:
-        if stop < done:
-            raise ValueError("stops must be ascending")
-        for lo in range(done, stop, APPLY_CHUNK):
-            state.apply(events[lo : min(stop, lo + APPLY_CHUNK)])
-            rows.take(state)
-        done = stop
-        if at_stop is not None and stop < len(events):
-            at_stop(stop, state, rows.n)
+    state.journal_sink = rows
+    try:
+        done = 0
+        for stop in [*stops, len(events)]:
+            if stop < done:
+                raise ValueError("stops must be ascending")
+            for lo in range(done, stop, APPLY_CHUNK):
+                state.apply(events[lo : min(stop, lo + APPLY_CHUNK)])
+                rows.take(state)
+            done = stop
+            if at_stop is not None and stop < len(events):
+                at_stop(stop, state, rows.n)
+    finally:
+        state.journal_sink = None
     journal = rows.journal()
     if start is None:
         start = int(events["ts"][0]) if len(events) else 0
@@ -145,7 +155,7 @@ def _distinct(small_ints: np.ndarray) -> list[int]:
     return (np.flatnonzero(counts) + lo).tolist()
 
 
-def advance(state: LiveState, covered: int, chunks: Iterable[np.ndarray]) -> LiveState:
+def advance(state: LiveState, covered: int, chunks: Iterable[np.ndarray | Batch]) -> LiveState:
     """``state`` (valid after ``covered`` events: a snapshot restored, or empty) moved on by ``chunks``."""
     state.n_events = covered
     for chunk in chunks:
@@ -153,7 +163,7 @@ def advance(state: LiveState, covered: int, chunks: Iterable[np.ndarray]) -> Liv
     return state
 
 
-def state_at(events: np.ndarray, index: int, keyframes: list | None = None) -> LiveState:
+def state_at(events: np.ndarray | Batch, index: int, keyframes: list | None = None) -> LiveState:
     """The state after the first ``index`` events, starting from the latest keyframe at or before it.
 
     ``keyframes``: :class:`memrec.trace.model.Keyframe` items (``event_index``, ``state``); one that

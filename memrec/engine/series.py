@@ -120,7 +120,7 @@ class GpuSeries:
 def gpu_series(g: int, j: Journal, initial: dict, start: int, first_index: int) -> GpuSeries:
     """GPU ``g``'s series from the journal rows on it and the state the replay started from
     (``initial``: (gpu, pid, category index) -> bytes)."""
-    m = j.gpu == g
+    m = np.flatnonzero(j.gpu == g)  # positions once: a boolean mask is searched again per column
     pid = j.pid[m]
     code = pid * NCAT + j.category[m]  # (pid, category) as one int: sorts like the pair
     init = [(p * NCAT + c, b) for (gg, p, c), b in initial.items() if gg == g]
@@ -137,9 +137,11 @@ def gpu_series(g: int, j: Journal, initial: dict, start: int, first_index: int) 
     if n > 1:
         last[:-1] = index[1:] != index[:-1]
     rows = np.flatnonzero(last)
+    if n < 1 << 31:
+        rows = rows.astype(np.int32)  # 4 bytes a row less for as long as the series is kept
     return GpuSeries(
         gpu=g,
-        ts=np.concatenate(([start], j.ts[m][rows])).astype(np.int64),
+        ts=np.concatenate(([start], j.ts[m[rows]])).astype(np.int64),
         event_index=np.concatenate(([first_index - 1], index[rows])).astype(np.int64),
         keys=[(int(k) // NCAT, CATEGORIES[int(k) % NCAT]) for k in uniq.tolist()],
         key_of_change=key_of_change,

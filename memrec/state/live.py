@@ -46,6 +46,7 @@ from __future__ import annotations
 import heapq
 from array import array
 from collections import deque
+from typing import Any
 from typing import Callable
 
 import numpy as np
@@ -58,6 +59,7 @@ from memrec.events import FLAG_IPC_BYTES
 from memrec.events import IPC_MAPPED
 from memrec.state import plain
 from memrec.state.allocs import AllocTable
+from memrec.state.batch import Batch
 from memrec.state.fields import ALIAS_FIELDS
 from memrec.state.fields import ALLOC
 from memrec.state.fields import BARRIER_KINDS
@@ -80,7 +82,6 @@ from memrec.state.fields import OPEN_FIELDS
 from memrec.state.fields import PEAK_FIELDS
 from memrec.state.fields import QUIET_KINDS
 from memrec.state.fields import READ_VERSIONS
-from memrec.state.fields import REQUIRED_COLUMNS
 from memrec.state.fields import SNAPSHOT_VERSION
 from memrec.state.snapshot import alloc_arrays
 from memrec.state.snapshot import capture_allocs
@@ -146,13 +147,19 @@ class LiveState(Queries, VmmIpc):
         #: With ``journal=True``: flat ``array('q')`` of rows ``JOURNAL_FIELDS`` (event index, ts,
         #: gpu, pid, category index, signed bytes), one per change of a (gpu, pid, category) total.
         self.journal: array | None = array("q") if journal else None
+        #: Where a replay gathers the journal as columns (``memrec.engine.journal.JournalBuffer``:
+        #: ``take(state)`` moves :attr:`journal`'s rows in, ``add(*columns)`` appends a batch's
+        #: changes without building rows); None: every change goes to :attr:`journal`.
+        self.journal_sink: Any = None
 
     # ------------------------------------------------------------------ apply
 
-    def apply(self, events: np.ndarray) -> None:
-        """Apply events (``EVENT_DTYPE``, in time order) and fill in their ``gpu`` where known.
+    def apply(self, events: np.ndarray | Batch | Any) -> None:
+        """Apply events (in time order) and fill in their ``gpu`` where known.
 
-        The fill-in writes into ``events["gpu"]`` in place; a read-only array is left untouched.
+        ``events``: ``EVENT_DTYPE`` rows, or columns (``memrec.trace.model.EventColumns``, a dict
+        of columns, a :class:`~memrec.state.batch.Batch`): read in place, no rows built. The
+        fill-in writes into the caller's ``gpu`` column in place; a read-only one is left untouched.
 
         The batch is applied in pieces: a process exit, and an IPC export or open whose outcome
         the allocations and frees before it in the piece could change
@@ -160,10 +167,7 @@ class LiveState(Queries, VmmIpc):
         applied at once (:func:`memrec.state.plain.apply_run`), others event by event; the
         result is the same either way.
         """
-        names = events.dtype.names or ()
-        missing = [c for c in REQUIRED_COLUMNS if c not in names]
-        if missing:
-            raise TypeError(f"events lack the columns {missing}: expected EVENT_DTYPE")
+        events = Batch.of(events)
         n = len(events)
         if n == 0:
             return
@@ -197,12 +201,12 @@ class LiveState(Queries, VmmIpc):
         self._alloc_hints.clear()
         self.n_events += n
         self.last_ts = int(min(events["ts"][-1], MAX_TS))
-        if fill and events.flags.writeable:
+        if fill and events.writeable:
             idx = np.concatenate([f[0] for f in fill])
             if len(idx):
                 events["gpu"][idx] = np.concatenate([f[1] for f in fill])
 
-    def _apply_events(self, events: np.ndarray, idx: np.ndarray, fill: list) -> None:
+    def _apply_events(self, events: Batch, idx: np.ndarray, fill: list) -> None:
         """Apply ``events[idx]`` one by one (any kind): the reference for every path."""
         if len(idx) == 0:
             return
@@ -218,7 +222,7 @@ class LiveState(Queries, VmmIpc):
         sizes = np.minimum(sub["size"], MAX_SIZE).tolist()
         apis = sub["api"].tolist()
         handles = sub["handle"].tolist()
-        auxs = flags = ipcs = None  # decoded on the first event that is not an alloc or a free
+        auxs = flags = None  # decoded on the first event that is not an alloc or a free
         allocs = self._allocs
         fill_idx: list[int] = []
         fill_gpu: list[int] = []
@@ -261,10 +265,9 @@ class LiveState(Queries, VmmIpc):
                 if auxs is None:
                     auxs = sub["aux"].tolist()
                     flags = sub["flags"].tolist()
-                    ipcs = sub["ipc"]
                 hbytes = None
                 if kind in HANDLE_BYTES_KINDS and flags[i] & FLAG_IPC_BYTES:
-                    hbytes = ipcs[i].tobytes()
+                    hbytes = sub.ipc_bytes(i)
                 g = self._apply_other(
                     kind, index[i], tss[i], pids[i], gpus[i], ptrs[i], sizes[i], handles[i], apis[i], auxs[i], hbytes
                 )

@@ -39,6 +39,7 @@ from memrec.state.fields import QUIET_KINDS
 
 if TYPE_CHECKING:
     from memrec.state.allocs import AllocTable
+    from memrec.state.batch import Batch
     from memrec.state.live import LiveState
 
 _QUIET = np.array(sorted(QUIET_KINDS), np.uint16)
@@ -47,7 +48,7 @@ _PER_EVENT = np.zeros(1 << 16, bool)
 _PER_EVENT[list(OTHER_KINDS + JOINABLE_KINDS)] = True
 
 
-def apply_run(state: LiveState, events: np.ndarray, lo: int, hi: int, fill: list) -> None:
+def apply_run(state: LiveState, events: Batch, lo: int, hi: int, fill: list) -> None:
     """Apply ``events[lo:hi]`` (no exit among them; exports and opens that may join) at once."""
     seg = events[lo:hi]
     kinds = seg["kind"]
@@ -85,7 +86,7 @@ class Planner:
     frees that export's allocation before it. A process exit never joins.
     """
 
-    def __init__(self, state: LiveState, events: np.ndarray, plain_ok: np.ndarray) -> None:
+    def __init__(self, state: LiveState, events: Batch, plain_ok: np.ndarray) -> None:
         self.state = state
         self.events = events
         self.kinds = events["kind"]
@@ -136,8 +137,8 @@ class Planner:
         if len(same):
             if np.any(self.kinds[same] == FREE):
                 return False  # the free forgets exports made before it only: keep it in order
-            last = self.events[same[-1]]
-            rec = (int(min(last["size"], MAX_SIZE)), int(last["gpu"]), int(min(last["ts"], MAX_TS)), int(last["api"]))
+            j, ev = int(same[-1]), self.events
+            rec = (int(min(ev["size"][j], MAX_SIZE)), int(ev["gpu"][j]), int(min(ev["ts"][j], MAX_TS)), int(ev["api"][j]))
             state._alloc_hints[index] = (ptr, rec)
         elif state._allocs.find(pid, ptr)[0] < 0:
             if self._pid_has_events(pid, lo, b):
@@ -146,14 +147,14 @@ class Planner:
             if found is not None:
                 key = int(key_hash(np.array([pid]), np.array([base], np.uint64))[0])
         if int(self.events["flags"][b]) & FLAG_IPC_BYTES:
-            self.joined[self.events["ipc"][b].tobytes()] = key
+            self.joined[self.events.ipc_bytes(b)] = key
         return True
 
     def _open_joins(self, lo: int, b: int) -> bool:
         state = self.state
         if not int(self.events["flags"][b]) & FLAG_IPC_BYTES:
             return True  # it reads no export
-        hb = self.events["ipc"][b].tobytes()
+        hb = self.events.ipc_bytes(b)
         key = self.joined.get(hb)
         if key is None:
             ex = state._exports.get(hb)
@@ -163,7 +164,7 @@ class Planner:
         return not np.any(self.kinds[self._on_key(key, lo, b)] == FREE)
 
 
-def _failures(state: LiveState, seg: np.ndarray, ok: np.ndarray, base: int) -> None:
+def _failures(state: LiveState, seg: Batch, ok: np.ndarray, base: int) -> None:
     """Count the failed calls (but expected failures of code and pool calls) and keep the latest."""
     bad = np.flatnonzero(~ok)
     if len(bad) == 0:
@@ -290,7 +291,10 @@ def apply_changes(state: LiveState, index: np.ndarray, ts: np.ndarray, gpu: np.n
     """Apply counter changes (in event order) as :meth:`LiveState._change` would one by one."""
     if len(index) == 0:
         return
-    if state.journal is not None:
+    if state.journal is not None and state.journal_sink is not None:
+        state.journal_sink.take(state)  # the rows journaled before these, first
+        state.journal_sink.add(index, ts, gpu, pid, cat, delta)  # a replay's columns: straight in
+    elif state.journal is not None:
         state.journal.frombytes(np.column_stack((index, ts, gpu, pid, cat, delta)).astype(np.int64).tobytes())
     counts = state._bytes
     keys, inv = np.unique(((gpu + 32768) << 34) | (pid << 2) | cat, return_inverse=True)

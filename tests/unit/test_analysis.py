@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+import memrec.engine.phases as phases_module
 from memrec.engine.phases import NO_PHASE
 from memrec.engine.phases import PhaseUsage
 from memrec.engine.phases import attribute
@@ -251,6 +252,17 @@ def test_bytes_are_attributed_to_the_phase_of_the_process_that_made_them():
         PhaseUsage(phase=-1, pid=200, gpu=1, category="driver", allocated=10 * GiB, freed=10 * GiB),
         PhaseUsage(phase=-1, pid=200, gpu=1, category="ipc_mapped", allocated=10 * GiB, freed=10 * GiB),
     ]
+
+
+def test_attribution_a_few_rows_at_a_time_gives_the_same_usage(monkeypatch):
+    # GIVEN the same journal and phases, attributed whole
+    tl = build_timeline(sglang_events())
+    ph = build_phases(sglang_markers(), end_ts=ms(100))
+    whole = attribute(ph, tl.journal)
+    # WHEN attributed two rows at a time (groups split across chunks, merged after)
+    monkeypatch.setattr(phases_module, "ATTRIBUTE_CHUNK", 2)
+    # THEN the usage is the same, in the same order
+    assert attribute(ph, tl.journal) == whole
 
 
 # -------------------------------------------------------------------------------------------- report

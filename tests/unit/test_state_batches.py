@@ -11,11 +11,15 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
+from memrec.events import CATEGORIES
 from memrec.events import CUDA_ERROR_OUT_OF_MEMORY
 from memrec.events import Kind
 from memrec.state import LiveState
+from memrec.state.batch import Batch
+from memrec.trace.model import EventColumns
 from tests.utils import MiB
 from tests.utils import ev
+from tests.utils import handle_bytes
 from tests.utils import events
 from tests.utils import handle_bytes
 
@@ -79,14 +83,24 @@ _events = st.lists(st.one_of(_event.map(lambda e: [e]), _ipc_story()), min_size=
 )
 
 
-def _run(rows: list, cuts: list[int], vector_min_run: int, max_failures: int) -> tuple[LiveState, np.ndarray]:
+def _run(rows: list, cuts: list[int], vector_min_run: int, max_failures: int,
+         columns: bool = False) -> tuple[LiveState, np.ndarray]:
+    """Apply ``rows`` batch by batch; ``columns``: as a loaded trace's contiguous columns (its
+    sparse ipc bytes included), sliced as the replay slices them, not as EVENT_DTYPE rows."""
     arr = events(*rows)
+    feed: object = arr
+    if columns:
+        view = EventColumns.from_array(arr)
+        feed = Batch.of(EventColumns(view.n, {k: c.copy() for k, c in view.columns.items()}, view.ipc_index, view.ipc.copy()))
     state = LiveState(journal=True, max_failures=max_failures)
     state.vector_min_run = vector_min_run
     bounds = sorted({0, len(arr), *(c % (len(arr) + 1) for c in cuts)})
     for lo, hi in zip(bounds[:-1], bounds[1:]):
-        state.apply(arr[lo:hi])
+        state.apply(feed[lo:hi])
     state.check()
+    if columns:  # the GPU filled into the columns, read back as rows
+        arr = arr.copy()
+        arr["gpu"] = feed["gpu"]
     return state, arr
 
 
@@ -118,6 +132,10 @@ def test_runs_at_once_equal_event_by_event(rows, cuts, max_failures):
     # THEN everything the state shows, and the GPU filled into the events, is the same
     assert _observed(fast) == _observed(slow)
     assert fast_arr["gpu"].tolist() == slow_arr["gpu"].tolist()
+    # AND the same events given as columns (a loaded trace's) give the same state and GPUs
+    cols, cols_arr = _run(rows, cuts, 0, max_failures, columns=True)
+    assert _observed(cols) == _observed(slow)
+    assert cols_arr["gpu"].tolist() == slow_arr["gpu"].tolist()
     # AND a keyframe of it restores the same state, through msgpack
     wire = msgpack.unpackb(msgpack.packb(fast.snapshot(), use_bin_type=True), raw=False)
     again = LiveState.from_snapshot(wire, journal=True)
@@ -170,3 +188,26 @@ def test_keys_whose_hashes_collide_still_pair_exactly(monkeypatch):
     slow, slow_arr = _run(rows, list(range(0, 3000, 700)), 10**9, 256)
     assert _observed(fast) == _observed(slow)
     assert fast_arr["gpu"].tolist() == slow_arr["gpu"].tolist()
+
+
+def test_columns_carry_each_events_own_ipc_bytes():
+    # GIVEN two exports of different sizes and an open of the first, as a loaded trace's
+    # columns (the ipc bytes sparse), with plain allocations around them
+    arr = events(
+        *[ev(Kind.ALLOC, pid=9, ptr=0x100 + i, size=1, gpu=0) for i in range(40)],
+        ev(Kind.ALLOC, pid=1, ptr=0x1000, size=4 * MiB, gpu=0),
+        ev(Kind.ALLOC, pid=1, ptr=0x2000, size=8 * MiB, gpu=0),
+        ev(Kind.IPC_EXPORT, pid=1, ptr=0x1000, ipc=handle_bytes(1)),
+        ev(Kind.IPC_EXPORT, pid=1, ptr=0x2000, ipc=handle_bytes(2)),
+        *[ev(Kind.FREE, pid=9, ptr=0x100 + i) for i in range(40)],
+        ev(Kind.IPC_OPEN, pid=2, ptr=0x9000, gpu=1, ipc=handle_bytes(1)),
+    )
+    view = EventColumns.from_array(arr)
+    cols = EventColumns(view.n, {k: c.copy() for k, c in view.columns.items()}, view.ipc_index, view.ipc.copy())
+    # WHEN applied in two pieces, as columns
+    state = LiveState()
+    batch = Batch.of(cols)
+    state.apply(batch[:43])
+    state.apply(batch[43:])
+    # THEN the importer maps the first export's 4 MiB (its own handle's), not the last one's
+    assert state.counters()[(1, 2, CATEGORIES.index("ipc_mapped"))] == 4 * MiB
