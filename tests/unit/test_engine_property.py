@@ -136,7 +136,7 @@ def write(path: str, markers: list[Marker], events: np.ndarray) -> None:
     with TraceWriter(path, header) as w:
         for p in PIDS:
             w.write_process(ProcessInfo(pid=p, ppid=1, cmdline=["python3", f"rank{p}"], exe="/usr/bin/python3",
-                                          cuda_visible_devices=None, gpu_map=None, first_ts=START))
+                                          cuda_visible_devices=None, gpu_map=[], first_ts=START))
         for m in markers:
             w.write_marker(m)
         if len(events):
