@@ -82,7 +82,7 @@ async def test_jump_to_oom_shows_the_failed_gpu(trace_file):
         assert app.main.cursor_ts == T0 + int(7.05 * SEC)
         events = app.query_one("#events", EventsTable)
         row = events.get_row_at(events.cursor_row)
-        assert row[2] == "alloc" and "OUT_OF_MEMORY" in str(row[4])
+        assert row[1] == "alloc" and "OUT_OF_MEMORY" in str(row[4])
         # AND there is no further failure
         await pilot.press("o")
         assert app.main.cursor_ts == T0 + int(7.05 * SEC)
@@ -118,7 +118,7 @@ async def test_filter_box_filters_the_event_table(trace_file):
         await settle(pilot)
         # THEN only frees are listed, and the filter is kept
         events = app.query_one("#events", EventsTable)
-        kinds = {events.get_row_at(i)[2] for i in range(events.row_count)}
+        kinds = {events.get_row_at(i)[1] for i in range(events.row_count)}
         assert kinds == {"free"} and events.row_count == 3
         assert app.main.flt_text == "kind:free"
         # WHEN a bad filter is submitted, THEN the old one stays
@@ -169,6 +169,24 @@ async def test_help_screen(trace_file):
         assert type(app.screen).__name__ == "HelpScreen"
         await pilot.press("escape")
         assert type(app.screen).__name__ == "MainScreen"
+
+
+async def test_at_80x24_the_events_table_shows_each_size_with_its_unit(trace_file):
+    # GIVEN the app at 80x24, on the events around the failed call
+    app = MemrecApp(FileSource(trace_file))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.press("1", "o")
+        await settle(pilot)
+        events = app.query_one("#events", EventsTable)
+        # WHEN the table's columns are laid out
+        names = [str(c.label) for c in events.ordered_columns]
+        widths = [c.get_render_width(events) for c in events.ordered_columns]
+        # THEN time, kind and size come first and fit in view, whatever the rank labels' width
+        assert names[:4] == ["time", "kind", "size", "rank"]
+        assert sum(widths[:3]) <= events.scrollable_content_region.width
+        sizes = [str(events.get_row_at(i)[2]) for i in range(events.row_count)]
+        assert any(s.endswith(("GiB", "MiB", "KiB", " B")) for s in sizes), sizes
 
 
 async def test_diff_mode_compares_holders(tmp_path, trace):

@@ -284,7 +284,9 @@ class EventsTable(DataTable):
         self.seqs: list[int] = []
 
     def on_mount(self) -> None:
-        self.add_columns("time", "rank", "kind", "size", "result", "phase", "address")
+        # Size before rank: at 80 columns a long rank label (a process title) must not push the
+        # size's unit out of view ("80.0" for 80.00 GiB).
+        self.add_columns("time", "kind", "size", "rank", "result", "phase", "address")
 
     def show(self, ev: EventRows | None, origin: int, label, flt_text: str = "") -> None:
         self.clear()
@@ -303,9 +305,9 @@ class EventsTable(DataTable):
                             style="" if res == 0 else f"bold {FAIL_COLOUR}")
             self.add_row(
                 fmt_dur(int(r["ts"]) - origin),
-                label(int(r["pid"])),
                 kind,
                 fmt_bytes(size) if size else "",
+                label(int(r["pid"])),
                 res_text,
                 ev.phases[i] or "",
                 f"{int(r['ptr']):#x}" if r["ptr"] else "",
