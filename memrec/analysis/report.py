@@ -32,6 +32,7 @@ from memrec.engine.replay import initial_state
 from memrec.engine.replay import trace_bounds
 from memrec.engine.replay import trace_phases
 from memrec.analysis.sglang_report import build_sglang_section
+from memrec.analysis.text import seconds
 from memrec.ranks import pid_labels
 from memrec.engine.series import GpuSeries
 from memrec.events import OWNED
@@ -118,7 +119,7 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
             "host": trace.header.get("host"),
             "start_ts": start,
             "end_ts": end,
-            "duration_s": _sec(end - start),
+            "duration_s": seconds(end - start),
             "events": n,
             "failed_calls": sum(  # of the filter's selection
                 1 for i in failed_idx
@@ -140,7 +141,7 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
         "host": None,
         "phases": _phase_list(phases, start, pid),
         "instants": [
-            {"pid": i.pid, "name": i.name, "ts": i.ts, "t_s": _sec(i.ts - start), "phase": phases.label(i.phase),
+            {"pid": i.pid, "name": i.name, "ts": i.ts, "t_s": seconds(i.ts - start), "phase": phases.label(i.phase),
              "gpu": i.gpu, "values": _jsonable(i.values)}
             for i in phases.instants
             if pid is None or i.pid == pid
@@ -193,10 +194,6 @@ def _peak_by_phase(report: dict, trace: Any, tl: Timeline, phases: Phases) -> No
     _, _, row = series.peak(report["filter"]["pid"])
     state = state_at(tl.events, int(series.event_index[row]) + 1, trace.keyframes)
     sec["peak"]["by_phase"] = _held_by_phase(state, sec["gpu"], phases)
-
-
-def _sec(ns: int) -> float:
-    return round(ns / 1e9, 6)
 
 
 def _is_host_kind(kind: int) -> bool:
@@ -271,7 +268,7 @@ def _failure(events: np.ndarray, i: int, g: int, inferred: bool, start: int, pro
     return {
         "index": i,
         "ts": int(e["ts"]),
-        "t_s": _sec(int(e["ts"]) - start),
+        "t_s": seconds(int(e["ts"]) - start),
         "pid": p,
         "tid": int(e["tid"]),
         "process": procs.get(p, {}).get("short", ""),
@@ -321,8 +318,8 @@ def _phase_list(phases: Phases, start: int, pid: int | None) -> list[dict]:
             "depth": ph.depth,
             "start_ts": ph.start,
             "end_ts": ph.end,
-            "start_s": _sec(ph.start - start),
-            "end_s": _sec(ph.end - start),
+            "start_s": seconds(ph.start - start),
+            "end_s": seconds(ph.end - start),
             "closed": ph.closed,
             "gpu": ph.gpu,
             "values": _jsonable(ph.values),
@@ -379,7 +376,7 @@ def _gpu_section(
         sec["peak"] = {
             "bytes": peak_b,
             "ts": peak_ts,
-            "t_s": _sec(peak_ts - start),
+            "t_s": seconds(peak_ts - start),
             "by_category": {c: int(s[row]) for c, s in cats.items() if s[row]},
             "by_pid": [{"pid": p, "bytes": int(series.total(p)[row])} for p in pids if series.total(p)[row]],
         }
@@ -395,7 +392,7 @@ def _gpu_section(
                 continue
             sec["categories"].append(
                 {"category": c, "owned": c != "ipc_mapped", "peak": int(s[i]), "peak_ts": int(series.ts[i]),
-                 "peak_t_s": _sec(int(series.ts[i]) - start), "final": int(s[-1])}
+                 "peak_t_s": seconds(int(series.ts[i]) - start), "final": int(s[-1])}
             )
     else:
         sec["peak"] = {"bytes": 0, "ts": start, "t_s": 0.0, "by_category": {}, "by_pid": []}
@@ -417,7 +414,7 @@ def _gpu_section(
                 "rank": procs.get(p, {}).get("rank", ""),
                 "peak": int(own[i]),
                 "peak_ts": int(series.ts[i]),
-                "peak_t_s": _sec(int(series.ts[i]) - start),
+                "peak_t_s": seconds(int(series.ts[i]) - start),
                 "final": int(own[-1]),
                 "mapped_peak": int(mapped.max()),
                 "mapped_final": int(mapped[-1]),
@@ -447,7 +444,7 @@ def _reconciliation(rec: Reconciliation, g: int, pid: int | None, start: int) ->
     for row in rows:
         for key in ("last_ts", "untraced_max_ts", "exit_ts", "ts", "cause_ts"):
             if key in row:
-                row[key[:-2] + "t_s"] = _sec(row[key] - start) if row[key] is not None else None
+                row[key[:-2] + "t_s"] = seconds(row[key] - start) if row[key] is not None else None
     return out
 
 
@@ -463,7 +460,7 @@ def _held_at_exit(g: int, exits: list[dict], pid: int | None, start: int) -> lis
             {
                 "pid": r["pid"],
                 "ts": r["ts"],
-                "t_s": _sec(r["ts"] - start),
+                "t_s": seconds(r["ts"] - start),
                 "owned": sum(h["bytes"] for h in rows if h["category"] != "ipc_mapped"),
                 "mapped": sum(h["bytes"] for h in rows if h["category"] == "ipc_mapped"),
                 "count": sum(h["count"] for h in rows),
@@ -491,8 +488,8 @@ def _gpu_phases(g: int, usage: list, exit_usage: list, phases: Phases, pid: int 
                 "path": phases.label(u.phase),
                 "start_ts": ph.start if ph else None,
                 "end_ts": ph.end if ph else None,
-                "start_s": _sec(ph.start - start) if ph else None,
-                "end_s": _sec(ph.end - start) if ph else None,
+                "start_s": seconds(ph.start - start) if ph else None,
+                "end_s": seconds(ph.end - start) if ph else None,
                 "closed": ph.closed if ph else None,
                 "by_category": {},
                 "allocated": 0,
@@ -547,7 +544,7 @@ def _nvml(trace: Any, g: int, series: GpuSeries | None, start: int) -> dict | No
         "samples": int(len(s)),
         "total": int(last["total"]) if last["total"] >= 0 else None,
         "last_ts": int(last["ts"]),
-        "last_t_s": _sec(int(last["ts"]) - start),
+        "last_t_s": seconds(int(last["ts"]) - start),
         "last_used": int(last["used"]) if last["used"] >= 0 else None,
         "last_reserved": int(last["reserved"]) if last["reserved"] >= 0 else None,
         "peak_used": None,
@@ -559,7 +556,7 @@ def _nvml(trace: Any, g: int, series: GpuSeries | None, start: int) -> dict | No
         i = int(np.argmax(used))
         out["peak_used"] = int(used[i])
         out["peak_used_ts"] = int(s["ts"][i])
-        out["peak_used_t_s"] = _sec(int(s["ts"][i]) - start)
+        out["peak_used_t_s"] = seconds(int(s["ts"][i]) - start)
     if series is not None and out["last_used"] is not None:
         traced = series.at(out["last_ts"])
         out["traced_at_last"] = traced

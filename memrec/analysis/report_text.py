@@ -18,6 +18,7 @@ from memrec.analysis.sglang_report import render_sglang
 from memrec.analysis.text import count
 from memrec.analysis.text import fit_lines
 from memrec.analysis.text import human
+from memrec.analysis.text import seconds
 from memrec.analysis.text import table
 from memrec.analysis.untraced import SPLIT
 from memrec.events import CATEGORIES
@@ -31,12 +32,8 @@ _CATEGORY_NOTE = {
 }
 
 
-def _sec(ns: int) -> float:
-    return round(ns / 1e9, 6)
-
-
-def _t(seconds: float | None) -> str:
-    return "-" if seconds is None else f"+{seconds:.3f}s"
+def _t(secs: float | None) -> str:
+    return "-" if secs is None else f"+{secs:.3f}s"
 
 
 def _values(values: dict) -> str:
@@ -160,7 +157,7 @@ def render_text(report: dict, width: int = 80, show_all: bool = False) -> str:
 def _t_exit(p: dict, tr: dict) -> str:
     if p["exit_ts"] is None:
         return "-"
-    return _t(_sec(p["exit_ts"] - tr["start_ts"]))
+    return _t(seconds(p["exit_ts"] - tr["start_ts"]))
 
 
 def _render_gpu(sec: dict, procs: dict, width: int, show_all: bool) -> list[str]:

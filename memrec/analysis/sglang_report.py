@@ -63,6 +63,7 @@ from memrec.analysis.sglang_windows import kv_times
 from memrec.analysis.sglang_windows import kv_windows
 from memrec.analysis.sglang_windows import rank_gpus
 from memrec.analysis.text import human
+from memrec.analysis.text import seconds
 from memrec.analysis.text import table
 
 #: Marker names the SGLang hooks (and the stand-in) send.
@@ -114,10 +115,6 @@ def has_sglang_markers(markers: Iterable[Marker]) -> bool:
 
 
 # ---------------------------------------------------------------------------------------- section
-
-
-def _sec(ns: int) -> float:
-    return round(ns / 1e9, 6)
 
 
 def _jsonable(v: Any) -> Any:
@@ -182,7 +179,7 @@ def _phase_rows(pid: int, phases: Phases, usage: list, t: KvTimes | None, start:
                 {
                     "kind": "phase", "name": ph.name, "path": ph.path, "depth": ph.depth,
                     "gpu": None if g < 0 else g, "start_ts": ph.start, "end_ts": ph.end,
-                    "start_s": _sec(ph.start - start), "end_s": _sec(ph.end - start), "closed": ph.closed,
+                    "start_s": seconds(ph.start - start), "end_s": seconds(ph.end - start), "closed": ph.closed,
                     "when": _when(ph.start, ph.end, ph.name, t),
                     "by_category": cats,
                     "net": sum(v for c, v in cats.items() if c in OWNED),
@@ -204,7 +201,7 @@ def _phase_rows(pid: int, phases: Phases, usage: list, t: KvTimes | None, start:
         rows.append(
             {
                 "kind": "instant", "name": i.name, "path": i.name, "depth": depth, "gpu": i.gpu,
-                "start_ts": i.ts, "end_ts": i.ts, "start_s": _sec(i.ts - start), "end_s": _sec(i.ts - start),
+                "start_ts": i.ts, "end_ts": i.ts, "start_s": seconds(i.ts - start), "end_s": seconds(i.ts - start),
                 "closed": True, "when": None, "by_category": {}, "net": 0, "mapped_net": 0,
                 "values": _shown_values(i.name, i.values),
             }
