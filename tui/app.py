@@ -48,6 +48,7 @@ class MemrecApp(App[None]):
                                clock=clock, stale_after=stale_after)
         self._interacting_until = 0.0
         self.sub_title = source.title
+        source.begin()  # a file is read while Textual starts; the first frame waits for it
 
     @property
     def model(self) -> TraceModel:

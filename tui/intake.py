@@ -120,6 +120,7 @@ class TraceIntake:
         self._phase_cache: tuple[int, PhaseIndex] | None = None
         self.t_end_hint: int | None = None  # trailer's end_ts
         self._gpu_pids: dict[int, set[int]] = {}  # pids that ever held memory on a GPU
+        self._pairs_seen = np.zeros(0, np.int64)  # the same, as gpu << 32 + pid, sorted
         self._gpu_res = Grow(np.int16)  # per replayed event: its GPU as the replay resolved it
         self._gpu_res_base = 0  # seq of _gpu_res[0]
         #: The untraced band split (memrec.analysis.reconcile.Reconciliation): a file source sets

@@ -71,10 +71,11 @@ class ReplayedTrace(TraceIntake):
             part = events[done : done + step]
             self._live.apply(part)
             with self.lock:
+                self._gpu_res.reserve(self.store.n - self._gpu_res_base)
                 self._gpu_res.extend(part["gpu"])
             done += step
             self._since_checkpoint += step
-            self._commit_journal()
+            self._commit_journal(self.store.n / (lo + done))
             if self.checkpoint_every and self._since_checkpoint >= self.checkpoint_every:
                 snap = self._live.snapshot()
                 try:
@@ -88,7 +89,10 @@ class ReplayedTrace(TraceIntake):
                 self.frontier = lo + done
         return done
 
-    def _commit_journal(self) -> None:
+    def _commit_journal(self, growth: float) -> None:
+        """Append the journal's new changes to the GPUs' series. ``growth``: the trace's events
+        over those replayed so far, to project how long each series gets and reserve its room
+        once (doubling it copied every point into fresh pages again and again)."""
         rows = take_rows(self._live)
         if not len(rows):
             return
@@ -96,13 +100,21 @@ class ReplayedTrace(TraceIntake):
             self._journal.append(rows)
         with self.lock:
             gpus = rows[:, 2]
-            pairs = np.unique(rows[:, 2] * (1 << 32) + rows[:, 3])
-            for pair in pairs.tolist():
-                self._gpu_pids.setdefault(pair >> 32, set()).add(pair & 0xFFFFFFFF)
+            pairs = rows[:, 2] * (1 << 32) + rows[:, 3]
+            # (GPU, pid) pairs are few and known after the first chunks: only new ones are sorted
+            new = pairs[~np.isin(pairs, self._pairs_seen)] if len(self._pairs_seen) else pairs
+            if len(new):
+                new = np.unique(new)
+                self._pairs_seen = np.union1d(self._pairs_seen, new)
+                for pair in new.tolist():
+                    self._gpu_pids.setdefault(pair >> 32, set()).add(pair & 0xFFFFFFFF)
             for g in np.unique(gpus).tolist():
                 sel = rows[gpus == g]
                 self._gpu_ids.add(int(g))
                 series = self.series.setdefault(int(g), CategorySeries())
+                expect = (len(series) + len(sel)) * growth
+                if expect > series.seq.capacity:
+                    series.reserve(int(expect * 1.25) + 1024)  # headroom: a projection moves
                 series.append(sel[:, 0], sel[:, 1].astype(np.uint64), sel[:, 4].astype(np.int8), sel[:, 5])
                 series.blocks()  # keep the max pyramid current: redraws never build it
 

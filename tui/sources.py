@@ -53,6 +53,10 @@ class Source(Protocol):
     def title(self) -> str:
         """What the status line calls the source."""
 
+    def begin(self) -> None:
+        """Start reading now, before the app can take messages (they wait for :meth:`start`):
+        a file is scanned while Textual starts. Optional: :meth:`start` begins when not begun."""
+
     def start(self, post: Post) -> None:
         """Start delivering (returns at once)."""
 
@@ -61,6 +65,29 @@ class Source(Protocol):
 
     def stop(self) -> None:
         """Stop and wait briefly for the thread; safe to call twice."""
+
+
+class _Relay:
+    """The ``post`` a source's thread gets: what it posts before the app can take messages is
+    held, then passed on in order once :meth:`connect` gives the app's ``post_message``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: list[object] = []
+        self._post: Post | None = None
+
+    def __call__(self, message: object) -> None:
+        with self._lock:
+            if self._post is None:
+                self._held.append(message)
+                return
+        self._post(message)
+
+    def connect(self, post: Post) -> None:
+        with self._lock:  # a message posted meanwhile waits here: the order holds
+            for message in self._held:
+                post(message)
+            self._held, self._post = [], post
 
 
 class _Threaded:
@@ -72,9 +99,16 @@ class _Threaded:
     def run(self, post: Post) -> None:
         raise NotImplementedError
 
+    def begin(self) -> None:
+        if self._thread is None:
+            self._relay = _Relay()
+            self._thread = threading.Thread(target=self._body, args=(self._relay,), name=f"memrec-{type(self).__name__}",
+                                            daemon=True)
+            self._thread.start()
+
     def start(self, post: Post) -> None:
-        self._thread = threading.Thread(target=self._body, args=(post,), name=f"memrec-{type(self).__name__}", daemon=True)
-        self._thread.start()
+        self.begin()
+        self._relay.connect(post)
 
     def _body(self, post: Post) -> None:
         try:
@@ -92,6 +126,12 @@ class _Threaded:
             self._thread.join(timeout=2.0)
 #: The largest trace whose untraced band the TUI splits itself (it keeps the replay's journal for it).
 RECONCILE_MAX_EVENTS = 2_000_000
+#: Threads that decode a file's chunks while it is scanned (ahead of the scan, in order): the
+#: first frame waits for the scan, and decoding (zstd, numpy) runs without the GIL.
+SCAN_THREADS = 2
+#: Seconds between two progress messages of a file's replay: each wakes the UI thread, which redraws
+#: the timeline (its exact part grows) holding the GIL that the replay needs.
+PROGRESS_EVERY = 0.5
 
 
 class FileSource(_Threaded):
@@ -105,7 +145,7 @@ class FileSource(_Threaded):
     live = False
     other_model = None
 
-    def __init__(self, path: str | os.PathLike, index_step: int = 16384, split_untraced: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike, index_step: int = 131072, split_untraced: bool = True) -> None:
         self.path = os.fspath(path)
         self.index_step = index_step
         #: Split the untraced band once replayed (:meth:`reconcile`); a diff's other trace does not.
@@ -140,7 +180,7 @@ class FileSource(_Threaded):
 
         reader = self._reader
         model = self.model
-        for i, (kind, item) in enumerate(reader.items(mapped=True)):
+        for i, (kind, item) in enumerate(reader.items(mapped=True, threads=SCAN_THREADS)):
             if self._stop.is_set():
                 return
             deliver(kind, item, model)  # the model is a RecordSink, as load_trace's builder is
@@ -162,6 +202,7 @@ class FileSource(_Threaded):
         # whichever thread allocates (the UI's, often), stalled key presses by up to ~100 ms.
         # The collector rests until the replay is done (the app then freezes the model).
         gc.disable()
+        told = 0.0
         try:
             while not self._stop.is_set():
                 while self.busy() and not self._stop.is_set():
@@ -169,7 +210,9 @@ class FileSource(_Threaded):
                 n = model.index_step(self.index_step)
                 if not n:
                     break
-                if post is not None:
+                # at most PROGRESS_EVERY: each message wakes the UI thread, which then takes the GIL
+                if post is not None and time.monotonic() - told >= PROGRESS_EVERY:
+                    told = time.monotonic()
                     post(messages.LoadProgress("index", model.frontier, model.store.n))
         finally:
             gc.enable()
@@ -247,7 +290,7 @@ class DiffSource(_Threaded):
             post(messages.SourceFailed(str(error)))
             return
         post(messages.Loaded(time.perf_counter() - t))
-        self.base.busy = self.other.busy = self.busy
+        self.base.busy = self.other.busy = lambda: self.busy()  # the app sets ours later when begun early
         self.base.index(post)
         self.other.index(None)
         post(messages.Indexed(time.perf_counter() - t))

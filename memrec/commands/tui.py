@@ -92,6 +92,7 @@ class TuiCommand:
                     "for text use memrec report",
                     exit_code=ExitCode.USAGE,
                 )
+            source.begin()  # a file is read while the app's modules are imported
             from memrec.tui.app import MemrecApp
 
             app = MemrecApp(source)

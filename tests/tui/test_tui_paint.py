@@ -58,6 +58,9 @@ class ScriptedSource:
             time.sleep(0.2)  # each step handled before the next, as on a slow or busy host
         self.done.set()
 
+    def begin(self) -> None:
+        """Scripted: nothing happens before the app is ready (:meth:`start`)."""
+
     def start(self, post) -> None:
         threading.Thread(target=self.run, args=(post,), daemon=True).start()
 
