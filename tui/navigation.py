@@ -219,7 +219,7 @@ def answer(model: TraceModel) -> Landing | None:
         for g, series in model.series.items():
             if not len(series):
                 continue
-            owned = np.sum([series.cum[c].a for c in OWNED_CATEGORIES], axis=0)
+            owned = np.sum([series.column(c) for c in OWNED_CATEGORIES], axis=0)
             i = int(np.argmax(owned))
             peak = (int(owned[i]), -g, int(series.ts.a[i]))
             best = peak if best is None or peak > best else best

@@ -108,14 +108,18 @@ class ReplayedTrace(TraceIntake):
                 self._pairs_seen = np.union1d(self._pairs_seen, new)
                 for pair in new.tolist():
                     self._gpu_pids.setdefault(pair >> 32, set()).add(pair & 0xFFFFFFFF)
-            for g in np.unique(gpus).tolist():
-                sel = rows[gpus == g]
-                self._gpu_ids.add(int(g))
-                series = self.series.setdefault(int(g), CategorySeries())
-                expect = (len(series) + len(sel)) * growth
+            low = int(gpus.min())
+            named = (np.flatnonzero(np.bincount(gpus - low)) + low).tolist()  # GPU indices are small
+            for g in named:
+                # a GPU's rows as positions, then 1-D gathers (a boolean mask over the 6-wide rows was slower)
+                sel = np.flatnonzero(gpus == g) if len(named) > 1 else slice(None)
+                self._gpu_ids.add(g)
+                series = self.series.setdefault(g, CategorySeries())
+                seq = rows[sel, 0]
+                expect = (len(series) + len(seq)) * growth
                 if expect > series.seq.capacity:
                     series.reserve(int(expect * 1.25) + 1024)  # headroom: a projection moves
-                series.append(sel[:, 0], sel[:, 1].astype(np.uint64), sel[:, 4].astype(np.int8), sel[:, 5])
+                series.append(seq, rows[sel, 1].astype(np.uint64), rows[sel, 4].astype(np.int8), rows[sel, 5])
                 series.blocks()  # keep the max pyramid current: redraws never build it
 
     def keep_journal(self) -> None:

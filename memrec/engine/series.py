@@ -206,7 +206,10 @@ class CategorySeries:
     def __init__(self) -> None:
         self.seq = Grow(np.int64)
         self.ts = Grow(np.uint64)
-        self.cum = [Grow(np.int64) for _ in range(NCAT)]
+        # per category: its bytes at each point, or None while it has never changed (then it is
+        # ``_last[c]`` at every point: most GPUs see one or two categories, and a 10M-event
+        # replay wrote 240 MB of such constants)
+        self.cum: list[Grow | None] = [None] * NCAT
         self.total = Grow(np.int64)
         self._last = np.zeros(NCAT, dtype=np.int64)
         self._bmax = Grow(np.int64)
@@ -218,8 +221,16 @@ class CategorySeries:
 
     def reserve(self, points: int) -> None:
         """Make room for ``points`` points in every column (see :meth:`Grow.reserve`)."""
-        for g in (self.seq, self.ts, self.total, *self.cum):
+        for g in self._columns():
             g.reserve(points)
+
+    def _columns(self) -> list[Grow]:
+        return [self.seq, self.ts, self.total, *(g for g in self.cum if g is not None)]
+
+    def column(self, c: int) -> np.ndarray:
+        """Bytes of category ``c`` at every point (a read-only view)."""
+        g = self.cum[c]
+        return g.a if g is not None else np.broadcast_to(self._last[c], (len(self),))
 
     def append(self, seq: np.ndarray, ts: np.ndarray, cat: np.ndarray, delta: np.ndarray) -> None:
         """Add journal changes (event index, ts, category index, signed bytes) in replay order."""
@@ -229,16 +240,24 @@ class CategorySeries:
         present = np.bincount(cat, minlength=NCAT) if cat.min() >= 0 else np.ones(NCAT, dtype=np.int64)
         tot = np.full(n, int(self._last.sum()), dtype=np.int64)
         for c in range(NCAT):
+            g = self.cum[c]
             if present[c] == len(cat):  # the chunk changes one category only: no mask
                 step = np.cumsum(delta)
             elif present[c]:
                 step = np.cumsum(np.where(cat == c, delta, 0))
-            else:  # unchanged in this chunk: a constant run
-                self.cum[c].extend(np.full(n, self._last[c], dtype=np.int64))
+            elif g is None:  # still constant
                 continue
+            else:  # unchanged in this chunk: a constant run
+                g.extend(np.full(n, self._last[c], dtype=np.int64))
+                continue
+            if g is None:
+                if not step.any():
+                    continue
+                g = self.cum[c] = Grow(np.int64, max(self.seq.capacity, len(self) + n))
+                g.extend(np.full(len(self), self._last[c], dtype=np.int64))
             tot += step
-            self.cum[c].extend(step + self._last[c])
-            self._last[c] = self.cum[c].a[-1]
+            g.extend(step + self._last[c])
+            self._last[c] = g.a[-1]
         self.total.extend(tot)
         self.seq.extend(seq)
         self.ts.extend(ts)
@@ -279,7 +298,7 @@ class CategorySeries:
 
     def values_at(self, i: int) -> np.ndarray:
         """Bytes per category at point ``i``."""
-        return np.array([self.cum[c].a[i] for c in range(NCAT)], dtype=np.int64)
+        return np.array([self._last[c] if g is None else g.a[i] for c, g in enumerate(self.cum)], dtype=np.int64)
 
     def at_time(self, ts: int) -> np.ndarray | None:
         """Bytes per category after every change at or before ``ts`` (None before the first)."""
@@ -291,7 +310,7 @@ class CategorySeries:
         k = int(np.searchsorted(self.seq.a, seq, side="left")) - 1
         if k <= 0:
             return
-        for g in (self.seq, self.ts, self.total, *self.cum):
+        for g in self._columns():
             g.drop_front(k)
         self._bmax = Grow(np.int64)
         self._barg = Grow(np.int64)

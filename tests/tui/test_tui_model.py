@@ -135,6 +135,40 @@ def test_viewport_peak_through_the_block_pyramid():
     assert series.argmax(n - 100, n) == n - 100
 
 
+def test_series_per_category_equal_a_cumulative_sum_whatever_the_chunks():
+    # GIVEN random changes, mostly of one category, another starting late, one never changing,
+    # appended in chunks of random sizes, with room reserved (or not) part way
+    rng = np.random.default_rng(3)
+    n = 5000
+    cat = np.where(rng.random(n) < 0.9, 0, 3).astype(np.int8)
+    cat[: n // 2][cat[: n // 2] == 3] = 0  # host_pinned first changes half way
+    cat[rng.integers(0, n, 40)] = 2
+    cat[:3] = 2  # ipc_mapped: three zero changes first (a start state of 0 bytes)
+    delta = rng.integers(-50, 100, n)
+    delta[:3] = 0
+    series = CategorySeries()
+    at = 0
+    while at < n:
+        step = int(rng.integers(1, 700))
+        if at > 1000 and series.seq.capacity < n:
+            series.reserve(n)
+        series.append(np.arange(at, min(at + step, n)), np.arange(at, min(at + step, n), dtype=np.uint64),
+                      cat[at : at + step], delta[at : at + step])
+        at += step
+    # THEN every category at every point is the running sum of its changes, and total their sum
+    want = np.stack([np.cumsum(np.where(cat == c, delta, 0)) for c in range(4)])
+    for c in range(4):
+        np.testing.assert_array_equal(series.column(c), want[c])
+    np.testing.assert_array_equal(series.total.a, want.sum(axis=0))
+    assert series.cum[1] is None and series.column(1).shape == (n,)  # vmm never changed: not stored
+    for i in (0, n // 2 - 1, n // 2 + 7, n - 1):
+        np.testing.assert_array_equal(series.values_at(i), want[:, i])
+    # AND dropping the first points keeps the values of the rest
+    series.drop_before_seq(3000)
+    np.testing.assert_array_equal(series.column(3), want[3][series.offset :])
+    np.testing.assert_array_equal(series.column(1), np.zeros(n - series.offset))
+
+
 def test_events_window_filters_and_centre(trace):
     # GIVEN the model and the cursor at 5 s
     m = TraceModel.from_trace(trace)
