@@ -23,6 +23,10 @@ from memrec.tui.screens.main import MainScreen
 from memrec.tui.sources import Source
 
 
+#: Seconds from the app's start that a file's replay waits for the first frame at most.
+OPENING_HOLD = 3.0
+
+
 class MemrecApp(App[None]):
     """memrec's TUI.
 
@@ -47,7 +51,11 @@ class MemrecApp(App[None]):
         self.main = MainScreen(source.model, source.other_model, source.title, live=source.live, link=self.link,
                                clock=clock, stale_after=stale_after)
         self._interacting_until = 0.0
+        #: Until the first frame (the state at the cursor) is shown, or this time, a file's
+        #: replay waits: it would share the GIL and the CPUs with the cursor's worker and the paint.
+        self._opening_until = time.monotonic() + OPENING_HOLD
         self.sub_title = source.title
+        source.busy = self._busy
         source.begin()  # a file is read while Textual starts; the first frame waits for it
 
     @property
@@ -60,8 +68,13 @@ class MemrecApp(App[None]):
 
     def on_main_screen_ready(self, message: MainScreen.Ready) -> None:
         self.set_interval(self.refresh_interval, self.main.tick)
-        self.source.busy = lambda: time.monotonic() < self._interacting_until
         self.source.start(self.post_message)
+
+    def _busy(self) -> bool:
+        """Whether a file's replay should wait (called from its thread): the user presses keys,
+        or the first frame is not shown yet."""
+        now = time.monotonic()
+        return now < self._interacting_until or (now < self._opening_until and self.main.answered_key is None)
 
     def on_key(self) -> None:
         self._interacting_until = time.monotonic() + 0.5
@@ -80,6 +93,8 @@ class MemrecApp(App[None]):
     def on_loaded(self, message: messages.Loaded) -> None:
         self.main.source_loaded()
         self._freeze_heap()
+        # the overview asks for no state at the cursor: nothing to wait for
+        self._opening_until = min(self._opening_until, time.monotonic() + 0.5) if self.main.gpu != -1 else 0.0
 
     def on_indexed(self, message: messages.Indexed) -> None:
         self._freeze_heap()
