@@ -155,10 +155,6 @@ class ReplayedTrace(TraceIntake):
         series = {g: gpu_series(g, journal, initial, start, 0) for g in gpus}
         return view, Timeline(gpus=series, journal=journal, state=self._live, start=start, events=events)
 
-    @staticmethod
-    def _writable(events: np.ndarray) -> np.ndarray:
-        return events if events.flags.writeable else events.copy()
-
     def trim(self) -> None:
         """Live mode: keep at most ``max_events`` events (and what depends on them)."""
         if not self.max_events:
