@@ -149,8 +149,9 @@ def timed(fn, repeat: int = 1) -> tuple[float, object]:
 
 async def first_frame(path: Path, keys: bool = False) -> tuple[float, float, object]:
     """Seconds from app start to the first frame with the cursor state (painted), and to the end
-    of the replay. The app is polled with plain sleeps (``Pilot.pause`` walks every widget and
-    repaints the screen: polling with it every 5 ms was work the app itself never does).
+    of the replay. The bench waits on the app's own messages (``message_signal``), not by polling:
+    ``Pilot.pause`` every 5 ms walked every widget and repainted the screen, and even a plain
+    sleep loop wakes the UI thread, which takes the GIL from the scan: work the app never does.
     ``keys``: six key presses while the replay runs, each timed (the handler's synchronous part);
     each pauses the replay 0.5 s, as a key press does, so that run's replay time is not the app's."""
     from memrec.tui.app import MemrecApp
@@ -159,8 +160,18 @@ async def first_frame(path: Path, keys: bool = False) -> tuple[float, float, obj
     t0 = time.perf_counter()
     app = MemrecApp(FileSource(path))
     async with app.run_test(size=(160, 48)) as pilot:
-        while app.main.cursor_state is None:
-            await asyncio.sleep(0.002)
+        shown, indexed = asyncio.Event(), asyncio.Event()
+
+        def seen(message: object) -> None:
+            if app.main.cursor_state is not None:
+                shown.set()
+            if app.main.indexed:
+                indexed.set()
+
+        app.main.message_signal.subscribe(app, seen, immediate=True)  # the cursor's state arrives there
+        app.message_signal.subscribe(app, seen, immediate=True)  # the source's messages there
+        seen(None)
+        await shown.wait()
         await pilot.pause(0)  # the messages handled and the screen painted
         first = time.perf_counter() - t0
         # redraws of the running app while the replay goes on: the handler's synchronous work
@@ -173,8 +184,7 @@ async def first_frame(path: Path, keys: bool = False) -> tuple[float, float, obj
             action()
             redraw.append(time.perf_counter() - t)
             await pilot.pause(0.05)
-        while not app.main.indexed:
-            await asyncio.sleep(0.01)
+        await indexed.wait()
         full = time.perf_counter() - t0
     # the app froze its heap (gc.freeze) for the one run a process makes: let the next run's
     # collector see this one's cycles again, or each run keeps the last one's model (1 GB)
