@@ -116,9 +116,11 @@ class ReplayedTrace(TraceIntake):
                 self._gpu_ids.add(g)
                 series = self.series.setdefault(g, CategorySeries())
                 seq = rows[sel, 0]
-                expect = (len(series) + len(seq)) * growth
-                if expect > series.seq.capacity:
-                    series.reserve(int(expect * 1.25) + 1024)  # headroom: a projection moves
+                held = len(series) + len(seq)
+                if held * growth > series.seq.capacity:
+                    # headroom, as a projection moves; at most 8 × what it holds, so that a burst
+                    # early in a trace does not reserve for the whole of it
+                    series.reserve(int(min(held * growth * 1.25, 8 * held)) + 1024)
                 series.append(seq, rows[sel, 1].astype(np.uint64), rows[sel, 4].astype(np.int8), rows[sel, 5])
                 series.blocks()  # keep the max pyramid current: redraws never build it
 
