@@ -176,6 +176,11 @@ class GpuIds:
     def add_column(self, column: np.ndarray) -> None:
         """A ``gpu`` column of events or NVML samples (any length; counted, not sorted)."""
         column = np.asarray(column)
+        if not len(column):
+            return
+        lo, hi = max(int(column.min()), 0), int(column.max())
+        if hi < 0 or (hi - lo < 64 and all(g in self._ids for g in range(lo, hi + 1))):
+            return  # every index the column can hold is known (two passes instead of a count)
         named = column[column >= 0]
         if len(named):
             self._ids.update(np.flatnonzero(np.bincount(named.astype(np.intp))).tolist())

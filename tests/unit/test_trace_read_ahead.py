@@ -1,6 +1,7 @@
-"""Reading a trace with its chunks decoded in threads ahead of the scan (``TraceReader.items(threads=)``,
-what the TUI's file scan uses) gives what a plain scan gives: the same items in the same order,
-the same warnings, damage included."""
+"""The fast paths of a scan (what the TUI's first frame waits for): reading a trace with its chunks
+decoded in threads ahead of the scan (``TraceReader.items(threads=)``) gives what a plain scan
+gives, the same items in the same order and the same warnings, damage included; the GPU list
+gathered from the event columns skips columns that can hold no new index, and misses none."""
 
 from __future__ import annotations
 
@@ -75,3 +76,20 @@ def test_a_scan_left_early_stops_its_decoding_threads(tmp_path):
     assert [kind for kind, _ in first] == ["events"] * 3
     assert not [t for t in threading.enumerate() if t.name.startswith("memrec-decode")]
     assert threading.active_count() == before
+
+
+def test_gpu_ids_from_columns_find_every_new_index():
+    # GIVEN the GPUs named so far: 0 to 3 (a column of them read before)
+    from memrec.trace.model import GpuIds
+
+    ids = GpuIds()
+    ids.add_column(np.array([3, 0, 1, 2, -1], np.int16))
+    # WHEN columns come whose indices are known, hidden inside a known range, outside it, far
+    # off, or none at all (the host, -1)
+    ids.add_column(np.array([2, 1, -1, 0], np.int16))
+    ids.add_column(np.array([-1, -1], np.int16))
+    ids.add_column(np.zeros(0, np.int16))
+    ids.add_column(np.array([0, 3, 5, 1], np.int16))
+    ids.add_column(np.array([0, 4, 200, 1], np.int16))
+    # THEN each new index is there, and only those
+    assert ids.sorted() == [0, 1, 2, 3, 4, 5, 200]
