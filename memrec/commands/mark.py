@@ -242,21 +242,28 @@ def check_pid(pid: int) -> int:
     return pid
 
 
-def _rest_parser(prog: str) -> argparse.ArgumentParser:
-    """The parser of what follows NAME (options and values mixed); its errors are
-    MemrecCommandError (exit code USAGE)."""
+def read_after_name(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Parse what follows NAME in ``args.values`` (options and values mixed) into ``args``.
+
+    Raises:
+        MemrecCommandError: a usage error (exit code USAGE).
+    """
     import argparse  # here: the forms quick_args reads never need it
 
     class UsageParser(argparse.ArgumentParser):
         def error(self, message: str):  # type: ignore[override]
             raise MemrecCommandError(message, exit_code=ExitCode.USAGE)
 
-    rest = UsageParser(prog=prog, add_help=False)
+    rest = UsageParser(prog=f"{parser.prog} NAME", add_help=False)
     _add_options(rest, default=argparse.SUPPRESS)
     rest.add_argument("values", nargs="*")
     # -v after NAME too, as after any subcommand (mark has nothing more to log)
     rest.add_argument("-v", "--verbose", action="count", default=0)
-    return rest
+    extra = rest.parse_intermixed_args(args.values)
+    for key in ("phase", "gpu", "socket", "pid"):
+        if hasattr(extra, key):
+            setattr(args, key, getattr(extra, key))
+    args.values = extra.values
 
 
 def _add_options(parser: argparse.ArgumentParser, default: object = None) -> None:
@@ -336,11 +343,7 @@ class MarkCommand:
     def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser | None) -> int:
         ts = time.monotonic_ns()
         if parser is not None:  # argparse's: what follows NAME is still to read
-            extra = _rest_parser(f"{parser.prog} NAME").parse_intermixed_args(args.values)
-            for key in ("phase", "gpu", "socket", "pid"):
-                if hasattr(extra, key):
-                    setattr(args, key, getattr(extra, key))
-            args.values = extra.values
+            read_after_name(args, parser)
         values = parse_values(args.values)
         pid = check_pid(args.pid) if args.pid is not None else invoking_process()
         message = protocol.make_mark(args.name, args.phase, ts, get_native_id(), args.gpu, values, pid)
