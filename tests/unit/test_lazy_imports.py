@@ -75,9 +75,9 @@ def test_quick_commands_import_only_their_own_command(argv):
 
 #: What `memrec --help` and the documented forms of `memrec mark` leave out besides: argparse (the
 #: help is rendered by hand, mark's arguments parsed by hand), msgpack (the marker packed by hand),
-#: socket.py (its enums and selectors), threading, and what argparse's help would bring (shutil with
-#: its compression modules, textwrap).
-NO_ARGPARSE = ("argparse", "memrec.commands.parser", "msgpack", "socket", "threading", "shutil", "textwrap")
+#: socket.py (its enums and selectors), threading, enum (ExitCode is plain ints), and what
+#: argparse's help would bring (shutil with its compression modules, textwrap).
+NO_ARGPARSE = ("argparse", "memrec.commands.parser", "msgpack", "socket", "threading", "enum", "shutil", "textwrap")
 
 
 @pytest.mark.parametrize(
