@@ -118,8 +118,8 @@ def help_text(columns: int) -> str | None:
     argparse's layout for this one parser: the usage line, the description filled to the width,
     then each command (indented 4) and each option (indented 2) with its help wrapped in a column 2
     past the longest of them (at most 24). None (argparse then renders it) when the usage line does
-    not fit, or textwrap would break a word (a hyphenated one at a line's end, or one longer
-    than the column). tests/unit/test_quick_commands.py compares the two at every width.
+    not fit, or textwrap would cut a word longer than its column. tests/unit/test_quick_commands.py
+    compares the two at every width.
     """
     width = columns - 2  # argparse's HelpFormatter leaves 2 columns
     usage = "usage: memrec " + " ".join(f"[{flags.split(',')[0]}]" for flags in OPTIONS) + " COMMAND ..."
@@ -144,20 +144,47 @@ def help_text(columns: int) -> str | None:
 
 
 def _wrap(text: str, width: int) -> list[str] | None:
-    """``textwrap.wrap(text, width)`` for plain words (textwrap imports re), or None where textwrap
-    would break a word: one longer than ``width``, or one with a hyphen that goes to the next line."""
+    """``textwrap.wrap(text, width)`` (textwrap imports re), or None where it would cut a word
+    longer than ``width`` or split an em-dash.
+
+    textwrap's pieces: the words, each split after a hyphen between letters ("stub-" "driver"),
+    and the spaces between them; a line takes pieces while they fit and drops the space it ends on.
+    """
+    pieces: list[str] = []
+    for word in text.split():
+        if "--" in word[1:]:  # an em-dash: textwrap's own rule
+            return None
+        if pieces:
+            pieces.append(" ")
+        start = 0
+        for at in range(1, len(word) - 2):
+            if word[at] == "-" and _hyphen_breaks(word, at):
+                pieces.append(word[start : at + 1])
+                start = at + 1
+        pieces.append(word[start:])
+    if any(len(piece) > width for piece in pieces):
+        return None
     lines: list[str] = []
     line = ""
-    for word in text.split():
-        if line and len(line) + 1 + len(word) <= width:
-            line += " " + word
-            continue
-        if len(word) > width or (line and "-" in word):
-            return None
-        if line:
-            lines.append(line)
-        line = word
+    for piece in pieces:
+        if len(line) + len(piece) > width:
+            lines.append(line.rstrip(" "))
+            line = ""
+            if piece == " ":
+                continue
+        line += piece
     return lines + [line] if line else lines
+
+
+def _hyphen_breaks(word: str, at: int) -> bool:
+    """Whether textwrap breaks ``word`` after its hyphen at ``at``: two letters (or letter, hyphen,
+    letter) before it, a letter, an optional hyphen and a letter after it."""
+    def letter(i: int) -> bool:
+        return 0 <= i < len(word) and (word[i] == "_" or (word[i].isalnum() and not word[i].isdecimal()))
+
+    before = (letter(at - 2) and letter(at - 1)) or (letter(at - 3) and word[at - 2] == "-" and letter(at - 1))
+    after = letter(at + 1) and (letter(at + 2) or (word[at + 2 : at + 3] == "-" and letter(at + 3)))
+    return before and after
 
 
 def _configure_logging(verbosity: int) -> None:

@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import textwrap
 import threading
 
 import msgpack
@@ -61,6 +62,19 @@ def test_help_lists_every_command_summary_and_global_option():
         assert f"{name} {summary}" in words, name
     parser_options = {", ".join(a.option_strings) for a in get_argument_parser(only="")._actions if a.option_strings}
     assert parser_options == set(commands.OPTIONS)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.text(alphabet="abZé_1٣-( .:/", max_size=60), st.integers(1, 30))
+def test_the_help_s_wrapping_is_textwrap_s(text, width):
+    # GIVEN any text argparse would wrap (its runs of spaces made one)  WHEN it is wrapped without textwrap
+    text = " ".join(text.split())
+    lines = commands._wrap(text, width)
+    # THEN the lines are textwrap's, or left to textwrap (a word cut, an em-dash)
+    if lines is not None:
+        assert lines == textwrap.wrap(text, width)
+    else:
+        assert "--" in text or max(map(len, text.split())) > width
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["-h"]])
