@@ -233,6 +233,12 @@ def test_what_it_cannot_pack_is_left_to_msgpack():
     assert mark._PING == protocol.encode_frame({"type": "ping"})
 
 
+@pytest.mark.parametrize("text", ["nan", "-nan", "inf", "-inf", "1e308", "-0.0"])
+def test_special_floats_from_the_command_line_pack_as_msgpack_packs_them(text):
+    message = {"type": "mark", "values": {"v": mark.parse_value(text)}}
+    assert mark.pack(message) == msgpack.packb(message, use_bin_type=True)
+
+
 @pytest.mark.parametrize("pid", [1, 127, 128, 255, 256, 65535, 65536, protocol.MAX_PID, 2**32, 2**40])
 def test_the_daemon_s_pong_is_recognised_and_nothing_else(pid):
     # GIVEN the daemon's pong as it sends it
