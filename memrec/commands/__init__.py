@@ -14,7 +14,6 @@ argparse's layout rules (:func:`help_text`), and a command may parse its documen
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 
@@ -82,8 +81,9 @@ OPTIONS: dict[str, str] = {
 
 def load_command(name: str) -> Command:
     """The command ``name`` (``install-service`` → ``install_service.InstallServiceCommand``)."""
-    module = importlib.import_module(f"memrec.commands.{name.replace('-', '_')}")
-    return getattr(module, "".join(part.capitalize() for part in name.split("-")) + "Command")()
+    module_name = f"memrec.commands.{name.replace('-', '_')}"
+    __import__(module_name)  # importlib.import_module without importing importlib (the quick commands)
+    return getattr(sys.modules[module_name], "".join(part.capitalize() for part in name.split("-")) + "Command")()
 
 
 def _command_in(argv: list[str]) -> str:
