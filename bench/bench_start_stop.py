@@ -12,7 +12,8 @@ Start: compiling and loading the BPF program (``CudaProbes.load()``), the floor 
 compiling a one-line program.
 
 Command line: ``python -c pass`` and ``python -S -c pass`` (the floors) against ``memrec --help``
-and ``memrec mark`` (no daemon: the command fails fast after importing everything it needs).
+and ``memrec mark`` (no daemon: the command fails fast after importing everything it needs; and
+to a socket that answers as the daemon does), through ``python -m memrec`` and the ``memrec`` script.
 
 Needs root, tracefs and a C compiler for the stub driver (as tests/bpf); the command-line part
 runs anywhere (``--skip-probes``).
