@@ -150,8 +150,10 @@ def _wrap(text: str, width: int) -> list[str] | None:
     textwrap's pieces: the words, each split after a hyphen between letters ("stub-" "driver"),
     and the spaces between them; a line takes pieces while they fit and drops the space it ends on.
     """
+    for space in "\t\n\r\x0b\x0c":  # argparse and textwrap split at ASCII whitespace alone
+        text = text.replace(space, " ")
     pieces: list[str] = []
-    for word in text.split():
+    for word in filter(None, text.split(" ")):
         if "--" in word[1:]:  # an em-dash: textwrap's own rule
             return None
         if pieces:
