@@ -148,7 +148,7 @@ def _wrap(text: str, width: int) -> list[str] | None:
     longer than ``width`` or split an em-dash.
 
     textwrap's pieces: the words, each split after a hyphen between letters ("stub-" "driver"),
-    and the spaces between them; a line takes pieces while they fit and drops the space it ends on.
+    and the spaces between them; a line takes pieces while they fit.
     """
     for space in "\t\n\r\x0b\x0c":  # argparse and textwrap split at ASCII whitespace alone
         text = text.replace(space, " ")
@@ -166,16 +166,21 @@ def _wrap(text: str, width: int) -> list[str] | None:
         pieces.append(word[start:])
     if any(len(piece) > width for piece in pieces):
         return None
+    pieces.reverse()
     lines: list[str] = []
-    line = ""
-    for piece in pieces:
-        if len(line) + len(piece) > width:
-            lines.append(line.rstrip(" "))
-            line = ""
-            if piece == " ":
-                continue
-        line += piece
-    return lines + [line] if line else lines
+    while pieces:  # textwrap's loop: a blank piece is dropped where a line begins (but the first) or ends
+        if lines and not pieces[-1].strip():
+            pieces.pop()
+        line: list[str] = []
+        size = 0
+        while pieces and size + len(pieces[-1]) <= width:
+            size += len(pieces[-1])
+            line.append(pieces.pop())
+        if line and not line[-1].strip():
+            line.pop()
+        if line:
+            lines.append("".join(line))
+    return lines
 
 
 def _hyphen_breaks(word: str, at: int) -> bool:
@@ -205,14 +210,15 @@ def _configure_logging(verbosity: int) -> None:
 def main(args: list[str] | None = None) -> int:
     """Run the memrec command line and return its exit code."""
     argv = sys.argv[1:] if args is None else args
-    if argv in (["-h"], ["--help"]):
+    if argv in ([], ["-h"], ["--help"]):
         text = help_text(terminal_columns())
-        if text is not None:
-            try:  # as argparse prints help: nowhere to write it is no error
-                sys.stdout.write(text)
-            except (AttributeError, OSError):
-                pass
-            raise SystemExit(ExitCode.OK)  # as argparse ends after help
+        if text is not None:  # what argparse prints, and how it ends, without argparse
+            if argv:
+                _write(sys.stdout, text)
+                raise SystemExit(ExitCode.OK)
+            usage = text.split("\n", 1)[0]
+            _write(sys.stderr, f"{usage}\nmemrec: error: the following arguments are required: COMMAND\n")
+            raise SystemExit(ExitCode.USAGE)
     run, verbose = _quick(argv) or _parse(argv)
     try:
         return int(run())
@@ -236,6 +242,14 @@ def main(args: list[str] | None = None) -> int:
         print(f"memrec: internal error: {type(error).__name__}: {one_line(error)} "
               "(a bug in memrec: run again with -v for the traceback)", file=sys.stderr)
         return ExitCode.SOFTWARE
+
+
+def _write(stream, text: str) -> None:
+    """Write as argparse writes help and usage errors: nowhere to write them is no error."""
+    try:
+        stream.write(text)
+    except (AttributeError, OSError):
+        pass
 
 
 def _quick(argv: list[str]) -> tuple[Callable[[], int], int] | None:

@@ -88,6 +88,20 @@ def test_main_help_is_argparse_s(monkeypatch, capsys, argv, columns):
     assert capsys.readouterr().out == expected
 
 
+@pytest.mark.parametrize("columns", [20, 48, 49, 80, 200])
+def test_memrec_alone_says_what_argparse_says(monkeypatch, capsys, columns):
+    # GIVEN what argparse says to `memrec` with no command, at this width
+    monkeypatch.setenv("COLUMNS", str(columns))
+    with pytest.raises(SystemExit) as expected:
+        get_argument_parser(only="").parse_args([])
+    said = capsys.readouterr()
+    # WHEN memrec runs with no arguments  THEN it says the same, with the same exit code
+    with pytest.raises(SystemExit) as done:
+        commands.main([])
+    assert (done.value.code, capsys.readouterr()) == (expected.value.code, said)
+    assert said.err.endswith("memrec: error: the following arguments are required: COMMAND\n")
+
+
 def test_help_in_a_terminal_uses_its_width():
     # GIVEN a pseudo-terminal of 100 columns and no $COLUMNS
     import pty
