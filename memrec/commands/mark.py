@@ -363,7 +363,9 @@ class MarkCommand:
 
 
 def _digits(text: str) -> bool:
-    return text.isascii() and text.isdigit()
+    """A number quick_args reads as argparse's int() would (longer ones, which int() may refuse,
+    are argparse's)."""
+    return text.isascii() and text.isdigit() and len(text) <= 18
 
 
 #: The options quick_args reads, each with the check its value must pass there.

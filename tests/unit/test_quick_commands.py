@@ -179,7 +179,7 @@ WORDS = st.sampled_from([
     "--verbose", "-h", "--help", "--phase", "--ph", "begin", "end", "instant", "bogus", "--phase=begin",
     "--phase=", "--gpu", "--gpu=1", "--gpu=-1", "0", "07", "1_0", " 1", "+1", "\u0663", "2", "--socket",
     "--socket=", "--socket=/s", "/tmp/s", "--pid", "--pid=1", "--pi", "--pid=x", "-x", "--bogus",
-    "--socket=-x", "tokens=-3",
+    "--socket=-x", "tokens=-3", "9" * 19, "9" * 5000,
 ])
 
 
