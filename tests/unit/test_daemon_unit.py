@@ -696,6 +696,60 @@ def test_slow_subscriber_is_resynced_not_corrupted():
     sel.close()
 
 
+def test_a_resync_joining_a_running_sync_counts_only_what_it_never_gets():
+    # GIVEN a subscriber that overflowed (it does not read yet)
+    import selectors
+
+    sel = selectors.DefaultSelector()
+    fan = Fanout(sel, max_queue_bytes=200_000)
+    a, b = socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    fan.add(a)
+    fan.start_sync([msgpack.packb({"type": "hello"})], lambda: msgpack.packb({"type": "keyframe"}))
+    fan.collect(wait=True)
+    record = lambda i: msgpack.packb({"type": "marker", "i": i, "pad": "x" * 5000})  # noqa: E731
+    for i in range(100):
+        fan.publish(record(i))
+    assert fan.needs_resync
+    # AND a second subscriber's sync being built (its keyframe waits), while 30 more are published:
+    # the slow one drops them, the sync's tail keeps them
+    c, d = socket.socketpair()
+    fan.add(c)
+    release = threading.Event()
+    fan.start_sync([msgpack.packb({"type": "hello"})],
+                   lambda: release.wait(5) and msgpack.packb({"type": "keyframe"}))
+    for i in range(100, 130):
+        fan.publish(record(i))
+    # WHEN the slow one is resynced now: it joins that sync
+    fan.resync(lambda dropped: msgpack.packb({"type": "lost", "ts": 0, "total": 0, "subscriber_dropped": dropped}))
+    release.set()
+    fan.collect(wait=True)
+    decoder = frames.FrameDecoder(frames.MAX_SUBSCRIBER_FRAME, decode=False)
+    got = []
+    b.setblocking(False)
+    slow = next(s for s in fan.subscribers if s.sock is a)
+    for _ in range(2000):
+        for key, mask in sel.select(0):
+            key.data(mask)
+        try:
+            got += decoder.feed(b.recv(1 << 16))
+        except BlockingIOError:
+            if not slow.queue:
+                break
+    # THEN after its notice it gets the 30 again (the sync's tail), and the notice counts only the
+    # records it never gets: neither before its overflow nor in the sync
+    assert [r["type"] for r in got if r["type"] != "marker"] == ["hello", "keyframe", "hello", "lost", "keyframe"]
+    notice = got.index(next(r for r in got if r["type"] == "lost"))
+    assert [r["i"] for r in got[notice:] if r["type"] == "marker"] == list(range(100, 130))
+    never = set(range(130)) - {r["i"] for r in got if r["type"] == "marker"}
+    assert got[notice]["subscriber_dropped"] == len(never) > 0
+    assert slow.dropped == fan.dropped_records == len(never)
+    fan.close()
+    sel.close()
+    for s in (b, d):
+        s.close()
+
+
 # ------------------------------------------------------------------------------ command
 
 
