@@ -359,7 +359,7 @@ def test_the_grafana_dashboard_queries_only_metrics_the_daemon_exposes():
     from memrec.daemon.metrics import Snapshot
 
     m = DaemonMetrics(("127.0.0.1", 0))
-    m.snapshot = Snapshot({}, {}, {}, {}, {}, {}, 0, 0, 0, 0.0, 0.0, 0, 0)
+    m.snapshot = Snapshot({}, {}, {}, {}, {}, {}, 0, 0, 0, 0.0, 0.0, 0, 0, {"written": 0, "skipped": 0, "waited": 0})
     exposed = set()
     for family in m.collect():
         exposed.add(family.name + ("_total" if family.type == "counter" else ""))
