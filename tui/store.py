@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from memrec.columns import EVENT_DTYPE
+from memrec.trace.chunks import SPARSE_COLUMN
 from memrec.state.batch import Batch
 
 
@@ -102,7 +103,8 @@ class EventStore:
         """The events of :meth:`pieces` as one array (the slow part: no lock needed, chunks never change)."""
         if not pieces:
             return np.zeros(0, dtype=EVENT_DTYPE)
-        parts = [self._array_of(c, s)[a:b] for c, s, a, b in pieces]
+        parts = [self._array_of(c, s)[a:b] if isinstance(c, np.ndarray) or s in self._cache or 4 * (b - a) > c.n
+                 else _rows(c, a, b) for c, s, a, b in pieces]
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def batch(self, pieces: list) -> Batch:
@@ -163,3 +165,18 @@ class EventStore:
         del self._env[:k]
         del self._firsts[:k]
         self.base = new_base
+
+
+def _rows(chunk: Any, a: int, b: int) -> np.ndarray:
+    """Rows [a, b) of a column chunk, built from its columns without converting (and caching) the
+    whole chunk: the events around the cursor are a few thousand rows of a 65,536-row chunk, and
+    the first frame waited for the whole chunk's 130-byte rows."""
+    out = np.zeros(b - a, dtype=EVENT_DTYPE)
+    for name in EVENT_DTYPE.names:
+        if name != SPARSE_COLUMN:
+            out[name] = chunk.column(name)[a:b]
+    if chunk.ipc_index is not None and len(chunk.ipc_index):
+        at = chunk.ipc_index.astype(np.intp)
+        inside = (at >= a) & (at < b)
+        out[SPARSE_COLUMN][at[inside] - a] = chunk.ipc[inside]
+    return out

@@ -96,3 +96,29 @@ def test_a_live_stream_and_the_file_get_the_same_records_and_skip_the_same_damag
     assert len(live.keyframes) == len(src.model.keyframes)
     assert [w for w in live.warnings if "malformed" in w][0].startswith("skipped 2 malformed record(s) from the stream")
     assert any("skipped 2 malformed record(s)" in w for w in src.model.warnings)
+
+
+def test_a_few_events_of_a_chunk_are_the_rows_of_the_whole_chunk(tmp_path):
+    # GIVEN a file of two 20,000-event chunks with every field varied, ipc bytes every 7th event
+    # and no NVML
+    from memrec.trace.writer import TraceWriter
+    from tests.unit.test_trace_format import HEADER
+    from tests.unit.test_trace_format import synthetic_events
+
+    events = synthetic_events(40_000)
+    path = tmp_path / "t.mrec"
+    with TraceWriter(path, HEADER) as w:
+        w.write_events(events[:20_000])
+        w.write_events(events[20_000:])
+    src = FileSource(path)
+    src.scan()
+    store = src.model.store
+    # WHEN a few events are read (what the events table around the cursor asks for), inside
+    # one chunk and across the two
+    for lo, hi in ((0, 5), (6, 4_100), (19_990, 20_010), (30_001, 30_300), (39_000, 40_000)):
+        rows = store.slice(lo, hi)
+        # THEN they are the rows the events were written as, ipc bytes included
+        assert rows.dtype == events.dtype
+        np.testing.assert_array_equal(rows, events[lo:hi])
+    # AND a large slice (converted whole and kept for the next one) is the same
+    np.testing.assert_array_equal(store.slice(100, 15_000), events[100:15_000])
