@@ -171,6 +171,7 @@ def _rows(chunk: Any, a: int, b: int) -> np.ndarray:
     """Rows [a, b) of a column chunk, built from its columns without converting (and caching) the
     whole chunk: the events around the cursor are a few thousand rows of a 65,536-row chunk, and
     the first frame waited for the whole chunk's 130-byte rows."""
+    b = min(b, chunk.n)  # a piece may run past its chunk (slicing clips it)
     out = np.zeros(b - a, dtype=EVENT_DTYPE)
     for name in EVENT_DTYPE.names:
         if name != SPARSE_COLUMN:

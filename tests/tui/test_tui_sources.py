@@ -99,23 +99,26 @@ def test_a_live_stream_and_the_file_get_the_same_records_and_skip_the_same_damag
 
 
 def test_a_few_events_of_a_chunk_are_the_rows_of_the_whole_chunk(tmp_path):
-    # GIVEN a file of two 20,000-event chunks with every field varied, ipc bytes every 7th event
-    # and no NVML
+    # GIVEN a file of 150,000 events in chunks as the writer cuts them, with every field varied,
+    # ipc bytes every 7th event and no NVML
     from memrec.trace.writer import TraceWriter
     from tests.unit.test_trace_format import HEADER
     from tests.unit.test_trace_format import synthetic_events
 
-    events = synthetic_events(40_000)
+    events = synthetic_events(150_000)
     path = tmp_path / "t.mrec"
     with TraceWriter(path, HEADER) as w:
-        w.write_events(events[:20_000])
-        w.write_events(events[20_000:])
+        w.write_events(events)
     src = FileSource(path)
     src.scan()
     store = src.model.store
+    starts = [start for _, start, _, _ in store.pieces(0, len(events))]
+    assert len(starts) >= 2, starts
+    edge = starts[1]
     # WHEN a few events are read (what the events table around the cursor asks for), inside
-    # one chunk and across the two
-    for lo, hi in ((0, 5), (6, 4_100), (19_990, 20_010), (30_001, 30_300), (39_000, 40_000)):
+    # one chunk, up to a chunk's end, and across two
+    for lo, hi in ((0, 5), (6, 4_100), (edge - 10, edge + 10), (edge - 4096, edge), (edge - 3, edge + 4_000),
+                   (149_000, 150_000)):
         rows = store.slice(lo, hi)
         # THEN they are the rows the events were written as, ipc bytes included
         assert rows.dtype == events.dtype
