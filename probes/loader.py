@@ -1,0 +1,226 @@
+"""memrec's own BPF loader: a compiled program as data, its maps created, its functions loaded.
+
+Why not let bcc load it: bcc can only compile from source (~2 s of clang/LLVM at every start,
+more on a busy host) and has no cache. So bcc is used for one thing, compiling
+(:func:`compile_program`), and the result, a :class:`Program` (instructions, license, map specs)
+is plain data that ``probecache`` keeps on disk. Loading a Program (:class:`LoadedProgram`) is
+the same code after a cold compile and on a warm start, so every start exercises one path.
+
+bcc bakes the fds of the maps it created into the instructions (``ld_imm64`` with
+``BPF_PSEUDO_MAP_FD``/``MAP_VALUE``); :func:`relocate` replaces them with the fds of the maps
+created here, by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from dataclasses import field
+
+from memrec._errors import ProbeError
+from memrec.probes import bpfsys
+
+#: What bcc calls the functions that TRACEPOINT_PROBE(category, name) defines.
+TRACEPOINT_PREFIX = "tracepoint__"
+_LD_IMM64 = 0x18
+_PSEUDO_MAP_FD, _PSEUDO_MAP_VALUE = 1, 2
+#: Threads that detach probes at close. Closing a uprobe's perf event waits out RCU grace
+#: periods (~0.1 s idle, ~0.4 s on a loaded VM) under a kernel-wide mutex: on an idle 2-core VM
+#: 8 threads gained ~10 % (bench/bench_start_stop.py); under load, with 178 probes, 32 threads took
+#: a daemon's stop from 74 s to 19 s, so the pool is sized for that.
+DETACH_THREADS = 32
+
+
+class RelocationError(ProbeError):
+    """An instruction refers to a map fd the program does not declare."""
+
+
+@dataclass(frozen=True)
+class MapSpec:
+    """One map as the kernel describes it (``BPF_OBJ_GET_INFO_BY_FD``)."""
+
+    name: str
+    type: int
+    key_size: int
+    value_size: int
+    max_entries: int
+    flags: int
+
+
+@dataclass(frozen=True)
+class Program:
+    """A compiled BPF program, independent of any process's fds.
+
+    Attributes:
+        license, kern_version: what the program was compiled with.
+        maps: the maps it uses, by bcc's table name.
+        functions: name -> (program type, instructions as compiled).
+        fds: the map fd baked into the instructions -> map name (for :func:`relocate`).
+    """
+
+    license: str
+    kern_version: int
+    maps: dict[str, MapSpec]
+    functions: dict[str, tuple[int, bytes]]
+    fds: dict[int, str] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        """Plain data for msgpack."""
+        return {
+            "license": self.license,
+            "kern_version": self.kern_version,
+            "maps": {n: [m.type, m.key_size, m.value_size, m.max_entries, m.flags] for n, m in self.maps.items()},
+            "functions": {n: [t, insns] for n, (t, insns) in self.functions.items()},
+            "fds": {str(fd): n for fd, n in self.fds.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Program:
+        """Inverse of :meth:`as_dict`. Raises KeyError/TypeError/ValueError on a malformed dict."""
+        maps = {str(n): MapSpec(str(n), *(int(x) for x in spec)) for n, spec in d["maps"].items()}
+        functions = {str(n): (int(t), bytes(insns)) for n, (t, insns) in d["functions"].items()}
+        fds = {int(fd): str(n) for fd, n in d["fds"].items()}
+        if any(len(insns) % 8 or not insns for _t, insns in functions.values()) or not set(fds.values()) <= set(maps):
+            raise ValueError("malformed program")
+        return cls(str(d["license"]), int(d["kern_version"]), maps, functions, fds)
+
+
+def relocate(insns: bytes, fds: dict[int, str], maps: dict[str, int]) -> bytes:
+    """``insns`` with every map fd baked in by the compiler replaced by the map's fd here.
+
+    Args:
+        fds: the compiled-in fd -> map name.
+        maps: map name -> fd of the map created in this process.
+
+    Raises:
+        RelocationError: an instruction names an fd that ``fds`` does not know.
+    """
+    out = bytearray(insns)
+    for at in range(0, len(out) - 15, 8):
+        op, regs, _off, imm = struct.unpack_from("<BBhi", out, at)
+        if op != _LD_IMM64 or (regs >> 4) not in (_PSEUDO_MAP_FD, _PSEUDO_MAP_VALUE):
+            continue
+        name = fds.get(imm)
+        if name is None or name not in maps:
+            raise RelocationError(f"instruction {at // 8} refers to map fd {imm}, which the program does not declare")
+        struct.pack_into("<i", out, at + 4, maps[name])
+    return bytes(out)
+
+
+def compile_program(source: str, cflags: list[str]) -> Program:
+    """Compile the C ``source`` with bcc and take the program out of it; bcc's objects are released.
+
+    Raises:
+        ProbeError: bcc is missing or the program does not compile.
+    """
+    try:
+        from bcc import BPF
+        from bcc.libbcc import lib
+    except ImportError as exc:
+        from memrec.probes.cuda import bcc_missing_hint
+
+        raise ProbeError(f"bcc is not importable ({exc}): {bcc_missing_hint()}") from exc
+    import ctypes
+
+    try:
+        # bcc reports compile errors on stderr and raises a bare Exception.
+        bpf = BPF(text=source.encode(), cflags=cflags)
+    except Exception as exc:  # noqa: BLE001 - bcc raises plain Exception
+        raise ProbeError(f"cannot compile the probe program: {exc}") from exc
+    try:
+        module = bpf.module
+        maps: dict[str, MapSpec] = {}
+        fds: dict[int, str] = {}
+        for i in range(lib.bpf_num_tables(module)):
+            name = ctypes.string_at(lib.bpf_table_name(module, i)).decode()
+            fd = lib.bpf_table_fd_id(module, i)
+            info = bpfsys.map_info(fd)
+            maps[name] = MapSpec(name, info["type"], info["key_size"], info["value_size"], info["max_entries"], info["flags"])
+            fds[fd] = name
+        functions = {}
+        for i in range(lib.bpf_num_functions(module)):
+            name = lib.bpf_function_name(module, i).decode()
+            kind = bpfsys.PROG_TYPE_TRACEPOINT if name.startswith(TRACEPOINT_PREFIX) else bpfsys.PROG_TYPE_KPROBE
+            functions[name] = (kind, bytes(bpf.dump_func(name.encode())))
+        return Program(lib.bpf_module_license(module).decode(), int(lib.bpf_module_kern_version(module)), maps, functions, fds)
+    finally:
+        bpf.cleanup()
+
+
+class LoadedProgram:
+    """A :class:`Program` in the kernel: its maps created and every function loaded.
+
+    Raises (constructor):
+        ProbeError: a map or function is refused (for a function, with the verifier's last words).
+    """
+
+    def __init__(self, program: Program) -> None:
+        self.program = program
+        #: map name -> fd
+        self.maps: dict[str, int] = {}
+        #: function name -> program fd
+        self.functions: dict[str, int] = {}
+        self._tracepoints: list[int] = []
+        try:
+            for name, spec in program.maps.items():
+                self.maps[name] = bpfsys.map_create(spec.type, spec.key_size, spec.value_size, spec.max_entries,
+                                                    spec.flags, name)
+            for name, (kind, insns) in program.functions.items():
+                code = relocate(insns, program.fds, self.maps)
+                self.functions[name] = bpfsys.prog_load(kind, code, program.license, program.kern_version, name)
+        except OSError as exc:
+            self.close()
+            what = "function" if self.maps.keys() == program.maps.keys() else "map"
+            raise ProbeError(f"the kernel refused a {what} of the probe program: {exc}") from exc
+        except RelocationError:
+            self.close()
+            raise
+
+    def attach_tracepoints(self, tracefs: str) -> None:
+        """Attach every ``tracepoint__CATEGORY__NAME`` function to its tracepoint."""
+        for name, fd in self.functions.items():
+            if name.startswith(TRACEPOINT_PREFIX):
+                category, _, event = name[len(TRACEPOINT_PREFIX):].partition("__")
+                try:
+                    self._tracepoints.append(bpfsys.attach_tracepoint(fd, tracefs, category, event))
+                except OSError as exc:
+                    raise ProbeError(f"cannot attach {category}:{event}: {exc}") from exc
+
+    def attach_uprobe(self, function: str, path: str, offset: int, retprobe: bool) -> int:
+        """Attach ``function`` at ``offset`` of ``path``; return the perf fd (close it to detach)."""
+        return bpfsys.attach_uprobe(self.functions[function], path, offset, retprobe)
+
+    def close(self) -> None:
+        """Detach the tracepoints, release the functions and maps (uprobes are the caller's)."""
+        for fd in [*self._tracepoints, *self.functions.values(), *self.maps.values()]:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._tracepoints.clear()
+        self.functions.clear()
+        self.maps.clear()
+
+
+def close_in_parallel(perf_fds: list[int], threads: int = DETACH_THREADS) -> list[str]:
+    """Close (detach) the probes' perf fds from ``threads`` threads; return one line per failure.
+
+    Why threads: each close sleeps in the kernel for RCU grace periods, so ~100 probes closed one
+    by one take 7-9 s. The kernel serialises most of the wait (perf_uprobe_destroy holds
+    event_mutex), so this is ~10 % faster, not N times; the daemon writes its trailer before it
+    gets here. Multi-uprobe links (one link, one wait for many probes, kernel >= 6.6) would remove
+    the wait; they are not used yet.
+    """
+    if not perf_fds:
+        return []
+
+    def close(fd: int) -> str | None:
+        try:
+            os.close(fd)  # releases the GIL for the kernel's wait
+        except OSError as exc:
+            return f"cannot detach a uprobe (fd {fd}): {exc}"
+        return None
+
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(perf_fds))), thread_name_prefix="detach") as pool:
+        return [why for why in pool.map(close, perf_fds) if why]
