@@ -99,7 +99,7 @@ def check_libcuda(extra: list[str]):
 
 
 class DoctorCommand:
-    """Check this host: privileges, BPF, tracefs, bcc, kernel headers, libcuda, NVML.
+    """Check this host: privileges, BPF, tracefs, bcc, kernel headers, the probe cache, libcuda, NVML.
 
     Prints one line per check and, for each failure, what to do about it. Exits 1 when a check
     that recording needs fails (warnings, such as no GPU, do not fail).
@@ -107,9 +107,13 @@ class DoctorCommand:
 
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--libcuda", action="append", default=[], metavar="PATH", help="also look at this libcuda")
+        parser.add_argument("--probe-cache", default=None, metavar="DIR",
+                            help="the daemon's compiled-program cache to look at (default: the daemon's default)")
         parser.add_argument("-j", "--json", action="store_true", help="print the checks as JSON")
 
     def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+        from memrec.daemon.config import DEFAULT_PROBE_CACHE
+        from memrec.daemon.config import DEFAULT_RINGBUF_PAGES
         from memrec.probes import health
 
         checks = [
@@ -117,6 +121,7 @@ class DoctorCommand:
             check_tracefs(),
             check_headers(),
             health.check_bcc(),
+            health.check_probe_cache(os.path.abspath(args.probe_cache or DEFAULT_PROBE_CACHE), DEFAULT_RINGBUF_PAGES),
             check_libcuda(args.libcuda),
             health.check_nvml(),
         ]

@@ -147,3 +147,26 @@ def test_the_daemon_option_and_its_default():
     with pytest.raises(ValueError):
         config.probe_cache(" ")
     assert config.DaemonConfig(probe_cache=None).probe_cache is None
+
+
+def test_doctor_says_whether_the_daemon_finds_its_compiled_program(tmp_path, capsys):
+    if os.geteuid() != 0:
+        pytest.skip("the cache is root's")
+    from memrec.__main__ import main
+    from memrec.daemon.config import DEFAULT_RINGBUF_PAGES
+    from memrec.probes.cuda import program_cflags
+    from memrec.probes.cuda import program_source
+
+    cache = tmp_path / "cache"
+
+    def doctor_line() -> str:
+        main(["doctor", "--json", "--probe-cache", str(cache)])
+        (check,) = [c for c in __import__("json").loads(capsys.readouterr().out) if c["name"] == "probe cache"]
+        return f"{check['status']}: {check['detail']}"
+
+    assert doctor_line().startswith("ok: no compiled probe program for this kernel")
+    key = probecache.cache_key(program_source(), program_cflags(False, DEFAULT_RINGBUF_PAGES))
+    probecache.ProbeCache(str(cache)).write(key, program())
+    assert doctor_line().startswith("ok: a compiled probe program for this kernel")
+    cache.chmod(0o777)
+    assert doctor_line() == f"warn: {cache} is not used: {cache} is writable by group or others"
