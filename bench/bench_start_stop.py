@@ -105,13 +105,14 @@ def stub_offsets(lib: Path) -> dict[str, int]:
         os.close(fd)
 
 
-def noop_detach(lib: Path, offsets: dict[str, int], threads: int) -> tuple[int, float]:
-    """Attach an entry and a return no-op uprobe per symbol, then time detaching them all."""
+def noop_detach(lib: Path, offsets: dict[str, int], threads: int, links: bool = False) -> tuple[int, float]:
+    """Attach an entry and a return no-op uprobe per symbol (perf events, or multi-uprobe links),
+    then time detaching them all."""
     from memrec.probes.loader import LoadedProgram
     from memrec.probes.loader import Program
     from memrec.probes.loader import close_in_parallel
 
-    prog = LoadedProgram(Program("GPL", 0, {}, {"noop": (2, NOOP_INSNS)}))
+    prog = LoadedProgram(Program("GPL", 0, {}, {"noop": (2, NOOP_INSNS)}), links=links)
     fds = [prog.attach_uprobe("noop", str(lib), off, retprobe) for off in offsets.values() for retprobe in (True, False)]
     t = time.perf_counter()
     if threads <= 1:
@@ -158,6 +159,12 @@ def bench_stop(repeat: int, threads: int) -> None:
     print(f"detach {n} no-op uprobes, serial  {fmt(serial_t)}  ({statistics.median(serial_t) / n * 1e3:.1f} ms each)")
     par_t = [noop_detach(lib, offsets, threads)[1] for _ in range(repeat)]
     print(f"same, {threads} threads              {fmt(par_t)}  = {statistics.median(par_t) / statistics.median(serial_t):.2f}x serial")
+    from memrec.probes.bpfsys import uprobe_multi_supported
+
+    if uprobe_multi_supported():
+        link_t = [noop_detach(lib, offsets, threads, links=True)[1] for _ in range(repeat)]
+        print(f"same as multi-uprobe links, {threads} threads {fmt(link_t)}  = "
+              f"{statistics.median(link_t) / statistics.median(serial_t):.3f}x serial")
 
     def close() -> float:
         p = CudaProbes().load()

@@ -21,8 +21,11 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 
 # bpf() commands and types used here (include/uapi/linux/bpf.h).
-MAP_CREATE, MAP_LOOKUP_ELEM, MAP_UPDATE_ELEM, PROG_LOAD, OBJ_GET_INFO_BY_FD = 0, 1, 2, 5, 15
+MAP_CREATE, MAP_LOOKUP_ELEM, MAP_UPDATE_ELEM, PROG_LOAD, OBJ_GET_INFO_BY_FD, LINK_CREATE = 0, 1, 2, 5, 15, 28
 PROG_TYPE_KPROBE, PROG_TYPE_TRACEPOINT = 2, 5
+#: expected_attach_type / link attach type of multi-uprobe links (kernel >= 6.6).
+TRACE_UPROBE_MULTI = 48
+_UPROBE_MULTI_RETURN = 1
 _ATTR_SIZE = 128
 _PERF_TYPE_TRACEPOINT = 2
 _PERF_FLAG_FD_CLOEXEC = 8
@@ -101,7 +104,8 @@ def map_lookup(fd: int, key: bytes, value_size: int) -> bytes | None:
     return v.raw
 
 
-def prog_load(prog_type: int, insns: bytes, license: str, kern_version: int, name: str) -> int:
+def prog_load(prog_type: int, insns: bytes, license: str, kern_version: int, name: str,
+              expected_attach_type: int = 0) -> int:
     """Load a program; return its fd.
 
     Raises:
@@ -118,6 +122,7 @@ def prog_load(prog_type: int, insns: bytes, license: str, kern_version: int, nam
                          1 if log is not None else 0, ctypes.sizeof(log) if log is not None else 0,
                          _addr(log) if log is not None else 0, kern_version)
         struct.pack_into("16s", attr, 48, name.encode()[:15])
+        struct.pack_into("<I", attr, 68, expected_attach_type)
         return bpf(PROG_LOAD, attr)
 
     try:
@@ -179,6 +184,32 @@ def attach_uprobe(prog_fd: int, path: str, offset: int, retprobe: bool) -> int:
     config = _pmu_config(_UPROBE_PMU, "retprobe") if retprobe else 0
     raw = ctypes.create_string_buffer(os.fsencode(path))
     return _enable(_perf_open(kind, config, _addr(raw), offset), prog_fd)
+
+
+def uprobe_multi_supported(release: str | None = None) -> bool:
+    """Whether the kernel has multi-uprobe links (6.6 and later), from ``uname -r``."""
+    release = release or os.uname().release
+    try:
+        major, minor = (int(x) for x in release.split("-", 1)[0].split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (6, 6)
+
+
+def attach_uprobe_link(prog_fd: int, path: str, offset: int, retprobe: bool) -> int:
+    """Like :func:`attach_uprobe`, as a multi-uprobe link (``prog_fd`` loaded for
+    :data:`TRACE_UPROBE_MULTI`); return the link fd (close it to detach).
+
+    Why: closing a link does not wait out RCU grace periods under the kernel's event_mutex as
+    closing a perf event does, so 104 links close from threads in ~0.3 s where perf events took ~10 s.
+    """
+    raw = ctypes.create_string_buffer(os.fsencode(path))
+    offsets = (ctypes.c_uint64 * 1)(offset)
+    attr = _attr()
+    struct.pack_into("<IIII", attr, 0, prog_fd, 0, TRACE_UPROBE_MULTI, 0)
+    struct.pack_into("<QQQQIII", attr, 16, _addr(raw), _addr(offsets), 0, 0, 1,
+                     _UPROBE_MULTI_RETURN if retprobe else 0, 0)
+    return bpf(LINK_CREATE, attr)
 
 
 def attach_tracepoint(prog_fd: int, tracefs: str, category: str, name: str) -> int:

@@ -27,10 +27,9 @@ from memrec.probes import bpfsys
 TRACEPOINT_PREFIX = "tracepoint__"
 _LD_IMM64 = 0x18
 _PSEUDO_MAP_FD, _PSEUDO_MAP_VALUE = 1, 2
-#: Threads that detach probes at close. Closing a uprobe's perf event waits out RCU grace
-#: periods (~0.1 s idle, ~0.4 s on a loaded VM) under a kernel-wide mutex: on an idle 2-core VM
-#: 8 threads gained ~10 % (bench/bench_start_stop.py); under load, with 178 probes, 32 threads took
-#: a daemon's stop from 74 s to 19 s, so the pool is sized for that.
+#: Threads that detach probes at close. Each close waits out an RCU grace period (~0.05-0.1 s idle,
+#: ~0.4 s on a loaded VM); links wait in parallel, perf events under a kernel-wide mutex (there,
+#: with 178 probes under load, 32 threads took a daemon's stop from 74 s to 19 s).
 DETACH_THREADS = 32
 
 
@@ -157,8 +156,10 @@ class LoadedProgram:
         ProbeError: a map or function is refused (for a function, with the verifier's last words).
     """
 
-    def __init__(self, program: Program) -> None:
+    def __init__(self, program: Program, links: bool | None = None) -> None:
         self.program = program
+        #: Uprobes as multi-uprobe links (kernel >= 6.6: quick to detach), else perf events.
+        self.links = bpfsys.uprobe_multi_supported() if links is None else links
         #: map name -> fd
         self.maps: dict[str, int] = {}
         #: function name -> program fd
@@ -170,7 +171,9 @@ class LoadedProgram:
                                                     spec.flags, name)
             for name, (kind, insns) in program.functions.items():
                 code = relocate(insns, program.fds, self.maps)
-                self.functions[name] = bpfsys.prog_load(kind, code, program.license, program.kern_version, name)
+                attach_type = bpfsys.TRACE_UPROBE_MULTI if self.links and kind == bpfsys.PROG_TYPE_KPROBE else 0
+                self.functions[name] = bpfsys.prog_load(kind, code, program.license, program.kern_version, name,
+                                                        attach_type)
         except OSError as exc:
             self.close()
             what = "function" if self.maps.keys() == program.maps.keys() else "map"
@@ -190,8 +193,9 @@ class LoadedProgram:
                     raise ProbeError(f"cannot attach {category}:{event}: {exc}") from exc
 
     def attach_uprobe(self, function: str, path: str, offset: int, retprobe: bool) -> int:
-        """Attach ``function`` at ``offset`` of ``path``; return the perf fd (close it to detach)."""
-        return bpfsys.attach_uprobe(self.functions[function], path, offset, retprobe)
+        """Attach ``function`` at ``offset`` of ``path``; return the link or perf fd (close it to detach)."""
+        attach = bpfsys.attach_uprobe_link if self.links else bpfsys.attach_uprobe
+        return attach(self.functions[function], path, offset, retprobe)
 
     def close(self) -> None:
         """Detach the tracepoints, release the functions and maps (uprobes are the caller's)."""
@@ -204,13 +208,12 @@ class LoadedProgram:
 
 
 def close_in_parallel(perf_fds: list[int], threads: int = DETACH_THREADS) -> list[str]:
-    """Close (detach) the probes' perf fds from ``threads`` threads; return one line per failure.
+    """Close (detach) the probes' link or perf fds from ``threads`` threads; return one line per failure.
 
-    Why threads: each close sleeps in the kernel for RCU grace periods, so ~100 probes closed one
-    by one take 7-9 s. The kernel serialises most of the wait (perf_uprobe_destroy holds
-    event_mutex), so this is ~10 % faster, not N times; the daemon writes its trailer before it
-    gets here. Multi-uprobe links (one link, one wait for many probes, kernel >= 6.6) would remove
-    the wait; they are not used yet.
+    Why threads: each close sleeps in the kernel for an RCU grace period. Multi-uprobe links
+    (kernel >= 6.6) wait in parallel: 104 close in ~0.3 s from 32 threads (~5.5 s one by one).
+    Perf events (older kernels) take event_mutex around the wait, so threads gain only ~10 % there
+    (~10 s for 104); the daemon writes its trailer before it gets here either way.
     """
     if not perf_fds:
         return []
