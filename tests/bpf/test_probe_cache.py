@@ -185,3 +185,28 @@ def test_symbol_offsets_are_those_bcc_finds(stub_lib):
     for name, _addr in BPF.get_user_functions_and_addresses(str(stub_lib).encode(), b"^cu"):
         theirs[name.decode()] = BPF._check_path_symbol(str(stub_lib).encode(), name, None, -1)[1]  # noqa: SLF001
     assert mine == theirs and len(mine) > 40
+
+
+@pytest.mark.parametrize("links", [True, False], ids=["multi-uprobe links", "perf events"])
+def test_both_ways_of_attaching_record_exactly(stub_lib, cache_dir, monkeypatch, links):
+    from memrec.probes import bpfsys
+    from memrec.probes.cuda import CudaProbes
+    from tests.bpf.test_probes import assert_exact
+    from tests.bpf.test_probes import record
+
+    if links and not bpfsys.uprobe_multi_supported():
+        pytest.skip(f"kernel {os.uname().release} has no multi-uprobe links (6.6)")
+    # GIVEN probes attached as links (kernel >= 6.6) or, as on older kernels, as perf events
+    monkeypatch.setattr(bpfsys, "uprobe_multi_supported", lambda release=None: links)
+    p = CudaProbes(probe_cache=str(cache_dir)).load()
+    try:
+        p.attach_library(stub_lib)
+        kinds = {os.readlink(f"/proc/self/fd/{fd}") for fd in p._uprobes}  # noqa: SLF001
+        assert kinds == {"anon_inode:bpf_link" if links else "anon_inode:[perf_event]"}
+        # WHEN the workload runs THEN every call is recorded exactly
+        facts, events = record(p, stub_lib, "basic")
+        assert_exact(events, facts)
+    finally:
+        p.close()
+    # AND closing detached them all
+    assert not p._uprobes  # noqa: SLF001

@@ -17,20 +17,12 @@ import pytest
 from memrec._errors import MemrecCommandError
 from memrec.live import wait_for_daemon
 from memrec.trace.reader import load_trace
+from conftest import cuda_alloc_source
 from conftest import memrec_cmd
 
 SIZE = 48 * 2**20 + 4096 + 29  # distinctive
 
-WORKLOAD = f"""
-from cuda.bindings import driver as cu
-assert cu.cuInit(0)[0] == 0
-err, dev = cu.cuDeviceGet(0)
-err, ctx = cu.cuDevicePrimaryCtxRetain(dev)
-assert cu.cuCtxSetCurrent(ctx)[0] == 0
-err, ptr = cu.cuMemAlloc({SIZE})
-assert err == 0, err
-assert cu.cuMemFree(ptr)[0] == 0
-"""
+WORKLOAD = cuda_alloc_source(SIZE) + "assert cu.cuMemFree(ptr)[0] == 0\n"
 
 
 def run_daemon(tmp_path, name: str, cache) -> tuple[float, str, int]:
