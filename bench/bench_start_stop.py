@@ -29,7 +29,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 NOOP = "int noop(void *ctx) { return 0; }"

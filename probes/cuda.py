@@ -1,11 +1,13 @@
 """Uprobes on the CUDA driver: load ``cuda.bpf.c``, attach it to libcuda files, drain events.
 
-Why a class around bcc: the daemon owns exactly one of these for its lifetime, attaches it to
+Why a class: the daemon owns exactly one of these for its lifetime, attaches it to
 every libcuda inode it discovers (hosts with containers have several), polls it every ~50 ms and
 must be able to tear it down cleanly even when half of the attachments are already gone.
 
-``python -m memrec.probes.cuda --ebpf [--follow-tree]`` prints the BPF program with its ``-D``
-flags, which is what bcc compiles.
+The program comes from the compiled-program cache or is compiled by bcc, and is loaded and attached
+by memrec's own loader (``probes/loader.py``, ``probes/probecache.py``). ``python -m
+memrec.probes.cuda --ebpf [--follow-tree]`` prints the BPF program with its ``-D`` flags, which is
+what bcc compiles.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ import logging
 import mmap
 import os
 import resource
-import sys
 import struct
+import sys
 import time
 from dataclasses import dataclass
 from dataclasses import field
