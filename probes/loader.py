@@ -14,6 +14,8 @@ created here, by name.
 from __future__ import annotations
 
 import contextlib
+import errno
+import logging
 import os
 import struct
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +24,8 @@ from dataclasses import field
 
 from memrec._errors import ProbeError
 from memrec.probes import bpfsys
+
+log = logging.getLogger(__name__)
 
 #: What bcc calls the functions that TRACEPOINT_PROBE(category, name) defines.
 TRACEPOINT_PREFIX = "tracepoint__"
@@ -165,15 +169,12 @@ class LoadedProgram:
         #: function name -> program fd
         self.functions: dict[str, int] = {}
         self._tracepoints: list[int] = []
+        self._linked = False  # a link was attached: links work here
         try:
             for name, spec in program.maps.items():
                 self.maps[name] = bpfsys.map_create(spec.type, spec.key_size, spec.value_size, spec.max_entries,
                                                     spec.flags, name)
-            for name, (kind, insns) in program.functions.items():
-                code = relocate(insns, program.fds, self.maps)
-                attach_type = bpfsys.TRACE_UPROBE_MULTI if self.links and kind == bpfsys.PROG_TYPE_KPROBE else 0
-                self.functions[name] = bpfsys.prog_load(kind, code, program.license, program.kern_version, name,
-                                                        attach_type)
+            self._load(list(program.functions))
         except OSError as exc:
             self.close()
             what = "function" if self.maps.keys() == program.maps.keys() else "map"
@@ -181,6 +182,24 @@ class LoadedProgram:
         except RelocationError:
             self.close()
             raise
+
+    def _load(self, names: list[str]) -> None:
+        """Load the functions ``names`` (relocated; uprobe functions for links when ``self.links``)."""
+        for name in names:
+            kind, insns = self.program.functions[name]
+            code = relocate(insns, self.program.fds, self.maps)
+            attach_type = bpfsys.TRACE_UPROBE_MULTI if self.links and kind == bpfsys.PROG_TYPE_KPROBE else 0
+            self.functions[name] = bpfsys.prog_load(kind, code, self.program.license, self.program.kern_version,
+                                                    name, attach_type)
+
+    def _without_links(self, why: OSError) -> None:
+        """The kernel refused the first link: load the uprobe functions again for perf events."""
+        log.warning("multi-uprobe links refused (%s): attaching the uprobes as perf events (slower to detach)", why)
+        self.links = False
+        names = [n for n, (kind, _) in self.program.functions.items() if kind == bpfsys.PROG_TYPE_KPROBE]
+        for name in names:
+            os.close(self.functions.pop(name))
+        self._load(names)
 
     def attach_tracepoints(self, tracefs: str) -> None:
         """Attach every ``tracepoint__CATEGORY__NAME`` function to its tracepoint."""
@@ -193,9 +212,22 @@ class LoadedProgram:
                     raise ProbeError(f"cannot attach {category}:{event}: {exc}") from exc
 
     def attach_uprobe(self, function: str, path: str, offset: int, retprobe: bool) -> int:
-        """Attach ``function`` at ``offset`` of ``path``; return the link or perf fd (close it to detach)."""
-        attach = bpfsys.attach_uprobe_link if self.links else bpfsys.attach_uprobe
-        return attach(self.functions[function], path, offset, retprobe)
+        """Attach ``function`` at ``offset`` of ``path``; return the link or perf fd (close it to detach).
+
+        Raises:
+            OSError: the kernel refused (a refused first link switches to perf events, logged).
+        """
+        if self.links:
+            try:
+                fd = bpfsys.attach_uprobe_link(self.functions[function], path, offset, retprobe)
+            except OSError as exc:
+                if self._linked or exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                    raise
+                self._without_links(exc)
+            else:
+                self._linked = True
+                return fd
+        return bpfsys.attach_uprobe(self.functions[function], path, offset, retprobe)
 
     def close(self) -> None:
         """Detach the tracepoints, release the functions and maps (uprobes are the caller's)."""

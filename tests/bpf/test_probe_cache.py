@@ -210,3 +210,33 @@ def test_both_ways_of_attaching_record_exactly(stub_lib, cache_dir, monkeypatch,
         p.close()
     # AND closing detached them all
     assert not p._uprobes  # noqa: SLF001
+
+
+def test_a_kernel_that_refuses_links_gets_perf_events(stub_lib, cache_dir, monkeypatch, caplog):
+    import errno
+
+    from memrec.probes import bpfsys
+    from memrec.probes.cuda import CudaProbes
+    from tests.bpf.test_probes import assert_exact
+    from tests.bpf.test_probes import record
+
+    # GIVEN a kernel that says it has multi-uprobe links but refuses the first one
+    def refuse(*args):
+        raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+
+    monkeypatch.setattr(bpfsys, "uprobe_multi_supported", lambda release=None: True)
+    monkeypatch.setattr(bpfsys, "attach_uprobe_link", refuse)
+    caplog.set_level(logging.INFO, logger="memrec")
+    p = CudaProbes(probe_cache=str(cache_dir)).load()
+    try:
+        # WHEN the stub is attached
+        report = p.attach_library(stub_lib)
+        # THEN one warning, every symbol attached as perf events, and the workload recorded exactly
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1 and "multi-uprobe links refused" in warnings[0], warnings
+        assert not report.missing
+        assert {os.readlink(f"/proc/self/fd/{fd}") for fd in p._uprobes} == {"anon_inode:[perf_event]"}  # noqa: SLF001
+        facts, events = record(p, stub_lib, "basic")
+        assert_exact(events, facts)
+    finally:
+        p.close()
