@@ -221,7 +221,9 @@ class LoadedProgram:
             try:
                 fd = bpfsys.attach_uprobe_link(self.functions[function], path, offset, retprobe)
             except OSError as exc:
-                if self._linked or exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                # Not EINVAL: that is also what a probe already at this offset with another
+                # ref_ctr_offset gets (bcc 0.26's Python passes garbage there), links or not.
+                if self._linked or exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS):
                     raise
                 self._without_links(exc)
             else:
