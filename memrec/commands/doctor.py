@@ -99,10 +99,11 @@ def check_libcuda(extra: list[str]):
 
 
 class DoctorCommand:
-    """Check this host: privileges, BPF, tracefs, bcc, kernel headers, the probe cache, libcuda, NVML.
+    """Check this host: privileges, BPF, tracefs, bcc, kernel headers, libcuda, NVML.
 
     Prints one line per check and, for each failure, what to do about it. Exits 1 when a check
-    that recording needs fails (warnings, such as no GPU, do not fail).
+    that recording needs fails (warnings, such as no GPU, do not fail). Also says whether the
+    daemon's compiled probe program for this kernel is cached (a start then skips the compile).
     """
 
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
