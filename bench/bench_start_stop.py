@@ -92,6 +92,20 @@ def bench_cli(repeat: int) -> None:
 # ------------------------------------------------------------------ probes
 
 
+def private_stub() -> Path:
+    """A copy of the stub driver with its own inode: uprobes belong to an inode, and bcc 0.26 (other
+    programs on this host, older memrec) places its uprobes with a garbage ref_ctr_offset, which
+    makes the kernel refuse any other probe at the same offset of the same inode."""
+    import shutil
+
+    from memrec.stubdriver.build import build_stub
+
+    lib = build_stub()
+    dest = Path(tempfile.mkdtemp(prefix="mrbstub", dir="/tmp")) / lib.name
+    shutil.copy2(lib, dest)
+    return dest
+
+
 def stub_offsets(lib: Path) -> dict[str, int]:
     """The probed driver symbols the stub exports, with their uprobe offsets."""
     from memrec.probes.cuda import SYMBOLS
@@ -148,9 +162,8 @@ def bench_load(repeat: int) -> None:
 
 def bench_stop(repeat: int, threads: int) -> None:
     from memrec.probes.cuda import CudaProbes
-    from memrec.stubdriver.build import build_stub
 
-    lib = build_stub()
+    lib = private_stub()
     offsets = stub_offsets(lib)
     serial = [noop_detach(lib, offsets, 1) for _ in range(repeat)]
     n = serial[0][0]
@@ -235,9 +248,7 @@ def daemon_run(lib: Path, cache: str, stop: bool) -> tuple[float, float, float]:
 def bench_daemon(repeat: int, stop: bool) -> None:
     """Daemon start to recording, cold (empty cache) and warm (cache filled by the cold start),
     rounds interleaved with the floor; with ``stop``, SIGTERM to a complete trace and to exit."""
-    from memrec.stubdriver.build import build_stub
-
-    lib = build_stub()
+    lib = private_stub()
     floor, cold, warm, to_trailer, to_exit = [], [], [], [], []
     for _ in range(repeat):
         floor.append(_floor_imports())
