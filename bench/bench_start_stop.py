@@ -32,8 +32,6 @@ import time
 from pathlib import Path
 
 NOOP = "int noop(void *ctx) { return 0; }"
-#: The same as instructions: r0 = 0; exit.
-NOOP_INSNS = bytes.fromhex("b700000000000000" "9500000000000000")
 
 
 def best_of(repeat: int, fn) -> list[float]:
@@ -121,21 +119,13 @@ def stub_offsets(lib: Path) -> dict[str, int]:
 def noop_detach(lib: Path, offsets: dict[str, int], threads: int, links: bool = False) -> tuple[int, float]:
     """Attach an entry and a return no-op uprobe per symbol (perf events, or multi-uprobe links),
     then time detaching them all."""
-    from memrec.probes.loader import LoadedProgram
-    from memrec.probes.loader import Program
-    from memrec.probes.loader import close_in_parallel
+    from memrec.probes.loader import NoopProbes
 
-    prog = LoadedProgram(Program("GPL", 0, {}, {"noop": (2, NOOP_INSNS)}), links=links)
-    fds = [prog.attach_uprobe("noop", str(lib), off, retprobe) for off in offsets.values() for retprobe in (True, False)]
+    probes = NoopProbes(str(lib), list(offsets), links=links)
+    n = len(probes.fds)
     t = time.perf_counter()
-    if threads <= 1:
-        for fd in fds:
-            os.close(fd)
-    else:
-        close_in_parallel(fds, threads)
-    elapsed = time.perf_counter() - t
-    prog.close()
-    return len(fds), elapsed
+    probes.close(threads)
+    return n, time.perf_counter() - t
 
 
 def bench_load(repeat: int) -> None:

@@ -261,3 +261,49 @@ def close_in_parallel(perf_fds: list[int], threads: int = DETACH_THREADS) -> lis
 
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(perf_fds))), thread_name_prefix="detach") as pool:
         return [why for why in pool.map(close, perf_fds) if why]
+
+
+#: ``r0 = 0; exit``: a program that does nothing.
+NOOP_INSNS = bytes.fromhex("b700000000000000" "9500000000000000")
+
+
+class NoopProbes:
+    """A do-nothing program at the entry (and return) of ``symbols`` in the file ``path``: what a
+    probe costs with nothing in it, the benches' floor. Attached like the real probes (links on
+    kernel >= 6.6, else perf events; ``links`` forces one).
+
+    Raises:
+        ProbeError / OSError: a symbol is missing or the kernel refuses.
+    """
+
+    def __init__(self, path: str, symbols: list[str], with_return: bool = True, links: bool | None = None) -> None:
+        from memrec.probes.elfsyms import function_offsets
+
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            offsets = function_offsets(fd)
+        finally:
+            os.close(fd)
+        missing = [s for s in symbols if s not in offsets]
+        if missing:
+            raise ProbeError(f"{path} does not export {', '.join(missing)}")
+        self._prog = LoadedProgram(Program("GPL", 0, {}, {"noop": (bpfsys.PROG_TYPE_KPROBE, NOOP_INSNS)}), links=links)
+        #: The probes' link or perf fds.
+        self.fds: list[int] = []
+        try:
+            for sym in symbols:
+                for retprobe in (True, False) if with_return else (False,):
+                    self.fds.append(self._prog.attach_uprobe("noop", path, offsets[sym], retprobe))
+        except OSError:
+            self.close()
+            raise
+
+    def close(self, threads: int = DETACH_THREADS) -> None:
+        """Detach them all (from ``threads`` threads; 1: one after the other) and free the program."""
+        if threads <= 1:
+            for fd in self.fds:
+                os.close(fd)
+        else:
+            close_in_parallel(self.fds, threads)
+        self.fds = []
+        self._prog.close()
