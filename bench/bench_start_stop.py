@@ -2,9 +2,10 @@
 
     sudo .venv/bin/python bench/bench_start_stop.py [--repeat 3] [--threads 8] [--skip-probes | --start-only]
 
-Stop: the kernel frees each uprobe with RCU grace periods (~0.1 s each on these VMs), so the floor
-is detaching N no-op uprobes (a one-instruction BPF program) one after another; the same N
-detached from ``--threads`` threads shows whether the kernel serialises them. Then the real
+Stop: the kernel frees each perf-event uprobe with RCU grace periods (~0.1 s each on these VMs), so
+the floor is detaching N no-op perf-event uprobes (a two-instruction BPF program) one after another;
+the same N detached from ``--threads`` threads shows whether the kernel serialises them, and the
+same as multi-uprobe links (kernel >= 6.6, what memrec attaches there) whether links do better. Then the real
 probes (``CudaProbes.close()``) on the stub driver, and the daemon: SIGTERM to a complete trace
 (trailer on disk) and SIGTERM to exit.
 
