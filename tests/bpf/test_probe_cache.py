@@ -29,16 +29,6 @@ NO_HEADERS = ("unshare", "-m", "sh", "-c", 'mount -t tmpfs none /lib/modules && 
 NEEDS_HEADERS = "from bcc import BPF; BPF(text='#include <linux/sched.h>\\nint f(void *ctx) { return 0; }')"
 
 
-@pytest.fixture(scope="module")
-def own_stub(stub_lib, tmp_path_factory) -> Path:
-    """A private copy of the stub (its own inode). Uprobes belong to an inode, and a probe that bcc
-    0.26 placed at the same offset of the shared stub (another test run on this host) carries a
-    garbage ref_ctr_offset, which makes the kernel refuse ours there (EINVAL)."""
-    path = tmp_path_factory.mktemp("stub") / stub_lib.name
-    shutil.copy2(stub_lib, path)
-    return path
-
-
 @pytest.fixture
 def cache_dir(workdir):  # noqa: F811 (the fixture)
     d = workdir / "cache"
@@ -70,10 +60,10 @@ def cache_files(cache: Path) -> list[Path]:
     return sorted(cache.glob("*.mrprobe"))
 
 
-def test_second_start_loads_the_cached_program_without_compiling(workdir, own_stub, cache_dir):  # noqa: F811
+def test_second_start_loads_the_cached_program_without_compiling(workdir, stub_lib, cache_dir):  # noqa: F811
     # GIVEN a daemon's first start with an empty cache directory: it compiles and writes the cache
-    cold = start(workdir, own_stub, "cold.mrec", cache_dir)
-    cold_counts = record_basic(cold, own_stub)
+    cold = start(workdir, stub_lib, "cold.mrec", cache_dir)
+    cold_counts = record_basic(cold, stub_lib)
     assert "compiled the probe program" in cold.log() and "probe program compiled (" in cold.log()
     (cached,) = cache_files(cache_dir)
     assert cached.stat().st_mode & 0o777 == 0o600 and cache_dir.stat().st_mode & 0o777 == 0o700
@@ -81,8 +71,8 @@ def test_second_start_loads_the_cached_program_without_compiling(workdir, own_st
     probe = subprocess.run([*NO_HEADERS, sys.executable, "-c", NEEDS_HEADERS], capture_output=True, text=True, timeout=120)
     assert probe.returncode != 0, "bcc compiled without kernel headers: the test would prove nothing"
     # WHEN the daemon starts again there
-    warm = start(workdir, own_stub, "warm.mrec", cache_dir, prefix=NO_HEADERS)
-    warm_counts = record_basic(warm, own_stub)
+    warm = start(workdir, stub_lib, "warm.mrec", cache_dir, prefix=NO_HEADERS)
+    warm_counts = record_basic(warm, stub_lib)
     # THEN it loaded the program from the cache and recorded the same events as the cold start
     log = warm.log()
     assert "loaded the compiled probe program from the cache" in log and "compiled the probe program" not in log, log
@@ -91,7 +81,7 @@ def test_second_start_loads_the_cached_program_without_compiling(workdir, own_st
     assert cache_files(cache_dir) == [cached]
 
 
-def test_a_corrupt_or_truncated_cache_file_costs_a_warning_and_a_compile(workdir, own_stub, cache_dir):  # noqa: F811
+def test_a_corrupt_or_truncated_cache_file_costs_a_warning_and_a_compile(workdir, stub_lib, cache_dir):  # noqa: F811
     from memrec.daemon.config import DEFAULT_RINGBUF_PAGES
     from memrec.probes.cuda import CudaProbes
 
@@ -101,8 +91,8 @@ def test_a_corrupt_or_truncated_cache_file_costs_a_warning_and_a_compile(workdir
     whole = cached.read_bytes()
     cached.write_bytes(whole[: len(whole) // 2])
     # WHEN the daemon starts with it
-    d = start(workdir, own_stub, "cut.mrec", cache_dir)
-    counts = record_basic(d, own_stub)
+    d = start(workdir, stub_lib, "cut.mrec", cache_dir)
+    counts = record_basic(d, stub_lib)
     # THEN one warning says why, the program is compiled, the events are recorded, the file rewritten
     log = d.log()
     assert log.count("not using the cached probe program") == 1 and "checksum mismatch" in log, log
@@ -114,7 +104,7 @@ def test_a_corrupt_or_truncated_cache_file_costs_a_warning_and_a_compile(workdir
     assert rewritten.functions.keys() == decode(cached.stem, whole).functions.keys()
 
 
-def test_a_program_the_verifier_refuses_is_compiled_again(own_stub, cache_dir, caplog):
+def test_a_program_the_verifier_refuses_is_compiled_again(stub_lib, cache_dir, caplog):
     from memrec.probes import probecache
     from memrec.probes.cuda import CudaProbes
     from memrec.probes.cuda import program_cflags
@@ -143,7 +133,7 @@ def test_a_program_the_verifier_refuses_is_compiled_again(own_stub, cache_dir, c
 
 
 @pytest.mark.parametrize("unsafe", ["symlink", "group-writable", "not-root"])
-def test_an_unsafe_cache_directory_is_not_used(own_stub, workdir, caplog, unsafe):  # noqa: F811
+def test_an_unsafe_cache_directory_is_not_used(stub_lib, workdir, caplog, unsafe):  # noqa: F811
     from memrec.probes.cuda import CudaProbes
 
     real = workdir / "real"
@@ -166,7 +156,7 @@ def test_an_unsafe_cache_directory_is_not_used(own_stub, workdir, caplog, unsafe
     assert list(real.iterdir()) == []
 
 
-def test_other_options_compile_and_cache_their_own_program(own_stub, cache_dir):
+def test_other_options_compile_and_cache_their_own_program(stub_lib, cache_dir):
     from memrec.probes.cuda import CudaProbes
 
     loads = [("follow", dict(follow_tree=True)), ("ring", dict(ringbuf_pages=2048)), ("plain", {})]
@@ -181,24 +171,24 @@ def test_other_options_compile_and_cache_their_own_program(own_stub, cache_dir):
         assert p.loaded_from == "cache"
 
 
-def test_symbol_offsets_are_those_bcc_finds(own_stub):
+def test_symbol_offsets_are_those_bcc_finds(stub_lib):
     from bcc import BPF
 
     from memrec.probes.elfsyms import function_offsets
 
-    fd = os.open(own_stub, os.O_RDONLY)
+    fd = os.open(stub_lib, os.O_RDONLY)
     try:
         mine = function_offsets(fd, b"cu")
     finally:
         os.close(fd)
     theirs = {}
-    for name, _addr in BPF.get_user_functions_and_addresses(str(own_stub).encode(), b"^cu"):
-        theirs[name.decode()] = BPF._check_path_symbol(str(own_stub).encode(), name, None, -1)[1]  # noqa: SLF001
+    for name, _addr in BPF.get_user_functions_and_addresses(str(stub_lib).encode(), b"^cu"):
+        theirs[name.decode()] = BPF._check_path_symbol(str(stub_lib).encode(), name, None, -1)[1]  # noqa: SLF001
     assert mine == theirs and len(mine) > 40
 
 
 @pytest.mark.parametrize("links", [True, False], ids=["multi-uprobe links", "perf events"])
-def test_both_ways_of_attaching_record_exactly(own_stub, cache_dir, monkeypatch, links):
+def test_both_ways_of_attaching_record_exactly(stub_lib, cache_dir, monkeypatch, links):
     from memrec.probes import bpfsys
     from memrec.probes.cuda import CudaProbes
     from tests.bpf.test_probes import assert_exact
@@ -210,11 +200,11 @@ def test_both_ways_of_attaching_record_exactly(own_stub, cache_dir, monkeypatch,
     monkeypatch.setattr(bpfsys, "uprobe_multi_supported", lambda release=None: links)
     p = CudaProbes(probe_cache=str(cache_dir)).load()
     try:
-        p.attach_library(own_stub)
+        p.attach_library(stub_lib)
         kinds = {os.readlink(f"/proc/self/fd/{fd}") for fd in p._uprobes}  # noqa: SLF001
         assert kinds == {"anon_inode:bpf_link" if links else "anon_inode:[perf_event]"}
         # WHEN the workload runs THEN every call is recorded exactly
-        facts, events = record(p, own_stub, "basic")
+        facts, events = record(p, stub_lib, "basic")
         assert_exact(events, facts)
     finally:
         p.close()
@@ -222,7 +212,7 @@ def test_both_ways_of_attaching_record_exactly(own_stub, cache_dir, monkeypatch,
     assert not p._uprobes  # noqa: SLF001
 
 
-def test_a_kernel_that_refuses_links_gets_perf_events(own_stub, cache_dir, monkeypatch, caplog):
+def test_a_kernel_that_refuses_links_gets_perf_events(stub_lib, cache_dir, monkeypatch, caplog):
     import errno
 
     from memrec.probes import bpfsys
@@ -240,13 +230,13 @@ def test_a_kernel_that_refuses_links_gets_perf_events(own_stub, cache_dir, monke
     p = CudaProbes(probe_cache=str(cache_dir)).load()
     try:
         # WHEN the stub is attached
-        report = p.attach_library(own_stub)
+        report = p.attach_library(stub_lib)
         # THEN one warning, every symbol attached as perf events, and the workload recorded exactly
         warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
         assert len(warnings) == 1 and "multi-uprobe links refused" in warnings[0], warnings
         assert not report.missing
         assert {os.readlink(f"/proc/self/fd/{fd}") for fd in p._uprobes} == {"anon_inode:[perf_event]"}  # noqa: SLF001
-        facts, events = record(p, own_stub, "basic")
+        facts, events = record(p, stub_lib, "basic")
         assert_exact(events, facts)
     finally:
         p.close()
