@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import importlib.resources
 import logging
 import mmap
@@ -115,6 +116,15 @@ def program_cflags(follow_tree: bool, ringbuf_pages: int) -> list[str]:
     if _tracefs_has_group_dead():
         flags.append("-DHAVE_GROUP_DEAD=1")
     return flags
+
+
+def _attach_failure(exc: Exception) -> str:
+    """Why a symbol is not probed. EINVAL at a valid offset is most often another program's uprobe
+    at the same place with another ref_ctr_offset (bcc 0.26's Python attaches with a garbage one)."""
+    if isinstance(exc, OSError) and exc.errno == errno.EINVAL:
+        return (f"attach failed: {exc} (if dmesg says 'ref_ctr_offset mismatch', another program, "
+                "e.g. a bcc 0.26 tool or an older memrec, probes the same place)")
+    return f"attach failed: {exc}"
 
 
 def _raise_fd_limit(need: int) -> None:
@@ -318,12 +328,12 @@ class CudaProbes:
         try:
             ret = prog.attach_uprobe(f"return_{sym}", probe_path, offset, retprobe=True)
         except (OSError, KeyError) as exc:
-            return f"attach failed: {exc}"
+            return _attach_failure(exc)
         try:
             entry = prog.attach_uprobe(f"enter_{sym}", probe_path, offset, retprobe=False)
         except (OSError, KeyError) as exc:
             os.close(ret)  # never a return probe without its entry probe, nor the reverse
-            return f"attach failed: {exc}"
+            return _attach_failure(exc)
         self._uprobes += [ret, entry]
         return None
 
