@@ -122,8 +122,7 @@ def _attach_failure(exc: Exception) -> str:
     """Why a symbol is not probed. EINVAL at a valid offset is most often another program's uprobe
     at the same place with another ref_ctr_offset (bcc 0.26's Python attaches with a garbage one)."""
     if isinstance(exc, OSError) and exc.errno == errno.EINVAL:
-        return (f"attach failed: {exc} (if dmesg says 'ref_ctr_offset mismatch', another program, "
-                "e.g. a bcc 0.26 tool or an older memrec, probes the same place)")
+        return f"attach failed: {exc} (another program's uprobe here? dmesg: ref_ctr_offset mismatch)"
     return f"attach failed: {exc}"
 
 
