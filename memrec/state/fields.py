@@ -76,8 +76,6 @@ API_IPC_OPEN = int(Api.cuIpcOpenMemHandle_v2)
 #: CUmemLocationType of a cuMemCreate: 0 (not read) and 1 are device memory, others are host.
 LOCATION_DEVICE = (0, 1)
 
-# Handle record slots: [size, gpu, ts, category, refs, nmaps, exporter, api]
-H_SIZE, H_GPU, H_TS, H_CAT, H_REFS, H_NMAPS, H_EXPORTER, H_API = range(8)
 # Open record slots: [handle_bytes, exporter, owner_gpu, size, gpu, refs, ts, exporter_ptr]
 O_BYTES, O_EXPORTER, O_OWNER_GPU, O_SIZE, O_GPU, O_REFS, O_TS, O_EPTR = range(8)
 

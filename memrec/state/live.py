@@ -59,6 +59,8 @@ from memrec.events import FLAG_IPC_BYTES
 from memrec.events import IPC_MAPPED
 from memrec.state import plain
 from memrec.state.allocs import AllocTable
+from memrec.state.allocs import HandleTable
+from memrec.state.allocs import MapTable
 from memrec.state.batch import Batch
 from memrec.state.fields import ALIAS_FIELDS
 from memrec.state.fields import ALLOC
@@ -116,8 +118,8 @@ class LiveState(Queries, VmmIpc):
 
     def __init__(self, journal: bool = False, max_failures: int = MAX_FAILURES) -> None:
         self._allocs = AllocTable()  # driver allocations (pid, ptr) -> size, gpu, ts, api
-        self._handles: dict[int, dict[int, list]] = {}  # pid -> handle -> handle record
-        self._maps: dict[int, dict[int, list]] = {}  # pid -> va -> [size, handle, offset, ts]
+        self._handles = HandleTable()  # VMM handles (pid, handle) -> HANDLE_FIELDS
+        self._maps = MapTable()  # VMM mappings (pid, va) -> size, handle, offset, ts
         self._aliases: dict[int, dict[int, int]] = {}  # pid -> retained handle -> handle
         self._exports: dict[bytes, list] = {}  # handle bytes -> [pid, ptr, gpu, size, ts]
         self._exported: dict[int, dict[int, list[bytes]]] = {}  # pid -> ptr -> handle bytes
@@ -362,8 +364,9 @@ class LiveState(Queries, VmmIpc):
         )
         for key in sorted(k for k in self._bytes if k[1] == pid):
             self._change(index, t, key[0], pid, key[2], -self._bytes[key])
-        self._allocs.drop_pid(pid)
-        for table in (self._handles, self._maps, self._aliases, self._opens, self._host):
+        for columns in (self._allocs, self._handles, self._maps):
+            columns.drop_pid(pid)
+        for table in (self._aliases, self._opens, self._host):
             table.pop(pid, None)
         for ptr_bytes in self._exported.pop(pid, {}).values():
             for hb in ptr_bytes:
@@ -392,8 +395,8 @@ class LiveState(Queries, VmmIpc):
             "n": self.n_events,
             "ts": self.last_ts,
             "allocs": None,
-            "handles": flat_nested(self._handles),
-            "maps": flat_nested(self._maps),
+            "handles": self._handles.flat(),
+            "maps": self._maps.flat(),
             "aliases": flat_nested(self._aliases),
             "exports": flat_keyed(self._exports),
             "fabric": flat_keyed(self._fabric),
@@ -450,9 +453,9 @@ class LiveState(Queries, VmmIpc):
         last = plain.last_of_keys(cols["pid"], cols["ptr"])
         s._allocs.insert(*(cols[name][last] for name in ("pid", "ptr", "size", "gpu", "ts", "api")))
         for p, h, *r in table_rows(d["handles"], len(HANDLE_FIELDS)):
-            s._handles.setdefault(p, {})[h] = r
+            s._handles.set(p, h, *r)
         for p, va, *m in table_rows(d["maps"], len(MAP_FIELDS)):
-            s._maps.setdefault(p, {})[va] = m
+            s._maps.set(p, va, *m)
         for p, a, h in table_rows(d["aliases"], len(ALIAS_FIELDS)):
             s._aliases.setdefault(p, {})[a] = h
         for hb, *ex in table_rows(d["exports"], len(EXPORT_FIELDS)):
