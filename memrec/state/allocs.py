@@ -39,6 +39,23 @@ def key_hash(pids: np.ndarray, ptrs: np.ndarray) -> np.ndarray:
     return x
 
 
+def by_key(pid: np.ndarray, ptr: np.ndarray) -> np.ndarray:
+    """The order that groups equal (pid, ptr) keys, each group in event order.
+
+    One unstable sort of the key's hash with the position in its low bits (fast); when two keys
+    share those hash bits (rare: then their events could interleave) a stable sort by (pid, ptr).
+    """
+    m = len(pid)
+    bits = max(20, m.bit_length())
+    pos = np.arange(m, dtype=np.uint64)
+    composite = (key_hash(pid, ptr) >> np.uint64(bits) << np.uint64(bits)) | pos
+    order = np.argsort(composite)
+    sp, sq, sh = pid[order], ptr[order], composite[order] >> np.uint64(bits)
+    if np.any((sh[1:] == sh[:-1]) & ((sp[1:] != sp[:-1]) | (sq[1:] != sq[:-1]))):
+        return np.lexsort((ptr, pid))
+    return order
+
+
 class KeyTable:
     """Rows ``pid``, :attr:`KEY` and :attr:`FIELDS` (``live`` marks used rows) and a hash index
     over (pid, key). A subclass names its key column and value columns; each is an attribute."""

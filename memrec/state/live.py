@@ -85,6 +85,7 @@ from memrec.state.fields import PEAK_FIELDS
 from memrec.state.fields import QUIET_KINDS
 from memrec.state.fields import READ_VERSIONS
 from memrec.state.fields import SNAPSHOT_VERSION
+from memrec.state.fields import VMM_RUN_KINDS
 from memrec.state.snapshot import alloc_arrays
 from memrec.state.snapshot import capture_allocs
 from memrec.state.snapshot import encode_allocs
@@ -176,7 +177,7 @@ class LiveState(Queries, VmmIpc):
         kinds = events["kind"]
         ok = events["result"] == 0
         plain_ok = ok & ((kinds == ALLOC) | (kinds == FREE))
-        n_plain = np.concatenate(([0], np.cumsum(plain_ok)))
+        n_plain = np.concatenate(([0], np.cumsum(plain_ok | (ok & np.isin(kinds, VMM_RUN_KINDS)))))
         fill: list[tuple[np.ndarray, np.ndarray]] = []
 
         def piece(lo: int, hi: int) -> None:

@@ -6,7 +6,7 @@ lets them join: :meth:`LiveState.apply` cuts there) with the result the event-by
 (:meth:`LiveState._apply_events`) gives:
 
 - the run's allocations and frees are grouped by (pid, ptr), each key's events in order
-  (:func:`_by_key`); whether a key is live before an event follows from the event before it (an allocation
+  (:func:`by_key`); whether a key is live before an event follows from the event before it (an allocation
   leaves it live, a free leaves it gone) or, for a key's first event, from the table. That gives
   every anomaly (an allocation over a live one, a free of an unknown pointer), every matched
   free's size and GPU (the fill-in), and the table's end state (the last allocation of a key);
@@ -26,6 +26,7 @@ from memrec.events import CUDA_ERROR_OUT_OF_MEMORY
 from memrec.events import DRIVER
 from memrec.events import FLAG_IPC_BYTES
 from memrec.events import IPC_MAPPED
+from memrec.state.allocs import by_key
 from memrec.state.allocs import key_hash
 from memrec.state.fields import ALLOC
 from memrec.state.fields import FREE
@@ -36,6 +37,9 @@ from memrec.state.fields import MAX_TS
 from memrec.state.fields import OTHER_KINDS
 from memrec.state.fields import PROC_EXIT
 from memrec.state.fields import QUIET_KINDS
+from memrec.state.fields import VMM_RUN_KINDS
+from memrec.state.fields import VMM_SERIAL_KINDS
+from memrec.state.vmm_run import apply_vmm
 
 if TYPE_CHECKING:
     from memrec.state.allocs import AllocTable
@@ -46,6 +50,12 @@ _QUIET = np.array(sorted(QUIET_KINDS), np.uint16)
 #: Kind -> whether a successful one goes event by event inside a run (a table: one gather per batch).
 _PER_EVENT = np.zeros(1 << 16, bool)
 _PER_EVENT[list(OTHER_KINDS + JOINABLE_KINDS)] = True
+#: Kinds :func:`memrec.state.vmm_run.apply_vmm` applies at once, and kinds that keep a run's
+#: VMM events event by event (they read or alias handles).
+_VMM_RUN = np.zeros(1 << 16, bool)
+_VMM_RUN[list(VMM_RUN_KINDS)] = True
+_VMM_BLOCK = np.zeros(1 << 16, bool)
+_VMM_BLOCK[list(VMM_SERIAL_KINDS)] = True
 
 
 def apply_run(state: LiveState, events: Batch, lo: int, hi: int, fill: list) -> None:
@@ -55,20 +65,28 @@ def apply_run(state: LiveState, events: Batch, lo: int, hi: int, fill: list) -> 
     ok = seg["result"] == 0
     base = state.n_events + lo
     _failures(state, seg, ok, base)
-    other = np.flatnonzero(ok & _PER_EVENT[kinds])
+    per_event = ok & _PER_EVENT[kinds]
+    vmm = ok & _VMM_RUN[kinds]
+    vmm_changes = None
+    if vmm.any() and not np.any(ok & _VMM_BLOCK[kinds]):
+        vmm_changes = apply_vmm(state, events, np.flatnonzero(vmm) + lo, fill)
+        if vmm_changes is not None:
+            per_event &= ~vmm
     state._log = []
     try:
-        state._apply_events(events, other + lo, fill)
+        state._apply_events(events, np.flatnonzero(per_event) + lo, fill)
         pm = np.flatnonzero(ok & ((kinds == ALLOC) | (kinds == FREE)))
         cols = {name: seg[name][pm] for name in ("kind", "pid", "ptr", "size", "gpu", "ts", "api")}
         changes = _allocs_and_frees(state, cols, pm + lo, base - lo, fill)
         log = state._log
     finally:
         state._log = None
+    more = [vmm_changes] if vmm_changes is not None and len(vmm_changes[0]) else []
     if log:
         cols = list(zip(*log))
-        more = [np.asarray(c, np.int64) for c in cols[:6]] + [np.asarray(cols[6], bool)]
-        changes = [np.concatenate((a, b)) for a, b in zip(changes, more)]
+        more.append([np.asarray(c, np.int64) for c in cols[:6]] + [np.asarray(cols[6], bool)])
+    if more:
+        changes = [np.concatenate(parts) for parts in zip(changes, *more)]
         order = np.argsort(changes[0], kind="stable")
         changes = [c[order] for c in changes]
     apply_changes(state, *changes)
@@ -95,9 +113,9 @@ class Planner:
         self.keys = key_hash(self.pids, self.ptrs)
         # The batch's successful allocations and frees by (key hash, position), and by pid.
         self.plain = np.flatnonzero(plain_ok)
-        by_key = np.lexsort((self.plain, self.keys[self.plain]))
-        self.sorted_keys = self.keys[self.plain][by_key]
-        self.sorted_pos = self.plain[by_key]
+        key_order = np.lexsort((self.plain, self.keys[self.plain]))
+        self.sorted_keys = self.keys[self.plain][key_order]
+        self.sorted_pos = self.plain[key_order]
         self._of_pid: dict[int, np.ndarray] = {}
         self.joined: dict[bytes, int] = {}  # handle bytes -> key hash of the allocation, of exports joined
 
@@ -192,7 +210,7 @@ def _allocs_and_frees(state: LiveState, ev: dict[str, np.ndarray], where: np.nda
     """
     m = len(where)
     table = state._allocs
-    order = _by_key(ev["pid"], ev["ptr"])
+    order = by_key(ev["pid"], ev["ptr"])
     pid = ev["pid"][order]
     ptr = ev["ptr"][order]
     is_alloc = ev["kind"][order] == ALLOC
@@ -267,23 +285,6 @@ def _allocs_and_frees(state: LiveState, ev: dict[str, np.ndarray], where: np.nda
         delta[valid],
         peak[valid],
     ]
-
-
-def _by_key(pid: np.ndarray, ptr: np.ndarray) -> np.ndarray:
-    """The order that groups equal (pid, ptr) keys, each group in event order.
-
-    One unstable sort of the key's hash with the position in its low bits (fast); when two keys
-    share those hash bits (rare: then their events could interleave) a stable sort by (pid, ptr).
-    """
-    m = len(pid)
-    bits = max(20, m.bit_length())
-    pos = np.arange(m, dtype=np.uint64)
-    composite = (key_hash(pid, ptr) >> np.uint64(bits) << np.uint64(bits)) | pos
-    order = np.argsort(composite)
-    sp, sq, sh = pid[order], ptr[order], composite[order] >> np.uint64(bits)
-    if np.any((sh[1:] == sh[:-1]) & ((sp[1:] != sp[:-1]) | (sq[1:] != sq[:-1]))):
-        return np.lexsort((ptr, pid))
-    return order
 
 
 def apply_changes(state: LiveState, index: np.ndarray, ts: np.ndarray, gpu: np.ndarray, pid: np.ndarray,
