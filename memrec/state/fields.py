@@ -77,6 +77,19 @@ JOINABLE_KINDS = (IPC_EXPORT, IPC_OPEN)
 BARRIER_KINDS = (*JOINABLE_KINDS, PROC_EXIT)
 API_IPC_OPEN = int(Api.cuIpcOpenMemHandle_v2)
 
+
+def kind_mask(kinds: tuple[int, ...]) -> np.ndarray:
+    """A table kind -> whether it is one of ``kinds``: ``mask[events["kind"]]`` is one gather,
+    where ``np.isin`` sorts the batch."""
+    mask = np.zeros(1 << 16, bool)
+    mask[list(kinds)] = True
+    return mask
+
+
+#: Whether each kind is applied at once by memrec.state.vmm_run, or may end a run.
+VMM_RUN_MASK = kind_mask(VMM_RUN_KINDS)
+BARRIER_MASK = kind_mask(BARRIER_KINDS)
+
 #: CUmemLocationType of a cuMemCreate: 0 (not read) and 1 are device memory, others are host.
 LOCATION_DEVICE = (0, 1)
 

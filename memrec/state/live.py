@@ -64,7 +64,7 @@ from memrec.state.allocs import MapTable
 from memrec.state.batch import Batch
 from memrec.state.fields import ALIAS_FIELDS
 from memrec.state.fields import ALLOC
-from memrec.state.fields import BARRIER_KINDS
+from memrec.state.fields import BARRIER_MASK
 from memrec.state.fields import EXIT_LARGEST
 from memrec.state.fields import EXPORT_FIELDS
 from memrec.state.fields import FABRIC_FIELDS
@@ -85,7 +85,7 @@ from memrec.state.fields import PEAK_FIELDS
 from memrec.state.fields import QUIET_KINDS
 from memrec.state.fields import READ_VERSIONS
 from memrec.state.fields import SNAPSHOT_VERSION
-from memrec.state.fields import VMM_RUN_KINDS
+from memrec.state.fields import VMM_RUN_MASK
 from memrec.state.snapshot import alloc_arrays
 from memrec.state.snapshot import capture_allocs
 from memrec.state.snapshot import encode_allocs
@@ -177,7 +177,7 @@ class LiveState(Queries, VmmIpc):
         kinds = events["kind"]
         ok = events["result"] == 0
         plain_ok = ok & ((kinds == ALLOC) | (kinds == FREE))
-        n_plain = np.concatenate(([0], np.cumsum(plain_ok | (ok & np.isin(kinds, VMM_RUN_KINDS)))))
+        n_plain = np.concatenate(([0], np.cumsum(plain_ok | (ok & VMM_RUN_MASK[kinds]))))
         fill: list[tuple[np.ndarray, np.ndarray]] = []
 
         def piece(lo: int, hi: int) -> None:
@@ -190,7 +190,7 @@ class LiveState(Queries, VmmIpc):
 
         lo = 0
         self._alloc_hints.clear()
-        barriers = np.flatnonzero(ok & np.isin(kinds, BARRIER_KINDS))
+        barriers = np.flatnonzero(ok & BARRIER_MASK[kinds])
         if len(barriers):
             plan = plain.Planner(self, events, plain_ok)
             for b in barriers.tolist():

@@ -37,7 +37,8 @@ from memrec.state.fields import MAX_TS
 from memrec.state.fields import OTHER_KINDS
 from memrec.state.fields import PROC_EXIT
 from memrec.state.fields import QUIET_KINDS
-from memrec.state.fields import VMM_RUN_KINDS
+from memrec.state.fields import VMM_RUN_MASK
+from memrec.state.fields import kind_mask
 from memrec.state.fields import VMM_SERIAL_KINDS
 from memrec.state.vmm_run import apply_vmm
 
@@ -46,16 +47,11 @@ if TYPE_CHECKING:
     from memrec.state.batch import Batch
     from memrec.state.live import LiveState
 
-_QUIET = np.array(sorted(QUIET_KINDS), np.uint16)
-#: Kind -> whether a successful one goes event by event inside a run (a table: one gather per batch).
-_PER_EVENT = np.zeros(1 << 16, bool)
-_PER_EVENT[list(OTHER_KINDS + JOINABLE_KINDS)] = True
-#: Kinds :func:`memrec.state.vmm_run.apply_vmm` applies at once, and kinds that keep a run's
-#: VMM events event by event (they read or alias handles).
-_VMM_RUN = np.zeros(1 << 16, bool)
-_VMM_RUN[list(VMM_RUN_KINDS)] = True
-_VMM_BLOCK = np.zeros(1 << 16, bool)
-_VMM_BLOCK[list(VMM_SERIAL_KINDS)] = True
+_QUIET = kind_mask(tuple(QUIET_KINDS))
+#: Kind -> whether a successful one goes event by event inside a run (unless apply_vmm takes it).
+_PER_EVENT = kind_mask(OTHER_KINDS + JOINABLE_KINDS)
+#: Kinds that keep a run's VMM events event by event (they read or alias handles).
+_VMM_SERIAL = kind_mask(VMM_SERIAL_KINDS)
 
 
 def apply_run(state: LiveState, events: Batch, lo: int, hi: int, fill: list) -> None:
@@ -66,9 +62,9 @@ def apply_run(state: LiveState, events: Batch, lo: int, hi: int, fill: list) -> 
     base = state.n_events + lo
     _failures(state, seg, ok, base)
     per_event = ok & _PER_EVENT[kinds]
-    vmm = ok & _VMM_RUN[kinds]
+    vmm = ok & VMM_RUN_MASK[kinds]
     vmm_changes = None
-    if vmm.any() and not np.any(ok & _VMM_BLOCK[kinds]):
+    if vmm.any() and not np.any(ok & _VMM_SERIAL[kinds]):
         vmm_changes = apply_vmm(state, events, np.flatnonzero(vmm) + lo, fill)
         if vmm_changes is not None:
             per_event &= ~vmm
@@ -113,11 +109,12 @@ class Planner:
         self.keys = key_hash(self.pids, self.ptrs)
         # The batch's successful allocations and frees by (key hash, position), and by pid.
         self.plain = np.flatnonzero(plain_ok)
-        key_order = np.lexsort((self.plain, self.keys[self.plain]))
+        key_order = np.argsort(self.keys[self.plain], kind="stable")  # positions ascending per key
         self.sorted_keys = self.keys[self.plain][key_order]
         self.sorted_pos = self.plain[key_order]
         self._of_pid: dict[int, np.ndarray] = {}
         self.joined: dict[bytes, int] = {}  # handle bytes -> key hash of the allocation, of exports joined
+        self._exports: dict[int, tuple] | None = None  # see _export_facts
 
     def restart(self) -> None:
         """A new run begins."""
@@ -146,7 +143,79 @@ class Planner:
         i = np.searchsorted(pos, lo)
         return bool(i < len(pos) and pos[i] < b)
 
+    def _export_facts(self) -> dict[int, tuple]:
+        """For each successful export of the batch (by position), found with numpy at once: its
+        pid, ptr and key hash, the position of the last allocation or free of its (pid, ptr)
+        before it and of the last such free (-1: none), of the last allocation or free of its
+        process (-1: none), and its handle bytes (None: none). None instead where another key
+        shares its hash (then :meth:`_export_joins` looks item by item)."""
+        ev, n = self.events, len(self.kinds)
+        at = np.flatnonzero((self.kinds == IPC_EXPORT) & (ev["result"] == 0))
+        sk, sp = self.sorted_keys, self.sorted_pos
+        k = self.keys[at]
+        out: dict[int, tuple] = {}
+        if len(sk):
+            head = np.ones(len(sk), bool)
+            head[1:] = sk[1:] != sk[:-1]
+            rank = np.cumsum(head) - 1
+            comp = rank * (n + 1) + sp  # ascending: sorted by (key hash, position)
+            i0 = np.minimum(np.searchsorted(sk, k), len(sk) - 1)
+            has = sk[i0] == k
+            last = np.searchsorted(comp, rank[i0] * (n + 1) + at) - 1
+            valid = has & (last >= i0)
+            free_at = np.maximum.accumulate(np.where(self.kinds[sp] == FREE, np.arange(len(sk)), -1))[last]
+            prev = np.where(valid, sp[last], -1)
+            prev_free = np.where(valid & (free_at >= i0), sp[free_at], -1)
+            # A hash two keys share: those exports are looked at item by item.
+            other = ~head[1:] & ((self.pids[sp[1:]] != self.pids[sp[:-1]]) | (self.ptrs[sp[1:]] != self.ptrs[sp[:-1]]))
+            shared = np.bincount(rank[1:][other], minlength=int(rank[-1]) + 1) > 0
+            shared = has & (shared[rank[i0]] | (self.pids[sp[i0]] != self.pids[at]) | (self.ptrs[sp[i0]] != self.ptrs[at]))
+        else:
+            prev = prev_free = np.full(len(at), -1)
+            shared = np.zeros(len(at), bool)
+        pp = self.plain[np.argsort(self.pids[self.plain], kind="stable")]
+        upids, first = np.unique(self.pids[pp], return_index=True)
+        prank = np.cumsum(np.concatenate(([False], self.pids[pp][1:] != self.pids[pp][:-1])))
+        pcomp = prank * (n + 1) + pp
+        r = np.minimum(np.searchsorted(upids, self.pids[at]), max(len(upids) - 1, 0))
+        pid_prev = np.full(len(at), -1)
+        if len(upids):
+            j = np.searchsorted(pcomp, r * (n + 1) + at) - 1
+            mine = (upids[r] == self.pids[at]) & (j >= first[r])
+            pid_prev[mine] = pp[j[mine]]
+        j = np.maximum(prev, 0)
+        hints = zip(np.minimum(ev["size"][j], MAX_SIZE).tolist(), ev["gpu"][j].tolist(),
+                    np.minimum(ev["ts"][j], MAX_TS).tolist(), ev["api"][j].tolist())
+        hb = _bytes_at(ev, at, (ev["flags"][at] & FLAG_IPC_BYTES) != 0)
+        cols = (at.tolist(), self.pids[at].tolist(), self.ptrs[at].tolist(), k.tolist(), prev.tolist(),
+                prev_free.tolist(), pid_prev.tolist(), shared.tolist(), hints, hb)
+        for b, pid, ptr, key, pv, pf, pl, sh, hint, h in zip(*cols):
+            out[b] = None if sh else (pid, ptr, key, pv, pf, pl, hint, h)
+        return out
+
     def _export_joins(self, lo: int, b: int) -> bool:
+        if self._exports is None:
+            self._exports = self._export_facts()
+        facts = self._exports[b]
+        if facts is None:
+            return self._export_joins_slowly(lo, b)
+        state = self.state
+        pid, ptr, key, prev, prev_free, pid_prev, hint, hb = facts
+        index = state.n_events + b
+        if prev >= lo:
+            if prev_free >= lo:
+                return False  # the free forgets exports made before it only: keep it in order
+            state._alloc_hints[index] = (ptr, hint)
+        elif state._allocs.find(pid, ptr)[0] < 0:
+            if pid_prev >= lo:
+                return False
+            key = self._interior_key(pid, ptr, key, index)
+        if hb is not None:
+            self.joined[hb] = key
+        return True
+
+    def _export_joins_slowly(self, lo: int, b: int) -> bool:
+        """:meth:`_export_joins` for an export whose key hash another key shares."""
         state = self.state
         pid, ptr, key = int(self.pids[b]), int(self.ptrs[b]), int(self.keys[b])
         same = self._on_key(key, lo, b)
@@ -154,19 +223,27 @@ class Planner:
         index = state.n_events + b
         if len(same):
             if np.any(self.kinds[same] == FREE):
-                return False  # the free forgets exports made before it only: keep it in order
-            j, ev = int(same[-1]), self.events
-            rec = (int(min(ev["size"][j], MAX_SIZE)), int(ev["gpu"][j]), int(min(ev["ts"][j], MAX_TS)), int(ev["api"][j]))
-            state._alloc_hints[index] = (ptr, rec)
+                return False
+            state._alloc_hints[index] = (ptr, self._hint(int(same[-1])))
         elif state._allocs.find(pid, ptr)[0] < 0:
             if self._pid_has_events(pid, lo, b):
                 return False
-            base, found = state._alloc_at(pid, ptr, index)
-            if found is not None:
-                key = int(key_hash(np.array([pid]), np.array([base], np.uint64))[0])
+            key = self._interior_key(pid, ptr, key, index)
         if int(self.events["flags"][b]) & FLAG_IPC_BYTES:
             self.joined[self.events.ipc_bytes(b)] = key
         return True
+
+    def _hint(self, j: int) -> tuple[int, int, int, int]:
+        """The allocation event ``j`` makes, as the table would hold it: (size, gpu, ts, api)."""
+        ev = self.events
+        return int(min(ev["size"][j], MAX_SIZE)), int(ev["gpu"][j]), int(min(ev["ts"][j], MAX_TS)), int(ev["api"][j])
+
+    def _interior_key(self, pid: int, ptr: int, key: int, index: int) -> int:
+        """The key hash of the allocation holding ``ptr`` (``key`` when none does)."""
+        base, found = self.state._alloc_at(pid, ptr, index)
+        if found is None:
+            return key
+        return int(key_hash(np.array([pid]), np.array([base], np.uint64))[0])
 
     def _open_joins(self, lo: int, b: int) -> bool:
         state = self.state
@@ -182,12 +259,25 @@ class Planner:
         return not np.any(self.kinds[self._on_key(key, lo, b)] == FREE)
 
 
+def _bytes_at(events: Batch, at: np.ndarray, flagged: np.ndarray) -> list[bytes | None]:
+    """:meth:`Batch.ipc_bytes` of the events ``at`` that are ``flagged`` (None for the others),
+    with one search."""
+    index = events.ipc_index
+    j = np.minimum(np.searchsorted(index, at), max(len(index) - 1, 0))
+    hit = (index[j] == at) if len(index) else np.zeros(len(at), bool)
+    out: list[bytes | None] = [None] * len(at)
+    zero = bytes(events.ipc.dtype.itemsize)
+    for i, k, h in zip(np.flatnonzero(flagged).tolist(), j[flagged].tolist(), hit[flagged].tolist()):
+        out[i] = events.ipc[k].tobytes() if h else zero
+    return out
+
+
 def _failures(state: LiveState, seg: Batch, ok: np.ndarray, base: int) -> None:
     """Count the failed calls (but expected failures of code and pool calls) and keep the latest."""
     bad = np.flatnonzero(~ok)
     if len(bad) == 0:
         return
-    loud = ~np.isin(seg["kind"][bad], _QUIET) | (seg["result"][bad] == CUDA_ERROR_OUT_OF_MEMORY)
+    loud = ~_QUIET[seg["kind"][bad]] | (seg["result"][bad] == CUDA_ERROR_OUT_OF_MEMORY)
     bad = bad[loud]
     state.n_failures += len(bad)
     keep = state.failures.maxlen
