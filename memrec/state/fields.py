@@ -89,6 +89,7 @@ def kind_mask(kinds: tuple[int, ...]) -> np.ndarray:
 #: Whether each kind is applied at once by memrec.state.vmm_run, or may end a run.
 VMM_RUN_MASK = kind_mask(VMM_RUN_KINDS)
 BARRIER_MASK = kind_mask(BARRIER_KINDS)
+HANDLE_BYTES_MASK = kind_mask(tuple(HANDLE_BYTES_KINDS))
 
 #: CUmemLocationType of a cuMemCreate: 0 (not read) and 1 are device memory, others are host.
 LOCATION_DEVICE = (0, 1)

@@ -70,7 +70,7 @@ from memrec.state.fields import EXPORT_FIELDS
 from memrec.state.fields import FABRIC_FIELDS
 from memrec.state.fields import FAILURE_FIELDS
 from memrec.state.fields import FREE
-from memrec.state.fields import HANDLE_BYTES_KINDS
+from memrec.state.fields import HANDLE_BYTES_MASK
 from memrec.state.fields import HANDLE_FIELDS
 from memrec.state.fields import HELD_FIELDS
 from memrec.state.fields import HOST_FIELDS
@@ -225,7 +225,7 @@ class LiveState(Queries, VmmIpc):
         sizes = np.minimum(sub["size"], MAX_SIZE).tolist()
         apis = sub["api"].tolist()
         handles = sub["handle"].tolist()
-        auxs = flags = None  # decoded on the first event that is not an alloc or a free
+        auxs = hbytes = None  # decoded on the first event that is not an alloc or a free
         allocs = self._allocs
         fill_idx: list[int] = []
         fill_gpu: list[int] = []
@@ -267,12 +267,11 @@ class LiveState(Queries, VmmIpc):
             else:
                 if auxs is None:
                     auxs = sub["aux"].tolist()
-                    flags = sub["flags"].tolist()
-                hbytes = None
-                if kind in HANDLE_BYTES_KINDS and flags[i] & FLAG_IPC_BYTES:
-                    hbytes = sub.ipc_bytes(i)
+                    carry = HANDLE_BYTES_MASK[sub["kind"]] & ((sub["flags"] & FLAG_IPC_BYTES) != 0)
+                    hbytes = plain.bytes_at(sub, np.arange(len(sub)), carry)
                 g = self._apply_other(
-                    kind, index[i], tss[i], pids[i], gpus[i], ptrs[i], sizes[i], handles[i], apis[i], auxs[i], hbytes
+                    kind, index[i], tss[i], pids[i], gpus[i], ptrs[i], sizes[i], handles[i], apis[i], auxs[i],
+                    hbytes[i],
                 )
                 if g is not None and g >= 0 and gpus[i] < 0:
                     fill_idx.append(i)

@@ -186,7 +186,7 @@ class Planner:
         j = np.maximum(prev, 0)
         hints = zip(np.minimum(ev["size"][j], MAX_SIZE).tolist(), ev["gpu"][j].tolist(),
                     np.minimum(ev["ts"][j], MAX_TS).tolist(), ev["api"][j].tolist())
-        hb = _bytes_at(ev, at, (ev["flags"][at] & FLAG_IPC_BYTES) != 0)
+        hb = bytes_at(ev, at, (ev["flags"][at] & FLAG_IPC_BYTES) != 0)
         cols = (at.tolist(), self.pids[at].tolist(), self.ptrs[at].tolist(), k.tolist(), prev.tolist(),
                 prev_free.tolist(), pid_prev.tolist(), shared.tolist(), hints, hb)
         for b, pid, ptr, key, pv, pf, pl, sh, hint, h in zip(*cols):
@@ -259,7 +259,7 @@ class Planner:
         return not np.any(self.kinds[self._on_key(key, lo, b)] == FREE)
 
 
-def _bytes_at(events: Batch, at: np.ndarray, flagged: np.ndarray) -> list[bytes | None]:
+def bytes_at(events: Batch, at: np.ndarray, flagged: np.ndarray) -> list[bytes | None]:
     """:meth:`Batch.ipc_bytes` of the events ``at`` that are ``flagged`` (None for the others),
     with one search."""
     index = events.ipc_index
@@ -396,26 +396,40 @@ def apply_changes(state: LiveState, index: np.ndarray, ts: np.ndarray, gpu: np.n
             counts[kk] = v
         else:
             counts.pop(kk, None)
-    own = cat != IPC_MAPPED
-    og, od, ot, op = gpu[own], delta[own], ts[own], peak[own]
+    # Each GPU's owned total, a running sum in event order (the changes grouped by GPU).
+    own = np.flatnonzero(cat != IPC_MAPPED)
+    if len(own) == 0:
+        return
+    own = own[np.argsort(gpu[own], kind="stable")]
+    og, od = gpu[own], delta[own]
+    head = np.ones(len(own), bool)
+    head[1:] = og[1:] != og[:-1]
+    starts = np.flatnonzero(head)
+    group = np.cumsum(head) - 1
+    gpus = og[starts].tolist()
     owned = state._gpu_owned
+    cs = np.cumsum(od)
+    run = cs - (cs[starts] - od[starts])[group] + np.array([owned.get(g, 0) for g in gpus], np.int64)[group]
+    for g, total in zip(gpus, run[np.append(starts[1:] - 1, len(own) - 1)].tolist()):
+        owned[g] = total
+    # Peaks: of the changes that may raise one, each GPU's first and its first highest.
+    touch = np.flatnonzero(peak[own])
+    if len(touch) == 0:
+        return
+    tg, tv = group[touch], run[touch]
+    first = np.flatnonzero(np.append(True, tg[1:] != tg[:-1]))
+    best = np.lexsort((touch, -tv, tg))
+    best = best[np.append(True, tg[best][1:] != tg[best][:-1])]
+    tts = ts[own][touch]
     peaks = state._peaks
-    for g in np.unique(og).tolist():
-        sel = og == g
-        run = owned.get(g, 0) + np.cumsum(od[sel])
-        owned[g] = int(run[-1])
-        touch = op[sel]
-        if not touch.any():
-            continue
-        vals = run[touch]
-        tt = ot[sel][touch]
-        pk = peaks.get(g)
+    for k, v0, t0, v, t in zip(tg[first].tolist(), tv[first].tolist(), tts[first].tolist(), tv[best].tolist(),
+                               tts[best].tolist()):
+        pk = peaks.get(gpus[k])
         if pk is None:
-            pk = peaks[g] = [max(int(vals[0]), 0), int(tt[0])]
-        j = int(np.argmax(vals))
-        if vals[j] > pk[0]:
-            pk[0] = int(vals[j])
-            pk[1] = int(tt[j])
+            pk = peaks[gpus[k]] = [max(v0, 0), t0]
+        if v > pk[0]:
+            pk[0] = v
+            pk[1] = t
 
 
 def group_sums(groups: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
