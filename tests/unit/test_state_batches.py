@@ -1,6 +1,7 @@
-"""LiveState.apply: a run of allocations and frees applied at once (numpy) gives exactly what
-the event-by-event path gives: tables, counters, peaks, anomalies, failures, exits, journal rows
-and the GPU filled into the events, for any sequence and any split into batches."""
+"""LiveState.apply: a run of allocations and frees, and of VMM creates, maps, unmaps and
+releases, applied at once (numpy) gives exactly what the event-by-event path gives: tables,
+counters, peaks, anomalies, failures, exits, journal rows and the GPU filled into the events, for
+any sequence and any split into batches."""
 
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ from memrec.state.batch import Batch
 from memrec.trace.model import EventColumns
 from tests.utils import MiB
 from tests.utils import ev
-from tests.utils import handle_bytes
 from tests.utils import events
 from tests.utils import handle_bytes
 
@@ -83,6 +83,68 @@ _events = st.lists(st.one_of(_event.map(lambda e: [e]), _ipc_story()), min_size=
 )
 
 
+VAS = (0x40000000, 0x40400000, 0x40800000)  # 4 MiB apart: mappings of up to 4 MiB never overlap
+
+
+@st.composite
+def _vmm_story(draw) -> list:
+    """A physical handle's life: created (on a GPU, or host-located), mapped at one or two
+    addresses, released and unmapped in any order the driver allows; or, shuffled or cut short,
+    in an order it does not (unknown handles and mappings, double maps, releases while mapped)."""
+    pid, h, gpu = draw(st.sampled_from(PIDS)), draw(st.integers(1, 4)), draw(st.sampled_from(GPUS))
+    size = draw(st.sampled_from((0, 2 * MiB, 4 * MiB)))
+    vas = draw(st.lists(st.sampled_from(VAS), min_size=0, max_size=2, unique=True))
+    fill = draw(st.sampled_from((-1, -1, gpu)))  # maps, unmaps and releases usually come without a GPU
+    create = ev(Kind.VMM_CREATE, pid=pid, handle=h, size=size, gpu=gpu, aux=draw(st.sampled_from((0, 1, 1, 2))))
+    maps = [ev(Kind.VMM_MAP, pid=pid, handle=h, ptr=va, size=size, aux=0, gpu=fill) for va in vas]
+    unmaps = [ev(Kind.VMM_UNMAP, pid=pid, ptr=va, size=draw(st.sampled_from((size, size, 0, 8 * MiB))), gpu=fill)
+              for va in vas]
+    release = ev(Kind.VMM_RELEASE, pid=pid, handle=h, gpu=fill)
+    # A legal order: the create first, each map before its unmap, the release anywhere after it.
+    seq, seen = [create], set()
+    for token in draw(st.permutations([-1, *range(len(vas)), *range(len(vas))])):
+        if token < 0:
+            seq.append(release)
+        else:
+            seq.append(unmaps[token] if token in seen else maps[token])
+            seen.add(token)
+    how = draw(st.sampled_from(("legal", "legal", "legal", "shuffled", "cut")))
+    if how == "shuffled":
+        seq = draw(st.permutations(seq))
+    elif how == "cut":
+        seq = seq[draw(st.integers(0, len(seq) - 1)):]
+    return seq
+
+
+_vmm_rare = st.one_of(
+    st.builds(lambda pid, h, va: ev(Kind.VMM_RETAIN, pid=pid, handle=h, ptr=va),
+              st.sampled_from(PIDS), st.integers(1, 6), st.sampled_from(VAS + (VAS[0] + 4096,))),
+    st.builds(lambda pid, h, n: ev(Kind.SHARE_EXPORT, pid=pid, handle=h, ipc=handle_bytes(100 + n)),
+              st.sampled_from(PIDS), st.integers(1, 4), st.integers(1, 2)),
+    st.builds(lambda pid, h, n, gpu: ev(Kind.SHARE_IMPORT, pid=pid, handle=h, ipc=handle_bytes(100 + n), gpu=gpu),
+              st.sampled_from(PIDS), st.integers(1, 4), st.integers(1, 2), st.sampled_from(GPUS)),
+    st.builds(lambda kind, pid, n: ev(kind, pid=pid, ptr=0x8000 + n * 4096, size=4096),
+              st.sampled_from((Kind.HOST_ALLOC, Kind.HOST_FREE, Kind.HOST_REGISTER, Kind.HOST_UNREGISTER)),
+              st.sampled_from(PIDS), st.integers(0, 1)),
+    st.builds(lambda pid, n: ev(Kind.IPC_CLOSE, pid=pid, ptr=0x5000 + n), st.sampled_from(PIDS), st.integers(1, 2)),
+)
+
+
+@st.composite
+def _interleaved(draw) -> list:
+    """VMM stories, IPC stories and single events, interleaved (each story keeps its order)."""
+    parts = draw(st.lists(
+        st.one_of(_vmm_story(), _vmm_story(), _vmm_story(), _ipc_story(), _event.map(lambda e: [e]),
+                  _vmm_rare.map(lambda e: [e])),
+        min_size=1, max_size=14))
+    queues = [list(p) for p in parts if p]
+    owners = [i for i, q in enumerate(queues) for _ in q]
+    out = []
+    for i in draw(st.permutations(owners)):
+        out.append(queues[i].pop(0))
+    return out
+
+
 def _run(rows: list, cuts: list[int], vector_min_run: int, max_failures: int,
          columns: bool = False) -> tuple[LiveState, np.ndarray]:
     """Apply ``rows`` batch by batch; ``columns``: as a loaded trace's contiguous columns (its
@@ -141,6 +203,66 @@ def test_runs_at_once_equal_event_by_event(rows, cuts, max_failures):
     again = LiveState.from_snapshot(wire, journal=True)
     again.check()
     assert again.snapshot() == slow.snapshot()
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=_interleaved(), cuts=st.lists(st.integers(0, 120), max_size=4), at_once=st.sampled_from((0, 0, 3)))
+def test_vmm_and_ipc_runs_at_once_equal_event_by_event(rows, cuts, at_once):
+    # GIVEN VMM handles created, mapped, released and unmapped by several processes on several
+    # GPUs (handles reused after release, orders the driver allows and orders it does not),
+    # interleaved with IPC exports and opens, retains, shareable handles, host memory,
+    # allocations, failures and exits, split into batches
+    # WHEN applied with runs at once and with every event one by one
+    fast, fast_arr = _run(rows, cuts, at_once, 256)
+    slow, slow_arr = _run(rows, cuts, 10**9, 256)
+    # THEN everything the state shows, and the GPU filled into the events, is the same
+    assert _observed(fast) == _observed(slow)
+    assert fast_arr["gpu"].tolist() == slow_arr["gpu"].tolist()
+    assert list(fast.mappings()) == list(slow.mappings())
+    # AND a keyframe of it restores the same state
+    wire = msgpack.unpackb(msgpack.packb(fast.snapshot(), use_bin_type=True), raw=False)
+    again = LiveState.from_snapshot(wire, journal=True)
+    again.check()
+    assert again.snapshot() == slow.snapshot()
+
+
+def test_vmm_stories_are_applied_at_once(monkeypatch):
+    # GIVEN 300 handles of 3 processes on 2 GPUs, each created, mapped, released and unmapped
+    # (in the two orders allocators use), handles reused, among allocations, in batches of 500
+    import memrec.state.plain as plain
+
+    taken = []
+    real = plain.apply_vmm
+
+    def spy(*args):
+        out = real(*args)
+        taken.append(out is not None)
+        return out
+
+    monkeypatch.setattr(plain, "apply_vmm", spy)
+    rng = np.random.default_rng(3)
+    rows, live = [], []
+    for i in range(300):
+        pid, h, va = 7 + i % 3, 1 + i % 40, 0x40000000 + (i % 60) * 0x400000
+        if any(x[:2] == (pid, h) or x[::2] == (pid, va) for x in live):
+            continue
+        live.append((pid, h, va))
+        rows += [ev(Kind.VMM_CREATE, pid=pid, handle=h, size=2 * MiB, gpu=i % 2),
+                 ev(Kind.VMM_MAP, pid=pid, handle=h, ptr=va, size=2 * MiB),
+                 ev(Kind.ALLOC, pid=pid, ptr=0x1000 * (i + 1), size=512, gpu=0)]
+        if len(live) > 20:
+            pid, h, va = live.pop(int(rng.integers(0, len(live))))
+            pair = [ev(Kind.VMM_RELEASE, pid=pid, handle=h), ev(Kind.VMM_UNMAP, pid=pid, ptr=va, size=2 * MiB)]
+            rows += pair if rng.random() < 0.5 else pair[::-1]
+    cuts = list(range(0, len(rows), 500))
+    # WHEN applied with runs at once and event by event
+    fast, fast_arr = _run(rows, cuts, 0, 256)
+    slow, slow_arr = _run(rows, cuts, 10**9, 256)
+    # THEN every run's VMM events were applied at once, with the same result
+    assert taken and all(taken)
+    assert _observed(fast) == _observed(slow)
+    assert fast_arr["gpu"].tolist() == slow_arr["gpu"].tolist()
+    assert not fast.anomalies and len(list(fast.mappings())) == 20
 
 
 def test_a_long_run_with_reuse_and_double_frees_is_exact():
