@@ -177,13 +177,13 @@ class LiveState(Queries, VmmIpc):
         kinds = events["kind"]
         ok = events["result"] == 0
         plain_ok = ok & ((kinds == ALLOC) | (kinds == FREE))
-        n_plain = np.concatenate(([0], np.cumsum(plain_ok | (ok & VMM_RUN_MASK[kinds]))))
+        n_vec = np.concatenate(([0], np.cumsum(plain_ok | (ok & VMM_RUN_MASK[kinds]))))
         fill: list[tuple[np.ndarray, np.ndarray]] = []
 
         def piece(lo: int, hi: int) -> None:
             if hi <= lo:
                 return
-            if int(n_plain[hi]) - int(n_plain[lo]) >= max(self.vector_min_run, 1):
+            if int(n_vec[hi]) - int(n_vec[lo]) >= max(self.vector_min_run, 1):
                 plain.apply_run(self, events, lo, hi, fill)
             else:
                 self._apply_events(events, np.arange(lo, hi), fill)
@@ -191,6 +191,8 @@ class LiveState(Queries, VmmIpc):
         lo = 0
         self._alloc_hints.clear()
         barriers = np.flatnonzero(ok & BARRIER_MASK[kinds])
+        if int(n_vec[-1]) < max(self.vector_min_run, 1):
+            barriers = barriers[:0]  # no piece goes at once: one piece, event by event, no planning
         if len(barriers):
             plan = plain.Planner(self, events, plain_ok)
             for b in barriers.tolist():

@@ -107,11 +107,14 @@ class Planner:
         self.pids = events["pid"]
         self.ptrs = events["ptr"]
         self.keys = key_hash(self.pids, self.ptrs)
-        # The batch's successful allocations and frees by (key hash, position), and by pid.
+        # The batch's successful allocations and frees as (top bits of the key hash, position)
+        # in one sorted uint64 each: a key's events are a range, in event order.
         self.plain = np.flatnonzero(plain_ok)
-        key_order = np.argsort(self.keys[self.plain], kind="stable")  # positions ascending per key
-        self.sorted_keys = self.keys[self.plain][key_order]
-        self.sorted_pos = self.plain[key_order]
+        self.shift = np.uint64(max(20, len(self.kinds).bit_length()))
+        self.low = (1 << int(self.shift)) - 1
+        pos = self.plain.astype(np.uint64)
+        self.by_key = np.sort((self.keys[self.plain] >> self.shift << self.shift) | pos)
+        self.key_pos = (self.by_key & np.uint64(self.low)).astype(np.int64)
         self._of_pid: dict[int, np.ndarray] = {}
         self.joined: dict[bytes, int] = {}  # handle bytes -> key hash of the allocation, of exports joined
         self._exports: dict[int, tuple] | None = None  # see _export_facts
@@ -130,11 +133,11 @@ class Planner:
         return self._open_joins(lo, b)
 
     def _on_key(self, key: int, lo: int, b: int) -> np.ndarray:
-        """Positions in [lo, b) of allocations and frees whose key hashes to ``key``."""
-        k = np.uint64(key)
-        i0, i1 = np.searchsorted(self.sorted_keys, k, "left"), np.searchsorted(self.sorted_keys, k, "right")
-        pos = self.sorted_pos[i0:i1]
-        return pos[np.searchsorted(pos, lo) : np.searchsorted(pos, b)]
+        """Positions in [lo, b) of allocations and frees whose key hash has ``key``'s top bits
+        (its key's events, and any of another key that shares them)."""
+        top = (key >> int(self.shift)) << int(self.shift)
+        i0, i1 = np.searchsorted(self.by_key, np.array([top | lo, top | b], np.uint64)).tolist()
+        return self.key_pos[i0:i1]
 
     def _pid_has_events(self, pid: int, lo: int, b: int) -> bool:
         pos = self._of_pid.get(pid)
@@ -147,51 +150,53 @@ class Planner:
         """For each successful export of the batch (by position), found with numpy at once: its
         pid, ptr and key hash, the position of the last allocation or free of its (pid, ptr)
         before it and of the last such free (-1: none), of the last allocation or free of its
-        process (-1: none), and its handle bytes (None: none). None instead where another key
-        shares its hash (then :meth:`_export_joins` looks item by item)."""
-        ev, n = self.events, len(self.kinds)
+        process (-1: none), the hint that last event gives, and its handle bytes (None: none).
+        None instead where another key shares its hash's top bits (then
+        :meth:`_export_joins_slowly` looks item by item)."""
+        ev = self.events
         at = np.flatnonzero((self.kinds == IPC_EXPORT) & (ev["result"] == 0))
-        sk, sp = self.sorted_keys, self.sorted_pos
-        k = self.keys[at]
-        out: dict[int, tuple] = {}
-        if len(sk):
-            head = np.ones(len(sk), bool)
-            head[1:] = sk[1:] != sk[:-1]
-            rank = np.cumsum(head) - 1
-            comp = rank * (n + 1) + sp  # ascending: sorted by (key hash, position)
-            i0 = np.minimum(np.searchsorted(sk, k), len(sk) - 1)
-            has = sk[i0] == k
-            last = np.searchsorted(comp, rank[i0] * (n + 1) + at) - 1
-            valid = has & (last >= i0)
-            free_at = np.maximum.accumulate(np.where(self.kinds[sp] == FREE, np.arange(len(sk)), -1))[last]
-            prev = np.where(valid, sp[last], -1)
-            prev_free = np.where(valid & (free_at >= i0), sp[free_at], -1)
-            # A hash two keys share: those exports are looked at item by item.
-            other = ~head[1:] & ((self.pids[sp[1:]] != self.pids[sp[:-1]]) | (self.ptrs[sp[1:]] != self.ptrs[sp[:-1]]))
-            shared = np.bincount(rank[1:][other], minlength=int(rank[-1]) + 1) > 0
-            shared = has & (shared[rank[i0]] | (self.pids[sp[i0]] != self.pids[at]) | (self.ptrs[sp[i0]] != self.ptrs[at]))
+        if len(self.plain):
+            prev, prev_free, shared, pid_prev = self._export_arrays(at)
         else:
-            prev = prev_free = np.full(len(at), -1)
+            prev = prev_free = pid_prev = np.full(len(at), -1)
             shared = np.zeros(len(at), bool)
-        pp = self.plain[np.argsort(self.pids[self.plain], kind="stable")]
-        upids, first = np.unique(self.pids[pp], return_index=True)
-        prank = np.cumsum(np.concatenate(([False], self.pids[pp][1:] != self.pids[pp][:-1])))
-        pcomp = prank * (n + 1) + pp
-        r = np.minimum(np.searchsorted(upids, self.pids[at]), max(len(upids) - 1, 0))
-        pid_prev = np.full(len(at), -1)
-        if len(upids):
-            j = np.searchsorted(pcomp, r * (n + 1) + at) - 1
-            mine = (upids[r] == self.pids[at]) & (j >= first[r])
-            pid_prev[mine] = pp[j[mine]]
         j = np.maximum(prev, 0)
         hints = zip(np.minimum(ev["size"][j], MAX_SIZE).tolist(), ev["gpu"][j].tolist(),
                     np.minimum(ev["ts"][j], MAX_TS).tolist(), ev["api"][j].tolist())
         hb = bytes_at(ev, at, (ev["flags"][at] & FLAG_IPC_BYTES) != 0)
-        cols = (at.tolist(), self.pids[at].tolist(), self.ptrs[at].tolist(), k.tolist(), prev.tolist(),
+        cols = (at.tolist(), self.pids[at].tolist(), self.ptrs[at].tolist(), self.keys[at].tolist(), prev.tolist(),
                 prev_free.tolist(), pid_prev.tolist(), shared.tolist(), hints, hb)
-        for b, pid, ptr, key, pv, pf, pl, sh, hint, h in zip(*cols):
-            out[b] = None if sh else (pid, ptr, key, pv, pf, pl, hint, h)
-        return out
+        return {b: None if sh else (pid, ptr, key, pv, pf, pl, hint, h)
+                for b, pid, ptr, key, pv, pf, pl, sh, hint, h in zip(*cols)}
+
+    def _export_arrays(self, at: np.ndarray) -> tuple[np.ndarray, ...]:
+        """:meth:`_export_facts`' searches, for a batch with allocations or frees."""
+        shift, low = self.shift, np.uint64(self.low)
+        comp, sp = self.by_key, self.key_pos
+        top = (self.keys[at] >> shift) << shift
+        g0 = np.searchsorted(comp, top)
+        g1 = np.searchsorted(comp, top | low, "right")
+        last = np.searchsorted(comp, top | at.astype(np.uint64)) - 1
+        here = last >= g0  # the key has events before the export
+        last = np.maximum(last, 0)
+        prev = np.where(here, sp[last], -1)
+        free_at = np.maximum.accumulate(np.where(self.kinds[sp] == FREE, np.arange(len(sp)), -1))[last]
+        prev_free = np.where(here & (free_at >= g0), sp[np.maximum(free_at, 0)], -1)
+        # Whether a group holds another key than the export's: those go item by item.
+        kp, kq = self.pids[sp], self.ptrs[sp]
+        other = np.zeros(len(sp), bool)
+        other[1:] = ((comp[1:] >> shift) == (comp[:-1] >> shift)) & ((kp[1:] != kp[:-1]) | (kq[1:] != kq[:-1]))
+        mixed = np.cumsum(other)
+        f = np.minimum(g0, len(sp) - 1)
+        shared = (g1 > g0) & ((mixed[np.maximum(g1 - 1, 0)] > mixed[f]) | (kp[f] != self.pids[at]) | (kq[f] != self.ptrs[at]))
+        # The last allocation or free of the export's process before it.
+        pid_at = self.pids[at].astype(np.uint64)
+        by_pid = np.sort((self.pids[self.plain].astype(np.uint64) << shift) | self.plain.astype(np.uint64))
+        j = np.maximum(np.searchsorted(by_pid, (pid_at << shift) | at.astype(np.uint64)) - 1, 0)
+        mine = (by_pid[j] >> shift) == pid_at
+        mine &= by_pid[j] < ((pid_at << shift) | at.astype(np.uint64))
+        pid_prev = np.where(mine, (by_pid[j] & low).astype(np.int64), -1)
+        return prev, prev_free, shared, pid_prev
 
     def _export_joins(self, lo: int, b: int) -> bool:
         if self._exports is None:
