@@ -46,11 +46,11 @@ def by_key(pid: np.ndarray, ptr: np.ndarray) -> np.ndarray:
     share those hash bits (rare: then their events could interleave) a stable sort by (pid, ptr).
     """
     m = len(pid)
-    bits = max(20, m.bit_length())
+    bits = np.uint64(max(20, m.bit_length()))
     pos = np.arange(m, dtype=np.uint64)
-    composite = (key_hash(pid, ptr) >> np.uint64(bits) << np.uint64(bits)) | pos
-    order = np.argsort(composite)
-    sp, sq, sh = pid[order], ptr[order], composite[order] >> np.uint64(bits)
+    composite = np.sort((key_hash(pid, ptr) >> bits << bits) | pos)  # values sort faster than argsort
+    order = (composite & np.uint64((1 << int(bits)) - 1)).astype(np.int64)
+    sp, sq, sh = pid[order], ptr[order], composite >> bits
     if np.any((sh[1:] == sh[:-1]) & ((sp[1:] != sp[:-1]) | (sq[1:] != sq[:-1]))):
         return np.lexsort((ptr, pid))
     return order
@@ -206,11 +206,13 @@ class KeyTable:
             cand = np.flatnonzero(free)
             taken = np.zeros(len(pending), bool)
             if len(cand):
-                slots, first = np.unique(pos[cand], return_index=True)
-                win = cand[first]
-                self._tombs -= int(np.count_nonzero(self._slots[slots] == TOMB))
-                self._slots[slots] = pending[win]
-                taken[win] = True
+                # Every candidate writes its row; the one a slot kept is the slot's winner.
+                where = pos[cand]
+                was_tomb = s[cand] == TOMB
+                self._slots[where] = pending[cand]
+                won = self._slots[where] == pending[cand]
+                self._tombs -= int(np.count_nonzero(was_tomb & won))
+                taken[cand[won]] = True
             stay = ~taken
             # A loser of a claimed slot sees it taken next round and moves on then.
             step = np.where(free[stay], 0, 1)

@@ -346,9 +346,11 @@ def _allocs_and_frees(state: LiveState, ev: dict[str, np.ndarray], where: np.nda
     tails = np.concatenate((heads[1:] - 1, [m - 1])) if m else heads
     last = tails[is_alloc[tails]]
     table.insert(pid[last], ptr[last], size[last], gpu[last], ts[last], ev["api"][order][last])
-    if state._exported and freed.any():
+    exported = np.sort(exported_keys(state)) if state._exported and freed.any() else ()
+    if len(exported):
         hits = np.flatnonzero(freed)
-        hits = hits[np.isin(key_hash(pid[hits], ptr[hits]), exported_keys(state))]
+        h = key_hash(pid[hits], ptr[hits])
+        hits = hits[exported[np.minimum(np.searchsorted(exported, h), len(exported) - 1)] == h]
         for p, q in zip(pid[hits].tolist(), ptr[hits].tolist()):
             state._forget_exports(p, q)
 
