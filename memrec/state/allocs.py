@@ -56,6 +56,11 @@ def by_key(pid: np.ndarray, ptr: np.ndarray) -> np.ndarray:
     return order
 
 
+def key_hash1(pid: int, ptr: int) -> int:
+    """:func:`key_hash` of one key, in Python ints."""
+    return (((ptr & _M64) ^ (pid * _C1 & _M64)) * _C2) & _M64
+
+
 class KeyTable:
     """Rows ``pid``, :attr:`KEY` and :attr:`FIELDS` (``live`` marks used rows) and a hash index
     over (pid, key). A subclass names its key column and value columns; each is an attribute."""
@@ -100,7 +105,7 @@ class KeyTable:
         return (key_hash(pids, ptrs) >> np.uint64(64 - self._bits)).astype(np.int64)
 
     def _hash1(self, pid: int, ptr: int) -> int:
-        return ((((ptr & _M64) ^ (pid * _C1 & _M64)) * _C2) & _M64) >> (64 - self._bits)
+        return key_hash1(pid, ptr) >> (64 - self._bits)
 
     # ------------------------------------------------------------------ batches
 

@@ -28,9 +28,11 @@ from memrec.events import FLAG_IPC_BYTES
 from memrec.events import IPC_MAPPED
 from memrec.state.allocs import by_key
 from memrec.state.allocs import key_hash
+from memrec.state.allocs import key_hash1
 from memrec.state.fields import ALLOC
 from memrec.state.fields import FREE
 from memrec.state.fields import IPC_EXPORT
+from memrec.state.fields import IPC_OPEN
 from memrec.state.fields import JOINABLE_KINDS
 from memrec.state.fields import MAX_SIZE
 from memrec.state.fields import MAX_TS
@@ -118,6 +120,7 @@ class Planner:
         self._of_pid: dict[int, np.ndarray] = {}
         self.joined: dict[bytes, int] = {}  # handle bytes -> key hash of the allocation, of exports joined
         self._exports: dict[int, tuple] | None = None  # see _export_facts
+        self._open_bytes: dict[int, bytes | None] | None = None  # position -> an open's handle bytes
 
     def restart(self) -> None:
         """A new run begins."""
@@ -248,19 +251,22 @@ class Planner:
         base, found = self.state._alloc_at(pid, ptr, index)
         if found is None:
             return key
-        return int(key_hash(np.array([pid]), np.array([base], np.uint64))[0])
+        return key_hash1(pid, base)
 
     def _open_joins(self, lo: int, b: int) -> bool:
         state = self.state
         if not int(self.events["flags"][b]) & FLAG_IPC_BYTES:
             return True  # it reads no export
-        hb = self.events.ipc_bytes(b)
+        if self._open_bytes is None:
+            at = np.flatnonzero(self.kinds == IPC_OPEN)
+            self._open_bytes = dict(zip(at.tolist(), bytes_at(self.events, at, np.ones(len(at), bool))))
+        hb = self._open_bytes[b]
         key = self.joined.get(hb)
         if key is None:
             ex = state._exports.get(hb)
             if ex is None or not (0 <= ex[0] < 1 << 32 and 0 <= ex[1] < 1 << 64):
                 return True
-            key = int(key_hash(np.array([ex[0]], np.uint32), np.array([ex[1]], np.uint64))[0])
+            key = key_hash1(ex[0], ex[1])
         return not np.any(self.kinds[self._on_key(key, lo, b)] == FREE)
 
 
@@ -395,8 +401,11 @@ def apply_changes(state: LiveState, index: np.ndarray, ts: np.ndarray, gpu: np.n
     elif state.journal is not None:
         state.journal.frombytes(np.column_stack((index, ts, gpu, pid, cat, delta)).astype(np.int64).tobytes())
     counts = state._bytes
-    keys, inv = np.unique(((gpu + 32768) << 34) | (pid << 2) | cat, return_inverse=True)
-    for k, s in zip(keys.tolist(), group_sums(inv, delta, len(keys)).tolist()):
+    key = ((gpu + 32768) << 34) | (pid << 2) | cat
+    order = np.argsort(key)
+    key = key[order]
+    starts = np.flatnonzero(np.append(True, key[1:] != key[:-1]))
+    for k, s in zip(key[starts].tolist(), np.add.reduceat(delta[order], starts).tolist()):
         kk = ((k >> 34) - 32768, (k >> 2) & 0xFFFFFFFF, k & 3)
         v = counts.get(kk, 0) + s
         if v:
@@ -407,7 +416,7 @@ def apply_changes(state: LiveState, index: np.ndarray, ts: np.ndarray, gpu: np.n
     own = np.flatnonzero(cat != IPC_MAPPED)
     if len(own) == 0:
         return
-    own = own[np.argsort(gpu[own], kind="stable")]
+    own = (np.sort(((gpu[own] + 32768) << 40) | own) & ((1 << 40) - 1))  # by GPU, in event order
     og, od = gpu[own], delta[own]
     head = np.ones(len(own), bool)
     head[1:] = og[1:] != og[:-1]
@@ -424,8 +433,9 @@ def apply_changes(state: LiveState, index: np.ndarray, ts: np.ndarray, gpu: np.n
     if len(touch) == 0:
         return
     tg, tv = group[touch], run[touch]
-    first = np.flatnonzero(np.append(True, tg[1:] != tg[:-1]))
-    best = np.lexsort((touch, -tv, tg))
+    new = np.append(True, tg[1:] != tg[:-1])
+    first = np.flatnonzero(new)
+    best = np.flatnonzero(tv == np.maximum.reduceat(tv, first)[np.cumsum(new) - 1])
     best = best[np.append(True, tg[best][1:] != tg[best][:-1])]
     tts = ts[own][touch]
     peaks = state._peaks
