@@ -143,3 +143,14 @@ class Batch:
         if j < len(self.ipc_index) and int(self.ipc_index[j]) == i:
             return self.ipc[j].tobytes()
         return _NO_IPC
+
+    def ipc_bytes_at(self, at: np.ndarray, flagged: np.ndarray) -> list[bytes | None]:
+        """:meth:`ipc_bytes` of the events ``at`` that are ``flagged`` (None for the others),
+        with one search."""
+        index = self.ipc_index
+        j = np.minimum(np.searchsorted(index, at), max(len(index) - 1, 0))
+        hit = (index[j] == at) if len(index) else np.zeros(len(at), bool)
+        out: list[bytes | None] = [None] * len(at)
+        for i, k, h in zip(np.flatnonzero(flagged).tolist(), j[flagged].tolist(), hit[flagged].tolist()):
+            out[i] = self.ipc[k].tobytes() if h else _NO_IPC
+        return out

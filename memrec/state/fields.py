@@ -71,7 +71,7 @@ OTHER_KINDS = (VMM_CREATE, VMM_RELEASE, VMM_MAP, VMM_UNMAP, VMM_RETAIN, IPC_CLOS
 VMM_RUN_KINDS = (VMM_CREATE, VMM_MAP, VMM_UNMAP, VMM_RELEASE)
 VMM_SERIAL_KINDS = (VMM_RETAIN, SHARE_EXPORT, SHARE_IMPORT)
 #: Successful kinds that read driver allocations or IPC exports: one joins a run applied at once
-#: when the run's allocations and frees before it cannot change what it reads (plain.Planner).
+#: when the run's allocations and frees before it cannot change what it reads (planner.Planner).
 JOINABLE_KINDS = (IPC_EXPORT, IPC_OPEN)
 #: Kinds that may end a run: those and process exits (which drop every allocation of a process).
 BARRIER_KINDS = (*JOINABLE_KINDS, PROC_EXIT)

@@ -94,6 +94,7 @@ from memrec.state.snapshot import flat
 from memrec.state.snapshot import flat_keyed
 from memrec.state.snapshot import flat_nested
 from memrec.state.snapshot import rows as table_rows
+from memrec.state.planner import Planner
 from memrec.state.queries import Queries
 from memrec.state.queries import largest_key
 from memrec.state.vmm_ipc import VmmIpc
@@ -135,7 +136,7 @@ class LiveState(Queries, VmmIpc):
         #: run's (in event order) by :func:`memrec.state.plain.apply_changes`.
         self._log: list[tuple] | None = None
         #: IPC exports inside such a run whose allocation came earlier in it: event index ->
-        #: (base, (size, gpu, ts, api)) as the allocation was then (see plain.Planner).
+        #: (base, (size, gpu, ts, api)) as the allocation was then (see planner.Planner).
         self._alloc_hints: dict[int, tuple[int, tuple[int, int, int, int]]] = {}
         self.failures: deque[list] = deque(maxlen=max_failures)
         #: Failed calls seen in all (``failures`` keeps only the most recent).
@@ -166,7 +167,7 @@ class LiveState(Queries, VmmIpc):
 
         The batch is applied in pieces: a process exit, and an IPC export or open whose outcome
         the allocations and frees before it in the piece could change
-        (:class:`memrec.state.plain.Planner`), ends one. A piece with at least :attr:`vector_min_run` driver allocations and frees is
+        (:class:`memrec.state.planner.Planner`), ends one. A piece with at least :attr:`vector_min_run` driver allocations and frees is
         applied at once (:func:`memrec.state.plain.apply_run`), others event by event; the
         result is the same either way.
         """
@@ -194,7 +195,7 @@ class LiveState(Queries, VmmIpc):
         if int(n_vec[-1]) < max(self.vector_min_run, 1):
             barriers = barriers[:0]  # no piece goes at once: one piece, event by event, no planning
         if len(barriers):
-            plan = plain.Planner(self, events, plain_ok)
+            plan = Planner(self, events, plain_ok)
             for b in barriers.tolist():
                 if plan.joins(lo, b):
                     continue
@@ -270,7 +271,7 @@ class LiveState(Queries, VmmIpc):
                 if auxs is None:
                     auxs = sub["aux"].tolist()
                     carry = HANDLE_BYTES_MASK[sub["kind"]] & ((sub["flags"] & FLAG_IPC_BYTES) != 0)
-                    hbytes = plain.bytes_at(sub, np.arange(len(sub)), carry)
+                    hbytes = sub.ipc_bytes_at(np.arange(len(sub)), carry)
                 g = self._apply_other(
                     kind, index[i], tss[i], pids[i], gpus[i], ptrs[i], sizes[i], handles[i], apis[i], auxs[i],
                     hbytes[i],

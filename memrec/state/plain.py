@@ -1,19 +1,22 @@
 """Driver allocations and frees of a run of events, applied at once with numpy.
 
 cuMemAlloc and cuMemFree are nearly every event on a busy host. :func:`apply_run` applies a
-piece of a batch (no process exit inside, and IPC exports and opens only where :class:`Planner`
-lets them join: :meth:`LiveState.apply` cuts there) with the result the event-by-event path
-(:meth:`LiveState._apply_events`) gives:
+piece of a batch (no process exit inside, and IPC exports and opens only where
+:class:`memrec.state.planner.Planner` lets them join: :meth:`LiveState.apply` cuts there) with
+the result the event-by-event path (:meth:`LiveState._apply_events`) gives:
 
 - the run's allocations and frees are grouped by (pid, ptr), each key's events in order
-  (:func:`by_key`); whether a key is live before an event follows from the event before it (an allocation
-  leaves it live, a free leaves it gone) or, for a key's first event, from the table. That gives
-  every anomaly (an allocation over a live one, a free of an unknown pointer), every matched
-  free's size and GPU (the fill-in), and the table's end state (the last allocation of a key);
-- the other kinds of the run (VMM, host, IPC) go event by event with their counter
-  changes held back, and :func:`apply_changes` applies all changes in event order: the counters
-  summed per key, each GPU's owned total a running sum whose peak is its first maximum, the
-  journal rows stacked.
+  (:func:`memrec.state.allocs.by_key`); whether a key is live before an event follows from the
+  event before it (an allocation leaves it live, a free leaves it gone) or, for a key's first
+  event, from the table. That gives every anomaly (an allocation over a live one, a free of an
+  unknown pointer), every matched free's size and GPU (the fill-in), and the table's end state
+  (the last allocation of a key);
+- the run's VMM creates, maps, unmaps and releases go at once too
+  (:func:`memrec.state.vmm_run.apply_vmm`), unless it declines them;
+- the other kinds of the run (IPC, host, retains, shareable handles, declined VMM events) go
+  event by event with their counter changes held back, and :func:`apply_changes` applies all
+  changes in event order: the counters summed per key, each GPU's owned total a running sum
+  whose peak is its first maximum, the journal rows stacked.
 """
 
 from __future__ import annotations
@@ -24,24 +27,19 @@ import numpy as np
 
 from memrec.events import CUDA_ERROR_OUT_OF_MEMORY
 from memrec.events import DRIVER
-from memrec.events import FLAG_IPC_BYTES
 from memrec.events import IPC_MAPPED
 from memrec.state.allocs import by_key
 from memrec.state.allocs import key_hash
-from memrec.state.allocs import key_hash1
 from memrec.state.fields import ALLOC
 from memrec.state.fields import FREE
-from memrec.state.fields import IPC_EXPORT
-from memrec.state.fields import IPC_OPEN
 from memrec.state.fields import JOINABLE_KINDS
 from memrec.state.fields import MAX_SIZE
 from memrec.state.fields import MAX_TS
 from memrec.state.fields import OTHER_KINDS
-from memrec.state.fields import PROC_EXIT
 from memrec.state.fields import QUIET_KINDS
 from memrec.state.fields import VMM_RUN_MASK
-from memrec.state.fields import kind_mask
 from memrec.state.fields import VMM_SERIAL_KINDS
+from memrec.state.fields import kind_mask
 from memrec.state.vmm_run import apply_vmm
 
 if TYPE_CHECKING:
@@ -88,199 +86,6 @@ def apply_run(state: LiveState, events: Batch, lo: int, hi: int, fill: list) -> 
         order = np.argsort(changes[0], kind="stable")
         changes = [c[order] for c in changes]
     apply_changes(state, *changes)
-
-
-class Planner:
-    """Whether an IPC export or open can join the run being gathered, for one batch.
-
-    In a run the other kinds go first, event by event, and the allocations and frees after, at
-    once. An export reads the allocation at its pointer: it joins when the run has no earlier
-    event on that (pid, ptr) and the table has it, or the run's earlier events on it are
-    allocations only (the last one's row is handed over as a hint; a free between would forget
-    the export), or the run has no earlier event of that process at all (the interior look-up
-    sees the table as it was). An open reads the export of its handle: it joins unless the run
-    frees that export's allocation before it. A process exit never joins.
-    """
-
-    def __init__(self, state: LiveState, events: Batch, plain_ok: np.ndarray) -> None:
-        self.state = state
-        self.events = events
-        self.kinds = events["kind"]
-        self.pids = events["pid"]
-        self.ptrs = events["ptr"]
-        self.keys = key_hash(self.pids, self.ptrs)
-        # The batch's successful allocations and frees as (top bits of the key hash, position)
-        # in one sorted uint64 each: a key's events are a range, in event order.
-        self.plain = np.flatnonzero(plain_ok)
-        self.shift = np.uint64(max(20, len(self.kinds).bit_length()))
-        self.low = (1 << int(self.shift)) - 1
-        pos = self.plain.astype(np.uint64)
-        self.by_key = np.sort((self.keys[self.plain] >> self.shift << self.shift) | pos)
-        self.key_pos = (self.by_key & np.uint64(self.low)).astype(np.int64)
-        self._of_pid: dict[int, np.ndarray] = {}
-        self.joined: dict[bytes, int] = {}  # handle bytes -> key hash of the allocation, of exports joined
-        self._exports: dict[int, tuple] | None = None  # see _export_facts
-        self._open_bytes: dict[int, bytes | None] | None = None  # position -> an open's handle bytes
-
-    def restart(self) -> None:
-        """A new run begins."""
-        self.joined.clear()
-
-    def joins(self, lo: int, b: int) -> bool:
-        """Whether event ``b`` (an export, open or exit) joins the run that began at ``lo``."""
-        kind = int(self.kinds[b])
-        if kind == PROC_EXIT:
-            return False
-        if kind == IPC_EXPORT:
-            return self._export_joins(lo, b)
-        return self._open_joins(lo, b)
-
-    def _on_key(self, key: int, lo: int, b: int) -> np.ndarray:
-        """Positions in [lo, b) of allocations and frees whose key hash has ``key``'s top bits
-        (its key's events, and any of another key that shares them)."""
-        top = (key >> int(self.shift)) << int(self.shift)
-        i0, i1 = np.searchsorted(self.by_key, np.array([top | lo, top | b], np.uint64)).tolist()
-        return self.key_pos[i0:i1]
-
-    def _pid_has_events(self, pid: int, lo: int, b: int) -> bool:
-        pos = self._of_pid.get(pid)
-        if pos is None:
-            pos = self._of_pid[pid] = self.plain[self.pids[self.plain] == pid]
-        i = np.searchsorted(pos, lo)
-        return bool(i < len(pos) and pos[i] < b)
-
-    def _export_facts(self) -> dict[int, tuple]:
-        """For each successful export of the batch (by position), found with numpy at once: its
-        pid, ptr and key hash, the position of the last allocation or free of its (pid, ptr)
-        before it and of the last such free (-1: none), of the last allocation or free of its
-        process (-1: none), the hint that last event gives, and its handle bytes (None: none).
-        None instead where another key shares its hash's top bits (then
-        :meth:`_export_joins_slowly` looks item by item)."""
-        ev = self.events
-        at = np.flatnonzero((self.kinds == IPC_EXPORT) & (ev["result"] == 0))
-        if len(self.plain):
-            prev, prev_free, shared, pid_prev = self._export_arrays(at)
-        else:
-            prev = prev_free = pid_prev = np.full(len(at), -1)
-            shared = np.zeros(len(at), bool)
-        j = np.maximum(prev, 0)
-        hints = zip(np.minimum(ev["size"][j], MAX_SIZE).tolist(), ev["gpu"][j].tolist(),
-                    np.minimum(ev["ts"][j], MAX_TS).tolist(), ev["api"][j].tolist())
-        hb = bytes_at(ev, at, (ev["flags"][at] & FLAG_IPC_BYTES) != 0)
-        cols = (at.tolist(), self.pids[at].tolist(), self.ptrs[at].tolist(), self.keys[at].tolist(), prev.tolist(),
-                prev_free.tolist(), pid_prev.tolist(), shared.tolist(), hints, hb)
-        return {b: None if sh else (pid, ptr, key, pv, pf, pl, hint, h)
-                for b, pid, ptr, key, pv, pf, pl, sh, hint, h in zip(*cols)}
-
-    def _export_arrays(self, at: np.ndarray) -> tuple[np.ndarray, ...]:
-        """:meth:`_export_facts`' searches, for a batch with allocations or frees."""
-        shift, low = self.shift, np.uint64(self.low)
-        comp, sp = self.by_key, self.key_pos
-        top = (self.keys[at] >> shift) << shift
-        g0 = np.searchsorted(comp, top)
-        g1 = np.searchsorted(comp, top | low, "right")
-        last = np.searchsorted(comp, top | at.astype(np.uint64)) - 1
-        here = last >= g0  # the key has events before the export
-        last = np.maximum(last, 0)
-        prev = np.where(here, sp[last], -1)
-        free_at = np.maximum.accumulate(np.where(self.kinds[sp] == FREE, np.arange(len(sp)), -1))[last]
-        prev_free = np.where(here & (free_at >= g0), sp[np.maximum(free_at, 0)], -1)
-        # Whether a group holds another key than the export's: those go item by item.
-        kp, kq = self.pids[sp], self.ptrs[sp]
-        other = np.zeros(len(sp), bool)
-        other[1:] = ((comp[1:] >> shift) == (comp[:-1] >> shift)) & ((kp[1:] != kp[:-1]) | (kq[1:] != kq[:-1]))
-        mixed = np.cumsum(other)
-        f = np.minimum(g0, len(sp) - 1)
-        shared = (g1 > g0) & ((mixed[np.maximum(g1 - 1, 0)] > mixed[f]) | (kp[f] != self.pids[at]) | (kq[f] != self.ptrs[at]))
-        # The last allocation or free of the export's process before it.
-        pid_at = self.pids[at].astype(np.uint64)
-        by_pid = np.sort((self.pids[self.plain].astype(np.uint64) << shift) | self.plain.astype(np.uint64))
-        j = np.maximum(np.searchsorted(by_pid, (pid_at << shift) | at.astype(np.uint64)) - 1, 0)
-        mine = (by_pid[j] >> shift) == pid_at
-        mine &= by_pid[j] < ((pid_at << shift) | at.astype(np.uint64))
-        pid_prev = np.where(mine, (by_pid[j] & low).astype(np.int64), -1)
-        return prev, prev_free, shared, pid_prev
-
-    def _export_joins(self, lo: int, b: int) -> bool:
-        if self._exports is None:
-            self._exports = self._export_facts()
-        facts = self._exports[b]
-        if facts is None:
-            return self._export_joins_slowly(lo, b)
-        state = self.state
-        pid, ptr, key, prev, prev_free, pid_prev, hint, hb = facts
-        index = state.n_events + b
-        if prev >= lo:
-            if prev_free >= lo:
-                return False  # the free forgets exports made before it only: keep it in order
-            state._alloc_hints[index] = (ptr, hint)
-        elif state._allocs.find(pid, ptr)[0] < 0:
-            if pid_prev >= lo:
-                return False
-            key = self._interior_key(pid, ptr, key, index)
-        if hb is not None:
-            self.joined[hb] = key
-        return True
-
-    def _export_joins_slowly(self, lo: int, b: int) -> bool:
-        """:meth:`_export_joins` for an export whose key hash another key shares."""
-        state = self.state
-        pid, ptr, key = int(self.pids[b]), int(self.ptrs[b]), int(self.keys[b])
-        same = self._on_key(key, lo, b)
-        same = same[(self.pids[same] == pid) & (self.ptrs[same] == ptr)]
-        index = state.n_events + b
-        if len(same):
-            if np.any(self.kinds[same] == FREE):
-                return False
-            state._alloc_hints[index] = (ptr, self._hint(int(same[-1])))
-        elif state._allocs.find(pid, ptr)[0] < 0:
-            if self._pid_has_events(pid, lo, b):
-                return False
-            key = self._interior_key(pid, ptr, key, index)
-        if int(self.events["flags"][b]) & FLAG_IPC_BYTES:
-            self.joined[self.events.ipc_bytes(b)] = key
-        return True
-
-    def _hint(self, j: int) -> tuple[int, int, int, int]:
-        """The allocation event ``j`` makes, as the table would hold it: (size, gpu, ts, api)."""
-        ev = self.events
-        return int(min(ev["size"][j], MAX_SIZE)), int(ev["gpu"][j]), int(min(ev["ts"][j], MAX_TS)), int(ev["api"][j])
-
-    def _interior_key(self, pid: int, ptr: int, key: int, index: int) -> int:
-        """The key hash of the allocation holding ``ptr`` (``key`` when none does)."""
-        base, found = self.state._alloc_at(pid, ptr, index)
-        if found is None:
-            return key
-        return key_hash1(pid, base)
-
-    def _open_joins(self, lo: int, b: int) -> bool:
-        state = self.state
-        if not int(self.events["flags"][b]) & FLAG_IPC_BYTES:
-            return True  # it reads no export
-        if self._open_bytes is None:
-            at = np.flatnonzero(self.kinds == IPC_OPEN)
-            self._open_bytes = dict(zip(at.tolist(), bytes_at(self.events, at, np.ones(len(at), bool))))
-        hb = self._open_bytes[b]
-        key = self.joined.get(hb)
-        if key is None:
-            ex = state._exports.get(hb)
-            if ex is None or not (0 <= ex[0] < 1 << 32 and 0 <= ex[1] < 1 << 64):
-                return True
-            key = key_hash1(ex[0], ex[1])
-        return not np.any(self.kinds[self._on_key(key, lo, b)] == FREE)
-
-
-def bytes_at(events: Batch, at: np.ndarray, flagged: np.ndarray) -> list[bytes | None]:
-    """:meth:`Batch.ipc_bytes` of the events ``at`` that are ``flagged`` (None for the others),
-    with one search."""
-    index = events.ipc_index
-    j = np.minimum(np.searchsorted(index, at), max(len(index) - 1, 0))
-    hit = (index[j] == at) if len(index) else np.zeros(len(at), bool)
-    out: list[bytes | None] = [None] * len(at)
-    zero = bytes(events.ipc.dtype.itemsize)
-    for i, k, h in zip(np.flatnonzero(flagged).tolist(), j[flagged].tolist(), hit[flagged].tolist()):
-        out[i] = events.ipc[k].tobytes() if h else zero
-    return out
 
 
 def _failures(state: LiveState, seg: Batch, ok: np.ndarray, base: int) -> None:
