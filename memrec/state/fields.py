@@ -66,8 +66,8 @@ HANDLE_BYTES_KINDS = frozenset((IPC_EXPORT, IPC_OPEN, SHARE_EXPORT, SHARE_IMPORT
 #: Successful kinds that change the VMM, IPC or host tables (one Python step each).
 OTHER_KINDS = (VMM_CREATE, VMM_RELEASE, VMM_MAP, VMM_UNMAP, VMM_RETAIN, IPC_CLOSE, SHARE_EXPORT, SHARE_IMPORT,
                HOST_ALLOC, HOST_FREE, HOST_REGISTER, HOST_UNREGISTER)
-#: VMM kinds a run applies at once (memrec.state.vmm_run), and those that keep a run's VMM
-#: kinds event by event.
+#: VMM kinds a run applies at once (memrec.state.vmm_run), and those that keep their process's
+#: VMM events in the run event by event.
 VMM_RUN_KINDS = (VMM_CREATE, VMM_MAP, VMM_UNMAP, VMM_RELEASE)
 VMM_SERIAL_KINDS = (VMM_RETAIN, SHARE_EXPORT, SHARE_IMPORT)
 #: Successful kinds that read driver allocations or IPC exports: one joins a run applied at once

@@ -37,6 +37,7 @@ from memrec.state.fields import MAX_SIZE
 from memrec.state.fields import MAX_TS
 from memrec.state.fields import OTHER_KINDS
 from memrec.state.fields import QUIET_KINDS
+from memrec.state.fields import SHARE_IMPORT
 from memrec.state.fields import VMM_RUN_MASK
 from memrec.state.fields import VMM_SERIAL_KINDS
 from memrec.state.fields import kind_mask
@@ -50,7 +51,8 @@ if TYPE_CHECKING:
 _QUIET = kind_mask(tuple(QUIET_KINDS))
 #: Kind -> whether a successful one goes event by event inside a run (unless apply_vmm takes it).
 _PER_EVENT = kind_mask(OTHER_KINDS + JOINABLE_KINDS)
-#: Kinds that keep a run's VMM events event by event (they read or alias handles).
+#: Kinds that keep the VMM events of their process in a run event by event (they read or alias
+#: handles); a shareable import (it reads a peer's handle) keeps all of the run's.
 _VMM_SERIAL = kind_mask(VMM_SERIAL_KINDS)
 
 
@@ -64,10 +66,11 @@ def apply_run(state: LiveState, events: Batch, lo: int, hi: int, fill: list) -> 
     per_event = ok & _PER_EVENT[kinds]
     vmm = ok & VMM_RUN_MASK[kinds]
     vmm_changes = None
-    if vmm.any() and not np.any(ok & _VMM_SERIAL[kinds]):
-        vmm_changes = apply_vmm(state, events, np.flatnonzero(vmm) + lo, fill)
-        if vmm_changes is not None:
-            per_event &= ~vmm
+    if vmm.any() and not np.any(ok & (kinds == SHARE_IMPORT)):  # an import reads a peer's handle
+        serial = np.unique(seg["pid"][ok & _VMM_SERIAL[kinds]]).astype(np.int64)
+        vmm_changes, declined = apply_vmm(state, events, np.flatnonzero(vmm) + lo, fill, serial)
+        per_event &= ~vmm
+        per_event[declined - lo] = True
     state._log = []
     try:
         state._apply_events(events, np.flatnonzero(per_event) + lo, fill)

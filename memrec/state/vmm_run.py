@@ -23,6 +23,7 @@ order, for :func:`memrec.state.plain.apply_changes` with the rest of the run's.
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+from typing import NamedTuple
 
 import numpy as np
 
@@ -47,20 +48,51 @@ _STEP = np.full(1 << 16, -1, np.int8)
 _STEP[[VMM_CREATE, VMM_RELEASE, VMM_MAP, VMM_UNMAP]] = [_CREATE, _RELEASE, _MAP, _UNMAP]
 
 
-def apply_vmm(state: LiveState, events: Batch, pos: np.ndarray, fill: list) -> list[np.ndarray] | None:
+def apply_vmm(state: LiveState, events: Batch, pos: np.ndarray, fill: list,
+              serial_pids: np.ndarray) -> tuple[list[np.ndarray] | None, np.ndarray]:
     """Apply the successful VMM_CREATE/MAP/UNMAP/RELEASE events at batch positions ``pos``
-    (ascending; the run's only events that touch handles and mappings) at once.
+    (ascending) at once, but those of processes in ``serial_pids`` (they retain or share handles
+    in the run) and of processes where one of them breaks the driver's rules.
 
-    Returns their counter changes in event order (index, ts, gpu, pid, category, delta, peak),
-    or None, with nothing changed, when the event-by-event path must apply them.
+    Returns the counter changes of the events applied (index, ts, gpu, pid, category, delta,
+    peak; in event order; None when none was) and the positions of those declined, for the
+    event-by-event path. A process's VMM events never read another's state, so the two parts
+    may go in either order.
     """
     pid = events["pid"][pos]
-    if state._aliases and any(state._aliases.get(p) for p in np.unique(pid).tolist()):
-        return None
+    bad = serial_pids
+    if state._aliases:
+        bad = np.append(bad, [p for p, al in state._aliases.items() if al]).astype(np.int64)
+    for _ in range(2):  # a second look at the processes kept finds nothing more
+        declined = np.isin(pid, bad) if len(bad) else np.zeros(len(pos), bool)
+        if declined.all():
+            return None, pos
+        plan = _plan(state, events, pos[~declined])
+        if isinstance(plan, _Plan):
+            return _commit(state, plan, fill), pos[declined]
+        bad = np.append(bad, plan)
+    return None, pos
+
+
+class _Plan(NamedTuple):
+    """What a run's VMM events do, found before anything changes (see :func:`_plan`)."""
+
+    pos: np.ndarray
+    cols: dict[str, np.ndarray]  # the events' columns (pid, va, size, handle: of the handle acted on, ...)
+    maps: tuple[np.ndarray, ...]  # mapping order, is_map, heads, table rows and slots
+    handles: tuple[np.ndarray, ...]  # handle order, steps, heads, table rows and slots, generations
+    records: tuple[np.ndarray, ...]  # per generation: category, gpu, size, ts, api, exporter
+    counts: tuple[np.ndarray, ...]  # per event in handle order: refs, nmaps, gone
+
+
+def _plan(state: LiveState, events: Batch, pos: np.ndarray) -> _Plan | np.ndarray:
+    """The effect of the VMM events at ``pos``, or the pids whose events break the rules."""
+    pid = events["pid"][pos]
     step = _STEP[events["kind"][pos]]
     va = events["ptr"][pos]
     size = np.minimum(events["size"][pos], MAX_SIZE).astype(np.int64)
     handle = events["handle"][pos]
+    bad = []
 
     # Mappings: each (pid, va) alternates map, unmap, ... from what the table holds.
     mm = np.flatnonzero(step >= _MAP)
@@ -69,14 +101,12 @@ def apply_vmm(state: LiveState, events: Batch, pos: np.ndarray, fill: list) -> l
     is_map = step[morder] == _MAP
     mhead = _heads(pid[morder], va[morder])
     mrows, mslots = ms.lookup(pid[morder][mhead], va[morder][mhead])
-    mfound = mrows >= 0
-    present = _shift(is_map, mhead, mfound)
+    present = _shift(is_map, mhead, mrows >= 0)
     r = np.maximum(mrows, 0)
     mapped_size = _shift(size[morder], mhead, ms.size[r])
     mapped_handle = _shift(handle[morder], mhead, ms.handle[r])
     unmaps = ~is_map
-    if np.any(is_map == present) or np.any(mapped_size[unmaps] < size[morder][unmaps]):
-        return None
+    bad.append(morder[(is_map == present) | (unmaps & (mapped_size < size[morder]))])
     handle[morder[unmaps]] = mapped_handle[unmaps]  # an unmap acts on the handle it unmaps
 
     # Handles: runs of events per (pid, handle), a new generation at each create.
@@ -85,71 +115,85 @@ def apply_vmm(state: LiveState, events: Batch, pos: np.ndarray, fill: list) -> l
     st = step[order]
     head = _heads(pid[order], handle[order])
     rows, slots = hs.lookup(pid[order][head], handle[order][head])
-    found = rows >= 0
+    found = np.zeros(len(st), bool)
+    found[head] = rows >= 0
     is_create = st == _CREATE
-    if np.any(is_create[head] & found) or np.any(~is_create[head] & ~found):
-        return None
+    bad.append(order[head & (is_create == found)])  # a create over a live handle, an event on an unknown one
     gen_start = is_create | head
     gen = np.cumsum(gen_start) - 1
     starts = np.flatnonzero(gen_start)
     from_table = ~is_create[starts]  # a generation that continues the table's record
     trow = np.zeros(len(starts), np.int64)  # the table's row of each generation that continues it
-    trow[gen[head][found]] = rows[found]
-    if np.any(from_table & (hs.category[trow] == IPC_MAPPED) & _any_in(st == _MAP, gen, len(starts))):
-        return None
-    refs0 = np.where(from_table, hs.refs[trow], 1)
-    nmaps0 = np.where(from_table, hs.nmaps[trow], 0)
-    refs = refs0[gen] - _cum_in(st == _RELEASE, gen, starts)
-    nmaps = nmaps0[gen] + _cum_in(st == _MAP, gen, starts) - _cum_in(st == _UNMAP, gen, starts)
+    trow[gen[head][rows >= 0]] = rows[rows >= 0]
+    imported = from_table & (hs.category[trow] == IPC_MAPPED) & _any_in(st == _MAP, gen, len(starts))
+    bad.append(order[starts[imported]])
+    refs = np.where(from_table, hs.refs[trow], 1)[gen] - _cum_in(st == _RELEASE, gen, starts)
+    nmaps = np.where(from_table, hs.nmaps[trow], 0)[gen] + _cum_in(st == _MAP, gen, starts) - _cum_in(st == _UNMAP, gen, starts)
     gone = ((st == _RELEASE) | (st == _UNMAP)) & (refs <= 0) & (nmaps <= 0)
     last = np.ones(len(st), bool)
     last[:-1] = gen_start[1:]
-    if np.any(gone & ~last) or np.any(is_create[1:] & ~head[1:] & ~gone[:-1]):
-        return None
+    bad.append(order[gone & ~last])  # an event on a handle already gone
+    bad.append(order[1:][is_create[1:] & ~head[1:] & ~gone[:-1]])  # a create over a live one
+    bad = np.concatenate(bad)
+    if len(bad):
+        return np.unique(pid[bad]).astype(np.int64)
 
     # Each generation's record: the create's event, or the table's row.
-    ev_cols = {name: events[name][pos] for name in ("gpu", "ts", "api", "aux")}
+    cols = {"pid": pid, "va": va, "size": size, "handle": handle,
+            **{name: events[name][pos] for name in ("gpu", "ts", "api", "aux")}}
+    cols["ts"] = np.minimum(cols["ts"], MAX_TS).astype(np.int64)
     origin = order[starts]
-    cat = np.where(from_table, hs.category[trow], np.where(ev_cols["aux"][origin] <= 1, VMM, HOST_PINNED))
-    g = np.where(from_table, hs.gpu[trow], np.where(cat == VMM, ev_cols["gpu"][origin], -1)).astype(np.int16)
-    gsize = np.where(from_table, hs.size[trow], size[origin])
-    gts = np.where(from_table, hs.ts[trow], np.minimum(ev_cols["ts"][origin], MAX_TS).astype(np.int64))
-    gapi = np.where(from_table, hs.api[trow], ev_cols["api"][origin])
-    gexp = np.where(from_table, hs.exporter[trow], 0)
+    cat = np.where(from_table, hs.category[trow], np.where(cols["aux"][origin] <= 1, VMM, HOST_PINNED))
+    records = (
+        cat,
+        np.where(from_table, hs.gpu[trow], np.where(cat == VMM, cols["gpu"][origin], -1)).astype(np.int16),
+        np.where(from_table, hs.size[trow], size[origin]),
+        np.where(from_table, hs.ts[trow], cols["ts"][origin]),
+        np.where(from_table, hs.api[trow], cols["api"][origin]),
+        np.where(from_table, hs.exporter[trow], 0),
+    )
+    return _Plan(pos, cols, (morder, is_map, mhead, mrows, mslots), (order, st, head, rows, slots, gen),
+                 records, (refs, nmaps, gone))
+
+
+def _commit(state: LiveState, plan: _Plan, fill: list) -> list[np.ndarray]:
+    """Change the tables as :func:`_plan` found; return the counter changes."""
+    pos, c = plan.pos, plan.cols
+    morder, is_map, mhead, mrows, mslots = plan.maps
+    order, st, head, rows, slots, gen = plan.handles
+    cat, g, gsize, gts, gapi, gexp = plan.records
+    refs, nmaps, gone = plan.counts
 
     # The GPU each map, unmap and release fills in: its handle's.
-    ev_gpu = ev_cols["gpu"][order]
-    want = ~is_create & (ev_gpu < 0) & (g[gen] >= 0)
+    want = (st != _CREATE) & (c["gpu"][order] < 0) & (g[gen] >= 0)
     if want.any():
         fill.append((pos[order[want]], g[gen][want]))
 
     # The tables' end state: found rows leave, each key's last generation (if not gone) comes in.
-    ms.remove(mrows[mfound], mslots[mfound])
+    ms, hs = state._maps, state._handles
+    ms.remove(mrows[mrows >= 0], mslots[mrows >= 0])
     mtail = _tails(mhead)
-    mlast = morder[mtail[is_map[mtail]]]
-    ms.insert(pid[mlast], va[mlast], size[mlast], handle[mlast], ev_cols["aux"][mlast],
-              np.minimum(ev_cols["ts"][mlast], MAX_TS).astype(np.int64))
-    hs.remove(rows[found], slots[found])
+    m = morder[mtail[is_map[mtail]]]
+    ms.insert(c["pid"][m], c["va"][m], c["size"][m], c["handle"][m], c["aux"][m], c["ts"][m])
+    hs.remove(rows[rows >= 0], slots[rows >= 0])
     tail = _tails(head)
     keep = tail[~gone[tail]]
-    kg = gen[keep]
-    hs.insert(pid[order][keep], handle[order][keep], gsize[kg], g[kg], gts[kg], cat[kg], refs[keep], nmaps[keep],
-              gexp[kg], gapi[kg])
+    k, kg = order[keep], gen[keep]
+    hs.insert(c["pid"][k], c["handle"][k], gsize[kg], g[kg], gts[kg], cat[kg], refs[keep], nmaps[keep], gexp[kg],
+              gapi[kg])
 
     # Changes: +size at each create, -size where a record goes; none for 0 bytes.
-    made = is_create & (gsize[gen] != 0)
-    went = gone & (gsize[gen] != 0)
-    at = np.flatnonzero(made | went)
-    at = at[np.argsort(order[at], kind="stable")]
-    sign = np.where(made[at], 1, -1)
-    idx = order[at]
+    made = (st == _CREATE) & (gsize[gen] != 0)
+    at = np.flatnonzero(made | (gone & (gsize[gen] != 0)))
+    at = at[np.argsort(order[at])]
+    idx, ag = order[at], gen[at]
     return [
         pos[idx] + state.n_events,
-        np.minimum(ev_cols["ts"][idx], MAX_TS).astype(np.int64),
-        g[gen[at]].astype(np.int64),
-        pid[idx].astype(np.int64),
-        cat[gen[at]].astype(np.int64),
-        sign * gsize[gen[at]],
+        c["ts"][idx],
+        g[ag].astype(np.int64),
+        c["pid"][idx].astype(np.int64),
+        cat[ag].astype(np.int64),
+        np.where(made[at], 1, -1) * gsize[ag],
         np.ones(len(at), bool),
     ]
 
