@@ -7,6 +7,7 @@ the run, so that a busy exporter (NCCL, SGLang's weight sharing) does not cut ev
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -56,7 +57,8 @@ class Planner:
         self._of_pid: dict[int, np.ndarray] = {}
         self.joined: dict[bytes, int] = {}  # handle bytes -> key hash of the allocation, of exports joined
         self._exports: dict[int, tuple] | None = None  # see _export_facts
-        self._open_bytes: dict[int, bytes | None] | None = None  # position -> an open's handle bytes
+        self._opens: dict[int, bytes | None] | None = None  # position -> an open's handle bytes
+        self._frees: list[int] = []  # the frees of by_key
 
     def restart(self) -> None:
         """A new run begins."""
@@ -191,16 +193,21 @@ class Planner:
 
     def _open_joins(self, lo: int, b: int) -> bool:
         state = self.state
-        if not int(self.events["flags"][b]) & FLAG_IPC_BYTES:
+        if self._opens is None:
+            at = np.flatnonzero((self.kinds == IPC_OPEN) & ((self.events["flags"] & FLAG_IPC_BYTES) != 0))
+            self._opens = dict(zip(at.tolist(), self.events.ipc_bytes_at(at, np.ones(len(at), bool))))
+            frees = self.by_key[self.kinds[self.key_pos] == FREE]
+            self._frees = frees.tolist()  # sorted: bisect on Python ints beats a numpy call per open
+        hb = self._opens.get(b)
+        if hb is None:
             return True  # it reads no export
-        if self._open_bytes is None:
-            at = np.flatnonzero(self.kinds == IPC_OPEN)
-            self._open_bytes = dict(zip(at.tolist(), self.events.ipc_bytes_at(at, np.ones(len(at), bool))))
-        hb = self._open_bytes[b]
         key = self.joined.get(hb)
         if key is None:
             ex = state._exports.get(hb)
             if ex is None or not (0 <= ex[0] < 1 << 32 and 0 <= ex[1] < 1 << 64):
                 return True
             key = key_hash1(ex[0], ex[1])
-        return not np.any(self.kinds[self._on_key(key, lo, b)] == FREE)
+        # A free in [lo, b) of a key whose hash has the allocation's top bits: keep the open in order.
+        top = (key >> int(self.shift)) << int(self.shift)
+        i = bisect_left(self._frees, top | lo)
+        return not (i < len(self._frees) and self._frees[i] < top | b)
