@@ -35,10 +35,13 @@ importer closes; ``cuMemUnmap`` over several mappings is handled, partial unmaps
 drop the whole mapping.
 
 The package: :mod:`memrec.state.live` (this class: batches, counters, snapshots),
-:mod:`memrec.state.plain` (driver allocations and frees of a batch at once, numpy),
-:mod:`memrec.state.allocs` (their columnar table), :mod:`memrec.state.vmm_ipc` (every other kind,
-one Python step per event), :mod:`memrec.state.queries` (totals, holdings, holders, exits),
-:mod:`memrec.state.snapshot` (keyframe tables).
+:mod:`memrec.state.plain` (a run of a batch at once, numpy: driver allocations and frees, and
+the counter changes), :mod:`memrec.state.vmm_run` (a run's VMM creates, maps, unmaps and
+releases at once), :mod:`memrec.state.planner` (where IPC exports and opens may join a run),
+:mod:`memrec.state.allocs` (the columnar tables: allocations, VMM handles and mappings),
+:mod:`memrec.state.vmm_ipc` (every kind one event at a time: the reference, and the rare kinds),
+:mod:`memrec.state.queries` (totals, holdings, holders, exits), :mod:`memrec.state.snapshot`
+(keyframe tables).
 """
 
 from __future__ import annotations
@@ -99,9 +102,9 @@ from memrec.state.queries import Queries
 from memrec.state.queries import largest_key
 from memrec.state.vmm_ipc import VmmIpc
 
-#: A run of at least this many driver allocations and frees (between events that cut a batch)
-#: is applied at once with numpy; a shorter one event by event, where numpy's fixed cost per
-#: call would be more than the Python steps it saves.
+#: A run of at least this many driver allocations and frees and VMM creates, maps, unmaps and
+#: releases (between events that cut a batch) is applied at once with numpy; a shorter one
+#: event by event, where numpy's fixed cost per call would be more than the Python steps it saves.
 VECTOR_MIN_RUN = 24
 
 
@@ -114,8 +117,8 @@ class LiveState(Queries, VmmIpc):
         max_failures: how many recent failed calls to keep.
     """
 
-    #: Runs of driver allocations and frees shorter than this go event by event (tests set it
-    #: to 0 or to a huge number to compare the two paths).
+    #: Runs shorter than this go event by event (tests set it to 0 or to a huge number to
+    #: compare the two paths).
     vector_min_run = VECTOR_MIN_RUN
 
     def __init__(self, journal: bool = False, max_failures: int = MAX_FAILURES) -> None:
@@ -167,9 +170,10 @@ class LiveState(Queries, VmmIpc):
 
         The batch is applied in pieces: a process exit, and an IPC export or open whose outcome
         the allocations and frees before it in the piece could change
-        (:class:`memrec.state.planner.Planner`), ends one. A piece with at least :attr:`vector_min_run` driver allocations and frees is
-        applied at once (:func:`memrec.state.plain.apply_run`), others event by event; the
-        result is the same either way.
+        (:class:`memrec.state.planner.Planner`), ends one. A piece with at least
+        :attr:`vector_min_run` driver allocations, frees and VMM creates, maps, unmaps and
+        releases is applied at once (:func:`memrec.state.plain.apply_run`), others event by
+        event; the result is the same either way.
         """
         events = Batch.of(events)
         n = len(events)

@@ -1,8 +1,10 @@
 """VMM handles and mappings, IPC exports and opens, shareable handles and pinned host memory.
 
-These kinds are rare next to cuMemAlloc/cuMemFree, so they keep one Python step per event
-(:meth:`VmmIpc._apply_other`); :class:`memrec.state.LiveState` mixes this in. The accounting
-rules are in :mod:`memrec.state`'s docstring.
+One event at a time (:meth:`VmmIpc._apply_other`): the reference the runs applied at once
+(:mod:`memrec.state.vmm_run` for VMM creates, maps, unmaps and releases) must equal, and the path
+of the rare kinds (IPC, retains, shareable handles, host memory) and of events that break the
+driver's rules. :class:`memrec.state.LiveState` mixes this in. The accounting rules are in
+:mod:`memrec.state`'s docstring.
 """
 
 from __future__ import annotations
