@@ -112,16 +112,21 @@ class KeyTable:
     def lookup(self, pids: np.ndarray, ptrs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Rows and index slots of keys ``(pids[i], ptrs[i])``: -1 where absent."""
         n = len(pids)
-        rows = np.full(n, -1, np.int64)
-        where = np.full(n, -1, np.int64)
         if n == 0 or self.count == 0:
-            return rows, where
+            return np.full(n, -1, np.int64), np.full(n, -1, np.int64)
         pids = pids.astype(np.uint32, copy=False)
         ptrs = ptrs.astype(np.uint64, copy=False)
         mask = (1 << self._bits) - 1
         pos = self._hash(pids, ptrs)
-        pending = np.arange(n)
         keys = getattr(self, self.KEY)
+        # The first probe, for every key at once (most end there); then those that go on.
+        s = self._slots[pos]
+        r = np.maximum(s, 0)
+        hit = (s >= 0) & (self.pid[r] == pids) & (keys[r] == ptrs)
+        rows = np.where(hit, s, -1).astype(np.int64)
+        where = np.where(hit, pos, -1)
+        pending = np.flatnonzero(~hit & (s != EMPTY))
+        pos = (pos[pending] + 1) & mask
         while len(pending):
             s = self._slots[pos].astype(np.int64)
             r = np.maximum(s, 0)

@@ -90,54 +90,35 @@ class Planner:
     def _export_facts(self) -> dict[int, tuple]:
         """For each successful export of the batch (by position), found with numpy at once: its
         pid, ptr and key hash, the position of the last allocation or free of its (pid, ptr)
-        before it and of the last such free (-1: none), of the last allocation or free of its
-        process (-1: none), the hint that last event gives, and its handle bytes (None: none).
-        None instead where another key shares its hash's top bits (then
+        before it (-1: none), of the last free of a key with its hash's top bits before it (-1:
+        none), the hint that last event gives, and its handle bytes (None: none). None instead
+        where the last event before it of a key with those top bits is another key's (then
         :meth:`_export_joins_slowly` looks item by item)."""
         ev = self.events
         at = np.flatnonzero((self.kinds == IPC_EXPORT) & (ev["result"] == 0))
-        if len(self.plain):
-            prev, prev_free, shared, pid_prev = self._export_arrays(at)
-        else:
-            prev = prev_free = pid_prev = np.full(len(at), -1)
-            shared = np.zeros(len(at), bool)
+        prev = prev_free = np.full(len(at), -1)
+        shared = np.zeros(len(at), bool)
+        sp = self.key_pos
+        if len(sp):
+            comp, shift = self.by_key, self.shift
+            top = (self.keys[at] >> shift) << shift
+            g0 = np.searchsorted(comp, top)
+            last = np.searchsorted(comp, top | at.astype(np.uint64)) - 1
+            here = last >= g0  # a key with those top bits has events before the export
+            last = np.maximum(last, 0)
+            prev = np.where(here, sp[last], -1)
+            shared = here & ((self.pids[sp[last]] != self.pids[at]) | (self.ptrs[sp[last]] != self.ptrs[at]))
+            # A free of any key with those top bits cuts: never wrong, and another key's is rare.
+            free_at = np.maximum.accumulate(np.where(self.kinds[sp] == FREE, np.arange(len(sp)), -1))[last]
+            prev_free = np.where(here & (free_at >= g0), sp[np.maximum(free_at, 0)], -1)
         j = np.maximum(prev, 0)
         hints = zip(np.minimum(ev["size"][j], MAX_SIZE).tolist(), ev["gpu"][j].tolist(),
                     np.minimum(ev["ts"][j], MAX_TS).tolist(), ev["api"][j].tolist())
         hb = ev.ipc_bytes_at(at, (ev["flags"][at] & FLAG_IPC_BYTES) != 0)
         cols = (at.tolist(), self.pids[at].tolist(), self.ptrs[at].tolist(), self.keys[at].tolist(), prev.tolist(),
-                prev_free.tolist(), pid_prev.tolist(), shared.tolist(), hints, hb)
-        return {b: None if sh else (pid, ptr, key, pv, pf, pl, hint, h)
-                for b, pid, ptr, key, pv, pf, pl, sh, hint, h in zip(*cols)}
-
-    def _export_arrays(self, at: np.ndarray) -> tuple[np.ndarray, ...]:
-        """:meth:`_export_facts`' searches, for a batch with allocations or frees."""
-        shift, low = self.shift, np.uint64(self.low)
-        comp, sp = self.by_key, self.key_pos
-        top = (self.keys[at] >> shift) << shift
-        g0 = np.searchsorted(comp, top)
-        g1 = np.searchsorted(comp, top | low, "right")
-        last = np.searchsorted(comp, top | at.astype(np.uint64)) - 1
-        here = last >= g0  # the key has events before the export
-        last = np.maximum(last, 0)
-        prev = np.where(here, sp[last], -1)
-        free_at = np.maximum.accumulate(np.where(self.kinds[sp] == FREE, np.arange(len(sp)), -1))[last]
-        prev_free = np.where(here & (free_at >= g0), sp[np.maximum(free_at, 0)], -1)
-        # Whether a group holds another key than the export's: those go item by item.
-        kp, kq = self.pids[sp], self.ptrs[sp]
-        other = np.zeros(len(sp), bool)
-        other[1:] = ((comp[1:] >> shift) == (comp[:-1] >> shift)) & ((kp[1:] != kp[:-1]) | (kq[1:] != kq[:-1]))
-        mixed = np.cumsum(other)
-        f = np.minimum(g0, len(sp) - 1)
-        shared = (g1 > g0) & ((mixed[np.maximum(g1 - 1, 0)] > mixed[f]) | (kp[f] != self.pids[at]) | (kq[f] != self.ptrs[at]))
-        # The last allocation or free of the export's process before it.
-        pid_at = self.pids[at].astype(np.uint64)
-        by_pid = np.sort((self.pids[self.plain].astype(np.uint64) << shift) | self.plain.astype(np.uint64))
-        j = np.maximum(np.searchsorted(by_pid, (pid_at << shift) | at.astype(np.uint64)) - 1, 0)
-        mine = (by_pid[j] >> shift) == pid_at
-        mine &= by_pid[j] < ((pid_at << shift) | at.astype(np.uint64))
-        pid_prev = np.where(mine, (by_pid[j] & low).astype(np.int64), -1)
-        return prev, prev_free, shared, pid_prev
+                prev_free.tolist(), shared.tolist(), hints, hb)
+        return {b: None if sh else (pid, ptr, key, pv, pf, hint, h)
+                for b, pid, ptr, key, pv, pf, sh, hint, h in zip(*cols)}
 
     def _export_joins(self, lo: int, b: int) -> bool:
         if self._exports is None:
@@ -146,14 +127,14 @@ class Planner:
         if facts is None:
             return self._export_joins_slowly(lo, b)
         state = self.state
-        pid, ptr, key, prev, prev_free, pid_prev, hint, hb = facts
+        pid, ptr, key, prev, prev_free, hint, hb = facts
         index = state.n_events + b
         if prev >= lo:
             if prev_free >= lo:
                 return False  # the free forgets exports made before it only: keep it in order
             state._alloc_hints[index] = (ptr, hint)
         elif state._allocs.find(pid, ptr)[0] < 0:
-            if pid_prev >= lo:
+            if self._pid_has_events(pid, lo, b):
                 return False
             key = self._interior_key(pid, ptr, key, index)
         if hb is not None:

@@ -349,11 +349,17 @@ def test_a_long_run_with_reuse_and_double_frees_is_exact():
 
 
 def test_keys_whose_hashes_collide_still_pair_exactly(monkeypatch):
-    # GIVEN a hash that sends every (pid, ptr) to the same value (so the fast grouping sort and the
-    # planner's key index see one key), and events with allocations, frees, exports and opens
+    # GIVEN a hash that sends every (pid, ptr) to the same value (so the grouping sorts, the
+    # planner's key index and the tables' hash index see one key), and events with allocations,
+    # frees, exports and opens
+    import memrec.state.allocs as allocs
     import memrec.state.plain as plain
+    import memrec.state.planner as planner
 
-    monkeypatch.setattr(plain, "key_hash", lambda pids, ptrs: np.zeros(len(pids), np.uint64))
+    for module in (allocs, plain, planner):
+        monkeypatch.setattr(module, "key_hash", lambda pids, ptrs: np.zeros(len(pids), np.uint64))
+    for module in (allocs, planner):
+        monkeypatch.setattr(module, "key_hash1", lambda pid, ptr: 0)
     rng = np.random.default_rng(9)
     rows = []
     for i in range(3000):
