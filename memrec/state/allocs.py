@@ -77,6 +77,7 @@ class KeyTable:
         self._types = {"pid": np.uint32, self.KEY: np.uint64, **self.FIELDS, "live": bool}
         for name, dt in self._types.items():
             setattr(self, name, np.zeros(_MIN_ROWS, dt))
+        self._columns = [getattr(self, name) for name in self.names]  # in names order, for _write
         self._top = 0  # rows [0, top) have been used; freed ones below it are in _free
         self._free = np.zeros(64, np.int32)  # a stack of freed rows: the first _nfree
         self._nfree = 0
@@ -153,8 +154,8 @@ class KeyTable:
 
     def _write(self, rows: Col, *values: Col) -> None:
         """Fill rows (one, or an array of them; values in :attr:`names` order) and mark them live."""
-        for name, value in zip(self.names, values):
-            getattr(self, name)[rows] = value
+        for column, value in zip(self._columns, values):
+            column[rows] = value
         self.live[rows] = True
 
     def remove(self, rows: np.ndarray, where: np.ndarray) -> None:
@@ -195,6 +196,7 @@ class KeyTable:
             new = np.zeros(cap, old.dtype)
             new[: len(old)] = old
             setattr(self, name, new)
+        self._columns = [getattr(self, name) for name in self.names]
 
     def _rehash(self) -> None:
         bits = _MIN_SLOTS_BITS
