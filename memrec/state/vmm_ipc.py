@@ -9,6 +9,8 @@ driver's rules. :class:`memrec.state.LiveState` mixes this in. The accounting ru
 
 from __future__ import annotations
 
+import numpy as np
+
 from memrec.events import HOST_PINNED
 from memrec.events import IPC_MAPPED
 from memrec.events import VMM
@@ -100,16 +102,11 @@ class VmmIpc:
             al = self._aliases.get(pid)
             if al and h in al:
                 h = al.pop(h)
-            hs = self._handles
-            row, slot = hs.find(pid, h)
+            row, slot = self._handles.find(pid, h)
             if row < 0:
                 self._anomaly("release_unknown")
                 return None
-            hs.refs[row] -= 1
-            gg = int(hs.gpu[row])
-            if hs.refs[row] <= 0 and hs.nmaps[row] <= 0:
-                self._drop_handle(index, t, pid, row, slot)
-            return gg
+            return self._let_go(index, t, pid, row, slot, self._handles.refs)
         if kind == VMM_RETAIN:
             hs = self._handles
             row, _ = hs.find(pid, handle)
@@ -264,10 +261,16 @@ class VmmIpc:
         hrow, hslot = hs.find(pid, h)
         if hrow < 0:
             return None
-        hs.nmaps[hrow] -= 1
-        gpu = int(hs.gpu[hrow])
-        if hs.refs[hrow] <= 0 and hs.nmaps[hrow] <= 0:
-            self._drop_handle(index, t, pid, hrow, hslot)
+        return self._let_go(index, t, pid, hrow, hslot, hs.nmaps)
+
+    def _let_go(self, index: int, t: int, pid: int, row: int, slot: int, count: np.ndarray) -> int:
+        """Take one from handle ``row``'s ``count`` (its references or its mappings); the handle
+        goes when it has neither left. Returns its GPU."""
+        hs = self._handles
+        count[row] -= 1
+        gpu = int(hs.gpu[row])
+        if hs.refs[row] <= 0 and hs.nmaps[row] <= 0:
+            self._drop_handle(index, t, pid, row, slot)
         return gpu
 
     def _drop_handle(self, index: int, t: int, pid: int, row: int, slot: int) -> None:
