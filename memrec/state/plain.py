@@ -159,7 +159,7 @@ def _allocs_and_frees(state: LiveState, ev: dict[str, np.ndarray], where: np.nda
     table.remove(rows[found], slots[found])
     tails = np.concatenate((heads[1:] - 1, [m - 1])) if m else heads
     last = tails[is_alloc[tails]]
-    table.insert(pid[last], ptr[last], size[last], gpu[last], ts[last], ev["api"][order][last])
+    table.insert(pid[last], ptr[last], size[last], gpu[last], ts[last], ev["api"][order[last]])
     exported = np.sort(exported_keys(state)) if state._exported and freed.any() else ()
     if len(exported):
         hits = np.flatnonzero(freed)
@@ -168,13 +168,24 @@ def _allocs_and_frees(state: LiveState, ev: dict[str, np.ndarray], where: np.nda
         for p, q in zip(pid[hits].tolist(), ptr[hits].tolist()):
             state._forget_exports(p, q)
 
-    # Changes, two slots per event in event order: an overwritten allocation leaves first (when
-    # not empty), then the new one comes (or the freed one leaves).
+    # Changes, in event order: an overwritten allocation leaves first (when not empty), then the
+    # new one comes (or the freed one leaves).
     def unsort(x: np.ndarray) -> np.ndarray:
         out = np.empty_like(x)
         out[order] = x
         return out
 
+    if n_over == 0:  # one change at most per event (nearly always)
+        one = np.flatnonzero(unsort(is_alloc | freed))
+        return [
+            where[one] + base,
+            np.minimum(ev["ts"][one], MAX_TS).astype(np.int64),
+            unsort(np.where(is_alloc, gpu, prev_gpu))[one].astype(np.int64),
+            ev["pid"][one].astype(np.int64),
+            np.full(len(one), DRIVER, np.int64),
+            unsort(np.where(is_alloc, size, -prev_size))[one],
+            ev["kind"][one] == ALLOC,
+        ]
     valid = np.empty(2 * m, bool)
     valid[0::2] = unsort(over & (prev_size != 0))
     valid[1::2] = unsort(is_alloc | freed)
