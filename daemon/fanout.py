@@ -12,7 +12,8 @@ Writes never block: each subscriber has a queue, written as far as its socket ta
 when the selector says it is writable. A queue over ``max_queue_bytes`` is emptied (the frame
 being written is kept whole, so the stream is never cut) and the subscriber is marked for a
 *resync*: from then on it gets nothing until the daemon's loop sends it a ``lost`` notice with
-the number of records it missed (:meth:`Fanout.resync`), then a sync like a new subscriber's. A subscriber that overflows
+the number of records it missed (:meth:`Fanout.resync`; not those a sync it joins sends again),
+then a sync like a new subscriber's. A subscriber that overflows
 again right after a resync, or whose resync alone does not fit, is disconnected.
 """
 
@@ -38,11 +39,15 @@ class Subscriber:
         self.sock = sock
         self.fd = sock.fileno()
         self.queue: collections.deque[bytes] = collections.deque()
+        #: per frame of ``queue``, the number of the published record it is (None: a sync's own frame)
+        self.seqs: collections.deque[int | None] = collections.deque()
         self.offset = 0  # bytes of queue[0] already sent
         self.queued = 0  # bytes in the queue, minus offset
         self.needs_resync = False
         self.dropped = 0  # records not delivered (cumulative)
         self.dropped_unreported = 0  # not yet told in a lost notice
+        #: the first published record it missed since its last resync (from it on it missed every one)
+        self.first_dropped: int | None = None
         self.overflows = 0
         self.sent_since_resync = 0
         self.writing = False  # EVENT_WRITE registered
@@ -54,9 +59,10 @@ class _Sync:
     """A sync being built: the frames before its keyframe (header, processes), the thread that
     builds the keyframe's record, every frame published since, and who waits for it."""
 
-    def __init__(self, head: list[bytes], build: Build) -> None:
+    def __init__(self, head: list[bytes], build: Build, start: int) -> None:
         self.head = [encode_frame(r) for r in head]
         self.build = build
+        self.start = start  # the number of the first published record in ``tail``
         self.tail: list[bytes] = []
         self.tail_bytes = 0
         self.subs: list[Subscriber] = []
@@ -75,6 +81,8 @@ class Fanout:
         self.max_queue_bytes = max_queue_bytes
         self._subs: dict[int, Subscriber] = {}
         self._sync: _Sync | None = None
+        #: records published so far (each one's number, from 0, is its place in this count)
+        self.published = 0
         #: counters
         self.total_subscribers = 0
         self.disconnected_slow = 0
@@ -114,7 +122,7 @@ class Fanout:
         keyframe record ``finish()`` builds in a thread, taken when every record before it was
         published; what is published until then follows it."""
         assert self._sync is None
-        self._sync = _Sync(head, Build(finish))
+        self._sync = _Sync(head, Build(finish), self.published)
         self._sync.subs = [s for s in self._subs.values() if s.syncing]
         self._sync.build.start()
 
@@ -144,14 +152,17 @@ class Fanout:
                 continue
             sub.syncing = False
             sub.notice = []
-            for f in frames:
-                self._enqueue(sub, f)
+            own = len(frames) - len(sync.tail)  # header, notice, processes, keyframe: then the tail's records
+            for i, f in enumerate(frames):
+                self._enqueue(sub, f, sync.start + i - own if i >= own else None)
             self._write(sub)
 
     def publish(self, record: bytes) -> None:
         """Send one encoded record (the bytes the file gets) to every subscriber."""
         if not self._subs:
             return
+        seq = self.published
+        self.published += 1
         data = encode_frame(record)
         sync = self._sync
         if sync is not None:
@@ -162,30 +173,39 @@ class Fanout:
         for sub in list(self._subs.values()):
             if sub.syncing:
                 continue
-            if sub.needs_resync:
+            if sub.needs_resync or sub.queued + len(data) > self.max_queue_bytes:
+                if not sub.needs_resync:
+                    self._overflow(sub)
                 sub.dropped += 1
                 sub.dropped_unreported += 1
                 self.dropped_records += 1
+                if sub.first_dropped is None:
+                    sub.first_dropped = seq
                 continue
-            if sub.queued + len(data) > self.max_queue_bytes:
-                self._overflow(sub)
-                sub.dropped += 1
-                sub.dropped_unreported += 1
-                self.dropped_records += 1
-                continue
-            self._enqueue(sub, data)
+            self._enqueue(sub, data, seq)
             sub.sent_since_resync += 1
             self._write(sub)
 
     def resync(self, make_notice: Callable[[int], bytes]) -> None:
         """Resynchronise every subscriber that overflowed: it waits for a sync, which gets the
-        ``lost`` notice ``make_notice(dropped)`` (an encoded record) after its header."""
+        ``lost`` notice ``make_notice(dropped)`` (an encoded record) after its header.
+
+        One that joins a sync already being built gets that sync's tail: every record published
+        since the sync began, so the records it missed from then on are not lost to it, and
+        neither the notice nor the counts include them.
+        """
         for sub in list(self._subs.values()):
             if not sub.needs_resync:
                 continue
+            if self._sync is not None and sub.first_dropped is not None:
+                again = max(0, self.published - max(sub.first_dropped, self._sync.start))
+                sub.dropped_unreported -= again
+                sub.dropped -= again
+                self.dropped_records -= again
             sub.notice = [encode_frame(make_notice(sub.dropped_unreported))]
             sub.needs_resync = False
             sub.dropped_unreported = 0
+            sub.first_dropped = None
             sub.sent_since_resync = 0
             sub.syncing = True
             if self._sync is not None:
@@ -221,12 +241,16 @@ class Fanout:
         # Keep the frame being written (the stream must not be cut), drop the rest.
         keep_head = sub.offset > 0
         dropped = len(sub.queue) - (1 if keep_head else 0)
-        head = sub.queue[0] if keep_head else None
+        head = (sub.queue[0], sub.seqs[0]) if keep_head else None
+        lost = [n for n in list(sub.seqs)[1 if keep_head else 0 :] if n is not None]
+        sub.first_dropped = min(lost) if lost else None
         sub.queue.clear()
+        sub.seqs.clear()
         sub.queued = 0
         if head is not None:
-            sub.queue.append(head)
-            sub.queued = len(head) - sub.offset
+            sub.queue.append(head[0])
+            sub.seqs.append(head[1])
+            sub.queued = len(head[0]) - sub.offset
         else:
             sub.offset = 0
         sub.dropped += dropped
@@ -235,8 +259,9 @@ class Fanout:
         sub.needs_resync = True
         log.warning("live subscriber fd %d is too slow: %d queued records dropped, resync pending", sub.fd, dropped)
 
-    def _enqueue(self, sub: Subscriber, data: bytes) -> None:
+    def _enqueue(self, sub: Subscriber, data: bytes, seq: int | None = None) -> None:
         sub.queue.append(data)
+        sub.seqs.append(seq)
         sub.queued += len(data)
 
     def _write(self, sub: Subscriber) -> None:
@@ -253,6 +278,7 @@ class Fanout:
             sub.queued -= n
             if sub.offset == len(head):
                 sub.queue.popleft()
+                sub.seqs.popleft()
                 sub.offset = 0
             else:
                 break

@@ -88,6 +88,7 @@ class Snapshot:
     drain_lag: float
     processes_seen: int
     libraries: int
+    keyframes: dict[str, int]  # written / skipped / waited (daemon.keyframes.Keyframes)
 
 
 class DrainMeter:
@@ -355,6 +356,7 @@ class DaemonMetrics:
             drain_lag=lag,
             processes_seen=int(stats["processes"]),
             libraries=int(stats["libraries"]),
+            keyframes=dict(stats["keyframes"]),
         )
 
     # -- the scrape's side (HTTP thread) ----------------------------------------------------------
@@ -427,6 +429,12 @@ class DaemonMetrics:
             (CounterMetricFamily, "memrec_events", "events recorded", snap.events),
             (CounterMetricFamily, "memrec_markers", "phase markers recorded", snap.markers),
             (CounterMetricFamily, "memrec_lost_events", "events dropped because the ring buffer was full", snap.lost),
+            (CounterMetricFamily, "memrec_keyframes_written", "keyframes written (the live state, for seeking)",
+             snap.keyframes["written"]),
+            (CounterMetricFamily, "memrec_keyframes_skipped", "keyframes not taken: nothing changed since the last",
+             snap.keyframes["skipped"]),
+            (CounterMetricFamily, "memrec_keyframes_waited", "times the loop waited for a new file's first keyframe "
+             "(the records held behind it passed their limit)", snap.keyframes["waited"]),
             (GaugeMetricFamily, "memrec_ring_fill_ratio",
              "the fullest the BPF ring buffer was at a drain in the last second", snap.ring_fill),
             (GaugeMetricFamily, "memrec_drain_lag_seconds", "the oldest record's age at a drain in the last second",

@@ -606,4 +606,6 @@ class Daemon:
             "libraries": len(self.libraries.attached),
             "subscribers": len(self.fanout) if self.fanout is not None else 0,
             "marker_server": self.markers.stats() if self.markers is not None else {},
+            "keyframes": {"written": self.keyframes.written, "skipped": self.keyframes.skipped,
+                          "waited": self.keyframes.waited},
         }

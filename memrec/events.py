@@ -308,6 +308,10 @@ class Marker:
     values: dict = field(default_factory=dict)
 
 
+#: The most arguments a process's ``cmdline`` holds in a trace (the daemon keeps the first ones).
+MAX_CMDLINE_ARGS = 1 << 16
+
+
 @dataclass(frozen=True)
 class ProcessInfo:
     """What the daemon learned about a process that touched the driver."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
 
+from memrec.events import MAX_CMDLINE_ARGS
 from memrec.events import GpuInfo
 from memrec.events import ProcessInfo
 
@@ -55,12 +56,14 @@ class ProcRead:
 
 
 def read_cmdline(pid: int, proc: Path = PROC) -> list[str]:
-    """The process's argv ([] when gone, a kernel thread, or a zombie)."""
+    """The process's argv ([] when gone, a kernel thread, or a zombie), at most the first
+    MAX_CMDLINE_ARGS arguments: a process record with more would be skipped by every reader."""
     try:
         data = (proc / str(pid) / "cmdline").read_bytes()
     except OSError:
         return []
-    return [part.decode("utf-8", "replace") for part in data.split(b"\0")[:-1]] if data else []
+    parts = data.split(b"\0")[:-1][:MAX_CMDLINE_ARGS]
+    return [part.decode("utf-8", "replace") for part in parts]
 
 
 def read_exe(pid: int, proc: Path = PROC) -> str | None:

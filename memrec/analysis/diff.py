@@ -8,7 +8,8 @@ are matched by index.
 The dict holds:
 
 - ``verdict``: a headline and a few lines that answer "why does one run fail when the other
-  works": which run fails and with what error, how the KV budget moved on every rank
+  works": which run fails (SGLang's error, a KV budget <= 0, or a driver call that ran out of
+  memory) and with what error, how the KV budget moved on every rank
   (``Δrest = Δavailable_after_weights − Δslack``), and which phases' allocations between the
   memory baseline and the KV sizing (or before the baseline) changed;
 - ``kv``: the KV budget of every rank side by side (:func:`memrec.analysis.kv_budget.compare_budgets`);
@@ -27,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from typing import Any
+from typing import Iterable
 
 import numpy as np
 
@@ -57,6 +59,7 @@ from memrec.ranks import shown_dims
 from memrec.analysis.text import human
 from memrec.analysis.text import signed_human
 from memrec.engine.journal import Journal
+from memrec.events import CUDA_ERROR_OUT_OF_MEMORY
 from memrec.events import OWNED
 from memrec.engine.replay import build_timeline
 from memrec.analysis.untraced_diff import split_by_rank
@@ -71,6 +74,8 @@ NO_RANK = "(no rank)"
 MIN_NAMED = 1 << 20
 #: How many changed phases the verdict names per window.
 VERDICT_PHASES = 3
+#: The result name of a driver call that ran out of memory: such a call makes its run a failed one.
+OUT_OF_MEMORY = result_name(CUDA_ERROR_OUT_OF_MEMORY)
 
 RankKey = tuple  # (dp, pp, tp) or () for processes without a rank
 
@@ -297,8 +302,20 @@ def _failures(run: Run, dims: tuple[str, ...]) -> dict[tuple, dict]:
     return out
 
 
-def _failed(run: Run) -> bool:
+def _sglang_failed(run: Run) -> bool:
+    """SGLang said the run failed: an error in a phase, or a KV budget <= 0."""
     return any(ph.values.get("error") for ph in run.phases.phases) or any(not b.ok for b in run.budgets)
+
+
+def _failed(run: Run, failures: dict[tuple, dict]) -> bool:
+    """A run failed when SGLang said so or the driver ran out of memory (which SGLang may never
+    report: the process dies in the allocator, or a library catches the error)."""
+    return _sglang_failed(run) or bool(_driver_ooms(failures.values()))
+
+
+def _driver_ooms(failures: Iterable[dict]) -> list[dict]:
+    """The failed driver calls that ran out of memory (a failed cuMemAlloc, cuMemCreate...)."""
+    return [f for f in failures if f["kind"] == "driver_call" and f["result"] == OUT_OF_MEMORY]
 
 
 # ------------------------------------------------------------------------------------------ verdict
@@ -308,11 +325,22 @@ def _what_failed(fails: list[dict]) -> str:
     kv = [f for f in fails if f["kind"] in ("sglang_error", "kv_budget") and f["phase"] in ("kv_budget", "kv_pool")]
     pick = kv or [f for f in fails if f["kind"] != "driver_call"]
     if not pick:
-        return "?"
+        return _what_ran_out(_driver_ooms(fails))
     ranks = list(dict.fromkeys(f["rank"] for f in pick))
     errors = list(dict.fromkeys(f["error"] for f in pick))
     what = "KV sizing" if kv else f"{pick[0]['phase']}"
     return f"{what} failed on {', '.join(ranks)} ({' | '.join(errors)})"
+
+
+def _what_ran_out(ooms: list[dict]) -> str:
+    """The driver's out-of-memory failures in a few words: which call, on which rank and GPU, how much."""
+    if not ooms:
+        return "?"
+    n = sum(f["count"] for f in ooms)
+    where = list(dict.fromkeys(f"{f['rank']} (GPU {f['gpu']})" for f in ooms))
+    apis = list(dict.fromkeys(f["api"] for f in ooms))
+    return (f"{', '.join(apis)} ran out of GPU memory on {', '.join(where[:4])}{', …' if len(where) > 4 else ''}: "
+            f"{n} failed call{'' if n == 1 else 's'} for {human(sum(f['bytes'] for f in ooms))} ({OUT_OF_MEMORY})")
 
 
 def _kv_lines(kv: list[dict], an: str, bn: str) -> list[str]:
@@ -440,9 +468,9 @@ def _verdict(d: dict, a: Run, b: Run) -> dict:
         mins = [x.min_mem_fraction_static for x in run.budgets if not x.draft and x.min_mem_fraction_static is not None]
         fracs = sorted({x.mem_fraction_static for x in run.budgets if x.mem_fraction_static is not None})
         needed[name] = (max(mins) if mins else None, fracs)
-    for name, failed in (("a", fa), ("b", fb)):
+    for name, run in (("a", a), ("b", b)):
         need, fracs = needed[name]
-        if failed and need is not None:
+        if _sglang_failed(run) and need is not None:  # a driver OOM alone is not the KV sizing's
             ran = f" (it ran with {', '.join(f'{x:.3f}' for x in fracs)})" if fracs else ""
             if need < 1:
                 lines.append(f"{d[name]['name']} needs --mem-fraction-static > {need:.4f} on every rank to size a KV cache{ran}")
@@ -461,6 +489,13 @@ def _verdict(d: dict, a: Run, b: Run) -> dict:
 
 
 # ------------------------------------------------------------------------------------------- public
+
+
+def _side(run: Run, name: str, failures: dict[tuple, dict]) -> dict:
+    """One run's line of the diff: whether it failed and how many driver calls ran out of memory."""
+    ooms = sum(f["count"] for f in _driver_ooms(failures.values()))
+    return {"name": name, "failed": _failed(run, failures), "driver_ooms": ooms,
+            "ranks": len([k for k in set(run.rank_of.values()) if k])}
 
 
 def diff_traces(a_trace: Any, b_trace: Any, a_name: str = "A", b_name: str = "B") -> dict:
@@ -489,8 +524,8 @@ def diff_traces(a_trace: Any, b_trace: Any, a_name: str = "A", b_name: str = "B"
                                  f.get("phase", ""), f.get("gpu", 0), f.get("api", ""), f.get("error", "")))
     d: dict = {
         "memrec_diff": DIFF_VERSION,
-        "a": {"name": a_name, "failed": _failed(a), "ranks": len([k for k in set(a.rank_of.values()) if k])},
-        "b": {"name": b_name, "failed": _failed(b), "ranks": len([k for k in set(b.rank_of.values()) if k])},
+        "a": _side(a, a_name, fa),
+        "b": _side(b, b_name, fb),
         "kv": kv,
         "windows": {"between": _window_diff(a, b, "between", dims), "before": _window_diff(a, b, "before", dims)},
         "phases": _phase_rows(a, b, dims),

@@ -1,4 +1,5 @@
-"""What several commands share: the exit code of every error, opening a trace with one-line errors."""
+"""What several commands share: the exit code of every error, opening a trace with one-line errors,
+checking an output path."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from memrec._errors import TraceFormatError
 from memrec._errors import UnavailableError
 
 #: The exit code of each domain error (the first class in this order that the error is an instance of).
-EXIT_CODES: tuple[tuple[type[MemrecError], ExitCode], ...] = (
+EXIT_CODES: tuple[tuple[type[MemrecError], int], ...] = (
     (TraceFormatError, ExitCode.DATA),
     (SocketError, ExitCode.CANT_CREATE),
     (OutputError, ExitCode.CANT_CREATE),
@@ -85,3 +86,31 @@ def load_trace_for_command(path: Path, *, warn: bool = True):
         for warning in trace.warnings:
             print(f"memrec: warning: {path}: {warning}", file=sys.stderr)
     return trace
+
+
+def check_output(path: Path, force: bool) -> bool:
+    """Check a command's output can be written at ``path``; return True when it replaces a file.
+
+    The one rule of every command that writes a file (record, merge, export, plot): a missing
+    folder is a typing mistake more often than a wish, so it is not created; an existing file is
+    a recording or a picture someone may still want, so it is kept unless ``force``. An existing
+    folder passes: `memrec record` writes a timestamped name inside it, as `memrec daemon` does,
+    and a command that cannot use one says so itself.
+
+    Raises:
+        MemrecCommandError: the folder is missing, or the file exists and ``force`` is false
+            (exit code CANT_CREATE).
+    """
+    if path.is_dir():
+        return False
+    folder = path.parent
+    if not folder.is_dir():
+        what = "is not a folder" if folder.exists() else "no such folder"
+        raise MemrecCommandError(f"cannot write {path}: {folder}: {what}", exit_code=ExitCode.CANT_CREATE)
+    if path.exists() or path.is_symlink():
+        if not force:
+            raise MemrecCommandError(
+                f"{path} exists: use -f/--force to replace it, or another -o", exit_code=ExitCode.CANT_CREATE
+            )
+        return True
+    return False

@@ -25,7 +25,7 @@ class DemoCommand:
     def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         from memrec.analysis.report import build_report
         from memrec.analysis.report_text import render_text
-        from memrec.commands.record import check_output
+        from memrec.commands.common import check_output
         from memrec.commands.record import record_tree
         from memrec.commands.record import require_root
         from memrec.stubdriver.build import build_stub

@@ -15,7 +15,7 @@ class DiffCommand:
     """Compare two traces: a verdict first, then the KV budget per rank and the phases side by side.
 
     Processes are matched by rank (TP/PP/DP from the markers), not by pid; GPUs by index. The
-    verdict says which run fails and with what error, how SGLang's KV budget moved on each rank
+    verdict says which run fails (SGLang's error, or a driver call out of memory) and with what error, how SGLang's KV budget moved on each rank
     (Δrest = Δavailable_after_weights − Δslack) and which phases' allocations between the memory
     baseline and the KV sizing made the difference. Then: the KV budget side by side, what each
     phase and rank allocated in those windows, the net bytes per phase × rank × GPU × category

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from memrec._errors import ExitCode
 from memrec._errors import MemrecCommandError
+from memrec.commands.common import check_output
 
 FORMATS = ("perfetto", "memory-viz", "parquet", "csv")
 
@@ -24,12 +25,14 @@ class ExportCommand:
     --to parquet|csv  a folder with one file per table: events, samples, process_samples,
                       markers, processes, by_phase (the tables of memrec.load)
 
-    Needs `pip install 'memrec[export]'` for perfetto and parquet.
+    An existing output is kept unless -f/--force (the trace itself never is replaced). Needs
+    `pip install 'memrec[export]'` for perfetto and parquet.
 
     examples:
       memrec export run.mrec --to perfetto -o run.pftrace
       memrec export run.mrec --to memory-viz -o snapshot.pickle
       memrec export run.mrec --to parquet -o run-tables/
+      memrec export -f run.mrec --to perfetto -o run.pftrace     # replace run.pftrace
     """
 
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
@@ -37,6 +40,8 @@ class ExportCommand:
         parser.add_argument("--to", required=True, choices=FORMATS, help="the format to write")
         parser.add_argument("-o", "--output", required=True, type=Path, metavar="PATH",
                             help="the file to write (a folder for parquet and csv)")
+        parser.add_argument("-f", "--force", action="store_true",
+                            help="replace the output if it exists (never the trace being exported)")
         parser.add_argument("-p", "--pid", type=int, metavar="PID", help="memory-viz: only process PID")
         parser.add_argument("--max-entries", type=int, default=None, metavar="N",
                             help="memory-viz: keep the last N actions per process and GPU (default 100000; "
@@ -72,7 +77,7 @@ class ExportCommand:
         if to == "perfetto":
             from memrec.export.perfetto import write_perfetto
 
-            _check_file(out, args.trace)
+            _check_file(out, args)
             require("perfetto.trace_builder.proto_builder", "export", "--to perfetto")  # before making the file
             write_perfetto(rec, out)
             return [out]
@@ -81,8 +86,9 @@ class ExportCommand:
 
             from memrec.export.memory_viz import MAX_ENTRIES
 
-            _check_file(out, args.trace)
-            written, dropped = write_memory_viz(rec, out, args.pid, args.max_entries or MAX_ENTRIES)
+            _check_file(out, args)
+            written, dropped = write_memory_viz(rec, out, args.pid, args.max_entries or MAX_ENTRIES,
+                                                check=lambda path: _check_file(path, args))
             if dropped:
                 logging.warning("memory-viz: the first %d actions were left out (--max-entries)", dropped)
             return written
@@ -91,14 +97,19 @@ class ExportCommand:
         if out.exists() and not out.is_dir():
             raise MemrecCommandError(f"{out}: exists and is not a folder (--to {to} writes one file per table)",
                                      exit_code=ExitCode.CANT_CREATE)
+        check_output(out, args.force)  # its parent folder must exist, as for a file
+        for path in columnar.table_files(out, to).values() if out.is_dir() else ():
+            check_output(path, args.force)
         if to == "parquet":
             require("pyarrow.parquet", "export", "--to parquet")  # before making the folder
-        out.mkdir(parents=True, exist_ok=True)
+        out.mkdir(exist_ok=True)
         return columnar.write_parquet(rec, out) if to == "parquet" else columnar.write_csv(rec, out)
 
 
-def _check_file(out: Path, trace: Path) -> None:
-    if out.exists() and out.resolve() == trace.resolve():  # `-o run.mrec` would replace the recording
+def _check_file(out: Path, args: argparse.Namespace) -> None:
+    """Refuse to write over the trace itself (even with --force), a folder, or a file without --force."""
+    if out.exists() and out.resolve() == args.trace.resolve():  # `-o run.mrec` would replace the recording
         raise MemrecCommandError(f"{out}: is the trace being exported; give another name", exit_code=ExitCode.USAGE)
     if out.is_dir():
         raise MemrecCommandError(f"{out}: is a folder; give a file name", exit_code=ExitCode.CANT_CREATE)
+    check_output(out, args.force)

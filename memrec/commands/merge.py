@@ -26,9 +26,10 @@ class MergeCommand:
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("traces", type=Path, nargs="+", metavar="TRACE", help="the .mrec traces to join")
         parser.add_argument("-o", "--output", type=Path, required=True, metavar="PATH", help="the merged trace to write")
-        parser.add_argument("-f", "--force", action="store_true", help="overwrite PATH if it exists")
+        parser.add_argument("-f", "--force", action="store_true", help="replace PATH if it exists")
 
     def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+        from memrec.commands.common import check_output
         from memrec.commands.common import load_trace_for_command
         from memrec.trace.merge import MergeError
         from memrec.trace.merge import merge_traces
@@ -37,8 +38,7 @@ class MergeCommand:
         for path in args.traces:
             if path.exists() and out.exists() and path.resolve() == out.resolve():
                 raise MemrecCommandError(f"{out}: is one of the inputs", exit_code=ExitCode.USAGE)
-        if out.exists() and not args.force:
-            raise MemrecCommandError(f"{out}: exists (use --force to overwrite)", exit_code=ExitCode.CANT_CREATE)
+        check_output(out, args.force)
         traces = [(str(path), load_trace_for_command(path)) for path in args.traces]
         try:
             result = merge_traces(traces, out)

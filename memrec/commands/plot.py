@@ -7,6 +7,7 @@ from pathlib import Path
 
 from memrec._errors import ExitCode
 from memrec._errors import MemrecCommandError
+from memrec.commands.common import check_output
 
 
 class PlotCommand:
@@ -17,17 +18,20 @@ class PlotCommand:
 
     With --diff, a second trace is drawn under each GPU's panel, the two aligned on the first
     marker name they share (e.g. dist_init), so where they part is where they differ.
-    The format follows the output's suffix (.png, .svg, .pdf). Needs `pip install 'memrec[plot]'`.
+    The format follows the output's suffix (.png, .svg, .pdf); an existing picture is kept unless
+    -f/--force. Needs `pip install 'memrec[plot]'`.
 
     examples:
       memrec plot run.mrec -o timeline.png
       memrec plot base.mrec --diff custom_ar.mrec -o diff.png
+      memrec plot -f run.mrec -o timeline.png          # replace timeline.png
     """
 
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("trace", type=Path, help="the .mrec trace to draw")
         parser.add_argument("-o", "--output", required=True, type=Path, metavar="FILE",
                             help="the picture to write (.png, .svg or .pdf)")
+        parser.add_argument("-f", "--force", action="store_true", help="replace the picture if it exists")
         parser.add_argument("--diff", type=Path, metavar="OTHER", help="a second trace to draw aligned under it")
 
     def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -40,6 +44,7 @@ class PlotCommand:
             parser.error(f"-o {args.output}: the picture's name must end in .png, .svg or .pdf")
         if args.output.is_dir():
             raise MemrecCommandError(f"{args.output}: is a folder; give a file name", exit_code=ExitCode.CANT_CREATE)
+        check_output(args.output, args.force)
         rec = Recording(load_trace_for_command(args.trace), pandas=False)
         try:
             if args.diff is None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from memrec._errors import ExitCode
 from memrec._errors import MemrecCommandError
+from memrec.commands.common import check_output
 
 log = logging.getLogger(__name__)
 
@@ -91,32 +92,6 @@ def resolve_command(command: list[str]) -> list[str]:
     if shutil.which(command[0]) is None:
         raise MemrecCommandError(f"command not found: {command[0]}", exit_code=127)
     return command
-
-
-def check_output(path: Path, force: bool) -> bool:
-    """Check the trace can be written at ``path``; return True when it replaces an existing file.
-
-    A missing folder is a typing mistake more often than a wish, so it is not created; an existing
-    trace is a recording someone may still want, so it is kept unless ``force``. An existing
-    folder is fine: the trace gets a timestamped name inside it, as with ``memrec daemon``.
-
-    Raises:
-        MemrecCommandError: the folder is missing, or the file exists and ``force`` is false
-            (exit code CANT_CREATE).
-    """
-    if path.is_dir():
-        return False
-    folder = path.parent
-    if not folder.is_dir():
-        what = "is not a folder" if folder.exists() else "no such folder"
-        raise MemrecCommandError(f"cannot write {path}: {folder}: {what}", exit_code=ExitCode.CANT_CREATE)
-    if path.exists() or path.is_symlink():
-        if not force:
-            raise MemrecCommandError(
-                f"{path} exists: use -f/--force to replace it, or another -o", exit_code=ExitCode.CANT_CREATE
-            )
-        return True
-    return False
 
 
 def require_root() -> None:

@@ -32,11 +32,18 @@ def tables(rec: Recording) -> dict[str, np.ndarray]:
     return {name: getattr(rec, method)() for name, method in TABLES.items()}
 
 
+def table_files(folder: Path, suffix: str) -> dict[str, Path]:
+    """Table name -> the file it is written to in ``folder`` (``<table>.<suffix>``), so a command can
+    check them before anything is written."""
+    return {name: folder / f"{name}.{suffix}" for name in TABLES}
+
+
 def write_parquet(rec: Recording, folder: Path) -> list[Path]:
     """Write one ``<table>.parquet`` per table into ``folder``; return the paths written."""
     pa = require("pyarrow", "export", "--to parquet")
     pq = require("pyarrow.parquet", "export", "--to parquet")
     out = []
+    files = table_files(folder, "parquet")
     for name, arr in tables(rec).items():
         columns = {}
         for field in arr.dtype.names:
@@ -45,7 +52,7 @@ def write_parquet(rec: Recording, folder: Path) -> list[Path]:
                 columns[field] = pa.array(col.tolist(), type=pa.string()).dictionary_encode()
             else:
                 columns[field] = pa.array(col)
-        path = folder / f"{name}.parquet"
+        path = files[name]
         pq.write_table(pa.table(columns), path)
         out.append(path)
     return out
@@ -54,8 +61,9 @@ def write_parquet(rec: Recording, folder: Path) -> list[Path]:
 def write_csv(rec: Recording, folder: Path) -> list[Path]:
     """Write one ``<table>.csv`` per table into ``folder``; return the paths written."""
     out = []
+    files = table_files(folder, "csv")
     for name, arr in tables(rec).items():
-        path = folder / f"{name}.csv"
+        path = files[name]
         with path.open("w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(arr.dtype.names)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import pickle
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -132,18 +133,20 @@ def _nvml_free_before(nv: np.ndarray, gpu: int, ts: int) -> int:
     return int(s["free"][-1]) if len(s) else 0
 
 
-def write_memory_viz(rec: Recording, path: Path, pid: int | None = None,
-                     max_entries: int = MAX_ENTRIES) -> tuple[list[Path], int]:
+def write_memory_viz(rec: Recording, path: Path, pid: int | None = None, max_entries: int = MAX_ENTRIES,
+                     check: Callable[[Path], None] | None = None) -> tuple[list[Path], int]:
     """Write the snapshots: ``path`` itself for one process (or ``pid``), else ``<stem>.<pid><suffix>``
     beside it for each process. Returns the paths written (empty when no process used GPU memory)
-    and how many early actions were left out (see :func:`snapshots`)."""
+    and how many early actions were left out (see :func:`snapshots`). ``check`` sees every path
+    before the first is written (it raises to refuse one: the names depend on the trace's processes)."""
     snaps, dropped = snapshots(rec, max_entries)
     if pid is not None:
         snaps = {p: s for p, s in snaps.items() if p == pid}
-    written = []
-    for p, snap in sorted(snaps.items()):
-        target = path if len(snaps) == 1 else path.with_name(f"{path.stem}.{p}{path.suffix or '.pickle'}")
+    targets = {path if len(snaps) == 1 else path.with_name(f"{path.stem}.{p}{path.suffix or '.pickle'}"): snap
+               for p, snap in sorted(snaps.items())}
+    for target in targets if check else ():
+        check(target)
+    for target, snap in targets.items():
         with open(target, "wb") as f:
             pickle.dump(snap, f)
-        written.append(target)
-    return written, dropped
+    return list(targets), dropped

@@ -40,6 +40,7 @@ import numpy as np
 
 from memrec._errors import TraceFormatError
 from memrec._untrusted import too_deep
+from memrec.events import MAX_CMDLINE_ARGS
 from memrec.events import GpuInfo
 from memrec.events import Marker
 from memrec.events import ProcessInfo
@@ -432,7 +433,7 @@ def _value_map(value: Any) -> bool:
 _FIELD_CHECKS: dict[type, dict[str, Any]] = {
     Marker: {"ts": _int_in(_TS), "pid": _int_in(_U32), "uid": _int_in(_U32), "tid": _int_in(_U32),
              "name": _is(str), "phase": _is(str), "gpu": _optional(_int_in(_GPU)), "values": _value_map},
-    ProcessInfo: {"pid": _int_in(_U32), "ppid": _optional(_int_in(_U32)), "cmdline": _list_of(_is(str), 1 << 16),
+    ProcessInfo: {"pid": _int_in(_U32), "ppid": _optional(_int_in(_U32)), "cmdline": _list_of(_is(str), MAX_CMDLINE_ARGS),
                   "exe": _optional(_is(str)), "cuda_visible_devices": _optional(_is(str)),
                   "gpu_map": _list_of(_int_in(_GPU), 1 << 12), "first_ts": _int_in(_TS), "rank": _value_map,
                   "gpu_map_source": _is(str)},

@@ -10,6 +10,10 @@ Record order in the file is the order of the calls, except that events, NVML and
 held back until their chunk is full, :meth:`~TraceWriter.flush`, a keyframe or
 :meth:`~TraceWriter.close`. A keyframe always follows the events it covers.
 
+A marker, process, lost or keyframe record that memrec's readers would skip as malformed (the
+one rule, :func:`memrec.trace.records.check_record`) is refused with ``ValueError`` before any of
+it is written.
+
 For live subscribers, pass ``tee=callback``: it receives the bytes of every record (header
 included) as the writer hands them to its sink — the same bytes the file gets. Frame them with
 :func:`memrec.trace.frames.encode_frame`.
@@ -24,6 +28,7 @@ from typing import Protocol
 
 import numpy as np
 
+from memrec._errors import TraceFormatError
 from memrec._files import create_new
 from memrec.events import Kind
 from memrec.events import Marker
@@ -45,6 +50,8 @@ from memrec.trace.format import lost_record
 from memrec.trace.format import marker_record
 from memrec.trace.format import packb
 from memrec.trace.format import process_record
+from memrec.trace.format import unpackb
+from memrec.trace.records import check_record
 
 
 class Sink(Protocol):
@@ -214,6 +221,22 @@ class CallbackSink:
         pass
 
 
+def _check_readable(rec: dict, data: bytes) -> None:
+    """Refuse a record memrec's readers would skip as malformed, before the file or a subscriber
+    gets it: the readers' one rule (:func:`~memrec.trace.records.check_record`) applied to the
+    record as it will be read back. A keyframe is checked as given (ts, event_index, a map
+    state): its state's Zstandard frame is not opened again (at 1M allocations that would cost
+    more than writing it).
+
+    Raises:
+        ValueError: the record would be dropped by every reader (the reason names the field).
+    """
+    try:
+        check_record(rec if rec.get("type") == KEYFRAME else unpackb(data))
+    except TraceFormatError as error:
+        raise ValueError(f"refusing to write a record memrec's readers would skip: {error}") from None
+
+
 class TraceWriter:
     """Write one trace file (or sink): header at once, then records, then the trailer at close.
 
@@ -364,7 +387,9 @@ class TraceWriter:
         elif kind in (NVML, PROCMEM):
             self._write_rows(kind, rec["samples"])
         else:
-            self._emit(encode_record(rec))
+            data = encode_record(rec)
+            _check_readable(rec, data)
+            self._emit(data)
             if kind in self.counts:
                 self.counts[kind] += 1
             if isinstance(rec.get("ts"), int):

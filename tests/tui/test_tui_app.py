@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import synth
 from conftest import settle
 
@@ -125,6 +126,27 @@ async def test_filter_box_filters_the_event_table(trace_file):
         await pilot.press("slash", *" kind:nope", "enter")
         await settle(pilot)
         assert app.main.flt_text == "kind:free"
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 36)], ids=["80x24", "120x36"])
+async def test_the_filter_box_sits_inside_the_events_panel(trace_file, size):
+    app = MemrecApp(FileSource(trace_file))
+    async with app.run_test(size=size) as pilot:
+        await settle(pilot)
+        holders = app.query_one("#holders", HoldersTable)
+        pane = app.query_one("#events-pane")
+        closed = pane.region
+        # WHEN the filter box opens
+        await pilot.press("slash")
+        await pilot.pause()
+        box, table = app.query_one("#filter").region, app.query_one("#events", EventsTable).region
+        # THEN it is the first row inside the events panel's frame, above the table, and the frame
+        # (title included) still starts on the holders' top row: the panel did not move
+        inside = pane.content_region
+        assert pane.region == closed and pane.region.y == holders.region.y
+        assert (box.x, box.y, box.width, box.height) == (inside.x, inside.y, inside.width, 1)
+        assert table.y == box.y + 1 and table.x == inside.x and table.bottom == inside.bottom
+        assert "events" in str(pane.border_title)
 
 
 async def test_tabs_overview_and_holders_views(trace_file):

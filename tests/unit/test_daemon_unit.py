@@ -650,8 +650,9 @@ def test_subscriber_gets_header_keyframe_then_the_files_records(daemon):
     assert recv_frames(sub, decoder)[-1]["type"] == "trailer"
 
 
-def test_slow_subscriber_is_resynced_not_corrupted():
-    # GIVEN a fanout with a small queue and a subscriber that does not read yet
+def slow_subscriber():
+    """A fanout with a small queue (200 kB) and a subscriber whose socket takes 4 KiB: (selector,
+    fanout, its socket, the reader's end)."""
     import selectors
 
     sel = selectors.DefaultSelector()
@@ -659,6 +660,29 @@ def test_slow_subscriber_is_resynced_not_corrupted():
     a, b = socket.socketpair()
     a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
     fan.add(a)
+    return sel, fan, a, b
+
+
+def read_everything(sel, fan, a, b) -> list[dict]:
+    """The frames the reader's end ``b`` gets once it reads (the loop writing as ``a`` becomes writable)."""
+    decoder = frames.FrameDecoder(frames.MAX_SUBSCRIBER_FRAME, decode=False)
+    got = []
+    b.setblocking(False)
+    sub = next(s for s in fan.subscribers if s.sock is a)
+    for _ in range(2000):
+        for key, mask in sel.select(0):
+            key.data(mask)
+        try:
+            got += decoder.feed(b.recv(1 << 16))
+        except BlockingIOError:
+            if not sub.queue:
+                break
+    return got
+
+
+def test_slow_subscriber_is_resynced_not_corrupted():
+    # GIVEN a fanout with a small queue and a subscriber that does not read yet
+    sel, fan, a, b = slow_subscriber()
 
     def sync() -> None:
         fan.start_sync([msgpack.packb({"type": "hello"})], lambda: msgpack.packb({"type": "keyframe"}))
@@ -675,17 +699,7 @@ def test_slow_subscriber_is_resynced_not_corrupted():
     sync()
     fan.collect(wait=True)
     # WHEN the subscriber reads everything (the loop writing as it becomes writable)
-    decoder = frames.FrameDecoder(frames.MAX_SUBSCRIBER_FRAME, decode=False)
-    got = []
-    b.setblocking(False)
-    for _ in range(2000):
-        for key, mask in sel.select(0):
-            key.data(mask)
-        try:
-            got += decoder.feed(b.recv(1 << 16))
-        except BlockingIOError:
-            if not fan.subscribers[0].queue:
-                break
+    got = read_everything(sel, fan, a, b)
     # THEN every frame is whole, and the lost notice counts exactly what was not delivered
     assert [r["type"] for r in got if r["type"] != "marker"] == ["hello", "keyframe", "hello", "lost", "keyframe"]
     lost = [r for r in got if r["type"] == "lost"]
@@ -694,6 +708,44 @@ def test_slow_subscriber_is_resynced_not_corrupted():
     assert [m["i"] for m in markers] == list(range(len(markers)))
     fan.close()
     sel.close()
+
+
+def test_a_resync_joining_a_running_sync_counts_only_what_it_never_gets():
+    # GIVEN a subscriber that overflowed (it does not read yet)
+    sel, fan, a, b = slow_subscriber()
+    fan.start_sync([msgpack.packb({"type": "hello"})], lambda: msgpack.packb({"type": "keyframe"}))
+    fan.collect(wait=True)
+    record = lambda i: msgpack.packb({"type": "marker", "i": i, "pad": "x" * 5000})  # noqa: E731
+    for i in range(100):
+        fan.publish(record(i))
+    assert fan.needs_resync
+    # AND a second subscriber's sync being built (its keyframe waits), while 30 more are published:
+    # the slow one drops them, the sync's tail keeps them
+    c, d = socket.socketpair()
+    fan.add(c)
+    release = threading.Event()
+    fan.start_sync([msgpack.packb({"type": "hello"})],
+                   lambda: release.wait(5) and msgpack.packb({"type": "keyframe"}))
+    for i in range(100, 130):
+        fan.publish(record(i))
+    # WHEN the slow one is resynced now: it joins that sync
+    fan.resync(lambda dropped: msgpack.packb({"type": "lost", "ts": 0, "total": 0, "subscriber_dropped": dropped}))
+    release.set()
+    fan.collect(wait=True)
+    slow = next(s for s in fan.subscribers if s.sock is a)
+    got = read_everything(sel, fan, a, b)
+    # THEN after its notice it gets the 30 again (the sync's tail), and the notice counts only the
+    # records it never gets: neither before its overflow nor in the sync
+    assert [r["type"] for r in got if r["type"] != "marker"] == ["hello", "keyframe", "hello", "lost", "keyframe"]
+    notice = got.index(next(r for r in got if r["type"] == "lost"))
+    assert [r["i"] for r in got[notice:] if r["type"] == "marker"] == list(range(100, 130))
+    never = set(range(130)) - {r["i"] for r in got if r["type"] == "marker"}
+    assert got[notice]["subscriber_dropped"] == len(never) > 0
+    assert slow.dropped == fan.dropped_records == len(never)
+    fan.close()
+    sel.close()
+    for s in (b, d):
+        s.close()
 
 
 # ------------------------------------------------------------------------------ command

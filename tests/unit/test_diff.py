@@ -33,6 +33,9 @@ from tests.utils import events
 from tests.utils import MiB
 
 
+EXPANDABLE = BASE.parent / "torch-expandable.mrec"
+
+
 def examples_diff() -> dict:
     return diff_traces(load_trace(BASE), load_trace(IPC), BASE.name, IPC.name)
 
@@ -275,6 +278,38 @@ def test_cli_text_and_json(main, tmp_path, capsys):
     assert rc == ExitCode.OK and d["memrec_diff"] == 1 and d["verdict"]["headline"].startswith("b.mrec fails")
     assert list(d)[:4] == ["memrec_diff", "a", "b", "verdict"]
     assert d["kv"][0]["after"]["rest_gib"] == -2.875
+
+
+def test_a_run_whose_driver_ran_out_of_memory_is_a_failed_run(main, tmp_path, capsys):
+    # GIVEN two runs whose KV sizing works in both, and B's TP0 got CUDA_ERROR_OUT_OF_MEMORY
+    # from a 64 GiB cuMemAlloc_v2 (SGLang reported nothing)
+    a = write(sglang_run(), tmp_path / "a.mrec")
+    b = write(sglang_run(pid0=500, oom=True), tmp_path / "b.mrec")
+    oom = "cuMemAlloc_v2 ran out of GPU memory on TP0 (GPU 0): 1 failed call for 64.00 GiB (CUDA_ERROR_OUT_OF_MEMORY)"
+    # WHEN diffed as text  THEN the verdict says B fails, and with what
+    assert main(["diff", str(a), str(b)]) == ExitCode.OK
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2] == f"verdict: b.mrec fails where a.mrec works: {oom}"
+    # AND no --mem-fraction-static advice: the KV sizing did not fail
+    assert not any("mem-fraction-static" in line for line in lines)
+    # WHEN diffed as JSON  THEN B is failed, with its count of out-of-memory calls
+    assert main(["diff", str(a), str(b), "--json"]) == ExitCode.OK
+    d = json.loads(capsys.readouterr().out)
+    assert (d["a"]["failed"], d["a"]["driver_ooms"], d["b"]["failed"], d["b"]["driver_ooms"]) == (False, 0, True, 1)
+    assert d["verdict"]["headline"] == f"b.mrec fails where a.mrec works: {oom}"
+    # AND reversed, A is the failed one
+    assert main(["diff", str(b), str(a), "--json"]) == ExitCode.OK
+    assert json.loads(capsys.readouterr().out)["verdict"]["headline"] == f"a.mrec works where b.mrec fails: b.mrec's {oom}"
+
+
+def test_a_failed_call_that_is_not_out_of_memory_fails_no_run(main, capsys):
+    # GIVEN PyTorch's expandable segments: one cuMemCreate fails with CUDA_ERROR_NOT_PERMITTED
+    # during graph capture (expected; not an out-of-memory)
+    assert main(["diff", str(EXPANDABLE), str(EXPANDABLE), "--json"]) == ExitCode.OK
+    d = json.loads(capsys.readouterr().out)
+    # THEN both runs work
+    assert any(f["result"] == "CUDA_ERROR_NOT_PERMITTED" for f in d["failures"])
+    assert (d["a"]["failed"], d["b"]["failed"], d["verdict"]["headline"]) == (False, False, "both runs work")
 
 
 def test_cli_examples(main, capsys):

@@ -175,7 +175,7 @@ def test_merge_errors_are_one_line_with_exit_codes(two_hosts, tmp_path, capsys):
     out = tmp_path / "job.mrec"
     out.write_bytes(b"x")
     assert main(["merge", str(a), str(b), "-o", str(out)]) == ExitCode.CANT_CREATE
-    assert "exists (use --force" in capsys.readouterr().err
+    assert capsys.readouterr().err == f"memrec: error: {out} exists: use -f/--force to replace it, or another -o\n"
     assert main(["merge", str(a), str(tmp_path / "missing.mrec"), "-o", str(tmp_path / "j2.mrec")]) == ExitCode.NO_INPUT
     not_trace = tmp_path / "n.mrec"
     not_trace.write_text("hello")

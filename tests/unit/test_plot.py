@@ -80,3 +80,47 @@ def test_svg_and_errors(tmp_path, capsys):
     assert main(["plot", str(IPC), "-o", str(tmp_path / "nodir" / "x.png")]) == ExitCode.CANT_CREATE
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) >= 2 and all(line.startswith("memrec: error:") or "usage" in line or "plot" in line for line in err)
+
+
+def short_peak_trace(path: Path, peak_us: int, background: int = 0) -> Path:
+    """20 s on GPU 0: 4 KiB held throughout, and one 16 KiB allocation freed ``peak_us`` µs later at 10 s
+    (``background`` more 4 KiB alloc/free pairs spread over the run: a series with more points than pixels)."""
+    from memrec.events import Kind
+    from memrec.trace import format as fmt
+    from memrec.trace.writer import TraceWriter
+    from tests.utils import events
+    from tests.utils import ev
+
+    s, kib = 10**9, 1024
+    rows = [ev(Kind.ALLOC, pid=7, gpu=0, ptr=0x1000, size=4 * kib, ts=1)]
+    for i in range(background):  # short-lived 4 KiB pairs (at most 8 KiB held: below the peak)
+        t = 1 + (i + 1) * (20 * s // (background + 2))
+        rows += [ev(Kind.ALLOC, pid=7, gpu=0, ptr=0x9000, size=4 * kib, ts=t),
+                 ev(Kind.FREE, pid=7, gpu=0, ptr=0x9000, ts=t + 1000)]
+    rows += [ev(Kind.ALLOC, pid=7, gpu=0, ptr=0x2000, size=16 * kib, ts=10 * s + 500),
+             ev(Kind.FREE, pid=7, gpu=0, ptr=0x2000, ts=10 * s + 500 + peak_us * 1000),
+             ev(Kind.FREE, pid=7, gpu=0, ptr=0x1000, ts=20 * s)]
+    rows.sort(key=lambda r: int(r["ts"]))
+    with TraceWriter(path, fmt.make_header(host="h", boot_id="b")) as w:
+        w.write_events(events(*rows))
+    return path
+
+
+@pytest.mark.parametrize("background", [0, 5000], ids=["few-points", "more-points-than-pixels"])
+def test_a_peak_shorter_than_a_pixel_is_drawn(tmp_path, background):
+    # GIVEN a 20 s run whose only peak (4 KiB -> 20 KiB) lasts 6 µs
+    trace = short_peak_trace(tmp_path / "t.mrec", peak_us=6, background=background)
+    out = tmp_path / "t.png"
+    # WHEN drawn
+    assert main(["plot", str(trace), "-o", str(out)]) == 0
+    # THEN some pixel column holds the driver colour as high as the 20 KiB peak: 5 times the 4 KiB
+    # held all along (with the background pairs, whose 4 KiB more show in every column: 20 / 8)
+    img = read_png(out)
+    rgb = np.array([int(dict(plot_module._STACK)["driver"][i : i + 2], 16) / 255 for i in (1, 3, 5)])
+    rgb = rgb * plot_module.STACK_ALPHA + (1 - plot_module.STACK_ALPHA)
+    driver = np.abs(img - rgb).max(axis=2) < 0.12
+    heights = driver.sum(axis=0)
+    drawn = heights[heights > 0]
+    assert len(drawn) > 500  # the 4 KiB all along the run
+    ratio = 20 / (8 if background else 4)
+    assert heights.max() >= 0.9 * ratio * np.median(drawn), (heights.max(), np.median(drawn))

@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -155,10 +156,51 @@ def test_metrics_follow_the_live_state_with_bounded_labels(workdir, listener):
     assert list(series(got, "memrec_events_total").values()) == [15]
     assert list(series(got, "memrec_lost_events_total").values()) == [0]
     assert list(series(got, "memrec_probed_libraries").values()) == [1]
+    # AND the keyframe counters are the daemon's own, as its stats give them
+    kf = {k: list(series(got, f"memrec_keyframes_{k}_total").values()) for k in ("written", "skipped", "waited")}
+    assert kf == {"written": [1], "skipped": [0], "waited": [0]}, kf  # only the file's first one (every 10 s)
     assert len(series(got, "memrec_ring_fill_ratio")) == len(series(got, "memrec_drain_lag_seconds")) == 1
     info = next(k for k in got if k[0] == "memrec_info")
     assert dict(info[1])["trace_format"] == f"{FORMAT_VERSION}.{FORMAT_MINOR}"
     assert recv(listener) == {"STOPPING": "1", "STATUS": "shutting down (test)"}
+
+
+def test_keyframe_counters_are_in_the_stats_and_the_metrics(workdir):
+    from tests.unit.test_daemon_keyframes import _allocs
+    from tests.unit.test_daemon_keyframes import _held_build
+
+    pytest.importorskip("prometheus_client")
+    port = free_port()
+    daemon = make_daemon(workdir, keyframe_interval=0.02)
+    service = Service(metrics_addr=("127.0.0.1", port), notifier=Notifier({}))
+    service.listen()
+    daemon.start()
+    try:
+        service.started(daemon)
+        t = time.monotonic_ns()
+        # GIVEN a new file whose first keyframe is slow to build, and more records behind it than
+        # may be held: the loop waits for it once
+        daemon.probes.push(_allocs(50, 1, t))
+        pump(daemon, 0.1)
+        release = _held_build(daemon.state)
+        daemon.rotate("test")
+        daemon.keyframes.max_held = 0
+        threading.Timer(0.3, release.set).start()
+        daemon.probes.push(_allocs(50, 1000, t + 1000))
+        pump(daemon, 0.5)
+        # AND then an idle loop: periodic keyframes skipped (nothing changed)
+        pump(daemon, 0.3)
+        stats = daemon.stats()["keyframes"]
+        service.metrics.take_snapshot(daemon.clock())
+        got = scrape(port)
+    finally:
+        service.stopping(daemon, "test")
+        daemon.stop()
+        service.close()
+    # THEN the stats count them, and the metrics say the same
+    assert stats["waited"] == 1 and stats["written"] >= 3 and stats["skipped"] >= 5, stats
+    assert {k: list(series(got, f"memrec_keyframes_{k}_total").values()) for k in stats} == {
+        k: [v] for k, v in stats.items()}
 
 
 def test_a_taken_metrics_port_fails_before_start(workdir, capsys):
@@ -317,7 +359,7 @@ def test_the_grafana_dashboard_queries_only_metrics_the_daemon_exposes():
     from memrec.daemon.metrics import Snapshot
 
     m = DaemonMetrics(("127.0.0.1", 0))
-    m.snapshot = Snapshot({}, {}, {}, {}, {}, {}, 0, 0, 0, 0.0, 0.0, 0, 0)
+    m.snapshot = Snapshot({}, {}, {}, {}, {}, {}, 0, 0, 0, 0.0, 0.0, 0, 0, {"written": 0, "skipped": 0, "waited": 0})
     exposed = set()
     for family in m.collect():
         exposed.add(family.name + ("_total" if family.type == "counter" else ""))

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rich.text import Text
+from textual.widget import Widget
 from textual.widgets import DataTable
 from textual.widgets import Static
 
@@ -290,7 +291,9 @@ class EventsTable(DataTable):
 
     def show(self, ev: EventRows | None, origin: int, label, flt_text: str = "") -> None:
         self.clear()
-        self.border_title = "events" + (f" [dim]filter:[/] {flt_text}" if flt_text else " [dim](/ to filter)[/]")
+        # The frame is the events pane's, around the filter box and this table (tui/app.tcss).
+        frame = self.parent if isinstance(self.parent, Widget) else self
+        frame.border_title = "events" + (f" [dim]filter:[/] {flt_text}" if flt_text else " [dim](/ to filter)[/]")
         if ev is None:
             self.seqs = []
             return
