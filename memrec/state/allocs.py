@@ -15,6 +15,7 @@ kinds and short runs take.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 from typing import Union
 
 import numpy as np
@@ -69,8 +70,10 @@ class KeyTable:
     KEY = "key"
     #: Value columns and their types, in a row's order.
     FIELDS: dict[str, type] = {}
-    pid: np.ndarray
-    live: np.ndarray
+
+    if TYPE_CHECKING:  # each column (pid, the key, the fields, live) is an attribute
+
+        def __getattr__(self, name: str) -> np.ndarray: ...
 
     def __init__(self) -> None:
         self.names = ("pid", self.KEY, *self.FIELDS)
@@ -340,11 +343,6 @@ class AllocTable(KeyTable):
 
     KEY = "ptr"
     FIELDS = {"size": np.int64, "gpu": np.int16, "ts": np.int64, "api": np.uint16}
-    ptr: np.ndarray
-    size: np.ndarray
-    gpu: np.ndarray
-    ts: np.ndarray
-    api: np.ndarray
 
 
 class HandleTable(KeyTable):
@@ -354,15 +352,6 @@ class HandleTable(KeyTable):
     KEY = "handle"
     FIELDS = {"size": np.int64, "gpu": np.int16, "ts": np.int64, "category": np.int8, "refs": np.int64,
               "nmaps": np.int64, "exporter": np.int64, "api": np.uint16}
-    handle: np.ndarray
-    size: np.ndarray
-    gpu: np.ndarray
-    ts: np.ndarray
-    category: np.ndarray
-    refs: np.ndarray
-    nmaps: np.ndarray
-    exporter: np.ndarray
-    api: np.ndarray
 
 
 class MapTable(KeyTable):
@@ -370,8 +359,3 @@ class MapTable(KeyTable):
 
     KEY = "va"
     FIELDS = {"size": np.int64, "handle": np.uint64, "offset": np.uint64, "ts": np.int64}
-    va: np.ndarray
-    size: np.ndarray
-    handle: np.ndarray
-    offset: np.ndarray
-    ts: np.ndarray
