@@ -2,9 +2,9 @@
 
 A VMM-backed allocator (PyTorch's expandable segments, SGLang's memory pools) makes these calls
 by the thousand; one Python step each made them the daemon's bottleneck. :func:`apply_vmm` gives
-what the event-by-event path (:meth:`memrec.state.vmm_ipc.VmmIpc._apply_other`) gives, for a run
-whose VMM events follow the driver's rules, and declines (changing nothing) otherwise, so that
-the caller applies them event by event:
+what the event-by-event path (:meth:`memrec.state.vmm_ipc.VmmIpc._apply_other`) gives, for the
+processes whose VMM events in the run follow the driver's rules, and declines (changing nothing)
+the others' events, which the caller applies event by event:
 
 - mappings, grouped by (pid, va) in event order: each map meets a free address, each unmap the
   mapping the event before it (or the table) left there, at least as large as the unmap (an
@@ -15,9 +15,11 @@ the caller applies them event by event:
   last event (a create over a live handle, an event on a gone or unknown one, a map of a peer's
   imported handle, whose size the map may change: declines).
 
-Retains, shareable exports and imports, and processes with retained aliases always go event
-by event (they are rare); so do runs with an anomaly. The counter changes come back in event
-order, for :func:`memrec.state.plain.apply_changes` with the rest of the run's.
+A process that retains or shares a handle in the run, or holds retained aliases, is declined
+too (those are rare); a run with a shareable import goes event by event altogether (the import
+reads a peer's handle). A process's VMM events never read another's, so the two parts may go
+in either order. The counter changes come back in event order, for
+:func:`memrec.state.plain.apply_changes` with the rest of the run's.
 """
 
 from __future__ import annotations
@@ -56,8 +58,7 @@ def apply_vmm(state: LiveState, events: Batch, pos: np.ndarray, fill: list,
 
     Returns the counter changes of the events applied (index, ts, gpu, pid, category, delta,
     peak; in event order; None when none was) and the positions of those declined, for the
-    event-by-event path. A process's VMM events never read another's state, so the two parts
-    may go in either order.
+    event-by-event path.
     """
     pid = events["pid"][pos]
     bad = serial_pids
