@@ -63,7 +63,7 @@ PROC_EXIT = int(Kind.PROC_EXIT)
 QUIET_KINDS = frozenset(int(k) for k in QUIET_FAILURE_KINDS)
 #: Kinds whose ``ipc`` column may carry handle bytes (IPC handle or fabric handle).
 HANDLE_BYTES_KINDS = frozenset((IPC_EXPORT, IPC_OPEN, SHARE_EXPORT, SHARE_IMPORT))
-#: Successful kinds that change the VMM, IPC or host tables (one Python step each).
+#: Successful kinds that change the VMM, IPC or host tables (event by event, but VMM_RUN_KINDS in a run).
 OTHER_KINDS = (VMM_CREATE, VMM_RELEASE, VMM_MAP, VMM_UNMAP, VMM_RETAIN, IPC_CLOSE, SHARE_EXPORT, SHARE_IMPORT,
                HOST_ALLOC, HOST_FREE, HOST_REGISTER, HOST_UNREGISTER)
 #: VMM kinds a run applies at once (memrec.state.vmm_run), and those that keep their process's
