@@ -24,14 +24,16 @@ from memrec.analysis.names import api_name
 from memrec.analysis.names import process_title
 from memrec.analysis.names import result_name
 from memrec.engine.phases import Phases
-from memrec.engine.phases import attribute
+from memrec.engine.phases import Attribution
 from memrec.engine.phases import held_by_phase
+from memrec.engine.journal import Journal
 from memrec.analysis.reconcile import Reconciliation
 from memrec.analysis.reconcile import reconcile
 from memrec.engine.replay import initial_state
 from memrec.engine.replay import trace_bounds
 from memrec.engine.replay import trace_phases
 from memrec.analysis.sglang_report import build_sglang_section
+from memrec.analysis.sglang_report import has_sglang_markers
 from memrec.analysis.text import seconds
 from memrec.ranks import pid_labels
 from memrec.engine.series import GpuSeries
@@ -93,13 +95,25 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
     initial, notes = initial_state(trace)
     prior_exits = len(initial.exit_records()) if initial is not None else 0
     prior_anomalies = dict(initial.anomalies) if initial is not None else {}
-    tl = build_timeline(events, start=start, state=initial, stops=failed_idx, at_stop=at_stop)
+    usage_of, exit_usage_of = Attribution(phases), Attribution(phases)
+
+    def attribute_rows(journal: Journal) -> None:
+        if trace.markers:
+            usage_of.add(journal)
+            exit_usage_of.add(journal.take(journal.exit_mask(events)))
+
+    # The journal (35 B a change) is attributed chunk by chunk as the replay goes and let go,
+    # unless the SGLang section needs it whole.
+    whole = has_sglang_markers(trace.markers)
+    tl = build_timeline(events, start=start, state=initial, stops=failed_idx, at_stop=at_stop,
+                        on_journal=None if whole else attribute_rows)
+    if whole:
+        attribute_rows(tl.journal)
     exits = tl.state.exit_records()[prior_exits:]
     anomalies = {
         k: v - prior_anomalies.get(k, 0) for k, v in sorted(tl.state.anomalies.items()) if v > prior_anomalies.get(k, 0)
     }
-    usage = attribute(phases, tl.journal) if trace.markers else []
-    exit_usage = attribute(phases, tl.journal.take(tl.journal.exit_mask(events))) if trace.markers else []
+    usage, exit_usage = usage_of.usage(), exit_usage_of.usage()
     sglang = build_sglang_section(trace, phases, tl.journal, usage, start, gpu=gpu, pid=pid)
     # Nothing below reads the journal: its columns (35 B a change) go before the reconciliation
     # makes its temporaries (the report's peak memory on 10M events).
