@@ -26,6 +26,7 @@ from memrec.analysis.names import result_name
 from memrec.engine.phases import Phases
 from memrec.engine.phases import Attribution
 from memrec.engine.phases import held_by_phase
+from memrec.engine.group import distinct
 from memrec.engine.journal import Journal
 from memrec.analysis.reconcile import Reconciliation
 from memrec.analysis.reconcile import reconcile
@@ -299,7 +300,7 @@ def _failure(events: np.ndarray, i: int, g: int, inferred: bool, start: int, pro
 def _processes(trace: Any, tl: Timeline, exit_records: list[dict]) -> dict[int, dict]:
     pids = set(trace.processes) | {p for s in tl.gpus.values() for p in s.pids()}
     if len(trace.event_columns):
-        pids |= {int(p) for p in np.unique(trace.event_columns["pid"])}
+        pids |= set(distinct(trace.event_columns["pid"]))
     exits = {r["pid"]: r["ts"] for r in exit_records}
     ranks = pid_labels(trace.markers, trace.processes)  # "TP0" from the markers' tp/pp/dp_rank, else ProcessInfo.rank
     gpus_of: dict[int, set[int]] = {}

@@ -136,10 +136,10 @@ def build_timeline(
     let_go = 0  # rows handed on and let go (on_journal)
     fed = 0  # rows of the buffer the series have
 
-    def hand_on() -> None:
+    def hand_on(done: int) -> None:
         nonlocal fed, let_go
         part = rows.journal(fed)
-        series.add(part)
+        series.add(part, done / max(len(events), 1))
         if on_journal is None:
             fed = rows.n
         else:
@@ -155,12 +155,12 @@ def build_timeline(
             for lo in range(done, stop, APPLY_CHUNK):
                 state.apply(events[lo : min(stop, lo + APPLY_CHUNK)])
                 rows.take(state)
-                hand_on()
+                hand_on(min(stop, lo + APPLY_CHUNK))
             done = stop
             if at_stop is not None and stop < len(events):
                 at_stop(stop, state, let_go + rows.n)
         if fed < rows.n:  # nothing replayed: what the state had journaled before
-            hand_on()
+            hand_on(len(events))
     finally:
         state.journal_sink = None
     return Timeline(gpus=series.series(), journal=rows.journal(), state=state, start=start, events=events)

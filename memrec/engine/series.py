@@ -144,10 +144,12 @@ class _Column:
     def a(self) -> np.ndarray:
         return self._buf[: self.n]
 
-    def extend(self, values: np.ndarray) -> None:
+    def extend(self, values: np.ndarray, expect: int = 0) -> None:
+        """Append ``values``; ``expect``: the length it is expected to reach (capacity at once,
+        no copies as it grows; doubling past it)."""
         m = len(values)
         if self.n + m > len(self._buf):
-            cap = max(2 * len(self._buf), self.n + m, 1 << 14)
+            cap = max(expect if expect >= self.n + m else 2 * len(self._buf), self.n + m, 1 << 14)
             grown = np.frombuffer(mmap.mmap(-1, cap * self._buf.itemsize), dtype=self._buf.dtype)
             grown[: self.n] = self._buf[: self.n]
             self._buf = grown
@@ -190,9 +192,10 @@ class SeriesBuilder:
         """The GPUs with changes or an initial holding, ascending."""
         return sorted(set(self._gpus) | {g for g, _, _ in self._initial})
 
-    def add(self, j: Journal) -> None:
+    def add(self, j: Journal, share: float = 1.0) -> None:
         """Append journal rows that follow the ones added before (whole events: a chunk never
-        splits the changes of one event)."""
+        splits the changes of one event). ``share``: the part of the replay done with these rows
+        (each GPU's arrays are sized from it once, not grown by doubling)."""
         if not len(j):
             return
         if self._only is not None:
@@ -204,9 +207,9 @@ class SeriesBuilder:
             parts = [(int(gs[lo]), order[lo:hi]) for lo, hi in zip(cuts, cuts[1:])]
         for g, m in parts:
             if len(m):
-                self._add(g, j, m)
+                self._add(g, j, m, share)
 
-    def _add(self, g: int, j: Journal, m: np.ndarray) -> None:
+    def _add(self, g: int, j: Journal, m: np.ndarray, share: float) -> None:
         acc = self._gpus.get(g)
         if acc is None:
             acc = self._gpus[g] = _Gpu(self._start, self._first)
@@ -214,20 +217,21 @@ class SeriesBuilder:
         codes, uniq = factorize(code)
         seen = [acc.codes.setdefault(c, len(acc.codes)) for c in uniq.tolist()]
         changes = acc.delta.n
-        acc.key.extend(np.asarray(seen, dtype=np.int32)[codes])
-        acc.delta.extend(j.delta[m])
+        expect = int((changes + len(m)) / max(share, 1e-9) * 1.1) + 1  # this pace to the end, and a tenth
+        acc.key.extend(np.asarray(seen, dtype=np.int32)[codes], expect)
+        acc.delta.extend(j.delta[m], expect)
         index = j.index[m]
         # One row per event: several changes from one event (a process exit) collapse to the last.
         last = np.ones(len(index), dtype=bool)
         last[:-1] = index[1:] != index[:-1]
         rows = np.flatnonzero(last)
-        acc.ts.extend(j.ts[m[rows]])
-        acc.index.extend(index[rows])
+        acc.ts.extend(j.ts[m[rows]], expect)
+        acc.index.extend(index[rows], expect)
         if changes + len(m) >= 1 << 31 and acc.last.a.dtype == np.int32:
             wide = _Column(np.int64)
             wide.extend(acc.last.a)
             acc.last = wide
-        acc.last.extend(rows + changes)
+        acc.last.extend(rows + changes, expect)
 
     def series(self, gpus: list[int] | None = None) -> dict[int, GpuSeries]:
         """The series of ``gpus`` (default: :meth:`gpus`); once: they take the builder's arrays."""
