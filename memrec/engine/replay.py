@@ -155,11 +155,12 @@ def build_timeline(
             for lo in range(done, stop, APPLY_CHUNK):
                 state.apply(events[lo : min(stop, lo + APPLY_CHUNK)])
                 rows.take(state)
-                hand_on(min(stop, lo + APPLY_CHUNK))
+                if rows.n - fed >= APPLY_CHUNK // 4:  # not per stop: failed calls cut short chunks
+                    hand_on(min(stop, lo + APPLY_CHUNK))
             done = stop
             if at_stop is not None and stop < len(events):
                 at_stop(stop, state, let_go + rows.n)
-        if fed < rows.n:  # nothing replayed: what the state had journaled before
+        if fed < rows.n:
             hand_on(len(events))
     finally:
         state.journal_sink = None

@@ -6,6 +6,7 @@ Two shapes of one thing, both read from :class:`~memrec.engine.journal.Journal` 
   ``memrec diff``, ``memrec.load`` and the exports. It keeps the journal's changes (sparse), not a
   dense (changes × keys) matrix: a series summed over any selection of keys is one masked
   ``cumsum``, so memory is linear in the changes whatever the number of processes.
+  :class:`SeriesBuilder` builds every GPU's from the journal a chunk at a time as a replay goes.
 - :class:`CategorySeries`: one GPU's bytes per category, appended chunk by chunk as a replay
   goes (the TUI's file replay and live stream), with a block-max pyramid so that downsampling a
   time range to screen columns is O(columns).
@@ -118,6 +119,48 @@ class GpuSeries:
         return {k: int(v) for k, v in zip(self.keys, held.tolist()) if v}
 
 
+# ------------------------------------------------------------------------------ chunk by chunk
+
+
+class Grow:
+    """A growable 1-D numpy array (capacity doubling), ``.a`` is the live view.
+
+    The buffer past ``n`` is never read, so it is ``np.empty``: ``np.zeros`` made every doubling
+    fault in fresh zeroed pages, and growing the TUI's per-category series to 10M points took
+    4.7 × as long (1.12 s against 0.24 s for 8 GPUs × 7 arrays, measured side by side).
+    """
+
+    def __init__(self, dtype: Any, capacity: int = 1024) -> None:
+        self._buf = np.empty(capacity, dtype=dtype)
+        self.n = 0
+
+    @property
+    def a(self) -> np.ndarray:
+        return self._buf[: self.n]
+
+    def extend(self, values: np.ndarray, expect: int = 0) -> None:
+        """Append ``values``; ``expect``: the length it is expected to reach (that capacity at
+        once, no copies as it grows; doubling past it)."""
+        m = len(values)
+        if self.n + m > len(self._buf):
+            cap = max(expect if expect >= self.n + m else len(self._buf) * 2, self.n + m)
+            new = self._alloc(cap)
+            new[: self.n] = self._buf[: self.n]
+            self._buf = new
+        self._buf[self.n : self.n + m] = values
+        self.n += m
+
+    def _alloc(self, capacity: int) -> np.ndarray:
+        return np.empty(capacity, dtype=self._buf.dtype)
+
+    def drop_front(self, k: int) -> None:
+        if k <= 0:
+            return
+        k = min(k, self.n)
+        self._buf = self._buf[k : self.n].copy() if self.n - k else np.empty(16, dtype=self._buf.dtype)
+        self.n -= k
+
+
 def gpu_series(g: int, j: Journal, initial: dict, start: int, first_index: int) -> GpuSeries:
     """GPU ``g``'s series from the journal rows on it and the state the replay started from
     (``initial``: (gpu, pid, category index) -> bytes)."""
@@ -126,35 +169,20 @@ def gpu_series(g: int, j: Journal, initial: dict, start: int, first_index: int) 
     return builder.series([g])[g]
 
 
-class _Column:
-    """A growable 1-D array in an anonymous memory map of its own (capacity doubling).
+class _Mapped(Grow):
+    """A :class:`Grow` whose buffers are anonymous memory maps of their own, not the heap: the
+    outgrown buffers of eight GPUs' series, freed while the others live, stayed in glibc's heap
+    as free memory (RSS 260 MB more at 10M events, measured); a map goes back to the system when
+    let go, and capacity not written costs nothing."""
 
-    Not the heap: the parts or outgrown buffers of eight GPUs' series, freed while the others
-    live, stayed in glibc's heap as free memory (RSS: 260 MB more at 10M events, measured); a
-    map is returned to the system when let go, and its capacity not written costs nothing.
-    """
-
-    def __init__(self, dtype: Any, first: Any = None) -> None:
-        self._buf = np.empty(0, dtype=dtype)
-        self.n = 0
+    def __init__(self, dtype: Any, first: int | None = None) -> None:
+        super().__init__(dtype, 0)
         if first is not None:
             self.extend(np.array([first], dtype=dtype))
 
-    @property
-    def a(self) -> np.ndarray:
-        return self._buf[: self.n]
-
-    def extend(self, values: np.ndarray, expect: int = 0) -> None:
-        """Append ``values``; ``expect``: the length it is expected to reach (capacity at once,
-        no copies as it grows; doubling past it)."""
-        m = len(values)
-        if self.n + m > len(self._buf):
-            cap = max(expect if expect >= self.n + m else 2 * len(self._buf), self.n + m, 1 << 14)
-            grown = np.frombuffer(mmap.mmap(-1, cap * self._buf.itemsize), dtype=self._buf.dtype)
-            grown[: self.n] = self._buf[: self.n]
-            self._buf = grown
-        self._buf[self.n : self.n + m] = values
-        self.n += m
+    def _alloc(self, capacity: int) -> np.ndarray:
+        capacity = max(capacity, 1 << 14)
+        return np.frombuffer(mmap.mmap(-1, capacity * self._buf.itemsize), dtype=self._buf.dtype)
 
 
 class _Gpu:
@@ -162,11 +190,11 @@ class _Gpu:
     last change."""
 
     def __init__(self, start: int, first_index: int) -> None:
-        self.key = _Column(np.int32)  # per change: the order its (pid, category) code was first seen
-        self.delta = _Column(np.int64)
-        self.ts = _Column(np.int64, start)
-        self.index = _Column(np.int64, first_index - 1)
-        self.last = _Column(np.int32)  # per row >= 1: its last change (int64 past 2**31 changes)
+        self.key = _Mapped(np.int32)  # per change: the order its (pid, category) code was first seen
+        self.delta = _Mapped(np.int64)
+        self.ts = _Mapped(np.int64, start)
+        self.index = _Mapped(np.int64, first_index - 1)
+        self.last = _Mapped(np.int32)  # per row >= 1: its last change (int64 past 2**31 changes)
         self.codes: dict[int, int] = {}  # (pid, category) code -> first-seen order
 
 
@@ -228,7 +256,7 @@ class SeriesBuilder:
         acc.ts.extend(j.ts[m[rows]], expect)
         acc.index.extend(index[rows], expect)
         if changes + len(m) >= 1 << 31 and acc.last.a.dtype == np.int32:
-            wide = _Column(np.int64)
+            wide = _Mapped(np.int64)
             wide.extend(acc.last.a)
             acc.last = wide
         acc.last.extend(rows + changes, expect)
@@ -259,43 +287,6 @@ class SeriesBuilder:
             last_change=acc.last.a,
             initial=initial_row,
         )
-
-
-# ------------------------------------------------------------------------------ chunk by chunk
-
-
-class Grow:
-    """A growable 1-D numpy array (capacity doubling), ``.a`` is the live view.
-
-    The buffer past ``n`` is never read, so it is ``np.empty``: ``np.zeros`` made every doubling
-    fault in fresh zeroed pages, and growing the TUI's per-category series to 10M points took
-    4.7 × as long (1.12 s against 0.24 s for 8 GPUs × 7 arrays, measured side by side).
-    """
-
-    def __init__(self, dtype: Any, capacity: int = 1024) -> None:
-        self._buf = np.empty(capacity, dtype=dtype)
-        self.n = 0
-
-    @property
-    def a(self) -> np.ndarray:
-        return self._buf[: self.n]
-
-    def extend(self, values: np.ndarray) -> None:
-        m = len(values)
-        if self.n + m > len(self._buf):
-            cap = max(len(self._buf) * 2, self.n + m)
-            new = np.empty(cap, dtype=self._buf.dtype)
-            new[: self.n] = self._buf[: self.n]
-            self._buf = new
-        self._buf[self.n : self.n + m] = values
-        self.n += m
-
-    def drop_front(self, k: int) -> None:
-        if k <= 0:
-            return
-        k = min(k, self.n)
-        self._buf = self._buf[k : self.n].copy() if self.n - k else np.empty(16, dtype=self._buf.dtype)
-        self.n -= k
 
 
 class CategorySeries:
