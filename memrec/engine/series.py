@@ -242,23 +242,34 @@ class SeriesBuilder:
         if acc is None:
             acc = self._gpus[g] = _Gpu(self._start, self._first)
         code = j.pid[m] * NCAT + j.category[m]  # (pid, category) as one int: sorts like the pair
-        codes, uniq = factorize(code)
-        seen = [acc.codes.setdefault(c, len(acc.codes)) for c in uniq.tolist()]
+        lo, hi = int(code.min()), int(code.max())
+        if lo == hi:  # one (pid, category) in this part (a process per GPU): nothing to group
+            key = np.full(len(m), acc.codes.setdefault(lo, len(acc.codes)), dtype=np.int32)
+        else:
+            codes, uniq = factorize(code)
+            seen = [acc.codes.setdefault(c, len(acc.codes)) for c in uniq.tolist()]
+            key = np.asarray(seen, dtype=np.int32)[codes]
         changes = acc.delta.n
         expect = int((changes + len(m)) / max(share, 1e-9) * 1.1) + 1  # this pace to the end, and a tenth
-        acc.key.extend(np.asarray(seen, dtype=np.int32)[codes], expect)
+        acc.key.extend(key, expect)
         acc.delta.extend(j.delta[m], expect)
-        index = j.index[m]
-        # One row per event: several changes from one event (a process exit) collapse to the last.
-        last = np.ones(len(index), dtype=bool)
-        last[:-1] = index[1:] != index[:-1]
-        rows = np.flatnonzero(last)
-        acc.ts.extend(j.ts[m[rows]], expect)
-        acc.index.extend(index[rows], expect)
         if changes + len(m) >= 1 << 31 and acc.last.a.dtype == np.int32:
             wide = _Mapped(np.int64)
             wide.extend(acc.last.a)
             acc.last = wide
+        index = j.index[m]
+        # One row per event: several changes from one event (a process exit) collapse to the last.
+        differs = index[1:] != index[:-1]
+        if differs.all():  # a change per event: every change is a row
+            acc.ts.extend(j.ts[m], expect)
+            acc.index.extend(index, expect)
+            acc.last.extend(np.arange(changes, changes + len(m)), expect)
+            return
+        last = np.ones(len(index), dtype=bool)
+        last[:-1] = differs
+        rows = np.flatnonzero(last)
+        acc.ts.extend(j.ts[m[rows]], expect)
+        acc.index.extend(index[rows], expect)
         acc.last.extend(rows + changes, expect)
 
     def series(self, gpus: list[int] | None = None) -> dict[int, GpuSeries]:
