@@ -12,7 +12,8 @@ Start: compiling and loading the BPF program (``CudaProbes.load()``), the floor 
 compiling a one-line program.
 
 Command line: ``python -c pass`` and ``python -S -c pass`` (the floors) against ``memrec --help``
-and ``memrec mark`` (no daemon: the command fails fast after importing everything it needs).
+and ``memrec mark`` (no daemon: the command fails fast after importing everything it needs; and
+to a socket that answers as the daemon does), through ``python -m memrec`` and the ``memrec`` script.
 
 Needs root, tracefs and a C compiler for the stub driver (as tests/bpf); the command-line part
 runs anywhere (``--skip-probes``).
@@ -21,12 +22,15 @@ runs anywhere (``--skip-probes``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -50,10 +54,14 @@ def bench_cli(repeat: int) -> None:
 
     Two floors: ``python -c pass`` (the interpreter with its site-packages and their .pth files,
     which memrec pays for too: an editable install's finder is most of it) and ``python -S -c
-    pass`` (no site at all: the interpreter alone); and what `memrec --help` and `memrec mark` need
-    at the least, alone: argparse printing an empty parser's help; argparse, socket and msgpack.
+    pass`` (no site at all: the interpreter alone); and what `memrec --help` and `memrec mark` would
+    need at the least through argparse: argparse printing an empty parser's help; argparse, socket
+    and msgpack. Besides ``python -m memrec``: what ``-m`` adds alone, the ``memrec`` script that
+    pip wrote beside the interpreter (what users run), and a marker that a daemon takes (a socket
+    answering as the daemon does, in this process: its CPU is not the child's).
     """
     py = sys.executable
+    script = str(Path(py).with_name("memrec"))
     commands = {
         "python -c pass": [py, "-c", "pass"],
         "python -S -c pass": [py, "-S", "-c", "pass"],
@@ -61,21 +69,27 @@ def bench_cli(repeat: int) -> None:
         "argparse -h alone": [py, "-c", "import argparse; argparse.ArgumentParser().parse_args(['-h'])"],
         # What `memrec mark` cannot do without (parse its arguments, connect, encode the marker).
         "import argparse+socket+msgpack": [py, "-c", "import argparse, socket, msgpack"],
+        "import runpy (what -m adds)": [py, "-c", "import runpy"],
         "memrec --help": [py, "-m", "memrec", "--help"],
         "memrec mark (no daemon)": [py, "-m", "memrec", "mark", "--socket", "/nonexistent/s", "bench", "x=1"],
         "memrec dump --help": [py, "-m", "memrec", "dump", "--help"],
+        "memrec --help, the script": [script, "--help"],
+        "memrec mark (no daemon), script": [script, "mark", "--socket", "/nonexistent/s", "bench", "x=1"],
     }
-    times: dict[str, list[float]] = {name: [] for name in commands}
-    cpu: dict[str, list[float]] = {name: [] for name in commands}
-    for _ in range(repeat):
-        for name, argv in commands.items():
-            t = time.perf_counter()
-            # cwd="/": `python -m memrec` must find the installed memrec, not a checkout in cwd.
-            proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/")
-            _pid, _status, usage = os.wait4(proc.pid, 0)
-            proc.returncode = 0  # reaped here
-            times[name].append(time.perf_counter() - t)
-            cpu[name].append(usage.ru_utime + usage.ru_stime)
+    with tempfile.TemporaryDirectory() as tmp, _pong_server(f"{tmp}/memrec.sock") as sock:
+        commands["memrec mark (a daemon answers)"] = [py, "-m", "memrec", "mark", "--socket", sock, "bench", "x=1"]
+        commands["memrec mark (answered), script"] = [script, "mark", "--socket", sock, "bench", "x=1"]
+        times: dict[str, list[float]] = {name: [] for name in commands}
+        cpu: dict[str, list[float]] = {name: [] for name in commands}
+        for _ in range(repeat):
+            for name, argv in commands.items():
+                t = time.perf_counter()
+                # cwd="/": `python -m memrec` must find the installed memrec, not a checkout in cwd.
+                proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/")
+                _pid, _status, usage = os.wait4(proc.pid, 0)
+                proc.returncode = 0  # reaped here
+                times[name].append(time.perf_counter() - t)
+                cpu[name].append(usage.ru_utime + usage.ru_stime)
     floor = statistics.median(times["python -c pass"])
     bare = statistics.median(times["python -S -c pass"])
     cpu_floor = statistics.median(cpu["python -c pass"])
@@ -83,8 +97,39 @@ def bench_cli(repeat: int) -> None:
     print(f"{py}, {repeat} rounds, load average {os.getloadavg()[0]:.1f}; ratios: to python -c pass, to python -S")
     for name, t in times.items():
         c = statistics.median(cpu[name])
-        print(f"{name:30} wall {fmt(t)} = {statistics.median(t) / floor:.1f}x, {statistics.median(t) / bare:.1f}x; "
+        print(f"{name:32} wall {fmt(t)} = {statistics.median(t) / floor:.1f}x, {statistics.median(t) / bare:.1f}x; "
               f"CPU median {c:.3f} s = {c / cpu_floor:.1f}x, {c / cpu_bare:.1f}x")
+
+
+@contextlib.contextmanager
+def _pong_server(path: str):
+    """A socket at ``path`` that answers each connection's ping with the daemon's pong."""
+    from memrec import protocol
+
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(16)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:  # closed: the bench is over
+                return
+            with conn:
+                decoder = protocol.FrameDecoder()
+                while (data := conn.recv(65536)) and not any(m.get("type") == "ping" for m in decoder.feed(data)):
+                    pass
+                conn.sendall(protocol.encode_frame(protocol.make_pong(os.getpid())))
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield path
+    finally:
+        server.shutdown(socket.SHUT_RDWR)
+        server.close()
+        thread.join(timeout=5)
 
 
 # ------------------------------------------------------------------ probes

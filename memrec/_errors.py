@@ -8,11 +8,13 @@ code it means.
 
 from __future__ import annotations
 
-import enum
 
+class ExitCode:
+    """Exit codes of the ``memrec`` command (sysexits-style where one fits).
 
-class ExitCode(enum.IntEnum):
-    """Exit codes of the ``memrec`` command (sysexits-style where one fits)."""
+    Plain ints rather than an ``enum.IntEnum``: importing enum costs `memrec mark` and `memrec
+    --help` about a third of a bare interpreter's start-up (docs/performance.md).
+    """
 
     OK = 0
     ERROR = 1  # a check failed or the run found a problem (doctor, selftest)

@@ -21,19 +21,19 @@ pair up); the daemon takes it only from root or from the owner of that process, 
 keeps the peer's pid: a client cannot speak for another user's process.
 
 This module is stdlib + msgpack only: it is imported by every program that sends markers.
+msgpack and socket are imported where used: `memrec mark` needs neither to build, check and
+frame its marker (docs/performance.md).
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import struct
 from memrec import TYPE_CHECKING
 
 if TYPE_CHECKING:  # typing only for the checker: `memrec mark` imports this (see memrec.TYPE_CHECKING)
+    import socket
     from typing import Any
-
-import msgpack
 
 from memrec._untrusted import MAX_DEPTH
 from memrec._untrusted import clean_text
@@ -77,6 +77,8 @@ def socket_path(explicit: str | os.PathLike[str] | None = None) -> str:
 
 def pack(message: dict) -> bytes:
     """msgpack-encode one message (str as str, bytes as bin)."""
+    import msgpack
+
     return msgpack.packb(message, use_bin_type=True)
 
 
@@ -152,6 +154,8 @@ def decode_payload(body: bytes) -> dict:
     Raises:
         ProtocolError: not exactly one msgpack map.
     """
+    import msgpack
+
     if not body:
         raise ProtocolError("empty frame")
     try:
@@ -275,6 +279,8 @@ def ping(path: str | os.PathLike[str] | None = None, timeout: float = 1.0) -> di
         OSError: no daemon listens there (FileNotFoundError, ConnectionRefusedError, timeout).
         ProtocolError: the answer is not a pong.
     """
+    import socket
+
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         sock.connect(socket_path(path))
@@ -282,8 +288,9 @@ def ping(path: str | os.PathLike[str] | None = None, timeout: float = 1.0) -> di
         return await_pong(sock)
 
 
-def await_pong(sock: socket.socket) -> dict:
-    """Read the daemon's answer to a ``ping`` sent on ``sock`` (within the socket's timeout).
+def await_pong(sock: socket.socket, received: bytes | None = None) -> dict:
+    """Read the daemon's answer to a ``ping`` sent on ``sock`` (within the socket's timeout);
+    ``received``: what was already read from it.
 
     The daemon handles a connection's messages in order, so once the pong is here everything sent
     before the ping has been handled.
@@ -293,8 +300,8 @@ def await_pong(sock: socket.socket) -> dict:
         ProtocolError: the daemon answered with an error (its message) or closed the connection.
     """
     decoder = FrameDecoder(MAX_SERVER_FRAME)
+    data = sock.recv(4096) if received is None else received
     while True:
-        data = sock.recv(4096)
         if not data:
             raise ProtocolError("the daemon closed the connection without answering")
         for message in decoder.feed(data):
@@ -303,3 +310,4 @@ def await_pong(sock: socket.socket) -> dict:
             if message.get("type") != "pong":
                 raise ProtocolError(f"expected pong, got {message.get('type')!r}: {message}")
             return message
+        data = sock.recv(4096)

@@ -4,14 +4,18 @@ Each command class is named ``<Name>Command`` (``install-service``: ``InstallSer
 ``install_service.py``), listed in :data:`COMMANDS`; its help is the class docstring. Commands
 raise :class:`MemrecCommandError` (the daemon and the probes their domain errors, mapped by
 :func:`memrec.commands.common.exit_code`); only :func:`main` prints errors.
+
+The quick commands, ``memrec --help`` and ``memrec mark``, run without argparse (importing it costs
+about a bare interpreter's start-up; docs/performance.md): the top-level help is rendered here by
+argparse's layout rules (:func:`help_text`), and a command may parse its documented forms by hand
+(``quick_args``). Everything else, and every error, goes through the argparse parser of
+:mod:`memrec.commands.parser`; tests/unit/test_quick_commands.py holds the two to the same output.
 """
 
 from __future__ import annotations
 
-import argparse
-import importlib
+import os
 import sys
-import textwrap
 
 from memrec import TYPE_CHECKING
 from memrec._errors import ExitCode
@@ -20,19 +24,23 @@ from memrec._errors import MemrecError
 from memrec._errors import one_line
 
 if TYPE_CHECKING:  # typing only for the checker: see memrec.TYPE_CHECKING
+    import argparse
+    from typing import Callable
     from typing import Protocol
 
     class Command(Protocol):
         """What every subcommand provides.
 
         A command that never logs says so with a class attribute ``logs = False``: main() then
-        leaves the logging module out (unless -v is given), which the quick commands need.
+        leaves the logging module out (unless -v is given), which the quick commands need. A quick
+        command also has ``quick_args(words)``: the words after its name parsed without argparse,
+        as the ``args`` that ``run`` takes (``parser`` None then), or None for argparse to parse.
         """
 
         def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
             """Add the subcommand's arguments."""
 
-        def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+        def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser | None) -> int:
             """Run the subcommand and return the exit code."""
 
 
@@ -59,49 +67,23 @@ COMMANDS: dict[str, str] = {
     "completion": "Print a shell completion script for bash, zsh or fish.",
 }
 
+#: What memrec is, under the usage line of ``memrec --help``.
+DESCRIPTION = ("Record and explain GPU memory: every driver allocation, mapping and IPC open on the host, "
+               "NVML beside it, phase markers from the application.")
+
+#: The options before a command, as ``memrec --help`` lists them, with their help (-h's is argparse's).
+OPTIONS: dict[str, str] = {
+    "-h, --help": "show this help message and exit",
+    "--version": "print the version, trace format and BPF program, then exit",
+    "-v, --verbose": "more logging (-vv: debug)",
+}
+
 
 def load_command(name: str) -> Command:
     """The command ``name`` (``install-service`` → ``install_service.InstallServiceCommand``)."""
-    module = importlib.import_module(f"memrec.commands.{name.replace('-', '_')}")
-    return getattr(module, "".join(part.capitalize() for part in name.split("-")) + "Command")()
-
-
-def get_argument_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The parser with one subparser per command, each with its arguments.
-
-    With ``only`` naming a command, that command's subparser alone (what a command line that runs it
-    needs); with any other ``only``, the commands by name and summary alone (what `memrec --help` and
-    a misspelt command's error show).
-    """
-    parser = argparse.ArgumentParser(
-        prog="memrec",
-        description="Record and explain GPU memory: every driver allocation, mapping and IPC "
-        "open on the host, NVML beside it, phase markers from the application.",
-    )
-    parser.add_argument("--version", action=_VersionAction, help="print the version, trace format and BPF program, then exit")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)")
-    # -v also after the subcommand (`memrec report -v x`): counted apart, added up in main().
-    verbose = argparse.ArgumentParser(add_help=False)
-    verbose.add_argument("-v", "--verbose", dest="verbose_after", action="count", default=0,
-                         help="more logging (-vv: debug)")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, summary in COMMANDS.items():
-        if only in COMMANDS and name != only:
-            continue
-        if only is not None and only not in COMMANDS:
-            sub.add_parser(name, help=summary)
-            continue
-        command = load_command(name)
-        sub_parser = sub.add_parser(
-            name,
-            help=summary,
-            description=(type(command).__doc__ or "").strip(),
-            formatter_class=_DocstringFormatter,
-            parents=[verbose],
-        )
-        command.prepare_parser(sub_parser)
-        sub_parser.set_defaults(entrypoint=command.run, parser=sub_parser)
-    return parser
+    module_name = f"memrec.commands.{name.replace('-', '_')}"
+    __import__(module_name)  # importlib.import_module without importing importlib (the quick commands)
+    return getattr(sys.modules[module_name], "".join(part.capitalize() for part in name.split("-")) + "Command")()
 
 
 def _command_in(argv: list[str]) -> str:
@@ -115,58 +97,101 @@ def _command_in(argv: list[str]) -> str:
     return ""
 
 
-class _DocstringFormatter(argparse.RawDescriptionHelpFormatter):
-    """A command's docstring as its help, fitted to the terminal (80 columns when piped).
+def terminal_columns() -> int:
+    """The columns argparse formats help for: $COLUMNS, else the terminal's, else 80 (as
+    ``shutil.get_terminal_size``, which would import shutil and its compression modules)."""
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns > 0:
+        return columns
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80
+    except (AttributeError, ValueError, OSError):
+        return 80
 
-    The docstrings keep their layout (examples, the --to table) but are written ~100 columns wide:
-    a run of lines at the paragraph's indent is reflowed as one paragraph, and any other line too
-    wide wraps with its continuation 4 columns further in. Nothing is cut.
+
+def help_text(columns: int) -> str | None:
+    """``memrec --help`` as argparse writes it at ``columns``, or None where this would differ.
+
+    argparse's layout for this one parser: the usage line, the description filled to the width,
+    then each command (indented 4) and each option (indented 2) with its help wrapped in a column 2
+    past the longest of them (at most 24). None (argparse then renders it) when the usage line does
+    not fit, or textwrap would cut a word longer than its column. tests/unit/test_quick_commands.py
+    compares the two at every width.
     """
-
-    def _fill_text(self, text: str, width: int, indent: str) -> str:
-        out: list[str] = []
-        head, hang, words = "", 0, []  # the block being reflowed: its first line's prefix, its indent
-
-        def flush() -> None:
-            if words:
-                out.extend(textwrap.wrap(" ".join(words), width, initial_indent=indent + head,
-                                         subsequent_indent=indent + " " * hang, break_long_words=False,
-                                         break_on_hyphens=False))
-                words.clear()
-
-        for line in text.splitlines():
-            lead = len(line) - len(line.lstrip(" "))
-            if not line.strip():
-                flush()
-                out.append("")
-            elif words and lead == hang and hang >= 4:  # the block goes on
-                words.append(line.strip())
-            elif lead == 4:  # a paragraph, or a row of a two-column table continued under its second cell
-                flush()
-                gap = line.find("  ", lead)
-                hang = gap + len(line[gap:]) - len(line[gap:].lstrip(" ")) if gap > 0 else lead
-                head, words[:] = line[:hang], [line[hang:].strip()]
-            else:  # the summary, an example: wrapped alone, continued 4 columns further in
-                flush()
-                hang = 0
-                out.extend(textwrap.wrap(line.strip(), width, initial_indent=indent + " " * lead,
-                                         subsequent_indent=indent + " " * (lead + 4), break_long_words=False,
-                                         break_on_hyphens=False))
-        flush()
-        return "\n".join(out)
+    width = columns - 2  # argparse's HelpFormatter leaves 2 columns
+    usage = "usage: memrec " + " ".join(f"[{flags.split(',')[0]}]" for flags in OPTIONS) + " COMMAND ..."
+    column = min(2 + max(len("COMMAND"), *map(len, COMMANDS), *map(len, OPTIONS)) + 2, 24, max(width - 20, 4))
+    description = _wrap(DESCRIPTION, max(width, 11))
+    if len(usage) > width or description is None:
+        return None
+    lines = [usage, "", *description, "", "positional arguments:", "  COMMAND"]
+    for indent, entries, title in ((4, COMMANDS, None), (2, OPTIONS, "options:")):
+        if title:
+            lines += ["", title]
+        for name, summary in entries.items():
+            wrapped = _wrap(summary, max(width - column, 11))
+            if wrapped is None:
+                return None
+            if len(name) <= column - indent - 2:
+                lines.append(f"{' ' * indent}{name.ljust(column - indent - 2)}  {wrapped[0]}")
+            else:
+                lines += [" " * indent + name, " " * column + wrapped[0]]
+            lines += [" " * column + line for line in wrapped[1:]]
+    return "\n".join(lines) + "\n"
 
 
-class _VersionAction(argparse.Action):
-    """``--version``: worked out only when asked (it reads the trace format and hashes the BPF source)."""
+def _wrap(text: str, width: int) -> list[str] | None:
+    """``textwrap.wrap(text, width)`` (textwrap imports re), or None where it would cut a word
+    longer than ``width`` or split an em-dash.
 
-    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: object) -> None:
-        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, **kwargs)
+    textwrap's pieces: the words, each split after a hyphen between letters ("stub-" "driver"),
+    and the spaces between them; a line takes pieces while they fit.
+    """
+    for space in "\t\n\r\x0b\x0c":  # argparse and textwrap split at ASCII whitespace alone
+        text = text.replace(space, " ")
+    pieces: list[str] = []
+    for word in filter(None, text.split(" ")):
+        if "--" in word[1:]:  # an em-dash: textwrap's own rule
+            return None
+        if pieces:
+            pieces.append(" ")
+        start = 0
+        for at in range(1, len(word) - 2):
+            if word[at] == "-" and _hyphen_breaks(word, at):
+                pieces.append(word[start : at + 1])
+                start = at + 1
+        pieces.append(word[start:])
+    if any(len(piece) > width for piece in pieces):
+        return None
+    pieces.reverse()
+    lines: list[str] = []
+    while pieces:  # textwrap's loop: a blank piece is dropped where a line begins (but the first) or ends
+        if lines and not pieces[-1].strip():
+            pieces.pop()
+        line: list[str] = []
+        size = 0
+        while pieces and size + len(pieces[-1]) <= width:
+            size += len(pieces[-1])
+            line.append(pieces.pop())
+        if line and not line[-1].strip():
+            line.pop()
+        if line:
+            lines.append("".join(line))
+    return lines
 
-    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
-        from memrec.build_info import version_text
 
-        print(version_text())
-        parser.exit()
+def _hyphen_breaks(word: str, at: int) -> bool:
+    """Whether textwrap breaks ``word`` after its hyphen at ``at``: two letters (or letter, hyphen,
+    letter) before it, a letter, an optional hyphen and a letter after it."""
+    def letter(i: int) -> bool:
+        return 0 <= i < len(word) and (word[i] == "_" or (word[i].isalnum() and not word[i].isdecimal()))
+
+    before = (letter(at - 2) and letter(at - 1)) or (letter(at - 3) and word[at - 2] == "-" and letter(at - 1))
+    after = letter(at + 1) and (letter(at + 2) or (word[at + 2 : at + 3] == "-" and letter(at + 3)))
+    return before and after
 
 
 def _configure_logging(verbosity: int) -> None:
@@ -185,12 +210,18 @@ def _configure_logging(verbosity: int) -> None:
 def main(args: list[str] | None = None) -> int:
     """Run the memrec command line and return its exit code."""
     argv = sys.argv[1:] if args is None else args
-    arg_values = get_argument_parser(only=_command_in(argv)).parse_args(argv)
-    arg_values.verbose += arg_values.verbose_after
-    if arg_values.verbose or getattr(arg_values.entrypoint.__self__, "logs", True):
-        _configure_logging(arg_values.verbose)
+    if argv in ([], ["-h"], ["--help"]):
+        text = help_text(terminal_columns())
+        if text is not None:  # what argparse prints, and how it ends, without argparse
+            if argv:
+                _write(sys.stdout, text)
+                raise SystemExit(ExitCode.OK)
+            usage = text.split("\n", 1)[0]
+            _write(sys.stderr, f"{usage}\nmemrec: error: the following arguments are required: COMMAND\n")
+            raise SystemExit(ExitCode.USAGE)
+    run, verbose = _quick(argv) or _parse(argv)
     try:
-        return int(arg_values.entrypoint(arg_values, arg_values.parser))
+        return int(run())
     except MemrecCommandError as error:  # a command's own error says its exit code
         print(f"memrec: error: {error}", file=sys.stderr)
         return error.exit_code
@@ -204,10 +235,41 @@ def main(args: list[str] | None = None) -> int:
     except BrokenPipeError:
         return ExitCode.OK
     except Exception as error:  # a bug: one line for the user, the traceback with -v
-        if arg_values.verbose:
+        if verbose:
             import traceback  # only for a bug: see _configure_logging
 
             traceback.print_exc()
         print(f"memrec: internal error: {type(error).__name__}: {one_line(error)} "
               "(a bug in memrec: run again with -v for the traceback)", file=sys.stderr)
         return ExitCode.SOFTWARE
+
+
+def _write(stream, text: str) -> None:
+    """Write as argparse writes help and usage errors: nowhere to write them is no error."""
+    try:
+        stream.write(text)
+    except (AttributeError, OSError):
+        pass
+
+
+def _quick(argv: list[str]) -> tuple[Callable[[], int], int] | None:
+    """The run of a command line that its command parses by hand (``quick_args``), with no -v;
+    None for argparse to parse."""
+    if not argv or argv[0] not in COMMANDS:
+        return None
+    command = load_command(argv[0])
+    quick_args = getattr(command, "quick_args", None)
+    args = quick_args(argv[1:]) if quick_args else None
+    return None if args is None else ((lambda: command.run(args, None)), 0)
+
+
+def _parse(argv: list[str]) -> tuple[Callable[[], int], int]:
+    """The run of a command line parsed by argparse (which exits on a usage error or --help), and
+    its verbosity; logging configured unless the command never logs."""
+    from memrec.commands.parser import get_argument_parser
+
+    arg_values = get_argument_parser(only=_command_in(argv)).parse_args(argv)
+    arg_values.verbose += arg_values.verbose_after
+    if arg_values.verbose or getattr(arg_values.entrypoint.__self__, "logs", True):
+        _configure_logging(arg_values.verbose)
+    return (lambda: arg_values.entrypoint(arg_values, arg_values.parser)), arg_values.verbose

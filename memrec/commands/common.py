@@ -19,7 +19,7 @@ from memrec._errors import TraceFormatError
 from memrec._errors import UnavailableError
 
 #: The exit code of each domain error (the first class in this order that the error is an instance of).
-EXIT_CODES: tuple[tuple[type[MemrecError], ExitCode], ...] = (
+EXIT_CODES: tuple[tuple[type[MemrecError], int], ...] = (
     (TraceFormatError, ExitCode.DATA),
     (SocketError, ExitCode.CANT_CREATE),
     (OutputError, ExitCode.CANT_CREATE),

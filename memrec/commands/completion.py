@@ -225,7 +225,7 @@ GENERATORS = {"bash": bash_script, "zsh": zsh_script, "fish": fish_script}
 
 def script(shell: str, prog: str = "memrec") -> str:
     """The completion script of ``memrec`` for ``shell``."""
-    from memrec.commands import get_argument_parser
+    from memrec.commands.parser import get_argument_parser
 
     return GENERATORS[shell](prog, get_argument_parser())
 

@@ -1,16 +1,29 @@
-"""``memrec mark``: send one phase marker from a shell script."""
+"""``memrec mark``: send one phase marker from a shell script.
+
+A quick command (within 2× a bare interpreter's start, docs/performance.md: scripts run it between
+the phases they time). Its documented forms are parsed by hand (:func:`quick_args`; argparse for
+anything else, errors and --help included), the marker is encoded and the daemon's pong read
+without msgpack (:func:`pack`, :func:`is_pong`; msgpack for anything else), and the socket is
+``_socket``'s: argparse, msgpack and socket (enum, selectors) each cost more than half a bare
+start. tests/unit/test_quick_commands.py holds each to what it stands in for.
+"""
 
 from __future__ import annotations
 
-import argparse
+import _socket  # socket.py adds enums and selectors, none of which a connect and a send need
 import os
-import socket
-import threading
+import struct
 import time
+from _thread import get_native_id  # threading.get_native_id, without threading's start-up
+from types import SimpleNamespace
 
+from memrec import TYPE_CHECKING
 from memrec import protocol
 from memrec._errors import ExitCode
 from memrec._errors import MemrecCommandError
+
+if TYPE_CHECKING:
+    import argparse
 
 #: Seconds the connect, the send and the daemon's confirmation may each take.
 TIMEOUT = 2.0
@@ -46,8 +59,8 @@ def parse_values(items: list[str]) -> dict:
     return values
 
 
-def send_marker(path: str, message: dict, timeout: float = TIMEOUT) -> None:
-    """Connect, send the marker and a ping, and wait for the pong.
+def send_marker(path: str, frame: bytes, timeout: float = TIMEOUT) -> None:
+    """Connect, send the marker's ``frame`` and a ping, and wait for the pong.
 
     The pong means the daemon has taken the marker, while this process (and the shell that runs
     it, which the marker may name) still runs for the daemon to check.
@@ -55,39 +68,128 @@ def send_marker(path: str, message: dict, timeout: float = TIMEOUT) -> None:
     Raises:
         MemrecCommandError: no daemon answers at ``path`` (exit code UNAVAILABLE).
     """
-    data = protocol.encode_frame(message) + protocol.encode_frame({"type": "ping"})
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
         sock.settimeout(timeout)
+        sock.connect(path)
+        sock.sendall(frame + _PING)
+        answer = sock.recv(4096)
+        if not is_pong(answer):  # not the usual pong in one piece: decoded in full, as anyone's
+            protocol.await_pong(sock, answer)
+    except FileNotFoundError:
+        raise MemrecCommandError(
+            f"no memrec daemon: {path} does not exist (start one with memrec daemon, or set --socket / MEMREC_SOCKET)",
+            exit_code=ExitCode.UNAVAILABLE,
+        ) from None
+    except ConnectionRefusedError:
+        raise MemrecCommandError(
+            f"no memrec daemon listening on {path} (a stale socket?)", exit_code=ExitCode.UNAVAILABLE
+        ) from None
+    except PermissionError:
+        raise MemrecCommandError(
+            f"permission denied on {path}: join the socket's group or run as root",
+            exit_code=ExitCode.UNAVAILABLE,
+        ) from None
+    except TimeoutError:
+        raise MemrecCommandError(
+            f"the memrec daemon on {path} did not take the marker within {timeout:g} s",
+            exit_code=ExitCode.UNAVAILABLE,
+        ) from None
+    except OSError as error:
+        raise MemrecCommandError(
+            f"cannot send the marker to {path}: {error.strerror or error}", exit_code=ExitCode.UNAVAILABLE
+        ) from None
+    except protocol.ProtocolError as error:
+        raise MemrecCommandError(f"the memrec daemon on {path} refused the marker: {error}",
+                                 exit_code=ExitCode.UNAVAILABLE) from None
+    finally:
+        sock.close()
+
+
+def pack(message: dict) -> bytes | None:
+    """``protocol.pack(message)`` for a marker (str keys; None, bool, int, float, str and maps of
+    them), byte for byte, without importing msgpack; None for anything else (msgpack then)."""
+    out: list[bytes] = []
+    return b"".join(out) if _pack(message, out) else None
+
+
+def _pack(value: object, out: list[bytes]) -> bool:
+    """Append ``value`` as msgpack-python's Packer(use_bin_type=True) writes it (the smallest form
+    of each int and length, float64); False for a value of another type."""
+    kind = type(value)
+    if value is None or kind is bool:
+        out.append(b"\xc0" if value is None else b"\xc3" if value else b"\xc2")
+    elif kind is int:
+        if 0 <= value < 0x80 or -32 <= value < 0:
+            out.append((value & 0xFF).to_bytes(1, "big"))
+        else:
+            for low, high, size, tag in _INTS:
+                if low <= value <= high:
+                    out.append(tag + value.to_bytes(size, "big", signed=low < 0))
+                    break
+            else:
+                return False
+    elif kind is float:
+        out.append(b"\xcb" + _FLOAT.pack(value))
+    elif kind is str:
         try:
-            sock.connect(path)
-            sock.sendall(data)
-            protocol.await_pong(sock)
-        except FileNotFoundError:
-            raise MemrecCommandError(
-                f"no memrec daemon: {path} does not exist (start one with memrec daemon, or set --socket / MEMREC_SOCKET)",
-                exit_code=ExitCode.UNAVAILABLE,
-            ) from None
-        except ConnectionRefusedError:
-            raise MemrecCommandError(
-                f"no memrec daemon listening on {path} (a stale socket?)", exit_code=ExitCode.UNAVAILABLE
-            ) from None
-        except PermissionError:
-            raise MemrecCommandError(
-                f"permission denied on {path}: join the socket's group or run as root",
-                exit_code=ExitCode.UNAVAILABLE,
-            ) from None
-        except (TimeoutError, socket.timeout):
-            raise MemrecCommandError(
-                f"the memrec daemon on {path} did not take the marker within {timeout:g} s",
-                exit_code=ExitCode.UNAVAILABLE,
-            ) from None
-        except OSError as error:
-            raise MemrecCommandError(
-                f"cannot send the marker to {path}: {error.strerror or error}", exit_code=ExitCode.UNAVAILABLE
-            ) from None
-        except protocol.ProtocolError as error:
-            raise MemrecCommandError(f"the memrec daemon on {path} refused the marker: {error}",
-                                     exit_code=ExitCode.UNAVAILABLE) from None
+            data = value.encode()
+        except UnicodeEncodeError:  # a lone surrogate from argv: msgpack's own error then
+            return False
+        n = len(data)
+        out.append((0xA0 | n).to_bytes(1, "big") if n < 32 else _length(n, b"\xd9", b"\xda", b"\xdb"))
+        out.append(data)
+    elif kind is dict:
+        n = len(value)
+        out.append((0x80 | n).to_bytes(1, "big") if n < 16 else _length(n, None, b"\xde", b"\xdf"))
+        return all(_pack(key, out) and _pack(item, out) for key, item in value.items())
+    else:
+        return False
+    return True
+
+
+#: msgpack's int forms past the one-byte ones: (lowest, highest, bytes, tag), in the order it tries them.
+_INTS = ((0, 0xFF, 1, b"\xcc"), (0, 0xFFFF, 2, b"\xcd"), (0, 0xFFFFFFFF, 4, b"\xce"), (0, 2**64 - 1, 8, b"\xcf"),
+         (-(2**7), -1, 1, b"\xd0"), (-(2**15), -1, 2, b"\xd1"), (-(2**31), -1, 4, b"\xd2"), (-(2**63), -1, 8, b"\xd3"))
+_FLOAT = struct.Struct(">d")
+
+
+def _length(n: int, tag8: bytes | None, tag16: bytes, tag32: bytes) -> bytes:
+    """A str's or a map's length past its one-byte form."""
+    if tag8 is not None and n <= 0xFF:
+        return tag8 + n.to_bytes(1, "big")
+    return tag16 + n.to_bytes(2, "big") if n <= 0xFFFF else tag32 + n.to_bytes(4, "big")
+
+
+#: The ping frame that follows every marker (its pong says the marker was taken).
+_PING = protocol.frame(pack({"type": "ping"}))
+#: How the daemon's pong ({type: pong, version, pid}) begins, after its length.
+_PONG = b"\x83\xa4type\xa4pong\xa7version"
+
+
+def is_pong(data: bytes) -> bool:
+    """Whether ``data`` is exactly one frame holding a pong as the daemon writes it (version and
+    pid unsigned ints); anything else is for :func:`memrec.protocol.await_pong` to decode."""
+    if data[4 : 4 + len(_PONG)] != _PONG:
+        return False
+    end = _skip_uint(data, 4 + len(_PONG))
+    if end < 0 or data[end : end + 4] != b"\xa3pid":
+        return False
+    return _skip_uint(data, end + 4) == len(data) == 4 + int.from_bytes(data[:4], "big")
+
+
+#: The size of a msgpack unsigned int after its tag byte.
+_UINT_SIZES = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}
+
+
+def _skip_uint(data: bytes, at: int) -> int:
+    """Where the msgpack unsigned int at ``at`` ends, or -1 where there is none."""
+    if at >= len(data):
+        return -1
+    if data[at] < 0x80:
+        return at + 1
+    size = _UINT_SIZES.get(data[at])
+    return -1 if size is None or at + 1 + size > len(data) else at + 1 + size
 
 
 #: Programs that run a command as their child: the shell that runs them is the one meant.
@@ -140,11 +242,28 @@ def check_pid(pid: int) -> int:
     return pid
 
 
-class _UsageParser(argparse.ArgumentParser):
-    """Parses what follows NAME; reports errors as MemrecCommandError (exit code USAGE)."""
+def read_after_name(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Parse what follows NAME in ``args.values`` (options and values mixed) into ``args``.
 
-    def error(self, message: str):  # type: ignore[override]
-        raise MemrecCommandError(message, exit_code=ExitCode.USAGE)
+    Raises:
+        MemrecCommandError: a usage error (exit code USAGE).
+    """
+    import argparse  # here: the forms quick_args reads never need it
+
+    class UsageParser(argparse.ArgumentParser):
+        def error(self, message: str):  # type: ignore[override]
+            raise MemrecCommandError(message, exit_code=ExitCode.USAGE)
+
+    rest = UsageParser(prog=f"{parser.prog} NAME", add_help=False)
+    _add_options(rest, default=argparse.SUPPRESS)
+    rest.add_argument("values", nargs="*")
+    # -v after NAME too, as after any subcommand (mark has nothing more to log)
+    rest.add_argument("-v", "--verbose", action="count", default=0)
+    extra = rest.parse_intermixed_args(args.values)
+    for key in ("phase", "gpu", "socket", "pid"):
+        if hasattr(extra, key):
+            setattr(args, key, getattr(extra, key))
+    args.values = extra.values
 
 
 def _add_options(parser: argparse.ArgumentParser, default: object = None) -> None:
@@ -178,6 +297,8 @@ class MarkCommand:
     logs = False
 
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
+        import argparse  # here: see quick_args
+
         _add_options(parser)
         parser.add_argument("name", help=f"what is happening (1..{protocol.MAX_NAME} characters)")
         # Options may follow NAME and mix with the values: argparse alone cannot do that with two
@@ -186,26 +307,67 @@ class MarkCommand:
                                      help="values to record, and any of the options above")
         values.required = False  # argparse counts a REMAINDER as required: `memrec mark` named it missing
 
-    def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    @staticmethod
+    def quick_args(words: list[str]) -> SimpleNamespace | None:
+        """The documented forms of ``memrec mark`` read without argparse; None for argparse to read.
+
+        NAME, KEY=VALUE words and ``--phase P``, ``--gpu N``, ``--socket PATH``, ``--pid PID``
+        (or ``--option=value``) in any order, the last of an option winning, as argparse reads
+        them. Anything else is argparse's, so that its errors and exit codes stay the same: -v,
+        -h, an abbreviated option, any other word starting with ``-``, a phase not in PHASES, a
+        number that is not plain ASCII digits, a missing NAME.
+        """
+        options = {"phase": "instant", "gpu": None, "socket": None, "pid": None}
+        words = list(words)
+        positional: list[str] = []
+        while words:
+            word = words.pop(0)
+            if not word.startswith("-"):
+                positional.append(word)
+                continue
+            option, equals, value = word.partition("=")
+            key = option[2:]
+            if option not in _QUICK_OPTIONS:
+                return None
+            if not equals:
+                if not words or words[0].startswith("-"):
+                    return None
+                value = words.pop(0)
+            if not _QUICK_OPTIONS[option](value):
+                return None
+            options[key] = value if key in ("phase", "socket") else int(value)
+        if not positional:
+            return None
+        return SimpleNamespace(name=positional[0], values=positional[1:], **options)
+
+    def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser | None) -> int:
         ts = time.monotonic_ns()
-        rest = _UsageParser(prog=f"{parser.prog} NAME", add_help=False)
-        _add_options(rest, default=argparse.SUPPRESS)
-        rest.add_argument("values", nargs="*")
-        # -v after NAME too, as after any subcommand (mark has nothing more to log)
-        rest.add_argument("-v", "--verbose", action="count", default=0)
-        extra = rest.parse_intermixed_args(args.values)
-        for key in ("phase", "gpu", "socket", "pid"):
-            if hasattr(extra, key):
-                setattr(args, key, getattr(extra, key))
-        values = parse_values(extra.values)
+        if parser is not None:  # argparse's: what follows NAME is still to read
+            read_after_name(args, parser)
+        values = parse_values(args.values)
         pid = check_pid(args.pid) if args.pid is not None else invoking_process()
-        message = protocol.make_mark(args.name, args.phase, ts, threading.get_native_id(), args.gpu, values, pid)
+        message = protocol.make_mark(args.name, args.phase, ts, get_native_id(), args.gpu, values, pid)
         problem = protocol.validate_mark(message)
         if problem:
             raise MemrecCommandError(problem.removeprefix("mark: "), exit_code=ExitCode.USAGE)
-        try:
-            protocol.encode_frame(message)
-        except protocol.ProtocolError as error:
-            raise MemrecCommandError(str(error), exit_code=ExitCode.USAGE) from None
-        send_marker(protocol.socket_path(args.socket), message)
+        payload = pack(message)
+        if payload is None or len(payload) > protocol.MAX_CLIENT_FRAME:  # msgpack's own encoding, or its error
+            try:
+                frame = protocol.encode_frame(message)
+            except protocol.ProtocolError as error:
+                raise MemrecCommandError(str(error), exit_code=ExitCode.USAGE) from None
+        else:
+            frame = protocol.frame(payload)
+        send_marker(protocol.socket_path(args.socket), frame)
         return ExitCode.OK
+
+
+def _digits(text: str) -> bool:
+    """A number quick_args reads as argparse's int() would (longer ones, which int() may refuse,
+    are argparse's)."""
+    return text.isascii() and text.isdigit() and len(text) <= 18
+
+
+#: The options quick_args reads, each with the check its value must pass there.
+_QUICK_OPTIONS = {"--phase": protocol.PHASES.__contains__, "--gpu": _digits, "--socket": lambda text: True,
+                  "--pid": _digits}

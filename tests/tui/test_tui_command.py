@@ -69,8 +69,9 @@ def test_run_starts_the_app_with_the_source(trace_file, monkeypatch):
 
 def test_registered_in_the_memrec_command(trace_file):
     from memrec import commands
+    from memrec.commands.parser import get_argument_parser
 
-    parser = commands.get_argument_parser()
+    parser = get_argument_parser()
     choices = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
     if "tui" not in choices:
         pytest.skip("memrec.commands does not register TuiCommand yet (the lead adds it)")

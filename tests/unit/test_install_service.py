@@ -128,7 +128,7 @@ def test_the_units_command_line_is_one_memrec_daemon_accepts():
     """ExecStart's options parse (systemd-analyze checks the unit, not memrec's arguments)."""
     import shlex
 
-    from memrec.commands import get_argument_parser
+    from memrec.commands.parser import get_argument_parser
     from tests.bpf.unit_runner import parse_unit
 
     unit = parse_unit(Path(__file__).resolve().parents[2] / "contrib/systemd/memrec.service")

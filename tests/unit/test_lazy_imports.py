@@ -70,7 +70,28 @@ def test_quick_commands_import_only_their_own_command(argv):
     # WHEN a quick command runs THEN it adds no other command's module and none of the slow ones
     added = imported_modules(*argv) - bare
     assert not added & set(NOT_QUICK), sorted(added & set(NOT_QUICK))
-    assert {m for m in added if m.startswith("memrec.commands.")} <= {"memrec.commands.mark"}
+    assert {m for m in added if m.startswith("memrec.commands.")} <= {"memrec.commands.mark", "memrec.commands.parser"}
+
+
+#: What `memrec --help` and the documented forms of `memrec mark` leave out besides: argparse (the
+#: help is rendered by hand, mark's arguments parsed by hand), msgpack (the marker packed by hand),
+#: socket.py (its enums and selectors), threading, enum (ExitCode is plain ints), and what
+#: argparse's help would bring (shutil with its compression modules, textwrap).
+NO_ARGPARSE = ("argparse", "memrec.commands.parser", "msgpack", "socket", "threading", "enum", "shutil", "textwrap")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param(["--help"], id="help"),
+        pytest.param(["mark", "--socket", "/nonexistent/memrec.sock", "phase", "x=1", "--phase", "begin"], id="mark"),
+    ],
+)
+def test_help_and_mark_run_without_argparse_msgpack_or_socket(argv):
+    # GIVEN what a bare interpreter imports by itself  WHEN `memrec --help` or `memrec mark` runs
+    added = imported_modules(*argv) - imported_modules("-c", "pass")
+    # THEN none of the modules they were rid of came back
+    assert not added & set(NO_ARGPARSE), sorted(added & set(NO_ARGPARSE))
 
 
 def test_the_listed_summaries_are_the_commands_docstrings():
