@@ -93,8 +93,8 @@ print(json.dumps({"s": dt, "rss_mib": resource.getrusage(resource.RUSAGE_SELF).r
 
 
 def run(what: str, path: Path, other: Path | None = None) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, str(other or ROOT), what, str(path), *(["other"] if other else [])],
-                         check=True, capture_output=True, text=True)
+    argv = [sys.executable, "-c", CHILD, str(other or ROOT), what, str(path), *(["other"] if other else [])]
+    out = subprocess.run(argv, check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
