@@ -146,12 +146,12 @@ def record_tree(
     except BaseException:
         child.abandon()
         raise
-    print(f"{prog}: recording (probe program {daemon.feed.origin()})", file=sys.stderr, flush=True)
+    print(f"{prog}: recording; probe program {daemon.feed.origin()}", file=sys.stderr, flush=True)
     child.release()
     try:
         daemon.run(until=child.poll)
     finally:
-        print(f"{prog}: closing the trace, then detaching the probes (a few seconds)", file=sys.stderr, flush=True)
+        print(f"{prog}: closing the trace, then detaching the probes", file=sys.stderr, flush=True)
         daemon.stop()
     return child.wait()
 
