@@ -88,6 +88,24 @@ def load_trace_for_command(path: Path, *, warn: bool = True):
     return trace
 
 
+def check_not_an_input(out: Path, inputs: list[Path]) -> None:
+    """Refuse an output that is one of the traces the command reads, by any name (a link, `-o
+    x.png` for a trace named x.png), even with --force: -f replaces an earlier output, never the
+    recording itself.
+
+    Raises:
+        MemrecCommandError: ``out`` is one of ``inputs`` (exit code USAGE).
+    """
+    for path in inputs:
+        try:
+            same = os.path.samefile(out, path)
+        except OSError:  # either is missing: nothing to lose
+            continue
+        if same:
+            raise MemrecCommandError(f"{out}: is a trace this command reads; give another name",
+                                     exit_code=ExitCode.USAGE)
+
+
 def check_output(path: Path, force: bool) -> bool:
     """Check a command's output can be written at ``path``; return True when it replaces a file.
 

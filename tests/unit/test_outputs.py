@@ -79,7 +79,30 @@ def test_export_force_still_never_replaces_the_trace_itself(tmp_path, capsys):
     rc = main(["export", "-f", str(trace), "--to", "perfetto", "-o", str(trace)])
     # THEN a usage error and the recording is still there, byte for byte
     assert rc == ExitCode.USAGE
-    assert capsys.readouterr().err == f"memrec: error: {trace}: is the trace being exported; give another name\n"
+    assert capsys.readouterr().err == f"memrec: error: {trace}: is a trace this command reads; give another name\n"
+    assert trace.read_bytes() == IPC.read_bytes()
+
+
+@pytest.mark.parametrize("how", ["same name", "hard link"])
+@pytest.mark.parametrize("argv", [
+    ["plot", "-f", "TRACE", "-o", "OUT"],
+    ["plot", "-f", str(IPC), "--diff", "TRACE", "-o", "OUT"],
+    ["export", "-f", "TRACE", "--to", "perfetto", "-o", "OUT"],
+    ["merge", "-f", str(ROOT / "examples" / "sglang-standin-base.mrec"), "TRACE", "-o", "OUT"],
+], ids=["plot", "plot-diff", "export", "merge"])
+def test_force_never_replaces_an_input_even_under_another_name(argv, how, tmp_path, capsys):
+    # GIVEN a recording whose name ends in .png (as a picture's would), and -o naming it, or a
+    # hard link to it, with --force
+    trace = tmp_path / "x.png"
+    trace.write_bytes(IPC.read_bytes())
+    out = trace if how == "same name" else tmp_path / "y.png"
+    if how == "hard link":
+        out.hardlink_to(trace)
+    # WHEN the command would write over it
+    rc = main([str(trace) if a == "TRACE" else str(out) if a == "OUT" else a for a in argv])
+    # THEN a usage error names it, and the recording is still there, byte for byte
+    assert rc == ExitCode.USAGE
+    assert capsys.readouterr().err == f"memrec: error: {out}: is a trace this command reads; give another name\n"
     assert trace.read_bytes() == IPC.read_bytes()
 
 
