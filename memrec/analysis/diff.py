@@ -337,7 +337,9 @@ def _what_ran_out(ooms: list[dict]) -> str:
     if not ooms:
         return "?"
     n = sum(f["count"] for f in ooms)
-    where = list(dict.fromkeys(f"{f['rank']} (GPU {f['gpu']})" for f in ooms))
+    # "TP0 (GPU 0)"; a process without a rank (no SGLang markers) by its GPU alone
+    where = list(dict.fromkeys(f"GPU {f['gpu']}" if f["rank"] == NO_RANK else f"{f['rank']} (GPU {f['gpu']})"
+                               for f in ooms))
     apis = list(dict.fromkeys(f["api"] for f in ooms))
     return (f"{', '.join(apis)} ran out of GPU memory on {', '.join(where[:4])}{', …' if len(where) > 4 else ''}: "
             f"{n} failed call{'' if n == 1 else 's'} for {human(sum(f['bytes'] for f in ooms))} ({OUT_OF_MEMORY})")

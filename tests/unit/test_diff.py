@@ -339,3 +339,17 @@ def test_the_worked_example_in_the_docs_is_this_output():
     # GIVEN docs/sglang.md's worked example  THEN its diff block is what memrec diff prints today
     docs = (BASE.parents[1] / "docs" / "sglang.md").read_text()
     assert render_diff(examples_diff()) in docs
+
+
+def test_a_driver_oom_outside_any_rank_is_named_by_its_gpu_alone(main, tmp_path, capsys):
+    # GIVEN two runs of a program that sends no SGLang markers (no ranks), B's cuMemAlloc_v2 of
+    # 64 GiB on GPU 0 out of memory
+    a, b = sglang_run(), sglang_run(pid0=500, oom=True)
+    a.markers, b.markers = [], []
+    a, b = write(a, tmp_path / "a.mrec"), write(b, tmp_path / "b.mrec")
+    # WHEN diffed
+    assert main(["diff", str(a), str(b)]) == ExitCode.OK
+    # THEN the verdict names the GPU, without a "(no rank)" placeholder before it
+    assert capsys.readouterr().out.splitlines()[2] == (
+        "verdict: b.mrec fails where a.mrec works: cuMemAlloc_v2 ran out of GPU memory on GPU 0: "
+        "1 failed call for 64.00 GiB (CUDA_ERROR_OUT_OF_MEMORY)")
