@@ -484,7 +484,7 @@ def _verdict(d: dict, a: Run, b: Run) -> dict:
     for name, drv in ((an, drv_a), (bn, drv_b)):
         if drv:
             n = sum(f["count"] for f in drv)
-            lines.append(f"{n} failed driver call{'' if n == 1 else 's'} only in {name} ({drv[0]['api']} {drv[0]['result']}, …)")
+            lines.append(f"{n} failed driver call{'' if n == 1 else 's'} only in {name} ({drv[0]['api']} {drv[0]['result']}{', …' if len(drv) > 1 else ''})")
     if not lines and head == "both runs work":
         lines.append("no change in the KV budget or between the baseline and the KV sizing")
     return {"headline": head, "lines": lines}
