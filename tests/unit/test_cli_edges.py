@@ -243,6 +243,16 @@ def test_mark_accepts_verbose_after_its_name(tmp_path, capsys):
     assert capsys.readouterr().err.startswith("memrec: error: no memrec daemon")
 
 
+@pytest.mark.parametrize("gpu", ["-1", "32768", "70000"])
+def test_mark_names_the_gpu_it_refuses_and_the_range_it_takes(gpu, tmp_path, capsys):
+    # GIVEN no daemon needed: the ordinal is refused before anything is sent
+    # WHEN `memrec mark x --gpu N` with N out of a device ordinal's range
+    rc = commands.main(["mark", "x", "--gpu", gpu, "--socket", str(tmp_path / "none.sock")])
+    # THEN a usage error naming the option and the range (70000 is not negative: saying so misled)
+    assert rc == ExitCode.USAGE
+    assert capsys.readouterr().err == f"memrec: error: --gpu {gpu}: not a CUDA device ordinal (0..32767)\n"
+
+
 def test_every_help_fits_80_columns_and_keeps_every_word(monkeypatch, capsys):
     # GIVEN help piped to a file or another program (memrec assumes 80 columns there)
     monkeypatch.setenv("COLUMNS", "80")
