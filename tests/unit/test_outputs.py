@@ -111,3 +111,15 @@ def test_export_tables_need_the_parent_folder_as_a_file_does(tmp_path, capsys):
     assert main(["export", str(IPC), "--to", "csv", "-o", str(out)]) == ExitCode.CANT_CREATE
     assert capsys.readouterr().err == f"memrec: error: cannot write {out}: {out.parent}: no such folder\n"
     assert not out.parent.exists()
+
+
+def test_export_tables_never_replace_the_trace_they_are_read_from(tmp_path, capsys):
+    # GIVEN a recording named as one of the tables, in the folder the tables go to, and --force
+    trace = tmp_path / "events.csv"
+    trace.write_bytes(IPC.read_bytes())
+    # WHEN its tables are exported next to it
+    rc = main(["export", "-f", str(trace), "--to", "csv", "-o", str(tmp_path)])
+    # THEN a usage error, and the recording is still there, byte for byte
+    assert rc == ExitCode.USAGE
+    assert capsys.readouterr().err == f"memrec: error: {trace}: is a trace this command reads; give another name\n"
+    assert trace.read_bytes() == IPC.read_bytes()
