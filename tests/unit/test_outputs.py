@@ -71,12 +71,14 @@ def test_force_replaces_an_existing_output(name, tmp_path, capsys):
     assert target.read_bytes() != b"an earlier output"
 
 
-def test_export_force_still_never_replaces_the_trace_itself(tmp_path, capsys):
-    # GIVEN a recording, and -o naming it, with --force
-    trace = tmp_path / "run.mrec"
+@pytest.mark.parametrize("name,to,out", [("run.mrec", "perfetto", "TRACE"), ("events.csv", "csv", "FOLDER")],
+                         ids=["onto-itself", "a-table-named-as-it"])
+def test_export_force_still_never_replaces_the_trace_itself(name, to, out, tmp_path, capsys):
+    # GIVEN a recording, and -o naming it (or the folder where a table would take its name), with --force
+    trace = tmp_path / name
     trace.write_bytes(IPC.read_bytes())
     # WHEN exported onto itself
-    rc = main(["export", "-f", str(trace), "--to", "perfetto", "-o", str(trace)])
+    rc = main(["export", "-f", str(trace), "--to", to, "-o", str(trace if out == "TRACE" else tmp_path)])
     # THEN a usage error and the recording is still there, byte for byte
     assert rc == ExitCode.USAGE
     assert capsys.readouterr().err == f"memrec: error: {trace}: is a trace this command reads; give another name\n"
@@ -111,15 +113,3 @@ def test_export_tables_need_the_parent_folder_as_a_file_does(tmp_path, capsys):
     assert main(["export", str(IPC), "--to", "csv", "-o", str(out)]) == ExitCode.CANT_CREATE
     assert capsys.readouterr().err == f"memrec: error: cannot write {out}: {out.parent}: no such folder\n"
     assert not out.parent.exists()
-
-
-def test_export_tables_never_replace_the_trace_they_are_read_from(tmp_path, capsys):
-    # GIVEN a recording named as one of the tables, in the folder the tables go to, and --force
-    trace = tmp_path / "events.csv"
-    trace.write_bytes(IPC.read_bytes())
-    # WHEN its tables are exported next to it
-    rc = main(["export", "-f", str(trace), "--to", "csv", "-o", str(tmp_path)])
-    # THEN a usage error, and the recording is still there, byte for byte
-    assert rc == ExitCode.USAGE
-    assert capsys.readouterr().err == f"memrec: error: {trace}: is a trace this command reads; give another name\n"
-    assert trace.read_bytes() == IPC.read_bytes()
