@@ -39,8 +39,8 @@ def check_bcc() -> Check:
     said: list[str] = []
     try:
         with _bcc_output(said):
-            program = bcc.BPF(text=_TRIVIAL_PROGRAM)
-            program.load_func("memrec_doctor", bcc.BPF.KPROBE)
+            program = bcc.BPF(text=_TRIVIAL_PROGRAM.encode())
+            program.load_func(b"memrec_doctor", bcc.BPF.KPROBE)
             program.cleanup()
     except Exception as error:  # bcc raises bare Exception for compile and load failures
         why = f" (bcc said: {'; '.join(said[:_SAID_LINES])}{'; …' if len(said) > _SAID_LINES else ''})" if said else ""

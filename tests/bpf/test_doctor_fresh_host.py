@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -25,3 +26,14 @@ def test_doctor_json_stays_json_when_bcc_cannot_find_kernel_headers(bpf_host):
     assert checks["kernel headers"]["status"] == checks["bcc"]["status"] == "fail"
     assert "Unable to find kernel headers" in checks["bcc"]["detail"]
     assert "kernel headers (above)" in checks["bcc"]["fix"]
+
+
+def test_the_bcc_check_passes_bcc_the_bytes_it_asks_for(bpf_host):
+    # GIVEN bcc warns (DeprecationWarning) for program text and names that are not bytes
+    from memrec.probes import health
+
+    # WHEN doctor's bcc check runs with warnings as errors  THEN it compiles and loads, unwarned
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        check = health.check_bcc()
+    assert check.status == "ok", check.detail
