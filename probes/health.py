@@ -48,7 +48,7 @@ def check_bcc() -> Check:
             "bcc",
             "fail",
             f"bcc {version} imports but cannot compile or load a BPF program: {error}{why}",
-            "check kernel headers (above) and that the kernel has CONFIG_BPF_SYSCALL",
+            "see privileges and kernel headers above, and check that the kernel has CONFIG_BPF_SYSCALL",
         )
     return Check("bcc", "ok", f"bcc {version} compiled and loaded a BPF program")
 

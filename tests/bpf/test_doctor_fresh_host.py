@@ -25,7 +25,7 @@ def test_doctor_json_stays_json_when_bcc_cannot_find_kernel_headers(bpf_host):
     assert proc.returncode == 1 and proc.stderr == ""
     assert checks["kernel headers"]["status"] == checks["bcc"]["status"] == "fail"
     assert "Unable to find kernel headers" in checks["bcc"]["detail"]
-    assert "kernel headers (above)" in checks["bcc"]["fix"]
+    assert "privileges and kernel headers above" in checks["bcc"]["fix"]
 
 
 def test_the_bcc_check_passes_bcc_the_bytes_it_asks_for(bpf_host):
