@@ -116,16 +116,20 @@ def check_output(path: Path, force: bool) -> bool:
     and a command that cannot use one says so itself.
 
     Raises:
-        MemrecCommandError: the folder is missing, or the file exists and ``force`` is false
-            (exit code CANT_CREATE).
+        MemrecCommandError: the folder is missing or this user may not look into it, or the file
+            exists and ``force`` is false (exit code CANT_CREATE).
     """
-    if path.is_dir():
-        return False
-    folder = path.parent
-    if not folder.is_dir():
-        what = "is not a folder" if folder.exists() else "no such folder"
-        raise MemrecCommandError(f"cannot write {path}: {folder}: {what}", exit_code=ExitCode.CANT_CREATE)
-    if path.exists() or path.is_symlink():
+    try:
+        if path.is_dir():
+            return False
+        folder = path.parent
+        if not folder.is_dir():
+            what = "is not a folder" if folder.exists() else "no such folder"
+            raise MemrecCommandError(f"cannot write {path}: {folder}: {what}", exit_code=ExitCode.CANT_CREATE)
+        exists = path.exists() or path.is_symlink()
+    except PermissionError as error:  # pathlib's is_dir()/exists() raise it for a folder it may not search
+        raise MemrecCommandError(f"cannot write {path}: {error.strerror}", exit_code=ExitCode.CANT_CREATE) from None
+    if exists:
         if not force:
             raise MemrecCommandError(
                 f"{path} exists: use -f/--force to replace it, or another -o", exit_code=ExitCode.CANT_CREATE

@@ -43,10 +43,10 @@ class PlotCommand:
         suffix = args.output.suffix.lower()
         if suffix not in (".png", ".svg", ".pdf"):
             parser.error(f"-o {args.output}: the picture's name must end in .png, .svg or .pdf")
+        check_not_an_input(args.output, [args.trace] + ([args.diff] if args.diff else []))
+        check_output(args.output, args.force)  # first: it turns a folder that cannot be searched into one line
         if args.output.is_dir():
             raise MemrecCommandError(f"{args.output}: is a folder; give a file name", exit_code=ExitCode.CANT_CREATE)
-        check_not_an_input(args.output, [args.trace] + ([args.diff] if args.diff else []))
-        check_output(args.output, args.force)
         rec = Recording(load_trace_for_command(args.trace), pandas=False)
         try:
             if args.diff is None:

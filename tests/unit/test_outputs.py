@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -106,6 +110,22 @@ def test_force_never_replaces_an_input_even_under_another_name(argv, how, tmp_pa
     assert rc == ExitCode.USAGE
     assert capsys.readouterr().err == f"memrec: error: {out}: is a trace this command reads; give another name\n"
     assert trace.read_bytes() == IPC.read_bytes()
+
+
+@pytest.mark.parametrize("name", list(WRITERS))
+def test_an_output_in_a_folder_the_user_may_not_look_into_is_one_line(name, tmp_path):
+    # GIVEN an ordinary user (nobody), and -o inside a folder only root may look into
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv (util-linux) to run memrec as another user")
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    out = private / f"out{SUFFIX.get(name, '.mrec')}"
+    # WHEN the command runs as that user
+    proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m",
+                           "memrec", *command(name, out)], capture_output=True, text=True, timeout=120)
+    # THEN CANT_CREATE and one line saying why, not an internal error
+    assert (proc.returncode, proc.stderr.count("\n")) == (ExitCode.CANT_CREATE, 1), proc.stderr
+    assert proc.stderr.startswith("memrec: error: ") and "Permission denied" in proc.stderr
 
 
 def test_export_tables_need_the_parent_folder_as_a_file_does(tmp_path, capsys):
