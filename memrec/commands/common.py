@@ -51,13 +51,17 @@ def trace_error(path: Path | str, error: TraceFormatError | OSError) -> MemrecCo
 def check_trace_path(path: Path) -> None:
     """Raise the one-line error for a trace path that is missing, a folder or unreadable (NO_INPUT),
     or an empty file (DATA: nothing a command could show)."""
-    if not path.exists():
-        raise MemrecCommandError(f"{path}: no such file", exit_code=ExitCode.NO_INPUT)
-    if path.is_dir():
-        raise MemrecCommandError(f"{path}: is a directory, not a trace", exit_code=ExitCode.NO_INPUT)
-    if not os.access(path, os.R_OK):
-        raise MemrecCommandError(f"{path}: not readable", exit_code=ExitCode.NO_INPUT)
-    if path.stat().st_size == 0:
+    try:
+        if not path.exists():
+            raise MemrecCommandError(f"{path}: no such file", exit_code=ExitCode.NO_INPUT)
+        if path.is_dir():
+            raise MemrecCommandError(f"{path}: is a directory, not a trace", exit_code=ExitCode.NO_INPUT)
+        if not os.access(path, os.R_OK):
+            raise MemrecCommandError(f"{path}: not readable", exit_code=ExitCode.NO_INPUT)
+        empty = path.stat().st_size == 0
+    except PermissionError as error:  # pathlib's exists() raises it inside a folder this user may not search
+        raise MemrecCommandError(f"{path}: {error.strerror}", exit_code=ExitCode.NO_INPUT) from None
+    if empty:
         raise MemrecCommandError(f"{path}: empty file, not a memrec trace (yet?)", exit_code=ExitCode.DATA)
 
 

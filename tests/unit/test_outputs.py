@@ -128,6 +128,25 @@ def test_an_output_in_a_folder_the_user_may_not_look_into_is_one_line(name, tmp_
     assert proc.stderr.startswith("memrec: error: ") and "Permission denied" in proc.stderr
 
 
+@pytest.mark.parametrize("argv", [["report", "IN"], ["dump", "IN"], ["diff", str(IPC), "IN"], ["tui", "IN"],
+                                  ["export", "IN", "--to", "csv", "-o", "OUT"], ["merge", "IN", "-o", "OUT"]],
+                         ids=lambda argv: argv[0])
+def test_an_input_in_a_folder_the_user_may_not_look_into_is_one_line(argv, tmp_path):
+    # GIVEN an ordinary user (nobody), and a trace inside a folder only root may look into
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv (util-linux) to run memrec as another user")
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    (private / "run.mrec").write_bytes(IPC.read_bytes())
+    words = [str(private / "run.mrec") if a == "IN" else "/tmp/memrec-never-written" if a == "OUT" else a
+             for a in argv]
+    # WHEN the command reads it as that user
+    proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m",
+                           "memrec", *words], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    # THEN NO_INPUT and the one line every unreadable trace gets, not an internal error
+    assert (proc.returncode, proc.stderr) == (ExitCode.NO_INPUT, f"memrec: error: {private / 'run.mrec'}: Permission denied\n")
+
+
 def test_export_tables_need_the_parent_folder_as_a_file_does(tmp_path, capsys):
     out = tmp_path / "no" / "tables"
     assert main(["export", str(IPC), "--to", "csv", "-o", str(out)]) == ExitCode.CANT_CREATE
