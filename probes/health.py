@@ -102,3 +102,26 @@ def check_nvml() -> Check:
         return Check("nvml", "warn", "NVML works but reports no GPUs", "check nvidia-smi")
     names = ", ".join(f"{g.index}: {g.name}" for g in gpus)
     return Check("nvml", "ok", f"{len(gpus)} GPU(s): {names}")
+
+
+def check_probe_cache(directory: str, ringbuf_pages: int) -> Check:
+    """Whether the daemon's next start (default options) finds its compiled program in ``directory``."""
+    from memrec.probes import probecache
+    from memrec.probes.cuda import program_cflags
+    from memrec.probes.cuda import program_source
+
+    cache = probecache.ProbeCache(directory)
+    if cache.problem:
+        return Check("probe cache", "warn", f"{directory} is not used: {cache.problem}",
+                     "make it a directory only root can write, or start the daemon with --probe-cache DIR; "
+                     "until then every start compiles the probes (a few seconds)")
+    key = probecache.cache_key(program_source(), program_cflags(False, ringbuf_pages))
+    try:
+        found = cache.read(key) is not None
+    except probecache.CacheError as error:
+        return Check("probe cache", "warn", f"unusable: {error}", "the daemon's next start compiles and rewrites it")
+    if found:
+        return Check("probe cache", "ok", f"a compiled probe program for this kernel ({os.uname().release}) is in "
+                     f"{directory}: the daemon starts without compiling")
+    return Check("probe cache", "ok", f"no compiled probe program for this kernel ({os.uname().release}) in {directory} "
+                 "yet: the daemon's next start compiles it (a few seconds) and keeps it there")

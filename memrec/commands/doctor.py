@@ -114,14 +114,19 @@ class DoctorCommand:
     """Check this host: privileges, BPF, tracefs, bcc, kernel headers, libcuda, NVML.
 
     Prints one line per check and, for each failure, what to do about it. Exits 1 when a check
-    that recording needs fails (warnings, such as no GPU, do not fail).
+    that recording needs fails (warnings, such as no GPU, do not fail). Also says whether the
+    daemon's compiled probe program for this kernel is cached (a start then skips the compile).
     """
 
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--libcuda", action="append", default=[], metavar="PATH", help="also look at this libcuda")
+        parser.add_argument("--probe-cache", default=None, metavar="DIR",
+                            help="the daemon's compiled-program cache to look at (default: the daemon's default)")
         parser.add_argument("-j", "--json", action="store_true", help="print the checks as JSON")
 
     def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+        from memrec.daemon.config import DEFAULT_PROBE_CACHE
+        from memrec.daemon.config import DEFAULT_RINGBUF_PAGES
         from memrec.probes import health
 
         checks = [
@@ -129,6 +134,7 @@ class DoctorCommand:
             check_tracefs(),
             check_headers(),
             health.check_bcc(),
+            health.check_probe_cache(os.path.abspath(args.probe_cache or DEFAULT_PROBE_CACHE), DEFAULT_RINGBUF_PAGES),
             check_libcuda(args.libcuda),
             health.check_nvml(),
         ]
