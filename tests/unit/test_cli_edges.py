@@ -298,7 +298,7 @@ def test_doctor_as_an_ordinary_user_says_what_it_lacks_and_never_crashes():
     assert (text.returncode, text.stderr) == (ExitCode.ERROR, ""), text.stderr
     checks = {c["name"]: c for c in json.loads(as_json.stdout)}
     assert checks["privileges"]["status"] == "fail"
-    assert list(checks) == ["privileges", "tracefs", "kernel headers", "bcc", "libcuda", "nvml"]
+    assert checks["tracefs"]["status"] == "warn" and "run memrec doctor as root" in checks["tracefs"]["fix"]
     assert "uid 65534 without CAP_BPF+CAP_PERFMON" in text.stdout
 
 
