@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import importlib.util
 import logging
 import os
+import sys
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
@@ -31,18 +36,49 @@ def check_bcc() -> Check:
 
         return Check("bcc", "fail", f"cannot import bcc ({error})", bcc_missing_hint())
     version = getattr(bcc, "__version__", "?")
+    said: list[str] = []
     try:
-        program = bcc.BPF(text=_TRIVIAL_PROGRAM)
-        program.load_func("memrec_doctor", bcc.BPF.KPROBE)
-        program.cleanup()
+        with _bcc_output(said):
+            program = bcc.BPF(text=_TRIVIAL_PROGRAM.encode())
+            program.load_func(b"memrec_doctor", bcc.BPF.KPROBE)
+            program.cleanup()
     except Exception as error:  # bcc raises bare Exception for compile and load failures
+        why = f" (bcc said: {'; '.join(said[:_SAID_LINES])}{'; …' if len(said) > _SAID_LINES else ''})" if said else ""
         return Check(
             "bcc",
             "fail",
-            f"bcc {version} imports but cannot compile or load a BPF program: {error}",
-            "check kernel headers (below) and that the kernel has CONFIG_BPF_SYSCALL",
+            f"bcc {version} imports but cannot compile or load a BPF program: {error}{why}",
+            "see privileges and kernel headers above, and check that the kernel has CONFIG_BPF_SYSCALL",
         )
     return Check("bcc", "ok", f"bcc {version} compiled and loaded a BPF program")
+
+
+#: How many lines of bcc's own output a failed check quotes (clang can print hundreds).
+_SAID_LINES = 3
+
+
+@contextlib.contextmanager
+def _bcc_output(said: list[str]) -> Iterator[None]:
+    """Collect what libbcc, clang and the modprobe bcc runs write to file descriptors 1 and 2
+    themselves, into ``said`` (its non-empty lines): left there, it lands before doctor's report,
+    inside ``doctor --json``'s JSON on a host without kernel headers."""
+    libc = ctypes.CDLL(None)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = (os.dup(1), os.dup(2))
+    with tempfile.TemporaryFile() as sink:
+        try:
+            os.dup2(sink.fileno(), 1)
+            os.dup2(sink.fileno(), 2)
+            yield
+        finally:
+            libc.fflush(None)  # C stdio's buffers (std::cout writes through them) before the fds go back
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+            sink.seek(0)
+            said.extend(line.strip() for line in sink.read().decode(errors="replace").splitlines() if line.strip())
 
 
 def check_nvml() -> Check:

@@ -45,16 +45,28 @@ def check_tracefs(root: Path = Path("/sys/kernel/tracing")):
     """uprobes are created and removed through tracefs' uprobe_events."""
     from memrec.probes.health import Check
 
-    if (root / "uprobe_events").exists():
+    present = _present(root / "uprobe_events")
+    if present:
         return Check("tracefs", "ok", f"{root}/uprobe_events present")
-    if (Path("/sys/kernel/debug/tracing") / "uprobe_events").exists():
+    if _present(Path("/sys/kernel/debug/tracing") / "uprobe_events"):
         return Check("tracefs", "ok", "/sys/kernel/debug/tracing/uprobe_events present")
+    if present is None:
+        return Check("tracefs", "warn", f"uid {os.geteuid()} may not look inside {root} (root's alone)",
+                     "run memrec doctor as root to check it")
     return Check(
         "tracefs",
         "fail",
         f"no uprobe_events under {root}",
         f"mount -t tracefs nodev {root} (needs CONFIG_UPROBE_EVENTS)",
     )
+
+
+def _present(path: Path) -> bool | None:
+    """Whether ``path`` exists; None when this user may not look (tracefs and debugfs are 0700)."""
+    try:
+        return path.exists()
+    except PermissionError:
+        return None
 
 
 def check_headers(release: str | None = None, modules: Path = Path("/lib/modules")):
