@@ -21,7 +21,6 @@ import tempfile
 import time
 
 MiB = 2**20
-NOOP = "int noop(struct pt_regs *ctx) { return 0; }"
 
 
 def _driver():
@@ -58,17 +57,13 @@ def libcuda_path() -> str:
 
 
 def with_noop_probes(cu, pairs: int) -> dict:
-    from bcc import BPF
+    from memrec.probes.loader import NoopProbes
 
-    lib = libcuda_path()
-    b = BPF(text=NOOP)
-    for sym in ("cuMemAlloc_v2", "cuMemFree_v2"):
-        b.attach_uprobe(name=lib, sym=sym, fn_name="noop")
-        b.attach_uretprobe(name=lib, sym=sym, fn_name="noop")
+    probes = NoopProbes(libcuda_path(), ["cuMemAlloc_v2", "cuMemFree_v2"])
     try:
         return time_pairs(cu, pairs)
     finally:
-        b.cleanup()
+        probes.close()
 
 
 def with_daemon(cu, pairs: int) -> dict:

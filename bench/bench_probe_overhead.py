@@ -63,9 +63,6 @@ int main(int argc, char **argv) {
 }
 """
 
-NOOP_C = """
-int noop(struct pt_regs *ctx) { return 0; }
-"""
 TIMED = ("cuMemAlloc_v2", "cuMemFree_v2")
 
 
@@ -87,14 +84,9 @@ def run_loop(exe: Path, lib: Path, calls: int, repeat: int) -> list[float]:
 
 
 def noop_probes(lib: Path, with_return: bool):
-    from bcc import BPF
+    from memrec.probes.loader import NoopProbes
 
-    b = BPF(text=NOOP_C.encode())
-    for sym in TIMED:
-        b.attach_uprobe(name=str(lib).encode(), sym=sym.encode(), fn_name=b"noop", pid=-1)
-        if with_return:
-            b.attach_uretprobe(name=str(lib).encode(), sym=sym.encode(), fn_name=b"noop", pid=-1)
-    return b
+    return NoopProbes(str(lib), list(TIMED), with_return=with_return)
 
 
 def main() -> int:
@@ -147,8 +139,8 @@ def main() -> int:
         t = time.monotonic()
         probes.close()
         detach_s = time.monotonic() - t
-        noop_entry.cleanup()
-        noop_ret.cleanup()
+        noop_entry.close()
+        noop_ret.close()
 
     med = {k: statistics.median(v) for k, v in results.items()}
     base = med["baseline"]

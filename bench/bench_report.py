@@ -12,6 +12,8 @@ within each repeat:
 * ``numpy pass``: one ``np.cumsum`` over the events' timestamps (a floor for "numpy speed");
 * ``report``: ``memrec report`` end to end (``main(["report", path])``), wall time and peak RSS;
 * ``tui``: the TUI model's replay of the file (``FileSource.index`` after its scan, no app).
+* ``against`` (with ``--against DIR``): ``memrec report`` from another source tree (say main),
+  run right after this one's in every repeat, and the ratio of the two per repeat.
 
 ``after the journal`` = the report's own time outside ``LiveState.apply`` and ``load_trace``,
 timed inside the report's process: what the replay engine and the report add (series, phases,
@@ -36,6 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CHILD = r"""
 import contextlib, io, json, resource, sys, time
 import numpy as np
+if sys.argv[4:] == ["other"]:  # --against's tree, not the one an editable install points at
+    sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
 sys.path.insert(0, sys.argv[1])
 what, path = sys.argv[2], sys.argv[3]
 t = time.perf_counter()
@@ -88,9 +92,9 @@ print(json.dumps({"s": dt, "rss_mib": resource.getrusage(resource.RUSAGE_SELF).r
 """
 
 
-def run(what: str, path: Path) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), what, str(path)], check=True,
-                         capture_output=True, text=True)
+def run(what: str, path: Path, other: Path | None = None) -> dict:
+    argv = [sys.executable, "-c", CHILD, str(other or ROOT), what, str(path), *(["other"] if other else [])]
+    out = subprocess.run(argv, check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -100,6 +104,9 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--dir", default=None, help="where the traces go (default: the temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the traces (reused when present)")
+    ap.add_argument("--against", type=Path, default=None, metavar="DIR",
+                    help="another source tree (e.g. `git archive main | tar -x -C DIR`): its report runs beside "
+                         "this one's in every repeat, and the ratio of the two is printed (the same load for both)")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT / "bench"))
     from bench_tui import write_trace
@@ -111,11 +118,12 @@ def main() -> int:
     for n, path in paths.items():
         if not path.exists():
             write_trace(path, n, 4000, 1_000_000)
-    res = {n: {k: [] for k in ("pass", "load", "apply", "report", "tui")} for n in args.events}
+    kinds = ("pass", "load", "apply", "report", "tui") + (("against",) if args.against else ())
+    res = {n: {k: [] for k in kinds} for n in args.events}
     for _ in range(args.repeat):  # sizes interleaved: a change of the host's load hits every size
         for n, path in paths.items():
             for k in res[n]:
-                res[n][k].append(run(k, path))
+                res[n][k].append(run("report", path, args.against) if k == "against" else run(k, path))
     for n in args.events:
         r_n = res[n]
         med = {k: statistics.median(r["s"] for r in v) for k, v in r_n.items()}
@@ -130,6 +138,11 @@ def main() -> int:
               f"report {med['report']:.2f} s ({min(r['s'] for r in r_n['report']):.2f}-{max(r['s'] for r in r_n['report']):.2f}), "
               f"peak {rss:.0f} MiB (load alone {rss_load:.0f}, load + apply {rss_apply:.0f}) | in the report: apply {in_apply:.0%} of it, after the journal {engine:.2f} s = x{engine / med['pass']:.0f} numpy passes | "
               f"TUI model replay {med['tui']:.2f} s ({min(r['s'] for r in r_n['tui']):.2f}-{max(r['s'] for r in r_n['tui']):.2f})")
+        if args.against:
+            ratios = [a["s"] / b["s"] for a, b in zip(r_n["report"], r_n["against"])]
+            print(f"{'':>11}         against {args.against}: report {med['against']:.2f} s, "
+                  f"peak {max(r['rss_mib'] for r in r_n['against']):.0f} MiB; this / that per repeat "
+                  f"{', '.join(f'{x:.2f}' for x in ratios)} (median {statistics.median(ratios):.2f})")
     if not args.keep:
         for path in paths.values():
             path.unlink()

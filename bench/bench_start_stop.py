@@ -1,15 +1,17 @@
 """How long memrec takes to start and to stop, against floors measured in the same run.
 
-    sudo .venv/bin/python bench/bench_start_stop.py [--repeat 3] [--threads 8] [--skip-probes]
+    sudo .venv/bin/python bench/bench_start_stop.py [--repeat 3] [--threads 8] [--skip-probes | --start-only]
 
-Stop: the kernel frees each uprobe with RCU grace periods (~0.1 s each on these VMs), so the floor
-is detaching N no-op uprobes (a one-instruction BPF program) one after another; the same N
-detached from ``--threads`` threads shows whether the kernel serialises them. Then the real
+Stop: the kernel frees each perf-event uprobe with RCU grace periods (~0.1 s each on these VMs), so
+the floor is detaching N no-op perf-event uprobes (a two-instruction BPF program) one after another;
+the same N detached from ``--threads`` threads shows whether the kernel serialises them, and the
+same as multi-uprobe links (kernel >= 6.6, what memrec attaches there) whether links do better. Then the real
 probes (``CudaProbes.close()``) on the stub driver, and the daemon: SIGTERM to a complete trace
 (trailer on disk) and SIGTERM to exit.
 
-Start: compiling and loading the BPF program (``CudaProbes.load()``), the floor being bcc
-compiling a one-line program.
+Start: ``CudaProbes.load()`` compiling (empty cache) and from the compiled-program cache, against
+bcc compiling a one-line program; the daemon's start to recording (its socket answers a ping)
+cold and warm, against the floor of an interpreter importing what the daemon imports.
 
 Command line: ``python -c pass`` and ``python -S -c pass`` (the floors) against ``memrec --help``
 and ``memrec mark`` (no daemon: the command fails fast after importing everything it needs; and
@@ -32,7 +34,6 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 NOOP = "int noop(void *ctx) { return 0; }"
@@ -135,66 +136,83 @@ def _pong_server(path: str):
 # ------------------------------------------------------------------ probes
 
 
-def stub_symbols(lib: Path) -> list[str]:
-    """The probed driver symbols the stub exports (what CudaProbes attaches to)."""
-    from bcc import BPF
+def private_stub() -> Path:
+    """A copy of the stub driver with its own inode: uprobes belong to an inode, and bcc 0.26 (other
+    programs on this host, older memrec) places its uprobes with a garbage ref_ctr_offset, which
+    makes the kernel refuse any other probe at the same offset of the same inode."""
+    import shutil
 
-    from memrec.probes.cuda import SYMBOLS
-
-    exported = {name.decode() for name, _ in BPF.get_user_functions_and_addresses(str(lib).encode(), b"^cu")}
-    return [s for s in SYMBOLS if s in exported]
-
-
-def noop_detach(lib: Path, symbols: list[str], threads: int) -> tuple[int, float]:
-    """Attach an entry and a return no-op uprobe per symbol, then time detaching them all."""
-    from bcc import BPF
-
-    from memrec.probes.cuda import detach_uprobes
-
-    bpf = BPF(text=NOOP)
-    for sym in symbols:
-        bpf.attach_uprobe(name=str(lib).encode(), sym=sym.encode(), fn_name=b"noop", pid=-1)
-        bpf.attach_uretprobe(name=str(lib).encode(), sym=sym.encode(), fn_name=b"noop", pid=-1)
-    n = len(bpf.uprobe_fds)
-    t = time.perf_counter()
-    if threads <= 1:
-        for ev in list(bpf.uprobe_fds):
-            bpf.detach_uprobe_event(ev)
-    else:
-        detach_uprobes(bpf, threads)
-    elapsed = time.perf_counter() - t
-    bpf.cleanup()
-    return n, elapsed
-
-
-def bench_probes(repeat: int, threads: int) -> None:
-    from bcc import BPF
-
-    from memrec.probes.cuda import CudaProbes
     from memrec.stubdriver.build import build_stub
 
     lib = build_stub()
-    symbols = stub_symbols(lib)
+    dest = Path(tempfile.mkdtemp(prefix="mrbstub", dir="/tmp")) / lib.name
+    shutil.copy2(lib, dest)
+    return dest
 
-    compile_floor = best_of(repeat, lambda: _timed(lambda: BPF(text=NOOP).cleanup()))
-    print(f"compile a one-line program       {fmt(compile_floor)}")
 
-    def load() -> float:
-        t = time.perf_counter()
-        p = CudaProbes().load()
-        elapsed = time.perf_counter() - t
-        p.close()
-        return elapsed
+def stub_offsets(lib: Path) -> dict[str, int]:
+    """The probed driver symbols the stub exports, with their uprobe offsets."""
+    from memrec.probes.cuda import SYMBOLS
+    from memrec.probes.elfsyms import function_offsets
 
-    loads = best_of(repeat, load)
-    print(f"CudaProbes.load()                {fmt(loads)}")
+    fd = os.open(lib, os.O_RDONLY)
+    try:
+        return {s: off for s, off in function_offsets(fd, b"cu").items() if s in SYMBOLS}
+    finally:
+        os.close(fd)
 
-    serial = [noop_detach(lib, symbols, 1) for _ in range(repeat)]
+
+def noop_detach(lib: Path, offsets: dict[str, int], threads: int, links: bool = False) -> tuple[int, float]:
+    """Attach an entry and a return no-op uprobe per symbol (perf events, or multi-uprobe links),
+    then time detaching them all."""
+    from memrec.probes.loader import NoopProbes
+
+    probes = NoopProbes(str(lib), list(offsets), links=links)
+    n = len(probes.fds)
+    t = time.perf_counter()
+    probes.close(threads)
+    return n, time.perf_counter() - t
+
+
+def bench_load(repeat: int) -> None:
+    """``CudaProbes.load()`` compiling (cache empty) and from the cache, rounds interleaved; the
+    floor: bcc compiling a one-line program."""
+    from bcc import BPF
+
+    from memrec.probes.cuda import CudaProbes
+
+    compile_floor, cold, warm = [], [], []
+    for _ in range(repeat):
+        compile_floor.append(_timed(lambda: BPF(text=NOOP.encode()).cleanup()))
+        with tempfile.TemporaryDirectory(prefix="mrb", dir="/tmp") as cache:
+            for times, how in ((cold, "compiled"), (warm, "cache")):
+                t = time.perf_counter()
+                p = CudaProbes(probe_cache=cache).load()
+                times.append(time.perf_counter() - t)
+                p.close()
+                assert p.loaded_from == how, p.loaded_from
+    print(f"bcc compiling a one-line program {fmt(compile_floor)}")
+    print(f"CudaProbes.load(), compiling     {fmt(cold)}")
+    print(f"CudaProbes.load(), from cache    {fmt(warm)}  = {statistics.median(warm) / statistics.median(cold):.3f}x compiling")
+
+
+def bench_stop(repeat: int, threads: int) -> None:
+    from memrec.probes.cuda import CudaProbes
+
+    lib = private_stub()
+    offsets = stub_offsets(lib)
+    serial = [noop_detach(lib, offsets, 1) for _ in range(repeat)]
     n = serial[0][0]
     serial_t = [s for _, s in serial]
     print(f"detach {n} no-op uprobes, serial  {fmt(serial_t)}  ({statistics.median(serial_t) / n * 1e3:.1f} ms each)")
-    par_t = [noop_detach(lib, symbols, threads)[1] for _ in range(repeat)]
+    par_t = [noop_detach(lib, offsets, threads)[1] for _ in range(repeat)]
     print(f"same, {threads} threads              {fmt(par_t)}  = {statistics.median(par_t) / statistics.median(serial_t):.2f}x serial")
+    from memrec.probes.bpfsys import uprobe_multi_supported
+
+    if uprobe_multi_supported():
+        link_t = [noop_detach(lib, offsets, threads, links=True)[1] for _ in range(repeat)]
+        print(f"same as multi-uprobe links, {threads} threads {fmt(link_t)}  = "
+              f"{statistics.median(link_t) / statistics.median(serial_t):.3f}x serial")
 
     def close() -> float:
         p = CudaProbes().load()
@@ -205,7 +223,6 @@ def bench_probes(repeat: int, threads: int) -> None:
 
     closes = best_of(repeat, close)
     print(f"CudaProbes.close() ({n} probes)  {fmt(closes)}  = {statistics.median(closes) / statistics.median(serial_t):.2f}x the serial floor")
-    bench_daemon(lib, repeat)
 
 
 def _timed(fn) -> float:
@@ -214,41 +231,76 @@ def _timed(fn) -> float:
     return time.perf_counter() - t
 
 
-def bench_daemon(lib: Path, repeat: int) -> None:
-    """SIGTERM a real daemon attached to the stub: time to the trailer on disk and to exit."""
+def _floor_imports() -> float:
+    """What a daemon imports before it does anything (interpreter, memrec, numpy, the probes' modules)."""
+    return _timed(lambda: subprocess.run([sys.executable, "-c", "import memrec.daemon.server, memrec.probes.cuda"],
+                                         check=True, cwd="/"))
+
+
+def daemon_run(lib: Path, cache: str, stop: bool) -> tuple[float, float, float]:
+    """Start a daemon on the stub; return (start to recording, SIGTERM to trailer, SIGTERM to exit).
+
+    Recording means the marker socket answers a ping (the loop runs: probes attached, first file open).
+    """
+    from memrec import protocol
     from memrec.trace.reader import load_trace
 
-    to_trailer, to_exit, to_ready = [], [], []
-    for _ in range(repeat):
-        with tempfile.TemporaryDirectory(prefix="mrb", dir="/tmp") as tmp:
-            out = Path(tmp, "t.mrec")
-            sock = Path(tmp, "s.sock")
-            t0 = time.perf_counter()
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "memrec", "daemon", "--output", str(out), "--socket", str(sock),
-                 "--libcuda", str(lib), "--nvml-hz", "0", "--nvml-process-hz", "0"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )
-            while not (sock.exists() and out.exists() and out.stat().st_size > 0):
-                if proc.poll() is not None:
-                    raise SystemExit(f"the daemon exited with {proc.returncode}")
-                time.sleep(0.01)
-            to_ready.append(time.perf_counter() - t0)
-            time.sleep(0.3)
-            t = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="mrb", dir="/tmp") as tmp:
+        out = Path(tmp, "t.mrec")
+        sock = Path(tmp, "s.sock")
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "memrec", "daemon", "--output", str(out), "--socket", str(sock),
+             "--libcuda", str(lib), "--nvml-hz", "0", "--nvml-process-hz", "0", "--probe-cache", cache],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/",
+        )
+        while True:
+            if proc.poll() is not None:
+                raise SystemExit(f"the daemon exited with {proc.returncode}")
+            try:
+                protocol.ping(sock, timeout=1.0)
+                break
+            except OSError:
+                time.sleep(0.005)
+        ready = time.perf_counter() - t0
+        if not stop:  # a start-only round: the exit (detach) is not timed
             proc.send_signal(signal.SIGTERM)
-            trailer_at = None
-            while proc.poll() is None:
-                if trailer_at is None and _has_trailer(out, load_trace):
-                    trailer_at = time.perf_counter() - t
-                time.sleep(0.01)
-            to_exit.append(time.perf_counter() - t)
+            proc.wait()
+            return ready, float("nan"), float("nan")
+        time.sleep(0.3)
+        t = time.perf_counter()
+        proc.send_signal(signal.SIGTERM)
+        trailer_at = None
+        while proc.poll() is None:
             if trailer_at is None and _has_trailer(out, load_trace):
-                trailer_at = to_exit[-1]
-            to_trailer.append(trailer_at if trailer_at is not None else float("nan"))
-    print(f"daemon start to recording        {fmt(to_ready)}")
-    print(f"daemon SIGTERM to trailer        {fmt(to_trailer)}")
-    print(f"daemon SIGTERM to exit           {fmt(to_exit)}")
+                trailer_at = time.perf_counter() - t
+            time.sleep(0.01)
+        to_exit = time.perf_counter() - t
+        if trailer_at is None and _has_trailer(out, load_trace):
+            trailer_at = to_exit
+        return ready, trailer_at if trailer_at is not None else float("nan"), to_exit
+
+
+def bench_daemon(repeat: int, stop: bool) -> None:
+    """Daemon start to recording, cold (empty cache) and warm (cache filled by the cold start),
+    rounds interleaved with the floor; with ``stop``, SIGTERM to a complete trace and to exit."""
+    lib = private_stub()
+    floor, cold, warm, to_trailer, to_exit = [], [], [], [], []
+    for _ in range(repeat):
+        floor.append(_floor_imports())
+        with tempfile.TemporaryDirectory(prefix="mrb", dir="/tmp") as cache:
+            cold.append(daemon_run(lib, cache, stop=False)[0])
+            ready, trailer, exited = daemon_run(lib, cache, stop=stop)
+            warm.append(ready)
+            to_trailer.append(trailer)
+            to_exit.append(exited)
+    f = statistics.median(floor)
+    print(f"floor: python importing the daemon {fmt(floor)}")
+    print(f"daemon start to recording, cold  {fmt(cold)}  = {statistics.median(cold) / f:.1f}x the floor")
+    print(f"daemon start to recording, warm  {fmt(warm)}  = {statistics.median(warm) / f:.1f}x the floor")
+    if stop:
+        print(f"daemon SIGTERM to trailer        {fmt(to_trailer)}")
+        print(f"daemon SIGTERM to exit           {fmt(to_exit)}")
 
 
 def _has_trailer(path: Path, load_trace) -> bool:
@@ -263,10 +315,17 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--skip-probes", action="store_true", help="only the command-line part")
+    parser.add_argument("--start-only", action="store_true", help="only the start (load, daemon start)")
     args = parser.parse_args()
-    bench_cli(max(args.repeat, 20))
+    print(f"load average at the start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    if not args.start_only:
+        bench_cli(max(args.repeat, 20))
     if not args.skip_probes:
-        bench_probes(args.repeat, args.threads)
+        bench_load(args.repeat)
+        bench_daemon(args.repeat, stop=not args.start_only)
+        if not args.start_only:
+            bench_stop(args.repeat, args.threads)
+    print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     return 0
 
 

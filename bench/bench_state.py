@@ -12,7 +12,8 @@ Every number comes with a floor measured in the same run (the machine is shared)
    and ``mixed`` (20% VMM, 1.7% IPC export/open: the worst case for runs applied at once).
    Also with ``journal=True`` (the analysis' replay) and, for reference, every event one by one.
 2. Memory per live allocation at ``--live`` allocations (tracemalloc, and RSS growth).
-3. Keyframes at ``--live`` allocations: the time the loop spends (take + write) against building
+3. Where the apply's time goes (``breakdown``): the share of each part of LiveState.apply.
+4. Keyframes at ``--live`` allocations: the time the loop spends (take + write) against building
    it in the thread, the bytes written, and the longest loop step while one is built (a loop
    ticking every 1 ms applying small batches, as the daemon's does).
 
@@ -285,6 +286,44 @@ def keyframes(n: int, path: Path) -> dict:
     return out
 
 
+def breakdown(raw: np.ndarray, batch: int) -> tuple[float, dict[str, float]]:
+    """CPU seconds of ``LiveState.apply`` over ``raw`` (decoded first, not counted) and the share
+    of each part: the process clock read around each call of it (which adds a little to parts
+    called per event: the planner's, the one-at-a-time path's)."""
+    from memrec.state import live
+    from memrec.state import plain
+
+    parts = {"allocations and frees": (plain, "_allocs_and_frees"), "VMM runs": (plain, "apply_vmm"),
+             "planner (exports, opens)": (live.Planner, "joins"), "planner set-up": (live.Planner, "__init__"),
+             "one at a time (IPC, host, ...)": (live.LiveState, "_apply_events"),
+             "counter changes": (plain, "apply_changes"), "runs in all": (plain, "apply_run")}
+    spent = dict.fromkeys(parts, 0.0)
+    real = {label: getattr(owner, name) for label, (owner, name) in parts.items()}
+
+    def timed(label: str, f):
+        def call(*args, **kwargs):
+            t0 = time.process_time()
+            try:
+                return f(*args, **kwargs)
+            finally:
+                spent[label] += time.process_time() - t0
+        return call
+
+    batches = [decode(raw[i : i + batch]) for i in range(0, len(raw), batch)]
+    for label, (owner, name) in parts.items():
+        setattr(owner, name, timed(label, real[label]))
+    try:
+        state = LiveState()
+        t0 = time.process_time()
+        for b in batches:
+            state.apply(b)
+        total = time.process_time() - t0
+    finally:
+        for label, (owner, name) in parts.items():
+            setattr(owner, name, real[label])
+    return total, {label: t / total for label, t in spent.items()}
+
+
 def _load(path: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location("baseline_state", path)
     assert spec is not None and spec.loader is not None
@@ -300,7 +339,7 @@ def main() -> None:
     parser.add_argument("--live", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--baseline", help="another memrec/state.py to measure the same way")
-    parser.add_argument("--skip", default="", help="comma-separated parts to skip: rate,memory,keyframes")
+    parser.add_argument("--skip", default="", help="comma-separated parts to skip: rate,breakdown,memory,keyframes")
     args = parser.parse_args()
     skip = set(args.skip.split(","))
     with open("/proc/loadavg") as f:
@@ -329,6 +368,12 @@ def main() -> None:
                       f"apply alone {apply_rate / 1e6:5.2f}M/s  ({floor / path:.2f}x the floor's time)  "
                       f"+ writer {written / 1e6:5.2f}M/s (apply {(1 / path - 1 / floor) * written:.0%} of it)",
                       flush=True)
+    if "breakdown" not in skip:
+        for name, gen in (("churn", churn), ("mixed", mixed)):
+            total, shares = breakdown(gen(args.events), args.batch)
+            print(f"\nwhere {name}'s apply goes ({args.events / total / 1e6:.2f}M/s apply alone, one run)")
+            for label, share in sorted(shares.items(), key=lambda kv: -kv[1]):
+                print(f"  {label:32} {share:6.1%}")
     if "memory" not in skip:
         print(f"\nmemory at {args.live:,} live allocations (tracemalloc / RSS growth per allocation)")
         for label, cls in impls.items():

@@ -22,6 +22,9 @@ DEFAULT_OUTPUT = "/var/lib/memrec/"
 GiB = 1 << 30
 #: 16 MiB of 4 KiB pages: 123,000 records, about 1.2 s at 100k events/s.
 DEFAULT_RINGBUF_PAGES = 4096
+#: Where compiled probe programs are kept (memrec.probes.probecache.DEFAULT_DIR; not imported
+#: from there: the configuration needs nothing of the probes).
+DEFAULT_PROBE_CACHE = "/var/cache/memrec/probes"
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d)?\s*$", re.IGNORECASE)
 _DURATION_UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -92,6 +95,15 @@ def octal_mode(text: str | int) -> int:
     return value
 
 
+def probe_cache(text: str) -> str | None:
+    """``--probe-cache``: a directory (made absolute), or None for ``off``."""
+    if text.strip().lower() in ("off", "none", "no"):
+        return None
+    if not text.strip():
+        raise ValueError("an empty probe cache directory (say off to turn the cache off)")
+    return os.path.abspath(text)
+
+
 def ring_pages(text: str | int) -> int:
     """Ring-buffer size in pages: a power of two >= 1.
 
@@ -135,6 +147,8 @@ class DaemonConfig:
             ``fifo:N``, ``rr:N`` or ``off``; default ``nice:-10``.
         untraced_probes: probe the code-loading and pool entry points that explain the untraced
             band (off only to measure their cost).
+        probe_cache: directory of compiled probe programs (a start on a known kernel then skips
+            the compile); None: compile at every start.
         subscriber_queue_bytes: the most bytes queued for one live subscriber before it loses
             records (it then gets a ``lost`` notice and a fresh keyframe).
         output_is_dir: whether ``output`` is a directory of traces (None: a trailing ``/`` or an
@@ -158,6 +172,7 @@ class DaemonConfig:
     ringbuf_pages: int = DEFAULT_RINGBUF_PAGES
     scheduling: str = DEFAULT_SCHEDULING
     untraced_probes: bool = True
+    probe_cache: str | None = DEFAULT_PROBE_CACHE
     subscriber_queue_bytes: int = 64 << 20
     output_is_dir: bool | None = None
 
@@ -178,6 +193,8 @@ class DaemonConfig:
         for name in ("nvml_device_hz", "nvml_process_hz"):
             set_(self, name, rate(getattr(self, name)))
         set_(self, "ringbuf_pages", ring_pages(self.ringbuf_pages))
+        if self.probe_cache is not None:
+            set_(self, "probe_cache", os.path.abspath(os.fspath(self.probe_cache)))
         set_(self, "scheduling", scheduling_policy(self.scheduling))
 
     def replace(self, **changes) -> DaemonConfig:

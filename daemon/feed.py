@@ -19,6 +19,7 @@ import numpy as np
 
 from memrec._errors import ProbeLoadError
 from memrec._errors import one_line
+from memrec.daemon.config import DEFAULT_PROBE_CACHE
 from memrec.daemon.config import DaemonConfig
 from memrec.daemon.throttle import Throttle
 
@@ -59,17 +60,26 @@ class ProbeFeed:
         Raises:
             ProbeLoadError: they cannot be compiled or loaded (the reason in one line).
         """
-        log.info("compiling and loading the BPF probes (a few seconds)")
+        log.info("loading the BPF probes (compiling them, when not cached, takes a few seconds)")
         try:
             kwargs = {"follow_tree": self._config.follow_tree, "ringbuf_pages": self._config.ringbuf_pages}
             if not self._config.untraced_probes:
                 kwargs["untraced"] = False
+            if self._config.probe_cache != DEFAULT_PROBE_CACHE:
+                kwargs["probe_cache"] = self._config.probe_cache
             self.probes = self._factory(**kwargs)
             self.probes.load()
         except ProbeLoadError:
             raise
         except Exception as error:  # bcc raises bare Exception for compile and load failures
             raise ProbeLoadError(f"cannot load the BPF probes: {one_line(error)}") from error
+
+    def origin(self) -> str:
+        """Where the probe program came from, for the start line: "from the cache (48 ms)", "compiled (2.1 s)"."""
+        source, seconds = getattr(self.probes, "loaded_from", ""), getattr(self.probes, "load_seconds", 0.0)
+        if source == "cache":
+            return f"from the cache ({seconds * 1e3:.0f} ms)"
+        return f"compiled ({seconds:.1f} s)" if source else "loaded"
 
     def watch(self, selector: selectors.BaseSelector, on_ready: Callable[[], object]) -> None:
         """Call ``on_ready`` from the loop when the probes wake it (if they offer a pollable fd).

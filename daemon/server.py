@@ -220,8 +220,8 @@ class Daemon:
         }
         self.mood = Mood.RUNNING
         log.info(
-            "recording to %s; markers on %s; %d GPU(s); %d libcuda file(s) probed",
-            self.files[-1], cfg.socket_path, len(self.gpus), len(self.libraries.attached),
+            "recording to %s; markers on %s; %d GPU(s); %d libcuda file(s) probed; probe program %s",
+            self.files[-1], cfg.socket_path, len(self.gpus), len(self.libraries.attached), self.feed.origin(),
         )
 
     @property

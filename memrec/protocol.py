@@ -53,6 +53,7 @@ MAX_SERVER_FRAME = 1 << 30  # = memrec.trace.frames.MAX_SUBSCRIBER_FRAME
 #: Limits of a marker's fields.
 MAX_NAME = 200
 MAX_PID = 2**22  # Linux's pid_max limit
+MAX_GPU = 2**15 - 1  # the largest device ordinal a marker may name (the event gpu column is <i2)
 MAX_VALUES = 256
 MAX_VALUE_KEY = 200
 PHASES = ("begin", "end", "instant")
@@ -202,8 +203,8 @@ def validate_mark(message: dict) -> str | None:
     if pid is not None and (not _is_int(pid) or not 0 < pid <= MAX_PID):
         return f"mark: pid must be a process id (1..{MAX_PID}) or nil"
     gpu = message.get("gpu")
-    if gpu is not None and (not _is_int(gpu) or not 0 <= gpu < 2**15):
-        return "mark: gpu must be a non-negative integer or nil"
+    if gpu is not None and (not _is_int(gpu) or not 0 <= gpu <= MAX_GPU):
+        return f"mark: gpu must be a device ordinal (0..{MAX_GPU}) or nil"
     values = message.get("values", {})
     if not isinstance(values, dict):
         return "mark: values must be a map"

@@ -1,24 +1,28 @@
 """Uprobes on the CUDA driver: load ``cuda.bpf.c``, attach it to libcuda files, drain events.
 
-Why a class around bcc: the daemon owns exactly one of these for its lifetime, attaches it to
+Why a class: the daemon owns exactly one of these for its lifetime, attaches it to
 every libcuda inode it discovers (hosts with containers have several), polls it every ~50 ms and
 must be able to tear it down cleanly even when half of the attachments are already gone.
 
-``python -m memrec.probes.cuda --ebpf [--follow-tree]`` prints the BPF program with its ``-D``
-flags, which is what bcc compiles.
+The program comes from the compiled-program cache or is compiled by bcc, and is loaded and attached
+by memrec's own loader (``probes/loader.py``, ``probes/probecache.py``). ``python -m
+memrec.probes.cuda --ebpf [--follow-tree]`` prints the BPF program with its ``-D`` flags, which is
+what bcc compiles.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import importlib.resources
 import logging
 import mmap
 import os
 import resource
+import struct
 import sys
-from concurrent.futures import ThreadPoolExecutor
+import time
 from dataclasses import dataclass
 from dataclasses import field
 from dataclasses import replace
@@ -31,6 +35,13 @@ from memrec.columns import RAW_DTYPE
 from memrec.events import UNTRACED_APIS
 from memrec.events import Api
 from memrec.events import bpf_defines
+from memrec.probes import bpfsys
+from memrec.probes.elfsyms import ElfError
+from memrec.probes.elfsyms import function_offsets
+from memrec.probes.loader import LoadedProgram
+from memrec.probes.loader import close_in_parallel
+from memrec.probes.probecache import DEFAULT_DIR
+from memrec.probes.probecache import obtain_program
 from memrec.probes.ringbuf import RingBufferReader
 
 log = logging.getLogger(__name__)
@@ -44,11 +55,6 @@ UNTRACED_SYMBOLS: tuple[str, ...] = tuple(a.name for a in UNTRACED_APIS)
 DRIVER_API = ("cuInit", "cuMemAlloc_v2", "cuMemFree_v2")
 _EXIT_FORMAT = "events/sched/sched_process_exit/format"
 _TRACEFS_ROOTS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
-#: Threads that detach probes at close(). Closing a uprobe's perf event waits out RCU grace
-#: periods (~0.1 s idle, ~0.4 s on a loaded VM) under a kernel-wide mutex: on an idle 2-core VM
-#: 8 threads gained ~10 % (bench/bench_start_stop.py); under load, with 178 probes, 32 threads took
-#: a daemon's stop from 74 s to 19 s, so the pool is sized for that.
-DETACH_THREADS = 32
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,11 @@ def _tracefs_has_group_dead() -> bool:
     return False
 
 
+def _tracefs_root() -> str:
+    """The mounted tracefs (tracepoint ids are read from it)."""
+    return next((root for root in _TRACEFS_ROOTS if os.path.isdir(os.path.join(root, "events"))), _TRACEFS_ROOTS[0])
+
+
 def wake_bytes(ringbuf_pages: int) -> int:
     """The ring fill (bytes) from which every submit wakes the reader: a quarter of the ring.
 
@@ -107,34 +118,12 @@ def program_cflags(follow_tree: bool, ringbuf_pages: int) -> list[str]:
     return flags
 
 
-def detach_uprobes(bpf, threads: int = DETACH_THREADS) -> list[str]:
-    """Detach every uprobe of ``bpf`` from ``threads`` threads; return one line per failure.
-
-    Why not ``bpf.detach_uprobe_event`` per probe: it is serial, and each detach sleeps in the
-    kernel for RCU grace periods, so ~74 probes per libcuda take 7-9 s. The two kernel calls
-    (close the perf event, remove the probe) release the GIL and run in the pool; bcc's own
-    bookkeeping (its probe table and global count, not thread-safe) is done here, in one thread.
-    The kernel serialises most of the wait (perf_uprobe_destroy holds event_mutex), so this is
-    ~10 % faster, not N times; the daemon writes its trailer before it gets here. Multi-uprobe
-    links (one link, one wait for many probes) need the program loaded for
-    BPF_TRACE_UPROBE_MULTI, which bcc 0.26 cannot do.
-    """
-    from bcc.libbcc import lib
-
-    def detach(item: tuple[bytes, int]) -> str | None:
-        ev_name, fd = item
-        if lib.bpf_close_perf_event_fd(fd) < 0 or lib.bpf_detach_uprobe(ev_name) < 0:
-            return f"cannot detach uprobe {ev_name.decode(errors='replace')}"
-        return None
-
-    items = list(bpf.uprobe_fds.items())
-    if not items:
-        return []
-    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(items))), thread_name_prefix="detach") as pool:
-        failures = [why for why in pool.map(detach, items) if why]
-    for ev_name, _fd in items:
-        bpf._del_uprobe_fd(ev_name)  # noqa: SLF001 - bcc's count of open probes must follow
-    return failures
+def _attach_failure(exc: Exception) -> str:
+    """Why a symbol is not probed. EINVAL at a valid offset is most often another program's uprobe
+    at the same place with another ref_ctr_offset (bcc 0.26's Python attaches with a garbage one)."""
+    if isinstance(exc, OSError) and exc.errno == errno.EINVAL:
+        return f"attach failed: {exc} (another program's uprobe here? dmesg: ref_ctr_offset mismatch)"
+    return f"attach failed: {exc}"
 
 
 def _raise_fd_limit(need: int) -> None:
@@ -176,48 +165,55 @@ class CudaProbes:
             events; the reader is woken when a quarter of it is filled (:func:`wake_bytes`).
         untraced: also probe the code-loading and pool entry points (:data:`UNTRACED_SYMBOLS`);
             False only to measure what they cost.
+        probe_cache: the directory of compiled programs (:mod:`memrec.probes.probecache`), or
+            None to compile at every start.
     """
 
-    def __init__(self, follow_tree: bool = False, ringbuf_pages: int = 1024, untraced: bool = True) -> None:
+    def __init__(self, follow_tree: bool = False, ringbuf_pages: int = 1024, untraced: bool = True,
+                 probe_cache: str | None = DEFAULT_DIR) -> None:
         if ringbuf_pages < 1 or ringbuf_pages & (ringbuf_pages - 1):
             raise ValueError(f"ringbuf_pages must be a power of two, not {ringbuf_pages}")
         self.follow_tree = follow_tree
         self.ringbuf_pages = ringbuf_pages
         #: The driver symbols this instance probes.
         self.symbols = SYMBOLS if untraced else tuple(s for s in SYMBOLS if s not in UNTRACED_SYMBOLS)
-        self._bpf = None
+        #: Where the compiled program is cached (None: compile at every start).
+        self.probe_cache = probe_cache
+        #: How the last load() got the program ("cache" or "compiled") and how long it took.
+        self.loaded_from = ""
+        self.load_seconds = 0.0
+        self._prog: LoadedProgram | None = None
         self._reader: RingBufferReader | None = None
         self._reports: dict[tuple[int, int], AttachReport] = {}
         self._lib_fds: list[int] = []
-        self._events: list[bytes] = []  # uprobe event names this instance attached
+        self._uprobes: list[int] = []  # perf fds of the uprobes attached (closing one detaches it)
+        self._cpus = bpfsys.possible_cpus()
         self._logged_missing: set[str] = set()
 
     # -- lifetime -------------------------------------------------------------------------------
     def load(self) -> CudaProbes:
-        """Compile and load the program, attach the tracepoints and map the ring buffer.
+        """Load the program (from the cache, else compiled), attach the tracepoints, map the ring.
 
         Raises:
             ProbeError: bcc is missing or the program does not compile/load (e.g. not root).
         """
-        if self._bpf is not None:
+        if self._prog is not None:
             return self
+        started = time.monotonic()
+        self._prog, self.loaded_from = obtain_program(program_source(), program_cflags(self.follow_tree, self.ringbuf_pages),
+                                                      self.probe_cache)
+        self.load_seconds = time.monotonic() - started
+        if self.loaded_from == "cache":
+            log.info("loaded the compiled probe program from the cache (%.0f ms)", self.load_seconds * 1e3)
+        else:
+            log.info("compiled the probe program (%.1f s)", self.load_seconds)
         try:
-            from bcc import BPF  # the only import of bcc: memrec's core must not need it
-        except ImportError as exc:
-            raise ProbeError(f"bcc is not importable ({exc}): {bcc_missing_hint()}") from exc
-        cflags = program_cflags(self.follow_tree, self.ringbuf_pages)
-        with importlib.resources.as_file(importlib.resources.files("memrec.probes").joinpath(PROGRAM)) as src:
-            try:
-                # bcc reports compile errors on stderr and raises a bare Exception.
-                self._bpf = BPF(src_file=str(src).encode(), cflags=cflags)
-            except Exception as exc:  # noqa: BLE001 - bcc raises plain Exception
-                raise ProbeError(f"cannot load {PROGRAM}: {exc}") from exc
-        try:
-            ring = self._bpf[b"events"]
-            self._reader = RingBufferReader(ring.map_fd, self.ringbuf_pages * mmap.PAGESIZE, RAW_DTYPE.itemsize, RAW_DTYPE)
-        except (OSError, ValueError, KeyError) as exc:
+            self._prog.attach_tracepoints(_tracefs_root())
+            ring = self._prog.maps["events"]
+            self._reader = RingBufferReader(ring, self.ringbuf_pages * mmap.PAGESIZE, RAW_DTYPE.itemsize, RAW_DTYPE)
+        except (OSError, ValueError, KeyError, ProbeError) as exc:
             self.close()
-            raise ProbeError(f"cannot map the ring buffer: {exc}") from exc
+            raise ProbeError(f"cannot start the probes: {exc}") from exc
         return self
 
     def close(self) -> None:
@@ -225,20 +221,17 @@ class CudaProbes:
         if self._reader is not None:
             self._reader.close()
             self._reader = None
-        bpf, self._bpf = self._bpf, None
-        if bpf is not None:
-            for failure in detach_uprobes(bpf):
-                log.warning("%s", failure)
-            try:
-                bpf.cleanup()
-            except Exception as exc:  # noqa: BLE001 - bcc raises plain Exception
-                log.warning("cleaning up the BPF program failed: %s", exc)
+        for failure in close_in_parallel(self._uprobes):
+            log.warning("%s", failure)
+        self._uprobes.clear()
+        prog, self._prog = self._prog, None
+        if prog is not None:
+            prog.close()
         for fd in self._lib_fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._lib_fds.clear()
         self._reports.clear()
-        self._events.clear()
 
     def __enter__(self) -> CudaProbes:
         return self.load()
@@ -246,10 +239,10 @@ class CudaProbes:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _require(self):
-        if self._bpf is None:
+    def _require(self) -> LoadedProgram:
+        if self._prog is None:
             raise ProbeError("probes are not loaded: call load() first")
-        return self._bpf
+        return self._prog
 
     # -- attaching ------------------------------------------------------------------------------
     def attach_library(self, path: str | os.PathLike[str], identity: tuple[int, int] | None = None) -> AttachReport:
@@ -271,7 +264,7 @@ class CudaProbes:
         Raises:
             ProbeError: not loaded, or the file cannot be opened or read as ELF.
         """
-        bpf = self._require()
+        prog = self._require()
         path = os.fspath(path)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -292,27 +285,26 @@ class CudaProbes:
         if magic != b"\x7fELF":
             os.close(fd)
             raise ProbeError(f"{path} is not an ELF file ({magic!r})")
-        probe_path = f"/proc/self/fd/{fd}"
         try:
-            exported = {name.decode() for name, _ in bpf.get_user_functions_and_addresses(probe_path.encode(), b"^cu")}
-        except Exception as exc:  # noqa: BLE001 - bcc raises plain Exception
+            exported = function_offsets(fd, b"cu")
+        except (OSError, ElfError) as exc:
             os.close(fd)
             raise ProbeError(f"cannot read the symbols of {path}: {exc}") from exc
         lacking = [sym for sym in DRIVER_API if sym not in exported]
         if lacking:  # a file named libcuda.so* that is not the driver: nothing to probe there
             os.close(fd)
             raise ProbeError(f"{path} does not export the CUDA driver API (no {', '.join(lacking)})")
-        self._lib_fds.append(fd)  # kept open: the probes' event names and the inode hang on it
+        self._lib_fds.append(fd)  # kept open: the probes hang on this inode
+        probe_path = f"/proc/self/fd/{fd}"
 
-        _raise_fd_limit(len(self._events) + 2 * len(self.symbols) + 256)
-        self._lift_bcc_probe_quota(2 * len(self.symbols))
+        _raise_fd_limit(len(self._uprobes) + 2 * len(self.symbols) + 256)
         attached: list[str] = []
         missing: dict[str, str] = {}
         for sym in self.symbols:
             if sym not in exported:
                 missing[sym] = "not exported by this driver"
                 continue
-            reason = self._attach_symbol(bpf, probe_path, sym)
+            reason = self._attach_symbol(prog, probe_path, sym, exported[sym])
             if reason:
                 missing[sym] = reason
             else:
@@ -327,38 +319,22 @@ class CudaProbes:
         log.info("attached %d/%d driver symbols in %s", len(attached), len(self.symbols), path)
         return report
 
-    def _attach_symbol(self, bpf, probe_path: str, sym: str) -> str | None:
+    def _attach_symbol(self, prog: LoadedProgram, probe_path: str, sym: str, offset: int) -> str | None:
         """Attach entry + return probes for ``sym``; return why not, or None on success."""
-        before = set(bpf.uprobe_fds)
+        # The return probe first: a call that enters once the entry probe is in place is then
+        # surely seen returning. (Entry first left a window in which one call was entered,
+        # never returned, and neither recorded nor counted as lost.)
         try:
-            # The return probe first: a call that enters once the entry probe is in place is then
-            # surely seen returning. (Entry first left a window in which one call was entered,
-            # never returned, and neither recorded nor counted as lost.)
-            bpf.attach_uretprobe(name=probe_path.encode(), sym=sym.encode(), fn_name=f"return_{sym}".encode(), pid=-1)
-            bpf.attach_uprobe(name=probe_path.encode(), sym=sym.encode(), fn_name=f"enter_{sym}".encode(), pid=-1)
-        except Exception as exc:  # noqa: BLE001 - bcc raises plain Exception
-            # Never leave an entry probe without its return probe: it would only fill `inflight`.
-            for ev_name in set(bpf.uprobe_fds) - before:
-                try:
-                    bpf.detach_uprobe_event(ev_name)
-                except Exception as detach_exc:  # noqa: BLE001
-                    log.warning("cannot detach %s: %s", ev_name.decode(errors="replace"), detach_exc)
-            return f"attach failed: {exc}"
-        self._events.extend(set(bpf.uprobe_fds) - before)
+            ret = prog.attach_uprobe(f"return_{sym}", probe_path, offset, retprobe=True)
+        except (OSError, KeyError) as exc:
+            return _attach_failure(exc)
+        try:
+            entry = prog.attach_uprobe(f"enter_{sym}", probe_path, offset, retprobe=False)
+        except (OSError, KeyError) as exc:
+            os.close(ret)  # never a return probe without its entry probe, nor the reverse
+            return _attach_failure(exc)
+        self._uprobes += [ret, entry]
         return None
-
-    @staticmethod
-    def _lift_bcc_probe_quota(extra: int) -> None:
-        """bcc refuses more than 1000 open probes per process unless BCC_PROBE_LIMIT says more.
-
-        That quota is bcc's own guard, not a kernel limit; a host with several driver inodes
-        (containers with their own copies) needs ~90 per inode.
-        """
-        import bcc
-
-        need = bcc._get_num_open_probes() + extra
-        if need > bcc.BPF.get_probe_limit():
-            os.environ["BCC_PROBE_LIMIT"] = str(max(need, 4 * bcc.BPF.get_probe_limit()))
 
     def attached_libraries(self) -> list[AttachReport]:
         """Reports of every distinct library attached, in attach order."""
@@ -374,11 +350,10 @@ class CudaProbes:
         Raises:
             ProbeError: the probes were not created with ``follow_tree=True``.
         """
-        bpf = self._require()
+        prog = self._require()
         if not self.follow_tree:
             raise ProbeError("track_pid() needs CudaProbes(follow_tree=True)")
-        table = bpf[b"tracked"]
-        table[table.Key(pid)] = table.Leaf(1)
+        bpfsys.map_update(prog.maps["tracked"], struct.pack("<I", pid), b"\x01")
 
     # -- reading --------------------------------------------------------------------------------
     def poll(self, max_records: int | None = None) -> np.ndarray:
@@ -388,12 +363,12 @@ class CudaProbes:
 
     def fileno(self) -> int:
         """The ring buffer's map fd: readable when records wait (the daemon selects on it)."""
-        return int(self._require()[b"events"].map_fd)
+        return self._require().maps["events"]
 
     def lost(self) -> int:
-        """Events dropped so far because the ring buffer was full (cumulative)."""
-        table = self._require()[b"lost"]
-        return int(sum(table.getvalue(table.Key(0))))
+        """Events dropped so far because the ring buffer was full (cumulative, all CPUs)."""
+        values = bpfsys.map_lookup(self._require().maps["lost"], struct.pack("<I", 0), 8 * self._cpus)
+        return sum(struct.unpack(f"<{self._cpus}Q", values)) if values else 0
 
 
 def main(argv: list[str] | None = None) -> int:

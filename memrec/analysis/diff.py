@@ -337,7 +337,9 @@ def _what_ran_out(ooms: list[dict]) -> str:
     if not ooms:
         return "?"
     n = sum(f["count"] for f in ooms)
-    where = list(dict.fromkeys(f"{f['rank']} (GPU {f['gpu']})" for f in ooms))
+    # "TP0 (GPU 0)"; a process without a rank (no SGLang markers) by its GPU alone
+    where = list(dict.fromkeys(f"GPU {f['gpu']}" if f["rank"] == NO_RANK else f"{f['rank']} (GPU {f['gpu']})"
+                               for f in ooms))
     apis = list(dict.fromkeys(f["api"] for f in ooms))
     return (f"{', '.join(apis)} ran out of GPU memory on {', '.join(where[:4])}{', …' if len(where) > 4 else ''}: "
             f"{n} failed call{'' if n == 1 else 's'} for {human(sum(f['bytes'] for f in ooms))} ({OUT_OF_MEMORY})")
@@ -482,7 +484,7 @@ def _verdict(d: dict, a: Run, b: Run) -> dict:
     for name, drv in ((an, drv_a), (bn, drv_b)):
         if drv:
             n = sum(f["count"] for f in drv)
-            lines.append(f"{n} failed driver call{'' if n == 1 else 's'} only in {name} ({drv[0]['api']} {drv[0]['result']}, …)")
+            lines.append(f"{n} failed driver call{'' if n == 1 else 's'} only in {name} ({drv[0]['api']} {drv[0]['result']}{', …' if len(drv) > 1 else ''})")
     if not lines and head == "both runs work":
         lines.append("no change in the KV budget or between the baseline and the KV sizing")
     return {"headline": head, "lines": lines}

@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from memrec.engine.group import distinct
 from memrec.engine.replay import initial_state
 from memrec.engine.replay import trace_phases
 from memrec.engine.series import GpuSeries
@@ -202,7 +203,7 @@ def reconcile(trace: Any, timeline: Timeline | None = None, phases: Any = None) 
     exits: dict[int, int] = {}
     ev = timeline.events
     if len(ev):
-        recorded |= {int(p) for p in np.unique(ev["pid"])}
+        recorded |= set(distinct(ev["pid"]))
         ex = ev[ev["kind"] == int(Kind.PROC_EXIT)]
         for p, t in zip(ex["pid"].tolist(), ex["ts"].tolist()):
             exits[p] = t  # the last one (a reused pid exits again later)

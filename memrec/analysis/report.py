@@ -24,23 +24,24 @@ from memrec.analysis.names import api_name
 from memrec.analysis.names import process_title
 from memrec.analysis.names import result_name
 from memrec.engine.phases import Phases
-from memrec.engine.phases import attribute
+from memrec.engine.phases import Attribution
 from memrec.engine.phases import held_by_phase
-from memrec.analysis.reconcile import Reconciliation
+from memrec.engine.group import distinct
+from memrec.engine.journal import Journal
 from memrec.analysis.reconcile import reconcile
+from memrec.analysis.report_gpu import gpu_section
+from memrec.analysis.report_gpu import holding_json
 from memrec.engine.replay import initial_state
 from memrec.engine.replay import trace_bounds
 from memrec.engine.replay import trace_phases
 from memrec.analysis.sglang_report import build_sglang_section
+from memrec.analysis.sglang_report import has_sglang_markers
 from memrec.analysis.text import seconds
 from memrec.ranks import pid_labels
-from memrec.engine.series import GpuSeries
-from memrec.events import OWNED
 from memrec.engine.replay import Timeline
 from memrec.engine.replay import build_timeline
 from memrec.engine.replay import state_at
 from memrec.columns import failed_calls
-from memrec.events import CATEGORIES
 from memrec.events import Kind
 from memrec.state import LiveState
 from memrec.state.batch import Batch
@@ -50,8 +51,6 @@ REPORT_VERSION = 1
 #: How many holders' largest allocations the snapshot at a failed call lists, and how many on the GPU.
 HOLDER_LARGEST = 3
 GPU_LARGEST = 5
-#: Process exit records list this many largest pieces still held.
-EXIT_LARGEST = 3
 
 
 
@@ -93,13 +92,25 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
     initial, notes = initial_state(trace)
     prior_exits = len(initial.exit_records()) if initial is not None else 0
     prior_anomalies = dict(initial.anomalies) if initial is not None else {}
-    tl = build_timeline(events, start=start, state=initial, stops=failed_idx, at_stop=at_stop)
+    usage_of, exit_usage_of = Attribution(phases), Attribution(phases)
+
+    def attribute_rows(journal: Journal) -> None:
+        if trace.markers:
+            usage_of.add(journal)
+            exit_usage_of.add(journal.take(journal.exit_mask(events)))
+
+    # The journal (35 B a change) is attributed chunk by chunk as the replay goes and let go,
+    # unless the SGLang section needs it whole.
+    whole = has_sglang_markers(trace.markers)
+    tl = build_timeline(events, start=start, state=initial, stops=failed_idx, at_stop=at_stop,
+                        on_journal=None if whole else attribute_rows)
+    if whole:
+        attribute_rows(tl.journal)
     exits = tl.state.exit_records()[prior_exits:]
     anomalies = {
         k: v - prior_anomalies.get(k, 0) for k, v in sorted(tl.state.anomalies.items()) if v > prior_anomalies.get(k, 0)
     }
-    usage = attribute(phases, tl.journal) if trace.markers else []
-    exit_usage = attribute(phases, tl.journal.take(tl.journal.exit_mask(events))) if trace.markers else []
+    usage, exit_usage = usage_of.usage(), exit_usage_of.usage()
     sglang = build_sglang_section(trace, phases, tl.journal, usage, start, gpu=gpu, pid=pid)
     # Nothing below reads the journal: its columns (35 B a change) go before the reconciliation
     # makes its temporaries (the report's peak memory on 10M events).
@@ -165,7 +176,7 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
     for g in sorted(gpu_ids):
         if gpu is not None and g != gpu:
             continue
-        section = _gpu_section(
+        section = gpu_section(
             g, tl.gpus.get(g), gpu_info.get(g), start, pid, procs, exits, (usage, exit_usage), phases,
             failures_by_gpu.get(g, []), trace, rec,
         )
@@ -229,8 +240,8 @@ def _holders_snapshot(state: LiveState, g: int, phases: Phases) -> dict:
     return {
         "owned_on_gpu": state.owned_bytes(gpu=g),
         "mapped_on_gpu": state.mapped_bytes(gpu=g),
-        "holders": [_holding_json(h) for h in state.holders(g, n=HOLDER_LARGEST)],
-        "largest": [_holding_json(h._asdict()) for h in state.largest(g, GPU_LARGEST)],
+        "holders": [holding_json(h) for h in state.holders(g, n=HOLDER_LARGEST)],
+        "largest": [holding_json(h._asdict()) for h in state.largest(g, GPU_LARGEST)],
         "by_phase": _held_by_phase(state, g, phases),
     }
 
@@ -250,15 +261,6 @@ def _nvml_free_before(trace: Any, g: int, ts: int) -> int | None:
     if not len(s):
         return None
     return int(s["free"][np.argmax(s["ts"])])
-
-
-def _holding_json(h: dict) -> dict:
-    h = dict(h)
-    if "api" in h:
-        h["api"] = api_name(h["api"])
-    if "largest" in h:
-        h["largest"] = [_holding_json(x) for x in h["largest"]]
-    return h
 
 
 def _failure(events: np.ndarray, i: int, g: int, inferred: bool, start: int, procs: dict) -> dict:
@@ -285,7 +287,7 @@ def _failure(events: np.ndarray, i: int, g: int, inferred: bool, start: int, pro
 def _processes(trace: Any, tl: Timeline, exit_records: list[dict]) -> dict[int, dict]:
     pids = set(trace.processes) | {p for s in tl.gpus.values() for p in s.pids()}
     if len(trace.event_columns):
-        pids |= {int(p) for p in np.unique(trace.event_columns["pid"])}
+        pids |= set(distinct(trace.event_columns["pid"]))
     exits = {r["pid"]: r["ts"] for r in exit_records}
     ranks = pid_labels(trace.markers, trace.processes)  # "TP0" from the markers' tp/pp/dp_rank, else ProcessInfo.rank
     gpus_of: dict[int, set[int]] = {}
@@ -341,224 +343,3 @@ def _jsonable(v: Any) -> Any:
     if v is None or isinstance(v, (bool, int, float, str)):
         return v
     return str(v)
-
-
-def _gpu_section(
-    g: int,
-    series: GpuSeries | None,
-    info: Any,
-    start: int,
-    pid: int | None,
-    procs: dict,
-    exits: list[dict],
-    usage: tuple[list, list],
-    phases: Phases,
-    failures: list[dict],
-    trace: Any,
-    rec: Reconciliation,
-) -> dict | None:
-    pids = series.pids() if series is not None else []
-    if pid is not None:
-        pids = [p for p in pids if p == pid]
-    held = _held_at_exit(g, exits, pid, start)
-    if pid is not None and not pids and not failures and not held:
-        return None
-    sec: dict = {
-        "gpu": g,
-        "name": info.name if info else None,
-        "uuid": info.uuid if info else None,
-        "total": info.total if info else None,
-    }
-    if series is not None:
-        total = series.total(pid)
-        peak_b, peak_ts, row = series.peak(pid)
-        cats = series.by_category(pid)
-        sec["peak"] = {
-            "bytes": peak_b,
-            "ts": peak_ts,
-            "t_s": seconds(peak_ts - start),
-            "by_category": {c: int(s[row]) for c, s in cats.items() if s[row]},
-            "by_pid": [{"pid": p, "bytes": int(series.total(p)[row])} for p in pids if series.total(p)[row]],
-        }
-        sec["final"] = {
-            "bytes": int(total[-1]),
-            "by_category": {c: int(s[-1]) for c, s in cats.items() if s[-1]},
-            "by_pid": [{"pid": p, "bytes": int(series.total(p)[-1])} for p in pids if series.total(p)[-1]],
-        }
-        sec["categories"] = []
-        for c, s in cats.items():
-            i = int(np.argmax(s))
-            if not s[i]:  # a category only other processes used (a -p filter): no row of zeros
-                continue
-            sec["categories"].append(
-                {"category": c, "owned": c != "ipc_mapped", "peak": int(s[i]), "peak_ts": int(series.ts[i]),
-                 "peak_t_s": seconds(int(series.ts[i]) - start), "final": int(s[-1])}
-            )
-    else:
-        sec["peak"] = {"bytes": 0, "ts": start, "t_s": 0.0, "by_category": {}, "by_pid": []}
-        sec["final"] = {"bytes": 0, "by_category": {}, "by_pid": []}
-        sec["categories"] = []
-    held_by_pid = {}
-    for r in held:
-        held_by_pid[r["pid"]] = held_by_pid.get(r["pid"], 0) + r["owned"]
-    nvml_used = _procmem_last(trace, g)
-    rows = []
-    for p in pids:
-        own = series.total(p)
-        mapped = series.series(p, ("ipc_mapped",))
-        i = int(np.argmax(own))
-        rows.append(
-            {
-                "pid": p,
-                "process": procs.get(p, {}).get("short", ""),
-                "rank": procs.get(p, {}).get("rank", ""),
-                "peak": int(own[i]),
-                "peak_ts": int(series.ts[i]),
-                "peak_t_s": seconds(int(series.ts[i]) - start),
-                "final": int(own[-1]),
-                "mapped_peak": int(mapped.max()),
-                "mapped_final": int(mapped[-1]),
-                "by_category": {c: int(s[-1]) for c, s in series.by_category(p).items() if s[-1]},
-                "exit_ts": procs.get(p, {}).get("exit_ts"),
-                "held_at_exit": held_by_pid.get(p, 0),
-                "nvml_used": nvml_used.get(p),
-            }
-        )
-    rows.sort(key=lambda r: (-r["peak"], -r["mapped_peak"], r["pid"]))
-    sec["processes"] = rows
-    sec["phases"] = _gpu_phases(g, usage[0], usage[1], phases, pid, start) if phases.phases else []
-    sec["held_at_exit"] = held
-    sec["failures"] = failures
-    sec["nvml"] = _nvml(trace, g, series, start)
-    sec["reconciliation"] = _reconciliation(rec, g, pid, start)
-    return sec
-
-
-def _reconciliation(rec: Reconciliation, g: int, pid: int | None, start: int) -> dict | None:
-    """NVML vs traced on GPU ``g`` (None for the host section and GPUs without NVML samples)."""
-    if g < 0 or g not in rec.gpus():
-        return None
-    out = rec.gpu_summary(g, pid)
-    rows = out["processes"] + ([out["device"]] if out["device"] else []) + out["contexts"]
-    rows += [st for p in out["processes"] for st in p.get("steps", [])]
-    for row in rows:
-        for key in ("last_ts", "untraced_max_ts", "exit_ts", "ts", "cause_ts"):
-            if key in row:
-                row[key[:-2] + "t_s"] = seconds(row[key] - start) if row[key] is not None else None
-    return out
-
-
-def _held_at_exit(g: int, exits: list[dict], pid: int | None, start: int) -> list[dict]:
-    out = []
-    for r in exits:
-        if pid is not None and r["pid"] != pid:
-            continue
-        rows = [h for h in r["held"] if h["gpu"] == g]
-        if not rows:
-            continue
-        out.append(
-            {
-                "pid": r["pid"],
-                "ts": r["ts"],
-                "t_s": seconds(r["ts"] - start),
-                "owned": sum(h["bytes"] for h in rows if h["category"] != "ipc_mapped"),
-                "mapped": sum(h["bytes"] for h in rows if h["category"] == "ipc_mapped"),
-                "count": sum(h["count"] for h in rows),
-                "by_category": {h["category"]: h["bytes"] for h in rows},
-                "largest": [_holding_json(h) for h in r["largest"] if h["gpu"] == g][:EXIT_LARGEST],
-            }
-        )
-    return out
-
-
-def _gpu_phases(g: int, usage: list, exit_usage: list, phases: Phases, pid: int | None, start: int) -> list[dict]:
-    """Per (pid, phase) on ``g``: bytes by category, allocated, freed, net; ``exit_freed`` and
-    ``exit_by_category`` are the part of ``freed`` a process exit made implicitly."""
-    at_exit = {(u.pid, u.phase, u.category): u.freed for u in exit_usage if u.gpu == g}
-    rows: dict[tuple[int, int], dict] = {}
-    for u in usage:
-        if u.gpu != g or (pid is not None and u.pid != pid):
-            continue
-        row = rows.get((u.pid, u.phase))
-        if row is None:
-            ph = phases.phases[u.phase] if u.phase >= 0 else None
-            row = rows[(u.pid, u.phase)] = {
-                "pid": u.pid,
-                "phase": u.phase,
-                "path": phases.label(u.phase),
-                "start_ts": ph.start if ph else None,
-                "end_ts": ph.end if ph else None,
-                "start_s": seconds(ph.start - start) if ph else None,
-                "end_s": seconds(ph.end - start) if ph else None,
-                "closed": ph.closed if ph else None,
-                "by_category": {},
-                "allocated": 0,
-                "freed": 0,
-                "net": 0,
-                "mapped_net": 0,
-                "exit_freed": 0,
-                "exit_by_category": {},
-            }
-        row["by_category"][u.category] = row["by_category"].get(u.category, 0) + u.net
-        freed_at_exit = at_exit.get((u.pid, u.phase, u.category), 0)
-        if freed_at_exit:
-            row["exit_by_category"][u.category] = freed_at_exit
-        if u.category in OWNED:
-            row["exit_freed"] += freed_at_exit
-            row["allocated"] += u.allocated
-            row["freed"] += u.freed
-            row["net"] += u.net
-        else:
-            row["mapped_net"] += u.net
-    out = list(rows.values())
-    for r in out:
-        r["by_category"] = {c: r["by_category"][c] for c in CATEGORIES if c in r["by_category"]}
-    # By process, then in time order, (no phase) last.
-    out.sort(key=lambda r: (r["pid"], r["phase"] < 0, r["start_ts"] or 0, r["phase"]))
-    return out
-
-
-def _procmem_last(trace: Any, g: int) -> dict[int, int]:
-    pm = trace.procmem
-    if not len(pm):
-        return {}
-    sel = pm[pm["gpu"] == g]
-    out: dict[int, int] = {}
-    for ts, p, used in sorted(zip(sel["ts"].tolist(), sel["pid"].tolist(), sel["used"].tolist())):
-        out[p] = used
-    return out
-
-
-def _nvml(trace: Any, g: int, series: GpuSeries | None, start: int) -> dict | None:
-    nv = trace.nvml
-    if not len(nv):
-        return None
-    s = nv[nv["gpu"] == g]
-    if not len(s):
-        return None
-    s = s[np.argsort(s["ts"], kind="stable")]
-    used = s["used"]
-    reserved = s["reserved"]
-    last = s[-1]
-    out: dict = {
-        "samples": int(len(s)),
-        "total": int(last["total"]) if last["total"] >= 0 else None,
-        "last_ts": int(last["ts"]),
-        "last_t_s": seconds(int(last["ts"]) - start),
-        "last_used": int(last["used"]) if last["used"] >= 0 else None,
-        "last_reserved": int(last["reserved"]) if last["reserved"] >= 0 else None,
-        "peak_used": None,
-        "peak_used_ts": None,
-        "peak_used_t_s": None,
-        "peak_reserved": int(reserved.max()) if reserved.max() >= 0 else None,
-    }
-    if used.max() >= 0:
-        i = int(np.argmax(used))
-        out["peak_used"] = int(used[i])
-        out["peak_used_ts"] = int(s["ts"][i])
-        out["peak_used_t_s"] = seconds(int(s["ts"][i]) - start)
-    if series is not None and out["last_used"] is not None:
-        traced = series.at(out["last_ts"])
-        out["traced_at_last"] = traced
-        out["untraced_at_last"] = out["last_used"] - traced
-    return out

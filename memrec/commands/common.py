@@ -51,13 +51,17 @@ def trace_error(path: Path | str, error: TraceFormatError | OSError) -> MemrecCo
 def check_trace_path(path: Path) -> None:
     """Raise the one-line error for a trace path that is missing, a folder or unreadable (NO_INPUT),
     or an empty file (DATA: nothing a command could show)."""
-    if not path.exists():
-        raise MemrecCommandError(f"{path}: no such file", exit_code=ExitCode.NO_INPUT)
-    if path.is_dir():
-        raise MemrecCommandError(f"{path}: is a directory, not a trace", exit_code=ExitCode.NO_INPUT)
-    if not os.access(path, os.R_OK):
-        raise MemrecCommandError(f"{path}: not readable", exit_code=ExitCode.NO_INPUT)
-    if path.stat().st_size == 0:
+    try:
+        if not path.exists():
+            raise MemrecCommandError(f"{path}: no such file", exit_code=ExitCode.NO_INPUT)
+        if path.is_dir():
+            raise MemrecCommandError(f"{path}: is a directory, not a trace", exit_code=ExitCode.NO_INPUT)
+        if not os.access(path, os.R_OK):
+            raise MemrecCommandError(f"{path}: not readable", exit_code=ExitCode.NO_INPUT)
+        empty = path.stat().st_size == 0
+    except PermissionError as error:  # pathlib's exists() raises it inside a folder this user may not search
+        raise MemrecCommandError(f"{path}: {error.strerror}", exit_code=ExitCode.NO_INPUT) from None
+    if empty:
         raise MemrecCommandError(f"{path}: empty file, not a memrec trace (yet?)", exit_code=ExitCode.DATA)
 
 
@@ -88,6 +92,24 @@ def load_trace_for_command(path: Path, *, warn: bool = True):
     return trace
 
 
+def check_not_an_input(out: Path, inputs: list[Path]) -> None:
+    """Refuse an output that is one of the traces the command reads, by any name (a link, `-o
+    x.png` for a trace named x.png), even with --force: -f replaces an earlier output, never the
+    recording itself.
+
+    Raises:
+        MemrecCommandError: ``out`` is one of ``inputs`` (exit code USAGE).
+    """
+    for path in inputs:
+        try:
+            same = os.path.samefile(out, path)
+        except OSError:  # either is missing: nothing to lose
+            continue
+        if same:
+            raise MemrecCommandError(f"{out}: is a trace this command reads; give another name",
+                                     exit_code=ExitCode.USAGE)
+
+
 def check_output(path: Path, force: bool) -> bool:
     """Check a command's output can be written at ``path``; return True when it replaces a file.
 
@@ -98,16 +120,20 @@ def check_output(path: Path, force: bool) -> bool:
     and a command that cannot use one says so itself.
 
     Raises:
-        MemrecCommandError: the folder is missing, or the file exists and ``force`` is false
-            (exit code CANT_CREATE).
+        MemrecCommandError: the folder is missing or this user may not look into it, or the file
+            exists and ``force`` is false (exit code CANT_CREATE).
     """
-    if path.is_dir():
-        return False
-    folder = path.parent
-    if not folder.is_dir():
-        what = "is not a folder" if folder.exists() else "no such folder"
-        raise MemrecCommandError(f"cannot write {path}: {folder}: {what}", exit_code=ExitCode.CANT_CREATE)
-    if path.exists() or path.is_symlink():
+    try:
+        if path.is_dir():
+            return False
+        folder = path.parent
+        if not folder.is_dir():
+            what = "is not a folder" if folder.exists() else "no such folder"
+            raise MemrecCommandError(f"cannot write {path}: {folder}: {what}", exit_code=ExitCode.CANT_CREATE)
+        exists = path.exists() or path.is_symlink()
+    except PermissionError as error:  # pathlib's is_dir()/exists() raise it for a folder it may not search
+        raise MemrecCommandError(f"cannot write {path}: {error.strerror}", exit_code=ExitCode.CANT_CREATE) from None
+    if exists:
         if not force:
             raise MemrecCommandError(
                 f"{path} exists: use -f/--force to replace it, or another -o", exit_code=ExitCode.CANT_CREATE

@@ -87,6 +87,11 @@ class DaemonCommand:
                                  "falls back to the priority it has where not permitted)")
         parser.add_argument("--no-untraced-probes", dest="untraced_probes", action="store_false",
                             help="leave out the code-loading and pool probes (to measure what they cost)")
+        parser.add_argument("--probe-cache", type=_arg(c.probe_cache), default=c.DEFAULT_PROBE_CACHE, metavar="DIR|off",
+                            help="keep the compiled BPF program here and reuse it while the program, its options and "
+                                 "the kernel are unchanged (start in well under a second instead of compiling for "
+                                 "seconds); a root-owned directory no one else can write; off: compile at every "
+                                 f"start (default {c.DEFAULT_PROBE_CACHE})")
         parser.add_argument("-d", "--duration", type=_arg(c.duration), metavar="DURATION",
                             help="stop after this long (e.g. 30s, 10m, 2h)")
         parser.add_argument("--keep", type=_arg(file_count), default=0, metavar="N",
@@ -119,6 +124,7 @@ class DaemonCommand:
             ringbuf_pages=args.ringbuf_pages,
             scheduling=args.scheduling,
             untraced_probes=args.untraced_probes,
+            probe_cache=args.probe_cache,
         )
         service = Service(args.metrics_addr, args.keep, args.drop_capabilities)
         service.listen()  # a taken metrics port fails before the slow BPF compile

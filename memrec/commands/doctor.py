@@ -45,16 +45,28 @@ def check_tracefs(root: Path = Path("/sys/kernel/tracing")):
     """uprobes are created and removed through tracefs' uprobe_events."""
     from memrec.probes.health import Check
 
-    if (root / "uprobe_events").exists():
+    present = _present(root / "uprobe_events")
+    if present:
         return Check("tracefs", "ok", f"{root}/uprobe_events present")
-    if (Path("/sys/kernel/debug/tracing") / "uprobe_events").exists():
+    if _present(Path("/sys/kernel/debug/tracing") / "uprobe_events"):
         return Check("tracefs", "ok", "/sys/kernel/debug/tracing/uprobe_events present")
+    if present is None:
+        return Check("tracefs", "warn", f"uid {os.geteuid()} may not look inside {root} (root's alone)",
+                     "run memrec doctor as root to check it")
     return Check(
         "tracefs",
         "fail",
         f"no uprobe_events under {root}",
         f"mount -t tracefs nodev {root} (needs CONFIG_UPROBE_EVENTS)",
     )
+
+
+def _present(path: Path) -> bool | None:
+    """Whether ``path`` exists; None when this user may not look (tracefs and debugfs are 0700)."""
+    try:
+        return path.exists()
+    except PermissionError:
+        return None
 
 
 def check_headers(release: str | None = None, modules: Path = Path("/lib/modules")):
@@ -102,14 +114,19 @@ class DoctorCommand:
     """Check this host: privileges, BPF, tracefs, bcc, kernel headers, libcuda, NVML.
 
     Prints one line per check and, for each failure, what to do about it. Exits 1 when a check
-    that recording needs fails (warnings, such as no GPU, do not fail).
+    that recording needs fails (warnings, such as no GPU, do not fail). Also says whether the
+    daemon's compiled probe program for this kernel is cached (a start then skips the compile).
     """
 
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--libcuda", action="append", default=[], metavar="PATH", help="also look at this libcuda")
+        parser.add_argument("--probe-cache", default=None, metavar="DIR",
+                            help="the daemon's compiled-program cache to look at (default: the daemon's default)")
         parser.add_argument("-j", "--json", action="store_true", help="print the checks as JSON")
 
     def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+        from memrec.daemon.config import DEFAULT_PROBE_CACHE
+        from memrec.daemon.config import DEFAULT_RINGBUF_PAGES
         from memrec.probes import health
 
         checks = [
@@ -117,6 +134,7 @@ class DoctorCommand:
             check_tracefs(),
             check_headers(),
             health.check_bcc(),
+            health.check_probe_cache(os.path.abspath(args.probe_cache or DEFAULT_PROBE_CACHE), DEFAULT_RINGBUF_PAGES),
             check_libcuda(args.libcuda),
             health.check_nvml(),
         ]

@@ -52,6 +52,8 @@ class DumpCommand:
                 f"cannot open {args.trace}: {error.strerror or error}", exit_code=ExitCode.NO_INPUT
             ) from None
         with reader:
+            if not reader.header:  # cut inside its header: no records (an empty {} is no dump), as report says
+                raise MemrecCommandError(f"{args.trace}: {reader.warnings[0]}", exit_code=ExitCode.DATA)
             dump_trace(reader, out)
             out.flush()
         for warning in reader.warnings:

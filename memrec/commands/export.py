@@ -8,6 +8,7 @@ from pathlib import Path
 
 from memrec._errors import ExitCode
 from memrec._errors import MemrecCommandError
+from memrec.commands.common import check_not_an_input
 from memrec.commands.common import check_output
 
 FORMATS = ("perfetto", "memory-viz", "parquet", "csv")
@@ -99,6 +100,7 @@ class ExportCommand:
                                      exit_code=ExitCode.CANT_CREATE)
         check_output(out, args.force)  # its parent folder must exist, as for a file
         for path in columnar.table_files(out, to).values() if out.is_dir() else ():
+            check_not_an_input(path, [args.trace])
             check_output(path, args.force)
         if to == "parquet":
             require("pyarrow.parquet", "export", "--to parquet")  # before making the folder
@@ -108,8 +110,7 @@ class ExportCommand:
 
 def _check_file(out: Path, args: argparse.Namespace) -> None:
     """Refuse to write over the trace itself (even with --force), a folder, or a file without --force."""
-    if out.exists() and out.resolve() == args.trace.resolve():  # `-o run.mrec` would replace the recording
-        raise MemrecCommandError(f"{out}: is the trace being exported; give another name", exit_code=ExitCode.USAGE)
+    check_not_an_input(out, [args.trace])
     if out.is_dir():
         raise MemrecCommandError(f"{out}: is a folder; give a file name", exit_code=ExitCode.CANT_CREATE)
     check_output(out, args.force)

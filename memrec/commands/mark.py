@@ -344,6 +344,9 @@ class MarkCommand:
         ts = time.monotonic_ns()
         if parser is not None:  # argparse's: what follows NAME is still to read
             read_after_name(args, parser)
+        if args.gpu is not None and not 0 <= args.gpu <= protocol.MAX_GPU:  # named as typed, not as the wire's "gpu"
+            raise MemrecCommandError(f"--gpu {args.gpu}: not a CUDA device ordinal (0..{protocol.MAX_GPU})",
+                                     exit_code=ExitCode.USAGE)
         values = parse_values(args.values)
         pid = check_pid(args.pid) if args.pid is not None else invoking_process()
         message = protocol.make_mark(args.name, args.phase, ts, get_native_id(), args.gpu, values, pid)

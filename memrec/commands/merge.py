@@ -29,15 +29,14 @@ class MergeCommand:
         parser.add_argument("-f", "--force", action="store_true", help="replace PATH if it exists")
 
     def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+        from memrec.commands.common import check_not_an_input
         from memrec.commands.common import check_output
         from memrec.commands.common import load_trace_for_command
         from memrec.trace.merge import MergeError
         from memrec.trace.merge import merge_traces
 
         out = args.output
-        for path in args.traces:
-            if path.exists() and out.exists() and path.resolve() == out.resolve():
-                raise MemrecCommandError(f"{out}: is one of the inputs", exit_code=ExitCode.USAGE)
+        check_not_an_input(out, args.traces)
         check_output(out, args.force)
         traces = [(str(path), load_trace_for_command(path)) for path in args.traces]
         try:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from memrec._errors import ExitCode
 from memrec._errors import MemrecCommandError
+from memrec.commands.common import check_not_an_input
 from memrec.commands.common import check_output
 
 
@@ -19,7 +20,7 @@ class PlotCommand:
     With --diff, a second trace is drawn under each GPU's panel, the two aligned on the first
     marker name they share (e.g. dist_init), so where they part is where they differ.
     The format follows the output's suffix (.png, .svg, .pdf); an existing picture is kept unless
-    -f/--force. Needs `pip install 'memrec[plot]'`.
+    -f/--force, and a trace it reads is never replaced. Needs `pip install 'memrec[plot]'`.
 
     examples:
       memrec plot run.mrec -o timeline.png
@@ -42,9 +43,10 @@ class PlotCommand:
         suffix = args.output.suffix.lower()
         if suffix not in (".png", ".svg", ".pdf"):
             parser.error(f"-o {args.output}: the picture's name must end in .png, .svg or .pdf")
+        check_not_an_input(args.output, [args.trace] + ([args.diff] if args.diff else []))
+        check_output(args.output, args.force)  # first: it turns a folder that cannot be searched into one line
         if args.output.is_dir():
             raise MemrecCommandError(f"{args.output}: is a folder; give a file name", exit_code=ExitCode.CANT_CREATE)
-        check_output(args.output, args.force)
         rec = Recording(load_trace_for_command(args.trace), pandas=False)
         try:
             if args.diff is None:

@@ -139,18 +139,19 @@ def record_tree(
         **overrides,
     )
     daemon = Daemon(config, stop_signal_handler=lambda signum: _forward(child, signum))
-    print(f"{prog}: compiling and loading the BPF probes (a few seconds)", file=sys.stderr, flush=True)
+    print(f"{prog}: loading the BPF probes", file=sys.stderr, flush=True)
     try:
         daemon.start()
         daemon.track_pid(child.pid)
     except BaseException:
         child.abandon()
         raise
+    print(f"{prog}: recording; probe program {daemon.feed.origin()}", file=sys.stderr, flush=True)
     child.release()
     try:
         daemon.run(until=child.poll)
     finally:
-        print(f"{prog}: closing the trace, then detaching the probes (a few seconds)", file=sys.stderr, flush=True)
+        print(f"{prog}: closing the trace, then detaching the probes", file=sys.stderr, flush=True)
         daemon.stop()
     return child.wait()
 

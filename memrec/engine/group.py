@@ -38,6 +38,22 @@ def factorize(col: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return inverse.reshape(-1).astype(np.int64), uniq
 
 
+def distinct(col: np.ndarray, step: int = 1 << 20) -> list[int]:
+    """The distinct values of an integer column, ascending: a presence table filled ``step``
+    values at a time when they span a small range (pids, GPUs: no sort or hash of 10M values,
+    no index-sized temporaries), ``np.unique`` otherwise."""
+    col = np.asarray(col)
+    if not len(col):
+        return []
+    lo, hi = int(col.min()), int(col.max())
+    if hi - lo > max(TABLE_MIN, 4 * len(col)):
+        return np.unique(col).tolist()
+    present = np.zeros(hi - lo + 1, dtype=bool)
+    for at in range(0, len(col), step):
+        present[col[at : at + step].astype(np.int64) - lo] = True
+    return (np.flatnonzero(present) + lo).tolist()
+
+
 def _codes(col: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Codes of a column for :func:`group`: its offset from its minimum when its values span a
     small range (no pass to make them dense: values that never occur cost an empty slot of the

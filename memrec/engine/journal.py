@@ -50,10 +50,14 @@ class Journal:
         out = np.zeros(len(self), dtype=bool)
         if not len(self) or not n:
             return out
-        is_exit = events["kind"] == int(Kind.PROC_EXIT)
+        # only the events the rows name (a replay's chunk of rows: that chunk's events)
+        first, end = max(int(self.index.min()), 0), min(int(self.index.max()) + 1, n)
+        if first >= end:
+            return out
+        is_exit = events["kind"][first:end] == int(Kind.PROC_EXIT)
         for lo in range(0, len(self), MASK_CHUNK):
-            idx = self.index[lo : lo + MASK_CHUNK]
-            inside = (idx >= 0) & (idx < n)
+            idx = self.index[lo : lo + MASK_CHUNK] - first
+            inside = (idx >= 0) & (idx < end - first)
             out[lo : lo + MASK_CHUNK] = inside & is_exit[np.where(inside, idx, 0)]
         return out
 
@@ -111,6 +115,10 @@ class JournalBuffer:
             col[self.n : self.n + m] = values
         self.n += m
 
-    def journal(self) -> Journal:
-        """The rows taken so far, as columns."""
-        return Journal(*(c[: self.n] for c in self._cols))
+    def journal(self, since: int = 0) -> Journal:
+        """The rows taken so far (from row ``since`` on), as columns."""
+        return Journal(*(c[since : self.n] for c in self._cols))
+
+    def clear(self) -> None:
+        """Let the rows go (the buffer is reused for the next ones)."""
+        self.n = 0

@@ -210,29 +210,45 @@ ATTRIBUTE_CHUNK = 1 << 20
 
 
 def attribute(phases: Phases, journal: Journal) -> list[PhaseUsage]:
-    """Bytes allocated and freed per (phase, pid, gpu, category), ordered by gpu, pid, phase, category.
+    """Bytes allocated and freed per (phase, pid, gpu, category), ordered by gpu, pid, phase, category."""
+    out = Attribution(phases)
+    out.add(journal)
+    return out.usage()
 
-    Grouped a chunk of rows at a time, then the chunks' (few) groups once more.
-    """
-    if len(journal) == 0:
-        return []
-    parts: list[list[np.ndarray]] = []
-    for lo in range(0, len(journal), ATTRIBUTE_CHUNK):
-        pid = journal.pid[lo : lo + ATTRIBUTE_CHUNK]
-        phase = phases.assign(pid, journal.ts[lo : lo + ATTRIBUTE_CHUNK])
-        inverse, keys = group([journal.gpu[lo : lo + ATTRIBUTE_CHUNK], pid, phase,
-                               journal.category[lo : lo + ATTRIBUTE_CHUNK]])
-        d = journal.delta[lo : lo + ATTRIBUTE_CHUNK]
-        parts.append(keys + [group_sum(inverse, len(keys[0]), np.maximum(d, 0)),
-                             group_sum(inverse, len(keys[0]), np.maximum(-d, 0))])
-    cols = [np.concatenate(c) for c in zip(*parts)]
-    inverse, (g, p, ph, c) = group(cols[:4])
-    allocated = group_sum(inverse, len(g), cols[4])
-    freed = group_sum(inverse, len(g), cols[5])
-    return [
-        PhaseUsage(phase=ph_, pid=p_, gpu=g_, category=CATEGORIES[c_], allocated=a, freed=f)
-        for g_, p_, ph_, c_, a, f in zip(g.tolist(), p.tolist(), ph.tolist(), c.tolist(), allocated.tolist(), freed.tolist())
-    ]
+
+class Attribution:
+    """:func:`attribute` over journal rows given a part at a time (a replay's chunks, which it
+    need not keep): each part is grouped a chunk of rows at a time, then every part's (few)
+    groups once more in :meth:`usage`."""
+
+    def __init__(self, phases: Phases) -> None:
+        self.phases = phases
+        self._parts: list[list[np.ndarray]] = []
+
+    def add(self, journal: Journal) -> None:
+        """Group ``journal``'s rows (nothing of it is kept)."""
+        for lo in range(0, len(journal), ATTRIBUTE_CHUNK):
+            pid = journal.pid[lo : lo + ATTRIBUTE_CHUNK]
+            phase = self.phases.assign(pid, journal.ts[lo : lo + ATTRIBUTE_CHUNK])
+            inverse, keys = group([journal.gpu[lo : lo + ATTRIBUTE_CHUNK], pid, phase,
+                                   journal.category[lo : lo + ATTRIBUTE_CHUNK]])
+            d = journal.delta[lo : lo + ATTRIBUTE_CHUNK]
+            self._parts.append(keys + [group_sum(inverse, len(keys[0]), np.maximum(d, 0)),
+                                       group_sum(inverse, len(keys[0]), np.maximum(-d, 0))])
+
+    def usage(self) -> list[PhaseUsage]:
+        """The usage of every row added so far."""
+        if not self._parts:
+            return []
+        cols = [np.concatenate(c) for c in zip(*self._parts)]
+        inverse, (g, p, ph, c) = group(cols[:4])
+        allocated = group_sum(inverse, len(g), cols[4])
+        freed = group_sum(inverse, len(g), cols[5])
+        return [
+            PhaseUsage(phase=ph_, pid=p_, gpu=g_, category=CATEGORIES[c_], allocated=a, freed=f)
+            for g_, p_, ph_, c_, a, f in zip(g.tolist(), p.tolist(), ph.tolist(), c.tolist(), allocated.tolist(),
+                                             freed.tolist())
+        ]
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from memrec.engine.journal import JournalBuffer
 from memrec.engine.phases import Phases
 from memrec.engine.phases import build_phases
 from memrec.engine.series import GpuSeries
-from memrec.engine.series import gpu_series
+from memrec.engine.series import SeriesBuilder
 from memrec.state import LiveState
 from memrec.state.batch import Batch
 
@@ -99,6 +99,7 @@ def build_timeline(
     state: LiveState | None = None,
     stops: Sequence[int] = (),
     at_stop: Callable[[int, LiveState, int], None] | None = None,
+    on_journal: Callable[[Journal], None] | None = None,
 ) -> Timeline:
     """Replay ``events`` (filling in their ``gpu``) and build every GPU's series.
 
@@ -111,8 +112,12 @@ def build_timeline(
         stops: event indexes (into ``events``, ascending) where ``at_stop(index, state, changes)``
             is called with the state just *before* that event (who held what at a failed call)
             and the number of journal rows so far (equal for two stops: nothing changed between).
+        on_journal: given, each applied chunk's journal rows go to it (views, valid during the
+            call) and are then let go: :attr:`Timeline.journal` is empty. The report reads the
+            journal this way and never holds it whole (35 B a change) beside the series.
 
-    The journal moves into :attr:`Timeline.journal` as it grows (the state's own stays short).
+    The journal moves into :attr:`Timeline.journal` as it grows (the state's own stays short);
+    the series are built from it a chunk at a time as the replay goes.
     """
     if state is None:
         state = LiveState(journal=True)
@@ -120,11 +125,28 @@ def build_timeline(
         raise ValueError("build_timeline needs a state with journal=True")
     if not isinstance(events, np.ndarray):
         events = Batch.of(events)
+    if start is None:
+        start = int(events["ts"][0]) if len(events) else 0
     initial = state.counters()  # (gpu, pid, category index) -> bytes
-    first_index = state.n_events
-    rows = JournalBuffer(capacity=len(events) + len(events) // 8)  # about a change per event
+    series = SeriesBuilder(initial, start, state.n_events)
+    # about a change per event; a chunk's worth when the rows are let go after each chunk
+    rows = JournalBuffer(capacity=(len(events) if on_journal is None else min(len(events), APPLY_CHUNK)) * 9 // 8)
     rows.take(state)  # what the state had journaled before (normally nothing)
     state.journal_sink = rows
+    let_go = 0  # rows handed on and let go (on_journal)
+    fed = 0  # rows of the buffer the series have
+
+    def hand_on(done: int) -> None:
+        nonlocal fed, let_go
+        part = rows.journal(fed)
+        series.add(part, done / max(len(events), 1))
+        if on_journal is None:
+            fed = rows.n
+        else:
+            on_journal(part)
+            let_go += rows.n
+            rows.clear()
+
     try:
         done = 0
         for stop in [*stops, len(events)]:
@@ -133,26 +155,16 @@ def build_timeline(
             for lo in range(done, stop, APPLY_CHUNK):
                 state.apply(events[lo : min(stop, lo + APPLY_CHUNK)])
                 rows.take(state)
+                if rows.n - fed >= APPLY_CHUNK // 4:  # not per stop: failed calls cut short chunks
+                    hand_on(min(stop, lo + APPLY_CHUNK))
             done = stop
             if at_stop is not None and stop < len(events):
-                at_stop(stop, state, rows.n)
+                at_stop(stop, state, let_go + rows.n)
+        if fed < rows.n:
+            hand_on(len(events))
     finally:
         state.journal_sink = None
-    journal = rows.journal()
-    if start is None:
-        start = int(events["ts"][0]) if len(events) else 0
-    gpus = sorted({int(g) for g in _distinct(journal.gpu)} | {g for g, _, _ in initial})
-    out = {g: gpu_series(g, journal, initial, start, first_index) for g in gpus}
-    return Timeline(gpus=out, journal=journal, state=state, start=start, events=events)
-
-
-def _distinct(small_ints: np.ndarray) -> list[int]:
-    """Distinct values of a column of GPU indexes (a handful) without sorting the column."""
-    if not len(small_ints):
-        return []
-    lo = int(small_ints.min())
-    counts = np.bincount(small_ints - lo)
-    return (np.flatnonzero(counts) + lo).tolist()
+    return Timeline(gpus=series.series(), journal=rows.journal(), state=state, start=start, events=events)
 
 
 def advance(state: LiveState, covered: int, chunks: Iterable[np.ndarray | Batch]) -> LiveState:

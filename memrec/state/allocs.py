@@ -1,9 +1,11 @@
-"""Live driver allocations keyed (pid, ptr), held in columns with a numpy hash index.
+"""Live state tables keyed (pid, a 64-bit key), held in columns with a numpy hash index.
 
 The daemon keeps a million live allocations on a busy host and applies hundreds of thousands of
 events a second. A dict of lists costs about 260 bytes per allocation and one Python step per
 event; here each allocation is one row of six numpy columns (33 bytes) plus 8–16 bytes of index,
-and :mod:`memrec.state.plain` looks up, inserts and removes whole batches at once.
+and :mod:`memrec.state.plain` looks up, inserts and removes whole batches at once. VMM handles
+(:class:`HandleTable`) and mappings (:class:`MapTable`) are the same kind of table, so that
+:mod:`memrec.state.vmm_run` applies their runs at once too.
 
 The index is open addressing with linear probing over ``int32`` slots holding row numbers
 (:data:`EMPTY`, :data:`TOMB` for a removed key). Keys are unique: a key is inserted only when it
@@ -13,6 +15,7 @@ kinds and short runs take.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 from typing import Union
 
 import numpy as np
@@ -37,17 +40,47 @@ def key_hash(pids: np.ndarray, ptrs: np.ndarray) -> np.ndarray:
     return x
 
 
-class AllocTable:
-    """Rows ``pid, ptr, size, gpu, ts, api`` (``live`` marks used rows) and a hash index."""
+def by_key(pid: np.ndarray, ptr: np.ndarray) -> np.ndarray:
+    """The order that groups equal (pid, ptr) keys, each group in event order.
+
+    One unstable sort of the key's hash with the position in its low bits (fast); when two keys
+    share those hash bits (rare: then their events could interleave) a stable sort by (pid, ptr).
+    """
+    m = len(pid)
+    bits = np.uint64(max(20, m.bit_length()))
+    pos = np.arange(m, dtype=np.uint64)
+    composite = np.sort((key_hash(pid, ptr) >> bits << bits) | pos)  # values sort faster than argsort
+    order = (composite & np.uint64((1 << int(bits)) - 1)).astype(np.int64)
+    sp, sq, sh = pid[order], ptr[order], composite >> bits
+    if np.any((sh[1:] == sh[:-1]) & ((sp[1:] != sp[:-1]) | (sq[1:] != sq[:-1]))):
+        return np.lexsort((ptr, pid))
+    return order
+
+
+def key_hash1(pid: int, ptr: int) -> int:
+    """:func:`key_hash` of one key, in Python ints."""
+    return (((ptr & _M64) ^ (pid * _C1 & _M64)) * _C2) & _M64
+
+
+class KeyTable:
+    """Rows ``pid``, :attr:`KEY` and :attr:`FIELDS` (``live`` marks used rows) and a hash index
+    over (pid, key). A subclass names its key column and value columns; each is an attribute."""
+
+    #: The 64-bit key column's name (with ``pid``, the key).
+    KEY = "key"
+    #: Value columns and their types, in a row's order.
+    FIELDS: dict[str, type] = {}
+
+    if TYPE_CHECKING:  # each column (pid, the key, the fields, live) is an attribute
+
+        def __getattr__(self, name: str) -> np.ndarray: ...
 
     def __init__(self) -> None:
-        self.pid = np.zeros(_MIN_ROWS, np.uint32)
-        self.ptr = np.zeros(_MIN_ROWS, np.uint64)
-        self.size = np.zeros(_MIN_ROWS, np.int64)
-        self.gpu = np.zeros(_MIN_ROWS, np.int16)
-        self.ts = np.zeros(_MIN_ROWS, np.int64)
-        self.api = np.zeros(_MIN_ROWS, np.uint16)
-        self.live = np.zeros(_MIN_ROWS, bool)
+        self.names = ("pid", self.KEY, *self.FIELDS)
+        self._types = {"pid": np.uint32, self.KEY: np.uint64, **self.FIELDS, "live": bool}
+        for name, dt in self._types.items():
+            setattr(self, name, np.zeros(_MIN_ROWS, dt))
+        self._columns = [getattr(self, name) for name in self.names]  # in names order, for _write
         self._top = 0  # rows [0, top) have been used; freed ones below it are in _free
         self._free = np.zeros(64, np.int32)  # a stack of freed rows: the first _nfree
         self._nfree = 0
@@ -67,8 +100,8 @@ class AllocTable:
 
     def nbytes(self) -> int:
         """Bytes of numpy storage held (rows, free list and index)."""
-        cols = (self.pid, self.ptr, self.size, self.gpu, self.ts, self.api, self.live, self._free, self._slots)
-        return sum(c.nbytes for c in cols)
+        cols = [getattr(self, name) for name in self._types]
+        return sum(c.nbytes for c in cols) + self._free.nbytes + self._slots.nbytes
 
     # ------------------------------------------------------------------ hashing
 
@@ -76,26 +109,32 @@ class AllocTable:
         return (key_hash(pids, ptrs) >> np.uint64(64 - self._bits)).astype(np.int64)
 
     def _hash1(self, pid: int, ptr: int) -> int:
-        return ((((ptr & _M64) ^ (pid * _C1 & _M64)) * _C2) & _M64) >> (64 - self._bits)
+        return key_hash1(pid, ptr) >> (64 - self._bits)
 
     # ------------------------------------------------------------------ batches
 
     def lookup(self, pids: np.ndarray, ptrs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Rows and index slots of keys ``(pids[i], ptrs[i])``: -1 where absent."""
         n = len(pids)
-        rows = np.full(n, -1, np.int64)
-        where = np.full(n, -1, np.int64)
         if n == 0 or self.count == 0:
-            return rows, where
+            return np.full(n, -1, np.int64), np.full(n, -1, np.int64)
         pids = pids.astype(np.uint32, copy=False)
         ptrs = ptrs.astype(np.uint64, copy=False)
         mask = (1 << self._bits) - 1
         pos = self._hash(pids, ptrs)
-        pending = np.arange(n)
+        keys = getattr(self, self.KEY)
+        # The first probe, for every key at once (most end there); then those that go on.
+        s = self._slots[pos]
+        r = np.maximum(s, 0)
+        hit = (s >= 0) & (self.pid[r] == pids) & (keys[r] == ptrs)
+        rows = np.where(hit, s, -1).astype(np.int64)
+        where = np.where(hit, pos, -1)
+        pending = np.flatnonzero(~hit & (s != EMPTY))
+        pos = (pos[pending] + 1) & mask
         while len(pending):
             s = self._slots[pos].astype(np.int64)
             r = np.maximum(s, 0)
-            hit = (s >= 0) & (self.pid[r] == pids[pending]) & (self.ptr[r] == ptrs[pending])
+            hit = (s >= 0) & (self.pid[r] == pids[pending]) & (keys[r] == ptrs[pending])
             rows[pending[hit]] = s[hit]
             where[pending[hit]] = pos[hit]
             go = ~hit & (s != EMPTY)
@@ -103,28 +142,23 @@ class AllocTable:
             pos = (pos[go] + 1) & mask
         return rows, where
 
-    def insert(self, pids: np.ndarray, ptrs: np.ndarray, sizes: np.ndarray, gpus: np.ndarray,
-               tss: np.ndarray, apis: np.ndarray) -> None:
-        """Add rows whose keys are absent and distinct from each other."""
-        n = len(pids)
+    def insert(self, *columns: np.ndarray) -> None:
+        """Add rows (columns in :attr:`names` order) whose keys are absent and distinct from each other."""
+        n = len(columns[0])
         if n == 0:
             return
         rows = self._take_rows(n)
-        self._write(rows, pids, ptrs, sizes, gpus, tss, apis)
+        self._write(rows, *columns)
         self.count += n
         if (self.count + self._tombs) > _MAX_LOAD * len(self._slots):
             self._rehash()
         else:
             self._index(rows)
 
-    def _write(self, rows: Col, pid: Col, ptr: Col, size: Col, gpu: Col, ts: Col, api: Col) -> None:
-        """Fill rows (one, or an array of them) and mark them live."""
-        self.pid[rows] = pid
-        self.ptr[rows] = ptr
-        self.size[rows] = size
-        self.gpu[rows] = gpu
-        self.ts[rows] = ts
-        self.api[rows] = api
+    def _write(self, rows: Col, *values: Col) -> None:
+        """Fill rows (one, or an array of them; values in :attr:`names` order) and mark them live."""
+        for column, value in zip(self._columns, values):
+            column[rows] = value
         self.live[rows] = True
 
     def remove(self, rows: np.ndarray, where: np.ndarray) -> None:
@@ -160,11 +194,12 @@ class AllocTable:
 
     def _grow(self, need: int) -> None:
         cap = max(need, len(self.live) + len(self.live) // 2)
-        for name in ("pid", "ptr", "size", "gpu", "ts", "api", "live"):
+        for name in self._types:
             old = getattr(self, name)
             new = np.zeros(cap, old.dtype)
             new[: len(old)] = old
             setattr(self, name, new)
+        self._columns = [getattr(self, name) for name in self.names]
 
     def _rehash(self) -> None:
         bits = _MIN_SLOTS_BITS
@@ -178,7 +213,7 @@ class AllocTable:
     def _index(self, rows: np.ndarray) -> None:
         """Put ``rows`` (keys not in the index) into free slots, claiming each slot once."""
         mask = (1 << self._bits) - 1
-        pos = self._hash(self.pid[rows], self.ptr[rows])
+        pos = self._hash(self.pid[rows], getattr(self, self.KEY)[rows])
         pending = rows
         while len(pending):
             s = self._slots[pos]
@@ -186,11 +221,13 @@ class AllocTable:
             cand = np.flatnonzero(free)
             taken = np.zeros(len(pending), bool)
             if len(cand):
-                slots, first = np.unique(pos[cand], return_index=True)
-                win = cand[first]
-                self._tombs -= int(np.count_nonzero(self._slots[slots] == TOMB))
-                self._slots[slots] = pending[win]
-                taken[win] = True
+                # Every candidate writes its row; the one a slot kept is the slot's winner.
+                where = pos[cand]
+                was_tomb = s[cand] == TOMB
+                self._slots[where] = pending[cand]
+                won = self._slots[where] == pending[cand]
+                self._tombs -= int(np.count_nonzero(was_tomb & won))
+                taken[cand[won]] = True
             stay = ~taken
             # A loser of a claimed slot sees it taken next round and moves on then.
             step = np.where(free[stay], 0, 1)
@@ -206,16 +243,18 @@ class AllocTable:
         mask = (1 << self._bits) - 1
         pos = self._hash1(pid, ptr)
         slots = self._slots
+        keys = getattr(self, self.KEY)
         while True:
             s = int(slots[pos])
             if s == EMPTY:
                 return -1, -1
-            if s >= 0 and int(self.ptr[s]) == ptr and int(self.pid[s]) == pid:
+            if s >= 0 and int(keys[s]) == ptr and int(self.pid[s]) == pid:
                 return s, pos
             pos = (pos + 1) & mask
 
-    def add(self, pid: int, ptr: int, size: int, gpu: int, ts: int, api: int) -> None:
-        """Add one absent key (item by item: cheaper than numpy calls for one row)."""
+    def add(self, pid: int, ptr: int, *values: int) -> None:
+        """Add one absent key, values in :attr:`FIELDS` order (item by item: cheaper than numpy
+        calls for one row)."""
         if self._nfree:
             self._nfree -= 1
             row = int(self._free[self._nfree])
@@ -224,7 +263,7 @@ class AllocTable:
                 self._grow(self._top + 1)
             row = self._top
             self._top += 1
-        self._write(row, pid, ptr, size, gpu, ts, api)
+        self._write(row, pid, ptr, *values)
         self.count += 1
         if self.count + self._tombs > _MAX_LOAD * len(self._slots):
             self._rehash()
@@ -250,9 +289,16 @@ class AllocTable:
             self._free[self._nfree] = row
             self._nfree += 1
 
-    def row(self, row: int) -> tuple[int, int, int, int]:
-        """(size, gpu, ts, api) of a row."""
-        return int(self.size[row]), int(self.gpu[row]), int(self.ts[row]), int(self.api[row])
+    def row(self, row: int) -> tuple[int, ...]:
+        """The :attr:`FIELDS` of a row, as ints."""
+        return tuple(int(getattr(self, name)[row]) for name in self.FIELDS)
+
+    def set(self, pid: int, key: int, *values: int) -> None:
+        """Add or replace the row of (pid, key) (a damaged keyframe may repeat a key: the last wins)."""
+        row, slot = self.find(pid, key)
+        if row >= 0:
+            self.drop(row, slot)
+        self.add(pid, key, *values)
 
     # ------------------------------------------------------------------ whole tables
 
@@ -267,20 +313,49 @@ class AllocTable:
         """Forget every allocation of ``pid``."""
         rows = self.rows_of(pid)
         if len(rows):
-            found, where = self.lookup(self.pid[rows], self.ptr[rows])
+            found, where = self.lookup(self.pid[rows], getattr(self, self.KEY)[rows])
             self.remove(found, where)
 
-    def sorted_rows(self) -> np.ndarray:
-        """Live rows ordered by (pid, ptr): the canonical order of a snapshot."""
-        rows = self.rows_of()
-        return rows[np.lexsort((self.ptr[rows], self.pid[rows]))]
+    def sorted_rows(self, pid: int | None = None) -> np.ndarray:
+        """Live rows (of one process) ordered by (pid, key): the canonical order of a snapshot."""
+        rows = self.rows_of(pid)
+        return rows[np.lexsort((getattr(self, self.KEY)[rows], self.pid[rows]))]
+
+    def flat(self) -> list:
+        """The live rows as one flat list ``[pid, key, *fields, ...]`` of ints, sorted by (pid, key)."""
+        rows = self.sorted_rows()
+        cols = [getattr(self, name)[rows].tolist() for name in self.names]
+        return [v for row in zip(*cols) for v in row]
 
     def check(self) -> None:
         """Raise AssertionError unless every live row is found at its key and counts agree."""
         rows = self.rows_of()
         assert len(rows) == self.count, f"{len(rows)} live rows, count {self.count}"
-        found, _ = self.lookup(self.pid[rows], self.ptr[rows])
+        found, _ = self.lookup(self.pid[rows], getattr(self, self.KEY)[rows])
         assert np.array_equal(found, rows), "the index does not find every live row"
         used = np.count_nonzero(self._slots >= 0)
         assert used == self.count, f"{used} index slots for {self.count} rows"
         assert np.count_nonzero(self._slots == TOMB) == self._tombs, "removed-slot count is off"
+
+
+class AllocTable(KeyTable):
+    """Driver allocations: (pid, ptr) -> size, gpu, ts, api."""
+
+    KEY = "ptr"
+    FIELDS = {"size": np.int64, "gpu": np.int16, "ts": np.int64, "api": np.uint16}
+
+
+class HandleTable(KeyTable):
+    """VMM physical handles (created, or imported from a peer): (pid, handle) -> the
+    ``HANDLE_FIELDS`` of a snapshot."""
+
+    KEY = "handle"
+    FIELDS = {"size": np.int64, "gpu": np.int16, "ts": np.int64, "category": np.int8, "refs": np.int64,
+              "nmaps": np.int64, "exporter": np.int64, "api": np.uint16}
+
+
+class MapTable(KeyTable):
+    """VMM mappings: (pid, va) -> size, handle, offset, ts (``MAP_FIELDS``)."""
+
+    KEY = "va"
+    FIELDS = {"size": np.int64, "handle": np.uint64, "offset": np.uint64, "ts": np.int64}

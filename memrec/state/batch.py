@@ -21,6 +21,9 @@ from memrec.state.fields import REQUIRED_COLUMNS
 
 _IPC = EVENT_DTYPE["ipc"]
 _NO_IPC = bytes(_IPC.itemsize)
+#: Rows up to which :meth:`Batch.of` copies the columns it reads out of EVENT_DTYPE rows.
+_COPY_ROWS = 1 << 20
+_COPIED = frozenset(REQUIRED_COLUMNS) - {"gpu", "ipc"}
 
 
 class Batch:
@@ -40,7 +43,8 @@ class Batch:
     def of(cls, events: Any) -> Batch:
         """A Batch over ``events``: EVENT_DTYPE rows, an ``EventColumns`` (anything with
         ``columns``, ``ipc_index`` and ``ipc``), a dict of columns (a dense ``ipc`` optional), or
-        a Batch (itself). No column is copied.
+        a Batch (itself). Columns are read in place, but for rows of up to ``_COPY_ROWS``
+        events, whose read-only columns are copied contiguous (see below); ``gpu`` never is.
 
         Raises:
             TypeError: a required column is missing.
@@ -49,7 +53,12 @@ class Batch:
             return events
         if isinstance(events, np.ndarray):
             names = events.dtype.names or ()
-            cols = {n: events[n] for n in names if n != "ipc"}
+            # A daemon's batch: the columns the state reads, copied contiguous once (each of the
+            # many passes over a view would read 130-byte strides), but ``gpu``, which the
+            # fill-in writes into the caller's rows; a huge array keeps views (no second copy).
+            copy = len(events) <= _COPY_ROWS
+            cols = {n: np.ascontiguousarray(events[n]) if copy and n in _COPIED else events[n]
+                    for n in names if n != "ipc"}
             dense = events["ipc"] if "ipc" in names else None
         elif hasattr(events, "ipc_index"):  # EventColumns, or a trace file's ColumnChunk
             index = events.ipc_index
@@ -143,3 +152,14 @@ class Batch:
         if j < len(self.ipc_index) and int(self.ipc_index[j]) == i:
             return self.ipc[j].tobytes()
         return _NO_IPC
+
+    def ipc_bytes_at(self, at: np.ndarray, flagged: np.ndarray) -> list[bytes | None]:
+        """:meth:`ipc_bytes` of the events ``at`` that are ``flagged`` (None for the others),
+        with one search."""
+        index = self.ipc_index
+        j = np.minimum(np.searchsorted(index, at), max(len(index) - 1, 0))
+        hit = (index[j] == at) if len(index) else np.zeros(len(at), bool)
+        out: list[bytes | None] = [None] * len(at)
+        for i, k, h in zip(np.flatnonzero(flagged).tolist(), j[flagged].tolist(), hit[flagged].tolist()):
+            out[i] = self.ipc[k].tobytes() if h else _NO_IPC
+        return out

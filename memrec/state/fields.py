@@ -63,21 +63,37 @@ PROC_EXIT = int(Kind.PROC_EXIT)
 QUIET_KINDS = frozenset(int(k) for k in QUIET_FAILURE_KINDS)
 #: Kinds whose ``ipc`` column may carry handle bytes (IPC handle or fabric handle).
 HANDLE_BYTES_KINDS = frozenset((IPC_EXPORT, IPC_OPEN, SHARE_EXPORT, SHARE_IMPORT))
-#: Successful kinds that change the VMM, IPC or host tables (one Python step each).
+#: Successful kinds that change the VMM, IPC or host tables (event by event, but VMM_RUN_KINDS in a run).
 OTHER_KINDS = (VMM_CREATE, VMM_RELEASE, VMM_MAP, VMM_UNMAP, VMM_RETAIN, IPC_CLOSE, SHARE_EXPORT, SHARE_IMPORT,
                HOST_ALLOC, HOST_FREE, HOST_REGISTER, HOST_UNREGISTER)
+#: VMM kinds a run applies at once (memrec.state.vmm_run), and those that keep their process's
+#: VMM events in the run event by event.
+VMM_RUN_KINDS = (VMM_CREATE, VMM_MAP, VMM_UNMAP, VMM_RELEASE)
+VMM_SERIAL_KINDS = (VMM_RETAIN, SHARE_EXPORT, SHARE_IMPORT)
 #: Successful kinds that read driver allocations or IPC exports: one joins a run applied at once
-#: when the run's allocations and frees before it cannot change what it reads (plain.Planner).
+#: when the run's allocations and frees before it cannot change what it reads (planner.Planner).
 JOINABLE_KINDS = (IPC_EXPORT, IPC_OPEN)
 #: Kinds that may end a run: those and process exits (which drop every allocation of a process).
 BARRIER_KINDS = (*JOINABLE_KINDS, PROC_EXIT)
 API_IPC_OPEN = int(Api.cuIpcOpenMemHandle_v2)
 
+
+def kind_mask(kinds: tuple[int, ...]) -> np.ndarray:
+    """A table kind -> whether it is one of ``kinds``: ``mask[events["kind"]]`` is one gather,
+    where ``np.isin`` sorts the batch."""
+    mask = np.zeros(1 << 16, bool)
+    mask[list(kinds)] = True
+    return mask
+
+
+#: Whether each kind is applied at once by memrec.state.vmm_run, or may end a run.
+VMM_RUN_MASK = kind_mask(VMM_RUN_KINDS)
+BARRIER_MASK = kind_mask(BARRIER_KINDS)
+HANDLE_BYTES_MASK = kind_mask(tuple(HANDLE_BYTES_KINDS))
+
 #: CUmemLocationType of a cuMemCreate: 0 (not read) and 1 are device memory, others are host.
 LOCATION_DEVICE = (0, 1)
 
-# Handle record slots: [size, gpu, ts, category, refs, nmaps, exporter, api]
-H_SIZE, H_GPU, H_TS, H_CAT, H_REFS, H_NMAPS, H_EXPORTER, H_API = range(8)
 # Open record slots: [handle_bytes, exporter, owner_gpu, size, gpu, refs, ts, exporter_ptr]
 O_BYTES, O_EXPORTER, O_OWNER_GPU, O_SIZE, O_GPU, O_REFS, O_TS, O_EPTR = range(8)
 

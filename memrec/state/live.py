@@ -35,10 +35,13 @@ importer closes; ``cuMemUnmap`` over several mappings is handled, partial unmaps
 drop the whole mapping.
 
 The package: :mod:`memrec.state.live` (this class: batches, counters, snapshots),
-:mod:`memrec.state.plain` (driver allocations and frees of a batch at once, numpy),
-:mod:`memrec.state.allocs` (their columnar table), :mod:`memrec.state.vmm_ipc` (every other kind,
-one Python step per event), :mod:`memrec.state.queries` (totals, holdings, holders, exits),
-:mod:`memrec.state.snapshot` (keyframe tables).
+:mod:`memrec.state.plain` (a run of a batch at once, numpy: driver allocations and frees, and
+the counter changes), :mod:`memrec.state.vmm_run` (a run's VMM creates, maps, unmaps and
+releases at once), :mod:`memrec.state.planner` (where IPC exports and opens may join a run),
+:mod:`memrec.state.allocs` (the columnar tables: allocations, VMM handles and mappings),
+:mod:`memrec.state.vmm_ipc` (every kind one event at a time: the reference, and the rare kinds),
+:mod:`memrec.state.queries` (totals, holdings, holders, exits), :mod:`memrec.state.snapshot`
+(keyframe tables).
 """
 
 from __future__ import annotations
@@ -59,16 +62,18 @@ from memrec.events import FLAG_IPC_BYTES
 from memrec.events import IPC_MAPPED
 from memrec.state import plain
 from memrec.state.allocs import AllocTable
+from memrec.state.allocs import HandleTable
+from memrec.state.allocs import MapTable
 from memrec.state.batch import Batch
 from memrec.state.fields import ALIAS_FIELDS
 from memrec.state.fields import ALLOC
-from memrec.state.fields import BARRIER_KINDS
+from memrec.state.fields import BARRIER_MASK
 from memrec.state.fields import EXIT_LARGEST
 from memrec.state.fields import EXPORT_FIELDS
 from memrec.state.fields import FABRIC_FIELDS
 from memrec.state.fields import FAILURE_FIELDS
 from memrec.state.fields import FREE
-from memrec.state.fields import HANDLE_BYTES_KINDS
+from memrec.state.fields import HANDLE_BYTES_MASK
 from memrec.state.fields import HANDLE_FIELDS
 from memrec.state.fields import HELD_FIELDS
 from memrec.state.fields import HOST_FIELDS
@@ -83,6 +88,7 @@ from memrec.state.fields import PEAK_FIELDS
 from memrec.state.fields import QUIET_KINDS
 from memrec.state.fields import READ_VERSIONS
 from memrec.state.fields import SNAPSHOT_VERSION
+from memrec.state.fields import VMM_RUN_MASK
 from memrec.state.snapshot import alloc_arrays
 from memrec.state.snapshot import capture_allocs
 from memrec.state.snapshot import encode_allocs
@@ -91,13 +97,14 @@ from memrec.state.snapshot import flat
 from memrec.state.snapshot import flat_keyed
 from memrec.state.snapshot import flat_nested
 from memrec.state.snapshot import rows as table_rows
+from memrec.state.planner import Planner
 from memrec.state.queries import Queries
 from memrec.state.queries import largest_key
 from memrec.state.vmm_ipc import VmmIpc
 
-#: A run of at least this many driver allocations and frees (between events that cut a batch)
-#: is applied at once with numpy; a shorter one event by event, where numpy's fixed cost per
-#: call would be more than the Python steps it saves.
+#: A run of at least this many driver allocations and frees and VMM creates, maps, unmaps and
+#: releases (between events that cut a batch) is applied at once with numpy; a shorter one
+#: event by event, where numpy's fixed cost per call would be more than the Python steps it saves.
 VECTOR_MIN_RUN = 24
 
 
@@ -110,14 +117,14 @@ class LiveState(Queries, VmmIpc):
         max_failures: how many recent failed calls to keep.
     """
 
-    #: Runs of driver allocations and frees shorter than this go event by event (tests set it
-    #: to 0 or to a huge number to compare the two paths).
+    #: Runs shorter than this go event by event (tests set it to 0 or to a huge number to
+    #: compare the two paths).
     vector_min_run = VECTOR_MIN_RUN
 
     def __init__(self, journal: bool = False, max_failures: int = MAX_FAILURES) -> None:
         self._allocs = AllocTable()  # driver allocations (pid, ptr) -> size, gpu, ts, api
-        self._handles: dict[int, dict[int, list]] = {}  # pid -> handle -> handle record
-        self._maps: dict[int, dict[int, list]] = {}  # pid -> va -> [size, handle, offset, ts]
+        self._handles = HandleTable()  # VMM handles (pid, handle) -> HANDLE_FIELDS
+        self._maps = MapTable()  # VMM mappings (pid, va) -> size, handle, offset, ts
         self._aliases: dict[int, dict[int, int]] = {}  # pid -> retained handle -> handle
         self._exports: dict[bytes, list] = {}  # handle bytes -> [pid, ptr, gpu, size, ts]
         self._exported: dict[int, dict[int, list[bytes]]] = {}  # pid -> ptr -> handle bytes
@@ -132,7 +139,7 @@ class LiveState(Queries, VmmIpc):
         #: run's (in event order) by :func:`memrec.state.plain.apply_changes`.
         self._log: list[tuple] | None = None
         #: IPC exports inside such a run whose allocation came earlier in it: event index ->
-        #: (base, (size, gpu, ts, api)) as the allocation was then (see plain.Planner).
+        #: (base, (size, gpu, ts, api)) as the allocation was then (see planner.Planner).
         self._alloc_hints: dict[int, tuple[int, tuple[int, int, int, int]]] = {}
         self.failures: deque[list] = deque(maxlen=max_failures)
         #: Failed calls seen in all (``failures`` keeps only the most recent).
@@ -163,9 +170,10 @@ class LiveState(Queries, VmmIpc):
 
         The batch is applied in pieces: a process exit, and an IPC export or open whose outcome
         the allocations and frees before it in the piece could change
-        (:class:`memrec.state.plain.Planner`), ends one. A piece with at least :attr:`vector_min_run` driver allocations and frees is
-        applied at once (:func:`memrec.state.plain.apply_run`), others event by event; the
-        result is the same either way.
+        (:class:`memrec.state.planner.Planner`), ends one. A piece with at least
+        :attr:`vector_min_run` driver allocations, frees and VMM creates, maps, unmaps and
+        releases is applied at once (:func:`memrec.state.plain.apply_run`), others event by
+        event; the result is the same either way.
         """
         events = Batch.of(events)
         n = len(events)
@@ -174,22 +182,24 @@ class LiveState(Queries, VmmIpc):
         kinds = events["kind"]
         ok = events["result"] == 0
         plain_ok = ok & ((kinds == ALLOC) | (kinds == FREE))
-        n_plain = np.concatenate(([0], np.cumsum(plain_ok)))
+        n_vec = np.concatenate(([0], np.cumsum(plain_ok | (ok & VMM_RUN_MASK[kinds]))))
         fill: list[tuple[np.ndarray, np.ndarray]] = []
 
         def piece(lo: int, hi: int) -> None:
             if hi <= lo:
                 return
-            if int(n_plain[hi]) - int(n_plain[lo]) >= max(self.vector_min_run, 1):
+            if int(n_vec[hi]) - int(n_vec[lo]) >= max(self.vector_min_run, 1):
                 plain.apply_run(self, events, lo, hi, fill)
             else:
                 self._apply_events(events, np.arange(lo, hi), fill)
 
         lo = 0
         self._alloc_hints.clear()
-        barriers = np.flatnonzero(ok & np.isin(kinds, BARRIER_KINDS))
+        barriers = np.flatnonzero(ok & BARRIER_MASK[kinds])
+        if int(n_vec[-1]) < max(self.vector_min_run, 1):
+            barriers = barriers[:0]  # no piece goes at once: one piece, event by event, no planning
         if len(barriers):
-            plan = plain.Planner(self, events, plain_ok)
+            plan = Planner(self, events, plain_ok)
             for b in barriers.tolist():
                 if plan.joins(lo, b):
                     continue
@@ -222,7 +232,7 @@ class LiveState(Queries, VmmIpc):
         sizes = np.minimum(sub["size"], MAX_SIZE).tolist()
         apis = sub["api"].tolist()
         handles = sub["handle"].tolist()
-        auxs = flags = None  # decoded on the first event that is not an alloc or a free
+        auxs = hbytes = None  # decoded on the first event that is not an alloc or a free
         allocs = self._allocs
         fill_idx: list[int] = []
         fill_gpu: list[int] = []
@@ -264,12 +274,11 @@ class LiveState(Queries, VmmIpc):
             else:
                 if auxs is None:
                     auxs = sub["aux"].tolist()
-                    flags = sub["flags"].tolist()
-                hbytes = None
-                if kind in HANDLE_BYTES_KINDS and flags[i] & FLAG_IPC_BYTES:
-                    hbytes = sub.ipc_bytes(i)
+                    carry = HANDLE_BYTES_MASK[sub["kind"]] & ((sub["flags"] & FLAG_IPC_BYTES) != 0)
+                    hbytes = sub.ipc_bytes_at(np.arange(len(sub)), carry)
                 g = self._apply_other(
-                    kind, index[i], tss[i], pids[i], gpus[i], ptrs[i], sizes[i], handles[i], apis[i], auxs[i], hbytes
+                    kind, index[i], tss[i], pids[i], gpus[i], ptrs[i], sizes[i], handles[i], apis[i], auxs[i],
+                    hbytes[i],
                 )
                 if g is not None and g >= 0 and gpus[i] < 0:
                     fill_idx.append(i)
@@ -362,8 +371,9 @@ class LiveState(Queries, VmmIpc):
         )
         for key in sorted(k for k in self._bytes if k[1] == pid):
             self._change(index, t, key[0], pid, key[2], -self._bytes[key])
-        self._allocs.drop_pid(pid)
-        for table in (self._handles, self._maps, self._aliases, self._opens, self._host):
+        for columns in (self._allocs, self._handles, self._maps):
+            columns.drop_pid(pid)
+        for table in (self._aliases, self._opens, self._host):
             table.pop(pid, None)
         for ptr_bytes in self._exported.pop(pid, {}).values():
             for hb in ptr_bytes:
@@ -392,8 +402,8 @@ class LiveState(Queries, VmmIpc):
             "n": self.n_events,
             "ts": self.last_ts,
             "allocs": None,
-            "handles": flat_nested(self._handles),
-            "maps": flat_nested(self._maps),
+            "handles": self._handles.flat(),
+            "maps": self._maps.flat(),
             "aliases": flat_nested(self._aliases),
             "exports": flat_keyed(self._exports),
             "fabric": flat_keyed(self._fabric),
@@ -450,9 +460,9 @@ class LiveState(Queries, VmmIpc):
         last = plain.last_of_keys(cols["pid"], cols["ptr"])
         s._allocs.insert(*(cols[name][last] for name in ("pid", "ptr", "size", "gpu", "ts", "api")))
         for p, h, *r in table_rows(d["handles"], len(HANDLE_FIELDS)):
-            s._handles.setdefault(p, {})[h] = r
+            s._handles.set(p, h, *r)
         for p, va, *m in table_rows(d["maps"], len(MAP_FIELDS)):
-            s._maps.setdefault(p, {})[va] = m
+            s._maps.set(p, va, *m)
         for p, a, h in table_rows(d["aliases"], len(ALIAS_FIELDS)):
             s._aliases.setdefault(p, {})[a] = h
         for hb, *ex in table_rows(d["exports"], len(EXPORT_FIELDS)):

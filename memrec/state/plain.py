@@ -1,19 +1,22 @@
 """Driver allocations and frees of a run of events, applied at once with numpy.
 
 cuMemAlloc and cuMemFree are nearly every event on a busy host. :func:`apply_run` applies a
-piece of a batch (no process exit inside, and IPC exports and opens only where :class:`Planner`
-lets them join: :meth:`LiveState.apply` cuts there) with the result the event-by-event path
-(:meth:`LiveState._apply_events`) gives:
+piece of a batch (no process exit inside, and IPC exports and opens only where
+:class:`memrec.state.planner.Planner` lets them join: :meth:`LiveState.apply` cuts there) with
+the result the event-by-event path (:meth:`LiveState._apply_events`) gives:
 
 - the run's allocations and frees are grouped by (pid, ptr), each key's events in order
-  (:func:`_by_key`); whether a key is live before an event follows from the event before it (an allocation
-  leaves it live, a free leaves it gone) or, for a key's first event, from the table. That gives
-  every anomaly (an allocation over a live one, a free of an unknown pointer), every matched
-  free's size and GPU (the fill-in), and the table's end state (the last allocation of a key);
-- the other kinds of the run (VMM, host, IPC) go event by event with their counter
-  changes held back, and :func:`apply_changes` applies all changes in event order: the counters
-  summed per key, each GPU's owned total a running sum whose peak is its first maximum, the
-  journal rows stacked.
+  (:func:`memrec.state.allocs.by_key`); whether a key is live before an event follows from the
+  event before it (an allocation leaves it live, a free leaves it gone) or, for a key's first
+  event, from the table. That gives every anomaly (an allocation over a live one, a free of an
+  unknown pointer), every matched free's size and GPU (the fill-in), and the table's end state
+  (the last allocation of a key);
+- the run's VMM creates, maps, unmaps and releases go at once too
+  (:func:`memrec.state.vmm_run.apply_vmm`), unless it declines them;
+- the other kinds of the run (IPC, host, retains, shareable handles, declined VMM events) go
+  event by event with their counter changes held back, and :func:`apply_changes` applies all
+  changes in event order: the counters summed per key, each GPU's owned total a running sum
+  whose peak is its first maximum, the journal rows stacked.
 """
 
 from __future__ import annotations
@@ -24,28 +27,33 @@ import numpy as np
 
 from memrec.events import CUDA_ERROR_OUT_OF_MEMORY
 from memrec.events import DRIVER
-from memrec.events import FLAG_IPC_BYTES
 from memrec.events import IPC_MAPPED
+from memrec.state.allocs import by_key
 from memrec.state.allocs import key_hash
 from memrec.state.fields import ALLOC
 from memrec.state.fields import FREE
-from memrec.state.fields import IPC_EXPORT
 from memrec.state.fields import JOINABLE_KINDS
 from memrec.state.fields import MAX_SIZE
 from memrec.state.fields import MAX_TS
 from memrec.state.fields import OTHER_KINDS
-from memrec.state.fields import PROC_EXIT
 from memrec.state.fields import QUIET_KINDS
+from memrec.state.fields import SHARE_IMPORT
+from memrec.state.fields import VMM_RUN_MASK
+from memrec.state.fields import VMM_SERIAL_KINDS
+from memrec.state.fields import kind_mask
+from memrec.state.vmm_run import apply_vmm
 
 if TYPE_CHECKING:
     from memrec.state.allocs import AllocTable
     from memrec.state.batch import Batch
     from memrec.state.live import LiveState
 
-_QUIET = np.array(sorted(QUIET_KINDS), np.uint16)
-#: Kind -> whether a successful one goes event by event inside a run (a table: one gather per batch).
-_PER_EVENT = np.zeros(1 << 16, bool)
-_PER_EVENT[list(OTHER_KINDS + JOINABLE_KINDS)] = True
+_QUIET = kind_mask(tuple(QUIET_KINDS))
+#: Kind -> whether a successful one goes event by event inside a run (unless apply_vmm takes it).
+_PER_EVENT = kind_mask(OTHER_KINDS + JOINABLE_KINDS)
+#: Kinds that keep the VMM events of their process in a run event by event (they read or alias
+#: handles); a shareable import (it reads a peer's handle) keeps all of the run's.
+_VMM_SERIAL = kind_mask(VMM_SERIAL_KINDS)
 
 
 def apply_run(state: LiveState, events: Batch, lo: int, hi: int, fill: list) -> None:
@@ -55,113 +63,32 @@ def apply_run(state: LiveState, events: Batch, lo: int, hi: int, fill: list) -> 
     ok = seg["result"] == 0
     base = state.n_events + lo
     _failures(state, seg, ok, base)
-    other = np.flatnonzero(ok & _PER_EVENT[kinds])
+    per_event = ok & _PER_EVENT[kinds]
+    vmm = ok & VMM_RUN_MASK[kinds]
+    vmm_changes = None
+    if vmm.any() and not np.any(ok & (kinds == SHARE_IMPORT)):  # an import reads a peer's handle
+        serial = np.unique(seg["pid"][ok & _VMM_SERIAL[kinds]]).astype(np.int64)
+        vmm_changes, declined = apply_vmm(state, events, np.flatnonzero(vmm) + lo, fill, serial)
+        per_event &= ~vmm
+        per_event[declined - lo] = True
     state._log = []
     try:
-        state._apply_events(events, other + lo, fill)
+        state._apply_events(events, np.flatnonzero(per_event) + lo, fill)
         pm = np.flatnonzero(ok & ((kinds == ALLOC) | (kinds == FREE)))
         cols = {name: seg[name][pm] for name in ("kind", "pid", "ptr", "size", "gpu", "ts", "api")}
         changes = _allocs_and_frees(state, cols, pm + lo, base - lo, fill)
         log = state._log
     finally:
         state._log = None
+    more = [vmm_changes] if vmm_changes is not None and len(vmm_changes[0]) else []
     if log:
         cols = list(zip(*log))
-        more = [np.asarray(c, np.int64) for c in cols[:6]] + [np.asarray(cols[6], bool)]
-        changes = [np.concatenate((a, b)) for a, b in zip(changes, more)]
+        more.append([np.asarray(c, np.int64) for c in cols[:6]] + [np.asarray(cols[6], bool)])
+    if more:
+        changes = [np.concatenate(parts) for parts in zip(changes, *more)]
         order = np.argsort(changes[0], kind="stable")
         changes = [c[order] for c in changes]
     apply_changes(state, *changes)
-
-
-class Planner:
-    """Whether an IPC export or open can join the run being gathered, for one batch.
-
-    In a run the other kinds go first, event by event, and the allocations and frees after, at
-    once. An export reads the allocation at its pointer: it joins when the run has no earlier
-    event on that (pid, ptr) and the table has it, or the run's earlier events on it are
-    allocations only (the last one's row is handed over as a hint; a free between would forget
-    the export), or the run has no earlier event of that process at all (the interior look-up
-    sees the table as it was). An open reads the export of its handle: it joins unless the run
-    frees that export's allocation before it. A process exit never joins.
-    """
-
-    def __init__(self, state: LiveState, events: Batch, plain_ok: np.ndarray) -> None:
-        self.state = state
-        self.events = events
-        self.kinds = events["kind"]
-        self.pids = events["pid"]
-        self.ptrs = events["ptr"]
-        self.keys = key_hash(self.pids, self.ptrs)
-        # The batch's successful allocations and frees by (key hash, position), and by pid.
-        self.plain = np.flatnonzero(plain_ok)
-        by_key = np.lexsort((self.plain, self.keys[self.plain]))
-        self.sorted_keys = self.keys[self.plain][by_key]
-        self.sorted_pos = self.plain[by_key]
-        self._of_pid: dict[int, np.ndarray] = {}
-        self.joined: dict[bytes, int] = {}  # handle bytes -> key hash of the allocation, of exports joined
-
-    def restart(self) -> None:
-        """A new run begins."""
-        self.joined.clear()
-
-    def joins(self, lo: int, b: int) -> bool:
-        """Whether event ``b`` (an export, open or exit) joins the run that began at ``lo``."""
-        kind = int(self.kinds[b])
-        if kind == PROC_EXIT:
-            return False
-        if kind == IPC_EXPORT:
-            return self._export_joins(lo, b)
-        return self._open_joins(lo, b)
-
-    def _on_key(self, key: int, lo: int, b: int) -> np.ndarray:
-        """Positions in [lo, b) of allocations and frees whose key hashes to ``key``."""
-        k = np.uint64(key)
-        i0, i1 = np.searchsorted(self.sorted_keys, k, "left"), np.searchsorted(self.sorted_keys, k, "right")
-        pos = self.sorted_pos[i0:i1]
-        return pos[np.searchsorted(pos, lo) : np.searchsorted(pos, b)]
-
-    def _pid_has_events(self, pid: int, lo: int, b: int) -> bool:
-        pos = self._of_pid.get(pid)
-        if pos is None:
-            pos = self._of_pid[pid] = self.plain[self.pids[self.plain] == pid]
-        i = np.searchsorted(pos, lo)
-        return bool(i < len(pos) and pos[i] < b)
-
-    def _export_joins(self, lo: int, b: int) -> bool:
-        state = self.state
-        pid, ptr, key = int(self.pids[b]), int(self.ptrs[b]), int(self.keys[b])
-        same = self._on_key(key, lo, b)
-        same = same[(self.pids[same] == pid) & (self.ptrs[same] == ptr)]
-        index = state.n_events + b
-        if len(same):
-            if np.any(self.kinds[same] == FREE):
-                return False  # the free forgets exports made before it only: keep it in order
-            j, ev = int(same[-1]), self.events
-            rec = (int(min(ev["size"][j], MAX_SIZE)), int(ev["gpu"][j]), int(min(ev["ts"][j], MAX_TS)), int(ev["api"][j]))
-            state._alloc_hints[index] = (ptr, rec)
-        elif state._allocs.find(pid, ptr)[0] < 0:
-            if self._pid_has_events(pid, lo, b):
-                return False
-            base, found = state._alloc_at(pid, ptr, index)
-            if found is not None:
-                key = int(key_hash(np.array([pid]), np.array([base], np.uint64))[0])
-        if int(self.events["flags"][b]) & FLAG_IPC_BYTES:
-            self.joined[self.events.ipc_bytes(b)] = key
-        return True
-
-    def _open_joins(self, lo: int, b: int) -> bool:
-        state = self.state
-        if not int(self.events["flags"][b]) & FLAG_IPC_BYTES:
-            return True  # it reads no export
-        hb = self.events.ipc_bytes(b)
-        key = self.joined.get(hb)
-        if key is None:
-            ex = state._exports.get(hb)
-            if ex is None or not (0 <= ex[0] < 1 << 32 and 0 <= ex[1] < 1 << 64):
-                return True
-            key = int(key_hash(np.array([ex[0]], np.uint32), np.array([ex[1]], np.uint64))[0])
-        return not np.any(self.kinds[self._on_key(key, lo, b)] == FREE)
 
 
 def _failures(state: LiveState, seg: Batch, ok: np.ndarray, base: int) -> None:
@@ -169,7 +96,7 @@ def _failures(state: LiveState, seg: Batch, ok: np.ndarray, base: int) -> None:
     bad = np.flatnonzero(~ok)
     if len(bad) == 0:
         return
-    loud = ~np.isin(seg["kind"][bad], _QUIET) | (seg["result"][bad] == CUDA_ERROR_OUT_OF_MEMORY)
+    loud = ~_QUIET[seg["kind"][bad]] | (seg["result"][bad] == CUDA_ERROR_OUT_OF_MEMORY)
     bad = bad[loud]
     state.n_failures += len(bad)
     keep = state.failures.maxlen
@@ -192,7 +119,7 @@ def _allocs_and_frees(state: LiveState, ev: dict[str, np.ndarray], where: np.nda
     """
     m = len(where)
     table = state._allocs
-    order = _by_key(ev["pid"], ev["ptr"])
+    order = by_key(ev["pid"], ev["ptr"])
     pid = ev["pid"][order]
     ptr = ev["ptr"][order]
     is_alloc = ev["kind"][order] == ALLOC
@@ -232,20 +159,33 @@ def _allocs_and_frees(state: LiveState, ev: dict[str, np.ndarray], where: np.nda
     table.remove(rows[found], slots[found])
     tails = np.concatenate((heads[1:] - 1, [m - 1])) if m else heads
     last = tails[is_alloc[tails]]
-    table.insert(pid[last], ptr[last], size[last], gpu[last], ts[last], ev["api"][order][last])
-    if state._exported and freed.any():
+    table.insert(pid[last], ptr[last], size[last], gpu[last], ts[last], ev["api"][order[last]])
+    exported = np.sort(exported_keys(state)) if state._exported and freed.any() else ()
+    if len(exported):
         hits = np.flatnonzero(freed)
-        hits = hits[np.isin(key_hash(pid[hits], ptr[hits]), exported_keys(state))]
+        h = key_hash(pid[hits], ptr[hits])
+        hits = hits[exported[np.minimum(np.searchsorted(exported, h), len(exported) - 1)] == h]
         for p, q in zip(pid[hits].tolist(), ptr[hits].tolist()):
             state._forget_exports(p, q)
 
-    # Changes, two slots per event in event order: an overwritten allocation leaves first (when
-    # not empty), then the new one comes (or the freed one leaves).
+    # Changes, in event order: an overwritten allocation leaves first (when not empty), then the
+    # new one comes (or the freed one leaves).
     def unsort(x: np.ndarray) -> np.ndarray:
         out = np.empty_like(x)
         out[order] = x
         return out
 
+    if n_over == 0:  # one change at most per event (nearly always)
+        one = np.flatnonzero(unsort(is_alloc | freed))
+        return [
+            where[one] + base,
+            np.minimum(ev["ts"][one], MAX_TS).astype(np.int64),
+            unsort(np.where(is_alloc, gpu, prev_gpu))[one].astype(np.int64),
+            ev["pid"][one].astype(np.int64),
+            np.full(len(one), DRIVER, np.int64),
+            unsort(np.where(is_alloc, size, -prev_size))[one],
+            ev["kind"][one] == ALLOC,
+        ]
     valid = np.empty(2 * m, bool)
     valid[0::2] = unsort(over & (prev_size != 0))
     valid[1::2] = unsort(is_alloc | freed)
@@ -269,23 +209,6 @@ def _allocs_and_frees(state: LiveState, ev: dict[str, np.ndarray], where: np.nda
     ]
 
 
-def _by_key(pid: np.ndarray, ptr: np.ndarray) -> np.ndarray:
-    """The order that groups equal (pid, ptr) keys, each group in event order.
-
-    One unstable sort of the key's hash with the position in its low bits (fast); when two keys
-    share those hash bits (rare: then their events could interleave) a stable sort by (pid, ptr).
-    """
-    m = len(pid)
-    bits = max(20, m.bit_length())
-    pos = np.arange(m, dtype=np.uint64)
-    composite = (key_hash(pid, ptr) >> np.uint64(bits) << np.uint64(bits)) | pos
-    order = np.argsort(composite)
-    sp, sq, sh = pid[order], ptr[order], composite[order] >> np.uint64(bits)
-    if np.any((sh[1:] == sh[:-1]) & ((sp[1:] != sp[:-1]) | (sq[1:] != sq[:-1]))):
-        return np.lexsort((ptr, pid))
-    return order
-
-
 def apply_changes(state: LiveState, index: np.ndarray, ts: np.ndarray, gpu: np.ndarray, pid: np.ndarray,
                   cat: np.ndarray, delta: np.ndarray, peak: np.ndarray) -> None:
     """Apply counter changes (in event order) as :meth:`LiveState._change` would one by one."""
@@ -297,34 +220,52 @@ def apply_changes(state: LiveState, index: np.ndarray, ts: np.ndarray, gpu: np.n
     elif state.journal is not None:
         state.journal.frombytes(np.column_stack((index, ts, gpu, pid, cat, delta)).astype(np.int64).tobytes())
     counts = state._bytes
-    keys, inv = np.unique(((gpu + 32768) << 34) | (pid << 2) | cat, return_inverse=True)
-    for k, s in zip(keys.tolist(), group_sums(inv, delta, len(keys)).tolist()):
+    key = ((gpu + 32768) << 34) | (pid << 2) | cat
+    order = np.argsort(key)
+    key = key[order]
+    starts = np.flatnonzero(np.append(True, key[1:] != key[:-1]))
+    for k, s in zip(key[starts].tolist(), np.add.reduceat(delta[order], starts).tolist()):
         kk = ((k >> 34) - 32768, (k >> 2) & 0xFFFFFFFF, k & 3)
         v = counts.get(kk, 0) + s
         if v:
             counts[kk] = v
         else:
             counts.pop(kk, None)
-    own = cat != IPC_MAPPED
-    og, od, ot, op = gpu[own], delta[own], ts[own], peak[own]
+    # Each GPU's owned total, a running sum in event order (the changes grouped by GPU).
+    own = np.flatnonzero(cat != IPC_MAPPED)
+    if len(own) == 0:
+        return
+    own = (np.sort(((gpu[own] + 32768) << 40) | own) & ((1 << 40) - 1))  # by GPU, in event order
+    og, od = gpu[own], delta[own]
+    head = np.ones(len(own), bool)
+    head[1:] = og[1:] != og[:-1]
+    starts = np.flatnonzero(head)
+    group = np.cumsum(head) - 1
+    gpus = og[starts].tolist()
     owned = state._gpu_owned
+    cs = np.cumsum(od)
+    run = cs - (cs[starts] - od[starts])[group] + np.array([owned.get(g, 0) for g in gpus], np.int64)[group]
+    for g, total in zip(gpus, run[np.append(starts[1:] - 1, len(own) - 1)].tolist()):
+        owned[g] = total
+    # Peaks: of the changes that may raise one, each GPU's first and its first highest.
+    touch = np.flatnonzero(peak[own])
+    if len(touch) == 0:
+        return
+    tg, tv = group[touch], run[touch]
+    new = np.append(True, tg[1:] != tg[:-1])
+    first = np.flatnonzero(new)
+    best = np.flatnonzero(tv == np.maximum.reduceat(tv, first)[np.cumsum(new) - 1])
+    best = best[np.append(True, tg[best][1:] != tg[best][:-1])]
+    tts = ts[own][touch]
     peaks = state._peaks
-    for g in np.unique(og).tolist():
-        sel = og == g
-        run = owned.get(g, 0) + np.cumsum(od[sel])
-        owned[g] = int(run[-1])
-        touch = op[sel]
-        if not touch.any():
-            continue
-        vals = run[touch]
-        tt = ot[sel][touch]
-        pk = peaks.get(g)
+    for k, v0, t0, v, t in zip(tg[first].tolist(), tv[first].tolist(), tts[first].tolist(), tv[best].tolist(),
+                               tts[best].tolist()):
+        pk = peaks.get(gpus[k])
         if pk is None:
-            pk = peaks[g] = [max(int(vals[0]), 0), int(tt[0])]
-        j = int(np.argmax(vals))
-        if vals[j] > pk[0]:
-            pk[0] = int(vals[j])
-            pk[1] = int(tt[j])
+            pk = peaks[gpus[k]] = [max(v0, 0), t0]
+        if v > pk[0]:
+            pk[0] = v
+            pk[1] = t
 
 
 def group_sums(groups: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:

@@ -17,13 +17,9 @@ from memrec.events import CATEGORIES
 from memrec.events import CATEGORY_INDEX
 from memrec.events import IPC_MAPPED
 from memrec.state.allocs import AllocTable
+from memrec.state.allocs import HandleTable
+from memrec.state.allocs import MapTable
 from memrec.state.fields import API_IPC_OPEN
-from memrec.state.fields import H_API
-from memrec.state.fields import H_CAT
-from memrec.state.fields import H_EXPORTER
-from memrec.state.fields import H_GPU
-from memrec.state.fields import H_SIZE
-from memrec.state.fields import H_TS
 from memrec.state.fields import HELD_FIELDS
 from memrec.state.fields import LARGEST_FIELDS
 from memrec.state.fields import FAILURE_FIELDS
@@ -39,8 +35,8 @@ class Queries:
     """The read side of LiveState."""
 
     _allocs: AllocTable
-    _handles: dict[int, dict[int, list]]
-    _maps: dict[int, dict[int, list]]
+    _handles: HandleTable
+    _maps: MapTable
     _opens: dict[int, dict[int, list]]
     _host: dict[int, dict[int, list]]
     _bytes: dict[tuple[int, int, int], int]
@@ -127,11 +123,14 @@ class Queries:
                 return iter(table.items())
             return ((p, table[p]) for p in pids if p in table)
 
-        for p, d in select(self._handles):
-            for h, r in d.items():
-                if gpu is None or r[H_GPU] == gpu:
-                    cat = CATEGORIES[r[H_CAT]]
-                    yield Holding(p, r[H_GPU], cat, r[H_SIZE], h, r[H_TS], r[H_API], r[H_EXPORTER])
+        hs = self._handles
+        rows = hs.sorted_rows(pid)
+        if gpu is not None:
+            rows = rows[hs.gpu[rows] == gpu]
+        cols = [getattr(hs, name)[rows].tolist() for name in ("pid", "gpu", "category", "size", "handle", "ts",
+                                                               "api", "exporter")]
+        for p, g, c, size, h, ts, api, exporter in zip(*cols):
+            yield Holding(p, g, CATEGORIES[c], size, h, ts, api, exporter)
         for p, d in select(self._opens):
             for ptr, o in d.items():
                 if gpu is None or o[O_GPU] == gpu:
@@ -143,11 +142,11 @@ class Queries:
 
     def mappings(self, pid: int | None = None) -> Iterator[tuple[int, int, int, int]]:
         """Live VMM mappings as (pid, va, size, gpu of the mapped handle; -1 unknown), pids ascending."""
-        for p in sorted(self._maps) if pid is None else [pid]:
-            hs = self._handles.get(p) or {}
-            for va, m in sorted(self._maps.get(p, {}).items()):
-                rec = hs.get(self._resolve_alias(p, m[1]))
-                yield p, va, m[0], rec[H_GPU] if rec is not None else -1
+        ms, hs = self._maps, self._handles
+        rows = ms.sorted_rows(pid)
+        for p, va, size, h in zip(*(getattr(ms, name)[rows].tolist() for name in ("pid", "va", "size", "handle"))):
+            row, _ = hs.find(p, self._resolve_alias(p, h))
+            yield p, va, size, int(hs.gpu[row]) if row >= 0 else -1
 
     def largest(self, gpu: int | None, n: int = 10, pid: int | None = None, mapped: bool = False) -> list[Holding]:
         """The ``n`` largest live owned allocations on ``gpu`` (with ``mapped``: ipc_mapped too)."""
@@ -244,7 +243,8 @@ class Queries:
         got_owned = {g: b for g, b in self._gpu_owned.items() if b}
         if got_owned != owned:
             raise AssertionError(f"owned totals {got_owned} != tables {owned}")
-        self._allocs.check()
+        for table in (self._allocs, self._handles, self._maps):
+            table.check()
 
 
 def largest_key(h: Holding) -> tuple:

@@ -1,20 +1,21 @@
 """VMM handles and mappings, IPC exports and opens, shareable handles and pinned host memory.
 
-These kinds are rare next to cuMemAlloc/cuMemFree, so they keep one Python step per event
-(:meth:`VmmIpc._apply_other`); :class:`memrec.state.LiveState` mixes this in. The accounting
-rules are in :mod:`memrec.state`'s docstring.
+One event at a time (:meth:`VmmIpc._apply_other`): the reference the runs applied at once
+(:mod:`memrec.state.vmm_run` for VMM creates, maps, unmaps and releases) must equal, and the path
+of the rare kinds (IPC, retains, shareable handles, host memory) and of events that break the
+driver's rules. :class:`memrec.state.LiveState` mixes this in. The accounting rules are in
+:mod:`memrec.state`'s docstring.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from memrec.events import HOST_PINNED
 from memrec.events import IPC_MAPPED
 from memrec.events import VMM
-from memrec.state.fields import H_CAT
-from memrec.state.fields import H_GPU
-from memrec.state.fields import H_NMAPS
-from memrec.state.fields import H_REFS
-from memrec.state.fields import H_SIZE
+from memrec.state.allocs import HandleTable
+from memrec.state.allocs import MapTable
 from memrec.state.fields import HOST_ALLOC
 from memrec.state.fields import HOST_FREE
 from memrec.state.fields import HOST_REGISTER
@@ -39,8 +40,8 @@ from memrec.state.fields import VMM_UNMAP
 class VmmIpc:
     """The per-event accounting of every kind but driver allocations and frees (a mixin of LiveState)."""
 
-    _handles: dict[int, dict[int, list]]
-    _maps: dict[int, dict[int, list]]
+    _handles: HandleTable
+    _maps: MapTable
     _aliases: dict[int, dict[int, int]]
     _exports: dict[bytes, list]
     _exported: dict[int, dict[int, list[bytes]]]
@@ -69,47 +70,30 @@ class VmmIpc:
         if kind == VMM_CREATE:
             cat = VMM if aux in LOCATION_DEVICE else HOST_PINNED
             gg = g if cat == VMM else -1
-            hs = self._handles.setdefault(pid, {})
-            old = hs.get(handle)
-            if old is not None:
+            row, slot = self._handles.find(pid, handle)
+            if row >= 0:
                 self._anomaly("create_over_live")
-                self._drop_handle(index, t, pid, handle, old)
-            hs[handle] = [size, gg, t, cat, 1, 0, 0, api]
+                self._drop_handle(index, t, pid, row, slot)
+            self._handles.add(pid, handle, size, gg, t, cat, 1, 0, 0, api)
             self._change(index, t, gg, pid, cat, size)
             return None
         if kind == VMM_MAP:
-            h = self._resolve_alias(pid, handle)
-            rec = self._handles.get(pid, {}).get(h)
-            ms = self._maps.setdefault(pid, {})
-            if ptr in ms:
-                self._anomaly("map_over_live")
-                self._unmap_one(index, t, pid, ptr)
-            ms[ptr] = [size, h, aux, t]
-            if rec is None:
-                self._anomaly("map_unknown_handle")
-                return None
-            rec[H_NMAPS] += 1
-            if rec[H_CAT] == IPC_MAPPED and size > rec[H_SIZE]:
-                # A shareable import: its size is what is mapped of it.
-                self._change(index, t, rec[H_GPU], pid, IPC_MAPPED, size - rec[H_SIZE])
-                rec[H_SIZE] = size
-            return rec[H_GPU]
+            return self._map(index, t, pid, ptr, size, self._resolve_alias(pid, handle), aux)
         if kind == VMM_UNMAP:
-            ms = self._maps.get(pid)
-            if not ms:
-                self._anomaly("unmap_unknown")
-                return None
-            if ptr in ms and ms[ptr][0] >= size:
+            ms = self._maps
+            row, slot = ms.find(pid, ptr)
+            if row >= 0 and int(ms.size[row]) >= size:
                 targets = [ptr]
             else:
                 end = ptr + max(size, 1)
-                targets = sorted(va for va, m in ms.items() if va < end and va + m[0] > ptr)
+                rows = ms.sorted_rows(pid)
+                targets = [va for va, s in zip(ms.va[rows].tolist(), ms.size[rows].tolist()) if va < end and va + s > ptr]
             if not targets:
                 self._anomaly("unmap_unknown")
                 return None
             first_gpu = None
             for va in targets:
-                gg = self._unmap_one(index, t, pid, va)
+                gg = self._unmap_one(index, t, pid, *ms.find(pid, va))
                 if first_gpu is None:
                     first_gpu = gg
             return first_gpu
@@ -118,28 +102,26 @@ class VmmIpc:
             al = self._aliases.get(pid)
             if al and h in al:
                 h = al.pop(h)
-            rec = self._handles.get(pid, {}).get(h)
-            if rec is None:
+            row, slot = self._handles.find(pid, h)
+            if row < 0:
                 self._anomaly("release_unknown")
                 return None
-            rec[H_REFS] -= 1
-            gg = rec[H_GPU]
-            if rec[H_REFS] <= 0 and rec[H_NMAPS] <= 0:
-                self._drop_handle(index, t, pid, h, rec)
-            return gg
+            return self._let_go(index, t, pid, row, slot, self._handles.refs)
         if kind == VMM_RETAIN:
-            hs = self._handles.get(pid, {})
-            rec = hs.get(handle)
-            if rec is None:
+            hs = self._handles
+            row, _ = hs.find(pid, handle)
+            if row < 0:
                 # The handle returned is not one we know: alias it to the handle mapped at ptr.
                 m = self._mapping_at(pid, ptr)
-                rec = hs.get(m[1]) if m is not None else None
-                if rec is None:
+                if m >= 0:
+                    mapped = int(self._maps.handle[m])
+                    row, _ = hs.find(pid, mapped)
+                if row < 0:
                     self._anomaly("retain_unknown")
                     return None
-                self._aliases.setdefault(pid, {})[handle] = m[1]
-            rec[H_REFS] += 1
-            return rec[H_GPU]
+                self._aliases.setdefault(pid, {})[handle] = mapped
+            hs.refs[row] += 1
+            return int(hs.gpu[row])
         if kind == IPC_EXPORT:
             if hbytes is None:
                 self._anomaly("export_without_bytes")
@@ -182,26 +164,26 @@ class VmmIpc:
                 self._change(index, t, o[O_GPU], pid, IPC_MAPPED, -o[O_SIZE])
             return o[O_GPU]
         if kind == SHARE_EXPORT:
-            rec = self._handles.get(pid, {}).get(self._resolve_alias(pid, handle))
+            row, _ = self._handles.find(pid, self._resolve_alias(pid, handle))
             if hbytes is not None:
                 self._fabric[hbytes] = [pid, handle]
-            return rec[H_GPU] if rec is not None else None
+            return int(self._handles.gpu[row]) if row >= 0 else None
         if kind == SHARE_IMPORT:
+            hs = self._handles
             exporter, isize, gg = 0, 0, g
             if hbytes is not None and hbytes in self._fabric:
                 epid, eh = self._fabric[hbytes]
-                erec = self._handles.get(epid, {}).get(eh)
                 exporter = epid
-                if erec is not None:
-                    isize = erec[H_SIZE]
+                erow, _ = hs.find(epid, eh)
+                if erow >= 0:
+                    isize = int(hs.size[erow])
                     if gg < 0:
-                        gg = erec[H_GPU]
-            hs = self._handles.setdefault(pid, {})
-            old = hs.get(handle)
-            if old is not None:
+                        gg = int(hs.gpu[erow])
+            row, slot = hs.find(pid, handle)
+            if row >= 0:
                 self._anomaly("import_over_live")
-                self._drop_handle(index, t, pid, handle, old)
-            hs[handle] = [isize, gg, t, IPC_MAPPED, 1, 0, exporter, api]
+                self._drop_handle(index, t, pid, row, slot)
+            hs.add(pid, handle, isize, gg, t, IPC_MAPPED, 1, 0, exporter, api)
             self._change(index, t, gg, pid, IPC_MAPPED, isize)
             return None
         if kind == HOST_ALLOC or kind == HOST_REGISTER:
@@ -232,30 +214,67 @@ class VmmIpc:
             return al.get(handle, handle)
         return handle
 
-    def _mapping_at(self, pid: int, va: int) -> list | None:
-        ms = self._maps.get(pid)
-        if not ms:
+    def _map(self, index: int, t: int, pid: int, va: int, size: int, h: int, offset: int) -> int | None:
+        """cuMemMap of handle ``h`` at ``va``: the new mapping (over a live one: that one goes
+        first) keeps the handle alive; returns the handle's GPU."""
+        hs, ms = self._handles, self._maps
+        row, _ = hs.find(pid, h)
+        if row >= 0:  # the handle as the map found it (the unmap below may drop it)
+            gpu, cat, old = int(hs.gpu[row]), int(hs.category[row]), int(hs.size[row])
+        mrow, mslot = ms.find(pid, va)
+        if mrow >= 0:
+            self._anomaly("map_over_live")
+            self._unmap_one(index, t, pid, mrow, mslot)
+        ms.add(pid, va, size, h, offset, t)
+        if row < 0:
+            self._anomaly("map_unknown_handle")
             return None
-        m = ms.get(va)
-        if m is not None:
-            return m
-        for base, m in ms.items():
-            if base <= va < base + m[0]:
-                return m
-        return None
+        live = bool(hs.live[row])
+        if live:
+            hs.nmaps[row] += 1
+        if cat == IPC_MAPPED and size > old:
+            # A shareable import: its size is what is mapped of it.
+            self._change(index, t, gpu, pid, IPC_MAPPED, size - old)
+            if live:
+                hs.size[row] = size
+        return gpu
 
-    def _unmap_one(self, index: int, t: int, pid: int, va: int) -> int | None:
-        m = self._maps[pid].pop(va)
-        hs = self._handles.get(pid)
-        rec = hs.get(m[1]) if hs else None
-        if rec is None:
+    def _mapping_at(self, pid: int, va: int) -> int:
+        """The row of the mapping at ``va`` or holding it (of overlapping ones, the one starting
+        nearest below), -1 when none."""
+        ms = self._maps
+        row, _ = ms.find(pid, va)
+        if row >= 0:
+            return row
+        rows = ms.rows_of(pid)
+        best, base = -1, -1
+        for r, b, s in zip(rows.tolist(), ms.va[rows].tolist(), ms.size[rows].tolist()):
+            if b <= va < b + s and b > base:
+                best, base = r, b
+        return best
+
+    def _unmap_one(self, index: int, t: int, pid: int, row: int, slot: int) -> int | None:
+        """Drop mapping ``row``; the handle it mapped goes too when released and mapped nowhere else."""
+        ms, hs = self._maps, self._handles
+        h = int(ms.handle[row])
+        ms.drop(row, slot)
+        hrow, hslot = hs.find(pid, h)
+        if hrow < 0:
             return None
-        rec[H_NMAPS] -= 1
-        if rec[H_REFS] <= 0 and rec[H_NMAPS] <= 0:
-            self._drop_handle(index, t, pid, m[1], rec)
-        return rec[H_GPU]
+        return self._let_go(index, t, pid, hrow, hslot, hs.nmaps)
 
-    def _drop_handle(self, index: int, t: int, pid: int, handle: int, rec: list) -> None:
-        del self._handles[pid][handle]
-        self._change(index, t, rec[H_GPU], pid, rec[H_CAT], -rec[H_SIZE])
+    def _let_go(self, index: int, t: int, pid: int, row: int, slot: int, count: np.ndarray) -> int:
+        """Take one from handle ``row``'s ``count`` (its references or its mappings); the handle
+        goes when it has neither left. Returns its GPU."""
+        hs = self._handles
+        count[row] -= 1
+        gpu = int(hs.gpu[row])
+        if hs.refs[row] <= 0 and hs.nmaps[row] <= 0:
+            self._drop_handle(index, t, pid, row, slot)
+        return gpu
 
+    def _drop_handle(self, index: int, t: int, pid: int, row: int, slot: int) -> None:
+        hs = self._handles
+        size, gpu, cat = int(hs.size[row]), int(hs.gpu[row]), int(hs.category[row])
+        hs.drop(row, slot)
+        self._change(index, t, gpu, pid, cat, -size)

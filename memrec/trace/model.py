@@ -33,8 +33,10 @@ _BLOCK = 1 << 16
 @dataclass
 class EventColumns:
     """The events of a trace column by column: what a loaded trace holds until someone asks for
-    rows (``Trace.events``). Each column is contiguous, of its EVENT_DTYPE field's dtype; the
-    64-byte ``ipc`` field is sparse (the few rows that have bytes, as in the file)."""
+    rows (``Trace.events``). Each column is of its EVENT_DTYPE field's dtype, contiguous, or a
+    read-only broadcast of one value when every event holds it (a load makes those; ``gpu`` is
+    always a real, writable column); the 64-byte ``ipc`` field is sparse (the few rows that have
+    bytes, as in the file)."""
 
     n: int
     columns: dict[str, np.ndarray]

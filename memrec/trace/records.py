@@ -179,34 +179,64 @@ class TraceBuilder:
         return trace
 
 
+#: Columns a load may keep as one value (everything but the GPU, which the replay fills in).
+_FOLDABLE = frozenset(name for name in EVENT_DTYPE.names if name not in (SPARSE_COLUMN, "gpu"))
+
+
 class _GrowingColumns:
-    """Event columns that chunks are appended to (capacity doubles; trimmed at the end)."""
+    """Event columns that chunks are appended to (capacity doubles; trimmed at the end).
+
+    A column holding one value in every event (no VMM handle, aux word, flag or device ordinal
+    other than 0 in a trace of plain allocations: 24 of the 66 bytes an event) is kept as that
+    value until an event differs, and finishes as a read-only broadcast view (no memory for any
+    length): a 10M-event trace of driver allocations loads in 240 MB less, and never writes them.
+    """
 
     def __init__(self, capacity: int) -> None:
         self.n = 0
         self._names = [name for name in EVENT_DTYPE.names if name != SPARSE_COLUMN]
-        self._cols = {name: np.empty(capacity, dtype=EVENT_DTYPE[name]) for name in self._names}
+        self._capacity = capacity
+        self._cols = {name: np.empty(capacity, dtype=EVENT_DTYPE[name]) for name in self._names if name not in _FOLDABLE}
+        self._one: dict[str, Any] = {name: None for name in self._names if name in _FOLDABLE}  # None: no event yet
         self._index: list[np.ndarray] = []
         self._ipc: list[np.ndarray] = []
 
     def append(self, chunk: ColumnChunk) -> None:
         end = self.n + chunk.n
-        capacity = len(self._cols[self._names[0]])
-        if end > capacity:
-            capacity = max(end, 2 * capacity, 1 << 16)
+        if end > self._capacity:
+            self._capacity = max(end, 2 * self._capacity, 1 << 16)
             for name, col in self._cols.items():
-                grown = np.empty(capacity, dtype=col.dtype)
+                grown = np.empty(self._capacity, dtype=col.dtype)
                 grown[: self.n] = col[: self.n]
                 self._cols[name] = grown
-        for name, col in self._cols.items():
-            col[self.n : end] = chunk.column(name)
+        for name in self._names:
+            values = chunk.column(name)
+            if name in self._one and chunk.n:
+                one = self._one[name]
+                if one is None:  # the first events: their value, if they share one
+                    one = values[0]
+                if values[0] == one and values[-1] == one and bool((values == one).all()):
+                    self._one[name] = one
+                    continue
+                del self._one[name]  # differs from here on: a real column
+                self._cols[name] = np.empty(self._capacity, dtype=EVENT_DTYPE[name])
+                self._cols[name][: self.n] = one
+            if name in self._cols:
+                self._cols[name][self.n : end] = values
         if chunk.ipc_index is not None and len(chunk.ipc_index):
             self._index.append(chunk.ipc_index.astype(np.int64) + self.n)
             self._ipc.append(chunk.ipc)
         self.n = end
 
     def finish(self) -> EventColumns:
-        cols = {name: col if len(col) == self.n else col[: self.n].copy() for name, col in self._cols.items()}
+        cols = {}
+        for name in self._names:
+            col = self._cols.get(name)
+            if col is not None:
+                cols[name] = col if len(col) == self.n else col[: self.n].copy()
+            else:
+                one = self._one[name]
+                cols[name] = np.broadcast_to(np.array(0 if one is None else one, dtype=EVENT_DTYPE[name]), (self.n,))
         return EventColumns(
             self.n,
             cols,

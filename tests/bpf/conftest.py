@@ -52,12 +52,18 @@ def bpf_host() -> None:
 
 @pytest.fixture(scope="session")
 def stub_lib(bpf_host, tmp_path_factory) -> Path:
-    """The stub libcuda.so.1, built once per session."""
+    """The stub libcuda.so.1, built once per session into a folder of its own.
+
+    Its own file (inode), because uprobes belong to an inode: another session's probes on a shared
+    stub see this session's workloads, and bcc 0.26 (which older memrec attached with) places its
+    uprobes with a garbage ref_ctr_offset, after which the kernel refuses any other probe at the
+    same offset of that inode (EINVAL, "ref_ctr_offset mismatch" in dmesg).
+    """
     from memrec.stubdriver.build import StubBuildError
     from memrec.stubdriver.build import build_stub
 
     try:
-        return build_stub()
+        return build_stub(tmp_path_factory.mktemp("stub"))
     except StubBuildError as exc:
         pytest.skip(str(exc))
 

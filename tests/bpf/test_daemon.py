@@ -38,14 +38,15 @@ def workdir():
 class DaemonProcess:
     """``memrec daemon`` in a subprocess on a private socket and output."""
 
-    def __init__(self, workdir: Path, stub_lib: Path, output: str = "out.mrec") -> None:
+    def __init__(self, workdir: Path, stub_lib: Path, output: str = "out.mrec", args: tuple[str, ...] = (),
+                 prefix: tuple[str, ...] = ()) -> None:
         self.socket = workdir / "d.sock"
         self.output = workdir / output
-        self.log_path = workdir / "daemon.log"
+        self.log_path = workdir / f"{Path(output).stem}.log"
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "memrec", "daemon", "-o", str(self.output), "--socket", str(self.socket),
-             "--libcuda", str(stub_lib), "--rotate-size", "0"],
+            [*prefix, sys.executable, "-m", "memrec", "daemon", "-o", str(self.output), "--socket", str(self.socket),
+             "--libcuda", str(stub_lib), "--rotate-size", "0", *args],
             stdout=self._log, stderr=subprocess.STDOUT, cwd="/",
         )
 

@@ -24,7 +24,7 @@ def test_demo_says_each_slow_step_replaces_its_own_file_and_points_at_a_command_
     assert proc.returncode == 0, proc.stderr
     err = proc.stderr
     assert f"memrec demo: replacing {out}" in err
-    assert "memrec demo: compiling and loading the BPF probes" in err
+    assert "memrec demo: loading the BPF probes" in err and "memrec demo: recording; probe program " in err
     assert "memrec demo: closing the trace, then detaching the probes" in err
     assert load_trace(out).trailer is not None
     # AND the hint it ends with names commands that work on a terminal (not a bare `memrec dump`)
@@ -42,6 +42,6 @@ def test_record_force_replaces_an_existing_trace_and_says_so(bpf_host, tmp_path)
     # THEN the command's exit code, one line about the replaced file, one before each slow step
     assert proc.returncode == 0, proc.stderr
     assert f"memrec record: replacing {out}" in proc.stderr
-    assert "memrec record: compiling and loading the BPF probes" in proc.stderr
+    assert "memrec record: loading the BPF probes" in proc.stderr and "memrec record: recording; probe program " in proc.stderr
     assert "memrec record: closing the trace, then detaching the probes" in proc.stderr
     assert load_trace(out).trailer is not None

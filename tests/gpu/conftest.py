@@ -44,6 +44,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=reason))
 
 
+def cuda_alloc_source(size: int) -> str:
+    """Python source that allocates ``size`` bytes on GPU 0 with the driver API (cuda-python),
+    leaving ``cu`` and ``ptr`` defined for what follows."""
+    return f"""
+from cuda.bindings import driver as cu
+assert cu.cuInit(0)[0] == 0
+err, dev = cu.cuDeviceGet(0)
+err, ctx = cu.cuDevicePrimaryCtxRetain(dev)
+assert cu.cuCtxSetCurrent(ctx)[0] == 0
+err, ptr = cu.cuMemAlloc({size})
+assert err == 0, err
+"""
+
+
 def memrec_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "memrec", *args]
 

@@ -20,19 +20,13 @@ import pytest
 
 from memrec._errors import MemrecCommandError
 from memrec.live import wait_for_daemon
+from conftest import cuda_alloc_source
 from conftest import memrec_cmd
 
 SIZE = 96 * 2**20 + 4096 + 17  # distinctive
 
-HOLDER = f"""
+HOLDER = cuda_alloc_source(SIZE) + """
 import sys
-from cuda.bindings import driver as cu
-assert cu.cuInit(0)[0] == 0
-err, dev = cu.cuDeviceGet(0)
-err, ctx = cu.cuDevicePrimaryCtxRetain(dev)
-assert cu.cuCtxSetCurrent(ctx)[0] == 0
-err, ptr = cu.cuMemAlloc({SIZE})
-assert err == 0, err
 print("held", flush=True)
 sys.stdin.readline()
 """

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -243,6 +244,16 @@ def test_mark_accepts_verbose_after_its_name(tmp_path, capsys):
     assert capsys.readouterr().err.startswith("memrec: error: no memrec daemon")
 
 
+@pytest.mark.parametrize("gpu", ["-1", "32768", "70000"])
+def test_mark_names_the_gpu_it_refuses_and_the_range_it_takes(gpu, tmp_path, capsys):
+    # GIVEN no daemon needed: the ordinal is refused before anything is sent
+    # WHEN `memrec mark x --gpu N` with N out of a device ordinal's range
+    rc = commands.main(["mark", "x", "--gpu", gpu, "--socket", str(tmp_path / "none.sock")])
+    # THEN a usage error naming the option and the range (70000 is not negative: saying so misled)
+    assert rc == ExitCode.USAGE
+    assert capsys.readouterr().err == f"memrec: error: --gpu {gpu}: not a CUDA device ordinal (0..32767)\n"
+
+
 def test_every_help_fits_80_columns_and_keeps_every_word(monkeypatch, capsys):
     # GIVEN help piped to a file or another program (memrec assumes 80 columns there)
     monkeypatch.setenv("COLUMNS", "80")
@@ -273,6 +284,22 @@ def test_doctor_fits_80_columns_and_says_everything(monkeypatch, capsys):
         assert " ".join(check["detail"].split()) in words
         if check["fix"] and check["status"] != "ok":
             assert " ".join(f"-> {check['fix']}".split()) in words
+
+
+def test_doctor_as_an_ordinary_user_says_what_it_lacks_and_never_crashes():
+    # GIVEN an ordinary user (nobody), who cannot look inside /sys/kernel/tracing (mode 0700)
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv (util-linux) to run doctor as another user")
+    argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m", "memrec", "doctor"]
+    # WHEN doctor runs as that user, as text and as JSON
+    text = subprocess.run(argv, capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "80"})
+    as_json = subprocess.run([*argv, "--json"], capture_output=True, text=True, timeout=120)
+    # THEN no internal error: it fails (no privileges) and says so, every check in its place
+    assert (text.returncode, text.stderr) == (ExitCode.ERROR, ""), text.stderr
+    checks = {c["name"]: c for c in json.loads(as_json.stdout)}
+    assert checks["privileges"]["status"] == "fail"
+    assert checks["tracefs"]["status"] == "warn" and "run memrec doctor as root" in checks["tracefs"]["fix"]
+    assert "uid 65534 without CAP_BPF+CAP_PERFMON" in text.stdout
 
 
 def test_mark_without_a_name_asks_only_for_the_name(capsys):

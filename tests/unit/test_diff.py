@@ -172,7 +172,7 @@ def test_lazy_all_reduce_on_two_gpus_with_an_oom_only_in_b():
         "  all traced changes between the memory baseline and the KV sizing on each of GPUs 0, 1: +32.00 GiB owned",
         "b needs --mem-fraction-static > 0.9114 on every rank to size a KV cache (it ran with 0.875)",
         "custom all-reduce: a: none; b: built on 2 rank(s)",
-        "1 failed driver call only in b (cuMemAlloc_v2 CUDA_ERROR_OUT_OF_MEMORY, …)",
+        "1 failed driver call only in b (cuMemAlloc_v2 CUDA_ERROR_OUT_OF_MEMORY)",
     ]
     # AND the KV numbers are exact: rest 39 − 9.875 = 29.125 → 7 − 9.875 = −2.875
     x = d["kv"][1]
@@ -339,3 +339,28 @@ def test_the_worked_example_in_the_docs_is_this_output():
     # GIVEN docs/sglang.md's worked example  THEN its diff block is what memrec diff prints today
     docs = (BASE.parents[1] / "docs" / "sglang.md").read_text()
     assert render_diff(examples_diff()) in docs
+
+
+def test_a_driver_oom_outside_any_rank_is_named_by_its_gpu_alone(main, tmp_path, capsys):
+    # GIVEN two runs of a program that sends no SGLang markers (no ranks), B's cuMemAlloc_v2 of
+    # 64 GiB on GPU 0 out of memory
+    a, b = sglang_run(), sglang_run(pid0=500, oom=True)
+    a.markers, b.markers = [], []
+    a, b = write(a, tmp_path / "a.mrec"), write(b, tmp_path / "b.mrec")
+    # WHEN diffed
+    assert main(["diff", str(a), str(b)]) == ExitCode.OK
+    # THEN the verdict names the GPU, without a "(no rank)" placeholder before it
+    assert capsys.readouterr().out.splitlines()[2] == (
+        "verdict: b.mrec fails where a.mrec works: cuMemAlloc_v2 ran out of GPU memory on GPU 0: "
+        "1 failed call for 64.00 GiB (CUDA_ERROR_OUT_OF_MEMORY)")
+
+
+def test_one_kind_of_failed_driver_call_is_named_without_an_ellipsis(main, tmp_path, capsys):
+    # GIVEN B's one failed cuMemAlloc_v2, in B only
+    a = write(sglang_run(), tmp_path / "a.mrec")
+    b = write(sglang_run(pid0=500, oom=True), tmp_path / "b.mrec")
+    # WHEN diffed
+    assert main(["diff", str(a), str(b)]) == ExitCode.OK
+    # THEN the verdict's line names it whole: no "…" hinting at others
+    lines = capsys.readouterr().out.splitlines()
+    assert "  1 failed driver call only in b.mrec (cuMemAlloc_v2 CUDA_ERROR_OUT_OF_MEMORY)" in lines

@@ -158,6 +158,19 @@ def test_a_file_that_is_not_a_readable_trace_is_a_data_error(main, capsys, tmp_p
     assert out == "" and err.count("\n") == 1 and message in err
 
 
+def test_a_trace_cut_inside_its_header_is_a_data_error_as_in_every_command(main, capsys, tmp_path):
+    # GIVEN the golden trace cut inside its header (no records: still being created, or cut)
+    path = tmp_path / "cut.mrec"
+    path.write_bytes(GOLDEN.read_bytes()[:20])
+    # WHEN dumped
+    rc = main(["dump", str(path)])
+    out, err = capsys.readouterr()
+    # THEN DATA with the one line memrec report prints for it, and no empty header on stdout
+    assert rc == ExitCode.DATA
+    assert out == "" and err.count("\n") == 1 and "ends inside its header" in err
+    assert main(["report", str(path)]) == ExitCode.DATA and capsys.readouterr().err == err
+
+
 @pytest.mark.parametrize("golden,golden_dump", GOLDENS)
 def test_a_truncated_trace_is_dumped_up_to_the_cut_with_warnings_on_stderr(main, capsys, tmp_path, golden, golden_dump):
     # GIVEN the golden trace cut in the middle of its last record

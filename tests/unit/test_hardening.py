@@ -618,19 +618,23 @@ def test_13_the_return_probe_is_attached_before_the_entry_probe():
 
     order = []
 
-    class Bpf:
-        uprobe_fds: dict = {}
-
-        def attach_uprobe(self, **kw):
-            order.append("entry")
-
-        def attach_uretprobe(self, **kw):
-            order.append("return")
+    class Program:
+        def attach_uprobe(self, function, path, offset, retprobe):
+            order.append((function, retprobe))
+            if function.startswith("enter_") and function.endswith("Fail"):
+                raise OSError(22, "refused")
+            return os.open("/dev/null", os.O_RDONLY)
 
     probes = CudaProbes.__new__(CudaProbes)
-    probes._events = []
-    assert probes._attach_symbol(Bpf(), "/x", "cuMemAlloc_v2") is None
-    assert order == ["return", "entry"]
+    probes._uprobes = []
+    assert probes._attach_symbol(Program(), "/x", "cuMemAlloc_v2", 0x1000) is None
+    assert order == [("return_cuMemAlloc_v2", True), ("enter_cuMemAlloc_v2", False)]
+    assert len(probes._uprobes) == 2
+    # AND a return probe whose entry probe fails is detached again (its fd closed), not kept
+    assert "refused" in probes._attach_symbol(Program(), "/x", "cuFail", 0x2000)
+    assert len(probes._uprobes) == 2
+    for fd in probes._uprobes:
+        os.close(fd)
 
 
 def test_13_a_childs_marker_on_its_parents_connection_is_filed_under_the_child(daemon):

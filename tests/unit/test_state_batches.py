@@ -1,6 +1,7 @@
-"""LiveState.apply: a run of allocations and frees applied at once (numpy) gives exactly what
-the event-by-event path gives: tables, counters, peaks, anomalies, failures, exits, journal rows
-and the GPU filled into the events, for any sequence and any split into batches."""
+"""LiveState.apply: a run of allocations and frees, and of VMM creates, maps, unmaps and
+releases, applied at once (numpy) gives exactly what the event-by-event path gives: tables,
+counters, peaks, anomalies, failures, exits, journal rows and the GPU filled into the events, for
+any sequence and any split into batches."""
 
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ from memrec.state.batch import Batch
 from memrec.trace.model import EventColumns
 from tests.utils import MiB
 from tests.utils import ev
-from tests.utils import handle_bytes
 from tests.utils import events
 from tests.utils import handle_bytes
 
@@ -83,6 +83,68 @@ _events = st.lists(st.one_of(_event.map(lambda e: [e]), _ipc_story()), min_size=
 )
 
 
+VAS = (0x40000000, 0x40400000, 0x40800000)  # 4 MiB apart: mappings of up to 4 MiB never overlap
+
+
+@st.composite
+def _vmm_story(draw) -> list:
+    """A physical handle's life: created (on a GPU, or host-located), mapped at one or two
+    addresses, released and unmapped in any order the driver allows; or, shuffled or cut short,
+    in an order it does not (unknown handles and mappings, double maps, releases while mapped)."""
+    pid, h, gpu = draw(st.sampled_from(PIDS)), draw(st.integers(1, 4)), draw(st.sampled_from(GPUS))
+    size = draw(st.sampled_from((0, 2 * MiB, 4 * MiB)))
+    vas = draw(st.lists(st.sampled_from(VAS), min_size=0, max_size=2, unique=True))
+    fill = draw(st.sampled_from((-1, -1, gpu)))  # maps, unmaps and releases usually come without a GPU
+    create = ev(Kind.VMM_CREATE, pid=pid, handle=h, size=size, gpu=gpu, aux=draw(st.sampled_from((0, 1, 1, 2))))
+    maps = [ev(Kind.VMM_MAP, pid=pid, handle=h, ptr=va, size=size, aux=0, gpu=fill) for va in vas]
+    unmaps = [ev(Kind.VMM_UNMAP, pid=pid, ptr=va, size=draw(st.sampled_from((size, size, 0, 8 * MiB))), gpu=fill)
+              for va in vas]
+    release = ev(Kind.VMM_RELEASE, pid=pid, handle=h, gpu=fill)
+    # A legal order: the create first, each map before its unmap, the release anywhere after it.
+    seq, seen = [create], set()
+    for token in draw(st.permutations([-1, *range(len(vas)), *range(len(vas))])):
+        if token < 0:
+            seq.append(release)
+        else:
+            seq.append(unmaps[token] if token in seen else maps[token])
+            seen.add(token)
+    how = draw(st.sampled_from(("legal", "legal", "legal", "shuffled", "cut")))
+    if how == "shuffled":
+        seq = draw(st.permutations(seq))
+    elif how == "cut":
+        seq = seq[draw(st.integers(0, len(seq) - 1)):]
+    return seq
+
+
+_vmm_rare = st.one_of(
+    st.builds(lambda pid, h, va: ev(Kind.VMM_RETAIN, pid=pid, handle=h, ptr=va),
+              st.sampled_from(PIDS), st.integers(1, 6), st.sampled_from(VAS + (VAS[0] + 4096,))),
+    st.builds(lambda pid, h, n: ev(Kind.SHARE_EXPORT, pid=pid, handle=h, ipc=handle_bytes(100 + n)),
+              st.sampled_from(PIDS), st.integers(1, 4), st.integers(1, 2)),
+    st.builds(lambda pid, h, n, gpu: ev(Kind.SHARE_IMPORT, pid=pid, handle=h, ipc=handle_bytes(100 + n), gpu=gpu),
+              st.sampled_from(PIDS), st.integers(1, 4), st.integers(1, 2), st.sampled_from(GPUS)),
+    st.builds(lambda kind, pid, n: ev(kind, pid=pid, ptr=0x8000 + n * 4096, size=4096),
+              st.sampled_from((Kind.HOST_ALLOC, Kind.HOST_FREE, Kind.HOST_REGISTER, Kind.HOST_UNREGISTER)),
+              st.sampled_from(PIDS), st.integers(0, 1)),
+    st.builds(lambda pid, n: ev(Kind.IPC_CLOSE, pid=pid, ptr=0x5000 + n), st.sampled_from(PIDS), st.integers(1, 2)),
+)
+
+
+@st.composite
+def _interleaved(draw) -> list:
+    """VMM stories, IPC stories and single events, interleaved (each story keeps its order)."""
+    parts = draw(st.lists(
+        st.one_of(_vmm_story(), _vmm_story(), _vmm_story(), _ipc_story(), _event.map(lambda e: [e]),
+                  _vmm_rare.map(lambda e: [e])),
+        min_size=1, max_size=14))
+    queues = [list(p) for p in parts if p]
+    owners = [i for i, q in enumerate(queues) for _ in q]
+    out = []
+    for i in draw(st.permutations(owners)):
+        out.append(queues[i].pop(0))
+    return out
+
+
 def _run(rows: list, cuts: list[int], vector_min_run: int, max_failures: int,
          columns: bool = False) -> tuple[LiveState, np.ndarray]:
     """Apply ``rows`` batch by batch; ``columns``: as a loaded trace's contiguous columns (its
@@ -143,6 +205,128 @@ def test_runs_at_once_equal_event_by_event(rows, cuts, max_failures):
     assert again.snapshot() == slow.snapshot()
 
 
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=_interleaved(), cuts=st.lists(st.integers(0, 120), max_size=4), at_once=st.sampled_from((0, 0, 3)))
+def test_vmm_and_ipc_runs_at_once_equal_event_by_event(rows, cuts, at_once):
+    # GIVEN VMM handles created, mapped, released and unmapped by several processes on several
+    # GPUs (handles reused after release, orders the driver allows and orders it does not),
+    # interleaved with IPC exports and opens, retains, shareable handles, host memory,
+    # allocations, failures and exits, split into batches
+    # WHEN applied with runs at once and with every event one by one
+    fast, fast_arr = _run(rows, cuts, at_once, 256)
+    slow, slow_arr = _run(rows, cuts, 10**9, 256)
+    # THEN everything the state shows, and the GPU filled into the events, is the same
+    assert _observed(fast) == _observed(slow)
+    assert fast_arr["gpu"].tolist() == slow_arr["gpu"].tolist()
+    assert list(fast.mappings()) == list(slow.mappings())
+    # AND a keyframe of it restores the same state
+    wire = msgpack.unpackb(msgpack.packb(fast.snapshot(), use_bin_type=True), raw=False)
+    again = LiveState.from_snapshot(wire, journal=True)
+    again.check()
+    assert again.snapshot() == slow.snapshot()
+
+
+def test_vmm_stories_are_applied_at_once(monkeypatch):
+    # GIVEN 300 handles of 3 processes on 2 GPUs, each created, mapped, released and unmapped
+    # (in the two orders allocators use), handles reused, among allocations
+    import memrec.state.plain as plain
+
+    taken, declined = [], []
+    real = plain.apply_vmm
+
+    def spy(*args):
+        changes, rest = real(*args)
+        taken.append(changes is not None)
+        declined.extend(args[1]["pid"][rest].tolist())  # the pids of the events it declined
+        return changes, rest
+
+    monkeypatch.setattr(plain, "apply_vmm", spy)
+    rng = np.random.default_rng(3)
+    rows, live = [], []
+    for i in range(300):
+        pid, h, va = 7 + i % 3, 1 + i % 40, 0x40000000 + (i % 60) * 0x400000
+        if any(x[:2] == (pid, h) or x[::2] == (pid, va) for x in live):
+            continue
+        live.append((pid, h, va))
+        rows += [ev(Kind.VMM_CREATE, pid=pid, handle=h, size=2 * MiB, gpu=i % 2),
+                 ev(Kind.VMM_MAP, pid=pid, handle=h, ptr=va, size=2 * MiB),
+                 ev(Kind.ALLOC, pid=pid, ptr=0x1000 * (i + 1), size=512, gpu=0)]
+        if len(live) > 20:
+            pid, h, va = live.pop(int(rng.integers(0, len(live))))
+            pair = [ev(Kind.VMM_RELEASE, pid=pid, handle=h), ev(Kind.VMM_UNMAP, pid=pid, ptr=va, size=2 * MiB)]
+            rows += pair if rng.random() < 0.5 else pair[::-1]
+    # AND a process whose mappings predate the trace unmaps and releases them now and then
+    late = [i for i in range(0, len(rows), 50)]
+    for n, i in enumerate(reversed(late)):
+        rows[i:i] = [ev(Kind.VMM_UNMAP, pid=99, ptr=0x90000000 + n * 0x200000, size=2 * MiB),
+                     ev(Kind.VMM_RELEASE, pid=99, handle=1000 + n)]
+    cuts = list(range(0, len(rows), 500))
+    # WHEN applied with runs at once and event by event
+    fast, fast_arr = _run(rows, cuts, 0, 256)
+    slow, slow_arr = _run(rows, cuts, 10**9, 256)
+    # THEN every run's VMM events were applied at once but that process's (event by event),
+    # with the same result
+    assert taken and all(taken)
+    assert set(declined) == {99}
+    assert _observed(fast) == _observed(slow)
+    assert fast_arr["gpu"].tolist() == slow_arr["gpu"].tolist()
+    assert fast.anomalies == {"unmap_unknown": len(late), "release_unknown": len(late)}
+    assert len(list(fast.mappings())) == 20
+
+
+def _filler(n: int, pid: int = 50) -> list:
+    """Allocations that make a batch a run applied at once."""
+    return [ev(Kind.ALLOC, pid=pid, ptr=0x10000 + 0x1000 * i, size=512, gpu=0) for i in range(n)]
+
+
+def _both(batches: list[list]) -> LiveState:
+    """Apply ``batches`` at once and event by event; assert they agree; return the first."""
+    rows = [e for b in batches for e in b]
+    cuts = list(np.cumsum([len(b) for b in batches]))
+    fast, fast_arr = _run(rows, cuts, 0, 256)
+    slow, slow_arr = _run(rows, cuts, 10**9, 256)
+    assert _observed(fast) == _observed(slow)
+    assert fast_arr["gpu"].tolist() == slow_arr["gpu"].tolist()
+    return fast
+
+
+def test_an_import_sees_the_exporters_handle_as_it_was_then():
+    # GIVEN a handle created and shared (fabric) by one process, then a batch where a peer
+    # imports it and the exporter releases it after that
+    share = [ev(Kind.VMM_CREATE, pid=7, handle=1, size=4 * MiB, gpu=1),
+             ev(Kind.SHARE_EXPORT, pid=7, handle=1, ipc=handle_bytes(200))]
+    later = [*_filler(30), ev(Kind.SHARE_IMPORT, pid=8, handle=5, ipc=handle_bytes(200)),
+             ev(Kind.VMM_RELEASE, pid=7, handle=1), *_filler(30, pid=51)]
+    # WHEN applied at once and event by event THEN both agree: the peer maps the 4 MiB on GPU 1
+    state = _both([share, later])
+    assert state.mapped_bytes(gpu=1, pid=8) == 4 * MiB
+    assert state.owned_bytes(pid=7) == 0
+
+
+def test_a_release_through_a_retained_alias_releases_the_mapped_handle():
+    # GIVEN a handle mapped, retained under another number (an alias), and later a handle
+    # created under that number and the alias released
+    first = [ev(Kind.VMM_CREATE, pid=7, handle=1, size=2 * MiB, gpu=0),
+             ev(Kind.VMM_MAP, pid=7, handle=1, ptr=VAS[0], size=2 * MiB),
+             ev(Kind.VMM_RETAIN, pid=7, handle=9, ptr=VAS[0])]
+    later = [*_filler(30), ev(Kind.VMM_CREATE, pid=7, handle=9, size=MiB, gpu=0),
+             ev(Kind.VMM_RELEASE, pid=7, handle=9), ev(Kind.VMM_RELEASE, pid=7, handle=1),
+             ev(Kind.VMM_UNMAP, pid=7, ptr=VAS[0], size=2 * MiB)]
+    # WHEN applied at once and event by event THEN both agree: the alias's release took the
+    # retained reference, the handle went with its unmap, the new handle 9 is still held
+    state = _both([first, later])
+    assert state.owned_bytes(pid=7) == MiB and not state.anomalies
+
+
+def test_mapping_an_imported_handle_learns_its_size():
+    # GIVEN a handle imported from an unknown peer (size unknown), mapped in a later batch
+    first = [ev(Kind.SHARE_IMPORT, pid=8, handle=5, gpu=1, ipc=handle_bytes(201))]
+    later = [*_filler(30), ev(Kind.VMM_MAP, pid=8, handle=5, ptr=VAS[1], size=8 * MiB)]
+    # WHEN applied at once and event by event THEN both agree: the mapping gave its size
+    state = _both([first, later])
+    assert state.mapped_bytes(gpu=1, pid=8) == 8 * MiB
+
+
 def test_a_long_run_with_reuse_and_double_frees_is_exact():
     # GIVEN 20,000 allocations and frees over 300 keys of 3 processes (reuse, double frees,
     # unknown frees, frees that fill in the GPU), in batches of 4,096
@@ -165,11 +349,17 @@ def test_a_long_run_with_reuse_and_double_frees_is_exact():
 
 
 def test_keys_whose_hashes_collide_still_pair_exactly(monkeypatch):
-    # GIVEN a hash that sends every (pid, ptr) to the same value (so the fast grouping sort and the
-    # planner's key index see one key), and events with allocations, frees, exports and opens
+    # GIVEN a hash that sends every (pid, ptr) to the same value (so the grouping sorts, the
+    # planner's key index and the tables' hash index see one key), and events with allocations,
+    # frees, exports and opens
+    import memrec.state.allocs as allocs
     import memrec.state.plain as plain
+    import memrec.state.planner as planner
 
-    monkeypatch.setattr(plain, "key_hash", lambda pids, ptrs: np.zeros(len(pids), np.uint64))
+    for module in (allocs, plain, planner):
+        monkeypatch.setattr(module, "key_hash", lambda pids, ptrs: np.zeros(len(pids), np.uint64))
+    for module in (allocs, planner):
+        monkeypatch.setattr(module, "key_hash1", lambda pid, ptr: 0)
     rng = np.random.default_rng(9)
     rows = []
     for i in range(3000):

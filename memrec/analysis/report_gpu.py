@@ -1,0 +1,251 @@
+"""``memrec report``'s section of one GPU: peak, final, categories, processes, phases, held at
+exit, failures, NVML and the reconciliation, from the replay's series (:mod:`memrec.analysis.report`
+builds the rest and calls :func:`gpu_section` per GPU)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from memrec.analysis.names import api_name
+from memrec.analysis.reconcile import Reconciliation
+from memrec.analysis.text import seconds
+from memrec.engine.phases import Phases
+from memrec.engine.series import GpuSeries
+from memrec.events import CATEGORIES
+from memrec.events import OWNED
+
+#: Process exit records list this many largest pieces still held.
+EXIT_LARGEST = 3
+
+
+def holding_json(h: dict) -> dict:
+    """A holding (or an exit record's piece) for JSON: API numbers as names, nested ones too."""
+    h = dict(h)
+    if "api" in h:
+        h["api"] = api_name(h["api"])
+    if "largest" in h:
+        h["largest"] = [holding_json(x) for x in h["largest"]]
+    return h
+
+
+def gpu_section(
+    g: int,
+    series: GpuSeries | None,
+    info: Any,
+    start: int,
+    pid: int | None,
+    procs: dict,
+    exits: list[dict],
+    usage: tuple[list, list],
+    phases: Phases,
+    failures: list[dict],
+    trace: Any,
+    rec: Reconciliation,
+) -> dict | None:
+    pids = series.pids() if series is not None else []
+    if pid is not None:
+        pids = [p for p in pids if p == pid]
+    held = _held_at_exit(g, exits, pid, start)
+    if pid is not None and not pids and not failures and not held:
+        return None
+    sec: dict = {
+        "gpu": g,
+        "name": info.name if info else None,
+        "uuid": info.uuid if info else None,
+        "total": info.total if info else None,
+    }
+    if series is not None:
+        total = series.total(pid)
+        peak_b, peak_ts, row = series.peak(pid)
+        cats = series.by_category(pid)
+        sec["peak"] = {
+            "bytes": peak_b,
+            "ts": peak_ts,
+            "t_s": seconds(peak_ts - start),
+            "by_category": {c: int(s[row]) for c, s in cats.items() if s[row]},
+            "by_pid": [{"pid": p, "bytes": int(series.total(p)[row])} for p in pids if series.total(p)[row]],
+        }
+        sec["final"] = {
+            "bytes": int(total[-1]),
+            "by_category": {c: int(s[-1]) for c, s in cats.items() if s[-1]},
+            "by_pid": [{"pid": p, "bytes": int(series.total(p)[-1])} for p in pids if series.total(p)[-1]],
+        }
+        sec["categories"] = []
+        for c, s in cats.items():
+            i = int(np.argmax(s))
+            if not s[i]:  # a category only other processes used (a -p filter): no row of zeros
+                continue
+            sec["categories"].append(
+                {"category": c, "owned": c != "ipc_mapped", "peak": int(s[i]), "peak_ts": int(series.ts[i]),
+                 "peak_t_s": seconds(int(series.ts[i]) - start), "final": int(s[-1])}
+            )
+    else:
+        sec["peak"] = {"bytes": 0, "ts": start, "t_s": 0.0, "by_category": {}, "by_pid": []}
+        sec["final"] = {"bytes": 0, "by_category": {}, "by_pid": []}
+        sec["categories"] = []
+    held_by_pid = {}
+    for r in held:
+        held_by_pid[r["pid"]] = held_by_pid.get(r["pid"], 0) + r["owned"]
+    nvml_used = _procmem_last(trace, g)
+    rows = []
+    for p in pids:
+        own = series.total(p)
+        mapped = series.series(p, ("ipc_mapped",))
+        i = int(np.argmax(own))
+        rows.append(
+            {
+                "pid": p,
+                "process": procs.get(p, {}).get("short", ""),
+                "rank": procs.get(p, {}).get("rank", ""),
+                "peak": int(own[i]),
+                "peak_ts": int(series.ts[i]),
+                "peak_t_s": seconds(int(series.ts[i]) - start),
+                "final": int(own[-1]),
+                "mapped_peak": int(mapped.max()),
+                "mapped_final": int(mapped[-1]),
+                "by_category": {c: int(s[-1]) for c, s in series.by_category(p).items() if s[-1]},
+                "exit_ts": procs.get(p, {}).get("exit_ts"),
+                "held_at_exit": held_by_pid.get(p, 0),
+                "nvml_used": nvml_used.get(p),
+            }
+        )
+    rows.sort(key=lambda r: (-r["peak"], -r["mapped_peak"], r["pid"]))
+    sec["processes"] = rows
+    sec["phases"] = _gpu_phases(g, usage[0], usage[1], phases, pid, start) if phases.phases else []
+    sec["held_at_exit"] = held
+    sec["failures"] = failures
+    sec["nvml"] = _nvml(trace, g, series, start)
+    sec["reconciliation"] = _reconciliation(rec, g, pid, start)
+    return sec
+
+
+def _reconciliation(rec: Reconciliation, g: int, pid: int | None, start: int) -> dict | None:
+    """NVML vs traced on GPU ``g`` (None for the host section and GPUs without NVML samples)."""
+    if g < 0 or g not in rec.gpus():
+        return None
+    out = rec.gpu_summary(g, pid)
+    rows = out["processes"] + ([out["device"]] if out["device"] else []) + out["contexts"]
+    rows += [st for p in out["processes"] for st in p.get("steps", [])]
+    for row in rows:
+        for key in ("last_ts", "untraced_max_ts", "exit_ts", "ts", "cause_ts"):
+            if key in row:
+                row[key[:-2] + "t_s"] = seconds(row[key] - start) if row[key] is not None else None
+    return out
+
+
+def _held_at_exit(g: int, exits: list[dict], pid: int | None, start: int) -> list[dict]:
+    out = []
+    for r in exits:
+        if pid is not None and r["pid"] != pid:
+            continue
+        rows = [h for h in r["held"] if h["gpu"] == g]
+        if not rows:
+            continue
+        out.append(
+            {
+                "pid": r["pid"],
+                "ts": r["ts"],
+                "t_s": seconds(r["ts"] - start),
+                "owned": sum(h["bytes"] for h in rows if h["category"] != "ipc_mapped"),
+                "mapped": sum(h["bytes"] for h in rows if h["category"] == "ipc_mapped"),
+                "count": sum(h["count"] for h in rows),
+                "by_category": {h["category"]: h["bytes"] for h in rows},
+                "largest": [holding_json(h) for h in r["largest"] if h["gpu"] == g][:EXIT_LARGEST],
+            }
+        )
+    return out
+
+
+def _gpu_phases(g: int, usage: list, exit_usage: list, phases: Phases, pid: int | None, start: int) -> list[dict]:
+    """Per (pid, phase) on ``g``: bytes by category, allocated, freed, net; ``exit_freed`` and
+    ``exit_by_category`` are the part of ``freed`` a process exit made implicitly."""
+    at_exit = {(u.pid, u.phase, u.category): u.freed for u in exit_usage if u.gpu == g}
+    rows: dict[tuple[int, int], dict] = {}
+    for u in usage:
+        if u.gpu != g or (pid is not None and u.pid != pid):
+            continue
+        row = rows.get((u.pid, u.phase))
+        if row is None:
+            ph = phases.phases[u.phase] if u.phase >= 0 else None
+            row = rows[(u.pid, u.phase)] = {
+                "pid": u.pid,
+                "phase": u.phase,
+                "path": phases.label(u.phase),
+                "start_ts": ph.start if ph else None,
+                "end_ts": ph.end if ph else None,
+                "start_s": seconds(ph.start - start) if ph else None,
+                "end_s": seconds(ph.end - start) if ph else None,
+                "closed": ph.closed if ph else None,
+                "by_category": {},
+                "allocated": 0,
+                "freed": 0,
+                "net": 0,
+                "mapped_net": 0,
+                "exit_freed": 0,
+                "exit_by_category": {},
+            }
+        row["by_category"][u.category] = row["by_category"].get(u.category, 0) + u.net
+        freed_at_exit = at_exit.get((u.pid, u.phase, u.category), 0)
+        if freed_at_exit:
+            row["exit_by_category"][u.category] = freed_at_exit
+        if u.category in OWNED:
+            row["exit_freed"] += freed_at_exit
+            row["allocated"] += u.allocated
+            row["freed"] += u.freed
+            row["net"] += u.net
+        else:
+            row["mapped_net"] += u.net
+    out = list(rows.values())
+    for r in out:
+        r["by_category"] = {c: r["by_category"][c] for c in CATEGORIES if c in r["by_category"]}
+    # By process, then in time order, (no phase) last.
+    out.sort(key=lambda r: (r["pid"], r["phase"] < 0, r["start_ts"] or 0, r["phase"]))
+    return out
+
+
+def _procmem_last(trace: Any, g: int) -> dict[int, int]:
+    pm = trace.procmem
+    if not len(pm):
+        return {}
+    sel = pm[pm["gpu"] == g]
+    out: dict[int, int] = {}
+    for ts, p, used in sorted(zip(sel["ts"].tolist(), sel["pid"].tolist(), sel["used"].tolist())):
+        out[p] = used
+    return out
+
+
+def _nvml(trace: Any, g: int, series: GpuSeries | None, start: int) -> dict | None:
+    nv = trace.nvml
+    if not len(nv):
+        return None
+    s = nv[nv["gpu"] == g]
+    if not len(s):
+        return None
+    s = s[np.argsort(s["ts"], kind="stable")]
+    used = s["used"]
+    reserved = s["reserved"]
+    last = s[-1]
+    out: dict = {
+        "samples": int(len(s)),
+        "total": int(last["total"]) if last["total"] >= 0 else None,
+        "last_ts": int(last["ts"]),
+        "last_t_s": seconds(int(last["ts"]) - start),
+        "last_used": int(last["used"]) if last["used"] >= 0 else None,
+        "last_reserved": int(last["reserved"]) if last["reserved"] >= 0 else None,
+        "peak_used": None,
+        "peak_used_ts": None,
+        "peak_used_t_s": None,
+        "peak_reserved": int(reserved.max()) if reserved.max() >= 0 else None,
+    }
+    if used.max() >= 0:
+        i = int(np.argmax(used))
+        out["peak_used"] = int(used[i])
+        out["peak_used_ts"] = int(s["ts"][i])
+        out["peak_used_t_s"] = seconds(int(s["ts"][i]) - start)
+    if series is not None and out["last_used"] is not None:
+        traced = series.at(out["last_ts"])
+        out["traced_at_last"] = traced
+        out["untraced_at_last"] = out["last_used"] - traced
+    return out

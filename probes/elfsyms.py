@@ -1,0 +1,74 @@
+"""The function symbols of an ELF shared object and the file offsets a uprobe takes.
+
+Why not bcc's symbol resolver: a warm start does not load libbcc at all (see ``bpfsys``). A
+uprobe is placed at a *file offset*: the symbol's virtual address moved into the loadable
+segment that holds it (``vaddr - p_vaddr + p_offset``), which is what bcc computes too.
+Only what libcuda needs is read: 64-bit little-endian ELF, ``.dynsym`` and ``.symtab``.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+_STT_FUNC, _STT_GNU_IFUNC = 2, 10
+_SHT_SYMTAB, _SHT_DYNSYM = 2, 11
+_PT_LOAD = 1
+#: Bounds on what is read from an untrusted file: tables past these are refused, not read.
+_MAX_TABLE = 256 << 20
+
+
+class ElfError(ValueError):
+    """The file is not a 64-bit little-endian ELF file this reader understands."""
+
+
+def _read(fd: int, offset: int, size: int) -> bytes:
+    if size < 0 or size > _MAX_TABLE:
+        raise ElfError(f"table of {size} bytes at {offset}")
+    data = os.pread(fd, size, offset)
+    if len(data) != size:
+        raise ElfError(f"truncated at {offset}+{size}")
+    return data
+
+
+def function_offsets(fd: int, prefix: bytes = b"") -> dict[str, int]:
+    """Map each defined function symbol starting with ``prefix`` to its uprobe file offset.
+
+    Raises:
+        ElfError: not an ELF64 LE file, or its tables are out of bounds.
+        OSError: the file cannot be read.
+    """
+    head = _read(fd, 0, 64)
+    if head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+        raise ElfError("not a 64-bit little-endian ELF file")
+    phoff, shoff = struct.unpack_from("<QQ", head, 32)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", head, 54)
+    if phentsize < 56 or shentsize < 64:
+        raise ElfError("odd header sizes")
+    segments = []
+    phdrs = _read(fd, phoff, phentsize * phnum)
+    for i in range(phnum):
+        p_type, _flags, p_offset, p_vaddr, _paddr, p_filesz = struct.unpack_from("<IIQQQQ", phdrs, i * phentsize)
+        if p_type == _PT_LOAD:
+            segments.append((p_vaddr, p_vaddr + p_filesz, p_offset))
+    shdrs = _read(fd, shoff, shentsize * shnum)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", shdrs, i * shentsize) for i in range(shnum)]
+    found: dict[str, int] = {}
+    for _name, sh_type, _f, _a, sh_offset, sh_size, sh_link, _info, _al, sh_entsize in sections:
+        if sh_type not in (_SHT_SYMTAB, _SHT_DYNSYM) or sh_entsize < 24 or sh_link >= shnum:
+            continue
+        strtab = _read(fd, sections[sh_link][4], sections[sh_link][5])
+        table = _read(fd, sh_offset, sh_size)
+        for at in range(0, sh_size - sh_entsize + 1, sh_entsize):
+            st_name, st_info, _other, st_shndx, st_value = struct.unpack_from("<IBBHQ", table, at)
+            if st_shndx == 0 or st_value == 0 or (st_info & 0xF) not in (_STT_FUNC, _STT_GNU_IFUNC):
+                continue
+            end = strtab.find(b"\0", st_name)
+            name = strtab[st_name:end if end >= 0 else len(strtab)]
+            if not name.startswith(prefix):
+                continue
+            for lo, hi, off in segments:
+                if lo <= st_value < hi:
+                    found.setdefault(name.decode(errors="replace"), st_value - lo + off)
+                    break
+    return found
