@@ -423,3 +423,21 @@ def test_without_bcc_doctor_and_record_say_whether_to_install_it_or_reach_it(mon
     if os.geteuid() == 0:  # as another user, record stops earlier, at the privilege check
         last = err.splitlines()[-1]
         assert rc == ExitCode.UNAVAILABLE and last.startswith("memrec: error: ") and last.endswith(check["fix"])
+
+
+@pytest.mark.parametrize("mistake", [["--phase", "bogus"], ["--gpu", "abc"], ["--pid", "x"]])
+def test_mark_reports_a_mistake_alike_before_and_after_name(mistake, tmp_path, capsys):
+    # GIVEN one mistaken option (no daemon needed: it is refused before anything is sent)
+    socket = ["--socket", str(tmp_path / "none.sock")]
+    errors = []
+    for argv in (["mark", *mistake, "x", *socket], ["mark", "x", *mistake, *socket]):
+        # WHEN it stands before NAME, then after it
+        with pytest.raises(SystemExit) as done:
+            commands.main(argv)
+        # THEN a usage error, exit code 2, as any other command's
+        assert done.value.code == ExitCode.USAGE
+        errors.append(capsys.readouterr().err)
+    # AND the same usage and the same error line wherever the option stands
+    assert errors[0] == errors[1]
+    assert errors[0].startswith("usage: memrec mark ")
+    assert errors[0].splitlines()[-1].startswith("memrec mark: error: argument ")
