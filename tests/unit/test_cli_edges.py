@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import sys
 from pathlib import Path
 
@@ -317,6 +318,33 @@ def test_doctor_as_an_ordinary_user_says_what_it_lacks_and_never_crashes():
     assert checks["privileges"]["status"] == "fail"
     assert checks["tracefs"]["status"] == "warn" and "run memrec doctor as root" in checks["tracefs"]["fix"]
     assert "uid 65534 without CAP_BPF+CAP_PERFMON" in text.stdout
+
+
+@pytest.mark.parametrize("where", ["in a folder it may not open", "under a folder it may not pass"])
+def test_doctor_as_an_ordinary_user_says_it_cannot_read_the_probe_cache(where, tmp_path):
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv (util-linux) to run doctor as another user")
+    # GIVEN a probe cache only root may read (a root folder of mode 0700, or one below pytest's
+    # root-only tmp_path), holding a file of root's
+    if where == "in a folder it may not open":
+        cache = Path(tempfile.mkdtemp(dir="/tmp"))
+    else:
+        cache = tmp_path / "probes"
+        cache.mkdir(mode=0o700)
+    (cache / "x.mrprobe").write_bytes(b"root's")
+    argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m", "memrec", "doctor",
+            "--json", "--probe-cache", str(cache)]
+    try:
+        # WHEN doctor runs as uid 65534
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    finally:
+        shutil.rmtree(cache)
+    check = {c["name"]: c for c in json.loads(done.stdout)}["probe cache"]
+    # THEN it says it may not read the cache as this user and to check as root, not that the
+    # cache is unusable or will be rewritten
+    assert check["status"] == "warn"
+    assert check["detail"] == f"uid 65534 may not read the probe cache in {cache} (root's alone)"
+    assert check["fix"] == "run memrec doctor as root to check it"
 
 
 def test_mark_without_a_name_asks_only_for_the_name(capsys):
