@@ -469,3 +469,22 @@ def test_mark_reports_a_mistake_alike_before_and_after_name(mistake, tmp_path, c
     assert errors[0] == errors[1]
     assert errors[0].startswith("usage: memrec mark ")
     assert errors[0].splitlines()[-1].startswith("memrec mark: error: argument ")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "char-device"])
+def test_a_fifo_or_a_device_as_a_trace_is_not_a_regular_file_to_every_command(kind, tmp_path):
+    # GIVEN a FIFO (nobody writing to it) or /dev/zero given as a trace
+    if kind == "fifo":
+        path = tmp_path / "pipe.mrec"
+        os.mkfifo(path)
+    else:
+        path = Path("/dev/zero")
+    out = tmp_path / "out"
+    for argv in (["report", path], ["dump", path], ["diff", path, path], ["merge", path, "-o", out],
+                 ["export", path, "--to", "perfetto", "-o", out], ["plot", path, "-o", f"{out}.png"]):
+        # WHEN a command reads it (in a child: a FIFO opened for reading would wait for a writer)
+        done = subprocess.run([sys.executable, "-m", "memrec", *map(str, argv)], capture_output=True, text=True,
+                              timeout=60)
+        # THEN one line saying it is not a regular file (not "empty file"), and the input exit code
+        assert (done.returncode, done.stdout, done.stderr) == (
+            ExitCode.NO_INPUT, "", f"memrec: error: {path}: not a regular file\n"), argv
