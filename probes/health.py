@@ -104,6 +104,17 @@ def check_nvml() -> Check:
     return Check("nvml", "ok", f"{len(gpus)} GPU(s): {names}")
 
 
+def _refused(path: str) -> bool:
+    """Whether this user is refused ``path`` itself or a folder on the way to it."""
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC))
+    except PermissionError:
+        return True
+    except OSError:
+        pass
+    return False
+
+
 def check_probe_cache(directory: str, ringbuf_pages: int) -> Check:
     """Whether the daemon's next start (default options) finds its compiled program in ``directory``."""
     from memrec.probes import probecache
@@ -111,11 +122,14 @@ def check_probe_cache(directory: str, ringbuf_pages: int) -> Check:
     from memrec.probes.cuda import program_source
 
     cache = probecache.ProbeCache(directory)
+    key = probecache.cache_key(program_source(), program_cflags(False, ringbuf_pages))
+    if os.geteuid() != 0 and _refused(cache.path(key)):  # root's to read: nothing wrong with it said
+        return Check("probe cache", "warn", f"uid {os.geteuid()} may not read the probe cache in {directory} "
+                     "(root's alone)", "run memrec doctor as root to check it")
     if cache.problem:
         return Check("probe cache", "warn", f"{directory} is not used: {cache.problem}",
                      "make it a directory only root can write, or start the daemon with --probe-cache DIR; "
                      "until then every start compiles the probes (a few seconds)")
-    key = probecache.cache_key(program_source(), program_cflags(False, ringbuf_pages))
     try:
         found = cache.read(key) is not None
     except probecache.CacheError as error:

@@ -18,6 +18,7 @@ from memrec.analysis.sglang_report import render_sglang
 from memrec.analysis.text import count
 from memrec.analysis.text import fit_lines
 from memrec.analysis.text import human
+from memrec.analysis.text import scalar
 from memrec.analysis.text import seconds
 from memrec.analysis.text import table
 from memrec.analysis.untraced import SPLIT
@@ -45,7 +46,7 @@ def _fmt_value(v: Any) -> str:
         return human(v)
     if isinstance(v, float):
         return f"{v:.4g}"
-    return str(v)
+    return scalar(v)
 
 
 def _pid_label(pid: int, procs: dict[int, dict]) -> str:

@@ -26,6 +26,7 @@ from memrec.client import DROP_REASONS
 from memrec.client import DROPPED_MARKER
 from memrec.events import CUDA_ERROR_OUT_OF_MEMORY
 from memrec.events import Kind
+from memrec.analysis.text import scalar
 from memrec.state.batch import Batch
 
 def torch_reserved_delta(markers: list) -> dict[tuple[int, int, str], int]:
@@ -196,7 +197,7 @@ def custom_ar_line(c: dict, human) -> str:
     parts = [f"{'/'.join(c['classes']) or 'built'} on {c['ranks_built']} rank(s)"]
     for key, name in (("world_size", "world size"), ("full_nvlink", "full_nvlink"), ("disabled", "disabled")):
         if c[key]:
-            parts.append(f"{name} {'/'.join(str(v) for v in c[key])}")
+            parts.append(f"{name} {'/'.join(scalar(v) for v in c[key])}")
     if c["disabled"] == [True]:
         parts.append("SGLang disabled it after building it (NCCL does the all-reduce)")
     if c["shared_buffer_bytes"]:

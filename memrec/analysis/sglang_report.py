@@ -63,6 +63,7 @@ from memrec.analysis.sglang_windows import kv_times
 from memrec.analysis.sglang_windows import kv_windows
 from memrec.analysis.sglang_windows import rank_gpus
 from memrec.analysis.text import human
+from memrec.analysis.text import scalar
 from memrec.analysis.text import seconds
 from memrec.analysis.text import table
 
@@ -453,7 +454,7 @@ def _fmt_value(k: str, v: Any, human) -> str:
         return f"{v:.4g}"
     if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10_000:
         return f"{v:,}"
-    return str(v)
+    return scalar(v)
 
 
 def render_sglang(section: dict, width: int | None = None) -> list[str]:

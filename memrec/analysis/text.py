@@ -106,3 +106,11 @@ def seconds(ns: int) -> float:
 def signed_human(n: int) -> str:
     """A signed byte delta: ``+18.00 GiB``, ``-2.0 MiB``, ``0 B``."""
     return ("+" if n > 0 else "") + human(n)
+
+
+def scalar(value: object) -> str:
+    """A marker's or a fact's value as the trace and the JSON spell it: ``true``, ``false`` and
+    ``null`` rather than Python's ``True``/``False``/``None``; anything else as str() has it."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    return str(value)

@@ -49,13 +49,15 @@ def trace_error(path: Path | str, error: TraceFormatError | OSError) -> MemrecCo
 
 
 def check_trace_path(path: Path) -> None:
-    """Raise the one-line error for a trace path that is missing, a folder or unreadable (NO_INPUT),
-    or an empty file (DATA: nothing a command could show)."""
+    """Raise the one-line error for a trace path that is missing, a folder, not a regular file (a
+    FIFO, a device) or unreadable (NO_INPUT), or an empty file (DATA: nothing a command could show)."""
     try:
         if not path.exists():
             raise MemrecCommandError(f"{path}: no such file", exit_code=ExitCode.NO_INPUT)
         if path.is_dir():
             raise MemrecCommandError(f"{path}: is a directory, not a trace", exit_code=ExitCode.NO_INPUT)
+        if not path.is_file():  # a FIFO or a device: its size says nothing, and reading it may block
+            raise MemrecCommandError(f"{path}: not a regular file", exit_code=ExitCode.NO_INPUT)
         if not os.access(path, os.R_OK):
             raise MemrecCommandError(f"{path}: not readable", exit_code=ExitCode.NO_INPUT)
         empty = path.stat().st_size == 0

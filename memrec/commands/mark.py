@@ -245,16 +245,16 @@ def check_pid(pid: int) -> int:
 def read_after_name(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """Parse what follows NAME in ``args.values`` (options and values mixed) into ``args``.
 
-    Raises:
-        MemrecCommandError: a usage error (exit code USAGE).
+    A usage error there is reported by ``parser`` (mark's usage, ``memrec mark: error: ...``, exit
+    code USAGE), as the same mistake before NAME is: where an option stands changes nothing.
     """
     import argparse  # here: the forms quick_args reads never need it
 
     class UsageParser(argparse.ArgumentParser):
         def error(self, message: str):  # type: ignore[override]
-            raise MemrecCommandError(message, exit_code=ExitCode.USAGE)
+            parser.error(message)
 
-    rest = UsageParser(prog=f"{parser.prog} NAME", add_help=False)
+    rest = UsageParser(prog=parser.prog, add_help=False)
     _add_options(rest, default=argparse.SUPPRESS)
     rest.add_argument("values", nargs="*")
     # -v after NAME too, as after any subcommand (mark has nothing more to log)

@@ -54,12 +54,18 @@ def get_argument_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+#: How a line that is a command to copy starts (with the indentation taken off).
+_EXAMPLE_STARTS = ("memrec ", "$ ", "sudo memrec ")
+
+
 class _DocstringFormatter(argparse.RawDescriptionHelpFormatter):
     """A command's docstring as its help, fitted to the terminal (80 columns when piped).
 
     The docstrings keep their layout (examples, the --to table) but are written ~100 columns wide:
-    a run of lines at the paragraph's indent is reflowed as one paragraph, and any other line too
-    wide wraps with its continuation 4 columns further in. Nothing is cut.
+    a run of lines at the paragraph's indent is reflowed as one paragraph, and the summary line wraps
+    with its continuation 4 columns further in. Nothing is cut. An example (a line indented deeper
+    than the paragraphs, or one starting with ``memrec ``/``$ ``) is never wrapped, even past the
+    width: a command line broken across lines no longer pastes into a shell.
     """
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:
@@ -85,7 +91,11 @@ class _DocstringFormatter(argparse.RawDescriptionHelpFormatter):
                 gap = line.find("  ", lead)
                 hang = gap + len(line[gap:]) - len(line[gap:].lstrip(" ")) if gap > 0 else lead
                 head, words[:] = line[:hang], [line[hang:].strip()]
-            else:  # the summary, an example: wrapped alone, continued 4 columns further in
+            elif lead > 4 or line.lstrip().startswith(_EXAMPLE_STARTS):  # an example: copied as it is
+                flush()
+                hang = 0
+                out.append(indent + line.rstrip())
+            else:  # the summary: wrapped alone, continued 4 columns further in
                 flush()
                 hang = 0
                 out.extend(textwrap.wrap(line.strip(), width, initial_indent=indent + " " * lead,

@@ -17,6 +17,10 @@ took 50 ms shows those 50 ms, not a vertical line.
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,7 +122,39 @@ def plot_diff(a: Recording, b: Recording, out: Path, names: tuple[str, str]) -> 
     return _draw(panels, out, label, same_scale=True), common[0] if common else None
 
 
+def _private_config_dir_if_needed() -> None:
+    """Point MPLCONFIGDIR at a private temporary folder when matplotlib's own folders (under
+    $XDG_CONFIG_HOME and $XDG_CACHE_HOME, else ~/.config and ~/.cache) cannot be written.
+
+    matplotlib would make one itself, but with two warnings that are not the user's business (a
+    service user, a read-only or missing HOME); its folders are used whenever they work.
+    """
+    if os.environ.get("MPLCONFIGDIR"):
+        return
+    try:
+        home = Path.home()
+    except (RuntimeError, KeyError):  # no HOME, and no password entry for this uid
+        home = None
+    for variable, default in (("XDG_CONFIG_HOME", ".config"), ("XDG_CACHE_HOME", ".cache")):
+        base = os.environ.get(variable) or (home / default if home else None)
+        if base is None:
+            break
+        folder = Path(base, "matplotlib")
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            break
+        if not (folder.is_dir() and os.access(folder, os.W_OK)):
+            break
+    else:
+        return
+    folder = tempfile.mkdtemp(prefix="memrec-matplotlib-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    os.environ["MPLCONFIGDIR"] = folder
+
+
 def _draw(panels: list[Panel], out: Path, xlabel: str, same_scale: bool = False) -> int:
+    _private_config_dir_if_needed()
     matplotlib = require("matplotlib", "plot", "memrec plot")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

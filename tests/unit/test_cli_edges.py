@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import sys
 from pathlib import Path
 
@@ -264,10 +265,27 @@ def test_every_help_fits_80_columns_and_keeps_every_word(monkeypatch, capsys):
             commands.main([name, "--help"])
         assert done.value.code == 0
         text = capsys.readouterr().out
-        # THEN no line is wider than 80 columns, and the docstring's words are all there, in order
-        assert [line for line in text.splitlines() if len(line) > 80] == [], name
-        doc_words = (type(command).__doc__ or "").split()
-        assert " ".join(text.split()).find(" ".join(doc_words)) >= 0, name
+        # THEN no line is wider than 80 columns but an example copied whole (see the test below),
+        # and the docstring's words are all there, in order
+        doc = type(command).__doc__ or ""
+        examples = {line.strip() for line in doc.splitlines() if line.strip().startswith(("memrec ", "sudo "))}
+        assert [line for line in text.splitlines() if len(line) > 80 and line.strip() not in examples] == [], name
+        assert " ".join(text.split()).find(" ".join(doc.split())) >= 0, name
+
+
+@pytest.mark.parametrize("name", ["record", "completion", "export", "install-service"])
+def test_help_never_wraps_an_example_command_line(name, monkeypatch, capsys):
+    # GIVEN help piped (80 columns) for a command whose examples are wider than that
+    monkeypatch.setenv("COLUMNS", "80")
+    doc = type(commands.load_command(name)).__doc__ or ""
+    examples = [line.strip() for line in doc.splitlines() if line.strip().startswith(("memrec ", "sudo "))]
+    assert any(len(line) > 72 for line in examples)
+    # WHEN its --help is asked for
+    with pytest.raises(SystemExit):
+        commands.main([name, "--help"])
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
+    # THEN every example command line is on one line, as written, so it pastes into a shell
+    assert [line for line in examples if line not in lines] == []
 
 
 def test_doctor_fits_80_columns_and_says_everything(monkeypatch, capsys):
@@ -300,6 +318,33 @@ def test_doctor_as_an_ordinary_user_says_what_it_lacks_and_never_crashes():
     assert checks["privileges"]["status"] == "fail"
     assert checks["tracefs"]["status"] == "warn" and "run memrec doctor as root" in checks["tracefs"]["fix"]
     assert "uid 65534 without CAP_BPF+CAP_PERFMON" in text.stdout
+
+
+@pytest.mark.parametrize("where", ["in a folder it may not open", "under a folder it may not pass"])
+def test_doctor_as_an_ordinary_user_says_it_cannot_read_the_probe_cache(where, tmp_path):
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv (util-linux) to run doctor as another user")
+    # GIVEN a probe cache only root may read (a root folder of mode 0700, or one below pytest's
+    # root-only tmp_path), holding a file of root's
+    if where == "in a folder it may not open":
+        cache = Path(tempfile.mkdtemp(dir="/tmp"))
+    else:
+        cache = tmp_path / "probes"
+        cache.mkdir(mode=0o700)
+    (cache / "x.mrprobe").write_bytes(b"root's")
+    argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m", "memrec", "doctor",
+            "--json", "--probe-cache", str(cache)]
+    try:
+        # WHEN doctor runs as uid 65534
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    finally:
+        shutil.rmtree(cache)
+    check = {c["name"]: c for c in json.loads(done.stdout)}["probe cache"]
+    # THEN it says it may not read the cache as this user and to check as root, not that the
+    # cache is unusable or will be rewritten
+    assert check["status"] == "warn"
+    assert check["detail"] == f"uid 65534 may not read the probe cache in {cache} (root's alone)"
+    assert check["fix"] == "run memrec doctor as root to check it"
 
 
 def test_mark_without_a_name_asks_only_for_the_name(capsys):
@@ -406,3 +451,40 @@ def test_without_bcc_doctor_and_record_say_whether_to_install_it_or_reach_it(mon
     if os.geteuid() == 0:  # as another user, record stops earlier, at the privilege check
         last = err.splitlines()[-1]
         assert rc == ExitCode.UNAVAILABLE and last.startswith("memrec: error: ") and last.endswith(check["fix"])
+
+
+@pytest.mark.parametrize("mistake", [["--phase", "bogus"], ["--gpu", "abc"], ["--pid", "x"]])
+def test_mark_reports_a_mistake_alike_before_and_after_name(mistake, tmp_path, capsys):
+    # GIVEN one mistaken option (no daemon needed: it is refused before anything is sent)
+    socket = ["--socket", str(tmp_path / "none.sock")]
+    errors = []
+    for argv in (["mark", *mistake, "x", *socket], ["mark", "x", *mistake, *socket]):
+        # WHEN it stands before NAME, then after it
+        with pytest.raises(SystemExit) as done:
+            commands.main(argv)
+        # THEN a usage error, exit code 2, as any other command's
+        assert done.value.code == ExitCode.USAGE
+        errors.append(capsys.readouterr().err)
+    # AND the same usage and the same error line wherever the option stands
+    assert errors[0] == errors[1]
+    assert errors[0].startswith("usage: memrec mark ")
+    assert errors[0].splitlines()[-1].startswith("memrec mark: error: argument ")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "char-device"])
+def test_a_fifo_or_a_device_as_a_trace_is_not_a_regular_file_to_every_command(kind, tmp_path):
+    # GIVEN a FIFO (nobody writing to it) or /dev/zero given as a trace
+    if kind == "fifo":
+        path = tmp_path / "pipe.mrec"
+        os.mkfifo(path)
+    else:
+        path = Path("/dev/zero")
+    out = tmp_path / "out"
+    for argv in (["report", path], ["dump", path], ["diff", path, path], ["merge", path, "-o", out],
+                 ["export", path, "--to", "perfetto", "-o", out], ["plot", path, "-o", f"{out}.png"]):
+        # WHEN a command reads it (in a child: a FIFO opened for reading would wait for a writer)
+        done = subprocess.run([sys.executable, "-m", "memrec", *map(str, argv)], capture_output=True, text=True,
+                              timeout=60)
+        # THEN one line saying it is not a regular file (not "empty file"), and the input exit code
+        assert (done.returncode, done.stdout, done.stderr) == (
+            ExitCode.NO_INPUT, "", f"memrec: error: {path}: not a regular file\n"), argv

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -124,3 +129,26 @@ def test_a_peak_shorter_than_a_pixel_is_drawn(tmp_path, background):
     assert len(drawn) > 500  # the 4 KiB all along the run
     ratio = 20 / (8 if background else 4)
     assert heights.max() >= 0.9 * ratio * np.median(drawn), (heights.max(), np.median(drawn))
+
+
+def test_plot_without_a_writable_home_prints_only_its_own_line(tmp_path):
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv (util-linux) to run plot as another user")
+    # GIVEN a user whose HOME does not exist (a service user): matplotlib cannot keep its folders there
+    out_dir = Path(tempfile.mkdtemp(dir="/tmp"))
+    out_dir.chmod(0o777)
+    out = out_dir / "timeline.png"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "MPLCONFIGDIR"))}
+    env["HOME"] = "/nonexistent"
+    try:
+        # WHEN that user plots a trace
+        done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m",
+                               "memrec", "plot", str(SEED_X2), "-o", str(out)],
+                              capture_output=True, text=True, timeout=120, env=env)
+        # THEN the picture is written and plot says so, with no matplotlib warning about its folders
+        assert (done.returncode, done.stdout, done.stderr) == (ExitCode.OK, f"{out}: 2 panels\n", "")
+        assert out.stat().st_size > 0
+    finally:
+        shutil.rmtree(out_dir)
+    # AND the private folder it used is gone
+    assert not [p for p in Path(tempfile.gettempdir()).glob("memrec-matplotlib-*") if p.owner() == "nobody"]

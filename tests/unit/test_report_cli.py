@@ -157,3 +157,22 @@ def test_pid_filter(main, tmp_path, capsys):
     # THEN only GPU 1 and pid 8 are there
     assert rc == ExitCode.OK
     assert [g["gpu"] for g in report["gpus"]] == [1] and [p["pid"] for p in report["processes"]] == [8]
+
+
+def test_report_spells_boolean_and_null_values_as_the_trace_does(main, tmp_path, capsys):
+    # GIVEN a marker with true, false and null values (`memrec mark x ok=true`, memrec.mark(...))
+    path = tmp_path / "run.mrec"
+    header = fmt.make_header(host="h", boot_id="b", anchor={"monotonic_ns": 0, "wall_ns": 0},
+                             gpus=[GpuInfo(0, "GPU-0", "NVIDIA H200", 140 * GiB)])
+    w = TraceWriter(path, header)
+    w.write_process(ProcessInfo(7, 1, ["python3", "serve.py"], None, "0", [0], 1_000, {}))
+    w.write_marker(Marker(ts=1_500, pid=7, uid=0, tid=7, name="checked", phase="instant",
+                          values={"ok": True, "cached": False, "why": None}))
+    w.write_events(events(ev(Kind.ALLOC, pid=7, ptr=0x1000, size=MiB, gpu=0)))
+    w.close()
+    # WHEN reported
+    assert main(["report", str(path)]) == ExitCode.OK
+    out = capsys.readouterr().out
+    # THEN the values read true/false/null, as in the trace and the JSON, not Python's True/False/None
+    assert "ok=true, cached=false, why=null" in out
+    assert "True" not in out and "False" not in out and "None" not in out

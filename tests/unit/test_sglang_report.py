@@ -335,7 +335,7 @@ def test_custom_all_reduce_facts_are_in_the_verdict():
     assert (c["classes"], c["world_size"], c["full_nvlink"], c["disabled"], c["ranks_built"]) == (
         ["CustomAllreduce"], [2], [False], [True], 2)
     assert c["shared_buffer_bytes"] == [16 * MiB]
-    assert (f"  custom all-reduce: CustomAllreduce on 2 rank(s), world size 2, full_nvlink False, disabled True, "
+    assert (f"  custom all-reduce: CustomAllreduce on 2 rank(s), world size 2, full_nvlink false, disabled true, "
             f"SGLang disabled it after building it (NCCL does the all-reduce), IPC-shared buffers {human(16 * MiB)} "
             "per rank") in render_sglang(s)
 
