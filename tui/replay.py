@@ -17,6 +17,7 @@ import numpy as np
 
 from memrec.columns import NVML_DTYPE
 from memrec.columns import PROCMEM_DTYPE
+from memrec.engine.group import distinct
 from memrec.engine.journal import Journal
 from memrec.engine.journal import take_rows
 from memrec.engine.phases import build_phases
@@ -108,8 +109,7 @@ class ReplayedTrace(TraceIntake):
                 self._pairs_seen = np.union1d(self._pairs_seen, new)
                 for pair in new.tolist():
                     self._gpu_pids.setdefault(pair >> 32, set()).add(pair & 0xFFFFFFFF)
-            low = int(gpus.min())
-            named = (np.flatnonzero(np.bincount(gpus - low)) + low).tolist()  # GPU indices are small
+            named = distinct(gpus)
             for g in named:
                 # a GPU's rows as positions, then 1-D gathers (a boolean mask over the 6-wide rows was slower)
                 sel = np.flatnonzero(gpus == g) if len(named) > 1 else slice(None)
