@@ -194,17 +194,18 @@ class ProbeCache:
         tmp = f"{self.path(key)}.{os.getpid()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        except BaseException:
-            os.close(fd)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(tmp, self.path(key))
+        except BaseException:  # a failed write or rename leaves no temporary file behind
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
-        os.close(fd)
-        os.rename(tmp, self.path(key))
         dfd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.fsync(dfd)

@@ -132,6 +132,18 @@ def test_a_cache_write_then_read_gives_the_program_back(tmp_path):
     assert probecache.ProbeCache(None).read("k") is None
 
 
+def test_a_cache_write_that_cannot_rename_leaves_no_temporary_file(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("the cache is root's")
+    cache = probecache.ProbeCache(str(tmp_path / "c"))
+    cache.write("k", program())
+    os.unlink(cache.path("k"))
+    os.mkdir(cache.path("k"))  # the rename onto it fails (EISDIR)
+    with pytest.raises(OSError):
+        cache.write("k", program())
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["k.mrprobe"]
+
+
 def test_possible_cpus():
     assert bpfsys.possible_cpus("0-3\n") == 4
     assert bpfsys.possible_cpus("0\n") == 1
