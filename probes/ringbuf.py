@@ -122,10 +122,6 @@ class RingBufferReader:
         self.closed = False
 
     # -- reading ------------------------------------------------------------------------------
-    def pending_bytes(self) -> int:
-        """Bytes between the consumer and producer positions (committed or not)."""
-        return int(self._prod[0]) - self._cons.value
-
     def drain(self, max_records: int | None = None) -> np.ndarray:
         """Copy out every committed record up to the first one still being written.
 

@@ -33,7 +33,6 @@ import re
 import socket
 import time
 from typing import Any
-from typing import Iterator
 
 import msgpack
 import numpy as np
@@ -371,14 +370,6 @@ def decode_record(obj: Any, schema: Schema | None = None) -> dict:
     rec["type"] = chunk.kind
     rec[ROWS_KEY[chunk.kind]] = chunk.to_array()
     return rec
-
-
-def iter_decoded(data: bytes, schema: Schema | None = None) -> Iterator[dict]:
-    """Decode every complete record in ``data`` (a whole trace or a part after its header)."""
-    up = unpacker(max(len(data), 1 << 20))
-    up.feed(data)
-    for obj in up:
-        yield decode_record(obj, schema)
 
 
 def _fields(cls: type) -> list[str]:
