@@ -48,6 +48,7 @@ from memrec.daemon.intake import Intake
 from memrec.daemon.keyframes import HoldingSink
 from memrec.daemon.keyframes import Keyframes
 from memrec.daemon.libraries import Libraries
+from memrec.daemon.libraries import TorchLibraries
 from memrec.daemon.markers import MarkerServer
 from memrec.daemon.markers import root_only
 from memrec.daemon.markers import root_or_group
@@ -105,6 +106,7 @@ class Daemon:
             None for the default.
         clock: CLOCK_MONOTONIC ns, the probes' clock (timers and record timestamps).
         find_libraries: ``(extra_paths) -> [LibraryFile(path, dev, inode)]``.
+        find_torch: the same for ``libc10_cuda.so`` files (with ``config.tensors``).
         process_info: ``(pid, gpus, first_ts) -> ProcessInfo`` (reads /proc).
         stop_signal_handler: record mode: SIGINT/SIGTERM are passed to it (from the loop, not
             the signal handler) instead of stopping the daemon; the third signal of one kind
@@ -120,6 +122,7 @@ class Daemon:
         clock: Callable[[], int] = time.monotonic_ns,
         *,
         find_libraries: Callable[[tuple[str, ...]], list] | None = None,
+        find_torch: Callable[[tuple[str, ...]], list] | None = None,
         process_info: Callable[[int, list[GpuInfo], int], ProcessInfo] | None = None,
         stop_signal_handler: Callable[[int], None] | None = None,
         install_signals: bool = True,
@@ -129,6 +132,8 @@ class Daemon:
         self._nvml = nvml
         self.clock = clock
         self.libraries = Libraries(find_libraries, config.libcuda_paths)
+        #: PyTorch installs tried for tensor blocks (None: ``config.tensors`` is off).
+        self.torch = TorchLibraries(find_torch, config.torch_paths) if config.tensors else None
         self.stamper = GpuStamper(self._nvml_module, process_info, self._write_process)
         self.stop_signal_handler = stop_signal_handler
         self._install_signals = install_signals
@@ -504,6 +509,8 @@ class Daemon:
 
     def _header(self, reason: str) -> dict:
         probes = {**self.libraries.header(), "follow_tree": self.config.follow_tree}
+        if self.torch is not None:
+            probes["torch"] = self.torch.header()
         return make_header(
             gpus=self.gpus,
             probes=probes,
@@ -569,6 +576,7 @@ class Daemon:
             },
             "state": {"anomalies": dict(self.state.anomalies), "failures": self.state.n_failures},
             "markers_restamped": self.intake.restamped,
+            **({"torch": self.torch.header()} if self.torch is not None else {}),
             "lost": self.feed.lost,
         }
         if self.writer is not None and self.writer.dropped[0]:
@@ -584,8 +592,12 @@ class Daemon:
     # ------------------------------------------------------------------ probes, GPUs, NVML
 
     def scan_libraries(self) -> int:
-        """Attach the probes to every libcuda file not attached yet; return how many were new."""
-        return self.libraries.scan(self.probes)
+        """Attach the probes to every libcuda file not attached yet (and, with ``--tensors``, to
+        every libc10_cuda.so); return how many driver files were new."""
+        new = self.libraries.scan(self.probes)
+        if self.torch is not None:
+            self.torch.scan(self.probes)
+        return new
 
     def _nvml_module(self) -> Any:
         if self._nvml is None:
