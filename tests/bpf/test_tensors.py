@@ -1,0 +1,113 @@
+"""PyTorch's allocator probes with real uprobes: the stub libc10_cuda.so (stub_c10_cuda.S) has
+pytorch:malloc/free USDT probes with PyTorch 2.11's argument forms behind semaphores; processes
+running before the attach get events, two at once, and a build without probes says so."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from memrec.events import Api
+from memrec.events import Kind
+
+pytestmark = pytest.mark.bpf
+
+WORKER = Path(__file__).with_name("torch_worker.py")
+
+
+class Worker:
+    """tests/bpf/torch_worker.py in a subprocess, one command at a time."""
+
+    def __init__(self, stub_lib: Path, torch_lib: Path) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(WORKER), str(stub_lib), str(torch_lib)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.ask_line() == "ready"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def ask_line(self):
+        line = self.proc.stdout.readline()
+        assert line, f"worker {self.proc.pid} died (exit {self.proc.poll()})"
+        return json.loads(line)
+
+    def ask(self, *words: object):
+        self.proc.stdin.write(" ".join(str(w) for w in words) + "\n")
+        self.proc.stdin.flush()
+        return self.ask_line()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(30)
+
+
+def drain_until(probes, pids: set[int], n: int, timeout: float = 10.0) -> np.ndarray:
+    """Tensor events of ``pids`` until ``n`` came (or the timeout)."""
+    got = []
+    deadline = time.monotonic() + timeout
+    total = 0
+    while time.monotonic() < deadline:
+        ev = probes.poll()
+        ev = ev[np.isin(ev["pid"], list(pids)) & np.isin(ev["kind"], [int(Kind.TENSOR_ALLOC), int(Kind.TENSOR_FREE)])]
+        got.append(ev)
+        total += len(ev)
+        if total >= n:
+            break
+        time.sleep(0.05)
+    return np.concatenate(got) if got else np.zeros(0)
+
+
+def test_processes_running_before_the_attach_get_exact_tensor_events(probes, stub_lib, torch_stub):
+    a, b = Worker(stub_lib, torch_stub), Worker(stub_lib, torch_stub)
+    try:
+        assert a.ask("sem") == [0, 0]  # nothing raised the semaphores yet: the probes are off
+        a.ask("malloc", 0x7000, 0, 512, 0)  # not seen: before the attach
+        report = probes.attach_torch(torch_stub)
+        assert report.problem == "" and sorted(report.attached) == ["free", "free", "malloc"]
+        # The kernel raised each semaphore in the processes already running (free: two sites).
+        assert a.ask("sem") == [1, 2] and b.ask("sem") == [1, 2]
+        probes.poll()
+        a.ask("malloc", 0x7F0000001000, 3, 123456789, 0xDEAD)
+        b.ask("malloc", 0x7F0000002000, 255, 1 << 40, 0)  # -1@%dl: device 255 reads as -1 (signed byte)
+        a.ask("free", 0x7F0000001000)
+        b.ask("free2", 0x7F0000002000)
+        ev = drain_until(probes, {a.pid, b.pid}, 4)
+        rows = sorted((int(e["pid"]), int(e["kind"]), int(e["api"]), int(e["ptr"]), int(e["ordinal"]), int(e["size"]),
+                       int(e["handle"])) for e in ev)
+        TA, TF, M, F = int(Kind.TENSOR_ALLOC), int(Kind.TENSOR_FREE), int(Api.torch_malloc), int(Api.torch_free)
+        assert rows == sorted([
+            (a.pid, TA, M, 0x7F0000001000, 3, 123456789, 0xDEAD),
+            (a.pid, TF, F, 0x7F0000001000, -1, 0, 0),
+            (b.pid, TA, M, 0x7F0000002000, -1, 1 << 40, 0),
+            (b.pid, TF, F, 0x7F0000002000, -1, 0, 0),
+        ])
+        # Many at once, from both processes: every one arrives, none twice.
+        n = 5000
+        a.ask("loop", 0x10000000, n, 1024)
+        b.ask("loop", 0x20000000, n, 2048)
+        ev = drain_until(probes, {a.pid, b.pid}, 4 * n)
+        for w, base, size in ((a, 0x10000000, 1024), (b, 0x20000000, 2048)):
+            mine = ev[ev["pid"] == w.pid]
+            allocs = mine[mine["kind"] == int(Kind.TENSOR_ALLOC)]
+            frees = mine[mine["kind"] == int(Kind.TENSOR_FREE)]
+            assert sorted(allocs["ptr"].tolist()) == [base + i * size for i in range(n)]
+            assert set(allocs["size"].tolist()) == {size}
+            assert sorted(frees["ptr"].tolist()) == [base + i * size for i in range(n)]
+        assert probes.attach_torch(torch_stub).already_attached
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_build_without_the_probes_is_said_and_not_attached(probes, plain_torch_stub):
+    report = probes.attach_torch(plain_torch_stub)
+    assert report.attached == ()
+    assert "no pytorch:free/malloc USDT probe in this build" in report.problem
