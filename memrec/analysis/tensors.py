@@ -184,8 +184,8 @@ class _Replay:
         tot = self.totals.setdefault((pid, gpu), [0, 0])
         if seg is not None:
             s = self.segments[(pid, seg)]
-            if not s[2]:
-                s[2] = True
+            if not s[2]:  # the segment is the caching allocator's: its device is the block's
+                s[1], s[2] = gpu, True
                 tot[1] += s[0]
         tot[0] += size
         self.blocks[(pid, ptr)] = _Block(size, gpu, ts, seg, phase)

@@ -111,3 +111,44 @@ def test_a_build_without_the_probes_is_said_and_not_attached(probes, plain_torch
     report = probes.attach_torch(plain_torch_stub)
     assert report.attached == ()
     assert "no pytorch:free/malloc USDT probe in this build" in report.problem
+
+
+def test_daemon_tensors_finds_running_pytorch_and_reports_blocks(stub_lib, torch_stub, tmp_path):
+    from memrec.analysis.report import build_report
+    from memrec.analysis.report_text import render_text
+    from memrec.trace.reader import load_trace
+
+    from test_daemon import DaemonProcess
+
+    early = Worker(stub_lib, torch_stub)  # maps libc10_cuda.so before the daemon starts
+    d = DaemonProcess(tmp_path, stub_lib, args=("--tensors",))
+    try:
+        d.wait_ready()
+        assert early.ask("sem") == [1, 2]  # found in /proc/PID/maps at start, semaphores raised
+        seg = early.ask("segment", 4 << 20)
+        for i in range(3):
+            early.ask("malloc", seg + i * (1 << 20), 0, 1 << 20, 0)
+        early.ask("free", seg + (1 << 20))
+        assert early.ask("oom") == 0
+        early.close()
+        time.sleep(0.5)
+        assert d.stop() == 0
+    finally:
+        early.close()
+        d.kill()
+    trace = load_trace(d.output)
+    assert [lib["path"] for lib in trace.header["probes"]["torch"]] == [str(torch_stub)]
+    report = build_report(trace)
+    sec = report["tensors"]
+    assert sec["events"] == 4 and sec["unjoined_blocks"] == 0
+    (row,) = [r for r in sec["rows"] if r["pid"] == early.pid]
+    assert row["peak_allocated"] == 3 << 20 and row["peak_reserved"] == 4 << 20
+    (failure,) = [f for f in sec["failures"] if f["pid"] == early.pid]
+    # At the failed segment allocation: 2 blocks of 1 MiB alive in the 4 MiB segment, 2 MiB free
+    # of which the largest stretch is 1 MiB (the freed middle block; the tail is 1 MiB too).
+    assert failure["state"] == {"allocated": 2 << 20, "reserved": 4 << 20, "free": 2 << 20,
+                                "largest_free": 1 << 20, "blocks": 2, "segments": 1}
+    assert sorted(b["ptr"] for b in failure["largest"]) == [seg, seg + (2 << 20)]
+    assert all(b["segment"] == seg for b in failure["largest"])
+    text = render_text(report, width=120)
+    assert "tensor blocks (PyTorch caching allocator)" in text and "failed segment allocation" in text
