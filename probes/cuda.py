@@ -151,7 +151,7 @@ def program_cflags(follow_tree: bool, ringbuf_pages: int) -> list[str]:
     return flags
 
 
-def _torch_sites(found: list[UsdtProbe]) -> tuple[list[UsdtProbe], str]:
+def torch_sites(found: list[UsdtProbe]) -> tuple[list[UsdtProbe], str]:
     """The pytorch:malloc and pytorch:free sites among a file's USDT probes, or why not all can be read."""
     mine = [p for p in found if p.provider == TORCH_PROVIDER and p.name in TORCH_PROBES]
     names = {p.name for p in mine}
@@ -427,7 +427,7 @@ class CudaProbes:
         except (OSError, ElfError) as exc:
             os.close(fd)
             raise ProbeError(f"cannot read the ELF notes of {path}: {exc}") from exc
-        sites, problem = _torch_sites(found)
+        sites, problem = torch_sites(found)
         if not problem and self._next_spec + len(sites) > USDT_SPECS:
             problem = f"the {USDT_SPECS} probe-site slots are used up by other PyTorch installs"
         attached: list[int] = []
