@@ -331,3 +331,46 @@ def test_large_values_stay_exact(tmp_path):
     ptrs = pq.read_table(out / "events.parquet").column("ptr").to_pylist()
     assert ptrs == load_trace(GOLDEN).events["ptr"].tolist()
     assert np.uint64(max(ptrs)) == load_trace(GOLDEN).events["ptr"].max()
+
+
+def test_memory_viz_shows_pytorch_blocks_inside_segments(tmp_path):
+    # GIVEN a --tensors trace: a 20 MiB segment holding three tensor blocks, one freed
+    from memrec.events import GpuInfo
+    from memrec.events import ProcessInfo
+    from memrec.trace import format as fmt
+    from memrec.trace.writer import TraceWriter
+    from tests.utils import MiB
+    from tests.utils import ev
+    from tests.utils import events
+
+    path = tmp_path / "t.mrec"
+    header = fmt.make_header(host="h", boot_id="b", anchor={"monotonic_ns": 1_000, "wall_ns": 0},
+                             gpus=[GpuInfo(0, "GPU-0", "NVIDIA H200", 140 << 30)])
+    w = TraceWriter(path, header)
+    w.write_process(ProcessInfo(7, 1, ["python3", "train.py"], None, None, [0], 1_000))
+    seg = 0x7F0000000000
+    w.write_events(events(
+        ev(Kind.ALLOC, pid=7, ptr=seg, size=20 * MiB, gpu=0, ordinal=0),
+        ev(Kind.TENSOR_ALLOC, pid=7, ptr=seg, size=4 * MiB, gpu=0, ordinal=0),
+        ev(Kind.TENSOR_ALLOC, pid=7, ptr=seg + 4 * MiB, size=1000, gpu=0, ordinal=0),
+        ev(Kind.TENSOR_ALLOC, pid=7, ptr=seg + 8 * MiB, size=2 * MiB, gpu=0, ordinal=0),
+        ev(Kind.TENSOR_FREE, pid=7, ptr=seg + 4 * MiB),
+    ))
+    w.close()
+    out = tmp_path / "snap.pickle"
+    assert export(path, "memory-viz", out) == 0
+    snap = pickle.loads(out.read_bytes())
+    actions = [(a["action"], a["addr"], a["size"]) for a in snap["device_traces"][0]]
+    # THEN the segment is a segment_alloc only, and each block has its own alloc and free
+    assert actions == [("segment_alloc", seg, 20 * MiB), ("alloc", seg, 4 * MiB), ("alloc", seg + 4 * MiB, 1000),
+                       ("alloc", seg + 8 * MiB, 2 * MiB), ("free_requested", seg + 4 * MiB, 1000),
+                       ("free_completed", seg + 4 * MiB, 1000)]
+    (segment,) = snap["segments"]
+    assert [(b["address"], b["size"], b["state"]) for b in segment["blocks"]] == [
+        (seg, 4 * MiB, "active_allocated"), (seg + 4 * MiB, 4 * MiB, "inactive"),
+        (seg + 8 * MiB, 2 * MiB, "active_allocated"), (seg + 10 * MiB, 10 * MiB, "inactive")]
+    assert segment["allocated_size"] == 6 * MiB
+    # AND PyTorch's own reader replays the blocks as slices of the segment, as it shows its own
+    text = memory_viz("trace", str(out)).stdout
+    assert text.count("cudaMalloc(") == 1 and "d = a[8388608:2.0MiB]" in text and "del c # 1000.0B" in text
+    assert "segments:" in memory_viz("stats", str(out)).stdout
