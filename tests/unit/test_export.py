@@ -335,28 +335,12 @@ def test_large_values_stay_exact(tmp_path):
 
 def test_memory_viz_shows_pytorch_blocks_inside_segments(tmp_path):
     # GIVEN a --tensors trace: a 20 MiB segment holding three tensor blocks, one freed
-    from memrec.events import GpuInfo
-    from memrec.events import ProcessInfo
-    from memrec.trace import format as fmt
-    from memrec.trace.writer import TraceWriter
     from tests.utils import MiB
-    from tests.utils import ev
-    from tests.utils import events
+    from tests.utils import write_tensor_trace
 
-    path = tmp_path / "t.mrec"
-    header = fmt.make_header(host="h", boot_id="b", anchor={"monotonic_ns": 1_000, "wall_ns": 0},
-                             gpus=[GpuInfo(0, "GPU-0", "NVIDIA H200", 140 << 30)])
-    w = TraceWriter(path, header)
-    w.write_process(ProcessInfo(7, 1, ["python3", "train.py"], None, None, [0], 1_000))
     seg = 0x7F0000000000
-    w.write_events(events(
-        ev(Kind.ALLOC, pid=7, ptr=seg, size=20 * MiB, gpu=0, ordinal=0),
-        ev(Kind.TENSOR_ALLOC, pid=7, ptr=seg, size=4 * MiB, gpu=0, ordinal=0),
-        ev(Kind.TENSOR_ALLOC, pid=7, ptr=seg + 4 * MiB, size=1000, gpu=0, ordinal=0),
-        ev(Kind.TENSOR_ALLOC, pid=7, ptr=seg + 8 * MiB, size=2 * MiB, gpu=0, ordinal=0),
-        ev(Kind.TENSOR_FREE, pid=7, ptr=seg + 4 * MiB),
-    ))
-    w.close()
+    path = write_tensor_trace(tmp_path / "t.mrec", [(0, 4 * MiB), (4 * MiB, 1000), (8 * MiB, 2 * MiB), (4 * MiB, -1)],
+                              segment=seg)
     out = tmp_path / "snap.pickle"
     assert export(path, "memory-viz", out) == 0
     snap = pickle.loads(out.read_bytes())
