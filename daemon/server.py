@@ -49,6 +49,7 @@ from memrec.daemon.keyframes import HoldingSink
 from memrec.daemon.keyframes import Keyframes
 from memrec.daemon.libraries import Libraries
 from memrec.daemon.libraries import TorchLibraries
+from memrec.state.tensors import TensorBlocks
 from memrec.daemon.markers import MarkerServer
 from memrec.daemon.markers import root_only
 from memrec.daemon.markers import root_or_group
@@ -134,6 +135,8 @@ class Daemon:
         self.libraries = Libraries(find_libraries, config.libcuda_paths)
         #: PyTorch installs tried for tensor blocks (None: ``config.tensors`` is off).
         self.torch = TorchLibraries(find_torch, config.torch_paths) if config.tensors else None
+        #: The live tensor blocks (metrics), with ``config.tensors``.
+        self.blocks = TensorBlocks() if config.tensors else None
         self.stamper = GpuStamper(self._nvml_module, process_info, self._write_process)
         self.stop_signal_handler = stop_signal_handler
         self._install_signals = install_signals
@@ -410,6 +413,8 @@ class Daemon:
         self.stamper.stamp(events)
         name_images(events)
         self.state.apply(events)
+        if self.blocks is not None:
+            self.blocks.apply(events)
         assert self.writer is not None
         self.writer.write_events(events)
         self.events_recorded += len(events)

@@ -37,10 +37,10 @@ import numpy as np
 
 from memrec.api import Recording
 from memrec.analysis.names import api_name
-from memrec.analysis.tensors import rounded
 from memrec.events import CUDA_ERROR_OUT_OF_MEMORY
 from memrec.events import DRIVER
 from memrec.events import Kind
+from memrec.state.tensors import rounded
 
 #: Actions kept per process and device, the latest (``--max-entries``).
 MAX_ENTRIES = 100_000
