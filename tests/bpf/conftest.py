@@ -91,18 +91,24 @@ def tree_probes(stub_lib):
 
 
 def _build_torch_stub(folder: Path, with_probes: bool = True) -> Path:
-    """A ``libc10_cuda.so`` in ``folder``: the assembly stand-in with PyTorch's USDT probes
-    (stub_c10_cuda.S), or, without them, a plain library of the same name (a build without TORCH_SDT)."""
-    out = folder / "libc10_cuda.so"
+    """A ``libc10_cuda.so`` in ``folder``: the stand-in with PyTorch's USDT probes
+    (memrec/stubdriver/c10_cuda_stub.S), or, without them, a plain library of the same name (a
+    build without TORCH_SDT)."""
+    from memrec.stubdriver.build import StubBuildError
+    from memrec.stubdriver.build import build_torch_stub
+
     if with_probes:
-        src = Path(__file__).with_name("stub_c10_cuda.S")
-    else:
-        src = folder / "plain.c"
-        src.write_text("int stub_torch_nothing(void) { return 0; }\n")
+        try:
+            return build_torch_stub(folder)
+        except StubBuildError as exc:
+            pytest.skip(str(exc))
+    out = folder / "libc10_cuda.so"
+    src = folder / "plain.c"
+    src.write_text("int stub_torch_nothing(void) { return 0; }\n")
     proc = subprocess.run(["cc", "-shared", "-fPIC", "-o", str(out), str(src)], capture_output=True, text=True,
                           check=False)
     if proc.returncode != 0:
-        pytest.skip(f"cannot build the stub libc10_cuda.so: {proc.stderr.strip()[:300]}")
+        pytest.skip(f"cannot build a plain libc10_cuda.so: {proc.stderr.strip()[:300]}")
     return out
 
 

@@ -1,4 +1,4 @@
-"""PyTorch's allocator probes with real uprobes: the stub libc10_cuda.so (stub_c10_cuda.S) has
+"""PyTorch's allocator probes with real uprobes: the stub libc10_cuda.so (memrec/stubdriver/c10_cuda_stub.S) has
 pytorch:malloc/free USDT probes with PyTorch 2.11's argument forms behind semaphores; processes
 running before the attach get events, two at once, and a build without probes says so."""
 

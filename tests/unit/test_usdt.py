@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -18,7 +16,6 @@ from memrec.probes.usdt import UsdtError
 from memrec.probes.usdt import parse_arg
 from memrec.probes.usdt import read_probes
 
-STUB = Path(__file__).parents[1] / "bpf" / "stub_c10_cuda.S"
 
 
 def test_pytorch_211_argument_forms():
@@ -52,8 +49,9 @@ def test_the_packed_spec_cuts_to_the_size():
 @pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler to assemble the stub libc10_cuda.so")
 def test_notes_of_the_stub_library(tmp_path):
     # GIVEN the stub libc10_cuda.so the BPF tests probe
-    lib = tmp_path / "libc10_cuda.so"
-    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(STUB)], check=True)
+    from memrec.stubdriver.build import build_torch_stub
+
+    lib = build_torch_stub(tmp_path)
     fd = os.open(lib, os.O_RDONLY)
     try:
         probes = read_probes(fd)

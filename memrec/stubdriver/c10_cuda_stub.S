@@ -8,7 +8,17 @@
  *   void stub_torch_free(void *ptr);        (site 1)
  *   void stub_torch_free_other(void *ptr);  (site 2)
  *   unsigned short stub_semaphore(int which);  (0: malloc, 1: free)
+ *
+ * -DNOP5: the probe sites are 5-byte nops (libbpf's newer usdt.h) instead of sys/sdt.h's and
+ * PyTorch's 1-byte nop: kernels from 6.18 on x86-64 can turn a uprobe there into a call instead
+ * of a trap (bench/bench_tensor_probes.py measures both).
  */
+
+#ifdef NOP5
+#define PROBE_NOP .byte 0x0f, 0x1f, 0x44, 0x00, 0x00
+#else
+#define PROBE_NOP nop
+#endif
 
 #define NOTE(provider, name, sem, args)                         \
         .pushsection .note.stapsdt, "?", "note";               \
@@ -58,7 +68,7 @@ stub_torch_malloc:
         mov %rdx, %r14
         mov %rcx, -56(%rbp)
         mov %esi, %edx
-990:    nop
+990:    PROBE_NOP
         NOTE("pytorch", "malloc", pytorch_malloc_semaphore, "-8@%rax -1@%dl -8@%r14 -8@-56(%rbp)")
 1:      add $56, %rsp
         pop %r14
@@ -71,7 +81,7 @@ stub_torch_malloc:
 stub_torch_free:
         cmpw $0, pytorch_free_semaphore(%rip)
         je 1f
-990:    nop
+990:    PROBE_NOP
         NOTE("pytorch", "free", pytorch_free_semaphore, "-8@%rdi")
 1:      ret
         .size stub_torch_free, .-stub_torch_free
@@ -82,7 +92,7 @@ stub_torch_free_other:
         cmpw $0, pytorch_free_semaphore(%rip)
         je 1f
         xor %eax, %eax
-990:    nop
+990:    PROBE_NOP
         NOTE("pytorch", "free", pytorch_free_semaphore, "-8@%rdi")
 1:      ret
         .size stub_torch_free_other, .-stub_torch_free_other
