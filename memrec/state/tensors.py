@@ -205,3 +205,28 @@ class TensorBlocks:
                 k += 1
             largest = max(largest, hi - at)
         return Fragmentation(allocated, reserved, reserved - allocated, largest, len(mine), len(spans))
+
+
+def block_series(events: Any) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(pid, gpu) -> (ts, allocated, reserved) after each tensor event of that process and GPU:
+    the counters the Perfetto export draws (empty for a trace without tensor events)."""
+    kinds = events["kind"]
+    if not np.any((kinds == T_ALLOC) | (kinds == T_FREE)):
+        return {}
+    tb = TensorBlocks()
+    out: dict[tuple[int, int], tuple[list, list, list]] = {}
+    idx = np.flatnonzero(np.isin(kinds, TRACKED_KINDS) & (events["result"] == 0))
+    cols = {name: events[name][idx].tolist() for name in ("kind", "pid", "ptr", "size", "gpu", "ts")}
+    for k, p, ptr, size, g, ts in zip(cols["kind"], cols["pid"], cols["ptr"], cols["size"], cols["gpu"], cols["ts"]):
+        if k == T_FREE:
+            b = tb.blocks.get((p, ptr))
+            g = b.gpu if b is not None else -1
+        tb.apply_one(k, p, ptr, size, g, ts)
+        if (k == T_ALLOC or k == T_FREE) and (p, g) in tb.totals:
+            tot = tb.totals[(p, g)]
+            ts_l, a_l, r_l = out.setdefault((p, g), ([], [], []))
+            ts_l.append(ts)
+            a_l.append(tot[0])
+            r_l.append(tot[1])
+    return {key: (np.asarray(t, np.uint64), np.asarray(a, np.int64), np.asarray(r, np.int64))
+            for key, (t, a, r) in out.items()}

@@ -358,3 +358,19 @@ def test_memory_viz_shows_pytorch_blocks_inside_segments(tmp_path):
     text = memory_viz("trace", str(out)).stdout
     assert text.count("cudaMalloc(") == 1 and "d = a[8388608:2.0MiB]" in text and "del c # 1000.0B" in text
     assert "segments:" in memory_viz("stats", str(out)).stdout
+
+
+def test_perfetto_tensor_counters_per_process(tmp_path):
+    # GIVEN a --tensors trace: blocks of 4 MiB and 2 MiB in a 20 MiB segment, the first freed
+    from tests.utils import MiB
+    from tests.utils import write_tensor_trace
+
+    path = write_tensor_trace(tmp_path / "t.mrec", [(0, 4 * MiB), (4 * MiB, 2 * MiB), (0, -1)])
+    out = tmp_path / "t.pftrace"
+    assert export(path, "perfetto", out) == 0
+    read = read_perfetto(out)
+    # THEN the process has its allocated and reserved counters (a value where it changes)
+    allocated = [v for _, v in counter_values(read, track(read, "tensors allocated on GPU 0", parent_pid=7))]
+    reserved = [v for _, v in counter_values(read, track(read, "tensors reserved on GPU 0", parent_pid=7))]
+    assert allocated == [4 * MiB, 6 * MiB, 2 * MiB]
+    assert reserved == [20 * MiB]
