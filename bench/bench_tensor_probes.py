@@ -23,13 +23,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_probe_overhead import build_loop  # noqa: E402 (a sibling script, not a package)
+from bench_probe_overhead import print_runs  # noqa: E402
 
 LOOP_C = r"""
 #include <dlfcn.h>
@@ -59,14 +62,6 @@ int main(int argc, char **argv) {
 """
 
 NAMES = ("baseline", "noop", "memrec", "noop-nop5", "memrec-nop5")
-
-
-def build_loop(workdir: Path) -> Path:
-    src = workdir / "loop.c"
-    src.write_text(LOOP_C)
-    exe = workdir / "loop"
-    subprocess.run(["cc", "-O2", "-o", str(exe), str(src), "-ldl"], check=True)
-    return exe
 
 
 def run_loop(exe: Path, lib: Path, pairs: int) -> float:
@@ -120,7 +115,7 @@ def main() -> int:
         # One private copy per configuration (uprobes are per inode): all stay attached and the
         # rounds interleave them, so a shared host's drifting load is spread over all five.
         libs = {n: build_torch_stub(Path(tmp) / n, nop5=n.endswith("nop5")) for n in NAMES}
-        exe = build_loop(Path(tmp))
+        exe = build_loop(Path(tmp), LOOP_C)
         noops = [NoopSites(libs["noop"]), NoopSites(libs["noop-nop5"])]
         probes = CudaProbes(ringbuf_pages=4096).load()
         for n in ("memrec", "memrec-nop5"):
@@ -155,13 +150,8 @@ def main() -> int:
         for noop in noops:
             noop.close()
 
-    med = {k: statistics.median(v) for k, v in results.items()}
-    base = med["baseline"]
     print(f"{args.pairs} pytorch:malloc + pytorch:free pairs per run, {args.repeat} interleaved rounds; ns per pair:")
-    print(f"  {'configuration':<13} {'median':>8} {'min':>8}  over baseline, per hit   runs")
-    for name in NAMES:
-        runs = ", ".join(f"{v:.0f}" for v in results[name])
-        print(f"  {name:<13} {med[name]:8.0f} {min(results[name]):8.0f}  {(med[name] - base) / 2:+10.0f} ns   {runs}")
+    med = print_runs(results, "over baseline, per hit", per=2)
     print("ratios (medians):")
     print(f"  memrec / noop (1-byte nop sites, PyTorch's)   {med['memrec'] / med['noop']:6.2f}x")
     print(f"  memrec-nop5 / memrec (5-byte nop sites)       {med['memrec-nop5'] / med['memrec']:6.2f}x")

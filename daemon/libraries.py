@@ -60,6 +60,19 @@ def _report_dict(report: Any) -> dict:
     }
 
 
+def _search(owner: Any, what: str, option: str) -> list:
+    """The files ``owner.find`` gives now, plus ``owner.explicit`` (named with ``option``); a
+    search that fails is said once and leaves the explicit ones."""
+    try:
+        found = list(owner.find(owner.explicit))
+    except Exception as error:
+        if not owner._search_failed:
+            log.warning("%s search failed: %s; probing only %s paths", what, one_line(error), option)
+        owner._search_failed = True
+        found = []
+    return found + _explicit(owner.explicit)
+
+
 class Libraries:
     """The driver files probed so far.
 
@@ -87,14 +100,7 @@ class Libraries:
 
     def scan(self, probes: Any) -> int:
         """Attach ``probes`` to every file not attached yet; return how many were new."""
-        try:
-            found = list(self.find(self.explicit))
-        except Exception as error:
-            if not self._search_failed:
-                log.warning("libcuda search failed: %s; probing only --libcuda paths", one_line(error))
-            self._search_failed = True
-            found = []
-        found += _explicit(self.explicit)
+        found = _search(self, "libcuda", "--libcuda")
         new = 0
         for lib in found:
             key = (int(lib.dev), int(lib.inode))
@@ -160,14 +166,7 @@ class TorchLibraries:
 
     def scan(self, probes: Any) -> int:
         """Attach the tensor probes to every file not tried yet; return how many now give blocks."""
-        try:
-            found = list(self.find(self.explicit))
-        except Exception as error:
-            if not self._search_failed:
-                log.warning("libc10_cuda search failed: %s; probing only --torch-lib paths", one_line(error))
-            self._search_failed = True
-            found = []
-        found += _explicit(self.explicit)
+        found = _search(self, "libc10_cuda", "--torch-lib")
         new = 0
         for lib in found:
             key = (int(lib.dev), int(lib.inode))

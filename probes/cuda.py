@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from dataclasses import field
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -149,6 +150,32 @@ def program_cflags(follow_tree: bool, ringbuf_pages: int) -> list[str]:
     if _tracefs_has_group_dead():
         flags.append("-DHAVE_GROUP_DEAD=1")
     return flags
+
+
+def _open_library(path: str, identity: tuple[int, int] | None,
+                  reports: dict) -> tuple[int, os.stat_result, set[tuple[int, int]], Any]:
+    """Open ``path`` once (the probes then land on exactly this inode, whatever the path becomes).
+
+    Returns (fd, its stat, its identities: the stat's and ``identity`` as /proc/PID/maps gives
+    it, which differ on overlayfs, and None); or, when an identity is in ``reports`` already,
+    (-1, stat, identities, that report with ``already_attached=True``) and nothing left open.
+
+    Raises:
+        ProbeError: the file cannot be opened.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ProbeError(f"cannot open {path}: {exc}") from exc
+    st = os.fstat(fd)
+    keys = {(st.st_dev, st.st_ino)}
+    if identity is not None:
+        keys.add(tuple(identity))
+    for key in keys:
+        if key in reports:
+            os.close(fd)
+            return -1, st, keys, replace(reports[key], path=path, already_attached=True)
+    return fd, st, keys, None
 
 
 def torch_sites(found: list[UsdtProbe]) -> tuple[list[UsdtProbe], str]:
@@ -320,18 +347,9 @@ class CudaProbes:
         """
         prog = self._require()
         path = os.fspath(path)
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as exc:
-            raise ProbeError(f"cannot open {path}: {exc}") from exc
-        st = os.fstat(fd)
-        keys = {(st.st_dev, st.st_ino)}
-        if identity is not None:
-            keys.add(tuple(identity))
-        for key in keys:
-            if key in self._reports:
-                os.close(fd)
-                return replace(self._reports[key], path=path, already_attached=True)
+        fd, st, keys, earlier = _open_library(path, identity, self._reports)
+        if earlier is not None:
+            return earlier
         try:
             magic = os.pread(fd, 4, 0)
         except OSError as exc:
@@ -410,18 +428,9 @@ class CudaProbes:
         """
         prog = self._require()
         path = os.fspath(path)
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as exc:
-            raise ProbeError(f"cannot open {path}: {exc}") from exc
-        st = os.fstat(fd)
-        keys = {(st.st_dev, st.st_ino)}
-        if identity is not None:
-            keys.add(tuple(identity))
-        for key in keys:
-            if key in self._torch_reports:
-                os.close(fd)
-                return replace(self._torch_reports[key], path=path, already_attached=True)
+        fd, st, keys, earlier = _open_library(path, identity, self._torch_reports)
+        if earlier is not None:
+            return earlier
         try:
             found = read_probes(fd)
         except (OSError, ElfError) as exc:

@@ -221,11 +221,14 @@ def files_at(paths: Iterable[str]) -> list[LibraryFile]:
     return list(out.values())
 
 
-def untrusted_reason(path: str) -> str | None:
+def untrusted_reason(path: str, root_only: bool = True) -> str | None:
     """Why the file at ``path`` cannot be the host's driver, or None when it can.
 
     The driver is installed by root: a file owned by another user, or writable by group or
-    others, is somebody's copy, and root does not attach probes to it.
+    others, is somebody's copy, and root does not attach probes to it. ``root_only=False`` (a
+    ``libc10_cuda.so``: PyTorch is installed by any user, pip into a virtualenv) leaves the owner
+    unchecked: a probe on a file fires only in the processes that map that file; a file that
+    others than its owner may write is still refused (somebody could change it under the probes).
     """
     try:
         st = os.stat(path)
@@ -233,23 +236,24 @@ def untrusted_reason(path: str) -> str | None:
         return f"cannot stat it ({error.strerror or error})"
     if not stat.S_ISREG(st.st_mode):
         return "not a regular file"
-    if st.st_uid != 0:
+    if root_only and st.st_uid != 0:
         return f"owned by uid {st.st_uid}, not root"
     if st.st_mode & 0o022:
         return f"writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
     return None
 
 
-def trusted(libs: Iterable[LibraryFile]) -> list[LibraryFile]:
-    """The files that may be the driver; each refused one is logged once (a warning)."""
+def trusted(libs: Iterable[LibraryFile], root_only: bool = True) -> list[LibraryFile]:
+    """The files that may be probed (:func:`untrusted_reason`); each refused one is logged once."""
     out = []
     for lib in libs:
-        reason = untrusted_reason(lib.path)
+        reason = untrusted_reason(lib.path, root_only)
         if reason is None:
             out.append(lib)
         elif (lib.dev, lib.inode) not in _REFUSED:
             _REFUSED.add((lib.dev, lib.inode))
-            log.warning("not probing %s: %s (only root's driver files are probed)", clean_text(lib.path, 300), reason)
+            log.warning("not probing %s: %s%s", clean_text(lib.path, 300), reason,
+                        " (only root's driver files are probed)" if root_only else "")
     return out
 
 
@@ -280,42 +284,16 @@ def find_libcuda(
     return trusted(result.values())
 
 
-def torch_untrusted_reason(path: str) -> str | None:
-    """Why the ``libc10_cuda.so`` at ``path`` is not probed, or None when it is.
-
-    Unlike the driver, PyTorch is installed by any user (pip into a virtualenv), so the owner is
-    not checked: a probe on a file only ever fires in the processes that map that file. A file
-    that others than its owner may write is refused: somebody could change it under the probes.
-    """
-    try:
-        st = os.stat(path)
-    except OSError as error:
-        return f"cannot stat it ({error.strerror or error})"
-    if not stat.S_ISREG(st.st_mode):
-        return "not a regular file"
-    if st.st_mode & 0o022:
-        return f"writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
-    return None
-
-
 def find_libc10_cuda(extra_paths: Iterable[str] = (), *, proc_root: str = "/proc") -> list[LibraryFile]:
     """Every distinct ``libc10_cuda.so`` that a process maps now, plus ``extra_paths``.
 
     PyTorch lives wherever pip put it, so there are no usual install paths to add: a process
     that imports torch later is found by the daemon's next rescan. Files
-    :func:`torch_untrusted_reason` refuses are left out (and logged once).
+    :func:`untrusted_reason` refuses (owner not checked) are left out, and logged once.
     """
     result: dict[tuple[int, int], LibraryFile] = {}
     for lib in scan_processes(proc_root, LIBC10_CUDA_PREFIX):
         result.setdefault((lib.dev, lib.inode), lib)
     for lib in files_at(extra_paths):
         result.setdefault((lib.dev, lib.inode), lib)
-    out = []
-    for lib in result.values():
-        reason = torch_untrusted_reason(lib.path)
-        if reason is None:
-            out.append(lib)
-        elif (lib.dev, lib.inode) not in _REFUSED:
-            _REFUSED.add((lib.dev, lib.inode))
-            log.warning("not probing %s: %s", clean_text(lib.path, 300), reason)
-    return out
+    return trusted(result.values(), root_only=False)

@@ -60,7 +60,7 @@ def workdir():
     shutil.rmtree(d, ignore_errors=True)
 
 
-def make_daemon(workdir: Path, **overrides) -> Daemon:
+def make_daemon(workdir: Path, find_torch=None, **overrides) -> Daemon:
     options = dict(
         output=workdir / "out.mrec",
         socket_path=workdir / "s.sock",
@@ -74,6 +74,7 @@ def make_daemon(workdir: Path, **overrides) -> Daemon:
         DaemonConfig(**options),
         probes_factory=FakeProbes,
         find_libraries=lambda extra: [FakeLibrary("/fake/libcuda.so.1", 1, 42)],
+        find_torch=find_torch,
         install_signals=False,
     )
 

@@ -373,18 +373,12 @@ def test_the_grafana_dashboard_queries_only_metrics_the_daemon_exposes():
 def test_tensor_metrics_with_daemon_tensors(workdir):
     # GIVEN a daemon with --tensors, a PyTorch install found, and a process whose 20 MiB segment
     # holds two tensor blocks, one freed again
-    from memrec.daemon.config import DaemonConfig
-    from memrec.daemon.server import Daemon
     from tests.unit.daemon_fakes import FakeLibrary
-    from tests.unit.daemon_fakes import FakeProbes
 
     pytest.importorskip("prometheus_client")
     port = free_port()
-    daemon = Daemon(DaemonConfig(output=workdir / "out.mrec", socket_path=workdir / "s.sock", nvml_device_hz=0,
-                                 nvml_process_hz=0, poll_interval=0.01, flush_interval=0.05, tensors=True),
-                    probes_factory=FakeProbes, find_libraries=lambda extra: [FakeLibrary("/fake/libcuda.so.1", 1, 42)],
-                    find_torch=lambda extra: [FakeLibrary("/venv/torch/lib/libc10_cuda.so", 1, 43)],
-                    install_signals=False)
+    daemon = make_daemon(workdir, tensors=True,
+                         find_torch=lambda extra: [FakeLibrary("/venv/torch/lib/libc10_cuda.so", 1, 43)])
     service = Service(metrics_addr=("127.0.0.1", port), notifier=Notifier({}))
     service.listen()
     daemon.start()
