@@ -5,6 +5,7 @@ running before the attach get events, two at once, and a build without probes sa
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -152,3 +153,35 @@ def test_daemon_tensors_finds_running_pytorch_and_reports_blocks(stub_lib, torch
     assert all(b["segment"] == seg for b in failure["largest"])
     text = render_text(report, width=120)
     assert "tensor blocks (PyTorch caching allocator)" in text and "failed segment allocation" in text
+
+
+@pytest.mark.parametrize("links", [True, False], ids=["multi-uprobe links", "perf events"])
+def test_both_ways_of_attaching_raise_the_semaphores_and_decode(stub_lib, torch_stub, tmp_path, monkeypatch, links):
+    # GIVEN the tensor probes attached as multi-uprobe links (ref_ctr_offsets, cookies) or, as on
+    # kernels before 6.6, as perf events (ref_ctr_offset in config bits 32-63, the cookie on a
+    # BPF perf link)
+    from memrec.probes import bpfsys
+    from memrec.probes.cuda import CudaProbes
+
+    if links and not bpfsys.uprobe_multi_supported():
+        pytest.skip(f"kernel {os.uname().release} has no multi-uprobe links (6.6)")
+    monkeypatch.setattr(bpfsys, "uprobe_multi_supported", lambda release=None: links)
+    w = Worker(stub_lib, torch_stub)
+    before = w.ask("sem")  # other probes of this session may hold them up already
+    p = CudaProbes(probe_cache=str(tmp_path)).load()
+    try:
+        assert p.attach_torch(torch_stub).problem == ""
+        # THEN the running process's semaphores are raised, and the events read exactly
+        assert w.ask("sem") == [before[0] + 1, before[1] + 2]
+        w.ask("malloc", 0x7F0000004000, 2, 4096, 0xBEEF)
+        w.ask("free2", 0x7F0000004000)
+        ev = drain_until(p, {w.pid}, 2)
+        got = sorted((int(e["kind"]), int(e["ptr"]), int(e["ordinal"]), int(e["size"]), int(e["handle"])) for e in ev)
+        assert got == [(int(Kind.TENSOR_ALLOC), 0x7F0000004000, 2, 4096, 0xBEEF),
+                       (int(Kind.TENSOR_FREE), 0x7F0000004000, -1, 0, 0)]
+    finally:
+        p.close()
+        sem_after = w.ask("sem")
+        w.close()
+    # AND detaching lowered them again
+    assert sem_after == before
