@@ -117,7 +117,7 @@ def main() -> int:
         libs = {n: build_torch_stub(Path(tmp) / n, nop5=n.endswith("nop5")) for n in NAMES}
         exe = build_loop(Path(tmp), LOOP_C)
         noops = [NoopSites(libs["noop"]), NoopSites(libs["noop-nop5"])]
-        probes = CudaProbes(ringbuf_pages=4096).load()
+        probes = CudaProbes(ringbuf_pages=4096, tensors=True).load()
         for n in ("memrec", "memrec-nop5"):
             report = probes.attach_torch(libs[n])
             assert not report.problem, report.problem

@@ -6,7 +6,7 @@ must be able to tear it down cleanly even when half of the attachments are alrea
 
 The program comes from the compiled-program cache or is compiled by bcc, and is loaded and attached
 by memrec's own loader (``probes/loader.py``, ``probes/probecache.py``). ``python -m
-memrec.probes.cuda --ebpf [--follow-tree]`` prints the BPF program with its ``-D`` flags, which is
+memrec.probes.cuda --ebpf [--follow-tree] [--tensors]`` prints the BPF program with its ``-D`` flags, which is
 what bcc compiles.
 """
 
@@ -111,10 +111,13 @@ class AttachReport:
     already_attached: bool = False
 
 
-def program_source() -> str:
-    """Return the BPF C program text (the driver probes, then PyTorch's allocator probes)."""
+def program_source(tensors: bool = False) -> str:
+    """Return the BPF C program text: the driver probes, and with ``tensors`` PyTorch's allocator
+    probes after them (so the program without them is exactly the one without ``--tensors``; it
+    also needs ``bpf_get_attach_cookie``, kernel >= 5.15)."""
     files = importlib.resources.files("memrec.probes")
-    return files.joinpath(PROGRAM).read_text() + "\n" + files.joinpath(TORCH_PROGRAM).read_text()
+    text = files.joinpath(PROGRAM).read_text()
+    return text + "\n" + files.joinpath(TORCH_PROGRAM).read_text() if tensors else text
 
 
 def _tracefs_has_group_dead() -> bool:
@@ -244,14 +247,16 @@ class CudaProbes:
             False only to measure what they cost.
         probe_cache: the directory of compiled programs (:mod:`memrec.probes.probecache`), or
             None to compile at every start.
+        tensors: also load PyTorch's allocator probes (:meth:`attach_torch`; ``--tensors``).
     """
 
     def __init__(self, follow_tree: bool = False, ringbuf_pages: int = 1024, untraced: bool = True,
-                 probe_cache: str | None = DEFAULT_DIR) -> None:
+                 probe_cache: str | None = DEFAULT_DIR, tensors: bool = False) -> None:
         if ringbuf_pages < 1 or ringbuf_pages & (ringbuf_pages - 1):
             raise ValueError(f"ringbuf_pages must be a power of two, not {ringbuf_pages}")
         self.follow_tree = follow_tree
         self.ringbuf_pages = ringbuf_pages
+        self.tensors = tensors
         #: The driver symbols this instance probes.
         self.symbols = SYMBOLS if untraced else tuple(s for s in SYMBOLS if s not in UNTRACED_SYMBOLS)
         #: Where the compiled program is cached (None: compile at every start).
@@ -279,7 +284,8 @@ class CudaProbes:
         if self._prog is not None:
             return self
         started = time.monotonic()
-        self._prog, self.loaded_from = obtain_program(program_source(), program_cflags(self.follow_tree, self.ringbuf_pages),
+        self._prog, self.loaded_from = obtain_program(program_source(self.tensors),
+                                                      program_cflags(self.follow_tree, self.ringbuf_pages),
                                                       self.probe_cache)
         self.load_seconds = time.monotonic() - started
         if self.loaded_from == "cache":
@@ -427,6 +433,8 @@ class CudaProbes:
             ProbeError: not loaded, or the file cannot be opened or read as ELF.
         """
         prog = self._require()
+        if not self.tensors:
+            raise ProbeError("the tensor probes are not loaded: use CudaProbes(tensors=True)")
         path = os.fspath(path)
         fd, st, keys, earlier = _open_library(path, identity, self._torch_reports)
         if earlier is not None:
@@ -521,13 +529,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ebpf", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--follow-tree", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--ringbuf-pages", type=int, default=1024, help=argparse.SUPPRESS)
+    parser.add_argument("--tensors", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if not args.ebpf:
         parser.error("only --ebpf is supported")
     for flag in program_cflags(args.follow_tree, args.ringbuf_pages):
         name, _, value = flag[2:].partition("=")
         print(f"#define {name} {value or 1}")
-    print(program_source())
+    print(program_source(args.tensors))
     return 0
 
 

@@ -66,6 +66,16 @@ def drain_until(probes, pids: set[int], n: int, timeout: float = 10.0) -> np.nda
     return np.concatenate(got) if got else np.zeros(0)
 
 
+@pytest.fixture(scope="module")
+def probes():
+    """Host-wide probes with the tensor probes loaded (attached per test)."""
+    from memrec.probes.cuda import CudaProbes
+
+    p = CudaProbes(tensors=True).load()
+    yield p
+    p.close()
+
+
 def test_processes_running_before_the_attach_get_exact_tensor_events(probes, stub_lib, torch_stub):
     a, b = Worker(stub_lib, torch_stub), Worker(stub_lib, torch_stub)
     try:
@@ -112,6 +122,22 @@ def test_a_build_without_the_probes_is_said_and_not_attached(probes, plain_torch
     report = probes.attach_torch(plain_torch_stub)
     assert report.attached == ()
     assert "no pytorch:free/malloc USDT probe in this build" in report.problem
+
+
+def test_the_program_without_tensors_is_the_driver_program_alone(stub_lib, torch_stub):
+    # GIVEN the probes as the daemon loads them without --tensors
+    from memrec._errors import ProbeError
+    from memrec.probes.cuda import CudaProbes
+    from memrec.probes.cuda import program_source
+
+    assert "usdt_torch" not in program_source() and "usdt_torch" in program_source(tensors=True)
+    p = CudaProbes().load()
+    try:
+        # THEN nothing of PyTorch's can be attached
+        with pytest.raises(ProbeError, match="tensor probes are not loaded"):
+            p.attach_torch(torch_stub)
+    finally:
+        p.close()
 
 
 def test_daemon_tensors_finds_running_pytorch_and_reports_blocks(stub_lib, torch_stub, tmp_path):
@@ -168,11 +194,13 @@ def test_both_ways_of_attaching_raise_the_semaphores_and_decode(stub_lib, torch_
     monkeypatch.setattr(bpfsys, "uprobe_multi_supported", lambda release=None: links)
     w = Worker(stub_lib, torch_stub)
     before = w.ask("sem")  # other probes of this session may hold them up already
-    p = CudaProbes(probe_cache=str(tmp_path)).load()
+    p = CudaProbes(probe_cache=str(tmp_path), tensors=True).load()
     try:
         assert p.attach_torch(torch_stub).problem == ""
-        # THEN the running process's semaphores are raised, and the events read exactly
-        assert w.ask("sem") == [before[0] + 1, before[1] + 2]
+        # THEN the running process's semaphores are raised (once per probe site: another
+        # program's probe at the same site shares the kernel's uprobe and its count), and the
+        # events read exactly
+        assert w.ask("sem") == [1, 2]
         w.ask("malloc", 0x7F0000004000, 2, 4096, 0xBEEF)
         w.ask("free2", 0x7F0000004000)
         ev = drain_until(p, {w.pid}, 2)

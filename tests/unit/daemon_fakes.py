@@ -40,7 +40,7 @@ class FakeProbes:
 
     instances: list[FakeProbes] = []
 
-    def __init__(self, follow_tree: bool = False, ringbuf_pages: int = 1024) -> None:
+    def __init__(self, follow_tree: bool = False, ringbuf_pages: int = 1024, tensors: bool = False) -> None:
         self.follow_tree = follow_tree
         self.ringbuf_pages = ringbuf_pages
         self.loaded = False
