@@ -69,6 +69,7 @@ from memrec.daemon.tracefiles import create_sink
 from memrec.daemon.untraced import UntracedReadings
 from memrec.daemon.untraced import name_images
 from memrec.events import GpuInfo
+from memrec.events import Kind
 from memrec.events import Marker
 from memrec.events import ProcessInfo
 from memrec.state import LiveState
@@ -86,6 +87,7 @@ log = logging.getLogger(__name__)
 _FINAL_DRAIN_POLLS = 64
 #: How often idle and half-sent marker connections are looked for (ns).
 _SWEEP_NS = 10**9
+_CTX = int(Kind.CTX)
 
 
 class Mood(enum.Enum):
@@ -415,6 +417,10 @@ class Daemon:
         self.state.apply(events)
         if self.blocks is not None:
             self.blocks.apply(events)
+            if np.any(events["kind"] == _CTX):
+                # A process bound a context: its first tensors come next. A PyTorch install not
+                # probed yet is looked for now rather than at the next rescan (seconds later).
+                self.torch.scan(self.probes)
         assert self.writer is not None
         self.writer.write_events(events)
         self.events_recorded += len(events)

@@ -141,7 +141,7 @@ def analyze(trace: Any, name: str) -> Run:
     untraced = split_by_rank(reconcile(trace, tl, phases), rank_of)
     return Run(name, start, phases, j, exit_rows, rank_of, budgets, windows, events, untraced,
                [c for c in contexts if c["foreign"]], custom_ar_facts(trace.markers),
-               tensor_section(events, phases, start, trace.header))
+               tensor_section(events, phases, start, trace.header, trace.trailer))
 
 
 def _as_dict(key: RankKey) -> dict[str, int]:

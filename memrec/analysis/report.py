@@ -188,7 +188,7 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
         else:
             report["gpus"].append(section)
     report["sglang"] = sglang
-    report["tensors"] = tensor_section(events, phases, start, trace.header, pid=pid, gpu=gpu)
+    report["tensors"] = tensor_section(events, phases, start, trace.header, trace.trailer, pid=pid, gpu=gpu)
     _peak_by_phase(report, trace, tl, phases)
     report["answer"] = build_answer(report)
     return report

@@ -140,7 +140,7 @@ class _Replay(TensorBlocks):
                                                self.fragmentation(pid, g), largest))
 
 
-def tensor_section(events: Any, phases: Phases, start: int, header: dict,
+def tensor_section(events: Any, phases: Phases, start: int, header: dict, trailer: dict | None = None,
                    pid: int | None = None, gpu: int | None = None) -> dict | None:
     """The report's ``tensors`` section, or None when the trace has no tensor events and no
     PyTorch install was tried (``header["probes"]["torch"]``).
@@ -148,10 +148,11 @@ def tensor_section(events: Any, phases: Phases, start: int, header: dict,
     Args:
         events: the trace's events (a Batch or columns; ``gpu`` filled by the replay).
         phases: the trace's phases; start: the trace's first ts.
-        header: the trace header (which libc10_cuda.so files gave probes, which did not, why).
+        header, trailer: the trace's (which libc10_cuda.so files gave probes, which did not, why:
+            the trailer lists those found during the recording too, the header those at its start).
         pid, gpu: the report's filter.
     """
-    libraries = (header.get("probes") or {}).get("torch")
+    libraries = (trailer or {}).get("torch", (header.get("probes") or {}).get("torch"))
     kinds = events["kind"]
     tensor = (kinds == T_ALLOC) | (kinds == T_FREE)
     if not tensor.any() and libraries is None:

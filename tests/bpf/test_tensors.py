@@ -213,3 +213,41 @@ def test_both_ways_of_attaching_raise_the_semaphores_and_decode(stub_lib, torch_
         w.close()
     # AND detaching lowered them again
     assert sem_after == before
+
+
+RECORDED = """
+import ctypes, sys, time
+from memrec.stubdriver.driver import Driver, Facts
+torch = ctypes.CDLL(sys.argv[2])  # as `import torch` maps libc10_cuda.so, before any context
+torch.stub_torch_malloc.argtypes = [ctypes.c_uint64, ctypes.c_int, ctypes.c_size_t, ctypes.c_uint64]
+torch.stub_torch_free.argtypes = [ctypes.c_uint64]
+drv = Driver(sys.argv[1], Facts())
+drv.init()
+drv.use_device(0)  # the context: the recorder looks for PyTorch now
+deadline = time.monotonic() + 10
+while torch.stub_semaphore(0) == 0 and time.monotonic() < deadline:
+    time.sleep(0.01)
+seg = drv.alloc(8 << 20)
+for i in range(4):
+    torch.stub_torch_malloc(seg + i * (1 << 20), 0, 1 << 20, 0)
+torch.stub_torch_free(seg)
+"""
+
+
+def test_memrec_record_tensors_probes_the_commands_pytorch(stub_lib, torch_stub, tmp_path):
+    from memrec.analysis.report import build_report
+    from memrec.trace.reader import load_trace
+
+    script = tmp_path / "recorded.py"
+    script.write_text(RECORDED)
+    out = tmp_path / "rec.mrec"
+    proc = subprocess.run([sys.executable, "-m", "memrec", "record", "--tensors", "--libcuda", str(stub_lib), "-o",
+                           str(out), "--", sys.executable, str(script), str(stub_lib), str(torch_stub)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    # THEN the child's install was probed at its first context and its blocks are in the trace
+    sec = build_report(load_trace(out))["tensors"]
+    assert [lib["path"] for lib in sec["libraries"]] == [str(torch_stub)]
+    assert sec["events"] == 5 and sec["unjoined_blocks"] == 0
+    (row,) = sec["rows"]
+    assert (row["peak_allocated"], row["peak_reserved"], row["last"]["allocated"]) == (4 << 20, 8 << 20, 3 << 20)
