@@ -33,6 +33,7 @@ from memrec.state.tensors import TRACKED_KINDS
 from memrec.state.tensors import Block
 from memrec.state.tensors import Fragmentation
 from memrec.state.tensors import TensorBlocks
+from memrec.state.tensors import rows
 
 _SEGMENT_FAILS = (int(Kind.ALLOC), int(Kind.VMM_CREATE))
 #: How many of the largest blocks a failed call lists.
@@ -163,16 +164,15 @@ def tensor_section(events: Any, phases: Phases, start: int, header: dict, traile
     pids_with = np.unique(events["pid"][tensor])
     idx = np.flatnonzero(wanted & np.isin(events["pid"], pids_with))
     rp = _Replay(phases, start)
-    sub = {name: events[name][idx].tolist() for name in ("kind", "pid", "ptr", "size", "gpu", "ts", "result")}
-    phase_ids = phases.assign(events["pid"][idx], events["ts"][idx]).tolist()
-    for j in range(len(idx)):
-        k, p = sub["kind"][j], sub["pid"][j]
-        if sub["result"][j] != 0:
-            rp.failed(int(idx[j]), sub["ts"][j], p, sub["gpu"][j], sub["size"][j])
+    aligned = {"index": idx, "phase": phases.assign(events["pid"][idx], events["ts"][idx])}
+    names = ("index", "phase", "kind", "pid", "ptr", "size", "gpu", "ts", "result")
+    for i, ph, k, p, ptr, size, g, ts, result in rows(events, idx, names, aligned):
+        if result != 0:
+            rp.failed(i, ts, p, g, size)
             continue
         if k == T_ALLOC or k == T_FREE:
-            rp.enter(p, phase_ids[j])
-        rp.apply_one(k, p, sub["ptr"][j], sub["size"][j], sub["gpu"][j], sub["ts"][j], phase_ids[j])
+            rp.enter(p, ph)
+        rp.apply_one(k, p, ptr, size, g, ts, ph)
     for p, phase in list(rp.phase_of.items()):
         rp.snapshot_pid(p, phase)
 

@@ -18,6 +18,7 @@ Definitions (docs/report.md, "Tensor blocks"):
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,8 +32,24 @@ EXIT = int(Kind.PROC_EXIT)
 T_ALLOC, T_FREE = int(Kind.TENSOR_ALLOC), int(Kind.TENSOR_FREE)
 #: The events the tracker reads (successful ones).
 TRACKED_KINDS = (ALLOC, FREE, MAP, UNMAP, EXIT, T_ALLOC, T_FREE)
+_COLUMNS = ("kind", "pid", "ptr", "size", "gpu", "ts")
 #: The caching allocator's smallest block and rounding (kMinBlockSize).
 BLOCK_ROUND = 512
+
+
+#: Events turned into Python values at a time (a 10M-event trace never becomes 10M-long lists).
+ROWS_CHUNK = 1 << 18
+
+
+def rows(events: Any, idx: np.ndarray, names: tuple[str, ...],
+         aligned: dict[str, np.ndarray] | None = None) -> Iterator[tuple]:
+    """The events at ``idx`` as tuples of the columns ``names`` (Python ints), chunk by chunk;
+    a name in ``aligned`` is read from that array (one value per ``idx`` entry) instead."""
+    aligned = aligned or {}
+    for lo in range(0, len(idx), ROWS_CHUNK):
+        part = idx[lo:lo + ROWS_CHUNK]
+        yield from zip(*((aligned[name][lo:lo + ROWS_CHUNK] if name in aligned else events[name][part]).tolist()
+                         for name in names))
 
 
 def rounded(size: int) -> int:
@@ -82,10 +99,7 @@ class TensorBlocks:
         """Apply a batch of events (EVENT_DTYPE rows or columns, ``gpu`` filled, in time order)."""
         kinds = events["kind"]
         idx = np.flatnonzero(np.isin(kinds, TRACKED_KINDS) & (events["result"] == 0))
-        if not len(idx):
-            return
-        cols = {name: events[name][idx].tolist() for name in ("kind", "pid", "ptr", "size", "gpu", "ts")}
-        for k, p, ptr, size, g, ts in zip(cols["kind"], cols["pid"], cols["ptr"], cols["size"], cols["gpu"], cols["ts"]):
+        for k, p, ptr, size, g, ts in rows(events, idx, _COLUMNS):
             self.apply_one(k, p, ptr, size, g, ts)
 
     def apply_one(self, kind: int, pid: int, ptr: int, size: int, gpu: int, ts: int, phase: int = -1) -> None:
@@ -216,8 +230,7 @@ def block_series(events: Any) -> dict[tuple[int, int], tuple[np.ndarray, np.ndar
     tb = TensorBlocks()
     out: dict[tuple[int, int], tuple[list, list, list]] = {}
     idx = np.flatnonzero(np.isin(kinds, TRACKED_KINDS) & (events["result"] == 0))
-    cols = {name: events[name][idx].tolist() for name in ("kind", "pid", "ptr", "size", "gpu", "ts")}
-    for k, p, ptr, size, g, ts in zip(cols["kind"], cols["pid"], cols["ptr"], cols["size"], cols["gpu"], cols["ts"]):
+    for k, p, ptr, size, g, ts in rows(events, idx, _COLUMNS):
         if k == T_FREE:
             b = tb.blocks.get((p, ptr))
             g = b.gpu if b is not None else -1
