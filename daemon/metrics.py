@@ -37,6 +37,7 @@ from memrec.events import CU_RESULT_NAMES
 from memrec.events import GpuInfo
 from memrec.events import Marker
 from memrec.state import IPC_MAPPED
+from memrec.state.tensors import TensorBlocks
 
 log = logging.getLogger(__name__)
 
@@ -305,6 +306,8 @@ class DaemonMetrics:
     def attach(self, daemon: Any) -> None:
         """Meter the probes' polls and take snapshots from the daemon's loop."""
         self._daemon = daemon
+        if daemon.config.tensors:
+            daemon.blocks = TensorBlocks()
         self.meter = DrainMeter(daemon.config.ringbuf_pages * PAGE, daemon.clock)
         daemon.probes = _MeteredProbes(daemon.probes, self.meter)
         daemon.marker_listeners.append(self.phases.marker)
@@ -367,7 +370,7 @@ class DaemonMetrics:
     def _tensors(self) -> dict:
         """The Snapshot's tensor fields (none without --tensors)."""
         d = self._daemon
-        if getattr(d, "blocks", None) is None:
+        if d.blocks is None:
             return {}
         tensors = {(g, pid, self._process_name(pid)): (alloc, resv, n)
                    for (pid, g), (alloc, resv, n) in d.blocks.totals.items()}

@@ -137,8 +137,9 @@ class Daemon:
         self.libraries = Libraries(find_libraries, config.libcuda_paths)
         #: PyTorch installs tried for tensor blocks (None: ``config.tensors`` is off).
         self.torch = TorchLibraries(find_torch, config.torch_paths) if config.tensors else None
-        #: The live tensor blocks (metrics), with ``config.tensors``.
-        self.blocks = TensorBlocks() if config.tensors else None
+        #: The live tensor blocks, kept only for the metrics (set by them, with ``config.tensors``):
+        #: a Python step per tensor event, which a daemon without metrics does not pay.
+        self.blocks: TensorBlocks | None = None
         self.stamper = GpuStamper(self._nvml_module, process_info, self._write_process)
         self.stop_signal_handler = stop_signal_handler
         self._install_signals = install_signals
@@ -417,10 +418,10 @@ class Daemon:
         self.state.apply(events)
         if self.blocks is not None:
             self.blocks.apply(events)
-            if np.any(events["kind"] == _CTX):
-                # A process bound a context: its first tensors come next. A PyTorch install not
-                # probed yet is looked for now rather than at the next rescan (seconds later).
-                self.torch.scan(self.probes)
+        if self.torch is not None and np.any(events["kind"] == _CTX):
+            # A process bound a context: its first tensors come next. A PyTorch install not
+            # probed yet is looked for now rather than at the next rescan (seconds later).
+            self.torch.scan(self.probes)
         assert self.writer is not None
         self.writer.write_events(events)
         self.events_recorded += len(events)

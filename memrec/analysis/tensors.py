@@ -86,15 +86,19 @@ class _Replay(TensorBlocks):
         self.phases = phases
         self.start = start
         self.rows: dict[tuple[int, int, str], TensorRow] = {}
+        self.by_id: dict[tuple[int, int, int], TensorRow] = {}  # (pid, gpu, phase id) -> its row
         self.phase_of: dict[int, int] = {}  # pid -> the phase id of its last tensor event
         self.failures: list[FailureBlocks] = []
 
     # -- blocks
     def row(self, pid: int, gpu: int, phase: int) -> TensorRow:
-        key = (pid, gpu, self.phases.label(phase))
-        r = self.rows.get(key)
-        if r is None:
-            r = self.rows[key] = TensorRow(pid, gpu, key[2])
+        r = self.by_id.get((pid, gpu, phase))
+        if r is None:  # phase instances with one path share a row
+            key = (pid, gpu, self.phases.label(phase))
+            r = self.rows.get(key)
+            if r is None:
+                r = self.rows[key] = TensorRow(pid, gpu, key[2])
+            self.by_id[(pid, gpu, phase)] = r
         return r
 
     def enter(self, pid: int, phase: int) -> None:

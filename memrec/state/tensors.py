@@ -69,15 +69,17 @@ class Fragmentation:
     segments: int = 0
 
 
-@dataclass
 class Block:
-    """A live tensor block."""
+    """A live tensor block (slots: a process may hold a hundred thousand of them)."""
 
-    size: int
-    gpu: int
-    ts: int
-    segment: int | None  # the address of the segment holding it (None: not seen)
-    phase: int = -1  # the phase that allocated it (the report's replay sets it)
+    __slots__ = ("size", "gpu", "ts", "segment", "phase")
+
+    def __init__(self, size: int, gpu: int, ts: int, segment: int | None, phase: int = -1) -> None:
+        self.size = size
+        self.gpu = gpu
+        self.ts = ts
+        self.segment = segment  # the address of the segment holding it (None: not seen)
+        self.phase = phase  # the phase that allocated it (the report's replay sets it)
 
 
 class TensorBlocks:
