@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 
 import pytest
 
@@ -77,3 +78,21 @@ def test_a_build_without_free_is_not_half_attached():
     odd = UsdtProbe("pytorch", "free", 0x1100, 0x2002, "8@foo(%rip)", None, "argument '8@foo(%rip)': ...")
     sites, problem = torch_sites([malloc, odd])
     assert sites == [] and problem.startswith("pytorch:free: argument")
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler to assemble the stub libc10_cuda.so")
+def test_doctor_says_which_pytorch_installs_give_tensor_blocks(tmp_path):
+    # GIVEN an install with the probes and one without (a plain library of the same name)
+    from memrec.commands.doctor import check_torch
+    from memrec.stubdriver.build import build_torch_stub
+
+    good = build_torch_stub(tmp_path / "good")
+    plain = tmp_path / "plain" / "libc10_cuda.so"
+    plain.parent.mkdir()
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(plain), "-x", "c", "-"], input="int f(void){return 0;}\n",
+                   text=True, check=True)
+    # THEN each is named with what it gives: a warning for the build without them
+    ok = check_torch([str(good)])
+    assert ok.status == "ok" and f"{good} (3 probe sites)" in ok.detail
+    warn = check_torch([str(good), str(plain)])
+    assert warn.status == "warn" and f"{plain}: no pytorch:free/malloc USDT probe in this build" in warn.detail
