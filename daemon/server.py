@@ -198,6 +198,9 @@ class Daemon:
                 if not os.path.exists(path):
                     log.warning("--libcuda %s: no such file", path)
             self.scan_libraries()
+            if self.torch is not None and not self.torch.tried:
+                log.info("--tensors: no libc10_cuda.so mapped yet: PyTorch's allocator probes attach when a "
+                         "process maps one (at its first context, or the next rescan)")
             if not self.libraries.attached:
                 log.warning(
                     "no libcuda.so.1 found yet: probes will attach when a process maps one "
