@@ -224,7 +224,7 @@ torch.stub_torch_free.argtypes = [ctypes.c_uint64]
 drv = Driver(sys.argv[1], Facts())
 drv.init()
 drv.use_device(0)  # the context: the recorder looks for PyTorch now
-deadline = time.monotonic() + 10
+deadline = time.monotonic() + 60  # a loaded host: the daemon reads every /proc/PID/maps first
 while torch.stub_semaphore(0) == 0 and time.monotonic() < deadline:
     time.sleep(0.01)
 seg = drv.alloc(8 << 20)
