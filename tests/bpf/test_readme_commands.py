@@ -30,11 +30,11 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -126,6 +126,7 @@ def clone(bpf_host, tmp_path_factory) -> dict:
     test = subprocess.run(["./scripts/test", "tests/unit/test_units.py"], cwd=repo, env=env, capture_output=True,
                           text=True, timeout=1500)
     assert test.returncode == 0, (test.stdout + test.stderr)[-3000:]
+    assert re.search(r"^\d+ passed", test.stdout.splitlines()[-1]), test.stdout[-2000:]
     # The user's own files the README's commands name
     if shutil.which("python", path=env["PATH"]) is None:  # a Debian without python-is-python3
         (bin_dir / "python").symlink_to(shutil.which("python3"))
@@ -197,9 +198,9 @@ def _tui(clone: dict, command: str, painted: bool = True) -> str:
     from tests.tui.tmux_term import Tmux
 
     env = clone["env"]
-    term = Tmux(f"readme-{os.getpid()}-{int(time.monotonic() * 1000) % 100000}",
-                f"cd {clone['repo']} && PATH={env['PATH']} MEMREC_SOCKET={env['MEMREC_SOCKET']} {command}; "
-                "echo EXIT=$?", (120, 36))
+    inner = f"cd {clone['repo']} && {command}; echo EXIT=$?"
+    term = Tmux(f"readme-{os.getpid()}-{int(time.monotonic() * 1000) % 100000}", f"bash -c {shlex.quote(inner)}",
+                (120, 36), env={"PATH": env["PATH"], "MEMREC_SOCKET": env["MEMREC_SOCKET"]})
     try:
         if painted:
             ok, screen = term.wait_painted(timeout=60)
