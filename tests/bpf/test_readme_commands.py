@@ -16,7 +16,9 @@ needed to run it here at all:
 - ``sudo`` is left out (the tests run as root; the README says so for hosts without sudo);
 - the daemon writes into the test's folder rather than ``/var/lib/memrec/``, and is stopped with
   SIGINT (the README's Ctrl-C); markers and the live view use its socket (``MEMREC_SOCKET``);
-- the files a command reads are there: ``run.mrec`` is the trace the demo recorded; ``base.mrec``,
+- the files a command reads are there: ``run.mrec`` is the trace the demo recorded (``record``
+  makes its own of ``train.py`` first, which has no GPU to use here: it is checked, then the
+  demo's is put back for the commands that read it); ``base.mrec``,
   ``other.mrec``, ``custom_ar.mrec`` and ``sgl.mrec`` are the SGLang examples; ``node0.mrec`` and
   ``node1.mrec`` are two hosts' traces; ``train.py`` and ``load.py`` are the user's programs;
 - an alternative (``bash|zsh|fish``, ``parquet|csv``) runs each way; ``...`` is the daemon's ``-o``;
@@ -180,8 +182,16 @@ def test_start_puts_memrec_on_path_and_its_next_step_works(clone):
 @pytest.mark.parametrize("command", [c for c in readme_commands() if quick(c)])
 def test_a_readme_command_runs_as_written(clone, command):
     for form in expand(command):
+        repo = clone["repo"]
+        if form == "memrec record -o run.mrec -- python train.py":
+            (repo / "run.mrec").unlink()
         # WHEN typed in the clone
         done = run(clone, form)
+        if form == "memrec record -o run.mrec -- python train.py":
+            assert done.returncode == 0 and done.stdout == "training\n", done.stderr
+            assert run(clone, "memrec report run.mrec").returncode == 0
+            shutil.copy(repo / "demo.mrec", repo / "run.mrec")
+            continue
         # THEN it works; `memrec selftest` needs a GPU and cuda-python: here it says so in one line
         if form == "memrec selftest":
             assert done.returncode == 69 and done.stderr.count("\n") == 1 and "error" in done.stderr, done.stderr
