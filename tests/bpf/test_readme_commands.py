@@ -121,7 +121,7 @@ def clone(bpf_host, tmp_path_factory) -> dict:
            if k not in ("VIRTUAL_ENV", "MEMREC_SETUP_LOG", "MEMREC_APT_UPDATED", "MEMREC_SOCKET", "PYTHONPATH")}
     path = [p for p in env["PATH"].split(":") if "/.venv/" not in p]  # not this checkout's own memrec
     env.update(PATH=":".join([str(bin_dir), *path]), MEMREC_BIN_DIR=str(bin_dir), MEMREC_SOCKET=str(base / "memrec.sock"),
-               COLUMNS="100")
+               COLUMNS="80")  # the README shows 80-column output
     # THE TWO SET-UP COMMANDS, as the README's quick start has them (root: no sudo)
     start = subprocess.run(["./scripts/start"], cwd=repo, env=env, capture_output=True, text=True, timeout=1500)
     assert start.returncode == 0, start.stderr[-3000:]
@@ -216,7 +216,14 @@ def _tui(clone: dict, command: str, painted: bool = True) -> str:
             ok, screen = term.wait_painted(timeout=60)
             assert ok, screen
         else:
-            screen = term.wait_for("live", timeout=60)
+            # connected to the daemon: "live", or "no data for Ns" on a host without NVML (the
+            # daemon sends nothing while nothing happens), never "connecting" or an error
+            end = time.monotonic() + 60
+            screen = term.screen()
+            while not re.search(r" live\b|no data for", screen) and time.monotonic() < end:
+                time.sleep(0.3)
+                screen = term.screen()
+            assert re.search(r" live\b|no data for", screen), screen
         term.keys("q")
         term.wait_for("EXIT=0", timeout=30)
         return screen
