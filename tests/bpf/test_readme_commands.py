@@ -232,10 +232,10 @@ def _tui(clone: dict, command: str, painted: bool = True) -> str:
 
 
 @pytest.fixture
-def daemon(clone):
+def daemon(clone, tmp_path):
     """`memrec daemon -o DIR` as the README starts it, stopped with Ctrl-C (SIGINT) after the test."""
-    out = clone["base"] / "var-lib-memrec"
-    out.mkdir(exist_ok=True)
+    out = tmp_path / "var-lib-memrec"
+    out.mkdir()
     proc = subprocess.Popen(["bash", "-c", f"exec memrec daemon -o {out}/"], cwd=clone["repo"], env=clone["env"],
                             stderr=subprocess.PIPE, text=True)
     sock = Path(clone["env"]["MEMREC_SOCKET"])
