@@ -234,9 +234,14 @@ torch.stub_torch_free(seg)
 """
 
 
-def test_memrec_record_tensors_probes_the_commands_pytorch(stub_lib, torch_stub, tmp_path):
+def test_memrec_record_tensors_probes_the_commands_pytorch(stub_lib, tmp_path):
     from memrec.analysis.report import build_report
+    from memrec.stubdriver.build import build_torch_stub
     from memrec.trace.reader import load_trace
+
+    # A copy of its own: the session's other probes on the shared stub would raise its semaphores
+    # already, and the command would not wait for the recorder's.
+    torch_stub = build_torch_stub(tmp_path / "own")
 
     script = tmp_path / "recorded.py"
     script.write_text(RECORDED)
