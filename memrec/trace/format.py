@@ -231,7 +231,8 @@ def gpus_from_header(header: dict) -> list[GpuInfo]:
         fields = {f.name: g.get(f.name) for f in dataclasses.fields(GpuInfo)}
         if not (_int_in(_GPU)(fields["index"]) and _optional(_is(str))(fields["uuid"])
                 and isinstance(fields["name"], str) and _int_in(_TS)(fields["total"])
-                and _optional(_int_in(_TS))(fields["bar1_total"])):
+                and _optional(_int_in(_TS))(fields["bar1_total"])
+                and _optional(_int_in(_TS))(fields["resident_threads"])):
             continue
         out.append(GpuInfo(**fields))
     return out
