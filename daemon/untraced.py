@@ -8,9 +8,16 @@ step. So the daemon reads NVML for the GPUs concerned:
 - right before a context is bound (``CTX_BEGIN``, submitted at the entry of the retain/create
   with a forced wakeup: the call takes ~100 ms on an H200, the reader wakes within a few) and right
   after (``CTX``): the difference is the context's cost;
+- right after a call that sets a context limit, instantiates, uploads or trims graphs, makes or
+  destroys a CUDA array, or changes a multicast object (``CTX_LIMIT``, ``GRAPH_EXEC``,
+  ``GRAPH_TRIM``, ``ARRAY_*``, ``MULTICAST_*``: rare calls, each read at once): what such a call
+  promises the device lands later (the stack at the next launch, the graph pool at the first
+  launch), and the reading separates it from what came before;
 - after a batch that loaded device code or changed a pool (``CODE_LOAD``, ``KERNEL_LOAD``,
   ``CODE_UNLOAD``, ``POOL*``), at most once per ``min_interval`` per GPU (PyTorch under
-  ``CUDA_MODULE_LOADING=EAGER`` loads thousands of libraries at start-up), and after
+  ``CUDA_MODULE_LOADING=EAGER`` loads thousands of libraries at start-up; NCCL fetches ~250
+  kernels in its init, and each reading takes the driver's lock: every 20 ms cost NCCL's init
+  +20 % on an H200, so 200 ms), and after
   stream-ordered allocations and frees at most once per ``stream_interval`` (PyTorch's
   ``cudaMallocAsync`` backend allocates every tensor that way);
 - once more ``settle`` after any of those (a lazily loaded kernel reaches the device at its first
@@ -40,8 +47,12 @@ from memrec.probes.libs import parse_maps
 
 log = logging.getLogger(__name__)
 
-#: Kinds after which NVML is read (a bind: always; the others: rate-limited).
+#: Kinds after which NVML is read (a bind and the rare calls of issue 21: always; the others:
+#: rate-limited).
 _BIND = (int(Kind.CTX_BEGIN), int(Kind.CTX))
+_RARE = tuple(int(k) for k in (Kind.CTX_LIMIT, Kind.GRAPH_EXEC, Kind.GRAPH_TRIM, Kind.ARRAY_CREATE,
+                               Kind.ARRAY_DESTROY, Kind.MULTICAST_CREATE, Kind.MULTICAST_ADD, Kind.MULTICAST_BIND,
+                               Kind.MULTICAST_UNBIND))
 _STEPS = tuple(int(k) for k in (Kind.CODE_LOAD, Kind.CODE_UNLOAD, Kind.KERNEL_LOAD, Kind.POOL,
                                 Kind.POOL_DESTROY, Kind.POOL_TRIM, Kind.POOL_ATTR))
 _STREAM = [int(a) for a in STREAM_ORDERED_APIS]
@@ -71,7 +82,7 @@ class UntracedReadings:
         gpus: list[int],
         write: Callable[[np.ndarray], None],
         clock: Callable[[], int],
-        min_interval: float = 0.02,
+        min_interval: float = 0.2,
         stream_interval: float = 0.1,
         settle: float = 0.25,
     ) -> None:
@@ -98,7 +109,8 @@ class UntracedReadings:
             return
         kinds = events["kind"]
         ok = events["result"] == 0
-        bind = np.isin(kinds, _BIND) & ~((kinds == int(Kind.CTX)) & (events["aux"] == _CTX_GET_DEVICE))
+        bind = (np.isin(kinds, _BIND) & ~((kinds == int(Kind.CTX)) & (events["aux"] == _CTX_GET_DEVICE))) \
+            | (np.isin(kinds, _RARE) & ok)
         code = np.isin(kinds, _STEPS) & ok
         stream = np.isin(events["api"], _STREAM) & ok
         if not (bind.any() or code.any() or stream.any()):

@@ -375,6 +375,11 @@ CATEGORY_INDEX = {name: i for i, name in enumerate(CATEGORIES)}
 OWNED_CATEGORIES = (DRIVER, VMM, ARRAY, HOST_PINNED)
 #: The same, by name (the analysis keys its tables by category name).
 OWNED = tuple(CATEGORIES[i] for i in OWNED_CATEGORIES)
+#: What the untraced band (NVML used - traced) splits into (memrec.analysis.untraced), in the order
+#: every view shows it, with each column's heading.
+UNTRACED_SPLIT = ("context", "module_code", "pools", "limits", "graph", "multicast", "before_recording", "unexplained")
+UNTRACED_HEADINGS = {"context": "CONTEXT", "module_code": "MODULES", "pools": "POOLS", "limits": "LIMITS",
+                     "graph": "GRAPH", "multicast": "MULTICAST", "before_recording": "BEFORE", "unexplained": "UNEXPLAINED"}
 
 
 def bpf_defines() -> list[str]:

@@ -227,7 +227,9 @@ static __always_inline void submit(struct event *ev) {
     // A context being bound is a process's first, rare driver event: wake the reader so the
     // daemon reads the process's /proc (CUDA_VISIBLE_DEVICES) while it surely still runs, and
     // reads NVML's per-process memory right before (CTX_BEGIN) and after (CTX) the context.
-    int wake = ev->kind == KIND_CTX || ev->kind == KIND_CTX_BEGIN;
+    // The rare calls whose cost lands later (a limit, a graph's pool) wake it too (issue 21).
+    int wake = ev->kind == KIND_CTX || ev->kind == KIND_CTX_BEGIN || ev->kind == KIND_CTX_LIMIT
+               || ev->kind == KIND_GRAPH_EXEC || ev->kind == KIND_GRAPH_TRIM || ev->kind == KIND_MULTICAST_CREATE;
     events.ringbuf_submit(rec, wake ? BPF_RB_FORCE_WAKEUP : wakeup_flag());
 }
 

@@ -22,6 +22,7 @@ from memrec.analysis.text import scalar
 from memrec.analysis.text import seconds
 from memrec.analysis.text import table
 from memrec.analysis.untraced import SPLIT
+from memrec.analysis.untraced import SPLIT_HEADINGS
 from memrec.events import CATEGORIES
 from memrec.trace.merge import render_merged
 
@@ -418,19 +419,25 @@ def _render_reconciliation(rc: dict, procs: dict, width: int) -> list[str]:
 def _render_split(rc: dict, procs: dict, width: int) -> list[str]:
     """The untraced band split (memrec.analysis.untraced), the contexts, and the split per phase."""
     rows = []
+    used = gone = 0
     for r in rc["processes"]:
         sp = r.get("split")
         if sp:
             rows.append([str(r["pid"]), procs.get(r["pid"], {}).get("rank", ""), human(r["untraced_last"]),
-                         *(human(sp[k]) for k in SPLIT)])
+                         *(human(sp[k]) for k in SPLIT), _share(r.get("explained_share"))])
+            used += r["nvml_used_last"] or 0
+            gone += sp["unexplained"]
     d = rc["device"]
     if d is not None and d.get("split"):
-        rows.append(["GPU", "", human(sum(d["split"].values())), *(human(d["split"][k]) for k in SPLIT)])
+        rows.append(["GPU", "", human(sum(d["split"].values())), *(human(d["split"][k]) for k in SPLIT),
+                     _share(1 - gone / used if used > 0 else None)])
     out: list[str] = []
     if rows:
-        out.append("  Untraced, split at the last sample (unexplained = untraced - the rest)")
-        out.extend(table(["PID", "RANK", "UNTRACED", "CONTEXT", "MODULES", "POOLS", "BEFORE", "UNEXPLAINED"],
-                         rows, right={0, 2, 3, 4, 5, 6, 7}, width=width, drop=(1,)))
+        out.append("  Untraced, split at the last sample (unexplained = untraced - the rest; EXPLAINED: the share of"
+                   " NVML used traced or explained by measurement)")
+        n = len(SPLIT)
+        out.extend(table(["PID", "RANK", "UNTRACED", *(SPLIT_HEADINGS[k] for k in SPLIT), "EXPLAINED"],
+                         rows, right={0, *range(2, 4 + n)}, width=width, drop=(1,)))
         for r in rc["processes"]:
             libs = {k: v for k, v in r.get("module_code_by_library", {}).items() if v}
             if libs:
@@ -452,10 +459,15 @@ def _render_split(rc: dict, procs: dict, width: int) -> list[str]:
             if any(ph[k] for k in SPLIT if k != "before_recording"):
                 phase_rows.append([str(r["pid"]), ph["phase"], *(human(ph[k]) for k in SPLIT if k != "before_recording")])
     if phase_rows:
+        cols = [SPLIT_HEADINGS[k] for k in SPLIT if k != "before_recording"]
         out.append("  Untraced steps per phase")
-        out.extend(table(["PID", "PHASE", "CONTEXT", "MODULES", "POOLS", "UNEXPLAINED"], phase_rows,
-                         right={0, 2, 3, 4, 5}, width=width))
+        out.extend(table(["PID", "PHASE", *cols], phase_rows, right={0, *range(2, 2 + len(cols))}, width=width))
     return out
+
+
+def _share(share: float | None) -> str:
+    """A share as a whole percent, floored so that 97.9 % never shows as 98 %."""
+    return "-" if share is None else f"{int(share * 1000) / 10:.1f} %"
 
 
 def _range(lo: int | None, hi: int | None) -> str:

@@ -68,11 +68,14 @@ from memrec.events import CU_LIMIT_STACK_SIZE
 from memrec.events import FLAG_NAME
 from memrec.events import MEMPOOL_ATTR_RELEASE_THRESHOLD
 from memrec.events import STREAM_ORDERED_APIS
+from memrec.events import UNTRACED_HEADINGS
+from memrec.events import UNTRACED_SPLIT
 from memrec.events import Api
 from memrec.events import Kind
 
-#: The columns of the split, in the order the report shows them.
-SPLIT = ("context", "module_code", "pools", "limits", "graph", "multicast", "before_recording", "unexplained")
+#: The columns of the split, in the order the report shows them, and their headings.
+SPLIT = UNTRACED_SPLIT
+SPLIT_HEADINGS = UNTRACED_HEADINGS
 #: The columns that explain memory by measurement (the rest of the band is unexplained).
 EXPLAINED = tuple(c for c in SPLIT if c != "unexplained")
 MiB = 1 << 20

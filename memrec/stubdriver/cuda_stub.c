@@ -30,7 +30,8 @@
  *  - Device memory no allocation call takes, as measured on an H200 (docs/validation/families.md):
  *    a CUDA array costs its descriptor's bytes rounded up to 2 MiB at creation; cuCtxSetLimit
  *    changes nothing at once: a raised stack costs (new - old) x MEMREC_STUB_RESIDENT_THREADS
- *    (default 132 x 2048) at the next cuLaunchKernel, the printf FIFO its size at the next launch,
+ *    (default 132 x 2048; old: 1 KiB at first) at the next cuLaunchKernel (which also takes the
+ *    context's first-launch step if no kernel was fetched into it before), the printf FIFO its size at the next launch,
  *    the malloc heap its size at the next module load; a stream-ordered allocation made while its
  *    stream is captured (cuStreamBeginCapture_v2 .. cuStreamEndCapture) or a graph memory node
  *    takes nothing until its graph is instantiated (+2 MiB), uploaded or launched (the graph pool
@@ -369,6 +370,9 @@ static void nvml_publish(void) {
 static void ctx_charge(CUcontext c) {
     c->resident = g_ctx_bytes;
     c->kernels = 0;
+    c->stack = c->stack_placed = 1024; /* the default stack, placed with the context's first launch */
+    c->fifo = c->fifo_placed = 1ULL << 20;
+    c->heap = c->heap_placed = 8ULL << 20;
     g_resident[c->physical] += c->resident;
     g_contexts[c->physical]++;
 }
@@ -1001,6 +1005,10 @@ static void limits_at_module_load(CUcontext c) {
 }
 
 static void limits_at_launch(CUcontext c) {
+    if (c->kernels++ == 0) { /* the context's first launch with no kernel fetched before: lazy loading's step */
+        g_resident[c->physical] += g_first_kernel_bytes;
+        c->resident += g_first_kernel_bytes;
+    }
     if (c->stack > c->stack_placed) {
         unsigned long long add = (c->stack - c->stack_placed) * g_resident_threads;
         g_resident[c->physical] += add;
@@ -1527,9 +1535,8 @@ static CUresult instantiate(CUgraphExec *out, CUgraph graph) {
     int i = find_graph((unsigned long long)(uintptr_t)graph);
     int e = -1;
     if (i >= 0 && !g_graphs[i].exec && (e = new_graph(1, g_graphs[i].physical, g_graphs[i].footprint, 0)) >= 0) {
-        if (g_graphs[e].footprint) {
+        if (g_graphs[e].footprint) { /* the executable graph's own 2 MiB, not the pool's */
             g_resident[g_graphs[e].physical] += GRAPH_INSTANTIATE_BYTES;
-            g_graph_pool[g_graphs[e].physical] += GRAPH_INSTANTIATE_BYTES;
             nvml_publish();
         }
         *out = (CUgraphExec)(uintptr_t)g_graphs[e].id;

@@ -240,9 +240,10 @@ def gpus_from_header(header: dict) -> list[GpuInfo]:
 
 def gpu_dict(gpu: GpuInfo | dict) -> dict:
     """A GpuInfo as the header stores it."""
-    if isinstance(gpu, GpuInfo):
-        return dataclasses.asdict(gpu)
-    return dict(gpu)
+    out = dataclasses.asdict(gpu) if isinstance(gpu, GpuInfo) else dict(gpu)
+    if out.get("resident_threads", 0) is None:  # format 2.2's field, written only where NVML told it
+        del out["resident_threads"]
+    return out
 
 
 def finalize_header(header: dict) -> dict:

@@ -102,7 +102,8 @@ def test_code_and_pools_are_split_exactly(recording):
 
     # THEN its band is the context (with its first kernel), one kernel still loaded, nothing else
     assert split_of(rec, 0, pid) == {
-        "context": CTX + FIRST_KERNEL, "module_code": KERNEL, "pools": 0, "before_recording": 0, "unexplained": 0,
+        "context": CTX + FIRST_KERNEL, "module_code": KERNEL, "pools": 0, "limits": 0, "graph": 0, "multicast": 0,
+        "before_recording": 0, "unexplained": 0,
     }
     # AND while the pools kept freed blocks (64 MiB, 16 MiB of its own, then 128 MiB before the
     # last trim), the split said so, with nothing unexplained
@@ -134,7 +135,8 @@ def test_a_foreign_context_is_flagged_and_costed(recording):
     assert costs == {(0, CTX, False), (1, CTX, True)}
     for gpu in (0, 1):
         assert split_of(rec, gpu, pid) == {
-            "context": CTX, "module_code": 0, "pools": 0, "before_recording": 0, "unexplained": 0,
+            "context": CTX, "module_code": 0, "pools": 0, "limits": 0, "graph": 0, "multicast": 0,
+            "before_recording": 0, "unexplained": 0,
         }
 
 
@@ -145,7 +147,7 @@ def test_a_process_running_before_the_recording_is_held_before_recording(recordi
 
     # THEN what it held at its first sample is "before recording", not a context
     assert split_of(rec, 0, pids["early"]) == {
-        "context": 0, "module_code": 0, "pools": 0, "before_recording": CTX + FIRST_KERNEL + KERNEL, "unexplained": 0,
+        "context": 0, "module_code": 0, "pools": 0, "limits": 0, "graph": 0, "multicast": 0, "before_recording": CTX + FIRST_KERNEL + KERNEL, "unexplained": 0,
     }
 
 

@@ -175,7 +175,7 @@ def stamped(*rows: np.ndarray) -> np.ndarray:
 def test_readings_around_binds_are_forced_and_steps_are_deferred_never_dropped():
     # GIVEN readings with a 20 ms rate limit and a 250 ms follow-up, on a clock the test moves
     nvml, written, now = FakeNvml(), [], [10 * S]
-    r = UntracedReadings(nvml, [0, 1], written.append, lambda: now[0])
+    r = UntracedReadings(nvml, [0, 1], written.append, lambda: now[0], min_interval=0.02)
 
     # WHEN a context is about to be bound on GPU 1, THEN NVML is read for GPU 1 at once
     r.after_batch(stamped(raw(Kind.CTX_BEGIN, api=Api.cuDevicePrimaryCtxRetain, ordinal=1)))
@@ -217,6 +217,27 @@ def test_readings_around_binds_are_forced_and_steps_are_deferred_never_dropped()
                           raw(Kind.CTX, api=Api.cuCtxGetDevice, ordinal=0, aux=2)))
     assert len(nvml.calls) == n
     assert all(len(rows) for rows in written)
+
+
+def test_limits_graphs_arrays_and_multicast_calls_are_read_at_once():
+    # GIVEN a reading just taken for a kernel load on GPU 0 (the next one rate-limited)
+    nvml, now = FakeNvml(), [10 * S]
+    r = UntracedReadings(nvml, [0, 1], lambda rows: None, lambda: now[0])
+    r.after_batch(stamped(raw(Kind.KERNEL_LOAD, ordinal=0)))
+    assert len(nvml.calls) == 1
+    # WHEN each rare call comes 1 ms after the last, THEN each is read at once
+    for kind in (Kind.CTX_LIMIT, Kind.GRAPH_EXEC, Kind.GRAPH_TRIM, Kind.ARRAY_CREATE, Kind.MULTICAST_CREATE):
+        now[0] += 1_000_000
+        r.after_batch(stamped(raw(kind, ordinal=0)))
+        assert nvml.calls[-1] == ([0], now[0])
+    assert len(nvml.calls) == 6
+    # AND a failed one is not
+    now[0] += 1_000_000
+    r.after_batch(stamped(raw(Kind.CTX_LIMIT, ordinal=0, result=1)))
+    assert len(nvml.calls) == 6
+    # AND kernel loads wait 200 ms after the last reading
+    r.after_batch(stamped(raw(Kind.KERNEL_LOAD, ordinal=0)))
+    assert len(nvml.calls) == 6
 
 
 def test_readings_are_off_without_a_process_memory_query():
