@@ -327,6 +327,16 @@ CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT = 4
 MEMPOOL_ATTR_RELEASE_THRESHOLD = 4
 
 
+#: The device's allocation granule: VMM, graph pools and CUDA arrays take whole ones.
+GRANULE = 2 << 20
+
+
+def array_footprint(descriptor_bytes: int) -> int:
+    """What a CUDA array takes on the device: its descriptor's bytes (format × channels × extent,
+    every mip level) rounded up to the 2 MiB granule (docs/validation/families.md)."""
+    return -(-descriptor_bytes // GRANULE) * GRANULE
+
+
 def cu_result_name(result: int) -> str:
     """The CUresult's name as the driver's header spells it (``CUresult <n>`` for a newer code)."""
     return CU_RESULT_NAMES.get(result, f"CUresult {result}")

@@ -66,6 +66,7 @@ from memrec.events import CU_LIMIT_MALLOC_HEAP_SIZE
 from memrec.events import CU_LIMIT_PRINTF_FIFO_SIZE
 from memrec.events import CU_LIMIT_STACK_SIZE
 from memrec.events import FLAG_NAME
+from memrec.events import GRANULE
 from memrec.events import MEMPOOL_ATTR_RELEASE_THRESHOLD
 from memrec.events import STREAM_ORDERED_APIS
 from memrec.events import UNTRACED_HEADINGS
@@ -79,12 +80,11 @@ SPLIT_HEADINGS = UNTRACED_HEADINGS
 #: The columns that explain memory by measurement (the rest of the band is unexplained).
 EXPLAINED = tuple(c for c in SPLIT if c != "unexplained")
 MiB = 1 << 20
-#: The device's allocation granule (VMM, graph pool, module code, arrays), 2 MiB on every NVIDIA GPU.
-GRANULE = 2 * MiB
 #: A module's code on the device is at most this many times its image's bytes (+ a granule per load).
 MODULE_FACTOR = 4
-#: A new context's step at its first kernel launch (lazy loading's first step): +92 MiB on an H200.
-CTX_FIRST_LAUNCH_MAX = 256 * MiB
+#: A new context's step at its first kernel launch (lazy loading's first step): +92 MiB on an H200;
+#: a step outside this range is never put on it.
+CTX_FIRST_LAUNCH_MIN, CTX_FIRST_LAUNCH_MAX = 16 * MiB, 256 * MiB
 #: The stack per thread a context places at its first launch before any cuCtxSetLimit (the
 #: driver's default, 1 KiB): a raise to ``v`` then costs ``(v - 1 KiB) x resident threads``.
 DEFAULT_STACK = 1024
@@ -419,7 +419,8 @@ class _Costs:
 
     def add_context(self, ctx: int, ts: int, api: int) -> None:
         """A new context: its first launch may add up to CTX_FIRST_LAUNCH_MAX."""
-        self.open[("first", ctx)] = _Cost("context", 0, CTX_FIRST_LAUNCH_MAX, False, api, ts, ("first", ctx), ctx)
+        self.open[("first", ctx)] = _Cost("context", CTX_FIRST_LAUNCH_MIN, CTX_FIRST_LAUNCH_MAX, False, api, ts,
+                                          ("first", ctx), ctx)
 
     def advance(self, until: int) -> None:
         """Take in the calls made up to ``until``."""
@@ -528,7 +529,8 @@ def _explain(step: int, costs: _Costs, bracket: tuple[str, float] | None) -> lis
         elif rest > 0 and bracket is not None and rest <= bracket[1] + tol:
             parts.append((bracket[0], rest, None))
         else:
-            fits = [cat for cat, cs in loose.items() if sum(c.hi for c in cs) + tol >= rest > 0]
+            fits = [cat for cat, cs in loose.items() if sum(c.hi for c in cs) + tol >= rest >= min(c.lo for c in cs) - tol
+                    and rest > 0]
             if len(fits) != 1:
                 continue
             parts.append((fits[0], rest, None))

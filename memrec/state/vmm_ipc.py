@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from memrec.events import ARRAY
+from memrec.events import array_footprint
 from memrec.events import HOST_PINNED
 from memrec.events import IPC_MAPPED
 from memrec.events import VMM
@@ -211,6 +212,7 @@ class VmmIpc:
             if row >= 0:
                 self._anomaly("array_over_live")
                 self._drop_handle(index, t, pid, row, slot)
+            size = array_footprint(size)
             self._handles.add(pid, handle, size, g, t, ARRAY, 1, 0, 0, api)
             self._change(index, t, g, pid, ARRAY, size)
             return None

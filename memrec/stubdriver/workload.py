@@ -330,6 +330,18 @@ def scenario_families(drv: Driver, ctx: RunContext) -> None:
         drv.multicast_create(512 * MiB, 1, expect=CUDA_ERROR_NOT_SUPPORTED)
 
 
+def scenario_nccl_init(drv: Driver, ctx: RunContext) -> None:
+    """What NCCL's init does to the driver, as counted on an H200 (docs/validation/
+    untraced-explore.md): a library loaded, 243 kernels fetched into the context (cuLibraryGetKernel
+    and cuKernelGetFunction each), a pool of its own made and destroyed; the library unloaded."""
+    drv.use_device(0)
+    lib = drv.library_load_data(ctypes.cast(drv.lib.cuInit, ctypes.c_void_p).value)
+    for i in range(243):
+        drv.kernel_get_function(drv.library_get_kernel(lib, f"ncclDevKernel_{i}"))
+    drv.pool_destroy(drv.pool_create(0, 1 << 30))
+    drv.library_unload(lib)
+
+
 def scenario_foreign(drv: Driver, ctx: RunContext) -> None:
     """A context on device 1 where the process allocates nothing (what careless tooling and IPC
     do: a "foreign context"), beside its work on device 0."""
@@ -351,6 +363,7 @@ SCENARIOS: dict[str, Callable[[Driver, RunContext], None]] = {
     "pool": scenario_pool,
     "foreign": scenario_foreign,
     "families": scenario_families,
+    "nccl_init": scenario_nccl_init,
 }
 DEMO = ("basic", "vmm", "ipc", "multi", "leak", "code", "pool", "foreign")
 INTERNAL: dict[str, Callable[[Driver, RunContext], None]] = {
