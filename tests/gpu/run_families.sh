@@ -6,17 +6,17 @@
 source "$(dirname "$0")/device_env.sh"
 mkdir -p "$OUT/explore"
 { date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } > "$OUT/host.log" 2>&1
-timeout 150 python3 /tmp/gputests/explore_families.py "$OUT/explore" --count > "$OUT/explore.log" 2>&1
+timeout 100 python3 /tmp/gputests/explore_families.py "$OUT/explore" --count > "$OUT/explore.log" 2>&1
 echo "explore rc $?" >> "$OUT/host.log"
-timeout 200 python3 -m pytest -c /dev/null --rootdir /tmp/gputests -v -s -p no:cacheprovider \
+timeout 150 python3 -m pytest -c /dev/null --rootdir /tmp/gputests -v -s -p no:cacheprovider \
   /tmp/gputests/test_families_gpu.py > "$OUT/families-tests.log" 2>&1
 echo "tests rc $?" >> "$OUT/host.log"
-for i in 1 2 3; do
+for i in 1 2; do
   timeout 30 python3 -m memrec.gpu.family_workloads graph_launches 2>&1 | head -1 | sed 's/^/none /'
   timeout 60 python3 -m memrec record -o /tmp/gl.mrec -- python3 -m memrec.gpu.family_workloads graph_launches 2>&1 \
     | grep graph_launch_us | sed 's/^/memrec /'
 done > "$OUT/graph-launches.log" 2>&1
-timeout 170 python3 "$repo/.dev-truth/bench/bench_untraced_probes.py" --workloads nccl --setups core,untraced \
+timeout 90 python3 "$repo/.dev-truth/bench/bench_untraced_probes.py" --workloads nccl --setups core,untraced \
   --repeat 10 > "$OUT/bench.json" 2> "$OUT/bench.err"
 echo "bench rc $?" >> "$OUT/host.log"
 tail -n 5 "$OUT/host.log"; grep -E "PASS|FAIL|Error" "$OUT/families-tests.log" | tail -12; cat "$OUT/graph-launches.log"
