@@ -4,9 +4,9 @@ NVML's per-process ``used`` minus the traced bytes (:mod:`memrec.analysis.reconc
 are traced, sized from their descriptors) is one number that hides several things, measured on an
 H200 (docs/validation/untraced-explore.md, docs/validation/families.md):
 
-- **context**: ~520 MiB at creation (cuDevicePrimaryCtxRetain, cuCtxCreate*), and up to
-  :data:`CTX_FIRST_LAUNCH_MAX` more at its first kernel launch (+92 MiB on the H200, also under
-  EAGER);
+- **context**: ~520 MiB at creation (cuDevicePrimaryCtxRetain, cuCtxCreate*), and PyTorch's
+  first kernel fetched into it (+92 MiB at its first launch on the H200; a cuda-python module's
+  first launch added nothing) when a reading brackets that fetch;
 - **module code**: kernels reach the device when fetched into a context (cuLibraryGetKernel,
   cuKernelGetFunction) or loaded with a module (cuModuleLoad*). A module's code cannot exceed what
   its image could place on the device: at most :data:`MODULE_FACTOR` × the image's bytes (read from
@@ -14,12 +14,14 @@ H200 (docs/validation/untraced-explore.md, docs/validation/families.md):
   bounds nothing;
 - **pools**: a stream-ordered pool keeps freed blocks up to its release threshold until a trim or
   its destruction (the pool model of :func:`pool_held`, plus steps over pool calls);
-- **limits**: cuCtxSetLimit changes nothing at once; a raised stack costs (new - old) × the GPU's
-  resident threads (SMs × threads per SM) at the next launch, the malloc heap its size at the next
-  module load, the printf FIFO its size at the next launch;
+- **limits**: a stack limit costs (new - old) × the GPU's resident threads (SMs × threads per
+  SM; old starts at the default 1 KiB): inside cuCtxSetLimit once the context has launched, else
+  at its next launch. The malloc heap, the printf FIFO and the pending-launch count showed no step
+  on the H200 (kernels that use neither): recorded, never given a step;
 - **graph**: graph-owned memory (allocations captured into a graph, graph memory nodes) reaches the
   device at instantiate, upload or the first launch of the executable graph, up to the graph's
-  footprint (its allocations rounded up to :data:`GRANULE`), and leaves at cuDeviceGraphMemTrim;
+  footprint (its allocations rounded up to :data:`GRANULE`, + one granule), and leaves at
+  cuDeviceGraphMemTrim (even with the graphs alive, on the H200);
 - **multicast**: steps over multicast object calls (cuMulticastCreate/AddDevice/Bind*/Unbind);
 - **before recording**: what a process NVML lists held at its first sample when memrec never saw
   its context being bound.
@@ -38,9 +40,9 @@ traced - pool model`` changes by ``S`` bytes. Two kinds of evidence can explain 
   :mod:`memrec.daemon.untraced`). The strongest category among them (context > module code >
   graph > multicast > limits > pools) takes the step, module code only up to its bound;
 - *pending costs*: what a call made earlier promised the device and has not placed yet: a raised
-  limit, an instantiated graph's pool, a new context's first launch. Each has a range of bytes
-  (narrow where a rule gives the number: stack, heap, FIFO; loose where only a ceiling is known:
-  a graph's footprint, the first launch).
+  stack limit, an instantiated graph's pool. Each has a range of bytes (narrow where a rule gives
+  the number: the stack with the GPU's resident threads; loose where only a ceiling is known: a
+  graph's footprint, a stack on a GPU whose thread count is unknown).
 
 A positive step takes the narrow pending costs that fit (the largest set whose sum leaves a
 remainder of at least ``-tolerance``); the remainder goes to the bracketed category if its bound
@@ -61,9 +63,6 @@ from typing import Iterable
 
 import numpy as np
 
-from memrec.events import CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT
-from memrec.events import CU_LIMIT_MALLOC_HEAP_SIZE
-from memrec.events import CU_LIMIT_PRINTF_FIFO_SIZE
 from memrec.events import CU_LIMIT_STACK_SIZE
 from memrec.events import FLAG_NAME
 from memrec.events import GRANULE
@@ -82,14 +81,9 @@ EXPLAINED = tuple(c for c in SPLIT if c != "unexplained")
 MiB = 1 << 20
 #: A module's code on the device is at most this many times its image's bytes (+ a granule per load).
 MODULE_FACTOR = 4
-#: A new context's step at its first kernel launch (lazy loading's first step): +92 MiB on an H200;
-#: a step outside this range is never put on it.
-CTX_FIRST_LAUNCH_MIN, CTX_FIRST_LAUNCH_MAX = 16 * MiB, 256 * MiB
 #: The stack per thread a context places at its first launch before any cuCtxSetLimit (the
 #: driver's default, 1 KiB): a raise to ``v`` then costs ``(v - 1 KiB) x resident threads``.
 DEFAULT_STACK = 1024
-#: The defaults of the malloc heap and the printf FIFO (cuda.h: 8 MiB, 1 MiB).
-DEFAULT_HEAP, DEFAULT_FIFO = 8 * MiB, 1 * MiB
 #: Without the GPU's resident-thread count, a stack raise is bounded by these thread counts.
 THREADS_MIN, THREADS_MAX = 1 << 14, 1 << 19
 #: The share of NVML used that must be traced or explained before the report names causes.
@@ -388,7 +382,9 @@ def _pending_events(events: np.ndarray) -> dict[int, np.ndarray]:
 
 @dataclass
 class _Cost:
-    """A cost a call promised the device and has not placed yet (or not all of it)."""
+    """A cost a call promised the device and has not placed yet (or not all of it).
+
+    ``context``: for the stack, the limit that is placed once the cost lands."""
 
     category: str
     lo: int
@@ -396,7 +392,7 @@ class _Cost:
     narrow: bool  # a rule gives the number (lo..hi within a tolerance); else only a ceiling
     api: int
     ts: int
-    key: tuple  # what the cost is of: ("stack",), ("heap",), ("first", ctx), ("graph", exec)
+    key: tuple  # what the cost is of: ("stack",), ("graph", exec)
     context: int | None = None
 
     @property
@@ -412,15 +408,10 @@ class _Costs:
         self.next = 0
         self.threads = threads
         self.open: dict[tuple, _Cost] = {}
-        self.placed = {"stack": DEFAULT_STACK, "heap": DEFAULT_HEAP, "fifo": DEFAULT_FIFO}
+        self.placed = DEFAULT_STACK  # the stack per thread on the device
         self.captures: dict[int, int] = {}  # stream -> bytes captured so far
         self.footprint: dict[int, int] = {}  # graph -> graph-owned bytes
         self.execs: dict[int, int] = {}  # exec -> its graph's footprint
-
-    def add_context(self, ctx: int, ts: int, api: int) -> None:
-        """A new context: its first launch may add up to CTX_FIRST_LAUNCH_MAX."""
-        self.open[("first", ctx)] = _Cost("context", CTX_FIRST_LAUNCH_MIN, CTX_FIRST_LAUNCH_MAX, False, api, ts,
-                                          ("first", ctx), ctx)
 
     def advance(self, until: int) -> None:
         """Take in the calls made up to ``until``."""
@@ -459,36 +450,30 @@ class _Costs:
                 self.open[("graph", ex)] = _Cost("graph", 0, need + GRANULE, False, api, ts, ("graph", ex))
 
     def _limit(self, limit: int, value: int, api: int, ts: int) -> None:
-        if limit == CU_LIMIT_STACK_SIZE:
-            old = self.placed["stack"]
-            if value <= old:
-                self.open.pop(("stack",), None)
-                return
-            if self.threads:
-                n = (value - old) * self.threads
-                self.open[("stack",)] = _Cost("limits", n, n, True, api, ts, ("stack",))
-            else:
-                self.open[("stack",)] = _Cost("limits", (value - old) * THREADS_MIN, value * THREADS_MAX, False, api,
-                                              ts, ("stack",))
-            self.open[("stack",)].context = value  # the value placed once it lands
-        elif limit in (CU_LIMIT_MALLOC_HEAP_SIZE, CU_LIMIT_PRINTF_FIFO_SIZE):
-            name = "heap" if limit == CU_LIMIT_MALLOC_HEAP_SIZE else "fifo"
-            old = self.placed[name]
-            default = DEFAULT_HEAP if name == "heap" else DEFAULT_FIFO
-            if value <= old:
-                self.open.pop((name,), None)
-                return
-            # The default may or may not be on the device already: value - default .. value.
-            cost = _Cost("limits", max(value - max(old, default), 0), value, True, api, ts, (name,))
-            cost.context = value
-            self.open[(name,)] = cost
-        elif limit == CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT:
-            self.open[("launches",)] = _Cost("limits", 0, value * 4096, False, api, ts, ("launches",))
+        """A stack limit: (new - placed) x resident threads, at the call once the context has
+        launched, else at its next launch (the H200: 16 KiB +3,960 MiB, back to 4 KiB -3,168 MiB,
+        32 KiB +7,392 MiB, each inside cuCtxSetLimit). The heap, the printf FIFO and the pending
+        launch count showed no step at all on the H200 (kernels using neither malloc nor printf):
+        recorded, never given a step."""
+        if limit != CU_LIMIT_STACK_SIZE:
+            return
+        old = self.placed
+        self.open.pop(("stack",), None)
+        if value <= old:  # the driver shrinks the stack at the call (a bracketed negative step)
+            self.placed = value
+            return
+        if self.threads:
+            n = (value - old) * self.threads
+            cost = _Cost("limits", n, n, True, api, ts, ("stack",))
+        else:
+            cost = _Cost("limits", (value - old) * THREADS_MIN, value * THREADS_MAX, False, api, ts, ("stack",))
+        cost.context = value  # the value placed once it lands
+        self.open[("stack",)] = cost
 
     def settle(self, cost: _Cost, placed: int) -> None:
         """``placed`` bytes of ``cost`` reached the device."""
-        if cost.key[0] in ("stack", "heap", "fifo"):
-            self.placed[cost.key[0]] = cost.context
+        if cost.key[0] == "stack":
+            self.placed = cost.context
             self.open.pop(cost.key, None)
         elif cost.key[0] == "graph":
             cost.hi -= placed
@@ -574,14 +559,13 @@ def split_process(
     loads = (e_kind == _K[Kind.CODE_LOAD])
     budget_of = np.where(e_size > 0, MODULE_FACTOR * e_size + GRANULE, -1)
     module_used = 0
-    seen_ctx: set[int] = set()
 
     def record(k: int, since: int | None, nbytes: int, category: str, cause_i: int | None, cost: _Cost | None) -> None:
         totals[category] += nbytes
         if not nbytes:
             return
         if cost is not None and cause_i is None:
-            api, cause_ts, ctx, lib = cost.api, cost.ts, cost.context if cost.key[0] == "first" else None, None
+            api, cause_ts, ctx, lib = cost.api, cost.ts, None, None
         elif cause_i is not None:
             api, cause_ts = int(e_api[cause_i]), int(e_ts[cause_i])
             ctx = int(e_ctx[cause_i]) if category == "context" else None
@@ -600,11 +584,6 @@ def split_process(
         since = int(ts[k - 1]) if k else None
         lo = int(np.searchsorted(e_ts, since, side="right")) if since is not None else 0
         hi = int(np.searchsorted(e_ts, ts[k], side="right"))
-        for i in range(lo if k else 0, hi):  # new contexts bound by now: their first launch is pending
-            c = int(e_ctx[i])
-            if e_kind[i] == _K[Kind.CTX] and c and c not in seen_ctx:
-                seen_ctx.add(c)
-                costs.add_context(c, int(e_ts[i]), int(e_api[i]))
         costs.advance(int(ts[k]))
         if k == 0 and not bound_before:
             record(k, since, delta, "before_recording", None, None)
@@ -646,9 +625,6 @@ def split_process(
                             costs.settle(cost, nbytes)
                         if cost is None and category == "module_code":
                             module_used += nbytes
-                        if cost is None and category == "context" and cause_i is not None \
-                                and int(e_kind[cause_i]) == _K[Kind.KERNEL_LOAD]:
-                            costs.open.pop(("first", int(e_ctx[cause_i])), None)
                     record(k, since, left, "unexplained", None, None)
         for name in SPLIT:
             cum[name][k] = totals[name]

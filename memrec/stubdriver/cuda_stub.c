@@ -28,15 +28,14 @@
  *    physical device to MEMREC_STUB_NVML_DIR/<pid> ("<device> <bytes>" lines, rewritten on every
  *    change): contexts + device code + allocations + pool-held bytes. Tests stand it in for NVML.
  *  - Device memory no allocation call takes, as measured on an H200 (docs/validation/families.md):
- *    a CUDA array costs its descriptor's bytes rounded up to 2 MiB at creation; cuCtxSetLimit
- *    changes nothing at once: a raised stack costs (new - old) x MEMREC_STUB_RESIDENT_THREADS
- *    (default 132 x 2048; old: 1 KiB at first) at the next cuLaunchKernel (which also takes the
- *    context's first-launch step if no kernel was fetched into it before), the printf FIFO its size at the next launch,
- *    the malloc heap its size at the next module load; a stream-ordered allocation made while its
- *    stream is captured (cuStreamBeginCapture_v2 .. cuStreamEndCapture) or a graph memory node
- *    takes nothing until its graph is instantiated (+2 MiB), uploaded or launched (the graph pool
- *    grows to the graph's footprint, rounded up to 2 MiB) and gives it back at
- *    cuDeviceGraphMemTrim; multicast objects are refused (CUDA_ERROR_NOT_SUPPORTED, as on one H200)
+ *    a CUDA array costs its descriptor's bytes rounded up to 2 MiB at creation; a stack limit
+ *    costs (new - old) x MEMREC_STUB_RESIDENT_THREADS (default 132 x 2048; old: 1 KiB at first)
+ *    inside cuCtxSetLimit once the context has launched a kernel, else at its next cuLaunchKernel
+ *    (never probed); the malloc heap and printf FIFO limits cost nothing (as on the H200 for
+ *    kernels using neither); a stream-ordered allocation made while its stream is captured
+ *    (cuStreamBeginCapture_v2 .. cuStreamEndCapture) or a graph memory node takes nothing until its
+ *    graph is uploaded or launched (the graph pool grows to the largest graph's footprint, rounded
+ *    up to 2 MiB) and gives it back at cuDeviceGraphMemTrim; multicast objects are refused (CUDA_ERROR_NOT_SUPPORTED, as on one H200)
  *    unless MEMREC_STUB_MULTICAST=1, then they cost nothing of their own. A module loaded from PTX
  *    text costs nothing (a one-line PTX module was +0 on the H200).
  *  - MEMREC_STUB_PACE_US: context binds, code loads, kernel fetches, pool calls and stream-ordered
@@ -180,8 +179,7 @@ struct CUctx_st {
     int kernels;                /* kernels fetched into this context (the first costs more) */
     unsigned long long resident; /* what the context itself costs on its device */
     unsigned long long stack, stack_placed;   /* the stack limit, and the one on the device */
-    unsigned long long fifo, fifo_placed;     /* the printf FIFO: placed at the next launch */
-    unsigned long long heap, heap_placed;     /* the malloc heap: placed at the next module load */
+    int launched;                             /* a kernel was launched in it */
 };
 
 struct live_alloc {
@@ -370,9 +368,8 @@ static void nvml_publish(void) {
 static void ctx_charge(CUcontext c) {
     c->resident = g_ctx_bytes;
     c->kernels = 0;
-    c->stack = c->stack_placed = 1024; /* the default stack, placed with the context's first launch */
-    c->fifo = c->fifo_placed = 1ULL << 20;
-    c->heap = c->heap_placed = 8ULL << 20;
+    c->stack = c->stack_placed = 1024; /* the default stack */
+    c->launched = 0;
     g_resident[c->physical] += c->resident;
     g_contexts[c->physical]++;
 }
@@ -994,31 +991,15 @@ CUAPI CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr
 
 /* ---- device code ---------------------------------------------------------------------------------- */
 
-/* The limits that reach the device at a module load (the malloc heap) or a launch (the stack, the
- * printf FIFO); lock held. */
-static void limits_at_module_load(CUcontext c) {
-    if (c->heap > c->heap_placed) {
-        g_resident[c->physical] += c->heap - c->heap_placed;
-        c->resident += c->heap - c->heap_placed;
-        c->heap_placed = c->heap;
-    }
-}
-
+/* The stack limit reaches the device at the next launch, or at once once the context has launched;
+ * the heap and the printf FIFO showed no step on the H200 (kernels using neither): none here. */
 static void limits_at_launch(CUcontext c) {
-    if (c->kernels++ == 0) { /* the context's first launch with no kernel fetched before: lazy loading's step */
-        g_resident[c->physical] += g_first_kernel_bytes;
-        c->resident += g_first_kernel_bytes;
-    }
+    c->launched = 1;
     if (c->stack > c->stack_placed) {
         unsigned long long add = (c->stack - c->stack_placed) * g_resident_threads;
         g_resident[c->physical] += add;
         c->resident += add;
         c->stack_placed = c->stack;
-    }
-    if (c->fifo > c->fifo_placed) {
-        g_resident[c->physical] += c->fifo - c->fifo_placed;
-        c->resident += c->fifo - c->fifo_placed;
-        c->fifo_placed = c->fifo;
     }
 }
 
@@ -1055,7 +1036,6 @@ static CUresult code_load(unsigned long long *out, const void *image, const char
         g_code[i].resident = is_module && !ptx ? g_module_bytes : 0;
         if (is_module) {
             g_resident[c->physical] += g_code[i].resident;
-            limits_at_module_load(c);
             nvml_publish();
         }
         *out = g_code[i].id;
@@ -1242,7 +1222,6 @@ _Static_assert(__builtin_offsetof(CUDA_MEM_ALLOC_NODE_PARAMS, bytesize) == 104, 
 _Static_assert(__builtin_offsetof(CUDA_MEM_ALLOC_NODE_PARAMS, dptr) == 112, "dptr at +112");
 _Static_assert(__builtin_offsetof(CUmulticastObjectProp, size) == 8, "multicast size at +8");
 
-#define GRAPH_INSTANTIATE_BYTES (2ULL << 20)
 #define MAX_GRAPHS 256
 
 struct array_rec {
@@ -1352,7 +1331,7 @@ CUAPI CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRA
 CUAPI CUresult cuArrayDestroy(CUarray a) { return array_destroy((unsigned long long)(uintptr_t)a); }
 CUAPI CUresult cuMipmappedArrayDestroy(CUmipmappedArray a) { return array_destroy((unsigned long long)(uintptr_t)a); }
 
-/* cuCtxSetLimit: nothing reaches the device until the next launch (stack, FIFO) or module load (heap). */
+/* cuCtxSetLimit: the stack moves at once in a context that has launched, else at its next launch. */
 CUAPI CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
     pace();
     if (!g_initialized)
@@ -1362,14 +1341,19 @@ CUAPI CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
         return CUDA_ERROR_INVALID_CONTEXT;
     pthread_mutex_lock(&g_lock);
     CUresult rc = CUDA_SUCCESS;
-    if (limit == 0)
+    if (limit == 0) {
         c->stack = value;
-    else if (limit == 1)
-        c->fifo = value;
-    else if (limit == 2)
-        c->heap = value;
-    else if (limit < 0 || limit > 6)
+        if (c->launched && value < c->stack_placed) { /* shrunk at the call */
+            g_resident[c->physical] -= (c->stack_placed - value) * g_resident_threads;
+            c->resident -= (c->stack_placed - value) * g_resident_threads;
+            c->stack_placed = value;
+        } else if (c->launched) {
+            limits_at_launch(c);
+        }
+        nvml_publish();
+    } else if (limit < 0 || limit > 6) {
         rc = CUDA_ERROR_INVALID_VALUE;
+    }
     pthread_mutex_unlock(&g_lock);
     return rc;
 }
@@ -1535,10 +1519,6 @@ static CUresult instantiate(CUgraphExec *out, CUgraph graph) {
     int i = find_graph((unsigned long long)(uintptr_t)graph);
     int e = -1;
     if (i >= 0 && !g_graphs[i].exec && (e = new_graph(1, g_graphs[i].physical, g_graphs[i].footprint, 0)) >= 0) {
-        if (g_graphs[e].footprint) { /* the executable graph's own 2 MiB, not the pool's */
-            g_resident[g_graphs[e].physical] += GRAPH_INSTANTIATE_BYTES;
-            nvml_publish();
-        }
         *out = (CUgraphExec)(uintptr_t)g_graphs[e].id;
     }
     pthread_mutex_unlock(&g_lock);

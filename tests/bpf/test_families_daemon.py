@@ -32,7 +32,7 @@ pytestmark = pytest.mark.bpf
 
 MiB = 1 << 20
 GiB = 1 << 30
-CTX, FIRST_LAUNCH = 300 * MiB, 90 * MiB  # the stub's defaults
+CTX = 300 * MiB  # the stub's default
 THREADS = 132 * 2048
 STACK = (16384 - 1024) * THREADS  # a 16 KiB stack over the default 1 KiB, at the next launch
 ARRAY = 256 * MiB  # 8192 x 8192 x 1 float
@@ -118,12 +118,12 @@ def test_module_load_right_before_stack_and_array_is_not_module_code(families):
     steps = steps_of(rec, pid)
     # THEN no byte of it is module code (the PTX module places nothing)
     assert sum(s.bytes for s in steps if s.category == "module_code") == 0
-    # AND the stack is the limits', the heap too (at the next module load), named by cuCtxSetLimit
+    # AND the stack is the limits' (the heap placed nothing), named by cuCtxSetLimit
     limits = [s for s in steps if s.category == "limits"]
-    assert sum(s.bytes for s in limits) == STACK + 256 * MiB - 8 * MiB
+    assert sum(s.bytes for s in limits) == STACK
     assert {s.cause for s in limits} == {"cuCtxSetLimit"}
-    # AND the context is its bind and its first launch
-    assert sum(s.bytes for s in steps if s.category == "context") == CTX + FIRST_LAUNCH
+    # AND the context is its bind
+    assert sum(s.bytes for s in steps if s.category == "context") == CTX
 
 
 def test_graph_memory_is_graph_and_nothing_is_unexplained(families):
@@ -131,8 +131,8 @@ def test_graph_memory_is_graph_and_nothing_is_unexplained(families):
     rec = reconcile(load_trace(path))
     steps = steps_of(rec, pid)
     graph = [s.bytes for s in steps if s.category == "graph"]
-    # instantiate 2 MiB, first launch 512 MiB, second graph 2 + 256 MiB, trim -768 MiB
-    assert sum(b for b in graph if b > 0) == 2 * MiB + 512 * MiB + 2 * MiB + 256 * MiB
+    # the first launch 512 MiB, the second graph's upload 256 MiB more (the pool: the largest), trim -768 MiB
+    assert sum(b for b in graph if b > 0) == 768 * MiB
     assert -768 * MiB in graph
     row = next(r for r in rec.gpu_summary(0)["processes"] if r["pid"] == pid)
     assert all(s.category != "unexplained" for s in steps), [(s.bytes, s.cause) for s in steps]

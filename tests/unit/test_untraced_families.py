@@ -56,8 +56,8 @@ STACK_16K = (16384 - 1024) * H200_THREADS  # 3,960 MiB: what the H200 showed for
 
 
 def module_then_stack_and_array(threads: int | None) -> Trace:
-    """The issue's case: a context, its first launch, a one-line PTX module, then at once a 16 KiB
-    stack limit, an 8192 x 8192 float array and a launch, all between two NVML readings."""
+    """The issue's case: a context, a one-line PTX module, then at once a 16 KiB stack limit, an
+    8192 x 8192 float array and a launch, all between two NVML readings."""
     return Trace(
         header=header(threads),
         events=events(
@@ -69,8 +69,8 @@ def module_then_stack_and_array(threads: int | None) -> Trace:
         ),
         procmem=procmem(
             (1.05, 0), (1.2, 518 * MiB),  # the context
-            (2.0, 610 * MiB),  # its first launch (+92 MiB, no call: a pending cost of the context)
-            (3.5, 610 * MiB + 256 * MiB + STACK_16K),  # module + limit + array + launch in one interval
+            (2.0, 518 * MiB),  # its first launch of a PTX kernel: +0 on the H200
+            (3.5, 518 * MiB + 256 * MiB + STACK_16K),  # module + limit + array + launch in one interval
         ),
     )
 
@@ -82,7 +82,7 @@ def test_module_load_right_before_stack_and_array_is_not_module_code():
     assert row["traced_last"] == 256 * MiB
     assert row["split"]["module_code"] == 0
     assert row["split"]["limits"] == STACK_16K
-    assert row["split"]["context"] == 610 * MiB
+    assert row["split"]["context"] == 518 * MiB
     assert row["split"]["unexplained"] == 0
     limit_steps = [s for s in row["steps"] if s["category"] == "limits"]
     assert [s["cause"] for s in limit_steps] == ["cuCtxSetLimit"]
@@ -103,7 +103,7 @@ def test_a_step_no_call_explains_stays_unexplained_however_close_to_a_module_loa
             *context(),
             ev(Kind.CODE_LOAD, api=Api.cuModuleLoadData, pid=1, gpu=0, handle=0x11, ptr=0x5000, size=PTX, ts=3 * S),
         ),
-        procmem=procmem((1.05, 0), (1.2, 518 * MiB), (2.0, 610 * MiB), (3.1, 610 * MiB), (3.2, 610 * MiB + 4 * GiB)),
+        procmem=procmem((1.05, 0), (1.2, 518 * MiB), (2.0, 518 * MiB), (3.1, 518 * MiB), (3.2, 518 * MiB + 4 * GiB)),
     )
     row = split_of(trace)
     # THEN it is unexplained, not module code (there was a 2.5 s window once)
@@ -119,7 +119,7 @@ def test_module_code_is_bounded_by_its_image_even_over_the_call():
             *context(),
             ev(Kind.CODE_LOAD, api=Api.cuModuleLoadData, pid=1, gpu=0, handle=0x11, ptr=0x5000, size=1 * MiB, ts=3 * S),
         ),
-        procmem=procmem((1.05, 0), (1.2, 518 * MiB), (2.0, 610 * MiB), (3.5, 610 * MiB + 4 * GiB)),
+        procmem=procmem((1.05, 0), (1.2, 518 * MiB), (2.0, 518 * MiB), (3.5, 518 * MiB + 4 * GiB)),
     )
     row = split_of(trace)
     # THEN the module may not explain it (4 x 1 MiB + 2 MiB at most): the whole step is unexplained
@@ -127,7 +127,8 @@ def test_module_code_is_bounded_by_its_image_even_over_the_call():
     assert row["split"]["unexplained"] == 4 * GiB
 
 
-def test_the_heap_limit_lands_at_the_next_module_load_as_limits():
+def test_the_heap_limit_explains_nothing_it_did_not_show():
+    # GIVEN a 256 MiB heap limit (the H200 showed no step for it) and 256 MiB at a later module load
     trace = Trace(
         header=header(H200_THREADS),
         events=events(
@@ -138,8 +139,25 @@ def test_the_heap_limit_lands_at_the_next_module_load_as_limits():
         procmem=procmem((1.05, 0), (1.2, 518 * MiB), (2.1, 518 * MiB), (3.1, 518 * MiB + 256 * MiB)),
     )
     row = split_of(trace)
-    assert row["split"]["limits"] == 256 * MiB
-    assert row["split"]["module_code"] == 0
+    # THEN neither the heap nor the one-line module is named: it is unexplained
+    assert row["split"]["limits"] == 0 and row["split"]["module_code"] == 0
+    assert row["split"]["unexplained"] == 256 * MiB
+
+
+def test_a_lowered_stack_gives_back_at_the_call_and_a_raise_counts_from_there():
+    # GIVEN 16 KiB (+3,960 MiB), back to 4 KiB (-3,168 MiB), then 32 KiB (+7,392 MiB), as the H200 showed
+    trace = Trace(
+        header=header(H200_THREADS),
+        events=events(
+            *context(),
+            ev(Kind.CTX_LIMIT, api=Api.cuCtxSetLimit, pid=1, gpu=0, aux=0, size=16384, ts=2 * S),
+            ev(Kind.CTX_LIMIT, api=Api.cuCtxSetLimit, pid=1, gpu=0, aux=0, size=4096, ts=3 * S),
+            ev(Kind.CTX_LIMIT, api=Api.cuCtxSetLimit, pid=1, gpu=0, aux=0, size=32768, ts=4 * S),
+        ),
+        procmem=procmem((1.05, 0), (1.2, 518 * MiB), (2.1, 4478 * MiB), (3.1, 1310 * MiB), (4.1, 8702 * MiB)),
+    )
+    row = split_of(trace)
+    assert [s["bytes"] // MiB for s in row["steps"] if s["category"] == "limits"] == [3960, -3168, 7392]
     assert row["split"]["unexplained"] == 0
 
 
@@ -158,8 +176,8 @@ def graph_trace() -> Trace:
             ev(Kind.GRAPH_EXEC, api=Api.cuGraphInstantiateWithFlags, pid=1, gpu=0, ptr=0x6A, handle=0xE1, ts=3 * S),
             ev(Kind.GRAPH_TRIM, api=Api.cuDeviceGraphMemTrim, pid=1, gpu=0, ts=6 * S),
         ),
-        procmem=procmem((1.05, 0), (1.2, 518 * MiB), (2.0, 610 * MiB), (2.5, 610 * MiB), (3.1, 612 * MiB),
-                        (5.0, 1124 * MiB), (6.1, 610 * MiB)),
+        procmem=procmem((1.05, 0), (1.2, 518 * MiB), (2.0, 518 * MiB), (2.5, 518 * MiB), (3.1, 520 * MiB),
+                        (5.0, 1032 * MiB), (6.1, 518 * MiB)),
     )
 
 
@@ -184,7 +202,7 @@ def test_a_step_two_pending_costs_could_both_hold_stays_unexplained():
     ev_ = list(trace.events[:7]) + [ev(Kind.CTX_LIMIT, api=Api.cuCtxSetLimit, pid=1, gpu=0, aux=0, size=2048,
                                        ts=int(3.05 * S))]
     t = Trace(header=header(None), events=events(*ev_),
-              procmem=procmem((1.05, 0), (1.2, 518 * MiB), (2.0, 610 * MiB), (3.1, 612 * MiB), (4.0, 612 * MiB + 400 * MiB)))
+              procmem=procmem((1.05, 0), (1.2, 518 * MiB), (2.0, 518 * MiB), (3.1, 520 * MiB), (4.0, 520 * MiB + 400 * MiB)))
     row = split_of(t)
     # (a 2 KiB stack costs at least 1 KiB x 16k threads = 16 MiB and at most 2 KiB x 512k = 1 GiB:
     # a 400 MiB step fits both the graph and the stack)
