@@ -701,7 +701,7 @@ static __always_inline u64 image_size(u64 ptr) {
     return n > 0 && n < (long)sizeof(buf->b) ? (u64)n : 0;
 }
 
-// A load or fetch: *out -> handle at return; ptr = the image in memory (loads) or the library /
+// A load or fetch: *out -> handle at return; aux = its entry time; ptr = the image in memory (loads) or the library /
 // kernel a fetch names; a file or kernel name, when there is one, read into ipc (cut at 63 bytes).
 static __always_inline int load_entry(struct pt_regs *ctx, u32 api, u16 kind, u64 ptr, u64 name) {
     struct inflight v = {};
@@ -711,6 +711,7 @@ static __always_inline int load_entry(struct pt_regs *ctx, u32 api, u16 kind, u6
         v.ev.flags |= FLAG_NAME;
     if (kind == KIND_CODE_LOAD && ptr)
         v.ev.size = image_size(ptr);
+    v.ev.aux = bpf_ktime_get_ns(); // the call's entry: a reading taken while it runs is its
     return begin(&v, api, kind, OUT_HANDLE, ORD_CURRENT);
 }
 
@@ -727,11 +728,12 @@ ENTRY(cuModuleLoadDataEx) { return load_entry(ctx, API_cuModuleLoadDataEx, KIND_
 // cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin)
 ENTRY(cuModuleLoadFatBinary) { return load_entry(ctx, API_cuModuleLoadFatBinary, KIND_CODE_LOAD, P2, 0); }
 
-// A call about one handle (and a byte count): unloads, pool destruction and trims.
+// A call about one handle (and a byte count): unloads, pool destruction and trims; aux = its entry time.
 static __always_inline int handle_entry(u32 api, u16 kind, u64 handle, u64 size, s32 ordinal) {
     struct inflight v = {};
     v.ev.handle = handle;
     v.ev.size = size;
+    v.ev.aux = bpf_ktime_get_ns(); // the call's entry (memrec.analysis.untraced: a call in flight at a reading)
     return begin(&v, api, kind, OUT_NONE, ordinal);
 }
 

@@ -86,6 +86,8 @@ MODULE_FACTOR = 4
 DEFAULT_STACK = 1024
 #: Without the GPU's resident-thread count, a stack raise is bounded by these thread counts.
 THREADS_MIN, THREADS_MAX = 1 << 14, 1 << 19
+#: The library of a module-code step whose interval holds calls about several libraries.
+SEVERAL = "(several)"
 #: The share of NVML used that must be traced or explained before the report names causes.
 EXPLAINED_SHARE_MIN = 0.98
 
@@ -107,6 +109,11 @@ _POOL_KINDS = [_K[Kind.POOL], _K[Kind.POOL_DESTROY], _K[Kind.POOL_TRIM], _K[Kind
 _GRAPH_KINDS = [_K[Kind.GRAPH_EXEC], _K[Kind.GRAPH_TRIM]]
 _MULTICAST_KINDS = [_K[Kind.MULTICAST_CREATE], _K[Kind.MULTICAST_ADD], _K[Kind.MULTICAST_BIND],
                     _K[Kind.MULTICAST_UNBIND]]
+#: Kinds whose events carry their call's entry time in aux (probes/cuda.bpf.c), and the longest
+#: call believed (a larger gap is a damaged or older trace's aux).
+_ENTRY_TIMED = [_K[Kind.CODE_LOAD], _K[Kind.CODE_UNLOAD], _K[Kind.KERNEL_LOAD], _K[Kind.POOL_DESTROY],
+                _K[Kind.POOL_TRIM], _K[Kind.ARRAY_DESTROY], _K[Kind.GRAPH_TRIM]]
+MAX_CALL_NS = 10_000_000_000
 #: Kinds that make a pending cost (read by :class:`Pending`).
 _PENDING_KINDS = [_K[Kind.CTX_LIMIT], _K[Kind.CAPTURE_BEGIN], _K[Kind.CAPTURE_END], _K[Kind.GRAPH_ALLOC],
                   _K[Kind.GRAPH_EXEC], _K[Kind.GRAPH_TRIM]]
@@ -244,13 +251,18 @@ class Explainers:
         self.by_pid: dict[int, tuple[np.ndarray, ...]] = {}
         pids = ev["pid"]
         ctx_arr = np.asarray(ctx_of, dtype=np.uint64)
+        # When each call began: the probes put the entry time of code, unload and trim calls in
+        # aux (a reading taken while such a call ran already shows part of its step); else its ts.
+        ts64, aux64 = ev["ts"].astype(np.int64), ev["aux"].astype(np.int64)
+        timed = _one_of(ev["kind"], _ENTRY_TIMED) & (aux64 > 0) & (aux64 <= ts64) & (ts64 - aux64 < MAX_CALL_NS)
+        start = np.where(timed, aux64, ts64)
         for p in np.unique(pids).tolist():
             m = pids == p
             self.by_pid[p] = (
                 ev["ts"][m].astype(np.int64), ev["gpu"][m].astype(np.int64), strength[m],
                 ev["api"][m].astype(np.int64), ctx_arr[m], ev["kind"][m].astype(np.int64),
                 np.asarray(self.libraries, dtype=object)[m] if len(ev) else np.zeros(0, dtype=object),
-                ev["size"][m].astype(np.int64),
+                ev["size"][m].astype(np.int64), start[m],
             )
         self.pending = _pending_events(events)
 
@@ -258,7 +270,7 @@ class Explainers:
         """This process's explaining calls on ``gpu`` (and those whose GPU is unknown)."""
         cols = self.by_pid.get(pid)
         if cols is None:
-            return tuple(np.zeros(0, np.int64) for _ in range(8))
+            return tuple(np.zeros(0, np.int64) for _ in range(9))
         m = (cols[1] == gpu) | (cols[1] < 0)
         return tuple(c[m] for c in cols)
 
@@ -546,7 +558,8 @@ def split_process(
         rows = np.searchsorted(pools[0], ts, side="right") - 1
         model = np.where(rows >= 0, pools[1][np.maximum(rows, 0)], 0)
     residual = nvml_used - traced - model
-    e_ts, _e_gpu, e_str, e_api, e_ctx, e_kind, e_lib, e_size = explainers.of(pid, gpu)
+    e_ts, _e_gpu, e_str, e_api, e_ctx, e_kind, e_lib, e_size, e_start = explainers.of(pid, gpu)
+    longest = int((e_ts - e_start).max()) if len(e_ts) else 0
     rows_p = explainers.pending.get(pid)
     if rows_p is not None:
         rows_p = rows_p[(rows_p["gpu"] == gpu) | (rows_p["gpu"] < 0)]
@@ -560,7 +573,8 @@ def split_process(
     budget_of = np.where(e_size > 0, MODULE_FACTOR * e_size + GRANULE, -1)
     module_used = 0
 
-    def record(k: int, since: int | None, nbytes: int, category: str, cause_i: int | None, cost: _Cost | None) -> None:
+    def record(k: int, since: int | None, nbytes: int, category: str, cause_i: int | None, cost: _Cost | None,
+               several: bool = False) -> None:
         totals[category] += nbytes
         if not nbytes:
             return
@@ -569,7 +583,7 @@ def split_process(
         elif cause_i is not None:
             api, cause_ts = int(e_api[cause_i]), int(e_ts[cause_i])
             ctx = int(e_ctx[cause_i]) if category == "context" else None
-            lib = e_lib[cause_i]
+            lib = SEVERAL if several else e_lib[cause_i]
         else:
             api = cause_ts = ctx = lib = None
         steps.append(Step(
@@ -590,23 +604,34 @@ def split_process(
         elif delta:
             cause_i = None
             bracket = None
-            if hi > lo:
-                window = e_str[lo:hi]
+            several = False
+            # The calls inside the interval: those that returned in it, and those still running
+            # at its reading (begun before it).
+            idx = np.arange(lo, hi)
+            if longest:
+                more = np.arange(hi, int(np.searchsorted(e_ts, int(ts[k]) + longest, side="right")))
+                idx = np.concatenate((idx, more[e_start[more] <= ts[k]]))
+            if len(idx):
+                window = e_str[idx]
                 pick = window if delta < 0 else np.where(window == _LIMITS, 0, window)
                 best = int(pick.max())
                 if best > 0:
-                    cause_i = lo + int(np.nonzero(pick == best)[0][-1])
+                    cause_i = int(idx[np.nonzero(pick == best)[0][-1]])
                     category = _CATEGORY[best]
                     bound = float("inf")
                     if category == "module_code":
-                        budget = budget_of[:hi][loads[:hi]]  # no load seen, or one of unknown size: no bound
+                        upto = int(idx.max()) + 1
+                        budget = budget_of[:upto][loads[:upto]]  # no load seen, or one of unknown size: no bound
                         bound = float("inf") if not len(budget) or (budget < 0).any() else float(budget.sum() - module_used)
                     elif category == "graph":
                         bound = float(sum(c.hi for c in costs.open.values() if c.category == "graph"))
                     bracket = (category, bound)
+                    if category == "module_code":  # several libraries' calls in one interval: name none
+                        names = {e_lib[i] for i in idx.tolist() if int(e_str[i]) == _MODULE}
+                        several = len(names) > 1
             if delta < 0:
                 if bracket is not None:
-                    record(k, since, delta, bracket[0], cause_i, None)
+                    record(k, since, delta, bracket[0], cause_i, None, several)
                     if bracket[0] == "module_code":
                         module_used += delta
                 else:
@@ -619,7 +644,7 @@ def split_process(
                     left = delta
                     for category, nbytes, cost in parts:
                         nbytes = min(nbytes, left) if nbytes > 0 else nbytes
-                        record(k, since, nbytes, category, cause_i if cost is None else None, cost)
+                        record(k, since, nbytes, category, cause_i if cost is None else None, cost, several)
                         left -= nbytes
                         if cost is not None:
                             costs.settle(cost, nbytes)

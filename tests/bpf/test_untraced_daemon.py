@@ -115,7 +115,11 @@ def test_code_and_pools_are_split_exactly(recording):
     causes = {(s.category, s.cause) for s in split.steps}
     assert ("context", "cuDevicePrimaryCtxRetain") in causes
     assert ("context", "cuLibraryGetKernel") in causes, "the first kernel in a context is the context's"
-    assert {c for cat, c in causes if cat == "module_code"} >= {"cuModuleLoad", "cuModuleUnload", "cuLibraryGetKernel"}
+    # (readings come at most every 200 ms during a burst of code calls: a step may span several)
+    module_causes = {c for cat, c in causes if cat == "module_code"}
+    assert module_causes and module_causes <= {"cuModuleLoad", "cuModuleLoadData", "cuModuleLoadDataEx",
+                                                "cuModuleLoadFatBinary", "cuModuleUnload", "cuLibraryGetKernel",
+                                                "cuKernelGetFunction", "cuLibraryLoadFromFile", "cuLibraryUnload"}
     # AND module code is told per library: the image handed to cuLibraryLoadData lay in the
     # driver's mapped file, which the daemon named
     row = next(r for r in rec.gpu_summary(0)["processes"] if r["pid"] == pid)
@@ -172,5 +176,6 @@ def test_report_shows_the_split_and_the_foreign_context(recording, capsys):
     lines = out.splitlines()
     at = lines.index(next(x for x in lines if "Untraced, split" in x))
     row = next(x.split() for x in lines[at:] if x.split()[:1] == [str(pids["code_pool"])])
-    # PID, UNTRACED, CONTEXT, MODULE CODE, POOLS, BEFORE REC., UNEXPLAINED (value and unit each)
-    assert row == [str(pids["code_pool"]), "392.0", "MiB", "390.0", "MiB", "2.0", "MiB", "0", "B", "0", "B", "0", "B"]
+    # PID, UNTRACED, CONTEXT, MODULES, POOLS, LIMITS, GRAPH, MULTICAST, BEFORE, UNEXPLAINED (value and
+    # unit each), EXPLAINED
+    assert row == [str(pids["code_pool"]), "392.0", "MiB", "390.0", "MiB", "2.0", "MiB", *["0", "B"] * 6, "100.0", "%"]

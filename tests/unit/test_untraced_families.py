@@ -254,3 +254,21 @@ def test_under_98_percent_explained_the_answer_says_how_much_is_unexplained_not_
     assert ["UNTRACED", "GPU 0: 4.00 GiB (73 %) of pid 1's memory is unexplained"] in lines
     # AND explained_share is traced + explained over NVML used
     assert explained_share(100, 50, {"context": 48, "unexplained": 2}) == 0.98
+
+
+def test_a_reading_taken_while_a_call_runs_is_that_calls_step():
+    # GIVEN a kernel fetch that began at 3.0 s (its entry time in aux) and returned at 3.2 s, and a
+    # reading at 3.1 s that already shows its 90 MiB
+    trace = Trace(
+        header=header(H200_THREADS),
+        events=events(
+            *context(),
+            ev(Kind.CODE_LOAD, api=Api.cuLibraryLoadData, pid=1, gpu=0, handle=0x11, ptr=0x5000, ts=2 * S),
+            ev(Kind.KERNEL_LOAD, api=Api.cuLibraryGetKernel, pid=1, gpu=0, handle=0x21, ptr=0x11, aux=3 * S,
+               ts=int(3.2 * S)),
+        ),
+        procmem=procmem((1.05, 0), (1.2, 518 * MiB), (2.5, 518 * MiB), (3.1, 608 * MiB), (3.3, 608 * MiB)),
+    )
+    row = split_of(trace)
+    # THEN the step is the fetch's (the first kernel in the context: the context's), not unexplained
+    assert row["split"]["context"] == 608 * MiB and row["split"]["unexplained"] == 0

@@ -175,7 +175,7 @@ def stamped(*rows: np.ndarray) -> np.ndarray:
 def test_readings_around_binds_are_forced_and_steps_are_deferred_never_dropped():
     # GIVEN readings with a 20 ms rate limit and a 250 ms follow-up, on a clock the test moves
     nvml, written, now = FakeNvml(), [], [10 * S]
-    r = UntracedReadings(nvml, [0, 1], written.append, lambda: now[0], min_interval=0.02)
+    r = UntracedReadings(nvml, [0, 1], written.append, lambda: now[0], fetch_interval=0.02)
 
     # WHEN a context is about to be bound on GPU 1, THEN NVML is read for GPU 1 at once
     r.after_batch(stamped(raw(Kind.CTX_BEGIN, api=Api.cuDevicePrimaryCtxRetain, ordinal=1)))
@@ -238,6 +238,22 @@ def test_limits_graphs_arrays_and_multicast_calls_are_read_at_once():
     # AND kernel loads wait 200 ms after the last reading
     r.after_batch(stamped(raw(Kind.KERNEL_LOAD, ordinal=0)))
     assert len(nvml.calls) == 6
+
+
+def test_the_first_kernel_fetched_after_a_bind_is_read_at_once():
+    # GIVEN a context bound on GPU 0 (read at once)
+    nvml, now = FakeNvml(), [10 * S]
+    r = UntracedReadings(nvml, [0, 1], lambda rows: None, lambda: now[0])
+    r.after_batch(stamped(raw(Kind.CTX, api=Api.cuDevicePrimaryCtxRetain, ordinal=0, pid=7)))
+    assert len(nvml.calls) == 1
+    # WHEN its first kernel is fetched 5 ms later, THEN NVML is read at once (the context's step)
+    now[0] += 5_000_000
+    r.after_batch(stamped(raw(Kind.KERNEL_LOAD, ordinal=0, pid=7)))
+    assert nvml.calls[-1] == ([0], now[0])
+    # AND the second waits for the rate limit (module code)
+    now[0] += 5_000_000
+    r.after_batch(stamped(raw(Kind.KERNEL_LOAD, ordinal=0, pid=7)))
+    assert len(nvml.calls) == 2
 
 
 def test_readings_are_off_without_a_process_memory_query():
