@@ -420,24 +420,25 @@ def _render_split(rc: dict, procs: dict, width: int) -> list[str]:
     """The untraced band split (memrec.analysis.untraced), the contexts, and the split per phase."""
     rows = []
     used = gone = 0
+    splits = [r["split"] for r in rc["processes"] if r.get("split")]
+    d = rc["device"]
+    cols = _split_columns(splits + ([d["split"]] if d is not None and d.get("split") else []))
     for r in rc["processes"]:
         sp = r.get("split")
         if sp:
             rows.append([str(r["pid"]), procs.get(r["pid"], {}).get("rank", ""), human(r["untraced_last"]),
-                         *(human(sp[k]) for k in SPLIT), _share(r.get("explained_share"))])
+                         *(human(sp[k]) for k in cols), _share(r.get("explained_share"))])
             used += r["nvml_used_last"] or 0
             gone += sp["unexplained"]
-    d = rc["device"]
     if d is not None and d.get("split"):
-        rows.append(["GPU", "", human(sum(d["split"].values())), *(human(d["split"][k]) for k in SPLIT),
+        rows.append(["GPU", "", human(sum(d["split"].values())), *(human(d["split"][k]) for k in cols),
                      _share(1 - gone / used if used > 0 else None)])
     out: list[str] = []
     if rows:
         out.append("  Untraced, split at the last sample (unexplained = untraced - the rest; EXPLAINED: the share of"
                    " NVML used traced or explained by measurement)")
-        n = len(SPLIT)
-        out.extend(table(["PID", "RANK", "UNTRACED", *(SPLIT_HEADINGS[k] for k in SPLIT), "EXPLAINED"],
-                         rows, right={0, *range(2, 4 + n)}, width=width, drop=(1,)))
+        out.extend(table(["PID", "RANK", "UNTRACED", *(SPLIT_HEADINGS[k] for k in cols), "EXPLAINED"],
+                         rows, right={0, *range(2, 4 + len(cols))}, width=width, drop=(1,)))
         for r in rc["processes"]:
             libs = {k: v for k, v in r.get("module_code_by_library", {}).items() if v}
             if libs:
@@ -457,12 +458,23 @@ def _render_split(rc: dict, procs: dict, width: int) -> list[str]:
             continue  # no markers: the split above says it all
         for ph in phased:
             if any(ph[k] for k in SPLIT if k != "before_recording"):
-                phase_rows.append([str(r["pid"]), ph["phase"], *(human(ph[k]) for k in SPLIT if k != "before_recording")])
+                phase_rows.append((str(r["pid"]), ph))
     if phase_rows:
-        cols = [SPLIT_HEADINGS[k] for k in SPLIT if k != "before_recording"]
+        cols = [k for k in _split_columns([ph for _, ph in phase_rows]) if k != "before_recording"]
         out.append("  Untraced steps per phase")
-        out.extend(table(["PID", "PHASE", *cols], phase_rows, right={0, *range(2, 2 + len(cols))}, width=width))
+        out.extend(table(["PID", "PHASE", *(SPLIT_HEADINGS[k] for k in cols)],
+                         [[pid, ph["phase"], *(human(ph[k]) for k in cols)] for pid, ph in phase_rows],
+                         right={0, *range(2, 2 + len(cols))}, width=width))
     return out
+
+
+#: Split columns shown only when some row has bytes there (issue 21's families: most traces have none).
+_OPTIONAL = ("limits", "graph", "multicast")
+
+
+def _split_columns(splits: list[dict]) -> list[str]:
+    """The split's columns to show for these rows: the families only where some row has bytes."""
+    return [k for k in SPLIT if k not in _OPTIONAL or any(sp.get(k) for sp in splits)]
 
 
 def _share(share: float | None) -> str:

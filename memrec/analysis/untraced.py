@@ -607,10 +607,11 @@ def split_process(
             several = False
             # The calls inside the interval: those that returned in it, and those still running
             # at its reading (begun before it).
+            # (Those that returned come last: of equal strength, the cause named is one of them.)
             idx = np.arange(lo, hi)
             if longest:
                 more = np.arange(hi, int(np.searchsorted(e_ts, int(ts[k]) + longest, side="right")))
-                idx = np.concatenate((idx, more[e_start[more] <= ts[k]]))
+                idx = np.concatenate((more[e_start[more] <= ts[k]], idx))
             if len(idx):
                 window = e_str[idx]
                 pick = window if delta < 0 else np.where(window == _LIMITS, 0, window)
@@ -620,7 +621,7 @@ def split_process(
                     category = _CATEGORY[best]
                     bound = float("inf")
                     if category == "module_code":
-                        upto = int(idx.max()) + 1
+                        upto = int(idx.max()) + 1 if len(idx) else hi
                         budget = budget_of[:upto][loads[:upto]]  # no load seen, or one of unknown size: no bound
                         bound = float("inf") if not len(budget) or (budget < 0).any() else float(budget.sum() - module_used)
                     elif category == "graph":
