@@ -423,22 +423,25 @@ def _render_split(rc: dict, procs: dict, width: int) -> list[str]:
     splits = [r["split"] for r in rc["processes"] if r.get("split")]
     d = rc["device"]
     cols = _split_columns(splits + ([d["split"]] if d is not None and d.get("split") else []))
+    shares = []
     for r in rc["processes"]:
         sp = r.get("split")
         if sp:
             rows.append([str(r["pid"]), procs.get(r["pid"], {}).get("rank", ""), human(r["untraced_last"]),
-                         *(human(sp[k]) for k in cols), _share(r.get("explained_share"))])
+                         *(human(sp[k]) for k in cols)])
+            shares.append(f"pid {r['pid']} {_share(r.get('explained_share'))}")
             used += r["nvml_used_last"] or 0
             gone += sp["unexplained"]
     if d is not None and d.get("split"):
-        rows.append(["GPU", "", human(sum(d["split"].values())), *(human(d["split"][k]) for k in cols),
-                     _share(1 - gone / used if used > 0 else None)])
+        rows.append(["GPU", "", human(sum(d["split"].values())), *(human(d["split"][k]) for k in cols)])
     out: list[str] = []
     if rows:
-        out.append("  Untraced, split at the last sample (unexplained = untraced - the rest; EXPLAINED: the share of"
-                   " NVML used traced or explained by measurement)")
-        out.extend(table(["PID", "RANK", "UNTRACED", *(SPLIT_HEADINGS[k] for k in cols), "EXPLAINED"],
-                         rows, right={0, *range(2, 4 + len(cols))}, width=width, drop=(1,)))
+        out.append("  Untraced, split at the last sample (unexplained = untraced - the rest)")
+        out.extend(table(["PID", "RANK", "UNTRACED", *(SPLIT_HEADINGS[k] for k in cols)],
+                         rows, right={0, *range(2, 3 + len(cols))}, width=width, drop=(1,)))
+        if used > 0:
+            shares.append(f"GPU {_share(1 - gone / used)}")
+        out.append("    NVML used traced or explained by measurement: " + ", ".join(shares))
         for r in rc["processes"]:
             libs = {k: v for k, v in r.get("module_code_by_library", {}).items() if v}
             if libs:
