@@ -31,6 +31,7 @@ _CATEGORY_NOTE = {
     "vmm": "cuMemCreate physical",
     "ipc_mapped": "peers' memory mapped here: not owned, not in totals",
     "host_pinned": "pinned host memory",
+    "array": "CUDA arrays (descriptor bytes in 2 MiB granules)",
 }
 
 

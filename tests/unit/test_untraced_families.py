@@ -272,3 +272,40 @@ def test_a_reading_taken_while_a_call_runs_is_that_calls_step():
     row = split_of(trace)
     # THEN the step is the fetch's (the first kernel in the context: the context's), not unexplained
     assert row["split"]["context"] == 608 * MiB and row["split"]["unexplained"] == 0
+
+
+def test_the_h200_mixed_run_is_attributed_in_full():
+    # GIVEN the steps NVML showed on the H200 for family_workloads' "mixed" scenario
+    # (docs/validation/runs/2026-12-01-families/families-tests.log): a context (14 + 504 MiB), a
+    # 4096^2 float array and a 256 MiB graph captured and instantiated; then in one interval an
+    # 8 KiB stack limit, the graph's first launch and a kernel launch (+2,104 MiB); a 512x512x64
+    # array; the first array destroyed, the graph trimmed (-256 MiB)
+    stack = (8192 - 1024) * H200_THREADS
+    trace = Trace(
+        header=header(H200_THREADS),
+        events=events(
+            *context(),
+            ev(Kind.CODE_LOAD, api=Api.cuModuleLoadData, pid=1, gpu=0, handle=0x11, ptr=0x5000, size=PTX, ts=2 * S),
+            ev(Kind.ARRAY_CREATE, api=Api.cuArrayCreate_v2, pid=1, gpu=0, handle=0xA1, size=64 * MiB, ts=int(2.1 * S)),
+            ev(Kind.CAPTURE_BEGIN, api=Api.cuStreamBeginCapture_v2, pid=1, gpu=0, handle=0x5A, ts=int(2.2 * S)),
+            ev(Kind.GRAPH_ALLOC, api=Api.cuMemAllocAsync, pid=1, gpu=0, ptr=0x9000, size=256 * MiB, handle=0x5A,
+               ts=int(2.21 * S)),
+            ev(Kind.GRAPH_FREE, api=Api.cuMemFreeAsync, pid=1, gpu=0, ptr=0x9000, handle=0x5A, ts=int(2.22 * S)),
+            ev(Kind.CAPTURE_END, api=Api.cuStreamEndCapture, pid=1, gpu=0, handle=0x5A, ptr=0x6A, ts=int(2.23 * S)),
+            ev(Kind.GRAPH_EXEC, api=Api.cuGraphInstantiateWithFlags, pid=1, gpu=0, ptr=0x6A, handle=0xE1,
+               ts=int(2.24 * S)),
+            ev(Kind.CTX_LIMIT, api=Api.cuCtxSetLimit, pid=1, gpu=0, aux=0, size=8192, ts=3 * S),
+            ev(Kind.CTX_LIMIT, api=Api.cuCtxSetLimit, pid=1, gpu=0, aux=2, size=128 * MiB, ts=4 * S),
+            ev(Kind.CODE_LOAD, api=Api.cuModuleLoadData, pid=1, gpu=0, handle=0x12, ptr=0x5000, size=PTX, ts=int(4.01 * S)),
+            ev(Kind.ARRAY_CREATE, api=Api.cuArray3DCreate_v2, pid=1, gpu=0, handle=0xA2, size=64 * MiB, ts=int(4.02 * S)),
+            ev(Kind.ARRAY_DESTROY, api=Api.cuArrayDestroy, pid=1, gpu=0, handle=0xA1, ts=5 * S),
+            ev(Kind.GRAPH_TRIM, api=Api.cuDeviceGraphMemTrim, pid=1, gpu=0, ts=int(5.01 * S)),
+        ),
+        procmem=procmem((1.05, 14 * MiB), (1.2, 518 * MiB), (2.5, 582 * MiB), (3.1, 582 * MiB + stack + 256 * MiB),
+                        (4.5, 646 * MiB + stack + 256 * MiB), (5.5, 582 * MiB + stack)),
+    )
+    row = split_of(trace)
+    # THEN the stack is the limit's, the graph's launch and trim the graph's, nothing unexplained
+    assert row["split"] == {"context": 518 * MiB, "module_code": 0, "pools": 0, "limits": stack, "graph": 0,
+                            "multicast": 0, "before_recording": 0, "unexplained": 0}
+    assert [s["bytes"] // MiB for s in row["steps"] if s["category"] == "graph"] == [256, -256]

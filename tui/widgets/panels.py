@@ -90,7 +90,7 @@ def header_text(gpu: GpuInfo | None, gpu_id: int, cursor_rel: str, st: CursorSta
     t.append(" │ traced ", style="dim")
     t.append(fmt_bytes(owned) if owned is not None else "…", style="bold")
     if st is not None and wide:
-        for c in ("driver", "vmm", "host_pinned"):
+        for c in ("driver", "vmm", "array", "host_pinned"):
             if st.by_category.get(c):
                 t.append(f" {c[:6]} ", style="dim")
                 t.append(fmt_bytes(st.by_category[c]), style=None if no_color else LAYER_COLOURS[c])
