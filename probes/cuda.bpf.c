@@ -939,42 +939,32 @@ ENTRY(cuMulticastCreate) {
     return begin(&v, API_cuMulticastCreate, KIND_MULTICAST_CREATE, OUT_HANDLE, ORD_CURRENT);
 }
 
+// A call about a multicast object: handle, then per kind a device, offsets, a memory handle or
+// address, and a size.
+static __always_inline int multicast_entry(u32 api, u16 kind, u64 handle, u64 ptr, u64 aux, u64 size, s32 ordinal) {
+    struct inflight v = {};
+    v.ev.handle = handle;
+    v.ev.ptr = ptr;
+    v.ev.aux = aux;
+    v.ev.size = size;
+    return begin(&v, api, kind, OUT_NONE, ordinal);
+}
+
 // cuMulticastAddDevice(CUmemGenericAllocationHandle mc, CUdevice dev)
 ENTRY(cuMulticastAddDevice) {
-    struct inflight v = {};
-    v.ev.handle = P1;
-    v.ev.aux = (u32)P2;
-    return begin(&v, API_cuMulticastAddDevice, KIND_MULTICAST_ADD, OUT_NONE, (s32)P2);
+    return multicast_entry(API_cuMulticastAddDevice, KIND_MULTICAST_ADD, P1, 0, (u32)P2, 0, (s32)P2);
 }
-
 // cuMulticastBindMem(mc, size_t mcOffset, CUmemGenericAllocationHandle memHandle, size_t memOffset, size_t size, u64 flags)
 ENTRY(cuMulticastBindMem) {
-    struct inflight v = {};
-    v.ev.handle = P1;
-    v.ev.ptr = P2;
-    v.ev.aux = P3;
-    v.ev.size = P5;
-    return begin(&v, API_cuMulticastBindMem, KIND_MULTICAST_BIND, OUT_NONE, ORD_CURRENT);
+    return multicast_entry(API_cuMulticastBindMem, KIND_MULTICAST_BIND, P1, P2, P3, P5, ORD_CURRENT);
 }
-
 // cuMulticastBindAddr(mc, size_t mcOffset, CUdeviceptr memptr, size_t size, u64 flags)
 ENTRY(cuMulticastBindAddr) {
-    struct inflight v = {};
-    v.ev.handle = P1;
-    v.ev.ptr = P2;
-    v.ev.aux = P3;
-    v.ev.size = P4;
-    return begin(&v, API_cuMulticastBindAddr, KIND_MULTICAST_BIND, OUT_NONE, ORD_CURRENT);
+    return multicast_entry(API_cuMulticastBindAddr, KIND_MULTICAST_BIND, P1, P2, P3, P4, ORD_CURRENT);
 }
-
 // cuMulticastUnbind(mc, CUdevice dev, size_t mcOffset, size_t size)
 ENTRY(cuMulticastUnbind) {
-    struct inflight v = {};
-    v.ev.handle = P1;
-    v.ev.aux = (u32)P2;
-    v.ev.ptr = P3;
-    v.ev.size = P4;
-    return begin(&v, API_cuMulticastUnbind, KIND_MULTICAST_UNBIND, OUT_NONE, (s32)P2);
+    return multicast_entry(API_cuMulticastUnbind, KIND_MULTICAST_UNBIND, P1, P3, (u32)P2, P4, (s32)P2);
 }
 
 // ---- return probes -------------------------------------------------------------------------------

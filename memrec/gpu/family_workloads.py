@@ -65,13 +65,21 @@ class Gpu:
             return self.ok(self.cu.cuMipmappedArrayCreate(d, levels))
         return self.ok(self.cu.cuArray3DCreate(d))
 
-    def captured_graph(self, size: int):
+    def capture(self, work):
+        """An executable graph of what ``work()`` does on the stream while it is captured."""
         cu = self.cu
         self.ok(cu.cuStreamBeginCapture(self.stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL))
-        p = self.ok(cu.cuMemAllocAsync(size, self.stream))
-        self.ok(cu.cuMemFreeAsync(p, self.stream))
-        graph = self.ok(cu.cuStreamEndCapture(self.stream))
-        return self.ok(cu.cuGraphInstantiate(graph, 0))
+        work()
+        return self.ok(cu.cuGraphInstantiate(self.ok(cu.cuStreamEndCapture(self.stream)), 0))
+
+    def captured_graph(self, size: int):
+        """A graph that allocates ``size`` bytes stream-ordered and frees them."""
+        cu = self.cu
+
+        def work() -> None:
+            self.ok(cu.cuMemFreeAsync(self.ok(cu.cuMemAllocAsync(size, self.stream)), self.stream))
+
+        return self.capture(work)
 
     def node_graph(self, size: int):
         cu = self.cu
@@ -202,9 +210,7 @@ def graph_launches(g: Gpu) -> None:
     launch, to compare with and without the recorder (cuGraphLaunch is never probed)."""
     cu = g.cu
     g.module()
-    g.ok(cu.cuStreamBeginCapture(g.stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL))
-    g.ok(cu.cuLaunchKernel(g.fn, 1, 1, 1, 1, 1, 1, 0, g.stream, 0, 0))
-    e = g.ok(cu.cuGraphInstantiate(g.ok(cu.cuStreamEndCapture(g.stream)), 0))
+    e = g.capture(lambda: g.ok(cu.cuLaunchKernel(g.fn, 1, 1, 1, 1, 1, 1, 0, g.stream, 0, 0)))
     g.graph_launch(e)
     t = time.perf_counter()
     for _ in range(5000):

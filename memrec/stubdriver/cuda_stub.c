@@ -1586,37 +1586,33 @@ CUAPI CUresult cuMulticastCreate(CUmemGenericAllocationHandle *mc, const CUmulti
     return CUDA_SUCCESS;
 }
 
-CUAPI CUresult cuMulticastAddDevice(CUmemGenericAllocationHandle mc, CUdevice dev) {
+/* A multicast call: refused unless MEMREC_STUB_MULTICAST=1, else checked only. */
+static CUresult multicast_call(int valid) {
     pace();
     if (!g_multicast)
         return CUDA_ERROR_NOT_SUPPORTED;
-    return mc && dev >= 0 && dev < g_visible_count ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    return valid ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUAPI CUresult cuMulticastAddDevice(CUmemGenericAllocationHandle mc, CUdevice dev) {
+    return multicast_call(mc && dev >= 0 && dev < g_visible_count);
 }
 
 CUAPI CUresult cuMulticastBindMem(CUmemGenericAllocationHandle mc, size_t mcOffset, CUmemGenericAllocationHandle mem,
                                   size_t memOffset, size_t size, unsigned long long flags) {
     (void)mcOffset, (void)memOffset, (void)flags;
-    pace();
-    if (!g_multicast)
-        return CUDA_ERROR_NOT_SUPPORTED;
-    return mc && mem && size ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    return multicast_call(mc && mem && size);
 }
 
 CUAPI CUresult cuMulticastBindAddr(CUmemGenericAllocationHandle mc, size_t mcOffset, CUdeviceptr memptr, size_t size,
                                    unsigned long long flags) {
     (void)mcOffset, (void)flags;
-    pace();
-    if (!g_multicast)
-        return CUDA_ERROR_NOT_SUPPORTED;
-    return mc && memptr && size ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    return multicast_call(mc && memptr && size);
 }
 
 CUAPI CUresult cuMulticastUnbind(CUmemGenericAllocationHandle mc, CUdevice dev, size_t mcOffset, size_t size) {
     (void)mcOffset;
-    pace();
-    if (!g_multicast)
-        return CUDA_ERROR_NOT_SUPPORTED;
-    return mc && dev >= 0 && dev < g_visible_count && size ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    return multicast_call(mc && dev >= 0 && dev < g_visible_count && size);
 }
 
 /* ---- virtual memory management ---------------------------------------------------------------- */
