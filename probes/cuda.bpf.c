@@ -670,7 +670,8 @@ ENTRY(cuCtxGetCurrent) { return ctx_track_entry(API_cuCtxGetCurrent, OUT_CTX_GET
 // the device cannot exceed what its image could place there (memrec.analysis.untraced bounds
 // module-code steps by it). Fatbin: magic 0xBA55ED50, u16 header size at +6, u64 body size at +8;
 // a fatbin wrapper (0x466243B1) points at one at +8; ELF (a cubin): section headers end the file
-// (e_shoff +0x28, e_shentsize +0x3A, e_shnum +0x3C); text (PTX): its length, if under 4 KiB.
+// (e_shoff +0x28, e_shentsize +0x3A, e_shnum +0x3C); PTX text (starting with a directive, a
+// comment or blank): its length, if under 4 KiB; anything else: unknown.
 #define MAGIC_FATBIN 0xBA55ED50u
 #define MAGIC_FATBIN_WRAPPER 0x466243B1u
 struct scratch_buf {
@@ -693,6 +694,8 @@ static __always_inline u64 image_size(u64 ptr) {
         return (u64)(*(u16 *)(head + 6)) + *(u64 *)(head + 8);
     if (head[0] == 0x7f && head[1] == 'E' && head[2] == 'L' && head[3] == 'F')
         return *(u64 *)(head + 0x28) + (u64)(*(u16 *)(head + 0x3A)) * (*(u16 *)(head + 0x3C));
+    if (head[0] != '.' && head[0] != '/' && head[0] != '\n' && head[0] != ' ' && head[0] != '\t')
+        return 0; // neither a header nor PTX text (a version, a comment or blank first)
     u32 zero = 0;
     struct scratch_buf *buf = scratch.lookup(&zero);
     if (!buf)
