@@ -170,10 +170,15 @@ class Reconciliation:
         device = _device_row(dev) if dev is not None else None
         if device is not None and pid is None:
             device["split"] = _sum_splits(rows)
+        split_rows = [r for r in rows if r.get("split")]
+        used = sum(r["nvml_used_last"] or 0 for r in split_rows)
+        gone = sum(r["split"]["unexplained"] for r in split_rows)
         return {
             "gpu": gpu,
             "processes": rows,
             "device": device,
+            # the share of its processes' NVML used (last samples) that is traced or explained
+            "explained_share": max(0.0, min(1.0, 1 - gone / used)) if used > 0 else None,
             "unsampled_pids": unsampled,
             "contexts": [
                 _context_row(c, label) for c in self.contexts if c.gpu == gpu and (pid is None or c.pid == pid)

@@ -420,7 +420,6 @@ def _render_reconciliation(rc: dict, procs: dict, width: int) -> list[str]:
 def _render_split(rc: dict, procs: dict, width: int) -> list[str]:
     """The untraced band split (memrec.analysis.untraced), the contexts, and the split per phase."""
     rows = []
-    used = gone = 0
     splits = [r["split"] for r in rc["processes"] if r.get("split")]
     d = rc["device"]
     cols = _split_columns(splits + ([d["split"]] if d is not None and d.get("split") else []))
@@ -431,8 +430,6 @@ def _render_split(rc: dict, procs: dict, width: int) -> list[str]:
             rows.append([str(r["pid"]), procs.get(r["pid"], {}).get("rank", ""), human(r["untraced_last"]),
                          *(human(sp[k]) for k in cols)])
             shares.append(f"pid {r['pid']} {_share(r.get('explained_share'))}")
-            used += r["nvml_used_last"] or 0
-            gone += sp["unexplained"]
     if d is not None and d.get("split"):
         rows.append(["GPU", "", human(sum(d["split"].values())), *(human(d["split"][k]) for k in cols)])
     out: list[str] = []
@@ -440,8 +437,8 @@ def _render_split(rc: dict, procs: dict, width: int) -> list[str]:
         out.append("  Untraced, split at the last sample (unexplained = untraced - the rest)")
         out.extend(table(["PID", "RANK", "UNTRACED", *(SPLIT_HEADINGS[k] for k in cols)],
                          rows, right={0, *range(2, 3 + len(cols))}, width=width, drop=(1,)))
-        if used > 0:
-            shares.append(f"GPU {_share(1 - gone / used)}")
+        if rc.get("explained_share") is not None:
+            shares.append(f"GPU {_share(rc['explained_share'])}")
         out.append("    NVML used traced or explained by measurement: " + ", ".join(shares))
         for r in rc["processes"]:
             libs = {k: v for k, v in r.get("module_code_by_library", {}).items() if v}
