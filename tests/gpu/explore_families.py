@@ -88,7 +88,9 @@ class Probe:
                 return int(p.usedGpuMemory or 0)
         return 0
 
-    def step(self, call, fn, wait=0.25, **extra):
+    def step(self, call, fn, wait=0.25, sync=True, **extra):
+        """Call ``fn`` between two readings (``sync=False`` inside a stream capture: a context
+        synchronisation there invalidates the capture, CUresult 901 in the 2026-12-01 run)."""
         cu = driver()
         before = self.used()
         t0 = time.monotonic()
@@ -98,10 +100,11 @@ class Probe:
         except Exception as e:  # noqa: BLE001 - a research log: record and go on
             out, err = None, str(e)
         took = time.monotonic() - t0
-        try:
-            cu.cuCtxSynchronize()
-        except Exception:  # noqa: BLE001
-            pass
+        if sync:
+            try:
+                cu.cuCtxSynchronize()
+            except Exception:  # noqa: BLE001
+                pass
         time.sleep(wait)
         after = self.used()
         row = dict(workload=self.name, call=call, before=before, after=after, step_mib=(after - before) / MiB,
@@ -261,10 +264,11 @@ def w_graph(p):
         return {n: int(ok(cu.cuDeviceGetGraphMemAttribute(dev, getattr(A, n)), n)) for n in (
             "CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT", "CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT")}
 
-    p.step("cuStreamBeginCapture", lambda: ok(cu.cuStreamBeginCapture(stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL), "begin"))
-    ptr = p.step("cuMemAllocAsync(512 MiB) captured", lambda: ok(cu.cuMemAllocAsync(512 * MiB, stream), "alloc"))
-    p.step("cuMemFreeAsync captured", lambda: ok(cu.cuMemFreeAsync(ptr, stream), "free"))
-    graph = p.step("cuStreamEndCapture", lambda: ok(cu.cuStreamEndCapture(stream), "end"))
+    p.step("cuStreamBeginCapture", lambda: ok(cu.cuStreamBeginCapture(stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL), "begin"),
+           sync=False)
+    ptr = p.step("cuMemAllocAsync(512 MiB) captured", lambda: ok(cu.cuMemAllocAsync(512 * MiB, stream), "alloc"), sync=False)
+    p.step("cuMemFreeAsync captured", lambda: ok(cu.cuMemFreeAsync(ptr, stream), "free"), sync=False)
+    graph = p.step("cuStreamEndCapture", lambda: ok(cu.cuStreamEndCapture(stream), "end"), sync=False)
     gexec = p.step("cuGraphInstantiate", lambda: ok(cu.cuGraphInstantiate(graph, 0), "inst"), attrs=attr())
     p.rows.append(dict(workload=p.name, after_instantiate=attr()))
     for i in range(3):
@@ -288,7 +292,8 @@ def w_graph(p):
     p.rows.append(dict(workload=p.name, after_launch2=attr()))
     print(json.dumps(p.rows[-1]), flush=True)
     p.step("cuDeviceGraphMemTrim (graphs alive)", lambda: ok(cu.cuDeviceGraphMemTrim(dev), "trim"))
-    p.step("cuGraphExecDestroy x2", lambda: (ok(cu.cuGraphExecDestroy(gexec), "d"), ok(cu.cuGraphExecDestroy(g2exec), "d")))
+    p.step("cuGraphExecDestroy", lambda: ok(cu.cuGraphExecDestroy(gexec), "d"))
+    p.step("cuGraphExecDestroy(2)", lambda: ok(cu.cuGraphExecDestroy(g2exec), "d"))
     p.step("cuDeviceGraphMemTrim", lambda: ok(cu.cuDeviceGraphMemTrim(dev), "trim"))
     p.rows.append(dict(workload=p.name, after_trim=attr()))
     print(json.dumps(p.rows[-1]), flush=True)
