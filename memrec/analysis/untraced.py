@@ -569,8 +569,11 @@ def split_process(
     steps: list[Step] = []
     binds = np.isin(e_kind, [_K[Kind.CTX], _K[Kind.CTX_BEGIN]])
     bound_before = bool(len(e_ts)) and bool((binds & (e_ts <= (ts[0] if n else 0))).any())
-    loads = (e_kind == _K[Kind.CODE_LOAD])
-    budget_of = np.where(e_size > 0, MODULE_FACTOR * e_size + GRANULE, -1)
+    # Module code's bound up to each call: the loads so far, those of unknown size, their budget.
+    loads = e_kind == _K[Kind.CODE_LOAD]
+    n_loads = np.cumsum(loads)
+    n_unknown = np.cumsum(loads & (e_size <= 0))
+    budget_sum = np.cumsum(np.where(loads & (e_size > 0), MODULE_FACTOR * e_size + GRANULE, 0))
     module_used = 0
 
     def record(k: int, since: int | None, nbytes: int, category: str, cause_i: int | None, cost: _Cost | None,
@@ -621,9 +624,9 @@ def split_process(
                     category = _CATEGORY[best]
                     bound = float("inf")
                     if category == "module_code":
-                        upto = int(idx.max()) + 1 if len(idx) else hi
-                        budget = budget_of[:upto][loads[:upto]]  # no load seen, or one of unknown size: no bound
-                        bound = float("inf") if not len(budget) or (budget < 0).any() else float(budget.sum() - module_used)
+                        last = int(idx.max())  # no load seen by then, or one of unknown size: no bound
+                        known = int(n_loads[last]) and not int(n_unknown[last])
+                        bound = float(budget_sum[last] - module_used) if known else float("inf")
                     elif category == "graph":
                         bound = float(sum(c.hi for c in costs.open.values() if c.category == "graph"))
                     bracket = (category, bound)
