@@ -49,6 +49,7 @@ from memrec.engine.replay import trace_phases
 from memrec.engine.series import GpuSeries
 from memrec.engine.replay import Timeline
 from memrec.engine.replay import build_timeline
+from memrec.analysis.untraced import SEVERAL
 from memrec.analysis.untraced import SPLIT
 from memrec.analysis.untraced import ContextRecord
 from memrec.analysis.untraced import Explainers
@@ -351,6 +352,8 @@ def _process_row(s: ProcessSeries, split: UntracedSplit | None, label: Any) -> d
         for st in counted:
             if st.category == "module_code":
                 by_library[st.library or "(unknown)"] = by_library.get(st.library or "(unknown)", 0) + st.bytes
+        if SEVERAL in by_library:  # a step over calls of several libraries: the split would mislead
+            by_library = {SEVERAL: sum(by_library.values())}
         row["module_code_by_library"] = dict(sorted(by_library.items(), key=lambda kv: -abs(kv[1])))
         largest = sorted(counted, key=lambda st: -abs(st.bytes))[:MAX_STEPS]
         row["steps"] = [
