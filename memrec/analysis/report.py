@@ -188,7 +188,7 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
             report["gpus"].append(section)
     report["sglang"] = sglang
     _peak_by_phase(report, trace, tl, phases)
-    report["answer"] = build_answer(report)
+    report["answer"] = build_answer(report).to_json()
     return report
 
 
