@@ -493,6 +493,26 @@ def _verdict(d: dict, a: Run, b: Run) -> dict:
 # ------------------------------------------------------------------------------------------- public
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """What ``memrec diff`` says first, for the views that show it too (``tui --diff``, ``plot
+    --diff``): the headline, the lines under it, and which run failed (``"a"``, ``"b"``, ``"both"``
+    or None). Deltas are always B − A."""
+
+    headline: str
+    lines: tuple[str, ...]
+    failing: str | None
+    a_name: str
+    b_name: str
+
+
+def verdict_of(d: dict) -> Verdict:
+    """The verdict of :func:`diff_traces`'s dict."""
+    fa, fb = d["a"]["failed"], d["b"]["failed"]
+    failing = "both" if fa and fb else "a" if fa else "b" if fb else None
+    return Verdict(d["verdict"]["headline"], tuple(d["verdict"]["lines"]), failing, d["a"]["name"], d["b"]["name"])
+
+
 def _side(run: Run, name: str, failures: dict[tuple, dict]) -> dict:
     """One run's line of the diff: whether it failed and how many driver calls ran out of memory."""
     ooms = sum(f["count"] for f in _driver_ooms(failures.values()))

@@ -11,6 +11,7 @@ for it.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from textual.widgets import Static
 from textual.widgets import Tab
 from textual.widgets import Tabs
 
+from memrec.analysis.diff import Verdict
 from memrec.events import OWNED_CATEGORIES
 from memrec.tui import messages
 from memrec.tui.filters import EventFilter
@@ -60,7 +62,7 @@ from memrec.tui.widgets.timeline import CONSOLE_GLYPHS
 from memrec.tui.widgets.timeline import TimelineGraph
 from memrec.tui.widgets.timeline import TimelineOptions
 from memrec.tui.widgets.timeline import glyphs_for
-from memrec.units import fmt_dur
+from memrec.units import fmt_at
 
 OVERVIEW = "overview"
 
@@ -119,6 +121,8 @@ class MainScreen(ViewKeys, Screen[None]):
         self.landing: Landing | None = None
         #: Diff mode: how the other trace is lined up with this one (set once both are read).
         self.alignment = Alignment(0, "")
+        #: Diff mode: what ``memrec diff`` says of the two runs (once the source has it).
+        self.verdict: Verdict | None = None
         #: The cursor is where the trace opened (no key yet): the replay's end may move it to the peak.
         self._opening = not live
         self._dirty = False
@@ -314,10 +318,14 @@ class MainScreen(ViewKeys, Screen[None]):
             v = self.model.series_at(g, self.cursor_ts)
             owned = int(v[list(OWNED_CATEGORIES)].sum()) if v is not None else None
         nv = self.model.nvml_at(g, self.cursor_ts)
-        text = header_text(self.model.gpus.get(g), g, fmt_dur(self.cursor_ts - self.origin), st, owned, nv,
+        text = header_text(self.model.gpus.get(g), g, fmt_at(self.cursor_ts - self.origin, self._resolution()), st, owned, nv,
                            self.other_state, wide=self.size.width >= 150, narrow=self.narrow, no_color=self.app.no_color,
                            glyphs=self.glyphs, aligned=self.alignment.text)
         self.query_one("#gpu-header", GpuHeader).update(text)
+
+    def _resolution(self) -> int:
+        """The time one column of the chart spans (ns): how precisely a time on screen is written."""
+        return max((self.t1 - self.t0) // max(self.size.width - 12, 1), 1)
 
     def _update_status(self) -> None:
         try:
@@ -378,7 +386,8 @@ class MainScreen(ViewKeys, Screen[None]):
         self.other_state = message.other
         self.events_rows = message.events
         self.query_one("#holders", HoldersTable).show(message.state, message.other)
-        self.query_one("#events", EventsTable).show(message.events, self.origin, self.model.pid_label, self.flt_text)
+        self.query_one("#events", EventsTable).show(message.events, self.origin, self.model.pid_label, self.flt_text,
+                                                    self._resolution())
         self._update_header()
 
     # ------------------------------------------------------------------ what the source says (routed by the app)
@@ -413,18 +422,48 @@ class MainScreen(ViewKeys, Screen[None]):
         self._open_at_answer()
         self.refresh_all()
 
+    def source_answered(self, message: messages.Answered) -> None:
+        """The trace's answer (after the replay): from now on the failures are its, and the view
+        (unless the user has moved it) opens on its window."""
+        self.model.landmarks.set_answer(message.answer)
+        if message.other is not None and self.other_model is not None:
+            self.other_model.landmarks.set_answer(message.other)
+        self.verdict = message.verdict
+        self._open_at_answer()
+        self.refresh_all()
+
     def _open_at_answer(self) -> None:
         if not self._opening:
             return
-        where = answer(self.model)
+        where = self._answer_landing()
         if where is None:
             self.cursor_ts = self.model.time_range()[1]
             return
         if where.gpu is not None and where.gpu in self.model.gpu_ids():
             self.gpu = where.gpu  # the next redraw selects its tab (there may be no tabs yet)
             self._gpu_chosen = True
+        if where.window is not None:
+            self.t0, self.t1 = where.window.padded()
         self.cursor_ts = where.ts
         self.landing = where
+
+    def _answer_landing(self) -> Landing | None:
+        """Where the view opens: the answer's failure and window; in diff mode, ``memrec diff``'s
+        verdict at the failing run's answer (the other run's, moved onto this one's clock by the
+        alignment, when only the other run failed)."""
+        where = answer(self.model)
+        v = self.verdict
+        if v is None or self.other_model is None:
+            return where
+        cause = v.lines[0] if v.lines else ""
+        theirs = answer(self.other_model)
+        if v.failing == "b" and theirs is not None and theirs.window is not None:
+            s = self.alignment.shift
+            w = dataclasses.replace(theirs.window, start_ts=theirs.window.start_ts - s, end_ts=theirs.window.end_ts - s)
+            return dataclasses.replace(theirs, ts=theirs.ts - s, text=v.headline, cause=cause, window=w)
+        if where is None:
+            return None
+        return dataclasses.replace(where, text=v.headline, cause=cause, failure=v.failing is not None)
 
     def source_failed(self, error: str) -> None:
         self.progress = f"[b red]{error}[/]"

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rich.markup import escape
 from rich.text import Text
 from textual.widget import Widget
 from textual.widgets import DataTable
 from textual.widgets import Static
 
 from memrec.engine.phases import NO_PHASE
+from memrec.events import CATEGORIES
 from memrec.events import GpuInfo
+from memrec.events import OWNED
 from memrec.events import cu_result_name
 from memrec.tui.filters import KIND_NAMES
 from memrec.tui.navigation import Landing
@@ -25,6 +28,7 @@ from memrec.tui.widgets.timeline import Glyphs
 from memrec.tui.widgets.timeline import LAYER_COLOURS
 from memrec.tui.widgets.timeline import NVML_COLOUR
 from memrec.units import fmt_bytes
+from memrec.units import fmt_at
 from memrec.units import fmt_dur
 
 HOLDER_VIEWS = ("process", "phase", "largest", "category", "context", "untraced")
@@ -151,13 +155,18 @@ def status_parts(f: StatusFacts, narrow: bool, glyphs: Glyphs = UNICODE_GLYPHS) 
         parts.append(f"{f.events:,} events")
     if f.progress:
         parts.append(f.progress)
-    if f.failure_here:  # the cursor is on a failed call (key o): what failed, its CUresult's name, and where
+    if f.landing is not None and f.landing.window is not None:  # the trace's answer, where it opened
+        headline = escape(f.landing.text.replace("CUDA_ERROR_", "") if narrow else f.landing.text)
+        parts.append(f"[b red]{glyphs.fail} {headline}[/]" if f.landing.failure else f"[b]{headline}[/]")
+        if f.landing.cause:
+            parts.append(escape(f.landing.cause))
+    elif f.failure_here:  # the cursor is on a failure (key o): what failed (a call's CUresult's name), and where
         where = f" {f.landing.text}" if f.landing is not None and f.landing.failure else ""
         what = f.failure_here.replace("CUDA_ERROR_", "") if narrow else f.failure_here
         parts.append(f"[b red]{glyphs.fail} {what}{where}[/]")
     elif f.failures:
-        parts.append(f"[b red]{f.failures} failed call{'s' if f.failures > 1 else ''}[/]")
-    if f.landing is not None and not f.landing.failure:
+        parts.append(f"[b red]{f.failures} failure{'s' if f.failures > 1 else ''}[/]")
+    if f.landing is not None and not f.landing.failure and f.landing.window is None:
         parts.append(f"[b]{f.landing.text}[/]")
     if f.lost is not None:
         parts.append(f"[b yellow]lost {f.lost:,}[/]" if f.lost else "lost 0")
@@ -183,7 +192,8 @@ def fit_status(prefix: list[str], f: StatusFacts, width: int, glyphs: Glyphs = U
         return sep.join(parts)
     parts = prefix + status_parts(f, True, glyphs)
     warned = f"[yellow]{f.warnings} warning{'s' if f.warnings > 1 else ''}[/]"
-    for piece in (f.title, f"{f.events:,} events", f"view {fmt_dur(f.span)}", warned):
+    cause = escape(f.landing.cause) if f.landing is not None and f.landing.cause else None
+    for piece in (f.title, f"{f.events:,} events", f"view {fmt_dur(f.span)}", warned, cause):
         if fits(parts):
             break
         if piece in parts[len(prefix) :]:
@@ -205,7 +215,7 @@ class HoldersTable(DataTable):
     def __init__(self, **kwargs) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
         self.view_name = HOLDER_VIEWS[0]
-        #: Under 100 columns (38 for this table): by process shows owned and ipc (driver and vmm
+        #: Under 100 columns (34 for this table): by process shows owned and ipc (driver and vmm
         #: are the "by category" view), the largest show size, phase and rank.
         self.narrow = False
 
@@ -221,7 +231,12 @@ class HoldersTable(DataTable):
             self._show_diff(st, other)
             return
         if v == "process":
-            cats_shown = ("ipc_mapped",) if self.narrow else ("driver", "vmm", "ipc_mapped")
+            # the categories (memrec.events' table) someone holds here, no column of zeros; one
+            # owned category alone is the "owned" column already
+            held = [c for c in CATEGORIES if any(cats.get(c, 0) for _, _, cats, _ in st.by_process)]
+            if len([c for c in held if c in OWNED]) < 2:
+                held = [c for c in held if c not in OWNED]
+            cats_shown = [c for c in held if c not in OWNED] if self.narrow else held
             self.add_columns("rank/pid", "owned", *({"ipc_mapped": "ipc"}.get(c, c) for c in cats_shown))
             for pid, label, cats, owned in st.by_process:
                 lab = label if label == str(pid) else f"{label} {pid}"
@@ -285,11 +300,13 @@ class EventsTable(DataTable):
         self.seqs: list[int] = []
 
     def on_mount(self) -> None:
-        # Size before rank: at 80 columns a long rank label (a process title) must not push the
-        # size's unit out of view ("80.0" for 80.00 GiB).
-        self.add_columns("time", "kind", "size", "rank", "result", "phase", "address")
+        # Size and result before rank: at 80 columns a long rank label (a process title) must not
+        # push the size's unit ("80.0" for 80.00 GiB) or the result out of view.
+        self.add_columns("time", "kind", "size", "result", "rank", "phase", "address")
 
-    def show(self, ev: EventRows | None, origin: int, label, flt_text: str = "") -> None:
+    def show(self, ev: EventRows | None, origin: int, label, flt_text: str = "", resolution: int = 10_000_000) -> None:
+        """The events around the cursor; times with the decimals one column of the chart
+        (``resolution`` ns) needs."""
         self.clear()
         # The frame is the events pane's, around the filter box and this table (tui/app.tcss).
         frame = self.parent if isinstance(self.parent, Widget) else self
@@ -307,11 +324,11 @@ class EventsTable(DataTable):
             res_text = Text("ok" if res == 0 else cu_result_name(res).replace("CUDA_ERROR_", ""),
                             style="" if res == 0 else f"bold {FAIL_COLOUR}")
             self.add_row(
-                fmt_dur(int(r["ts"]) - origin),
+                fmt_at(int(r["ts"]) - origin, resolution),
                 kind,
                 fmt_bytes(size) if size else "",
-                label(int(r["pid"])),
                 res_text,
+                label(int(r["pid"])),
                 ev.phases[i] or "",
                 f"{int(r['ptr']):#x}" if r["ptr"] else "",
             )
