@@ -12,6 +12,7 @@ load_weights begin · tp0") for the status line.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ import numpy as np
 from memrec.analysis.answer import Answer
 from memrec.analysis.answer import Failure
 from memrec.analysis.answer import Window
+from memrec.analysis.diff import Verdict
 from memrec.engine.phases import NO_PHASE
 from memrec.events import Kind
 from memrec.events import OWNED_CATEGORIES
@@ -50,7 +52,7 @@ class Landing:
     gpu: int | None
     text: str
     failure: bool = False
-    cause: str = ""
+    cause: tuple[str, ...] = ()  # the parts of a Line: the first, then details while they fit
     window: Window | None = None
 
 
@@ -261,7 +263,7 @@ def answer(model: TraceModel) -> Landing | None:
         w = known.window
         f = known.failure
         gpu = w.gpu if f is None or f.gpu is None else f.gpu
-        cause = known.cause.short if known.cause is not None else ""
+        cause = known.cause.parts if known.cause is not None else ()
         return Landing(w.end_ts if f is None else f.ts, gpu, known.headline.short, failure=f is not None,
                        cause=cause, window=w)
     hit = model.landmarks.next_failure(-1, True)
@@ -282,6 +284,24 @@ def answer(model: TraceModel) -> Landing | None:
     if best is None or best[0] <= 0:
         return None
     return Landing(best[2], -best[1], f"peak {fmt_bytes(best[0])} on GPU{-best[1]}")
+
+
+def opening(model: TraceModel, other: TraceModel | None, verdict: Verdict | None, alignment: Alignment) -> Landing | None:
+    """Where the view opens: :func:`answer`; in diff mode, ``memrec diff``'s verdict (its headline,
+    its first line as the cause) at the failing run's answer (the other run's, moved onto this
+    one's clock by the ``alignment``, when only the other run failed)."""
+    where = answer(model)
+    if verdict is None or other is None:
+        return where
+    cause = verdict.lines[:1]
+    theirs = answer(other)
+    if verdict.failing == "b" and theirs is not None and theirs.window is not None:
+        s = alignment.shift
+        w = dataclasses.replace(theirs.window, start_ts=theirs.window.start_ts - s, end_ts=theirs.window.end_ts - s)
+        return dataclasses.replace(theirs, ts=theirs.ts - s, text=verdict.headline, cause=cause, window=w)
+    if where is None:
+        return None
+    return dataclasses.replace(where, text=verdict.headline, cause=cause, failure=verdict.failing is not None)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ for it.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from dataclasses import dataclass
@@ -43,7 +42,7 @@ from memrec.tui.model import TraceModel
 from memrec.tui.navigation import Alignment
 from memrec.tui.navigation import Landing
 from memrec.tui.navigation import align
-from memrec.tui.navigation import answer
+from memrec.tui.navigation import opening
 from memrec.tui.screens.keys import BINDINGS
 from memrec.tui.screens.keys import LIVE_ACTIONS
 from memrec.tui.screens.view_keys import ViewKeys
@@ -435,7 +434,7 @@ class MainScreen(ViewKeys, Screen[None]):
     def _open_at_answer(self) -> None:
         if not self._opening:
             return
-        where = self._answer_landing()
+        where = opening(self.model, self.other_model, self.verdict, self.alignment)
         if where is None:
             self.cursor_ts = self.model.time_range()[1]
             return
@@ -446,24 +445,6 @@ class MainScreen(ViewKeys, Screen[None]):
             self.t0, self.t1 = where.window.padded()
         self.cursor_ts = where.ts
         self.landing = where
-
-    def _answer_landing(self) -> Landing | None:
-        """Where the view opens: the answer's failure and window; in diff mode, ``memrec diff``'s
-        verdict at the failing run's answer (the other run's, moved onto this one's clock by the
-        alignment, when only the other run failed)."""
-        where = answer(self.model)
-        v = self.verdict
-        if v is None or self.other_model is None:
-            return where
-        cause = v.lines[0] if v.lines else ""
-        theirs = answer(self.other_model)
-        if v.failing == "b" and theirs is not None and theirs.window is not None:
-            s = self.alignment.shift
-            w = dataclasses.replace(theirs.window, start_ts=theirs.window.start_ts - s, end_ts=theirs.window.end_ts - s)
-            return dataclasses.replace(theirs, ts=theirs.ts - s, text=v.headline, cause=cause, window=w)
-        if where is None:
-            return None
-        return dataclasses.replace(where, text=v.headline, cause=cause, failure=v.failing is not None)
 
     def source_failed(self, error: str) -> None:
         self.progress = f"[b red]{error}[/]"

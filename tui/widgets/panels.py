@@ -158,8 +158,6 @@ def status_parts(f: StatusFacts, narrow: bool, glyphs: Glyphs = UNICODE_GLYPHS) 
     if f.landing is not None and f.landing.window is not None:  # the trace's answer, where it opened
         headline = escape(f.landing.text.replace("CUDA_ERROR_", "") if narrow else f.landing.text)
         parts.append(f"[b red]{glyphs.fail} {headline}[/]" if f.landing.failure else f"[b]{headline}[/]")
-        if f.landing.cause:
-            parts.append(escape(f.landing.cause))
     elif f.failure_here:  # the cursor is on a failure (key o): what failed (a call's CUresult's name), and where
         where = f" {f.landing.text}" if f.landing is not None and f.landing.failure else ""
         what = f.failure_here.replace("CUDA_ERROR_", "") if narrow else f.failure_here
@@ -179,23 +177,39 @@ def status_parts(f: StatusFacts, narrow: bool, glyphs: Glyphs = UNICODE_GLYPHS) 
 def fit_status(prefix: list[str], f: StatusFacts, width: int, glyphs: Glyphs = UNICODE_GLYPHS) -> str:
     """The status line in ``width`` cells: every piece if they fit, else the narrow pieces, else
     without the file name, the event count, the view's span and the warnings' count (`memrec report`
-    lists the warnings), in that order. What the cursor
-    landed on and what failed there are what the line is read for; cut at the edge, it would end
-    mid-phrase (``... in (no``)."""
+    lists the warnings), in that order. What the cursor landed on and what failed there are what
+    the line is read for; cut at the edge, it would end mid-phrase (``... in (no``). Where the view
+    opened on the answer, its cause follows its headline (the first part, then the details that
+    fit), before the pieces that make room for it."""
     sep = " │ "
 
     def fits(parts: list[str]) -> bool:
         return Text.from_markup(sep.join(parts)).cell_len <= width
 
+    cause = f.landing.cause if f.landing is not None and f.landing.window is not None else ()
+
+    def with_cause(parts: list[str]) -> list[str] | None:
+        """``parts`` with the cause after the headline, when its first part fits (else None)."""
+        if not cause:
+            return parts if fits(parts) else None
+        at = next((i + 1 for i, p in enumerate(parts) if escape(f.landing.text[:20]) in p), len(parts))
+        text = cause[0]
+        for part in cause[1:]:
+            if fits(parts[:at] + [escape(text + part)] + parts[at:]):
+                text += part
+        out = parts[:at] + [escape(text)] + parts[at:]
+        return out if fits(out) else None
+
     parts = prefix + status_parts(f, False, glyphs)
-    if fits(parts):
-        return sep.join(parts)
+    done = with_cause(parts)
+    if done is not None:
+        return sep.join(done)
     parts = prefix + status_parts(f, True, glyphs)
     warned = f"[yellow]{f.warnings} warning{'s' if f.warnings > 1 else ''}[/]"
-    cause = escape(f.landing.cause) if f.landing is not None and f.landing.cause else None
-    for piece in (f.title, f"{f.events:,} events", f"view {fmt_dur(f.span)}", warned, cause):
-        if fits(parts):
-            break
+    for piece in (f.title, f"{f.events:,} events", f"view {fmt_dur(f.span)}", warned, None):
+        done = with_cause(parts)
+        if done is not None:
+            return sep.join(done)
         if piece in parts[len(prefix) :]:
             parts.remove(piece)
     return sep.join(parts)
