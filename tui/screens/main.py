@@ -41,10 +41,9 @@ from memrec.tui.filters import parse_filter
 from memrec.tui.model import TraceModel
 from memrec.tui.navigation import Alignment
 from memrec.tui.navigation import Landing
-from memrec.tui.navigation import align
-from memrec.tui.navigation import opening
 from memrec.tui.screens.keys import BINDINGS
 from memrec.tui.screens.keys import LIVE_ACTIONS
+from memrec.tui.screens.source_events import SourceEvents
 from memrec.tui.screens.view_keys import ViewKeys
 from memrec.tui.store import EventRows
 from memrec.tui.views import CursorState
@@ -75,7 +74,7 @@ class Link:
     last_data: float = 0.0
 
 
-class MainScreen(ViewKeys, Screen[None]):
+class MainScreen(ViewKeys, SourceEvents, Screen[None]):
     """The view of one trace (or of two, compared).
 
     Args:
@@ -158,6 +157,7 @@ class MainScreen(ViewKeys, Screen[None]):
 
     def on_mount(self) -> None:
         self.set_class(self.glyphs is CONSOLE_GLYPHS, "console")
+        self.set_class(self.other_model is not None, "diff")
         self.query_one("#filter", Input).display = False
         self.query_one("#timeline", TimelineGraph).set_producer(self._produce_main)
         self.query_one("#timeline").focus()
@@ -389,66 +389,7 @@ class MainScreen(ViewKeys, Screen[None]):
                                                     self._resolution())
         self._update_header()
 
-    # ------------------------------------------------------------------ what the source says (routed by the app)
-
-    def source_progress(self, message: messages.LoadProgress) -> None:
-        if message.phase == "scan":
-            self.progress = f"reading… {message.done:,} records"
-        else:
-            self.progress = f"replaying {100 * message.done / max(message.total, 1):.0f}%"
-        if message.phase == "index":
-            self._dirty = True
-        else:
-            self._update_status()
-
-    def source_loaded(self) -> None:
-        """The file is read: show all of it, at the answer (the first failed call, else the peak
-        of what the keyframes and the replay so far know)."""
-        self.loaded = True
-        self.t0, self.t1 = self.model.time_range()
-        self.t1 += max((self.t1 - self.t0) // 100, 1)
-        if self.other_model is not None:
-            self.alignment = align(self.model, self.other_model, self.model.time_range()[0], self.other_model.time_range()[0])
-        self.cursor_ts = self.t1 - 1
-        self._open_at_answer()
-        self.refresh_all()
-
-    def source_indexed(self) -> None:
-        """The replay is done: the series (and so the peak) are exact."""
-        self.indexed = True
-        self.progress = ""
-        self._state_key = None
-        self._open_at_answer()
-        self.refresh_all()
-
-    def source_answered(self, message: messages.Answered) -> None:
-        """The trace's answer (after the replay): from now on the failures are its, and the view
-        (unless the user has moved it) opens on its window."""
-        self.model.landmarks.set_answer(message.answer)
-        if message.other is not None and self.other_model is not None:
-            self.other_model.landmarks.set_answer(message.other)
-        self.verdict = message.verdict
-        self._open_at_answer()
-        self.refresh_all()
-
-    def _open_at_answer(self) -> None:
-        if not self._opening:
-            return
-        where = opening(self.model, self.other_model, self.verdict, self.alignment)
-        if where is None:
-            self.cursor_ts = self.model.time_range()[1]
-            return
-        if where.gpu is not None and where.gpu in self.model.gpu_ids():
-            self.gpu = where.gpu  # the next redraw selects its tab (there may be no tabs yet)
-            self._gpu_chosen = True
-        if where.window is not None:
-            self.t0, self.t1 = where.window.padded()
-        self.cursor_ts = where.ts
-        self.landing = where
-
-    def source_failed(self, error: str) -> None:
-        self.progress = f"[b red]{error}[/]"
-        self._update_status()
+    # ------------------------------------------------------------------ what the source says: SourceEvents
 
     def data_changed(self) -> None:
         """New records (live), or a connection change: redraw on the next tick."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rich.cells import cell_len
 from rich.markup import escape
 from rich.text import Text
 from textual.widget import Widget
@@ -174,6 +175,10 @@ def status_parts(f: StatusFacts, narrow: bool, glyphs: Glyphs = UNICODE_GLYPHS) 
     return parts
 
 
+#: Below this many columns the status line takes its narrow form when the wide one does not fit.
+NARROW_STATUS = 100
+
+
 def fit_status(prefix: list[str], f: StatusFacts, width: int, glyphs: Glyphs = UNICODE_GLYPHS) -> str:
     """The status line in ``width`` cells: every piece if they fit, else the narrow pieces, else
     without the file name, the event count, the view's span and the warnings' count (`memrec report`
@@ -204,7 +209,7 @@ def fit_status(prefix: list[str], f: StatusFacts, width: int, glyphs: Glyphs = U
     done = with_cause(parts)
     if done is not None:
         return sep.join(done)
-    parts = prefix + status_parts(f, True, glyphs)
+    parts = prefix + status_parts(f, width < NARROW_STATUS, glyphs)
     warned = f"[yellow]{f.warnings} warning{'s' if f.warnings > 1 else ''}[/]"
     for piece in (f.title, f"{f.events:,} events", f"view {fmt_dur(f.span)}", warned, None):
         done = with_cause(parts)
@@ -213,6 +218,16 @@ def fit_status(prefix: list[str], f: StatusFacts, width: int, glyphs: Glyphs = U
         if piece in parts[len(prefix) :]:
             parts.remove(piece)
     return sep.join(parts)
+
+
+def settle_widths(table: DataTable) -> None:
+    """Fix each column's width to its widest cell now. Textual measures auto-width columns only
+    when idle, and a frame drawn before that caches the cells at the header's width: at 120x36
+    the times read ``7.72`` and the phases ``custo`` until the next update."""
+    for i, col in enumerate(table.ordered_columns):
+        widest = max((cell_len(str(row[i])) for row in (table.get_row_at(r) for r in range(table.row_count))), default=0)
+        col.width = max(col.label.cell_len, widest)
+        col.auto_width = False
 
 
 class GpuHeader(Static):
@@ -229,11 +244,16 @@ class HoldersTable(DataTable):
     def __init__(self, **kwargs) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
         self.view_name = HOLDER_VIEWS[0]
-        #: Under 100 columns (34 for this table): by process shows owned and ipc (driver and vmm
+        #: Under 100 columns (32 for this table): by process shows owned and ipc (driver and vmm
         #: are the "by category" view), the largest show size, phase and rank.
         self.narrow = False
 
     def show(self, st: CursorState | None, other: CursorState | None = None) -> None:
+        """The holders at the cursor (``other``: diff mode, the other run's beside them)."""
+        self._show(st, other)
+        settle_widths(self)
+
+    def _show(self, st: CursorState | None, other: CursorState | None = None) -> None:
         self.clear(columns=True)
         self.border_title = f"at cursor: by {self.view_name} [dim](h)[/]"
         if st is None:
@@ -251,9 +271,10 @@ class HoldersTable(DataTable):
             if len([c for c in held if c in OWNED]) < 2:
                 held = [c for c in held if c not in OWNED]
             cats_shown = [c for c in held if c not in OWNED] if self.narrow else held
-            self.add_columns("rank/pid", "owned", *({"ipc_mapped": "ipc"}.get(c, c) for c in cats_shown))
+            self.add_columns("rank" if self.narrow else "rank/pid", "owned", *({"ipc_mapped": "ipc"}.get(c, c) for c in cats_shown))
             for pid, label, cats, owned in st.by_process:
-                lab = label if label == str(pid) else f"{label} {pid}"
+                # narrow: the rank alone (TP0), so that its bytes fit in 32 columns
+                lab = label if label == str(pid) or self.narrow else f"{label} {pid}"
                 self.add_row(lab, fmt_bytes(owned), *(fmt_bytes(cats.get(c, 0)) for c in cats_shown))
         elif v == "phase":
             self.add_columns("phase", "bytes", "allocs")
@@ -346,5 +367,6 @@ class EventsTable(DataTable):
                 ev.phases[i] or "",
                 f"{int(r['ptr']):#x}" if r["ptr"] else "",
             )
+        settle_widths(self)
         if ev.center >= 0 and self.row_count:
             self.move_cursor(row=min(ev.center, self.row_count - 1), animate=False)
