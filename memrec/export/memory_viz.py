@@ -12,7 +12,13 @@ exactly the allocator's segment level, so each process gets one snapshot:
   ``segment_unmap``, with ``alloc`` / ``free_completed`` likewise;
 - a failed allocation with ``CUDA_ERROR_OUT_OF_MEMORY`` is an ``oom`` action (``device_free`` from
   the last NVML sample of that GPU before it, 0 when there is none);
-- ``segments`` are the pieces still held at the end of the trace (one active block each).
+- ``segments`` are the pieces held at the snapshot's moment (``--at``: the answer's failure, its
+  peak, the end, or a time), one active block each, with one frame naming the call, the phase
+  it was allocated in and the process: driver allocations, VMM mappings (``is_expandable``) and
+  peers' memory mapped by IPC (``ipc_mapped from pid N`` in the frame: not this process's own,
+  but in its address space, as ``nvidia-smi`` counts it); and the device traces stop there.
+
+The default moment is the answer's (:mod:`memrec.analysis.answer`): its failure, else its peak.
 
 The device index is the physical GPU (NVML index); ``time_us`` is the trace's clock in µs. The
 one frame of each action names the driver call, the phase and the process (memrec has no Python
@@ -28,7 +34,10 @@ from pathlib import Path
 
 import numpy as np
 
+from memrec.analysis.answer import Answer
 from memrec.api import Recording
+from memrec.engine.replay import state_at
+from memrec.engine.replay import trace_bounds
 from memrec.analysis.names import api_name
 from memrec.events import CUDA_ERROR_OUT_OF_MEMORY
 from memrec.events import DRIVER
@@ -46,14 +55,54 @@ _SEGMENT = {
 }
 
 
-def snapshots(rec: Recording, max_entries: int = MAX_ENTRIES) -> tuple[dict[int, dict], int]:
+#: ``--at`` words: the answer's failure, the answer's peak (its window's end when nothing failed,
+#: else the highest traced peak), the trace's end.
+MOMENTS = ("failure", "peak", "end")
+
+
+def moment(rec: Recording, at: str | None, answer: Answer) -> int | None:
+    """The trace-clock ns ``--at`` names (None: the end): ``failure``, ``peak``, ``end``, or seconds
+    from the trace's start (``7.74``, ``+7.74s``, as the report writes times); default: the answer's
+    failure, else its peak.
+
+    Raises:
+        ValueError: an unknown word, a time outside the trace, or ``failure`` in a trace without one.
+    """
+    start, end = trace_bounds(rec.trace)
+    if at is None:
+        at = "failure" if answer.failure is not None else "peak"
+    if at == "end":
+        return None
+    if at == "failure":
+        if answer.failure is None:
+            raise ValueError("--at failure: nothing failed in this trace (try --at peak)")
+        return answer.failure.ts
+    if at == "peak":
+        if answer.status == "ok" and answer.window is not None:
+            return answer.window.end_ts  # the report's highest peak
+        peaks = [s.peak() for g, s in sorted(rec.timeline.gpus.items()) if g >= 0 and len(s)]
+        return max(peaks, key=lambda p: p[0])[1] if peaks else None
+    try:
+        secs = float(at.strip().lstrip("+").removesuffix("s"))
+    except ValueError:
+        raise ValueError(f"--at {at}: not failure, peak, end or seconds from the start") from None
+    ts = start + int(round(secs * 1e9))
+    if not start <= ts <= end:
+        raise ValueError(f"--at {at}: the trace runs from 0 to {(end - start) / 1e9:.3f} s")
+    return ts
+
+
+def snapshots(rec: Recording, max_entries: int = MAX_ENTRIES, at: int | None = None) -> tuple[dict[int, dict], int]:
     """One PyTorch memory snapshot per process that touched GPU memory: pid -> snapshot dict.
 
-    Each device trace keeps its last ``max_entries`` actions (PyTorch's own history is a ring
-    buffer too; memory_viz draws every entry, and a browser stalls on millions). Returns the
-    snapshots and how many actions were left out.
+    ``at``: the moment (trace-clock ns; None the end): the segments are what was held then and
+    the device traces stop there. Each device trace keeps its last ``max_entries`` actions
+    (PyTorch's own history is a ring buffer too; memory_viz draws every entry, and a browser
+    stalls on millions). Returns the snapshots and how many actions were left out.
     """
     ev = rec.timeline.events  # GPUs filled in by the replay (a free gets its allocation's GPU)
+    upto = len(ev) if at is None else int(np.searchsorted(ev["ts"], np.uint64(at), side="right"))
+    ev = ev[:upto]
     nv = rec.trace.nvml
     nv = nv[np.argsort(nv["ts"], kind="stable")] if len(nv) else nv
     kinds = ev["kind"]
@@ -103,22 +152,47 @@ def snapshots(rec: Recording, max_entries: int = MAX_ENTRIES) -> tuple[dict[int,
             snap["device_traces"].append([])
         snap["device_traces"][gpu] = list(actions)
         kept += len(actions)
-    state = rec.timeline.state
-    live = [(h.pid, h.address, h.size, h.gpu, False) for h in state.holdings() if h.category == "driver"]
-    live += [(p, va, size, g, True) for p, va, size, g in state.mappings()]
-    for pid, addr, size, gpu, vmm in live:
-        if pid not in snaps or gpu < 0:
+    state = rec.timeline.state if upto == len(rec.timeline.events) else \
+        state_at(rec.timeline.events, upto, rec.trace.keyframes)
+    for h in state.holdings():
+        if h.gpu < 0 or h.category not in SEGMENT_CATEGORIES:
             continue
-        snaps[pid]["segments"].append(
-            {
-                "device": gpu, "address": addr, "total_size": size, "allocated_size": size,
-                "active_size": size, "requested_size": size, "stream": 0, "segment_type": "large",
-                "segment_pool_id": (0, 0), "is_expandable": vmm, "frames": [],
-                "blocks": [{"address": addr, "size": size, "requested_size": size,
-                            "state": "active_allocated", "frames": []}],
-            }
-        )
+        snap = snaps.setdefault(h.pid, {"segments": [], "device_traces": [], "allocator_settings": {}})
+        while len(snap["device_traces"]) <= h.gpu:
+            snap["device_traces"].append([])
+        snap["segments"].append(_segment(rec, h.pid, h.gpu, h.address, h.size, h.api, h.ts, h.category, h.peer))
+    for pid, va, size, gpu in state.mappings():
+        if gpu < 0:
+            continue
+        snap = snaps.setdefault(pid, {"segments": [], "device_traces": [], "allocator_settings": {}})
+        while len(snap["device_traces"]) <= gpu:
+            snap["device_traces"].append([])
+        snap["segments"].append(_segment(rec, pid, gpu, va, size, None, None, "vmm", 0))
+    for snap in snaps.values():
+        snap["segments"].sort(key=lambda x: (x["device"], x["address"]))
     return snaps, made - kept
+
+
+#: The holdings that are segments: driver allocations and peers' memory mapped by IPC (VMM memory
+#: is a segment where it is mapped: :meth:`memrec.state.LiveState.mappings`).
+SEGMENT_CATEGORIES = ("driver", "ipc_mapped")
+
+
+def _segment(rec: Recording, pid: int, gpu: int, addr: int, size: int, api: int | None, ts: int | None,
+             category: str, peer: int) -> dict:
+    """One segment with its one active block, as PyTorch's snapshot has them; the frame names the
+    call, the phase it was made in and the process (for IPC, the peer it came from)."""
+    call = api_name(api) if api is not None else "cuMemMap"
+    phase = rec.phases.label_at(pid, ts) if ts is not None else "(mapped)"
+    who = f"ipc_mapped from pid {peer}" if category == "ipc_mapped" else rec.name_of(pid)
+    frames = [{"filename": f"memrec:{phase}", "line": 0, "name": f"{call} ({who})"}]
+    return {
+        "device": gpu, "address": addr, "total_size": size, "allocated_size": size,
+        "active_size": size, "requested_size": size, "stream": 0, "segment_type": "large",
+        "segment_pool_id": (0, 0), "is_expandable": category == "vmm", "frames": frames,
+        "blocks": [{"address": addr, "size": size, "requested_size": size,
+                    "state": "active_allocated", "frames": frames}],
+    }
 
 
 def _freed_bytes(rec: Recording) -> dict[int, int]:
@@ -134,12 +208,12 @@ def _nvml_free_before(nv: np.ndarray, gpu: int, ts: int) -> int:
 
 
 def write_memory_viz(rec: Recording, path: Path, pid: int | None = None, max_entries: int = MAX_ENTRIES,
-                     check: Callable[[Path], None] | None = None) -> tuple[list[Path], int]:
+                     check: Callable[[Path], None] | None = None, at: int | None = None) -> tuple[list[Path], int]:
     """Write the snapshots: ``path`` itself for one process (or ``pid``), else ``<stem>.<pid><suffix>``
     beside it for each process. Returns the paths written (empty when no process used GPU memory)
     and how many early actions were left out (see :func:`snapshots`). ``check`` sees every path
     before the first is written (it raises to refuse one: the names depend on the trace's processes)."""
-    snaps, dropped = snapshots(rec, max_entries)
+    snaps, dropped = snapshots(rec, max_entries, at)
     if pid is not None:
         snaps = {p: s for p, s in snaps.items() if p == pid}
     targets = {path if len(snaps) == 1 else path.with_name(f"{path.stem}.{p}{path.suffix or '.pickle'}"): snap
