@@ -23,8 +23,9 @@ class ExportCommand:
     --to memory-viz   PyTorch's snapshot pickle, one per process (FILE, or FILE.<pid>.pickle
                       beside it when several processes used GPU memory; -p picks one) for
                       `python -m torch.cuda._memory_viz stats|segment_plot|trace_plot` and
-                      pytorch.org/memory_viz: the segments held --at the failure (default; else
-                      the peak), the peak, the end or a time, IPC-mapped memory included
+                      pytorch.org/memory_viz: the segments held --at the failure (the default
+                      when it is a lack of memory; else the peak), the peak, the end or a time
+                      (seconds from the start), IPC-mapped memory included
     --to parquet|csv  a folder with one file per table: events, samples, process_samples,
                       markers, processes, by_phase (the tables of memrec.load)
 
@@ -48,8 +49,8 @@ class ExportCommand:
                             help="replace the output if it exists (never the trace being exported)")
         parser.add_argument("-p", "--pid", type=int, metavar="PID", help="memory-viz: only process PID")
         parser.add_argument("--at", metavar="WHEN",
-                            help="memory-viz: the snapshot's moment: failure (the report's, the default), peak, end, "
-                            "or seconds from the trace's start (default: failure, else peak)")
+                            help="memory-viz: the snapshot's moment: failure (the report's), peak, end, or seconds "
+                            "from the trace's start (default: the failure when it is a lack of memory, else the peak)")
         parser.add_argument("--max-entries", type=int, default=None, metavar="N",
                             help="memory-viz: keep the last N actions per process and GPU (default 100000; "
                             "memory_viz draws every one)")

@@ -18,7 +18,8 @@ exactly the allocator's segment level, so each process gets one snapshot:
   peers' memory mapped by IPC (``ipc_mapped from pid N`` in the frame: not this process's own,
   but in its address space, as ``nvidia-smi`` counts it); and the device traces stop there.
 
-The default moment is the answer's (:mod:`memrec.analysis.answer`): its failure, else its peak.
+The default moment is the answer's (:mod:`memrec.analysis.answer`): its failure when it is a lack
+of memory, else the peak.
 
 The device index is the physical GPU (NVML index); ``time_us`` is the trace's clock in µs. The
 one frame of each action names the driver call, the phase and the process (memrec has no Python
@@ -34,6 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
+from memrec.analysis.answer import DRIVER_OOM
+from memrec.analysis.answer import KV_SIZING
 from memrec.analysis.answer import Answer
 from memrec.api import Recording
 from memrec.engine.replay import state_at
@@ -63,14 +66,15 @@ MOMENTS = ("failure", "peak", "end")
 def moment(rec: Recording, at: str | None, answer: Answer) -> int | None:
     """The trace-clock ns ``--at`` names (None: the end): ``failure``, ``peak``, ``end``, or seconds
     from the trace's start (``7.74``, ``+7.74s``, as the report writes times); default: the answer's
-    failure, else its peak.
+    failure when it is a lack of memory (out of memory, SGLang's KV sizing), else the peak.
 
     Raises:
         ValueError: an unknown word, a time outside the trace, or ``failure`` in a trace without one.
     """
     start, end = trace_bounds(rec.trace)
-    if at is None:
-        at = "failure" if answer.failure is not None else "peak"
+    if at is None:  # a failure that is no lack of memory (a refused call) may come before anything is held
+        short = answer.failure is not None and answer.failure.kind in (KV_SIZING, DRIVER_OOM)
+        at = "failure" if short else "peak"
     if at == "end":
         return None
     if at == "failure":
@@ -80,7 +84,7 @@ def moment(rec: Recording, at: str | None, answer: Answer) -> int | None:
     if at == "peak":
         if answer.status == "ok" and answer.window is not None:
             return answer.window.end_ts  # the report's highest peak
-        peaks = [s.peak() for g, s in sorted(rec.timeline.gpus.items()) if g >= 0 and len(s)]
+        peaks = [s.peak() for g, s in sorted(rec.timeline.gpus.items()) if g >= 0 and len(s.ts)]
         return max(peaks, key=lambda p: p[0])[1] if peaks else None
     try:
         secs = float(at.strip().lstrip("+").removesuffix("s"))

@@ -208,7 +208,7 @@ def test_memory_viz_one_snapshot_per_process_read_by_pytorch(tmp_path, capsys):
 def test_memory_viz_maps_and_oom(tmp_path):
     # GIVEN expandable segments (cuMemMap granules) and a trace with an out-of-memory
     out = tmp_path / "exp.pickle"
-    assert export(EXPANDABLE, "memory-viz", out) == 0
+    assert export(EXPANDABLE, "memory-viz", out, "--at", "end") == 0  # the whole history
     snap = pickle.loads(out.read_bytes())
     ev = load_trace(EXPANDABLE).events
     actions = [a["action"] for trace in snap["device_traces"] for a in trace]
