@@ -25,6 +25,7 @@ from memrec.analysis.answer import Answer
 from memrec.analysis.answer import Failure
 from memrec.analysis.answer import Window
 from memrec.analysis.diff import Verdict
+from memrec.analysis.diff import align_markers
 from memrec.engine.phases import NO_PHASE
 from memrec.events import Kind
 from memrec.events import OWNED_CATEGORIES
@@ -312,27 +313,14 @@ class Alignment:
     text: str  # what both runs were aligned on, for the header
 
 
-#: Markers ``tui --diff`` lines two runs up on first, in this order: SGLang's KV sizing (where
-#: ``memrec diff``'s window "between the memory baseline and the KV sizing" ends, so that the runs
-#: are compared at the moment one of them failed) and its memory baseline.
-ALIGN_FIRST = (("kv_budget", "begin"), ("memory_baseline", "instant"))
-
-
 def align(base: TraceModel, other: TraceModel, base_start: int, other_start: int) -> Alignment:
-    """Align two traces on SGLang's KV sizing (:data:`ALIGN_FIRST`), else on their first common
-    marker (the first of ``base``'s markers, in time, whose name and phase ``other`` also has,
-    matched to the first such marker there): two runs of one server start their phases at
-    different offsets from the first event, so aligning on the start would compare different
-    moments. Without a common marker: on the starts."""
-    seen: dict[tuple[str, str], int] = {}
-    for m in other.markers:
-        seen.setdefault((m.name, m.phase), m.ts)
-    mine: dict[tuple[str, str], int] = {}
-    for m in base.markers:
-        mine.setdefault((m.name, m.phase), m.ts)
-    keys = [k for k in ALIGN_FIRST if k in seen and k in mine] + [k for k in mine if k in seen]
-    if keys:
-        name, phase = keys[0]
-        label = "" if phase == "instant" else f" {phase}"
-        return Alignment(seen[keys[0]] - mine[keys[0]], f"aligned on {name}{label}")
-    return Alignment(other_start - base_start, "aligned on the start (no common marker)")
+    """Align two traces as ``plot --diff`` does (:func:`memrec.analysis.diff.align_markers`: on
+    SGLang's KV sizing, else on their first common marker): two runs of one server start their
+    phases at different offsets from the first event, so aligning on the start would compare
+    different moments. Without a common marker: on the starts."""
+    common = align_markers(base.markers, other.markers)
+    if common is None:
+        return Alignment(other_start - base_start, "aligned on the start (no common marker)")
+    name, phase, ts_a, ts_b = common
+    label = "" if phase == "instant" else f" {phase}"
+    return Alignment(ts_b - ts_a, f"aligned on {name}{label}")

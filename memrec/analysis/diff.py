@@ -506,6 +506,30 @@ class Verdict:
     b_name: str
 
 
+#: Markers two runs are lined up on first, in this order, by the views that draw them side by side
+#: (``tui --diff``, ``plot --diff``): SGLang's KV sizing (where the window "between the memory
+#: baseline and the KV sizing" this diff compares ends: the runs are compared at the moment one of
+#: them failed) and its memory baseline; else the first marker they share.
+ALIGN_FIRST = (("kv_budget", "begin"), ("memory_baseline", "instant"))
+
+
+def align_markers(a: Iterable, b: Iterable) -> tuple[str, str, int, int] | None:
+    """The marker two runs are lined up on (:data:`ALIGN_FIRST`, else the first of ``a``'s markers
+    in time whose name and phase ``b`` also has): ``(name, phase, ts in a, ts in b)``, each the
+    first such marker of its run; None without a common marker."""
+    first_a: dict[tuple[str, str], int] = {}
+    for m in sorted(a, key=lambda m: m.ts):
+        first_a.setdefault((m.name, m.phase), m.ts)
+    first_b: dict[tuple[str, str], int] = {}
+    for m in sorted(b, key=lambda m: m.ts):
+        first_b.setdefault((m.name, m.phase), m.ts)
+    keys = [k for k in ALIGN_FIRST if k in first_a and k in first_b] + [k for k in first_a if k in first_b]
+    if not keys:
+        return None
+    name, phase = keys[0]
+    return name, phase, first_a[keys[0]], first_b[keys[0]]
+
+
 def verdict_of(d: dict) -> Verdict:
     """The verdict of :func:`diff_traces`'s dict."""
     fa, fb = d["a"]["failed"], d["b"]["failed"]
