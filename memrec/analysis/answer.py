@@ -170,7 +170,19 @@ class Answer:
 
 
 def build_answer(report: dict) -> Answer:
-    """The answer of ``report`` (:func:`memrec.analysis.report.build_report`'s dict)."""
+    """The answer of ``report`` (:func:`memrec.analysis.report.build_report`'s dict); its second
+    line ends with the window (``, window +7.738s to +7.745s``) where it fits."""
+    answer = _build(report)
+    if answer.window is None or len(answer.lines) < 2:
+        return answer
+    w = answer.window
+    when = f"+{w.start_s:.3f}s to +{w.end_s:.3f}s" if w.end_ts > w.start_ts else f"at +{w.end_s:.3f}s"
+    cause = answer.lines[1]
+    lines = (answer.lines[0], Line(cause.label, cause.parts + (f"; window {when}",)), *answer.lines[2:])
+    return Answer(answer.status, lines, answer.failures, answer.failure, w)
+
+
+def _build(report: dict) -> Answer:
     failures = _all_failures(report)
     sg = report.get("sglang") or {}
     summary = sg.get("summary") or {}

@@ -183,6 +183,8 @@ def _draw(panels: list[Panel], out: Path, xlabel: str, same_scale: bool = False,
     _private_config_dir_if_needed()
     matplotlib = require("matplotlib", "plot", "memrec plot")
     matplotlib.use("Agg")
+    # An SVG keeps its words as text (searchable, and read back by tests), not as glyph outlines.
+    matplotlib.rcParams["svg.fonttype"] = "none"
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
     from matplotlib.ticker import MaxNLocator
