@@ -171,14 +171,14 @@ class Answer:
 
 def build_answer(report: dict) -> Answer:
     """The answer of ``report`` (:func:`memrec.analysis.report.build_report`'s dict); its second
-    line ends with the window (``, window +7.738s to +7.745s``) where it fits."""
+    line ends with the window (``; window +7.738–7.745s``) where it fits."""
     answer = _build(report)
     if answer.window is None or len(answer.lines) < 2:
         return answer
     w = answer.window
-    when = f"+{w.start_s:.3f}s to +{w.end_s:.3f}s" if w.end_ts > w.start_ts else f"at +{w.end_s:.3f}s"
+    when = f"window +{w.start_s:.3f}–{w.end_s:.3f}s" if w.end_ts > w.start_ts else f"at +{w.end_s:.3f}s"
     cause = answer.lines[1]
-    lines = (answer.lines[0], Line(cause.label, cause.parts + (f"; window {when}",)), *answer.lines[2:])
+    lines = (answer.lines[0], Line(cause.label, cause.parts + (f"; {when}",)), *answer.lines[2:])
     return Answer(answer.status, lines, answer.failures, answer.failure, w)
 
 

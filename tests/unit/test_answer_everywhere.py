@@ -43,7 +43,7 @@ def test_report_names_the_failure_its_cause_the_fix_and_the_window(path, capsys,
     assert lines == answer.text(200)
     assert lines[0].startswith("FAILED  SGLang's KV cache sizing") and lines[1].startswith("CAUSE   GPU 0: custom_ar_init")
     w = answer.window
-    assert lines[1].endswith(f"; window +{w.start_s:.3f}s to +{w.end_s:.3f}s")
+    assert lines[1].endswith(f"; window +{w.start_s:.3f}–{w.end_s:.3f}s")
     # AND the failure is a rank's KV sizing inside that window, and every rank's is counted
     assert answer.failure.kind == "kv_sizing" and w.start_ts < answer.failure.ts <= w.end_ts
     assert sorted(f.who for f in answer.failures) == ["TP0", "TP1"]
