@@ -270,7 +270,7 @@ class HoldersTable(DataTable):
             held = [c for c in CATEGORIES if any(cats.get(c, 0) for _, _, cats, _ in st.by_process)]
             if len([c for c in held if c in OWNED]) < 2:
                 held = [c for c in held if c not in OWNED]
-            cats_shown = [c for c in held if c not in OWNED] if self.narrow else held
+            cats_shown = ["ipc_mapped"] if self.narrow else held  # narrow: owned and ipc, always
             self.add_columns("rank" if self.narrow else "rank/pid", "owned", *({"ipc_mapped": "ipc"}.get(c, c) for c in cats_shown))
             for pid, label, cats, owned in st.by_process:
                 # narrow: the rank alone (TP0), so that its bytes fit in 32 columns
