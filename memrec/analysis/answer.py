@@ -27,6 +27,10 @@ in half. The cases, in order:
 
 :attr:`Answer.failures` lists every failure the answer counts, in time order: each failed driver
 call, each rank's failed KV sizing, and each other marker with an ``error``.
+
+A trace without a trailer (the recorder crashed or was killed, a file still being written, a
+partial copy) says so in the first line: ``PARTIAL cut short (no trailer): ...`` instead of
+``OK``, and "(trace cut short)" after a failure, since what was not read may hold the failure or the peak.
 """
 
 from __future__ import annotations
@@ -172,7 +176,7 @@ class Answer:
 def build_answer(report: dict) -> Answer:
     """The answer of ``report`` (:func:`memrec.analysis.report.build_report`'s dict); its second
     line ends with the window (``; window +7.738–7.745s``) where it fits."""
-    answer = _build(report)
+    answer = _cut_short(report, _build(report))
     if answer.window is None or len(answer.lines) < 2:
         return answer
     w = answer.window
@@ -180,6 +184,20 @@ def build_answer(report: dict) -> Answer:
     cause = answer.lines[1]
     lines = (answer.lines[0], Line(cause.label, cause.parts + (f"; {when}",)), *answer.lines[2:])
     return Answer(answer.status, lines, answer.failures, answer.failure, w)
+
+
+def _cut_short(report: dict, answer: Answer) -> Answer:
+    """The answer of a trace without a trailer says so first: what was not read may hold the
+    failure or the peak, so neither "OK" nor a lone failure is the whole answer."""
+    if report["trace"].get("complete", True):
+        return answer
+    first = answer.lines[0]
+    if first.label == "OK":
+        text = first.parts[0].replace(" in this trace", "")
+        first = Line("PARTIAL", (f"cut short (no trailer): {text}", " in what was read", *first.parts[1:]))
+    else:
+        first = Line(first.label, (f"{first.parts[0]} (trace cut short)", *first.parts[1:]))
+    return Answer(answer.status, (first, *answer.lines[1:]), answer.failures, answer.failure, answer.window)
 
 
 def _build(report: dict) -> Answer:

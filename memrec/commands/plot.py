@@ -22,7 +22,8 @@ class PlotCommand:
     the two aligned on SGLang's KV sizing (else the first marker they share), as `tui --diff`
     aligns them, so where they part is where they differ.
     The format follows the output's suffix (.png, .svg, .pdf); an existing picture is kept unless
-    -f/--force, and a trace it reads is never replaced. Needs `pip install 'memrec[plot]'`.
+    -f/--force, and a trace it reads is never replaced. Needs matplotlib
+    (the plot extra, which scripts/setup installs; without it the error names the pip command).
 
     examples:
       memrec plot run.mrec -o timeline.png
