@@ -551,6 +551,50 @@ def _verdict(d: dict, a: Run, b: Run, relation: Relation) -> dict:
 # ------------------------------------------------------------------------------------------- public
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """What ``memrec diff`` says first, for the views that show it too (``tui --diff``, ``plot
+    --diff``): the headline, the lines under it, and which run failed (``"a"``, ``"b"``, ``"both"``
+    or None). Deltas are always B − A."""
+
+    headline: str
+    lines: tuple[str, ...]
+    failing: str | None
+    a_name: str
+    b_name: str
+
+
+#: Markers two runs are lined up on first, in this order, by the views that draw them side by side
+#: (``tui --diff``, ``plot --diff``): SGLang's KV sizing (where the window "between the memory
+#: baseline and the KV sizing" this diff compares ends: the runs are compared at the moment one of
+#: them failed) and its memory baseline; else the first marker they share.
+ALIGN_FIRST = (("kv_budget", "begin"), ("memory_baseline", "instant"))
+
+
+def align_markers(a: Iterable, b: Iterable) -> tuple[str, str, int, int] | None:
+    """The marker two runs are lined up on (:data:`ALIGN_FIRST`, else the first of ``a``'s markers
+    in time whose name and phase ``b`` also has): ``(name, phase, ts in a, ts in b)``, each the
+    first such marker of its run; None without a common marker."""
+    first_a: dict[tuple[str, str], int] = {}
+    for m in sorted(a, key=lambda m: m.ts):
+        first_a.setdefault((m.name, m.phase), m.ts)
+    first_b: dict[tuple[str, str], int] = {}
+    for m in sorted(b, key=lambda m: m.ts):
+        first_b.setdefault((m.name, m.phase), m.ts)
+    keys = [k for k in ALIGN_FIRST if k in first_a and k in first_b] + [k for k in first_a if k in first_b]
+    if not keys:
+        return None
+    name, phase = keys[0]
+    return name, phase, first_a[keys[0]], first_b[keys[0]]
+
+
+def verdict_of(d: dict) -> Verdict:
+    """The verdict of :func:`diff_traces`'s dict."""
+    fa, fb = d["a"]["failed"], d["b"]["failed"]
+    failing = "both" if fa and fb else "a" if fa else "b" if fb else None
+    return Verdict(d["verdict"]["headline"], tuple(d["verdict"]["lines"]), failing, d["a"]["name"], d["b"]["name"])
+
+
 def _side(run: Run, name: str, failures: dict[tuple, dict]) -> dict:
     """One run's line of the diff: whether it failed and how many driver calls ran out of memory."""
     ooms = sum(f["count"] for f in _driver_ooms(failures.values()))

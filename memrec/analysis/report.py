@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from memrec.analysis.answer import Answer
 from memrec.analysis.answer import build_answer
 from memrec.analysis.names import api_name
 from memrec.analysis.names import process_title
@@ -190,8 +191,14 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
     report["sglang"] = sglang
     report["tensors"] = tensor_section(events, phases, start, trace.header, trace.trailer, pid=pid, gpu=gpu)
     _peak_by_phase(report, trace, tl, phases)
-    report["answer"] = build_answer(report)
+    report["answer"] = build_answer(report).to_json()
     return report
+
+
+def trace_answer(trace: Any) -> Answer:
+    """The answer ``memrec report`` prints first (:mod:`memrec.analysis.answer`), for the views
+    that lead with it (TUI, plot, exports): built from the same report, so that they agree."""
+    return Answer.from_json(build_report(trace)["answer"])
 
 
 def _peak_by_phase(report: dict, trace: Any, tl: Timeline, phases: Phases) -> None:

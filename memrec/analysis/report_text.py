@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from memrec.analysis.answer import fit
+from memrec.analysis.answer import Answer
 from memrec.engine.phases import NO_PHASE
 from memrec.analysis.sglang_report import render_sglang
 from memrec.analysis.tensors_text import render_tensors
@@ -76,7 +76,7 @@ def render_text(report: dict, width: int = 80, show_all: bool = False) -> str:
     ``show_all`` keeps what the default view leaves out (see the module docstring). The same
     report and width always give the same text.
     """
-    out: list[str] = [fit(line, width) for line in report["answer"]["lines"]]
+    out: list[str] = Answer.from_json(report["answer"]).text(width)
     tr = report["trace"]
     procs = {p["pid"]: p for p in report["processes"]}
     out.append("")

@@ -22,7 +22,10 @@ class ExportCommand:
                       failed calls as instants, IPC opens as flows from the exporter
     --to memory-viz   PyTorch's snapshot pickle, one per process (FILE, or FILE.<pid>.pickle
                       beside it when several processes used GPU memory; -p picks one) for
-                      `python -m torch.cuda._memory_viz trace_plot` and pytorch.org/memory_viz
+                      `python -m torch.cuda._memory_viz stats|segment_plot|trace_plot` and
+                      pytorch.org/memory_viz: the segments held --at the failure (the default
+                      when it is a lack of memory; else the peak), the peak, the end or a time
+                      (seconds from the start), IPC-mapped memory included
     --to parquet|csv  a folder with one file per table: events, samples, process_samples,
                       markers, processes, by_phase (the tables of memrec.load)
 
@@ -33,6 +36,7 @@ class ExportCommand:
     examples:
       memrec export run.mrec --to perfetto -o run.pftrace
       memrec export run.mrec --to memory-viz -o snapshot.pickle
+      memrec export run.mrec --to memory-viz --at 7.74 -o snapshot.pickle   # at +7.74 s
       memrec export run.mrec --to parquet -o run-tables/
       memrec export -f run.mrec --to perfetto -o run.pftrace     # replace run.pftrace
     """
@@ -45,6 +49,9 @@ class ExportCommand:
         parser.add_argument("-f", "--force", action="store_true",
                             help="replace the output if it exists (never the trace being exported)")
         parser.add_argument("-p", "--pid", type=int, metavar="PID", help="memory-viz: only process PID")
+        parser.add_argument("--at", metavar="WHEN",
+                            help="memory-viz: the snapshot's moment: failure (the report's), peak, end, or seconds "
+                            "from the trace's start (default: the failure when it is a lack of memory, else the peak)")
         parser.add_argument("--max-entries", type=int, default=None, metavar="N",
                             help="memory-viz: keep the last N actions per process and GPU (default 100000; "
                             "memory_viz draws every one)")
@@ -53,8 +60,8 @@ class ExportCommand:
         from memrec.api import Recording
         from memrec.commands.common import load_trace_for_command
 
-        if (args.pid is not None or args.max_entries is not None) and args.to != "memory-viz":
-            parser.error("-p/--pid and --max-entries are only for --to memory-viz")
+        if (args.pid is not None or args.max_entries is not None or args.at is not None) and args.to != "memory-viz":
+            parser.error("-p/--pid, --at and --max-entries are only for --to memory-viz")
         if args.max_entries is not None and args.max_entries < 1:
             parser.error("--max-entries must be at least 1")
         rec = Recording(load_trace_for_command(args.trace), pandas=False)
@@ -84,13 +91,18 @@ class ExportCommand:
             write_perfetto(rec, out)
             return [out]
         if to == "memory-viz":
+            from memrec.analysis.report import trace_answer
+            from memrec.export.memory_viz import MAX_ENTRIES
+            from memrec.export.memory_viz import moment
             from memrec.export.memory_viz import write_memory_viz
 
-            from memrec.export.memory_viz import MAX_ENTRIES
-
+            try:
+                at = moment(rec, args.at, trace_answer(rec.trace))
+            except ValueError as error:
+                raise MemrecCommandError(f"{args.trace}: {error}", exit_code=ExitCode.USAGE) from error
             _check_file(out, args)
             written, dropped = write_memory_viz(rec, out, args.pid, args.max_entries or MAX_ENTRIES,
-                                                check=lambda path: _check_file(path, args))
+                                                check=lambda path: _check_file(path, args), at=at)
             if dropped:
                 logging.warning("memory-viz: the first %d actions were left out (--max-entries)", dropped)
             return written

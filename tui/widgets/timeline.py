@@ -39,7 +39,7 @@ from memrec.events import VMM
 from memrec.tui.views import PhaseSpan
 from memrec.tui.views import SeriesView
 from memrec.units import fmt_bytes
-from memrec.units import fmt_dur
+from memrec.units import fmt_at
 
 #: Layers bottom to top: (name, colour (a 256-colour palette entry), no-colour character). In 16
 #: colours: bright blue, bright green, yellow, magenta, bright black, cyan.
@@ -298,11 +298,11 @@ def _axis_row(view: SeriesView, origin: int, cursor_col: int | None) -> Strip:
     w = view.width
     span_ns = view.t1 - view.t0
     cells = [" "] * w
-    step = max(12, 1)
+    step = 12
     k = 0
     while k < w - 4:
         t = view.t0 + span_ns * k / w
-        text = "└" + (fmt_dur(t - origin) if t - origin else "0s")
+        text = "└" + (fmt_at(t - origin, span_ns * step / max(w, 1)) if t - origin else "0s")
         if k + len(text) <= w:
             for i, ch in enumerate(text):
                 cells[k + i] = ch
