@@ -161,23 +161,39 @@ def _process_tracks(w: _Writer, rec: Recording) -> None:
     )
     flows_out, flows_in = _ipc_flows(ev)
     failed = np.nonzero(failed_calls(ev))[0]
+    owned = {g: s.per_pid(OWNED) for g, s in sorted(rec.timeline.gpus.items())}
+    # each process's phases, instants, failed calls and IPC events, grouped once (not searched per process)
+    phases_of: dict[int, list] = {}
+    for ph in phases.phases:
+        phases_of.setdefault(ph.pid, []).append(ph)
+    instants_of: dict[int, list] = {}
+    for i in phases.instants:
+        instants_of.setdefault(i.pid, []).append(i)
+    failed_of: dict[int, list[int]] = {}
+    for i, p in zip(failed.tolist(), ev["pid"][failed].tolist()):
+        failed_of.setdefault(p, []).append(i)
+    ipc_of: dict[int, list[int]] = {}
+    for i in sorted(set(flows_out) | set(flows_in)):
+        ipc_of.setdefault(int(ev["pid"][i]), []).append(i)
     for pid in pids:
         title = process_title(rec.trace.processes.get(pid), rec.ranks.get(pid, "")) or f"pid {pid}"
         proc = w.track(title, pid=pid)
-        for g, series in sorted(rec.timeline.gpus.items()):
-            if pid in series.pids():
+        for g, steps in owned.items():
+            k = steps.index(pid)
+            if k is not None:  # its own change points: the counter leaves repeats out anyway
                 where = f"GPU {g}" if g >= 0 else "host"
-                w.counter(w.track(f"held on {where}", proc, counter=True), series.ts, series.series(pid, OWNED))
-        _phase_slices(w, rec, pid, proc)
-        mine = failed[ev["pid"][failed] == pid]
-        if len(mine):
+                rows, values = steps.steps(k)
+                w.counter(w.track(f"held on {where}", proc, counter=True), rec.timeline.gpus[g].ts[rows], values)
+        _phase_slices(w, pid, proc, phases_of.get(pid, []), instants_of.get(pid, []))
+        mine = failed_of.get(pid, [])
+        if mine:
             track = w.track("failed calls", proc)
-            for i in mine.tolist():
+            for i in mine:
                 e = ev[i]
                 args = {"api": api_name(int(e["api"])), "size": int(e["size"]), "gpu": int(e["gpu"]),
                         "result": int(e["result"])}
                 w.event(track, int(e["ts"]), "TYPE_INSTANT", result_name(int(e["result"])), args)
-        ipc = [i for i in sorted(set(flows_out) | set(flows_in)) if int(ev["pid"][i]) == pid]
+        ipc = ipc_of.get(pid, [])
         if ipc:
             track = w.track("IPC", proc)
             for i in ipc:
@@ -187,9 +203,8 @@ def _process_tracks(w: _Writer, rec: Recording) -> None:
                         flows=flows_out.get(i, []), ends_flows=flows_in.get(i, []))
 
 
-def _phase_slices(w: _Writer, rec: Recording, pid: int, proc: int) -> None:
-    mine = [ph for ph in rec.phases.phases if ph.pid == pid]
-    instants = [i for i in rec.phases.instants if i.pid == pid]
+def _phase_slices(w: _Writer, pid: int, proc: int, mine: list, instants: list) -> None:
+    """Process ``pid``'s phases (``mine``) as nested slices and its instants, on one track."""
     if not mine and not instants:
         return
     track = w.track("phases", proc)

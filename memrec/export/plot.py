@@ -237,7 +237,8 @@ def _owner(p: Panel) -> int | None:
     if s is None or not with_phases:
         return None
     _, _, row = s.peak()
-    held = {pid: int(s.total(pid)[row]) for pid in s.pids() if pid in with_phases}
+    owned = s.per_pid()
+    held = {pid: b for pid, b in zip(owned.pids.tolist(), owned.at_row(row).tolist()) if pid in with_phases}
     if not held:
         return None
     return max(held, key=lambda pid: (held[pid], -pid))
