@@ -139,13 +139,16 @@ def write_trace(path: Path, n: int, processes: int, markers: int, keyframe_every
         nv["total"] = 140 * GiB
         nv["bar1_total"] = 256 * GiB
         w.write_nvml(nv)
-        # begin/end pairs, each a process's phase of 1/50 of the trace, spread over its time
-        for k in range(markers // 2):
-            ts = T0 + duration * k // max(markers // 2, 1)
+        # begin/end pairs spread over the trace, the processes in turn, each process's phases one
+        # after the other (a step loop's), half of the time between two of its own
+        pairs = markers // 2
+        every = duration // max(pairs, 1)
+        for k in range(pairs):
+            ts = T0 + every * k
             pid = PID0 + k % processes
             name = f"step{k % 100}"
             w.write_marker(Marker(ts, pid, 0, pid, name, "begin", k % NGPU))
-            w.write_marker(Marker(min(ts + duration // 50, T0 + duration), pid, 0, pid, name, "end", k % NGPU))
+            w.write_marker(Marker(ts + every * min(processes, pairs) // 2, pid, 0, pid, name, "end", k % NGPU))
 
 
 def run(what: str, path: Path, tmp: Path) -> dict:

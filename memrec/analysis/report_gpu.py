@@ -96,21 +96,22 @@ def gpu_section(
     if pids:
         owned, mapped = series.per_pid(OWNED), series.per_pid(("ipc_mapped",))
         final_by_pid = _final_by_category(series)
-        ts = series.ts
-    for p in pids:
-        i = owned.index(p)  # every listed pid has keys here: per_pid lists every pid of the keys
-        r = int(owned.peak_row[i])
+        # every listed pid has keys here, and per_pid lists every pid of the keys, ascending
+        at = np.searchsorted(owned.pids, pids)
+        columns = zip(owned.peak[at].tolist(), series.ts[owned.peak_row[at]].tolist(), owned.final[at].tolist(),
+                      mapped.peak[at].tolist(), mapped.final[at].tolist())
+    for p, (peak, peak_ts, final, mapped_peak, mapped_final) in zip(pids, columns if pids else ()):
         rows.append(
             {
                 "pid": p,
                 "process": procs.get(p, {}).get("short", ""),
                 "rank": procs.get(p, {}).get("rank", ""),
-                "peak": int(owned.peak[i]),
-                "peak_ts": int(ts[r]),
-                "peak_t_s": seconds(int(ts[r]) - start),
-                "final": int(owned.final[i]),
-                "mapped_peak": int(mapped.peak[i]),
-                "mapped_final": int(mapped.final[i]),
+                "peak": peak,
+                "peak_ts": peak_ts,
+                "peak_t_s": seconds(peak_ts - start),
+                "final": final,
+                "mapped_peak": mapped_peak,
+                "mapped_final": mapped_final,
                 "by_category": final_by_pid.get(p, {}),
                 "exit_ts": procs.get(p, {}).get("exit_ts"),
                 "held_at_exit": held_by_pid.get(p, 0),

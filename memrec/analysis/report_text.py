@@ -334,7 +334,8 @@ def collapse(lines: list[str], header: re.Pattern, procs: dict) -> list[str]:
         return re.sub(r"\s+", " ", text).strip()
 
     first_head = lines[starts[0]].split("  ")[0].split(" pid ")[0].strip()
-    base = sorted(norm(t) for t in lines[bounds[0][0] + 1 : bounds[0][1]] if t.strip() and not set(t) <= {"="})
+    base = Counter(norm(t) for t in lines[bounds[0][0] + 1 : bounds[0][1]] if t.strip() and not set(t) <= {"="})
+    base_len = sum(base.values())
     out = lines[: bounds[0][1]]
     same_run: list[str] = []
 
@@ -348,19 +349,24 @@ def collapse(lines: list[str], header: re.Pattern, procs: dict) -> list[str]:
     for lo, hi in bounds[1:]:
         head = lines[lo].split("  ")[0].split(" pid ")[0].strip()
         body = [t for t in lines[lo + 1 : hi] if t.strip() and not set(t) <= {"="}]
-        body_normed = [norm(t) for t in body]
-        if sorted(body_normed) == base:
+        # The lines the first block lacks (a multiset match); past 3 the block shows whole, so
+        # the matching stops there (a block of 12,500 process rows needs a few lines normalised).
+        extra = []
+        if len(body) == base_len:
+            rest = base.copy()
+            for t in body:
+                n = norm(t)
+                if rest[n]:
+                    rest[n] -= 1
+                else:
+                    extra.append(t)
+                    if len(extra) > 3:
+                        break
+        if len(body) == base_len and not extra:
             same_run.append(head)
             continue
         flush()
-        rest = Counter(base)  # the first block's lines not matched yet (a multiset: O(lines))
-        extra = []
-        for t, n in zip(body, body_normed):
-            if rest[n]:
-                rest[n] -= 1
-            else:
-                extra.append(t)
-        if len(extra) <= 3 and len(body) == len(base):
+        if len(body) == base_len and len(extra) <= 3:
             out.append(f"{head}: same as {first_head} except")
             out.extend(extra)
             out.append("")

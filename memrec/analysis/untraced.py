@@ -181,15 +181,18 @@ class Explainers:
         ctx_of = [c for c, k in zip(ctx_of, keep.tolist()) if k]
         self.libraries = [n for n, k in zip(libraries, keep.tolist()) if k]
         self.by_pid: dict[int, tuple[np.ndarray, ...]] = {}
-        pids = ev["pid"]
-        ctx_arr = np.asarray(ctx_of, dtype=np.uint64)
-        for p in np.unique(pids).tolist():
-            m = pids == p
-            self.by_pid[p] = (
-                ev["ts"][m].astype(np.int64), ev["gpu"][m].astype(np.int64), strength[m],
-                ev["api"][m].astype(np.int64), ctx_arr[m], ev["kind"][m].astype(np.int64),
-                np.asarray(self.libraries, dtype=object)[m] if len(ev) else np.zeros(0, dtype=object),
-            )
+        # every process's rows from one stable sort by pid (a mask per process was
+        # O(processes × calls): a host of many short processes each binding a context)
+        order = np.argsort(ev["pid"], kind="stable")
+        pids = ev["pid"][order]
+        cols = (ev["ts"].astype(np.int64), ev["gpu"].astype(np.int64), strength, ev["api"].astype(np.int64),
+                np.asarray(ctx_of, dtype=np.uint64), ev["kind"].astype(np.int64),
+                np.asarray(self.libraries, dtype=object) if len(ev) else np.zeros(0, dtype=object))
+        cols = tuple(c[order] for c in cols)
+        cuts = np.flatnonzero(pids[1:] != pids[:-1]) + 1
+        for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(pids)]):
+            if hi > lo:
+                self.by_pid[int(pids[lo])] = tuple(c[lo:hi] for c in cols)
 
     def of(self, pid: int, gpu: int) -> tuple[np.ndarray, ...]:
         """This process's explaining calls on ``gpu`` (and those whose GPU is unknown)."""
