@@ -44,6 +44,7 @@ from memrec.daemon.config import DaemonConfig
 from memrec.daemon.fanout import Fanout
 from memrec.daemon.feed import ProbeFeed
 from memrec.daemon.gpustamp import GpuStamper
+from memrec.daemon.heap import give_back
 from memrec.daemon.intake import Intake
 from memrec.daemon.keyframes import HoldingSink
 from memrec.daemon.keyframes import Keyframes
@@ -404,7 +405,10 @@ class Daemon:
             events = events[np.argsort(events["ts"], kind="stable")]
         self.stamper.stamp(events)
         name_images(events)
+        shrunk = self.state.shrunk
         self.state.apply(events)
+        if self.state.shrunk != shrunk:  # tables compacted: give the freed pages back
+            give_back()
         assert self.writer is not None
         self.writer.write_events(events)
         self.events_recorded += len(events)
