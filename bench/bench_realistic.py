@@ -12,11 +12,13 @@ simulated time at 40,000 events/s: ``LiveState.apply`` in batches of 2,000 (the 
 own :class:`memrec.daemon.keyframes.Keyframes` (and the last one at stop), and after each batch
 what ``record_events`` does when a table was compacted (``malloc_trim``).
 
-Prints, per repeat, in this process:
+Prints per repeat, each configuration in a fresh process, alternating: ``now`` (this code) and
+``before`` (tables never compacted, no ``malloc_trim``, a keyframe every 10 s whatever its size:
+the code before issue 26, in the same run):
 
-* memory: RSS before the workload (after a warm-up state), at its peak (bytes per live allocation
-  over the floor), after every process exited (as a ratio to the floor); with ``--no-shrink``
-  the tables are never compacted (the code before issue 26), run in its own process beside;
+* memory: RSS before the workload (after a warm-up state: the floor), bytes per live allocation
+  once the build-up is done (1M live) and at the peak (keyframes being built), and RSS after
+  every process exited as a ratio to the floor;
 * the file: bytes per event of the whole file, and the keyframes' share of it.
 """
 
@@ -56,7 +58,10 @@ def batches(live: int, churn: int, seed: int = 7):
     """The workload's events, ``BATCH`` at a time (build-up, churn, exits)."""
     rng = np.random.default_rng(seed)
     nxt = np.full(PROCS, 0x7F0000000000, np.uint64) + (np.arange(PROCS, dtype=np.uint64) << np.uint64(36))
-    held: list[list[int]] = [[] for _ in range(PROCS)]  # each process's live pointers
+    # each process's live pointers (numpy, so that the generator's own memory stays small
+    # beside the state's: 8 B a pointer, let go at the exits)
+    held = [np.zeros(1 << 16, np.uint64) for _ in range(PROCS)]
+    count = [0] * PROCS
     t = 10**12
 
     def allocs(p: np.ndarray) -> np.ndarray:
@@ -68,7 +73,11 @@ def batches(live: int, churn: int, seed: int = 7):
             sel = p == q
             ev["ptr"][sel] = nxt[q] + np.cumsum(step[sel]) - step[sel]
             nxt[q] += step[sel].sum()
-            held[q].extend(ev["ptr"][sel].tolist())
+            new = ev["ptr"][sel]
+            if count[q] + len(new) > len(held[q]):
+                held[q] = np.concatenate((held[q][: count[q]], np.zeros(max(len(held[q]), len(new)), np.uint64)))
+            held[q][count[q] : count[q] + len(new)] = new
+            count[q] += len(new)
         ev["kind"], ev["api"], ev["size"] = int(Kind.ALLOC), int(Api.cuMemAlloc_v2), size
         ev["pid"] = 1000 + p
         ev["gpu"] = p % 8
@@ -92,23 +101,25 @@ def batches(live: int, churn: int, seed: int = 7):
         p = rng.integers(0, PROCS, m)
         frees = empty_events(m)
         for i, q in enumerate(p.tolist()):
-            h = held[q]
-            k = int(rng.integers(len(h)))
-            h[k], h[-1] = h[-1], h[k]
-            frees["ptr"][i] = h.pop()
+            h, last = held[q], count[q] - 1
+            k = int(rng.integers(count[q]))
+            frees["ptr"][i] = h[k]
+            h[k] = h[last]
+            count[q] = last
         frees["kind"], frees["api"], frees["pid"], frees["gpu"] = int(Kind.FREE), int(Api.cuMemFree_v2), 1000 + p, -1
         new = allocs(p)
         ev = np.empty(2 * m, dtype=new.dtype)
         ev[0::2], ev[1::2] = frees, new
         yield stamp(ev)
         done += m
+    held.clear()
     for q in range(PROCS):
         ev = empty_events(1)
         ev["kind"], ev["pid"] = int(Kind.PROC_EXIT), 1000 + q
         yield stamp(ev)
 
 
-def run_once(live: int, churn: int, path: Path, shrink: bool) -> dict:
+def run_once(live: int, churn: int, path: Path, now: bool) -> dict:
     from memrec.daemon.heap import give_back
     from memrec.daemon.keyframes import Keyframes
     from memrec.state import LiveState
@@ -117,7 +128,7 @@ def run_once(live: int, churn: int, path: Path, shrink: bool) -> dict:
     from memrec.trace.writer import FileSink
     from memrec.trace.writer import TraceWriter
 
-    if not shrink:
+    if not now:  # the code before issue 26: tables never compacted, no trim, a keyframe every 10 s
         KeyTable.shrink = lambda self: False
     warm = LiveState()  # a warm-up state: imports and the allocator's first arenas not counted
     for ev in batches(20_000, 10_000, seed=1):
@@ -128,47 +139,37 @@ def run_once(live: int, churn: int, path: Path, shrink: bool) -> dict:
     rss0 = _rss()
     header = make_header(host="bench", boot_id="bench", anchor={"monotonic_ns": 0, "wall_ns": 0}, gpus=[])
     state = LiveState()
-    kf = Keyframes()
-    peak = rss0
-    kf_bytes = 0
+    kf = Keyframes() if now else Keyframes(share=0)
+    peak = held = rss0
     with TraceWriter(FileSink(path), header) as w:
-        write_keyframe = w.write_keyframe
-
-        def counted(*args, **kwargs):
-            nonlocal kf_bytes
-            before = w.bytes_written
-            w.flush()
-            between = w.bytes_written
-            write_keyframe(*args, **kwargs)
-            w.flush()
-            kf_bytes += w.bytes_written - between
-            del before
-
-        w.write_keyframe = counted
         kf.write_now(w, state, 10**12)
         next_flush = next_kf = 0
         for ev in batches(live, churn):
-            shrunk = state.shrunk
+            capacity = state.capacity()  # what Daemon.record_events does
             state.apply(ev)
-            if state.shrunk != shrunk:
+            if now and state.capacity() != capacity:
                 give_back()
             w.write_events(ev)
-            now = int(ev["ts"][-1])
-            if now >= next_flush:
+            t = int(ev["ts"][-1])
+            if t >= next_flush:
                 w.flush()
-                next_flush = now + 200_000_000
+                next_flush = t + 200_000_000
             kf.collect(w)
-            if now >= next_kf:
-                kf.start(w, state, now)
-                next_kf = now + 10_000_000_000
-            peak = max(peak, _rss())
-        kf.write_now(w, state, now)
+            if t >= next_kf:
+                kf.start(w, state, t)
+                next_kf = t + 10_000_000_000
+            rss = _rss()
+            peak = max(peak, rss)
+            if state.n_events == live:  # the build-up done: what the state holds at 1M live
+                held = rss
+        kf.write_now(w, state, t)
         events = w.event_count
+        kf_bytes = w.keyframe_bytes
     gc.collect()
     after = _rss()
     size = path.stat().st_size
     return {"rss0_mib": rss0 / MiB, "peak_mib": peak / MiB, "after_mib": after / MiB,
-            "per_live_b": (peak - rss0) / live, "after_ratio": after / rss0, "events": events,
+            "held_b": (held - rss0) / live, "per_live_b": (peak - rss0) / live, "after_ratio": after / rss0, "events": events,
             "b_per_event": size / events, "keyframe_share": kf_bytes / size, "keyframes": kf.written,
             "file_mb": size / 1e6}
 
@@ -179,13 +180,13 @@ def main() -> int:
     ap.add_argument("--churn", type=int, default=500_000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--path", type=Path, default=Path("/tmp/bench-realistic.mrec"))
-    ap.add_argument("--child", choices=("shrink", "no-shrink"), help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=("now", "before"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(run_once(args.live, args.churn, args.path, args.child == "shrink")))
+        print(json.dumps(run_once(args.live, args.churn, args.path, args.child == "now")))
         return 0
     print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
-    res: dict[str, list[dict]] = {"shrink": [], "no-shrink": []}
+    res: dict[str, list[dict]] = {"now": [], "before": []}
     for _ in range(args.repeat):
         for mode in res:  # each in a fresh process, alternating
             out = subprocess.run([sys.executable, __file__, "--live", str(args.live), "--churn", str(args.churn),
@@ -195,8 +196,8 @@ def main() -> int:
             print(mode, json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}))
     for mode, rs in res.items():
         med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
-        print(f"{mode:>9}: RSS before {med['rss0_mib']:.0f} MiB, peak {med['peak_mib']:.0f} MiB "
-              f"({med['per_live_b']:.0f} B per live allocation), after every exit {med['after_mib']:.0f} MiB "
+        print(f"{mode:>6}: RSS before {med['rss0_mib']:.0f} MiB, at 1M live {med['held_b']:.0f} B per live allocation, "
+              f"peak {med['peak_mib']:.0f} MiB ({med['per_live_b']:.0f} B per live allocation), after every exit {med['after_mib']:.0f} MiB "
               f"(x{med['after_ratio']:.2f} the floor); file {med['b_per_event']:.2f} B/event, keyframes "
               f"{med['keyframe_share']:.0%} ({med['keyframes']:.0f} of them), {med['file_mb']:.1f} MB")
     args.path.unlink(missing_ok=True)

@@ -3,8 +3,9 @@
 numpy columns of a few MiB come from glibc's heap once its mmap threshold has risen (it does,
 after the first such column is freed), and free heap pages stay in the process: the daemon kept
 its peak RSS after every process had exited. ``malloc_trim(0)`` returns every free page of every
-arena (glibc 2.8 and later), so the daemon calls it when a live-state table was compacted
-(:meth:`memrec.state.allocs.KeyTable.shrink`): rarely, and only when there is memory to give.
+arena (glibc 2.8 and later), so the daemon calls it when a live-state table grew (× 1.5, its old
+columns freed) or was compacted (:meth:`memrec.state.allocs.KeyTable.shrink`): rarely (a
+logarithmic number of times), and only when there is memory to give.
 """
 
 from __future__ import annotations

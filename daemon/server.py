@@ -405,9 +405,9 @@ class Daemon:
             events = events[np.argsort(events["ts"], kind="stable")]
         self.stamper.stamp(events)
         name_images(events)
-        shrunk = self.state.shrunk
+        capacity = self.state.capacity()
         self.state.apply(events)
-        if self.state.shrunk != shrunk:  # tables compacted: give the freed pages back
+        if self.state.capacity() != capacity:  # a table grew or was compacted: its old columns are free
             give_back()
         assert self.writer is not None
         self.writer.write_events(events)

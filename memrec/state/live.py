@@ -141,8 +141,6 @@ class LiveState(Queries, VmmIpc):
         #: IPC exports inside such a run whose allocation came earlier in it: event index ->
         #: (base, (size, gpu, ts, api)) as the allocation was then (see planner.Planner).
         self._alloc_hints: dict[int, tuple[int, tuple[int, int, int, int]]] = {}
-        #: Times a table was compacted after most of its rows went (memory to give back).
-        self.shrunk = 0
         self.failures: deque[list] = deque(maxlen=max_failures)
         #: Failed calls seen in all (``failures`` keeps only the most recent).
         self.n_failures = 0
@@ -212,7 +210,7 @@ class LiveState(Queries, VmmIpc):
         piece(lo, n)
         self._alloc_hints.clear()
         for table in (self._allocs, self._handles, self._maps):  # no row is held between batches
-            self.shrunk += table.shrink()
+            table.shrink()
         self.n_events += n
         self.last_ts = int(min(events["ts"][-1], MAX_TS))
         if fill and events.writeable:
@@ -386,6 +384,11 @@ class LiveState(Queries, VmmIpc):
             del self._exports[hb]
         for fb in [fb for fb, f in self._fabric.items() if f[0] == pid]:
             del self._fabric[fb]
+
+    def capacity(self) -> int:
+        """Rows the tables have room for: when it changes (a table grew or was compacted), the
+        heap has pages to hand back (the daemon then calls ``malloc_trim``)."""
+        return sum(len(t.live) for t in (self._allocs, self._handles, self._maps))
 
     # --------------------------------------------------------------- snapshot
 
