@@ -33,16 +33,18 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from memrec.columns import NVML_DTYPE  # noqa: E402
 from memrec.columns import empty_events  # noqa: E402
 from memrec.events import Api  # noqa: E402
 from memrec.events import Kind  # noqa: E402
 from memrec.events import Marker  # noqa: E402
 
-GiB = 1 << 30
-T0 = 10**12
-NGPU = 8
-STEP_NS = 10_000
+sys.path.insert(0, str(ROOT / "bench"))
+from bench_tui import HEADER  # noqa: E402
+from bench_tui import NGPU  # noqa: E402
+from bench_tui import STEP_NS  # noqa: E402
+from bench_tui import T0  # noqa: E402
+from bench_tui import write_body  # noqa: E402
+
 LIVE = 4000
 PID0 = 100_000
 
@@ -118,27 +120,9 @@ def keyframe(j: int, processes: int) -> dict:
 def write_trace(path: Path, n: int, processes: int, markers: int, keyframe_every: int = 1_000_000) -> None:
     from memrec.trace.writer import TraceWriter
 
-    header = {"host": "bench", "gpus": [{"index": g, "uuid": f"GPU-bench-{g}", "name": "NVIDIA H200",
-                                         "total": 140 * GiB, "bar1_total": 256 * GiB} for g in range(NGPU)]}
     duration = n * STEP_NS
-    with TraceWriter(path, header) as w:
-        w.write_keyframe(T0, 0, keyframe(0, processes))
-        pos = 0
-        while pos < n:
-            hi = min(n, pos + keyframe_every)
-            for lo in range(pos, hi, 1 << 20):
-                w.write_events(make_events(lo, min(hi, lo + (1 << 20)), processes))
-            w.write_keyframe(T0 + (hi - 1) * STEP_NS, hi, keyframe(hi, processes))
-            pos = hi
-        ticks = np.arange(0, duration, 100_000_000, dtype=np.int64)
-        nv = np.zeros(len(ticks) * NGPU, dtype=NVML_DTYPE)
-        nv["ts"] = np.repeat(T0 + ticks, NGPU)
-        nv["gpu"] = np.tile(np.arange(NGPU), len(ticks))
-        nv["used"] = 20 * GiB
-        nv["reserved"] = 615 << 20
-        nv["total"] = 140 * GiB
-        nv["bar1_total"] = 256 * GiB
-        w.write_nvml(nv)
+    with TraceWriter(path, HEADER) as w:
+        write_body(w, n, keyframe_every, lambda lo, hi: make_events(lo, hi, processes), lambda j: keyframe(j, processes))
         # begin/end pairs spread over the trace, the processes in turn, each process's phases one
         # after the other (a step loop's), half of the time between two of its own
         pairs = markers // 2
