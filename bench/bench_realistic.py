@@ -16,7 +16,8 @@ Prints per repeat, each configuration in a fresh process, alternating: ``now`` (
 ``before`` (tables never compacted, no ``malloc_trim``, a keyframe every 10 s whatever its size:
 the code before issue 26, in the same run):
 
-* memory: RSS before the workload (after a warm-up state: the floor), bytes per live allocation
+* memory: RSS before the workload (after a warm-up state written to a file with a keyframe: a
+  daemon that has run; the floor), bytes per live allocation
   once the build-up is done (1M live) and at the peak (keyframes being built), and RSS after
   every process exited as a ratio to the floor;
 * the file: bytes per event of the whole file, and the keyframes' share of it.
@@ -130,14 +131,19 @@ def run_once(live: int, churn: int, path: Path, now: bool) -> dict:
 
     if not now:  # the code before issue 26: tables never compacted, no trim, a keyframe every 10 s
         KeyTable.shrink = lambda self: False
-    warm = LiveState()  # a warm-up state: imports and the allocator's first arenas not counted
-    for ev in batches(20_000, 10_000, seed=1):
-        warm.apply(ev)
-    del warm
+    # The floor: a daemon that has run before the workload: a warm-up state written to a file
+    # with a keyframe (imports, the allocator's first arenas, the writer's Zstandard context)
+    header = make_header(host="bench", boot_id="bench", anchor={"monotonic_ns": 0, "wall_ns": 0}, gpus=[])
+    warm = LiveState()
+    with TraceWriter(FileSink(path), header) as w:
+        for ev in batches(20_000, 10_000, seed=1):
+            warm.apply(ev)
+            w.write_events(ev)
+        Keyframes().write_now(w, warm, 1)
+    del warm, w
     gc.collect()
     give_back()
     rss0 = _rss()
-    header = make_header(host="bench", boot_id="bench", anchor={"monotonic_ns": 0, "wall_ns": 0}, gpus=[])
     state = LiveState()
     kf = Keyframes() if now else Keyframes(share=0)
     peak = held = rss0
