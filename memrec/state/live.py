@@ -403,7 +403,8 @@ class LiveState(Queries, VmmIpc):
 
     def snapshot_later(self) -> Callable[[], dict]:
         """Take the state now, cheaply (copies of the allocation columns, the small tables as
-        lists); the function returned builds :meth:`snapshot`'s dict from that, in any thread."""
+        lists); the function returned builds :meth:`snapshot`'s dict from that, in any thread,
+        once (it lets go of each column as it encodes it)."""
         out = {
             "v": SNAPSHOT_VERSION,
             "n": self.n_events,
