@@ -244,6 +244,10 @@ def _owner(p: Panel) -> int | None:
     return max(held, key=lambda pid: (held[pid], -pid))
 
 
+#: Phases a panel names all of (past it, only the wide ones).
+NAMED = 100
+
+
 def _band_phases(p: Panel) -> list[Phase]:
     owner = _owner(p)
     return [ph for ph in p.rec.phases.phases if ph.pid == owner and ph.depth == 0]
@@ -329,13 +333,23 @@ def _panel(ax, p: Panel, scale: int, view: tuple[float, float]) -> None:
         if ok.any():
             ax.step((nv["ts"][ok] - p.offset) / 1e9, nv[field][ok] / scale, where="post", color="black",
                     linestyle=style, linewidth=1.0, label=f"NVML {field}")
-    for k, ph in enumerate(_band_phases(p)):
+    bands = _band_phases(p)
+    # One collection per colour, not a patch per phase; past NAMED phases only those wider than
+    # 1/NAMED of the view are named: 3,000 phases a panel took minutes to draw, unreadable anyway.
+    wide = (view[1] - view[0]) / NAMED if len(bands) > NAMED else 0.0
+    spans: tuple[list, list] = ([], [])
+    for k, ph in enumerate(bands):
         x0, x1 = (ph.start - p.offset) / 1e9, (ph.end - p.offset) / 1e9
-        ax.axvspan(x0, x1, color=_BAND[k % 2], zorder=-2, linewidth=0)
+        spans[k % 2].append((x0, x1 - x0))
+        if x1 - x0 < wide:
+            continue
         # Names alternate between two heights: short phases side by side stay readable.
         ax.text(x0, 0.98 if k % 2 == 0 else 0.55, f" {ph.name}", transform=ax.get_xaxis_transform(), rotation=90,
                 va="top", ha="left", fontsize=7, color="#303030", clip_on=True,
                 bbox={"facecolor": "white", "alpha": 0.75, "edgecolor": "none", "pad": 0.6})
+    for k, xranges in enumerate(spans):
+        if xranges:
+            ax.broken_barh(xranges, (0, 1), transform=ax.get_xaxis_transform(), color=_BAND[k], zorder=-2, linewidth=0)
     for ts, text in _failures(p):
         x = (ts - p.offset) / 1e9
         y = (s.at(ts) if s is not None else 0) / scale
