@@ -9,8 +9,9 @@ segments), then ``--churn`` pairs free a random live block of a process and allo
 then every process exits. They go through what the daemon does with each drained batch, in
 simulated time at 40,000 events/s: ``LiveState.apply`` in batches of 2,000 (the ring drained every
 50 ms), the trace writer flushed every 0.2 s, a periodic keyframe every 10 s built by the daemon's
-own :class:`memrec.daemon.keyframes.Keyframes` (and the last one at stop), and after each batch
-what ``record_events`` does when a table was compacted (``malloc_trim``).
+own :class:`memrec.daemon.keyframes.Keyframes` (and the last one at stop), and what the daemon
+does for its memory: ``mallopt`` at start, ``malloc_trim`` after a batch that grew or compacted a
+table and after a keyframe (:mod:`memrec.daemon.heap`).
 
 Prints per repeat, each configuration in a fresh process, alternating: ``now`` (this code) and
 ``before`` (tables never compacted, no ``malloc_trim``, a keyframe every 10 s whatever its size:
@@ -122,6 +123,7 @@ def batches(live: int, churn: int, seed: int = 7):
 
 def run_once(live: int, churn: int, path: Path, now: bool) -> dict:
     from memrec.daemon.heap import give_back
+    from memrec.daemon.heap import settle
     from memrec.daemon.keyframes import Keyframes
     from memrec.state import LiveState
     from memrec.state.allocs import KeyTable
@@ -129,7 +131,9 @@ def run_once(live: int, churn: int, path: Path, now: bool) -> dict:
     from memrec.trace.writer import FileSink
     from memrec.trace.writer import TraceWriter
 
-    if not now:  # the code before issue 26: tables never compacted, no trim, a keyframe every 10 s
+    if now:
+        settle()  # what Daemon.start does
+    else:  # the code before issue 26: tables never compacted, no trim, a keyframe every 10 s
         KeyTable.shrink = lambda self: False
     # The floor: a daemon that has run before the workload: a warm-up state written to a file
     # with a keyframe (imports, the allocator's first arenas, the writer's Zstandard context)
@@ -160,7 +164,8 @@ def run_once(live: int, churn: int, path: Path, now: bool) -> dict:
             if t >= next_flush:
                 w.flush()
                 next_flush = t + 200_000_000
-            kf.collect(w)
+            if kf.collect(w) and now:  # what Daemon.tick does after a keyframe
+                give_back()
             if t >= next_kf:
                 kf.start(w, state, t)
                 next_kf = t + 10_000_000_000

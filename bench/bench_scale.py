@@ -135,9 +135,12 @@ def write_trace(path: Path, n: int, processes: int, markers: int, keyframe_every
             w.write_marker(Marker(ts + every * min(processes, pairs) // 2, pid, 0, pid, name, "end", k % NGPU))
 
 
-def run(what: str, path: Path, tmp: Path) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, what, str(path), str(tmp)], check=True, capture_output=True,
-                         text=True, cwd=tmp)
+def run(what: str, path: Path) -> dict:
+    """``what`` on ``path`` in a fresh process; its outputs in a folder removed after it (the
+    memory-viz export writes a file per process: 100,000 of them)."""
+    with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
+        out = subprocess.run([sys.executable, "-c", CHILD, what, str(path), tmp], check=True, capture_output=True,
+                             text=True, cwd=tmp)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -164,7 +167,7 @@ def main() -> int:
     for _ in range(args.repeat):
         for c in args.commands:
             for s in shapes:
-                res[(c, s)].append(run(c, paths[s], tmp))
+                res[(c, s)].append(run(c, paths[s]))
     for c in args.commands:
         floor = res[(c, shapes[0])]
         line = [f"{c:>10}: floor {statistics.median(r['s'] for r in floor):.2f} s, {max(r['rss_mib'] for r in floor):.0f} MiB"]

@@ -5,7 +5,9 @@ after the first such column is freed), and free heap pages stay in the process: 
 its peak RSS after every process had exited. ``malloc_trim(0)`` returns every free page of every
 arena (glibc 2.8 and later), so the daemon calls it when a live-state table grew (× 1.5, its old
 columns freed) or was compacted (:meth:`memrec.state.allocs.KeyTable.shrink`): rarely (a
-logarithmic number of times), and only when there is memory to give.
+logarithmic number of times), and only when there is memory to give, and after each keyframe
+(whose build freed a few dozen bytes per live allocation). :func:`settle` keeps the large
+buffers out of the heap in the first place.
 """
 
 from __future__ import annotations
@@ -16,18 +18,37 @@ import logging
 
 log = logging.getLogger(__name__)
 
-_trim = None
+#: Allocations from this size on are memory maps of their own (returned to the system when
+#: freed), whatever glibc's dynamic threshold would have risen to (up to 32 MiB).
+MMAP_THRESHOLD = 1 << 20
+_M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
+
+_libc = None
+
+
+def _c() -> ctypes.CDLL | bool:
+    global _libc
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            _libc.malloc_trim.argtypes = [ctypes.c_size_t]
+            _libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+        except (OSError, AttributeError):
+            log.debug("no malloc_trim/mallopt in this C library: freed heap pages stay with the daemon")
+            _libc = False
+    return _libc
+
+
+def settle() -> bool:
+    """Fix glibc's mmap threshold at :data:`MMAP_THRESHOLD` (once, at the daemon's start): the
+    live state's columns and a keyframe's buffers (MiBs each at a million live allocations) are
+    then maps that go back to the system when freed, not heap that fragments; batches (a few
+    hundred kB) stay on the heap."""
+    libc = _c()
+    return bool(libc) and bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
 
 
 def give_back() -> bool:
     """``malloc_trim(0)``; False where the C library has none (musl, a static build)."""
-    global _trim
-    if _trim is None:
-        try:
-            _trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-            _trim.argtypes = [ctypes.c_size_t]
-            _trim.restype = ctypes.c_int
-        except (OSError, AttributeError):
-            log.debug("no malloc_trim in this C library: freed heap pages stay with the daemon")
-            _trim = False
-    return bool(_trim) and bool(_trim(0))
+    libc = _c()
+    return bool(libc) and bool(libc.malloc_trim(0))
