@@ -15,7 +15,7 @@ class PlotCommand:
     """Draw a trace as a picture for a bug report: one panel per GPU.
 
     Per GPU the owned bytes stacked by category, NVML used and reserved, the phases as named bands
-    and failed calls marked.
+    (past 100 phases, only those wider than 1/100 of the panel are named) and failed calls marked.
 
     With --diff, a second trace is drawn under each GPU's panel, the two aligned on the first
     marker name they share (e.g. dist_init), so where they part is where they differ.

@@ -139,49 +139,38 @@ class GpuSeries:
 @dataclass
 class PidSteps:
     """Each process's bytes on one GPU (a selection of categories) as a step function of the
-    GPU's rows, kept as the process's own change points: ``rows[offsets[i]:offsets[i + 1]]`` are
-    the rows where process ``pids[i]`` changed (ascending) and ``values`` what it held from each
-    on; before its first, ``initial[i]``. Per process also its final, highest and lowest value and
-    the first row reaching the highest (row 0 when it never rose above its initial value)."""
+    GPU's rows: per process its initial, final, highest and lowest value and the first row
+    reaching the highest (row 0 when it never rose above its initial value), built in
+    O(changes + processes) and kept (a few arrays of one value per process); each process's own
+    change points (:meth:`steps`, :meth:`at_rows`) are sorted out on first use only, so that a
+    report that asks for none holds no per-change memory beside the series."""
 
+    series: GpuSeries = field(repr=False)
+    categories: tuple[str, ...] | None
     pids: np.ndarray
     initial: np.ndarray
     final: np.ndarray
     peak: np.ndarray
     low: np.ndarray
     peak_row: np.ndarray
-    offsets: np.ndarray = field(repr=False)
-    rows: np.ndarray = field(repr=False)
-    values: np.ndarray = field(repr=False)
+    _keys: tuple[np.ndarray, np.ndarray] = field(repr=False)  # per key: selected, its process's position
+    _points: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, repr=False)
 
     @classmethod
     def build(cls, s: GpuSeries, categories: tuple[str, ...] | None) -> PidSteps:
-        """One stable sort of the selected changes by process and one segmented cumsum."""
         key_pid = np.array([p for p, _ in s.keys], dtype=np.int64)
         key_sel = np.array([categories is None or c in categories for _, c in s.keys], dtype=bool)
         pids, key_pidx = np.unique(key_pid, return_inverse=True)
         npid = len(pids)
         initial = np.zeros(npid, dtype=np.int64)
         np.add.at(initial, key_pidx[key_sel], s.initial[key_sel])
-        change = np.flatnonzero(key_sel[s.key_of_change]) if len(s.keys) else np.zeros(0, dtype=np.int64)
-        who = key_pidx[s.key_of_change[change]]
-        order = np.argsort(who, kind="stable")  # by process, each one's changes in time order
-        change, who = change[order], who[order]
-        delta = s.delta[change]
-        rows = np.searchsorted(s.last_change, change, side="left") + 1  # the row each change shows in
-        # running sum within each process: the cumsum less the sum before the process's first change
-        run = np.cumsum(delta)
-        first = np.ones(len(who), dtype=bool)
-        first[1:] = who[1:] != who[:-1]
-        starts = np.flatnonzero(first)
-        before = run[starts] - delta[starts]
-        values = run - np.repeat(before, np.diff(np.append(starts, len(who)))) + initial[who]
-        # several changes of one process in one event (an exit) show as one row: keep the last
-        last = np.ones(len(who), dtype=bool)
-        last[:-1] = (who[1:] != who[:-1]) | (rows[1:] != rows[:-1])
-        who, rows, values = who[last], rows[last], values[last]
-        offsets = np.zeros(npid + 1, dtype=np.int64)
-        np.cumsum(np.bincount(who, minlength=npid), out=offsets[1:])
+        if npid == 1:  # one process (a GPU per process): its series is the GPU's, which the report has
+            dense = s.series(None, categories)
+            row = int(np.argmax(dense))
+            final, peak, low, peak_row = (np.array([v], dtype=np.int64) for v in (dense[-1], dense[row], dense.min(), row))
+            return cls(s, categories, pids, initial, final, peak, low, peak_row, (key_sel, key_pidx))
+        who, rows, values = _change_points(s, key_sel, key_pidx, initial)
+        offsets = _offsets(who, npid)
         final = initial.copy()
         ends = offsets[1:][offsets[1:] > offsets[:-1]] - 1
         final[who[ends]] = values[ends]
@@ -193,33 +182,69 @@ class PidSteps:
         if len(hit):
             owners, firsts = np.unique(who[hit], return_index=True)
             peak_row[owners] = rows[hit[firsts]]
-        return cls(pids, initial, final, peak, low, peak_row, offsets, rows, values)
+        return cls(s, categories, pids, initial, final, peak, low, peak_row, (key_sel, key_pidx))
 
     def index(self, pid: int) -> int | None:
         """Position of ``pid`` in :attr:`pids` (None when it held nothing here)."""
         i = int(np.searchsorted(self.pids, pid))
         return i if i < len(self.pids) and self.pids[i] == pid else None
 
+    def at_row(self, row: int) -> np.ndarray:
+        """What every process held at ``row`` (one pass over the changes before it)."""
+        key_sel, key_pidx = self._keys
+        out = np.zeros(len(self.pids), dtype=np.int64)
+        np.add.at(out, key_pidx[key_sel], self.series.held_at(row)[key_sel])
+        return out
+
+    def steps(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Process ``pids[i]``'s change points (rows, values), its initial value at row 0 first."""
+        if self._points is None:
+            key_sel, key_pidx = self._keys
+            who, rows, values = _change_points(self.series, key_sel, key_pidx, self.initial)
+            self._points = (_offsets(who, len(self.pids)), rows, values)
+        offsets, rows, values = self._points
+        lo, hi = int(offsets[i]), int(offsets[i + 1])
+        return np.append(0, rows[lo:hi]), np.append(self.initial[i], values[lo:hi])
+
     def at_rows(self, i: int, rows: np.ndarray) -> np.ndarray:
         """What process ``pids[i]`` held at each of ``rows`` (O(its changes + len(rows)))."""
         r, v = self.steps(i)
         return v[np.maximum(np.searchsorted(r, rows, side="right") - 1, 0)]
 
-    def at_row(self, row: int) -> np.ndarray:
-        """What every process held at ``row`` (one pass over every change point)."""
-        out = self.initial.copy()
-        pos = np.flatnonzero(self.rows <= row)
-        if len(pos):  # each process's last change point at or before the row
-            who = np.repeat(np.arange(len(self.pids)), np.diff(self.offsets))[pos]
-            last = np.ones(len(pos), dtype=bool)
-            last[:-1] = who[1:] != who[:-1]
-            out[who[last]] = self.values[pos[last]]
-        return out
 
-    def steps(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        """Process ``pids[i]``'s change points (rows, values), its initial value at row 0 first."""
-        lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
-        return np.append(0, self.rows[lo:hi]), np.append(self.initial[i], self.values[lo:hi])
+def _change_points(s: GpuSeries, key_sel: np.ndarray, key_pidx: np.ndarray, initial: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every process's change points of the selected keys, by process then in time order: (its
+    position, the row, what it held from that row on). One stable sort of the changes by process
+    and one segmented cumsum; several changes of one process in one event (an exit) are one row."""
+    change = np.flatnonzero(key_sel[s.key_of_change]) if len(key_sel) else np.zeros(0, dtype=np.int64)
+    who = key_pidx[s.key_of_change[change]]
+    if len(initial) > 1:  # (numpy's stable sort of 8- or 16-bit values is a radix sort: O(changes))
+        narrow = np.uint8 if len(initial) <= 1 << 8 else np.uint16 if len(initial) <= 1 << 16 else who.dtype
+        order = np.argsort(who.astype(narrow, copy=False), kind="stable")
+        change, who = change[order], who[order]
+        del order
+    delta = s.delta[change]
+    rows = np.searchsorted(s.last_change, change, side="left") + 1  # the row each change shows in
+    del change
+    values = np.cumsum(delta)
+    first = np.ones(len(who), dtype=bool)
+    first[1:] = who[1:] != who[:-1]
+    starts = np.flatnonzero(first)
+    before = values[starts] - delta[starts]  # the cumsum before each process's first change
+    del delta, first
+    values -= np.repeat(before, np.diff(np.append(starts, len(who))))
+    values += initial[who]
+    last = np.ones(len(who), dtype=bool)
+    last[:-1] = (who[1:] != who[:-1]) | (rows[1:] != rows[:-1])
+    return who[last], rows[last], values[last]
+
+
+def _offsets(who: np.ndarray, n: int) -> np.ndarray:
+    """Where each of ``n`` processes' points start in ``who`` (sorted), and the end."""
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(who, minlength=n), out=offsets[1:])
+    return offsets
 
 
 # ------------------------------------------------------------------------------ chunk by chunk

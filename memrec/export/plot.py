@@ -3,7 +3,8 @@
 Each panel stacks the owned bytes by category (driver allocations, VMM physical; pinned host memory
 on the host panel) as step areas, draws the bytes mapped from peers by IPC as a dotted line above
 them (mapped, not owned), NVML's ``used`` and ``reserved`` as lines, the phases of the process that
-held most on that GPU as shaded bands with their names, and every failed call as a red cross with
+held most on that GPU as shaded bands with their names (past :data:`NAMED` phases, the wide ones'
+names only), and every failed call as a red cross with
 its result. Times are seconds since the recording started, or, with a second recording
 (:func:`plot_diff`), since the first marker name both recordings share, so the two line up.
 
