@@ -13,7 +13,8 @@ interleaved within each repeat.
 
 The floor of each command is the same command on the first shape (8 processes, no markers) in
 the same repeat: the figure quoted is the median of the per-repeat ratios, so a change of the
-host's load hits both sides alike. Issue 26's goals: 100,000 processes ≤ 3 × the floor and
+host's load hits both sides alike; of wall time and of the child's CPU time (user + system: on a
+loaded 2-core host the steadier of the two). Issue 26's goals: 100,000 processes ≤ 3 × the floor and
 ≤ 1 GB; 50,000 markers ≤ 1.5 ×.
 """
 
@@ -76,7 +77,8 @@ else:
         rc = main(argv)
     assert rc == 0, (what, rc)
 dt = time.perf_counter() - t
-print(json.dumps({"s": dt, "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+use = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"s": dt, "cpu": use.ru_utime + use.ru_stime, "rss_mib": use.ru_maxrss / 1024}))
 """
 
 
@@ -170,12 +172,14 @@ def main() -> int:
                 res[(c, s)].append(run(c, paths[s]))
     for c in args.commands:
         floor = res[(c, shapes[0])]
-        line = [f"{c:>10}: floor {statistics.median(r['s'] for r in floor):.2f} s, {max(r['rss_mib'] for r in floor):.0f} MiB"]
+        line = [f"{c:>10}: floor {statistics.median(r['s'] for r in floor):.2f} s wall, "
+                f"{statistics.median(r['cpu'] for r in floor):.2f} s CPU, {max(r['rss_mib'] for r in floor):.0f} MiB"]
         for s in shapes[1:]:
             rs = res[(c, s)]
-            ratio = statistics.median(r["s"] / f["s"] for r, f in zip(rs, floor))
+            wall = statistics.median(r["s"] / f["s"] for r, f in zip(rs, floor))
+            cpu = statistics.median(r["cpu"] / f["cpu"] for r, f in zip(rs, floor))
             line.append(f"{s[0]:,} processes, {s[1]:,} markers: {statistics.median(r['s'] for r in rs):.2f} s "
-                        f"(x{ratio:.2f}), {max(r['rss_mib'] for r in rs):.0f} MiB")
+                        f"(x{wall:.2f} wall, x{cpu:.2f} CPU), {max(r['rss_mib'] for r in rs):.0f} MiB")
         print(" | ".join(line))
     if not args.keep:
         for path in paths.values():
