@@ -9,7 +9,9 @@ What opens in ui.perfetto.dev:
   markers, its failed driver calls as instants named by their result
   (``CUDA_ERROR_OUT_OF_MEMORY``, with api, size and GPU as arguments), and its IPC calls: each
   ``cuIpcOpenMemHandle_v2`` is the end of a flow that starts at the exporter's
-  ``cuIpcGetMemHandle`` of the same 64 handle bytes.
+  ``cuIpcGetMemHandle`` of the same 64 handle bytes; for a trace recorded with ``memrec daemon
+  --tensors``, its PyTorch tensor blocks on each GPU as two counters (``tensors allocated on GPU
+  0``, ``tensors reserved on GPU 0``: the caching allocator's segments that held a block).
 
 Timestamps are the trace's own (CLOCK_MONOTONIC ns). Packets are streamed to the file one by one
 (the builder's streaming mode): memory stays in proportion to one GPU's series, not the file.
@@ -29,6 +31,7 @@ from memrec.events import OWNED
 from memrec.api import Recording
 from memrec.columns import failed_calls
 from memrec.engine.ipc import IpcOpens
+from memrec.state.tensors import block_series
 from memrec.export import require
 
 #: Every packet comes from one writer: one trusted sequence.
@@ -174,6 +177,9 @@ def _process_tracks(w: _Writer, rec: Recording) -> None:
     ipc_of: dict[int, list[int]] = {}
     for i in sorted(set(flows_out) | set(flows_in)):
         ipc_of.setdefault(int(ev["pid"][i]), []).append(i)
+    blocks_of: dict[int, list] = {}
+    for (p, g), columns in sorted(block_series(ev).items()):
+        blocks_of.setdefault(p, []).append((g, columns))
     for pid in pids:
         title = process_title(rec.trace.processes.get(pid), rec.ranks.get(pid, "")) or f"pid {pid}"
         proc = w.track(title, pid=pid)
@@ -183,6 +189,9 @@ def _process_tracks(w: _Writer, rec: Recording) -> None:
                 where = f"GPU {g}" if g >= 0 else "host"
                 rows, values = steps.steps(k)
                 w.counter(w.track(f"held on {where}", proc, counter=True), rec.timeline.gpus[g].ts[rows], values)
+        for g, (ts, allocated, reserved) in blocks_of.get(pid, []):
+            w.counter(w.track(f"tensors allocated on GPU {g}", proc, counter=True), ts, allocated)
+            w.counter(w.track(f"tensors reserved on GPU {g}", proc, counter=True), ts, reserved)
         _phase_slices(w, pid, proc, phases_of.get(pid, []), instants_of.get(pid, []))
         mine = failed_of.get(pid, [])
         if mine:
