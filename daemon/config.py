@@ -137,7 +137,8 @@ class DaemonConfig:
         follow_tree: record only tracked pids and their descendants (``memrec record``).
         rotate_bytes: start a new file once this many bytes are written (0: never).
         flush_interval: the longest a record waits in the writer's buffer (seconds).
-        keyframe_interval: seconds between two keyframes (full live state; skipped when no event came).
+        keyframe_interval: the least seconds between two keyframes (full live state; skipped when no
+            event came, or until the file grew by 4 × the last keyframe's bytes: daemon/keyframes.py).
         rescan_interval: seconds between two searches for newly mapped libcuda files.
         poll_interval: seconds between two drains of the ring buffer.
         nvml_device_hz / nvml_process_hz: NVML sample rates (0: off).

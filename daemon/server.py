@@ -44,6 +44,8 @@ from memrec.daemon.config import DaemonConfig
 from memrec.daemon.fanout import Fanout
 from memrec.daemon.feed import ProbeFeed
 from memrec.daemon.gpustamp import GpuStamper
+from memrec.daemon.heap import give_back
+from memrec.daemon.heap import settle
 from memrec.daemon.intake import Intake
 from memrec.daemon.keyframes import HoldingSink
 from memrec.daemon.keyframes import Keyframes
@@ -188,6 +190,7 @@ class Daemon:
         cfg = self.config
         self.names = TraceNames(cfg)
         self.selector = selectors.DefaultSelector()
+        settle()  # large buffers as maps of their own: freed, they go back to the system
         try:
             # Before the compile (a start on a busy host is quicker) and before any thread starts.
             log.info("scheduling: %s", self.priority.apply())
@@ -368,6 +371,7 @@ class Daemon:
             self.readings.tick(now)
         if self.keyframes.collect(self.writer):
             nxt["flush"] = now  # a keyframe is worth showing at once
+            give_back()  # its build's buffers
         if now >= nxt["keyframe"]:
             assert self.writer is not None
             self.keyframes.start(self.writer, self.state, now)  # built in a thread, written by collect
@@ -418,7 +422,10 @@ class Daemon:
             events = events[np.argsort(events["ts"], kind="stable")]
         self.stamper.stamp(events)
         name_images(events)
+        capacity = self.state.capacity()
         self.state.apply(events)
+        if self.state.capacity() != capacity:  # a table grew or was compacted: its old columns are free
+            give_back()
         if self.blocks is not None:
             self.blocks.apply(events)
         if self.torch is not None and np.any(events["kind"] == _CTX):

@@ -59,6 +59,7 @@ from memrec.analysis.untraced import pool_held
 from memrec.analysis.untraced import explained_share
 from memrec.analysis.untraced import split_process
 from memrec.events import Kind
+from memrec.events import OWNED
 
 #: Steps listed per process in a summary (the largest first); the totals hold every step.
 MAX_STEPS = 12
@@ -215,8 +216,8 @@ def reconcile(trace: Any, timeline: Timeline | None = None, phases: Any = None) 
         for p, t in zip(ex["pid"].tolist(), ex["ts"].tolist()):
             exits[p] = t  # the last one (a reused pid exits again later)
     for g, s in timeline.gpus.items():
-        owned = s.by_pid()
-        out.traced_pids[g] = [p for p, v in owned.items() if v.any()]
+        owned = s.per_pid(OWNED)
+        out.traced_pids[g] = owned.pids[(owned.peak != 0) | (owned.low != 0)].tolist()
         recorded |= set(s.pids())
 
     pm = trace.procmem
@@ -232,7 +233,7 @@ def reconcile(trace: Any, timeline: Timeline | None = None, phases: Any = None) 
             ok = used[lo:hi] >= 0
             t, u = ts[lo:hi][ok], used[lo:hi][ok]
             series = timeline.gpus.get(g)
-            traced = _lookup(series, series.total(p) if series is not None else None, t)
+            traced = _lookup_pid(series, p, t)
             out.processes[(g, p)] = ProcessSeries(
                 gpu=g, pid=p, ts=t, nvml_used=u, traced=traced, untraced=u - traced,
                 unavailable=int((~ok).sum()), recorded=p in recorded, exit_ts=exits.get(p),
@@ -293,6 +294,16 @@ def _lookup(series: GpuSeries | None, values: np.ndarray | None, ts: np.ndarray)
         return np.zeros(len(ts), dtype=np.int64)
     rows = np.searchsorted(series.ts, ts, side="right") - 1
     return values[np.maximum(rows, 0)].astype(np.int64)
+
+
+def _lookup_pid(series: GpuSeries | None, pid: int, ts: np.ndarray) -> np.ndarray:
+    """What ``pid`` owned at each of ``ts`` (as :func:`_lookup` of its total), from its own change
+    points: O(its changes + samples), so a host of many processes costs O(changes) in all."""
+    owned = series.per_pid(OWNED) if series is not None and len(series.ts) else None
+    i = owned.index(pid) if owned is not None else None
+    if i is None:
+        return np.zeros(len(ts), dtype=np.int64)
+    return owned.at_rows(i, np.searchsorted(series.ts, ts, side="right") - 1)
 
 
 def _lower_median(a: np.ndarray) -> int:

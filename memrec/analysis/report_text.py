@@ -10,6 +10,7 @@ processes that only mapped peers' memory; ``show_all`` keeps them.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from typing import Any
 
 from memrec.analysis.answer import Answer
@@ -305,6 +306,7 @@ def _without_exit_frees(r: dict) -> dict | None:
 
 #: The first line of a block ``collapse`` compares: a GPU section's title, an SGLang rank's header.
 _GPU_BLOCK = re.compile(r"^GPU \d+\b")
+_WORD_OF_DIGITS = re.compile(r"\b\d+\b")
 _RANK_BLOCK = re.compile(r"^((DP|PP|TP|EP)\d+ ?)+ +pid \d+")
 
 
@@ -320,11 +322,15 @@ def collapse(lines: list[str], header: re.Pattern, procs: dict) -> list[str]:
     if len(starts) < 2:
         return lines
     bounds = list(zip(starts, starts[1:] + [len(lines)]))
-    pids = sorted((str(p) for p in procs), key=len, reverse=True)
-    mask = re.compile(r"\b(" + "|".join(map(re.escape, pids)) + r")\b") if pids else None
+    # A pid is a whole word of digits: one pattern and a set, not an alternation of every pid
+    # (100,000 processes made that regex, tried at every position, most of the report's time).
+    pids = {str(p) for p in procs}
+
+    def pid(m: re.Match) -> str:
+        return "P" if m.group() in pids else m.group()
 
     def norm(text: str) -> str:
-        text = mask.sub("P", text) if mask else text
+        text = _WORD_OF_DIGITS.sub(pid, text) if pids else text
         text = re.sub(r"\b(DP|PP|TP|EP)\d+", r"\1n", text)
         text = re.sub(r"\bGPU-[0-9a-fA-F-]+", "UUID", text)
         text = re.sub(r"\bGPU \d+", "GPU n", text)
@@ -335,7 +341,8 @@ def collapse(lines: list[str], header: re.Pattern, procs: dict) -> list[str]:
         return re.sub(r"\s+", " ", text).strip()
 
     first_head = lines[starts[0]].split("  ")[0].split(" pid ")[0].strip()
-    base = sorted(norm(t) for t in lines[bounds[0][0] + 1 : bounds[0][1]] if t.strip() and not set(t) <= {"="})
+    base = Counter(norm(t) for t in lines[bounds[0][0] + 1 : bounds[0][1]] if t.strip() and not set(t) <= {"="})
+    base_len = sum(base.values())
     out = lines[: bounds[0][1]]
     same_run: list[str] = []
 
@@ -349,20 +356,24 @@ def collapse(lines: list[str], header: re.Pattern, procs: dict) -> list[str]:
     for lo, hi in bounds[1:]:
         head = lines[lo].split("  ")[0].split(" pid ")[0].strip()
         body = [t for t in lines[lo + 1 : hi] if t.strip() and not set(t) <= {"="}]
-        normed = sorted(norm(t) for t in body)
-        if normed == base:
+        # The lines the first block lacks (a multiset match); past 3 the block shows whole, so
+        # the matching stops there (a block of 12,500 process rows needs a few lines normalised).
+        extra = []
+        if len(body) == base_len:
+            rest = base.copy()
+            for t in body:
+                n = norm(t)
+                if rest[n]:
+                    rest[n] -= 1
+                else:
+                    extra.append(t)
+                    if len(extra) > 3:
+                        break
+        if len(body) == base_len and not extra:
             same_run.append(head)
             continue
         flush()
-        rest = list(base)
-        extra = []
-        for t in body:
-            n = norm(t)
-            if n in rest:
-                rest.remove(n)
-            else:
-                extra.append(t)
-        if len(extra) <= 3 and len(body) == len(base):
+        if len(body) == base_len and len(extra) <= 3:
             out.append(f"{head}: same as {first_head} except")
             out.extend(extra)
             out.append("")

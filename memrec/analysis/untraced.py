@@ -249,21 +249,24 @@ class Explainers:
         ctx_of = [c for c, k in zip(ctx_of, keep.tolist()) if k]
         self.libraries = [n for n, k in zip(libraries, keep.tolist()) if k]
         self.by_pid: dict[int, tuple[np.ndarray, ...]] = {}
-        pids = ev["pid"]
-        ctx_arr = np.asarray(ctx_of, dtype=np.uint64)
+        # every process's rows from one stable sort by pid (a mask per process was
+        # O(processes × calls): a host of many short processes each binding a context)
         # When each call began: the probes put the entry time of code, unload and trim calls in
         # aux (a reading taken while such a call ran already shows part of its step); else its ts.
         ts64, aux64 = ev["ts"].astype(np.int64), ev["aux"].astype(np.int64)
         timed = _one_of(ev["kind"], _ENTRY_TIMED) & (aux64 > 0) & (aux64 <= ts64) & (ts64 - aux64 < MAX_CALL_NS)
         start = np.where(timed, aux64, ts64)
-        for p in np.unique(pids).tolist():
-            m = pids == p
-            self.by_pid[p] = (
-                ev["ts"][m].astype(np.int64), ev["gpu"][m].astype(np.int64), strength[m],
-                ev["api"][m].astype(np.int64), ctx_arr[m], ev["kind"][m].astype(np.int64),
-                np.asarray(self.libraries, dtype=object)[m] if len(ev) else np.zeros(0, dtype=object),
-                ev["size"][m].astype(np.int64), start[m],
-            )
+        order = np.argsort(ev["pid"], kind="stable")
+        pids = ev["pid"][order]
+        cols = (ts64, ev["gpu"].astype(np.int64), strength, ev["api"].astype(np.int64),
+                np.asarray(ctx_of, dtype=np.uint64), ev["kind"].astype(np.int64),
+                np.asarray(self.libraries, dtype=object) if len(ev) else np.zeros(0, dtype=object),
+                ev["size"].astype(np.int64), start)
+        cols = tuple(c[order] for c in cols)
+        cuts = np.flatnonzero(pids[1:] != pids[:-1]) + 1
+        for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(pids)]):
+            if hi > lo:
+                self.by_pid[int(pids[lo])] = tuple(c[lo:hi] for c in cols)
         self.pending = _pending_events(events)
 
     def of(self, pid: int, gpu: int) -> tuple[np.ndarray, ...]:

@@ -15,7 +15,8 @@ class PlotCommand:
     """Draw a trace as a picture for a bug report: one panel per GPU.
 
     Above the panels, the three lines `memrec report` starts with. Per GPU the owned bytes stacked
-    by category, NVML used and reserved, the GPU's capacity, the phases as named bands, the
+    by category, NVML used and reserved, the GPU's capacity, the phases as named bands (past 100
+    phases, only those wider than 1/100 of the panel are named), the
     report's window hatched and every failure it counts marked (failed calls, SGLang's KV sizing).
 
     With --diff, `memrec diff`'s verdict above, and a second trace drawn under each GPU's panel,

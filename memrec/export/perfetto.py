@@ -33,6 +33,7 @@ import numpy as np
 from memrec.analysis.answer import DRIVER_CALL
 from memrec.analysis.answer import DRIVER_OOM
 from memrec.analysis.answer import Answer
+from memrec.analysis.answer import Failure
 from memrec.analysis.names import api_name
 from memrec.analysis.names import process_title
 from memrec.analysis.names import result_name
@@ -192,22 +193,42 @@ def _process_tracks(w: _Writer, rec: Recording, answer: Answer) -> None:
     )
     flows_out, flows_in = _ipc_flows(rec.ipc_opens)
     failed = np.nonzero(failed_calls(ev))[0]
-    blocks = block_series(ev)
     ipc_args = _ipc_args(rec, flows_out, flows_in)
+    owned = {g: s.per_pid(OWNED) for g, s in sorted(rec.timeline.gpus.items())}
+    # each process's phases, instants, failed calls and IPC events, grouped once (not searched per process)
+    phases_of: dict[int, list] = {}
+    for ph in phases.phases:
+        phases_of.setdefault(ph.pid, []).append(ph)
+    instants_of: dict[int, list] = {}
+    for i in phases.instants:
+        instants_of.setdefault(i.pid, []).append(i)
+    failed_of: dict[int, list[int]] = {}
+    for i, p in zip(failed.tolist(), ev["pid"][failed].tolist()):
+        failed_of.setdefault(p, []).append(i)
+    failures_of: dict[int, list[Failure]] = {}
+    for f in answer.failures:
+        failures_of.setdefault(f.pid, []).append(f)
+    ipc_of: dict[int, list[int]] = {}
+    for i in sorted(set(flows_out) | set(flows_in)):
+        ipc_of.setdefault(int(ev["pid"][i]), []).append(i)
+    blocks_of: dict[int, list] = {}
+    for (p, g), columns in sorted(block_series(ev).items()):
+        blocks_of.setdefault(p, []).append((g, columns))
     for pid in pids:
         title = process_title(rec.trace.processes.get(pid), rec.ranks.get(pid, "")) or f"pid {pid}"
         proc = w.track(title, pid=pid)
-        for g, series in sorted(rec.timeline.gpus.items()):
-            if pid in series.pids():
+        for g, steps in owned.items():
+            k = steps.index(pid)
+            if k is not None:  # its own change points: the counter leaves repeats out anyway
                 where = f"GPU {g}" if g >= 0 else "host"
-                w.counter(w.track(f"held on {where}", proc, counter=True), series.ts, series.series(pid, OWNED))
-        for (p, g), (ts, allocated, reserved) in sorted(blocks.items()):
-            if p == pid:
-                w.counter(w.track(f"tensors allocated on GPU {g}", proc, counter=True), ts, allocated)
-                w.counter(w.track(f"tensors reserved on GPU {g}", proc, counter=True), ts, reserved)
-        _phase_slices(w, rec, pid, proc)
-        _failure_instants(w, ev, answer, failed, pid, proc)
-        ipc = [i for i in sorted(set(flows_out) | set(flows_in)) if int(ev["pid"][i]) == pid]
+                rows, values = steps.steps(k)
+                w.counter(w.track(f"held on {where}", proc, counter=True), rec.timeline.gpus[g].ts[rows], values)
+        for g, (ts, allocated, reserved) in blocks_of.get(pid, []):
+            w.counter(w.track(f"tensors allocated on GPU {g}", proc, counter=True), ts, allocated)
+            w.counter(w.track(f"tensors reserved on GPU {g}", proc, counter=True), ts, reserved)
+        _phase_slices(w, pid, proc, phases_of.get(pid, []), instants_of.get(pid, []))
+        _failure_instants(w, ev, answer, failed_of.get(pid, []), failures_of.get(pid, []), proc)
+        ipc = ipc_of.get(pid, [])
         if ipc:
             track = w.track("IPC", proc)
             for i in ipc:
@@ -217,15 +238,16 @@ def _process_tracks(w: _Writer, rec: Recording, answer: Answer) -> None:
                         flows=flows_out.get(i, []), ends_flows=flows_in.get(i, []))
 
 
-def _failure_instants(w: _Writer, ev: np.ndarray, answer: Answer, failed: np.ndarray, pid: int, proc: int) -> None:
-    """``pid``'s failures (the answer's) as instants on its ``failures`` track: a failed driver call
-    named by its result with api, size, GPU as arguments; any other failure by what failed; the
-    answer's own failure with its headline, cause and fix."""
-    mine = [f for f in answer.failures if f.pid == pid]
+def _failure_instants(w: _Writer, ev: np.ndarray, answer: Answer, failed: list[int], mine: list[Failure],
+                      proc: int) -> None:
+    """A process's failures (``mine``, the answer's) as instants on its ``failures`` track: a failed
+    driver call (``failed``: its failed calls' event indexes) named by its result with api, size,
+    GPU as arguments; any other failure by what failed; the answer's own failure with its
+    headline, cause and fix."""
     if not mine:
         return
     track = w.track("failures", proc)
-    calls = {int(ev["ts"][i]): i for i in failed[ev["pid"][failed] == pid].tolist()}
+    calls = {int(ev["ts"][i]): i for i in failed}
     for f in mine:
         args: dict = {"failure": f.what, "kind": f.kind, "rank": f.who, "phase": f.phase}
         if f.gpu is not None:
@@ -269,9 +291,8 @@ def _ipc_args(rec: Recording, flows_out: dict[int, list[int]], flows_in: dict[in
     return out
 
 
-def _phase_slices(w: _Writer, rec: Recording, pid: int, proc: int) -> None:
-    mine = [ph for ph in rec.phases.phases if ph.pid == pid]
-    instants = [i for i in rec.phases.instants if i.pid == pid]
+def _phase_slices(w: _Writer, pid: int, proc: int, mine: list, instants: list) -> None:
+    """Process ``pid``'s phases (``mine``) as nested slices and its instants, on one track."""
     if not mine and not instants:
         return
     track = w.track("phases", proc)

@@ -5,7 +5,8 @@ prints first), or with a second recording ``memrec diff``'s verdict. Each panel 
 bytes by category (driver allocations, VMM physical; pinned host memory on the host panel) as step
 areas, draws the bytes mapped from peers by IPC as a dotted line above them (mapped, not owned),
 NVML's ``used`` and ``reserved`` as lines, the GPU's capacity as a line (the y axis reaches it),
-the phases of the process that held most on that GPU as shaded bands with their names, the
+the phases of the process that held most on that GPU as shaded bands with their names (past
+:data:`NAMED` phases, the wide ones' names only), the
 answer's window as a hatched band, and every failure the answer counts as a red cross with what
 failed (a driver call's result, SGLang's KV sizing, a marker's error). Where NVML's ``used`` reads
 far below what was traced (its samples lag the driver calls, up to a sampling period), a note
@@ -285,10 +286,15 @@ def _owner(p: Panel) -> int | None:
     if s is None or not with_phases:
         return None
     _, _, row = s.peak()
-    held = {pid: int(s.total(pid)[row]) for pid in s.pids() if pid in with_phases}
+    owned = s.per_pid()
+    held = {pid: b for pid, b in zip(owned.pids.tolist(), owned.at_row(row).tolist()) if pid in with_phases}
     if not held:
         return None
     return max(held, key=lambda pid: (held[pid], -pid))
+
+
+#: Phases a panel names all of (past it, only the wide ones).
+NAMED = 100
 
 
 def _band_phases(p: Panel) -> list[Phase]:
@@ -388,13 +394,23 @@ def _panel(ax, p: Panel, scale: int, view: tuple[float, float]) -> None:
         if ok.any():
             ax.step((nv["ts"][ok] - p.offset) / 1e9, nv[field][ok] / scale, where="post", color="black",
                     linestyle=style, linewidth=1.0, label=f"NVML {field}")
-    for k, ph in enumerate(_band_phases(p)):
+    bands = _band_phases(p)
+    # One collection per colour, not a patch per phase; past NAMED phases only those wider than
+    # 1/NAMED of the view are named: 3,000 phases a panel took minutes to draw, unreadable anyway.
+    wide = (view[1] - view[0]) / NAMED if len(bands) > NAMED else 0.0
+    spans: tuple[list, list] = ([], [])
+    for k, ph in enumerate(bands):
         x0, x1 = (ph.start - p.offset) / 1e9, (ph.end - p.offset) / 1e9
-        ax.axvspan(x0, x1, color=_BAND[k % 2], zorder=-2, linewidth=0)
+        spans[k % 2].append((x0, x1 - x0))
+        if x1 - x0 < wide:
+            continue
         # Names alternate between two heights: short phases side by side stay readable.
         ax.text(x0, 0.98 if k % 2 == 0 else 0.55, f" {ph.name}", transform=ax.get_xaxis_transform(), rotation=90,
                 va="top", ha="left", fontsize=7, color="#303030", clip_on=True,
                 bbox={"facecolor": "white", "alpha": 0.75, "edgecolor": "none", "pad": 0.6})
+    for k, xranges in enumerate(spans):
+        if xranges:
+            ax.broken_barh(xranges, (0, 1), transform=ax.get_xaxis_transform(), color=_BAND[k], zorder=-2, linewidth=0)
     win = _window(p)
     if win is not None:
         ax.axvspan((win.start_ts - p.offset) / 1e9, (win.end_ts - p.offset) / 1e9, facecolor="none", hatch="////",

@@ -211,6 +211,8 @@ class LiveState(Queries, VmmIpc):
                 plan.restart()
         piece(lo, n)
         self._alloc_hints.clear()
+        for table in (self._allocs, self._handles, self._maps):  # no row is held between batches
+            table.shrink()
         self.n_events += n
         self.last_ts = int(min(events["ts"][-1], MAX_TS))
         if fill and events.writeable:
@@ -385,6 +387,11 @@ class LiveState(Queries, VmmIpc):
         for fb in [fb for fb, f in self._fabric.items() if f[0] == pid]:
             del self._fabric[fb]
 
+    def capacity(self) -> int:
+        """Rows the tables have room for: when it changes (a table grew or was compacted), the
+        heap has pages to hand back (the daemon then calls ``malloc_trim``)."""
+        return sum(len(t.live) for t in (self._allocs, self._handles, self._maps))
+
     # --------------------------------------------------------------- snapshot
 
     def snapshot(self) -> dict:
@@ -398,7 +405,8 @@ class LiveState(Queries, VmmIpc):
 
     def snapshot_later(self) -> Callable[[], dict]:
         """Take the state now, cheaply (copies of the allocation columns, the small tables as
-        lists); the function returned builds :meth:`snapshot`'s dict from that, in any thread."""
+        lists); the function returned builds :meth:`snapshot`'s dict from that, in any thread,
+        once (it lets go of each column as it encodes it)."""
         out = {
             "v": SNAPSHOT_VERSION,
             "n": self.n_events,

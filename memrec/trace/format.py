@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import os
 import re
 import socket
@@ -365,8 +366,10 @@ def decode_record(obj: Any, schema: Schema | None = None) -> dict:
     return rec
 
 
-def _fields(cls: type) -> list[str]:
-    return [f.name for f in dataclasses.fields(cls)]
+@functools.cache
+def _fields(cls: type) -> tuple[str, ...]:
+    """The field names of a record's dataclass (looked up once: a trace has a record per marker)."""
+    return tuple(f.name for f in dataclasses.fields(cls))
 
 
 _U32 = (0, 2**32)
