@@ -49,7 +49,7 @@ class Host:
     tp: int = 2
     oom: bool = False
     churn: int = 2000  # activation allocate/free pairs per rank over the day
-    part: int = 0
+    part: int = 0  # a later part of the recording (rotated) holds the day's churn only
     day: int = 0  # days after DAY0_WALL
 
     @property
@@ -90,7 +90,7 @@ def write_host(path: Path, host: Host) -> Path:
         markers.append(Marker(ts, host.rank_pid(r), 0, host.rank_pid(r), name, phase, r,
                               {"tp_rank": r, "sglang_version": host.sglang_version}))
 
-    for r in range(host.tp):
+    for r in range(host.tp if host.part == 0 else 0):  # a later part goes on serving
         t = mono0 + S
         mark(r, t, "load_weights", "begin")
         for i in range(8):

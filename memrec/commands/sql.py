@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import decimal
 import json
 import shutil
 import sys
@@ -118,6 +119,7 @@ class _datasets:
     def __enter__(self) -> list[Path]:
         from memrec.commands.common import load_trace_for_command
         from memrec.export.dataset import MANIFEST
+        from memrec.export.dataset import check_manifest
         from memrec.export.dataset import write_trace
 
         roots, traces = [], []
@@ -126,6 +128,7 @@ class _datasets:
                 if not (path / MANIFEST).is_file():
                     raise MemrecCommandError(f"{path}: not a memrec dataset (no {MANIFEST}; "
                                              "memrec export --to dataset writes one)", exit_code=ExitCode.DATA)
+                check_manifest(path)
                 roots.append(path)
             else:
                 traces.append(path)
@@ -149,6 +152,8 @@ class _datasets:
 def _cell(value: Any) -> Any:
     if isinstance(value, (datetime.datetime, datetime.date)):
         return value.isoformat()
+    if isinstance(value, decimal.Decimal):  # DuckDB sums integers as 128-bit: Arrow decimals
+        return int(value) if value == value.to_integral_value() else float(value)
     if isinstance(value, float):
         return round(value, 6)
     return value

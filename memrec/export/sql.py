@@ -13,6 +13,7 @@ check of their form, since the two engines bind parameters differently.
 
 from __future__ import annotations
 
+import glob
 import re
 import shutil
 import tempfile
@@ -26,6 +27,7 @@ from memrec._errors import ExitCode
 from memrec._errors import MemrecCommandError
 from memrec.export import require
 from memrec.export.dataset import TABLES
+from memrec.export.dataset import arrow_schema
 
 
 @dataclass(frozen=True)
@@ -50,20 +52,27 @@ class NamedQuery:
     params: dict[str, Param] = field(default_factory=dict)
 
 
+#: Each process's rank and SGLang release as any part of its recording names them: the markers
+#: that name them come once, at start-up, so a later part of a rotated recording has them only here.
+_KNOWN = """WITH known AS (
+    SELECT trace_id, pid, COALESCE(MAX(NULLIF(rank, '')), '') AS rank,
+           COALESCE(MAX(NULLIF(sglang_version, '')), '') AS sglang_version
+    FROM processes GROUP BY trace_id, pid)"""
+
 _HOLDER_RANKED = """
-    SELECT trace_id, part, failure, holder_pid, holder_rank, holder_name, held,
+    SELECT trace_id, part, failure, holder_pid, holder_name, held,
            ROW_NUMBER() OVER (PARTITION BY trace_id, part, failure ORDER BY held DESC, holder_pid) AS n
-    FROM (SELECT trace_id, part, failure, holder_pid, holder_rank, holder_name, SUM(bytes) AS held
+    FROM (SELECT trace_id, part, failure, holder_pid, holder_name, CAST(SUM(bytes) AS BIGINT) AS held
           FROM failure_holders WHERE owned
-          GROUP BY trace_id, part, failure, holder_pid, holder_rank, holder_name) held_by"""
+          GROUP BY trace_id, part, failure, holder_pid, holder_name) held_by"""
 
 NAMED: dict[str, NamedQuery] = {
     "fleet": NamedQuery(
         "per day: hosts, trace parts, events, failed calls, lost events, incomplete parts, the highest GPU peak",
         """
-SELECT day, COUNT(DISTINCT host) AS hosts, COUNT(*) AS parts, SUM(events) AS events,
-       SUM(failed_calls) AS failed_calls, SUM(lost) AS lost,
-       SUM(CASE WHEN complete THEN 0 ELSE 1 END) AS incomplete, MAX(peak_bytes) AS peak_bytes
+SELECT day, COUNT(DISTINCT host) AS hosts, COUNT(*) AS parts, CAST(SUM(events) AS BIGINT) AS events,
+       CAST(SUM(failed_calls) AS BIGINT) AS failed_calls, CAST(SUM(lost) AS BIGINT) AS lost,
+       CAST(SUM(CASE WHEN complete THEN 0 ELSE 1 END) AS BIGINT) AS incomplete, MAX(peak_bytes) AS peak_bytes
 FROM traces
 WHERE day >= DATE '{since}'
 GROUP BY day
@@ -72,36 +81,43 @@ ORDER BY day""",
     ),
     "failures": NamedQuery(
         "every failed allocation: host, job, rank, call, size, phase, and the process that held the most then",
-        f"""
-SELECT f.day, f.host, f.job, f.rank, f.pid, f.time, f.api, f.size, f.result_name, f.gpu_uuid, f.phase,
-       f.owned_on_gpu, h.holder_pid AS top_holder_pid, h.holder_rank AS top_holder_rank,
-       h.holder_name AS top_holder, h.held AS top_holder_bytes
+        f"""{_KNOWN}
+SELECT f.day, f.host, f.job, COALESCE(NULLIF(k.rank, ''), f.rank) AS rank, f.pid, f.time, f.api, f.size,
+       f.result_name, f.gpu_uuid, f.phase, f.owned_on_gpu, h.holder_pid AS top_holder_pid,
+       kh.rank AS top_holder_rank, h.holder_name AS top_holder, h.held AS top_holder_bytes
 FROM failures f
+LEFT JOIN known k ON k.trace_id = f.trace_id AND k.pid = f.pid
 LEFT JOIN ({_HOLDER_RANKED}
 ) h ON h.trace_id = f.trace_id AND h.part = f.part AND h.failure = f.failure AND h.n = 1
+LEFT JOIN known kh ON kh.trace_id = h.trace_id AND kh.pid = h.holder_pid
 WHERE f.day >= DATE '{{since}}'
 ORDER BY f.time, f.host, f.pid""",
         {"since": _DATE},
     ),
     "holders": NamedQuery(
         "who held what at each failed allocation: one row per holder and category",
-        """
-SELECT f.host, f.job, f.rank, f.time, f.api, f.size, f.gpu_uuid, h.holder_pid, h.holder_rank,
-       h.holder_name, h.category, h.bytes
+        f"""{_KNOWN}
+SELECT f.host, f.job, COALESCE(NULLIF(k.rank, ''), f.rank) AS rank, f.time, f.api, f.size, f.gpu_uuid,
+       h.holder_pid, COALESCE(NULLIF(kh.rank, ''), h.holder_rank) AS holder_rank, h.holder_name, h.category,
+       h.bytes
 FROM failures f
 JOIN failure_holders h ON h.trace_id = f.trace_id AND h.part = f.part AND h.failure = f.failure
-WHERE f.day >= DATE '{since}'
-ORDER BY f.time, f.host, h.bytes DESC""",
+LEFT JOIN known k ON k.trace_id = f.trace_id AND k.pid = f.pid
+LEFT JOIN known kh ON kh.trace_id = h.trace_id AND kh.pid = h.holder_pid
+WHERE f.day >= DATE '{{since}}'
+ORDER BY f.time, f.host, h.bytes DESC, h.holder_pid, h.category""",
         {"since": _DATE},
     ),
     "peaks": NamedQuery(
         "the peak of each job and rank (its highest owned bytes on one GPU), highest first",
-        """
+        f"""{_KNOWN}
 SELECT host, job, rank, pid, name, sglang_version, peak_bytes, peak_time, peak_gpu_uuid
-FROM (SELECT host, job, rank, pid, name, sglang_version, peak_bytes, peak_time, peak_gpu_uuid,
-             ROW_NUMBER() OVER (PARTITION BY job, rank ORDER BY peak_bytes DESC, peak_time) AS n
-      FROM processes
-      WHERE peak_bytes > 0 AND day >= DATE '{since}') ranked
+FROM (SELECT p.host, p.job, k.rank, p.pid, p.name, k.sglang_version, p.peak_bytes, p.peak_time,
+             p.peak_gpu_uuid,
+             ROW_NUMBER() OVER (PARTITION BY p.job, k.rank ORDER BY p.peak_bytes DESC, p.peak_time) AS n
+      FROM processes p
+      JOIN known k ON k.trace_id = p.trace_id AND k.pid = p.pid
+      WHERE p.peak_bytes > 0 AND p.day >= DATE '{{since}}') ranked
 WHERE n = 1
 ORDER BY peak_bytes DESC, job, rank""",
         {"since": _DATE},
@@ -116,7 +132,7 @@ SELECT name, category,
             - AVG(CASE WHEN sglang_version = '{old}' THEN net END) AS BIGINT) AS growth_bytes,
        COUNT(CASE WHEN sglang_version = '{old}' THEN 1 END) AS old_processes,
        COUNT(CASE WHEN sglang_version = '{new}' THEN 1 END) AS new_processes
-FROM (SELECT trace_id, pid, name, category, sglang_version, SUM(net) AS net
+FROM (SELECT trace_id, pid, name, category, sglang_version, CAST(SUM(net) AS BIGINT) AS net
       FROM phases
       WHERE owned AND sglang_version IN ('{old}', '{new}') AND day >= DATE '{since}'
       GROUP BY trace_id, pid, name, category, sglang_version) per_process
@@ -196,11 +212,26 @@ class DuckDB:
             raise MemrecCommandError(f"duckdb: {error}", exit_code=ExitCode.USAGE) from error
         self.error = duckdb.Error
         self.con.execute("SET TimeZone = 'UTC'")
-        for table in TABLES:
-            globs = ", ".join(_literal(str(root / table / "*" / "*" / "*.parquet")) for root in roots)
-            self.con.execute(
-                f"CREATE VIEW {table} AS SELECT * FROM read_parquet([{globs}], hive_partitioning = true, "
-                "hive_types = {'host': 'VARCHAR', 'day': 'DATE'}, union_by_name = true)")
+        try:
+            for table in TABLES:
+                self._view(table, roots)
+        except duckdb.Error as error:
+            self.close()
+            raise MemrecCommandError(f"sql: {str(error).splitlines()[0]}", exit_code=ExitCode.DATA) from error
+
+    def _view(self, table: str, roots: list[Path]) -> None:
+        """``table`` as a view over its files in every root; an empty one of its columns when no
+        root has any yet (a new dataset)."""
+        pa = require("pyarrow", "sql", "memrec sql")
+        globs = [str(root / table / "*" / "*" / "*.parquet") for root in roots]
+        if not any(next(iter(glob.glob(g)), None) for g in globs):
+            schema = arrow_schema(table).append(pa.field("host", pa.string())).append(pa.field("day", pa.date32()))
+            self.con.register(f"_empty_{table}", schema.empty_table())
+            self.con.execute(f"CREATE VIEW {table} AS SELECT * FROM _empty_{table}")
+            return
+        self.con.execute(
+            f"CREATE VIEW {table} AS SELECT * FROM read_parquet([{', '.join(map(_literal, globs))}], "
+            "hive_partitioning = true, hive_types = {'host': 'VARCHAR', 'day': 'DATE'}, union_by_name = true)")
 
     def query(self, sql: str) -> tuple[list[str], Iterator[tuple]]:
         """Column names and the rows (fetched in batches as they are read).

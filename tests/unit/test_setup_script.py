@@ -65,7 +65,7 @@ def test_setup_shows_its_own_lines_only_and_a_rerun_says_ready(fresh_clone, tmp_
     assert first.returncode == 0, first.stderr
     lines = first.stderr.splitlines()
     assert all(line.startswith("memrec setup: ") for line in lines), first.stderr
-    assert lines[0] == "memrec setup: installing memrec[nvml,tui,metrics] into .venv (pip)"
+    assert lines[0] == "memrec setup: installing memrec[nvml,tui,metrics,sql] into .venv (pip)"
     assert lines[-1].startswith("memrec setup: ready: memrec ")
     assert first.stdout == ""
     assert (fresh_clone / ".venv" / "bin" / "memrec").exists()
