@@ -126,10 +126,10 @@ ORDER BY peak_bytes DESC, job, rank""",
         "which phase grew between two SGLang releases: its average net bytes per process in each, largest growth first",
         """
 SELECT name, category,
-       CAST(AVG(CASE WHEN sglang_version = '{old}' THEN net END) AS BIGINT) AS old_bytes,
-       CAST(AVG(CASE WHEN sglang_version = '{new}' THEN net END) AS BIGINT) AS new_bytes,
-       CAST(AVG(CASE WHEN sglang_version = '{new}' THEN net END)
-            - AVG(CASE WHEN sglang_version = '{old}' THEN net END) AS BIGINT) AS growth_bytes,
+       CAST(FLOOR(AVG(CASE WHEN sglang_version = '{old}' THEN net END)) AS BIGINT) AS old_bytes,
+       CAST(FLOOR(AVG(CASE WHEN sglang_version = '{new}' THEN net END)) AS BIGINT) AS new_bytes,
+       CAST(FLOOR(AVG(CASE WHEN sglang_version = '{new}' THEN net END)
+                  - AVG(CASE WHEN sglang_version = '{old}' THEN net END)) AS BIGINT) AS growth_bytes,
        COUNT(CASE WHEN sglang_version = '{old}' THEN 1 END) AS old_processes,
        COUNT(CASE WHEN sglang_version = '{new}' THEN 1 END) AS new_processes
 FROM (SELECT trace_id, pid, name, category, sglang_version, CAST(SUM(net) AS BIGINT) AS net
