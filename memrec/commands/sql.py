@@ -29,11 +29,12 @@ class SqlCommand:
     (docs/format.md, "The dataset"). Named queries answer the usual questions and run unchanged
     on Spark (--print-sql gives their text):
 
-      fleet          per day: hosts, parts, events, failed calls, lost, the highest peak
-      failures       every failed allocation and the process that held the most then
-      holders        who held what at each failed allocation
-      peaks          the peak of each job and rank
-      phase-growth   which phase grew between two SGLang releases (--set old=... --set new=...)
+      fleet         per day: hosts, parts, events, failed calls, lost, top peak
+      failures      every failed allocation and the process that held the most
+      holders       who held what at each failed allocation
+      peaks         the peak of each job and rank
+      phase-growth  which phase grew between two SGLang releases (--set old=...
+                    --set new=...)
 
     Every named query takes --set since=YYYY-MM-DD. DuckDB holds at most --memory-limit and
     spills to a temporary folder beyond it.

@@ -264,3 +264,32 @@ def test_memrec_mark_without_daemon_fails_clearly(workdir):
     assert proc.returncode == 69
     assert proc.stderr.strip().startswith("memrec: error: no memrec daemon")
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_dataset_gets_each_closed_file_of_a_rotating_daemon(daemon_factory, stub_lib, workdir):
+    pq = pytest.importorskip("pyarrow.parquet", reason="pyarrow not installed (memrec[sql])")
+    # GIVEN a daemon writing the dataset, and a workload recorded in each of two parts
+    dataset = workdir / "ds"
+    d = daemon_factory(args=("--dataset", str(dataset)))
+    first = run_workload(stub_lib, "basic")
+    wait_for_events(d.output, {first["pid"]})
+    d.signal(signal.SIGHUP)
+    second_file = d.output.with_name("out.1.mrec")
+    deadline = time.monotonic() + 10
+    while not second_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    second = run_workload(stub_lib, "basic")
+    wait_for_events(second_file, {second["pid"]})
+    # WHEN it stops (the last file's export is waited for)
+    assert d.stop() == 0, d.log()
+    # THEN each file is one part of one recording in the dataset, with every event it holds
+    traces = pq.ParquetDataset(dataset / "traces", partitioning="hive").read().to_pylist()
+    assert sorted(t["part"] for t in traces) == [0, 1], d.log()
+    assert len({t["trace_id"] for t in traces}) == 1
+    by_part = {t["part"]: t for t in traces}
+    for part, path in ((0, d.output), (1, second_file)):
+        trace = load_trace(path)
+        assert by_part[part]["events"] == trace.n_events and by_part[part]["complete"]
+    events = pq.ParquetDataset(dataset / "events", partitioning="hive").read()
+    assert first["pid"] in set(events["pid"].to_pylist()) and second["pid"] in set(events["pid"].to_pylist())
+    assert "dataset: cannot export" not in d.log()
