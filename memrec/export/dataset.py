@@ -175,6 +175,14 @@ def wall_offset(header: dict) -> int | None:
 # ------------------------------------------------------------------------------- building tables
 
 
+def _lookup(keys: Any, mapping: dict[int, str]) -> np.ndarray:
+    """``mapping[key]`` ("" when missing) for each key, as an object array: one lookup per
+    distinct key (a million events have a few pids and GPUs)."""
+    keys = np.asarray(keys, dtype=np.int64)
+    distinct, index = np.unique(keys, return_inverse=True)
+    return np.array([mapping.get(int(k), "") for k in distinct.tolist()], dtype=object)[index]
+
+
 class _Builder:
     """The rows of every table for one trace part (one replay through Recording and the report)."""
 
@@ -203,8 +211,8 @@ class _Builder:
             return np.full(len(ts), None, dtype=object)
         return (ts + self.offset) // 1000
 
-    def uuid(self, gpus: Any) -> list[str]:
-        return [self.uuids.get(int(g), "") for g in np.asarray(gpus).tolist()]
+    def uuid(self, gpus: Any) -> np.ndarray:
+        return _lookup(gpus, self.uuids)
 
     def _jobs(self) -> dict[int, str]:
         """pid -> its job: the root of its process tree in this trace, as ``host:pid:start``.
@@ -240,11 +248,11 @@ class _Builder:
         by_job = {self.jobs[p]: v for p, v in own.items() if p in self.jobs}
         return {p: own.get(p) or by_job.get(j, "") for p, j in self.jobs.items()}
 
-    def job(self, pids: Any) -> list[str]:
-        return [self.jobs.get(int(p), "") for p in np.asarray(pids).tolist()]
+    def job(self, pids: Any) -> np.ndarray:
+        return _lookup(pids, self.jobs)
 
-    def rank(self, pids: Any) -> list[str]:
-        return [self.ranks.get(int(p), "") for p in np.asarray(pids).tolist()]
+    def rank(self, pids: Any) -> np.ndarray:
+        return _lookup(pids, self.ranks)
 
     # ---------------------------------------------------------------- tables
 

@@ -221,7 +221,9 @@ class DuckDB:
 
     def _view(self, table: str, roots: list[Path]) -> None:
         """``table`` as a view over its files in every root; an empty one of its columns when no
-        root has any yet (a new dataset)."""
+        root has any yet (a new dataset). The schema is the first file's: every file of one layout
+        version has the same (``union_by_name``, which reads every file's, took 2.7× as long
+        over 1,100 files)."""
         pa = require("pyarrow", "sql", "memrec sql")
         globs = [str(root / table / "*" / "*" / "*.parquet") for root in roots]
         if not any(next(iter(glob.glob(g)), None) for g in globs):
@@ -231,7 +233,7 @@ class DuckDB:
             return
         self.con.execute(
             f"CREATE VIEW {table} AS SELECT * FROM read_parquet([{', '.join(map(_literal, globs))}], "
-            "hive_partitioning = true, hive_types = {'host': 'VARCHAR', 'day': 'DATE'}, union_by_name = true)")
+            "hive_partitioning = true, hive_types = {'host': 'VARCHAR', 'day': 'DATE'})")
 
     def query(self, sql: str) -> tuple[list[str], Iterator[tuple]]:
         """Column names and the rows (fetched in batches as they are read).
