@@ -184,7 +184,8 @@ def _lookup(keys: Any, mapping: dict[int, str]) -> np.ndarray:
 
 
 class _Builder:
-    """The rows of every table for one trace part (one replay through Recording and the report)."""
+    """The rows of every table for one trace part: :class:`memrec.api.Recording`'s tables and the
+    report's dict (each replays the part once, with the same engine)."""
 
     def __init__(self, trace: Any, file_name: str) -> None:
         from memrec.analysis.report import build_report
@@ -281,7 +282,7 @@ class _Builder:
         }
 
     def gpus(self) -> dict[str, Any]:
-        secs = [s for s in self.report["gpus"]]
+        secs = self.report["gpus"]
         peak_ts = [s["peak"]["ts"] for s in secs]
         return {
             "gpu": [s["gpu"] for s in secs], "gpu_uuid": [s.get("uuid") or self.uuids.get(s["gpu"], "") for s in secs],
@@ -433,10 +434,15 @@ def check_manifest(root: Path) -> None:
     """
     path = root / MANIFEST
     try:
-        with open(path, "rb") as f:
-            manifest = json.loads(f.read(1 << 20))
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)  # a link there is no manifest
     except FileNotFoundError:
         return
+    except OSError as error:
+        raise MemrecCommandError(f"{path}: not a memrec dataset manifest ({error.strerror})",
+                                 exit_code=ExitCode.DATA) from error
+    try:
+        with os.fdopen(fd, "rb") as f:
+            manifest = json.loads(f.read(1 << 20))
     except (OSError, ValueError) as error:
         raise MemrecCommandError(f"{path}: not a memrec dataset manifest ({error})", exit_code=ExitCode.DATA) from error
     version = manifest.get("memrec_dataset") if isinstance(manifest, dict) else None

@@ -155,6 +155,10 @@ def test_a_link_planted_in_the_dataset_is_never_followed(tmp_path, fleet):
     # WHEN exported again THEN the link is replaced by the file, the file outside untouched
     assert export(fleet[:1], out) == 0
     assert not victim.is_symlink() and target.read_text() == "keep"
+    # AND a link in the manifest's place is not read as one
+    (out / MANIFEST).unlink()
+    (out / MANIFEST).symlink_to(target)
+    assert export(fleet[:1], out) == ExitCode.DATA
 
 
 def test_a_dataset_of_another_layout_is_refused(tmp_path, fleet, capsys):
