@@ -99,11 +99,12 @@ class DaemonCommand:
                             help="in a trace directory, keep the N newest trace files and delete older ones "
                                  "(0: keep all; with --rotate-size, the directory stays under about N x SIZE)")
         parser.add_argument("--metrics-addr", type=_arg(metrics_addr), metavar="HOST:PORT",
-                            help="serve Prometheus metrics at http://HOST:PORT/metrics (needs memrec[metrics]; "
-                                 ":PORT listens on every address)")
+                            help="serve Prometheus metrics at http://HOST:PORT/metrics (needs prometheus-client, "
+                                 "the metrics extra; :PORT listens on every address)")
         parser.add_argument("--dataset", type=Path, metavar="DIR",
                             help="export each trace file, once closed (rotation, stop), into the Parquet dataset at DIR "
-                                 "for memrec sql, Spark, Trino (in a child process at lower priority; needs memrec[export])")
+                                 "for memrec sql, Spark, Trino (in a child process at lower priority; needs pyarrow, "
+                                 "the sql extra)")
         parser.add_argument("--drop-capabilities", action="store_true",
                             help="once the probes are attached, keep only the capabilities recording needs "
                                  "(CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH, CAP_SYS_RESOURCE)")
@@ -164,7 +165,7 @@ def _check_dataset(folder: Path) -> None:
     from memrec.export import require
     from memrec.export.dataset import check_manifest
 
-    require("pyarrow.parquet", "export", "--dataset")
+    require("pyarrow.parquet", "sql", "--dataset")
     if folder.exists() and not folder.is_dir():
         raise MemrecCommandError(f"--dataset {folder}: exists and is not a folder", exit_code=ExitCode.CANT_CREATE)
     check_output(folder, force=True)

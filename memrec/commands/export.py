@@ -30,8 +30,9 @@ class ExportCommand:
                       (docs/format.md, "The dataset"). Exporting a trace again replaces its
                       files (no -f needed); other traces' files stay.
 
-    An existing output is kept unless -f/--force (the trace itself never is replaced). Needs
-    `pip install 'memrec[export]'` for perfetto and parquet.
+    An existing output is kept unless -f/--force (the trace itself never is replaced). Perfetto
+    and Parquet need the export extra (perfetto, pyarrow), which scripts/setup installs; without
+    it the error names the pip command for the environment memrec runs from.
 
     examples:
       memrec export run.mrec --to perfetto -o run.pftrace
@@ -126,7 +127,7 @@ def _write_dataset(traces: list[Path], out: Path) -> int:
     from memrec.export.dataset import check_manifest
     from memrec.export.dataset import write_trace
 
-    require("pyarrow.parquet", "export", "--to dataset")
+    require("pyarrow.parquet", "sql", "--to dataset")
     if out.exists() and not out.is_dir():
         raise MemrecCommandError(f"{out}: exists and is not a folder (--to dataset writes a folder of tables)",
                                  exit_code=ExitCode.CANT_CREATE)

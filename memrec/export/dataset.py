@@ -107,7 +107,7 @@ TABLES = tuple(COLUMNS)
 
 def arrow_schema(table: str) -> Any:
     """The pyarrow schema of ``table`` (the key columns first)."""
-    pa = require("pyarrow", "export", "--to dataset")
+    pa = require("pyarrow", "sql", "--to dataset")
     types = {_S: pa.string(), _I16: pa.int16(), _I32: pa.int32(), _I64: pa.int64(), _F64: pa.float64(),
              _B: pa.bool_(), _T: pa.timestamp("us", tz="UTC")}
     return pa.schema([(name, types[kind]) for name, kind in _KEY + COLUMNS[table]])
@@ -406,7 +406,7 @@ class _Builder:
 
 def build_tables(trace: Any, file_name: str = "") -> tuple[TracePart, dict[str, Any]]:
     """Every table of one trace part as a pyarrow Table (each with the table's exact schema)."""
-    pa = require("pyarrow", "export", "--to dataset")
+    pa = require("pyarrow", "sql", "--to dataset")
     builder = _Builder(trace, file_name)
     where = builder.where
     out = {}
@@ -498,7 +498,7 @@ def write_trace(trace: Any, root: Path, file_name: str = "") -> tuple[TracePart,
         MemrecCommandError: ``root`` holds a dataset of another layout version.
         OSError: a folder or file cannot be made (a symbolic link in the way: ELOOP / ENOTDIR).
     """
-    pq = require("pyarrow.parquet", "export", "--to dataset")
+    pq = require("pyarrow.parquet", "sql", "--to dataset")
     check_manifest(root)
     where, tables = build_tables(trace, file_name)
     root_fd = open_folder(root)

@@ -12,6 +12,8 @@ from textual.widgets import DataTable
 from textual.widgets import Static
 
 from memrec.engine.phases import NO_PHASE
+from memrec.events import UNTRACED_HEADINGS
+from memrec.events import UNTRACED_SPLIT
 from memrec.events import GpuInfo
 from memrec.events import cu_result_name
 from memrec.tui.filters import KIND_NAMES
@@ -88,7 +90,7 @@ def header_text(gpu: GpuInfo | None, gpu_id: int, cursor_rel: str, st: CursorSta
     t.append(" │ traced ", style="dim")
     t.append(fmt_bytes(owned) if owned is not None else "…", style="bold")
     if st is not None and wide:
-        for c in ("driver", "vmm", "host_pinned"):
+        for c in ("driver", "vmm", "array", "host_pinned"):
             if st.by_category.get(c):
                 t.append(f" {c[:6]} ", style="dim")
                 t.append(fmt_bytes(st.by_category[c]), style=None if no_color else LAYER_COLOURS[c])
@@ -243,10 +245,9 @@ class HoldersTable(DataTable):
                 self.add_row(label, api, fmt_dur(max(st.ts - ts, 0)) + " ago", fmt_bytes(cost) if cost is not None else "-",
                              "foreign: allocates nothing here" if foreign else "")
         elif v == "untraced":
-            self.add_columns("rank/pid", "context", "module code", "pools", "before", "unexplained")
+            self.add_columns("rank/pid", *(UNTRACED_HEADINGS[k].lower() for k in UNTRACED_SPLIT))
             for label, sp in st.untraced_split:
-                self.add_row(label, *(fmt_bytes(sp[k]) for k in ("context", "module_code", "pools", "before_recording",
-                                                                 "unexplained")))
+                self.add_row(label, *(fmt_bytes(sp.get(k, 0)) for k in UNTRACED_SPLIT))
         elif self.narrow:
             self.add_columns("size", "phase", "rank")
             for a in st.largest:
