@@ -39,6 +39,7 @@ from memrec._errors import MemrecCommandError
 from memrec._files import create_new_in
 from memrec._files import open_folder
 from memrec.export import require
+from memrec.trace.clock import wall_offset_ns
 
 #: The layout's version (``_memrec_dataset.json``, and the ``schema_version`` of every trace row).
 #: Adding a column keeps it; renaming, retyping or removing one, or a new partitioning, bumps it.
@@ -74,7 +75,8 @@ COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
     "events": (
         ("ts", _I64), ("time", _T), ("pid", _I64), ("tid", _I64), ("job", _S), ("rank", _S), ("kind", _S),
         ("api", _S), ("result", _I32), ("result_name", _S), ("gpu", _I16), ("gpu_uuid", _S), ("ordinal", _I32),
-        ("size", _I64), ("ptr", _I64), ("handle", _I64), ("aux", _I64), ("flags", _I64), ("phase", _S),
+        ("size", _I64), ("ptr", _I64), ("handle", _I64), ("aux", _I64), ("flags", _I64), ("peer", _I64),
+        ("phase", _S),
     ),
     "markers": (
         ("ts", _I64), ("time", _T), ("pid", _I64), ("tid", _I64), ("job", _S), ("rank", _S), ("name", _S),
@@ -154,22 +156,13 @@ def trace_part(header: dict) -> TracePart:
         who = daemon.get("pid") if daemon else header.get("anchor")
         key = json.dumps([header.get("host"), header.get("boot_id"), who], sort_keys=True, default=str)
         recording = hashlib.sha256(key.encode()).hexdigest()[:16]
-    offset = wall_offset(header)
+    offset = wall_offset_ns(header)
     anchor = header.get("anchor") or {}
     day = NO_DAY
     if offset is not None:
         start_ns = int(anchor["wall_ns"])
         day = datetime.fromtimestamp(start_ns / 1e9, tz=timezone.utc).strftime("%Y-%m-%d")
     return TracePart(recording, part, partition_value(str(header.get("host") or "unknown")), day)
-
-
-def wall_offset(header: dict) -> int | None:
-    """Wall-clock ns minus CLOCK_MONOTONIC ns, from the header's anchor (None without one)."""
-    anchor = header.get("anchor")
-    try:
-        return int(anchor["wall_ns"]) - int(anchor["monotonic_ns"])  # type: ignore[index]
-    except (KeyError, TypeError, ValueError):
-        return None
 
 
 # ------------------------------------------------------------------------------- building tables
@@ -197,7 +190,7 @@ class _Builder:
         self.file_name = file_name
         self.rec = Recording(trace, pandas=False)
         self.report = build_report(trace)
-        self.offset = wall_offset(self.header)
+        self.offset = wall_offset_ns(self.header)
         self.uuids = {g.index: g.uuid or "" for g in trace.gpus}
         self.ranks = self.rec.ranks
         self.jobs = self._jobs()
@@ -323,7 +316,7 @@ class _Builder:
     def events(self) -> dict[str, Any]:
         ev = self.rec.events_array()
         out = {name: ev[name] for name in ("ts", "pid", "tid", "kind", "api", "result", "result_name", "gpu",
-                                           "ordinal", "size", "phase")}
+                                           "ordinal", "size", "peer", "phase")}
         for name in ("ptr", "handle", "aux"):
             out[name] = ev[name].view(np.int64)  # two's complement: Spark has no unsigned 64-bit type
         out["flags"] = ev["flags"].astype(np.int64)
