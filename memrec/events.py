@@ -61,6 +61,9 @@ class Kind(enum.IntEnum):
     MULTICAST_ADD = 40  # cuMulticastAddDevice: handle, aux = device ordinal
     MULTICAST_BIND = 41  # cuMulticastBindMem / BindAddr: handle, size, ptr = offset, aux = memory handle or VA
     MULTICAST_UNBIND = 42  # cuMulticastUnbind: handle, size, aux = device ordinal
+    # Format 2.3: tensor blocks inside the caching allocator's segments (PyTorch's USDT probes).
+    TENSOR_ALLOC = 45  # a block handed out: ptr, size (as requested), ordinal = device, handle = stream
+    TENSOR_FREE = 46  # a block given back to the cache: ptr (size and device come from its allocation)
 
 
 class Api(enum.IntEnum):
@@ -144,6 +147,8 @@ class Api(enum.IntEnum):
     cuMulticastUnbind = 92
     sched_process_exit = 60
     sched_process_fork = 61
+    torch_malloc = 100  # USDT pytorch:malloc in libc10_cuda.so
+    torch_free = 101  # USDT pytorch:free in libc10_cuda.so
 
 
 #: The kind each driver symbol's event has (None: context bookkeeping, no memory event of its own
@@ -221,7 +226,14 @@ API_KIND: dict[Api, Kind] = {
     Api.cuMulticastUnbind: Kind.MULTICAST_UNBIND,
     Api.sched_process_exit: Kind.PROC_EXIT,
     Api.sched_process_fork: Kind.PROC_FORK,
+    Api.torch_malloc: Kind.TENSOR_ALLOC,
+    Api.torch_free: Kind.TENSOR_FREE,
 }
+
+#: The APIs that are USDT probes of PyTorch's caching allocator, not driver symbols.
+TENSOR_APIS = (Api.torch_malloc, Api.torch_free)
+#: The kinds of tensor-block events: the driver-level state skips them, memrec.analysis.tensors reads them.
+TENSOR_KINDS = (Kind.TENSOR_ALLOC, Kind.TENSOR_FREE)
 
 #: Driver symbols that only move the per-thread current context (no event is emitted).
 CONTEXT_TRACKING_APIS = (

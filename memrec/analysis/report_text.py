@@ -15,6 +15,7 @@ from typing import Any
 from memrec.analysis.answer import fit
 from memrec.engine.phases import NO_PHASE
 from memrec.analysis.sglang_report import render_sglang
+from memrec.analysis.tensors_text import render_tensors
 from memrec.analysis.text import count
 from memrec.analysis.text import fit_lines
 from memrec.analysis.text import human
@@ -119,6 +120,10 @@ def render_text(report: dict, width: int = 80, show_all: bool = False) -> str:
     if report["host"] is not None:
         out.append("")
         out.extend(_render_gpu(report["host"], procs, width, show_all))
+
+    if report.get("tensors"):
+        out.append("")
+        out.extend(render_tensors(report["tensors"], width))
 
     if report["failures_unknown_gpu"]:
         out.append("")

@@ -7,6 +7,7 @@ from typing import NamedTuple
 import numpy as np
 
 from memrec.events import QUIET_FAILURE_KINDS
+from memrec.events import TENSOR_KINDS
 from memrec.events import Api
 from memrec.events import Kind
 
@@ -92,6 +93,8 @@ def kind_mask(kinds: tuple[int, ...]) -> np.ndarray:
 VMM_RUN_MASK = kind_mask(VMM_RUN_KINDS)
 BARRIER_MASK = kind_mask(BARRIER_KINDS)
 HANDLE_BYTES_MASK = kind_mask(tuple(HANDLE_BYTES_KINDS))
+#: Tensor-block events: no driver memory changes hands (the event-by-event path skips them).
+TENSOR_MASK = kind_mask(tuple(int(k) for k in TENSOR_KINDS))
 
 #: CUmemLocationType of a cuMemCreate: 0 (not read) and 1 are device memory, others are host.
 LOCATION_DEVICE = (0, 1)

@@ -29,7 +29,7 @@ from memrec.tui.widgets.timeline import NVML_COLOUR
 from memrec.units import fmt_bytes
 from memrec.units import fmt_dur
 
-HOLDER_VIEWS = ("process", "phase", "largest", "category", "context", "untraced")
+HOLDER_VIEWS = ("process", "phase", "largest", "category", "context", "untraced", "tensors")
 
 
 #: What the header and the holders say where NVML's used memory is below the traced memory: NVML
@@ -219,7 +219,7 @@ class HoldersTable(DataTable):
             self.add_row("…")
             return
         v = self.view_name
-        if other is not None and v not in ("largest", "context", "untraced"):
+        if other is not None and v not in ("largest", "context", "untraced", "tensors"):
             self._show_diff(st, other)
             return
         if v == "process":
@@ -248,6 +248,11 @@ class HoldersTable(DataTable):
             self.add_columns("rank/pid", *(UNTRACED_HEADINGS[k].lower() for k in UNTRACED_SPLIT))
             for label, sp in st.untraced_split:
                 self.add_row(label, *(fmt_bytes(sp.get(k, 0)) for k in UNTRACED_SPLIT))
+        elif v == "tensors":
+            self.add_columns("rank/pid", "allocated", "reserved", "resv-alloc", "largest free", "blocks")
+            for label, fr in st.tensors:
+                self.add_row(label, fmt_bytes(fr.allocated), fmt_bytes(fr.reserved), fmt_bytes(fr.free),
+                             fmt_bytes(fr.largest_free), f"{fr.blocks:,}")
         elif self.narrow:
             self.add_columns("size", "phase", "rank")
             for a in st.largest:
@@ -257,7 +262,8 @@ class HoldersTable(DataTable):
             for a in st.largest:
                 self.add_row(fmt_bytes(a.size), fmt_dur(a.age), a.phase or NO_PHASE, a.label, a.category, f"{a.address:#x}")
         if not self.row_count:
-            empty = st.untraced_note if v in ("context", "untraced") and st.untraced_note else "(nothing)"
+            empty = st.untraced_note if v in ("context", "untraced") and st.untraced_note else (
+                "(no tensor blocks: record with memrec daemon --tensors)" if v == "tensors" else "(nothing)")
             self.add_row(*([empty] + [""] * (len(self.columns) - 1)))
 
     def _show_diff(self, st: CursorState, other: CursorState) -> None:
