@@ -174,6 +174,8 @@ class Daemon:
         self.marker_listeners: list[Callable[[Marker], None]] = []
         #: Called on the NVML sampler's thread with each batch of device rows (NVML_DTYPE).
         self.sample_listeners: list[Callable[[np.ndarray], None]] = []
+        #: Called from the loop with each trace file once it is closed (rotation, stop): must return at once.
+        self.closed_listeners: list[Callable[[Path], None]] = []
 
     # ================================================================== lifecycle
 
@@ -315,6 +317,7 @@ class Daemon:
             else:
                 steps.append(("final keyframe", self._write_keyframe))
                 steps.append(("trailer", lambda: self.writer.close(self._trailer(self.stop_reason or "stop"))))
+                steps.append(("closed listeners", lambda: self._closed(self.writer.path)))
         if self.fanout is not None:
             steps.append(("subscribers", self.fanout.close))
         if self.markers is not None:
@@ -538,6 +541,7 @@ class Daemon:
             probes=probes,
             config=self.config.to_dict(),
             daemon={"pid": os.getpid(), "version": __version__, "part": self._part, "opened_by": reason},
+            recording_id=self.names.recording_id,
             notes=list(self.notes),
             previous=os.fspath(self.files[-1]) if self.files else None,
         )
@@ -582,9 +586,17 @@ class Daemon:
         old = self.writer
         self.keyframes.collect(old, wait=self.keyframes.holding)  # its own first keyframe, if still held
         old.close(self._trailer(f"rotate: {reason}", next_file=os.fspath(path)))
+        self._closed(old.path)
         self._open_writer(path, reason=f"rotate: {reason}", sink=sink)
         log.info("rotated (%s): %s → %s", reason, old.path, path)
         return path
+
+    def _closed(self, path: str | None) -> None:
+        for listener in self.closed_listeners if path else ():
+            try:
+                listener(Path(path))
+            except Exception as error:  # an add-on's failure never stops recording
+                log.error("after closing %s: %s", path, error)
 
     def _trailer(self, reason: str, **extra: Any) -> dict:
         out = {

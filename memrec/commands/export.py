@@ -11,7 +11,7 @@ from memrec._errors import MemrecCommandError
 from memrec.commands.common import check_not_an_input
 from memrec.commands.common import check_output
 
-FORMATS = ("perfetto", "memory-viz", "parquet", "csv")
+FORMATS = ("perfetto", "memory-viz", "parquet", "csv", "dataset")
 
 
 class ExportCommand:
@@ -28,6 +28,10 @@ class ExportCommand:
                       (seconds from the start), IPC-mapped memory included
     --to parquet|csv  a folder with one file per table: events, samples, process_samples,
                       markers, processes, by_phase (the tables of memrec.load)
+    --to dataset      many traces into one Parquet dataset for `memrec sql`, Spark, Trino or
+                      ClickHouse: partitioned by host and day, one file per trace part and table
+                      (docs/format.md, "The dataset"). Exporting a trace again replaces its
+                      files (no -f needed); other traces' files stay.
 
     An existing output is kept unless -f/--force (the trace itself never is replaced). Perfetto
     and Parquet need the export extra (perfetto, pyarrow), which scripts/setup installs; without
@@ -39,10 +43,12 @@ class ExportCommand:
       memrec export run.mrec --to memory-viz --at 7.74 -o snapshot.pickle   # at +7.74 s
       memrec export run.mrec --to parquet -o run-tables/
       memrec export -f run.mrec --to perfetto -o run.pftrace     # replace run.pftrace
+      memrec export /var/lib/memrec/*.mrec --to dataset -o /data/memrec-dataset
     """
 
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("trace", type=Path, help="the .mrec trace to read")
+        parser.add_argument("traces", nargs="+", type=Path, metavar="TRACE",
+                            help="the .mrec trace to read (several for --to dataset)")
         parser.add_argument("--to", required=True, choices=FORMATS, help="the format to write")
         parser.add_argument("-o", "--output", required=True, type=Path, metavar="PATH",
                             help="the file to write (a folder for parquet and csv)")
@@ -64,6 +70,11 @@ class ExportCommand:
             parser.error("-p/--pid, --at and --max-entries are only for --to memory-viz")
         if args.max_entries is not None and args.max_entries < 1:
             parser.error("--max-entries must be at least 1")
+        if args.to == "dataset":
+            return _write_dataset(args.traces, args.output)
+        if len(args.traces) > 1:
+            parser.error(f"--to {args.to} exports one trace (several only for --to dataset)")
+        args.trace = args.traces[0]
         rec = Recording(load_trace_for_command(args.trace), pandas=False)
         out: Path = args.output
         try:
@@ -119,6 +130,30 @@ class ExportCommand:
             require("pyarrow.parquet", "export", "--to parquet")  # before making the folder
         out.mkdir(exist_ok=True)
         return columnar.write_parquet(rec, out) if to == "parquet" else columnar.write_csv(rec, out)
+
+
+def _write_dataset(traces: list[Path], out: Path) -> int:
+    """Each trace into the dataset at ``out`` (made when missing; its parent must exist)."""
+    from memrec.commands.common import load_trace_for_command
+    from memrec.export import require
+    from memrec.export.dataset import check_manifest
+    from memrec.export.dataset import write_trace
+
+    require("pyarrow.parquet", "sql", "--to dataset")
+    if out.exists() and not out.is_dir():
+        raise MemrecCommandError(f"{out}: exists and is not a folder (--to dataset writes a folder of tables)",
+                                 exit_code=ExitCode.CANT_CREATE)
+    check_output(out, force=True)  # its parent folder must exist, as for a file
+    check_manifest(out)
+    for trace in traces:
+        loaded = load_trace_for_command(trace)
+        try:
+            where, _ = write_trace(loaded, out, trace.name)
+        except OSError as error:
+            raise MemrecCommandError(f"{error.filename or out}: {error.strerror or error}",
+                                     exit_code=ExitCode.CANT_CREATE) from error
+        print(f"{trace}: {out}/<table>/host={where.host}/day={where.day}/{where.file_name}")
+    return ExitCode.OK
 
 
 def _check_file(out: Path, args: argparse.Namespace) -> None:
