@@ -148,6 +148,8 @@ class DiskWatch:
         self.clock = clock
         self._low = False
         self._next_check = 0
+        self._checked_bytes = 0  # the writer's bytes_written at the last look
+        self._recheck_bytes = 0  # look again once this many more bytes were written
 
     def check(self, writer: TraceWriter | None) -> None:
         """Look at the writer's state (the loop calls this after each flush)."""
@@ -169,17 +171,22 @@ class DiskWatch:
 
     def markers_allowed(self, writer: TraceWriter) -> bool:
         """Whether markers may be written now: not while writes stall, nor while the file system
-        has less than :func:`marker_floor` free (looked at once a second)."""
+        has less than :func:`marker_floor` free (looked at once a second, and after each quarter of
+        the floor written: a flood must not run past it between two looks)."""
         if writer.stalled is not None:
             return False
         now = self.clock()
-        if now >= self._next_check and writer.path:
+        written = writer.bytes_written
+        if writer.path and (now >= self._next_check or written - self._checked_bytes >= self._recheck_bytes):
             self._next_check = now + FREE_CHECK_NS
+            self._checked_bytes = written
             try:
                 st = os.statvfs(os.path.dirname(os.path.abspath(writer.path)))
             except OSError:
                 return not self._low
-            low = st.f_bfree * st.f_frsize < marker_floor(st.f_blocks * st.f_frsize)
+            floor = marker_floor(st.f_blocks * st.f_frsize)
+            self._recheck_bytes = max(64 << 10, floor // 4)
+            low = st.f_bfree * st.f_frsize < floor
             if low != self._low:
                 self._low = low
                 log.log(logging.WARNING if low else logging.INFO,
