@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from memrec._errors import OutputError
 from memrec.daemon.config import DaemonConfig
 from memrec.daemon.throttle import Throttle
 from memrec.trace.writer import MAX_HELD_BYTES
@@ -75,10 +76,18 @@ def resolve_folder(folder: Path) -> Path:
     """The folder a trace folder path names: a symbolic link is followed once, here, and said.
 
     Rotation and retention then both work in the real folder, by its name; nothing later follows
-    the link again (retention opens the folder with O_NOFOLLOW).
+    the link again (retention opens the folder with O_NOFOLLOW). Only a link of root's or the
+    daemon's own user is followed: another user's could send root's files anywhere.
+
+    Raises:
+        OutputError: the link belongs to another user.
     """
     if not folder.is_symlink():
         return folder
+    owner = os.lstat(folder).st_uid
+    if owner not in (0, os.geteuid()):
+        raise OutputError(f"the output folder {folder} is a symbolic link of uid {owner}: memrec never follows "
+                          "a link another user controls; name the folder itself")
     real = Path(os.path.realpath(folder))
     log.warning("the output folder %s is a symbolic link to %s: the traces are written, rotated and pruned there",
                 folder, real)

@@ -305,21 +305,25 @@ def test_8_keep_deletes_only_its_own_files_across_restarts_and_through_a_linked_
     assert copy.read_bytes() == b"operator's copy"
 
 
+def test_8_a_linked_output_folder_of_another_user_is_refused(workdir):  # noqa: F811
+    real = workdir / "real"
+    real.mkdir()
+    link = workdir / "traces"
+    link.symlink_to(real)
+    os.lchown(link, NOBODY, NOBODY)
+    d = make_daemon(workdir, output=f"{link}/")
+    with pytest.raises(Exception, match="symbolic link of uid 65534"):
+        d.start()
+    assert list(real.iterdir()) == []
+
+
 # ------------------------------------------------------------------------------ 9. full disk and flood
 
-@pytest.fixture
-def disk_8m(workdir):  # noqa: F811
-    mnt = workdir / "disk8"
-    mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], capture_output=True).returncode:
-        pytest.skip("cannot mount a tmpfs here (needs root)")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
-def test_9_a_full_disk_and_a_flood_lose_no_event_and_the_log_tells_the_truth(workdir, disk_8m, caplog):  # noqa: F811
+def test_9_a_full_disk_and_a_flood_lose_no_event_and_the_log_tells_the_truth(workdir, small_disk, caplog):  # noqa: F811
     # GIVEN an 8 MiB file system (markers stop below its eighth) and a flood of 16 MB with a
     # budget that lets it through
+    subprocess.run(["mount", "-o", "remount,size=8m", str(small_disk)], check=True)
+    disk_8m = small_disk
     os.chmod(workdir, 0o755)
     d = make_daemon(workdir, socket_mode=0o666, output=disk_8m / "out.mrec", flush_interval=0.01)
     d.start()
