@@ -171,6 +171,8 @@ class Intake:
         self.restamped = 0
         #: Markers dropped, by reason (DROP_REASONS): the trailer, the log and the metrics show them.
         self.dropped: dict[str, int] = dict.fromkeys(DROP_REASONS, 0)
+        #: Reads of a new marker client's /proc refused (its uid over budget): no process record.
+        self.process_reads_refused = 0
         self._restamp_log = Throttle(log, 60.0)
         self._drop_log = Throttle(log, 10.0)
 

@@ -435,6 +435,8 @@ class Daemon:
     def _client_process(self, pid: int, uid: int, ts: int) -> None:
         if pid in self.stamper.processes or self.intake.admit(uid, PROCESS_COST):
             self.stamper.client(pid, ts)
+        else:  # over budget: its markers are filed under the bare pid (counted in the trailer)
+            self.intake.process_reads_refused += 1
 
     def _on_marker(self, marker: Marker) -> None:
         """Queue a marker (budgeted and its ts checked: :meth:`Intake.marker`) and read its process's /proc."""
@@ -614,6 +616,7 @@ class Daemon:
             "markers_restamped": self.intake.restamped,
             "markers_dropped": dict(self.intake.dropped),
             "processes_expired": self.stamper.expired,
+            "process_reads_refused": self.intake.process_reads_refused,
             "rotations_refused": self.rotation.refused_total,
             "lost": self.feed.lost,
         }

@@ -165,6 +165,19 @@ def test_2_a_1mb_argv_costs_the_trace_at_most_the_capped_command_line(daemon):
     assert kept and all(sum(map(len, p.cmdline)) <= MAX_CMDLINE_BYTES + 3 for p in kept)
 
 
+def test_2_connects_over_the_uids_budget_leave_no_process_record_and_are_counted(daemon):
+    daemon.intake.budget = Budget(daemon.clock, rate=100, bytes_rate=1000, burst=1.0)  # less than one record
+    clients = [as_nobody(daemon.config.socket_path.as_posix(), "connect", "0") for _ in range(3)]
+    for c in clients:
+        pump_until(daemon, c)
+    assert not any(c.pid in daemon.stamper.processes for c in clients)
+    daemon.stop()
+    trace = load_trace(daemon.files[0])
+    # (each client's /proc was asked for twice: at its connect and at its marker)
+    assert trace.trailer["process_reads_refused"] == 6 and not any(c.pid in trace.processes for c in clients)
+    assert sum(m.name == "hello" for m in trace.markers) == 3  # their markers still pass
+
+
 def test_2_new_files_that_open_above_the_rotation_size_do_not_rotate_at_once(workdir):  # noqa: F811
     # GIVEN --rotate-size 20k and 25 marker clients with a 1 MB argv that stay connected: every
     # new file's process table alone is above the rotation size
