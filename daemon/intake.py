@@ -75,8 +75,9 @@ class Budget:
         self.burst = burst
         self._buckets: dict[int, list[float]] = {}  # uid -> [markers left, bytes left, last ns]
 
-    def admit(self, uid: int, nbytes: int) -> bool:
-        """Whether ``uid`` may send one more marker of ``nbytes`` now (and spend it if so)."""
+    def admit(self, uid: int, nbytes: int, count: int = 1) -> bool:
+        """Whether ``uid`` may have ``count`` more markers (0: other records) of ``nbytes`` written
+        now (and spend them if so)."""
         if uid == 0:
             return True
         now = self.clock()
@@ -88,9 +89,9 @@ class Budget:
             bucket[0] = min(self.rate * self.burst, bucket[0] + seconds * self.rate)
             bucket[1] = min(self.bytes_rate * self.burst, bucket[1] + seconds * self.bytes_rate)
             bucket[2] = now
-        if bucket[0] < 1 or bucket[1] < nbytes:
+        if bucket[0] < count or bucket[1] < nbytes:
             return False
-        bucket[0] -= 1
+        bucket[0] -= count
         bucket[1] -= nbytes
         return True
 
@@ -171,6 +172,8 @@ class Intake:
         self.restamped = 0
         #: Markers dropped, by reason (DROP_REASONS): the trailer, the log and the metrics show them.
         self.dropped: dict[str, int] = dict.fromkeys(DROP_REASONS, 0)
+        #: Why the last marker dropped was (a DROP_REASONS entry).
+        self.last_drop: str | None = None
         #: Reads of a new marker client's /proc refused (its uid over budget): no process record.
         self.process_reads_refused = 0
         self._restamp_log = Throttle(log, 60.0)
@@ -186,7 +189,7 @@ class Intake:
     def admit(self, uid: int, nbytes: int) -> bool:
         """Spend ``nbytes`` of ``uid``'s budget on something else the uid makes root write (the
         process record of a new marker client); False (and nothing spent) when over budget."""
-        return self.budget.admit(uid, nbytes)
+        return self.budget.admit(uid, nbytes, count=0)
 
     def marker(self, marker: Marker) -> Marker | None:
         """Queue a marker and return it as queued; None when it was dropped (and counted).
@@ -218,6 +221,7 @@ class Intake:
     def drop(self, marker: Marker, reason: str) -> None:
         """Count a dropped marker; say so at most once per 10 s, with the totals."""
         self.dropped[reason] += 1
+        self.last_drop = reason
         why = {
             "budget": f"uid {marker.uid} is over its marker budget ({self.budget.rate:g} markers/s, "
                       f"{int(self.budget.bytes_rate) >> 10} KiB/s)",

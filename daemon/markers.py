@@ -103,7 +103,7 @@ def _supplementary_groups(pid: int) -> set[int]:
 
 
 class _Client:
-    __slots__ = ("sock", "pid", "uid", "gid", "decoder", "last_active", "frame_started", "open_phases")
+    __slots__ = ("sock", "pid", "uid", "gid", "decoder", "last_active", "frame_started", "open_phases", "dropped")
 
     def __init__(self, sock: socket.socket, pid: int, uid: int, gid: int, now: float) -> None:
         self.sock = sock
@@ -114,6 +114,7 @@ class _Client:
         self.last_active = now
         self.frame_started: float | None = None  # when the frame now pending began to arrive
         self.open_phases = 0  # begins minus ends sent on this connection
+        self.dropped: str | None = None  # why the last marker since the last ping was dropped
 
 
 class MarkerServer:
@@ -122,7 +123,9 @@ class MarkerServer:
     Args:
         listener: a bound, listening, non-blocking Unix stream socket.
         selector: the daemon's selector; the server registers the listener and its clients.
-        on_marker: gets each valid marker, stamped with the peer's pid and uid.
+        on_marker: gets each valid marker, stamped with the peer's pid and uid; returns why it
+            dropped it (a reason string), or None when it took it. The next ``pong`` on the
+            connection says ``dropped`` (`memrec mark` then tells its user).
         on_subscribe: takes over a connection that asked to subscribe (the server forgets it).
         on_connect: told ``(pid, uid)`` of each new peer at once (while it surely still runs).
         daemon_pid: the pid reported in ``pong``.
@@ -142,7 +145,7 @@ class MarkerServer:
         self,
         listener: socket.socket,
         selector: selectors.BaseSelector,
-        on_marker: Callable[[Marker], None],
+        on_marker: Callable[[Marker], str | None],
         on_subscribe: Callable[[socket.socket], None] | None = None,
         on_connect: Callable[[int, int], None] | None = None,
         daemon_pid: int | None = None,
@@ -406,16 +409,20 @@ class MarkerServer:
                 values=dict(message.get("values") or {}),
             )
             if not self._phase_allowed(client, marker):
+                client.dropped = "open_phases"
                 return True
             try:
-                self.on_marker(marker)
+                client.dropped = self.on_marker(marker) or client.dropped
             except Exception:
                 log.exception("marker from pid %d could not be recorded", pid)
             return True
         if kind == "ping":
             self.pings += 1
             try:
-                client.sock.send(protocol.encode_frame(protocol.make_pong(self.daemon_pid)), socket.MSG_DONTWAIT)
+                pong = protocol.make_pong(self.daemon_pid)
+                if client.dropped:  # a marker since the last ping was not taken: say so, and why
+                    pong["dropped"], client.dropped = client.dropped, None
+                client.sock.send(protocol.encode_frame(pong), socket.MSG_DONTWAIT)
             except OSError:
                 self._close(client.sock.fileno())
                 return False

@@ -438,15 +438,17 @@ class Daemon:
         else:  # over budget: its markers are filed under the bare pid (counted in the trailer)
             self.intake.process_reads_refused += 1
 
-    def _on_marker(self, marker: Marker) -> None:
-        """Queue a marker (budgeted and its ts checked: :meth:`Intake.marker`) and read its process's /proc."""
+    def _on_marker(self, marker: Marker) -> str | None:
+        """Queue a marker (budgeted and its ts checked: :meth:`Intake.marker`) and read its process's
+        /proc; return why it was dropped (None: taken)."""
         queued = self.intake.marker(marker)
         if queued is None:
-            return
+            return self.intake.last_drop
         if queued.pid not in self.stamper.processes:  # named by `memrec mark` (its shell): read it now
             self._client_process(queued.pid, queued.uid, queued.ts)
         for listener in self.marker_listeners:
             listener(queued)
+        return None
 
     def _sweep(self) -> None:
         """About once a second: close stale connections; forget gone marker clients and their phases."""

@@ -94,7 +94,12 @@ def send_marker(path: str, frame: bytes, timeout: float = TIMEOUT) -> None:
         sent = True
         answer = sock.recv(4096)
         if not is_pong(answer):  # not the usual pong in one piece: decoded in full, as anyone's
-            protocol.await_pong(sock, answer)
+            dropped = protocol.await_pong(sock, answer).get("dropped")
+            if dropped:
+                raise MemrecCommandError(
+                    f"the memrec daemon on {path} dropped the marker: {_DROPPED.get(dropped, 'see its log')}",
+                    exit_code=ExitCode.TEMPFAIL,
+                )
     except FileNotFoundError:
         raise MemrecCommandError(
             f"no memrec daemon: {path} does not exist (start one with memrec daemon, or set --socket / MEMREC_SOCKET)",
@@ -217,6 +222,14 @@ def _skip_uint(data: bytes, at: int) -> int:
     return -1 if size is None or at + 1 + size > len(data) else at + 1 + size
 
 
+#: What a pong's ``dropped`` means (daemon/intake.py DROP_REASONS; markers kept off a nearly
+#: full disk are dropped after the pong, when the loop writes them).
+_DROPPED = {
+    "budget": "your user is over its marker budget (daemon/intake.py; a flood?); try again later",
+    "open_phases": "your user or connection holds too many open phases (begin without end)",
+}
+
+
 #: Programs that run a command as their child: the shell that runs them is the one meant.
 _WRAPPERS = frozenset({"sudo", "doas", "su", "runuser", "env", "nice", "timeout", "setpriv"})
 
@@ -306,7 +319,8 @@ class MarkCommand:
 
     Unlike memrec.mark() in a program, this reports failure: exit code 69 when no daemon listens,
     75 when the marker was sent but the daemon did not confirm it within 2 s (stopped or
-    overloaded: it is recorded if the daemon resumes; do not send it again).
+    overloaded: it is recorded if the daemon resumes; do not send it again) or when the daemon
+    dropped it (over your user's marker budget or open phases).
     The marker is about the shell (or program) that runs memrec mark, so a script's begin and end
     pair into one phase; --pid names another process of yours (for instance a server started
     in the background, whose memory the phase then covers). Values are int, float, true/false

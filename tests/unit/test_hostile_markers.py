@@ -140,10 +140,14 @@ def test_1_a_reused_pid_is_not_filed_under_the_last_clients_command_line_and_ran
 
 
 def test_1_a_marker_clients_entry_goes_when_its_process_is_gone(daemon):
-    clients = [as_nobody(daemon.config.socket_path.as_posix(), "connect", "0") for _ in range(5)]
+    clients = [as_nobody(daemon.config.socket_path.as_posix(), "connect", "60") for _ in range(5)]
     for c in clients:
-        pump_until(daemon, c)
+        assert b"done" in c.stdout.readline()
+    pump(daemon, 0.1)
     assert all(c.pid in daemon.stamper.processes for c in clients)
+    for c in clients:
+        c.kill()
+        c.wait()
     pump(daemon, 1.1)  # one sweep
     assert not any(c.pid in daemon.stamper.processes for c in clients)
     assert daemon.stamper.expired >= 5
@@ -240,6 +244,28 @@ def test_3_a_flood_is_cut_to_the_uids_budget_and_counted_and_root_and_events_pas
     # AND root's markers and every driver event passed
     assert sum(m.name == "root" for m in trace.markers) == n_events
     assert len(trace.events) == n_events
+
+
+def test_3_memrec_mark_over_the_budget_says_its_marker_was_dropped(workdir):  # noqa: F811
+    os.chmod(workdir, 0o755)
+    d = make_daemon(workdir, socket_mode=0o666)
+    d.start()
+    d.intake.budget = Budget(d.clock, rate=1, bytes_rate=1 << 20, burst=1.0)  # one marker, then none
+    results = []
+    try:
+        for name in ("first", "second"):
+            proc = subprocess.Popen([SETPRIV, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                                     sys.executable, "-m", "memrec", "mark", name, "--socket", str(d.config.socket_path)],
+                                    env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+                                    stderr=subprocess.PIPE, text=True)
+            pump_until(d, proc)
+            results.append((proc.returncode, proc.stderr.read()))
+    finally:
+        d.stop()
+    assert results[0] == (0, "")
+    code, err = results[1]
+    assert code == 75 and "dropped the marker: your user is over its marker budget" in err and err.count("\n") == 1
+    assert [m.name for m in load_trace(d.files[0]).markers] == ["first"]
 
 
 # ------------------------------------------------------------------------------ 4. open phases
