@@ -19,13 +19,12 @@ from pathlib import Path
 import pytest
 
 from memrec.client import MarkerClient
-from memrec.daemon import retention
 from memrec.daemon.intake import Budget
 from memrec.daemon.markers import OPEN_PER_CONNECTION
 from memrec.daemon.metrics import MAX_OPEN
 from memrec.daemon.metrics import PhasePeaks
-from memrec.daemon.service import Service
 from memrec.daemon.notify import Notifier
+from memrec.daemon.service import Service
 from memrec.events import Kind
 from memrec.events import Marker
 from memrec.probes.procinfo import MAX_CMDLINE_BYTES
