@@ -469,9 +469,8 @@ class Daemon:
         assert writer is not None
         if self.intake.markers:
             self.drain()  # events older than the markers go first
-            allowed = self.disk.markers_allowed(writer)  # a nearly full disk is kept for events
             for marker in self.intake.take_markers():
-                if not allowed:
+                if not self.disk.markers_allowed(writer):  # a nearly full disk is kept for events
                     self.intake.drop(marker, "disk")
                     continue
                 writer.write_marker(self.stamper.marker(marker))

@@ -159,6 +159,9 @@ class DiskWatch:
         self._next_check = 0
         self._checked_bytes = 0  # the writer's bytes_written at the last look
         self._recheck_bytes = 0  # look again once this many more bytes were written
+        self._free = 1 << 62  # free bytes at the last look, less what the writer held then
+        self._floor = 0
+        self._path: str | None = None  # the file looked at (a rotation starts over)
 
     def check(self, writer: TraceWriter | None) -> None:
         """Look at the writer's state (the loop calls this after each flush)."""
@@ -179,29 +182,37 @@ class DiskWatch:
                         writer.path, records, nbytes)
 
     def markers_allowed(self, writer: TraceWriter) -> bool:
-        """Whether markers may be written now: not while writes stall, nor while the file system
-        has less than :func:`marker_floor` free (looked at once a second, and after each quarter of
-        the floor written: a flood must not run past it between two looks)."""
+        """Whether a marker may be written now: not while writes stall, nor while the file system
+        has less than :func:`marker_floor` free.
+
+        The free space is looked at once a second and after each quarter of the floor written;
+        in between, every byte the writer takes counts against it, and so do the bytes it holds
+        that are not in the file yet (its buffer, a held first keyframe): a flood read in one
+        loop iteration must not run past the floor."""
         if writer.stalled is not None:
             return False
         now = self.clock()
         written = writer.bytes_written
-        if writer.path and (now >= self._next_check or written - self._checked_bytes >= self._recheck_bytes):
+        if writer.path and (now >= self._next_check or written - self._checked_bytes >= self._recheck_bytes
+                            or writer.path != self._path):
             self._next_check = now + FREE_CHECK_NS
             self._checked_bytes = written
+            self._path = writer.path
             try:
                 st = os.statvfs(os.path.dirname(os.path.abspath(writer.path)))
+                on_disk = os.stat(writer.path).st_size
             except OSError:
                 return not self._low
-            floor = marker_floor(st.f_blocks * st.f_frsize)
-            self._recheck_bytes = max(64 << 10, floor // 4)
-            low = st.f_bfree * st.f_frsize < floor
-            if low != self._low:
-                self._low = low
-                log.log(logging.WARNING if low else logging.INFO,
-                        "%s: %s", writer.path, "the disk is nearly full: markers are dropped (counted) so that "
-                        "driver events keep the space left" if low else "disk space is back: markers are written again")
-        return not self._low
+            self._floor = marker_floor(st.f_blocks * st.f_frsize)
+            self._recheck_bytes = max(64 << 10, self._floor // 4)
+            self._free = st.f_bfree * st.f_frsize - max(0, written - on_disk)
+        low = self._free - (written - self._checked_bytes) < self._floor
+        if low != self._low:
+            self._low = low
+            log.log(logging.WARNING if low else logging.INFO,
+                    "%s: %s", writer.path, "the disk is nearly full: markers are dropped (counted) so that "
+                    "driver events keep the space left" if low else "disk space is back: markers are written again")
+        return not low
 
     def closed(self, writer: TraceWriter, markers_dropped: int) -> None:
         """After the last file closed: say truly whether it ends with its trailer."""
