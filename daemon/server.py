@@ -50,6 +50,8 @@ from memrec.daemon.intake import Intake
 from memrec.daemon.keyframes import HoldingSink
 from memrec.daemon.keyframes import Keyframes
 from memrec.daemon.libraries import Libraries
+from memrec.daemon.libraries import TorchLibraries
+from memrec.state.tensors import TensorBlocks
 from memrec.daemon.markers import MarkerServer
 from memrec.daemon.markers import root_only
 from memrec.daemon.markers import root_or_group
@@ -71,6 +73,7 @@ from memrec.daemon.tracefiles import resolve_folder
 from memrec.daemon.untraced import UntracedReadings
 from memrec.daemon.untraced import name_images
 from memrec.events import GpuInfo
+from memrec.events import Kind
 from memrec.events import Marker
 from memrec.events import ProcessInfo
 from memrec.state import LiveState
@@ -91,6 +94,7 @@ _SWEEP_NS = 10**9
 #: Budget bytes a new marker client's process entry costs its uid (its record: a capped command
 #: line, memrec.probes.procinfo.MAX_CMDLINE_BYTES, and the rest).
 PROCESS_COST = 4096 + 512
+_CTX = int(Kind.CTX)
 
 
 class Mood(enum.Enum):
@@ -112,6 +116,7 @@ class Daemon:
             None for the default.
         clock: CLOCK_MONOTONIC ns, the probes' clock (timers and record timestamps).
         find_libraries: ``(extra_paths) -> [LibraryFile(path, dev, inode)]``.
+        find_torch: the same for ``libc10_cuda.so`` files (with ``config.tensors``).
         process_info: ``(pid, gpus, first_ts) -> ProcessInfo`` (reads /proc).
         stop_signal_handler: record mode: SIGINT/SIGTERM are passed to it (from the loop, not
             the signal handler) instead of stopping the daemon; the third signal of one kind
@@ -127,6 +132,7 @@ class Daemon:
         clock: Callable[[], int] = time.monotonic_ns,
         *,
         find_libraries: Callable[[tuple[str, ...]], list] | None = None,
+        find_torch: Callable[[tuple[str, ...]], list] | None = None,
         process_info: Callable[[int, list[GpuInfo], int], ProcessInfo] | None = None,
         stop_signal_handler: Callable[[int], None] | None = None,
         install_signals: bool = True,
@@ -136,6 +142,11 @@ class Daemon:
         self._nvml = nvml
         self.clock = clock
         self.libraries = Libraries(find_libraries, config.libcuda_paths)
+        #: PyTorch installs tried for tensor blocks (None: ``config.tensors`` is off).
+        self.torch = TorchLibraries(find_torch, config.torch_paths) if config.tensors else None
+        #: The live tensor blocks, kept only for the metrics (set by them, with ``config.tensors``):
+        #: a Python step per tensor event, which a daemon without metrics does not pay.
+        self.blocks: TensorBlocks | None = None
         self.stamper = GpuStamper(self._nvml_module, process_info, self._write_process)
         self.stop_signal_handler = stop_signal_handler
         self._install_signals = install_signals
@@ -198,6 +209,9 @@ class Daemon:
                 if not os.path.exists(path):
                     log.warning("--libcuda %s: no such file", path)
             self.scan_libraries()
+            if self.torch is not None and not self.torch.tried:
+                log.info("--tensors: no libc10_cuda.so mapped yet: PyTorch's allocator probes attach when a "
+                         "process maps one (at its first context, or the next rescan)")
             if not self.libraries.attached:
                 log.warning(
                     "no libcuda.so.1 found yet: probes will attach when a process maps one "
@@ -417,6 +431,12 @@ class Daemon:
         self.stamper.stamp(events)
         name_images(events)
         self.state.apply(events)
+        if self.blocks is not None:
+            self.blocks.apply(events)
+        if self.torch is not None and np.any(events["kind"] == _CTX):
+            # A process bound a context: its first tensors come next. A PyTorch install not
+            # probed yet is looked for now rather than at the next rescan (seconds later).
+            self.torch.scan(self.probes)
         assert self.writer is not None
         self.writer.write_events(events)
         self.events_recorded += len(events)
@@ -537,6 +557,8 @@ class Daemon:
 
     def _header(self, reason: str) -> dict:
         probes = {**self.libraries.header(), "follow_tree": self.config.follow_tree}
+        if self.torch is not None:
+            probes["torch"] = self.torch.header()
         return make_header(
             gpus=self.gpus,
             probes=probes,
@@ -619,6 +641,7 @@ class Daemon:
             "processes_expired": self.stamper.expired,
             "process_reads_refused": self.intake.process_reads_refused,
             "rotations_refused": self.rotation.refused_total,
+            **({"torch": self.torch.header()} if self.torch is not None else {}),
             "lost": self.feed.lost,
         }
         if self.writer is not None and self.writer.dropped[0]:
@@ -634,8 +657,12 @@ class Daemon:
     # ------------------------------------------------------------------ probes, GPUs, NVML
 
     def scan_libraries(self) -> int:
-        """Attach the probes to every libcuda file not attached yet; return how many were new."""
-        return self.libraries.scan(self.probes)
+        """Attach the probes to every libcuda file not attached yet (and, with ``--tensors``, to
+        every libc10_cuda.so); return how many driver files were new."""
+        new = self.libraries.scan(self.probes)
+        if self.torch is not None:
+            self.torch.scan(self.probes)
+        return new
 
     def _nvml_module(self) -> Any:
         if self._nvml is None:

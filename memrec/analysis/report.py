@@ -36,6 +36,7 @@ from memrec.engine.replay import trace_bounds
 from memrec.engine.replay import trace_phases
 from memrec.analysis.sglang_report import build_sglang_section
 from memrec.analysis.sglang_report import has_sglang_markers
+from memrec.analysis.tensors import tensor_section
 from memrec.analysis.text import seconds
 from memrec.ranks import pid_labels
 from memrec.engine.replay import Timeline
@@ -187,6 +188,7 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
         else:
             report["gpus"].append(section)
     report["sglang"] = sglang
+    report["tensors"] = tensor_section(events, phases, start, trace.header, trace.trailer, pid=pid, gpu=gpu)
     _peak_by_phase(report, trace, tl, phases)
     report["answer"] = build_answer(report)
     return report

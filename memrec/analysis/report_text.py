@@ -15,6 +15,7 @@ from typing import Any
 from memrec.analysis.answer import fit
 from memrec.engine.phases import NO_PHASE
 from memrec.analysis.sglang_report import render_sglang
+from memrec.analysis.tensors_text import render_tensors
 from memrec.analysis.text import count
 from memrec.analysis.text import fit_lines
 from memrec.analysis.text import human
@@ -22,6 +23,7 @@ from memrec.analysis.text import scalar
 from memrec.analysis.text import seconds
 from memrec.analysis.text import table
 from memrec.analysis.untraced import SPLIT
+from memrec.analysis.untraced import SPLIT_HEADINGS
 from memrec.events import CATEGORIES
 from memrec.trace.merge import render_merged
 
@@ -30,6 +32,7 @@ _CATEGORY_NOTE = {
     "vmm": "cuMemCreate physical",
     "ipc_mapped": "peers' memory mapped here: not owned, not in totals",
     "host_pinned": "pinned host memory",
+    "array": "CUDA arrays (descriptor bytes in 2 MiB granules)",
 }
 
 
@@ -117,6 +120,10 @@ def render_text(report: dict, width: int = 80, show_all: bool = False) -> str:
     if report["host"] is not None:
         out.append("")
         out.extend(_render_gpu(report["host"], procs, width, show_all))
+
+    if report.get("tensors"):
+        out.append("")
+        out.extend(render_tensors(report["tensors"], width))
 
     if report["failures_unknown_gpu"]:
         out.append("")
@@ -418,19 +425,26 @@ def _render_reconciliation(rc: dict, procs: dict, width: int) -> list[str]:
 def _render_split(rc: dict, procs: dict, width: int) -> list[str]:
     """The untraced band split (memrec.analysis.untraced), the contexts, and the split per phase."""
     rows = []
+    splits = [r["split"] for r in rc["processes"] if r.get("split")]
+    d = rc["device"]
+    cols = _split_columns(splits + ([d["split"]] if d is not None and d.get("split") else []))
+    shares = []
     for r in rc["processes"]:
         sp = r.get("split")
         if sp:
             rows.append([str(r["pid"]), procs.get(r["pid"], {}).get("rank", ""), human(r["untraced_last"]),
-                         *(human(sp[k]) for k in SPLIT)])
-    d = rc["device"]
+                         *(human(sp[k]) for k in cols)])
+            shares.append(f"pid {r['pid']} {_share(r.get('explained_share'))}")
     if d is not None and d.get("split"):
-        rows.append(["GPU", "", human(sum(d["split"].values())), *(human(d["split"][k]) for k in SPLIT)])
+        rows.append(["GPU", "", human(sum(d["split"].values())), *(human(d["split"][k]) for k in cols)])
     out: list[str] = []
     if rows:
         out.append("  Untraced, split at the last sample (unexplained = untraced - the rest)")
-        out.extend(table(["PID", "RANK", "UNTRACED", "CONTEXT", "MODULES", "POOLS", "BEFORE", "UNEXPLAINED"],
-                         rows, right={0, 2, 3, 4, 5, 6, 7}, width=width, drop=(1,)))
+        out.extend(table(["PID", "RANK", "UNTRACED", *(SPLIT_HEADINGS[k] for k in cols)],
+                         rows, right={0, *range(2, 3 + len(cols))}, width=width, drop=(1,)))
+        if rc.get("explained_share") is not None:
+            shares.append(f"GPU {_share(rc['explained_share'])}")
+        out.append("    NVML used traced or explained by measurement: " + ", ".join(shares))
         for r in rc["processes"]:
             libs = {k: v for k, v in r.get("module_code_by_library", {}).items() if v}
             if libs:
@@ -450,12 +464,28 @@ def _render_split(rc: dict, procs: dict, width: int) -> list[str]:
             continue  # no markers: the split above says it all
         for ph in phased:
             if any(ph[k] for k in SPLIT if k != "before_recording"):
-                phase_rows.append([str(r["pid"]), ph["phase"], *(human(ph[k]) for k in SPLIT if k != "before_recording")])
+                phase_rows.append((str(r["pid"]), ph))
     if phase_rows:
+        cols = [k for k in _split_columns([ph for _, ph in phase_rows]) if k != "before_recording"]
         out.append("  Untraced steps per phase")
-        out.extend(table(["PID", "PHASE", "CONTEXT", "MODULES", "POOLS", "UNEXPLAINED"], phase_rows,
-                         right={0, 2, 3, 4, 5}, width=width))
+        out.extend(table(["PID", "PHASE", *(SPLIT_HEADINGS[k] for k in cols)],
+                         [[pid, ph["phase"], *(human(ph[k]) for k in cols)] for pid, ph in phase_rows],
+                         right={0, *range(2, 2 + len(cols))}, width=width))
     return out
+
+
+#: Split columns shown only when some row has bytes there (issue 21's families: most traces have none).
+_OPTIONAL = ("limits", "graph", "multicast")
+
+
+def _split_columns(splits: list[dict]) -> list[str]:
+    """The split's columns to show for these rows: the families only where some row has bytes."""
+    return [k for k in SPLIT if k not in _OPTIONAL or any(sp.get(k) for sp in splits)]
+
+
+def _share(share: float | None) -> str:
+    """A share as a whole percent, floored so that 97.9 % never shows as 98 %."""
+    return "-" if share is None else f"{int(share * 1000) / 10:.1f} %"
 
 
 def _range(lo: int | None, hi: int | None) -> str:

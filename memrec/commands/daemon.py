@@ -86,6 +86,12 @@ class DaemonCommand:
                             help="the daemon's CPU priority, so that it drains the ring buffer while the traced "
                                  f"processes keep every CPU busy: nice:N, fifo:N, rr:N or off (default {scheduling.DEFAULT}; "
                                  "falls back to the priority it has where not permitted)")
+        parser.add_argument("--tensors", action="store_true",
+                            help="also record PyTorch's tensor blocks inside the caching allocator's segments, in "
+                                 "every process that maps a libc10_cuda.so with the pytorch:malloc/free USDT probes "
+                                 "(already running ones included; costs about 1 us per tensor allocation or free)")
+        parser.add_argument("--torch-lib", action="append", default=[], metavar="PATH",
+                            help="with --tensors, also probe this libc10_cuda.so (repeatable)")
         parser.add_argument("--no-untraced-probes", dest="untraced_probes", action="store_false",
                             help="leave out the code-loading and pool probes (to measure what they cost)")
         parser.add_argument("--probe-cache", type=_arg(c.probe_cache), default=c.DEFAULT_PROBE_CACHE, metavar="DIR|off",
@@ -126,6 +132,8 @@ class DaemonCommand:
             ringbuf_pages=args.ringbuf_pages,
             scheduling=args.scheduling,
             untraced_probes=args.untraced_probes,
+            tensors=args.tensors,
+            torch_paths=tuple(args.torch_lib),
             probe_cache=args.probe_cache,
         )
         service = Service(args.metrics_addr, args.keep, args.drop_capabilities)

@@ -14,6 +14,12 @@ exactly the allocator's segment level, so each process gets one snapshot:
   the last NVML sample of that GPU before it, 0 when there is none);
 - ``segments`` are the pieces still held at the end of the trace (one active block each).
 
+A process recorded with ``memrec daemon --tensors`` has PyTorch's own blocks: its segments get
+only their ``segment_*`` actions, its tensor blocks the ``alloc`` / ``free_requested`` +
+``free_completed`` actions (a free's size and device are its allocation's), and its segments at
+the end list the live blocks in them (``active_allocated``) and the gaps (``inactive``), as
+PyTorch's snapshot does.
+
 The device index is the physical GPU (NVML index); ``time_us`` is the trace's clock in µs. The
 one frame of each action names the driver call, the phase and the process (memrec has no Python
 stacks): ``memrec:<phase>:cuMemAlloc_v2`` in memory_viz's stack panel.
@@ -21,6 +27,7 @@ stacks): ``memrec:<phase>:cuMemAlloc_v2`` in memory_viz's stack panel.
 
 from __future__ import annotations
 
+import bisect
 import pickle
 from collections import deque
 from collections.abc import Callable
@@ -33,10 +40,12 @@ from memrec.analysis.names import api_name
 from memrec.events import CUDA_ERROR_OUT_OF_MEMORY
 from memrec.events import DRIVER
 from memrec.events import Kind
+from memrec.state.tensors import rounded
 
 #: Actions kept per process and device, the latest (``--max-entries``).
 MAX_ENTRIES = 100_000
 _FREE = int(Kind.FREE)
+_T_ALLOC, _T_FREE = int(Kind.TENSOR_ALLOC), int(Kind.TENSOR_FREE)
 
 _SEGMENT = {
     int(Kind.ALLOC): ("segment_alloc", "alloc"),
@@ -59,7 +68,10 @@ def snapshots(rec: Recording, max_entries: int = MAX_ENTRIES) -> tuple[dict[int,
     kinds = ev["kind"]
     oom_mask = (kinds == int(Kind.ALLOC)) & (ev["result"] == CUDA_ERROR_OUT_OF_MEMORY) & (ev["gpu"] >= 0)
     ok_mask = np.isin(kinds, list(_SEGMENT)) & (ev["gpu"] >= 0) & (ev["result"] == 0)
-    sel = np.nonzero(ok_mask | oom_mask)[0]
+    tensor_mask = (kinds == _T_ALLOC) | (kinds == _T_FREE)
+    with_blocks = set(np.unique(ev["pid"][tensor_mask]).tolist())
+    blocks: dict[tuple[int, int], tuple[int, int]] = {}  # (pid, ptr) -> (size, gpu) of live tensor blocks
+    sel = np.nonzero(ok_mask | oom_mask | tensor_mask)[0]
     phase = rec.phases.assign(ev["pid"][sel].astype(np.int64), ev["ts"][sel].astype(np.int64))
     freed = _freed_bytes(rec)
     traces: dict[tuple[int, int], deque] = {}
@@ -69,6 +81,14 @@ def snapshots(rec: Recording, max_entries: int = MAX_ENTRIES) -> tuple[dict[int,
                ev["api"][sel].tolist(), ev["ts"][sel].tolist(), ev["ptr"][sel].tolist(), ev["size"][sel].tolist(),
                oom_mask[sel].tolist(), phase.tolist())
     for i, pid, gpu, kind, api, ts, addr, size, oom, ph in cols:
+        if kind == _T_FREE:
+            size, gpu = blocks.pop((pid, addr), (0, -1))
+            if not size:
+                continue  # a block from before the recording: no size to show
+        elif kind == _T_ALLOC:
+            if gpu < 0:
+                continue
+            blocks[(pid, addr)] = (size, gpu)
         frames = frames_of.get((pid, api, ph))
         if frames is None:
             call = f"{api_name(api)} ({rec.name_of(pid)})"
@@ -87,8 +107,16 @@ def snapshots(rec: Recording, max_entries: int = MAX_ENTRIES) -> tuple[dict[int,
             size = freed.get(i, 0)
             if not size:
                 continue  # a free of memory from before the recording: no size to show
+        if kind in (_T_ALLOC, _T_FREE):
+            actions: tuple[str, ...] = ("alloc",) if kind == _T_ALLOC else ("free_requested", "free_completed")
+            for action in actions:
+                out.append({**base, "action": action, "addr": addr, "size": size})
+            made += len(actions)
+            continue
         segment_action, block_action = _SEGMENT[kind]
-        if block_action == "free_completed":
+        if pid in with_blocks:
+            actions = (segment_action,)  # its blocks are PyTorch's own
+        elif block_action == "free_completed":
             actions = ("free_requested", "free_completed", segment_action)
         else:
             actions = (segment_action, block_action)
@@ -106,19 +134,60 @@ def snapshots(rec: Recording, max_entries: int = MAX_ENTRIES) -> tuple[dict[int,
     state = rec.timeline.state
     live = [(h.pid, h.address, h.size, h.gpu, False) for h in state.holdings() if h.category == "driver"]
     live += [(p, va, size, g, True) for p, va, size, g in state.mappings()]
+    inside = _blocks_by_segment(blocks, live)
     for pid, addr, size, gpu, vmm in live:
         if pid not in snaps or gpu < 0:
             continue
+        if pid in with_blocks:
+            seg_blocks = _segment_blocks(addr, size, inside.get((pid, addr), []))
+            used = sum(b["size"] for b in seg_blocks if b["state"] == "active_allocated")
+            requested = sum(b["requested_size"] for b in seg_blocks if b["state"] == "active_allocated")
+        else:
+            seg_blocks = [{"address": addr, "size": size, "requested_size": size, "state": "active_allocated",
+                           "frames": []}]
+            used = requested = size
         snaps[pid]["segments"].append(
             {
-                "device": gpu, "address": addr, "total_size": size, "allocated_size": size,
-                "active_size": size, "requested_size": size, "stream": 0, "segment_type": "large",
-                "segment_pool_id": (0, 0), "is_expandable": vmm, "frames": [],
-                "blocks": [{"address": addr, "size": size, "requested_size": size,
-                            "state": "active_allocated", "frames": []}],
+                "device": gpu, "address": addr, "total_size": size, "allocated_size": used,
+                "active_size": used, "requested_size": requested, "stream": 0, "segment_type": "large",
+                "segment_pool_id": (0, 0), "is_expandable": vmm, "frames": [], "blocks": seg_blocks,
             }
         )
     return snaps, made - kept
+
+
+def _blocks_by_segment(blocks: dict[tuple[int, int], tuple[int, int]],
+                       live: list[tuple[int, int, int, int, bool]]) -> dict[tuple[int, int], list[tuple[int, int]]]:
+    """(pid, segment address) -> the live tensor blocks (address, size) in it, by address."""
+    starts: dict[int, list[tuple[int, int]]] = {}
+    for pid, addr, size, _gpu, _vmm in live:
+        starts.setdefault(pid, []).append((addr, size))
+    for segs in starts.values():
+        segs.sort()
+    out: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for (pid, ptr), (size, _gpu) in sorted(blocks.items()):
+        segs = starts.get(pid, [])
+        k = bisect.bisect_right(segs, (ptr, 1 << 64)) - 1
+        if k >= 0 and ptr < segs[k][0] + segs[k][1]:
+            out.setdefault((pid, segs[k][0]), []).append((ptr, size))
+    return out
+
+
+def _segment_blocks(addr: int, size: int, inside: list[tuple[int, int]]) -> list[dict]:
+    """A segment's blocks as PyTorch lists them: the live ones (at the allocator's rounding) and
+    the free stretches between them."""
+    out = []
+    at = addr
+    for ptr, requested in inside:
+        if ptr > at:
+            out.append({"address": at, "size": ptr - at, "requested_size": 0, "state": "inactive", "frames": []})
+        block = min(rounded(requested), addr + size - ptr)
+        out.append({"address": ptr, "size": block, "requested_size": requested, "state": "active_allocated",
+                    "frames": []})
+        at = max(at, ptr + block)
+    if at < addr + size:
+        out.append({"address": at, "size": addr + size - at, "requested_size": 0, "state": "inactive", "frames": []})
+    return out
 
 
 def _freed_bytes(rec: Recording) -> dict[int, int]:

@@ -9,7 +9,9 @@ What opens in ui.perfetto.dev:
   markers, its failed driver calls as instants named by their result
   (``CUDA_ERROR_OUT_OF_MEMORY``, with api, size and GPU as arguments), and its IPC calls: each
   ``cuIpcOpenMemHandle_v2`` is the end of a flow that starts at the exporter's
-  ``cuIpcGetMemHandle`` of the same 64 handle bytes.
+  ``cuIpcGetMemHandle`` of the same 64 handle bytes; for a trace recorded with ``memrec daemon
+  --tensors``, its PyTorch tensor blocks on each GPU as two counters (``tensors allocated on GPU
+  0``, ``tensors reserved on GPU 0``: the caching allocator's segments that held a block).
 
 Timestamps are the trace's own (CLOCK_MONOTONIC ns). Packets are streamed to the file one by one
 (the builder's streaming mode): memory stays in proportion to one GPU's series, not the file.
@@ -29,6 +31,7 @@ from memrec.events import OWNED
 from memrec.api import Recording
 from memrec.columns import failed_calls
 from memrec.engine.ipc import IpcOpens
+from memrec.state.tensors import block_series
 from memrec.export import require
 
 #: Every packet comes from one writer: one trusted sequence.
@@ -160,6 +163,7 @@ def _process_tracks(w: _Writer, rec: Recording) -> None:
     )
     flows_out, flows_in = _ipc_flows(rec.ipc_opens)
     failed = np.nonzero(failed_calls(ev))[0]
+    blocks = block_series(ev)
     for pid in pids:
         title = process_title(rec.trace.processes.get(pid), rec.ranks.get(pid, "")) or f"pid {pid}"
         proc = w.track(title, pid=pid)
@@ -167,6 +171,10 @@ def _process_tracks(w: _Writer, rec: Recording) -> None:
             if pid in series.pids():
                 where = f"GPU {g}" if g >= 0 else "host"
                 w.counter(w.track(f"held on {where}", proc, counter=True), series.ts, series.series(pid, OWNED))
+        for (p, g), (ts, allocated, reserved) in sorted(blocks.items()):
+            if p == pid:
+                w.counter(w.track(f"tensors allocated on GPU {g}", proc, counter=True), ts, allocated)
+                w.counter(w.track(f"tensors reserved on GPU {g}", proc, counter=True), ts, reserved)
         _phase_slices(w, rec, pid, proc)
         mine = failed[ev["pid"][failed] == pid]
         if len(mine):

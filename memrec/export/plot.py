@@ -35,7 +35,7 @@ from memrec.events import Kind
 from memrec.export import require
 
 #: Owned categories, bottom to top, and their colours (colour-blind safe, Okabe-Ito).
-_STACK = (("driver", "#0072B2"), ("vmm", "#E69F00"), ("host_pinned", "#009E73"))
+_STACK = (("driver", "#0072B2"), ("vmm", "#E69F00"), ("array", "#D55E00"), ("host_pinned", "#009E73"))
 _MAPPED = "#CC79A7"
 #: Opacity of the stacked areas (over white, or a phase band).
 STACK_ALPHA = 0.85

@@ -68,6 +68,7 @@ from memrec.state.batch import Batch
 from memrec.state.fields import ALIAS_FIELDS
 from memrec.state.fields import ALLOC
 from memrec.state.fields import BARRIER_MASK
+from memrec.state.fields import TENSOR_MASK
 from memrec.state.fields import EXIT_LARGEST
 from memrec.state.fields import EXPORT_FIELDS
 from memrec.state.fields import FABRIC_FIELDS
@@ -190,8 +191,9 @@ class LiveState(Queries, VmmIpc):
                 return
             if int(n_vec[hi]) - int(n_vec[lo]) >= max(self.vector_min_run, 1):
                 plain.apply_run(self, events, lo, hi, fill)
-            else:
-                self._apply_events(events, np.arange(lo, hi), fill)
+            else:  # tensor blocks are not driver memory: memrec.analysis.tensors reads them
+                idx = np.arange(lo, hi)
+                self._apply_events(events, idx[~TENSOR_MASK[kinds[lo:hi]]], fill)
 
         lo = 0
         self._alloc_hints.clear()

@@ -231,7 +231,8 @@ def gpus_from_header(header: dict) -> list[GpuInfo]:
         fields = {f.name: g.get(f.name) for f in dataclasses.fields(GpuInfo)}
         if not (_int_in(_GPU)(fields["index"]) and _optional(_is(str))(fields["uuid"])
                 and isinstance(fields["name"], str) and _int_in(_TS)(fields["total"])
-                and _optional(_int_in(_TS))(fields["bar1_total"])):
+                and _optional(_int_in(_TS))(fields["bar1_total"])
+                and _optional(_int_in(_TS))(fields["resident_threads"])):
             continue
         out.append(GpuInfo(**fields))
     return out
@@ -239,9 +240,10 @@ def gpus_from_header(header: dict) -> list[GpuInfo]:
 
 def gpu_dict(gpu: GpuInfo | dict) -> dict:
     """A GpuInfo as the header stores it."""
-    if isinstance(gpu, GpuInfo):
-        return dataclasses.asdict(gpu)
-    return dict(gpu)
+    out = dataclasses.asdict(gpu) if isinstance(gpu, GpuInfo) else dict(gpu)
+    if out.get("resident_threads", 0) is None:  # format 2.2's field, written only where NVML told it
+        del out["resident_threads"]
+    return out
 
 
 def finalize_header(header: dict) -> dict:

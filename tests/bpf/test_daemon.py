@@ -157,7 +157,8 @@ def test_daemon_records_a_workload_and_a_marker_then_stops_cleanly(daemon_factor
     )
     worker_calls = json.loads(worker.stdout.readline())
     mark = subprocess.Popen(
-        [sys.executable, "-m", "memrec", "mark", "after-workload", "--socket", str(d.socket), "tokens=42", "ok=true"],
+        [sys.executable, "-m", "memrec", "mark", "after-workload", "--socket", str(d.socket), "--scope", "shell",
+         "tokens=42", "ok=true"],
         stderr=subprocess.PIPE, text=True,
     )
     assert mark.wait(30) == 0, mark.stderr.read()
@@ -196,7 +197,7 @@ def test_daemon_records_a_workload_and_a_marker_then_stops_cleanly(daemon_factor
     # AND the process exits were recorded
     exits = set(ev["pid"][ev["kind"] == int(Kind.PROC_EXIT)].tolist())
     assert {facts["pid"], worker.pid} <= exits
-    # AND the marker, about the program that ran `memrec mark` (this test), with its values
+    # AND the marker, about the program that ran `memrec mark` (this test: --scope shell), with its values
     (marker,) = [m for m in trace.markers if m.name == "after-workload"]
     assert marker.values == {"tokens": 42, "ok": True} and marker.uid == os.getuid()
     assert marker.pid == os.getpid() != mark.pid and marker.pid in trace.processes

@@ -349,3 +349,24 @@ async def test_diff_aligns_the_runs_on_their_first_common_marker(tmp_path):
         # THEN the other run is read 2 s later than the base, and the header says on what
         assert app.main.alignment.shift == 2 * SEC
         assert "aligned on load_weights begin" in str(app.query_one("#gpu-header").render())
+
+
+async def test_holders_tensors_view_shows_allocated_and_reserved(tmp_path):
+    # GIVEN a --tensors trace: a 20 MiB segment with blocks of 4 MiB and 1 MiB, the first freed
+    from tests.utils import MiB
+    from tests.utils import write_tensor_trace
+
+    path = write_tensor_trace(tmp_path / "t.mrec", [(0, 4 * MiB), (4 * MiB, MiB), (0, -1)])
+    app = MemrecApp(FileSource(path))
+    async with app.run_test(size=(160, 40)) as pilot:
+        await settle(pilot)
+        await pilot.press("end", *["h"] * 6)
+        await settle(pilot)
+        holders = app.query_one("#holders", HoldersTable)
+        # THEN the last holders view lists the process's blocks at the cursor
+        assert holders.view_name == "tensors"
+        assert [str(c) for c in holders.get_row_at(0)] == ["7", "1.0 MiB", "20.0 MiB", "19.0 MiB", "15.0 MiB", "1"]
+        # AND back at the first event (the segment only) there are no blocks yet
+        await pilot.press("home")
+        await settle(pilot)
+        assert "no tensor blocks" in str(holders.get_row_at(0)[0])

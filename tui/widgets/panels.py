@@ -12,6 +12,8 @@ from textual.widgets import DataTable
 from textual.widgets import Static
 
 from memrec.engine.phases import NO_PHASE
+from memrec.events import UNTRACED_HEADINGS
+from memrec.events import UNTRACED_SPLIT
 from memrec.events import GpuInfo
 from memrec.events import cu_result_name
 from memrec.tui.filters import KIND_NAMES
@@ -27,7 +29,7 @@ from memrec.tui.widgets.timeline import NVML_COLOUR
 from memrec.units import fmt_bytes
 from memrec.units import fmt_dur
 
-HOLDER_VIEWS = ("process", "phase", "largest", "category", "context", "untraced")
+HOLDER_VIEWS = ("process", "phase", "largest", "category", "context", "untraced", "tensors")
 
 
 #: What the header and the holders say where NVML's used memory is below the traced memory: NVML
@@ -88,7 +90,7 @@ def header_text(gpu: GpuInfo | None, gpu_id: int, cursor_rel: str, st: CursorSta
     t.append(" │ traced ", style="dim")
     t.append(fmt_bytes(owned) if owned is not None else "…", style="bold")
     if st is not None and wide:
-        for c in ("driver", "vmm", "host_pinned"):
+        for c in ("driver", "vmm", "array", "host_pinned"):
             if st.by_category.get(c):
                 t.append(f" {c[:6]} ", style="dim")
                 t.append(fmt_bytes(st.by_category[c]), style=None if no_color else LAYER_COLOURS[c])
@@ -217,7 +219,7 @@ class HoldersTable(DataTable):
             self.add_row("…")
             return
         v = self.view_name
-        if other is not None and v not in ("largest", "context", "untraced"):
+        if other is not None and v not in ("largest", "context", "untraced", "tensors"):
             self._show_diff(st, other)
             return
         if v == "process":
@@ -243,10 +245,14 @@ class HoldersTable(DataTable):
                 self.add_row(label, api, fmt_dur(max(st.ts - ts, 0)) + " ago", fmt_bytes(cost) if cost is not None else "-",
                              "foreign: allocates nothing here" if foreign else "")
         elif v == "untraced":
-            self.add_columns("rank/pid", "context", "module code", "pools", "before", "unexplained")
+            self.add_columns("rank/pid", *(UNTRACED_HEADINGS[k].lower() for k in UNTRACED_SPLIT))
             for label, sp in st.untraced_split:
-                self.add_row(label, *(fmt_bytes(sp[k]) for k in ("context", "module_code", "pools", "before_recording",
-                                                                 "unexplained")))
+                self.add_row(label, *(fmt_bytes(sp.get(k, 0)) for k in UNTRACED_SPLIT))
+        elif v == "tensors":
+            self.add_columns("rank/pid", "allocated", "reserved", "resv-alloc", "largest free", "blocks")
+            for label, fr in st.tensors:
+                self.add_row(label, fmt_bytes(fr.allocated), fmt_bytes(fr.reserved), fmt_bytes(fr.free),
+                             fmt_bytes(fr.largest_free), f"{fr.blocks:,}")
         elif self.narrow:
             self.add_columns("size", "phase", "rank")
             for a in st.largest:
@@ -256,7 +262,8 @@ class HoldersTable(DataTable):
             for a in st.largest:
                 self.add_row(fmt_bytes(a.size), fmt_dur(a.age), a.phase or NO_PHASE, a.label, a.category, f"{a.address:#x}")
         if not self.row_count:
-            empty = st.untraced_note if v in ("context", "untraced") and st.untraced_note else "(nothing)"
+            empty = st.untraced_note if v in ("context", "untraced") and st.untraced_note else (
+                "(no tensor blocks: record with memrec daemon --tensors)" if v == "tensors" else "(nothing)")
             self.add_row(*([empty] + [""] * (len(self.columns) - 1)))
 
     def _show_diff(self, st: CursorState, other: CursorState) -> None:
