@@ -3,6 +3,7 @@
     sudo .venv/bin/python bench/reliability.py kill --runs 26
     sudo .venv/bin/python bench/reliability.py overload --runs 7
     sudo .venv/bin/python bench/reliability.py soak --seconds 120
+    sudo .venv/bin/python bench/reliability.py hostile          # issue 23: all four attacks
 
 - ``kill``: a daemon records a workload that allocates without pause; it is SIGKILLed at a random
   moment; the trace it leaves must read back (``load_trace`` and ``memrec report``). Prints how
@@ -12,6 +13,13 @@
   recorded + lost must equal what the workload made.
 - ``soak``: steady events and markers (``--rate`` allocs+frees per second, ``--markers`` per
   second) for ``--seconds``; prints the daemon's RSS and fds at the start and the end, and loss.
+- ``hostile``: issue 23's attacks by a socket-group user (nobody, switched with ``setpriv``):
+  ``connects`` (processes with a 1 MB argv that only connect: the daemon's RSS and the trace's
+  growth against the attacker's bytes), ``rotation`` (those connects plus a marker flood under
+  ``--rotate-size 20M --keep 3``, with an operator's copy and a planted file in the folder:
+  rotations, deletions, bytes on disk), ``phases`` (3 M ``begin`` markers of distinct names with
+  metrics on: the daemon's CPU while they come and after), ``diskfull`` (a nearly full file system,
+  a marker flood and 30,000 allocations: how many reach the file). One JSON line each.
 
 Everything runs a real ``memrec daemon`` (BPF uprobes on the stub libcuda) in a subprocess.
 """
@@ -71,9 +79,10 @@ print("done", i, time.monotonic_ns(), flush=True)
 
 
 class Daemon:
-    def __init__(self, workdir: Path, lib: Path, *extra: str, python: str = sys.executable, cwd: Path | None = None) -> None:
+    def __init__(self, workdir: Path, lib: Path, *extra: str, python: str = sys.executable, cwd: Path | None = None,
+                 output: Path | None = None) -> None:
         self.socket = workdir / "d.sock"
-        self.output = workdir / "out.mrec"
+        self.output = output or workdir / "out.mrec"
         self.log = open(workdir / "daemon.log", "w")
         self.proc = subprocess.Popen(
             [python, "-m", "memrec", "daemon", "-o", str(self.output), "--socket", str(self.socket),
@@ -89,6 +98,12 @@ class Daemon:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit(f"daemon did not start: {(workdir / 'daemon.log').read_text()}") from None
                 time.sleep(0.2)
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU the daemon used so far (/proc/PID/stat fields 14 and 15)."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def rss_fds(self) -> tuple[int, int]:
         with open(f"/proc/{self.proc.pid}/status") as f:
@@ -213,6 +228,199 @@ def cmd_soak(args, lib: Path) -> None:
     shutil.rmtree(workdir, ignore_errors=True)
 
 
+#: An attacker's client, run as nobody: ``flood SECONDS VALUES`` (markers of about VALUES × 200
+#: bytes as fast as the socket takes them), ``begins N`` (N begin markers of distinct names),
+#: ``connect SECONDS`` (one marker, then stay). Prints what it sent.
+ATTACKER = r"""
+import socket, sys, time
+from memrec import protocol
+path, what, arg = sys.argv[1], sys.argv[2], float(sys.argv[3])
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(path)
+sent = n = 0
+if what == "flood":
+    frame = protocol.encode_frame(protocol.make_mark("flood" * 40, "instant", time.monotonic_ns(), 1, None,
+                                                     {f"k{i}": "v" * 190 for i in range(int(sys.argv[4]))}))
+    end = time.monotonic() + arg
+    while time.monotonic() < end:
+        try:
+            s.sendall(frame)
+        except OSError:
+            break
+        sent += len(frame); n += 1
+elif what == "begins":
+    batch = []
+    for i in range(int(arg)):
+        batch.append(protocol.encode_frame(protocol.make_mark(f"p{i}", "begin", time.monotonic_ns(), 1, None, {})))
+        if len(batch) == 1000:
+            data = b"".join(batch); s.sendall(data); sent += len(data); n += len(batch); batch = []
+    if batch:
+        data = b"".join(batch); s.sendall(data); sent += len(data); n += len(batch)
+else:
+    frame = protocol.encode_frame(protocol.make_mark("hello", "instant", time.monotonic_ns(), 1, None, {}))
+    s.sendall(frame); sent, n = len(frame), 1
+print(n, sent, flush=True)
+if what == "connect":
+    time.sleep(arg)
+"""
+NOBODY = 65534
+
+
+def attacker(socket_path: Path, *args: str, argv_bytes: int = 0) -> subprocess.Popen:
+    """ATTACKER as user and group nobody, with ``argv_bytes`` of extra arguments (100 KB each)."""
+    padding = ["x" * 100_000] * (argv_bytes // 100_000)
+    return subprocess.Popen(
+        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", sys.executable, "-c", ATTACKER,
+         str(socket_path), *args, *padding],
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)), stdout=subprocess.PIPE, text=True,
+    )
+
+
+def _folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.iterdir() if p.is_file() and not p.is_symlink())
+
+
+def _hostile_daemon(workdir: Path, lib: Path, *extra: str, output: Path | None = None) -> Daemon:
+    os.chmod(workdir, 0o755)  # nobody reaches the socket through the group (nogroup) only
+    return Daemon(workdir, lib, "--socket-group", "nogroup", *extra, output=output)
+
+
+def hostile_connects(lib: Path, n: int = 200) -> dict:
+    """``n`` processes with a 1 MB argv connect, send one marker and leave (the review: 200 of them
+    took root's RSS from 210 to 401 MB, never freed, and grew the trace by 192 MB)."""
+    workdir = Path(tempfile.mkdtemp(prefix="mrh", dir="/tmp"))
+    folder = workdir / "traces"
+    d = _hostile_daemon(workdir, lib, "-o", f"{folder}/", output=folder)
+    time.sleep(2)
+    rss0, _ = d.rss_fds()
+    bytes0 = _folder_bytes(folder)
+    for _ in range(n // 8):
+        clients = [attacker(d.socket, "connect", "0", argv_bytes=1_000_000) for _ in range(8)]
+        for c in clients:
+            c.wait()
+    time.sleep(3)  # a few sweeps: the clients are gone
+    rss1, _ = d.rss_fds()
+    d.stop()
+    out = {"figure": "connects", "clients": n, "attacker_argv_mb": round(n * 1.0, 1),
+           "rss_mib": [round(rss0 / 2**20), round(rss1 / 2**20)],
+           "trace_growth_kb": round((_folder_bytes(folder) - bytes0) / 1024)}
+    shutil.rmtree(workdir, ignore_errors=True)
+    return out
+
+
+def hostile_rotation(lib: Path, seconds: float = 20) -> dict:
+    """25 connects with a 1 MB argv that stay, and a marker flood, under ``--rotate-size 20M
+    --keep 3`` (the review: 172 rotations in 20 s and 2.0 GB on disk), with an operator's copy and
+    a planted file dated 2030 in the folder (the review: both deleted or holding a slot)."""
+    workdir = Path(tempfile.mkdtemp(prefix="mrh", dir="/tmp"))
+    folder = workdir / "traces"
+    folder.mkdir()
+    copy = folder / "memrec-host-20260101-000000-1-0000abcd.mrec"
+    copy.write_bytes(b"an operator's copy")
+    planted = folder / "memrec-planted.mrec"
+    planted.write_bytes(b"x")
+    os.utime(planted, (1_900_000_000, 1_900_000_000))
+    d = _hostile_daemon(workdir, lib, "-o", f"{folder}/", "--rotate-size", "20M", "--keep", "3", output=folder)
+    stay = [attacker(d.socket, "connect", str(seconds + 10), argv_bytes=1_000_000) for _ in range(25)]
+    for c in stay:
+        c.stdout.readline()
+    cpu0 = d.cpu_seconds()
+    flood = [attacker(d.socket, "flood", str(seconds), "20") for _ in range(2)]
+    sent = sum(int(f.stdout.readline().split()[1]) for f in flood)
+    for c in flood + stay:
+        c.kill()
+        c.wait()
+    cpu = d.cpu_seconds() - cpu0
+    time.sleep(11)  # one more look of --keep
+    on_disk = _folder_bytes(folder)
+    d.stop()
+    log = (workdir / "daemon.log").read_text()
+    out = {"figure": "rotation", "seconds": seconds, "flood_mb_sent": round(sent / 1e6, 1),
+           "rotations": log.count("rotated (size)"), "deleted": sum(int(line.split("deleted ")[1].split()[0])
+                                                                  for line in log.splitlines() if "old trace file" in line),
+           "mb_on_disk": round(on_disk / 1e6, 1), "operator_copy_kept": copy.exists(), "planted_kept": planted.exists(),
+           "daemon_cpu_s": round(cpu, 1), "markers_dropped": _last_trailer(folder).get("markers_dropped")}
+    shutil.rmtree(workdir, ignore_errors=True)
+    return out
+
+
+def _last_trailer(folder: Path) -> dict:
+    """The trailer of the daemon's newest file (by its ledger; by mtime where there is none)."""
+    ledger = folder / ".memrec-written"
+    if ledger.exists():
+        newest = folder / ledger.read_text().splitlines()[-1].split("\t")[0]
+    else:
+        newest = max(folder.glob("memrec-*-*-*-*.mrec"), key=lambda p: p.stat().st_mtime)
+    return load_trace(newest).trailer or {}
+
+
+def hostile_phases(lib: Path, count: int = 3_000_000) -> dict:
+    """``count`` begin markers of distinct names with metrics on (the review: a core used forever,
+    sample() 1.7 s at 3 M open phases): the daemon's CPU while they come and in the 10 s after."""
+    workdir = Path(tempfile.mkdtemp(prefix="mrh", dir="/tmp"))
+    d = _hostile_daemon(workdir, lib, "--metrics-addr", f"127.0.0.1:{random.randrange(20000, 60000)}")
+    cpu0 = d.cpu_seconds()
+    t0 = time.monotonic()
+    a = attacker(d.socket, "begins", str(count))
+    n, sent = map(int, a.stdout.readline().split())
+    a.wait()
+    t1 = time.monotonic()
+    cpu1 = d.cpu_seconds()
+    time.sleep(10)
+    cpu2 = d.cpu_seconds()
+    rss, _ = d.rss_fds()
+    d.stop()
+    trailer = load_trace(d.output).trailer or {}
+    out = {"figure": "phases", "begins_sent": n, "mb_sent": round(sent / 1e6, 1), "send_seconds": round(t1 - t0, 1),
+           "daemon_cpu_s_while_sent": round(cpu1 - cpu0, 1), "daemon_cpu_pct_10s_after": round((cpu2 - cpu1) * 10, 1),
+           "rss_mib": round(rss / 2**20), "markers_dropped": trailer.get("markers_dropped")}
+    shutil.rmtree(workdir, ignore_errors=True)
+    return out
+
+
+def hostile_diskfull(lib: Path, allocs: int = 30_000, seconds: float = 15) -> dict:
+    """A 64 MiB file system left with 12 MiB free, a marker flood from nobody and ``allocs``
+    allocations meanwhile (the review: 0 of 30,000 reached the file, no trailer, no dropped count)."""
+    workdir = Path(tempfile.mkdtemp(prefix="mrh", dir="/tmp"))
+    disk = workdir / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(disk)], check=True)
+    try:
+        filler = disk / "filler"
+        filler.write_bytes(b"\0" * (52 << 20))
+        d = _hostile_daemon(workdir, lib, "-o", str(disk / "out.mrec"), output=disk / "out.mrec")
+        flood = [attacker(d.socket, "flood", str(seconds), "20") for _ in range(2)]
+        time.sleep(seconds / 3)
+        w = workload(lib, d.socket, rate=0, count=allocs)
+        w.stdout.readline()
+        w.wait()
+        sent = sum(int(f.stdout.readline().split()[1]) for f in flood)
+        for f in flood:
+            f.wait()
+        time.sleep(1)
+        d.stop()
+        trace = load_trace(d.output)
+        log = (workdir / "daemon.log").read_text()
+        out = {"figure": "diskfull", "allocs_made": allocs, "allocs_in_file": len(_allocs(trace, w.pid_reported)),
+               "flood_mb_sent": round(sent / 1e6, 1), "markers_in_file": len(trace.markers),
+               "trailer": trace.trailer is not None,
+               "markers_dropped": (trace.trailer or {}).get("markers_dropped"),
+               "disk_full": (trace.trailer or {}).get("disk_full"), "lost": trace.lost,
+               "log_says_without_trailer": "WITHOUT its trailer" in log,
+               "log_says_already_complete": "already complete" in log}
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+        shutil.rmtree(workdir, ignore_errors=True)
+    return out
+
+
+def cmd_hostile(args, lib: Path) -> None:
+    figures = {"connects": hostile_connects, "rotation": hostile_rotation, "phases": hostile_phases,
+               "diskfull": hostile_diskfull}
+    for name in args.only or list(figures):
+        print(json.dumps(figures[name](lib)), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="what", required=True)
@@ -227,11 +435,13 @@ def main() -> None:
     s.add_argument("--seconds", type=float, default=120)
     s.add_argument("--rate", type=float, default=6000)
     s.add_argument("--markers", type=float, default=50)
+    h = sub.add_parser("hostile")
+    h.add_argument("--only", action="append", choices=("connects", "rotation", "phases", "diskfull"))
     args = parser.parse_args()
     from memrec.stubdriver.build import build_stub
 
     lib = build_stub()
-    {"kill": cmd_kill, "overload": cmd_overload, "soak": cmd_soak}[args.what](args, lib)
+    {"kill": cmd_kill, "overload": cmd_overload, "soak": cmd_soak, "hostile": cmd_hostile}[args.what](args, lib)
 
 
 if __name__ == "__main__":

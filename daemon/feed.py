@@ -135,7 +135,7 @@ class ProbeFeed:
     def detach(self) -> None:
         """Detach every probe (slow: the kernel waits out RCU grace periods per probe)."""
         self.stop_reading()
-        log.info("detaching the probes (the trace is already complete)")
+        log.info("detaching the probes (the trace file is closed)")
         started = time.monotonic()
         self.probes.close()
         log.info("probes detached in %.1f s", time.monotonic() - started)

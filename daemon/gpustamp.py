@@ -8,6 +8,13 @@ allocation's GPU...).
 
 Why a module of its own: this is the daemon's only per-process bookkeeping (the processes seen,
 whose ordinal maps are checked), and it is testable without the loop, the probes or a trace.
+
+A pid names a process only together with its start time: a probed process's entry goes at its
+PROC_EXIT, but a marker client that never used CUDA gets none, and a later process with its pid
+must not inherit its command line, rank and GPU map (issue 23). So each entry keeps the start time
+read with it; an entry no probe event confirmed is checked against ``/proc/PID/stat`` before it is
+reused, and :meth:`GpuStamper.expire` drops those whose process is gone. At most
+``MAX_UNPROBED`` such entries are kept (the oldest goes first).
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ log = logging.getLogger(__name__)
 _PROCESS_KINDS = (int(Kind.PROC_EXIT), int(Kind.PROC_FORK))
 #: Batches in which a new process's ordinal map is checked against NVML before giving up.
 MAP_CHECK_TRIES = 20
+#: Entries of processes no probe event has confirmed (marker clients) kept at once.
+MAX_UNPROBED = 4096
 
 
 def default_process_info(pid: int, gpus: list[GpuInfo], first_ts: int) -> ProcessInfo:
@@ -38,6 +47,13 @@ def default_process_info(pid: int, gpus: list[GpuInfo], first_ts: int) -> Proces
     from memrec.probes.procinfo import process_info
 
     return process_info(pid, gpus, first_ts)
+
+
+def default_start_time(pid: int) -> int | None:
+    """The process's start time (memrec.probes.procinfo, imported only when a daemon runs)."""
+    from memrec.probes.procinfo import read_start_time
+
+    return read_start_time(pid)
 
 
 def gpu_text(info: ProcessInfo) -> str:
@@ -58,6 +74,7 @@ class GpuStamper:
         nvml: returns the NVML module (``process_gpus(indices)`` is asked, when it has one).
         process_info: ``(pid, gpus, first_ts) -> ProcessInfo`` (reads /proc).
         on_process: called with each new or corrected process (the daemon writes it to the trace).
+        start_time: ``pid -> start time`` (None when gone): tells a reused pid from its old process.
 
     Attributes:
         gpus: the host's GPUs (NVML's list; empty without NVML: then ordinal n is GPU n).
@@ -69,14 +86,20 @@ class GpuStamper:
         nvml: Callable[[], Any],
         process_info: Callable[[int, list[GpuInfo], int], ProcessInfo] | None = None,
         on_process: Callable[[ProcessInfo], None] = lambda _info: None,
+        start_time: Callable[[int], int | None] | None = None,
     ) -> None:
         self._nvml = nvml
         self.process_info = process_info or default_process_info
+        self.start_time = start_time or default_start_time
         self._on_process = on_process
         self.gpus: list[GpuInfo] = []
         self.processes: dict[int, ProcessInfo] = {}
         self._map_checked: set[int] = set()  # pids whose ordinal map NVML confirmed or corrected
         self._map_tries: dict[int, int] = {}
+        self._started: dict[int, int | None] = {}  # pid -> start time read with its entry
+        self._unprobed: dict[int, None] = {}  # pids no probe event confirmed, oldest first
+        #: Entries dropped because their pid was reused or their process was gone.
+        self.expired = 0
         self._nvml_listing: dict[int, set[int]] | None = None
         self._nvml_listing_failed = False
 
@@ -86,6 +109,9 @@ class GpuStamper:
         self._nvml_listing = None
         for pid in np.unique(pids).tolist():
             rows = pids == pid
+            if pid in self._unprobed:  # a marker client's entry: the same process, or a pid reused?
+                self._check_reuse(pid)
+                self._unprobed.pop(pid, None)
             info = self.process(pid, int(events["ts"][rows][0]))
             info = self._check_gpu_map(info, events["ordinal"][rows])
             self._stamp(events, rows, info)
@@ -93,15 +119,51 @@ class GpuStamper:
     def forget_exited(self, events: np.ndarray) -> None:
         """Drop the processes that exited in this batch: a later process with the pid is a new one."""
         for pid in events["pid"][events["kind"] == int(Kind.PROC_EXIT)].tolist():
-            self.processes.pop(pid, None)
-            self._map_checked.discard(pid)
-            self._map_tries.pop(pid, None)
+            self.forget(pid)
+
+    def forget(self, pid: int) -> None:
+        """Drop what is known of ``pid`` (gone): a later process with the pid is a new one."""
+        self.processes.pop(pid, None)
+        self._map_checked.discard(pid)
+        self._map_tries.pop(pid, None)
+        self._started.pop(pid, None)
+        self._unprobed.pop(pid, None)
+
+    def client(self, pid: int, first_ts: int) -> ProcessInfo:
+        """The entry of a marker client's process, checked against its start time first (its pid
+        may have been another client's, who never used CUDA and so got no PROC_EXIT)."""
+        if pid in self.processes:
+            self._check_reuse(pid)
+        known = pid in self.processes
+        info = self.process(pid, first_ts)
+        if not known:
+            self._unprobed[pid] = None
+            while len(self._unprobed) > MAX_UNPROBED:
+                self.forget(next(iter(self._unprobed)))
+        return info
+
+    def expire(self) -> int:
+        """Drop the entries of marker clients whose process is gone or whose pid was reused; return
+        how many (the loop calls it about once a second; entries of probed processes go at PROC_EXIT)."""
+        before = self.expired
+        for pid in list(self._unprobed):
+            self._check_reuse(pid)
+        return self.expired - before
+
+    def _check_reuse(self, pid: int) -> None:
+        """Forget ``pid``'s entry when its process is gone or another one has its pid now."""
+        now = self.start_time(pid)
+        if now is None or now != self._started.get(pid):
+            self.expired += 1
+            self.forget(pid)
 
     def marker(self, marker: Marker) -> Marker:
         """The client names its device ordinal; the trace holds the physical GPU."""
         if marker.gpu is None:
             return marker
-        info = self.process(marker.pid, marker.ts)
+        info = self.processes.get(marker.pid)
+        if info is None:  # not read (over its uid's budget, or expired): keep the number the client gave
+            return marker
         if self._identity(info):
             return marker
         if 0 <= marker.gpu < len(info.gpu_map):
@@ -112,6 +174,7 @@ class GpuStamper:
         """What is known of ``pid``; read from /proc (and logged, and passed on) the first time."""
         info = self.processes.get(pid)
         if info is None:
+            self._started[pid] = self.start_time(pid)
             try:
                 info = self.process_info(pid, self.gpus, first_ts)
             except Exception as error:  # /proc surprises must not cost the events

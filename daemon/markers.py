@@ -16,7 +16,10 @@ No client can stop or starve the server (each defence has a test in tests/unit/t
 - one uid other than root holds at most ``per_uid`` connections, so one user cannot take every slot;
 - when ``accept`` fails for lack of file descriptors, accepting pauses (backing off up to 2 s)
   instead of spinning on a listener that stays readable, and the failure is logged once per minute;
-- subscribing to the live view is a right apart from sending markers (``may_subscribe``).
+- subscribing to the live view is a right apart from sending markers (``may_subscribe``);
+- one connection holds at most ``open_per_connection`` phases open (begun, not ended); a ``begin``
+  beyond is dropped and counted (``on_drop``). The daemon's intake caps them per uid too, and
+  budgets each uid's markers (daemon/intake.py).
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ _CRED_SPACE = socket.CMSG_SPACE(_UCRED.size)
 #: accept() errors that mean "no file descriptor or memory for now": pause accepting.
 _OUT_OF_FDS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 _ACCEPT_BACKOFF = (0.05, 2.0)  # first and longest pause, seconds
+#: Phases one connection may hold open (begun, not ended); root's connections too.
+OPEN_PER_CONNECTION = 1024
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
@@ -98,7 +103,7 @@ def _supplementary_groups(pid: int) -> set[int]:
 
 
 class _Client:
-    __slots__ = ("sock", "pid", "uid", "gid", "decoder", "last_active", "frame_started")
+    __slots__ = ("sock", "pid", "uid", "gid", "decoder", "last_active", "frame_started", "open_phases", "dropped")
 
     def __init__(self, sock: socket.socket, pid: int, uid: int, gid: int, now: float) -> None:
         self.sock = sock
@@ -108,6 +113,8 @@ class _Client:
         self.decoder = protocol.FrameDecoder(protocol.MAX_CLIENT_FRAME)
         self.last_active = now
         self.frame_started: float | None = None  # when the frame now pending began to arrive
+        self.open_phases = 0  # begins minus ends sent on this connection
+        self.dropped: str | None = None  # why the last marker since the last ping was dropped
 
 
 class MarkerServer:
@@ -116,7 +123,9 @@ class MarkerServer:
     Args:
         listener: a bound, listening, non-blocking Unix stream socket.
         selector: the daemon's selector; the server registers the listener and its clients.
-        on_marker: gets each valid marker, stamped with the peer's pid and uid.
+        on_marker: gets each valid marker, stamped with the peer's pid and uid; returns why it
+            dropped it (a reason string), or None when it took it. The next ``pong`` on the
+            connection says ``dropped`` (`memrec mark` then tells its user).
         on_subscribe: takes over a connection that asked to subscribe (the server forgets it).
         on_connect: told ``(pid, uid)`` of each new peer at once (while it surely still runs).
         daemon_pid: the pid reported in ``pong``.
@@ -127,6 +136,8 @@ class MarkerServer:
         idle_timeout: seconds a connection may stay silent before it is closed.
         may_subscribe: ``(pid, uid, gid) -> bool``: who may subscribe to the live view
             (default :func:`root_only`).
+        open_per_connection: phases one connection may hold open; a ``begin`` beyond is dropped.
+        on_drop: told ``(marker, reason)`` of each marker dropped here (the daemon counts them).
         clock: seconds, monotonic (tests pass their own).
     """
 
@@ -134,7 +145,7 @@ class MarkerServer:
         self,
         listener: socket.socket,
         selector: selectors.BaseSelector,
-        on_marker: Callable[[Marker], None],
+        on_marker: Callable[[Marker], str | None],
         on_subscribe: Callable[[socket.socket], None] | None = None,
         on_connect: Callable[[int, int], None] | None = None,
         daemon_pid: int | None = None,
@@ -144,6 +155,8 @@ class MarkerServer:
         frame_timeout: float = 10.0,
         idle_timeout: float = 600.0,
         may_subscribe: Callable[[int, int, int], bool] = root_only,
+        open_per_connection: int = OPEN_PER_CONNECTION,
+        on_drop: Callable[[Marker, str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.listener = listener
@@ -157,6 +170,8 @@ class MarkerServer:
         self.frame_timeout = frame_timeout
         self.idle_timeout = idle_timeout
         self.may_subscribe = may_subscribe
+        self.open_per_connection = open_per_connection
+        self.on_drop = on_drop
         self.clock = clock
         self._clients: dict[int, _Client] = {}
         self._per_uid: dict[int, int] = {}
@@ -393,15 +408,21 @@ class MarkerServer:
                 gpu=message.get("gpu"),
                 values=dict(message.get("values") or {}),
             )
+            if not self._phase_allowed(client, marker):
+                client.dropped = "open_phases"
+                return True
             try:
-                self.on_marker(marker)
+                client.dropped = self.on_marker(marker) or client.dropped
             except Exception:
                 log.exception("marker from pid %d could not be recorded", pid)
             return True
         if kind == "ping":
             self.pings += 1
             try:
-                client.sock.send(protocol.encode_frame(protocol.make_pong(self.daemon_pid)), socket.MSG_DONTWAIT)
+                pong = protocol.make_pong(self.daemon_pid)
+                if client.dropped:  # a marker since the last ping was not taken: say so, and why
+                    pong["dropped"], client.dropped = client.dropped, None
+                client.sock.send(protocol.encode_frame(pong), socket.MSG_DONTWAIT)
             except OSError:
                 self._close(client.sock.fileno())
                 return False
@@ -423,6 +444,18 @@ class MarkerServer:
         return False
 
     # -- helpers ----------------------------------------------------------------------------------
+
+    def _phase_allowed(self, client: _Client, marker: Marker) -> bool:
+        """Count the connection's open phases; a ``begin`` over its cap is dropped (told to on_drop)."""
+        if marker.phase == "begin":
+            if client.open_phases >= self.open_per_connection:
+                if self.on_drop is not None:
+                    self.on_drop(marker, "open_phases")
+                return False
+            client.open_phases += 1
+        elif marker.phase == "end" and client.open_phases:
+            client.open_phases -= 1
+        return True
 
     def _bad(self, client: _Client, reason: str, reply: bool = True) -> None:
         self.errors += 1

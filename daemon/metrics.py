@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 TOP_PROCESSES = 10
 #: Phase names kept for the phase-peak gauge (the one begun longest ago is dropped first).
 MAX_PHASES = 32
+#: (pid, name) pairs of open phases the phase-peak gauge follows (the oldest is forgotten first).
+MAX_OPEN = 4096
 #: Distinct CUresult codes counted by name; later ones count as "other".
 MAX_RESULTS = 16
 #: Seconds between two snapshots of the live state.
@@ -90,6 +92,8 @@ class Snapshot:
     processes_seen: int
     libraries: int
     keyframes: dict[str, int]  # written / skipped / waited (daemon.keyframes.Keyframes)
+    #: reason -> markers dropped (daemon/intake.py DROP_REASONS)
+    markers_dropped: dict[str, int] = dataclasses.field(default_factory=dict)
     #: (gpu, pid, comm) -> (allocated, reserved, blocks) of PyTorch's tensor blocks (--tensors)
     tensors: dict[tuple[int, int, str], tuple[int, int, int]] = dataclasses.field(default_factory=dict)
     #: PyTorch installs probed for tensor blocks, and those without usable probes (--tensors)
@@ -157,16 +161,29 @@ class PhasePeaks:
     Phases are opened and closed by markers (begin/end, matched per pid and name); the peak is
     sampled at every drain, so a peak shorter than the drain interval can be missed (the trace
     holds every event; this is a gauge).
+
+    Bounded whatever clients send (issue 23: 3 M open phases made each sample take 1.7 s): at most
+    ``max_open`` (pid, name) pairs are held open (the one begun longest ago is forgotten first), and
+    a sample walks only the ``max_phases`` names with a peak, never the open set.
     """
 
-    def __init__(self, max_phases: int = MAX_PHASES) -> None:
+    def __init__(self, max_phases: int = MAX_PHASES, max_open: int = MAX_OPEN) -> None:
         self.max_phases = max_phases
-        self.open: dict[tuple[int, str], int] = {}  # (pid, name) -> nesting depth
+        self.max_open = max_open
+        self.open: OrderedDict[tuple[int, str], int] = OrderedDict()  # (pid, name) -> nesting depth
+        self._open_names: dict[str, int] = {}  # name -> open (pid, name) pairs
         self.peaks: OrderedDict[str, dict[int, int]] = OrderedDict()
+        #: Open pairs forgotten to stay within max_open.
+        self.forgotten = 0
 
     def marker(self, marker: Marker) -> None:
         key = (marker.pid, marker.name)
         if marker.phase == "begin":
+            if key not in self.open:
+                if len(self.open) >= self.max_open:
+                    self._close(*self.open.popitem(last=False))
+                    self.forgotten += 1
+                self._open_names[marker.name] = self._open_names.get(marker.name, 0) + 1
             self.open[key] = self.open.get(key, 0) + 1
             self.peaks.setdefault(marker.name, {})
             self.peaks.move_to_end(marker.name)
@@ -175,13 +192,21 @@ class PhasePeaks:
         elif marker.phase == "end" and key in self.open:
             self.open[key] -= 1
             if not self.open[key]:
+                self._close(key, 0)
                 del self.open[key]
+
+    def _close(self, key: tuple[int, str], _depth: int) -> None:
+        name = key[1]
+        left = self._open_names.get(name, 1) - 1
+        if left > 0:
+            self._open_names[name] = left
+        else:
+            self._open_names.pop(name, None)
 
     def sample(self, owned: dict[int, int]) -> None:
         """``owned``: gpu → owned bytes now."""
-        for name in {name for _, name in self.open}:
-            peaks = self.peaks.get(name)
-            if peaks is None:
+        for name, peaks in self.peaks.items():
+            if name not in self._open_names:
                 continue
             for gpu, b in owned.items():
                 if b > peaks.get(gpu, 0):
@@ -362,6 +387,7 @@ class DaemonMetrics:
             failed=dict(self.meter.failed) if self.meter else {},
             events=int(stats["events"]),
             markers=int(stats["markers"]),
+            markers_dropped=dict(stats.get("markers_dropped", {})),
             lost=int(stats["lost"]),
             ring_fill=fill,
             drain_lag=lag,
@@ -461,6 +487,12 @@ class DaemonMetrics:
                                   labels=["Hostname", "result"])
         for name, n in sorted(snap.failed.items()):
             fam.add_metric([self.hostname, name], n)
+        yield fam
+        fam = CounterMetricFamily("memrec_markers_dropped", "markers dropped: over their uid's budget (budget), "
+                                  "over the open-phase caps (open_phases), or kept off a nearly full disk (disk)",
+                                  labels=["Hostname", "reason"])
+        for reason, n in sorted(snap.markers_dropped.items()):
+            fam.add_metric([self.hostname, reason], n)
         yield fam
         for kind, name, doc, value in (
             (CounterMetricFamily, "memrec_events", "events recorded", snap.events),

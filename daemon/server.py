@@ -25,6 +25,7 @@ loop and the order of start, rotation and shutdown, which are read and changed t
 from __future__ import annotations
 
 import enum
+import errno
 import logging
 import os
 import selectors
@@ -40,6 +41,7 @@ import numpy as np
 from memrec import __version__
 from memrec._errors import OutputError
 from memrec.columns import with_gpu
+from memrec.daemon import retention
 from memrec.daemon.config import DaemonConfig
 from memrec.daemon.fanout import Fanout
 from memrec.daemon.feed import ProbeFeed
@@ -66,8 +68,10 @@ from memrec.daemon.sockets import group_id
 from memrec.daemon.timers import AddOnTimers
 from memrec.daemon.timers import advance
 from memrec.daemon.tracefiles import DiskWatch
+from memrec.daemon.tracefiles import Rotation
 from memrec.daemon.tracefiles import TraceNames
 from memrec.daemon.tracefiles import create_sink
+from memrec.daemon.tracefiles import resolve_folder
 from memrec.daemon.untraced import UntracedReadings
 from memrec.daemon.untraced import name_images
 from memrec.events import GpuInfo
@@ -87,8 +91,11 @@ log = logging.getLogger(__name__)
 
 #: The most ring-buffer polls of the final drain.
 _FINAL_DRAIN_POLLS = 64
-#: How often idle and half-sent marker connections are looked for (ns).
+#: How often idle and half-sent marker connections, and gone marker clients, are looked for (ns).
 _SWEEP_NS = 10**9
+#: Budget bytes a new marker client's process entry costs its uid (its record: a capped command
+#: line, memrec.probes.procinfo.MAX_CMDLINE_BYTES, and the rest).
+PROCESS_COST = 4096 + 512
 _CTX = int(Kind.CTX)
 
 
@@ -165,10 +172,12 @@ class Daemon:
         self.signals = SignalInbox()
         self.intake = Intake(clock)
         self._part = 0
+        self._skipped = 0  # next part numbers found taken (a planted link): skipped
+        self.rotation = Rotation(config.rotate_bytes)
         self.events_recorded = 0
         self.markers_recorded = 0
         self._next: dict[str, int] = {}
-        self.disk = DiskWatch()
+        self.disk = DiskWatch(clock)
         self._timers = AddOnTimers()
         #: Called from the loop with each marker as it arrives (device ordinal as the client sent it).
         self.marker_listeners: list[Callable[[Marker], None]] = []
@@ -190,6 +199,8 @@ class Daemon:
         if self.mood is not Mood.CREATED:
             raise RuntimeError(f"Daemon.start() called in mood {self.mood.value}")
         cfg = self.config
+        if cfg.output_is_dir and cfg.output.is_symlink():
+            cfg = self.config = cfg.replace(output=resolve_folder(cfg.output), output_is_dir=True)
         self.names = TraceNames(cfg)
         self.selector = selectors.DefaultSelector()
         settle()  # large buffers as maps of their own: freed, they go back to the system
@@ -216,6 +227,7 @@ class Daemon:
             self.markers = MarkerServer(
                 self.bound.sock, self.selector, self._on_marker, self._on_subscribe, on_connect=self._on_connect,
                 may_subscribe=root_only if cfg.live_group is None else root_or_group(group_id(cfg.live_group)),
+                on_drop=self.intake.drop,
             )
             self._open_writer(self.names.path(0), reason="start")
             self.sampler = start_sampler(self._nvml_module(), cfg, self._nvml_sink, self.clock, self.notes)
@@ -317,6 +329,8 @@ class Daemon:
             else:
                 steps.append(("final keyframe", self._write_keyframe))
                 steps.append(("trailer", lambda: self.writer.close(self._trailer(self.stop_reason or "stop"))))
+                steps.append(("say how it ended", lambda: self.disk.closed(self.writer, self.intake.dropped_total)))
+                steps.append(("note its size", lambda: self._noted_closed(self.writer)))
                 steps.append(("closed listeners", lambda: self._closed(self.writer.path)))
         if self.fanout is not None:
             steps.append(("subscribers", self.fanout.close))
@@ -388,13 +402,11 @@ class Daemon:
             self.scan_libraries()
             nxt["rescan"] = advance(nxt["rescan"], int(cfg.rescan_interval * 1e9), now)
         if now >= nxt["sweep"]:
-            if self.markers is not None:
-                self.markers.sweep()
+            self._sweep()
             nxt["sweep"] = advance(nxt["sweep"], _SWEEP_NS, now)
         if self.fanout is not None:
             self._serve_subscribers()
-        if (cfg.rotate_bytes and self.writer is not None and self.writer.bytes_written >= cfg.rotate_bytes
-                and self.writer.stalled is None and not self.keyframes.holding):
+        if self.writer is not None and self.rotation.due(self.writer, self.keyframes.holding, now):
             self.rotate("size")
         self._timers.run(now)
 
@@ -445,17 +457,35 @@ class Daemon:
 
     # ------------------------------------------------------------------ markers and NVML
 
-    def _on_connect(self, pid: int, _uid: int) -> None:
-        """Read a marker client's /proc now, while it surely runs (a shell's `memrec mark` is brief)."""
-        self.stamper.process(pid, self.clock())
+    def _on_connect(self, pid: int, uid: int) -> None:
+        """Read a marker client's /proc now, while it surely runs (a shell's `memrec mark` is brief);
+        a new entry costs its uid's marker budget (its record goes into the trace)."""
+        self._client_process(pid, uid, self.clock())
 
-    def _on_marker(self, marker: Marker) -> None:
-        """Queue a marker (its ts checked: :meth:`Intake.marker`) and read its process's /proc."""
-        marker = self.intake.marker(marker)
-        if marker.pid not in self.stamper.processes:  # named by `memrec mark` (its shell): read it now
-            self.stamper.process(marker.pid, marker.ts)
+    def _client_process(self, pid: int, uid: int, ts: int) -> None:
+        if pid in self.stamper.processes or self.intake.admit(uid, PROCESS_COST):
+            self.stamper.client(pid, ts)
+        else:  # over budget: its markers are filed under the bare pid (counted in the trailer)
+            self.intake.process_reads_refused += 1
+
+    def _on_marker(self, marker: Marker) -> str | None:
+        """Queue a marker (budgeted and its ts checked: :meth:`Intake.marker`) and read its process's
+        /proc; return why it was dropped (None: taken)."""
+        queued = self.intake.marker(marker)
+        if queued is None:
+            return self.intake.last_drop
+        if queued.pid not in self.stamper.processes:  # named by `memrec mark` (its shell): read it now
+            self._client_process(queued.pid, queued.uid, queued.ts)
         for listener in self.marker_listeners:
-            listener(marker)
+            listener(queued)
+        return None
+
+    def _sweep(self) -> None:
+        """About once a second: close stale connections; forget gone marker clients and their phases."""
+        if self.markers is not None:
+            self.markers.sweep()
+        self.stamper.expire()
+        self.intake.expire(lambda pid: self.stamper.start_time(pid) is not None)
 
     def _nvml_sink(self, device_rows: np.ndarray, process_rows: np.ndarray) -> None:
         """Called on the sampler's thread: only queue (the loop writes)."""
@@ -470,6 +500,9 @@ class Daemon:
         if self.intake.markers:
             self.drain()  # events older than the markers go first
             for marker in self.intake.take_markers():
+                if not self.disk.markers_allowed(writer):  # a nearly full disk is kept for events
+                    self.intake.drop(marker, "disk")
+                    continue
                 writer.write_marker(self.stamper.marker(marker))
                 self.markers_recorded += 1
         while self.intake.samples:
@@ -560,6 +593,9 @@ class Daemon:
         if sink.replaced:
             log.warning("replaced the existing file %s", path)
         self.files.append(path)
+        self.rotation.opened()
+        if self.config.output_is_dir:
+            retention.record(path.parent, path)  # --keep deletes only files in this ledger
         for info in self.stamper.processes.values():
             self.writer.write_process(info)
         if self.feed.lost:
@@ -575,21 +611,31 @@ class Daemon:
         """
         assert self.writer is not None
         self._write_pending()
-        path = self.names.path(self._part + 1)
+        path = self.names.path(self._part + 1 + self._skipped)
         try:
             sink = create_sink(path)
         except OSError as error:
-            log.error("cannot rotate (%s) to %s: %s; recording goes on in %s", reason, path,
-                      error.strerror or error, self.writer.path)
+            if error.errno in (errno.ELOOP, errno.EEXIST):  # a planted link or file: the next try skips it
+                self._skipped += 1
+            self.rotation.failed(reason, path, error, self.writer.path, self.clock())
             return Path(self.writer.path or path)
-        self._part += 1
+        self._part += 1 + self._skipped
+        self._skipped = 0
+        self.rotation.done()
         old = self.writer
         self.keyframes.collect(old, wait=self.keyframes.holding)  # its own first keyframe, if still held
         old.close(self._trailer(f"rotate: {reason}", next_file=os.fspath(path)))
+        self._noted_closed(old)
         self._closed(old.path)
         self._open_writer(path, reason=f"rotate: {reason}", sink=sink)
         log.info("rotated (%s): %s → %s", reason, old.path, path)
         return path
+
+    def _noted_closed(self, writer: TraceWriter) -> None:
+        """A file of a trace folder is complete: its size goes into the folder's ledger."""
+        if self.config.output_is_dir and writer.path:
+            path = Path(writer.path)
+            retention.record(path.parent, path, closed=True)
 
     def _closed(self, path: str | None) -> None:
         for listener in self.closed_listeners if path else ():
@@ -610,6 +656,10 @@ class Daemon:
             },
             "state": {"anomalies": dict(self.state.anomalies), "failures": self.state.n_failures},
             "markers_restamped": self.intake.restamped,
+            "markers_dropped": dict(self.intake.dropped),
+            "processes_expired": self.stamper.expired,
+            "process_reads_refused": self.intake.process_reads_refused,
+            "rotations_refused": self.rotation.refused_total,
             **({"torch": self.torch.header()} if self.torch is not None else {}),
             "lost": self.feed.lost,
         }
@@ -646,6 +696,7 @@ class Daemon:
             "mood": self.mood.value,
             "events": self.events_recorded,
             "markers": self.markers_recorded,
+            "markers_dropped": dict(self.intake.dropped),
             "lost": self.feed.lost,
             "files": [os.fspath(p) for p in self.files],
             "processes": len(self.stamper.processes),

@@ -24,6 +24,7 @@ class ExitCode:
     UNAVAILABLE = 69  # a needed service is missing (no daemon, no BPF, no NVML)
     SOFTWARE = 70  # internal error
     CANT_CREATE = 73  # cannot write the output
+    TEMPFAIL = 75  # sent but not confirmed: the daemon did not answer in time (stopped, overloaded)
     NO_PERM = 77  # needs root or CAP_BPF+CAP_PERFMON
 
 

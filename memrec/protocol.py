@@ -10,7 +10,10 @@ Client → daemon::
      ts: int (client CLOCK_MONOTONIC ns), tid: int, gpu: int | None (the client's CUDA device
      ordinal), values: {str: None | bool | int | float | str},
      pid: int (optional: the process the marker is about; see below)}
-    {type: "ping"}                     → {type: "pong", version: int, pid: int}
+    {type: "ping"}                     → {type: "pong", version: int, pid: int}, and
+                                         dropped: "budget" | "open_phases" when the daemon
+                                         dropped a marker of this connection since its last
+                                         ping (docs/operations.md)
     {type: "subscribe"}                → the trace header, a keyframe, then every record the
                                          trace file gets, each one frame (the same bytes)
 

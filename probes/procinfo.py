@@ -24,6 +24,9 @@ log = logging.getLogger(__name__)
 PROC = Path("/proc")
 #: Environment variables worth reading (the rest of the environment is never kept).
 ENV_KEYS = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "RANK", "LOCAL_RANK", "WORLD_SIZE")
+#: Bytes of a command line kept: any user's process may carry a 1 MB argv, and the daemon keeps
+#: and writes the command line of every process it meets (a marker client's too).
+MAX_CMDLINE_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -57,13 +60,20 @@ class ProcRead:
 
 def read_cmdline(pid: int, proc: Path = PROC) -> list[str]:
     """The process's argv ([] when gone, a kernel thread, or a zombie), at most the first
-    MAX_CMDLINE_ARGS arguments: a process record with more would be skipped by every reader."""
+    MAX_CMDLINE_ARGS arguments (a process record with more would be skipped by every reader) and
+    MAX_CMDLINE_BYTES bytes (the last argument kept is cut, ending in "...")."""
     try:
-        data = (proc / str(pid) / "cmdline").read_bytes()
+        with open(proc / str(pid) / "cmdline", "rb") as f:
+            data = f.read(MAX_CMDLINE_BYTES + 1)
     except OSError:
         return []
-    parts = data.split(b"\0")[:-1][:MAX_CMDLINE_ARGS]
-    return [part.decode("utf-8", "replace") for part in parts]
+    cut = len(data) > MAX_CMDLINE_BYTES
+    parts = data[:MAX_CMDLINE_BYTES].split(b"\0")
+    if cut:
+        parts[-1] += b"..."
+    else:
+        parts = parts[:-1]
+    return [part.decode("utf-8", "replace") for part in parts[:MAX_CMDLINE_ARGS]]
 
 
 def read_exe(pid: int, proc: Path = PROC) -> str | None:
@@ -74,8 +84,8 @@ def read_exe(pid: int, proc: Path = PROC) -> str | None:
         return None
 
 
-def read_ppid(pid: int, proc: Path = PROC) -> int | None:
-    """The parent pid from ``/proc/PID/stat`` (None when gone)."""
+def _stat_field(pid: int, number: int, proc: Path) -> int | None:
+    """Field ``number`` (1-based, as proc(5) counts them, >= 3) of ``/proc/PID/stat`` (None when gone)."""
     try:
         stat = (proc / str(pid) / "stat").read_text()
     except OSError:
@@ -83,9 +93,20 @@ def read_ppid(pid: int, proc: Path = PROC) -> int | None:
     # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ')'.
     fields = stat[stat.rfind(")") + 2 :].split()
     try:
-        return int(fields[1])
+        return int(fields[number - 3])
     except (IndexError, ValueError):
         return None
+
+
+def read_ppid(pid: int, proc: Path = PROC) -> int | None:
+    """The parent pid from ``/proc/PID/stat`` (None when gone)."""
+    return _stat_field(pid, 4, proc)
+
+
+def read_start_time(pid: int, proc: Path = PROC) -> int | None:
+    """When the process started, in clock ticks after boot (``/proc/PID/stat`` field 22; None when
+    gone): a pid and its start time name one process, a pid alone may be reused."""
+    return _stat_field(pid, 22, proc)
 
 
 def read_environ(pid: int, keys: tuple[str, ...] = ENV_KEYS, proc: Path = PROC) -> dict[str, str]:

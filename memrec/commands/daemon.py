@@ -75,7 +75,8 @@ class DaemonCommand:
                                  "process's command line (default: root only)")
         parser.add_argument("--libcuda", action="append", default=[], metavar="PATH", help="also probe this libcuda (repeatable)")
         parser.add_argument("--rotate-size", type=_arg(c.byte_size), default=c.GiB, metavar="SIZE",
-                            help="start a new file after SIZE bytes (e.g. 512M; 0: never; default 1G)")
+                            help="start a new file once SIZE bytes are written after its opening (header, processes, "
+                                 "first keyframe) (e.g. 512M; 0: never; default 1G)")
         parser.add_argument("--nvml-hz", type=_arg(c.rate), default=10.0, metavar="F",
                             help="NVML device-memory samples per second (0: off; default 10)")
         parser.add_argument("--nvml-process-hz", type=_arg(c.rate), default=1.0, metavar="F",
@@ -102,8 +103,9 @@ class DaemonCommand:
         parser.add_argument("-d", "--duration", type=_arg(c.duration), metavar="DURATION",
                             help="stop after this long (e.g. 30s, 10m, 2h)")
         parser.add_argument("--keep", type=_arg(file_count), default=0, metavar="N",
-                            help="in a trace directory, keep the N newest trace files and delete older ones "
-                                 "(0: keep all; with --rotate-size, the directory stays under about N x SIZE)")
+                            help="in a trace directory, keep the N newest trace files this daemon wrote (its ledger "
+                                 ".memrec-written) and delete its older ones; other files are never touched "
+                                 "(0: keep all; with --rotate-size, its files stay under about N x SIZE)")
         parser.add_argument("--metrics-addr", type=_arg(metrics_addr), metavar="HOST:PORT",
                             help="serve Prometheus metrics at http://HOST:PORT/metrics (needs prometheus-client, "
                                  "the metrics extra; :PORT listens on every address)")

@@ -44,6 +44,20 @@ def parse_value(text: str) -> bool | int | float | str:
         return text
 
 
+def utf8_text(text: str, what: str) -> str:
+    """``text`` from argv, checked to be UTF-8 (the wire's strings are).
+
+    Raises:
+        MemrecCommandError: it holds bytes that are not UTF-8 (exit code USAGE), shown escaped.
+    """
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        shown = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        raise MemrecCommandError(f"{what} '{shown}' is not valid UTF-8", exit_code=ExitCode.USAGE) from None
+    return text
+
+
 def parse_values(items: list[str]) -> dict:
     """``["tokens=1024", "ok=true"]`` → ``{"tokens": 1024, "ok": True}``.
 
@@ -55,7 +69,7 @@ def parse_values(items: list[str]) -> dict:
         key, sep, value = item.partition("=")
         if not sep or not key or not key.strip():
             raise MemrecCommandError(f"bad value {item!r}: expected KEY=VALUE", exit_code=ExitCode.USAGE)
-        values[key.strip()] = parse_value(value)
+        values[utf8_text(key.strip(), "the value name")] = parse_value(utf8_text(value, "the value"))
     return values
 
 
@@ -66,16 +80,26 @@ def send_marker(path: str, frame: bytes, timeout: float = TIMEOUT) -> None:
     it, which the marker may name) still runs for the daemon to check.
 
     Raises:
-        MemrecCommandError: no daemon answers at ``path`` (exit code UNAVAILABLE).
+        MemrecCommandError: no daemon answers at ``path`` (exit code UNAVAILABLE); or the marker
+            was sent but the daemon did not confirm it in time (TEMPFAIL: a daemon stopped with
+            SIGSTOP, or overloaded, still records it when it resumes; sending it again would
+            record it twice).
     """
+    sent = False
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         sock.settimeout(timeout)
         sock.connect(path)
         sock.sendall(frame + _PING)
+        sent = True
         answer = sock.recv(4096)
         if not is_pong(answer):  # not the usual pong in one piece: decoded in full, as anyone's
-            protocol.await_pong(sock, answer)
+            dropped = protocol.await_pong(sock, answer).get("dropped")
+            if dropped:
+                raise MemrecCommandError(
+                    f"the memrec daemon on {path} dropped the marker: {_DROPPED.get(dropped, 'see its log')}",
+                    exit_code=ExitCode.TEMPFAIL,
+                )
     except FileNotFoundError:
         raise MemrecCommandError(
             f"no memrec daemon: {path} does not exist (start one with memrec daemon, or set --socket / MEMREC_SOCKET)",
@@ -91,8 +115,14 @@ def send_marker(path: str, frame: bytes, timeout: float = TIMEOUT) -> None:
             exit_code=ExitCode.UNAVAILABLE,
         ) from None
     except TimeoutError:
+        if sent:
+            raise MemrecCommandError(
+                f"the memrec daemon on {path} did not confirm the marker within {timeout:g} s (stopped or "
+                "overloaded?): it was sent and is recorded if the daemon resumes; do not send it again",
+                exit_code=ExitCode.TEMPFAIL,
+            ) from None
         raise MemrecCommandError(
-            f"the memrec daemon on {path} did not take the marker within {timeout:g} s",
+            f"the memrec daemon on {path} did not take the marker within {timeout:g} s (nothing was sent)",
             exit_code=ExitCode.UNAVAILABLE,
         ) from None
     except OSError as error:
@@ -190,6 +220,14 @@ def _skip_uint(data: bytes, at: int) -> int:
         return at + 1
     size = _UINT_SIZES.get(data[at])
     return -1 if size is None or at + 1 + size > len(data) else at + 1 + size
+
+
+#: What a pong's ``dropped`` means (daemon/intake.py DROP_REASONS; markers kept off a nearly
+#: full disk are dropped after the pong, when the loop writes them).
+_DROPPED = {
+    "budget": "your user is over its marker budget (daemon/intake.py; a flood?); try again later",
+    "open_phases": "your user or connection holds too many open phases (begin without end)",
+}
 
 
 #: Programs that run a command as their child: the shell that runs them is the one meant.
@@ -310,7 +348,10 @@ def _add_options(parser: argparse.ArgumentParser, default: object = None) -> Non
 class MarkCommand:
     """Send a phase marker to the running daemon (from a shell script or by hand).
 
-    Unlike memrec.mark() in a program, this reports failure: exit code 69 when no daemon listens.
+    Unlike memrec.mark() in a program, this reports failure: exit code 69 when no daemon listens,
+    75 when the marker was sent but the daemon did not confirm it within 2 s (stopped or
+    overloaded: it is recorded if the daemon resumes; do not send it again) or when the daemon
+    dropped it (over your user's marker budget or open phases).
     The marker is about the session of the shell that runs memrec mark (its leader: a login
     shell, a tmux pane, an ssh session), so a begin and an end pair into one phase from two lines
     of a script, two lines of a Makefile (a shell each), or `bash -c '...'` whose last command is
@@ -381,6 +422,7 @@ class MarkCommand:
         if args.gpu is not None and not 0 <= args.gpu <= protocol.MAX_GPU:  # named as typed, not as the wire's "gpu"
             raise MemrecCommandError(f"--gpu {args.gpu}: not a CUDA device ordinal (0..{protocol.MAX_GPU})",
                                      exit_code=ExitCode.USAGE)
+        utf8_text(args.name, "the marker name")
         values = parse_values(args.values)
         pid = check_pid(args.pid) if args.pid is not None else scope_process(args.scope)
         message = protocol.make_mark(args.name, args.phase, ts, get_native_id(), args.gpu, values, pid)

@@ -23,6 +23,7 @@ from memrec.commands import main
 from memrec.commands.common import exit_code
 from memrec.daemon.notify import Notifier
 from memrec.daemon.retention import prune
+from memrec.daemon.retention import record
 from memrec.daemon.service import Service
 from memrec.daemon.service import file_count
 from memrec.daemon.service import metrics_addr
@@ -265,34 +266,64 @@ def test_daemon_refuses_bad_service_options(capsys):
 # ------------------------------------------------------------------------------ retention
 
 
-def test_prune_keeps_the_newest_and_touches_nothing_else(workdir):
+def test_prune_keeps_the_newest_it_wrote_and_touches_nothing_else(workdir):
+    # GIVEN five files the daemon wrote (noted in its ledger), oldest first, with mtimes that lie
+    written = []
     for i in range(5):
-        p = workdir / f"memrec-host-2026120{i}-000000-1.mrec"
+        p = workdir / f"memrec-host-2026120{i}-000000-1-abcd.mrec"
         p.write_bytes(b"x")
-        os.utime(p, (1000 + i, 1000 + i))
-    current = workdir / "memrec-host-20261201-000000-1.mrec"
-    (workdir / "notes.mrec").write_bytes(b"mine")
+        os.utime(p, (5000 - i, 5000 - i))
+        record(workdir, p)
+        written.append(p)
+    current = written[1]
+    # AND an operator's copy, a planted file dated 2030, a folder and a link, all named like traces
+    (workdir / "memrec-host-20261201-000000-1-copy.mrec").write_bytes(b"mine")
+    planted = workdir / "memrec-planted.mrec"
+    planted.write_bytes(b"x")
+    os.utime(planted, (1_900_000_000, 1_900_000_000))
     (workdir / "memrec-dir.mrec").mkdir()
     os.symlink("/etc/hostname", workdir / "memrec-link.mrec")
     deleted = prune(workdir, keep=3, current=current)
-    left = sorted(p.name for p in workdir.iterdir())
-    # the current file (an old mtime) stays and counts as one of the three
-    assert sorted(deleted) == ["memrec-host-20261200-000000-1.mrec", "memrec-host-20261202-000000-1.mrec"]
-    assert left == ["memrec-dir.mrec", "memrec-host-20261201-000000-1.mrec", "memrec-host-20261203-000000-1.mrec",
-                    "memrec-host-20261204-000000-1.mrec", "memrec-link.mrec", "notes.mrec"]
+    # THEN the two oldest it wrote go (the current one stays and counts as one of the three)
+    assert sorted(deleted) == sorted([written[0].name, written[2].name])
+    left = sorted(p.name for p in workdir.iterdir() if not p.name.startswith("."))
+    assert left == sorted([written[1].name, written[3].name, written[4].name, "memrec-dir.mrec",
+                           "memrec-host-20261201-000000-1-copy.mrec", "memrec-link.mrec", "memrec-planted.mrec"])
     assert prune(workdir, keep=0) == []
+    # AND none of the others holds a slot: with one more file written, keep=3 deletes one of its own
+    extra = workdir / "memrec-host-20261209-000000-1-abcd.mrec"
+    extra.write_bytes(b"x")
+    record(workdir, extra)
+    assert prune(workdir, keep=3) == [written[1].name]
 
 
-def test_prune_orders_rotated_parts_that_share_a_timestamp(workdir):
-    # GIVEN a trace's first part and parts 1-3, rotated within one tick of the file system's clock
-    names = ["memrec-h-1-1-abcd.mrec"] + [f"memrec-h-1-1-abcd.{n}.mrec" for n in (1, 2, 3)]
-    for name in names:
-        (workdir / name).write_bytes(b"x")
-        os.utime(workdir / name, ns=(10**18, 10**18))
-    # WHEN two are kept
-    deleted = prune(workdir, keep=2)
-    # THEN the two highest parts stay, whatever the names' sort order says
-    assert sorted(deleted) == sorted(names[:2])
+def test_prune_ignores_a_file_put_in_place_of_one_it_wrote(workdir):
+    # GIVEN a file the daemon wrote, then replaced by an operator's copy under the same name
+    p = workdir / "memrec-h-1-1-abcd.mrec"
+    p.write_bytes(b"x")
+    record(workdir, p)
+    record(workdir, p, closed=True)
+    p.unlink()
+    p.write_bytes(b"operator's copy")
+    for n in (1, 2):
+        q = workdir / f"memrec-h-1-1-abcd.{n}.mrec"
+        q.write_bytes(b"x")
+        record(workdir, q)
+        record(workdir, q, closed=True)
+    # THEN keep=1 deletes only the daemon's own older part, never the copy
+    assert prune(workdir, keep=1) == ["memrec-h-1-1-abcd.1.mrec"]
+    assert p.read_bytes() == b"operator's copy"
+
+
+def test_a_ledger_planted_by_a_user_is_set_aside(workdir, caplog):
+    victim = workdir / "memrec-victim.mrec"
+    victim.write_bytes(b"operator's")
+    st = victim.stat()
+    ledger = workdir / ".memrec-written"
+    ledger.write_text(f"{victim.name}\t{st.st_dev}\t{st.st_ino}\t-\n" * 3)
+    os.chown(ledger, 65534, 65534)
+    assert prune(workdir, keep=1) == []
+    assert victim.exists() and any("set aside" in r.message for r in caplog.records)
 
 
 def test_daemon_keeps_n_files_across_rotations(workdir):
@@ -304,7 +335,7 @@ def test_daemon_keeps_n_files_across_rotations(workdir):
         for _ in range(4):
             daemon.rotate("test")
         service._prune(daemon)
-        left = sorted(p.name for p in (workdir / "traces").iterdir())
+        left = sorted(p.name for p in (workdir / "traces").iterdir() if p.name != ".memrec-written")
     finally:
         daemon.stop()
     assert len(daemon.files) == 5 and left == sorted(p.name for p in daemon.files[-2:])

@@ -15,6 +15,7 @@ from memrec.events import MAX_CMDLINE_ARGS
 from memrec.events import Kind
 from memrec.events import Marker
 from memrec.events import ProcessInfo
+from memrec.probes.procinfo import MAX_CMDLINE_BYTES
 from memrec.trace import format as fmt
 from memrec.trace.reader import load_trace
 from memrec.trace.writer import TraceWriter
@@ -77,9 +78,12 @@ def test_a_process_with_more_arguments_than_a_trace_holds_is_written_cut(workdir
         d.stop()
         p.stdin.close()
         p.wait()
-    # THEN its process record is in the trace (the reader skips none), with the first 65,536 arguments
+    # THEN its process record is in the trace (the reader skips none), with its command line cut
+    # to MAX_CMDLINE_BYTES (issue 23: any user's argv may be 1 MB; the last argument ends in "...")
     trace = load_trace(d.files[0])
     assert trace.warnings == []
-    assert trace.processes[p.pid].cmdline == argv[:MAX_CMDLINE_ARGS]
+    kept = (b"\0".join(a.encode() for a in argv) + b"\0")[:MAX_CMDLINE_BYTES].split(b"\0")
+    kept[-1] += b"..."
+    assert trace.processes[p.pid].cmdline == [a.decode() for a in kept][:MAX_CMDLINE_ARGS]
     assert np.array_equal(trace.events["pid"], [p.pid])
     assert os.path.exists(d.files[0])
