@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from memrec._files import create_file
 from memrec.api import Recording
 from memrec.export import require
 
@@ -53,7 +54,8 @@ def write_parquet(rec: Recording, folder: Path) -> list[Path]:
             else:
                 columns[field] = pa.array(col)
         path = files[name]
-        pq.write_table(pa.table(columns), path)
+        with create_file(path) as f:
+            pq.write_table(pa.table(columns), f)
         out.append(path)
     return out
 
@@ -64,7 +66,7 @@ def write_csv(rec: Recording, folder: Path) -> list[Path]:
     files = table_files(folder, "csv")
     for name, arr in tables(rec).items():
         path = files[name]
-        with path.open("w", newline="") as f:
+        with create_file(path, text=True) as f:
             writer = csv.writer(f)
             writer.writerow(arr.dtype.names)
             floats = [i for i, k in enumerate(arr.dtype.names) if arr.dtype[k].kind == "f"]

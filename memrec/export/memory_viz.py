@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from memrec._files import create_file
 from memrec.api import Recording
 from memrec.analysis.names import api_name
 from memrec.events import CUDA_ERROR_OUT_OF_MEMORY
@@ -147,6 +148,6 @@ def write_memory_viz(rec: Recording, path: Path, pid: int | None = None, max_ent
     for target in targets if check else ():
         check(target)
     for target, snap in targets.items():
-        with open(target, "wb") as f:
+        with create_file(target) as f:
             pickle.dump(snap, f)
     return list(targets), dropped

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from memrec._files import create_file
 from memrec.analysis.names import api_name
 from memrec.analysis.names import process_title
 from memrec.analysis.names import result_name
@@ -126,7 +127,7 @@ def _annotate(a: Any, key: str, value: Any) -> None:
 
 def write_perfetto(rec: Recording, path: Path) -> dict[str, int]:
     """Write ``rec`` as a Perfetto trace at ``path``; return how many tracks, values, slices... it has."""
-    with open(path, "wb") as f:
+    with create_file(path) as f:
         w = _Writer(f)
         _gpu_tracks(w, rec)
         _process_tracks(w, rec)

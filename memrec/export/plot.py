@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from memrec._files import create_file
 from memrec.analysis.names import result_name
 from memrec.engine.phases import Phase
 from memrec.engine.series import GpuSeries
@@ -188,7 +189,8 @@ def _draw(panels: list[Panel], out: Path, xlabel: str, same_scale: bool = False)
         fig.legend(list(handles.values()), list(labels), loc="upper center", ncol=min(len(handles), 7),
                    frameon=False, fontsize=8)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / (PANEL_HEIGHT_IN * n + 0.6)))
-    fig.savefig(out, dpi=DPI)
+    with create_file(out) as f:  # (never through a link planted at out)
+        fig.savefig(f, dpi=DPI, format=out.suffix[1:].lower())
     plt.close(fig)
     return len(panels)
 
