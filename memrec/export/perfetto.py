@@ -67,7 +67,8 @@ class _Writer:
         if parent:
             d.parent_uuid = parent
         if pid is not None:
-            d.process.pid = pid
+            if 0 <= pid < 2**31:  # (perfetto's pid is an int32; a merge of many hosts goes past it)
+                d.process.pid = pid
             d.process.process_name = name
         else:
             d.name = name

@@ -234,7 +234,22 @@ def decode_columns(obj: dict, schema: Schema | None = None) -> ColumnChunk:
     n = obj.get("n")
     for key in codec.KEYS:
         if key in obj:
-            return _decode_v2(kind, n, key, obj[key], schema)
+            return _checked_ts(_decode_v2(kind, n, key, obj[key], schema))
+    return _checked_ts(_decode_v1(kind, n, obj, schema))
+
+
+def _checked_ts(chunk: ColumnChunk) -> ColumnChunk:
+    """``chunk``, unless a ts lies at or past 2^63: CLOCK_MONOTONIC never gets there (292 years of
+    uptime), and the analysis holds times as int64 (a failed call at 2^63 made ``report`` exit 70
+    with an OverflowError). Such a record is damaged, skipped with the others (issue 23, item 6)."""
+    ts = chunk.columns.get("ts")
+    if ts is not None and len(ts) and int(ts.astype(np.int64, copy=False).min()) < 0:  # (u8 past 2^63: < 0)
+        raise TraceFormatError(f"malformed {chunk.kind} record: a ts at or past 2^63 ns")
+    return chunk
+
+
+def _decode_v1(kind: str, n: Any, obj: dict, schema: Schema | None) -> ColumnChunk:
+    """A format-1 record: one little-endian byte string per column (zero-copy views)."""
     columns = obj.get("columns")
     if not isinstance(n, int) or isinstance(n, bool) or n < 0 or not isinstance(columns, dict):
         raise TraceFormatError(f"malformed {kind} record: bad 'n' or 'columns'")
