@@ -127,3 +127,24 @@ def test_proc_pseudo_files_are_not_regular_traces(tmp_path):
         code, _, err = run(*argv, "/proc/self/status")
         # THEN it is "not a regular file", not "empty file"
         assert code == ExitCode.NO_INPUT and "not a regular file" in err and err.count("\n") == 1, (argv, err)
+
+
+def test_the_text_report_of_a_marker_flood_is_bounded_with_a_summary(tmp_path):
+    # GIVEN a flood: 3,000 processes' worth of distinct phase names (1.43 GB of text for 300,000)
+    from tests.fuzz import edges
+
+    records = [{"type": "events", "events": edges.base_events()}]
+    for i in range(3000):
+        for phase, ts in (("begin", 2000 + 2 * i), ("end", 2001 + 2 * i)):
+            records.append({"type": "marker", "ts": ts, "pid": 7, "uid": 0, "tid": 7, "name": f"flood-{i}",
+                            "phase": phase, "gpu": 0, "values": {}})
+    path = tmp_path / "flood.mrec"
+    path.write_bytes(edges.pack(records))
+    # WHEN reported as text THEN at most 200 rows a table, and a line that counts the rest
+    code, out, _ = run("report", str(path))
+    assert code == 0
+    assert "… and 2,800 more phases and instants (memrec report --all, or --json, lists" in out
+    assert out.count("flood-") <= 2 * 200 and len(out) < 100_000
+    # AND --all lists every one
+    code, out, _ = run("report", "--all", str(path))
+    assert code == 0 and out.count("flood-2999") >= 1 and "more phases" not in out
