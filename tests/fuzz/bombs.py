@@ -25,16 +25,24 @@ def _list_header(n: int) -> bytes:
     return b"\xdd" + n.to_bytes(4, "big")
 
 
-def state_bomb_payload(items: int, empty_lists: bool) -> bytes:
-    """A keyframe state (msgpack) of ``items`` zeros or empty lists under ``"handles"``."""
-    body = (b"\x90" if empty_lists else b"\x00") * items
-    return b"\x82" + fmt.packb("v") + fmt.packb(2) + fmt.packb("handles") + _list_header(items) + body
+def state_bomb_frame(items: int, empty_lists: bool) -> bytes:
+    """One Zstandard frame (size declared, checksum) of a keyframe state (msgpack) of ``items``
+    zeros or empty lists under ``"handles"``, compressed 1 MiB at a time (never all in memory)."""
+    import zstandard
+
+    head = b"\x82" + fmt.packb("v") + fmt.packb(2) + fmt.packb("handles") + _list_header(items)
+    block = (b"\x90" if empty_lists else b"\x00") * (1 << 20)
+    c = zstandard.ZstdCompressor(level=codec.LEVEL, write_checksum=True).compressobj(size=len(head) + items)
+    parts = [c.compress(head)]
+    for start in range(0, items, len(block)):
+        parts.append(c.compress(block[: min(len(block), items - start)]))
+    return b"".join(parts) + c.flush()
 
 
 def keyframe_bomb(keyframes: int = 4, items: int = 256 << 20, empty_lists: bool = False) -> bytes:
     """A trace of one ordinary allocation and ``keyframes`` keyframes, each a state of ``items``
     msgpack items (256 Mi zeros: 256 MiB decompressed, ~8 KB compressed)."""
-    frame = codec.compress(state_bomb_payload(items, empty_lists))
+    frame = state_bomb_frame(items, empty_lists)
     records = [fmt.packb(header()), fmt.encode_record({"type": "events", "events": _rows(1, constant=False)})]
     records += [fmt.packb({"type": "keyframe", "ts": 1000 + i, "event_index": 1, "state_z": frame})
                 for i in range(keyframes)]
