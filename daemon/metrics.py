@@ -251,7 +251,11 @@ class DaemonMetrics:
             from prometheus_client import generate_latest
             from prometheus_client.registry import CollectorRegistry
         except ImportError:
-            raise UnavailableError("--metrics-addr needs prometheus-client: pip install 'memrec[metrics]'") from None
+            from memrec.extras import install_command
+
+            raise UnavailableError(
+                f"--metrics-addr needs prometheus-client: {install_command('metrics', ('prometheus-client',))}"
+            ) from None
         registry = CollectorRegistry(auto_describe=False)
         registry.register(self)
 

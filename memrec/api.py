@@ -2,14 +2,18 @@
 
 A :class:`Recording` replays the trace once (the same replay as ``memrec report``: keyframe at
 event 0, :func:`memrec.engine.replay.build_timeline`, :func:`memrec.engine.phases.build_phases`)
-and hands out typed tables: numpy structured arrays, or pandas DataFrames when pandas is installed
-and ``pandas`` is not False. Names (kind, api, result, phase, category) are strings, sizes and
-times integers (ns on CLOCK_MONOTONIC, plus ``t_s``: seconds since the recording started, the
-``+N.NNNs`` of the report). The exports (``memrec export``) are written from these same tables.
+and hands out typed tables: pandas DataFrames (the default: the notebook in docs/python-api.md is
+pandas, so without pandas ``load`` says how to install it rather than handing back arrays that
+fail on the first ``.query``), or numpy structured arrays with ``pandas=False``. Names (kind,
+api, result, phase, category) are strings, sizes and times integers (ns on CLOCK_MONOTONIC, plus
+``t_s``: seconds since the recording started, the ``+N.NNNs`` of the report, and a wall-clock
+``wall`` column, UTC, to join with DCGM or Prometheus samples). The exports (``memrec export``)
+are written from these same tables.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from functools import cached_property
@@ -32,11 +36,20 @@ from memrec.events import OWNED
 from memrec.engine.replay import Timeline
 from memrec.engine.replay import build_timeline
 from memrec.engine.replay import state_at
+from memrec.engine.ipc import IpcOpens
+from memrec.engine.ipc import ipc_opens
 from memrec.ranks import pid_labels
+from memrec.trace.clock import wall_offset_ns
 from memrec.trace.model import Trace
 
 #: Object columns hold Python str (names shared between rows: 8 bytes a row, not a fixed width).
 _STR = "O"
+#: Wall-clock columns: ns since the epoch, UTC (NaT when the trace has no clock anchor).
+_WALL = "<M8[ns]"
+
+
+class PandasMissing(ImportError):
+    """``memrec.load`` was asked for DataFrames (the default) and pandas cannot be imported."""
 
 
 def load(path: str | os.PathLike, pandas: bool | None = None) -> Recording:
@@ -46,28 +59,38 @@ def load(path: str | os.PathLike, pandas: bool | None = None) -> Recording:
 
     Args:
         path: the trace file.
-        pandas: tables as pandas DataFrames (True), numpy structured arrays (False), or DataFrames
-            when pandas can be imported (None, the default).
+        pandas: tables as pandas DataFrames (True, the default; None means the same), or numpy
+            structured arrays (False), which need nothing beyond memrec.
 
     Raises:
+        PandasMissing: DataFrames were asked for and pandas is not installed (an ImportError whose
+            message is the command that installs it, and ``pandas=False``).
         OSError: the file cannot be opened.
         memrec._errors.TraceFormatError: not a memrec trace, or a newer format.
     """
     from memrec.trace.reader import load_trace
 
+    use_pandas = _use_pandas(pandas)
     trace = load_trace(path)
     for warning in trace.warnings:
         warnings.warn(f"{os.fspath(path)}: {warning}", UserWarning, stacklevel=3)  # the caller of memrec.load
-    return Recording(trace, pandas=pandas)
+    return Recording(trace, pandas=use_pandas)
 
 
 def _use_pandas(choice: bool | None) -> bool:
-    if choice is not None:
-        return choice
+    """DataFrames unless ``choice`` is False; raise :class:`PandasMissing` when pandas is absent."""
+    if choice is False:
+        return False
     try:
         import pandas  # noqa: F401
-    except ImportError:
-        return False
+    except ImportError as error:
+        from memrec.extras import install_command
+
+        raise PandasMissing(
+            f"memrec.load returns pandas DataFrames and pandas is not installed ({error}): "
+            f"{install_command('pandas', ('pandas',))}; or memrec.load(path, pandas=False) for numpy "
+            "structured arrays"
+        ) from None
     return True
 
 
@@ -91,6 +114,7 @@ class Recording:
         self.trace = trace
         self.start, self.end = trace_bounds(trace)
         self._pandas = _use_pandas(pandas)
+        self._wall_offset = wall_offset_ns(trace.header)
         self.notes: list[str] = []
 
     # ------------------------------------------------------------------ the one replay
@@ -107,6 +131,11 @@ class Recording:
         return trace_phases(self.trace)
 
     @cached_property
+    def ipc_opens(self) -> IpcOpens:
+        """Each IPC open's export, exporter pid and mapped bytes (:mod:`memrec.engine.ipc`)."""
+        return ipc_opens(self.timeline.events, self.timeline.journal)
+
+    @cached_property
     def ranks(self) -> dict[int, str]:
         """pid -> rank label ("TP0") from the markers' SGLang ranks, else the process record's rank."""
         return pid_labels(self.trace.markers, self.trace.processes)
@@ -121,16 +150,36 @@ class Recording:
             return arr
         import pandas as pd
 
-        return pd.DataFrame({k: arr[k] for k in arr.dtype.names})
+        return pd.DataFrame({
+            k: pd.Series(arr[k]).dt.tz_localize("UTC") if arr.dtype[k].kind == "M" else arr[k]
+            for k in arr.dtype.names
+        })
 
     def _t_s(self, ts: np.ndarray) -> np.ndarray:
         return (ts.astype(np.int64) - self.start) / 1e9
 
+    def wall(self, ts: Any) -> np.ndarray:
+        """CLOCK_MONOTONIC ns (the ``ts`` of every table) as wall-clock datetime64[ns], UTC, through
+        the header's anchor (:func:`memrec.trace.clock.wall_offset_ns`); NaT without an anchor, and
+        where ``ts`` is negative (unknown, as in ``first_ts`` -1)."""
+        ts = np.asarray(ts, dtype=np.int64)
+        if self._wall_offset is None:
+            return np.full(ts.shape, np.datetime64("NaT"), dtype=_WALL)
+        out = (ts + np.int64(self._wall_offset)).astype(_WALL)
+        out[ts < 0] = np.datetime64("NaT")
+        return out
+
     # ------------------------------------------------------------------ tables
 
     def events_array(self) -> np.ndarray:
-        """Every driver event, one row each, with names and the phase of its process at that time."""
+        """Every driver event, one row each, with names and the phase of its process at that time.
+
+        An IPC open's row has the bytes it mapped in ``size`` and the exporting pid in ``peer``
+        (the driver's call carries neither: :mod:`memrec.engine.ipc`); ``peer`` is -1 elsewhere.
+        """
         ev = self.timeline.events  # the replay has filled in each event's GPU where it could
+        ipc = self.ipc_opens
+        size = np.where(ipc.size > 0, ipc.size, ev["size"].astype(np.int64))
         n = len(ev)
         phase_ids = self.phases.assign(ev["pid"].astype(np.int64), ev["ts"].astype(np.int64)) if n else np.zeros(0)
         labels = {i: self.phases.label(int(i)) for i in np.unique(phase_ids).tolist()}
@@ -138,16 +187,16 @@ class Recording:
         apis = {a: api_name(a) for a in np.unique(ev["api"]).tolist()}
         results = {r: result_name(r) for r in np.unique(ev["result"]).tolist()}
         cols = {
-            "ts": ev["ts"], "t_s": self._t_s(ev["ts"]), "pid": ev["pid"], "tid": ev["tid"],
+            "ts": ev["ts"], "t_s": self._t_s(ev["ts"]), "wall": self.wall(ev["ts"]), "pid": ev["pid"], "tid": ev["tid"],
             "kind": [kinds[k] for k in ev["kind"].tolist()], "api": [apis[a] for a in ev["api"].tolist()],
             "result": ev["result"], "result_name": [results[r] for r in ev["result"].tolist()],
-            "gpu": ev["gpu"], "ordinal": ev["ordinal"], "size": ev["size"], "ptr": ev["ptr"],
-            "handle": ev["handle"], "aux": ev["aux"], "flags": ev["flags"],
+            "gpu": ev["gpu"], "ordinal": ev["ordinal"], "size": size, "ptr": ev["ptr"],
+            "handle": ev["handle"], "aux": ev["aux"], "flags": ev["flags"], "peer": ipc.peer,
             "phase": [labels[i] for i in phase_ids.tolist()],
         }
-        types = {"ts": "<i8", "t_s": "<f8", "pid": "<i8", "tid": "<i8", "kind": _STR, "api": _STR, "result": "<i4",
+        types = {"ts": "<i8", "t_s": "<f8", "wall": _WALL, "pid": "<i8", "tid": "<i8", "kind": _STR, "api": _STR, "result": "<i4",
                  "result_name": _STR, "gpu": "<i2", "ordinal": "<i4", "size": "<i8", "ptr": "<u8", "handle": "<u8",
-                 "aux": "<u8", "flags": "<u4", "phase": _STR}
+                 "aux": "<u8", "flags": "<u4", "peer": "<i8", "phase": _STR}
         return _table(cols, types, n)
 
     @property
@@ -158,10 +207,10 @@ class Recording:
     def samples_array(self) -> np.ndarray:
         """NVML device samples: used, reserved, free, total (bytes; -1 where NVML gave none)."""
         nv = self.trace.nvml
-        cols = {"ts": nv["ts"], "t_s": self._t_s(nv["ts"])}
+        cols = {"ts": nv["ts"], "t_s": self._t_s(nv["ts"]), "wall": self.wall(nv["ts"])}
         cols.update({k: nv[k] for k in ("gpu", "used", "reserved", "free", "total", "bar1_used", "bar1_total")})
         types = {k: "<i8" for k in cols}
-        types.update(t_s="<f8", gpu="<i2")
+        types.update(t_s="<f8", wall=_WALL, gpu="<i2")
         return _table(cols, types, len(nv))
 
     @property
@@ -172,8 +221,10 @@ class Recording:
     def process_samples_array(self) -> np.ndarray:
         """NVML per-process samples: a process's used bytes on one GPU."""
         pm = self.trace.procmem
-        cols = {"ts": pm["ts"], "t_s": self._t_s(pm["ts"]), "gpu": pm["gpu"], "pid": pm["pid"], "used": pm["used"]}
-        return _table(cols, {"ts": "<i8", "t_s": "<f8", "gpu": "<i2", "pid": "<i8", "used": "<i8"}, len(pm))
+        cols = {"ts": pm["ts"], "t_s": self._t_s(pm["ts"]), "wall": self.wall(pm["ts"]), "gpu": pm["gpu"],
+                "pid": pm["pid"], "used": pm["used"]}
+        types = {"ts": "<i8", "t_s": "<f8", "wall": _WALL, "gpu": "<i2", "pid": "<i8", "used": "<i8"}
+        return _table(cols, types, len(pm))
 
     @property
     def process_samples(self) -> Any:
@@ -181,17 +232,19 @@ class Recording:
         return self._out(self.process_samples_array())
 
     def markers_array(self) -> np.ndarray:
-        """Phase markers as recorded (``values`` as ``k=v`` text, the JSON of the report has them typed)."""
+        """Phase markers as recorded; ``values`` is the marker's values as one JSON object
+        (``{"tp_rank": 0, "ok": true}``: typed, for ``json.loads`` or DuckDB's ``json_extract``)."""
         mk = sorted(self.trace.markers, key=lambda m: m.ts)
         ts = np.array([m.ts for m in mk], dtype=np.int64)
         cols = {
-            "ts": ts, "t_s": self._t_s(ts), "pid": [m.pid for m in mk], "tid": [m.tid for m in mk],
+            "ts": ts, "t_s": self._t_s(ts), "wall": self.wall(ts), "pid": [m.pid for m in mk],
+            "tid": [m.tid for m in mk],
             "name": [m.name for m in mk], "phase": [m.phase for m in mk],
             "gpu": [-1 if m.gpu is None else m.gpu for m in mk],
             "rank": [self.ranks.get(m.pid, "") for m in mk],
-            "values": [", ".join(f"{k}={v}" for k, v in (m.values or {}).items()) for m in mk],
+            "values": [json.dumps(m.values or {}, default=str) for m in mk],
         }
-        types = {"ts": "<i8", "t_s": "<f8", "pid": "<i8", "tid": "<i8", "name": _STR, "phase": _STR, "gpu": "<i2",
+        types = {"ts": "<i8", "t_s": "<f8", "wall": _WALL, "pid": "<i8", "tid": "<i8", "name": _STR, "phase": _STR, "gpu": "<i2",
                  "rank": _STR, "values": _STR}
         return _table(cols, types, len(mk))
 
@@ -213,8 +266,9 @@ class Recording:
             "cuda_visible_devices": [(i.cuda_visible_devices or "") if i else "" for i in infos],
             "first_ts": [i.first_ts if i else -1 for i in infos],
         }
+        cols["first_wall"] = self.wall(cols["first_ts"])
         types = {"pid": "<i8", "ppid": "<i8", "rank": _STR, "name": _STR, "cmdline": _STR,
-                 "cuda_visible_devices": _STR, "first_ts": "<i8"}
+                 "cuda_visible_devices": _STR, "first_ts": "<i8", "first_wall": _WALL}
         return _table(cols, types, len(pids))
 
     @property
@@ -228,8 +282,15 @@ class Recording:
         """Who held what at ``t`` seconds after the recording started: one row per live piece.
 
         Columns: pid, gpu (-1 host), category, size, address (pointer, or the VMM handle), since_s
-        (when it was made), api, peer (ipc_mapped: the exporter's pid), phase (the owner's phase at
-        ``t``). Starts from the latest keyframe at or before ``t`` and replays only the rest.
+        and since_wall (when it was made), api, peer (ipc_mapped: the exporter's pid), and two
+        phases, named apart:
+
+        - ``phase``: the phase its owner was in when it **allocated** it: who is holding this
+          memory, the rule of docs/report.md "Phases" that the report's "held ..., by phase" lines
+          and the TUI's holders use;
+        - ``phase_at_t``: the phase its owner is in **at** ``t`` (what it was doing then).
+
+        Starts from the latest keyframe at or before ``t`` and replays only the rest.
         """
         ts = self.start + int(round(t * 1e9))
         ev = self.timeline.events
@@ -238,15 +299,18 @@ class Recording:
         rows = sorted(state.holdings(), key=lambda h: (h.gpu, h.pid, -h.size, h.address))
         n = len(rows)
         pids = np.array([h.pid for h in rows], dtype=np.int64)
-        phase = self.phases.assign(pids, np.full(n, ts, dtype=np.int64)) if n else np.zeros(0, np.int64)
+        made = np.array([h.ts for h in rows], dtype=np.int64)
+        made_in = self.phases.assign(pids, made) if n else np.zeros(0, np.int64)
+        now_in = self.phases.assign(pids, np.full(n, ts, dtype=np.int64)) if n else np.zeros(0, np.int64)
         cols = {
             "pid": pids, "gpu": [h.gpu for h in rows], "category": [h.category for h in rows],
             "size": [h.size for h in rows], "address": [h.address for h in rows],
-            "since_s": [(h.ts - self.start) / 1e9 for h in rows], "api": [api_name(h.api) for h in rows],
-            "peer": [h.peer for h in rows], "phase": [self.phases.label(int(i)) for i in phase.tolist()],
+            "since_s": self._t_s(made), "since_wall": self.wall(made), "api": [api_name(h.api) for h in rows],
+            "peer": [h.peer for h in rows], "phase": [self.phases.label(int(i)) for i in made_in.tolist()],
+            "phase_at_t": [self.phases.label(int(i)) for i in now_in.tolist()],
         }
         types = {"pid": "<i8", "gpu": "<i2", "category": _STR, "size": "<i8", "address": "<u8", "since_s": "<f8",
-                 "api": _STR, "peer": "<i8", "phase": _STR}
+                 "since_wall": _WALL, "api": _STR, "peer": "<i8", "phase": _STR, "phase_at_t": _STR}
         return self._out(_table(cols, types, n))
 
     def by_phase(self) -> Any:
@@ -262,17 +326,20 @@ class Recording:
         """
         usage = attribute(self.phases, self.timeline.journal)
         ph = self.phases.phases
+        starts = np.array([ph[u.phase].start if u.phase >= 0 else -1 for u in usage], dtype=np.int64)
+        ends = np.array([ph[u.phase].end if u.phase >= 0 else -1 for u in usage], dtype=np.int64)
         cols = {
             "phase": [self.phases.label(u.phase) for u in usage],
-            "start_s": [(ph[u.phase].start - self.start) / 1e9 if u.phase >= 0 else np.nan for u in usage],
-            "end_s": [(ph[u.phase].end - self.start) / 1e9 if u.phase >= 0 else np.nan for u in usage],
+            "start_s": np.where(starts >= 0, (starts - self.start) / 1e9, np.nan),
+            "end_s": np.where(ends >= 0, (ends - self.start) / 1e9, np.nan),
+            "start_wall": self.wall(starts), "end_wall": self.wall(ends),
             "pid": [u.pid for u in usage], "rank": [self.ranks.get(u.pid, "") for u in usage],
             "gpu": [u.gpu for u in usage], "category": [u.category for u in usage],
             "allocated": [u.allocated for u in usage], "freed": [u.freed for u in usage],
             "net": [u.net for u in usage],
             "owned": [u.category in OWNED for u in usage],
         }
-        types = {"phase": _STR, "start_s": "<f8", "end_s": "<f8", "pid": "<i8", "rank": _STR, "gpu": "<i2",
+        types = {"phase": _STR, "start_s": "<f8", "end_s": "<f8", "start_wall": _WALL, "end_wall": _WALL, "pid": "<i8", "rank": _STR, "gpu": "<i2",
                  "category": _STR, "allocated": "<i8", "freed": "<i8", "net": "<i8", "owned": "?"}
         return _table(cols, types, len(usage))
 
@@ -302,8 +369,9 @@ class Recording:
             cols["ts"][sl], cols["gpu"][sl], cols["pid"][sl] = ts, g, p
             cols["nvml_used"][sl], cols["traced"][sl], cols["untraced"][sl] = used, traced, untraced
             at += len(ts)
-        cols = {"ts": cols["ts"], "t_s": self._t_s(cols["ts"]), **{k: v for k, v in cols.items() if k != "ts"}}
+        cols = {"ts": cols["ts"], "t_s": self._t_s(cols["ts"]), "wall": self.wall(cols["ts"]),
+                **{k: v for k, v in cols.items() if k != "ts"}}
         types = {k: "<i8" for k in cols}
-        types.update(t_s="<f8", gpu="<i2")
+        types.update(t_s="<f8", wall=_WALL, gpu="<i2")
         return self._out(_table(cols, types, n))
 

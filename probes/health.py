@@ -90,11 +90,13 @@ def check_nvml() -> Check:
     except nvml.NvmlUnavailable as error:
         # A `pip install memrec` without the extra lacks the binding, not the driver.
         missing = importlib.util.find_spec("pynvml") is None
+        from memrec.extras import install_command
+
         return Check(
             "nvml",
             "warn",
             f"NVML unavailable: {error}",
-            ("pip install 'memrec[nvml]' (scripts/setup installs it)" if missing
+            (f"{install_command('nvml', ('nvidia-ml-py',))} (scripts/setup installs it)" if missing
              else "on a GPU host install the NVIDIA driver (libnvidia-ml.so.1)")
             + "; without it the daemon records without NVML samples",
         )

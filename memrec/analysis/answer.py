@@ -12,6 +12,10 @@ half. The cases, in order:
 2. A driver call failed: the first out-of-memory (else the first failed call), with what the
    GPU held then, by the phase that allocated it, and how much would have had to be free.
 3. Nothing failed: the highest traced peak, what held it by phase, and the headroom left.
+
+A trace without a trailer (the recorder crashed or was killed, a file still being written, a
+partial copy) says so in the first line: ``PARTIAL cut short (no trailer): ...`` instead of
+``OK``, and "(trace cut short)" after a failure, since what was not read may hold the failure or the peak.
 """
 
 from __future__ import annotations
@@ -44,15 +48,29 @@ def build_answer(report: dict) -> dict:
     sg = report.get("sglang") or {}
     summary = sg.get("summary") or {}
     if summary.get("failed") and summary.get("kv_failed"):
-        return {"status": "failed", "lines": _sglang_failed(sg, summary)}
+        return {"status": "failed", "lines": _cut_short(report, _sglang_failed(sg, summary))}
     failures = [f for sec in report["gpus"] + ([report["host"]] if report["host"] else []) for f in sec["failures"]]
     failures += report["failures_unknown_gpu"]
     if failures:
-        return {"status": "failed", "lines": _call_failed(report, failures)}
+        return {"status": "failed", "lines": _cut_short(report, _call_failed(report, failures))}
     secs = [s for s in report["gpus"] if s.get("peak") and s["peak"]["bytes"]]
     if not secs:
-        return {"status": "empty", "lines": [["OK", "no GPU memory was allocated in this trace"]]}
-    return {"status": "ok", "lines": _no_failure(report, secs, sg, summary)}
+        return {"status": "empty", "lines": _cut_short(report, [["OK", "no GPU memory was allocated in this trace"]])}
+    return {"status": "ok", "lines": _cut_short(report, _no_failure(report, secs, sg, summary))}
+
+
+def _cut_short(report: dict, lines: list[list[str]]) -> list[list[str]]:
+    """The answer of a trace without a trailer says so first: what was not read may hold the
+    failure or the peak, so neither "OK" nor a lone failure is the whole answer."""
+    if report["trace"].get("complete", True):
+        return lines
+    first = list(lines[0])
+    if first[0] == "OK":
+        text = first[1].replace(" in this trace", "")
+        first = ["PARTIAL", f"cut short (no trailer): {text}", " in what was read", *first[2:]]
+    else:
+        first = [first[0], f"{first[1]} (trace cut short)", *first[2:]]
+    return [first, *lines[1:]]
 
 
 def fit(line: list[str], width: int) -> str:

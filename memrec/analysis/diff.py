@@ -7,6 +7,9 @@ are matched by index.
 
 The dict holds:
 
+- ``related``: whether the two runs are one workload (:mod:`memrec.analysis.related`: commands,
+  models, phase names); when they are not, the verdict says so, with why, and each run's own
+  outcome, instead of explaining one run by the other;
 - ``verdict``: a headline and a few lines that answer "why does one run fail when the other
   works": which run fails (SGLang's error, a KV budget <= 0, or a driver call that ran out of
   memory) and with what error, how the KV budget moved on every rank
@@ -47,6 +50,9 @@ from memrec.engine.replay import trace_phases
 from memrec.analysis.sglang_facts import custom_ar_facts
 from memrec.analysis.sglang_facts import custom_ar_line
 from memrec.analysis.sglang_facts import process_contexts
+from memrec.analysis.related import Relation
+from memrec.analysis.related import identity
+from memrec.analysis.related import relate
 from memrec.analysis.sglang_windows import KvWindow
 from memrec.analysis.sglang_windows import MAPPED
 from memrec.ranks import format_rank
@@ -446,7 +452,22 @@ def _sglang_fact_lines(a: Run, b: Run) -> list[str]:
     return lines
 
 
-def _verdict(d: dict, a: Run, b: Run) -> dict:
+def _unrelated_verdict(d: dict, relation: Relation) -> dict:
+    """Two different workloads: say so and why, and each run's own outcome, and nothing that
+    explains one by the other."""
+    lines = list(relation.reasons)
+    for side in ("a", "b"):
+        mine = [f for f in d["failures"] if f["in"] in (side, "both")]
+        outcome = f"fails: {_what_failed(mine)}" if d[side]["failed"] else "works"
+        lines.append(f"{d[side]['name']} {outcome}")
+    lines += relation.notes
+    lines.append("the tables below match ranks and phase names only: compare a run with one of the same workload")
+    return {"headline": "not comparable: these look like two different workloads", "lines": lines}
+
+
+def _verdict(d: dict, a: Run, b: Run, relation: Relation) -> dict:
+    if not relation.related:
+        return _unrelated_verdict(d, relation)
     an, bn = d["a"]["name"], d["b"]["name"]
     fa, fb = d["a"]["failed"], d["b"]["failed"]
     only_a = [f for f in d["failures"] if f["in"] == "a"]
@@ -487,7 +508,7 @@ def _verdict(d: dict, a: Run, b: Run) -> dict:
             lines.append(f"{n} failed driver call{'' if n == 1 else 's'} only in {name} ({drv[0]['api']} {drv[0]['result']}{', …' if len(drv) > 1 else ''})")
     if not lines and head == "both runs work":
         lines.append("no change in the KV budget or between the baseline and the KV sizing")
-    return {"headline": head, "lines": lines}
+    return {"headline": head, "lines": lines + relation.notes}
 
 
 # ------------------------------------------------------------------------------------------- public
@@ -534,6 +555,7 @@ def diff_traces(a_trace: Any, b_trace: Any, a_name: str = "A", b_name: str = "B"
         "failures": failures,
         "untraced": untraced_rows(a.untraced, b.untraced, lambda key: _rank_label(key, dims)),
     }
-    verdict = _verdict(d, a, b)
-    return {"memrec_diff": d["memrec_diff"], "a": d["a"], "b": d["b"], "verdict": verdict,
+    relation = relate(identity(a_trace, a.phases), identity(b_trace, b.phases), a_name, b_name)
+    verdict = _verdict(d, a, b, relation)
+    return {"memrec_diff": d["memrec_diff"], "a": d["a"], "b": d["b"], "verdict": verdict, "related": relation.to_dict(),
             **{k: v for k, v in d.items() if k not in ("memrec_diff", "a", "b")}}

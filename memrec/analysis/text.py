@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 from memrec.units import fmt_bytes as human  # noqa: F401 (the one size format, re-exported for the report's modules)
@@ -72,9 +73,41 @@ def table(
     return out
 
 
+#: Where an equation may break: before a relation, or before a top-level minus (see _equation).
+_RELATION = re.compile(r" (?=[=≤≥] )| (?=− )")
+
+
+def _equation(text: str, width: int) -> list[str] | None:
+    """A too-long equation (``rest = a − b × (1 − f) = ...``) broken before its relations and its
+    minus signs outside parentheses, each continuation aligned under the first relation (a minus
+    two columns further in), so no term is split; None when ``text`` is no equation or a piece
+    is still too wide."""
+    first = re.search(r" [=≤≥] ", text)
+    if first is None or first.start() > width * 3 // 5:  # prose that mentions an equation wraps as prose
+        return None
+    col = first.start() + 1
+    pieces: list[str] = []
+    start = 0
+    for m in _RELATION.finditer(text, first.end()):
+        if text[: m.start()].count("(") != text[: m.start()].count(")"):
+            continue  # inside parentheses: (1 − f) stays whole
+        pieces.append(text[start : m.start()])
+        start = m.end()
+    pieces.append(text[start:])
+    out = [pieces[0]]
+    for piece in pieces[1:]:
+        indent = col if piece[0] in "=≤≥" else col + 2
+        if len(out[-1]) + 1 + len(piece) <= width:
+            out[-1] += " " + piece
+        else:
+            out.append(" " * indent + piece)
+    return out if all(len(line) <= width for line in out) else None
+
+
 def fit_lines(lines: list[str], width: int) -> list[str]:
-    """Every line at most ``width`` wide: longer ones wrap at spaces, continued 4 columns further in
-    (a word longer than the room stays whole rather than being cut)."""
+    """Every line at most ``width`` wide: an equation breaks before its ``=`` and ``−`` signs
+    (:func:`_equation`); other lines wrap at spaces, continued 4 columns further in (a word longer
+    than the room stays whole rather than being cut)."""
     out = []
     for text in lines:
         if len(text) <= width:
@@ -82,6 +115,10 @@ def fit_lines(lines: list[str], width: int) -> list[str]:
             continue
         if set(text) <= {"=", "-"}:  # a title's underline
             out.append(text[:width])
+            continue
+        equation = _equation(text, width)
+        if equation is not None:
+            out.extend(equation)
             continue
         lead = len(text) - len(text.lstrip(" "))
         out.extend(

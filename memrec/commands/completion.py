@@ -3,8 +3,10 @@
 The scripts are static (no Python runs when TAB is pressed) and come from the same argparse
 parser the command line uses, so a new option completes without anyone editing a script:
 subcommands with their one-line help, each subcommand's options (with help in zsh and fish),
-choices where an option has them, and file names where an argument is a path (``type=Path`` or a
-PATH/FILE metavar). ``memrec install-service`` installs them; docs/operations.md says where.
+choices where an option has them, and file names where an argument is a path (``type=Path``, or
+a metavar naming a file: PATH, FILE, DIR, TRACE, OTHER (the other trace of ``--diff``), SOCKET,
+each also as one of ``A|B``, as ``DIR|off``). tests/unit/test_install_service.py completes every
+argument of every command that takes a file, in real bash. ``memrec install-service`` installs them; docs/operations.md says where.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 from memrec._errors import ExitCode
 
 SHELLS = ("bash", "zsh", "fish")
-_PATH_METAVARS = {"PATH", "FILE", "DIR", "TRACE", "OUTPUT"}
+_PATH_METAVARS = {"PATH", "FILE", "DIR", "TRACE", "OUTPUT", "OTHER", "SOCKET"}
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,7 @@ class Subcommand:
 
 def _is_path(action: argparse.Action) -> bool:
     metavar = action.metavar if isinstance(action.metavar, str) else ""
-    return action.type is Path or metavar.upper() in _PATH_METAVARS
+    return action.type is Path or any(part in _PATH_METAVARS for part in metavar.upper().split("|"))
 
 
 def _options(parser: argparse.ArgumentParser) -> tuple[Option, ...]:

@@ -98,8 +98,8 @@ class DaemonCommand:
                             help="in a trace directory, keep the N newest trace files and delete older ones "
                                  "(0: keep all; with --rotate-size, the directory stays under about N x SIZE)")
         parser.add_argument("--metrics-addr", type=_arg(metrics_addr), metavar="HOST:PORT",
-                            help="serve Prometheus metrics at http://HOST:PORT/metrics (needs memrec[metrics]; "
-                                 ":PORT listens on every address)")
+                            help="serve Prometheus metrics at http://HOST:PORT/metrics (needs prometheus-client, "
+                                 "the metrics extra; :PORT listens on every address)")
         parser.add_argument("--drop-capabilities", action="store_true",
                             help="once the probes are attached, keep only the capabilities recording needs "
                                  "(CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH, CAP_SYS_RESOURCE)")

@@ -25,7 +25,7 @@ class DumpCommand:
     """
 
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("trace", help="the trace file (.mrec)")
+        parser.add_argument("trace", metavar="TRACE", help="the trace file (.mrec)")
         parser.add_argument(
             "-f", "--force", action="store_true", help="write to the terminal even though the output is long"
         )

@@ -28,8 +28,9 @@ class ExportCommand:
     --to parquet|csv  a folder with one file per table: events, samples, process_samples,
                       markers, processes, by_phase (the tables of memrec.load)
 
-    An existing output is kept unless -f/--force (the trace itself never is replaced). Needs
-    `pip install 'memrec[export]'` for perfetto and parquet.
+    An existing output is kept unless -f/--force (the trace itself never is replaced). Perfetto
+    and Parquet need the export extra (perfetto, pyarrow), which scripts/setup installs; without
+    it the error names the pip command for the environment memrec runs from.
 
     examples:
       memrec export run.mrec --to perfetto -o run.pftrace

@@ -210,12 +210,12 @@ def _parent(pid: int) -> tuple[int, str]:
     return ppid, _read_proc(f"/proc/{ppid}/comm").strip()
 
 
-def invoking_process() -> int:
-    """The process a shell's `memrec mark` speaks for: its parent, past sudo and the like.
+#: ``--scope``: what a marker of `memrec mark` speaks for (see :func:`scope_process`).
+SCOPES = ("session", "shell")
 
-    Every `memrec mark` is a new short-lived process; stamping its markers with the shell (or the
-    program) that runs it makes a script's ``--phase begin`` and ``--phase end`` one phase.
-    """
+
+def invoking_process() -> int:
+    """The shell (or program) that runs `memrec mark`: its parent, past sudo and the like."""
     pid = os.getpid()
     try:
         for _ in range(8):
@@ -225,6 +225,33 @@ def invoking_process() -> int:
     except (OSError, ValueError, IndexError):
         return os.getppid()
     return pid
+
+
+def scope_process(scope: str) -> int:
+    """The process a marker of `memrec mark` is stamped with, so that a begin and its end pair.
+
+    Phases pair per process (docs/report.md, "Phases"), and every `memrec mark` is a new process,
+    so its marker names one that outlives it. ``shell``: the shell that runs it
+    (:func:`invoking_process`). That shell is not the same one for both markers when a Makefile
+    runs each line in a shell of its own, or when ``bash -c '...; memrec mark X --phase end'``
+    execs its last command (the end's parent is then bash's parent). ``session`` (the default):
+    the leader of that shell's session (a login shell, a tmux pane's shell, an ssh session, a
+    service's main process), the same for every shell of one terminal, Makefile or script; the
+    shell itself when the leader is init, is gone, or is another user's.
+    """
+    shell = invoking_process()
+    if scope == "shell":
+        return shell
+    try:
+        # Our own session, unless a wrapper (sudo) stands between: it may have made one of its own.
+        # Not the shell's: an exec'd end's "shell" is bash's parent, perhaps of another session.
+        leader = os.getsid(0) if os.getppid() == shell else os.getsid(shell)
+        owner = os.stat(f"/proc/{leader}").st_uid
+    except OSError:
+        return shell
+    if leader <= 1 or (os.geteuid() != 0 and owner != os.geteuid()):
+        return shell
+    return leader
 
 
 def check_pid(pid: int) -> int:
@@ -260,7 +287,7 @@ def read_after_name(args: argparse.Namespace, parser: argparse.ArgumentParser) -
     # -v after NAME too, as after any subcommand (mark has nothing more to log)
     rest.add_argument("-v", "--verbose", action="count", default=0)
     extra = rest.parse_intermixed_args(args.values)
-    for key in ("phase", "gpu", "socket", "pid"):
+    for key in ("phase", "gpu", "socket", "pid", "scope"):
         if hasattr(extra, key):
             setattr(args, key, getattr(extra, key))
     args.values = extra.values
@@ -273,17 +300,24 @@ def _add_options(parser: argparse.ArgumentParser, default: object = None) -> Non
     parser.add_argument("--socket", metavar="PATH", default=default,
                         help=f"daemon socket (default: $MEMREC_SOCKET or {protocol.DEFAULT_SOCKET})")
     parser.add_argument("--pid", type=int, metavar="PID", default=default,
-                        help="the process the marker is about (default: the shell or program running memrec mark)")
+                        help="the process the marker is about (default: see --scope)")
+    parser.add_argument("--scope", choices=SCOPES, default=default if default is not None else "session",
+                        help="without --pid, the marker is about the session of the shell running memrec mark "
+                             "(session, the default: begin and end pair across the lines of a script or a "
+                             "Makefile) or that shell alone (shell: keeps concurrent scripts of one terminal apart)")
 
 
 class MarkCommand:
     """Send a phase marker to the running daemon (from a shell script or by hand).
 
     Unlike memrec.mark() in a program, this reports failure: exit code 69 when no daemon listens.
-    The marker is about the shell (or program) that runs memrec mark, so a script's begin and end
-    pair into one phase; --pid names another process of yours (for instance a server started
-    in the background, whose memory the phase then covers). Values are int, float, true/false
-    or text.
+    The marker is about the session of the shell that runs memrec mark (its leader: a login
+    shell, a tmux pane, an ssh session), so a begin and an end pair into one phase from two lines
+    of a script, two lines of a Makefile (a shell each), or `bash -c '...'` whose last command is
+    the end; --scope shell makes it about that shell alone (two scripts in one terminal marking
+    phases of one name at once), and --pid names another process of yours (for instance a server
+    started in the background, whose memory the phase then covers). Values are int, float,
+    true/false or text.
 
     examples:
         memrec mark load_weights --phase begin --gpu 0
@@ -311,13 +345,13 @@ class MarkCommand:
     def quick_args(words: list[str]) -> SimpleNamespace | None:
         """The documented forms of ``memrec mark`` read without argparse; None for argparse to read.
 
-        NAME, KEY=VALUE words and ``--phase P``, ``--gpu N``, ``--socket PATH``, ``--pid PID``
-        (or ``--option=value``) in any order, the last of an option winning, as argparse reads
+        NAME, KEY=VALUE words and ``--phase P``, ``--gpu N``, ``--socket PATH``, ``--pid PID``,
+        ``--scope S`` (or ``--option=value``) in any order, the last of an option winning, as argparse reads
         them. Anything else is argparse's, so that its errors and exit codes stay the same: -v,
         -h, an abbreviated option, any other word starting with ``-``, a phase not in PHASES, a
         number that is not plain ASCII digits, a missing NAME.
         """
-        options = {"phase": "instant", "gpu": None, "socket": None, "pid": None}
+        options = {"phase": "instant", "gpu": None, "socket": None, "pid": None, "scope": "session"}
         words = list(words)
         positional: list[str] = []
         while words:
@@ -335,7 +369,7 @@ class MarkCommand:
                 value = words.pop(0)
             if not _QUICK_OPTIONS[option](value):
                 return None
-            options[key] = value if key in ("phase", "socket") else int(value)
+            options[key] = value if key in ("phase", "socket", "scope") else int(value)
         if not positional:
             return None
         return SimpleNamespace(name=positional[0], values=positional[1:], **options)
@@ -348,7 +382,7 @@ class MarkCommand:
             raise MemrecCommandError(f"--gpu {args.gpu}: not a CUDA device ordinal (0..{protocol.MAX_GPU})",
                                      exit_code=ExitCode.USAGE)
         values = parse_values(args.values)
-        pid = check_pid(args.pid) if args.pid is not None else invoking_process()
+        pid = check_pid(args.pid) if args.pid is not None else scope_process(args.scope)
         message = protocol.make_mark(args.name, args.phase, ts, get_native_id(), args.gpu, values, pid)
         problem = protocol.validate_mark(message)
         if problem:
@@ -373,4 +407,4 @@ def _digits(text: str) -> bool:
 
 #: The options quick_args reads, each with the check its value must pass there.
 _QUICK_OPTIONS = {"--phase": protocol.PHASES.__contains__, "--gpu": _digits, "--socket": lambda text: True,
-                  "--pid": _digits}
+                  "--pid": _digits, "--scope": SCOPES.__contains__}

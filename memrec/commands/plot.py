@@ -21,7 +21,8 @@ class PlotCommand:
     With --diff, a second trace is drawn under each GPU's panel, the two aligned on the first
     marker name they share (e.g. dist_init), so where they part is where they differ.
     The format follows the output's suffix (.png, .svg, .pdf); an existing picture is kept unless
-    -f/--force, and a trace it reads is never replaced. Needs `pip install 'memrec[plot]'`.
+    -f/--force, and a trace it reads is never replaced. Needs matplotlib
+    (the plot extra, which scripts/setup installs; without it the error names the pip command).
 
     examples:
       memrec plot run.mrec -o timeline.png

@@ -73,9 +73,11 @@ def _require_cuda_python() -> None:
     try:
         driver_api()
     except ImportError as error:
+        from memrec.extras import install_command
+
         raise MemrecCommandError(
             f"selftest makes real driver calls through cuda-python, which is not importable "
-            f"(no module {error.name or 'cuda'}): pip install 'memrec[gpu]'",
+            f"(no module {error.name or 'cuda'}): {install_command('gpu', ('cuda-python',))}",
             exit_code=ExitCode.UNAVAILABLE,
         ) from None
 

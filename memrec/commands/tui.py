@@ -52,8 +52,11 @@ class TuiCommand:
             from memrec.tui.sources import FileSource
             from memrec.tui.sources import LiveSource
         except ImportError as error:  # textual is an optional dependency
+            from memrec.extras import install_command
+
             raise MemrecCommandError(
-                f"the TUI needs textual ({error.name} missing): pip install 'memrec[tui]'", exit_code=ExitCode.UNAVAILABLE
+                f"the TUI needs textual ({error.name} missing): {install_command('tui', ('textual',))}",
+                exit_code=ExitCode.UNAVAILABLE,
             ) from None
         if args.live is not None:
             if args.trace or args.diff:

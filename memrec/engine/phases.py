@@ -15,7 +15,11 @@ The semantics (``docs/report.md``, "Phases"), the same for ``memrec report``, ``
   ignored with a warning. Instants are single markers; they have the phase open at their time.
 - Spans are half-open, ``[start, end)``: at the time of an end marker the phase is over; several
   markers at one time all apply before that time is read.
-- Markers are per process (pid); a rank is a process (its markers carry ``tp_rank`` &c.).
+- Markers are per process (pid); a rank is a process (its markers carry ``tp_rank`` &c.). A
+  shell's ``memrec mark`` is a new process each time, so it stamps its marker with the process it
+  speaks for: the leader of the shell's session by default (``--scope session``), so that the
+  begin and the end of one script, Makefile or ``bash -c`` pair here like any other process's
+  (:func:`memrec.commands.mark.scope_process`); nothing here special-cases shells.
 
 Attribution: every change of a (gpu, pid, category) total (the replay's journal, implicit frees
 at exit included) belongs to the innermost phase of *its* process open at that moment; a process

@@ -2,7 +2,8 @@
 
 Each exporter takes a :class:`memrec.api.Recording` (one replay, shared with ``memrec.load``,
 the report and the plot) and writes files; none replays the events itself. Optional packages
-(``perfetto``, ``pyarrow``) are imported when an exporter runs: ``pip install 'memrec[export]'``.
+(``perfetto``, ``pyarrow``) are imported when an exporter runs; a missing one is named with the
+command that installs it where memrec runs (:func:`memrec.extras.install_command`).
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ def require(module: str, extra: str, purpose: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as error:
+        from memrec.extras import install_command
+
         package = module.split(".")[0]
         raise MemrecCommandError(
-            f"{purpose} needs the {package} package: pip install 'memrec[{extra}]' ({error})",
+            f"{purpose} needs the {package} package ({error}): {install_command(extra, (package,))}",
             exit_code=ExitCode.UNAVAILABLE,
         ) from error

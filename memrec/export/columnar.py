@@ -2,14 +2,19 @@
 
 One file per table in an output folder (``events``, ``samples``, ``process_samples``,
 ``markers``, ``processes``, ``by_phase``). Parquet columns are typed (names as dictionary-encoded
-strings, sizes and times as int64, ``t_s`` as float64); CSV has one header line and the same
-columns, with integers written as integers.
+strings, sizes and times as int64, ``t_s`` as float64, the wall-clock columns as UTC timestamps
+in ns, ``markers.values`` as JSON text); CSV has one header line and the same columns, with
+integers written as integers and wall-clock times as ISO 8601 (``2026-12-01T23:40:00.123456789Z``).
+
+:func:`tables` is the one place the tables are built (from :class:`memrec.api.Recording`);
+:func:`arrow_table` turns one into a typed Arrow table, for any writer of Parquet.
 """
 
 from __future__ import annotations
 
 import csv
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -39,23 +44,31 @@ def table_files(folder: Path, suffix: str) -> dict[str, Path]:
     return {name: folder / f"{name}.{suffix}" for name in TABLES}
 
 
+def arrow_table(arr: np.ndarray) -> Any:
+    """One table (a structured array of :func:`tables`) as a typed ``pyarrow.Table``: strings
+    dictionary-encoded, wall-clock columns ``timestamp[ns, UTC]``, everything else as numpy has it."""
+    pa = require("pyarrow", "export", "--to parquet")
+    columns = {}
+    for field in arr.dtype.names:
+        col = arr[field]
+        if col.dtype == object:
+            columns[field] = pa.array(col.tolist(), type=pa.string()).dictionary_encode()
+        elif col.dtype.kind == "M":
+            columns[field] = pa.array(col, type=pa.timestamp("ns", tz="UTC"))
+        else:
+            columns[field] = pa.array(col)
+    return pa.table(columns)
+
+
 def write_parquet(rec: Recording, folder: Path) -> list[Path]:
     """Write one ``<table>.parquet`` per table into ``folder``; return the paths written."""
-    pa = require("pyarrow", "export", "--to parquet")
     pq = require("pyarrow.parquet", "export", "--to parquet")
     out = []
     files = table_files(folder, "parquet")
     for name, arr in tables(rec).items():
-        columns = {}
-        for field in arr.dtype.names:
-            col = arr[field]
-            if col.dtype == object:
-                columns[field] = pa.array(col.tolist(), type=pa.string()).dictionary_encode()
-            else:
-                columns[field] = pa.array(col)
         path = files[name]
         with create_file(path) as f:
-            pq.write_table(pa.table(columns), f)
+            pq.write_table(arrow_table(arr), f)
         out.append(path)
     return out
 
@@ -70,11 +83,20 @@ def write_csv(rec: Recording, folder: Path) -> list[Path]:
             writer = csv.writer(f)
             writer.writerow(arr.dtype.names)
             floats = [i for i, k in enumerate(arr.dtype.names) if arr.dtype[k].kind == "f"]
-            for row in arr.tolist():
-                if floats:
+            walls = {i: _iso(arr[k]) for i, k in enumerate(arr.dtype.names) if arr.dtype[k].kind == "M"}
+            for n, row in enumerate(arr.tolist()):
+                if floats or walls:
                     row = list(row)
                     for i in floats:
                         row[i] = "" if row[i] != row[i] else f"{row[i]:.9f}"  # NaN: empty
+                    for i, text in walls.items():
+                        row[i] = text[n]
                 writer.writerow(row)
         out.append(path)
     return out
+
+
+def _iso(col: np.ndarray) -> list[str]:
+    """Wall-clock datetime64[ns] as ISO 8601 UTC text, ns precision; NaT (no anchor) as empty."""
+    text = np.datetime_as_string(col, unit="ns", timezone="UTC")
+    return ["" if t == "NaT" else t for t in text.tolist()]

@@ -29,8 +29,7 @@ from memrec.analysis.names import result_name
 from memrec.events import OWNED
 from memrec.api import Recording
 from memrec.columns import failed_calls
-from memrec.events import FLAG_IPC_BYTES
-from memrec.events import Kind
+from memrec.engine.ipc import IpcOpens
 from memrec.export import require
 
 #: Every packet comes from one writer: one trusted sequence.
@@ -161,7 +160,7 @@ def _process_tracks(w: _Writer, rec: Recording) -> None:
     pids = sorted(
         {int(p) for p in np.unique(ev["pid"])} | {ph.pid for ph in phases.phases} | {i.pid for i in phases.instants}
     )
-    flows_out, flows_in = _ipc_flows(ev)
+    flows_out, flows_in = _ipc_flows(rec.ipc_opens)
     failed = np.nonzero(failed_calls(ev))[0]
     for pid in pids:
         title = process_title(rec.trace.processes.get(pid), rec.ranks.get(pid, "")) or f"pid {pid}"
@@ -206,23 +205,14 @@ def _phase_slices(w: _Writer, rec: Recording, pid: int, proc: int) -> None:
         w.event(track, ts, kind, name, args)
 
 
-def _ipc_flows(ev: np.ndarray) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
-    """Flows from each successful export to each open of the same handle bytes (the latest export
-    at or before the open): event index -> flow ids it starts, and -> flow ids it ends."""
-    ok = (ev["result"] == 0) & ((ev["flags"] & FLAG_IPC_BYTES) != 0)
-    exports: dict[bytes, list[tuple[int, int]]] = {}
-    for i in np.nonzero(ok & (ev["kind"] == int(Kind.IPC_EXPORT)))[0].tolist():
-        exports.setdefault(ev["ipc"][i].tobytes(), []).append((int(ev["ts"][i]), i))
+def _ipc_flows(opens: IpcOpens) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+    """Flows from each export to each open of the same handle bytes (:mod:`memrec.engine.ipc`):
+    event index -> flow ids it starts, and -> flow ids it ends."""
     out: dict[int, list[int]] = {}
     into: dict[int, list[int]] = {}
     next_id = 1
-    for i in np.nonzero(ok & (ev["kind"] == int(Kind.IPC_OPEN)))[0].tolist():
-        cands = exports.get(ev["ipc"][i].tobytes())
-        if not cands:
-            continue
-        ts = int(ev["ts"][i])
-        before = [c for c in cands if c[0] <= ts]
-        src = (before[-1] if before else cands[0])[1]
+    for i in np.nonzero(opens.source >= 0)[0].tolist():
+        src = int(opens.source[i])
         out.setdefault(src, []).append(next_id)
         into.setdefault(i, []).append(next_id)
         next_id += 1

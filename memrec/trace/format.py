@@ -306,15 +306,6 @@ def header_prefix_plausible(data: bytes) -> bool:
     return expected[: len(body)] == body
 
 
-def to_wall_ns(header: dict, ts: int) -> int | None:
-    """Convert a trace ``ts`` (CLOCK_MONOTONIC ns) to wall-clock ns since the epoch, or None."""
-    anchor = header.get("anchor") or {}
-    try:
-        return int(ts) - int(anchor["monotonic_ns"]) + int(anchor["wall_ns"])
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
 # ---------------------------------------------------------------------------------------------
 # records
 

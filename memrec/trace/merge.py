@@ -2,7 +2,11 @@
 
 Each input trace counts time on its host's CLOCK_MONOTONIC and ties it to the wall clock once
 (the header's ``anchor``). A host is its ``(boot_id, host)`` pair: traces of one host and boot
-share a clock, a pid space and GPU numbers, so they are merged as one host. The merged trace:
+share a clock, a pid space and GPU numbers, so they are merged as one host. They must be the files
+of one recording (one recorder's rotated parts): two separate runs of one host, recorded one after
+the other by two ``memrec record``s, would become one run with twice the ranks, every ``TP0``
+twice over, and KV-budget numbers of neither; they are refused, naming ``memrec diff``, which is
+what compares two runs. The merged trace:
 
 - counts time on the *reference* host's clock (the first host given): a host's timestamps move by
   ``(wall − monotonic)_host − (wall − monotonic)_reference``, so equal wall-clock instants get equal
@@ -48,6 +52,7 @@ from memrec.state import PEAK_FIELDS
 from memrec.state import ALIAS_FIELDS
 from memrec.state import LiveState
 from memrec.state import alloc_rows
+from memrec.trace.clock import wall_offset_ns
 from memrec.trace.format import make_header
 from memrec.trace.model import Trace
 from memrec.trace.writer import TraceWriter
@@ -103,17 +108,17 @@ class Host:
 
 
 def _wall_minus_mono(path: str, header: dict) -> int:
-    anchor = header.get("anchor")
-    try:
-        return int(anchor["wall_ns"]) - int(anchor["monotonic_ns"])
-    except (TypeError, KeyError, ValueError):
-        raise MergeError(f"{path}: no wall-clock anchor in the header: cannot place it on a shared timeline") from None
+    offset = wall_offset_ns(header)
+    if offset is None:
+        raise MergeError(f"{path}: no wall-clock anchor in the header: cannot place it on a shared timeline")
+    return offset
 
 
 def group_hosts(traces: list[tuple[str, Trace]]) -> list[Host]:
     """Hosts in the order their first trace was given; each host's traces in time order."""
     hosts: dict[tuple[str | None, str], Host] = {}
     seen: dict[str, str] = {}  # one recording's identity -> the path it was first given as
+    recorders: dict[tuple[str | None, str], tuple[int, str]] = {}  # host -> (recorder pid, first path)
     for path, trace in traces:
         ts = trace.events["ts"]
         identity = repr((trace.header.get("boot_id"), trace.header.get("anchor"), trace.header.get("daemon"),
@@ -124,6 +129,15 @@ def group_hosts(traces: list[tuple[str, Trace]]) -> list[Host]:
         seen[identity] = path
         name = str(trace.header.get("host") or "?")
         key = (trace.header.get("boot_id"), name)
+        recorder = _recorder(trace.header)
+        if recorder is not None:
+            first = recorders.setdefault(key, (recorder, path))
+            if first[0] != recorder:
+                raise MergeError(
+                    f"{path}: a separate recording on the same host as {first[1]} ({name}: recorder pid "
+                    f"{recorder}, not {first[0]}); merge joins the hosts of one job or the files of one "
+                    f"recording: compare two runs with `memrec diff {first[1]} {path}`"
+                )
         if key not in hosts:
             hosts[key] = Host(len(hosts), name, key[0])
         hosts[key].traces.append((path, trace))
@@ -134,6 +148,14 @@ def group_hosts(traces: list[tuple[str, Trace]]) -> list[Host]:
         if names.count(host.name) > 1:  # one host name over two boots: say which boot
             host.name = f"{host.name}@{(host.boot_id or '?')[:8]}"
     return list(hosts.values())
+
+
+def _recorder(header: dict) -> int | None:
+    """The pid of the daemon or ``memrec record`` that wrote the file (every rotated part of one
+    recording has it), or None for a file that does not say."""
+    daemon = header.get("daemon")
+    pid = daemon.get("pid") if isinstance(daemon, dict) else None
+    return pid if isinstance(pid, int) else None
 
 
 def _host_gpus(host: Host) -> dict[int, dict]:

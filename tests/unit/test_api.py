@@ -23,7 +23,8 @@ def test_tables_as_numpy_without_pandas():
     raw = load_trace(SGLANG_IPC).events
     assert isinstance(ev, np.ndarray) and len(ev) == len(raw)
     assert ev["kind"].tolist() == [Kind(k).name for k in raw["kind"].tolist()]
-    assert ev["size"].dtype == np.int64 and ev["size"].tolist() == raw["size"].tolist()
+    opens = ev["kind"] == "IPC_OPEN"
+    assert ev["size"].dtype == np.int64 and ev["size"][~opens].tolist() == raw["size"][~opens].tolist()
     # the phase of each event is its own process's phase at that time
     weights = ev[(ev["kind"] == "ALLOC") & (ev["phase"] == "load_weights")]
     assert len(weights) == 2 and len(set(weights["pid"].tolist())) == 2
@@ -77,8 +78,13 @@ def test_process_names_prefer_titles_and_never_cut_a_command():
     assert process_title(info("sglang::scheduler_TP0", "", ""), "TP0") == "TP0 sglang::scheduler_TP0"
     spawn = info("/opt/venv/bin/python3", "-B", "-c", "from multiprocessing.spawn import spawn_main; spawn_main(3)")
     assert process_title(spawn) == "python3 (spawned)"
-    assert process_title(info("/usr/bin/python3", "-m", "sglang.launch_server", "--tp", "8", "--port", "1")) == (
-        "python3 -m sglang.launch_server --tp 8")
+    # every argument (the late flags tell runs apart), a path by its last part
+    assert process_title(info("/usr/bin/python3", "-m", "sglang.launch_server", "--model-path", "/models/Llama-3-70B/",
+                              "--tp", "8", "--port", "1", "--enable-custom-all-reduce")) == (
+        "python3 -m sglang.launch_server --model-path …/Llama-3-70B --tp 8 --port 1 --enable-custom-all-reduce")
+    # a very long command keeps whole arguments and says that some were left out
+    long = process_title(info("python3", "train.py", *[f"--option-{i} {i}" for i in range(30)]))
+    assert len(long) <= 120 and long.endswith(" …") and long.startswith("python3 train.py --option-0 0")
     assert process_title(None) == ""
 
 
@@ -102,3 +108,55 @@ def test_load_of_a_cut_trace_warns_and_keeps_what_is_readable(tmp_path):
 def test_load_of_a_whole_trace_warns_nothing(recwarn):
     memrec.load(SGLANG_IPC, pandas=False)
     assert [str(w.message) for w in recwarn if issubclass(w.category, UserWarning)] == []
+
+
+def test_without_pandas_load_names_the_install_command_and_numpy_still_works():
+    # GIVEN a Python where pandas is not installed (a child interpreter that cannot import it)
+    script = (
+        "import sys; sys.modules['pandas'] = None\n"
+        "import memrec\n"
+        f"rec = memrec.load({str(SGLANG_IPC)!r}, pandas=False)\n"
+        "print('numpy', type(rec.events).__name__, len(rec.by_phase()))\n"
+        f"memrec.load({str(SGLANG_IPC)!r})\n"
+    )
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    # WHEN the notebook's first line runs  THEN it fails at load, not at the first .query, with an
+    # ImportError that says which command adds pandas to this very environment, and pandas=False
+    assert proc.returncode == 1
+    assert "numpy ndarray" in proc.stdout
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("memrec.api.PandasMissing: memrec.load returns pandas DataFrames")
+    assert f"{sys.executable} -m pip install" in last and "pandas" in last and "pandas=False" in last
+
+
+def test_state_at_names_both_phases_apart():
+    # GIVEN the failing run, at the KV sizing (after custom_ar_init allocated its buffers)
+    rec = memrec.load(SGLANG_IPC, pandas=False)
+    kv = next(m for m in rec.trace.markers if m.name == "kv_budget")
+    state = rec.state_at((kv.ts - rec.start) / 1e9 + 1e-6)
+    # THEN `phase` is the phase that allocated each piece (the weights are load_weights' even
+    # though the process has moved on), `phase_at_t` the phase the owner is in at t
+    weights = state[state["size"] == 25 * 2**30]
+    assert len(weights) == 2 and set(weights["phase"].tolist()) == {"load_weights"}
+    assert "load_weights" not in set(state["phase_at_t"].tolist())
+    assert set(state["phase"].tolist()) >= {"load_weights", "custom_ar_init", "dist_init"}
+    # AND `phase` is the rule the report uses for what is held ("held at the peak, by phase")
+    report = build_report(load_trace(SGLANG_IPC))
+    peak = report["gpus"][0]["peak"]
+    at_peak = rec.state_at(peak["t_s"])
+    owned = at_peak[(at_peak["gpu"] == 0) & (at_peak["category"] != "ipc_mapped")]
+    by_phase = {}
+    for row in owned:
+        by_phase[row["phase"]] = by_phase.get(row["phase"], 0) + int(row["size"])
+    assert by_phase == {p["phase"]: p["bytes"] for p in peak["by_phase"]}
+
+
+def test_marker_values_keep_their_types():
+    rec = memrec.load(SGLANG_IPC, pandas=False)
+    import json
+
+    values = [json.loads(v) for v in rec.markers["values"]]
+    assert any(v.get("standin") is True for v in values)  # true, not "True"

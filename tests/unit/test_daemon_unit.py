@@ -894,29 +894,62 @@ def test_process_log_lines_say_how_ordinals_map_without_python_reprs(workdir, wo
     assert "None" not in caplog.text and "[]" not in caplog.text
 
 
-def test_shell_markers_pair_into_one_phase(daemon, capsys):
-    # GIVEN a shell script that marks the begin and the end of a phase with two `memrec mark` runs
-    sock = daemon.config.socket_path
-    memrec = f"{sys.executable} -m memrec"
-    script = (f"{memrec} mark load --phase begin --socket {sock} && "  # the end under a wrapper (as sudo)
-              f"timeout 30 {memrec} mark load --phase end --socket {sock} tokens=3 && echo $$")
-    shell = subprocess.Popen(["bash", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def _run_script(daemon, script: str, *, make: str | None = None, cwd=None) -> int:
+    """Run ``script`` in a session of its own (as a terminal's shell is), pumping the daemon while
+    it runs; return the session's leader (the pid of the setsid'd process)."""
+    argv = ["setsid", "bash", "-c", script] if make is None else ["setsid", "make", "-s", "-f", make]
+    shell = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
     while shell.poll() is None:  # the daemon answers each `memrec mark` while it runs
         pump(daemon, 0.05)
     assert shell.returncode == 0, shell.stderr.read()
-    shell_pid = int(shell.stdout.read())
     pump(daemon, 0.05)
+    return shell.pid
+
+
+@pytest.mark.parametrize("how", ["script", "exec", "make", "shell"])
+def test_shell_markers_pair_into_one_phase(daemon, capsys, tmp_path, how):
+    # GIVEN two `memrec mark` runs, a begin and an end, in each of the ways a shell sends them:
+    # two lines of a script (the end under a wrapper, as sudo), a `bash -c` whose last command is
+    # the end (bash execs it: its parent is bash's parent), two lines of a Makefile (a shell
+    # each), and `--scope shell` in one script
+    sock = daemon.config.socket_path
+    memrec = f"{sys.executable} -m memrec"
+    begin, end = f"{memrec} mark load --phase begin --socket {sock}", f"{memrec} mark load --phase end --socket {sock}"
+    if how == "script":
+        leader = _run_script(daemon, f"{begin} && timeout 30 {end} tokens=3 && true")
+    elif how == "exec":
+        leader = _run_script(daemon, f"{begin}; sleep 0.1; {end} tokens=3")
+    elif how == "make":
+        makefile = tmp_path / "Makefile"
+        makefile.write_text(f"all:\n\t{begin}\n\tsleep 0.1\n\t{end} tokens=3\n")
+        leader = _run_script(daemon, "", make=str(makefile), cwd=tmp_path)
+    else:
+        leader = _run_script(daemon, f"{begin} --scope shell && {end} --scope shell tokens=3 && echo $$")
     daemon.stop()
     # WHEN the trace is reported
     from memrec import commands
 
     assert commands.main(["report", str(daemon.files[0])]) == 0
     out = capsys.readouterr().out
-    # THEN both markers carry the shell's pid, and the report shows one closed phase
+    # THEN both markers carry one pid, the session's leader (with --scope shell: that shell, here
+    # the leader too), and the report shows one closed phase, not an end without a begin
     markers = load_trace(daemon.files[0]).markers
-    assert [(m.name, m.phase, m.pid) for m in markers] == [("load", "begin", shell_pid), ("load", "end", shell_pid)]
+    assert [(m.name, m.phase, m.pid) for m in markers] == [("load", "begin", leader), ("load", "end", leader)]
     assert "unclosed" not in out and "without a begin" not in out
-    assert any(line.split()[:2] == [str(shell_pid), "load"] for line in out.splitlines())
+    assert any(line.split()[:2] == [str(leader), "load"] for line in out.splitlines())
+
+
+def test_scope_shell_keeps_two_scripts_of_one_session_apart(daemon, capsys):
+    # GIVEN one session running two scripts, each marking a phase of the same name, with --scope shell
+    sock = daemon.config.socket_path
+    memrec = f"{sys.executable} -m memrec"
+    one = f"{memrec} mark step --scope shell --phase begin --socket {sock}; {memrec} mark step --scope shell --phase end --socket {sock}; true"
+    _run_script(daemon, f"bash -c '{one}'; bash -c '{one}'")
+    daemon.stop()
+    # THEN each script's markers carry its own shell's pid: two phases, each closed
+    markers = load_trace(daemon.files[0]).markers
+    pids = [m.pid for m in markers]
+    assert len(markers) == 4 and pids[0] == pids[1] != pids[2] == pids[3]
 
 
 def test_mark_pid_names_another_process_of_this_user(daemon, worker, capsys):

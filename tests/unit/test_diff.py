@@ -364,3 +364,50 @@ def test_one_kind_of_failed_driver_call_is_named_without_an_ellipsis(main, tmp_p
     # THEN the verdict's line names it whole: no "…" hinting at others
     lines = capsys.readouterr().out.splitlines()
     assert "  1 failed driver call only in b.mrec (cuMemAlloc_v2 CUDA_ERROR_OUT_OF_MEMORY)" in lines
+
+
+def test_two_different_workloads_are_called_not_comparable(main, capsys):
+    # GIVEN a PyTorch IPC test's trace and an SGLang server's (the stand-in), both recorded on an H200
+    torch_ipc, sglang_ipc = BASE.parent / "torch-ipc.mrec", IPC
+    # WHEN diffed
+    assert main(["diff", str(torch_ipc), str(sglang_ipc)]) == ExitCode.OK
+    lines = capsys.readouterr().out.splitlines()
+    # THEN the verdict says they are two workloads, and why, instead of "fails where ... works"
+    assert lines[2] == "verdict: not comparable: these look like two different workloads"
+    assert lines[3].startswith("  different commands (torch-ipc.mrec: python -m memrec.gpu.torch_workloads ipc;")
+    assert "fails where" not in "\n".join(lines) and "does not run in" not in "\n".join(lines)
+    # AND each run's own outcome is still there
+    assert "  torch-ipc.mrec works" in lines
+    assert any(line.startswith("  sglang-standin-ipc.mrec fails: KV sizing failed on TP0, TP1") for line in lines)
+    # AND in JSON, the reasons are data
+    assert main(["diff", str(torch_ipc), str(sglang_ipc), "--json"]) == ExitCode.OK
+    d = json.loads(capsys.readouterr().out)
+    assert d["related"]["related"] is False and d["related"]["reasons"][0].startswith("different commands")
+
+
+def test_two_runs_of_one_workload_with_a_flag_changed_are_compared(main, capsys):
+    # GIVEN the stand-in with and without --ipc: one command, one set of phases, a flag apart
+    assert main(["diff", str(BASE), str(IPC), "--json"]) == ExitCode.OK
+    d = json.loads(capsys.readouterr().out)
+    # THEN the diff is made and its verdict explains one by the other
+    assert d["related"] == {"related": True, "reasons": [], "notes": []}
+    assert d["verdict"]["headline"].startswith(f"{IPC.name} fails where {BASE.name} works")
+
+
+def test_no_phase_in_common_is_unrelated():
+    from memrec.analysis.related import Identity
+    from memrec.analysis.related import command_identity
+    from memrec.analysis.related import relate
+
+    # the program and what it runs, not its flags; python3.12 is python; spawn children are no command
+    assert command_identity(["/usr/bin/python3.12", "-m", "sglang.launch_server", "--tp", "8"]) == (
+        "python -m sglang.launch_server")
+    assert command_identity(["python3", "/home/me/train.py", "--lr", "1"]) == "python train.py"
+    assert command_identity(["python3", "-c", "from multiprocessing.spawn import spawn_main"]) is None
+    a = Identity(frozenset(), frozenset(), frozenset({"load", "train"}), frozenset({"NVIDIA H200"}))
+    b = Identity(frozenset(), frozenset(), frozenset({"prefill"}), frozenset({"NVIDIA A100"}))
+    rel = relate(a, b, "a", "b")
+    assert not rel.related and rel.reasons == ["no phase in common (a: load, train; b: prefill)"]
+    # different GPUs alone: related (the same workload on two GPU types), and said
+    same = relate(a, Identity(frozenset(), frozenset(), frozenset({"load"}), frozenset({"NVIDIA A100"})), "a", "b")
+    assert same.related and same.notes == ["the runs used different GPUs (a: NVIDIA H200; b: NVIDIA A100)"]

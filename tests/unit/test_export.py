@@ -8,9 +8,11 @@ from constants. Each consumer that is not installed skips its tests with the rea
 
 from __future__ import annotations
 
+import csv as csvlib
 import importlib.util
 import os
 import pickle
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "data" / "golden_v1.mrec"  # an OOM, an IPC export/open pair, markers, NVML
 SGLANG_IPC = ROOT / "examples" / "sglang-standin-ipc.mrec"  # two TP ranks on an H200, custom all-reduce
 EXPANDABLE = ROOT / "examples" / "torch-expandable.mrec"  # PyTorch expandable segments: cuMemMap granules
+SEED_IPC = ROOT / "examples" / "seed-x2-ipc.mrec"  # two ranks, each opening the other's 30 GiB by IPC
 
 
 def export(trace: Path, to: str, out: Path, *extra: str) -> int:
@@ -248,7 +251,8 @@ def test_parquet_tables_are_typed(tmp_path):
     assert events.schema.field("ts").type == pa.int64()
     kinds = events.column("kind").to_pylist()
     assert kinds == [Kind(k).name for k in ev["kind"].tolist()]
-    assert events.column("size").to_pylist() == ev["size"].tolist()
+    opens = ev["kind"] == int(Kind.IPC_OPEN)
+    assert np.array(events.column("size").to_pylist())[~opens].tolist() == ev["size"][~opens].tolist()
     oom = [r for r in events.to_pylist() if r["result"] == 2]
     assert oom[0]["result_name"] == "CUDA_ERROR_OUT_OF_MEMORY" and oom[0]["api"] == "cuMemAlloc_v2"
     markers = pq.read_table(out / "markers.parquet")
@@ -266,7 +270,8 @@ def test_csv_tables_read_back_with_types(tmp_path):
     ev = load_trace(SGLANG_IPC).events
     assert events.schema.field("size").type == pa.int64()
     assert events.schema.field("kind").type == pa.string()
-    assert events.column("size").to_pylist() == ev["size"].tolist()
+    opens = ev["kind"] == int(Kind.IPC_OPEN)
+    assert np.array(events.column("size").to_pylist())[~opens].tolist() == ev["size"][~opens].tolist()
     phases = csv.read_csv(out / "by_phase.csv")
     alloc = dict(zip(phases.column("phase").to_pylist(), phases.column("allocated").to_pylist()))
     assert alloc["load_weights"] == int(ev["size"][ev["size"] > 20 * 2**30][0])
@@ -302,13 +307,23 @@ def test_export_onto_the_trace_itself_is_refused_and_the_trace_kept(tmp_path, ca
     assert trace.read_bytes() == GOLDEN.read_bytes()
 
 
-def test_missing_package_is_one_line_with_the_extra(tmp_path, capsys, monkeypatch):
+def test_missing_package_is_one_line_with_a_command_that_works_here(tmp_path, capsys, monkeypatch):
     # GIVEN perfetto cannot be imported
     monkeypatch.setitem(sys.modules, "perfetto.trace_builder.proto_builder", None)
     # WHEN exporting to perfetto THEN one line says what to install, and the exit code says unavailable
     assert export(GOLDEN, "perfetto", tmp_path / "x.pftrace") == ExitCode.UNAVAILABLE
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "pip install 'memrec[export]'" in err
+    assert err.count("\n") == 1
+    # AND the command it names is this environment's own pip (not the shell's `pip`, and not
+    # `memrec[export]`, which the index does not have), with the export extra's packages
+    command = err.rstrip("\n").rsplit("): ", 1)[1]
+    argv = shlex.split(command)
+    assert argv[:4] == [sys.executable, "-m", "pip", "install"] and "memrec[export]" not in command
+    assert {a.split("<")[0].split(">")[0] for a in argv if not a.startswith("-") and "/" not in a} >= {"perfetto",
+                                                                                                    "pyarrow"}
+    # AND, copied as printed, it runs here (everything is installed already: a dry run says so)
+    run = subprocess.run([*argv, "--dry-run", "--no-index"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
     # AND no empty file is left where the trace was to go
     assert not (tmp_path / "x.pftrace").exists()
 
@@ -319,7 +334,7 @@ def test_missing_pyarrow_makes_no_folder(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
     # WHEN exporting to parquet THEN it says what to install and leaves no empty folder behind
     assert export(GOLDEN, "parquet", tmp_path / "tables") == ExitCode.UNAVAILABLE
-    assert "pip install 'memrec[export]'" in capsys.readouterr().err
+    assert f"{sys.executable} -m pip install" in capsys.readouterr().err
     assert not (tmp_path / "tables").exists()
 
 
@@ -331,3 +346,55 @@ def test_large_values_stay_exact(tmp_path):
     ptrs = pq.read_table(out / "events.parquet").column("ptr").to_pylist()
     assert ptrs == load_trace(GOLDEN).events["ptr"].tolist()
     assert np.uint64(max(ptrs)) == load_trace(GOLDEN).events["ptr"].max()
+
+
+# ------------------------------------------------------------------ what a user joins the tables on
+
+
+def test_ipc_opens_carry_the_bytes_mapped_and_the_exporter(tmp_path):
+    # GIVEN the two-rank run whose custom all-reduce maps each rank's buffer into the other
+    pq = pytest.importorskip("pyarrow.parquet", reason="pyarrow not installed")
+    out = tmp_path / "tables"
+    # WHEN exported as Parquet and as CSV
+    assert export(SEED_IPC, "parquet", out) == 0
+    assert export(SEED_IPC, "csv", tmp_path / "csv") == 0
+    rows = [r for r in pq.read_table(out / "events.parquet").to_pylist() if r["kind"] == "IPC_OPEN"]
+    exports = {r["pid"]: r for r in pq.read_table(out / "events.parquet").to_pylist() if r["kind"] == "IPC_EXPORT"}
+    # THEN each open has the size it mapped (the 30 GiB buffer of the other rank) and that rank's pid
+    assert len(rows) == 2 and {r["size"] for r in rows} == {30 * 2**30}
+    assert {r["pid"]: r["peer"] for r in rows} == {a: b for a, b in zip(sorted(exports), sorted(exports)[::-1])}
+    # AND the CSV has the same numbers
+    with open(tmp_path / "csv" / "events.csv", newline="") as f:
+        csv_rows = [r for r in csvlib.DictReader(f) if r["kind"] == "IPC_OPEN"]
+    assert [(int(r["size"]), int(r["peer"])) for r in csv_rows] == [(r["size"], r["peer"]) for r in rows]
+
+
+def test_marker_values_are_json_and_every_table_has_a_wall_clock(tmp_path):
+    # GIVEN the SGLang run, exported as Parquet and CSV
+    pq = pytest.importorskip("pyarrow.parquet", reason="pyarrow not installed")
+    pa = pytest.importorskip("pyarrow")
+    import json
+
+    trace = load_trace(SEED_IPC)
+    anchor = trace.header["anchor"]
+    assert export(SEED_IPC, "parquet", tmp_path / "pq") == 0
+    assert export(SEED_IPC, "csv", tmp_path / "csv") == 0
+    # THEN markers.values parses as JSON with the values' own types (true, not "True"; numbers)
+    markers = pq.read_table(tmp_path / "pq" / "markers.parquet").to_pylist()
+    values = [json.loads(m["values"]) for m in markers]
+    dist = next(v for m, v in zip(markers, values) if m["name"] == "dist_init")
+    assert dist["standin"] is True and dist["tp_size"] == 2 and dist["mem_fraction_static"] == 0.6
+    # AND every table has a wall-clock column, UTC, the monotonic ts moved by the header's anchor
+    for path in sorted((tmp_path / "pq").glob("*.parquet")):
+        table = pq.read_table(path)
+        walls = [f for f in table.schema if pa.types.is_timestamp(f.type)]
+        assert walls and all(f.type.tz == "UTC" for f in walls), path.name
+        if "ts" in table.column_names:
+            ts = table.column("ts").to_pylist()
+            wall = table.column("wall").cast(pa.int64()).to_pylist()
+            assert wall == [t - anchor["monotonic_ns"] + anchor["wall_ns"] for t in ts], path.name
+    # AND the CSV's wall clock is ISO 8601 text a join can parse, to the nanosecond
+    with open(tmp_path / "csv" / "samples.csv", newline="") as f:
+        first = next(csvlib.DictReader(f))
+    expected = np.datetime64(int(first["ts"]) - anchor["monotonic_ns"] + anchor["wall_ns"], "ns")
+    assert first["wall"] == np.datetime_as_string(expected, unit="ns", timezone="UTC") and first["wall"].endswith("Z")

@@ -137,3 +137,41 @@ def test_the_units_command_line_is_one_memrec_daemon_accepts():
     assert args.command == "daemon" and args.drop_capabilities and args.keep == 20
     assert args.metrics_addr == ("127.0.0.1", 9862) and args.rotate_size == 1 << 30
     assert args.output == "/var/lib/memrec/" and args.socket_group == "memrec"
+
+
+#: Every argument of every command that takes a file, as a user types up to it (the word to
+#: complete is empty: the file names of the folder are expected).
+FILE_ARGUMENTS = [
+    "memrec report ", "memrec dump ", "memrec diff ", "memrec diff a.mrec ", "memrec merge ", "memrec merge a.mrec ",
+    "memrec merge -o ", "memrec export ", "memrec export a.mrec -o ", "memrec plot ", "memrec plot a.mrec -o ",
+    "memrec plot a.mrec --diff ", "memrec tui ", "memrec tui a.mrec --diff ", "memrec tui --live ",
+    "memrec record -o ", "memrec record --libcuda ", "memrec record --socket ", "memrec daemon -o ",
+    "memrec daemon --socket ", "memrec daemon --libcuda ", "memrec daemon --probe-cache ", "memrec mark --socket ",
+    "memrec doctor --libcuda ", "memrec doctor --probe-cache ", "memrec demo -o ", "memrec selftest --socket ",
+    "memrec install-service --root ", "memrec install-service --memrec ",
+]
+
+
+@pytest.mark.parametrize("line", FILE_ARGUMENTS)
+def test_bash_completes_file_names_wherever_a_file_goes(tmp_path, capsys, line):
+    # GIVEN the bash completion, in a folder with one trace
+    path = script("bash", tmp_path, capsys)
+    (tmp_path / "run.mrec").write_text("")
+    # WHEN TAB is pressed where a file goes  THEN the folder's files are offered
+    assert "run.mrec" in bash_complete(path, line)
+
+
+def test_every_argument_that_names_a_file_completes_as_one():
+    # GIVEN every command's arguments  THEN each whose name says it is a file is completed as a path
+    # (a new option named like these completes without anyone editing the scripts)
+    import argparse
+
+    from memrec.commands.completion import _is_path
+    from memrec.commands.parser import get_argument_parser
+
+    parser = get_argument_parser()
+    (subs,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    named = ("trace", "output", "socket", "libcuda", "probe_cache", "diff", "root", "memrec", "a", "b", "live")
+    missed = [f"{name} {a.dest}" for name, sub in subs.choices.items() for a in sub._actions
+              if a.dest in named and a.nargs != 0 and not _is_path(a)]
+    assert missed == []

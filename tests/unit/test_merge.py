@@ -247,3 +247,20 @@ def test_one_recording_given_twice_is_refused_not_counted_twice(two_hosts, tmp_p
         assert rc == ExitCode.DATA and err.count("\n") == 1
         assert f"{twice[2] if twice[2] == a else copy}: the same recording as {a}" in err
         assert not out.exists()
+
+
+def test_two_separate_runs_of_one_host_are_refused_with_what_to_use_instead(tmp_path, capsys):
+    # GIVEN the two runs of the seed recorded one after the other on one host, each by its own
+    # `memrec record` (the working one and the one with custom all-reduce)
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    base, ipc = examples / "seed-x2-base.mrec", examples / "seed-x2-ipc.mrec"
+    out = tmp_path / "job.mrec"
+    # WHEN merged as if they were one job's hosts
+    rc = main(["merge", str(base), str(ipc), "-o", str(out)])
+    # THEN one line says they are separate recordings of one host and names the diff, exit 65, and
+    # no trace with both runs' ranks mixed (and KV numbers of neither) is written
+    err = capsys.readouterr().err
+    assert rc == ExitCode.DATA and err.count("\n") == 1
+    assert f"{ipc}: a separate recording on the same host as {base}" in err
+    assert f"memrec diff {base} {ipc}" in err
+    assert not out.exists()

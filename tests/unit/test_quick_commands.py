@@ -148,7 +148,7 @@ def argparse_mark(words: list[str]) -> tuple | None:
 
 
 def fields(args) -> tuple:
-    return args.name, args.phase, args.gpu, args.socket, args.pid, list(args.values)
+    return args.name, args.phase, args.gpu, args.socket, args.pid, args.scope, list(args.values)
 
 
 DOCUMENTED = [
@@ -159,6 +159,8 @@ DOCUMENTED = [
     ["bench", "x=1", "--socket", "/run/memrec/memrec.sock"],
     ["--socket=/tmp/s", "--phase=end", "--gpu=3", "step", "n=1", "--pid=7"],
     ["--phase", "begin", "x", "--phase", "end"],  # the last one wins
+    ["build", "--phase", "begin", "--scope", "shell"],
+    ["build", "--scope=session", "--phase=end"],
     [""],  # an empty NAME: refused by the marker's check, as after argparse
 ]
 
@@ -179,7 +181,7 @@ WORDS = st.sampled_from([
     "--verbose", "-h", "--help", "--phase", "--ph", "begin", "end", "instant", "bogus", "--phase=begin",
     "--phase=", "--gpu", "--gpu=1", "--gpu=-1", "0", "07", "1_0", " 1", "+1", "\u0663", "2", "--socket",
     "--socket=", "--socket=/s", "/tmp/s", "--pid", "--pid=1", "--pi", "--pid=x", "-x", "--bogus",
-    "--socket=-x", "tokens=-3", "9" * 19, "9" * 5000,
+    "--socket=-x", "tokens=-3", "9" * 19, "9" * 5000, "--scope", "--scope=shell", "session", "shell", "--sc",
 ])
 
 

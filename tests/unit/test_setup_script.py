@@ -48,8 +48,10 @@ def run_setup(clone: Path, tmp_path: Path) -> subprocess.CompletedProcess:
     build = tmp_path / "modules" / os.uname().release / "build" / "include"
     build.mkdir(parents=True, exist_ok=True)
     (tmp_path / "tmp").mkdir(exist_ok=True)
-    env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}", MEMREC_MODULES_ROOT=str(tmp_path / "modules"),
-               MEMREC_SRC_ROOT=str(tmp_path / "src"), TMPDIR=str(tmp_path / "tmp"))
+    # MEMREC_BIN_DIR: the `memrec` link goes into the test's folder (on PATH), not /usr/local/bin
+    env = dict(os.environ, PATH=f"{tmp_path / 'on-path'}:{fake}:{os.environ['PATH']}",
+               MEMREC_MODULES_ROOT=str(tmp_path / "modules"), MEMREC_SRC_ROOT=str(tmp_path / "src"),
+               TMPDIR=str(tmp_path / "tmp"), MEMREC_BIN_DIR=str(tmp_path / "on-path"))
     for key in ("MEMREC_SETUP_LOG", "MEMREC_APT_UPDATED", "VIRTUAL_ENV"):
         env.pop(key, None)
     return subprocess.run(["bash", str(clone / "scripts" / "setup")], capture_output=True, text=True, env=env,
@@ -65,10 +67,15 @@ def test_setup_shows_its_own_lines_only_and_a_rerun_says_ready(fresh_clone, tmp_
     assert first.returncode == 0, first.stderr
     lines = first.stderr.splitlines()
     assert all(line.startswith("memrec setup: ") for line in lines), first.stderr
-    assert lines[0] == "memrec setup: installing memrec[nvml,tui,metrics] into .venv (pip)"
+    extras = "nvml,tui,metrics,export,plot,pandas" + (",gpu" if os.path.exists("/dev/nvidiactl") else "")
+    assert lines[0] == f"memrec setup: installing memrec[{extras}] into .venv (pip)"
     assert lines[-1].startswith("memrec setup: ready: memrec ")
     assert first.stdout == ""
     assert (fresh_clone / ".venv" / "bin" / "memrec").exists()
+    # AND `memrec` is on PATH, a link to the clone's, and the last line says so
+    link = tmp_path / "on-path" / "memrec"
+    assert lines[-1].endswith(f"; memrec on PATH: {link} -> .venv/bin/memrec")
+    assert os.readlink(link) == str(fresh_clone / ".venv" / "bin" / "memrec")
     # WHEN run again THEN one line, and its log was removed both times
     again = run_setup(fresh_clone, tmp_path)
     assert again.returncode == 0 and again.stderr.splitlines() == [lines[-1]]
@@ -102,3 +109,17 @@ def test_operations_md_by_hand_bcc_link_works_with_another_python3_first_on_path
     # THEN the virtualenv imports bcc
     assert done.returncode == 0, done.stderr
     assert subprocess.run([str(venv / "bin" / "python"), "-c", "import bcc"], capture_output=True).returncode == 0
+
+
+def test_a_memrec_that_is_not_our_link_is_left_alone_and_named(fresh_clone, tmp_path):
+    # GIVEN a memrec on PATH that set-up did not make (pip-installed elsewhere: a plain file)
+    (tmp_path / "on-path").mkdir()
+    other = tmp_path / "on-path" / "memrec"
+    other.write_text("#!/bin/sh\necho theirs\n")
+    # WHEN set up
+    done = run_setup(fresh_clone, tmp_path)
+    # THEN it is kept, and the last line says how to run this clone's memrec instead
+    assert done.returncode == 0, done.stderr
+    assert other.read_text() == "#!/bin/sh\necho theirs\n"
+    assert done.stderr.splitlines()[-1].endswith(
+        f"{other} is not a link made by memrec's set-up, so it was left alone: run {fresh_clone}/.venv/bin/memrec")

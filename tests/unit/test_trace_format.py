@@ -17,6 +17,7 @@ import pytest
 
 from memrec._errors import TraceFormatError
 from memrec.columns import EVENT_DTYPE
+from memrec.trace.clock import to_wall_ns
 from memrec.columns import NVML_DTYPE
 from memrec.columns import PROCMEM_DTYPE
 from memrec.columns import RAW_DTYPE
@@ -475,7 +476,7 @@ def test_header_starts_with_magic_and_carries_clock_anchor_and_schema():
     assert set(header["anchor"]) == {"monotonic_ns", "wall_ns"}
     assert header["gpus"][0]["uuid"] == "GPU-0"
     assert header["columns"]["events"][0] == ["ts", "<u8"]
-    assert fmt.to_wall_ns(header, header["anchor"]["monotonic_ns"] + 7) == header["anchor"]["wall_ns"] + 7
+    assert to_wall_ns(header, header["anchor"]["monotonic_ns"] + 7) == header["anchor"]["wall_ns"] + 7
 
 
 # ---------------------------------------------------------------------------------------------
