@@ -522,17 +522,17 @@ def main() -> None:
     s.add_argument("--seconds", type=float, default=120)
     s.add_argument("--rate", type=float, default=6000)
     s.add_argument("--markers", type=float, default=50)
-    r = sub.add_parser("readers")
-    r.add_argument("--mutations", type=int, default=60)
-    r.add_argument("--seed", type=int, default=23)
-    z = sub.add_parser("fuzz")
-    z.add_argument("--files", type=int, default=100_000)
-    z.add_argument("--frames", type=int, default=1_000_000)
-    z.add_argument("--full-every", type=int, default=100, help="the whole harness check on every N-th file")
-    z.add_argument("--bomb-share", type=float, default=0.01,
-                   help="the share of files mutated from a bomb (each reads up to its budget: slow)")
-    z.add_argument("--seed", type=int, default=23)
-    sub.add_parser("edges")
+    # issue 23's readers, fuzzing and edges: (option, default, help)
+    for name, options in (
+        ("readers", (("--mutations", 60, None), ("--seed", 23, None))),
+        ("fuzz", (("--files", 100_000, None), ("--frames", 1_000_000, None), ("--seed", 23, None),
+                  ("--full-every", 100, "the whole harness check on every N-th file"),
+                  ("--bomb-share", 0.01, "the share of files mutated from a bomb (each reads up to its budget: slow)"))),
+        ("edges", ()),
+    ):
+        p = sub.add_parser(name)
+        for option, default, text in options:
+            p.add_argument(option, type=type(default), default=default, help=text)
     args = parser.parse_args()
     commands = {"kill": cmd_kill, "overload": cmd_overload, "soak": cmd_soak, "readers": cmd_readers,
                 "fuzz": cmd_fuzz, "edges": cmd_edges}
