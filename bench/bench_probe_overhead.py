@@ -66,9 +66,10 @@ int main(int argc, char **argv) {
 TIMED = ("cuMemAlloc_v2", "cuMemFree_v2")
 
 
-def build_loop(workdir: Path) -> Path:
+def build_loop(workdir: Path, source: str = LOOP_C) -> Path:
+    """Compile the timing loop ``source`` (C) into ``workdir``; return the program."""
     src = workdir / "loop.c"
-    src.write_text(LOOP_C)
+    src.write_text(source)
     exe = workdir / "loop"
     subprocess.run(["cc", "-O2", "-o", str(exe), str(src), "-ldl"], check=True)
     return exe
@@ -142,13 +143,9 @@ def main() -> int:
         noop_entry.close()
         noop_ret.close()
 
-    med = {k: statistics.median(v) for k, v in results.items()}
-    base = med["baseline"]
     print(f"{args.calls} cuMemAlloc_v2 + cuMemFree_v2 pairs per run, {args.repeat} interleaved rounds; ns per call:")
-    print(f"  {'configuration':<16} {'median':>8} {'min':>8}  over baseline   runs")
-    for name in names:
-        runs = ", ".join(f"{v:.0f}" for v in results[name])
-        print(f"  {name:<16} {med[name]:8.0f} {min(results[name]):8.0f}  {med[name] - base:+10.0f} ns   {runs}")
+    med = print_runs(results, "over baseline")
+    base = med["baseline"]
     print("ratios (medians):")
     print(f"  memrec / baseline        {med['memrec'] / base:8.1f}x")
     print(f"  memrec / noop-entry+ret  {med['memrec'] / med['noop-entry+ret']:8.2f}x")
@@ -159,6 +156,19 @@ def main() -> int:
     print(f"events recorded {counted[0]} (expected {expected}), lost {lost}")
     print(f"detaching memrec's {2 * len(probes_symbols())} probes took {detach_s:.1f} s")
     return 0
+
+
+def print_runs(results: dict[str, list[float]], over: str, per: int = 1) -> dict[str, float]:
+    """Print each configuration's median, min, cost over ``baseline`` (divided by ``per``) and
+    runs; return the medians."""
+    med = {k: statistics.median(v) for k, v in results.items()}
+    width = max(len(n) for n in results) + 3
+    print(f"  {'configuration':<{width}} {'median':>8} {'min':>8}  {over}   runs")
+    for name, runs in results.items():
+        extra = (med[name] - med["baseline"]) / per
+        print(f"  {name:<{width}} {med[name]:8.0f} {min(runs):8.0f}  {extra:+10.0f} ns   "
+              + ", ".join(f"{v:.0f}" for v in runs))
+    return med
 
 
 def probes_symbols() -> tuple[str, ...]:

@@ -98,33 +98,41 @@ def keyframe_state(j: int, live: int) -> dict:
     return s.snapshot()
 
 
+HEADER = {
+    "host": "bench",
+    "gpus": [{"index": g, "uuid": f"GPU-bench-{g}", "name": "NVIDIA H200", "total": 140 * GiB, "bar1_total": 256 * GiB}
+             for g in range(NGPU)],
+}
+
+
+def write_body(w, n: int, keyframe_every: int, make, keyframe) -> None:
+    """The events ``make(lo, hi)`` of positions [0, n), a keyframe ``keyframe(j)`` at the start and
+    every ``keyframe_every`` events, and NVML at 10 Hz over their time (bench_scale.py's too)."""
+    w.write_keyframe(T0, 0, keyframe(0))
+    pos = 0
+    while pos < n:
+        hi = min(n, pos + keyframe_every)
+        for lo in range(pos, hi, 1 << 20):
+            w.write_events(make(lo, min(hi, lo + (1 << 20))))
+        w.write_keyframe(T0 + (hi - 1) * STEP_NS, hi, keyframe(hi))
+        pos = hi
+    ticks = np.arange(0, n * STEP_NS, 100_000_000, dtype=np.int64)
+    nv = np.zeros(len(ticks) * NGPU, dtype=NVML_DTYPE)
+    nv["ts"] = np.repeat(T0 + ticks, NGPU)
+    nv["gpu"] = np.tile(np.arange(NGPU), len(ticks))
+    nv["used"] = 20 * GiB
+    nv["reserved"] = 615 << 20
+    nv["total"] = 140 * GiB
+    nv["bar1_total"] = 256 * GiB
+    w.write_nvml(nv)
+
+
 def write_trace(path: Path, n: int, live: int, keyframe_every: int) -> None:
     from memrec.trace.writer import TraceWriter
 
-    header = {
-        "host": "bench",
-        "gpus": [{"index": g, "uuid": f"GPU-bench-{g}", "name": "NVIDIA H200", "total": 140 * GiB, "bar1_total": 256 * GiB}
-                 for g in range(NGPU)],
-    }
     duration = n * STEP_NS
-    with TraceWriter(path, header) as w:
-        w.write_keyframe(T0, 0, keyframe_state(0, live))
-        pos = 0
-        while pos < n:
-            hi = min(n, pos + keyframe_every)
-            for lo in range(pos, hi, 1 << 20):
-                w.write_events(make_events(lo, min(hi, lo + (1 << 20)), live))
-            w.write_keyframe(T0 + (hi - 1) * STEP_NS, hi, keyframe_state(hi, live))
-            pos = hi
-        ticks = np.arange(0, duration, 100_000_000, dtype=np.int64)
-        nv = np.zeros(len(ticks) * NGPU, dtype=NVML_DTYPE)
-        nv["ts"] = np.repeat(T0 + ticks, NGPU)
-        nv["gpu"] = np.tile(np.arange(NGPU), len(ticks))
-        nv["used"] = 20 * GiB
-        nv["reserved"] = 615 << 20
-        nv["total"] = 140 * GiB
-        nv["bar1_total"] = 256 * GiB
-        w.write_nvml(nv)
+    with TraceWriter(path, HEADER) as w:
+        write_body(w, n, keyframe_every, lambda lo, hi: make_events(lo, hi, live), lambda j: keyframe_state(j, live))
         for k in range(10):
             for g in range(NGPU):
                 ts = T0 + duration * k // 10

@@ -16,8 +16,10 @@ The same workload runs R times under each of three set-ups, interleaved so drift
 GPU workloads (memrec.gpu.untraced_workloads, timings measured inside the process): ``launches``
 (context, first cuBLAS matmul, 2,000 kernel launches: the launch path must cost the same in all
 three) and ``nccl`` (NCCL init + one all-reduce: 148 cuKernelGetFunction and a pool on an H200).
-Stub workload: the ``code`` and ``pool`` scenarios 20 times in one process (the whole process's
-wall time). Prints one JSON object: per workload and set-up, the median of each timing, and the
+Stub workload: the ``nccl_init`` scenario (what NCCL's init does to the driver: a library, 243
+kernels fetched, a pool) 4 times in one process, each driver call taking 500 µs
+(``MEMREC_STUB_PACE_US``), timed as the whole process's wall time. On a host without NVML the
+daemon takes no readings: the stub measures the probes' cost only, the GPU also the readings'. Prints one JSON object: per workload and set-up, the median of each timing, and the
 probe hits the trace holds per kind.
 """
 
@@ -69,9 +71,9 @@ def run_gpu(scenario: str, work: Path) -> dict:
 
 
 def run_stub(lib: str) -> dict:
-    cmd = [sys.executable, "-m", "memrec.stubdriver.workload", "--lib", lib, *(["code", "pool"] * 20)]
+    cmd = [sys.executable, "-m", "memrec.stubdriver.workload", "--lib", lib, *(["nccl_init"] * 4)]
     t = time.monotonic()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env={**os.environ, "MEMREC_STUB_PACE_US": "500"})
     return {"total": time.monotonic() - t}
 
 
@@ -88,7 +90,9 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--stub", action="store_true", help="the stub driver instead of a GPU")
     parser.add_argument("--workloads", default="launches,nccl", help="GPU workloads (comma list)")
+    parser.add_argument("--setups", default=",".join(SETUPS), help="set-ups to compare (comma list of none, core, untraced)")
     args = parser.parse_args()
+    setups = [s for s in args.setups.split(",") if s in SETUPS]
     stub = None
     if args.stub:
         from memrec.stubdriver.build import build_stub
@@ -96,17 +100,19 @@ def main() -> int:
         stub = str(build_stub())
     workloads = ["stub"] if stub else args.workloads.split(",")
     work = Path(tempfile.mkdtemp(prefix="mrbench"))
-    results: dict = {w: {s: [] for s in SETUPS} for w in workloads}
+    results: dict = {w: {s: [] for s in setups} for w in workloads}
     hits: dict = {}  # set-up -> events per kind in its last trace (every workload of one repeat)
     try:
         for _ in range(args.repeat):
-            for setup in SETUPS:
+            for setup in setups:
                 daemon = out = None
                 if setup != "none":
                     daemon, out = start_daemon(work, setup, stub)
                 try:
                     for w in workloads:
                         results[w][setup].append(run_stub(stub) if stub else run_gpu(w, work))
+                        print(json.dumps({"workload": w, "setup": setup, **results[w][setup][-1]}), file=sys.stderr,
+                              flush=True)  # each run as it ends: a cut-short bench still tells
                 finally:
                     if daemon is not None:
                         daemon.send_signal(signal.SIGINT)
@@ -116,12 +122,16 @@ def main() -> int:
                     os.unlink(out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    summary: dict = {"repeat": args.repeat, "host": os.uname().nodename, "workloads": {}, "events_per_kind": hits}
+    summary: dict = {"repeat": args.repeat, "host": os.uname().nodename, "workloads": {}, "events_per_kind": hits,
+                     "runs": results}
     for w, per in results.items():
         summary["workloads"][w] = {
             setup: {k: statistics.median(r[k] for r in runs) for k in runs[0] if isinstance(runs[0][k], float)}
             for setup, runs in per.items()
         }
+        # The ratio the issue asks about: with the untraced probes over the same run without them.
+        core, full = summary["workloads"][w].get("core", {}), summary["workloads"][w].get("untraced", {})
+        summary["workloads"][w]["untraced_over_core"] = {k: full[k] / core[k] for k in core if k in full and core[k]}
     json.dump(summary, sys.stdout, indent=1)
     print()
     return 0

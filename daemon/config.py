@@ -137,7 +137,8 @@ class DaemonConfig:
         follow_tree: record only tracked pids and their descendants (``memrec record``).
         rotate_bytes: start a new file once this many bytes are written (0: never).
         flush_interval: the longest a record waits in the writer's buffer (seconds).
-        keyframe_interval: seconds between two keyframes (full live state; skipped when no event came).
+        keyframe_interval: the least seconds between two keyframes (full live state; skipped when no
+            event came, or until the file grew by 4 × the last keyframe's bytes: daemon/keyframes.py).
         rescan_interval: seconds between two searches for newly mapped libcuda files.
         poll_interval: seconds between two drains of the ring buffer.
         nvml_device_hz / nvml_process_hz: NVML sample rates (0: off).
@@ -147,6 +148,10 @@ class DaemonConfig:
             ``fifo:N``, ``rr:N`` or ``off``; default ``nice:-10``.
         untraced_probes: probe the code-loading and pool entry points that explain the untraced
             band (off only to measure their cost).
+        tensors: also record PyTorch's tensor blocks (the ``pytorch:malloc``/``free`` USDT probes
+            of every ``libc10_cuda.so`` processes map); off by default: each probe hit costs
+            about a microsecond in the traced process (docs/performance.md).
+        torch_paths: ``libc10_cuda.so`` files to probe besides those processes map (with tensors).
         probe_cache: directory of compiled probe programs (a start on a known kernel then skips
             the compile); None: compile at every start.
         subscriber_queue_bytes: the most bytes queued for one live subscriber before it loses
@@ -172,6 +177,8 @@ class DaemonConfig:
     ringbuf_pages: int = DEFAULT_RINGBUF_PAGES
     scheduling: str = DEFAULT_SCHEDULING
     untraced_probes: bool = True
+    tensors: bool = False
+    torch_paths: tuple[str, ...] = ()
     probe_cache: str | None = DEFAULT_PROBE_CACHE
     subscriber_queue_bytes: int = 64 << 20
     output_is_dir: bool | None = None
@@ -186,6 +193,7 @@ class DaemonConfig:
         set_(self, "socket_path", Path(os.fspath(self.socket_path)))
         set_(self, "socket_mode", octal_mode(self.socket_mode))
         set_(self, "libcuda_paths", tuple(os.fspath(p) for p in self.libcuda_paths))
+        set_(self, "torch_paths", tuple(os.fspath(p) for p in self.torch_paths))
         set_(self, "rotate_bytes", byte_size(self.rotate_bytes))
         set_(self, "subscriber_queue_bytes", byte_size(self.subscriber_queue_bytes))
         for name in ("flush_interval", "keyframe_interval", "rescan_interval", "poll_interval"):

@@ -65,6 +65,8 @@ class ProbeFeed:
             kwargs = {"follow_tree": self._config.follow_tree, "ringbuf_pages": self._config.ringbuf_pages}
             if not self._config.untraced_probes:
                 kwargs["untraced"] = False
+            if self._config.tensors:
+                kwargs["tensors"] = True
             if self._config.probe_cache != DEFAULT_PROBE_CACHE:
                 kwargs["probe_cache"] = self._config.probe_cache
             self.probes = self._factory(**kwargs)

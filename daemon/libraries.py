@@ -60,6 +60,19 @@ def _report_dict(report: Any) -> dict:
     }
 
 
+def _search(owner: Any, what: str, option: str) -> list:
+    """The files ``owner.find`` gives now, plus ``owner.explicit`` (named with ``option``); a
+    search that fails is said once and leaves the explicit ones."""
+    try:
+        found = list(owner.find(owner.explicit))
+    except Exception as error:
+        if not owner._search_failed:
+            log.warning("%s search failed: %s; probing only %s paths", what, one_line(error), option)
+        owner._search_failed = True
+        found = []
+    return found + _explicit(owner.explicit)
+
+
 class Libraries:
     """The driver files probed so far.
 
@@ -87,14 +100,7 @@ class Libraries:
 
     def scan(self, probes: Any) -> int:
         """Attach ``probes`` to every file not attached yet; return how many were new."""
-        try:
-            found = list(self.find(self.explicit))
-        except Exception as error:
-            if not self._search_failed:
-                log.warning("libcuda search failed: %s; probing only --libcuda paths", one_line(error))
-            self._search_failed = True
-            found = []
-        found += _explicit(self.explicit)
+        found = _search(self, "libcuda", "--libcuda")
         new = 0
         for lib in found:
             key = (int(lib.dev), int(lib.inode))
@@ -124,4 +130,61 @@ class Libraries:
                 )
             else:
                 log.debug("attached %d probe(s) to %s", rec["attached"], rec["path"])
+        return new
+
+
+def _default_find_torch(extra: tuple[str, ...]) -> list:
+    from memrec.probes.libs import find_libc10_cuda
+
+    return find_libc10_cuda(list(extra))
+
+
+class TorchLibraries:
+    """The ``libc10_cuda.so`` files (PyTorch installs) tried so far, with ``--tensors``.
+
+    Every rescan asks ``find`` for the files processes map now (a process that imports torch
+    later is found then; the kernel raises the probes' semaphores in processes already running)
+    and attaches the tensor-block probes to each new (dev, inode). A file without usable probes
+    is recorded with its problem (the header's and trailer's ``torch`` list, ``memrec doctor``):
+    its processes have driver segments only. At most :data:`MAX_LIBRARIES` files are tried.
+
+    Args:
+        find: ``(extra_paths) -> [LibraryFile(path, dev, inode)]`` (None: the host's search).
+        explicit: paths named with ``--torch-lib``.
+    """
+
+    def __init__(self, find: Callable[[tuple[str, ...]], list] | None, explicit: tuple[str, ...]) -> None:
+        self.find = find or _default_find_torch
+        self.explicit = explicit
+        #: (dev, inode) -> {"path", "attached" (probe sites), "problem"}
+        self.tried: dict[tuple[int, int], dict] = {}
+        self._search_failed = False
+
+    def header(self) -> list[dict]:
+        """The ``torch`` list of the header and trailer: one entry per file tried."""
+        return list(self.tried.values())
+
+    def scan(self, probes: Any) -> int:
+        """Attach the tensor probes to every file not tried yet; return how many now give blocks."""
+        found = _search(self, "libc10_cuda", "--torch-lib")
+        new = 0
+        for lib in found:
+            key = (int(lib.dev), int(lib.inode))
+            if key in self.tried:
+                continue
+            if len(self.tried) >= MAX_LIBRARIES:
+                log.warning("not probing %s: %d libc10_cuda files were tried already", lib.path, MAX_LIBRARIES)
+                self.tried[key] = {"path": lib.path, "attached": [], "problem": "over the cap of probed files"}
+                continue
+            try:
+                report = probes.attach_torch(lib.path, identity=key)
+            except Exception as error:
+                self.tried[key] = {"path": lib.path, "attached": [], "problem": one_line(error)}
+                log.warning("cannot attach to %s: %s", lib.path, one_line(error))
+                continue
+            if report.already_attached:
+                continue
+            self.tried[key] = {"path": os.fspath(report.path), "attached": list(report.attached),
+                               "problem": report.problem}
+            new += bool(report.attached)
         return new

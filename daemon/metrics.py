@@ -37,6 +37,7 @@ from memrec.events import CU_RESULT_NAMES
 from memrec.events import GpuInfo
 from memrec.events import Marker
 from memrec.state import IPC_MAPPED
+from memrec.state.tensors import TensorBlocks
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,10 @@ class Snapshot:
     processes_seen: int
     libraries: int
     keyframes: dict[str, int]  # written / skipped / waited (daemon.keyframes.Keyframes)
+    #: (gpu, pid, comm) -> (allocated, reserved, blocks) of PyTorch's tensor blocks (--tensors)
+    tensors: dict[tuple[int, int, str], tuple[int, int, int]] = dataclasses.field(default_factory=dict)
+    #: PyTorch installs probed for tensor blocks, and those without usable probes (--tensors)
+    torch_libraries: tuple[int, int] = (0, 0)
 
 
 class DrainMeter:
@@ -305,6 +310,8 @@ class DaemonMetrics:
     def attach(self, daemon: Any) -> None:
         """Meter the probes' polls and take snapshots from the daemon's loop."""
         self._daemon = daemon
+        if daemon.config.tensors:
+            daemon.blocks = TensorBlocks()
         self.meter = DrainMeter(daemon.config.ringbuf_pages * PAGE, daemon.clock)
         daemon.probes = _MeteredProbes(daemon.probes, self.meter)
         daemon.marker_listeners.append(self.phases.marker)
@@ -361,7 +368,19 @@ class DaemonMetrics:
             processes_seen=int(stats["processes"]),
             libraries=int(stats["libraries"]),
             keyframes=dict(stats["keyframes"]),
+            **self._tensors(),
         )
+
+    def _tensors(self) -> dict:
+        """The Snapshot's tensor fields (none without --tensors)."""
+        d = self._daemon
+        if d.blocks is None:
+            return {}
+        tensors = {(g, pid, self._process_name(pid)): (alloc, resv, n)
+                   for (pid, g), (alloc, resv, n) in d.blocks.totals.items()}
+        tried = d.torch.header() if d.torch is not None else []
+        return {"tensors": tensors,
+                "torch_libraries": (sum(1 for t in tried if not t["problem"]), sum(1 for t in tried if t["problem"]))}
 
     # -- the scrape's side (HTTP thread) ----------------------------------------------------------
 
@@ -423,6 +442,20 @@ class DaemonMetrics:
                     "name was open (sampled at each drain)", ["phase"])
         for (g, phase), b in sorted(snap.phase_peaks.items()):
             fam.add_metric([*labels(g), phase], b)
+        yield fam
+        for i, (name, doc) in enumerate((
+                ("memrec_tensor_allocated_bytes", "bytes in PyTorch's live tensor blocks, per process (--tensors)"),
+                ("memrec_tensor_reserved_bytes", "bytes of PyTorch's caching-allocator segments that held a block, "
+                 "per process (--tensors)"),
+                ("memrec_tensor_blocks", "PyTorch's live tensor blocks, per process (--tensors)"))):
+            fam = gauge(name, doc, ["pid", "process"])
+            for (g, pid, comm), values in sorted(snap.tensors.items()):
+                fam.add_metric([*labels(g), str(pid), comm], values[i])
+            yield fam
+        fam = GaugeMetricFamily("memrec_torch_libraries", "libc10_cuda.so files tried for tensor blocks (--tensors), "
+                                "by whether their USDT probes are attached", labels=["Hostname", "probes"])
+        for label, n in zip(("attached", "unavailable"), snap.torch_libraries):
+            fam.add_metric([self.hostname, label], n)
         yield fam
         fam = CounterMetricFamily("memrec_failed_calls", "driver calls that returned an error, by CUresult",
                                   labels=["Hostname", "result"])

@@ -44,10 +44,14 @@ from memrec.daemon.config import DaemonConfig
 from memrec.daemon.fanout import Fanout
 from memrec.daemon.feed import ProbeFeed
 from memrec.daemon.gpustamp import GpuStamper
+from memrec.daemon.heap import give_back
+from memrec.daemon.heap import settle
 from memrec.daemon.intake import Intake
 from memrec.daemon.keyframes import HoldingSink
 from memrec.daemon.keyframes import Keyframes
 from memrec.daemon.libraries import Libraries
+from memrec.daemon.libraries import TorchLibraries
+from memrec.state.tensors import TensorBlocks
 from memrec.daemon.markers import MarkerServer
 from memrec.daemon.markers import root_only
 from memrec.daemon.markers import root_or_group
@@ -67,6 +71,7 @@ from memrec.daemon.tracefiles import create_sink
 from memrec.daemon.untraced import UntracedReadings
 from memrec.daemon.untraced import name_images
 from memrec.events import GpuInfo
+from memrec.events import Kind
 from memrec.events import Marker
 from memrec.events import ProcessInfo
 from memrec.state import LiveState
@@ -84,6 +89,7 @@ log = logging.getLogger(__name__)
 _FINAL_DRAIN_POLLS = 64
 #: How often idle and half-sent marker connections are looked for (ns).
 _SWEEP_NS = 10**9
+_CTX = int(Kind.CTX)
 
 
 class Mood(enum.Enum):
@@ -105,6 +111,7 @@ class Daemon:
             None for the default.
         clock: CLOCK_MONOTONIC ns, the probes' clock (timers and record timestamps).
         find_libraries: ``(extra_paths) -> [LibraryFile(path, dev, inode)]``.
+        find_torch: the same for ``libc10_cuda.so`` files (with ``config.tensors``).
         process_info: ``(pid, gpus, first_ts) -> ProcessInfo`` (reads /proc).
         stop_signal_handler: record mode: SIGINT/SIGTERM are passed to it (from the loop, not
             the signal handler) instead of stopping the daemon; the third signal of one kind
@@ -120,6 +127,7 @@ class Daemon:
         clock: Callable[[], int] = time.monotonic_ns,
         *,
         find_libraries: Callable[[tuple[str, ...]], list] | None = None,
+        find_torch: Callable[[tuple[str, ...]], list] | None = None,
         process_info: Callable[[int, list[GpuInfo], int], ProcessInfo] | None = None,
         stop_signal_handler: Callable[[int], None] | None = None,
         install_signals: bool = True,
@@ -129,6 +137,11 @@ class Daemon:
         self._nvml = nvml
         self.clock = clock
         self.libraries = Libraries(find_libraries, config.libcuda_paths)
+        #: PyTorch installs tried for tensor blocks (None: ``config.tensors`` is off).
+        self.torch = TorchLibraries(find_torch, config.torch_paths) if config.tensors else None
+        #: The live tensor blocks, kept only for the metrics (set by them, with ``config.tensors``):
+        #: a Python step per tensor event, which a daemon without metrics does not pay.
+        self.blocks: TensorBlocks | None = None
         self.stamper = GpuStamper(self._nvml_module, process_info, self._write_process)
         self.stop_signal_handler = stop_signal_handler
         self._install_signals = install_signals
@@ -161,6 +174,8 @@ class Daemon:
         self.marker_listeners: list[Callable[[Marker], None]] = []
         #: Called on the NVML sampler's thread with each batch of device rows (NVML_DTYPE).
         self.sample_listeners: list[Callable[[np.ndarray], None]] = []
+        #: Called from the loop with each trace file once it is closed (rotation, stop): must return at once.
+        self.closed_listeners: list[Callable[[Path], None]] = []
 
     # ================================================================== lifecycle
 
@@ -177,6 +192,7 @@ class Daemon:
         cfg = self.config
         self.names = TraceNames(cfg)
         self.selector = selectors.DefaultSelector()
+        settle()  # large buffers as maps of their own: freed, they go back to the system
         try:
             # Before the compile (a start on a busy host is quicker) and before any thread starts.
             log.info("scheduling: %s", self.priority.apply())
@@ -187,6 +203,9 @@ class Daemon:
                 if not os.path.exists(path):
                     log.warning("--libcuda %s: no such file", path)
             self.scan_libraries()
+            if self.torch is not None and not self.torch.tried:
+                log.info("--tensors: no libc10_cuda.so mapped yet: PyTorch's allocator probes attach when a "
+                         "process maps one (at its first context, or the next rescan)")
             if not self.libraries.attached:
                 log.warning(
                     "no libcuda.so.1 found yet: probes will attach when a process maps one "
@@ -298,6 +317,7 @@ class Daemon:
             else:
                 steps.append(("final keyframe", self._write_keyframe))
                 steps.append(("trailer", lambda: self.writer.close(self._trailer(self.stop_reason or "stop"))))
+                steps.append(("closed listeners", lambda: self._closed(self.writer.path)))
         if self.fanout is not None:
             steps.append(("subscribers", self.fanout.close))
         if self.markers is not None:
@@ -354,6 +374,7 @@ class Daemon:
             self.readings.tick(now)
         if self.keyframes.collect(self.writer):
             nxt["flush"] = now  # a keyframe is worth showing at once
+            give_back()  # its build's buffers
         if now >= nxt["keyframe"]:
             assert self.writer is not None
             self.keyframes.start(self.writer, self.state, now)  # built in a thread, written by collect
@@ -404,7 +425,16 @@ class Daemon:
             events = events[np.argsort(events["ts"], kind="stable")]
         self.stamper.stamp(events)
         name_images(events)
+        capacity = self.state.capacity()
         self.state.apply(events)
+        if self.state.capacity() != capacity:  # a table grew or was compacted: its old columns are free
+            give_back()
+        if self.blocks is not None:
+            self.blocks.apply(events)
+        if self.torch is not None and np.any(events["kind"] == _CTX):
+            # A process bound a context: its first tensors come next. A PyTorch install not
+            # probed yet is looked for now rather than at the next rescan (seconds later).
+            self.torch.scan(self.probes)
         assert self.writer is not None
         self.writer.write_events(events)
         self.events_recorded += len(events)
@@ -504,11 +534,14 @@ class Daemon:
 
     def _header(self, reason: str) -> dict:
         probes = {**self.libraries.header(), "follow_tree": self.config.follow_tree}
+        if self.torch is not None:
+            probes["torch"] = self.torch.header()
         return make_header(
             gpus=self.gpus,
             probes=probes,
             config=self.config.to_dict(),
             daemon={"pid": os.getpid(), "version": __version__, "part": self._part, "opened_by": reason},
+            recording_id=self.names.recording_id,
             notes=list(self.notes),
             previous=os.fspath(self.files[-1]) if self.files else None,
         )
@@ -553,9 +586,17 @@ class Daemon:
         old = self.writer
         self.keyframes.collect(old, wait=self.keyframes.holding)  # its own first keyframe, if still held
         old.close(self._trailer(f"rotate: {reason}", next_file=os.fspath(path)))
+        self._closed(old.path)
         self._open_writer(path, reason=f"rotate: {reason}", sink=sink)
         log.info("rotated (%s): %s → %s", reason, old.path, path)
         return path
+
+    def _closed(self, path: str | None) -> None:
+        for listener in self.closed_listeners if path else ():
+            try:
+                listener(Path(path))
+            except Exception as error:  # an add-on's failure never stops recording
+                log.error("after closing %s: %s", path, error)
 
     def _trailer(self, reason: str, **extra: Any) -> dict:
         out = {
@@ -569,6 +610,7 @@ class Daemon:
             },
             "state": {"anomalies": dict(self.state.anomalies), "failures": self.state.n_failures},
             "markers_restamped": self.intake.restamped,
+            **({"torch": self.torch.header()} if self.torch is not None else {}),
             "lost": self.feed.lost,
         }
         if self.writer is not None and self.writer.dropped[0]:
@@ -584,8 +626,12 @@ class Daemon:
     # ------------------------------------------------------------------ probes, GPUs, NVML
 
     def scan_libraries(self) -> int:
-        """Attach the probes to every libcuda file not attached yet; return how many were new."""
-        return self.libraries.scan(self.probes)
+        """Attach the probes to every libcuda file not attached yet (and, with ``--tensors``, to
+        every libc10_cuda.so); return how many driver files were new."""
+        new = self.libraries.scan(self.probes)
+        if self.torch is not None:
+            self.torch.scan(self.probes)
+        return new
 
     def _nvml_module(self) -> Any:
         if self._nvml is None:

@@ -6,16 +6,17 @@ sample listeners). Order matters and is kept here in one place::
 
     service.listen()            # bind the metrics port: a taken port fails before the BPF compile
     daemon.start()              # probes loaded and attached, trace open
-    service.started(daemon)     # drop capabilities, serve metrics, READY=1, watchdog, retention
+    service.started(daemon)     # drop capabilities, serve metrics, READY=1, watchdog, retention, dataset
     daemon.run()
     service.stopping(daemon)    # STOPPING=1
-    daemon.stop(); service.close()
+    daemon.stop(); service.close()  # close: the last file's export into the dataset
 """
 
 from __future__ import annotations
 
 import logging
 import re
+from pathlib import Path
 from typing import Any
 
 from memrec._errors import PrivilegeError
@@ -69,8 +70,11 @@ class Service:
         keep_files: int = 0,
         drop_capabilities: bool = False,
         notifier: Notifier | None = None,
+        dataset: Path | None = None,
     ) -> None:
         self.notifier = notifier or Notifier()
+        self.dataset_dir = dataset
+        self.dataset: Any = None
         self.keep_files = keep_files
         self.drop_capabilities = drop_capabilities
         self.metrics: Any = None
@@ -90,6 +94,11 @@ class Service:
         if self.metrics is not None:
             self.metrics.attach(daemon)
             self.metrics.serve()
+        if self.dataset_dir is not None:
+            from memrec.daemon.dataset import DatasetShipper
+
+            self.dataset = DatasetShipper(self.dataset_dir)
+            daemon.closed_listeners.append(self.dataset.submit)
         if self.keep_files and daemon.config.output_is_dir:
             self._prune(daemon)
             daemon.every(PRUNE_INTERVAL, lambda _now: self._prune(daemon))
@@ -143,6 +152,8 @@ class Service:
         self.notifier.stopping(f"shutting down ({reason or daemon.stop_reason or 'stop'})")
 
     def close(self) -> None:
+        if self.dataset is not None:
+            self.dataset.close()
         if self.metrics is not None:
             self.metrics.close()
         self.notifier.close()

@@ -33,6 +33,8 @@ class TraceNames:
 
     def __init__(self, config: DaemonConfig) -> None:
         self._config = config
+        #: The same in the header of every part (the dataset's trace id: memrec.export.dataset).
+        self.recording_id = secrets.token_hex(8)
         self._base = f"memrec-{socket.gethostname()}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{secrets.token_hex(4)}"
 
     def path(self, part: int) -> Path:

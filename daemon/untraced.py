@@ -8,9 +8,18 @@ step. So the daemon reads NVML for the GPUs concerned:
 - right before a context is bound (``CTX_BEGIN``, submitted at the entry of the retain/create
   with a forced wakeup: the call takes ~100 ms on an H200, the reader wakes within a few) and right
   after (``CTX``): the difference is the context's cost;
-- after a batch that loaded device code or changed a pool (``CODE_LOAD``, ``KERNEL_LOAD``,
-  ``CODE_UNLOAD``, ``POOL*``), at most once per ``min_interval`` per GPU (PyTorch under
-  ``CUDA_MODULE_LOADING=EAGER`` loads thousands of libraries at start-up), and after
+- right after a call that sets a context limit, instantiates, uploads or trims graphs, makes or
+  destroys a CUDA array, or changes a multicast object (``CTX_LIMIT``, ``GRAPH_EXEC``,
+  ``GRAPH_TRIM``, ``ARRAY_*``, ``MULTICAST_*``: rare calls, each read at once): what such a call
+  promises the device lands later (the stack at the next launch, the graph pool at the first
+  launch), and the reading separates it from what came before;
+- after a batch that loaded device code or changed a pool (``CODE_LOAD``, ``CODE_UNLOAD``,
+  ``POOL*``), at most once per ``min_interval`` per GPU (PyTorch under
+  ``CUDA_MODULE_LOADING=EAGER`` loads thousands of libraries at start-up); after kernel fetches
+  (``KERNEL_LOAD``) at most once per ``fetch_interval`` (NCCL fetches ~250 kernels in its init,
+  and each reading takes the driver's lock: every 20 ms cost NCCL's init +20 % on an H200, so
+  200 ms), except the first kernel fetched after a context bind (read at once: the context's
+  step); and after
   stream-ordered allocations and frees at most once per ``stream_interval`` (PyTorch's
   ``cudaMallocAsync`` backend allocates every tensor that way);
 - once more ``settle`` after any of those (a lazily loaded kernel reaches the device at its first
@@ -40,8 +49,12 @@ from memrec.probes.libs import parse_maps
 
 log = logging.getLogger(__name__)
 
-#: Kinds after which NVML is read (a bind: always; the others: rate-limited).
+#: Kinds after which NVML is read (a bind and the rare calls of issue 21: always; the others:
+#: rate-limited).
 _BIND = (int(Kind.CTX_BEGIN), int(Kind.CTX))
+_RARE = tuple(int(k) for k in (Kind.CTX_LIMIT, Kind.GRAPH_EXEC, Kind.GRAPH_TRIM, Kind.ARRAY_CREATE,
+                               Kind.ARRAY_DESTROY, Kind.MULTICAST_CREATE, Kind.MULTICAST_ADD, Kind.MULTICAST_BIND,
+                               Kind.MULTICAST_UNBIND))
 _STEPS = tuple(int(k) for k in (Kind.CODE_LOAD, Kind.CODE_UNLOAD, Kind.KERNEL_LOAD, Kind.POOL,
                                 Kind.POOL_DESTROY, Kind.POOL_TRIM, Kind.POOL_ATTR))
 _STREAM = [int(a) for a in STREAM_ORDERED_APIS]
@@ -59,6 +72,8 @@ class UntracedReadings:
         write: receives the rows (the trace writer's ``write_procmem``).
         clock: CLOCK_MONOTONIC ns, the trace's clock.
         min_interval: seconds between two readings of one GPU after code loads or pool calls.
+        fetch_interval: the same after kernel fetches only (NCCL fetches ~250 kernels in its init;
+            a reading every 20 ms cost it +20 % on an H200: each takes the driver's lock).
         stream_interval: the same after stream-ordered allocations and frees only (with the
             ``cudaMallocAsync`` backend every tensor is one: at most this often per GPU, like the
             device sampler's 10 Hz, whatever the allocation rate).
@@ -72,6 +87,7 @@ class UntracedReadings:
         write: Callable[[np.ndarray], None],
         clock: Callable[[], int],
         min_interval: float = 0.02,
+        fetch_interval: float = 0.2,
         stream_interval: float = 0.1,
         settle: float = 0.25,
     ) -> None:
@@ -81,11 +97,13 @@ class UntracedReadings:
         self.write = write
         self.clock = clock
         self.min_interval = int(min_interval * 1e9)
+        self.fetch_interval = int(fetch_interval * 1e9)
         self.stream_interval = int(stream_interval * 1e9)
         self.settle = int(settle * 1e9)
         self._last: dict[int, int] = {}
         self._deferred: dict[int, int] = {}  # GPU -> when a rate-limited reading is taken
         self._settle: dict[int, int] = {}  # GPU -> when to read once more after a step
+        self._fresh: set[tuple[int, int]] = set()  # (pid, gpu) that bound a context, no kernel fetched yet
         self.readings = 0  # NVML calls made (stats and tests)
 
     @property
@@ -98,26 +116,50 @@ class UntracedReadings:
             return
         kinds = events["kind"]
         ok = events["result"] == 0
-        bind = np.isin(kinds, _BIND) & ~((kinds == int(Kind.CTX)) & (events["aux"] == _CTX_GET_DEVICE))
+        bind = (np.isin(kinds, _BIND) & ~((kinds == int(Kind.CTX)) & (events["aux"] == _CTX_GET_DEVICE))) \
+            | (np.isin(kinds, _RARE) & ok)
         code = np.isin(kinds, _STEPS) & ok
         stream = np.isin(events["api"], _STREAM) & ok
         if not (bind.any() or code.any() or stream.any()):
             return
         now = self.clock()
         forced = self._gpus_of(events["gpu"][bind])
-        coded = self._gpus_of(events["gpu"][code])
+        forced |= self._first_kernels(events, bind, kinds, ok)
+        fetch = code & (kinds == int(Kind.KERNEL_LOAD))
+        coded = self._gpus_of(events["gpu"][code & ~fetch])
+        fetched = self._gpus_of(events["gpu"][fetch])
         streamed = self._gpus_of(events["gpu"][stream])
         wanted = set(forced)
-        for g in (coded | streamed) - forced:
-            interval = self.min_interval if g in coded else self.stream_interval
+        for g in (coded | fetched | streamed) - forced:
+            interval = (self.min_interval if g in coded else self.fetch_interval if g in fetched
+                        else self.stream_interval)
             ready = self._last.get(g, now - interval) + interval
             if now >= ready:
                 wanted.add(g)
             else:  # too soon after the last one: taken at the end of the interval, never skipped
                 self._deferred[g] = min(self._deferred.get(g, ready), ready)
-        for g in forced | coded | streamed:
+        for g in forced | coded | fetched | streamed:
             self._settle[g] = now + self.settle
         self._read(wanted, now)
+
+    def _first_kernels(self, events: np.ndarray, bind: np.ndarray, kinds: np.ndarray, ok: np.ndarray) -> set[int]:
+        """GPUs where a process fetched its first kernel since it bound a context: read at once
+        (that step is the context's, PyTorch's +92 MiB on an H200; the fetches after it are module
+        code, and a reading rate-limited past them would give them to the context)."""
+        bound = bind & (kinds == int(Kind.CTX)) & ok
+        for p, g in zip(events["pid"][bound].tolist(), events["gpu"][bound].tolist()):
+            self._fresh.add((p, g))
+        if len(self._fresh) > 4096:  # processes that bound contexts and never fetched a kernel
+            self._fresh.clear()
+        if not self._fresh:
+            return set()
+        fetch = (kinds == int(Kind.KERNEL_LOAD)) & ok
+        out: set[int] = set()
+        for p, g in zip(events["pid"][fetch].tolist(), events["gpu"][fetch].tolist()):
+            if (p, g) in self._fresh:
+                self._fresh.discard((p, g))
+                out |= self._gpus_of(np.asarray([g]))
+        return out
 
     def tick(self, now: int) -> None:
         """Take the deferred and follow-up readings that are due (the daemon's loop calls this)."""

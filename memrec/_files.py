@@ -207,3 +207,43 @@ def remove_old(path: str | os.PathLike[str]) -> bool:
         return True
     finally:
         os.close(dir_fd)
+
+
+def make_folders(path: str | os.PathLike[str], *names: str, mode: int = 0o755) -> int:
+    """A descriptor of ``path``/``names[0]``/``names[1]``/..., creating the missing folders; never
+    through a symbolic link at ``path`` itself or at any of ``names``.
+
+    A tree of folders written by root (the daemon's dataset) may sit where a user can write: each
+    level is made with ``mkdir(name, dir_fd=...)`` and opened with ``O_NOFOLLOW``, so a link
+    planted at any level is refused (ELOOP or ENOTDIR) instead of followed. ``path`` is made with
+    its parents when missing (its parents are the caller's choice).
+    """
+    try:
+        os.mkdir(path, mode)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        os.makedirs(path, mode, exist_ok=True)
+    fd = os.open(path, _DIR_FLAGS)
+    try:
+        for name in names:
+            try:
+                os.mkdir(name, mode, dir_fd=fd)
+            except FileExistsError:
+                pass
+            sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = sub
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def create_new_in(dir_fd: int, name: str, mode: int = 0o644) -> int:
+    """Create ``name`` in the folder ``dir_fd`` for writing (``O_EXCL | O_NOFOLLOW``); its fd.
+
+    Raises:
+        FileExistsError: something (a file, a link) is already there.
+    """
+    return os.open(name, _FLAGS, mode, dir_fd=dir_fd)

@@ -47,6 +47,23 @@ class Kind(enum.IntEnum):
     POOL_DESTROY = 27  # cuMemPoolDestroy: the pool's reserve goes back
     POOL_TRIM = 28  # cuMemPoolTrimTo: the pool keeps at most `size` bytes it does not hand out
     POOL_ATTR = 29  # cuMemPoolSetAttribute: aux = attribute, size = the value set
+    # Format 2.2: device memory that no cuMemAlloc*/cuMemCreate call takes (issue 21).
+    ARRAY_CREATE = 30  # a CUDA array (cuArrayCreate, cuArray3DCreate, cuMipmappedArrayCreate): handle, size
+    ARRAY_DESTROY = 31  # cuArrayDestroy / cuMipmappedArrayDestroy: handle
+    CTX_LIMIT = 32  # cuCtxSetLimit: aux = CUlimit, size = the value set
+    CAPTURE_BEGIN = 33  # stream capture begins (cuStreamBeginCapture*): handle = stream
+    CAPTURE_END = 34  # stream capture ends (cuStreamEndCapture*): handle = stream, ptr = the graph
+    GRAPH_ALLOC = 35  # graph-owned memory: a captured cuMemAllocAsync or cuGraphAddMemAllocNode
+    GRAPH_FREE = 36  # a captured cuMemFreeAsync or cuGraphAddMemFreeNode: ptr
+    GRAPH_EXEC = 37  # cuGraphInstantiate* (ptr = graph, handle = exec) or cuGraphUpload (aux 1)
+    GRAPH_TRIM = 38  # cuDeviceGraphMemTrim: the graph memory pool gives back what it does not use
+    MULTICAST_CREATE = 39  # cuMulticastCreate: handle, size, aux = number of devices
+    MULTICAST_ADD = 40  # cuMulticastAddDevice: handle, aux = device ordinal
+    MULTICAST_BIND = 41  # cuMulticastBindMem / BindAddr: handle, size, ptr = offset, aux = memory handle or VA
+    MULTICAST_UNBIND = 42  # cuMulticastUnbind: handle, size, aux = device ordinal
+    # Format 2.3: tensor blocks inside the caching allocator's segments (PyTorch's USDT probes).
+    TENSOR_ALLOC = 45  # a block handed out: ptr, size (as requested), ordinal = device, handle = stream
+    TENSOR_FREE = 46  # a block given back to the cache: ptr (size and device come from its allocation)
 
 
 class Api(enum.IntEnum):
@@ -105,8 +122,33 @@ class Api(enum.IntEnum):
     cuMemPoolTrimTo = 50
     cuMemPoolSetAttribute = 51
     cuDeviceGetDefaultMemPool = 52
+    cuArrayCreate_v2 = 70
+    cuArray3DCreate_v2 = 71
+    cuMipmappedArrayCreate = 72
+    cuArrayDestroy = 73
+    cuMipmappedArrayDestroy = 74
+    cuCtxSetLimit = 75
+    cuStreamBeginCapture_v2 = 76
+    cuStreamBeginCapture_v2_ptsz = 77
+    cuStreamEndCapture = 78
+    cuStreamEndCapture_ptsz = 79
+    cuGraphAddMemAllocNode = 80
+    cuGraphAddMemFreeNode = 81
+    cuGraphInstantiateWithFlags = 82
+    cuGraphInstantiateWithParams = 83
+    cuGraphInstantiateWithParams_ptsz = 84
+    cuGraphUpload = 85
+    cuGraphUpload_ptsz = 86
+    cuDeviceGraphMemTrim = 87
+    cuMulticastCreate = 88
+    cuMulticastAddDevice = 89
+    cuMulticastBindMem = 90
+    cuMulticastBindAddr = 91
+    cuMulticastUnbind = 92
     sched_process_exit = 60
     sched_process_fork = 61
+    torch_malloc = 100  # USDT pytorch:malloc in libc10_cuda.so
+    torch_free = 101  # USDT pytorch:free in libc10_cuda.so
 
 
 #: The kind each driver symbol's event has (None: context bookkeeping, no memory event of its own
@@ -159,9 +201,39 @@ API_KIND: dict[Api, Kind] = {
     Api.cuMemPoolTrimTo: Kind.POOL_TRIM,
     Api.cuMemPoolSetAttribute: Kind.POOL_ATTR,
     Api.cuDeviceGetDefaultMemPool: Kind.POOL,
+    Api.cuArrayCreate_v2: Kind.ARRAY_CREATE,
+    Api.cuArray3DCreate_v2: Kind.ARRAY_CREATE,
+    Api.cuMipmappedArrayCreate: Kind.ARRAY_CREATE,
+    Api.cuArrayDestroy: Kind.ARRAY_DESTROY,
+    Api.cuMipmappedArrayDestroy: Kind.ARRAY_DESTROY,
+    Api.cuCtxSetLimit: Kind.CTX_LIMIT,
+    Api.cuStreamBeginCapture_v2: Kind.CAPTURE_BEGIN,
+    Api.cuStreamBeginCapture_v2_ptsz: Kind.CAPTURE_BEGIN,
+    Api.cuStreamEndCapture: Kind.CAPTURE_END,
+    Api.cuStreamEndCapture_ptsz: Kind.CAPTURE_END,
+    Api.cuGraphAddMemAllocNode: Kind.GRAPH_ALLOC,
+    Api.cuGraphAddMemFreeNode: Kind.GRAPH_FREE,
+    Api.cuGraphInstantiateWithFlags: Kind.GRAPH_EXEC,
+    Api.cuGraphInstantiateWithParams: Kind.GRAPH_EXEC,
+    Api.cuGraphInstantiateWithParams_ptsz: Kind.GRAPH_EXEC,
+    Api.cuGraphUpload: Kind.GRAPH_EXEC,
+    Api.cuGraphUpload_ptsz: Kind.GRAPH_EXEC,
+    Api.cuDeviceGraphMemTrim: Kind.GRAPH_TRIM,
+    Api.cuMulticastCreate: Kind.MULTICAST_CREATE,
+    Api.cuMulticastAddDevice: Kind.MULTICAST_ADD,
+    Api.cuMulticastBindMem: Kind.MULTICAST_BIND,
+    Api.cuMulticastBindAddr: Kind.MULTICAST_BIND,
+    Api.cuMulticastUnbind: Kind.MULTICAST_UNBIND,
     Api.sched_process_exit: Kind.PROC_EXIT,
     Api.sched_process_fork: Kind.PROC_FORK,
+    Api.torch_malloc: Kind.TENSOR_ALLOC,
+    Api.torch_free: Kind.TENSOR_FREE,
 }
+
+#: The APIs that are USDT probes of PyTorch's caching allocator, not driver symbols.
+TENSOR_APIS = (Api.torch_malloc, Api.torch_free)
+#: The kinds of tensor-block events: the driver-level state skips them, memrec.analysis.tensors reads them.
+TENSOR_KINDS = (Kind.TENSOR_ALLOC, Kind.TENSOR_FREE)
 
 #: Driver symbols that only move the per-thread current context (no event is emitted).
 CONTEXT_TRACKING_APIS = (
@@ -192,6 +264,32 @@ UNTRACED_APIS = (
     Api.cuMemPoolTrimTo,
     Api.cuMemPoolSetAttribute,
     Api.cuDeviceGetDefaultMemPool,
+    # Issue 21: arrays, context limits, graph memory and multicast objects. Each is called at
+    # set-up or once per array, limit, capture, graph or object: never per launch (cuGraphLaunch
+    # is not probed; the graph pool's step at the first launch is attributed by measurement).
+    Api.cuArrayCreate_v2,
+    Api.cuArray3DCreate_v2,
+    Api.cuMipmappedArrayCreate,
+    Api.cuArrayDestroy,
+    Api.cuMipmappedArrayDestroy,
+    Api.cuCtxSetLimit,
+    Api.cuStreamBeginCapture_v2,
+    Api.cuStreamBeginCapture_v2_ptsz,
+    Api.cuStreamEndCapture,
+    Api.cuStreamEndCapture_ptsz,
+    Api.cuGraphAddMemAllocNode,
+    Api.cuGraphAddMemFreeNode,
+    Api.cuGraphInstantiateWithFlags,
+    Api.cuGraphInstantiateWithParams,
+    Api.cuGraphInstantiateWithParams_ptsz,
+    Api.cuGraphUpload,
+    Api.cuGraphUpload_ptsz,
+    Api.cuDeviceGraphMemTrim,
+    Api.cuMulticastCreate,
+    Api.cuMulticastAddDevice,
+    Api.cuMulticastBindMem,
+    Api.cuMulticastBindAddr,
+    Api.cuMulticastUnbind,
 )
 
 #: Stream-ordered allocations and frees: they take from and give back to a pool.
@@ -218,10 +316,37 @@ QUIET_FAILURE_KINDS = (
     Kind.POOL_DESTROY,
     Kind.POOL_TRIM,
     Kind.POOL_ATTR,
+    Kind.CTX_LIMIT,
+    Kind.CAPTURE_BEGIN,
+    Kind.CAPTURE_END,
+    Kind.GRAPH_ALLOC,
+    Kind.GRAPH_FREE,
+    Kind.GRAPH_EXEC,
+    Kind.GRAPH_TRIM,
+    Kind.MULTICAST_CREATE,
+    Kind.MULTICAST_ADD,
+    Kind.MULTICAST_BIND,
+    Kind.MULTICAST_UNBIND,
 )
+
+#: CUlimit values (cuda.h) cuCtxSetLimit is recorded with.
+CU_LIMIT_NAMES = {0: "stack", 1: "printf_fifo", 2: "malloc_heap", 3: "dev_runtime_sync_depth",
+                  4: "dev_runtime_pending_launches", 5: "max_l2_fetch_granularity", 6: "persisting_l2_cache"}
+CU_LIMIT_STACK_SIZE, CU_LIMIT_PRINTF_FIFO_SIZE, CU_LIMIT_MALLOC_HEAP_SIZE = 0, 1, 2
+CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT = 4
 
 #: CU_MEMPOOL_ATTR_RELEASE_THRESHOLD (cuda.h): bytes a pool keeps before releasing at a sync.
 MEMPOOL_ATTR_RELEASE_THRESHOLD = 4
+
+
+#: The device's allocation granule: VMM, graph pools and CUDA arrays take whole ones.
+GRANULE = 2 << 20
+
+
+def array_footprint(descriptor_bytes: int) -> int:
+    """What a CUDA array takes on the device: its descriptor's bytes (format × channels × extent,
+    every mip level) rounded up to the 2 MiB granule (docs/validation/families.md)."""
+    return -(-descriptor_bytes // GRANULE) * GRANULE
 
 
 def cu_result_name(result: int) -> str:
@@ -262,15 +387,21 @@ EVENT_COLUMNS: tuple[tuple[str, str], ...] = RAW_COLUMNS + (
 )
 
 #: Device-memory categories used in accounting (report, TUI, analysis).
-CATEGORIES = ("driver", "vmm", "ipc_mapped", "host_pinned")
+#: ``array``: CUDA arrays (format 2.2), sized from their descriptors.
+CATEGORIES = ("driver", "vmm", "ipc_mapped", "host_pinned", "array")
 #: Index of each category in :data:`CATEGORIES` (the journal, snapshots and series columns use these).
-DRIVER, VMM, IPC_MAPPED, HOST_PINNED = range(len(CATEGORIES))
+DRIVER, VMM, IPC_MAPPED, HOST_PINNED, ARRAY = range(len(CATEGORIES))
 CATEGORY_INDEX = {name: i for i, name in enumerate(CATEGORIES)}
 #: Categories that are memory a process owns, bottom first as the TUI stacks them (ipc_mapped is a
 #: view of a peer's memory, counted by its exporter).
-OWNED_CATEGORIES = (DRIVER, VMM, HOST_PINNED)
+OWNED_CATEGORIES = (DRIVER, VMM, ARRAY, HOST_PINNED)
 #: The same, by name (the analysis keys its tables by category name).
 OWNED = tuple(CATEGORIES[i] for i in OWNED_CATEGORIES)
+#: What the untraced band (NVML used - traced) splits into (memrec.analysis.untraced), in the order
+#: every view shows it, with each column's heading.
+UNTRACED_SPLIT = ("context", "module_code", "pools", "limits", "graph", "multicast", "before_recording", "unexplained")
+UNTRACED_HEADINGS = {"context": "CONTEXT", "module_code": "MODULES", "pools": "POOLS", "limits": "LIMITS",
+                     "graph": "GRAPH", "multicast": "MULTICAST", "before_recording": "BEFORE", "unexplained": "UNEXPLAINED"}
 
 
 def bpf_defines() -> list[str]:
@@ -292,6 +423,8 @@ class GpuInfo:
     name: str
     total: int  # bytes of device memory
     bar1_total: int | None = None
+    #: SMs × threads per SM (format 2.2): what a stack limit raise costs per byte; None unknown.
+    resident_threads: int | None = None
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,8 @@ the daemon's options and the TUI's filter read sizes with the one parser below."
 
 from __future__ import annotations
 
+import math
+
 import re
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgtp]?)(i?b?)\s*$", re.IGNORECASE)
@@ -39,6 +41,16 @@ def parse_size(text: str | int) -> int:
     if not match or (match.group(3) and match.group(3).lower() == "i"):
         raise ValueError(f"not a byte size: {text!r} (examples: 0, 4096, 512M, 1G, 1.5GiB)")
     return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+
+
+def fmt_at(ns: int | float, resolution: int | float) -> str:
+    """A time since the trace's start (ns) as seconds with enough decimals that two times
+    ``resolution`` ns apart read differently (at an 18 ms zoom ``7.7380s`` and ``7.7398s``, not
+    ``7.74s`` twice); at least two decimals, as :func:`fmt_dur`."""
+    if abs(ns) >= 60e9 and resolution >= 1e9:
+        return fmt_dur(ns)
+    decimals = min(max(2, math.ceil(-math.log10(max(resolution, 1) / 1e9))), 9)
+    return f"{ns / 1e9:.{decimals}f}s"
 
 
 def fmt_dur(ns: int | float) -> str:

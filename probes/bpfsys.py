@@ -31,6 +31,8 @@ _PERF_TYPE_TRACEPOINT = 2
 _PERF_FLAG_FD_CLOEXEC = 8
 _PERF_EVENT_IOC_ENABLE = 0x2400
 _PERF_EVENT_IOC_SET_BPF = 0x40042408
+#: The link attach type of a BPF program on a perf event (BPF_PERF_EVENT), for a cookie.
+_PERF_EVENT_LINK = 41
 _PERF_ATTR_SIZE = 120
 _UPROBE_PMU = Path("/sys/bus/event_source/devices/uprobe")
 #: The verifier's log for a program it refuses (the reason is at its end).
@@ -175,15 +177,34 @@ def _pmu_config(pmu: Path, field: str) -> int:
     return 1 << int(spec.partition(":")[2].partition("-")[0])
 
 
-def attach_uprobe(prog_fd: int, path: str, offset: int, retprobe: bool) -> int:
+def attach_uprobe(prog_fd: int, path: str, offset: int, retprobe: bool, ref_ctr_offset: int = 0,
+                  cookie: int = 0) -> int:
     """Run ``prog_fd`` at ``offset`` of the file ``path`` (in every process); return the perf fd.
 
     Closing the fd detaches the probe. ``path`` is resolved once, here, by the kernel.
+    ``ref_ctr_offset`` (a USDT semaphore's file offset, config bits 32-63) has the kernel raise
+    that counter in every process mapping the file while the probe is in place. A ``cookie``
+    (what ``bpf_get_attach_cookie`` returns) needs a BPF perf link (kernel >= 5.15); the fd
+    returned is then the link's, which holds the perf event.
     """
     kind = int((_UPROBE_PMU / "type").read_text())
-    config = _pmu_config(_UPROBE_PMU, "retprobe") if retprobe else 0
+    config = (_pmu_config(_UPROBE_PMU, "retprobe") if retprobe else 0) | (ref_ctr_offset << 32)
     raw = ctypes.create_string_buffer(os.fsencode(path))
-    return _enable(_perf_open(kind, config, _addr(raw), offset), prog_fd)
+    perf_fd = _perf_open(kind, config, _addr(raw), offset)
+    if not cookie:
+        return _enable(perf_fd, prog_fd)
+    try:
+        attr = _attr()
+        struct.pack_into("<IIIIQ", attr, 0, prog_fd, perf_fd, _PERF_EVENT_LINK, 0, cookie)
+        link = bpf(LINK_CREATE, attr)
+        try:
+            fcntl.ioctl(perf_fd, _PERF_EVENT_IOC_ENABLE, 0)
+        except OSError:
+            os.close(link)
+            raise
+        return link
+    finally:
+        os.close(perf_fd)  # the link holds the event
 
 
 def uprobe_multi_supported(release: str | None = None) -> bool:
@@ -196,7 +217,8 @@ def uprobe_multi_supported(release: str | None = None) -> bool:
     return (major, minor) >= (6, 6)
 
 
-def attach_uprobe_link(prog_fd: int, path: str, offset: int, retprobe: bool) -> int:
+def attach_uprobe_link(prog_fd: int, path: str, offset: int, retprobe: bool, ref_ctr_offset: int = 0,
+                       cookie: int = 0) -> int:
     """Like :func:`attach_uprobe`, as a multi-uprobe link (``prog_fd`` loaded for
     :data:`TRACE_UPROBE_MULTI`); return the link fd (close it to detach).
 
@@ -205,10 +227,12 @@ def attach_uprobe_link(prog_fd: int, path: str, offset: int, retprobe: bool) -> 
     """
     raw = ctypes.create_string_buffer(os.fsencode(path))
     offsets = (ctypes.c_uint64 * 1)(offset)
+    ref_ctrs = (ctypes.c_uint64 * 1)(ref_ctr_offset)
+    cookies = (ctypes.c_uint64 * 1)(cookie)
     attr = _attr()
     struct.pack_into("<IIII", attr, 0, prog_fd, 0, TRACE_UPROBE_MULTI, 0)
-    struct.pack_into("<QQQQIII", attr, 16, _addr(raw), _addr(offsets), 0, 0, 1,
-                     _UPROBE_MULTI_RETURN if retprobe else 0, 0)
+    struct.pack_into("<QQQQIII", attr, 16, _addr(raw), _addr(offsets), _addr(ref_ctrs) if ref_ctr_offset else 0,
+                     _addr(cookies) if cookie else 0, 1, _UPROBE_MULTI_RETURN if retprobe else 0, 0)
     return bpf(LINK_CREATE, attr)
 
 

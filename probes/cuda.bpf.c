@@ -68,6 +68,7 @@ enum out_mode {
     OUT_IPC,             // 64 bytes at out -> ipc (cuIpcGetMemHandle)
     OUT_PITCH,           // *(u64 *)out -> ptr, *(size_t *)arg * arg2 -> size
     OUT_SHARE_EXPORT,    // by handle type: int fd -> ptr, or 64 fabric bytes -> ipc
+    OUT_CAPTURE,         // the stream (ev.handle) is being captured from now on
     OUT_CTX_RETAIN,      // *(CUcontext *)out -> handle; ctx -> device
     OUT_CTX_CREATE,      // as retain, and the context becomes current
     OUT_CTX_SET,         // arg = ctx: replace the top of the stack (NULL pops)
@@ -113,6 +114,15 @@ BPF_HASH(seen, u32, u8, 65536);
 #ifdef FOLLOW_TREE
 BPF_HASH(tracked, u32, u8, 65536);
 #endif
+// Streams being captured into a graph, (tgid, stream) -> 1: a stream-ordered allocation made on
+// one is graph-owned, not live (issue 21). Set when cuStreamBeginCapture* returns, cleared when
+// cuStreamEndCapture* is entered. LRU: a process that dies mid-capture leaves its entry to age out.
+struct stream_key {
+    u64 stream;
+    u32 tgid;
+    u32 pad;
+};
+BPF_TABLE("lru_hash", struct stream_key, u8, capturing, 4096);
 
 // ---- helpers ---------------------------------------------------------------------------------
 
@@ -217,7 +227,9 @@ static __always_inline void submit(struct event *ev) {
     // A context being bound is a process's first, rare driver event: wake the reader so the
     // daemon reads the process's /proc (CUDA_VISIBLE_DEVICES) while it surely still runs, and
     // reads NVML's per-process memory right before (CTX_BEGIN) and after (CTX) the context.
-    int wake = ev->kind == KIND_CTX || ev->kind == KIND_CTX_BEGIN;
+    // The rare calls whose cost lands later (a limit, a graph's pool) wake it too (issue 21).
+    int wake = ev->kind == KIND_CTX || ev->kind == KIND_CTX_BEGIN || ev->kind == KIND_CTX_LIMIT
+               || ev->kind == KIND_GRAPH_EXEC || ev->kind == KIND_GRAPH_TRIM || ev->kind == KIND_MULTICAST_CREATE;
     events.ringbuf_submit(rec, wake ? BPF_RB_FORCE_WAKEUP : wakeup_flag());
 }
 
@@ -354,6 +366,10 @@ static __always_inline int finish(struct pt_regs *ctx, u32 api) {
                 if (bpf_probe_read_user(v->ev.ipc, IPC_BYTES, (void *)v->out) == 0)
                     v->ev.flags |= FLAG_IPC_BYTES;
             }
+        } else if (mode == OUT_CAPTURE) {
+            struct stream_key k = {.stream = v->ev.handle, .tgid = tgid};
+            u8 one = 1;
+            capturing.update(&k, &one);
         } else if (mode >= OUT_CTX_RETAIN) {
             context_op(v, tgid, tid);
         }
@@ -394,12 +410,27 @@ static __always_inline int alloc_entry(struct pt_regs *ctx, u32 api, u64 handle,
     return begin(&v, api, KIND_ALLOC, OUT_PTR, ORD_CURRENT);
 }
 
+// Whether `stream` of the calling process is being captured into a graph.
+static __always_inline int captured(u64 stream) {
+    struct stream_key k = {.stream = stream, .tgid = bpf_get_current_pid_tgid() >> 32};
+    return capturing.lookup(&k) != NULL;
+}
+
+// A stream-ordered allocation: graph-owned (GRAPH_ALLOC) when its stream is being captured.
+static __always_inline int async_alloc_entry(struct pt_regs *ctx, u32 api, u64 handle, u64 stream) {
+    struct inflight v = {};
+    v.out = P1;
+    v.ev.size = P2;
+    v.ev.handle = handle;
+    return begin(&v, api, captured(stream) ? KIND_GRAPH_ALLOC : KIND_ALLOC, OUT_PTR, ORD_CURRENT);
+}
+
 ENTRY(cuMemAlloc_v2) { return alloc_entry(ctx, API_cuMemAlloc_v2, 0, 0); }
 ENTRY(cuMemAllocManaged) { return alloc_entry(ctx, API_cuMemAllocManaged, 0, (u32)P3); }
-ENTRY(cuMemAllocAsync) { return alloc_entry(ctx, API_cuMemAllocAsync, P3, 0); }
-ENTRY(cuMemAllocAsync_ptsz) { return alloc_entry(ctx, API_cuMemAllocAsync_ptsz, P3, 0); }
-ENTRY(cuMemAllocFromPoolAsync) { return alloc_entry(ctx, API_cuMemAllocFromPoolAsync, P3, 0); }
-ENTRY(cuMemAllocFromPoolAsync_ptsz) { return alloc_entry(ctx, API_cuMemAllocFromPoolAsync_ptsz, P3, 0); }
+ENTRY(cuMemAllocAsync) { return async_alloc_entry(ctx, API_cuMemAllocAsync, P3, P3); }
+ENTRY(cuMemAllocAsync_ptsz) { return async_alloc_entry(ctx, API_cuMemAllocAsync_ptsz, P3, P3); }
+ENTRY(cuMemAllocFromPoolAsync) { return async_alloc_entry(ctx, API_cuMemAllocFromPoolAsync, P3, P4); }
+ENTRY(cuMemAllocFromPoolAsync_ptsz) { return async_alloc_entry(ctx, API_cuMemAllocFromPoolAsync_ptsz, P3, P4); }
 
 // cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height, unsigned)
 ENTRY(cuMemAllocPitch_v2) {
@@ -412,14 +443,16 @@ ENTRY(cuMemAllocPitch_v2) {
 }
 
 // free(CUdeviceptr dptr[, CUstream])
+// (A stream-ordered free on a stream being captured is a graph's free node: GRAPH_FREE.)
 static __always_inline int free_entry(struct pt_regs *ctx, u32 api, u64 stream) {
     struct inflight v = {};
     v.ev.ptr = P1;
     v.ev.handle = stream;
-    return begin(&v, api, KIND_FREE, OUT_NONE, ORD_CURRENT);
+    return begin(&v, api, stream && captured(stream) ? KIND_GRAPH_FREE : KIND_FREE, OUT_NONE, ORD_CURRENT);
 }
 
 ENTRY(cuMemFree_v2) { return free_entry(ctx, API_cuMemFree_v2, 0); }
+// The per-thread default stream (NULL under _ptsz) is never a capture's key: captures are of streams made.
 ENTRY(cuMemFreeAsync) { return free_entry(ctx, API_cuMemFreeAsync, P2); }
 ENTRY(cuMemFreeAsync_ptsz) { return free_entry(ctx, API_cuMemFreeAsync_ptsz, P2); }
 
@@ -633,7 +666,45 @@ ENTRY(cuCtxGetCurrent) { return ctx_track_entry(API_cuCtxGetCurrent, OUT_CTX_GET
 // Loads run at start-up or once per module (cuLibraryLoad*, cuModuleLoad*) and once per kernel under
 // lazy loading (cuLibraryGetKernel, cuKernelGetFunction); never on the launch path.
 
-// A load or fetch: *out -> handle at return; ptr = the image in memory (loads) or the library /
+// How many bytes an in-memory code image spans, from its header (0: unknown). A module's code on
+// the device cannot exceed what its image could place there (memrec.analysis.untraced bounds
+// module-code steps by it). Fatbin: magic 0xBA55ED50, u16 header size at +6, u64 body size at +8;
+// a fatbin wrapper (0x466243B1) points at one at +8; ELF (a cubin): section headers end the file
+// (e_shoff +0x28, e_shentsize +0x3A, e_shnum +0x3C); PTX text (starting with a directive, a
+// comment or blank): its length, if under 4 KiB; anything else: unknown.
+#define MAGIC_FATBIN 0xBA55ED50u
+#define MAGIC_FATBIN_WRAPPER 0x466243B1u
+struct scratch_buf {
+    char b[4096];
+};
+BPF_PERCPU_ARRAY(scratch, struct scratch_buf, 1);
+
+static __always_inline u64 image_size(u64 ptr) {
+    u8 head[64] = {};
+    if (bpf_probe_read_user(head, sizeof(head), (void *)ptr) != 0)
+        return 0;
+    u32 magic = *(u32 *)head;
+    if (magic == MAGIC_FATBIN_WRAPPER) {
+        ptr = *(u64 *)(head + 8);
+        if (bpf_probe_read_user(head, 16, (void *)ptr) != 0)
+            return 0;
+        magic = *(u32 *)head;
+    }
+    if (magic == MAGIC_FATBIN)
+        return (u64)(*(u16 *)(head + 6)) + *(u64 *)(head + 8);
+    if (head[0] == 0x7f && head[1] == 'E' && head[2] == 'L' && head[3] == 'F')
+        return *(u64 *)(head + 0x28) + (u64)(*(u16 *)(head + 0x3A)) * (*(u16 *)(head + 0x3C));
+    if (head[0] != '.' && head[0] != '/' && head[0] != '\n' && head[0] != ' ' && head[0] != '\t')
+        return 0; // neither a header nor PTX text (a version, a comment or blank first)
+    u32 zero = 0;
+    struct scratch_buf *buf = scratch.lookup(&zero);
+    if (!buf)
+        return 0;
+    long n = bpf_probe_read_user_str(buf->b, sizeof(buf->b), (void *)ptr);
+    return n > 0 && n < (long)sizeof(buf->b) ? (u64)n : 0;
+}
+
+// A load or fetch: *out -> handle at return; aux = its entry time; ptr = the image in memory (loads) or the library /
 // kernel a fetch names; a file or kernel name, when there is one, read into ipc (cut at 63 bytes).
 static __always_inline int load_entry(struct pt_regs *ctx, u32 api, u16 kind, u64 ptr, u64 name) {
     struct inflight v = {};
@@ -641,6 +712,9 @@ static __always_inline int load_entry(struct pt_regs *ctx, u32 api, u16 kind, u6
     v.ev.ptr = ptr;
     if (name && bpf_probe_read_user_str(v.ev.ipc, IPC_BYTES, (void *)name) > 0)
         v.ev.flags |= FLAG_NAME;
+    if (kind == KIND_CODE_LOAD && ptr)
+        v.ev.size = image_size(ptr);
+    v.ev.aux = bpf_ktime_get_ns(); // the call's entry: a reading taken while it runs is its
     return begin(&v, api, kind, OUT_HANDLE, ORD_CURRENT);
 }
 
@@ -657,11 +731,12 @@ ENTRY(cuModuleLoadDataEx) { return load_entry(ctx, API_cuModuleLoadDataEx, KIND_
 // cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin)
 ENTRY(cuModuleLoadFatBinary) { return load_entry(ctx, API_cuModuleLoadFatBinary, KIND_CODE_LOAD, P2, 0); }
 
-// A call about one handle (and a byte count): unloads, pool destruction and trims.
+// A call about one handle (and a byte count): unloads, pool destruction and trims; aux = its entry time.
 static __always_inline int handle_entry(u32 api, u16 kind, u64 handle, u64 size, s32 ordinal) {
     struct inflight v = {};
     v.ev.handle = handle;
     v.ev.size = size;
+    v.ev.aux = bpf_ktime_get_ns(); // the call's entry (memrec.analysis.untraced: a call in flight at a reading)
     return begin(&v, api, kind, OUT_NONE, ordinal);
 }
 
@@ -714,6 +789,185 @@ ENTRY(cuMemPoolSetAttribute) {
         v.ev.size = small;
     }
     return begin(&v, API_cuMemPoolSetAttribute, KIND_POOL_ATTR, OUT_NONE, -1);
+}
+
+// ---- device memory no allocation call takes (issue 21) ------------------------------------------
+// Each is called at set-up or once per array, limit, capture, graph or multicast object; nothing
+// here runs per launch (cuGraphLaunch and cuLaunchKernel are never probed).
+
+// CUarray_format -> bytes per channel (cuda.h); 0 for a format memrec does not size.
+static __always_inline u64 format_bytes(u32 f) {
+    switch (f) {
+    case 0x01: case 0x08: return 1;          // (UN)SIGNED_INT8
+    case 0x02: case 0x09: case 0x10: return 2; // (UN)SIGNED_INT16, HALF
+    case 0x03: case 0x0a: case 0x20: return 4; // (UN)SIGNED_INT32, FLOAT
+    default: return 0;
+    }
+}
+
+// An array's bytes from its descriptor: width × height × depth × channels × format, and for a
+// mipmapped array every level (each halves every extent, down to 1). aux = levels << 32 |
+// format << 8 | channels; the extents go to ipc (3 × u64) with FLAG_NAME unset.
+static __always_inline int array_entry(struct pt_regs *ctx, u32 api, u64 desc, int three_d, u32 levels) {
+    struct inflight v = {};
+    u64 ext[3] = {0, 0, 0};
+    u32 fc[2] = {0, 0}; // format, channels
+    if (three_d) {
+        bpf_probe_read_user(ext, sizeof(ext), (void *)desc);
+        bpf_probe_read_user(fc, sizeof(fc), (void *)(desc + 24));
+    } else {
+        bpf_probe_read_user(ext, 2 * sizeof(u64), (void *)desc);
+        bpf_probe_read_user(fc, sizeof(fc), (void *)(desc + 16));
+    }
+    u64 w = ext[0], h = ext[1], d = ext[2];
+    u64 per = format_bytes(fc[0]) * fc[1];
+    u64 total = 0;
+    if (levels == 0)
+        levels = 1;
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        if (i < levels) {
+            total += (w ? w : 1) * (h ? h : 1) * (d ? d : 1) * per;
+            w = w > 1 ? w >> 1 : w;
+            h = h > 1 ? h >> 1 : h;
+            d = d > 1 ? d >> 1 : d;
+        }
+    }
+    v.out = P1;
+    v.ev.size = total;
+    v.ev.aux = ((u64)levels << 32) | ((u64)(fc[0] & 0xffffff) << 8) | (fc[1] & 0xff);
+    __builtin_memcpy(v.ev.ipc, ext, sizeof(ext));
+    return begin(&v, api, KIND_ARRAY_CREATE, OUT_HANDLE, ORD_CURRENT);
+}
+
+// cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *d): Width +0, Height +8, Format +16, NumChannels +20
+ENTRY(cuArrayCreate_v2) { return array_entry(ctx, API_cuArrayCreate_v2, P2, 0, 1); }
+// cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *d): Width, Height, Depth, Format +24, NumChannels +28
+ENTRY(cuArray3DCreate_v2) { return array_entry(ctx, API_cuArray3DCreate_v2, P2, 1, 1); }
+// cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned numMipmapLevels)
+ENTRY(cuMipmappedArrayCreate) { return array_entry(ctx, API_cuMipmappedArrayCreate, P2, 1, (u32)P3); }
+ENTRY(cuArrayDestroy) { return handle_entry(API_cuArrayDestroy, KIND_ARRAY_DESTROY, P1, 0, ORD_CURRENT); }
+ENTRY(cuMipmappedArrayDestroy) { return handle_entry(API_cuMipmappedArrayDestroy, KIND_ARRAY_DESTROY, P1, 0, ORD_CURRENT); }
+
+// cuCtxSetLimit(CUlimit limit, size_t value)
+ENTRY(cuCtxSetLimit) {
+    struct inflight v = {};
+    v.ev.aux = (u32)P1;
+    v.ev.size = P2;
+    return begin(&v, API_cuCtxSetLimit, KIND_CTX_LIMIT, OUT_NONE, ORD_CURRENT);
+}
+
+// cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode): the stream is marked as
+// capturing at return (success only, in finish()'s OUT_CAPTURE).
+static __always_inline int capture_entry(u32 api, u64 stream, u64 mode) {
+    struct inflight v = {};
+    v.ev.handle = stream;
+    v.ev.aux = mode;
+    return begin(&v, api, KIND_CAPTURE_BEGIN, OUT_CAPTURE, ORD_CURRENT);
+}
+ENTRY(cuStreamBeginCapture_v2) { return capture_entry(API_cuStreamBeginCapture_v2, P1, (u32)P2); }
+ENTRY(cuStreamBeginCapture_v2_ptsz) { return capture_entry(API_cuStreamBeginCapture_v2_ptsz, P1, (u32)P2); }
+
+// cuStreamEndCapture(CUstream hStream, CUgraph *phGraph): the graph at return (ptr); the stream
+// stops counting as captured at entry (an allocation after the call is live again).
+static __always_inline int end_capture_entry(struct pt_regs *ctx, u32 api) {
+    struct inflight v = {};
+    struct stream_key k = {.stream = P1, .tgid = bpf_get_current_pid_tgid() >> 32};
+    capturing.delete(&k);
+    v.out = P2;
+    v.ev.handle = P1;
+    return begin(&v, api, KIND_CAPTURE_END, OUT_PTR, ORD_CURRENT);
+}
+ENTRY(cuStreamEndCapture) { return end_capture_entry(ctx, API_cuStreamEndCapture); }
+ENTRY(cuStreamEndCapture_ptsz) { return end_capture_entry(ctx, API_cuStreamEndCapture_ptsz); }
+
+// cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t n,
+// CUDA_MEM_ALLOC_NODE_PARAMS *params): poolProps (88 bytes: location.id at +12) then
+// accessDescs (+88), accessDescCount (+96), bytesize (+104), dptr (+112, written at return).
+ENTRY(cuGraphAddMemAllocNode) {
+    struct inflight v = {};
+    u64 params = P5;
+    s32 loc[2];
+    read_location(params, loc);
+    bpf_probe_read_user(&v.ev.size, sizeof(u64), (void *)(params + 104));
+    v.out = params + 112;
+    v.ev.handle = P2;
+    return begin(&v, API_cuGraphAddMemAllocNode, KIND_GRAPH_ALLOC, OUT_PTR, loc[1]);
+}
+
+// cuGraphAddMemFreeNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t n, CUdeviceptr dptr)
+ENTRY(cuGraphAddMemFreeNode) {
+    struct inflight v = {};
+    v.ev.handle = P2;
+    v.ev.ptr = P5;
+    return begin(&v, API_cuGraphAddMemFreeNode, KIND_GRAPH_FREE, OUT_NONE, ORD_CURRENT);
+}
+
+// cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, u64 flags) and
+// cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS *p):
+// handle = the executable graph (at return), ptr = the graph.
+static __always_inline int instantiate_entry(struct pt_regs *ctx, u32 api) {
+    struct inflight v = {};
+    v.out = P1;
+    v.ev.ptr = P2;
+    return begin(&v, api, KIND_GRAPH_EXEC, OUT_HANDLE, ORD_CURRENT);
+}
+ENTRY(cuGraphInstantiateWithFlags) { return instantiate_entry(ctx, API_cuGraphInstantiateWithFlags); }
+ENTRY(cuGraphInstantiateWithParams) { return instantiate_entry(ctx, API_cuGraphInstantiateWithParams); }
+ENTRY(cuGraphInstantiateWithParams_ptsz) { return instantiate_entry(ctx, API_cuGraphInstantiateWithParams_ptsz); }
+
+// cuGraphUpload(CUgraphExec exec, CUstream stream): the graph's memory can reach the device now.
+static __always_inline int upload_entry(u32 api, u64 exec, u64 stream) {
+    struct inflight v = {};
+    v.ev.handle = exec;
+    v.ev.ptr = stream;
+    v.ev.aux = 1;
+    return begin(&v, api, KIND_GRAPH_EXEC, OUT_NONE, ORD_CURRENT);
+}
+ENTRY(cuGraphUpload) { return upload_entry(API_cuGraphUpload, P1, P2); }
+ENTRY(cuGraphUpload_ptsz) { return upload_entry(API_cuGraphUpload_ptsz, P1, P2); }
+
+// cuDeviceGraphMemTrim(CUdevice device)
+ENTRY(cuDeviceGraphMemTrim) { return handle_entry(API_cuDeviceGraphMemTrim, KIND_GRAPH_TRIM, 0, 0, (s32)P1); }
+
+// cuMulticastCreate(CUmemGenericAllocationHandle *mcHandle, const CUmulticastObjectProp *prop):
+// prop = {unsigned numDevices; size_t size (+8); u64 handleTypes; u64 flags}.
+ENTRY(cuMulticastCreate) {
+    struct inflight v = {};
+    u32 n = 0;
+    bpf_probe_read_user(&n, sizeof(n), (void *)P2);
+    bpf_probe_read_user(&v.ev.size, sizeof(u64), (void *)(P2 + 8));
+    v.out = P1;
+    v.ev.aux = n;
+    return begin(&v, API_cuMulticastCreate, KIND_MULTICAST_CREATE, OUT_HANDLE, ORD_CURRENT);
+}
+
+// A call about a multicast object: handle, then per kind a device, offsets, a memory handle or
+// address, and a size.
+static __always_inline int multicast_entry(u32 api, u16 kind, u64 handle, u64 ptr, u64 aux, u64 size, s32 ordinal) {
+    struct inflight v = {};
+    v.ev.handle = handle;
+    v.ev.ptr = ptr;
+    v.ev.aux = aux;
+    v.ev.size = size;
+    return begin(&v, api, kind, OUT_NONE, ordinal);
+}
+
+// cuMulticastAddDevice(CUmemGenericAllocationHandle mc, CUdevice dev)
+ENTRY(cuMulticastAddDevice) {
+    return multicast_entry(API_cuMulticastAddDevice, KIND_MULTICAST_ADD, P1, 0, (u32)P2, 0, (s32)P2);
+}
+// cuMulticastBindMem(mc, size_t mcOffset, CUmemGenericAllocationHandle memHandle, size_t memOffset, size_t size, u64 flags)
+ENTRY(cuMulticastBindMem) {
+    return multicast_entry(API_cuMulticastBindMem, KIND_MULTICAST_BIND, P1, P2, P3, P5, ORD_CURRENT);
+}
+// cuMulticastBindAddr(mc, size_t mcOffset, CUdeviceptr memptr, size_t size, u64 flags)
+ENTRY(cuMulticastBindAddr) {
+    return multicast_entry(API_cuMulticastBindAddr, KIND_MULTICAST_BIND, P1, P2, P3, P4, ORD_CURRENT);
+}
+// cuMulticastUnbind(mc, CUdevice dev, size_t mcOffset, size_t size)
+ENTRY(cuMulticastUnbind) {
+    return multicast_entry(API_cuMulticastUnbind, KIND_MULTICAST_UNBIND, P1, P3, (u32)P2, P4, (s32)P2);
 }
 
 // ---- return probes -------------------------------------------------------------------------------
@@ -770,6 +1024,29 @@ RETURN(cuMemPoolDestroy)
 RETURN(cuMemPoolTrimTo)
 RETURN(cuMemPoolSetAttribute)
 RETURN(cuDeviceGetDefaultMemPool)
+RETURN(cuArrayCreate_v2)
+RETURN(cuArray3DCreate_v2)
+RETURN(cuMipmappedArrayCreate)
+RETURN(cuArrayDestroy)
+RETURN(cuMipmappedArrayDestroy)
+RETURN(cuCtxSetLimit)
+RETURN(cuStreamBeginCapture_v2)
+RETURN(cuStreamBeginCapture_v2_ptsz)
+RETURN(cuStreamEndCapture)
+RETURN(cuStreamEndCapture_ptsz)
+RETURN(cuGraphAddMemAllocNode)
+RETURN(cuGraphAddMemFreeNode)
+RETURN(cuGraphInstantiateWithFlags)
+RETURN(cuGraphInstantiateWithParams)
+RETURN(cuGraphInstantiateWithParams_ptsz)
+RETURN(cuGraphUpload)
+RETURN(cuGraphUpload_ptsz)
+RETURN(cuDeviceGraphMemTrim)
+RETURN(cuMulticastCreate)
+RETURN(cuMulticastAddDevice)
+RETURN(cuMulticastBindMem)
+RETURN(cuMulticastBindAddr)
+RETURN(cuMulticastUnbind)
 
 // ---- process lifetime ------------------------------------------------------------------------
 

@@ -6,7 +6,7 @@ must be able to tear it down cleanly even when half of the attachments are alrea
 
 The program comes from the compiled-program cache or is compiled by bcc, and is loaded and attached
 by memrec's own loader (``probes/loader.py``, ``probes/probecache.py``). ``python -m
-memrec.probes.cuda --ebpf [--follow-tree]`` prints the BPF program with its ``-D`` flags, which is
+memrec.probes.cuda --ebpf [--follow-tree] [--tensors]`` prints the BPF program with its ``-D`` flags, which is
 what bcc compiles.
 """
 
@@ -27,12 +27,14 @@ from dataclasses import dataclass
 from dataclasses import field
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from memrec._errors import ProbeError
 from memrec.columns import RAW_DTYPE
 from memrec.events import UNTRACED_APIS
+from memrec.events import TENSOR_APIS
 from memrec.events import Api
 from memrec.events import bpf_defines
 from memrec.probes import bpfsys
@@ -43,18 +45,49 @@ from memrec.probes.loader import close_in_parallel
 from memrec.probes.probecache import DEFAULT_DIR
 from memrec.probes.probecache import obtain_program
 from memrec.probes.ringbuf import RingBufferReader
+from memrec.probes.usdt import UsdtProbe
+from memrec.probes.usdt import read_probes
 
 log = logging.getLogger(__name__)
 
 PROGRAM = "cuda.bpf.c"
+#: PyTorch's allocator probes, appended to PROGRAM (they share its ring and helpers).
+TORCH_PROGRAM = "torch.bpf.c"
+#: The probes of libc10_cuda.so read, by name, with the role torch.bpf.c gives each (TORCH_MALLOC,
+#: TORCH_FREE) and the arguments it needs (malloc: pointer, device, size; the stream is extra).
+TORCH_PROBES = {"malloc": (1, 3), "free": (2, 1)}
+TORCH_PROVIDER = "pytorch"
+#: Slots of torch.bpf.c's usdt_specs (USDT_SPECS): one per probe site attached.
+USDT_SPECS = 256
 #: The driver symbols probed, entry and return each (every Api except the tracepoints).
-SYMBOLS: tuple[str, ...] = tuple(a.name for a in Api if a is not Api.NONE and not a.name.startswith("sched_"))
+SYMBOLS: tuple[str, ...] = tuple(a.name for a in Api
+                                  if a is not Api.NONE and not a.name.startswith("sched_") and a not in TENSOR_APIS)
 #: The symbols that explain the untraced band (code loading, pools): left out with untraced=False.
 UNTRACED_SYMBOLS: tuple[str, ...] = tuple(a.name for a in UNTRACED_APIS)
 #: What every CUDA driver exports; a file without them is not the driver (nothing is attached to it).
 DRIVER_API = ("cuInit", "cuMemAlloc_v2", "cuMemFree_v2")
 _EXIT_FORMAT = "events/sched/sched_process_exit/format"
 _TRACEFS_ROOTS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
+
+
+@dataclass(frozen=True)
+class TorchReport:
+    """What :meth:`CudaProbes.attach_torch` did to one ``libc10_cuda.so``.
+
+    Attributes:
+        path, dev, inode: as :class:`AttachReport`.
+        attached: the probe sites attached, e.g. ``("malloc", "free", "free")``.
+        problem: why the file gives no tensor blocks (a build without the probes, an argument
+            form memrec does not read, an attach error), else "".
+        already_attached: this (dev, inode) was attached before; nothing was done.
+    """
+
+    path: str
+    dev: int
+    inode: int
+    attached: tuple[str, ...] = ()
+    problem: str = ""
+    already_attached: bool = False
 
 
 @dataclass(frozen=True)
@@ -78,9 +111,13 @@ class AttachReport:
     already_attached: bool = False
 
 
-def program_source() -> str:
-    """Return the BPF C program text."""
-    return importlib.resources.files("memrec.probes").joinpath(PROGRAM).read_text()
+def program_source(tensors: bool = False) -> str:
+    """Return the BPF C program text: the driver probes, and with ``tensors`` PyTorch's allocator
+    probes after them (so the program without them is exactly the one without ``--tensors``; it
+    also needs ``bpf_get_attach_cookie``, kernel >= 5.15)."""
+    files = importlib.resources.files("memrec.probes")
+    text = files.joinpath(PROGRAM).read_text()
+    return text + "\n" + files.joinpath(TORCH_PROGRAM).read_text() if tensors else text
 
 
 def _tracefs_has_group_dead() -> bool:
@@ -116,6 +153,49 @@ def program_cflags(follow_tree: bool, ringbuf_pages: int) -> list[str]:
     if _tracefs_has_group_dead():
         flags.append("-DHAVE_GROUP_DEAD=1")
     return flags
+
+
+def _open_library(path: str, identity: tuple[int, int] | None,
+                  reports: dict) -> tuple[int, os.stat_result, set[tuple[int, int]], Any]:
+    """Open ``path`` once (the probes then land on exactly this inode, whatever the path becomes).
+
+    Returns (fd, its stat, its identities: the stat's and ``identity`` as /proc/PID/maps gives
+    it, which differ on overlayfs, and None); or, when an identity is in ``reports`` already,
+    (-1, stat, identities, that report with ``already_attached=True``) and nothing left open.
+
+    Raises:
+        ProbeError: the file cannot be opened.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ProbeError(f"cannot open {path}: {exc}") from exc
+    st = os.fstat(fd)
+    keys = {(st.st_dev, st.st_ino)}
+    if identity is not None:
+        keys.add(tuple(identity))
+    for key in keys:
+        if key in reports:
+            os.close(fd)
+            return -1, st, keys, replace(reports[key], path=path, already_attached=True)
+    return fd, st, keys, None
+
+
+def torch_sites(found: list[UsdtProbe]) -> tuple[list[UsdtProbe], str]:
+    """The pytorch:malloc and pytorch:free sites among a file's USDT probes, or why not all can be read."""
+    mine = [p for p in found if p.provider == TORCH_PROVIDER and p.name in TORCH_PROBES]
+    names = {p.name for p in mine}
+    if names != set(TORCH_PROBES):
+        lacking = "/".join(sorted(set(TORCH_PROBES) - names))
+        return [], (f"no {TORCH_PROVIDER}:{lacking} USDT probe in this build (PyTorch < 2.1, or built without "
+                    "TORCH_SDT): tensor blocks unavailable, driver segments only")
+    for probe in mine:
+        if probe.args is None:
+            return [], f"{TORCH_PROVIDER}:{probe.name}: {probe.error}"
+        need = TORCH_PROBES[probe.name][1]
+        if len(probe.args) < need:
+            return [], f"{TORCH_PROVIDER}:{probe.name} has {len(probe.args)} arguments, {need} are read"
+    return mine, ""
 
 
 def _attach_failure(exc: Exception) -> str:
@@ -167,14 +247,16 @@ class CudaProbes:
             False only to measure what they cost.
         probe_cache: the directory of compiled programs (:mod:`memrec.probes.probecache`), or
             None to compile at every start.
+        tensors: also load PyTorch's allocator probes (:meth:`attach_torch`; ``--tensors``).
     """
 
     def __init__(self, follow_tree: bool = False, ringbuf_pages: int = 1024, untraced: bool = True,
-                 probe_cache: str | None = DEFAULT_DIR) -> None:
+                 probe_cache: str | None = DEFAULT_DIR, tensors: bool = False) -> None:
         if ringbuf_pages < 1 or ringbuf_pages & (ringbuf_pages - 1):
             raise ValueError(f"ringbuf_pages must be a power of two, not {ringbuf_pages}")
         self.follow_tree = follow_tree
         self.ringbuf_pages = ringbuf_pages
+        self.tensors = tensors
         #: The driver symbols this instance probes.
         self.symbols = SYMBOLS if untraced else tuple(s for s in SYMBOLS if s not in UNTRACED_SYMBOLS)
         #: Where the compiled program is cached (None: compile at every start).
@@ -185,6 +267,8 @@ class CudaProbes:
         self._prog: LoadedProgram | None = None
         self._reader: RingBufferReader | None = None
         self._reports: dict[tuple[int, int], AttachReport] = {}
+        self._torch_reports: dict[tuple[int, int], TorchReport] = {}
+        self._next_spec = 0  # the next free slot of usdt_specs
         self._lib_fds: list[int] = []
         self._uprobes: list[int] = []  # perf fds of the uprobes attached (closing one detaches it)
         self._cpus = bpfsys.possible_cpus()
@@ -200,7 +284,8 @@ class CudaProbes:
         if self._prog is not None:
             return self
         started = time.monotonic()
-        self._prog, self.loaded_from = obtain_program(program_source(), program_cflags(self.follow_tree, self.ringbuf_pages),
+        self._prog, self.loaded_from = obtain_program(program_source(self.tensors),
+                                                      program_cflags(self.follow_tree, self.ringbuf_pages),
                                                       self.probe_cache)
         self.load_seconds = time.monotonic() - started
         if self.loaded_from == "cache":
@@ -232,6 +317,8 @@ class CudaProbes:
                 os.close(fd)
         self._lib_fds.clear()
         self._reports.clear()
+        self._torch_reports.clear()
+        self._next_spec = 0
 
     def __enter__(self) -> CudaProbes:
         return self.load()
@@ -266,18 +353,9 @@ class CudaProbes:
         """
         prog = self._require()
         path = os.fspath(path)
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as exc:
-            raise ProbeError(f"cannot open {path}: {exc}") from exc
-        st = os.fstat(fd)
-        keys = {(st.st_dev, st.st_ino)}
-        if identity is not None:
-            keys.add(tuple(identity))
-        for key in keys:
-            if key in self._reports:
-                os.close(fd)
-                return replace(self._reports[key], path=path, already_attached=True)
+        fd, st, keys, earlier = _open_library(path, identity, self._reports)
+        if earlier is not None:
+            return earlier
         try:
             magic = os.pread(fd, 4, 0)
         except OSError as exc:
@@ -336,6 +414,80 @@ class CudaProbes:
         self._uprobes += [ret, entry]
         return None
 
+    def attach_torch(self, path: str | os.PathLike[str], identity: tuple[int, int] | None = None) -> TorchReport:
+        """Attach the tensor-block probes to PyTorch's ``libc10_cuda.so`` at ``path``.
+
+        Its ``pytorch:malloc`` and ``pytorch:free`` USDT probes are read from the file's notes
+        (:mod:`memrec.probes.usdt`), each site's argument spec goes into ``usdt_specs`` and the
+        site gets ``usdt_torch`` with the spec's slot as cookie and its semaphore as the uprobe's
+        ``ref_ctr_offset``: the kernel raises the semaphore in every process that maps the file,
+        those running now included, so nothing is relaunched and nothing is written into them.
+        All sites or none: allocations without their frees would leave blocks alive forever.
+
+        Returns:
+            The report; ``problem`` says why nothing was attached (a build without the probes,
+            an argument form memrec does not read, the kernel's refusal). A (dev, inode) attached
+            before gives that report with ``already_attached=True``.
+
+        Raises:
+            ProbeError: not loaded, or the file cannot be opened or read as ELF.
+        """
+        prog = self._require()
+        if not self.tensors:
+            raise ProbeError("the tensor probes are not loaded: use CudaProbes(tensors=True)")
+        path = os.fspath(path)
+        fd, st, keys, earlier = _open_library(path, identity, self._torch_reports)
+        if earlier is not None:
+            return earlier
+        try:
+            found = read_probes(fd)
+        except (OSError, ElfError) as exc:
+            os.close(fd)
+            raise ProbeError(f"cannot read the ELF notes of {path}: {exc}") from exc
+        sites, problem = torch_sites(found)
+        if not problem and self._next_spec + len(sites) > USDT_SPECS:
+            problem = f"the {USDT_SPECS} probe-site slots are used up by other PyTorch installs"
+        attached: list[int] = []
+        if not problem:
+            probe_path = f"/proc/self/fd/{fd}"
+            try:
+                for probe in sites:
+                    slot = self._next_spec
+                    what = TORCH_PROBES[probe.name][0]
+                    spec = b"".join(a.pack() for a in probe.args) + bytes(24 * (12 - len(probe.args)))
+                    bpfsys.map_update(prog.maps["usdt_specs"], struct.pack("<I", slot),
+                                      spec + struct.pack("<II", len(probe.args), what))
+                    self._next_spec += 1
+                    attached.append(prog.attach_uprobe("usdt_torch", probe_path, probe.offset, False,
+                                                       ref_ctr_offset=probe.semaphore, cookie=slot))
+            except (OSError, KeyError) as exc:
+                problem = _attach_failure(exc)
+                for link in attached:
+                    os.close(link)
+                attached = []
+        if attached:
+            self._lib_fds.append(fd)
+            self._uprobes += attached
+        else:
+            os.close(fd)
+        report = TorchReport(path=path, dev=st.st_dev, inode=st.st_ino,
+                             attached=tuple(p.name for p in sites) if attached else (), problem=problem)
+        for key in keys:
+            self._torch_reports[key] = report
+        if problem:
+            log.info("%s: no tensor blocks: %s", path, problem)
+        else:
+            log.info("attached PyTorch's allocator probes (%d sites) in %s", len(attached), path)
+        return report
+
+    def attached_torch(self) -> list[TorchReport]:
+        """Reports of every distinct libc10_cuda.so tried, in attach order."""
+        seen: list[TorchReport] = []
+        for report in self._torch_reports.values():
+            if all(report is not r for r in seen):
+                seen.append(report)
+        return seen
+
     def attached_libraries(self) -> list[AttachReport]:
         """Reports of every distinct library attached, in attach order."""
         seen: list[AttachReport] = []
@@ -377,13 +529,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ebpf", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--follow-tree", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--ringbuf-pages", type=int, default=1024, help=argparse.SUPPRESS)
+    parser.add_argument("--tensors", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if not args.ebpf:
         parser.error("only --ebpf is supported")
     for flag in program_cflags(args.follow_tree, args.ringbuf_pages):
         name, _, value = flag[2:].partition("=")
         print(f"#define {name} {value or 1}")
-    print(program_source())
+    print(program_source(args.tensors))
     return 0
 
 

@@ -3,13 +3,15 @@
 Why not bcc's symbol resolver: a warm start does not load libbcc at all (see ``bpfsys``). A
 uprobe is placed at a *file offset*: the symbol's virtual address moved into the loadable
 segment that holds it (``vaddr - p_vaddr + p_offset``), which is what bcc computes too.
-Only what libcuda needs is read: 64-bit little-endian ELF, ``.dynsym`` and ``.symtab``.
+Only what the probes need is read: 64-bit little-endian ELF, ``.dynsym`` and ``.symtab`` (libcuda),
+the section names and ``.note.stapsdt`` (PyTorch's USDT probes, :mod:`memrec.probes.usdt`).
 """
 
 from __future__ import annotations
 
 import os
 import struct
+from dataclasses import dataclass
 
 _STT_FUNC, _STT_GNU_IFUNC = 2, 10
 _SHT_SYMTAB, _SHT_DYNSYM = 2, 11
@@ -31,8 +33,41 @@ def _read(fd: int, offset: int, size: int) -> bytes:
     return data
 
 
-def function_offsets(fd: int, prefix: bytes = b"") -> dict[str, int]:
-    """Map each defined function symbol starting with ``prefix`` to its uprobe file offset.
+@dataclass(frozen=True)
+class Section:
+    """One section header: its name, type, virtual address, file offset and size."""
+
+    name: str
+    type: int
+    addr: int
+    offset: int
+    size: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What maps a virtual address of the file to the file offset a uprobe takes."""
+
+    #: (p_vaddr, p_vaddr + p_filesz, p_offset) of each loadable segment.
+    segments: tuple[tuple[int, int, int], ...]
+    sections: tuple[Section, ...]
+    #: The raw section headers (name, type, flags, addr, offset, size, link, info, align, entsize).
+    raw_sections: tuple[tuple[int, ...], ...]
+
+    def file_offset(self, vaddr: int) -> int | None:
+        """The file offset of ``vaddr``, or None when no loadable segment's file bytes hold it."""
+        for lo, hi, off in self.segments:
+            if lo <= vaddr < hi:
+                return vaddr - lo + off
+        return None
+
+    def section(self, name: str) -> Section | None:
+        """The first section named ``name``."""
+        return next((sec for sec in self.sections if sec.name == name), None)
+
+
+def read_layout(fd: int) -> Layout:
+    """The loadable segments and the named sections of the ELF file ``fd``.
 
     Raises:
         ElfError: not an ELF64 LE file, or its tables are out of bounds.
@@ -42,7 +77,7 @@ def function_offsets(fd: int, prefix: bytes = b"") -> dict[str, int]:
     if head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
         raise ElfError("not a 64-bit little-endian ELF file")
     phoff, shoff = struct.unpack_from("<QQ", head, 32)
-    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", head, 54)
+    phentsize, phnum, shentsize, shnum, shstrndx = struct.unpack_from("<HHHHH", head, 54)
     if phentsize < 56 or shentsize < 64:
         raise ElfError("odd header sizes")
     segments = []
@@ -52,7 +87,31 @@ def function_offsets(fd: int, prefix: bytes = b"") -> dict[str, int]:
         if p_type == _PT_LOAD:
             segments.append((p_vaddr, p_vaddr + p_filesz, p_offset))
     shdrs = _read(fd, shoff, shentsize * shnum)
-    sections = [struct.unpack_from("<IIQQQQIIQQ", shdrs, i * shentsize) for i in range(shnum)]
+    raw = tuple(struct.unpack_from("<IIQQQQIIQQ", shdrs, i * shentsize) for i in range(shnum))
+    names = _read(fd, raw[shstrndx][4], raw[shstrndx][5]) if 0 < shstrndx < shnum else b""
+    sections = []
+    for sh_name, sh_type, _f, sh_addr, sh_offset, sh_size, *_rest in raw:
+        end = names.find(b"\0", sh_name)
+        name = names[sh_name:end if end >= 0 else len(names)].decode(errors="replace") if sh_name < len(names) else ""
+        sections.append(Section(name, sh_type, sh_addr, sh_offset, sh_size))
+    return Layout(tuple(segments), tuple(sections), raw)
+
+
+def read_bytes(fd: int, offset: int, size: int) -> bytes:
+    """``size`` bytes at ``offset`` of the file (bounded like every table read here)."""
+    return _read(fd, offset, size)
+
+
+def function_offsets(fd: int, prefix: bytes = b"") -> dict[str, int]:
+    """Map each defined function symbol starting with ``prefix`` to its uprobe file offset.
+
+    Raises:
+        ElfError: not an ELF64 LE file, or its tables are out of bounds.
+        OSError: the file cannot be read.
+    """
+    layout = read_layout(fd)
+    sections = layout.raw_sections
+    shnum = len(sections)
     found: dict[str, int] = {}
     for _name, sh_type, _f, _a, sh_offset, sh_size, sh_link, _info, _al, sh_entsize in sections:
         if sh_type not in (_SHT_SYMTAB, _SHT_DYNSYM) or sh_entsize < 24 or sh_link >= shnum:
@@ -67,8 +126,7 @@ def function_offsets(fd: int, prefix: bytes = b"") -> dict[str, int]:
             name = strtab[st_name:end if end >= 0 else len(strtab)]
             if not name.startswith(prefix):
                 continue
-            for lo, hi, off in segments:
-                if lo <= st_value < hi:
-                    found.setdefault(name.decode(errors="replace"), st_value - lo + off)
-                    break
+            offset = layout.file_offset(st_value)
+            if offset is not None:
+                found.setdefault(name.decode(errors="replace"), offset)
     return found

@@ -33,6 +33,8 @@ from memrec._untrusted import clean_text
 log = logging.getLogger(__name__)
 
 LIBCUDA_PREFIX = "libcuda.so"
+#: PyTorch's CUDA allocator library, whose USDT probes give tensor blocks (any PyTorch install).
+LIBC10_CUDA_PREFIX = "libc10_cuda.so"
 USUAL_PATHS = (
     "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
     "/usr/lib64/libcuda.so.1",
@@ -122,13 +124,14 @@ def parse_ldconfig(text: str) -> list[str]:
     return paths
 
 
-def libcuda_mappings(text: str) -> dict[tuple[int, int], MapsEntry]:
-    """The distinct libcuda files in one maps file, keyed by (dev, inode) (first mapping each)."""
+def libcuda_mappings(text: str, prefix: str = LIBCUDA_PREFIX) -> dict[tuple[int, int], MapsEntry]:
+    """The distinct files whose name starts with ``prefix`` (libcuda by default) in one maps file,
+    keyed by (dev, inode) (first mapping each)."""
     found: dict[tuple[int, int], MapsEntry] = {}
-    if LIBCUDA_PREFIX not in text:  # most processes: skip parsing
+    if prefix not in text:  # most processes: skip parsing
         return found
     for entry in parse_maps(text):
-        if is_libcuda(entry.path):
+        if os.path.basename(entry.path).startswith(prefix):
             found.setdefault((entry.dev, entry.inode), entry)
     return found
 
@@ -170,8 +173,9 @@ def _pids(proc_root: str) -> Iterator[str]:
     yield from (n for n in names if n.isdigit())
 
 
-def scan_processes(proc_root: str = "/proc") -> list[LibraryFile]:
-    """Every distinct libcuda (dev, inode) mapped by a process now, with a reachable path."""
+def scan_processes(proc_root: str = "/proc", prefix: str = LIBCUDA_PREFIX) -> list[LibraryFile]:
+    """Every distinct (dev, inode) of a file named ``prefix``* (libcuda by default) mapped by a
+    process now, with a reachable path."""
     found: dict[tuple[int, int], LibraryFile] = {}
     unreachable: set[tuple[int, int]] = set()
     for pid in _pids(proc_root):
@@ -180,7 +184,7 @@ def scan_processes(proc_root: str = "/proc") -> list[LibraryFile]:
                 text = f.read()
         except OSError:
             continue  # gone, or a kernel thread we may not read: nothing to attach anyway
-        for key, entry in libcuda_mappings(text).items():
+        for key, entry in libcuda_mappings(text, prefix).items():
             if key in found:
                 continue
             path = _reachable_path(proc_root, pid, entry)
@@ -189,8 +193,8 @@ def scan_processes(proc_root: str = "/proc") -> list[LibraryFile]:
                 continue
             found[key] = LibraryFile(path=path, dev=key[0], inode=key[1])
     for key in unreachable - found.keys():
-        log.warning("a libcuda file (dev %d:%d inode %d) is mapped but not reachable from here",
-                    os.major(key[0]), os.minor(key[0]), key[1])
+        log.warning("a %s file (dev %d:%d inode %d) is mapped but not reachable from here",
+                    prefix, os.major(key[0]), os.minor(key[0]), key[1])
     return list(found.values())
 
 
@@ -217,11 +221,14 @@ def files_at(paths: Iterable[str]) -> list[LibraryFile]:
     return list(out.values())
 
 
-def untrusted_reason(path: str) -> str | None:
+def untrusted_reason(path: str, root_only: bool = True) -> str | None:
     """Why the file at ``path`` cannot be the host's driver, or None when it can.
 
     The driver is installed by root: a file owned by another user, or writable by group or
-    others, is somebody's copy, and root does not attach probes to it.
+    others, is somebody's copy, and root does not attach probes to it. ``root_only=False`` (a
+    ``libc10_cuda.so``: PyTorch is installed by any user, pip into a virtualenv) leaves the owner
+    unchecked: a probe on a file fires only in the processes that map that file; a file that
+    others than its owner may write is still refused (somebody could change it under the probes).
     """
     try:
         st = os.stat(path)
@@ -229,23 +236,24 @@ def untrusted_reason(path: str) -> str | None:
         return f"cannot stat it ({error.strerror or error})"
     if not stat.S_ISREG(st.st_mode):
         return "not a regular file"
-    if st.st_uid != 0:
+    if root_only and st.st_uid != 0:
         return f"owned by uid {st.st_uid}, not root"
     if st.st_mode & 0o022:
         return f"writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
     return None
 
 
-def trusted(libs: Iterable[LibraryFile]) -> list[LibraryFile]:
-    """The files that may be the driver; each refused one is logged once (a warning)."""
+def trusted(libs: Iterable[LibraryFile], root_only: bool = True) -> list[LibraryFile]:
+    """The files that may be probed (:func:`untrusted_reason`); each refused one is logged once."""
     out = []
     for lib in libs:
-        reason = untrusted_reason(lib.path)
+        reason = untrusted_reason(lib.path, root_only)
         if reason is None:
             out.append(lib)
         elif (lib.dev, lib.inode) not in _REFUSED:
             _REFUSED.add((lib.dev, lib.inode))
-            log.warning("not probing %s: %s (only root's driver files are probed)", clean_text(lib.path, 300), reason)
+            log.warning("not probing %s: %s%s", clean_text(lib.path, 300), reason,
+                        " (only root's driver files are probed)" if root_only else "")
     return out
 
 
@@ -274,3 +282,18 @@ def find_libcuda(
     for lib in files_at(installed):
         result.setdefault((lib.dev, lib.inode), lib)
     return trusted(result.values())
+
+
+def find_libc10_cuda(extra_paths: Iterable[str] = (), *, proc_root: str = "/proc") -> list[LibraryFile]:
+    """Every distinct ``libc10_cuda.so`` that a process maps now, plus ``extra_paths``.
+
+    PyTorch lives wherever pip put it, so there are no usual install paths to add: a process
+    that imports torch later is found by the daemon's next rescan. Files
+    :func:`untrusted_reason` refuses (owner not checked) are left out, and logged once.
+    """
+    result: dict[tuple[int, int], LibraryFile] = {}
+    for lib in scan_processes(proc_root, LIBC10_CUDA_PREFIX):
+        result.setdefault((lib.dev, lib.inode), lib)
+    for lib in files_at(extra_paths):
+        result.setdefault((lib.dev, lib.inode), lib)
+    return trusted(result.values(), root_only=False)

@@ -169,8 +169,29 @@ def list_gpus() -> list[GpuInfo]:
             bar1: int | None = int(nvml_query("nvmlDeviceGetBAR1MemoryInfo", handle).bar1Total)
         except NvmlError:
             bar1 = None
-        out.append(GpuInfo(index=index, uuid=uuid, name=name, total=total, bar1_total=bar1))
+        out.append(GpuInfo(index=index, uuid=uuid, name=name, total=total, bar1_total=bar1,
+                           resident_threads=resident_threads(handle)))
     return out
+
+
+#: Compute capability -> (CUDA cores per SM, resident threads per SM), from NVIDIA's tuning guides.
+SM_SHAPES = {(7, 0): (64, 2048), (7, 5): (64, 1024), (8, 0): (64, 2048), (8, 6): (128, 1536), (8, 7): (128, 2048),
+             (8, 9): (128, 1536), (9, 0): (128, 2048), (10, 0): (128, 2048), (10, 3): (128, 2048),
+             (12, 0): (128, 1536)}
+
+
+def resident_threads(handle: Any) -> int | None:
+    """SMs × resident threads per SM (what a raised stack limit costs per byte: the stack is placed
+    for every thread that can be resident; docs/validation/families.md), None where unknown."""
+    try:
+        cores = int(nvml_query("nvmlDeviceGetNumGpuCores", handle))
+        cc = tuple(int(x) for x in nvml_query("nvmlDeviceGetCudaComputeCapability", handle))
+    except (NvmlError, AttributeError, TypeError, ValueError):
+        return None
+    shape = SM_SHAPES.get(cc)
+    if shape is None or cores <= 0 or cores % shape[0]:
+        return None
+    return cores // shape[0] * shape[1]
 
 
 def process_gpus(indices: list[int]) -> dict[int, set[int]]:

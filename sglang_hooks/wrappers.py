@@ -163,6 +163,8 @@ class Hook:
 
     def _common(self, obj: Any, out: dict) -> int | None:
         out.update(ranks(obj))
+        if STATE.version and STATE.version[0]:  # looked up once by the bootstrap or the plugin
+            out.setdefault("sglang_version", STATE.version[0])  # a fleet compares releases by it
         gpu = device_values(out)
         gpu_id = getattr(obj, "gpu_id", None) if obj is not None else None
         if isinstance(gpu_id, int) and not isinstance(gpu_id, bool):

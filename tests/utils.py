@@ -74,3 +74,28 @@ def v1_wire(kind: str, rows: np.ndarray) -> dict:
         wire["ipc_index"] = index.tobytes()
         wire["ipc"] = rows["ipc"][index].tobytes()
     return wire
+
+
+def write_tensor_trace(path, blocks: list[tuple[int, int]], segment: int = 0x7F0000000000,
+                       segment_size: int = 20 * MiB, pid: int = 7) -> object:
+    """A trace as ``memrec daemon --tensors`` writes it: one process on GPU 0 with one driver
+    segment and tensor blocks ``(offset in the segment, size)``; a negative size frees the block
+    at that offset. Returns the path."""
+    from memrec.events import GpuInfo
+    from memrec.events import ProcessInfo
+    from memrec.trace import format as fmt
+    from memrec.trace.writer import TraceWriter
+
+    header = fmt.make_header(host="h", boot_id="b", anchor={"monotonic_ns": 1_000, "wall_ns": 0},
+                             gpus=[GpuInfo(0, "GPU-0", "NVIDIA H200", 140 << 30)])
+    w = TraceWriter(path, header)
+    w.write_process(ProcessInfo(pid, 1, ["python3", "train.py"], None, None, [0], 1_000))
+    rows = [ev(Kind.ALLOC, pid=pid, ptr=segment, size=segment_size, gpu=0, ordinal=0)]
+    for offset, size in blocks:
+        if size < 0:
+            rows.append(ev(Kind.TENSOR_FREE, pid=pid, ptr=segment + offset))
+        else:
+            rows.append(ev(Kind.TENSOR_ALLOC, pid=pid, ptr=segment + offset, size=size, gpu=0, ordinal=0))
+    w.write_events(events(*rows))
+    w.close()
+    return path

@@ -100,6 +100,9 @@ class MemrecApp(App[None]):
         self._freeze_heap()
         self.main.source_indexed()
 
+    def on_answered(self, message: messages.Answered) -> None:
+        self.main.source_answered(message)
+
     def _freeze_heap(self) -> None:
         """A file's model is built once and kept: move what is alive now out of the cyclic GC's
         reach (``gc.freeze``), so that a full collection, run by whichever thread allocates, walks

@@ -13,6 +13,8 @@ from dataclasses import field
 
 from textual.message import Message
 
+from memrec.analysis.answer import Answer
+from memrec.analysis.diff import Verdict
 from memrec.tui.store import EventRows
 from memrec.tui.views import CursorState
 
@@ -89,3 +91,14 @@ class CursorStateReady(Message):
     state: CursorState
     events: EventRows
     other: CursorState | None = None
+
+
+@dataclass
+class Answered(Message):
+    """The trace's answer is known (:mod:`memrec.analysis.answer`, after the replay): the screen
+    opens on it. ``verdict``: diff mode, what ``memrec diff`` says of the two runs, and ``other``
+    the compared run's answer."""
+
+    answer: Answer
+    verdict: Verdict | None = None
+    other: Answer | None = None

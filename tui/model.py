@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import marshal
+import threading
 from typing import Any
 
 import numpy as np
@@ -38,6 +39,8 @@ from memrec.columns import EVENT_DTYPE
 from memrec.engine.phases import held_by_phase
 from memrec.engine.replay import advance
 from memrec.state import LiveState
+from memrec.state.tensors import Fragmentation
+from memrec.state.tensors import TensorBlocks
 from memrec.tui.filters import API_NAMES
 from memrec.tui.filters import EventFilter
 from memrec.tui.filters import event_mask
@@ -56,6 +59,14 @@ from memrec.tui.views import phase_spans
 class TraceModel(ReplayedTrace):
     """Everything the TUI shows about one trace (see the module docstring; the arguments are
     :class:`~memrec.tui.intake.TraceIntake`'s)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: Tensor blocks replayed up to ``_blocks_seq`` events (moved on as the cursor goes
+        #: forward, replayed again from the first event kept when it goes back).
+        self._blocks = TensorBlocks()
+        self._blocks_seq = 0
+        self._blocks_lock = threading.Lock()
 
     @classmethod
     def from_trace(cls, trace: Any, index: bool = True, **kwargs: Any) -> TraceModel:
@@ -148,7 +159,22 @@ class TraceModel(ReplayedTrace):
         nv = self.nvml.get(gpu)
         contexts, untraced = self.untraced_at(gpu, ts)
         return CursorState(gpu, seq, ts, by_cat, procs, by_phase, largest, nv.at(ts) if nv else None,
-                           contexts=contexts, untraced_split=untraced, untraced_note=self.untraced_note)
+                           contexts=contexts, untraced_split=untraced, untraced_note=self.untraced_note,
+                           tensors=self.tensors_at(seq, gpu))
+
+    def tensors_at(self, seq: int, gpu: int) -> list[tuple[str, Fragmentation]]:
+        """Per process with PyTorch tensor blocks on ``gpu`` after event ``seq``: allocated,
+        reserved and fragmentation (a trace recorded with ``--tensors``; else empty)."""
+        with self._blocks_lock:
+            with self.lock:
+                if self._blocks_seq > seq + 1 or self._blocks_seq < self.store.base:
+                    self._blocks, self._blocks_seq = TensorBlocks(), self.store.base
+                pieces = self.store.pieces(self._blocks_seq, seq + 1)
+            if pieces:
+                self._blocks.apply(self.store.batch(pieces))
+                self._blocks_seq = seq + 1
+            blocks = self._blocks
+            return [(self.pid_label(pid), blocks.fragmentation(pid, g)) for pid, g in sorted(blocks.totals) if g == gpu]
 
     def untraced_at(self, gpu: int, ts: int) -> tuple[list, list]:
         """The contexts bound on ``gpu`` up to ``ts`` with their cost, and each process's untraced

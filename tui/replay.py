@@ -187,8 +187,13 @@ class ReplayedTrace(TraceIntake):
     # ------------------------------------------------------------------ time range
 
     def time_range(self) -> tuple[int, int]:
-        """(first ts, last ts) over events, NVML samples and markers (0, 1 when empty)."""
+        """(first ts, last ts) over events, NVML samples and markers (0, 1 when empty). The
+        recording's start (the header's monotonic anchor) counts as a first ts, as in
+        :func:`memrec.engine.replay.trace_bounds`: times on screen are the report's."""
         lo, hi = [], []
+        anchor = (self.header or {}).get("anchor")
+        if isinstance(anchor, dict) and isinstance(anchor.get("monotonic_ns"), int):
+            lo.append(anchor["monotonic_ns"])
         f, l = self.store.first_ts(), self.store.last_ts()
         if f is not None:
             lo.append(f)
@@ -207,7 +212,7 @@ class ReplayedTrace(TraceIntake):
             hi.append(self.t_end_hint)
         if not lo:
             return (0, 1)
-        a, b = min(lo), max(hi)
+        a, b = min(lo), max(hi, default=0)
         return (a, max(b, a + 1))
 
     def gpu_ids(self) -> list[int]:

@@ -25,6 +25,7 @@ import time
 from typing import Callable
 from typing import Protocol
 
+from memrec.analysis.answer import Answer
 from memrec.tui import messages
 from memrec.tui.model import TraceModel
 
@@ -231,6 +232,23 @@ class FileSource(_Threaded):
             post(messages.Indexed(time.perf_counter() - t))
         if not self._stop.is_set() and self.reconcile():
             post(messages.Indexed(time.perf_counter() - t))  # the cursor's state now has the split
+        if not self._stop.is_set():
+            answered = self.answer()
+            if answered is not None and not self._stop.is_set():
+                post(messages.Answered(answered))
+
+    def answer(self) -> Answer | None:
+        """The trace's answer, as ``memrec report`` prints it first: the report of the file, read
+        and replayed again in this thread after the TUI's own replay (the first frame and the
+        replay never wait for it). None (the view keeps its own landmarks) when it cannot be had."""
+        from memrec.analysis.report import trace_answer
+        from memrec.trace.reader import load_trace
+
+        try:
+            return trace_answer(load_trace(self.path))
+        except Exception as error:  # noqa: BLE001 - a file that changed under us: the TUI goes on without
+            self.model.warnings.append(f"no answer: {error}")
+            return None
 
     def reconcile(self) -> bool:
         """Split the untraced band with ``memrec report``'s engine, over this model's own events and
@@ -296,6 +314,26 @@ class DiffSource(_Threaded):
         post(messages.Indexed(time.perf_counter() - t))
         if self.base.reconcile():  # the base's split, as a file source has it
             post(messages.Indexed(time.perf_counter() - t))
+        if not self.base._stop.is_set():
+            answered = self.answer()
+            if answered is not None:
+                post(answered)
+
+    def answer(self) -> messages.Answered | None:
+        """Both runs' answers and ``memrec diff``'s verdict on them (read and replayed again here,
+        after the TUI's replays)."""
+        from memrec.analysis.diff import diff_traces
+        from memrec.analysis.diff import verdict_of
+        from memrec.analysis.report import trace_answer
+        from memrec.trace.reader import load_trace
+
+        try:
+            a, b = load_trace(self.base.path), load_trace(self.other.path)
+            d = diff_traces(a, b, self.base.title, self.other.title)
+            return messages.Answered(trace_answer(a), verdict_of(d), trace_answer(b))
+        except Exception as error:  # noqa: BLE001 - the TUI goes on without
+            self.model.warnings.append(f"no answer: {error}")
+            return None
 
     def new_model(self) -> TraceModel:
         return TraceModel()

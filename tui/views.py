@@ -21,6 +21,7 @@ from memrec.events import Marker
 from memrec.engine.phases import OPEN_END
 from memrec.engine.phases import Phases
 from memrec.engine.phases import build_phases
+from memrec.state.tensors import Fragmentation
 
 NCAT = len(CATEGORIES)
 NEVER = OPEN_END
@@ -130,10 +131,12 @@ class CursorState:
     #: Contexts bound on this GPU up to the cursor: (label, api, ts, cost or None, foreign).
     contexts: list[tuple[str, str, int, int | None, bool]] = field(default_factory=list)
     #: Per process, its untraced band split at its last NVML sample up to the cursor:
-    #: (label, {context, module_code, pools, before_recording, unexplained}).
+    #: (label, {each column of memrec.analysis.untraced.SPLIT}).
     untraced_split: list[tuple[str, dict[str, int]]] = field(default_factory=list)
     #: Why the two lists above are empty, when they are ("" when they are known).
     untraced_note: str = ""
+    #: Per process with PyTorch tensor blocks on this GPU (a --tensors trace): (label, state).
+    tensors: list[tuple[str, Fragmentation]] = field(default_factory=list)
 
     @property
     def owned(self) -> int:

@@ -1,17 +1,32 @@
-"""The report's first three lines: what failed, what caused it on which GPU, and what to change.
+"""The one answer model: what failed, what caused it, what to change, and when to look.
 
-:func:`build_answer` reads the report's own dict (nothing is replayed again) and returns three
-lines, each a label and parts: the first part must be shown, the later ones are added while the
-line fits the terminal (:func:`fit`), so an 80-column report loses detail, never a number cut in
-half. The cases, in order:
+:func:`build_answer` reads the report's own dict (nothing is replayed again) and returns an
+:class:`Answer`. ``memrec report`` prints its three lines first; the TUI opens on its window with its
+failure in the status line and ``o`` visits its failures; the plot marks its failures and window;
+the Perfetto trace carries its failures as instants; the memory-viz export snapshots at its
+failure. No view works the answer out again its own way: they all render this model (the report's
+JSON keeps it under ``answer``, read back with :meth:`Answer.from_json`).
+
+Each line is a label and parts: the first part must be shown, the later ones are added while the
+line fits the terminal (:meth:`Line.fit`), so an 80-column report loses detail, never a number cut
+in half. The cases, in order:
 
 1. SGLang's KV-cache sizing failed (the markers carry SGLang's own numbers): the ranks and the
    error; the phases that took memory between SGLang's baseline and its sizing, other than the
    weights, on the GPU of the worst rank; the ``--mem-fraction-static`` that works and the flag
-   that drops the phase that took most (custom all-reduce, CUDA graphs).
+   that drops the phase that took most (custom all-reduce, CUDA graphs). Window: from the
+   baseline to the sizing's failure on that GPU.
 2. A driver call failed: the first out-of-memory (else the first failed call), with what the
    GPU held then, by the phase that allocated it, and how much would have had to be free.
-3. Nothing failed: the highest traced peak, what held it by phase, and the headroom left.
+   Window: from when the largest pieces then held were allocated (out of memory), or from the
+   start of the phase the call failed in, to the call.
+3. A phase or instant marker carries an ``error`` (and neither of the above): that error. Window:
+   the phase.
+4. Nothing failed: the highest traced peak, what held it by phase, and the headroom left.
+   Window: from the start of the phases held at the peak to the peak.
+
+:attr:`Answer.failures` lists every failure the answer counts, in time order: each failed driver
+call, each rank's failed KV sizing, and each other marker with an ``error``.
 
 A trace without a trailer (the recorder crashed or was killed, a file still being written, a
 partial copy) says so in the first line: ``PARTIAL cut short (no trailer): ...`` instead of
@@ -22,8 +37,13 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import asdict
+from dataclasses import dataclass
+from dataclasses import field
 
 from memrec.analysis.text import human
+from memrec.analysis.untraced import EXPLAINED_SHARE_MIN
+from memrec.analysis.untraced import EXPLAINED_SHARE_MIN
 
 #: SGLang phases (memrec's hook names) whose memory a server flag removes or shrinks.
 PHASE_FLAGS = {
@@ -41,46 +61,186 @@ RESULT_HINTS = {
 }
 OOM = "CUDA_ERROR_OUT_OF_MEMORY"
 LABEL_WIDTH = 8
+#: SGLang phases whose error is the KV cache sizing's.
+KV_PHASES = ("kv_budget", "kv_pool")
+#: Failure kinds, the order a headline prefers among failures at one time.
+KV_SIZING, DRIVER_OOM, DRIVER_CALL, ERROR_MARKER = "kv_sizing", "driver_oom", "driver_call", "error_marker"
 
 
-def build_answer(report: dict) -> dict:
-    """``{"status": "failed"|"ok"|"empty", "lines": [[label, part, ...] x 3]}`` for ``report``."""
-    sg = report.get("sglang") or {}
-    summary = sg.get("summary") or {}
-    if summary.get("failed") and summary.get("kv_failed"):
-        return {"status": "failed", "lines": _cut_short(report, _sglang_failed(sg, summary))}
-    failures = [f for sec in report["gpus"] + ([report["host"]] if report["host"] else []) for f in sec["failures"]]
-    failures += report["failures_unknown_gpu"]
-    if failures:
-        return {"status": "failed", "lines": _cut_short(report, _call_failed(report, failures))}
-    secs = [s for s in report["gpus"] if s.get("peak") and s["peak"]["bytes"]]
-    if not secs:
-        return {"status": "empty", "lines": _cut_short(report, [["OK", "no GPU memory was allocated in this trace"]])}
-    return {"status": "ok", "lines": _cut_short(report, _no_failure(report, secs, sg, summary))}
+@dataclass(frozen=True)
+class Line:
+    """One answer line: a label (``FAILED``, ``CAUSE``, ``FIX``...) and its parts, the first one
+    always shown."""
+
+    label: str
+    parts: tuple[str, ...]
+
+    def fit(self, width: int) -> str:
+        """The label, the first part, then each later part while the line fits ``width``."""
+        first, *rest = self.parts
+        text = f"{self.label:<{LABEL_WIDTH}}{first}"
+        for part in rest:
+            if len(text) + len(part) <= width:
+                text += part
+        return text
+
+    @property
+    def short(self) -> str:
+        """The first part alone (a status line's room)."""
+        return self.parts[0]
 
 
-def _cut_short(report: dict, lines: list[list[str]]) -> list[list[str]]:
+@dataclass(frozen=True)
+class Failure:
+    """One failure the answer counts: when (trace clock ns, and seconds from the trace's start),
+    on which GPU (None: unknown or the host), by whom, and what failed in a few words."""
+
+    kind: str  # KV_SIZING | DRIVER_OOM | DRIVER_CALL | ERROR_MARKER
+    ts: int
+    t_s: float
+    gpu: int | None
+    pid: int
+    who: str  # "TP0", else "pid 123"
+    what: str  # "cuMemAlloc_v2 of 2.0 GiB: CUDA_ERROR_OUT_OF_MEMORY", "KV cache sizing: Not enough memory"
+    phase: str = ""
+
+
+@dataclass(frozen=True)
+class Window:
+    """The time to look at: ``start_ts``..``end_ts`` (trace clock ns; ``*_s`` from the trace's
+    start) on ``gpu`` (None: every GPU), and why these bounds."""
+
+    start_ts: int
+    end_ts: int
+    start_s: float
+    end_s: float
+    gpu: int | None
+    why: str
+
+    def padded(self, fraction: float = 0.1, minimum: int = 1_000_000) -> tuple[int, int]:
+        """The window widened by ``fraction`` of its span on each side (at least ``minimum`` ns in
+        all): a view that zooms to it shows what leads in and out, and a zero-length window
+        (a peak at one instant) is still a range."""
+        pad = max(int((self.end_ts - self.start_ts) * fraction), (minimum - (self.end_ts - self.start_ts)) // 2, 1)
+        return max(self.start_ts - pad, 0), self.end_ts + pad
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The trace's answer (see the module): ``status`` ``failed``, ``ok`` or ``empty``; its lines;
+    the failure the headline names (``failure``, None when nothing failed) among all the failures;
+    the window to look at."""
+
+    status: str
+    lines: tuple[Line, ...]
+    failures: tuple[Failure, ...] = ()
+    failure: Failure | None = None
+    window: Window | None = None
+
+    @property
+    def headline(self) -> Line:
+        return self.lines[0]
+
+    @property
+    def cause(self) -> Line | None:
+        return self.lines[1] if len(self.lines) > 1 else None
+
+    @property
+    def fix(self) -> Line | None:
+        return self.lines[2] if len(self.lines) > 2 else None
+
+    def text(self, width: int) -> list[str]:
+        """The lines as ``memrec report`` prints them first."""
+        return [line.fit(width) for line in self.lines]
+
+    def to_json(self) -> dict:
+        """The report's ``answer``: ``lines`` as ``[label, part, ...]`` lists, the rest as dicts."""
+        return {
+            "status": self.status,
+            "lines": [[line.label, *line.parts] for line in self.lines],
+            "failures": [asdict(f) for f in self.failures],
+            "failure": asdict(self.failure) if self.failure else None,
+            "window": asdict(self.window) if self.window else None,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> Answer:
+        """The inverse of :meth:`to_json` (a report dict's ``answer``)."""
+        return cls(
+            d["status"],
+            tuple(Line(x[0], tuple(x[1:])) for x in d["lines"]),
+            tuple(Failure(**f) for f in d.get("failures") or ()),
+            Failure(**d["failure"]) if d.get("failure") else None,
+            Window(**d["window"]) if d.get("window") else None,
+        )
+
+
+def build_answer(report: dict) -> Answer:
+    """The answer of ``report`` (:func:`memrec.analysis.report.build_report`'s dict); its second
+    line ends with the window (``; window +7.738–7.745s``) where it fits. After the three lines,
+    one ``UNTRACED`` line per process and GPU whose NVML used is under
+    :data:`~memrec.analysis.untraced.EXPLAINED_SHARE_MIN` traced or explained."""
+    answer = _cut_short(report, _build(report))
+    lines = answer.lines
+    w = answer.window
+    if w is not None and len(lines) >= 2:
+        when = f"window +{w.start_s:.3f}–{w.end_s:.3f}s" if w.end_ts > w.start_ts else f"at +{w.end_s:.3f}s"
+        lines = (lines[0], Line(lines[1].label, lines[1].parts + (f"; {when}",)), *lines[2:])
+    return Answer(answer.status, lines + _unexplained(report), answer.failures, answer.failure, w)
+
+
+def _unexplained(report: dict) -> tuple[Line, ...]:
+    """What no measurement explains, per GPU and process, where it is over 2 % of NVML used: said
+    as unexplained, never given a cause (issue 21)."""
+    out = []
+    for sec in report["gpus"]:
+        for r in (sec.get("reconciliation") or {}).get("processes", []):
+            share, split = r.get("explained_share"), r.get("split") or {}
+            if share is None or share >= EXPLAINED_SHARE_MIN or not r.get("nvml_used_last"):
+                continue
+            gone = split.get("unexplained", 0)
+            pct = round(100 * (1 - share))
+            out.append(Line("UNTRACED", (f"GPU {sec['gpu']}: {human(gone)} ({pct} %) of pid {r['pid']}'s memory is unexplained",)))
+    return tuple(out)
+
+
+def _cut_short(report: dict, answer: Answer) -> Answer:
     """The answer of a trace without a trailer says so first: what was not read may hold the
     failure or the peak, so neither "OK" nor a lone failure is the whole answer."""
     if report["trace"].get("complete", True):
-        return lines
-    first = list(lines[0])
-    if first[0] == "OK":
-        text = first[1].replace(" in this trace", "")
-        first = ["PARTIAL", f"cut short (no trailer): {text}", " in what was read", *first[2:]]
+        return answer
+    first = answer.lines[0]
+    if first.label == "OK":
+        text = first.parts[0].replace(" in this trace", "")
+        first = Line("PARTIAL", (f"cut short (no trailer): {text}", " in what was read", *first.parts[1:]))
     else:
-        first = [first[0], f"{first[1]} (trace cut short)", *first[2:]]
-    return [first, *lines[1:]]
+        first = Line(first.label, (f"{first.parts[0]} (trace cut short)", *first.parts[1:]))
+    return Answer(answer.status, (first, *answer.lines[1:]), answer.failures, answer.failure, answer.window)
 
 
-def fit(line: list[str], width: int) -> str:
-    """One answer line: the label, the first part, then each later part while the line fits."""
-    label, first, *rest = line
-    text = f"{label:<{LABEL_WIDTH}}{first}"
-    for part in rest:
-        if len(text) + len(part) <= width:
-            text += part
-    return text
+def _build(report: dict) -> Answer:
+    failures = _all_failures(report)
+    sg = report.get("sglang") or {}
+    summary = sg.get("summary") or {}
+    if summary.get("failed") and summary.get("kv_failed"):
+        lines, window = _sglang_failed(report, sg, summary)
+        kv = [f for f in failures if f.kind == KV_SIZING]
+        failure = next((f for f in kv if window is not None and f.gpu == window.gpu), kv[0] if kv else None)
+        return Answer("failed", lines, failures, failure, window)
+    calls = _driver_failures(report)
+    if calls:
+        lines, f = _call_failed(report, calls)
+        failure = next(x for x in failures if x.kind in (DRIVER_OOM, DRIVER_CALL) and (x.ts, x.pid) == (f["ts"], f["pid"]))
+        return Answer("failed", lines, failures, failure, _call_window(report, f))
+    marked = [f for f in failures if f.kind in (ERROR_MARKER, KV_SIZING)]
+    if marked:
+        lines, failure, window = _marker_failed(report, marked)
+        return Answer("failed", lines, failures, failure, window)
+    secs = [s for s in report["gpus"] if s.get("peak") and s["peak"]["bytes"]]
+    if not secs:
+        return Answer("empty", (Line("OK", ("no GPU memory was allocated in this trace",)),))
+    lines, window = _no_failure(report, secs, summary)
+    return Answer("ok", lines, window=window)
 
 
 def span(labels: list[str]) -> str:
@@ -104,7 +264,60 @@ def _short_error(text: str) -> str:
     return re.sub(r"^[A-Za-z_.]*(Error|Exception): ", "", text)
 
 
-def _sglang_failed(sg: dict, summary: dict) -> list[list[str]]:
+def _t_s(report: dict, ts: int) -> float:
+    return round((ts - report["trace"]["start_ts"]) / 1e9, 6)
+
+
+def _window(report: dict, start: int, end: int, gpu: int | None, why: str) -> Window:
+    start = min(start, end)
+    return Window(start, end, _t_s(report, start), _t_s(report, end), gpu, why)
+
+
+# ----------------------------------------------------------------------------------- the failures
+
+
+def _driver_failures(report: dict) -> list[dict]:
+    """Every failed driver call of the report's selection (per GPU, the host's, unknown GPU's)."""
+    secs = report["gpus"] + ([report["host"]] if report["host"] else [])
+    return [f for sec in secs for f in sec["failures"]] + report["failures_unknown_gpu"]
+
+
+def _all_failures(report: dict) -> tuple[Failure, ...]:
+    """Every failure the answer counts, in time order (see the module)."""
+    procs = {p["pid"]: p for p in report["processes"]}
+    out: list[Failure] = []
+    for f in _driver_failures(report):
+        size = f" of {human(f['size'])}" if f["size"] else ""
+        out.append(Failure(DRIVER_OOM if f["result_name"] == OOM else DRIVER_CALL, f["ts"], f["t_s"],
+                           f["gpu"] if f["gpu"] >= 0 else None, f["pid"], _who([f["pid"]], procs),
+                           f"{f['api']}{size}: {f['result_name']}", f.get("phase") or ""))
+    sized: set[int] = set()  # pids whose KV sizing failure is counted (its phase's error is that one)
+    for r in (report.get("sglang") or {}).get("ranks", []):
+        for b in r.get("budgets", []):
+            if b.get("ok", True) or b.get("ts") is None:
+                continue
+            gpu = b.get("gpu") if b.get("gpu") is not None else r.get("gpu")
+            what = (f"KV cache sizing: {_short_error(b['error'])}" if b.get("error")
+                    else f"KV cache sizing: rest {_gib(b['rest_gib'])}" if b.get("rest_gib") is not None
+                    else "KV cache sizing: budget <= 0")
+            out.append(Failure(KV_SIZING, b["ts"], _t_s(report, b["ts"]), gpu, r["pid"], r["label"], what, "kv_budget"))
+            sized.add(r["pid"])
+    marked = [(ph["pid"], ph["end_ts"], ph["gpu"], ph["path"], ph["name"], ph["values"]) for ph in report["phases"]]
+    marked += [(i["pid"], i["ts"], i["gpu"], i["phase"], i["name"], i["values"]) for i in report["instants"]]
+    for pid, ts, gpu, phase, name, values in marked:
+        err = values.get("error")
+        if not err or (pid in sized and name in KV_PHASES):
+            continue
+        out.append(Failure(ERROR_MARKER, ts, _t_s(report, ts), gpu if gpu is not None and gpu >= 0 else None,
+                           pid, _who([pid], procs), f"{name}: {_short_error(str(err))}", phase))
+    order = (KV_SIZING, DRIVER_OOM, DRIVER_CALL, ERROR_MARKER)
+    return tuple(sorted(out, key=lambda f: (f.ts, order.index(f.kind), f.pid)))
+
+
+# ------------------------------------------------------------------------------------ the cases
+
+
+def _sglang_failed(report: dict, sg: dict, summary: dict) -> tuple[tuple[Line, ...], Window | None]:
     labels = summary.get("failed_labels") or []
     error = _short_error((summary.get("errors") or ["KV cache sizing failed"])[0])
     first = ["FAILED", f"SGLang's KV cache sizing on {span(sorted(labels))}: {error}"]
@@ -155,7 +368,13 @@ def _sglang_failed(sg: dict, summary: dict) -> list[list[str]]:
                      if r["label"] == worst and b.get("diagnosis")), None)
         if diag and diag.get("rest_without_extras_gib") is not None:
             fix.append(f" (without it rest = {_gib(diag['rest_without_extras_gib'])})")
-    return [first, cause, fix]
+    lines = _lines(first, cause, fix)
+    if window is None:
+        return lines, None
+    ends = [b["ts"] for r in ranks if r.get("gpu") == gpu for b in r.get("budgets", [])
+            if not b.get("ok", True) and b.get("ts") is not None]
+    end = max(ends + [window["sizing_ts"]])
+    return lines, _window(report, window["baseline_ts"], end, gpu, "from SGLang's memory baseline to its failed KV sizing")
 
 
 def _who(pids: list[int], procs: dict[int, dict]) -> str:
@@ -163,7 +382,7 @@ def _who(pids: list[int], procs: dict[int, dict]) -> str:
     return span(labels)
 
 
-def _call_failed(report: dict, failures: list[dict]) -> list[list[str]]:
+def _call_failed(report: dict, failures: list[dict]) -> tuple[tuple[Line, ...], dict]:
     procs = {p["pid"]: p for p in report["processes"]}
     f = next((x for x in failures if x["result_name"] == OOM), failures[0])
     where = f"GPU {f['gpu']}" if f["gpu"] >= 0 else "an unknown GPU"
@@ -178,7 +397,7 @@ def _call_failed(report: dict, failures: list[dict]) -> list[list[str]]:
         cause = ["CAUSE", f"not a lack of memory: {hint}"]
         phase = f" in {f['phase']}" if f.get("phase") and not f["phase"].startswith("(") else ""
         fix = ["FIX", f"nothing to free: see what {_who([f['pid']], procs)} did at +{f['t_s']:.3f}s{phase}"]
-        return [first, cause, fix]
+        return _lines(first, cause, fix), f
     cause = ["CAUSE", f"{where} held {human(f.get('owned_on_gpu', 0))} then"]
     for k, ph in enumerate(phases[:3]):
         cause.append(f"{':' if k == 0 else ','} {ph['phase']} {human(ph['bytes'])} ({_who(ph['pids'], procs)})")
@@ -203,10 +422,48 @@ def _call_failed(report: dict, failures: list[dict]) -> list[list[str]]:
         fix = ["FIX", f"free memory on {where} before this call or ask for less than {human(f['size'])}"]
     if phases and fix[0] == "FIX":
         fix.append(f"; the largest holder is {phases[0]['phase']}")
-    return [first, cause, fix]
+    return _lines(first, cause, fix), f
 
 
-def _no_failure(report: dict, secs: list[dict], sg: dict, summary: dict) -> list[list[str]]:
+def _lines(*lines: list[str]) -> tuple[Line, ...]:
+    return tuple(Line(x[0], tuple(x[1:])) for x in lines)
+
+
+def _phase_start(report: dict, pids: list[int], path: str, ts: int) -> int | None:
+    """The latest start at or before ``ts`` of phase ``path`` of one of ``pids``."""
+    starts = [ph["start_ts"] for ph in report["phases"]
+              if ph["pid"] in pids and path in (ph["path"], ph["name"]) and ph["start_ts"] <= ts]
+    return max(starts) if starts else None
+
+
+def _call_window(report: dict, f: dict) -> Window:
+    """A failed call's window: out of memory, from when the largest pieces the GPU then held were
+    allocated; otherwise from the start of the phase it failed in (else the call alone)."""
+    gpu = f["gpu"] if f["gpu"] >= 0 else None
+    if f["result_name"] == OOM and f.get("largest"):
+        start = min(h["ts"] for h in f["largest"])
+        return _window(report, start, f["ts"], gpu, "from the largest allocations it held then to the failed call")
+    start = _phase_start(report, [f["pid"]], f.get("phase") or "", f["ts"])
+    if start is None:
+        return _window(report, f["ts"], f["ts"], gpu, "the failed call")
+    return _window(report, start, f["ts"], gpu, f"the phase {f['phase']} up to the failed call")
+
+
+def _marker_failed(report: dict, marked: list[Failure]) -> tuple[tuple[Line, ...], Failure, Window]:
+    """A marker said a phase failed (and no driver call and no KV sizing did): its error."""
+    f = marked[0]
+    first = ["FAILED", f"{f.what}", f", {f.who} at +{f.t_s:.3f}s"]
+    if len(marked) > 1:
+        first.append(f" (+{len(marked) - 1} more error{'s' if len(marked) > 2 else ''})")
+    cause = ["CAUSE", "the program reported the error in a marker; no driver call failed"]
+    fix = ["FIX", f"see the error's traceback in `memrec dump` and what {f.who} did in {f.phase or 'its phases'}"]
+    start = _phase_start(report, [f.pid], f.phase, f.ts)
+    window = _window(report, f.ts if start is None else start, f.ts, f.gpu,
+                     "the failed call" if start is None else f"the phase {f.phase}")
+    return _lines(first, cause, fix), f, window
+
+
+def _no_failure(report: dict, secs: list[dict], summary: dict) -> tuple[tuple[Line, ...], Window]:
     procs = {p["pid"]: p for p in report["processes"]}
     sec = max(secs, key=lambda s: (s["peak"]["bytes"], -s["gpu"]))
     pk = sec["peak"]
@@ -239,4 +496,8 @@ def _no_failure(report: dict, secs: list[dict], sg: dict, summary: dict) -> list
                          " (contexts and untraced memory not counted)")
     else:
         third.append("GPU totals unknown (no NVML in this trace)")
-    return [first, held, third]
+    starts = [s for ph in (pk.get("by_phase") or [])[:3]
+              if (s := _phase_start(report, ph["pids"], ph["phase"], pk["ts"])) is not None]
+    window = _window(report, min(starts, default=pk["ts"]), pk["ts"], sec["gpu"],
+                     "from the start of the phases held at the peak to the peak" if starts else "the peak")
+    return _lines(first, held, third), window

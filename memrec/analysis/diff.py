@@ -22,6 +22,8 @@ The dict holds:
   (memory freed implicitly when a process exited is left out: it belongs to no phase);
 - ``failures``: SGLang errors, KV budgets that came out ``<= 0`` and failed driver calls, each
   marked as in both runs or in one only;
+- ``tensors``: per phase × rank × GPU, the tensor blocks' peak allocated and reserved bytes in
+  each run (traces recorded with ``memrec daemon --tensors``; empty otherwise);
 - ``untraced``: per rank and GPU, the untraced band's split (context, module code, pools, before
   recording, unexplained) and the contexts bound in each run (:mod:`memrec.analysis.untraced_diff`).
 """
@@ -62,6 +64,7 @@ from memrec.ranks import process_info_ranks
 from memrec.analysis.sglang_windows import rank_gpus
 from memrec.ranks import rank_sort_key
 from memrec.ranks import shown_dims
+from memrec.analysis.tensors import tensor_section
 from memrec.analysis.text import human
 from memrec.analysis.text import signed_human
 from memrec.engine.journal import Journal
@@ -105,6 +108,7 @@ class Run:
     untraced: dict  # (rank, gpu) -> the untraced band's split (memrec.analysis.untraced_diff)
     contexts: list = dataclasses.field(default_factory=list)  # foreign CUDA contexts (sglang_report.process_contexts)
     custom_ar: dict | None = None  # sglang_report.custom_ar_facts
+    tensors: dict | None = None  # memrec.analysis.tensors.tensor_section (a --tensors trace)
 
 
 def _norm_rank(rank: dict[str, int]) -> RankKey:
@@ -142,7 +146,8 @@ def analyze(trace: Any, name: str) -> Run:
     contexts = process_contexts(trace, ranked, rank_gpus(trace.markers, j, budgets), labels)
     untraced = split_by_rank(reconcile(trace, tl, phases), rank_of)
     return Run(name, start, phases, j, exit_rows, rank_of, budgets, windows, events, untraced,
-               [c for c in contexts if c["foreign"]], custom_ar_facts(trace.markers))
+               [c for c in contexts if c["foreign"]], custom_ar_facts(trace.markers),
+               tensor_section(events, phases, start, trace.header, trace.trailer))
 
 
 def _as_dict(key: RankKey) -> dict[str, int]:
@@ -212,6 +217,38 @@ def _phase_rows(a: Run, b: Run, dims: tuple[str, ...]) -> list[dict]:
         )
     rows.sort(key=lambda r: (pos.get(r["phase"], len(order)), rank_sort_key(tuple(r["rank_key"]) + (None,) * 3),
                              r["gpu"], CATEGORIES.index(r["category"])))
+    return rows
+
+
+def _tensor_peaks(run: Run) -> dict[tuple, list[int]]:
+    """(phase, rank key, gpu) -> [peak allocated, peak reserved] of tensor blocks (processes of a
+    rank summed)."""
+    out: dict[tuple, list[int]] = {}
+    for r in (run.tensors or {}).get("rows", []):
+        key = (r["phase"], run.rank_of.get(r["pid"], ()), r["gpu"])
+        acc = out.setdefault(key, [0, 0])
+        acc[0] += r["peak_allocated"]
+        acc[1] += r["peak_reserved"]
+    return out
+
+
+def _tensor_rows(a: Run, b: Run, dims: tuple[str, ...]) -> list[dict]:
+    """Per phase, rank and GPU: the tensor blocks' peak allocated and reserved in each run (None:
+    no blocks there), and the deltas. Empty unless a run was recorded with --tensors."""
+    pa, pb = _tensor_peaks(a), _tensor_peaks(b)
+    order = _merge_order(_phase_order(a), _phase_order(b)) + [NO_PHASE]
+    pos = {p: i for i, p in enumerate(order)}
+    rows = []
+    for key in set(pa) | set(pb):
+        path, rank, g = key
+        va, vb = pa.get(key), pb.get(key)
+        rows.append({"phase": path, "rank": _rank_label(rank, dims), "rank_key": list(rank), "gpu": g,
+                     "a_allocated": va[0] if va else None, "b_allocated": vb[0] if vb else None,
+                     "a_reserved": va[1] if va else None, "b_reserved": vb[1] if vb else None,
+                     "delta_allocated": (vb[0] if vb else 0) - (va[0] if va else 0),
+                     "delta_reserved": (vb[1] if vb else 0) - (va[1] if va else 0)})
+    rows.sort(key=lambda r: (pos.get(r["phase"], len(order)), rank_sort_key(tuple(r["rank_key"]) + (None,) * 3),
+                             r["gpu"]))
     return rows
 
 
@@ -514,6 +551,50 @@ def _verdict(d: dict, a: Run, b: Run, relation: Relation) -> dict:
 # ------------------------------------------------------------------------------------------- public
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """What ``memrec diff`` says first, for the views that show it too (``tui --diff``, ``plot
+    --diff``): the headline, the lines under it, and which run failed (``"a"``, ``"b"``, ``"both"``
+    or None). Deltas are always B − A."""
+
+    headline: str
+    lines: tuple[str, ...]
+    failing: str | None
+    a_name: str
+    b_name: str
+
+
+#: Markers two runs are lined up on first, in this order, by the views that draw them side by side
+#: (``tui --diff``, ``plot --diff``): SGLang's KV sizing (where the window "between the memory
+#: baseline and the KV sizing" this diff compares ends: the runs are compared at the moment one of
+#: them failed) and its memory baseline; else the first marker they share.
+ALIGN_FIRST = (("kv_budget", "begin"), ("memory_baseline", "instant"))
+
+
+def align_markers(a: Iterable, b: Iterable) -> tuple[str, str, int, int] | None:
+    """The marker two runs are lined up on (:data:`ALIGN_FIRST`, else the first of ``a``'s markers
+    in time whose name and phase ``b`` also has): ``(name, phase, ts in a, ts in b)``, each the
+    first such marker of its run; None without a common marker."""
+    first_a: dict[tuple[str, str], int] = {}
+    for m in sorted(a, key=lambda m: m.ts):
+        first_a.setdefault((m.name, m.phase), m.ts)
+    first_b: dict[tuple[str, str], int] = {}
+    for m in sorted(b, key=lambda m: m.ts):
+        first_b.setdefault((m.name, m.phase), m.ts)
+    keys = [k for k in ALIGN_FIRST if k in first_a and k in first_b] + [k for k in first_a if k in first_b]
+    if not keys:
+        return None
+    name, phase = keys[0]
+    return name, phase, first_a[keys[0]], first_b[keys[0]]
+
+
+def verdict_of(d: dict) -> Verdict:
+    """The verdict of :func:`diff_traces`'s dict."""
+    fa, fb = d["a"]["failed"], d["b"]["failed"]
+    failing = "both" if fa and fb else "a" if fa else "b" if fb else None
+    return Verdict(d["verdict"]["headline"], tuple(d["verdict"]["lines"]), failing, d["a"]["name"], d["b"]["name"])
+
+
 def _side(run: Run, name: str, failures: dict[tuple, dict]) -> dict:
     """One run's line of the diff: whether it failed and how many driver calls ran out of memory."""
     ooms = sum(f["count"] for f in _driver_ooms(failures.values()))
@@ -554,6 +635,7 @@ def diff_traces(a_trace: Any, b_trace: Any, a_name: str = "A", b_name: str = "B"
         "phases": _phase_rows(a, b, dims),
         "failures": failures,
         "untraced": untraced_rows(a.untraced, b.untraced, lambda key: _rank_label(key, dims)),
+        "tensors": _tensor_rows(a, b, dims),
     }
     relation = relate(identity(a_trace, a.phases), identity(b_trace, b.phases), a_name, b_name)
     verdict = _verdict(d, a, b, relation)

@@ -92,6 +92,20 @@ def render_diff(d: dict, width: int | None = None) -> str:
         ]
         out.extend(table(["PHASE", "RANK", "GPU", "CATEGORY", "A", "B", "Δ"], rows, right={2, 4, 5, 6}, indent="  "))
 
+    if d.get("tensors"):
+        out.append("")
+        title = ("tensor blocks (peak allocated and reserved per phase, rank and GPU; '-': no blocks in that run)")
+        out.extend(fit_lines([title], width) if width is not None else [title])
+
+        def opt(v: int | None) -> str:
+            return human(v) if v is not None else "-"
+
+        rows = [[r["phase"], r["rank"], str(r["gpu"]), opt(r["a_allocated"]), opt(r["b_allocated"]),
+                 signed_human(r["delta_allocated"]), opt(r["a_reserved"]), opt(r["b_reserved"]),
+                 signed_human(r["delta_reserved"])] for r in d["tensors"]]
+        out.extend(table(["PHASE", "RANK", "GPU", "A ALLOC", "B ALLOC", "Δ ALLOC", "A RESV", "B RESV", "Δ RESV"], rows,
+                         right={2, 3, 4, 5, 6, 7, 8}, indent="  "))
+
     out.extend(render_untraced(d.get("untraced", []), human, signed_human))
 
     out.append("")

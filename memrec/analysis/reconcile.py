@@ -49,14 +49,17 @@ from memrec.engine.replay import trace_phases
 from memrec.engine.series import GpuSeries
 from memrec.engine.replay import Timeline
 from memrec.engine.replay import build_timeline
+from memrec.analysis.untraced import SEVERAL
 from memrec.analysis.untraced import SPLIT
 from memrec.analysis.untraced import ContextRecord
 from memrec.analysis.untraced import Explainers
 from memrec.analysis.untraced import UntracedSplit
 from memrec.analysis.untraced import contexts
 from memrec.analysis.untraced import pool_held
+from memrec.analysis.untraced import explained_share
 from memrec.analysis.untraced import split_process
 from memrec.events import Kind
+from memrec.events import OWNED
 
 #: Steps listed per process in a summary (the largest first); the totals hold every step.
 MAX_STEPS = 12
@@ -169,10 +172,15 @@ class Reconciliation:
         device = _device_row(dev) if dev is not None else None
         if device is not None and pid is None:
             device["split"] = _sum_splits(rows)
+        split_rows = [r for r in rows if r.get("split")]
+        used = sum(r["nvml_used_last"] or 0 for r in split_rows)
+        gone = sum(r["split"]["unexplained"] for r in split_rows)
         return {
             "gpu": gpu,
             "processes": rows,
             "device": device,
+            # the share of its processes' NVML used (last samples) that is traced or explained
+            "explained_share": max(0.0, min(1.0, 1 - gone / used)) if used > 0 else None,
             "unsampled_pids": unsampled,
             "contexts": [
                 _context_row(c, label) for c in self.contexts if c.gpu == gpu and (pid is None or c.pid == pid)
@@ -208,8 +216,8 @@ def reconcile(trace: Any, timeline: Timeline | None = None, phases: Any = None) 
         for p, t in zip(ex["pid"].tolist(), ex["ts"].tolist()):
             exits[p] = t  # the last one (a reused pid exits again later)
     for g, s in timeline.gpus.items():
-        owned = s.by_pid()
-        out.traced_pids[g] = [p for p, v in owned.items() if v.any()]
+        owned = s.per_pid(OWNED)
+        out.traced_pids[g] = owned.pids[(owned.peak != 0) | (owned.low != 0)].tolist()
         recorded |= set(s.pids())
 
     pm = trace.procmem
@@ -225,13 +233,14 @@ def reconcile(trace: Any, timeline: Timeline | None = None, phases: Any = None) 
             ok = used[lo:hi] >= 0
             t, u = ts[lo:hi][ok], used[lo:hi][ok]
             series = timeline.gpus.get(g)
-            traced = _lookup(series, series.total(p) if series is not None else None, t)
+            traced = _lookup_pid(series, p, t)
             out.processes[(g, p)] = ProcessSeries(
                 gpu=g, pid=p, ts=t, nvml_used=u, traced=traced, untraced=u - traced,
                 unavailable=int((~ok).sum()), recorded=p in recorded, exit_ts=exits.get(p),
             )
 
-    _split_untraced(out, ev, phases if phases is not None else trace_phases(trace))
+    threads = {g.index: g.resident_threads for g in getattr(trace, "gpus", None) or ()}
+    _split_untraced(out, ev, phases if phases is not None else trace_phases(trace), threads)
 
     nv = trace.nvml
     if len(nv):
@@ -253,15 +262,17 @@ def reconcile(trace: Any, timeline: Timeline | None = None, phases: Any = None) 
     return out
 
 
-def _split_untraced(out: Reconciliation, events: np.ndarray, phases: Any) -> None:
-    """Fill ``out.splits`` and ``out.contexts`` (memrec.analysis.untraced)."""
+def _split_untraced(out: Reconciliation, events: np.ndarray, phases: Any, threads: dict[int, int | None]) -> None:
+    """Fill ``out.splits`` and ``out.contexts`` (memrec.analysis.untraced); ``threads``: GPU ->
+    its resident threads (the stack limit's cost per byte), where the trace's header knows it."""
     out.phase_label = phases.label
     phase_of = phases.phase_at if phases.phases else (lambda _pid, _ts: -1)
     explainers = Explainers(events)
     held = pool_held(events)
     until: dict[tuple[int, int], int | None] = {}
     for key, s in out.processes.items():
-        out.splits[key] = split_process(key[0], key[1], s.ts, s.nvml_used, s.traced, held.get(key), explainers, phase_of)
+        out.splits[key] = split_process(key[0], key[1], s.ts, s.nvml_used, s.traced, held.get(key), explainers, phase_of,
+                                        threads.get(key[0]))
         live = np.nonzero(s.live)[0]
         until[key] = int(s.ts[live[-1]]) if len(live) else None
     owners = {g: set(pids) for g, pids in out.traced_pids.items()}
@@ -283,6 +294,16 @@ def _lookup(series: GpuSeries | None, values: np.ndarray | None, ts: np.ndarray)
         return np.zeros(len(ts), dtype=np.int64)
     rows = np.searchsorted(series.ts, ts, side="right") - 1
     return values[np.maximum(rows, 0)].astype(np.int64)
+
+
+def _lookup_pid(series: GpuSeries | None, pid: int, ts: np.ndarray) -> np.ndarray:
+    """What ``pid`` owned at each of ``ts`` (as :func:`_lookup` of its total), from its own change
+    points: O(its changes + samples), so a host of many processes costs O(changes) in all."""
+    owned = series.per_pid(OWNED) if series is not None and len(series.ts) else None
+    i = owned.index(pid) if owned is not None else None
+    if i is None:
+        return np.zeros(len(ts), dtype=np.int64)
+    return owned.at_rows(i, np.searchsorted(series.ts, ts, side="right") - 1)
 
 
 def _lower_median(a: np.ndarray) -> int:
@@ -325,9 +346,11 @@ def _process_row(s: ProcessSeries, split: UntracedSplit | None, label: Any) -> d
             negative_samples=int((u < 0).sum()),
         )
     row["split"] = None
+    row["explained_share"] = None
     if split is not None and live.any():
         last = int(np.nonzero(live)[0][-1])
         row["split"] = split.at(last)
+        row["explained_share"] = explained_share(int(s.nvml_used[last]), int(s.traced[last]), row["split"])
         lim = s.ts[last]
         counted = [st for st in split.steps if st.ts <= lim]
         row["unexplained_max_abs"] = int(np.abs(split.unexplained[live]).max())
@@ -340,6 +363,8 @@ def _process_row(s: ProcessSeries, split: UntracedSplit | None, label: Any) -> d
         for st in counted:
             if st.category == "module_code":
                 by_library[st.library or "(unknown)"] = by_library.get(st.library or "(unknown)", 0) + st.bytes
+        if SEVERAL in by_library:  # a step over calls of several libraries: the split would mislead
+            by_library = {SEVERAL: sum(by_library.values())}
         row["module_code_by_library"] = dict(sorted(by_library.items(), key=lambda kv: -abs(kv[1])))
         largest = sorted(counted, key=lambda st: -abs(st.bytes))[:MAX_STEPS]
         row["steps"] = [

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from memrec.analysis.answer import Answer
 from memrec.analysis.answer import build_answer
 from memrec.analysis.names import api_name
 from memrec.analysis.names import process_title
@@ -36,6 +37,7 @@ from memrec.engine.replay import trace_bounds
 from memrec.engine.replay import trace_phases
 from memrec.analysis.sglang_report import build_sglang_section
 from memrec.analysis.sglang_report import has_sglang_markers
+from memrec.analysis.tensors import tensor_section
 from memrec.analysis.text import seconds
 from memrec.ranks import pid_labels
 from memrec.engine.replay import Timeline
@@ -187,9 +189,16 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
         else:
             report["gpus"].append(section)
     report["sglang"] = sglang
+    report["tensors"] = tensor_section(events, phases, start, trace.header, trace.trailer, pid=pid, gpu=gpu)
     _peak_by_phase(report, trace, tl, phases)
-    report["answer"] = build_answer(report)
+    report["answer"] = build_answer(report).to_json()
     return report
+
+
+def trace_answer(trace: Any) -> Answer:
+    """The answer ``memrec report`` prints first (:mod:`memrec.analysis.answer`), for the views
+    that lead with it (TUI, plot, exports): built from the same report, so that they agree."""
+    return Answer.from_json(build_report(trace)["answer"])
 
 
 def _peak_by_phase(report: dict, trace: Any, tl: Timeline, phases: Phases) -> None:

@@ -60,17 +60,20 @@ def gpu_section(
         total = series.total(pid)
         peak_b, peak_ts, row = series.peak(pid)
         cats = series.by_category(pid)
+        owned = series.per_pid(OWNED)  # every process at once: O(changes), not O(processes × rows)
+        listed = np.isin(owned.pids, pids)
+        at_peak = owned.at_row(row)
         sec["peak"] = {
             "bytes": peak_b,
             "ts": peak_ts,
             "t_s": seconds(peak_ts - start),
             "by_category": {c: int(s[row]) for c, s in cats.items() if s[row]},
-            "by_pid": [{"pid": p, "bytes": int(series.total(p)[row])} for p in pids if series.total(p)[row]],
+            "by_pid": _by_pid(owned.pids, at_peak, listed),
         }
         sec["final"] = {
             "bytes": int(total[-1]),
             "by_category": {c: int(s[-1]) for c, s in cats.items() if s[-1]},
-            "by_pid": [{"pid": p, "bytes": int(series.total(p)[-1])} for p in pids if series.total(p)[-1]],
+            "by_pid": _by_pid(owned.pids, owned.final, listed),
         }
         sec["categories"] = []
         for c, s in cats.items():
@@ -90,22 +93,26 @@ def gpu_section(
         held_by_pid[r["pid"]] = held_by_pid.get(r["pid"], 0) + r["owned"]
     nvml_used = _procmem_last(trace, g)
     rows = []
-    for p in pids:
-        own = series.total(p)
-        mapped = series.series(p, ("ipc_mapped",))
-        i = int(np.argmax(own))
+    if pids:
+        owned, mapped = series.per_pid(OWNED), series.per_pid(("ipc_mapped",))
+        final_by_pid = _final_by_category(series)
+        # every listed pid has keys here, and per_pid lists every pid of the keys, ascending
+        at = np.searchsorted(owned.pids, pids)
+        columns = zip(owned.peak[at].tolist(), series.ts[owned.peak_row[at]].tolist(), owned.final[at].tolist(),
+                      mapped.peak[at].tolist(), mapped.final[at].tolist())
+    for p, (peak, peak_ts, final, mapped_peak, mapped_final) in zip(pids, columns if pids else ()):
         rows.append(
             {
                 "pid": p,
                 "process": procs.get(p, {}).get("short", ""),
                 "rank": procs.get(p, {}).get("rank", ""),
-                "peak": int(own[i]),
-                "peak_ts": int(series.ts[i]),
-                "peak_t_s": seconds(int(series.ts[i]) - start),
-                "final": int(own[-1]),
-                "mapped_peak": int(mapped.max()),
-                "mapped_final": int(mapped[-1]),
-                "by_category": {c: int(s[-1]) for c, s in series.by_category(p).items() if s[-1]},
+                "peak": peak,
+                "peak_ts": peak_ts,
+                "peak_t_s": seconds(peak_ts - start),
+                "final": final,
+                "mapped_peak": mapped_peak,
+                "mapped_final": mapped_final,
+                "by_category": final_by_pid.get(p, {}),
                 "exit_ts": procs.get(p, {}).get("exit_ts"),
                 "held_at_exit": held_by_pid.get(p, 0),
                 "nvml_used": nvml_used.get(p),
@@ -119,6 +126,22 @@ def gpu_section(
     sec["nvml"] = _nvml(trace, g, series, start)
     sec["reconciliation"] = _reconciliation(rec, g, pid, start)
     return sec
+
+
+def _by_pid(pids: np.ndarray, held: np.ndarray, listed: np.ndarray) -> list[dict]:
+    """``[{"pid", "bytes"}]`` of the listed processes holding something, pids ascending."""
+    keep = listed & (held != 0)
+    return [{"pid": p, "bytes": b} for p, b in zip(pids[keep].tolist(), held[keep].tolist())]
+
+
+def _final_by_category(series: GpuSeries) -> dict[int, dict[str, int]]:
+    """Per process, what each category holds at the end (zeros left out), categories in order."""
+    out: dict[int, dict[str, int]] = {}
+    held = series.held_at(len(series.ts) - 1).tolist()
+    for (p, c), b in sorted(zip(series.keys, held), key=lambda kb: (kb[0][0], CATEGORIES.index(kb[0][1]))):
+        if b:
+            out.setdefault(p, {})[c] = b
+    return out
 
 
 def _reconciliation(rec: Reconciliation, g: int, pid: int | None, start: int) -> dict | None:

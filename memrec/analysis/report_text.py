@@ -10,11 +10,13 @@ processes that only mapped peers' memory; ``show_all`` keeps them.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from typing import Any
 
-from memrec.analysis.answer import fit
+from memrec.analysis.answer import Answer
 from memrec.engine.phases import NO_PHASE
 from memrec.analysis.sglang_report import render_sglang
+from memrec.analysis.tensors_text import render_tensors
 from memrec.analysis.text import count
 from memrec.analysis.text import fit_lines
 from memrec.analysis.text import human
@@ -22,6 +24,7 @@ from memrec.analysis.text import scalar
 from memrec.analysis.text import seconds
 from memrec.analysis.text import table
 from memrec.analysis.untraced import SPLIT
+from memrec.analysis.untraced import SPLIT_HEADINGS
 from memrec.events import CATEGORIES
 from memrec.trace.merge import render_merged
 
@@ -30,6 +33,7 @@ _CATEGORY_NOTE = {
     "vmm": "cuMemCreate physical",
     "ipc_mapped": "peers' memory mapped here: not owned, not in totals",
     "host_pinned": "pinned host memory",
+    "array": "CUDA arrays (descriptor bytes in 2 MiB granules)",
 }
 
 
@@ -73,7 +77,7 @@ def render_text(report: dict, width: int = 80, show_all: bool = False) -> str:
     ``show_all`` keeps what the default view leaves out (see the module docstring). The same
     report and width always give the same text.
     """
-    out: list[str] = [fit(line, width) for line in report["answer"]["lines"]]
+    out: list[str] = Answer.from_json(report["answer"]).text(width)
     tr = report["trace"]
     procs = {p["pid"]: p for p in report["processes"]}
     out.append("")
@@ -117,6 +121,10 @@ def render_text(report: dict, width: int = 80, show_all: bool = False) -> str:
     if report["host"] is not None:
         out.append("")
         out.extend(_render_gpu(report["host"], procs, width, show_all))
+
+    if report.get("tensors"):
+        out.append("")
+        out.extend(render_tensors(report["tensors"], width))
 
     if report["failures_unknown_gpu"]:
         out.append("")
@@ -320,6 +328,7 @@ def _without_exit_frees(r: dict) -> dict | None:
 
 #: The first line of a block ``collapse`` compares: a GPU section's title, an SGLang rank's header.
 _GPU_BLOCK = re.compile(r"^GPU \d+\b")
+_WORD_OF_DIGITS = re.compile(r"\b\d+\b")
 _RANK_BLOCK = re.compile(r"^((DP|PP|TP|EP)\d+ ?)+ +pid \d+")
 
 
@@ -335,11 +344,15 @@ def collapse(lines: list[str], header: re.Pattern, procs: dict) -> list[str]:
     if len(starts) < 2:
         return lines
     bounds = list(zip(starts, starts[1:] + [len(lines)]))
-    pids = sorted((str(p) for p in procs), key=len, reverse=True)
-    mask = re.compile(r"\b(" + "|".join(map(re.escape, pids)) + r")\b") if pids else None
+    # A pid is a whole word of digits: one pattern and a set, not an alternation of every pid
+    # (100,000 processes made that regex, tried at every position, most of the report's time).
+    pids = {str(p) for p in procs}
+
+    def pid(m: re.Match) -> str:
+        return "P" if m.group() in pids else m.group()
 
     def norm(text: str) -> str:
-        text = mask.sub("P", text) if mask else text
+        text = _WORD_OF_DIGITS.sub(pid, text) if pids else text
         text = re.sub(r"\b(DP|PP|TP|EP)\d+", r"\1n", text)
         text = re.sub(r"\bGPU-[0-9a-fA-F-]+", "UUID", text)
         text = re.sub(r"\bGPU \d+", "GPU n", text)
@@ -350,7 +363,8 @@ def collapse(lines: list[str], header: re.Pattern, procs: dict) -> list[str]:
         return re.sub(r"\s+", " ", text).strip()
 
     first_head = lines[starts[0]].split("  ")[0].split(" pid ")[0].strip()
-    base = sorted(norm(t) for t in lines[bounds[0][0] + 1 : bounds[0][1]] if t.strip() and not set(t) <= {"="})
+    base = Counter(norm(t) for t in lines[bounds[0][0] + 1 : bounds[0][1]] if t.strip() and not set(t) <= {"="})
+    base_len = sum(base.values())
     out = lines[: bounds[0][1]]
     same_run: list[str] = []
 
@@ -364,20 +378,24 @@ def collapse(lines: list[str], header: re.Pattern, procs: dict) -> list[str]:
     for lo, hi in bounds[1:]:
         head = lines[lo].split("  ")[0].split(" pid ")[0].strip()
         body = [t for t in lines[lo + 1 : hi] if t.strip() and not set(t) <= {"="}]
-        normed = sorted(norm(t) for t in body)
-        if normed == base:
+        # The lines the first block lacks (a multiset match); past 3 the block shows whole, so
+        # the matching stops there (a block of 12,500 process rows needs a few lines normalised).
+        extra = []
+        if len(body) == base_len:
+            rest = base.copy()
+            for t in body:
+                n = norm(t)
+                if rest[n]:
+                    rest[n] -= 1
+                else:
+                    extra.append(t)
+                    if len(extra) > 3:
+                        break
+        if len(body) == base_len and not extra:
             same_run.append(head)
             continue
         flush()
-        rest = list(base)
-        extra = []
-        for t in body:
-            n = norm(t)
-            if n in rest:
-                rest.remove(n)
-            else:
-                extra.append(t)
-        if len(extra) <= 3 and len(body) == len(base):
+        if len(body) == base_len and len(extra) <= 3:
             out.append(f"{head}: same as {first_head} except")
             out.extend(extra)
             out.append("")
@@ -440,19 +458,26 @@ def _render_reconciliation(rc: dict, procs: dict, width: int) -> list[str]:
 def _render_split(rc: dict, procs: dict, width: int) -> list[str]:
     """The untraced band split (memrec.analysis.untraced), the contexts, and the split per phase."""
     rows = []
+    splits = [r["split"] for r in rc["processes"] if r.get("split")]
+    d = rc["device"]
+    cols = _split_columns(splits + ([d["split"]] if d is not None and d.get("split") else []))
+    shares = []
     for r in rc["processes"]:
         sp = r.get("split")
         if sp:
             rows.append([str(r["pid"]), procs.get(r["pid"], {}).get("rank", ""), human(r["untraced_last"]),
-                         *(human(sp[k]) for k in SPLIT)])
-    d = rc["device"]
+                         *(human(sp[k]) for k in cols)])
+            shares.append(f"pid {r['pid']} {_share(r.get('explained_share'))}")
     if d is not None and d.get("split"):
-        rows.append(["GPU", "", human(sum(d["split"].values())), *(human(d["split"][k]) for k in SPLIT)])
+        rows.append(["GPU", "", human(sum(d["split"].values())), *(human(d["split"][k]) for k in cols)])
     out: list[str] = []
     if rows:
         out.append("  Untraced, split at the last sample (unexplained = untraced - the rest)")
-        out.extend(table(["PID", "RANK", "UNTRACED", "CONTEXT", "MODULES", "POOLS", "BEFORE", "UNEXPLAINED"],
-                         rows, right={0, 2, 3, 4, 5, 6, 7}, width=width, drop=(1,)))
+        out.extend(table(["PID", "RANK", "UNTRACED", *(SPLIT_HEADINGS[k] for k in cols)],
+                         rows, right={0, *range(2, 3 + len(cols))}, width=width, drop=(1,)))
+        if rc.get("explained_share") is not None:
+            shares.append(f"GPU {_share(rc['explained_share'])}")
+        out.append("    NVML used traced or explained by measurement: " + ", ".join(shares))
         for r in rc["processes"]:
             libs = {k: v for k, v in r.get("module_code_by_library", {}).items() if v}
             if libs:
@@ -472,12 +497,28 @@ def _render_split(rc: dict, procs: dict, width: int) -> list[str]:
             continue  # no markers: the split above says it all
         for ph in phased:
             if any(ph[k] for k in SPLIT if k != "before_recording"):
-                phase_rows.append([str(r["pid"]), ph["phase"], *(human(ph[k]) for k in SPLIT if k != "before_recording")])
+                phase_rows.append((str(r["pid"]), ph))
     if phase_rows:
+        cols = [k for k in _split_columns([ph for _, ph in phase_rows]) if k != "before_recording"]
         out.append("  Untraced steps per phase")
-        out.extend(table(["PID", "PHASE", "CONTEXT", "MODULES", "POOLS", "UNEXPLAINED"], phase_rows,
-                         right={0, 2, 3, 4, 5}, width=width))
+        out.extend(table(["PID", "PHASE", *(SPLIT_HEADINGS[k] for k in cols)],
+                         [[pid, ph["phase"], *(human(ph[k]) for k in cols)] for pid, ph in phase_rows],
+                         right={0, *range(2, 2 + len(cols))}, width=width))
     return out
+
+
+#: Split columns shown only when some row has bytes there (issue 21's families: most traces have none).
+_OPTIONAL = ("limits", "graph", "multicast")
+
+
+def _split_columns(splits: list[dict]) -> list[str]:
+    """The split's columns to show for these rows: the families only where some row has bytes."""
+    return [k for k in SPLIT if k not in _OPTIONAL or any(sp.get(k) for sp in splits)]
+
+
+def _share(share: float | None) -> str:
+    """A share as a whole percent, floored so that 97.9 % never shows as 98 %."""
+    return "-" if share is None else f"{int(share * 1000) / 10:.1f} %"
 
 
 def _range(lo: int | None, hi: int | None) -> str:

@@ -26,10 +26,7 @@ def table(
     keep = list(range(len(headers)))
 
     def widths_of(cols: list[int]) -> list[int]:
-        ws = [len(headers[c]) for c in cols]
-        for r in rows:
-            ws = [max(w, len(r[c])) for w, c in zip(ws, cols)]
-        return ws
+        return [max(len(headers[c]), max((len(r[c]) for r in rows), default=0)) for c in cols]
 
     widths = widths_of(keep)
     total = len(indent) + sum(widths) + 2 * (len(keep) - 1)
@@ -42,9 +39,10 @@ def table(
             total = len(indent) + sum(widths) + 2 * (len(keep) - 1)
 
     def line(cells: list[str], ws: list[int]) -> str:
-        out = [c.rjust(w) if k in right else c.ljust(w) for k, c, w in zip(keep, cells, ws)]
+        out = [just(c, w) for just, c, w in zip(justify, cells, ws)]
         return (indent + "  ".join(out)).rstrip()
 
+    justify = [str.rjust if k in right else str.ljust for k in keep]
     room = None  # the last column's room when it wraps beside the others
     below = None  # its room when it goes on lines of its own, under the row
     if width is not None and wrap and total > width:

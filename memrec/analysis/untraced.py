@@ -1,36 +1,54 @@
-"""The untraced band split into what it is: contexts, device code, pools, what came before.
+"""The untraced band split into what it is, attributed only where a measurement shows it.
 
-NVML's per-process ``used`` minus the traced bytes (:mod:`memrec.analysis.reconcile`) is one number
-that hides four things, measured on an H200 (docs/validation/untraced-explore.md):
+NVML's per-process ``used`` minus the traced bytes (:mod:`memrec.analysis.reconcile`; CUDA arrays
+are traced, sized from their descriptors) is one number that hides several things, measured on an
+H200 (docs/validation/untraced-explore.md, docs/validation/families.md):
 
-- **context**: a context costs ~520 MiB at creation (cuDevicePrimaryCtxRetain, cuCtxCreate*), and
-  ~90 MiB more at its first kernel launch (lazy loading's first step, also under EAGER): the NVML
-  step over a context bind, and the step over the first kernel fetched into it, are the context's;
+- **context**: ~520 MiB at creation (cuDevicePrimaryCtxRetain, cuCtxCreate*), and PyTorch's
+  first kernel fetched into it (+92 MiB at its first launch on the H200; a cuda-python module's
+  first launch added nothing) when a reading brackets that fetch;
 - **module code**: kernels reach the device when fetched into a context (cuLibraryGetKernel,
-  cuKernelGetFunction, once per kernel) or loaded with a module (cuModuleLoad*); NCCL's kernels
-  were +262 MiB. Steps over those calls (and unloads) are module code;
+  cuKernelGetFunction) or loaded with a module (cuModuleLoad*). A module's code cannot exceed what
+  its image could place on the device: at most :data:`MODULE_FACTOR` × the image's bytes (read from
+  its fatbin, ELF or PTX header by the probe) + :data:`GRANULE` per load; an image of unknown size
+  bounds nothing;
 - **pools**: a stream-ordered pool keeps freed blocks up to its release threshold until a trim or
-  its destruction. Modelled from the events: ``held`` grows by what cuMemFreeAsync frees into the
-  pool (capped at the threshold, default 0: given back at the next sync), shrinks when an
-  allocation reuses it, at cuMemPoolTrimTo (to ``minBytesToKeep``) and cuMemPoolDestroy. Steps
-  over pool calls and stream-ordered allocations (the pool's own granularity) count here too;
-- **before recording**: a process NVML lists whose context memrec never saw being bound (it was
-  running before the recording, or before this file of a rotated recording): what it held at its
-  first sample.
+  its destruction (the pool model of :func:`pool_held`, plus steps over pool calls);
+- **limits**: a stack limit costs (new - old) × the GPU's resident threads (SMs × threads per
+  SM; old starts at the default 1 KiB): inside cuCtxSetLimit once the context has launched, else
+  at its next launch. The malloc heap, the printf FIFO and the pending-launch count showed no step
+  on the H200 (kernels that use neither): recorded, never given a step;
+- **graph**: graph-owned memory (allocations captured into a graph, graph memory nodes) reaches the
+  device at instantiate, upload or the first launch of the executable graph, up to the graph's
+  footprint (its allocations rounded up to :data:`GRANULE`, + one granule), and leaves at
+  cuDeviceGraphMemTrim (even with the graphs alive, on the H200);
+- **multicast**: steps over multicast object calls (cuMulticastCreate/AddDevice/Bind*/Unbind);
+- **before recording**: what a process NVML lists held at its first sample when memrec never saw
+  its context being bound.
 
-Everything else is **unexplained**: allocation rounding, NVML readings that lag a call, memory the
-driver takes without any probed call. The split is an identity at every sample::
+Everything else is **unexplained**. The split is an identity at every sample::
 
-    NVML used = traced + pools + before recording + context + module code + unexplained
+    NVML used = traced + pools + context + module code + limits + graph + multicast
+                + before recording + unexplained
 
-How a step is attributed: between two consecutive NVML readings of one process on one GPU, the
-residual ``NVML used - traced - pool model`` changes by some bytes; the step goes to the strongest
-category of that process's explaining calls in the interval (context > module code > pools), or,
-when there is none, to the last such call if it ended at most :data:`SETTLE_NS` before the
-interval began (a kernel fetched just before its first launch reaches the device a little later).
-The daemon reads NVML right before and after each context bind and after code and pool calls
-(:mod:`memrec.daemon.untraced`), so on a recording with those readings each interval holds one
-kind of step.
+How a step is attributed (no time window: only calls inside the interval and bounds the calls
+give). Between two consecutive NVML readings of one process on one GPU, the residual ``NVML used -
+traced - pool model`` changes by ``S`` bytes. Two kinds of evidence can explain it:
+
+- *bracketed calls*: explaining calls made between the two readings (the daemon reads NVML right
+  before and after each context bind, and after code, pool, limit, graph and multicast calls:
+  :mod:`memrec.daemon.untraced`). The strongest category among them (context > module code >
+  graph > multicast > limits > pools) takes the step, module code only up to its bound;
+- *pending costs*: what a call made earlier promised the device and has not placed yet: a raised
+  stack limit, an instantiated graph's pool. Each has a range of bytes (narrow where a rule gives
+  the number: the stack with the GPU's resident threads; loose where only a ceiling is known: a
+  graph's footprint, a stack on a GPU whose thread count is unknown).
+
+A positive step takes the narrow pending costs that fit (the largest set whose sum leaves a
+remainder of at least ``-tolerance``); the remainder goes to the bracketed category if its bound
+allows it, else to the one loose pending cost whose range holds it. Two loose costs that could
+both hold it, or none, leave it **unexplained**, whatever happened nearby. A negative step goes
+to the strongest bracketed category, or stays unexplained.
 
 Each step also gets the phase (markers) of its process open at the explaining call, or at the
 reading when there is none.
@@ -46,23 +64,60 @@ from typing import Iterable
 import numpy as np
 
 from memrec.analysis.names import api_name
+from memrec.events import CU_LIMIT_STACK_SIZE
 from memrec.events import FLAG_NAME
+from memrec.events import GRANULE
 from memrec.events import MEMPOOL_ATTR_RELEASE_THRESHOLD
 from memrec.events import STREAM_ORDERED_APIS
+from memrec.events import UNTRACED_HEADINGS
+from memrec.events import UNTRACED_SPLIT
 from memrec.events import Api
 from memrec.events import Kind
 
-#: The columns of the split, in the order the report shows them.
-SPLIT = ("context", "module_code", "pools", "before_recording", "unexplained")
-#: How long after an explaining call a step with no call of its own is still that call's.
-SETTLE_NS = 2_500_000_000
+#: The columns of the split, in the order the report shows them, and their headings.
+SPLIT = UNTRACED_SPLIT
+SPLIT_HEADINGS = UNTRACED_HEADINGS
+#: The columns that explain memory by measurement (the rest of the band is unexplained).
+EXPLAINED = tuple(c for c in SPLIT if c != "unexplained")
+MiB = 1 << 20
+#: A module's code on the device is at most this many times its image's bytes (+ a granule per load).
+MODULE_FACTOR = 4
+#: The stack per thread a context places at its first launch before any cuCtxSetLimit (the
+#: driver's default, 1 KiB): a raise to ``v`` then costs ``(v - 1 KiB) x resident threads``.
+DEFAULT_STACK = 1024
+#: Without the GPU's resident-thread count, a stack raise is bounded by these thread counts.
+THREADS_MIN, THREADS_MAX = 1 << 14, 1 << 19
+#: The library of a module-code step whose interval holds calls about several libraries.
+SEVERAL = "(several)"
+#: The share of NVML used that must be traced or explained before the report names causes.
+EXPLAINED_SHARE_MIN = 0.98
 
-_CONTEXT, _MODULE, _POOL = 3, 2, 1  # attribution strength
-_CATEGORY = {_CONTEXT: "context", _MODULE: "module_code", _POOL: "pools"}
+
+def tolerance(step: int) -> int:
+    """How far a step may be from a rule's number and still be that rule's: a granule, or 1 %."""
+    return max(GRANULE, abs(step) // 100)
+
+
+_CONTEXT, _MODULE, _GRAPH, _MULTICAST, _LIMITS, _POOL = 6, 5, 4, 3, 2, 1  # bracket strength
+_CATEGORY = {_CONTEXT: "context", _MODULE: "module_code", _GRAPH: "graph", _MULTICAST: "multicast",
+             _LIMITS: "limits", _POOL: "pools"}
 _BIND_AUX = (0, 1)  # CTX aux: retain, create (2 is cuCtxGetDevice)
 _ASYNC_ALLOC = {int(a) for a in (Api.cuMemAllocAsync, Api.cuMemAllocAsync_ptsz)}
 _STREAM = [int(a) for a in STREAM_ORDERED_APIS]
 _K = {k: int(k) for k in Kind}
+_CODE_KINDS = [_K[Kind.CODE_LOAD], _K[Kind.CODE_UNLOAD], _K[Kind.KERNEL_LOAD]]
+_POOL_KINDS = [_K[Kind.POOL], _K[Kind.POOL_DESTROY], _K[Kind.POOL_TRIM], _K[Kind.POOL_ATTR]]
+_GRAPH_KINDS = [_K[Kind.GRAPH_EXEC], _K[Kind.GRAPH_TRIM]]
+_MULTICAST_KINDS = [_K[Kind.MULTICAST_CREATE], _K[Kind.MULTICAST_ADD], _K[Kind.MULTICAST_BIND],
+                    _K[Kind.MULTICAST_UNBIND]]
+#: Kinds whose events carry their call's entry time in aux (probes/cuda.bpf.c), and the longest
+#: call believed (a larger gap is a damaged or older trace's aux).
+_ENTRY_TIMED = [_K[Kind.CODE_LOAD], _K[Kind.CODE_UNLOAD], _K[Kind.KERNEL_LOAD], _K[Kind.POOL_DESTROY],
+                _K[Kind.POOL_TRIM], _K[Kind.ARRAY_DESTROY], _K[Kind.GRAPH_TRIM]]
+MAX_CALL_NS = 10_000_000_000
+#: Kinds that make a pending cost (read by :class:`Pending`).
+_PENDING_KINDS = [_K[Kind.CTX_LIMIT], _K[Kind.CAPTURE_BEGIN], _K[Kind.CAPTURE_END], _K[Kind.GRAPH_ALLOC],
+                  _K[Kind.GRAPH_EXEC], _K[Kind.GRAPH_TRIM]]
 
 
 #: Events per step of :func:`_one_of`: a step's column and mask stay in the CPU's cache.
@@ -128,6 +183,14 @@ class UntracedSplit:
     before_recording: np.ndarray
     unexplained: np.ndarray
     steps: list[Step] = field(default_factory=list)
+    limits: np.ndarray | None = None
+    graph: np.ndarray | None = None
+    multicast: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("limits", "graph", "multicast"):
+            if getattr(self, name) is None:
+                setattr(self, name, np.zeros(len(self.ts), dtype=np.int64))
 
     def at(self, i: int) -> dict[str, int]:
         """The split at sample ``i`` (plain ints, keys :data:`SPLIT`)."""
@@ -143,12 +206,17 @@ class Explainers:
         # A bind's entry (CTX_BEGIN) too: the context grows while the call runs (~100 ms on an
         # H200), so a reading taken then already holds part of it.
         ctx_bind = ((kinds == _K[Kind.CTX]) & _one_of(events["aux"], _BIND_AUX)) | (kinds == _K[Kind.CTX_BEGIN])
-        code = _one_of(kinds, [_K[Kind.CODE_LOAD], _K[Kind.CODE_UNLOAD], _K[Kind.KERNEL_LOAD]])
-        pool = _one_of(kinds, [_K[Kind.POOL], _K[Kind.POOL_DESTROY], _K[Kind.POOL_TRIM], _K[Kind.POOL_ATTR]])
+        code = _one_of(kinds, _CODE_KINDS)
+        pool = _one_of(kinds, _POOL_KINDS)
         stream = _one_of(kinds, [_K[Kind.ALLOC], _K[Kind.FREE]]) & _one_of(events["api"], _STREAM)
-        sel = np.nonzero(ok & (ctx_bind | code | pool | stream))[0]
+        graph = _one_of(kinds, _GRAPH_KINDS)
+        multicast = _one_of(kinds, _MULTICAST_KINDS)
+        limit = kinds == _K[Kind.CTX_LIMIT]
+        sel = np.nonzero(ok & (ctx_bind | code | pool | stream | graph | multicast | limit))[0]
         ev = events[sel]
-        strength = np.where(ctx_bind[sel], _CONTEXT, np.where(code[sel], _MODULE, _POOL)).astype(np.int64)
+        strength = np.select(
+            [ctx_bind[sel], code[sel], graph[sel], multicast[sel], limit[sel]],
+            [_CONTEXT, _MODULE, _GRAPH, _MULTICAST, _LIMITS], _POOL).astype(np.int64)
         # The first kernel fetched into a new context is the context's (its lazy first-launch step).
         # Retaining a context already bound costs nothing and explains nothing (NCCL and others
         # retain the primary context again while they load their kernels).
@@ -182,21 +250,31 @@ class Explainers:
         ctx_of = [c for c, k in zip(ctx_of, keep.tolist()) if k]
         self.libraries = [n for n, k in zip(libraries, keep.tolist()) if k]
         self.by_pid: dict[int, tuple[np.ndarray, ...]] = {}
-        pids = ev["pid"]
-        ctx_arr = np.asarray(ctx_of, dtype=np.uint64)
-        for p in np.unique(pids).tolist():
-            m = pids == p
-            self.by_pid[p] = (
-                ev["ts"][m].astype(np.int64), ev["gpu"][m].astype(np.int64), strength[m],
-                ev["api"][m].astype(np.int64), ctx_arr[m], ev["kind"][m].astype(np.int64),
-                np.asarray(self.libraries, dtype=object)[m] if len(ev) else np.zeros(0, dtype=object),
-            )
+        # every process's rows from one stable sort by pid (a mask per process was
+        # O(processes × calls): a host of many short processes each binding a context)
+        # When each call began: the probes put the entry time of code, unload and trim calls in
+        # aux (a reading taken while such a call ran already shows part of its step); else its ts.
+        ts64, aux64 = ev["ts"].astype(np.int64), ev["aux"].astype(np.int64)
+        timed = _one_of(ev["kind"], _ENTRY_TIMED) & (aux64 > 0) & (aux64 <= ts64) & (ts64 - aux64 < MAX_CALL_NS)
+        start = np.where(timed, aux64, ts64)
+        order = np.argsort(ev["pid"], kind="stable")
+        pids = ev["pid"][order]
+        cols = (ts64, ev["gpu"].astype(np.int64), strength, ev["api"].astype(np.int64),
+                np.asarray(ctx_of, dtype=np.uint64), ev["kind"].astype(np.int64),
+                np.asarray(self.libraries, dtype=object) if len(ev) else np.zeros(0, dtype=object),
+                ev["size"].astype(np.int64), start)
+        cols = tuple(c[order] for c in cols)
+        cuts = np.flatnonzero(pids[1:] != pids[:-1]) + 1
+        for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(pids)]):
+            if hi > lo:
+                self.by_pid[int(pids[lo])] = tuple(c[lo:hi] for c in cols)
+        self.pending = _pending_events(events)
 
     def of(self, pid: int, gpu: int) -> tuple[np.ndarray, ...]:
         """This process's explaining calls on ``gpu`` (and those whose GPU is unknown)."""
         cols = self.by_pid.get(pid)
         if cols is None:
-            return tuple(np.zeros(0, np.int64) for _ in range(7))
+            return tuple(np.zeros(0, np.int64) for _ in range(9))
         m = (cols[1] == gpu) | (cols[1] < 0)
         return tuple(c[m] for c in cols)
 
@@ -311,14 +389,172 @@ def pool_held(events: np.ndarray) -> dict[tuple[int, int], tuple[np.ndarray, np.
     return {k: (np.asarray(t, dtype=np.int64), np.asarray(v, dtype=np.int64)) for k, (t, v) in out.items()}
 
 
+def _pending_events(events: np.ndarray) -> dict[int, np.ndarray]:
+    """Per process, the successful calls that make or settle pending costs (limits, graphs)."""
+    m = (events["result"] == 0) & _one_of(events["kind"], _PENDING_KINDS)
+    ev = events[m]
+    return {p: ev[ev["pid"] == p] for p in np.unique(ev["pid"]).tolist()}
+
+
+@dataclass
+class _Cost:
+    """A cost a call promised the device and has not placed yet (or not all of it).
+
+    ``context``: for the stack, the limit that is placed once the cost lands."""
+
+    category: str
+    lo: int
+    hi: int
+    narrow: bool  # a rule gives the number (lo..hi within a tolerance); else only a ceiling
+    api: int
+    ts: int
+    key: tuple  # what the cost is of: ("stack",), ("graph", exec)
+    context: int | None = None
+
+    @property
+    def expected(self) -> int:
+        return (self.lo + self.hi) // 2
+
+
+class _Costs:
+    """The pending costs of one process on one GPU, kept in time order as its calls come."""
+
+    def __init__(self, rows: np.ndarray | None, threads: int | None) -> None:
+        self.rows = rows if rows is not None else np.zeros(0, dtype=[("ts", "<u8")])
+        self.next = 0
+        self.threads = threads
+        self.open: dict[tuple, _Cost] = {}
+        self.placed = DEFAULT_STACK  # the stack per thread on the device
+        self.captures: dict[int, int] = {}  # stream -> bytes captured so far
+        self.footprint: dict[int, int] = {}  # graph -> graph-owned bytes
+        self.execs: dict[int, int] = {}  # exec -> its graph's footprint
+
+    def advance(self, until: int) -> None:
+        """Take in the calls made up to ``until``."""
+        r = self.rows
+        while self.next < len(r) and int(r["ts"][self.next]) <= until:
+            self._take(r[self.next])
+            self.next += 1
+
+    def _take(self, e) -> None:
+        kind, api, ts, size, handle, aux, ptr = (int(e["kind"]), int(e["api"]), int(e["ts"]), int(e["size"]),
+                                                 int(e["handle"]), int(e["aux"]), int(e["ptr"]))
+        if kind == _K[Kind.CTX_LIMIT]:
+            self._limit(aux, size, api, ts)
+        elif kind == _K[Kind.CAPTURE_BEGIN]:
+            self.captures[handle] = 0
+        elif kind == _K[Kind.GRAPH_ALLOC]:
+            grain = -(-size // GRANULE) * GRANULE
+            if handle in self.captures:
+                self.captures[handle] += grain
+            elif api == int(Api.cuGraphAddMemAllocNode):
+                self.footprint[handle] = self.footprint.get(handle, 0) + grain
+            elif len(self.captures) == 1:  # from a pool (handle = the pool) on the one stream captured
+                stream = next(iter(self.captures))
+                self.captures[stream] += grain
+        elif kind == _K[Kind.CAPTURE_END]:
+            got = self.captures.pop(handle, 0)
+            if ptr:
+                self.footprint[ptr] = self.footprint.get(ptr, 0) + got
+        elif kind == _K[Kind.GRAPH_EXEC] and aux == 0:  # instantiated: ptr = graph, handle = exec
+            need = self.footprint.get(ptr, 0)
+            if need:
+                self.execs[handle] = need
+                self.open[("graph", handle)] = _Cost("graph", 0, need + GRANULE, False, api, ts, ("graph", handle))
+        elif kind == _K[Kind.GRAPH_TRIM]:  # the pool is given back: every graph may grow it again
+            for ex, need in self.execs.items():
+                self.open[("graph", ex)] = _Cost("graph", 0, need + GRANULE, False, api, ts, ("graph", ex))
+
+    def _limit(self, limit: int, value: int, api: int, ts: int) -> None:
+        """A stack limit: (new - placed) x resident threads, at the call once the context has
+        launched, else at its next launch (the H200: 16 KiB +3,960 MiB, back to 4 KiB -3,168 MiB,
+        32 KiB +7,392 MiB, each inside cuCtxSetLimit). The heap, the printf FIFO and the pending
+        launch count showed no step at all on the H200 (kernels using neither malloc nor printf):
+        recorded, never given a step."""
+        if limit != CU_LIMIT_STACK_SIZE:
+            return
+        old = self.placed
+        self.open.pop(("stack",), None)
+        if value <= old:  # the driver shrinks the stack at the call (a bracketed negative step)
+            self.placed = value
+            return
+        if self.threads:
+            n = (value - old) * self.threads
+            cost = _Cost("limits", n, n, True, api, ts, ("stack",))
+        else:
+            cost = _Cost("limits", (value - old) * THREADS_MIN, value * THREADS_MAX, False, api, ts, ("stack",))
+        cost.context = value  # the value placed once it lands
+        self.open[("stack",)] = cost
+
+    def settle(self, cost: _Cost, placed: int) -> None:
+        """``placed`` bytes of ``cost`` reached the device."""
+        if cost.key[0] == "stack":
+            self.placed = cost.context
+            self.open.pop(cost.key, None)
+        elif cost.key[0] == "graph":
+            cost.hi -= placed
+            if cost.hi < GRANULE:
+                self.open.pop(cost.key, None)
+        else:
+            self.open.pop(cost.key, None)
+
+
+def _explain(step: int, costs: _Costs, bracket: tuple[str, float] | None) -> list[tuple[str, int, _Cost | None]] | None:
+    """How a positive step splits into (category, bytes, pending cost or None for the bracket);
+    None: no unique explanation (the step stays unexplained).
+
+    Narrow pending costs first (the largest set that fits), then the remainder to the bracketed
+    category within its bound, else to the one loose category whose pending costs can hold it.
+    """
+    tol = tolerance(step)
+    narrow = [c for c in costs.open.values() if c.narrow]
+    loose: dict[str, list[_Cost]] = {}
+    for c in costs.open.values():
+        if not c.narrow:
+            loose.setdefault(c.category, []).append(c)
+    best: list | None = None
+    best_n = -1
+    ambiguous = False
+    narrow = narrow[:8]
+    for mask in range(1 << len(narrow)):
+        chosen = [c for i, c in enumerate(narrow) if mask >> i & 1]
+        if sum(c.lo for c in chosen) > step + tol:
+            continue
+        rest = step - sum(c.expected for c in chosen)
+        parts: list[tuple[str, int, _Cost | None]] = [(c.category, c.expected, c) for c in chosen]
+        low, high = sum(c.lo for c in chosen), sum(c.hi for c in chosen)
+        if chosen and low - tol <= step <= high + tol:
+            # The rules' ranges hold the step: each takes its low end and a share of the rest.
+            spare, width = min(max(step - low, 0), high - low), high - low
+            parts = [(c.category, c.lo + (spare * (c.hi - c.lo) // width if width else 0), c) for c in chosen]
+        elif rest > 0 and bracket is not None and rest <= bracket[1] + tol:
+            parts.append((bracket[0], rest, None))
+        else:
+            fits = [cat for cat, cs in loose.items() if sum(c.hi for c in cs) + tol >= rest >= min(c.lo for c in cs) - tol
+                    and rest > 0]
+            if len(fits) != 1:
+                continue
+            parts.append((fits[0], rest, None))
+            for c in loose[fits[0]]:  # name the pending cost(s) of that category it settles
+                parts[-1] = (fits[0], rest, c)
+                break
+        if len(chosen) > best_n:
+            best, best_n, ambiguous = parts, len(chosen), False
+        elif len(chosen) == best_n:
+            ambiguous = True
+    return None if ambiguous else best
+
+
 def split_process(
     gpu: int, pid: int, ts: np.ndarray, nvml_used: np.ndarray, traced: np.ndarray,
-    pools: tuple[np.ndarray, np.ndarray] | None, explainers: Explainers, phase_of,
+    pools: tuple[np.ndarray, np.ndarray] | None, explainers: Explainers, phase_of, threads: int | None = None,
 ) -> UntracedSplit:
     """Split one process's untraced band on one GPU at each of its samples (see the module doc).
 
     Args:
         phase_of: ``(pid, ts) -> phase id`` (-1 none).
+        threads: the GPU's resident threads (SMs × threads per SM), for the stack limit's cost;
+            None: unknown (a stack raise is then only bounded).
     """
     n = len(ts)
     model = np.zeros(n, dtype=np.int64)
@@ -326,44 +562,118 @@ def split_process(
         rows = np.searchsorted(pools[0], ts, side="right") - 1
         model = np.where(rows >= 0, pools[1][np.maximum(rows, 0)], 0)
     residual = nvml_used - traced - model
-    e_ts, _e_gpu, e_str, e_api, e_ctx, e_kind, e_lib = explainers.of(pid, gpu)
+    e_ts, _e_gpu, e_str, e_api, e_ctx, e_kind, e_lib, e_size, e_start = explainers.of(pid, gpu)
+    longest = int((e_ts - e_start).max()) if len(e_ts) else 0
+    rows_p = explainers.pending.get(pid)
+    if rows_p is not None:
+        rows_p = rows_p[(rows_p["gpu"] == gpu) | (rows_p["gpu"] < 0)]
+    costs = _Costs(rows_p, threads)
     cum = {name: np.zeros(n, dtype=np.int64) for name in SPLIT}
     totals = dict.fromkeys(SPLIT, 0)
     steps: list[Step] = []
     binds = np.isin(e_kind, [_K[Kind.CTX], _K[Kind.CTX_BEGIN]])
     bound_before = bool(len(e_ts)) and bool((binds & (e_ts <= (ts[0] if n else 0))).any())
+    # Module code's bound up to each call: the loads so far, those of unknown size, their budget.
+    loads = e_kind == _K[Kind.CODE_LOAD]
+    n_loads = np.cumsum(loads)
+    n_unknown = np.cumsum(loads & (e_size <= 0))
+    budget_sum = np.cumsum(np.where(loads & (e_size > 0), MODULE_FACTOR * e_size + GRANULE, 0))
+    module_used = 0
+
+    def record(k: int, since: int | None, nbytes: int, category: str, cause_i: int | None, cost: _Cost | None,
+               several: bool = False) -> None:
+        totals[category] += nbytes
+        if not nbytes:
+            return
+        if cost is not None and cause_i is None:
+            api, cause_ts, ctx, lib = cost.api, cost.ts, None, None
+        elif cause_i is not None:
+            api, cause_ts = int(e_api[cause_i]), int(e_ts[cause_i])
+            ctx = int(e_ctx[cause_i]) if category == "context" else None
+            lib = SEVERAL if several else e_lib[cause_i]
+        else:
+            api = cause_ts = ctx = lib = None
+        steps.append(Step(
+            ts=int(ts[k]), since=since, bytes=nbytes, category=category,
+            cause=Api(api).name if api is not None and api in Api._value2member_map_ else None,
+            cause_ts=cause_ts, phase=phase_of(pid, cause_ts if cause_ts is not None else int(ts[k])),
+            context=ctx, library=lib,
+        ))
+
     for k in range(n):
         delta = int(residual[k] - (residual[k - 1] if k else 0))
         since = int(ts[k - 1]) if k else None
+        lo = int(np.searchsorted(e_ts, since, side="right")) if since is not None else 0
+        hi = int(np.searchsorted(e_ts, ts[k], side="right"))
+        costs.advance(int(ts[k]))
         if k == 0 and not bound_before:
-            category, cause_i = "before_recording", None
-        else:
-            lo = int(np.searchsorted(e_ts, since, side="right")) if since is not None else 0
-            hi = int(np.searchsorted(e_ts, ts[k], side="right"))
-            category, cause_i = "unexplained", None
-            if hi > lo:
-                best = int(e_str[lo:hi].max())
-                cause_i = lo + int(np.nonzero(e_str[lo:hi] == best)[0][-1])
-                category = _CATEGORY[best]
-            elif lo > 0 and since is not None and since - int(e_ts[lo - 1]) <= SETTLE_NS:
-                cause_i = lo - 1
-                category = _CATEGORY[int(e_str[cause_i])]
-        totals[category] += delta
+            record(k, since, delta, "before_recording", None, None)
+        elif delta:
+            cause_i = None
+            bracket = None
+            several = False
+            # The calls inside the interval: those that returned in it, and those still running
+            # at its reading (begun before it).
+            # (Those that returned come last: of equal strength, the cause named is one of them.)
+            idx = np.arange(lo, hi)
+            if longest:
+                more = np.arange(hi, int(np.searchsorted(e_ts, int(ts[k]) + longest, side="right")))
+                idx = np.concatenate((more[e_start[more] <= ts[k]], idx))
+            if len(idx):
+                window = e_str[idx]
+                pick = window if delta < 0 else np.where(window == _LIMITS, 0, window)
+                best = int(pick.max())
+                if best > 0:
+                    cause_i = int(idx[np.nonzero(pick == best)[0][-1]])
+                    category = _CATEGORY[best]
+                    bound = float("inf")
+                    if category == "module_code":
+                        last = int(idx.max())  # no load seen by then, or one of unknown size: no bound
+                        known = int(n_loads[last]) and not int(n_unknown[last])
+                        bound = float(budget_sum[last] - module_used) if known else float("inf")
+                    elif category == "graph":
+                        bound = float(sum(c.hi for c in costs.open.values() if c.category == "graph"))
+                    bracket = (category, bound)
+                    if category == "module_code":  # several libraries' calls in one interval: name none
+                        names = {e_lib[i] for i in idx.tolist() if int(e_str[i]) == _MODULE}
+                        several = len(names) > 1
+            if delta < 0:
+                if bracket is not None:
+                    record(k, since, delta, bracket[0], cause_i, None, several)
+                    if bracket[0] == "module_code":
+                        module_used += delta
+                else:
+                    record(k, since, delta, "unexplained", None, None)
+            else:
+                parts = _explain(delta, costs, bracket)
+                if parts is None:
+                    record(k, since, delta, "unexplained", None, None)
+                else:
+                    left = delta
+                    for category, nbytes, cost in parts:
+                        nbytes = min(nbytes, left) if nbytes > 0 else nbytes
+                        record(k, since, nbytes, category, cause_i if cost is None else None, cost, several)
+                        left -= nbytes
+                        if cost is not None:
+                            costs.settle(cost, nbytes)
+                        if cost is None and category == "module_code":
+                            module_used += nbytes
+                    record(k, since, left, "unexplained", None, None)
         for name in SPLIT:
             cum[name][k] = totals[name]
-        if delta:
-            cause_ts = int(e_ts[cause_i]) if cause_i is not None else None
-            steps.append(Step(
-                ts=int(ts[k]), since=since, bytes=delta, category=category,
-                cause=Api(int(e_api[cause_i])).name if cause_i is not None and int(e_api[cause_i]) in Api._value2member_map_ else None,
-                cause_ts=cause_ts, phase=phase_of(pid, cause_ts if cause_ts is not None else int(ts[k])),
-                context=int(e_ctx[cause_i]) if cause_i is not None and category == "context" else None,
-                library=e_lib[cause_i] if cause_i is not None else None,
-            ))
     return UntracedSplit(
         gpu=gpu, pid=pid, ts=ts, pools=model + cum["pools"], context=cum["context"], module_code=cum["module_code"],
         before_recording=cum["before_recording"], unexplained=cum["unexplained"], steps=steps,
+        limits=cum["limits"], graph=cum["graph"], multicast=cum["multicast"],
     )
+
+
+def explained_share(nvml_used: int, traced: int, split: dict[str, int]) -> float | None:
+    """The share of NVML used that is traced or explained by measurement (None: nothing used)."""
+    if nvml_used <= 0:
+        return None
+    explained = traced + sum(split.get(name, 0) for name in EXPLAINED)
+    return max(0.0, min(1.0, explained / nvml_used))
 
 
 def contexts(events: np.ndarray, splits: dict[tuple[int, int], UntracedSplit], owners: dict[int, set[int]],

@@ -13,6 +13,7 @@ from typing import Any
 from memrec.analysis.reconcile import Reconciliation
 from memrec.analysis.text import table
 from memrec.analysis.untraced import SPLIT
+from memrec.analysis.untraced import SPLIT_HEADINGS
 
 RankKey = tuple
 
@@ -68,6 +69,6 @@ def render_untraced(rows: list[dict], human: Any, signed: Any) -> list[str]:
         both = all(side is not None and side["sampled"] for side in (r["a"], r["b"]))
         body.append(["", "", "Δ", *(signed(d[k]) if both else "-" for k in SPLIT),
                      f"{d['contexts']:+d} ({d['foreign']:+d})"])
-    out.extend(table(["RANK", "GPU", "RUN", "CONTEXT", "MODULE CODE", "POOLS", "BEFORE REC.", "UNEXPLAINED", "CONTEXTS"],
-                     body, right={1, 3, 4, 5, 6, 7}, indent="  "))
+    out.extend(table(["RANK", "GPU", "RUN", *(SPLIT_HEADINGS[k] for k in SPLIT), "CONTEXTS"],
+                     body, right={1, *range(3, 3 + len(SPLIT))}, indent="  "))
     return out

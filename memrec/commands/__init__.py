@@ -57,6 +57,7 @@ COMMANDS: dict[str, str] = {
     "merge": "Merge the traces of several hosts of one job (multi-node TP/PP) into one trace.",
     "dump": "Print every record of a trace as one JSON object per line (for debugging).",
     "export": "Write a trace for Perfetto, PyTorch's memory_viz, or pandas/polars/DuckDB.",
+    "sql": "Query a dataset of many hosts' recordings with SQL (DuckDB, in-process).",
     "plot": "Draw a trace as a picture for a bug report: one panel per GPU.",
     "tui": "Browse GPU memory over time: one tab per GPU, a timeline stacked by category, who held what.",
     "mark": "Send a phase marker to the running daemon (from a shell script or by hand).",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import time
+from pathlib import Path
 from typing import Callable
 
 from memrec import protocol
@@ -85,6 +86,12 @@ class DaemonCommand:
                             help="the daemon's CPU priority, so that it drains the ring buffer while the traced "
                                  f"processes keep every CPU busy: nice:N, fifo:N, rr:N or off (default {scheduling.DEFAULT}; "
                                  "falls back to the priority it has where not permitted)")
+        parser.add_argument("--tensors", action="store_true",
+                            help="also record PyTorch's tensor blocks inside the caching allocator's segments, in "
+                                 "every process that maps a libc10_cuda.so with the pytorch:malloc/free USDT probes "
+                                 "(already running ones included; costs about 1 us per tensor allocation or free)")
+        parser.add_argument("--torch-lib", action="append", default=[], metavar="PATH",
+                            help="with --tensors, also probe this libc10_cuda.so (repeatable)")
         parser.add_argument("--no-untraced-probes", dest="untraced_probes", action="store_false",
                             help="leave out the code-loading and pool probes (to measure what they cost)")
         parser.add_argument("--probe-cache", type=_arg(c.probe_cache), default=c.DEFAULT_PROBE_CACHE, metavar="DIR|off",
@@ -100,6 +107,10 @@ class DaemonCommand:
         parser.add_argument("--metrics-addr", type=_arg(metrics_addr), metavar="HOST:PORT",
                             help="serve Prometheus metrics at http://HOST:PORT/metrics (needs prometheus-client, "
                                  "the metrics extra; :PORT listens on every address)")
+        parser.add_argument("--dataset", type=Path, metavar="DIR",
+                            help="export each trace file, once closed (rotation, stop), into the Parquet dataset at DIR "
+                                 "for memrec sql, Spark, Trino (in a child process at lower priority; needs pyarrow, "
+                                 "the sql extra)")
         parser.add_argument("--drop-capabilities", action="store_true",
                             help="once the probes are attached, keep only the capabilities recording needs "
                                  "(CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH, CAP_SYS_RESOURCE)")
@@ -124,9 +135,13 @@ class DaemonCommand:
             ringbuf_pages=args.ringbuf_pages,
             scheduling=args.scheduling,
             untraced_probes=args.untraced_probes,
+            tensors=args.tensors,
+            torch_paths=tuple(args.torch_lib),
             probe_cache=args.probe_cache,
         )
-        service = Service(args.metrics_addr, args.keep, args.drop_capabilities)
+        if args.dataset is not None:
+            _check_dataset(args.dataset)
+        service = Service(args.metrics_addr, args.keep, args.drop_capabilities, dataset=args.dataset)
         service.listen()  # a taken metrics port fails before the slow BPF compile
         daemon = Daemon(config)
         try:
@@ -149,3 +164,17 @@ class DaemonCommand:
             daemon.stop(reason)
             service.close()
         return ExitCode.OK
+
+
+def _check_dataset(folder: Path) -> None:
+    """Fail before recording starts when --dataset cannot work: pyarrow missing, the folder's
+    parent missing, or a dataset of another layout there."""
+    from memrec.commands.common import check_output
+    from memrec.export import require
+    from memrec.export.dataset import check_manifest
+
+    require("pyarrow.parquet", "sql", "--dataset")
+    if folder.exists() and not folder.is_dir():
+        raise MemrecCommandError(f"--dataset {folder}: exists and is not a folder", exit_code=ExitCode.CANT_CREATE)
+    check_output(folder, force=True)
+    check_manifest(folder)

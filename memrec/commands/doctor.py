@@ -110,6 +110,48 @@ def check_libcuda(extra: list[str]):
     return Check("libcuda", "ok", ", ".join(str(lib.path) for lib in libs))
 
 
+def _importable_torch_lib() -> list[str]:
+    """The libc10_cuda.so of the torch this Python would import (found, not imported)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    return [os.path.join(folder, "lib", "libc10_cuda.so") for folder in spec.submodule_search_locations]
+
+
+def check_torch(extra: list[str]):
+    """Whether the PyTorch installs here carry the allocator probes ``memrec daemon --tensors`` reads."""
+    from memrec._errors import one_line
+    from memrec.probes.cuda import torch_sites
+    from memrec.probes.health import Check
+    from memrec.probes.libs import find_libc10_cuda
+    from memrec.probes.usdt import read_probes
+
+    libs = find_libc10_cuda([*extra, *_importable_torch_lib()])
+    if not libs:
+        return Check("tensor blocks", "ok", "no libc10_cuda.so mapped or importable here; `memrec daemon --tensors` "
+                     "probes PyTorch when a process maps it")
+    good, bad = [], []
+    for lib in libs:
+        try:
+            fd = os.open(lib.path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                sites, problem = torch_sites(read_probes(fd))
+            finally:
+                os.close(fd)
+        except (OSError, ValueError) as error:
+            sites, problem = [], f"cannot read it: {one_line(error)}"
+        if problem:
+            bad.append(f"{lib.path}: {problem}")
+        else:
+            good.append(f"{lib.path} ({len(sites)} probe sites)")
+    if bad:
+        return Check("tensor blocks", "warn", "; ".join(bad + good),
+                     "those processes get driver segments only; PyTorch >= 2.1 on x86-64 carries the probes")
+    return Check("tensor blocks", "ok", "with `memrec daemon --tensors`: " + ", ".join(good))
+
+
 class DoctorCommand:
     """Check this host: privileges, BPF, tracefs, bcc, kernel headers, libcuda, NVML.
 
@@ -120,6 +162,8 @@ class DoctorCommand:
 
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--libcuda", action="append", default=[], metavar="PATH", help="also look at this libcuda")
+        parser.add_argument("--torch-lib", action="append", default=[], metavar="PATH",
+                            help="also look at this libc10_cuda.so (PyTorch's allocator probes)")
         parser.add_argument("--probe-cache", default=None, metavar="DIR",
                             help="the daemon's compiled-program cache to look at (default: the daemon's default)")
         parser.add_argument("-j", "--json", action="store_true", help="print the checks as JSON")
@@ -136,6 +180,7 @@ class DoctorCommand:
             health.check_bcc(),
             health.check_probe_cache(os.path.abspath(args.probe_cache or DEFAULT_PROBE_CACHE), DEFAULT_RINGBUF_PAGES),
             check_libcuda(args.libcuda),
+            check_torch(args.torch_lib),
             health.check_nvml(),
         ]
         if args.json:

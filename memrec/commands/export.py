@@ -13,7 +13,7 @@ from memrec._errors import MemrecCommandError
 from memrec.commands.common import check_not_an_input
 from memrec.commands.common import check_output
 
-FORMATS = ("perfetto", "memory-viz", "parquet", "csv")
+FORMATS = ("perfetto", "memory-viz", "parquet", "csv", "dataset")
 
 
 class ExportCommand:
@@ -24,9 +24,16 @@ class ExportCommand:
                       failed calls as instants, IPC opens as flows from the exporter
     --to memory-viz   PyTorch's snapshot pickle, one per process (FILE, or FILE.<pid>.pickle
                       beside it when several processes used GPU memory; -p picks one) for
-                      `python -m torch.cuda._memory_viz trace_plot` and pytorch.org/memory_viz
+                      `python -m torch.cuda._memory_viz stats|segment_plot|trace_plot` and
+                      pytorch.org/memory_viz: the segments held --at the failure (the default
+                      when it is a lack of memory; else the peak), the peak, the end or a time
+                      (seconds from the start), IPC-mapped memory included
     --to parquet|csv  a folder with one file per table: events, samples, process_samples,
                       markers, processes, by_phase (the tables of memrec.load)
+    --to dataset      many traces into one Parquet dataset for `memrec sql`, Spark, Trino or
+                      ClickHouse: partitioned by host and day, one file per trace part and table
+                      (docs/format.md, "The dataset"). Exporting a trace again replaces its
+                      files (no -f needed); other traces' files stay.
 
     An existing output is kept unless -f/--force (the trace itself never is replaced). Perfetto
     and Parquet need the export extra (perfetto, pyarrow), which scripts/setup installs; without
@@ -35,18 +42,24 @@ class ExportCommand:
     examples:
       memrec export run.mrec --to perfetto -o run.pftrace
       memrec export run.mrec --to memory-viz -o snapshot.pickle
+      memrec export run.mrec --to memory-viz --at 7.74 -o snapshot.pickle   # at +7.74 s
       memrec export run.mrec --to parquet -o run-tables/
       memrec export -f run.mrec --to perfetto -o run.pftrace     # replace run.pftrace
+      memrec export /var/lib/memrec/*.mrec --to dataset -o /data/memrec-dataset
     """
 
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("trace", type=Path, help="the .mrec trace to read")
+        parser.add_argument("traces", nargs="+", type=Path, metavar="TRACE",
+                            help="the .mrec trace to read (several for --to dataset)")
         parser.add_argument("--to", required=True, choices=FORMATS, help="the format to write")
         parser.add_argument("-o", "--output", required=True, type=Path, metavar="PATH",
                             help="the file to write (a folder for parquet and csv)")
         parser.add_argument("-f", "--force", action="store_true",
                             help="replace the output if it exists (never the trace being exported)")
         parser.add_argument("-p", "--pid", type=int, metavar="PID", help="memory-viz: only process PID")
+        parser.add_argument("--at", metavar="WHEN",
+                            help="memory-viz: the snapshot's moment: failure (the report's), peak, end, or seconds "
+                            "from the trace's start (default: the failure when it is a lack of memory, else the peak)")
         parser.add_argument("--max-entries", type=int, default=None, metavar="N",
                             help="memory-viz: keep the last N actions per process and GPU (default 100000; "
                             "memory_viz draws every one)")
@@ -55,10 +68,15 @@ class ExportCommand:
         from memrec.api import Recording
         from memrec.commands.common import load_trace_for_command
 
-        if (args.pid is not None or args.max_entries is not None) and args.to != "memory-viz":
-            parser.error("-p/--pid and --max-entries are only for --to memory-viz")
+        if (args.pid is not None or args.max_entries is not None or args.at is not None) and args.to != "memory-viz":
+            parser.error("-p/--pid, --at and --max-entries are only for --to memory-viz")
         if args.max_entries is not None and args.max_entries < 1:
             parser.error("--max-entries must be at least 1")
+        if args.to == "dataset":
+            return _write_dataset(args.traces, args.output)
+        if len(args.traces) > 1:
+            parser.error(f"--to {args.to} exports one trace (several only for --to dataset)")
+        args.trace = args.traces[0]
         rec = Recording(load_trace_for_command(args.trace), pandas=False)
         out: Path = args.output
         try:
@@ -86,13 +104,18 @@ class ExportCommand:
             write_perfetto(rec, out)
             return [out]
         if to == "memory-viz":
+            from memrec.analysis.report import trace_answer
+            from memrec.export.memory_viz import MAX_ENTRIES
+            from memrec.export.memory_viz import moment
             from memrec.export.memory_viz import write_memory_viz
 
-            from memrec.export.memory_viz import MAX_ENTRIES
-
+            try:
+                at = moment(rec, args.at, trace_answer(rec.trace))
+            except ValueError as error:
+                raise MemrecCommandError(f"{args.trace}: {error}", exit_code=ExitCode.USAGE) from error
             _check_file(out, args)
             written, dropped = write_memory_viz(rec, out, args.pid, args.max_entries or MAX_ENTRIES,
-                                                check=lambda path: _check_file(path, args))
+                                                check=lambda path: _check_file(path, args), at=at)
             if dropped:
                 logging.warning("memory-viz: the first %d actions were left out (--max-entries)", dropped)
             return written
@@ -111,6 +134,30 @@ class ExportCommand:
         for path in columnar.table_files(out, to).values() if args.force else ():
             remove_old(path)
         return columnar.write_parquet(rec, out) if to == "parquet" else columnar.write_csv(rec, out)
+
+
+def _write_dataset(traces: list[Path], out: Path) -> int:
+    """Each trace into the dataset at ``out`` (made when missing; its parent must exist)."""
+    from memrec.commands.common import load_trace_for_command
+    from memrec.export import require
+    from memrec.export.dataset import check_manifest
+    from memrec.export.dataset import write_trace
+
+    require("pyarrow.parquet", "sql", "--to dataset")
+    if out.exists() and not out.is_dir():
+        raise MemrecCommandError(f"{out}: exists and is not a folder (--to dataset writes a folder of tables)",
+                                 exit_code=ExitCode.CANT_CREATE)
+    check_output(out, force=True)  # its parent folder must exist, as for a file
+    check_manifest(out)
+    for trace in traces:
+        loaded = load_trace_for_command(trace)
+        try:
+            where, _ = write_trace(loaded, out, trace.name)
+        except OSError as error:
+            raise MemrecCommandError(f"{error.filename or out}: {error.strerror or error}",
+                                     exit_code=ExitCode.CANT_CREATE) from error
+        print(f"{trace}: {out}/<table>/host={where.host}/day={where.day}/{where.file_name}")
+    return ExitCode.OK
 
 
 def _check_file(out: Path, args: argparse.Namespace) -> None:

@@ -15,11 +15,14 @@ from memrec.commands.common import check_output
 class PlotCommand:
     """Draw a trace as a picture for a bug report: one panel per GPU.
 
-    Per GPU the owned bytes stacked by category, NVML used and reserved, the phases as named bands
-    and failed calls marked.
+    Above the panels, the three lines `memrec report` starts with. Per GPU the owned bytes stacked
+    by category, NVML used and reserved, the GPU's capacity, the phases as named bands (past 100
+    phases, only those wider than 1/100 of the panel are named), the
+    report's window hatched and every failure it counts marked (failed calls, SGLang's KV sizing).
 
-    With --diff, a second trace is drawn under each GPU's panel, the two aligned on the first
-    marker name they share (e.g. dist_init), so where they part is where they differ.
+    With --diff, `memrec diff`'s verdict above, and a second trace drawn under each GPU's panel,
+    the two aligned on SGLang's KV sizing (else the first marker they share), as `tui --diff`
+    aligns them, so where they part is where they differ.
     The format follows the output's suffix (.png, .svg, .pdf); an existing picture is kept unless
     -f/--force, and a trace it reads is never replaced. Needs matplotlib
     (the plot extra, which scripts/setup installs; without it the error names the pip command).

@@ -111,6 +111,7 @@ def record_tree(
     nvml_device_hz: float | None = None,
     nvml_process_hz: float | None = None,
     prog: str = "memrec record",
+    tensors: bool = False,
 ) -> int:
     """Record ``command`` and every process it starts into ``output``; return its exit code.
 
@@ -136,6 +137,7 @@ def record_tree(
         libcuda_paths=tuple(libcuda_paths),
         follow_tree=True,
         rotate_bytes=0,
+        tensors=tensors,
         **overrides,
     )
     daemon = Daemon(config, stop_signal_handler=lambda signum: _forward(child, signum))
@@ -187,6 +189,9 @@ class RecordCommand:
         parser.add_argument("--socket", metavar="PATH", help="marker socket for the recorded tree")
         parser.add_argument("--nvml-hz", type=float, help="NVML device samples per second (default 10)")
         parser.add_argument("--nvml-process-hz", type=float, help="NVML per-process samples per second (default 1)")
+        parser.add_argument("--tensors", action="store_true",
+                            help="also record PyTorch's tensor blocks (its libc10_cuda.so's USDT probes; "
+                                 "about 1 us per tensor allocation or free)")
         parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
 
     def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -201,5 +206,6 @@ class RecordCommand:
             args.socket,
             args.nvml_hz,
             args.nvml_process_hz,
+            tensors=args.tensors,
         )
 

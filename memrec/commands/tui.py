@@ -18,6 +18,10 @@ class TuiCommand:
     """Browse GPU memory over time: one tab per GPU, a timeline stacked by category, who held what.
 
     At the cursor: who held what on that GPU; beside it, the events around that instant.
+    A trace opens on the answer `memrec report` prints first: its window, the cursor on its
+    failure, its first line and cause in the status line (o/O: every failure it counts). With
+    --diff, the status line is `memrec diff`'s verdict and the view opens where the failing
+    run failed, the runs aligned on SGLang's KV sizing (else their first common marker).
 
       memrec tui run.mrec                   replay a trace
       memrec tui --live [SOCKET]            follow the running daemon

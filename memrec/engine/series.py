@@ -55,6 +55,7 @@ class GpuSeries:
     last_change: np.ndarray = field(repr=False)  # per row >= 1: the row's last change
     initial: np.ndarray = field(repr=False)  # per key: bytes at row 0
     _cache: dict = field(default_factory=dict, repr=False)
+    _derived: dict = field(default_factory=dict, repr=False)  # pids, per_pid: small, kept
 
     def _selected(self, pid: int | None, categories: tuple[str, ...] | None) -> np.ndarray:
         return np.array(
@@ -93,8 +94,11 @@ class GpuSeries:
         return {p: self.series(p, categories) for p in self.pids()}
 
     def pids(self) -> list[int]:
-        """Processes that held or mapped anything on this GPU."""
-        return sorted({p for p, _ in self.keys})
+        """Processes that held or mapped anything on this GPU (ascending; a new list each call)."""
+        hit = self._derived.get("pids")
+        if hit is None:
+            hit = self._derived["pids"] = sorted({p for p, _ in self.keys})
+        return list(hit)
 
     def index_at(self, ts: int) -> int:
         """Row holding the state at time ``ts`` (after every event at or before it); 0 before any."""
@@ -110,13 +114,137 @@ class GpuSeries:
         i = int(np.argmax(s)) if len(s) else 0
         return int(s[i]), int(self.ts[i]), i
 
-    def row(self, i: int) -> dict[tuple[int, str], int]:
-        """What every (pid, category) held at row ``i`` (zeros left out)."""
+    def per_pid(self, categories: tuple[str, ...] = OWNED) -> PidSteps:
+        """Every process's bytes of ``categories`` over time at once, each as its own change points
+        (:class:`PidSteps`): O(changes + processes), where a :meth:`series` per process is
+        O(rows) each, O(processes × events) in all (a host of 100,000 short processes)."""
+        hit = self._derived.get(categories)
+        if hit is None:
+            hit = self._derived[categories] = PidSteps.build(self, categories)
+        return hit
+
+    def held_at(self, i: int) -> np.ndarray:
+        """What every key of :attr:`keys` held at row ``i`` (one pass over the changes before it)."""
         held = self.initial.copy()
-        if i > 0:
+        if i > 0 and len(self.delta):
             upto = int(self.last_change[i - 1]) + 1
             np.add.at(held, self.key_of_change[:upto], self.delta[:upto])
-        return {k: int(v) for k, v in zip(self.keys, held.tolist()) if v}
+        return held
+
+    def row(self, i: int) -> dict[tuple[int, str], int]:
+        """What every (pid, category) held at row ``i`` (zeros left out)."""
+        return {k: int(v) for k, v in zip(self.keys, self.held_at(i).tolist()) if v}
+
+
+@dataclass
+class PidSteps:
+    """Each process's bytes on one GPU (a selection of categories) as a step function of the
+    GPU's rows: per process its initial, final, highest and lowest value and the first row
+    reaching the highest (row 0 when it never rose above its initial value), built in
+    O(changes + processes) and kept (a few arrays of one value per process); each process's own
+    change points (:meth:`steps`, :meth:`at_rows`) are sorted out on first use only, so that a
+    report that asks for none holds no per-change memory beside the series."""
+
+    series: GpuSeries = field(repr=False)
+    categories: tuple[str, ...] | None
+    pids: np.ndarray
+    initial: np.ndarray
+    final: np.ndarray
+    peak: np.ndarray
+    low: np.ndarray
+    peak_row: np.ndarray
+    _keys: tuple[np.ndarray, np.ndarray] = field(repr=False)  # per key: selected, its process's position
+    _points: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, repr=False)
+
+    @classmethod
+    def build(cls, s: GpuSeries, categories: tuple[str, ...] | None) -> PidSteps:
+        key_pid = np.array([p for p, _ in s.keys], dtype=np.int64)
+        key_sel = np.array([categories is None or c in categories for _, c in s.keys], dtype=bool)
+        pids, key_pidx = np.unique(key_pid, return_inverse=True)
+        npid = len(pids)
+        initial = np.zeros(npid, dtype=np.int64)
+        np.add.at(initial, key_pidx[key_sel], s.initial[key_sel])
+        if npid == 1:  # one process (a GPU per process): its series is the GPU's, which the report has
+            dense = s.series(None, categories)
+            row = int(np.argmax(dense))
+            final, peak, low, peak_row = (np.array([v], dtype=np.int64) for v in (dense[-1], dense[row], dense.min(), row))
+            return cls(s, categories, pids, initial, final, peak, low, peak_row, (key_sel, key_pidx))
+        who, rows, values = _change_points(s, key_sel, key_pidx, initial)
+        offsets = _offsets(who, npid)
+        final = initial.copy()
+        ends = offsets[1:][offsets[1:] > offsets[:-1]] - 1
+        final[who[ends]] = values[ends]
+        peak, low = initial.copy(), initial.copy()
+        np.maximum.at(peak, who, values)
+        np.minimum.at(low, who, values)
+        peak_row = np.zeros(npid, dtype=np.int64)
+        hit = np.flatnonzero((values == peak[who]) & (values > initial[who]))
+        if len(hit):
+            owners, firsts = np.unique(who[hit], return_index=True)
+            peak_row[owners] = rows[hit[firsts]]
+        return cls(s, categories, pids, initial, final, peak, low, peak_row, (key_sel, key_pidx))
+
+    def index(self, pid: int) -> int | None:
+        """Position of ``pid`` in :attr:`pids` (None when it held nothing here)."""
+        i = int(np.searchsorted(self.pids, pid))
+        return i if i < len(self.pids) and self.pids[i] == pid else None
+
+    def at_row(self, row: int) -> np.ndarray:
+        """What every process held at ``row`` (one pass over the changes before it)."""
+        key_sel, key_pidx = self._keys
+        out = np.zeros(len(self.pids), dtype=np.int64)
+        np.add.at(out, key_pidx[key_sel], self.series.held_at(row)[key_sel])
+        return out
+
+    def steps(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Process ``pids[i]``'s change points (rows, values), its initial value at row 0 first."""
+        if self._points is None:
+            key_sel, key_pidx = self._keys
+            who, rows, values = _change_points(self.series, key_sel, key_pidx, self.initial)
+            self._points = (_offsets(who, len(self.pids)), rows, values)
+        offsets, rows, values = self._points
+        lo, hi = int(offsets[i]), int(offsets[i + 1])
+        return np.append(0, rows[lo:hi]), np.append(self.initial[i], values[lo:hi])
+
+    def at_rows(self, i: int, rows: np.ndarray) -> np.ndarray:
+        """What process ``pids[i]`` held at each of ``rows`` (O(its changes + len(rows)))."""
+        r, v = self.steps(i)
+        return v[np.maximum(np.searchsorted(r, rows, side="right") - 1, 0)]
+
+
+def _change_points(s: GpuSeries, key_sel: np.ndarray, key_pidx: np.ndarray, initial: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every process's change points of the selected keys, by process then in time order: (its
+    position, the row, what it held from that row on). One stable sort of the changes by process
+    and one segmented cumsum; several changes of one process in one event (an exit) are one row."""
+    change = np.flatnonzero(key_sel[s.key_of_change]) if len(key_sel) else np.zeros(0, dtype=np.int64)
+    who = key_pidx[s.key_of_change[change]]
+    if len(initial) > 1:  # (numpy's stable sort of 8- or 16-bit values is a radix sort: O(changes))
+        narrow = np.uint8 if len(initial) <= 1 << 8 else np.uint16 if len(initial) <= 1 << 16 else who.dtype
+        order = np.argsort(who.astype(narrow, copy=False), kind="stable")
+        change, who = change[order], who[order]
+        del order
+    delta = s.delta[change]
+    rows = np.searchsorted(s.last_change, change, side="left") + 1  # the row each change shows in
+    del change
+    values = np.cumsum(delta)
+    first = np.ones(len(who), dtype=bool)
+    first[1:] = who[1:] != who[:-1]
+    starts = np.flatnonzero(first)
+    before = values[starts] - delta[starts]  # the cumsum before each process's first change
+    del delta, first
+    values -= np.repeat(before, np.diff(np.append(starts, len(who))))
+    values += initial[who]
+    last = np.ones(len(who), dtype=bool)
+    last[:-1] = (who[1:] != who[:-1]) | (rows[1:] != rows[:-1])
+    return who[last], rows[last], values[last]
+
+
+def _offsets(who: np.ndarray, n: int) -> np.ndarray:
+    """Where each of ``n`` processes' points start in ``who`` (sorted), and the end."""
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(who, minlength=n), out=offsets[1:])
+    return offsets
 
 
 # ------------------------------------------------------------------------------ chunk by chunk

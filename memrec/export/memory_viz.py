@@ -12,7 +12,20 @@ exactly the allocator's segment level, so each process gets one snapshot:
   ``segment_unmap``, with ``alloc`` / ``free_completed`` likewise;
 - a failed allocation with ``CUDA_ERROR_OUT_OF_MEMORY`` is an ``oom`` action (``device_free`` from
   the last NVML sample of that GPU before it, 0 when there is none);
-- ``segments`` are the pieces still held at the end of the trace (one active block each).
+- ``segments`` are the pieces held at the snapshot's moment (``--at``: the answer's failure, its
+  peak, the end, or a time), one active block each, with one frame naming the call, the phase
+  it was allocated in and the process: driver allocations, VMM mappings (``is_expandable``) and
+  peers' memory mapped by IPC (``ipc_mapped from pid N`` in the frame: not this process's own,
+  but in its address space, as ``nvidia-smi`` counts it); and the device traces stop there.
+
+The default moment is the answer's (:mod:`memrec.analysis.answer`): its failure when it is a lack
+of memory, else the peak.
+
+A process recorded with ``memrec daemon --tensors`` has PyTorch's own blocks: its segments get
+only their ``segment_*`` actions, its tensor blocks the ``alloc`` / ``free_requested`` +
+``free_completed`` actions (a free's size and device are its allocation's), and its segments at
+the end list the live blocks in them (``active_allocated``) and the gaps (``inactive``), as
+PyTorch's snapshot does.
 
 The device index is the physical GPU (NVML index); ``time_us`` is the trace's clock in µs. The
 one frame of each action names the driver call, the phase and the process (memrec has no Python
@@ -21,6 +34,7 @@ stacks): ``memrec:<phase>:cuMemAlloc_v2`` in memory_viz's stack panel.
 
 from __future__ import annotations
 
+import bisect
 import pickle
 from collections import deque
 from collections.abc import Callable
@@ -29,15 +43,22 @@ from pathlib import Path
 import numpy as np
 
 from memrec._files import create_file
+from memrec.analysis.answer import Answer
+from memrec.analysis.answer import DRIVER_OOM
+from memrec.analysis.answer import KV_SIZING
 from memrec.api import Recording
+from memrec.engine.replay import state_at
+from memrec.engine.replay import trace_bounds
 from memrec.analysis.names import api_name
 from memrec.events import CUDA_ERROR_OUT_OF_MEMORY
 from memrec.events import DRIVER
 from memrec.events import Kind
+from memrec.state.tensors import rounded
 
 #: Actions kept per process and device, the latest (``--max-entries``).
 MAX_ENTRIES = 100_000
 _FREE = int(Kind.FREE)
+_T_ALLOC, _T_FREE = int(Kind.TENSOR_ALLOC), int(Kind.TENSOR_FREE)
 
 _SEGMENT = {
     int(Kind.ALLOC): ("segment_alloc", "alloc"),
@@ -47,20 +68,64 @@ _SEGMENT = {
 }
 
 
-def snapshots(rec: Recording, max_entries: int = MAX_ENTRIES) -> tuple[dict[int, dict], int]:
+#: ``--at`` words: the answer's failure, the answer's peak (its window's end when nothing failed,
+#: else the highest traced peak), the trace's end.
+MOMENTS = ("failure", "peak", "end")
+
+
+def moment(rec: Recording, at: str | None, answer: Answer) -> int | None:
+    """The trace-clock ns ``--at`` names (None: the end): ``failure``, ``peak``, ``end``, or seconds
+    from the trace's start (``7.74``, ``+7.74s``, as the report writes times); default: the answer's
+    failure when it is a lack of memory (out of memory, SGLang's KV sizing), else the peak.
+
+    Raises:
+        ValueError: an unknown word, a time outside the trace, or ``failure`` in a trace without one.
+    """
+    start, end = trace_bounds(rec.trace)
+    if at is None:  # a failure that is no lack of memory (a refused call) may come before anything is held
+        short = answer.failure is not None and answer.failure.kind in (KV_SIZING, DRIVER_OOM)
+        at = "failure" if short else "peak"
+    if at == "end":
+        return None
+    if at == "failure":
+        if answer.failure is None:
+            raise ValueError("--at failure: nothing failed in this trace (try --at peak)")
+        return answer.failure.ts
+    if at == "peak":
+        if answer.status == "ok" and answer.window is not None:
+            return answer.window.end_ts  # the report's highest peak
+        peaks = [s.peak() for g, s in sorted(rec.timeline.gpus.items()) if g >= 0 and len(s.ts)]
+        return max(peaks, key=lambda p: p[0])[1] if peaks else None
+    try:
+        secs = float(at.strip().lstrip("+").removesuffix("s"))
+    except ValueError:
+        raise ValueError(f"--at {at}: not failure, peak, end or seconds from the start") from None
+    ts = start + int(round(secs * 1e9))
+    if not start <= ts <= end:
+        raise ValueError(f"--at {at}: the trace runs from 0 to {(end - start) / 1e9:.3f} s")
+    return ts
+
+
+def snapshots(rec: Recording, max_entries: int = MAX_ENTRIES, at: int | None = None) -> tuple[dict[int, dict], int]:
     """One PyTorch memory snapshot per process that touched GPU memory: pid -> snapshot dict.
 
-    Each device trace keeps its last ``max_entries`` actions (PyTorch's own history is a ring
-    buffer too; memory_viz draws every entry, and a browser stalls on millions). Returns the
-    snapshots and how many actions were left out.
+    ``at``: the moment (trace-clock ns; None the end): the segments are what was held then and
+    the device traces stop there. Each device trace keeps its last ``max_entries`` actions
+    (PyTorch's own history is a ring buffer too; memory_viz draws every entry, and a browser
+    stalls on millions). Returns the snapshots and how many actions were left out.
     """
     ev = rec.timeline.events  # GPUs filled in by the replay (a free gets its allocation's GPU)
+    upto = len(ev) if at is None else int(np.searchsorted(ev["ts"], np.uint64(at), side="right"))
+    ev = ev[:upto]
     nv = rec.trace.nvml
     nv = nv[np.argsort(nv["ts"], kind="stable")] if len(nv) else nv
     kinds = ev["kind"]
     oom_mask = (kinds == int(Kind.ALLOC)) & (ev["result"] == CUDA_ERROR_OUT_OF_MEMORY) & (ev["gpu"] >= 0)
     ok_mask = np.isin(kinds, list(_SEGMENT)) & (ev["gpu"] >= 0) & (ev["result"] == 0)
-    sel = np.nonzero(ok_mask | oom_mask)[0]
+    tensor_mask = (kinds == _T_ALLOC) | (kinds == _T_FREE)
+    with_blocks = set(np.unique(ev["pid"][tensor_mask]).tolist())
+    blocks: dict[tuple[int, int], tuple[int, int]] = {}  # (pid, ptr) -> (size, gpu) of live tensor blocks
+    sel = np.nonzero(ok_mask | oom_mask | tensor_mask)[0]
     phase = rec.phases.assign(ev["pid"][sel].astype(np.int64), ev["ts"][sel].astype(np.int64))
     freed = _freed_bytes(rec)
     traces: dict[tuple[int, int], deque] = {}
@@ -70,6 +135,14 @@ def snapshots(rec: Recording, max_entries: int = MAX_ENTRIES) -> tuple[dict[int,
                ev["api"][sel].tolist(), ev["ts"][sel].tolist(), ev["ptr"][sel].tolist(), ev["size"][sel].tolist(),
                oom_mask[sel].tolist(), phase.tolist())
     for i, pid, gpu, kind, api, ts, addr, size, oom, ph in cols:
+        if kind == _T_FREE:
+            size, gpu = blocks.pop((pid, addr), (0, -1))
+            if not size:
+                continue  # a block from before the recording: no size to show
+        elif kind == _T_ALLOC:
+            if gpu < 0:
+                continue
+            blocks[(pid, addr)] = (size, gpu)
         frames = frames_of.get((pid, api, ph))
         if frames is None:
             call = f"{api_name(api)} ({rec.name_of(pid)})"
@@ -88,8 +161,16 @@ def snapshots(rec: Recording, max_entries: int = MAX_ENTRIES) -> tuple[dict[int,
             size = freed.get(i, 0)
             if not size:
                 continue  # a free of memory from before the recording: no size to show
+        if kind in (_T_ALLOC, _T_FREE):
+            actions: tuple[str, ...] = ("alloc",) if kind == _T_ALLOC else ("free_requested", "free_completed")
+            for action in actions:
+                out.append({**base, "action": action, "addr": addr, "size": size})
+            made += len(actions)
+            continue
         segment_action, block_action = _SEGMENT[kind]
-        if block_action == "free_completed":
+        if pid in with_blocks:
+            actions = (segment_action,)  # its blocks are PyTorch's own
+        elif block_action == "free_completed":
             actions = ("free_requested", "free_completed", segment_action)
         else:
             actions = (segment_action, block_action)
@@ -104,22 +185,83 @@ def snapshots(rec: Recording, max_entries: int = MAX_ENTRIES) -> tuple[dict[int,
             snap["device_traces"].append([])
         snap["device_traces"][gpu] = list(actions)
         kept += len(actions)
-    state = rec.timeline.state
-    live = [(h.pid, h.address, h.size, h.gpu, False) for h in state.holdings() if h.category == "driver"]
-    live += [(p, va, size, g, True) for p, va, size, g in state.mappings()]
-    for pid, addr, size, gpu, vmm in live:
-        if pid not in snaps or gpu < 0:
-            continue
-        snaps[pid]["segments"].append(
-            {
-                "device": gpu, "address": addr, "total_size": size, "allocated_size": size,
-                "active_size": size, "requested_size": size, "stream": 0, "segment_type": "large",
-                "segment_pool_id": (0, 0), "is_expandable": vmm, "frames": [],
-                "blocks": [{"address": addr, "size": size, "requested_size": size,
-                            "state": "active_allocated", "frames": []}],
-            }
-        )
+    state = rec.timeline.state if upto == len(rec.timeline.events) else \
+        state_at(rec.timeline.events, upto, rec.trace.keyframes)
+    live = [(h.pid, h.address, h.size, h.gpu, h.api, h.ts, h.category, h.peer) for h in state.holdings()
+            if h.gpu >= 0 and h.category in SEGMENT_CATEGORIES]
+    live += [(pid, va, size, gpu, None, None, "vmm", 0) for pid, va, size, gpu in state.mappings() if gpu >= 0]
+    inside = _blocks_by_segment(blocks, [(pid, addr, size) for pid, addr, size, *_ in live])
+    for pid, addr, size, gpu, api, ts, category, peer in live:
+        snap = snaps.setdefault(pid, {"segments": [], "device_traces": [], "allocator_settings": {}})
+        while len(snap["device_traces"]) <= gpu:
+            snap["device_traces"].append([])
+        segment = _segment(rec, pid, gpu, addr, size, api, ts, category, peer)
+        if pid in with_blocks:  # PyTorch's own blocks in it, and the free stretches between them
+            seg_blocks = _segment_blocks(addr, size, inside.get((pid, addr), []))
+            used = sum(b["size"] for b in seg_blocks if b["state"] == "active_allocated")
+            requested = sum(b["requested_size"] for b in seg_blocks if b["state"] == "active_allocated")
+            segment.update(allocated_size=used, active_size=used, requested_size=requested, blocks=seg_blocks)
+        snap["segments"].append(segment)
+    for snap in snaps.values():
+        snap["segments"].sort(key=lambda x: (x["device"], x["address"]))
     return snaps, made - kept
+
+
+#: The holdings that are segments: driver allocations and peers' memory mapped by IPC (VMM memory
+#: is a segment where it is mapped: :meth:`memrec.state.LiveState.mappings`).
+SEGMENT_CATEGORIES = ("driver", "ipc_mapped")
+
+
+def _segment(rec: Recording, pid: int, gpu: int, addr: int, size: int, api: int | None, ts: int | None,
+             category: str, peer: int) -> dict:
+    """One segment with its one active block, as PyTorch's snapshot has them; the frame names the
+    call, the phase it was made in and the process (for IPC, the peer it came from)."""
+    call = api_name(api) if api is not None else "cuMemMap"
+    phase = rec.phases.label_at(pid, ts) if ts is not None else "(mapped)"
+    who = f"ipc_mapped from pid {peer}" if category == "ipc_mapped" else rec.name_of(pid)
+    frames = [{"filename": f"memrec:{phase}", "line": 0, "name": f"{call} ({who})"}]
+    return {
+        "device": gpu, "address": addr, "total_size": size, "allocated_size": size,
+        "active_size": size, "requested_size": size, "stream": 0, "segment_type": "large",
+        "segment_pool_id": (0, 0), "is_expandable": category == "vmm", "frames": frames,
+        "blocks": [{"address": addr, "size": size, "requested_size": size,
+                    "state": "active_allocated", "frames": frames}],
+    }
+
+
+def _blocks_by_segment(blocks: dict[tuple[int, int], tuple[int, int]],
+                       segments: list[tuple[int, int, int]]) -> dict[tuple[int, int], list[tuple[int, int]]]:
+    """(pid, segment address) -> the live tensor blocks (address, size) in it, by address;
+    ``segments`` are (pid, address, size)."""
+    starts: dict[int, list[tuple[int, int]]] = {}
+    for pid, addr, size in segments:
+        starts.setdefault(pid, []).append((addr, size))
+    for segs in starts.values():
+        segs.sort()
+    out: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for (pid, ptr), (size, _gpu) in sorted(blocks.items()):
+        segs = starts.get(pid, [])
+        k = bisect.bisect_right(segs, (ptr, 1 << 64)) - 1
+        if k >= 0 and ptr < segs[k][0] + segs[k][1]:
+            out.setdefault((pid, segs[k][0]), []).append((ptr, size))
+    return out
+
+
+def _segment_blocks(addr: int, size: int, inside: list[tuple[int, int]]) -> list[dict]:
+    """A segment's blocks as PyTorch lists them: the live ones (at the allocator's rounding) and
+    the free stretches between them."""
+    out = []
+    at = addr
+    for ptr, requested in inside:
+        if ptr > at:
+            out.append({"address": at, "size": ptr - at, "requested_size": 0, "state": "inactive", "frames": []})
+        block = min(rounded(requested), addr + size - ptr)
+        out.append({"address": ptr, "size": block, "requested_size": requested, "state": "active_allocated",
+                    "frames": []})
+        at = max(at, ptr + block)
+    if at < addr + size:
+        out.append({"address": at, "size": addr + size - at, "requested_size": 0, "state": "inactive", "frames": []})
+    return out
 
 
 def _freed_bytes(rec: Recording) -> dict[int, int]:
@@ -135,12 +277,12 @@ def _nvml_free_before(nv: np.ndarray, gpu: int, ts: int) -> int:
 
 
 def write_memory_viz(rec: Recording, path: Path, pid: int | None = None, max_entries: int = MAX_ENTRIES,
-                     check: Callable[[Path], None] | None = None) -> tuple[list[Path], int]:
+                     check: Callable[[Path], None] | None = None, at: int | None = None) -> tuple[list[Path], int]:
     """Write the snapshots: ``path`` itself for one process (or ``pid``), else ``<stem>.<pid><suffix>``
     beside it for each process. Returns the paths written (empty when no process used GPU memory)
     and how many early actions were left out (see :func:`snapshots`). ``check`` sees every path
     before the first is written (it raises to refuse one: the names depend on the trace's processes)."""
-    snaps, dropped = snapshots(rec, max_entries)
+    snaps, dropped = snapshots(rec, max_entries, at)
     if pid is not None:
         snaps = {p: s for p, s in snaps.items() if p == pid}
     targets = {path if len(snaps) == 1 else path.with_name(f"{path.stem}.{p}{path.suffix or '.pickle'}"): snap

@@ -4,12 +4,20 @@ What opens in ui.perfetto.dev:
 
 - per GPU a group of counter tracks: one per category (``GPU 0 driver``, ``GPU 0 vmm``,
   ``GPU 0 ipc_mapped``; the host's ``host_pinned``), and NVML's ``used`` and ``reserved``;
+- a track ``answer`` first: one slice over the answer's window (:mod:`memrec.analysis.answer`, what
+  ``memrec report`` prints first), named by its headline, with its cause, fix and why the window
+  is that as arguments;
 - per process (named by rank and title) a counter of the bytes it owns on each GPU
   (``held on GPU 0``), its phases as nested slices (marker values as arguments) with its instant
-  markers, its failed driver calls as instants named by their result
-  (``CUDA_ERROR_OUT_OF_MEMORY``, with api, size and GPU as arguments), and its IPC calls: each
+  markers, its failures as instants on a ``failures`` track: every failure the answer counts
+  (a failed driver call, named by its result ``CUDA_ERROR_OUT_OF_MEMORY`` with api, size and GPU
+  as arguments; SGLang's failed KV sizing, ``KV cache sizing failed``; a marker's error), the
+  answer's own failure with its cause and fix; and its IPC calls, with the size mapped, the peer
+  (the exporter of an open, the openers of an export) and the 64 handle bytes as arguments: each
   ``cuIpcOpenMemHandle_v2`` is the end of a flow that starts at the exporter's
-  ``cuIpcGetMemHandle`` of the same 64 handle bytes.
+  ``cuIpcGetMemHandle`` of the same handle bytes; for a trace recorded with ``memrec daemon
+  --tensors``, its PyTorch tensor blocks on each GPU as two counters (``tensors allocated on GPU
+  0``, ``tensors reserved on GPU 0``: the caching allocator's segments that held a block).
 
 Timestamps are the trace's own (CLOCK_MONOTONIC ns). Packets are streamed to the file one by one
 (the builder's streaming mode): memory stays in proportion to one GPU's series, not the file.
@@ -23,13 +31,20 @@ from typing import Any
 import numpy as np
 
 from memrec._files import create_file
+from memrec.analysis.answer import Answer
+from memrec.analysis.answer import DRIVER_CALL
+from memrec.analysis.answer import DRIVER_OOM
+from memrec.analysis.answer import Failure
 from memrec.analysis.names import api_name
 from memrec.analysis.names import process_title
 from memrec.analysis.names import result_name
+from memrec.analysis.report import trace_answer
+from memrec.events import IPC_MAPPED
 from memrec.events import OWNED
 from memrec.api import Recording
 from memrec.columns import failed_calls
 from memrec.engine.ipc import IpcOpens
+from memrec.state.tensors import block_series
 from memrec.export import require
 
 #: Every packet comes from one writer: one trusted sequence.
@@ -125,13 +140,31 @@ def _annotate(a: Any, key: str, value: Any) -> None:
         a.string_value = str(value)
 
 
-def write_perfetto(rec: Recording, path: Path) -> dict[str, int]:
-    """Write ``rec`` as a Perfetto trace at ``path``; return how many tracks, values, slices... it has."""
+def write_perfetto(rec: Recording, path: Path, answer: Answer | None = None) -> dict[str, int]:
+    """Write ``rec`` as a Perfetto trace at ``path``; return how many tracks, values, slices... it
+    has. ``answer``: the trace's (:func:`memrec.analysis.report.trace_answer`, built when not given)."""
+    if answer is None:
+        answer = trace_answer(rec.trace)
     with create_file(path) as f:
         w = _Writer(f)
+        _answer_track(w, answer)
         _gpu_tracks(w, rec)
-        _process_tracks(w, rec)
+        _process_tracks(w, rec, answer)
     return w.counts
+
+
+def _answer_track(w: _Writer, answer: Answer) -> None:
+    """The answer's window as one slice named by its headline (nothing for an empty trace)."""
+    win = answer.window
+    if win is None:
+        return
+    track = w.track("answer")
+    args = {"status": answer.status, "window": win.why}
+    for name, line in (("cause", answer.cause), ("fix", answer.fix)):
+        if line is not None:
+            args[name] = "".join(line.parts)
+    w.event(track, win.start_ts, "TYPE_SLICE_BEGIN", "".join(answer.headline.parts), args)
+    w.event(track, max(win.end_ts, win.start_ts), "TYPE_SLICE_END")
 
 
 def _gpu_tracks(w: _Writer, rec: Recording) -> None:
@@ -154,7 +187,7 @@ def _gpu_tracks(w: _Writer, rec: Recording) -> None:
                 w.counter(w.track(f"{label} NVML {field}", parent, counter=True), s["ts"][ok], s[field][ok])
 
 
-def _process_tracks(w: _Writer, rec: Recording) -> None:
+def _process_tracks(w: _Writer, rec: Recording, answer: Answer) -> None:
     ev = rec.timeline.events
     phases = rec.phases
     pids = sorted(
@@ -162,35 +195,106 @@ def _process_tracks(w: _Writer, rec: Recording) -> None:
     )
     flows_out, flows_in = _ipc_flows(rec.ipc_opens)
     failed = np.nonzero(failed_calls(ev))[0]
+    ipc_args = _ipc_args(rec, flows_out, flows_in)
+    owned = {g: s.per_pid(OWNED) for g, s in sorted(rec.timeline.gpus.items())}
+    # each process's phases, instants, failed calls and IPC events, grouped once (not searched per process)
+    phases_of: dict[int, list] = {}
+    for ph in phases.phases:
+        phases_of.setdefault(ph.pid, []).append(ph)
+    instants_of: dict[int, list] = {}
+    for i in phases.instants:
+        instants_of.setdefault(i.pid, []).append(i)
+    failed_of: dict[int, list[int]] = {}
+    for i, p in zip(failed.tolist(), ev["pid"][failed].tolist()):
+        failed_of.setdefault(p, []).append(i)
+    failures_of: dict[int, list[Failure]] = {}
+    for f in answer.failures:
+        failures_of.setdefault(f.pid, []).append(f)
+    ipc_of: dict[int, list[int]] = {}
+    for i in sorted(set(flows_out) | set(flows_in)):
+        ipc_of.setdefault(int(ev["pid"][i]), []).append(i)
+    blocks_of: dict[int, list] = {}
+    for (p, g), columns in sorted(block_series(ev).items()):
+        blocks_of.setdefault(p, []).append((g, columns))
     for pid in pids:
         title = process_title(rec.trace.processes.get(pid), rec.ranks.get(pid, "")) or f"pid {pid}"
         proc = w.track(title, pid=pid)
-        for g, series in sorted(rec.timeline.gpus.items()):
-            if pid in series.pids():
+        for g, steps in owned.items():
+            k = steps.index(pid)
+            if k is not None:  # its own change points: the counter leaves repeats out anyway
                 where = f"GPU {g}" if g >= 0 else "host"
-                w.counter(w.track(f"held on {where}", proc, counter=True), series.ts, series.series(pid, OWNED))
-        _phase_slices(w, rec, pid, proc)
-        mine = failed[ev["pid"][failed] == pid]
-        if len(mine):
-            track = w.track("failed calls", proc)
-            for i in mine.tolist():
-                e = ev[i]
-                args = {"api": api_name(int(e["api"])), "size": int(e["size"]), "gpu": int(e["gpu"]),
-                        "result": int(e["result"])}
-                w.event(track, int(e["ts"]), "TYPE_INSTANT", result_name(int(e["result"])), args)
-        ipc = [i for i in sorted(set(flows_out) | set(flows_in)) if int(ev["pid"][i]) == pid]
+                rows, values = steps.steps(k)
+                w.counter(w.track(f"held on {where}", proc, counter=True), rec.timeline.gpus[g].ts[rows], values)
+        for g, (ts, allocated, reserved) in blocks_of.get(pid, []):
+            w.counter(w.track(f"tensors allocated on GPU {g}", proc, counter=True), ts, allocated)
+            w.counter(w.track(f"tensors reserved on GPU {g}", proc, counter=True), ts, reserved)
+        _phase_slices(w, pid, proc, phases_of.get(pid, []), instants_of.get(pid, []))
+        _failure_instants(w, ev, answer, failed_of.get(pid, []), failures_of.get(pid, []), proc)
+        ipc = ipc_of.get(pid, [])
         if ipc:
             track = w.track("IPC", proc)
             for i in ipc:
                 e = ev[i]
-                args = {"ptr": f"{int(e['ptr']):#x}", "gpu": int(e["gpu"])}
+                args = {"ptr": f"{int(e['ptr']):#x}", "gpu": int(e["gpu"]), **ipc_args.get(i, {})}
                 w.event(track, int(e["ts"]), "TYPE_INSTANT", api_name(int(e["api"])), args,
                         flows=flows_out.get(i, []), ends_flows=flows_in.get(i, []))
 
 
-def _phase_slices(w: _Writer, rec: Recording, pid: int, proc: int) -> None:
-    mine = [ph for ph in rec.phases.phases if ph.pid == pid]
-    instants = [i for i in rec.phases.instants if i.pid == pid]
+def _failure_instants(w: _Writer, ev: np.ndarray, answer: Answer, failed: list[int], mine: list[Failure],
+                      proc: int) -> None:
+    """A process's failures (``mine``, the answer's) as instants on its ``failures`` track: a failed
+    driver call (``failed``: its failed calls' event indexes) named by its result with api, size,
+    GPU as arguments; any other failure by what failed; the answer's own failure with its
+    headline, cause and fix."""
+    if not mine:
+        return
+    track = w.track("failures", proc)
+    calls = {int(ev["ts"][i]): i for i in failed}
+    for f in mine:
+        args: dict = {"failure": f.what, "kind": f.kind, "rank": f.who, "phase": f.phase}
+        if f.gpu is not None:
+            args["gpu"] = f.gpu
+        i = calls.get(f.ts) if f.kind in (DRIVER_OOM, DRIVER_CALL) else None
+        if i is not None:
+            e = ev[i]
+            args.update({"api": api_name(int(e["api"])), "size": int(e["size"]), "gpu": int(e["gpu"]),
+                         "result": int(e["result"])})
+            name = result_name(int(e["result"]))
+        else:
+            name = f.what.split(":")[0] + " failed"
+        if f == answer.failure:
+            args["answer"] = "".join(answer.headline.parts)
+            for key, line in (("cause", answer.cause), ("fix", answer.fix)):
+                if line is not None:
+                    args[key] = "".join(line.parts)
+        w.event(track, f.ts, "TYPE_INSTANT", name, args)
+
+
+def _ipc_args(rec: Recording, flows_out: dict[int, list[int]], flows_in: dict[int, list[int]]) -> dict[int, dict]:
+    """Event index -> the IPC call's arguments: the bytes an open mapped (from the replay's
+    journal: the event names no size), the peer (an open's exporter; an export's openers) and the
+    64 handle bytes in hex."""
+    ev = rec.timeline.events
+    j = rec.timeline.journal
+    m = (j.category == IPC_MAPPED) & (j.delta > 0)
+    mapped = dict(zip(j.index[m].tolist(), j.delta[m].tolist()))
+    source = {fid: i for i, fids in flows_out.items() for fid in fids}
+    out: dict[int, dict] = {}
+    for i in set(flows_out) | set(flows_in):
+        out[i] = {"handle": ev["ipc"][i].tobytes().hex()}
+    for i, fids in flows_in.items():
+        exporter = source[fids[0]]
+        out[i]["peer"] = int(ev["pid"][exporter])
+        if i in mapped:
+            out[i]["size"] = int(mapped[i])
+            out[exporter].setdefault("size", int(mapped[i]))
+        openers = out[exporter].setdefault("peer", "")
+        out[exporter]["peer"] = ", ".join(x for x in (str(openers), str(int(ev["pid"][i]))) if x)
+    return out
+
+
+def _phase_slices(w: _Writer, pid: int, proc: int, mine: list, instants: list) -> None:
+    """Process ``pid``'s phases (``mine``) as nested slices and its instants, on one track."""
     if not mine and not instants:
         return
     track = w.track("phases", proc)

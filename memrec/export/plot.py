@@ -1,11 +1,18 @@
 """A picture of a recording for a bug report: one panel per GPU (matplotlib, Agg: no display needed).
 
-Each panel stacks the owned bytes by category (driver allocations, VMM physical; pinned host memory
-on the host panel) as step areas, draws the bytes mapped from peers by IPC as a dotted line above
-them (mapped, not owned), NVML's ``used`` and ``reserved`` as lines, the phases of the process that
-held most on that GPU as shaded bands with their names, and every failed call as a red cross with
-its result. Times are seconds since the recording started, or, with a second recording
-(:func:`plot_diff`), since the first marker name both recordings share, so the two line up.
+Above the panels, the answer's three lines (:mod:`memrec.analysis.answer`, what ``memrec report``
+prints first), or with a second recording ``memrec diff``'s verdict. Each panel stacks the owned
+bytes by category (driver allocations, VMM physical; pinned host memory on the host panel) as step
+areas, draws the bytes mapped from peers by IPC as a dotted line above them (mapped, not owned),
+NVML's ``used`` and ``reserved`` as lines, the GPU's capacity as a line (the y axis reaches it),
+the phases of the process that held most on that GPU as shaded bands with their names (past
+:data:`NAMED` phases, the wide ones' names only), the
+answer's window as a hatched band, and every failure the answer counts as a red cross with what
+failed (a driver call's result, SGLang's KV sizing, a marker's error). Where NVML's ``used`` reads
+far below what was traced (its samples lag the driver calls, up to a sampling period), a note
+says so. Times are seconds since the recording started, or, with a second recording
+(:func:`plot_diff`), since the marker both are aligned on (:func:`memrec.analysis.diff.align_markers`,
+as ``tui --diff``), so the two line up.
 
 Where a step is shorter than a column of about 2 px, each column is drawn to the highest value in
 it (:func:`_steps`): a peak of microseconds in a run of seconds shows.
@@ -27,21 +34,36 @@ from pathlib import Path
 import numpy as np
 
 from memrec._files import create_file
+from memrec.analysis.answer import Answer
+from memrec.analysis.answer import DRIVER_CALL
+from memrec.analysis.answer import DRIVER_OOM
+from memrec.analysis.answer import Window
+from memrec.analysis.diff import align_markers
+from memrec.analysis.diff import diff_traces
+from memrec.analysis.diff import verdict_of
 from memrec.analysis.names import result_name
+from memrec.analysis.report import trace_answer
+from memrec.analysis.text import human
 from memrec.engine.phases import Phase
 from memrec.engine.series import GpuSeries
 from memrec.api import Recording
-from memrec.columns import failed_calls
 from memrec.events import Kind
 from memrec.export import require
 
 #: Owned categories, bottom to top, and their colours (colour-blind safe, Okabe-Ito).
-_STACK = (("driver", "#0072B2"), ("vmm", "#E69F00"), ("host_pinned", "#009E73"))
+_STACK = (("driver", "#0072B2"), ("vmm", "#E69F00"), ("array", "#D55E00"), ("host_pinned", "#009E73"))
 _MAPPED = "#CC79A7"
 #: Opacity of the stacked areas (over white, or a phase band).
 STACK_ALPHA = 0.85
 _BAND = ("#f0f0f0", "#dcdcdc")
 PANEL_HEIGHT_IN = 2.8
+#: Characters per line of the answer above the panels (at 8 pt, the picture's width).
+HEAD_WIDTH = 150
+#: Inches per line of that text.
+HEAD_LINE_IN = 0.17
+_FAIL = "#D55E00"
+#: NVML's used this far below what was traced (and at least 1 GiB) reads as its lag, with a note.
+NVML_LAG_FRACTION = 0.5
 WIDTH_IN = 12.0
 DPI = 100
 #: Columns a short step is drawn in per x range: half the picture's pixel columns, so a column
@@ -51,12 +73,14 @@ COLUMNS = int(WIDTH_IN * DPI) // 2
 
 @dataclass
 class Panel:
-    """What one panel shows: one GPU of one recording, with times shifted by ``offset`` ns."""
+    """What one panel shows: one GPU of one recording, with times shifted by ``offset`` ns, and
+    the recording's answer (its failures and window)."""
 
     rec: Recording
     gpu: int
     offset: int  # ns subtracted from every timestamp (the recording's start, or a common marker)
     title: str
+    answer: Answer | None = None
 
 
 def _unit(top: float) -> tuple[str, int]:
@@ -89,38 +113,42 @@ def _title(rec: Recording, gpu: int, name: str) -> str:
     return f"{name}: {text}" if name else text
 
 
-def plot(rec: Recording, out: Path, name: str = "") -> int:
-    """Draw ``rec`` to ``out`` (PNG, SVG or PDF by its suffix); return the number of panels."""
-    panels = [Panel(rec, g, rec.start, _title(rec, g, name)) for g in _gpus(rec)]
-    return _draw(panels, out, "seconds since the recording started")
-
-
-def common_marker(a: Recording, b: Recording) -> tuple[str, int, int] | None:
-    """The first marker name (in ``a``'s time order) that ``b`` also has: (name, ts in a, ts in b)."""
-    first_b: dict[str, int] = {}
-    for m in sorted(b.trace.markers, key=lambda m: m.ts):
-        first_b.setdefault(m.name, m.ts)
-    for m in sorted(a.trace.markers, key=lambda m: m.ts):
-        if m.name in first_b:
-            return m.name, m.ts, first_b[m.name]
-    return None
+def plot(rec: Recording, out: Path, name: str = "", answer: Answer | None = None) -> int:
+    """Draw ``rec`` to ``out`` (PNG, SVG or PDF by its suffix); return the number of panels.
+    ``answer``: the recording's (:func:`memrec.analysis.report.trace_answer`, built when not given)."""
+    answer = answer if answer is not None else trace_answer(rec.trace)
+    panels = [Panel(rec, g, rec.start, _title(rec, g, name), answer) for g in _gpus(rec)]
+    head = [line.fit(HEAD_WIDTH) for line in answer.lines]
+    return _draw(panels, out, "seconds since the recording started", head=head)
 
 
 def plot_diff(a: Recording, b: Recording, out: Path, names: tuple[str, str]) -> tuple[int, str | None]:
-    """Draw two recordings, GPU by GPU one above the other, aligned on their first common marker.
+    """Draw two recordings, GPU by GPU one above the other, aligned as ``tui --diff`` aligns them
+    (:func:`memrec.analysis.diff.align_markers`), under ``memrec diff``'s verdict.
 
     Without a common marker both start at their recording's start. Returns the number of panels
     and the marker aligned on (None without one).
     """
-    common = common_marker(a, b)
-    offsets = (common[1], common[2]) if common else (a.start, b.start)
+    common = align_markers(a.trace.markers, b.trace.markers)
+    offsets = (common[2], common[3]) if common else (a.start, b.start)
+    verdict = verdict_of(diff_traces(a.trace, b.trace, *names))
+    answers = (trace_answer(a.trace), trace_answer(b.trace))
     gpus = sorted(set(_gpus(a)) | set(_gpus(b)), key=lambda g: (g < 0, g))
     panels = []
     for g in gpus:
-        for rec, off, name in ((a, offsets[0], names[0]), (b, offsets[1], names[1])):
-            panels.append(Panel(rec, g, off, _title(rec, g, name)))
-    label = f"seconds since {common[0]!r}" if common else "seconds since the recording started"
-    return _draw(panels, out, label, same_scale=True), common[0] if common else None
+        for rec, off, name, ans in zip((a, b), offsets, names, answers):
+            panels.append(Panel(rec, g, off, _title(rec, g, name), ans))
+    marker = None if common is None else common[0] + ("" if common[1] == "instant" else f" {common[1]}")
+    label = f"seconds since {marker!r}" if marker else "seconds since the recording started"
+    head = _wrap(f"verdict: {verdict.headline}") + [x for line in verdict.lines[:2] for x in _wrap("  " + line)]
+    return _draw(panels, out, label, same_scale=True, head=head), marker
+
+
+def _wrap(text: str) -> list[str]:
+    """``text`` in lines of :data:`HEAD_WIDTH` characters at most (at spaces)."""
+    import textwrap
+
+    return textwrap.wrap(text, HEAD_WIDTH, subsequent_indent="    ") or [""]
 
 
 def _private_config_dir_if_needed() -> None:
@@ -154,17 +182,20 @@ def _private_config_dir_if_needed() -> None:
     os.environ["MPLCONFIGDIR"] = folder
 
 
-def _draw(panels: list[Panel], out: Path, xlabel: str, same_scale: bool = False) -> int:
+def _draw(panels: list[Panel], out: Path, xlabel: str, same_scale: bool = False, head: list[str] = ()) -> int:
     _private_config_dir_if_needed()
     matplotlib = require("matplotlib", "plot", "memrec plot")
     matplotlib.use("Agg")
+    # An SVG keeps its words as text (searchable, and read back by tests), not as glyph outlines.
+    matplotlib.rcParams["svg.fonttype"] = "none"
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
     from matplotlib.ticker import MaxNLocator
 
     n = max(len(panels), 1)
-    fig, axes = plt.subplots(n, 1, figsize=(WIDTH_IN, PANEL_HEIGHT_IN * n + 0.6), sharex=True, sharey=same_scale,
-                             squeeze=False)
+    top_in = 0.6 + HEAD_LINE_IN * len(head)
+    height = PANEL_HEIGHT_IN * n + top_in
+    fig, axes = plt.subplots(n, 1, figsize=(WIDTH_IN, height), sharex=True, sharey=same_scale, squeeze=False)
     lo, hi = _x_range(panels)
     top_all = max((_top(p) for p in panels), default=0.0)
     for ax, panel in zip(axes[:, 0], panels):
@@ -173,7 +204,7 @@ def _draw(panels: list[Panel], out: Path, xlabel: str, same_scale: bool = False)
         # Ticks at round numbers of the unit (10, 20 GiB), not of bytes (18.63 GiB).
         ax.yaxis.set_major_locator(MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]))
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _, u=unit: f"{v:g} {u}"))
-        ax.set_ylim(bottom=0)
+        ax.set_ylim(bottom=0, top=max(_top(panel), _capacity(panel) or 0) / scale * 1.04 or None)
         ax.grid(axis="y", color="#e0e0e0", linewidth=0.6)
         ax.set_axisbelow(True)
     if not panels:
@@ -185,10 +216,14 @@ def _draw(panels: list[Panel], out: Path, xlabel: str, same_scale: bool = False)
         for h, lab in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(lab, h)
             labels[lab] = lab
+    for k, line in enumerate(head):  # the answer (or the verdict), as the report (or the diff) begins
+        fig.text(0.01, 1 - (0.08 + HEAD_LINE_IN * k) / height, line, ha="left", va="top", fontsize=8,
+                 family="monospace", color=_FAIL if k == 0 and line.startswith(("FAILED", "verdict")) and
+                 "works" not in line.split(":")[1][:12] else "black")
     if handles:
-        fig.legend(list(handles.values()), list(labels), loc="upper center", ncol=min(len(handles), 7),
-                   frameon=False, fontsize=8)
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / (PANEL_HEIGHT_IN * n + 0.6)))
+        fig.legend(list(handles.values()), list(labels), loc="upper center", ncol=min(len(handles), 8),
+                   frameon=False, fontsize=8, bbox_to_anchor=(0.5, 1 - (0.1 + HEAD_LINE_IN * len(head)) / height))
+    fig.tight_layout(rect=(0, 0, 1, 1 - (top_in - 0.25) / height))
     with create_file(out) as f:  # (never through a link planted at out)
         fig.savefig(f, dpi=DPI, format=out.suffix[1:].lower())
     plt.close(fig)
@@ -208,6 +243,18 @@ def _top(p: Panel) -> float:
     return top
 
 
+def _capacity(p: Panel) -> int | None:
+    """The GPU's memory (the header's GPU list, else NVML's total), None unknown or the host."""
+    if p.gpu < 0:
+        return None
+    info = {g.index: g for g in p.rec.trace.gpus}
+    if p.gpu in info and info[p.gpu].total:
+        return int(info[p.gpu].total)
+    nv = p.rec.trace.nvml
+    totals = nv["total"][(nv["gpu"] == p.gpu) & (nv["total"] > 0)] if len(nv) else []
+    return int(totals.max()) if len(totals) else None
+
+
 def _x_range(panels: list[Panel]) -> tuple[float, float]:
     """Seconds covering every memory change (process exits aside), phase and failure, with a 5% margin."""
     points: list[float] = []
@@ -224,6 +271,9 @@ def _x_range(panels: list[Panel]) -> tuple[float, float]:
         for ph in _band_phases(p):
             points += [(ph.start - p.offset) / 1e9, (ph.end - p.offset) / 1e9]
         points += [(t - p.offset) / 1e9 for t, _ in _failures(p)]
+        win = _window(p)
+        if win is not None:
+            points += [(win.start_ts - p.offset) / 1e9, (win.end_ts - p.offset) / 1e9]
     if not points:
         ends = [((p.rec.start - p.offset) / 1e9, (p.rec.end - p.offset) / 1e9) for p in panels] or [(0.0, 1.0)]
         points = [v for e in ends for v in e]
@@ -239,10 +289,15 @@ def _owner(p: Panel) -> int | None:
     if s is None or not with_phases:
         return None
     _, _, row = s.peak()
-    held = {pid: int(s.total(pid)[row]) for pid in s.pids() if pid in with_phases}
+    owned = s.per_pid()
+    held = {pid: b for pid, b in zip(owned.pids.tolist(), owned.at_row(row).tolist()) if pid in with_phases}
     if not held:
         return None
     return max(held, key=lambda pid: (held[pid], -pid))
+
+
+#: Phases a panel names all of (past it, only the wide ones).
+NAMED = 100
 
 
 def _band_phases(p: Panel) -> list[Phase]:
@@ -251,11 +306,23 @@ def _band_phases(p: Panel) -> list[Phase]:
 
 
 def _failures(p: Panel) -> list[tuple[int, str]]:
-    ev = p.rec.timeline.events
-    if not len(ev):
+    """(ts, what) of the answer's failures on the panel's GPU (or of no known GPU, on GPU 0's
+    panel or the host's): a driver call by its result and size, SGLang's KV sizing, a marker's error."""
+    if p.answer is None:
         return []
-    idx = np.nonzero(failed_calls(ev) & (ev["gpu"] == p.gpu))[0]
-    return [(int(ev["ts"][i]), f"{result_name(int(ev['result'][i]))} {_human(int(ev['size'][i]))}") for i in idx]
+    first = min((g for g in _gpus(p.rec)), default=p.gpu)
+    out = []
+    for f in p.answer.failures:
+        if f.gpu == p.gpu or (f.gpu is None and p.gpu == first):
+            what = f.what.split(": ", 1)[1] if f.kind in (DRIVER_OOM, DRIVER_CALL) else f.what
+            out.append((f.ts, f"{what} · {f.who}"))
+    return out
+
+
+def _window(p: Panel) -> Window | None:
+    """The answer's window when it concerns this panel's GPU (or every GPU)."""
+    win = p.answer.window if p.answer is not None else None
+    return win if win is not None and win.gpu in (None, p.gpu) else None
 
 
 def _steps(s: GpuSeries, values: np.ndarray, p: Panel, scale: int,
@@ -330,15 +397,54 @@ def _panel(ax, p: Panel, scale: int, view: tuple[float, float]) -> None:
         if ok.any():
             ax.step((nv["ts"][ok] - p.offset) / 1e9, nv[field][ok] / scale, where="post", color="black",
                     linestyle=style, linewidth=1.0, label=f"NVML {field}")
-    for k, ph in enumerate(_band_phases(p)):
+    bands = _band_phases(p)
+    # One collection per colour, not a patch per phase; past NAMED phases only those wider than
+    # 1/NAMED of the view are named: 3,000 phases a panel took minutes to draw, unreadable anyway.
+    wide = (view[1] - view[0]) / NAMED if len(bands) > NAMED else 0.0
+    spans: tuple[list, list] = ([], [])
+    for k, ph in enumerate(bands):
         x0, x1 = (ph.start - p.offset) / 1e9, (ph.end - p.offset) / 1e9
-        ax.axvspan(x0, x1, color=_BAND[k % 2], zorder=-2, linewidth=0)
+        spans[k % 2].append((x0, x1 - x0))
+        if x1 - x0 < wide:
+            continue
         # Names alternate between two heights: short phases side by side stay readable.
         ax.text(x0, 0.98 if k % 2 == 0 else 0.55, f" {ph.name}", transform=ax.get_xaxis_transform(), rotation=90,
                 va="top", ha="left", fontsize=7, color="#303030", clip_on=True,
                 bbox={"facecolor": "white", "alpha": 0.75, "edgecolor": "none", "pad": 0.6})
+    for k, xranges in enumerate(spans):
+        if xranges:
+            ax.broken_barh(xranges, (0, 1), transform=ax.get_xaxis_transform(), color=_BAND[k], zorder=-2, linewidth=0)
+    win = _window(p)
+    if win is not None:
+        ax.axvspan((win.start_ts - p.offset) / 1e9, (win.end_ts - p.offset) / 1e9, facecolor="none", hatch="////",
+                   edgecolor=_FAIL if p.answer.failure is not None else "#808080", linewidth=0, alpha=0.35,
+                   zorder=-1, label="the answer's window")
+    cap = _capacity(p)
+    if cap:
+        ax.axhline(cap / scale, color="#808080", linestyle="-.", linewidth=0.9, label="capacity")
+        ax.annotate(f"capacity {human(cap)}", (1.0, cap / scale), xycoords=("axes fraction", "data"),
+                    xytext=(-2, 2), textcoords="offset points", ha="right", va="bottom", fontsize=7, color="#606060")
+    lag = _nvml_lag(p, s)
+    if lag:
+        ax.text(0.01, 0.04, lag, transform=ax.transAxes, fontsize=7, color="#606060", ha="left", va="bottom",
+                bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none", "pad": 0.8})
     for ts, text in _failures(p):
         x = (ts - p.offset) / 1e9
         y = (s.at(ts) if s is not None else 0) / scale
-        ax.plot([x], [y], marker="X", color="#D55E00", markersize=9, linestyle="none", label="failed call")
-        ax.annotate(text, (x, y), xytext=(4, 6), textcoords="offset points", fontsize=7, color="#D55E00")
+        ax.plot([x], [y], marker="X", color=_FAIL, markersize=9, linestyle="none", label="failure")
+        ax.annotate(text, (x, y), xytext=(4, 6), textcoords="offset points", fontsize=7, color=_FAIL)
+
+
+def _nvml_lag(p: Panel, s: GpuSeries | None) -> str:
+    """A note where NVML's used reads far below what was traced at the same time (its samples
+    lag the driver calls), else ``""``."""
+    nv = p.rec.trace.nvml
+    nv = nv[(nv["gpu"] == p.gpu) & (nv["used"] >= 0)] if len(nv) else nv
+    if s is None or not len(nv) or not len(s.ts):
+        return ""
+    traced = np.array([s.at(int(t)) for t in nv["ts"].tolist()])
+    low = (nv["used"] < traced * NVML_LAG_FRACTION) & (traced >= 1 << 30)
+    if not low.any():
+        return ""
+    return (f"NVML used reads below the traced bytes at {int(low.sum())} of {len(nv)} samples: "
+            "NVML samples lag the driver calls (and miss what is freed between two)")

@@ -201,6 +201,29 @@ class KeyTable:
             setattr(self, name, new)
         self._columns = [getattr(self, name) for name in self.names]
 
+    def shrink(self) -> bool:
+        """Compact the live rows into columns and an index sized for them once at most a quarter
+        of the rows are live (processes exited, a burst freed): the daemon then gives that memory
+        back instead of keeping its peak (the columns were only ever grown). Row numbers change:
+        call it between batches, never while rows found by :meth:`lookup` are in use. Returns
+        whether it compacted (the capacity halves at least each time; growth is × 1.5 when full,
+        so a table never swings between the two)."""
+        cap = len(self.live)
+        if cap <= _MIN_ROWS or 4 * self.count > cap:
+            return False
+        rows = np.flatnonzero(self.live[: self._top])
+        size = max(_MIN_ROWS, 2 * len(rows))
+        for name in self._types:
+            new = np.zeros(size, getattr(self, name).dtype)
+            new[: len(rows)] = getattr(self, name)[rows]
+            setattr(self, name, new)
+        self._columns = [getattr(self, name) for name in self.names]
+        self._top = len(rows)
+        self._free = np.zeros(64, np.int32)
+        self._nfree = 0
+        self._rehash()
+        return True
+
     def _rehash(self) -> None:
         bits = _MIN_SLOTS_BITS
         while self.count > _MAX_LOAD * 0.75 * (1 << bits):

@@ -7,6 +7,7 @@ from typing import NamedTuple
 import numpy as np
 
 from memrec.events import QUIET_FAILURE_KINDS
+from memrec.events import TENSOR_KINDS
 from memrec.events import Api
 from memrec.events import Kind
 
@@ -60,16 +61,18 @@ HOST_FREE = int(Kind.HOST_FREE)
 HOST_REGISTER = int(Kind.HOST_REGISTER)
 HOST_UNREGISTER = int(Kind.HOST_UNREGISTER)
 PROC_EXIT = int(Kind.PROC_EXIT)
+ARRAY_CREATE = int(Kind.ARRAY_CREATE)
+ARRAY_DESTROY = int(Kind.ARRAY_DESTROY)
 QUIET_KINDS = frozenset(int(k) for k in QUIET_FAILURE_KINDS)
 #: Kinds whose ``ipc`` column may carry handle bytes (IPC handle or fabric handle).
 HANDLE_BYTES_KINDS = frozenset((IPC_EXPORT, IPC_OPEN, SHARE_EXPORT, SHARE_IMPORT))
 #: Successful kinds that change the VMM, IPC or host tables (event by event, but VMM_RUN_KINDS in a run).
 OTHER_KINDS = (VMM_CREATE, VMM_RELEASE, VMM_MAP, VMM_UNMAP, VMM_RETAIN, IPC_CLOSE, SHARE_EXPORT, SHARE_IMPORT,
-               HOST_ALLOC, HOST_FREE, HOST_REGISTER, HOST_UNREGISTER)
+               HOST_ALLOC, HOST_FREE, HOST_REGISTER, HOST_UNREGISTER, ARRAY_CREATE, ARRAY_DESTROY)
 #: VMM kinds a run applies at once (memrec.state.vmm_run), and those that keep their process's
 #: VMM events in the run event by event.
 VMM_RUN_KINDS = (VMM_CREATE, VMM_MAP, VMM_UNMAP, VMM_RELEASE)
-VMM_SERIAL_KINDS = (VMM_RETAIN, SHARE_EXPORT, SHARE_IMPORT)
+VMM_SERIAL_KINDS = (VMM_RETAIN, SHARE_EXPORT, SHARE_IMPORT, ARRAY_CREATE, ARRAY_DESTROY)
 #: Successful kinds that read driver allocations or IPC exports: one joins a run applied at once
 #: when the run's allocations and frees before it cannot change what it reads (planner.Planner).
 JOINABLE_KINDS = (IPC_EXPORT, IPC_OPEN)
@@ -90,6 +93,8 @@ def kind_mask(kinds: tuple[int, ...]) -> np.ndarray:
 VMM_RUN_MASK = kind_mask(VMM_RUN_KINDS)
 BARRIER_MASK = kind_mask(BARRIER_KINDS)
 HANDLE_BYTES_MASK = kind_mask(tuple(HANDLE_BYTES_KINDS))
+#: Tensor-block events: no driver memory changes hands (the event-by-event path skips them).
+TENSOR_MASK = kind_mask(tuple(int(k) for k in TENSOR_KINDS))
 
 #: CUmemLocationType of a cuMemCreate: 0 (not read) and 1 are device memory, others are host.
 LOCATION_DEVICE = (0, 1)

@@ -68,6 +68,7 @@ from memrec.state.batch import Batch
 from memrec.state.fields import ALIAS_FIELDS
 from memrec.state.fields import ALLOC
 from memrec.state.fields import BARRIER_MASK
+from memrec.state.fields import TENSOR_MASK
 from memrec.state.fields import EXIT_LARGEST
 from memrec.state.fields import EXPORT_FIELDS
 from memrec.state.fields import FABRIC_FIELDS
@@ -190,8 +191,9 @@ class LiveState(Queries, VmmIpc):
                 return
             if int(n_vec[hi]) - int(n_vec[lo]) >= max(self.vector_min_run, 1):
                 plain.apply_run(self, events, lo, hi, fill)
-            else:
-                self._apply_events(events, np.arange(lo, hi), fill)
+            else:  # tensor blocks are not driver memory: memrec.analysis.tensors reads them
+                idx = np.arange(lo, hi)
+                self._apply_events(events, idx[~TENSOR_MASK[kinds[lo:hi]]], fill)
 
         lo = 0
         self._alloc_hints.clear()
@@ -209,6 +211,8 @@ class LiveState(Queries, VmmIpc):
                 plan.restart()
         piece(lo, n)
         self._alloc_hints.clear()
+        for table in (self._allocs, self._handles, self._maps):  # no row is held between batches
+            table.shrink()
         self.n_events += n
         self.last_ts = int(min(events["ts"][-1], MAX_TS))
         if fill and events.writeable:
@@ -383,6 +387,11 @@ class LiveState(Queries, VmmIpc):
         for fb in [fb for fb, f in self._fabric.items() if f[0] == pid]:
             del self._fabric[fb]
 
+    def capacity(self) -> int:
+        """Rows the tables have room for: when it changes (a table grew or was compacted), the
+        heap has pages to hand back (the daemon then calls ``malloc_trim``)."""
+        return sum(len(t.live) for t in (self._allocs, self._handles, self._maps))
+
     # --------------------------------------------------------------- snapshot
 
     def snapshot(self) -> dict:
@@ -396,7 +405,8 @@ class LiveState(Queries, VmmIpc):
 
     def snapshot_later(self) -> Callable[[], dict]:
         """Take the state now, cheaply (copies of the allocation columns, the small tables as
-        lists); the function returned builds :meth:`snapshot`'s dict from that, in any thread."""
+        lists); the function returned builds :meth:`snapshot`'s dict from that, in any thread,
+        once (it lets go of each column as it encodes it)."""
         out = {
             "v": SNAPSHOT_VERSION,
             "n": self.n_events,

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from memrec.events import ARRAY
+from memrec.events import array_footprint
 from memrec.events import HOST_PINNED
 from memrec.events import IPC_MAPPED
 from memrec.events import VMM
 from memrec.state.allocs import HandleTable
 from memrec.state.allocs import MapTable
+from memrec.state.fields import ARRAY_CREATE
+from memrec.state.fields import ARRAY_DESTROY
 from memrec.state.fields import HOST_ALLOC
 from memrec.state.fields import HOST_FREE
 from memrec.state.fields import HOST_REGISTER
@@ -203,10 +207,27 @@ class VmmIpc:
                 return None
             self._change(index, t, -1, pid, HOST_PINNED, -rec[0])
             return None
+        if kind == ARRAY_CREATE:  # a CUDA array: kept in the handle table, category "array"
+            row, slot = self._handles.find(pid, handle)
+            if row >= 0:
+                self._anomaly("array_over_live")
+                self._drop_handle(index, t, pid, row, slot)
+            size = array_footprint(size)
+            self._handles.add(pid, handle, size, g, t, ARRAY, 1, 0, 0, api)
+            self._change(index, t, g, pid, ARRAY, size)
+            return None
+        if kind == ARRAY_DESTROY:
+            row, slot = self._handles.find(pid, handle)
+            if row < 0 or int(self._handles.category[row]) != ARRAY:
+                self._anomaly("array_destroy_unknown")
+                return None
+            gg = int(self._handles.gpu[row])
+            self._drop_handle(index, t, pid, row, slot)
+            return gg
         if kind == PROC_EXIT:
             self._exit(index, t, pid)
             return None
-        return None  # VA reserve/free, CTX, fork: nothing to count
+        return None  # VA reserve/free, CTX, fork, limits, graphs, multicast: nothing to count
 
     def _resolve_alias(self, pid: int, handle: int) -> int:
         al = self._aliases.get(pid)

@@ -147,3 +147,39 @@ def _read(path: Path) -> str | None:
         return path.read_text().strip()
     except OSError:
         return None
+
+
+#: The stand-in for PyTorch's libc10_cuda.so: USDT probes pytorch:malloc/free with PyTorch 2.11's
+#: argument forms behind semaphores (the tests and bench/bench_tensor_probes.py probe it).
+TORCH_SOURCE_NAME = "c10_cuda_stub.S"
+TORCH_LIBRARY_NAME = "libc10_cuda.so"
+
+
+def build_torch_stub(dest_dir: str | os.PathLike[str], nop5: bool = False) -> Path:
+    """Assemble the stub ``libc10_cuda.so`` into ``dest_dir`` and return its path.
+
+    Args:
+        nop5: probe sites of 5-byte nops (what a kernel from 6.18 can optimize) instead of the
+            1-byte nops PyTorch's build has.
+
+    Raises:
+        StubBuildError: no C compiler, or the assembly failed.
+    """
+    compiler = find_compiler()
+    out = Path(dest_dir) / TORCH_LIBRARY_NAME
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".build-") as tmp:
+        src = Path(tmp) / TORCH_SOURCE_NAME
+        with create_file(src) as f:  # (in a private folder of its own)
+            f.write(importlib.resources.files("memrec.stubdriver").joinpath(TORCH_SOURCE_NAME).read_bytes())
+        tmp_lib = Path(tmp) / TORCH_LIBRARY_NAME
+        cmd = [compiler, "-shared", "-fPIC", *(["-DNOP5"] if nop5 else []), "-o", str(tmp_lib), str(src)]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise StubBuildError(f"cannot build the stub libc10_cuda.so with {compiler}: {exc}") from exc
+        if proc.returncode != 0:
+            raise StubBuildError(f"building the stub libc10_cuda.so failed ({compiler} exit {proc.returncode}):\n"
+                                 f"{proc.stderr.strip()}")
+        os.replace(tmp_lib, out)
+    return out

@@ -27,6 +27,17 @@
  *  - With MEMREC_STUB_NVML_DIR set, the stub writes what NVML would say this process uses on each
  *    physical device to MEMREC_STUB_NVML_DIR/<pid> ("<device> <bytes>" lines, rewritten on every
  *    change): contexts + device code + allocations + pool-held bytes. Tests stand it in for NVML.
+ *  - Device memory no allocation call takes, as measured on an H200 (docs/validation/families.md):
+ *    a CUDA array costs its descriptor's bytes rounded up to 2 MiB at creation; a stack limit
+ *    costs (new - old) x MEMREC_STUB_RESIDENT_THREADS (default 132 x 2048; old: 1 KiB at first)
+ *    inside cuCtxSetLimit once the context has launched a kernel, else at its next cuLaunchKernel
+ *    (never probed); the malloc heap and printf FIFO limits cost nothing (as on the H200 for
+ *    kernels using neither); a stream-ordered allocation made while its stream is captured
+ *    (cuStreamBeginCapture_v2 .. cuStreamEndCapture) or a graph memory node takes nothing until its
+ *    graph is uploaded or launched (the graph pool grows to the largest graph's footprint, rounded
+ *    up to 2 MiB) and gives it back at cuDeviceGraphMemTrim; multicast objects are refused (CUDA_ERROR_NOT_SUPPORTED, as on one H200)
+ *    unless MEMREC_STUB_MULTICAST=1, then they cost nothing of their own. A module loaded from PTX
+ *    text costs nothing (a one-line PTX module was +0 on the H200).
  *  - MEMREC_STUB_PACE_US: context binds, code loads, kernel fetches, pool calls and stream-ordered
  *    allocations sleep this long before they act, as the real driver takes its time (a primary
  *    retain took ~100 ms on an H200): a recorder reading NVML after each call sees one step each.
@@ -167,6 +178,8 @@ struct CUctx_st {
     int refs;
     int kernels;                /* kernels fetched into this context (the first costs more) */
     unsigned long long resident; /* what the context itself costs on its device */
+    unsigned long long stack, stack_placed;   /* the stack limit, and the one on the device */
+    int launched;                             /* a kernel was launched in it */
 };
 
 struct live_alloc {
@@ -253,6 +266,8 @@ static unsigned long long g_kernel_bytes = 2ULL << 20;
 static unsigned long long g_module_bytes = 4ULL << 20;
 static const char *g_nvml_dir;
 static unsigned long long g_pace_us;
+static unsigned long long g_resident_threads = 132ULL * 2048ULL;
+static int g_multicast;
 
 #define CTX_STACK_MAX 16
 static __thread CUcontext t_stack[CTX_STACK_MAX];
@@ -353,6 +368,8 @@ static void nvml_publish(void) {
 static void ctx_charge(CUcontext c) {
     c->resident = g_ctx_bytes;
     c->kernels = 0;
+    c->stack = c->stack_placed = 1024; /* the default stack */
+    c->launched = 0;
     g_resident[c->physical] += c->resident;
     g_contexts[c->physical]++;
 }
@@ -566,6 +583,8 @@ CUAPI CUresult cuInit(unsigned int Flags) {
         g_kernel_bytes = env_u64("MEMREC_STUB_KERNEL_BYTES", g_kernel_bytes);
         g_module_bytes = env_u64("MEMREC_STUB_MODULE_BYTES", g_module_bytes);
         g_pace_us = env_u64("MEMREC_STUB_PACE_US", 0);
+        g_resident_threads = env_u64("MEMREC_STUB_RESIDENT_THREADS", g_resident_threads);
+        g_multicast = (int)env_u64("MEMREC_STUB_MULTICAST", 0);
         g_nvml_dir = getenv("MEMREC_STUB_NVML_DIR");
         if (g_nvml_dir && !*g_nvml_dir)
             g_nvml_dir = NULL;
@@ -819,11 +838,21 @@ CUAPI CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned in
     return device_alloc(dptr, bytesize);
 }
 
-/* From the current device's default pool. */
-static CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize) {
+static int captured_alloc(CUdeviceptr *dptr, size_t size, CUstream s);
+static int captured_free(CUstream s);
+
+/* From the current device's default pool (or, on a stream being captured, graph memory). */
+static CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize, CUstream s) {
     pace();
     CUcontext c = current_ctx();
     int pool = -1;
+    if (g_initialized && valid_ctx(c) && dptr && bytesize) {
+        pthread_mutex_lock(&g_lock);
+        int graph = captured_alloc(dptr, bytesize, s);
+        pthread_mutex_unlock(&g_lock);
+        if (graph)
+            return CUDA_SUCCESS;
+    }
     if (g_initialized && valid_ctx(c)) {
         pthread_mutex_lock(&g_lock);
         pool = default_pool(c->physical);
@@ -833,51 +862,49 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize) {
 }
 
 /* From `pool`; a value that is no pool of the stub's (the workload's fake ones) is no pool at all. */
-static CUresult alloc_from_pool(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool) {
+static CUresult alloc_from_pool(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s) {
     pace();
-    if (!pool)
+    if (!pool || !dptr)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_lock);
+    if (g_initialized && bytesize && captured_alloc(dptr, bytesize, s)) {
+        pthread_mutex_unlock(&g_lock);
+        return CUDA_SUCCESS;
+    }
     int i = find_pool(pool);
     pthread_mutex_unlock(&g_lock);
     return device_alloc_from(dptr, bytesize, i);
 }
 
 CUAPI CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
-    (void)hStream;
-    return alloc_async(dptr, bytesize);
+    return alloc_async(dptr, bytesize, hStream);
 }
 
 CUAPI CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
-    (void)hStream;
-    return alloc_async(dptr, bytesize);
+    return alloc_async(dptr, bytesize, hStream);
 }
 
 CUAPI CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                                        CUstream hStream) {
-    (void)hStream;
-    return alloc_from_pool(dptr, bytesize, pool);
+    return alloc_from_pool(dptr, bytesize, pool, hStream);
 }
 
 CUAPI CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                                             CUstream hStream) {
-    (void)hStream;
-    return alloc_from_pool(dptr, bytesize, pool);
+    return alloc_from_pool(dptr, bytesize, pool, hStream);
 }
 
 CUAPI CUresult cuMemFree_v2(CUdeviceptr dptr) { return device_free(dptr); }
 
-CUAPI CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
+static CUresult free_async(CUdeviceptr dptr, CUstream hStream) {
     pace();
-    (void)hStream;
+    if (g_initialized && captured_free(hStream))
+        return CUDA_SUCCESS; /* a free node of the graph being captured */
     return device_free_to(dptr, 1);
 }
 
-CUAPI CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
-    pace();
-    (void)hStream;
-    return device_free_to(dptr, 1);
-}
+CUAPI CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) { return free_async(dptr, hStream); }
+CUAPI CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) { return free_async(dptr, hStream); }
 
 /* ---- stream-ordered pools ----------------------------------------------------------------------- */
 
@@ -964,6 +991,18 @@ CUAPI CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr
 
 /* ---- device code ---------------------------------------------------------------------------------- */
 
+/* The stack limit reaches the device at the next launch, or at once once the context has launched;
+ * the heap and the printf FIFO showed no step on the H200 (kernels using neither): none here. */
+static void limits_at_launch(CUcontext c) {
+    c->launched = 1;
+    if (c->stack > c->stack_placed) {
+        unsigned long long add = (c->stack - c->stack_placed) * g_resident_threads;
+        g_resident[c->physical] += add;
+        c->resident += add;
+        c->stack_placed = c->stack;
+    }
+}
+
 static int find_code(unsigned long long id) {
     for (int i = 0; i < g_code_count; i++)
         if (g_code[i].id == id)
@@ -993,9 +1032,10 @@ static CUresult code_load(unsigned long long *out, const void *image, const char
         g_code[i].id = HANDLE_TAG | (0xCULL << 44) | ((unsigned long long)getpid() << 24) | (++g_handle_seq);
         g_code[i].is_module = is_module;
         g_code[i].physical = is_module ? c->physical : -1;
-        g_code[i].resident = is_module ? g_module_bytes : 0;
+        int ptx = image && memcmp(image, ".version", 8) == 0;
+        g_code[i].resident = is_module && !ptx ? g_module_bytes : 0;
         if (is_module) {
-            g_resident[c->physical] += g_module_bytes;
+            g_resident[c->physical] += g_code[i].resident;
             nvml_publish();
         }
         *out = g_code[i].id;
@@ -1132,6 +1172,447 @@ CUAPI CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel) {
     pthread_mutex_unlock(&g_lock);
     *pFunc = (CUfunction)(uintptr_t)(k ^ ((unsigned long long)(uintptr_t)c & 0xFFFF));
     return CUDA_SUCCESS;
+}
+
+/* ---- device memory no allocation call takes (issue 21) ----------------------------------------- */
+
+typedef struct CUarray_st *CUarray;
+typedef struct CUmipmappedArray_st *CUmipmappedArray;
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphExec_st *CUgraphExec;
+typedef struct CUgraphNode_st *CUgraphNode;
+typedef int CUlimit;
+typedef int CUstreamCaptureMode;
+
+typedef struct CUDA_ARRAY_DESCRIPTOR_st {
+    size_t Width;
+    size_t Height;
+    int Format;
+    unsigned int NumChannels;
+} CUDA_ARRAY_DESCRIPTOR;
+
+typedef struct CUDA_ARRAY3D_DESCRIPTOR_st {
+    size_t Width;
+    size_t Height;
+    size_t Depth;
+    int Format;
+    unsigned int NumChannels;
+    unsigned int Flags;
+} CUDA_ARRAY3D_DESCRIPTOR;
+
+typedef struct CUDA_MEM_ALLOC_NODE_PARAMS_st {
+    CUmemPoolProps poolProps;
+    const void *accessDescs;
+    size_t accessDescCount;
+    size_t bytesize;
+    CUdeviceptr dptr;
+} CUDA_MEM_ALLOC_NODE_PARAMS;
+
+typedef struct CUmulticastObjectProp_st {
+    unsigned int numDevices;
+    size_t size;
+    unsigned long long handleTypes;
+    unsigned long long flags;
+} CUmulticastObjectProp;
+
+_Static_assert(__builtin_offsetof(CUDA_ARRAY_DESCRIPTOR, Format) == 16, "array Format at +16");
+_Static_assert(__builtin_offsetof(CUDA_ARRAY3D_DESCRIPTOR, Format) == 24, "3D array Format at +24");
+_Static_assert(sizeof(CUmemPoolProps) == 88, "CUmemPoolProps is 88 bytes");
+_Static_assert(__builtin_offsetof(CUDA_MEM_ALLOC_NODE_PARAMS, bytesize) == 104, "bytesize at +104");
+_Static_assert(__builtin_offsetof(CUDA_MEM_ALLOC_NODE_PARAMS, dptr) == 112, "dptr at +112");
+_Static_assert(__builtin_offsetof(CUmulticastObjectProp, size) == 8, "multicast size at +8");
+
+#define MAX_GRAPHS 256
+
+struct array_rec {
+    unsigned long long id;
+    int physical;
+    unsigned long long resident;
+};
+static struct array_rec g_arrays[MAX_SMALL];
+static int g_array_count;
+
+/* A graph being built (or captured): its footprint; an executable graph: the footprint it needs. */
+struct graph_rec {
+    unsigned long long id;
+    int exec;
+    int physical;
+    unsigned long long footprint;
+    unsigned long long stream; /* while captured */
+};
+static struct graph_rec g_graphs[MAX_GRAPHS];
+static int g_graph_count;
+static unsigned long long g_graph_pool[MAX_DEVICES]; /* the graph memory pool on each device */
+
+static unsigned long long format_bytes(int f) {
+    switch (f) {
+    case 0x01: case 0x08: return 1;
+    case 0x02: case 0x09: case 0x10: return 2;
+    case 0x03: case 0x0a: case 0x20: return 4;
+    default: return 0;
+    }
+}
+
+static CUresult array_create(unsigned long long *out, size_t w, size_t h, size_t d, int format, unsigned ch,
+                             unsigned levels) {
+    pace();
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUcontext c = current_ctx();
+    if (!valid_ctx(c))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    unsigned long long per = format_bytes(format) * ch;
+    if (!out || !w || !per || !levels)
+        return CUDA_ERROR_INVALID_VALUE;
+    unsigned long long bytes = 0;
+    for (unsigned i = 0; i < levels; i++) {
+        bytes += (unsigned long long)w * (h ? h : 1) * (d ? d : 1) * per;
+        w = w > 1 ? w >> 1 : w;
+        h = h > 1 ? h >> 1 : h;
+        d = d > 1 ? d >> 1 : d;
+    }
+    bytes = align_up(bytes, VMM_GRANULARITY);
+    pthread_mutex_lock(&g_lock);
+    CUresult rc = CUDA_SUCCESS;
+    if (g_array_count >= MAX_SMALL || g_used[c->physical] + g_resident[c->physical] + bytes > g_capacity) {
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+        int i = g_array_count++;
+        g_arrays[i].id = HANDLE_TAG | (0xAULL << 44) | ((unsigned long long)getpid() << 24) | (++g_handle_seq);
+        g_arrays[i].physical = c->physical;
+        g_arrays[i].resident = bytes;
+        g_resident[c->physical] += bytes;
+        *out = g_arrays[i].id;
+        nvml_publish();
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+static CUresult array_destroy(unsigned long long id) {
+    pace();
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&g_lock);
+    for (int i = 0; i < g_array_count; i++) {
+        if (g_arrays[i].id == id) {
+            g_resident[g_arrays[i].physical] -= g_arrays[i].resident;
+            g_arrays[i] = g_arrays[--g_array_count];
+            nvml_publish();
+            rc = CUDA_SUCCESS;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+CUAPI CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *d) {
+    if (!d)
+        return CUDA_ERROR_INVALID_VALUE;
+    return array_create((unsigned long long *)pHandle, d->Width, d->Height, 0, d->Format, d->NumChannels, 1);
+}
+
+CUAPI CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *d) {
+    if (!d)
+        return CUDA_ERROR_INVALID_VALUE;
+    return array_create((unsigned long long *)pHandle, d->Width, d->Height, d->Depth, d->Format, d->NumChannels, 1);
+}
+
+CUAPI CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *d,
+                                      unsigned int numMipmapLevels) {
+    if (!d)
+        return CUDA_ERROR_INVALID_VALUE;
+    return array_create((unsigned long long *)pHandle, d->Width, d->Height, d->Depth, d->Format, d->NumChannels,
+                        numMipmapLevels);
+}
+
+CUAPI CUresult cuArrayDestroy(CUarray a) { return array_destroy((unsigned long long)(uintptr_t)a); }
+CUAPI CUresult cuMipmappedArrayDestroy(CUmipmappedArray a) { return array_destroy((unsigned long long)(uintptr_t)a); }
+
+/* cuCtxSetLimit: the stack moves at once in a context that has launched, else at its next launch. */
+CUAPI CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
+    pace();
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUcontext c = current_ctx();
+    if (!valid_ctx(c))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_lock(&g_lock);
+    CUresult rc = CUDA_SUCCESS;
+    if (limit == 0) {
+        c->stack = value;
+        if (c->launched && value < c->stack_placed) { /* shrunk at the call */
+            g_resident[c->physical] -= (c->stack_placed - value) * g_resident_threads;
+            c->resident -= (c->stack_placed - value) * g_resident_threads;
+            c->stack_placed = value;
+        } else if (c->launched) {
+            limits_at_launch(c);
+        }
+        nvml_publish();
+    } else if (limit < 0 || limit > 6) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+/* A kernel launch: not probed (the hot path); it places the limits set since the last one. */
+CUAPI CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                              unsigned bz, unsigned shared, CUstream stream, void **params, void **extra) {
+    (void)f, (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shared, (void)stream;
+    (void)params, (void)extra;
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUcontext c = current_ctx();
+    if (!valid_ctx(c))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_lock(&g_lock);
+    limits_at_launch(c);
+    nvml_publish();
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+
+static int find_graph(unsigned long long id) {
+    for (int i = 0; i < g_graph_count; i++)
+        if (g_graphs[i].id == id)
+            return i;
+    return -1;
+}
+
+static int capturing_graph(unsigned long long stream) {
+    for (int i = 0; i < g_graph_count; i++)
+        if (!g_graphs[i].exec && g_graphs[i].stream == stream && stream)
+            return i;
+    return -1;
+}
+
+static int new_graph(int exec, int physical, unsigned long long footprint, unsigned long long stream) {
+    if (g_graph_count >= MAX_GRAPHS)
+        return -1;
+    int i = g_graph_count++;
+    g_graphs[i].id = HANDLE_TAG | ((exec ? 0xEULL : 0x6ULL) << 44) | ((unsigned long long)getpid() << 24) | (++g_handle_seq);
+    g_graphs[i].exec = exec;
+    g_graphs[i].physical = physical;
+    g_graphs[i].footprint = footprint;
+    g_graphs[i].stream = stream;
+    return i;
+}
+
+static CUresult begin_capture(CUstream s, CUstreamCaptureMode mode) {
+    (void)mode;
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUcontext c = current_ctx();
+    if (!valid_ctx(c) || !s)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    CUresult rc = capturing_graph((unsigned long long)(uintptr_t)s) >= 0 ? CUDA_ERROR_INVALID_VALUE
+                  : new_graph(0, c->physical, 0, (unsigned long long)(uintptr_t)s) < 0 ? CUDA_ERROR_OUT_OF_MEMORY
+                  : CUDA_SUCCESS;
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+static CUresult end_capture(CUstream s, CUgraph *out) {
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!out)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    int i = capturing_graph((unsigned long long)(uintptr_t)s);
+    if (i >= 0) {
+        g_graphs[i].stream = 0;
+        *out = (CUgraph)(uintptr_t)g_graphs[i].id;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return i >= 0 ? CUDA_SUCCESS : 901; /* CUDA_ERROR_STREAM_CAPTURE_UNMATCHED */
+}
+
+CUAPI CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) { return begin_capture(s, mode); }
+CUAPI CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode) { return begin_capture(s, mode); }
+CUAPI CUresult cuStreamEndCapture(CUstream s, CUgraph *g) { return end_capture(s, g); }
+CUAPI CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g) { return end_capture(s, g); }
+
+/* A stream-ordered allocation on a stream being captured: graph memory, nothing on the device
+ * (lock held); returns 1 if it was one. */
+static int captured_alloc(CUdeviceptr *dptr, size_t size, CUstream s) {
+    int i = capturing_graph((unsigned long long)(uintptr_t)s);
+    if (i < 0)
+        return 0;
+    g_graphs[i].footprint += align_up(size, VMM_GRANULARITY);
+    *dptr = VA_BASE + (1ULL << 39) + (g_va_bump += align_up(size, VMM_GRANULARITY));
+    return 1;
+}
+
+static int captured_free(CUstream s) {
+    pthread_mutex_lock(&g_lock);
+    int i = capturing_graph((unsigned long long)(uintptr_t)s);
+    pthread_mutex_unlock(&g_lock);
+    return i >= 0;
+}
+
+CUAPI CUresult cuGraphCreate(CUgraph *out, unsigned int flags) {
+    (void)flags;
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUcontext c = current_ctx();
+    if (!out || !valid_ctx(c))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    int i = new_graph(0, c->physical, 0, 0);
+    if (i >= 0)
+        *out = (CUgraph)(uintptr_t)g_graphs[i].id;
+    pthread_mutex_unlock(&g_lock);
+    return i >= 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+CUAPI CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t n,
+                                      CUDA_MEM_ALLOC_NODE_PARAMS *params) {
+    (void)deps, (void)n;
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!node || !params || !params->bytesize)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    int i = find_graph((unsigned long long)(uintptr_t)graph);
+    if (i >= 0 && !g_graphs[i].exec) {
+        unsigned long long size = align_up(params->bytesize, VMM_GRANULARITY);
+        g_graphs[i].footprint += size;
+        params->dptr = VA_BASE + (1ULL << 39) + (g_va_bump += size);
+        *node = (CUgraphNode)(uintptr_t)(g_graphs[i].id ^ params->dptr);
+    }
+    pthread_mutex_unlock(&g_lock);
+    return i >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUAPI CUresult cuGraphAddMemFreeNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t n,
+                                     CUdeviceptr dptr) {
+    (void)deps, (void)n;
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!node)
+        return CUDA_ERROR_INVALID_VALUE;
+    *node = (CUgraphNode)(uintptr_t)((unsigned long long)(uintptr_t)graph ^ dptr ^ 1);
+    return CUDA_SUCCESS;
+}
+
+/* The graph pool grows to what the largest executable graph needs (lock held). */
+static void graph_pool_fits(int i) {
+    int d = g_graphs[i].physical;
+    if (g_graph_pool[d] < g_graphs[i].footprint) {
+        g_resident[d] += g_graphs[i].footprint - g_graph_pool[d];
+        g_graph_pool[d] = g_graphs[i].footprint;
+        nvml_publish();
+    }
+}
+
+static CUresult instantiate(CUgraphExec *out, CUgraph graph) {
+    pace();
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!out)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    int i = find_graph((unsigned long long)(uintptr_t)graph);
+    int e = -1;
+    if (i >= 0 && !g_graphs[i].exec && (e = new_graph(1, g_graphs[i].physical, g_graphs[i].footprint, 0)) >= 0) {
+        *out = (CUgraphExec)(uintptr_t)g_graphs[e].id;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return e >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUAPI CUresult cuGraphInstantiateWithFlags(CUgraphExec *out, CUgraph graph, unsigned long long flags) {
+    (void)flags;
+    return instantiate(out, graph);
+}
+
+CUAPI CUresult cuGraphInstantiateWithParams(CUgraphExec *out, CUgraph graph, void *params) {
+    (void)params;
+    return instantiate(out, graph);
+}
+
+CUAPI CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *out, CUgraph graph, void *params) {
+    (void)params;
+    return instantiate(out, graph);
+}
+
+static CUresult graph_run(CUgraphExec exec) {
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    pthread_mutex_lock(&g_lock);
+    int i = find_graph((unsigned long long)(uintptr_t)exec);
+    if (i >= 0 && g_graphs[i].exec)
+        graph_pool_fits(i);
+    pthread_mutex_unlock(&g_lock);
+    return i >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUAPI CUresult cuGraphUpload(CUgraphExec exec, CUstream s) { (void)s; pace(); return graph_run(exec); }
+CUAPI CUresult cuGraphUpload_ptsz(CUgraphExec exec, CUstream s) { (void)s; pace(); return graph_run(exec); }
+/* Not probed (SGLang launches a graph every decode step). */
+CUAPI CUresult cuGraphLaunch(CUgraphExec exec, CUstream s) { (void)s; return graph_run(exec); }
+
+CUAPI CUresult cuDeviceGraphMemTrim(CUdevice dev) {
+    pace();
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (dev < 0 || dev >= g_visible_count)
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_lock);
+    int d = g_visible[dev];
+    g_resident[d] -= g_graph_pool[d];
+    g_graph_pool[d] = 0;
+    nvml_publish();
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+
+/* Multicast objects: refused unless MEMREC_STUB_MULTICAST=1; then bookkeeping only. */
+CUAPI CUresult cuMulticastCreate(CUmemGenericAllocationHandle *mc, const CUmulticastObjectProp *prop) {
+    pace();
+    if (!g_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!mc || !prop || !prop->numDevices || !prop->size)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!g_multicast)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    pthread_mutex_lock(&g_lock);
+    *mc = HANDLE_TAG | (0x3ULL << 44) | ((unsigned long long)getpid() << 24) | (++g_handle_seq);
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+
+/* A multicast call: refused unless MEMREC_STUB_MULTICAST=1, else checked only. */
+static CUresult multicast_call(int valid) {
+    pace();
+    if (!g_multicast)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    return valid ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUAPI CUresult cuMulticastAddDevice(CUmemGenericAllocationHandle mc, CUdevice dev) {
+    return multicast_call(mc && dev >= 0 && dev < g_visible_count);
+}
+
+CUAPI CUresult cuMulticastBindMem(CUmemGenericAllocationHandle mc, size_t mcOffset, CUmemGenericAllocationHandle mem,
+                                  size_t memOffset, size_t size, unsigned long long flags) {
+    (void)mcOffset, (void)memOffset, (void)flags;
+    return multicast_call(mc && mem && size);
+}
+
+CUAPI CUresult cuMulticastBindAddr(CUmemGenericAllocationHandle mc, size_t mcOffset, CUdeviceptr memptr, size_t size,
+                                   unsigned long long flags) {
+    (void)mcOffset, (void)flags;
+    return multicast_call(mc && memptr && size);
+}
+
+CUAPI CUresult cuMulticastUnbind(CUmemGenericAllocationHandle mc, CUdevice dev, size_t mcOffset, size_t size) {
+    (void)mcOffset;
+    return multicast_call(mc && dev >= 0 && dev < g_visible_count && size);
 }
 
 /* ---- virtual memory management ---------------------------------------------------------------- */

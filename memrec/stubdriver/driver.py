@@ -88,6 +88,38 @@ class CUmemPoolProps(ctypes.Structure):
     ]
 
 
+class CUDA_ARRAY_DESCRIPTOR(ctypes.Structure):  # noqa: N801 - cuda.h's name
+    _fields_ = [("Width", ctypes.c_size_t), ("Height", ctypes.c_size_t), ("Format", ctypes.c_int),
+                ("NumChannels", ctypes.c_uint)]
+
+
+class CUDA_ARRAY3D_DESCRIPTOR(ctypes.Structure):  # noqa: N801
+    _fields_ = [("Width", ctypes.c_size_t), ("Height", ctypes.c_size_t), ("Depth", ctypes.c_size_t),
+                ("Format", ctypes.c_int), ("NumChannels", ctypes.c_uint), ("Flags", ctypes.c_uint)]
+
+
+class CUDA_MEM_ALLOC_NODE_PARAMS(ctypes.Structure):  # noqa: N801
+    """cuda.h layout: bytesize at +104, dptr (written by the driver) at +112."""
+
+    _fields_ = [("poolProps", CUmemPoolProps), ("accessDescs", ctypes.c_void_p), ("accessDescCount", ctypes.c_size_t),
+                ("bytesize", ctypes.c_size_t), ("dptr", ctypes.c_uint64)]
+
+
+class CUmulticastObjectProp(ctypes.Structure):
+    _fields_ = [("numDevices", ctypes.c_uint), ("size", ctypes.c_size_t), ("handleTypes", ctypes.c_uint64),
+                ("flags", ctypes.c_uint64)]
+
+
+#: CUarray_format values (cuda.h).
+CU_AD_FORMAT_UNSIGNED_INT8, CU_AD_FORMAT_HALF, CU_AD_FORMAT_FLOAT = 0x01, 0x10, 0x20
+#: CUlimit values (cuda.h).
+CU_LIMIT_STACK_SIZE, CU_LIMIT_PRINTF_FIFO_SIZE, CU_LIMIT_MALLOC_HEAP_SIZE = 0, 1, 2
+CUDA_ERROR_NOT_SUPPORTED = 801
+#: A one-line PTX module (what the H200 showed costs nothing on the device).
+PTX_MODULE = b".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k() { ret; }\n\0"
+
+assert CUDA_MEM_ALLOC_NODE_PARAMS.bytesize.offset == 104 and CUDA_MEM_ALLOC_NODE_PARAMS.dptr.offset == 112
+assert CUDA_ARRAY3D_DESCRIPTOR.Format.offset == 24 and CUmulticastObjectProp.size.offset == 8
 assert ctypes.sizeof(CUmemPoolProps) == 88
 assert CUmemPoolProps.maxSize.offset == 24
 assert ctypes.sizeof(CUipcMemHandle) == 64
@@ -162,6 +194,26 @@ SIGNATURES: dict[str, list] = {
     "cuMemPoolTrimTo": [_vp, _sz],
     "cuMemPoolSetAttribute": [_vp, _int, _vp],
     "cuDeviceGetDefaultMemPool": [_pvp, _int],
+    "cuArrayCreate_v2": [_pvp, ctypes.POINTER(CUDA_ARRAY_DESCRIPTOR)],
+    "cuArray3DCreate_v2": [_pvp, ctypes.POINTER(CUDA_ARRAY3D_DESCRIPTOR)],
+    "cuMipmappedArrayCreate": [_pvp, ctypes.POINTER(CUDA_ARRAY3D_DESCRIPTOR), _uint],
+    "cuArrayDestroy": [_vp],
+    "cuMipmappedArrayDestroy": [_vp],
+    "cuCtxSetLimit": [_int, _sz],
+    "cuLaunchKernel": [_vp, _uint, _uint, _uint, _uint, _uint, _uint, _uint, _vp, _vp, _vp],
+    "cuStreamBeginCapture_v2": [_vp, _int],
+    "cuStreamEndCapture": [_vp, _pvp],
+    "cuGraphCreate": [_pvp, _uint],
+    "cuGraphAddMemAllocNode": [_pvp, _vp, _vp, _sz, ctypes.POINTER(CUDA_MEM_ALLOC_NODE_PARAMS)],
+    "cuGraphAddMemFreeNode": [_pvp, _vp, _vp, _sz, _u64],
+    "cuGraphInstantiateWithFlags": [_pvp, _vp, ctypes.c_ulonglong],
+    "cuGraphUpload": [_vp, _vp],
+    "cuGraphLaunch": [_vp, _vp],
+    "cuDeviceGraphMemTrim": [_int],
+    "cuMulticastCreate": [_pu64, ctypes.POINTER(CUmulticastObjectProp)],
+    "cuMulticastAddDevice": [_u64, _int],
+    "cuMulticastBindMem": [_u64, _sz, _u64, _sz, _sz, ctypes.c_ulonglong],
+    "cuMulticastUnbind": [_u64, _int, _sz, _sz],
     "memrec_stub_physical_device": [_int],
 }
 
@@ -521,6 +573,99 @@ class Driver:
         box = ctypes.c_uint64(value) if attr >= CU_MEMPOOL_ATTR_RELEASE_THRESHOLD else ctypes.c_int(value)
         self.call("cuMemPoolSetAttribute", {"handle": pool, "attr": attr, "value": value}, None,
                   pool, attr, ctypes.byref(box))
+
+    # -- issue 21: arrays, limits, graphs, multicast -----------------------------------------------
+    def array_create(self, width: int, height: int, fmt: int, channels: int) -> int:
+        d = CUDA_ARRAY_DESCRIPTOR(width, height, fmt, channels)
+        p = ctypes.c_void_p()
+        _, out = self.call("cuArrayCreate_v2", {"width": width, "height": height, "format": fmt, "channels": channels},
+                           lambda: {"array": p.value}, ctypes.byref(p), ctypes.byref(d))
+        return out["array"]
+
+    def array3d_create(self, api: str, width: int, height: int, depth: int, fmt: int, channels: int,
+                       levels: int = 1) -> int:
+        """cuArray3DCreate_v2, or cuMipmappedArrayCreate with ``levels``."""
+        d = CUDA_ARRAY3D_DESCRIPTOR(width, height, depth, fmt, channels, 0)
+        p = ctypes.c_void_p()
+        args = {"width": width, "height": height, "depth": depth, "format": fmt, "channels": channels, "levels": levels}
+        cargs = (ctypes.byref(p), ctypes.byref(d)) + ((levels,) if api == "cuMipmappedArrayCreate" else ())
+        _, out = self.call(api, args, lambda: {"array": p.value}, *cargs)
+        return out["array"]
+
+    def array_destroy(self, api: str, array: int) -> None:
+        self.call(api, {"handle": array}, None, array)
+
+    def ctx_set_limit(self, limit: int, value: int) -> None:
+        self.call("cuCtxSetLimit", {"limit": limit, "value": value}, None, limit, value)
+
+    def launch(self) -> None:
+        """cuLaunchKernel: never probed (no fact), but it places what limits promised."""
+        rc = self.lib.cuLaunchKernel(None, 1, 1, 1, 1, 1, 1, 0, None, None, None)
+        if rc != CUDA_SUCCESS:
+            raise WorkloadError(f"cuLaunchKernel returned {rc}")
+
+    def begin_capture(self, stream: int) -> None:
+        self.call("cuStreamBeginCapture_v2", {"stream": stream, "mode": 0}, None, stream, 0)
+
+    def end_capture(self, stream: int) -> int:
+        g = ctypes.c_void_p()
+        _, out = self.call("cuStreamEndCapture", {"stream": stream}, lambda: {"graph": g.value}, stream, ctypes.byref(g))
+        return out["graph"]
+
+    def graph_create(self) -> int:
+        """cuGraphCreate: not probed (a graph holds nothing until its nodes say so)."""
+        g = ctypes.c_void_p()
+        if self.lib.cuGraphCreate(ctypes.byref(g), 0) != CUDA_SUCCESS:
+            raise WorkloadError("cuGraphCreate failed")
+        return g.value
+
+    def graph_mem_alloc_node(self, graph: int, size: int, dev: int) -> int:
+        params = CUDA_MEM_ALLOC_NODE_PARAMS()
+        params.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED
+        params.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE
+        params.poolProps.location.id = dev
+        params.bytesize = size
+        node = ctypes.c_void_p()
+        _, out = self.call("cuGraphAddMemAllocNode", {"graph": graph, "size": size, "dev": dev},
+                           lambda: {"ptr": params.dptr}, ctypes.byref(node), graph, None, 0, ctypes.byref(params))
+        return out["ptr"]
+
+    def graph_mem_free_node(self, graph: int, ptr: int) -> None:
+        node = ctypes.c_void_p()
+        self.call("cuGraphAddMemFreeNode", {"graph": graph, "ptr": ptr}, None, ctypes.byref(node), graph, None, 0, ptr)
+
+    def graph_instantiate(self, graph: int) -> int:
+        e = ctypes.c_void_p()
+        _, out = self.call("cuGraphInstantiateWithFlags", {"graph": graph}, lambda: {"exec": e.value},
+                           ctypes.byref(e), graph, 0)
+        return out["exec"]
+
+    def graph_upload(self, exec_: int, stream: int) -> None:
+        self.call("cuGraphUpload", {"exec": exec_, "stream": stream}, None, exec_, stream)
+
+    def graph_launch(self, exec_: int, stream: int) -> None:
+        """cuGraphLaunch: never probed (SGLang launches a graph per decode step)."""
+        if self.lib.cuGraphLaunch(exec_, stream) != CUDA_SUCCESS:
+            raise WorkloadError("cuGraphLaunch failed")
+
+    def graph_mem_trim(self, dev: int) -> None:
+        self.call("cuDeviceGraphMemTrim", {"dev": dev}, None, dev)
+
+    def multicast_create(self, size: int, devices: int, expect: int = CUDA_SUCCESS) -> int:
+        prop = CUmulticastObjectProp(devices, size, 1, 0)
+        h = ctypes.c_uint64()
+        _, out = self.call("cuMulticastCreate", {"size": size, "devices": devices}, lambda: {"handle": h.value},
+                           ctypes.byref(h), ctypes.byref(prop), expect=expect)
+        return out.get("handle", 0)
+
+    def multicast_add_device(self, mc: int, dev: int) -> None:
+        self.call("cuMulticastAddDevice", {"handle": mc, "dev": dev}, None, mc, dev)
+
+    def multicast_bind_mem(self, mc: int, mem: int, size: int) -> None:
+        self.call("cuMulticastBindMem", {"handle": mc, "mem": mem, "size": size}, None, mc, 0, mem, 0, size, 0)
+
+    def multicast_unbind(self, mc: int, dev: int, size: int) -> None:
+        self.call("cuMulticastUnbind", {"handle": mc, "dev": dev, "size": size}, None, mc, dev, 0, size)
 
     def use_device(self, dev: int) -> int:
         """Retain ``dev``'s primary context and make it current (what cudart does on first use)."""

@@ -33,11 +33,16 @@ from memrec.stubdriver.driver import CU_MEMHOSTALLOC_PORTABLE
 from memrec.stubdriver.driver import CU_MEMHOSTREGISTER_PORTABLE
 from memrec.stubdriver.driver import CU_MEMPOOL_ATTR_RELEASE_THRESHOLD
 from memrec.stubdriver.driver import CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES
+from memrec.stubdriver.driver import CU_AD_FORMAT_FLOAT
+from memrec.stubdriver.driver import CU_LIMIT_MALLOC_HEAP_SIZE
+from memrec.stubdriver.driver import CU_LIMIT_STACK_SIZE
 from memrec.stubdriver.driver import CUDA_ERROR_FILE_NOT_FOUND
+from memrec.stubdriver.driver import CUDA_ERROR_NOT_SUPPORTED
 from memrec.stubdriver.driver import CUDA_ERROR_OUT_OF_MEMORY
 from memrec.stubdriver.driver import GRANULE
 from memrec.stubdriver.driver import IMAGE
 from memrec.stubdriver.driver import POOL
+from memrec.stubdriver.driver import PTX_MODULE
 from memrec.stubdriver.driver import POOL_PTSZ
 from memrec.stubdriver.driver import STREAM
 from memrec.stubdriver.driver import STREAM_PTSZ
@@ -269,6 +274,74 @@ def scenario_pool(drv: Driver, ctx: RunContext) -> None:
     drv.pool_trim(default, 0)
 
 
+def scenario_families(drv: Driver, ctx: RunContext) -> None:
+    """Issue 21's device memory that no allocation call takes, on device 0, as measured on an H200:
+    the issue's case first (a one-line PTX module, then at once a 16 KiB stack limit, an 8192 x 8192
+    float array and a launch), then arrays (3D, mipmapped) and their destroys, the malloc heap (it
+    lands at the next module load), a 512 MiB stream-ordered allocation captured into a graph and
+    freed in it, instantiated and launched, a graph with a 768 MiB memory node uploaded, the graph
+    pool trimmed, and a multicast object (refused unless MEMREC_STUB_MULTICAST=1). Between blocks
+    it waits MEMREC_FAMILIES_PAUSE seconds (default 0.3) so a recorder's NVML readings separate them."""
+    pause = float(os.environ.get("MEMREC_FAMILIES_PAUSE", "0.3"))
+    drv.use_device(0)
+    drv.launch()  # the context's first launch
+    time.sleep(pause)
+    image = ctypes.create_string_buffer(PTX_MODULE, len(PTX_MODULE))
+    drv.module_load("cuModuleLoadData", image)
+    drv.ctx_set_limit(CU_LIMIT_STACK_SIZE, 16384)
+    big = drv.array_create(8192, 8192, CU_AD_FORMAT_FLOAT, 1)
+    drv.launch()
+    time.sleep(pause)
+    cube = drv.array3d_create("cuArray3DCreate_v2", 256, 256, 256, CU_AD_FORMAT_FLOAT, 1)
+    mip = drv.array3d_create("cuMipmappedArrayCreate", 4096, 4096, 0, CU_AD_FORMAT_FLOAT, 1, levels=13)
+    time.sleep(pause)
+    drv.array_destroy("cuArrayDestroy", cube)
+    drv.array_destroy("cuMipmappedArrayDestroy", mip)
+    drv.array_destroy("cuArrayDestroy", big)
+    time.sleep(pause)
+    drv.ctx_set_limit(CU_LIMIT_MALLOC_HEAP_SIZE, 256 * MiB)
+    time.sleep(pause)
+    drv.module_load("cuModuleLoadData", image)
+    time.sleep(pause)
+    drv.begin_capture(STREAM)
+    p = drv.alloc_async("cuMemAllocAsync", 512 * MiB, STREAM)
+    drv.free_async("cuMemFreeAsync", p, STREAM)
+    graph = drv.end_capture(STREAM)
+    exec_ = drv.graph_instantiate(graph)
+    time.sleep(pause)
+    for _ in range(3):
+        drv.graph_launch(exec_, STREAM)
+    time.sleep(pause)
+    nodes = drv.graph_create()
+    q = drv.graph_mem_alloc_node(nodes, 768 * MiB, 0)
+    drv.graph_mem_free_node(nodes, q)
+    drv.graph_upload(drv.graph_instantiate(nodes), STREAM)
+    time.sleep(pause)
+    drv.graph_mem_trim(0)
+    time.sleep(pause)
+    if os.environ.get("MEMREC_STUB_MULTICAST") == "1":
+        mc = drv.multicast_create(512 * MiB, 1)
+        drv.multicast_add_device(mc, 0)
+        mem = drv.mem_create(512 * MiB, 0)
+        drv.multicast_bind_mem(mc, mem, 512 * MiB)
+        drv.multicast_unbind(mc, 0, 512 * MiB)
+        drv.mem_release(mem)
+    else:
+        drv.multicast_create(512 * MiB, 1, expect=CUDA_ERROR_NOT_SUPPORTED)
+
+
+def scenario_nccl_init(drv: Driver, ctx: RunContext) -> None:
+    """What NCCL's init does to the driver, as counted on an H200 (docs/validation/
+    untraced-explore.md): a library loaded, 243 kernels fetched into the context (cuLibraryGetKernel
+    and cuKernelGetFunction each), a pool of its own made and destroyed; the library unloaded."""
+    drv.use_device(0)
+    lib = drv.library_load_data(ctypes.cast(drv.lib.cuInit, ctypes.c_void_p).value)
+    for i in range(243):
+        drv.kernel_get_function(drv.library_get_kernel(lib, f"ncclDevKernel_{i}"))
+    drv.pool_destroy(drv.pool_create(0, 1 << 30))
+    drv.library_unload(lib)
+
+
 def scenario_foreign(drv: Driver, ctx: RunContext) -> None:
     """A context on device 1 where the process allocates nothing (what careless tooling and IPC
     do: a "foreign context"), beside its work on device 0."""
@@ -289,6 +362,8 @@ SCENARIOS: dict[str, Callable[[Driver, RunContext], None]] = {
     "code": scenario_code,
     "pool": scenario_pool,
     "foreign": scenario_foreign,
+    "families": scenario_families,
+    "nccl_init": scenario_nccl_init,
 }
 DEMO = ("basic", "vmm", "ipc", "multi", "leak", "code", "pool", "foreign")
 INTERNAL: dict[str, Callable[[Driver, RunContext], None]] = {

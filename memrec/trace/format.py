@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import os
 import re
 import socket
@@ -233,7 +234,8 @@ def gpus_from_header(header: dict) -> list[GpuInfo]:
         fields = {f.name: g.get(f.name) for f in dataclasses.fields(GpuInfo)}
         if not (_int_in(_GPU)(fields["index"]) and _optional(_is(str))(fields["uuid"])
                 and isinstance(fields["name"], str) and _int_in(_TS)(fields["total"])
-                and _optional(_int_in(_TS))(fields["bar1_total"])):
+                and _optional(_int_in(_TS))(fields["bar1_total"])
+                and _optional(_int_in(_TS))(fields["resident_threads"])):
             continue
         out.append(GpuInfo(**fields))
     return out
@@ -241,9 +243,10 @@ def gpus_from_header(header: dict) -> list[GpuInfo]:
 
 def gpu_dict(gpu: GpuInfo | dict) -> dict:
     """A GpuInfo as the header stores it."""
-    if isinstance(gpu, GpuInfo):
-        return dataclasses.asdict(gpu)
-    return dict(gpu)
+    out = dataclasses.asdict(gpu) if isinstance(gpu, GpuInfo) else dict(gpu)
+    if out.get("resident_threads", 0) is None:  # format 2.2's field, written only where NVML told it
+        del out["resident_threads"]
+    return out
 
 
 def finalize_header(header: dict) -> dict:
@@ -365,8 +368,10 @@ def decode_record(obj: Any, schema: Schema | None = None, budget: ReadBudget | N
     return rec
 
 
-def _fields(cls: type) -> list[str]:
-    return [f.name for f in dataclasses.fields(cls)]
+@functools.cache
+def _fields(cls: type) -> tuple[str, ...]:
+    """The field names of a record's dataclass (looked up once: a trace has a record per marker)."""
+    return tuple(f.name for f in dataclasses.fields(cls))
 
 
 _U32 = (0, 2**32)

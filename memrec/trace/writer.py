@@ -279,6 +279,11 @@ class TraceWriter:
         self.counts: dict[str, int] = dict.fromkeys((EVENTS, NVML, PROCMEM, MARKER, PROCESS, LOST, KEYFRAME), 0)
         #: Encoded bytes handed to the sink (the file's size after :meth:`flush`).
         self.bytes_written = 0
+        #: Encoded bytes of the keyframes so far, and where the last one ended (``bytes_written``
+        #: then) and its size: what a cadence driven by bytes needs (:mod:`memrec.daemon.keyframes`).
+        self.keyframe_bytes = 0
+        self.last_keyframe_end = 0
+        self.last_keyframe_size = 0
         self.records_written = 0
         self.lost = 0
         self.last_ts: int | None = None
@@ -423,7 +428,11 @@ class TraceWriter:
         self._emit_pending()
         if event_index is None:
             event_index = self.event_count
+        before = self.bytes_written
         self.write_record(keyframe_record(ts, event_index, state))
+        self.last_keyframe_size = self.bytes_written - before
+        self.last_keyframe_end = self.bytes_written
+        self.keyframe_bytes += self.last_keyframe_size
 
     def _emit_pending(self) -> None:
         for builder in self._builders.values():

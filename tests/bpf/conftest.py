@@ -88,3 +88,37 @@ def tree_probes(stub_lib):
     p.attach_library(stub_lib)
     yield p
     p.close()
+
+
+def _build_torch_stub(folder: Path, with_probes: bool = True) -> Path:
+    """A ``libc10_cuda.so`` in ``folder``: the stand-in with PyTorch's USDT probes
+    (memrec/stubdriver/c10_cuda_stub.S), or, without them, a plain library of the same name (a
+    build without TORCH_SDT)."""
+    from memrec.stubdriver.build import StubBuildError
+    from memrec.stubdriver.build import build_torch_stub
+
+    if with_probes:
+        try:
+            return build_torch_stub(folder)
+        except StubBuildError as exc:
+            pytest.skip(str(exc))
+    out = folder / "libc10_cuda.so"
+    src = folder / "plain.c"
+    src.write_text("int stub_torch_nothing(void) { return 0; }\n")
+    proc = subprocess.run(["cc", "-shared", "-fPIC", "-o", str(out), str(src)], capture_output=True, text=True,
+                          check=False)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot build a plain libc10_cuda.so: {proc.stderr.strip()[:300]}")
+    return out
+
+
+@pytest.fixture(scope="session")
+def torch_stub(bpf_host, tmp_path_factory) -> Path:
+    """The stub libc10_cuda.so with PyTorch's allocator probes (its own inode per session)."""
+    return _build_torch_stub(tmp_path_factory.mktemp("torch"))
+
+
+@pytest.fixture(scope="session")
+def plain_torch_stub(bpf_host, tmp_path_factory) -> Path:
+    """A libc10_cuda.so without USDT probes (a PyTorch build without TORCH_SDT)."""
+    return _build_torch_stub(tmp_path_factory.mktemp("torchplain"), with_probes=False)

@@ -157,7 +157,8 @@ def test_daemon_records_a_workload_and_a_marker_then_stops_cleanly(daemon_factor
     )
     worker_calls = json.loads(worker.stdout.readline())
     mark = subprocess.Popen(
-        [sys.executable, "-m", "memrec", "mark", "after-workload", "--socket", str(d.socket), "tokens=42", "ok=true"],
+        [sys.executable, "-m", "memrec", "mark", "after-workload", "--socket", str(d.socket), "--scope", "shell",
+         "tokens=42", "ok=true"],
         stderr=subprocess.PIPE, text=True,
     )
     assert mark.wait(30) == 0, mark.stderr.read()
@@ -196,7 +197,7 @@ def test_daemon_records_a_workload_and_a_marker_then_stops_cleanly(daemon_factor
     # AND the process exits were recorded
     exits = set(ev["pid"][ev["kind"] == int(Kind.PROC_EXIT)].tolist())
     assert {facts["pid"], worker.pid} <= exits
-    # AND the marker, about the program that ran `memrec mark` (this test), with its values
+    # AND the marker, about the program that ran `memrec mark` (this test: --scope shell), with its values
     (marker,) = [m for m in trace.markers if m.name == "after-workload"]
     assert marker.values == {"tokens": 42, "ok": True} and marker.uid == os.getuid()
     assert marker.pid == os.getpid() != mark.pid and marker.pid in trace.processes
@@ -205,12 +206,11 @@ def test_daemon_records_a_workload_and_a_marker_then_stops_cleanly(daemon_factor
     assert str(stub_lib) in [lib["path"] for lib in trace.header["probes"]["libraries"]]
 
 
-def test_sighup_rotates_into_two_readable_files(daemon_factory, stub_lib):
-    # GIVEN a daemon, and a first workload recorded
-    d = daemon_factory()
+def workloads_around_sighup(d: DaemonProcess, stub_lib: Path) -> tuple[dict, dict, Path]:
+    """A workload recorded, SIGHUP, another workload recorded in the second file: both workloads'
+    facts and that file."""
     first = run_workload(stub_lib, "basic")
     wait_for_events(d.output, {first["pid"]})
-    # WHEN SIGHUP comes, then a second workload runs
     d.signal(signal.SIGHUP)
     second_file = d.output.with_name("out.1.mrec")
     deadline = time.monotonic() + 10
@@ -219,6 +219,14 @@ def test_sighup_rotates_into_two_readable_files(daemon_factory, stub_lib):
     assert second_file.exists(), d.log()
     second = run_workload(stub_lib, "basic")
     wait_for_events(second_file, {second["pid"]})
+    return first, second, second_file
+
+
+def test_sighup_rotates_into_two_readable_files(daemon_factory, stub_lib):
+    # GIVEN a daemon, and a first workload recorded
+    d = daemon_factory()
+    # WHEN SIGHUP comes, then a second workload runs
+    first, second, second_file = workloads_around_sighup(d, stub_lib)
     assert d.stop() == 0, d.log()
     # THEN two files, each whole: header, keyframe at 0, trailer; each workload in its own file
     a, b = load_trace(d.output), load_trace(second_file)
@@ -264,3 +272,24 @@ def test_memrec_mark_without_daemon_fails_clearly(workdir):
     assert proc.returncode == 69
     assert proc.stderr.strip().startswith("memrec: error: no memrec daemon")
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_dataset_gets_each_closed_file_of_a_rotating_daemon(daemon_factory, stub_lib, workdir):
+    pq = pytest.importorskip("pyarrow.parquet", reason="pyarrow not installed (memrec[sql])")
+    # GIVEN a daemon writing the dataset, and a workload recorded in each of two parts
+    dataset = workdir / "ds"
+    d = daemon_factory(args=("--dataset", str(dataset)))
+    first, second, second_file = workloads_around_sighup(d, stub_lib)
+    # WHEN it stops (the last file's export is waited for)
+    assert d.stop() == 0, d.log()
+    # THEN each file is one part of one recording in the dataset, with every event it holds
+    traces = pq.ParquetDataset(dataset / "traces", partitioning="hive").read().to_pylist()
+    assert sorted(t["part"] for t in traces) == [0, 1], d.log()
+    assert len({t["trace_id"] for t in traces}) == 1
+    by_part = {t["part"]: t for t in traces}
+    for part, path in ((0, d.output), (1, second_file)):
+        trace = load_trace(path)
+        assert by_part[part]["events"] == trace.n_events and by_part[part]["complete"]
+    events = pq.ParquetDataset(dataset / "events", partitioning="hive").read()
+    assert first["pid"] in set(events["pid"].to_pylist()) and second["pid"] in set(events["pid"].to_pylist())
+    assert "dataset: cannot export" not in d.log()

@@ -32,6 +32,9 @@ NO_EVENT = {a.name for a in CONTEXT_TRACKING_APIS}
 #: Kinds whose ordinal is not the current context's (the table says -1).
 UNBOUND = {Kind.VMM_RELEASE, Kind.VMM_MAP, Kind.VMM_UNMAP, Kind.VA_RESERVE, Kind.VA_FREE,
            Kind.SHARE_EXPORT, Kind.VMM_RETAIN, Kind.POOL_DESTROY, Kind.POOL_TRIM, Kind.POOL_ATTR}
+#: Kinds whose aux is the call's entry time (a reading taken while the call runs is its).
+ENTRY_TIMED = {Kind.CODE_LOAD, Kind.CODE_UNLOAD, Kind.KERNEL_LOAD, Kind.POOL_DESTROY, Kind.POOL_TRIM,
+               Kind.ARRAY_DESTROY, Kind.GRAPH_TRIM}
 #: Calls whose entry also emits a CTX_BEGIN (the daemon reads NVML before the context exists).
 CTX_BINDS = {"cuDevicePrimaryCtxRetain", "cuCtxCreate_v2", "cuCtxCreate_v3", "cuCtxCreate_v4"}
 
@@ -130,6 +133,8 @@ def expected_event(fact: dict) -> dict | None:
         ev.update(handle=a["handle"], size=a["keep"])
     elif kind == Kind.POOL_ATTR:
         ev.update(handle=a["handle"], aux=a["attr"], size=a["value"])
+    if kind in ENTRY_TIMED:
+        ev["aux"] = "entry"
     return ev
 
 
@@ -146,7 +151,10 @@ def expected_events(fact: dict) -> list[dict]:
 
 
 def as_dict(rec: np.void) -> dict:
-    return {name: (bytes(rec[name]) if name == "ipc" else int(rec[name])) for name in CMP_FIELDS}
+    out = {name: (bytes(rec[name]) if name == "ipc" else int(rec[name])) for name in CMP_FIELDS}
+    if out["kind"] in ENTRY_TIMED and 0 < out["aux"] <= int(rec["ts"]):
+        out["aux"] = "entry"  # its entry time: before its return, when the record was stamped
+    return out
 
 
 def run_workload(lib: Path, *scenarios: str) -> dict:

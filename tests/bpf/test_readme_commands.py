@@ -59,7 +59,8 @@ SET_UP = {"sudo ./scripts/start", "sudo ./scripts/test"}
 #: Long-running commands, run by their own tests below.
 LONG_RUNNING = {
     "sudo memrec daemon -o /var/lib/memrec/", "memrec daemon --metrics-addr 127.0.0.1:9862 ...",
-    "memrec tui run.mrec", "memrec tui --live",
+    "memrec tui run.mrec", "memrec tui --live", "memrec tui examples/sglang-standin-ipc.mrec",
+    "memrec tui examples/sglang-standin-base.mrec --diff examples/sglang-standin-ipc.mrec",
     "memrec mark load --phase begin; python load.py; memrec mark load --phase end",
 }
 
@@ -298,3 +299,9 @@ def test_the_daemon_serves_metrics(clone):
 
 def test_the_tui_opens_a_trace(clone):
     _tui(clone, "memrec tui run.mrec")
+
+
+def test_the_tui_opens_the_examples(clone):
+    # (what their first screens say: tests/tui/test_tui_answer_e2e.py)
+    _tui(clone, "memrec tui examples/sglang-standin-ipc.mrec")
+    _tui(clone, "memrec tui examples/sglang-standin-base.mrec --diff examples/sglang-standin-ipc.mrec")

@@ -31,9 +31,14 @@ async def test_opens_at_the_first_failed_call_and_names_it(trace_file):
         table = app.query_one("#holders", HoldersTable)
         assert table.get_row_at(0)[0] == "tp1 4102"
         assert "tab-gpu0" in [t.id for t in app.query("Tab")]
-        # AND the status line says what the cursor is on
+        # AND the status line says what failed, as the report's first line does, and its cause
         status = str(app.query_one("#status").render())
-        assert "✗ cuMemAlloc_v2: CUDA_ERROR_OUT_OF_MEMORY in kv_cache · tp1" in status
+        assert "✗ cuMemAlloc_v2 of 90.00 GiB on GPU 1: CUDA_ERROR_OUT_OF_MEMORY" in status
+        assert "GPU 1 held" in status
+        # AND o from the start goes to the same call, named by its phase and rank
+        await pilot.press("home", "o")
+        assert main.cursor_ts == T0 + int(7.05 * SEC)
+        assert "✗ cuMemAlloc_v2 of 90.00 GiB: CUDA_ERROR_OUT_OF_MEMORY in kv_cache · tp1" in str(app.query_one("#status").render())
 
 
 async def test_without_a_failure_opens_at_the_peak(tmp_path):
@@ -44,9 +49,10 @@ async def test_without_a_failure_opens_at_the_peak(tmp_path):
     async with app.run_test(size=(120, 36)) as pilot:
         await settle(pilot)
         # THEN the view opens on GPU1 at the first instant of that peak, named in the status line
+        # as the report's first line names it
         assert (app.main.gpu, app.main.cursor_ts) == (1, T0 + int(7.05 * SEC))
         # (owned bytes, as the report counts them: the 512 MiB it maps from a peer is not its own)
-        assert "peak 152.12 GiB on GPU1" in str(app.query_one("#status").render())
+        assert "highest peak 152.12 GiB on GPU 1 at +7.050s" in str(app.query_one("#status").render())
 
 
 async def test_cursor_keys_zoom_and_fit(trace_file):
@@ -83,7 +89,7 @@ async def test_jump_to_oom_shows_the_failed_gpu(trace_file):
         assert app.main.cursor_ts == T0 + int(7.05 * SEC)
         events = app.query_one("#events", EventsTable)
         row = events.get_row_at(events.cursor_row)
-        assert row[1] == "alloc" and "OUT_OF_MEMORY" in str(row[4])
+        assert row[1] == "alloc" and "OUT_OF_MEMORY" in str(row[3])
         # AND there is no further failure
         await pilot.press("o")
         assert app.main.cursor_ts == T0 + int(7.05 * SEC)
@@ -204,9 +210,9 @@ async def test_at_80x24_the_events_table_shows_each_size_with_its_unit(trace_fil
         # WHEN the table's columns are laid out
         names = [str(c.label) for c in events.ordered_columns]
         widths = [c.get_render_width(events) for c in events.ordered_columns]
-        # THEN time, kind and size come first and fit in view, whatever the rank labels' width
-        assert names[:4] == ["time", "kind", "size", "rank"]
-        assert sum(widths[:3]) <= events.scrollable_content_region.width
+        # THEN time, kind, size and result come first and fit in view, whatever the rank labels' width
+        assert names[:5] == ["time", "kind", "size", "result", "rank"]
+        assert sum(widths[:4]) <= events.scrollable_content_region.width
         sizes = [str(events.get_row_at(i)[2]) for i in range(events.row_count)]
         assert any(s.endswith(("GiB", "MiB", "KiB", " B")) for s in sizes), sizes
 
@@ -248,21 +254,21 @@ async def test_o_jumps_to_every_failed_call_and_names_its_result(tmp_path):
     async with app.run_test(size=(120, 36)) as pilot:
         await settle(pilot)
         status = app.query_one("#status")
-        # THEN the footer does not call the key "OOM", and the status counts failed calls
-        assert "OOM" not in _footer_text(app) and "failed" in _footer_text(app)
+        # THEN the footer does not call the key "OOM", and the status counts the failures
+        assert "OOM" not in _footer_text(app) and "failure" in _footer_text(app)
         await pilot.press("home")
-        assert "2 failed calls" in str(status.render())
+        assert "2 failures" in str(status.render())
         # WHEN GPU1 is shown and o pressed from the start
         await pilot.press("1", "home", "o")
         await settle(pilot)
         # THEN the cursor is on the refused cuMemCreate, named with its CUresult, not as an OOM
         assert app.main.cursor_ts == T0 + 2 * SEC
-        assert "cuMemCreate: CUDA_ERROR_NOT_PERMITTED" in str(status.render())
+        assert "cuMemCreate of 1.0 MiB: CUDA_ERROR_NOT_PERMITTED" in str(status.render())
         # AND the next o goes on to the out-of-memory allocation
         await pilot.press("o")
         await settle(pilot)
         assert app.main.cursor_ts == T0 + int(7.05 * SEC)
-        assert "cuMemAlloc_v2: CUDA_ERROR_OUT_OF_MEMORY" in str(status.render())
+        assert "cuMemAlloc_v2 of 90.00 GiB: CUDA_ERROR_OUT_OF_MEMORY" in str(status.render())
 
 
 def _footer_text(app) -> str:
@@ -288,7 +294,7 @@ async def test_report_diff_and_tui_use_the_same_words_and_sizes(trace_file, caps
     app = MemrecApp(FileSource(trace_file))
     async with app.run_test(size=(120, 36)) as pilot:
         await settle(pilot)
-        await pilot.press("home", "right", "right", "right", "right", "h")  # t≈0.4 s: the workspace only
+        await pilot.press("f", "home", "right", "right", "right", "right", "h")  # t≈0.4 s: the workspace only
         await settle(pilot)
         holders = app.query_one("#holders", HoldersTable)
         rows = [tuple(map(str, holders.get_row_at(i))) for i in range(holders.row_count)]
@@ -304,17 +310,20 @@ async def test_narrow_layout_follows_resizes(trace_file):
     async with app.run_test(size=(120, 36)) as pilot:
         await settle(pilot)
         holders = app.query_one("#holders", HoldersTable)
-        assert [str(c.label) for c in holders.columns.values()] == ["rank/pid", "owned", "driver", "vmm", "ipc"]
+        # (the categories someone holds at the cursor: driver and the peer's memory mapped by IPC;
+        # with one owned category alone, "owned" says it)
+        wide = [str(c.label) for c in holders.columns.values()]
+        assert wide == ["rank/pid", "owned", "ipc"] or wide == ["rank/pid", "owned", "driver", "vmm", "ipc"], wide
         # WHEN the terminal shrinks under 100 columns, THEN the short forms are used
         await pilot.resize_terminal(80, 24)
         await settle(pilot)
         assert app.main.narrow and app.query_one(Footer).compact
-        assert [str(c.label) for c in holders.columns.values()] == ["rank/pid", "owned", "ipc"]
+        assert [str(c.label) for c in holders.columns.values()] == ["rank", "owned", "ipc"]
         # AND when it grows again, the wide ones come back
         await pilot.resize_terminal(120, 36)
         await settle(pilot)
         assert not app.main.narrow and not app.query_one(Footer).compact
-        assert [str(c.label) for c in holders.columns.values()] == ["rank/pid", "owned", "driver", "vmm", "ipc"]
+        assert [str(c.label) for c in holders.columns.values()] == wide
 
 
 async def test_y_axis_fits_the_data_and_y_shows_the_gpu_total(trace_file):
@@ -349,3 +358,24 @@ async def test_diff_aligns_the_runs_on_their_first_common_marker(tmp_path):
         # THEN the other run is read 2 s later than the base, and the header says on what
         assert app.main.alignment.shift == 2 * SEC
         assert "aligned on load_weights begin" in str(app.query_one("#gpu-header").render())
+
+
+async def test_holders_tensors_view_shows_allocated_and_reserved(tmp_path):
+    # GIVEN a --tensors trace: a 20 MiB segment with blocks of 4 MiB and 1 MiB, the first freed
+    from tests.utils import MiB
+    from tests.utils import write_tensor_trace
+
+    path = write_tensor_trace(tmp_path / "t.mrec", [(0, 4 * MiB), (4 * MiB, MiB), (0, -1)])
+    app = MemrecApp(FileSource(path))
+    async with app.run_test(size=(160, 40)) as pilot:
+        await settle(pilot)
+        await pilot.press("end", *["h"] * 6)
+        await settle(pilot)
+        holders = app.query_one("#holders", HoldersTable)
+        # THEN the last holders view lists the process's blocks at the cursor
+        assert holders.view_name == "tensors"
+        assert [str(c) for c in holders.get_row_at(0)] == ["7", "1.0 MiB", "20.0 MiB", "19.0 MiB", "15.0 MiB", "1"]
+        # AND back at the first event (the segment only) there are no blocks yet
+        await pilot.press("home")
+        await settle(pilot)
+        assert "no tensor blocks" in str(holders.get_row_at(0)[0])

@@ -33,8 +33,11 @@ def test_replay_in_a_terminal(trace_file, size, env):
     t = Tmux(name, tui_command(trace_file), size, env)
     try:
         # GIVEN the TUI on the scripted trace
-        screen = t.wait_for("OUT_OF_MEMORY in kv_cache · tp1")  # it opens on the failed call
-        t.wait_for("tp1 4102")  # the state at the cursor (GPU1's failed call, where it opens) is in
+        # it opens on the failed call, named as the report's first line names it
+        screen = t.wait_for("✗ cuMemAlloc_v2 of 90.00 GiB on GPU 1:")
+        # the state at the cursor (GPU1's failed call, where it opens) is in (under 100 columns the
+        # holders name the rank without its pid)
+        t.wait_for("tp1 4102" if size[0] >= 100 else "│ tp1 ")
         assert "GPU0" in screen and "GPU1" in screen
         # WHEN GPU1 is chosen and the cursor jumps to the first failed call
         t.keys("1", "Home", "o")
@@ -44,7 +47,7 @@ def test_replay_in_a_terminal(trace_file, size, env):
         assert "tp1" in screen
         # WHEN the help is opened, THEN it lists the keys; escape closes it
         t.keys("?")
-        t.wait_for("next / previous failed driver call")
+        t.wait_for("next / previous failure")
         t.keys("Escape")
         t.wait_for("events")
         # WHEN q is pressed, THEN the program ends (the shell's sleep keeps the pane)
@@ -114,11 +117,11 @@ def test_main_view_paints_on_every_start_under_load(no_gpu_list_file):
 def _fits_at_80x24(screen: str) -> None:
     lines = screen.splitlines()
     footer = lines[-1]
-    for key in ("? help", "q quit", "←→ cursor", "+- zoom", "mM marker", "pP phase", "oO failed", "bB big", "/ filter"):
+    for key in ("? help", "q quit", "←→ cursor", "+- zoom", "mM marker", "pP phase", "oO failure", "bB big", "/ filter"):
         assert key in footer, footer
     assert lines[3].lstrip().startswith("used") and "┤" in lines[4], "the GPU header takes two lines"
-    holders = next(line for line in lines if "rank/pid" in line)
-    assert "owned" in holders and " ipc " in holders, holders
+    holders = next(line for line in lines if " owned " in line)  # narrow: "rank", not "rank/pid"
+    assert holders.lstrip("│ ").startswith("rank") and " ipc " in holders, holders
     assert all(len(line) <= 80 for line in lines)
 
 
@@ -136,14 +139,14 @@ def test_everything_fits_at_80x24(trace_file):
         # THEN the footer keeps all its keys, the GPU header one line of memory, the holders their
         # columns, and the failed call is named in the status line
         _fits_at_80x24(screen)
-        assert "✗ cuMemAlloc_v2: OUT_OF_MEMORY" in screen
+        assert "✗ cuMemAlloc_v2 of 90.00 GiB: OUT_OF_MEMORY" in screen
         # AND the phase the cursor is in is named in full, however short it is at this zoom
         t.keys("P", "P", "P")  # back to the start of nccl_init (1 s of 12: too short for its name)
         screen = t.wait_for("nccl_init")
         _fits_at_80x24(screen)
         # AND back at 120x36 the wide layout returns
         t.resize(120, 36)
-        screen = t.wait_for(" driver ")
+        screen = t.wait_for("rank/pid")  # the holders' wide header
         assert "bB big  / filter" in screen
     finally:
         t.close()

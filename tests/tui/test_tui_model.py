@@ -13,6 +13,7 @@ from memrec.tui.filters import EventFilter
 from memrec.tui.filters import parse_filter
 from memrec.tui.model import TraceModel
 from memrec.tui.model import phase_spans
+from memrec.tui.views import NCAT
 from memrec.engine.phases import build_phases
 from memrec.engine.series import BLOCK
 from memrec.engine.series import CategorySeries
@@ -156,8 +157,8 @@ def test_series_per_category_equal_a_cumulative_sum_whatever_the_chunks():
                       cat[at : at + step], delta[at : at + step])
         at += step
     # THEN every category at every point is the running sum of its changes, and total their sum
-    want = np.stack([np.cumsum(np.where(cat == c, delta, 0)) for c in range(4)])
-    for c in range(4):
+    want = np.stack([np.cumsum(np.where(cat == c, delta, 0)) for c in range(NCAT)])  # "array" (4) never changes
+    for c in range(NCAT):
         np.testing.assert_array_equal(series.column(c), want[c])
     np.testing.assert_array_equal(series.total.a, want.sum(axis=0))
     assert series.cum[1] is None and series.column(1).shape == (n,)  # vmm never changed: not stored

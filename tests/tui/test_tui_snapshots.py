@@ -46,6 +46,23 @@ def test_gpu_view_at_the_oom(snap_compare, tmp_path, size):
     assert snap_compare(_app(tmp_path), terminal_size=size, run_before=run_before)
 
 
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.mark.parametrize("size", [pytest.param((80, 24), id="80x24"), pytest.param((120, 36), id="120x36")])
+def test_sglang_example_opens_on_the_answer(snap_compare, size):
+    # The first screen, no key pressed: the window from SGLang's memory baseline to the failed KV
+    # sizing, the cursor on the failure, the report's first line and its cause in the status line
+    assert snap_compare(MemrecApp(FileSource(EXAMPLES / "sglang-standin-ipc.mrec"), clock=FixedClock()),
+                        terminal_size=size, run_before=_ready)
+
+
+def test_sglang_example_diff_opens_on_the_verdict(snap_compare):
+    app = MemrecApp(DiffSource(EXAMPLES / "sglang-standin-base.mrec", EXAMPLES / "sglang-standin-ipc.mrec"),
+                    clock=FixedClock())
+    assert snap_compare(app, terminal_size=(120, 36), run_before=_ready)
+
+
 @pytest.mark.parametrize("size", SIZES)
 def test_overview(snap_compare, tmp_path, size):
     async def run_before(pilot):

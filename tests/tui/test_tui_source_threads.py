@@ -57,5 +57,5 @@ def test_a_source_begun_before_the_app_holds_its_messages_until_started(trace_fi
     # THEN the app gets every message, in the order they were posted: loaded before indexed
     kinds = [type(m).__name__ for m in got]
     assert kinds.index("Loaded") < kinds.index("Indexed")
-    assert all(k in ("LoadProgress", "Loaded", "Indexed") for k in kinds)
+    assert all(k in ("LoadProgress", "Loaded", "Indexed", "Answered") for k in kinds)
     src.stop()

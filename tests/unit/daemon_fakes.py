@@ -40,7 +40,7 @@ class FakeProbes:
 
     instances: list[FakeProbes] = []
 
-    def __init__(self, follow_tree: bool = False, ringbuf_pages: int = 1024) -> None:
+    def __init__(self, follow_tree: bool = False, ringbuf_pages: int = 1024, tensors: bool = False) -> None:
         self.follow_tree = follow_tree
         self.ringbuf_pages = ringbuf_pages
         self.loaded = False
@@ -61,6 +61,14 @@ class FakeProbes:
         self.attached.append(os.fspath(path))
         dev, inode = identity or (0, 0)
         return FakeReport(os.fspath(path), dev, inode)
+
+    def attach_torch(self, path, identity=None):
+        """As CudaProbes.attach_torch on a libc10_cuda.so with PyTorch's three probe sites."""
+        from memrec.probes.cuda import TorchReport
+
+        assert self.loaded and not self.closed
+        dev, inode = identity or (0, 0)
+        return TorchReport(os.fspath(path), dev, inode, attached=("malloc", "free", "free"))
 
     def attached_libraries(self) -> list[FakeReport]:
         return [FakeReport(p, 0, 0) for p in self.attached]

@@ -10,6 +10,7 @@ import time
 import numpy as np
 
 from memrec import protocol
+from memrec.columns import empty_events
 from memrec.daemon.keyframes import Keyframes
 from memrec.events import Kind
 from memrec.state import LiveState
@@ -195,3 +196,57 @@ def test_a_subscriber_joining_while_its_keyframe_is_built_gets_every_later_event
     assert got[2]["state"]["n"] == 5_000
     state.apply(np.concatenate([r["events"] for r in got[3:] if r["type"] == "events"]))
     assert state.n_events == 5_150 and state.snapshot() == d.state.snapshot()
+
+
+def test_periodic_keyframes_take_at_most_their_share_of_the_file(tmp_path):
+    # GIVEN a state of 60,000 live allocations (a keyframe of a few hundred kB) and a file
+    rng = np.random.default_rng(5)
+    state = LiveState()
+    n = 60_000
+    live = empty_events(n)
+    live["kind"], live["pid"], live["gpu"] = int(Kind.ALLOC), 1000 + rng.integers(0, 8, n), 0
+    live["ptr"] = (1 << 40) + np.cumsum(rng.integers(1, 1 << 20, n)).astype(np.uint64)
+    live["size"] = rng.integers(1, 1 << 20, n)
+    live["ts"] = np.arange(n)
+    state.apply(live)
+    header = make_header(host="h", boot_id="b", anchor={"monotonic_ns": 0, "wall_ns": 0}, gpus=[])
+    w = TraceWriter(tmp_path / "t.mrec", header)
+    w.write_events(live)
+    kf = Keyframes()
+    kf.write_now(w, state, n)
+    first = w.last_keyframe_size
+    assert first >= 64 << 10
+    # WHEN a periodic keyframe is due after every batch of churn (a free and an allocation each)
+    t, written = n, []
+    for _ in range(200):
+        batch = empty_events(2_000)
+        rows = rng.integers(0, n, 1_000)
+        batch["kind"][0::2], batch["pid"][0::2], batch["ptr"][0::2] = int(Kind.FREE), live["pid"][rows], live["ptr"][rows]
+        batch["kind"][1::2], batch["pid"][1::2], batch["gpu"][1::2] = int(Kind.ALLOC), live["pid"][rows], 0
+        batch["ptr"][1::2] = live["ptr"][rows] + 1
+        batch["size"][1::2] = live["size"][rows]
+        live["ptr"][rows] += 1
+        batch["ts"] = t + np.arange(2_000)
+        t += 2_000
+        state.apply(batch)
+        w.write_events(batch)
+        w.flush()
+        since, last = w.bytes_written - w.last_keyframe_end, w.last_keyframe_size
+        if kf.start(w, state, t):
+            assert since >= 4 * last  # the periodic ones: at most a fifth of the file
+            kf.collect(w, wait=True)
+            written.append(state.n_events)
+        else:
+            assert since < 4 * last
+    w.close()
+    # THEN some were written, most skipped: each written one followed 4 × the last one's bytes
+    trace = load_trace(tmp_path / "t.mrec")
+    assert 1 <= len(written) < 100 and kf.skipped >= 100, (first, w.bytes_written, written)
+    assert len(trace.keyframes) == 1 + len(written) and w.keyframe_bytes > first
+    # AND each is the state after the events before it (a seek restores it)
+    for k in trace.keyframes[1:]:
+        ref = LiveState()
+        ref.apply(trace.events[: k.event_index].copy())
+        assert LiveState.from_snapshot(k.state).snapshot() == ref.snapshot()
+    # AND with share 0 (no byte rule) every one is taken
+    assert Keyframes(share=0).grown(w)

@@ -60,7 +60,7 @@ def workdir():
     shutil.rmtree(d, ignore_errors=True)
 
 
-def make_daemon(workdir: Path, **overrides) -> Daemon:
+def make_daemon(workdir: Path, find_torch=None, **overrides) -> Daemon:
     options = dict(
         output=workdir / "out.mrec",
         socket_path=workdir / "s.sock",
@@ -74,6 +74,7 @@ def make_daemon(workdir: Path, **overrides) -> Daemon:
         DaemonConfig(**options),
         probes_factory=FakeProbes,
         find_libraries=lambda extra: [FakeLibrary("/fake/libcuda.so.1", 1, 42)],
+        find_torch=find_torch,
         install_signals=False,
     )
 
@@ -1036,3 +1037,20 @@ def test_the_trailer_carries_the_exact_lost_total(workdir):
     d.stop()
     trace = load_trace(workdir / "out.mrec")
     assert trace.trailer["lost"] == 7 and trace.lost == 7
+
+
+def test_tensors_a_pytorch_install_is_looked_for_when_a_process_binds_a_context(workdir):
+    # GIVEN a daemon with --tensors and no PyTorch mapped at its start
+    found: list = []
+    daemon = make_daemon(workdir, tensors=True, find_torch=lambda extra: list(found))
+    daemon.start()
+    try:
+        assert daemon.torch.header() == []
+        # WHEN a process that maps a new install binds a context (long before the next rescan)
+        found.append(FakeLibrary("/venv/torch/lib/libc10_cuda.so", 1, 77))
+        daemon.probes.push(raw(Kind.CTX, pid=4000, ordinal=0, ts=time.monotonic_ns()))
+        pump(daemon, 0.1)
+        # THEN the install is probed already
+        assert [t["path"] for t in daemon.torch.header()] == ["/venv/torch/lib/libc10_cuda.so"]
+    finally:
+        daemon.stop()

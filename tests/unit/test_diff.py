@@ -366,6 +366,22 @@ def test_one_kind_of_failed_driver_call_is_named_without_an_ellipsis(main, tmp_p
     assert "  1 failed driver call only in b.mrec (cuMemAlloc_v2 CUDA_ERROR_OUT_OF_MEMORY)" in lines
 
 
+def test_tensor_blocks_compared_by_phase_rank_and_gpu(tmp_path):
+    # GIVEN two --tensors runs of one process: B holds 2 MiB more in blocks at its peak
+    from tests.utils import write_tensor_trace
+
+    a = write_tensor_trace(tmp_path / "a.mrec", [(0, 4 * MiB), (4 * MiB, 2 * MiB)])
+    b = write_tensor_trace(tmp_path / "b.mrec", [(0, 4 * MiB), (4 * MiB, 4 * MiB), (4 * MiB, -1)], pid=8)
+    # WHEN diffed
+    d = diff_traces(load_trace(a), load_trace(b), "a", "b")
+    # THEN one row: same phase and rank (no rank), peak allocated 6 vs 8 MiB, reserved 20 MiB in both
+    (row,) = d["tensors"]
+    assert (row["phase"], row["rank"], row["gpu"]) == ("(no phase)", "(no rank)", 0)
+    assert (row["a_allocated"], row["b_allocated"], row["delta_allocated"]) == (6 * MiB, 8 * MiB, 2 * MiB)
+    assert (row["a_reserved"], row["b_reserved"], row["delta_reserved"]) == (20 * MiB, 20 * MiB, 0)
+    assert "tensor blocks (peak allocated and reserved" in render_diff(d)
+
+
 def test_two_different_workloads_are_called_not_comparable(main, capsys):
     # GIVEN a PyTorch IPC test's trace and an SGLang server's (the stand-in), both recorded on an H200
     torch_ipc, sglang_ipc = BASE.parent / "torch-ipc.mrec", IPC

@@ -133,7 +133,8 @@ def test_perfetto_failed_calls_are_instants_named_by_result(tmp_path):
     ev = load_trace(GOLDEN).events
     failed = ev[ev["result"] != 0]
     pid = int(failed["pid"][0])
-    got = read["events"][track(read, "failed calls", pid)]
+    # (the failures track also has the marker's error the answer counts: the calls are the CUDA_ERROR_ ones)
+    got = [(ts, e) for ts, e in read["events"][track(read, "failures", pid)] if e.name.startswith("CUDA_ERROR_")]
     assert [e.type for _, e in got] == [read["pb"].TrackEvent.TYPE_INSTANT] * len(failed)
     assert [ts for ts, _ in got] == failed["ts"].tolist()
     assert got[0][1].name == "CUDA_ERROR_OUT_OF_MEMORY" and got[1][1].name == "CUDA_ERROR_UNKNOWN"
@@ -210,7 +211,7 @@ def test_memory_viz_one_snapshot_per_process_read_by_pytorch(tmp_path, capsys):
 def test_memory_viz_maps_and_oom(tmp_path):
     # GIVEN expandable segments (cuMemMap granules) and a trace with an out-of-memory
     out = tmp_path / "exp.pickle"
-    assert export(EXPANDABLE, "memory-viz", out) == 0
+    assert export(EXPANDABLE, "memory-viz", out, "--at", "end") == 0  # the whole history
     snap = pickle.loads(out.read_bytes())
     ev = load_trace(EXPANDABLE).events
     actions = [a["action"] for trace in snap["device_traces"] for a in trace]
@@ -346,6 +347,49 @@ def test_large_values_stay_exact(tmp_path):
     ptrs = pq.read_table(out / "events.parquet").column("ptr").to_pylist()
     assert ptrs == load_trace(GOLDEN).events["ptr"].tolist()
     assert np.uint64(max(ptrs)) == load_trace(GOLDEN).events["ptr"].max()
+
+
+def test_memory_viz_shows_pytorch_blocks_inside_segments(tmp_path):
+    # GIVEN a --tensors trace: a 20 MiB segment holding three tensor blocks, one freed
+    from tests.utils import MiB
+    from tests.utils import write_tensor_trace
+
+    seg = 0x7F0000000000
+    path = write_tensor_trace(tmp_path / "t.mrec", [(0, 4 * MiB), (4 * MiB, 1000), (8 * MiB, 2 * MiB), (4 * MiB, -1)],
+                              segment=seg)
+    out = tmp_path / "snap.pickle"
+    assert export(path, "memory-viz", out, "--at", "end") == 0  # the whole history
+    snap = pickle.loads(out.read_bytes())
+    actions = [(a["action"], a["addr"], a["size"]) for a in snap["device_traces"][0]]
+    # THEN the segment is a segment_alloc only, and each block has its own alloc and free
+    assert actions == [("segment_alloc", seg, 20 * MiB), ("alloc", seg, 4 * MiB), ("alloc", seg + 4 * MiB, 1000),
+                       ("alloc", seg + 8 * MiB, 2 * MiB), ("free_requested", seg + 4 * MiB, 1000),
+                       ("free_completed", seg + 4 * MiB, 1000)]
+    (segment,) = snap["segments"]
+    assert [(b["address"], b["size"], b["state"]) for b in segment["blocks"]] == [
+        (seg, 4 * MiB, "active_allocated"), (seg + 4 * MiB, 4 * MiB, "inactive"),
+        (seg + 8 * MiB, 2 * MiB, "active_allocated"), (seg + 10 * MiB, 10 * MiB, "inactive")]
+    assert segment["allocated_size"] == 6 * MiB
+    # AND PyTorch's own reader replays the blocks as slices of the segment, as it shows its own
+    text = memory_viz("trace", str(out)).stdout
+    assert text.count("cudaMalloc(") == 1 and "d = a[8388608:2.0MiB]" in text and "del c # 1000.0B" in text
+    assert "segments:" in memory_viz("stats", str(out)).stdout
+
+
+def test_perfetto_tensor_counters_per_process(tmp_path):
+    # GIVEN a --tensors trace: blocks of 4 MiB and 2 MiB in a 20 MiB segment, the first freed
+    from tests.utils import MiB
+    from tests.utils import write_tensor_trace
+
+    path = write_tensor_trace(tmp_path / "t.mrec", [(0, 4 * MiB), (4 * MiB, 2 * MiB), (0, -1)])
+    out = tmp_path / "t.pftrace"
+    assert export(path, "perfetto", out) == 0
+    read = read_perfetto(out)
+    # THEN the process has its allocated and reserved counters (a value where it changes)
+    allocated = [v for _, v in counter_values(read, track(read, "tensors allocated on GPU 0", parent_pid=7))]
+    reserved = [v for _, v in counter_values(read, track(read, "tensors reserved on GPU 0", parent_pid=7))]
+    assert allocated == [4 * MiB, 6 * MiB, 2 * MiB]
+    assert reserved == [20 * MiB]
 
 
 # ------------------------------------------------------------------ what a user joins the tables on

@@ -126,3 +126,28 @@ def test_find_libcuda_skips_unreachable_mappings(tmp_path: Path):
     (proc / "10").mkdir(parents=True)
     (proc / "10" / "maps").write_text(maps_line(0x7F0000000000, "/nowhere/libcuda.so.1", 0x42, 1))
     assert find_libcuda(proc_root=str(proc), usual_paths=(), use_ldconfig=False) == []
+
+
+def test_find_libc10_cuda_finds_every_pytorch_install_a_process_maps(tmp_path: Path):
+    # GIVEN two PyTorch installs (user-owned is fine, group-writable is not), mapped by processes
+    from memrec.probes.libs import find_libc10_cuda
+
+    proc = tmp_path / "proc"
+    a = tmp_path / "venv-a" / "libc10_cuda.so"
+    b = tmp_path / "venv-b" / "libc10_cuda.so"
+    shared = tmp_path / "shared" / "libc10_cuda.so"
+    for lib in (a, b, shared):
+        lib.parent.mkdir()
+        lib.write_bytes(b"\x7fELF")
+        lib.chmod(0o644)
+    os.chown(b, 1000, 1000)
+    shared.chmod(0o664)
+    for pid, libs in (("1", [a, b]), ("2", [a, shared]), ("3", [])):
+        (proc / pid).mkdir(parents=True)
+        (proc / pid / "maps").write_text("".join(
+            maps_line(0x7F0000000000 + i * 0x10000, str(lib), lib.stat().st_dev, lib.stat().st_ino)
+            for i, lib in enumerate(libs)))
+    # WHEN discovering
+    found = find_libc10_cuda(proc_root=str(proc))
+    # THEN each install is found once; the one others may write is refused
+    assert sorted(lib.path for lib in found) == sorted([str(a), str(b)])

@@ -79,6 +79,10 @@ class FakeNvml:
             return SimpleNamespace(bar1Total=g["bar1_total"], bar1Used=g["bar1_used"], bar1Free=0)
         if name == "nvmlDeviceGetComputeRunningProcesses":
             return [SimpleNamespace(pid=p, usedGpuMemory=u) for p, u in g["procs"]]
+        if name == "nvmlDeviceGetNumGpuCores":  # an H200: 132 SMs of 128 cores
+            return 132 * 128
+        if name == "nvmlDeviceGetCudaComputeCapability":
+            return (9, 0)
         raise AssertionError(f"unexpected NVML call {name}")
 
     def count(self, name: str) -> int:
@@ -143,6 +147,14 @@ def test_list_gpus(fake):
         (0, "GPU-00000000-0000-0000-0000-000000000000", "NVIDIA H200", 141 * GiB, None),
         (1, "GPU-00000001-0000-0000-0000-000000000000", "NVIDIA H200", 141 * GiB, None),
     ]
+
+
+def test_list_gpus_names_the_resident_threads_where_nvml_tells_them(fake):
+    # GIVEN H200s (132 SMs, compute capability 9.0: 2,048 threads an SM), then one that cannot say
+    assert [g.resident_threads for g in nvml.list_gpus()] == [132 * 2048, 132 * 2048]
+    fake.failing["nvmlDeviceGetNumGpuCores"] = nvml.NVML_ERROR_NOT_SUPPORTED
+    # THEN unknown is None (a stack limit is then only bounded)
+    assert [g.resident_threads for g in nvml.list_gpus()] == [None, None]
 
 
 def test_list_gpus_with_a_lost_gpu(fake):

@@ -175,7 +175,7 @@ def test_summary_numbers_are_exact():
     assert {k: p1[k] for k in want} == want
     # AND its untraced band split: no context bound while recording, so its first sample is what it
     # held before; the 10 MiB that came later with allocations only are unexplained
-    assert p1["split"] == {"context": 0, "module_code": 0, "pools": 0, "before_recording": 300 * MiB,
+    assert p1["split"] == {"context": 0, "module_code": 0, "pools": 0, "limits": 0, "graph": 0, "multicast": 0, "before_recording": 300 * MiB,
                            "unexplained": 10 * MiB}
     assert (p2["untraced_last"], p2["untraced_min"], p2["untraced_median"], p2["untraced_max"],
             p2["negative_samples"]) == (-56 * MiB, -56 * MiB, -56 * MiB, 200 * MiB, 1)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from memrec.analysis.answer import fit
+from memrec.analysis.answer import Line
 from memrec.analysis.answer import span
 from memrec.analysis.report import build_report
 from memrec.analysis.text import human
@@ -120,7 +120,7 @@ def test_default_view_leaves_out_exit_frees_and_zero_peaks_all_keeps_them(capsys
 def test_helpers():
     assert span(["TP0", "TP1", "TP2", "TP3"]) == "TP0–TP3"
     assert span(["TP0", "TP2"]) == "TP0, TP2"
-    assert fit(["FIX", "a", " bbbb", " cc"], 14) == "FIX     a bbbb"
+    assert Line("FIX", ("a", " bbbb", " cc")).fit(14) == "FIX     a bbbb"
     # a table's last column wraps under itself; other columns are dropped first when asked
     lines = table(["A", "B", "TEXT"], [["1", "22", "word " * 12]], right={0}, width=40, drop=(1,), wrap=True)
     assert max(map(len, lines)) <= 40 and lines[0].split() == ["A", "TEXT"]

@@ -368,3 +368,44 @@ def test_the_grafana_dashboard_queries_only_metrics_the_daemon_exposes():
     exprs += [v["query"] for v in dashboard["templating"]["list"]]
     used = {name for e in exprs for name in re.findall(r"\bmemrec_[a-z0-9_]+", e)}
     assert used and used <= exposed, used - exposed
+
+
+def test_tensor_metrics_with_daemon_tensors(workdir):
+    # GIVEN a daemon with --tensors, a PyTorch install found, and a process whose 20 MiB segment
+    # holds two tensor blocks, one freed again
+    from tests.unit.daemon_fakes import FakeLibrary
+
+    pytest.importorskip("prometheus_client")
+    port = free_port()
+    daemon = make_daemon(workdir, tensors=True,
+                         find_torch=lambda extra: [FakeLibrary("/venv/torch/lib/libc10_cuda.so", 1, 43)])
+    service = Service(metrics_addr=("127.0.0.1", port), notifier=Notifier({}))
+    service.listen()
+    daemon.start()
+    try:
+        service.started(daemon)
+        t = time.monotonic_ns()
+        seg = 0x7F0000000000
+        daemon.probes.push(
+            raw(Kind.ALLOC, pid=3000, ptr=seg, size=20 * MiB, ordinal=0, ts=t),
+            raw(Kind.TENSOR_ALLOC, pid=3000, ptr=seg, size=4 * MiB, ordinal=0, ts=t + 1),
+            raw(Kind.TENSOR_ALLOC, pid=3000, ptr=seg + 4 * MiB, size=MiB, ordinal=0, ts=t + 2),
+            raw(Kind.TENSOR_FREE, pid=3000, ptr=seg, ts=t + 3),
+        )
+        pump(daemon, 0.1)
+        service.metrics.take_snapshot(daemon.clock())
+        got = scrape(port)
+    finally:
+        service.stopping(daemon, "test")
+        daemon.stop()
+        service.close()
+    # THEN the process's allocated, reserved and blocks are exported, and the install is counted
+    assert list(series(got, "memrec_tensor_allocated_bytes", gpu="0", pid="3000").values()) == [MiB]
+    assert list(series(got, "memrec_tensor_reserved_bytes", gpu="0", pid="3000").values()) == [20 * MiB]
+    assert list(series(got, "memrec_tensor_blocks", gpu="0", pid="3000").values()) == [1]
+    assert list(series(got, "memrec_torch_libraries", probes="attached").values()) == [1]
+    from memrec.trace.reader import load_trace
+
+    trace = load_trace(daemon.files[-1])
+    assert trace.header["probes"]["torch"] == trace.trailer["torch"] == [
+        {"path": "/venv/torch/lib/libc10_cuda.so", "attached": ["malloc", "free", "free"], "problem": ""}]

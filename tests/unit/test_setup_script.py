@@ -67,7 +67,7 @@ def test_setup_shows_its_own_lines_only_and_a_rerun_says_ready(fresh_clone, tmp_
     assert first.returncode == 0, first.stderr
     lines = first.stderr.splitlines()
     assert all(line.startswith("memrec setup: ") for line in lines), first.stderr
-    extras = "nvml,tui,metrics,export,plot,pandas" + (",gpu" if os.path.exists("/dev/nvidiactl") else "")
+    extras = "nvml,tui,metrics,export,plot,pandas,sql" + (",gpu" if os.path.exists("/dev/nvidiactl") else "")
     assert lines[0] == f"memrec setup: installing memrec[{extras}] into .venv (pip)"
     assert lines[-1].startswith("memrec setup: ready: memrec ")
     assert first.stdout == ""

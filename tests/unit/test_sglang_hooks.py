@@ -523,6 +523,8 @@ def test_bootstrap_hooks_a_0_5_7_worker_as_its_modules_load(rec: Recorder, fake_
     s = scheduler.run_scheduler_process(args, None, gpu_id=1, tp_rank=1, moe_ep_rank=0, pp_rank=0, dp_rank=None)
     # THEN the phases come in SGLang's order
     assert rec.names() == sglang_fakes.EXPECTED_PHASES
+    # ... every marker names the release (the dataset compares releases by it)
+    assert {v.get("sglang_version") for _, _, _, v in rec.calls} == {"0.5.7"}
     # ... every SGLang measurement is an instant naming its caller
     callers = [v["caller"] for v in rec.find(targets.GPU_MEMORY_MEASURED)]
     assert callers == ["ModelRunner.init_torch_distributed"] * 2 + ["ModelRunner.load_model"] * 2 + [

@@ -50,7 +50,7 @@ def context_trace() -> Trace:
             (3.5, 0, 1, 590 * MiB),  # its first kernel: the lazy first-launch step
             (4.0, 0, 1, 590 * MiB),
             (5.5, 0, 1, 600 * MiB),  # a kernel: module code
-            (5.6, 0, 1, 602 * MiB),  # no call in between, just after one: still module code
+            (5.6, 0, 1, 602 * MiB),  # no call in between, just after one: unexplained (no time window)
             (9.0, 0, 1, 602 * MiB),
             (11.0, 0, 1, 668 * MiB),  # 64 MiB traced, 2 MiB of rounding: unexplained
             (1.0, 0, 2, 300 * MiB),
@@ -65,22 +65,24 @@ def test_context_first_kernel_module_code_and_the_rest_are_split():
     rec = reconcile(context_trace())
     row = next(r for r in rec.gpu_summary(0)["processes"] if r["pid"] == 1)
 
-    # THEN the 668 - 64 MiB untraced are: the context with its first kernel, 12 MiB of kernels,
-    # the rounding unexplained; and the identity holds at every sample
-    assert row["split"] == {"context": 590 * MiB, "module_code": 12 * MiB, "pools": 0, "before_recording": 0,
-                            "unexplained": 2 * MiB}
+    # THEN the 668 - 64 MiB untraced are: the context with its first kernel, 10 MiB of kernels over
+    # the call, the step just after it and the rounding unexplained; and the identity holds at every sample
+    assert row["split"] == {"context": 590 * MiB, "module_code": 10 * MiB, "pools": 0, "limits": 0, "graph": 0,
+                            "multicast": 0, "before_recording": 0, "unexplained": 4 * MiB}
     sp, s = rec.splits[(0, 1)], rec.process(0, 1)
-    total = sp.context + sp.module_code + sp.pools + sp.before_recording + sp.unexplained
+    total = (sp.context + sp.module_code + sp.pools + sp.limits + sp.graph + sp.multicast + sp.before_recording
+             + sp.unexplained)
     assert (total == s.nvml_used - s.traced).all()
     # AND each step is put in the phase of the call that explains it
     assert row["split_by_phase"] == [
-        {"phase": "init", "context": 590 * MiB, "module_code": 0, "pools": 0, "before_recording": 0, "unexplained": 0},
-        {"phase": "load", "context": 0, "module_code": 12 * MiB, "pools": 0, "before_recording": 0,
-         "unexplained": 2 * MiB},
+        {"phase": "init", "context": 590 * MiB, "module_code": 0, "pools": 0, "limits": 0, "graph": 0, "multicast": 0,
+         "before_recording": 0, "unexplained": 0},
+        {"phase": "load", "context": 0, "module_code": 10 * MiB, "pools": 0, "limits": 0, "graph": 0, "multicast": 0,
+         "before_recording": 0, "unexplained": 4 * MiB},
     ]
     assert [(st["category"], st["cause"]) for st in row["steps"]] == [
         ("context", "cuDevicePrimaryCtxRetain"), ("context", "cuDevicePrimaryCtxRetain"), ("context", "cuLibraryGetKernel"),
-        ("module_code", "cuKernelGetFunction"), ("module_code", "cuKernelGetFunction"), ("unexplained", None),
+        ("module_code", "cuKernelGetFunction"), ("unexplained", None), ("unexplained", None),
     ]
     # AND the context's cost includes its first kernel
     (ctx,) = rec.contexts
@@ -90,8 +92,8 @@ def test_context_first_kernel_module_code_and_the_rest_are_split():
 def test_a_process_memrec_never_saw_bind_a_context_held_its_memory_before_recording():
     rec = reconcile(context_trace())
     row = next(r for r in rec.gpu_summary(0)["processes"] if r["pid"] == 2)
-    assert row["split"] == {"context": 0, "module_code": 0, "pools": 0, "before_recording": 300 * MiB,
-                            "unexplained": 0}
+    assert row["split"] == {"context": 0, "module_code": 0, "pools": 0, "limits": 0, "graph": 0, "multicast": 0,
+                            "before_recording": 300 * MiB, "unexplained": 0}
     # AND the GPU's split is its processes'
     assert rec.gpu_summary(0)["device"] is None  # no device samples in this trace
 
@@ -173,7 +175,7 @@ def stamped(*rows: np.ndarray) -> np.ndarray:
 def test_readings_around_binds_are_forced_and_steps_are_deferred_never_dropped():
     # GIVEN readings with a 20 ms rate limit and a 250 ms follow-up, on a clock the test moves
     nvml, written, now = FakeNvml(), [], [10 * S]
-    r = UntracedReadings(nvml, [0, 1], written.append, lambda: now[0])
+    r = UntracedReadings(nvml, [0, 1], written.append, lambda: now[0], fetch_interval=0.02)
 
     # WHEN a context is about to be bound on GPU 1, THEN NVML is read for GPU 1 at once
     r.after_batch(stamped(raw(Kind.CTX_BEGIN, api=Api.cuDevicePrimaryCtxRetain, ordinal=1)))
@@ -215,6 +217,43 @@ def test_readings_around_binds_are_forced_and_steps_are_deferred_never_dropped()
                           raw(Kind.CTX, api=Api.cuCtxGetDevice, ordinal=0, aux=2)))
     assert len(nvml.calls) == n
     assert all(len(rows) for rows in written)
+
+
+def test_limits_graphs_arrays_and_multicast_calls_are_read_at_once():
+    # GIVEN a reading just taken for a kernel load on GPU 0 (the next one rate-limited)
+    nvml, now = FakeNvml(), [10 * S]
+    r = UntracedReadings(nvml, [0, 1], lambda rows: None, lambda: now[0])
+    r.after_batch(stamped(raw(Kind.KERNEL_LOAD, ordinal=0)))
+    assert len(nvml.calls) == 1
+    # WHEN each rare call comes 1 ms after the last, THEN each is read at once
+    for kind in (Kind.CTX_LIMIT, Kind.GRAPH_EXEC, Kind.GRAPH_TRIM, Kind.ARRAY_CREATE, Kind.MULTICAST_CREATE):
+        now[0] += 1_000_000
+        r.after_batch(stamped(raw(kind, ordinal=0)))
+        assert nvml.calls[-1] == ([0], now[0])
+    assert len(nvml.calls) == 6
+    # AND a failed one is not
+    now[0] += 1_000_000
+    r.after_batch(stamped(raw(Kind.CTX_LIMIT, ordinal=0, result=1)))
+    assert len(nvml.calls) == 6
+    # AND kernel loads wait 200 ms after the last reading
+    r.after_batch(stamped(raw(Kind.KERNEL_LOAD, ordinal=0)))
+    assert len(nvml.calls) == 6
+
+
+def test_the_first_kernel_fetched_after_a_bind_is_read_at_once():
+    # GIVEN a context bound on GPU 0 (read at once)
+    nvml, now = FakeNvml(), [10 * S]
+    r = UntracedReadings(nvml, [0, 1], lambda rows: None, lambda: now[0])
+    r.after_batch(stamped(raw(Kind.CTX, api=Api.cuDevicePrimaryCtxRetain, ordinal=0, pid=7)))
+    assert len(nvml.calls) == 1
+    # WHEN its first kernel is fetched 5 ms later, THEN NVML is read at once (the context's step)
+    now[0] += 5_000_000
+    r.after_batch(stamped(raw(Kind.KERNEL_LOAD, ordinal=0, pid=7)))
+    assert nvml.calls[-1] == ([0], now[0])
+    # AND the second waits for the rate limit (module code)
+    now[0] += 5_000_000
+    r.after_batch(stamped(raw(Kind.KERNEL_LOAD, ordinal=0, pid=7)))
+    assert len(nvml.calls) == 2
 
 
 def test_readings_are_off_without_a_process_memory_query():

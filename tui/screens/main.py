@@ -33,6 +33,7 @@ from textual.widgets import Static
 from textual.widgets import Tab
 from textual.widgets import Tabs
 
+from memrec.analysis.diff import Verdict
 from memrec.events import OWNED_CATEGORIES
 from memrec.tui import messages
 from memrec.tui.filters import EventFilter
@@ -40,10 +41,9 @@ from memrec.tui.filters import parse_filter
 from memrec.tui.model import TraceModel
 from memrec.tui.navigation import Alignment
 from memrec.tui.navigation import Landing
-from memrec.tui.navigation import align
-from memrec.tui.navigation import answer
 from memrec.tui.screens.keys import BINDINGS
 from memrec.tui.screens.keys import LIVE_ACTIONS
+from memrec.tui.screens.source_events import SourceEvents
 from memrec.tui.screens.view_keys import ViewKeys
 from memrec.tui.store import EventRows
 from memrec.tui.views import CursorState
@@ -60,7 +60,7 @@ from memrec.tui.widgets.timeline import CONSOLE_GLYPHS
 from memrec.tui.widgets.timeline import TimelineGraph
 from memrec.tui.widgets.timeline import TimelineOptions
 from memrec.tui.widgets.timeline import glyphs_for
-from memrec.units import fmt_dur
+from memrec.units import fmt_at
 
 OVERVIEW = "overview"
 
@@ -74,7 +74,7 @@ class Link:
     last_data: float = 0.0
 
 
-class MainScreen(ViewKeys, Screen[None]):
+class MainScreen(ViewKeys, SourceEvents, Screen[None]):
     """The view of one trace (or of two, compared).
 
     Args:
@@ -119,6 +119,8 @@ class MainScreen(ViewKeys, Screen[None]):
         self.landing: Landing | None = None
         #: Diff mode: how the other trace is lined up with this one (set once both are read).
         self.alignment = Alignment(0, "")
+        #: Diff mode: what ``memrec diff`` says of the two runs (once the source has it).
+        self.verdict: Verdict | None = None
         #: The cursor is where the trace opened (no key yet): the replay's end may move it to the peak.
         self._opening = not live
         self._dirty = False
@@ -155,6 +157,7 @@ class MainScreen(ViewKeys, Screen[None]):
 
     def on_mount(self) -> None:
         self.set_class(self.glyphs is CONSOLE_GLYPHS, "console")
+        self.set_class(self.other_model is not None, "diff")
         self.query_one("#filter", Input).display = False
         self.query_one("#timeline", TimelineGraph).set_producer(self._produce_main)
         self.query_one("#timeline").focus()
@@ -314,10 +317,14 @@ class MainScreen(ViewKeys, Screen[None]):
             v = self.model.series_at(g, self.cursor_ts)
             owned = int(v[list(OWNED_CATEGORIES)].sum()) if v is not None else None
         nv = self.model.nvml_at(g, self.cursor_ts)
-        text = header_text(self.model.gpus.get(g), g, fmt_dur(self.cursor_ts - self.origin), st, owned, nv,
+        text = header_text(self.model.gpus.get(g), g, fmt_at(self.cursor_ts - self.origin, self._resolution()), st, owned, nv,
                            self.other_state, wide=self.size.width >= 150, narrow=self.narrow, no_color=self.app.no_color,
                            glyphs=self.glyphs, aligned=self.alignment.text)
         self.query_one("#gpu-header", GpuHeader).update(text)
+
+    def _resolution(self) -> int:
+        """The time one column of the chart spans (ns): how precisely a time on screen is written."""
+        return max((self.t1 - self.t0) // max(self.size.width - 12, 1), 1)
 
     def _update_status(self) -> None:
         try:
@@ -378,57 +385,11 @@ class MainScreen(ViewKeys, Screen[None]):
         self.other_state = message.other
         self.events_rows = message.events
         self.query_one("#holders", HoldersTable).show(message.state, message.other)
-        self.query_one("#events", EventsTable).show(message.events, self.origin, self.model.pid_label, self.flt_text)
+        self.query_one("#events", EventsTable).show(message.events, self.origin, self.model.pid_label, self.flt_text,
+                                                    self._resolution())
         self._update_header()
 
-    # ------------------------------------------------------------------ what the source says (routed by the app)
-
-    def source_progress(self, message: messages.LoadProgress) -> None:
-        if message.phase == "scan":
-            self.progress = f"reading… {message.done:,} records"
-        else:
-            self.progress = f"replaying {100 * message.done / max(message.total, 1):.0f}%"
-        if message.phase == "index":
-            self._dirty = True
-        else:
-            self._update_status()
-
-    def source_loaded(self) -> None:
-        """The file is read: show all of it, at the answer (the first failed call, else the peak
-        of what the keyframes and the replay so far know)."""
-        self.loaded = True
-        self.t0, self.t1 = self.model.time_range()
-        self.t1 += max((self.t1 - self.t0) // 100, 1)
-        if self.other_model is not None:
-            self.alignment = align(self.model, self.other_model, self.model.time_range()[0], self.other_model.time_range()[0])
-        self.cursor_ts = self.t1 - 1
-        self._open_at_answer()
-        self.refresh_all()
-
-    def source_indexed(self) -> None:
-        """The replay is done: the series (and so the peak) are exact."""
-        self.indexed = True
-        self.progress = ""
-        self._state_key = None
-        self._open_at_answer()
-        self.refresh_all()
-
-    def _open_at_answer(self) -> None:
-        if not self._opening:
-            return
-        where = answer(self.model)
-        if where is None:
-            self.cursor_ts = self.model.time_range()[1]
-            return
-        if where.gpu is not None and where.gpu in self.model.gpu_ids():
-            self.gpu = where.gpu  # the next redraw selects its tab (there may be no tabs yet)
-            self._gpu_chosen = True
-        self.cursor_ts = where.ts
-        self.landing = where
-
-    def source_failed(self, error: str) -> None:
-        self.progress = f"[b red]{error}[/]"
-        self._update_status()
+    # ------------------------------------------------------------------ what the source says: SourceEvents
 
     def data_changed(self) -> None:
         """New records (live), or a connection change: redraw on the next tick."""

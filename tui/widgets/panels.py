@@ -6,13 +6,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rich.cells import cell_len
+from rich.markup import escape
 from rich.text import Text
 from textual.widget import Widget
 from textual.widgets import DataTable
 from textual.widgets import Static
 
 from memrec.engine.phases import NO_PHASE
+from memrec.events import CATEGORIES
+from memrec.events import UNTRACED_HEADINGS
+from memrec.events import UNTRACED_SPLIT
 from memrec.events import GpuInfo
+from memrec.events import OWNED
 from memrec.events import cu_result_name
 from memrec.tui.filters import KIND_NAMES
 from memrec.tui.navigation import Landing
@@ -25,9 +31,10 @@ from memrec.tui.widgets.timeline import Glyphs
 from memrec.tui.widgets.timeline import LAYER_COLOURS
 from memrec.tui.widgets.timeline import NVML_COLOUR
 from memrec.units import fmt_bytes
+from memrec.units import fmt_at
 from memrec.units import fmt_dur
 
-HOLDER_VIEWS = ("process", "phase", "largest", "category", "context", "untraced")
+HOLDER_VIEWS = ("process", "phase", "largest", "category", "context", "untraced", "tensors")
 
 
 #: What the header and the holders say where NVML's used memory is below the traced memory: NVML
@@ -88,7 +95,7 @@ def header_text(gpu: GpuInfo | None, gpu_id: int, cursor_rel: str, st: CursorSta
     t.append(" │ traced ", style="dim")
     t.append(fmt_bytes(owned) if owned is not None else "…", style="bold")
     if st is not None and wide:
-        for c in ("driver", "vmm", "host_pinned"):
+        for c in ("driver", "vmm", "array", "host_pinned"):
             if st.by_category.get(c):
                 t.append(f" {c[:6]} ", style="dim")
                 t.append(fmt_bytes(st.by_category[c]), style=None if no_color else LAYER_COLOURS[c])
@@ -151,13 +158,16 @@ def status_parts(f: StatusFacts, narrow: bool, glyphs: Glyphs = UNICODE_GLYPHS) 
         parts.append(f"{f.events:,} events")
     if f.progress:
         parts.append(f.progress)
-    if f.failure_here:  # the cursor is on a failed call (key o): what failed, its CUresult's name, and where
+    if f.landing is not None and f.landing.window is not None:  # the trace's answer, where it opened
+        headline = escape(f.landing.text.replace("CUDA_ERROR_", "") if narrow else f.landing.text)
+        parts.append(f"[b red]{glyphs.fail} {headline}[/]" if f.landing.failure else f"[b]{headline}[/]")
+    elif f.failure_here:  # the cursor is on a failure (key o): what failed (a call's CUresult's name), and where
         where = f" {f.landing.text}" if f.landing is not None and f.landing.failure else ""
         what = f.failure_here.replace("CUDA_ERROR_", "") if narrow else f.failure_here
         parts.append(f"[b red]{glyphs.fail} {what}{where}[/]")
     elif f.failures:
-        parts.append(f"[b red]{f.failures} failed call{'s' if f.failures > 1 else ''}[/]")
-    if f.landing is not None and not f.landing.failure:
+        parts.append(f"[b red]{f.failures} failure{'s' if f.failures > 1 else ''}[/]")
+    if f.landing is not None and not f.landing.failure and f.landing.window is None:
         parts.append(f"[b]{f.landing.text}[/]")
     if f.lost is not None:
         parts.append(f"[b yellow]lost {f.lost:,}[/]" if f.lost else "lost 0")
@@ -167,28 +177,59 @@ def status_parts(f: StatusFacts, narrow: bool, glyphs: Glyphs = UNICODE_GLYPHS) 
     return parts
 
 
+#: Below this many columns the status line takes its narrow form when the wide one does not fit.
+NARROW_STATUS = 100
+
+
 def fit_status(prefix: list[str], f: StatusFacts, width: int, glyphs: Glyphs = UNICODE_GLYPHS) -> str:
     """The status line in ``width`` cells: every piece if they fit, else the narrow pieces, else
     without the file name, the event count, the view's span and the warnings' count (`memrec report`
-    lists the warnings), in that order. What the cursor
-    landed on and what failed there are what the line is read for; cut at the edge, it would end
-    mid-phrase (``... in (no``)."""
+    lists the warnings), in that order. What the cursor landed on and what failed there are what
+    the line is read for; cut at the edge, it would end mid-phrase (``... in (no``). Where the view
+    opened on the answer, its cause follows its headline (the first part, then the details that
+    fit), before the pieces that make room for it."""
     sep = " │ "
 
     def fits(parts: list[str]) -> bool:
         return Text.from_markup(sep.join(parts)).cell_len <= width
 
+    cause = f.landing.cause if f.landing is not None and f.landing.window is not None else ()
+
+    def with_cause(parts: list[str]) -> list[str] | None:
+        """``parts`` with the cause after the headline, when its first part fits (else None)."""
+        if not cause:
+            return parts if fits(parts) else None
+        at = next((i + 1 for i, p in enumerate(parts) if escape(f.landing.text[:20]) in p), len(parts))
+        text = cause[0]
+        for part in cause[1:]:
+            if fits(parts[:at] + [escape(text + part)] + parts[at:]):
+                text += part
+        out = parts[:at] + [escape(text)] + parts[at:]
+        return out if fits(out) else None
+
     parts = prefix + status_parts(f, False, glyphs)
-    if fits(parts):
-        return sep.join(parts)
-    parts = prefix + status_parts(f, True, glyphs)
+    done = with_cause(parts)
+    if done is not None:
+        return sep.join(done)
+    parts = prefix + status_parts(f, width < NARROW_STATUS, glyphs)
     warned = f"[yellow]{f.warnings} warning{'s' if f.warnings > 1 else ''}[/]"
-    for piece in (f.title, f"{f.events:,} events", f"view {fmt_dur(f.span)}", warned):
-        if fits(parts):
-            break
+    for piece in (f.title, f"{f.events:,} events", f"view {fmt_dur(f.span)}", warned, None):
+        done = with_cause(parts)
+        if done is not None:
+            return sep.join(done)
         if piece in parts[len(prefix) :]:
             parts.remove(piece)
     return sep.join(parts)
+
+
+def settle_widths(table: DataTable) -> None:
+    """Fix each column's width to its widest cell now. Textual measures auto-width columns only
+    when idle, and a frame drawn before that caches the cells at the header's width: at 120x36
+    the times read ``7.72`` and the phases ``custo`` until the next update."""
+    for i, col in enumerate(table.ordered_columns):
+        widest = max((cell_len(str(row[i])) for row in (table.get_row_at(r) for r in range(table.row_count))), default=0)
+        col.width = max(col.label.cell_len, widest)
+        col.auto_width = False
 
 
 class GpuHeader(Static):
@@ -205,11 +246,16 @@ class HoldersTable(DataTable):
     def __init__(self, **kwargs) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
         self.view_name = HOLDER_VIEWS[0]
-        #: Under 100 columns (38 for this table): by process shows owned and ipc (driver and vmm
+        #: Under 100 columns (32 for this table): by process shows owned and ipc (driver and vmm
         #: are the "by category" view), the largest show size, phase and rank.
         self.narrow = False
 
     def show(self, st: CursorState | None, other: CursorState | None = None) -> None:
+        """The holders at the cursor (``other``: diff mode, the other run's beside them)."""
+        self._show(st, other)
+        settle_widths(self)
+
+    def _show(self, st: CursorState | None, other: CursorState | None = None) -> None:
         self.clear(columns=True)
         self.border_title = f"at cursor: by {self.view_name} [dim](h)[/]"
         if st is None:
@@ -217,14 +263,20 @@ class HoldersTable(DataTable):
             self.add_row("…")
             return
         v = self.view_name
-        if other is not None and v not in ("largest", "context", "untraced"):
+        if other is not None and v not in ("largest", "context", "untraced", "tensors"):
             self._show_diff(st, other)
             return
         if v == "process":
-            cats_shown = ("ipc_mapped",) if self.narrow else ("driver", "vmm", "ipc_mapped")
-            self.add_columns("rank/pid", "owned", *({"ipc_mapped": "ipc"}.get(c, c) for c in cats_shown))
+            # the categories (memrec.events' table) someone holds here, no column of zeros; one
+            # owned category alone is the "owned" column already
+            held = [c for c in CATEGORIES if any(cats.get(c, 0) for _, _, cats, _ in st.by_process)]
+            if len([c for c in held if c in OWNED]) < 2:
+                held = [c for c in held if c not in OWNED]
+            cats_shown = ["ipc_mapped"] if self.narrow else held  # narrow: owned and ipc, always
+            self.add_columns("rank" if self.narrow else "rank/pid", "owned", *({"ipc_mapped": "ipc"}.get(c, c) for c in cats_shown))
             for pid, label, cats, owned in st.by_process:
-                lab = label if label == str(pid) else f"{label} {pid}"
+                # narrow: the rank alone (TP0), so that its bytes fit in 32 columns
+                lab = label if label == str(pid) or self.narrow else f"{label} {pid}"
                 self.add_row(lab, fmt_bytes(owned), *(fmt_bytes(cats.get(c, 0)) for c in cats_shown))
         elif v == "phase":
             self.add_columns("phase", "bytes", "allocs")
@@ -243,10 +295,14 @@ class HoldersTable(DataTable):
                 self.add_row(label, api, fmt_dur(max(st.ts - ts, 0)) + " ago", fmt_bytes(cost) if cost is not None else "-",
                              "foreign: allocates nothing here" if foreign else "")
         elif v == "untraced":
-            self.add_columns("rank/pid", "context", "module code", "pools", "before", "unexplained")
+            self.add_columns("rank/pid", *(UNTRACED_HEADINGS[k].lower() for k in UNTRACED_SPLIT))
             for label, sp in st.untraced_split:
-                self.add_row(label, *(fmt_bytes(sp[k]) for k in ("context", "module_code", "pools", "before_recording",
-                                                                 "unexplained")))
+                self.add_row(label, *(fmt_bytes(sp.get(k, 0)) for k in UNTRACED_SPLIT))
+        elif v == "tensors":
+            self.add_columns("rank/pid", "allocated", "reserved", "resv-alloc", "largest free", "blocks")
+            for label, fr in st.tensors:
+                self.add_row(label, fmt_bytes(fr.allocated), fmt_bytes(fr.reserved), fmt_bytes(fr.free),
+                             fmt_bytes(fr.largest_free), f"{fr.blocks:,}")
         elif self.narrow:
             self.add_columns("size", "phase", "rank")
             for a in st.largest:
@@ -256,7 +312,8 @@ class HoldersTable(DataTable):
             for a in st.largest:
                 self.add_row(fmt_bytes(a.size), fmt_dur(a.age), a.phase or NO_PHASE, a.label, a.category, f"{a.address:#x}")
         if not self.row_count:
-            empty = st.untraced_note if v in ("context", "untraced") and st.untraced_note else "(nothing)"
+            empty = st.untraced_note if v in ("context", "untraced") and st.untraced_note else (
+                "(no tensor blocks: record with memrec daemon --tensors)" if v == "tensors" else "(nothing)")
             self.add_row(*([empty] + [""] * (len(self.columns) - 1)))
 
     def _show_diff(self, st: CursorState, other: CursorState) -> None:
@@ -285,11 +342,13 @@ class EventsTable(DataTable):
         self.seqs: list[int] = []
 
     def on_mount(self) -> None:
-        # Size before rank: at 80 columns a long rank label (a process title) must not push the
-        # size's unit out of view ("80.0" for 80.00 GiB).
-        self.add_columns("time", "kind", "size", "rank", "result", "phase", "address")
+        # Size and result before rank: at 80 columns a long rank label (a process title) must not
+        # push the size's unit ("80.0" for 80.00 GiB) or the result out of view.
+        self.add_columns("time", "kind", "size", "result", "rank", "phase", "address")
 
-    def show(self, ev: EventRows | None, origin: int, label, flt_text: str = "") -> None:
+    def show(self, ev: EventRows | None, origin: int, label, flt_text: str = "", resolution: int = 10_000_000) -> None:
+        """The events around the cursor; times with the decimals one column of the chart
+        (``resolution`` ns) needs."""
         self.clear()
         # The frame is the events pane's, around the filter box and this table (tui/app.tcss).
         frame = self.parent if isinstance(self.parent, Widget) else self
@@ -307,13 +366,14 @@ class EventsTable(DataTable):
             res_text = Text("ok" if res == 0 else cu_result_name(res).replace("CUDA_ERROR_", ""),
                             style="" if res == 0 else f"bold {FAIL_COLOUR}")
             self.add_row(
-                fmt_dur(int(r["ts"]) - origin),
+                fmt_at(int(r["ts"]) - origin, resolution),
                 kind,
                 fmt_bytes(size) if size else "",
-                label(int(r["pid"])),
                 res_text,
+                label(int(r["pid"])),
                 ev.phases[i] or "",
                 f"{int(r['ptr']):#x}" if r["ptr"] else "",
             )
+        settle_widths(self)
         if ev.center >= 0 and self.row_count:
             self.move_cursor(row=min(ev.center, self.row_count - 1), animate=False)

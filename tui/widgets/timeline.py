@@ -31,6 +31,7 @@ from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget
 
+from memrec.events import ARRAY
 from memrec.events import DRIVER
 from memrec.events import HOST_PINNED
 from memrec.events import IPC_MAPPED
@@ -38,13 +39,14 @@ from memrec.events import VMM
 from memrec.tui.views import PhaseSpan
 from memrec.tui.views import SeriesView
 from memrec.units import fmt_bytes
-from memrec.units import fmt_dur
+from memrec.units import fmt_at
 
 #: Layers bottom to top: (name, colour (a 256-colour palette entry), no-colour character). In 16
-#: colours: bright blue, bright green, magenta, bright black, cyan.
+#: colours: bright blue, bright green, yellow, magenta, bright black, cyan.
 LAYERS = (
     ("driver", "#5f87ff", "█"),
     ("vmm", "#5fd787", "▓"),
+    ("array", "#d7af00", "▚"),
     ("host_pinned", "#af00d7", "▒"),
     ("untraced", "#6c6c6c", "░"),
     ("ipc_mapped", "#00afaf", ":"),
@@ -92,9 +94,9 @@ def band_colour(name: str) -> str:
 
 
 def layer_values(view: SeriesView) -> np.ndarray:
-    """(5, width) bytes per drawn layer (see :data:`LAYERS`)."""
+    """(6, width) bytes per drawn layer (see :data:`LAYERS`)."""
     c = view.cats
-    return np.stack([c[DRIVER], c[VMM], c[HOST_PINNED], view.untraced, c[IPC_MAPPED]])
+    return np.stack([c[DRIVER], c[VMM], c[ARRAY], c[HOST_PINNED], view.untraced, c[IPC_MAPPED]])
 
 
 @dataclass
@@ -127,7 +129,7 @@ def render_timeline(view: SeriesView, opt: TimelineOptions) -> list[Strip]:
         cursor_col = min(int((opt.cursor_ts - view.t0) / span), w - 1)
     scale = max(int(opt.scale), 1)
     layers = layer_values(view).astype(np.float64) * (chart_h / scale)
-    tops = np.cumsum(layers, axis=0)  # (5, w) in rows
+    tops = np.cumsum(layers, axis=0)  # (6, w) in rows
     nvml = np.where(view.nvml_used >= 0, view.nvml_used * (chart_h / scale), -1.0)
     other = view.other_total * (chart_h / scale) if view.other_total is not None else None
     styles = [Style(color=c) for _, c, _ in LAYERS]
@@ -296,11 +298,11 @@ def _axis_row(view: SeriesView, origin: int, cursor_col: int | None) -> Strip:
     w = view.width
     span_ns = view.t1 - view.t0
     cells = [" "] * w
-    step = max(12, 1)
+    step = 12
     k = 0
     while k < w - 4:
         t = view.t0 + span_ns * k / w
-        text = "└" + (fmt_dur(t - origin) if t - origin else "0s")
+        text = "└" + (fmt_at(t - origin, span_ns * step / max(w, 1)) if t - origin else "0s")
         if k + len(text) <= w:
             for i, ch in enumerate(text):
                 cells[k + i] = ch

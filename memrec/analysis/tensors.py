@@ -1,0 +1,194 @@
+"""Tensor blocks inside the caching allocator's segments: allocated vs reserved, fragmentation,
+and the blocks alive at a failed call (``memrec report``'s ``tensors`` section).
+
+Why a replay of its own: blocks are not driver memory (the live state skips them), and what a
+user asks of them is about the allocator, not the GPU total: how much of what PyTorch reserved
+holds tensors, how it is cut up, and which tensors held it when a segment allocation failed
+(an out-of-memory in PyTorch). The replay reads the driver allocations and VMM mappings of the
+processes (the segments), PyTorch's ``pytorch:malloc``/``free`` probe events (the blocks), exits
+and failed calls, in trace order.
+
+Blocks, segments, reserved and allocated are :class:`memrec.state.tensors.TensorBlocks`'s;
+fragmentation adds reserved − allocated, the largest free stretch inside the segments (contiguous
+mappings joined; blocks taken at the allocator's 512-byte rounding) and the number of blocks.
+Snapshots are taken where a process leaves a phase, at its exit, at a failed call and at the
+end of the trace; peaks are exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from dataclasses import dataclass
+from dataclasses import field
+from typing import Any
+
+import numpy as np
+
+from memrec.analysis.text import seconds
+from memrec.engine.phases import Phases
+from memrec.events import Kind
+from memrec.state.tensors import T_ALLOC
+from memrec.state.tensors import T_FREE
+from memrec.state.tensors import TRACKED_KINDS
+from memrec.state.tensors import Block
+from memrec.state.tensors import Fragmentation
+from memrec.state.tensors import TensorBlocks
+from memrec.state.tensors import rows
+
+_SEGMENT_FAILS = (int(Kind.ALLOC), int(Kind.VMM_CREATE))
+#: How many of the largest blocks a failed call lists.
+BLOCKS_AT_FAILURE = 10
+
+
+@dataclass
+class TensorRow:
+    """One (process, GPU, phase): peaks, and the fragmentation where the process left the phase."""
+
+    pid: int
+    gpu: int
+    phase: str
+    allocs: int = 0
+    frees: int = 0
+    peak_allocated: int = 0
+    peak_reserved: int = 0
+    last: Fragmentation = field(default_factory=Fragmentation)
+
+
+@dataclass
+class BlockAtFailure:
+    """A live block when a segment allocation failed."""
+
+    ptr: int
+    size: int
+    age_s: float
+    segment: int | None  # the address of the segment holding it (None: not seen)
+    phase: str
+
+
+@dataclass
+class FailureBlocks:
+    """Who held the caching allocator's memory when a segment allocation failed."""
+
+    index: int
+    t_s: float
+    pid: int
+    gpu: int
+    size: int  # what the failed call asked for
+    state: Fragmentation
+    largest: list[BlockAtFailure]
+
+
+class _Replay(TensorBlocks):
+    """The tracker, with per-phase rows and the blocks alive at failed calls."""
+
+    def __init__(self, phases: Phases, start: int) -> None:
+        super().__init__()
+        self.phases = phases
+        self.start = start
+        self.rows: dict[tuple[int, int, str], TensorRow] = {}
+        self.by_id: dict[tuple[int, int, int], TensorRow] = {}  # (pid, gpu, phase id) -> its row
+        self.phase_of: dict[int, int] = {}  # pid -> the phase id of its last tensor event
+        self.failures: list[FailureBlocks] = []
+
+    # -- blocks
+    def row(self, pid: int, gpu: int, phase: int) -> TensorRow:
+        r = self.by_id.get((pid, gpu, phase))
+        if r is None:  # phase instances with one path share a row
+            key = (pid, gpu, self.phases.label(phase))
+            r = self.rows.get(key)
+            if r is None:
+                r = self.rows[key] = TensorRow(pid, gpu, key[2])
+            self.by_id[(pid, gpu, phase)] = r
+        return r
+
+    def enter(self, pid: int, phase: int) -> None:
+        """Snapshot the process's rows of the phase it leaves."""
+        before = self.phase_of.get(pid)
+        if before is not None and before != phase:
+            self.snapshot_pid(pid, before)
+        self.phase_of[pid] = phase
+
+    def alloc(self, pid: int, ptr: int, size: int, gpu: int, ts: int, phase: int = -1) -> None:
+        super().alloc(pid, ptr, size, gpu, ts, phase)
+        tot = self.totals[(pid, gpu)]
+        r = self.row(pid, gpu, phase)
+        r.allocs += 1
+        r.peak_allocated = max(r.peak_allocated, tot[0])
+        r.peak_reserved = max(r.peak_reserved, tot[1])
+
+    def free(self, pid: int, ptr: int, phase: int = -1) -> Block | None:
+        b = super().free(pid, ptr, phase)
+        if b is not None:
+            self.row(pid, b.gpu, phase).frees += 1
+        return b
+
+    def exit(self, pid: int) -> None:
+        phase = self.phase_of.pop(pid, None)
+        if phase is not None:
+            self.snapshot_pid(pid, phase)
+        super().exit(pid)
+
+    # -- snapshots
+    def snapshot_pid(self, pid: int, phase: int) -> None:
+        for p, g in [k for k in self.totals if k[0] == pid]:
+            key = (p, g, self.phases.label(phase))
+            if key in self.rows:
+                self.rows[key].last = self.fragmentation(p, g)
+
+    def failed(self, index: int, ts: int, pid: int, gpu: int, size: int) -> None:
+        gpus = [g for p, g in self.totals if p == pid and (gpu < 0 or g == gpu)]
+        for g in gpus:
+            mine = sorted(self.blocks_of(pid, g), key=lambda item: -item[1].size)[:BLOCKS_AT_FAILURE]
+            largest = [BlockAtFailure(ptr, b.size, seconds(ts - b.ts), b.segment, self.phases.label(b.phase))
+                       for ptr, b in mine]
+            self.failures.append(FailureBlocks(index, seconds(ts - self.start), pid, g, size,
+                                               self.fragmentation(pid, g), largest))
+
+
+def tensor_section(events: Any, phases: Phases, start: int, header: dict, trailer: dict | None = None,
+                   pid: int | None = None, gpu: int | None = None) -> dict | None:
+    """The report's ``tensors`` section, or None when the trace has no tensor events and no
+    PyTorch install was tried (``header["probes"]["torch"]``).
+
+    Args:
+        events: the trace's events (a Batch or columns; ``gpu`` filled by the replay).
+        phases: the trace's phases; start: the trace's first ts.
+        header, trailer: the trace's (which libc10_cuda.so files gave probes, which did not, why:
+            the trailer lists those found during the recording too, the header those at its start).
+        pid, gpu: the report's filter.
+    """
+    libraries = (trailer or {}).get("torch", (header.get("probes") or {}).get("torch"))
+    kinds = events["kind"]
+    tensor = (kinds == T_ALLOC) | (kinds == T_FREE)
+    if not tensor.any() and libraries is None:
+        return None
+    ok = events["result"] == 0
+    wanted = (ok & np.isin(kinds, TRACKED_KINDS)) | (~ok & np.isin(kinds, _SEGMENT_FAILS))
+    # Only processes with tensor events matter (their exits and segments included).
+    pids_with = np.unique(events["pid"][tensor])
+    idx = np.flatnonzero(wanted & np.isin(events["pid"], pids_with))
+    rp = _Replay(phases, start)
+    aligned = {"index": idx, "phase": phases.assign(events["pid"][idx], events["ts"][idx])}
+    names = ("index", "phase", "kind", "pid", "ptr", "size", "gpu", "ts", "result")
+    for i, ph, k, p, ptr, size, g, ts, result in rows(events, idx, names, aligned):
+        if result != 0:
+            rp.failed(i, ts, p, g, size)
+            continue
+        if k == T_ALLOC or k == T_FREE:
+            rp.enter(p, ph)
+        rp.apply_one(k, p, ptr, size, g, ts, ph)
+    for p, phase in list(rp.phase_of.items()):
+        rp.snapshot_pid(p, phase)
+
+    def keep(p: int, g: int) -> bool:
+        return (pid is None or p == pid) and (gpu is None or g == gpu)
+
+    return {
+        "libraries": libraries or [],
+        "events": int(tensor.sum()),
+        "unjoined_blocks": rp.unjoined,
+        "unknown_frees": rp.unknown_frees,
+        "rows": [asdict(r) for r in sorted(rp.rows.values(), key=lambda r: (r.gpu, r.pid, r.phase))
+                 if keep(r.pid, r.gpu)],
+        "failures": [asdict(f) for f in rp.failures if keep(f.pid, f.gpu)],
+    }

@@ -1,0 +1,113 @@
+"""Whole-trace commands cost O(events + processes), not O(processes × events) (issue 26).
+
+``memrec report`` built a full-length series for every (GPU, process) pair: 100,000 short
+processes over 1M events did not finish. :class:`memrec.engine.series.PidSteps` keeps each
+process's own change points instead. Here: it says exactly what the dense per-process series say
+(peak, its first row, final, low, the value at any row), and the report's work, counted as the
+rows of every dense series it computes, does not grow with the number of processes (a count, not
+a timing: it fails on a quadratic regression whatever the machine's load).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from memrec import commands
+from memrec.columns import empty_events
+from memrec.engine.replay import build_timeline
+from memrec.engine.series import GpuSeries
+from memrec.events import OWNED
+from memrec.events import Api
+from memrec.events import Kind
+from memrec.trace.writer import TraceWriter
+
+
+def events(n_alloc: int, processes: int, seed: int = 0, exits: bool = True) -> np.ndarray:
+    """Allocations on 3 GPUs by ``processes`` processes, each freed a few allocations later or
+    left held; some processes exit holding memory (one event, several changes)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    live: list[tuple[int, int]] = []
+    t = 1_000
+    ptr = 1 << 40
+    for a in range(n_alloc):
+        pid = 5_000 + int(rng.integers(processes))
+        ev = empty_events(1)
+        ev["ts"], ev["pid"], ev["tid"] = t, pid, pid
+        host = rng.random() < 0.1
+        ev["kind"] = int(Kind.HOST_ALLOC if host else Kind.ALLOC)
+        ev["api"] = int(Api.cuMemHostAlloc if host else Api.cuMemAlloc_v2)
+        ev["ptr"], ev["size"], ev["gpu"] = ptr, int(rng.integers(1, 1 << 20)), -1 if host else int(rng.integers(3))
+        rows.append(ev)
+        live.append((pid, ptr, host))
+        ptr += 1 << 21
+        t += 10
+        if live and rng.random() < 0.6:
+            pid, p, host = live.pop(int(rng.integers(len(live))))
+            ev = empty_events(1)
+            ev["ts"], ev["pid"], ev["tid"], ev["ptr"] = t, pid, pid, p
+            ev["kind"] = int(Kind.HOST_FREE if host else Kind.FREE)
+            ev["api"] = int(Api.cuMemFreeHost if host else Api.cuMemFree_v2)
+            rows.append(ev)
+            t += 10
+        if exits and rng.random() < 0.02:
+            pid = 5_000 + int(rng.integers(processes))
+            ev = empty_events(1)
+            ev["ts"], ev["pid"], ev["tid"], ev["kind"] = t, pid, pid, int(Kind.PROC_EXIT)
+            rows.append(ev)
+            live = [x for x in live if x[0] != pid]
+            t += 10
+    return np.concatenate(rows)
+
+
+@pytest.mark.parametrize(("seed", "processes"), [(0, 12), (1, 12), (2, 12), (3, 1), (4, 2)])
+def test_every_process_at_once_says_what_each_dense_series_says(seed: int, processes: int) -> None:
+    tl = build_timeline(events(600, processes, seed))
+    assert tl.gpus
+    for s in tl.gpus.values():
+        for cats in (OWNED, ("ipc_mapped",), ("driver",), None):
+            steps = s.per_pid(cats)
+            assert steps.pids.tolist() == s.pids()
+            rows = np.arange(-1, len(s.ts))
+            for i, p in enumerate(s.pids()):
+                dense = s.series(p, cats)
+                assert steps.peak[i] == dense.max() and steps.low[i] == dense.min()
+                assert steps.peak_row[i] == int(np.argmax(dense))
+                assert steps.final[i] == dense[-1] and steps.initial[i] == dense[0]
+                assert steps.at_rows(i, rows).tolist() == dense[np.maximum(rows, 0)].tolist()
+            for row in (0, len(s.ts) // 3, len(s.ts) - 1):
+                assert steps.at_row(row).tolist() == [int(s.series(p, cats)[row]) for p in s.pids()]
+
+
+def _report_work(path: Path, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Rows of every dense series ``memrec report`` (text and JSON) computes."""
+    work = [0]
+    dense = GpuSeries.series
+
+    def counted(self: GpuSeries, *args, **kwargs) -> np.ndarray:
+        work[0] += len(self.ts)
+        return dense(self, *args, **kwargs)
+
+    monkeypatch.setattr(GpuSeries, "series", counted)
+    for argv in (["report", str(path)], ["report", "--json", str(path)], ["report", "-a", str(path)]):
+        with contextlib.redirect_stdout(io.StringIO()):
+            assert commands.main(argv) == 0
+    monkeypatch.setattr(GpuSeries, "series", dense)
+    return work[0]
+
+
+def test_the_reports_work_does_not_grow_with_the_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    work = {}
+    for processes in (4, 400):
+        path = tmp_path / f"p{processes}.mrec"
+        with TraceWriter(path, {"host": "test"}) as w:
+            w.write_events(events(3_000, processes, seed=1, exits=False))
+        work[processes] = _report_work(path, monkeypatch)
+    assert work[4] > 0
+    # the same events: the per-GPU and per-category series only (a series per process made it 100 ×)
+    assert work[400] <= 1.5 * work[4], work

@@ -1,0 +1,90 @@
+"""The report's tensors section (memrec.analysis.tensors) on hand-made events: blocks joined to
+segments (a driver allocation, expandable segments' adjacent mappings), allocated vs reserved per
+phase, fragmentation, and the blocks alive at a failed segment allocation."""
+
+from __future__ import annotations
+
+from memrec.analysis.tensors import tensor_section
+from memrec.columns import empty_events
+from memrec.engine.phases import build_phases
+from memrec.events import Api
+from memrec.events import Kind
+from memrec.events import Marker
+
+MiB = 1 << 20
+PID = 42
+
+
+def events(*rows):
+    """(ts, kind, ptr, size[, result]) rows of pid PID on GPU 0."""
+    ev = empty_events(len(rows))
+    for i, row in enumerate(rows):
+        ts, kind, ptr, size, *rest = row
+        ev[i]["ts"], ev[i]["kind"], ev[i]["ptr"], ev[i]["size"] = ts, int(kind), ptr, size
+        ev[i]["pid"], ev[i]["gpu"], ev[i]["ordinal"] = PID, 0, 0
+        ev[i]["result"] = rest[0] if rest else 0
+        ev[i]["api"] = int(Api.torch_malloc if kind == Kind.TENSOR_ALLOC else Api.NONE)
+    return ev
+
+
+def marker(ts, name, phase):
+    return Marker(ts=ts, pid=PID, uid=0, tid=PID, name=name, phase=phase)
+
+
+SEG = 0x7F0000000000
+HEADER = {"probes": {"torch": [{"path": "/x/libc10_cuda.so", "attached": ["malloc", "free", "free"], "problem": ""}]}}
+
+
+def test_phases_peaks_and_fragmentation_where_the_process_left_them():
+    ev = events(
+        (10, Kind.ALLOC, SEG, 20 * MiB),  # a caching-allocator segment
+        (11, Kind.TENSOR_ALLOC, SEG, 4 * MiB),
+        (12, Kind.TENSOR_ALLOC, SEG + 4 * MiB, 4 * MiB),
+        (13, Kind.TENSOR_ALLOC, SEG + 8 * MiB, 1000),  # rounded to 1024 in the segment
+        (14, Kind.TENSOR_FREE, SEG + 4 * MiB, 0),
+        (30, Kind.TENSOR_ALLOC, SEG + 4 * MiB, 2 * MiB),  # in phase "step"
+        (31, Kind.TENSOR_FREE, SEG, 0),
+        (32, Kind.ALLOC, SEG + 64 * MiB, 2 * MiB),  # another driver allocation that never holds a block
+    )
+    phases = build_phases([marker(5, "load", "begin"), marker(20, "load", "end"), marker(25, "step", "begin"),
+                           marker(40, "step", "end")])
+    sec = tensor_section(ev, phases, 0, HEADER)
+    assert sec["events"] == 6 and sec["unjoined_blocks"] == 0 and sec["libraries"] == HEADER["probes"]["torch"]
+    load, step = sorted(sec["rows"], key=lambda r: r["phase"])
+    assert (load["phase"], load["allocs"], load["frees"]) == ("load", 3, 1)
+    assert load["peak_allocated"] == 8 * MiB + 1000 and load["peak_reserved"] == 20 * MiB
+    # Left "load" with the blocks at 0 (4 MiB) and 8 MiB (1000 B): the free stretch 4-8 MiB is the largest.
+    assert load["last"] == {"allocated": 4 * MiB + 1000, "reserved": 20 * MiB, "free": 16 * MiB - 1000,
+                            "largest_free": 20 * MiB - (8 * MiB + 1024), "blocks": 2, "segments": 1}
+    assert step["last"]["allocated"] == 2 * MiB + 1000 and step["last"]["reserved"] == 20 * MiB
+    assert step["last"]["largest_free"] == 20 * MiB - (8 * MiB + 1024)
+    assert step["last"]["blocks"] == 2
+
+
+def test_expandable_segments_and_the_blocks_alive_at_a_failed_call():
+    ev = events(
+        (10, Kind.VMM_MAP, SEG, 20 * MiB),  # expandable segments: granules mapped side by side
+        (11, Kind.VMM_MAP, SEG + 20 * MiB, 20 * MiB),
+        (12, Kind.TENSOR_ALLOC, SEG, 30 * MiB),  # spans both mappings
+        (13, Kind.TENSOR_ALLOC, SEG + 30 * MiB, 2 * MiB),
+        (14, Kind.TENSOR_ALLOC, 0x1000, 512),  # in a segment from before the recording
+        (20, Kind.VMM_CREATE, 0, 80 * MiB, 2),  # out of memory growing the segment
+        (30, Kind.PROC_EXIT, 0, 0),
+    )
+    sec = tensor_section(ev, build_phases([]), 0, HEADER)
+    assert sec["unjoined_blocks"] == 1
+    (f,) = sec["failures"]
+    assert f["size"] == 80 * MiB and f["pid"] == PID and f["gpu"] == 0
+    assert f["state"] == {"allocated": 32 * MiB + 512, "reserved": 40 * MiB, "free": 8 * MiB - 512,
+                          "largest_free": 8 * MiB, "blocks": 3, "segments": 1}
+    assert [(b["ptr"], b["size"], b["segment"]) for b in f["largest"]] == [
+        (SEG, 30 * MiB, SEG), (SEG + 30 * MiB, 2 * MiB, SEG + 20 * MiB), (0x1000, 512, None)]
+    (row,) = sec["rows"]
+    assert row["last"]["blocks"] == 3, "the snapshot at exit is taken before the exit drops the blocks"
+
+
+def test_no_section_without_tensor_events_or_probed_installs():
+    ev = events((10, Kind.ALLOC, SEG, MiB))
+    assert tensor_section(ev, build_phases([]), 0, {"probes": {}}) is None
+    without = {"probes": {"torch": [{"path": "/y/libc10_cuda.so", "attached": [], "problem": "no probes"}]}}
+    assert tensor_section(ev, build_phases([]), 0, without)["libraries"][0]["problem"] == "no probes"
