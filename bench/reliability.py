@@ -4,6 +4,9 @@
     sudo .venv/bin/python bench/reliability.py overload --runs 7
     sudo .venv/bin/python bench/reliability.py soak --seconds 120
     sudo .venv/bin/python bench/reliability.py hostile          # issue 23: all four attacks
+    .venv/bin/python bench/reliability.py readers --mutations 60
+    .venv/bin/python bench/reliability.py fuzz --files 100000 --frames 1000000
+    .venv/bin/python bench/reliability.py edges
 
 - ``kill``: a daemon records a workload that allocates without pause; it is SIGKILLed at a random
   moment; the trace it leaves must read back (``load_trace`` and ``memrec report``). Prints how
@@ -21,7 +24,20 @@
   metrics on: the daemon's CPU while they come and after), ``diskfull`` (a nearly full file system,
   a marker flood and 30,000 allocations: how many reach the file). One JSON line each.
 
-Everything runs a real ``memrec daemon`` (BPF uprobes on the stub libcuda) in a subprocess.
+- ``readers`` (issue 23): the peak RSS of every reader (report, report --json, dump, the TUI's
+  loading path, ``memrec.load``'s tables), each file in a fresh interpreter, over the crafted
+  compression bombs of ``tests/fuzz/bombs.py`` and ``--mutations`` byte-mutations of them and of
+  the golden traces, every file at most 64 KiB; prints the largest.
+- ``fuzz`` (issue 23): ``--files`` byte-mutated traces (golden traces and bombs as seeds) each read
+  by ``load_trace``, the report (text and JSON) and ``dump``, every ``--full-every``-th also by the
+  whole ``tests/fuzz/harness.py`` check (the commands and the TUI's loading path); then
+  ``--frames`` fuzzed frames written to a daemon's socket (real daemon, stand-in probes), which
+  must keep serving. Counts tracebacks (must be 0).
+- ``edges`` (issue 23): every trace of ``tests/fuzz/edges.py`` (each column and field at each
+  integer edge) through every reader (``tests.fuzz.harness.every_reader``).
+
+``kill``, ``overload`` and ``soak`` run a real ``memrec daemon`` (BPF uprobes on the stub libcuda)
+in a subprocess.
 """
 
 from __future__ import annotations
@@ -40,10 +56,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from memrec import protocol
-from memrec.events import Kind
-from memrec.state import LiveState
-from memrec.trace.reader import load_trace
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.fuzz (the crafted files, the checks)
+
+from memrec import protocol  # noqa: E402
+from memrec.events import Kind  # noqa: E402
+from memrec.state import LiveState  # noqa: E402
+from memrec.trace.reader import load_trace  # noqa: E402
 
 #: A workload: allocates (size = 4096 + i, i = 0, 1, 2...) and frees at a given rate, forever or
 #: ``count`` times; prints its pid, then "done <n> <t_ns>" when finished.
@@ -419,6 +437,281 @@ def cmd_hostile(args, lib: Path) -> None:
                "diskfull": hostile_diskfull}
     for name in args.only or list(figures):
         print(json.dumps(figures[name](lib)), flush=True)
+READER_SCRIPT = r"""
+import contextlib, io, logging, resource, sys, warnings
+sys.path.insert(0, sys.argv[2])
+logging.disable(logging.CRITICAL)
+warnings.simplefilter("ignore")
+path = sys.argv[1]
+import memrec, memrec.tui.sources, memrec.analysis.report
+from memrec._errors import TraceFormatError
+from tests.fuzz.harness import run_commands, load_in_tui
+if sys.argv[3] == "work":
+    run_commands(path)
+    load_in_tui(path)
+    try:
+        r = memrec.load(path, pandas=False)
+        r.events_array(); r.by_phase_array()
+    except TraceFormatError:
+        pass
+# VmHWM, not ru_maxrss: that one keeps the parent's high-water mark across fork and exec
+print(next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:")))
+"""
+
+
+def _seeds() -> dict[str, bytes]:
+    """Files the reader checks start from: the golden traces and the crafted bombs."""
+    from tests.fuzz import bombs
+
+    root = Path(__file__).resolve().parents[1]
+    seeds = {f"golden_v{v}": (root / "tests" / "data" / f"golden_v{v}.mrec").read_bytes() for v in ("1", "2", "2_1")}
+    seeds.update({
+        "keyframe-zeros-4x256MiB": bombs.keyframe_bomb(4, 256 << 20),
+        "keyframe-empty-lists-2x64Mi": bombs.keyframe_bomb(2, 64 << 20, empty_lists=True),
+        "keyframe-zeros-1GiB": bombs.keyframe_bomb(1, (1 << 30) - 64),  # (the format's per-state limit)
+        "rows-16.7M": bombs.rows_bomb(256),
+        "rows-64KiB": bombs.rows_bomb(1900),
+    })
+    return seeds
+
+
+def cmd_readers(args, lib: Path | None) -> None:
+    import random as _random
+
+    from tests.fuzz.harness import mutate
+
+    root = str(Path(__file__).resolve().parents[1])
+    workdir = Path(tempfile.mkdtemp(prefix="mrr"))
+    seeds = _seeds()
+    rng = _random.Random(args.seed)
+    files = list(seeds.items())
+    names = list(seeds)
+    for i in range(args.mutations):
+        name = rng.choice(names)
+        files.append((f"{name}~{i}", mutate(seeds[name], rng, rng.randint(1, 8))))
+
+    def peak(path: Path, what: str) -> int:
+        out = subprocess.run([sys.executable, "-c", READER_SCRIPT, str(path), root, what], capture_output=True,
+                             text=True, timeout=600)
+        if out.returncode != 0:
+            raise SystemExit(f"{path}: a reader failed:\n{out.stderr[-3000:]}")
+        return int(out.stdout.split()[-1]) * 1024
+
+    path = workdir / "f.mrec"
+    path.write_bytes(b"")
+    baseline = peak(workdir / "f.mrec", "idle")
+    worst = (0, "")
+    for name, data in files:
+        if len(data) > 64 << 10:
+            continue
+        path.write_bytes(data)
+        rss = peak(path, "work")
+        if name in seeds or rss > worst[0]:
+            print(f"{name}: {len(data):,} bytes, peak {rss / 2**20:.0f} MiB", flush=True)
+        worst = max(worst, (rss, name))
+    shutil.rmtree(workdir, ignore_errors=True)
+    print(json.dumps({"files": len(files), "baseline_mib": round(baseline / 2**20), "largest_peak_mib":
+                      round(worst[0] / 2**20), "largest_file": worst[1]}))
+
+
+def _core_check(path: str) -> None:
+    """The cheaper check of every file: load, the report in text and JSON, and dump's walk."""
+    from memrec._errors import TraceFormatError
+    from memrec.analysis.report import build_report
+    from memrec.analysis.report_text import render_text
+    from memrec.export.jsonl import dump_trace
+    from memrec.trace.reader import TraceReader
+
+    try:
+        trace = load_trace(path)
+    except TraceFormatError:
+        return
+    if not trace.header:
+        return
+    report = build_report(trace)
+    render_text(report)
+    json.dumps(report)
+    with TraceReader(path) as reader, open(os.devnull, "w") as null:
+        dump_trace(reader, null)
+
+
+def _fuzzed_frames(rng: random.Random, count: int):
+    """``count`` frames for the marker socket: 97 % honest marks, the rest marks with fuzzed values,
+    byte-mutated ones and random bytes (a bad frame makes the daemon close that connection, and
+    what was sent after it on that connection is never read)."""
+    import msgpack
+
+    from tests.fuzz.harness import mutate
+
+    edges = [0, -1, 1, 2**31, 2**32, 2**63 - 1, 2**63, 2**64 - 1, -(2**63), 1.5, None, "x", b"\x00", [], {}]
+    names = ["load", "", "x" * 300, "\x1b]0;pwned\x07", "\u202e", "step"]
+    for _ in range(count):
+        roll = rng.random()
+        if roll >= 0.03:  # most are honest marks: a bad frame closes its connection, these keep it open
+            yield protocol.encode_frame(protocol.make_mark("step", "instant", time.monotonic_ns(), 1)), True
+            continue
+        mark = {"type": "mark", "name": rng.choice(names), "phase": rng.choice(["begin", "end", "instant", "x"]),
+                "ts": time.monotonic_ns(), "tid": 1}
+        for _ in range(rng.randint(0, 3)):
+            mark[rng.choice(["ts", "tid", "gpu", "pid", "values", "name", "type", "extra"])] = rng.choice(edges)
+        if rng.random() < 0.2:
+            mark["values"] = {rng.choice(names): rng.choice(edges) for _ in range(rng.randint(0, 4))}
+        data = protocol.frame(msgpack.packb(mark, use_bin_type=True))
+        if roll < 0.01:
+            data = mutate(data, rng, rng.randint(1, 3))
+        elif roll < 0.012:
+            data = rng.randbytes(rng.randint(1, 40))
+        yield data, False
+
+
+def _frames_against_a_daemon(count: int, seed: int) -> dict:
+    import contextlib
+    import socket as _socket
+    import threading
+
+    from memrec.client import MarkerClient
+    from tests.unit.test_daemon_unit import make_daemon
+    from tests.unit.test_daemon_unit import pump
+
+    import logging
+
+    class Internal(logging.Handler):  # a traceback the daemon caught while serving a client
+        count = 0
+
+        def emit(self, record: logging.LogRecord) -> None:
+            if "internal error" in record.getMessage() or record.exc_info:
+                Internal.count += 1
+
+    logging.disable(logging.NOTSET)
+    logging.getLogger().addHandler(Internal())
+    workdir = Path(tempfile.mkdtemp(prefix="mrf", dir="/tmp"))
+    daemon = make_daemon(workdir)
+    daemon.start()
+    sent = [0, 0]  # frames written, connections
+    done = threading.Event()
+
+    def client() -> None:
+        rng = random.Random(seed)
+        frames = _fuzzed_frames(rng, count)
+        s = None
+        for data, honest in frames:
+            if s is None:
+                s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+                s.settimeout(10)
+                s.connect(str(daemon.config.socket_path))
+                s.setsockopt(_socket.SOL_SOCKET, _socket.SO_RCVBUF, 1 << 16)
+                sent[1] += 1
+            try:
+                s.sendall(data)
+                sent[0] += 1
+            except OSError:  # the daemon closed it after a bad frame: a new connection
+                s.close()
+                s = None
+            if s is not None and not honest:  # a fuzzed frame ends its connection (what follows a bad one is lost)
+                s.shutdown(_socket.SHUT_WR)
+                with contextlib.suppress(OSError):
+                    while s.recv(1 << 16):
+                        pass
+                s.close()
+                s = None
+            if s is not None and sent[0] % 64 == 0:  # drain the daemon's replies (errors) now and then
+                s.setblocking(False)
+                try:
+                    while s.recv(1 << 16):
+                        pass
+                except (BlockingIOError, OSError):
+                    pass
+                s.settimeout(10)
+        if s is not None:
+            s.close()
+        done.set()
+
+    t = threading.Thread(target=client, daemon=True)
+    start = time.monotonic()
+    t.start()
+    while not done.is_set():
+        pump(daemon, 0.05)
+    pump(daemon, 0.2)
+    before = daemon.markers_recorded
+    assert MarkerClient(daemon.config.socket_path).mark("alive")
+    deadline = time.monotonic() + 10
+    while daemon.markers_recorded == before and time.monotonic() < deadline:
+        pump(daemon, 0.01)
+    serving = daemon.mood.value == "running" and daemon.markers_recorded > before
+    markers = daemon.markers_recorded
+    server = daemon.markers
+    decoded = server.markers + server.pings + server.errors
+    daemon.stop()
+    trace = load_trace(daemon.files[0])
+    shutil.rmtree(workdir, ignore_errors=True)
+    return {"frames_written": sent[0], "frames_decoded_by_the_daemon": decoded, "bad_frames": server.errors,
+            "internal_errors": Internal.count, "connections": sent[1], "seconds": round(time.monotonic() - start),
+            "markers_recorded": markers, "still_serving": serving, "trace_markers": len(trace.markers)}
+
+
+def cmd_fuzz(args, lib: Path | None) -> None:
+    import logging
+    import traceback
+
+    from tests.fuzz.harness import check_trace_bytes
+    from tests.fuzz.harness import mutate
+
+    logging.disable(logging.CRITICAL)
+    rng = random.Random(args.seed)
+    seeds = {k: v for k, v in _seeds().items() if len(v) <= 64 << 10}
+    goldens = [name for name in seeds if name.startswith("golden")]
+    bombs = [name for name in seeds if name not in goldens]
+    workdir = tempfile.mkdtemp(prefix="mrz")
+    path = os.path.join(workdir, "f.mrec")
+    tracebacks = full = 0
+    start = time.monotonic()
+    for i in range(args.files):
+        name = rng.choice(bombs if rng.random() < args.bomb_share else goldens)
+        data = mutate(seeds[name], rng, rng.randint(1, 8))
+        try:
+            with open(path, "wb") as f:
+                f.write(data)
+            _core_check(path)
+            if args.full_every and i % args.full_every == 0:
+                check_trace_bytes(data, workdir)
+                full += 1
+        except Exception:  # noqa: BLE001 - counting is the point
+            tracebacks += 1
+            keep = os.path.join(workdir, f"crash-{i}.mrec")
+            shutil.copy(path, keep)
+            print(f"file {i} (from {name}): {traceback.format_exc(limit=3)}\nkept as {keep}", flush=True)
+        if (i + 1) % 2000 == 0:
+            print(f"{i + 1} files, {tracebacks} tracebacks, {time.monotonic() - start:.0f} s", flush=True)
+    files_s = time.monotonic() - start
+    frames = _frames_against_a_daemon(args.frames, args.seed) if args.frames else {}
+    print(json.dumps({"files": args.files, "full_checks": full, "tracebacks": tracebacks,
+                      "files_seconds": round(files_s), "frames": frames}))
+
+
+def cmd_edges(args, lib: Path | None) -> None:
+    import collections
+    import logging
+    import traceback
+
+    from tests.fuzz import edges
+    from tests.fuzz.harness import every_reader
+
+    logging.disable(logging.CRITICAL)
+    workdir = tempfile.mkdtemp(prefix="mre")
+    path = os.path.join(workdir, "e.mrec")
+    codes: collections.Counter = collections.Counter()
+    failures = []
+    traces = [*edges.column_edges(), *edges.record_edges()]
+    for name, data in traces:
+        with open(path, "wb") as f:
+            f.write(data)
+        try:
+            codes.update(every_reader(path, workdir).values())
+        except Exception:  # noqa: BLE001
+            failures.append(name)
+            print(f"{name}: {traceback.format_exc(limit=3)}", flush=True)
+    shutil.rmtree(workdir, ignore_errors=True)
+    print(json.dumps({"traces": len(traces), "exit_codes": dict(codes), "failures": failures}))
 
 
 def main() -> None:
@@ -437,12 +730,26 @@ def main() -> None:
     s.add_argument("--markers", type=float, default=50)
     h = sub.add_parser("hostile")
     h.add_argument("--only", action="append", choices=("connects", "rotation", "phases", "diskfull"))
+    # issue 23's readers, fuzzing and edges: (option, default, help)
+    for name, options in (
+        ("readers", (("--mutations", 60, None), ("--seed", 23, None))),
+        ("fuzz", (("--files", 100_000, None), ("--frames", 1_000_000, None), ("--seed", 23, None),
+                  ("--full-every", 100, "the whole harness check on every N-th file"),
+                  ("--bomb-share", 0.01, "the share of files mutated from a bomb (each reads up to its budget: slow)"))),
+        ("edges", ()),
+    ):
+        p = sub.add_parser(name)
+        for option, default, text in options:
+            p.add_argument(option, type=type(default), default=default, help=text)
     args = parser.parse_args()
-    from memrec.stubdriver.build import build_stub
+    commands = {"kill": cmd_kill, "overload": cmd_overload, "soak": cmd_soak, "hostile": cmd_hostile,
+                "readers": cmd_readers, "fuzz": cmd_fuzz, "edges": cmd_edges}
+    lib = None
+    if args.what in ("kill", "overload", "soak", "hostile"):
+        from memrec.stubdriver.build import build_stub
 
-    lib = build_stub()
-    {"kill": cmd_kill, "overload": cmd_overload, "soak": cmd_soak, "hostile": cmd_hostile}[args.what](args, lib)
-
+        lib = build_stub()
+    commands[args.what](args, lib)
 
 if __name__ == "__main__":
     main()

@@ -2,11 +2,21 @@
 
 ``open(path, "w")`` follows a symbolic link at ``path`` and truncates whatever it points to: a
 user who plants ``/tmp/x/out.mrec -> /etc/shadow`` makes a root recorder overwrite it. Every file
-memrec writes is created by :func:`create_new`: ``O_CREAT | O_EXCL | O_NOFOLLOW``, so the kernel
-refuses to follow a link or to reuse an existing file, atomically. Replacing an existing trace is a
-separate, explicit step: the old *regular* file is unlinked (a link is never followed, and an
-existing link or non-file is refused), then the new one is created exclusively; if somebody
-slips a file or link in between, creation fails instead of writing through it.
+memrec writes (traces, exports, pictures, merges) is created by :func:`create_new` (or
+:func:`create_file`, its file object): ``O_CREAT | O_EXCL | O_NOFOLLOW``, so the kernel refuses to
+follow a link or to reuse an existing file, atomically. Replacing an existing file is a separate,
+explicit step: the old *regular* file is unlinked (a link is never followed, and an existing link
+or non-file is refused), then the new one is created exclusively; if somebody slips a file or link
+in between, creation fails instead of writing through it.
+
+The folder is guarded too: a link planted *as the folder* (``-o /tmp/x/out/`` with ``out ->
+/etc/cron.d``) would otherwise make root create a new file wherever the link points. The folder is
+opened one component at a time (:func:`open_folder`), each relative to the one before and with
+``O_NOFOLLOW``, and a symbolic link met on the way is followed only when it belongs to the caller
+(its euid) or to root: the rule of the kernel's ``fs.protected_symlinks``, applied everywhere
+rather than only in sticky folders. The file is then created relative to that folder's descriptor,
+so swapping a component for a link after the check changes nothing. A test scans every module
+for another way of writing a file (``tests/unit/test_outputs_guarded.py``).
 """
 
 from __future__ import annotations
@@ -14,11 +24,63 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from typing import IO
 
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: Links followed while opening one folder, as the kernel's own limit (ELOOP past it).
+_MAX_LINKS = 40
 
 
-def refuse_unsafe(path: str | os.PathLike[str]) -> os.stat_result | None:
+def _trusted_link_owner(uid: int) -> bool:
+    """Whether a symbolic link owned by ``uid`` may steer where this process writes."""
+    return uid in (0, os.geteuid())
+
+
+def open_folder(path: str | os.PathLike[str]) -> int:
+    """A descriptor (``O_DIRECTORY``) of the folder ``path``, reached without following a link
+    that another user owns (see the module docstring). The caller closes it.
+
+    Raises:
+        OSError: a component is missing (ENOENT), not a folder (ENOTDIR), a link owned by another
+            user (ELOOP, with a one-line ``strerror`` that says so), or cannot be searched.
+    """
+    text = os.fspath(path) or "."
+    pending = [part for part in text.split("/") if part not in ("", ".")]
+    fd = os.open("/" if text.startswith("/") else ".", _DIR_FLAGS)
+    links = 0
+    try:
+        while pending:
+            name = pending.pop(0)
+            try:
+                nxt = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except OSError as error:
+                if error.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise OSError(error.errno, error.strerror, text) from None
+                st = os.lstat(name, dir_fd=fd)
+                if not stat.S_ISLNK(st.st_mode):
+                    raise OSError(errno.ENOTDIR, "a component of the path is not a folder", text) from None
+                if not _trusted_link_owner(st.st_uid):
+                    raise OSError(errno.ELOOP, f"{name!r} is a symbolic link owned by uid {st.st_uid}, another user; "
+                                  "memrec does not write through it", text) from None
+                links += 1
+                if links > _MAX_LINKS:
+                    raise OSError(errno.ELOOP, "too many levels of symbolic links", text) from None
+                target = os.readlink(name, dir_fd=fd)
+                pending[:0] = [part for part in target.split("/") if part not in ("", ".")]
+                if target.startswith("/"):
+                    nxt = os.open("/", _DIR_FLAGS)
+                else:
+                    continue
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def refuse_unsafe(path: str | os.PathLike[str], dir_fd: int | None = None) -> os.stat_result | None:
     """The ``lstat`` of an existing ``path`` that may be replaced, None when nothing is there.
 
     Raises:
@@ -26,7 +88,7 @@ def refuse_unsafe(path: str | os.PathLike[str]) -> os.stat_result | None:
             one-line ``strerror`` that says so.
     """
     try:
-        st = os.lstat(path)
+        st = os.lstat(path, dir_fd=dir_fd)
     except FileNotFoundError:
         return None
     if stat.S_ISLNK(st.st_mode):
@@ -37,7 +99,8 @@ def refuse_unsafe(path: str | os.PathLike[str]) -> os.stat_result | None:
 
 
 def create_new(path: str | os.PathLike[str], mode: int = 0o666, *, replace: bool = False) -> tuple[int, bool]:
-    """Create ``path`` for writing and return ``(fd, replaced)``; never follows a symbolic link.
+    """Create ``path`` for writing and return ``(fd, replaced)``; never follows a symbolic link
+    at ``path``, nor one on the way to it that another user owns.
 
     Args:
         path: the file to create.
@@ -49,29 +112,104 @@ def create_new(path: str | os.PathLike[str], mode: int = 0o666, *, replace: bool
         FileExistsError: ``path`` exists and ``replace`` is false, or it reappeared while being
             replaced.
         OSError: ``path`` is a symbolic link or not a regular file (see :func:`refuse_unsafe`),
-            or the file cannot be created (ENOENT for a missing folder, EACCES...).
+            its folder cannot be reached safely (see :func:`open_folder`), or the file cannot be
+            created (ENOENT for a missing folder, EACCES...).
     """
+    text = os.fspath(path)
+    folder, name = os.path.split(text)
+    if not name:
+        raise OSError(errno.EISDIR, "is a folder; give a file name", text)
+    dir_fd = open_folder(folder)
     try:
-        return os.open(path, _FLAGS, mode), False
+        return _create_in(dir_fd, name, text, mode, replace)
+    finally:
+        os.close(dir_fd)
+
+
+def _create_in(dir_fd: int, name: str, text: str, mode: int, replace: bool) -> tuple[int, bool]:
+    try:
+        return os.open(name, _FLAGS, mode, dir_fd=dir_fd), False
     except FileExistsError:
         if not replace:
-            raise
+            raise FileExistsError(errno.EEXIST, "File exists", text) from None
     except OSError as error:
         if error.errno == errno.ELOOP:  # O_NOFOLLOW met a link (only when O_EXCL did not say EEXIST)
-            refuse_unsafe(path)
-        raise
-    refuse_unsafe(path)
+            refuse_unsafe(name, dir_fd)
+        raise OSError(error.errno, error.strerror, text) from None
     try:
-        os.unlink(path)
+        refuse_unsafe(name, dir_fd)
+    except OSError as error:
+        raise OSError(error.errno, error.strerror, text) from None
+    try:
+        os.unlink(name, dir_fd=dir_fd)
     except FileNotFoundError:
         pass
-    return os.open(path, _FLAGS, mode), True
+    try:
+        return os.open(name, _FLAGS, mode, dir_fd=dir_fd), True
+    except OSError as error:
+        raise OSError(error.errno, error.strerror, text) from None
 
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+def create_file(path: str | os.PathLike[str], *, text: bool = False, replace: bool = False) -> IO:
+    """:func:`create_new` as an open file object (binary, or text with ``newline=""`` for csv):
+    what an exporter, ``pickle.dump``, pyarrow or matplotlib's ``savefig`` writes into."""
+    fd, _ = create_new(path, replace=replace)
+    try:
+        return os.fdopen(fd, "w", encoding="utf-8", newline="") if text else os.fdopen(fd, "wb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
-def open_folder(path: str | os.PathLike[str], *names: str, mode: int = 0o755) -> int:
+def make_folder(path: str | os.PathLike[str]) -> None:
+    """Create the folder ``path`` if it is not there (its parent must be), reached as
+    :func:`open_folder` reaches folders; an existing folder is checked the same way.
+
+    Raises:
+        OSError: as :func:`open_folder`, or ``path`` exists and is not a folder.
+    """
+    text = os.fspath(path)
+    parent, name = os.path.split(text.rstrip("/") or "/")
+    dir_fd = open_folder(parent)
+    try:
+        if name:
+            try:
+                os.mkdir(name, 0o777, dir_fd=dir_fd)
+            except FileExistsError:
+                pass
+    finally:
+        os.close(dir_fd)
+    os.close(open_folder(text))
+
+
+def remove_old(path: str | os.PathLike[str]) -> bool:
+    """Remove the regular file at ``path`` that a ``--force`` output replaces; False when none is
+    there. The writer then creates the new one exclusively (:func:`create_file`), so a link
+    planted in between makes the write fail instead of going through it.
+
+    Raises:
+        OSError: ``path`` is a link or not a regular file (:func:`refuse_unsafe`), or its folder
+            cannot be reached safely (:func:`open_folder`).
+    """
+    text = os.fspath(path)
+    folder, name = os.path.split(text)
+    dir_fd = open_folder(folder)
+    try:
+        try:
+            if refuse_unsafe(name, dir_fd) is None:
+                return False
+        except OSError as error:
+            raise OSError(error.errno, error.strerror, text) from None
+        try:
+            os.unlink(name, dir_fd=dir_fd)
+        except FileNotFoundError:
+            return False
+        return True
+    finally:
+        os.close(dir_fd)
+
+
+def make_folders(path: str | os.PathLike[str], *names: str, mode: int = 0o755) -> int:
     """A descriptor of ``path``/``names[0]``/``names[1]``/..., creating the missing folders; never
     through a symbolic link at ``path`` itself or at any of ``names``.
 

@@ -129,7 +129,8 @@ def render_text(report: dict, width: int = 80, show_all: bool = False) -> str:
     if report["failures_unknown_gpu"]:
         out.append("")
         out.append("failed calls on an unknown GPU")
-        out.extend(_failure_table(report["failures_unknown_gpu"]))
+        failures, more = _capped(report["failures_unknown_gpu"], "failed calls", show_all)
+        out.extend(_failure_table(failures) + more)
 
     if report["processes"]:
         out.append("")
@@ -139,7 +140,8 @@ def render_text(report: dict, width: int = 80, show_all: bool = False) -> str:
              _t_exit(p, tr), p["short"]]
             for p in report["processes"]
         ]
-        out.extend(table(["PID", "RANK", "GPUS", "EXIT", "COMMAND"], rows, right={0}, width=width, wrap=True))
+        rows, more = _capped(rows, "processes", show_all)
+        out.extend(table(["PID", "RANK", "GPUS", "EXIT", "COMMAND"], rows, right={0}, width=width, wrap=True) + more)
 
     if report["phases"] or report["instants"]:
         out.append("")
@@ -157,9 +159,9 @@ def render_text(report: dict, width: int = 80, show_all: bool = False) -> str:
                 ((i["pid"], i["ts"], 1, n),
                  [str(i["pid"]), f"* {i['name']}", _t(i["t_s"]), "", "", _values(i["values"])])
             )
-        rows = [row for _, row in sorted(keyed, key=lambda kr: kr[0])]
+        rows, more = _capped([row for _, row in sorted(keyed, key=lambda kr: kr[0])], "phases and instants", show_all)
         out.extend(table(["PID", "PHASE", "START", "END", "DURATION", "VALUES"], rows, right={0, 2, 3, 4},
-                         width=width, drop=(4, 3), wrap=True))
+                         width=width, drop=(4, 3), wrap=True) + more)
     return "\n".join(fit_lines(out, width)) + "\n"
 
 
@@ -209,7 +211,8 @@ def _render_gpu(sec: dict, procs: dict, width: int, show_all: bool) -> list[str]
         ]
         out.extend(table(["CATEGORY", "PEAK", "AT", "FINAL", ""], rows, right={1, 2, 3}))
 
-    shown = [p for p in sec["processes"] if show_all or _process_row_matters(p)]
+    shown, more_processes = _capped([p for p in sec["processes"] if show_all or _process_row_matters(p)], "processes",
+                                    show_all)
     if shown:
         out.append("")
         rows = []
@@ -228,6 +231,7 @@ def _render_gpu(sec: dict, procs: dict, width: int, show_all: bool) -> list[str]
                 ["PID", "RANK", "PEAK", "AT", "FINAL", "MAPPED", "AT EXIT", "NVML USED", "COMMAND"],
                 rows, right={0, 2, 3, 4, 5, 6, 7}, width=width, drop=(4, 7), wrap=True,
             )
+            + more_processes
         )
 
     if sec.get("reconciliation"):
@@ -240,6 +244,7 @@ def _render_gpu(sec: dict, procs: dict, width: int, show_all: bool) -> list[str]
         out.append("  by phase (net bytes per category during each phase of the process that made them; owned totals)")
         if not show_all and any(r["exit_freed"] or r["exit_by_category"] for r in sec["phases"]):
             out.append("  (frees at process exit are under \"held at exit\"; --all counts them here too)")
+        phase_rows, more = _capped(phase_rows, "phases", show_all)
         cats = [c for c in CATEGORIES if any(c in r["by_category"] for r in phase_rows)]
         rows = []
         for r in phase_rows:
@@ -253,6 +258,7 @@ def _render_gpu(sec: dict, procs: dict, width: int, show_all: bool) -> list[str]
                 ["PID", "PHASE", "START", "END"] + [c.upper() for c in cats] + ["ALLOCATED", "FREED", "NET OWNED"],
                 rows, right=set(range(2, 7 + len(cats))) | {0}, width=width, drop=(3, 2),
             )
+            + more
         )
 
     if sec["held_at_exit"]:
@@ -263,15 +269,17 @@ def _render_gpu(sec: dict, procs: dict, width: int, show_all: bool) -> list[str]
              str(r["count"]), "; ".join(_holding_text(h) for h in r["largest"])]
             for r in sec["held_at_exit"]
         ]
+        rows, more = _capped(rows, "processes", show_all)
         out.extend(table(["PID", "EXIT AT", "OWNED", "MAPPED", "PIECES", "LARGEST"], rows, right={0, 1, 2, 3, 4},
-                         width=width, wrap=True))
+                         width=width, wrap=True) + more)
 
     if sec["failures"]:
         out.append("")
         out.append(f"  failed calls ({len(sec['failures'])}), each with who held what on GPU {g} at that instant")
-        failure_lines = _failure_table(sec["failures"])
+        failures, more = _capped(sec["failures"], "failed calls", show_all)
+        failure_lines = _failure_table(failures)
         out.append(failure_lines[0])
-        for f, row in zip(sec["failures"], failure_lines[1:]):
+        for f, row in zip(failures, failure_lines[1:]):
             out.append(row)
             if "holders" not in f:
                 continue
@@ -284,9 +292,23 @@ def _render_gpu(sec: dict, procs: dict, width: int, show_all: bool) -> list[str]
                 out.append(f"          {_pid_label(h['pid'], procs)}: {human(h['owned'])} owned ({cats})")
                 if h["largest"]:
                     out.append("            largest: " + "; ".join(_holding_text(x) for x in h["largest"]))
+        out.extend(more)
         if any(f["gpu_inferred"] for f in sec["failures"]):
             out.append("    (GPU n? = the call named no GPU: inferred from the process's previous calls)")
     return out
+
+
+#: The most rows one table of the text report shows; the rest is one line that counts them (a
+#: flood of 300,000 marker names printed 1.43 GB of text). ``--all`` and ``--json`` give them all.
+MAX_ROWS = 200
+
+
+def _capped(rows: list, what: str, show_all: bool) -> tuple[list, list[str]]:
+    """The first :data:`MAX_ROWS` of ``rows`` (all with ``show_all``) and the line that says how
+    many more there are (none when nothing was left out)."""
+    if show_all or len(rows) <= MAX_ROWS:
+        return rows, []
+    return rows[:MAX_ROWS], [f"  … and {len(rows) - MAX_ROWS:,} more {what} (memrec report --all, or --json, lists all)"]
 
 
 def _process_row_matters(p: dict) -> bool:

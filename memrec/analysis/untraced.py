@@ -63,6 +63,7 @@ from typing import Iterable
 
 import numpy as np
 
+from memrec.analysis.names import api_name
 from memrec.events import CU_LIMIT_STACK_SIZE
 from memrec.events import FLAG_NAME
 from memrec.events import GRANULE
@@ -700,7 +701,7 @@ def contexts(events: np.ndarray, splits: dict[tuple[int, int], UntracedSplit], o
             cost = sum(s.bytes for s in split.steps
                        if s.category == "context" and s.context == handle and (last is None or s.ts <= last))
         out.append(ContextRecord(
-            pid=pid, gpu=gpu, handle=handle, api=Api(api).name, ts=ts, phase=phase_of(pid, ts), cost=cost,
+            pid=pid, gpu=gpu, handle=handle, api=api_name(api), ts=ts, phase=phase_of(pid, ts), cost=cost,
             foreign=gpu >= 0 and pid not in owners.get(gpu, set()),
         ))
     return out

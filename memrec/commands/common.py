@@ -61,10 +61,22 @@ def check_trace_path(path: Path) -> None:
         if not os.access(path, os.R_OK):
             raise MemrecCommandError(f"{path}: not readable", exit_code=ExitCode.NO_INPUT)
         empty = path.stat().st_size == 0
+        if empty and _reads_past_its_size(path):  # /proc/self/status, /sys files: size 0, yet text
+            raise MemrecCommandError(f"{path}: not a regular file (a /proc or /sys file), not a trace",
+                                     exit_code=ExitCode.NO_INPUT)
     except PermissionError as error:  # pathlib's exists() raises it inside a folder this user may not search
         raise MemrecCommandError(f"{path}: {error.strerror}", exit_code=ExitCode.NO_INPUT) from None
     if empty:
         raise MemrecCommandError(f"{path}: empty file, not a memrec trace (yet?)", exit_code=ExitCode.DATA)
+
+
+def _reads_past_its_size(path: Path) -> bool:
+    """Whether a file whose size says 0 still reads (a kernel pseudo-file: its size means nothing)."""
+    try:
+        with open(path, "rb", buffering=0) as f:
+            return bool(f.read(1))
+    except OSError:
+        return False
 
 
 def load_trace_for_command(path: Path, *, warn: bool = True):

@@ -7,6 +7,8 @@ import logging
 from pathlib import Path
 
 from memrec._errors import ExitCode
+from memrec._files import make_folder
+from memrec._files import remove_old
 from memrec._errors import MemrecCommandError
 from memrec.commands.common import check_not_an_input
 from memrec.commands.common import check_output
@@ -97,8 +99,8 @@ class ExportCommand:
         if to == "perfetto":
             from memrec.export.perfetto import write_perfetto
 
-            _check_file(out, args)
             require("perfetto.trace_builder.proto_builder", "export", "--to perfetto")  # before making the file
+            _check_file(out, args)
             write_perfetto(rec, out)
             return [out]
         if to == "memory-viz":
@@ -128,7 +130,9 @@ class ExportCommand:
             check_output(path, args.force)
         if to == "parquet":
             require("pyarrow.parquet", "export", "--to parquet")  # before making the folder
-        out.mkdir(exist_ok=True)
+        make_folder(out)  # (never through a link another user planted as the folder)
+        for path in columnar.table_files(out, to).values() if args.force else ():
+            remove_old(path)
         return columnar.write_parquet(rec, out) if to == "parquet" else columnar.write_csv(rec, out)
 
 
@@ -161,4 +165,5 @@ def _check_file(out: Path, args: argparse.Namespace) -> None:
     check_not_an_input(out, [args.trace])
     if out.is_dir():
         raise MemrecCommandError(f"{out}: is a folder; give a file name", exit_code=ExitCode.CANT_CREATE)
-    check_output(out, args.force)
+    if check_output(out, args.force):
+        remove_old(out)  # the writer creates it anew, never through a link (memrec._files)

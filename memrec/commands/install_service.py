@@ -23,6 +23,7 @@ from pathlib import Path
 
 from memrec._errors import ExitCode
 from memrec._errors import MemrecCommandError
+from memrec._files import create_new
 
 UNIT_NAME = "memrec.service"
 #: Where each file goes, relative to the root.
@@ -70,7 +71,7 @@ def _write(root: Path, rel: Path, text: str) -> Path:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        fd, _ = create_new(tmp, 0o644)
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.replace(tmp, path)

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from memrec._errors import ExitCode
+from memrec._files import remove_old
 from memrec._errors import MemrecCommandError
 from memrec.commands.common import check_not_an_input
 from memrec.commands.common import check_output
@@ -53,6 +54,8 @@ class PlotCommand:
             raise MemrecCommandError(f"{args.output}: is a folder; give a file name", exit_code=ExitCode.CANT_CREATE)
         rec = Recording(load_trace_for_command(args.trace), pandas=False)
         try:
+            if args.force:
+                remove_old(args.output)  # the picture is created anew, never through a link (memrec._files)
             if args.diff is None:
                 panels = plot.plot(rec, args.output)
                 note = ""

@@ -32,8 +32,8 @@ class ReportCommand:
         parser.add_argument("-g", "--gpu", type=int, metavar="N", help="only GPU N (NVML index; -1: host)")
         parser.add_argument("-p", "--pid", type=int, metavar="PID", help="only the memory of process PID")
         parser.add_argument("-a", "--all", action="store_true",
-                            help="keep what the default view leaves out: zero rows, frees at process exit in the "
-                            "by-phase tables, ranks and GPUs that repeat the first one")
+                            help="keep what the default view leaves out: zero rows, rows past a table's first 200, "
+                            "frees at process exit in the by-phase tables, ranks and GPUs that repeat the first one")
 
     def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         from memrec.analysis.report import build_report

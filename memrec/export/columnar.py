@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from memrec._files import create_file
 from memrec.api import Recording
 from memrec.export import require
 
@@ -66,7 +67,8 @@ def write_parquet(rec: Recording, folder: Path) -> list[Path]:
     files = table_files(folder, "parquet")
     for name, arr in tables(rec).items():
         path = files[name]
-        pq.write_table(arrow_table(arr), path)
+        with create_file(path) as f:
+            pq.write_table(arrow_table(arr), f)
         out.append(path)
     return out
 
@@ -77,7 +79,7 @@ def write_csv(rec: Recording, folder: Path) -> list[Path]:
     files = table_files(folder, "csv")
     for name, arr in tables(rec).items():
         path = files[name]
-        with path.open("w", newline="") as f:
+        with create_file(path, text=True) as f:
             writer = csv.writer(f)
             writer.writerow(arr.dtype.names)
             floats = [i for i, k in enumerate(arr.dtype.names) if arr.dtype[k].kind == "f"]

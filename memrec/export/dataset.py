@@ -37,7 +37,7 @@ import numpy as np
 from memrec._errors import ExitCode
 from memrec._errors import MemrecCommandError
 from memrec._files import create_new_in
-from memrec._files import open_folder
+from memrec._files import make_folders
 from memrec.export import require
 from memrec.trace.clock import wall_offset_ns
 
@@ -494,14 +494,14 @@ def write_trace(trace: Any, root: Path, file_name: str = "") -> tuple[TracePart,
     pq = require("pyarrow.parquet", "sql", "--to dataset")
     check_manifest(root)
     where, tables = build_tables(trace, file_name)
-    root_fd = open_folder(root)
+    root_fd = make_folders(root)
     written = []
     try:
         _write_manifest(root_fd)
         for name, table in tables.items():
             path = root.joinpath(*where.folder(name), where.file_name)
             try:
-                fd = open_folder(root, *where.folder(name))
+                fd = make_folders(root, *where.folder(name))
                 try:
                     _write_atomic(fd, where.file_name, lambda f, t=table: _write_parquet(pq, t, f))
                 finally:

@@ -42,9 +42,10 @@ from pathlib import Path
 
 import numpy as np
 
+from memrec._files import create_file
+from memrec.analysis.answer import Answer
 from memrec.analysis.answer import DRIVER_OOM
 from memrec.analysis.answer import KV_SIZING
-from memrec.analysis.answer import Answer
 from memrec.api import Recording
 from memrec.engine.replay import state_at
 from memrec.engine.replay import trace_bounds
@@ -289,6 +290,6 @@ def write_memory_viz(rec: Recording, path: Path, pid: int | None = None, max_ent
     for target in targets if check else ():
         check(target)
     for target, snap in targets.items():
-        with open(target, "wb") as f:
+        with create_file(target) as f:
             pickle.dump(snap, f)
     return list(targets), dropped

@@ -30,9 +30,10 @@ from typing import Any
 
 import numpy as np
 
+from memrec._files import create_file
+from memrec.analysis.answer import Answer
 from memrec.analysis.answer import DRIVER_CALL
 from memrec.analysis.answer import DRIVER_OOM
-from memrec.analysis.answer import Answer
 from memrec.analysis.answer import Failure
 from memrec.analysis.names import api_name
 from memrec.analysis.names import process_title
@@ -80,7 +81,8 @@ class _Writer:
         if parent:
             d.parent_uuid = parent
         if pid is not None:
-            d.process.pid = pid
+            if 0 <= pid < 2**31:  # (perfetto's pid is an int32; a merge of many hosts goes past it)
+                d.process.pid = pid
             d.process.process_name = name
         else:
             d.name = name
@@ -143,7 +145,7 @@ def write_perfetto(rec: Recording, path: Path, answer: Answer | None = None) -> 
     has. ``answer``: the trace's (:func:`memrec.analysis.report.trace_answer`, built when not given)."""
     if answer is None:
         answer = trace_answer(rec.trace)
-    with open(path, "wb") as f:
+    with create_file(path) as f:
         w = _Writer(f)
         _answer_track(w, answer)
         _gpu_tracks(w, rec)

@@ -33,13 +33,15 @@ from pathlib import Path
 
 import numpy as np
 
+from memrec._files import create_file
+from memrec.analysis.answer import Answer
 from memrec.analysis.answer import DRIVER_CALL
 from memrec.analysis.answer import DRIVER_OOM
-from memrec.analysis.answer import Answer
 from memrec.analysis.answer import Window
 from memrec.analysis.diff import align_markers
 from memrec.analysis.diff import diff_traces
 from memrec.analysis.diff import verdict_of
+from memrec.analysis.names import result_name
 from memrec.analysis.report import trace_answer
 from memrec.analysis.text import human
 from memrec.engine.phases import Phase
@@ -222,7 +224,8 @@ def _draw(panels: list[Panel], out: Path, xlabel: str, same_scale: bool = False,
         fig.legend(list(handles.values()), list(labels), loc="upper center", ncol=min(len(handles), 8),
                    frameon=False, fontsize=8, bbox_to_anchor=(0.5, 1 - (0.1 + HEAD_LINE_IN * len(head)) / height))
     fig.tight_layout(rect=(0, 0, 1, 1 - (top_in - 0.25) / height))
-    fig.savefig(out, dpi=DPI)
+    with create_file(out) as f:  # (never through a link planted at out)
+        fig.savefig(f, dpi=DPI, format=out.suffix[1:].lower())
     plt.close(fig)
     return len(panels)
 

@@ -27,6 +27,8 @@ import os
 import socket
 import sys
 
+from memrec._files import create_file
+
 MiB = 2**20
 BUFFER = 24 * MiB + 4096  # distinctive
 
@@ -242,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         facts = run_two_gpus()
     else:
         facts = run_peers(args.world, shareable=args.scenario == "shareable")
-    with open(args.facts, "w") as out:
+    with create_file(args.facts, text=True, replace=True) as out:
         json.dump(facts, out)
     return 0 if all(c == 0 for c in facts.get("exit_codes", [0])) else 1
 

@@ -18,6 +18,8 @@ import json
 import os
 import sys
 
+from memrec._files import create_file
+
 MiB = 2**20
 
 
@@ -112,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         facts = run_ipc()
     else:
         facts = run_allocator(expandable=args.scenario == "expandable")
-    with open(args.facts, "w") as out:
+    with create_file(args.facts, text=True, replace=True) as out:
         json.dump(facts, out)
     return 0
 

@@ -28,6 +28,8 @@ import subprocess
 import sys
 import time
 
+from memrec._files import create_file
+
 MiB = 2**20
 #: Long enough for two 1 Hz NVML samples after the last step.
 IDLE_S = 2.5
@@ -165,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     SCENARIOS[args.scenario](timings)
     timings["total"] = time.monotonic() - t
     if args.facts:
-        with open(args.facts, "w") as out:
+        with create_file(args.facts, text=True, replace=True) as out:
             json.dump({"pid": os.getpid(), "scenario": args.scenario, "timings": timings}, out)
     time.sleep(args.idle)
     return 0

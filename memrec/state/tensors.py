@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from memrec.events import Kind
+from memrec.state.fields import MAX_SIZE
 
 ALLOC, FREE = int(Kind.ALLOC), int(Kind.FREE)
 MAP, UNMAP = int(Kind.VMM_MAP), int(Kind.VMM_UNMAP)
@@ -33,6 +34,7 @@ T_ALLOC, T_FREE = int(Kind.TENSOR_ALLOC), int(Kind.TENSOR_FREE)
 #: The events the tracker reads (successful ones).
 TRACKED_KINDS = (ALLOC, FREE, MAP, UNMAP, EXIT, T_ALLOC, T_FREE)
 _COLUMNS = ("kind", "pid", "ptr", "size", "gpu", "ts")
+_MAX_SIZE = int(MAX_SIZE)
 #: The caching allocator's smallest block and rounding (kMinBlockSize).
 BLOCK_ROUND = 512
 
@@ -105,7 +107,9 @@ class TensorBlocks:
             self.apply_one(k, p, ptr, size, g, ts)
 
     def apply_one(self, kind: int, pid: int, ptr: int, size: int, gpu: int, ts: int, phase: int = -1) -> None:
-        """Apply one successful event of :data:`TRACKED_KINDS`."""
+        """Apply one successful event of :data:`TRACKED_KINDS` (a size past 4 PiB clamped, as the live
+        state clamps it: a damaged size of 2^64 - 1 made the totals overflow int64)."""
+        size = min(size, _MAX_SIZE)
         if kind == T_ALLOC:
             self.alloc(pid, ptr, size, gpu, ts, phase)
         elif kind == T_FREE:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from memrec._errors import ExitCode
 from memrec._errors import MemrecCommandError
+from memrec._files import create_file
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +120,8 @@ def build_stub(dest_dir: str | os.PathLike[str] | None = None) -> Path:
     # sessions) never see a half-written library.
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".build-") as tmp:
         src_path = Path(tmp) / SOURCE_NAME
-        src_path.write_bytes(source)
+        with create_file(src_path) as out:  # (in a private folder of its own)
+            out.write(source)
         tmp_lib = Path(tmp) / LIBRARY_NAME
         cmd = [compiler, *CFLAGS, "-o", str(tmp_lib), str(src_path), *LDLIBS]
         log.debug("building stub driver: %s", " ".join(cmd))
@@ -133,7 +135,8 @@ def build_stub(dest_dir: str | os.PathLike[str] | None = None) -> Path:
             )
         os.replace(tmp_lib, target)
         tmp_stamp = Path(tmp) / "stamp"
-        tmp_stamp.write_text(key)
+        with create_file(tmp_stamp) as out:
+            out.write(key.encode())
         os.replace(tmp_stamp, stamp)
     log.info("built stub CUDA driver %s", target)
     return target
@@ -167,7 +170,8 @@ def build_torch_stub(dest_dir: str | os.PathLike[str], nop5: bool = False) -> Pa
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=".build-") as tmp:
         src = Path(tmp) / TORCH_SOURCE_NAME
-        src.write_bytes(importlib.resources.files("memrec.stubdriver").joinpath(TORCH_SOURCE_NAME).read_bytes())
+        with create_file(src) as f:  # (in a private folder of its own)
+            f.write(importlib.resources.files("memrec.stubdriver").joinpath(TORCH_SOURCE_NAME).read_bytes())
         tmp_lib = Path(tmp) / TORCH_LIBRARY_NAME
         cmd = [compiler, "-shared", "-fPIC", *(["-DNOP5"] if nop5 else []), "-o", str(tmp_lib), str(src)]
         try:

@@ -21,6 +21,8 @@ from memrec.events import FLAG_IPC_BYTES
 from memrec.events import FLAG_NAME
 from memrec.events import IPC_HANDLE_SIZE
 from memrec.trace import codec
+from memrec.trace.budget import OverBudget
+from memrec.trace.budget import ReadBudget
 
 # The columnar record types (the value of their "type" key).
 EVENTS = "events"
@@ -217,15 +219,18 @@ class ColumnChunk:
         return int(ts[-1]) if ts is not None and len(ts) else None
 
 
-def decode_columns(obj: dict, schema: Schema | None = None) -> ColumnChunk:
+def decode_columns(obj: dict, schema: Schema | None = None, budget: ReadBudget | None = None) -> ColumnChunk:
     """Decode a columnar wire record: format 2 into new contiguous columns (one decompression),
     format 1 into zero-copy column views of the record's bytes.
 
     ``schema`` is :func:`parse_schema` of the trace's header (the columns in the order and dtype
     the writer wrote them); a format-1 column whose dtype differs from this version's is cast
     when filled. Unknown columns are ignored; missing ones take :data:`COLUMN_DEFAULTS`.
+    ``budget``: the read's (:mod:`memrec.trace.budget`), charged the rows (and decompressed
+    bytes) before they are decoded.
 
     Raises:
+        OverBudget: past ``budget``.
         TraceFormatError: the record is malformed (a column's length does not match ``n``...).
     """
     kind = COLUMNAR_TYPE.get(obj.get("type"))  # type: ignore[arg-type]
@@ -234,7 +239,12 @@ def decode_columns(obj: dict, schema: Schema | None = None) -> ColumnChunk:
     n = obj.get("n")
     for key in codec.KEYS:
         if key in obj:
-            return _decode_v2(kind, n, key, obj[key], schema)
+            return _decode_v2(kind, n, key, obj[key], schema, budget)
+    return _decode_v1(kind, n, obj, schema, budget)
+
+
+def _decode_v1(kind: str, n: Any, obj: dict, schema: Schema | None, budget: ReadBudget | None) -> ColumnChunk:
+    """A format-1 record: one little-endian byte string per column (zero-copy views)."""
     columns = obj.get("columns")
     if not isinstance(n, int) or isinstance(n, bool) or n < 0 or not isinstance(columns, dict):
         raise TraceFormatError(f"malformed {kind} record: bad 'n' or 'columns'")
@@ -242,6 +252,8 @@ def decode_columns(obj: dict, schema: Schema | None = None) -> ColumnChunk:
         # Every writer writes ts; without it nothing ties n to bytes present, and n rows would be
         # allocated from a few bytes of input (n = 10 million: gigabytes).
         raise TraceFormatError(f"malformed {kind} record: {n} rows but no ts column")
+    if budget is not None:
+        budget.spend(rows=n)
     target = COLUMNAR[kind]
     written = (schema or DEFAULT_SCHEMA).get(kind, DEFAULT_SCHEMA[kind])
     out: dict[str, np.ndarray] = {}
@@ -273,7 +285,7 @@ def decode_columns(obj: dict, schema: Schema | None = None) -> ColumnChunk:
     return chunk
 
 
-def _decode_v2(kind: str, n: Any, key: str, data: Any, schema: Schema | None) -> ColumnChunk:
+def _decode_v2(kind: str, n: Any, key: str, data: Any, schema: Schema | None, budget: ReadBudget | None) -> ColumnChunk:
     """A format-2 chunk; ``n`` None is a 2.1 record that leaves its row count to the payload."""
     if (n is not None or key == codec.ZSTD_V20) and (
         not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_RECORD_ROWS
@@ -286,7 +298,10 @@ def _decode_v2(kind: str, n: Any, key: str, data: Any, schema: Schema | None) ->
     names = [name for name in written if not (kind == EVENTS and name == SPARSE_COLUMN)]
     dtypes = [target.fields[name][0] if name in target.names else None for name in names]
     try:
-        n, cols, index, ipc = codec.decode_payload(key, data, n, dtypes, sparse=kind == EVENTS, max_rows=MAX_RECORD_ROWS)
+        n, cols, index, ipc = codec.decode_payload(key, data, n, dtypes, sparse=kind == EVENTS, max_rows=MAX_RECORD_ROWS,
+                                                   budget=budget)
+    except OverBudget:
+        raise
     except TraceFormatError as error:
         raise TraceFormatError(f"malformed {kind} record: {error}") from None
     chunk = ColumnChunk(kind, n, {name: col for name, col in zip(names, cols) if col is not None})

@@ -35,7 +35,11 @@ import zlib
 import numpy as np
 import zstandard
 
+from memrec import TYPE_CHECKING
 from memrec._errors import TraceFormatError
+
+if TYPE_CHECKING:
+    from memrec.trace.budget import ReadBudget
 
 #: Column transforms (the high nibble of a column's code; bits 4-5 since 2.1).
 RAW = 0
@@ -305,7 +309,8 @@ def payload_bound(n: int, ncols: int, sparse: bool) -> int:
 
 
 def decode_payload(
-    key: str, data: bytes | memoryview, n: int | None, dtypes: list[np.dtype | None], *, sparse: bool, max_rows: int
+    key: str, data: bytes | memoryview, n: int | None, dtypes: list[np.dtype | None], *, sparse: bool, max_rows: int,
+    budget: ReadBudget | None = None,
 ) -> tuple[int, list[np.ndarray | None], np.ndarray | None, bytes]:
     """Decode one chunk stored under record key ``key`` (:data:`KEYS`).
 
@@ -313,8 +318,11 @@ def decode_payload(
     ``max_rows`` in any case. ``dtypes``: per column in schema order, the dtype to decode it
     into (None: a column this version does not know, skipped). Returns the rows, the columns
     (new contiguous arrays), the ipc row indices (u4, or None) and their 64-byte rows.
+    ``budget``: the read's (:mod:`memrec.trace.budget`), charged the payload's bytes and rows
+    before any column is made.
 
     Raises:
+        OverBudget: past ``budget``.
         TraceFormatError: not a Zstandard frame, a failed checksum, or lengths that do not
             match ``n``.
     """
@@ -328,6 +336,8 @@ def decode_payload(
             raw = decompress(data, payload_bound(max_rows if n is None else n, len(dtypes), sparse))
         except TraceFormatError as error:
             raise TraceFormatError(f"column data {error}") from None
+    if budget is not None:
+        budget.spend(nbytes=len(raw))
     lean = key != ZSTD_V20
     buf = memoryview(raw)
     cursor = _Cursor(buf)
@@ -336,6 +346,8 @@ def decode_payload(
         raise TraceFormatError(f"column data holds {rows} rows, the record says {n}")
     if rows > max_rows:
         raise TraceFormatError(f"column data holds {rows} rows (at most {max_rows})")
+    if budget is not None:
+        budget.spend(rows=rows)
     n = rows
     if k > n or (k and not sparse):
         raise TraceFormatError(f"{k} ipc rows for {n} rows")
@@ -491,16 +503,30 @@ def compress(data: bytes) -> bytes:
     return _compressor().compress(data)
 
 
+class TooLarge(TraceFormatError):
+    """A Zstandard frame that decompresses to more than the caller's limit."""
+
+
 def decompress(data: bytes | memoryview, limit: int) -> bytes:
-    """The bytes of one Zstandard frame, refused past ``limit`` bytes.
+    """The bytes of one Zstandard frame, refused past ``limit`` bytes before they are allocated.
+
+    A frame that declares its size is checked against ``limit`` first: zstandard allocates the
+    declared size whatever ``max_output_size`` says (a 33 KB file declared gigabytes).
 
     Raises:
-        TraceFormatError: not a Zstandard frame, damaged, or larger than ``limit``.
+        TooLarge: the frame decompresses (or says it does) to more than ``limit`` bytes.
+        TraceFormatError: not a Zstandard frame, or damaged.
     """
     try:
-        out = _decompressor().decompress(data, max_output_size=limit)
+        declared = zstandard.frame_content_size(data)
     except zstandard.ZstdError as error:
         raise TraceFormatError(f"does not decompress ({error})") from None
+    if declared > limit:
+        raise TooLarge(f"decompresses to {declared} bytes, more than {limit}")
+    try:
+        out = _decompressor().decompress(data, max_output_size=limit)
+    except zstandard.ZstdError as error:  # (a frame of unknown size past the limit too: memrec declares sizes)
+        raise TraceFormatError(f"does not decompress ({error})") from None
     if len(out) > limit:
-        raise TraceFormatError(f"decompresses to more than {limit} bytes")
+        raise TooLarge(f"decompresses to more than {limit} bytes")
     return out

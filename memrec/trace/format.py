@@ -45,6 +45,8 @@ from memrec.events import GpuInfo
 from memrec.events import Marker
 from memrec.events import ProcessInfo
 from memrec.trace import codec
+from memrec.trace.budget import OverBudget
+from memrec.trace.budget import ReadBudget
 from memrec.trace.chunks import COLUMNAR
 from memrec.trace.chunks import COLUMNAR_TYPE
 from memrec.trace.chunks import DEFAULT_SCHEMA
@@ -343,7 +345,7 @@ def encode_record(rec: dict) -> bytes:
     return packb(rec)
 
 
-def decode_record(obj: Any, schema: Schema | None = None) -> dict:
+def decode_record(obj: Any, schema: Schema | None = None, budget: ReadBudget | None = None) -> dict:
     """Turn one unpacked wire record into its logical form.
 
     Columnar records get their rows as a new structured array under ``"events"`` / ``"samples"``
@@ -356,10 +358,10 @@ def decode_record(obj: Any, schema: Schema | None = None) -> dict:
         raise TraceFormatError("malformed record: not a map with a string 'type'")
     kind = obj["type"]
     if kind == KEYFRAME:
-        return expand_keyframe(obj)
+        return expand_keyframe(obj, budget)
     if kind not in COLUMNAR_TYPE:
         return obj
-    chunk = decode_columns(obj, schema)
+    chunk = decode_columns(obj, schema, budget)
     rec = {k: v for k, v in obj.items() if k not in _WIRE_KEYS}
     rec["type"] = chunk.kind
     rec[ROWS_KEY[chunk.kind]] = chunk.to_array()
@@ -470,10 +472,13 @@ def keyframe_record(ts: int, event_index: int, state: dict) -> dict:
     return {"type": KEYFRAME, "ts": int(ts), "event_index": int(event_index), "state": state}
 
 
-def expand_keyframe(rec: dict) -> dict:
-    """A keyframe record with its state decompressed (format 2 stores it as ``state_z``).
+def expand_keyframe(rec: dict, budget: ReadBudget | None = None) -> dict:
+    """A keyframe record with its state decompressed (format 2 stores it as ``state_z``), at most
+    :data:`MAX_STATE_SIZE` bytes and what is left of the read's ``budget``
+    (:mod:`memrec.trace.budget`).
 
     Raises:
+        OverBudget: the state is larger than what is left of ``budget``.
         TraceFormatError: the state does not decompress, is not msgpack, or nests too deep.
     """
     if STATE_Z not in rec:
@@ -481,8 +486,18 @@ def expand_keyframe(rec: dict) -> dict:
     blob = rec[STATE_Z]
     if not isinstance(blob, (bytes, bytearray, memoryview)):
         raise TraceFormatError("malformed keyframe record: state_z is not binary")
+    limit = MAX_STATE_SIZE if budget is None else min(MAX_STATE_SIZE, budget.state_limit())
     try:
-        state = unpackb(codec.decompress(blob, MAX_STATE_SIZE))
+        raw = codec.decompress(blob, limit)
+        if budget is not None:
+            budget.spend(nbytes=len(raw), state=len(raw))
+        state = unpackb(raw)
+    except codec.TooLarge as error:
+        if limit < MAX_STATE_SIZE:
+            budget.spend(nbytes=limit + 1, state=limit + 1)  # raises the read's OverBudget (what a user can do about it)
+        raise TraceFormatError(f"malformed keyframe record: its state {error}") from None
+    except OverBudget:
+        raise
     except TraceFormatError as error:
         raise TraceFormatError(f"malformed keyframe record: its state {error}") from None
     except Exception as error:  # msgpack raises several unrelated types for bad input
@@ -494,13 +509,14 @@ def expand_keyframe(rec: dict) -> dict:
     return out
 
 
-def check_keyframe(rec: dict) -> tuple[int, int, dict]:
+def check_keyframe(rec: dict, budget: ReadBudget | None = None) -> tuple[int, int, dict]:
     """Validate a keyframe record (compressed or not) and return ``(ts, event_index, state)``.
 
     Raises:
+        OverBudget: its state is larger than what is left of the read's ``budget``.
         TraceFormatError: a field is missing or of the wrong type.
     """
-    rec = expand_keyframe(rec)
+    rec = expand_keyframe(rec, budget)
     ts, index, state = rec.get("ts"), rec.get("event_index"), rec.get("state")
     if not isinstance(ts, int) or not isinstance(index, int) or not isinstance(state, dict):
         raise TraceFormatError("malformed keyframe record: needs int ts, int event_index and a map state")

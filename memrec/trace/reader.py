@@ -27,6 +27,8 @@ from memrec._untrusted import MAX_DEPTH
 from memrec._untrusted import clean_text
 from memrec._untrusted import too_deep
 from memrec.trace import mapped as _mapped
+from memrec.trace.budget import OverBudget
+from memrec.trace.budget import read_budget
 from memrec.trace.chunks import COLUMNAR_TYPE
 from memrec.trace.chunks import ROWS_KEY
 from memrec.trace.chunks import ColumnChunk
@@ -128,7 +130,7 @@ class TraceReader:
     def records(self) -> Iterator[dict]:
         """Yield every record after the header, decoded (see :func:`~memrec.trace.format.decode_record`)."""
         schema = self.schema
-        return self._scan(lambda obj: decode_record(obj, schema))
+        return self._scan(lambda obj: decode_record(obj, schema, self._budget))
 
     def raw_records(self) -> Iterator[dict]:
         """Yield every record after the header as msgpack gave it (columns as bytes)."""
@@ -153,13 +155,13 @@ class TraceReader:
         this scan).
         """
         schema = self.schema
-        return self._scan(lambda obj: check_record(obj, schema), mapped=mapped, threads=threads)
+        return self._scan(lambda obj: check_record(obj, schema, self._budget), mapped=mapped, threads=threads)
 
     def entries(self, *, mapped: bool = False) -> Iterator[tuple[str, Any, dict]]:
         """Like :meth:`items`, with each record as msgpack gave it: ``(type, item, record)``
         (``memrec dump`` prints a marker's or a trailer's own keys, checked as every reader's)."""
         schema = self.schema
-        return self._scan(lambda obj: (*check_record(obj, schema), obj), mapped=mapped)
+        return self._scan(lambda obj: (*check_record(obj, schema, self._budget), obj), mapped=mapped)
 
     def feed(self, sink: RecordSink, *, mapped: bool = False) -> None:
         """Hand every usable record to ``sink`` (see :meth:`items`); warnings as for :meth:`items`."""
@@ -226,12 +228,15 @@ class TraceReader:
         self.records_read = 0
         self._damage: str | None = None
         self._tail: tuple[int, int] | None = None
+        # One budget for this read, in proportion to the file's size (a compression bomb stops here)
+        self._budget = read_budget(os.fstat(self._file.fileno()).st_size, self.path)
         if not self.header:
             return
         warnings = self.warnings
         unknown: collections.Counter[str] = collections.Counter()
         malformed: list[str] = []
         last_ts: int | None = None
+        stopped = False  # over the read's budget
         source = self._stream_objects()
         if mapped:
             objects = self._mapped_objects()
@@ -258,6 +263,11 @@ class TraceReader:
                 continue
             try:
                 item = decoded.result() if decoded is not None else decode(obj)
+            except OverBudget as error:
+                warnings.append(f"stopped reading after {self.records_read - 1} records, at byte {offset}: {error}; "
+                                "the rest is skipped")
+                stopped = True
+                break
             except TraceFormatError as error:
                 malformed.append(f"byte {offset}: {error}")
                 continue
@@ -282,7 +292,7 @@ class TraceReader:
             )
         if malformed:
             warnings.append(f"skipped {len(malformed)} malformed record(s); first at {malformed[0]}")
-        if self.trailer is None:
+        if self.trailer is None and not stopped:
             warnings.append(
                 f"no trailer after {self.records_read} records: the recording did not finish "
                 f"(still being written, or the writer crashed); trace ends at ts {last_ts}"

@@ -25,6 +25,7 @@ from memrec._errors import TraceFormatError
 from memrec.columns import EVENT_DTYPE
 from memrec.events import Marker
 from memrec.events import ProcessInfo
+from memrec.trace.budget import ReadBudget
 from memrec.trace.chunks import COLUMNAR
 from memrec.trace.chunks import COLUMNAR_TYPE
 from memrec.trace.chunks import EVENTS
@@ -79,34 +80,46 @@ class RecordSink(Protocol):
         """The trailer: the recording ended cleanly."""
 
 
-def check_record(obj: dict, schema: Schema | None = None) -> tuple[str, Any]:
+def check_record(obj: dict, schema: Schema | None = None, budget: ReadBudget | None = None) -> tuple[str, Any]:
     """The ``(type, item)`` of one record in wire form; the one check every reader applies.
 
     Items: :class:`ColumnChunk` for events / nvml / procmem, :class:`Marker`,
     :class:`ProcessInfo`, :class:`Keyframe`, the cumulative total (int) for lost, the record
-    itself for the header, the trailer and any other type.
+    itself for the header, the trailer and any other type. ``budget``: the read's, charged
+    what the record decompresses to (:mod:`memrec.trace.budget`).
 
     Raises:
+        OverBudget: past ``budget``.
         TraceFormatError: the record is malformed.
     """
     if not isinstance(obj, dict) or not isinstance(obj.get("type"), str):
         raise TraceFormatError("malformed record: not a map with a string 'type'")
     kind = obj["type"]
     if kind in COLUMNAR_TYPE:
-        chunk = decode_columns(obj, schema)
+        chunk = _checked_ts(decode_columns(obj, schema, budget))
         return chunk.kind, chunk
     if kind == MARKER:
         return kind, marker_from_record(obj)
     if kind == PROCESS:
         return kind, process_from_record(obj)
     if kind == KEYFRAME:
-        return kind, Keyframe(*check_keyframe(obj))
+        return kind, Keyframe(*check_keyframe(obj, budget))
     if kind == LOST:
         total = obj.get("total")
         if not isinstance(total, int) or isinstance(total, bool) or not 0 <= total < 2**63:
             raise TraceFormatError("malformed lost record: needs an int total")
         return kind, total
     return kind, obj
+
+
+def _checked_ts(chunk: ColumnChunk) -> ColumnChunk:
+    """``chunk``, unless a ts lies at or past 2^63: CLOCK_MONOTONIC never gets there (292 years of
+    uptime), and the analysis holds times as int64 (a failed call at 2^63 made ``report`` exit 70
+    with an OverflowError). Such a record is damaged, skipped with the others (issue 23, item 6)."""
+    ts = chunk.columns.get("ts")
+    if ts is not None and len(ts) and int(ts.astype(np.int64, copy=False).min()) < 0:  # (u8 past 2^63: < 0)
+        raise TraceFormatError(f"malformed {chunk.kind} record: a ts at or past 2^63 ns")
+    return chunk
 
 
 #: The RecordSink method each record type goes to.

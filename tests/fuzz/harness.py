@@ -32,6 +32,47 @@ def run_commands(path: str) -> dict[str, int]:
     return codes
 
 
+def every_reader(path: str, workdir: str) -> dict[str, int]:
+    """Every command that reads a trace, and the library, on ``path``: report (text and JSON),
+    dump, diff against itself, export to each format, plot, the TUI's loading path and
+    ``memrec.load``'s tables. Returns the exit codes; raises what a reader raised."""
+    import glob
+    import shutil
+
+    import warnings
+
+    import memrec
+    from memrec._errors import TraceFormatError
+
+    codes = run_commands(path)
+    out = os.path.join(workdir, "out")
+    for argv in (["diff", path, path], ["export", path, "--to", "csv", "-o", out + ".csv.d"],
+                 ["export", path, "--to", "memory-viz", "-o", out + ".pickle"],
+                 ["export", path, "--to", "perfetto", "-o", out + ".pftrace"],
+                 ["export", path, "--to", "parquet", "-o", out + ".parquet.d"],
+                 ["plot", path, "-o", out + ".png"]):
+        err = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            codes[" ".join(argv[:2])] = code = main(argv)
+        lines = err.getvalue().splitlines()
+        if code != 0:  # (the reader's warnings come first)
+            assert lines and lines[-1].startswith("memrec: error: ") and not any(
+                line.startswith("memrec: internal error") for line in lines), f"{argv}: {err.getvalue()!r}"
+        for made in glob.glob(out + "*"):
+            shutil.rmtree(made) if os.path.isdir(made) else os.unlink(made)
+    load_in_tui(path)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rec = memrec.load(path, pandas=False)
+    except TraceFormatError:
+        return codes
+    for table in ("events", "samples", "process_samples", "markers", "processes", "by_phase"):
+        getattr(rec, table)
+    rec.reconcile()
+    return codes
+
+
 def load_in_tui(path: str) -> None:
     """The TUI's loading path without a screen: scan, replay, and the model queries views make."""
     from memrec._errors import TraceFormatError

@@ -204,3 +204,22 @@ CRASHES = sorted((Path(__file__).parent.parent / "data" / "fuzz").glob("*.mrec")
 def test_inputs_the_long_fuzz_run_found_stay_fixed(path, workdir):
     """Each file here once failed the check (tests/fuzz/run_atheris.py found it); see its name."""
     harness.check_trace_bytes(path.read_bytes(), workdir)
+
+
+# ------------------------------------------------------------------------------ bombs, damaged (issue 23)
+
+def _bomb_seeds() -> dict[str, bytes]:
+    from tests.fuzz import bombs
+
+    return {"keyframe-zeros": bombs.keyframe_bomb(2, 64 << 20), "keyframe-empty-lists": bombs.keyframe_bomb(1, 16 << 20, True),
+            "rows": bombs.rows_bomb(6)}
+
+
+BOMB_SEEDS = _bomb_seeds()
+
+
+@pytest.mark.parametrize("name", list(BOMB_SEEDS))
+@pytest.mark.parametrize("seed", range(3))
+def test_byte_damaged_bombs_never_crash_a_command_or_the_tui(name, seed, workdir):
+    # (bench/reliability.py fuzz runs many more, with the golden traces too)
+    harness.check_trace_bytes(harness.mutate(BOMB_SEEDS[name], random.Random(seed), 1 + seed), workdir)
