@@ -14,6 +14,7 @@ from memrec.events import Kind
 from memrec.trace.writer import TraceWriter
 from memrec.tui.app import MemrecApp
 from memrec.tui.sources import FileSource
+from memrec.tui.widgets.panels import HOLDER_VIEWS
 from memrec.tui.widgets.panels import HoldersTable
 
 SEC, T0, MiB = synth.SEC, synth.T0, 2**20
@@ -56,11 +57,11 @@ async def test_holders_list_contexts_with_their_cost_and_the_split(tmp_path):
         await settle(pilot)
         assert holders.view_name == "untraced"
         assert [str(c) for c in holders.get_row_at(0)[1:]] == ["590.0 MiB"] + ["0 B"] * 7
-        # AND on GPU 1 (the view stays; five more presses come back to contexts) it is foreign
+        # AND on GPU 1 (the view stays; once round the other views comes back to contexts) it is foreign
         await pilot.press("g")  # the next GPU
         await settle(pilot)
         assert app.main.gpu == 1
-        await pilot.press("h", "h", "h", "h", "h")
+        await pilot.press(*["h"] * (len(HOLDER_VIEWS) - 1))
         await settle(pilot)
         assert holders.view_name == "context"
         assert holders.get_row_at(0)[4] == "foreign: allocates nothing here"
