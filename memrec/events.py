@@ -61,7 +61,7 @@ class Kind(enum.IntEnum):
     MULTICAST_ADD = 40  # cuMulticastAddDevice: handle, aux = device ordinal
     MULTICAST_BIND = 41  # cuMulticastBindMem / BindAddr: handle, size, ptr = offset, aux = memory handle or VA
     MULTICAST_UNBIND = 42  # cuMulticastUnbind: handle, size, aux = device ordinal
-    # Format 2.3: tensor blocks inside the caching allocator's segments (PyTorch's USDT probes).
+    # Format 2.2 too: tensor blocks inside the caching allocator's segments (PyTorch's USDT probes).
     TENSOR_ALLOC = 45  # a block handed out: ptr, size (as requested), ordinal = device, handle = stream
     TENSOR_FREE = 46  # a block given back to the cache: ptr (size and device come from its allocation)
 

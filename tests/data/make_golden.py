@@ -1,17 +1,21 @@
-"""Regenerate the golden trace ``golden_v2_1.mrec`` and its expected dump ``golden_v2_1.dump.jsonl``.
+"""Regenerate the golden trace ``golden_v2_2.mrec`` and its expected dump ``golden_v2_2.dump.jsonl``.
 
 Run ``python tests/data/make_golden.py`` only when format v2 deliberately changes (a new minor):
 the test suite checks that today's writer still produces these exact bytes and that today's
 reader still decodes them to exactly this dump. Read the diff of the ``.jsonl`` before committing.
-``golden_v1.mrec`` and its dump are what this script wrote with format 1, ``golden_v2.mrec`` and
-its dump what it wrote with format 2.0: they stay as they are, so that the reader keeps reading
-format 1 and 2.0 (the dumps are the same but for the header's version and minor).
+``golden_v1.mrec``, ``golden_v2.mrec`` and ``golden_v2_1.mrec`` (and their dumps) are what this
+script wrote with formats 1, 2.0 and 2.1: they stay as they are, so that the reader keeps reading
+them (their dumps are the same but for the header's version and minor). Format 2.2 added the
+rows, header keys and trailer keys marked "2.2" below; the older files lack them.
 The exact bytes depend on the Zstandard library (pinned in constraints.txt).
 
 The trace is small but holds every record type: two processes (TP0 exports a buffer over CUDA IPC,
 TP1 opens it), driver allocations, a VMM create/map, a failed (out of memory) allocation, NVML
 device and per-process samples, phase markers with SGLang's numbers, a lost-events count, a keyframe,
-and the trailer; events span several chunks (3 rows per chunk).
+and the trailer; events span several chunks (3 rows per chunk). Since 2.2 it also holds one event of
+every kind 30-42 (CUDA arrays, a context limit, graph capture and graph memory, multicast) and 45-46
+(tensor blocks), each GPU's ``resident_threads``, the header's ``recording_id`` and ``probes.torch``
+list, and the daemon's trailer keys (``markers_dropped``, ``processes_expired``, ...).
 """
 
 from __future__ import annotations
@@ -37,14 +41,16 @@ from memrec.trace.writer import BytesSink
 from memrec.trace.writer import TraceWriter
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-GOLDEN = os.path.join(HERE, "golden_v2_1.mrec")
-GOLDEN_DUMP = os.path.join(HERE, "golden_v2_1.dump.jsonl")
+GOLDEN = os.path.join(HERE, "golden_v2_2.mrec")
+GOLDEN_DUMP = os.path.join(HERE, "golden_v2_2.dump.jsonl")
 
 GiB = 1 << 30
 MiB = 1 << 20
 T0 = 1_000_000_000_000  # CLOCK_MONOTONIC ns at the start of the recording
 TP0, TP1 = 4242, 4243
 IPC_HANDLE = bytes(range(64))
+TORCH_LIB = {"path": "/opt/venv/lib/python3.11/site-packages/torch/lib/libc10_cuda.so",
+             "attached": ["pytorch:malloc", "pytorch:free"], "problem": None}
 
 HEADER = {
     "host": "golden-host",
@@ -53,14 +59,16 @@ HEADER = {
     "anchor": {"monotonic_ns": T0, "wall_ns": 1_764_400_000_000_000_000},
     "gpus": [
         GpuInfo(index=i, uuid=f"GPU-{str(i) * 8}-0000-0000-0000-000000000000", name="NVIDIA H200",
-                total=150 * GiB, bar1_total=256 * GiB)
+                total=150 * GiB, bar1_total=256 * GiB, resident_threads=132 * 2048)  # 2.2: resident_threads
         for i in range(2)
     ],
     "probes": {
         "libraries": ["/usr/lib/x86_64-linux-gnu/libcuda.so.1"],
         "attached": ["cuMemAlloc_v2", "cuMemFree_v2"],
         "missing": ["cuMemAllocAsync_ptsz"],
+        "torch": [TORCH_LIB],  # 2.2: the libc10_cuda.so files tried (memrec daemon --tensors)
     },
+    "recording_id": "0123456789abcdef",  # 2.2: the dataset's trace_id
     "config": {"follow_tree": False, "nvml_device_hz": 10, "nvml_process_hz": 1},
     "created_by": "memrec golden",
 }
@@ -80,6 +88,22 @@ def _events() -> np.ndarray:
         (90, TP1, TP1, Kind.ALLOC, Api.cuMemAllocPitch_v2, 999, 0, 1, 0, 4096, 0, 0),
         (100, TP0, TP0, Kind.FREE, Api.cuMemFree_v2, 0, 0, 0, 0x7F12_0000_0000, 0, 0, 0),
         (110, TP1, TP1, Kind.PROC_EXIT, Api.sched_process_exit, 0, -1, -1, 0, 0, 0, 0),
+        # 2.2: one event of each new kind, all TP0's on GPU 0
+        (111, TP0, TP0, Kind.ARRAY_CREATE, Api.cuArray3DCreate_v2, 0, 0, 0, 0, 64 * MiB, 0xA000_0001, 0),
+        (112, TP0, TP0, Kind.CTX_LIMIT, Api.cuCtxSetLimit, 0, 0, 0, 0, 64 * 1024, 0, 0),  # CU_LIMIT_STACK_SIZE
+        (113, TP0, TP0, Kind.CAPTURE_BEGIN, Api.cuStreamBeginCapture_v2, 0, 0, 0, 0, 0, 0x5700_0001, 0),
+        (114, TP0, TP0, Kind.GRAPH_ALLOC, Api.cuMemAllocAsync, 0, 0, 0, 0x7F40_0000_0000, 32 * MiB, 0x5700_0001, 0),
+        (115, TP0, TP0, Kind.GRAPH_FREE, Api.cuMemFreeAsync, 0, 0, 0, 0x7F40_0000_0000, 0, 0x5700_0001, 0),
+        (116, TP0, TP0, Kind.CAPTURE_END, Api.cuStreamEndCapture, 0, 0, 0, 0x6700_0001, 0, 0x5700_0001, 0),
+        (117, TP0, TP0, Kind.GRAPH_EXEC, Api.cuGraphInstantiateWithFlags, 0, 0, 0, 0x6700_0001, 0, 0x6800_0001, 0),
+        (118, TP0, TP0, Kind.GRAPH_TRIM, Api.cuDeviceGraphMemTrim, 0, 0, 0, 0, 0, 0, 0),
+        (119, TP0, TP0, Kind.MULTICAST_CREATE, Api.cuMulticastCreate, 0, -1, -1, 0, 2 * MiB, 0x6900_0001, 2),
+        (120, TP0, TP0, Kind.MULTICAST_ADD, Api.cuMulticastAddDevice, 0, 0, 0, 0, 0, 0x6900_0001, 0),
+        (121, TP0, TP0, Kind.MULTICAST_BIND, Api.cuMulticastBindMem, 0, 0, 0, 0, 2 * MiB, 0x6900_0001, 0x6600_0001),
+        (122, TP0, TP0, Kind.MULTICAST_UNBIND, Api.cuMulticastUnbind, 0, 0, 0, 0, 2 * MiB, 0x6900_0001, 0),
+        (123, TP0, TP0, Kind.ARRAY_DESTROY, Api.cuArrayDestroy, 0, 0, 0, 0, 0, 0xA000_0001, 0),
+        (124, TP0, TP0, Kind.TENSOR_ALLOC, Api.torch_malloc, 0, 0, 0, 0x7F20_0000_0000, 3 * MiB, 0x5700_0002, 0),
+        (125, TP0, TP0, Kind.TENSOR_FREE, Api.torch_free, 0, -1, -1, 0x7F20_0000_0000, 0, 0, 0),
     ]
     ev = empty_events(len(rows))
     for i, (dt, pid, tid, kind, api, result, ordinal, gpu, ptr, size, handle, aux) in enumerate(rows):
@@ -152,10 +176,13 @@ def write_golden(sink: object) -> TraceWriter:
     state.apply(ev[:8].copy())
     snap = state.snapshot()
     w.write_keyframe(T0 + 87, {**snap, "v": 1, "allocs": alloc_rows(snap)})
-    w.write_events(ev[8:])
+    w.write_events(ev[8:11])
     w.write_procmem(_procmem(T0 + 95))
     w.write_marker(_marker(T0 + 105, TP0, "load_weights", "end", 0, {"available_after_weights": 137.0}))
-    w.close({"end_ts": T0 + 120, "reason": "SIGTERM"})
+    w.write_events(ev[11:])
+    # 2.2: the daemon's trailer keys (counts it keeps while recording) and the torch list again
+    w.close({"end_ts": T0 + 130, "reason": "SIGTERM", "markers_dropped": {"budget": 0, "open_phases": 1, "disk": 0},
+             "processes_expired": 2, "process_reads_refused": 0, "rotations_refused": 0, "torch": [TORCH_LIB]})
     return w
 
 

@@ -17,10 +17,10 @@ from memrec.trace import format as fmt
 from memrec.trace.writer import TraceWriter
 
 DATA = pathlib.Path(__file__).resolve().parents[1] / "data"
-GOLDEN = DATA / "golden_v2_1.mrec"
-GOLDEN_DUMP = DATA / "golden_v2_1.dump.jsonl"
+GOLDEN = DATA / "golden_v2_2.mrec"
+GOLDEN_DUMP = DATA / "golden_v2_2.dump.jsonl"
 #: (trace, expected dump) for format 2 and for format 1, which must still dump the same
-GOLDENS = [pytest.param(DATA / f"golden_v{v}.mrec", DATA / f"golden_v{v}.dump.jsonl", id=f"v{v}") for v in ("2_1", 2, 1)]
+GOLDENS = [pytest.param(DATA / f"golden_v{v}.mrec", DATA / f"golden_v{v}.dump.jsonl", id=f"v{v}") for v in ("2_2", "2_1", 2, 1)]
 
 
 @pytest.fixture
@@ -54,7 +54,9 @@ def test_dump_prints_one_line_per_event_with_names_and_hex(main, capsys):
     assert out[0]["type"] == "header" and out[0]["magic"] == fmt.MAGIC
     assert out[-1]["type"] == "trailer"
     events = [line for line in out if line["type"] == "event"]
-    assert len(events) == 11
+    assert len(events) == 26
+    # (2.2's kinds by name too)
+    assert [e["kind"] for e in events[-2:]] == ["TENSOR_ALLOC", "TENSOR_FREE"] and events[-2]["api"] == "torch_malloc"
     oom = next(e for e in events if e["result"] == 2)
     assert oom["kind"] == "ALLOC" and oom["api"] == "cuMemAlloc_v2" and oom["result_name"] == "CUDA_ERROR_OUT_OF_MEMORY"
     alloc = next(e for e in events if e["kind"] == "ALLOC" and e["result"] == 0)

@@ -43,7 +43,8 @@ from memrec.trace.writer import TraceWriter
 from tests.utils import v1_wire
 
 DATA = pathlib.Path(__file__).resolve().parents[1] / "data"
-GOLDEN = DATA / "golden_v2_1.mrec"  # what today's writer writes
+GOLDEN = DATA / "golden_v2_2.mrec"  # what today's writer writes
+GOLDEN_V2_1 = DATA / "golden_v2_1.mrec"  # what format 2.1 wrote (frozen: the reader must still read it)
 GOLDEN_V2_0 = DATA / "golden_v2.mrec"  # what format 2.0 wrote (frozen: the reader must still read it)
 GOLDEN_V1 = DATA / "golden_v1.mrec"  # what format 1 wrote (frozen: the reader must still read it)
 
@@ -1033,16 +1034,23 @@ def test_the_writer_still_produces_the_golden_bytes():
     assert golden.golden_bytes() == GOLDEN.read_bytes()
 
 
-@pytest.mark.parametrize("path,version", [(GOLDEN, 2), (GOLDEN_V2_0, 2), (GOLDEN_V1, 1)], ids=["v2.1", "v2.0", "v1"])
-def test_the_golden_trace_decodes_to_what_it_was_written_with(path, version):
-    # GIVEN the committed golden trace (format 2.1, and format 2.0's and 1's)
+#: The kinds format 2.2 added (issue 21's and the tensor probes'): the golden 2.2 trace has one of each.
+KINDS_2_2 = [*range(Kind.ARRAY_CREATE, Kind.MULTICAST_UNBIND + 1), Kind.TENSOR_ALLOC, Kind.TENSOR_FREE]
+
+
+@pytest.mark.parametrize("path,version,minor", [(GOLDEN, 2, 2), (GOLDEN_V2_1, 2, 1), (GOLDEN_V2_0, 2, 0), (GOLDEN_V1, 1, 1)],
+                         ids=["v2.2", "v2.1", "v2.0", "v1"])
+def test_the_golden_trace_decodes_to_what_it_was_written_with(path, version, minor):
+    # GIVEN the committed golden trace (format 2.2, and format 2.1's, 2.0's and 1's)
     # WHEN loaded
     trace = load_trace(path)
-    # THEN its content is the recording make_golden.py describes
+    # THEN its content is the recording make_golden.py describes (2.2's rows after the older ones')
     assert trace.warnings == []
-    assert trace.header["version"] == version and trace.header["host"] == "golden-host"
+    assert (trace.header["version"], trace.header["minor"]) == (version, minor) and trace.header["host"] == "golden-host"
     assert [g.name for g in trace.gpus] == ["NVIDIA H200", "NVIDIA H200"]
-    assert len(trace.events) == 11 and (np.diff(trace.events["ts"].astype(np.int64)) > 0).all()
+    n = 11 + (len(KINDS_2_2) if minor == 2 else 0)
+    assert len(trace.events) == n and (np.diff(trace.events["ts"].astype(np.int64)) > 0).all()
+    assert sorted(set(trace.events["kind"][11:].tolist())) == (KINDS_2_2 if minor == 2 else [])
     export = trace.events[trace.events["kind"] == Kind.IPC_EXPORT]
     opened = trace.events[trace.events["kind"] == Kind.IPC_OPEN]
     assert export["ipc"][0].tobytes() == opened["ipc"][0].tobytes() == bytes(range(64))
@@ -1052,7 +1060,29 @@ def test_the_golden_trace_decodes_to_what_it_was_written_with(path, version):
     assert [m.phase for m in trace.markers] == ["begin", "instant", "end"]
     assert trace.keyframes[0].event_index == 8 and trace.lost == 3
     assert len(trace.nvml) == 2 and len(trace.procmem) == 2
-    assert trace.trailer["reason"] == "SIGTERM" and trace.trailer["counts"]["events"] == 11
+    assert trace.trailer["reason"] == "SIGTERM" and trace.trailer["counts"]["events"] == n
+
+
+def test_the_golden_2_2_trace_holds_the_new_kinds_header_and_trailer_keys():
+    # GIVEN the committed golden trace of format 2.2
+    # WHEN loaded
+    trace = load_trace(GOLDEN)
+    # THEN every kind 2.2 added is there once, with its api
+    ev = trace.events[11:]
+    assert ev["kind"].tolist() == [Kind.ARRAY_CREATE, Kind.CTX_LIMIT, Kind.CAPTURE_BEGIN, Kind.GRAPH_ALLOC,
+                                   Kind.GRAPH_FREE, Kind.CAPTURE_END, Kind.GRAPH_EXEC, Kind.GRAPH_TRIM,
+                                   Kind.MULTICAST_CREATE, Kind.MULTICAST_ADD, Kind.MULTICAST_BIND,
+                                   Kind.MULTICAST_UNBIND, Kind.ARRAY_DESTROY, Kind.TENSOR_ALLOC, Kind.TENSOR_FREE]
+    assert ev["api"][ev["kind"] == Kind.TENSOR_ALLOC].tolist() == [Api.torch_malloc]
+    assert ev["size"][ev["kind"] == Kind.ARRAY_CREATE].tolist() == [64 * 2**20]
+    # AND the header's 2.2 keys: each GPU's resident threads, the recording id, the torch list
+    assert [g.resident_threads for g in trace.gpus] == [132 * 2048] * 2
+    assert trace.header["recording_id"] == "0123456789abcdef"
+    assert [t["path"].rsplit("/", 1)[1] for t in trace.header["probes"]["torch"]] == ["libc10_cuda.so"]
+    # AND the trailer's daemon counts
+    assert trace.trailer["markers_dropped"] == {"budget": 0, "open_phases": 1, "disk": 0}
+    assert (trace.trailer["processes_expired"], trace.trailer["process_reads_refused"]) == (2, 0)
+    assert trace.trailer["torch"] == trace.header["probes"]["torch"]
 
 
 def test_the_spec_example_reads_the_golden_trace_with_only_msgpack_numpy_and_zstandard(tmp_path):
