@@ -145,6 +145,23 @@ class _Replay(TensorBlocks):
                                                self.fragmentation(pid, g), largest))
 
 
+def _libraries(value: Any) -> list[dict] | None:
+    """The header's or trailer's ``torch`` list as the report shows it: ``{path, attached, problem}``
+    per entry, whatever a damaged or foreign file holds there (the format leaves ``probes`` free-form);
+    None when there is no list."""
+    if value is None:
+        return None
+    out = []
+    for lib in value if isinstance(value, list) else []:
+        if not isinstance(lib, dict):
+            continue
+        path, attached, problem = lib.get("path"), lib.get("attached"), lib.get("problem")
+        out.append({"path": path if isinstance(path, str) else "(no path)",
+                    "attached": [a for a in attached if isinstance(a, str)] if isinstance(attached, list) else [],
+                    "problem": problem if isinstance(problem, str) else None})
+    return out
+
+
 def tensor_section(events: Any, phases: Phases, start: int, header: dict, trailer: dict | None = None,
                    pid: int | None = None, gpu: int | None = None) -> dict | None:
     """The report's ``tensors`` section, or None when the trace has no tensor events and no
@@ -157,7 +174,8 @@ def tensor_section(events: Any, phases: Phases, start: int, header: dict, traile
             the trailer lists those found during the recording too, the header those at its start).
         pid, gpu: the report's filter.
     """
-    libraries = (trailer or {}).get("torch", (header.get("probes") or {}).get("torch"))
+    probes = header.get("probes")
+    libraries = _libraries((trailer or {}).get("torch", probes.get("torch") if isinstance(probes, dict) else None))
     kinds = events["kind"]
     tensor = (kinds == T_ALLOC) | (kinds == T_FREE)
     if not tensor.any() and libraries is None:

@@ -88,3 +88,26 @@ def test_no_section_without_tensor_events_or_probed_installs():
     assert tensor_section(ev, build_phases([]), 0, {"probes": {}}) is None
     without = {"probes": {"torch": [{"path": "/y/libc10_cuda.so", "attached": [], "problem": "no probes"}]}}
     assert tensor_section(ev, build_phases([]), 0, without)["libraries"][0]["problem"] == "no probes"
+
+
+def test_a_damaged_torch_list_is_shown_not_crashed_on(capsys, tmp_path):
+    # GIVEN the golden 2.2 trace whose trailer's torch list is damaged (found by the fuzz test):
+    # an entry without a path, one whose sites are not a list, one that is not a map
+    from pathlib import Path
+
+    import msgpack
+
+    from memrec.commands import main
+    from memrec.trace.format import packb
+
+    golden = Path(__file__).resolve().parents[1] / "data" / "golden_v2_2.mrec"
+    records = list(msgpack.Unpacker(golden.open("rb"), raw=False, strict_map_key=False))
+    records[-1]["torch"] = [{"attached": ["pytorch:malloc"]}, {"path": "/z/libc10_cuda.so", "attached": 7, "problem": 3}, 5]
+    path = tmp_path / "damaged.mrec"
+    path.write_bytes(b"".join(packb(r) for r in records))
+    # WHEN reported
+    rc = main(["report", str(path)])
+    # THEN the report is printed with what the entries hold
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "probes: (no path) (1 sites)" in out and "probes: /z/libc10_cuda.so (0 sites)" in out
