@@ -50,6 +50,19 @@ allows it, else to the one loose pending cost whose range holds it. Two loose co
 both hold it, or none, leave it **unexplained**, whatever happened nearby. A negative step goes
 to the strongest bracketed category, or stays unexplained.
 
+Two rules keep a family from another's bytes when a reading and the calls race:
+
+- a reading is stamped before NVML answers, and a process that runs on meanwhile shows calls
+  stamped after it (the H200's ``fast_context``: the reading after the bind held the stack and the
+  array, 4.62 GiB). The sign is measured: the next interval's residual falls by bytes the probes
+  traced in it, and no bracketed family holds that much to give back. Reading ``k``'s step is then
+  held unexplained, and at reading ``k + 1`` the two intervals are attributed as one step;
+- a negative step goes to a bracketed family only as far as that family holds bytes (never below
+  zero); past that it is unexplained.
+
+A context bind brackets every interval it spans (its entry to its return): under
+``CUDA_MODULE_LOADING=EAGER`` the retain loads every module inside it, over several readings.
+
 Each step also gets the phase (markers) of its process open at the explaining call, or at the
 reading when there is none.
 """
