@@ -192,15 +192,23 @@ class TraceIntake:
             if self.max_events and len(self.keyframes) > 64:
                 del self.keyframes[:-64]
                 del self._kf_points[:-64]
-            self._kf_points.append((ts, _totals_by_gpu(s)))
+            totals = _totals_by_gpu(s)
+            self._kf_points.append((ts, totals))
+            # every GPU that held memory since the state began, not only those holding some now: a
+            # live subscription to a daemon without NVML (no GPU list in its header) after its
+            # workloads freed everything otherwise names no GPU, and the view stays blank
+            named = {g: totals.get(g, np.zeros(NCAT, np.int64)) for g in s.peaks() if g >= 0} | totals
             if event_index == 0 and self.frontier == 0 and not self._checkpoints and self.store.n == 0:
                 # the trace starts with a state (a rotated file, or a live subscription)
                 s.n_events = 0
                 s.journal = self._live.journal
                 self._live = s
-                for g, values in _totals_by_gpu(s).items():
+                for g, values in sorted(named.items()):
                     self._gpu_ids.add(g)
                     self.series.setdefault(g, CategorySeries()).set_initial(values, -1, ts)
+            else:
+                for g in named:
+                    self._gpu_ids.add(g)
 
     def set_lost(self, total: int) -> None:
         self.lost = max(self.lost, int(total))

@@ -50,6 +50,19 @@ allows it, else to the one loose pending cost whose range holds it. Two loose co
 both hold it, or none, leave it **unexplained**, whatever happened nearby. A negative step goes
 to the strongest bracketed category, or stays unexplained.
 
+Two rules keep a family from another's bytes when a reading and the calls race:
+
+- a reading is stamped before NVML answers, and a process that runs on meanwhile shows calls
+  stamped after it (the H200's ``fast_context``: the reading after the bind held the stack and the
+  array, 4.62 GiB). The sign is measured: the next interval's residual falls by bytes the probes
+  traced in it, and no bracketed family holds that much to give back. Reading ``k``'s step is then
+  held unexplained, and at reading ``k + 1`` the two intervals are attributed as one step;
+- a negative step goes to a bracketed family only as far as that family holds bytes (never below
+  zero); past that it is unexplained.
+
+A context bind brackets every interval it spans (its entry to its return): under
+``CUDA_MODULE_LOADING=EAGER`` the retain loads every module inside it, over several readings.
+
 Each step also gets the phase (markers) of its process open at the explaining call, or at the
 reading when there is none.
 """
@@ -224,6 +237,7 @@ class Explainers:
         pending: dict[tuple[int, int], int] = {}
         handles = ev["handle"].astype(np.uint64).tolist()
         ctx_of = [0] * len(ev)
+        began = [0] * len(ev)  # a new context's bind: when it began (its CTX_BEGIN's ts)
         keep = np.ones(len(ev), dtype=bool)
         begins: dict[tuple[int, int], int] = {}  # a bind's entry, kept if it makes a new context
         for i, (k, p, g) in enumerate(zip(ev["kind"].tolist(), ev["pid"].tolist(), ev["gpu"].tolist())):
@@ -242,12 +256,14 @@ class Explainers:
                 if begin is not None:
                     keep[begin] = True
                     ctx_of[begin] = handles[i]
+                    began[i] = int(ev["ts"][begin])
             elif k == _K[Kind.KERNEL_LOAD] and (p, g) in pending:
                 strength[i] = _CONTEXT
                 ctx_of[i] = pending.pop((p, g))
         libraries = _library_names(ev)
         ev, strength = ev[keep], strength[keep]
         ctx_of = [c for c, k in zip(ctx_of, keep.tolist()) if k]
+        began64 = np.asarray(began, dtype=np.int64)[keep]
         self.libraries = [n for n, k in zip(libraries, keep.tolist()) if k]
         self.by_pid: dict[int, tuple[np.ndarray, ...]] = {}
         # every process's rows from one stable sort by pid (a mask per process was
@@ -257,6 +273,10 @@ class Explainers:
         ts64, aux64 = ev["ts"].astype(np.int64), ev["aux"].astype(np.int64)
         timed = _one_of(ev["kind"], _ENTRY_TIMED) & (aux64 > 0) & (aux64 <= ts64) & (ts64 - aux64 < MAX_CALL_NS)
         start = np.where(timed, aux64, ts64)
+        # A bind runs across readings too: under CUDA_MODULE_LOADING=EAGER the retain loads every
+        # module inside it (1.2 GiB over ~0.8 s on an H200), so each interval it spans is its step.
+        bind_timed = (began64 > 0) & (began64 <= ts64) & (ts64 - began64 < MAX_CALL_NS)
+        start = np.where(bind_timed, began64, start)
         order = np.argsort(ev["pid"], kind="stable")
         pids = ev["pid"][order]
         cols = (ts64, ev["gpu"].astype(np.int64), strength, ev["api"].astype(np.int64),
@@ -600,65 +620,98 @@ def split_process(
             context=ctx, library=lib,
         ))
 
+    def bracket_of(since: int | None, until: int, delta: int) -> tuple[tuple[str, float] | None, int | None, bool]:
+        """The strongest explaining call in (since, until] (and those still running at ``until``):
+        ((category, bound) or None, its index, whether several libraries' code calls share it)."""
+        lo = int(np.searchsorted(e_ts, since, side="right")) if since is not None else 0
+        hi = int(np.searchsorted(e_ts, until, side="right"))
+        # (Those that returned come last: of equal strength, the cause named is one of them.)
+        idx = np.arange(lo, hi)
+        if longest:
+            more = np.arange(hi, int(np.searchsorted(e_ts, until + longest, side="right")))
+            idx = np.concatenate((more[e_start[more] <= until], idx))
+        if not len(idx):
+            return None, None, False
+        window = e_str[idx]
+        pick = window if delta < 0 else np.where(window == _LIMITS, 0, window)
+        best = int(pick.max())
+        if best <= 0:
+            return None, None, False
+        cause_i = int(idx[np.nonzero(pick == best)[0][-1]])
+        category = _CATEGORY[best]
+        bound = float("inf")
+        several = False
+        if category == "module_code":
+            last = int(idx.max())  # no load seen by then, or one of unknown size: no bound
+            known = int(n_loads[last]) and not int(n_unknown[last])
+            bound = float(budget_sum[last] - module_used) if known else float("inf")
+            # several libraries' calls in one interval: name none
+            several = len({e_lib[i] for i in idx.tolist() if int(e_str[i]) == _MODULE}) > 1
+        elif category == "graph":
+            bound = float(sum(c.hi for c in costs.open.values() if c.category == "graph"))
+        return (category, bound), cause_i, several
+
+    def ran_ahead(k: int, delta: int, bracket: tuple[str, float] | None) -> bool:
+        """Whether reading ``k`` already showed bytes of calls stamped after it (NVML is read
+        after the reading's stamp, while the process runs on): the next interval's residual falls
+        by bytes the probes traced in it, with no bracketed family holding that much to give back.
+        The two intervals are then one step (reading ``k``'s step is held unexplained until then)."""
+        if delta <= 0 or k + 1 >= n:
+            return False
+        drop = int(residual[k + 1] - residual[k])
+        if drop >= 0 or int(traced[k + 1] - traced[k]) < -drop - tolerance(drop):
+            return False
+        nb, _, _ = bracket_of(int(ts[k]), int(ts[k + 1]), drop)
+        if nb is None or nb[0] == "pools":
+            return nb is None
+        held = totals[nb[0]] + (delta if bracket is not None and bracket[0] == nb[0] else 0)
+        return held + drop < -tolerance(drop)
+
+    held_back, held_since = 0, None  # a step held unexplained (ran_ahead) and where it began
     for k in range(n):
         delta = int(residual[k] - (residual[k - 1] if k else 0))
         since = int(ts[k - 1]) if k else None
-        lo = int(np.searchsorted(e_ts, since, side="right")) if since is not None else 0
-        hi = int(np.searchsorted(e_ts, ts[k], side="right"))
         costs.advance(int(ts[k]))
         if k == 0 and not bound_before:
             record(k, since, delta, "before_recording", None, None)
-        elif delta:
-            cause_i = None
-            bracket = None
-            several = False
-            # The calls inside the interval: those that returned in it, and those still running
-            # at its reading (begun before it).
-            # (Those that returned come last: of equal strength, the cause named is one of them.)
-            idx = np.arange(lo, hi)
-            if longest:
-                more = np.arange(hi, int(np.searchsorted(e_ts, int(ts[k]) + longest, side="right")))
-                idx = np.concatenate((more[e_start[more] <= ts[k]], idx))
-            if len(idx):
-                window = e_str[idx]
-                pick = window if delta < 0 else np.where(window == _LIMITS, 0, window)
-                best = int(pick.max())
-                if best > 0:
-                    cause_i = int(idx[np.nonzero(pick == best)[0][-1]])
-                    category = _CATEGORY[best]
-                    bound = float("inf")
-                    if category == "module_code":
-                        last = int(idx.max())  # no load seen by then, or one of unknown size: no bound
-                        known = int(n_loads[last]) and not int(n_unknown[last])
-                        bound = float(budget_sum[last] - module_used) if known else float("inf")
-                    elif category == "graph":
-                        bound = float(sum(c.hi for c in costs.open.values() if c.category == "graph"))
-                    bracket = (category, bound)
-                    if category == "module_code":  # several libraries' calls in one interval: name none
-                        names = {e_lib[i] for i in idx.tolist() if int(e_str[i]) == _MODULE}
-                        several = len(names) > 1
-            if delta < 0:
-                if bracket is not None:
-                    record(k, since, delta, bracket[0], cause_i, None, several)
+            for name in SPLIT:
+                cum[name][k] = totals[name]
+            continue
+        start = since
+        if held_back:
+            record(k, since, -held_back, "unexplained", None, None)
+            delta += held_back
+            start, held_back = held_since, 0
+        if delta:
+            bracket, cause_i, several = bracket_of(start, int(ts[k]), delta)
+            if ran_ahead(k, delta, bracket):
+                record(k, since, delta, "unexplained", None, None)
+                held_back, held_since = delta, start
+            elif delta < 0:
+                # A family gives back only what it holds (a drop past that is not its).
+                owns = bracket is not None and (bracket[0] == "pools"
+                                                or totals[bracket[0]] + delta >= -tolerance(delta))
+                if owns:
+                    record(k, start, delta, bracket[0], cause_i, None, several)
                     if bracket[0] == "module_code":
                         module_used += delta
                 else:
-                    record(k, since, delta, "unexplained", None, None)
+                    record(k, start, delta, "unexplained", None, None)
             else:
                 parts = _explain(delta, costs, bracket)
                 if parts is None:
-                    record(k, since, delta, "unexplained", None, None)
+                    record(k, start, delta, "unexplained", None, None)
                 else:
                     left = delta
                     for category, nbytes, cost in parts:
                         nbytes = min(nbytes, left) if nbytes > 0 else nbytes
-                        record(k, since, nbytes, category, cause_i if cost is None else None, cost, several)
+                        record(k, start, nbytes, category, cause_i if cost is None else None, cost, several)
                         left -= nbytes
                         if cost is not None:
                             costs.settle(cost, nbytes)
                         if cost is None and category == "module_code":
                             module_used += nbytes
-                    record(k, since, left, "unexplained", None, None)
+                    record(k, start, left, "unexplained", None, None)
         for name in SPLIT:
             cum[name][k] = totals[name]
     return UntracedSplit(

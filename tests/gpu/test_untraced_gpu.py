@@ -14,12 +14,14 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 from conftest import memrec_cmd
 
 from memrec.analysis.reconcile import reconcile
 from memrec.live import wait_for_daemon
 from memrec.analysis.text import human
+from memrec.events import Kind
 from memrec.trace.reader import load_trace
 
 pytestmark = pytest.mark.usefixtures("torch")
@@ -39,7 +41,7 @@ def _record(tmp_path, scenario: str, env: dict | None = None, name: str | None =
     return trace_path
 
 
-def _check(trace_path, pids: set[int] | None = None) -> list[dict]:
+def _check(trace_path, pids: set[int] | None = None, unbracketed: int = 0) -> list[dict]:
     """Print and check the split of every process (of ``pids``) NVML listed on each GPU."""
     trace = load_trace(trace_path)
     rec = reconcile(trace)
@@ -65,7 +67,16 @@ def _check(trace_path, pids: set[int] | None = None) -> list[dict]:
                   + ("  FOREIGN" if c["foreign"] else ""))
     assert checked, "NVML listed no recorded process"
     for row in checked:
-        assert abs(row["split"]["unexplained"]) <= row["limit"], f"pid {row['pid']} GPU {row['gpu']}: too much unexplained"
+        assert abs(row["split"]["unexplained"]) <= row["limit"] + unbracketed, \
+            f"pid {row['pid']} GPU {row['gpu']}: too much unexplained"
+    if unbracketed:  # the unexplained steps allowed for are those no code call brackets
+        code = np.isin(trace.events["kind"], [int(Kind.CODE_LOAD), int(Kind.KERNEL_LOAD)])
+        for row in checked:
+            for st in rec.splits[(row["gpu"], row["pid"])].steps:
+                if st.category == "unexplained" and st.bytes > row["limit"] and st.since is not None:
+                    inside = code & (trace.events["pid"] == row["pid"]) & (trace.events["ts"] > st.since) \
+                        & (trace.events["ts"] <= st.ts)
+                    assert not inside.any(), f"a code call brackets an unexplained step of {human(st.bytes)}"
     return checked
 
 
@@ -89,7 +100,12 @@ def test_graph_capture_with_cublas_on_expandable_segments(tmp_path):
 
 @pytest.mark.parametrize("cumem", ["1", "0"])
 def test_nccl_one_rank(tmp_path, cumem):
-    rows = _check(_record(tmp_path, "nccl", {"NCCL_CUMEM_ENABLE": cumem}, name=f"nccl-cumem{cumem}"))
+    # NCCL's kernels reach the device at their first launch (never probed), after the reading that
+    # follows its last fetch: on the H200 a +70 MiB step 12-17 ms after the last code call, in an
+    # interval holding only allocations (runs/2026-12-01-truth2). No call brackets it, so it stays
+    # unexplained (the issue: no guess called an answer); the test allows that step, and only it.
+    rows = _check(_record(tmp_path, "nccl", {"NCCL_CUMEM_ENABLE": cumem}, name=f"nccl-cumem{cumem}"),
+                  unbracketed=80 * MiB)
     assert rows[0]["split"]["module_code"] >= 64 * MiB, "NCCL's kernels (+262 MiB on an H200) are module code"
 
 

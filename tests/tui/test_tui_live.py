@@ -164,3 +164,37 @@ async def test_live_against_the_real_daemon(sockdir):
         stop.set()
         loop.join(timeout=5)
         daemon.stop()
+
+
+async def test_a_daemon_without_nvml_after_its_workloads_exited(sockdir):
+    # GIVEN a daemon without NVML (its header lists no GPU) whose workloads all exited: its state
+    # holds nothing, and only its peaks name the GPUs they used
+    from memrec.events import Api
+    from memrec.events import Kind
+    from memrec.state import LiveState
+    from memrec.trace.format import finalize_header
+
+    script = synth.Script()
+    for gpu in (0, 1):
+        script.add(0.1 + gpu, 4101, Kind.ALLOC, Api.cuMemAlloc_v2, gpu, ptr=0x7F0000000000 + (gpu << 24), size=1 << 20)
+        script.add(0.2 + gpu, 4101, Kind.FREE, Api.cuMemFree_v2, gpu, ptr=0x7F0000000000 + (gpu << 24))
+    state = LiveState()
+    state.apply(script.events())
+    assert state.totals() == {} and sorted(state.peaks()) == [0, 1]
+    header = finalize_header({"host": "h", "gpus": []})
+    server = ScriptedDaemon(sockdir / "memrec.sock", [
+        header, {"type": "keyframe", "ts": synth.T0 + 3 * SEC, "event_index": 0, "state": state.snapshot()}])
+    clock = FixedClock()
+    app = MemrecApp(LiveSource(str(sockdir / "memrec.sock"), backoff=(0.05, 0.2)), clock=clock, stale_after=3.0,
+                    refresh_interval=0.05)
+    try:
+        async with app.run_test(size=(120, 36)) as pilot:
+            # WHEN the TUI subscribes, THEN it names the GPUs the state used and shows the first
+            await wait_for(pilot, lambda: app.model.gpu_ids() == [0, 1] and app.main.gpu == 0)
+            # AND a quiet daemon without NVML is idle, not stalled (it sends nothing while idle)
+            clock.now += 10
+            await pilot.pause(0.2)
+            status = str(app.query_one("#status").render())
+            assert "live, idle 10s" in status and "stalled" not in status, status
+    finally:
+        server.close()

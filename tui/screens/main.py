@@ -338,8 +338,12 @@ class MainScreen(ViewKeys, SourceEvents, Screen[None]):
             quiet = self.clock() - self.link.last_data
             if not self.link.connected:
                 parts.append(f"[b red]{g.fail}[/] {self.link.note or 'connecting'}")
-            elif quiet > self.stale_after:
+            elif quiet > self.stale_after and m.gpus:
                 parts.append(f"[b yellow]{g.stale} no data for {quiet:.0f}s[/] (daemon stalled?)")
+            elif quiet > self.stale_after:
+                # a daemon without NVML sends nothing while no process calls the driver: silence
+                # is the idle host, not a stall (a daemon that goes away closes the socket)
+                parts.append(f"[b green]{g.live}[/] live, idle {quiet:.0f}s")
             else:
                 parts.append(f"[b green]{g.live}[/] live")
             if self.paused or self.follow:
