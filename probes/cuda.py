@@ -23,11 +23,13 @@ import resource
 import struct
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from dataclasses import field
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+from typing import TypeVar
 
 import numpy as np
 
@@ -482,19 +484,11 @@ class CudaProbes:
 
     def attached_torch(self) -> list[TorchReport]:
         """Reports of every distinct libc10_cuda.so tried, in attach order."""
-        seen: list[TorchReport] = []
-        for report in self._torch_reports.values():
-            if all(report is not r for r in seen):
-                seen.append(report)
-        return seen
+        return _distinct(self._torch_reports.values())
 
     def attached_libraries(self) -> list[AttachReport]:
         """Reports of every distinct library attached, in attach order."""
-        seen: list[AttachReport] = []
-        for report in self._reports.values():
-            if all(report is not r for r in seen):
-                seen.append(report)
-        return seen
+        return _distinct(self._reports.values())
 
     def track_pid(self, pid: int) -> None:
         """Record ``pid`` and, from now on, every process it forks (follow-tree mode only).
@@ -523,6 +517,19 @@ class CudaProbes:
         return sum(struct.unpack(f"<{self._cpus}Q", values)) if values else 0
 
 
+R = TypeVar("R")
+
+
+def _distinct(reports: Iterable[R]) -> list[R]:
+    """One of each report, in first-seen order: a library is filed under several keys, each holding
+    the same report object (compared by identity)."""
+    seen: list[R] = []
+    for report in reports:
+        if all(report is not r for r in seen):
+            seen.append(report)
+    return seen
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print the program as bcc compiles it (``--ebpf``)."""
     parser = argparse.ArgumentParser(prog="python -m memrec.probes.cuda", description=__doc__.splitlines()[0])
@@ -542,3 +549,4 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
