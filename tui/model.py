@@ -165,6 +165,8 @@ class TraceModel(ReplayedTrace):
     def tensors_at(self, seq: int, gpu: int) -> list[tuple[str, Fragmentation]]:
         """Per process with PyTorch tensor blocks on ``gpu`` after event ``seq``: allocated,
         reserved and fragmentation (a trace recorded with ``--tensors``; else empty)."""
+        if not self.tensor_events:
+            return []
         with self._blocks_lock:
             with self.lock:
                 if self._blocks_seq > seq + 1 or self._blocks_seq < self.store.base:

@@ -255,3 +255,27 @@ def test_pid_labels_come_from_marker_ranks_then_process_records():
     assert m.pid_label(100) == "TP1"
     assert m.pid_label(200) == "tp0"
     assert m.pid_label(300) == "300"
+
+
+def test_state_at_skips_the_tensor_replay_without_tensor_events(trace, tmp_path, monkeypatch):
+    # GIVEN a driver-only trace, and a --tensors trace, both read but not replayed
+    from memrec.state.tensors import TensorBlocks
+    from memrec.trace.reader import load_trace
+    from tests.utils import MiB
+    from tests.utils import write_tensor_trace
+
+    plain = TraceModel.from_trace(trace, index=False)
+    tensors = TraceModel.from_trace(load_trace(write_tensor_trace(tmp_path / "t.mrec", [(0, 4 * MiB), (4 * MiB, MiB)])),
+                                    index=False)
+    applied = []
+    real = TensorBlocks.apply
+    monkeypatch.setattr(TensorBlocks, "apply", lambda self, ev: (applied.append(len(ev["kind"])), real(self, ev))[1])
+    # WHEN the state far ahead is asked for on the driver-only trace
+    st = plain.state_at(len(trace.events) - 1, 0)
+    # THEN no event goes through the blocks' replay (it read every event from the first: a seek
+    # ahead on 2M events of 1M live allocations spent 16 of its 18 s there) and none are shown
+    assert plain.tensor_events == 0 and applied == [] and st.tensors == []
+    # AND a --tensors trace still replays its blocks to the cursor
+    st = tensors.state_at(tensors.store.n - 1, 0)
+    assert tensors.tensor_events == 2 and sum(applied) == tensors.store.n
+    assert [f.blocks for _, f in st.tensors] == [2]
