@@ -64,14 +64,17 @@ HEADER = {
     "probes": {"torch": ["libc10_cuda.so"]},
 }
 
-COMMANDS = ("load", "report", "diff", "dump", "tui", "jsonl", "parquet", "csv", "perfetto", "memory-viz", "dataset")
+COMMANDS = ("load_trace", "load", "report", "diff", "dump", "tui", "parquet", "csv", "perfetto", "memory-viz", "dataset")
 
 CHILD = r"""
 import contextlib, io, json, os, resource, sys, threading, time
 what, path, tmp = sys.argv[1], sys.argv[2], sys.argv[3]
 t = time.perf_counter()
 first = None
-if what == "load":
+if what == "load_trace":  # the reader alone: every record decoded into the trace's columns
+    from memrec.trace.reader import load_trace
+    trace = load_trace(path)
+elif what == "load":
     import memrec
     rec = memrec.load(path, pandas=False)
     rec.events, rec.processes, rec.by_phase, rec.samples
