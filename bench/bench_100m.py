@@ -71,9 +71,12 @@ import contextlib, io, json, os, resource, sys, threading, time
 what, path, tmp = sys.argv[1], sys.argv[2], sys.argv[3]
 t = time.perf_counter()
 first = None
+extra = {}
 if what == "load_trace":  # the reader alone: every record decoded into the trace's columns
     from memrec.trace.reader import load_trace
     trace = load_trace(path)
+    # the read budget (memrec/trace/budget.py) must admit a genuine trace whole: every event, no warning
+    extra = {"events_read": len(trace.event_columns["ts"]), "warnings": trace.warnings}
 elif what == "load":
     import memrec
     rec = memrec.load(path, pandas=False)
@@ -99,7 +102,7 @@ else:
     assert rc == 0, (what, rc)
 dt = time.perf_counter() - t
 use = resource.getrusage(resource.RUSAGE_SELF)
-print(json.dumps({"s": dt, "first": first, "cpu": use.ru_utime + use.ru_stime, "rss_mib": use.ru_maxrss / 1024}))
+print(json.dumps({"s": dt, "first": first, "cpu": use.ru_utime + use.ru_stime, "rss_mib": use.ru_maxrss / 1024, **extra}))
 """
 
 

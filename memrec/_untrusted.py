@@ -83,7 +83,8 @@ def too_deep(value: Any, max_depth: int = MAX_DEPTH) -> bool:
     """Whether ``value`` nests lists/maps more than ``max_depth`` levels (checked without recursion).
 
     Flat lists of scalars (a keyframe's tables) are passed over at C speed: only the types of
-    their items are collected.
+    their items are collected; a map's keys are looked at only when one is a container (a
+    record's are strings: every marker and process record of a file comes through here).
     """
     if not isinstance(value, _CONTAINERS):
         return False
@@ -92,8 +93,13 @@ def too_deep(value: Any, max_depth: int = MAX_DEPTH) -> bool:
         obj, depth = stack.pop()
         if depth > max_depth:
             return True
-        children = list(obj.keys()) + list(obj.values()) if isinstance(obj, dict) else obj
-        if _CONTAINER_TYPES.isdisjoint(set(map(type, children))):
+        if isinstance(obj, dict):
+            children = obj.values()
+            if not _CONTAINER_TYPES.isdisjoint(map(type, obj)):
+                children = [*obj, *children]
+        else:
+            children = obj
+        if _CONTAINER_TYPES.isdisjoint(map(type, children)):
             continue
         stack.extend((c, depth + 1) for c in children if type(c) in _CONTAINER_TYPES)
     return False
