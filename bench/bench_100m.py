@@ -306,9 +306,8 @@ def main() -> int:
                 text += f", scan x{statistics.median(r['first'] / f['first'] for r, f in zip(rs, floor)):.2f}"
             line.append(text)
         print(" | ".join(line))
-    if not args.keep:
-        for path in paths.values():
-            path.unlink()
+    for path in () if args.keep else paths.values():
+        path.unlink()
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     return 0
 
