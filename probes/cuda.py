@@ -47,6 +47,7 @@ from memrec.probes.loader import close_in_parallel
 from memrec.probes.probecache import DEFAULT_DIR
 from memrec.probes.probecache import obtain_program
 from memrec.probes.ringbuf import RingBufferReader
+from memrec.probes.usdt import ARG_CONST
 from memrec.probes.usdt import UsdtProbe
 from memrec.probes.usdt import read_probes
 
@@ -59,6 +60,8 @@ TORCH_PROGRAM = "torch.bpf.c"
 #: TORCH_FREE) and the arguments it needs (malloc: pointer, device, size; the stream is extra).
 TORCH_PROBES = {"malloc": (1, 3), "free": (2, 1)}
 TORCH_PROVIDER = "pytorch"
+#: How every reason a PyTorch install gives no tensor blocks ends (doctor, header, report, log).
+SEGMENTS_ONLY = "tensor blocks unavailable, driver segments only"
 #: Slots of torch.bpf.c's usdt_specs (USDT_SPECS): one per probe site attached.
 USDT_SPECS = 256
 #: The driver symbols probed, entry and return each (every Api except the tracepoints).
@@ -189,14 +192,22 @@ def torch_sites(found: list[UsdtProbe]) -> tuple[list[UsdtProbe], str]:
     names = {p.name for p in mine}
     if names != set(TORCH_PROBES):
         lacking = "/".join(sorted(set(TORCH_PROBES) - names))
-        return [], (f"no {TORCH_PROVIDER}:{lacking} USDT probe in this build (PyTorch < 2.1, or built without "
-                    "TORCH_SDT): tensor blocks unavailable, driver segments only")
+        return [], (f"no {TORCH_PROVIDER}:{lacking} USDT probe in this build (PyTorch before 2.1, or built without "
+                    f"TORCH_SDT): {SEGMENTS_ONLY}")
     for probe in mine:
         if probe.args is None:
-            return [], f"{TORCH_PROVIDER}:{probe.name}: {probe.error}"
+            return [], f"{TORCH_PROVIDER}:{probe.name}: {probe.error}; {SEGMENTS_ONLY}"
         need = TORCH_PROBES[probe.name][1]
         if len(probe.args) < need:
-            return [], f"{TORCH_PROVIDER}:{probe.name} has {len(probe.args)} arguments, {need} are read"
+            return [], f"{TORCH_PROVIDER}:{probe.name} has {len(probe.args)} arguments, {need} are read; {SEGMENTS_ONLY}"
+        # PyTorch 2.1 fires malloc before the allocation, with the address of a local variable
+        # where later releases give the block's (checked in the 2.1.2 wheel's code: `lea
+        # -0x48(%rbp),%r14` then the probe, then the call to malloc(&r, ...)); its stream argument
+        # is the constant 0, which no later release has (they pass stream.id()). Recording it
+        # would give blocks at stack addresses whose frees never come.
+        if probe.name == "malloc" and len(probe.args) > 3 and probe.args[3].kind == ARG_CONST:
+            return [], (f"{TORCH_PROVIDER}:malloc fires before the allocation in this build (PyTorch 2.1: its "
+                        f"pointer is not the block's; from 2.2 on it is): {SEGMENTS_ONLY}")
     return mine, ""
 
 
