@@ -118,6 +118,59 @@ def test_processes_running_before_the_attach_get_exact_tensor_events(probes, stu
         b.close()
 
 
+@pytest.mark.parametrize("links", [True, False], ids=["multi-uprobe links", "perf events"])
+def test_tensors_pid_puts_the_probes_in_the_named_process_only(stub_lib, tmp_path, monkeypatch, links):
+    from memrec.probes import bpfsys
+    from memrec.probes.cuda import CudaProbes
+    from memrec.stubdriver.build import build_torch_stub
+
+    if links and not bpfsys.uprobe_multi_supported():
+        pytest.skip(f"kernel {os.uname().release} has no multi-uprobe links (6.6)")
+    monkeypatch.setattr(bpfsys, "uprobe_multi_supported", lambda release=None: links)
+    # An inode of its own, under a name other daemons on this host (other tests' `--tensors`,
+    # which probe every libc10_cuda* mapped) do not look for: nothing else raises its semaphores.
+    lib = build_torch_stub(tmp_path).rename(tmp_path / "libpid_scoped_stub.so")
+    named, other = Worker(stub_lib, lib), Worker(stub_lib, lib)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    p = CudaProbes(probe_cache=str(tmp_path), tensors=True).load()
+    try:
+        # WHEN the probes are attached for one running process (and one that has exited)
+        report = p.attach_torch(lib, pids=(named.pid, gone.pid))
+        assert report.problem == "" and report.pids == (named.pid,)
+        # THEN only that process has its semaphores raised; the other skips the sites, no trap
+        assert named.ask("sem") == [1, 2] and other.ask("sem") == [0, 0]
+        n = 2000
+        named.ask("loop", 0x10000000, n, 4096)
+        other.ask("loop", 0x20000000, n, 4096)
+        ev = drain_until(p, {named.pid, other.pid}, 2 * n)
+        time.sleep(0.2)
+        ev = np.concatenate([ev, drain_until(p, {named.pid, other.pid}, 1, timeout=0.2)])
+        assert len(ev) == 2 * n and set(ev["pid"].tolist()) == {named.pid}
+        # A process started after the attach maps the file and is not probed either
+        late = Worker(stub_lib, lib)
+        try:
+            assert late.ask("sem") == [0, 0]
+        finally:
+            late.close()
+    finally:
+        p.close()
+        sem_after = named.ask("sem")
+        named.close()
+        other.close()
+    # AND once detached, the named process's semaphores are back to 0
+    assert sem_after == [0, 0]
+
+
+def test_tensors_pid_of_processes_all_gone_is_said(probes, tmp_path):
+    from memrec.stubdriver.build import build_torch_stub
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    report = probes.attach_torch(build_torch_stub(tmp_path), pids=(gone.pid,))
+    assert report.attached == () and report.problem == f"none of the processes {gone.pid} runs any more"
+
+
 def test_a_build_without_the_probes_is_said_and_not_attached(probes, plain_torch_stub):
     report = probes.attach_torch(plain_torch_stub)
     assert report.attached == ()
