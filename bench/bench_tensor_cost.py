@@ -27,6 +27,9 @@ Configurations:
   none      no daemon
   plain     ``memrec daemon`` (driver probes only: "the daemon with none of this enabled")
   tensors   ``memrec daemon --tensors``
+  self      ``memrec daemon --tensors-pid WORKER`` (scoped to the worker: it pays as with --tensors)
+  other     ``memrec daemon --tensors-pid OTHER``, OTHER a process this bench starts that maps
+            nothing: what every process outside the scope pays
   EXTRA     any ``--extra NAME='daemon options'`` (e.g. another build's option), run like the others
 """
 
@@ -169,7 +172,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10, help="interleaved rounds (default 10)")
     parser.add_argument("--device", default="cuda", help="torch device of the workloads (default cuda)")
-    parser.add_argument("--configs", default="none,plain,tensors", help="configurations, comma-separated")
+    parser.add_argument("--configs", default="none,plain,tensors",
+                        help="configurations, comma-separated: none, plain, tensors, self, other (default "
+                             "none,plain,tensors)")
     parser.add_argument("--extra", action="append", default=[], metavar="NAME=OPTIONS",
                         help="another configuration: the daemon with these options")
     parser.add_argument("--models", default="small,large",
@@ -189,8 +194,10 @@ def main() -> int:
         print("bench_tensor_cost: needs root (the daemon's BPF)", file=sys.stderr)
         return 1
     configs: dict[str, list[str] | None] = {}
+    idle = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     for name in args.configs.split(","):
-        configs[name] = {"none": None, "plain": [], "tensors": ["--tensors"]}[name]
+        configs[name] = {"none": None, "plain": [], "tensors": ["--tensors"], "self": ["--tensors-pid", "WORKER"],
+                         "other": ["--tensors-pid", str(idle.pid)]}[name]
     for extra in args.extra:
         name, _, options = extra.partition("=")
         configs[name] = shlex.split(options)
@@ -212,7 +219,10 @@ def main() -> int:
             for r in range(args.rounds):
                 order = names[r % len(names):] + names[:r % len(names)]  # rotated: no config always first
                 for name in order:
-                    daemon = Daemon(args.python, configs[name], Path(tmp), others) if configs[name] is not None else None
+                    options = configs[name]
+                    if options is not None:
+                        options = [str(worker.proc.pid) if o == "WORKER" else o for o in options]
+                    daemon = Daemon(args.python, options, Path(tmp), others) if options is not None else None
                     m = worker.measure({"small": args.steps, "large": args.large_steps}, args.pairs, args.loop_reps)
                     row = {"round": r, "config": name, **m}
                     if daemon is not None:
@@ -222,6 +232,8 @@ def main() -> int:
                     print(json.dumps(row), flush=True)
         finally:
             worker.close()
+            idle.stdin.close()
+            idle.wait()
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     by = {(row["round"], row["config"]): row for row in rows}
