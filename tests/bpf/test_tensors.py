@@ -162,6 +162,34 @@ def test_tensors_pid_puts_the_probes_in_the_named_process_only(stub_lib, tmp_pat
     assert sem_after == [0, 0]
 
 
+def test_daemon_tensors_pid_records_the_named_process_only(stub_lib, tmp_path):
+    from memrec.stubdriver.build import build_torch_stub
+    from memrec.trace.reader import load_trace
+
+    from test_daemon import DaemonProcess
+
+    lib = build_torch_stub(tmp_path / "torch")  # libc10_cuda.so: the daemon finds it in /proc/PID/maps
+    named, other = Worker(stub_lib, lib), Worker(stub_lib, lib)
+    d = DaemonProcess(tmp_path, stub_lib, args=("--tensors-pid", str(named.pid)))
+    try:
+        d.wait_ready()
+        assert named.ask("sem") == [1, 2]
+        for w, base in ((named, 0x10000000), (other, 0x20000000)):
+            w.ask("loop", base, 100, 4096)
+        time.sleep(0.5)
+        assert d.stop() == 0
+    finally:
+        named.close()
+        other.close()
+        d.kill()
+    trace = load_trace(d.output)
+    (entry,) = [t for t in trace.header["probes"]["torch"] if t["path"] == str(lib)]
+    assert entry["pids"] == [named.pid] and entry["problem"] == ""
+    assert trace.header["config"]["tensor_pids"] == [named.pid]
+    ev = trace.events[np.isin(trace.events["kind"], [int(Kind.TENSOR_ALLOC), int(Kind.TENSOR_FREE)])]
+    assert len(ev) == 200 and set(ev["pid"].tolist()) == {named.pid}
+
+
 def test_tensors_pid_of_processes_all_gone_is_said(probes, tmp_path):
     from memrec.stubdriver.build import build_torch_stub
 
