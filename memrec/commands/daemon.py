@@ -35,8 +35,13 @@ def _pid(text: str) -> int:
         raise ValueError(f"{text!r} is not a process id") from None
     if pid <= 0:
         raise ValueError(f"{pid} is not a process id")
-    if not os.path.isdir(f"/proc/{pid}"):
-        raise ValueError(f"no process {pid} runs")
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            tgid = next((int(line.split()[1]) for line in f if line.startswith("Tgid:")), pid)
+    except OSError:
+        raise ValueError(f"no process {pid} runs") from None
+    if tgid != pid:
+        raise ValueError(f"{pid} is a thread of process {tgid}: name the process")
     return pid
 
 
