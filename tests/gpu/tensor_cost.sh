@@ -4,7 +4,8 @@
 # it, interleaved over ROUNDS rounds: a launch-bound and a GPU-bound transformer's training steps
 # and a tight torch.empty/del loop), then bench/bench_tensor_probes.py (the probe hit on the stub:
 # 1-byte vs 5-byte nop sites). From the repository root, with the bench folder in $BENCH:
-#     OUT=/some/dir BENCH=.dev-NAME/bench bash tests/gpu/tensor_cost.sh [ROUNDS]
+#     OUT=/some/dir BENCH=.dev-NAME/bench [CONFIGS=none,tensors,self,other] bash tests/gpu/tensor_cost.sh [ROUNDS]
+# (CONFIGS: bench_tensor_cost.py's --configs; default none,plain,tensors)
 BENCH=$(realpath "${BENCH:-bench}")
 source "$(dirname "$0")/device_env.sh"
 rounds=${1:-10}
@@ -23,7 +24,7 @@ for opt in "" --tensors; do
 done
 rm -f /tmp/warm.mrec
 echo "== bench_tensor_cost ($rounds rounds)"
-python3 $BENCH/bench_tensor_cost.py --rounds $rounds --json $RES/tensor-cost.json || echo "bench_tensor_cost failed"
+python3 $BENCH/bench_tensor_cost.py --rounds $rounds --configs ${CONFIGS:-none,plain,tensors} --json $RES/tensor-cost.json || echo "bench_tensor_cost failed"
 echo "== bench_tensor_probes (stub libc10_cuda.so)"
 python3 $BENCH/bench_tensor_probes.py --pairs 200000 --repeat 10 || echo "bench_tensor_probes failed"
 date -u
