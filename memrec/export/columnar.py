@@ -6,7 +6,8 @@ strings, sizes and times as int64, ``t_s`` as float64, the wall-clock columns as
 in ns, ``markers.values`` as JSON text); CSV has one header line and the same columns, with
 integers written as integers and wall-clock times as ISO 8601 (``2026-12-01T23:40:00.123456789Z``).
 
-:func:`tables` is the one place the tables are built (from :class:`memrec.api.Recording`);
+:func:`table_parts` is the one place the tables are built (from :class:`memrec.api.Recording`;
+the events table a slice of rows at a time: its 132-byte rows are never whole);
 :func:`arrow_table` turns one into a typed Arrow table, for any writer of Parquet.
 """
 
@@ -41,15 +42,11 @@ SLICE_ROWS = 1 << 20
 CSV_ROWS = 1 << 16
 
 
-def tables(rec: Recording) -> dict[str, np.ndarray]:
-    """Every table as a numpy structured array (string columns hold Python str)."""
-    return {name: getattr(rec, method)() for name, method in TABLES.items()}
-
-
 def table_parts(rec: Recording, name: str) -> Iterator[np.ndarray]:
-    """One table as consecutive slices of rows (the events table :data:`SLICE_ROWS` at a time,
-    the others whole: they grow with samples, markers and processes, not with events); always at
-    least one part, so that an empty table still has its columns."""
+    """One table as numpy structured arrays (string columns hold Python str): consecutive slices
+    of rows, the events table :data:`SLICE_ROWS` at a time, the others whole (they grow with
+    samples, markers and processes, not with events); always at least one part, so that an empty
+    table still has its columns."""
     if name != "events":
         yield getattr(rec, TABLES[name])()
         return
