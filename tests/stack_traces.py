@@ -44,10 +44,11 @@ RANKS = {100: 0, 101: 1}
 
 
 def sglang_trace(path: Path, *, custom_ar: int = 18 * GiB, weights: int = 40 * GiB, fail: bool = False,
-                 host: str = "h", stacks: bool = True) -> Path:
+                 host: str = "h", stacks: bool = True, tensors: bool = True) -> Path:
     """Two ranks (pid 100 on GPU 0, 101 on GPU 1): ``load_weights`` (weights, a scratch buffer
     freed inside the phase, tensor blocks), ``custom_ar_init`` (``custom_ar`` bytes each), then
-    ``kv_pool`` (an out-of-memory with ``fail``). ``stacks=False``: the same without stacks."""
+    ``kv_pool`` (an out-of-memory with ``fail``). ``stacks=False``: the same without stacks;
+    ``tensors=False``: without the tensor blocks."""
     header = fmt.make_header(host=host, boot_id="boot", anchor={"monotonic_ns": T0, "wall_ns": 1_764_000_000 * S},
                              gpus=[GpuInfo(g, f"GPU-{g}", "NVIDIA H200", 140 * GiB) for g in (0, 1)])
     with TraceWriter(path, header) as w:
@@ -88,6 +89,8 @@ def sglang_trace(path: Path, *, custom_ar: int = 18 * GiB, weights: int = 40 * G
             if fail:
                 rows.append(ev(Kind.ALLOC, ts=base + int(6.5 * S), pid=pid, tid=pid, gpu=gpu, size=100 * GiB,
                                result=2, stack=sid(KV_POOL)))
+        if not tensors:
+            rows = [r for r in rows if int(r["kind"]) != int(Kind.TENSOR_ALLOC)]
         rows.sort(key=lambda r: int(r["ts"]))
         w.write_events(events(*rows))
     return path
