@@ -119,3 +119,60 @@ def test_memory_viz_without_stacks_is_unchanged(tmp_path):
     assert main(["export", str(path), "--to", "memory-viz", "-o", str(out), "-p", "100", "--at", "end"]) == 0
     snap = pickle.loads(out.read_bytes())
     assert all(len(s["frames"]) == 1 and s["frames"][0]["filename"].startswith("memrec:") for s in snap["segments"])
+
+
+# ------------------------------------------------------------------------- tables and JSON lines
+
+
+def test_load_gives_the_stack_column_and_the_stacks_table(tmp_path):
+    import memrec
+
+    rec = memrec.load(sglang_trace(tmp_path / "t.mrec"), pandas=False)
+    events, stacks = rec.events_array(), rec.stacks_array()
+    ar = events[(events["kind"] == "ALLOC") & (events["size"] == 18 * GiB)][0]
+    frames = stacks[stacks["stack"] == ar["stack"]]
+    # THEN the allocation's stack id names its frames, innermost first, the site marked
+    assert frames["depth"].tolist() == list(range(len(frames)))
+    assert frames["native"][0] and frames["function"][0] == "cuMemAlloc_v2"
+    (site,) = frames[frames["site"]]
+    assert (site["function"], site["line"]) == ("CustomAllreduce.__init__", 123)
+    (unreadable,) = stacks[stacks["unavailable"] != ""]
+    assert unreadable["unavailable"] == "python 3.9: interpreter layout unknown" and unreadable["file"] == ""
+    # AND an event without a stack names none
+    assert (events["stack"][events["size"] == 1 << 20] == 0).any()
+
+
+def test_parquet_and_csv_exports_have_the_stacks_table_only_with_stacks(tmp_path):
+    pq = pytest.importorskip("pyarrow.parquet")
+    path = sglang_trace(tmp_path / "t.mrec")
+    assert main(["export", str(path), "--to", "parquet", "-o", str(tmp_path / "pq")]) == 0
+    stacks = pq.read_table(tmp_path / "pq" / "stacks.parquet").to_pydict()
+    events = pq.read_table(tmp_path / "pq" / "events.parquet").to_pydict()
+    assert "CustomAllreduce.__init__" in stacks["function"] and set(stacks["stack"]) <= set(events["stack"])
+    assert main(["export", str(path), "--to", "csv", "-o", str(tmp_path / "csv")]) == 0
+    header = (tmp_path / "csv" / "stacks.csv").read_text().splitlines()[0]
+    assert header == "stack,depth,file,line,function,native,site,unavailable"
+    # AND a trace without stacks exports the files and columns it always did
+    plain = sglang_trace(tmp_path / "p.mrec", stacks=False)
+    assert main(["export", str(plain), "--to", "csv", "-o", str(tmp_path / "csv2")]) == 0
+    assert not (tmp_path / "csv2" / "stacks.csv").exists()
+    assert "stack" not in (tmp_path / "csv2" / "events.csv").read_text().splitlines()[0].split(",")
+
+
+def test_dump_prints_stack_ids_and_definitions(tmp_path, capsys):
+    from memrec.export.jsonl import event_lines
+    from memrec.export.jsonl import event_text
+    from memrec.trace.reader import TraceReader
+
+    path = sglang_trace(tmp_path / "t.mrec")
+    assert main(["dump", str(path)]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    stacks = [x for x in lines if x["type"] == "stacks"]
+    events = [x for x in lines if x["type"] == "event"]
+    assert stacks and lines.index(stacks[0]) < lines.index(events[0])
+    assert {e["stack"] for e in events} >= {0, 1}
+    # AND the chunk-at-a-time lines are the JSON encoder's
+    encode = json.JSONEncoder(separators=(", ", ": "), ensure_ascii=False).encode
+    chunk = next(item for kind, item in TraceReader(path).items() if kind == "events")
+    slow = "".join(encode(line) + "\n" for line in event_lines(chunk.to_array()))
+    assert event_text(chunk, encode).decode() == slow
