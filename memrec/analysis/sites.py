@@ -287,22 +287,28 @@ def sites_section(trace: Any, phases: Phases, pid: int | None = None, gpu: int |
     last = end_ts if end_ts is not None else (int(allocs.ts.max()) if len(allocs.ts) else 0)
     phase_end = np.array([p.end for p in phases.phases] + [last], np.int64)
     held = allocs.end_ts > phase_end[phase_ids]  # -1 (no phase): the last entry, the trace's end
-    known = site_of >= 0
-    keys = np.stack([phase_ids, site_of, allocs.level, allocs.pid])[:, known]
     groups: dict[tuple[str, int, int], list] = {}
-    if keys.shape[1]:
-        unique, inverse = np.unique(keys, axis=1, return_inverse=True)
-        inverse = inverse.reshape(-1)
-        sizes = allocs.size[known]
-        allocated = np.bincount(inverse, weights=sizes, minlength=unique.shape[1])
-        kept = np.bincount(inverse, weights=np.where(held[known], sizes, 0), minlength=unique.shape[1])
-        counts = np.bincount(inverse, minlength=unique.shape[1])
-        for k, (ph, site, level, p) in enumerate(unique.T.tolist()):
-            row = groups.setdefault((phases.label(ph), site, level), [0, 0, 0, set()])
+    sel = np.flatnonzero(site_of >= 0)
+    if len(sel):
+        # one int64 key per (phase id, site, level), summed exactly (int64) over sorted runs
+        span = 2 * len(sites)
+        key = (phase_ids[sel] + 1) * span + site_of[sel] * 2 + allocs.level[sel]
+        order = np.argsort(key, kind="stable")
+        key, sel = key[order], sel[order]
+        starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+        sizes = allocs.size[sel]
+        allocated = np.add.reduceat(sizes, starts)
+        kept = np.add.reduceat(np.where(held[sel], sizes, 0), starts)
+        counts = np.diff(np.r_[starts, len(key)])
+        pairs = np.unique(np.repeat(np.arange(len(starts), dtype=np.int64), counts) << 32 | allocs.pid[sel])
+        pids_of = np.split(pairs & 0xFFFFFFFF, np.flatnonzero(np.diff(pairs >> 32)) + 1)
+        for k, group in enumerate(key[starts].tolist()):
+            ph, rest = divmod(group, span)
+            row = groups.setdefault((phases.label(ph - 1), rest // 2, rest % 2), [0, 0, 0, set()])
             row[0] += int(allocated[k])
             row[1] += int(kept[k])
             row[2] += int(counts[k])
-            row[3].add(p)
+            row[3].update(pids_of[k].tolist())
     labels = pid_labels(trace.markers, trace.processes)
     by_phase: dict[str, list[SiteRow]] = {}
     for (phase, site, level), (allocated_b, held_b, n, pids) in groups.items():
