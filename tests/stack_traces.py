@@ -94,3 +94,42 @@ def sglang_trace(path: Path, *, custom_ar: int = 18 * GiB, weights: int = 40 * G
         rows.sort(key=lambda r: int(r["ts"]))
         w.write_events(events(*rows))
     return path
+
+
+def with_stacks(src: Path, dst: Path, stack_of_phase) -> Path:
+    """``src`` (a recording, e.g. one of examples/) written again through the writer with a stack
+    on each successful driver allocation: ``stack_of_phase(phase name)``'s (None: no stack). The
+    rest (header, processes, markers, keyframes, samples, trailer) is copied as it is."""
+    import numpy as np
+
+    from memrec.engine.replay import trace_phases
+    from memrec.trace.reader import load_trace
+
+    trace = load_trace(src)
+    events = trace.events.copy()
+    phases = trace_phases(trace)
+    names = [phases.label(int(i)).rsplit("/", 1)[-1] for i in phases.assign(events["pid"].astype(np.int64),
+                                                                           events["ts"].astype(np.int64))]
+    made = np.isin(events["kind"], (int(Kind.ALLOC), int(Kind.VMM_CREATE))) & (events["result"] == 0)
+    header = {k: v for k, v in trace.header.items() if k not in ("magic", "version", "minor", "type", "columns")}
+    with TraceWriter(dst, header) as w:
+        for i in np.flatnonzero(made).tolist():
+            stack = stack_of_phase(names[i])
+            if stack is not None:
+                events["stack"][i] = w.intern_stack(stack)
+        for info in trace.processes.values():
+            w.write_process(info)
+        for marker in trace.markers:
+            w.write_marker(marker)
+        done = 0
+        for kf in sorted(trace.keyframes, key=lambda k: k.event_index):
+            w.write_events(events[done:kf.event_index])
+            done = max(done, kf.event_index)
+            w.write_keyframe(kf.ts, kf.event_index, kf.state)
+        w.write_events(events[done:])
+        w.write_nvml(trace.nvml)
+        w.write_procmem(trace.procmem)
+        if trace.lost:
+            w.write_lost(int(events["ts"][-1]) if len(events) else 0, trace.lost)
+        w.close({k: v for k, v in (trace.trailer or {}).items() if k not in ("counts", "event_kinds", "lost", "end_ts")})
+    return dst

@@ -148,3 +148,26 @@ def test_a_site_named_with_terminal_escapes_is_shown_escaped(tmp_path, capsys):
     assert main(["report", str(tmp_path / "t.mrec")]) == 0
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\\x1b]0;pwned" in out
+
+
+def test_the_sglang_failure_answer_names_the_site_of_the_phase_that_took_the_memory(tmp_path, capsys, monkeypatch):
+    # GIVEN the two-rank H200 run that failed with custom all-reduce, written again with stacks on
+    # its allocations (custom_ar_init's from CustomAllreduce.__init__, the others' from the loader)
+    from pathlib import Path
+
+    from tests.stack_traces import WEIGHTS
+    from tests.stack_traces import with_stacks
+
+    src = Path(__file__).resolve().parents[2] / "examples" / "sglang-standin-ipc.mrec"
+    path = with_stacks(src, tmp_path / "t.mrec", lambda name: CUSTOM_AR if name == "custom_ar_init" else WEIGHTS)
+    plain, stacked = build_report(load_trace(src)), build_report(load_trace(path))
+    # THEN the answer's three lines are the recording's, and a SITE line names custom all-reduce's line
+    assert stacked["answer"]["lines"][:3] == plain["answer"]["lines"][:3]
+    site = next(line for line in stacked["answer"]["lines"] if line[0] == "SITE")
+    assert site[1].startswith("custom_ar_init held most from custom_all_reduce.py:123 CustomAllreduce.__init__: ")
+    assert site[1].endswith(" on 2 ranks")
+    # AND the report's text shows it at 80 columns, cut at a clause, never inside one
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["report", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[3].startswith("SITE    custom_ar_init held most from custom_all_reduce.py:123")
