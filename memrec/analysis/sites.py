@@ -38,6 +38,7 @@ from memrec.columns import failed_calls
 from memrec.engine.phases import Phases
 from memrec.events import Kind
 from memrec.ranks import pid_labels
+from memrec.state.fields import MAX_SIZE
 from memrec.trace.stacks import Frame
 from memrec.trace.stacks import Stack
 from memrec.trace.stacks import StackTable
@@ -257,17 +258,15 @@ def stacked_allocations(columns: Any, pid: int | None = None, gpu: int | None = 
     index = np.concatenate([p[0] for p in parts])
     end_ts = np.concatenate([p[1] for p in parts])
     level = np.concatenate([np.full(len(p[0]), p[2], np.int64) for p in parts])
-    exits = _exit_times(kind, pids, ts)
-    if exits:
-        exit_of = np.array([exits.get(p, never) for p in pids[index].tolist()], np.int64)
-        end_ts = np.minimum(end_ts, exit_of)
-    return Allocations(index, pids[index], ts[index], np.asarray(columns["size"])[index].astype(np.int64),
-                       level, stack[index].astype(np.int64), end_ts), without
-
-
-def _exit_times(kind: np.ndarray, pids: np.ndarray, ts: np.ndarray) -> dict[int, int]:
     exits = np.flatnonzero(kind == int(Kind.PROC_EXIT))
-    return {int(p): int(t) for p, t in zip(pids[exits].tolist(), ts[exits].tolist())}
+    if len(exits):  # a process's exit frees what it held: each allocation's end is at most its exit
+        exit_pids, first = np.unique(pids[exits], return_index=True)
+        at = np.minimum(np.searchsorted(exit_pids, pids[index]), len(exit_pids) - 1)
+        exited = exit_pids[at] == pids[index]
+        end_ts = np.where(exited, np.minimum(end_ts, ts[exits][first][at]), end_ts)
+    # a damaged size past 4 PiB is clamped, as the live state clamps it (the sums stay in int64)
+    sizes = np.minimum(np.asarray(columns["size"])[index], MAX_SIZE).astype(np.int64)
+    return Allocations(index, pids[index], ts[index], sizes, level, stack[index].astype(np.int64), end_ts), without
 
 
 def sites_section(trace: Any, phases: Phases, pid: int | None = None, gpu: int | None = None,

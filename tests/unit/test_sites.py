@@ -171,3 +171,19 @@ def test_the_sglang_failure_answer_names_the_site_of_the_phase_that_took_the_mem
     assert main(["report", str(path)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[3].startswith("SITE    custom_ar_init held most from custom_all_reduce.py:123")
+
+
+def test_a_damaged_size_is_clamped_and_a_stack_id_not_defined_names_no_site(tmp_path):
+    from memrec.events import Kind
+    from memrec.trace import format as fmt
+    from memrec.trace.writer import TraceWriter
+    from tests.utils import ev
+    from tests.utils import events
+
+    with TraceWriter(tmp_path / "t.mrec", fmt.make_header(host="h")) as w:
+        sid = w.intern_stack(CUSTOM_AR)
+        w.write_events(events(ev(Kind.ALLOC, ts=10, pid=5, gpu=0, ptr=0x10, size=2**64 - 1, stack=sid),
+                              ev(Kind.ALLOC, ts=20, pid=5, gpu=0, ptr=0x20, size=MiB, stack=999)))
+    section = sites_of(tmp_path / "t.mrec")
+    (row,) = section.phases[0].rows
+    assert row.held == row.allocated == 1 << 52 and section.with_stack == 2
