@@ -13,7 +13,9 @@ memory, not the allocator, PyTorch or memrec itself. A frame is not the user's w
   ``dist-packages``: importlib, runpy, threading, contextlib, functools...).
 
 A stack with no user frame takes its innermost Python frame (else its innermost frame) as its
-site; an unavailable stack is the site ``stack unavailable (reason)``.
+site; an unavailable stack is the site ``stack unavailable (reason)``, and so is a stack of native
+frames only under a frame the recorder named ``<python stack unavailable>`` (line 0, the reason
+as its function).
 
 Per phase (the report's phases, by path, joined over processes: every rank's
 ``load_weights``) and per site: the bytes **allocated** there (successful allocations), and of
@@ -72,13 +74,15 @@ def is_user_frame(frame: Frame) -> bool:
 
 
 def user_frame(stack: tuple[Frame, ...]) -> Frame | None:
-    """The innermost user frame of ``stack`` (innermost first); else its innermost Python frame,
-    else its innermost frame; None for no frames."""
+    """The innermost user frame of ``stack`` (innermost first); else its innermost Python frame;
+    else its innermost frame that is not a file (the recorder's ``<python stack unavailable>``
+    before native frames says why there is no Python); else its innermost frame; None for none."""
     for frame in stack:
         if is_user_frame(frame):
             return frame
     python = [f for f in stack if not f.native and not f.file.startswith("<")]
-    return (python or list(stack) or [None])[0]
+    marks = [f for f in stack if not f.native and f.file.startswith("<")]
+    return (python or marks or list(stack) or [None])[0]
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,8 @@ class Site:
         if isinstance(stack, Unavailable):
             return cls("", 0, "", unavailable=stack.reason)
         frame = user_frame(stack) if stack else None
+        if frame is not None and frame.file.startswith("<") and not frame.line and not frame.native:
+            return cls("", 0, "", unavailable=f"{frame.file.strip('<>')}: {frame.function}")  # a reason, not code
         return None if frame is None else cls(frame.file, frame.line, frame.function, frame.native)
 
 

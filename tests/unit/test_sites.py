@@ -45,6 +45,10 @@ def test_a_stack_without_a_user_frame_takes_its_innermost_python_frame():
     assert user_frame((native, torch)) == torch
     assert user_frame((native,)) == native
     assert user_frame(CUSTOM_AR).function == "CustomAllreduce.__init__"
+    # native frames under the recorder's note that Python could not be read: that note is the site
+    why = Frame("<python stack unavailable>", 0, "EFAULT reading the thread state")
+    assert Site.of((native, why)).label == "stack unavailable (python stack unavailable: EFAULT reading the thread state)"
+    assert Site.of((native, Frame("<frozen runpy>", 88, "_run_code"))).label == "<frozen runpy>:88 _run_code"
 
 
 def sites_of(path) -> SitesSection:
