@@ -79,3 +79,27 @@ async def test_an_unreadable_stack_says_why(tmp_path):
         from memrec.tui.screens.stack import stack_text
 
         assert "stack unavailable: python 3.9: interpreter layout unknown" in stack_text(view, "TP0", "+4.6s").plain
+
+
+def test_a_live_stream_delivers_stacks_to_the_model(tmp_path):
+    # GIVEN the records a daemon's writer sends its subscribers (the bytes the file gets)
+    from memrec.events import Kind
+    from memrec.trace import format as fmt
+    from memrec.trace.writer import BytesSink
+    from memrec.trace.writer import TraceWriter
+    from memrec.tui.model import TraceModel
+    from tests.stack_traces import CUSTOM_AR
+    from tests.utils import GiB
+    from tests.utils import ev
+    from tests.utils import events
+
+    sink = BytesSink()
+    with TraceWriter(sink, fmt.make_header(host="h")) as w:
+        sid = w.intern_stack(CUSTOM_AR)
+        w.write_events(events(ev(Kind.ALLOC, ts=10, pid=5, gpu=0, ptr=0x10, size=GiB, stack=sid)))
+    model = TraceModel()
+    for data in sink.records:
+        model.add_record(fmt.unpackb(data), live=True)
+    # THEN the model resolves the event's stack as a file's scan does
+    view = model.stack_view(0)
+    assert view.stack == CUSTOM_AR and view.site.function == "CustomAllreduce.__init__" and model.warnings == []
