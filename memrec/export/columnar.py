@@ -1,7 +1,8 @@
 """Parquet and CSV: the tables of ``memrec.load`` as files pandas, polars and DuckDB read.
 
 One file per table in an output folder (``events``, ``samples``, ``process_samples``,
-``markers``, ``processes``, ``by_phase``). Parquet columns are typed (names as dictionary-encoded
+``markers``, ``processes``, ``by_phase``, and ``stacks`` for a trace with stacks, whose events
+then have a ``stack`` column). Parquet columns are typed (names as dictionary-encoded
 strings, sizes and times as int64, ``t_s`` as float64, the wall-clock columns as UTC timestamps
 in ns, ``markers.values`` as JSON text); CSV has one header line and the same columns, with
 integers written as integers and wall-clock times as ISO 8601 (``2026-12-01T23:40:00.123456789Z``).
@@ -32,6 +33,7 @@ TABLES = {
     "markers": "markers_array",
     "processes": "processes_array",
     "by_phase": "by_phase_array",
+    "stacks": "stacks_array",
 }
 
 
@@ -40,6 +42,12 @@ TABLES = {
 SLICE_ROWS = 1 << 20
 #: Rows a CSV writer turns into Python tuples at a time.
 CSV_ROWS = 1 << 16
+
+
+def table_names(rec: Recording) -> list[str]:
+    """The tables an export of ``rec`` writes: ``stacks`` only for a trace with stacks (an older
+    trace exports the files it always did)."""
+    return [name for name in TABLES if name != "stacks" or rec.has_stacks]
 
 
 def table_parts(rec: Recording, name: str) -> Iterator[np.ndarray]:
@@ -62,7 +70,7 @@ def table_files(folder: Path, suffix: str) -> dict[str, Path]:
 
 
 def arrow_table(arr: np.ndarray) -> Any:
-    """One table (a structured array of :func:`tables`) as a typed ``pyarrow.Table``: strings
+    """One table (a structured array of :func:`table_parts`) as a typed ``pyarrow.Table``: strings
     dictionary-encoded, wall-clock columns ``timestamp[ns, UTC]``, everything else as numpy has it."""
     pa = require("pyarrow", "export", "--to parquet")
     columns = {}
@@ -83,7 +91,7 @@ def write_parquet(rec: Recording, folder: Path) -> list[Path]:
     pq = require("pyarrow.parquet", "export", "--to parquet")
     out = []
     files = table_files(folder, "parquet")
-    for name in TABLES:
+    for name in table_names(rec):
         path = files[name]
         with create_file(path) as f:
             writer = None
@@ -102,7 +110,7 @@ def write_csv(rec: Recording, folder: Path) -> list[Path]:
     at a time; return the paths written."""
     out = []
     files = table_files(folder, "csv")
-    for name in TABLES:
+    for name in table_names(rec):
         path = files[name]
         with create_file(path, text=True) as f:
             writer = csv.writer(f)
