@@ -22,6 +22,7 @@ _libc.syscall.restype = ctypes.c_long
 
 # bpf() commands and types used here (include/uapi/linux/bpf.h).
 MAP_CREATE, MAP_LOOKUP_ELEM, MAP_UPDATE_ELEM, PROG_LOAD, OBJ_GET_INFO_BY_FD, LINK_CREATE = 0, 1, 2, 5, 15, 28
+MAP_DELETE_ELEM = 3
 PROG_TYPE_KPROBE, PROG_TYPE_TRACEPOINT = 2, 5
 #: expected_attach_type / link attach type of multi-uprobe links (kernel >= 6.6).
 TRACE_UPROBE_MULTI = 48
@@ -130,7 +131,7 @@ def prog_load(prog_type: int, insns: bytes, license: str, kern_version: int, nam
     try:
         return load(None)
     except OSError as first:
-        if first.errno != errno.EACCES and first.errno != errno.EINVAL:
+        if first.errno not in (errno.EACCES, errno.EINVAL, errno.E2BIG):
             raise
         log = ctypes.create_string_buffer(_LOG_SIZE)
         try:
