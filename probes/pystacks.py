@@ -131,8 +131,10 @@ class Interpreter:
 
     @property
     def label(self) -> str:
-        """``CPython 3.12.1`` (or ``CPython (before 3.11)``)."""
-        return "CPython " + (".".join(map(str, self.version)) if self.version else "(before 3.11)")
+        """``CPython 3.12.1`` (``CPython 3.10`` when only the file's name says which)."""
+        if self.version is None:
+            return "CPython (before 3.11)"
+        return "CPython " + ".".join(map(str, self.version if self.version[2] or not self.problem else self.version[:2]))
 
     def pack(self) -> bytes:
         """The ``py_procs`` map value (struct py_proc)."""
@@ -241,8 +243,12 @@ def _interpreter(pid: int, entry: MapsEntry, entries: list[MapsEntry], offsets: 
     runtime = _address(entries, entry, offsets["_PyRuntime"])
     code_type = _address(entries, entry, offsets.get("PyCode_Type", -1))
     found = Interpreter(pid, entry.path, version, runtime, code_type, None)
-    if version is None:
+    named = _NAMED_VERSION.search(os.path.basename(entry.path))
+    if version is None and named:  # before 3.11 (no Py_Version): the file's name says which
+        found = Interpreter(pid, entry.path, (int(named.group(1)), int(named.group(2)), 0), runtime, code_type, None)
+    if found.version is None or found.version[:2] < min(LAYOUTS):
         return _with_problem(found, f"{found.label}: memrec reads the stacks of CPython {SUPPORTED}")
+    assert version is not None
     table = LAYOUTS.get(version[:2]) or (LAYOUTS[max(LAYOUTS)] if version[:2] > max(LAYOUTS) else None)
     if table is None:
         return _with_problem(found, f"{found.label}: memrec reads the stacks of CPython {SUPPORTED}")
