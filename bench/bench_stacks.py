@@ -3,7 +3,10 @@
 A CPython 3.12 process (pyenv) calls cuMemAlloc_v2 N times from a Python stack 8 frames deep.
 Rounds interleave three programs: none attached (the floor), the driver probes without stacks,
 and with stacks (the process located, so the probe walks its frames). Prints the median time per
-call of each and the ratios. Usage: python bench/bench_stacks.py [ROUNDS] [N]
+call of each and the ratios. Then the same for the wall time of the demo workload's start-up
+stand-in (``python -m memrec.stubdriver.workload basic vmm nccl_init``, this venv's CPython, located
+before it starts; the children it starts are not located in time and get native stacks only).
+Usage: python bench/bench_stacks.py [ROUNDS] [N]
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from memrec.probes.cuda import CudaProbes
@@ -29,6 +33,7 @@ def alloc(k):
     for _ in range(n):
         lib.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(4096))
     return time.perf_counter_ns() - t
+print("ready", flush=True)
 sys.stdin.readline()
 print(alloc(8) / n, flush=True)
 """
@@ -38,6 +43,7 @@ PYTHON = "/root/.pyenv/versions/3.12.1/bin/python3.12"
 def run(stub: Path, n: int, probes: CudaProbes | None) -> float:
     proc = subprocess.Popen([PYTHON, "-c", LOOP, str(stub), str(n)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             text=True)
+    assert proc.stdout.readline().strip() == "ready"
     if probes is not None and probes.stacks is not None:
         interp = locate(proc.pid)
         assert interp is not None and not interp.problem, interp
@@ -49,33 +55,65 @@ def run(stub: Path, n: int, probes: CudaProbes | None) -> float:
     return float(out)
 
 
+WORKLOAD = ["-m", "memrec.stubdriver.workload", "basic", "vmm", "nccl_init", "--wait"]
+
+
+def run_workload(stub: Path, probes: CudaProbes | None) -> float:
+    proc = subprocess.Popen([sys.executable, *WORKLOAD, "--lib", str(stub)], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, text=True)
+    time.sleep(1.0)  # imported, waiting on stdin
+    if probes is not None and probes.stacks is not None:
+        interp = locate(proc.pid)
+        assert interp is not None and not interp.problem, interp
+        probes.set_interpreter(interp)
+    t = time.perf_counter_ns()
+    proc.communicate("go\n")
+    took = time.perf_counter_ns() - t
+    assert proc.returncode == 0
+    if probes is not None:
+        probes.poll()
+        probes.poll_stacks()
+    return took
+
+
+def interleave(rounds: int, stub: Path, plain: CudaProbes, stacked: CudaProbes, fn) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {"floor": [], "probes": [], "stacks": []}
+    fn(None)  # warm
+    for _ in range(rounds):
+        times["floor"].append(fn(None))
+        plain.attach_library(stub)
+        times["probes"].append(fn(plain))
+        plain.close()
+        plain.load()
+        stacked.attach_library(stub)
+        times["stacks"].append(fn(stacked))
+        stacked.close()
+        stacked.load()
+    return times
+
+
+def show(what: str, unit: float, times: dict[str, list[float]]) -> None:
+    med = {k: statistics.median(v) for k, v in times.items()}
+    for k, v in med.items():
+        print(f"{what}: {k:7s} median {v / unit:9.2f} (runs: {', '.join(f'{x / unit:.2f}' for x in times[k])})")
+    print(f"{what}: stacks / probes = {med['stacks'] / med['probes']:.3f}; probes / floor = "
+          f"{med['probes'] / med['floor']:.3f}; stacks / floor = {med['stacks'] / med['floor']:.3f}")
+
+
 def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 10
     n = int(sys.argv[2]) if len(sys.argv) > 2 else 5000
     stub = build_stub(Path(tempfile.mkdtemp()))
     plain = CudaProbes(ringbuf_pages=4096).load()
     stacked = CudaProbes(ringbuf_pages=4096, stacks=StackOptions(ring_pages=4096)).load()
-    times: dict[str, list[float]] = {"floor": [], "probes": [], "stacks": []}
     try:
-        run(stub, n, None)  # warm
-        for _ in range(rounds):
-            times["floor"].append(run(stub, n, None))
-            plain.attach_library(stub)
-            times["probes"].append(run(stub, n, plain))
-            plain.close()
-            plain.load()
-            stacked.attach_library(stub)
-            times["stacks"].append(run(stub, n, stacked))
-            stacked.close()
-            stacked.load()
+        loop = interleave(rounds, stub, plain, stacked, lambda probes: run(stub, n, probes))
+        show("us per cuMemAlloc_v2", 1e3, loop)
+        startup = interleave(rounds, stub, plain, stacked, lambda probes: run_workload(stub, probes))
+        show("ms per workload start-up", 1e6, startup)
     finally:
         plain.close()
         stacked.close()
-    med = {k: statistics.median(v) for k, v in times.items()}
-    for k, v in med.items():
-        print(f"{k:7s} median {v / 1e3:7.2f} us per cuMemAlloc_v2 (runs: {', '.join(f'{x / 1e3:.2f}' for x in times[k])})")
-    print(f"stacks / probes = {med['stacks'] / med['probes']:.3f}; probes / floor = {med['probes'] / med['floor']:.3f}; "
-          f"stack walk = {(med['stacks'] - med['probes']) / 1e3:.2f} us per allocation")
 
 
 if __name__ == "__main__":
