@@ -558,6 +558,9 @@ class Daemon:
             self.writer.flush()  # every event in the state has gone out to the subscribers
             head = [self.writer.header_bytes]
             head += [encode_record(process_record(p)) for p in self.stamper.processes.values()]
+            stacks = self.writer.stack_definitions()  # the stacks the file defined so far (--stacks)
+            if stacks is not None:
+                head.append(encode_record(stacks))
             ts, finish = self.clock(), self.state.snapshot_later()
             self.fanout.start_sync(head, lambda: encode_record(keyframe_record(ts, 0, finish())))
 
