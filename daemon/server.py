@@ -214,7 +214,7 @@ class Daemon:
             self.bound = bind_unix_socket(cfg.socket_path, cfg.socket_mode, cfg.socket_group)
             self.feed.load()
             if cfg.stacks:
-                self.stacks = StackRecorder(self.probes)
+                self.stacks = StackRecorder(self.probes, cfg.stack_depth)
             for path in cfg.libcuda_paths:
                 if not os.path.exists(path):
                     log.warning("--libcuda %s: no such file", path)

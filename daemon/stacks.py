@@ -46,13 +46,14 @@ class StackRecorder:
 
     Args:
         probes: the loaded CudaProbes (``set_interpreter``, ``forget_interpreter``, ``poll_stacks``).
+        depth: the most Python frames a stack keeps (``--stack-depth``).
         proc: the /proc to read.
     """
 
-    def __init__(self, probes: Any, proc: Path = Path("/proc")) -> None:
+    def __init__(self, probes: Any, depth: int, proc: Path = Path("/proc")) -> None:
         self.probes = probes
         self.proc = proc
-        self.symboliser = Symboliser(proc)
+        self.symboliser = Symboliser(proc, depth)
         #: pid -> (start time, the interpreter or None when the process has none)
         self._known: dict[int, tuple[int | None, Interpreter | None]] = {}
         self._waiting: OrderedDict[int, np.void] = OrderedDict()

@@ -95,6 +95,14 @@ def map_update(fd: int, key: bytes, value: bytes, flags: int = 0) -> None:
     bpf(MAP_UPDATE_ELEM, attr)
 
 
+def map_delete(fd: int, key: bytes) -> None:
+    """Remove ``key`` from map ``fd`` (FileNotFoundError when it is not there)."""
+    k = ctypes.create_string_buffer(key, len(key))
+    attr = _attr()
+    struct.pack_into("<IIQ", attr, 0, fd, 0, _addr(k))
+    bpf(MAP_DELETE_ELEM, attr)
+
+
 def map_lookup(fd: int, key: bytes, value_size: int) -> bytes | None:
     """The value at ``key`` (``value_size`` bytes; per-CPU maps: one 8-aligned slot per possible CPU)."""
     k, v = ctypes.create_string_buffer(key, len(key)), ctypes.create_string_buffer(value_size)

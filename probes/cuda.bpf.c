@@ -262,7 +262,8 @@ static __always_inline void submit_proc(u16 kind, u16 api, u32 pid, u32 tid, u64
 // (memrec.probes.pystacks). One record per stack in the `stacks` ring (all of one size, read like
 // `events`); the event names it by id in its ipc column (FLAG_STACK).
 // -D flags: PY_FRAMES (the bound, <= PY_FRAMES_MAX), STACK_RING_PAGES, STACK_MIN_BYTES (tensor blocks).
-#define PY_FRAMES_MAX 32   // memrec.probes.pystacks.PY_FRAMES_MAX
+#define PY_FRAMES_MAX 32   // memrec.probes.pystacks.PY_FRAMES_MAX: the most frames kept (PY_FRAMES)
+#define PY_SLOTS 64        // memrec.probes.pystacks.PY_SLOTS: slots walked, shim frames included
 #define NATIVE_FRAMES_MAX 16 // memrec.probes.pystacks.NATIVE_FRAMES_MAX
 #define PY_THREADS_MAX 256 // thread states looked at before giving up (STACK_NO_THREAD)
 #define PY_NONE 0xffffffff // an offset that does not apply to this version
@@ -296,8 +297,8 @@ struct stack_rec {
     u32 status;  // STACK_* (| STACK_TRUNCATED)
     u16 npy;     // frames in code/instr, innermost first
     u16 nnative; // return addresses in native, innermost first
-    u64 code[PY_FRAMES_MAX];
-    u64 instr[PY_FRAMES_MAX];
+    u64 code[PY_SLOTS];
+    u64 instr[PY_SLOTS];
     u64 native[NATIVE_FRAMES_MAX];
 };
 
@@ -335,7 +336,9 @@ static __always_inline u64 py_thread(struct py_proc *p, u32 tid, u32 *status) {
 
 // Fill r's Python frames, innermost first; return the status. A C-stack shim frame (3.12+)
 // takes a slot with code 0 and a frame whose fields cannot be read one with code 1: the daemon
-// drops the first and says the second.
+// drops the first, says the second and keeps PY_FRAMES of the others. (The slot is the loop's
+// own counter: a second counter of kept frames makes the verifier's walk explode.) Twice the
+// frames kept in slots: one shim per Python frame at most (a call through C each time).
 static __always_inline u32 read_python(struct stack_rec *r, u32 tgid, u32 tid) {
     struct py_proc *p = py_procs.lookup(&tgid);
     if (!p)
@@ -354,7 +357,7 @@ static __always_inline u32 read_python(struct stack_rec *r, u32 tgid, u32 tid) {
         off_prev = p->fr_previous;
     int i = 0;
 #pragma clang loop unroll(disable)
-    for (i = 0; i < PY_FRAMES; i++) {
+    for (i = 0; i < 2 * PY_FRAMES && i < PY_SLOTS; i++) {
         if (!frame)
             break;
         u8 owner = 0;
@@ -365,8 +368,8 @@ static __always_inline u32 read_python(struct stack_rec *r, u32 tgid, u32 tid) {
         bpf_probe_read_user(&instr, sizeof(instr), (void *)(frame + off_instr));
         if (cstack != PY_NONE && owner == cstack)
             code = 0;
-        r->code[i & (PY_FRAMES_MAX - 1)] = code;
-        r->instr[i & (PY_FRAMES_MAX - 1)] = instr;
+        r->code[i & (PY_SLOTS - 1)] = code;
+        r->instr[i & (PY_SLOTS - 1)] = instr;
         bpf_probe_read_user(&prev, sizeof(prev), (void *)(frame + off_prev));
         frame = prev;
     }

@@ -156,7 +156,7 @@ def wake_bytes(ringbuf_pages: int) -> int:
 class StackOptions:
     """What ``--stacks`` asks of the probe: the Python frames kept (at most
     :data:`~memrec.probes.pystacks.PY_FRAMES_MAX`), the smallest tensor block given a stack, and
-    the stacks ring's size in pages (a power of two; a record is 672 bytes)."""
+    the stacks ring's size in pages (a power of two; a record takes 1,184 bytes)."""
 
     depth: int = PY_FRAMES_DEFAULT
     min_bytes: int = STACK_MIN_BYTES_DEFAULT

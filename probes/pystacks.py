@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 
 #: The hard bound on Python frames a record holds (cuda.bpf.c PY_FRAMES_MAX; a power of two).
 PY_FRAMES_MAX = 32
+#: Frame slots a record holds: C-stack shim frames (3.12+, dropped here) take slots too.
+PY_SLOTS = 64
 #: The default bound (``--stack-depth``).
 PY_FRAMES_DEFAULT = 32
 #: Native return addresses a record holds (cuda.bpf.c NATIVE_FRAMES_MAX).
@@ -62,9 +64,9 @@ STACK_TRUNCATED = 0x100
 #: One record of the ``stacks`` ring (struct stack_rec in cuda.bpf.c).
 STACK_DTYPE = np.dtype([
     ("id", "<u8"), ("pid", "<u4"), ("tid", "<u4"), ("status", "<u4"), ("npy", "<u2"), ("nnative", "<u2"),
-    ("code", "<u8", (PY_FRAMES_MAX,)), ("instr", "<u8", (PY_FRAMES_MAX,)), ("native", "<u8", (NATIVE_FRAMES_MAX,)),
+    ("code", "<u8", (PY_SLOTS,)), ("instr", "<u8", (PY_SLOTS,)), ("native", "<u8", (NATIVE_FRAMES_MAX,)),
 ])
-assert STACK_DTYPE.itemsize == 664
+assert STACK_DTYPE.itemsize == 1176
 
 
 @dataclass(frozen=True)
@@ -342,6 +344,7 @@ class _Unreadable(Exception):
 class Symboliser:
     """Turns raw stack records into frames, per process, reading code objects from its memory.
 
+    ``depth``: the most Python frames kept (the probe's ``PY_FRAMES``), innermost first.
     Code objects are cached per (pid, address) with their header bytes, which are read again for
     every frame and compared: a code object freed and another put at the same address (different
     names, line numbers or table) is read afresh, never given the old one's name. Interpreters and
@@ -351,8 +354,9 @@ class Symboliser:
     #: Processes whose memory fd is kept open at once (the oldest is closed first).
     MAX_OPEN = 64
 
-    def __init__(self, proc: Path = Path("/proc")) -> None:
+    def __init__(self, proc: Path = Path("/proc"), depth: int = PY_FRAMES_DEFAULT) -> None:
         self.proc = proc
+        self.depth = depth
         self._interpreters: dict[int, Interpreter] = {}
         self._problems: dict[int, str] = {}
         self._mem: dict[int, int] = {}
@@ -401,8 +405,10 @@ class Symboliser:
             if interp is None or interp.offsets is None:
                 reason = "interpreter forgotten before the stack was read"
             else:
-                frames = self._python(pid, interp, rec["code"][: int(rec["npy"])], rec["instr"][: int(rec["npy"])])
-                if status & STACK_TRUNCATED:
+                slots = int(rec["npy"])
+                frames = self._python(pid, interp, rec["code"][:slots], rec["instr"][:slots])
+                if status & STACK_TRUNCATED or len(frames) > self.depth:
+                    frames = frames[: self.depth]
                     frames.append(Frame("<truncated>", 0, f"more than {len(frames)} frames"))
         elif base == STACK_NO_INTERPRETER:
             if pid in self._problems:

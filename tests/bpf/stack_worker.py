@@ -3,6 +3,7 @@
 Runs under any CPython (pyenv's 3.9-3.13), so it imports nothing of memrec: ctypes only.
 Commands (one per line; each answers one line): ``alloc SIZE`` (cuMemAlloc_v2 from
 allocate() <- Holder.outer() <- main()), ``thread SIZE`` (the same on another thread),
+``deep LEVELS SIZE`` (cuMemAlloc_v2 from allocate() <- LEVELS x (lambda <- map <- deep()) <- main()),
 ``tensor PTR SIZE`` (pytorch:malloc from make_block() <- main()), ``quit``.
 Started with: python stack_worker.py LIBCUDA [LIBC10_CUDA]
 """
@@ -22,6 +23,12 @@ class Holder:
         return allocate(lib, size)  # LINE Holder.outer
 
 
+def deep(lib, levels, size):
+    if levels:
+        return list(map(lambda n: deep(lib, n, size), [levels - 1]))  # LINE deep (through C: a shim frame each)
+    return allocate(lib, size)  # LINE deep.leaf
+
+
 def make_block(torch, ptr, size):
     torch.stub_torch_malloc(ctypes.c_uint64(ptr), 0, ctypes.c_size_t(size), ctypes.c_uint64(0))  # LINE make_block
 
@@ -39,6 +46,8 @@ def main():
             worker = threading.Thread(target=Holder().outer, args=(lib, nums[0]))
             worker.start()
             worker.join()
+        elif cmd == "deep":
+            deep(lib, nums[0], nums[1])
         elif cmd == "tensor":
             make_block(torch, nums[0], nums[1])  # LINE main.tensor
         else:

@@ -82,7 +82,13 @@ def test_daemon_stacks_name_the_allocating_lines_in_every_supported_cpython(stub
             w.ask("thread", 2 << 20)
             w.ask("tensor", 0x7000_0000, 4 << 20)
             w.ask("tensor", 0x7100_0000, 4096)  # below --stack-min-bytes: no stack
+            w.ask("deep", 20, 3 << 20)  # 42 frames and 20 shims (3.12+): cut at --stack-depth 32
         time.sleep(1.0)  # the daemon reads the code objects while the processes live
+        gone = workers.pop("3.11" if "3.11" in workers else "3.13")
+        gone.close()  # exits while the daemon runs: its exit is recorded, the others go on
+        time.sleep(0.5)
+        early.ask("alloc", 5 << 20)
+        time.sleep(0.5)
         assert d.stop() == 0
     finally:
         for w in workers.values():
@@ -94,6 +100,9 @@ def test_daemon_stacks_name_the_allocating_lines_in_every_supported_cpython(stub
                   ("stack_worker.py", _line("Holder.outer"), "Holder.outer"),
                   ("stack_worker.py", _line("main.alloc"), "main"),
                   ("stack_worker.py", _line("module"), "<module>")]
+    assert len(ev[(ev["pid"] == gone.pid) & (ev["kind"] == Kind.PROC_EXIT)]) == 1
+    (after,) = ev[(ev["pid"] == early.pid) & (ev["size"] == 5 << 20)]
+    assert _python_frames(trace, after) == main_stack
     for minor, w in workers.items():
         mine = ev[ev["pid"] == w.pid]
         allocs = mine[mine["kind"] == Kind.ALLOC]
@@ -116,6 +125,12 @@ def test_daemon_stacks_name_the_allocating_lines_in_every_supported_cpython(stub
             ("stack_worker.py", _line("make_block"), "make_block"),
             ("stack_worker.py", _line("main.tensor"), "main"),
             ("stack_worker.py", _line("module"), "<module>")], minor
+        (deep,) = allocs[allocs["size"] == 3 << 20]
+        frames = _python_frames(trace, deep)
+        assert len(frames) == 33 and frames[-1][0] == "<truncated>", minor  # 32 kept, none a shim
+        assert frames[:3] == [("stack_worker.py", _line("allocate"), "allocate"),
+                              ("stack_worker.py", _line("deep.leaf"), "deep"),
+                              ("stack_worker.py", _line("deep (through C: a shim frame each)"), "deep.<locals>.<lambda>")]
         native = [f for f in trace.stack(int(big[0]["stack"])) if f.native]
         assert native and native[0].file == str(stub_lib) and native[0].function.startswith("cuMemAlloc_v2")
     versions = {i["version"]: i for i in trace.trailer["stacks"]["interpreters"]}
