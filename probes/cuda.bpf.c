@@ -228,8 +228,12 @@ static __always_inline void submit(struct event *ev) {
     // daemon reads the process's /proc (CUDA_VISIBLE_DEVICES) while it surely still runs, and
     // reads NVML's per-process memory right before (CTX_BEGIN) and after (CTX) the context.
     // The rare calls whose cost lands later (a limit, a graph's pool) wake it too (issue 21).
+    // An event with a stack (--stacks) wakes it too: the daemon names the frames by reading the
+    // process's memory, which must happen before the process exits (a burst of allocations
+    // right before the exit is common: a rank sizing its KV cache, then failing).
     int wake = ev->kind == KIND_CTX || ev->kind == KIND_CTX_BEGIN || ev->kind == KIND_CTX_LIMIT
-               || ev->kind == KIND_GRAPH_EXEC || ev->kind == KIND_GRAPH_TRIM || ev->kind == KIND_MULTICAST_CREATE;
+               || ev->kind == KIND_GRAPH_EXEC || ev->kind == KIND_GRAPH_TRIM || ev->kind == KIND_MULTICAST_CREATE
+               || (ev->flags & FLAG_STACK);
     events.ringbuf_submit(rec, wake ? BPF_RB_FORCE_WAKEUP : wakeup_flag());
 }
 

@@ -156,11 +156,12 @@ def wake_bytes(ringbuf_pages: int) -> int:
 class StackOptions:
     """What ``--stacks`` asks of the probe: the Python frames kept (at most
     :data:`~memrec.probes.pystacks.PY_FRAMES_MAX`), the smallest tensor block given a stack, and
-    the stacks ring's size in pages (a power of two; a record takes 1,184 bytes)."""
+    the stacks ring's size in pages (a power of two; a record takes 1,184 bytes: the default
+    16 MiB holds about 14,000)."""
 
     depth: int = PY_FRAMES_DEFAULT
     min_bytes: int = STACK_MIN_BYTES_DEFAULT
-    ring_pages: int = 512
+    ring_pages: int = 4096
 
     def cflags(self) -> list[str]:
         if not 1 <= self.depth <= PY_FRAMES_MAX:

@@ -42,7 +42,7 @@ echo "== PyTorch's history against memrec's trace: innermost user frames"
 python3 $T stacks $RES/stacks.mrec $RES/p1 $RES/p2
 python3 -m memrec report $RES/stacks.mrec > $RES/stacks.report.txt 2>&1
 echo "== SGLang stand-in start-up (--tp 1 --weights-gib 8): daemon without / with --stacks, alternating"
-for round in 1 2 3; do
+for round in $(seq ${STANDIN_ROUNDS:-5}); do
   for mode in plain stacks; do
     flag=""; [ $mode = stacks ] && flag="--stacks"
     python3 -m memrec daemon $flag -o $RES/standin-$mode-$round.mrec --socket /tmp/sd.sock --rotate-size 0 \
@@ -58,6 +58,20 @@ for round in 1 2 3; do
   done
 done
 python3 -m memrec report $RES/standin-stacks-1.mrec 2>&1 | head -60 > $RES/standin-stacks.report.txt
+python3 - $RES/standin-stacks-1.mrec <<'PY'
+import sys
+import numpy as np
+from memrec.events import Kind
+from memrec.trace.reader import load_trace
+t = load_trace(sys.argv[1])
+print("stand-in trailer stacks:", t.trailer.get("stacks"))
+ev = t.events[t.events["kind"] == int(Kind.ALLOC)]
+print(f"{len(ev)} driver allocations, {int(np.count_nonzero(ev['stack']))} with a stack; the 5 largest:")
+for e in ev[np.argsort(-ev["size"].astype(np.int64))][:5]:
+    s = t.stack(int(e["stack"]))
+    top = [f.label() for f in s if not f.native and "/torch/" not in f.file][:2] if isinstance(s, tuple) else [str(s)]
+    print(f"  {int(e['size']) / 2**20:9.1f} MiB  {' <- '.join(top)}")
+PY
 date -u
 } 2>&1 | tee $log
 ls -la $RES

@@ -176,7 +176,8 @@ def compare_stacks(trace_path: str, outs: list[str]) -> int:
                 agree += 1
                 same_function += got[2].rsplit(".", 1)[-1] == want[2]
             elif len(mismatches) < 5:
-                mismatches.append({"pytorch": want, "memrec": got})
+                mismatches.append({"pytorch": want, "memrec": got,
+                                   "memrec_frames": [f.label() for f in stack if not f.native][:4]})
         share = agree / pairs if pairs else 0.0
         print(f"{folder}: pid {truth['pid']}: {pairs} blocks >= {STACK_MIN} B paired with a memrec stack; "
               f"innermost user frame equal (file, line) in {agree} ({share:.3%}), function name too in "
