@@ -6,11 +6,15 @@ and with stacks (the process located, so the probe walks its frames). Prints the
 call of each and the ratios. Then the same for the wall time of the demo workload's start-up
 stand-in (``python -m memrec.stubdriver.workload basic vmm nccl_init``, this venv's CPython, located
 before it starts; the children it starts are not located in time and get native stacks only).
+Also, and less exposed to a loaded host's noise than wall times: the BPF programs' own run time
+per hit of ``enter_cuMemAlloc_v2`` (the entry probe, where the stack is read) and
+``return_cuMemAlloc_v2``, from the kernel's run-time statistics (on only while measuring).
 Usage: python bench/bench_stacks.py [ROUNDS] [N]
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import subprocess
 import sys
@@ -18,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from memrec.probes import bpfsys
 from memrec.probes.cuda import CudaProbes
 from memrec.probes.cuda import StackOptions
 from memrec.probes.pystacks import locate
@@ -76,6 +81,22 @@ def run_workload(stub: Path, probes: CudaProbes | None) -> float:
     return took
 
 
+def kernel_ns(stub: Path, n: int, probes: CudaProbes) -> dict[str, float]:
+    """ns per hit of the cuMemAlloc_v2 probes' BPF programs over one loop run."""
+    names = ("enter_cuMemAlloc_v2", "return_cuMemAlloc_v2")
+    probes.attach_library(stub)
+    fd = bpfsys.enable_stats()
+    try:
+        before = {f: probes.run_stats(f) for f in names}
+        run(stub, n, probes)
+        after = {f: probes.run_stats(f) for f in names}
+    finally:
+        os.close(fd)
+        probes.close()
+        probes.load()
+    return {f: (after[f][0] - before[f][0]) / max(1, after[f][1] - before[f][1]) for f in names}
+
+
 def interleave(rounds: int, stub: Path, plain: CudaProbes, stacked: CudaProbes, fn) -> dict[str, list[float]]:
     times: dict[str, list[float]] = {"floor": [], "probes": [], "stacks": []}
     fn(None)  # warm
@@ -107,6 +128,14 @@ def main() -> None:
     plain = CudaProbes(ringbuf_pages=4096).load()
     stacked = CudaProbes(ringbuf_pages=4096, stacks=StackOptions(ring_pages=4096)).load()
     try:
+        per_hit: dict[str, list[dict[str, float]]] = {"probes": [], "stacks": []}
+        for _ in range(rounds):
+            per_hit["probes"].append(kernel_ns(stub, n, plain))
+            per_hit["stacks"].append(kernel_ns(stub, n, stacked))
+        for label, runs in per_hit.items():
+            for f in runs[0]:
+                print(f"BPF ns per hit: {label:7s} {f:22s} median {statistics.median(r[f] for r in runs):8.0f} "
+                      f"(runs: {', '.join(f'{r[f]:.0f}' for r in runs)})")
         loop = interleave(rounds, stub, plain, stacked, lambda probes: run(stub, n, probes))
         show("us per cuMemAlloc_v2", 1e3, loop)
         startup = interleave(rounds, stub, plain, stacked, lambda probes: run_workload(stub, probes))

@@ -563,6 +563,11 @@ class CudaProbes:
         with contextlib.suppress(OSError):
             bpfsys.map_delete(self._require().maps["py_procs"], struct.pack("<I", pid))
 
+    def run_stats(self, function: str) -> tuple[int, int]:
+        """(run_time_ns, run_cnt) of one BPF function (e.g. ``enter_cuMemAlloc_v2``), counted while
+        :func:`memrec.probes.bpfsys.enable_stats` is held (bench/bench_stacks.py)."""
+        return bpfsys.prog_run_stats(self._require().functions[function])
+
     def stacks_lost(self) -> int:
         """Stacks dropped because the stacks ring was full (their events say so)."""
         if self.stacks is None:
