@@ -673,7 +673,7 @@ class Daemon:
             "process_reads_refused": self.intake.process_reads_refused,
             "rotations_refused": self.rotation.refused_total,
             **({"torch": self.torch.header()} if self.torch is not None else {}),
-            **({"stacks": self._stacks_summary()} if self.stacks is not None else {}),
+            **({"stacks_read": self._stacks_summary()} if self.stacks is not None else {}),
             "lost": self.feed.lost,
         }
         if self.writer is not None and self.writer.dropped[0]:

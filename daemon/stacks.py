@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from memrec._errors import one_line
 from memrec.events import FLAG_STACK
 from memrec.events import Kind
 from memrec.probes.procinfo import read_start_time
@@ -126,7 +127,11 @@ class StackRecorder:
         if rec is None:
             self.unavailable += 1
             return _LOST
-        stack = self.symboliser.stack(rec)
+        try:
+            stack = self.symboliser.stack(rec)
+        except Exception as error:  # a record memrec cannot make sense of must not cost the batch its events
+            log.warning("stack of pid %d not read: %s", int(rec["pid"]), one_line(error))
+            stack = Unavailable(f"memrec could not read it: {one_line(error)}")
         if isinstance(stack, Unavailable):
             self.unavailable += 1
         else:

@@ -6,7 +6,7 @@ must be able to tear it down cleanly even when half of the attachments are alrea
 
 The program comes from the compiled-program cache or is compiled by bcc, and is loaded and attached
 by memrec's own loader (``probes/loader.py``, ``probes/probecache.py``). ``python -m
-memrec.probes.cuda --ebpf [--follow-tree] [--tensors]`` prints the BPF program with its ``-D`` flags, which is
+memrec.probes.cuda --ebpf [--follow-tree] [--tensors] [--stacks]`` prints the BPF program with its ``-D`` flags, which is
 what bcc compiles.
 """
 
@@ -605,10 +605,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--follow-tree", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--ringbuf-pages", type=int, default=1024, help=argparse.SUPPRESS)
     parser.add_argument("--tensors", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--stacks", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if not args.ebpf:
         parser.error("only --ebpf is supported")
-    for flag in program_cflags(args.follow_tree, args.ringbuf_pages):
+    for flag in program_cflags(args.follow_tree, args.ringbuf_pages, StackOptions() if args.stacks else None):
         name, _, value = flag[2:].partition("=")
         print(f"#define {name} {value or 1}")
     print(program_source(args.tensors))

@@ -133,7 +133,7 @@ def test_daemon_stacks_name_the_allocating_lines_in_every_supported_cpython(stub
                               ("stack_worker.py", _line("deep (through C: a shim frame each)"), "deep.<locals>.<lambda>")]
         native = [f for f in trace.stack(int(big[0]["stack"])) if f.native]
         assert native and native[0].file == str(stub_lib) and native[0].function.startswith("cuMemAlloc_v2")
-    versions = {i["version"]: i for i in trace.trailer["stacks"]["interpreters"]}
+    versions = {i["version"]: i for i in trace.trailer["stacks_read"]["interpreters"]}
     assert any(v.startswith("CPython 3.12") and not i["problem"] for v, i in versions.items())
 
 

@@ -35,7 +35,7 @@ echo "daemon exit $?"
 grep -i "stack\|python\|interpreter" $RES/daemon.log | head -10
 python3 -c "
 from memrec.trace.reader import load_trace
-t = load_trace('$RES/stacks.mrec'); print('trailer stacks:', t.trailer.get('stacks'))"
+t = load_trace('$RES/stacks.mrec'); print('trailer stacks:', t.trailer.get('stacks_read'))"
 echo "== PyTorch's history against memrec's trace: blocks"
 python3 $T compare $RES/stacks.mrec $RES/p1 $RES/p2
 echo "== PyTorch's history against memrec's trace: innermost user frames"
@@ -64,7 +64,7 @@ import numpy as np
 from memrec.events import Kind
 from memrec.trace.reader import load_trace
 t = load_trace(sys.argv[1])
-print("stand-in trailer stacks:", t.trailer.get("stacks"))
+print("stand-in trailer stacks:", t.trailer.get("stacks_read"))
 ev = t.events[t.events["kind"] == int(Kind.ALLOC)]
 print(f"{len(ev)} driver allocations, {int(np.count_nonzero(ev['stack']))} with a stack; the 5 largest:")
 for e in ev[np.argsort(-ev["size"].astype(np.int64))][:5]:
