@@ -13,22 +13,7 @@ date -u; uname -r
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader
 python3 -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)'
 python3 -m memrec doctor 2>&1 | grep -i -A2 "python stacks\|tensor blocks" | head -12
-python3 $T worker $RES/p1 $RES/go &
-p1=$!
-while [ ! -f $RES/p1/ready ]; do sleep 0.2; done
-echo "p1 (started before the daemon): pid $p1"
-python3 -m memrec daemon --tensors --stacks --stack-min-bytes 4096 -o $RES/stacks.mrec --socket /tmp/st.sock \
-  --rotate-size 0 > $RES/daemon.log 2>&1 &
-d=$!
-daemon_up /tmp/st.sock
-echo "daemon up at $(date -u +%T)"
-python3 $T worker $RES/p2 $RES/go &
-p2=$!
-while [ ! -f $RES/p2/ready ]; do sleep 0.2; done
-echo "p2 (started after the daemon): pid $p2"
-sleep 1
-touch $RES/go
-wait $p1 $p2
+truth_run $RES/stacks.mrec /tmp/st.sock $RES/daemon.log --tensors --stacks --stack-min-bytes 4096
 sleep 1
 kill -INT $d; wait $d
 echo "daemon exit $?"
