@@ -175,6 +175,8 @@ class DaemonConfig:
             read by the probe from the interpreter (CPython 3.11-3.13; :mod:`memrec.probes.pystacks`).
         stack_depth: the most Python frames kept per stack (1-32; the outer ones are cut).
         stack_min_bytes: tensor blocks below this get no stack (0: every block).
+        tensor_pids: with tensors, only these processes get the probes (the kernel's per-process
+            uprobe filter: every other process skips the sites at no cost); empty: every process.
         probe_cache: directory of compiled probe programs (a start on a known kernel then skips
             the compile); None: compile at every start.
         subscriber_queue_bytes: the most bytes queued for one live subscriber before it loses
@@ -205,6 +207,7 @@ class DaemonConfig:
     stacks: bool = False
     stack_depth: int = 32
     stack_min_bytes: int = 1 << 20
+    tensor_pids: tuple[int, ...] = ()
     probe_cache: str | None = DEFAULT_PROBE_CACHE
     subscriber_queue_bytes: int = 64 << 20
     output_is_dir: bool | None = None
@@ -220,6 +223,7 @@ class DaemonConfig:
         set_(self, "socket_mode", octal_mode(self.socket_mode))
         set_(self, "libcuda_paths", tuple(os.fspath(p) for p in self.libcuda_paths))
         set_(self, "torch_paths", tuple(os.fspath(p) for p in self.torch_paths))
+        set_(self, "tensor_pids", tuple(sorted({int(p) for p in self.tensor_pids})))
         set_(self, "rotate_bytes", byte_size(self.rotate_bytes))
         set_(self, "subscriber_queue_bytes", byte_size(self.subscriber_queue_bytes))
         for name in ("flush_interval", "keyframe_interval", "rescan_interval", "poll_interval"):
