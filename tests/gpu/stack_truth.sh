@@ -60,6 +60,6 @@ PY
 date -u
 } 2>&1 | tee $log
 ls -la $RES
-tar -czf $OUT/stack-truth.tgz -C $RES stack-truth.log stacks.report.txt standin-stacks.report.txt daemon.log \
+tar -czf $OUT/stack-truth.tgz -C $RES stack-truth.log stacks.report.txt standin-stacks.report.txt daemon.log stacks.mrec standin-stacks-1.mrec \
   daemon-standin-stacks-1.log standin-stacks-1.log p1/torch.json p2/torch.json 2>/dev/null
 cp $log $OUT/
