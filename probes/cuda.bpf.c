@@ -311,10 +311,25 @@ BPF_HASH(py_procs, u32, struct py_proc, 16384);
 BPF_PERCPU_ARRAY(stack_seq, u64, 1);
 BPF_PERCPU_ARRAY(stacks_lost, u64, 1);
 
-// The calling thread's PyThreadState, or 0. (Loops are kept free of state the verifier would
-// have to tell apart per iteration: a failed read ends the walk as a null pointer would.)
-static __always_inline u64 py_thread(struct py_proc *p, u32 tid, u32 *status) {
-    u64 interp = 0, ts = 0, found = 0;
+// The thread state's innermost frame (0: none, or unreadable).
+static __always_inline u64 py_top_frame(struct py_proc *p, u64 ts) {
+    u64 frame = 0;
+    if (bpf_probe_read_user(&frame, sizeof(frame), (void *)(ts + p->ts_frame)))
+        return 0;
+    if (p->cframe_frame != PY_NONE && frame
+        && bpf_probe_read_user(&frame, sizeof(frame), (void *)(frame + p->cframe_frame)))
+        return 0;
+    return frame;
+}
+
+// The calling thread's innermost Python frame, or 0 with *status said. A thread may own several
+// thread states (C++ code such as PyTorch's creates one with PyGILState_Ensure or
+// PyThreadState_New while another lives): the first of them, newest first, that has a frame is
+// the one running Python. (Loops are kept free of state the verifier would have to tell apart
+// per iteration: a failed read ends the walk as a null pointer would.)
+static __always_inline u64 py_thread_frame(struct py_proc *p, u32 tid, u32 *status) {
+    u64 interp = 0, ts = 0, frame = 0;
+    u32 matched = 0;
     if (bpf_probe_read_user(&interp, sizeof(interp), (void *)(p->runtime + p->interp_head)) || !interp
         || bpf_probe_read_user(&ts, sizeof(ts), (void *)(interp + p->threads_head))) {
         *status = STACK_READ_FAILED;
@@ -327,15 +342,17 @@ static __always_inline u64 py_thread(struct py_proc *p, u32 tid, u32 *status) {
         u64 native = 0, next = 0;
         bpf_probe_read_user(&native, sizeof(native), (void *)(ts + p->ts_tid));
         if ((u32)native == tid) {
-            found = ts;
-            break;
+            matched = 1;
+            frame = py_top_frame(p, ts);
+            if (frame)
+                break;
         }
         bpf_probe_read_user(&next, sizeof(next), (void *)(ts + p->ts_next));
         ts = next;
     }
-    if (!found)
+    if (!matched)
         *status = STACK_NO_THREAD;
-    return found;
+    return frame;
 }
 
 // Fill r's Python frames, innermost first; return the status. A C-stack shim frame (3.12+)
@@ -348,15 +365,9 @@ static __always_inline u32 read_python(struct stack_rec *r, u32 tgid, u32 tid) {
     if (!p)
         return STACK_NO_INTERPRETER;
     u32 status = STACK_OK;
-    u64 ts = py_thread(p, tid, &status);
-    if (!ts)
+    u64 frame = py_thread_frame(p, tid, &status);
+    if (status != STACK_OK)
         return status;
-    u64 frame = 0;
-    if (bpf_probe_read_user(&frame, sizeof(frame), (void *)(ts + p->ts_frame)))
-        return STACK_READ_FAILED;
-    if (p->cframe_frame != PY_NONE && frame
-        && bpf_probe_read_user(&frame, sizeof(frame), (void *)(frame + p->cframe_frame)))
-        return STACK_READ_FAILED;
     u32 cstack = p->owner_cstack, off_owner = p->fr_owner, off_code = p->fr_code, off_instr = p->fr_instr,
         off_prev = p->fr_previous;
     int i = 0;

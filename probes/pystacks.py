@@ -407,6 +407,8 @@ class Symboliser:
             else:
                 slots = int(rec["npy"])
                 frames = self._python(pid, interp, rec["code"][:slots], rec["instr"][:slots])
+                if not frames:  # a thread state without a frame: C++ code that made one
+                    reason = "the thread runs no Python code (its thread state has no frame)"
                 if status & STACK_TRUNCATED or len(frames) > self.depth:
                     frames = frames[: self.depth]
                     frames.append(Frame("<truncated>", 0, f"more than {len(frames)} frames"))
