@@ -160,8 +160,9 @@ class StackInterner:
                 raise TypeError(f"a stack's frames must be Frame, not {type(frame).__name__}")
             if not 0 <= frame.line < 2**63:
                 raise ValueError(f"frame line/offset {frame.line} out of range")
+            names = (self._string(frame.file), self._string(frame.function))  # before the frame is kept
             found = self._frames[frame] = len(self._frames)
-            self._new_frames += (self._string(frame.file), frame.line, self._string(frame.function), int(frame.native))
+            self._new_frames += (names[0], frame.line, names[1], int(frame.native))
         return found
 
     def _string(self, text: str) -> int:
@@ -183,14 +184,7 @@ class StackInterner:
         """The ``stacks`` record of the definitions made since the last one (None: nothing new)."""
         if not self.pending():
             return None
-        rec: dict[str, Any] = {"type": STACKS}
-        s0, f0, k0 = self._first
-        if self._new_strings:
-            rec["s0"], rec["s"] = s0, self._new_strings
-        if self._new_frames:
-            rec["f0"], rec["f"] = f0, self._new_frames
-        if self._new_stacks:
-            rec["k0"], rec["k"] = k0, self._new_stacks
+        rec = _record(self._first, self._new_strings, self._new_frames, self._new_stacks)
         self._first = (len(self._strings), len(self._frames), len(self._stacks) + 1)
         self._new_strings, self._new_frames, self._new_stacks = [], [], []
         return rec
@@ -200,18 +194,21 @@ class StackInterner:
         subscriber that joins mid-file needs the definitions the file already holds)."""
         if not self._stacks and not self._strings:
             return None
-        strings = list(self._strings)
         frames: list[int] = []
         for frame in self._frames:
             frames += (self._strings[frame.file], frame.line, self._strings[frame.function], int(frame.native))
         stacks = [self._strings[s.reason] if isinstance(s, Unavailable) else [self._frames[f] for f in s]
                   for s in self._stacks]
-        rec: dict[str, Any] = {"type": STACKS, "s0": 0, "s": strings}
-        if frames:
-            rec["f0"], rec["f"] = 0, frames
-        if stacks:
-            rec["k0"], rec["k"] = 1, stacks
-        return rec
+        return _record((0, 0, 1), list(self._strings), frames, stacks)
+
+
+def _record(first: tuple[int, int, int], strings: list[str], frames: list[int], stacks: list) -> dict:
+    """A ``stacks`` record: the strings, frames and stacks from ids ``first``, empty lists left out."""
+    rec: dict[str, Any] = {"type": STACKS}
+    for (first_key, key), start, values in zip((("s0", "s"), ("f0", "f"), ("k0", "k")), first, (strings, frames, stacks)):
+        if values:
+            rec[first_key], rec[key] = start, values
+    return rec
 
 
 @dataclasses.dataclass(frozen=True)

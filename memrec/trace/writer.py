@@ -460,7 +460,8 @@ class TraceWriter:
 
     def stack_definitions(self) -> dict | None:
         """One ``stacks`` record defining every stack interned so far (a live subscriber that
-        joins mid-file needs it before the events; None when there are none)."""
+        joins mid-file needs it before the events; None when there are none). For a subscriber
+        only: the file has these definitions already, and readers refuse an id defined twice."""
         return self._stacks.whole_record()
 
     def _emit_stacks(self) -> None:

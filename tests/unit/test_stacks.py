@@ -187,8 +187,13 @@ def test_the_writer_refuses_what_readers_would_skip(tmp_path):
             w.intern_stack([Frame("x" * 5000, 1, "f")])
         with pytest.raises(TypeError):
             w.intern_stack(["not a frame"])  # type: ignore[list-item]
+        for _ in range(2):  # a frame whose second name is refused, twice: never kept half-defined
+            with pytest.raises(ValueError, match="at most 4096"):
+                w.intern_stack([Frame("ok.py", 1, "f" * 5000)])
         assert w.intern_stack(LOAD) == 1  # nothing half-defined was kept
-    assert stacks_of(load_trace(tmp_path / "t.mrec")) == []
+        assert w.intern_stack([Frame("ok.py", 1, "g"), Frame("ok.py", 2, "f")]) == 2
+    trace = load_trace(tmp_path / "t.mrec")
+    assert trace.warnings == [] and trace.stack(2) == (Frame("ok.py", 1, "g"), Frame("ok.py", 2, "f"))
 
 
 def test_a_live_subscriber_gets_the_definitions_so_far_in_one_record(tmp_path):
