@@ -47,6 +47,16 @@ COLUMN_DEFAULTS: dict[str, dict[str, int]] = {
     PROCMEM: {"gpu": -1, "used": -1},
 }
 
+#: What the writer lets the codec predict from the previous row of the same process, GPU or
+#: (process, GPU) rather than from the row before (format 2.3's context transform,
+#: :class:`memrec.trace.codec.Context`), by column name: (key columns, columns to try it on,
+#: (column, plus column) pairs). A process's next allocation starts near the end of its last one.
+CONTEXTS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[tuple[str, str], ...]]] = {
+    EVENTS: (("pid", "kind"), ("ordinal", "ptr", "handle", "aux", "gpu"), (("ptr", "size"),)),
+    NVML: (("gpu",), ("used", "reserved", "free", "bar1_used"), ()),
+    PROCMEM: (("gpu", "pid"), ("used",), ()),
+}
+
 #: The most rows a writer puts in one columnar record.
 MAX_CHUNK_ROWS = 65536
 #: The most rows a reader accepts in one format-2 columnar record (what a writer writes at most): a
@@ -109,6 +119,10 @@ class ChunkBuilder:
         self._dtype = COLUMNAR[kind]
         self._sparse = kind == EVENTS
         self._names = [n for n in self._dtype.names if not (self._sparse and n == SPARSE_COLUMN)]
+        keys, columns, plus = CONTEXTS[kind]
+        at = self._names.index
+        self._context = codec.Context(tuple(map(at, keys)), tuple(map(at, columns)),
+                                      tuple((at(a), at(b)) for a, b in plus))
         self._reset()
 
     def _reset(self) -> None:
@@ -160,7 +174,7 @@ class ChunkBuilder:
         columns = [self._cols[n][: self.rows] if self.rows else np.zeros(0, self._dtype.fields[n][0])
                    for n in self._names]
         index = np.concatenate(self._ipc_index) if self._ipc_index else None
-        key, payload = codec.encode_payload(columns, index, b"".join(self._ipc))
+        key, payload = codec.encode_payload(columns, index, b"".join(self._ipc), self._context)
         self._reset()
         return {"type": SHORT_TYPE[self.kind], key: payload}  # (the payload holds n: a 2.1 record omits it)
 

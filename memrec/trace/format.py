@@ -65,7 +65,7 @@ MAGIC = "memrec-trace"
 #: Version 2 compresses columnar records (:mod:`memrec.trace.codec`); version 1 files still read.
 FORMAT_VERSION = 2
 #: Minor format version: a newer minor only adds record types or fields, which older readers skip.
-FORMAT_MINOR = 2
+FORMAT_MINOR = 3
 #: The clock of every ``ts`` in a trace (ns); the header's ``anchor`` ties it to wall-clock time.
 CLOCK = "CLOCK_MONOTONIC"
 
