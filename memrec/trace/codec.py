@@ -40,6 +40,7 @@ refused (:class:`~memrec._errors.TraceFormatError`) rather than decoded into non
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from typing import Any
 import zlib
@@ -244,9 +245,28 @@ class Context:
 _RADIX = 1 << 16
 
 
-def groups(keys: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+@dataclasses.dataclass
+class Groups:
+    """Rows grouped by key (:func:`groups`): ``order`` takes them group after group (ascending
+    key), each group in row order; ``starts`` marks, in that order, each group's first row."""
+
+    order: np.ndarray
+    starts: np.ndarray
+
+    @functools.cached_property
+    def heads(self) -> np.ndarray:
+        """Where each group starts, in ``order``."""
+        return np.flatnonzero(self.starts)
+
+    @functools.cached_property
+    def later(self) -> np.ndarray:
+        """In ``order``: every row but a group's first."""
+        return ~self.starts
+
+
+def groups(keys: list[np.ndarray]) -> Groups:
     """Rows grouped by their values in the ``keys`` columns (u8 values, equal lengths, at least
-    one row): a stable order of the rows by key, and a mask, in that order, of each group's first row.
+    one row), in ascending order of those values (the first key the most significant).
 
     One stable sort of a u2 code (numpy sorts those by radix: O(n)) when the keys' spans multiply
     to at most 2^16, as a chunk's pids and kinds do; else the keys are factorised first, and
@@ -258,9 +278,8 @@ def groups(keys: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         code = key - key.min()
         if int(code.max()) >= _RADIX:
             code = np.unique(key, return_inverse=True)[1].ravel().astype(_U64)
-        top = int(code.max()) + 1
         codes.append(code)
-        total *= top
+        total *= int(code.max()) + 1
     starts = np.ones(n, bool)
     if total <= _RADIX:
         combined = codes[0]
@@ -270,75 +289,63 @@ def groups(keys: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         order = np.argsort(combined, kind="stable")
         ordered = combined[order]
         starts[1:] = ordered[1:] != ordered[:-1]
-        return order, starts
+        return Groups(order, starts)
     order = np.lexsort(codes[::-1])
     starts[1:] = False
     for code in codes:
         ordered = code[order]
         starts[1:] |= ordered[1:] != ordered[:-1]
-    return order, starts
+    return Groups(order, starts)
 
 
-def _context_form(u: np.ndarray, grouped: tuple[np.ndarray, np.ndarray], plus: np.ndarray | None, head: bytes,
-                  lean: bool) -> tuple[int, bytes, bytes, np.ndarray, int]:
-    """(bytes, entry, firsts' bytes, stored values, width code) of column ``u`` (u8 values) in
-    the context form; ``head``: the entry's bytes after its code (key and plus indices)."""
-    order, starts = grouped
-    ordered = u[order]
-    predicted = np.zeros_like(ordered)
-    predicted[1:] = ordered[:-1]
-    if plus is not None:
-        predicted[1:] += plus[order][:-1]  # modulo 2^64
-    heads = order[starts]
-    firsts = ordered[starts][np.argsort(heads, kind="stable")]  # in order of first appearance
+def _context(u: np.ndarray, grouped: Groups, plus: np.ndarray | None, head: bytes) -> tuple:
+    """Column ``u`` (u8 values) as a form :func:`_encode_column` weighs: (CONTEXT, the zigzag of
+    each row's difference from its prediction shifted right by their common trailing zero bits,
+    every row but each group's first, (``head``: the entry's bytes after its code, the firsts'
+    bytes, the shift)). Zigzag: a process's next block is mostly
+    a little after its last (a small positive difference), a freed one anywhere in its range."""
+    ordered = u[grouped.order]  # group after group, each in row order
     diffs = np.empty_like(ordered)
-    diffs[order] = ordered - predicted
-    later = np.ones(len(u), bool)
-    later[heads] = False
-    signed = diffs[later].view(np.int64)
+    diffs[1:] = ordered[1:] - ordered[:-1]  # modulo 2^64
+    if plus is not None:
+        diffs[1:] -= plus[grouped.order][:-1]
+    firsts = b"".join(_zigzag(v) for v in ordered[grouped.starts].tolist())
+    signed = diffs[grouped.later].view(np.int64)
     ones = int(np.bitwise_or.reduce(signed)) if len(signed) else 0
     shift = (ones & -ones).bit_length() - 1 if ones else 0
     if shift:
         signed = signed >> np.int64(shift)
-    stored = ((signed << np.int64(1)) ^ (signed >> np.int64(63))).view(_U64)  # zigzag
-    prefix = b"".join(_zigzag(v) for v in firsts.tolist())
-    span = int(stored.max()) if len(stored) else 0
-    width = _width(span)
-    candidates = [(len(stored) * width, WIDTHS.index(width))]
-    if width >= 2:
-        candidates.append((int(_varint_sizes(stored).sum(dtype=np.int64)), VARINT))
-    elif lean and width == 1:
-        bits = span.bit_length()
-        candidates.append(((len(stored) * bits + 7) // 8, BITS + bits))
-    size, wcode = min(candidates)
-    entry = bytes([CONTEXT << 4 | ZERO_BASE | (SHIFTED if shift else 0) | wcode]) + head + (bytes([shift]) if shift else b"")
-    return len(entry) + len(prefix) + size, entry, prefix, stored, wcode
+    return CONTEXT, ((signed << np.int64(1)) ^ (signed >> np.int64(63))).view(_U64), (head, firsts, shift)  # zigzag
 
 
 def _encode_column(u: np.ndarray, earlier: list[tuple[int, np.ndarray]], context: tuple | None = None) -> tuple[bytes, bytes]:
     """(directory entry, block) of one integer column (its :func:`_as_u64` values): of the raw,
-    delta and (``earlier``: an earlier column and its values, in a small chunk) reference forms,
-    each with fixed-width, LEB128 or packed values, and the context form (``context``:
-    :func:`_context_form`'s arguments after ``u``), the one of fewest bytes (on a tie the first
-    tried)."""
+    delta, (``earlier``: an earlier column and its values, in a small chunk) reference and
+    (``context``: :func:`_context`'s arguments after ``u``) context forms, each with fixed-width,
+    LEB128 or packed values, the one of fewest bytes (on a tie the first tried)."""
     n = len(u)
     forms = [(RAW, u, 0)]
     if n > 2:
         forms.append((DELTA, u[1:] - u[:-1], int(u[0])))  # modulo 2^64
     forms += [(REF, u - e, j) for j, e in earlier]  # e.g. tid = pid, gpu = ordinal
+    if context is not None:
+        forms.append(_context(u, *context))
     best = None
     for transform, values, first, lo in _bases(forms, n <= LEAN_ROWS):
         stored = values - _U64(lo & _MASK)  # wraps modulo 2^64: exact for every span
         head = transform << 4 | (0 if lo & _MASK else ZERO_BASE)
-        entry = bytes([head]) + (bytes([first]) if transform == REF else b"")
+        ahead, prefix, shifts = (bytes([first]), b"", [0]) if transform == REF else (b"", b"", [0])
+        if transform == CONTEXT:  # shifted before its zigzag: stored as it is
+            ahead, prefix, shift = first
+            shifts = [shift]
+        entry = bytes([head]) + ahead
         entry += (b"" if head & ZERO_BASE else _zigzag(lo)) + (_zigzag(first) if transform == DELTA else b"")
-        shifts = [0]
-        if n <= LEAN_ROWS and len(values):
+        if n <= LEAN_ROWS and len(values) and transform != CONTEXT:
             ones = int(np.bitwise_or.reduce(stored))
             if ones:
                 shifts.append((ones & -ones).bit_length() - 1)
         for shift in dict.fromkeys(shifts):
-            shifted = stored >> _U64(shift) if shift else stored
+            shifted = stored >> _U64(shift) if shift and transform != CONTEXT else stored
             span = int(shifted.max()) if len(values) else 0
             width = _width(span)
             candidates = [(len(values) * width, WIDTHS.index(width))]
@@ -349,12 +356,8 @@ def _encode_column(u: np.ndarray, earlier: list[tuple[int, np.ndarray]], context
                 candidates.append((int(_varint_sizes(shifted).sum(dtype=np.int64)), VARINT))
             for size, wcode in candidates:
                 coded = bytes([entry[0] | wcode | (SHIFTED if shift else 0)]) + entry[1:] + (bytes([shift]) if shift else b"")
-                if best is None or len(coded) + size < best[0]:
-                    best = (len(coded) + size, coded, b"", shifted, wcode)
-    if context is not None:
-        form = _context_form(u, *context, lean=n <= LEAN_ROWS)
-        if form[0] < best[0]:
-            best = form
+                if best is None or len(coded) + len(prefix) + size < best[0]:
+                    best = (len(coded) + len(prefix) + size, coded, prefix, shifted, wcode)
     _, entry, prefix, stored, wcode = best
     if wcode == VARINT:
         return entry, prefix + _varints(stored, _varint_sizes(stored))
@@ -488,16 +491,15 @@ def decode_payload(
             needed.add(entry[3][1])
     full: list[np.ndarray | None] = []  # each column's 64-bit values, when another one needs them
     out: list[np.ndarray | None] = []
-    grouped: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
-    later: list[tuple[int, tuple, np.ndarray, np.ndarray | None]] = []  # context columns, decoded last
+    grouped: dict[tuple[int, ...], Groups] = {}
+    later: list[tuple[int, Groups, np.ndarray, np.ndarray, int]] = []  # context columns, decoded last
     for i, ((transform, wcode, base, first, shift), dtype) in enumerate(zip(entries, dtypes)):
         count = n - 1 if transform == DELTA and n else n
         if transform == CONTEXT:
             keys = first[0]
             if keys not in grouped:
-                grouped[keys] = groups([full[j] for j in keys]) if n else (np.zeros(0, np.intp), np.zeros(0, bool))
-            order, starts = grouped[keys]
-            firsts, cursor.pos = _read_varints(buf, cursor.pos, int(starts.sum()))
+                grouped[keys] = groups([full[j] for j in keys]) if n else Groups(np.zeros(0, np.intp), np.zeros(0, bool))
+            firsts, cursor.pos = _read_varints(buf, cursor.pos, len(grouped[keys].heads))
             count = n - len(firsts)
         if wcode == VARINT:
             stored, cursor.pos = _read_varints(buf, cursor.pos, count)
@@ -509,8 +511,11 @@ def decode_payload(
                 raise TraceFormatError(f"column data has {len(buf)} bytes, too few for {n} rows")
             stored = np.frombuffer(buf[cursor.pos : cursor.pos + size], dtype=f"<u{WIDTHS[wcode]}") if size else None
             cursor.pos += size
-        if transform == CONTEXT:
-            later.append((i, (order, starts, base, shift, first[1]), _unzigzag(firsts), stored))
+        if transform == CONTEXT:  # (its shift applies after the zigzag)
+            diffs = None if stored is None and not base else _unzigzag(_decode_column(stored, count, RAW, base, 0, _U64_DTYPE))
+            if shift and diffs is not None:
+                diffs <<= _U64(shift)
+            later.append((i, grouped[keys], _unzigzag(firsts), diffs, first[1]))
             full.append(None)
             out.append(None)
             continue
@@ -522,9 +527,9 @@ def decode_payload(
             continue
         out.append(None if dtype is None else _decode_column(stored, n, transform, base, first, dtype))
         full.append(_decode_column(stored, n, transform, base, first, _U64_DTYPE) if i in needed else None)
-    for i, (order, starts, base, shift, plus), firsts, stored in later:
-        values = _decode_context(n, order, starts, firsts, stored, base, shift, None if plus < 0 else full[plus])
-        out[i] = None if dtypes[i] is None else values.astype(f"<u{dtypes[i].itemsize}").view(dtypes[i])
+    for i, grouping, firsts, diffs, plus in later:
+        values = _decode_context(grouping, firsts, diffs, None if plus < 0 else full[plus])
+        out[i] = None if dtypes[i] is None else values.astype(f"<u{dtypes[i].itemsize}", copy=False).view(dtypes[i])
     if lean:
         index, ipc = _decode_ipc(buf, cursor, n, k)
     else:
@@ -571,41 +576,36 @@ def _directory(cursor: _Cursor, present: int, ncols: int, lean: bool) -> list[tu
     return entries
 
 
-def _unzigzag(stored: np.ndarray | None) -> np.ndarray | None:
-    """Zigzag values (any unsigned dtype) as the 64-bit patterns of the signed values."""
-    if stored is None:
-        return None
-    stored = stored.astype(_U64, copy=False)
+def _unzigzag(stored: np.ndarray) -> np.ndarray:
+    """Zigzag values (u8) as the 64-bit patterns of the signed values."""
     return (stored >> _U64(1)) ^ (_U64(0) - (stored & _U64(1)))
 
 
-def _decode_context(n: int, order: np.ndarray, starts: np.ndarray, firsts: np.ndarray, stored: np.ndarray | None,
-                    base: int, shift: int, plus: np.ndarray | None) -> np.ndarray:
-    """A context column's u8 values: within each group (rows in ``order``, a group starting at
-    each ``starts``), its first value, then each row the previous one's value, plus that row's
-    ``plus`` value, plus its own difference (``base + (zigzag⁻¹(stored) << shift)``)."""
-    if not n:
-        return np.zeros(0, _U64)
-    heads = order[starts]
+def _decode_context(grouping: Groups, firsts: np.ndarray, diffs: np.ndarray | None, plus: np.ndarray | None) -> np.ndarray:
+    """A context column's u8 values: group after group (``grouping``), each group's first value
+    (``firsts``), then each row the previous row's value, plus that row's ``plus`` value, plus
+    its own difference (``diffs``, of every row but the groups' first, in that same order)."""
+    n = len(grouping.order)
     steps = np.zeros(n, _U64)
-    later = np.ones(n, bool)
-    later[heads] = False
-    if stored is not None:
-        diffs = _unzigzag(stored)
-        steps[later] = (diffs << _U64(shift)) if shift else diffs
-    if base:
-        steps[later] += _U64(base)
-    steps = steps[order]
+    if not n:
+        return steps
+    if diffs is not None:  # (None: every difference is 0)
+        steps[grouping.later] = diffs
     if plus is not None:
-        steps[1:] += plus[order][:-1]
-    steps[starts] = 0
+        steps[1:] += plus[grouping.order][:-1]
+    heads = grouping.heads
+    # A group's first row steps from the previous group's last value to its own first value:
+    # then one running sum makes every value (mod 2^64).
+    steps[heads] = 0
+    ends = firsts.copy()
+    if len(heads) > 1:
+        ends[:-1] += np.add.reduceat(steps, heads)[:-1]  # each group's last value
+        firsts = firsts.copy()
+        firsts[1:] -= ends[:-1]
+    steps[heads] = firsts
     np.cumsum(steps, dtype=_U64, out=steps)
-    rank = np.empty(len(heads), np.intp)
-    rank[np.argsort(heads, kind="stable")] = np.arange(len(heads))  # a group's place in order of appearance
-    offsets = firsts[rank] - steps[starts]  # modulo 2^64
-    steps += offsets[np.cumsum(starts) - 1]
     out = np.empty(n, _U64)
-    out[order] = steps
+    out[grouping.order] = steps
     return out
 
 
@@ -653,21 +653,30 @@ def _read_bits(buf: memoryview, pos: int, count: int, bits: int) -> tuple[np.nda
 
 
 def _read_varints(buf: memoryview, pos: int, count: int) -> tuple[np.ndarray, int]:
-    """``count`` LEB128 values from ``pos`` (as u8, modulo 2^64) and the position after them."""
+    """``count`` LEB128 values from ``pos`` (as u8, modulo 2^64) and the position after them.
+
+    Byte j of every value at once (a gather per byte position, as many as the longest value
+    has): a 2.3 chunk of 65,536 rows stores its pointers' differences this way, and a pass over
+    every byte (a shift per byte, then a segmented sum) took most of such a chunk's decoding."""
     if not count:
         return np.zeros(0, _U64), pos
-    data = np.frombuffer(buf[pos:], np.uint8)
+    data = np.frombuffer(buf[pos : pos + 10 * count], np.uint8)  # (a value takes at most 10)
     ends = np.flatnonzero(data < 0x80)
     if len(ends) < count:
         raise TraceFormatError("column data ends inside a column")
     ends = ends[:count]
-    starts = np.concatenate(([0], ends[:-1] + 1))
-    if int((ends - starts).max()) > 9:
+    starts = np.empty(count, ends.dtype)
+    starts[0] = 0
+    starts[1:] = ends[:-1] + 1
+    longest = int((ends - starts).max()) + 1
+    if longest > 10:
         raise TraceFormatError("a column value is longer than 64 bits")
-    body = data[: ends[-1] + 1]
-    shift = np.arange(len(body)) - np.repeat(starts, ends - starts + 1)
-    values = (body & 0x7F).astype(_U64) << (7 * shift).astype(_U64)
-    return np.add.reduceat(values, starts), pos + int(ends[-1]) + 1
+    values = (data[starts] & 0x7F).astype(_U64)
+    for j in range(1, longest):
+        at = np.minimum(starts + j, ends)  # past a value's end: its last byte again, masked off
+        byte = (data[at] & 0x7F).astype(_U64) * (starts + j <= ends)
+        values |= byte << _U64(7 * j)
+    return values, pos + int(ends[-1]) + 1
 
 
 def _decode_column(stored: np.ndarray | None, n: int, transform: int, base: int, first: int, dtype: np.dtype) -> np.ndarray:
