@@ -79,6 +79,14 @@ DEFAULT_SCHEMA: Schema = {
 
 
 
+def context(kind: str, names: list[str]) -> codec.Context:
+    """:data:`CONTEXTS`' entry for ``kind`` as the codec takes it: by index in ``names`` (the
+    columns a chunk holds, in schema order)."""
+    keys, columns, plus = CONTEXTS[kind]
+    at = names.index
+    return codec.Context(tuple(map(at, keys)), tuple(map(at, columns)), tuple((at(a), at(b)) for a, b in plus))
+
+
 def as_rows(kind: str, arr: np.ndarray) -> np.ndarray:
     """Return ``arr`` with exactly the dtype of ``kind``'s rows, converting field by field by name.
 
@@ -119,10 +127,7 @@ class ChunkBuilder:
         self._dtype = COLUMNAR[kind]
         self._sparse = kind == EVENTS
         self._names = [n for n in self._dtype.names if not (self._sparse and n == SPARSE_COLUMN)]
-        keys, columns, plus = CONTEXTS[kind]
-        at = self._names.index
-        self._context = codec.Context(tuple(map(at, keys)), tuple(map(at, columns)),
-                                      tuple((at(a), at(b)) for a, b in plus))
+        self._context = context(kind, self._names)
         self._reset()
 
     def _reset(self) -> None:

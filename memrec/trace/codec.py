@@ -544,6 +544,21 @@ def decode_payload(
     return n, out, index, ipc
 
 
+def transforms(key: str, data: bytes | memoryview, ncols: int, max_rows: int) -> list[int]:
+    """Each column's transform (:data:`RAW`, :data:`DELTA`, :data:`REF` or :data:`CONTEXT`) in
+    one 2.1+ chunk of ``ncols`` columns and at most ``max_rows`` rows stored under ``key``: which
+    form the writer chose (what the tests check it chose).
+
+    Raises:
+        TraceFormatError: a damaged chunk (as :func:`decode_payload`).
+    """
+    raw = decompress(data, payload_bound(max_rows, ncols, True)) if key == ZSTD else bytes(data)[:-4]
+    cursor = _Cursor(memoryview(raw))
+    cursor.varint(), cursor.varint()
+    present = int.from_bytes(cursor.take((ncols + 7) // 8), "little")
+    return [entry[0] for entry in _directory(cursor, present, ncols, True)]
+
+
 def _directory(cursor: _Cursor, present: int, ncols: int, lean: bool) -> list[tuple[int, int, int, Any, int]]:
     """The payload's directory: per column (transform, width code, base, first, shift); ``first``
     is a delta's first value, a reference's column, a context's (key columns, plus column or -1).
