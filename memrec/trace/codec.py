@@ -273,19 +273,21 @@ def groups(keys: list[np.ndarray]) -> Groups:
     lexsorted when even their factors do not fit one u2 code."""
     n = len(keys[0])
     codes = []
-    total = 1
+    tops = []
     for key in keys:
         code = key - key.min()
-        if int(code.max()) >= _RADIX:
-            code = np.unique(key, return_inverse=True)[1].ravel().astype(_U64)
+        top = int(code.max()) + 1
+        if top > _RADIX:
+            code = np.unique(key, return_inverse=True)[1].ravel()
+            top = int(code.max()) + 1
         codes.append(code)
-        total *= int(code.max()) + 1
+        tops.append(top)
     starts = np.ones(n, bool)
-    if total <= _RADIX:
-        combined = codes[0]
-        for code in codes[1:]:
-            combined = combined * _U64(int(code.max()) + 1) + code
-        combined = combined.astype(np.uint16)
+    if np.prod(tops, dtype=object) <= _RADIX:
+        combined = codes[0].astype(np.uint16)
+        for code, top in zip(codes[1:], tops[1:]):
+            combined *= np.uint16(top)  # (in place: the product fits 16 bits)
+            combined += code.astype(np.uint16)
         order = np.argsort(combined, kind="stable")
         ordered = combined[order]
         starts[1:] = ordered[1:] != ordered[:-1]
@@ -512,10 +514,13 @@ def decode_payload(
             stored = np.frombuffer(buf[cursor.pos : cursor.pos + size], dtype=f"<u{WIDTHS[wcode]}") if size else None
             cursor.pos += size
         if transform == CONTEXT:  # (its shift applies after the zigzag)
-            diffs = None if stored is None and not base else _unzigzag(_decode_column(stored, count, RAW, base, 0, _U64_DTYPE))
+            diffs = None
+            if stored is not None or base:
+                diffs = _decode_column(stored, count, RAW, base, 0, _U64_DTYPE)
+                diffs = _unzigzag(diffs if stored is not None else np.array(diffs))  # (a new array)
             if shift and diffs is not None:
                 diffs <<= _U64(shift)
-            later.append((i, grouped[keys], _unzigzag(firsts), diffs, first[1]))
+            later.append((i, grouped[keys], _unzigzag(firsts.astype(_U64)), diffs, first[1]))
             full.append(None)
             out.append(None)
             continue
@@ -592,33 +597,41 @@ def _directory(cursor: _Cursor, present: int, ncols: int, lean: bool) -> list[tu
 
 
 def _unzigzag(stored: np.ndarray) -> np.ndarray:
-    """Zigzag values (u8) as the 64-bit patterns of the signed values."""
-    return (stored >> _U64(1)) ^ (_U64(0) - (stored & _U64(1)))
+    """Zigzag values (u8, a new array: changed in place) as the 64-bit patterns of the signed values."""
+    sign = stored & _U64(1)
+    np.negative(sign, out=sign)  # (modulo 2^64: all ones for an odd value)
+    stored >>= _U64(1)
+    stored ^= sign
+    return stored
 
 
 def _decode_context(grouping: Groups, firsts: np.ndarray, diffs: np.ndarray | None, plus: np.ndarray | None) -> np.ndarray:
     """A context column's u8 values: group after group (``grouping``), each group's first value
     (``firsts``), then each row the previous row's value, plus that row's ``plus`` value, plus
-    its own difference (``diffs``, of every row but the groups' first, in that same order)."""
+    its own difference (``diffs``, of every row but the groups' first, in that same order).
+
+    Few arrays of a chunk's length are made (each is fresh memory the kernel maps page by page:
+    at 65,536 rows that is most of the cost)."""
     n = len(grouping.order)
-    steps = np.zeros(n, _U64)
-    if not n:
-        return steps
-    if diffs is not None:  # (None: every difference is 0)
-        steps[grouping.later] = diffs
-    if plus is not None:
-        steps[1:] += plus[grouping.order][:-1]
     heads = grouping.heads
-    # A group's first row steps from the previous group's last value to its own first value:
-    # then one running sum makes every value (mod 2^64).
-    steps[heads] = 0
-    ends = firsts.copy()
-    if len(heads) > 1:
-        ends[:-1] += np.add.reduceat(steps, heads)[:-1]  # each group's last value
-        firsts = firsts.copy()
-        firsts[1:] -= ends[:-1]
-    steps[heads] = firsts
-    np.cumsum(steps, dtype=_U64, out=steps)
+    if diffs is None and plus is None:  # every row its group's first value (a GPU per process)
+        steps = np.repeat(firsts, np.diff(heads, append=n))
+    else:
+        steps = np.zeros(n, _U64)
+        if diffs is not None:
+            steps[grouping.later] = diffs
+        if plus is not None:
+            steps[1:] += plus[grouping.order[:-1]]
+        # A group's first row steps from the previous group's last value to its own first value:
+        # then one running sum makes every value (mod 2^64).
+        steps[heads] = 0
+        if len(heads) > 1:
+            ends = np.add.reduceat(steps, heads)[:-1]
+            ends += firsts[:-1]  # each group's last value
+            firsts = firsts.copy()
+            firsts[1:] -= ends
+        steps[heads] = firsts
+        np.cumsum(steps, dtype=_U64, out=steps)
     out = np.empty(n, _U64)
     out[grouping.order] = steps
     return out

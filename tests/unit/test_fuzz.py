@@ -30,7 +30,7 @@ from tests.fuzz import harness
 from tests.unit.test_daemon_unit import make_daemon
 from tests.unit.test_daemon_unit import pump
 
-#: The golden trace in format 2.2 (what memrec writes), 2.1, 2.0 and 1 (what it still reads).
+#: The golden trace in format 2.2 (what memrec wrote before 2.3), 2.1, 2.0 and 1 (what it still reads).
 GOLDENS = [os.path.join(os.path.dirname(__file__), "..", "data", f"golden_v{v}.mrec") for v in ("2_2", "2_1", 2, 1)]
 SEEDS = {path: harness.golden_records(path) for path in GOLDENS}
 FUZZ = settings(max_examples=int(os.environ.get("MEMREC_FUZZ_EXAMPLES", "150")), deadline=None,
