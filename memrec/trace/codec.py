@@ -110,6 +110,16 @@ def _compressor() -> zstandard.ZstdCompressor:
     return c
 
 
+def _scratch(n: int, slot: int) -> np.ndarray:
+    """A u8 array of ``n`` values for temporary use (one of three per thread, kept between
+    chunks): a fresh 512 KiB array is mapped by the kernel page by page at its first touch, which
+    cost more than the arithmetic done in it (most of a 65,536-row context column's decoding)."""
+    bufs = getattr(_local, "scratch", None)
+    if bufs is None or len(bufs[0]) < n:
+        bufs = _local.scratch = [np.empty(max(n, 1 << 16), _U64) for _ in range(3)]
+    return bufs[slot][:n]
+
+
 def _decompressor() -> zstandard.ZstdDecompressor:
     d = getattr(_local, "d", None)
     if d is None:
@@ -275,19 +285,19 @@ def groups(keys: list[np.ndarray]) -> Groups:
     codes = []
     tops = []
     for key in keys:
-        code = key - key.min()
+        code = np.subtract(key, key.min(), out=_scratch(n, 0))
         top = int(code.max()) + 1
         if top > _RADIX:
             code = np.unique(key, return_inverse=True)[1].ravel()
             top = int(code.max()) + 1
-        codes.append(code)
+        codes.append(code.astype(np.uint16) if top <= _RADIX else code)
         tops.append(top)
     starts = np.ones(n, bool)
     if np.prod(tops, dtype=object) <= _RADIX:
-        combined = codes[0].astype(np.uint16)
+        combined = codes[0]
         for code, top in zip(codes[1:], tops[1:]):
             combined *= np.uint16(top)  # (in place: the product fits 16 bits)
-            combined += code.astype(np.uint16)
+            combined += code
         order = np.argsort(combined, kind="stable")
         ordered = combined[order]
         starts[1:] = ordered[1:] != ordered[:-1]
@@ -598,7 +608,7 @@ def _directory(cursor: _Cursor, present: int, ncols: int, lean: bool) -> list[tu
 
 def _unzigzag(stored: np.ndarray) -> np.ndarray:
     """Zigzag values (u8, a new array: changed in place) as the 64-bit patterns of the signed values."""
-    sign = stored & _U64(1)
+    sign = np.bitwise_and(stored, _U64(1), out=_scratch(len(stored), 1))
     np.negative(sign, out=sign)  # (modulo 2^64: all ones for an odd value)
     stored >>= _U64(1)
     stored ^= sign
@@ -614,14 +624,17 @@ def _decode_context(grouping: Groups, firsts: np.ndarray, diffs: np.ndarray | No
     at 65,536 rows that is most of the cost)."""
     n = len(grouping.order)
     heads = grouping.heads
+    if not n:
+        return np.zeros(0, _U64)
     if diffs is None and plus is None:  # every row its group's first value (a GPU per process)
         steps = np.repeat(firsts, np.diff(heads, append=n))
     else:
-        steps = np.zeros(n, _U64)
+        steps = _scratch(n, 0)
+        steps[:] = 0
         if diffs is not None:
             steps[grouping.later] = diffs
         if plus is not None:
-            steps[1:] += plus[grouping.order[:-1]]
+            steps[1:] += np.take(plus, grouping.order[:-1], out=_scratch(n - 1, 1))
         # A group's first row steps from the previous group's last value to its own first value:
         # then one running sum makes every value (mod 2^64).
         steps[heads] = 0

@@ -182,3 +182,11 @@ def test_the_spec_example_reads_a_2_3_trace_with_context_columns(tmp_path):
     assert trace.warnings == [] and len(trace.events) == 6100
     np.testing.assert_array_equal(trace.events, ev)
     assert f"{len(ev)} events, {int(ev['size'].sum())} bytes asked" in out.stdout
+
+
+def test_a_context_column_of_no_rows_decodes_to_none():
+    # GIVEN a chunk of 0 rows whose third column says context (keys: column 0, plus: column 0)
+    body = bytes([0, 0, 0b100, 0xB0, 1, 0, 1])
+    # THEN it decodes to empty columns (no scratch or group state from another chunk leaks in)
+    cols = decode(body + zlib.crc32(body).to_bytes(4, "little"), n=0)
+    assert [len(c) for c in cols] == [0, 0, 0]
