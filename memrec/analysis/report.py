@@ -1,8 +1,9 @@
 """``memrec report``: per GPU, where the memory went, when, and who took it.
 
-:func:`build_report` replays a :class:`memrec.trace.model.Trace` once and returns a JSON-able dict
-(plain ints, floats, strings, lists, dicts with string keys); :func:`render_text` turns it into
-fixed-width text. Byte counts are exact ints; ``*_s`` fields are seconds since the trace start.
+:func:`build_report` replays a :class:`memrec.trace.model.Trace` once and returns a
+:class:`~memrec.analysis.report_model.Report` (typed sections; ``to_json()`` is ``report --json``);
+:func:`memrec.analysis.report_text.render_text` turns it into fixed-width text. Byte counts are
+exact ints; ``*_s`` fields are seconds since the trace start.
 
 Per GPU: traced peak (and when) and final bytes, by category and by process; by phase where
 markers exist; what each process still held when it exited (freed implicitly); every failed call
@@ -15,6 +16,7 @@ process, shown in its view and never added to a GPU's total.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,8 +32,18 @@ from memrec.engine.phases import held_by_phase
 from memrec.engine.group import distinct
 from memrec.engine.journal import Journal
 from memrec.analysis.reconcile import reconcile
+from memrec.analysis.report_gpu import ReportContext
 from memrec.analysis.report_gpu import gpu_section
 from memrec.analysis.report_gpu import holding_json
+from memrec.analysis.report_model import FailedCall
+from memrec.analysis.report_model import HeldPhase
+from memrec.analysis.report_model import HeldThen
+from memrec.analysis.report_model import InstantEntry
+from memrec.analysis.report_model import PhaseEntry
+from memrec.analysis.report_model import ProcessEntry
+from memrec.analysis.report_model import Report
+from memrec.analysis.report_model import ReportFilter
+from memrec.analysis.report_model import TraceSummary
 from memrec.engine.replay import initial_state
 from memrec.engine.replay import trace_bounds
 from memrec.engine.replay import trace_phases
@@ -55,12 +67,11 @@ HOLDER_LARGEST = 3
 GPU_LARGEST = 5
 
 
-
 # ----------------------------------------------------------------------------------------- build
 
 
-def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> dict:
-    """Replay ``trace`` and summarise it per GPU (JSON-able).
+def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> Report:
+    """Replay ``trace`` and summarise it per GPU (:meth:`Report.to_json` is ``report --json``).
 
     Args:
         trace: a :class:`memrec.trace.model.Trace`; its ``event_columns["gpu"]`` are filled in where the
@@ -69,15 +80,68 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
         pid: only this process's memory (peaks, phases, exits, failed calls are its own; the
             holders at its failed calls still show every process on that GPU).
     """
+    run = _replay(trace, gpu, pid)
+    procs = _processes(trace, run.tl, run.exits)
+    ctx = ReportContext(trace=trace, start=run.start, pid=pid, procs=procs, exits=run.exits, usage=run.usage,
+                        exit_usage=run.exit_usage, phases=run.phases, rec=reconcile(trace, run.tl, run.phases))
+    report = Report(
+        memrec_report=REPORT_VERSION,
+        filter=ReportFilter(gpu, pid),
+        trace=_trace_summary(trace, run, gpu, pid, len(procs)),
+        merged=merged_summary(trace.header),
+        processes=[p for p in procs.values() if pid is None or p.pid == pid],
+        gpus=[],
+        host=None,
+        phases=_phase_list(run.phases, run.start, pid),
+        instants=_instant_list(run.phases, run.start, pid),
+        failures_unknown_gpu=[],
+    )
+    failures_by_gpu = _place_failures(report, run, ctx)
+    _add_gpu_sections(report, run, ctx, failures_by_gpu)
+    report.sglang = run.sglang
+    report.tensors = tensor_section(run.events, run.phases, run.start, trace.header, trace.trailer, pid=pid, gpu=gpu)
+    _peak_by_phase(report, trace, run.tl, run.phases)
+    report.answer = build_answer(report)
+    return report
+
+
+def trace_answer(trace: Any) -> Answer:
+    """The answer ``memrec report`` prints first (:mod:`memrec.analysis.answer`), for the views
+    that lead with it (TUI, plot, exports): built from the same report, so that they agree."""
+    answer = build_report(trace).answer
+    assert answer is not None  # build_report always sets it
+    return answer
+
+
+@dataclass
+class _Replayed:
+    """What one replay of the trace gives the report: the timeline, the failed calls (each with
+    its GPU, ``(gpu, inferred)``, and the holders then), the exits and anomalies of the recording
+    (not of a rotated file's predecessors), usage by phase and the SGLang section."""
+
+    events: Batch
+    start: int
+    end: int
+    phases: Phases
+    notes: list[str]
+    tl: Timeline
+    failed_idx: list[int]
+    failed_gpu: dict[int, tuple[int, bool]]
+    snapshots: dict[int, HeldThen]
+    exits: list[dict]
+    anomalies: dict[str, int]
+    usage: list
+    exit_usage: list
+    sglang: dict | None
+
+
+def _replay(trace: Any, gpu: int | None, pid: int | None) -> _Replayed:
     events = Batch.of(trace.event_columns)  # the loaded columns, never the 130-byte rows
     start, end = trace_bounds(trace)
-    n = len(events)
-    kinds = events["kind"] if n else np.zeros(0, np.uint16)
-    failed_idx = np.nonzero(failed_calls(events))[0].tolist() if n else []
+    failed_idx = np.nonzero(failed_calls(events))[0].tolist() if len(events) else []
     failed_gpu = _failure_gpus(events, failed_idx)
-
-    snapshots: dict[int, dict] = {}
-    cache: dict[tuple[int, int], dict] = {}
+    snapshots: dict[int, HeldThen] = {}
+    cache: dict[tuple[int, int], HeldThen] = {}
     phases = trace_phases(trace)
 
     def at_stop(index: int, state: LiveState, changes: int) -> None:
@@ -108,112 +172,97 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
                         on_journal=None if whole else attribute_rows)
     if whole:
         attribute_rows(tl.journal)
-    exits = tl.state.exit_records()[prior_exits:]
     anomalies = {
         k: v - prior_anomalies.get(k, 0) for k, v in sorted(tl.state.anomalies.items()) if v > prior_anomalies.get(k, 0)
     }
-    usage, exit_usage = usage_of.usage(), exit_usage_of.usage()
+    usage = usage_of.usage()
     sglang = build_sglang_section(trace, phases, tl.journal, usage, start, gpu=gpu, pid=pid)
-    # Nothing below reads the journal: its columns (35 B a change) go before the reconciliation
-    # makes its temporaries (the report's peak memory on 10M events).
+    # Nothing after this reads the journal: its columns (35 B a change) go before the
+    # reconciliation makes its temporaries (the report's peak memory on 10M events).
     tl.journal = tl.journal.take(np.zeros(len(tl.journal), dtype=bool))
-    procs = _processes(trace, tl, exits)
-    rec = reconcile(trace, tl, phases)
+    return _Replayed(events, start, end, phases, notes, tl, failed_idx, failed_gpu, snapshots,
+                     tl.state.exit_records()[prior_exits:], anomalies, usage, exit_usage_of.usage(), sglang)
 
-    gpu_ids = set(tl.gpus) | {g for g, _ in failed_gpu.values()}
-    gpu_ids |= set(trace.gpu_ids())
-    gpu_ids |= set(rec.gpus())
-    gpu_info = {gi.index: gi for gi in trace.gpus}
 
-    report: dict = {
-        "memrec_report": REPORT_VERSION,
-        "filter": {"gpu": gpu, "pid": pid},
-        "trace": {
-            "host": trace.header.get("host"),
-            "start_ts": start,
-            "end_ts": end,
-            "duration_s": seconds(end - start),
-            "events": n,
-            "failed_calls": sum(  # of the filter's selection
-                1 for i in failed_idx
-                if (pid is None or int(events["pid"][i]) == pid) and (gpu is None or failed_gpu[i][0] == gpu)
-            ),
-            "failed_calls_all": len(failed_idx),
-            "processes": len(procs),
-            "lost": int(trace.lost),
-            "complete": trace.trailer is not None,
-            "warnings": list(trace.warnings) + notes,
-            "phase_warnings": list(phases.warnings),
-            "anomalies": anomalies,
-            "markers": len(trace.markers),
-            "nvml_samples": int(len(trace.nvml)),
-        },
-        "merged": merged_summary(trace.header),
-        "processes": [p for p in procs.values() if pid is None or p["pid"] == pid],
-        "gpus": [],
-        "host": None,
-        "phases": _phase_list(phases, start, pid),
-        "instants": [
-            {"pid": i.pid, "name": i.name, "ts": i.ts, "t_s": seconds(i.ts - start), "phase": phases.label(i.phase),
-             "gpu": i.gpu, "values": _jsonable(i.values)}
-            for i in phases.instants
-            if pid is None or i.pid == pid
-        ],
-        "failures_unknown_gpu": [],
-    }
-    failures_by_gpu: dict[int, list[dict]] = {}
-    for i in failed_idx:
-        g, inferred = failed_gpu[i]
-        if pid is not None and int(events["pid"][i]) != pid:
+def _trace_summary(trace: Any, run: _Replayed, gpu: int | None, pid: int | None, processes: int) -> TraceSummary:
+    pids = run.events["pid"] if len(run.events) else None
+    return TraceSummary(
+        host=trace.header.get("host"),
+        start_ts=run.start,
+        end_ts=run.end,
+        duration_s=seconds(run.end - run.start),
+        events=len(run.events),
+        failed_calls=sum(  # of the filter's selection
+            1 for i in run.failed_idx
+            if (pid is None or int(pids[i]) == pid) and (gpu is None or run.failed_gpu[i][0] == gpu)
+        ),
+        failed_calls_all=len(run.failed_idx),
+        processes=processes,
+        lost=int(trace.lost),
+        complete=trace.trailer is not None,
+        warnings=list(trace.warnings) + run.notes,
+        phase_warnings=list(run.phases.warnings),
+        anomalies=run.anomalies,
+        markers=len(trace.markers),
+        nvml_samples=int(len(trace.nvml)),
+    )
+
+
+def _place_failures(report: Report, run: _Replayed, ctx: ReportContext) -> dict[int, list[FailedCall]]:
+    """Each failed call of the filter's selection, with its phase, NVML's free bytes before it and
+    (on a known GPU) the holders then: by GPU, or on the report's unknown-GPU list."""
+    by_gpu: dict[int, list[FailedCall]] = {}
+    kinds = run.events["kind"] if len(run.events) else np.zeros(0, np.uint16)
+    for i in run.failed_idx:
+        g, inferred = run.failed_gpu[i]
+        if ctx.pid is not None and int(run.events["pid"][i]) != ctx.pid:
             continue
-        f = _failure(events, i, g, inferred, start, procs)
-        f["phase"] = phases.label(phases.phase_at(f["pid"], f["ts"]))
-        f["nvml_free"] = _nvml_free_before(trace, g, f["ts"])
+        f = _failure(run.events, i, g, inferred, run.start, ctx.procs)
+        f.phase = run.phases.label(run.phases.phase_at(f.pid, f.ts))
+        f.nvml_free = _nvml_free_before(ctx.trace, g, f.ts)
         if g < 0 and not _is_host_kind(int(kinds[i])):
-            report["failures_unknown_gpu"].append(f)
+            report.failures_unknown_gpu.append(f)
             continue
-        f.update(snapshots[i])
-        failures_by_gpu.setdefault(g, []).append(f)
+        f.held = run.snapshots[i]
+        by_gpu.setdefault(g, []).append(f)
+    return by_gpu
 
+
+def _add_gpu_sections(report: Report, run: _Replayed, ctx: ReportContext,
+                      failures_by_gpu: dict[int, list[FailedCall]]) -> None:
+    """A section per GPU the replay, the failed calls, the trace's GPU list or NVML saw (the
+    filter's GPU only); GPU -1 (pinned host memory, unknown GPU) is the report's ``host``."""
+    trace = ctx.trace
+    gpu_ids = set(run.tl.gpus) | {g for g, _ in run.failed_gpu.values()}
+    gpu_ids |= set(trace.gpu_ids())
+    gpu_ids |= set(ctx.rec.gpus())
+    gpu_info = {gi.index: gi for gi in trace.gpus}
+    want = report.filter.gpu
     for g in sorted(gpu_ids):
-        if gpu is not None and g != gpu:
+        if want is not None and g != want:
             continue
-        section = gpu_section(
-            g, tl.gpus.get(g), gpu_info.get(g), start, pid, procs, exits, (usage, exit_usage), phases,
-            failures_by_gpu.get(g, []), trace, rec,
-        )
+        section = gpu_section(ctx, g, run.tl.gpus.get(g), gpu_info.get(g), failures_by_gpu.get(g, []))
         if section is None:
             continue
         if g < 0:
-            report["host"] = section
+            report.host = section
         else:
-            report["gpus"].append(section)
-    report["sglang"] = sglang
-    report["tensors"] = tensor_section(events, phases, start, trace.header, trace.trailer, pid=pid, gpu=gpu)
-    _peak_by_phase(report, trace, tl, phases)
-    report["answer"] = build_answer(report).to_json()
-    return report
+            report.gpus.append(section)
 
 
-def trace_answer(trace: Any) -> Answer:
-    """The answer ``memrec report`` prints first (:mod:`memrec.analysis.answer`), for the views
-    that lead with it (TUI, plot, exports): built from the same report, so that they agree."""
-    return Answer.from_json(build_report(trace)["answer"])
-
-
-def _peak_by_phase(report: dict, trace: Any, tl: Timeline, phases: Phases) -> None:
+def _peak_by_phase(report: Report, trace: Any, tl: Timeline, phases: Phases) -> None:
     """What the GPU with the highest peak held at that peak, by phase (the answer's second line).
 
     One GPU only: the state there comes from the nearest keyframe and a replay of the rest.
     """
-    secs = [s for s in report["gpus"] if s.get("peak") and s["peak"]["bytes"]]
+    secs = [s for s in report.gpus if s.peak.bytes]
     if not secs:
         return
-    sec = max(secs, key=lambda s: (s["peak"]["bytes"], -s["gpu"]))
-    series = tl.gpus[sec["gpu"]]
-    _, _, row = series.peak(report["filter"]["pid"])
+    sec = max(secs, key=lambda s: (s.peak.bytes, -s.gpu))
+    series = tl.gpus[sec.gpu]
+    _, _, row = series.peak(report.filter.pid)
     state = state_at(tl.events, int(series.event_index[row]) + 1, trace.keyframes)
-    sec["peak"]["by_phase"] = _held_by_phase(state, sec["gpu"], phases)
+    sec.peak.by_phase = _held_by_phase(state, sec.gpu, phases)
 
 
 def _is_host_kind(kind: int) -> bool:
@@ -245,20 +294,20 @@ def _failure_gpus(events: np.ndarray, failed_idx: list[int]) -> dict[int, tuple[
     return out
 
 
-def _holders_snapshot(state: LiveState, g: int, phases: Phases) -> dict:
-    return {
-        "owned_on_gpu": state.owned_bytes(gpu=g),
-        "mapped_on_gpu": state.mapped_bytes(gpu=g),
-        "holders": [holding_json(h) for h in state.holders(g, n=HOLDER_LARGEST)],
-        "largest": [holding_json(h._asdict()) for h in state.largest(g, GPU_LARGEST)],
-        "by_phase": _held_by_phase(state, g, phases),
-    }
+def _holders_snapshot(state: LiveState, g: int, phases: Phases) -> HeldThen:
+    return HeldThen(
+        owned_on_gpu=state.owned_bytes(gpu=g),
+        mapped_on_gpu=state.mapped_bytes(gpu=g),
+        holders=[holding_json(h) for h in state.holders(g, n=HOLDER_LARGEST)],
+        largest=[holding_json(h._asdict()) for h in state.largest(g, GPU_LARGEST)],
+        by_phase=_held_by_phase(state, g, phases),
+    )
 
 
-def _held_by_phase(state: LiveState, g: int, phases: Phases, n: int = 5) -> list[dict]:
+def _held_by_phase(state: LiveState, g: int, phases: Phases, n: int = 5) -> list[HeldPhase]:
     """What ``g`` holds now (owned), by the phase that allocated each piece: the ``n`` largest
     (:func:`memrec.engine.phases.held_by_phase`, the TUI's cursor panel reads the same)."""
-    return [{"phase": r.phase, "bytes": r.bytes, "pids": list(r.pids)} for r in held_by_phase(state, g, phases)[:n]]
+    return [HeldPhase(r.phase, r.bytes, list(r.pids)) for r in held_by_phase(state, g, phases)[:n]]
 
 
 def _nvml_free_before(trace: Any, g: int, ts: int) -> int | None:
@@ -272,28 +321,30 @@ def _nvml_free_before(trace: Any, g: int, ts: int) -> int | None:
     return int(s["free"][np.argmax(s["ts"])])
 
 
-def _failure(events: np.ndarray, i: int, g: int, inferred: bool, start: int, procs: dict) -> dict:
+def _failure(events: np.ndarray, i: int, g: int, inferred: bool, start: int,
+             procs: dict[int, ProcessEntry]) -> FailedCall:
     e = events[i]
     p = int(e["pid"])
     kind = int(e["kind"])
-    return {
-        "index": i,
-        "ts": int(e["ts"]),
-        "t_s": seconds(int(e["ts"]) - start),
-        "pid": p,
-        "tid": int(e["tid"]),
-        "process": procs.get(p, {}).get("short", ""),
-        "kind": Kind(kind).name if kind in Kind._value2member_map_ else str(kind),
-        "api": api_name(int(e["api"])),
-        "size": int(e["size"]),
-        "result": int(e["result"]),
-        "result_name": result_name(int(e["result"])),
-        "gpu": g,
-        "gpu_inferred": inferred,
-    }
+    proc = procs.get(p)
+    return FailedCall(
+        index=i,
+        ts=int(e["ts"]),
+        t_s=seconds(int(e["ts"]) - start),
+        pid=p,
+        tid=int(e["tid"]),
+        process=proc.short if proc else "",
+        kind=Kind(kind).name if kind in Kind._value2member_map_ else str(kind),
+        api=api_name(int(e["api"])),
+        size=int(e["size"]),
+        result=int(e["result"]),
+        result_name=result_name(int(e["result"])),
+        gpu=g,
+        gpu_inferred=inferred,
+    )
 
 
-def _processes(trace: Any, tl: Timeline, exit_records: list[dict]) -> dict[int, dict]:
+def _processes(trace: Any, tl: Timeline, exit_records: list[dict]) -> dict[int, ProcessEntry]:
     pids = set(trace.processes) | {p for s in tl.gpus.values() for p in s.pids()}
     if len(trace.event_columns):
         pids |= set(distinct(trace.event_columns["pid"]))
@@ -306,37 +357,46 @@ def _processes(trace: Any, tl: Timeline, exit_records: list[dict]) -> dict[int, 
     out = {}
     for p in sorted(pids):
         info = trace.processes.get(p)
-        out[p] = {
-            "pid": p,
-            "ppid": info.ppid if info else None,
-            "short": process_title(info),
-            "cmdline": list(info.cmdline) if info else [],
-            "rank": ranks.get(p, ""),
-            "cuda_visible_devices": info.cuda_visible_devices if info else None,
-            "gpus": sorted(gpus_of.get(p, ())),
-            "exit_ts": exits.get(p),
-        }
+        out[p] = ProcessEntry(
+            pid=p,
+            ppid=info.ppid if info else None,
+            short=process_title(info),
+            cmdline=list(info.cmdline) if info else [],
+            rank=ranks.get(p, ""),
+            cuda_visible_devices=info.cuda_visible_devices if info else None,
+            gpus=sorted(gpus_of.get(p, ())),
+            exit_ts=exits.get(p),
+        )
     return out
 
 
-def _phase_list(phases: Phases, start: int, pid: int | None) -> list[dict]:
+def _phase_list(phases: Phases, start: int, pid: int | None) -> list[PhaseEntry]:
     return [
-        {
-            "id": ph.id,
-            "pid": ph.pid,
-            "name": ph.name,
-            "path": ph.path,
-            "depth": ph.depth,
-            "start_ts": ph.start,
-            "end_ts": ph.end,
-            "start_s": seconds(ph.start - start),
-            "end_s": seconds(ph.end - start),
-            "closed": ph.closed,
-            "gpu": ph.gpu,
-            "values": _jsonable(ph.values),
-        }
+        PhaseEntry(
+            id=ph.id,
+            pid=ph.pid,
+            name=ph.name,
+            path=ph.path,
+            depth=ph.depth,
+            start_ts=ph.start,
+            end_ts=ph.end,
+            start_s=seconds(ph.start - start),
+            end_s=seconds(ph.end - start),
+            closed=ph.closed,
+            gpu=ph.gpu,
+            values=_jsonable(ph.values),
+        )
         for ph in phases.phases
         if pid is None or ph.pid == pid
+    ]
+
+
+def _instant_list(phases: Phases, start: int, pid: int | None) -> list[InstantEntry]:
+    return [
+        InstantEntry(pid=i.pid, name=i.name, ts=i.ts, t_s=seconds(i.ts - start), phase=phases.label(i.phase),
+                     gpu=i.gpu, values=_jsonable(i.values))
+        for i in phases.instants
+        if pid is None or i.pid == pid
     ]
 
 

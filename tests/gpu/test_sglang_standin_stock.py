@@ -29,7 +29,7 @@ def test_stock_custom_all_reduce_is_built_before_the_baseline_and_costs_a_few_mi
     stock, rc_stock = _record(tmp_path, "stock", "--stock-ar")
     base, rc_base = _record(tmp_path, "base")
     # WHEN reported and compared
-    report = build_report(stock)["sglang"]
+    report = build_report(stock).sglang
     d = diff_traces(base, stock, "base", "stock")
     print("\n".join(d["verdict"]["lines"]))
     # THEN both start; the custom all-reduce sits inside dist_init, before the baseline, a few MiB

@@ -276,7 +276,7 @@ def test_expected_failures_of_code_calls_are_not_failed_calls():
           for h in range(1, 6)],
     ))
     # WHEN reported
-    report = build_report(trace)
+    report = build_report(trace).to_json()
     # THEN only the out-of-memory load is a failed call
     assert report["trace"]["failed_calls"] == 1
     (failure,) = report["gpus"][0]["failures"]

@@ -1,0 +1,350 @@
+"""The report's typed sections: what :func:`memrec.analysis.report.build_report` builds and every
+view reads (the text, the answer, the dataset export, the TUI through the answer).
+
+Builders and renderers share these classes, not string keys: a renamed field fails in a type
+checker and at import, not in one CLI test. :meth:`Section.to_json` gives ``memrec report
+--json``: each section's fields in declaration order, under the same names, so that the JSON is
+the one the report always printed. A field left at :data:`OMITTED` is not in the JSON at all
+(keys the report only has sometimes, e.g. ``traced_at_last`` without a series); a field marked
+``flatten`` puts its section's keys into its parent's (a failed call's snapshot of the holders).
+
+The parts that stay plain dicts are the ones their own modules build and read as JSON: the
+reconciliation (:mod:`memrec.analysis.reconcile`), the SGLang section
+(:mod:`memrec.analysis.sglang_report`), the tensors (:mod:`memrec.analysis.tensors`), the merge
+summary, holdings from the state, and marker values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from dataclasses import field
+from dataclasses import fields
+from typing import Any
+from typing import ClassVar
+
+from memrec.analysis.answer import Answer
+
+
+class _Omitted:
+    """The value of a field that is not in the JSON (not None: None is ``null``)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "OMITTED"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+OMITTED: Any = _Omitted()
+
+
+def flatten() -> Any:
+    """A field whose section's keys go into the parent's JSON (absent when the field is None)."""
+    return field(default=None, metadata={"flatten": True})
+
+
+class Section:
+    """A dataclass that serialises to the report's JSON (see the module docstring)."""
+
+    _plan: ClassVar[tuple[tuple[str, bool], ...]]
+
+    def to_json(self) -> dict:
+        plan = type(self).__dict__.get("_plan")
+        if plan is None:  # once per class: the fields and which of them flatten
+            plan = tuple((f.name, bool(f.metadata.get("flatten"))) for f in fields(self))  # type: ignore[arg-type]
+            type(self)._plan = plan
+        out: dict = {}
+        for name, flat in plan:
+            v = getattr(self, name)
+            if v is OMITTED:
+                continue
+            if flat:
+                if v is not None:
+                    out.update(v.to_json())
+                continue
+            out[name] = to_json(v)
+        return out
+
+
+def to_json(v: Any) -> Any:
+    """``v`` as JSON-able values: sections and the answer by their ``to_json``, containers copied."""
+    if isinstance(v, (Section, Answer)):
+        return v.to_json()
+    if isinstance(v, (list, tuple)):
+        return [to_json(x) for x in v]
+    if isinstance(v, dict):
+        return {k: to_json(x) for k, x in v.items()}
+    return v
+
+
+# ------------------------------------------------------------------------------------ the trace
+
+
+@dataclass
+class ReportFilter(Section):
+    gpu: int | None
+    pid: int | None
+
+
+@dataclass
+class TraceSummary(Section):
+    """The trace as a whole; ``failed_calls`` counts the filter's selection, ``_all`` all of them."""
+
+    host: str | None
+    start_ts: int
+    end_ts: int
+    duration_s: float
+    events: int
+    failed_calls: int
+    failed_calls_all: int
+    processes: int
+    lost: int
+    complete: bool
+    warnings: list[str]
+    phase_warnings: list[str]
+    anomalies: dict[str, int]
+    markers: int
+    nvml_samples: int
+
+
+@dataclass
+class ProcessEntry(Section):
+    pid: int
+    ppid: int | None
+    short: str
+    cmdline: list[str]
+    rank: str
+    cuda_visible_devices: str | None
+    gpus: list[int]
+    exit_ts: int | None
+
+
+@dataclass
+class PhaseEntry(Section):
+    id: int
+    pid: int
+    name: str
+    path: str
+    depth: int
+    start_ts: int
+    end_ts: int
+    start_s: float
+    end_s: float
+    closed: bool
+    gpu: int | None
+    values: dict
+
+
+@dataclass
+class InstantEntry(Section):
+    pid: int
+    name: str
+    ts: int
+    t_s: float
+    phase: str
+    gpu: int | None
+    values: dict
+
+
+@dataclass
+class HeldPhase(Section):
+    """Bytes a GPU held at one instant that a phase allocated (``pids``: whose they are)."""
+
+    phase: str
+    bytes: int
+    pids: list[int]
+
+
+@dataclass
+class HeldThen(Section):
+    """Who held what on a failed call's GPU at that instant (flattened into the call's JSON)."""
+
+    owned_on_gpu: int
+    mapped_on_gpu: int
+    holders: list[dict]
+    largest: list[dict]
+    by_phase: list[HeldPhase]
+
+
+@dataclass
+class FailedCall(Section):
+    index: int
+    ts: int
+    t_s: float
+    pid: int
+    tid: int
+    process: str
+    kind: str
+    api: str
+    size: int
+    result: int
+    result_name: str
+    gpu: int
+    gpu_inferred: bool
+    phase: str = ""
+    nvml_free: int | None = None
+    held: HeldThen | None = flatten()  # None for calls on an unknown GPU
+
+
+# ---------------------------------------------------------------------------------- one GPU
+
+
+@dataclass
+class PidBytes(Section):
+    pid: int
+    bytes: int
+
+
+@dataclass
+class Peak(Section):
+    bytes: int
+    ts: int
+    t_s: float
+    by_category: dict[str, int]
+    by_pid: list[PidBytes]
+    #: By phase, for the GPU with the highest peak only (the answer's second line).
+    by_phase: list[HeldPhase] = OMITTED
+
+
+@dataclass
+class Final(Section):
+    bytes: int
+    by_category: dict[str, int]
+    by_pid: list[PidBytes]
+
+
+@dataclass
+class CategoryRow(Section):
+    category: str
+    owned: bool
+    peak: int
+    peak_ts: int
+    peak_t_s: float
+    final: int
+
+
+@dataclass
+class GpuProcess(Section):
+    """One process on one GPU: its owned peak and final, mapped peers' memory, what it held at exit."""
+
+    pid: int
+    process: str
+    rank: str
+    peak: int
+    peak_ts: int
+    peak_t_s: float
+    final: int
+    mapped_peak: int
+    mapped_final: int
+    by_category: dict[str, int]
+    exit_ts: int | None
+    held_at_exit: int
+    nvml_used: int | None
+
+    def matters(self) -> bool:
+        """Anything in it: held, mapped, held at exit or seen by NVML."""
+        return bool(self.peak or self.final or self.mapped_peak or self.held_at_exit or self.nvml_used)
+
+
+@dataclass
+class GpuPhase(Section):
+    """Per (pid, phase) on one GPU: bytes by category, allocated, freed, net; ``exit_freed`` and
+    ``exit_by_category`` are the part of ``freed`` a process exit made implicitly."""
+
+    pid: int
+    phase: int
+    path: str
+    start_ts: int | None
+    end_ts: int | None
+    start_s: float | None
+    end_s: float | None
+    closed: bool | None
+    by_category: dict[str, int] = field(default_factory=dict)
+    allocated: int = 0
+    freed: int = 0
+    net: int = 0
+    mapped_net: int = 0
+    exit_freed: int = 0
+    exit_by_category: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class HeldAtExit(Section):
+    pid: int
+    ts: int
+    t_s: float
+    owned: int
+    mapped: int
+    count: int
+    by_category: dict[str, int]
+    largest: list[dict]
+
+
+@dataclass
+class NvmlSummary(Section):
+    samples: int
+    total: int | None
+    last_ts: int
+    last_t_s: float
+    last_used: int | None
+    last_reserved: int | None
+    peak_used: int | None
+    peak_used_ts: int | None
+    peak_used_t_s: float | None
+    peak_reserved: int | None
+    #: Only where the GPU has a series and NVML a last used value.
+    traced_at_last: int = OMITTED
+    untraced_at_last: int = OMITTED
+
+
+@dataclass
+class GpuSection(Section):
+    """One GPU (``gpu`` -1: pinned host memory and device memory of an unknown GPU)."""
+
+    gpu: int
+    name: str | None
+    uuid: str | None
+    total: int | None
+    peak: Peak
+    final: Final
+    categories: list[CategoryRow]
+    processes: list[GpuProcess]
+    phases: list[GpuPhase]
+    held_at_exit: list[HeldAtExit]
+    failures: list[FailedCall]
+    nvml: NvmlSummary | None
+    #: :meth:`memrec.analysis.reconcile.Reconciliation.gpu_summary` with ``*_t_s`` added.
+    reconciliation: dict | None
+
+
+# ----------------------------------------------------------------------------------- the whole
+
+
+@dataclass
+class Report(Section):
+    memrec_report: int
+    filter: ReportFilter
+    trace: TraceSummary
+    merged: dict | None
+    processes: list[ProcessEntry]
+    gpus: list[GpuSection]
+    host: GpuSection | None
+    phases: list[PhaseEntry]
+    instants: list[InstantEntry]
+    failures_unknown_gpu: list[FailedCall]
+    sglang: dict | None = None
+    tensors: dict | None = None
+    answer: Answer | None = None
+
+    def sections(self) -> list[GpuSection]:
+        """The GPUs' sections, then the host's when there is one."""
+        return self.gpus + ([self.host] if self.host is not None else [])
+
+    def failures(self) -> list[FailedCall]:
+        """Every failed call of the filter's selection: per GPU, the host, then the unknown GPU's."""
+        return [f for sec in self.sections() for f in sec.failures] + self.failures_unknown_gpu
+
+    def process_map(self) -> dict[int, ProcessEntry]:
+        return {p.pid: p for p in self.processes}
