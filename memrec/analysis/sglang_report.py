@@ -459,11 +459,26 @@ def _fmt_value(k: str, v: Any, human) -> str:
 
 def render_sglang(section: dict, width: int | None = None) -> list[str]:
     """The SGLang section as text lines (deterministic); tables fit ``width`` where they can."""
-    out = []
     title = "SGLang startup per rank: phases, memory by category, KV budget"
-    out.append(title)
-    out.append("=" * len(title))
-    s = section["summary"]
+    out = [title, "=" * len(title)]
+    out.extend(_summary_lines(section["summary"]))
+    windows = {w["gpu"]: w for w in section["windows"]}
+    shown: dict[int, str] = {}  # GPU -> the rank under which its window was printed
+    for r in section["ranks"]:
+        out.append("")
+        head = f"{r['label'] or 'rank ?'}  pid {r['pid']}" + (f"  GPU {r['gpu']}" if r["gpu"] is not None else "")
+        out.append(head)
+        out.extend(_rank_phase_table(r, width))
+        for b in r["budgets"]:
+            out.extend(_budget_lines(r, b, windows, shown, width))
+        out.extend(_rank_error_lines(r))
+    return out
+
+
+def _summary_lines(s: dict) -> list[str]:
+    """Every rank at once: did the KV sizing fail, the smallest rest, the fraction that works, and
+    the facts (NCCL's VMM, foreign contexts, OOMs after the sizing, custom all-reduce, lost markers)."""
+    out = []
     if s["ranks"]:
         fr = s.get("mem_fraction_static") or []
         ran = f" (ran with {', '.join(f'{x:.3f}' for x in fr)})" if fr else ""
@@ -500,68 +515,75 @@ def render_sglang(section: dict, width: int | None = None) -> list[str]:
         reasons = ", ".join(f"{k} {v}" for k, v in d["reasons"].items() if v)
         out.append(f"  markers lost: {d['label'] or 'pid ' + str(d['pid'])} dropped {d['dropped']} marker(s)"
                    f" ({reasons}); phases around them may be missing")
-    windows = {w["gpu"]: w for w in section["windows"]}
-    shown: dict[int, str] = {}  # GPU -> the rank under which its window was printed
-    for r in section["ranks"]:
-        out.append("")
-        head = f"{r['label'] or 'rank ?'}  pid {r['pid']}" + (f"  GPU {r['gpu']}" if r["gpu"] is not None else "")
-        out.append(head)
-        cats = [c for c in CATEGORIES if any(c in x["by_category"] for x in r["phases"])]
-        split = any("torch_reserved" in x for x in r["phases"])  # torch vs the rest, when recorded
-        rows = []
-        for x in r["phases"]:
-            name = "  " * x["depth"] + ("* " if x["kind"] == "instant" else "") + x["name"]
-            if x["kind"] == "phase" and not x["closed"]:
-                name += " (unclosed)"
-            dur = "" if x["kind"] == "instant" else f"{x['end_s'] - x['start_s']:.3f}s"
-            mem = [human(x["by_category"][c]) if c in x["by_category"] else "-" for c in cats]
-            net = human(x["net"]) if x["kind"] == "phase" else ""
-            if x["kind"] == "instant":
-                mem = [""] * len(cats)
-            values = " ".join(f"{k}={_fmt_value(k, v, human)}" for k, v in x["values"].items())
-            torch_cols = [human(x["torch_reserved"]) if "torch_reserved" in x else "",
-                          human(x["non_torch"]) if "non_torch" in x else ""] if split else []
-            rows.append(
-                [name, "" if x["gpu"] is None else str(x["gpu"]), f"+{x['start_s']:.3f}s", dur, x["when"] or ""]
-                + mem + [net] + torch_cols + [values]
-            )
-        extra = ["TORCH", "NOT TORCH"] if split else []
-        out.extend(
-            table(["PHASE", "GPU", "START", "DURATION", "VS KV SIZING"] + [c.upper() for c in cats]
-                  + ["NET OWNED"] + extra + ["SGLANG'S NUMBERS"], rows,
-                  right=set(range(1, 4)) | set(range(5, 6 + len(cats) + len(extra))),
-                  indent="  ", width=width, drop=(3, 4), wrap=True)
+    return out
+
+
+def _rank_phase_table(r: dict, width: int | None) -> list[str]:
+    """A rank's phases and instants: when, against the KV sizing, bytes by category, its numbers."""
+    cats = [c for c in CATEGORIES if any(c in x["by_category"] for x in r["phases"])]
+    split = any("torch_reserved" in x for x in r["phases"])  # torch vs the rest, when recorded
+    rows = []
+    for x in r["phases"]:
+        name = "  " * x["depth"] + ("* " if x["kind"] == "instant" else "") + x["name"]
+        if x["kind"] == "phase" and not x["closed"]:
+            name += " (unclosed)"
+        dur = "" if x["kind"] == "instant" else f"{x['end_s'] - x['start_s']:.3f}s"
+        mem = [human(x["by_category"][c]) if c in x["by_category"] else "-" for c in cats]
+        net = human(x["net"]) if x["kind"] == "phase" else ""
+        if x["kind"] == "instant":
+            mem = [""] * len(cats)
+        values = " ".join(f"{k}={_fmt_value(k, v, human)}" for k, v in x["values"].items())
+        torch_cols = [human(x["torch_reserved"]) if "torch_reserved" in x else "",
+                      human(x["non_torch"]) if "non_torch" in x else ""] if split else []
+        rows.append(
+            [name, "" if x["gpu"] is None else str(x["gpu"]), f"+{x['start_s']:.3f}s", dur, x["when"] or ""]
+            + mem + [net] + torch_cols + [values]
         )
-        for b in r["budgets"]:
-            out.append(f"  KV budget{' (draft runner)' if b['draft'] else ''}, GiB as SGLang measures them:")
-            out.extend("    " + line for line in b["formula"])
-            w = windows.get(r["gpu"]) if not b["draft"] else None
-            if w is not None and w["between"] and w["gpu"] in shown:
-                out.append(f"  allocated on GPU {w['gpu']} between the baseline and the KV sizing: as for {shown[w['gpu']]} above")
-            elif w is not None and w["between"]:
-                shown[w["gpu"]] = r["label"] or f"pid {r['pid']}"
-                out.append(
-                    f"  allocated on GPU {w['gpu']} between the baseline (+{w['baseline_s']:.3f}s) and the KV sizing "
-                    f"(+{w['sizing_s']:.3f}s), which lowers rest one for one:"
-                )
-                wrows = [
-                    [x["label"] or f"pid {x['pid']}", x["phase"], human(x["owned"]), _cats_text(x, human)]
-                    for x in w["between"]
-                ]
-                out.extend(table(["RANK", "PHASE", "OWNED", "BY CATEGORY"], wrows, right={2}, indent="    ",
-                                 width=width, wrap=True))
-            dg = b.get("diagnosis")
-            if dg and dg["lines"]:
-                out.append("  why it failed:")
-                out.extend("    " + line for line in dg["lines"])
-        told = {b["error"] for b in r["budgets"] if b["error"] and b["error_kind"] in _KV_ERRORS}
-        raised_at = set()
-        for e in r["errors"]:
-            if e["error"] not in told or e["phase"].rsplit("/", 1)[-1] not in ("kv_budget", "kv_pool"):
-                out.append(f"  SGLang raised in {e['phase']}: {e['error']}")
-            if e.get("at") and (e["error"], e["at"]) not in raised_at:  # once per exception
-                raised_at.add((e["error"], e["at"]))
-                out.append(f"    raised at {e['at']}")
-                if e.get("traceback") and e["traceback"] != e["at"]:
-                    out.append(f"    traceback (innermost first): {e['traceback']}")
+    extra = ["TORCH", "NOT TORCH"] if split else []
+    return table(["PHASE", "GPU", "START", "DURATION", "VS KV SIZING"] + [c.upper() for c in cats]
+                 + ["NET OWNED"] + extra + ["SGLANG'S NUMBERS"], rows,
+                 right=set(range(1, 4)) | set(range(5, 6 + len(cats) + len(extra))),
+                 indent="  ", width=width, drop=(3, 4), wrap=True)
+
+
+def _budget_lines(r: dict, b: dict, windows: dict[int, dict], shown: dict[int, str], width: int | None) -> list[str]:
+    """One KV budget: its formula, what was allocated on its GPU between the baseline and the
+    sizing (once per GPU: ``shown`` remembers under which rank), and why it failed."""
+    out = [f"  KV budget{' (draft runner)' if b['draft'] else ''}, GiB as SGLang measures them:"]
+    out.extend("    " + line for line in b["formula"])
+    w = windows.get(r["gpu"]) if not b["draft"] else None
+    if w is not None and w["between"] and w["gpu"] in shown:
+        out.append(f"  allocated on GPU {w['gpu']} between the baseline and the KV sizing: as for {shown[w['gpu']]} above")
+    elif w is not None and w["between"]:
+        shown[w["gpu"]] = r["label"] or f"pid {r['pid']}"
+        out.append(
+            f"  allocated on GPU {w['gpu']} between the baseline (+{w['baseline_s']:.3f}s) and the KV sizing "
+            f"(+{w['sizing_s']:.3f}s), which lowers rest one for one:"
+        )
+        wrows = [
+            [x["label"] or f"pid {x['pid']}", x["phase"], human(x["owned"]), _cats_text(x, human)]
+            for x in w["between"]
+        ]
+        out.extend(table(["RANK", "PHASE", "OWNED", "BY CATEGORY"], wrows, right={2}, indent="    ",
+                         width=width, wrap=True))
+    dg = b.get("diagnosis")
+    if dg and dg["lines"]:
+        out.append("  why it failed:")
+        out.extend("    " + line for line in dg["lines"])
+    return out
+
+
+def _rank_error_lines(r: dict) -> list[str]:
+    """What SGLang raised on the rank, other than the KV sizing's error its budget already says."""
+    out = []
+    told = {b["error"] for b in r["budgets"] if b["error"] and b["error_kind"] in _KV_ERRORS}
+    raised_at = set()
+    for e in r["errors"]:
+        if e["error"] not in told or e["phase"].rsplit("/", 1)[-1] not in ("kv_budget", "kv_pool"):
+            out.append(f"  SGLang raised in {e['phase']}: {e['error']}")
+        if e.get("at") and (e["error"], e["at"]) not in raised_at:  # once per exception
+            raised_at.add((e["error"], e["at"]))
+            out.append(f"    raised at {e['at']}")
+            if e.get("traceback") and e["traceback"] != e["at"]:
+                out.append(f"    traceback (innermost first): {e['traceback']}")
     return out
