@@ -50,6 +50,8 @@ if TYPE_CHECKING:  # the report's sections hold an Answer: the types only, for t
     from memrec.analysis.report_model import GpuSection
     from memrec.analysis.report_model import ProcessEntry
     from memrec.analysis.report_model import Report
+    from memrec.analysis.sglang_model import SglangSection
+    from memrec.analysis.sglang_model import SglangSummary
 
 #: SGLang phases (memrec's hook names) whose memory a server flag removes or shrinks.
 PHASE_FLAGS = {
@@ -226,10 +228,10 @@ def _cut_short(report: Report, answer: Answer) -> Answer:
 
 def _build(report: Report) -> Answer:
     failures = _all_failures(report)
-    sg = report.sglang or {}
-    summary = sg.get("summary") or {}
-    if summary.get("failed") and summary.get("kv_failed"):
-        lines, window = _sglang_failed(report, sg, summary)
+    sg = report.sglang
+    summary = sg.summary if sg is not None else None
+    if sg is not None and summary is not None and summary.failed and summary.kv_failed:
+        lines, window = _sglang_failed(report, sg)
         kv = [f for f in failures if f.kind == KV_SIZING]
         failure = next((f for f in kv if window is not None and f.gpu == window.gpu), kv[0] if kv else None)
         return Answer("failed", lines, failures, failure, window)
@@ -297,16 +299,16 @@ def _all_failures(report: Report) -> tuple[Failure, ...]:
                            f.gpu if f.gpu >= 0 else None, f.pid, _who([f.pid], procs),
                            f"{f.api}{size}: {f.result_name}", f.phase or ""))
     sized: set[int] = set()  # pids whose KV sizing failure is counted (its phase's error is that one)
-    for r in (report.sglang or {}).get("ranks", []):
-        for b in r.get("budgets", []):
-            if b.get("ok", True) or b.get("ts") is None:
+    for r in report.sglang.ranks if report.sglang is not None else ():
+        for b in (rb.budget for rb in r.budgets):
+            if b.ok or b.ts is None:
                 continue
-            gpu = b.get("gpu") if b.get("gpu") is not None else r.get("gpu")
-            what = (f"KV cache sizing: {_short_error(b['error'])}" if b.get("error")
-                    else f"KV cache sizing: rest {_gib(b['rest_gib'])}" if b.get("rest_gib") is not None
+            gpu = b.gpu if b.gpu is not None else r.gpu
+            what = (f"KV cache sizing: {_short_error(b.error)}" if b.error
+                    else f"KV cache sizing: rest {_gib(b.rest_gib)}" if b.rest_gib is not None
                     else "KV cache sizing: budget <= 0")
-            out.append(Failure(KV_SIZING, b["ts"], _t_s(report, b["ts"]), gpu, r["pid"], r["label"], what, "kv_budget"))
-            sized.add(r["pid"])
+            out.append(Failure(KV_SIZING, b.ts, _t_s(report, b.ts), gpu, r.pid, r.label, what, "kv_budget"))
+            sized.add(r.pid)
     marked = [(ph.pid, ph.end_ts, ph.gpu, ph.path, ph.name, ph.values) for ph in report.phases]
     marked += [(i.pid, i.ts, i.gpu, i.phase, i.name, i.values) for i in report.instants]
     for pid, ts, gpu, phase, name, values in marked:
@@ -322,32 +324,23 @@ def _all_failures(report: Report) -> tuple[Failure, ...]:
 # ------------------------------------------------------------------------------------ the cases
 
 
-def _sglang_failed(report: Report, sg: dict, summary: dict) -> tuple[tuple[Line, ...], Window | None]:
-    labels = summary.get("failed_labels") or []
-    error = _short_error((summary.get("errors") or ["KV cache sizing failed"])[0])
-    first = ["FAILED", f"SGLang's KV cache sizing on {span(sorted(labels))}: {error}"]
-    if summary.get("min_rest_gib") is not None:
-        first.append(f" (rest {_gib(summary['min_rest_gib'])})")
-    ranks = sg.get("ranks", [])  # (only the filtered process's with -p)
-    worst = summary.get("min_rest_label")
-    rank = next((r for r in ranks if r["label"] == worst), None)
+def _sglang_failed(report: Report, sg: SglangSection) -> tuple[tuple[Line, ...], Window | None]:
+    summary = sg.summary
+    error = _short_error((summary.errors or ["KV cache sizing failed"])[0])
+    first = ["FAILED", f"SGLang's KV cache sizing on {span(sorted(summary.failed_labels))}: {error}"]
+    if summary.min_rest_gib is not None:
+        first.append(f" (rest {_gib(summary.min_rest_gib)})")
+    ranks = sg.ranks  # (only the filtered process's with -p)
+    worst = summary.min_rest_label
+    rank = next((r for r in ranks if r.label == worst), None)
     if rank is None:  # the worst rank is filtered out: the first shown rank whose sizing failed
-        rank = next((r for r in ranks if any(not b.get("ok", True) for b in r.get("budgets", []))),
-                    ranks[0] if ranks else None)
-        worst = rank["label"] if rank else worst
-    gpu = rank["gpu"] if rank else None
-    windows = sg.get("windows", [])
-    window = next((w for w in windows if w["gpu"] == gpu), windows[0] if windows else None)
-    extras: dict[str, dict] = {}
+        rank = next((r for r in ranks if any(not rb.budget.ok for rb in r.budgets)), ranks[0] if ranks else None)
+        worst = rank.label if rank else worst
+    gpu = rank.gpu if rank else None
+    window = next((w for w in sg.windows if w["gpu"] == gpu), sg.windows[0] if sg.windows else None)
     if window is not None:
         gpu = window["gpu"]
-        for row in window["between"]:
-            if row["weights"] or not row["owned"]:
-                continue
-            e = extras.setdefault(row["name"], {"owned": 0, "labels": []})
-            e["owned"] += row["owned"]
-            e["labels"].append(row["label"])
-    order = sorted(extras.items(), key=lambda kv: -kv[1]["owned"])
+    order = _took_between(window)
     if order:
         name, e = order[0]
         cause = ["CAUSE", f"GPU {gpu}: {name} took {human(e['owned'])}"]
@@ -357,29 +350,40 @@ def _sglang_failed(report: Report, sg: dict, summary: dict) -> tuple[tuple[Line,
             cause.append(f"; {other} {human(o['owned'])}")
     else:
         cause = ["CAUSE", f"GPU {gpu}: the weights and what was already in use left too little for the KV cache"]
-    need = summary.get("needed_mem_fraction_static")
-    ran = summary.get("mem_fraction_static") or []
+    need = summary.needed_mem_fraction_static
     fix = ["FIX"]
     if need is not None and need < 1:
         fix.append(f"--mem-fraction-static {math.ceil(need * 100) / 100:.2f}+")
-        if ran:
-            fix.append(f" (was {ran[0]:.3f})")
+        if summary.mem_fraction_static:
+            fix.append(f" (was {summary.mem_fraction_static[0]:.3f})")
     else:
         fix.append("no --mem-fraction-static below 1 fits: free memory before the KV sizing")
     if order and order[0][0] in PHASE_FLAGS:
         fix.append(f", or {PHASE_FLAGS[order[0][0]]}")
     if order:
-        diag = next((b.get("diagnosis") for r in ranks for b in r.get("budgets", [])
-                     if r["label"] == worst and b.get("diagnosis")), None)
+        diag = next((rb.diagnosis for r in ranks for rb in r.budgets if r.label == worst and rb.diagnosis), None)
         if diag and diag.get("rest_without_extras_gib") is not None:
             fix.append(f" (without it rest = {_gib(diag['rest_without_extras_gib'])})")
     lines = _lines(first, cause, fix)
     if window is None:
         return lines, None
-    ends = [b["ts"] for r in ranks if r.get("gpu") == gpu for b in r.get("budgets", [])
-            if not b.get("ok", True) and b.get("ts") is not None]
+    ends = [rb.budget.ts for r in ranks if r.gpu == gpu for rb in r.budgets
+            if not rb.budget.ok and rb.budget.ts is not None]
     end = max(ends + [window["sizing_ts"]])
     return lines, _window(report, window["baseline_ts"], end, gpu, "from SGLang's memory baseline to its failed KV sizing")
+
+
+def _took_between(window: dict | None) -> list[tuple[str, dict]]:
+    """What each phase other than the weights took between the baseline and the KV sizing on the
+    window's GPU (``owned`` and the ranks' labels), largest first."""
+    extras: dict[str, dict] = {}
+    for row in window["between"] if window is not None else ():
+        if row["weights"] or not row["owned"]:
+            continue
+        e = extras.setdefault(row["name"], {"owned": 0, "labels": []})
+        e["owned"] += row["owned"]
+        e["labels"].append(row["label"])
+    return sorted(extras.items(), key=lambda kv: -kv[1]["owned"])
 
 
 def _who(pids: list[int], procs: dict[int, ProcessEntry]) -> str:
@@ -471,7 +475,7 @@ def _marker_failed(report: Report, marked: list[Failure]) -> tuple[tuple[Line, .
     return _lines(first, cause, fix), f, window
 
 
-def _no_failure(report: Report, secs: list[GpuSection], summary: dict) -> tuple[tuple[Line, ...], Window]:
+def _no_failure(report: Report, secs: list[GpuSection], summary: SglangSummary | None) -> tuple[tuple[Line, ...], Window]:
     procs = report.process_map()
     sec = max(secs, key=lambda s: (s.peak.bytes, -s.gpu))
     pk = sec.peak
@@ -490,11 +494,11 @@ def _no_failure(report: Report, secs: list[GpuSection], summary: dict) -> tuple[
     if len(held) == 2:
         held = ["PEAK", f"GPU {sec.gpu} held {human(pk.bytes)} at its peak (no phase markers)"]
     third = ["ROOM"]
-    if summary and summary.get("min_rest_gib") is not None:
-        third.append(f"KV cache sized on every rank: smallest rest {_gib(summary['min_rest_gib'])}"
-                     f" ({summary.get('min_rest_label')})")
-        if summary.get("min_tokens") is not None:
-            third.append(f", {summary['min_tokens']:,} tokens")
+    if summary is not None and summary.min_rest_gib is not None:
+        third.append(f"KV cache sized on every rank: smallest rest {_gib(summary.min_rest_gib)}"
+                     f" ({summary.min_rest_label})")
+        if summary.min_tokens is not None:
+            third.append(f", {summary.min_tokens:,} tokens")
     elif sec.total:
         used = sec.nvml.peak_used if sec.nvml is not None else None
         if used is not None:

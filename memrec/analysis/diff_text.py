@@ -1,8 +1,10 @@
 """``memrec diff`` as text: the verdict first, then the KV budgets, the windows, the phases, the
-failures (:func:`render_diff` of :func:`memrec.analysis.diff.diff_traces`'s dict)."""
+failures (:func:`render_diff` of :func:`memrec.analysis.diff.diff_traces`'s diff)."""
 
 from __future__ import annotations
 
+from memrec.analysis.diff_model import Diff
+from memrec.analysis.diff_model import DiffWindows
 from memrec.analysis.text import fit_lines
 from memrec.analysis.text import human
 from memrec.analysis.text import signed_human
@@ -22,26 +24,24 @@ def _n(v: int | None, sign: bool = False) -> str:
     return f"{v:+,}" if sign else f"{v:,}"
 
 
-def render_diff(d: dict, width: int | None = None) -> str:
+def render_diff(d: Diff, width: int | None = None) -> str:
     """The diff as text: the verdict first, then the KV budgets, the windows, the phases, the failures.
 
     With ``width``, the sentences and the tables' free-text columns (SGLang's error, what failed)
     wrap to fit it; the number columns stay on one line.
     """
-    an, bn = d["a"]["name"], d["b"]["name"]
-    out = [f"memrec diff  A = {an}  B = {bn}", ""]
-    v = d["verdict"]
-    out.append(f"verdict: {v['headline']}")
-    out.extend(f"  {line}" for line in v["lines"])
+    out = [f"memrec diff  A = {d.a.name}  B = {d.b.name}", ""]
+    out.append(f"verdict: {d.verdict.headline}")
+    out.extend(f"  {line}" for line in d.verdict.lines)
     if width is not None:
         out = fit_lines(out, width)
-    out.extend(_kv_table(d["kv"], width))
-    out.extend(_window_tables(d["windows"]))
-    out.extend(_phase_table(d["phases"], width))
-    out.extend(_tensor_table(d.get("tensors"), width))
-    out.extend(render_untraced(d.get("untraced", []), human, signed_human))
+    out.extend(_kv_table(d.kv, width))
+    out.extend(_window_tables(d.windows))
+    out.extend(_phase_table(d.phases, width))
+    out.extend(_tensor_table(d.tensors, width))
+    out.extend(render_untraced(d.untraced, human, signed_human))
     out.append("")
-    out.extend(_failure_table(d["failures"], width))
+    out.extend(_failure_table(d.failures, width))
     return "\n".join(out) + "\n"
 
 
@@ -79,12 +79,12 @@ def _kv_table(kv: list[dict], width: int | None) -> list[str]:
     return out
 
 
-def _window_tables(windows: dict) -> list[str]:
+def _window_tables(windows: DiffWindows) -> list[str]:
     """Per GPU, what each (phase, rank) took between the baseline and the sizing, and before it."""
     out: list[str] = []
     for which, title in (("between", "between the memory baseline and the KV sizing (lowers rest one for one)"),
                          ("before", "before the memory baseline (lowers pre_model_load_memory and the slack)")):
-        for w in windows[which]:
+        for w in getattr(windows, which):
             if not w["rows"]:
                 continue
             out.append("")

@@ -1,82 +1,26 @@
 """The report's typed sections: what :func:`memrec.analysis.report.build_report` builds and every
 view reads (the text, the answer, the dataset export, the TUI through the answer).
 
-Builders and renderers share these classes, not string keys: a renamed field fails in a type
-checker and at import, not in one CLI test. :meth:`Section.to_json` gives ``memrec report
---json``: each section's fields in declaration order, under the same names, so that the JSON is
-the one the report always printed. A field left at :data:`OMITTED` is not in the JSON at all
-(keys the report only has sometimes, e.g. ``traced_at_last`` without a series); a field marked
-``flatten`` puts its section's keys into its parent's (a failed call's snapshot of the holders).
+:meth:`Report.to_json` (:class:`memrec.analysis.sections.Section`) is ``memrec report --json``.
+Keys the report only has sometimes are :data:`~memrec.analysis.sections.OMITTED` until set
+(``traced_at_last`` without a series, ``by_phase`` on all but the highest peak); a failed call's
+snapshot of the holders is flattened into the call's JSON.
 
 The parts that stay plain dicts are the ones their own modules build and read as JSON: the
-reconciliation (:mod:`memrec.analysis.reconcile`), the SGLang section
-(:mod:`memrec.analysis.sglang_report`), the tensors (:mod:`memrec.analysis.tensors`), the merge
-summary, holdings from the state, and marker values.
+reconciliation (:mod:`memrec.analysis.reconcile`), the tensors (:mod:`memrec.analysis.tensors`),
+the merge summary, holdings from the state, and marker values.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from dataclasses import field
-from dataclasses import fields
-from typing import Any
-from typing import ClassVar
 
 from memrec.analysis.answer import Answer
-
-
-class _Omitted:
-    """The value of a field that is not in the JSON (not None: None is ``null``)."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "OMITTED"
-
-    def __bool__(self) -> bool:
-        return False
-
-
-OMITTED: Any = _Omitted()
-
-
-def flatten() -> Any:
-    """A field whose section's keys go into the parent's JSON (absent when the field is None)."""
-    return field(default=None, metadata={"flatten": True})
-
-
-class Section:
-    """A dataclass that serialises to the report's JSON (see the module docstring)."""
-
-    _plan: ClassVar[tuple[tuple[str, bool], ...]]
-
-    def to_json(self) -> dict:
-        plan = type(self).__dict__.get("_plan")
-        if plan is None:  # once per class: the fields and which of them flatten
-            plan = tuple((f.name, bool(f.metadata.get("flatten"))) for f in fields(self))  # type: ignore[arg-type]
-            type(self)._plan = plan
-        out: dict = {}
-        for name, flat in plan:
-            v = getattr(self, name)
-            if v is OMITTED:
-                continue
-            if flat:
-                if v is not None:
-                    out.update(v.to_json())
-                continue
-            out[name] = to_json(v)
-        return out
-
-
-def to_json(v: Any) -> Any:
-    """``v`` as JSON-able values: sections and the answer by their ``to_json``, containers copied."""
-    if isinstance(v, (Section, Answer)):
-        return v.to_json()
-    if isinstance(v, (list, tuple)):
-        return [to_json(x) for x in v]
-    if isinstance(v, dict):
-        return {k: to_json(x) for k, x in v.items()}
-    return v
+from memrec.analysis.sections import OMITTED
+from memrec.analysis.sections import Section
+from memrec.analysis.sections import flatten
+from memrec.analysis.sglang_model import SglangSection
 
 
 # ------------------------------------------------------------------------------------ the trace
@@ -334,7 +278,7 @@ class Report(Section):
     phases: list[PhaseEntry]
     instants: list[InstantEntry]
     failures_unknown_gpu: list[FailedCall]
-    sglang: dict | None = None
+    sglang: SglangSection | None = None
     tensors: dict | None = None
     answer: Answer | None = None
 

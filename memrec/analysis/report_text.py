@@ -13,7 +13,7 @@ import re
 from collections import Counter
 from typing import Any
 
-from memrec.analysis.report_model import OMITTED
+from memrec.analysis.sections import OMITTED
 from memrec.analysis.report_model import FailedCall
 from memrec.analysis.report_model import GpuPhase
 from memrec.analysis.report_model import GpuSection

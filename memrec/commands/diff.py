@@ -39,7 +39,7 @@ class DiffCommand:
         a, b = load_trace_for_command(args.a), load_trace_for_command(args.b)
         result = diff_traces(a, b, a_name=args.a.name, b_name=args.b.name)
         if args.json:
-            print(json.dumps(result, indent=2))
+            print(json.dumps(result.to_json(), indent=2))
         else:
             width = shutil.get_terminal_size((80, 24)).columns  # $COLUMNS, the terminal, else 80
             text = render_diff(result, width=max(width, 40))
