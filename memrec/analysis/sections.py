@@ -1,6 +1,6 @@
 """Typed sections that serialise to the report's JSON, shared by the report's families (the
-report's own sections in :mod:`memrec.analysis.report_model`, the SGLang section in
-:mod:`memrec.analysis.sglang_model`).
+report's own sections in :mod:`memrec.analysis.report.model`, the SGLang section in
+:mod:`memrec.analysis.sglang.model`).
 
 Builders and renderers share these classes, not string keys: a renamed field fails in a type
 checker and at import, not in one CLI test. :meth:`Section.to_json` gives the JSON: each field in

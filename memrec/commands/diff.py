@@ -32,8 +32,8 @@ class DiffCommand:
         parser.add_argument("-j", "--json", action="store_true", help="print the diff as one JSON document")
 
     def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-        from memrec.analysis.diff import diff_traces
-        from memrec.analysis.diff_text import render_diff
+        from memrec.analysis.diff.build import diff_traces
+        from memrec.analysis.diff.text import render_diff
         from memrec.commands.common import load_trace_for_command
 
         a, b = load_trace_for_command(args.a), load_trace_for_command(args.b)

@@ -36,8 +36,8 @@ class ReportCommand:
                             "frees at process exit in the by-phase tables, ranks and GPUs that repeat the first one")
 
     def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-        from memrec.analysis.report import build_report
-        from memrec.analysis.report_text import render_text
+        from memrec.analysis.report.build import build_report
+        from memrec.analysis.report.text import render_text
         from memrec.commands.common import load_trace_for_command
 
         trace = load_trace_for_command(args.trace, warn=False)  # in the report itself

@@ -14,7 +14,7 @@ the new, never half). Every table gets a file for every part, empty ones include
 folder exists and every file has the table's exact schema, which Spark's reader needs.
 
 The rows come from the replay every command shares: :class:`memrec.api.Recording` (events,
-markers, NVML samples, phases) and :func:`memrec.analysis.report.build_report` (peaks per process
+markers, NVML samples, phases) and :func:`memrec.analysis.report.build.build_report` (peaks per process
 and GPU, failed calls with who held what then). Every time is a CLOCK_MONOTONIC ``ts`` (ns) and a
 wall-clock ``time`` (UTC, µs) from the header's anchor.
 """
@@ -43,7 +43,7 @@ from memrec.export import require
 from memrec.trace.clock import wall_offset_ns
 
 if TYPE_CHECKING:  # the report is built on demand (its import is heavy)
-    from memrec.analysis.report_model import FailedCall
+    from memrec.analysis.report.model import FailedCall
 
 #: The layout's version (``_memrec_dataset.json``, and the ``schema_version`` of every trace row).
 #: Adding a column keeps it; renaming, retyping or removing one, or a new partitioning, bumps it.
@@ -185,7 +185,7 @@ class _Builder:
     report's dict (each replays the part once, with the same engine)."""
 
     def __init__(self, trace: Any, file_name: str) -> None:
-        from memrec.analysis.report import build_report
+        from memrec.analysis.report.build import build_report
         from memrec.api import Recording
 
         self.trace = trace

@@ -141,8 +141,8 @@ def test_the_program_without_tensors_is_the_driver_program_alone(stub_lib, torch
 
 
 def test_daemon_tensors_finds_running_pytorch_and_reports_blocks(stub_lib, torch_stub, tmp_path):
-    from memrec.analysis.report import build_report
-    from memrec.analysis.report_text import render_text
+    from memrec.analysis.report.build import build_report
+    from memrec.analysis.report.text import render_text
     from memrec.trace.reader import load_trace
 
     from test_daemon import DaemonProcess
@@ -235,7 +235,7 @@ torch.stub_torch_free(seg)
 
 
 def test_memrec_record_tensors_probes_the_commands_pytorch(stub_lib, tmp_path):
-    from memrec.analysis.report import build_report
+    from memrec.analysis.report.build import build_report
     from memrec.stubdriver.build import build_torch_stub
     from memrec.trace.reader import load_trace
 

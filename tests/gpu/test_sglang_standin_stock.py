@@ -9,8 +9,8 @@ import sys
 import pytest
 from conftest import memrec_cmd
 
-from memrec.analysis.diff import diff_traces
-from memrec.analysis.report import build_report
+from memrec.analysis.diff.build import diff_traces
+from memrec.analysis.report.build import build_report
 from memrec.trace.reader import load_trace
 
 pytestmark = pytest.mark.usefixtures("torch")

@@ -12,9 +12,9 @@ from memrec.engine.phases import NO_PHASE
 from memrec.engine.phases import PhaseUsage
 from memrec.engine.phases import attribute
 from memrec.engine.phases import build_phases
-from memrec.analysis.report import build_report
+from memrec.analysis.report.build import build_report
 from memrec.analysis.text import human
-from memrec.analysis.report_text import render_text
+from memrec.analysis.report.text import render_text
 from memrec.engine.replay import build_timeline
 from memrec.engine.replay import state_at
 from memrec.columns import NVML_DTYPE

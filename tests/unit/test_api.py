@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import memrec
-from memrec.analysis.report import build_report
+from memrec.analysis.report.build import build_report
 from memrec.events import Kind
 from memrec.trace.reader import load_trace
 

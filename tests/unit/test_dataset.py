@@ -18,7 +18,7 @@ import pytest
 
 import memrec
 from memrec._errors import ExitCode
-from memrec.analysis.report import build_report
+from memrec.analysis.report.build import build_report
 from memrec.commands import main
 from memrec.trace.clock import to_wall_ns
 from memrec.trace.reader import load_trace

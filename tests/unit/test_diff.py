@@ -13,9 +13,9 @@ import pytest
 
 from memrec import commands
 from memrec._errors import ExitCode
-from memrec.analysis.diff import diff_traces
-from memrec.analysis.diff_model import Diff
-from memrec.analysis.diff_text import render_diff
+from memrec.analysis.diff.build import diff_traces
+from memrec.analysis.diff.model import Diff
+from memrec.analysis.diff.text import render_diff
 from memrec.events import GpuInfo
 from memrec.events import Kind
 from memrec.trace import format as fmt
@@ -413,9 +413,9 @@ def test_two_runs_of_one_workload_with_a_flag_changed_are_compared(main, capsys)
 
 
 def test_no_phase_in_common_is_unrelated():
-    from memrec.analysis.related import Identity
-    from memrec.analysis.related import command_identity
-    from memrec.analysis.related import relate
+    from memrec.analysis.diff.related import Identity
+    from memrec.analysis.diff.related import command_identity
+    from memrec.analysis.diff.related import relate
 
     # the program and what it runs, not its flags; python3.12 is python; spawn children are no command
     assert command_identity(["/usr/bin/python3.12", "-m", "sglang.launch_server", "--tp", "8"]) == (

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from memrec._errors import ExitCode
-from memrec.analysis.report import build_report
+from memrec.analysis.report.build import build_report
 from memrec.commands import main
 from memrec.events import Kind
 from memrec.trace.reader import load_trace

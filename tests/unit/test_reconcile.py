@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from memrec.analysis import reconcile as reconcile_mod
-from memrec.analysis.reconcile import reconcile
-from memrec.analysis.report import build_report
-from memrec.analysis.report_text import render_text
+from memrec.analysis.untraced import reconcile as reconcile_mod
+from memrec.analysis.untraced.reconcile import reconcile
+from memrec.analysis.report.build import build_report
+from memrec.analysis.report.text import render_text
 from memrec.engine.replay import build_timeline
 from memrec.columns import NVML_DTYPE
 from memrec.columns import PROCMEM_DTYPE

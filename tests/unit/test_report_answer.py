@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from memrec.analysis.answer import Line
-from memrec.analysis.answer import span
-from memrec.analysis.report import build_report
+from memrec.analysis.report.answer import Line
+from memrec.analysis.report.answer import span
+from memrec.analysis.report.build import build_report
 from memrec.analysis.text import human
 from memrec.analysis.text import table
 from memrec.commands import main
@@ -137,8 +137,8 @@ def test_docs_show_the_current_answer_of_every_example(path, capsys, monkeypatch
 
 
 def test_identical_blocks_collapse_into_one_line():
-    from memrec.analysis.report_text import _GPU_BLOCK
-    from memrec.analysis.report_text import collapse
+    from memrec.analysis.report.text import _GPU_BLOCK
+    from memrec.analysis.report.text import collapse
 
     # GIVEN eight GPU sections, each one rank's, alike but for pids, ranks, GPU numbers and times;
     # GPU 5's rank held more

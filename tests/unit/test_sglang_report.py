@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from memrec.analysis.report import build_report
-from memrec.analysis.report_text import render_text
+from memrec.analysis.report.build import build_report
+from memrec.analysis.report.text import render_text
 from memrec.ranks import format_rank
-from memrec.analysis.sglang_report import has_sglang_markers
-from memrec.analysis.sglang_windows import kv_times
+from memrec.analysis.sglang.section import has_sglang_markers
+from memrec.analysis.sglang.windows import kv_times
 from memrec.ranks import rank_labels
 from memrec.events import Kind
 from memrec.events import Marker
@@ -295,7 +295,7 @@ def test_weights_alone_too_big_is_said_so():
 
 def test_where_sglang_raised_is_printed_once_per_exception():
     # GIVEN a failing run whose kv_budget end markers carry where SGLang raised
-    from memrec.analysis.sglang_report import render_sglang
+    from memrec.analysis.sglang.section import render_sglang
 
     trace = sglang_run(frac=0.5)
     at = "sglang/srt/model_executor/model_runner.py:1155 in init_memory_pool"
@@ -317,7 +317,7 @@ def test_custom_all_reduce_facts_are_in_the_verdict():
     # full NVLink, disabled by SGLang itself (more than 2 PCIe-only GPUs would do that), two 8 MiB
     # IPC-shared buffers each
     from memrec.analysis.text import human
-    from memrec.analysis.sglang_report import render_sglang
+    from memrec.analysis.sglang.section import render_sglang
 
     trace = sglang_run()
     for r in (0, 1):
@@ -345,7 +345,7 @@ def test_custom_all_reduce_facts_are_in_the_verdict():
 def test_a_cuda_oom_after_the_kv_sizing_is_named_with_the_slack():
     # GIVEN a run that sized fine, then TP0 asked the driver for 64 GiB and got
     # CUDA_ERROR_OUT_OF_MEMORY (sglang_run's oom: at 14.5 ms, after the 13 ms measurement)
-    from memrec.analysis.sglang_report import render_sglang
+    from memrec.analysis.sglang.section import render_sglang
 
     section = build_report(sglang_run(oom=True)).sglang
     s = section.to_json()
@@ -363,7 +363,7 @@ def test_a_cuda_oom_after_the_kv_sizing_is_named_with_the_slack():
 def test_each_phase_splits_into_torch_and_the_rest_when_the_hooks_recorded_torch():
     # GIVEN TP0's load_weights span with PyTorch's reserved bytes at begin (1 GiB) and end (39 GiB):
     # the driver saw 40 GiB in that span
-    from memrec.analysis.sglang_report import render_sglang
+    from memrec.analysis.sglang.section import render_sglang
 
     trace = sglang_run()
     for m in trace.markers:
@@ -386,7 +386,7 @@ def test_a_ranks_context_on_a_gpu_it_does_not_compute_on_is_flagged_with_its_nvm
     # GPU 0, or an IPC open does), NVML listing it there at 518 MiB, with no allocation of its own
     import numpy as np
 
-    from memrec.analysis.sglang_report import render_sglang
+    from memrec.analysis.sglang.section import render_sglang
     from memrec.columns import PROCMEM_DTYPE
 
     trace = sglang_run()
@@ -412,7 +412,7 @@ def test_nccls_cumem_buffers_in_dist_init_are_named():
     # NCCL_CUMEM_ENABLE
     import numpy as np
 
-    from memrec.analysis.sglang_report import render_sglang
+    from memrec.analysis.sglang.section import render_sglang
 
     trace = sglang_run()
     extra = events(ev(Kind.VMM_CREATE, pid=100, gpu=0, size=512 * MiB, handle=0x77, ts=ms(3)))
@@ -428,7 +428,7 @@ def test_nccls_cumem_buffers_in_dist_init_are_named():
 def test_markers_a_rank_dropped_are_reported_with_their_reasons():
     # GIVEN a run where TP1's client dropped 3 markers before the daemon answered and then 1 into
     # a full socket (two cumulative reports: the last counts)
-    from memrec.analysis.sglang_report import render_sglang
+    from memrec.analysis.sglang.section import render_sglang
     from memrec.client import DROPPED_MARKER
 
     trace = sglang_run()
@@ -569,7 +569,7 @@ def test_an_error_outside_the_kv_sizing_is_shown_and_a_filter_without_sglang_pro
 
 def test_the_worked_example_in_the_docs_is_this_output():
     # GIVEN docs/sglang.md's worked example  THEN its report block is the SGLang section printed today
-    from memrec.analysis.sglang_report import render_sglang
+    from memrec.analysis.sglang.section import render_sglang
 
     docs = (EXAMPLES.parent / "docs" / "sglang.md").read_text()
     section = "\n".join(render_sglang(build_report(load_trace(IPC)).sglang)) + "\n"

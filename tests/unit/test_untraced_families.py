@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from memrec.analysis.answer import build_answer
-from memrec.analysis.reconcile import reconcile
-from memrec.analysis.report import build_report
-from memrec.analysis.untraced import explained_share
+from memrec.analysis.report.answer import build_answer
+from memrec.analysis.untraced.reconcile import reconcile
+from memrec.analysis.report.build import build_report
+from memrec.analysis.untraced.split import explained_share
 from memrec.columns import PROCMEM_DTYPE
 from memrec.events import Api
 from memrec.events import Kind

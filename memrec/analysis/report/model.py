@@ -1,4 +1,4 @@
-"""The report's typed sections: what :func:`memrec.analysis.report.build_report` builds and every
+"""The report's typed sections: what :func:`memrec.analysis.report.build.build_report` builds and every
 view reads (the text, the answer, the dataset export, the TUI through the answer).
 
 :meth:`Report.to_json` (:class:`memrec.analysis.sections.Section`) is ``memrec report --json``.
@@ -7,7 +7,7 @@ Keys the report only has sometimes are :data:`~memrec.analysis.sections.OMITTED`
 snapshot of the holders is flattened into the call's JSON.
 
 The parts that stay plain dicts are the ones their own modules build and read as JSON: the
-reconciliation (:mod:`memrec.analysis.reconcile`), the tensors (:mod:`memrec.analysis.tensors`),
+reconciliation (:mod:`memrec.analysis.untraced.reconcile`), the tensors (:mod:`memrec.analysis.report.tensors`),
 the merge summary, holdings from the state, and marker values.
 """
 
@@ -16,11 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from dataclasses import field
 
-from memrec.analysis.answer import Answer
+from memrec.analysis.report.answer import Answer
 from memrec.analysis.sections import OMITTED
 from memrec.analysis.sections import Section
 from memrec.analysis.sections import flatten
-from memrec.analysis.sglang_model import SglangSection
+from memrec.analysis.sglang.model import SglangSection
 
 
 # ------------------------------------------------------------------------------------ the trace
@@ -259,7 +259,7 @@ class GpuSection(Section):
     held_at_exit: list[HeldAtExit]
     failures: list[FailedCall]
     nvml: NvmlSummary | None
-    #: :meth:`memrec.analysis.reconcile.Reconciliation.gpu_summary` with ``*_t_s`` added.
+    #: :meth:`memrec.analysis.untraced.reconcile.Reconciliation.gpu_summary` with ``*_t_s`` added.
     reconciliation: dict | None
 
 

@@ -1,11 +1,11 @@
 """The report's SGLang section, typed: per rank its phases, KV budgets and errors, and the summary
-over every rank (:func:`memrec.analysis.sglang_report.build_sglang_section` builds it; the text,
+over every rank (:func:`memrec.analysis.sglang.section.build_sglang_section` builds it; the text,
 the answer and ``report --json`` read it).
 
 The parts that stay plain dicts are those their own modules build as JSON: the windows between
-the baseline and the KV sizing (:meth:`memrec.analysis.sglang_windows.KvWindow.to_dict`), a
-budget's diagnosis (:func:`memrec.analysis.sglang_report.diagnose`), the facts rows
-(:mod:`memrec.analysis.sglang_facts`) and marker values.
+the baseline and the KV sizing (:meth:`memrec.analysis.sglang.windows.KvWindow.to_dict`), a
+budget's diagnosis (:func:`memrec.analysis.sglang.section.diagnose`), the facts rows
+(:mod:`memrec.analysis.sglang.facts`) and marker values.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from memrec.analysis.kv_budget import KvBudget
+from memrec.analysis.sglang.kv_budget import KvBudget
 from memrec.analysis.sections import OMITTED
 from memrec.analysis.sections import Section
 
@@ -86,7 +86,7 @@ class SglangRank(Section):
 
 @dataclass
 class SglangSummary(Section):
-    """Every rank at once (:func:`memrec.analysis.kv_budget.summarize`'s numbers first), then the
+    """Every rank at once (:func:`memrec.analysis.sglang.kv_budget.summarize`'s numbers first), then the
     facts: failed ranks, fractions, lost markers, custom all-reduce, contexts, NCCL's VMM, OOMs
     after the sizing."""
 

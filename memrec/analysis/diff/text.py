@@ -1,15 +1,15 @@
 """``memrec diff`` as text: the verdict first, then the KV budgets, the windows, the phases, the
-failures (:func:`render_diff` of :func:`memrec.analysis.diff.diff_traces`'s diff)."""
+failures (:func:`render_diff` of :func:`memrec.analysis.diff.build.diff_traces`'s diff)."""
 
 from __future__ import annotations
 
-from memrec.analysis.diff_model import Diff
-from memrec.analysis.diff_model import DiffWindows
+from memrec.analysis.diff.model import Diff
+from memrec.analysis.diff.model import DiffWindows
 from memrec.analysis.text import fit_lines
 from memrec.analysis.text import human
 from memrec.analysis.text import signed_human
 from memrec.analysis.text import table
-from memrec.analysis.untraced_diff import render_untraced
+from memrec.analysis.untraced.diff import render_untraced
 
 
 def _g(v: float | None, digits: int = 2, sign: bool = False) -> str:

@@ -1,6 +1,6 @@
 """The untraced band split into what it is, attributed only where a measurement shows it.
 
-NVML's per-process ``used`` minus the traced bytes (:mod:`memrec.analysis.reconcile`; CUDA arrays
+NVML's per-process ``used`` minus the traced bytes (:mod:`memrec.analysis.untraced.reconcile`; CUDA arrays
 are traced, sized from their descriptors) is one number that hides several things, measured on an
 H200 (docs/validation/untraced-explore.md, docs/validation/families.md):
 

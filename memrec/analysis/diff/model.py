@@ -1,13 +1,13 @@
-"""``memrec diff``'s result, typed: :func:`memrec.analysis.diff.diff_traces` builds a
-:class:`Diff`; the text (:mod:`memrec.analysis.diff_text`), the verdict the TUI and the plot show
-(:func:`memrec.analysis.diff.verdict_of`) and ``diff --json`` (:meth:`Diff.to_json`, the JSON the
+"""``memrec diff``'s result, typed: :func:`memrec.analysis.diff.build.diff_traces` builds a
+:class:`Diff`; the text (:mod:`memrec.analysis.diff.text`), the verdict the TUI and the plot show
+(:func:`memrec.analysis.diff.build.verdict_of`) and ``diff --json`` (:meth:`Diff.to_json`, the JSON the
 diff always printed) read it.
 
 The rows stay plain dicts, built and read as JSON by their own functions: the KV budgets side by
-side (:meth:`memrec.analysis.kv_budget_diff.BudgetDiff.to_dict`), the windows' and phases' rows,
+side (:meth:`memrec.analysis.sglang.kv_budget_diff.BudgetDiff.to_dict`), the windows' and phases' rows,
 the failures (their keys depend on their kind), the untraced rows
-(:mod:`memrec.analysis.untraced_diff`), the tensors' rows and the relation
-(:meth:`memrec.analysis.related.Relation.to_dict`).
+(:mod:`memrec.analysis.untraced.diff`), the tensors' rows and the relation
+(:meth:`memrec.analysis.diff.related.Relation.to_dict`).
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """``memrec diff``: two runs compared phase by phase, rank by rank and GPU by GPU.
 
-:func:`diff_traces` replays both traces and returns a :class:`~memrec.analysis.diff_model.Diff`
-(``to_json()`` is ``diff --json``); :func:`memrec.analysis.diff_text.render_diff` turns it into text. Processes are matched by rank (``dp``, ``pp``, ``tp`` from the markers, else from
+:func:`diff_traces` replays both traces and returns a :class:`~memrec.analysis.diff.model.Diff`
+(``to_json()`` is ``diff --json``); :func:`memrec.analysis.diff.text.render_diff` turns it into text. Processes are matched by rank (``dp``, ``pp``, ``tp`` from the markers, else from
 ``ProcessInfo.rank``), never by pid; processes without a rank are pooled as ``(no rank)``. GPUs
 are matched by index.
 
 The diff holds:
 
-- ``related``: whether the two runs are one workload (:mod:`memrec.analysis.related`: commands,
+- ``related``: whether the two runs are one workload (:mod:`memrec.analysis.diff.related`: commands,
   models, phase names); when they are not, the verdict says so, with why, and each run's own
   outcome, instead of explaining one run by the other;
 - ``verdict``: a headline and a few lines that answer "why does one run fail when the other
@@ -15,7 +15,7 @@ The diff holds:
   memory) and with what error, how the KV budget moved on every rank
   (``Δrest = Δavailable_after_weights − Δslack``), and which phases' allocations between the
   memory baseline and the KV sizing (or before the baseline) changed;
-- ``kv``: the KV budget of every rank side by side (:func:`memrec.analysis.kv_budget.compare_budgets`);
+- ``kv``: the KV budget of every rank side by side (:func:`memrec.analysis.sglang.kv_budget.compare_budgets`);
 - ``windows``: per GPU, what each (phase, rank) allocated between the baseline and the KV sizing
   and before the baseline, in both runs;
 - ``phases``: per phase × rank × GPU × category, the net bytes in each run and the delta
@@ -25,7 +25,7 @@ The diff holds:
 - ``tensors``: per phase × rank × GPU, the tensor blocks' peak allocated and reserved bytes in
   each run (traces recorded with ``memrec daemon --tensors``; empty otherwise);
 - ``untraced``: per rank and GPU, the untraced band's split (context, module code, pools, before
-  recording, unexplained) and the contexts bound in each run (:mod:`memrec.analysis.untraced_diff`).
+  recording, unexplained) and the contexts bound in each run (:mod:`memrec.analysis.untraced.diff`).
 """
 
 from __future__ import annotations
@@ -37,46 +37,46 @@ from typing import Iterable
 
 import numpy as np
 
-from memrec.analysis.diff_model import Diff
-from memrec.analysis.diff_model import DiffSide
-from memrec.analysis.diff_model import DiffVerdict
-from memrec.analysis.diff_model import DiffWindows
-from memrec.analysis.kv_budget import KvBudget
-from memrec.analysis.kv_budget import kv_budgets
-from memrec.analysis.kv_budget_diff import compare_budgets
+from memrec.analysis.diff.model import Diff
+from memrec.analysis.diff.model import DiffSide
+from memrec.analysis.diff.model import DiffVerdict
+from memrec.analysis.diff.model import DiffWindows
+from memrec.analysis.sglang.kv_budget import KvBudget
+from memrec.analysis.sglang.kv_budget import kv_budgets
+from memrec.analysis.sglang.kv_budget_diff import compare_budgets
 from memrec.analysis.names import api_name
 from memrec.analysis.names import result_name
 from memrec.engine.phases import NO_PHASE
 from memrec.engine.phases import Phases
 from memrec.engine.phases import attribute
-from memrec.analysis.reconcile import reconcile
+from memrec.analysis.untraced.reconcile import reconcile
 from memrec.engine.replay import initial_state
 from memrec.engine.replay import trace_bounds
 from memrec.engine.replay import trace_phases
-from memrec.analysis.sglang_facts import custom_ar_facts
-from memrec.analysis.sglang_facts import custom_ar_line
-from memrec.analysis.sglang_facts import process_contexts
-from memrec.analysis.related import Relation
-from memrec.analysis.related import identity
-from memrec.analysis.related import relate
-from memrec.analysis.sglang_windows import KvWindow
-from memrec.analysis.sglang_windows import MAPPED
+from memrec.analysis.sglang.facts import custom_ar_facts
+from memrec.analysis.sglang.facts import custom_ar_line
+from memrec.analysis.sglang.facts import process_contexts
+from memrec.analysis.diff.related import Relation
+from memrec.analysis.diff.related import identity
+from memrec.analysis.diff.related import relate
+from memrec.analysis.sglang.windows import KvWindow
+from memrec.analysis.sglang.windows import MAPPED
 from memrec.ranks import format_rank
-from memrec.analysis.sglang_windows import kv_windows
+from memrec.analysis.sglang.windows import kv_windows
 from memrec.ranks import marker_ranks
 from memrec.ranks import process_info_ranks
-from memrec.analysis.sglang_windows import rank_gpus
+from memrec.analysis.sglang.windows import rank_gpus
 from memrec.ranks import rank_sort_key
 from memrec.ranks import shown_dims
-from memrec.analysis.tensors import tensor_section
+from memrec.analysis.report.tensors import tensor_section
 from memrec.analysis.text import human
 from memrec.analysis.text import signed_human
 from memrec.engine.journal import Journal
 from memrec.events import CUDA_ERROR_OUT_OF_MEMORY
 from memrec.events import OWNED
 from memrec.engine.replay import build_timeline
-from memrec.analysis.untraced_diff import split_by_rank
-from memrec.analysis.untraced_diff import untraced_rows
+from memrec.analysis.untraced.diff import split_by_rank
+from memrec.analysis.untraced.diff import untraced_rows
 from memrec.columns import failed_calls
 from memrec.events import CATEGORIES
 from memrec.state.batch import Batch
@@ -109,10 +109,10 @@ class Run:
     budgets: list[KvBudget]
     windows: dict[int, KvWindow]
     events: Batch  # the replayed events, column by column
-    untraced: dict  # (rank, gpu) -> the untraced band's split (memrec.analysis.untraced_diff)
+    untraced: dict  # (rank, gpu) -> the untraced band's split (memrec.analysis.untraced.diff)
     contexts: list = dataclasses.field(default_factory=list)  # foreign CUDA contexts (sglang_report.process_contexts)
     custom_ar: dict | None = None  # sglang_report.custom_ar_facts
-    tensors: dict | None = None  # memrec.analysis.tensors.tensor_section (a --tensors trace)
+    tensors: dict | None = None  # memrec.analysis.report.tensors.tensor_section (a --tensors trace)
 
 
 def _norm_rank(rank: dict[str, int]) -> RankKey:

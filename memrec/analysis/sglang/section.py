@@ -16,10 +16,10 @@ journal. For every scheduler process (a TP/PP/DP rank):
   raised and which phases' allocations made the difference.
 
 Ranks come from the markers' ``tp_rank`` / ``pp_rank`` / ``dp_rank`` (:mod:`memrec.ranks`).
-``memrec diff`` (:mod:`memrec.analysis.diff`) uses the same windows (:mod:`memrec.analysis.sglang_windows`).
+``memrec diff`` (:mod:`memrec.analysis.diff.build`) uses the same windows (:mod:`memrec.analysis.sglang.windows`).
 
 Pure: takes the trace's markers, :class:`~memrec.engine.phases.Phases` and the replay's
-:class:`~memrec.engine.journal.Journal`; returns a :class:`~memrec.analysis.sglang_model.SglangSection`
+:class:`~memrec.engine.journal.Journal`; returns a :class:`~memrec.analysis.sglang.model.SglangSection`
 (bytes exact ints, SGLang's GiB as floats under its own names; ``to_json()`` for the report's JSON).
 """
 
@@ -30,25 +30,25 @@ from typing import Any
 
 import numpy as np
 
-from memrec.analysis.kv_budget import GIB
-from memrec.analysis.kv_budget import PROFILERS
-from memrec.analysis.kv_budget import KvBudget
-from memrec.analysis.kv_budget import kv_budgets
-from memrec.analysis.kv_budget import summarize
-from memrec.analysis.kv_budget import terms_lines
+from memrec.analysis.sglang.kv_budget import GIB
+from memrec.analysis.sglang.kv_budget import PROFILERS
+from memrec.analysis.sglang.kv_budget import KvBudget
+from memrec.analysis.sglang.kv_budget import kv_budgets
+from memrec.analysis.sglang.kv_budget import summarize
+from memrec.analysis.sglang.kv_budget import terms_lines
 from memrec.engine.phases import NO_PHASE
 from memrec.engine.phases import Phases
 from memrec.analysis.sections import OMITTED
-from memrec.analysis.sglang_facts import contexts_line
-from memrec.analysis.sglang_facts import custom_ar_facts
-from memrec.analysis.sglang_facts import custom_ar_line
-from memrec.analysis.sglang_facts import markers_dropped
-from memrec.analysis.sglang_facts import nccl_line
-from memrec.analysis.sglang_facts import nccl_vmm
-from memrec.analysis.sglang_facts import oom_line
-from memrec.analysis.sglang_facts import ooms_after_sizing
-from memrec.analysis.sglang_facts import process_contexts
-from memrec.analysis.sglang_facts import torch_reserved_delta
+from memrec.analysis.sglang.facts import contexts_line
+from memrec.analysis.sglang.facts import custom_ar_facts
+from memrec.analysis.sglang.facts import custom_ar_line
+from memrec.analysis.sglang.facts import markers_dropped
+from memrec.analysis.sglang.facts import nccl_line
+from memrec.analysis.sglang.facts import nccl_vmm
+from memrec.analysis.sglang.facts import oom_line
+from memrec.analysis.sglang.facts import ooms_after_sizing
+from memrec.analysis.sglang.facts import process_contexts
+from memrec.analysis.sglang.facts import torch_reserved_delta
 from memrec.events import OWNED
 from memrec.engine.journal import Journal
 from memrec.events import CATEGORIES
@@ -57,18 +57,18 @@ from memrec.ranks import format_rank
 from memrec.ranks import marker_ranks
 from memrec.ranks import rank_sort_key
 from memrec.ranks import shown_dims
-from memrec.analysis.sglang_model import RankBudget
-from memrec.analysis.sglang_model import RankError
-from memrec.analysis.sglang_model import SglangPhase
-from memrec.analysis.sglang_model import SglangRank
-from memrec.analysis.sglang_model import SglangSection
-from memrec.analysis.sglang_model import SglangSummary
-from memrec.analysis.sglang_windows import MAPPED
-from memrec.analysis.sglang_windows import KvTimes
-from memrec.analysis.sglang_windows import KvWindow
-from memrec.analysis.sglang_windows import kv_times
-from memrec.analysis.sglang_windows import kv_windows
-from memrec.analysis.sglang_windows import rank_gpus
+from memrec.analysis.sglang.model import RankBudget
+from memrec.analysis.sglang.model import RankError
+from memrec.analysis.sglang.model import SglangPhase
+from memrec.analysis.sglang.model import SglangRank
+from memrec.analysis.sglang.model import SglangSection
+from memrec.analysis.sglang.model import SglangSummary
+from memrec.analysis.sglang.windows import MAPPED
+from memrec.analysis.sglang.windows import KvTimes
+from memrec.analysis.sglang.windows import KvWindow
+from memrec.analysis.sglang.windows import kv_times
+from memrec.analysis.sglang.windows import kv_windows
+from memrec.analysis.sglang.windows import rank_gpus
 from memrec.analysis.text import human
 from memrec.analysis.text import scalar
 from memrec.analysis.text import seconds

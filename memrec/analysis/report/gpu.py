@@ -1,5 +1,5 @@
 """``memrec report``'s section of one GPU: peak, final, categories, processes, phases, held at
-exit, failures, NVML and the reconciliation, from the replay's series (:mod:`memrec.analysis.report`
+exit, failures, NVML and the reconciliation, from the replay's series (:mod:`memrec.analysis.report.build`
 builds the rest and calls :func:`gpu_section` per GPU)."""
 
 from __future__ import annotations
@@ -10,18 +10,18 @@ from typing import Any
 import numpy as np
 
 from memrec.analysis.names import api_name
-from memrec.analysis.reconcile import Reconciliation
-from memrec.analysis.report_model import CategoryRow
-from memrec.analysis.report_model import FailedCall
-from memrec.analysis.report_model import Final
-from memrec.analysis.report_model import GpuPhase
-from memrec.analysis.report_model import GpuProcess
-from memrec.analysis.report_model import GpuSection
-from memrec.analysis.report_model import HeldAtExit
-from memrec.analysis.report_model import NvmlSummary
-from memrec.analysis.report_model import Peak
-from memrec.analysis.report_model import PidBytes
-from memrec.analysis.report_model import ProcessEntry
+from memrec.analysis.untraced.reconcile import Reconciliation
+from memrec.analysis.report.model import CategoryRow
+from memrec.analysis.report.model import FailedCall
+from memrec.analysis.report.model import Final
+from memrec.analysis.report.model import GpuPhase
+from memrec.analysis.report.model import GpuProcess
+from memrec.analysis.report.model import GpuSection
+from memrec.analysis.report.model import HeldAtExit
+from memrec.analysis.report.model import NvmlSummary
+from memrec.analysis.report.model import Peak
+from memrec.analysis.report.model import PidBytes
+from memrec.analysis.report.model import ProcessEntry
 from memrec.analysis.text import seconds
 from memrec.engine.phases import Phases
 from memrec.engine.series import GpuSeries

@@ -1,6 +1,6 @@
 """The text of ``memrec report``: the answer first, then per GPU the details.
 
-:func:`render_text` turns :func:`memrec.analysis.report.build_report`'s report into fixed-width text
+:func:`render_text` turns :func:`memrec.analysis.report.build.build_report`'s report into fixed-width text
 that fits ``width`` columns (long free-text cells wrap onto continuation lines; nothing is cut
 with "..."). The default view leaves out what does not help an answer: rows that are all zero,
 the frees a process's exit made implicitly (they are in "held at exit"), and zero peaks of
@@ -14,23 +14,23 @@ from collections import Counter
 from typing import Any
 
 from memrec.analysis.sections import OMITTED
-from memrec.analysis.report_model import FailedCall
-from memrec.analysis.report_model import GpuPhase
-from memrec.analysis.report_model import GpuSection
-from memrec.analysis.report_model import ProcessEntry
-from memrec.analysis.report_model import Report
-from memrec.analysis.report_model import TraceSummary
+from memrec.analysis.report.model import FailedCall
+from memrec.analysis.report.model import GpuPhase
+from memrec.analysis.report.model import GpuSection
+from memrec.analysis.report.model import ProcessEntry
+from memrec.analysis.report.model import Report
+from memrec.analysis.report.model import TraceSummary
 from memrec.engine.phases import NO_PHASE
-from memrec.analysis.sglang_report import render_sglang
-from memrec.analysis.tensors_text import render_tensors
+from memrec.analysis.sglang.section import render_sglang
+from memrec.analysis.report.tensors_text import render_tensors
 from memrec.analysis.text import count
 from memrec.analysis.text import fit_lines
 from memrec.analysis.text import human
 from memrec.analysis.text import scalar
 from memrec.analysis.text import seconds
 from memrec.analysis.text import table
-from memrec.analysis.untraced import SPLIT
-from memrec.analysis.untraced import SPLIT_HEADINGS
+from memrec.analysis.untraced.split import SPLIT
+from memrec.analysis.untraced.split import SPLIT_HEADINGS
 from dataclasses import replace
 from memrec.events import CATEGORIES
 from memrec.trace.merge import render_merged
@@ -479,7 +479,7 @@ def _render_reconciliation(rc: dict, procs: dict[int, ProcessEntry], width: int)
 
 
 def _render_split(rc: dict, procs: dict[int, ProcessEntry], width: int) -> list[str]:
-    """The untraced band split (memrec.analysis.untraced), the contexts, and the split per phase."""
+    """The untraced band split (memrec.analysis.untraced.split), the contexts, and the split per phase."""
     rows = []
     splits = [r["split"] for r in rc["processes"] if r.get("split")]
     d = rc["device"]

@@ -43,15 +43,15 @@ from dataclasses import field
 from typing import TYPE_CHECKING
 
 from memrec.analysis.text import human
-from memrec.analysis.untraced import EXPLAINED_SHARE_MIN
+from memrec.analysis.untraced.split import EXPLAINED_SHARE_MIN
 
 if TYPE_CHECKING:  # the report's sections hold an Answer: the types only, for the checker
-    from memrec.analysis.report_model import FailedCall
-    from memrec.analysis.report_model import GpuSection
-    from memrec.analysis.report_model import ProcessEntry
-    from memrec.analysis.report_model import Report
-    from memrec.analysis.sglang_model import SglangSection
-    from memrec.analysis.sglang_model import SglangSummary
+    from memrec.analysis.report.model import FailedCall
+    from memrec.analysis.report.model import GpuSection
+    from memrec.analysis.report.model import ProcessEntry
+    from memrec.analysis.report.model import Report
+    from memrec.analysis.sglang.model import SglangSection
+    from memrec.analysis.sglang.model import SglangSummary
 
 #: SGLang phases (memrec's hook names) whose memory a server flag removes or shrinks.
 PHASE_FLAGS = {
@@ -184,10 +184,10 @@ class Answer:
 
 
 def build_answer(report: Report) -> Answer:
-    """The answer of ``report`` (:func:`memrec.analysis.report.build_report`'s); its second
+    """The answer of ``report`` (:func:`memrec.analysis.report.build.build_report`'s); its second
     line ends with the window (``; window +7.738–7.745s``) where it fits. After the three lines,
     one ``UNTRACED`` line per process and GPU whose NVML used is under
-    :data:`~memrec.analysis.untraced.EXPLAINED_SHARE_MIN` traced or explained."""
+    :data:`~memrec.analysis.untraced.split.EXPLAINED_SHARE_MIN` traced or explained."""
     answer = _cut_short(report, _build(report))
     lines = answer.lines
     w = answer.window

@@ -1,14 +1,14 @@
 """``memrec report``: per GPU, where the memory went, when, and who took it.
 
 :func:`build_report` replays a :class:`memrec.trace.model.Trace` once and returns a
-:class:`~memrec.analysis.report_model.Report` (typed sections; ``to_json()`` is ``report --json``);
-:func:`memrec.analysis.report_text.render_text` turns it into fixed-width text. Byte counts are
+:class:`~memrec.analysis.report.model.Report` (typed sections; ``to_json()`` is ``report --json``);
+:func:`memrec.analysis.report.text.render_text` turns it into fixed-width text. Byte counts are
 exact ints; ``*_s`` fields are seconds since the trace start.
 
 Per GPU: traced peak (and when) and final bytes, by category and by process; by phase where
 markers exist; what each process still held when it exited (freed implicitly); every failed call
 with who held what on that GPU at that instant; NVML beside it, and per NVML sample the traced
-bytes of each process and of the GPU with the rest as "untraced" (:mod:`memrec.analysis.reconcile`,
+bytes of each process and of the GPU with the rest as "untraced" (:mod:`memrec.analysis.untraced.reconcile`,
 section ``reconciliation``). "Traced" means owned memory the
 probes saw (driver allocations + VMM physical); ``ipc_mapped`` is peers' memory mapped by a
 process, shown in its view and never added to a GPU's total.
@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from memrec.analysis.answer import Answer
-from memrec.analysis.answer import build_answer
+from memrec.analysis.report.answer import Answer
+from memrec.analysis.report.answer import build_answer
 from memrec.analysis.names import api_name
 from memrec.analysis.names import process_title
 from memrec.analysis.names import result_name
@@ -31,25 +31,25 @@ from memrec.engine.phases import Attribution
 from memrec.engine.phases import held_by_phase
 from memrec.engine.group import distinct
 from memrec.engine.journal import Journal
-from memrec.analysis.reconcile import reconcile
-from memrec.analysis.report_gpu import ReportContext
-from memrec.analysis.report_gpu import gpu_section
-from memrec.analysis.report_gpu import holding_json
-from memrec.analysis.report_model import FailedCall
-from memrec.analysis.report_model import HeldPhase
-from memrec.analysis.report_model import HeldThen
-from memrec.analysis.report_model import InstantEntry
-from memrec.analysis.report_model import PhaseEntry
-from memrec.analysis.report_model import ProcessEntry
-from memrec.analysis.report_model import Report
-from memrec.analysis.report_model import ReportFilter
-from memrec.analysis.report_model import TraceSummary
+from memrec.analysis.untraced.reconcile import reconcile
+from memrec.analysis.report.gpu import ReportContext
+from memrec.analysis.report.gpu import gpu_section
+from memrec.analysis.report.gpu import holding_json
+from memrec.analysis.report.model import FailedCall
+from memrec.analysis.report.model import HeldPhase
+from memrec.analysis.report.model import HeldThen
+from memrec.analysis.report.model import InstantEntry
+from memrec.analysis.report.model import PhaseEntry
+from memrec.analysis.report.model import ProcessEntry
+from memrec.analysis.report.model import Report
+from memrec.analysis.report.model import ReportFilter
+from memrec.analysis.report.model import TraceSummary
 from memrec.engine.replay import initial_state
 from memrec.engine.replay import trace_bounds
 from memrec.engine.replay import trace_phases
-from memrec.analysis.sglang_report import build_sglang_section
-from memrec.analysis.sglang_report import has_sglang_markers
-from memrec.analysis.tensors import tensor_section
+from memrec.analysis.sglang.section import build_sglang_section
+from memrec.analysis.sglang.section import has_sglang_markers
+from memrec.analysis.report.tensors import tensor_section
 from memrec.analysis.text import seconds
 from memrec.ranks import pid_labels
 from memrec.engine.replay import Timeline
@@ -106,7 +106,7 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
 
 
 def trace_answer(trace: Any) -> Answer:
-    """The answer ``memrec report`` prints first (:mod:`memrec.analysis.answer`), for the views
+    """The answer ``memrec report`` prints first (:mod:`memrec.analysis.report.answer`), for the views
     that lead with it (TUI, plot, exports): built from the same report, so that they agree."""
     answer = build_report(trace).answer
     assert answer is not None  # build_report always sets it
