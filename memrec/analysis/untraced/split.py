@@ -58,7 +58,7 @@ Two rules keep a family from another's bytes when a reading and the calls race:
   traced in it, and no bracketed family holds that much to give back. Reading ``k``'s step is then
   held unexplained, and at reading ``k + 1`` the two intervals are attributed as one step;
 - a negative step goes to a bracketed family only as far as that family holds bytes (never below
-  zero); past that it is unexplained.
+  zero; for the pools, the pool model's bytes count too); the rest of it is unexplained.
 
 A context bind brackets every interval it spans (its entry to its return): under
 ``CUDA_MODULE_LOADING=EAGER`` the retain loads every module inside it, over several readings.
@@ -584,7 +584,7 @@ def split_process(
     rows_p = explainers.pending.get(pid)
     if rows_p is not None:
         rows_p = rows_p[(rows_p["gpu"] == gpu) | (rows_p["gpu"] < 0)]
-    sp = _Splitter(pid, ts, nvml_used - traced - model, traced, explainers.of(pid, gpu), phase_of,
+    sp = _Splitter(pid, ts, model, nvml_used - traced - model, traced, explainers.of(pid, gpu), phase_of,
                    _Costs(rows_p, threads))
     cum = {name: np.zeros(n, dtype=np.int64) for name in SPLIT}
     binds = np.isin(sp.e_kind, [_K[Kind.CTX], _K[Kind.CTX_BEGIN]])
@@ -607,13 +607,14 @@ def split_process(
 
 
 class _Splitter:
-    """:func:`split_process`'s walk over one process's samples on one GPU: the residual (NVML
-    used − traced − the pools' model), the explaining calls (``e_*`` columns), the running totals
+    """:func:`split_process`'s walk over one process's samples on one GPU: the pools' model, the
+    residual (NVML used − traced − that model), the explaining calls (``e_*`` columns), the running totals
     per family, the steps so far, the module code used so far, and a step held back."""
 
-    def __init__(self, pid: int, ts: np.ndarray, residual: np.ndarray, traced: np.ndarray, explaining: tuple,
-                 phase_of, costs: _Costs) -> None:
-        self.pid, self.ts, self.residual, self.traced, self.phase_of, self.costs = pid, ts, residual, traced, phase_of, costs
+    def __init__(self, pid: int, ts: np.ndarray, model: np.ndarray, residual: np.ndarray, traced: np.ndarray,
+                 explaining: tuple, phase_of, costs: _Costs) -> None:
+        self.pid, self.ts, self.model, self.residual, self.traced = pid, ts, model, residual, traced
+        self.phase_of, self.costs = phase_of, costs
         (self.e_ts, _e_gpu, self.e_str, self.e_api, self.e_ctx, self.e_kind, self.e_lib, self.e_size,
          self.e_start) = explaining
         self.longest = int((self.e_ts - self.e_start).max()) if len(self.e_ts) else 0
@@ -710,15 +711,17 @@ class _Splitter:
             self.record(k, since, delta, "unexplained", None, None)
             self.held_back, self.held_since = delta, start
         elif delta < 0:
-            # A family gives back only what it holds (a drop past that is not its).
-            owns = bracket is not None and (bracket[0] == "pools"
-                                            or self.totals[bracket[0]] + delta >= -tolerance(delta))
-            if owns:
-                self.record(k, start, delta, bracket[0], cause_i, None, several)
-                if bracket[0] == "module_code":
-                    self.module_used += delta
-            else:
-                self.record(k, start, delta, "unexplained", None, None)
+            # A family gives back only what it holds (the pools: the pool model's bytes and
+            # the steps put on them); a drop past that is not its, and stays unexplained.
+            give = 0  # no bracketed family: all of it unexplained
+            if bracket is not None:
+                held = self.totals[bracket[0]] + (int(self.model[k]) if bracket[0] == "pools" else 0)
+                give = delta if held + delta >= -tolerance(delta) else -max(held, 0)
+            if give:
+                self.record(k, start, give, bracket[0], cause_i, None, several)  # type: ignore[index]
+                if bracket[0] == "module_code":  # type: ignore[index]
+                    self.module_used += give
+            self.record(k, start, delta - give, "unexplained", None, None)
         else:
             self.take(k, start, delta, bracket, cause_i, several)
 
