@@ -12,9 +12,11 @@ from memrec.events import Api
 from memrec.events import Kind
 
 #: Snapshot format version (a keyframe's ``"v"``). 2: driver allocations as columns of bytes
-#: (:data:`ALLOC_COLUMNS`); version 1 (one flat list) is still read.
-SNAPSHOT_VERSION = 2
-READ_VERSIONS = (1, 2)
+#: (:data:`ALLOC_COLUMNS`); 3 (trace format 2.3): the same columns with ``ptr`` as the gap after
+#: the process's previous block and ``ts`` as differences (``allocs["form"]``; a reader of
+#: version 2 refuses the keyframe rather than misread its pointers). Versions 1 and 2 still read.
+SNAPSHOT_VERSION = 3
+READ_VERSIONS = (1, 2, 3)
 
 #: Field order of each table in a snapshot: every table is one flat list of rows of this stride.
 ALLOC_FIELDS = ("pid", "ptr", "size", "gpu", "ts", "api")

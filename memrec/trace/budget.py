@@ -10,14 +10,16 @@ hence ``load_trace``, every command, ``memrec.load`` and the TUI's scan) draws f
 ============================  ===========================  =========  =============================
 what                          per byte of file             at least   ceiling
 ============================  ===========================  =========  =============================
-rows of columnar records      :data:`ROWS_PER_BYTE` (4)    256 Ki     :data:`CEILING_ROWS` (2^30)
+rows of columnar records      :data:`ROWS_PER_BYTE` (8)    256 Ki     :data:`CEILING_ROWS` (2^30)
 decompressed bytes            :data:`BYTES_PER_BYTE` (256) 64 MiB     :data:`CEILING_BYTES` (1 TiB)
  of which keyframe states     :data:`STATE_PER_BYTE` (8)   1 MiB      :data:`CEILING_STATE` (64 GiB)
 ============================  ===========================  =========  =============================
 
 Genuine traces stay below: bench_tui.py's 1M-event traces hold 1.3-1.7 rows and 22-29
 decompressed bytes a byte of file, their keyframe states 0.45-0.53, and an hour of NVML samples
-of 8 idle GPUs 2.2 rows a byte (2026-12-01). Rows are what a reader's memory follows (``report``
+of 8 idle GPUs 2.2 rows a byte (2026-12-01); format 2.3's context columns (a pointer from the
+last one of its own process) take bench_tui.py's 1M events to 4.0 rows a byte (2.2: 2.1), so
+the rows' share went from 4 to 8 a byte (2026-12-02). Rows are what a reader's memory follows (``report``
 about 270 bytes a row, ``memrec.load``'s tables 450), so their share is the tightest that leaves
 genuine traces a margin: a file of 64 KiB or less gets 256 Ki rows (``report`` 112 MB at most,
 ``memrec.load`` 160 MB). A state becomes Python objects when read (up to ~70 bytes each for a
@@ -39,7 +41,7 @@ from memrec._errors import ExitCode
 from memrec._errors import MemrecCommandError
 from memrec._errors import TraceFormatError
 
-ROWS_PER_BYTE = 4
+ROWS_PER_BYTE = 8
 BYTES_PER_BYTE = 256
 STATE_PER_BYTE = 8
 FLOOR_ROWS = 1 << 18

@@ -47,6 +47,16 @@ COLUMN_DEFAULTS: dict[str, dict[str, int]] = {
     PROCMEM: {"gpu": -1, "used": -1},
 }
 
+#: What the writer lets the codec predict from the previous row of the same process, GPU or
+#: (process, GPU) rather than from the row before (format 2.3's context transform,
+#: :class:`memrec.trace.codec.Context`), by column name: (key columns, columns to try it on,
+#: (column, plus column) pairs). A process's next allocation starts near the end of its last one.
+CONTEXTS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[tuple[str, str], ...]]] = {
+    EVENTS: (("pid", "kind"), ("ordinal", "ptr", "handle", "aux", "gpu"), (("ptr", "size"),)),
+    NVML: (("gpu",), ("used", "reserved", "free", "bar1_used"), ()),
+    PROCMEM: (("gpu", "pid"), ("used",), ()),
+}
+
 #: The most rows a writer puts in one columnar record.
 MAX_CHUNK_ROWS = 65536
 #: The most rows a reader accepts in one format-2 columnar record (what a writer writes at most): a
@@ -67,6 +77,14 @@ DEFAULT_SCHEMA: Schema = {
     kind: {name: dtype.fields[name][0] for name in dtype.names} for kind, dtype in COLUMNAR.items()
 }
 
+
+
+def context(kind: str, names: list[str]) -> codec.Context:
+    """:data:`CONTEXTS`' entry for ``kind`` as the codec takes it: by index in ``names`` (the
+    columns a chunk holds, in schema order)."""
+    keys, columns, plus = CONTEXTS[kind]
+    at = names.index
+    return codec.Context(tuple(map(at, keys)), tuple(map(at, columns)), tuple((at(a), at(b)) for a, b in plus))
 
 
 def as_rows(kind: str, arr: np.ndarray) -> np.ndarray:
@@ -109,6 +127,7 @@ class ChunkBuilder:
         self._dtype = COLUMNAR[kind]
         self._sparse = kind == EVENTS
         self._names = [n for n in self._dtype.names if not (self._sparse and n == SPARSE_COLUMN)]
+        self._context = context(kind, self._names)
         self._reset()
 
     def _reset(self) -> None:
@@ -160,7 +179,7 @@ class ChunkBuilder:
         columns = [self._cols[n][: self.rows] if self.rows else np.zeros(0, self._dtype.fields[n][0])
                    for n in self._names]
         index = np.concatenate(self._ipc_index) if self._ipc_index else None
-        key, payload = codec.encode_payload(columns, index, b"".join(self._ipc))
+        key, payload = codec.encode_payload(columns, index, b"".join(self._ipc), self._context)
         self._reset()
         return {"type": SHORT_TYPE[self.kind], key: payload}  # (the payload holds n: a 2.1 record omits it)
 

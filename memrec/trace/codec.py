@@ -23,13 +23,26 @@ bits or shifted (aligned sizes and pointers); the ipc section stores each distin
 (an IPC_OPEN's bytes are its IPC_EXPORT's) without its zero bytes. Each chunk stays self-contained.
 ``docs/format.md`` is the spec of both payloads; format 2.0's (key ``z``) is still read.
 
+Minor 3 (2.3) adds one transform, **context** (:data:`CONTEXT`), for columns whose value follows
+from the previous row *of the same process* rather than from the row before: on a host with many
+processes their events interleave, and a pointer is close to the last pointer of its own process
+(and an allocation's to the end of that process's previous block), not to another process's. The
+rows are grouped by the values of key columns (``pid`` and ``kind`` for events); each row is
+predicted from the previous row of its group (plus, optionally, that row's value in another
+column: ``size`` for ``ptr``) and stored as the zigzag of the difference; each group's first
+value is stored once. On 16 processes holding 1M live allocations this took the pointers from
+4.5 to about 1.5 bytes an event (issue 26, ``bench/bench_realistic.py``).
+
 ``decode_payload`` checks every length against ``n`` before it allocates, so a damaged chunk is
 refused (:class:`~memrec._errors.TraceFormatError`) rather than decoded into nonsense or memory.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import threading
+from typing import Any
 import zlib
 
 import numpy as np
@@ -47,6 +60,10 @@ DELTA = 1
 #: A 2.1 transform: the values of an earlier column of the chunk (its index, u1, follows the code)
 #: plus ``base + stored`` (``tid`` is mostly ``pid``, ``gpu`` mostly ``ordinal``).
 REF = 2
+#: A 2.3 transform: the value of the previous row with the same values in the key columns, plus
+#: (optionally) that row's value in a "plus" column, plus ``base + (zigzag⁻¹(stored) << shift)``;
+#: each group's first value is stored apart (:class:`Context`).
+CONTEXT = 3
 #: Bytes per stored value; a code's low nibble is one of these (an index into it), or VARINT.
 WIDTHS = (0, 1, 2, 4, 8)
 #: The width code of a column stored as LEB128 values (since 2.1).
@@ -91,6 +108,16 @@ def _compressor() -> zstandard.ZstdCompressor:
     if c is None:
         c = _local.c = zstandard.ZstdCompressor(level=LEVEL, write_checksum=True)
     return c
+
+
+def _scratch(n: int, slot: int) -> np.ndarray:
+    """A u8 array of ``n`` values for temporary use (one of three per thread, kept between
+    chunks): a fresh 512 KiB array is mapped by the kernel page by page at its first touch, which
+    cost more than the arithmetic done in it (most of a 65,536-row context column's decoding)."""
+    bufs = getattr(_local, "scratch", None)
+    if bufs is None or len(bufs[0]) < n:
+        bufs = _local.scratch = [np.empty(max(n, 1 << 16), _U64) for _ in range(3)]
+    return bufs[slot][:n]
 
 
 def _decompressor() -> zstandard.ZstdDecompressor:
@@ -197,40 +224,140 @@ def _as_u64(col: np.ndarray) -> np.ndarray:
     return col.astype(np.int64 if col.dtype.kind == "i" else _U64, copy=False).view(_U64)
 
 
-def _nearest(values: np.ndarray, i: int) -> list[tuple[int, np.ndarray]]:
+def _nearest(values: np.ndarray, i: int, allowed: np.ndarray | None = None) -> list[tuple[int, np.ndarray]]:
     """The earlier column (index, values) whose differences from column ``i`` span the least
-    (``values``: every column's u8 values, one per row of a 2-D array), or none for the first."""
-    if not i or not values.shape[1]:
+    (``values``: every column's u8 values, one per row of a 2-D array; ``allowed``: the columns
+    that may be referred to, every one when None), or none for the first."""
+    if not i or not values.shape[1] or (allowed is not None and not allowed[:i].any()):
         return []
     diffs = (values[i] - values[:i]).view(np.int64)  # modulo 2^64
     spans = (diffs.max(axis=1) - diffs.min(axis=1)).view(_U64)  # exact: the true span is < 2^64
+    if allowed is not None:
+        spans = np.where(allowed[:i], spans, _U64(_MASK))
     j = int(np.argmin(spans))
     return [(j, values[j])]
 
 
-def _encode_column(u: np.ndarray, earlier: list[tuple[int, np.ndarray]]) -> tuple[bytes, bytes]:
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What a writer lets the codec try the 2.3 context transform with, by column index: rows
+    grouped by their values in the ``keys`` columns; ``plus`` pairs (column, plus column): the
+    plus column's value at the group's previous row is added to the prediction (an allocation
+    starts near where its process's previous one ended: ``ptr`` and ``size``); ``columns``: the
+    columns to try it on (never a key or a plus column)."""
+
+    keys: tuple[int, ...]
+    columns: tuple[int, ...]
+    plus: tuple[tuple[int, int], ...] = ()
+
+
+#: The most distinct combined key codes grouped by one radix sort (a u2 code); past it a lexsort.
+_RADIX = 1 << 16
+
+
+@dataclasses.dataclass
+class Groups:
+    """Rows grouped by key (:func:`groups`): ``order`` takes them group after group (ascending
+    key), each group in row order; ``starts`` marks, in that order, each group's first row."""
+
+    order: np.ndarray
+    starts: np.ndarray
+
+    @functools.cached_property
+    def heads(self) -> np.ndarray:
+        """Where each group starts, in ``order``."""
+        return np.flatnonzero(self.starts)
+
+    @functools.cached_property
+    def later(self) -> np.ndarray:
+        """In ``order``: every row but a group's first."""
+        return ~self.starts
+
+
+def groups(keys: list[np.ndarray]) -> Groups:
+    """Rows grouped by their values in the ``keys`` columns (u8 values, equal lengths, at least
+    one row), in ascending order of those values (the first key the most significant).
+
+    One stable sort of a u2 code (numpy sorts those by radix: O(n)) when the keys' spans multiply
+    to at most 2^16, as a chunk's pids and kinds do; else the keys are factorised first, and
+    lexsorted when even their factors do not fit one u2 code."""
+    n = len(keys[0])
+    codes = []
+    tops = []
+    for key in keys:
+        code = np.subtract(key, key.min(), out=_scratch(n, 0))
+        top = int(code.max()) + 1
+        if top > _RADIX:
+            code = np.unique(key, return_inverse=True)[1].ravel()
+            top = int(code.max()) + 1
+        codes.append(code.astype(np.uint16) if top <= _RADIX else code)
+        tops.append(top)
+    starts = np.ones(n, bool)
+    if np.prod(tops, dtype=object) <= _RADIX:
+        combined = codes[0]
+        for code, top in zip(codes[1:], tops[1:]):
+            combined *= np.uint16(top)  # (in place: the product fits 16 bits)
+            combined += code
+        order = np.argsort(combined, kind="stable")
+        ordered = combined[order]
+        starts[1:] = ordered[1:] != ordered[:-1]
+        return Groups(order, starts)
+    order = np.lexsort(codes[::-1])
+    starts[1:] = False
+    for code in codes:
+        ordered = code[order]
+        starts[1:] |= ordered[1:] != ordered[:-1]
+    return Groups(order, starts)
+
+
+def _context(u: np.ndarray, grouped: Groups, plus: np.ndarray | None, head: bytes) -> tuple:
+    """Column ``u`` (u8 values) as a form :func:`_encode_column` weighs: (CONTEXT, the zigzag of
+    each row's difference from its prediction shifted right by their common trailing zero bits,
+    every row but each group's first, (``head``: the entry's bytes after its code, the firsts'
+    bytes, the shift)). Zigzag: a process's next block is mostly
+    a little after its last (a small positive difference), a freed one anywhere in its range."""
+    ordered = u[grouped.order]  # group after group, each in row order
+    diffs = np.empty_like(ordered)
+    diffs[1:] = ordered[1:] - ordered[:-1]  # modulo 2^64
+    if plus is not None:
+        diffs[1:] -= plus[grouped.order][:-1]
+    firsts = b"".join(_zigzag(v) for v in ordered[grouped.starts].tolist())
+    signed = diffs[grouped.later].view(np.int64)
+    ones = int(np.bitwise_or.reduce(signed)) if len(signed) else 0
+    shift = (ones & -ones).bit_length() - 1 if ones else 0
+    if shift:
+        signed = signed >> np.int64(shift)
+    return CONTEXT, ((signed << np.int64(1)) ^ (signed >> np.int64(63))).view(_U64), (head, firsts, shift)  # zigzag
+
+
+def _encode_column(u: np.ndarray, earlier: list[tuple[int, np.ndarray]], context: tuple | None = None) -> tuple[bytes, bytes]:
     """(directory entry, block) of one integer column (its :func:`_as_u64` values): of the raw,
-    delta and (``earlier``: an earlier column and its values, in a small chunk) reference forms,
-    each with fixed-width, LEB128 or packed values, the one of fewest bytes (on a tie the first
-    tried)."""
+    delta, (``earlier``: an earlier column and its values, in a small chunk) reference and
+    (``context``: :func:`_context`'s arguments after ``u``) context forms, each with fixed-width,
+    LEB128 or packed values, the one of fewest bytes (on a tie the first tried)."""
     n = len(u)
     forms = [(RAW, u, 0)]
     if n > 2:
         forms.append((DELTA, u[1:] - u[:-1], int(u[0])))  # modulo 2^64
     forms += [(REF, u - e, j) for j, e in earlier]  # e.g. tid = pid, gpu = ordinal
+    if context is not None:
+        forms.append(_context(u, *context))
     best = None
     for transform, values, first, lo in _bases(forms, n <= LEAN_ROWS):
         stored = values - _U64(lo & _MASK)  # wraps modulo 2^64: exact for every span
         head = transform << 4 | (0 if lo & _MASK else ZERO_BASE)
-        entry = bytes([head]) + (bytes([first]) if transform == REF else b"")
+        ahead, prefix, shifts = (bytes([first]), b"", [0]) if transform == REF else (b"", b"", [0])
+        if transform == CONTEXT:  # shifted before its zigzag: stored as it is
+            ahead, prefix, shift = first
+            shifts = [shift]
+        entry = bytes([head]) + ahead
         entry += (b"" if head & ZERO_BASE else _zigzag(lo)) + (_zigzag(first) if transform == DELTA else b"")
-        shifts = [0]
-        if n <= LEAN_ROWS and len(values):
+        if n <= LEAN_ROWS and len(values) and transform != CONTEXT:
             ones = int(np.bitwise_or.reduce(stored))
             if ones:
                 shifts.append((ones & -ones).bit_length() - 1)
         for shift in dict.fromkeys(shifts):
-            shifted = stored >> _U64(shift) if shift else stored
+            shifted = stored >> _U64(shift) if shift and transform != CONTEXT else stored
             span = int(shifted.max()) if len(values) else 0
             width = _width(span)
             candidates = [(len(values) * width, WIDTHS.index(width))]
@@ -241,30 +368,43 @@ def _encode_column(u: np.ndarray, earlier: list[tuple[int, np.ndarray]]) -> tupl
                 candidates.append((int(_varint_sizes(shifted).sum(dtype=np.int64)), VARINT))
             for size, wcode in candidates:
                 coded = bytes([entry[0] | wcode | (SHIFTED if shift else 0)]) + entry[1:] + (bytes([shift]) if shift else b"")
-                if best is None or len(coded) + size < best[0]:
-                    best = (len(coded) + size, coded, shifted, wcode)
-    _, entry, stored, wcode = best
+                if best is None or len(coded) + len(prefix) + size < best[0]:
+                    best = (len(coded) + len(prefix) + size, coded, prefix, shifted, wcode)
+    _, entry, prefix, stored, wcode = best
     if wcode == VARINT:
-        return entry, _varints(stored, _varint_sizes(stored))
+        return entry, prefix + _varints(stored, _varint_sizes(stored))
     if wcode > BITS:
         planes = (stored[:, None] >> np.arange(wcode - BITS, dtype=_U64)) & _U64(1)
-        return entry, np.packbits(planes.astype(np.uint8), bitorder="little").tobytes()
+        return entry, prefix + np.packbits(planes.astype(np.uint8), bitorder="little").tobytes()
     width = WIDTHS[wcode]
-    return entry, stored.astype(f"<u{width}").tobytes() if width else b""
+    return entry, prefix + (stored.astype(f"<u{width}").tobytes() if width else b"")
 
 
-def encode_payload(columns: list[np.ndarray], ipc_index: np.ndarray | None = None, ipc: bytes = b"") -> tuple[str, bytes]:
+def encode_payload(columns: list[np.ndarray], ipc_index: np.ndarray | None = None, ipc: bytes = b"",
+                   context: Context | None = None) -> tuple[str, bytes]:
     """One chunk of ``columns`` (equal lengths, schema order) and its sparse ipc rows, as
     ``(record key, bytes)``: a Zstandard frame (``"c"``), or the payload and its CRC-32 (``"r"``)
-    when compression does not pay (a chunk of a few rows: the frame's own bytes cost more)."""
+    when compression does not pay (a chunk of a few rows: the frame's own bytes cost more).
+    ``context``: the columns to try the 2.3 context transform on, and its keys (None: not tried)."""
     n = len(columns[0]) if columns else 0
     k = 0 if ipc_index is None else len(ipc_index)
     entries = []
     blocks = []
     present = 0
     values = np.stack([_as_u64(col) for col in columns]) if columns else np.zeros((0, 0), _U64)
+    trial: dict[int, tuple] = {}
+    referable = np.ones(len(columns), bool)  # columns a reference form may refer to
+    if context is not None and n > 1:
+        grouped = groups([values[j] for j in context.keys])
+        plus = dict(context.plus)
+        head = bytes([len(context.keys), *context.keys])
+        for i in context.columns:
+            if i > max(context.keys) and i not in plus.values():
+                trial[i] = (grouped, values[plus[i]] if i in plus else None, head + bytes([plus.get(i, -1) + 1]))
     for i, u in enumerate(values):
-        entry, block = _encode_column(u, _nearest(values, i) if n <= LEAN_ROWS else [])
+        entry, block = _encode_column(u, _nearest(values, i, referable) if n <= LEAN_ROWS else [], trial.get(i))
+        if entry[0] >> 4 & 3 == CONTEXT:
+            referable[i] = False  # decoded after the others
         if entry != ABSENT:
             present |= 1 << i
             entries.append(entry)
@@ -305,7 +445,7 @@ def _small(count: int) -> str:
 
 def payload_bound(n: int, ncols: int, sparse: bool) -> int:
     """The most bytes a valid payload of ``n`` rows and ``ncols`` columns decompresses to."""
-    return 30 + ncols * (21 + 10 * n) + (n * 76 if sparse else 0)
+    return 30 + ncols * (23 + ncols + 10 * n) + (n * 76 if sparse else 0)
 
 
 def decode_payload(
@@ -355,26 +495,24 @@ def decode_payload(
     if lean:
         size = (len(dtypes) + 7) // 8
         present = int.from_bytes(cursor.take(size), "little")
-    entries = []
-    for i in range(len(dtypes)):
-        code = cursor.byte() if present >> i & 1 else ABSENT[0]
-        transform, wcode = (code >> 4) & (0x03 if lean else 0x0F), code & 0x0F
-        if transform not in ((RAW, DELTA, REF) if lean else (RAW, DELTA)) or wcode >= (CODES if lean else VARINT):
-            raise TraceFormatError(f"unknown column code {code:#x}")
-        first = cursor.byte() if transform == REF else 0
-        if transform == REF and first >= i:
-            raise TraceFormatError(f"column {i} refers to column {first}")
-        base = 0 if lean and code & ZERO_BASE else cursor.zigzag()
-        first = cursor.zigzag() if transform == DELTA else first
-        shift = cursor.byte() if lean and code & SHIFTED else 0
-        if shift > 63:
-            raise TraceFormatError(f"a column shifted by {shift} bits")
-        entries.append((transform, wcode, base, first, shift))
-    refs = any(entry[0] == REF for entry in entries)
-    full: list[np.ndarray | None] = []  # each column's 64-bit values, when a later one refers to it
+    entries = _directory(cursor, present, len(dtypes), lean)
+    needed = {entry[3] for entry in entries if entry[0] == REF}
+    for entry in entries:
+        if entry[0] == CONTEXT:
+            needed.update(entry[3][0])
+            needed.add(entry[3][1])
+    full: list[np.ndarray | None] = []  # each column's 64-bit values, when another one needs them
     out: list[np.ndarray | None] = []
-    for (transform, wcode, base, first, shift), dtype in zip(entries, dtypes):
+    grouped: dict[tuple[int, ...], Groups] = {}
+    later: list[tuple[int, Groups, np.ndarray, np.ndarray, int]] = []  # context columns, decoded last
+    for i, ((transform, wcode, base, first, shift), dtype) in enumerate(zip(entries, dtypes)):
         count = n - 1 if transform == DELTA and n else n
+        if transform == CONTEXT:
+            keys = first[0]
+            if keys not in grouped:
+                grouped[keys] = groups([full[j] for j in keys]) if n else Groups(np.zeros(0, np.intp), np.zeros(0, bool))
+            firsts, cursor.pos = _read_varints(buf, cursor.pos, len(grouped[keys].heads))
+            count = n - len(firsts)
         if wcode == VARINT:
             stored, cursor.pos = _read_varints(buf, cursor.pos, count)
         elif wcode > BITS:
@@ -385,6 +523,17 @@ def decode_payload(
                 raise TraceFormatError(f"column data has {len(buf)} bytes, too few for {n} rows")
             stored = np.frombuffer(buf[cursor.pos : cursor.pos + size], dtype=f"<u{WIDTHS[wcode]}") if size else None
             cursor.pos += size
+        if transform == CONTEXT:  # (its shift applies after the zigzag)
+            diffs = None
+            if stored is not None or base:
+                diffs = _decode_column(stored, count, RAW, base, 0, _U64_DTYPE)
+                diffs = _unzigzag(diffs if stored is not None else np.array(diffs))  # (a new array)
+            if shift and diffs is not None:
+                diffs <<= _U64(shift)
+            later.append((i, grouped[keys], _unzigzag(firsts.astype(_U64)), diffs, first[1]))
+            full.append(None)
+            out.append(None)
+            continue
         if shift and stored is not None:
             stored = stored.astype(_U64) << _U64(shift)
         if transform == REF:
@@ -392,7 +541,10 @@ def decode_payload(
             out.append(None if dtype is None else full[-1].astype(f"<u{dtype.itemsize}").view(dtype))
             continue
         out.append(None if dtype is None else _decode_column(stored, n, transform, base, first, dtype))
-        full.append(_decode_column(stored, n, transform, base, first, _U64_DTYPE) if refs else None)
+        full.append(_decode_column(stored, n, transform, base, first, _U64_DTYPE) if i in needed else None)
+    for i, grouping, firsts, diffs, plus in later:
+        values = _decode_context(grouping, firsts, diffs, None if plus < 0 else full[plus])
+        out[i] = None if dtypes[i] is None else values.astype(f"<u{dtypes[i].itemsize}", copy=False).view(dtypes[i])
     if lean:
         index, ipc = _decode_ipc(buf, cursor, n, k)
     else:
@@ -405,6 +557,97 @@ def decode_payload(
     if int(index.max()) >= n:
         raise TraceFormatError("an ipc index is out of range")
     return n, out, index, ipc
+
+
+def transforms(key: str, data: bytes | memoryview, ncols: int, max_rows: int) -> list[int]:
+    """Each column's transform (:data:`RAW`, :data:`DELTA`, :data:`REF` or :data:`CONTEXT`) in
+    one 2.1+ chunk of ``ncols`` columns and at most ``max_rows`` rows stored under ``key``: which
+    form the writer chose (what the tests check it chose).
+
+    Raises:
+        TraceFormatError: a damaged chunk (as :func:`decode_payload`).
+    """
+    raw = decompress(data, payload_bound(max_rows, ncols, True)) if key == ZSTD else bytes(data)[:-4]
+    cursor = _Cursor(memoryview(raw))
+    cursor.varint(), cursor.varint()
+    present = int.from_bytes(cursor.take((ncols + 7) // 8), "little")
+    return [entry[0] for entry in _directory(cursor, present, ncols, True)]
+
+
+def _directory(cursor: _Cursor, present: int, ncols: int, lean: bool) -> list[tuple[int, int, int, Any, int]]:
+    """The payload's directory: per column (transform, width code, base, first, shift); ``first``
+    is a delta's first value, a reference's column, a context's (key columns, plus column or -1).
+    A reference to a context column, or a context whose keys are not earlier columns of another
+    form, is refused: those are decoded after every other column, from them."""
+    entries = []
+    for i in range(ncols):
+        code = cursor.byte() if present >> i & 1 else ABSENT[0]
+        transform, wcode = (code >> 4) & (0x03 if lean else 0x0F), code & 0x0F
+        if transform not in ((RAW, DELTA, REF, CONTEXT) if lean else (RAW, DELTA)) or wcode >= (CODES if lean else VARINT):
+            raise TraceFormatError(f"unknown column code {code:#x}")
+        first: Any = cursor.byte() if transform == REF else 0
+        if transform == REF and first >= i:
+            raise TraceFormatError(f"column {i} refers to column {first}")
+        if transform == CONTEXT:
+            keys = tuple(cursor.byte() for _ in range(cursor.byte()))
+            first = (keys, cursor.byte() - 1)
+            if not keys or max(keys) >= i or first[1] == i or first[1] >= ncols:
+                raise TraceFormatError(f"column {i} is predicted from columns {keys} and {first[1]}")
+        base = 0 if lean and code & ZERO_BASE else cursor.zigzag()
+        first = cursor.zigzag() if transform == DELTA else first
+        shift = cursor.byte() if lean and code & SHIFTED else 0
+        if shift > 63:
+            raise TraceFormatError(f"a column shifted by {shift} bits")
+        entries.append((transform, wcode, base, first, shift))
+    for i, (transform, _, _, first, _) in enumerate(entries):
+        used = [first] if transform == REF else [*first[0], first[1]] if transform == CONTEXT else []
+        if any(j >= 0 and entries[j][0] == CONTEXT for j in used):
+            raise TraceFormatError(f"column {i} refers to a context column")
+    return entries
+
+
+def _unzigzag(stored: np.ndarray) -> np.ndarray:
+    """Zigzag values (u8, a new array: changed in place) as the 64-bit patterns of the signed values."""
+    sign = np.bitwise_and(stored, _U64(1), out=_scratch(len(stored), 1))
+    np.negative(sign, out=sign)  # (modulo 2^64: all ones for an odd value)
+    stored >>= _U64(1)
+    stored ^= sign
+    return stored
+
+
+def _decode_context(grouping: Groups, firsts: np.ndarray, diffs: np.ndarray | None, plus: np.ndarray | None) -> np.ndarray:
+    """A context column's u8 values: group after group (``grouping``), each group's first value
+    (``firsts``), then each row the previous row's value, plus that row's ``plus`` value, plus
+    its own difference (``diffs``, of every row but the groups' first, in that same order).
+
+    Few arrays of a chunk's length are made (each is fresh memory the kernel maps page by page:
+    at 65,536 rows that is most of the cost)."""
+    n = len(grouping.order)
+    heads = grouping.heads
+    if not n:
+        return np.zeros(0, _U64)
+    if diffs is None and plus is None:  # every row its group's first value (a GPU per process)
+        steps = np.repeat(firsts, np.diff(heads, append=n))
+    else:
+        steps = _scratch(n, 0)
+        steps[:] = 0
+        if diffs is not None:
+            steps[grouping.later] = diffs
+        if plus is not None:
+            steps[1:] += np.take(plus, grouping.order[:-1], out=_scratch(n - 1, 1))
+        # A group's first row steps from the previous group's last value to its own first value:
+        # then one running sum makes every value (mod 2^64).
+        steps[heads] = 0
+        if len(heads) > 1:
+            ends = np.add.reduceat(steps, heads)[:-1]
+            ends += firsts[:-1]  # each group's last value
+            firsts = firsts.copy()
+            firsts[1:] -= ends
+        steps[heads] = firsts
+        np.cumsum(steps, dtype=_U64, out=steps)
+    out = np.empty(n, _U64)
+    out[grouping.order] = steps
+    return out
 
 
 def _decode_ipc(buf: memoryview, cursor: _Cursor, n: int, k: int) -> tuple[np.ndarray | None, bytes]:
@@ -451,21 +694,30 @@ def _read_bits(buf: memoryview, pos: int, count: int, bits: int) -> tuple[np.nda
 
 
 def _read_varints(buf: memoryview, pos: int, count: int) -> tuple[np.ndarray, int]:
-    """``count`` LEB128 values from ``pos`` (as u8, modulo 2^64) and the position after them."""
+    """``count`` LEB128 values from ``pos`` (as u8, modulo 2^64) and the position after them.
+
+    Byte j of every value at once (a gather per byte position, as many as the longest value
+    has): a 2.3 chunk of 65,536 rows stores its pointers' differences this way, and a pass over
+    every byte (a shift per byte, then a segmented sum) took most of such a chunk's decoding."""
     if not count:
         return np.zeros(0, _U64), pos
-    data = np.frombuffer(buf[pos:], np.uint8)
+    data = np.frombuffer(buf[pos : pos + 10 * count], np.uint8)  # (a value takes at most 10)
     ends = np.flatnonzero(data < 0x80)
     if len(ends) < count:
         raise TraceFormatError("column data ends inside a column")
     ends = ends[:count]
-    starts = np.concatenate(([0], ends[:-1] + 1))
-    if int((ends - starts).max()) > 9:
+    starts = np.empty(count, ends.dtype)
+    starts[0] = 0
+    starts[1:] = ends[:-1] + 1
+    longest = int((ends - starts).max()) + 1
+    if longest > 10:
         raise TraceFormatError("a column value is longer than 64 bits")
-    body = data[: ends[-1] + 1]
-    shift = np.arange(len(body)) - np.repeat(starts, ends - starts + 1)
-    values = (body & 0x7F).astype(_U64) << (7 * shift).astype(_U64)
-    return np.add.reduceat(values, starts), pos + int(ends[-1]) + 1
+    values = (data[starts] & 0x7F).astype(_U64)
+    for j in range(1, longest):
+        at = np.minimum(starts + j, ends)  # past a value's end: its last byte again, masked off
+        byte = (data[at] & 0x7F).astype(_U64) * (starts + j <= ends)
+        values |= byte << _U64(7 * j)
+    return values, pos + int(ends[-1]) + 1
 
 
 def _decode_column(stored: np.ndarray | None, n: int, transform: int, base: int, first: int, dtype: np.dtype) -> np.ndarray:

@@ -30,7 +30,7 @@ from tests.fuzz import harness
 from tests.unit.test_daemon_unit import make_daemon
 from tests.unit.test_daemon_unit import pump
 
-#: The golden trace in format 2.2 (what memrec writes), 2.1, 2.0 and 1 (what it still reads).
+#: The golden trace in format 2.2 (what memrec wrote before 2.3), 2.1, 2.0 and 1 (what it still reads).
 GOLDENS = [os.path.join(os.path.dirname(__file__), "..", "data", f"golden_v{v}.mrec") for v in ("2_2", "2_1", 2, 1)]
 SEEDS = {path: harness.golden_records(path) for path in GOLDENS}
 FUZZ = settings(max_examples=int(os.environ.get("MEMREC_FUZZ_EXAMPLES", "150")), deadline=None,
@@ -94,12 +94,16 @@ def test_byte_damaged_traces_never_crash_a_command_or_the_tui(golden, seed, n, w
     harness.check_trace_bytes(harness.mutate(data, random.Random(seed), n), workdir)
 
 
-def _chunk_payload(n: int) -> bytes:
-    """The 2.1 payload of a chunk of ``n`` events (without its checksum), every form in use."""
+def _chunk_payload(n: int, processes: int = 0) -> bytes:
+    """The 2.1 payload of a chunk of ``n`` events (without its checksum), every form in use;
+    with ``processes``, each process's pointers ascending from the end of its last block, so
+    that 2.3's context columns are used too."""
     import numpy as np
 
     from memrec.columns import EVENT_DTYPE
     from memrec.trace import codec
+    from memrec.trace.chunks import EVENTS
+    from memrec.trace.chunks import context
 
     rng = np.random.default_rng(n)
     ev = np.zeros(n, EVENT_DTYPE)
@@ -108,19 +112,29 @@ def _chunk_payload(n: int) -> bytes:
             ev[name] = rng.integers(0, 1000, n)
     ev["tid"] = ev["pid"]
     ev["size"] = ev["size"].astype(np.uint64) << np.uint64(21)
+    if processes:
+        ev["pid"] = rng.integers(0, processes, n)
+        ev["kind"] = 1 + ev["pid"] % 2
+        for p in range(processes):
+            mine = ev["pid"] == p
+            ev["ptr"][mine] = (p << 40) + np.cumsum(ev["size"][mine]) - ev["size"][mine]
+        ev["gpu"] = ev["pid"] % 3
     index = np.arange(0, n, 2).astype("<u4")
-    key, data = codec.encode_payload([np.ascontiguousarray(ev[name]) for name in EVENT_DTYPE.names if name != "ipc"],
-                                     index, b"".join(bytes([i % 3]) * 64 for i in range(len(index))))
+    names = [name for name in EVENT_DTYPE.names if name != "ipc"]
+    key, data = codec.encode_payload([np.ascontiguousarray(ev[name]) for name in names],
+                                     index, b"".join(bytes([i % 3]) * 64 for i in range(len(index))),
+                                     context(EVENTS, names))
     return data[:-4] if key == codec.RAW_PAYLOAD else codec.decompress(data, 1 << 24)
 
 
-PAYLOADS = [_chunk_payload(n) for n in (1, 3, 9, 40, 300)]
+PAYLOADS = [_chunk_payload(n) for n in (1, 3, 9, 40, 300)] + [_chunk_payload(n, 5) for n in (9, 40, 300)]
 
 
 @FUZZ
 @given(which=st.integers(0, len(PAYLOADS) - 1), seed=st.integers(0, 2**32 - 1), n=st.integers(1, 4))
 def test_a_damaged_payload_under_a_valid_checksum_is_refused_or_read(which, seed, n):
-    # GIVEN a 2.1 chunk's payload damaged and then given a matching CRC-32 (a checksum catches
+    # GIVEN a 2.1 chunk's payload (2.3's context columns in some) damaged and then given a
+    # matching CRC-32 (a checksum catches
     # random damage; this checks the decoder behind it)
     import zlib
 

@@ -33,14 +33,19 @@ def held_state(n: int = 2000) -> LiveState:
 
 
 def as_zlib_columns(snap: dict) -> dict:
-    """The same snapshot as memrec wrote it before the codec flag: zlib (level 1) columns, no ``z``."""
-    from memrec.trace import codec
+    """The same snapshot as memrec wrote it before the codec flag (version 2, zlib (level 1)
+    columns, no ``z``, ``ptr`` as differences from the row before, ``ts`` as it is)."""
+    from memrec.state.snapshot import alloc_arrays
 
-    allocs = dict(snap["allocs"])
-    assert allocs.pop("z") == "zstd"
+    cols = alloc_arrays(snap["allocs"])
+    order = np.lexsort((cols["ptr"], cols["pid"]))
+    allocs = {"n": len(order)}
     for name, dt in ALLOC_COLUMNS.items():
-        allocs[name] = zlib.compress(codec.decompress(allocs[name], allocs["n"] * np.dtype(dt).itemsize), 1)
-    return {**snap, "allocs": allocs}
+        col = np.ascontiguousarray(cols[name][order], dtype=dt)
+        if name == "ptr" and len(col):
+            col[1:] = np.diff(col)
+        allocs[name] = zlib.compress(col.tobytes(), 1)
+    return {**snap, "v": 2, "allocs": allocs}
 
 
 def trace_from(path, snap: dict):
@@ -60,6 +65,7 @@ def test_the_daemons_keyframe_columns_are_zstandard_and_restore_exactly():
     state = held_state()
     snap = state.snapshot()
     assert snap["allocs"]["z"] == "zstd" and all(snap["allocs"][k][:4] == b"\x28\xb5\x2f\xfd" for k in ALLOC_COLUMNS)
+    assert snap["v"] == 3 and snap["allocs"]["form"] == "gaps"
     back = LiveState.from_snapshot(fmt.unpackb(fmt.packb(snap)))
     assert back.snapshot() == snap
 
@@ -78,12 +84,14 @@ def test_an_older_files_zlib_keyframe_reads_as_the_same_state(tmp_path, capsys):
     assert alloc_rows(as_zlib_columns(snap)) == alloc_rows(snap)
 
 
-@pytest.mark.parametrize("damage", ["codec", "count", "column"])
+@pytest.mark.parametrize("damage", ["codec", "form", "count", "column"])
 def test_a_damaged_keyframe_is_refused_not_inflated(damage):
     snap = held_state(200).snapshot()
     allocs = dict(snap["allocs"])
     if damage == "codec":
         allocs["z"] = "lz4"
+    elif damage == "form":
+        allocs["form"] = "deltas"  # a form this version does not know: refused, not misread
     elif damage == "count":
         allocs["n"] = 1 << 40  # a count its columns cannot hold: no 33 TB allocation
     else:

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from memrec.analysis.sections import OMITTED
 from memrec.analysis.sections import Section
+from memrec.analysis.sites_diff import SitesDiff
 
 
 @dataclass
@@ -55,6 +57,8 @@ class Diff(Section):
     failures: list[dict]
     untraced: list[dict]
     tensors: list[dict]
+    #: Allocation sites whose held bytes changed (runs with stacks; absent from the JSON without).
+    sites: SitesDiff = OMITTED
 
     def side(self, which: str) -> DiffSide:
         """``"a"`` or ``"b"``."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from memrec.analysis.diff.model import Diff
 from memrec.analysis.diff.model import DiffWindows
+from memrec.analysis.sites_diff import render_sites_diff
 from memrec.analysis.text import fit_lines
 from memrec.analysis.text import human
 from memrec.analysis.text import signed_human
@@ -39,6 +40,9 @@ def render_diff(d: Diff, width: int | None = None) -> str:
     out.extend(_window_tables(d.windows))
     out.extend(_phase_table(d.phases, width))
     out.extend(_tensor_table(d.tensors, width))
+    if d.sites:
+        out.append("")
+        out.extend(render_sites_diff(d.sites, width))
     out.extend(render_untraced(d.untraced, human, signed_human))
     out.append("")
     out.extend(_failure_table(d.failures, width))

@@ -28,6 +28,12 @@ in half. The cases, in order:
 :attr:`Answer.failures` lists every failure the answer counts, in time order: each failed driver
 call, each rank's failed KV sizing, and each other marker with an ``error``.
 
+With stacks (format 2.3), a ``SITE`` line follows the three: the failed call's own site (the
+innermost user frame of its stack, :mod:`memrec.analysis.sites`), and the site that held the
+most in the phase the second line names first (``custom_ar_init held most from
+custom_all_reduce.py:123 CustomAllreduce.__init__: 36.00 GiB on 2 ranks``). Without stacks there
+is no such line.
+
 A trace without a trailer (the recorder crashed or was killed, a file still being written, a
 partial copy) says so in the first line: ``PARTIAL cut short (no trailer): ...`` instead of
 ``OK``, and "(trace cut short)" after a failure, since what was not read may hold the failure or the peak.
@@ -42,6 +48,8 @@ from dataclasses import dataclass
 from dataclasses import field
 from typing import TYPE_CHECKING
 
+from memrec._untrusted import clean_text
+from memrec.analysis.sites import Site
 from memrec.analysis.text import human
 from memrec.analysis.untraced.split import EXPLAINED_SHARE_MIN
 
@@ -364,7 +372,7 @@ def _sglang_failed(report: Report, sg: SglangSection) -> tuple[tuple[Line, ...],
         diag = next((rb.diagnosis for r in ranks for rb in r.budgets if r.label == worst and rb.diagnosis), None)
         if diag and diag.get("rest_without_extras_gib") is not None:
             fix.append(f" (without it rest = {_gib(diag['rest_without_extras_gib'])})")
-    lines = _lines(first, cause, fix)
+    lines = _lines(first, cause, fix, _site_line(report, order[0][0] if order else None))
     if window is None:
         return lines, None
     ends = [rb.budget.ts for r in ranks if r.gpu == gpu for rb in r.budgets
@@ -405,7 +413,7 @@ def _call_failed(report: Report, failures: list[FailedCall]) -> tuple[tuple[Line
         cause = ["CAUSE", f"not a lack of memory: {hint}"]
         phase = f" in {f.phase}" if f.phase and not f.phase.startswith("(") else ""
         fix = ["FIX", f"nothing to free: see what {_who([f.pid], procs)} did at +{f.t_s:.3f}s{phase}"]
-        return _lines(first, cause, fix), f
+        return _lines(first, cause, fix, _site_line(report, None, f)), f
     phases = f.held.by_phase if f.held is not None else []
     owned_then = f.held.owned_on_gpu if f.held is not None else 0
     cause = ["CAUSE", f"{where} held {human(owned_then)} then"]
@@ -415,7 +423,7 @@ def _call_failed(report: Report, failures: list[FailedCall]) -> tuple[tuple[Line
     fix = _call_fix(f, where, sec.total if sec else None, owned_then)
     if phases and fix[0] == "FIX":
         fix.append(f"; the largest holder is {phases[0].phase}")
-    return _lines(first, cause, fix), f
+    return _lines(first, cause, fix, _site_line(report, phases[0].phase if phases else None, f)), f
 
 
 def _call_fix(f: FailedCall, where: str, total: int | None, owned_then: int) -> list[str]:
@@ -438,7 +446,26 @@ def _call_fix(f: FailedCall, where: str, total: int | None, owned_then: int) -> 
 
 
 def _lines(*lines: list[str]) -> tuple[Line, ...]:
-    return tuple(Line(x[0], tuple(x[1:])) for x in lines)
+    """The lines that have parts (a ``SITE`` line without stacks has none)."""
+    return tuple(Line(x[0], tuple(x[1:])) for x in lines if len(x) > 1)
+
+
+def _site_line(report: Report, phase: str | None, failure: FailedCall | None = None) -> list[str]:
+    """The ``SITE`` line of a trace with stacks (:mod:`memrec.analysis.sites`): the failed call's
+    own site, and the site that held the most in ``phase`` (the phase the line before names);
+    without stacks no parts, and :func:`_lines` leaves the line out."""
+    section = report.sites
+    if not section:
+        return ["SITE"]
+    out = ["SITE"]
+    site: Site | None = section.failure_site(failure.index) if failure is not None else None
+    if site is not None:
+        out.append(f"the failed call came from {clean_text(site.label, 100)}")
+    row = section.top_in(phase) if phase else None
+    if row is not None and row.held:
+        out.append(f"{'; ' if site else ''}{phase} held most from {clean_text(row.site.label, 100)}: "
+                   f"{human(row.held)} on {row.who}")
+    return out
 
 
 def _phase_start(report: Report, pids: list[int], path: str, ts: int) -> int | None:
@@ -511,4 +538,4 @@ def _no_failure(report: Report, secs: list[GpuSection], summary: SglangSummary |
     starts = [s for ph in by_phase[:3] if (s := _phase_start(report, ph.pids, ph.phase, pk.ts)) is not None]
     window = _window(report, min(starts, default=pk.ts), pk.ts, sec.gpu,
                      "from the start of the phases held at the peak to the peak" if starts else "the peak")
-    return _lines(first, held, third), window
+    return _lines(first, held, third, _site_line(report, by_phase[0].phase if by_phase else None)), window

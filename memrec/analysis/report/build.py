@@ -50,6 +50,7 @@ from memrec.engine.replay import trace_phases
 from memrec.analysis.sglang.section import build_sglang_section
 from memrec.analysis.sglang.section import has_sglang_markers
 from memrec.analysis.report.tensors import tensor_section
+from memrec.analysis.sites import sites_section
 from memrec.analysis.text import seconds
 from memrec.ranks import pid_labels
 from memrec.engine.replay import Timeline
@@ -100,6 +101,9 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
     _add_gpu_sections(report, run, ctx, failures_by_gpu)
     report.sglang = run.sglang
     report.tensors = tensor_section(run.events, run.phases, run.start, trace.header, trace.trailer, pid=pid, gpu=gpu)
+    sites = sites_section(trace, run.phases, pid=pid, gpu=gpu, end_ts=run.end)
+    if sites is not None:  # a trace with stacks (format 2.3); without, the report is as it was
+        report.sites = sites
     _peak_by_phase(report, trace, run.tl, run.phases)
     report.answer = build_answer(report)
     return report

@@ -21,6 +21,7 @@ from memrec.analysis.sections import OMITTED
 from memrec.analysis.sections import Section
 from memrec.analysis.sections import flatten
 from memrec.analysis.sglang.model import SglangSection
+from memrec.analysis.sites import SitesSection
 
 
 # ------------------------------------------------------------------------------------ the trace
@@ -280,6 +281,8 @@ class Report(Section):
     failures_unknown_gpu: list[FailedCall]
     sglang: SglangSection | None = None
     tensors: dict | None = None
+    #: Allocation sites by phase (a trace with stacks, format 2.3; absent from the JSON without).
+    sites: SitesSection = OMITTED
     answer: Answer | None = None
 
     def sections(self) -> list[GpuSection]:

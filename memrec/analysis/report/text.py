@@ -23,6 +23,7 @@ from memrec.analysis.report.model import TraceSummary
 from memrec.engine.phases import NO_PHASE
 from memrec.analysis.sglang.section import render_sglang
 from memrec.analysis.report.tensors_text import render_tensors
+from memrec.analysis.sites_text import render_sites
 from memrec.analysis.text import count
 from memrec.analysis.text import fit_lines
 from memrec.analysis.text import human
@@ -110,6 +111,10 @@ def render_text(report: Report, width: int = 80, show_all: bool = False) -> str:
     if report.tensors:
         out.append("")
         out.extend(render_tensors(report.tensors, width))
+
+    if report.sites:
+        out.append("")
+        out.extend(render_sites(report.sites, width))
 
     if report.failures_unknown_gpu:
         out.append("")
