@@ -24,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from memrec.analysis.report import build_report  # noqa: E402
+from memrec.analysis.report.build import build_report  # noqa: E402
 from memrec.analysis.sites import sites_section  # noqa: E402
 from memrec.columns import empty_events  # noqa: E402
 from memrec.engine.replay import trace_phases  # noqa: E402

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_tui import timed  # noqa: E402
 from bench_tui import write_trace  # noqa: E402
-from memrec.analysis.reconcile import reconcile  # noqa: E402
+from memrec.analysis.untraced.reconcile import reconcile  # noqa: E402
 from memrec.trace.reader import load_trace  # noqa: E402
 from memrec.tui.sources import FileSource  # noqa: E402
 

@@ -443,7 +443,7 @@ sys.path.insert(0, sys.argv[2])
 logging.disable(logging.CRITICAL)
 warnings.simplefilter("ignore")
 path = sys.argv[1]
-import memrec, memrec.tui.sources, memrec.analysis.report
+import memrec, memrec.tui.sources, memrec.analysis.report.build
 from memrec._errors import TraceFormatError
 from tests.fuzz.harness import run_commands, load_in_tui
 if sys.argv[3] == "work":
@@ -517,8 +517,8 @@ def cmd_readers(args, lib: Path | None) -> None:
 def _core_check(path: str) -> None:
     """The cheaper check of every file: load, the report in text and JSON, and dump's walk."""
     from memrec._errors import TraceFormatError
-    from memrec.analysis.report import build_report
-    from memrec.analysis.report_text import render_text
+    from memrec.analysis.report.build import build_report
+    from memrec.analysis.report.text import render_text
     from memrec.export.jsonl import dump_trace
     from memrec.trace.reader import TraceReader
 

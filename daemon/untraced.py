@@ -25,7 +25,7 @@ step. So the daemon reads NVML for the GPUs concerned:
 - once more ``settle`` after any of those (a lazily loaded kernel reaches the device at its first
   launch, just after the fetch that the probes saw).
 
-The readings are ordinary ``procmem`` rows in the trace; :mod:`memrec.analysis.untraced` does the
+The readings are ordinary ``procmem`` rows in the trace; :mod:`memrec.analysis.untraced.split` does the
 attribution. :func:`name_images` also names the library file an in-memory image came from
 (``cuLibraryLoadData`` is handed a pointer into ``libnccl.so.2``'s or ``libcublasLt.so``'s mapped
 fatbin), so module code can be told per library.

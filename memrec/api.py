@@ -27,8 +27,8 @@ from memrec.analysis.names import process_title
 from memrec.analysis.names import result_name
 from memrec.engine.phases import Phases
 from memrec.engine.phases import attribute
-from memrec.analysis.reconcile import Reconciliation
-from memrec.analysis.reconcile import reconcile
+from memrec.analysis.untraced.reconcile import Reconciliation
+from memrec.analysis.untraced.reconcile import reconcile
 from memrec.engine.replay import initial_state
 from memrec.engine.replay import trace_bounds
 from memrec.engine.replay import trace_phases
@@ -398,7 +398,7 @@ class Recording:
         return _table(cols, types, len(usage))
 
     def reconciliation(self) -> Reconciliation:
-        """NVML vs traced, as series (:class:`memrec.analysis.reconcile.Reconciliation`)."""
+        """NVML vs traced, as series (:class:`memrec.analysis.untraced.reconcile.Reconciliation`)."""
         return reconcile(self.trace, self.timeline)
 
     def reconcile(self) -> Any:

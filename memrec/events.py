@@ -232,7 +232,7 @@ API_KIND: dict[Api, Kind] = {
 
 #: The APIs that are USDT probes of PyTorch's caching allocator, not driver symbols.
 TENSOR_APIS = (Api.torch_malloc, Api.torch_free)
-#: The kinds of tensor-block events: the driver-level state skips them, memrec.analysis.tensors reads them.
+#: The kinds of tensor-block events: the driver-level state skips them, memrec.analysis.report.tensors reads them.
 TENSOR_KINDS = (Kind.TENSOR_ALLOC, Kind.TENSOR_FREE)
 
 #: Driver symbols that only move the per-thread current context (no event is emitted).
@@ -399,7 +399,7 @@ CATEGORY_INDEX = {name: i for i, name in enumerate(CATEGORIES)}
 OWNED_CATEGORIES = (DRIVER, VMM, ARRAY, HOST_PINNED)
 #: The same, by name (the analysis keys its tables by category name).
 OWNED = tuple(CATEGORIES[i] for i in OWNED_CATEGORIES)
-#: What the untraced band (NVML used - traced) splits into (memrec.analysis.untraced), in the order
+#: What the untraced band (NVML used - traced) splits into (memrec.analysis.untraced.split), in the order
 #: every view shows it, with each column's heading.
 UNTRACED_SPLIT = ("context", "module_code", "pools", "limits", "graph", "multicast", "before_recording", "unexplained")
 UNTRACED_HEADINGS = {"context": "CONTEXT", "module_code": "MODULES", "pools": "POOLS", "limits": "LIMITS",

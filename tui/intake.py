@@ -134,7 +134,7 @@ class TraceIntake:
         self._pairs_seen = np.zeros(0, np.int64)  # the same, as gpu << 32 + pid, sorted
         self._gpu_res = Grow(np.int16)  # per replayed event: its GPU as the replay resolved it
         self._gpu_res_base = 0  # seq of _gpu_res[0]
-        #: The untraced band split (memrec.analysis.reconcile.Reconciliation): a file source sets
+        #: The untraced band split (memrec.analysis.untraced.reconcile.Reconciliation): a file source sets
         #: it once the replay is done (the same engine as ``memrec report``); None until then.
         self.reconciliation: Any = None
         self.untraced_note = "computed once the trace is replayed"

@@ -13,8 +13,8 @@ from dataclasses import field
 
 from textual.message import Message
 
-from memrec.analysis.answer import Answer
-from memrec.analysis.diff import Verdict
+from memrec.analysis.report.answer import Answer
+from memrec.analysis.diff.build import Verdict
 from memrec.tui.store import EventRows
 from memrec.tui.views import CursorState
 
@@ -95,7 +95,7 @@ class CursorStateReady(Message):
 
 @dataclass
 class Answered(Message):
-    """The trace's answer is known (:mod:`memrec.analysis.answer`, after the replay): the screen
+    """The trace's answer is known (:mod:`memrec.analysis.report.answer`, after the replay): the screen
     opens on it. ``verdict``: diff mode, what ``memrec diff`` says of the two runs, and ``other``
     the compared run's answer."""
 

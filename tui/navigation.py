@@ -2,7 +2,7 @@
 allocations, and the place a trace opens at (the answer's failure and window, else the highest peak).
 
 :class:`Landmarks` indexes the failed calls and big allocations as the model reads events (a few
-numpy appends per chunk). Once the source has the trace's answer (:mod:`memrec.analysis.answer`,
+numpy appends per chunk). Once the source has the trace's answer (:mod:`memrec.analysis.report.answer`,
 the model ``memrec report`` prints first), the failures are the answer's: every failure the report
 counts (failed driver calls, SGLang's KV sizing on each rank, error markers) and no other. Before
 (the answer comes after the replay) and live, they are the failed driver calls read so far. The
@@ -21,11 +21,11 @@ from typing import Protocol
 
 import numpy as np
 
-from memrec.analysis.answer import Answer
-from memrec.analysis.answer import Failure
-from memrec.analysis.answer import Window
-from memrec.analysis.diff import Verdict
-from memrec.analysis.diff import align_markers
+from memrec.analysis.report.answer import Answer
+from memrec.analysis.report.answer import Failure
+from memrec.analysis.report.answer import Window
+from memrec.analysis.diff.build import Verdict
+from memrec.analysis.diff.build import align_markers
 from memrec.engine.phases import NO_PHASE
 from memrec.events import Kind
 from memrec.events import OWNED_CATEGORIES
@@ -314,7 +314,7 @@ class Alignment:
 
 
 def align(base: TraceModel, other: TraceModel, base_start: int, other_start: int) -> Alignment:
-    """Align two traces as ``plot --diff`` does (:func:`memrec.analysis.diff.align_markers`: on
+    """Align two traces as ``plot --diff`` does (:func:`memrec.analysis.diff.build.align_markers`: on
     SGLang's KV sizing, else on their first common marker): two runs of one server start their
     phases at different offsets from the first event, so aligning on the start would compare
     different moments. Without a common marker: on the starts."""

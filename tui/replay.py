@@ -36,7 +36,7 @@ from memrec.tui.views import SeriesView
 
 @dataclass
 class TraceView:
-    """What :func:`memrec.analysis.reconcile.reconcile` reads of a trace, from the model."""
+    """What :func:`memrec.analysis.untraced.reconcile.reconcile` reads of a trace, from the model."""
 
     header: dict
     trailer: dict | None
@@ -132,7 +132,7 @@ class ReplayedTrace(TraceIntake):
                 self._journal, self._initial = [], self._live.counters()
 
     def replayed(self) -> tuple[TraceView, Timeline] | None:
-        """The trace as :func:`memrec.analysis.reconcile.reconcile` reads it, and the replay this
+        """The trace as :func:`memrec.analysis.untraced.reconcile.reconcile` reads it, and the replay this
         model did as the engine's :class:`~memrec.engine.replay.Timeline` (built from the journal
         kept since the first event: :meth:`keep_journal`), so that the untraced split needs neither a
         second read nor a second replay. None when there is no such journal (not asked for, or

@@ -25,7 +25,7 @@ import time
 from typing import Callable
 from typing import Protocol
 
-from memrec.analysis.answer import Answer
+from memrec.analysis.report.answer import Answer
 from memrec.tui import messages
 from memrec.tui.model import TraceModel
 
@@ -241,7 +241,7 @@ class FileSource(_Threaded):
         """The trace's answer, as ``memrec report`` prints it first: the report of the file, read
         and replayed again in this thread after the TUI's own replay (the first frame and the
         replay never wait for it). None (the view keeps its own landmarks) when it cannot be had."""
-        from memrec.analysis.report import trace_answer
+        from memrec.analysis.report.build import trace_answer
         from memrec.trace.reader import load_trace
 
         try:
@@ -260,7 +260,7 @@ class FileSource(_Threaded):
             if model.store.n > RECONCILE_MAX_EVENTS:
                 model.untraced_note = f"over {RECONCILE_MAX_EVENTS:,} events: see memrec report"
             return False
-        from memrec.analysis.reconcile import reconcile
+        from memrec.analysis.untraced.reconcile import reconcile
 
         try:
             rec = reconcile(replayed[0], timeline=replayed[1])
@@ -322,9 +322,9 @@ class DiffSource(_Threaded):
     def answer(self) -> messages.Answered | None:
         """Both runs' answers and ``memrec diff``'s verdict on them (read and replayed again here,
         after the TUI's replays)."""
-        from memrec.analysis.diff import diff_traces
-        from memrec.analysis.diff import verdict_of
-        from memrec.analysis.report import trace_answer
+        from memrec.analysis.diff.build import diff_traces
+        from memrec.analysis.diff.build import verdict_of
+        from memrec.analysis.report.build import trace_answer
         from memrec.trace.reader import load_trace
 
         try:

@@ -148,7 +148,7 @@ class CursorState:
     #: Contexts bound on this GPU up to the cursor: (label, api, ts, cost or None, foreign).
     contexts: list[tuple[str, str, int, int | None, bool]] = field(default_factory=list)
     #: Per process, its untraced band split at its last NVML sample up to the cursor:
-    #: (label, {each column of memrec.analysis.untraced.SPLIT}).
+    #: (label, {each column of memrec.analysis.untraced.split.SPLIT}).
     untraced_split: list[tuple[str, dict[str, int]]] = field(default_factory=list)
     #: Why the two lists above are empty, when they are ("" when they are known).
     untraced_note: str = ""

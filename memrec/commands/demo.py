@@ -23,8 +23,8 @@ class DemoCommand:
         parser.add_argument("-o", "--output", type=Path, default=Path("demo.mrec"), help="trace to write")
 
     def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-        from memrec.analysis.report import build_report
-        from memrec.analysis.report_text import render_text
+        from memrec.analysis.report.build import build_report
+        from memrec.analysis.report.text import render_text
         from memrec.commands.common import check_output
         from memrec.commands.record import record_tree
         from memrec.commands.record import require_root

@@ -33,14 +33,14 @@ class DiffCommand:
         parser.add_argument("-j", "--json", action="store_true", help="print the diff as one JSON document")
 
     def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-        from memrec.analysis.diff import diff_traces
-        from memrec.analysis.diff_text import render_diff
+        from memrec.analysis.diff.build import diff_traces
+        from memrec.analysis.diff.text import render_diff
         from memrec.commands.common import load_trace_for_command
 
         a, b = load_trace_for_command(args.a), load_trace_for_command(args.b)
         result = diff_traces(a, b, a_name=args.a.name, b_name=args.b.name)
         if args.json:
-            print(json.dumps(result, indent=2))
+            print(json.dumps(result.to_json(), indent=2))
         else:
             width = shutil.get_terminal_size((80, 24)).columns  # $COLUMNS, the terminal, else 80
             text = render_diff(result, width=max(width, 40))

@@ -104,7 +104,7 @@ class ExportCommand:
             write_perfetto(rec, out)
             return [out]
         if to == "memory-viz":
-            from memrec.analysis.report import trace_answer
+            from memrec.analysis.report.build import trace_answer
             from memrec.export.memory_viz import MAX_ENTRIES
             from memrec.export.memory_viz import moment
             from memrec.export.memory_viz import write_memory_viz

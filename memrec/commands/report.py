@@ -38,22 +38,22 @@ class ReportCommand:
                             "frees at process exit in the by-phase tables, ranks and GPUs that repeat the first one")
 
     def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-        from memrec.analysis.report import build_report
-        from memrec.analysis.report_text import render_text
+        from memrec.analysis.report.build import build_report
+        from memrec.analysis.report.text import render_text
         from memrec.commands.common import load_trace_for_command
 
         trace = load_trace_for_command(args.trace, warn=False)  # in the report itself
         report = build_report(trace, gpu=args.gpu, pid=args.pid)
-        if args.gpu is not None and not report["gpus"] and report["host"] is None:
+        if args.gpu is not None and not report.gpus and report.host is None:
             known = trace.gpu_ids()
             raise MemrecCommandError(
                 f"GPU {args.gpu} is not in this trace (GPUs: {', '.join(map(str, known)) or 'none'})",
                 exit_code=ExitCode.USAGE,
             )
-        if args.pid is not None and not report["processes"]:
+        if args.pid is not None and not report.processes:
             raise MemrecCommandError(f"process {args.pid} is not in this trace", exit_code=ExitCode.USAGE)
         if args.json:
-            print(json.dumps(report, indent=2))
+            print(json.dumps(report.to_json(), indent=2))
         else:
             width = shutil.get_terminal_size((80, 24)).columns  # $COLUMNS, the terminal, else 80
             text = render_text(report, width=max(width, 40), show_all=args.all)

@@ -14,7 +14,7 @@ the new, never half). Every table gets a file for every part, empty ones include
 folder exists and every file has the table's exact schema, which Spark's reader needs.
 
 The rows come from the replay every command shares: :class:`memrec.api.Recording` (events,
-markers, NVML samples, phases) and :func:`memrec.analysis.report.build_report` (peaks per process
+markers, NVML samples, phases) and :func:`memrec.analysis.report.build.build_report` (peaks per process
 and GPU, failed calls with who held what then). Every time is a CLOCK_MONOTONIC ``ts`` (ns) and a
 wall-clock ``time`` (UTC, µs) from the header's anchor.
 """
@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from datetime import timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Any
 
 import numpy as np
@@ -40,6 +41,9 @@ from memrec._files import create_new_in
 from memrec._files import make_folders
 from memrec.export import require
 from memrec.trace.clock import wall_offset_ns
+
+if TYPE_CHECKING:  # the report is built on demand (its import is heavy)
+    from memrec.analysis.report.model import FailedCall
 
 #: The layout's version (``_memrec_dataset.json``, and the ``schema_version`` of every trace row).
 #: Adding a column keeps it; renaming, retyping or removing one, or a new partitioning, bumps it.
@@ -181,7 +185,7 @@ class _Builder:
     report's dict (each replays the part once, with the same engine)."""
 
     def __init__(self, trace: Any, file_name: str) -> None:
-        from memrec.analysis.report import build_report
+        from memrec.analysis.report.build import build_report
         from memrec.api import Recording
 
         self.trace = trace
@@ -254,20 +258,20 @@ class _Builder:
         return {name: getattr(self, name)() for name in TABLES}
 
     def traces(self) -> dict[str, Any]:
-        t = self.report["trace"]
+        t = self.report.trace
         h = self.header
         sync = h.get("clock_sync") if isinstance(h.get("clock_sync"), dict) else {}
-        peaks = [s["peak"]["bytes"] for s in self.report["gpus"] if s.get("peak")]
+        peaks = [s.peak.bytes for s in self.report.gpus]
         versions = sorted({v for v in self.versions.values() if v})
         return {
             "schema_version": [SCHEMA_VERSION], "hostname": [str(h.get("host") or "")],
             "boot_id": [str(h.get("boot_id") or "")], "file": [self.file_name],
             "format_version": [f"{h.get('version')}.{h.get('minor', 0)}"], "created_by": [str(h.get("created_by") or "")],
-            "sglang_version": [",".join(versions)], "start_ts": [t["start_ts"]], "end_ts": [t["end_ts"]],
-            "start_time": self.time([t["start_ts"]]), "end_time": self.time([t["end_ts"]]),
-            "duration_s": [t["duration_s"]], "events": [t["events"]], "failed_calls": [t["failed_calls_all"]],
-            "markers": [t["markers"]], "nvml_samples": [t["nvml_samples"]], "processes": [t["processes"]],
-            "lost": [t["lost"]], "complete": [t["complete"]],
+            "sglang_version": [",".join(versions)], "start_ts": [t.start_ts], "end_ts": [t.end_ts],
+            "start_time": self.time([t.start_ts]), "end_time": self.time([t.end_ts]),
+            "duration_s": [t.duration_s], "events": [t.events], "failed_calls": [t.failed_calls_all],
+            "markers": [t.markers], "nvml_samples": [t.nvml_samples], "processes": [t.processes],
+            "lost": [t.lost], "complete": [t.complete],
             "gpu_uuids": [",".join(u for _, u in sorted(self.uuids.items()) if u)],
             "peak_bytes": [max(peaks, default=0)],
             "clock_synchronized": [sync.get("synchronized") if sync else None],
@@ -275,35 +279,35 @@ class _Builder:
         }
 
     def gpus(self) -> dict[str, Any]:
-        secs = self.report["gpus"]
-        peak_ts = [s["peak"]["ts"] for s in secs]
+        secs = self.report.gpus
+        peak_ts = [s.peak.ts for s in secs]
         return {
-            "gpu": [s["gpu"] for s in secs], "gpu_uuid": [s.get("uuid") or self.uuids.get(s["gpu"], "") for s in secs],
-            "name": [s.get("name") or "" for s in secs], "total": [s.get("total") for s in secs],
-            "peak_bytes": [s["peak"]["bytes"] for s in secs], "peak_ts": peak_ts, "peak_time": self.time(peak_ts),
-            "final_bytes": [s["final"]["bytes"] for s in secs],
+            "gpu": [s.gpu for s in secs], "gpu_uuid": [s.uuid or self.uuids.get(s.gpu, "") for s in secs],
+            "name": [s.name or "" for s in secs], "total": [s.total for s in secs],
+            "peak_bytes": [s.peak.bytes for s in secs], "peak_ts": peak_ts, "peak_time": self.time(peak_ts),
+            "final_bytes": [s.final.bytes for s in secs],
         }
 
     def processes(self) -> dict[str, Any]:
-        procs = self.report["processes"]
+        procs = self.report.processes
         best: dict[int, tuple[int, int, int, int]] = {}  # pid -> (peak, gpu, ts, final)
-        for s in self.report["gpus"]:
-            for row in s.get("processes", ()):
-                if row["peak"] > best.get(row["pid"], (-1,))[0]:
-                    best[row["pid"]] = (row["peak"], s["gpu"], row["peak_ts"], row["final"])
-        pids = [p["pid"] for p in procs]
+        for s in self.report.gpus:
+            for row in s.processes:
+                if row.peak > best.get(row.pid, (-1,))[0]:
+                    best[row.pid] = (row.peak, s.gpu, row.peak_ts, row.final)
+        pids = [p.pid for p in procs]
         info = self.trace.processes
         first = [info[p].first_ts if p in info else -1 for p in pids]
         peak = [best.get(p, (0, -1, -1, 0)) for p in pids]
-        exit_ts = [p.get("exit_ts") for p in procs]
+        exit_ts = [p.exit_ts for p in procs]
         return {
-            "pid": pids, "ppid": [p["ppid"] if p["ppid"] is not None else -1 for p in procs], "job": self.job(pids),
-            "rank": [p["rank"] for p in procs], "name": [p["short"] for p in procs],
-            "cmdline": [" ".join(p["cmdline"]) for p in procs],
-            "cuda_visible_devices": [p["cuda_visible_devices"] or "" for p in procs],
+            "pid": pids, "ppid": [p.ppid if p.ppid is not None else -1 for p in procs], "job": self.job(pids),
+            "rank": [p.rank for p in procs], "name": [p.short for p in procs],
+            "cmdline": [" ".join(p.cmdline) for p in procs],
+            "cuda_visible_devices": [p.cuda_visible_devices or "" for p in procs],
             "sglang_version": [self.versions.get(p, "") for p in pids],
             "first_ts": first, "first_time": self._times_or_null(first),
-            "exit_time": self._times_or_null(exit_ts), "gpus": [",".join(map(str, p["gpus"])) for p in procs],
+            "exit_time": self._times_or_null(exit_ts), "gpus": [",".join(map(str, p.gpus)) for p in procs],
             "peak_bytes": [b for b, _, _, _ in peak], "peak_gpu": [g for _, g, _, _ in peak],
             "peak_gpu_uuid": [self.uuids.get(g, "") for _, g, _, _ in peak],
             "peak_time": self._times_or_null([t for _, _, t, _ in peak]), "final_bytes": [f for _, _, _, f in peak],
@@ -362,32 +366,30 @@ class _Builder:
         out["time"], out["gpu_uuid"] = self.time(pm["ts"]), self.uuid(pm["gpu"])
         return out
 
-    def _failures(self) -> list[dict]:
-        found = [f for s in self.report["gpus"] for f in s.get("failures", ())]
-        if self.report.get("host"):
-            found += self.report["host"].get("failures", [])
-        found += self.report.get("failures_unknown_gpu", [])
-        return sorted(found, key=lambda f: f["index"])
+    def _failures(self) -> list[FailedCall]:
+        return sorted(self.report.failures(), key=lambda f: f.index)
 
     def failures(self) -> dict[str, Any]:
         fs = self._failures()
-        pids = [f["pid"] for f in fs]
-        ts = [f["ts"] for f in fs]
-        gpus = [f["gpu"] for f in fs]
+        pids = [f.pid for f in fs]
+        ts = [f.ts for f in fs]
+        gpus = [f.gpu for f in fs]
         return {
-            "failure": [f["index"] for f in fs], "ts": ts, "time": self.time(ts), "pid": pids, "job": self.job(pids),
-            "rank": self.rank(pids), "kind": [f["kind"] for f in fs], "api": [f["api"] for f in fs],
-            "size": [f["size"] for f in fs], "result": [f["result"] for f in fs],
-            "result_name": [f["result_name"] for f in fs], "gpu": gpus, "gpu_uuid": self.uuid(gpus),
-            "gpu_inferred": [f["gpu_inferred"] for f in fs], "phase": [f.get("phase") or "" for f in fs],
-            "nvml_free": [f.get("nvml_free") for f in fs], "owned_on_gpu": [f.get("owned_on_gpu") for f in fs],
-            "mapped_on_gpu": [f.get("mapped_on_gpu") for f in fs],
+            "failure": [f.index for f in fs], "ts": ts, "time": self.time(ts), "pid": pids, "job": self.job(pids),
+            "rank": self.rank(pids), "kind": [f.kind for f in fs], "api": [f.api for f in fs],
+            "size": [f.size for f in fs], "result": [f.result for f in fs],
+            "result_name": [f.result_name for f in fs], "gpu": gpus, "gpu_uuid": self.uuid(gpus),
+            "gpu_inferred": [f.gpu_inferred for f in fs], "phase": [f.phase or "" for f in fs],
+            "nvml_free": [f.nvml_free for f in fs],
+            "owned_on_gpu": [f.held.owned_on_gpu if f.held is not None else None for f in fs],
+            "mapped_on_gpu": [f.held.mapped_on_gpu if f.held is not None else None for f in fs],
         }
 
     def failure_holders(self) -> dict[str, Any]:
-        names = {p["pid"]: p["short"] for p in self.report["processes"]}
-        rows = [(f["index"], h["pid"], cat, b)
-                for f in self._failures() for h in f.get("holders", ()) for cat, b in h["by_category"].items()]
+        names = {p.pid: p.short for p in self.report.processes}
+        rows = [(f.index, h["pid"], cat, b)
+                for f in self._failures() if f.held is not None
+                for h in f.held.holders for cat, b in h["by_category"].items()]
         pids = [r[1] for r in rows]
         return {
             "failure": [r[0] for r in rows], "holder_pid": pids, "holder_job": self.job(pids),

@@ -18,7 +18,7 @@ exactly the allocator's segment level, so each process gets one snapshot:
   peers' memory mapped by IPC (``ipc_mapped from pid N`` in the frame: not this process's own,
   but in its address space, as ``nvidia-smi`` counts it); and the device traces stop there.
 
-The default moment is the answer's (:mod:`memrec.analysis.answer`): its failure when it is a lack
+The default moment is the answer's (:mod:`memrec.analysis.report.answer`): its failure when it is a lack
 of memory, else the peak.
 
 A process recorded with ``memrec daemon --tensors`` has PyTorch's own blocks: its segments get
@@ -47,9 +47,9 @@ from pathlib import Path
 import numpy as np
 
 from memrec._files import create_file
-from memrec.analysis.answer import Answer
-from memrec.analysis.answer import DRIVER_OOM
-from memrec.analysis.answer import KV_SIZING
+from memrec.analysis.report.answer import Answer
+from memrec.analysis.report.answer import DRIVER_OOM
+from memrec.analysis.report.answer import KV_SIZING
 from memrec.api import Recording
 from memrec.engine.replay import state_at
 from memrec.engine.replay import trace_bounds

@@ -4,7 +4,7 @@ What opens in ui.perfetto.dev:
 
 - per GPU a group of counter tracks: one per category (``GPU 0 driver``, ``GPU 0 vmm``,
   ``GPU 0 ipc_mapped``; the host's ``host_pinned``), and NVML's ``used`` and ``reserved``;
-- a track ``answer`` first: one slice over the answer's window (:mod:`memrec.analysis.answer`, what
+- a track ``answer`` first: one slice over the answer's window (:mod:`memrec.analysis.report.answer`, what
   ``memrec report`` prints first), named by its headline, with its cause, fix and why the window
   is that as arguments;
 - per process (named by rank and title) a counter of the bytes it owns on each GPU
@@ -31,14 +31,14 @@ from typing import Any
 import numpy as np
 
 from memrec._files import create_file
-from memrec.analysis.answer import Answer
-from memrec.analysis.answer import DRIVER_CALL
-from memrec.analysis.answer import DRIVER_OOM
-from memrec.analysis.answer import Failure
+from memrec.analysis.report.answer import Answer
+from memrec.analysis.report.answer import DRIVER_CALL
+from memrec.analysis.report.answer import DRIVER_OOM
+from memrec.analysis.report.answer import Failure
 from memrec.analysis.names import api_name
 from memrec.analysis.names import process_title
 from memrec.analysis.names import result_name
-from memrec.analysis.report import trace_answer
+from memrec.analysis.report.build import trace_answer
 from memrec.events import IPC_MAPPED
 from memrec.events import OWNED
 from memrec.api import Recording
@@ -142,7 +142,7 @@ def _annotate(a: Any, key: str, value: Any) -> None:
 
 def write_perfetto(rec: Recording, path: Path, answer: Answer | None = None) -> dict[str, int]:
     """Write ``rec`` as a Perfetto trace at ``path``; return how many tracks, values, slices... it
-    has. ``answer``: the trace's (:func:`memrec.analysis.report.trace_answer`, built when not given)."""
+    has. ``answer``: the trace's (:func:`memrec.analysis.report.build.trace_answer`, built when not given)."""
     if answer is None:
         answer = trace_answer(rec.trace)
     with create_file(path) as f:

@@ -1,6 +1,6 @@
 """A picture of a recording for a bug report: one panel per GPU (matplotlib, Agg: no display needed).
 
-Above the panels, the answer's three lines (:mod:`memrec.analysis.answer`, what ``memrec report``
+Above the panels, the answer's three lines (:mod:`memrec.analysis.report.answer`, what ``memrec report``
 prints first), or with a second recording ``memrec diff``'s verdict. Each panel stacks the owned
 bytes by category (driver allocations, VMM physical; pinned host memory on the host panel) as step
 areas, draws the bytes mapped from peers by IPC as a dotted line above them (mapped, not owned),
@@ -11,7 +11,7 @@ answer's window as a hatched band, and every failure the answer counts as a red 
 failed (a driver call's result, SGLang's KV sizing, a marker's error). Where NVML's ``used`` reads
 far below what was traced (its samples lag the driver calls, up to a sampling period), a note
 says so. Times are seconds since the recording started, or, with a second recording
-(:func:`plot_diff`), since the marker both are aligned on (:func:`memrec.analysis.diff.align_markers`,
+(:func:`plot_diff`), since the marker both are aligned on (:func:`memrec.analysis.diff.build.align_markers`,
 as ``tui --diff``), so the two line up.
 
 Where a step is shorter than a column of about 2 px, each column is drawn to the highest value in
@@ -34,15 +34,15 @@ from pathlib import Path
 import numpy as np
 
 from memrec._files import create_file
-from memrec.analysis.answer import Answer
-from memrec.analysis.answer import DRIVER_CALL
-from memrec.analysis.answer import DRIVER_OOM
-from memrec.analysis.answer import Window
-from memrec.analysis.diff import align_markers
-from memrec.analysis.diff import diff_traces
-from memrec.analysis.diff import verdict_of
+from memrec.analysis.report.answer import Answer
+from memrec.analysis.report.answer import DRIVER_CALL
+from memrec.analysis.report.answer import DRIVER_OOM
+from memrec.analysis.report.answer import Window
+from memrec.analysis.diff.build import align_markers
+from memrec.analysis.diff.build import diff_traces
+from memrec.analysis.diff.build import verdict_of
 from memrec.analysis.names import result_name
-from memrec.analysis.report import trace_answer
+from memrec.analysis.report.build import trace_answer
 from memrec.analysis.text import human
 from memrec.engine.phases import Phase
 from memrec.engine.series import GpuSeries
@@ -115,7 +115,7 @@ def _title(rec: Recording, gpu: int, name: str) -> str:
 
 def plot(rec: Recording, out: Path, name: str = "", answer: Answer | None = None) -> int:
     """Draw ``rec`` to ``out`` (PNG, SVG or PDF by its suffix); return the number of panels.
-    ``answer``: the recording's (:func:`memrec.analysis.report.trace_answer`, built when not given)."""
+    ``answer``: the recording's (:func:`memrec.analysis.report.build.trace_answer`, built when not given)."""
     answer = answer if answer is not None else trace_answer(rec.trace)
     panels = [Panel(rec, g, rec.start, _title(rec, g, name), answer) for g in _gpus(rec)]
     head = [line.fit(HEAD_WIDTH) for line in answer.lines]
@@ -124,7 +124,7 @@ def plot(rec: Recording, out: Path, name: str = "", answer: Answer | None = None
 
 def plot_diff(a: Recording, b: Recording, out: Path, names: tuple[str, str]) -> tuple[int, str | None]:
     """Draw two recordings, GPU by GPU one above the other, aligned as ``tui --diff`` aligns them
-    (:func:`memrec.analysis.diff.align_markers`), under ``memrec diff``'s verdict.
+    (:func:`memrec.analysis.diff.build.align_markers`), under ``memrec diff``'s verdict.
 
     Without a common marker both start at their recording's start. Returns the number of panels
     and the marker aligned on (None without one).

@@ -191,7 +191,7 @@ class LiveState(Queries, VmmIpc):
                 return
             if int(n_vec[hi]) - int(n_vec[lo]) >= max(self.vector_min_run, 1):
                 plain.apply_run(self, events, lo, hi, fill)
-            else:  # tensor blocks are not driver memory: memrec.analysis.tensors reads them
+            else:  # tensor blocks are not driver memory: memrec.analysis.report.tensors reads them
                 idx = np.arange(lo, hi)
                 self._apply_events(events, idx[~TENSOR_MASK[kinds[lo:hi]]], fill)
 

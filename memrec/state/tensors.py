@@ -4,7 +4,7 @@ Why apart from :class:`memrec.state.LiveState`: blocks are not driver memory (a 
 inside memory the driver already counts), they come and go a hundred times faster than
 segments, and what is asked of them is about PyTorch's allocator: how much of what it reserved
 holds tensors, and how it is cut up. The daemon keeps one for its metrics; the report's replay
-(:mod:`memrec.analysis.tensors`) extends it with phases and failed calls.
+(:mod:`memrec.analysis.report.tensors`) extends it with phases and failed calls.
 
 Definitions (docs/report.md, "Tensor blocks"):
     - A block's **segment** is the driver allocation (``cuMemAlloc``) or VMM mapping

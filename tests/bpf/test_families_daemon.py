@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memrec.analysis.reconcile import reconcile
+from memrec.analysis.untraced.reconcile import reconcile
 from memrec.commands import main
 from memrec.events import Kind
 from memrec.stubdriver.driver import PTX_MODULE

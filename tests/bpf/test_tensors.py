@@ -210,8 +210,8 @@ MAPPER = "import ctypes, sys; ctypes.CDLL(sys.argv[1]); print('mapped', flush=Tr
 
 def test_daemon_says_in_the_trace_that_a_build_without_the_probes_gives_segments_only(stub_lib, plain_torch_stub,
                                                                                        tmp_path):
-    from memrec.analysis.report import build_report
-    from memrec.analysis.report_text import render_text
+    from memrec.analysis.report.build import build_report
+    from memrec.analysis.report.text import render_text
     from memrec.trace.reader import load_trace
 
     from test_daemon import DaemonProcess
@@ -259,8 +259,8 @@ def test_the_program_without_tensors_is_the_driver_program_alone(stub_lib, torch
 
 
 def test_daemon_tensors_finds_running_pytorch_and_reports_blocks(stub_lib, torch_stub, tmp_path):
-    from memrec.analysis.report import build_report
-    from memrec.analysis.report_text import render_text
+    from memrec.analysis.report.build import build_report
+    from memrec.analysis.report.text import render_text
     from memrec.trace.reader import load_trace
 
     from test_daemon import DaemonProcess
@@ -285,7 +285,7 @@ def test_daemon_tensors_finds_running_pytorch_and_reports_blocks(stub_lib, torch
     # (other processes on the host may map other libc10_cuda.so files: other tests' stubs)
     assert str(torch_stub) in [lib["path"] for lib in trace.header["probes"]["torch"]]
     report = build_report(trace)
-    sec = report["tensors"]
+    sec = report.tensors
     assert sec["events"] == 4 and sec["unjoined_blocks"] == 0
     (row,) = [r for r in sec["rows"] if r["pid"] == early.pid]
     assert row["peak_allocated"] == 3 << 20 and row["peak_reserved"] == 4 << 20
@@ -354,7 +354,7 @@ torch.stub_torch_free(seg)
 
 
 def test_memrec_record_tensors_probes_the_commands_pytorch(stub_lib, tmp_path):
-    from memrec.analysis.report import build_report
+    from memrec.analysis.report.build import build_report
     from memrec.stubdriver.build import build_torch_stub
     from memrec.trace.reader import load_trace
 
@@ -370,7 +370,7 @@ def test_memrec_record_tensors_probes_the_commands_pytorch(stub_lib, tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     # THEN the child's install was probed at its first context and its blocks are in the trace
-    sec = build_report(load_trace(out))["tensors"]
+    sec = build_report(load_trace(out)).tensors
     assert [lib["path"] for lib in sec["libraries"]] == [str(torch_stub)]
     assert sec["events"] == 5 and sec["unjoined_blocks"] == 0
     (row,) = sec["rows"]

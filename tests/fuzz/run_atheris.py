@@ -24,8 +24,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
 with atheris.instrument_imports(include=["memrec"]):
-    import memrec.analysis.diff  # noqa: F401
-    import memrec.analysis.report  # noqa: F401
+    import memrec.analysis.diff.build  # noqa: F401
+    import memrec.analysis.report.build  # noqa: F401
     import memrec.commands  # noqa: F401
     import memrec.commands.dump  # noqa: F401
     import memrec.commands.report  # noqa: F401

@@ -16,7 +16,7 @@ import sys
 import pytest
 from conftest import memrec_cmd
 
-from memrec.analysis.reconcile import reconcile
+from memrec.analysis.untraced.reconcile import reconcile
 from memrec.analysis.text import human
 from memrec.trace.reader import load_trace
 

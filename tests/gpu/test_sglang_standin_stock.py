@@ -9,8 +9,8 @@ import sys
 import pytest
 from conftest import memrec_cmd
 
-from memrec.analysis.diff import diff_traces
-from memrec.analysis.report import build_report
+from memrec.analysis.diff.build import diff_traces
+from memrec.analysis.report.build import build_report
 from memrec.trace.reader import load_trace
 
 pytestmark = pytest.mark.usefixtures("torch")
@@ -29,8 +29,8 @@ def test_stock_custom_all_reduce_is_built_before_the_baseline_and_costs_a_few_mi
     stock, rc_stock = _record(tmp_path, "stock", "--stock-ar")
     base, rc_base = _record(tmp_path, "base")
     # WHEN reported and compared
-    report = build_report(stock)["sglang"]
-    d = diff_traces(base, stock, "base", "stock")
+    report = build_report(stock).to_json()["sglang"]
+    d = diff_traces(base, stock, "base", "stock").to_json()
     print("\n".join(d["verdict"]["lines"]))
     # THEN both start; the custom all-reduce sits inside dist_init, before the baseline, a few MiB
     # per rank (two ~8 MiB IPC-shared buffers), and lowers the baseline by about that much

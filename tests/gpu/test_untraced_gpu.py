@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from conftest import memrec_cmd
 
-from memrec.analysis.reconcile import reconcile
+from memrec.analysis.untraced.reconcile import reconcile
 from memrec.live import wait_for_daemon
 from memrec.analysis.text import human
 from memrec.events import Kind

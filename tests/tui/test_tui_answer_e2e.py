@@ -16,7 +16,7 @@ import pytest
 from tmux_term import Tmux
 from tmux_term import tui_command
 
-from memrec.analysis.answer import Answer
+from memrec.analysis.report.answer import Answer
 
 ROOT = Path(__file__).resolve().parents[2]
 IPC = ROOT / "examples" / "sglang-standin-ipc.mrec"

@@ -78,7 +78,7 @@ def _split_by_the_tui(path, **source) -> dict:
 def test_the_split_from_the_tuis_own_replay_is_the_reports(tmp_path):
     # GIVEN traces with contexts and per-process samples, and one with markers, NVML and
     # keyframes (the replay's journal spans their keyframes; chunks of an odd size)
-    from memrec.analysis.reconcile import reconcile
+    from memrec.analysis.untraced.reconcile import reconcile
     from memrec.trace.reader import load_trace
 
     ctx = tmp_path / "ctx.mrec"

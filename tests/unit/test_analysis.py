@@ -12,9 +12,9 @@ from memrec.engine.phases import NO_PHASE
 from memrec.engine.phases import PhaseUsage
 from memrec.engine.phases import attribute
 from memrec.engine.phases import build_phases
-from memrec.analysis.report import build_report
+from memrec.analysis.report.build import build_report
 from memrec.analysis.text import human
-from memrec.analysis.report_text import render_text
+from memrec.analysis.report.text import render_text
 from memrec.engine.replay import build_timeline
 from memrec.engine.replay import state_at
 from memrec.columns import NVML_DTYPE
@@ -271,7 +271,7 @@ def test_attribution_a_few_rows_at_a_time_gives_the_same_usage(monkeypatch):
 def test_report_numbers_are_exact():
     # GIVEN the SGLang-like trace
     # WHEN reported
-    r = build_report(sglang_trace())
+    r = build_report(sglang_trace()).to_json()
     # THEN the trace summary flags lost events and reader warnings
     tr = r["trace"]
     assert (tr["start_ts"], tr["end_ts"], tr["events"], tr["failed_calls"], tr["lost"]) == (ms(5), ms(100), 12, 1, 3)
@@ -357,17 +357,17 @@ def test_report_text_has_the_expected_lines():
 
 def test_report_filters_by_gpu_and_by_pid():
     # WHEN only GPU 1 is asked for
-    r = build_report(sglang_trace(), gpu=1)
+    r = build_report(sglang_trace(), gpu=1).to_json()
     # THEN only its section is there
     assert [g["gpu"] for g in r["gpus"]] == [1] and r["host"] is None
     # WHEN only pid 200 is asked for
-    r = build_report(sglang_trace(), pid=200)
+    r = build_report(sglang_trace(), pid=200).to_json()
     # THEN GPU 0 (where it held nothing) is left out, and its host memory stays
     assert [g["gpu"] for g in r["gpus"]] == [1]
     assert [p["pid"] for p in r["processes"]] == [200]
     assert r["host"]["processes"][0]["pid"] == 200 and r["phases"] == []
     # WHEN pid 100 is asked for
-    r = build_report(sglang_trace(), pid=100)
+    r = build_report(sglang_trace(), pid=100).to_json()
     # THEN its peak on GPU 0 is its own series
     assert [g["gpu"] for g in r["gpus"]] == [0] and r["gpus"][0]["peak"]["bytes"] == 17 * GiB
 
@@ -383,13 +383,14 @@ def test_failed_call_without_a_gpu_gets_its_process_gpu_or_is_listed_apart():
         ),
     )
     # WHEN reported
-    r = build_report(trace)
+    report = build_report(trace)
+    r = report.to_json()
     # THEN the first is on GPU 1 (inferred) with holders, the second listed apart
     (f,) = r["gpus"][0]["failures"]
     assert (f["gpu"], f["gpu_inferred"], f["owned_on_gpu"]) == (1, True, MiB)
     assert [x["pid"] for x in r["failures_unknown_gpu"]] == [9]
     assert "holders" not in r["failures_unknown_gpu"][0]
-    text = render_text(r, width=1000, show_all=True)
+    text = render_text(report, width=1000, show_all=True)
     assert "failed calls on an unknown GPU" in text and "(GPU n? = the call named no GPU" in text
 
 
@@ -406,7 +407,7 @@ def test_each_failure_sees_the_state_at_its_own_instant():
         ),
     )
     # WHEN reported
-    fs = build_report(trace)["gpus"][0]["failures"]
+    fs = build_report(trace).to_json()["gpus"][0]["failures"]
     # THEN each failed call has the holders of its own instant
     assert [f["owned_on_gpu"] for f in fs] == [GiB, 3 * GiB, 3 * GiB]
     assert [[h["pid"] for h in f["holders"]] for f in fs] == [[1], [2, 1], [2, 1]]
@@ -430,7 +431,7 @@ def test_a_rotated_file_starts_from_its_keyframe_at_event_0():
         keyframes=[Keyframe(ts=9_000, event_index=0, state=before.snapshot())],
     )
     # WHEN reported
-    r = build_report(trace)
+    r = build_report(trace).to_json()
     g0 = r["gpus"][0]
     # THEN the file's series start from the inherited 2 GiB, nothing is an anomaly of this file,
     # and the earlier exit is not this file's
@@ -444,7 +445,7 @@ def test_a_foreign_keyframe_at_event_0_is_ignored_with_a_warning():
     trace = Trace(header={}, events=events(ev(Kind.ALLOC, pid=1, ptr=0x2000, size=GiB, gpu=0)),
                   keyframes=[Keyframe(ts=0, event_index=0, state={"allocations": []})])
     # WHEN reported
-    r = build_report(trace)
+    r = build_report(trace).to_json()
     # THEN the replay starts empty and says so
     assert r["gpus"][0]["final"]["bytes"] == GiB
     assert any("keyframe at the start" in w for w in r["trace"]["warnings"])
@@ -454,7 +455,7 @@ def test_report_of_an_empty_trace():
     # GIVEN a trace with nothing in it
     r = build_report(Trace(header={}))
     # THEN the report is empty but renders
-    assert r["gpus"] == [] and r["trace"]["events"] == 0
+    assert r.gpus == [] and r.trace.events == 0
     assert "\n\nmemrec report\n" in render_text(r, width=1000, show_all=True)
 
 
@@ -462,7 +463,7 @@ def test_anomalies_are_reported():
     # GIVEN a free of memory from before the recording
     r = build_report(Trace(header={}, events=events(ev(Kind.FREE, pid=1, ptr=0x10))))
     # THEN it is noted
-    assert r["trace"]["anomalies"] == {"free_unknown": 1}
+    assert r.trace.anomalies == {"free_unknown": 1}
     assert "free_unknown 1" in render_text(r, width=1000, show_all=True)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from memrec.analysis.answer import Answer
+from memrec.analysis.report.answer import Answer
 from memrec.commands import main
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import memrec
-from memrec.analysis.report import build_report
+from memrec.analysis.report.build import build_report
 from memrec.events import Kind
 from memrec.trace.reader import load_trace
 
@@ -43,7 +43,7 @@ def test_tables_as_dataframes():
 
 def test_state_at_agrees_with_the_report_at_the_peak():
     rec = memrec.load(SGLANG_IPC, pandas=False)
-    report = build_report(load_trace(SGLANG_IPC))
+    report = build_report(load_trace(SGLANG_IPC)).to_json()
     peak = report["gpus"][0]["peak"]
     state = rec.state_at(peak["t_s"])
     owned = state[(state["gpu"] == 0) & (state["category"] != "ipc_mapped")]
@@ -144,7 +144,7 @@ def test_state_at_names_both_phases_apart():
     assert "load_weights" not in set(state["phase_at_t"].tolist())
     assert set(state["phase"].tolist()) >= {"load_weights", "custom_ar_init", "dist_init"}
     # AND `phase` is the rule the report uses for what is held ("held at the peak, by phase")
-    report = build_report(load_trace(SGLANG_IPC))
+    report = build_report(load_trace(SGLANG_IPC)).to_json()
     peak = report["gpus"][0]["peak"]
     at_peak = rec.state_at(peak["t_s"])
     owned = at_peak[(at_peak["gpu"] == 0) & (at_peak["category"] != "ipc_mapped")]

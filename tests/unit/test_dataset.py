@@ -18,7 +18,7 @@ import pytest
 
 import memrec
 from memrec._errors import ExitCode
-from memrec.analysis.report import build_report
+from memrec.analysis.report.build import build_report
 from memrec.commands import main
 from memrec.trace.clock import to_wall_ns
 from memrec.trace.reader import load_trace
@@ -103,7 +103,7 @@ def test_every_table_has_its_schema_and_the_trace_rows(tmp_path, fleet, capsys):
     procs = read(out, "processes").filter(pa.compute.equal(pa.compute.field("host"), "vm")).to_pylist()
     assert {p["rank"] for p in procs} >= {"TP0", "TP1"}
     # AND a process's peak is the report's
-    report = build_report(trace)
+    report = build_report(trace).to_json()
     by_pid = {row["pid"]: row["peak"] for s in report["gpus"] for row in s["processes"]}
     assert {p["pid"]: p["peak_bytes"] for p in procs if p["pid"] in by_pid} == by_pid
     # AND the per-trace summary counts what the trace holds
@@ -214,7 +214,7 @@ def test_peaks_per_job_and_rank(tmp_path, fleet, capsys):
     report_peaks = {}
     for path in fleet:
         trace = load_trace(path)
-        for s in build_report(trace)["gpus"]:
+        for s in build_report(trace).to_json()["gpus"]:
             for p in s["processes"]:
                 key = (trace.header["host"], p["pid"])
                 report_peaks[key] = max(report_peaks.get(key, 0), p["peak"])

@@ -13,8 +13,9 @@ import pytest
 
 from memrec import commands
 from memrec._errors import ExitCode
-from memrec.analysis.diff import diff_traces
-from memrec.analysis.diff_text import render_diff
+from memrec.analysis.diff.build import diff_traces
+from memrec.analysis.diff.model import Diff
+from memrec.analysis.diff.text import render_diff
 from memrec.events import GpuInfo
 from memrec.events import Kind
 from memrec.trace import format as fmt
@@ -36,7 +37,7 @@ from tests.utils import MiB
 EXPANDABLE = BASE.parent / "torch-expandable.mrec"
 
 
-def examples_diff() -> dict:
+def examples_diff() -> Diff:
     return diff_traces(load_trace(BASE), load_trace(IPC), BASE.name, IPC.name)
 
 
@@ -59,7 +60,7 @@ def write(trace, path):
 
 def test_examples_verdict_answers_why_the_ipc_run_fails():
     # GIVEN the stand-in without and with 18 GiB per rank exchanged by IPC after the baseline
-    d = examples_diff()
+    d = examples_diff().to_json()
     v = d["verdict"]
     # THEN the verdict names the failing run and SGLang's error, the KV budget's move split into
     # its two parts, the phase that made the difference and the fraction that would have worked
@@ -80,7 +81,7 @@ def test_examples_verdict_answers_why_the_ipc_run_fails():
 
 
 def test_examples_kv_side_by_side_is_exact():
-    d = examples_diff()
+    d = examples_diff().to_json()
     # THEN ranks are matched by rank (the pids differ: 966/967 vs 1054/1055)
     assert [(x["label"], x["before"]["pid"], x["after"]["pid"]) for x in d["kv"]] == [("TP0", 966, 1054), ("TP1", 967, 1055)]
     x = d["kv"][0]
@@ -95,7 +96,7 @@ def test_examples_kv_side_by_side_is_exact():
 
 
 def test_examples_phase_rows_and_failures():
-    d = examples_diff()
+    d = examples_diff().to_json()
     rows = {(r["phase"], r["rank"], r["gpu"], r["category"]): (r["a"], r["b"], r["delta"]) for r in d["phases"]}
     # THEN per phase × rank × GPU × category: bytes in each run ('None': the phase did not run)
     assert rows[("dist_init", "TP0", 0, "driver")] == (256 * MiB, 256 * MiB, 0)
@@ -123,7 +124,7 @@ def test_examples_phase_rows_and_failures():
 
 
 def test_examples_reversed_says_the_other_run_works():
-    d = diff_traces(load_trace(IPC), load_trace(BASE), "ipc", "base")
+    d = diff_traces(load_trace(IPC), load_trace(BASE), "ipc", "base").to_json()
     assert d["verdict"]["headline"] == f"base works where ipc fails: ipc's KV sizing failed on TP0, TP1 ({NOT_ENOUGH})"
     assert d["verdict"]["lines"][0].startswith("KV budget: rest -3.15 GiB → 32.85 GiB on every rank (Δrest +36.00 GiB")
     assert [f["in"] for f in d["failures"]] == ["a", "a"]
@@ -161,7 +162,7 @@ def test_cli_text_fits_the_terminal_width(monkeypatch, capsys):
 
 def test_lazy_all_reduce_on_two_gpus_with_an_oom_only_in_b():
     # GIVEN A: a clean start; B: 32 GiB per rank after the weights, and one failed 64 GiB allocation
-    d = diff_traces(sglang_run(), sglang_run(pid0=500, lazy_ar_gib=32, oom=True), "a", "b")
+    d = diff_traces(sglang_run(), sglang_run(pid0=500, lazy_ar_gib=32, oom=True), "a", "b").to_json()
     # THEN the verdict merges the two GPUs' identical change into one line and names the OOM
     assert d["verdict"]["headline"] == f"b fails where a works: KV sizing failed on TP0, TP1 ({NOT_ENOUGH})"
     assert d["verdict"]["lines"] == [
@@ -193,7 +194,7 @@ def test_lazy_all_reduce_on_two_gpus_with_an_oom_only_in_b():
 
 def test_memory_taken_before_the_baseline_moves_pre_and_the_slack():
     # GIVEN B takes 32 GiB per rank inside dist_init, before the baseline
-    d = diff_traces(sglang_run(), sglang_run(pid0=500, early_ar_gib=32), "a", "b")
+    d = diff_traces(sglang_run(), sglang_run(pid0=500, early_ar_gib=32), "a", "b").to_json()
     # THEN both work; pre drops by 32 GiB, the slack by 4 (32 × 0.125), rest by 28 = 32 − 4
     x = d["kv"][0]
     assert {k: x["deltas"][k] for k in ("pre_model_load_memory", "available_gpu_memory", "slack_gib", "rest_gib")} == {
@@ -225,12 +226,12 @@ def test_a_foreign_context_in_one_run_only_is_in_the_verdict():
                              order="ts")
     b_trace.procmem = np.array([(20_000_000, 1, 500, 518 * MiB)], dtype=PROCMEM_DTYPE)
     # WHEN diffed  THEN the verdict names it, with its NVML cost
-    d = diff_traces(sglang_run(), b_trace, "a", "b")
+    d = diff_traces(sglang_run(), b_trace, "a", "b").to_json()
     assert "foreign CUDA contexts: a: none; b: TP0 on GPU 1 (NVML 518.0 MiB)" in d["verdict"]["lines"]
 
 
 def test_same_run_twice_has_no_change():
-    d = diff_traces(sglang_run(), sglang_run(pid0=700), "a", "b")
+    d = diff_traces(sglang_run(), sglang_run(pid0=700), "a", "b").to_json()
     assert d["verdict"] == {"headline": "both runs work", "lines": [("KV budget: rest 29.12 GiB → 29.12 GiB on every rank "
                             "(Δrest +0.00 GiB = Δavailable_after_weights +0.00 GiB − Δslack +0.00 GiB); tokens 29,824 → 29,824")]}
     assert all(r["delta"] == 0 for r in d["phases"]) and d["failures"] == []
@@ -241,7 +242,7 @@ def test_a_rank_present_in_one_run_only():
     b = sglang_run(pid0=500)
     b.markers = [m for m in b.markers if m.pid != 501]
     b.events = b.events[b.events["pid"] != 501]
-    d = diff_traces(sglang_run(), b, "a", "b")
+    d = diff_traces(sglang_run(), b, "a", "b").to_json()
     # THEN TP1's budget is only in A, and its phases have no B side
     assert [(x["label"], x["before"] is not None, x["after"] is not None) for x in d["kv"]] == [
         ("TP0", True, True), ("TP1", True, False),
@@ -373,13 +374,14 @@ def test_tensor_blocks_compared_by_phase_rank_and_gpu(tmp_path):
     a = write_tensor_trace(tmp_path / "a.mrec", [(0, 4 * MiB), (4 * MiB, 2 * MiB)])
     b = write_tensor_trace(tmp_path / "b.mrec", [(0, 4 * MiB), (4 * MiB, 4 * MiB), (4 * MiB, -1)], pid=8)
     # WHEN diffed
-    d = diff_traces(load_trace(a), load_trace(b), "a", "b")
+    diff = diff_traces(load_trace(a), load_trace(b), "a", "b")
+    d = diff.to_json()
     # THEN one row: same phase and rank (no rank), peak allocated 6 vs 8 MiB, reserved 20 MiB in both
     (row,) = d["tensors"]
     assert (row["phase"], row["rank"], row["gpu"]) == ("(no phase)", "(no rank)", 0)
     assert (row["a_allocated"], row["b_allocated"], row["delta_allocated"]) == (6 * MiB, 8 * MiB, 2 * MiB)
     assert (row["a_reserved"], row["b_reserved"], row["delta_reserved"]) == (20 * MiB, 20 * MiB, 0)
-    assert "tensor blocks (peak allocated and reserved" in render_diff(d)
+    assert "tensor blocks (peak allocated and reserved" in render_diff(diff)
 
 
 def test_two_different_workloads_are_called_not_comparable(main, capsys):
@@ -411,9 +413,9 @@ def test_two_runs_of_one_workload_with_a_flag_changed_are_compared(main, capsys)
 
 
 def test_no_phase_in_common_is_unrelated():
-    from memrec.analysis.related import Identity
-    from memrec.analysis.related import command_identity
-    from memrec.analysis.related import relate
+    from memrec.analysis.diff.related import Identity
+    from memrec.analysis.diff.related import command_identity
+    from memrec.analysis.diff.related import relate
 
     # the program and what it runs, not its flags; python3.12 is python; spawn children are no command
     assert command_identity(["/usr/bin/python3.12", "-m", "sglang.launch_server", "--tp", "8"]) == (

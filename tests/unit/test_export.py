@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from memrec._errors import ExitCode
-from memrec.analysis.report import build_report
+from memrec.analysis.report.build import build_report
 from memrec.commands import main
 from memrec.events import Kind
 from memrec.trace.reader import load_trace
@@ -73,7 +73,7 @@ def test_perfetto_counters_per_gpu_category_and_nvml(tmp_path):
     assert export(SGLANG_IPC, "perfetto", out) == 0
     read = read_perfetto(out)
     # THEN GPU 0's driver counter peaks where the report's driver category peaks
-    report = build_report(load_trace(SGLANG_IPC))
+    report = build_report(load_trace(SGLANG_IPC)).to_json()
     cats = {c["category"]: c for c in report["gpus"][0]["categories"]}
     driver = counter_values(read, track(read, "GPU 0 driver"))
     assert read["tracks"][track(read, "GPU 0 driver")].counter.unit == read["pb"].CounterDescriptor.UNIT_SIZE_BYTES

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from memrec.analysis import kv_budget as kv
-from memrec.analysis.kv_budget_diff import compare_budgets
+from memrec.analysis.sglang import kv_budget as kv
+from memrec.analysis.sglang.kv_budget_diff import compare_budgets
 from memrec.events import Marker
 
 GiB = 1 << 30

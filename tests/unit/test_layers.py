@@ -124,4 +124,4 @@ def test_the_engine_sits_below_analysis_and_the_tui():
         if m.startswith("memrec.engine") or m == "memrec.ranks":
             assert not {d for d in deps if d.startswith(("memrec.analysis", "memrec.tui", "memrec.api", "memrec.export"))}, m
     # THEN the TUI reaches the SGLang report for nothing (rank labels live below both)
-    assert "memrec.analysis.sglang_report" not in graph["memrec.tui.model"]
+    assert "memrec.analysis.sglang.section" not in graph["memrec.tui.model"]

@@ -31,7 +31,7 @@ def _peak_over_baseline(path: str) -> int:
     """Peak RSS (bytes) of a fresh Python running every reader on ``path``, minus the same Python
     with the same imports that reads nothing."""
     prelude = (f"import sys, warnings; sys.path.insert(0, {ROOT!r}); warnings.simplefilter('ignore')\n"
-               "import memrec, memrec.tui.sources, memrec.analysis.report\n"
+               "import memrec, memrec.tui.sources, memrec.analysis.report.build\n"
                "from tests.fuzz.harness import run_commands, load_in_tui\n")
     work = (f"run_commands({path!r}); load_in_tui({path!r})\n"
             f"r = memrec.load({path!r}, pandas=False); r.events_array(); r.by_phase_array()\n")

@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from memrec.analysis import reconcile as reconcile_mod
-from memrec.analysis.reconcile import reconcile
-from memrec.analysis.report import build_report
-from memrec.analysis.report_text import render_text
+from memrec.analysis.untraced import reconcile as reconcile_mod
+from memrec.analysis.untraced.reconcile import reconcile
+from memrec.analysis.report.build import build_report
+from memrec.analysis.report.text import render_text
 from memrec.engine.replay import build_timeline
 from memrec.columns import NVML_DTYPE
 from memrec.columns import PROCMEM_DTYPE
@@ -261,7 +261,7 @@ def test_a_trace_without_nvml_samples_has_nothing_to_reconcile():
 def test_report_json_has_the_reconciliation_section():
     # GIVEN the two-GPU trace
     # WHEN reported
-    r = build_report(two_gpu_trace())
+    r = build_report(two_gpu_trace()).to_json()
     g0, g1 = r["gpus"]
     # THEN each GPU with NVML samples has the summary, with times since the trace start
     rc = g0["reconciliation"]
@@ -305,7 +305,7 @@ def test_report_text_has_the_nvml_vs_traced_table():
 
 def test_report_pid_filter_keeps_the_gpu_line():
     # WHEN reported for pid 2
-    r = build_report(two_gpu_trace(), pid=2)
+    r = build_report(two_gpu_trace(), pid=2).to_json()
     # THEN only its row is there, and the GPU-wide line stays
     (g0,) = r["gpus"]
     assert [p["pid"] for p in g0["reconciliation"]["processes"]] == [2]
@@ -317,7 +317,7 @@ def test_a_gpu_seen_only_in_per_process_samples_gets_a_section():
     # GIVEN NVML per-process samples of GPU 3 and nothing else about it
     trace = Trace(header={}, procmem=procmem((100, 3, 42, 500 * MiB)))
     # WHEN reported
-    (g3,) = build_report(trace)["gpus"]
+    (g3,) = build_report(trace).to_json()["gpus"]
     # THEN its section reconciles the process as all untraced
     assert g3["gpu"] == 3 and g3["reconciliation"]["processes"][0]["untraced_last"] == 500 * MiB
     assert "   42        500.0 MiB     0 B  500.0 MiB  500.0 MiB..500.0 MiB        1  not recorded by memrec" in (

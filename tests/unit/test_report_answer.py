@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from memrec.analysis.answer import Line
-from memrec.analysis.answer import span
-from memrec.analysis.report import build_report
+from memrec.analysis.report.answer import Line
+from memrec.analysis.report.answer import span
+from memrec.analysis.report.build import build_report
 from memrec.analysis.text import human
 from memrec.analysis.text import table
 from memrec.commands import main
@@ -35,7 +35,7 @@ def report_text(path: Path, capsys, monkeypatch, columns: int | None = None, *ex
 def test_sglang_failure_answer_names_the_phase_the_gpu_and_the_fix(capsys, monkeypatch):
     # GIVEN the two-rank run that failed with custom all-reduce (recorded on an H200)
     path = ROOT / "examples" / "sglang-standin-ipc.mrec"
-    report = build_report(load_trace(path))
+    report = build_report(load_trace(path)).to_json()
     summary = report["sglang"]["summary"]
     # WHEN reported
     first, cause, fix = report_text(path, capsys, monkeypatch)[:3]
@@ -64,7 +64,7 @@ def test_out_of_memory_answer_says_what_the_gpu_held_and_how_much_to_free(capsys
 
 def test_no_failure_answer_names_the_peak_and_what_held_it(capsys, monkeypatch):
     path = ROOT / "examples" / "sglang-standin-base.mrec"
-    report = build_report(load_trace(path))
+    report = build_report(load_trace(path)).to_json()
     top = max(report["gpus"], key=lambda s: s["peak"]["bytes"])
     first, peak, room = report_text(path, capsys, monkeypatch)[:3]
     assert first.startswith(f"OK      no failed call; highest peak {human(top['peak']['bytes'])} on GPU {top['gpu']}")
@@ -105,7 +105,7 @@ def test_default_view_leaves_out_exit_frees_and_zero_peaks_all_keeps_them(capsys
     default = report_text(path, capsys, monkeypatch, 200)
     full = report_text(path, capsys, monkeypatch, 200, "--all")
     # the exit of TP0 freed 90.25 GiB implicitly: a "(no phase)" row with that free is --all only
-    exits = build_report(load_trace(path))["gpus"][0]["held_at_exit"]
+    exits = build_report(load_trace(path)).to_json()["gpus"][0]["held_at_exit"]
     freed = human(exits[0]["owned"])
     assert any("(no phase)" in line and f"-{freed}" in line for line in full)
     assert not any("(no phase)" in line and f"-{freed}" in line for line in default)
@@ -137,8 +137,8 @@ def test_docs_show_the_current_answer_of_every_example(path, capsys, monkeypatch
 
 
 def test_identical_blocks_collapse_into_one_line():
-    from memrec.analysis.report_text import _GPU_BLOCK
-    from memrec.analysis.report_text import collapse
+    from memrec.analysis.report.text import _GPU_BLOCK
+    from memrec.analysis.report.text import collapse
 
     # GIVEN eight GPU sections, each one rank's, alike but for pids, ranks, GPU numbers and times;
     # GPU 5's rank held more
@@ -166,7 +166,7 @@ def test_seed_example_ranks_collapse(capsys, monkeypatch):
 
 def test_a_pid_filter_answers_for_that_process(capsys, monkeypatch):
     path = ROOT / "examples" / "seed-x2-ipc.mrec"
-    report = build_report(load_trace(path))
+    report = build_report(load_trace(path)).to_json()
     tp1 = next(r for r in report["sglang"]["ranks"] if r["label"] == "TP1")
     cause = report_text(path, capsys, monkeypatch, None, "-p", str(tp1["pid"]))[1]
     assert cause.startswith(f"CAUSE   GPU {tp1['gpu']}: ") and "(TP1)" in cause

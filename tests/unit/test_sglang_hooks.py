@@ -31,7 +31,7 @@ import pytest
 import sglang_fakes
 
 from memrec import client
-from memrec.analysis import kv_budget
+from memrec.analysis.sglang import kv_budget
 from memrec.sglang_hooks import bootstrap
 from memrec.sglang_hooks import plugin
 from memrec.sglang_hooks import ranks as ranks_mod

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from memrec.analysis.report import build_report
-from memrec.analysis.report_text import render_text
+from memrec.analysis.report.build import build_report
+from memrec.analysis.report.text import render_text
 from memrec.ranks import format_rank
-from memrec.analysis.sglang_report import has_sglang_markers
-from memrec.analysis.sglang_windows import kv_times
+from memrec.analysis.sglang.section import has_sglang_markers
+from memrec.analysis.sglang.windows import kv_times
 from memrec.ranks import rank_labels
 from memrec.events import Kind
 from memrec.events import Marker
@@ -141,7 +141,7 @@ def phase_mem(rank: dict) -> list[tuple]:
 
 def test_ipc_example_budget_is_negative_and_the_custom_all_reduce_is_named():
     # GIVEN the H200 stand-in run with 18 GiB per rank exchanged by CUDA IPC after the baseline
-    report = build_report(load_trace(IPC))
+    report = build_report(load_trace(IPC)).to_json()
     s = report["sglang"]
     # THEN both ranks are there, sharing GPU 0, labelled by their markers' tp_rank
     assert [(r["label"], r["pid"], r["gpu"]) for r in s["ranks"]] == [("TP0", 1054, 0), ("TP1", 1055, 0)]
@@ -194,7 +194,7 @@ def test_ipc_example_budget_is_negative_and_the_custom_all_reduce_is_named():
 
 def test_base_example_sizes_the_pool_and_needs_a_smaller_fraction():
     # GIVEN the same stand-in without the IPC buffers
-    s = build_report(load_trace(BASE))["sglang"]
+    s = build_report(load_trace(BASE)).to_json()["sglang"]
     tp1 = s["ranks"][1]
     # THEN the pool took tokens × cell, rounded up to 2 MiB by PyTorch's caching allocator, and the
     # graphs came out of the slack
@@ -240,7 +240,7 @@ def test_ipc_example_text_report():
 
 def test_lazy_custom_all_reduce_on_two_gpus_fails_sizing_with_exact_numbers():
     # GIVEN 32 GiB per rank allocated after the weights and opened by the peer (GPU 0 and GPU 1)
-    s = build_report(sglang_run(lazy_ar_gib=32))["sglang"]
+    s = build_report(sglang_run(lazy_ar_gib=32)).to_json()["sglang"]
     tp0, tp1 = s["ranks"]
     # THEN available = 39 − 32 = 7 GiB, slack 79 × 0.125 = 9.875, rest −2.875 GiB, −2944 tokens of 1 MiB
     (b,) = tp0["budgets"]
@@ -260,7 +260,7 @@ def test_lazy_custom_all_reduce_on_two_gpus_fails_sizing_with_exact_numbers():
 
 def test_a_foreign_process_on_the_other_gpu_is_found_through_the_world_min():
     # GIVEN pid 999 (no markers) taking 40 GiB on GPU 1 between the baseline and the sizing
-    s = build_report(sglang_run(foreign_gib=40))["sglang"]
+    s = build_report(sglang_run(foreign_gib=40)).to_json()["sglang"]
     (b0,), (b1,) = s["ranks"][0]["budgets"], s["ranks"][1]["budgets"]
     # THEN both ranks fail (available is the MIN over both GPUs: 39 − 40 = −1 GiB)
     assert (b0["rest_gib"], b1["rest_gib"]) == (-10.875, -10.875)
@@ -283,7 +283,7 @@ def test_a_foreign_process_on_the_other_gpu_is_found_through_the_world_min():
 
 def test_weights_alone_too_big_is_said_so():
     # GIVEN no extra allocation, but a fraction so small the slack exceeds what the weights left
-    s = build_report(sglang_run(frac=0.5))["sglang"]
+    s = build_report(sglang_run(frac=0.5)).to_json()["sglang"]
     (b,) = s["ranks"][0]["budgets"]
     # THEN rest = 39 − 79 × 0.5 = −0.5 GiB and only the weights are blamed
     assert (b["rest_gib"], b["min_mem_fraction_static"]) == (-0.5, 1 - 39 / 79)
@@ -295,7 +295,7 @@ def test_weights_alone_too_big_is_said_so():
 
 def test_where_sglang_raised_is_printed_once_per_exception():
     # GIVEN a failing run whose kv_budget end markers carry where SGLang raised
-    from memrec.analysis.sglang_report import render_sglang
+    from memrec.analysis.sglang.section import render_sglang
 
     trace = sglang_run(frac=0.5)
     at = "sglang/srt/model_executor/model_runner.py:1155 in init_memory_pool"
@@ -303,8 +303,9 @@ def test_where_sglang_raised_is_printed_once_per_exception():
         if m.name == "kv_budget" and m.phase == "end":
             m.values.update(error_at=at, error_traceback=f"{at} ← sglang/srt/managers/tp_worker.py:54 in __init__")
     # WHEN reported
-    s = build_report(trace)["sglang"]
-    lines = render_sglang(s)
+    section = build_report(trace).sglang
+    s = section.to_json()
+    lines = render_sglang(section)
     # THEN each rank's error names the raising line and the traceback, once
     assert s["ranks"][0]["errors"][0]["at"] == at
     assert lines.count(f"    raised at {at}") == 2
@@ -316,7 +317,7 @@ def test_custom_all_reduce_facts_are_in_the_verdict():
     # full NVLink, disabled by SGLang itself (more than 2 PCIe-only GPUs would do that), two 8 MiB
     # IPC-shared buffers each
     from memrec.analysis.text import human
-    from memrec.analysis.sglang_report import render_sglang
+    from memrec.analysis.sglang.section import render_sglang
 
     trace = sglang_run()
     for r in (0, 1):
@@ -329,7 +330,8 @@ def test_custom_all_reduce_facts_are_in_the_verdict():
         ]
     trace.markers.sort(key=lambda m: m.ts)
     # WHEN reported
-    s = build_report(trace)["sglang"]
+    section = build_report(trace).sglang
+    s = section.to_json()
     # THEN the verdict has the class, world size, NVLink, who disabled it, and the buffers per rank
     c = s["summary"]["custom_all_reduce"]
     assert (c["classes"], c["world_size"], c["full_nvlink"], c["disabled"], c["ranks_built"]) == (
@@ -337,41 +339,43 @@ def test_custom_all_reduce_facts_are_in_the_verdict():
     assert c["shared_buffer_bytes"] == [16 * MiB]
     assert (f"  custom all-reduce: CustomAllreduce on 2 rank(s), world size 2, full_nvlink false, disabled true, "
             f"SGLang disabled it after building it (NCCL does the all-reduce), IPC-shared buffers {human(16 * MiB)} "
-            "per rank") in render_sglang(s)
+            "per rank") in render_sglang(section)
 
 
 def test_a_cuda_oom_after_the_kv_sizing_is_named_with_the_slack():
     # GIVEN a run that sized fine, then TP0 asked the driver for 64 GiB and got
     # CUDA_ERROR_OUT_OF_MEMORY (sglang_run's oom: at 14.5 ms, after the 13 ms measurement)
-    from memrec.analysis.sglang_report import render_sglang
+    from memrec.analysis.sglang.section import render_sglang
 
-    s = build_report(sglang_run(oom=True))["sglang"]
+    section = build_report(sglang_run(oom=True)).sglang
+    s = section.to_json()
     # WHEN reported  THEN the OOM is named with the rank, the size, the slack and the fraction window
     (o,) = s["summary"]["oom_after_sizing"]
     assert (o["label"], o["size"], o["gpu"], o["slack_gib"]) == ("TP0", 64 * GiB, 0, 79.0 * 0.125)
     assert (o["phase"], o["mem_fraction_static"], o["min_mem_fraction_static"]) == ("kv_budget", 0.875, 1 - 39 / 79)
     assert (f"  CUDA out of memory after the KV sizing: TP0 in kv_budget asked for 64.00 GiB; the slack left for "
             f"everything after the pools was 9.88 GiB (--mem-fraction-static 0.875): a smaller fraction leaves more, "
-            f"but it must stay above {1 - 39 / 79:.4f} for the pools to fit") in render_sglang(s)
+            f"but it must stay above {1 - 39 / 79:.4f} for the pools to fit") in render_sglang(section)
     # AND a run without the failed allocation has none
-    assert build_report(sglang_run())["sglang"]["summary"]["oom_after_sizing"] == []
+    assert build_report(sglang_run()).sglang.summary.oom_after_sizing == []
 
 
 def test_each_phase_splits_into_torch_and_the_rest_when_the_hooks_recorded_torch():
     # GIVEN TP0's load_weights span with PyTorch's reserved bytes at begin (1 GiB) and end (39 GiB):
     # the driver saw 40 GiB in that span
-    from memrec.analysis.sglang_report import render_sglang
+    from memrec.analysis.sglang.section import render_sglang
 
     trace = sglang_run()
     for m in trace.markers:
         if m.pid == 100 and m.name == "load_weights":
             m.values.update(cuda_device=0, torch_reserved_bytes=(GiB if m.phase == "begin" else 39 * GiB))
     # WHEN reported
-    s = build_report(trace)["sglang"]
+    section = build_report(trace).sglang
+    s = section.to_json()
     (row,) = [x for x in s["ranks"][0]["phases"] if x["name"] == "load_weights"]
     # THEN 38 GiB of the 40 came through PyTorch's allocator and 2 GiB from elsewhere
     assert (row["net"], row["torch_reserved"], row["non_torch"]) == (40 * GiB, 38 * GiB, 2 * GiB)
-    header = next(line for line in render_sglang(s) if line.lstrip().startswith("PHASE"))
+    header = next(line for line in render_sglang(section) if line.lstrip().startswith("PHASE"))
     assert "NET OWNED" in header and "TORCH" in header and "NOT TORCH" in header
     # AND TP1, without torch numbers, has no such columns
     assert all("torch_reserved" not in x for x in s["ranks"][1]["phases"])
@@ -382,7 +386,7 @@ def test_a_ranks_context_on_a_gpu_it_does_not_compute_on_is_flagged_with_its_nvm
     # GPU 0, or an IPC open does), NVML listing it there at 518 MiB, with no allocation of its own
     import numpy as np
 
-    from memrec.analysis.sglang_report import render_sglang
+    from memrec.analysis.sglang.section import render_sglang
     from memrec.columns import PROCMEM_DTYPE
 
     trace = sglang_run()
@@ -391,7 +395,8 @@ def test_a_ranks_context_on_a_gpu_it_does_not_compute_on_is_flagged_with_its_nvm
     trace.procmem = np.array([(ms(20), 0, 100, 41 * GiB), (ms(20), 1, 100, 518 * MiB), (ms(20), 1, 101, 41 * GiB)],
                              dtype=PROCMEM_DTYPE)
     # WHEN reported
-    s = build_report(trace)["sglang"]
+    section = build_report(trace).sglang
+    s = section.to_json()
     ctxs = {(c["label"], c["gpu"]): c for c in s["summary"]["contexts"]}
     # THEN every context is listed per process and GPU, the one on GPU 1 flagged foreign with its cost
     assert set(ctxs) == {("TP0", 0), ("TP0", 1), ("TP1", 1)}
@@ -399,7 +404,7 @@ def test_a_ranks_context_on_a_gpu_it_does_not_compute_on_is_flagged_with_its_nvm
         True, 518 * MiB, False)
     assert not ctxs[("TP0", 0)]["foreign"] and not ctxs[("TP1", 1)]["foreign"]
     assert ("  foreign CUDA contexts (a rank's context on a GPU it does not compute on): TP0 on GPU 1 "
-            "(NVML 518.0 MiB)") in render_sglang(s)
+            "(NVML 518.0 MiB)") in render_sglang(section)
 
 
 def test_nccls_cumem_buffers_in_dist_init_are_named():
@@ -407,22 +412,23 @@ def test_nccls_cumem_buffers_in_dist_init_are_named():
     # NCCL_CUMEM_ENABLE
     import numpy as np
 
-    from memrec.analysis.sglang_report import render_sglang
+    from memrec.analysis.sglang.section import render_sglang
 
     trace = sglang_run()
     extra = events(ev(Kind.VMM_CREATE, pid=100, gpu=0, size=512 * MiB, handle=0x77, ts=ms(3)))
     trace.events = np.sort(np.concatenate([trace.events, extra]), order="ts")
     # WHEN reported  THEN they are named as NCCL's, per rank, before the baseline
-    s = build_report(trace)["sglang"]
+    section = build_report(trace).sglang
+    s = section.to_json()
     assert s["summary"]["nccl_vmm"] == [{"pid": 100, "label": "TP0", "gpu": 0, "bytes": 512 * MiB}]
     assert ("  NCCL's buffers (cuMem VMM in dist_init, outside the custom all-reduce; before the baseline): "
-            "TP0 512.0 MiB") in render_sglang(s)
+            "TP0 512.0 MiB") in render_sglang(section)
 
 
 def test_markers_a_rank_dropped_are_reported_with_their_reasons():
     # GIVEN a run where TP1's client dropped 3 markers before the daemon answered and then 1 into
     # a full socket (two cumulative reports: the last counts)
-    from memrec.analysis.sglang_report import render_sglang
+    from memrec.analysis.sglang.section import render_sglang
     from memrec.client import DROPPED_MARKER
 
     trace = sglang_run()
@@ -432,17 +438,18 @@ def test_markers_a_rank_dropped_are_reported_with_their_reasons():
         mark(9.5, 101, DROPPED_MARKER, "instant", dropped=4, **{**reasons, "no_daemon": 3, "socket_full": 1}),
     ]
     # WHEN reported
-    s = build_report(trace)["sglang"]
+    section = build_report(trace).sglang
+    s = section.to_json()
     # THEN the summary names the rank, the count and why, and the text says so under the verdict
     assert s["summary"]["markers_dropped"] == [
         {"pid": 101, "label": "TP1", "dropped": 4, "reasons": {**reasons, "no_daemon": 3, "socket_full": 1}}]
     assert ("  markers lost: TP1 dropped 4 marker(s) (no_daemon 3, socket_full 1); phases around them may be "
-            "missing") in render_sglang(s)
+            "missing") in render_sglang(section)
 
 
 def test_an_allocation_before_the_baseline_is_placed_before_it():
     # GIVEN a custom all-reduce nested in dist_init, before the baseline
-    s = build_report(sglang_run(early_ar_gib=32))["sglang"]
+    s = build_report(sglang_run(early_ar_gib=32)).to_json()["sglang"]
     tp0 = s["ranks"][0]
     # THEN it lowers pre (79 − 32 = 47) and sits before the baseline; the budget still fits
     assert [(x["path"], x["when"], x["by_category"]) for x in tp0["phases"] if x["kind"] == "phase"][:2] == [
@@ -461,8 +468,8 @@ def test_an_allocation_before_the_baseline_is_placed_before_it():
 def test_filters_keep_one_rank_or_one_gpu():
     trace = sglang_run(lazy_ar_gib=32)
     # WHEN filtered by pid, then by GPU
-    by_pid = build_report(trace, pid=101)["sglang"]
-    by_gpu = build_report(sglang_run(lazy_ar_gib=32), gpu=1)["sglang"]
+    by_pid = build_report(trace, pid=101).to_json()["sglang"]
+    by_gpu = build_report(sglang_run(lazy_ar_gib=32), gpu=1).to_json()["sglang"]
     # THEN only TP1 remains, with GPU 1's window
     assert [r["label"] for r in by_pid["ranks"]] == ["TP1"]
     assert [r["label"] for r in by_gpu["ranks"]] == ["TP1"] and [w["gpu"] for w in by_gpu["windows"]] == [1]
@@ -474,7 +481,7 @@ def test_no_sglang_markers_no_section():
     trace.markers = [m for m in trace.markers if m.name == "load_weights"]
     # WHEN reported  THEN there is no SGLang section and no heading
     report = build_report(trace)
-    assert report["sglang"] is None and not has_sglang_markers(trace.markers)
+    assert report.sglang is None and not has_sglang_markers(trace.markers)
     assert "SGLang startup" not in render_text(report, width=1000, show_all=True)
 
 
@@ -501,7 +508,7 @@ def test_marker_ranks_fill_the_report_rank_column_and_process_info_stays_the_fal
     trace = sglang_run()
     trace.processes[300] = ProcessInfo(300, 1, ["python3"], None, None, [], ms(1), {"tp": 4})
     # WHEN reported
-    procs = {p["pid"]: p["rank"] for p in build_report(trace)["processes"]}
+    procs = {p["pid"]: p["rank"] for p in build_report(trace).to_json()["processes"]}
     # THEN the markers give "TP0"/"TP1"; ProcessInfo keeps its own form
     assert (procs[100], procs[101], procs[300]) == ("TP0", "TP1", "tp4")
 
@@ -537,7 +544,7 @@ def test_an_error_outside_the_kv_sizing_is_shown_and_a_filter_without_sglang_pro
     trace.markers.sort(key=lambda m: m.ts)
     report = build_report(trace)
     # THEN the rank lists the error and the text says where SGLang raised it
-    assert report["sglang"]["ranks"][0]["errors"] == [
+    assert report.to_json()["sglang"]["ranks"][0]["errors"] == [
         {"phase": "init_model_worker", "error": "RuntimeError: CUDA error: an illegal memory access", "at": None,
          "traceback": None}
     ]
@@ -546,24 +553,24 @@ def test_an_error_outside_the_kv_sizing_is_shown_and_a_filter_without_sglang_pro
     )
     # AND the sizing itself is not blamed: it succeeded (rest 29.125 GiB), the worker failed later
     assert "  startup FAILED on TP0: RuntimeError: CUDA error: an illegal memory access" in render_text(report, width=1000, show_all=True).splitlines()
-    (b,) = report["sglang"]["ranks"][0]["budgets"]
-    assert (b["rest_gib"], b["ok"], b["diagnosis"]["lines"], report["sglang"]["summary"]["kv_failed"]) == (
+    (b,) = report.to_json()["sglang"]["ranks"][0]["budgets"]
+    assert (b["rest_gib"], b["ok"], b["diagnosis"]["lines"], report.sglang.summary.kv_failed) == (
         29.125, False, [], False,
     )
     assert not any(line.startswith("SGLang raised:") for line in b["formula"])
     # AND nested phases keep their place: the weights are inside init_model_worker now
-    assert [x["path"] for x in report["sglang"]["ranks"][0]["phases"] if x["kind"] == "phase"][:3] == [
+    assert [x["path"] for x in report.to_json()["sglang"]["ranks"][0]["phases"] if x["kind"] == "phase"][:3] == [
         "init_model_worker", "init_model_worker/dist_init", "init_model_worker/load_weights",
     ]
     # WHEN filtered to a process that is not an SGLang rank  THEN no section
     trace.processes[300] = ProcessInfo(300, 1, ["python3"], None, None, [], ms(1), {})
-    assert build_report(trace, pid=999)["sglang"] is None
+    assert build_report(trace, pid=999).sglang is None
 
 
 def test_the_worked_example_in_the_docs_is_this_output():
     # GIVEN docs/sglang.md's worked example  THEN its report block is the SGLang section printed today
-    from memrec.analysis.sglang_report import render_sglang
+    from memrec.analysis.sglang.section import render_sglang
 
     docs = (EXAMPLES.parent / "docs" / "sglang.md").read_text()
-    section = "\n".join(render_sglang(build_report(load_trace(IPC))["sglang"])) + "\n"
+    section = "\n".join(render_sglang(build_report(load_trace(IPC)).sglang)) + "\n"
     assert section in docs

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import sglang_fakes
 
-from memrec.analysis import kv_budget
+from memrec.analysis.sglang import kv_budget
 from memrec.events import Marker
 from memrec.sglang_hooks import bootstrap
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from memrec.analysis.report import build_report
+from memrec.analysis.report.build import build_report
 from memrec.analysis.sites import Site
 from memrec.analysis.sites import SitesSection
 from memrec.analysis.sites import is_user_frame
@@ -52,7 +52,7 @@ def test_a_stack_without_a_user_frame_takes_its_innermost_python_frame():
 
 
 def sites_of(path) -> SitesSection:
-    return SitesSection.from_json(build_report(load_trace(path))["sites"])
+    return SitesSection.from_json(build_report(load_trace(path)).to_json()["sites"])
 
 
 def test_sites_by_phase_join_the_ranks_and_say_what_each_held(tmp_path):
@@ -80,9 +80,9 @@ def test_sites_by_phase_join_the_ranks_and_say_what_each_held(tmp_path):
 
 def test_filters_apply_to_sites(tmp_path):
     path = sglang_trace(tmp_path / "t.mrec")
-    one = SitesSection.from_json(build_report(load_trace(path), pid=101)["sites"])
+    one = SitesSection.from_json(build_report(load_trace(path), pid=101).to_json()["sites"])
     assert one.top_in("custom_ar_init").pids == (101,) and one.top_in("custom_ar_init").held == 18 * GiB
-    gpu0 = SitesSection.from_json(build_report(load_trace(path), gpu=0)["sites"])
+    gpu0 = SitesSection.from_json(build_report(load_trace(path), gpu=0).to_json()["sites"])
     assert gpu0.top_in("load_weights").pids == (100,)
 
 
@@ -116,13 +116,13 @@ def test_the_report_text_and_json_show_the_sites(tmp_path, capsys):
 
 
 def test_the_answer_names_the_top_site_of_the_phase_it_names(tmp_path):
-    answer = build_report(load_trace(sglang_trace(tmp_path / "t.mrec")))["answer"]
+    answer = build_report(load_trace(sglang_trace(tmp_path / "t.mrec"))).to_json()["answer"]
     site = next(line for line in answer["lines"] if line[0] == "SITE")
     assert site[1:] == ["load_weights held most from loader.py:377 DefaultModelLoader.load_model: 80.00 GiB on 2 ranks"]
 
 
 def test_the_answer_names_the_failed_calls_site(tmp_path):
-    answer = build_report(load_trace(sglang_trace(tmp_path / "t.mrec", fail=True)))["answer"]
+    answer = build_report(load_trace(sglang_trace(tmp_path / "t.mrec", fail=True))).to_json()["answer"]
     assert answer["lines"][0][0] == "FAILED"
     site = next(line for line in answer["lines"] if line[0] == "SITE")
     assert site[1] == "the failed call came from memory_pool.py:210 MHATokenToKVPool._create_buffers"
@@ -130,8 +130,8 @@ def test_the_answer_names_the_failed_calls_site(tmp_path):
 
 
 def test_a_trace_without_stacks_has_no_sites_and_the_same_report(tmp_path):
-    with_stacks = build_report(load_trace(sglang_trace(tmp_path / "a.mrec")))
-    without = build_report(load_trace(sglang_trace(tmp_path / "b.mrec", stacks=False)))
+    with_stacks = build_report(load_trace(sglang_trace(tmp_path / "a.mrec"))).to_json()
+    without = build_report(load_trace(sglang_trace(tmp_path / "b.mrec", stacks=False))).to_json()
     assert "sites" not in without
     assert [line[0] for line in without["answer"]["lines"]] == ["OK", "PEAK", "ROOM"]
     # every other section is the same: stacks only add
@@ -164,7 +164,7 @@ def test_the_sglang_failure_answer_names_the_site_of_the_phase_that_took_the_mem
 
     src = Path(__file__).resolve().parents[2] / "examples" / "sglang-standin-ipc.mrec"
     path = with_stacks(src, tmp_path / "t.mrec", lambda name: CUSTOM_AR if name == "custom_ar_init" else WEIGHTS)
-    plain, stacked = build_report(load_trace(src)), build_report(load_trace(path))
+    plain, stacked = build_report(load_trace(src)).to_json(), build_report(load_trace(path)).to_json()
     # THEN the answer's three lines are the recording's, and a SITE line names custom all-reduce's line
     assert stacked["answer"]["lines"][:3] == plain["answer"]["lines"][:3]
     site = next(line for line in stacked["answer"]["lines"] if line[0] == "SITE")

@@ -11,7 +11,7 @@ import pickle
 
 import pytest
 
-from memrec.analysis.diff import diff_traces
+from memrec.analysis.diff.build import diff_traces
 from memrec.analysis.sites_diff import SitesDiff
 from memrec.commands import main
 from memrec.trace.reader import load_trace
@@ -37,7 +37,8 @@ def test_diff_says_which_site_grew(tmp_path, capsys):
     # GIVEN two runs alike but for custom all-reduce's buffers: 18 GiB a rank in A, 30 GiB in B
     a = sglang_trace(tmp_path / "a.mrec", custom_ar=18 * GiB)
     b = sglang_trace(tmp_path / "b.mrec", custom_ar=30 * GiB)
-    d = diff_traces(load_trace(a), load_trace(b))
+    diff = diff_traces(load_trace(a), load_trace(b))
+    d = diff.to_json()
     sites = SitesDiff.from_json(d["sites"])
     # THEN the one site that changed is custom all-reduce's line, +12 GiB on each of 2 ranks
     (change,) = sites.changes
@@ -63,7 +64,7 @@ def test_diff_matches_sites_installed_in_different_folders(tmp_path):
 def test_diff_with_stacks_in_one_run_only(tmp_path, capsys):
     a = sglang_trace(tmp_path / "a.mrec", stacks=False)
     b = sglang_trace(tmp_path / "b.mrec")
-    sites = SitesDiff.from_json(diff_traces(load_trace(a), load_trace(b))["sites"])
+    sites = SitesDiff.from_json(diff_traces(load_trace(a), load_trace(b)).to_json()["sites"])
     assert sites.only_b and not sites.only_a
     assert {c.site.function for c in sites.changes} >= {"CustomAllreduce.__init__", "DefaultModelLoader.load_model"}
     assert main(["diff", str(a), str(b)]) == 0
@@ -73,7 +74,7 @@ def test_diff_with_stacks_in_one_run_only(tmp_path, capsys):
 def test_diff_without_stacks_is_unchanged(tmp_path):
     a = sglang_trace(tmp_path / "a.mrec", stacks=False)
     b = sglang_trace(tmp_path / "b.mrec", stacks=False, custom_ar=30 * GiB)
-    assert "sites" not in diff_traces(load_trace(a), load_trace(b))
+    assert "sites" not in diff_traces(load_trace(a), load_trace(b)).to_json()
 
 
 # ------------------------------------------------------------------------------------ memory-viz

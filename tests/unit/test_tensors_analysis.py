@@ -1,10 +1,10 @@
-"""The report's tensors section (memrec.analysis.tensors) on hand-made events: blocks joined to
+"""The report's tensors section (memrec.analysis.report.tensors) on hand-made events: blocks joined to
 segments (a driver allocation, expandable segments' adjacent mappings), allocated vs reserved per
 phase, fragmentation, and the blocks alive at a failed segment allocation."""
 
 from __future__ import annotations
 
-from memrec.analysis.tensors import tensor_section
+from memrec.analysis.report.tensors import tensor_section
 from memrec.columns import empty_events
 from memrec.engine.phases import build_phases
 from memrec.events import Api

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from memrec.analysis.answer import build_answer
-from memrec.analysis.reconcile import reconcile
-from memrec.analysis.report import build_report
-from memrec.analysis.untraced import explained_share
+from memrec.analysis.report.answer import build_answer
+from memrec.analysis.untraced.reconcile import reconcile
+from memrec.analysis.report.build import build_report
+from memrec.analysis.untraced.split import explained_share
 from memrec.columns import PROCMEM_DTYPE
 from memrec.events import Api
 from memrec.events import Kind
@@ -248,9 +248,9 @@ def test_under_98_percent_explained_the_answer_says_how_much_is_unexplained_not_
         procmem=procmem((1.05, 0), (1.2, 518 * MiB), (2.5, 518 * MiB + 1 * GiB), (3.0, 518 * MiB + 5 * GiB)),
     )
     report = build_report(trace)
-    row = next(r for r in report["gpus"][0]["reconciliation"]["processes"] if r["pid"] == 1)
+    row = next(r for r in report.gpus[0].reconciliation["processes"] if r["pid"] == 1)
     assert round(row["explained_share"], 3) == round(1 - 4 * GiB / (518 * MiB + 5 * GiB), 3)
-    assert abs(report["gpus"][0]["reconciliation"]["explained_share"] - row["explained_share"]) < 1e-9  # one process
+    assert abs(report.gpus[0].reconciliation["explained_share"] - row["explained_share"]) < 1e-9  # one process
     lines = build_answer(report).to_json()["lines"]
     assert ["UNTRACED", "GPU 0: 4.00 GiB (73 %) of pid 1's memory is unexplained"] in lines
     # AND explained_share is traced + explained over NVML used
@@ -409,3 +409,15 @@ def test_a_pool_destroy_gives_back_what_its_steps_put_on_the_pools():
     row = split_of(trace)
     # THEN the pools give back their 24 MiB and the 6 MiB past that stay unexplained
     assert row["split"]["pools"] == 0 and row["split"]["unexplained"] == -6 * MiB
+
+
+def test_a_small_drop_with_no_call_to_explain_it_is_unexplained():
+    # GIVEN NVML 1 MiB lower (under the 2 MiB tolerance) with no call in the interval
+    trace = Trace(
+        header=header(H200_THREADS),
+        events=events(*context()),
+        procmem=procmem((1.05, 14 * MiB), (1.2, 518 * MiB), (3.0, 518 * MiB), (5.0, 517 * MiB)),
+    )
+    row = split_of(trace)
+    # THEN the drop is the unexplained step's (no family gives back what no call brackets)
+    assert row["split"]["unexplained"] == -1 * MiB and row["split"]["context"] == 518 * MiB

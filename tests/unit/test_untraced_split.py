@@ -1,11 +1,11 @@
-"""The untraced band split (memrec.analysis.untraced) and the daemon's NVML readings around its steps."""
+"""The untraced band split (memrec.analysis.untraced.split) and the daemon's NVML readings around its steps."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from memrec.analysis.reconcile import reconcile
-from memrec.analysis.untraced import pool_held
+from memrec.analysis.untraced.reconcile import reconcile
+from memrec.analysis.untraced.split import pool_held
 from memrec.columns import PROCMEM_DTYPE
 from memrec.columns import with_gpu
 from memrec.daemon.untraced import UntracedReadings
@@ -266,7 +266,7 @@ def test_expected_failures_of_code_calls_are_not_failed_calls():
     # GIVEN what an H200 shows at a process's exit (every library unloaded after the driver shut
     # down: CUDA_ERROR_DEINITIALIZED) and NCCL's kernels without a binary for the GPU, beside a
     # module load that ran out of memory
-    from memrec.analysis.report import build_report
+    from memrec.analysis.report.build import build_report
 
     trace = Trace(header={}, events=events(
         ev(Kind.CTX, api=Api.cuDevicePrimaryCtxRetain, pid=5, gpu=0, handle=0xC0, ts=1 * S),
@@ -276,7 +276,7 @@ def test_expected_failures_of_code_calls_are_not_failed_calls():
           for h in range(1, 6)],
     ))
     # WHEN reported
-    report = build_report(trace)
+    report = build_report(trace).to_json()
     # THEN only the out-of-memory load is a failed call
     assert report["trace"]["failed_calls"] == 1
     (failure,) = report["gpus"][0]["failures"]

@@ -33,7 +33,7 @@ from textual.widgets import Static
 from textual.widgets import Tab
 from textual.widgets import Tabs
 
-from memrec.analysis.diff import Verdict
+from memrec.analysis.diff.build import Verdict
 from memrec.events import OWNED_CATEGORIES
 from memrec.tui import messages
 from memrec.tui.filters import EventFilter

@@ -4,7 +4,7 @@ answered, or failed.
 Kept apart from :mod:`memrec.tui.screens.main` (layout and drawing) and
 :mod:`memrec.tui.screens.view_keys` (the keys): these handlers set where the view opens. Until a key
 is pressed (``_opening``), the view follows the best answer known: the model's own landmarks once
-the file is read and replayed, then the trace's answer (:mod:`memrec.analysis.answer`, the one
+the file is read and replayed, then the trace's answer (:mod:`memrec.analysis.report.answer`, the one
 ``memrec report`` prints first) when the source has it: its window, its failure at the cursor, its
 headline and cause in the status line; in diff mode ``memrec diff``'s verdict.
 :class:`SourceEvents` is a mixin of :class:`~memrec.tui.screens.main.MainScreen`.

@@ -1,6 +1,6 @@
 """The text of ``memrec report``: the answer first, then per GPU the details.
 
-:func:`render_text` turns :func:`memrec.analysis.report.build_report`'s dict into fixed-width text
+:func:`render_text` turns :func:`memrec.analysis.report.build.build_report`'s report into fixed-width text
 that fits ``width`` columns (long free-text cells wrap onto continuation lines; nothing is cut
 with "..."). The default view leaves out what does not help an answer: rows that are all zero,
 the frees a process's exit made implicitly (they are in "held at exit"), and zero peaks of
@@ -13,20 +13,26 @@ import re
 from collections import Counter
 from typing import Any
 
-from memrec.analysis.answer import Answer
+from memrec.analysis.sections import OMITTED
+from memrec.analysis.report.model import FailedCall
+from memrec.analysis.report.model import GpuPhase
+from memrec.analysis.report.model import GpuSection
+from memrec.analysis.report.model import ProcessEntry
+from memrec.analysis.report.model import Report
+from memrec.analysis.report.model import TraceSummary
 from memrec.engine.phases import NO_PHASE
-from memrec.analysis.sglang_report import render_sglang
-from memrec.analysis.sites import SitesSection
+from memrec.analysis.sglang.section import render_sglang
+from memrec.analysis.report.tensors_text import render_tensors
 from memrec.analysis.sites_text import render_sites
-from memrec.analysis.tensors_text import render_tensors
 from memrec.analysis.text import count
 from memrec.analysis.text import fit_lines
 from memrec.analysis.text import human
 from memrec.analysis.text import scalar
 from memrec.analysis.text import seconds
 from memrec.analysis.text import table
-from memrec.analysis.untraced import SPLIT
-from memrec.analysis.untraced import SPLIT_HEADINGS
+from memrec.analysis.untraced.split import SPLIT
+from memrec.analysis.untraced.split import SPLIT_HEADINGS
+from dataclasses import replace
 from memrec.events import CATEGORIES
 from memrec.trace.merge import render_merged
 
@@ -55,14 +61,19 @@ def _fmt_value(v: Any) -> str:
     return scalar(v)
 
 
-def _pid_label(pid: int, procs: dict[int, dict]) -> str:
-    p = procs.get(pid, {})
+def _pid_label(pid: int, procs: dict[int, ProcessEntry]) -> str:
+    p = procs.get(pid)
     bits = [f"pid {pid}"]
-    if p.get("rank"):
-        bits.append(p["rank"])
-    if p.get("short"):
-        bits.append(p["short"])
+    if p is not None and p.rank:
+        bits.append(p.rank)
+    if p is not None and p.short:
+        bits.append(p.short)
     return " ".join(bits)
+
+
+def _rank_of(pid: int, procs: dict[int, ProcessEntry]) -> str:
+    p = procs.get(pid)
+    return p.rank if p is not None else ""
 
 
 def _holding_text(h: dict) -> str:
@@ -73,234 +84,250 @@ def _holding_text(h: dict) -> str:
     return text
 
 
-def render_text(report: dict, width: int = 80, show_all: bool = False) -> str:
+def render_text(report: Report, width: int = 80, show_all: bool = False) -> str:
     """The report as text at most ``width`` columns wide, the answer in its first three lines.
 
     ``show_all`` keeps what the default view leaves out (see the module docstring). The same
     report and width always give the same text.
     """
-    out: list[str] = Answer.from_json(report["answer"]).text(width)
-    tr = report["trace"]
-    procs = {p["pid"]: p for p in report["processes"]}
+    assert report.answer is not None  # build_report always sets it
+    out: list[str] = report.answer.text(width)
+    procs = report.process_map()
     out.append("")
-    out.append("memrec report")
-    head = (
-        f"  trace: {tr['duration_s']:.3f} s, {count(tr['events'], 'event')}, "
-        f"{count(tr['failed_calls_all'], 'failed call')}, {count(tr['processes'], 'process')}, "
-        f"{count(tr['markers'], 'marker')}, {count(tr['nvml_samples'], 'NVML sample')}"
-    )
-    out.append(head)
-    if report.get("merged"):
-        out.extend(render_merged(report["merged"]))
-    flt = report["filter"]
-    if flt["gpu"] is not None or flt["pid"] is not None:
-        parts = [f"{k} {flt[k]}" for k in ("gpu", "pid") if flt[k] is not None]
-        shown = f"{count(len(report['processes']), 'process')}, {count(tr['failed_calls'], 'failed call')}"
-        out.append("  filter: " + ", ".join(parts) + f" ({shown})")
-    if tr["lost"]:
-        out.append(f"  !! LOST EVENTS: {tr['lost']:,} events were dropped while recording; the numbers below miss them")
-    if not tr["complete"]:
-        out.append("  !! no trailer: the recording did not end cleanly (the trace may stop early)")
-    for w in tr["warnings"]:
-        out.append(f"  !! reader warning: {w}")
-    for w in tr["phase_warnings"]:
-        out.append(f"  !  markers: {w}")
-    if tr["anomalies"]:
-        out.append(
-            "  note: events that did not match the recorded state (usually memory from before the recording): "
-            + ", ".join(f"{k} {v:,}" for k, v in tr["anomalies"].items())
-        )
-
-    if report.get("sglang"):
+    out.extend(_render_head(report))
+    if report.sglang:
         out.append("")
-        sglang = render_sglang(report["sglang"], width)
+        sglang = render_sglang(report.sglang, width)
         out.extend(sglang if show_all else collapse(sglang, _RANK_BLOCK, procs))
     gpu_lines: list[str] = []
-    for sec in report["gpus"]:
+    for sec in report.gpus:
         gpu_lines.append("")
         gpu_lines.extend(_render_gpu(sec, procs, width, show_all))
     out.extend(gpu_lines if show_all else collapse(gpu_lines, _GPU_BLOCK, procs))
-    if report["host"] is not None:
+    if report.host is not None:
         out.append("")
-        out.extend(_render_gpu(report["host"], procs, width, show_all))
+        out.extend(_render_gpu(report.host, procs, width, show_all))
 
-    if report.get("tensors"):
+    if report.tensors:
         out.append("")
-        out.extend(render_tensors(report["tensors"], width))
+        out.extend(render_tensors(report.tensors, width))
 
-    if report.get("sites"):
+    if report.sites:
         out.append("")
-        out.extend(render_sites(SitesSection.from_json(report["sites"]), width))
+        out.extend(render_sites(report.sites, width))
 
-    if report["failures_unknown_gpu"]:
+    if report.failures_unknown_gpu:
         out.append("")
         out.append("failed calls on an unknown GPU")
-        failures, more = _capped(report["failures_unknown_gpu"], "failed calls", show_all)
+        failures, more = _capped(report.failures_unknown_gpu, "failed calls", show_all)
         out.extend(_failure_table(failures) + more)
-
-    if report["processes"]:
-        out.append("")
-        out.append("processes")
-        rows = [
-            [str(p["pid"]), p["rank"], ",".join("host" if g < 0 else str(g) for g in p["gpus"]) or "-",
-             _t_exit(p, tr), p["short"]]
-            for p in report["processes"]
-        ]
-        rows, more = _capped(rows, "processes", show_all)
-        out.extend(table(["PID", "RANK", "GPUS", "EXIT", "COMMAND"], rows, right={0}, width=width, wrap=True) + more)
-
-    if report["phases"] or report["instants"]:
-        out.append("")
-        out.append("phases")
-        keyed = []
-        for ph in report["phases"]:
-            name = "  " * ph["depth"] + ph["name"] + ("" if ph["closed"] else " (unclosed)")
-            keyed.append(
-                ((ph["pid"], ph["start_ts"], 0, ph["id"]),
-                 [str(ph["pid"]), name, _t(ph["start_s"]), _t(ph["end_s"]), f"{ph['end_s'] - ph['start_s']:.3f}s",
-                  _values(ph["values"])])
-            )
-        for n, i in enumerate(report["instants"]):
-            keyed.append(
-                ((i["pid"], i["ts"], 1, n),
-                 [str(i["pid"]), f"* {i['name']}", _t(i["t_s"]), "", "", _values(i["values"])])
-            )
-        rows, more = _capped([row for _, row in sorted(keyed, key=lambda kr: kr[0])], "phases and instants", show_all)
-        out.extend(table(["PID", "PHASE", "START", "END", "DURATION", "VALUES"], rows, right={0, 2, 3, 4},
-                         width=width, drop=(4, 3), wrap=True) + more)
+    out.extend(_render_processes(report, width, show_all))
+    out.extend(_render_phases(report, width, show_all))
     return "\n".join(fit_lines(out, width)) + "\n"
 
 
-def _t_exit(p: dict, tr: dict) -> str:
-    if p["exit_ts"] is None:
+def _render_head(report: Report) -> list[str]:
+    """The trace in one line, the merge, the filter, and what makes the numbers incomplete."""
+    tr = report.trace
+    out = ["memrec report"]
+    out.append(
+        f"  trace: {tr.duration_s:.3f} s, {count(tr.events, 'event')}, "
+        f"{count(tr.failed_calls_all, 'failed call')}, {count(tr.processes, 'process')}, "
+        f"{count(tr.markers, 'marker')}, {count(tr.nvml_samples, 'NVML sample')}"
+    )
+    if report.merged:
+        out.extend(render_merged(report.merged))
+    flt = report.filter
+    if flt.gpu is not None or flt.pid is not None:
+        parts = [f"{k} {v}" for k, v in (("gpu", flt.gpu), ("pid", flt.pid)) if v is not None]
+        shown = f"{count(len(report.processes), 'process')}, {count(tr.failed_calls, 'failed call')}"
+        out.append("  filter: " + ", ".join(parts) + f" ({shown})")
+    if tr.lost:
+        out.append(f"  !! LOST EVENTS: {tr.lost:,} events were dropped while recording; the numbers below miss them")
+    if not tr.complete:
+        out.append("  !! no trailer: the recording did not end cleanly (the trace may stop early)")
+    for w in tr.warnings:
+        out.append(f"  !! reader warning: {w}")
+    for w in tr.phase_warnings:
+        out.append(f"  !  markers: {w}")
+    if tr.anomalies:
+        out.append(
+            "  note: events that did not match the recorded state (usually memory from before the recording): "
+            + ", ".join(f"{k} {v:,}" for k, v in tr.anomalies.items())
+        )
+    return out
+
+
+def _render_processes(report: Report, width: int, show_all: bool) -> list[str]:
+    if not report.processes:
+        return []
+    rows = [
+        [str(p.pid), p.rank, ",".join("host" if g < 0 else str(g) for g in p.gpus) or "-",
+         _t_exit(p, report.trace), p.short]
+        for p in report.processes
+    ]
+    rows, more = _capped(rows, "processes", show_all)
+    return ["", "processes"] + table(["PID", "RANK", "GPUS", "EXIT", "COMMAND"], rows, right={0}, width=width,
+                                     wrap=True) + more
+
+
+def _render_phases(report: Report, width: int, show_all: bool) -> list[str]:
+    """Every phase and instant, by process and then in time order."""
+    if not report.phases and not report.instants:
+        return []
+    keyed = []
+    for ph in report.phases:
+        name = "  " * ph.depth + ph.name + ("" if ph.closed else " (unclosed)")
+        keyed.append(
+            ((ph.pid, ph.start_ts, 0, ph.id),
+             [str(ph.pid), name, _t(ph.start_s), _t(ph.end_s), f"{ph.end_s - ph.start_s:.3f}s", _values(ph.values)])
+        )
+    for n, i in enumerate(report.instants):
+        keyed.append(((i.pid, i.ts, 1, n), [str(i.pid), f"* {i.name}", _t(i.t_s), "", "", _values(i.values)]))
+    rows, more = _capped([row for _, row in sorted(keyed, key=lambda kr: kr[0])], "phases and instants", show_all)
+    return ["", "phases"] + table(["PID", "PHASE", "START", "END", "DURATION", "VALUES"], rows, right={0, 2, 3, 4},
+                                  width=width, drop=(4, 3), wrap=True) + more
+
+
+def _t_exit(p: ProcessEntry, tr: TraceSummary) -> str:
+    if p.exit_ts is None:
         return "-"
-    return _t(seconds(p["exit_ts"] - tr["start_ts"]))
+    return _t(seconds(p.exit_ts - tr.start_ts))
 
 
-def _render_gpu(sec: dict, procs: dict, width: int, show_all: bool) -> list[str]:
-    out: list[str] = []
-    g = sec["gpu"]
-    if g < 0:
-        title = "HOST (pinned memory) and device memory of unknown GPU"
-    else:
-        bits = [f"GPU {g}"]
-        if sec["name"]:
-            bits.append(sec["name"])
-        if sec["uuid"]:
-            bits.append(sec["uuid"])
-        if sec["total"]:
-            bits.append(f"{human(sec['total'])} total")
-        title = "  ".join(bits)
-    out.append(title)
-    out.append("=" * len(title))
-    pk = sec["peak"]
-    final = human(sec["final"]["bytes"])
-    out.append(f"  peak traced   {human(pk['bytes'])} at {_t(pk['t_s'])}    final traced   {final}")
-    nv = sec["nvml"]
-    if nv is not None:
-        line = f"  NVML used     last {human(nv['last_used'])}, peak {human(nv['peak_used'])}"
-        line += f" at {_t(nv['peak_used_t_s'])}"
-        line += f"; reserved last {human(nv['last_reserved'])}, peak {human(nv['peak_reserved'])}"
-        out.append(line)
-        if "untraced_at_last" in nv:
-            out.append(
-                f"                not traced at the last sample: {human(nv['untraced_at_last'])} "
-                f"(contexts, pools, other processes)"
-            )
-
-    if sec["categories"]:
+def _render_gpu(sec: GpuSection, procs: dict[int, ProcessEntry], width: int, show_all: bool) -> list[str]:
+    out = _render_gpu_head(sec)
+    if sec.categories:
         out.append("")
         rows = [
-            [c["category"], human(c["peak"]), _t(c["peak_t_s"]), human(c["final"]),
-             _CATEGORY_NOTE.get(c["category"], "")]
-            for c in sec["categories"]
+            [c.category, human(c.peak), _t(c.peak_t_s), human(c.final), _CATEGORY_NOTE.get(c.category, "")]
+            for c in sec.categories
         ]
         out.extend(table(["CATEGORY", "PEAK", "AT", "FINAL", ""], rows, right={1, 2, 3}))
-
-    shown, more_processes = _capped([p for p in sec["processes"] if show_all or _process_row_matters(p)], "processes",
-                                    show_all)
-    if shown:
+    out.extend(_render_gpu_processes(sec, width, show_all))
+    if sec.reconciliation:
         out.append("")
-        rows = []
-        for p in shown:
-            no_peak = not p["peak"] and not show_all  # a peer that only mapped: no "0 B at +0.000s"
-            rows.append(
-                [str(p["pid"]), p["rank"], "-" if no_peak else human(p["peak"]),
-                 "-" if no_peak else _t(p["peak_t_s"]), human(p["final"]),
-                 human(p["mapped_peak"]) if p["mapped_peak"] else "-",
-                 human(p["held_at_exit"]) if p["held_at_exit"] else "-",
-                 human(p["nvml_used"]) if p["nvml_used"] is not None else "-",
-                 p["process"]]
-            )
-        out.extend(
-            table(
-                ["PID", "RANK", "PEAK", "AT", "FINAL", "MAPPED", "AT EXIT", "NVML USED", "COMMAND"],
-                rows, right={0, 2, 3, 4, 5, 6, 7}, width=width, drop=(4, 7), wrap=True,
-            )
-            + more_processes
-        )
-
-    if sec.get("reconciliation"):
-        out.append("")
-        out.extend(_render_reconciliation(sec["reconciliation"], procs, width))
-
-    phase_rows = sec["phases"] if show_all else [r for r in map(_without_exit_frees, sec["phases"]) if r]
-    if phase_rows:
-        out.append("")
-        out.append("  by phase (net bytes per category during each phase of the process that made them; owned totals)")
-        if not show_all and any(r["exit_freed"] or r["exit_by_category"] for r in sec["phases"]):
-            out.append("  (frees at process exit are under \"held at exit\"; --all counts them here too)")
-        phase_rows, more = _capped(phase_rows, "phases", show_all)
-        cats = [c for c in CATEGORIES if any(c in r["by_category"] for r in phase_rows)]
-        rows = []
-        for r in phase_rows:
-            rows.append(
-                [str(r["pid"]), r["path"], _t(r["start_s"]), _t(r["end_s"])]
-                + [human(r["by_category"][c]) if c in r["by_category"] else "-" for c in cats]
-                + [human(r["allocated"]), human(r["freed"]), human(r["net"])]
-            )
-        out.extend(
-            table(
-                ["PID", "PHASE", "START", "END"] + [c.upper() for c in cats] + ["ALLOCATED", "FREED", "NET OWNED"],
-                rows, right=set(range(2, 7 + len(cats))) | {0}, width=width, drop=(3, 2),
-            )
-            + more
-        )
-
-    if sec["held_at_exit"]:
+        out.extend(_render_reconciliation(sec.reconciliation, procs, width))
+    out.extend(_render_gpu_phases(sec, width, show_all))
+    if sec.held_at_exit:
         out.append("")
         out.append("  held at exit (freed implicitly when the process exited)")
         rows = [
-            [str(r["pid"]), _t(r["t_s"]), human(r["owned"]), human(r["mapped"]) if r["mapped"] else "-",
-             str(r["count"]), "; ".join(_holding_text(h) for h in r["largest"])]
-            for r in sec["held_at_exit"]
+            [str(r.pid), _t(r.t_s), human(r.owned), human(r.mapped) if r.mapped else "-",
+             str(r.count), "; ".join(_holding_text(h) for h in r.largest)]
+            for r in sec.held_at_exit
         ]
         rows, more = _capped(rows, "processes", show_all)
         out.extend(table(["PID", "EXIT AT", "OWNED", "MAPPED", "PIECES", "LARGEST"], rows, right={0, 1, 2, 3, 4},
                          width=width, wrap=True) + more)
+    out.extend(_render_gpu_failures(sec, procs, show_all))
+    return out
 
-    if sec["failures"]:
-        out.append("")
-        out.append(f"  failed calls ({len(sec['failures'])}), each with who held what on GPU {g} at that instant")
-        failures, more = _capped(sec["failures"], "failed calls", show_all)
-        failure_lines = _failure_table(failures)
-        out.append(failure_lines[0])
-        for f, row in zip(failures, failure_lines[1:]):
-            out.append(row)
-            if "holders" not in f:
-                continue
+
+def _render_gpu_head(sec: GpuSection) -> list[str]:
+    """The title (GPU, name, UUID, total), the traced peak and final, NVML beside them."""
+    if sec.gpu < 0:
+        title = "HOST (pinned memory) and device memory of unknown GPU"
+    else:
+        bits = [f"GPU {sec.gpu}"]
+        if sec.name:
+            bits.append(sec.name)
+        if sec.uuid:
+            bits.append(sec.uuid)
+        if sec.total:
+            bits.append(f"{human(sec.total)} total")
+        title = "  ".join(bits)
+    out = [title, "=" * len(title)]
+    pk = sec.peak
+    final = human(sec.final.bytes)
+    out.append(f"  peak traced   {human(pk.bytes)} at {_t(pk.t_s)}    final traced   {final}")
+    nv = sec.nvml
+    if nv is not None:
+        line = f"  NVML used     last {human(nv.last_used)}, peak {human(nv.peak_used)}"
+        line += f" at {_t(nv.peak_used_t_s)}"
+        line += f"; reserved last {human(nv.last_reserved)}, peak {human(nv.peak_reserved)}"
+        out.append(line)
+        if nv.untraced_at_last is not OMITTED:
             out.append(
-                f"        GPU {f['gpu']} then: {human(f['owned_on_gpu'])} owned"
-                + (f", {human(f['mapped_on_gpu'])} mapped from peers" if f["mapped_on_gpu"] else "")
+                f"                not traced at the last sample: {human(nv.untraced_at_last)} "
+                f"(contexts, pools, other processes)"
             )
-            for h in f["holders"]:
-                cats = ", ".join(f"{c} {human(b)}" for c, b in h["by_category"].items())
-                out.append(f"          {_pid_label(h['pid'], procs)}: {human(h['owned'])} owned ({cats})")
-                if h["largest"]:
-                    out.append("            largest: " + "; ".join(_holding_text(x) for x in h["largest"]))
-        out.extend(more)
-        if any(f["gpu_inferred"] for f in sec["failures"]):
-            out.append("    (GPU n? = the call named no GPU: inferred from the process's previous calls)")
+    return out
+
+
+def _render_gpu_processes(sec: GpuSection, width: int, show_all: bool) -> list[str]:
+    shown, more = _capped([p for p in sec.processes if show_all or p.matters()], "processes", show_all)
+    if not shown:
+        return []
+    rows = []
+    for p in shown:
+        no_peak = not p.peak and not show_all  # a peer that only mapped: no "0 B at +0.000s"
+        rows.append(
+            [str(p.pid), p.rank, "-" if no_peak else human(p.peak),
+             "-" if no_peak else _t(p.peak_t_s), human(p.final),
+             human(p.mapped_peak) if p.mapped_peak else "-",
+             human(p.held_at_exit) if p.held_at_exit else "-",
+             human(p.nvml_used) if p.nvml_used is not None else "-",
+             p.process]
+        )
+    return [""] + table(
+        ["PID", "RANK", "PEAK", "AT", "FINAL", "MAPPED", "AT EXIT", "NVML USED", "COMMAND"],
+        rows, right={0, 2, 3, 4, 5, 6, 7}, width=width, drop=(4, 7), wrap=True,
+    ) + more
+
+
+def _render_gpu_phases(sec: GpuSection, width: int, show_all: bool) -> list[str]:
+    """Net bytes per category during each phase (without the frees at exit unless ``show_all``)."""
+    phase_rows = sec.phases if show_all else [r for r in map(_without_exit_frees, sec.phases) if r]
+    if not phase_rows:
+        return []
+    out = ["", "  by phase (net bytes per category during each phase of the process that made them; owned totals)"]
+    if not show_all and any(r.exit_freed or r.exit_by_category for r in sec.phases):
+        out.append("  (frees at process exit are under \"held at exit\"; --all counts them here too)")
+    phase_rows, more = _capped(phase_rows, "phases", show_all)
+    cats = [c for c in CATEGORIES if any(c in r.by_category for r in phase_rows)]
+    rows = []
+    for r in phase_rows:
+        rows.append(
+            [str(r.pid), r.path, _t(r.start_s), _t(r.end_s)]
+            + [human(r.by_category[c]) if c in r.by_category else "-" for c in cats]
+            + [human(r.allocated), human(r.freed), human(r.net)]
+        )
+    out.extend(
+        table(
+            ["PID", "PHASE", "START", "END"] + [c.upper() for c in cats] + ["ALLOCATED", "FREED", "NET OWNED"],
+            rows, right=set(range(2, 7 + len(cats))) | {0}, width=width, drop=(3, 2),
+        )
+        + more
+    )
+    return out
+
+
+def _render_gpu_failures(sec: GpuSection, procs: dict[int, ProcessEntry], show_all: bool) -> list[str]:
+    """Each failed call on the GPU, with who held what there at that instant."""
+    if not sec.failures:
+        return []
+    out = ["", f"  failed calls ({len(sec.failures)}), each with who held what on GPU {sec.gpu} at that instant"]
+    failures, more = _capped(sec.failures, "failed calls", show_all)
+    failure_lines = _failure_table(failures)
+    out.append(failure_lines[0])
+    for f, row in zip(failures, failure_lines[1:]):
+        out.append(row)
+        held = f.held
+        if held is None:
+            continue
+        out.append(
+            f"        GPU {f.gpu} then: {human(held.owned_on_gpu)} owned"
+            + (f", {human(held.mapped_on_gpu)} mapped from peers" if held.mapped_on_gpu else "")
+        )
+        for h in held.holders:
+            cats = ", ".join(f"{c} {human(b)}" for c, b in h["by_category"].items())
+            out.append(f"          {_pid_label(h['pid'], procs)}: {human(h['owned'])} owned ({cats})")
+            if h["largest"]:
+                out.append("            largest: " + "; ".join(_holding_text(x) for x in h["largest"]))
+    out.extend(more)
+    if any(f.gpu_inferred for f in sec.failures):
+        out.append("    (GPU n? = the call named no GPU: inferred from the process's previous calls)")
     return out
 
 
@@ -317,17 +344,12 @@ def _capped(rows: list, what: str, show_all: bool) -> tuple[list, list[str]]:
     return rows[:MAX_ROWS], [f"  … and {len(rows) - MAX_ROWS:,} more {what} (memrec report --all, or --json, lists all)"]
 
 
-def _process_row_matters(p: dict) -> bool:
-    """A process row with anything in it (held, mapped, held at exit or seen by NVML)."""
-    return bool(p["peak"] or p["final"] or p["mapped_peak"] or p["held_at_exit"] or p["nvml_used"])
-
-
-def _without_exit_frees(r: dict) -> dict | None:
+def _without_exit_frees(r: GpuPhase) -> GpuPhase | None:
     """A by-phase row without the frees a process exit made (None when nothing is left)."""
-    by_category = {c: v + r["exit_by_category"].get(c, 0) for c, v in r["by_category"].items()}
+    by_category = {c: v + r.exit_by_category.get(c, 0) for c, v in r.by_category.items()}
     by_category = {c: v for c, v in by_category.items() if v}
-    row = dict(r, by_category=by_category, freed=r["freed"] - r["exit_freed"], net=r["net"] + r["exit_freed"])
-    if not by_category and not row["allocated"] and not row["freed"]:
+    row = replace(r, by_category=by_category, freed=r.freed - r.exit_freed, net=r.net + r.exit_freed)
+    if not by_category and not row.allocated and not row.freed:
         return None
     return row
 
@@ -413,7 +435,7 @@ def collapse(lines: list[str], header: re.Pattern, procs: dict) -> list[str]:
     return out
 
 
-def _render_reconciliation(rc: dict, procs: dict, width: int) -> list[str]:
+def _render_reconciliation(rc: dict, procs: dict[int, ProcessEntry], width: int) -> list[str]:
     """The "NVML vs traced" table: each process NVML listed, then the whole GPU."""
     out = ["  NVML vs traced (at each NVML sample; untraced = NVML - traced, split below)"]
     rows = []
@@ -430,7 +452,7 @@ def _render_reconciliation(rc: dict, procs: dict, width: int) -> list[str]:
             notes.append(f"{count(n, 'sample')} after its exit left out"
                          " (the driver frees later)")
         rows.append(
-            [str(r["pid"]), procs.get(r["pid"], {}).get("rank", ""), human(r["nvml_used_last"]),
+            [str(r["pid"]), _rank_of(r["pid"], procs), human(r["nvml_used_last"]),
              human(r["traced_last"]), human(r["untraced_last"]), _range(r["untraced_min"], r["untraced_max"]),
              str(r["samples"]), "; ".join(notes)]
         )
@@ -461,8 +483,8 @@ def _render_reconciliation(rc: dict, procs: dict, width: int) -> list[str]:
     return out
 
 
-def _render_split(rc: dict, procs: dict, width: int) -> list[str]:
-    """The untraced band split (memrec.analysis.untraced), the contexts, and the split per phase."""
+def _render_split(rc: dict, procs: dict[int, ProcessEntry], width: int) -> list[str]:
+    """The untraced band split (memrec.analysis.untraced.split), the contexts, and the split per phase."""
     rows = []
     splits = [r["split"] for r in rc["processes"] if r.get("split")]
     d = rc["device"]
@@ -471,7 +493,7 @@ def _render_split(rc: dict, procs: dict, width: int) -> list[str]:
     for r in rc["processes"]:
         sp = r.get("split")
         if sp:
-            rows.append([str(r["pid"]), procs.get(r["pid"], {}).get("rank", ""), human(r["untraced_last"]),
+            rows.append([str(r["pid"]), _rank_of(r["pid"], procs), human(r["untraced_last"]),
                          *(human(sp[k]) for k in cols)])
             shares.append(f"pid {r['pid']} {_share(r.get('explained_share'))}")
     if d is not None and d.get("split"):
@@ -531,10 +553,10 @@ def _range(lo: int | None, hi: int | None) -> str:
     return "-" if lo is None or hi is None else f"{human(lo)}..{human(hi)}"
 
 
-def _failure_table(failures: list[dict]) -> list[str]:
+def _failure_table(failures: list[FailedCall]) -> list[str]:
     rows = []
     for f in failures:
-        gpu = "?" if f["gpu"] < 0 else str(f["gpu"]) + ("?" if f["gpu_inferred"] else "")
-        size = human(f["size"]) if f["size"] else "-"
-        rows.append([_t(f["t_s"]), str(f["pid"]), gpu, f["api"], size, f["result_name"]])
+        gpu = "?" if f.gpu < 0 else str(f.gpu) + ("?" if f.gpu_inferred else "")
+        size = human(f.size) if f.size else "-"
+        rows.append([_t(f.t_s), str(f.pid), gpu, f.api, size, f.result_name])
     return table(["TIME", "PID", "GPU", "API", "SIZE", "RESULT"], rows, right={0, 1, 4}, indent="    ")

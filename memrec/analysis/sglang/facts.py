@@ -91,16 +91,18 @@ def oom_line(o: dict, human) -> str:
     return line
 
 
-def nccl_vmm(ranks: list[dict]) -> list[dict]:
+def nccl_vmm(ranks: list[tuple[int, str, list[tuple[str, str, int | None, dict[str, int]]]]]) -> list[dict]:
     """Per rank, the cuMem (VMM) memory its ``dist_init`` phase took outside the custom
     all-reduce's own span: NCCL's buffers (NCCL allocates with cuMem when NCCL_CUMEM_ENABLE is on,
-    the default since NCCL 2.19), before the memory baseline, so they lower the slack."""
+    the default since NCCL 2.19), before the memory baseline, so they lower the slack.
+
+    ``ranks``: ``(pid, label, phases)``, each phase ``(kind, name, gpu, bytes by category)``."""
     out = []
-    for r in ranks:
-        for x in r["phases"]:
-            vmm = x["by_category"].get("vmm", 0) if x["kind"] == "phase" and x["name"] == "dist_init" else 0
+    for pid, label, rows in ranks:
+        for kind, name, gpu, by_category in rows:
+            vmm = by_category.get("vmm", 0) if kind == "phase" and name == "dist_init" else 0
             if vmm > 0:
-                out.append({"pid": r["pid"], "label": r["label"], "gpu": x["gpu"], "bytes": vmm})
+                out.append({"pid": pid, "label": label, "gpu": gpu, "bytes": vmm})
     return out
 
 

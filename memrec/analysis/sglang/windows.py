@@ -3,7 +3,7 @@ between the baseline and the KV sizing, per GPU.
 
 SGLang sizes its KV cache from what is free at the sizing minus what was free at the baseline, so
 memory taken in between lowers the budget one for one. ``memrec report``'s SGLang section
-(:mod:`memrec.analysis.sglang_report`) and ``memrec diff`` (:mod:`memrec.analysis.diff`) both
+(:mod:`memrec.analysis.sglang.section`) and ``memrec diff`` (:mod:`memrec.analysis.diff.build`) both
 read these windows. Pure: markers, :class:`~memrec.engine.phases.Phases` and the replay's
 :class:`~memrec.engine.journal.Journal` in, dicts of exact byte counts out.
 """
@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from memrec.analysis.kv_budget import PROFILERS
-from memrec.analysis.kv_budget import KvBudget
-from memrec.analysis.kv_budget import kv_budgets
+from memrec.analysis.sglang.kv_budget import PROFILERS
+from memrec.analysis.sglang.kv_budget import KvBudget
+from memrec.analysis.sglang.kv_budget import kv_budgets
 from memrec.analysis.text import seconds
 from memrec.engine.group import group
 from memrec.engine.group import group_sum

@@ -7,7 +7,7 @@ its owner). The difference is the explicit **untraced** band of that process::
 
     untraced = NVML used - traced
 
-memory the driver API calls memrec sees do not account for. :mod:`memrec.analysis.untraced` splits
+memory the driver API calls memrec sees do not account for. :mod:`memrec.analysis.untraced.split` splits
 it into context | module code | pools | before recording | unexplained (``splits``, and every
 context bound with its cost in ``contexts``); the rest is the allocator's page rounding (the
 driver hands out 2 MiB pages; memrec counts the bytes asked) and whatever no probed call explains.
@@ -49,15 +49,15 @@ from memrec.engine.replay import trace_phases
 from memrec.engine.series import GpuSeries
 from memrec.engine.replay import Timeline
 from memrec.engine.replay import build_timeline
-from memrec.analysis.untraced import SEVERAL
-from memrec.analysis.untraced import SPLIT
-from memrec.analysis.untraced import ContextRecord
-from memrec.analysis.untraced import Explainers
-from memrec.analysis.untraced import UntracedSplit
-from memrec.analysis.untraced import contexts
-from memrec.analysis.untraced import pool_held
-from memrec.analysis.untraced import explained_share
-from memrec.analysis.untraced import split_process
+from memrec.analysis.untraced.split import SEVERAL
+from memrec.analysis.untraced.split import SPLIT
+from memrec.analysis.untraced.split import ContextRecord
+from memrec.analysis.untraced.split import Explainers
+from memrec.analysis.untraced.split import UntracedSplit
+from memrec.analysis.untraced.split import contexts
+from memrec.analysis.untraced.split import pool_held
+from memrec.analysis.untraced.split import explained_share
+from memrec.analysis.untraced.split import split_process
 from memrec.events import Kind
 from memrec.events import OWNED
 
@@ -263,7 +263,7 @@ def reconcile(trace: Any, timeline: Timeline | None = None, phases: Any = None) 
 
 
 def _split_untraced(out: Reconciliation, events: np.ndarray, phases: Any, threads: dict[int, int | None]) -> None:
-    """Fill ``out.splits`` and ``out.contexts`` (memrec.analysis.untraced); ``threads``: GPU ->
+    """Fill ``out.splits`` and ``out.contexts`` (memrec.analysis.untraced.split); ``threads``: GPU ->
     its resident threads (the stack limit's cost per byte), where the trace's header knows it."""
     out.phase_label = phases.label
     phase_of = phases.phase_at if phases.phases else (lambda _pid, _ts: -1)

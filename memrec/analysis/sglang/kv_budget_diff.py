@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memrec.analysis.kv_budget import KvBudget
-from memrec.analysis.kv_budget import gib_text
-from memrec.analysis.kv_budget import none_last
+from memrec.analysis.sglang.kv_budget import KvBudget
+from memrec.analysis.sglang.kv_budget import gib_text
+from memrec.analysis.sglang.kv_budget import none_last
 
 
 _DELTA_FIELDS = (

@@ -1,4 +1,4 @@
-"""The report's ``tensors`` section as text (built by :mod:`memrec.analysis.tensors`)."""
+"""The report's ``tensors`` section as text (built by :mod:`memrec.analysis.report.tensors`)."""
 
 from __future__ import annotations
 

@@ -34,6 +34,7 @@ import math
 from dataclasses import asdict
 from dataclasses import dataclass
 from dataclasses import field
+from typing import Any
 from typing import Iterable
 
 from memrec.events import Marker
@@ -321,11 +322,7 @@ def _build(group: _Group, whole: _Group | None) -> KvBudget:
     ranks.update(group.ranks)
 
     pre = _num(_first(b.get("pre_model_load_memory"), base.get("pre_model_load_memory"), p.get("pre_model_load_memory")))
-    available = _num(b.get("available_gpu_memory"))
-    world_min = b.get("available_gpu_memory_distributed")
-    if available is None and measured and not group.draft:
-        available = _num(measured.get("result_gib"))
-        world_min = measured.get("distributed")
+    available, world_min = _available(b, measured, group.draft)
     fraction = _num(_first(b.get("mem_fraction_static"), d.get("mem_fraction_static")))
     cell = _int(_first(b.get("cell_size"), p.get("cell_size")))
     if cell is not None and cell <= 0:
@@ -345,41 +342,17 @@ def _build(group: _Group, whole: _Group | None) -> KvBudget:
     memrec_tokens = None
     if cell is not None and (sglang_rest is not None or nbytes is not None):
         memrec_tokens = (sglang_rest if sglang_rest is not None else nbytes) // cell  # type: ignore[operator]
-    if sglang_tokens is not None:
-        tokens, source = sglang_tokens, "sglang"
-    elif memrec_tokens is not None:
-        tokens, source = memrec_tokens, "cell_size"
-    elif final_tokens is not None:
-        tokens, source = final_tokens, "pool"
-    else:
-        tokens = source = None
-
-    # SGLang's terms beyond the formula: its own rest (0.5.11+), or what its token count implies
-    # (≤ 0.5.10: tokens × cell is its rest to within one cell).
-    other = None
-    if rest is not None:
-        if sglang_rest is not None:
-            other = sglang_rest / GIB - rest
-        elif b.get("max_num_token") is not None and sglang_tokens is not None and cell is not None:
-            implied = sglang_tokens * cell / GIB
-            other = implied - rest if abs(implied - rest) >= cell / GIB else 0.0
+    tokens, source = _tokens(sglang_tokens, memrec_tokens, final_tokens)
+    other = _other_reservations(rest, sglang_rest, b, sglang_tokens, cell)
 
     before_mamba, after_mamba = _num(b.get("rest_before_mamba_gib")), _num(b.get("rest_after_mamba_gib"))
-    mamba = after_mamba - before_mamba if before_mamba is not None and after_mamba is not None else None
 
     minimum = min_mem_fraction_static(available, pre) if available is not None and pre is not None else None
 
-    error = None
-    for candidate in (b, p) if group.draft else (b, p, w):
-        text = candidate.get("error")
-        if text:
-            error = str(text)
-            break
+    error = next((str(c["error"]) for c in ((b, p) if group.draft else (b, p, w)) if c.get("error")), None)
     # SGLang raised inside its budget function: whatever it subtracts beyond the formula is unknown.
     unknown = ("other_reservations",) if b.get("error") and sglang_rest is None and sglang_tokens is None else ()
 
-    free_base = _int(base.get("free_bytes"))
-    free_budget = _int(b.get("free_bytes"))
     any_marker = group.budget or group.pool or group.baseline
     return KvBudget(
         pid=group.pid,
@@ -405,7 +378,7 @@ def _build(group: _Group, whole: _Group | None) -> KvBudget:
         memrec_tokens=memrec_tokens,
         max_total_num_tokens=final_tokens,
         other_reservations_gib=other,
-        mamba_cache_gib=mamba,
+        mamba_cache_gib=after_mamba - before_mamba if before_mamba is not None and after_mamba is not None else None,
         mm_reservation_gib=_num(b.get("mm_reservation_gib")),
         fixed_overhead_bytes=_int(p.get("fixed_overhead_bytes")),
         page_size=_int(p.get("page_size")),
@@ -413,12 +386,54 @@ def _build(group: _Group, whole: _Group | None) -> KvBudget:
         sized_by_target=group.draft,
         min_mem_fraction_static=minimum,
         weight_load_mem_usage=_num(load.get("weight_load_mem_usage")),
-        local_free_at_baseline_gib=None if free_base is None else free_base / GIB,
-        local_free_at_budget_gib=None if free_budget is None else free_budget / GIB,
+        local_free_at_baseline_gib=_gib_of(_int(base.get("free_bytes"))),
+        local_free_at_budget_gib=_gib_of(_int(b.get("free_bytes"))),
         error=error,
         error_kind=classify_error(error),
         ts=group.budget.ts if group.budget is not None else None,
     )
+
+
+def _gib_of(nbytes: int | None) -> float | None:
+    return None if nbytes is None else nbytes / GIB
+
+
+def _available(b: dict, measured: dict, draft: bool) -> tuple[float | None, Any]:
+    """SGLang's available GPU memory and whether it is the world's minimum: the budget marker's,
+    else (the target runner) what the hooks measured around its ``get_available_gpu_memory``."""
+    available = _num(b.get("available_gpu_memory"))
+    world_min = b.get("available_gpu_memory_distributed")
+    if available is None and measured and not draft:
+        available = _num(measured.get("result_gib"))
+        world_min = measured.get("distributed")
+    return available, world_min
+
+
+def _tokens(sglang_tokens: int | None, memrec_tokens: int | None,
+            final_tokens: int | None) -> tuple[int | None, str | None]:
+    """The KV cache's token count and where it came from: SGLang's own, else rest / cell size,
+    else the pool's final count."""
+    if sglang_tokens is not None:
+        return sglang_tokens, "sglang"
+    if memrec_tokens is not None:
+        return memrec_tokens, "cell_size"
+    if final_tokens is not None:
+        return final_tokens, "pool"
+    return None, None
+
+
+def _other_reservations(rest: float | None, sglang_rest: int | None, b: dict, sglang_tokens: int | None,
+                        cell: int | None) -> float | None:
+    """SGLang's terms beyond the formula (GiB): its own rest (0.5.11+), or what its token count
+    implies (≤ 0.5.10: tokens × cell is its rest to within one cell)."""
+    if rest is None:
+        return None
+    if sglang_rest is not None:
+        return sglang_rest / GIB - rest
+    if b.get("max_num_token") is not None and sglang_tokens is not None and cell is not None:
+        implied = sglang_tokens * cell / GIB
+        return implied - rest if abs(implied - rest) >= cell / GIB else 0.0
+    return None
 
 
 # -- explanation -------------------------------------------------------------------------------

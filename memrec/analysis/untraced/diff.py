@@ -3,17 +3,17 @@
 Why its own module: a run that fails where another works often differs outside the allocations:
 a custom all-reduce binds a context on every peer GPU, NCCL loads its kernels, a pool keeps what
 was freed. Per rank (processes matched as the rest of the diff matches them) and GPU, each run's
-split at its processes' last samples (:mod:`memrec.analysis.untraced`) and the difference.
+split at its processes' last samples (:mod:`memrec.analysis.untraced.split`) and the difference.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from memrec.analysis.reconcile import Reconciliation
+from memrec.analysis.untraced.reconcile import Reconciliation
 from memrec.analysis.text import table
-from memrec.analysis.untraced import SPLIT
-from memrec.analysis.untraced import SPLIT_HEADINGS
+from memrec.analysis.untraced.split import SPLIT
+from memrec.analysis.untraced.split import SPLIT_HEADINGS
 
 RankKey = tuple
 

@@ -1,6 +1,6 @@
 """The untraced band split into what it is, attributed only where a measurement shows it.
 
-NVML's per-process ``used`` minus the traced bytes (:mod:`memrec.analysis.reconcile`; CUDA arrays
+NVML's per-process ``used`` minus the traced bytes (:mod:`memrec.analysis.untraced.reconcile`; CUDA arrays
 are traced, sized from their descriptors) is one number that hides several things, measured on an
 H200 (docs/validation/untraced-explore.md, docs/validation/families.md):
 
@@ -581,55 +581,85 @@ def split_process(
     if pools is not None and len(pools[0]):
         rows = np.searchsorted(pools[0], ts, side="right") - 1
         model = np.where(rows >= 0, pools[1][np.maximum(rows, 0)], 0)
-    residual = nvml_used - traced - model
-    e_ts, _e_gpu, e_str, e_api, e_ctx, e_kind, e_lib, e_size, e_start = explainers.of(pid, gpu)
-    longest = int((e_ts - e_start).max()) if len(e_ts) else 0
     rows_p = explainers.pending.get(pid)
     if rows_p is not None:
         rows_p = rows_p[(rows_p["gpu"] == gpu) | (rows_p["gpu"] < 0)]
-    costs = _Costs(rows_p, threads)
+    sp = _Splitter(pid, ts, model, nvml_used - traced - model, traced, explainers.of(pid, gpu), phase_of,
+                   _Costs(rows_p, threads))
     cum = {name: np.zeros(n, dtype=np.int64) for name in SPLIT}
-    totals = dict.fromkeys(SPLIT, 0)
-    steps: list[Step] = []
-    binds = np.isin(e_kind, [_K[Kind.CTX], _K[Kind.CTX_BEGIN]])
-    bound_before = bool(len(e_ts)) and bool((binds & (e_ts <= (ts[0] if n else 0))).any())
-    # Module code's bound up to each call: the loads so far, those of unknown size, their budget.
-    loads = e_kind == _K[Kind.CODE_LOAD]
-    n_loads = np.cumsum(loads)
-    n_unknown = np.cumsum(loads & (e_size <= 0))
-    budget_sum = np.cumsum(np.where(loads & (e_size > 0), MODULE_FACTOR * e_size + GRANULE, 0))
-    module_used = 0
+    binds = np.isin(sp.e_kind, [_K[Kind.CTX], _K[Kind.CTX_BEGIN]])
+    bound_before = bool(len(sp.e_ts)) and bool((binds & (sp.e_ts <= (ts[0] if n else 0))).any())
+    for k in range(n):
+        delta = int(sp.residual[k] - (sp.residual[k - 1] if k else 0))
+        since = int(ts[k - 1]) if k else None
+        sp.costs.advance(int(ts[k]))
+        if k == 0 and not bound_before:
+            sp.record(k, since, delta, "before_recording", None, None)
+        else:
+            sp.sample(k, since, delta)
+        for name in SPLIT:
+            cum[name][k] = sp.totals[name]
+    return UntracedSplit(
+        gpu=gpu, pid=pid, ts=ts, pools=model + cum["pools"], context=cum["context"], module_code=cum["module_code"],
+        before_recording=cum["before_recording"], unexplained=cum["unexplained"], steps=sp.steps,
+        limits=cum["limits"], graph=cum["graph"], multicast=cum["multicast"],
+    )
 
-    def record(k: int, since: int | None, nbytes: int, category: str, cause_i: int | None, cost: _Cost | None,
-               several: bool = False) -> None:
-        totals[category] += nbytes
+
+class _Splitter:
+    """:func:`split_process`'s walk over one process's samples on one GPU: the pools' model, the
+    residual (NVML used − traced − that model), the explaining calls (``e_*`` columns), the running totals
+    per family, the steps so far, the module code used so far, and a step held back."""
+
+    def __init__(self, pid: int, ts: np.ndarray, model: np.ndarray, residual: np.ndarray, traced: np.ndarray,
+                 explaining: tuple, phase_of, costs: _Costs) -> None:
+        self.pid, self.ts, self.model, self.residual, self.traced = pid, ts, model, residual, traced
+        self.phase_of, self.costs = phase_of, costs
+        (self.e_ts, _e_gpu, self.e_str, self.e_api, self.e_ctx, self.e_kind, self.e_lib, self.e_size,
+         self.e_start) = explaining
+        self.longest = int((self.e_ts - self.e_start).max()) if len(self.e_ts) else 0
+        self.totals = dict.fromkeys(SPLIT, 0)
+        self.steps: list[Step] = []
+        # Module code's bound up to each call: the loads so far, those of unknown size, their budget.
+        loads = self.e_kind == _K[Kind.CODE_LOAD]
+        self.n_loads = np.cumsum(loads)
+        self.n_unknown = np.cumsum(loads & (self.e_size <= 0))
+        self.budget_sum = np.cumsum(np.where(loads & (self.e_size > 0), MODULE_FACTOR * self.e_size + GRANULE, 0))
+        self.module_used = 0
+        self.held_back, self.held_since = 0, None  # a step held unexplained (ran_ahead) and where it began
+
+    def record(self, k: int, since: int | None, nbytes: int, category: str, cause_i: int | None,
+               cost: _Cost | None, several: bool = False) -> None:
+        self.totals[category] += nbytes
         if not nbytes:
             return
         if cost is not None and cause_i is None:
             api, cause_ts, ctx, lib = cost.api, cost.ts, None, None
         elif cause_i is not None:
-            api, cause_ts = int(e_api[cause_i]), int(e_ts[cause_i])
-            ctx = int(e_ctx[cause_i]) if category == "context" else None
-            lib = SEVERAL if several else e_lib[cause_i]
+            api, cause_ts = int(self.e_api[cause_i]), int(self.e_ts[cause_i])
+            ctx = int(self.e_ctx[cause_i]) if category == "context" else None
+            lib = SEVERAL if several else self.e_lib[cause_i]
         else:
             api = cause_ts = ctx = lib = None
-        steps.append(Step(
-            ts=int(ts[k]), since=since, bytes=nbytes, category=category,
+        self.steps.append(Step(
+            ts=int(self.ts[k]), since=since, bytes=nbytes, category=category,
             cause=Api(api).name if api is not None and api in Api._value2member_map_ else None,
-            cause_ts=cause_ts, phase=phase_of(pid, cause_ts if cause_ts is not None else int(ts[k])),
+            cause_ts=cause_ts, phase=self.phase_of(self.pid, cause_ts if cause_ts is not None else int(self.ts[k])),
             context=ctx, library=lib,
         ))
 
-    def bracket_of(since: int | None, until: int, delta: int) -> tuple[tuple[str, float] | None, int | None, bool]:
+    def bracket_of(self, since: int | None, until: int,
+                   delta: int) -> tuple[tuple[str, float] | None, int | None, bool]:
         """The strongest explaining call in (since, until] (and those still running at ``until``):
         ((category, bound) or None, its index, whether several libraries' code calls share it)."""
+        e_ts, e_str = self.e_ts, self.e_str
         lo = int(np.searchsorted(e_ts, since, side="right")) if since is not None else 0
         hi = int(np.searchsorted(e_ts, until, side="right"))
         # (Those that returned come last: of equal strength, the cause named is one of them.)
         idx = np.arange(lo, hi)
-        if longest:
-            more = np.arange(hi, int(np.searchsorted(e_ts, until + longest, side="right")))
-            idx = np.concatenate((more[e_start[more] <= until], idx))
+        if self.longest:
+            more = np.arange(hi, int(np.searchsorted(e_ts, until + self.longest, side="right")))
+            idx = np.concatenate((more[self.e_start[more] <= until], idx))
         if not len(idx):
             return None, None, False
         window = e_str[idx]
@@ -643,82 +673,75 @@ def split_process(
         several = False
         if category == "module_code":
             last = int(idx.max())  # no load seen by then, or one of unknown size: no bound
-            known = int(n_loads[last]) and not int(n_unknown[last])
-            bound = float(budget_sum[last] - module_used) if known else float("inf")
+            known = int(self.n_loads[last]) and not int(self.n_unknown[last])
+            bound = float(self.budget_sum[last] - self.module_used) if known else float("inf")
             # several libraries' calls in one interval: name none
-            several = len({e_lib[i] for i in idx.tolist() if int(e_str[i]) == _MODULE}) > 1
+            several = len({self.e_lib[i] for i in idx.tolist() if int(e_str[i]) == _MODULE}) > 1
         elif category == "graph":
-            bound = float(sum(c.hi for c in costs.open.values() if c.category == "graph"))
+            bound = float(sum(c.hi for c in self.costs.open.values() if c.category == "graph"))
         return (category, bound), cause_i, several
 
-    def ran_ahead(k: int, delta: int, bracket: tuple[str, float] | None) -> bool:
+    def ran_ahead(self, k: int, delta: int, bracket: tuple[str, float] | None) -> bool:
         """Whether reading ``k`` already showed bytes of calls stamped after it (NVML is read
         after the reading's stamp, while the process runs on): the next interval's residual falls
         by bytes the probes traced in it, with no bracketed family holding that much to give back.
         The two intervals are then one step (reading ``k``'s step is held unexplained until then)."""
-        if delta <= 0 or k + 1 >= n:
+        if delta <= 0 or k + 1 >= len(self.ts):
             return False
-        drop = int(residual[k + 1] - residual[k])
-        if drop >= 0 or int(traced[k + 1] - traced[k]) < -drop - tolerance(drop):
+        drop = int(self.residual[k + 1] - self.residual[k])
+        if drop >= 0 or int(self.traced[k + 1] - self.traced[k]) < -drop - tolerance(drop):
             return False
-        nb, _, _ = bracket_of(int(ts[k]), int(ts[k + 1]), drop)
+        nb, _, _ = self.bracket_of(int(self.ts[k]), int(self.ts[k + 1]), drop)
         if nb is None or nb[0] == "pools":
             return nb is None
-        held = totals[nb[0]] + (delta if bracket is not None and bracket[0] == nb[0] else 0)
+        held = self.totals[nb[0]] + (delta if bracket is not None and bracket[0] == nb[0] else 0)
         return held + drop < -tolerance(drop)
 
-    held_back, held_since = 0, None  # a step held unexplained (ran_ahead) and where it began
-    for k in range(n):
-        delta = int(residual[k] - (residual[k - 1] if k else 0))
-        since = int(ts[k - 1]) if k else None
-        costs.advance(int(ts[k]))
-        if k == 0 and not bound_before:
-            record(k, since, delta, "before_recording", None, None)
-            for name in SPLIT:
-                cum[name][k] = totals[name]
-            continue
+    def sample(self, k: int, since: int | None, delta: int) -> None:
+        """Sample ``k``: its change of the residual, and a step held back before it, split."""
         start = since
-        if held_back:
-            record(k, since, -held_back, "unexplained", None, None)
-            delta += held_back
-            start, held_back = held_since, 0
-        if delta:
-            bracket, cause_i, several = bracket_of(start, int(ts[k]), delta)
-            if ran_ahead(k, delta, bracket):
-                record(k, since, delta, "unexplained", None, None)
-                held_back, held_since = delta, start
-            elif delta < 0:
-                # A family gives back only what it holds (the pools: the pool model's bytes and
-                # the steps put on them); a drop past that is not its, and stays unexplained.
-                held = 0 if bracket is None else totals[bracket[0]] + (int(model[k]) if bracket[0] == "pools" else 0)
+        if self.held_back:
+            self.record(k, since, -self.held_back, "unexplained", None, None)
+            delta += self.held_back
+            start, self.held_back = self.held_since, 0
+        if not delta:
+            return
+        bracket, cause_i, several = self.bracket_of(start, int(self.ts[k]), delta)
+        if self.ran_ahead(k, delta, bracket):
+            self.record(k, since, delta, "unexplained", None, None)
+            self.held_back, self.held_since = delta, start
+        elif delta < 0:
+            # A family gives back only what it holds (the pools: the pool model's bytes and
+            # the steps put on them); a drop past that is not its, and stays unexplained.
+            give = 0  # no bracketed family: all of it unexplained
+            if bracket is not None:
+                held = self.totals[bracket[0]] + (int(self.model[k]) if bracket[0] == "pools" else 0)
                 give = delta if held + delta >= -tolerance(delta) else -max(held, 0)
-                if give:
-                    record(k, start, give, bracket[0], cause_i, None, several)
-                    if bracket[0] == "module_code":
-                        module_used += give
-                record(k, start, delta - give, "unexplained", None, None)
-            else:
-                parts = _explain(delta, costs, bracket)
-                if parts is None:
-                    record(k, start, delta, "unexplained", None, None)
-                else:
-                    left = delta
-                    for category, nbytes, cost in parts:
-                        nbytes = min(nbytes, left) if nbytes > 0 else nbytes
-                        record(k, start, nbytes, category, cause_i if cost is None else None, cost, several)
-                        left -= nbytes
-                        if cost is not None:
-                            costs.settle(cost, nbytes)
-                        if cost is None and category == "module_code":
-                            module_used += nbytes
-                    record(k, start, left, "unexplained", None, None)
-        for name in SPLIT:
-            cum[name][k] = totals[name]
-    return UntracedSplit(
-        gpu=gpu, pid=pid, ts=ts, pools=model + cum["pools"], context=cum["context"], module_code=cum["module_code"],
-        before_recording=cum["before_recording"], unexplained=cum["unexplained"], steps=steps,
-        limits=cum["limits"], graph=cum["graph"], multicast=cum["multicast"],
-    )
+            if give:
+                self.record(k, start, give, bracket[0], cause_i, None, several)  # type: ignore[index]
+                if bracket[0] == "module_code":  # type: ignore[index]
+                    self.module_used += give
+            self.record(k, start, delta - give, "unexplained", None, None)
+        else:
+            self.take(k, start, delta, bracket, cause_i, several)
+
+    def take(self, k: int, start: int | None, delta: int, bracket: tuple[str, float] | None, cause_i: int | None,
+             several: bool) -> None:
+        """A rise of the residual: to the families that explain it, up to their bounds, the rest unexplained."""
+        parts = _explain(delta, self.costs, bracket)
+        if parts is None:
+            self.record(k, start, delta, "unexplained", None, None)
+            return
+        left = delta
+        for category, nbytes, cost in parts:
+            nbytes = min(nbytes, left) if nbytes > 0 else nbytes
+            self.record(k, start, nbytes, category, cause_i if cost is None else None, cost, several)
+            left -= nbytes
+            if cost is not None:
+                self.costs.settle(cost, nbytes)
+            if cost is None and category == "module_code":
+                self.module_used += nbytes
+        self.record(k, start, left, "unexplained", None, None)
 
 
 def explained_share(nvml_used: int, traced: int, split: dict[str, int]) -> float | None:

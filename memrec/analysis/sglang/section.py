@@ -16,11 +16,11 @@ journal. For every scheduler process (a TP/PP/DP rank):
   raised and which phases' allocations made the difference.
 
 Ranks come from the markers' ``tp_rank`` / ``pp_rank`` / ``dp_rank`` (:mod:`memrec.ranks`).
-``memrec diff`` (:mod:`memrec.analysis.diff`) uses the same windows (:mod:`memrec.analysis.sglang_windows`).
+``memrec diff`` (:mod:`memrec.analysis.diff.build`) uses the same windows (:mod:`memrec.analysis.sglang.windows`).
 
 Pure: takes the trace's markers, :class:`~memrec.engine.phases.Phases` and the replay's
-:class:`~memrec.engine.journal.Journal`; returns JSON-able dicts (bytes exact ints, SGLang's
-GiB as floats under its own names).
+:class:`~memrec.engine.journal.Journal`; returns a :class:`~memrec.analysis.sglang.model.SglangSection`
+(bytes exact ints, SGLang's GiB as floats under its own names; ``to_json()`` for the report's JSON).
 """
 
 from __future__ import annotations
@@ -30,24 +30,25 @@ from typing import Any
 
 import numpy as np
 
-from memrec.analysis.kv_budget import GIB
-from memrec.analysis.kv_budget import PROFILERS
-from memrec.analysis.kv_budget import KvBudget
-from memrec.analysis.kv_budget import kv_budgets
-from memrec.analysis.kv_budget import summarize
-from memrec.analysis.kv_budget import terms_lines
+from memrec.analysis.sglang.kv_budget import GIB
+from memrec.analysis.sglang.kv_budget import PROFILERS
+from memrec.analysis.sglang.kv_budget import KvBudget
+from memrec.analysis.sglang.kv_budget import kv_budgets
+from memrec.analysis.sglang.kv_budget import summarize
+from memrec.analysis.sglang.kv_budget import terms_lines
 from memrec.engine.phases import NO_PHASE
 from memrec.engine.phases import Phases
-from memrec.analysis.sglang_facts import contexts_line
-from memrec.analysis.sglang_facts import custom_ar_facts
-from memrec.analysis.sglang_facts import custom_ar_line
-from memrec.analysis.sglang_facts import markers_dropped
-from memrec.analysis.sglang_facts import nccl_line
-from memrec.analysis.sglang_facts import nccl_vmm
-from memrec.analysis.sglang_facts import oom_line
-from memrec.analysis.sglang_facts import ooms_after_sizing
-from memrec.analysis.sglang_facts import process_contexts
-from memrec.analysis.sglang_facts import torch_reserved_delta
+from memrec.analysis.sections import OMITTED
+from memrec.analysis.sglang.facts import contexts_line
+from memrec.analysis.sglang.facts import custom_ar_facts
+from memrec.analysis.sglang.facts import custom_ar_line
+from memrec.analysis.sglang.facts import markers_dropped
+from memrec.analysis.sglang.facts import nccl_line
+from memrec.analysis.sglang.facts import nccl_vmm
+from memrec.analysis.sglang.facts import oom_line
+from memrec.analysis.sglang.facts import ooms_after_sizing
+from memrec.analysis.sglang.facts import process_contexts
+from memrec.analysis.sglang.facts import torch_reserved_delta
 from memrec.events import OWNED
 from memrec.engine.journal import Journal
 from memrec.events import CATEGORIES
@@ -56,12 +57,18 @@ from memrec.ranks import format_rank
 from memrec.ranks import marker_ranks
 from memrec.ranks import rank_sort_key
 from memrec.ranks import shown_dims
-from memrec.analysis.sglang_windows import MAPPED
-from memrec.analysis.sglang_windows import KvTimes
-from memrec.analysis.sglang_windows import KvWindow
-from memrec.analysis.sglang_windows import kv_times
-from memrec.analysis.sglang_windows import kv_windows
-from memrec.analysis.sglang_windows import rank_gpus
+from memrec.analysis.sglang.model import RankBudget
+from memrec.analysis.sglang.model import RankError
+from memrec.analysis.sglang.model import SglangPhase
+from memrec.analysis.sglang.model import SglangRank
+from memrec.analysis.sglang.model import SglangSection
+from memrec.analysis.sglang.model import SglangSummary
+from memrec.analysis.sglang.windows import MAPPED
+from memrec.analysis.sglang.windows import KvTimes
+from memrec.analysis.sglang.windows import KvWindow
+from memrec.analysis.sglang.windows import kv_times
+from memrec.analysis.sglang.windows import kv_windows
+from memrec.analysis.sglang.windows import rank_gpus
 from memrec.analysis.text import human
 from memrec.analysis.text import scalar
 from memrec.analysis.text import seconds
@@ -160,7 +167,7 @@ def _when(start: int, end: int, name: str, t: KvTimes | None) -> str | None:
 
 
 def _phase_rows(pid: int, phases: Phases, usage: list, t: KvTimes | None, start: int, gpu: int | None,
-                torch_delta: dict | None = None) -> list[dict]:
+                torch_delta: dict | None = None) -> list[SglangPhase]:
     """One row per (phase, GPU) of ``pid`` (a phase without memory: one row, its marker's GPU)."""
     mem: dict[int, dict[int, dict[str, int]]] = {}
     for u in usage:
@@ -176,22 +183,21 @@ def _phase_rows(pid: int, phases: Phases, usage: list, t: KvTimes | None, start:
             if gpu is not None and g != gpu:
                 continue
             cats = {c: cats[c] for c in CATEGORIES if cats.get(c)}
-            rows.append(
-                {
-                    "kind": "phase", "name": ph.name, "path": ph.path, "depth": ph.depth,
-                    "gpu": None if g < 0 else g, "start_ts": ph.start, "end_ts": ph.end,
-                    "start_s": seconds(ph.start - start), "end_s": seconds(ph.end - start), "closed": ph.closed,
-                    "when": _when(ph.start, ph.end, ph.name, t),
-                    "by_category": cats,
-                    "net": sum(v for c, v in cats.items() if c in OWNED),
-                    "mapped_net": cats.get(MAPPED, 0),
-                    "values": _shown_values(ph.name, ph.values),
-                }
+            row = SglangPhase(
+                kind="phase", name=ph.name, path=ph.path, depth=ph.depth,
+                gpu=None if g < 0 else g, start_ts=ph.start, end_ts=ph.end,
+                start_s=seconds(ph.start - start), end_s=seconds(ph.end - start), closed=ph.closed,
+                when=_when(ph.start, ph.end, ph.name, t),
+                by_category=cats,
+                net=sum(v for c, v in cats.items() if c in OWNED),
+                mapped_net=cats.get(MAPPED, 0),
+                values=_shown_values(ph.name, ph.values),
             )
             delta = (torch_delta or {}).get((pid, ph.start, ph.name))
             if delta is not None and (ph.gpu is None or g in (ph.gpu, -1)):
-                rows[-1]["torch_reserved"] = delta
-                rows[-1]["non_torch"] = rows[-1]["net"] - delta
+                row.torch_reserved = delta
+                row.non_torch = row.net - delta
+            rows.append(row)
     for i in phases.instants:
         if i.pid != pid:
             continue
@@ -200,14 +206,14 @@ def _phase_rows(pid: int, phases: Phases, usage: list, t: KvTimes | None, start:
             continue
         depth = phases.phases[i.phase].depth + 1 if i.phase >= 0 else 0
         rows.append(
-            {
-                "kind": "instant", "name": i.name, "path": i.name, "depth": depth, "gpu": i.gpu,
-                "start_ts": i.ts, "end_ts": i.ts, "start_s": seconds(i.ts - start), "end_s": seconds(i.ts - start),
-                "closed": True, "when": None, "by_category": {}, "net": 0, "mapped_net": 0,
-                "values": _shown_values(i.name, i.values),
-            }
+            SglangPhase(
+                kind="instant", name=i.name, path=i.name, depth=depth, gpu=i.gpu,
+                start_ts=i.ts, end_ts=i.ts, start_s=seconds(i.ts - start), end_s=seconds(i.ts - start),
+                closed=True, when=None, by_category={}, net=0, mapped_net=0,
+                values=_shown_values(i.name, i.values),
+            )
         )
-    rows.sort(key=lambda r: (r["start_ts"], r["kind"] == "phase", r["depth"]))
+    rows.sort(key=lambda r: (r.start_ts, r.kind == "phase", r.depth))
     return rows
 
 
@@ -366,7 +372,7 @@ def budget_lines(b: KvBudget) -> list[str]:
 def build_sglang_section(
     trace: Any, phases: Phases, journal: Journal, usage: list, start: int,
     gpu: int | None = None, pid: int | None = None,
-) -> dict | None:
+) -> SglangSection | None:
     """The SGLang section of the report (None when the trace has no SGLang markers).
 
     Args:
@@ -401,45 +407,54 @@ def build_sglang_section(
         for b in budgets:
             if b.pid != p:
                 continue
-            d = b.to_dict()
-            d["label"] = format_rank(ranks.get(p, {}), dims, b.draft) or f"pid {p}" + (" draft" if b.draft else "")
-            d["sglang_label"] = b.label
-            d["formula"] = budget_lines(b)
             w = windows.get(g) if not b.draft and g is not None else None
-            d["diagnosis"] = diagnose(b, w, windows) if w is not None else None
-            own.append(d)
+            own.append(RankBudget(
+                budget=b,
+                label=format_rank(ranks.get(p, {}), dims, b.draft) or f"pid {p}" + (" draft" if b.draft else ""),
+                formula=budget_lines(b),
+                diagnosis=diagnose(b, w, windows) if w is not None else None,
+            ))
         errors = [
-            {"phase": ph.path, "error": str(ph.values["error"]), "at": ph.values.get("error_at"),
-             "traceback": ph.values.get("error_traceback")}
+            RankError(phase=ph.path, error=str(ph.values["error"]), at=ph.values.get("error_at"),
+                      traceback=ph.values.get("error_traceback"))
             for ph in phases.phases
             if ph.pid == p and ph.values.get("error")
         ]
-        out_ranks.append(
-            {
-                "pid": p, "label": labels.get(p, ""), "rank": dict(ranks.get(p, {})), "gpu": g,
-                "gpus": sorted({r["gpu"] for r in rows if r["gpu"] is not None and r["by_category"]}),
-                "phases": rows, "budgets": own, "errors": errors,
-            }
-        )
+        out_ranks.append(SglangRank(
+            pid=p, label=labels.get(p, ""), rank=dict(ranks.get(p, {})), gpu=g,
+            gpus=sorted({r.gpu for r in rows if r.gpu is not None and r.by_category}),
+            phases=rows, budgets=own, errors=errors,
+        ))
     if not out_ranks and (pid is not None or gpu is not None):
         return None  # the filter leaves no SGLang process
     shown_windows = [w.to_dict(start) for g, w in windows.items() if gpu is None or g == gpu]
+    facts = {
+        "markers_dropped": markers_dropped(markers, labels),
+        "custom_all_reduce": custom_ar_facts(markers),
+        "contexts": process_contexts(trace, sglang_pids, gpus_of, labels),
+        "nccl_vmm": nccl_vmm([(r.pid, r.label, [(x.kind, x.name, x.gpu, x.by_category) for x in r.phases])
+                              for r in out_ranks]),
+        "oom_after_sizing": ooms_after_sizing(trace, phases, times, labels, budgets),
+    }
+    return SglangSection(ranks=out_ranks, windows=shown_windows, summary=_summary(budgets, ranks, dims, facts))
+
+
+def _summary(budgets: list[KvBudget], ranks: dict, dims: tuple[str, ...], facts: dict) -> SglangSummary:
+    """Every rank's KV sizing in a few numbers (:func:`summarize`), the rank that came out
+    smallest by its marker rank, and the facts (JSON-able)."""
     summary = summarize(budgets)
     targets = [b for b in budgets if not b.draft]
-    summary["failed_labels"] = [format_rank(ranks.get(b.pid, {}), dims, b.draft) or f"pid {b.pid}" for b in budgets if not b.ok]
-    summary["kv_failed"] = any(kv_failed(b) for b in budgets)
-    fractions = sorted({b.mem_fraction_static for b in targets if b.mem_fraction_static is not None})
-    summary["mem_fraction_static"] = fractions
-    summary["fraction_is_lower_bound"] = any(b.unknown_terms for b in targets)
-    summary["markers_dropped"] = markers_dropped(markers, labels)
-    summary["custom_all_reduce"] = custom_ar_facts(markers)
-    summary["contexts"] = process_contexts(trace, sglang_pids, gpus_of, labels)
-    summary["nccl_vmm"] = nccl_vmm(out_ranks)
-    summary["oom_after_sizing"] = ooms_after_sizing(trace, phases, times, labels, budgets)
     if summary["min_rest_label"] is not None:
         worst = min((b for b in targets if b.rest_gib is not None), key=lambda b: b.rest_gib)  # type: ignore[arg-type,return-value]
         summary["min_rest_label"] = format_rank(ranks.get(worst.pid, {}), dims) or worst.label
-    return {"ranks": out_ranks, "windows": shown_windows, "summary": _jsonable(summary)}
+    return SglangSummary(
+        **_jsonable(summary),
+        failed_labels=[format_rank(ranks.get(b.pid, {}), dims, b.draft) or f"pid {b.pid}" for b in budgets if not b.ok],
+        kv_failed=any(kv_failed(b) for b in budgets),
+        mem_fraction_static=sorted({b.mem_fraction_static for b in targets if b.mem_fraction_static is not None}),
+        fraction_is_lower_bound=any(b.unknown_terms for b in targets),
+        **_jsonable(facts),
+    )
 
 
 def _fmt_value(k: str, v: Any, human) -> str:
@@ -457,111 +472,134 @@ def _fmt_value(k: str, v: Any, human) -> str:
     return scalar(v)
 
 
-def render_sglang(section: dict, width: int | None = None) -> list[str]:
+def render_sglang(section: SglangSection, width: int | None = None) -> list[str]:
     """The SGLang section as text lines (deterministic); tables fit ``width`` where they can."""
-    out = []
     title = "SGLang startup per rank: phases, memory by category, KV budget"
-    out.append(title)
-    out.append("=" * len(title))
-    s = section["summary"]
-    if s["ranks"]:
-        fr = s.get("mem_fraction_static") or []
+    out = [title, "=" * len(title)]
+    out.extend(_summary_lines(section.summary))
+    windows = {w["gpu"]: w for w in section.windows}
+    shown: dict[int, str] = {}  # GPU -> the rank under which its window was printed
+    for r in section.ranks:
+        out.append("")
+        head = f"{r.label or 'rank ?'}  pid {r.pid}" + (f"  GPU {r.gpu}" if r.gpu is not None else "")
+        out.append(head)
+        out.extend(_rank_phase_table(r, width))
+        for b in r.budgets:
+            out.extend(_budget_lines(r, b, windows, shown, width))
+        out.extend(_rank_error_lines(r))
+    return out
+
+
+def _summary_lines(s: SglangSummary) -> list[str]:
+    """Every rank at once: did the KV sizing fail, the smallest rest, the fraction that works, and
+    the facts (NCCL's VMM, foreign contexts, OOMs after the sizing, custom all-reduce, lost markers)."""
+    out = []
+    if s.ranks:
+        fr = s.mem_fraction_static or []
         ran = f" (ran with {', '.join(f'{x:.3f}' for x in fr)})" if fr else ""
-        if s["failed"]:
-            what = "KV sizing" if s["kv_failed"] else "startup"
-            out.append(f"  {what} FAILED on {', '.join(s['failed_labels'])}: " + " | ".join(s["errors"] or ["budget <= 0"]))
+        if s.failed:
+            what = "KV sizing" if s.kv_failed else "startup"
+            out.append(f"  {what} FAILED on {', '.join(s.failed_labels)}: " + " | ".join(s.errors or ["budget <= 0"]))
         else:
-            out.append(f"  KV sizing ok on {s['ranks']} rank{'' if s['ranks'] == 1 else 's'}")
-        if s["min_rest_gib"] is not None:
-            tokens = "" if s["min_tokens"] is None else f", fewest tokens {s['min_tokens']:,}"
-            out.append(f"  smallest rest {s['min_rest_gib']:.2f} GiB ({s['min_rest_label']}){tokens}")
-        need = s["needed_mem_fraction_static"]
+            out.append(f"  KV sizing ok on {s.ranks} rank{'' if s.ranks == 1 else 's'}")
+        if s.min_rest_gib is not None:
+            tokens = "" if s.min_tokens is None else f", fewest tokens {s.min_tokens:,}"
+            out.append(f"  smallest rest {s.min_rest_gib:.2f} GiB ({s.min_rest_label}){tokens}")
+        need = s.needed_mem_fraction_static
         if need is not None and need < 1:
-            more = " at least (SGLang's other reservations are unknown: it raised)" if s.get("fraction_is_lower_bound") else ""
+            more = " at least (SGLang's other reservations are unknown: it raised)" if s.fraction_is_lower_bound else ""
             out.append(f"  every rank needs --mem-fraction-static > {need:.4f}{more}{ran}")
         elif need is not None:
             out.append(f"  no --mem-fraction-static can fit a KV cache: it would have to exceed {need:.4f}{ran}")
-        if s.get("local_free_spread_gib"):
+        if s.local_free_spread_gib:
             out.append(
-                f"  per-GPU free memory at sizing differs by {s['local_free_spread_gib']:.2f} GiB; lowest: {s['lowest_free_label']}"
+                f"  per-GPU free memory at sizing differs by {s.local_free_spread_gib:.2f} GiB; lowest: {s.lowest_free_label}"
             )
     else:
         out.append("  no KV sizing in the markers")
-    if s.get("nccl_vmm"):
-        out.append(nccl_line(s["nccl_vmm"], human))
-    foreign_line = contexts_line(s.get("contexts") or [], human)
+    if s.nccl_vmm:
+        out.append(nccl_line(s.nccl_vmm, human))
+    foreign_line = contexts_line(s.contexts or [], human)
     if foreign_line:
         out.append(foreign_line)
-    for o in s.get("oom_after_sizing") or ():
+    for o in s.oom_after_sizing or ():
         out.append(oom_line(o, human))
-    if s.get("custom_all_reduce"):
-        out.append(custom_ar_line(s["custom_all_reduce"], human))
-    for d in s.get("markers_dropped") or ():
+    if s.custom_all_reduce:
+        out.append(custom_ar_line(s.custom_all_reduce, human))
+    for d in s.markers_dropped or ():
         reasons = ", ".join(f"{k} {v}" for k, v in d["reasons"].items() if v)
         out.append(f"  markers lost: {d['label'] or 'pid ' + str(d['pid'])} dropped {d['dropped']} marker(s)"
                    f" ({reasons}); phases around them may be missing")
-    windows = {w["gpu"]: w for w in section["windows"]}
-    shown: dict[int, str] = {}  # GPU -> the rank under which its window was printed
-    for r in section["ranks"]:
-        out.append("")
-        head = f"{r['label'] or 'rank ?'}  pid {r['pid']}" + (f"  GPU {r['gpu']}" if r["gpu"] is not None else "")
-        out.append(head)
-        cats = [c for c in CATEGORIES if any(c in x["by_category"] for x in r["phases"])]
-        split = any("torch_reserved" in x for x in r["phases"])  # torch vs the rest, when recorded
-        rows = []
-        for x in r["phases"]:
-            name = "  " * x["depth"] + ("* " if x["kind"] == "instant" else "") + x["name"]
-            if x["kind"] == "phase" and not x["closed"]:
-                name += " (unclosed)"
-            dur = "" if x["kind"] == "instant" else f"{x['end_s'] - x['start_s']:.3f}s"
-            mem = [human(x["by_category"][c]) if c in x["by_category"] else "-" for c in cats]
-            net = human(x["net"]) if x["kind"] == "phase" else ""
-            if x["kind"] == "instant":
-                mem = [""] * len(cats)
-            values = " ".join(f"{k}={_fmt_value(k, v, human)}" for k, v in x["values"].items())
-            torch_cols = [human(x["torch_reserved"]) if "torch_reserved" in x else "",
-                          human(x["non_torch"]) if "non_torch" in x else ""] if split else []
-            rows.append(
-                [name, "" if x["gpu"] is None else str(x["gpu"]), f"+{x['start_s']:.3f}s", dur, x["when"] or ""]
-                + mem + [net] + torch_cols + [values]
-            )
-        extra = ["TORCH", "NOT TORCH"] if split else []
-        out.extend(
-            table(["PHASE", "GPU", "START", "DURATION", "VS KV SIZING"] + [c.upper() for c in cats]
-                  + ["NET OWNED"] + extra + ["SGLANG'S NUMBERS"], rows,
-                  right=set(range(1, 4)) | set(range(5, 6 + len(cats) + len(extra))),
-                  indent="  ", width=width, drop=(3, 4), wrap=True)
+    return out
+
+
+def _rank_phase_table(r: SglangRank, width: int | None) -> list[str]:
+    """A rank's phases and instants: when, against the KV sizing, bytes by category, its numbers."""
+    cats = [c for c in CATEGORIES if any(c in x.by_category for x in r.phases)]
+    split = any(x.torch_reserved is not OMITTED for x in r.phases)  # torch vs the rest, when recorded
+    rows = []
+    for x in r.phases:
+        name = "  " * x.depth + ("* " if x.kind == "instant" else "") + x.name
+        if x.kind == "phase" and not x.closed:
+            name += " (unclosed)"
+        dur = "" if x.kind == "instant" else f"{x.end_s - x.start_s:.3f}s"
+        mem = [human(x.by_category[c]) if c in x.by_category else "-" for c in cats]
+        net = human(x.net) if x.kind == "phase" else ""
+        if x.kind == "instant":
+            mem = [""] * len(cats)
+        values = " ".join(f"{k}={_fmt_value(k, v, human)}" for k, v in x.values.items())
+        torch_cols = [human(x.torch_reserved) if x.torch_reserved is not OMITTED else "",
+                      human(x.non_torch) if x.non_torch is not OMITTED else ""] if split else []
+        rows.append(
+            [name, "" if x.gpu is None else str(x.gpu), f"+{x.start_s:.3f}s", dur, x.when or ""]
+            + mem + [net] + torch_cols + [values]
         )
-        for b in r["budgets"]:
-            out.append(f"  KV budget{' (draft runner)' if b['draft'] else ''}, GiB as SGLang measures them:")
-            out.extend("    " + line for line in b["formula"])
-            w = windows.get(r["gpu"]) if not b["draft"] else None
-            if w is not None and w["between"] and w["gpu"] in shown:
-                out.append(f"  allocated on GPU {w['gpu']} between the baseline and the KV sizing: as for {shown[w['gpu']]} above")
-            elif w is not None and w["between"]:
-                shown[w["gpu"]] = r["label"] or f"pid {r['pid']}"
-                out.append(
-                    f"  allocated on GPU {w['gpu']} between the baseline (+{w['baseline_s']:.3f}s) and the KV sizing "
-                    f"(+{w['sizing_s']:.3f}s), which lowers rest one for one:"
-                )
-                wrows = [
-                    [x["label"] or f"pid {x['pid']}", x["phase"], human(x["owned"]), _cats_text(x, human)]
-                    for x in w["between"]
-                ]
-                out.extend(table(["RANK", "PHASE", "OWNED", "BY CATEGORY"], wrows, right={2}, indent="    ",
-                                 width=width, wrap=True))
-            dg = b.get("diagnosis")
-            if dg and dg["lines"]:
-                out.append("  why it failed:")
-                out.extend("    " + line for line in dg["lines"])
-        told = {b["error"] for b in r["budgets"] if b["error"] and b["error_kind"] in _KV_ERRORS}
-        raised_at = set()
-        for e in r["errors"]:
-            if e["error"] not in told or e["phase"].rsplit("/", 1)[-1] not in ("kv_budget", "kv_pool"):
-                out.append(f"  SGLang raised in {e['phase']}: {e['error']}")
-            if e.get("at") and (e["error"], e["at"]) not in raised_at:  # once per exception
-                raised_at.add((e["error"], e["at"]))
-                out.append(f"    raised at {e['at']}")
-                if e.get("traceback") and e["traceback"] != e["at"]:
-                    out.append(f"    traceback (innermost first): {e['traceback']}")
+    extra = ["TORCH", "NOT TORCH"] if split else []
+    return table(["PHASE", "GPU", "START", "DURATION", "VS KV SIZING"] + [c.upper() for c in cats]
+                 + ["NET OWNED"] + extra + ["SGLANG'S NUMBERS"], rows,
+                 right=set(range(1, 4)) | set(range(5, 6 + len(cats) + len(extra))),
+                 indent="  ", width=width, drop=(3, 4), wrap=True)
+
+
+def _budget_lines(r: SglangRank, rb: RankBudget, windows: dict[int, dict], shown: dict[int, str],
+                  width: int | None) -> list[str]:
+    """One KV budget: its formula, what was allocated on its GPU between the baseline and the
+    sizing (once per GPU: ``shown`` remembers under which rank), and why it failed."""
+    out = [f"  KV budget{' (draft runner)' if rb.budget.draft else ''}, GiB as SGLang measures them:"]
+    out.extend("    " + line for line in rb.formula)
+    w = windows.get(r.gpu) if not rb.budget.draft else None
+    if w is not None and w["between"] and w["gpu"] in shown:
+        out.append(f"  allocated on GPU {w['gpu']} between the baseline and the KV sizing: as for {shown[w['gpu']]} above")
+    elif w is not None and w["between"]:
+        shown[w["gpu"]] = r.label or f"pid {r.pid}"
+        out.append(
+            f"  allocated on GPU {w['gpu']} between the baseline (+{w['baseline_s']:.3f}s) and the KV sizing "
+            f"(+{w['sizing_s']:.3f}s), which lowers rest one for one:"
+        )
+        wrows = [
+            [x["label"] or f"pid {x['pid']}", x["phase"], human(x["owned"]), _cats_text(x, human)]
+            for x in w["between"]
+        ]
+        out.extend(table(["RANK", "PHASE", "OWNED", "BY CATEGORY"], wrows, right={2}, indent="    ",
+                         width=width, wrap=True))
+    dg = rb.diagnosis
+    if dg and dg["lines"]:
+        out.append("  why it failed:")
+        out.extend("    " + line for line in dg["lines"])
+    return out
+
+
+def _rank_error_lines(r: SglangRank) -> list[str]:
+    """What SGLang raised on the rank, other than the KV sizing's error its budget already says."""
+    out = []
+    told = {rb.budget.error for rb in r.budgets if rb.budget.error and rb.budget.error_kind in _KV_ERRORS}
+    raised_at = set()
+    for e in r.errors:
+        if e.error not in told or e.phase.rsplit("/", 1)[-1] not in ("kv_budget", "kv_pool"):
+            out.append(f"  SGLang raised in {e.phase}: {e.error}")
+        if e.at and (e.error, e.at) not in raised_at:  # once per exception
+            raised_at.add((e.error, e.at))
+            out.append(f"    raised at {e.at}")
+            if e.traceback and e.traceback != e.at:
+                out.append(f"    traceback (innermost first): {e.traceback}")
     return out

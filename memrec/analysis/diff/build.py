@@ -1,13 +1,13 @@
 """``memrec diff``: two runs compared phase by phase, rank by rank and GPU by GPU.
 
-:func:`diff_traces` replays both traces and returns one JSON-able dict; :func:`render_diff` turns
-it into text. Processes are matched by rank (``dp``, ``pp``, ``tp`` from the markers, else from
+:func:`diff_traces` replays both traces and returns a :class:`~memrec.analysis.diff.model.Diff`
+(``to_json()`` is ``diff --json``); :func:`memrec.analysis.diff.text.render_diff` turns it into text. Processes are matched by rank (``dp``, ``pp``, ``tp`` from the markers, else from
 ``ProcessInfo.rank``), never by pid; processes without a rank are pooled as ``(no rank)``. GPUs
 are matched by index.
 
-The dict holds:
+The diff holds:
 
-- ``related``: whether the two runs are one workload (:mod:`memrec.analysis.related`: commands,
+- ``related``: whether the two runs are one workload (:mod:`memrec.analysis.diff.related`: commands,
   models, phase names); when they are not, the verdict says so, with why, and each run's own
   outcome, instead of explaining one run by the other;
 - ``verdict``: a headline and a few lines that answer "why does one run fail when the other
@@ -15,7 +15,7 @@ The dict holds:
   memory) and with what error, how the KV budget moved on every rank
   (``Δrest = Δavailable_after_weights − Δslack``), and which phases' allocations between the
   memory baseline and the KV sizing (or before the baseline) changed;
-- ``kv``: the KV budget of every rank side by side (:func:`memrec.analysis.kv_budget.compare_budgets`);
+- ``kv``: the KV budget of every rank side by side (:func:`memrec.analysis.sglang.kv_budget.compare_budgets`);
 - ``windows``: per GPU, what each (phase, rank) allocated between the baseline and the KV sizing
   and before the baseline, in both runs;
 - ``phases``: per phase × rank × GPU × category, the net bytes in each run and the delta
@@ -27,7 +27,7 @@ The dict holds:
 - ``sites`` (runs with stacks only): the allocation sites whose held bytes changed
   (:mod:`memrec.analysis.sites_diff`);
 - ``untraced``: per rank and GPU, the untraced band's split (context, module code, pools, before
-  recording, unexplained) and the contexts bound in each run (:mod:`memrec.analysis.untraced_diff`).
+  recording, unexplained) and the contexts bound in each run (:mod:`memrec.analysis.untraced.diff`).
 """
 
 from __future__ import annotations
@@ -39,45 +39,49 @@ from typing import Iterable
 
 import numpy as np
 
-from memrec.analysis.kv_budget import KvBudget
-from memrec.analysis.kv_budget import kv_budgets
-from memrec.analysis.kv_budget_diff import compare_budgets
+from memrec.analysis.diff.model import Diff
+from memrec.analysis.diff.model import DiffSide
+from memrec.analysis.diff.model import DiffVerdict
+from memrec.analysis.diff.model import DiffWindows
+from memrec.analysis.sglang.kv_budget import KvBudget
+from memrec.analysis.sglang.kv_budget import kv_budgets
+from memrec.analysis.sglang.kv_budget_diff import compare_budgets
 from memrec.analysis.names import api_name
 from memrec.analysis.names import result_name
 from memrec.engine.phases import NO_PHASE
 from memrec.engine.phases import Phases
 from memrec.engine.phases import attribute
-from memrec.analysis.reconcile import reconcile
+from memrec.analysis.untraced.reconcile import reconcile
 from memrec.engine.replay import initial_state
 from memrec.engine.replay import trace_bounds
 from memrec.engine.replay import trace_phases
-from memrec.analysis.sglang_facts import custom_ar_facts
-from memrec.analysis.sglang_facts import custom_ar_line
-from memrec.analysis.sglang_facts import process_contexts
-from memrec.analysis.related import Relation
-from memrec.analysis.related import identity
-from memrec.analysis.related import relate
-from memrec.analysis.sglang_windows import KvWindow
-from memrec.analysis.sglang_windows import MAPPED
+from memrec.analysis.sglang.facts import custom_ar_facts
+from memrec.analysis.sglang.facts import custom_ar_line
+from memrec.analysis.sglang.facts import process_contexts
+from memrec.analysis.diff.related import Relation
+from memrec.analysis.diff.related import identity
+from memrec.analysis.diff.related import relate
+from memrec.analysis.sglang.windows import KvWindow
+from memrec.analysis.sglang.windows import MAPPED
 from memrec.ranks import format_rank
-from memrec.analysis.sglang_windows import kv_windows
+from memrec.analysis.sglang.windows import kv_windows
 from memrec.ranks import marker_ranks
 from memrec.ranks import process_info_ranks
-from memrec.analysis.sglang_windows import rank_gpus
+from memrec.analysis.sglang.windows import rank_gpus
 from memrec.ranks import rank_sort_key
 from memrec.ranks import shown_dims
+from memrec.analysis.report.tensors import tensor_section
 from memrec.analysis.sites import SitesSection
 from memrec.analysis.sites import sites_section
 from memrec.analysis.sites_diff import diff_sites
-from memrec.analysis.tensors import tensor_section
 from memrec.analysis.text import human
 from memrec.analysis.text import signed_human
 from memrec.engine.journal import Journal
 from memrec.events import CUDA_ERROR_OUT_OF_MEMORY
 from memrec.events import OWNED
 from memrec.engine.replay import build_timeline
-from memrec.analysis.untraced_diff import split_by_rank
-from memrec.analysis.untraced_diff import untraced_rows
+from memrec.analysis.untraced.diff import split_by_rank
+from memrec.analysis.untraced.diff import untraced_rows
 from memrec.columns import failed_calls
 from memrec.events import CATEGORIES
 from memrec.state.batch import Batch
@@ -110,10 +114,10 @@ class Run:
     budgets: list[KvBudget]
     windows: dict[int, KvWindow]
     events: Batch  # the replayed events, column by column
-    untraced: dict  # (rank, gpu) -> the untraced band's split (memrec.analysis.untraced_diff)
+    untraced: dict  # (rank, gpu) -> the untraced band's split (memrec.analysis.untraced.diff)
     contexts: list = dataclasses.field(default_factory=list)  # foreign CUDA contexts (sglang_report.process_contexts)
     custom_ar: dict | None = None  # sglang_report.custom_ar_facts
-    tensors: dict | None = None  # memrec.analysis.tensors.tensor_section (a --tensors trace)
+    tensors: dict | None = None  # memrec.analysis.report.tensors.tensor_section (a --tensors trace)
     sites: SitesSection | None = None  # memrec.analysis.sites (a trace with stacks)
 
 
@@ -496,27 +500,27 @@ def _sglang_fact_lines(a: Run, b: Run) -> list[str]:
     return lines
 
 
-def _unrelated_verdict(d: dict, relation: Relation) -> dict:
+def _unrelated_verdict(d: Diff, relation: Relation) -> DiffVerdict:
     """Two different workloads: say so and why, and each run's own outcome, and nothing that
     explains one by the other."""
     lines = list(relation.reasons)
     for side in ("a", "b"):
-        mine = [f for f in d["failures"] if f["in"] in (side, "both")]
-        outcome = f"fails: {_what_failed(mine)}" if d[side]["failed"] else "works"
-        lines.append(f"{d[side]['name']} {outcome}")
+        mine = [f for f in d.failures if f["in"] in (side, "both")]
+        outcome = f"fails: {_what_failed(mine)}" if d.side(side).failed else "works"
+        lines.append(f"{d.side(side).name} {outcome}")
     lines += relation.notes
     lines.append("the tables below match ranks and phase names only: compare a run with one of the same workload")
-    return {"headline": "not comparable: these look like two different workloads", "lines": lines}
+    return DiffVerdict("not comparable: these look like two different workloads", lines)
 
 
-def _verdict(d: dict, a: Run, b: Run, relation: Relation) -> dict:
+def _verdict(d: Diff, a: Run, b: Run, relation: Relation) -> DiffVerdict:
     if not relation.related:
         return _unrelated_verdict(d, relation)
-    an, bn = d["a"]["name"], d["b"]["name"]
-    fa, fb = d["a"]["failed"], d["b"]["failed"]
-    only_a = [f for f in d["failures"] if f["in"] == "a"]
-    only_b = [f for f in d["failures"] if f["in"] == "b"]
-    both = [f for f in d["failures"] if f["in"] == "both"]
+    an, bn = d.a.name, d.b.name
+    fa, fb = d.a.failed, d.b.failed
+    only_a = [f for f in d.failures if f["in"] == "a"]
+    only_b = [f for f in d.failures if f["in"] == "b"]
+    both = [f for f in d.failures if f["in"] == "both"]
     if fb and not fa:
         head = f"{bn} fails where {an} works: {_what_failed(only_b + both)}"
     elif fa and not fb:
@@ -525,11 +529,11 @@ def _verdict(d: dict, a: Run, b: Run, relation: Relation) -> dict:
         head = f"both runs fail: {an}: {_what_failed(only_a + both)}; {bn}: {_what_failed(only_b + both)}"
     else:
         head = "both runs work"
-    lines = _kv_lines(d["kv"], an, bn)
-    lines += _cause_lines(d["windows"]["between"], "between", an, bn)
-    pre_moved = any(abs(x["deltas"].get("pre_model_load_memory", 0.0)) >= 0.005 for x in d["kv"])
-    if pre_moved or not d["kv"]:
-        lines += _cause_lines(d["windows"]["before"], "before", an, bn)
+    lines = _kv_lines(d.kv, an, bn)
+    lines += _cause_lines(d.windows.between, "between", an, bn)
+    pre_moved = any(abs(x["deltas"].get("pre_model_load_memory", 0.0)) >= 0.005 for x in d.kv)
+    if pre_moved or not d.kv:
+        lines += _cause_lines(d.windows.before, "before", an, bn)
     needed = {}
     for name, run in (("a", a), ("b", b)):
         mins = [x.min_mem_fraction_static for x in run.budgets if not x.draft and x.min_mem_fraction_static is not None]
@@ -540,9 +544,9 @@ def _verdict(d: dict, a: Run, b: Run, relation: Relation) -> dict:
         if _sglang_failed(run) and need is not None:  # a driver OOM alone is not the KV sizing's
             ran = f" (it ran with {', '.join(f'{x:.3f}' for x in fracs)})" if fracs else ""
             if need < 1:
-                lines.append(f"{d[name]['name']} needs --mem-fraction-static > {need:.4f} on every rank to size a KV cache{ran}")
+                lines.append(f"{d.side(name).name} needs --mem-fraction-static > {need:.4f} on every rank to size a KV cache{ran}")
             else:
-                lines.append(f"no --mem-fraction-static sizes a KV cache in {d[name]['name']}: it would have to exceed {need:.4f}{ran}")
+                lines.append(f"no --mem-fraction-static sizes a KV cache in {d.side(name).name}: it would have to exceed {need:.4f}{ran}")
     lines += _sglang_fact_lines(a, b)
     drv_a = [f for f in only_a if f["kind"] == "driver_call"]
     drv_b = [f for f in only_b if f["kind"] == "driver_call"]
@@ -552,7 +556,7 @@ def _verdict(d: dict, a: Run, b: Run, relation: Relation) -> dict:
             lines.append(f"{n} failed driver call{'' if n == 1 else 's'} only in {name} ({drv[0]['api']} {drv[0]['result']}{', …' if len(drv) > 1 else ''})")
     if not lines and head == "both runs work":
         lines.append("no change in the KV budget or between the baseline and the KV sizing")
-    return {"headline": head, "lines": lines + relation.notes}
+    return DiffVerdict(head, lines + relation.notes)
 
 
 # ------------------------------------------------------------------------------------------- public
@@ -595,22 +599,22 @@ def align_markers(a: Iterable, b: Iterable) -> tuple[str, str, int, int] | None:
     return name, phase, first_a[keys[0]], first_b[keys[0]]
 
 
-def verdict_of(d: dict) -> Verdict:
-    """The verdict of :func:`diff_traces`'s dict."""
-    fa, fb = d["a"]["failed"], d["b"]["failed"]
+def verdict_of(d: Diff) -> Verdict:
+    """The verdict of :func:`diff_traces`'s diff."""
+    fa, fb = d.a.failed, d.b.failed
     failing = "both" if fa and fb else "a" if fa else "b" if fb else None
-    return Verdict(d["verdict"]["headline"], tuple(d["verdict"]["lines"]), failing, d["a"]["name"], d["b"]["name"])
+    return Verdict(d.verdict.headline, tuple(d.verdict.lines), failing, d.a.name, d.b.name)
 
 
-def _side(run: Run, name: str, failures: dict[tuple, dict]) -> dict:
+def _side(run: Run, name: str, failures: dict[tuple, dict]) -> DiffSide:
     """One run's line of the diff: whether it failed and how many driver calls ran out of memory."""
     ooms = sum(f["count"] for f in _driver_ooms(failures.values()))
-    return {"name": name, "failed": _failed(run, failures), "driver_ooms": ooms,
-            "ranks": len([k for k in set(run.rank_of.values()) if k])}
+    return DiffSide(name=name, failed=_failed(run, failures), driver_ooms=ooms,
+                    ranks=len([k for k in set(run.rank_of.values()) if k]))
 
 
-def diff_traces(a_trace: Any, b_trace: Any, a_name: str = "A", b_name: str = "B") -> dict:
-    """Compare two traces (``a`` the reference, ``b`` the other): a JSON-able dict (see the module)."""
+def diff_traces(a_trace: Any, b_trace: Any, a_name: str = "A", b_name: str = "B") -> Diff:
+    """Compare two traces (``a`` the reference, ``b`` the other; see the module)."""
     a, b = analyze(a_trace, a_name), analyze(b_trace, b_name)
     dims = shown_dims([_as_dict(k) for k in list(a.rank_of.values()) + list(b.rank_of.values()) if k])
     kv = []
@@ -633,21 +637,22 @@ def diff_traces(a_trace: Any, b_trace: Any, a_name: str = "A", b_name: str = "B"
     kinds = ["sglang_error", "kv_budget", "driver_call"]
     failures.sort(key=lambda f: (kinds.index(f["kind"]), rank_sort_key(tuple(f["rank_key"]) + (None,) * 3),
                                  f.get("phase", ""), f.get("gpu", 0), f.get("api", ""), f.get("error", "")))
-    d: dict = {
-        "memrec_diff": DIFF_VERSION,
-        "a": _side(a, a_name, fa),
-        "b": _side(b, b_name, fb),
-        "kv": kv,
-        "windows": {"between": _window_diff(a, b, "between", dims), "before": _window_diff(a, b, "before", dims)},
-        "phases": _phase_rows(a, b, dims),
-        "failures": failures,
-        "untraced": untraced_rows(a.untraced, b.untraced, lambda key: _rank_label(key, dims)),
-        "tensors": _tensor_rows(a, b, dims),
-    }
+    relation = relate(identity(a_trace, a.phases), identity(b_trace, b.phases), a_name, b_name)
+    d = Diff(
+        memrec_diff=DIFF_VERSION,
+        a=_side(a, a_name, fa),
+        b=_side(b, b_name, fb),
+        verdict=DiffVerdict("", []),  # below: it reads the rest
+        related=relation.to_dict(),
+        kv=kv,
+        windows=DiffWindows(between=_window_diff(a, b, "between", dims), before=_window_diff(a, b, "before", dims)),
+        phases=_phase_rows(a, b, dims),
+        failures=failures,
+        untraced=untraced_rows(a.untraced, b.untraced, lambda key: _rank_label(key, dims)),
+        tensors=_tensor_rows(a, b, dims),
+    )
     sites = diff_sites(a.sites, b.sites)
     if sites is not None:  # a run with stacks (format 2.3); without, the diff is as it was
-        d["sites"] = sites.to_json()
-    relation = relate(identity(a_trace, a.phases), identity(b_trace, b.phases), a_name, b_name)
-    verdict = _verdict(d, a, b, relation)
-    return {"memrec_diff": d["memrec_diff"], "a": d["a"], "b": d["b"], "verdict": verdict, "related": relation.to_dict(),
-            **{k: v for k, v in d.items() if k not in ("memrec_diff", "a", "b")}}
+        d.sites = sites
+    d.verdict = _verdict(d, a, b, relation)
+    return d

@@ -1,6 +1,6 @@
 """The one answer model: what failed, what caused it, what to change, and when to look.
 
-:func:`build_answer` reads the report's own dict (nothing is replayed again) and returns an
+:func:`build_answer` reads the report's own sections (nothing is replayed again) and returns an
 :class:`Answer`. ``memrec report`` prints its three lines first; the TUI opens on its window with its
 failure in the status line and ``o`` visits its failures; the plot marks its failures and window;
 the Perfetto trace carries its failures as instants; the memory-viz export snapshots at its
@@ -25,14 +25,14 @@ in half. The cases, in order:
 4. Nothing failed: the highest traced peak, what held it by phase, and the headroom left.
    Window: from the start of the phases held at the peak to the peak.
 
+:attr:`Answer.failures` lists every failure the answer counts, in time order: each failed driver
+call, each rank's failed KV sizing, and each other marker with an ``error``.
+
 With stacks (format 2.3), a ``SITE`` line follows the three: the failed call's own site (the
 innermost user frame of its stack, :mod:`memrec.analysis.sites`), and the site that held the
 most in the phase the second line names first (``custom_ar_init held most from
 custom_all_reduce.py:123 CustomAllreduce.__init__: 36.00 GiB on 2 ranks``). Without stacks there
 is no such line.
-
-:attr:`Answer.failures` lists every failure the answer counts, in time order: each failed driver
-call, each rank's failed KV sizing, and each other marker with an ``error``.
 
 A trace without a trailer (the recorder crashed or was killed, a file still being written, a
 partial copy) says so in the first line: ``PARTIAL cut short (no trailer): ...`` instead of
@@ -46,13 +46,20 @@ import re
 from dataclasses import asdict
 from dataclasses import dataclass
 from dataclasses import field
+from typing import TYPE_CHECKING
 
 from memrec._untrusted import clean_text
 from memrec.analysis.sites import Site
-from memrec.analysis.sites import SitesSection
 from memrec.analysis.text import human
-from memrec.analysis.untraced import EXPLAINED_SHARE_MIN
-from memrec.analysis.untraced import EXPLAINED_SHARE_MIN
+from memrec.analysis.untraced.split import EXPLAINED_SHARE_MIN
+
+if TYPE_CHECKING:  # the report's sections hold an Answer: the types only, for the checker
+    from memrec.analysis.report.model import FailedCall
+    from memrec.analysis.report.model import GpuSection
+    from memrec.analysis.report.model import ProcessEntry
+    from memrec.analysis.report.model import Report
+    from memrec.analysis.sglang.model import SglangSection
+    from memrec.analysis.sglang.model import SglangSummary
 
 #: SGLang phases (memrec's hook names) whose memory a server flag removes or shrinks.
 PHASE_FLAGS = {
@@ -184,11 +191,11 @@ class Answer:
         )
 
 
-def build_answer(report: dict) -> Answer:
-    """The answer of ``report`` (:func:`memrec.analysis.report.build_report`'s dict); its second
+def build_answer(report: Report) -> Answer:
+    """The answer of ``report`` (:func:`memrec.analysis.report.build.build_report`'s); its second
     line ends with the window (``; window +7.738–7.745s``) where it fits. After the three lines,
     one ``UNTRACED`` line per process and GPU whose NVML used is under
-    :data:`~memrec.analysis.untraced.EXPLAINED_SHARE_MIN` traced or explained."""
+    :data:`~memrec.analysis.untraced.split.EXPLAINED_SHARE_MIN` traced or explained."""
     answer = _cut_short(report, _build(report))
     lines = answer.lines
     w = answer.window
@@ -198,25 +205,25 @@ def build_answer(report: dict) -> Answer:
     return Answer(answer.status, lines + _unexplained(report), answer.failures, answer.failure, w)
 
 
-def _unexplained(report: dict) -> tuple[Line, ...]:
+def _unexplained(report: Report) -> tuple[Line, ...]:
     """What no measurement explains, per GPU and process, where it is over 2 % of NVML used: said
     as unexplained, never given a cause (issue 21)."""
     out = []
-    for sec in report["gpus"]:
-        for r in (sec.get("reconciliation") or {}).get("processes", []):
+    for sec in report.gpus:
+        for r in (sec.reconciliation or {}).get("processes", []):
             share, split = r.get("explained_share"), r.get("split") or {}
             if share is None or share >= EXPLAINED_SHARE_MIN or not r.get("nvml_used_last"):
                 continue
             gone = split.get("unexplained", 0)
             pct = round(100 * (1 - share))
-            out.append(Line("UNTRACED", (f"GPU {sec['gpu']}: {human(gone)} ({pct} %) of pid {r['pid']}'s memory is unexplained",)))
+            out.append(Line("UNTRACED", (f"GPU {sec.gpu}: {human(gone)} ({pct} %) of pid {r['pid']}'s memory is unexplained",)))
     return tuple(out)
 
 
-def _cut_short(report: dict, answer: Answer) -> Answer:
+def _cut_short(report: Report, answer: Answer) -> Answer:
     """The answer of a trace without a trailer says so first: what was not read may hold the
     failure or the peak, so neither "OK" nor a lone failure is the whole answer."""
-    if report["trace"].get("complete", True):
+    if report.trace.complete:
         return answer
     first = answer.lines[0]
     if first.label == "OK":
@@ -227,25 +234,25 @@ def _cut_short(report: dict, answer: Answer) -> Answer:
     return Answer(answer.status, (first, *answer.lines[1:]), answer.failures, answer.failure, answer.window)
 
 
-def _build(report: dict) -> Answer:
+def _build(report: Report) -> Answer:
     failures = _all_failures(report)
-    sg = report.get("sglang") or {}
-    summary = sg.get("summary") or {}
-    if summary.get("failed") and summary.get("kv_failed"):
-        lines, window = _sglang_failed(report, sg, summary)
+    sg = report.sglang
+    summary = sg.summary if sg is not None else None
+    if sg is not None and summary is not None and summary.failed and summary.kv_failed:
+        lines, window = _sglang_failed(report, sg)
         kv = [f for f in failures if f.kind == KV_SIZING]
         failure = next((f for f in kv if window is not None and f.gpu == window.gpu), kv[0] if kv else None)
         return Answer("failed", lines, failures, failure, window)
     calls = _driver_failures(report)
     if calls:
         lines, f = _call_failed(report, calls)
-        failure = next(x for x in failures if x.kind in (DRIVER_OOM, DRIVER_CALL) and (x.ts, x.pid) == (f["ts"], f["pid"]))
+        failure = next(x for x in failures if x.kind in (DRIVER_OOM, DRIVER_CALL) and (x.ts, x.pid) == (f.ts, f.pid))
         return Answer("failed", lines, failures, failure, _call_window(report, f))
     marked = [f for f in failures if f.kind in (ERROR_MARKER, KV_SIZING)]
     if marked:
         lines, failure, window = _marker_failed(report, marked)
         return Answer("failed", lines, failures, failure, window)
-    secs = [s for s in report["gpus"] if s.get("peak") and s["peak"]["bytes"]]
+    secs = [s for s in report.gpus if s.peak.bytes]
     if not secs:
         return Answer("empty", (Line("OK", ("no GPU memory was allocated in this trace",)),))
     lines, window = _no_failure(report, secs, summary)
@@ -273,11 +280,11 @@ def _short_error(text: str) -> str:
     return re.sub(r"^[A-Za-z_.]*(Error|Exception): ", "", text)
 
 
-def _t_s(report: dict, ts: int) -> float:
-    return round((ts - report["trace"]["start_ts"]) / 1e9, 6)
+def _t_s(report: Report, ts: int) -> float:
+    return round((ts - report.trace.start_ts) / 1e9, 6)
 
 
-def _window(report: dict, start: int, end: int, gpu: int | None, why: str) -> Window:
+def _window(report: Report, start: int, end: int, gpu: int | None, why: str) -> Window:
     start = min(start, end)
     return Window(start, end, _t_s(report, start), _t_s(report, end), gpu, why)
 
@@ -285,34 +292,33 @@ def _window(report: dict, start: int, end: int, gpu: int | None, why: str) -> Wi
 # ----------------------------------------------------------------------------------- the failures
 
 
-def _driver_failures(report: dict) -> list[dict]:
+def _driver_failures(report: Report) -> list[FailedCall]:
     """Every failed driver call of the report's selection (per GPU, the host's, unknown GPU's)."""
-    secs = report["gpus"] + ([report["host"]] if report["host"] else [])
-    return [f for sec in secs for f in sec["failures"]] + report["failures_unknown_gpu"]
+    return report.failures()
 
 
-def _all_failures(report: dict) -> tuple[Failure, ...]:
+def _all_failures(report: Report) -> tuple[Failure, ...]:
     """Every failure the answer counts, in time order (see the module)."""
-    procs = {p["pid"]: p for p in report["processes"]}
+    procs = report.process_map()
     out: list[Failure] = []
     for f in _driver_failures(report):
-        size = f" of {human(f['size'])}" if f["size"] else ""
-        out.append(Failure(DRIVER_OOM if f["result_name"] == OOM else DRIVER_CALL, f["ts"], f["t_s"],
-                           f["gpu"] if f["gpu"] >= 0 else None, f["pid"], _who([f["pid"]], procs),
-                           f"{f['api']}{size}: {f['result_name']}", f.get("phase") or ""))
+        size = f" of {human(f.size)}" if f.size else ""
+        out.append(Failure(DRIVER_OOM if f.result_name == OOM else DRIVER_CALL, f.ts, f.t_s,
+                           f.gpu if f.gpu >= 0 else None, f.pid, _who([f.pid], procs),
+                           f"{f.api}{size}: {f.result_name}", f.phase or ""))
     sized: set[int] = set()  # pids whose KV sizing failure is counted (its phase's error is that one)
-    for r in (report.get("sglang") or {}).get("ranks", []):
-        for b in r.get("budgets", []):
-            if b.get("ok", True) or b.get("ts") is None:
+    for r in report.sglang.ranks if report.sglang is not None else ():
+        for b in (rb.budget for rb in r.budgets):
+            if b.ok or b.ts is None:
                 continue
-            gpu = b.get("gpu") if b.get("gpu") is not None else r.get("gpu")
-            what = (f"KV cache sizing: {_short_error(b['error'])}" if b.get("error")
-                    else f"KV cache sizing: rest {_gib(b['rest_gib'])}" if b.get("rest_gib") is not None
+            gpu = b.gpu if b.gpu is not None else r.gpu
+            what = (f"KV cache sizing: {_short_error(b.error)}" if b.error
+                    else f"KV cache sizing: rest {_gib(b.rest_gib)}" if b.rest_gib is not None
                     else "KV cache sizing: budget <= 0")
-            out.append(Failure(KV_SIZING, b["ts"], _t_s(report, b["ts"]), gpu, r["pid"], r["label"], what, "kv_budget"))
-            sized.add(r["pid"])
-    marked = [(ph["pid"], ph["end_ts"], ph["gpu"], ph["path"], ph["name"], ph["values"]) for ph in report["phases"]]
-    marked += [(i["pid"], i["ts"], i["gpu"], i["phase"], i["name"], i["values"]) for i in report["instants"]]
+            out.append(Failure(KV_SIZING, b.ts, _t_s(report, b.ts), gpu, r.pid, r.label, what, "kv_budget"))
+            sized.add(r.pid)
+    marked = [(ph.pid, ph.end_ts, ph.gpu, ph.path, ph.name, ph.values) for ph in report.phases]
+    marked += [(i.pid, i.ts, i.gpu, i.phase, i.name, i.values) for i in report.instants]
     for pid, ts, gpu, phase, name, values in marked:
         err = values.get("error")
         if not err or (pid in sized and name in KV_PHASES):
@@ -326,32 +332,23 @@ def _all_failures(report: dict) -> tuple[Failure, ...]:
 # ------------------------------------------------------------------------------------ the cases
 
 
-def _sglang_failed(report: dict, sg: dict, summary: dict) -> tuple[tuple[Line, ...], Window | None]:
-    labels = summary.get("failed_labels") or []
-    error = _short_error((summary.get("errors") or ["KV cache sizing failed"])[0])
-    first = ["FAILED", f"SGLang's KV cache sizing on {span(sorted(labels))}: {error}"]
-    if summary.get("min_rest_gib") is not None:
-        first.append(f" (rest {_gib(summary['min_rest_gib'])})")
-    ranks = sg.get("ranks", [])  # (only the filtered process's with -p)
-    worst = summary.get("min_rest_label")
-    rank = next((r for r in ranks if r["label"] == worst), None)
+def _sglang_failed(report: Report, sg: SglangSection) -> tuple[tuple[Line, ...], Window | None]:
+    summary = sg.summary
+    error = _short_error((summary.errors or ["KV cache sizing failed"])[0])
+    first = ["FAILED", f"SGLang's KV cache sizing on {span(sorted(summary.failed_labels))}: {error}"]
+    if summary.min_rest_gib is not None:
+        first.append(f" (rest {_gib(summary.min_rest_gib)})")
+    ranks = sg.ranks  # (only the filtered process's with -p)
+    worst = summary.min_rest_label
+    rank = next((r for r in ranks if r.label == worst), None)
     if rank is None:  # the worst rank is filtered out: the first shown rank whose sizing failed
-        rank = next((r for r in ranks if any(not b.get("ok", True) for b in r.get("budgets", []))),
-                    ranks[0] if ranks else None)
-        worst = rank["label"] if rank else worst
-    gpu = rank["gpu"] if rank else None
-    windows = sg.get("windows", [])
-    window = next((w for w in windows if w["gpu"] == gpu), windows[0] if windows else None)
-    extras: dict[str, dict] = {}
+        rank = next((r for r in ranks if any(not rb.budget.ok for rb in r.budgets)), ranks[0] if ranks else None)
+        worst = rank.label if rank else worst
+    gpu = rank.gpu if rank else None
+    window = next((w for w in sg.windows if w["gpu"] == gpu), sg.windows[0] if sg.windows else None)
     if window is not None:
         gpu = window["gpu"]
-        for row in window["between"]:
-            if row["weights"] or not row["owned"]:
-                continue
-            e = extras.setdefault(row["name"], {"owned": 0, "labels": []})
-            e["owned"] += row["owned"]
-            e["labels"].append(row["label"])
-    order = sorted(extras.items(), key=lambda kv: -kv[1]["owned"])
+    order = _took_between(window)
     if order:
         name, e = order[0]
         cause = ["CAUSE", f"GPU {gpu}: {name} took {human(e['owned'])}"]
@@ -361,77 +358,91 @@ def _sglang_failed(report: dict, sg: dict, summary: dict) -> tuple[tuple[Line, .
             cause.append(f"; {other} {human(o['owned'])}")
     else:
         cause = ["CAUSE", f"GPU {gpu}: the weights and what was already in use left too little for the KV cache"]
-    need = summary.get("needed_mem_fraction_static")
-    ran = summary.get("mem_fraction_static") or []
+    need = summary.needed_mem_fraction_static
     fix = ["FIX"]
     if need is not None and need < 1:
         fix.append(f"--mem-fraction-static {math.ceil(need * 100) / 100:.2f}+")
-        if ran:
-            fix.append(f" (was {ran[0]:.3f})")
+        if summary.mem_fraction_static:
+            fix.append(f" (was {summary.mem_fraction_static[0]:.3f})")
     else:
         fix.append("no --mem-fraction-static below 1 fits: free memory before the KV sizing")
     if order and order[0][0] in PHASE_FLAGS:
         fix.append(f", or {PHASE_FLAGS[order[0][0]]}")
     if order:
-        diag = next((b.get("diagnosis") for r in ranks for b in r.get("budgets", [])
-                     if r["label"] == worst and b.get("diagnosis")), None)
+        diag = next((rb.diagnosis for r in ranks for rb in r.budgets if r.label == worst and rb.diagnosis), None)
         if diag and diag.get("rest_without_extras_gib") is not None:
             fix.append(f" (without it rest = {_gib(diag['rest_without_extras_gib'])})")
     lines = _lines(first, cause, fix, _site_line(report, order[0][0] if order else None))
     if window is None:
         return lines, None
-    ends = [b["ts"] for r in ranks if r.get("gpu") == gpu for b in r.get("budgets", [])
-            if not b.get("ok", True) and b.get("ts") is not None]
+    ends = [rb.budget.ts for r in ranks if r.gpu == gpu for rb in r.budgets
+            if not rb.budget.ok and rb.budget.ts is not None]
     end = max(ends + [window["sizing_ts"]])
     return lines, _window(report, window["baseline_ts"], end, gpu, "from SGLang's memory baseline to its failed KV sizing")
 
 
-def _who(pids: list[int], procs: dict[int, dict]) -> str:
-    labels = [procs.get(p, {}).get("rank") or f"pid {p}" for p in pids]
+def _took_between(window: dict | None) -> list[tuple[str, dict]]:
+    """What each phase other than the weights took between the baseline and the KV sizing on the
+    window's GPU (``owned`` and the ranks' labels), largest first."""
+    extras: dict[str, dict] = {}
+    for row in window["between"] if window is not None else ():
+        if row["weights"] or not row["owned"]:
+            continue
+        e = extras.setdefault(row["name"], {"owned": 0, "labels": []})
+        e["owned"] += row["owned"]
+        e["labels"].append(row["label"])
+    return sorted(extras.items(), key=lambda kv: -kv[1]["owned"])
+
+
+def _who(pids: list[int], procs: dict[int, ProcessEntry]) -> str:
+    labels = [(procs[p].rank if p in procs else "") or f"pid {p}" for p in pids]
     return span(labels)
 
 
-def _call_failed(report: dict, failures: list[dict]) -> tuple[tuple[Line, ...], dict]:
-    procs = {p["pid"]: p for p in report["processes"]}
-    f = next((x for x in failures if x["result_name"] == OOM), failures[0])
-    where = f"GPU {f['gpu']}" if f["gpu"] >= 0 else "an unknown GPU"
-    size = f" of {human(f['size'])}" if f["size"] else ""
-    first = ["FAILED", f"{f['api']}{size} on {where}: {f['result_name']}",
-             f", {_who([f['pid']], procs)} at +{f['t_s']:.3f}s"]
+def _call_failed(report: Report, failures: list[FailedCall]) -> tuple[tuple[Line, ...], FailedCall]:
+    procs = report.process_map()
+    f = next((x for x in failures if x.result_name == OOM), failures[0])
+    where = f"GPU {f.gpu}" if f.gpu >= 0 else "an unknown GPU"
+    size = f" of {human(f.size)}" if f.size else ""
+    first = ["FAILED", f"{f.api}{size} on {where}: {f.result_name}",
+             f", {_who([f.pid], procs)} at +{f.t_s:.3f}s"]
     if len(failures) > 1:
         first.append(f" (+{len(failures) - 1} more failed call{'s' if len(failures) > 2 else ''})")
-    phases = f.get("by_phase") or []
-    if f["result_name"] != OOM:
-        hint = RESULT_HINTS.get(f["result_name"], "see the call's arguments and state")
+    if f.result_name != OOM:
+        hint = RESULT_HINTS.get(f.result_name, "see the call's arguments and state")
         cause = ["CAUSE", f"not a lack of memory: {hint}"]
-        phase = f" in {f['phase']}" if f.get("phase") and not f["phase"].startswith("(") else ""
-        fix = ["FIX", f"nothing to free: see what {_who([f['pid']], procs)} did at +{f['t_s']:.3f}s{phase}"]
+        phase = f" in {f.phase}" if f.phase and not f.phase.startswith("(") else ""
+        fix = ["FIX", f"nothing to free: see what {_who([f.pid], procs)} did at +{f.t_s:.3f}s{phase}"]
         return _lines(first, cause, fix, _site_line(report, None, f)), f
-    cause = ["CAUSE", f"{where} held {human(f.get('owned_on_gpu', 0))} then"]
+    phases = f.held.by_phase if f.held is not None else []
+    owned_then = f.held.owned_on_gpu if f.held is not None else 0
+    cause = ["CAUSE", f"{where} held {human(owned_then)} then"]
     for k, ph in enumerate(phases[:3]):
-        cause.append(f"{':' if k == 0 else ','} {ph['phase']} {human(ph['bytes'])} ({_who(ph['pids'], procs)})")
-    sec = next((s for s in report["gpus"] if s["gpu"] == f["gpu"]), None)
-    total = sec.get("total") if sec else None
-    free = f.get("nvml_free")
-    if total and f["size"] > total:
-        fix = ["FIX", f"ask for less: {human(f['size'])} is more than {where}'s {human(total)}"]
-    elif free is not None:
-        short = f["size"] - free
-        if short > 0:
-            fix = ["FIX", f"free {human(short)} on {where} first",
-                   f" (it needed {human(f['size'])}, NVML had {human(free)} free)"]
-        else:
-            fix = ["FIX", f"NVML had {human(free)} free for {human(f['size'])}: see NVML vs traced below",
-                   " (memory memrec did not see: contexts, other processes)"]
-    elif total:
-        room = total - f.get("owned_on_gpu", 0)
-        fix = ["FIX", f"free {human(max(f['size'] - room, 0))} on {where} first",
-               f" (it needed {human(f['size'])}; {human(total)} total minus what memrec saw held)"]
-    else:
-        fix = ["FIX", f"free memory on {where} before this call or ask for less than {human(f['size'])}"]
+        cause.append(f"{':' if k == 0 else ','} {ph.phase} {human(ph.bytes)} ({_who(ph.pids, procs)})")
+    sec = next((s for s in report.gpus if s.gpu == f.gpu), None)
+    fix = _call_fix(f, where, sec.total if sec else None, owned_then)
     if phases and fix[0] == "FIX":
-        fix.append(f"; the largest holder is {phases[0]['phase']}")
-    return _lines(first, cause, fix, _site_line(report, phases[0]["phase"] if phases else None, f)), f
+        fix.append(f"; the largest holder is {phases[0].phase}")
+    return _lines(first, cause, fix, _site_line(report, phases[0].phase if phases else None, f)), f
+
+
+def _call_fix(f: FailedCall, where: str, total: int | None, owned_then: int) -> list[str]:
+    """What to change for a call that ran out of memory: ask for less, or free what was short."""
+    free = f.nvml_free
+    if total and f.size > total:
+        return ["FIX", f"ask for less: {human(f.size)} is more than {where}'s {human(total)}"]
+    if free is not None:
+        short = f.size - free
+        if short > 0:
+            return ["FIX", f"free {human(short)} on {where} first",
+                    f" (it needed {human(f.size)}, NVML had {human(free)} free)"]
+        return ["FIX", f"NVML had {human(free)} free for {human(f.size)}: see NVML vs traced below",
+                " (memory memrec did not see: contexts, other processes)"]
+    if total:
+        room = total - owned_then
+        return ["FIX", f"free {human(max(f.size - room, 0))} on {where} first",
+                f" (it needed {human(f.size)}; {human(total)} total minus what memrec saw held)"]
+    return ["FIX", f"free memory on {where} before this call or ask for less than {human(f.size)}"]
 
 
 def _lines(*lines: list[str]) -> tuple[Line, ...]:
@@ -439,15 +450,15 @@ def _lines(*lines: list[str]) -> tuple[Line, ...]:
     return tuple(Line(x[0], tuple(x[1:])) for x in lines if len(x) > 1)
 
 
-def _site_line(report: dict, phase: str | None, failure: dict | None = None) -> list[str]:
+def _site_line(report: Report, phase: str | None, failure: FailedCall | None = None) -> list[str]:
     """The ``SITE`` line of a trace with stacks (:mod:`memrec.analysis.sites`): the failed call's
     own site, and the site that held the most in ``phase`` (the phase the line before names);
     without stacks no parts, and :func:`_lines` leaves the line out."""
-    if not report.get("sites"):
+    section = report.sites
+    if not section:
         return ["SITE"]
-    section = SitesSection.from_json(report["sites"])
     out = ["SITE"]
-    site: Site | None = section.failure_site(failure["index"]) if failure is not None else None
+    site: Site | None = section.failure_site(failure.index) if failure is not None else None
     if site is not None:
         out.append(f"the failed call came from {clean_text(site.label, 100)}")
     row = section.top_in(phase) if phase else None
@@ -457,27 +468,27 @@ def _site_line(report: dict, phase: str | None, failure: dict | None = None) -> 
     return out
 
 
-def _phase_start(report: dict, pids: list[int], path: str, ts: int) -> int | None:
+def _phase_start(report: Report, pids: list[int], path: str, ts: int) -> int | None:
     """The latest start at or before ``ts`` of phase ``path`` of one of ``pids``."""
-    starts = [ph["start_ts"] for ph in report["phases"]
-              if ph["pid"] in pids and path in (ph["path"], ph["name"]) and ph["start_ts"] <= ts]
+    starts = [ph.start_ts for ph in report.phases
+              if ph.pid in pids and path in (ph.path, ph.name) and ph.start_ts <= ts]
     return max(starts) if starts else None
 
 
-def _call_window(report: dict, f: dict) -> Window:
+def _call_window(report: Report, f: FailedCall) -> Window:
     """A failed call's window: out of memory, from when the largest pieces the GPU then held were
     allocated; otherwise from the start of the phase it failed in (else the call alone)."""
-    gpu = f["gpu"] if f["gpu"] >= 0 else None
-    if f["result_name"] == OOM and f.get("largest"):
-        start = min(h["ts"] for h in f["largest"])
-        return _window(report, start, f["ts"], gpu, "from the largest allocations it held then to the failed call")
-    start = _phase_start(report, [f["pid"]], f.get("phase") or "", f["ts"])
+    gpu = f.gpu if f.gpu >= 0 else None
+    if f.result_name == OOM and f.held is not None and f.held.largest:
+        start = min(h["ts"] for h in f.held.largest)
+        return _window(report, start, f.ts, gpu, "from the largest allocations it held then to the failed call")
+    start = _phase_start(report, [f.pid], f.phase or "", f.ts)
     if start is None:
-        return _window(report, f["ts"], f["ts"], gpu, "the failed call")
-    return _window(report, start, f["ts"], gpu, f"the phase {f['phase']} up to the failed call")
+        return _window(report, f.ts, f.ts, gpu, "the failed call")
+    return _window(report, start, f.ts, gpu, f"the phase {f.phase} up to the failed call")
 
 
-def _marker_failed(report: dict, marked: list[Failure]) -> tuple[tuple[Line, ...], Failure, Window]:
+def _marker_failed(report: Report, marked: list[Failure]) -> tuple[tuple[Line, ...], Failure, Window]:
     """A marker said a phase failed (and no driver call and no KV sizing did): its error."""
     f = marked[0]
     first = ["FAILED", f"{f.what}", f", {f.who} at +{f.t_s:.3f}s"]
@@ -491,43 +502,40 @@ def _marker_failed(report: dict, marked: list[Failure]) -> tuple[tuple[Line, ...
     return _lines(first, cause, fix), f, window
 
 
-def _no_failure(report: dict, secs: list[dict], summary: dict) -> tuple[tuple[Line, ...], Window]:
-    procs = {p["pid"]: p for p in report["processes"]}
-    sec = max(secs, key=lambda s: (s["peak"]["bytes"], -s["gpu"]))
-    pk = sec["peak"]
-    first = ["OK", f"no failed call; highest peak {human(pk['bytes'])} on GPU {sec['gpu']} at +{pk['t_s']:.3f}s"]
-    if sec.get("total"):
-        first.append(f" of {human(sec['total'])}")
-    others = [s["gpu"] for s in secs if s is not sec and s["peak"]["bytes"] == pk["bytes"]]
+def _no_failure(report: Report, secs: list[GpuSection], summary: SglangSummary | None) -> tuple[tuple[Line, ...], Window]:
+    procs = report.process_map()
+    sec = max(secs, key=lambda s: (s.peak.bytes, -s.gpu))
+    pk = sec.peak
+    by_phase = pk.by_phase or []  # OMITTED (falsy) on a GPU the peak's phases were not worked out for
+    first = ["OK", f"no failed call; highest peak {human(pk.bytes)} on GPU {sec.gpu} at +{pk.t_s:.3f}s"]
+    if sec.total:
+        first.append(f" of {human(sec.total)}")
+    others = [s.gpu for s in secs if s is not sec and s.peak.bytes == pk.bytes]
     if others:
         first.append(f" (same on GPU {span([str(g) for g in others])})")
-    held = ["PEAK", f"held at the peak on GPU {sec['gpu']}"]
-    for k, ph in enumerate(pk.get("by_phase") or []):
+    held = ["PEAK", f"held at the peak on GPU {sec.gpu}"]
+    for k, ph in enumerate(by_phase):
         if k == 3:
             break
-        held.append(f"{':' if k == 0 else ','} {ph['phase']} {human(ph['bytes'])} ({_who(ph['pids'], procs)})")
-
+        held.append(f"{':' if k == 0 else ','} {ph.phase} {human(ph.bytes)} ({_who(ph.pids, procs)})")
     if len(held) == 2:
-        held = ["PEAK", f"GPU {sec['gpu']} held {human(pk['bytes'])} at its peak (no phase markers)"]
+        held = ["PEAK", f"GPU {sec.gpu} held {human(pk.bytes)} at its peak (no phase markers)"]
     third = ["ROOM"]
-    if summary and summary.get("min_rest_gib") is not None:
-        third.append(f"KV cache sized on every rank: smallest rest {_gib(summary['min_rest_gib'])}"
-                     f" ({summary.get('min_rest_label')})")
-        if summary.get("min_tokens") is not None:
-            third.append(f", {summary['min_tokens']:,} tokens")
-    elif sec.get("total"):
-        nv = sec.get("nvml") or {}
-        used = nv.get("peak_used")
+    if summary is not None and summary.min_rest_gib is not None:
+        third.append(f"KV cache sized on every rank: smallest rest {_gib(summary.min_rest_gib)}"
+                     f" ({summary.min_rest_label})")
+        if summary.min_tokens is not None:
+            third.append(f", {summary.min_tokens:,} tokens")
+    elif sec.total:
+        used = sec.nvml.peak_used if sec.nvml is not None else None
         if used is not None:
-            third.append(f"GPU {sec['gpu']}: {human(sec['total'] - used)} never used (NVML peak {human(used)})")
+            third.append(f"GPU {sec.gpu}: {human(sec.total - used)} never used (NVML peak {human(used)})")
         else:
-            third.append(f"GPU {sec['gpu']}: {human(sec['total'] - pk['bytes'])} above the traced peak"
+            third.append(f"GPU {sec.gpu}: {human(sec.total - pk.bytes)} above the traced peak"
                          " (contexts and untraced memory not counted)")
     else:
         third.append("GPU totals unknown (no NVML in this trace)")
-    starts = [s for ph in (pk.get("by_phase") or [])[:3]
-              if (s := _phase_start(report, ph["pids"], ph["phase"], pk["ts"])) is not None]
-    window = _window(report, min(starts, default=pk["ts"]), pk["ts"], sec["gpu"],
+    starts = [s for ph in by_phase[:3] if (s := _phase_start(report, ph.pids, ph.phase, pk.ts)) is not None]
+    window = _window(report, min(starts, default=pk.ts), pk.ts, sec.gpu,
                      "from the start of the phases held at the peak to the peak" if starts else "the peak")
-    peak_phases = pk.get("by_phase") or []
-    return _lines(first, held, third, _site_line(report, peak_phases[0]["phase"] if peak_phases else None)), window
+    return _lines(first, held, third, _site_line(report, by_phase[0].phase if by_phase else None)), window

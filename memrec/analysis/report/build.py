@@ -1,0 +1,418 @@
+"""``memrec report``: per GPU, where the memory went, when, and who took it.
+
+:func:`build_report` replays a :class:`memrec.trace.model.Trace` once and returns a
+:class:`~memrec.analysis.report.model.Report` (typed sections; ``to_json()`` is ``report --json``);
+:func:`memrec.analysis.report.text.render_text` turns it into fixed-width text. Byte counts are
+exact ints; ``*_s`` fields are seconds since the trace start.
+
+Per GPU: traced peak (and when) and final bytes, by category and by process; by phase where
+markers exist; what each process still held when it exited (freed implicitly); every failed call
+with who held what on that GPU at that instant; NVML beside it, and per NVML sample the traced
+bytes of each process and of the GPU with the rest as "untraced" (:mod:`memrec.analysis.untraced.reconcile`,
+section ``reconciliation``). "Traced" means owned memory the
+probes saw (driver allocations + VMM physical); ``ipc_mapped`` is peers' memory mapped by a
+process, shown in its view and never added to a GPU's total.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from memrec.analysis.report.answer import Answer
+from memrec.analysis.report.answer import build_answer
+from memrec.analysis.names import api_name
+from memrec.analysis.names import process_title
+from memrec.analysis.names import result_name
+from memrec.engine.phases import Phases
+from memrec.engine.phases import Attribution
+from memrec.engine.phases import held_by_phase
+from memrec.engine.group import distinct
+from memrec.engine.journal import Journal
+from memrec.analysis.untraced.reconcile import reconcile
+from memrec.analysis.report.gpu import ReportContext
+from memrec.analysis.report.gpu import gpu_section
+from memrec.analysis.report.gpu import holding_json
+from memrec.analysis.report.model import FailedCall
+from memrec.analysis.report.model import HeldPhase
+from memrec.analysis.report.model import HeldThen
+from memrec.analysis.report.model import InstantEntry
+from memrec.analysis.report.model import PhaseEntry
+from memrec.analysis.report.model import ProcessEntry
+from memrec.analysis.report.model import Report
+from memrec.analysis.report.model import ReportFilter
+from memrec.analysis.report.model import TraceSummary
+from memrec.engine.replay import initial_state
+from memrec.engine.replay import trace_bounds
+from memrec.engine.replay import trace_phases
+from memrec.analysis.sglang.section import build_sglang_section
+from memrec.analysis.sglang.section import has_sglang_markers
+from memrec.analysis.report.tensors import tensor_section
+from memrec.analysis.sites import sites_section
+from memrec.analysis.text import seconds
+from memrec.ranks import pid_labels
+from memrec.engine.replay import Timeline
+from memrec.engine.replay import build_timeline
+from memrec.engine.replay import state_at
+from memrec.columns import failed_calls
+from memrec.events import Kind
+from memrec.state import LiveState
+from memrec.state.batch import Batch
+from memrec.trace.merge import merged_summary
+
+REPORT_VERSION = 1
+#: How many holders' largest allocations the snapshot at a failed call lists, and how many on the GPU.
+HOLDER_LARGEST = 3
+GPU_LARGEST = 5
+
+
+# ----------------------------------------------------------------------------------------- build
+
+
+def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> Report:
+    """Replay ``trace`` and summarise it per GPU (:meth:`Report.to_json` is ``report --json``).
+
+    Args:
+        trace: a :class:`memrec.trace.model.Trace`; its ``event_columns["gpu"]`` are filled in where the
+            replay knows them.
+        gpu: only this GPU (-1: the host / unknown-GPU section).
+        pid: only this process's memory (peaks, phases, exits, failed calls are its own; the
+            holders at its failed calls still show every process on that GPU).
+    """
+    run = _replay(trace, gpu, pid)
+    procs = _processes(trace, run.tl, run.exits)
+    ctx = ReportContext(trace=trace, start=run.start, pid=pid, procs=procs, exits=run.exits, usage=run.usage,
+                        exit_usage=run.exit_usage, phases=run.phases, rec=reconcile(trace, run.tl, run.phases))
+    report = Report(
+        memrec_report=REPORT_VERSION,
+        filter=ReportFilter(gpu, pid),
+        trace=_trace_summary(trace, run, gpu, pid, len(procs)),
+        merged=merged_summary(trace.header),
+        processes=[p for p in procs.values() if pid is None or p.pid == pid],
+        gpus=[],
+        host=None,
+        phases=_phase_list(run.phases, run.start, pid),
+        instants=_instant_list(run.phases, run.start, pid),
+        failures_unknown_gpu=[],
+    )
+    failures_by_gpu = _place_failures(report, run, ctx)
+    _add_gpu_sections(report, run, ctx, failures_by_gpu)
+    report.sglang = run.sglang
+    report.tensors = tensor_section(run.events, run.phases, run.start, trace.header, trace.trailer, pid=pid, gpu=gpu)
+    sites = sites_section(trace, run.phases, pid=pid, gpu=gpu, end_ts=run.end)
+    if sites is not None:  # a trace with stacks (format 2.3); without, the report is as it was
+        report.sites = sites
+    _peak_by_phase(report, trace, run.tl, run.phases)
+    report.answer = build_answer(report)
+    return report
+
+
+def trace_answer(trace: Any) -> Answer:
+    """The answer ``memrec report`` prints first (:mod:`memrec.analysis.report.answer`), for the views
+    that lead with it (TUI, plot, exports): built from the same report, so that they agree."""
+    answer = build_report(trace).answer
+    assert answer is not None  # build_report always sets it
+    return answer
+
+
+@dataclass
+class _Replayed:
+    """What one replay of the trace gives the report: the timeline, the failed calls (each with
+    its GPU, ``(gpu, inferred)``, and the holders then), the exits and anomalies of the recording
+    (not of a rotated file's predecessors), usage by phase and the SGLang section."""
+
+    events: Batch
+    start: int
+    end: int
+    phases: Phases
+    notes: list[str]
+    tl: Timeline
+    failed_idx: list[int]
+    failed_gpu: dict[int, tuple[int, bool]]
+    snapshots: dict[int, HeldThen]
+    exits: list[dict]
+    anomalies: dict[str, int]
+    usage: list
+    exit_usage: list
+    sglang: dict | None
+
+
+def _replay(trace: Any, gpu: int | None, pid: int | None) -> _Replayed:
+    events = Batch.of(trace.event_columns)  # the loaded columns, never the 130-byte rows
+    start, end = trace_bounds(trace)
+    failed_idx = np.nonzero(failed_calls(events))[0].tolist() if len(events) else []
+    failed_gpu = _failure_gpus(events, failed_idx)
+    snapshots: dict[int, HeldThen] = {}
+    cache: dict[tuple[int, int], HeldThen] = {}
+    phases = trace_phases(trace)
+
+    def at_stop(index: int, state: LiveState, changes: int) -> None:
+        g = failed_gpu[index][0]
+        # The journal grows with every change: failed calls in a row with nothing in between
+        # see the same state, computed once.
+        key = (changes, g)
+        snap = cache.get(key)
+        if snap is None:
+            cache.clear()
+            snap = cache[key] = _holders_snapshot(state, g, phases)
+        snapshots[index] = snap
+
+    initial, notes = initial_state(trace)
+    prior_exits = len(initial.exit_records()) if initial is not None else 0
+    prior_anomalies = dict(initial.anomalies) if initial is not None else {}
+    usage_of, exit_usage_of = Attribution(phases), Attribution(phases)
+
+    def attribute_rows(journal: Journal) -> None:
+        if trace.markers:
+            usage_of.add(journal)
+            exit_usage_of.add(journal.take(journal.exit_mask(events)))
+
+    # The journal (35 B a change) is attributed chunk by chunk as the replay goes and let go,
+    # unless the SGLang section needs it whole.
+    whole = has_sglang_markers(trace.markers)
+    tl = build_timeline(events, start=start, state=initial, stops=failed_idx, at_stop=at_stop,
+                        on_journal=None if whole else attribute_rows)
+    if whole:
+        attribute_rows(tl.journal)
+    anomalies = {
+        k: v - prior_anomalies.get(k, 0) for k, v in sorted(tl.state.anomalies.items()) if v > prior_anomalies.get(k, 0)
+    }
+    usage = usage_of.usage()
+    sglang = build_sglang_section(trace, phases, tl.journal, usage, start, gpu=gpu, pid=pid)
+    # Nothing after this reads the journal: its columns (35 B a change) go before the
+    # reconciliation makes its temporaries (the report's peak memory on 10M events).
+    tl.journal = tl.journal.take(np.zeros(len(tl.journal), dtype=bool))
+    return _Replayed(events, start, end, phases, notes, tl, failed_idx, failed_gpu, snapshots,
+                     tl.state.exit_records()[prior_exits:], anomalies, usage, exit_usage_of.usage(), sglang)
+
+
+def _trace_summary(trace: Any, run: _Replayed, gpu: int | None, pid: int | None, processes: int) -> TraceSummary:
+    pids = run.events["pid"] if len(run.events) else None
+    return TraceSummary(
+        host=trace.header.get("host"),
+        start_ts=run.start,
+        end_ts=run.end,
+        duration_s=seconds(run.end - run.start),
+        events=len(run.events),
+        failed_calls=sum(  # of the filter's selection
+            1 for i in run.failed_idx
+            if (pid is None or int(pids[i]) == pid) and (gpu is None or run.failed_gpu[i][0] == gpu)
+        ),
+        failed_calls_all=len(run.failed_idx),
+        processes=processes,
+        lost=int(trace.lost),
+        complete=trace.trailer is not None,
+        warnings=list(trace.warnings) + run.notes,
+        phase_warnings=list(run.phases.warnings),
+        anomalies=run.anomalies,
+        markers=len(trace.markers),
+        nvml_samples=int(len(trace.nvml)),
+    )
+
+
+def _place_failures(report: Report, run: _Replayed, ctx: ReportContext) -> dict[int, list[FailedCall]]:
+    """Each failed call of the filter's selection, with its phase, NVML's free bytes before it and
+    (on a known GPU) the holders then: by GPU, or on the report's unknown-GPU list."""
+    by_gpu: dict[int, list[FailedCall]] = {}
+    kinds = run.events["kind"] if len(run.events) else np.zeros(0, np.uint16)
+    for i in run.failed_idx:
+        g, inferred = run.failed_gpu[i]
+        if ctx.pid is not None and int(run.events["pid"][i]) != ctx.pid:
+            continue
+        f = _failure(run.events, i, g, inferred, run.start, ctx.procs)
+        f.phase = run.phases.label(run.phases.phase_at(f.pid, f.ts))
+        f.nvml_free = _nvml_free_before(ctx.trace, g, f.ts)
+        if g < 0 and not _is_host_kind(int(kinds[i])):
+            report.failures_unknown_gpu.append(f)
+            continue
+        f.held = run.snapshots[i]
+        by_gpu.setdefault(g, []).append(f)
+    return by_gpu
+
+
+def _add_gpu_sections(report: Report, run: _Replayed, ctx: ReportContext,
+                      failures_by_gpu: dict[int, list[FailedCall]]) -> None:
+    """A section per GPU the replay, the failed calls, the trace's GPU list or NVML saw (the
+    filter's GPU only); GPU -1 (pinned host memory, unknown GPU) is the report's ``host``."""
+    trace = ctx.trace
+    gpu_ids = set(run.tl.gpus) | {g for g, _ in run.failed_gpu.values()}
+    gpu_ids |= set(trace.gpu_ids())
+    gpu_ids |= set(ctx.rec.gpus())
+    gpu_info = {gi.index: gi for gi in trace.gpus}
+    want = report.filter.gpu
+    for g in sorted(gpu_ids):
+        if want is not None and g != want:
+            continue
+        section = gpu_section(ctx, g, run.tl.gpus.get(g), gpu_info.get(g), failures_by_gpu.get(g, []))
+        if section is None:
+            continue
+        if g < 0:
+            report.host = section
+        else:
+            report.gpus.append(section)
+
+
+def _peak_by_phase(report: Report, trace: Any, tl: Timeline, phases: Phases) -> None:
+    """What the GPU with the highest peak held at that peak, by phase (the answer's second line).
+
+    One GPU only: the state there comes from the nearest keyframe and a replay of the rest.
+    """
+    secs = [s for s in report.gpus if s.peak.bytes]
+    if not secs:
+        return
+    sec = max(secs, key=lambda s: (s.peak.bytes, -s.gpu))
+    series = tl.gpus[sec.gpu]
+    _, _, row = series.peak(report.filter.pid)
+    state = state_at(tl.events, int(series.event_index[row]) + 1, trace.keyframes)
+    sec.peak.by_phase = _held_by_phase(state, sec.gpu, phases)
+
+
+def _is_host_kind(kind: int) -> bool:
+    return kind in (Kind.HOST_ALLOC, Kind.HOST_FREE, Kind.HOST_REGISTER, Kind.HOST_UNREGISTER)
+
+
+def _failure_gpus(events: np.ndarray, failed_idx: list[int]) -> dict[int, tuple[int, bool]]:
+    """Each failed call's GPU: its own, else its process's last known GPU before it (inferred)."""
+    out: dict[int, tuple[int, bool]] = {}
+    if not failed_idx:
+        return out
+    gpus = events["gpu"]
+    pids = events["pid"]
+    known = np.nonzero(gpus >= 0)[0]
+    known_pids = pids[known]
+    per_pid: dict[int, np.ndarray] = {}
+    for i in failed_idx:
+        g = int(gpus[i])
+        kind = int(events["kind"][i])
+        if g >= 0 or _is_host_kind(kind):
+            out[i] = (g if not _is_host_kind(kind) else -1, False)
+            continue
+        p = int(pids[i])
+        if p not in per_pid:
+            per_pid[p] = known[known_pids == p]
+        idx = per_pid[p]
+        k = int(np.searchsorted(idx, i)) - 1
+        out[i] = (int(gpus[idx[k]]), True) if k >= 0 else (-1, False)
+    return out
+
+
+def _holders_snapshot(state: LiveState, g: int, phases: Phases) -> HeldThen:
+    return HeldThen(
+        owned_on_gpu=state.owned_bytes(gpu=g),
+        mapped_on_gpu=state.mapped_bytes(gpu=g),
+        holders=[holding_json(h) for h in state.holders(g, n=HOLDER_LARGEST)],
+        largest=[holding_json(h._asdict()) for h in state.largest(g, GPU_LARGEST)],
+        by_phase=_held_by_phase(state, g, phases),
+    )
+
+
+def _held_by_phase(state: LiveState, g: int, phases: Phases, n: int = 5) -> list[HeldPhase]:
+    """What ``g`` holds now (owned), by the phase that allocated each piece: the ``n`` largest
+    (:func:`memrec.engine.phases.held_by_phase`, the TUI's cursor panel reads the same)."""
+    return [HeldPhase(r.phase, r.bytes, list(r.pids)) for r in held_by_phase(state, g, phases)[:n]]
+
+
+def _nvml_free_before(trace: Any, g: int, ts: int) -> int | None:
+    """NVML's free bytes on ``g`` at the last sample at or before ``ts`` (None without one)."""
+    nv = trace.nvml
+    if not len(nv) or g < 0:
+        return None
+    s = nv[(nv["gpu"] == g) & (nv["ts"] <= ts) & (nv["free"] >= 0)]
+    if not len(s):
+        return None
+    return int(s["free"][np.argmax(s["ts"])])
+
+
+def _failure(events: np.ndarray, i: int, g: int, inferred: bool, start: int,
+             procs: dict[int, ProcessEntry]) -> FailedCall:
+    e = events[i]
+    p = int(e["pid"])
+    kind = int(e["kind"])
+    proc = procs.get(p)
+    return FailedCall(
+        index=i,
+        ts=int(e["ts"]),
+        t_s=seconds(int(e["ts"]) - start),
+        pid=p,
+        tid=int(e["tid"]),
+        process=proc.short if proc else "",
+        kind=Kind(kind).name if kind in Kind._value2member_map_ else str(kind),
+        api=api_name(int(e["api"])),
+        size=int(e["size"]),
+        result=int(e["result"]),
+        result_name=result_name(int(e["result"])),
+        gpu=g,
+        gpu_inferred=inferred,
+    )
+
+
+def _processes(trace: Any, tl: Timeline, exit_records: list[dict]) -> dict[int, ProcessEntry]:
+    pids = set(trace.processes) | {p for s in tl.gpus.values() for p in s.pids()}
+    if len(trace.event_columns):
+        pids |= set(distinct(trace.event_columns["pid"]))
+    exits = {r["pid"]: r["ts"] for r in exit_records}
+    ranks = pid_labels(trace.markers, trace.processes)  # "TP0" from the markers' tp/pp/dp_rank, else ProcessInfo.rank
+    gpus_of: dict[int, set[int]] = {}
+    for g, s in tl.gpus.items():
+        for p in s.pids():
+            gpus_of.setdefault(p, set()).add(g)
+    out = {}
+    for p in sorted(pids):
+        info = trace.processes.get(p)
+        out[p] = ProcessEntry(
+            pid=p,
+            ppid=info.ppid if info else None,
+            short=process_title(info),
+            cmdline=list(info.cmdline) if info else [],
+            rank=ranks.get(p, ""),
+            cuda_visible_devices=info.cuda_visible_devices if info else None,
+            gpus=sorted(gpus_of.get(p, ())),
+            exit_ts=exits.get(p),
+        )
+    return out
+
+
+def _phase_list(phases: Phases, start: int, pid: int | None) -> list[PhaseEntry]:
+    return [
+        PhaseEntry(
+            id=ph.id,
+            pid=ph.pid,
+            name=ph.name,
+            path=ph.path,
+            depth=ph.depth,
+            start_ts=ph.start,
+            end_ts=ph.end,
+            start_s=seconds(ph.start - start),
+            end_s=seconds(ph.end - start),
+            closed=ph.closed,
+            gpu=ph.gpu,
+            values=_jsonable(ph.values),
+        )
+        for ph in phases.phases
+        if pid is None or ph.pid == pid
+    ]
+
+
+def _instant_list(phases: Phases, start: int, pid: int | None) -> list[InstantEntry]:
+    return [
+        InstantEntry(pid=i.pid, name=i.name, ts=i.ts, t_s=seconds(i.ts - start), phase=phases.label(i.phase),
+                     gpu=i.gpu, values=_jsonable(i.values))
+        for i in phases.instants
+        if pid is None or i.pid == pid
+    ]
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, (bytes, bytearray)):
+        return bytes(v).hex()
+    if isinstance(v, np.generic):
+        return v.item()
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    return str(v)

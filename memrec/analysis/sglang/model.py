@@ -1,0 +1,117 @@
+"""The report's SGLang section, typed: per rank its phases, KV budgets and errors, and the summary
+over every rank (:func:`memrec.analysis.sglang.section.build_sglang_section` builds it; the text,
+the answer and ``report --json`` read it).
+
+The parts that stay plain dicts are those their own modules build as JSON: the windows between
+the baseline and the KV sizing (:meth:`memrec.analysis.sglang.windows.KvWindow.to_dict`), a
+budget's diagnosis (:func:`memrec.analysis.sglang.section.diagnose`), the facts rows
+(:mod:`memrec.analysis.sglang.facts`) and marker values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from memrec.analysis.sglang.kv_budget import KvBudget
+from memrec.analysis.sections import OMITTED
+from memrec.analysis.sections import Section
+
+
+@dataclass
+class SglangPhase(Section):
+    """A phase (per GPU it took memory on) or an instant of one rank, placed against the KV sizing
+    (``when``); ``torch_reserved`` / ``non_torch`` where the hooks recorded PyTorch's reserve."""
+
+    kind: str  # "phase" | "instant"
+    name: str
+    path: str
+    depth: int
+    gpu: int | None
+    start_ts: int
+    end_ts: int
+    start_s: float
+    end_s: float
+    closed: bool
+    when: str | None
+    by_category: dict[str, int]
+    net: int
+    mapped_net: int
+    values: dict
+    torch_reserved: int = OMITTED
+    non_torch: int = OMITTED
+
+
+@dataclass
+class RankBudget:
+    """One KV budget of a rank: SGLang's numbers (:class:`KvBudget`), the rank's label, the
+    formula with its values and, for the target runner, the diagnosis (None without a window)."""
+
+    budget: KvBudget
+    label: str
+    formula: list[str]
+    diagnosis: dict | None
+
+    def to_json(self) -> dict:
+        """The budget's own dict with the rank's label over SGLang's (kept as ``sglang_label``)."""
+        out = self.budget.to_dict()
+        out["label"] = self.label
+        out["sglang_label"] = self.budget.label
+        out["formula"] = self.formula
+        out["diagnosis"] = self.diagnosis
+        return out
+
+
+@dataclass
+class RankError(Section):
+    """An error a phase marker of the rank carried, where it was raised and its traceback."""
+
+    phase: str
+    error: str
+    at: Any
+    traceback: Any
+
+
+@dataclass
+class SglangRank(Section):
+    pid: int
+    label: str
+    rank: dict[str, int]
+    gpu: int | None
+    gpus: list[int]
+    phases: list[SglangPhase]
+    budgets: list[RankBudget]
+    errors: list[RankError]
+
+
+@dataclass
+class SglangSummary(Section):
+    """Every rank at once (:func:`memrec.analysis.sglang.kv_budget.summarize`'s numbers first), then the
+    facts: failed ranks, fractions, lost markers, custom all-reduce, contexts, NCCL's VMM, OOMs
+    after the sizing."""
+
+    ranks: int
+    failed: bool
+    errors: list[str]
+    min_rest_gib: float | None
+    min_rest_label: str | None
+    min_tokens: int | None
+    needed_mem_fraction_static: float | None
+    local_free_spread_gib: float | None
+    lowest_free_label: str | None
+    failed_labels: list[str]
+    kv_failed: bool
+    mem_fraction_static: list[float]
+    fraction_is_lower_bound: bool
+    markers_dropped: list[dict]
+    custom_all_reduce: Any
+    contexts: list[dict]
+    nccl_vmm: list[dict]
+    oom_after_sizing: list[dict]
+
+
+@dataclass
+class SglangSection(Section):
+    ranks: list[SglangRank]
+    windows: list[dict]
+    summary: SglangSummary
