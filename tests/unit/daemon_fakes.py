@@ -62,8 +62,9 @@ class FakeProbes:
         dev, inode = identity or (0, 0)
         return FakeReport(os.fspath(path), dev, inode)
 
-    def attach_torch(self, path, identity=None):
-        """As CudaProbes.attach_torch on a libc10_cuda.so with PyTorch's three probe sites."""
+    def attach_torch(self, path, identity=None, pids=()):
+        """As CudaProbes.attach_torch on a libc10_cuda.so with PyTorch's three probe sites (in the
+        processes ``pids`` only, when named)."""
         from memrec.probes.cuda import TorchReport
 
         assert self.loaded and not self.closed
