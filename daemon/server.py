@@ -38,7 +38,7 @@ from typing import Callable
 
 import numpy as np
 
-from memrec import __version__
+from memrec._version import __version__
 from memrec._errors import OutputError
 from memrec.columns import with_gpu
 from memrec.daemon import retention

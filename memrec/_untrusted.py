@@ -16,7 +16,7 @@ Three dangers, one place each:
 
 from __future__ import annotations
 
-from memrec import TYPE_CHECKING
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see memrec.TYPE_CHECKING)
 
 if TYPE_CHECKING:  # typing only for the checker: `memrec mark` imports this (see memrec.TYPE_CHECKING)
     from typing import Any

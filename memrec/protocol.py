@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import os
 import struct
-from memrec import TYPE_CHECKING
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see memrec.TYPE_CHECKING)
 
 if TYPE_CHECKING:  # typing only for the checker: `memrec mark` imports this (see memrec.TYPE_CHECKING)
     import socket

@@ -219,24 +219,6 @@ def _raise_fd_limit(need: int) -> None:
             log.warning("cannot raise the open-file limit to %d: %s", need, exc)
 
 
-#: Where the distributions' packages put bcc (python3-bpfcc on Debian/Ubuntu, python3-bcc on RHEL).
-SYSTEM_BCC_GLOBS = ("/usr/lib/python3/dist-packages/bcc", "/usr/lib/python3*/site-packages/bcc",
-                    "/usr/lib64/python3*/site-packages/bcc")
-
-
-def bcc_missing_hint() -> str:
-    """What to do when bcc does not import. After `pip install memrec` into a virtualenv the
-    system's bcc is usually there but out of this Python's reach: installing it again changes
-    nothing, linking it in does."""
-    import glob
-
-    found = next((hit for pattern in SYSTEM_BCC_GLOBS for hit in sorted(glob.glob(pattern))), None)
-    if found is None:
-        return "install python3-bpfcc (Debian, Ubuntu) or python3-bcc (RHEL, Fedora), then run scripts/setup"
-    return (f"the system's bcc is installed ({found}) but {sys.executable} does not reach it: run scripts/setup, "
-            "or link it into this virtualenv (docs/operations.md, 1. Install)")
-
-
 class CudaProbes:
     """The driver-API probes: one BPF program, attached to any number of libcuda files.
 

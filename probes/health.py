@@ -32,7 +32,7 @@ def check_bcc() -> Check:
     try:
         import bcc
     except ImportError as error:
-        from memrec.probes.cuda import bcc_missing_hint
+        from memrec.probes.loader import bcc_missing_hint
 
         return Check("bcc", "fail", f"cannot import bcc ({error})", bcc_missing_hint())
     version = getattr(bcc, "__version__", "?")

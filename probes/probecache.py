@@ -61,7 +61,7 @@ def bcc_version() -> str:
 
 def cache_key(source: str, cflags: list[str]) -> str:
     """The hex sha256 naming the compiled program for this source, flags, kernel and tools."""
-    from memrec import __version__
+    from memrec._version import __version__
 
     uname = os.uname()
     parts = [f"format {FORMAT}", source, "\0".join(cflags), uname.release, uname.version, uname.machine,

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 from typing import Callable
 
-from memrec.sglang_hooks import is_active
+from memrec.sglang_hooks.active import is_active
 from memrec.sglang_hooks import targets as _targets
 from memrec.sglang_hooks.state import STATE
 

@@ -47,7 +47,7 @@ from memrec.columns import failed_calls
 from memrec.events import Kind
 from memrec.state import LiveState
 from memrec.state.batch import Batch
-from memrec.trace.merge import merged_summary
+from memrec.analysis.merge_text import merged_summary
 
 REPORT_VERSION = 1
 #: How many holders' largest allocations the snapshot at a failed call lists, and how many on the GPU.

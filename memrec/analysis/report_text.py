@@ -26,7 +26,7 @@ from memrec.analysis.text import table
 from memrec.analysis.untraced import SPLIT
 from memrec.analysis.untraced import SPLIT_HEADINGS
 from memrec.events import CATEGORIES
-from memrec.trace.merge import render_merged
+from memrec.analysis.merge_text import render_merged
 
 _CATEGORY_NOTE = {
     "driver": "cuMemAlloc*",

@@ -17,10 +17,11 @@ import time
 from _thread import get_native_id  # threading.get_native_id, without threading's start-up
 from types import SimpleNamespace
 
-from memrec import TYPE_CHECKING
 from memrec import protocol
 from memrec._errors import ExitCode
 from memrec._errors import MemrecCommandError
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see memrec.TYPE_CHECKING)
 
 if TYPE_CHECKING:
     import argparse

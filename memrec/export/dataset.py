@@ -472,7 +472,7 @@ def _write_parquet(pq: Any, table: Any, f: Any) -> None:
 
 
 def _write_manifest(root_fd: int) -> None:
-    from memrec import __version__
+    from memrec._version import __version__
 
     try:
         os.stat(MANIFEST, dir_fd=root_fd, follow_symlinks=False)

@@ -35,8 +35,9 @@ import zlib
 import numpy as np
 import zstandard
 
-from memrec import TYPE_CHECKING
 from memrec._errors import TraceFormatError
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see memrec.TYPE_CHECKING)
 
 if TYPE_CHECKING:
     from memrec.trace.budget import ReadBudget

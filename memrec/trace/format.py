@@ -206,7 +206,7 @@ def make_header(
     free-form maps. Extra keyword arguments become extra header keys.
     """
     if created_by is None:
-        from memrec import __version__
+        from memrec._version import __version__
 
         created_by = f"memrec {__version__}"
     header = {

@@ -430,7 +430,7 @@ def test_doctor_without_the_nvml_binding_says_to_install_the_extra_not_the_drive
 
 @pytest.mark.parametrize("system_bcc", [True, False], ids=["system-bcc-out-of-reach", "no-bcc"])
 def test_without_bcc_doctor_and_record_say_whether_to_install_it_or_reach_it(monkeypatch, capsys, tmp_path, system_bcc):
-    from memrec.probes import cuda
+    from memrec.probes import loader
 
     # GIVEN `pip install memrec` in a virtualenv: bcc does not import; the system's python3-bpfcc is
     # installed (a folder where the distribution puts it) or not
@@ -438,7 +438,7 @@ def test_without_bcc_doctor_and_record_say_whether_to_install_it_or_reach_it(mon
     system = tmp_path / "dist-packages" / "bcc"
     if system_bcc:
         system.mkdir(parents=True)
-    monkeypatch.setattr(cuda, "SYSTEM_BCC_GLOBS", (str(system),))
+    monkeypatch.setattr(loader, "SYSTEM_BCC_GLOBS", (str(system),))
     # WHEN the host is checked, and a command is recorded
     commands.main(["doctor", "--json"])
     check = next(c for c in json.loads(capsys.readouterr().out) if c["name"] == "bcc")
