@@ -38,6 +38,7 @@ from typing import Callable
 
 import numpy as np
 
+from memrec._files import open_folder
 from memrec._version import __version__
 from memrec._errors import OutputError
 from memrec.columns import with_gpu
@@ -584,7 +585,7 @@ class Daemon:
         keyframe is built in a thread and written before the file's events (:class:`HoldingSink`)."""
         try:
             if sink is None:
-                path.parent.mkdir(parents=True, exist_ok=True)
+                os.close(open_folder(path.parent, parents=True))  # (memrec._files' one link policy)
                 sink = create_sink(path)
             holder = HoldingSink(sink, self.fanout.publish if self.fanout is not None else None)
             self.writer = TraceWriter(holder, self._header(reason))
