@@ -39,12 +39,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from memrec.columns import RAW_DTYPE  # noqa: E402
-from memrec.columns import empty_events  # noqa: E402
-from memrec.columns import with_gpu  # noqa: E402
+from memrec.terms.columns import RAW_DTYPE  # noqa: E402
+from memrec.terms.columns import empty_events  # noqa: E402
+from memrec.terms.columns import with_gpu  # noqa: E402
 from memrec.daemon.keyframes import Keyframes  # noqa: E402
-from memrec.events import FLAG_IPC_BYTES  # noqa: E402
-from memrec.events import Kind  # noqa: E402
+from memrec.terms.events import FLAG_IPC_BYTES  # noqa: E402
+from memrec.terms.events import Kind  # noqa: E402
 from memrec.state import LiveState  # noqa: E402
 from memrec.trace.format import encode_record  # noqa: E402
 from memrec.trace.format import keyframe_record  # noqa: E402

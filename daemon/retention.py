@@ -27,9 +27,9 @@ import secrets
 import stat
 from pathlib import Path
 
-from memrec._files import append_in
-from memrec._files import create_in
-from memrec._files import open_folder
+from memrec.base.files import append_in
+from memrec.base.files import create_in
+from memrec.base.files import open_folder
 
 log = logging.getLogger(__name__)
 

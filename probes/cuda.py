@@ -33,12 +33,12 @@ from typing import TypeVar
 
 import numpy as np
 
-from memrec._errors import ProbeError
-from memrec.columns import RAW_DTYPE
-from memrec.events import UNTRACED_APIS
-from memrec.events import TENSOR_APIS
-from memrec.events import Api
-from memrec.events import bpf_defines
+from memrec.base.errors import ProbeError
+from memrec.terms.columns import RAW_DTYPE
+from memrec.terms.events import UNTRACED_APIS
+from memrec.terms.events import TENSOR_APIS
+from memrec.terms.events import Api
+from memrec.terms.events import bpf_defines
 from memrec.probes import bpfsys
 from memrec.probes.elfsyms import ElfError
 from memrec.probes.elfsyms import function_offsets

@@ -90,7 +90,7 @@ def check_nvml() -> Check:
     except nvml.NvmlUnavailable as error:
         # A `pip install memrec` without the extra lacks the binding, not the driver.
         missing = importlib.util.find_spec("pynvml") is None
-        from memrec.extras import install_command
+        from memrec.base.extras import install_command
 
         return Check(
             "nvml",

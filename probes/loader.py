@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from dataclasses import field
 
-from memrec._errors import ProbeError
+from memrec.base.errors import ProbeError
 from memrec.probes import bpfsys
 
 log = logging.getLogger(__name__)

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import msgpack
 
-from memrec._errors import ProbeError
-from memrec._files import create_in
-from memrec._files import open_folder
+from memrec.base.errors import ProbeError
+from memrec.base.files import create_in
+from memrec.base.files import open_folder
 from memrec.probes.loader import LoadedProgram
 from memrec.probes.loader import Program
 from memrec.probes.loader import compile_program
@@ -63,7 +63,7 @@ def bcc_version() -> str:
 
 def cache_key(source: str, cflags: list[str]) -> str:
     """The hex sha256 naming the compiled program for this source, flags, kernel and tools."""
-    from memrec._version import __version__
+    from memrec.base.version import __version__
 
     uname = os.uname()
     parts = [f"format {FORMAT}", source, "\0".join(cflags), uname.release, uname.version, uname.machine,

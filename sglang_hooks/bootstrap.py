@@ -82,7 +82,7 @@ def install_pth(site_dir: str | os.PathLike[str] | None = None) -> Path:
     Raises:
         OSError: the directory is missing or not writable.
     """
-    from memrec._files import create_file  # (here: the .pth line imports this module in every process)
+    from memrec.base.files import create_file  # (here: the .pth line imports this module in every process)
 
     directory = Path(site_dir) if site_dir is not None else default_site_dir()
     path = directory / PTH_NAME

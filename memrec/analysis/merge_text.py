@@ -1,5 +1,5 @@
 """What a report says about a merged trace (``memrec merge``): the header's ``merged`` map as a
-report section, and its lines. The merge itself is the engine's (:mod:`memrec.trace.merge`); its
+report section, and its lines. The merge itself is the engine's (:mod:`memrec.engine.merge`); its
 words are the analysis', so that the engine renders no text.
 """
 

@@ -39,12 +39,12 @@ from memrec.analysis.sglang_report import build_sglang_section
 from memrec.analysis.sglang_report import has_sglang_markers
 from memrec.analysis.tensors import tensor_section
 from memrec.analysis.text import seconds
-from memrec.ranks import pid_labels
+from memrec.terms.ranks import pid_labels
 from memrec.engine.replay import Timeline
 from memrec.engine.replay import build_timeline
 from memrec.engine.replay import state_at
-from memrec.columns import failed_calls
-from memrec.events import Kind
+from memrec.terms.columns import failed_calls
+from memrec.terms.events import Kind
 from memrec.state import LiveState
 from memrec.state.batch import Batch
 from memrec.analysis.merge_text import merged_summary

@@ -25,7 +25,7 @@ from memrec.analysis.text import seconds
 from memrec.analysis.text import table
 from memrec.analysis.untraced import SPLIT
 from memrec.analysis.untraced import SPLIT_HEADINGS
-from memrec.events import CATEGORIES
+from memrec.terms.events import CATEGORIES
 from memrec.analysis.merge_text import render_merged
 
 _CATEGORY_NOTE = {

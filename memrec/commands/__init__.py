@@ -17,10 +17,10 @@ from __future__ import annotations
 import os
 import sys
 
-from memrec._errors import ExitCode
-from memrec._errors import MemrecCommandError
-from memrec._errors import MemrecError
-from memrec._errors import one_line
+from memrec.base.errors import ExitCode
+from memrec.base.errors import MemrecCommandError
+from memrec.base.errors import MemrecError
+from memrec.base.errors import one_line
 from memrec.commands.table import COMMANDS
 from memrec.commands.table import DESCRIPTION
 from memrec.commands.table import OPTIONS

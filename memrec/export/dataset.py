@@ -34,10 +34,10 @@ from typing import Any
 
 import numpy as np
 
-from memrec._errors import ExitCode
-from memrec._errors import MemrecCommandError
-from memrec._files import create_in
-from memrec._files import open_folder
+from memrec.base.errors import ExitCode
+from memrec.base.errors import MemrecCommandError
+from memrec.base.files import create_in
+from memrec.base.files import open_folder
 from memrec.export import require
 from memrec.trace.clock import wall_offset_ns
 
@@ -472,7 +472,7 @@ def _write_parquet(pq: Any, table: Any, f: Any) -> None:
 
 
 def _write_manifest(root_fd: int) -> None:
-    from memrec._version import __version__
+    from memrec.base.version import __version__
 
     try:
         os.stat(MANIFEST, dir_fd=root_fd, follow_symlinks=False)

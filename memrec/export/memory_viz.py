@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from memrec._files import create_file
+from memrec.base.files import create_file
 from memrec.analysis.answer import Answer
 from memrec.analysis.answer import DRIVER_OOM
 from memrec.analysis.answer import KV_SIZING
@@ -50,9 +50,9 @@ from memrec.api import Recording
 from memrec.engine.replay import state_at
 from memrec.engine.replay import trace_bounds
 from memrec.analysis.names import api_name
-from memrec.events import CUDA_ERROR_OUT_OF_MEMORY
-from memrec.events import DRIVER
-from memrec.events import Kind
+from memrec.terms.events import CUDA_ERROR_OUT_OF_MEMORY
+from memrec.terms.events import DRIVER
+from memrec.terms.events import Kind
 from memrec.state.tensors import rounded
 
 #: Actions kept per process and device, the latest (``--max-entries``).

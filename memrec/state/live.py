@@ -52,12 +52,12 @@ from typing import Callable
 
 import numpy as np
 
-from memrec._untrusted import clean_text
-from memrec.events import CATEGORY_INDEX
-from memrec.events import CUDA_ERROR_OUT_OF_MEMORY
-from memrec.events import DRIVER
-from memrec.events import FLAG_IPC_BYTES
-from memrec.events import IPC_MAPPED
+from memrec.base.untrusted import clean_text
+from memrec.terms.events import CATEGORY_INDEX
+from memrec.terms.events import CUDA_ERROR_OUT_OF_MEMORY
+from memrec.terms.events import DRIVER
+from memrec.terms.events import FLAG_IPC_BYTES
+from memrec.terms.events import IPC_MAPPED
 from memrec.state import plain
 from memrec.state.batch import Batch
 from memrec.state.fields import ALIAS_FIELDS

@@ -26,9 +26,9 @@ from typing import Callable
 
 import numpy as np
 
-from memrec.events import CUDA_ERROR_OUT_OF_MEMORY
-from memrec.events import DRIVER
-from memrec.events import IPC_MAPPED
+from memrec.terms.events import CUDA_ERROR_OUT_OF_MEMORY
+from memrec.terms.events import DRIVER
+from memrec.terms.events import IPC_MAPPED
 from memrec.state.allocs import by_key
 from memrec.state.allocs import key_hash
 from memrec.state.fields import ALLOC

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from memrec.events import FLAG_IPC_BYTES
+from memrec.terms.events import FLAG_IPC_BYTES
 from memrec.state.allocs import key_hash
 from memrec.state.allocs import key_hash1
 from memrec.state.fields import FREE

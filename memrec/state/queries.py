@@ -13,9 +13,9 @@ from typing import Iterator
 
 import numpy as np
 
-from memrec.events import CATEGORIES
-from memrec.events import CATEGORY_INDEX
-from memrec.events import IPC_MAPPED
+from memrec.terms.events import CATEGORIES
+from memrec.terms.events import CATEGORY_INDEX
+from memrec.terms.events import IPC_MAPPED
 from memrec.state.fields import API_IPC_OPEN
 from memrec.state.fields import HELD_FIELDS
 from memrec.state.fields import LARGEST_FIELDS

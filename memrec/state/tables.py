@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from memrec.events import IPC_MAPPED
+from memrec.terms.events import IPC_MAPPED
 from memrec.state.allocs import AllocTable
 from memrec.state.allocs import HandleTable
 from memrec.state.allocs import MapTable

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from memrec.events import ARRAY
-from memrec.events import array_footprint
-from memrec.events import HOST_PINNED
-from memrec.events import IPC_MAPPED
-from memrec.events import VMM
+from memrec.terms.events import ARRAY
+from memrec.terms.events import array_footprint
+from memrec.terms.events import HOST_PINNED
+from memrec.terms.events import IPC_MAPPED
+from memrec.terms.events import VMM
 from memrec.state.fields import ARRAY_CREATE
 from memrec.state.fields import ARRAY_DESTROY
 from memrec.state.fields import HOST_ALLOC

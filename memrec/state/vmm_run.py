@@ -29,9 +29,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from memrec.events import HOST_PINNED
-from memrec.events import IPC_MAPPED
-from memrec.events import VMM
+from memrec.terms.events import HOST_PINNED
+from memrec.terms.events import IPC_MAPPED
+from memrec.terms.events import VMM
 from memrec.state.allocs import by_key
 from memrec.state.fields import MAX_SIZE
 from memrec.state.fields import MAX_TS

@@ -35,9 +35,9 @@ import dataclasses
 import os
 import threading
 
-from memrec._errors import ExitCode
-from memrec._errors import MemrecCommandError
-from memrec._errors import TraceFormatError
+from memrec.base.errors import ExitCode
+from memrec.base.errors import MemrecCommandError
+from memrec.base.errors import TraceFormatError
 
 ROWS_PER_BYTE = 4
 BYTES_PER_BYTE = 256

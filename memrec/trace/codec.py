@@ -24,7 +24,7 @@ bits or shifted (aligned sizes and pointers); the ipc section stores each distin
 ``docs/format.md`` is the spec of both payloads; format 2.0's (key ``z``) is still read.
 
 ``decode_payload`` checks every length against ``n`` before it allocates, so a damaged chunk is
-refused (:class:`~memrec._errors.TraceFormatError`) rather than decoded into nonsense or memory.
+refused (:class:`~memrec.base.errors.TraceFormatError`) rather than decoded into nonsense or memory.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import zlib
 import numpy as np
 import zstandard
 
-from memrec._errors import TraceFormatError
+from memrec.base.errors import TraceFormatError
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see memrec.TYPE_CHECKING)
 

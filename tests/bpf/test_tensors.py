@@ -1,4 +1,4 @@
-"""PyTorch's allocator probes with real uprobes: the stub libc10_cuda.so (memrec/stubdriver/c10_cuda_stub.S) has
+"""PyTorch's allocator probes with real uprobes: the stub libc10_cuda.so (memrec/validation/stubdriver/c10_cuda_stub.S) has
 pytorch:malloc/free USDT probes with PyTorch 2.11's argument forms behind semaphores; processes
 running before the attach get events, two at once, and a build without probes says so."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memrec.events import Api
-from memrec.events import Kind
+from memrec.terms.events import Api
+from memrec.terms.events import Kind
 
 pytestmark = pytest.mark.bpf
 
@@ -126,7 +126,7 @@ def test_a_build_without_the_probes_is_said_and_not_attached(probes, plain_torch
 
 def test_the_program_without_tensors_is_the_driver_program_alone(stub_lib, torch_stub):
     # GIVEN the probes as the daemon loads them without --tensors
-    from memrec._errors import ProbeError
+    from memrec.base.errors import ProbeError
     from memrec.probes.cuda import CudaProbes
     from memrec.probes.cuda import program_source
 
@@ -217,7 +217,7 @@ def test_both_ways_of_attaching_raise_the_semaphores_and_decode(stub_lib, torch_
 
 RECORDED = """
 import ctypes, sys, time
-from memrec.stubdriver.driver import Driver, Facts
+from memrec.validation.stubdriver.driver import Driver, Facts
 torch = ctypes.CDLL(sys.argv[2])  # as `import torch` maps libc10_cuda.so, before any context
 torch.stub_torch_malloc.argtypes = [ctypes.c_uint64, ctypes.c_int, ctypes.c_size_t, ctypes.c_uint64]
 torch.stub_torch_free.argtypes = [ctypes.c_uint64]
@@ -236,7 +236,7 @@ torch.stub_torch_free(seg)
 
 def test_memrec_record_tensors_probes_the_commands_pytorch(stub_lib, tmp_path):
     from memrec.analysis.report import build_report
-    from memrec.stubdriver.build import build_torch_stub
+    from memrec.validation.stubdriver.build import build_torch_stub
     from memrec.trace.reader import load_trace
 
     # A copy of its own: the session's other probes on the shared stub would raise its semaphores

@@ -12,7 +12,7 @@ daemon_run() {  # $1: label, $2...: daemon options
   local label=$1; shift
   python3 -m memrec daemon -o $RES/cost-$label.mrec --socket /tmp/tc.sock --rotate-size 0 "$@" > $RES/cost-daemon.log 2>&1 &
   local d=$!
-  python3 -c "from memrec.live import wait_for_daemon; wait_for_daemon('/tmp/tc.sock', timeout=120)" || echo "daemon not up"
+  python3 -c "from memrec.subscriber import wait_for_daemon; wait_for_daemon('/tmp/tc.sock', timeout=120)" || echo "daemon not up"
   python3 $T cost $label
   kill -INT $d; wait $d
   rm -f $RES/cost-$label.mrec

@@ -78,7 +78,7 @@ def worker(out: Path, go: Path) -> None:
 def _memrec_entries(trace_path: str, pid: int) -> tuple[list[list], str]:
     import numpy as np
 
-    from memrec.events import Kind
+    from memrec.terms.events import Kind
     from memrec.trace.reader import load_trace
 
     trace = load_trace(trace_path)

@@ -19,7 +19,7 @@ while [ ! -f $RES/p1/ready ]; do sleep 0.2; done
 echo "p1 (started before the daemon): pid $p1"
 python3 -m memrec daemon --tensors -o $RES/tensors.mrec --socket /tmp/tt.sock --rotate-size 0 > $RES/daemon.log 2>&1 &
 d=$!
-python3 -c "from memrec.live import wait_for_daemon; wait_for_daemon('/tmp/tt.sock', timeout=120)" || echo "daemon not up"
+python3 -c "from memrec.subscriber import wait_for_daemon; wait_for_daemon('/tmp/tt.sock', timeout=120)" || echo "daemon not up"
 echo "daemon up at $(date -u +%T)"
 python3 $T worker $RES/p2 $RES/go &
 p2=$!
@@ -40,7 +40,7 @@ sed -n '/tensor blocks/,/^$/p' $RES/tensors.report.txt | head -40
 echo "== cost with the daemon, no --tensors"
 python3 -m memrec daemon -o $RES/plain.mrec --socket /tmp/tp.sock --rotate-size 0 > $RES/daemon-plain.log 2>&1 &
 d=$!
-python3 -c "from memrec.live import wait_for_daemon; wait_for_daemon('/tmp/tp.sock', timeout=120)" || echo "daemon not up"
+python3 -c "from memrec.subscriber import wait_for_daemon; wait_for_daemon('/tmp/tp.sock', timeout=120)" || echo "daemon not up"
 python3 $T cost plain
 kill -INT $d; wait $d
 echo "== cost without the daemon, again"

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from memrec import commands
-from memrec._errors import ExitCode
-from memrec.events import GpuInfo
-from memrec.events import Kind
-from memrec.events import ProcessInfo
+from memrec.base.errors import ExitCode
+from memrec.terms.events import GpuInfo
+from memrec.terms.events import Kind
+from memrec.terms.events import ProcessInfo
 from memrec.trace import format as fmt
 from memrec.trace.writer import TraceWriter
 from tests.utils import GiB
@@ -73,7 +73,7 @@ def test_report_and_dump_name_cuda_error_not_permitted(tmp_path, capsys):
 def test_the_name_table_is_what_the_drivers_header_gives():
     # GIVEN the generator and the committed table  WHEN checked against cuda.h (when the toolkit is here)
     header = Path("/usr/local/cuda/include/cuda.h")
-    from memrec._cu_results import CU_RESULT_NAMES
+    from memrec.terms.cu_results import CU_RESULT_NAMES
 
     # THEN every code CUDA 12+ documents for allocations is there, and the table is the header's
     assert {2: "CUDA_ERROR_OUT_OF_MEMORY", 800: "CUDA_ERROR_NOT_PERMITTED", 999: "CUDA_ERROR_UNKNOWN"}.items() \

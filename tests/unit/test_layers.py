@@ -27,19 +27,19 @@ ROOT = Path(__file__).resolve().parents[2]
 LAYERS: list[tuple[str, list[str]]] = [
     ("entry points", ["memrec.__main__", "memrec.commands", "memrec.tui.__main__"]),
     ("tools and validation", ["memrec.tui", "memrec.daemon", "memrec.sglang_hooks", "memrec.contrib",
-                              "memrec.selftest", "memrec.crosscheck", "memrec.gpu", "memrec.stubdriver"]),
+                              "memrec.validation.selftest", "memrec.validation.crosscheck", "memrec.validation.gpu", "memrec.validation.stubdriver"]),
     ("public API", ["memrec"]),
-    ("exports and subscribers", ["memrec.export", "memrec.live", "memrec.build_info"]),
+    ("exports and subscribers", ["memrec.export", "memrec.subscriber", "memrec.build_info"]),
     ("recordings", ["memrec.api"]),
     ("analysis", ["memrec.analysis"]),
     ("the replay engine", ["memrec.engine"]),
     ("the live state", ["memrec.state"]),
     ("the trace file and the probes", ["memrec.trace", "memrec.probes"]),
     ("the marker client", ["memrec.client"]),
-    ("shared terms", ["memrec.protocol", "memrec.columns", "memrec.ranks", "memrec.units", "memrec.extras"]),
-    ("event vocabulary", ["memrec.events"]),
-    ("leaf helpers", ["memrec._cu_results", "memrec._errors", "memrec._files", "memrec._untrusted",
-                      "memrec._version"]),
+    ("shared terms", ["memrec.terms.protocol", "memrec.terms.columns", "memrec.terms.ranks", "memrec.terms.units", "memrec.base.extras"]),
+    ("event vocabulary", ["memrec.terms.events"]),
+    ("leaf helpers", ["memrec.terms.cu_results", "memrec.base.errors", "memrec.base.files", "memrec.base.untrusted",
+                      "memrec.base.version"]),
 ]
 
 

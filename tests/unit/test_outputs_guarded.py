@@ -3,7 +3,7 @@
 ``memrec export`` and ``memrec plot`` wrote with ``open(path, "wb")``, pyarrow's
 ``write_table(table, path)`` and matplotlib's ``savefig(path)``: root wrote through a symbolic link
 planted at the output (after the existence check too) and followed a linked ``-o`` folder. Now
-:mod:`memrec._files` creates every file (``O_EXCL|O_NOFOLLOW``, relative to a folder reached
+:mod:`memrec.base.files` creates every file (``O_EXCL|O_NOFOLLOW``, relative to a folder reached
 without following another user's link). The first test scans every module so that the next
 writer cannot slip past; the others attack as the review did, as another uid (``setpriv``).
 """
@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from memrec._files import create_file
-from memrec._files import create_new
-from memrec._files import make_folder
-from memrec._files import open_folder
+from memrec.base.files import create_file
+from memrec.base.files import create_new
+from memrec.base.files import make_folder
+from memrec.base.files import open_folder
 from memrec.commands import main
 from memrec.trace.reader import load_trace
 
@@ -40,12 +40,12 @@ SINKS = {"savefig": 0, "write_table": 1, "to_csv": 0, "to_parquet": 0, "save": 0
 PATH_WRITERS = {"write_text", "write_bytes", "touch", "symlink_to", "hardlink_to"}
 #: shutil's copies (``copy`` alone is also numpy's and a dict's).
 COPIES = {"copy", "copy2", "copyfile", "copytree", "move"}
-#: Folders made outside :func:`memrec._files.make_folder`, each for a stated reason.
+#: Folders made outside :func:`memrec.base.files.make_folder`, each for a stated reason.
 MKDIR_ALLOWED = {
     ("memrec/export/plot.py", "_private_config_dir_if_needed"): "matplotlib's config folder in the user's own home",
-    ("memrec/stubdriver/build.py", "default_cache_dir"): "the stub's build cache in the user's own cache folder",
-    ("memrec/stubdriver/build.py", "build_stub"): "the stub's build folder, named by the caller (tests)",
-    ("memrec/stubdriver/build.py", "build_torch_stub"): "the torch stub's build folder, named by the caller (tests)",
+    ("memrec/validation/stubdriver/build.py", "default_cache_dir"): "the stub's build cache in the user's own cache folder",
+    ("memrec/validation/stubdriver/build.py", "build_stub"): "the stub's build folder, named by the caller (tests)",
+    ("memrec/validation/stubdriver/build.py", "build_torch_stub"): "the torch stub's build folder, named by the caller (tests)",
     ("memrec/commands/install_service.py", "_write"): "systemd's folders under a root-owned prefix",
 }
 #: Names a guarded file object may be bound by.
@@ -71,7 +71,7 @@ def _callee(call: ast.Call) -> tuple[str, str]:
 
 
 def unguarded_writes(path: Path) -> list[str]:
-    """Every place in ``path`` that writes a file without :mod:`memrec._files`."""
+    """Every place in ``path`` that writes a file without :mod:`memrec.base.files`."""
     rel = path.relative_to(ROOT).as_posix()
     tree = ast.parse(path.read_text(), str(path))
     found = []
@@ -97,22 +97,22 @@ def unguarded_writes(path: Path) -> list[str]:
             flags = ast.unparse(call.args[1]) if len(call.args) > 1 else ""
             if not flags or any(f in flags for f in ("O_WRONLY", "O_RDWR", "O_CREAT", "O_TRUNC", "O_APPEND")) \
                     or "O_RDONLY" not in flags:  # (reading with os.open is fine)
-                found.append(f"{where}: os.open (use memrec._files.create_new)")
+                found.append(f"{where}: os.open (use memrec.base.files.create_new)")
         elif name == "open":
             mode = _mode(call, 0 if owner else 1)
             if mode is not None and (mode == "" or set(mode) & set("wax+")):
-                found.append(f"{where}: open(..., {mode!r}) (use memrec._files.create_file)")
+                found.append(f"{where}: open(..., {mode!r}) (use memrec.base.files.create_file)")
         elif name in PATH_WRITERS or (owner == "shutil" and name in COPIES):
-            found.append(f"{where}: .{name}() (use memrec._files.create_file)")
+            found.append(f"{where}: .{name}() (use memrec.base.files.create_file)")
         elif name in ("mkdir", "makedirs") and (rel, function) not in MKDIR_ALLOWED:
-            found.append(f"{where}: {name}() (use memrec._files.make_folder)")
+            found.append(f"{where}: {name}() (use memrec.base.files.make_folder)")
         elif name in SINKS and not (name == "dump" and owner not in ("pickle", "json", "marshal")) \
                 and not (name == "save" and owner not in ("np", "numpy")):
             i = SINKS[name]
             target = call.args[i] if len(call.args) > i else None
             to_stream = isinstance(target, ast.Attribute) and ast.unparse(target) in ("sys.stdout", "sys.stderr")
             if not (to_stream or isinstance(target, ast.Name) and target.id in guarded):
-                found.append(f"{where}: {name}() into something not made by memrec._files.create_file")
+                found.append(f"{where}: {name}() into something not made by memrec.base.files.create_file")
 
     visit(tree, "")
     return found

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from memrec.columns import empty_events
-from memrec.events import Api
-from memrec.events import Kind
+from memrec.terms.columns import empty_events
+from memrec.terms.events import Api
+from memrec.terms.events import Kind
 from memrec.state import LiveState
 from memrec.state.allocs import AllocTable
 

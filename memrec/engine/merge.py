@@ -35,9 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from memrec._errors import MemrecError
-from memrec.events import Kind
-from memrec.events import ProcessInfo
+from memrec.base.errors import MemrecError
+from memrec.terms.events import Kind
+from memrec.terms.events import ProcessInfo
 from memrec.state import ALLOC_FIELDS
 from memrec.state import EXPORT_FIELDS
 from memrec.state import FABRIC_FIELDS

@@ -100,7 +100,7 @@ def too_deep(value: Any, max_depth: int = MAX_DEPTH) -> bool:
 
 
 def clean_marker(marker: Any) -> Any:
-    """A :class:`~memrec.events.Marker` with its name and text values made safe to print."""
+    """A :class:`~memrec.terms.events.Marker` with its name and text values made safe to print."""
     # Imported here: dataclasses (with inspect and ast) costs milliseconds of `memrec mark`'s
     # start-up, which reaches this module through the protocol and never calls this.
     import dataclasses
