@@ -25,9 +25,10 @@ ROOT = Path(__file__).resolve().parents[2]
 #: The layers, top first: each a list of units (a module, or a package and all below it).
 #: docs/architecture.md ("Layers") draws the same table.
 LAYERS: list[tuple[str, list[str]]] = [
-    ("entry points", ["memrec.__main__", "memrec.commands", "memrec.tui.__main__"]),
+    ("entry points", ["memrec.__main__", "memrec.tui.__main__"]),
+    ("the command line", ["memrec.commands"]),
     ("tools and validation", ["memrec.tui", "memrec.daemon", "memrec.sglang_hooks", "memrec.contrib",
-                              "memrec.validation.selftest", "memrec.validation.crosscheck", "memrec.validation.gpu", "memrec.validation.stubdriver"]),
+                              "memrec.validation"]),
     ("public API", ["memrec"]),
     ("exports and subscribers", ["memrec.export", "memrec.subscriber", "memrec.build_info"]),
     ("recordings", ["memrec.api"]),
@@ -36,10 +37,9 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("the live state", ["memrec.state"]),
     ("the trace file and the probes", ["memrec.trace", "memrec.probes"]),
     ("the marker client", ["memrec.client"]),
-    ("shared terms", ["memrec.terms.protocol", "memrec.terms.columns", "memrec.terms.ranks", "memrec.terms.units", "memrec.base.extras"]),
-    ("event vocabulary", ["memrec.terms.events"]),
-    ("leaf helpers", ["memrec.terms.cu_results", "memrec.base.errors", "memrec.base.files", "memrec.base.untrusted",
-                      "memrec.base.version"]),
+    ("shared terms", ["memrec.terms.protocol", "memrec.terms.columns", "memrec.terms.ranks", "memrec.terms.units"]),
+    ("event vocabulary", ["memrec.terms"]),
+    ("leaf helpers", ["memrec.base"]),
 ]
 
 
@@ -140,3 +140,37 @@ def test_an_upward_or_sideways_import_breaks_the_table(tmp_path):
     assert any(v.startswith("memrec.low:2 imports memrec.high") for v in found), found
     assert any(v.startswith("memrec.left:1 imports memrec.right") for v in found), found
     assert "memrec.high: in no layer of LAYERS" in violations(graph(root), layers[1:])
+
+
+#: The folders a path on the architecture page starts from (the repository's own).
+TOP = ("memrec/", "daemon/", "probes/", "tui/", "sglang_hooks/", "contrib/", "tests/", "bench/", "docs/",
+       "scripts/", "examples/")
+
+
+def named_paths(text: str) -> set[str]:
+    """Every repository path ``text`` names: a word starting with one of :data:`TOP`."""
+    import re
+
+    found = set()
+    for m in re.finditer(r"(?<![\w./-])(?:" + "|".join(re.escape(t) for t in TOP) + r")[\w./-]*", text):
+        found.add(m.group(0).rstrip(".,:;)"))
+    return found
+
+
+def test_every_path_the_architecture_page_names_exists_and_none_points_outside():
+    # GIVEN docs/architecture.md
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    paths = named_paths(text)
+    assert len(paths) > 40
+    # THEN each path it names exists in the repository
+    assert sorted(p for p in paths if not (ROOT / p).exists()) == []
+    # AND it points nowhere outside it (no parent folder, no other checkout)
+    assert "../" not in text and "/work/" not in text and "steering repo" not in text
+
+
+def test_the_path_check_finds_a_missing_path():
+    # GIVEN a page naming one real path and one that is gone
+    paths = named_paths("see `memrec/state/tables.py` and memrec/state/gone.py, or cuMemAlloc/cuMemFree.")
+    # THEN both are found, the gone one does not exist, the API pair is no path
+    assert paths == {"memrec/state/tables.py", "memrec/state/gone.py"}
+    assert [p for p in sorted(paths) if not (ROOT / p).exists()] == ["memrec/state/gone.py"]
