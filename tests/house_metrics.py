@@ -65,6 +65,15 @@ def _type_checking_nodes(tree: ast.AST) -> set[int]:
             for n in ast.walk(top)}
 
 
+def from_base(node: ast.ImportFrom, package: str) -> str:
+    """The module a ``from ... import`` reads from, relative imports resolved against ``package``."""
+    base = node.module or ""
+    if node.level:
+        up = package.split(".")[: len(package.split(".")) - node.level + 1]
+        base = ".".join(up + ([base] if base else []))
+    return base
+
+
 def imports(name: str, path: Path, known: set[str]) -> dict[str, int]:
     """The modules ``name`` imports (module level and inside functions) → the first line of each.
 
@@ -88,10 +97,7 @@ def imports(name: str, path: Path, known: set[str]) -> dict[str, int]:
         if isinstance(node, ast.Import):
             targets = [resolve(a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                up = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(up + ([base] if base else []))
+            base = from_base(node, package)
             for a in node.names:
                 full = f"{base}.{a.name}"
                 targets.append(full if full in known else resolve(base))
@@ -178,10 +184,7 @@ def private_reaches(mods: dict[str, Path]) -> list[str]:
                     continue
                 out.append(f"{name}:{node.lineno} .{attr} on {ast.unparse(v)[:40]}")
             elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    base = ".".join(up + ([base] if base else []))
+                base = from_base(node, package)
                 for a in node.names:
                     if (a.name.startswith("_") and not a.name.startswith("__") and base != name
                             and f"{base}.{a.name}" not in known):
