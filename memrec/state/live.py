@@ -34,7 +34,8 @@ bytes leave the exporter's owned total at once although the driver keeps them un
 importer closes; ``cuMemUnmap`` over several mappings is handled, partial unmaps of one mapping
 drop the whole mapping.
 
-The package: :mod:`memrec.state.live` (this class: batches, counters, snapshots),
+The package: :mod:`memrec.state.live` (this class: batches, snapshots),
+:mod:`memrec.state.tables` (the tables and counters, one object every applier below receives),
 :mod:`memrec.state.plain` (a run of a batch at once, numpy: driver allocations and frees, and
 the counter changes), :mod:`memrec.state.vmm_run` (a run's VMM creates, maps, unmaps and
 releases at once), :mod:`memrec.state.planner` (where IPC exports and opens may join a run),

@@ -390,7 +390,8 @@ def test_two_different_workloads_are_called_not_comparable(main, capsys):
     lines = capsys.readouterr().out.splitlines()
     # THEN the verdict says they are two workloads, and why, instead of "fails where ... works"
     assert lines[2] == "verdict: not comparable: these look like two different workloads"
-    assert lines[3].startswith("  different commands (torch-ipc.mrec: python -m memrec.validation.gpu.torch_workloads ipc;")
+    # (the commands as recorded in examples/, before the GPU workloads moved to memrec.validation)
+    assert lines[3].startswith("  different commands (torch-ipc.mrec: python -m memrec.gpu.torch_workloads ipc;")
     assert "fails where" not in "\n".join(lines) and "does not run in" not in "\n".join(lines)
     # AND each run's own outcome is still there
     assert "  torch-ipc.mrec works" in lines
