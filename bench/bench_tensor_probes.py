@@ -14,6 +14,8 @@ measured loop. The same loop runs, interleaved, in one session, under:
   memrec        memrec's probes (``memrec daemon --tensors``), drained every 50 ms by a thread
   noop-nop5     the no-op program, on a stub whose sites are 5-byte nops
   memrec-nop5   memrec's probes on that stub
+  memrec-other  memrec's probes scoped to another process (``--tensors-pid``): what a process
+                outside the scope pays
 
 PyTorch's own sites are 1-byte nops (``static_tracepoint_elfx86.h``), which always trap; the
 nop5 rows say what a build with 5-byte nop sites would cost on this kernel.
@@ -61,7 +63,7 @@ int main(int argc, char **argv) {
 }
 """
 
-NAMES = ("baseline", "noop", "memrec", "noop-nop5", "memrec-nop5")
+NAMES = ("baseline", "noop", "memrec", "noop-nop5", "memrec-nop5", "memrec-other")
 
 
 def run_loop(exe: Path, lib: Path, pairs: int) -> float:
@@ -118,8 +120,9 @@ def main() -> int:
         exe = build_loop(Path(tmp), LOOP_C)
         noops = [NoopSites(libs["noop"]), NoopSites(libs["noop-nop5"])]
         probes = CudaProbes(ringbuf_pages=4096, tensors=True).load()
-        for n in ("memrec", "memrec-nop5"):
-            report = probes.attach_torch(libs[n])
+        idle = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+        for n in ("memrec", "memrec-nop5", "memrec-other"):
+            report = probes.attach_torch(libs[n], pids=(idle.pid,) if n == "memrec-other" else ())
             assert not report.problem, report.problem
         stop = threading.Event()
         counted = [0]
@@ -144,6 +147,8 @@ def main() -> int:
         finally:
             stop.set()
             th.join()
+        idle.stdin.close()
+        idle.wait()
         counted[0] += tensor_events()
         lost = probes.lost()
         probes.close()
@@ -156,6 +161,7 @@ def main() -> int:
     print(f"  memrec / noop (1-byte nop sites, PyTorch's)   {med['memrec'] / med['noop']:6.2f}x")
     print(f"  memrec-nop5 / memrec (5-byte nop sites)       {med['memrec-nop5'] / med['memrec']:6.2f}x")
     print(f"  noop-nop5 / noop                              {med['noop-nop5'] / med['noop']:6.2f}x")
+    print(f"  memrec-other / baseline (outside --tensors-pid) {med['memrec-other'] / med['baseline']:6.2f}x")
     expected = 2 * (1000 + args.pairs * args.repeat) * 2
     print(f"tensor events recorded {counted[0]} (expected {expected}), lost {lost}")
     return 0

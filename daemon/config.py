@@ -152,6 +152,8 @@ class DaemonConfig:
             of every ``libc10_cuda.so`` processes map); off by default: each probe hit costs
             about a microsecond in the traced process (docs/performance.md).
         torch_paths: ``libc10_cuda.so`` files to probe besides those processes map (with tensors).
+        tensor_pids: with tensors, only these processes get the probes (the kernel's per-process
+            uprobe filter: every other process skips the sites at no cost); empty: every process.
         probe_cache: directory of compiled probe programs (a start on a known kernel then skips
             the compile); None: compile at every start.
         subscriber_queue_bytes: the most bytes queued for one live subscriber before it loses
@@ -179,6 +181,7 @@ class DaemonConfig:
     untraced_probes: bool = True
     tensors: bool = False
     torch_paths: tuple[str, ...] = ()
+    tensor_pids: tuple[int, ...] = ()
     probe_cache: str | None = DEFAULT_PROBE_CACHE
     subscriber_queue_bytes: int = 64 << 20
     output_is_dir: bool | None = None
@@ -194,6 +197,7 @@ class DaemonConfig:
         set_(self, "socket_mode", octal_mode(self.socket_mode))
         set_(self, "libcuda_paths", tuple(os.fspath(p) for p in self.libcuda_paths))
         set_(self, "torch_paths", tuple(os.fspath(p) for p in self.torch_paths))
+        set_(self, "tensor_pids", tuple(sorted({int(p) for p in self.tensor_pids})))
         set_(self, "rotate_bytes", byte_size(self.rotate_bytes))
         set_(self, "subscriber_queue_bytes", byte_size(self.subscriber_queue_bytes))
         for name in ("flush_interval", "keyframe_interval", "rescan_interval", "poll_interval"):

@@ -151,11 +151,14 @@ class TorchLibraries:
     Args:
         find: ``(extra_paths) -> [LibraryFile(path, dev, inode)]`` (None: the host's search).
         explicit: paths named with ``--torch-lib``.
+        pids: only these processes get the probes (``--tensors-pid``); empty: every process.
     """
 
-    def __init__(self, find: Callable[[tuple[str, ...]], list] | None, explicit: tuple[str, ...]) -> None:
+    def __init__(self, find: Callable[[tuple[str, ...]], list] | None, explicit: tuple[str, ...],
+                 pids: tuple[int, ...] = ()) -> None:
         self.find = find or _default_find_torch
         self.explicit = explicit
+        self.pids = pids
         #: (dev, inode) -> {"path", "attached" (probe sites), "problem"}
         self.tried: dict[tuple[int, int], dict] = {}
         self._search_failed = False
@@ -177,7 +180,7 @@ class TorchLibraries:
                 self.tried[key] = {"path": lib.path, "attached": [], "problem": "over the cap of probed files"}
                 continue
             try:
-                report = probes.attach_torch(lib.path, identity=key)
+                report = probes.attach_torch(lib.path, identity=key, pids=self.pids)
             except Exception as error:
                 self.tried[key] = {"path": lib.path, "attached": [], "problem": one_line(error)}
                 log.warning("cannot attach to %s: %s", lib.path, one_line(error))
@@ -186,5 +189,7 @@ class TorchLibraries:
                 continue
             self.tried[key] = {"path": os.fspath(report.path), "attached": list(report.attached),
                                "problem": report.problem}
+            if self.pids:
+                self.tried[key]["pids"] = list(report.pids)
             new += bool(report.attached)
         return new

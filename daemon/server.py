@@ -146,7 +146,7 @@ class Daemon:
         self.clock = clock
         self.libraries = Libraries(find_libraries, config.libcuda_paths)
         #: PyTorch installs tried for tensor blocks (None: ``config.tensors`` is off).
-        self.torch = TorchLibraries(find_torch, config.torch_paths) if config.tensors else None
+        self.torch = TorchLibraries(find_torch, config.torch_paths, config.tensor_pids) if config.tensors else None
         #: The live tensor blocks, kept only for the metrics (set by them, with ``config.tensors``):
         #: a Python step per tensor event, which a daemon without metrics does not pay.
         self.blocks: TensorBlocks | None = None

@@ -196,8 +196,43 @@ class Recording:
         }
         types = {"ts": "<i8", "t_s": "<f8", "wall": _WALL, "pid": "<i8", "tid": "<i8", "kind": _STR, "api": _STR, "result": "<i4",
                  "result_name": _STR, "gpu": "<i2", "ordinal": "<i4", "size": "<i8", "ptr": "<u8", "handle": "<u8",
-                 "aux": "<u8", "flags": "<u4", "peer": "<i8", "phase": _STR}
+                 "aux": "<u8", "flags": "<u4", "peer": "<i8", "phase": _STR, "stack": "<i8"}
+        if self.has_stacks:  # format 2.3: the stacks table's id (0: none); a trace without has no column
+            cols["stack"] = ev["stack"]
         return _table(cols, types, n)
+
+    @property
+    def has_stacks(self) -> bool:
+        """Whether the trace defines stacks (format 2.3, recorded with them): then the events
+        table has a ``stack`` column and :attr:`stacks` rows."""
+        return bool(len(self.trace.stacks))
+
+    def stacks_array(self) -> np.ndarray:
+        """Every stack the events name, one row per frame: ``stack`` (the events' id), ``depth``
+        (0 the innermost), ``file``, ``line``, ``function``, ``native`` (a native frame: ``file``
+        the module, ``line`` the offset, ``function`` the symbol), ``site`` (the frame ``memrec
+        report`` names the allocation's site: :mod:`memrec.analysis.sites`) and ``unavailable``
+        (the reason, on the one row of a stack memrec could not read; "" otherwise)."""
+        from memrec.analysis.sites import user_frame
+        from memrec.trace.stacks import Unavailable
+
+        rows = []
+        for sid, stack in self.trace.stacks.items():
+            if isinstance(stack, Unavailable):
+                rows.append((sid, 0, "", 0, "", False, False, stack.reason))
+                continue
+            site = user_frame(stack)
+            rows += [(sid, depth, f.file, f.line, f.function, f.native, f == site, "") for depth, f in enumerate(stack)]
+        names = ("stack", "depth", "file", "line", "function", "native", "site", "unavailable")
+        cols = {name: [r[i] for r in rows] for i, name in enumerate(names)}
+        types = {"stack": "<i8", "depth": "<i4", "file": _STR, "line": "<i8", "function": _STR, "native": "?",
+                 "site": "?", "unavailable": _STR}
+        return _table(cols, types, len(rows))
+
+    @property
+    def stacks(self) -> Any:
+        """The stacks the events' ``stack`` column names (see :meth:`stacks_array`)."""
+        return self._out(self.stacks_array())
 
     @property
     def events(self) -> Any:

@@ -151,13 +151,16 @@ def possible_cpus(text: str | None = None) -> int:
     return n
 
 
-def _perf_open(kind: int, config: int, config1: int = 0, config2: int = 0) -> int:
+def _perf_open(kind: int, config: int, config1: int = 0, config2: int = 0, pid: int = 0) -> int:
+    """perf_event_open for every process (``pid`` 0: pid -1 on CPU 0, as a tracepoint or a
+    system-wide uprobe is opened) or for one process (any CPU)."""
     attr = ctypes.create_string_buffer(_PERF_ATTR_SIZE)
     struct.pack_into("<IIQQ", attr, 0, kind, _PERF_ATTR_SIZE, config, 1)  # sample_period 1
     struct.pack_into("<I", attr, 48, 1)  # wakeup_events
     struct.pack_into("<QQ", attr, 56, config1, config2)
     nr = _numbers()[1]
-    return _call(nr, ctypes.byref(attr), ctypes.c_int(-1), ctypes.c_int(0), ctypes.c_int(-1),
+    target, cpu = (pid, -1) if pid > 0 else (-1, 0)
+    return _call(nr, ctypes.byref(attr), ctypes.c_int(target), ctypes.c_int(cpu), ctypes.c_int(-1),
                  ctypes.c_ulong(_PERF_FLAG_FD_CLOEXEC))
 
 
@@ -178,19 +181,21 @@ def _pmu_config(pmu: Path, field: str) -> int:
 
 
 def attach_uprobe(prog_fd: int, path: str, offset: int, retprobe: bool, ref_ctr_offset: int = 0,
-                  cookie: int = 0) -> int:
-    """Run ``prog_fd`` at ``offset`` of the file ``path`` (in every process); return the perf fd.
+                  cookie: int = 0, pid: int = 0) -> int:
+    """Run ``prog_fd`` at ``offset`` of the file ``path`` (in every process, or only in process
+    ``pid``); return the perf fd.
 
     Closing the fd detaches the probe. ``path`` is resolved once, here, by the kernel.
     ``ref_ctr_offset`` (a USDT semaphore's file offset, config bits 32-63) has the kernel raise
     that counter in every process mapping the file while the probe is in place. A ``cookie``
     (what ``bpf_get_attach_cookie`` returns) needs a BPF perf link (kernel >= 5.15); the fd
-    returned is then the link's, which holds the perf event.
+    returned is then the link's, which holds the perf event. With ``pid`` the kernel installs the
+    breakpoint, and raises the semaphore, only in that process's memory: no other process traps.
     """
     kind = int((_UPROBE_PMU / "type").read_text())
     config = (_pmu_config(_UPROBE_PMU, "retprobe") if retprobe else 0) | (ref_ctr_offset << 32)
     raw = ctypes.create_string_buffer(os.fsencode(path))
-    perf_fd = _perf_open(kind, config, _addr(raw), offset)
+    perf_fd = _perf_open(kind, config, _addr(raw), offset, pid)
     if not cookie:
         return _enable(perf_fd, prog_fd)
     try:
@@ -218,7 +223,7 @@ def uprobe_multi_supported(release: str | None = None) -> bool:
 
 
 def attach_uprobe_link(prog_fd: int, path: str, offset: int, retprobe: bool, ref_ctr_offset: int = 0,
-                       cookie: int = 0) -> int:
+                       cookie: int = 0, pid: int = 0) -> int:
     """Like :func:`attach_uprobe`, as a multi-uprobe link (``prog_fd`` loaded for
     :data:`TRACE_UPROBE_MULTI`); return the link fd (close it to detach).
 
@@ -232,7 +237,7 @@ def attach_uprobe_link(prog_fd: int, path: str, offset: int, retprobe: bool, ref
     attr = _attr()
     struct.pack_into("<IIII", attr, 0, prog_fd, 0, TRACE_UPROBE_MULTI, 0)
     struct.pack_into("<QQQQIII", attr, 16, _addr(raw), _addr(offsets), _addr(ref_ctrs) if ref_ctr_offset else 0,
-                     _addr(cookies) if cookie else 0, 1, _UPROBE_MULTI_RETURN if retprobe else 0, 0)
+                     _addr(cookies) if cookie else 0, 1, _UPROBE_MULTI_RETURN if retprobe else 0, max(pid, 0))
     return bpf(LINK_CREATE, attr)
 
 

@@ -47,6 +47,7 @@ from memrec.probes.loader import close_in_parallel
 from memrec.probes.probecache import DEFAULT_DIR
 from memrec.probes.probecache import obtain_program
 from memrec.probes.ringbuf import RingBufferReader
+from memrec.probes.usdt import ARG_CONST
 from memrec.probes.usdt import UsdtProbe
 from memrec.probes.usdt import read_probes
 
@@ -59,6 +60,8 @@ TORCH_PROGRAM = "torch.bpf.c"
 #: TORCH_FREE) and the arguments it needs (malloc: pointer, device, size; the stream is extra).
 TORCH_PROBES = {"malloc": (1, 3), "free": (2, 1)}
 TORCH_PROVIDER = "pytorch"
+#: How every reason a PyTorch install gives no tensor blocks ends (doctor, header, report, log).
+SEGMENTS_ONLY = "tensor blocks unavailable, driver segments only"
 #: Slots of torch.bpf.c's usdt_specs (USDT_SPECS): one per probe site attached.
 USDT_SPECS = 256
 #: The driver symbols probed, entry and return each (every Api except the tracepoints).
@@ -82,6 +85,7 @@ class TorchReport:
         problem: why the file gives no tensor blocks (a build without the probes, an argument
             form memrec does not read, an attach error), else "".
         already_attached: this (dev, inode) was attached before; nothing was done.
+        pids: the processes the sites were attached in (empty: every process).
     """
 
     path: str
@@ -90,6 +94,7 @@ class TorchReport:
     attached: tuple[str, ...] = ()
     problem: str = ""
     already_attached: bool = False
+    pids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -189,14 +194,22 @@ def torch_sites(found: list[UsdtProbe]) -> tuple[list[UsdtProbe], str]:
     names = {p.name for p in mine}
     if names != set(TORCH_PROBES):
         lacking = "/".join(sorted(set(TORCH_PROBES) - names))
-        return [], (f"no {TORCH_PROVIDER}:{lacking} USDT probe in this build (PyTorch < 2.1, or built without "
-                    "TORCH_SDT): tensor blocks unavailable, driver segments only")
+        return [], (f"no {TORCH_PROVIDER}:{lacking} USDT probe in this build (PyTorch before 2.1, or built without "
+                    f"TORCH_SDT): {SEGMENTS_ONLY}")
     for probe in mine:
         if probe.args is None:
-            return [], f"{TORCH_PROVIDER}:{probe.name}: {probe.error}"
+            return [], f"{TORCH_PROVIDER}:{probe.name}: {probe.error}; {SEGMENTS_ONLY}"
         need = TORCH_PROBES[probe.name][1]
         if len(probe.args) < need:
-            return [], f"{TORCH_PROVIDER}:{probe.name} has {len(probe.args)} arguments, {need} are read"
+            return [], f"{TORCH_PROVIDER}:{probe.name} has {len(probe.args)} arguments, {need} are read; {SEGMENTS_ONLY}"
+        # PyTorch 2.1 fires malloc before the allocation, with the address of a local variable
+        # where later releases give the block's (checked in the 2.1.2 wheel's code: `lea
+        # -0x48(%rbp),%r14` then the probe, then the call to malloc(&r, ...)); its stream argument
+        # is the constant 0, which no later release has (they pass stream.id()). Recording it
+        # would give blocks at stack addresses whose frees never come.
+        if probe.name == "malloc" and len(probe.args) > 3 and probe.args[3].kind == ARG_CONST:
+            return [], (f"{TORCH_PROVIDER}:malloc fires before the allocation in this build (PyTorch 2.1: its "
+                        f"pointer is not the block's; from 2.2 on it is): {SEGMENTS_ONLY}")
     return mine, ""
 
 
@@ -398,7 +411,8 @@ class CudaProbes:
         self._uprobes += [ret, entry]
         return None
 
-    def attach_torch(self, path: str | os.PathLike[str], identity: tuple[int, int] | None = None) -> TorchReport:
+    def attach_torch(self, path: str | os.PathLike[str], identity: tuple[int, int] | None = None,
+                     pids: tuple[int, ...] = ()) -> TorchReport:
         """Attach the tensor-block probes to PyTorch's ``libc10_cuda.so`` at ``path``.
 
         Its ``pytorch:malloc`` and ``pytorch:free`` USDT probes are read from the file's notes
@@ -407,6 +421,13 @@ class CudaProbes:
         ``ref_ctr_offset``: the kernel raises the semaphore in every process that maps the file,
         those running now included, so nothing is relaunched and nothing is written into them.
         All sites or none: allocations without their frees would leave blocks alive forever.
+
+        With ``pids``, each site is attached once per process named, with the kernel's filter:
+        the breakpoints and raised semaphores are in those processes only (now, or when they map
+        the file later), and every other process skips the sites as if nothing were attached.
+        That is what limits the traps' cost to the processes asked about (a filter in the BPF
+        program would not: the trap is taken before the program runs). A named process that is
+        gone is left out.
 
         Returns:
             The report; ``problem`` says why nothing was attached (a build without the probes,
@@ -432,36 +453,57 @@ class CudaProbes:
         if not problem and self._next_spec + len(sites) > USDT_SPECS:
             problem = f"the {USDT_SPECS} probe-site slots are used up by other PyTorch installs"
         attached: list[int] = []
+        present: list[int] = []  # the pids attached in
         if not problem:
             probe_path = f"/proc/self/fd/{fd}"
             try:
+                slots = []
                 for probe in sites:
-                    slot = self._next_spec
+                    slots.append(self._next_spec)
                     what = TORCH_PROBES[probe.name][0]
                     spec = b"".join(a.pack() for a in probe.args) + bytes(24 * (12 - len(probe.args)))
-                    bpfsys.map_update(prog.maps["usdt_specs"], struct.pack("<I", slot),
+                    bpfsys.map_update(prog.maps["usdt_specs"], struct.pack("<I", slots[-1]),
                                       spec + struct.pack("<II", len(probe.args), what))
                     self._next_spec += 1
-                    attached.append(prog.attach_uprobe("usdt_torch", probe_path, probe.offset, False,
-                                                       ref_ctr_offset=probe.semaphore, cookie=slot))
+                for pid in pids or (0,):
+                    links: list[int] = []
+                    try:
+                        for probe, slot in zip(sites, slots):
+                            links.append(prog.attach_uprobe("usdt_torch", probe_path, probe.offset, False,
+                                                            ref_ctr_offset=probe.semaphore, cookie=slot, pid=pid))
+                    except ProcessLookupError:
+                        if not pid:
+                            raise
+                        for link in links:  # the process is gone: nothing of it to trace
+                            os.close(link)
+                        continue
+                    except OSError:
+                        attached += links  # closed below with the others
+                        raise
+                    attached += links
+                    present.append(pid)
             except (OSError, KeyError) as exc:
                 problem = _attach_failure(exc)
                 for link in attached:
                     os.close(link)
                 attached = []
+            if pids and not present and not problem:
+                problem = f"none of the processes {', '.join(map(str, pids))} runs any more"
         if attached:
             self._lib_fds.append(fd)
             self._uprobes += attached
         else:
             os.close(fd)
         report = TorchReport(path=path, dev=st.st_dev, inode=st.st_ino,
-                             attached=tuple(p.name for p in sites) if attached else (), problem=problem)
+                             attached=tuple(p.name for p in sites) if attached else (), problem=problem,
+                             pids=tuple(present) if pids and attached else ())
         for key in keys:
             self._torch_reports[key] = report
         if problem:
             log.info("%s: no tensor blocks: %s", path, problem)
         else:
-            log.info("attached PyTorch's allocator probes (%d sites) in %s", len(attached), path)
+            log.info("attached PyTorch's allocator probes (%d sites) in %s%s", len(sites), path,
+                     f" for processes {', '.join(map(str, present))}" if pids else "")
         return report
 
     def attached_torch(self) -> list[TorchReport]:

@@ -229,18 +229,20 @@ class LoadedProgram:
                     raise ProbeError(f"cannot attach {category}:{event}: {exc}") from exc
 
     def attach_uprobe(self, function: str, path: str, offset: int, retprobe: bool, ref_ctr_offset: int = 0,
-                      cookie: int = 0) -> int:
+                      cookie: int = 0, pid: int = 0) -> int:
         """Attach ``function`` at ``offset`` of ``path``; return the link or perf fd (close it to detach).
 
         ``ref_ctr_offset``: a USDT semaphore the kernel raises while the probe is in place;
-        ``cookie``: what the program's ``bpf_get_attach_cookie`` returns.
+        ``cookie``: what the program's ``bpf_get_attach_cookie`` returns; ``pid``: only in that
+        process (0: in every process).
 
         Raises:
             OSError: the kernel refused (a refused first link switches to perf events, logged).
         """
         if self.links:
             try:
-                fd = bpfsys.attach_uprobe_link(self.functions[function], path, offset, retprobe, ref_ctr_offset, cookie)
+                fd = bpfsys.attach_uprobe_link(self.functions[function], path, offset, retprobe, ref_ctr_offset, cookie,
+                                               pid)
             except OSError as exc:
                 # Not EINVAL: that is also what a probe already at this offset with another
                 # ref_ctr_offset gets (bcc 0.26's Python passes garbage there), links or not.
@@ -250,7 +252,7 @@ class LoadedProgram:
             else:
                 self._linked = True
                 return fd
-        return bpfsys.attach_uprobe(self.functions[function], path, offset, retprobe, ref_ctr_offset, cookie)
+        return bpfsys.attach_uprobe(self.functions[function], path, offset, retprobe, ref_ctr_offset, cookie, pid)
 
     def close(self) -> None:
         """Detach the tracepoints, release the functions and maps (uprobes are the caller's)."""

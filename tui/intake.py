@@ -32,6 +32,7 @@ from memrec.trace.chunks import DEFAULT_SCHEMA
 from memrec.trace.format import gpus_from_header
 from memrec.trace.format import parse_schema
 from memrec.trace.model import GpuIds
+from memrec.trace.stacks import StackTable
 from memrec.tui.navigation import Landmarks
 from memrec.tui.store import EventStore
 from memrec.tui.views import NCAT
@@ -107,6 +108,7 @@ class TraceIntake:
         self.processes: dict[int, ProcessInfo] = {}
         self.keyframes: list[tuple[int, int, dict]] = []  # (event_index, ts, state)
         self.lost = 0
+        self.stacks = StackTable()  # what the events' stack ids name (format 2.3)
         self.warnings: list[str] = []
         self.trailer: dict | None = None
         self.checkpoint_every = checkpoint_every
@@ -246,6 +248,13 @@ class TraceIntake:
 
     def on_lost(self, total: int) -> None:
         self.set_lost(total)
+
+    def on_stacks(self, defs: Any) -> None:
+        with self.lock:
+            try:
+                self.stacks.add(defs)
+            except TraceFormatError as error:
+                self.warnings.append(f"stacks record skipped: {error}")
 
     def on_trailer(self, trailer: dict) -> None:
         self.trailer = trailer

@@ -41,7 +41,10 @@ from memrec.engine.replay import advance
 from memrec.state import LiveState
 from memrec.state.tensors import Fragmentation
 from memrec.state.tensors import TensorBlocks
+from memrec.analysis.sites import user_frame
+from memrec.trace.stacks import Unavailable
 from memrec.tui.filters import API_NAMES
+from memrec.tui.filters import KIND_NAMES
 from memrec.tui.filters import EventFilter
 from memrec.tui.filters import event_mask
 from memrec.tui.store import EventRows
@@ -52,6 +55,7 @@ from memrec.tui.views import LiveAlloc
 from memrec.tui.views import PhaseIndex
 from memrec.tui.views import PhaseSpan
 from memrec.tui.views import SeriesView
+from memrec.tui.views import StackView
 from memrec.tui.views import diff_rows
 from memrec.tui.views import phase_spans
 
@@ -161,6 +165,29 @@ class TraceModel(ReplayedTrace):
         return CursorState(gpu, seq, ts, by_cat, procs, by_phase, largest, nv.at(ts) if nv else None,
                            contexts=contexts, untraced_split=untraced, untraced_note=self.untraced_note,
                            tensors=self.tensors_at(seq, gpu))
+
+    def stack_view(self, seq: int) -> StackView | None:
+        """The stack of event ``seq`` (None: no such event), with the frame the report names its
+        site (:func:`memrec.analysis.sites.user_frame`)."""
+        with self.lock:
+            if not self.store.base <= seq < self.store.n:
+                return None
+            row = self.store.slice(seq, seq + 1)[0]
+            stack = self.stacks.stack(int(row["stack"]))
+        site = None if stack is None or isinstance(stack, Unavailable) else user_frame(stack)
+        return StackView(seq, KIND_NAMES.get(int(row["kind"]), str(int(row["kind"]))), int(row["size"]), int(row["pid"]),
+                         int(row["ts"]), stack, site)
+
+    def allocation_seq(self, pid: int, address: int, ts: int) -> int | None:
+        """The event that made a live allocation (the largest holders' rows: pid, address, ts)."""
+        with self.lock:
+            seq = self.store.seq_at(ts)
+            lo = max(seq - 64, self.store.base)
+            if seq < lo:
+                return None
+            rows = self.store.slice(lo, seq + 1)
+        hit = np.flatnonzero((rows["pid"] == pid) & (rows["ptr"] == address) & (rows["ts"] == ts))
+        return lo + int(hit[-1]) if len(hit) else None
 
     def tensors_at(self, seq: int, gpu: int) -> list[tuple[str, Fragmentation]]:
         """Per process with PyTorch tensor blocks on ``gpu`` after event ``seq``: allocated,

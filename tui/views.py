@@ -14,6 +14,8 @@ from typing import Iterable
 
 import numpy as np
 
+from memrec.trace.stacks import Frame
+from memrec.trace.stacks import Stack
 from memrec.terms.events import CATEGORIES
 from memrec.terms.events import IPC_MAPPED
 from memrec.terms.events import OWNED_CATEGORIES as OWNED
@@ -113,6 +115,21 @@ class LiveAlloc:
     age: int
     phase: str
     api: str
+
+
+@dataclass(frozen=True)
+class StackView:
+    """The stack of one event (``s`` on the events or the largest allocations): what the event
+    was (``kind``, ``size``, ``pid``, ``ts``) and its frames innermost first, Unavailable (with the
+    reason), or None when none was recorded; ``site``: the frame the report names its site."""
+
+    seq: int
+    kind: str
+    size: int
+    pid: int
+    ts: int
+    stack: Stack | None
+    site: Frame | None
 
 
 @dataclass

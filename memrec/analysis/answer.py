@@ -25,6 +25,12 @@ in half. The cases, in order:
 4. Nothing failed: the highest traced peak, what held it by phase, and the headroom left.
    Window: from the start of the phases held at the peak to the peak.
 
+With stacks (format 2.3), a ``SITE`` line follows the three: the failed call's own site (the
+innermost user frame of its stack, :mod:`memrec.analysis.sites`), and the site that held the
+most in the phase the second line names first (``custom_ar_init held most from
+custom_all_reduce.py:123 CustomAllreduce.__init__: 36.00 GiB on 2 ranks``). Without stacks there
+is no such line.
+
 :attr:`Answer.failures` lists every failure the answer counts, in time order: each failed driver
 call, each rank's failed KV sizing, and each other marker with an ``error``.
 
@@ -41,6 +47,9 @@ from dataclasses import asdict
 from dataclasses import dataclass
 from dataclasses import field
 
+from memrec.base.untrusted import clean_text
+from memrec.analysis.sites import Site
+from memrec.analysis.sites import SitesSection
 from memrec.analysis.text import human
 from memrec.analysis.untraced import EXPLAINED_SHARE_MIN
 from memrec.analysis.untraced import EXPLAINED_SHARE_MIN
@@ -368,7 +377,7 @@ def _sglang_failed(report: dict, sg: dict, summary: dict) -> tuple[tuple[Line, .
                      if r["label"] == worst and b.get("diagnosis")), None)
         if diag and diag.get("rest_without_extras_gib") is not None:
             fix.append(f" (without it rest = {_gib(diag['rest_without_extras_gib'])})")
-    lines = _lines(first, cause, fix)
+    lines = _lines(first, cause, fix, _site_line(report, order[0][0] if order else None))
     if window is None:
         return lines, None
     ends = [b["ts"] for r in ranks if r.get("gpu") == gpu for b in r.get("budgets", [])
@@ -397,7 +406,7 @@ def _call_failed(report: dict, failures: list[dict]) -> tuple[tuple[Line, ...], 
         cause = ["CAUSE", f"not a lack of memory: {hint}"]
         phase = f" in {f['phase']}" if f.get("phase") and not f["phase"].startswith("(") else ""
         fix = ["FIX", f"nothing to free: see what {_who([f['pid']], procs)} did at +{f['t_s']:.3f}s{phase}"]
-        return _lines(first, cause, fix), f
+        return _lines(first, cause, fix, _site_line(report, None, f)), f
     cause = ["CAUSE", f"{where} held {human(f.get('owned_on_gpu', 0))} then"]
     for k, ph in enumerate(phases[:3]):
         cause.append(f"{':' if k == 0 else ','} {ph['phase']} {human(ph['bytes'])} ({_who(ph['pids'], procs)})")
@@ -422,11 +431,30 @@ def _call_failed(report: dict, failures: list[dict]) -> tuple[tuple[Line, ...], 
         fix = ["FIX", f"free memory on {where} before this call or ask for less than {human(f['size'])}"]
     if phases and fix[0] == "FIX":
         fix.append(f"; the largest holder is {phases[0]['phase']}")
-    return _lines(first, cause, fix), f
+    return _lines(first, cause, fix, _site_line(report, phases[0]["phase"] if phases else None, f)), f
 
 
 def _lines(*lines: list[str]) -> tuple[Line, ...]:
-    return tuple(Line(x[0], tuple(x[1:])) for x in lines)
+    """The lines that have parts (a ``SITE`` line without stacks has none)."""
+    return tuple(Line(x[0], tuple(x[1:])) for x in lines if len(x) > 1)
+
+
+def _site_line(report: dict, phase: str | None, failure: dict | None = None) -> list[str]:
+    """The ``SITE`` line of a trace with stacks (:mod:`memrec.analysis.sites`): the failed call's
+    own site, and the site that held the most in ``phase`` (the phase the line before names);
+    without stacks no parts, and :func:`_lines` leaves the line out."""
+    if not report.get("sites"):
+        return ["SITE"]
+    section = SitesSection.from_json(report["sites"])
+    out = ["SITE"]
+    site: Site | None = section.failure_site(failure["index"]) if failure is not None else None
+    if site is not None:
+        out.append(f"the failed call came from {clean_text(site.label, 100)}")
+    row = section.top_in(phase) if phase else None
+    if row is not None and row.held:
+        out.append(f"{'; ' if site else ''}{phase} held most from {clean_text(row.site.label, 100)}: "
+                   f"{human(row.held)} on {row.who}")
+    return out
 
 
 def _phase_start(report: dict, pids: list[int], path: str, ts: int) -> int | None:
@@ -478,6 +506,7 @@ def _no_failure(report: dict, secs: list[dict], summary: dict) -> tuple[tuple[Li
         if k == 3:
             break
         held.append(f"{':' if k == 0 else ','} {ph['phase']} {human(ph['bytes'])} ({_who(ph['pids'], procs)})")
+
     if len(held) == 2:
         held = ["PEAK", f"GPU {sec['gpu']} held {human(pk['bytes'])} at its peak (no phase markers)"]
     third = ["ROOM"]
@@ -500,4 +529,5 @@ def _no_failure(report: dict, secs: list[dict], summary: dict) -> tuple[tuple[Li
               if (s := _phase_start(report, ph["pids"], ph["phase"], pk["ts"])) is not None]
     window = _window(report, min(starts, default=pk["ts"]), pk["ts"], sec["gpu"],
                      "from the start of the phases held at the peak to the peak" if starts else "the peak")
-    return _lines(first, held, third), window
+    peak_phases = pk.get("by_phase") or []
+    return _lines(first, held, third, _site_line(report, peak_phases[0]["phase"] if peak_phases else None)), window

@@ -24,6 +24,8 @@ The dict holds:
   marked as in both runs or in one only;
 - ``tensors``: per phase × rank × GPU, the tensor blocks' peak allocated and reserved bytes in
   each run (traces recorded with ``memrec daemon --tensors``; empty otherwise);
+- ``sites`` (runs with stacks only): the allocation sites whose held bytes changed
+  (:mod:`memrec.analysis.sites_diff`);
 - ``untraced``: per rank and GPU, the untraced band's split (context, module code, pools, before
   recording, unexplained) and the contexts bound in each run (:mod:`memrec.analysis.untraced_diff`).
 """
@@ -64,6 +66,9 @@ from memrec.terms.ranks import process_info_ranks
 from memrec.analysis.sglang_windows import rank_gpus
 from memrec.terms.ranks import rank_sort_key
 from memrec.terms.ranks import shown_dims
+from memrec.analysis.sites import SitesSection
+from memrec.analysis.sites import sites_section
+from memrec.analysis.sites_diff import diff_sites
 from memrec.analysis.tensors import tensor_section
 from memrec.analysis.text import human
 from memrec.analysis.text import signed_human
@@ -109,6 +114,7 @@ class Run:
     contexts: list = dataclasses.field(default_factory=list)  # foreign CUDA contexts (sglang_report.process_contexts)
     custom_ar: dict | None = None  # sglang_report.custom_ar_facts
     tensors: dict | None = None  # memrec.analysis.tensors.tensor_section (a --tensors trace)
+    sites: SitesSection | None = None  # memrec.analysis.sites (a trace with stacks)
 
 
 def _norm_rank(rank: dict[str, int]) -> RankKey:
@@ -147,7 +153,8 @@ def analyze(trace: Any, name: str) -> Run:
     untraced = split_by_rank(reconcile(trace, tl, phases), rank_of)
     return Run(name, start, phases, j, exit_rows, rank_of, budgets, windows, events, untraced,
                [c for c in contexts if c["foreign"]], custom_ar_facts(trace.markers),
-               tensor_section(events, phases, start, trace.header, trace.trailer))
+               tensor_section(events, phases, start, trace.header, trace.trailer),
+               sites_section(trace, phases, end_ts=trace_bounds(trace)[1]))
 
 
 def _as_dict(key: RankKey) -> dict[str, int]:
@@ -637,6 +644,9 @@ def diff_traces(a_trace: Any, b_trace: Any, a_name: str = "A", b_name: str = "B"
         "untraced": untraced_rows(a.untraced, b.untraced, lambda key: _rank_label(key, dims)),
         "tensors": _tensor_rows(a, b, dims),
     }
+    sites = diff_sites(a.sites, b.sites)
+    if sites is not None:  # a run with stacks (format 2.3); without, the diff is as it was
+        d["sites"] = sites.to_json()
     relation = relate(identity(a_trace, a.phases), identity(b_trace, b.phases), a_name, b_name)
     verdict = _verdict(d, a, b, relation)
     return {"memrec_diff": d["memrec_diff"], "a": d["a"], "b": d["b"], "verdict": verdict, "related": relation.to_dict(),

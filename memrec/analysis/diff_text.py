@@ -3,6 +3,8 @@ failures (:func:`render_diff` of :func:`memrec.analysis.diff.diff_traces`'s dict
 
 from __future__ import annotations
 
+from memrec.analysis.sites_diff import SitesDiff
+from memrec.analysis.sites_diff import render_sites_diff
 from memrec.analysis.text import fit_lines
 from memrec.analysis.text import human
 from memrec.analysis.text import signed_human
@@ -105,6 +107,10 @@ def render_diff(d: dict, width: int | None = None) -> str:
                  signed_human(r["delta_reserved"])] for r in d["tensors"]]
         out.extend(table(["PHASE", "RANK", "GPU", "A ALLOC", "B ALLOC", "Δ ALLOC", "A RESV", "B RESV", "Δ RESV"], rows,
                          right={2, 3, 4, 5, 6, 7, 8}, indent="  "))
+
+    if d.get("sites") is not None:
+        out.append("")
+        out.extend(render_sites_diff(SitesDiff.from_json(d["sites"]), width))
 
     out.extend(render_untraced(d.get("untraced", []), human, signed_human))
 

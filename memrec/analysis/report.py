@@ -37,6 +37,7 @@ from memrec.engine.replay import trace_bounds
 from memrec.engine.replay import trace_phases
 from memrec.analysis.sglang_report import build_sglang_section
 from memrec.analysis.sglang_report import has_sglang_markers
+from memrec.analysis.sites import sites_section
 from memrec.analysis.tensors import tensor_section
 from memrec.analysis.text import seconds
 from memrec.terms.ranks import pid_labels
@@ -190,6 +191,9 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
             report["gpus"].append(section)
     report["sglang"] = sglang
     report["tensors"] = tensor_section(events, phases, start, trace.header, trace.trailer, pid=pid, gpu=gpu)
+    sites = sites_section(trace, phases, pid=pid, gpu=gpu, end_ts=end)
+    if sites is not None:  # a trace with stacks (format 2.3); without, the report is as it was
+        report["sites"] = sites.to_json()
     _peak_by_phase(report, trace, tl, phases)
     report["answer"] = build_answer(report).to_json()
     return report

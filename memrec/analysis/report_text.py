@@ -16,6 +16,8 @@ from typing import Any
 from memrec.analysis.answer import Answer
 from memrec.engine.phases import NO_PHASE
 from memrec.analysis.sglang_report import render_sglang
+from memrec.analysis.sites import SitesSection
+from memrec.analysis.sites_text import render_sites
 from memrec.analysis.tensors_text import render_tensors
 from memrec.analysis.text import count
 from memrec.analysis.text import fit_lines
@@ -125,6 +127,10 @@ def render_text(report: dict, width: int = 80, show_all: bool = False) -> str:
     if report.get("tensors"):
         out.append("")
         out.extend(render_tensors(report["tensors"], width))
+
+    if report.get("sites"):
+        out.append("")
+        out.extend(render_sites(SitesSection.from_json(report["sites"]), width))
 
     if report["failures_unknown_gpu"]:
         out.append("")

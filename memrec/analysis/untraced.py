@@ -58,7 +58,7 @@ Two rules keep a family from another's bytes when a reading and the calls race:
   traced in it, and no bracketed family holds that much to give back. Reading ``k``'s step is then
   held unexplained, and at reading ``k + 1`` the two intervals are attributed as one step;
 - a negative step goes to a bracketed family only as far as that family holds bytes (never below
-  zero); past that it is unexplained.
+  zero; for the pools, the pool model's bytes count too); the rest of it is unexplained.
 
 A context bind brackets every interval it spans (its entry to its return): under
 ``CUDA_MODULE_LOADING=EAGER`` the retain loads every module inside it, over several readings.
@@ -688,15 +688,15 @@ def split_process(
                 record(k, since, delta, "unexplained", None, None)
                 held_back, held_since = delta, start
             elif delta < 0:
-                # A family gives back only what it holds (a drop past that is not its).
-                owns = bracket is not None and (bracket[0] == "pools"
-                                                or totals[bracket[0]] + delta >= -tolerance(delta))
-                if owns:
-                    record(k, start, delta, bracket[0], cause_i, None, several)
+                # A family gives back only what it holds (the pools: the pool model's bytes and
+                # the steps put on them); a drop past that is not its, and stays unexplained.
+                held = 0 if bracket is None else totals[bracket[0]] + (int(model[k]) if bracket[0] == "pools" else 0)
+                give = delta if held + delta >= -tolerance(delta) else -max(held, 0)
+                if give:
+                    record(k, start, give, bracket[0], cause_i, None, several)
                     if bracket[0] == "module_code":
-                        module_used += delta
-                else:
-                    record(k, start, delta, "unexplained", None, None)
+                        module_used += give
+                record(k, start, delta - give, "unexplained", None, None)
             else:
                 parts = _explain(delta, costs, bracket)
                 if parts is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Callable
@@ -24,6 +25,24 @@ def _arg(convert: Callable[[str], object]) -> Callable[[str], object]:
 
     parse.__name__ = convert.__name__
     return parse
+
+
+def _pid(text: str) -> int:
+    """A running process's id (``--tensors-pid``): its probes go into that process only."""
+    try:
+        pid = int(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a process id") from None
+    if pid <= 0:
+        raise ValueError(f"{pid} is not a process id")
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            tgid = next((int(line.split()[1]) for line in f if line.startswith("Tgid:")), pid)
+    except OSError:
+        raise ValueError(f"no process {pid} runs") from None
+    if tgid != pid:
+        raise ValueError(f"{pid} is a thread of process {tgid}: name the process")
+    return pid
 
 
 def require_privileges() -> None:
@@ -93,6 +112,10 @@ class DaemonCommand:
                                  "(already running ones included; costs about 1 us per tensor allocation or free)")
         parser.add_argument("--torch-lib", action="append", default=[], metavar="PATH",
                             help="with --tensors, also probe this libc10_cuda.so (repeatable)")
+        parser.add_argument("--tensors-pid", action="append", type=_arg(_pid), default=[], metavar="PID",
+                            help="record tensor blocks only in this running process (repeatable; implies "
+                                 "--tensors): the probes' traps and semaphores are in the named processes only, so "
+                                 "every other process on the host runs at no cost")
         parser.add_argument("--no-untraced-probes", dest="untraced_probes", action="store_false",
                             help="leave out the code-loading and pool probes (to measure what they cost)")
         parser.add_argument("--probe-cache", type=_arg(c.probe_cache), default=c.DEFAULT_PROBE_CACHE, metavar="DIR|off",
@@ -137,8 +160,9 @@ class DaemonCommand:
             ringbuf_pages=args.ringbuf_pages,
             scheduling=args.scheduling,
             untraced_probes=args.untraced_probes,
-            tensors=args.tensors,
+            tensors=args.tensors or bool(args.tensors_pid),
             torch_paths=tuple(args.torch_lib),
+            tensor_pids=tuple(args.tensors_pid),
             probe_cache=args.probe_cache,
         )
         if args.dataset is not None:

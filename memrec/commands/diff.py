@@ -19,7 +19,8 @@ class DiffCommand:
     (Δrest = Δavailable_after_weights − Δslack) and which phases' allocations between the memory
     baseline and the KV sizing made the difference. Then: the KV budget side by side, what each
     phase and rank allocated in those windows, the net bytes per phase × rank × GPU × category
-    in each run with the delta, and failures present in one run only. A is the reference.
+    in each run with the delta, and failures present in one run only. A is the reference. Runs
+    with stacks (memrec daemon --stacks) add the allocation sites whose held bytes changed.
 
     examples:
       memrec diff base.mrec custom-ar.mrec

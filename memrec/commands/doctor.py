@@ -148,7 +148,8 @@ def check_torch(extra: list[str]):
             good.append(f"{lib.path} ({len(sites)} probe sites)")
     if bad:
         return Check("tensor blocks", "warn", "; ".join(bad + good),
-                     "those processes get driver segments only; PyTorch >= 2.1 on x86-64 carries the probes")
+                     "those processes get driver segments only; PyTorch 2.2 and later on x86-64 carry usable probes "
+                     "(docs/probes.md lists the releases checked)")
     return Check("tensor blocks", "ok", "with `memrec daemon --tensors`: " + ", ".join(good))
 
 

@@ -18,7 +18,9 @@ class ReportCommand:
     For each GPU: the traced peak and when, by category (driver allocations, VMM physical,
     IPC-mapped from peers, pinned host) and by process; net bytes per phase when the trace has
     markers; what each process still held when it exited; every failed call (out of memory and
-    others) with who held what on that GPU at that instant; NVML beside it.
+    others) with who held what on that GPU at that instant; NVML beside it. A trace with stacks
+    (memrec daemon --stacks) adds the allocation sites by phase: the lines of code that held
+    the most, across ranks.
 
     examples:
       memrec report run.mrec

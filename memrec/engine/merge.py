@@ -19,7 +19,8 @@ what compares two runs. The merged trace:
 - starts from the hosts' initial keyframes joined into one state, and carries keyframes every
   ``KEYFRAME_EVENTS`` events, replayed here, so viewers can jump as in any trace;
 - says all of it in the header's ``merged`` map: per host its name, boot id, files, pid base,
-  GPUs (merged → own index), clock offset and NTP error estimate; and the expected clock error.
+  GPUs (merged → own index), clock offset and NTP error estimate; and the expected clock error;
+- numbers every file's stacks (format 2.3) once: an event names its stack by the merged file's id.
 
 Readers need nothing new: report, diff, dump and the TUI read a merged trace like any other.
 """
@@ -55,6 +56,7 @@ from memrec.state import alloc_rows
 from memrec.trace.clock import wall_offset_ns
 from memrec.trace.format import make_header
 from memrec.trace.model import Trace
+from memrec.trace.stacks import StackInterner
 from memrec.trace.writer import TraceWriter
 
 #: Host i's pid p becomes i * PID_STRIDE + p (Linux's pid_max is at most 2^22).
@@ -302,8 +304,16 @@ def _shifted(arr: np.ndarray, host: Host, pid_cols: tuple[str, ...] = ()) -> np.
     return out
 
 
-def _events(host: Host, trace: Trace) -> np.ndarray:
+def _events(host: Host, trace: Trace, stacks: StackInterner) -> np.ndarray:
     ev = _shifted(trace.events, host, ("pid",))
+    if trace.stacks:  # the file's stack ids -> the merged file's (an id it does not define: none)
+        ids = trace.stacks.id_map(stacks)
+        lut = np.zeros(max(ids) + 1, np.uint32)
+        lut[list(ids)] = list(ids.values())
+        own = ev["stack"]
+        ev["stack"] = np.where(own < len(lut), lut[np.minimum(own, len(lut) - 1)], 0)
+    elif len(ev):
+        ev["stack"] = 0
     if host.pid_base:
         fork = (ev["kind"] == int(Kind.PROC_FORK)) & (ev["ptr"] != 0)
         ev["ptr"][fork] += host.pid_base  # a fork's ptr is the child's pid
@@ -353,7 +363,8 @@ def merge_traces(traces: list[tuple[str, Trace]], out: str | os.PathLike) -> Mer
             gpus.append({**info, "index": len(gpus), "name": f"{label} {info.get('name') or ''}".strip(),
                          "total": int(info.get("total") or 0)})
     parts = [(host, trace) for host in hosts for _, trace in host.traces]
-    events = _sort_ts(np.concatenate([_events(h, t) for h, t in parts]))
+    stacks = StackInterner()  # every file's stacks, numbered once for the merged file
+    events = _sort_ts(np.concatenate([_events(h, t, stacks) for h, t in parts]))
     nvml = _sort_ts(np.concatenate([_shifted(t.nvml, h) for h, t in parts]))
     procmem = _sort_ts(np.concatenate([_shifted(t.procmem, h, ("pid",)) for h, t in parts]))
     markers = sorted(
@@ -385,7 +396,7 @@ def merge_traces(traces: list[tuple[str, Trace]], out: str | os.PathLike) -> Mer
     )
     state = _initial_state(hosts)
     lost = sum(d["lost"] for d in host_docs)
-    with TraceWriter(out, header) as writer:
+    with TraceWriter(out, header, stacks=stacks) as writer:
         for h, t in parts:
             for info in t.processes.values():
                 writer.write_process(_process(info, h))

@@ -1,7 +1,8 @@
 """Parquet and CSV: the tables of ``memrec.load`` as files pandas, polars and DuckDB read.
 
 One file per table in an output folder (``events``, ``samples``, ``process_samples``,
-``markers``, ``processes``, ``by_phase``). Parquet columns are typed (names as dictionary-encoded
+``markers``, ``processes``, ``by_phase``, and ``stacks`` for a trace with stacks, whose events
+then have a ``stack`` column). Parquet columns are typed (names as dictionary-encoded
 strings, sizes and times as int64, ``t_s`` as float64, the wall-clock columns as UTC timestamps
 in ns, ``markers.values`` as JSON text); CSV has one header line and the same columns, with
 integers written as integers and wall-clock times as ISO 8601 (``2026-12-01T23:40:00.123456789Z``).
@@ -30,12 +31,14 @@ TABLES = {
     "markers": "markers_array",
     "processes": "processes_array",
     "by_phase": "by_phase_array",
+    "stacks": "stacks_array",
 }
 
 
 def tables(rec: Recording) -> dict[str, np.ndarray]:
-    """Every table as a numpy structured array (string columns hold Python str)."""
-    return {name: getattr(rec, method)() for name, method in TABLES.items()}
+    """Every table as a numpy structured array (string columns hold Python str); ``stacks`` only
+    for a trace with stacks (an older trace exports the files it always did)."""
+    return {name: getattr(rec, method)() for name, method in TABLES.items() if name != "stacks" or rec.has_stacks}
 
 
 def table_files(folder: Path, suffix: str) -> dict[str, Path]:

@@ -58,9 +58,12 @@ def jsonable(obj: Any) -> Any:
     return obj
 
 
-def event_lines(events: np.ndarray) -> Iterator[dict]:
-    """One dict per event, in the order of ``events`` (EVENT_DTYPE)."""
+def event_lines(events: np.ndarray, with_stack: bool | None = None) -> Iterator[dict]:
+    """One dict per event, in the order of ``events`` (EVENT_DTYPE); ``stack`` (its id, format
+    2.3) last when ``with_stack`` (None: when an event of ``events`` has one)."""
     cols = {name: events[name].tolist() for name in events.dtype.names if name != "ipc"}
+    if with_stack is None:
+        with_stack = bool(events["stack"].any())
     ipc_rows = set(np.flatnonzero(events["flags"] & FLAG_IPC_BYTES).tolist())
     name_rows = set(np.flatnonzero(events["flags"] & FLAG_NAME).tolist())
     for i in range(len(events)):
@@ -81,6 +84,8 @@ def event_lines(events: np.ndarray) -> Iterator[dict]:
             "result": cols["result"][i],
             "result_name": cu_result_name(cols["result"][i]),
         }
+        if with_stack:
+            line["stack"] = cols["stack"][i]
         if i in ipc_rows:
             line["ipc"] = events["ipc"][i].tobytes().hex()
         if i in name_rows:  # a file or kernel name (code loads), cut at 63 bytes
@@ -113,8 +118,11 @@ def keyframe_line(rec: dict) -> dict:
 
 def event_text(chunk: ColumnChunk, encode: Callable[[Any], str]) -> bytes:
     """The dump lines of one events chunk (UTF-8), built a chunk at a time (:mod:`.jsonl_fast`);
-    the few rows with handle bytes or a name go through :func:`event_lines`."""
+    the few rows with handle bytes or a name go through :func:`event_lines`. A chunk with a stack
+    (format 2.3) gives every line its ``stack`` id; a chunk without, none (the lines 2.2 printed)."""
     columns = {name: chunk.column(name) for name in _EVENT_COLUMNS}
+    with_stack = bool(columns["stack"].any())
+    fields = EVENT_FIELDS + [("stack", "stack", "d")] if with_stack else EVENT_FIELDS
     special = np.flatnonzero(columns["flags"] & (FLAG_IPC_BYTES | FLAG_NAME))
     names = {"kind": _kind_name, "api": _api_name, "result": cu_result_name}
     parts = []
@@ -122,7 +130,7 @@ def event_text(chunk: ColumnChunk, encode: Callable[[Any], str]) -> bytes:
     for row in [*special.tolist(), chunk.n]:
         if row > start:
             run = {name: col[start:row] for name, col in columns.items()}
-            parts.append(format_lines(run, EVENT_FIELDS, '"type": "event", ', names, encode))
+            parts.append(format_lines(run, fields, '"type": "event", ', names, encode))
         if row < chunk.n:
             rows = np.zeros(1, dtype=EVENT_DTYPE)
             for name, col in columns.items():
@@ -131,7 +139,7 @@ def event_text(chunk: ColumnChunk, encode: Callable[[Any], str]) -> bytes:
                 at = np.flatnonzero(chunk.ipc_index == row)
                 if len(at):
                     rows["ipc"] = chunk.ipc[at[0]]
-            parts.append((encode(next(event_lines(rows))) + "\n").encode())
+            parts.append((encode(next(event_lines(rows, with_stack))) + "\n").encode())
         start = row + 1
     return b"".join(parts)
 

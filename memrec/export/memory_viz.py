@@ -28,8 +28,12 @@ the end list the live blocks in them (``active_allocated``) and the gaps (``inac
 PyTorch's snapshot does.
 
 The device index is the physical GPU (NVML index); ``time_us`` is the trace's clock in µs. The
-one frame of each action names the driver call, the phase and the process (memrec has no Python
-stacks): ``memrec:<phase>:cuMemAlloc_v2`` in memory_viz's stack panel.
+last frame of each action, segment and block names the driver call, the phase and the process:
+``memrec:<phase>`` / ``cuMemAlloc_v2 (TP0)`` in memory_viz's stack panel. A trace with stacks
+(format 2.3) puts the allocation's own frames before it, innermost first as PyTorch does:
+Python frames as ``{filename, line, name}``, native ones with the module as the filename and
+the symbol as the name (line 0), an unavailable stack as one ``memrec:stack unavailable`` frame
+with the reason; a segment or block takes the stack of the allocation that made it.
 """
 
 from __future__ import annotations
@@ -54,6 +58,8 @@ from memrec.terms.events import CUDA_ERROR_OUT_OF_MEMORY
 from memrec.terms.events import DRIVER
 from memrec.terms.events import Kind
 from memrec.state.tensors import rounded
+from memrec.trace.stacks import StackTable
+from memrec.trace.stacks import Unavailable
 
 #: Actions kept per process and device, the latest (``--max-entries``).
 MAX_ENTRIES = 100_000
@@ -124,30 +130,31 @@ def snapshots(rec: Recording, max_entries: int = MAX_ENTRIES, at: int | None = N
     ok_mask = np.isin(kinds, list(_SEGMENT)) & (ev["gpu"] >= 0) & (ev["result"] == 0)
     tensor_mask = (kinds == _T_ALLOC) | (kinds == _T_FREE)
     with_blocks = set(np.unique(ev["pid"][tensor_mask]).tolist())
-    blocks: dict[tuple[int, int], tuple[int, int]] = {}  # (pid, ptr) -> (size, gpu) of live tensor blocks
+    blocks: dict[tuple[int, int], tuple[int, int, int]] = {}  # (pid, ptr) -> (size, gpu, stack) of live tensor blocks
     sel = np.nonzero(ok_mask | oom_mask | tensor_mask)[0]
     phase = rec.phases.assign(ev["pid"][sel].astype(np.int64), ev["ts"][sel].astype(np.int64))
     freed = _freed_bytes(rec)
     traces: dict[tuple[int, int], deque] = {}
     made = 0
-    frames_of: dict[tuple[int, int, int], list] = {}  # one frames list per (pid, api, phase): pickled once
+    frames_of: dict[tuple[int, int, int, int], list] = {}  # one list per (pid, api, phase, stack): pickled once
+    stack_frames = _StackFrames(rec.trace.stacks)
     cols = zip(sel.tolist(), ev["pid"][sel].tolist(), ev["gpu"][sel].tolist(), ev["kind"][sel].tolist(),
                ev["api"][sel].tolist(), ev["ts"][sel].tolist(), ev["ptr"][sel].tolist(), ev["size"][sel].tolist(),
-               oom_mask[sel].tolist(), phase.tolist())
-    for i, pid, gpu, kind, api, ts, addr, size, oom, ph in cols:
+               oom_mask[sel].tolist(), phase.tolist(), ev["stack"][sel].tolist())
+    for i, pid, gpu, kind, api, ts, addr, size, oom, ph, stack in cols:
         if kind == _T_FREE:
-            size, gpu = blocks.pop((pid, addr), (0, -1))
+            size, gpu, stack = blocks.pop((pid, addr), (0, -1, 0))
             if not size:
                 continue  # a block from before the recording: no size to show
         elif kind == _T_ALLOC:
             if gpu < 0:
                 continue
-            blocks[(pid, addr)] = (size, gpu)
-        frames = frames_of.get((pid, api, ph))
+            blocks[(pid, addr)] = (size, gpu, stack)
+        frames = frames_of.get((pid, api, ph, stack))
         if frames is None:
             call = f"{api_name(api)} ({rec.name_of(pid)})"
-            frames = frames_of[(pid, api, ph)] = [{"filename": f"memrec:{rec.phases.label(ph)}", "line": 0,
-                                                   "name": call}]
+            frames = frames_of[(pid, api, ph, stack)] = [
+                *stack_frames(stack), {"filename": f"memrec:{rec.phases.label(ph)}", "line": 0, "name": call}]
         out = traces.get((pid, gpu))
         if out is None:
             out = traces[(pid, gpu)] = deque(maxlen=max_entries)
@@ -191,13 +198,15 @@ def snapshots(rec: Recording, max_entries: int = MAX_ENTRIES, at: int | None = N
             if h.gpu >= 0 and h.category in SEGMENT_CATEGORIES]
     live += [(pid, va, size, gpu, None, None, "vmm", 0) for pid, va, size, gpu in state.mappings() if gpu >= 0]
     inside = _blocks_by_segment(blocks, [(pid, addr, size) for pid, addr, size, *_ in live])
+    made_by = _allocating_stacks(ev)
     for pid, addr, size, gpu, api, ts, category, peer in live:
         snap = snaps.setdefault(pid, {"segments": [], "device_traces": [], "allocator_settings": {}})
         while len(snap["device_traces"]) <= gpu:
             snap["device_traces"].append([])
-        segment = _segment(rec, pid, gpu, addr, size, api, ts, category, peer)
+        own = stack_frames(made_by.get((pid, addr), 0)) if category != "ipc_mapped" else []
+        segment = _segment(rec, pid, gpu, addr, size, api, ts, category, peer, own)
         if pid in with_blocks:  # PyTorch's own blocks in it, and the free stretches between them
-            seg_blocks = _segment_blocks(addr, size, inside.get((pid, addr), []))
+            seg_blocks = _segment_blocks(addr, size, inside.get((pid, addr), []), stack_frames)
             used = sum(b["size"] for b in seg_blocks if b["state"] == "active_allocated")
             requested = sum(b["requested_size"] for b in seg_blocks if b["state"] == "active_allocated")
             segment.update(allocated_size=used, active_size=used, requested_size=requested, blocks=seg_blocks)
@@ -212,14 +221,42 @@ def snapshots(rec: Recording, max_entries: int = MAX_ENTRIES, at: int | None = N
 SEGMENT_CATEGORIES = ("driver", "ipc_mapped")
 
 
+class _StackFrames:
+    """A stack id's frames in PyTorch's form (innermost first), each stack's list built once."""
+
+    def __init__(self, stacks: StackTable) -> None:
+        self._stacks = stacks
+        self._lists: dict[int, list[dict]] = {0: []}
+
+    def __call__(self, stack_id: int) -> list[dict]:
+        out = self._lists.get(stack_id)
+        if out is None:
+            stack = self._stacks.stack(stack_id)
+            if isinstance(stack, Unavailable):
+                out = [{"filename": "memrec:stack unavailable", "line": 0, "name": stack.reason}]
+            else:
+                out = [{"filename": f.file, "line": 0 if f.native else f.line,
+                        "name": (f.function or f"+0x{f.line:x}") if f.native else f.function} for f in stack or ()]
+            self._lists[stack_id] = out
+        return out
+
+
+def _allocating_stacks(ev: np.ndarray) -> dict[tuple[int, int], int]:
+    """(pid, address) -> the stack of the last successful driver allocation or mapping there."""
+    made = np.flatnonzero(np.isin(ev["kind"], (int(Kind.ALLOC), int(Kind.VMM_MAP))) & (ev["result"] == 0)
+                          & (ev["stack"] != 0))
+    return dict(zip(zip(ev["pid"][made].tolist(), ev["ptr"][made].tolist()), ev["stack"][made].tolist()))
+
+
 def _segment(rec: Recording, pid: int, gpu: int, addr: int, size: int, api: int | None, ts: int | None,
-             category: str, peer: int) -> dict:
-    """One segment with its one active block, as PyTorch's snapshot has them; the frame names the
-    call, the phase it was made in and the process (for IPC, the peer it came from)."""
+             category: str, peer: int, own: list[dict] = ()) -> dict:  # type: ignore[assignment]
+    """One segment with its one active block, as PyTorch's snapshot has them; the frames are the
+    allocation's own (``own``, with stacks) then one naming the call, the phase it was made in and
+    the process (for IPC, the peer it came from)."""
     call = api_name(api) if api is not None else "cuMemMap"
     phase = rec.phases.label_at(pid, ts) if ts is not None else "(mapped)"
     who = f"ipc_mapped from pid {peer}" if category == "ipc_mapped" else rec.name_of(pid)
-    frames = [{"filename": f"memrec:{phase}", "line": 0, "name": f"{call} ({who})"}]
+    frames = [*own, {"filename": f"memrec:{phase}", "line": 0, "name": f"{call} ({who})"}]
     return {
         "device": gpu, "address": addr, "total_size": size, "allocated_size": size,
         "active_size": size, "requested_size": size, "stream": 0, "segment_type": "large",
@@ -229,35 +266,36 @@ def _segment(rec: Recording, pid: int, gpu: int, addr: int, size: int, api: int 
     }
 
 
-def _blocks_by_segment(blocks: dict[tuple[int, int], tuple[int, int]],
-                       segments: list[tuple[int, int, int]]) -> dict[tuple[int, int], list[tuple[int, int]]]:
-    """(pid, segment address) -> the live tensor blocks (address, size) in it, by address;
+def _blocks_by_segment(blocks: dict[tuple[int, int], tuple[int, int, int]],
+                       segments: list[tuple[int, int, int]]) -> dict[tuple[int, int], list[tuple[int, int, int]]]:
+    """(pid, segment address) -> the live tensor blocks (address, size, stack) in it, by address;
     ``segments`` are (pid, address, size)."""
     starts: dict[int, list[tuple[int, int]]] = {}
     for pid, addr, size in segments:
         starts.setdefault(pid, []).append((addr, size))
     for segs in starts.values():
         segs.sort()
-    out: dict[tuple[int, int], list[tuple[int, int]]] = {}
-    for (pid, ptr), (size, _gpu) in sorted(blocks.items()):
+    out: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
+    for (pid, ptr), (size, _gpu, stack) in sorted(blocks.items()):
         segs = starts.get(pid, [])
         k = bisect.bisect_right(segs, (ptr, 1 << 64)) - 1
         if k >= 0 and ptr < segs[k][0] + segs[k][1]:
-            out.setdefault((pid, segs[k][0]), []).append((ptr, size))
+            out.setdefault((pid, segs[k][0]), []).append((ptr, size, stack))
     return out
 
 
-def _segment_blocks(addr: int, size: int, inside: list[tuple[int, int]]) -> list[dict]:
-    """A segment's blocks as PyTorch lists them: the live ones (at the allocator's rounding) and
-    the free stretches between them."""
+def _segment_blocks(addr: int, size: int, inside: list[tuple[int, int, int]],
+                    frames_of: Callable[[int], list[dict]]) -> list[dict]:
+    """A segment's blocks as PyTorch lists them: the live ones (at the allocator's rounding, with
+    their allocation's frames) and the free stretches between them."""
     out = []
     at = addr
-    for ptr, requested in inside:
+    for ptr, requested, stack in inside:
         if ptr > at:
             out.append({"address": at, "size": ptr - at, "requested_size": 0, "state": "inactive", "frames": []})
         block = min(rounded(requested), addr + size - ptr)
         out.append({"address": ptr, "size": block, "requested_size": requested, "state": "active_allocated",
-                    "frames": []})
+                    "frames": frames_of(stack)})
         at = max(at, ptr + block)
     if at < addr + size:
         out.append({"address": at, "size": addr + size - at, "requested_size": 0, "state": "inactive", "frames": []})

@@ -18,11 +18,12 @@ assert RAW_DTYPE.itemsize == 128, "RAW_COLUMNS must match struct event in probes
 
 
 def with_gpu(raw: np.ndarray, gpu: np.ndarray | int = -1) -> np.ndarray:
-    """Return raw records as events, with the physical GPU column set to ``gpu``."""
+    """Return raw records as events, with the physical GPU column set to ``gpu`` (and no stack)."""
     out = np.empty(len(raw), dtype=EVENT_DTYPE)
     for name in RAW_DTYPE.names:
         out[name] = raw[name]
     out["gpu"] = gpu
+    out["stack"] = 0
     return out
 
 

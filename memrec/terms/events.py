@@ -384,6 +384,7 @@ RAW_COLUMNS: tuple[tuple[str, str], ...] = (
 #: Columns of an event in a trace: the raw columns plus the physical GPU the daemon resolved.
 EVENT_COLUMNS: tuple[tuple[str, str], ...] = RAW_COLUMNS + (
     ("gpu", "<i2"),  # physical GPU (NVML index); -1 unknown or host memory
+    ("stack", "<u4"),  # format 2.3: the allocating thread's stack (memrec.trace.stacks); 0 none
 )
 
 #: Device-memory categories used in accounting (report, TUI, analysis).

@@ -58,6 +58,7 @@ from memrec.trace.chunks import Schema
 from memrec.trace.chunks import decode_columns
 from memrec.trace.chunks import rows_to_wire
 from memrec.trace.clock import read_clock_sync
+from memrec.trace.stacks import STACKS
 
 #: The value of the header's first key, ``"magic"``.
 MAGIC = "memrec-trace"
@@ -65,7 +66,7 @@ MAGIC = "memrec-trace"
 #: Version 2 compresses columnar records (:mod:`memrec.trace.codec`); version 1 files still read.
 FORMAT_VERSION = 2
 #: Minor format version: a newer minor only adds record types or fields, which older readers skip.
-FORMAT_MINOR = 2
+FORMAT_MINOR = 3
 #: The clock of every ``ts`` in a trace (ns); the header's ``anchor`` ties it to wall-clock time.
 CLOCK = "CLOCK_MONOTONIC"
 
@@ -78,7 +79,7 @@ KEYFRAME = "keyframe"
 TRAILER = "trailer"
 
 #: Every record type the format defines (a reader skips any other type with a warning).
-RECORD_TYPES = frozenset({HEADER, *COLUMNAR_TYPE, MARKER, PROCESS, LOST, KEYFRAME, TRAILER})
+RECORD_TYPES = frozenset({HEADER, *COLUMNAR_TYPE, MARKER, PROCESS, LOST, KEYFRAME, STACKS, TRAILER})
 
 _WIRE_KEYS = frozenset({"n", "columns", "ipc_index", "ipc", *codec.KEYS})
 #: A format-2 keyframe's key for its state: one Zstandard frame of the msgpack map.

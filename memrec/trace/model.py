@@ -16,6 +16,8 @@ from memrec.terms.events import GpuInfo
 from memrec.terms.events import Marker
 from memrec.terms.events import ProcessInfo
 from memrec.trace.format import gpus_from_header
+from memrec.trace.stacks import Stack
+from memrec.trace.stacks import StackTable
 
 
 @dataclass
@@ -122,6 +124,13 @@ class Trace:
     lost: int = 0
     trailer: dict | None = None
     warnings: list[str] = field(default_factory=list)
+    #: The stacks the events' ``stack`` column names (format 2.3; empty before, or without stacks).
+    stacks: StackTable = field(default_factory=StackTable)
+
+    def stack(self, stack_id: int) -> Stack | None:
+        """The frames (innermost first) or :class:`~memrec.trace.stacks.Unavailable` that an
+        event's ``stack`` id names; None for 0 (no stack recorded) or an id not defined."""
+        return self.stacks.stack(stack_id)
 
     @property
     def event_columns(self) -> EventColumns:

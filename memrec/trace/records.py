@@ -47,6 +47,9 @@ from memrec.trace.format import process_from_record
 from memrec.trace.model import EventColumns
 from memrec.trace.model import Keyframe
 from memrec.trace.model import Trace
+from memrec.trace.stacks import STACKS
+from memrec.trace.stacks import StackDefs
+from memrec.trace.stacks import check_stacks_record
 
 
 class RecordSink(Protocol):
@@ -76,6 +79,10 @@ class RecordSink(Protocol):
     def on_lost(self, total: int) -> None:
         """The cumulative count of events lost so far."""
 
+    def on_stacks(self, defs: StackDefs) -> None:
+        """Stack definitions (format 2.3), before the events that name them; the consumer adds them
+        to its :class:`~memrec.trace.stacks.StackTable`, which refuses ids it does not hold."""
+
     def on_trailer(self, trailer: dict) -> None:
         """The trailer: the recording ended cleanly."""
 
@@ -84,7 +91,8 @@ def check_record(obj: dict, schema: Schema | None = None, budget: ReadBudget | N
     """The ``(type, item)`` of one record in wire form; the one check every reader applies.
 
     Items: :class:`ColumnChunk` for events / nvml / procmem, :class:`Marker`,
-    :class:`ProcessInfo`, :class:`Keyframe`, the cumulative total (int) for lost, the record
+    :class:`ProcessInfo`, :class:`Keyframe`, the cumulative total (int) for lost,
+    :class:`~memrec.trace.stacks.StackDefs` for stacks, the record
     itself for the header, the trailer and any other type. ``budget``: the read's, charged
     what the record decompresses to (:mod:`memrec.trace.budget`).
 
@@ -109,6 +117,8 @@ def check_record(obj: dict, schema: Schema | None = None, budget: ReadBudget | N
         if not isinstance(total, int) or isinstance(total, bool) or not 0 <= total < 2**63:
             raise TraceFormatError("malformed lost record: needs an int total")
         return kind, total
+    if kind == STACKS:
+        return kind, check_stacks_record(obj, budget)
     return kind, obj
 
 
@@ -125,7 +135,7 @@ def _checked_ts(chunk: ColumnChunk) -> ColumnChunk:
 #: The RecordSink method each record type goes to.
 _METHODS = {
     HEADER: "on_header", EVENTS: "on_events", NVML: "on_nvml", PROCMEM: "on_procmem", MARKER: "on_marker",
-    PROCESS: "on_process", KEYFRAME: "on_keyframe", LOST: "on_lost", TRAILER: "on_trailer",
+    PROCESS: "on_process", KEYFRAME: "on_keyframe", LOST: "on_lost", STACKS: "on_stacks", TRAILER: "on_trailer",
 }
 
 
@@ -150,6 +160,7 @@ class TraceBuilder:
         self._chunks: dict[str, list[ColumnChunk]] = {NVML: [], PROCMEM: []}
         self._events = _GrowingColumns(expected_events)
         self._lost = 0
+        self._stack_problems: list[str] = []
 
     def on_header(self, header: dict) -> None:
         self.trace.header = header
@@ -175,6 +186,12 @@ class TraceBuilder:
     def on_lost(self, total: int) -> None:
         self._lost = total
 
+    def on_stacks(self, defs: StackDefs) -> None:
+        try:
+            self.trace.stacks.add(defs)
+        except TraceFormatError as error:
+            self._stack_problems.append(str(error))
+
     def on_trailer(self, trailer: dict) -> None:
         self.trace.trailer = trailer
 
@@ -189,6 +206,9 @@ class TraceBuilder:
         trailer_lost = (trace.trailer or {}).get("lost")
         trace.lost = max(self._lost, trailer_lost) if isinstance(trailer_lost, int) else self._lost
         trace.warnings = list(warnings)
+        if self._stack_problems:
+            trace.warnings.append(f"skipped {len(self._stack_problems)} stacks record(s) that name ids not defined "
+                                  f"or define them twice; first: {self._stack_problems[0]}")
         return trace
 
 

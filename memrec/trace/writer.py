@@ -24,7 +24,9 @@ from __future__ import annotations
 import errno
 import os
 from typing import Callable
+from typing import Hashable
 from typing import Protocol
+from typing import Sequence
 
 import numpy as np
 
@@ -52,6 +54,9 @@ from memrec.trace.format import packb
 from memrec.trace.format import process_record
 from memrec.trace.format import unpackb
 from memrec.trace.records import check_record
+from memrec.trace.stacks import Frame
+from memrec.trace.stacks import StackInterner
+from memrec.trace.stacks import Unavailable
 
 
 class Sink(Protocol):
@@ -250,6 +255,8 @@ class TraceWriter:
         max_chunk_rows: the most rows per columnar record.
         replace: with a path: replace an existing regular file (else FileExistsError);
             ``replaced`` says whether one was.
+        stacks: the stacks this file starts with (``memrec merge`` numbers its inputs' stacks
+            before it writes); by default none.
 
     Not thread-safe: one thread (the daemon's loop) calls it.
     """
@@ -263,6 +270,7 @@ class TraceWriter:
         tee: Callable[[bytes], None] | None = None,
         max_chunk_rows: int = MAX_CHUNK_ROWS,
         replace: bool = True,
+        stacks: StackInterner | None = None,
     ) -> None:
         # Encode the header first: a header msgpack cannot encode must not leave an empty file.
         self.header = finalize_header(header)
@@ -288,6 +296,7 @@ class TraceWriter:
         self.lost = 0
         self.last_ts: int | None = None
         self._kinds = np.zeros(0, dtype=np.int64)
+        self._stacks = stacks if stacks is not None else StackInterner()
         self.closed = False
         self._emit(self.header_bytes)
         self._sink.flush()
@@ -355,6 +364,7 @@ class TraceWriter:
         self._check_open()
         if len(arr) == 0:
             return
+        self._emit_stacks()
         builder = self._builders[kind]
         for wire in builder.append(arr):
             self._emit_wire(wire)
@@ -434,7 +444,32 @@ class TraceWriter:
         self.last_keyframe_end = self.bytes_written
         self.keyframe_bytes += self.last_keyframe_size
 
+    def intern_stack(self, stack: Sequence[Frame] | Unavailable, key: Hashable | None = None) -> int:
+        """The id this file gives ``stack`` (frames innermost first, or Unavailable): what an
+        event's ``stack`` column holds. New strings, frames and stacks are written once, in a
+        ``stacks`` record before the next events chunk, so intern before writing the events.
+        A repeated stack costs a dict lookup; ``key`` (any hashable the caller already has for
+        this stack, e.g. the BPF program's stack id) makes it one on that key instead of the
+        frames. Ids belong to this file: after a rotation the next file's writer numbers anew.
+
+        Raises:
+            ValueError: more frames than :data:`memrec.trace.stacks.MAX_DEPTH`, a name too long.
+        """
+        self._check_open()
+        return self._stacks.intern(stack, key)
+
+    def stack_definitions(self) -> dict | None:
+        """One ``stacks`` record defining every stack interned so far (a live subscriber that
+        joins mid-file needs it before the events; None when there are none). For a subscriber
+        only: the file has these definitions already, and readers refuse an id defined twice."""
+        return self._stacks.whole_record()
+
+    def _emit_stacks(self) -> None:
+        if self._stacks.pending():
+            self._emit(packb(self._stacks.take_record()))
+
     def _emit_pending(self) -> None:
+        self._emit_stacks()
         for builder in self._builders.values():
             wire = builder.take()
             if wire is not None:
@@ -455,6 +490,8 @@ class TraceWriter:
             "lost": self.lost,
             "end_ts": self.last_ts,
         }
+        if self._stacks.stacks:  # format 2.3, only in a file that has stacks (others stay as 2.2 wrote them)
+            out["stacks"] = self._stacks.stacks
         out.update(extra or {})
         out["type"] = TRAILER
         return out

@@ -118,10 +118,128 @@ def test_processes_running_before_the_attach_get_exact_tensor_events(probes, stu
         b.close()
 
 
+@pytest.mark.parametrize("links", [True, False], ids=["multi-uprobe links", "perf events"])
+def test_tensors_pid_puts_the_probes_in_the_named_process_only(stub_lib, tmp_path, monkeypatch, links):
+    from memrec.probes import bpfsys
+    from memrec.probes.cuda import CudaProbes
+    from memrec.validation.stubdriver.build import build_torch_stub
+
+    if links and not bpfsys.uprobe_multi_supported():
+        pytest.skip(f"kernel {os.uname().release} has no multi-uprobe links (6.6)")
+    monkeypatch.setattr(bpfsys, "uprobe_multi_supported", lambda release=None: links)
+    # An inode of its own, under a name other daemons on this host (other tests' `--tensors`,
+    # which probe every libc10_cuda* mapped) do not look for: nothing else raises its semaphores.
+    lib = build_torch_stub(tmp_path).rename(tmp_path / "libpid_scoped_stub.so")
+    named, other = Worker(stub_lib, lib), Worker(stub_lib, lib)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    p = CudaProbes(probe_cache=str(tmp_path), tensors=True).load()
+    try:
+        # WHEN the probes are attached for one running process (and one that has exited)
+        report = p.attach_torch(lib, pids=(named.pid, gone.pid))
+        assert report.problem == "" and report.pids == (named.pid,)
+        # THEN only that process has its semaphores raised; the other skips the sites, no trap
+        assert named.ask("sem") == [1, 2] and other.ask("sem") == [0, 0]
+        n = 2000
+        named.ask("loop", 0x10000000, n, 4096)
+        other.ask("loop", 0x20000000, n, 4096)
+        ev = drain_until(p, {named.pid, other.pid}, 2 * n)
+        time.sleep(0.2)
+        ev = np.concatenate([ev, drain_until(p, {named.pid, other.pid}, 1, timeout=0.2)])
+        assert len(ev) == 2 * n and set(ev["pid"].tolist()) == {named.pid}
+        # A process started after the attach maps the file and is not probed either
+        late = Worker(stub_lib, lib)
+        try:
+            assert late.ask("sem") == [0, 0]
+        finally:
+            late.close()
+    finally:
+        p.close()
+        sem_after = named.ask("sem")
+        named.close()
+        other.close()
+    # AND once detached, the named process's semaphores are back to 0
+    assert sem_after == [0, 0]
+
+
+def test_daemon_tensors_pid_records_the_named_process_only(stub_lib, tmp_path):
+    from memrec.validation.stubdriver.build import build_torch_stub
+    from memrec.trace.reader import load_trace
+
+    from test_daemon import DaemonProcess
+
+    lib = build_torch_stub(tmp_path / "torch")  # libc10_cuda.so: the daemon finds it in /proc/PID/maps
+    named, other = Worker(stub_lib, lib), Worker(stub_lib, lib)
+    d = DaemonProcess(tmp_path, stub_lib, args=("--tensors-pid", str(named.pid)))
+    try:
+        d.wait_ready()
+        assert named.ask("sem") == [1, 2]
+        for w, base in ((named, 0x10000000), (other, 0x20000000)):
+            w.ask("loop", base, 100, 4096)
+        time.sleep(0.5)
+        assert d.stop() == 0
+    finally:
+        named.close()
+        other.close()
+        d.kill()
+    trace = load_trace(d.output)
+    (entry,) = [t for t in trace.header["probes"]["torch"] if t["path"] == str(lib)]
+    assert entry["pids"] == [named.pid] and entry["problem"] == ""
+    assert trace.header["config"]["tensor_pids"] == [named.pid]
+    ev = trace.events[np.isin(trace.events["kind"], [int(Kind.TENSOR_ALLOC), int(Kind.TENSOR_FREE)])]
+    assert len(ev) == 200 and set(ev["pid"].tolist()) == {named.pid}
+
+
+def test_tensors_pid_of_processes_all_gone_is_said(probes, tmp_path):
+    from memrec.validation.stubdriver.build import build_torch_stub
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    report = probes.attach_torch(build_torch_stub(tmp_path), pids=(gone.pid,))
+    assert report.attached == () and report.problem == f"none of the processes {gone.pid} runs any more"
+
+
 def test_a_build_without_the_probes_is_said_and_not_attached(probes, plain_torch_stub):
     report = probes.attach_torch(plain_torch_stub)
     assert report.attached == ()
     assert "no pytorch:free/malloc USDT probe in this build" in report.problem
+
+
+MAPPER = "import ctypes, sys; ctypes.CDLL(sys.argv[1]); print('mapped', flush=True); sys.stdin.read()"
+
+
+def test_daemon_says_in_the_trace_that_a_build_without_the_probes_gives_segments_only(stub_lib, plain_torch_stub,
+                                                                                       tmp_path):
+    from memrec.analysis.report import build_report
+    from memrec.analysis.report_text import render_text
+    from memrec.trace.reader import load_trace
+
+    from test_daemon import DaemonProcess
+
+    # GIVEN a process that maps a libc10_cuda.so without the USDT notes (a build without TORCH_SDT)
+    proc = subprocess.Popen([sys.executable, "-c", MAPPER, str(plain_torch_stub)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    d = None
+    try:
+        assert proc.stdout.readline().strip() == "mapped"
+        # WHEN the daemon records with --tensors
+        d = DaemonProcess(tmp_path, stub_lib, args=("--tensors",))
+        d.wait_ready()
+        assert d.stop() == 0
+    finally:
+        proc.stdin.close()
+        proc.wait(30)
+        if d is not None:
+            d.kill()
+    # THEN the trace names the file, attaches nothing to it and says why, and the report says it
+    trace = load_trace(d.output)
+    (lib,) = [lib for lib in trace.header["probes"]["torch"] if lib["path"] == str(plain_torch_stub)]
+    assert lib["attached"] == []
+    assert lib["problem"] == ("no pytorch:free/malloc USDT probe in this build (PyTorch before 2.1, or built "
+                              "without TORCH_SDT): tensor blocks unavailable, driver segments only")
+    text = render_text(build_report(trace), width=300)
+    assert f"!  {plain_torch_stub}: no pytorch:free/malloc USDT probe in this build" in text
+    assert "no tensor events: driver segments only" in text
 
 
 def test_the_program_without_tensors_is_the_driver_program_alone(stub_lib, torch_stub):
@@ -164,7 +282,8 @@ def test_daemon_tensors_finds_running_pytorch_and_reports_blocks(stub_lib, torch
         early.close()
         d.kill()
     trace = load_trace(d.output)
-    assert [lib["path"] for lib in trace.header["probes"]["torch"]] == [str(torch_stub)]
+    # (other processes on the host may map other libc10_cuda.so files: other tests' stubs)
+    assert str(torch_stub) in [lib["path"] for lib in trace.header["probes"]["torch"]]
     report = build_report(trace)
     sec = report["tensors"]
     assert sec["events"] == 4 and sec["unjoined_blocks"] == 0

@@ -107,7 +107,7 @@ def _events() -> np.ndarray:
     ]
     ev = empty_events(len(rows))
     for i, (dt, pid, tid, kind, api, result, ordinal, gpu, ptr, size, handle, aux) in enumerate(rows):
-        ev[i] = (T0 + dt, pid, tid, kind, api, result, ordinal, 0, ptr, size, handle, aux, b"", gpu)
+        ev[i] = (T0 + dt, pid, tid, kind, api, result, ordinal, 0, ptr, size, handle, aux, b"", gpu, 0)
     for i in (5, 6):  # the exporter's and the importer's handle bytes are equal
         ev["flags"][i] = FLAG_IPC_BYTES
         ev["ipc"][i] = IPC_HANDLE

@@ -221,6 +221,35 @@ def test_daemon_scheduling_policy_is_checked_before_anything_starts(policy, caps
     assert "--scheduling" in capsys.readouterr().err
 
 
+def test_daemon_tensors_pid_names_a_running_process(tmp_path, capsys):
+    # GIVEN a process that has exited and a thread of this process that is not its main thread
+    import threading
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    started, stop, tids = threading.Event(), threading.Event(), []
+
+    def thread() -> None:
+        tids.append(threading.get_native_id())
+        started.set()
+        stop.wait(30)
+
+    threading.Thread(target=thread, daemon=True).start()
+    started.wait(10)
+    try:
+        # WHEN --tensors-pid is not a number, no running process, or a thread rather than a process
+        # THEN a usage error that says which, exit 2, before anything starts
+        for value, says in (("abc", "'abc' is not a process id"), ("0", "0 is not a process id"),
+                            (str(gone.pid), f"no process {gone.pid} runs"),
+                            (str(tids[0]), f"{tids[0]} is a thread of process {os.getpid()}: name the process")):
+            with pytest.raises(SystemExit) as info:
+                commands.main(["daemon", "-o", str(tmp_path / "x.mrec"), "--tensors-pid", value])
+            assert info.value.code == ExitCode.USAGE
+            assert f"argument --tensors-pid: {says}" in capsys.readouterr().err
+    finally:
+        stop.set()
+
+
 # ---------------------------------------------------------------------- 3.5 selftest without cuda-python
 
 

@@ -378,3 +378,34 @@ def test_a_bind_running_across_readings_brackets_each_of_them():
     # THEN every interval the bind spans is the context's, none unexplained
     assert row["split"]["context"] == 1184 * MiB and row["split"]["unexplained"] == 0
     assert {s["cause"] for s in row["steps"]} == {"cuDevicePrimaryCtxRetain"}
+
+
+def test_a_pool_destroy_gives_back_only_what_the_pools_hold():
+    # GIVEN the H200's NCCL rank (runs/2026-12-02-truth3/gpu-tests.log, nccl-cumem1): a pool created,
+    # 20 MiB arriving with no call to explain it, then the pool destroyed and NVML 6 MiB lower,
+    # while the pool model held nothing (no block went through it)
+    trace = Trace(
+        header=header(H200_THREADS),
+        events=events(*context(),
+                      ev(Kind.POOL, api=Api.cuMemPoolCreate, pid=1, gpu=0, handle=0xE0, ts=int(1.15 * S)),
+                      ev(Kind.POOL_DESTROY, api=Api.cuMemPoolDestroy, pid=1, handle=0xE0, ts=4 * S)),
+        procmem=procmem((1.05, 14 * MiB), (1.2, 518 * MiB), (3.0, 538 * MiB), (4.5, 532 * MiB)),
+    )
+    row = split_of(trace)
+    # THEN the pools never go negative: the drop is the unexplained step's, not the pools'
+    assert row["split"]["pools"] == 0
+    assert row["split"]["unexplained"] == 14 * MiB and row["split"]["context"] == 518 * MiB
+
+
+def test_a_pool_destroy_gives_back_what_its_steps_put_on_the_pools():
+    # GIVEN 24 MiB put on a pool call, then the pool destroyed and NVML 30 MiB lower
+    trace = Trace(
+        header=header(H200_THREADS),
+        events=events(*context(),
+                      ev(Kind.POOL, api=Api.cuMemPoolCreate, pid=1, gpu=0, handle=0xE0, ts=2 * S),
+                      ev(Kind.POOL_DESTROY, api=Api.cuMemPoolDestroy, pid=1, handle=0xE0, ts=4 * S)),
+        procmem=procmem((1.05, 14 * MiB), (1.2, 518 * MiB), (2.5, 542 * MiB), (4.5, 512 * MiB)),
+    )
+    row = split_of(trace)
+    # THEN the pools give back their 24 MiB and the 6 MiB past that stay unexplained
+    assert row["split"]["pools"] == 0 and row["split"]["unexplained"] == -6 * MiB

@@ -15,6 +15,7 @@ from memrec.probes.usdt import ARG_REG
 from memrec.probes.usdt import UsdtArg
 from memrec.probes.usdt import UsdtError
 from memrec.probes.usdt import parse_arg
+from memrec.probes.usdt import parse_args
 from memrec.probes.usdt import read_probes
 
 
@@ -78,6 +79,39 @@ def test_a_build_without_free_is_not_half_attached():
     odd = UsdtProbe("pytorch", "free", 0x1100, 0x2002, "8@foo(%rip)", None, "argument '8@foo(%rip)': ...")
     sites, problem = torch_sites([malloc, odd])
     assert sites == [] and problem.startswith("pytorch:free: argument")
+
+
+def _probe(name: str, spec: str, offset: int):
+    from memrec.probes.usdt import UsdtProbe
+
+    return UsdtProbe("pytorch", name, offset, 0x9000 + (name == "malloc") * 2, spec, parse_args(spec))
+
+
+# The notes of PyPI's cp311 x86-64 wheels (readelf -n torch/lib/libc10_cuda.so, 2026-12-02;
+# docs/probes.md has the whole table).
+WHEEL_NOTES = {
+    "2.1.2": [("free", "-8@%rdi"), ("malloc", "-8@%r14 -4@%edi -8@%r13 -4@$0")],
+    "2.2.2": [("free", "-8@%rdi"), ("free", "-8@%rdi"), ("malloc", "-8@%rax -4@%edx -8@%rbx -8@-56(%rbp)")],
+    "2.7.1": [("free", "-8@%rdi"), ("free", "-8@%rdi"), ("malloc", "-8@%rax -1@%sil -8@%rbx -8@-56(%rbp)")],
+    "2.14.1": [("free", "-8@%rdi"), ("free", "-8@%rdi"), ("malloc", "-8@%rbp -1@%al -8@%r12 -8@56(%rsp)"),
+               ("malloc", "-8@%rax -1@%dl -8@%r14 -8@-56(%rbp)")],
+}
+
+
+@pytest.mark.parametrize("release", ["2.2.2", "2.7.1", "2.14.1"])
+def test_the_released_wheels_argument_forms_are_attached(release):
+    probes = [_probe(name, spec, 0x1000 * i) for i, (name, spec) in enumerate(WHEEL_NOTES[release])]
+    sites, problem = torch_sites(probes)
+    assert problem == "" and len(sites) == len(probes)
+
+
+def test_pytorch_21_whose_malloc_fires_before_the_allocation_is_refused():
+    # PyTorch 2.1.2's malloc probe gives the address of a local variable (its stream: the constant 0)
+    probes = [_probe(name, spec, 0x1000 * i) for i, (name, spec) in enumerate(WHEEL_NOTES["2.1.2"])]
+    sites, problem = torch_sites(probes)
+    assert sites == []
+    assert problem == ("pytorch:malloc fires before the allocation in this build (PyTorch 2.1: its pointer is not "
+                       "the block's; from 2.2 on it is): tensor blocks unavailable, driver segments only")
 
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler to assemble the stub libc10_cuda.so")

@@ -16,6 +16,8 @@ from textual.widgets import Input
 
 from memrec.tui.navigation import JUMP_NAMES
 from memrec.tui.navigation import jump
+from memrec.terms.units import fmt_at
+from memrec.tui.widgets.panels import EventsTable
 from memrec.tui.widgets.panels import HoldersTable
 from memrec.tui.widgets.timeline import GUTTER
 from memrec.tui.widgets.timeline import TimelineGraph
@@ -104,6 +106,30 @@ class ViewKeys:
         table = self.query_one("#holders", HoldersTable)
         table.cycle()
         table.show(self.cursor_state, self.other_state)
+
+    def action_show_stack(self) -> None:
+        """The stack screen (:mod:`memrec.tui.screens.stack`) of the selected allocation."""
+        from memrec.tui.screens.stack import StackScreen
+        from memrec.tui.screens.stack import stack_text
+
+        seq = self._selected_seq()
+        view = self.model.stack_view(seq) if seq is not None else None
+        who = self.model.pid_label(view.pid) if view is not None else ""
+        when = "+" + fmt_at(view.ts - self.origin, self._resolution()) if view is not None else ""
+        self.app.push_screen(StackScreen(stack_text(view, who, when, self.size.width)))
+
+    def _selected_seq(self) -> int | None:
+        """The largest holders' row while that table has the focus, else the events table's row."""
+        holders = self.query_one("#holders", HoldersTable)
+        st = self.cursor_state
+        if holders.has_focus and holders.view_name == "largest" and st is not None \
+                and 0 <= holders.cursor_row < len(st.largest):
+            a = st.largest[holders.cursor_row]
+            return self.model.allocation_seq(a.pid, a.address, a.ts)
+        events = self.query_one("#events", EventsTable)
+        if events.seqs:
+            return events.seqs[min(max(events.cursor_row, 0), len(events.seqs) - 1)]
+        return None
 
     def action_filter(self) -> None:
         if self.gpu == -1:

@@ -1,0 +1,38 @@
+"""The text of ``memrec report``'s allocation sites by phase (:mod:`memrec.analysis.sites`)."""
+
+from __future__ import annotations
+
+from memrec.base.untrusted import clean_text
+from memrec.analysis.sites import SITES_SHOWN
+from memrec.analysis.sites import SitesSection
+from memrec.analysis.text import count
+from memrec.analysis.text import human
+from memrec.analysis.text import table
+
+_HEADINGS = {"driver": "driver memory", "tensor": "tensor blocks"}
+
+
+def site_line(row) -> str:
+    """``custom_all_reduce.py:123 CustomAllreduce.__init__: 36.00 GiB on 2 ranks`` (held bytes)."""
+    return f"{clean_text(row.site.label, 120)}: {human(row.held)} on {row.who}"
+
+
+def render_sites(section: SitesSection, width: int | None = None) -> list[str]:
+    """Per phase, the sites that held the most when the phase ended (then allocated the most)."""
+    out = [f"allocation sites by phase  (innermost user frame of each allocation's stack; "
+           f"{count(section.with_stack, 'allocation')} with a stack, {section.without_stack:,} without)"]
+    for phase in section.phases:
+        out.append(f"  {clean_text(phase.phase, 120)}")
+        for level in ("driver", "tensor"):
+            rows = [r for r in phase.rows if r.level == level]
+            if not rows:
+                continue
+            shown = rows[:SITES_SHOWN]
+            cells = [[human(r.held), human(r.allocated), f"{r.allocations:,}", r.who, clean_text(r.site.label, 160)]
+                     for r in shown]
+            lines = table(["HELD", "ALLOCATED", "ALLOCS", "BY", f"SITE ({_HEADINGS[level]})"], cells,
+                          right={0, 1, 2}, indent="    ", width=width, drop=(2, 1), wrap=True)
+            out.extend(lines)
+            if len(rows) > len(shown):
+                out.append(f"    ... {count(len(rows) - len(shown), 'more site')} (report --json lists them)")
+    return out

@@ -1,0 +1,105 @@
+"""The stack screen (``s``): the frames of the selected allocation at 80x24, on traces written
+through the real writer with stacks (tests/stack_traces.py)."""
+
+from __future__ import annotations
+
+from conftest import settle
+
+from memrec.tui.app import MemrecApp
+from memrec.tui.screens.stack import StackScreen
+from memrec.tui.sources import FileSource
+from memrec.tui.widgets.panels import EventsTable
+from memrec.tui.widgets.panels import HoldersTable
+from tests.stack_traces import sglang_trace
+
+
+def body(app) -> str:
+    screen = app.screen
+    assert isinstance(screen, StackScreen)
+    return screen.body.plain
+
+
+async def test_s_shows_the_stack_of_the_failed_allocation_at_80x24(tmp_path):
+    # GIVEN a trace with stacks whose first failed call is KV pool's 100 GiB allocation on TP0
+    app = MemrecApp(FileSource(sglang_trace(tmp_path / "t.mrec", fail=True)))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)  # the view opens at the first failed call
+        await pilot.press("s")
+        await settle(pilot)
+        text = body(app)
+        lines = text.splitlines()
+        # THEN the screen names the event, then its frames innermost first, the site marked
+        assert lines[0].startswith("alloc 100.00 GiB by TP0 at +6.50s")
+        assert lines[2].strip() == "libcuda.so.1+0x2a1f0 cuMemAlloc_v2"
+        assert "▶ sglang/srt/mem_cache/memory_pool.py:210 MHATokenToKVPool._create_buffers" in lines
+        assert all(len(line) <= 80 for line in lines)
+        # AND it closes with esc
+        await pilot.press("escape")
+        assert type(app.screen).__name__ == "MainScreen"
+
+
+async def test_s_on_the_largest_holders_row_shows_that_allocations_stack(tmp_path):
+    app = MemrecApp(FileSource(sglang_trace(tmp_path / "t.mrec")))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await pilot.press("end", "h", "h")  # by process -> phase -> largest
+        await settle(pilot)
+        holders = app.query_one("#holders", HoldersTable)
+        assert holders.view_name == "largest"
+        holders.focus()
+        await pilot.press("s")
+        await settle(pilot)
+        # THEN the largest allocation at the end (the weights) shows the loader's line as its site
+        assert "▶ sglang/srt/model_loader/loader.py:377 DefaultModelLoader.load_model" in body(app).splitlines()
+
+
+async def test_events_without_a_stack_say_so(tmp_path):
+    app = MemrecApp(FileSource(sglang_trace(tmp_path / "t.mrec", stacks=False)))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        events = app.query_one("#events", EventsTable)
+        assert events.seqs
+        await pilot.press("s")
+        await settle(pilot)
+        assert "no stack recorded for this event" in body(app)
+
+
+async def test_an_unreadable_stack_says_why(tmp_path):
+    from memrec.trace.reader import load_trace
+
+    path = sglang_trace(tmp_path / "t.mrec")
+    trace = load_trace(path)
+    unreadable = [i for i, s in enumerate(trace.event_columns["stack"].tolist()) if s and
+                  trace.stack(s).__class__.__name__ == "Unavailable"][0]
+    app = MemrecApp(FileSource(path))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        view = app.screen.model.stack_view(unreadable)
+        assert view.site is None and view.kind == "alloc"
+        from memrec.tui.screens.stack import stack_text
+
+        assert "stack unavailable: python 3.9: interpreter layout unknown" in stack_text(view, "TP0", "+4.6s").plain
+
+
+def test_a_live_stream_delivers_stacks_to_the_model(tmp_path):
+    # GIVEN the records a daemon's writer sends its subscribers (the bytes the file gets)
+    from memrec.terms.events import Kind
+    from memrec.trace import format as fmt
+    from memrec.trace.writer import BytesSink
+    from memrec.trace.writer import TraceWriter
+    from memrec.tui.model import TraceModel
+    from tests.stack_traces import CUSTOM_AR
+    from tests.utils import GiB
+    from tests.utils import ev
+    from tests.utils import events
+
+    sink = BytesSink()
+    with TraceWriter(sink, fmt.make_header(host="h")) as w:
+        sid = w.intern_stack(CUSTOM_AR)
+        w.write_events(events(ev(Kind.ALLOC, ts=10, pid=5, gpu=0, ptr=0x10, size=GiB, stack=sid)))
+    model = TraceModel()
+    for data in sink.records:
+        model.add_record(fmt.unpackb(data), live=True)
+    # THEN the model resolves the event's stack as a file's scan does
+    view = model.stack_view(0)
+    assert view.stack == CUSTOM_AR and view.site.function == "CustomAllreduce.__init__" and model.warnings == []

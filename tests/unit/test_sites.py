@@ -1,0 +1,193 @@
+"""Allocation sites by phase (``memrec report``'s ``sites`` section and the answer's SITE line),
+on traces with stacks written through the real writer (tests/stack_traces.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from memrec.analysis.report import build_report
+from memrec.analysis.sites import Site
+from memrec.analysis.sites import SitesSection
+from memrec.analysis.sites import is_user_frame
+from memrec.analysis.sites import user_frame
+from memrec.commands import main
+from memrec.trace.reader import load_trace
+from memrec.trace.stacks import Frame
+from tests.stack_traces import CUSTOM_AR
+from tests.stack_traces import SP
+from tests.stack_traces import sglang_trace
+from tests.utils import GiB
+from tests.utils import MiB
+
+
+@pytest.mark.parametrize("frame, user", [
+    (Frame(f"{SP}/sglang/srt/x.py", 1, "f"), True),
+    (Frame("/home/me/train.py", 1, "main"), True),
+    (Frame("train.py", 1, "main"), True),
+    (Frame(f"{SP}/torch/cuda/memory.py", 1, "f"), False),
+    (Frame(f"{SP}/memrec/sglang_hooks/hook.py", 1, "f"), False),
+    (Frame("/usr/lib/python3.12/importlib/__init__.py", 1, "import_module"), False),
+    (Frame("/usr/lib/python3.12/threading.py", 1, "run"), False),
+    (Frame("/usr/local/lib/python3.11/dist-packages/vllm/x.py", 1, "f"), True),
+    (Frame("<frozen importlib._bootstrap>", 1, "_call_with_frames_removed"), False),
+    (Frame("<unreadable>", 0, "EFAULT"), False),
+    (Frame("/usr/lib/libcuda.so.1", 0x10, "cuMemAlloc_v2", native=True), False),
+])
+def test_the_user_frame_rule(frame, user):
+    assert is_user_frame(frame) is user
+
+
+def test_a_stack_without_a_user_frame_takes_its_innermost_python_frame():
+    native = Frame("/usr/lib/libcuda.so.1", 0x10, "cuMemAlloc_v2", native=True)
+    torch = Frame(f"{SP}/torch/cuda/memory.py", 1, "f")
+    assert user_frame((native, torch)) == torch
+    assert user_frame((native,)) == native
+    assert user_frame(CUSTOM_AR).function == "CustomAllreduce.__init__"
+    # native frames under the recorder's note that Python could not be read: that note is the site
+    why = Frame("<python stack unavailable>", 0, "EFAULT reading the thread state")
+    assert Site.of((native, why)).label == "stack unavailable (python stack unavailable: EFAULT reading the thread state)"
+    assert Site.of((native, Frame("<frozen runpy>", 88, "_run_code"))).label == "<frozen runpy>:88 _run_code"
+
+
+def sites_of(path) -> SitesSection:
+    return SitesSection.from_json(build_report(load_trace(path))["sites"])
+
+
+def test_sites_by_phase_join_the_ranks_and_say_what_each_held(tmp_path):
+    # GIVEN two ranks that each allocate 18 GiB for custom all-reduce, 40 GiB of weights, a 2 GiB
+    # scratch buffer freed inside load_weights, tensor blocks, and one stack that could not be read
+    section = sites_of(sglang_trace(tmp_path / "t.mrec"))
+    by = {p.phase: p.rows for p in section.phases}
+    # THEN each phase names its sites, joined over both ranks, the most held first
+    ar = by["custom_ar_init"][0]
+    assert ar.site.label == "custom_all_reduce.py:123 CustomAllreduce.__init__" and ar.site.file.endswith(
+        "device_communicators/custom_all_reduce.py")
+    assert (ar.held, ar.allocated, ar.allocations, ar.pids, ar.ranks, ar.who) == (
+        36 * GiB, 36 * GiB, 2, (100, 101), ("TP0", "TP1"), "2 ranks")
+    # AND an unreadable stack is its own site, said so
+    assert by["custom_ar_init"][1].site == Site("", 0, "", unavailable="python 3.9: interpreter layout unknown")
+    # AND what was freed inside the phase was allocated there but is not held
+    weights, scratch, tensors = by["load_weights"]
+    assert (weights.site.function, weights.held) == ("DefaultModelLoader.load_model", 80 * GiB)
+    assert (scratch.site.function, scratch.held, scratch.allocated) == ("scratch_buffer", 0, 4 * GiB)
+    # AND tensor blocks are counted apart from the driver memory that holds them
+    assert (tensors.level, tensors.site.function, tensors.held) == ("tensor", "LlamaForCausalLM.load_weights", GiB)
+    assert [p.phase for p in section.phases] == ["load_weights", "custom_ar_init"]
+    assert (section.with_stack, section.without_stack) == (10, 2)
+
+
+def test_filters_apply_to_sites(tmp_path):
+    path = sglang_trace(tmp_path / "t.mrec")
+    one = SitesSection.from_json(build_report(load_trace(path), pid=101)["sites"])
+    assert one.top_in("custom_ar_init").pids == (101,) and one.top_in("custom_ar_init").held == 18 * GiB
+    gpu0 = SitesSection.from_json(build_report(load_trace(path), gpu=0)["sites"])
+    assert gpu0.top_in("load_weights").pids == (100,)
+
+
+def test_a_process_exit_ends_what_it_held(tmp_path):
+    from memrec.terms.events import Kind
+    from memrec.trace import format as fmt
+    from memrec.trace.writer import TraceWriter
+    from tests.utils import ev
+    from tests.utils import events
+
+    with TraceWriter(tmp_path / "t.mrec", fmt.make_header(host="h")) as w:
+        sid = w.intern_stack(CUSTOM_AR)
+        w.write_events(events(ev(Kind.ALLOC, ts=10, pid=5, gpu=0, ptr=0x10, size=MiB, stack=sid),
+                              ev(Kind.PROC_EXIT, ts=20, pid=5), ev(Kind.ALLOC, ts=30, pid=6, gpu=0, ptr=0x10, size=MiB)))
+    row = sites_of(tmp_path / "t.mrec").top_in("(no phase)")
+    assert (row.allocated, row.held) == (MiB, 0)
+
+
+def test_the_report_text_and_json_show_the_sites(tmp_path, capsys):
+    path = sglang_trace(tmp_path / "t.mrec")
+    assert main(["report", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "allocation sites by phase" in out
+    line = next(x for x in out.splitlines() if "custom_all_reduce.py:123" in x)
+    assert "36.00 GiB" in line and "2 ranks" in line
+    assert all(len(x) <= 80 for x in out.splitlines())
+    assert main(["report", "--json", str(path)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    row = data["sites"]["phases"][1]["rows"][0]
+    assert row["site"]["line"] == 123 and row["held"] == 36 * GiB and row["level"] == "driver"
+
+
+def test_the_answer_names_the_top_site_of_the_phase_it_names(tmp_path):
+    answer = build_report(load_trace(sglang_trace(tmp_path / "t.mrec")))["answer"]
+    site = next(line for line in answer["lines"] if line[0] == "SITE")
+    assert site[1:] == ["load_weights held most from loader.py:377 DefaultModelLoader.load_model: 80.00 GiB on 2 ranks"]
+
+
+def test_the_answer_names_the_failed_calls_site(tmp_path):
+    answer = build_report(load_trace(sglang_trace(tmp_path / "t.mrec", fail=True)))["answer"]
+    assert answer["lines"][0][0] == "FAILED"
+    site = next(line for line in answer["lines"] if line[0] == "SITE")
+    assert site[1] == "the failed call came from memory_pool.py:210 MHATokenToKVPool._create_buffers"
+    assert site[2].startswith("; load_weights held most from loader.py:377")
+
+
+def test_a_trace_without_stacks_has_no_sites_and_the_same_report(tmp_path):
+    with_stacks = build_report(load_trace(sglang_trace(tmp_path / "a.mrec")))
+    without = build_report(load_trace(sglang_trace(tmp_path / "b.mrec", stacks=False)))
+    assert "sites" not in without
+    assert [line[0] for line in without["answer"]["lines"]] == ["OK", "PEAK", "ROOM"]
+    # every other section is the same: stacks only add
+    for key in ("gpus", "phases", "processes", "tensors", "sglang"):
+        assert json.dumps(with_stacks[key], sort_keys=True) == json.dumps(without[key], sort_keys=True), key
+
+
+def test_a_site_named_with_terminal_escapes_is_shown_escaped(tmp_path, capsys):
+    from memrec.terms.events import Kind
+    from memrec.trace import format as fmt
+    from memrec.trace.writer import TraceWriter
+    from tests.utils import ev
+    from tests.utils import events
+
+    with TraceWriter(tmp_path / "t.mrec", fmt.make_header(host="h")) as w:
+        sid = w.intern_stack([Frame("/x/\x1b]0;pwned\x07.py", 1, "f\x1b[2J")])
+        w.write_events(events(ev(Kind.ALLOC, ts=10, pid=5, gpu=0, ptr=0x10, size=MiB, stack=sid)))
+    assert main(["report", str(tmp_path / "t.mrec")]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\\x1b]0;pwned" in out
+
+
+def test_the_sglang_failure_answer_names_the_site_of_the_phase_that_took_the_memory(tmp_path, capsys, monkeypatch):
+    # GIVEN the two-rank H200 run that failed with custom all-reduce, written again with stacks on
+    # its allocations (custom_ar_init's from CustomAllreduce.__init__, the others' from the loader)
+    from pathlib import Path
+
+    from tests.stack_traces import WEIGHTS
+    from tests.stack_traces import with_stacks
+
+    src = Path(__file__).resolve().parents[2] / "examples" / "sglang-standin-ipc.mrec"
+    path = with_stacks(src, tmp_path / "t.mrec", lambda name: CUSTOM_AR if name == "custom_ar_init" else WEIGHTS)
+    plain, stacked = build_report(load_trace(src)), build_report(load_trace(path))
+    # THEN the answer's three lines are the recording's, and a SITE line names custom all-reduce's line
+    assert stacked["answer"]["lines"][:3] == plain["answer"]["lines"][:3]
+    site = next(line for line in stacked["answer"]["lines"] if line[0] == "SITE")
+    assert site[1].startswith("custom_ar_init held most from custom_all_reduce.py:123 CustomAllreduce.__init__: ")
+    assert site[1].endswith(" on 2 ranks")
+    # AND the report's text shows it at 80 columns, cut at a clause, never inside one
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["report", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[3].startswith("SITE    custom_ar_init held most from custom_all_reduce.py:123")
+
+
+def test_a_damaged_size_is_clamped_and_a_stack_id_not_defined_names_no_site(tmp_path):
+    from memrec.terms.events import Kind
+    from memrec.trace import format as fmt
+    from memrec.trace.writer import TraceWriter
+    from tests.utils import ev
+    from tests.utils import events
+
+    with TraceWriter(tmp_path / "t.mrec", fmt.make_header(host="h")) as w:
+        sid = w.intern_stack(CUSTOM_AR)
+        w.write_events(events(ev(Kind.ALLOC, ts=10, pid=5, gpu=0, ptr=0x10, size=2**64 - 1, stack=sid),
+                              ev(Kind.ALLOC, ts=20, pid=5, gpu=0, ptr=0x20, size=MiB, stack=999)))
+    section = sites_of(tmp_path / "t.mrec")
+    (row,) = section.phases[0].rows
+    assert row.held == row.allocated == 1 << 52 and section.with_stack == 2
