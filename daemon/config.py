@@ -28,6 +28,9 @@ DEFAULT_PROBE_CACHE = "/var/cache/memrec/probes"
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d)?\s*$", re.IGNORECASE)
 _DURATION_UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+#: The probe's hard bound on Python frames (memrec.probes.pystacks.PY_FRAMES_MAX; not imported:
+#: the configuration must not load the probes).
+STACK_DEPTH_MAX = 32
 
 
 def positive_float(text: str | float) -> float:
@@ -104,6 +107,21 @@ def probe_cache(text: str) -> str | None:
     return os.path.abspath(text)
 
 
+def stack_depth(text: str | int) -> int:
+    """The most Python frames a stack keeps: 1 to the probe's hard bound (32).
+
+    Raises:
+        ValueError: out of that range.
+    """
+    try:
+        value = int(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"not an integer: {text!r}") from None
+    if not 1 <= value <= STACK_DEPTH_MAX:
+        raise ValueError(f"the stack depth must be 1 to {STACK_DEPTH_MAX}, got {text!r}")
+    return value
+
+
 def ring_pages(text: str | int) -> int:
     """Ring-buffer size in pages: a power of two >= 1.
 
@@ -152,6 +170,11 @@ class DaemonConfig:
             of every ``libc10_cuda.so`` processes map); off by default: each probe hit costs
             about a microsecond in the traced process (docs/performance.md).
         torch_paths: ``libc10_cuda.so`` files to probe besides those processes map (with tensors).
+        stacks: also record the allocating thread's Python stack (and native return addresses)
+            for every driver allocation and every tensor block of ``stack_min_bytes`` or more,
+            read by the probe from the interpreter (CPython 3.11-3.13; :mod:`memrec.probes.pystacks`).
+        stack_depth: the most Python frames kept per stack (1-32; the outer ones are cut).
+        stack_min_bytes: tensor blocks below this get no stack (0: every block).
         tensor_pids: with tensors, only these processes get the probes (the kernel's per-process
             uprobe filter: every other process skips the sites at no cost); empty: every process.
         probe_cache: directory of compiled probe programs (a start on a known kernel then skips
@@ -181,6 +204,9 @@ class DaemonConfig:
     untraced_probes: bool = True
     tensors: bool = False
     torch_paths: tuple[str, ...] = ()
+    stacks: bool = False
+    stack_depth: int = 32
+    stack_min_bytes: int = 1 << 20
     tensor_pids: tuple[int, ...] = ()
     probe_cache: str | None = DEFAULT_PROBE_CACHE
     subscriber_queue_bytes: int = 64 << 20
@@ -205,6 +231,8 @@ class DaemonConfig:
         for name in ("nvml_device_hz", "nvml_process_hz"):
             set_(self, name, rate(getattr(self, name)))
         set_(self, "ringbuf_pages", ring_pages(self.ringbuf_pages))
+        set_(self, "stack_depth", stack_depth(self.stack_depth))
+        set_(self, "stack_min_bytes", byte_size(self.stack_min_bytes))
         if self.probe_cache is not None:
             set_(self, "probe_cache", os.path.abspath(os.fspath(self.probe_cache)))
         set_(self, "scheduling", scheduling_policy(self.scheduling))

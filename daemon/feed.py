@@ -67,6 +67,10 @@ class ProbeFeed:
                 kwargs["untraced"] = False
             if self._config.tensors:
                 kwargs["tensors"] = True
+            if self._config.stacks:
+                from memrec.probes.cuda import StackOptions
+
+                kwargs["stacks"] = StackOptions(self._config.stack_depth, self._config.stack_min_bytes)
             if self._config.probe_cache != DEFAULT_PROBE_CACHE:
                 kwargs["probe_cache"] = self._config.probe_cache
             self.probes = self._factory(**kwargs)

@@ -66,6 +66,7 @@ from memrec.daemon.signals import SignalInbox
 from memrec.daemon.sockets import BoundSocket
 from memrec.daemon.sockets import bind_unix_socket
 from memrec.daemon.sockets import group_id
+from memrec.daemon.stacks import StackRecorder
 from memrec.daemon.timers import AddOnTimers
 from memrec.daemon.timers import advance
 from memrec.daemon.tracefiles import DiskWatch
@@ -147,6 +148,8 @@ class Daemon:
         self.libraries = Libraries(find_libraries, config.libcuda_paths)
         #: PyTorch installs tried for tensor blocks (None: ``config.tensors`` is off).
         self.torch = TorchLibraries(find_torch, config.torch_paths, config.tensor_pids) if config.tensors else None
+        #: With --stacks: the interpreters located and the stacks resolved (made once the probes load).
+        self.stacks: StackRecorder | None = None
         #: The live tensor blocks, kept only for the metrics (set by them, with ``config.tensors``):
         #: a Python step per tensor event, which a daemon without metrics does not pay.
         self.blocks: TensorBlocks | None = None
@@ -211,6 +214,8 @@ class Daemon:
             # The socket first: a second daemon fails here, before the slow BPF compile.
             self.bound = bind_unix_socket(cfg.socket_path, cfg.socket_mode, cfg.socket_group)
             self.feed.load()
+            if cfg.stacks:
+                self.stacks = StackRecorder(self.probes, cfg.stack_depth)
             for path in cfg.libcuda_paths:
                 if not os.path.exists(path):
                     log.warning("--libcuda %s: no such file", path)
@@ -449,6 +454,8 @@ class Daemon:
             # probed yet is looked for now rather than at the next rescan (seconds later).
             self.torch.scan(self.probes)
         assert self.writer is not None
+        if self.stacks is not None:
+            self.stacks.resolve(events, self.writer)
         self.writer.write_events(events)
         self.events_recorded += len(events)
         if self.readings is not None:
@@ -552,6 +559,9 @@ class Daemon:
             self.writer.flush()  # every event in the state has gone out to the subscribers
             head = [self.writer.header_bytes]
             head += [encode_record(process_record(p)) for p in self.stamper.processes.values()]
+            stacks = self.writer.stack_definitions()  # the stacks the file defined so far (--stacks)
+            if stacks is not None:
+                head.append(encode_record(stacks))
             ts, finish = self.clock(), self.state.snapshot_later()
             self.fanout.start_sync(head, lambda: encode_record(keyframe_record(ts, 0, finish())))
 
@@ -570,6 +580,8 @@ class Daemon:
         probes = {**self.libraries.header(), "follow_tree": self.config.follow_tree}
         if self.torch is not None:
             probes["torch"] = self.torch.header()
+        if self.stacks is not None:
+            probes["interpreters"] = self.stacks.interpreters()
         return make_header(
             gpus=self.gpus,
             probes=probes,
@@ -662,6 +674,7 @@ class Daemon:
             "process_reads_refused": self.intake.process_reads_refused,
             "rotations_refused": self.rotation.refused_total,
             **({"torch": self.torch.header()} if self.torch is not None else {}),
+            **({"stacks_read": self._stacks_summary()} if self.stacks is not None else {}),
             "lost": self.feed.lost,
         }
         if self.writer is not None and self.writer.dropped[0]:
@@ -682,7 +695,14 @@ class Daemon:
         new = self.libraries.scan(self.probes)
         if self.torch is not None:
             self.torch.scan(self.probes)
+        if self.stacks is not None:
+            self.stacks.discover()
         return new
+
+    def _stacks_summary(self) -> dict:
+        assert self.stacks is not None
+        return {"interpreters": self.stacks.interpreters(), "resolved": self.stacks.resolved,
+                "unavailable": self.stacks.unavailable, "lost": int(self.probes.stacks_lost())}
 
     def _nvml_module(self) -> Any:
         if self._nvml is None:

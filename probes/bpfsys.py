@@ -22,6 +22,8 @@ _libc.syscall.restype = ctypes.c_long
 
 # bpf() commands and types used here (include/uapi/linux/bpf.h).
 MAP_CREATE, MAP_LOOKUP_ELEM, MAP_UPDATE_ELEM, PROG_LOAD, OBJ_GET_INFO_BY_FD, LINK_CREATE = 0, 1, 2, 5, 15, 28
+MAP_DELETE_ELEM = 3
+ENABLE_STATS = 32
 PROG_TYPE_KPROBE, PROG_TYPE_TRACEPOINT = 2, 5
 #: expected_attach_type / link attach type of multi-uprobe links (kernel >= 6.6).
 TRACE_UPROBE_MULTI = 48
@@ -86,12 +88,38 @@ def map_info(fd: int) -> dict:
     return {"type": kind, "key_size": key, "value_size": value, "max_entries": entries, "flags": flags, "name": name}
 
 
+def prog_run_stats(fd: int) -> tuple[int, int]:
+    """(run_time_ns, run_cnt) of program ``fd``: counted only while statistics are enabled
+    (:func:`enable_stats`)."""
+    info = ctypes.create_string_buffer(208)
+    attr = _attr()
+    struct.pack_into("<IIQ", attr, 0, fd, ctypes.sizeof(info), _addr(info))
+    bpf(OBJ_GET_INFO_BY_FD, attr)
+    return struct.unpack_from("<QQ", info, 192)
+
+
+def enable_stats() -> int:
+    """Turn on BPF run-time statistics while the returned fd is open (BPF_ENABLE_STATS: only
+    for as long as a measurement needs them, unlike the kernel.bpf_stats_enabled sysctl)."""
+    attr = _attr()
+    struct.pack_into("<I", attr, 0, 0)  # BPF_STATS_RUN_TIME
+    return bpf(ENABLE_STATS, attr)
+
+
 def map_update(fd: int, key: bytes, value: bytes, flags: int = 0) -> None:
     """Set ``key`` to ``value`` in map ``fd`` (BPF_ANY unless ``flags`` says otherwise)."""
     k, v = ctypes.create_string_buffer(key, len(key)), ctypes.create_string_buffer(value, len(value))
     attr = _attr()
     struct.pack_into("<IIQQQ", attr, 0, fd, 0, _addr(k), _addr(v), flags)
     bpf(MAP_UPDATE_ELEM, attr)
+
+
+def map_delete(fd: int, key: bytes) -> None:
+    """Remove ``key`` from map ``fd`` (FileNotFoundError when it is not there)."""
+    k = ctypes.create_string_buffer(key, len(key))
+    attr = _attr()
+    struct.pack_into("<IIQ", attr, 0, fd, 0, _addr(k))
+    bpf(MAP_DELETE_ELEM, attr)
 
 
 def map_lookup(fd: int, key: bytes, value_size: int) -> bytes | None:
@@ -130,7 +158,7 @@ def prog_load(prog_type: int, insns: bytes, license: str, kern_version: int, nam
     try:
         return load(None)
     except OSError as first:
-        if first.errno != errno.EACCES and first.errno != errno.EINVAL:
+        if first.errno not in (errno.EACCES, errno.EINVAL, errno.E2BIG):
             raise
         log = ctypes.create_string_buffer(_LOG_SIZE)
         try:

@@ -228,8 +228,12 @@ static __always_inline void submit(struct event *ev) {
     // daemon reads the process's /proc (CUDA_VISIBLE_DEVICES) while it surely still runs, and
     // reads NVML's per-process memory right before (CTX_BEGIN) and after (CTX) the context.
     // The rare calls whose cost lands later (a limit, a graph's pool) wake it too (issue 21).
+    // An event with a stack (--stacks) wakes it too: the daemon names the frames by reading the
+    // process's memory, which must happen before the process exits (a burst of allocations
+    // right before the exit is common: a rank sizing its KV cache, then failing).
     int wake = ev->kind == KIND_CTX || ev->kind == KIND_CTX_BEGIN || ev->kind == KIND_CTX_LIMIT
-               || ev->kind == KIND_GRAPH_EXEC || ev->kind == KIND_GRAPH_TRIM || ev->kind == KIND_MULTICAST_CREATE;
+               || ev->kind == KIND_GRAPH_EXEC || ev->kind == KIND_GRAPH_TRIM || ev->kind == KIND_MULTICAST_CREATE
+               || (ev->flags & FLAG_STACK);
     events.ringbuf_submit(rec, wake ? BPF_RB_FORCE_WAKEUP : wakeup_flag());
 }
 
@@ -250,6 +254,184 @@ static __always_inline void submit_proc(u16 kind, u16 api, u32 pid, u32 tid, u64
     rec->ptr = ptr;
     events.ringbuf_submit(rec, wakeup_flag());
 }
+
+#ifdef STACKS
+// ---- stacks (--stacks): the allocating thread's Python frames and native return addresses ------
+// Why here and like this: only the probe sees the thread at the moment of the call, and nothing
+// may run in the traced process. The daemon locates each process's interpreter (_PyRuntime) and
+// writes its address with the offsets of that CPython version into `py_procs`; this walks
+// _PyRuntime.interpreters.head->threads.head to the thread state whose native_thread_id is the
+// calling tid, then the frames, and records (code object, instruction pointer) per frame. The
+// daemon turns those into file, line and function by reading the code objects
+// (memrec.probes.pystacks). One record per stack in the `stacks` ring (all of one size, read like
+// `events`); the event names it by id in its ipc column (FLAG_STACK).
+// -D flags: PY_FRAMES (the bound, <= PY_FRAMES_MAX), STACK_RING_PAGES, STACK_MIN_BYTES (tensor blocks).
+#define PY_FRAMES_MAX 32   // memrec.probes.pystacks.PY_FRAMES_MAX: the most frames kept (PY_FRAMES)
+#define PY_SLOTS 64        // memrec.probes.pystacks.PY_SLOTS: slots walked, shim frames included
+#define NATIVE_FRAMES_MAX 16 // memrec.probes.pystacks.NATIVE_FRAMES_MAX
+#define PY_THREADS_MAX 256 // thread states looked at before giving up (STACK_NO_THREAD)
+#define PY_NONE 0xffffffff // an offset that does not apply to this version
+#define STACK_OK 0
+#define STACK_NO_INTERPRETER 1 // the process has no entry in py_procs
+#define STACK_NO_THREAD 2      // no thread state of the interpreter belongs to this thread
+#define STACK_READ_FAILED 3    // a pointer of the interpreter could not be read
+#define STACK_TRUNCATED 0x100  // more frames than PY_FRAMES: the outermost ones are missing
+
+// The layout of one process's interpreter, as memrec.probes.pystacks.PyProc.pack() writes it.
+struct py_proc {
+    u64 runtime;      // address of _PyRuntime in the process
+    u32 interp_head;  // _PyRuntimeState.interpreters.head
+    u32 threads_head; // PyInterpreterState.threads.head
+    u32 ts_next;      // PyThreadState.next
+    u32 ts_tid;       // PyThreadState.native_thread_id
+    u32 ts_frame;     // PyThreadState.cframe (3.11, 3.12) or .current_frame (3.13)
+    u32 cframe_frame; // _PyCFrame.current_frame, or PY_NONE (3.13: no cframe)
+    u32 fr_previous;  // _PyInterpreterFrame.previous
+    u32 fr_code;      // .f_code / .f_executable
+    u32 fr_instr;     // .prev_instr / .instr_ptr
+    u32 fr_owner;     // .owner
+    u32 owner_cstack; // owner of a C-stack shim frame (skipped), or PY_NONE
+    u32 pad;
+};
+
+struct stack_rec {
+    u64 id;
+    u32 pid;
+    u32 tid;
+    u32 status;  // STACK_* (| STACK_TRUNCATED)
+    u16 npy;     // frames in code/instr, innermost first
+    u16 nnative; // return addresses in native, innermost first
+    u64 code[PY_SLOTS];
+    u64 instr[PY_SLOTS];
+    u64 native[NATIVE_FRAMES_MAX];
+};
+
+BPF_RINGBUF_OUTPUT(stacks, STACK_RING_PAGES);
+BPF_HASH(py_procs, u32, struct py_proc, 16384);
+BPF_PERCPU_ARRAY(stack_seq, u64, 1);
+BPF_PERCPU_ARRAY(stacks_lost, u64, 1);
+
+// The thread state's innermost frame (0: none, or unreadable).
+static __always_inline u64 py_top_frame(struct py_proc *p, u64 ts) {
+    u64 frame = 0;
+    if (bpf_probe_read_user(&frame, sizeof(frame), (void *)(ts + p->ts_frame)))
+        return 0;
+    if (p->cframe_frame != PY_NONE && frame
+        && bpf_probe_read_user(&frame, sizeof(frame), (void *)(frame + p->cframe_frame)))
+        return 0;
+    return frame;
+}
+
+// The calling thread's innermost Python frame, or 0 with *status said. A thread may own several
+// thread states (C++ code such as PyTorch's creates one with PyGILState_Ensure or
+// PyThreadState_New while another lives): the first of them, newest first, that has a frame is
+// the one running Python. (Loops are kept free of state the verifier would have to tell apart
+// per iteration: a failed read ends the walk as a null pointer would.)
+static __always_inline u64 py_thread_frame(struct py_proc *p, u32 tid, u32 *status) {
+    u64 interp = 0, ts = 0, frame = 0;
+    u32 matched = 0;
+    if (bpf_probe_read_user(&interp, sizeof(interp), (void *)(p->runtime + p->interp_head)) || !interp
+        || bpf_probe_read_user(&ts, sizeof(ts), (void *)(interp + p->threads_head))) {
+        *status = STACK_READ_FAILED;
+        return 0;
+    }
+#pragma clang loop unroll(disable)
+    for (int i = 0; i < PY_THREADS_MAX; i++) {
+        if (!ts)
+            break;
+        u64 native = 0, next = 0;
+        bpf_probe_read_user(&native, sizeof(native), (void *)(ts + p->ts_tid));
+        if ((u32)native == tid) {
+            matched = 1;
+            frame = py_top_frame(p, ts);
+            if (frame)
+                break;
+        }
+        bpf_probe_read_user(&next, sizeof(next), (void *)(ts + p->ts_next));
+        ts = next;
+    }
+    if (!matched)
+        *status = STACK_NO_THREAD;
+    return frame;
+}
+
+// Fill r's Python frames, innermost first; return the status. A C-stack shim frame (3.12+)
+// takes a slot with code 0 and a frame whose fields cannot be read one with code 1: the daemon
+// drops the first, says the second and keeps PY_FRAMES of the others. (The slot is the loop's
+// own counter: a second counter of kept frames makes the verifier's walk explode.) Twice the
+// frames kept in slots: one shim per Python frame at most (a call through C each time).
+static __always_inline u32 read_python(struct stack_rec *r, u32 tgid, u32 tid) {
+    struct py_proc *p = py_procs.lookup(&tgid);
+    if (!p)
+        return STACK_NO_INTERPRETER;
+    u32 status = STACK_OK;
+    u64 frame = py_thread_frame(p, tid, &status);
+    if (status != STACK_OK)
+        return status;
+    u32 cstack = p->owner_cstack, off_owner = p->fr_owner, off_code = p->fr_code, off_instr = p->fr_instr,
+        off_prev = p->fr_previous;
+    int i = 0;
+#pragma clang loop unroll(disable)
+    for (i = 0; i < 2 * PY_FRAMES && i < PY_SLOTS; i++) {
+        if (!frame)
+            break;
+        u8 owner = 0;
+        u64 code = 1, instr = 0, prev = 0;
+        bpf_probe_read_user(&owner, sizeof(owner), (void *)(frame + off_owner));
+        if (bpf_probe_read_user(&code, sizeof(code), (void *)(frame + off_code)))
+            code = 1;
+        bpf_probe_read_user(&instr, sizeof(instr), (void *)(frame + off_instr));
+        if (cstack != PY_NONE && owner == cstack)
+            code = 0;
+        r->code[i & (PY_SLOTS - 1)] = code;
+        r->instr[i & (PY_SLOTS - 1)] = instr;
+        bpf_probe_read_user(&prev, sizeof(prev), (void *)(frame + off_prev));
+        frame = prev;
+    }
+    r->npy = i;
+    return frame ? STACK_TRUNCATED : STACK_OK;
+}
+
+// Record the calling thread's stacks; return the record's id (0: lost, the ring was full).
+static __always_inline u64 capture_stack(struct pt_regs *ctx, u32 tgid, u32 tid) {
+    u32 zero = 0;
+    struct stack_rec *r = stacks.ringbuf_reserve(sizeof(struct stack_rec));
+    if (!r) {
+        u64 *n = stacks_lost.lookup(&zero);
+        if (n)
+            *n += 1;
+        return 0;
+    }
+    u64 *seq = stack_seq.lookup(&zero);
+    u64 id = 0;
+    if (seq) {
+        *seq += 1;
+        id = ((u64)(bpf_get_smp_processor_id() + 1) << 48) | (*seq & 0xffffffffffffULL);
+    }
+    r->id = id;
+    r->pid = tgid;
+    r->tid = tid;
+    long got = bpf_get_stack(ctx, r->native, sizeof(r->native), BPF_F_USER_STACK);
+    r->nnative = got > 0 ? got / sizeof(u64) : 0;
+    r->npy = 0;
+    r->status = read_python(r, tgid, tid);
+    stacks.ringbuf_submit(r, BPF_RB_NO_WAKEUP); // the event that names it wakes the reader
+    return id;
+}
+
+// Give the event in `v` the calling thread's stack (its id in the ipc column, FLAG_STACK).
+static __always_inline void with_stack(struct pt_regs *ctx, struct event *ev) {
+    u64 id = bpf_get_current_pid_tgid();
+    if (!wanted(id >> 32))
+        return;
+    u64 sid = capture_stack(ctx, id >> 32, (u32)id);
+    __builtin_memcpy(ev->ipc, &sid, sizeof(sid));
+    ev->flags |= FLAG_STACK;
+}
+#define WITH_STACK(ev) with_stack(ctx, ev)
+#else
+#define WITH_STACK(ev)
+#endif
 
 #define ORD_CURRENT (-2) // begin(): resolve the ordinal from the thread's current context
 
@@ -407,6 +589,7 @@ static __always_inline int alloc_entry(struct pt_regs *ctx, u32 api, u64 handle,
     v.ev.size = P2;
     v.ev.handle = handle;
     v.ev.aux = aux;
+    WITH_STACK(&v.ev);
     return begin(&v, api, KIND_ALLOC, OUT_PTR, ORD_CURRENT);
 }
 
@@ -422,6 +605,7 @@ static __always_inline int async_alloc_entry(struct pt_regs *ctx, u32 api, u64 h
     v.out = P1;
     v.ev.size = P2;
     v.ev.handle = handle;
+    WITH_STACK(&v.ev);
     return begin(&v, api, captured(stream) ? KIND_GRAPH_ALLOC : KIND_ALLOC, OUT_PTR, ORD_CURRENT);
 }
 
@@ -439,6 +623,7 @@ ENTRY(cuMemAllocPitch_v2) {
     v.arg = P2;
     v.arg2 = P4;
     v.ev.size = P3 * P4; // what was asked; the pitch × height replaces it on success
+    WITH_STACK(&v.ev);
     return begin(&v, API_cuMemAllocPitch_v2, KIND_ALLOC, OUT_PITCH, ORD_CURRENT);
 }
 
@@ -466,6 +651,7 @@ ENTRY(cuMemCreate) {
     read_location(P3, loc);
     v.ev.aux = (u32)loc[0];
     // The device is the one the prop names, not the current context's.
+    WITH_STACK(&v.ev);
     return begin(&v, API_cuMemCreate, KIND_VMM_CREATE, OUT_HANDLE, loc[1]);
 }
 
@@ -583,6 +769,7 @@ ENTRY(cuMemHostAlloc) {
     v.out = P1;
     v.ev.size = P2;
     v.ev.aux = (u32)P3;
+    WITH_STACK(&v.ev);
     return begin(&v, API_cuMemHostAlloc, KIND_HOST_ALLOC, OUT_PTR, ORD_CURRENT);
 }
 
@@ -590,6 +777,7 @@ ENTRY(cuMemAllocHost_v2) {
     struct inflight v = {};
     v.out = P1;
     v.ev.size = P2;
+    WITH_STACK(&v.ev);
     return begin(&v, API_cuMemAllocHost_v2, KIND_HOST_ALLOC, OUT_PTR, ORD_CURRENT);
 }
 
@@ -892,6 +1080,7 @@ ENTRY(cuGraphAddMemAllocNode) {
     bpf_probe_read_user(&v.ev.size, sizeof(u64), (void *)(params + 104));
     v.out = params + 112;
     v.ev.handle = P2;
+    WITH_STACK(&v.ev);
     return begin(&v, API_cuGraphAddMemAllocNode, KIND_GRAPH_ALLOC, OUT_PTR, loc[1]);
 }
 

@@ -6,7 +6,7 @@ must be able to tear it down cleanly even when half of the attachments are alrea
 
 The program comes from the compiled-program cache or is compiled by bcc, and is loaded and attached
 by memrec's own loader (``probes/loader.py``, ``probes/probecache.py``). ``python -m
-memrec.probes.cuda --ebpf [--follow-tree] [--tensors]`` prints the BPF program with its ``-D`` flags, which is
+memrec.probes.cuda --ebpf [--follow-tree] [--tensors] [--stacks]`` prints the BPF program with its ``-D`` flags, which is
 what bcc compiles.
 """
 
@@ -46,6 +46,11 @@ from memrec.probes.loader import LoadedProgram
 from memrec.probes.loader import close_in_parallel
 from memrec.probes.probecache import DEFAULT_DIR
 from memrec.probes.probecache import obtain_program
+from memrec.probes.pystacks import PY_FRAMES_DEFAULT
+from memrec.probes.pystacks import PY_FRAMES_MAX
+from memrec.probes.pystacks import STACK_DTYPE
+from memrec.probes.pystacks import STACK_MIN_BYTES_DEFAULT
+from memrec.probes.pystacks import Interpreter
 from memrec.probes.ringbuf import RingBufferReader
 from memrec.probes.usdt import ARG_CONST
 from memrec.probes.usdt import UsdtProbe
@@ -152,11 +157,34 @@ def wake_bytes(ringbuf_pages: int) -> int:
     return ringbuf_pages * mmap.PAGESIZE // 4
 
 
-def program_cflags(follow_tree: bool, ringbuf_pages: int) -> list[str]:
-    """Return the ``-D`` flags the program is compiled with."""
+@dataclass(frozen=True)
+class StackOptions:
+    """What ``--stacks`` asks of the probe: the Python frames kept (at most
+    :data:`~memrec.probes.pystacks.PY_FRAMES_MAX`), the smallest tensor block given a stack, and
+    the stacks ring's size in pages (a power of two; a record takes 1,184 bytes: the default
+    16 MiB holds about 14,000)."""
+
+    depth: int = PY_FRAMES_DEFAULT
+    min_bytes: int = STACK_MIN_BYTES_DEFAULT
+    ring_pages: int = 4096
+
+    def cflags(self) -> list[str]:
+        if not 1 <= self.depth <= PY_FRAMES_MAX:
+            raise ValueError(f"the stack depth must be 1 to {PY_FRAMES_MAX}, not {self.depth}")
+        if self.ring_pages < 1 or self.ring_pages & (self.ring_pages - 1):
+            raise ValueError(f"the stacks ring's pages must be a power of two, not {self.ring_pages}")
+        return ["-DSTACKS=1", f"-DPY_FRAMES={self.depth}", f"-DSTACK_MIN_BYTES={max(0, self.min_bytes)}ULL",
+                f"-DSTACK_RING_PAGES={self.ring_pages}"]
+
+
+def program_cflags(follow_tree: bool, ringbuf_pages: int, stacks: StackOptions | None = None) -> list[str]:
+    """Return the ``-D`` flags the program is compiled with (without ``stacks``, exactly those of
+    the program that records none)."""
     flags = bpf_defines() + [f"-DRINGBUF_PAGES={ringbuf_pages}", f"-DRINGBUF_WAKE_BYTES={wake_bytes(ringbuf_pages)}"]
     if follow_tree:
         flags.append("-DFOLLOW_TREE=1")
+    if stacks is not None:
+        flags += stacks.cflags()
     if _tracefs_has_group_dead():
         flags.append("-DHAVE_GROUP_DEAD=1")
     return flags
@@ -245,15 +273,21 @@ class CudaProbes:
         probe_cache: the directory of compiled programs (:mod:`memrec.probes.probecache`), or
             None to compile at every start.
         tensors: also load PyTorch's allocator probes (:meth:`attach_torch`; ``--tensors``).
+        stacks: also record the allocating thread's stacks (``--stacks``): :meth:`poll_stacks`,
+            :meth:`set_interpreter`. None: the program records none (it is the same program as
+            without the option).
     """
 
     def __init__(self, follow_tree: bool = False, ringbuf_pages: int = 1024, untraced: bool = True,
-                 probe_cache: str | None = DEFAULT_DIR, tensors: bool = False) -> None:
+                 probe_cache: str | None = DEFAULT_DIR, tensors: bool = False,
+                 stacks: StackOptions | None = None) -> None:
         if ringbuf_pages < 1 or ringbuf_pages & (ringbuf_pages - 1):
             raise ValueError(f"ringbuf_pages must be a power of two, not {ringbuf_pages}")
         self.follow_tree = follow_tree
         self.ringbuf_pages = ringbuf_pages
         self.tensors = tensors
+        self.stacks = stacks
+        self._stack_reader: RingBufferReader | None = None
         #: The driver symbols this instance probes.
         self.symbols = SYMBOLS if untraced else tuple(s for s in SYMBOLS if s not in UNTRACED_SYMBOLS)
         #: Where the compiled program is cached (None: compile at every start).
@@ -282,7 +316,7 @@ class CudaProbes:
             return self
         started = time.monotonic()
         self._prog, self.loaded_from = obtain_program(program_source(self.tensors),
-                                                      program_cflags(self.follow_tree, self.ringbuf_pages),
+                                                      program_cflags(self.follow_tree, self.ringbuf_pages, self.stacks),
                                                       self.probe_cache)
         self.load_seconds = time.monotonic() - started
         if self.loaded_from == "cache":
@@ -293,6 +327,9 @@ class CudaProbes:
             self._prog.attach_tracepoints(_tracefs_root())
             ring = self._prog.maps["events"]
             self._reader = RingBufferReader(ring, self.ringbuf_pages * mmap.PAGESIZE, RAW_DTYPE.itemsize, RAW_DTYPE)
+            if self.stacks is not None:
+                self._stack_reader = RingBufferReader(self._prog.maps["stacks"], self.stacks.ring_pages * mmap.PAGESIZE,
+                                                      STACK_DTYPE.itemsize, STACK_DTYPE)
         except (OSError, ValueError, KeyError, ProbeError) as exc:
             self.close()
             raise ProbeError(f"cannot start the probes: {exc}") from exc
@@ -300,9 +337,10 @@ class CudaProbes:
 
     def close(self) -> None:
         """Detach every probe and release the program; tolerates partial failure (logged)."""
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
+        for reader in (self._reader, self._stack_reader):
+            if reader is not None:
+                reader.close()
+        self._reader = self._stack_reader = None
         for failure in close_in_parallel(self._uprobes):
             log.warning("%s", failure)
         self._uprobes.clear()
@@ -531,6 +569,36 @@ class CudaProbes:
         self._require()
         return self._reader.drain(max_records)
 
+    def poll_stacks(self) -> np.ndarray:
+        """Drain the stacks ring (``STACK_DTYPE`` records). Poll it after :meth:`poll`: a stack is
+        committed before the event naming it is reserved, so every event polled has its stack here
+        (or its stack was lost: :meth:`stacks_lost`)."""
+        self._require()
+        if self._stack_reader is None:
+            return np.empty(0, STACK_DTYPE)
+        return self._stack_reader.drain()
+
+    def set_interpreter(self, interp: Interpreter) -> None:
+        """Let the probe read the stacks of ``interp.pid`` (a supported interpreter)."""
+        bpfsys.map_update(self._require().maps["py_procs"], struct.pack("<I", interp.pid), interp.pack())
+
+    def forget_interpreter(self, pid: int) -> None:
+        """The process exited: its entry goes (a new process with the same pid is located afresh)."""
+        with contextlib.suppress(OSError):
+            bpfsys.map_delete(self._require().maps["py_procs"], struct.pack("<I", pid))
+
+    def run_stats(self, function: str) -> tuple[int, int]:
+        """(run_time_ns, run_cnt) of one BPF function (e.g. ``enter_cuMemAlloc_v2``), counted while
+        :func:`memrec.probes.bpfsys.enable_stats` is held (bench/bench_stacks.py)."""
+        return bpfsys.prog_run_stats(self._require().functions[function])
+
+    def stacks_lost(self) -> int:
+        """Stacks dropped because the stacks ring was full (their events say so)."""
+        if self.stacks is None:
+            return 0
+        values = bpfsys.map_lookup(self._require().maps["stacks_lost"], struct.pack("<I", 0), 8 * self._cpus)
+        return sum(struct.unpack(f"<{self._cpus}Q", values)) if values else 0
+
     def fileno(self) -> int:
         """The ring buffer's map fd: readable when records wait (the daemon selects on it)."""
         return self._require().maps["events"]
@@ -561,10 +629,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--follow-tree", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--ringbuf-pages", type=int, default=1024, help=argparse.SUPPRESS)
     parser.add_argument("--tensors", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--stacks", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if not args.ebpf:
         parser.error("only --ebpf is supported")
-    for flag in program_cflags(args.follow_tree, args.ringbuf_pages):
+    for flag in program_cflags(args.follow_tree, args.ringbuf_pages, StackOptions() if args.stacks else None):
         name, _, value = flag[2:].partition("=")
         print(f"#define {name} {value or 1}")
     print(program_source(args.tensors))

@@ -102,6 +102,23 @@ def read_bytes(fd: int, offset: int, size: int) -> bytes:
     return _read(fd, offset, size)
 
 
+def _symbols(fd: int, layout: Layout):
+    """Yield (name, st_info, st_value) of every defined symbol of ``.symtab`` and ``.dynsym``."""
+    sections = layout.raw_sections
+    shnum = len(sections)
+    for _name, sh_type, _f, _a, sh_offset, sh_size, sh_link, _info, _al, sh_entsize in sections:
+        if sh_type not in (_SHT_SYMTAB, _SHT_DYNSYM) or sh_entsize < 24 or sh_link >= shnum:
+            continue
+        strtab = _read(fd, sections[sh_link][4], sections[sh_link][5])
+        table = _read(fd, sh_offset, sh_size)
+        for at in range(0, sh_size - sh_entsize + 1, sh_entsize):
+            st_name, st_info, _other, st_shndx, st_value = struct.unpack_from("<IBBHQ", table, at)
+            if st_shndx == 0 or st_value == 0:
+                continue
+            end = strtab.find(b"\0", st_name)
+            yield strtab[st_name:end if end >= 0 else len(strtab)], st_info, st_value
+
+
 def function_offsets(fd: int, prefix: bytes = b"") -> dict[str, int]:
     """Map each defined function symbol starting with ``prefix`` to its uprobe file offset.
 
@@ -110,23 +127,28 @@ def function_offsets(fd: int, prefix: bytes = b"") -> dict[str, int]:
         OSError: the file cannot be read.
     """
     layout = read_layout(fd)
-    sections = layout.raw_sections
-    shnum = len(sections)
     found: dict[str, int] = {}
-    for _name, sh_type, _f, _a, sh_offset, sh_size, sh_link, _info, _al, sh_entsize in sections:
-        if sh_type not in (_SHT_SYMTAB, _SHT_DYNSYM) or sh_entsize < 24 or sh_link >= shnum:
+    for name, st_info, st_value in _symbols(fd, layout):
+        if (st_info & 0xF) not in (_STT_FUNC, _STT_GNU_IFUNC) or not name.startswith(prefix):
             continue
-        strtab = _read(fd, sections[sh_link][4], sections[sh_link][5])
-        table = _read(fd, sh_offset, sh_size)
-        for at in range(0, sh_size - sh_entsize + 1, sh_entsize):
-            st_name, st_info, _other, st_shndx, st_value = struct.unpack_from("<IBBHQ", table, at)
-            if st_shndx == 0 or st_value == 0 or (st_info & 0xF) not in (_STT_FUNC, _STT_GNU_IFUNC):
-                continue
-            end = strtab.find(b"\0", st_name)
-            name = strtab[st_name:end if end >= 0 else len(strtab)]
-            if not name.startswith(prefix):
-                continue
+        offset = layout.file_offset(st_value)
+        if offset is not None:
+            found.setdefault(name.decode(errors="replace"), offset)
+    return found
+
+
+def symbol_offsets(fd: int, names: frozenset[bytes]) -> dict[str, int]:
+    """Map each defined symbol (data too) named in ``names`` to its file offset (symbols whose
+    bytes are not in the file, ``.bss``, are left out).
+
+    Raises:
+        ElfError, OSError: as :func:`function_offsets`.
+    """
+    layout = read_layout(fd)
+    found: dict[str, int] = {}
+    for name, _info, st_value in _symbols(fd, layout):
+        if name in names:
             offset = layout.file_offset(st_value)
             if offset is not None:
-                found.setdefault(name.decode(errors="replace"), offset)
+                found.setdefault(name.decode(), offset)
     return found

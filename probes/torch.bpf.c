@@ -96,6 +96,10 @@ int usdt_torch(struct pt_regs *ctx) {
         ev.ordinal = (s32)device;
         ev.size = size;
         ev.handle = stream;
+#ifdef STACKS
+        if (size >= STACK_MIN_BYTES)
+            WITH_STACK(&ev);
+#endif
     } else {
         ev.kind = KIND_TENSOR_FREE;
         ev.api = API_torch_free;

@@ -110,6 +110,16 @@ class DaemonCommand:
                             help="also record PyTorch's tensor blocks inside the caching allocator's segments, in "
                                  "every process that maps a libc10_cuda.so with the pytorch:malloc/free USDT probes "
                                  "(already running ones included; costs about 1 us per tensor allocation or free)")
+        parser.add_argument("--stacks", action="store_true",
+                            help="also record the allocating thread's Python stack (file, line, function; CPython "
+                                 "3.11-3.13, read by the probe: nothing runs in the process) and native return "
+                                 "addresses, for every driver allocation and every tensor block of --stack-min-bytes "
+                                 "or more (off by default; docs/probes.md, docs/performance.md)")
+        parser.add_argument("--stack-depth", type=_arg(c.stack_depth), default=32, metavar="N",
+                            help="with --stacks, the most Python frames kept per stack, innermost first (1-32; default 32)")
+        parser.add_argument("--stack-min-bytes", type=_arg(c.byte_size), default=1 << 20, metavar="SIZE",
+                            help="with --stacks --tensors, tensor blocks smaller than this get no stack "
+                                 "(0: every block; default 1M). Driver allocations always get one")
         parser.add_argument("--torch-lib", action="append", default=[], metavar="PATH",
                             help="with --tensors, also probe this libc10_cuda.so (repeatable)")
         parser.add_argument("--tensors-pid", action="append", type=_arg(_pid), default=[], metavar="PID",
@@ -162,6 +172,9 @@ class DaemonCommand:
             untraced_probes=args.untraced_probes,
             tensors=args.tensors or bool(args.tensors_pid),
             torch_paths=tuple(args.torch_lib),
+            stacks=args.stacks,
+            stack_depth=args.stack_depth,
+            stack_min_bytes=args.stack_min_bytes,
             tensor_pids=tuple(args.tensors_pid),
             probe_cache=args.probe_cache,
         )

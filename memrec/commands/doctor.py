@@ -153,6 +153,32 @@ def check_torch(extra: list[str]):
     return Check("tensor blocks", "ok", "with `memrec daemon --tensors`: " + ", ".join(good))
 
 
+def check_stacks():
+    """Per CPython the host's processes run (this one included), whether ``memrec daemon --stacks``
+    can read its stacks."""
+    from memrec.probes.health import Check
+    from memrec.probes.pystacks import SUPPORTED
+    from memrec.probes.pystacks import locate
+
+    found: dict[str, str] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            interp = locate(int(name))
+        except OSError:
+            continue
+        if interp is not None and interp.path not in found:
+            found[interp.path] = f"{interp.path} ({interp.label}): " + (interp.problem or "stacks readable")
+    if not found:
+        return Check("python stacks", "ok", f"no Python process readable here; --stacks reads CPython {SUPPORTED}")
+    bad = [line for line in found.values() if not line.endswith("stacks readable")]
+    if bad:
+        return Check("python stacks", "warn", "; ".join(sorted(found.values())),
+                     f"processes of those interpreters get \"stack unavailable (reason)\"; --stacks reads CPython {SUPPORTED}")
+    return Check("python stacks", "ok", "with `memrec daemon --stacks`: " + "; ".join(sorted(found.values())))
+
+
 class DoctorCommand:
     """Check this host: privileges, BPF, tracefs, bcc, kernel headers, libcuda, NVML.
 
@@ -182,6 +208,7 @@ class DoctorCommand:
             health.check_probe_cache(os.path.abspath(args.probe_cache or DEFAULT_PROBE_CACHE), DEFAULT_RINGBUF_PAGES),
             check_libcuda(args.libcuda),
             check_torch(args.torch_lib),
+            check_stacks(),
             health.check_nvml(),
         ]
         if args.json:

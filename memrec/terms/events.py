@@ -359,6 +359,7 @@ CUDA_ERROR_OUT_OF_MEMORY = 2
 #: Event.flags bits.
 FLAG_IPC_BYTES = 1 << 0  # the 64 handle bytes (IPC handle or fabric handle) were read
 FLAG_NAME = 1 << 1  # the ipc column holds a NUL-terminated name (a file, a kernel), cut at 63 bytes
+FLAG_STACK = 1 << 2  # raw records only: ipc[0:8] is the id of the record in the probes' stacks ring (--stacks)
 
 #: The size of an IPC or fabric handle in bytes.
 IPC_HANDLE_SIZE = 64
@@ -411,6 +412,7 @@ def bpf_defines() -> list[str]:
     flags += [f"-DAPI_{a.name}={int(a)}" for a in Api]
     flags.append(f"-DFLAG_IPC_BYTES={FLAG_IPC_BYTES}")
     flags.append(f"-DFLAG_NAME={FLAG_NAME}")
+    flags.append(f"-DFLAG_STACK={FLAG_STACK}")
     flags.append(f"-DMEMPOOL_ATTR_RELEASE_THRESHOLD={MEMPOOL_ATTR_RELEASE_THRESHOLD}")
     return flags
 

@@ -15,3 +15,26 @@ python3 -m pip install -q --no-deps --no-index --target /tmp/site .gpu/memrec-*.
 export PYTHONPATH=/tmp/site:$PYTHONPATH PYTHONUNBUFFERED=1
 rm -rf /tmp/gputests && cp -r "$repo/tests/gpu" /tmp/gputests
 cd /tmp
+
+# The tensor-truth run both tensor_truth.sh and stack_truth.sh make: worker p1 (started before the
+# daemon), `memrec daemon ARGS... -o TRACE --socket SOCK` (its log in LOG), worker p2 (after the
+# daemon), both let go at once and waited for. Leaves the daemon running: its pid in $d.
+#     truth_run TRACE SOCK LOG ARGS...
+truth_run() {
+  local trace=$1 sock=$2 dlog=$3; shift 3
+  python3 /tmp/gputests/tensor_truth.py worker $RES/p1 $RES/go &
+  local p1=$!
+  while [ ! -f $RES/p1/ready ]; do sleep 0.2; done
+  echo "p1 (started before the daemon): pid $p1"
+  python3 -m memrec daemon "$@" -o $trace --socket $sock --rotate-size 0 > $dlog 2>&1 &
+  d=$!
+  python3 -c "from memrec.subscriber import wait_for_daemon; wait_for_daemon('$sock', timeout=120)" || echo "daemon not up"
+  echo "daemon up at $(date -u +%T)"
+  python3 /tmp/gputests/tensor_truth.py worker $RES/p2 $RES/go &
+  local p2=$!
+  while [ ! -f $RES/p2/ready ]; do sleep 0.2; done
+  echo "p2 (started after the daemon): pid $p2"
+  sleep 1
+  touch $RES/go
+  wait $p1 $p2
+}

@@ -3,6 +3,7 @@
     python3 tensor_truth.py worker OUTDIR GOFILE   # a PyTorch process: waits for GOFILE, then records
     python3 tensor_truth.py compare TRACE OUTDIR... # PyTorch's block events vs memrec's, per process
     python3 tensor_truth.py cost LABEL             # ns per tensor alloc/free pair, ms per training step
+    python3 tensor_truth.py stacks TRACE OUTDIR... # PyTorch's innermost user frame vs memrec's, per block
 
 A worker allocates before it is told to go (it may have started before the daemon), then turns
 ``torch.cuda.memory._record_memory_history`` on, allocates sentinel A (a size nothing else has),
@@ -11,6 +12,12 @@ PyTorch's snapshot, then allocates sentinel B. The comparison takes PyTorch's ``
 ``free_requested`` entries, and memrec's TENSOR_ALLOC/TENSOR_FREE events of the worker's pid from
 sentinel A's allocation up to sentinel B's (a free's size and device are its allocation's), and
 matches them both ways as multisets of (action, address, size, device).
+
+``stacks`` (a trace recorded with ``--stacks``): for every block of at least ``STACK_MIN`` bytes
+PyTorch allocated in the window, taken in order per (address, size, device) and paired with
+memrec's allocation of the same block, the innermost *user* Python frame of each (the innermost
+frame of a ``.py`` file outside the torch package, memrec and the interpreter's import machinery)
+must have the same file and line; at least 95 % of the pairs must agree.
 """
 
 from __future__ import annotations
@@ -26,6 +33,9 @@ from pathlib import Path
 SENTINEL_A = 7 * 1024 * 1024 + 4096 + 3
 SENTINEL_B = 7 * 1024 * 1024 + 8192 + 5
 LOOP = 20000
+#: Blocks this large and larger are compared by stack (``--stack-min-bytes`` of the run).
+STACK_MIN = 4096
+_NOT_USER = ("/torch/", "/memrec/", "<frozen", "/importlib/", "/runpy.py")
 
 
 def _model():
@@ -55,7 +65,7 @@ def worker(out: Path, go: Path) -> None:
     (out / "ready").write_text(str(os.getpid()))
     while not go.exists():
         time.sleep(0.05)
-    torch.cuda.memory._record_memory_history(max_entries=4_000_000)
+    torch.cuda.memory._record_memory_history(max_entries=4_000_000, stacks="python")
     a = torch.empty(SENTINEL_A, dtype=torch.uint8, device="cuda")
     model, opt = _model()
     for _ in range(5):
@@ -71,6 +81,9 @@ def worker(out: Path, go: Path) -> None:
         for e in trace:
             if e["action"] in ("alloc", "free_requested"):
                 entries.append([e["action"], int(e["addr"]), int(e["size"]), device])
+                if e["action"] == "alloc" and int(e["size"]) >= STACK_MIN:
+                    entries[-1].append(_user_frame([(f["filename"], int(f["line"]), f["name"])
+                                                    for f in e.get("frames", [])]))
     (out / "torch.json").write_text(json.dumps({"pid": os.getpid(), "entries": entries}))
     del a, b, warm
 
@@ -111,12 +124,77 @@ def _memrec_entries(trace_path: str, pid: int) -> tuple[list[list], str]:
     return out, f"{unknown} frees of blocks memrec never saw allocated"
 
 
+def _user_frame(frames) -> list | None:
+    """The innermost frame (file, line, function) of user code, innermost first in ``frames``."""
+    for file, line, function in frames:
+        if file.endswith(".py") and not any(part in file for part in _NOT_USER):
+            return [file, line, function]
+    return None
+
+
+def compare_stacks(trace_path: str, outs: list[str]) -> int:
+    import numpy as np
+
+    from memrec.terms.events import Kind
+    from memrec.trace.reader import load_trace
+    from memrec.trace.stacks import Unavailable
+
+    trace = load_trace(trace_path)
+    ok = True
+    for folder in outs:
+        truth = json.loads(Path(folder, "torch.json").read_text())
+        ev = trace.events
+        ev = ev[(ev["pid"] == truth["pid"]) & (ev["kind"] == int(Kind.TENSOR_ALLOC)) & (ev["size"] >= STACK_MIN)]
+        mine: dict[tuple, list] = collections.defaultdict(list)
+        for e in ev:
+            mine[(int(e["ptr"]), int(e["size"]), int(e["ordinal"]))].append(int(e["stack"]))
+        pairs = agree = no_stack = unavailable = same_function = 0
+        mismatches = []
+        blocks = [e for e in truth["entries"] if e[0] == "alloc" and len(e) == 5]
+        total = collections.Counter((e[1], e[2], e[3]) for e in blocks)
+        taken: collections.Counter = collections.Counter()
+        for entry in blocks:
+            key = (entry[1], entry[2], entry[3])
+            i = taken[key]
+            taken[key] += 1
+            if entry[4] is None:  # PyTorch saw no user frame (an allocation from torch's own code)
+                continue
+            ids = mine.get(key, [])
+            # memrec also has this block's allocations before PyTorch's window: pair from the end
+            j = len(ids) - total[key] + i
+            if not 0 <= j < len(ids) or ids[j] == 0:
+                no_stack += 1
+                continue
+            stack = trace.stack(ids[j])
+            if stack is None or isinstance(stack, Unavailable):
+                unavailable += 1
+                continue
+            got = _user_frame([(f.file, f.line, f.function) for f in stack if not f.native])
+            pairs += 1
+            want = entry[4]
+            if got is not None and got[:2] == want[:2]:
+                agree += 1
+                same_function += got[2].rsplit(".", 1)[-1] == want[2]
+            elif len(mismatches) < 5:
+                mismatches.append({"pytorch": want, "memrec": got,
+                                   "memrec_frames": [f.label() for f in stack if not f.native][:4]})
+        share = agree / pairs if pairs else 0.0
+        print(f"{folder}: pid {truth['pid']}: {pairs} blocks >= {STACK_MIN} B paired with a memrec stack; "
+              f"innermost user frame equal (file, line) in {agree} ({share:.3%}), function name too in "
+              f"{same_function}; {no_stack} without a memrec stack, {unavailable} unavailable")
+        for m in mismatches:
+            print(f"  differs: {m}")
+        ok &= pairs > 0 and share >= 0.95
+    print("STACKS PASS" if ok else "STACKS FAIL")
+    return 0 if ok else 1
+
+
 def compare(trace_path: str, outs: list[str]) -> int:
     ok = True
     for folder in outs:
         truth = json.loads(Path(folder, "torch.json").read_text())
         mine, note = _memrec_entries(trace_path, truth["pid"])
-        want = collections.Counter(tuple(e) for e in truth["entries"])
+        want = collections.Counter(tuple(e[:4]) for e in truth["entries"])
         got = collections.Counter(tuple(e) for e in mine)
         both = sum((want & got).values())
         n_want, n_got = sum(want.values()), sum(got.values())
@@ -166,6 +244,8 @@ if __name__ == "__main__":
         worker(Path(sys.argv[2]), Path(sys.argv[3]))
     elif cmd == "compare":
         sys.exit(compare(sys.argv[2], sys.argv[3:]))
+    elif cmd == "stacks":
+        sys.exit(compare_stacks(sys.argv[2], sys.argv[3:]))
     elif cmd == "cost":
         cost(sys.argv[2])
     else:

@@ -13,21 +13,7 @@ python3 -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__ve
 python3 -m memrec doctor 2>&1 | grep -i -A3 "torch\|tensor" | head -20
 echo "== cost without the daemon"
 python3 $T cost none
-python3 $T worker $RES/p1 $RES/go &
-p1=$!
-while [ ! -f $RES/p1/ready ]; do sleep 0.2; done
-echo "p1 (started before the daemon): pid $p1"
-python3 -m memrec daemon --tensors -o $RES/tensors.mrec --socket /tmp/tt.sock --rotate-size 0 > $RES/daemon.log 2>&1 &
-d=$!
-python3 -c "from memrec.subscriber import wait_for_daemon; wait_for_daemon('/tmp/tt.sock', timeout=120)" || echo "daemon not up"
-echo "daemon up at $(date -u +%T)"
-python3 $T worker $RES/p2 $RES/go &
-p2=$!
-while [ ! -f $RES/p2/ready ]; do sleep 0.2; done
-echo "p2 (started after the daemon): pid $p2"
-sleep 1
-touch $RES/go
-wait $p1 $p2
+truth_run $RES/tensors.mrec /tmp/tt.sock $RES/daemon.log --tensors
 echo "== cost with the daemon --tensors"
 python3 $T cost tensors
 kill -INT $d; wait $d

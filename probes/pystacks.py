@@ -1,0 +1,555 @@
+"""The Python (and native) stacks of allocations: where each process's interpreter lies, the
+layout the BPF reader walks, and the frames a raw stack record stands for.
+
+Why this split: the probe (``cuda.bpf.c``, ``--stacks``) can only follow pointers, so it records
+per frame the code object and the instruction pointer; everything that needs parsing (the code
+object's file and name strings, its line table) is done here, in the daemon, by reading the
+process's memory (``/proc/PID/mem``). Nothing runs in the traced process.
+
+What the probe needs per process (:class:`PyProc`, written into the ``py_procs`` map):
+``_PyRuntime``'s address in that process (the symbol of the python executable or the libpython it
+maps, plus where the file is mapped) and the offsets of the interpreter's structures for its
+CPython version. The tables below were generated from the real interpreters' internal headers
+(``offsetof`` over ``Py_BUILD_CORE`` headers of pyenv's 3.11.7, 3.12.1 and 3.13.0 builds, see
+``tests/bpf/test_pystacks.py`` which checks them against those interpreters); 3.13 and later also
+publish them in ``_PyRuntime`` (``_Py_DebugOffsets``), which is read and preferred when present.
+The probe matches a thread state by ``native_thread_id`` (3.11+); 3.10 and older keep only the
+pthread id, so they are said to be unsupported rather than guessed at.
+
+A frame that cannot be read (the process exited, the object is no longer a code object) becomes
+an explicit ``<unreadable: reason>`` frame; a stack that cannot be read at all becomes
+:class:`~memrec.trace.stacks.Unavailable` with the reason, never a wrong stack.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from memrec.probes.elfsyms import ElfError
+from memrec.probes.elfsyms import function_offsets
+from memrec.probes.elfsyms import read_bytes
+from memrec.probes.elfsyms import symbol_offsets
+from memrec.probes.libs import MapsEntry
+from memrec.probes.libs import parse_maps
+from memrec.trace.stacks import Frame
+from memrec.trace.stacks import Stack
+from memrec.trace.stacks import Unavailable
+
+log = logging.getLogger(__name__)
+
+#: The hard bound on Python frames a record holds (cuda.bpf.c PY_FRAMES_MAX; a power of two).
+PY_FRAMES_MAX = 32
+#: Frame slots a record holds: C-stack shim frames (3.12+, dropped here) take slots too.
+PY_SLOTS = 64
+#: The default bound (``--stack-depth``).
+PY_FRAMES_DEFAULT = 32
+#: Native return addresses a record holds (cuda.bpf.c NATIVE_FRAMES_MAX).
+NATIVE_FRAMES_MAX = 16
+#: Tensor blocks below this many bytes get no stack by default (``--stack-min-bytes``).
+STACK_MIN_BYTES_DEFAULT = 1 << 20
+_NONE = 0xFFFFFFFF
+
+#: Status codes of a record (cuda.bpf.c STACK_*).
+STACK_OK, STACK_NO_INTERPRETER, STACK_NO_THREAD, STACK_READ_FAILED = range(4)
+STACK_TRUNCATED = 0x100
+
+#: One record of the ``stacks`` ring (struct stack_rec in cuda.bpf.c).
+STACK_DTYPE = np.dtype([
+    ("id", "<u8"), ("pid", "<u4"), ("tid", "<u4"), ("status", "<u4"), ("npy", "<u2"), ("nnative", "<u2"),
+    ("code", "<u8", (PY_SLOTS,)), ("instr", "<u8", (PY_SLOTS,)), ("native", "<u8", (NATIVE_FRAMES_MAX,)),
+])
+assert STACK_DTYPE.itemsize == 1176
+
+
+@dataclass(frozen=True)
+class Offsets:
+    """Where the probe and the symboliser find things in one CPython version (bytes)."""
+
+    interp_head: int  # _PyRuntimeState.interpreters.head
+    threads_head: int  # PyInterpreterState.threads.head
+    ts_next: int  # PyThreadState.next
+    ts_tid: int  # PyThreadState.native_thread_id
+    ts_frame: int  # PyThreadState.cframe (3.11, 3.12) / .current_frame (3.13+)
+    cframe_frame: int  # _PyCFrame.current_frame; _NONE without a cframe (3.13+)
+    fr_previous: int  # _PyInterpreterFrame.previous
+    fr_code: int  # .f_code / .f_executable
+    fr_instr: int  # .prev_instr / .instr_ptr
+    fr_owner: int  # .owner
+    owner_cstack: int  # FRAME_OWNED_BY_CSTACK (shim frames, skipped); _NONE before 3.12
+    co_filename: int
+    co_name: int
+    co_qualname: int
+    co_firstlineno: int
+    co_linetable: int
+    co_code_adaptive: int
+    ascii_size: int  # sizeof(PyASCIIObject): where a compact ASCII string's characters start
+    compact_size: int  # sizeof(PyCompactUnicodeObject): the same for other compact strings
+
+
+#: Checked against pyenv's 3.11.7, 3.12.1 and 3.13.0 (tests/bpf/test_pystacks.py).
+LAYOUTS: dict[tuple[int, int], Offsets] = {
+    (3, 11): Offsets(40, 16, 8, 160, 56, 8, 48, 32, 56, 69, _NONE, 112, 120, 128, 72, 136, 184, 48, 72),
+    (3, 12): Offsets(40, 72, 8, 144, 56, 0, 8, 0, 56, 70, 3, 112, 120, 128, 68, 136, 192, 40, 56),
+    (3, 13): Offsets(632, 7344, 8, 160, 72, _NONE, 8, 0, 56, 70, 3, 112, 120, 128, 68, 136, 200, 40, 56),
+}
+SUPPORTED = ", ".join(f"{a}.{b}" for a, b in sorted(LAYOUTS))
+
+_INTERPRETER_NAMES = ("python", "libpython")
+_SYMBOLS = frozenset({b"_PyRuntime", b"PyCode_Type", b"Py_Version"})
+_DEBUG_COOKIE = b"xdebugpy"
+_NAMED_VERSION = re.compile(r"python(\d)\.(\d+)")
+
+
+@dataclass(frozen=True)
+class Interpreter:
+    """The CPython a process runs, as far as memrec can read it.
+
+    Attributes:
+        pid: the process.
+        path: the mapped file holding ``_PyRuntime`` (the executable or libpython), as the
+            process names it.
+        version: (major, minor, micro), or None when the file does not say (before 3.11).
+        runtime: ``_PyRuntime``'s address in the process (0: not found).
+        code_type: ``PyCode_Type``'s address (a frame's object is checked against it).
+        offsets: the layout, or None when ``problem`` says why stacks cannot be read.
+        problem: "" or why this interpreter gives no stacks ("CPython 3.9: memrec reads 3.11, ...").
+    """
+
+    pid: int
+    path: str
+    version: tuple[int, int, int] | None
+    runtime: int
+    code_type: int
+    offsets: Offsets | None
+    problem: str = ""
+
+    @property
+    def label(self) -> str:
+        """``CPython 3.12.1`` (``CPython 3.10`` when only the file's name says which)."""
+        if self.version is None:
+            return "CPython (before 3.11)"
+        return "CPython " + ".".join(map(str, self.version if self.version[2] or not self.problem else self.version[:2]))
+
+    def pack(self) -> bytes:
+        """The ``py_procs`` map value (struct py_proc)."""
+        o = self.offsets
+        assert o is not None and not self.problem
+        return struct.pack("<Q12I", self.runtime, o.interp_head, o.threads_head, o.ts_next, o.ts_tid, o.ts_frame,
+                           o.cframe_frame, o.fr_previous, o.fr_code, o.fr_instr, o.fr_owner, o.owner_cstack, 0)
+
+
+def _candidates(entries: list[MapsEntry]) -> list[MapsEntry]:
+    """The first mapping of each file that could be the interpreter (python*, libpython*)."""
+    seen: set[tuple[int, int]] = set()
+    out = []
+    for e in entries:
+        name = os.path.basename(e.path)
+        if name.startswith(_INTERPRETER_NAMES) and (e.dev, e.inode) not in seen:
+            seen.add((e.dev, e.inode))
+            out.append(e)
+    return out
+
+
+def _address(entries: list[MapsEntry], entry: MapsEntry, file_offset: int) -> int:
+    """The address where ``file_offset`` of ``entry``'s file is mapped in the process (0: not mapped)."""
+    for e in entries:
+        if (e.dev, e.inode) == (entry.dev, entry.inode) and e.offset <= file_offset < e.offset + (e.end - e.start):
+            return e.start + file_offset - e.offset
+    return 0
+
+
+def _version(fd: int, offsets: dict[str, int]) -> tuple[int, int, int] | None:
+    """``Py_Version`` (3.11+: 0xMMmmuuxx in .rodata), or None."""
+    if "Py_Version" not in offsets:
+        return None
+    (hexversion,) = struct.unpack("<I", read_bytes(fd, offsets["Py_Version"], 4))
+    return hexversion >> 24, (hexversion >> 16) & 0xFF, (hexversion >> 8) & 0xFF
+
+
+def _debug_offsets(mem: int, runtime: int, base: Offsets) -> Offsets | None:
+    """The layout ``_Py_DebugOffsets`` at the start of ``_PyRuntime`` gives (3.13+), or None.
+
+    The thread state, frame and code fields it publishes replace the table's; the string sizes
+    and FRAME_OWNED_BY_CSTACK are not published and stay the table's.
+    """
+    try:
+        head = os.pread(mem, 8 + 8 * 64, runtime)
+    except OSError:
+        return None
+    if len(head) < 8 + 8 * 64 or head[:8] != _DEBUG_COOKIE:
+        return None
+    q = struct.unpack_from("<64Q", head, 8)
+    # version, free_threaded, runtime_state{size, finalizing, interpreters_head},
+    # interpreter_state{size, id, next, threads_head, gc, imports_modules, sysdict, builtins,
+    # ceval_gil, gil_runtime_state, gil_runtime_state_enabled, gil_runtime_state_locked,
+    # gil_runtime_state_holder}, thread_state{size, prev, next, interp, current_frame, thread_id,
+    # native_thread_id, datastack_chunk, status}, interpreter_frame{size, previous, executable,
+    # instr_ptr, localsplus, owner}, code_object{size, filename, name, qualname, linetable,
+    # firstlineno, argcount, localsplusnames, localspluskinds, co_code_adaptive}
+    rt, it, ts, fr, co = 2, 5, 18, 27, 33
+    return Offsets(
+        interp_head=q[rt + 2], threads_head=q[it + 3], ts_next=q[ts + 2], ts_tid=q[ts + 6],
+        ts_frame=q[ts + 4], cframe_frame=_NONE, fr_previous=q[fr + 1], fr_code=q[fr + 2], fr_instr=q[fr + 3],
+        fr_owner=q[fr + 5], owner_cstack=base.owner_cstack, co_filename=q[co + 1], co_name=q[co + 2],
+        co_qualname=q[co + 3], co_firstlineno=q[co + 5], co_linetable=q[co + 4], co_code_adaptive=q[co + 9],
+        ascii_size=base.ascii_size, compact_size=base.compact_size)
+
+
+def _open_mapped(pid: int, entry: MapsEntry, proc: Path) -> int:
+    """An fd on the file of ``entry`` as the process sees it (its own mount namespace)."""
+    return os.open(proc / str(pid) / "map_files" / entry.range, os.O_RDONLY | os.O_CLOEXEC)
+
+
+def locate(pid: int, proc: Path = Path("/proc")) -> Interpreter | None:
+    """The CPython ``pid`` runs, or None when it maps no interpreter (not a Python process).
+
+    Raises:
+        OSError: the process is gone or its maps cannot be read.
+    """
+    entries = parse_maps((proc / str(pid) / "maps").read_text())
+    for entry in _candidates(entries):
+        try:
+            fd = _open_mapped(pid, entry, proc)
+        except OSError:
+            continue
+        try:
+            offsets = symbol_offsets(fd, _SYMBOLS)
+            if "_PyRuntime" not in offsets:
+                continue
+            version = _version(fd, offsets)
+        except (ElfError, OSError) as error:
+            log.debug("pid %d: cannot read %s: %s", pid, entry.path, error)
+            continue
+        finally:
+            os.close(fd)
+        return _interpreter(pid, entry, entries, offsets, version, proc)
+    for entry in _candidates(entries):
+        named = _NAMED_VERSION.search(os.path.basename(entry.path))
+        if named:  # an interpreter too old to export _PyRuntime (3.9 and before)
+            version = (int(named.group(1)), int(named.group(2)), 0)
+            return Interpreter(pid, entry.path, version, 0, 0, None,
+                               f"CPython {version[0]}.{version[1]}: memrec reads the stacks of CPython {SUPPORTED}")
+    return None
+
+
+def _interpreter(pid: int, entry: MapsEntry, entries: list[MapsEntry], offsets: dict[str, int],
+                 version: tuple[int, int, int] | None, proc: Path) -> Interpreter:
+    runtime = _address(entries, entry, offsets["_PyRuntime"])
+    code_type = _address(entries, entry, offsets.get("PyCode_Type", -1))
+    found = Interpreter(pid, entry.path, version, runtime, code_type, None)
+    named = _NAMED_VERSION.search(os.path.basename(entry.path))
+    if version is None and named:  # before 3.11 (no Py_Version): the file's name says which
+        found = Interpreter(pid, entry.path, (int(named.group(1)), int(named.group(2)), 0), runtime, code_type, None)
+    if found.version is None or found.version[:2] < min(LAYOUTS):
+        return _with_problem(found, f"{found.label}: memrec reads the stacks of CPython {SUPPORTED}")
+    assert version is not None
+    table = LAYOUTS.get(version[:2]) or (LAYOUTS[max(LAYOUTS)] if version[:2] > max(LAYOUTS) else None)
+    if table is None:
+        return _with_problem(found, f"{found.label}: memrec reads the stacks of CPython {SUPPORTED}")
+    if not runtime or not code_type:
+        return _with_problem(found, f"{found.label}: _PyRuntime or PyCode_Type is not mapped")
+    layout = table if version[:2] in LAYOUTS else None
+    if version[:2] >= (3, 13):
+        try:
+            mem = os.open(proc / str(pid) / "mem", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as error:
+            return _with_problem(found, f"{found.label}: cannot read its memory ({error.strerror})")
+        try:
+            layout = _debug_offsets(mem, runtime, table) or layout
+        finally:
+            os.close(mem)
+    if layout is None:
+        return _with_problem(found, f"{found.label}: no debug offsets and no table (memrec reads {SUPPORTED})")
+    return Interpreter(pid, entry.path, version, runtime, code_type, layout)
+
+
+def _with_problem(found: Interpreter, problem: str) -> Interpreter:
+    return Interpreter(found.pid, found.path, found.version, found.runtime, found.code_type, None, problem)
+
+
+# ---- symbolising ---------------------------------------------------------------------------------
+
+
+def _varint(table: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while i < len(table):
+        byte = table[i]
+        i += 1
+        value |= (byte & 63) << shift
+        shift += 6
+        if not byte & 64:
+            break
+    return value, i
+
+
+def _svarint(table: bytes, i: int) -> tuple[int, int]:
+    value, i = _varint(table, i)
+    return (-(value >> 1) if value & 1 else value >> 1), i
+
+
+def line_of(table: bytes, firstlineno: int, index: int) -> int | None:
+    """The source line of code unit ``index`` in a 3.11+ location table (``co_linetable``), or
+    None when the instruction has no line. Mirrors CPython's ``_PyCode_CheckLineNumber``."""
+    line = firstlineno
+    addr = 0
+    i = 0
+    while i < len(table):
+        first = table[i]
+        i += 1
+        code = (first >> 3) & 15
+        length = (first & 7) + 1
+        delta: int | None = 0
+        if code == 15:  # no location
+            delta = None
+        elif code == 14:  # long form: line delta, end line, column, end column
+            delta, i = _svarint(table, i)
+            for _ in range(3):
+                _, i = _varint(table, i)
+        elif code == 13:  # no column
+            delta, i = _svarint(table, i)
+        elif code >= 10:  # one line form
+            delta = code - 10
+            i += 2
+        else:  # short form
+            i += 1
+        if delta is not None:
+            line += delta
+        if addr <= index < addr + length:
+            return None if delta is None else line
+        addr += length
+    return None
+
+
+@dataclass(frozen=True)
+class _Code:
+    head: bytes  # the object's bytes up to its line table pointer: unchanged while it is the same object
+    file: str
+    function: str
+    firstlineno: int
+    linetable: bytes
+
+
+class _Unreadable(Exception):
+    """A frame's object cannot be read (why in the message)."""
+
+
+class Symboliser:
+    """Turns raw stack records into frames, per process, reading code objects from its memory.
+
+    ``depth``: the most Python frames kept (the probe's ``PY_FRAMES``), innermost first.
+    Code objects are cached per (pid, address) with their header bytes, which are read again for
+    every frame and compared: a code object freed and another put at the same address (different
+    names, line numbers or table) is read afresh, never given the old one's name. Interpreters and
+    reasons come from :meth:`set_interpreter` and :meth:`set_problem` (the daemon's discovery).
+    """
+
+    #: Processes whose memory fd is kept open at once (the oldest is closed first).
+    MAX_OPEN = 64
+
+    def __init__(self, proc: Path = Path("/proc"), depth: int = PY_FRAMES_DEFAULT) -> None:
+        self.proc = proc
+        self.depth = depth
+        self._interpreters: dict[int, Interpreter] = {}
+        self._problems: dict[int, str] = {}
+        self._mem: dict[int, int] = {}
+        self._codes: dict[tuple[int, int], _Code] = {}
+        self._maps: dict[int, list[MapsEntry]] = {}
+        self._functions: dict[tuple[int, int], list[tuple[int, str]]] = {}
+
+    def set_interpreter(self, interp: Interpreter) -> None:
+        self._interpreters[interp.pid] = interp
+        self._problems.pop(interp.pid, None)
+
+    def set_problem(self, pid: int, problem: str) -> None:
+        """Why ``pid``'s Python stacks cannot be read ("" forgets it: not a Python process)."""
+        self._interpreters.pop(pid, None)
+        if problem:
+            self._problems[pid] = problem
+        else:
+            self._problems.pop(pid, None)
+
+    def forget(self, pid: int) -> None:
+        """The process exited: drop what is cached of it."""
+        self._interpreters.pop(pid, None)
+        self._problems.pop(pid, None)
+        self._maps.pop(pid, None)
+        fd = self._mem.pop(pid, None)
+        if fd is not None:
+            os.close(fd)
+        for key in [k for k in self._codes if k[0] == pid]:
+            del self._codes[key]
+
+    def close(self) -> None:
+        for pid in list(self._mem):
+            self.forget(pid)
+
+    # -- one record -------------------------------------------------------------------------------
+    def stack(self, rec: np.void, native: bool = True) -> Stack:
+        """The frames of one ``STACK_DTYPE`` record, innermost first (Python frames, then the
+        native return addresses with ``native``), or Unavailable with the reason."""
+        pid = int(rec["pid"])
+        status = int(rec["status"])
+        frames: list[Frame] = []
+        reason = ""
+        base = status & ~STACK_TRUNCATED
+        if base == STACK_OK:
+            interp = self._interpreters.get(pid)
+            if interp is None or interp.offsets is None:
+                reason = "interpreter forgotten before the stack was read"
+            else:
+                slots = int(rec["npy"])
+                frames = self._python(pid, interp, rec["code"][:slots], rec["instr"][:slots])
+                if not frames:  # a thread state without a frame: C++ code that made one
+                    reason = "the thread runs no Python code (its thread state has no frame)"
+                if status & STACK_TRUNCATED or len(frames) > self.depth:
+                    frames = frames[: self.depth]
+                    frames.append(Frame("<truncated>", 0, f"more than {len(frames)} frames"))
+        elif base == STACK_NO_INTERPRETER:
+            if pid in self._problems:
+                reason = self._problems[pid]
+            elif pid in self._interpreters:
+                reason = "interpreter located after this allocation"
+            else:
+                reason = ""  # not a Python process (as far as memrec knows): native frames only
+        elif base == STACK_NO_THREAD:
+            reason = "no Python thread state for this thread (a thread that never ran Python)"
+        else:
+            reason = "the interpreter's memory could not be read at the probe"
+        if reason and not frames:
+            if not native or not int(rec["nnative"]):
+                return Unavailable(reason)
+            frames.append(Frame("<python stack unavailable>", 0, reason))
+        if native:
+            frames += self._native(pid, rec["native"][: int(rec["nnative"])])
+        return tuple(frames) if frames else Unavailable("no Python interpreter and no native frames")
+
+    # -- Python frames ----------------------------------------------------------------------------
+    def _fd(self, pid: int) -> int:
+        fd = self._mem.get(pid)
+        if fd is None:
+            if len(self._mem) >= self.MAX_OPEN:
+                oldest = next(iter(self._mem))
+                os.close(self._mem.pop(oldest))
+            fd = self._mem[pid] = os.open(self.proc / str(pid) / "mem", os.O_RDONLY | os.O_CLOEXEC)
+        return fd
+
+    def _python(self, pid: int, interp: Interpreter, codes: np.ndarray, instrs: np.ndarray) -> list[Frame]:
+        o = interp.offsets
+        assert o is not None
+        out = []
+        for code, instr in zip(codes.tolist(), instrs.tolist()):
+            if code == 0:  # a C-stack shim frame (3.12+): not the program's
+                continue
+            if code == 1:
+                out.append(Frame("<unreadable>", 0, "the frame's fields could not be read at the probe"))
+                continue
+            try:
+                obj = self._code(pid, interp, code)
+                index = (instr - code - o.co_code_adaptive) // 2
+                line = line_of(obj.linetable, obj.firstlineno, index) if index >= 0 else None
+                out.append(Frame(obj.file, line if line is not None else obj.firstlineno, obj.function))
+            except _Unreadable as why:
+                out.append(Frame("<unreadable>", 0, str(why)))
+        return out
+
+    def _read(self, pid: int, addr: int, size: int) -> bytes:
+        try:
+            data = os.pread(self._fd(pid), size, addr)
+        except OSError as error:
+            raise _Unreadable(f"memory at 0x{addr:x}: {error.strerror}") from None
+        if len(data) != size:
+            raise _Unreadable(f"memory at 0x{addr:x}: short read")
+        return data
+
+    def _code(self, pid: int, interp: Interpreter, addr: int) -> _Code:
+        o = interp.offsets
+        assert o is not None
+        head = self._read(pid, addr, o.co_linetable + 8)
+        cached = self._codes.get((pid, addr))
+        if cached is not None and cached.head == head:
+            return cached
+        (ob_type,) = struct.unpack_from("<Q", head, 8)
+        if ob_type != interp.code_type:
+            raise _Unreadable(f"object at 0x{addr:x} is not a code object")
+        field = lambda off: struct.unpack_from("<Q", head, off)[0]  # noqa: E731
+        (firstlineno,) = struct.unpack_from("<i", head, o.co_firstlineno)
+        table = field(o.co_linetable)
+        (size,) = struct.unpack("<q", self._read(pid, table + 16, 8))
+        if not 0 <= size <= 1 << 20:
+            raise _Unreadable(f"line table of {size} bytes")
+        linetable = self._read(pid, table + 32, size)  # PyBytesObject.ob_sval
+        got = _Code(head, self._string(pid, o, field(o.co_filename)), self._string(pid, o, field(o.co_qualname)),
+                    firstlineno, linetable)
+        if len(self._codes) > 1 << 16:
+            self._codes.clear()
+        self._codes[(pid, addr)] = got
+        return got
+
+    def _string(self, pid: int, o: Offsets, addr: int) -> str:
+        head = self._read(pid, addr, o.ascii_size)
+        (length,) = struct.unpack_from("<q", head, 16)
+        (state,) = struct.unpack_from("<I", head, 32)
+        kind, compact, ascii_ = (state >> 2) & 7, (state >> 5) & 1, (state >> 6) & 1
+        if not compact or kind not in (1, 2, 4) or not 0 <= length <= 4096:
+            raise _Unreadable(f"string at 0x{addr:x} is not a compact string")
+        if ascii_:
+            return self._read(pid, addr + o.ascii_size, length).decode("ascii", "replace")
+        data = self._read(pid, addr + o.compact_size, length * kind)
+        return data.decode({1: "latin-1", 2: "utf-16-le", 4: "utf-32-le"}[kind], "replace")
+
+    # -- native frames ----------------------------------------------------------------------------
+    def _native(self, pid: int, addrs: np.ndarray) -> list[Frame]:
+        out = []
+        for addr in addrs.tolist():
+            entry = self._mapping(pid, addr)
+            if entry is None or "x" not in entry.perms:
+                break  # without frame pointers the walk goes astray here: what follows is not code
+            offset = addr - entry.start + entry.offset
+            out.append(Frame(entry.path, offset, self._symbol(pid, entry, offset), native=True))
+        return out
+
+    def _mapping(self, pid: int, addr: int) -> MapsEntry | None:
+        for fresh in (False, True):
+            if fresh or pid not in self._maps:
+                try:
+                    self._maps[pid] = parse_maps((self.proc / str(pid) / "maps").read_text())
+                except OSError:
+                    self._maps[pid] = []
+            for e in self._maps[pid]:
+                if e.start <= addr < e.end:
+                    return e
+            if fresh:
+                break
+        return None
+
+    def _symbol(self, pid: int, entry: MapsEntry, offset: int) -> str:
+        key = (entry.dev, entry.inode)
+        table = self._functions.get(key)
+        if table is None:
+            table = []
+            with contextlib.suppress(OSError, ElfError):
+                fd = _open_mapped(pid, entry, self.proc)
+                try:
+                    table = sorted((off, name) for name, off in function_offsets(fd).items())
+                finally:
+                    os.close(fd)
+            self._functions[key] = table
+        lo, hi = 0, len(table)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if table[mid][0] <= offset:
+                lo = mid + 1
+            else:
+                hi = mid
+        if not lo:
+            return ""
+        start, name = table[lo - 1]
+        return f"{name}+0x{offset - start:x}"
