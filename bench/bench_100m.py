@@ -39,11 +39,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from memrec.columns import NVML_DTYPE  # noqa: E402
-from memrec.columns import empty_events  # noqa: E402
-from memrec.events import Api  # noqa: E402
-from memrec.events import Kind  # noqa: E402
-from memrec.events import Marker  # noqa: E402
+from memrec.terms.columns import NVML_DTYPE  # noqa: E402
+from memrec.terms.columns import empty_events  # noqa: E402
+from memrec.terms.events import Api  # noqa: E402
+from memrec.terms.events import Kind  # noqa: E402
+from memrec.terms.events import Marker  # noqa: E402
 
 GiB = 1 << 30
 MiB = 1 << 20

@@ -65,7 +65,7 @@ def run_delay_ns(pid: int) -> int:
 
 
 def one_run(config: str, lib: Path, loop: Path, procs: int, pairs: int, python: str) -> dict:
-    from memrec.events import Kind
+    from memrec.terms.events import Kind
     from memrec.trace.reader import load_trace
 
     workdir = Path(tempfile.mkdtemp(prefix="mrbusy", dir="/tmp"))
@@ -111,7 +111,7 @@ def main() -> int:
     if os.geteuid() != 0:
         print("bench_busy_host: needs root (BPF)", file=sys.stderr)
         return 1
-    from memrec.stubdriver.build import build_stub
+    from memrec.validation.stubdriver.build import build_stub
 
     configs = args.config or ["new"]
     results: dict[str, list[dict]] = {c: [] for c in configs}

@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.bench_state import live_state  # noqa: E402
 from daemon.config import DaemonConfig  # noqa: E402
 from daemon.server import Daemon  # noqa: E402
-from memrec import protocol  # noqa: E402
-from memrec.events import Kind  # noqa: E402
+from memrec.terms import protocol  # noqa: E402
+from memrec.terms.events import Kind  # noqa: E402
 from memrec.state import LiveState  # noqa: E402
 from memrec.trace import frames  # noqa: E402
 from memrec.trace.format import encode_record  # noqa: E402

@@ -70,7 +70,7 @@ def with_daemon(cu, pairs: int) -> dict:
     tmp = tempfile.mkdtemp()
     sock = os.path.join(tmp, "memrec.sock")
     proc = subprocess.Popen([sys.executable, "-m", "memrec", "daemon", "-o", tmp, "--socket", sock])
-    from memrec.live import wait_for_daemon
+    from memrec.subscriber import wait_for_daemon
 
     wait_for_daemon(sock, timeout=120)
     try:

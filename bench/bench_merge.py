@@ -17,10 +17,10 @@ from pathlib import Path
 
 from bench_state import workload
 
-from memrec.events import GpuInfo
+from memrec.terms.events import GpuInfo
 from memrec.state import LiveState
 from memrec.trace import format as fmt
-from memrec.trace.merge import merge_traces
+from memrec.engine.merge import merge_traces
 from memrec.trace.reader import load_trace
 from memrec.trace.writer import TraceWriter
 

@@ -100,7 +100,7 @@ def main() -> int:
         return 1
 
     from memrec.probes.cuda import CudaProbes
-    from memrec.stubdriver.build import build_stub
+    from memrec.validation.stubdriver.build import build_stub
 
     names = ("baseline", "noop-entry", "noop-entry+ret", "memrec")
     results: dict[str, list[float]] = {n: [] for n in names}

@@ -4,7 +4,7 @@ A CPython 3.12 process (pyenv) calls cuMemAlloc_v2 N times from a Python stack 8
 Rounds interleave three programs: none attached (the floor), the driver probes without stacks,
 and with stacks (the process located, so the probe walks its frames). Prints the median time per
 call of each and the ratios. Then the same for the wall time of the demo workload's start-up
-stand-in (``python -m memrec.stubdriver.workload basic vmm nccl_init``, this venv's CPython, located
+stand-in (``python -m memrec.validation.stubdriver.workload basic vmm nccl_init``, this venv's CPython, located
 before it starts; the children it starts are not located in time and get native stacks only).
 Also, and less exposed to a loaded host's noise than wall times: the BPF programs' own run time
 per hit of ``enter_cuMemAlloc_v2`` (the entry probe, where the stack is read) and
@@ -26,7 +26,7 @@ from memrec.probes import bpfsys
 from memrec.probes.cuda import CudaProbes
 from memrec.probes.cuda import StackOptions
 from memrec.probes.pystacks import locate
-from memrec.stubdriver.build import build_stub
+from memrec.validation.stubdriver.build import build_stub
 
 LOOP = """
 import ctypes, sys, time
@@ -60,7 +60,7 @@ def run(stub: Path, n: int, probes: CudaProbes | None) -> float:
     return float(out)
 
 
-WORKLOAD = ["-m", "memrec.stubdriver.workload", "basic", "vmm", "nccl_init", "--wait"]
+WORKLOAD = ["-m", "memrec.validation.stubdriver.workload", "basic", "vmm", "nccl_init", "--wait"]
 
 
 def run_workload(stub: Path, probes: CudaProbes | None) -> float:

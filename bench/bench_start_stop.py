@@ -105,7 +105,7 @@ def bench_cli(repeat: int) -> None:
 @contextlib.contextmanager
 def _pong_server(path: str):
     """A socket at ``path`` that answers each connection's ping with the daemon's pong."""
-    from memrec import protocol
+    from memrec.terms import protocol
 
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
@@ -142,7 +142,7 @@ def private_stub() -> Path:
     makes the kernel refuse any other probe at the same offset of the same inode."""
     import shutil
 
-    from memrec.stubdriver.build import build_stub
+    from memrec.validation.stubdriver.build import build_stub
 
     lib = build_stub()
     dest = Path(tempfile.mkdtemp(prefix="mrbstub", dir="/tmp")) / lib.name
@@ -242,7 +242,7 @@ def daemon_run(lib: Path, cache: str, stop: bool) -> tuple[float, float, float]:
 
     Recording means the marker socket answers a ping (the loop runs: probes attached, first file open).
     """
-    from memrec import protocol
+    from memrec.terms import protocol
     from memrec.trace.reader import load_trace
 
     with tempfile.TemporaryDirectory(prefix="mrb", dir="/tmp") as tmp:

@@ -1,7 +1,7 @@
 """LiveState in the daemon: events per second, memory per live allocation, keyframe stalls.
 
     .venv/bin/python bench/bench_state.py [--events 1000000] [--batch 20000] [--live 1000000]
-                                          [--repeat 3] [--baseline /path/to/old/memrec/state.py]
+                                          [--repeat 3] [--baseline /path/to/old/memrec/state[.py]]
 
 Every number comes with a floor measured in the same run (the machine is shared):
 
@@ -17,8 +17,9 @@ Every number comes with a floor measured in the same run (the machine is shared)
    it in the thread, the bytes written, and the longest loop step while one is built (a loop
    ticking every 1 ms applying small batches, as the daemon's does).
 
-``--baseline`` loads another ``memrec/state.py`` (e.g. ``git show main~1:memrec/state.py``) and
-runs the same measures on it.
+``--baseline`` loads another ``memrec/state.py`` (e.g. ``git show main~1:memrec/state.py``) or
+``memrec/state/`` package folder (e.g. of ``git worktree add /tmp/old main~1``) and runs the same
+measures on it, in the same run (the ratio between the two is what to read on a shared machine).
 """
 
 from __future__ import annotations
@@ -38,12 +39,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from memrec.columns import RAW_DTYPE  # noqa: E402
-from memrec.columns import empty_events  # noqa: E402
-from memrec.columns import with_gpu  # noqa: E402
+from memrec.terms.columns import RAW_DTYPE  # noqa: E402
+from memrec.terms.columns import empty_events  # noqa: E402
+from memrec.terms.columns import with_gpu  # noqa: E402
 from memrec.daemon.keyframes import Keyframes  # noqa: E402
-from memrec.events import FLAG_IPC_BYTES  # noqa: E402
-from memrec.events import Kind  # noqa: E402
+from memrec.terms.events import FLAG_IPC_BYTES  # noqa: E402
+from memrec.terms.events import Kind  # noqa: E402
 from memrec.state import LiveState  # noqa: E402
 from memrec.trace.format import encode_record  # noqa: E402
 from memrec.trace.format import keyframe_record  # noqa: E402
@@ -325,6 +326,18 @@ def breakdown(raw: np.ndarray, batch: int) -> tuple[float, dict[str, float]]:
 
 
 def _load(path: str) -> ModuleType:
+    """Another LiveState: a ``memrec/state.py`` file, or a ``memrec/state/`` package folder (copied
+    as the package ``baseline_state``, its own imports rewritten; the rest of memrec is this one)."""
+    if Path(path).is_dir():
+        import re
+        import tempfile
+
+        where = Path(tempfile.mkdtemp(prefix="bench-state-")) / "baseline_state"
+        where.mkdir()
+        for src in Path(path).glob("*.py"):
+            (where / src.name).write_text(re.sub(r"\bmemrec\.state\b", "baseline_state", src.read_text()))
+        sys.path.insert(0, str(where.parent))
+        return importlib.import_module("baseline_state")
     spec = importlib.util.spec_from_file_location("baseline_state", path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
@@ -338,7 +351,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=20_000)
     parser.add_argument("--live", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--baseline", help="another memrec/state.py to measure the same way")
+    parser.add_argument("--baseline", help="another memrec/state.py or memrec/state/ folder to measure the same way")
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: rate,breakdown,memory,keyframes")
     args = parser.parse_args()
     skip = set(args.skip.split(","))

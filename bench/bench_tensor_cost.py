@@ -125,7 +125,7 @@ class Daemon:
     """``memrec daemon`` with ``options`` for one measurement, its trace discarded after."""
 
     def __init__(self, python: str, options: list[str], tmp: Path, cpus: set[int]) -> None:
-        from memrec.live import wait_for_daemon
+        from memrec.subscriber import wait_for_daemon
 
         self.sock = str(tmp / "bench.sock")
         self.trace = tmp / "bench.mrec"
@@ -154,7 +154,7 @@ class Daemon:
 
 
 def _kind_counts(trace) -> dict:
-    from memrec.events import Kind
+    from memrec.terms.events import Kind
 
     kinds = trace.events["kind"]
     counts = {k.name: int((kinds == int(k)).sum()) for k in (Kind.TENSOR_ALLOC, Kind.TENSOR_FREE)}

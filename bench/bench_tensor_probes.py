@@ -4,7 +4,7 @@ the kernel's optimized uprobe path (5-byte nop sites, kernel >= 6.18 on x86-64) 
 
 Usage (root, bcc importable): python bench/bench_tensor_probes.py [--pairs N] [--repeat R]
 
-A small C program (compiled here) dlopens the stub libc10_cuda.so (memrec/stubdriver/
+A small C program (compiled here) dlopens the stub libc10_cuda.so (memrec/validation/stubdriver/
 c10_cuda_stub.S: pytorch:malloc/free USDT probes with PyTorch 2.11's argument forms behind
 semaphores) and times N malloc + free probe pairs with CLOCK_MONOTONIC, so no Python sits in the
 measured loop. The same loop runs, interleaved, in one session, under:
@@ -108,9 +108,9 @@ def main() -> int:
 
     import numpy as np
 
-    from memrec.events import Kind
+    from memrec.terms.events import Kind
     from memrec.probes.cuda import CudaProbes
-    from memrec.stubdriver.build import build_torch_stub
+    from memrec.validation.stubdriver.build import build_torch_stub
 
     results: dict[str, list[float]] = {n: [] for n in NAMES}
     with tempfile.TemporaryDirectory() as tmp:

@@ -26,9 +26,9 @@ import time
 
 import numpy as np
 
-from memrec.columns import EVENT_DTYPE
-from memrec.columns import empty_events
-from memrec.events import FLAG_IPC_BYTES
+from memrec.terms.columns import EVENT_DTYPE
+from memrec.terms.columns import empty_events
+from memrec.terms.events import FLAG_IPC_BYTES
 from memrec.trace.reader import TraceReader
 from memrec.trace.reader import load_trace
 from memrec.trace.writer import TraceWriter

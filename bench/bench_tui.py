@@ -39,11 +39,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from memrec.columns import NVML_DTYPE  # noqa: E402
-from memrec.columns import empty_events  # noqa: E402
-from memrec.events import Api  # noqa: E402
-from memrec.events import Kind  # noqa: E402
-from memrec.events import Marker  # noqa: E402
+from memrec.terms.columns import NVML_DTYPE  # noqa: E402
+from memrec.terms.columns import empty_events  # noqa: E402
+from memrec.terms.events import Api  # noqa: E402
+from memrec.terms.events import Kind  # noqa: E402
+from memrec.terms.events import Marker  # noqa: E402
 from memrec.state import LiveState  # noqa: E402
 
 GiB = 1 << 30

@@ -41,11 +41,11 @@ def recorded_traces(out: Path) -> list[Path]:
     if os.geteuid() != 0:
         print("(not root: no recorded stub-driver traces; run with sudo to include them)", file=sys.stderr)
         return []
-    from memrec.stubdriver.build import build_stub
+    from memrec.validation.stubdriver.build import build_stub
 
     stub = str(build_stub())
     run = out / "run.mrec"
-    workload = [sys.executable, "-m", "memrec.stubdriver.workload", "--lib", stub, "basic", "leak"]
+    workload = [sys.executable, "-m", "memrec.validation.stubdriver.workload", "--lib", stub, "basic", "leak"]
     jobs = [
         [sys.executable, "-m", "memrec", "record", "--libcuda", stub, "-o", str(run), "--", *workload],
         [sys.executable, "-m", "memrec", "demo", "-o", str(out / "demo.mrec")],

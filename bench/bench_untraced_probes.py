@@ -13,7 +13,7 @@ The same workload runs R times under each of three set-ups, interleaved so drift
               cuKernelGetFunction, cuMemPool*, cuDeviceGetDefaultMemPool, and the NVML readings
               around context binds and code loads)
 
-GPU workloads (memrec.gpu.untraced_workloads, timings measured inside the process): ``launches``
+GPU workloads (memrec.validation.gpu.untraced_workloads, timings measured inside the process): ``launches``
 (context, first cuBLAS matmul, 2,000 kernel launches: the launch path must cost the same in all
 three) and ``nccl`` (NCCL init + one all-reduce: 148 cuKernelGetFunction and a pool on an H200).
 Stub workload: the ``nccl_init`` scenario (what NCCL's init does to the driver: a library, 243
@@ -49,7 +49,7 @@ def start_daemon(work: Path, setup: str, stub: str | None) -> tuple[subprocess.P
         cmd += ["--libcuda", stub]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 180
-    from memrec import protocol
+    from memrec.terms import protocol
 
     while time.monotonic() < deadline:
         try:
@@ -65,20 +65,20 @@ def start_daemon(work: Path, setup: str, stub: str | None) -> tuple[subprocess.P
 
 def run_gpu(scenario: str, work: Path) -> dict:
     facts = work / "facts.json"
-    cmd = [sys.executable, "-m", "memrec.gpu.untraced_workloads", scenario, "--facts", str(facts), "--idle", "0"]
+    cmd = [sys.executable, "-m", "memrec.validation.gpu.untraced_workloads", scenario, "--facts", str(facts), "--idle", "0"]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     return json.loads(facts.read_text())["timings"]
 
 
 def run_stub(lib: str) -> dict:
-    cmd = [sys.executable, "-m", "memrec.stubdriver.workload", "--lib", lib, *(["nccl_init"] * 4)]
+    cmd = [sys.executable, "-m", "memrec.validation.stubdriver.workload", "--lib", lib, *(["nccl_init"] * 4)]
     t = time.monotonic()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env={**os.environ, "MEMREC_STUB_PACE_US": "500"})
     return {"total": time.monotonic() - t}
 
 
 def kinds_in(trace: Path) -> dict[str, int]:
-    from memrec.events import Kind
+    from memrec.terms.events import Kind
     from memrec.trace.reader import load_trace
 
     ev = load_trace(trace).events
@@ -98,7 +98,7 @@ def main() -> int:
     setups = [s for s in args.setups.split(",") if s in SETUPS]
     stub = None
     if args.stub:
-        from memrec.stubdriver.build import build_stub
+        from memrec.validation.stubdriver.build import build_stub
 
         stub = str(build_stub())
     workloads = ["stub"] if stub else args.workloads.split(",")

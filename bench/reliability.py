@@ -58,8 +58,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.fuzz (the crafted files, the checks)
 
-from memrec import protocol  # noqa: E402
-from memrec.events import Kind  # noqa: E402
+from memrec.terms import protocol  # noqa: E402
+from memrec.terms.events import Kind  # noqa: E402
 from memrec.state import LiveState  # noqa: E402
 from memrec.trace.reader import load_trace  # noqa: E402
 
@@ -67,7 +67,7 @@ from memrec.trace.reader import load_trace  # noqa: E402
 #: ``count`` times; prints its pid, then "done <n> <t_ns>" when finished.
 WORKLOAD = r"""
 import ctypes, os, sys, time
-from memrec.stubdriver.workload import Driver, Facts
+from memrec.validation.stubdriver.workload import Driver, Facts
 lib_path, rate, count, markers = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
 drv = Driver(lib_path, Facts())
 drv.init()
@@ -251,7 +251,7 @@ def cmd_soak(args, lib: Path) -> None:
 #: ``connect SECONDS`` (one marker, then stay). Prints what it sent.
 ATTACKER = r"""
 import socket, sys, time
-from memrec import protocol
+from memrec.terms import protocol
 path, what, arg = sys.argv[1], sys.argv[2], float(sys.argv[3])
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 s.connect(path)
@@ -444,7 +444,7 @@ logging.disable(logging.CRITICAL)
 warnings.simplefilter("ignore")
 path = sys.argv[1]
 import memrec, memrec.tui.sources, memrec.analysis.report.build
-from memrec._errors import TraceFormatError
+from memrec.base.errors import TraceFormatError
 from tests.fuzz.harness import run_commands, load_in_tui
 if sys.argv[3] == "work":
     run_commands(path)
@@ -516,7 +516,7 @@ def cmd_readers(args, lib: Path | None) -> None:
 
 def _core_check(path: str) -> None:
     """The cheaper check of every file: load, the report in text and JSON, and dump's walk."""
-    from memrec._errors import TraceFormatError
+    from memrec.base.errors import TraceFormatError
     from memrec.analysis.report.build import build_report
     from memrec.analysis.report.text import render_text
     from memrec.export.jsonl import dump_trace
@@ -746,7 +746,7 @@ def main() -> None:
                 "readers": cmd_readers, "fuzz": cmd_fuzz, "edges": cmd_edges}
     lib = None
     if args.what in ("kill", "overload", "soak", "hostile"):
-        from memrec.stubdriver.build import build_stub
+        from memrec.validation.stubdriver.build import build_stub
 
         lib = build_stub()
     commands[args.what](args, lib)

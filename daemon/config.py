@@ -15,8 +15,8 @@ from pathlib import Path
 
 from memrec.daemon.scheduling import DEFAULT as DEFAULT_SCHEDULING
 from memrec.daemon.scheduling import parse as scheduling_policy
-from memrec.protocol import DEFAULT_SOCKET
-from memrec.units import parse_size as byte_size  # the one size parser (the TUI's filter reads sizes with it too)
+from memrec.terms.protocol import DEFAULT_SOCKET
+from memrec.terms.units import parse_size as byte_size  # the one size parser (the TUI's filter reads sizes with it too)
 
 DEFAULT_OUTPUT = "/var/lib/memrec/"
 GiB = 1 << 30

@@ -17,8 +17,8 @@ from typing import Callable
 
 import numpy as np
 
-from memrec._errors import ProbeLoadError
-from memrec._errors import one_line
+from memrec.base.errors import ProbeLoadError
+from memrec.base.errors import one_line
 from memrec.daemon.config import DEFAULT_PROBE_CACHE
 from memrec.daemon.config import DaemonConfig
 from memrec.daemon.throttle import Throttle

@@ -26,11 +26,11 @@ from typing import Callable
 
 import numpy as np
 
-from memrec._untrusted import clean_text
-from memrec.events import GpuInfo
-from memrec.events import Kind
-from memrec.events import Marker
-from memrec.events import ProcessInfo
+from memrec.base.untrusted import clean_text
+from memrec.terms.events import GpuInfo
+from memrec.terms.events import Kind
+from memrec.terms.events import Marker
+from memrec.terms.events import ProcessInfo
 
 log = logging.getLogger(__name__)
 

@@ -25,9 +25,9 @@ from typing import Callable
 
 import numpy as np
 
-from memrec._untrusted import clean_text
+from memrec.base.untrusted import clean_text
 from memrec.daemon.throttle import Throttle
-from memrec.events import Marker
+from memrec.terms.events import Marker
 
 log = logging.getLogger(__name__)
 

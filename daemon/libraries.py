@@ -16,7 +16,7 @@ import os
 from typing import Any
 from typing import Callable
 
-from memrec._errors import one_line
+from memrec.base.errors import one_line
 
 log = logging.getLogger(__name__)
 

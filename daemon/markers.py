@@ -1,6 +1,6 @@
 """The marker socket server: accepts clients, decodes their frames, stamps who sent them.
 
-Every connection has its own :class:`~memrec.protocol.FrameDecoder`; a marker is stamped with the
+Every connection has its own :class:`~memrec.terms.protocol.FrameDecoder`; a marker is stamped with the
 peer's pid and uid from ``SO_PEERCRED`` (taken by the kernel when the client connected), so a
 client cannot speak for another process. A bad frame or message gets an ``error`` reply, the
 connection is closed and counted; the server goes on serving everybody else.
@@ -34,10 +34,10 @@ import struct
 import time
 from typing import Callable
 
-from memrec import protocol
-from memrec._untrusted import short_repr
+from memrec.terms import protocol
+from memrec.base.untrusted import short_repr
 from memrec.daemon.throttle import Throttle
-from memrec.events import Marker
+from memrec.terms.events import Marker
 
 log = logging.getLogger(__name__)
 

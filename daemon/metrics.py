@@ -29,13 +29,13 @@ from typing import Iterator
 
 import numpy as np
 
-from memrec._errors import SocketError
-from memrec._errors import UnavailableError
-from memrec.columns import RAW_DTYPE
-from memrec.events import CATEGORIES
-from memrec.events import CU_RESULT_NAMES
-from memrec.events import GpuInfo
-from memrec.events import Marker
+from memrec.base.errors import SocketError
+from memrec.base.errors import UnavailableError
+from memrec.terms.columns import RAW_DTYPE
+from memrec.terms.events import CATEGORIES
+from memrec.terms.events import CU_RESULT_NAMES
+from memrec.terms.events import GpuInfo
+from memrec.terms.events import Marker
 from memrec.state import IPC_MAPPED
 from memrec.state.tensors import TensorBlocks
 
@@ -281,7 +281,7 @@ class DaemonMetrics:
             from prometheus_client import generate_latest
             from prometheus_client.registry import CollectorRegistry
         except ImportError:
-            from memrec.extras import install_command
+            from memrec.base.extras import install_command
 
             raise UnavailableError(
                 f"--metrics-addr needs prometheus-client: {install_command('metrics', ('prometheus-client',))}"

@@ -13,9 +13,9 @@ from typing import Callable
 
 import numpy as np
 
-from memrec._errors import MemrecError
+from memrec.base.errors import MemrecError
 from memrec.daemon.config import DaemonConfig
-from memrec.events import GpuInfo
+from memrec.terms.events import GpuInfo
 
 log = logging.getLogger(__name__)
 

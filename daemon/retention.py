@@ -27,18 +27,16 @@ import secrets
 import stat
 from pathlib import Path
 
+from memrec.base.files import append_in
+from memrec.base.files import create_in
+from memrec.base.files import open_folder
+
 log = logging.getLogger(__name__)
 
 #: The ledger's name in the trace folder.
 LEDGER = ".memrec-written"
 #: The most bytes of a ledger read (about 10,000 entries): older entries beyond are forgotten.
 MAX_LEDGER_BYTES = 1 << 20
-_OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def _open_folder(folder: Path) -> int:
-    return os.open(folder, _OPEN_DIR)
 
 
 def _trusted(st: os.stat_result) -> bool:
@@ -94,7 +92,7 @@ def record(folder: Path, path: Path, closed: bool = False) -> None:
     """Note in ``folder``'s ledger a trace file the daemon just created there, or (``closed``) its
     size now that it is complete (appended; the ledger is created at the first file)."""
     try:
-        dir_fd = _open_folder(folder)
+        dir_fd = open_folder(folder)
     except OSError as error:
         log.warning("cannot open %s to note %s in its ledger: %s", folder, path.name, error.strerror or error)
         return
@@ -102,10 +100,7 @@ def record(folder: Path, path: Path, closed: bool = False) -> None:
         st = os.stat(path.name, dir_fd=dir_fd, follow_symlinks=False)
         line = f"{path.name}\t{st.st_dev}\t{st.st_ino}\t{st.st_size if closed else '-'}\n".encode()
         _read_ledger(dir_fd)  # sets an untrusted ledger aside before appending
-        try:
-            fd = os.open(LEDGER, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-        except FileNotFoundError:
-            fd = os.open(LEDGER, _CREATE, 0o600, dir_fd=dir_fd)
+        fd = append_in(dir_fd, LEDGER, 0o600)
         try:
             os.write(fd, line)
         finally:
@@ -123,7 +118,7 @@ def prune(directory: Path, keep: int, current: Path | None = None) -> list[str]:
     if keep < 1:
         return []
     try:
-        dir_fd = _open_folder(directory)
+        dir_fd = open_folder(directory)
     except OSError as error:
         log.warning("cannot open %s to prune old traces: %s", directory, error.strerror or error)
         return []
@@ -159,7 +154,7 @@ def _rewrite(dir_fd: int, entries: list[Entry]) -> None:
     """Replace the ledger with ``entries`` (a new file renamed over it: never half written)."""
     tmp = f"{LEDGER}.new-{secrets.token_hex(4)}"
     try:
-        fd = os.open(tmp, _CREATE, 0o600, dir_fd=dir_fd)
+        fd, _ = create_in(dir_fd, tmp, 0o600)
         try:
             os.write(fd, "".join(f"{n}\t{d}\t{i}\t{'-' if z is None else z}\n" for n, d, i, z in entries).encode())
         finally:

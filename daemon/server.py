@@ -38,9 +38,10 @@ from typing import Callable
 
 import numpy as np
 
-from memrec import __version__
-from memrec._errors import OutputError
-from memrec.columns import with_gpu
+from memrec.base.files import open_folder
+from memrec.base.version import __version__
+from memrec.base.errors import OutputError
+from memrec.terms.columns import with_gpu
 from memrec.daemon import retention
 from memrec.daemon.config import DaemonConfig
 from memrec.daemon.fanout import Fanout
@@ -75,10 +76,10 @@ from memrec.daemon.tracefiles import create_sink
 from memrec.daemon.tracefiles import resolve_folder
 from memrec.daemon.untraced import UntracedReadings
 from memrec.daemon.untraced import name_images
-from memrec.events import GpuInfo
-from memrec.events import Kind
-from memrec.events import Marker
-from memrec.events import ProcessInfo
+from memrec.terms.events import GpuInfo
+from memrec.terms.events import Kind
+from memrec.terms.events import Marker
+from memrec.terms.events import ProcessInfo
 from memrec.state import LiveState
 from memrec.trace.format import encode_record
 from memrec.trace.format import keyframe_record
@@ -596,7 +597,7 @@ class Daemon:
         keyframe is built in a thread and written before the file's events (:class:`HoldingSink`)."""
         try:
             if sink is None:
-                path.parent.mkdir(parents=True, exist_ok=True)
+                os.close(open_folder(path.parent, parents=True))  # (memrec.base.files' one link policy)
                 sink = create_sink(path)
             holder = HoldingSink(sink, self.fanout.publish if self.fanout is not None else None)
             self.writer = TraceWriter(holder, self._header(reason))

@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from memrec._errors import PrivilegeError
+from memrec.base.errors import PrivilegeError
 from memrec.daemon.notify import Notifier
 
 log = logging.getLogger(__name__)

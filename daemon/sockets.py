@@ -19,7 +19,8 @@ import socket
 import stat
 from pathlib import Path
 
-from memrec._errors import SocketError
+from memrec.base.errors import SocketError
+from memrec.base.files import open_folder
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ def bind_unix_socket(
     created_dir = None
     if not path.parent.exists():
         try:
-            path.parent.mkdir(parents=True, mode=0o755)
+            os.close(open_folder(path.parent, parents=True, mode=0o755))  # (memrec.base.files' one link policy)
         except OSError as error:
             raise SocketError(f"cannot create {path.parent}: {error.strerror}") from None
         created_dir = path.parent

@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from memrec._errors import one_line
-from memrec.events import FLAG_STACK
-from memrec.events import Kind
+from memrec.base.errors import one_line
+from memrec.terms.events import FLAG_STACK
+from memrec.terms.events import Kind
 from memrec.probes.procinfo import read_start_time
 from memrec.probes.pystacks import Interpreter
 from memrec.probes.pystacks import Symboliser

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from memrec._errors import one_line
+from memrec.base.errors import one_line
 
 log = logging.getLogger(__name__)
 

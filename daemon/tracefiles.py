@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from memrec._errors import OutputError
+from memrec.base.errors import OutputError
 from memrec.daemon.config import DaemonConfig
 from memrec.daemon.throttle import Throttle
 from memrec.trace.writer import MAX_HELD_BYTES

@@ -41,10 +41,10 @@ from typing import Callable
 
 import numpy as np
 
-from memrec.events import FLAG_NAME
-from memrec.events import IPC_HANDLE_SIZE
-from memrec.events import STREAM_ORDERED_APIS
-from memrec.events import Kind
+from memrec.terms.events import FLAG_NAME
+from memrec.terms.events import IPC_HANDLE_SIZE
+from memrec.terms.events import STREAM_ORDERED_APIS
+from memrec.terms.events import Kind
 from memrec.probes.libs import parse_maps
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from memrec.client import mark
     from memrec.client import phase
 
-__version__ = "0.1.0"
+from memrec.base.version import __version__
 __all__ = ["__version__", "load", "mark", "phase"]
 
 

@@ -32,13 +32,13 @@ from memrec.analysis.untraced.reconcile import reconcile
 from memrec.engine.replay import initial_state
 from memrec.engine.replay import trace_bounds
 from memrec.engine.replay import trace_phases
-from memrec.events import OWNED
+from memrec.terms.events import OWNED
 from memrec.engine.replay import Timeline
 from memrec.engine.replay import build_timeline
 from memrec.engine.replay import state_at
 from memrec.engine.ipc import IpcOpens
 from memrec.engine.ipc import ipc_opens
-from memrec.ranks import pid_labels
+from memrec.terms.ranks import pid_labels
 from memrec.trace.clock import wall_offset_ns
 from memrec.trace.model import Trace
 
@@ -66,7 +66,7 @@ def load(path: str | os.PathLike, pandas: bool | None = None) -> Recording:
         PandasMissing: DataFrames were asked for and pandas is not installed (an ImportError whose
             message is the command that installs it, and ``pandas=False``).
         OSError: the file cannot be opened.
-        memrec._errors.TraceFormatError: not a memrec trace, or a newer format.
+        memrec.base.errors.TraceFormatError: not a memrec trace, or a newer format.
     """
     from memrec.trace.reader import load_trace
 
@@ -84,7 +84,7 @@ def _use_pandas(choice: bool | None) -> bool:
     try:
         import pandas  # noqa: F401
     except ImportError as error:
-        from memrec.extras import install_command
+        from memrec.base.extras import install_command
 
         raise PandasMissing(
             f"memrec.load returns pandas DataFrames and pandas is not installed ({error}): "

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import importlib.resources
 
-from memrec import __version__
+from memrec.base.version import __version__
 from memrec.trace.format import FORMAT_MINOR
 from memrec.trace.format import FORMAT_VERSION
 

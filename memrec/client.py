@@ -31,7 +31,7 @@ import time
 from typing import Any
 from typing import Callable
 
-from memrec import protocol
+from memrec.terms import protocol
 
 log = logging.getLogger(__name__)
 

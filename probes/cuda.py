@@ -33,12 +33,12 @@ from typing import TypeVar
 
 import numpy as np
 
-from memrec._errors import ProbeError
-from memrec.columns import RAW_DTYPE
-from memrec.events import UNTRACED_APIS
-from memrec.events import TENSOR_APIS
-from memrec.events import Api
-from memrec.events import bpf_defines
+from memrec.base.errors import ProbeError
+from memrec.terms.columns import RAW_DTYPE
+from memrec.terms.events import UNTRACED_APIS
+from memrec.terms.events import TENSOR_APIS
+from memrec.terms.events import Api
+from memrec.terms.events import bpf_defines
 from memrec.probes import bpfsys
 from memrec.probes.elfsyms import ElfError
 from memrec.probes.elfsyms import function_offsets
@@ -258,24 +258,6 @@ def _raise_fd_limit(need: int) -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
         except (ValueError, OSError) as exc:
             log.warning("cannot raise the open-file limit to %d: %s", need, exc)
-
-
-#: Where the distributions' packages put bcc (python3-bpfcc on Debian/Ubuntu, python3-bcc on RHEL).
-SYSTEM_BCC_GLOBS = ("/usr/lib/python3/dist-packages/bcc", "/usr/lib/python3*/site-packages/bcc",
-                    "/usr/lib64/python3*/site-packages/bcc")
-
-
-def bcc_missing_hint() -> str:
-    """What to do when bcc does not import. After `pip install memrec` into a virtualenv the
-    system's bcc is usually there but out of this Python's reach: installing it again changes
-    nothing, linking it in does."""
-    import glob
-
-    found = next((hit for pattern in SYSTEM_BCC_GLOBS for hit in sorted(glob.glob(pattern))), None)
-    if found is None:
-        return "install python3-bpfcc (Debian, Ubuntu) or python3-bcc (RHEL, Fedora), then run scripts/setup"
-    return (f"the system's bcc is installed ({found}) but {sys.executable} does not reach it: run scripts/setup, "
-            "or link it into this virtualenv (docs/operations.md, 1. Install)")
 
 
 class CudaProbes:

@@ -32,7 +32,7 @@ def check_bcc() -> Check:
     try:
         import bcc
     except ImportError as error:
-        from memrec.probes.cuda import bcc_missing_hint
+        from memrec.probes.loader import bcc_missing_hint
 
         return Check("bcc", "fail", f"cannot import bcc ({error})", bcc_missing_hint())
     version = getattr(bcc, "__version__", "?")
@@ -90,7 +90,7 @@ def check_nvml() -> Check:
     except nvml.NvmlUnavailable as error:
         # A `pip install memrec` without the extra lacks the binding, not the driver.
         missing = importlib.util.find_spec("pynvml") is None
-        from memrec.extras import install_command
+        from memrec.base.extras import install_command
 
         return Check(
             "nvml",

@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from memrec._untrusted import clean_text
+from memrec.base.untrusted import clean_text
 
 log = logging.getLogger(__name__)
 

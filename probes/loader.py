@@ -18,11 +18,12 @@ import errno
 import logging
 import os
 import struct
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from dataclasses import field
 
-from memrec._errors import ProbeError
+from memrec.base.errors import ProbeError
 from memrec.probes import bpfsys
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,24 @@ def relocate(insns: bytes, fds: dict[int, str], maps: dict[str, int]) -> bytes:
     return bytes(out)
 
 
+#: Where the distributions' packages put bcc (python3-bpfcc on Debian/Ubuntu, python3-bcc on RHEL).
+SYSTEM_BCC_GLOBS = ("/usr/lib/python3/dist-packages/bcc", "/usr/lib/python3*/site-packages/bcc",
+                    "/usr/lib64/python3*/site-packages/bcc")
+
+
+def bcc_missing_hint() -> str:
+    """What to do when bcc does not import. After `pip install memrec` into a virtualenv the
+    system's bcc is usually there but out of this Python's reach: installing it again changes
+    nothing, linking it in does."""
+    import glob
+
+    found = next((hit for pattern in SYSTEM_BCC_GLOBS for hit in sorted(glob.glob(pattern))), None)
+    if found is None:
+        return "install python3-bpfcc (Debian, Ubuntu) or python3-bcc (RHEL, Fedora), then run scripts/setup"
+    return (f"the system's bcc is installed ({found}) but {sys.executable} does not reach it: run scripts/setup, "
+            "or link it into this virtualenv (docs/operations.md, 1. Install)")
+
+
 def compile_program(source: str, cflags: list[str]) -> Program:
     """Compile the C ``source`` with bcc and take the program out of it; bcc's objects are released.
 
@@ -123,8 +142,6 @@ def compile_program(source: str, cflags: list[str]) -> Program:
         from bcc import BPF
         from bcc.libbcc import lib
     except ImportError as exc:
-        from memrec.probes.cuda import bcc_missing_hint
-
         raise ProbeError(f"bcc is not importable ({exc}): {bcc_missing_hint()}") from exc
     import ctypes
 

@@ -21,10 +21,10 @@ from typing import Callable
 
 import numpy as np
 
-from memrec._errors import MemrecError
-from memrec.columns import NVML_DTYPE
-from memrec.columns import PROCMEM_DTYPE
-from memrec.events import GpuInfo
+from memrec.base.errors import MemrecError
+from memrec.terms.columns import NVML_DTYPE
+from memrec.terms.columns import PROCMEM_DTYPE
+from memrec.terms.events import GpuInfo
 
 log = logging.getLogger(__name__)
 
@@ -218,7 +218,7 @@ def process_memory(indices: list[int], now: int) -> np.ndarray:
     1 Hz would mix several steps into one). A GPU that cannot answer is left out (logged at debug).
 
     Returns:
-        One :data:`~memrec.columns.PROCMEM_DTYPE` row per (GPU, process), ``ts`` = ``now``.
+        One :data:`~memrec.terms.columns.PROCMEM_DTYPE` row per (GPU, process), ``ts`` = ``now``.
 
     Raises:
         NvmlUnavailable: no NVML on this host.
@@ -250,7 +250,7 @@ class NvmlSampler:
     """Samples every GPU's memory (``device_hz``) and per-process memory (``process_hz``).
 
     Runs on its own daemon thread and hands each tick's rows to ``sink(nvml_rows, procmem_rows)``
-    (arrays of :data:`~memrec.columns.NVML_DTYPE` and :data:`~memrec.columns.PROCMEM_DTYPE`; either
+    (arrays of :data:`~memrec.terms.columns.NVML_DTYPE` and :data:`~memrec.terms.columns.PROCMEM_DTYPE`; either
     may be empty). The schedule does not drift: deadlines advance by whole periods from the start,
     and a tick that falls behind skips to the next deadline instead of bursting.
 

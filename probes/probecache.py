@@ -26,7 +26,9 @@ from pathlib import Path
 
 import msgpack
 
-from memrec._errors import ProbeError
+from memrec.base.errors import ProbeError
+from memrec.base.files import create_in
+from memrec.base.files import open_folder
 from memrec.probes.loader import LoadedProgram
 from memrec.probes.loader import Program
 from memrec.probes.loader import compile_program
@@ -61,7 +63,7 @@ def bcc_version() -> str:
 
 def cache_key(source: str, cflags: list[str]) -> str:
     """The hex sha256 naming the compiled program for this source, flags, kernel and tools."""
-    from memrec import __version__
+    from memrec.base.version import __version__
 
     uname = os.uname()
     parts = [f"format {FORMAT}", source, "\0".join(cflags), uname.release, uname.version, uname.machine,
@@ -95,18 +97,6 @@ def cache_dir_problem(path: str) -> str | None:
         if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and (last or not st.st_mode & stat.S_ISVTX):
             return f"{here} is writable by group or others"
     return None
-
-
-def _ensure_dir(path: str) -> None:
-    """Create the missing directories of ``path``, 0700 (root's only)."""
-    missing = []
-    here = os.path.abspath(path)
-    while not os.path.lexists(here):
-        missing.append(here)
-        here = os.path.dirname(here)
-    for d in reversed(missing):
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(d, 0o700)
 
 
 def encode(key: str, program: Program) -> bytes:
@@ -186,32 +176,31 @@ class ProbeCache:
         """Store ``program`` under ``key`` (temp file, fsync, rename). Raises OSError."""
         if not self.usable:
             return
-        _ensure_dir(self.directory)
-        problem = cache_dir_problem(self.directory)  # again: it may have been created just now
-        if problem:
-            raise OSError(f"not writing the probe cache: {problem}")
-        data = encode(key, program)
-        tmp = f"{self.path(key)}.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        dir_fd = open_folder(self.directory, parents=True, mode=0o700)  # the missing folders: root's only
         try:
+            problem = cache_dir_problem(self.directory)  # again: it may have been created just now
+            if problem:
+                raise OSError(f"not writing the probe cache: {problem}")
+            data = encode(key, program)
+            name = os.path.basename(self.path(key))
+            tmp = f"{name}.{os.getpid()}.tmp"
+            fd, _ = create_in(dir_fd, tmp, 0o600)
             try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.rename(tmp, self.path(key))
-        except BaseException:  # a failed write or rename leaves no temporary file behind
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        dfd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
+                try:
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(fd, view):]
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            except BaseException:  # a failed write or rename leaves no temporary file behind
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=dir_fd)
+                raise
+            os.fsync(dir_fd)
         finally:
-            os.close(dfd)
-
+            os.close(dir_fd)
 
 def _cached(cache: ProbeCache, key: str) -> LoadedProgram | None:
     """The cached program for ``key`` loaded into the kernel, or None (with a warning if one was

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
 
-from memrec.events import MAX_CMDLINE_ARGS
-from memrec.events import GpuInfo
-from memrec.events import ProcessInfo
+from memrec.terms.events import MAX_CMDLINE_ARGS
+from memrec.terms.events import GpuInfo
+from memrec.terms.events import ProcessInfo
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +206,7 @@ def checked_gpu_map(gpu_map: list[int], ordinals: set[int], nvml_gpus: set[int])
 
 
 def process_info(pid: int, gpus: list[GpuInfo], first_ts: int, proc: Path = PROC) -> ProcessInfo:
-    """A :class:`~memrec.events.ProcessInfo` for ``pid`` with its ordinal → GPU map."""
+    """A :class:`~memrec.terms.events.ProcessInfo` for ``pid`` with its ordinal → GPU map."""
     read = read_proc(pid, proc)
     order = read.cuda_device_order
     if order != "PCI_BUS_ID" and len({g.name for g in gpus}) > 1:

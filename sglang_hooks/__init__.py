@@ -11,8 +11,8 @@ set and ``MEMREC`` unset):
 Both apply the table of :mod:`memrec.sglang_hooks.targets` through the same wrappers
 (:mod:`memrec.sglang_hooks.wrappers`). ``docs/sglang.md`` has the markers and their values.
 
-This package's ``__init__`` imports nothing: the ``.pth`` line and SGLang's plugin loader pay
-only for what they use.
+This package's ``__init__`` imports only :mod:`memrec.sglang_hooks.active` (the switch): the
+``.pth`` line and SGLang's plugin loader pay only for what they use.
 """
 
 from __future__ import annotations
@@ -20,18 +20,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-
-def is_active(environ: dict | None = None) -> bool:
-    """Whether memrec is asked for in this process.
-
-    ``MEMREC=1`` turns the hooks on and ``MEMREC=0`` off; with ``MEMREC`` unset (or empty), a
-    non-empty ``MEMREC_SOCKET`` (set by ``memrec record``) turns them on.
-    """
-    env = os.environ if environ is None else environ
-    flag = env.get("MEMREC")
-    if flag:
-        return flag == "1"
-    return bool(env.get("MEMREC_SOCKET"))
+from memrec.sglang_hooks.active import is_active
 
 
 def install_pth(site_dir: str | os.PathLike[str] | None = None) -> Path:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 from typing import Callable
 
-from memrec.sglang_hooks import is_active
+from memrec.sglang_hooks.active import is_active
 from memrec.sglang_hooks import targets as _targets
 from memrec.sglang_hooks.state import STATE
 
@@ -82,10 +82,13 @@ def install_pth(site_dir: str | os.PathLike[str] | None = None) -> Path:
     Raises:
         OSError: the directory is missing or not writable.
     """
+    from memrec.base.files import create_file  # (here: the .pth line imports this module in every process)
+
     directory = Path(site_dir) if site_dir is not None else default_site_dir()
     path = directory / PTH_NAME
     tmp = directory / f".{PTH_NAME}.{os.getpid()}.tmp"
-    tmp.write_text(pth_text(), encoding="utf-8")
+    with create_file(tmp, text=True) as f:  # never through a link planted at the name
+        f.write(pth_text())
     os.replace(tmp, path)
     return path
 

@@ -29,7 +29,7 @@ import sys
 from typing import Any
 from typing import Callable
 
-from memrec.sglang_hooks import is_active as _is_active
+from memrec.sglang_hooks.active import is_active as _is_active
 from memrec.sglang_hooks.device import device_values
 from memrec.sglang_hooks.ranks import ranks
 from memrec.sglang_hooks.state import STATE

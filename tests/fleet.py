@@ -16,14 +16,14 @@ from pathlib import Path
 
 import numpy as np
 
-from memrec.columns import NVML_DTYPE
-from memrec.columns import PROCMEM_DTYPE
-from memrec.columns import empty_events
-from memrec.events import Api
-from memrec.events import GpuInfo
-from memrec.events import Kind
-from memrec.events import Marker
-from memrec.events import ProcessInfo
+from memrec.terms.columns import NVML_DTYPE
+from memrec.terms.columns import PROCMEM_DTYPE
+from memrec.terms.columns import empty_events
+from memrec.terms.events import Api
+from memrec.terms.events import GpuInfo
+from memrec.terms.events import Kind
+from memrec.terms.events import Marker
+from memrec.terms.events import ProcessInfo
 from memrec.trace import format as fmt
 from memrec.trace.writer import TraceWriter
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from memrec.events import GpuInfo
-from memrec.events import Kind
-from memrec.events import Marker
-from memrec.events import ProcessInfo
+from memrec.terms.events import GpuInfo
+from memrec.terms.events import Kind
+from memrec.terms.events import Marker
+from memrec.terms.events import ProcessInfo
 from memrec.trace import format as fmt
 from memrec.trace.stacks import Frame
 from memrec.trace.stacks import Unavailable

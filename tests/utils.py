@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from memrec.columns import EVENT_DTYPE
-from memrec.columns import empty_events
-from memrec.events import API_KIND
-from memrec.events import FLAG_IPC_BYTES
-from memrec.events import IPC_HANDLE_SIZE
-from memrec.events import Api
-from memrec.events import Kind
+from memrec.terms.columns import EVENT_DTYPE
+from memrec.terms.columns import empty_events
+from memrec.terms.events import API_KIND
+from memrec.terms.events import FLAG_IPC_BYTES
+from memrec.terms.events import IPC_HANDLE_SIZE
+from memrec.terms.events import Api
+from memrec.terms.events import Kind
 
 KiB = 2**10
 MiB = 2**20
@@ -81,8 +81,8 @@ def write_tensor_trace(path, blocks: list[tuple[int, int]], segment: int = 0x7F0
     """A trace as ``memrec daemon --tensors`` writes it: one process on GPU 0 with one driver
     segment and tensor blocks ``(offset in the segment, size)``; a negative size frees the block
     at that offset. Returns the path."""
-    from memrec.events import GpuInfo
-    from memrec.events import ProcessInfo
+    from memrec.terms.events import GpuInfo
+    from memrec.terms.events import ProcessInfo
     from memrec.trace import format as fmt
     from memrec.trace.writer import TraceWriter
 

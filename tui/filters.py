@@ -12,10 +12,10 @@ from typing import Iterable
 
 import numpy as np
 
-from memrec.events import CU_RESULT_NAMES
-from memrec.events import Api
-from memrec.events import Kind
-from memrec.units import parse_size
+from memrec.terms.events import CU_RESULT_NAMES
+from memrec.terms.events import Api
+from memrec.terms.events import Kind
+from memrec.terms.units import parse_size
 
 KIND_NAMES = {int(k): k.name.lower() for k in Kind}
 API_NAMES = {int(a): a.name for a in Api}

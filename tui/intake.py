@@ -17,15 +17,15 @@ from typing import Any
 
 import numpy as np
 
-from memrec._errors import TraceFormatError
-from memrec._untrusted import clean_marker
-from memrec._untrusted import clean_text
-from memrec.columns import NVML_DTYPE
-from memrec.events import CATEGORIES
-from memrec.events import GpuInfo
-from memrec.events import TENSOR_KINDS
-from memrec.events import Marker
-from memrec.events import ProcessInfo
+from memrec.base.errors import TraceFormatError
+from memrec.base.untrusted import clean_marker
+from memrec.base.untrusted import clean_text
+from memrec.terms.columns import NVML_DTYPE
+from memrec.terms.events import CATEGORIES
+from memrec.terms.events import GpuInfo
+from memrec.terms.events import TENSOR_KINDS
+from memrec.terms.events import Marker
+from memrec.terms.events import ProcessInfo
 from memrec.engine.series import CategorySeries
 from memrec.engine.series import Grow
 from memrec.state import LiveState

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from memrec.columns import EVENT_DTYPE
+from memrec.terms.columns import EVENT_DTYPE
 from memrec.engine.phases import held_by_phase
 from memrec.engine.replay import advance
 from memrec.state import LiveState

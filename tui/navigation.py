@@ -27,12 +27,12 @@ from memrec.analysis.report.answer import Window
 from memrec.analysis.diff.build import Verdict
 from memrec.analysis.diff.build import align_markers
 from memrec.engine.phases import NO_PHASE
-from memrec.events import Kind
-from memrec.events import OWNED_CATEGORIES
-from memrec.events import cu_result_name
+from memrec.terms.events import Kind
+from memrec.terms.events import OWNED_CATEGORIES
+from memrec.terms.events import cu_result_name
 from memrec.tui.filters import API_NAMES
 from memrec.engine.series import Grow
-from memrec.units import fmt_bytes
+from memrec.terms.units import fmt_bytes
 
 #: Kinds that allocate (the "big allocation" jumps look at these).
 ALLOC_KINDS = np.array([Kind.ALLOC, Kind.VMM_CREATE, Kind.HOST_ALLOC, Kind.IPC_OPEN, Kind.HOST_REGISTER], dtype=np.uint16)

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from memrec.columns import NVML_DTYPE
-from memrec.columns import PROCMEM_DTYPE
+from memrec.terms.columns import NVML_DTYPE
+from memrec.terms.columns import PROCMEM_DTYPE
 from memrec.engine.group import distinct
 from memrec.engine.journal import Journal
 from memrec.engine.journal import take_rows
@@ -24,8 +24,8 @@ from memrec.engine.phases import build_phases
 from memrec.engine.replay import Timeline
 from memrec.engine.series import CategorySeries
 from memrec.engine.series import gpu_series
-from memrec.ranks import process_label
-from memrec.ranks import rank_labels
+from memrec.terms.ranks import process_label
+from memrec.terms.ranks import rank_labels
 from memrec.state import JOURNAL_FIELDS
 from memrec.tui.intake import TraceIntake
 from memrec.tui.views import NCAT

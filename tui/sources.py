@@ -357,7 +357,7 @@ class LiveSource(_Threaded):
     other_model = None
 
     def __init__(self, path: str | None = None, backoff: tuple[float, float] = (0.2, 5.0), max_events: int = 2_000_000) -> None:
-        from memrec.protocol import socket_path
+        from memrec.terms.protocol import socket_path
 
         self.path = socket_path(path)
         self.backoff = backoff
@@ -377,7 +377,7 @@ class LiveSource(_Threaded):
 
     def open(self) -> None:
         """Check that a daemon answers (raises OSError or ProtocolError when none does)."""
-        from memrec.protocol import ping
+        from memrec.terms.protocol import ping
 
         ping(self.path, timeout=2.0)
 
@@ -398,7 +398,7 @@ class LiveSource(_Threaded):
 
     def _session(self, post: Post) -> str:
         """One connection: subscribe, stream records until it ends; return why it ended."""
-        from memrec.protocol import encode_frame
+        from memrec.terms.protocol import encode_frame
         from memrec.trace.frames import MAX_SUBSCRIBER_FRAME
         from memrec.trace.frames import FrameDecoder
         from memrec.trace.frames import FrameError

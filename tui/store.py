@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from memrec.columns import EVENT_DTYPE
+from memrec.terms.columns import EVENT_DTYPE
 from memrec.trace.chunks import SPARSE_COLUMN
 from memrec.state.batch import Batch
 

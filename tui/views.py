@@ -16,10 +16,10 @@ import numpy as np
 
 from memrec.trace.stacks import Frame
 from memrec.trace.stacks import Stack
-from memrec.events import CATEGORIES
-from memrec.events import IPC_MAPPED
-from memrec.events import OWNED_CATEGORIES as OWNED
-from memrec.events import Marker
+from memrec.terms.events import CATEGORIES
+from memrec.terms.events import IPC_MAPPED
+from memrec.terms.events import OWNED_CATEGORIES as OWNED
+from memrec.terms.events import Marker
 from memrec.engine.phases import OPEN_END
 from memrec.engine.phases import Phases
 from memrec.engine.phases import build_phases

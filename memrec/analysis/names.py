@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import os
 
-from memrec.events import Api
-from memrec.events import Kind
-from memrec.events import ProcessInfo
-from memrec.events import cu_result_name as result_name  # the one CUresult vocabulary, re-exported
+from memrec.terms.events import Api
+from memrec.terms.events import Kind
+from memrec.terms.events import ProcessInfo
+from memrec.terms.events import cu_result_name as result_name  # the one CUresult vocabulary, re-exported
 
 #: Longest command a process title shows; beyond it, whole arguments are left out and "…" says so.
 TITLE_WIDTH = 120

@@ -36,10 +36,10 @@ from typing import Any
 
 import numpy as np
 
-from memrec.columns import failed_calls
+from memrec.terms.columns import failed_calls
 from memrec.engine.phases import Phases
-from memrec.events import Kind
-from memrec.ranks import pid_labels
+from memrec.terms.events import Kind
+from memrec.terms.ranks import pid_labels
 from memrec.state.fields import MAX_SIZE
 from memrec.trace.stacks import Frame
 from memrec.trace.stacks import Stack

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from dataclasses import dataclass
 
-from memrec._untrusted import clean_text
+from memrec.base.untrusted import clean_text
 from memrec.analysis.sites import Site
 from memrec.analysis.sites import SitesSection
 from memrec.analysis.text import fit_lines

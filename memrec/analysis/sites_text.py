@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memrec._untrusted import clean_text
+from memrec.base.untrusted import clean_text
 from memrec.analysis.sites import SITES_SHOWN
 from memrec.analysis.sites import SitesSection
 from memrec.analysis.text import count

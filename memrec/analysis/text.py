@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import textwrap
 
-from memrec.units import fmt_bytes as human  # noqa: F401 (the one size format, re-exported for the report's modules)
+from memrec.terms.units import fmt_bytes as human  # noqa: F401 (the one size format, re-exported for the report's modules)
 
 
 def table(

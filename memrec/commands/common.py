@@ -7,16 +7,16 @@ import os
 import sys
 from pathlib import Path
 
-from memrec._errors import DaemonError
-from memrec._errors import ExitCode
-from memrec._errors import MemrecCommandError
-from memrec._errors import MemrecError
-from memrec._errors import OutputError
-from memrec._errors import PrivilegeError
-from memrec._errors import ProbeError
-from memrec._errors import SocketError
-from memrec._errors import TraceFormatError
-from memrec._errors import UnavailableError
+from memrec.base.errors import DaemonError
+from memrec.base.errors import ExitCode
+from memrec.base.errors import MemrecCommandError
+from memrec.base.errors import MemrecError
+from memrec.base.errors import OutputError
+from memrec.base.errors import PrivilegeError
+from memrec.base.errors import ProbeError
+from memrec.base.errors import SocketError
+from memrec.base.errors import TraceFormatError
+from memrec.base.errors import UnavailableError
 
 #: The exit code of each domain error (the first class in this order that the error is an instance of).
 EXIT_CODES: tuple[tuple[type[MemrecError], int], ...] = (

@@ -16,7 +16,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from memrec._errors import ExitCode
+from memrec.base.errors import ExitCode
 
 SHELLS = ("bash", "zsh", "fish")
 _PATH_METAVARS = {"PATH", "FILE", "DIR", "TRACE", "OUTPUT", "OTHER", "SOCKET"}

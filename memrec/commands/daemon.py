@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from memrec import protocol
-from memrec._errors import ExitCode
-from memrec._errors import MemrecCommandError
+from memrec.terms import protocol
+from memrec.base.errors import ExitCode
+from memrec.base.errors import MemrecCommandError
 
 
 def _arg(convert: Callable[[str], object]) -> Callable[[str], object]:

@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from memrec._errors import ExitCode
-from memrec._errors import MemrecCommandError
+from memrec.base.errors import ExitCode
+from memrec.base.errors import MemrecCommandError
 
 
 class DemoCommand:
@@ -28,7 +28,7 @@ class DemoCommand:
         from memrec.commands.common import check_output
         from memrec.commands.record import record_tree
         from memrec.commands.record import require_root
-        from memrec.stubdriver.build import build_stub
+        from memrec.validation.stubdriver.build import build_stub
         from memrec.trace.reader import load_trace
 
         replacing = check_output(args.output, force=True)  # the demo's own file: made again each run
@@ -37,7 +37,7 @@ class DemoCommand:
         say(f"recording the bundled stub-driver workload ({stub}), not a GPU")
         if replacing:
             say(f"replacing {args.output}")
-        workload = [sys.executable, "-m", "memrec.stubdriver.workload", "demo", "--lib", str(stub)]
+        workload = [sys.executable, "-m", "memrec.validation.stubdriver.workload", "demo", "--lib", str(stub)]
         rc = record_tree(workload, args.output, libcuda_paths=(str(stub),), prog="memrec demo")
         if rc != 0:
             raise MemrecCommandError(f"the stub workload failed with exit code {rc}", exit_code=ExitCode.SOFTWARE)

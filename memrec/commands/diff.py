@@ -7,8 +7,8 @@ import json
 import shutil
 from pathlib import Path
 
-from memrec._errors import ExitCode
-from memrec._untrusted import clean_text
+from memrec.base.errors import ExitCode
+from memrec.base.untrusted import clean_text
 
 
 class DiffCommand:

@@ -9,7 +9,7 @@ import shutil
 import textwrap
 from pathlib import Path
 
-from memrec._errors import ExitCode
+from memrec.base.errors import ExitCode
 
 CAP_SYS_ADMIN = 21
 CAP_PERFMON = 38
@@ -122,7 +122,7 @@ def _importable_torch_lib() -> list[str]:
 
 def check_torch(extra: list[str]):
     """Whether the PyTorch installs here carry the allocator probes ``memrec daemon --tensors`` reads."""
-    from memrec._errors import one_line
+    from memrec.base.errors import one_line
     from memrec.probes.cuda import torch_sites
     from memrec.probes.health import Check
     from memrec.probes.libs import find_libc10_cuda

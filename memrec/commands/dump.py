@@ -6,9 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from memrec._errors import ExitCode
-from memrec._errors import MemrecCommandError
-from memrec._errors import TraceFormatError
+from memrec.base.errors import ExitCode
+from memrec.base.errors import MemrecCommandError
+from memrec.base.errors import TraceFormatError
 from memrec.commands.common import check_trace_path
 
 

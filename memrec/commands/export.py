@@ -6,10 +6,10 @@ import argparse
 import logging
 from pathlib import Path
 
-from memrec._errors import ExitCode
-from memrec._files import make_folder
-from memrec._files import remove_old
-from memrec._errors import MemrecCommandError
+from memrec.base.errors import ExitCode
+from memrec.base.files import make_folder
+from memrec.base.files import remove_old
+from memrec.base.errors import MemrecCommandError
 from memrec.commands.common import check_not_an_input
 from memrec.commands.common import check_output
 
@@ -166,4 +166,4 @@ def _check_file(out: Path, args: argparse.Namespace) -> None:
     if out.is_dir():
         raise MemrecCommandError(f"{out}: is a folder; give a file name", exit_code=ExitCode.CANT_CREATE)
     if check_output(out, args.force):
-        remove_old(out)  # the writer creates it anew, never through a link (memrec._files)
+        remove_old(out)  # the writer creates it anew, never through a link (memrec.base.files)

@@ -21,9 +21,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from memrec._errors import ExitCode
-from memrec._errors import MemrecCommandError
-from memrec._files import create_new
+from memrec.base.errors import ExitCode
+from memrec.base.errors import MemrecCommandError
+from memrec.base.files import create_new
 
 UNIT_NAME = "memrec.service"
 #: Where each file goes, relative to the root.

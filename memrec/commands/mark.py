@@ -17,10 +17,11 @@ import time
 from _thread import get_native_id  # threading.get_native_id, without threading's start-up
 from types import SimpleNamespace
 
-from memrec import TYPE_CHECKING
-from memrec import protocol
-from memrec._errors import ExitCode
-from memrec._errors import MemrecCommandError
+from memrec.terms import protocol
+from memrec.base.errors import ExitCode
+from memrec.base.errors import MemrecCommandError
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see memrec.TYPE_CHECKING)
 
 if TYPE_CHECKING:
     import argparse
@@ -199,7 +200,7 @@ _PONG = b"\x83\xa4type\xa4pong\xa7version"
 
 def is_pong(data: bytes) -> bool:
     """Whether ``data`` is exactly one frame holding a pong as the daemon writes it (version and
-    pid unsigned ints); anything else is for :func:`memrec.protocol.await_pong` to decode."""
+    pid unsigned ints); anything else is for :func:`memrec.terms.protocol.await_pong` to decode."""
     if data[4 : 4 + len(_PONG)] != _PONG:
         return False
     end = _skip_uint(data, 4 + len(_PONG))

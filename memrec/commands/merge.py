@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from memrec._errors import ExitCode
-from memrec._errors import MemrecCommandError
+from memrec.base.errors import ExitCode
+from memrec.base.errors import MemrecCommandError
 
 
 class MergeCommand:
@@ -32,8 +32,8 @@ class MergeCommand:
         from memrec.commands.common import check_not_an_input
         from memrec.commands.common import check_output
         from memrec.commands.common import load_trace_for_command
-        from memrec.trace.merge import MergeError
-        from memrec.trace.merge import merge_traces
+        from memrec.engine.merge import MergeError
+        from memrec.engine.merge import merge_traces
 
         out = args.output
         check_not_an_input(out, args.traces)

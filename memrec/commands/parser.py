@@ -11,10 +11,10 @@ from __future__ import annotations
 import argparse
 import textwrap
 
-from memrec.commands import COMMANDS
-from memrec.commands import DESCRIPTION
-from memrec.commands import OPTIONS
-from memrec.commands import load_command
+from memrec.commands.table import COMMANDS
+from memrec.commands.table import DESCRIPTION
+from memrec.commands.table import OPTIONS
+from memrec.commands.table import load_command
 
 
 def get_argument_parser(only: str | None = None) -> argparse.ArgumentParser:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from memrec._errors import ExitCode
-from memrec._files import remove_old
-from memrec._errors import MemrecCommandError
+from memrec.base.errors import ExitCode
+from memrec.base.files import remove_old
+from memrec.base.errors import MemrecCommandError
 from memrec.commands.common import check_not_an_input
 from memrec.commands.common import check_output
 
@@ -55,7 +55,7 @@ class PlotCommand:
         rec = Recording(load_trace_for_command(args.trace), pandas=False)
         try:
             if args.force:
-                remove_old(args.output)  # the picture is created anew, never through a link (memrec._files)
+                remove_old(args.output)  # the picture is created anew, never through a link (memrec.base.files)
             if args.diff is None:
                 panels = plot.plot(rec, args.output)
                 note = ""

@@ -10,8 +10,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from memrec._errors import ExitCode
-from memrec._errors import MemrecCommandError
+from memrec.base.errors import ExitCode
+from memrec.base.errors import MemrecCommandError
 from memrec.commands.common import check_output
 
 log = logging.getLogger(__name__)

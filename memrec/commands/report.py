@@ -7,9 +7,9 @@ import json
 import shutil
 from pathlib import Path
 
-from memrec._errors import ExitCode
-from memrec._errors import MemrecCommandError
-from memrec._untrusted import clean_text
+from memrec.base.errors import ExitCode
+from memrec.base.errors import MemrecCommandError
+from memrec.base.untrusted import clean_text
 
 
 class ReportCommand:

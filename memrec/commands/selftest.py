@@ -11,8 +11,8 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from memrec._errors import ExitCode
-from memrec._errors import MemrecCommandError
+from memrec.base.errors import ExitCode
+from memrec.base.errors import MemrecCommandError
 
 if TYPE_CHECKING:  # numpy is imported where it is used, so `memrec --help` stays light
     import numpy as np
@@ -31,7 +31,7 @@ class _Collector(threading.Thread):
         self.ready = threading.Event()  # set once the header arrived: we are subscribed
 
     def run(self) -> None:
-        from memrec.live import records
+        from memrec.subscriber import records
 
         self.sock.settimeout(0.2)
         while not self.stopping.is_set():
@@ -46,7 +46,7 @@ class _Collector(threading.Thread):
     def events(self) -> np.ndarray:
         import numpy as np
 
-        from memrec.columns import EVENT_DTYPE
+        from memrec.terms.columns import EVENT_DTYPE
 
         with self.lock:
             return np.concatenate(self.chunks) if self.chunks else np.zeros(0, EVENT_DTYPE)
@@ -54,7 +54,7 @@ class _Collector(threading.Thread):
 
 def _expected_gpu(header: dict, ordinal: int) -> int | None:
     """The physical GPU this process's device ``ordinal`` is, as the daemon maps it."""
-    from memrec.events import GpuInfo
+    from memrec.terms.events import GpuInfo
     from memrec.probes.procinfo import gpu_map
 
     gpus = [GpuInfo(**g) for g in header.get("gpus", [])]
@@ -68,12 +68,12 @@ def _require_cuda_python() -> None:
     Raises:
         MemrecCommandError: it is not importable (exit code UNAVAILABLE, with what to install).
     """
-    from memrec.gpu.driver_calls import driver_api
+    from memrec.validation.gpu.driver_calls import driver_api
 
     try:
         driver_api()
     except ImportError as error:
-        from memrec.extras import install_command
+        from memrec.base.extras import install_command
 
         raise MemrecCommandError(
             f"selftest makes real driver calls through cuda-python, which is not importable "
@@ -98,11 +98,11 @@ class SelftestCommand:
         parser.add_argument("--timeout", type=float, default=20.0, help="seconds to wait for the events")
 
     def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-        from memrec.events import Kind
-        from memrec.live import subscribe
-        from memrec.live import wait_for_daemon
-        from memrec.selftest import check_exits
-        from memrec.selftest import check_facts
+        from memrec.terms.events import Kind
+        from memrec.subscriber import subscribe
+        from memrec.subscriber import wait_for_daemon
+        from memrec.validation.selftest import check_exits
+        from memrec.validation.selftest import check_facts
 
         _require_cuda_python()
         wait_for_daemon(args.socket)
@@ -112,7 +112,7 @@ class SelftestCommand:
         if not collector.ready.wait(30):
             raise MemrecCommandError("the daemon accepted the subscription but sent nothing", exit_code=ExitCode.UNAVAILABLE)
         workload = subprocess.run(
-            [sys.executable, "-m", "memrec.gpu.driver_calls", "--device", str(args.device)],
+            [sys.executable, "-m", "memrec.validation.gpu.driver_calls", "--device", str(args.device)],
             capture_output=True,
             text=True,
         )

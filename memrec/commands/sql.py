@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 from typing import Iterator
 
-from memrec._errors import ExitCode
-from memrec._errors import MemrecCommandError
+from memrec.base.errors import ExitCode
+from memrec.base.errors import MemrecCommandError
 
 FORMATS = ("table", "csv", "jsonl")
 

@@ -7,9 +7,9 @@ import sys
 from contextlib import suppress
 from pathlib import Path
 
-from memrec._errors import ExitCode
-from memrec._errors import MemrecCommandError
-from memrec._errors import TraceFormatError
+from memrec.base.errors import ExitCode
+from memrec.base.errors import MemrecCommandError
+from memrec.base.errors import TraceFormatError
 from memrec.commands.common import check_trace_path
 from memrec.commands.common import trace_error
 
@@ -56,7 +56,7 @@ class TuiCommand:
             from memrec.tui.sources import FileSource
             from memrec.tui.sources import LiveSource
         except ImportError as error:  # textual is an optional dependency
-            from memrec.extras import install_command
+            from memrec.base.extras import install_command
 
             raise MemrecCommandError(
                 f"the TUI needs textual ({error.name} missing): {install_command('tui', ('textual',))}",

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from memrec.engine.journal import Journal
-from memrec.events import FLAG_IPC_BYTES
-from memrec.events import IPC_MAPPED
-from memrec.events import Kind
+from memrec.terms.events import FLAG_IPC_BYTES
+from memrec.terms.events import IPC_MAPPED
+from memrec.terms.events import Kind
 
 
 @dataclass(frozen=True)

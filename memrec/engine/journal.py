@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from memrec.events import Kind
+from memrec.terms.events import Kind
 from memrec.state import JOURNAL_FIELDS
 from memrec.state import LiveState
 
@@ -30,7 +30,7 @@ class Journal:
     ts: np.ndarray
     gpu: np.ndarray
     pid: np.ndarray
-    category: np.ndarray  # index into memrec.events.CATEGORIES
+    category: np.ndarray  # index into memrec.terms.events.CATEGORIES
     delta: np.ndarray  # signed bytes
 
     def __len__(self) -> int:

@@ -39,9 +39,9 @@ import numpy as np
 from memrec.engine.group import group
 from memrec.engine.group import group_sum
 from memrec.engine.journal import Journal
-from memrec.events import CATEGORIES
-from memrec.events import IPC_MAPPED
-from memrec.events import Marker
+from memrec.terms.events import CATEGORIES
+from memrec.terms.events import IPC_MAPPED
+from memrec.terms.events import Marker
 
 NO_PHASE = "(no phase)"
 #: End time of a phase not ended yet when the end of the trace is not known (a live stream).

@@ -26,8 +26,8 @@ import numpy as np
 
 from memrec.engine.group import factorize
 from memrec.engine.journal import Journal
-from memrec.events import CATEGORIES
-from memrec.events import OWNED
+from memrec.terms.events import CATEGORIES
+from memrec.terms.events import OWNED
 
 NCAT = len(CATEGORIES)
 #: Block size of the max pyramid used to downsample a CategorySeries.

@@ -3,7 +3,7 @@
 Each exporter takes a :class:`memrec.api.Recording` (one replay, shared with ``memrec.load``,
 the report and the plot) and writes files; none replays the events itself. Optional packages
 (``perfetto``, ``pyarrow``) are imported when an exporter runs; a missing one is named with the
-command that installs it where memrec runs (:func:`memrec.extras.install_command`).
+command that installs it where memrec runs (:func:`memrec.base.extras.install_command`).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from memrec._errors import ExitCode
-from memrec._errors import MemrecCommandError
+from memrec.base.errors import ExitCode
+from memrec.base.errors import MemrecCommandError
 
 
 def require(module: str, extra: str, purpose: str) -> ModuleType:
@@ -20,7 +20,7 @@ def require(module: str, extra: str, purpose: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as error:
-        from memrec.extras import install_command
+        from memrec.base.extras import install_command
 
         package = module.split(".")[0]
         raise MemrecCommandError(

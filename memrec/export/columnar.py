@@ -21,7 +21,7 @@ from typing import Iterator
 
 import numpy as np
 
-from memrec._files import create_file
+from memrec.base.files import create_file
 from memrec.api import Recording
 from memrec.export import require
 

@@ -35,10 +35,10 @@ from typing import Any
 
 import numpy as np
 
-from memrec._errors import ExitCode
-from memrec._errors import MemrecCommandError
-from memrec._files import create_new_in
-from memrec._files import make_folders
+from memrec.base.errors import ExitCode
+from memrec.base.errors import MemrecCommandError
+from memrec.base.files import create_in
+from memrec.base.files import open_folder
 from memrec.export import require
 from memrec.trace.clock import wall_offset_ns
 
@@ -451,7 +451,7 @@ def _write_atomic(dir_fd: int, name: str, write: Any) -> None:
     """Write ``name`` in ``dir_fd`` through a fresh temporary file renamed over it: a reader sees
     the old file or the new one; a link at ``name`` is replaced, never followed."""
     tmp = f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    fd = create_new_in(dir_fd, tmp)
+    fd, _ = create_in(dir_fd, tmp, 0o644)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
@@ -474,7 +474,7 @@ def _write_parquet(pq: Any, table: Any, f: Any) -> None:
 
 
 def _write_manifest(root_fd: int) -> None:
-    from memrec import __version__
+    from memrec.base.version import __version__
 
     try:
         os.stat(MANIFEST, dir_fd=root_fd, follow_symlinks=False)
@@ -496,14 +496,14 @@ def write_trace(trace: Any, root: Path, file_name: str = "") -> tuple[TracePart,
     pq = require("pyarrow.parquet", "sql", "--to dataset")
     check_manifest(root)
     where, tables = build_tables(trace, file_name)
-    root_fd = make_folders(root)
+    root_fd = open_folder(root, create=True, parents=True, mode=0o755)
     written = []
     try:
         _write_manifest(root_fd)
         for name, table in tables.items():
             path = root.joinpath(*where.folder(name), where.file_name)
             try:
-                fd = make_folders(root, *where.folder(name))
+                fd = open_folder(root, *where.folder(name), create=True, parents=True, mode=0o755)
                 try:
                     _write_atomic(fd, where.file_name, lambda f, t=table: _write_parquet(pq, t, f))
                 finally:

@@ -14,12 +14,12 @@ from typing import TextIO
 
 import numpy as np
 
-from memrec.columns import EVENT_DTYPE
-from memrec.events import FLAG_IPC_BYTES
-from memrec.events import FLAG_NAME
-from memrec.events import Api
-from memrec.events import Kind
-from memrec.events import cu_result_name
+from memrec.terms.columns import EVENT_DTYPE
+from memrec.terms.events import FLAG_IPC_BYTES
+from memrec.terms.events import FLAG_NAME
+from memrec.terms.events import Api
+from memrec.terms.events import Kind
+from memrec.terms.events import cu_result_name
 from memrec.export.jsonl_fast import EVENT_FIELDS
 from memrec.export.jsonl_fast import format_lines
 from memrec.trace.chunks import EVENTS

@@ -46,7 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
-from memrec._files import create_file
+from memrec.base.files import create_file
 from memrec.analysis.report.answer import Answer
 from memrec.analysis.report.answer import DRIVER_OOM
 from memrec.analysis.report.answer import KV_SIZING
@@ -54,9 +54,9 @@ from memrec.api import Recording
 from memrec.engine.replay import state_at
 from memrec.engine.replay import trace_bounds
 from memrec.analysis.names import api_name
-from memrec.events import CUDA_ERROR_OUT_OF_MEMORY
-from memrec.events import DRIVER
-from memrec.events import Kind
+from memrec.terms.events import CUDA_ERROR_OUT_OF_MEMORY
+from memrec.terms.events import DRIVER
+from memrec.terms.events import Kind
 from memrec.state.tensors import rounded
 from memrec.trace.stacks import StackTable
 from memrec.trace.stacks import Unavailable

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from memrec._files import create_file
+from memrec.base.files import create_file
 from memrec.analysis.report.answer import Answer
 from memrec.analysis.report.answer import DRIVER_CALL
 from memrec.analysis.report.answer import DRIVER_OOM
@@ -39,10 +39,10 @@ from memrec.analysis.names import api_name
 from memrec.analysis.names import process_title
 from memrec.analysis.names import result_name
 from memrec.analysis.report.build import trace_answer
-from memrec.events import IPC_MAPPED
-from memrec.events import OWNED
+from memrec.terms.events import IPC_MAPPED
+from memrec.terms.events import OWNED
 from memrec.api import Recording
-from memrec.columns import failed_calls
+from memrec.terms.columns import failed_calls
 from memrec.engine.ipc import IpcOpens
 from memrec.state.tensors import block_series
 from memrec.export import require

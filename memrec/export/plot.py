@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from memrec._files import create_file
+from memrec.base.files import create_file
 from memrec.analysis.report.answer import Answer
 from memrec.analysis.report.answer import DRIVER_CALL
 from memrec.analysis.report.answer import DRIVER_OOM
@@ -47,7 +47,7 @@ from memrec.analysis.text import human
 from memrec.engine.phases import Phase
 from memrec.engine.series import GpuSeries
 from memrec.api import Recording
-from memrec.events import Kind
+from memrec.terms.events import Kind
 from memrec.export import require
 
 #: Owned categories, bottom to top, and their colours (colour-blind safe, Okabe-Ito).

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 from typing import Iterator
 
-from memrec._errors import ExitCode
-from memrec._errors import MemrecCommandError
+from memrec.base.errors import ExitCode
+from memrec.base.errors import MemrecCommandError
 from memrec.export import require
 from memrec.export.dataset import TABLES
 from memrec.export.dataset import arrow_schema

@@ -4,9 +4,9 @@ See :mod:`memrec.state.live` for the accounting and the modules; this package ke
 callers import.
 """
 
-from memrec.events import CATEGORY_INDEX
-from memrec.events import DRIVER
-from memrec.events import IPC_MAPPED
+from memrec.terms.events import CATEGORY_INDEX
+from memrec.terms.events import DRIVER
+from memrec.terms.events import IPC_MAPPED
 from memrec.state.fields import ALIAS_FIELDS
 from memrec.state.fields import ALLOC_COLUMNS
 from memrec.state.fields import ALLOC_FIELDS

@@ -14,9 +14,9 @@ from typing import Iterator
 
 import numpy as np
 
-from memrec.columns import EVENT_DTYPE
-from memrec.events import FLAG_IPC_BYTES
-from memrec.events import FLAG_NAME
+from memrec.terms.columns import EVENT_DTYPE
+from memrec.terms.events import FLAG_IPC_BYTES
+from memrec.terms.events import FLAG_NAME
 from memrec.state.fields import REQUIRED_COLUMNS
 
 _IPC = EVENT_DTYPE["ipc"]

@@ -6,10 +6,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from memrec.events import QUIET_FAILURE_KINDS
-from memrec.events import TENSOR_KINDS
-from memrec.events import Api
-from memrec.events import Kind
+from memrec.terms.events import QUIET_FAILURE_KINDS
+from memrec.terms.events import TENSOR_KINDS
+from memrec.terms.events import Api
+from memrec.terms.events import Kind
 
 #: Snapshot format version (a keyframe's ``"v"``). 2: driver allocations as columns of bytes
 #: (:data:`ALLOC_COLUMNS`); 3 (trace format 2.3): the same columns with ``ptr`` as the gap after
@@ -116,5 +116,5 @@ class Holding(NamedTuple):
     size: int
     address: int  # device or host pointer; the VMM handle for category "vmm" (or a host-located handle)
     ts: int  # when it was allocated, created or opened
-    api: int  # memrec.events.Api of the call that made it
+    api: int  # memrec.terms.events.Api of the call that made it
     peer: int = 0  # ipc_mapped: the exporter's pid (0 unknown)

@@ -34,7 +34,8 @@ bytes leave the exporter's owned total at once although the driver keeps them un
 importer closes; ``cuMemUnmap`` over several mappings is handled, partial unmaps of one mapping
 drop the whole mapping.
 
-The package: :mod:`memrec.state.live` (this class: batches, counters, snapshots),
+The package: :mod:`memrec.state.live` (this class: batches, snapshots),
+:mod:`memrec.state.tables` (the tables and counters, one object every applier below receives),
 :mod:`memrec.state.plain` (a run of a batch at once, numpy: driver allocations and frees, and
 the counter changes), :mod:`memrec.state.vmm_run` (a run's VMM creates, maps, unmaps and
 releases at once), :mod:`memrec.state.planner` (where IPC exports and opens may join a run),
@@ -47,23 +48,18 @@ releases at once), :mod:`memrec.state.planner` (where IPC exports and opens may 
 from __future__ import annotations
 
 import heapq
-from array import array
-from collections import deque
 from typing import Any
 from typing import Callable
 
 import numpy as np
 
-from memrec._untrusted import clean_text
-from memrec.events import CATEGORY_INDEX
-from memrec.events import CUDA_ERROR_OUT_OF_MEMORY
-from memrec.events import DRIVER
-from memrec.events import FLAG_IPC_BYTES
-from memrec.events import IPC_MAPPED
+from memrec.base.untrusted import clean_text
+from memrec.terms.events import CATEGORY_INDEX
+from memrec.terms.events import CUDA_ERROR_OUT_OF_MEMORY
+from memrec.terms.events import DRIVER
+from memrec.terms.events import FLAG_IPC_BYTES
+from memrec.terms.events import IPC_MAPPED
 from memrec.state import plain
-from memrec.state.allocs import AllocTable
-from memrec.state.allocs import HandleTable
-from memrec.state.allocs import MapTable
 from memrec.state.batch import Batch
 from memrec.state.fields import ALIAS_FIELDS
 from memrec.state.fields import ALLOC
@@ -85,12 +81,14 @@ from memrec.state.fields import MAX_SIZE
 from memrec.state.fields import MAX_TS
 from memrec.state.fields import O_BYTES
 from memrec.state.fields import OPEN_FIELDS
+from memrec.state.fields import PROC_EXIT
 from memrec.state.fields import PEAK_FIELDS
 from memrec.state.fields import QUIET_KINDS
 from memrec.state.fields import READ_VERSIONS
 from memrec.state.fields import SNAPSHOT_VERSION
 from memrec.state.fields import VMM_RUN_MASK
 from memrec.state.snapshot import alloc_arrays
+from memrec.state.tables import Tables
 from memrec.state.snapshot import capture_allocs
 from memrec.state.snapshot import encode_allocs
 from memrec.state.snapshot import check_table
@@ -109,7 +107,7 @@ from memrec.state.vmm_ipc import VmmIpc
 VECTOR_MIN_RUN = 24
 
 
-class LiveState(Queries, VmmIpc):
+class LiveState(Queries):
     """The live memory state built from events (see :mod:`memrec.state` for the accounting).
 
     Args:
@@ -123,42 +121,30 @@ class LiveState(Queries, VmmIpc):
     vector_min_run = VECTOR_MIN_RUN
 
     def __init__(self, journal: bool = False, max_failures: int = MAX_FAILURES) -> None:
-        self._allocs = AllocTable()  # driver allocations (pid, ptr) -> size, gpu, ts, api
-        self._handles = HandleTable()  # VMM handles (pid, handle) -> HANDLE_FIELDS
-        self._maps = MapTable()  # VMM mappings (pid, va) -> size, handle, offset, ts
-        self._aliases: dict[int, dict[int, int]] = {}  # pid -> retained handle -> handle
-        self._exports: dict[bytes, list] = {}  # handle bytes -> [pid, ptr, gpu, size, ts]
-        self._exported: dict[int, dict[int, list[bytes]]] = {}  # pid -> ptr -> handle bytes
-        self._fabric: dict[bytes, list] = {}  # fabric handle bytes -> [pid, handle]
-        self._opens: dict[int, dict[int, list]] = {}  # pid -> mapped ptr -> open record
-        self._host: dict[int, dict[int, list]] = {}  # pid -> ptr -> [size, ts, api]
-        self._bytes: dict[tuple[int, int, int], int] = {}  # (gpu, pid, category) -> bytes
-        self._gpu_owned: dict[int, int] = {}  # gpu -> owned bytes (host pinned under -1)
-        self._peaks: dict[int, list] = {}  # gpu -> [bytes, ts] of the owned peak
-        self._exits: list[list] = []
-        #: While a run applies at once: the per-event kinds' counter changes, applied with the
-        #: run's (in event order) by :func:`memrec.state.plain.apply_changes`.
-        self._log: list[tuple] | None = None
-        #: IPC exports inside such a run whose allocation came earlier in it: event index ->
-        #: (base, (size, gpu, ts, api)) as the allocation was then (see planner.Planner).
-        self._alloc_hints: dict[int, tuple[int, tuple[int, int, int, int]]] = {}
-        self.failures: deque[list] = deque(maxlen=max_failures)
-        #: Failed calls seen in all (``failures`` keeps only the most recent).
-        self.n_failures = 0
-        #: Events that did not match the state (a free of an unknown pointer, ...), by what they were.
-        #: Usually the trace started after the memory was allocated.
-        self.anomalies: dict[str, int] = {}
-        #: Events applied so far (the index of the next event).
-        self.n_events = 0
-        #: Timestamp of the last event applied.
-        self.last_ts = 0
-        #: With ``journal=True``: flat ``array('q')`` of rows ``JOURNAL_FIELDS`` (event index, ts,
-        #: gpu, pid, category index, signed bytes), one per change of a (gpu, pid, category) total.
-        self.journal: array | None = array("q") if journal else None
-        #: Where a replay gathers the journal as columns (``memrec.engine.journal.JournalBuffer``:
-        #: ``take(state)`` moves :attr:`journal`'s rows in, ``add(*columns)`` appends a batch's
-        #: changes without building rows); None: every change goes to :attr:`journal`.
-        self.journal_sink: Any = None
+        #: The tables and counters, handed to every applier (:mod:`memrec.state.tables`).
+        self.tables = Tables(journal, max_failures)
+        #: The per-event accounting of every kind but driver allocations and frees.
+        self.vmm = VmmIpc(self.tables)
+
+    def _counter(name: str, doc: str) -> property:  # noqa: N805 (a class-body helper)
+        """A public attribute of LiveState kept in :attr:`tables` (the appliers write it there)."""
+        return property(lambda self: getattr(self.tables, name),
+                        lambda self, value: setattr(self.tables, name, value), doc=doc)
+
+    failures = _counter("failures", "The most recent failed calls (a deque of FAILURE_FIELDS rows).")
+    n_failures = _counter("n_failures", "Failed calls seen in all (``failures`` keeps only the most recent).")
+    anomalies = _counter("anomalies", "Events that did not match the state (a free of an unknown pointer, "
+                         "...), by what they were. Usually the trace started after the memory was allocated.")
+    n_events = _counter("n_events", "Events applied so far (the index of the next event).")
+    last_ts = _counter("last_ts", "Timestamp of the last event applied.")
+    journal = _counter("journal", "With ``journal=True``: flat ``array('q')`` of rows ``JOURNAL_FIELDS`` "
+                       "(event index, ts, gpu, pid, category index, signed bytes), one per change of a "
+                       "(gpu, pid, category) total.")
+    journal_sink = _counter("journal_sink", "Where a replay gathers the journal as columns "
+                            "(``memrec.engine.journal.JournalBuffer``: ``take(state)`` moves :attr:`journal`'s "
+                            "rows in, ``add(*columns)`` appends a batch's changes without building rows); "
+                            "None: every change goes to :attr:`journal`.")
+    del _counter
 
     # ------------------------------------------------------------------ apply
 
@@ -190,18 +176,18 @@ class LiveState(Queries, VmmIpc):
             if hi <= lo:
                 return
             if int(n_vec[hi]) - int(n_vec[lo]) >= max(self.vector_min_run, 1):
-                plain.apply_run(self, events, lo, hi, fill)
+                plain.apply_run(self.tables, self._apply_events, events, lo, hi, fill)
             else:  # tensor blocks are not driver memory: memrec.analysis.report.tensors reads them
                 idx = np.arange(lo, hi)
                 self._apply_events(events, idx[~TENSOR_MASK[kinds[lo:hi]]], fill)
 
         lo = 0
-        self._alloc_hints.clear()
+        self.tables.alloc_hints.clear()
         barriers = np.flatnonzero(ok & BARRIER_MASK[kinds])
         if int(n_vec[-1]) < max(self.vector_min_run, 1):
             barriers = barriers[:0]  # no piece goes at once: one piece, event by event, no planning
         if len(barriers):
-            plan = Planner(self, events, plain_ok)
+            plan = Planner(self.tables, events, plain_ok)
             for b in barriers.tolist():
                 if plan.joins(lo, b):
                     continue
@@ -210,8 +196,8 @@ class LiveState(Queries, VmmIpc):
                 lo = b + 1
                 plan.restart()
         piece(lo, n)
-        self._alloc_hints.clear()
-        for table in (self._allocs, self._handles, self._maps):  # no row is held between batches
+        self.tables.alloc_hints.clear()
+        for table in (self.tables.allocs, self.tables.handles, self.tables.maps):  # no row is held between batches
             table.shrink()
         self.n_events += n
         self.last_ts = int(min(events["ts"][-1], MAX_TS))
@@ -237,7 +223,8 @@ class LiveState(Queries, VmmIpc):
         apis = sub["api"].tolist()
         handles = sub["handle"].tolist()
         auxs = hbytes = None  # decoded on the first event that is not an alloc or a free
-        allocs = self._allocs
+        tables = self.tables
+        allocs, change, apply_other = tables.allocs, tables.change, self.vmm.apply_other
         fill_idx: list[int] = []
         fill_gpu: list[int] = []
         base = self.n_events
@@ -255,32 +242,34 @@ class LiveState(Queries, VmmIpc):
                 pid, ptr, t = pids[i], ptrs[i], tss[i]
                 row, slot = allocs.find(pid, ptr)
                 if row >= 0:  # a free we did not see: drop the old one first
-                    self._anomaly("alloc_over_live")
+                    tables.anomaly("alloc_over_live")
                     old_size, old_gpu = int(allocs.size[row]), int(allocs.gpu[row])
                     allocs.drop(row, slot)
-                    self._change(index[i], t, old_gpu, pid, DRIVER, -old_size)
+                    change(index[i], t, old_gpu, pid, DRIVER, -old_size)
                 allocs.add(pid, ptr, sizes[i], gpus[i], t, apis[i])
-                self._change(index[i], t, gpus[i], pid, DRIVER, sizes[i], keep_zero=True)
+                change(index[i], t, gpus[i], pid, DRIVER, sizes[i], keep_zero=True)
             elif kind == FREE:
                 pid, ptr = pids[i], ptrs[i]
                 row, slot = allocs.find(pid, ptr)
                 if row < 0:
-                    self._anomaly("free_unknown")
+                    tables.anomaly("free_unknown")
                     continue
                 size, g = int(allocs.size[row]), int(allocs.gpu[row])
                 allocs.drop(row, slot)
                 if gpus[i] < 0 and g >= 0:
                     fill_idx.append(i)
                     fill_gpu.append(g)
-                self._change(index[i], tss[i], g, pid, DRIVER, -size, peak=False, keep_zero=True)
-                if self._exported:
-                    self._forget_exports(pid, ptr)
+                change(index[i], tss[i], g, pid, DRIVER, -size, peak=False, keep_zero=True)
+                if tables.exported:
+                    tables.forget_exports(pid, ptr)
+            elif kind == PROC_EXIT:
+                self._exit(index[i], tss[i], pids[i])
             else:
                 if auxs is None:
                     auxs = sub["aux"].tolist()
                     carry = HANDLE_BYTES_MASK[sub["kind"]] & ((sub["flags"] & FLAG_IPC_BYTES) != 0)
                     hbytes = sub.ipc_bytes_at(np.arange(len(sub)), carry)
-                g = self._apply_other(
+                g = apply_other(
                     kind, index[i], tss[i], pids[i], gpus[i], ptrs[i], sizes[i], handles[i], apis[i], auxs[i],
                     hbytes[i],
                 )
@@ -290,67 +279,9 @@ class LiveState(Queries, VmmIpc):
         if fill_idx:
             fill.append((idx[fill_idx], np.asarray(fill_gpu, np.int16)))
 
-    def _anomaly(self, what: str, count: int = 1) -> None:
-        self.anomalies[what] = self.anomalies.get(what, 0) + count
-
-    def _change(self, index: int, ts: int, gpu: int, pid: int, cat: int, delta: int, *,
-                peak: bool = True, keep_zero: bool = False) -> None:
-        """Add ``delta`` bytes to (gpu, pid, category), keeping the owned totals and peaks.
-
-        A change of 0 is dropped unless ``keep_zero`` (an allocation or free of 0 bytes still
-        gets its journal row); ``peak=False`` (a free) leaves the peak alone. While a run is
-        applied at once the change waits in ``_log``.
-        """
-        if delta == 0 and not keep_zero:
-            return
-        if self._log is not None:
-            self._log.append((index, ts, gpu, pid, cat, delta, peak))
-            return
-        key = (gpu, pid, cat)
-        v = self._bytes.get(key, 0) + delta
-        if v:
-            self._bytes[key] = v
-        else:
-            self._bytes.pop(key, None)
-        if cat != IPC_MAPPED:
-            tot = self._gpu_owned.get(gpu, 0) + delta
-            self._gpu_owned[gpu] = tot
-            pk = self._peaks.get(gpu)
-            if not peak:
-                pass
-            elif pk is None:
-                self._peaks[gpu] = [max(tot, 0), ts]
-            elif tot > pk[0]:
-                pk[0] = tot
-                pk[1] = ts
-        if self.journal is not None:
-            self.journal.extend((index, ts, gpu, pid, cat, delta))
-
-    def _alloc_at(self, pid: int, ptr: int, index: int) -> tuple[int, tuple[int, int, int, int] | None]:
-        """The driver allocation at ``ptr`` or holding it (a block inside a cached segment; of
-        overlapping ones, the one starting nearest below) for event ``index``: (base, (size,
-        gpu, ts, api))."""
-        hint = self._alloc_hints.get(index)
-        if hint is not None:
-            return hint
-        al = self._allocs
-        row, _ = al.find(pid, ptr)
-        if row >= 0:
-            return ptr, al.row(row)
-        cand = al.rows_of(pid)
-        if not (0 <= ptr < 1 << 64) or len(cand) == 0:
-            return ptr, None
-        base = al.ptr[cand]
-        p = np.uint64(ptr)
-        inside = (base <= p) & ((p - np.minimum(base, p)) < al.size[cand].astype(np.uint64))
-        if not inside.any():
-            return ptr, None
-        hit = cand[inside][np.argmax(base[inside])]
-        return int(al.ptr[hit]), al.row(hit)
-
     def _exit(self, index: int, t: int, pid: int) -> None:
         """Free everything ``pid`` held, as the driver does when a process exits, and record it."""
-        al = self._allocs
+        al = self.tables.allocs
         rows = al.rows_of(pid)
         held: dict[tuple[int, int], list[int]] = {}
         gpus, inverse = np.unique(al.gpu[rows], return_inverse=True)
@@ -358,14 +289,14 @@ class LiveState(Queries, VmmIpc):
         for g, b, n in zip(gpus.tolist(), sums.tolist(), np.bincount(inverse, minlength=len(gpus)).tolist()):
             held[(g, DRIVER)] = [b, n]
         holdings = self._top_driver(rows, EXIT_LARGEST)
-        others = list(self._other_holdings(pid=pid))
+        others = list(self.other_holdings(pid=pid))
         holdings += others
         for h in others:
             row = held.setdefault((h.gpu, CATEGORY_INDEX[h.category]), [0, 0])
             row[0] += h.size
             row[1] += 1
         largest = heapq.nsmallest(EXIT_LARGEST, holdings, key=largest_key)
-        self._exits.append(
+        self.tables.exits.append(
             [
                 pid,
                 t,
@@ -373,24 +304,24 @@ class LiveState(Queries, VmmIpc):
                 flat([[h.gpu, CATEGORY_INDEX[h.category], h.size, h.address, h.ts, h.api, h.peer] for h in largest]),
             ]
         )
-        for key in sorted(k for k in self._bytes if k[1] == pid):
-            self._change(index, t, key[0], pid, key[2], -self._bytes[key])
-        for columns in (self._allocs, self._handles, self._maps):
+        for key in sorted(k for k in self.tables.bytes if k[1] == pid):
+            self.tables.change(index, t, key[0], pid, key[2], -self.tables.bytes[key])
+        for columns in (self.tables.allocs, self.tables.handles, self.tables.maps):
             columns.drop_pid(pid)
-        for table in (self._aliases, self._opens, self._host):
+        for table in (self.tables.aliases, self.tables.opens, self.tables.host):
             table.pop(pid, None)
-        for ptr_bytes in self._exported.pop(pid, {}).values():
+        for ptr_bytes in self.tables.exported.pop(pid, {}).values():
             for hb in ptr_bytes:
-                self._exports.pop(hb, None)
-        for hb in [hb for hb, ex in self._exports.items() if ex[0] == pid]:
-            del self._exports[hb]
-        for fb in [fb for fb, f in self._fabric.items() if f[0] == pid]:
-            del self._fabric[fb]
+                self.tables.exports.pop(hb, None)
+        for hb in [hb for hb, ex in self.tables.exports.items() if ex[0] == pid]:
+            del self.tables.exports[hb]
+        for fb in [fb for fb, f in self.tables.fabric.items() if f[0] == pid]:
+            del self.tables.fabric[fb]
 
     def capacity(self) -> int:
         """Rows the tables have room for: when it changes (a table grew or was compacted), the
         heap has pages to hand back (the daemon then calls ``malloc_trim``)."""
-        return sum(len(t.live) for t in (self._allocs, self._handles, self._maps))
+        return sum(len(t.live) for t in (self.tables.allocs, self.tables.handles, self.tables.maps))
 
     # --------------------------------------------------------------- snapshot
 
@@ -412,21 +343,21 @@ class LiveState(Queries, VmmIpc):
             "n": self.n_events,
             "ts": self.last_ts,
             "allocs": None,
-            "handles": self._handles.flat(),
-            "maps": self._maps.flat(),
-            "aliases": flat_nested(self._aliases),
-            "exports": flat_keyed(self._exports),
-            "fabric": flat_keyed(self._fabric),
-            "opens": flat_nested(self._opens),
-            "host": flat_nested(self._host),
-            "peaks": flat([[g, pk[0], pk[1]] for g, pk in sorted(self._peaks.items())]),
-            "exits": [[e[0], e[1], list(e[2]), list(e[3])] for e in self._exits],
+            "handles": self.tables.handles.flat(),
+            "maps": self.tables.maps.flat(),
+            "aliases": flat_nested(self.tables.aliases),
+            "exports": flat_keyed(self.tables.exports),
+            "fabric": flat_keyed(self.tables.fabric),
+            "opens": flat_nested(self.tables.opens),
+            "host": flat_nested(self.tables.host),
+            "peaks": flat([[g, pk[0], pk[1]] for g, pk in sorted(self.tables.peaks.items())]),
+            "exits": [[e[0], e[1], list(e[2]), list(e[3])] for e in self.tables.exits],
             "failures": flat([list(f) for f in self.failures]),
             "n_failures": self.n_failures,
             "max_failures": self.failures.maxlen,
             "anomalies": dict(sorted(self.anomalies.items())),
         }
-        cols = capture_allocs(self._allocs)
+        cols = capture_allocs(self.tables.allocs)
 
         def finish() -> dict:
             return {**out, "allocs": encode_allocs(cols)}
@@ -468,40 +399,40 @@ class LiveState(Queries, VmmIpc):
         s.last_ts = d["ts"]
         # A repeated (pid, ptr) in a damaged keyframe: the last row wins, as a dict would have it.
         last = plain.last_of_keys(cols["pid"], cols["ptr"])
-        s._allocs.insert(*(cols[name][last] for name in ("pid", "ptr", "size", "gpu", "ts", "api")))
+        s.tables.allocs.insert(*(cols[name][last] for name in ("pid", "ptr", "size", "gpu", "ts", "api")))
         for p, h, *r in table_rows(d["handles"], len(HANDLE_FIELDS)):
-            s._handles.set(p, h, *r)
+            s.tables.handles.set(p, h, *r)
         for p, va, *m in table_rows(d["maps"], len(MAP_FIELDS)):
-            s._maps.set(p, va, *m)
+            s.tables.maps.set(p, va, *m)
         for p, a, h in table_rows(d["aliases"], len(ALIAS_FIELDS)):
-            s._aliases.setdefault(p, {})[a] = h
+            s.tables.aliases.setdefault(p, {})[a] = h
         for hb, *ex in table_rows(d["exports"], len(EXPORT_FIELDS)):
             hb = bytes(hb)
-            s._exports[hb] = ex
-            if s._allocs.find(ex[0], ex[1])[0] >= 0:
-                s._exported.setdefault(ex[0], {}).setdefault(ex[1], []).append(hb)
+            s.tables.exports[hb] = ex
+            if s.tables.allocs.find(ex[0], ex[1])[0] >= 0:
+                s.tables.exported.setdefault(ex[0], {}).setdefault(ex[1], []).append(hb)
         for fb, *f in table_rows(d["fabric"], len(FABRIC_FIELDS)):
-            s._fabric[bytes(fb)] = f
+            s.tables.fabric[bytes(fb)] = f
         for p, ptr, *o in table_rows(d["opens"], len(OPEN_FIELDS)):
             o[O_BYTES] = bytes(o[O_BYTES])
-            s._opens.setdefault(p, {})[ptr] = o
+            s.tables.opens.setdefault(p, {})[ptr] = o
         for p, ptr, *r in table_rows(d["host"], len(HOST_FIELDS)):
-            s._host.setdefault(p, {})[ptr] = r
+            s.tables.host.setdefault(p, {})[ptr] = r
         for g, b, ts in table_rows(d["peaks"], len(PEAK_FIELDS)):
-            s._peaks[g] = [b, ts]
-        s._exits = [[e[0], e[1], list(e[2]), list(e[3])] for e in d["exits"]]
+            s.tables.peaks[g] = [b, ts]
+        s.tables.exits = [[e[0], e[1], list(e[2]), list(e[3])] for e in d["exits"]]
         for f in table_rows(d["failures"], len(FAILURE_FIELDS)):
             s.failures.append(f)
         s.n_failures = d["n_failures"]
         s.anomalies = dict(d["anomalies"])
         # The counters follow from the tables (the driver allocations summed with numpy).
-        for (g, p, c), b in plain.alloc_totals(s._allocs).items():
-            s._bytes[(g, p, c)] = b
-        for h in s._other_holdings():
+        for (g, p, c), b in plain.alloc_totals(s.tables.allocs).items():
+            s.tables.bytes[(g, p, c)] = b
+        for h in s.other_holdings():
             key = (h.gpu, h.pid, CATEGORY_INDEX[h.category])
-            s._bytes[key] = s._bytes.get(key, 0) + h.size
-        s._bytes = {k: v for k, v in s._bytes.items() if v}
-        for (g, _, c), b in s._bytes.items():
+            s.tables.bytes[key] = s.tables.bytes.get(key, 0) + h.size
+        s.tables.bytes = {k: v for k, v in s.tables.bytes.items() if v}
+        for (g, _, c), b in s.tables.bytes.items():
             if c != IPC_MAPPED:
-                s._gpu_owned[g] = s._gpu_owned.get(g, 0) + b
+                s.tables.gpu_owned[g] = s.tables.gpu_owned.get(g, 0) + b
         return s

@@ -22,12 +22,13 @@ the result the event-by-event path (:meth:`LiveState._apply_events`) gives:
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+from typing import Callable
 
 import numpy as np
 
-from memrec.events import CUDA_ERROR_OUT_OF_MEMORY
-from memrec.events import DRIVER
-from memrec.events import IPC_MAPPED
+from memrec.terms.events import CUDA_ERROR_OUT_OF_MEMORY
+from memrec.terms.events import DRIVER
+from memrec.terms.events import IPC_MAPPED
 from memrec.state.allocs import by_key
 from memrec.state.allocs import key_hash
 from memrec.state.fields import ALLOC
@@ -46,7 +47,7 @@ from memrec.state.vmm_run import apply_vmm
 if TYPE_CHECKING:
     from memrec.state.allocs import AllocTable
     from memrec.state.batch import Batch
-    from memrec.state.live import LiveState
+    from memrec.state.tables import Tables
 
 _QUIET = kind_mask(tuple(QUIET_KINDS))
 #: Kind -> whether a successful one goes event by event inside a run (unless apply_vmm takes it).
@@ -56,30 +57,33 @@ _PER_EVENT = kind_mask(OTHER_KINDS + JOINABLE_KINDS)
 _VMM_SERIAL = kind_mask(VMM_SERIAL_KINDS)
 
 
-def apply_run(state: LiveState, events: Batch, lo: int, hi: int, fill: list) -> None:
-    """Apply ``events[lo:hi]`` (no exit among them; exports and opens that may join) at once."""
+def apply_run(tables: Tables, each: Callable[[Batch, np.ndarray, list], None], events: Batch, lo: int, hi: int,
+              fill: list) -> None:
+    """Apply ``events[lo:hi]`` (no exit among them; exports and opens that may join) at once to
+    ``tables``; ``each(events, idx, fill)`` applies the events that go one by one (the state's
+    event-by-event path, whose changes wait in ``tables.log`` meanwhile)."""
     seg = events[lo:hi]
     kinds = seg["kind"]
     ok = seg["result"] == 0
-    base = state.n_events + lo
-    _failures(state, seg, ok, base)
+    base = tables.n_events + lo
+    _failures(tables, seg, ok, base)
     per_event = ok & _PER_EVENT[kinds]
     vmm = ok & VMM_RUN_MASK[kinds]
     vmm_changes = None
     if vmm.any() and not np.any(ok & (kinds == SHARE_IMPORT)):  # an import reads a peer's handle
         serial = np.unique(seg["pid"][ok & _VMM_SERIAL[kinds]]).astype(np.int64)
-        vmm_changes, declined = apply_vmm(state, events, np.flatnonzero(vmm) + lo, fill, serial)
+        vmm_changes, declined = apply_vmm(tables, events, np.flatnonzero(vmm) + lo, fill, serial)
         per_event &= ~vmm
         per_event[declined - lo] = True
-    state._log = []
+    tables.log = []
     try:
-        state._apply_events(events, np.flatnonzero(per_event) + lo, fill)
+        each(events, np.flatnonzero(per_event) + lo, fill)
         pm = np.flatnonzero(ok & ((kinds == ALLOC) | (kinds == FREE)))
         cols = {name: seg[name][pm] for name in ("kind", "pid", "ptr", "size", "gpu", "ts", "api")}
-        changes = _allocs_and_frees(state, cols, pm + lo, base - lo, fill)
-        log = state._log
+        changes = _allocs_and_frees(tables, cols, pm + lo, base - lo, fill)
+        log = tables.log
     finally:
-        state._log = None
+        tables.log = None
     more = [vmm_changes] if vmm_changes is not None and len(vmm_changes[0]) else []
     if log:
         cols = list(zip(*log))
@@ -88,18 +92,18 @@ def apply_run(state: LiveState, events: Batch, lo: int, hi: int, fill: list) -> 
         changes = [np.concatenate(parts) for parts in zip(changes, *more)]
         order = np.argsort(changes[0], kind="stable")
         changes = [c[order] for c in changes]
-    apply_changes(state, *changes)
+    apply_changes(tables, *changes)
 
 
-def _failures(state: LiveState, seg: Batch, ok: np.ndarray, base: int) -> None:
+def _failures(tables: Tables, seg: Batch, ok: np.ndarray, base: int) -> None:
     """Count the failed calls (but expected failures of code and pool calls) and keep the latest."""
     bad = np.flatnonzero(~ok)
     if len(bad) == 0:
         return
     loud = ~_QUIET[seg["kind"][bad]] | (seg["result"][bad] == CUDA_ERROR_OUT_OF_MEMORY)
     bad = bad[loud]
-    state.n_failures += len(bad)
-    keep = state.failures.maxlen
+    tables.n_failures += len(bad)
+    keep = tables.failures.maxlen
     if keep == 0 or len(bad) == 0:
         return
     if keep is not None:
@@ -108,17 +112,17 @@ def _failures(state: LiveState, seg: Batch, ok: np.ndarray, base: int) -> None:
     cols = ((bad + base).tolist(), np.minimum(f["ts"], MAX_TS).tolist(), f["pid"].tolist(), f["tid"].tolist(),
             f["kind"].tolist(), f["api"].tolist(), f["result"].tolist(), f["gpu"].tolist(),
             np.minimum(f["size"], MAX_SIZE).tolist(), f["ptr"].tolist())
-    state.failures.extend(list(row) for row in zip(*cols))
+    tables.failures.extend(list(row) for row in zip(*cols))
 
 
-def _allocs_and_frees(state: LiveState, ev: dict[str, np.ndarray], where: np.ndarray, base: int,
+def _allocs_and_frees(tables: Tables, ev: dict[str, np.ndarray], where: np.ndarray, base: int,
                       fill: list) -> list[np.ndarray]:
     """Apply successful ALLOC/FREE events (columns ``ev``, at batch positions ``where``) to the table.
 
     Returns their counter changes in event order: index, ts, gpu, pid, category, delta, peak.
     """
     m = len(where)
-    table = state._allocs
+    table = tables.allocs
     order = by_key(ev["pid"], ev["ptr"])
     pid = ev["pid"][order]
     ptr = ev["ptr"][order]
@@ -148,9 +152,9 @@ def _allocs_and_frees(state: LiveState, ev: dict[str, np.ndarray], where: np.nda
     n_over = int(np.count_nonzero(over))
     n_unknown = int(np.count_nonzero(~is_alloc & ~live_before))
     if n_over:
-        state._anomaly("alloc_over_live", n_over)
+        tables.anomaly("alloc_over_live", n_over)
     if n_unknown:
-        state._anomaly("free_unknown", n_unknown)
+        tables.anomaly("free_unknown", n_unknown)
     gfill = freed & (gpu < 0) & (prev_gpu >= 0)
     if gfill.any():
         fill.append((where[order][gfill], prev_gpu[gfill]))
@@ -160,13 +164,13 @@ def _allocs_and_frees(state: LiveState, ev: dict[str, np.ndarray], where: np.nda
     tails = np.concatenate((heads[1:] - 1, [m - 1])) if m else heads
     last = tails[is_alloc[tails]]
     table.insert(pid[last], ptr[last], size[last], gpu[last], ts[last], ev["api"][order[last]])
-    exported = np.sort(exported_keys(state)) if state._exported and freed.any() else ()
+    exported = np.sort(exported_keys(tables)) if tables.exported and freed.any() else ()
     if len(exported):
         hits = np.flatnonzero(freed)
         h = key_hash(pid[hits], ptr[hits])
         hits = hits[exported[np.minimum(np.searchsorted(exported, h), len(exported) - 1)] == h]
         for p, q in zip(pid[hits].tolist(), ptr[hits].tolist()):
-            state._forget_exports(p, q)
+            tables.forget_exports(p, q)
 
     # Changes, in event order: an overwritten allocation leaves first (when not empty), then the
     # new one comes (or the freed one leaves).
@@ -209,17 +213,17 @@ def _allocs_and_frees(state: LiveState, ev: dict[str, np.ndarray], where: np.nda
     ]
 
 
-def apply_changes(state: LiveState, index: np.ndarray, ts: np.ndarray, gpu: np.ndarray, pid: np.ndarray,
+def apply_changes(tables: Tables, index: np.ndarray, ts: np.ndarray, gpu: np.ndarray, pid: np.ndarray,
                   cat: np.ndarray, delta: np.ndarray, peak: np.ndarray) -> None:
-    """Apply counter changes (in event order) as :meth:`LiveState._change` would one by one."""
+    """Apply counter changes (in event order) as :meth:`Tables.change` would one by one."""
     if len(index) == 0:
         return
-    if state.journal is not None and state.journal_sink is not None:
-        state.journal_sink.take(state)  # the rows journaled before these, first
-        state.journal_sink.add(index, ts, gpu, pid, cat, delta)  # a replay's columns: straight in
-    elif state.journal is not None:
-        state.journal.frombytes(np.column_stack((index, ts, gpu, pid, cat, delta)).astype(np.int64).tobytes())
-    counts = state._bytes
+    if tables.journal is not None and tables.journal_sink is not None:
+        tables.journal_sink.take(tables)  # the rows journaled before these, first
+        tables.journal_sink.add(index, ts, gpu, pid, cat, delta)  # a replay's columns: straight in
+    elif tables.journal is not None:
+        tables.journal.frombytes(np.column_stack((index, ts, gpu, pid, cat, delta)).astype(np.int64).tobytes())
+    counts = tables.bytes
     key = ((gpu + 32768) << 34) | (pid << 2) | cat
     order = np.argsort(key)
     key = key[order]
@@ -242,7 +246,7 @@ def apply_changes(state: LiveState, index: np.ndarray, ts: np.ndarray, gpu: np.n
     starts = np.flatnonzero(head)
     group = np.cumsum(head) - 1
     gpus = og[starts].tolist()
-    owned = state._gpu_owned
+    owned = tables.gpu_owned
     cs = np.cumsum(od)
     run = cs - (cs[starts] - od[starts])[group] + np.array([owned.get(g, 0) for g in gpus], np.int64)[group]
     for g, total in zip(gpus, run[np.append(starts[1:] - 1, len(own) - 1)].tolist()):
@@ -257,7 +261,7 @@ def apply_changes(state: LiveState, index: np.ndarray, ts: np.ndarray, gpu: np.n
     best = np.flatnonzero(tv == np.maximum.reduceat(tv, first)[np.cumsum(new) - 1])
     best = best[np.append(True, tg[best][1:] != tg[best][:-1])]
     tts = ts[own][touch]
-    peaks = state._peaks
+    peaks = tables.peaks
     for k, v0, t0, v, t in zip(tg[first].tolist(), tv[first].tolist(), tts[first].tolist(), tv[best].tolist(),
                                tts[best].tolist()):
         pk = peaks.get(gpus[k])
@@ -277,9 +281,9 @@ def group_sums(groups: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
     return (hi << 26) + lo
 
 
-def exported_keys(state: LiveState) -> np.ndarray:
+def exported_keys(tables: Tables) -> np.ndarray:
     """Key hashes of the allocations with IPC exports (a hash match is then checked exactly)."""
-    pairs = [(p, q) for p, d in state._exported.items() for q in d]
+    pairs = [(p, q) for p, d in tables.exported.items() for q in d]
     return key_hash(np.array([p for p, _ in pairs], np.uint32), np.array([q for _, q in pairs], np.uint64))
 
 

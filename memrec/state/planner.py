@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from memrec.events import FLAG_IPC_BYTES
+from memrec.terms.events import FLAG_IPC_BYTES
 from memrec.state.allocs import key_hash
 from memrec.state.allocs import key_hash1
 from memrec.state.fields import FREE
@@ -24,7 +24,7 @@ from memrec.state.fields import PROC_EXIT
 
 if TYPE_CHECKING:
     from memrec.state.batch import Batch
-    from memrec.state.live import LiveState
+    from memrec.state.tables import Tables
 
 
 class Planner:
@@ -39,8 +39,8 @@ class Planner:
     frees that export's allocation before it. A process exit never joins.
     """
 
-    def __init__(self, state: LiveState, events: Batch, plain_ok: np.ndarray) -> None:
-        self.state = state
+    def __init__(self, tables: Tables, events: Batch, plain_ok: np.ndarray) -> None:
+        self.tables = tables
         self.events = events
         self.kinds = events["kind"]
         self.pids = events["pid"]
@@ -126,14 +126,14 @@ class Planner:
         facts = self._exports[b]
         if facts is None:
             return self._export_joins_slowly(lo, b)
-        state = self.state
+        tables = self.tables
         pid, ptr, key, prev, prev_free, hint, hb = facts
-        index = state.n_events + b
+        index = tables.n_events + b
         if prev >= lo:
             if prev_free >= lo:
                 return False  # the free forgets exports made before it only: keep it in order
-            state._alloc_hints[index] = (ptr, hint)
-        elif state._allocs.find(pid, ptr)[0] < 0:
+            tables.alloc_hints[index] = (ptr, hint)
+        elif tables.allocs.find(pid, ptr)[0] < 0:
             if self._pid_has_events(pid, lo, b):
                 return False
             key = self._interior_key(pid, ptr, key, index)
@@ -143,16 +143,16 @@ class Planner:
 
     def _export_joins_slowly(self, lo: int, b: int) -> bool:
         """:meth:`_export_joins` for an export whose key hash another key shares."""
-        state = self.state
+        tables = self.tables
         pid, ptr, key = int(self.pids[b]), int(self.ptrs[b]), int(self.keys[b])
         same = self._on_key(key, lo, b)
         same = same[(self.pids[same] == pid) & (self.ptrs[same] == ptr)]
-        index = state.n_events + b
+        index = tables.n_events + b
         if len(same):
             if np.any(self.kinds[same] == FREE):
                 return False
-            state._alloc_hints[index] = (ptr, self._hint(int(same[-1])))
-        elif state._allocs.find(pid, ptr)[0] < 0:
+            tables.alloc_hints[index] = (ptr, self._hint(int(same[-1])))
+        elif tables.allocs.find(pid, ptr)[0] < 0:
             if self._pid_has_events(pid, lo, b):
                 return False
             key = self._interior_key(pid, ptr, key, index)
@@ -167,13 +167,13 @@ class Planner:
 
     def _interior_key(self, pid: int, ptr: int, key: int, index: int) -> int:
         """The key hash of the allocation holding ``ptr`` (``key`` when none does)."""
-        base, found = self.state._alloc_at(pid, ptr, index)
+        base, found = self.tables.alloc_at(pid, ptr, index)
         if found is None:
             return key
         return key_hash1(pid, base)
 
     def _open_joins(self, lo: int, b: int) -> bool:
-        state = self.state
+        tables = self.tables
         if self._opens is None:
             at = np.flatnonzero((self.kinds == IPC_OPEN) & ((self.events["flags"] & FLAG_IPC_BYTES) != 0))
             self._opens = dict(zip(at.tolist(), self.events.ipc_bytes_at(at, np.ones(len(at), bool))))
@@ -184,7 +184,7 @@ class Planner:
             return True  # it reads no export
         key = self.joined.get(hb)
         if key is None:
-            ex = state._exports.get(hb)
+            ex = tables.exports.get(hb)
             if ex is None or not (0 <= ex[0] < 1 << 32 and 0 <= ex[1] < 1 << 64):
                 return True
             key = key_hash1(ex[0], ex[1])

@@ -13,12 +13,9 @@ from typing import Iterator
 
 import numpy as np
 
-from memrec.events import CATEGORIES
-from memrec.events import CATEGORY_INDEX
-from memrec.events import IPC_MAPPED
-from memrec.state.allocs import AllocTable
-from memrec.state.allocs import HandleTable
-from memrec.state.allocs import MapTable
+from memrec.terms.events import CATEGORIES
+from memrec.terms.events import CATEGORY_INDEX
+from memrec.terms.events import IPC_MAPPED
 from memrec.state.fields import API_IPC_OPEN
 from memrec.state.fields import HELD_FIELDS
 from memrec.state.fields import LARGEST_FIELDS
@@ -29,20 +26,13 @@ from memrec.state.fields import O_SIZE
 from memrec.state.fields import O_TS
 from memrec.state.fields import Holding
 from memrec.state.snapshot import rows as table_rows
+from memrec.state.tables import Tables
 
 
 class Queries:
     """The read side of LiveState."""
 
-    _allocs: AllocTable
-    _handles: HandleTable
-    _maps: MapTable
-    _opens: dict[int, dict[int, list]]
-    _host: dict[int, dict[int, list]]
-    _bytes: dict[tuple[int, int, int], int]
-    _gpu_owned: dict[int, int]
-    _peaks: dict[int, list]
-    _exits: list[list]
+    tables: Tables
     failures: deque[list]
 
     def owned_bytes(self, gpu: int | None = None, pid: int | None = None, category: str | None = None) -> int:
@@ -59,10 +49,10 @@ class Queries:
                 raise ValueError("ipc_mapped is mapped, not owned: use mapped_bytes()")
         if pid is None and category is None:
             if gpu is None:
-                return sum(self._gpu_owned.values())
-            return self._gpu_owned.get(gpu, 0)
+                return sum(self.tables.gpu_owned.values())
+            return self.tables.gpu_owned.get(gpu, 0)
         total = 0
-        for (g, p, cat), b in self._bytes.items():
+        for (g, p, cat), b in self.tables.bytes.items():
             if cat == IPC_MAPPED:
                 continue
             if gpu is not None and g != gpu or pid is not None and p != pid:
@@ -75,34 +65,34 @@ class Queries:
         """Bytes of peers' memory mapped here (IPC opens, shareable imports), in the importers' view."""
         return sum(
             b
-            for (g, p, cat), b in self._bytes.items()
+            for (g, p, cat), b in self.tables.bytes.items()
             if cat == IPC_MAPPED and (gpu is None or g == gpu) and (pid is None or p == pid)
         )
 
     def totals(self) -> dict[int, dict[int, dict[str, int]]]:
         """Bytes by gpu → pid → category (ipc_mapped per importer), zero entries left out, sorted."""
         out: dict[int, dict[int, dict[str, int]]] = {}
-        for (g, p, cat) in sorted(self._bytes):
-            b = self._bytes[(g, p, cat)]
+        for (g, p, cat) in sorted(self.tables.bytes):
+            b = self.tables.bytes[(g, p, cat)]
             if b:
                 out.setdefault(g, {}).setdefault(p, {})[CATEGORIES[cat]] = b
         return out
 
     def counters(self) -> dict[tuple[int, int, int], int]:
         """Non-zero totals keyed (gpu, pid, category index): what a journal starts from."""
-        return {k: v for k, v in sorted(self._bytes.items()) if v}
+        return {k: v for k, v in sorted(self.tables.bytes.items()) if v}
 
     def peaks(self) -> dict[int, tuple[int, int]]:
         """The highest owned bytes seen on each GPU (host: -1) since the state began: gpu → (bytes, ts)."""
-        return {g: (pk[0], pk[1]) for g, pk in sorted(self._peaks.items())}
+        return {g: (pk[0], pk[1]) for g, pk in sorted(self.tables.peaks.items())}
 
     def pids(self) -> list[int]:
         """Processes that hold or map anything now."""
-        return sorted({p for (_, p, _), b in self._bytes.items() if b})
+        return sorted({p for (_, p, _), b in self.tables.bytes.items() if b})
 
     def holdings(self, gpu: int | None = None, pid: int | None = None) -> Iterator[Holding]:
         """Every live piece of memory (owned and mapped), optionally on one GPU or of one process."""
-        al = self._allocs
+        al = self.tables.allocs
         sel = al.sorted_rows() if pid is None else al.rows_of(pid)
         if pid is not None:
             sel = sel[np.argsort(al.ptr[sel], kind="stable")]
@@ -112,9 +102,9 @@ class Queries:
                 al.ts[sel].tolist(), al.api[sel].tolist())
         for p, g, size, ptr, ts, api in zip(*cols):
             yield Holding(p, g, "driver", size, ptr, ts, api)
-        yield from self._other_holdings(gpu, pid)
+        yield from self.other_holdings(gpu, pid)
 
-    def _other_holdings(self, gpu: int | None = None, pid: int | None = None) -> Iterator[Holding]:
+    def other_holdings(self, gpu: int | None = None, pid: int | None = None) -> Iterator[Holding]:
         """:meth:`holdings` but driver allocations."""
         pids = [pid] if pid is not None else None
 
@@ -123,7 +113,7 @@ class Queries:
                 return iter(table.items())
             return ((p, table[p]) for p in pids if p in table)
 
-        hs = self._handles
+        hs = self.tables.handles
         rows = hs.sorted_rows(pid)
         if gpu is not None:
             rows = rows[hs.gpu[rows] == gpu]
@@ -131,36 +121,36 @@ class Queries:
                                                                "api", "exporter")]
         for p, g, c, size, h, ts, api, exporter in zip(*cols):
             yield Holding(p, g, CATEGORIES[c], size, h, ts, api, exporter)
-        for p, d in select(self._opens):
+        for p, d in select(self.tables.opens):
             for ptr, o in d.items():
                 if gpu is None or o[O_GPU] == gpu:
                     yield Holding(p, o[O_GPU], "ipc_mapped", o[O_SIZE], ptr, o[O_TS], API_IPC_OPEN, o[O_EXPORTER])
         if gpu is None or gpu == -1:
-            for p, d in select(self._host):
+            for p, d in select(self.tables.host):
                 for ptr, r in d.items():
                     yield Holding(p, -1, "host_pinned", r[0], ptr, r[1], r[2])
 
     def mappings(self, pid: int | None = None) -> Iterator[tuple[int, int, int, int]]:
         """Live VMM mappings as (pid, va, size, gpu of the mapped handle; -1 unknown), pids ascending."""
-        ms, hs = self._maps, self._handles
+        ms, hs = self.tables.maps, self.tables.handles
         rows = ms.sorted_rows(pid)
         for p, va, size, h in zip(*(getattr(ms, name)[rows].tolist() for name in ("pid", "va", "size", "handle"))):
-            row, _ = hs.find(p, self._resolve_alias(p, h))
+            row, _ = hs.find(p, self.tables.resolve_alias(p, h))
             yield p, va, size, int(hs.gpu[row]) if row >= 0 else -1
 
     def largest(self, gpu: int | None, n: int = 10, pid: int | None = None, mapped: bool = False) -> list[Holding]:
         """The ``n`` largest live owned allocations on ``gpu`` (with ``mapped``: ipc_mapped too)."""
-        rows = self._allocs.rows_of(pid)
+        rows = self.tables.allocs.rows_of(pid)
         if gpu is not None:
-            rows = rows[self._allocs.gpu[rows] == gpu]
+            rows = rows[self.tables.allocs.gpu[rows] == gpu]
         items = self._top_driver(rows, n)
-        items += (h for h in self._other_holdings(gpu, pid) if mapped or h.category != "ipc_mapped")
+        items += (h for h in self.other_holdings(gpu, pid) if mapped or h.category != "ipc_mapped")
         return heapq.nsmallest(n, items, key=largest_key)
 
     def _top_driver(self, rows: np.ndarray, n: int) -> list[Holding]:
         """The ``n`` first driver allocations of ``rows`` by size, largest first (ties: gpu, pid,
         pointer: the order of ``largest_key`` and ``holder_key`` among allocations), with numpy."""
-        al = self._allocs
+        al = self.tables.allocs
         top = rows[np.lexsort((al.ptr[rows], al.pid[rows], al.gpu[rows], -al.size[rows]))[:n]]
         return [Holding(int(al.pid[r]), int(al.gpu[r]), "driver", int(al.size[r]), int(al.ptr[r]), int(al.ts[r]),
                         int(al.api[r])) for r in top]
@@ -172,18 +162,18 @@ class Queries:
         Holding as dict, ...]}`` with the ``n`` largest live pieces (owned first, then mapped).
         """
         per: dict[int, dict] = {}
-        for (g, p, cat), b in self._bytes.items():
+        for (g, p, cat), b in self.tables.bytes.items():
             if g != gpu or not b:
                 continue
             e = per.setdefault(p, {"pid": p, "owned": 0, "mapped": 0, "by_category": {}})
             e["by_category"][CATEGORIES[cat]] = b
             e["mapped" if cat == IPC_MAPPED else "owned"] += b
         tops: dict[int, list[Holding]] = {p: [] for p in per}
-        on_gpu = self._allocs.rows_of()
-        on_gpu = on_gpu[self._allocs.gpu[on_gpu] == gpu]
+        on_gpu = self.tables.allocs.rows_of()
+        on_gpu = on_gpu[self.tables.allocs.gpu[on_gpu] == gpu]
         for p in per:
-            tops[p] = self._top_driver(on_gpu[self._allocs.pid[on_gpu] == p], n)
-        for h in self._other_holdings(gpu=gpu):
+            tops[p] = self._top_driver(on_gpu[self.tables.allocs.pid[on_gpu] == p], n)
+        for h in self.other_holdings(gpu=gpu):
             if h.pid in tops:
                 tops[h.pid].append(h)
         out = []
@@ -201,7 +191,7 @@ class Queries:
         "count"}], "largest": [Holding as dict]}``.
         """
         out = []
-        for pid, ts, held, largest in self._exits:
+        for pid, ts, held, largest in self.tables.exits:
             rows = [dict(zip(HELD_FIELDS, r)) for r in table_rows(held, len(HELD_FIELDS))]
             for r in rows:
                 r["category"] = CATEGORIES[r["category"]]
@@ -232,7 +222,7 @@ class Queries:
         for h in self.holdings():
             key = (h.gpu, h.pid, CATEGORY_INDEX[h.category])
             expect[key] = expect.get(key, 0) + h.size
-        got = {k: v for k, v in self._bytes.items() if v}
+        got = {k: v for k, v in self.tables.bytes.items() if v}
         expect = {k: v for k, v in expect.items() if v}
         if got != expect:
             raise AssertionError(f"counters {got} != tables {expect}")
@@ -240,10 +230,10 @@ class Queries:
         for (g, _, c), b in expect.items():
             if c != IPC_MAPPED:
                 owned[g] = owned.get(g, 0) + b
-        got_owned = {g: b for g, b in self._gpu_owned.items() if b}
+        got_owned = {g: b for g, b in self.tables.gpu_owned.items() if b}
         if got_owned != owned:
             raise AssertionError(f"owned totals {got_owned} != tables {owned}")
-        for table in (self._allocs, self._handles, self._maps):
+        for table in (self.tables.allocs, self.tables.handles, self.tables.maps):
             table.check()
 
 

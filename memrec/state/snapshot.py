@@ -18,9 +18,9 @@ import zlib
 
 import numpy as np
 
-from memrec._errors import TraceFormatError
-from memrec._untrusted import short_repr
-from memrec.events import CATEGORIES
+from memrec.base.errors import TraceFormatError
+from memrec.base.untrusted import short_repr
+from memrec.terms.events import CATEGORIES
 from memrec.state.fields import ALLOC_COLUMNS
 from memrec.state.fields import ALLOC_FIELDS
 from memrec.trace import codec

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from memrec.events import Kind
+from memrec.terms.events import Kind
 from memrec.state.fields import MAX_SIZE
 
 ALLOC, FREE = int(Kind.ALLOC), int(Kind.FREE)

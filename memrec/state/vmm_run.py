@@ -2,7 +2,7 @@
 
 A VMM-backed allocator (PyTorch's expandable segments, SGLang's memory pools) makes these calls
 by the thousand; one Python step each made them the daemon's bottleneck. :func:`apply_vmm` gives
-what the event-by-event path (:meth:`memrec.state.vmm_ipc.VmmIpc._apply_other`) gives, for the
+what the event-by-event path (:meth:`memrec.state.vmm_ipc.VmmIpc.apply_other`) gives, for the
 processes whose VMM events in the run follow the driver's rules, and declines (changing nothing)
 the others' events, which the caller applies event by event:
 
@@ -29,9 +29,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from memrec.events import HOST_PINNED
-from memrec.events import IPC_MAPPED
-from memrec.events import VMM
+from memrec.terms.events import HOST_PINNED
+from memrec.terms.events import IPC_MAPPED
+from memrec.terms.events import VMM
 from memrec.state.allocs import by_key
 from memrec.state.fields import MAX_SIZE
 from memrec.state.fields import MAX_TS
@@ -42,7 +42,7 @@ from memrec.state.fields import VMM_UNMAP
 
 if TYPE_CHECKING:
     from memrec.state.batch import Batch
-    from memrec.state.live import LiveState
+    from memrec.state.tables import Tables
 
 # What each event does to the handle it names (or, for an unmap, the handle mapped there).
 _CREATE, _RELEASE, _MAP, _UNMAP = range(4)
@@ -50,7 +50,7 @@ _STEP = np.full(1 << 16, -1, np.int8)
 _STEP[[VMM_CREATE, VMM_RELEASE, VMM_MAP, VMM_UNMAP]] = [_CREATE, _RELEASE, _MAP, _UNMAP]
 
 
-def apply_vmm(state: LiveState, events: Batch, pos: np.ndarray, fill: list,
+def apply_vmm(tables: Tables, events: Batch, pos: np.ndarray, fill: list,
               serial_pids: np.ndarray) -> tuple[list[np.ndarray] | None, np.ndarray]:
     """Apply the successful VMM_CREATE/MAP/UNMAP/RELEASE events at batch positions ``pos``
     (ascending) at once, but those of processes in ``serial_pids`` (they retain or share handles
@@ -62,15 +62,15 @@ def apply_vmm(state: LiveState, events: Batch, pos: np.ndarray, fill: list,
     """
     pid = events["pid"][pos]
     bad = serial_pids
-    if state._aliases:
-        bad = np.append(bad, [p for p, al in state._aliases.items() if al]).astype(np.int64)
+    if tables.aliases:
+        bad = np.append(bad, [p for p, al in tables.aliases.items() if al]).astype(np.int64)
     for _ in range(2):  # a second look at the processes kept finds nothing more
         declined = np.isin(pid, bad) if len(bad) else np.zeros(len(pos), bool)
         if declined.all():
             return None, pos
-        plan = _plan(state, events, pos[~declined])
+        plan = _plan(tables, events, pos[~declined])
         if isinstance(plan, _Plan):
-            return _commit(state, plan, fill), pos[declined]
+            return _commit(tables, plan, fill), pos[declined]
         bad = np.append(bad, plan)
     return None, pos
 
@@ -86,7 +86,7 @@ class _Plan(NamedTuple):
     counts: tuple[np.ndarray, ...]  # per event in handle order: refs, nmaps, gone
 
 
-def _plan(state: LiveState, events: Batch, pos: np.ndarray) -> _Plan | np.ndarray:
+def _plan(tables: Tables, events: Batch, pos: np.ndarray) -> _Plan | np.ndarray:
     """The effect of the VMM events at ``pos``, or the pids whose events break the rules."""
     pid = events["pid"][pos]
     step = _STEP[events["kind"][pos]]
@@ -97,7 +97,7 @@ def _plan(state: LiveState, events: Batch, pos: np.ndarray) -> _Plan | np.ndarra
 
     # Mappings: each (pid, va) alternates map, unmap, ... from what the table holds.
     mm = np.flatnonzero(step >= _MAP)
-    ms = state._maps
+    ms = tables.maps
     morder = mm[by_key(pid[mm], va[mm])]
     is_map = step[morder] == _MAP
     mhead = _heads(pid[morder], va[morder])
@@ -111,7 +111,7 @@ def _plan(state: LiveState, events: Batch, pos: np.ndarray) -> _Plan | np.ndarra
     handle[morder[unmaps]] = mapped_handle[unmaps]  # an unmap acts on the handle it unmaps
 
     # Handles: runs of events per (pid, handle), a new generation at each create.
-    hs = state._handles
+    hs = tables.handles
     order = by_key(pid, handle)
     st = step[order]
     head = _heads(pid[order], handle[order])
@@ -157,7 +157,7 @@ def _plan(state: LiveState, events: Batch, pos: np.ndarray) -> _Plan | np.ndarra
                  records, (refs, nmaps, gone))
 
 
-def _commit(state: LiveState, plan: _Plan, fill: list) -> list[np.ndarray]:
+def _commit(tables: Tables, plan: _Plan, fill: list) -> list[np.ndarray]:
     """Change the tables as :func:`_plan` found; return the counter changes."""
     pos, c = plan.pos, plan.cols
     morder, is_map, mhead, mrows, mslots = plan.maps
@@ -171,7 +171,7 @@ def _commit(state: LiveState, plan: _Plan, fill: list) -> list[np.ndarray]:
         fill.append((pos[order[want]], g[gen][want]))
 
     # The tables' end state: found rows leave, each key's last generation (if not gone) comes in.
-    ms, hs = state._maps, state._handles
+    ms, hs = tables.maps, tables.handles
     ms.remove(mrows[mrows >= 0], mslots[mrows >= 0])
     mtail = _tails(mhead)
     m = morder[mtail[is_map[mtail]]]
@@ -189,7 +189,7 @@ def _commit(state: LiveState, plan: _Plan, fill: list) -> list[np.ndarray]:
     at = at[np.argsort(order[at])]
     idx, ag = order[at], gen[at]
     return [
-        pos[idx] + state.n_events,
+        pos[idx] + tables.n_events,
         c["ts"][idx],
         g[ag].astype(np.int64),
         c["pid"][idx].astype(np.int64),

@@ -37,9 +37,9 @@ import dataclasses
 import os
 import threading
 
-from memrec._errors import ExitCode
-from memrec._errors import MemrecCommandError
-from memrec._errors import TraceFormatError
+from memrec.base.errors import ExitCode
+from memrec.base.errors import MemrecCommandError
+from memrec.base.errors import TraceFormatError
 
 ROWS_PER_BYTE = 8
 BYTES_PER_BYTE = 256

@@ -13,13 +13,13 @@ from typing import Any
 
 import numpy as np
 
-from memrec._errors import TraceFormatError
-from memrec.columns import EVENT_DTYPE
-from memrec.columns import NVML_DTYPE
-from memrec.columns import PROCMEM_DTYPE
-from memrec.events import FLAG_IPC_BYTES
-from memrec.events import FLAG_NAME
-from memrec.events import IPC_HANDLE_SIZE
+from memrec.base.errors import TraceFormatError
+from memrec.terms.columns import EVENT_DTYPE
+from memrec.terms.columns import NVML_DTYPE
+from memrec.terms.columns import PROCMEM_DTYPE
+from memrec.terms.events import FLAG_IPC_BYTES
+from memrec.terms.events import FLAG_NAME
+from memrec.terms.events import IPC_HANDLE_SIZE
 from memrec.trace import codec
 from memrec.trace.budget import OverBudget
 from memrec.trace.budget import ReadBudget

@@ -5,7 +5,7 @@ A trace's timestamps are CLOCK_MONOTONIC; its header ties them to the wall clock
 anchor: one simultaneous reading of both). :func:`wall_offset_ns` is the one place that turns the
 anchor into monotonic -> wall: the merge joins hosts with it, the exports' ``wall_ns`` columns (to
 join with DCGM or Prometheus samples, which carry wall-clock time) are made with it. Traces of several hosts are put on one timeline through those anchors
-(:mod:`memrec.trace.merge`), so the error of the merged timeline is the error of the hosts' wall
+(:mod:`memrec.engine.merge`), so the error of the merged timeline is the error of the hosts' wall
 clocks. The kernel knows an estimate: ``adjtimex(2)`` (read-only with ``modes = 0``, no privilege)
 gives the NTP daemon's estimated error (``esterror``) and maximum error (``maxerror``), in µs,
 and whether the clock is synchronized at all (``STA_UNSYNC``, or the ``TIME_ERROR`` state).

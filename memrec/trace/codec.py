@@ -34,7 +34,7 @@ value is stored once. On 16 processes holding 1M live allocations this took the 
 4.5 to about 1.5 bytes an event (issue 26, ``bench/bench_realistic.py``).
 
 ``decode_payload`` checks every length against ``n`` before it allocates, so a damaged chunk is
-refused (:class:`~memrec._errors.TraceFormatError`) rather than decoded into nonsense or memory.
+refused (:class:`~memrec.base.errors.TraceFormatError`) rather than decoded into nonsense or memory.
 """
 
 from __future__ import annotations
@@ -48,8 +48,9 @@ import zlib
 import numpy as np
 import zstandard
 
-from memrec import TYPE_CHECKING
-from memrec._errors import TraceFormatError
+from memrec.base.errors import TraceFormatError
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see memrec.TYPE_CHECKING)
 
 if TYPE_CHECKING:
     from memrec.trace.budget import ReadBudget

@@ -7,7 +7,7 @@ A trace (``.mrec``) is a plain concatenation of msgpack objects, one per record 
 
 Every record is a msgpack map with a ``"type"`` key. The header's first key is ``"magic"``. The
 columnar records (``events``, ``nvml``, ``procmem``) hold the fields of
-:data:`memrec.columns.EVENT_DTYPE` / ``NVML_DTYPE`` / ``PROCMEM_DTYPE`` column by column
+:data:`memrec.terms.columns.EVENT_DTYPE` / ``NVML_DTYPE`` / ``PROCMEM_DTYPE`` column by column
 (:mod:`memrec.trace.chunks`): in format 2 as one Zstandard frame of delta / frame-of-reference
 encoded columns (:mod:`memrec.trace.codec`), in format 1 (still read) as one little-endian byte
 string per column.
@@ -38,12 +38,12 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from memrec._errors import TraceFormatError
-from memrec._untrusted import too_deep
-from memrec.events import MAX_CMDLINE_ARGS
-from memrec.events import GpuInfo
-from memrec.events import Marker
-from memrec.events import ProcessInfo
+from memrec.base.errors import TraceFormatError
+from memrec.base.untrusted import too_deep
+from memrec.terms.events import MAX_CMDLINE_ARGS
+from memrec.terms.events import GpuInfo
+from memrec.terms.events import Marker
+from memrec.terms.events import ProcessInfo
 from memrec.trace import codec
 from memrec.trace.budget import OverBudget
 from memrec.trace.budget import ReadBudget
@@ -207,7 +207,7 @@ def make_header(
     free-form maps. Extra keyword arguments become extra header keys.
     """
     if created_by is None:
-        from memrec import __version__
+        from memrec.base.version import __version__
 
         created_by = f"memrec {__version__}"
     header = {

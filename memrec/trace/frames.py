@@ -21,9 +21,9 @@ from typing import Any
 from typing import BinaryIO
 from typing import Iterator
 
-from memrec import protocol
-from memrec._errors import MemrecError
-from memrec._errors import TraceFormatError
+from memrec.terms import protocol
+from memrec.base.errors import MemrecError
+from memrec.base.errors import TraceFormatError
 from memrec.trace.format import DEFAULT_SCHEMA
 from memrec.trace.format import HEADER
 from memrec.trace.format import Schema

@@ -22,7 +22,7 @@ from typing import Iterator
 
 import msgpack
 
-from memrec._untrusted import MAX_DEPTH
+from memrec.base.untrusted import MAX_DEPTH
 from memrec.trace.chunks import COLUMNAR_TYPE
 
 _U8 = struct.Struct(">B")

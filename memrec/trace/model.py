@@ -7,14 +7,14 @@ from dataclasses import field
 
 import numpy as np
 
-from memrec.columns import EVENT_DTYPE
-from memrec.columns import NVML_DTYPE
-from memrec.columns import PROCMEM_DTYPE
-from memrec.events import FLAG_IPC_BYTES
-from memrec.events import FLAG_NAME
-from memrec.events import GpuInfo
-from memrec.events import Marker
-from memrec.events import ProcessInfo
+from memrec.terms.columns import EVENT_DTYPE
+from memrec.terms.columns import NVML_DTYPE
+from memrec.terms.columns import PROCMEM_DTYPE
+from memrec.terms.events import FLAG_IPC_BYTES
+from memrec.terms.events import FLAG_NAME
+from memrec.terms.events import GpuInfo
+from memrec.terms.events import Marker
+from memrec.terms.events import ProcessInfo
 from memrec.trace.format import gpus_from_header
 from memrec.trace.stacks import Stack
 from memrec.trace.stacks import StackTable

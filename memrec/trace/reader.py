@@ -4,7 +4,7 @@ Reading never loads the file at once: records are decoded from 1 MiB reads throu
 msgpack Unpacker. Damage is reported, not raised: a trace cut anywhere (a crash, or a file still
 being written) yields every complete record before the cut and a warning in ``.warnings``.
 Only a file that is not a trace, or a trace of a newer major format version, raises
-:class:`~memrec._errors.TraceFormatError` (when opened).
+:class:`~memrec.base.errors.TraceFormatError` (when opened).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from typing import Iterator
 import msgpack
 import numpy as np
 
-from memrec._errors import TraceFormatError
-from memrec._untrusted import MAX_DEPTH
-from memrec._untrusted import clean_text
-from memrec._untrusted import too_deep
+from memrec.base.errors import TraceFormatError
+from memrec.base.untrusted import MAX_DEPTH
+from memrec.base.untrusted import clean_text
+from memrec.base.untrusted import too_deep
 from memrec.trace import mapped as _mapped
 from memrec.trace.budget import OverBudget
 from memrec.trace.budget import read_budget
@@ -141,7 +141,7 @@ class TraceReader:
         (:func:`memrec.trace.records.check_record`).
 
         Items: :class:`~memrec.trace.format.ColumnChunk` for events / nvml / procmem,
-        :class:`~memrec.events.Marker`, :class:`~memrec.events.ProcessInfo`,
+        :class:`~memrec.terms.events.Marker`, :class:`~memrec.terms.events.ProcessInfo`,
         :class:`~memrec.trace.model.Keyframe`, the cumulative total (int) for lost, the record
         itself for the trailer and any other type. A record that fails its check is skipped and
         counted in ``warnings``.

@@ -6,7 +6,7 @@ stream all take records the same way:
 
 1. :func:`check_record` turns one record as msgpack gave it (wire form, format 1 or 2) into a
    checked item — a :class:`~memrec.trace.format.ColumnChunk`, a Marker, a ProcessInfo, a
-   Keyframe, a lost total — or raises :class:`~memrec._errors.TraceFormatError`;
+   Keyframe, a lost total — or raises :class:`~memrec.base.errors.TraceFormatError`;
 2. :func:`deliver` hands the item to a :class:`RecordSink`, the one protocol every consumer
    implements (:class:`TraceBuilder` here, ``TraceModel`` in the TUI).
 
@@ -21,10 +21,10 @@ from typing import Protocol
 
 import numpy as np
 
-from memrec._errors import TraceFormatError
-from memrec.columns import EVENT_DTYPE
-from memrec.events import Marker
-from memrec.events import ProcessInfo
+from memrec.base.errors import TraceFormatError
+from memrec.terms.columns import EVENT_DTYPE
+from memrec.terms.events import Marker
+from memrec.terms.events import ProcessInfo
 from memrec.trace.budget import ReadBudget
 from memrec.trace.chunks import COLUMNAR
 from memrec.trace.chunks import COLUMNAR_TYPE

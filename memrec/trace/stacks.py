@@ -34,7 +34,7 @@ from typing import Hashable
 from typing import Iterable
 from typing import Sequence
 
-from memrec._errors import TraceFormatError
+from memrec.base.errors import TraceFormatError
 from memrec.trace.budget import ReadBudget
 
 #: The record type of stack definitions.

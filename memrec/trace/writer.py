@@ -30,11 +30,11 @@ from typing import Sequence
 
 import numpy as np
 
-from memrec._errors import TraceFormatError
-from memrec._files import create_new
-from memrec.events import Kind
-from memrec.events import Marker
-from memrec.events import ProcessInfo
+from memrec.base.errors import TraceFormatError
+from memrec.base.files import create_new
+from memrec.terms.events import Kind
+from memrec.terms.events import Marker
+from memrec.terms.events import ProcessInfo
 from memrec.trace.chunks import EVENTS
 from memrec.trace.chunks import MAX_CHUNK_ROWS
 from memrec.trace.chunks import NVML
@@ -94,7 +94,7 @@ class FileSink:
     the byte where the kernel stopped, so the stream stays whole. Closed while still stalled, the
     file is cut back to its last whole record: it ends cleanly, without the records that never fit.
 
-    The file is created with :func:`memrec._files.create_new` (never through a symbolic link);
+    The file is created with :func:`memrec.base.files.create_new` (never through a symbolic link);
     ``replace`` allows replacing an existing regular file, and ``replaced`` tells whether one was.
     """
 

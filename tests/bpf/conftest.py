@@ -59,8 +59,8 @@ def stub_lib(bpf_host, tmp_path_factory) -> Path:
     uprobes with a garbage ref_ctr_offset, after which the kernel refuses any other probe at the
     same offset of that inode (EINVAL, "ref_ctr_offset mismatch" in dmesg).
     """
-    from memrec.stubdriver.build import StubBuildError
-    from memrec.stubdriver.build import build_stub
+    from memrec.validation.stubdriver.build import StubBuildError
+    from memrec.validation.stubdriver.build import build_stub
 
     try:
         return build_stub(tmp_path_factory.mktemp("stub"))
@@ -92,10 +92,10 @@ def tree_probes(stub_lib):
 
 def _build_torch_stub(folder: Path, with_probes: bool = True) -> Path:
     """A ``libc10_cuda.so`` in ``folder``: the stand-in with PyTorch's USDT probes
-    (memrec/stubdriver/c10_cuda_stub.S), or, without them, a plain library of the same name (a
+    (memrec/validation/stubdriver/c10_cuda_stub.S), or, without them, a plain library of the same name (a
     build without TORCH_SDT)."""
-    from memrec.stubdriver.build import StubBuildError
-    from memrec.stubdriver.build import build_torch_stub
+    from memrec.validation.stubdriver.build import StubBuildError
+    from memrec.validation.stubdriver.build import build_torch_stub
 
     if with_probes:
         try:

@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from memrec.columns import NVML_DTYPE
-from memrec.columns import PROCMEM_DTYPE
-from memrec.events import GpuInfo
+from memrec.terms.columns import NVML_DTYPE
+from memrec.terms.columns import PROCMEM_DTYPE
+from memrec.terms.events import GpuInfo
 from memrec.probes.nvml import NvmlError  # noqa: F401 - part of the interface the daemon uses
 from memrec.probes.nvml import NvmlUnavailable  # noqa: F401
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memrec import protocol
-from memrec.events import Kind
+from memrec.terms import protocol
+from memrec.terms.events import Kind
 from memrec.trace.reader import load_trace
 
 pytestmark = pytest.mark.bpf
@@ -105,7 +105,7 @@ def daemon_factory(workdir, stub_lib):
 
 def run_workload(stub_lib: Path, *scenarios: str) -> dict:
     proc = subprocess.run(
-        [sys.executable, "-m", "memrec.stubdriver.workload", "--lib", str(stub_lib), "--facts", *scenarios],
+        [sys.executable, "-m", "memrec.validation.stubdriver.workload", "--lib", str(stub_lib), "--facts", *scenarios],
         capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
@@ -133,7 +133,7 @@ def wait_for_events(path: Path, pids: set[int], timeout: float = 10) -> None:
 #: (unlike the workload's short-lived children) its CUDA_VISIBLE_DEVICES is certain to be read.
 WORKER = """
 import json, sys
-from memrec.stubdriver.driver import Driver, Facts
+from memrec.validation.stubdriver.driver import Driver, Facts
 facts = Facts()
 drv = Driver(sys.argv[1], facts)
 drv.init()

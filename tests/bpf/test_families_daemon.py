@@ -1,6 +1,6 @@
 """Issue 21 on the stub: arrays, context limits, graph memory and multicast, with real uprobes.
 
-The stub driver places what the H200 showed for each family (memrec/stubdriver/cuda_stub.c):
+The stub driver places what the H200 showed for each family (memrec/validation/stubdriver/cuda_stub.c):
 arrays at creation, a raised stack at the next cuLaunchKernel, the malloc heap at the next module
 load, a captured graph's pool at its first cuGraphLaunch; launches are never probed. The real
 daemon records the ``families`` scenario with its NVML readings (the stub's per-process files
@@ -21,8 +21,8 @@ import pytest
 
 from memrec.analysis.untraced.reconcile import reconcile
 from memrec.commands import main
-from memrec.events import Kind
-from memrec.stubdriver.driver import PTX_MODULE
+from memrec.terms.events import Kind
+from memrec.validation.stubdriver.driver import PTX_MODULE
 from memrec.trace.reader import load_trace
 
 from tests.bpf.stub_nvml import StubNvml
@@ -62,7 +62,7 @@ def record(stub_lib: Path, env_extra: dict, nvml_cls=_GpuThreads) -> tuple[Path,
         nvml=nvml_cls(nvml_dir), install_signals=False,
     )
     daemon.start()
-    cmd = [sys.executable, "-m", "memrec.stubdriver.workload", "--lib", str(stub_lib), "--linger", "0.6", "families"]
+    cmd = [sys.executable, "-m", "memrec.validation.stubdriver.workload", "--lib", str(stub_lib), "--linger", "0.6", "families"]
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
     t0 = time.monotonic()
     try:

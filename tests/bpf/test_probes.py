@@ -17,13 +17,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memrec.columns import RAW_DTYPE
-from memrec.events import API_KIND
-from memrec.events import CONTEXT_TRACKING_APIS
-from memrec.events import FLAG_IPC_BYTES
-from memrec.events import FLAG_NAME
-from memrec.events import Api
-from memrec.events import Kind
+from memrec.terms.columns import RAW_DTYPE
+from memrec.terms.events import API_KIND
+from memrec.terms.events import CONTEXT_TRACKING_APIS
+from memrec.terms.events import FLAG_IPC_BYTES
+from memrec.terms.events import FLAG_NAME
+from memrec.terms.events import Api
+from memrec.terms.events import Kind
 
 pytestmark = pytest.mark.bpf
 
@@ -159,7 +159,7 @@ def as_dict(rec: np.void) -> dict:
 
 def run_workload(lib: Path, *scenarios: str) -> dict:
     proc = subprocess.run(
-        [sys.executable, "-m", "memrec.stubdriver.workload", "--lib", str(lib), "--facts", *scenarios],
+        [sys.executable, "-m", "memrec.validation.stubdriver.workload", "--lib", str(lib), "--facts", *scenarios],
         capture_output=True, text=True, timeout=120, check=False,
     )
     assert proc.returncode == 0, f"workload failed: {proc.stderr}"
@@ -441,7 +441,7 @@ def test_demo_records_everything_without_loss(probes, stub_lib):
 def test_follow_tree_records_only_the_tracked_tree(tree_probes, stub_lib):
     # GIVEN a tracked workload and an untracked one, both waiting to start
     tree_probes.poll()
-    cmd = [sys.executable, "-m", "memrec.stubdriver.workload", "--lib", str(stub_lib), "--facts", "--wait"]
+    cmd = [sys.executable, "-m", "memrec.validation.stubdriver.workload", "--lib", str(stub_lib), "--facts", "--wait"]
     tracked = subprocess.Popen([*cmd, "ipc", "multi", "leak"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     other = subprocess.Popen([*cmd, "basic", "leak"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     tree_probes.track_pid(tracked.pid)
@@ -541,7 +541,7 @@ def test_attaching_a_file_that_is_not_elf_fails_cleanly(probes, tmp_path):
 #: A process that makes alloc/free pairs without a pause (argv: the driver, the number of pairs).
 BURST = r"""
 import ctypes, sys
-from memrec.stubdriver.workload import Driver, Facts
+from memrec.validation.stubdriver.workload import Driver, Facts
 drv = Driver(sys.argv[1], Facts())
 drv.init()
 drv.ctx_set_current(drv.primary_ctx_retain(0))
@@ -561,7 +561,7 @@ def test_a_burst_of_many_rings_is_drained_on_the_programs_wakeups(tmp_path):
     import threading
 
     from memrec.probes.cuda import CudaProbes
-    from memrec.stubdriver.build import build_stub
+    from memrec.validation.stubdriver.build import build_stub
 
     lib = build_stub(tmp_path / "stub")
     pairs = 25_000  # 50,000 records: six and a half rings, far more than a 50 ms poll would find

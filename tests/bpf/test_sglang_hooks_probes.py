@@ -16,8 +16,8 @@ import time
 
 import numpy as np
 
-from memrec.events import Api
-from memrec.events import Kind
+from memrec.terms.events import Api
+from memrec.terms.events import Kind
 
 CHILD = r"""
 import ctypes, json, os, sys, time

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memrec.events import Kind
+from memrec.terms.events import Kind
 
 pytestmark = pytest.mark.bpf
 

@@ -35,7 +35,7 @@ START_TIMEOUT = 120  # bcc compiles the program at start
 #: Holds device memory on two ordinals until told to exit; prints the driver calls it made.
 WORKER = """
 import json, sys
-from memrec.stubdriver.workload import Driver, Facts
+from memrec.validation.stubdriver.workload import Driver, Facts
 facts = Facts()
 drv = Driver(sys.argv[1], facts)
 drv.init()
@@ -50,7 +50,7 @@ sys.stdin.readline()
 #: Maps the driver, then at each line takes 5 MiB more on ordinal 0; exits at the end of input.
 LATE_WORKER = """
 import sys
-from memrec.stubdriver.workload import Driver, Facts
+from memrec.validation.stubdriver.workload import Driver, Facts
 drv = Driver(sys.argv[1], Facts())
 drv.init()
 print("mapped", flush=True)

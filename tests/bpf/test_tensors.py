@@ -1,4 +1,4 @@
-"""PyTorch's allocator probes with real uprobes: the stub libc10_cuda.so (memrec/stubdriver/c10_cuda_stub.S) has
+"""PyTorch's allocator probes with real uprobes: the stub libc10_cuda.so (memrec/validation/stubdriver/c10_cuda_stub.S) has
 pytorch:malloc/free USDT probes with PyTorch 2.11's argument forms behind semaphores; processes
 running before the attach get events, two at once, and a build without probes says so."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memrec.events import Api
-from memrec.events import Kind
+from memrec.terms.events import Api
+from memrec.terms.events import Kind
 
 pytestmark = pytest.mark.bpf
 
@@ -122,7 +122,7 @@ def test_processes_running_before_the_attach_get_exact_tensor_events(probes, stu
 def test_tensors_pid_puts_the_probes_in_the_named_process_only(stub_lib, tmp_path, monkeypatch, links):
     from memrec.probes import bpfsys
     from memrec.probes.cuda import CudaProbes
-    from memrec.stubdriver.build import build_torch_stub
+    from memrec.validation.stubdriver.build import build_torch_stub
 
     if links and not bpfsys.uprobe_multi_supported():
         pytest.skip(f"kernel {os.uname().release} has no multi-uprobe links (6.6)")
@@ -163,7 +163,7 @@ def test_tensors_pid_puts_the_probes_in_the_named_process_only(stub_lib, tmp_pat
 
 
 def test_daemon_tensors_pid_records_the_named_process_only(stub_lib, tmp_path):
-    from memrec.stubdriver.build import build_torch_stub
+    from memrec.validation.stubdriver.build import build_torch_stub
     from memrec.trace.reader import load_trace
 
     from test_daemon import DaemonProcess
@@ -191,7 +191,7 @@ def test_daemon_tensors_pid_records_the_named_process_only(stub_lib, tmp_path):
 
 
 def test_tensors_pid_of_processes_all_gone_is_said(probes, tmp_path):
-    from memrec.stubdriver.build import build_torch_stub
+    from memrec.validation.stubdriver.build import build_torch_stub
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
@@ -244,7 +244,7 @@ def test_daemon_says_in_the_trace_that_a_build_without_the_probes_gives_segments
 
 def test_the_program_without_tensors_is_the_driver_program_alone(stub_lib, torch_stub):
     # GIVEN the probes as the daemon loads them without --tensors
-    from memrec._errors import ProbeError
+    from memrec.base.errors import ProbeError
     from memrec.probes.cuda import CudaProbes
     from memrec.probes.cuda import program_source
 
@@ -336,7 +336,7 @@ def test_both_ways_of_attaching_raise_the_semaphores_and_decode(stub_lib, torch_
 
 RECORDED = """
 import ctypes, sys, time
-from memrec.stubdriver.driver import Driver, Facts
+from memrec.validation.stubdriver.driver import Driver, Facts
 torch = ctypes.CDLL(sys.argv[2])  # as `import torch` maps libc10_cuda.so, before any context
 torch.stub_torch_malloc.argtypes = [ctypes.c_uint64, ctypes.c_int, ctypes.c_size_t, ctypes.c_uint64]
 torch.stub_torch_free.argtypes = [ctypes.c_uint64]
@@ -355,7 +355,7 @@ torch.stub_torch_free(seg)
 
 def test_memrec_record_tensors_probes_the_commands_pytorch(stub_lib, tmp_path):
     from memrec.analysis.report.build import build_report
-    from memrec.stubdriver.build import build_torch_stub
+    from memrec.validation.stubdriver.build import build_torch_stub
     from memrec.trace.reader import load_trace
 
     # A copy of its own: the session's other probes on the shared stub would raise its semaphores

@@ -22,7 +22,7 @@ from tests.tui.tmux_term import tui_command
 @pytest.fixture(scope="module")
 def recorded(stub_lib, tmp_path_factory):
     path = tmp_path_factory.mktemp("recorded") / "run.mrec"
-    workload = [sys.executable, "-m", "memrec.stubdriver.workload", "--lib", str(stub_lib), "basic", "leak"]
+    workload = [sys.executable, "-m", "memrec.validation.stubdriver.workload", "--lib", str(stub_lib), "basic", "leak"]
     proc = subprocess.run(
         [sys.executable, "-m", "memrec", "record", "--libcuda", str(stub_lib), "-o", str(path), "--", *workload],
         capture_output=True, text=True, timeout=300, check=False,

@@ -37,7 +37,7 @@ KERNEL = 2 * MiB
 
 
 def workload(lib: Path, env: dict, *args: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "memrec.stubdriver.workload", "--lib", str(lib), *args]
+    cmd = [sys.executable, "-m", "memrec.validation.stubdriver.workload", "--lib", str(lib), *args]
     return subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

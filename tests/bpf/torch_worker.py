@@ -17,8 +17,8 @@ import ctypes
 import json
 import sys
 
-from memrec.stubdriver.driver import Driver
-from memrec.stubdriver.driver import Facts
+from memrec.validation.stubdriver.driver import Driver
+from memrec.validation.stubdriver.driver import Facts
 
 
 def main() -> None:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from memrec.columns import EVENT_DTYPE
-from memrec.events import Kind
+from memrec.terms.columns import EVENT_DTYPE
+from memrec.terms.events import Kind
 from memrec.trace import codec
 from memrec.trace import format as fmt
 

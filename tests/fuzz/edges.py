@@ -17,11 +17,11 @@ from typing import Iterator
 
 import numpy as np
 
-from memrec.columns import EVENT_DTYPE
-from memrec.columns import NVML_DTYPE
-from memrec.columns import PROCMEM_DTYPE
-from memrec.events import GpuInfo
-from memrec.events import Kind
+from memrec.terms.columns import EVENT_DTYPE
+from memrec.terms.columns import NVML_DTYPE
+from memrec.terms.columns import PROCMEM_DTYPE
+from memrec.terms.events import GpuInfo
+from memrec.terms.events import Kind
 from memrec.trace import format as fmt
 
 #: Edge values as Python ints; each is stored as the column's bits (so -1 in a u8 is 2^64 - 1, and a

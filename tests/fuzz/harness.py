@@ -42,7 +42,7 @@ def every_reader(path: str, workdir: str) -> dict[str, int]:
     import warnings
 
     import memrec
-    from memrec._errors import TraceFormatError
+    from memrec.base.errors import TraceFormatError
 
     codes = run_commands(path)
     out = os.path.join(workdir, "out")
@@ -75,7 +75,7 @@ def every_reader(path: str, workdir: str) -> dict[str, int]:
 
 def load_in_tui(path: str) -> None:
     """The TUI's loading path without a screen: scan, replay, and the model queries views make."""
-    from memrec._errors import TraceFormatError
+    from memrec.base.errors import TraceFormatError
     from memrec.tui.navigation import answer
     from memrec.tui.sources import FileSource
 

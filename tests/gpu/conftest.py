@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from memrec._errors import MemrecCommandError
-from memrec.live import wait_for_daemon
+from memrec.base.errors import MemrecCommandError
+from memrec.subscriber import wait_for_daemon
 
 
 def _skip_reason() -> str | None:

@@ -28,7 +28,7 @@ truth_run() {
   echo "p1 (started before the daemon): pid $p1"
   python3 -m memrec daemon "$@" -o $trace --socket $sock --rotate-size 0 > $dlog 2>&1 &
   d=$!
-  python3 -c "from memrec.live import wait_for_daemon; wait_for_daemon('$sock', timeout=120)" || echo "daemon not up"
+  python3 -c "from memrec.subscriber import wait_for_daemon; wait_for_daemon('$sock', timeout=120)" || echo "daemon not up"
   echo "daemon up at $(date -u +%T)"
   python3 /tmp/gputests/tensor_truth.py worker $RES/p2 $RES/go &
   local p2=$!

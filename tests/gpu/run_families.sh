@@ -12,8 +12,8 @@ timeout 150 python3 -m pytest -c /dev/null --rootdir /tmp/gputests -v -s -p no:c
   /tmp/gputests/test_families_gpu.py > "$OUT/families-tests.log" 2>&1
 echo "tests rc $?" >> "$OUT/host.log"
 for i in 1 2; do
-  timeout 30 python3 -m memrec.gpu.family_workloads graph_launches 2>&1 | head -1 | sed 's/^/none /'
-  timeout 60 python3 -m memrec record -o /tmp/gl.mrec -- python3 -m memrec.gpu.family_workloads graph_launches 2>&1 \
+  timeout 30 python3 -m memrec.validation.gpu.family_workloads graph_launches 2>&1 | head -1 | sed 's/^/none /'
+  timeout 60 python3 -m memrec record -o /tmp/gl.mrec -- python3 -m memrec.validation.gpu.family_workloads graph_launches 2>&1 \
     | grep graph_launch_us | sed 's/^/memrec /'
 done > "$OUT/graph-launches.log" 2>&1
 timeout 90 python3 "${BENCH:-$repo/bench}/bench_untraced_probes.py" --workloads nccl --setups core,untraced \

@@ -18,7 +18,7 @@ MEMREC_KEEP_TRACES=$RES python3 -m pytest -c /dev/null --rootdir /tmp/gputests -
 # with all-reduce-style IPC buffers; memrec diff says which phase and buffers changed the budget.
 for mode in base ipc; do
   flag=""; [ "$mode" = ipc ] && flag="--ipc"
-  python3 -m memrec record -o "$RES/seed-$mode.mrec" -- python3 -m memrec.gpu.sglang_standin --tp 2 --weights-gib 60 --ipc-gib 30 $flag \
+  python3 -m memrec record -o "$RES/seed-$mode.mrec" -- python3 -m memrec.validation.gpu.sglang_standin --tp 2 --weights-gib 60 --ipc-gib 30 $flag \
     > "$RES/seed-$mode.log" 2>&1
   python3 -m memrec report "$RES/seed-$mode.mrec" > "$RES/seed-$mode.report.txt" 2>&1
 done

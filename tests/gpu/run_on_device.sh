@@ -19,7 +19,7 @@ python3 -m pytest -c /dev/null --rootdir /tmp/gputests -v -s -p no:cacheprovider
 # Example traces (kept in examples/ when small), each with its report.
 for scenario in ipc expandable; do
   python3 -m memrec record -o "$RES/torch-$scenario.mrec" -- \
-    python3 -m memrec.gpu.torch_workloads "$scenario" --facts "$RES/torch-$scenario.json" >/dev/null 2>&1
+    python3 -m memrec.validation.gpu.torch_workloads "$scenario" --facts "$RES/torch-$scenario.json" >/dev/null 2>&1
   python3 -m memrec report "$RES/torch-$scenario.mrec" > "$RES/torch-$scenario.report.txt" 2>&1
 done
 
@@ -27,7 +27,7 @@ done
 # them built before the baseline as stock SGLang does (a few MiB), and with a forced 30 GiB build.
 for v in base:"" stock:--stock-ar ipc:--ipc; do
   name=${v%%:*} flag=${v#*:}
-  python3 -m memrec record -o "$RES/standin-$name.mrec" -- python3 -m memrec.gpu.sglang_standin --tp 2 $flag > "$RES/standin-$name.log" 2>&1
+  python3 -m memrec record -o "$RES/standin-$name.mrec" -- python3 -m memrec.validation.gpu.sglang_standin --tp 2 $flag > "$RES/standin-$name.log" 2>&1
   python3 -m memrec report "$RES/standin-$name.mrec" > "$RES/standin-$name.report.txt" 2>&1
 done
 python3 -m memrec diff "$RES/standin-base.mrec" "$RES/standin-stock.mrec" > "$RES/standin-diff-stock.txt" 2>&1

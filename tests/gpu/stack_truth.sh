@@ -7,7 +7,7 @@
 source "$(dirname "$0")/device_env.sh"
 T=/tmp/gputests/tensor_truth.py
 log=$RES/stack-truth.log
-daemon_up() { python3 -c "from memrec.live import wait_for_daemon; wait_for_daemon('$1', timeout=120)" || echo "daemon not up"; }
+daemon_up() { python3 -c "from memrec.subscriber import wait_for_daemon; wait_for_daemon('$1', timeout=120)" || echo "daemon not up"; }
 {
 date -u; uname -r
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader
@@ -35,7 +35,7 @@ for round in $(seq ${STANDIN_ROUNDS:-5}); do
     d=$!
     daemon_up /tmp/sd.sock
     t0=$(date +%s.%N)
-    python3 -m memrec.gpu.sglang_standin --tp 1 --weights-gib 8 > $RES/standin-$mode-$round.log 2>&1
+    python3 -m memrec.validation.gpu.sglang_standin --tp 1 --weights-gib 8 > $RES/standin-$mode-$round.log 2>&1
     rc=$?
     t1=$(date +%s.%N)
     kill -INT $d; wait $d
@@ -46,7 +46,7 @@ python3 -m memrec report $RES/standin-stacks-1.mrec 2>&1 | head -60 > $RES/stand
 python3 - $RES/standin-stacks-1.mrec <<'PY'
 import sys
 import numpy as np
-from memrec.events import Kind
+from memrec.terms.events import Kind
 from memrec.trace.reader import load_trace
 t = load_trace(sys.argv[1])
 print("stand-in trailer stacks:", t.trailer.get("stacks_read"))

@@ -19,7 +19,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,
 for opt in "" --tensors; do
   python3 -m memrec daemon -o /tmp/warm.mrec --socket /tmp/warm.sock --rotate-size 0 $opt > $RES/warm-daemon.log 2>&1 &
   d=$!
-  python3 -c "from memrec.live import wait_for_daemon; wait_for_daemon('/tmp/warm.sock', timeout=300)" || echo "daemon not up"
+  python3 -c "from memrec.subscriber import wait_for_daemon; wait_for_daemon('/tmp/warm.sock', timeout=300)" || echo "daemon not up"
   kill -INT $d; wait $d
 done
 rm -f /tmp/warm.mrec

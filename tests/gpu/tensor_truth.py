@@ -91,7 +91,7 @@ def worker(out: Path, go: Path) -> None:
 def _memrec_entries(trace_path: str, pid: int) -> tuple[list[list], str]:
     import numpy as np
 
-    from memrec.events import Kind
+    from memrec.terms.events import Kind
     from memrec.trace.reader import load_trace
 
     trace = load_trace(trace_path)
@@ -135,7 +135,7 @@ def _user_frame(frames) -> list | None:
 def compare_stacks(trace_path: str, outs: list[str]) -> int:
     import numpy as np
 
-    from memrec.events import Kind
+    from memrec.terms.events import Kind
     from memrec.trace.reader import load_trace
     from memrec.trace.stacks import Unavailable
 

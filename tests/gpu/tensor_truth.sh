@@ -26,7 +26,7 @@ sed -n '/tensor blocks/,/^$/p' $RES/tensors.report.txt | head -40
 echo "== cost with the daemon, no --tensors"
 python3 -m memrec daemon -o $RES/plain.mrec --socket /tmp/tp.sock --rotate-size 0 > $RES/daemon-plain.log 2>&1 &
 d=$!
-python3 -c "from memrec.live import wait_for_daemon; wait_for_daemon('/tmp/tp.sock', timeout=120)" || echo "daemon not up"
+python3 -c "from memrec.subscriber import wait_for_daemon; wait_for_daemon('/tmp/tp.sock', timeout=120)" || echo "daemon not up"
 python3 $T cost plain
 kill -INT $d; wait $d
 echo "== cost without the daemon, again"

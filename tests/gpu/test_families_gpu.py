@@ -1,6 +1,6 @@
 """Issue 21 on a real GPU: arrays, context limits, graph memory and multicast, attributed per family.
 
-Each scenario of memrec.gpu.family_workloads (cuda-python, driver API) is recorded by the real
+Each scenario of memrec.validation.gpu.family_workloads (cuda-python, driver API) is recorded by the real
 daemon. For the workload's process: traced + explained = NVML used within max(1 %, 16 MiB) at its
 last sample, and no byte on the wrong family: each test checks the family totals, not only the sum.
 Each prints the split and every step, for docs/validation/families.md.
@@ -27,7 +27,7 @@ GiB = 2**30
 def _record(tmp_path, scenario: str) -> tuple[dict, dict]:
     trace_path = tmp_path / f"{scenario}.mrec"
     run = subprocess.run(memrec_cmd("record", "-o", str(trace_path), "--", sys.executable, "-m",
-                                    "memrec.gpu.family_workloads", scenario),
+                                    "memrec.validation.gpu.family_workloads", scenario),
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     facts = [json.loads(x) for x in run.stdout.splitlines() if x.startswith("{")]

@@ -18,8 +18,8 @@ import urllib.request
 
 import pytest
 
-from memrec._errors import MemrecCommandError
-from memrec.live import wait_for_daemon
+from memrec.base.errors import MemrecCommandError
+from memrec.subscriber import wait_for_daemon
 from conftest import cuda_alloc_source
 from conftest import memrec_cmd
 

@@ -2,7 +2,7 @@
 
 The NCCL and two-GPU tests need two or more GPUs (the project's nvidia-h200-x2 kind) and skip with
 the reason elsewhere; the IPC and shareable-handle exchanges also run with ranks sharing one GPU.
-Each test records a workload of memrec.gpu.multi_gpu with `memrec record` and checks the trace
+Each test records a workload of memrec.validation.gpu.multi_gpu with `memrec record` and checks the trace
 against what the workload and PyTorch report, and against NVML's per-process lists.
 """
 
@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from conftest import memrec_cmd
 
-from memrec.crosscheck import crosscheck_segments
-from memrec.events import Api
-from memrec.events import Kind
+from memrec.validation.crosscheck import crosscheck_segments
+from memrec.terms.events import Api
+from memrec.terms.events import Kind
 from memrec.state import LiveState
 from memrec.trace.reader import load_trace
 
@@ -30,7 +30,7 @@ def _record(tmp_path, scenario: str, env: dict | None = None):
     trace_path = tmp_path / f"{scenario}.mrec"
     facts_path = tmp_path / f"{scenario}.json"
     prefix = ["env", *(f"{k}={v}" for k, v in (env or {}).items())]
-    workload = [*prefix, sys.executable, "-m", "memrec.gpu.multi_gpu", scenario, "--facts", str(facts_path)]
+    workload = [*prefix, sys.executable, "-m", "memrec.validation.gpu.multi_gpu", scenario, "--facts", str(facts_path)]
     run = subprocess.run(memrec_cmd("record", "-o", str(trace_path), "--", *workload), timeout=600)
     assert run.returncode == 0
     keep = os.environ.get("MEMREC_KEEP_TRACES")  # the validation run keeps its traces

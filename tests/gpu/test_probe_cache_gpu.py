@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from memrec._errors import MemrecCommandError
-from memrec.live import wait_for_daemon
+from memrec.base.errors import MemrecCommandError
+from memrec.subscriber import wait_for_daemon
 from memrec.trace.reader import load_trace
 from conftest import cuda_alloc_source
 from conftest import memrec_cmd

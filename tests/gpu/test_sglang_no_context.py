@@ -21,7 +21,7 @@ import time
 import pytest
 from conftest import memrec_cmd
 
-from memrec.events import Kind
+from memrec.terms.events import Kind
 from memrec.sglang_hooks.targets import MARKER_NAMES
 from memrec.trace.reader import load_trace
 

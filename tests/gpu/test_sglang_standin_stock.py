@@ -18,7 +18,7 @@ pytestmark = pytest.mark.usefixtures("torch")
 
 def _record(tmp_path, name: str, *flags: str):
     path = tmp_path / f"{name}.mrec"
-    cmd = [sys.executable, "-m", "memrec.gpu.sglang_standin", "--tp", "2", *flags]
+    cmd = [sys.executable, "-m", "memrec.validation.gpu.sglang_standin", "--tp", "2", *flags]
     run = subprocess.run(memrec_cmd("record", "-o", str(path), "--", *cmd), capture_output=True, text=True, timeout=600)
     print(run.stdout[-2000:], run.stderr[-2000:])
     return load_trace(path), run.returncode

@@ -9,8 +9,8 @@ import sys
 import pytest
 from conftest import memrec_cmd
 
-from memrec.crosscheck import crosscheck_segments
-from memrec.events import Kind
+from memrec.validation.crosscheck import crosscheck_segments
+from memrec.terms.events import Kind
 from memrec.trace.reader import load_trace
 
 pytestmark = pytest.mark.usefixtures("torch")
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.usefixtures("torch")
 def _record(tmp_path, scenario: str):
     trace_path = tmp_path / f"{scenario}.mrec"
     facts_path = tmp_path / f"{scenario}.json"
-    workload = [sys.executable, "-m", "memrec.gpu.torch_workloads", scenario, "--facts", str(facts_path)]
+    workload = [sys.executable, "-m", "memrec.validation.gpu.torch_workloads", scenario, "--facts", str(facts_path)]
     run = subprocess.run(memrec_cmd("record", "-o", str(trace_path), "--", *workload), timeout=600)
     assert run.returncode == 0
     return load_trace(trace_path), json.loads(facts_path.read_text())

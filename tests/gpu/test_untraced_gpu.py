@@ -1,6 +1,6 @@
 """Every byte explained on a real GPU: the untraced band of each workload of issue 12's table, split.
 
-Each workload (memrec.gpu.untraced_workloads) is recorded by a real daemon; for every process NVML
+Each workload (memrec.validation.gpu.untraced_workloads) is recorded by a real daemon; for every process NVML
 listed, the band NVML used − traced must come out as context | module code | pools | before
 recording with at most max(2 % of the process's NVML used, 16 MiB) left unexplained at its last
 sample. Each test prints the split, the contexts and the largest steps, for docs/validation/.
@@ -19,9 +19,9 @@ import pytest
 from conftest import memrec_cmd
 
 from memrec.analysis.untraced.reconcile import reconcile
-from memrec.live import wait_for_daemon
+from memrec.subscriber import wait_for_daemon
 from memrec.analysis.text import human
-from memrec.events import Kind
+from memrec.terms.events import Kind
 from memrec.trace.reader import load_trace
 
 pytestmark = pytest.mark.usefixtures("torch")
@@ -30,7 +30,7 @@ MiB = 2**20
 
 
 def _workload(scenario: str, *args: str) -> list[str]:
-    return [sys.executable, "-m", "memrec.gpu.untraced_workloads", scenario, *args]
+    return [sys.executable, "-m", "memrec.validation.gpu.untraced_workloads", scenario, *args]
 
 
 def _record(tmp_path, scenario: str, env: dict | None = None, name: str | None = None):

@@ -239,8 +239,8 @@ async def test_diff_mode_compares_holders(tmp_path, trace):
 
 async def test_o_jumps_to_every_failed_call_and_names_its_result(tmp_path):
     # GIVEN the scripted run plus a cuMemCreate refused with CUresult 800 (not permitted) on GPU1
-    from memrec.events import Api
-    from memrec.events import Kind
+    from memrec.terms.events import Api
+    from memrec.terms.events import Kind
     from memrec.trace.model import Trace
 
     base = synth.sglang_like()

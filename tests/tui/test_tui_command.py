@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from memrec._errors import ExitCode
-from memrec._errors import MemrecCommandError
+from memrec.base.errors import ExitCode
+from memrec.base.errors import MemrecCommandError
 from memrec.commands.tui import TuiCommand
 
 
@@ -105,7 +105,7 @@ def test_python_dash_m_memrec_tui_ends_as_memrec_tui_does(tmp_path):
 def test_a_domain_error_through_python_dash_m_memrec_tui_is_mapped_once(monkeypatch, capsys):
     # GIVEN a live source whose socket cannot be used: a domain error (no exit code of its own),
     # which the command does not turn into a MemrecCommandError itself
-    from memrec._errors import SocketError
+    from memrec.base.errors import SocketError
     from memrec.commands import main as memrec_main
     from memrec.tui.__main__ import main as tui_main
 

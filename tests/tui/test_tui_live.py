@@ -136,7 +136,7 @@ async def test_live_against_the_real_daemon(sockdir):
     from tests.unit.daemon_fakes import raw
     from tests.unit.test_daemon_unit import make_daemon
 
-    from memrec.events import Kind
+    from memrec.terms.events import Kind
 
     daemon = make_daemon(sockdir, keyframe_interval=0.2)
     daemon.start()
@@ -169,8 +169,8 @@ async def test_live_against_the_real_daemon(sockdir):
 async def test_a_daemon_without_nvml_after_its_workloads_exited(sockdir):
     # GIVEN a daemon without NVML (its header lists no GPU) whose workloads all exited: its state
     # holds nothing, and only its peaks name the GPUs they used
-    from memrec.events import Api
-    from memrec.events import Kind
+    from memrec.terms.events import Api
+    from memrec.terms.events import Kind
     from memrec.state import LiveState
     from memrec.trace.format import finalize_header
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import synth
 
-from memrec.events import OWNED_CATEGORIES
+from memrec.terms.events import OWNED_CATEGORIES
 from memrec.state import LiveState
 from memrec.tui import views
 from memrec.tui.filters import EventFilter
@@ -205,7 +205,7 @@ def test_parse_filter_words_and_errors():
 
 
 def test_phase_spans_pair_nested_and_open():
-    from memrec.events import Marker
+    from memrec.terms.events import Marker
 
     mk = [Marker(1, 7, 0, 7, "a", "begin"), Marker(2, 7, 0, 7, "b", "begin"), Marker(3, 7, 0, 7, "b", "end"),
           Marker(4, 7, 0, 7, "i", "instant"), Marker(5, 8, 0, 8, "a", "begin")]
@@ -220,7 +220,7 @@ def test_live_trim_bounds_memory():
     # GIVEN a live model that keeps 20k events, fed 200k alloc/free events in batches
     m = TraceModel(checkpoint_every=4096, max_events=20_000)
     m.set_header(synth.header(1))
-    from memrec.columns import empty_events
+    from memrec.terms.columns import empty_events
 
     for b in range(20):
         ev = empty_events(10_000)
@@ -244,8 +244,8 @@ def test_live_trim_bounds_memory():
 
 def test_pid_labels_come_from_marker_ranks_then_process_records():
     # GIVEN a process whose markers carry tp_rank=1, and one with only a ProcessInfo rank
-    from memrec.events import Marker
-    from memrec.events import ProcessInfo
+    from memrec.terms.events import Marker
+    from memrec.terms.events import ProcessInfo
 
     m = TraceModel()
     m.add_marker(Marker(ts=10, pid=100, uid=0, tid=100, name="load_weights", phase="begin", values={"tp_rank": 1}))

@@ -12,7 +12,7 @@ from memrec.trace.reader import load_trace
 from memrec.tui.model import TraceModel
 from memrec.tui.navigation import answer
 from memrec.tui.navigation import jump
-from memrec.units import fmt_bytes
+from memrec.terms.units import fmt_bytes
 
 GiB = synth.GiB
 SEC = synth.SEC

@@ -83,7 +83,7 @@ async def test_an_unreadable_stack_says_why(tmp_path):
 
 def test_a_live_stream_delivers_stacks_to_the_model(tmp_path):
     # GIVEN the records a daemon's writer sends its subscribers (the bytes the file gets)
-    from memrec.events import Kind
+    from memrec.terms.events import Kind
     from memrec.trace import format as fmt
     from memrec.trace.writer import BytesSink
     from memrec.trace.writer import TraceWriter

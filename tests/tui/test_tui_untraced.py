@@ -8,9 +8,9 @@ import numpy as np
 import synth
 from conftest import settle
 
-from memrec.columns import PROCMEM_DTYPE
-from memrec.events import Api
-from memrec.events import Kind
+from memrec.terms.columns import PROCMEM_DTYPE
+from memrec.terms.events import Api
+from memrec.terms.events import Kind
 from memrec.trace.writer import TraceWriter
 from memrec.tui.app import MemrecApp
 from memrec.tui.sources import FileSource

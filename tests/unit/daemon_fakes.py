@@ -12,10 +12,10 @@ from dataclasses import field
 
 import numpy as np
 
-from memrec.columns import RAW_DTYPE
-from memrec.events import API_KIND
-from memrec.events import Api
-from memrec.events import Kind
+from memrec.terms.columns import RAW_DTYPE
+from memrec.terms.events import API_KIND
+from memrec.terms.events import Api
+from memrec.terms.events import Kind
 
 
 @dataclass(frozen=True)

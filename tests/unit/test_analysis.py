@@ -17,11 +17,11 @@ from memrec.analysis.text import human
 from memrec.analysis.report.text import render_text
 from memrec.engine.replay import build_timeline
 from memrec.engine.replay import state_at
-from memrec.columns import NVML_DTYPE
-from memrec.columns import PROCMEM_DTYPE
-from memrec.events import Kind
-from memrec.events import Marker
-from memrec.events import ProcessInfo
+from memrec.terms.columns import NVML_DTYPE
+from memrec.terms.columns import PROCMEM_DTYPE
+from memrec.terms.events import Kind
+from memrec.terms.events import Marker
+from memrec.terms.events import ProcessInfo
 from memrec.state import LiveState
 from memrec.state import alloc_rows
 from memrec.trace.model import Keyframe

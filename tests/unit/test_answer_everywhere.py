@@ -101,7 +101,7 @@ def test_perfetto_has_the_answer_s_window_and_every_failure_as_instants(path, tm
 
 def test_perfetto_ipc_instants_carry_size_peer_and_handle(tmp_path):
     pytest.importorskip("perfetto.protos.perfetto.trace.perfetto_trace_pb2", reason="perfetto not installed")
-    from memrec.events import Kind
+    from memrec.terms.events import Kind
     from memrec.trace.reader import load_trace
 
     path = FAILING[0]

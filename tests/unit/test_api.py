@@ -9,7 +9,7 @@ import pytest
 
 import memrec
 from memrec.analysis.report.build import build_report
-from memrec.events import Kind
+from memrec.terms.events import Kind
 from memrec.trace.reader import load_trace
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,7 +68,7 @@ def test_by_phase_and_reconcile():
 
 def test_process_names_prefer_titles_and_never_cut_a_command():
     from memrec.analysis.names import process_title
-    from memrec.events import ProcessInfo
+    from memrec.terms.events import ProcessInfo
 
     def info(*argv: str) -> ProcessInfo:
         return ProcessInfo(pid=1, ppid=None, cmdline=list(argv), exe=None, cuda_visible_devices=None, gpu_map=[],

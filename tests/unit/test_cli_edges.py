@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from memrec import commands
-from memrec._errors import ExitCode
-from memrec.events import GpuInfo
-from memrec.events import Kind
-from memrec.events import ProcessInfo
+from memrec.base.errors import ExitCode
+from memrec.terms.events import GpuInfo
+from memrec.terms.events import Kind
+from memrec.terms.events import ProcessInfo
 from memrec.trace import format as fmt
 from memrec.trace.writer import TraceWriter
 from tests.utils import GiB
@@ -73,7 +73,7 @@ def test_report_and_dump_name_cuda_error_not_permitted(tmp_path, capsys):
 def test_the_name_table_is_what_the_drivers_header_gives():
     # GIVEN the generator and the committed table  WHEN checked against cuda.h (when the toolkit is here)
     header = Path("/usr/local/cuda/include/cuda.h")
-    from memrec._cu_results import CU_RESULT_NAMES
+    from memrec.terms.cu_results import CU_RESULT_NAMES
 
     # THEN every code CUDA 12+ documents for allocations is there, and the table is the header's
     assert {2: "CUDA_ERROR_OUT_OF_MEMORY", 800: "CUDA_ERROR_NOT_PERMITTED", 999: "CUDA_ERROR_UNKNOWN"}.items() \
@@ -459,7 +459,7 @@ def test_doctor_without_the_nvml_binding_says_to_install_the_extra_not_the_drive
 
 @pytest.mark.parametrize("system_bcc", [True, False], ids=["system-bcc-out-of-reach", "no-bcc"])
 def test_without_bcc_doctor_and_record_say_whether_to_install_it_or_reach_it(monkeypatch, capsys, tmp_path, system_bcc):
-    from memrec.probes import cuda
+    from memrec.probes import loader
 
     # GIVEN `pip install memrec` in a virtualenv: bcc does not import; the system's python3-bpfcc is
     # installed (a folder where the distribution puts it) or not
@@ -467,7 +467,7 @@ def test_without_bcc_doctor_and_record_say_whether_to_install_it_or_reach_it(mon
     system = tmp_path / "dist-packages" / "bcc"
     if system_bcc:
         system.mkdir(parents=True)
-    monkeypatch.setattr(cuda, "SYSTEM_BCC_GLOBS", (str(system),))
+    monkeypatch.setattr(loader, "SYSTEM_BCC_GLOBS", (str(system),))
     # WHEN the host is checked, and a command is recorded
     commands.main(["doctor", "--json"])
     check = next(c for c in json.loads(capsys.readouterr().out) if c["name"] == "bcc")

@@ -18,7 +18,7 @@ import pytest
 
 import memrec
 from memrec import client as client_mod
-from memrec import protocol
+from memrec.terms import protocol
 from memrec.client import MarkerClient
 from memrec.daemon.markers import peer_credentials
 
@@ -404,7 +404,7 @@ def test_public_mark_without_daemon(monkeypatch, sock_dir):
 
 SIGNAL_SCRIPT = """
 import json, signal, socket, sys, threading, time
-from memrec import protocol
+from memrec.terms import protocol
 from memrec.client import MarkerClient
 
 path = sys.argv[1]

@@ -16,9 +16,9 @@ import msgpack
 import numpy as np
 import pytest
 
-from memrec._errors import TraceFormatError
-from memrec.columns import EVENT_DTYPE
-from memrec.events import Kind
+from memrec.base.errors import TraceFormatError
+from memrec.terms.columns import EVENT_DTYPE
+from memrec.terms.events import Kind
 from memrec.trace import codec
 from memrec.trace import format as fmt
 from memrec.trace.chunks import EVENTS

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from memrec.crosscheck import crosscheck_segments
-from memrec.events import Kind
+from memrec.validation.crosscheck import crosscheck_segments
+from memrec.terms.events import Kind
 from tests.utils import ev
 from tests.utils import events
 

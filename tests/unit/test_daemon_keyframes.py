@@ -9,10 +9,10 @@ import time
 
 import numpy as np
 
-from memrec import protocol
-from memrec.columns import empty_events
+from memrec.terms import protocol
+from memrec.terms.columns import empty_events
 from memrec.daemon.keyframes import Keyframes
-from memrec.events import Kind
+from memrec.terms.events import Kind
 from memrec.state import LiveState
 from memrec.trace import frames
 from memrec.trace.format import make_header

@@ -26,9 +26,9 @@ import msgpack
 import numpy as np
 import pytest
 
-from memrec import protocol
-from memrec._errors import ExitCode
-from memrec._errors import ProbeLoadError
+from memrec.terms import protocol
+from memrec.base.errors import ExitCode
+from memrec.base.errors import ProbeLoadError
 from memrec.client import MarkerClient
 from memrec.commands.common import exit_code
 from memrec.daemon import config as cfgmod
@@ -40,7 +40,7 @@ from memrec.daemon.server import Daemon
 from memrec.daemon.server import Mood
 from memrec.daemon.sockets import SocketError
 from memrec.daemon.sockets import bind_unix_socket
-from memrec.events import Kind
+from memrec.terms.events import Kind
 from memrec.state import alloc_rows
 from memrec.trace import frames
 from memrec.trace.reader import TraceReader
@@ -808,9 +808,9 @@ def test_no_untraced_probes_reaches_the_probes(workdir, monkeypatch):
 
 def test_name_images_names_the_mapped_file_an_image_lies_in():
     # GIVEN a batch with two in-memory code loads (one inside libnccl's mapping, one anonymous)
-    from memrec.columns import with_gpu
+    from memrec.terms.columns import with_gpu
     from memrec.daemon.untraced import name_images
-    from memrec.events import FLAG_NAME
+    from memrec.terms.events import FLAG_NAME
 
     maps = ("7f0000000000-7f0000100000 r--p 00000000 08:01 1234 /usr/lib/libnccl.so.2.28.9\n"
             "7f0000200000-7f0000300000 rw-p 00000000 00:00 0 \n")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import memrec
-from memrec._errors import ExitCode
+from memrec.base.errors import ExitCode
 from memrec.analysis.report.build import build_report
 from memrec.commands import main
 from memrec.trace.clock import to_wall_ns

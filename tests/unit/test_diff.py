@@ -12,12 +12,12 @@ import json
 import pytest
 
 from memrec import commands
-from memrec._errors import ExitCode
+from memrec.base.errors import ExitCode
 from memrec.analysis.diff.build import diff_traces
 from memrec.analysis.diff.model import Diff
 from memrec.analysis.diff.text import render_diff
-from memrec.events import GpuInfo
-from memrec.events import Kind
+from memrec.terms.events import GpuInfo
+from memrec.terms.events import Kind
 from memrec.trace import format as fmt
 from memrec.trace.reader import load_trace
 from memrec.trace.writer import TraceWriter
@@ -219,7 +219,7 @@ def test_a_foreign_context_in_one_run_only_is_in_the_verdict():
     # GIVEN B's TP0 also holds a context on GPU 1 (no allocation there), NVML: 518 MiB
     import numpy as np
 
-    from memrec.columns import PROCMEM_DTYPE
+    from memrec.terms.columns import PROCMEM_DTYPE
 
     b_trace = sglang_run(pid0=500)
     b_trace.events = np.sort(np.concatenate([b_trace.events, events(ev(Kind.CTX, pid=500, gpu=1, ts=1_500_000))]),

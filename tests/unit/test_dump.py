@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from memrec import commands
-from memrec._errors import ExitCode
-from memrec.columns import empty_events
-from memrec.events import FLAG_IPC_BYTES
+from memrec.base.errors import ExitCode
+from memrec.terms.columns import empty_events
+from memrec.terms.events import FLAG_IPC_BYTES
 from memrec.trace import format as fmt
 from memrec.trace.writer import TraceWriter
 
@@ -91,9 +91,9 @@ def test_unknown_kind_api_and_result_numbers_are_shown_as_numbers(main, capsys, 
 
 def test_names_of_code_loads_survive_the_file_and_are_dumped_as_text(main, capsys, tmp_path):
     # GIVEN a kernel fetch whose probe read the kernel's name (FLAG_NAME: the ipc column holds it)
-    from memrec.events import FLAG_NAME
-    from memrec.events import Api
-    from memrec.events import Kind
+    from memrec.terms.events import FLAG_NAME
+    from memrec.terms.events import Api
+    from memrec.terms.events import Kind
 
     ev = empty_events(2)
     ev["kind"], ev["api"] = int(Kind.KERNEL_LOAD), int(Api.cuLibraryGetKernel)
@@ -191,7 +191,7 @@ def test_a_truncated_trace_is_dumped_up_to_the_cut_with_warnings_on_stderr(main,
 
 @pytest.mark.parametrize("n", [1, 2, 5, 3000])
 def test_chunk_at_a_time_event_lines_are_the_json_encoders_lines(n):
-    from memrec.events import FLAG_NAME
+    from memrec.terms.events import FLAG_NAME
     from memrec.export.jsonl import event_lines
     from memrec.export.jsonl import event_text
 

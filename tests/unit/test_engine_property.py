@@ -26,16 +26,16 @@ from hypothesis import strategies as st
 
 import memrec
 from memrec import commands
-from memrec._errors import ExitCode
-from memrec.columns import EVENT_DTYPE
+from memrec.base.errors import ExitCode
+from memrec.terms.columns import EVENT_DTYPE
 from memrec.engine.phases import NO_PHASE
 from memrec.engine.phases import held_by_phase
 from memrec.engine.replay import state_at
-from memrec.events import CATEGORIES
-from memrec.events import GpuInfo
-from memrec.events import Kind
-from memrec.events import Marker
-from memrec.events import ProcessInfo
+from memrec.terms.events import CATEGORIES
+from memrec.terms.events import GpuInfo
+from memrec.terms.events import Kind
+from memrec.terms.events import Marker
+from memrec.terms.events import ProcessInfo
 from memrec.trace import format as fmt
 from memrec.trace.writer import TraceWriter
 from memrec.tui.model import TraceModel

@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memrec._errors import ExitCode
+from memrec.base.errors import ExitCode
 from memrec.analysis.report.build import build_report
 from memrec.commands import main
-from memrec.events import Kind
+from memrec.terms.events import Kind
 from memrec.trace.reader import load_trace
 from tests import perfetto_tracks
 

@@ -22,7 +22,7 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from memrec import protocol
+from memrec.terms import protocol
 from memrec.client import MarkerClient
 from memrec.trace.reader import load_trace
 
@@ -100,7 +100,7 @@ def _chunk_payload(n: int, processes: int = 0) -> bytes:
     that 2.3's context columns are used too."""
     import numpy as np
 
-    from memrec.columns import EVENT_DTYPE
+    from memrec.terms.columns import EVENT_DTYPE
     from memrec.trace import codec
     from memrec.trace.chunks import EVENTS
     from memrec.trace.chunks import context
@@ -138,8 +138,8 @@ def test_a_damaged_payload_under_a_valid_checksum_is_refused_or_read(which, seed
     # random damage; this checks the decoder behind it)
     import zlib
 
-    from memrec._errors import TraceFormatError
-    from memrec.columns import EVENT_DTYPE
+    from memrec.base.errors import TraceFormatError
+    from memrec.terms.columns import EVENT_DTYPE
     from memrec.trace import codec
 
     payload = harness.mutate(PAYLOADS[which], random.Random(seed), n)

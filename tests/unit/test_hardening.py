@@ -23,16 +23,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memrec import protocol
-from memrec._errors import ExitCode
+from memrec.terms import protocol
+from memrec.base.errors import ExitCode
 from memrec.client import MarkerClient
-from memrec.columns import EVENT_DTYPE
+from memrec.terms.columns import EVENT_DTYPE
 from memrec.commands import main
 from memrec.commands.common import exit_code
-from memrec.events import GpuInfo
-from memrec.events import Kind
-from memrec.events import Marker
-from memrec.events import ProcessInfo
+from memrec.terms.events import GpuInfo
+from memrec.terms.events import Kind
+from memrec.terms.events import Marker
+from memrec.terms.events import ProcessInfo
 from memrec.trace import format as fmt
 from memrec.trace.reader import load_trace
 from memrec.trace.writer import TraceWriter

@@ -25,8 +25,8 @@ from memrec.daemon.metrics import MAX_OPEN
 from memrec.daemon.metrics import PhasePeaks
 from memrec.daemon.notify import Notifier
 from memrec.daemon.service import Service
-from memrec.events import Kind
-from memrec.events import Marker
+from memrec.terms.events import Kind
+from memrec.terms.events import Marker
 from memrec.probes.procinfo import MAX_CMDLINE_BYTES
 from memrec.trace.reader import load_trace
 
@@ -44,7 +44,7 @@ pytestmark = pytest.mark.skipif(SETPRIV is None or os.geteuid() != 0, reason="ne
 #: A client in a child process: ``argv[1]`` the socket, then what to send (see _client_code).
 CLIENT = """
 import socket, sys, time
-from memrec import protocol
+from memrec.terms import protocol
 path, what, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 s.connect(path)

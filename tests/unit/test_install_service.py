@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from memrec._errors import ExitCode
+from memrec.base.errors import ExitCode
 from memrec.commands import main
 
 MEMREC = str(Path(sys.executable).parent / "memrec")

@@ -15,7 +15,7 @@ from memrec.state import LiveState
 from memrec.state import alloc_rows
 from memrec.trace import format as fmt
 from memrec.trace.writer import TraceWriter
-from memrec.events import Kind
+from memrec.terms.events import Kind
 from tests.utils import GiB
 from tests.utils import MiB
 from tests.utils import ev

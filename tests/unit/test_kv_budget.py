@@ -7,7 +7,7 @@ import pytest
 
 from memrec.analysis.sglang import kv_budget as kv
 from memrec.analysis.sglang.kv_budget_diff import compare_budgets
-from memrec.events import Marker
+from memrec.terms.events import Marker
 
 GiB = 1 << 30
 

@@ -1,127 +1,177 @@
-"""The layers of docs/architecture.md hold: no import circles, and the replay engine below the tools.
+"""The layers of docs/architecture.md hold over the whole import graph: no circle, nothing upward.
 
-Reads every module's imports from its source (module level and inside functions: a function-level
-import that works around a circle is still a circle), resolves them to memrec's own modules and
-looks for cycles. ``if TYPE_CHECKING:`` imports are left out (they never run).
+The graph is every module of the ``memrec.*`` namespace (memrec/ and the top-level folders that
+pyproject's ``package-dir`` maps into it: daemon/, probes/, tui/, sglang_hooks/, contrib/), with
+every import read from the source: module level and inside functions (a function-level import that
+works around a circle is still a circle). ``if TYPE_CHECKING:`` imports are left out (they never
+run). ``tests/house_metrics.py`` builds the graph; its circle count is the one this file asserts.
+
+:data:`LAYERS` is the documented table, top first. A module belongs to the entry with the longest
+matching prefix (``memrec`` is the package root's ``__init__`` alone); it may import its own unit (cycle-checked) and any unit of a lower layer, never a
+unit of its own layer or of a higher one.
 """
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
+import pytest
+
+from tests.house_metrics import cycles
+from tests.house_metrics import graph
+
 ROOT = Path(__file__).resolve().parents[2]
-#: Where each importable name's source is (the package-dir mapping of pyproject.toml).
-TREES = {"memrec": ROOT / "memrec", "memrec.tui": ROOT / "tui", "memrec.daemon": ROOT / "daemon",
-         "memrec.probes": ROOT / "probes"}
+
+#: The layers, top first: each a list of units (a module, or a package and all below it).
+#: docs/architecture.md ("Layers") draws the same table.
+LAYERS: list[tuple[str, list[str]]] = [
+    ("entry points", ["memrec.__main__", "memrec.tui.__main__"]),
+    ("the command line", ["memrec.commands"]),
+    ("tools and validation", ["memrec.tui", "memrec.daemon", "memrec.sglang_hooks", "memrec.contrib",
+                              "memrec.validation"]),
+    ("public API", ["memrec"]),
+    ("exports and subscribers", ["memrec.export", "memrec.subscriber", "memrec.build_info"]),
+    ("recordings", ["memrec.api"]),
+    ("analysis", ["memrec.analysis"]),
+    ("the replay engine", ["memrec.engine"]),
+    ("the live state", ["memrec.state"]),
+    ("the probes", ["memrec.probes"]),
+    ("the trace file", ["memrec.trace"]),
+    ("the marker client", ["memrec.client"]),
+    ("shared terms", ["memrec.terms.protocol", "memrec.terms.columns", "memrec.terms.ranks", "memrec.terms.units"]),
+    ("event vocabulary", ["memrec.terms"]),
+    ("leaf helpers", ["memrec.base"]),
+]
 
 
-def _modules() -> dict[str, Path]:
-    out: dict[str, Path] = {}
-    for prefix, tree in TREES.items():
-        for path in tree.rglob("*.py"):
-            rel = path.relative_to(tree).with_suffix("")
-            parts = [p for p in rel.parts if p != "__init__"]
-            name = ".".join([prefix, *parts])
-            if any(name.startswith(other + ".") or name == other for other in TREES if other != prefix
-                   and other.startswith(prefix + ".")) or "stubdriver" in name or "gpu" in parts:
-                continue
-            out[name] = path
-    return out
+def unit_of(module: str, layers: list[tuple[str, list[str]]]) -> tuple[int, str] | None:
+    """(layer index, unit) of ``module``: the longest unit that is the module or a package above it."""
+    best = None
+    for level, (_, units) in enumerate(layers):
+        for unit in units:
+            # "memrec" is the package root's __init__ alone, not everything below it
+            below = unit != "memrec" and module.startswith(unit + ".")
+            if (module == unit or below) and (best is None or len(unit) > len(best[1])):
+                best = (level, unit)
+    return best
 
 
-def _type_checking(node: ast.AST) -> bool:
-    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-
-
-def _imports(name: str, path: Path, known: set[str]) -> set[str]:
-    tree = ast.parse(path.read_text())
-    skip = {id(n) for top in ast.walk(tree) if _type_checking(top) for n in ast.walk(top)}
-    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-    out: set[str] = set()
-    for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
-        targets: list[str] = []
-        if isinstance(node, ast.Import):
-            targets = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                up = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(up + ([base] if base else []))
-            targets = [f"{base}.{a.name}" for a in node.names] + [base]
-        for t in targets:
-            while t and t not in known:
-                t = t.rsplit(".", 1)[0] if "." in t else ""
-            if t and t != name and not name.startswith(t + "."):  # a package's own __init__ is no edge
-                out.add(t)
-    return out
-
-
-def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components of more than one module (Tarjan, iterative)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on: set[str] = set()
+def violations(g: dict[str, dict[str, int]], layers: list[tuple[str, list[str]]]) -> list[str]:
+    """Every module without a layer, and every import that is not downward (or within a unit)."""
     out = []
-    for root in graph:
-        if root in index:
+    for module, deps in sorted(g.items()):
+        here = unit_of(module, layers)
+        if here is None:
+            out.append(f"{module}: in no layer of LAYERS")
             continue
-        work = [(root, iter(sorted(graph[root])))]
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        on.add(root)
-        while work:
-            v, it = work[-1]
-            w = next(it, None)
-            if w is not None:
-                if w not in index:
-                    index[w] = low[w] = len(index)
-                    stack.append(w)
-                    on.add(w)
-                    work.append((w, iter(sorted(graph.get(w, ())))))
-                elif w in on:
-                    low[v] = min(low[v], index[w])
+        for dep, line in sorted(deps.items()):
+            there = unit_of(dep, layers)
+            if there is None or there[1] == here[1]:
                 continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[v])
-            if low[v] == index[v]:
-                comp = []
-                while True:
-                    w = stack.pop()
-                    on.discard(w)
-                    comp.append(w)
-                    if w == v:
-                        break
-                if len(comp) > 1:
-                    out.append(sorted(comp))
+            if there[0] <= here[0]:
+                out.append(f"{module}:{line} imports {dep} ({layers[there[0]][0]}), which is not below "
+                           f"{layers[here[0]][0]}")
     return out
 
 
-def _graph() -> dict[str, set[str]]:
-    mods = _modules()
-    known = set(mods)
-    return {name: _imports(name, path, known) for name, path in mods.items()}
+def test_the_whole_import_graph_has_no_circle():
+    # GIVEN every module of the memrec.* namespace (sglang_hooks, daemon, probes, tui included),
+    # with every import, those inside functions too
+    g = graph(ROOT)
+    assert {"memrec.sglang_hooks.wrappers", "memrec.daemon.server", "memrec.tui.app", "memrec.probes.cuda",
+            "memrec.state.live", "memrec.trace.reader"} <= set(g)
+    # THEN no module reaches itself through its imports
+    assert cycles(g) == []
 
 
-def test_the_core_the_engine_and_the_tools_import_no_circle():
-    # GIVEN every module of memrec, the daemon, the probes and the TUI, with all their imports
-    graph = _graph()
-    engine_side = {m: deps for m, deps in graph.items()
-                   if m.startswith(("memrec.engine", "memrec.analysis", "memrec.api", "memrec.export", "memrec.ranks"))}
-    # THEN the engine, analysis, api and exports form no circle (function-level imports included)
-    assert _cycles(engine_side) == []
+def test_every_module_sits_in_a_layer_and_imports_only_below_it():
+    # GIVEN the whole graph and the documented layer table
+    # THEN every module is in a layer and every import goes to its own unit or a lower layer
+    assert violations(graph(ROOT), LAYERS) == []
 
 
-def test_the_engine_sits_below_analysis_and_the_tui():
-    # GIVEN the engine's and the shared terms' imports
-    graph = _graph()
-    # THEN the engine and memrec.ranks import neither the analysis, nor the api, the exports or the TUI
-    for m, deps in graph.items():
-        if m.startswith("memrec.engine") or m == "memrec.ranks":
-            assert not {d for d in deps if d.startswith(("memrec.analysis", "memrec.tui", "memrec.api", "memrec.export"))}, m
-    # THEN the TUI reaches the SGLang report for nothing (rank labels live below both)
-    assert "memrec.analysis.sglang.section" not in graph["memrec.tui.model"]
+def test_the_layer_table_is_the_one_the_architecture_page_draws():
+    # GIVEN docs/architecture.md
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    # THEN it names every layer of the table, in this order
+    where = [text.find(f"**{name}**") for name, _ in LAYERS]
+    assert -1 not in where, [name for (name, _), w in zip(LAYERS, where) if w == -1]
+    assert where == sorted(where)
+
+
+def _fake_tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    (tmp_path / "pyproject.toml").write_text('[tool.setuptools.package-dir]\n"memrec.hooks" = "hooks"\n')
+    for name, text in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return tmp_path
+
+
+@pytest.mark.parametrize("where", ["module level", "inside a function", "through a package-dir folder"])
+def test_a_circle_is_found_wherever_its_import_is(tmp_path, where):
+    # GIVEN a tiny package whose two modules import each other, one of the imports written
+    # at module level, inside a function, or in a folder mapped by package-dir
+    other = "memrec.hooks.b" if where == "through a package-dir folder" else "memrec.b"
+    back = ("def f():\n    from memrec import a\n" if where == "inside a function" else "from memrec import a\n")
+    files = {"memrec/__init__.py": "", "memrec/a.py": f"import {other}\n", "hooks/__init__.py": ""}
+    files["hooks/b.py" if other == "memrec.hooks.b" else "memrec/b.py"] = back
+    root = _fake_tree(tmp_path, files)
+    # WHEN the graph is read THEN the circle is reported
+    assert cycles(graph(root)) == [sorted(["memrec.a", other])]
+
+
+def test_a_type_checking_import_is_no_circle(tmp_path):
+    # GIVEN two modules that import each other, one only for the type checker
+    root = _fake_tree(tmp_path, {"memrec/__init__.py": "", "hooks/__init__.py": "", "memrec/a.py": "import memrec.b\n",
+                                 "memrec/b.py": "TYPE_CHECKING = False\nif TYPE_CHECKING:\n    import memrec.a\n"})
+    # THEN there is no circle
+    assert cycles(graph(root)) == []
+
+
+def test_an_upward_or_sideways_import_breaks_the_table(tmp_path):
+    # GIVEN a low module that imports a high one, and two units of one layer that import each other
+    root = _fake_tree(tmp_path, {"memrec/__init__.py": "", "hooks/__init__.py": "",
+                                 "memrec/low.py": "def f():\n    import memrec.high\n", "memrec/high.py": "",
+                                 "memrec/left.py": "import memrec.right\n", "memrec/right.py": ""})
+    layers = [("top", ["memrec.high"]), ("middle", ["memrec.left", "memrec.right", "memrec.hooks"]),
+              ("bottom", ["memrec.low", "memrec"])]
+    # THEN both imports are named, and a module outside the table too
+    found = violations(graph(root), layers)
+    assert any(v.startswith("memrec.low:2 imports memrec.high") for v in found), found
+    assert any(v.startswith("memrec.left:1 imports memrec.right") for v in found), found
+    assert "memrec.high: in no layer of LAYERS" in violations(graph(root), layers[1:])
+
+
+#: The folders a path on the architecture page starts from (the repository's own).
+TOP = ("memrec/", "daemon/", "probes/", "tui/", "sglang_hooks/", "contrib/", "tests/", "bench/", "docs/",
+       "scripts/", "examples/")
+
+
+def named_paths(text: str) -> set[str]:
+    """Every repository path ``text`` names: a word starting with one of :data:`TOP`."""
+    import re
+
+    found = set()
+    for m in re.finditer(r"(?<![\w./-])(?:" + "|".join(re.escape(t) for t in TOP) + r")[\w./-]*", text):
+        found.add(m.group(0).rstrip(".,:;)"))
+    return found
+
+
+def test_every_path_the_architecture_page_names_exists_and_none_points_outside():
+    # GIVEN docs/architecture.md
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    paths = named_paths(text)
+    assert len(paths) > 40
+    # THEN each path it names exists in the repository
+    assert sorted(p for p in paths if not (ROOT / p).exists()) == []
+    # AND it points nowhere outside it (no parent folder, no other checkout)
+    assert "../" not in text and "/work/" not in text and "steering repo" not in text
+
+
+def test_the_path_check_finds_a_missing_path():
+    # GIVEN a page naming one real path and one that is gone
+    paths = named_paths("see `memrec/state/tables.py` and memrec/state/gone.py, or cuMemAlloc/cuMemFree.")
+    # THEN both are found, the gone one does not exist, the API pair is no path
+    assert paths == {"memrec/state/tables.py", "memrec/state/gone.py"}
+    assert [p for p in sorted(paths) if not (ROOT / p).exists()] == ["memrec/state/gone.py"]

@@ -9,14 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memrec._errors import ExitCode
+from memrec.base.errors import ExitCode
 from memrec.commands import main
-from memrec.events import GpuInfo
-from memrec.events import Kind
-from memrec.events import Marker
-from memrec.events import ProcessInfo
+from memrec.terms.events import GpuInfo
+from memrec.terms.events import Kind
+from memrec.terms.events import Marker
+from memrec.terms.events import ProcessInfo
 from memrec.trace import format as fmt
-from memrec.trace.merge import PID_STRIDE
+from memrec.engine.merge import PID_STRIDE
 from memrec.trace.reader import TraceReader
 from memrec.trace.reader import load_trace
 from memrec.trace.writer import TraceWriter

@@ -15,8 +15,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from memrec.columns import NVML_DTYPE
-from memrec.columns import PROCMEM_DTYPE
+from memrec.terms.columns import NVML_DTYPE
+from memrec.terms.columns import PROCMEM_DTYPE
 from memrec.probes import nvml
 from memrec.probes.nvml import NvmlError
 from memrec.probes.nvml import NvmlSampler
@@ -384,7 +384,7 @@ def test_daemon_corrects_a_gpu_map_that_nvml_contradicts(fake, short_dir):
     import subprocess
     import sys
 
-    from memrec.events import Kind
+    from memrec.terms.events import Kind
     from memrec.trace.reader import load_trace
     from tests.unit.daemon_fakes import FakeProbes
     from tests.unit.daemon_fakes import raw
@@ -416,7 +416,7 @@ def test_daemon_keeps_a_gpu_map_that_nvml_confirms(fake, short_dir):
     # GIVEN a process whose environ map (all GPUs) agrees with NVML (it is listed on GPUs 0 and 1)
     import os
 
-    from memrec.events import Kind
+    from memrec.terms.events import Kind
     from memrec.trace.reader import load_trace
     from tests.unit.daemon_fakes import FakeProbes
     from tests.unit.daemon_fakes import raw

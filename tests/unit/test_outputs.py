@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from memrec._errors import ExitCode
+from memrec.base.errors import ExitCode
 from memrec.api import load
 from memrec.commands import main
 

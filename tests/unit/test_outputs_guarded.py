@@ -3,7 +3,7 @@
 ``memrec export`` and ``memrec plot`` wrote with ``open(path, "wb")``, pyarrow's
 ``write_table(table, path)`` and matplotlib's ``savefig(path)``: root wrote through a symbolic link
 planted at the output (after the existence check too) and followed a linked ``-o`` folder. Now
-:mod:`memrec._files` creates every file (``O_EXCL|O_NOFOLLOW``, relative to a folder reached
+:mod:`memrec.base.files` creates every file (``O_EXCL|O_NOFOLLOW``, relative to a folder reached
 without following another user's link). The first test scans every module so that the next
 writer cannot slip past; the others attack as the review did, as another uid (``setpriv``).
 """
@@ -11,6 +11,7 @@ writer cannot slip past; the others attack as the review did, as another uid (``
 from __future__ import annotations
 
 import ast
+import errno
 import contextlib
 import io
 import os
@@ -20,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from memrec._files import create_file
-from memrec._files import create_new
-from memrec._files import make_folder
-from memrec._files import open_folder
+from memrec.base.files import create_file
+from memrec.base.files import create_new
+from memrec.base.files import make_folder
+from memrec.base.files import open_folder
 from memrec.commands import main
 from memrec.trace.reader import load_trace
 
@@ -39,12 +40,12 @@ SINKS = {"savefig": 0, "write_table": 1, "to_csv": 0, "to_parquet": 0, "save": 0
 PATH_WRITERS = {"write_text", "write_bytes", "touch", "symlink_to", "hardlink_to"}
 #: shutil's copies (``copy`` alone is also numpy's and a dict's).
 COPIES = {"copy", "copy2", "copyfile", "copytree", "move"}
-#: Folders made outside :func:`memrec._files.make_folder`, each for a stated reason.
+#: Folders made outside :func:`memrec.base.files.make_folder`, each for a stated reason.
 MKDIR_ALLOWED = {
     ("memrec/export/plot.py", "_private_config_dir_if_needed"): "matplotlib's config folder in the user's own home",
-    ("memrec/stubdriver/build.py", "default_cache_dir"): "the stub's build cache in the user's own cache folder",
-    ("memrec/stubdriver/build.py", "build_stub"): "the stub's build folder, named by the caller (tests)",
-    ("memrec/stubdriver/build.py", "build_torch_stub"): "the torch stub's build folder, named by the caller (tests)",
+    ("memrec/validation/stubdriver/build.py", "default_cache_dir"): "the stub's build cache in the user's own cache folder",
+    ("memrec/validation/stubdriver/build.py", "build_stub"): "the stub's build folder, named by the caller (tests)",
+    ("memrec/validation/stubdriver/build.py", "build_torch_stub"): "the torch stub's build folder, named by the caller (tests)",
     ("memrec/commands/install_service.py", "_write"): "systemd's folders under a root-owned prefix",
 }
 #: Names a guarded file object may be bound by.
@@ -70,7 +71,7 @@ def _callee(call: ast.Call) -> tuple[str, str]:
 
 
 def unguarded_writes(path: Path) -> list[str]:
-    """Every place in ``path`` that writes a file without :mod:`memrec._files`."""
+    """Every place in ``path`` that writes a file without :mod:`memrec.base.files`."""
     rel = path.relative_to(ROOT).as_posix()
     tree = ast.parse(path.read_text(), str(path))
     found = []
@@ -96,31 +97,33 @@ def unguarded_writes(path: Path) -> list[str]:
             flags = ast.unparse(call.args[1]) if len(call.args) > 1 else ""
             if not flags or any(f in flags for f in ("O_WRONLY", "O_RDWR", "O_CREAT", "O_TRUNC", "O_APPEND")) \
                     or "O_RDONLY" not in flags:  # (reading with os.open is fine)
-                found.append(f"{where}: os.open (use memrec._files.create_new)")
+                found.append(f"{where}: os.open (use memrec.base.files.create_new)")
         elif name == "open":
             mode = _mode(call, 0 if owner else 1)
             if mode is not None and (mode == "" or set(mode) & set("wax+")):
-                found.append(f"{where}: open(..., {mode!r}) (use memrec._files.create_file)")
+                found.append(f"{where}: open(..., {mode!r}) (use memrec.base.files.create_file)")
         elif name in PATH_WRITERS or (owner == "shutil" and name in COPIES):
-            found.append(f"{where}: .{name}() (use memrec._files.create_file)")
+            found.append(f"{where}: .{name}() (use memrec.base.files.create_file)")
         elif name in ("mkdir", "makedirs") and (rel, function) not in MKDIR_ALLOWED:
-            found.append(f"{where}: {name}() (use memrec._files.make_folder)")
+            found.append(f"{where}: {name}() (use memrec.base.files.make_folder)")
         elif name in SINKS and not (name == "dump" and owner not in ("pickle", "json", "marshal")) \
                 and not (name == "save" and owner not in ("np", "numpy")):
             i = SINKS[name]
             target = call.args[i] if len(call.args) > i else None
             to_stream = isinstance(target, ast.Attribute) and ast.unparse(target) in ("sys.stdout", "sys.stderr")
             if not (to_stream or isinstance(target, ast.Name) and target.id in guarded):
-                found.append(f"{where}: {name}() into something not made by memrec._files.create_file")
+                found.append(f"{where}: {name}() into something not made by memrec.base.files.create_file")
 
     visit(tree, "")
     return found
 
 
 def test_no_module_writes_a_file_but_through_the_guarded_creator():
-    # GIVEN every module of memrec (the guarded creator itself aside)
-    modules = [p for p in sorted(PACKAGE.rglob("*.py")) if p != PACKAGE / "_files.py"]
-    assert len(modules) > 50
+    # GIVEN every module of the memrec.* namespace: memrec/ and the folders pyproject maps into it
+    # (daemon/, probes/, tui/, sglang_hooks/, contrib/), the guarded creator itself aside
+    trees = [PACKAGE, *(ROOT / name for name in ("daemon", "probes", "tui", "sglang_hooks", "contrib"))]
+    modules = [p for tree in trees for p in sorted(tree.rglob("*.py")) if p != PACKAGE / "base" / "files.py"]
+    assert len(modules) > 150
     # THEN none opens, saves, dumps, copies or makes a folder by another way
     found = [line for p in modules for line in unguarded_writes(p)]
     assert found == []
@@ -317,7 +320,94 @@ def test_force_still_replaces_a_regular_output(trace_file, tmp_path):
 
 
 if __name__ == "__main__":  # print what the scan finds (handy while fixing a new writer)
-    for p in (p for p in sorted(PACKAGE.rglob("*.py")) if p != PACKAGE / "_files.py"):
+    for p in (p for p in sorted(PACKAGE.rglob("*.py")) if p != PACKAGE / "base" / "files.py"):
         for line in unguarded_writes(p):
             print(line)
     sys.exit(0)
+
+
+class _Program:
+    """What the probe cache encodes of a program (its dict form): enough to write one."""
+
+    def as_dict(self) -> dict:
+        return {"insns": b"\0" * 8}
+
+
+def _plant(link: Path, target: Path) -> None:
+    target.write_text("keep")
+    link.symlink_to(target)
+
+
+def test_the_probe_cache_never_writes_through_a_link_at_its_temporary_name(tmp_path):
+    from memrec.probes.probecache import ProbeCache
+
+    # GIVEN a cache folder, and a link planted where the next write's temporary file goes
+    cache = ProbeCache(str(tmp_path / "cache"))
+    cache.write("k1", _Program())  # (makes the folder, 0700)
+    tmp = Path(f"{cache.path('k2')}.{os.getpid()}.tmp")
+    _plant(tmp, tmp_path / "precious")
+    # WHEN the program is stored THEN it is refused and the file outside is untouched
+    with pytest.raises(FileExistsError):
+        cache.write("k2", _Program())
+    assert (tmp_path / "precious").read_text() == "keep" and not Path(cache.path("k2")).exists()
+    assert (tmp_path / "cache").stat().st_mode & 0o777 == 0o700
+
+
+def test_the_probe_cache_folder_is_not_reached_through_another_users_link(tmp_path):
+    from memrec.probes.probecache import ProbeCache
+
+    # GIVEN a cache folder given as a path through a link another user owns
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    link = tmp_path / "cache"
+    link.symlink_to(elsewhere)
+    os.lchown(link, NOBODY, NOBODY)
+    # WHEN a program is stored THEN the cache says why it is not used, and nothing is written there
+    cache = ProbeCache(str(link / "sub"))
+    cache.write("k", _Program())
+    assert cache.problem and list(elsewhere.iterdir()) == []
+
+
+def test_the_trace_folder_ledger_never_appends_through_a_link(tmp_path, caplog):
+    from memrec.daemon import retention
+
+    # GIVEN a trace folder whose ledger name is a link to a file outside
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    (folder / "a.mrec").write_bytes(b"x")
+    _plant(folder / retention.LEDGER, tmp_path / "precious")
+    # WHEN the daemon notes a trace in the ledger THEN it warns and the file outside is untouched
+    retention.record(folder, folder / "a.mrec")
+    assert (tmp_path / "precious").read_text() == "keep"
+    assert "ledger" in caplog.text
+
+
+def test_install_pth_never_writes_through_a_link(tmp_path):
+    from memrec.sglang_hooks import bootstrap
+
+    site = tmp_path / "site"
+    site.mkdir()
+    # GIVEN a link planted at the final name: it is replaced by the file, its target untouched
+    _plant(site / bootstrap.PTH_NAME, tmp_path / "precious")
+    path = bootstrap.install_pth(site)
+    assert not path.is_symlink() and "memrec" in path.read_text()
+    assert (tmp_path / "precious").read_text() == "keep"
+    # GIVEN a link planted at the temporary name: the write is refused, its target untouched
+    (site / f".{bootstrap.PTH_NAME}.{os.getpid()}.tmp").symlink_to(tmp_path / "precious")
+    with pytest.raises(FileExistsError):
+        bootstrap.install_pth(site)
+    assert (tmp_path / "precious").read_text() == "keep"
+
+
+def test_open_folder_makes_missing_folders_but_never_through_a_link_among_its_own_names(tmp_path):
+    # GIVEN a root folder (the caller's path: its own links followed) and names memrec makes below it
+    (tmp_path / "real").mkdir()
+    (tmp_path / "mine").symlink_to(tmp_path / "real")
+    fd = open_folder(tmp_path / "mine" / "new", "a", "b", create=True, parents=True, mode=0o755)
+    os.close(fd)
+    assert (tmp_path / "real" / "new" / "a" / "b").is_dir()
+    # WHEN one of the names is a link, even the caller's own THEN it is refused
+    (tmp_path / "real" / "new" / "a" / "c").symlink_to(tmp_path)
+    with pytest.raises(OSError) as error:
+        open_folder(tmp_path / "mine" / "new", "a", "c", create=True)
+    assert error.value.errno == errno.ELOOP

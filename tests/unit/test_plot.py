@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memrec._errors import ExitCode
+from memrec.base.errors import ExitCode
 from memrec.commands import main
 from memrec.export import plot as plot_module
 
@@ -89,7 +89,7 @@ def test_svg_and_errors(tmp_path, capsys):
 def short_peak_trace(path: Path, peak_us: int, background: int = 0) -> Path:
     """20 s on GPU 0: 4 KiB held throughout, and one 16 KiB allocation freed ``peak_us`` µs later at 10 s
     (``background`` more 4 KiB alloc/free pairs spread over the run: a series with more points than pixels)."""
-    from memrec.events import Kind
+    from memrec.terms.events import Kind
     from memrec.trace import format as fmt
     from memrec.trace.writer import TraceWriter
     from tests.utils import events

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from memrec.events import GpuInfo
+from memrec.terms.events import GpuInfo
 from memrec.probes import procinfo
 from memrec.probes.procinfo import gpu_map
 

@@ -7,9 +7,9 @@ import struct
 import msgpack
 import pytest
 
-from memrec import protocol
-from memrec.protocol import FrameDecoder
-from memrec.protocol import ProtocolError
+from memrec.terms import protocol
+from memrec.terms.protocol import FrameDecoder
+from memrec.terms.protocol import ProtocolError
 
 
 def _mark(**over):

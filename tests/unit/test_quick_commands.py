@@ -24,9 +24,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from memrec import commands
-from memrec import protocol
-from memrec._errors import ExitCode
-from memrec._errors import MemrecCommandError
+from memrec.terms import protocol
+from memrec.base.errors import ExitCode
+from memrec.base.errors import MemrecCommandError
 from memrec.commands import mark
 from memrec.commands.mark import MarkCommand
 from memrec.commands.parser import get_argument_parser

@@ -15,7 +15,7 @@ import warnings
 import pytest
 
 import memrec
-from memrec._errors import ExitCode
+from memrec.base.errors import ExitCode
 from memrec.trace import budget
 from memrec.trace import codec
 from memrec.trace.reader import load_trace

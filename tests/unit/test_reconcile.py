@@ -12,10 +12,10 @@ from memrec.analysis.untraced.reconcile import reconcile
 from memrec.analysis.report.build import build_report
 from memrec.analysis.report.text import render_text
 from memrec.engine.replay import build_timeline
-from memrec.columns import NVML_DTYPE
-from memrec.columns import PROCMEM_DTYPE
-from memrec.events import Kind
-from memrec.events import ProcessInfo
+from memrec.terms.columns import NVML_DTYPE
+from memrec.terms.columns import PROCMEM_DTYPE
+from memrec.terms.events import Kind
+from memrec.terms.events import ProcessInfo
 from memrec.state import LiveState
 from memrec.trace.model import Keyframe
 from memrec.trace.model import Trace

@@ -20,9 +20,9 @@ import pytest
 
 import memrec.engine.replay as replay
 from memrec import commands
-from memrec.columns import EVENT_DTYPE
-from memrec.columns import empty_events
-from memrec.events import Kind
+from memrec.terms.columns import EVENT_DTYPE
+from memrec.terms.columns import empty_events
+from memrec.terms.events import Kind
 from memrec.trace.reader import load_trace
 from memrec.trace.writer import TraceWriter
 

@@ -7,11 +7,11 @@ import json
 import pytest
 
 from memrec import commands
-from memrec._errors import ExitCode
-from memrec.events import GpuInfo
-from memrec.events import Kind
-from memrec.events import Marker
-from memrec.events import ProcessInfo
+from memrec.base.errors import ExitCode
+from memrec.terms.events import GpuInfo
+from memrec.terms.events import Kind
+from memrec.terms.events import Marker
+from memrec.terms.events import ProcessInfo
 from memrec.trace import format as fmt
 from memrec.trace.writer import TraceWriter
 from tests.utils import GiB

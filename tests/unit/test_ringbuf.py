@@ -7,7 +7,7 @@ import struct
 import numpy as np
 import pytest
 
-from memrec.columns import RAW_DTYPE
+from memrec.terms.columns import RAW_DTYPE
 from memrec.probes.ringbuf import BPF_RINGBUF_BUSY_BIT
 from memrec.probes.ringbuf import BPF_RINGBUF_DISCARD_BIT
 from memrec.probes.ringbuf import RingBufferReader

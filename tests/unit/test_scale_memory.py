@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from memrec.columns import empty_events
-from memrec.events import Api
-from memrec.events import Kind
+from memrec.terms.columns import empty_events
+from memrec.terms.events import Api
+from memrec.terms.events import Kind
 from memrec.export.jsonl import dump_trace
 from memrec.trace.reader import TraceReader
 from memrec.trace.reader import load_trace

@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 
 from memrec import commands
-from memrec.columns import empty_events
+from memrec.terms.columns import empty_events
 from memrec.engine.replay import build_timeline
 from memrec.engine.series import GpuSeries
-from memrec.events import OWNED
-from memrec.events import Api
-from memrec.events import Kind
+from memrec.terms.events import OWNED
+from memrec.terms.events import Api
+from memrec.terms.events import Kind
 from memrec.trace.writer import TraceWriter
 
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from memrec.events import FLAG_IPC_BYTES
-from memrec.events import Api
-from memrec.events import Kind
+from memrec.terms.events import FLAG_IPC_BYTES
+from memrec.terms.events import Api
+from memrec.terms.events import Kind
 from tests.utils import ev
 from tests.utils import events
-from memrec.selftest import check_exits
-from memrec.selftest import check_facts
+from memrec.validation.selftest import check_exits
+from memrec.validation.selftest import check_facts
 
 HANDLE = bytes(range(64))
 

@@ -27,7 +27,7 @@ from memrec.daemon.retention import record
 from memrec.daemon.service import Service
 from memrec.daemon.service import file_count
 from memrec.daemon.service import metrics_addr
-from memrec.events import Kind
+from memrec.terms.events import Kind
 from memrec.trace.format import FORMAT_MINOR
 from memrec.trace.format import FORMAT_VERSION
 from tests.unit.daemon_fakes import raw
@@ -219,7 +219,7 @@ def test_a_taken_metrics_port_fails_before_start(workdir, capsys):
 def test_drain_meter_fill_lag_and_results():
     import numpy as np
 
-    from memrec.columns import RAW_DTYPE
+    from memrec.terms.columns import RAW_DTYPE
     from memrec.daemon.metrics import RECORD_BYTES
     from memrec.daemon.metrics import DrainMeter
 

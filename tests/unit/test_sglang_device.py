@@ -1,7 +1,7 @@
 """The SGLang hooks never create a CUDA context: device numbers only from a context that exists.
 
 Each case runs in a fresh Python process (a loaded driver cannot be unloaded from pytest's own),
-with the stub driver (memrec/stubdriver, soname libcuda.so.1) standing in for libcuda and a fake
+with the stub driver (memrec/validation/stubdriver, soname libcuda.so.1) standing in for libcuda and a fake
 torch whose CUDA functions record being called. Every hook entry point of every targets line is
 called, as SGLang calls them, through :mod:`memrec.sglang_hooks.selfcheck`.
 """
@@ -15,8 +15,8 @@ import textwrap
 
 import pytest
 
-from memrec.stubdriver.build import StubBuildError
-from memrec.stubdriver.build import build_stub
+from memrec.validation.stubdriver.build import StubBuildError
+from memrec.validation.stubdriver.build import build_stub
 
 GiB = 1 << 30
 

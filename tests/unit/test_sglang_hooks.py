@@ -66,7 +66,7 @@ class Recorder:
 
     def markers(self, pid: int = 1):
         """As trace markers (what the analysis reads)."""
-        from memrec.events import Marker
+        from memrec.terms.events import Marker
 
         return [Marker(ts=i, pid=pid, uid=0, tid=0, name=n, phase=p, gpu=g, values=v)
                 for i, (n, p, g, v) in enumerate(self.calls)]

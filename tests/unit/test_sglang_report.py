@@ -3,7 +3,7 @@ the real numbers, and which phases' allocations made sizing fail.
 
 Two kinds of input:
 
-- the real H200 traces in ``examples/`` (``memrec.gpu.sglang_standin``: two TP ranks sharing one
+- the real H200 traces in ``examples/`` (``memrec.validation.gpu.sglang_standin``: two TP ranks sharing one
   GPU, 256 MiB in dist_init, 25 GiB of weights per rank, with ``--ipc`` 18 GiB per rank exchanged
   by CUDA IPC after the baseline, ``--mem-fraction-static 0.6``, 160 KiB of KV per token);
 - hand-built traces (:func:`sglang_run`): TP0 on GPU 0 and TP1 on GPU 1, 80 GiB each, with every
@@ -19,13 +19,13 @@ import pytest
 
 from memrec.analysis.report.build import build_report
 from memrec.analysis.report.text import render_text
-from memrec.ranks import format_rank
+from memrec.terms.ranks import format_rank
 from memrec.analysis.sglang.section import has_sglang_markers
 from memrec.analysis.sglang.windows import kv_times
-from memrec.ranks import rank_labels
-from memrec.events import Kind
-from memrec.events import Marker
-from memrec.events import ProcessInfo
+from memrec.terms.ranks import rank_labels
+from memrec.terms.events import Kind
+from memrec.terms.events import Marker
+from memrec.terms.events import ProcessInfo
 from memrec.trace.model import Trace
 from memrec.trace.reader import load_trace
 from tests.utils import GiB
@@ -39,7 +39,7 @@ BASE = EXAMPLES / "sglang-standin-base.mrec"
 IPC = EXAMPLES / "sglang-standin-ipc.mrec"
 NOT_ENOUGH = "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static."
 
-# The stand-in's numbers (memrec/gpu/sglang_standin.py and what SGLang-style measuring gave on the H200).
+# The stand-in's numbers (memrec/validation/gpu/sglang_standin.py and what SGLang-style measuring gave on the H200).
 PRE = 138.09130859375  # pre_model_load_memory, GiB, both runs
 AVAIL_BASE = 88.09130859375
 AVAIL_IPC = 52.09130859375
@@ -387,7 +387,7 @@ def test_a_ranks_context_on_a_gpu_it_does_not_compute_on_is_flagged_with_its_nvm
     import numpy as np
 
     from memrec.analysis.sglang.section import render_sglang
-    from memrec.columns import PROCMEM_DTYPE
+    from memrec.terms.columns import PROCMEM_DTYPE
 
     trace = sglang_run()
     trace.events = np.sort(np.concatenate([trace.events, events(ev(Kind.CTX, pid=100, gpu=1, ts=ms(1.5)))]),

@@ -14,7 +14,7 @@ import pytest
 import sglang_fakes
 
 from memrec.analysis.sglang import kv_budget
-from memrec.events import Marker
+from memrec.terms.events import Marker
 from memrec.sglang_hooks import bootstrap
 
 

@@ -87,7 +87,7 @@ def test_filters_apply_to_sites(tmp_path):
 
 
 def test_a_process_exit_ends_what_it_held(tmp_path):
-    from memrec.events import Kind
+    from memrec.terms.events import Kind
     from memrec.trace import format as fmt
     from memrec.trace.writer import TraceWriter
     from tests.utils import ev
@@ -140,7 +140,7 @@ def test_a_trace_without_stacks_has_no_sites_and_the_same_report(tmp_path):
 
 
 def test_a_site_named_with_terminal_escapes_is_shown_escaped(tmp_path, capsys):
-    from memrec.events import Kind
+    from memrec.terms.events import Kind
     from memrec.trace import format as fmt
     from memrec.trace.writer import TraceWriter
     from tests.utils import ev
@@ -178,7 +178,7 @@ def test_the_sglang_failure_answer_names_the_site_of_the_phase_that_took_the_mem
 
 
 def test_a_damaged_size_is_clamped_and_a_stack_id_not_defined_names_no_site(tmp_path):
-    from memrec.events import Kind
+    from memrec.terms.events import Kind
     from memrec.trace import format as fmt
     from memrec.trace.writer import TraceWriter
     from tests.utils import ev

@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memrec.events import GpuInfo
-from memrec.events import Kind
+from memrec.terms.events import GpuInfo
+from memrec.terms.events import Kind
 from memrec.trace import format as fmt
 from memrec.trace.format import packb
-from memrec.trace.merge import merge_traces
+from memrec.engine.merge import merge_traces
 from memrec.trace.reader import TraceReader
 from memrec.trace.reader import load_trace
 from memrec.trace.stacks import MAX_DEPTH

@@ -8,9 +8,9 @@ import msgpack
 import numpy as np
 import pytest
 
-from memrec.columns import RAW_DTYPE
-from memrec.events import Api
-from memrec.events import Kind
+from memrec.terms.columns import RAW_DTYPE
+from memrec.terms.events import Api
+from memrec.terms.events import Kind
 from memrec.state import LiveState
 from memrec.state import alloc_rows
 from tests.utils import GiB

@@ -12,9 +12,9 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from memrec.events import CATEGORIES
-from memrec.events import CUDA_ERROR_OUT_OF_MEMORY
-from memrec.events import Kind
+from memrec.terms.events import CATEGORIES
+from memrec.terms.events import CUDA_ERROR_OUT_OF_MEMORY
+from memrec.terms.events import Kind
 from memrec.state import LiveState
 from memrec.state.batch import Batch
 from memrec.trace.model import EventColumns

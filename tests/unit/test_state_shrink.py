@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from memrec.columns import empty_events
-from memrec.events import Api
-from memrec.events import Kind
+from memrec.terms.columns import empty_events
+from memrec.terms.events import Api
+from memrec.terms.events import Kind
 from memrec.state import LiveState
 from memrec.state.allocs import AllocTable
 
@@ -69,17 +69,17 @@ def test_a_table_that_shrinks_keeps_every_key(monkeypatch) -> None:
 
 def test_the_state_comes_back_to_its_size_after_every_process_exited() -> None:
     state = LiveState()
-    start = state._allocs.nbytes()
+    start = state.tables.allocs.nbytes()
     pids = (np.arange(200_000) % 16 + 1000).astype(np.uint32)
     state.apply(_allocs(pids, 1))
-    assert state._allocs.nbytes() > 20 * start
+    assert state.tables.allocs.nbytes() > 20 * start
     exits = empty_events(16)
     exits["ts"] = 10**6 + np.arange(16)
     exits["pid"] = exits["tid"] = np.arange(1000, 1016)
     exits["kind"] = int(Kind.PROC_EXIT)
     state.apply(exits)
-    assert state.owned_bytes() == 0 and len(state._allocs) == 0
-    assert state._allocs.nbytes() <= 2 * start and state.capacity() <= 3 * 1024
+    assert state.owned_bytes() == 0 and len(state.tables.allocs) == 0
+    assert state.tables.allocs.nbytes() <= 2 * start and state.capacity() <= 3 * 1024
     # and it works as before afterwards
     state.apply(_allocs(np.full(3, 7, np.uint32), 2 * 10**6))
     assert state.owned_bytes() == 3 * 4096

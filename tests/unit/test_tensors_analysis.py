@@ -5,11 +5,11 @@ phase, fragmentation, and the blocks alive at a failed segment allocation."""
 from __future__ import annotations
 
 from memrec.analysis.report.tensors import tensor_section
-from memrec.columns import empty_events
+from memrec.terms.columns import empty_events
 from memrec.engine.phases import build_phases
-from memrec.events import Api
-from memrec.events import Kind
-from memrec.events import Marker
+from memrec.terms.events import Api
+from memrec.terms.events import Kind
+from memrec.terms.events import Marker
 
 MiB = 1 << 20
 PID = 42

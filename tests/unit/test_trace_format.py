@@ -15,20 +15,20 @@ import msgpack
 import numpy as np
 import pytest
 
-from memrec._errors import TraceFormatError
-from memrec.columns import EVENT_DTYPE
+from memrec.base.errors import TraceFormatError
+from memrec.terms.columns import EVENT_DTYPE
 from memrec.trace.clock import to_wall_ns
-from memrec.columns import NVML_DTYPE
-from memrec.columns import PROCMEM_DTYPE
-from memrec.columns import RAW_DTYPE
-from memrec.columns import empty_events
+from memrec.terms.columns import NVML_DTYPE
+from memrec.terms.columns import PROCMEM_DTYPE
+from memrec.terms.columns import RAW_DTYPE
+from memrec.terms.columns import empty_events
 from memrec.export.jsonl import dump_trace
-from memrec.events import FLAG_IPC_BYTES
-from memrec.events import Api
-from memrec.events import GpuInfo
-from memrec.events import Kind
-from memrec.events import Marker
-from memrec.events import ProcessInfo
+from memrec.terms.events import FLAG_IPC_BYTES
+from memrec.terms.events import Api
+from memrec.terms.events import GpuInfo
+from memrec.terms.events import Kind
+from memrec.terms.events import Marker
+from memrec.terms.events import ProcessInfo
 from memrec.trace import format as fmt
 from memrec.trace.chunks import COLUMNAR_TYPE
 from memrec.trace.chunks import MAX_RECORD_ROWS
@@ -692,7 +692,7 @@ WRITER_CHILD = textwrap.dedent(
     """
     import os, sys
     import numpy as np
-    from memrec.columns import empty_events
+    from memrec.terms.columns import empty_events
     from memrec.trace.writer import TraceWriter
     ev = empty_events(1000)
     ev["ts"] = np.arange(1000) + 1

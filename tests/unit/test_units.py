@@ -1,8 +1,8 @@
-"""One size format for the report, the diff and the TUI (``memrec.units.fmt_bytes``)."""
+"""One size format for the report, the diff and the TUI (``memrec.terms.units.fmt_bytes``)."""
 
 from __future__ import annotations
 
-from memrec.units import fmt_bytes
+from memrec.terms.units import fmt_bytes
 from tests.utils import GiB
 from tests.utils import KiB
 from tests.utils import MiB
@@ -21,7 +21,7 @@ def test_signed_deltas():
 
 def test_one_size_parser_reads_what_fmt_bytes_writes():
     # GIVEN sizes as every command writes them, WHEN read back, THEN they give the bytes again
-    from memrec.units import parse_size
+    from memrec.terms.units import parse_size
 
     for n in (0, 777, 512 * MiB, 60 * GiB, 3 * GiB // 2):
         assert parse_size(fmt_bytes(n)) == n
@@ -35,7 +35,7 @@ def test_one_size_parser_reads_what_fmt_bytes_writes():
 
 
 def test_durations():
-    from memrec.units import fmt_dur
+    from memrec.terms.units import fmt_dur
 
     assert [fmt_dur(n) for n in (850, 12_300_000, 4_200_000_000, 185e9, 7380e9)] == ["850ns", "12.3ms", "4.20s", "3m05s", "2h03m"]
     assert fmt_dur(-1_500_000) == "-1.5ms"

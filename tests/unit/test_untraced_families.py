@@ -13,9 +13,9 @@ from memrec.analysis.report.answer import build_answer
 from memrec.analysis.untraced.reconcile import reconcile
 from memrec.analysis.report.build import build_report
 from memrec.analysis.untraced.split import explained_share
-from memrec.columns import PROCMEM_DTYPE
-from memrec.events import Api
-from memrec.events import Kind
+from memrec.terms.columns import PROCMEM_DTYPE
+from memrec.terms.events import Api
+from memrec.terms.events import Kind
 from memrec.state import LiveState
 from memrec.trace.model import Trace
 from tests.utils import MiB

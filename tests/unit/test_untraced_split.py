@@ -6,12 +6,12 @@ import numpy as np
 
 from memrec.analysis.untraced.reconcile import reconcile
 from memrec.analysis.untraced.split import pool_held
-from memrec.columns import PROCMEM_DTYPE
-from memrec.columns import with_gpu
+from memrec.terms.columns import PROCMEM_DTYPE
+from memrec.terms.columns import with_gpu
 from memrec.daemon.untraced import UntracedReadings
-from memrec.events import Api
-from memrec.events import Kind
-from memrec.events import Marker
+from memrec.terms.events import Api
+from memrec.terms.events import Kind
+from memrec.terms.events import Marker
 from memrec.trace.model import Trace
 from tests.unit.daemon_fakes import raw
 from tests.utils import MiB

@@ -51,7 +51,7 @@ def test_the_packed_spec_cuts_to_the_size():
 @pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler to assemble the stub libc10_cuda.so")
 def test_notes_of_the_stub_library(tmp_path):
     # GIVEN the stub libc10_cuda.so the BPF tests probe
-    from memrec.stubdriver.build import build_torch_stub
+    from memrec.validation.stubdriver.build import build_torch_stub
 
     lib = build_torch_stub(tmp_path)
     fd = os.open(lib, os.O_RDONLY)
@@ -118,7 +118,7 @@ def test_pytorch_21_whose_malloc_fires_before_the_allocation_is_refused():
 def test_doctor_says_which_pytorch_installs_give_tensor_blocks(tmp_path):
     # GIVEN an install with the probes and one without (a plain library of the same name)
     from memrec.commands.doctor import check_torch
-    from memrec.stubdriver.build import build_torch_stub
+    from memrec.validation.stubdriver.build import build_torch_stub
 
     good = build_torch_stub(tmp_path / "good")
     plain = tmp_path / "plain" / "libc10_cuda.so"

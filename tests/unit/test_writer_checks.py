@@ -11,10 +11,10 @@ import time
 import numpy as np
 import pytest
 
-from memrec.events import MAX_CMDLINE_ARGS
-from memrec.events import Kind
-from memrec.events import Marker
-from memrec.events import ProcessInfo
+from memrec.terms.events import MAX_CMDLINE_ARGS
+from memrec.terms.events import Kind
+from memrec.terms.events import Marker
+from memrec.terms.events import ProcessInfo
 from memrec.probes.procinfo import MAX_CMDLINE_BYTES
 from memrec.trace import format as fmt
 from memrec.trace.reader import load_trace

@@ -34,7 +34,7 @@ from textual.widgets import Tab
 from textual.widgets import Tabs
 
 from memrec.analysis.diff.build import Verdict
-from memrec.events import OWNED_CATEGORIES
+from memrec.terms.events import OWNED_CATEGORIES
 from memrec.tui import messages
 from memrec.tui.filters import EventFilter
 from memrec.tui.filters import parse_filter
@@ -60,7 +60,7 @@ from memrec.tui.widgets.timeline import CONSOLE_GLYPHS
 from memrec.tui.widgets.timeline import TimelineGraph
 from memrec.tui.widgets.timeline import TimelineOptions
 from memrec.tui.widgets.timeline import glyphs_for
-from memrec.units import fmt_at
+from memrec.terms.units import fmt_at
 
 OVERVIEW = "overview"
 

@@ -18,11 +18,11 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Static
 
-from memrec._untrusted import clean_text
+from memrec.base.untrusted import clean_text
 from memrec.trace.stacks import Frame
 from memrec.trace.stacks import Unavailable
 from memrec.tui.views import StackView
-from memrec.units import fmt_bytes
+from memrec.terms.units import fmt_bytes
 
 
 def frame_text(frame: Frame) -> str:

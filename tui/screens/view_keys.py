@@ -16,7 +16,7 @@ from textual.widgets import Input
 
 from memrec.tui.navigation import JUMP_NAMES
 from memrec.tui.navigation import jump
-from memrec.units import fmt_at
+from memrec.terms.units import fmt_at
 from memrec.tui.widgets.panels import EventsTable
 from memrec.tui.widgets.panels import HoldersTable
 from memrec.tui.widgets.timeline import GUTTER

@@ -14,12 +14,12 @@ from textual.widgets import DataTable
 from textual.widgets import Static
 
 from memrec.engine.phases import NO_PHASE
-from memrec.events import CATEGORIES
-from memrec.events import UNTRACED_HEADINGS
-from memrec.events import UNTRACED_SPLIT
-from memrec.events import GpuInfo
-from memrec.events import OWNED
-from memrec.events import cu_result_name
+from memrec.terms.events import CATEGORIES
+from memrec.terms.events import UNTRACED_HEADINGS
+from memrec.terms.events import UNTRACED_SPLIT
+from memrec.terms.events import GpuInfo
+from memrec.terms.events import OWNED
+from memrec.terms.events import cu_result_name
 from memrec.tui.filters import KIND_NAMES
 from memrec.tui.navigation import Landing
 from memrec.tui.store import EventRows
@@ -30,9 +30,9 @@ from memrec.tui.widgets.timeline import UNICODE_GLYPHS
 from memrec.tui.widgets.timeline import Glyphs
 from memrec.tui.widgets.timeline import LAYER_COLOURS
 from memrec.tui.widgets.timeline import NVML_COLOUR
-from memrec.units import fmt_bytes
-from memrec.units import fmt_at
-from memrec.units import fmt_dur
+from memrec.terms.units import fmt_bytes
+from memrec.terms.units import fmt_at
+from memrec.terms.units import fmt_dur
 
 HOLDER_VIEWS = ("process", "phase", "largest", "category", "context", "untraced", "tensors")
 
@@ -267,7 +267,7 @@ class HoldersTable(DataTable):
             self._show_diff(st, other)
             return
         if v == "process":
-            # the categories (memrec.events' table) someone holds here, no column of zeros; one
+            # the categories (memrec.terms.events' table) someone holds here, no column of zeros; one
             # owned category alone is the "owned" column already
             held = [c for c in CATEGORIES if any(cats.get(c, 0) for _, _, cats, _ in st.by_process)]
             if len([c for c in held if c in OWNED]) < 2:

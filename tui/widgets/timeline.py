@@ -31,15 +31,15 @@ from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget
 
-from memrec.events import ARRAY
-from memrec.events import DRIVER
-from memrec.events import HOST_PINNED
-from memrec.events import IPC_MAPPED
-from memrec.events import VMM
+from memrec.terms.events import ARRAY
+from memrec.terms.events import DRIVER
+from memrec.terms.events import HOST_PINNED
+from memrec.terms.events import IPC_MAPPED
+from memrec.terms.events import VMM
 from memrec.tui.views import PhaseSpan
 from memrec.tui.views import SeriesView
-from memrec.units import fmt_bytes
-from memrec.units import fmt_at
+from memrec.terms.units import fmt_bytes
+from memrec.terms.units import fmt_at
 
 #: Layers bottom to top: (name, colour (a 256-colour palette entry), no-colour character). In 16
 #: colours: bright blue, bright green, yellow, magenta, bright black, cyan.

@@ -63,13 +63,13 @@ from memrec.analysis.diff.related import identity
 from memrec.analysis.diff.related import relate
 from memrec.analysis.sglang.windows import KvWindow
 from memrec.analysis.sglang.windows import MAPPED
-from memrec.ranks import format_rank
+from memrec.terms.ranks import format_rank
 from memrec.analysis.sglang.windows import kv_windows
-from memrec.ranks import marker_ranks
-from memrec.ranks import process_info_ranks
+from memrec.terms.ranks import marker_ranks
+from memrec.terms.ranks import process_info_ranks
 from memrec.analysis.sglang.windows import rank_gpus
-from memrec.ranks import rank_sort_key
-from memrec.ranks import shown_dims
+from memrec.terms.ranks import rank_sort_key
+from memrec.terms.ranks import shown_dims
 from memrec.analysis.report.tensors import tensor_section
 from memrec.analysis.sites import SitesSection
 from memrec.analysis.sites import sites_section
@@ -77,13 +77,13 @@ from memrec.analysis.sites_diff import diff_sites
 from memrec.analysis.text import human
 from memrec.analysis.text import signed_human
 from memrec.engine.journal import Journal
-from memrec.events import CUDA_ERROR_OUT_OF_MEMORY
-from memrec.events import OWNED
+from memrec.terms.events import CUDA_ERROR_OUT_OF_MEMORY
+from memrec.terms.events import OWNED
 from memrec.engine.replay import build_timeline
 from memrec.analysis.untraced.diff import split_by_rank
 from memrec.analysis.untraced.diff import untraced_rows
-from memrec.columns import failed_calls
-from memrec.events import CATEGORIES
+from memrec.terms.columns import failed_calls
+from memrec.terms.events import CATEGORIES
 from memrec.state.batch import Batch
 
 DIFF_VERSION = 1

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from dataclasses import field
 from typing import TYPE_CHECKING
 
-from memrec._untrusted import clean_text
+from memrec.base.untrusted import clean_text
 from memrec.analysis.sites import Site
 from memrec.analysis.text import human
 from memrec.analysis.untraced.split import EXPLAINED_SHARE_MIN

@@ -52,15 +52,15 @@ from memrec.analysis.sglang.section import has_sglang_markers
 from memrec.analysis.report.tensors import tensor_section
 from memrec.analysis.sites import sites_section
 from memrec.analysis.text import seconds
-from memrec.ranks import pid_labels
+from memrec.terms.ranks import pid_labels
 from memrec.engine.replay import Timeline
 from memrec.engine.replay import build_timeline
 from memrec.engine.replay import state_at
-from memrec.columns import failed_calls
-from memrec.events import Kind
+from memrec.terms.columns import failed_calls
+from memrec.terms.events import Kind
 from memrec.state import LiveState
 from memrec.state.batch import Batch
-from memrec.trace.merge import merged_summary
+from memrec.analysis.merge_text import merged_summary
 
 REPORT_VERSION = 1
 #: How many holders' largest allocations the snapshot at a failed call lists, and how many on the GPU.

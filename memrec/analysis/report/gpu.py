@@ -25,8 +25,8 @@ from memrec.analysis.report.model import ProcessEntry
 from memrec.analysis.text import seconds
 from memrec.engine.phases import Phases
 from memrec.engine.series import GpuSeries
-from memrec.events import CATEGORIES
-from memrec.events import OWNED
+from memrec.terms.events import CATEGORIES
+from memrec.terms.events import OWNED
 
 #: Process exit records list this many largest pieces still held.
 EXIT_LARGEST = 3

@@ -26,7 +26,7 @@ import numpy as np
 
 from memrec.analysis.text import seconds
 from memrec.engine.phases import Phases
-from memrec.events import Kind
+from memrec.terms.events import Kind
 from memrec.state.tensors import T_ALLOC
 from memrec.state.tensors import T_FREE
 from memrec.state.tensors import TRACKED_KINDS

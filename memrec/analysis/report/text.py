@@ -33,8 +33,8 @@ from memrec.analysis.text import table
 from memrec.analysis.untraced.split import SPLIT
 from memrec.analysis.untraced.split import SPLIT_HEADINGS
 from dataclasses import replace
-from memrec.events import CATEGORIES
-from memrec.trace.merge import render_merged
+from memrec.terms.events import CATEGORIES
+from memrec.analysis.merge_text import render_merged
 
 _CATEGORY_NOTE = {
     "driver": "cuMemAlloc*",

@@ -24,8 +24,8 @@ from memrec.engine.phases import NO_PHASE
 from memrec.engine.phases import Phases
 from memrec.client import DROP_REASONS
 from memrec.client import DROPPED_MARKER
-from memrec.events import CUDA_ERROR_OUT_OF_MEMORY
-from memrec.events import Kind
+from memrec.terms.events import CUDA_ERROR_OUT_OF_MEMORY
+from memrec.terms.events import Kind
 from memrec.analysis.text import scalar
 from memrec.state.batch import Batch
 

@@ -24,7 +24,7 @@ GiB floats here too, under SGLang's names (``pre_model_load_memory``, ``availabl
 ``rest_memory``, ``weight_load_mem_usage``). Fields ending in ``_bytes`` are bytes; ``_gib``
 fields are GiB computed by memrec. ``cell_size`` is bytes of KV per token (all layers).
 
-Everything here is a pure function of markers (:class:`memrec.events.Marker`): no trace file,
+Everything here is a pure function of markers (:class:`memrec.terms.events.Marker`): no trace file,
 no numpy. ``compare_budgets`` is the logic behind ``memrec diff``'s KV section.
 """
 
@@ -37,7 +37,7 @@ from dataclasses import field
 from typing import Any
 from typing import Iterable
 
-from memrec.events import Marker
+from memrec.terms.events import Marker
 
 #: Bytes in the "GB" SGLang prints (it divides by 1 << 30).
 GIB = 1 << 30

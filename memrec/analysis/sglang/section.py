@@ -15,7 +15,7 @@ journal. For every scheduler process (a TP/PP/DP rank):
   (memory taken there lowers ``rest`` one for one), and, when sizing failed, the error SGLang
   raised and which phases' allocations made the difference.
 
-Ranks come from the markers' ``tp_rank`` / ``pp_rank`` / ``dp_rank`` (:mod:`memrec.ranks`).
+Ranks come from the markers' ``tp_rank`` / ``pp_rank`` / ``dp_rank`` (:mod:`memrec.terms.ranks`).
 ``memrec diff`` (:mod:`memrec.analysis.diff.build`) uses the same windows (:mod:`memrec.analysis.sglang.windows`).
 
 Pure: takes the trace's markers, :class:`~memrec.engine.phases.Phases` and the replay's
@@ -49,14 +49,14 @@ from memrec.analysis.sglang.facts import oom_line
 from memrec.analysis.sglang.facts import ooms_after_sizing
 from memrec.analysis.sglang.facts import process_contexts
 from memrec.analysis.sglang.facts import torch_reserved_delta
-from memrec.events import OWNED
+from memrec.terms.events import OWNED
 from memrec.engine.journal import Journal
-from memrec.events import CATEGORIES
-from memrec.events import Marker
-from memrec.ranks import format_rank
-from memrec.ranks import marker_ranks
-from memrec.ranks import rank_sort_key
-from memrec.ranks import shown_dims
+from memrec.terms.events import CATEGORIES
+from memrec.terms.events import Marker
+from memrec.terms.ranks import format_rank
+from memrec.terms.ranks import marker_ranks
+from memrec.terms.ranks import rank_sort_key
+from memrec.terms.ranks import shown_dims
 from memrec.analysis.sglang.model import RankBudget
 from memrec.analysis.sglang.model import RankError
 from memrec.analysis.sglang.model import SglangPhase

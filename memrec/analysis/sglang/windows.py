@@ -25,10 +25,10 @@ from memrec.engine.group import group_sum
 from memrec.engine.journal import Journal
 from memrec.engine.phases import NO_PHASE
 from memrec.engine.phases import Phases
-from memrec.events import CATEGORIES
-from memrec.events import OWNED
-from memrec.events import Marker
-from memrec.ranks import rank_labels
+from memrec.terms.events import CATEGORIES
+from memrec.terms.events import OWNED
+from memrec.terms.events import Marker
+from memrec.terms.ranks import rank_labels
 
 WEIGHTS = "load_weights"
 MAPPED = "ipc_mapped"

@@ -58,8 +58,8 @@ from memrec.analysis.untraced.split import contexts
 from memrec.analysis.untraced.split import pool_held
 from memrec.analysis.untraced.split import explained_share
 from memrec.analysis.untraced.split import split_process
-from memrec.events import Kind
-from memrec.events import OWNED
+from memrec.terms.events import Kind
+from memrec.terms.events import OWNED
 
 #: Steps listed per process in a summary (the largest first); the totals hold every step.
 MAX_STEPS = 12

@@ -77,15 +77,15 @@ from typing import Iterable
 import numpy as np
 
 from memrec.analysis.names import api_name
-from memrec.events import CU_LIMIT_STACK_SIZE
-from memrec.events import FLAG_NAME
-from memrec.events import GRANULE
-from memrec.events import MEMPOOL_ATTR_RELEASE_THRESHOLD
-from memrec.events import STREAM_ORDERED_APIS
-from memrec.events import UNTRACED_HEADINGS
-from memrec.events import UNTRACED_SPLIT
-from memrec.events import Api
-from memrec.events import Kind
+from memrec.terms.events import CU_LIMIT_STACK_SIZE
+from memrec.terms.events import FLAG_NAME
+from memrec.terms.events import GRANULE
+from memrec.terms.events import MEMPOOL_ATTR_RELEASE_THRESHOLD
+from memrec.terms.events import STREAM_ORDERED_APIS
+from memrec.terms.events import UNTRACED_HEADINGS
+from memrec.terms.events import UNTRACED_SPLIT
+from memrec.terms.events import Api
+from memrec.terms.events import Kind
 
 #: The columns of the split, in the order the report shows them, and their headings.
 SPLIT = UNTRACED_SPLIT

@@ -1,6 +1,6 @@
 """Multi-GPU workloads for the validation on hosts with several GPUs.
 
-Run as ``python -m memrec.gpu.multi_gpu SCENARIO --facts OUT.json [--world N]``; each writes
+Run as ``python -m memrec.validation.gpu.multi_gpu SCENARIO --facts OUT.json [--world N]``; each writes
 what it did (pids, the physical GPU each process used, PyTorch's segment history, handle bytes)
 so the tests can check memrec's recording of the same run.
 
@@ -27,7 +27,7 @@ import os
 import socket
 import sys
 
-from memrec._files import create_file
+from memrec.base.files import create_file
 
 MiB = 2**20
 BUFFER = 24 * MiB + 4096  # distinctive

@@ -15,7 +15,7 @@ from dataclasses import field
 
 import numpy as np
 
-from memrec.events import Kind
+from memrec.terms.events import Kind
 
 
 @dataclass

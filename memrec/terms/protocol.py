@@ -32,16 +32,17 @@ from __future__ import annotations
 
 import os
 import struct
-from memrec import TYPE_CHECKING
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see memrec.TYPE_CHECKING)
 
 if TYPE_CHECKING:  # typing only for the checker: `memrec mark` imports this (see memrec.TYPE_CHECKING)
     import socket
     from typing import Any
 
-from memrec._untrusted import MAX_DEPTH
-from memrec._untrusted import clean_text
-from memrec._untrusted import short_repr
-from memrec._untrusted import too_deep
+from memrec.base.untrusted import MAX_DEPTH
+from memrec.base.untrusted import clean_text
+from memrec.base.untrusted import short_repr
+from memrec.base.untrusted import too_deep
 
 #: The socket the daemon listens on, unless ``MEMREC_SOCKET`` names another.
 DEFAULT_SOCKET = "/run/memrec/memrec.sock"

@@ -16,7 +16,7 @@ Three dangers, one place each:
 
 from __future__ import annotations
 
-from memrec import TYPE_CHECKING
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see memrec.TYPE_CHECKING)
 
 if TYPE_CHECKING:  # typing only for the checker: `memrec mark` imports this (see memrec.TYPE_CHECKING)
     from typing import Any
@@ -106,7 +106,7 @@ def too_deep(value: Any, max_depth: int = MAX_DEPTH) -> bool:
 
 
 def clean_marker(marker: Any) -> Any:
-    """A :class:`~memrec.events.Marker` with its name and text values made safe to print."""
+    """A :class:`~memrec.terms.events.Marker` with its name and text values made safe to print."""
     # Imported here: dataclasses (with inspect and ast) costs milliseconds of `memrec mark`'s
     # start-up, which reaches this module through the protocol and never calls this.
     import dataclasses

@@ -38,7 +38,7 @@ def extra_requirements(extra: str) -> list[str]:
 
 def _constraints() -> Path | None:
     """``constraints.txt`` of the clone this memrec runs from (an editable install), else None."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     path = root / "constraints.txt"
     return path if path.is_file() and (root / "pyproject.toml").is_file() else None
 

@@ -2,7 +2,7 @@
 
 Pure functions, so ``memrec selftest`` on a GPU host and the unit tests here share the same
 checks. A fact is one JSON object a workload printed per driver call (see
-:mod:`memrec.gpu.driver_calls`); it matches exactly one recorded event of the same process, API
+:mod:`memrec.validation.gpu.driver_calls`); it matches exactly one recorded event of the same process, API
 and arguments.
 """
 
@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from memrec.events import FLAG_IPC_BYTES
-from memrec.events import Api
-from memrec.events import Kind
+from memrec.terms.events import FLAG_IPC_BYTES
+from memrec.terms.events import Api
+from memrec.terms.events import Kind
 
 #: Fact "call" → (event kind, the fact fields that must equal the event's columns).
 _EXPECTED: dict[str, tuple[Kind, tuple[str, ...]]] = {

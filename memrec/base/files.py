@@ -17,10 +17,22 @@ opened one component at a time (:func:`open_folder`), each relative to the one b
 rather than only in sticky folders. The file is then created relative to that folder's descriptor,
 so swapping a component for a link after the check changes nothing. A test scans every module
 for another way of writing a file (``tests/unit/test_outputs_guarded.py``).
+
+One policy for every file and folder memrec writes, whoever runs it:
+
+- the file itself is never a link: it is created ``O_EXCL | O_NOFOLLOW`` (:func:`create_new`,
+  :func:`create_file`, :func:`create_in`); ``replace`` unlinks an existing *regular* file first
+  and refuses a link or anything else there;
+- every folder on the way is reached one component at a time (:func:`open_folder`, also when
+  it makes the missing ones: ``create``, ``parents``, :func:`make_folder`). In the path the
+  caller gave, a symbolic link is followed only when its owner is the caller or root, and
+  refused (ELOOP) otherwise; the folders memrec names itself below it (the dataset's table,
+  host and day folders: ``names``) are never links: a link there is refused, whoever owns it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -37,29 +49,53 @@ def _trusted_link_owner(uid: int) -> bool:
     return uid in (0, os.geteuid())
 
 
-def open_folder(path: str | os.PathLike[str]) -> int:
-    """A descriptor (``O_DIRECTORY``) of the folder ``path``, reached without following a link
-    that another user owns (see the module docstring). The caller closes it.
+def open_folder(path: str | os.PathLike[str], *names: str, create: bool = False, parents: bool = False,
+                mode: int = 0o777) -> int:
+    """A descriptor (``O_DIRECTORY``) of the folder ``path``/``names[0]``/``names[1]``/..., reached
+    one component at a time by the one policy of the module docstring: in ``path`` a link is
+    followed only when the caller or root owns it; ``names`` are never links. The caller closes it.
+
+    Args:
+        names: folders below ``path`` that memrec names itself (each one component).
+        create: make each of ``names`` that is missing (``mkdir`` relative to the folder above,
+            ``mode``, the umask applies).
+        parents: make the missing components of ``path`` too.
 
     Raises:
-        OSError: a component is missing (ENOENT), not a folder (ENOTDIR), a link owned by another
-            user (ELOOP, with a one-line ``strerror`` that says so), or cannot be searched.
+        OSError: a component is missing (ENOENT) and not to be made, not a folder (ENOTDIR), a
+            link owned by another user (ELOOP, with a one-line ``strerror`` that says so), or
+            cannot be searched or made.
     """
     text = os.fspath(path) or "."
-    pending = [part for part in text.split("/") if part not in ("", ".")]
+    for name in names:
+        if not name or "/" in name or name in (".", ".."):
+            raise OSError(errno.EINVAL, f"{name!r} is not one folder name", text)
+    #: (name, whether to make it when missing, whether it is one of memrec's own: never a link)
+    pending = [(part, parents, False) for part in text.split("/") if part not in ("", ".")]
+    pending += [(name, create, True) for name in names]
     fd = os.open("/" if text.startswith("/") else ".", _DIR_FLAGS)
     links = 0
     try:
         while pending:
-            name = pending.pop(0)
+            name, make, own = pending.pop(0)
             try:
                 nxt = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                if not make:
+                    raise OSError(errno.ENOENT, "No such file or directory", text) from None
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(name, mode, dir_fd=fd)
+                pending.insert(0, (name, False, own))  # open what is there now, by the same rule
+                continue
             except OSError as error:
                 if error.errno not in (errno.ELOOP, errno.ENOTDIR):
                     raise OSError(error.errno, error.strerror, text) from None
                 st = os.lstat(name, dir_fd=fd)
                 if not stat.S_ISLNK(st.st_mode):
                     raise OSError(errno.ENOTDIR, "a component of the path is not a folder", text) from None
+                if own:
+                    raise OSError(errno.ELOOP, f"{name!r} is a symbolic link; memrec never writes through one "
+                                  "in a folder it names itself", text) from None
                 if not _trusted_link_owner(st.st_uid):
                     raise OSError(errno.ELOOP, f"{name!r} is a symbolic link owned by uid {st.st_uid}, another user; "
                                   "memrec does not write through it", text) from None
@@ -67,7 +103,7 @@ def open_folder(path: str | os.PathLike[str]) -> int:
                 if links > _MAX_LINKS:
                     raise OSError(errno.ELOOP, "too many levels of symbolic links", text) from None
                 target = os.readlink(name, dir_fd=fd)
-                pending[:0] = [part for part in target.split("/") if part not in ("", ".")]
+                pending[:0] = [(part, False, False) for part in target.split("/") if part not in ("", ".")]
                 if target.startswith("/"):
                     nxt = os.open("/", _DIR_FLAGS)
                 else:
@@ -121,12 +157,21 @@ def create_new(path: str | os.PathLike[str], mode: int = 0o666, *, replace: bool
         raise OSError(errno.EISDIR, "is a folder; give a file name", text)
     dir_fd = open_folder(folder)
     try:
-        return _create_in(dir_fd, name, text, mode, replace)
+        return create_in(dir_fd, name, mode, replace=replace, shown=text)
     finally:
         os.close(dir_fd)
 
 
-def _create_in(dir_fd: int, name: str, text: str, mode: int, replace: bool) -> tuple[int, bool]:
+def create_in(dir_fd: int, name: str, mode: int = 0o666, *, replace: bool = False,
+              shown: str | None = None) -> tuple[int, bool]:
+    """:func:`create_new` of ``name`` in the folder ``dir_fd`` (from :func:`open_folder`):
+    ``(fd, replaced)``. ``shown``: the path errors name (default ``name``).
+
+    Raises:
+        FileExistsError: something (a file, a link) is there and ``replace`` is false.
+        OSError: as :func:`create_new`.
+    """
+    text = name if shown is None else shown
     try:
         return os.open(name, _FLAGS, mode, dir_fd=dir_fd), False
     except FileExistsError:
@@ -150,6 +195,24 @@ def _create_in(dir_fd: int, name: str, text: str, mode: int, replace: bool) -> t
         raise OSError(error.errno, error.strerror, text) from None
 
 
+def append_in(dir_fd: int, name: str, mode: int = 0o666) -> int:
+    """A descriptor that appends to the regular file ``name`` in ``dir_fd``, created exclusively
+    when missing (a log, a ledger); never through a link (``O_NOFOLLOW``: ELOOP).
+
+    Raises:
+        OSError: ``name`` is a link (ELOOP) or not a regular file, or cannot be opened or created.
+    """
+    try:
+        fd = os.open(name, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return create_in(dir_fd, name, mode)[0]
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or a device: O_NONBLOCK kept the open from hanging
+        os.close(fd)
+        raise OSError(errno.EEXIST, "it exists and is not a regular file", name)
+    os.set_blocking(fd, True)
+    return fd
+
+
 def create_file(path: str | os.PathLike[str], *, text: bool = False, replace: bool = False) -> IO:
     """:func:`create_new` as an open file object (binary, or text with ``newline=""`` for csv):
     what an exporter, ``pickle.dump``, pyarrow or matplotlib's ``savefig`` writes into."""
@@ -170,13 +233,11 @@ def make_folder(path: str | os.PathLike[str]) -> None:
     """
     text = os.fspath(path)
     parent, name = os.path.split(text.rstrip("/") or "/")
-    dir_fd = open_folder(parent)
+    dir_fd = open_folder(parent)  # the caller's path: its links by the caller's rule, not "never"
     try:
         if name:
-            try:
+            with contextlib.suppress(FileExistsError):
                 os.mkdir(name, 0o777, dir_fd=dir_fd)
-            except FileExistsError:
-                pass
     finally:
         os.close(dir_fd)
     os.close(open_folder(text))
@@ -207,43 +268,3 @@ def remove_old(path: str | os.PathLike[str]) -> bool:
         return True
     finally:
         os.close(dir_fd)
-
-
-def make_folders(path: str | os.PathLike[str], *names: str, mode: int = 0o755) -> int:
-    """A descriptor of ``path``/``names[0]``/``names[1]``/..., creating the missing folders; never
-    through a symbolic link at ``path`` itself or at any of ``names``.
-
-    A tree of folders written by root (the daemon's dataset) may sit where a user can write: each
-    level is made with ``mkdir(name, dir_fd=...)`` and opened with ``O_NOFOLLOW``, so a link
-    planted at any level is refused (ELOOP or ENOTDIR) instead of followed. ``path`` is made with
-    its parents when missing (its parents are the caller's choice).
-    """
-    try:
-        os.mkdir(path, mode)
-    except FileExistsError:
-        pass
-    except FileNotFoundError:
-        os.makedirs(path, mode, exist_ok=True)
-    fd = os.open(path, _DIR_FLAGS)
-    try:
-        for name in names:
-            try:
-                os.mkdir(name, mode, dir_fd=fd)
-            except FileExistsError:
-                pass
-            sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
-            os.close(fd)
-            fd = sub
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def create_new_in(dir_fd: int, name: str, mode: int = 0o644) -> int:
-    """Create ``name`` in the folder ``dir_fd`` for writing (``O_EXCL | O_NOFOLLOW``); its fd.
-
-    Raises:
-        FileExistsError: something (a file, a link) is already there.
-    """
-    return os.open(name, _FLAGS, mode, dir_fd=dir_fd)

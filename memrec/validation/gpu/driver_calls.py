@@ -1,6 +1,6 @@
 """A scripted set of real driver calls of distinctive sizes, for ``memrec selftest``.
 
-Run as ``python -m memrec.gpu.driver_calls [--device N]``. Every call is made through cuda-python
+Run as ``python -m memrec.validation.gpu.driver_calls [--device N]``. Every call is made through cuda-python
 (``cuda.bindings.driver``), so it reaches ``libcuda.so.1`` exactly as PyTorch and SGLang do. The
 script prints one JSON object per call on stdout (the *facts*): what it called, with which
 arguments, what the driver returned and in which process, so the selftest can check that the
@@ -119,7 +119,7 @@ def run_exporter(ordinal: int) -> None:
     _emit(call="cuIpcGetMemHandle", ptr=int(ptr), ipc=raw.hex(), result=0)
     # The importer prints its own facts to our stdout.
     subprocess.run(
-        [sys.executable, "-m", "memrec.gpu.driver_calls", "--device", str(ordinal), "--import", raw.hex()],
+        [sys.executable, "-m", "memrec.validation.gpu.driver_calls", "--device", str(ordinal), "--import", raw.hex()],
         check=True,
     )
     _check(cu.cuMemFree(ptr), "cuMemFree")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import socket
 from collections.abc import Iterator
 
-from memrec import protocol
-from memrec._errors import ExitCode
-from memrec._errors import MemrecCommandError
+from memrec.terms import protocol
+from memrec.base.errors import ExitCode
+from memrec.base.errors import MemrecCommandError
 from memrec.trace.frames import MAX_SUBSCRIBER_FRAME
 from memrec.trace.frames import FrameDecoder
 

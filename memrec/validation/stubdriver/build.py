@@ -17,9 +17,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from memrec._errors import ExitCode
-from memrec._errors import MemrecCommandError
-from memrec._files import create_file
+from memrec.base.errors import ExitCode
+from memrec.base.errors import MemrecCommandError
+from memrec.base.files import create_file
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class StubBuildError(MemrecCommandError):
 
 def stub_source() -> bytes:
     """Return the packaged C source of the stub driver."""
-    return importlib.resources.files("memrec.stubdriver").joinpath(SOURCE_NAME).read_bytes()
+    return importlib.resources.files("memrec.validation.stubdriver").joinpath(SOURCE_NAME).read_bytes()
 
 
 def source_hash(source: bytes | None = None) -> str:
@@ -171,7 +171,7 @@ def build_torch_stub(dest_dir: str | os.PathLike[str], nop5: bool = False) -> Pa
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=".build-") as tmp:
         src = Path(tmp) / TORCH_SOURCE_NAME
         with create_file(src) as f:  # (in a private folder of its own)
-            f.write(importlib.resources.files("memrec.stubdriver").joinpath(TORCH_SOURCE_NAME).read_bytes())
+            f.write(importlib.resources.files("memrec.validation.stubdriver").joinpath(TORCH_SOURCE_NAME).read_bytes())
         tmp_lib = Path(tmp) / TORCH_LIBRARY_NAME
         cmd = [compiler, "-shared", "-fPIC", *(["-DNOP5"] if nop5 else []), "-o", str(tmp_lib), str(src)]
         try:

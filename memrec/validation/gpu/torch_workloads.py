@@ -1,6 +1,6 @@
 """PyTorch workloads recorded by memrec and by PyTorch's own memory history at the same time.
 
-Run as ``python -m memrec.gpu.torch_workloads SCENARIO --facts OUT.json``. Each scenario makes
+Run as ``python -m memrec.validation.gpu.torch_workloads SCENARIO --facts OUT.json``. Each scenario makes
 PyTorch allocate, free, map and share memory, and writes PyTorch's own account of it (the
 ``segment_*`` actions of ``torch.cuda.memory._record_memory_history``) plus the process ids to
 OUT.json, so the validation can check each segment against what memrec recorded.
@@ -18,7 +18,7 @@ import json
 import os
 import sys
 
-from memrec._files import create_file
+from memrec.base.files import create_file
 
 MiB = 2**20
 

@@ -1,6 +1,6 @@
 """The stub driver behind ctypes, one method per driver call, recording a fact per call.
 
-Why a module of its own: the workload's scenarios (:mod:`memrec.stubdriver.workload`) and tests
+Why a module of its own: the workload's scenarios (:mod:`memrec.validation.stubdriver.workload`) and tests
 that drive the stub from a small script of their own share it. The ctypes structures and
 signatures follow cuda.h exactly (``/usr/local/cuda/include/cuda.h``), so the probes read every
 argument where the real driver has it; libffi's calls follow the SysV ABI, so the 64-byte

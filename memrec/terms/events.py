@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass
 from dataclasses import field
 
-from memrec._cu_results import CU_RESULT_NAMES
+from memrec.terms.cu_results import CU_RESULT_NAMES
 
 
 class Kind(enum.IntEnum):

@@ -1,6 +1,6 @@
 """PyTorch workloads whose untraced band memrec must explain: one per row of issue 12's table.
 
-Run as ``python -m memrec.gpu.untraced_workloads SCENARIO [--facts OUT.json]``. Each scenario
+Run as ``python -m memrec.validation.gpu.untraced_workloads SCENARIO [--facts OUT.json]``. Each scenario
 makes the driver take memory that no allocation call accounts for (a context, device code,
 a stream-ordered pool's reserve) and then idles long enough for NVML's per-process samples to
 see the final state (the recorder samples every process at 1 Hz, and around each step). With
@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 
-from memrec._files import create_file
+from memrec.base.files import create_file
 
 MiB = 2**20
 #: Long enough for two 1 Hz NVML samples after the last step.

@@ -9,7 +9,7 @@ sends the same markers the memrec SGLang hooks send, with the values SGLang woul
     -> kv_budget (rest = available - pre * (1 - mem_fraction_static), SGLang's formula)
     -> kv_pool -> cuda_graph_capture
 
-Run as ``python -m memrec.gpu.sglang_standin [--ipc] --tp 2``. Every rank runs on GPU
+Run as ``python -m memrec.validation.gpu.sglang_standin [--ipc] --tp 2``. Every rank runs on GPU
 ``rank % device_count`` (on a one-GPU host all ranks share it, which the docs say). With
 ``--ipc`` each rank allocates a shared buffer after the baseline and opens every peer's buffer
 by CUDA IPC (through torch.multiprocessing), the way a lazily created custom all-reduce

@@ -12,7 +12,7 @@ from typing import Iterable
 
 import numpy as np
 
-from memrec.events import Marker
+from memrec.terms.events import Marker
 
 #: (short name, marker value) of each rank dimension, in display order.
 RANK_DIMS = (("dp", "dp_rank"), ("pp", "pp_rank"), ("tp", "tp_rank"))

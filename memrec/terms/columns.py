@@ -1,13 +1,13 @@
-"""numpy views of the event columns declared in :mod:`memrec.events`."""
+"""numpy views of the event columns declared in :mod:`memrec.terms.events`."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from memrec.events import CUDA_ERROR_OUT_OF_MEMORY
-from memrec.events import EVENT_COLUMNS
-from memrec.events import QUIET_FAILURE_KINDS
-from memrec.events import RAW_COLUMNS
+from memrec.terms.events import CUDA_ERROR_OUT_OF_MEMORY
+from memrec.terms.events import EVENT_COLUMNS
+from memrec.terms.events import QUIET_FAILURE_KINDS
+from memrec.terms.events import RAW_COLUMNS
 
 #: One raw record as the BPF program writes it (payload of a ring-buffer record, 128 bytes).
 RAW_DTYPE = np.dtype(list(RAW_COLUMNS))

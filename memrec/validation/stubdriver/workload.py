@@ -1,4 +1,4 @@
-"""A CUDA-driver workload for the stub driver: ``python -m memrec.stubdriver.workload SCENARIO...``.
+"""A CUDA-driver workload for the stub driver: ``python -m memrec.validation.stubdriver.workload SCENARIO...``.
 
 Why it exists: the probe tests and the no-GPU quick start need processes that call the driver
 API the way real programs do (contexts per thread, VMM, IPC across processes, a child with
@@ -26,30 +26,30 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from memrec._errors import MemrecError
-from memrec.stubdriver.driver import CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
-from memrec.stubdriver.driver import CU_MEM_ATTACH_GLOBAL
-from memrec.stubdriver.driver import CU_MEMHOSTALLOC_PORTABLE
-from memrec.stubdriver.driver import CU_MEMHOSTREGISTER_PORTABLE
-from memrec.stubdriver.driver import CU_MEMPOOL_ATTR_RELEASE_THRESHOLD
-from memrec.stubdriver.driver import CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES
-from memrec.stubdriver.driver import CU_AD_FORMAT_FLOAT
-from memrec.stubdriver.driver import CU_LIMIT_MALLOC_HEAP_SIZE
-from memrec.stubdriver.driver import CU_LIMIT_STACK_SIZE
-from memrec.stubdriver.driver import CUDA_ERROR_FILE_NOT_FOUND
-from memrec.stubdriver.driver import CUDA_ERROR_NOT_SUPPORTED
-from memrec.stubdriver.driver import CUDA_ERROR_OUT_OF_MEMORY
-from memrec.stubdriver.driver import GRANULE
-from memrec.stubdriver.driver import IMAGE
-from memrec.stubdriver.driver import POOL
-from memrec.stubdriver.driver import PTX_MODULE
-from memrec.stubdriver.driver import POOL_PTSZ
-from memrec.stubdriver.driver import STREAM
-from memrec.stubdriver.driver import STREAM_PTSZ
-from memrec.stubdriver.driver import Driver
-from memrec.stubdriver.driver import Facts
-from memrec.stubdriver.driver import MiB
-from memrec.stubdriver.driver import WorkloadError
+from memrec.base.errors import MemrecError
+from memrec.validation.stubdriver.driver import CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+from memrec.validation.stubdriver.driver import CU_MEM_ATTACH_GLOBAL
+from memrec.validation.stubdriver.driver import CU_MEMHOSTALLOC_PORTABLE
+from memrec.validation.stubdriver.driver import CU_MEMHOSTREGISTER_PORTABLE
+from memrec.validation.stubdriver.driver import CU_MEMPOOL_ATTR_RELEASE_THRESHOLD
+from memrec.validation.stubdriver.driver import CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES
+from memrec.validation.stubdriver.driver import CU_AD_FORMAT_FLOAT
+from memrec.validation.stubdriver.driver import CU_LIMIT_MALLOC_HEAP_SIZE
+from memrec.validation.stubdriver.driver import CU_LIMIT_STACK_SIZE
+from memrec.validation.stubdriver.driver import CUDA_ERROR_FILE_NOT_FOUND
+from memrec.validation.stubdriver.driver import CUDA_ERROR_NOT_SUPPORTED
+from memrec.validation.stubdriver.driver import CUDA_ERROR_OUT_OF_MEMORY
+from memrec.validation.stubdriver.driver import GRANULE
+from memrec.validation.stubdriver.driver import IMAGE
+from memrec.validation.stubdriver.driver import POOL
+from memrec.validation.stubdriver.driver import PTX_MODULE
+from memrec.validation.stubdriver.driver import POOL_PTSZ
+from memrec.validation.stubdriver.driver import STREAM
+from memrec.validation.stubdriver.driver import STREAM_PTSZ
+from memrec.validation.stubdriver.driver import Driver
+from memrec.validation.stubdriver.driver import Facts
+from memrec.validation.stubdriver.driver import MiB
+from memrec.validation.stubdriver.driver import WorkloadError
 
 # ---- scenarios ------------------------------------------------------------------------------------
 
@@ -382,7 +382,7 @@ class RunContext:
     facts: Facts
 
     def run_child(self, scenario: str, *, role: str, stdin: str | None = None, env: dict | None = None) -> None:
-        cmd = [sys.executable, "-m", "memrec.stubdriver.workload", "--lib", self.lib, "--facts", scenario]
+        cmd = [sys.executable, "-m", "memrec.validation.stubdriver.workload", "--lib", self.lib, "--facts", scenario]
         if self.verbose:
             cmd.insert(-1, "-v")
         child_env = dict(os.environ)
@@ -402,7 +402,7 @@ class RunContext:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m memrec.stubdriver.workload",
+        prog="python -m memrec.validation.stubdriver.workload",
         description="Drive the stub CUDA driver through the scenarios memrec's probes are tested with.",
         epilog="scenarios: " + ", ".join(SCENARIOS) + ", demo (all of them in sequence)",
     )
@@ -429,7 +429,7 @@ def resolve_lib(arg: str | None) -> str:
     env = os.environ.get("MEMREC_STUB_LIB")
     if env:
         return env
-    from memrec.stubdriver.build import build_stub  # only when no library was named
+    from memrec.validation.stubdriver.build import build_stub  # only when no library was named
 
     return str(build_stub())
 

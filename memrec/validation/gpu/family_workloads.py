@@ -1,4 +1,4 @@
-"""Driver-API workloads for issue 21's families: ``python -m memrec.gpu.family_workloads SCENARIO``.
+"""Driver-API workloads for issue 21's families: ``python -m memrec.validation.gpu.family_workloads SCENARIO``.
 
 Why it exists: memrec must put every NVML step of a process on the right family (arrays, context
 limits, graph memory, multicast, module code, context) or call it unexplained. These workloads
@@ -227,7 +227,7 @@ SCENARIOS = {f.__name__: f for f in (arrays, limits, graph, fast_module, fast_co
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m memrec.gpu.family_workloads", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m memrec.validation.gpu.family_workloads", description=__doc__.splitlines()[0])
     parser.add_argument("scenario", choices=sorted(SCENARIOS))
     args = parser.parse_args(argv)
     g = Gpu()
