@@ -1142,7 +1142,8 @@ def test_the_spec_example_reads_the_golden_trace_with_only_msgpack_numpy_and_zst
     example = doc.split("```python\n", 1)[1].split("```", 1)[0]
     assert "import memrec" not in example and "from memrec" not in example
     script = tmp_path / "example.py"
-    script.write_text(example)
+    # (and prints two columns it decoded: the golden's pointers are context-coded in one chunk)
+    script.write_text(example + '\nfor name in ("ptr", "stack"):\n    print(name, *(int(v) for c, _ in events for v in c[name]))\n')
     # WHEN it runs on the golden trace
     out = subprocess.run([sys.executable, str(script), str(GOLDEN)], capture_output=True, text=True, timeout=60)
     # THEN it finds the same events as memrec
@@ -1150,6 +1151,8 @@ def test_the_spec_example_reads_the_golden_trace_with_only_msgpack_numpy_and_zst
     trace = load_trace(GOLDEN)
     assert f"{len(trace.events)} events" in out.stdout
     assert f"{int(trace.events['size'].sum())} bytes" in out.stdout
+    printed = {line.split()[0]: [int(v) for v in line.split()[1:]] for line in out.stdout.splitlines()[1:]}
+    assert printed == {"ptr": trace.events["ptr"].tolist(), "stack": trace.events["stack"].tolist()}
 
 
 def test_gpu_ids_come_from_the_header_the_events_and_the_samples():
