@@ -1,21 +1,29 @@
-"""Regenerate the golden trace ``golden_v2_2.mrec`` and its expected dump ``golden_v2_2.dump.jsonl``.
+"""Regenerate the golden trace ``golden_v2_3.mrec`` and its expected dump ``golden_v2_3.dump.jsonl``.
 
 Run ``python tests/data/make_golden.py`` only when format v2 deliberately changes (a new minor):
 the test suite checks that today's writer still produces these exact bytes and that today's
 reader still decodes them to exactly this dump. Read the diff of the ``.jsonl`` before committing.
-``golden_v1.mrec``, ``golden_v2.mrec`` and ``golden_v2_1.mrec`` (and their dumps) are what this
-script wrote with formats 1, 2.0 and 2.1: they stay as they are, so that the reader keeps reading
-them (their dumps are the same but for the header's version and minor). Format 2.2 added the
-rows, header keys and trailer keys marked "2.2" below; the older files lack them.
+``golden_v1.mrec``, ``golden_v2.mrec``, ``golden_v2_1.mrec`` and ``golden_v2_2.mrec`` (and their
+dumps) are what this script wrote with formats 1, 2.0, 2.1 and 2.2: they stay as they are, so that
+the reader keeps reading them (their dumps are the same lines but for the header's version and
+minor and the later minors' additions; 2.3's chunk size also moves some records among the
+events, and its trace ends later). Format 2.2 added the rows, header keys and trailer keys
+marked "2.2" below, format 2.3 those marked "2.3"; the older files lack them.
 The exact bytes depend on the Zstandard library (pinned in constraints.txt).
 
 The trace is small but holds every record type: two processes (TP0 exports a buffer over CUDA IPC,
 TP1 opens it), driver allocations, a VMM create/map, a failed (out of memory) allocation, NVML
 device and per-process samples, phase markers with SGLang's numbers, a lost-events count, a keyframe,
-and the trailer; events span several chunks (3 rows per chunk). Since 2.2 it also holds one event of
-every kind 30-42 (CUDA arrays, a context limit, graph capture and graph memory, multicast) and 45-46
-(tensor blocks), each GPU's ``resident_threads``, the header's ``recording_id`` and ``probes.torch``
-list, and the daemon's trailer keys (``markers_dropped``, ``processes_expired``, ...).
+and the trailer; events span several chunks. Since 2.2 it also holds one event of every kind 30-42
+(CUDA arrays, a context limit, graph capture and graph memory, multicast) and 45-46 (tensor
+blocks), each GPU's ``resident_threads``, the header's ``recording_id`` and ``probes.torch`` list,
+and the daemon's trailer keys (``markers_dropped``, ``processes_expired``, ...). Since 2.3 the
+events name stacks (``stacks`` records, written before the first chunk that uses them: Python
+frames, a native frame, an unavailable stack, one stack shared by many events) and the header
+lists the interpreters found (``probes.interpreters``); TP0 then allocates and frees a KV cache
+in blocks, enough rows of one process in one chunk that the writer stores the pointers in the
+context transform; and a second keyframe holds that state as today's ``LiveState`` writes it
+(state version 3). 2.2's chunks were 3 rows; 2.3's are 16, so that a chunk can hold that run.
 """
 
 from __future__ import annotations
@@ -37,12 +45,14 @@ from memrec.terms.events import Marker
 from memrec.terms.events import ProcessInfo
 from memrec.state import LiveState
 from memrec.state import alloc_rows
+from memrec.trace.stacks import Frame
+from memrec.trace.stacks import Unavailable
 from memrec.trace.writer import BytesSink
 from memrec.trace.writer import TraceWriter
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-GOLDEN = os.path.join(HERE, "golden_v2_2.mrec")
-GOLDEN_DUMP = os.path.join(HERE, "golden_v2_2.dump.jsonl")
+GOLDEN = os.path.join(HERE, "golden_v2_3.mrec")
+GOLDEN_DUMP = os.path.join(HERE, "golden_v2_3.dump.jsonl")
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -51,6 +61,28 @@ TP0, TP1 = 4242, 4243
 IPC_HANDLE = bytes(range(64))
 TORCH_LIB = {"path": "/opt/venv/lib/python3.11/site-packages/torch/lib/libc10_cuda.so",
              "attached": ["pytorch:malloc", "pytorch:free"], "problem": None}
+INTERPRETER = {"path": "/usr/bin/python3.11", "version": "CPython 3.11", "problem": "", "processes": 2}
+
+# 2.3: the stacks the events name, innermost frame first
+SRT = "/opt/venv/lib/python3.11/site-packages/sglang/srt"
+LOAD_STACK = (
+    Frame(f"{SRT}/model_loader/loader.py", 381, "DefaultModelLoader.load_model"),
+    Frame(f"{SRT}/model_executor/model_runner.py", 612, "ModelRunner.load_model"),
+    Frame(f"{SRT}/managers/scheduler.py", 254, "Scheduler.__init__"),
+)
+OOM_STACK = Unavailable("the thread's memory could not be read")
+TENSOR_STACK = (
+    Frame(TORCH_LIB["path"], 0x4A2F0, "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc",
+          native=True),
+    Frame(f"{SRT}/layers/linear.py", 97, "UnquantizedLinearMethod.create_weights"),
+)
+KV_STACK = (
+    Frame(f"{SRT}/mem_cache/memory_pool.py", 412, "MHATokenToKVPool._create_buffers"),
+    Frame(f"{SRT}/model_executor/model_runner.py", 1210, "ModelRunner.init_memory_pool"),
+)
+#: 2.3: TP0's KV cache blocks (sizes in MiB), allocated one after the other, then freed
+KV_BLOCKS = [2, 4, 2, 6, 2, 4, 8, 2, 4, 2, 6, 2, 2, 4, 8, 2]
+KV_BASE = 0x7F50_0000_0000
 
 HEADER = {
     "host": "golden-host",
@@ -67,6 +99,7 @@ HEADER = {
         "attached": ["cuMemAlloc_v2", "cuMemFree_v2"],
         "missing": ["cuMemAllocAsync_ptsz"],
         "torch": [TORCH_LIB],  # 2.2: the libc10_cuda.so files tried (memrec daemon --tensors)
+        "interpreters": [INTERPRETER],  # 2.3: the Python interpreters found (memrec daemon --stacks)
     },
     "recording_id": "0123456789abcdef",  # 2.2: the dataset's trace_id
     "config": {"follow_tree": False, "nvml_device_hz": 10, "nvml_process_hz": 1},
@@ -114,6 +147,22 @@ def _events() -> np.ndarray:
     return ev
 
 
+def _kv_events() -> np.ndarray:
+    """2.3: TP0 allocates its KV cache blocks end to end, then frees them in the same order."""
+    n = len(KV_BLOCKS)
+    sizes = np.array(KV_BLOCKS, dtype=np.uint64) * np.uint64(MiB)
+    ptrs = np.uint64(KV_BASE) + np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.uint64)
+    ev = empty_events(2 * n)
+    ev["ts"] = T0 + 200 + 2 * np.arange(2 * n, dtype=np.uint64)
+    ev["pid"] = ev["tid"] = TP0
+    ev["kind"] = [Kind.ALLOC] * n + [Kind.FREE] * n
+    ev["api"] = [Api.cuMemAlloc_v2] * n + [Api.cuMemFree_v2] * n
+    ev["ordinal"] = ev["gpu"] = 0
+    ev["ptr"] = np.concatenate([ptrs, ptrs])
+    ev["size"][:n] = sizes
+    return ev
+
+
 def _nvml(ts: int, used0: int) -> np.ndarray:
     s = np.zeros(2, dtype=NVML_DTYPE)
     s["ts"] = ts
@@ -156,12 +205,16 @@ def _marker(ts: int, pid: int, name: str, phase: str, gpu: int, values: dict) ->
 def write_golden(sink: object) -> TraceWriter:
     """Write the golden trace to ``sink`` (a path or a Sink) and return the closed writer."""
     ev = _events()
-    w = TraceWriter(sink, HEADER, max_chunk_rows=3)
+    kv = _kv_events()
+    w = TraceWriter(sink, HEADER, max_chunk_rows=16)
     w.write_process(_process(TP0, T0 + 10, {"tp": 0}))
     w.write_marker(_marker(T0 + 15, TP0, "load_weights", "begin", 0, {"pre_model_load_memory": 139.5}))
+    # 2.3: each stack is interned before the events that name it (its ``stacks`` record precedes them)
+    ev["stack"][1] = w.intern_stack(LOAD_STACK)
     w.write_events(ev[:5])
     w.write_nvml(_nvml(T0 + 55, 2 * GiB + 20 * MiB + 615 * MiB))
     w.write_process(_process(TP1, T0 + 70, {}))
+    ev["stack"][7] = w.intern_stack(OOM_STACK)
     w.write_events(ev[5:8])
     oom = "Not enough memory. Please try to increase --mem-fraction-static."
     w.write_marker(
@@ -179,10 +232,24 @@ def write_golden(sink: object) -> TraceWriter:
     w.write_events(ev[8:11])
     w.write_procmem(_procmem(T0 + 95))
     w.write_marker(_marker(T0 + 105, TP0, "load_weights", "end", 0, {"available_after_weights": 137.0}))
+    ev["stack"][ev["kind"] == Kind.TENSOR_ALLOC] = w.intern_stack(TENSOR_STACK)
     w.write_events(ev[11:])
-    # 2.2: the daemon's trailer keys (counts it keeps while recording) and the torch list again
-    w.close({"end_ts": T0 + 130, "reason": "SIGTERM", "markers_dropped": {"budget": 0, "open_phases": 1, "disk": 0},
-             "processes_expired": 2, "process_reads_refused": 0, "rotations_refused": 0, "torch": [TORCH_LIB]})
+    # 2.3: the KV cache blocks share one stack; their allocations fill one chunk (the flush ends
+    # the one before, as the daemon's do), in which the pointers are stored in context; the
+    # keyframe after them is today's state (version 3: the blocks' pointers as gaps)
+    w.flush()
+    kv["stack"][kv["kind"] == Kind.ALLOC] = w.intern_stack(KV_STACK)
+    half = len(KV_BLOCKS)
+    w.write_events(kv[:half])
+    state.apply(ev[8:].copy())
+    state.apply(kv[:half].copy())
+    w.write_keyframe(T0 + 199 + 2 * half, state.snapshot())
+    w.write_events(kv[half:])
+    # 2.2: the daemon's trailer keys (counts it keeps while recording) and the torch list again;
+    # 2.3: what the daemon's --stacks read
+    w.close({"end_ts": T0 + 270, "reason": "SIGTERM", "markers_dropped": {"budget": 0, "open_phases": 1, "disk": 0},
+             "processes_expired": 2, "process_reads_refused": 0, "rotations_refused": 0, "torch": [TORCH_LIB],
+             "stacks_read": {"interpreters": [INTERPRETER], "resolved": 3, "unavailable": 1, "lost": 0}})
     return w
 
 

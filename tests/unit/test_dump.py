@@ -17,10 +17,10 @@ from memrec.trace import format as fmt
 from memrec.trace.writer import TraceWriter
 
 DATA = pathlib.Path(__file__).resolve().parents[1] / "data"
-GOLDEN = DATA / "golden_v2_2.mrec"
-GOLDEN_DUMP = DATA / "golden_v2_2.dump.jsonl"
-#: (trace, expected dump) for format 2 and for format 1, which must still dump the same
-GOLDENS = [pytest.param(DATA / f"golden_v{v}.mrec", DATA / f"golden_v{v}.dump.jsonl", id=f"v{v}") for v in ("2_2", "2_1", 2, 1)]
+GOLDEN = DATA / "golden_v2_3.mrec"
+GOLDEN_DUMP = DATA / "golden_v2_3.dump.jsonl"
+#: (trace, expected dump) for today's format and the older ones (2.2, 2.1, 2.0, 1), which must still dump the same
+GOLDENS = [pytest.param(DATA / f"golden_v{v}.mrec", DATA / f"golden_v{v}.dump.jsonl", id=f"v{v}") for v in ("2_3", "2_2", "2_1", 2, 1)]
 
 
 @pytest.fixture
@@ -54,9 +54,9 @@ def test_dump_prints_one_line_per_event_with_names_and_hex(main, capsys):
     assert out[0]["type"] == "header" and out[0]["magic"] == fmt.MAGIC
     assert out[-1]["type"] == "trailer"
     events = [line for line in out if line["type"] == "event"]
-    assert len(events) == 26
+    assert len(events) == 58
     # (2.2's kinds by name too)
-    assert [e["kind"] for e in events[-2:]] == ["TENSOR_ALLOC", "TENSOR_FREE"] and events[-2]["api"] == "torch_malloc"
+    assert [e["kind"] for e in events[24:26]] == ["TENSOR_ALLOC", "TENSOR_FREE"] and events[24]["api"] == "torch_malloc"
     oom = next(e for e in events if e["result"] == 2)
     assert oom["kind"] == "ALLOC" and oom["api"] == "cuMemAlloc_v2" and oom["result_name"] == "CUDA_ERROR_OUT_OF_MEMORY"
     alloc = next(e for e in events if e["kind"] == "ALLOC" and e["result"] == 0)
@@ -68,9 +68,20 @@ def test_dump_prints_one_line_per_event_with_names_and_hex(main, capsys):
     types = [line["type"] for line in out]
     assert types.count("nvml") == 2 and types.count("procmem") == 2 and types.count("marker") == 3
     assert types.count("process") == 3 and types.count("lost") == 1
-    keyframe = next(line for line in out if line["type"] == "keyframe")
-    assert keyframe["event_index"] == 8 and keyframe["sizes"]["allocs"] > 0 and keyframe["sizes"]["v"] is None
-    assert keyframe["state_bytes"] > 0 and "state" not in keyframe
+    keyframes = [line for line in out if line["type"] == "keyframe"]
+    assert [k["event_index"] for k in keyframes] == [8, 42]
+    for keyframe in keyframes:
+        assert keyframe["sizes"]["allocs"] > 0 and keyframe["sizes"]["v"] is None
+        assert keyframe["state_bytes"] > 0 and "state" not in keyframe
+    # AND (2.3) the event lines of a chunk with stacks have their stack ids, each defined by a
+    # stacks record printed before it; those of a chunk without (the last: frees) have no key
+    assert {e.get("stack") for e in events} == {0, 1, 2, 3, 4, None} and "stack" not in events[-1]
+    defined = 0
+    for line in out:
+        if line["type"] == "stacks":
+            defined = line["k0"] + len(line["k"]) - 1
+        elif line["type"] == "event":
+            assert line.get("stack", 0) <= defined
 
 
 def test_unknown_kind_api_and_result_numbers_are_shown_as_numbers(main, capsys, tmp_path):

@@ -30,8 +30,9 @@ from tests.fuzz import harness
 from tests.unit.test_daemon_unit import make_daemon
 from tests.unit.test_daemon_unit import pump
 
-#: The golden trace in format 2.2 (what memrec wrote before 2.3), 2.1, 2.0 and 1 (what it still reads).
-GOLDENS = [os.path.join(os.path.dirname(__file__), "..", "data", f"golden_v{v}.mrec") for v in ("2_2", "2_1", 2, 1)]
+#: The golden trace in format 2.3 (what memrec writes: stacks records, a context-coded chunk, a
+#: keyframe of state version 3), 2.2, 2.1, 2.0 and 1 (what it still reads).
+GOLDENS = [os.path.join(os.path.dirname(__file__), "..", "data", f"golden_v{v}.mrec") for v in ("2_3", "2_2", "2_1", 2, 1)]
 SEEDS = {path: harness.golden_records(path) for path in GOLDENS}
 FUZZ = settings(max_examples=int(os.environ.get("MEMREC_FUZZ_EXAMPLES", "150")), deadline=None,
                 suppress_health_check=list(HealthCheck), derandomize="MEMREC_FUZZ_RANDOM" not in os.environ)
@@ -76,7 +77,7 @@ def workdir():
         yield d
 
 
-@pytest.mark.parametrize("golden", GOLDENS, ids=["v2.2", "v2.1", "v2.0", "v1"])
+@pytest.mark.parametrize("golden", GOLDENS, ids=["v2.3", "v2.2", "v2.1", "v2.0", "v1"])
 @FUZZ
 @given(data=st.data())
 def test_structurally_damaged_traces_never_crash_a_command_or_the_tui(golden, data, workdir):
@@ -85,7 +86,7 @@ def test_structurally_damaged_traces_never_crash_a_command_or_the_tui(golden, da
     harness.check_trace_bytes(harness.edited_trace(header, records, edits), workdir)
 
 
-@pytest.mark.parametrize("golden", GOLDENS, ids=["v2.2", "v2.1", "v2.0", "v1"])
+@pytest.mark.parametrize("golden", GOLDENS, ids=["v2.3", "v2.2", "v2.1", "v2.0", "v1"])
 @FUZZ
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 8))
 def test_byte_damaged_traces_never_crash_a_command_or_the_tui(golden, seed, n, workdir):

@@ -101,7 +101,7 @@ def test_the_budget_is_proportional_with_a_floor_and_a_ceiling():
 def test_genuine_traces_read_whole(tmp_path):
     # GIVEN every trace shipped with memrec (recorded on real GPUs and the stub driver)
     paths = [os.path.join(ROOT, "examples", p) for p in os.listdir(os.path.join(ROOT, "examples")) if p.endswith(".mrec")]
-    paths += [os.path.join(ROOT, "tests", "data", p) for p in ("golden_v1.mrec", "golden_v2.mrec", "golden_v2_1.mrec", "golden_v2_2.mrec")]
+    paths += [os.path.join(ROOT, "tests", "data", p) for p in ("golden_v1.mrec", "golden_v2.mrec", "golden_v2_1.mrec", "golden_v2_2.mrec", "golden_v2_3.mrec")]
     for path in paths:
         # THEN none comes near its budget
         with warnings.catch_warnings():

@@ -29,6 +29,7 @@ from memrec.terms.events import GpuInfo
 from memrec.terms.events import Kind
 from memrec.terms.events import Marker
 from memrec.terms.events import ProcessInfo
+from memrec.trace import codec
 from memrec.trace import format as fmt
 from memrec.trace.chunks import COLUMNAR_TYPE
 from memrec.trace.chunks import MAX_RECORD_ROWS
@@ -43,7 +44,8 @@ from memrec.trace.writer import TraceWriter
 from tests.utils import v1_wire
 
 DATA = pathlib.Path(__file__).resolve().parents[1] / "data"
-GOLDEN = DATA / "golden_v2_2.mrec"  # what today's writer writes
+GOLDEN = DATA / "golden_v2_3.mrec"  # what today's writer writes
+GOLDEN_V2_2 = DATA / "golden_v2_2.mrec"  # what format 2.2 wrote (frozen: the reader must still read it)
 GOLDEN_V2_1 = DATA / "golden_v2_1.mrec"  # what format 2.1 wrote (frozen: the reader must still read it)
 GOLDEN_V2_0 = DATA / "golden_v2.mrec"  # what format 2.0 wrote (frozen: the reader must still read it)
 GOLDEN_V1 = DATA / "golden_v1.mrec"  # what format 1 wrote (frozen: the reader must still read it)
@@ -1031,8 +1033,7 @@ def test_the_writer_still_produces_the_golden_bytes():
     golden = make_golden_module()
     # WHEN the script runs with today's writer
     # THEN the bytes are identical (a difference is a format change: regenerate deliberately)
-    if fmt.FORMAT_MINOR > 2:  # the 2.3 golden file is made once, after 2.3's changes are merged
-        pytest.xfail("format 2.3: golden_v2_3.mrec is not made yet (the lead makes it after the merges)")
+    assert (fmt.FORMAT_VERSION, fmt.FORMAT_MINOR) == (2, 3) and pathlib.Path(golden.GOLDEN).name == GOLDEN.name
     assert golden.golden_bytes() == GOLDEN.read_bytes()
 
 
@@ -1040,19 +1041,22 @@ def test_the_writer_still_produces_the_golden_bytes():
 KINDS_2_2 = [*range(Kind.ARRAY_CREATE, Kind.MULTICAST_UNBIND + 1), Kind.TENSOR_ALLOC, Kind.TENSOR_FREE]
 
 
-@pytest.mark.parametrize("path,version,minor", [(GOLDEN, 2, 2), (GOLDEN_V2_1, 2, 1), (GOLDEN_V2_0, 2, 0), (GOLDEN_V1, 1, 1)],
-                         ids=["v2.2", "v2.1", "v2.0", "v1"])
+@pytest.mark.parametrize("path,version,minor", [(GOLDEN, 2, 3), (GOLDEN_V2_2, 2, 2), (GOLDEN_V2_1, 2, 1),
+                                                (GOLDEN_V2_0, 2, 0), (GOLDEN_V1, 1, 1)],
+                         ids=["v2.3", "v2.2", "v2.1", "v2.0", "v1"])
 def test_the_golden_trace_decodes_to_what_it_was_written_with(path, version, minor):
-    # GIVEN the committed golden trace (format 2.2, and format 2.1's, 2.0's and 1's)
+    # GIVEN the committed golden trace (format 2.3, and format 2.2's, 2.1's, 2.0's and 1's)
+    golden = make_golden_module()
     # WHEN loaded
     trace = load_trace(path)
-    # THEN its content is the recording make_golden.py describes (2.2's rows after the older ones')
+    # THEN its content is the recording make_golden.py describes (each minor's rows after the older ones')
     assert trace.warnings == []
     assert (trace.header["version"], trace.header["minor"]) == (version, minor) and trace.header["host"] == "golden-host"
     assert [g.name for g in trace.gpus] == ["NVIDIA H200", "NVIDIA H200"]
-    n = 11 + (len(KINDS_2_2) if minor == 2 else 0)
+    kv = 2 * len(golden.KV_BLOCKS) if minor >= 3 else 0
+    n = 11 + (len(KINDS_2_2) if minor >= 2 else 0) + kv
     assert len(trace.events) == n and (np.diff(trace.events["ts"].astype(np.int64)) > 0).all()
-    assert sorted(set(trace.events["kind"][11:].tolist())) == (KINDS_2_2 if minor == 2 else [])
+    assert sorted(set(trace.events["kind"][11:n - kv].tolist())) == (KINDS_2_2 if minor >= 2 else [])
     export = trace.events[trace.events["kind"] == Kind.IPC_EXPORT]
     opened = trace.events[trace.events["kind"] == Kind.IPC_OPEN]
     assert export["ipc"][0].tobytes() == opened["ipc"][0].tobytes() == bytes(range(64))
@@ -1063,14 +1067,32 @@ def test_the_golden_trace_decodes_to_what_it_was_written_with(path, version, min
     assert trace.keyframes[0].event_index == 8 and trace.lost == 3
     assert len(trace.nvml) == 2 and len(trace.procmem) == 2
     assert trace.trailer["reason"] == "SIGTERM" and trace.trailer["counts"]["events"] == n
+    # AND (2.3) the stacks the events name are the frames make_golden.py wrote; older files have none
+    stacks = {int(i): trace.stack(int(i)) for i in trace.event_columns["stack"]}
+    if minor < 3:
+        assert stacks == {0: None} and len(trace.stacks) == 0
+        return
+    ev = trace.events
+    assert trace.stack(int(ev["stack"][1])) == golden.LOAD_STACK and ev["kind"][1] == Kind.ALLOC
+    assert trace.stack(int(oom["stack"][0])) == golden.OOM_STACK
+    assert [trace.stack(int(i)) for i in ev["stack"][ev["kind"] == Kind.TENSOR_ALLOC]] == [golden.TENSOR_STACK]
+    kv_allocs = ev[n - kv:][ev["kind"][n - kv:] == Kind.ALLOC]
+    assert len(kv_allocs) == len(golden.KV_BLOCKS) >= 2 and {trace.stack(int(i)) for i in kv_allocs["stack"]} == {golden.KV_STACK}
+    assert set(stacks.values()) == {None, golden.LOAD_STACK, golden.OOM_STACK, golden.TENSOR_STACK, golden.KV_STACK}
+    assert trace.trailer["stacks"] == len(trace.stacks) == 4
+    assert (ev["stack"] == 0).sum() == n - 3 - len(golden.KV_BLOCKS)
+    # AND its second keyframe is the state after the KV cache's allocations, in state version 3
+    assert [k.event_index for k in trace.keyframes] == [8, n - len(golden.KV_BLOCKS)]
+    assert trace.keyframes[1].state["v"] == 3 and trace.keyframes[1].state["allocs"]["form"] == "gaps"
 
 
-def test_the_golden_2_2_trace_holds_the_new_kinds_header_and_trailer_keys():
-    # GIVEN the committed golden trace of format 2.2
+@pytest.mark.parametrize("path", [GOLDEN, GOLDEN_V2_2], ids=["v2.3", "v2.2"])
+def test_the_golden_2_2_trace_holds_the_new_kinds_header_and_trailer_keys(path):
+    # GIVEN the committed golden trace of format 2.2 (and 2.3, which holds 2.2's additions too)
     # WHEN loaded
-    trace = load_trace(GOLDEN)
+    trace = load_trace(path)
     # THEN every kind 2.2 added is there once, with its api
-    ev = trace.events[11:]
+    ev = trace.events[11:11 + len(KINDS_2_2)]
     assert ev["kind"].tolist() == [Kind.ARRAY_CREATE, Kind.CTX_LIMIT, Kind.CAPTURE_BEGIN, Kind.GRAPH_ALLOC,
                                    Kind.GRAPH_FREE, Kind.CAPTURE_END, Kind.GRAPH_EXEC, Kind.GRAPH_TRIM,
                                    Kind.MULTICAST_CREATE, Kind.MULTICAST_ADD, Kind.MULTICAST_BIND,
@@ -1087,13 +1109,41 @@ def test_the_golden_2_2_trace_holds_the_new_kinds_header_and_trailer_keys():
     assert trace.trailer["torch"] == trace.header["probes"]["torch"]
 
 
+def test_the_golden_2_3_trace_holds_stacks_records_and_a_chunk_in_the_context_transform():
+    # GIVEN the committed golden trace of format 2.3, read record by record (not by the reader)
+    objects = [obj for obj, _end in raw_objects(GOLDEN.read_bytes())]
+    header = objects[0]
+    names = [name for name, _dtype in header["columns"]["events"] if name != "ipc"]
+    # WHEN each events chunk's column forms are read from its directory
+    chunks = [obj for obj in objects if obj["type"] == "e"]
+    used = [dict(zip(names, codec.transforms(key, chunk[key], len(names), MAX_RECORD_ROWS)))
+            for chunk in chunks for key in (codec.ZSTD, codec.RAW_PAYLOAD) if key in chunk]
+    # THEN the file spans several chunks, and in one (the KV cache's run of one process) the writer
+    # chose the context transform for the pointers
+    assert len(used) == len(chunks) >= 3
+    assert [form["ptr"] for form in used].count(codec.CONTEXT) >= 1
+    # AND the stacks are defined in several records, each before the first chunk naming its ids
+    assert [obj["k0"] for obj in objects if obj["type"] == "stacks"] == [1, 2, 3, 4]
+    defined = named = 0
+    for obj in objects:
+        if obj["type"] == "stacks":
+            defined = obj["k0"] + len(obj["k"]) - 1
+        elif obj["type"] == "e":
+            named = max(named, int(fmt.decode_record(obj)["events"]["stack"].max()))
+            assert named <= defined
+    assert named == defined == 4
+    # AND the interpreters the daemon found are in the header and the trailer
+    assert header["probes"]["interpreters"] == objects[-1]["stacks_read"]["interpreters"]
+
+
 def test_the_spec_example_reads_the_golden_trace_with_only_msgpack_numpy_and_zstandard(tmp_path):
     # GIVEN the Python example from docs/format.md
     doc = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "format.md").read_text()
     example = doc.split("```python\n", 1)[1].split("```", 1)[0]
     assert "import memrec" not in example and "from memrec" not in example
     script = tmp_path / "example.py"
-    script.write_text(example)
+    # (and prints two columns it decoded: the golden's pointers are context-coded in one chunk)
+    script.write_text(example + '\nfor name in ("ptr", "stack"):\n    print(name, *(int(v) for c, _ in events for v in c[name]))\n')
     # WHEN it runs on the golden trace
     out = subprocess.run([sys.executable, str(script), str(GOLDEN)], capture_output=True, text=True, timeout=60)
     # THEN it finds the same events as memrec
@@ -1101,6 +1151,8 @@ def test_the_spec_example_reads_the_golden_trace_with_only_msgpack_numpy_and_zst
     trace = load_trace(GOLDEN)
     assert f"{len(trace.events)} events" in out.stdout
     assert f"{int(trace.events['size'].sum())} bytes" in out.stdout
+    printed = {line.split()[0]: [int(v) for v in line.split()[1:]] for line in out.stdout.splitlines()[1:]}
+    assert printed == {"ptr": trace.events["ptr"].tolist(), "stack": trace.events["stack"].tolist()}
 
 
 def test_gpu_ids_come_from_the_header_the_events_and_the_samples():
