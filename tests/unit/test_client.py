@@ -461,3 +461,73 @@ def test_marks_from_a_signal_handler_never_deadlock_or_corrupt(sock_dir):
     assert r["handler_calls"] > 0, "the timer never fired"
     assert r["main_got"] == r["main_sent"] and r["handler_got"] == r["handler_sent"]
     assert r["pending"] == 0
+
+
+# A signal that arrives in the instant after mark() took its lock (sys.setprofile's c_return of
+# the lock's acquire is that instant: CPython runs a pending handler right after the call returns).
+# The handler's mark must see that its own thread is inside and drop at once: waiting for the lock
+# can never end (the thread holding it is the one the handler interrupted), and the wait is
+# interruptible, so the next timer signal's handler re-enters and waits too, without end.
+SIGNAL_AFTER_LOCK_SCRIPT = """
+import json, signal, socket, sys, threading
+from memrec.terms import protocol
+from memrec.client import MarkerClient
+
+server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+server.bind(sys.argv[1])
+server.listen()
+c = MarkerClient(sys.argv[1])
+assert c.mark("start")
+conn, _ = server.accept()
+handler, depth = [], [0, 0]  # depth: now, deepest
+
+def on_alarm(*_):
+    depth[0] += 1
+    depth[1] = max(depth)
+    handler.append(c.mark("from-handler"))
+    depth[0] -= 1
+
+signal.signal(signal.SIGALRM, on_alarm)
+lock_type = type(threading.Lock())
+
+def at_lock_taken(frame, event, arg):
+    if event == "c_return" and getattr(arg, "__name__", "") == "acquire" \\
+            and type(getattr(arg, "__self__", None)) is lock_type:
+        sys.setprofile(None)
+        signal.setitimer(signal.ITIMER_REAL, 0.0005, 0.0005)
+        signal.raise_signal(signal.SIGALRM)  # its handler runs before this hook returns
+
+sys.setprofile(at_lock_taken)
+main = c.mark("main")
+signal.setitimer(signal.ITIMER_REAL, 0)
+first_handler_call = handler[0]
+c.close()
+conn.settimeout(5)
+decoder, names = protocol.FrameDecoder(), []
+while data := conn.recv(1 << 16):
+    names += [f["name"] for f in decoder.feed(data)]
+print(json.dumps({"main": main, "first_handler_call": first_handler_call, "deepest": depth[1],
+                  "busy": c.drops["busy"], "invalid": c.drops["invalid"],
+                  "handler_sent": handler.count(True), "names": names, "pending": decoder.pending}))
+"""
+
+
+def test_a_mark_from_a_signal_right_after_the_lock_was_taken_is_dropped_at_once(sock_dir):
+    # GIVEN a signal that arrives just after mark() took its lock, its handler marking, and a
+    # 0.5 ms timer that keeps signalling (in a child: a deadlock fails the test, not hangs it)
+    try:
+        proc = subprocess.run([sys.executable, "-c", SIGNAL_AFTER_LOCK_SCRIPT, str(sock_dir / "w.sock")],
+                              capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("mark() from a signal handler waited for the lock its own thread held")
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout)
+    # THEN the handler's mark was dropped as busy at once: handlers did not pile up inside one
+    # another (waiting for the lock, they nest until the recursion limit, ~250 deep, whose
+    # RecursionError drops count as invalid)
+    assert r["main"] is True and r["first_handler_call"] is False and r["busy"] >= 1
+    assert r["deepest"] < 10 and r["invalid"] == 0, r
+    # AND the interrupted mark went out whole, after the report of the drop, and so did every
+    # later handler mark reported sent
+    assert r["names"] == ["start", "markers_dropped", "main"] + ["from-handler"] * r["handler_sent"]
+    assert r["pending"] == 0
