@@ -454,26 +454,31 @@ print(json.dumps({"main_sent": main.count(True), "main_got": names.count("main")
 """
 
 
-def test_marks_from_a_signal_handler_never_deadlock_or_corrupt(sock_dir):
-    # GIVEN a program that marks in its main loop and also from a signal handler firing every
-    # 0.5 ms, and a daemon that reads everything
-    # WHEN it runs (in a child, so that a deadlock fails the test instead of hanging it)
+def run_signal_child(script: str, sock: Path) -> dict:
+    """Run ``script`` in a child (so that a deadlock fails the test instead of hanging it) and
+    return the JSON it prints."""
     try:
-        proc = subprocess.run([sys.executable, "-c", SIGNAL_SCRIPT, str(sock_dir / "sig.sock")],
-                              capture_output=True, text=True, timeout=60)
+        proc = subprocess.run([sys.executable, "-c", script, str(sock)], capture_output=True, text=True, timeout=60)
     except subprocess.TimeoutExpired:
         pytest.fail("mark() deadlocked when called from a signal handler")
     assert proc.returncode == 0, proc.stderr
-    r = json.loads(proc.stdout)
+    return json.loads(proc.stdout)
+
+
+def test_marks_from_a_signal_handler_never_deadlock_or_corrupt(sock_dir):
+    # GIVEN a program that marks in its main loop and also from a signal handler firing every
+    # 0.5 ms, and a daemon that reads everything
+    # WHEN it runs
+    r = run_signal_child(SIGNAL_SCRIPT, sock_dir / "sig.sock")
     # THEN every frame the daemon got is whole, and exactly the markers reported sent arrived
     assert r["handler_calls"] > 0, "the timer never fired"
+    assert r["main_got"] == r["main_sent"] and r["handler_got"] == r["handler_sent"]
+    assert r["pending"] == 0
     # AND no handler waited for the lock its own thread held: such a wait is interrupted by the
     # next signal, whose handler waits too, ~250 deep (RecursionError drops count as invalid);
     # the pile-up can unwind by luck (a descheduled process gets one signal for many periods), so
     # the timeout alone misses it on a loaded machine
     assert r["deepest"] < 10 and r["invalid"] == 0, r
-    assert r["main_got"] == r["main_sent"] and r["handler_got"] == r["handler_sent"]
-    assert r["pending"] == 0
 
 
 # A signal that arrives in the instant after mark() took its lock (sys.setprofile's c_return of
@@ -527,14 +532,9 @@ print(json.dumps({"main": main, "first_handler_call": first_handler_call, "deepe
 
 def test_a_mark_from_a_signal_right_after_the_lock_was_taken_is_dropped_at_once(sock_dir):
     # GIVEN a signal that arrives just after mark() took its lock, its handler marking, and a
-    # 0.5 ms timer that keeps signalling (in a child: a deadlock fails the test, not hangs it)
-    try:
-        proc = subprocess.run([sys.executable, "-c", SIGNAL_AFTER_LOCK_SCRIPT, str(sock_dir / "w.sock")],
-                              capture_output=True, text=True, timeout=30)
-    except subprocess.TimeoutExpired:
-        pytest.fail("mark() from a signal handler waited for the lock its own thread held")
-    assert proc.returncode == 0, proc.stderr
-    r = json.loads(proc.stdout)
+    # 0.5 ms timer that keeps signalling
+    # WHEN the mark runs
+    r = run_signal_child(SIGNAL_AFTER_LOCK_SCRIPT, sock_dir / "w.sock")
     # THEN the handler's mark was dropped as busy at once: handlers did not pile up inside one
     # another (waiting for the lock, they nest until the recursion limit, ~250 deep, whose
     # RecursionError drops count as invalid)
