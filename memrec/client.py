@@ -6,6 +6,9 @@ They never block and never raise into the host program:
   own: the pid is checked on every call);
 - no daemon means a no-op returning False, and a new connection is tried at most once a second;
 - a full socket (EAGAIN) drops the marker and counts it;
+- a marker from a signal handler that interrupted this thread inside the client (a mark, a flush)
+  is dropped as ``busy`` at once, never made to wait for the lock its own thread holds; another
+  thread's send is waited for at most :data:`LOCK_WAIT`;
 - dropped markers are not silently lost: the counts, by reason, travel to the daemon as one
   ``markers_dropped`` marker (:data:`DROPPED_MARKER`) ahead of the next marker that gets through
   (and at exit), so the trace says how many of this process's markers it is missing and why;
@@ -93,7 +96,8 @@ class MarkerClient:
     def _reset(self) -> None:
         """Forget the connection (at creation and in a forked child, whose socket is the parent's)."""
         self._lock = threading.Lock()
-        self._owner: int | None = None  # thread holding _lock (re-entry from a signal handler)
+        #: threads inside _locked() from before they try the lock until after they release it
+        self._inside: set[int] = set()
         self._pid = os.getpid()
         self._sock: socket.socket | None = None
         self._pending = bytearray()
@@ -129,18 +133,7 @@ class MarkerClient:
         try:
             if os.getpid() != self._pid:
                 self._after_fork()
-            if self._owner == threading.get_ident() or not self._lock.acquire(timeout=LOCK_WAIT):
-                return False
-            try:
-                if self.dropped > self.dropped_reported:
-                    self._last_attempt = None
-                    self._send(b"", count=False)
-                if self._sock is None:
-                    return not self._pending
-                self._flush_pending()
-                return not self._pending
-            finally:
-                self._lock.release()
+            return self._locked(self._flush, False)
         except Exception:
             return False
 
@@ -149,13 +142,7 @@ class MarkerClient:
         with contextlib.suppress(Exception):
             if os.getpid() != self._pid:
                 self._after_fork()
-            if self._owner == threading.get_ident() or not self._lock.acquire(timeout=LOCK_WAIT):
-                return
-            try:
-                self._disconnect()
-                self._last_attempt = None
-            finally:
-                self._lock.release()
+            self._locked(self._close, None)
 
     @property
     def connected(self) -> bool:
@@ -163,6 +150,46 @@ class MarkerClient:
         return self._sock is not None and os.getpid() == self._pid
 
     # -- internals -----------------------------------------------------------------------------
+
+    def _locked(self, action: Callable[[], Any], busy: Any) -> Any:
+        """``action()`` under the lock; ``busy`` when this thread is inside already or another
+        thread keeps the lock for :data:`LOCK_WAIT`.
+
+        A signal handler runs on the thread it interrupts, so a mark from a handler that
+        interrupted a mark (or a flush) must not wait for the lock: its own thread holds it and
+        cannot release it before the handler returns, and the wait is interruptible, so the next
+        signal's handler re-enters and waits again, without end. The thread is marked inside
+        before it tries the lock and until after it released it: there is no instant at which a
+        handler finds the lock held by its own thread and the thread not marked inside.
+        """
+        me = threading.get_ident()
+        if me in self._inside:  # re-entered (a signal handler interrupted this thread inside)
+            return busy
+        try:
+            self._inside.add(me)
+            if not self._lock.acquire(timeout=LOCK_WAIT):  # another thread holds it for microseconds
+                return busy
+            try:
+                return action()
+            finally:
+                self._lock.release()
+        finally:
+            self._inside.discard(me)
+
+    def _flush(self) -> bool:
+        """flush() under the lock (one connect attempt when there are drops to report)."""
+        if self.dropped > self.dropped_reported:
+            self._last_attempt = None
+            self._send(b"", count=False)
+        if self._sock is None:
+            return not self._pending
+        self._flush_pending()
+        return not self._pending
+
+    def _close(self) -> None:
+        """close() under the lock (the next mark connects at once)."""
+        self._disconnect()
+        self._last_attempt = None
 
     def _after_fork(self) -> None:
         old = self._sock
@@ -191,19 +218,11 @@ class MarkerClient:
             log.debug("memrec marker dropped: %s", problem)
             return False
         data = protocol.encode_frame(message)  # ProtocolError (too large) → dropped by mark()
-        me = threading.get_ident()
-        if self._owner == me:  # re-entered (a signal handler interrupted a mark on this thread)
+        sent = self._locked(lambda: self._send(data), None)
+        if sent is None:
             self._drop("busy")
             return False
-        if not self._lock.acquire(timeout=LOCK_WAIT):  # another thread holds it for microseconds
-            self._drop("busy")
-            return False
-        self._owner = me
-        try:
-            return self._send(data)
-        finally:
-            self._owner = None
-            self._lock.release()
+        return sent
 
     def _drop(self, reason: str) -> None:
         self.dropped += 1
@@ -213,14 +232,17 @@ class MarkerClient:
             self._first_drop_ts = ts
         self._last_drop_ts = ts
 
-    def _drop_report(self) -> bytes:
-        """The :data:`DROPPED_MARKER` frame when drops are not reported yet, else nothing."""
-        if self.dropped <= self.dropped_reported:
-            return b""
-        values = {"dropped": self.dropped, "since_last_report": self.dropped - self.dropped_reported,
-                  "first_drop_ts": self._first_drop_ts, "last_drop_ts": self._last_drop_ts, **self.drops}
+    def _drop_report(self) -> tuple[bytes, int]:
+        """The :data:`DROPPED_MARKER` frame when drops are not reported yet, else nothing, and the
+        count it reports (a signal handler may drop one more before the frame is sent: that one
+        is left for the next report)."""
+        dropped, drops = self.dropped, dict(self.drops)  # one snapshot (no signal check between)
+        if dropped <= self.dropped_reported:
+            return b"", self.dropped_reported
+        values = {"dropped": dropped, "since_last_report": dropped - self.dropped_reported,
+                  "first_drop_ts": self._first_drop_ts, "last_drop_ts": self._last_drop_ts, **drops}
         message = protocol.make_mark(DROPPED_MARKER, "instant", int(self.clock()), threading.get_native_id(), None, values)
-        return protocol.encode_frame(message)
+        return protocol.encode_frame(message), dropped
 
     def _send(self, data: bytes, count: bool = True) -> bool:
         """Send ``data`` (one frame; ``count=False``: only the drop report) after the drop report."""
@@ -238,14 +260,14 @@ class MarkerClient:
                 if count:
                     self._drop("connection_lost")
                 return False
-        report = self._drop_report()
+        report, reported = self._drop_report()
         if self._pending:
             if len(self._pending) + len(report) + len(data) > PENDING_CAP:
                 if count:
                     self._drop("socket_full")
                 return False
             self._pending += report + data
-            self._reported_now(report)
+            self.dropped_reported = reported
             self.sent += count
             return True
         frames = report + data
@@ -260,13 +282,9 @@ class MarkerClient:
             return False
         if n < len(frames):
             self._pending += frames[n:]
-        self._reported_now(report)
+        self.dropped_reported = reported
         self.sent += count
         return True
-
-    def _reported_now(self, report: bytes) -> None:
-        if report:
-            self.dropped_reported = self.dropped
 
     def _peer_closed(self) -> bool:
         """Whether the daemon has closed this connection (it never writes to a marker client

@@ -429,8 +429,15 @@ def reader():
 
 t = threading.Thread(target=reader)
 t.start()
-handler = []
-signal.signal(signal.SIGALRM, lambda *a: handler.append(c.mark("from-handler", n=len(handler))))
+handler, depth = [], [0, 0]  # handlers running inside one another: now, deepest
+
+def on_alarm(*_):
+    depth[0] += 1
+    depth[1] = max(depth)
+    handler.append(c.mark("from-handler", n=len(handler)))
+    depth[0] -= 1
+
+signal.signal(signal.SIGALRM, on_alarm)
 signal.setitimer(signal.ITIMER_REAL, 0.0005, 0.0005)
 main = [c.mark("main", i=i, pad="p" * 3000) for i in range(3000)]
 signal.setitimer(signal.ITIMER_REAL, 0)
@@ -442,22 +449,98 @@ t.join()
 names = [f["name"] for f in received]
 print(json.dumps({"main_sent": main.count(True), "main_got": names.count("main"),
                   "handler_calls": len(handler), "handler_sent": handler.count(True),
-                  "handler_got": names.count("from-handler"), "pending": decoder.pending}))
+                  "handler_got": names.count("from-handler"), "pending": decoder.pending,
+                  "deepest": depth[1], "invalid": c.drops["invalid"]}))
 """
+
+
+def run_signal_child(script: str, sock: Path) -> dict:
+    """Run ``script`` in a child (so that a deadlock fails the test instead of hanging it) and
+    return the JSON it prints."""
+    try:
+        proc = subprocess.run([sys.executable, "-c", script, str(sock)], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("mark() deadlocked when called from a signal handler")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
 
 
 def test_marks_from_a_signal_handler_never_deadlock_or_corrupt(sock_dir):
     # GIVEN a program that marks in its main loop and also from a signal handler firing every
     # 0.5 ms, and a daemon that reads everything
-    # WHEN it runs (in a child, so that a deadlock fails the test instead of hanging it)
-    try:
-        proc = subprocess.run([sys.executable, "-c", SIGNAL_SCRIPT, str(sock_dir / "sig.sock")],
-                              capture_output=True, text=True, timeout=60)
-    except subprocess.TimeoutExpired:
-        pytest.fail("mark() deadlocked when called from a signal handler")
-    assert proc.returncode == 0, proc.stderr
-    r = json.loads(proc.stdout)
+    # WHEN it runs
+    r = run_signal_child(SIGNAL_SCRIPT, sock_dir / "sig.sock")
     # THEN every frame the daemon got is whole, and exactly the markers reported sent arrived
     assert r["handler_calls"] > 0, "the timer never fired"
     assert r["main_got"] == r["main_sent"] and r["handler_got"] == r["handler_sent"]
+    assert r["pending"] == 0
+    # AND no handler waited for the lock its own thread held: such a wait is interrupted by the
+    # next signal, whose handler waits too, ~250 deep (RecursionError drops count as invalid);
+    # the pile-up can unwind by luck (a descheduled process gets one signal for many periods), so
+    # the timeout alone misses it on a loaded machine
+    assert r["deepest"] < 10 and r["invalid"] == 0, r
+
+
+# A signal that arrives in the instant after mark() took its lock (sys.setprofile's c_return of
+# the lock's acquire is that instant: CPython runs a pending handler right after the call returns).
+# The handler's mark must see that its own thread is inside and drop at once: waiting for the lock
+# can never end (the thread holding it is the one the handler interrupted), and the wait is
+# interruptible, so the next timer signal's handler re-enters and waits too, without end.
+SIGNAL_AFTER_LOCK_SCRIPT = """
+import json, signal, socket, sys, threading
+from memrec.terms import protocol
+from memrec.client import MarkerClient
+
+server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+server.bind(sys.argv[1])
+server.listen()
+c = MarkerClient(sys.argv[1])
+assert c.mark("start")
+conn, _ = server.accept()
+handler, depth = [], [0, 0]  # depth: now, deepest
+
+def on_alarm(*_):
+    depth[0] += 1
+    depth[1] = max(depth)
+    handler.append(c.mark("from-handler"))
+    depth[0] -= 1
+
+signal.signal(signal.SIGALRM, on_alarm)
+lock_type = type(threading.Lock())
+
+def at_lock_taken(frame, event, arg):
+    if event == "c_return" and getattr(arg, "__name__", "") == "acquire" \\
+            and type(getattr(arg, "__self__", None)) is lock_type:
+        sys.setprofile(None)
+        signal.setitimer(signal.ITIMER_REAL, 0.0005, 0.0005)
+        signal.raise_signal(signal.SIGALRM)  # its handler runs before this hook returns
+
+sys.setprofile(at_lock_taken)
+main = c.mark("main")
+signal.setitimer(signal.ITIMER_REAL, 0)
+first_handler_call = handler[0]
+c.close()
+conn.settimeout(5)
+decoder, names = protocol.FrameDecoder(), []
+while data := conn.recv(1 << 16):
+    names += [f["name"] for f in decoder.feed(data)]
+print(json.dumps({"main": main, "first_handler_call": first_handler_call, "deepest": depth[1],
+                  "busy": c.drops["busy"], "invalid": c.drops["invalid"],
+                  "handler_sent": handler.count(True), "names": names, "pending": decoder.pending}))
+"""
+
+
+def test_a_mark_from_a_signal_right_after_the_lock_was_taken_is_dropped_at_once(sock_dir):
+    # GIVEN a signal that arrives just after mark() took its lock, its handler marking, and a
+    # 0.5 ms timer that keeps signalling
+    # WHEN the mark runs
+    r = run_signal_child(SIGNAL_AFTER_LOCK_SCRIPT, sock_dir / "w.sock")
+    # THEN the handler's mark was dropped as busy at once: handlers did not pile up inside one
+    # another (waiting for the lock, they nest until the recursion limit, ~250 deep, whose
+    # RecursionError drops count as invalid)
+    assert r["main"] is True and r["first_handler_call"] is False and r["busy"] >= 1
+    assert r["deepest"] < 10 and r["invalid"] == 0, r
+    # AND the interrupted mark went out whole, after the report of the drop, and so did every
+    # later handler mark reported sent
+    assert r["names"] == ["start", "markers_dropped", "main"] + ["from-handler"] * r["handler_sent"]
     assert r["pending"] == 0
