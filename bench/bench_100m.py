@@ -91,12 +91,12 @@ elif what == "tui":  # the TUI's first frame waits for the file's start (ready),
     source.index()
 elif what == "tui_app":  # the app, headless: start -> the first frame painted with the cursor's state (bench_tui.py's)
     import asyncio
+    from memrec.tui.sources import FileSource  # before bench_tui, which puts this tree first on the path (--base)
     sys.path.insert(0, os.path.join(root, "bench"))
     from bench_tui import first_frame
-    from memrec.tui.sources import FileSource
     FileSource.answer = lambda self: None  # the report's answer, after the replay: another command's memory (report)
-    first, full, _ = asyncio.run(first_frame(path))
-    extra = {"replayed": full}
+    first, _, _ = asyncio.run(first_frame(path, replay=False))  # the replay: the tui command's
+    extra = {"app": True}
 else:
     from memrec.commands import main
     out = os.path.join(tmp, "out")
@@ -305,7 +305,7 @@ def main() -> int:
                 f"{statistics.median(r['cpu'] for r in floor):.2f} s CPU, {max(r['rss_mib'] for r in floor):.0f} MiB"
                 + (f", first frame's wait {statistics.median(r['first'] for r in floor):.3f} s, whole scan "
                    f"{statistics.median(r['scan'] for r in floor):.2f} s" if "scan" in floor[0] else "")
-                + (f", first frame {statistics.median(r['first'] for r in floor):.3f} s" if "replayed" in floor[0] else "")]
+                + (f", first frame {statistics.median(r['first'] for r in floor):.3f} s" if "app" in floor[0] else "")]
         for n in sizes[1:]:
             rs = res[(c, n)]
             if any("s" not in r for r in rs):
@@ -319,7 +319,7 @@ def main() -> int:
                 text += (f", first frame's wait {statistics.median(r['first'] for r in rs):.3f} s "
                          f"(x{statistics.median(r['first'] / f['first'] for r, f in zip(rs, floor)):.2f}), whole scan "
                          f"x{statistics.median(r['scan'] / f['scan'] for r, f in zip(rs, floor)):.2f}")
-            if "replayed" in rs[0]:
+            if "app" in rs[0]:
                 text += (f", first frame {statistics.median(r['first'] for r in rs):.3f} s "
                          f"(x{statistics.median(r['first'] / f['first'] for r, f in zip(rs, floor)):.2f})")
             line.append(text)

@@ -42,6 +42,7 @@ import bisect
 import pickle
 from collections import deque
 from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -132,16 +133,11 @@ def snapshots(rec: Recording, max_entries: int = MAX_ENTRIES, at: int | None = N
     with_blocks = set(np.unique(ev["pid"][tensor_mask]).tolist())
     blocks: dict[tuple[int, int], tuple[int, int, int]] = {}  # (pid, ptr) -> (size, gpu, stack) of live tensor blocks
     sel = np.nonzero(ok_mask | oom_mask | tensor_mask)[0]
-    phase = rec.phases.assign(ev["pid"][sel].astype(np.int64), ev["ts"][sel].astype(np.int64))
-    freed = _freed_bytes(rec)
     traces: dict[tuple[int, int], deque] = {}
     made = 0
     frames_of: dict[tuple[int, int, int, int], list] = {}  # one list per (pid, api, phase, stack): pickled once
     stack_frames = _StackFrames(rec.trace.stacks)
-    cols = zip(sel.tolist(), ev["pid"][sel].tolist(), ev["gpu"][sel].tolist(), ev["kind"][sel].tolist(),
-               ev["api"][sel].tolist(), ev["ts"][sel].tolist(), ev["ptr"][sel].tolist(), ev["size"][sel].tolist(),
-               oom_mask[sel].tolist(), phase.tolist(), ev["stack"][sel].tolist())
-    for i, pid, gpu, kind, api, ts, addr, size, oom, ph, stack in cols:
+    for pid, gpu, kind, api, ts, addr, size, oom, ph, stack, freed in _selected(rec, ev, sel, oom_mask):
         if kind == _T_FREE:
             size, gpu, stack = blocks.pop((pid, addr), (0, -1, 0))
             if not size:
@@ -165,7 +161,7 @@ def snapshots(rec: Recording, max_entries: int = MAX_ENTRIES, at: int | None = N
             made += 1
             continue
         if kind == _FREE:
-            size = freed.get(i, 0)
+            size = freed
             if not size:
                 continue  # a free of memory from before the recording: no size to show
         if kind in (_T_ALLOC, _T_FREE):
@@ -302,11 +298,31 @@ def _segment_blocks(addr: int, size: int, inside: list[tuple[int, int, int]],
     return out
 
 
-def _freed_bytes(rec: Recording) -> dict[int, int]:
-    """Event index -> bytes a driver free released, from the replay's journal (a free names no size)."""
+#: Events turned into Python values at a time (:func:`_selected`).
+SLICE_ROWS = 1 << 20
+
+
+def _selected(rec: Recording, ev: np.ndarray, sel: np.ndarray, oom_mask: np.ndarray) -> Iterator[tuple]:
+    """The fields of the events ``sel`` (indexes into ``ev``) as Python values, with each one's
+    phase and, for a driver free, the bytes it released (from the replay's journal: a free names
+    no size); :data:`SLICE_ROWS` at a time, so that the export's own memory does not grow with
+    the events (100M events' fields as Python lists whole took tens of GB)."""
     j = rec.timeline.journal
     m = (j.category == DRIVER) & (j.delta < 0)
-    return dict(zip(j.index[m].tolist(), (-j.delta[m]).tolist()))
+    order = np.argsort(j.index[m], kind="stable")
+    freed_at, freed = j.index[m][order], -j.delta[m][order]
+    for lo in range(0, len(sel), SLICE_ROWS):
+        part = sel[lo:lo + SLICE_ROWS]
+        pid, ts = ev["pid"][part], ev["ts"][part]
+        phase = rec.phases.assign(pid.astype(np.int64), ts.astype(np.int64))
+        k = np.searchsorted(freed_at, part, side="right") - 1  # an event's last journal row, as a dict kept it
+        size = np.zeros(len(part), np.int64)
+        if len(freed_at):
+            hit = (k >= 0) & (freed_at[np.maximum(k, 0)] == part)
+            size[hit] = freed[k[hit]]
+        yield from zip(pid.tolist(), ev["gpu"][part].tolist(), ev["kind"][part].tolist(), ev["api"][part].tolist(),
+                       ts.tolist(), ev["ptr"][part].tolist(), ev["size"][part].tolist(), oom_mask[part].tolist(),
+                       phase.tolist(), ev["stack"][part].tolist(), size.tolist())
 
 
 def _nvml_free_before(nv: np.ndarray, gpu: int, ts: int) -> int:
