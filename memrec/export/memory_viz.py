@@ -39,6 +39,7 @@ with the reason; a segment or block takes the stack of the allocation that made 
 from __future__ import annotations
 
 import bisect
+import os
 import pickle
 from collections import deque
 from collections.abc import Callable
@@ -47,7 +48,8 @@ from pathlib import Path
 
 import numpy as np
 
-from memrec.base.files import create_file
+from memrec.base.files import create_in
+from memrec.base.files import open_folder
 from memrec.analysis.report.answer import Answer
 from memrec.analysis.report.answer import DRIVER_OOM
 from memrec.analysis.report.answer import KV_SIZING
@@ -363,7 +365,16 @@ def write_memory_viz(rec: Recording, path: Path, pid: int | None = None, max_ent
                for p, snap in sorted(snaps.items())}
     for target in targets if check else ():
         check(target)
-    for target, snap in targets.items():
-        with create_file(target) as f:
-            pickle.dump(snap, f)
+    if not targets:
+        return [], dropped
+    # the folder reached once (its path walked safely), each file made in it: a process each,
+    # 100,000 of them on a host of short processes (walking the path for each took most of the export)
+    folder = open_folder(path.parent)
+    try:
+        for target, snap in targets.items():
+            fd, _ = create_in(folder, target.name, shown=str(target))
+            with os.fdopen(fd, "wb") as f:
+                pickle.dump(snap, f)
+    finally:
+        os.close(folder)
     return list(targets), dropped
