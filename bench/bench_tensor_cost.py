@@ -18,6 +18,8 @@ Workloads (each measurement: the median of its repeats):
   small  a 4-layer transformer encoder (d_model 256, 4 heads, ffn 1024, batch 16 x 128) forward +
          backward + Adam step, eager mode, synchronized: ms per step (--steps steps, median); on a
          fast GPU this is launch-bound: the CPU's time per op is the step time
+         (and ``small_cpu_ms``: the process's CPU time per step, all threads, which the host's
+         swings of wall time move less; a trap is CPU time of the thread that hits it)
   large  6 layers, d_model 1024, 16 heads, ffn 4096, batch 16 x 512 (--large-steps steps): GPU-bound,
          the CPU runs ahead of the GPU and a probe's CPU time can hide behind the kernels
   loop   ``torch.empty(256)`` + ``del``: ns per pair (--loop-reps repeats of --pairs pairs, median);
@@ -64,16 +66,17 @@ for size in sizes:
 
 def steps(size, n):
     model, opt, shape = models[size]
-    out = []
+    out, cpu = [], []
     for _ in range(n):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         loss = model(torch.randn(*shape, device=dev)).square().mean()
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         sync()
         out.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(out)
+        cpu.append((time.process_time() - c) * 1e3)
+    return statistics.median(out), statistics.median(cpu)
 
 def loop(pairs, reps):
     out = []
@@ -91,7 +94,9 @@ loop(2000, 2)
 print(json.dumps({"ready": True, "torch": torch.__version__}), flush=True)
 for line in sys.stdin:
     counts = [int(v) for v in line.split()]
-    row = {f"{size}_ms": steps(size, counts[i]) for i, size in enumerate(models)}
+    row = {}
+    for i, size in enumerate(models):
+        row[f"{size}_ms"], row[f"{size}_cpu_ms"] = steps(size, counts[i])
     row["loop_ns"] = loop(counts[-2], counts[-1])
     print(json.dumps(row), flush=True)
 """
@@ -244,7 +249,9 @@ def main() -> int:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     by = {(row["round"], row["config"]): row for row in rows}
     print(f"\nratios against 'none' of the same round (torch {worker.torch}, {args.device}):")
-    metrics = [(f"{size}_ms", f"{size} transformer step") for size in sizes] + [("loop_ns", "torch.empty(256)/del pair")]
+    metrics = [(f"{size}_ms", f"{size} transformer step") for size in sizes] + [
+        (f"{size}_cpu_ms", f"{size} transformer step, CPU time of the process (all its threads)") for size in sizes] + [
+        ("loop_ns", "torch.empty(256)/del pair")]
     for metric, label in metrics:
         print(f"{label}: none median {statistics.median(by[r, 'none'][metric] for r in range(args.rounds)):.1f} "
               f"{metric[-2:]}")
