@@ -32,6 +32,9 @@ Configurations:
   self      ``memrec daemon --tensors-pid WORKER`` (scoped to the worker: it pays as with --tensors)
   other     ``memrec daemon --tensors-pid OTHER``, OTHER a process this bench starts that maps
             nothing: what every process outside the scope pays
+  trap      no daemon: a no-op BPF program at every pytorch probe site of the worker's
+            libc10_cuda.so, semaphores raised (bench_tensor_probes.py's NoopSites): what any
+            recorder of these probes pays before its program does anything
   EXTRA     any ``--extra NAME='daemon options'`` (e.g. another build's option), run like the others
 """
 
@@ -48,6 +51,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_tensor_probes import NoopSites  # noqa: E402  (the no-op program at PyTorch's sites)
 
 WORKER = r"""
 import json, os, statistics, sys, time
@@ -159,6 +165,14 @@ class Daemon:
         return counts
 
 
+def torch_library(pid: int) -> Path:
+    """The libc10_cuda.so process ``pid`` maps."""
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        if line.rstrip().endswith("/libc10_cuda.so"):
+            return Path(line.split(maxsplit=5)[5])
+    raise SystemExit(f"bench_tensor_cost: pid {pid} maps no libc10_cuda.so")
+
+
 def _kind_counts(trace) -> dict:
     from memrec.terms.events import Kind
 
@@ -182,7 +196,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=10, help="interleaved rounds (default 10)")
     parser.add_argument("--device", default="cuda", help="torch device of the workloads (default cuda)")
     parser.add_argument("--configs", default="none,plain,tensors",
-                        help="configurations, comma-separated: none, plain, tensors, self, other (default "
+                        help="configurations, comma-separated: none, plain, tensors, self, other, trap (default "
                              "none,plain,tensors)")
     parser.add_argument("--extra", action="append", default=[], metavar="NAME=OPTIONS",
                         help="another configuration: the daemon with these options")
@@ -206,7 +220,7 @@ def main() -> int:
     idle = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     for name in args.configs.split(","):
         configs[name] = {"none": None, "plain": [], "tensors": ["--tensors"], "self": ["--tensors-pid", "WORKER"],
-                         "other": ["--tensors-pid", str(idle.pid)]}[name]
+                         "other": ["--tensors-pid", str(idle.pid)], "trap": None}[name]
     for extra in args.extra:
         name, _, options = extra.partition("=")
         configs[name] = shlex.split(options)
@@ -232,7 +246,10 @@ def main() -> int:
                     if options is not None:
                         options = [str(worker.proc.pid) if o == "WORKER" else o for o in options]
                     daemon = Daemon(args.python, options, Path(tmp), others) if options is not None else None
+                    trap = NoopSites(torch_library(worker.proc.pid)) if name == "trap" else None
                     m = worker.measure({"small": args.steps, "large": args.large_steps}, args.pairs, args.loop_reps)
+                    if trap is not None:
+                        trap.close()
                     row = {"round": r, "config": name, **m}
                     if daemon is not None:
                         row["daemon_start_s"] = round(daemon.start_s, 2)
