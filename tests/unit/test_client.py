@@ -506,7 +506,7 @@ def on_alarm(*_):
     depth[0] -= 1
 
 signal.signal(signal.SIGALRM, on_alarm)
-lock_type = type(threading.Lock())
+lock_type = type(threading.RLock())
 
 def at_lock_taken(frame, event, arg):
     if event == "c_return" and getattr(arg, "__name__", "") == "acquire" \\
@@ -544,3 +544,53 @@ def test_a_mark_from_a_signal_right_after_the_lock_was_taken_is_dropped_at_once(
     # later handler mark reported sent
     assert r["names"] == ["start", "markers_dropped", "main"] + ["from-handler"] * r["handler_sent"]
     assert r["pending"] == 0
+
+
+# A KeyboardInterrupt (a signal handler that raises) in the instant after mark() took its lock:
+# the interrupted mark is lost, and every later mark must go out, not find the lock held forever.
+RAISE_AFTER_LOCK_SCRIPT = """
+import json, signal, socket, sys, threading
+from memrec.terms import protocol
+from memrec.client import MarkerClient
+
+server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+server.bind(sys.argv[1])
+server.listen()
+c = MarkerClient(sys.argv[1])
+assert c.mark("start")
+conn, _ = server.accept()
+lock_types = (type(threading.Lock()), type(threading.RLock()))
+
+def at_lock_taken(frame, event, arg):
+    if event == "c_return" and getattr(arg, "__name__", "") == "acquire" \\
+            and type(getattr(arg, "__self__", None)) in lock_types:
+        sys.setprofile(None)
+        signal.raise_signal(signal.SIGINT)  # Python's default handler raises KeyboardInterrupt
+
+sys.setprofile(at_lock_taken)
+try:
+    c.mark("interrupted")
+    interrupted = False
+except KeyboardInterrupt:
+    interrupted = True
+after = []  # from another thread: a lock left held by the main thread would keep it out
+worker = threading.Thread(target=lambda: after.extend(c.mark(f"after-{i}") for i in range(3)))
+worker.start()
+worker.join()
+c.close()
+conn.settimeout(5)
+decoder, names = protocol.FrameDecoder(), []
+while data := conn.recv(1 << 16):
+    names += [f["name"] for f in decoder.feed(data)]
+print(json.dumps({"interrupted": interrupted, "after": after, "busy": c.drops["busy"], "names": names}))
+"""
+
+
+def test_an_interrupt_right_after_the_lock_was_taken_does_not_keep_it(sock_dir):
+    # GIVEN a KeyboardInterrupt raised the instant after mark() took its lock
+    r = run_signal_child(RAISE_AFTER_LOCK_SCRIPT, sock_dir / "k.sock")
+    # THEN that mark is interrupted, and the next marks go out (before: the lock stayed held and
+    # each later mark waited and was dropped as busy)
+    assert r["interrupted"] is True
+    assert r["after"] == [True, True, True] and r["busy"] == 0, r
+    assert r["names"][-3:] == ["after-0", "after-1", "after-2"]
