@@ -507,9 +507,10 @@ def when_lock_taken(then):
 """
 
 
-# A signal that arrives in the instant after mark() took its lock. The handler's mark must see that its own thread is inside and drop at once: waiting for the lock
-# can never end (the thread holding it is the one the handler interrupted), and the wait is
-# interruptible, so the next timer signal's handler re-enters and waits too, without end.
+# A signal that arrives in the instant after mark() took its lock. The handler's mark must see
+# that its own thread is inside and drop at once: waiting for the lock can never end (the thread
+# holding it is the one the handler interrupted), and the wait is interruptible, so the next timer
+# signal's handler re-enters and waits too, without end.
 SIGNAL_AFTER_LOCK_SCRIPT = LOCK_TAKEN_PROLOGUE + """
 handler, depth = [], [0, 0]  # depth: now, deepest
 
