@@ -13,7 +13,6 @@ events; the same export with one slice of every event is the control that must g
 from __future__ import annotations
 
 import pickle
-import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +23,7 @@ from memrec.export import dataset
 from memrec.export import memory_viz
 from memrec.trace.reader import load_trace
 from tests.unit.test_scale_memory import CHUNK
+from tests.unit.test_scale_memory import peak
 from tests.unit.test_scale_memory import write
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,15 +37,6 @@ def recording(path: Path) -> Recording:
     rec = Recording(load_trace(path), pandas=False)
     rec.timeline, rec.phases, rec.ipc_opens, rec.ranks  # noqa: B018 - cached properties, built now
     return rec
-
-
-def peak(fn) -> int:
-    tracemalloc.start()
-    try:
-        fn()
-        return tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
 
 
 def viz(rec: Recording) -> None:
