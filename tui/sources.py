@@ -209,6 +209,9 @@ class FileSource(_Threaded):
                 post(messages.LoadProgress("scan", i, 0))
         model.warnings.extend(reader.warnings)
         reader.close()
+        if model.trailer is None:  # the last bytes' trailer was not one the scan could read: no end from it
+            with model.lock:
+                model.t_end_hint = None
         if ready is not None:  # a trace without events
             ready()
 
