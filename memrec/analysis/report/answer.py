@@ -210,13 +210,13 @@ def _unexplained(report: Report) -> tuple[Line, ...]:
     as unexplained, never given a cause (issue 21)."""
     out = []
     for sec in report.gpus:
-        for r in (sec.reconciliation or {}).get("processes", []):
-            share, split = r.get("explained_share"), r.get("split") or {}
-            if share is None or share >= EXPLAINED_SHARE_MIN or not r.get("nvml_used_last"):
+        for r in sec.reconciliation.processes if sec.reconciliation else ():
+            share = r.explained_share
+            if share is None or share >= EXPLAINED_SHARE_MIN or not r.nvml_used_last:
                 continue
-            gone = split.get("unexplained", 0)
+            gone = (r.split or {}).get("unexplained", 0)
             pct = round(100 * (1 - share))
-            out.append(Line("UNTRACED", (f"GPU {sec.gpu}: {human(gone)} ({pct} %) of pid {r['pid']}'s memory is unexplained",)))
+            out.append(Line("UNTRACED", (f"GPU {sec.gpu}: {human(gone)} ({pct} %) of pid {r.pid}'s memory is unexplained",)))
     return tuple(out)
 
 

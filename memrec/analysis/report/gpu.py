@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from memrec.analysis.names import api_name
+from memrec.analysis.untraced.reconcile import GpuReconciliation
 from memrec.analysis.untraced.reconcile import Reconciliation
 from memrec.analysis.report.model import CategoryRow
 from memrec.analysis.report.model import FailedCall
@@ -181,18 +182,11 @@ def _final_by_category(series: GpuSeries) -> dict[int, dict[str, int]]:
     return out
 
 
-def _reconciliation(rec: Reconciliation, g: int, pid: int | None, start: int) -> dict | None:
+def _reconciliation(rec: Reconciliation, g: int, pid: int | None, start: int) -> GpuReconciliation | None:
     """NVML vs traced on GPU ``g`` (None for the host section and GPUs without NVML samples)."""
     if g < 0 or g not in rec.gpus():
         return None
-    out = rec.gpu_summary(g, pid)
-    rows = out["processes"] + ([out["device"]] if out["device"] else []) + out["contexts"]
-    rows += [st for p in out["processes"] for st in p.get("steps", [])]
-    for row in rows:
-        for key in ("last_ts", "untraced_max_ts", "exit_ts", "ts", "cause_ts"):
-            if key in row:
-                row[key[:-2] + "t_s"] = seconds(row[key] - start) if row[key] is not None else None
-    return out
+    return rec.gpu_summary(g, pid).with_seconds(start)
 
 
 def _held_at_exit(g: int, exits: list[dict], pid: int | None, start: int) -> list[HeldAtExit]:

@@ -6,9 +6,10 @@ Keys the report only has sometimes are :data:`~memrec.analysis.sections.OMITTED`
 (``traced_at_last`` without a series, ``by_phase`` on all but the highest peak); a failed call's
 snapshot of the holders is flattened into the call's JSON.
 
-The parts that stay plain dicts are the ones their own modules build and read as JSON: the
-reconciliation (:mod:`memrec.analysis.untraced.reconcile`), the tensors (:mod:`memrec.analysis.report.tensors`),
-the merge summary, holdings from the state, and marker values.
+The reconciliation is :class:`memrec.analysis.untraced.reconcile.GpuReconciliation`, typed where it is
+built. The parts that stay plain dicts are the ones their own modules build and read as JSON: the
+tensors (:mod:`memrec.analysis.report.tensors`), the merge summary, holdings from the state, and
+marker values.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from memrec.analysis.sections import Section
 from memrec.analysis.sections import flatten
 from memrec.analysis.sglang.model import SglangSection
 from memrec.analysis.sites import SitesSection
+from memrec.analysis.untraced.reconcile import GpuReconciliation
 
 
 # ------------------------------------------------------------------------------------ the trace
@@ -261,7 +263,7 @@ class GpuSection(Section):
     failures: list[FailedCall]
     nvml: NvmlSummary | None
     #: :meth:`memrec.analysis.untraced.reconcile.Reconciliation.gpu_summary` with ``*_t_s`` added.
-    reconciliation: dict | None
+    reconciliation: GpuReconciliation | None
 
 
 # ----------------------------------------------------------------------------------- the whole

@@ -28,13 +28,13 @@ def split_by_rank(rec: Reconciliation, rank_of: dict[int, RankKey]) -> dict[tupl
         return out.setdefault(key, dict.fromkeys((*SPLIT, "contexts", "foreign", "sampled"), 0))
 
     for g in rec.gpus():
-        for row in rec.gpu_summary(g)["processes"]:
-            if not row.get("split"):
+        for row in rec.gpu_summary(g).processes:
+            if not row.split:
                 continue
-            c = cell((rank_of.get(row["pid"], ()), g))
+            c = cell((rank_of.get(row.pid, ()), g))
             c["sampled"] = 1
             for k in SPLIT:
-                c[k] += row["split"][k]
+                c[k] += row.split[k]
     for ctx in rec.contexts:
         c = cell((rank_of.get(ctx.pid, ()), ctx.gpu))
         c["contexts"] += 1
