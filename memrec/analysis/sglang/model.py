@@ -2,10 +2,10 @@
 over every rank (:func:`memrec.analysis.sglang.section.build_sglang_section` builds it; the text,
 the answer and ``report --json`` read it).
 
-The parts that stay plain dicts are those their own modules build as JSON: the windows between
-the baseline and the KV sizing (:meth:`memrec.analysis.sglang.windows.KvWindow.to_dict`), a
-budget's diagnosis (:func:`memrec.analysis.sglang.section.diagnose`), the facts rows
-(:mod:`memrec.analysis.sglang.facts`) and marker values.
+The windows between the baseline and the KV sizing are typed where they are built
+(:class:`memrec.analysis.sglang.windows.ShownWindow`, rows :class:`~memrec.analysis.sglang.windows.WindowRow`).
+The parts that stay plain dicts are the facts rows (:mod:`memrec.analysis.sglang.facts`: SGLang's
+marker values, passed through) and marker values.
 """
 
 from __future__ import annotations
@@ -13,7 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from dataclasses import field
+
 from memrec.analysis.sglang.kv_budget import KvBudget
+from memrec.analysis.sglang.windows import ShownWindow
 from memrec.analysis.sections import OMITTED
 from memrec.analysis.sections import Section
 
@@ -43,6 +46,21 @@ class SglangPhase(Section):
 
 
 @dataclass
+class Diagnosis(Section):
+    """Why a KV budget failed (:func:`memrec.analysis.sglang.section.diagnose`): the shortfall, what
+    was taken between the baseline and the sizing other than the weights (``extra_owned``), the
+    rest without it, and the lines that say so; ``weights_owned`` where the window has a baseline,
+    ``other_gpu`` where another GPU's window explains the failure."""
+
+    shortfall_gib: float | None = None
+    extra_owned: int = 0
+    rest_without_extras_gib: float | None = None
+    lines: list[str] = field(default_factory=list)
+    weights_owned: int = OMITTED
+    other_gpu: int = OMITTED
+
+
+@dataclass
 class RankBudget:
     """One KV budget of a rank: SGLang's numbers (:class:`KvBudget`), the rank's label, the
     formula with its values and, for the target runner, the diagnosis (None without a window)."""
@@ -50,7 +68,7 @@ class RankBudget:
     budget: KvBudget
     label: str
     formula: list[str]
-    diagnosis: dict | None
+    diagnosis: Diagnosis | None
 
     def to_json(self) -> dict:
         """The budget's own dict with the rank's label over SGLang's (kept as ``sglang_label``)."""
@@ -58,7 +76,7 @@ class RankBudget:
         out["label"] = self.label
         out["sglang_label"] = self.budget.label
         out["formula"] = self.formula
-        out["diagnosis"] = self.diagnosis
+        out["diagnosis"] = self.diagnosis.to_json() if self.diagnosis is not None else None
         return out
 
 
@@ -113,5 +131,5 @@ class SglangSummary(Section):
 @dataclass
 class SglangSection(Section):
     ranks: list[SglangRank]
-    windows: list[dict]
+    windows: list[ShownWindow]
     summary: SglangSummary
