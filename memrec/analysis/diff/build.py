@@ -60,6 +60,8 @@ from memrec.analysis.untraced.reconcile import reconcile
 from memrec.engine.replay import initial_state
 from memrec.engine.replay import trace_bounds
 from memrec.engine.replay import trace_phases
+from memrec.analysis.sglang.facts import CustomAllReduce
+from memrec.analysis.sglang.facts import ProcessContext
 from memrec.analysis.sglang.facts import custom_ar_facts
 from memrec.analysis.sglang.facts import custom_ar_line
 from memrec.analysis.sglang.facts import process_contexts
@@ -122,8 +124,8 @@ class Run:
     windows: dict[int, KvWindow]
     events: Batch  # the replayed events, column by column
     untraced: dict[tuple[RankKey, int], UntracedCell]  # (rank, gpu) -> the untraced band (memrec.analysis.untraced.diff)
-    contexts: list = dataclasses.field(default_factory=list)  # foreign CUDA contexts (sglang_report.process_contexts)
-    custom_ar: dict | None = None  # sglang_report.custom_ar_facts
+    contexts: list[ProcessContext] = dataclasses.field(default_factory=list)  # foreign CUDA contexts (facts.process_contexts)
+    custom_ar: CustomAllReduce | None = None  # facts.custom_ar_facts
     tensors: dict | None = None  # memrec.analysis.report.tensors.tensor_section (a --tensors trace)
     sites: SitesSection | None = None  # memrec.analysis.sites (a trace with stacks)
 
@@ -163,7 +165,7 @@ def analyze(trace: Any, name: str) -> Run:
     contexts = process_contexts(trace, ranked, rank_gpus(trace.markers, j, budgets), labels)
     untraced = split_by_rank(reconcile(trace, tl, phases), rank_of)
     return Run(name, start, phases, j, exit_rows, rank_of, budgets, windows, events, untraced,
-               [c for c in contexts if c["foreign"]], custom_ar_facts(trace.markers),
+               [c for c in contexts if c.foreign], custom_ar_facts(trace.markers),
                tensor_section(events, phases, start, trace.header, trace.trailer),
                sites_section(trace, phases, end_ts=trace_bounds(trace)[1]))
 
@@ -493,8 +495,8 @@ def _cause_lines(windows: list[WindowDiff], which: str, an: str, bn: str) -> lis
 def _sglang_fact_lines(a: Run, b: Run) -> list[str]:
     """Foreign CUDA contexts and the custom all-reduce, when they differ between the runs."""
     def foreign(run: Run) -> str:
-        return ", ".join(f"{c['label'] or 'pid ' + str(c['pid'])} on GPU {c['gpu']}"
-                         + (f" (NVML {human(c['nvml_peak'])})" if c["nvml_peak"] is not None else "")
+        return ", ".join(f"{c.label or 'pid ' + str(c.pid)} on GPU {c.gpu}"
+                         + (f" (NVML {human(c.nvml_peak)})" if c.nvml_peak is not None else "")
                          for c in run.contexts) or "none"
 
     def car(run: Run) -> str:

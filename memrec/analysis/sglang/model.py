@@ -4,8 +4,8 @@ the answer and ``report --json`` read it).
 
 The windows between the baseline and the KV sizing are typed where they are built
 (:class:`memrec.analysis.sglang.windows.ShownWindow`, rows :class:`~memrec.analysis.sglang.windows.WindowRow`).
-The parts that stay plain dicts are the facts rows (:mod:`memrec.analysis.sglang.facts`: SGLang's
-marker values, passed through) and marker values.
+The facts rows are typed where they are built (:mod:`memrec.analysis.sglang.facts`); what stays a
+plain dict is SGLang's own marker values, passed through.
 """
 
 from __future__ import annotations
@@ -15,10 +15,16 @@ from typing import Any
 
 from dataclasses import field
 
+from memrec.analysis.sglang.facts import CustomAllReduce
+from memrec.analysis.sglang.facts import MarkersDropped
+from memrec.analysis.sglang.facts import NcclVmm
+from memrec.analysis.sglang.facts import OomAfterSizing
+from memrec.analysis.sglang.facts import ProcessContext
 from memrec.analysis.sglang.kv_budget import KvBudget
 from memrec.analysis.sglang.windows import ShownWindow
 from memrec.analysis.sections import OMITTED
 from memrec.analysis.sections import Section
+from memrec.analysis.sections import flatten
 
 
 @dataclass
@@ -121,11 +127,19 @@ class SglangSummary(Section):
     kv_failed: bool
     mem_fraction_static: list[float]
     fraction_is_lower_bound: bool
-    markers_dropped: list[dict]
-    custom_all_reduce: Any
-    contexts: list[dict]
-    nccl_vmm: list[dict]
-    oom_after_sizing: list[dict]
+    facts: SglangFacts = flatten()
+
+
+@dataclass
+class SglangFacts(Section):
+    """What explains real startup failures (:mod:`memrec.analysis.sglang.facts`), the keys of the
+    summary's JSON after the numbers."""
+
+    markers_dropped: list[MarkersDropped]
+    custom_all_reduce: CustomAllReduce | None
+    contexts: list[ProcessContext]
+    nccl_vmm: list[NcclVmm]
+    oom_after_sizing: list[OomAfterSizing]
 
 
 @dataclass

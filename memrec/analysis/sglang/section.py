@@ -42,6 +42,7 @@ from memrec.analysis.sections import OMITTED
 from memrec.analysis.sglang.facts import contexts_line
 from memrec.analysis.sglang.facts import custom_ar_facts
 from memrec.analysis.sglang.facts import custom_ar_line
+from memrec.analysis.sglang.facts import jsonable
 from memrec.analysis.sglang.facts import markers_dropped
 from memrec.analysis.sglang.facts import nccl_line
 from memrec.analysis.sglang.facts import nccl_vmm
@@ -62,6 +63,7 @@ from memrec.analysis.sglang.model import RankBudget
 from memrec.analysis.sglang.model import RankError
 from memrec.analysis.sglang.model import SglangPhase
 from memrec.analysis.sglang.model import SglangRank
+from memrec.analysis.sglang.model import SglangFacts
 from memrec.analysis.sglang.model import SglangSection
 from memrec.analysis.sglang.model import SglangSummary
 from memrec.analysis.sglang.windows import MAPPED
@@ -128,24 +130,12 @@ def has_sglang_markers(markers: Iterable[Marker]) -> bool:
 # ---------------------------------------------------------------------------------------- section
 
 
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, np.generic):
-        return v.item()
-    if v is None or isinstance(v, (bool, int, float, str)):
-        return v
-    return str(v)
-
-
 def _shown_values(name: str, values: dict) -> dict:
     keys = _SHOWN.get(name, ())
     out = {}
     for k, v in values.items():
         if k in keys or (name == "cuda_graph_capture" and k.startswith("graph_memory_usage")):
-            out[k] = _jsonable(v)
+            out[k] = jsonable(v)
     if values.get("error"):
         out["error"] = str(values["error"])
     return out
@@ -428,32 +418,32 @@ def build_sglang_section(
     if not out_ranks and (pid is not None or gpu is not None):
         return None  # the filter leaves no SGLang process
     shown_windows = [w.shown(start) for g, w in windows.items() if gpu is None or g == gpu]
-    facts = {
-        "markers_dropped": markers_dropped(markers, labels),
-        "custom_all_reduce": custom_ar_facts(markers),
-        "contexts": process_contexts(trace, sglang_pids, gpus_of, labels),
-        "nccl_vmm": nccl_vmm([(r.pid, r.label, [(x.kind, x.name, x.gpu, x.by_category) for x in r.phases])
-                              for r in out_ranks]),
-        "oom_after_sizing": ooms_after_sizing(trace, phases, times, labels, budgets),
-    }
+    facts = SglangFacts(
+        markers_dropped=markers_dropped(markers, labels),
+        custom_all_reduce=custom_ar_facts(markers),
+        contexts=process_contexts(trace, sglang_pids, gpus_of, labels),
+        nccl_vmm=nccl_vmm([(r.pid, r.label, [(x.kind, x.name, x.gpu, x.by_category) for x in r.phases])
+                           for r in out_ranks]),
+        oom_after_sizing=ooms_after_sizing(trace, phases, times, labels, budgets),
+    )
     return SglangSection(ranks=out_ranks, windows=shown_windows, summary=_summary(budgets, ranks, dims, facts))
 
 
-def _summary(budgets: list[KvBudget], ranks: dict, dims: tuple[str, ...], facts: dict) -> SglangSummary:
+def _summary(budgets: list[KvBudget], ranks: dict, dims: tuple[str, ...], facts: SglangFacts) -> SglangSummary:
     """Every rank's KV sizing in a few numbers (:func:`summarize`), the rank that came out
-    smallest by its marker rank, and the facts (JSON-able)."""
+    smallest by its marker rank, and the facts."""
     summary = summarize(budgets)
     targets = [b for b in budgets if not b.draft]
     if summary["min_rest_label"] is not None:
         worst = min((b for b in targets if b.rest_gib is not None), key=lambda b: b.rest_gib)  # type: ignore[arg-type,return-value]
         summary["min_rest_label"] = format_rank(ranks.get(worst.pid, {}), dims) or worst.label
     return SglangSummary(
-        **_jsonable(summary),
+        **jsonable(summary),
         failed_labels=[format_rank(ranks.get(b.pid, {}), dims, b.draft) or f"pid {b.pid}" for b in budgets if not b.ok],
         kv_failed=any(kv_failed(b) for b in budgets),
         mem_fraction_static=sorted({b.mem_fraction_static for b in targets if b.mem_fraction_static is not None}),
         fraction_is_lower_bound=any(b.unknown_terms for b in targets),
-        **_jsonable(facts),
+        facts=facts,
     )
 
 
@@ -517,18 +507,19 @@ def _summary_lines(s: SglangSummary) -> list[str]:
             )
     else:
         out.append("  no KV sizing in the markers")
-    if s.nccl_vmm:
-        out.append(nccl_line(s.nccl_vmm, human))
-    foreign_line = contexts_line(s.contexts or [], human)
+    f = s.facts
+    if f.nccl_vmm:
+        out.append(nccl_line(f.nccl_vmm, human))
+    foreign_line = contexts_line(f.contexts, human)
     if foreign_line:
         out.append(foreign_line)
-    for o in s.oom_after_sizing or ():
+    for o in f.oom_after_sizing:
         out.append(oom_line(o, human))
-    if s.custom_all_reduce:
-        out.append(custom_ar_line(s.custom_all_reduce, human))
-    for d in s.markers_dropped or ():
-        reasons = ", ".join(f"{k} {v}" for k, v in d["reasons"].items() if v)
-        out.append(f"  markers lost: {d['label'] or 'pid ' + str(d['pid'])} dropped {d['dropped']} marker(s)"
+    if f.custom_all_reduce:
+        out.append(custom_ar_line(f.custom_all_reduce, human))
+    for d in f.markers_dropped:
+        reasons = ", ".join(f"{k} {v}" for k, v in d.reasons.items() if v)
+        out.append(f"  markers lost: {d.label or 'pid ' + str(d.pid)} dropped {d.dropped} marker(s)"
                    f" ({reasons}); phases around them may be missing")
     return out
 
