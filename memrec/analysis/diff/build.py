@@ -44,6 +44,7 @@ from memrec.analysis.diff.model import DiffSide
 from memrec.analysis.diff.model import DiffVerdict
 from memrec.analysis.diff.model import DiffWindows
 from memrec.analysis.diff.model import Failure
+from memrec.analysis.diff.model import KvChange
 from memrec.analysis.diff.model import PhaseChange
 from memrec.analysis.diff.model import TensorChange
 from memrec.analysis.diff.model import WindowChange
@@ -394,21 +395,22 @@ def _what_ran_out(ooms: list[Failure]) -> str:
             f"{n} failed call{'' if n == 1 else 's'} for {human(sum(f.bytes for f in ooms))} ({OUT_OF_MEMORY})")
 
 
-def _kv_lines(kv: list[dict], an: str, bn: str) -> list[str]:
-    pairs = [d for d in kv if d["before"] is not None and d["after"] is not None and "rest_gib" in d["deltas"]]
+def _kv_lines(kv: list[KvChange], an: str, bn: str) -> list[str]:
+    pairs = [d for d in kv if d.budgets.before is not None and d.budgets.after is not None
+             and "rest_gib" in d.budgets.deltas]
     if not pairs:
         return []
-    groups: dict[tuple, list[dict]] = {}
+    groups: dict[tuple, list[KvChange]] = {}
     for d in pairs:
-        a, b, dl = d["before"], d["after"], d["deltas"]
-        key = tuple(round(x, 2) for x in (a["rest_gib"], b["rest_gib"], dl.get("available_gpu_memory", 0.0),
+        a, b, dl = d.budgets.before, d.budgets.after, d.budgets.deltas
+        key = tuple(round(x, 2) for x in (a.rest_gib, b.rest_gib, dl.get("available_gpu_memory", 0.0),  # type: ignore[union-attr]
                                            dl.get("slack_gib", 0.0), dl.get("pre_model_load_memory", 0.0)))
         groups.setdefault(key, []).append(d)
     lines = []
     for (ra, rb, da, ds, dp), ds_ in list(groups.items())[:4]:
-        where = "on every rank" if len(groups) == 1 and len(pairs) > 1 else "on " + ", ".join(d["label"] for d in ds_)
-        d0 = ds_[0]
-        ta, tb = d0["before"]["tokens"], d0["after"]["tokens"]
+        where = "on every rank" if len(groups) == 1 and len(pairs) > 1 else "on " + ", ".join(d.label for d in ds_)
+        before, after = ds_[0].budgets.before, ds_[0].budgets.after
+        ta, tb = before.tokens, after.tokens  # type: ignore[union-attr]
         tokens = f"; tokens {ta:,} → {tb:,}" if ta is not None and tb is not None else ""
         lines.append(
             f"KV budget: rest {ra:.2f} GiB → {rb:.2f} GiB {where} (Δrest {rb - ra:+.2f} GiB = "
@@ -416,8 +418,8 @@ def _kv_lines(kv: list[dict], an: str, bn: str) -> list[str]:
         )
         if abs(dp) >= 0.005:
             lines.append(
-                f"  pre_model_load_memory {d0['before']['pre_model_load_memory']:.2f} → "
-                f"{d0['after']['pre_model_load_memory']:.2f} GiB ({dp:+.2f} GiB): memory taken before the baseline changed"
+                f"  pre_model_load_memory {before.pre_model_load_memory:.2f} → "  # type: ignore[union-attr]
+                f"{after.pre_model_load_memory:.2f} GiB ({dp:+.2f} GiB): memory taken before the baseline changed"  # type: ignore[union-attr]
             )
     if len(groups) > 4:
         lines.append(f"  ({len(groups) - 4} more rank groups in the KV table)")
@@ -544,7 +546,7 @@ def _verdict(d: Diff, a: Run, b: Run, relation: Relation) -> DiffVerdict:
         head = "both runs work"
     lines = _kv_lines(d.kv, an, bn)
     lines += _cause_lines(d.windows.between, "between", an, bn)
-    pre_moved = any(abs(x["deltas"].get("pre_model_load_memory", 0.0)) >= 0.005 for x in d.kv)
+    pre_moved = any(abs(x.budgets.deltas.get("pre_model_load_memory", 0.0)) >= 0.005 for x in d.kv)
     if pre_moved or not d.kv:
         lines += _cause_lines(d.windows.before, "before", an, bn)
     needed = {}
@@ -632,13 +634,8 @@ def diff_traces(a_trace: Any, b_trace: Any, a_name: str = "A", b_name: str = "B"
     dims = shown_dims([_as_dict(k) for k in list(a.rank_of.values()) + list(b.rank_of.values()) if k])
     kv = []
     for bd in compare_budgets(a.budgets, b.budgets):
-        x = bd.to_dict()
         dp, pp, tp, draft = bd.rank_key
-        x["label"] = _rank_label((dp, pp, tp), dims, draft) if tp is not None else bd.label
-        for side in ("before", "after"):
-            if x[side] is not None:
-                x[side]["label"] = x["label"]
-        kv.append(x)
+        kv.append(KvChange(bd, _rank_label((dp, pp, tp), dims, draft) if tp is not None else bd.label))
     fa, fb = _failures(a, dims), _failures(b, dims)
     failures = []
     for key in list(fa) + [k for k in fb if k not in fa]:

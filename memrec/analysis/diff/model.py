@@ -6,9 +6,10 @@ diff always printed) read it.
 The rows are typed too: the windows' (:class:`WindowDiff`, :class:`WindowChange`), the phases'
 (:class:`PhaseChange`), the tensors' (:class:`TensorChange`), the failures (:class:`Failure`: the
 fields a kind does not have are left out of the JSON) and the untraced band's
-(:class:`memrec.analysis.untraced.diff.UntracedChange`). What stays a dict: the KV budgets side by
-side (:meth:`memrec.analysis.sglang.kv_budget_diff.BudgetDiff.to_dict`, SGLang's own numbers by
-their names) and the relation (:meth:`memrec.analysis.diff.related.Relation.to_dict`).
+(:class:`memrec.analysis.untraced.diff.UntracedChange`) and the KV budgets side by side
+(:class:`KvChange`). What stays a dict: the KV budgets' deltas (keyed by the names of
+:class:`~memrec.analysis.sglang.kv_budget.KvBudget`'s numbers, only those both runs have) and the
+relation (:meth:`memrec.analysis.diff.related.Relation.to_dict`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from memrec.analysis.sections import OMITTED
 from memrec.analysis.sections import Section
 from memrec.analysis.sections import renamed
+from memrec.analysis.sglang.kv_budget_diff import BudgetDiff
 from memrec.analysis.sites_diff import SitesDiff
 from memrec.analysis.untraced.diff import UntracedChange
 
@@ -36,6 +38,23 @@ class DiffSide(Section):
 class DiffVerdict(Section):
     headline: str
     lines: list[str]
+
+
+@dataclass
+class KvChange:
+    """One rank's KV budget in both runs (:class:`BudgetDiff`), named by the diff's rank label
+    (which also replaces each run's own label in the JSON)."""
+
+    budgets: BudgetDiff
+    label: str
+
+    def to_json(self) -> dict:
+        out = self.budgets.to_dict()
+        out["label"] = self.label
+        for side in ("before", "after"):
+            if out[side] is not None:
+                out[side]["label"] = self.label
+        return out
 
 
 @dataclass
@@ -137,7 +156,7 @@ class Diff(Section):
     b: DiffSide
     verdict: DiffVerdict
     related: dict
-    kv: list[dict]
+    kv: list[KvChange]
     windows: DiffWindows
     phases: list[PhaseChange]
     failures: list[Failure]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from memrec.analysis.diff.model import Diff
 from memrec.analysis.diff.model import DiffWindows
 from memrec.analysis.diff.model import Failure
+from memrec.analysis.diff.model import KvChange
 from memrec.analysis.diff.model import PhaseChange
 from memrec.analysis.diff.model import TensorChange
 from memrec.analysis.sites_diff import render_sites_diff
@@ -56,7 +57,7 @@ def _title(title: str, width: int | None) -> list[str]:
     return fit_lines([title], width) if width is not None else [title]
 
 
-def _kv_table(kv: list[dict], width: int | None) -> list[str]:
+def _kv_table(kv: list[KvChange], width: int | None) -> list[str]:
     """Each rank's KV budget in both runs and the deltas."""
     if not kv:
         return []
@@ -64,16 +65,16 @@ def _kv_table(kv: list[dict], width: int | None) -> list[str]:
                         "Δrest = Δavailable − Δslack)", width)
     rows = []
     for x in kv:
-        for tag, side in (("A", x["before"]), ("B", x["after"])):
+        for tag, side in (("A", x.budgets.before), ("B", x.budgets.after)):
             if side is None:
-                rows.append([x["label"], tag, "", "", "", "", "", "", "", "(not in this run)"])
+                rows.append([x.label, tag, "", "", "", "", "", "", "", "(not in this run)"])
                 continue
             rows.append(
-                [x["label"], tag, _g(side["pre_model_load_memory"]), _g(side["available_gpu_memory"]),
-                 _g(side["mem_fraction_static"], 3), _g(side["slack_gib"]), _g(side["rest_gib"]), _n(side["tokens"]),
-                 _g(side["min_mem_fraction_static"], 4), side["error"] or ""]
+                [x.label, tag, _g(side.pre_model_load_memory), _g(side.available_gpu_memory),
+                 _g(side.mem_fraction_static, 3), _g(side.slack_gib), _g(side.rest_gib), _n(side.tokens),
+                 _g(side.min_mem_fraction_static, 4), side.error or ""]
             )
-        dl = x["deltas"]
+        dl = x.budgets.deltas
         if dl:
             rows.append(
                 ["", "Δ", _g(dl.get("pre_model_load_memory"), sign=True), _g(dl.get("available_gpu_memory"), sign=True),
