@@ -79,6 +79,7 @@ from memrec.terms.ranks import process_info_ranks
 from memrec.analysis.sglang.windows import rank_gpus
 from memrec.terms.ranks import rank_sort_key
 from memrec.terms.ranks import shown_dims
+from memrec.analysis.report.tensors import TensorSection
 from memrec.analysis.report.tensors import tensor_section
 from memrec.analysis.sites import SitesSection
 from memrec.analysis.sites import sites_section
@@ -127,7 +128,7 @@ class Run:
     untraced: dict[tuple[RankKey, int], UntracedCell]  # (rank, gpu) -> the untraced band (memrec.analysis.untraced.diff)
     contexts: list[ProcessContext] = dataclasses.field(default_factory=list)  # foreign CUDA contexts (facts.process_contexts)
     custom_ar: CustomAllReduce | None = None  # facts.custom_ar_facts
-    tensors: dict | None = None  # memrec.analysis.report.tensors.tensor_section (a --tensors trace)
+    tensors: TensorSection | None = None  # memrec.analysis.report.tensors.tensor_section (a --tensors trace)
     sites: SitesSection | None = None  # memrec.analysis.sites (a trace with stacks)
 
 
@@ -236,11 +237,11 @@ def _tensor_peaks(run: Run) -> dict[tuple, list[int]]:
     """(phase, rank key, gpu) -> [peak allocated, peak reserved] of tensor blocks (processes of a
     rank summed)."""
     out: dict[tuple, list[int]] = {}
-    for r in (run.tensors or {}).get("rows", []):
-        key = (r["phase"], run.rank_of.get(r["pid"], ()), r["gpu"])
+    for r in run.tensors.rows if run.tensors else ():
+        key = (r.phase, run.rank_of.get(r.pid, ()), r.gpu)
         acc = out.setdefault(key, [0, 0])
-        acc[0] += r["peak_allocated"]
-        acc[1] += r["peak_reserved"]
+        acc[0] += r.peak_allocated
+        acc[1] += r.peak_reserved
     return out
 
 

@@ -6,10 +6,10 @@ Keys the report only has sometimes are :data:`~memrec.analysis.sections.OMITTED`
 (``traced_at_last`` without a series, ``by_phase`` on all but the highest peak); a failed call's
 snapshot of the holders is flattened into the call's JSON.
 
-The reconciliation is :class:`memrec.analysis.untraced.reconcile.GpuReconciliation`, typed where it is
-built. The parts that stay plain dicts are the ones their own modules build and read as JSON: the
-tensors (:mod:`memrec.analysis.report.tensors`), the merge summary, holdings from the state, and
-marker values.
+The reconciliation (:class:`memrec.analysis.untraced.reconcile.GpuReconciliation`) and the tensors
+(:class:`memrec.analysis.report.tensors.TensorSection`) are typed where they are built. The parts
+that stay plain dicts are the merge summary (the trace header's ``merged`` map), holdings from the
+state and marker values.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from memrec.analysis.report.answer import Answer
 from memrec.analysis.sections import OMITTED
 from memrec.analysis.sections import Section
 from memrec.analysis.sections import flatten
+from memrec.analysis.report.tensors import TensorSection
 from memrec.analysis.sglang.model import SglangSection
 from memrec.analysis.sites import SitesSection
 from memrec.analysis.untraced.reconcile import GpuReconciliation
@@ -282,7 +283,7 @@ class Report(Section):
     instants: list[InstantEntry]
     failures_unknown_gpu: list[FailedCall]
     sglang: SglangSection | None = None
-    tensors: dict | None = None
+    tensors: TensorSection | None = None
     #: Allocation sites by phase (a trace with stacks, format 2.3; absent from the JSON without).
     sites: SitesSection = OMITTED
     answer: Answer | None = None
