@@ -489,7 +489,7 @@ def _call_window(report: Report, f: FailedCall) -> Window:
     allocated; otherwise from the start of the phase it failed in (else the call alone)."""
     gpu = f.gpu if f.gpu >= 0 else None
     if f.result_name == OOM and f.held is not None and f.held.largest:
-        start = min(h["ts"] for h in f.held.largest)
+        start = min(h.ts for h in f.held.largest)
         return _window(report, start, f.ts, gpu, "from the largest allocations it held then to the failed call")
     start = _phase_start(report, [f.pid], f.phase or "", f.ts)
     if start is None:

@@ -8,8 +8,7 @@ snapshot of the holders is flattened into the call's JSON.
 
 The reconciliation (:class:`memrec.analysis.untraced.reconcile.GpuReconciliation`) and the tensors
 (:class:`memrec.analysis.report.tensors.TensorSection`) are typed where they are built. The parts
-that stay plain dicts are the merge summary (the trace header's ``merged`` map), holdings from the
-state and marker values.
+that stay plain dicts are the merge summary (the trace header's ``merged`` map) and marker values.
 """
 
 from __future__ import annotations
@@ -106,13 +105,39 @@ class HeldPhase(Section):
 
 
 @dataclass
+class HoldingRow(Section):
+    """One live piece of memory (:class:`memrec.state.fields.Holding`) with its API by name."""
+
+    pid: int
+    gpu: int
+    category: str
+    size: int
+    address: int  # the VMM handle for category "vmm"
+    ts: int
+    api: str
+    peer: int  # ipc_mapped: the exporter's pid (0 unknown)
+
+
+@dataclass
+class Holder(Section):
+    """One process's memory on a GPU at an instant: owned, mapped from peers, by category, and its
+    largest pieces (owned first)."""
+
+    pid: int
+    owned: int
+    mapped: int
+    by_category: dict[str, int]
+    largest: list[HoldingRow]
+
+
+@dataclass
 class HeldThen(Section):
     """Who held what on a failed call's GPU at that instant (flattened into the call's JSON)."""
 
     owned_on_gpu: int
     mapped_on_gpu: int
-    holders: list[dict]
-    largest: list[dict]
+    holders: list[Holder]
+    largest: list[HoldingRow]
     by_phase: list[HeldPhase]
 
 
@@ -227,7 +252,7 @@ class HeldAtExit(Section):
     mapped: int
     count: int
     by_category: dict[str, int]
-    largest: list[dict]
+    largest: list[HoldingRow]
 
 
 @dataclass

@@ -17,6 +17,7 @@ from memrec.analysis.sections import OMITTED
 from memrec.analysis.report.model import FailedCall
 from memrec.analysis.report.model import GpuPhase
 from memrec.analysis.report.model import GpuSection
+from memrec.analysis.report.model import HoldingRow
 from memrec.analysis.report.model import ProcessEntry
 from memrec.analysis.report.model import Report
 from memrec.analysis.report.model import TraceSummary
@@ -78,11 +79,11 @@ def _rank_of(pid: int, procs: dict[int, ProcessEntry]) -> str:
     return p.rank if p is not None else ""
 
 
-def _holding_text(h: dict) -> str:
-    addr = f"handle {h['address']:#x}" if h["category"] == "vmm" else f"{h['address']:#x}"
-    text = f"{human(h['size'])} {h['category']} {addr}"
-    if h["category"] == "ipc_mapped" and h.get("peer"):
-        text += f" from pid {h['peer']}"
+def _holding_text(h: HoldingRow) -> str:
+    addr = f"handle {h.address:#x}" if h.category == "vmm" else f"{h.address:#x}"
+    text = f"{human(h.size)} {h.category} {addr}"
+    if h.category == "ipc_mapped" and h.peer:
+        text += f" from pid {h.peer}"
     return text
 
 
@@ -323,10 +324,10 @@ def _render_gpu_failures(sec: GpuSection, procs: dict[int, ProcessEntry], show_a
             + (f", {human(held.mapped_on_gpu)} mapped from peers" if held.mapped_on_gpu else "")
         )
         for h in held.holders:
-            cats = ", ".join(f"{c} {human(b)}" for c, b in h["by_category"].items())
-            out.append(f"          {_pid_label(h['pid'], procs)}: {human(h['owned'])} owned ({cats})")
-            if h["largest"]:
-                out.append("            largest: " + "; ".join(_holding_text(x) for x in h["largest"]))
+            cats = ", ".join(f"{c} {human(b)}" for c, b in h.by_category.items())
+            out.append(f"          {_pid_label(h.pid, procs)}: {human(h.owned)} owned ({cats})")
+            if h.largest:
+                out.append("            largest: " + "; ".join(_holding_text(x) for x in h.largest))
     out.extend(more)
     if any(f.gpu_inferred for f in sec.failures):
         out.append("    (GPU n? = the call named no GPU: inferred from the process's previous calls)")
