@@ -25,15 +25,17 @@ from memrec.commands import main
 
 ROOT = Path(__file__).resolve().parents[2]
 STORED = ROOT / "tests" / "data" / "outputs.json.xz"
-GOLDEN = sorted(p.stem for p in (ROOT / "tests" / "data").glob("golden_v*.mrec"))
+#: The golden traces, and ``memrec demo``'s (recorded on the stub driver: an out-of-memory with holders).
+GOLDEN = sorted(p.stem for p in (ROOT / "tests" / "data").glob("golden_v*.mrec")) + ["demo_oom"]
 EXAMPLES = sorted(p.stem for p in (ROOT / "examples").glob("*.mrec"))
 DIFFS = [("sglang-standin-base", "sglang-standin-ipc"), ("seed-x2-base", "seed-x2-ipc"),
          ("torch-expandable", "torch-ipc"), ("sglang-standin-stock", "sglang-standin-base"),
-         ("golden_v2_2", "golden_v2_3")]  # tensor blocks on both sides
+         ("golden_v2_2", "golden_v2_3"),  # tensor blocks on both sides
+         ("demo_oom", "golden_v2_3")]
 
 
 def _path(stem: str) -> str:
-    folder = "tests/data" if stem.startswith("golden_") else "examples"
+    folder = "tests/data" if stem in GOLDEN else "examples"
     return str(ROOT / folder / f"{stem}.mrec")
 
 
