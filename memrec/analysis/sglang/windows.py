@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from dataclasses import field
 
 import numpy as np
 
@@ -49,40 +49,52 @@ class KvTimes:
     sizing_ts: int | None  # the measurement of available_after_weights (or the kv_budget span)
 
 
+@dataclass
+class _Seen:
+    """What one process's markers said so far, in time order (:func:`kv_times`)."""
+
+    measured: list[int] = field(default_factory=list)  # gpu_memory_measured by a profiler
+    baseline: int | None = None  # memory_baseline
+    dist_baseline: int | None = None  # dist_init's end with pre_model_load_memory (older hooks)
+    kv_begin: int | None = None
+    kv_end: int | None = None
+    gpu: int | None = None
+
+
 def kv_times(markers: Iterable[Marker]) -> dict[int, KvTimes]:
     """Per pid (target runner, not draft): the baseline and the last KV sizing."""
-    per: dict[int, dict[str, Any]] = {}
+    per: dict[int, _Seen] = {}
     for m in sorted(markers, key=lambda m: m.ts):
         values = m.values or {}
         if values.get("is_draft_worker"):
             continue
-        d = per.setdefault(m.pid, {"measured": []})
+        d = per.setdefault(m.pid, _Seen())
         if m.name == "memory_baseline" and m.phase in ("end", "instant"):
-            d["baseline"] = m.ts
-            d["gpu"] = m.gpu if m.gpu is not None else d.get("gpu")
+            d.baseline = m.ts
+            d.gpu = m.gpu if m.gpu is not None else d.gpu
         elif m.name == "dist_init" and m.phase == "end" and "pre_model_load_memory" in values:
-            d["dist_baseline"] = m.ts
+            d.dist_baseline = m.ts
         elif m.name == "gpu_memory_measured" and str(values.get("caller", "")).endswith(PROFILERS):
-            d["measured"].append(m.ts)
+            d.measured.append(m.ts)
         elif m.name == "kv_budget" and m.phase == "begin":
-            d["kv_begin"] = m.ts
+            d.kv_begin = m.ts
         elif m.name == "kv_budget" and m.phase in ("end", "instant"):
-            d["kv_end"] = m.ts
+            d.kv_end = m.ts
             if m.gpu is not None:
-                d["gpu"] = m.gpu
+                d.gpu = m.gpu
     out = {}
     for pid, d in per.items():
-        baseline = d.get("baseline", d.get("dist_baseline"))
-        end = d.get("kv_end")
+        baseline = d.baseline if d.baseline is not None else d.dist_baseline
+        end = d.kv_end
         if baseline is None and end is None:
             continue
         sizing = None
         if end is not None:
-            begin = d.get("kv_begin")
-            measured = [t for t in d["measured"] if t <= end and (baseline is None or t >= baseline)]
+            begin = d.kv_begin
+            measured = [t for t in d.measured if t <= end and (baseline is None or t >= baseline)]
             # The measurement is inside the span (0.5.10, 0.5.23) or just before it (the stand-in).
             sizing = measured[-1] if measured else (begin if begin is not None and begin <= end else end)
-        out[pid] = KvTimes(pid, d.get("gpu"), baseline, sizing)
+        out[pid] = KvTimes(pid, d.gpu, baseline, sizing)
     return out
 
 
