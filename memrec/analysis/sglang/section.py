@@ -28,7 +28,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-
 from memrec.analysis.sglang.kv_budget import GIB
 from memrec.analysis.sglang.kv_budget import PROFILERS
 from memrec.analysis.sglang.kv_budget import KvBudget
