@@ -437,20 +437,18 @@ class _PhaseMove:
 
     delta: int = 0
     mapped: int = 0
-    a: int = 0
-    b: int = 0
-    in_a: bool = False
-    in_b: bool = False
+    a: int | None = None  # owned in A; None: the phase did not run there
+    b: int | None = None
     ranks: list[str] = dataclasses.field(default_factory=list)
     cats: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def add(self, r: WindowChange) -> None:
         self.delta += r.delta_owned
         self.mapped += r.delta_mapped
-        self.a += r.a_owned or 0
-        self.b += r.b_owned or 0
-        self.in_a |= r.a_owned is not None
-        self.in_b |= r.b_owned is not None
+        if r.a_owned is not None:
+            self.a = (self.a or 0) + r.a_owned
+        if r.b_owned is not None:
+            self.b = (self.b or 0) + r.b_owned
         if r.delta_owned:
             self.ranks.append(f"{r.rank} {signed_human(r.delta_owned)}")
         for c in set(r.a_by_category) | set(r.b_by_category):
@@ -460,9 +458,9 @@ class _PhaseMove:
     def line(self, p: str, where: str, an: str, bn: str) -> str:
         """What the phase (path ``p``) took, in the window ``where``, with ``{gpus}`` left to fill in."""
         name = "allocations outside any phase" if p == NO_PHASE else p.rsplit("/", 1)[-1]
-        if not self.in_a:
-            took = f"{name} took {human(self.b)} on {{gpus}} in {bn}; it does not run in {an}"
-        elif not self.in_b:
+        if self.a is None:
+            took = f"{name} took {human(self.b or 0)} on {{gpus}} in {bn}; it does not run in {an}"
+        elif self.b is None:
             took = f"{name} took {human(self.a)} on {{gpus}} in {an}; it does not run in {bn}"
         else:
             took = f"{name} took {human(self.b)} on {{gpus}} in {bn}, {human(self.a)} in {an} ({signed_human(self.delta)})"
