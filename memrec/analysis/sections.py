@@ -54,12 +54,18 @@ class Section:
 
     _plan: ClassVar[tuple[tuple[str, str, bool], ...]]
 
-    def to_json(self) -> dict:
-        plan = type(self).__dict__.get("_plan")
-        if plan is None:  # once per class: the fields, their JSON keys and which of them flatten
+    @classmethod
+    def _json_plan(cls) -> tuple[tuple[str, str, bool], ...]:
+        """The fields in the JSON, their keys and which of them flatten (worked out once per class)."""
+        plan = cls.__dict__.get("_plan")
+        if plan is None:
             plan = tuple((f.name, f.metadata.get("key", f.name), bool(f.metadata.get("flatten")))
-                         for f in fields(self) if f.metadata.get("json", True))  # type: ignore[arg-type]
-            type(self)._plan = plan
+                         for f in fields(cls) if f.metadata.get("json", True))  # type: ignore[arg-type]
+            cls._plan = plan
+        return plan
+
+    def to_json(self) -> dict:
+        plan = self._json_plan()
         out: dict = {}
         for name, json_key, flat in plan:
             v = getattr(self, name)

@@ -24,6 +24,7 @@ import numpy as np
 from memrec.analysis.report.answer import Answer
 from memrec.analysis.report.answer import build_answer
 from memrec.analysis.names import api_name
+from memrec.analysis.names import kind_name
 from memrec.analysis.names import process_title
 from memrec.analysis.names import result_name
 from memrec.engine.phases import Phases
@@ -340,7 +341,7 @@ def _failure(events: np.ndarray, i: int, g: int, inferred: bool, start: int,
         pid=p,
         tid=int(e["tid"]),
         process=proc.short if proc else "",
-        kind=Kind(kind).name if kind in Kind._value2member_map_ else str(kind),
+        kind=kind_name(kind),
         api=api_name(int(e["api"])),
         size=int(e["size"]),
         result=int(e["result"]),
