@@ -80,8 +80,11 @@ def test_every_stored_case_is_still_run(stored):
     assert sorted(stored) == sorted(cases())
 
 
-if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
+if __name__ == "__main__":
     import os
+
+    if sys.argv[1:] != ["--write"]:
+        sys.exit(f"usage: {sys.argv[0]} --write   (store what report and diff print now)")
 
     os.environ["COLUMNS"] = "100"
     outputs = {name: run(argv) for name, argv in sorted(cases().items())}
