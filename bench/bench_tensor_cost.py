@@ -39,6 +39,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -159,6 +160,9 @@ def _kind_counts(trace) -> dict:
     kinds = trace.events["kind"]
     counts = {k.name: int((kinds == int(k)).sum()) for k in (Kind.TENSOR_ALLOC, Kind.TENSOR_FREE)}
     counts["torch_sites"] = sum(len(lib.get("attached") or ()) for lib in trace.header.get("torch") or ())
+    counts["lost"] = trace.trailer.get("lost")  # events the daemon could not take from the ring
+    if "stacks_read" in trace.trailer:
+        counts["stacks_read"] = {k: v for k, v in trace.trailer["stacks_read"].items() if k != "interpreters"}
     return counts
 
 
@@ -234,6 +238,8 @@ def main() -> int:
             worker.close()
             idle.stdin.close()
             idle.wait()
+            if args.json and (Path(tmp) / "daemon.log").exists():  # the daemons' logs, beside the measurements
+                shutil.copy(Path(tmp) / "daemon.log", Path(args.json).with_suffix(".daemon.log"))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     by = {(row["round"], row["config"]): row for row in rows}
