@@ -161,12 +161,12 @@ def _render_head(report: Report) -> list[str]:
 def _render_processes(report: Report, width: int, show_all: bool) -> list[str]:
     if not report.processes:
         return []
+    shown, more = _capped(report.processes, "processes", show_all)
     rows = [
         [str(p.pid), p.rank, ",".join("host" if g < 0 else str(g) for g in p.gpus) or "-",
          _t_exit(p, report.trace), p.short]
-        for p in report.processes
+        for p in shown
     ]
-    rows, more = _capped(rows, "processes", show_all)
     return ["", "processes"] + table(["PID", "RANK", "GPUS", "EXIT", "COMMAND"], rows, right={0}, width=width,
                                      wrap=True) + more
 
@@ -175,16 +175,19 @@ def _render_phases(report: Report, width: int, show_all: bool) -> list[str]:
     """Every phase and instant, by process and then in time order."""
     if not report.phases and not report.instants:
         return []
-    keyed = []
-    for ph in report.phases:
-        name = "  " * ph.depth + ph.name + ("" if ph.closed else " (unclosed)")
-        keyed.append(
-            ((ph.pid, ph.start_ts, 0, ph.id),
-             [str(ph.pid), name, _t(ph.start_s), _t(ph.end_s), f"{ph.end_s - ph.start_s:.3f}s", _values(ph.values)])
-        )
-    for n, i in enumerate(report.instants):
-        keyed.append(((i.pid, i.ts, 1, n), [str(i.pid), f"* {i.name}", _t(i.t_s), "", "", _values(i.values)]))
-    rows, more = _capped([row for _, row in sorted(keyed, key=lambda kr: kr[0])], "phases and instants", show_all)
+    # Sorted by key first and only the rows shown made into text (50,000 markers: 25,000 phases).
+    keyed = [((ph.pid, ph.start_ts, 0, ph.id), ph) for ph in report.phases]
+    keyed += [((i.pid, i.ts, 1, n), i) for n, i in enumerate(report.instants)]
+    keyed.sort(key=lambda kr: kr[0])
+    shown, more = _capped(keyed, "phases and instants", show_all)
+    rows = []
+    for (_, _, instant, _), x in shown:
+        if instant:
+            rows.append([str(x.pid), f"* {x.name}", _t(x.t_s), "", "", _values(x.values)])
+        else:
+            name = "  " * x.depth + x.name + ("" if x.closed else " (unclosed)")
+            rows.append([str(x.pid), name, _t(x.start_s), _t(x.end_s), f"{x.end_s - x.start_s:.3f}s",
+                         _values(x.values)])
     return ["", "phases"] + table(["PID", "PHASE", "START", "END", "DURATION", "VALUES"], rows, right={0, 2, 3, 4},
                                   width=width, drop=(4, 3), wrap=True) + more
 
@@ -212,12 +215,12 @@ def _render_gpu(sec: GpuSection, procs: dict[int, ProcessEntry], width: int, sho
     if sec.held_at_exit:
         out.append("")
         out.append("  held at exit (freed implicitly when the process exited)")
+        shown, more = _capped(sec.held_at_exit, "processes", show_all)
         rows = [
             [str(r.pid), _t(r.t_s), human(r.owned), human(r.mapped) if r.mapped else "-",
              str(r.count), "; ".join(_holding_text(h) for h in r.largest)]
-            for r in sec.held_at_exit
+            for r in shown
         ]
-        rows, more = _capped(rows, "processes", show_all)
         out.extend(table(["PID", "EXIT AT", "OWNED", "MAPPED", "PIECES", "LARGEST"], rows, right={0, 1, 2, 3, 4},
                          width=width, wrap=True) + more)
     out.extend(_render_gpu_failures(sec, procs, show_all))
@@ -346,6 +349,8 @@ def _capped(rows: list, what: str, show_all: bool) -> tuple[list, list[str]]:
 
 def _without_exit_frees(r: GpuPhase) -> GpuPhase | None:
     """A by-phase row without the frees a process exit made (None when nothing is left)."""
+    if not r.exit_freed and not r.exit_by_category and all(r.by_category.values()):
+        return r if r.by_category or r.allocated or r.freed else None  # most rows: no copy
     by_category = {c: v + r.exit_by_category.get(c, 0) for c, v in r.by_category.items()}
     by_category = {c: v for c, v in by_category.items() if v}
     row = replace(r, by_category=by_category, freed=r.freed - r.exit_freed, net=r.net + r.exit_freed)
