@@ -7,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+from memrec.base.collector import paused
 from memrec.base.errors import ExitCode
 from memrec.base.errors import MemrecCommandError
 from memrec.base.untrusted import clean_text
@@ -38,6 +39,10 @@ class ReportCommand:
                             "frees at process exit in the by-phase tables, ranks and GPUs that repeat the first one")
 
     def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+        with paused():  # the report's rows make no cycles: no full collections over them
+            return self._report(args)
+
+    def _report(self, args: argparse.Namespace) -> int:
         from memrec.analysis.report.build import build_report
         from memrec.analysis.report.text import render_text
         from memrec.commands.common import load_trace_for_command

@@ -24,6 +24,7 @@ from memrec.analysis.report.model import Peak
 from memrec.analysis.report.model import PidBytes
 from memrec.analysis.report.model import ProcessEntry
 from memrec.analysis.text import seconds
+from memrec.engine.phases import NO_PHASE
 from memrec.engine.phases import Phases
 from memrec.engine.series import GpuSeries
 from memrec.terms.events import CATEGORIES
@@ -235,19 +236,15 @@ def _gpu_phases(g: int, usage: list, exit_usage: list, phases: Phases, pid: int 
             continue
         row = rows.get((u.pid, u.phase))
         if row is None:
-            ph = phases.phases[u.phase] if u.phase >= 0 else None
-            row = rows[(u.pid, u.phase)] = GpuPhase(
-                pid=u.pid,
-                phase=u.phase,
-                path=phases.label(u.phase),
-                start_ts=ph.start if ph else None,
-                end_ts=ph.end if ph else None,
-                start_s=seconds(ph.start - start) if ph else None,
-                end_s=seconds(ph.end - start) if ph else None,
-                closed=ph.closed if ph else None,
-            )
+            if u.phase >= 0:
+                ph = phases.phases[u.phase]
+                row = GpuPhase(u.pid, u.phase, ph.path, ph.start, ph.end, seconds(ph.start - start),
+                               seconds(ph.end - start), ph.closed)
+            else:
+                row = GpuPhase(u.pid, u.phase, NO_PHASE, None, None, None, None, None)
+            rows[(u.pid, u.phase)] = row
         row.by_category[u.category] = row.by_category.get(u.category, 0) + u.net
-        freed_at_exit = at_exit.get((u.pid, u.phase, u.category), 0)
+        freed_at_exit = at_exit.get((u.pid, u.phase, u.category), 0) if at_exit else 0
         if freed_at_exit:
             row.exit_by_category[u.category] = freed_at_exit
         if u.category in OWNED:
