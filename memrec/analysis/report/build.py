@@ -35,6 +35,7 @@ from memrec.analysis.untraced.reconcile import reconcile
 from memrec.analysis.report.gpu import ReportContext
 from memrec.analysis.report.gpu import gpu_section
 from memrec.analysis.report.gpu import holding_json
+from memrec.analysis.report.gpu import usage_by_gpu
 from memrec.analysis.report.model import FailedCall
 from memrec.analysis.report.model import HeldPhase
 from memrec.analysis.report.model import HeldThen
@@ -83,8 +84,9 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
     """
     run = _replay(trace, gpu, pid)
     procs = _processes(trace, run.tl, run.exits)
-    ctx = ReportContext(trace=trace, start=run.start, pid=pid, procs=procs, exits=run.exits, usage=run.usage,
-                        exit_usage=run.exit_usage, phases=run.phases, rec=reconcile(trace, run.tl, run.phases))
+    ctx = ReportContext(trace=trace, start=run.start, pid=pid, procs=procs, exits=run.exits,
+                        usage=usage_by_gpu(run.usage), exit_usage=usage_by_gpu(run.exit_usage), phases=run.phases,
+                        rec=reconcile(trace, run.tl, run.phases))
     report = Report(
         memrec_report=REPORT_VERSION,
         filter=ReportFilter(gpu, pid),

@@ -4,7 +4,6 @@ builds the rest and calls :func:`gpu_section` per GPU)."""
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,8 +54,8 @@ class ReportContext:
     pid: int | None
     procs: dict[int, ProcessEntry]
     exits: list[dict]
-    usage: list
-    exit_usage: list
+    usage: dict[int, list]  # per GPU: its rows of the usage by phase (:func:`usage_by_gpu`)
+    exit_usage: dict[int, list]
     phases: Phases
     rec: Reconciliation
 
@@ -85,7 +84,8 @@ def gpu_section(ctx: ReportContext, g: int, series: GpuSeries | None, info: Any,
         final=final,
         categories=categories,
         processes=_process_rows(ctx, g, series, pids, held),
-        phases=_gpu_phases(g, ctx.usage, ctx.exit_usage, ctx.phases, ctx.pid, ctx.start) if ctx.phases.phases else [],
+        phases=_gpu_phases(ctx.usage.get(g, []), ctx.exit_usage.get(g, []), ctx.phases, ctx.pid, ctx.start)
+        if ctx.phases.phases else [],
         held_at_exit=held,
         failures=failures,
         nvml=_nvml(ctx.trace, g, series, ctx.start),
@@ -226,49 +226,51 @@ def _held_at_exit(g: int, exits: list[dict], pid: int | None, start: int) -> lis
     return out
 
 
-def _gpu_phases(g: int, usage: list, exit_usage: list, phases: Phases, pid: int | None,
-                start: int) -> list[GpuPhase]:
-    """Per (pid, phase) on ``g`` (:class:`GpuPhase`): by process, then in time order, (no phase) last."""
-    at_exit = {(u.pid, u.phase, u.category): u.freed for u in _on_gpu(exit_usage, g)}
+def usage_by_gpu(usage: list) -> dict[int, list]:
+    """:class:`~memrec.engine.phases.PhaseUsage` rows by GPU, once for every GPU's section (50,000
+    markers make a row per phase, process, GPU and category)."""
+    out: dict[int, list] = {}
+    for u in usage:
+        out.setdefault(u.gpu, []).append(u)
+    return out
+
+
+def _gpu_phases(usage: list, exit_usage: list, phases: Phases, pid: int | None, start: int) -> list[GpuPhase]:
+    """Per (pid, phase) of one GPU's ``usage`` (:class:`GpuPhase`): by process, then in time order,
+    (no phase) last."""
+    at_exit = {(u.pid, u.phase, u.category): u.freed for u in exit_usage}
     rows: dict[tuple[int, int], GpuPhase] = {}
-    for u in _on_gpu(usage, g):
-        if pid is not None and u.pid != pid:
+    for u in usage:
+        p, phase, category = u.pid, u.phase, u.category
+        if pid is not None and p != pid:
             continue
-        row = rows.get((u.pid, u.phase))
+        row = rows.get((p, phase))
         if row is None:
-            if u.phase >= 0:
-                ph = phases.phases[u.phase]
-                row = GpuPhase(u.pid, u.phase, ph.path, ph.start, ph.end, seconds(ph.start - start),
+            if phase >= 0:
+                ph = phases.phases[phase]
+                row = GpuPhase(p, phase, ph.path, ph.start, ph.end, seconds(ph.start - start),
                                seconds(ph.end - start), ph.closed)
             else:
-                row = GpuPhase(u.pid, u.phase, NO_PHASE, None, None, None, None, None)
-            rows[(u.pid, u.phase)] = row
-        row.by_category[u.category] = row.by_category.get(u.category, 0) + u.net
-        freed_at_exit = at_exit.get((u.pid, u.phase, u.category), 0) if at_exit else 0
+                row = GpuPhase(p, phase, NO_PHASE, None, None, None, None, None)
+            rows[(p, phase)] = row
+        net = u.allocated - u.freed
+        row.by_category[category] = row.by_category.get(category, 0) + net
+        freed_at_exit = at_exit.get((p, phase, category), 0) if at_exit else 0
         if freed_at_exit:
-            row.exit_by_category[u.category] = freed_at_exit
-        if u.category in OWNED:
+            row.exit_by_category[category] = freed_at_exit
+        if category in OWNED:
             row.exit_freed += freed_at_exit
             row.allocated += u.allocated
             row.freed += u.freed
-            row.net += u.net
+            row.net += net
         else:
-            row.mapped_net += u.net
+            row.mapped_net += net
     out = list(rows.values())
     for r in out:
         if len(r.by_category) > 1:
             r.by_category = {c: r.by_category[c] for c in CATEGORIES if c in r.by_category}
     out.sort(key=lambda r: (r.pid, r.phase < 0, r.start_ts or 0, r.phase))
     return out
-
-
-def _on_gpu(usage: list, g: int) -> list:
-    """The rows of ``usage`` (:class:`~memrec.engine.phases.PhaseUsage`, ordered by GPU) on ``g``:
-    a search of the GPU column, not a pass over every GPU's rows for each GPU (50,000 markers
-    make a row per phase, process, GPU and category)."""
-    gpus = [u.gpu for u in usage]
-    lo, hi = bisect.bisect_left(gpus, g), bisect.bisect_right(gpus, g)
-    return usage[lo:hi]
 
 
 def _procmem_last(trace: Any, g: int) -> dict[int, int]:
