@@ -13,12 +13,13 @@ _HEADINGS = {"driver": "driver memory", "tensor": "tensor blocks"}
 
 
 def site_line(row) -> str:
-    """``custom_all_reduce.py:123 CustomAllreduce.__init__: 36.00 GiB on 2 ranks`` (held bytes)."""
-    return f"{clean_text(row.site.label, 120)}: {human(row.held)} on {row.who}"
+    """``custom_all_reduce.py:123 CustomAllreduce.__init__: 36.00 GiB on 2 ranks`` (its peak)."""
+    return f"{clean_text(row.site.label, 120)}: {human(row.peak)} on {row.who}"
 
 
 def render_sites(section: SitesSection, width: int | None = None) -> list[str]:
-    """Per phase, the sites that held the most when the phase ended (then allocated the most)."""
+    """Per phase, the sites whose allocations peaked highest (then held the most when the phase
+    ended, then allocated the most)."""
     out = [f"allocation sites by phase  (innermost user frame of each allocation's stack; "
            f"{count(section.with_stack, 'allocation')} with a stack, {section.without_stack:,} without)"]
     for phase in section.phases:
@@ -28,10 +29,10 @@ def render_sites(section: SitesSection, width: int | None = None) -> list[str]:
             if not rows:
                 continue
             shown = rows[:SITES_SHOWN]
-            cells = [[human(r.held), human(r.allocated), f"{r.allocations:,}", r.who, clean_text(r.site.label, 160)]
-                     for r in shown]
-            lines = table(["HELD", "ALLOCATED", "ALLOCS", "BY", f"SITE ({_HEADINGS[level]})"], cells,
-                          right={0, 1, 2}, indent="    ", width=width, drop=(2, 1), wrap=True)
+            cells = [[human(r.peak), human(r.held), human(r.allocated), f"{r.allocations:,}", r.who,
+                      clean_text(r.site.label, 160)] for r in shown]
+            lines = table(["PEAK", "HELD", "ALLOCATED", "ALLOCS", "BY", f"SITE ({_HEADINGS[level]})"], cells,
+                          right={0, 1, 2, 3}, indent="    ", width=width, drop=(3, 2, 1), wrap=True)
             out.extend(lines)
             if len(rows) > len(shown):
                 out.append(f"    ... {count(len(rows) - len(shown), 'more site')} (report --json lists them)")

@@ -43,7 +43,7 @@ def test_diff_says_which_site_grew(tmp_path, capsys):
     # THEN the one site that changed is custom all-reduce's line, +12 GiB on each of 2 ranks
     (change,) = sites.changes
     assert (change.phase, change.site.function, change.site.line) == ("custom_ar_init", "CustomAllreduce.__init__", 123)
-    assert (change.held_a, change.held_b, change.delta) == (36 * GiB, 60 * GiB, 24 * GiB)
+    assert (change.peak_a, change.peak_b, change.delta) == (36 * GiB, 60 * GiB, 24 * GiB)
     # AND the text says so in 80 columns
     assert main(["diff", str(a), str(b)]) == 0
     out = capsys.readouterr().out
