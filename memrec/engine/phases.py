@@ -44,6 +44,8 @@ from memrec.terms.events import IPC_MAPPED
 from memrec.terms.events import Marker
 
 NO_PHASE = "(no phase)"
+#: Up to this many processes with markers, :meth:`Phases.assign` masks the rows once per process.
+FEW_PROCESSES = 64
 #: End time of a phase not ended yet when the end of the trace is not known (a live stream).
 OPEN_END = np.iinfo(np.int64).max
 
@@ -115,13 +117,29 @@ class Phases:
             return out
         pids = np.asarray(pids)
         ts = np.asarray(ts).astype(np.int64, copy=False)
-        for pid, (starts, ids) in self.segments.items():
-            sel = np.flatnonzero(pids == pid)
-            if not len(sel):
-                continue
+        for pid, sel in self._rows_by_pid(pids):
+            starts, ids = self.segments[pid]
             k = np.searchsorted(starts, ts[sel], side="right") - 1
             out[sel] = np.where(k >= 0, ids[np.maximum(k, 0)], -1)
         return out
+
+    def _rows_by_pid(self, pids: np.ndarray) -> Iterable[tuple[int, np.ndarray]]:
+        """``(pid, its rows)`` for each process with markers that ``pids`` names: a mask per such
+        process when they are few, else one sort of the rows (100,000 processes with markers
+        made a mask each over every row: O(processes × rows))."""
+        if len(self.segments) <= FEW_PROCESSES:
+            for pid in self.segments:
+                sel = np.flatnonzero(pids == pid)
+                if len(sel):
+                    yield pid, sel
+            return
+        order = np.argsort(pids, kind="stable")
+        grouped = pids[order]
+        cut = np.flatnonzero(grouped[1:] != grouped[:-1]) + 1
+        for lo, hi in zip([0, *cut.tolist()], [*cut.tolist(), len(order)]):
+            pid = int(grouped[lo])
+            if pid in self.segments:
+                yield pid, order[lo:hi]
 
     def phase_at(self, pid: int, ts: int) -> int:
         """The innermost phase of ``pid`` open at ``ts`` (-1 none)."""

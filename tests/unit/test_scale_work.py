@@ -190,3 +190,33 @@ def test_the_reports_work_per_process_does_not_grow_with_the_processes(tmp_path:
     per_process_large = (work[1600] - work[4]) / 1596
     assert per_process_small > 0, work
     assert per_process_large <= 1.3 * per_process_small, work
+
+
+def test_phases_of_many_processes_are_assigned_by_one_sort_the_same_as_by_masks(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 100,000 processes with markers made Phases.assign mask every row once per process; past
+    # FEW_PROCESSES it groups the rows with one sort: the same phase for every row, nested and
+    # resumed phases, instants and rows of processes without markers included.
+    from memrec.engine import phases as phases_mod
+    from memrec.terms.events import Marker
+
+    rng = np.random.default_rng(5)
+    markers = []
+    for pid in range(200):
+        t = int(rng.integers(0, 50))
+        for k in range(4):
+            markers.append(Marker(t, pid, 0, pid, "step", "begin", None, {}))
+            if k % 2:
+                markers.append(Marker(t + 3, pid, 0, pid, "inner", "begin", None, {}))
+                markers.append(Marker(t + 9, pid, 0, pid, "step", "end", None, {}))  # inner goes on
+                markers.append(Marker(t + 12, pid, 0, pid, "inner", "end", None, {}))
+            else:
+                markers.append(Marker(t + 10, pid, 0, pid, "step", "end", None, {}))
+            t += 20 + int(rng.integers(0, 5))
+    phases = phases_mod.build_phases(markers)
+    pids = rng.integers(0, 260, 20_000)  # some without markers
+    ts = rng.integers(0, 160, 20_000)
+    assert len(phases.segments) > phases_mod.FEW_PROCESSES
+    by_sort = phases.assign(pids, ts)
+    monkeypatch.setattr(phases_mod, "FEW_PROCESSES", 10**9)
+    by_masks = phases.assign(pids, ts)
+    assert by_sort.tolist() == by_masks.tolist() and (by_sort >= 0).any() and (by_sort < 0).any()
