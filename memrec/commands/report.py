@@ -7,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+from memrec.base.collector import paused
 from memrec.base.errors import ExitCode
 from memrec.base.errors import MemrecCommandError
 from memrec.base.untrusted import clean_text
@@ -35,9 +36,14 @@ class ReportCommand:
         parser.add_argument("-p", "--pid", type=int, metavar="PID", help="only the memory of process PID")
         parser.add_argument("-a", "--all", action="store_true",
                             help="keep what the default view leaves out: zero rows, rows past a table's first 200, "
-                            "frees at process exit in the by-phase tables, ranks and GPUs that repeat the first one")
+                            "runs of one phase folded into a row (past 200 phases), frees at process exit in the "
+                            "by-phase tables, ranks and GPUs that repeat the first one")
 
     def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+        with paused():  # the report's rows make no cycles: no full collections over them
+            return self._report(args)
+
+    def _report(self, args: argparse.Namespace) -> int:
         from memrec.analysis.report.build import build_report
         from memrec.analysis.report.text import render_text
         from memrec.commands.common import load_trace_for_command

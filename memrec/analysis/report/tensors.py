@@ -37,6 +37,8 @@ from memrec.state.tensors import TensorBlocks
 from memrec.state.tensors import rows
 
 _SEGMENT_FAILS = (int(Kind.ALLOC), int(Kind.VMM_CREATE))
+#: Rows of the trace selected at a time (the masks, indices and phases of one chunk).
+SELECT_CHUNK = 1 << 20
 #: How many of the largest blocks a failed call lists.
 BLOCKS_AT_FAILURE = 10
 
@@ -206,25 +208,32 @@ def tensor_section(events: Any, phases: Phases, start: int, header: dict, traile
     """
     probes = header.get("probes")
     libraries = _libraries((trailer or {}).get("torch", probes.get("torch") if isinstance(probes, dict) else None))
-    kinds = events["kind"]
-    tensor = (kinds == T_ALLOC) | (kinds == T_FREE)
-    if not tensor.any() and libraries is None:
+    # A chunk of rows at a time: the masks and indices of a whole 100M-event trace were 3 GB.
+    n = len(events["kind"])
+    chunks = [(lo, min(lo + SELECT_CHUNK, n)) for lo in range(0, n, SELECT_CHUNK)]
+    count, pids_with = 0, np.zeros(0, dtype=np.int64)
+    for lo, hi in chunks:
+        kinds = events["kind"][lo:hi]
+        tensor = (kinds == T_ALLOC) | (kinds == T_FREE)
+        count += int(np.count_nonzero(tensor))
+        # Only processes with tensor events matter (their exits and segments included).
+        pids_with = np.union1d(pids_with, events["pid"][lo:hi][tensor])
+    if not count and libraries is None:
         return None
-    ok = events["result"] == 0
-    wanted = (ok & np.isin(kinds, TRACKED_KINDS)) | (~ok & np.isin(kinds, _SEGMENT_FAILS))
-    # Only processes with tensor events matter (their exits and segments included).
-    pids_with = np.unique(events["pid"][tensor])
-    idx = np.flatnonzero(wanted & np.isin(events["pid"], pids_with))
     rp = _Replay(phases, start)
-    aligned = {"index": idx, "phase": phases.assign(events["pid"][idx], events["ts"][idx])}
     names = ("index", "phase", "kind", "pid", "ptr", "size", "gpu", "ts", "result")
-    for i, ph, k, p, ptr, size, g, ts, result in rows(events, idx, names, aligned):
-        if result != 0:
-            rp.failed(i, ts, p, g, size)
-            continue
-        if k == T_ALLOC or k == T_FREE:
-            rp.enter(p, ph)
-        rp.apply_one(k, p, ptr, size, g, ts, ph)
+    for lo, hi in chunks:
+        kinds, ok = events["kind"][lo:hi], events["result"][lo:hi] == 0
+        wanted = (ok & np.isin(kinds, TRACKED_KINDS)) | (~ok & np.isin(kinds, _SEGMENT_FAILS))
+        idx = lo + np.flatnonzero(wanted & np.isin(events["pid"][lo:hi], pids_with))
+        aligned = {"index": idx, "phase": phases.assign(events["pid"][idx], events["ts"][idx])}
+        for i, ph, k, p, ptr, size, g, ts, result in rows(events, idx, names, aligned):
+            if result != 0:
+                rp.failed(i, ts, p, g, size)
+                continue
+            if k == T_ALLOC or k == T_FREE:
+                rp.enter(p, ph)
+            rp.apply_one(k, p, ptr, size, g, ts, ph)
     for p, phase in list(rp.phase_of.items()):
         rp.snapshot_pid(p, phase)
 
@@ -233,7 +242,7 @@ def tensor_section(events: Any, phases: Phases, start: int, header: dict, traile
 
     return TensorSection(
         libraries=libraries or [],
-        events=int(tensor.sum()),
+        events=count,
         unjoined_blocks=rp.unjoined,
         unknown_frees=rp.unknown_frees,
         rows=[r for r in sorted(rp.rows.values(), key=lambda r: (r.gpu, r.pid, r.phase)) if keep(r.pid, r.gpu)],
