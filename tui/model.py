@@ -41,7 +41,7 @@ from memrec.engine.replay import advance
 from memrec.state import LiveState
 from memrec.state.tensors import Fragmentation
 from memrec.state.tensors import TensorBlocks
-from memrec.analysis.sites import user_frame
+from memrec.analysis.report.sites import user_frame
 from memrec.trace.stacks import Unavailable
 from memrec.tui.filters import API_NAMES
 from memrec.tui.filters import KIND_NAMES
@@ -168,7 +168,7 @@ class TraceModel(ReplayedTrace):
 
     def stack_view(self, seq: int) -> StackView | None:
         """The stack of event ``seq`` (None: no such event), with the frame the report names its
-        site (:func:`memrec.analysis.sites.user_frame`)."""
+        site (:func:`memrec.analysis.report.sites.user_frame`)."""
         with self.lock:
             if not self.store.base <= seq < self.store.n:
                 return None

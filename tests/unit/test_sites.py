@@ -8,10 +8,10 @@ import json
 import pytest
 
 from memrec.analysis.report.build import build_report
-from memrec.analysis.sites import Site
-from memrec.analysis.sites import SitesSection
-from memrec.analysis.sites import is_user_frame
-from memrec.analysis.sites import user_frame
+from memrec.analysis.report.sites import Site
+from memrec.analysis.report.sites import SitesSection
+from memrec.analysis.report.sites import is_user_frame
+from memrec.analysis.report.sites import user_frame
 from memrec.commands import main
 from memrec.trace.reader import load_trace
 from memrec.trace.stacks import Frame

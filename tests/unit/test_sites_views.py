@@ -12,7 +12,7 @@ import pickle
 import pytest
 
 from memrec.analysis.diff.build import diff_traces
-from memrec.analysis.sites_diff import SitesDiff
+from memrec.analysis.diff.sites import SitesDiff
 from memrec.commands import main
 from memrec.trace.reader import load_trace
 from tests.stack_traces import sglang_trace
@@ -53,8 +53,8 @@ def test_diff_says_which_site_grew(tmp_path, capsys):
 
 
 def test_diff_matches_sites_installed_in_different_folders(tmp_path):
-    from memrec.analysis.sites import Site
-    from memrec.analysis.sites_diff import site_key
+    from memrec.analysis.report.sites import Site
+    from memrec.analysis.diff.sites import site_key
 
     a = Site("/opt/venv/lib/python3.12/site-packages/sglang/x.py", 3, "f")
     b = Site("/home/u/.local/lib/python3.11/site-packages/sglang/x.py", 3, "f")

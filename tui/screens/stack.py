@@ -3,7 +3,7 @@
 The selection is the row of the events table (the event at the cursor until another row is
 chosen), or, while the holders table shows the largest allocations and has the focus, the
 allocation on its row. The frame the report names as the allocation's site (its innermost user
-frame, :mod:`memrec.analysis.sites`) is marked ``▶``; native frames are dim. A screen of its own:
+frame, :mod:`memrec.analysis.report.sites`) is marked ``▶``; native frames are dim. A screen of its own:
 a stack of 30 frames needs the terminal's height at 80x24, and it scrolls.
 """
 

@@ -25,7 +25,7 @@ The diff holds:
 - ``tensors``: per phase × rank × GPU, the tensor blocks' peak allocated and reserved bytes in
   each run (traces recorded with ``memrec daemon --tensors``; empty otherwise);
 - ``sites`` (runs with stacks only): the allocation sites whose held bytes changed
-  (:mod:`memrec.analysis.sites_diff`);
+  (:mod:`memrec.analysis.diff.sites`);
 - ``untraced``: per rank and GPU, the untraced band's split (context, module code, pools, before
   recording, unexplained) and the contexts bound in each run (:mod:`memrec.analysis.untraced.diff`).
 """
@@ -71,9 +71,9 @@ from memrec.analysis.sglang.windows import rank_gpus
 from memrec.terms.ranks import rank_sort_key
 from memrec.terms.ranks import shown_dims
 from memrec.analysis.report.tensors import tensor_section
-from memrec.analysis.sites import SitesSection
-from memrec.analysis.sites import sites_section
-from memrec.analysis.sites_diff import diff_sites
+from memrec.analysis.report.sites import SitesSection
+from memrec.analysis.report.sites import sites_section
+from memrec.analysis.diff.sites import diff_sites
 from memrec.analysis.text import human
 from memrec.analysis.text import signed_human
 from memrec.engine.journal import Journal
@@ -118,7 +118,7 @@ class Run:
     contexts: list = dataclasses.field(default_factory=list)  # foreign CUDA contexts (sglang_report.process_contexts)
     custom_ar: dict | None = None  # sglang_report.custom_ar_facts
     tensors: dict | None = None  # memrec.analysis.report.tensors.tensor_section (a --tensors trace)
-    sites: SitesSection | None = None  # memrec.analysis.sites (a trace with stacks)
+    sites: SitesSection | None = None  # memrec.analysis.report.sites (a trace with stacks)
 
 
 def _norm_rank(rank: dict[str, int]) -> RankKey:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from memrec.analysis.sections import OMITTED
 from memrec.analysis.sections import Section
-from memrec.analysis.sites_diff import SitesDiff
+from memrec.analysis.diff.sites import SitesDiff
 
 
 @dataclass

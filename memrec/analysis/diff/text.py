@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from memrec.analysis.diff.model import Diff
 from memrec.analysis.diff.model import DiffWindows
-from memrec.analysis.sites_diff import render_sites_diff
+from memrec.analysis.diff.sites import render_sites_diff
 from memrec.analysis.text import fit_lines
 from memrec.analysis.text import human
 from memrec.analysis.text import signed_human

@@ -50,7 +50,7 @@ from memrec.engine.replay import trace_phases
 from memrec.analysis.sglang.section import build_sglang_section
 from memrec.analysis.sglang.section import has_sglang_markers
 from memrec.analysis.report.tensors import tensor_section
-from memrec.analysis.sites import sites_section
+from memrec.analysis.report.sites import sites_section
 from memrec.analysis.text import seconds
 from memrec.terms.ranks import pid_labels
 from memrec.engine.replay import Timeline

@@ -21,7 +21,7 @@ from memrec.analysis.sections import OMITTED
 from memrec.analysis.sections import Section
 from memrec.analysis.sections import flatten
 from memrec.analysis.sglang.model import SglangSection
-from memrec.analysis.sites import SitesSection
+from memrec.analysis.report.sites import SitesSection
 
 
 # ------------------------------------------------------------------------------------ the trace

@@ -23,7 +23,7 @@ from memrec.analysis.report.model import TraceSummary
 from memrec.engine.phases import NO_PHASE
 from memrec.analysis.sglang.section import render_sglang
 from memrec.analysis.report.tensors_text import render_tensors
-from memrec.analysis.sites_text import render_sites
+from memrec.analysis.report.sites_text import render_sites
 from memrec.analysis.text import count
 from memrec.analysis.text import fit_lines
 from memrec.analysis.text import human

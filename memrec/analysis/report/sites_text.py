@@ -1,10 +1,10 @@
-"""The text of ``memrec report``'s allocation sites by phase (:mod:`memrec.analysis.sites`)."""
+"""The text of ``memrec report``'s allocation sites by phase (:mod:`memrec.analysis.report.sites`)."""
 
 from __future__ import annotations
 
 from memrec.base.untrusted import clean_text
-from memrec.analysis.sites import SITES_SHOWN
-from memrec.analysis.sites import SitesSection
+from memrec.analysis.report.sites import SITES_SHOWN
+from memrec.analysis.report.sites import SitesSection
 from memrec.analysis.text import count
 from memrec.analysis.text import human
 from memrec.analysis.text import table

@@ -1,6 +1,6 @@
 """``memrec diff`` by allocation site: which lines of the user's code hold more (or less) in B.
 
-Both runs' sites by phase (:mod:`memrec.analysis.sites`) are matched by phase path, level and
+Both runs' sites by phase (:mod:`memrec.analysis.report.sites`) are matched by phase path, level and
 site. A site is matched by its file's path inside its package (what follows ``site-packages/``
 or ``dist-packages/``, else the whole path: two hosts install SGLang in different folders), its
 line and its function; an unavailable stack by its reason. The rows are the sites whose held
@@ -13,8 +13,8 @@ from dataclasses import asdict
 from dataclasses import dataclass
 
 from memrec.base.untrusted import clean_text
-from memrec.analysis.sites import Site
-from memrec.analysis.sites import SitesSection
+from memrec.analysis.report.sites import Site
+from memrec.analysis.report.sites import SitesSection
 from memrec.analysis.text import fit_lines
 from memrec.analysis.text import human
 from memrec.analysis.text import signed_human
