@@ -11,7 +11,10 @@ allocation)", never a guess.
 
 Order: the probe commits a stack at the call's entry and the event naming it at the return, so
 the events are polled first and the stacks after them: every stack an event names is then in
-hand (or was lost: the ring was full). Stacks whose events have not come yet wait, bounded.
+hand (or was lost: the ring was full). Each stack is read from its process the moment it is
+polled, not when its event comes: a process that allocates and exits (an SGLang rank that fails,
+a short worker) takes its memory with it, and its frames can only be read while it lives. Stacks
+whose events have not come yet wait, read and bounded.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ class StackRecorder:
         self.symboliser = Symboliser(proc, depth)
         #: pid -> (start time, the interpreter or None when the process has none)
         self._known: dict[int, tuple[int | None, Interpreter | None]] = {}
-        self._waiting: OrderedDict[int, np.void] = OrderedDict()
+        self._waiting: OrderedDict[int, Stack] = OrderedDict()
         self.resolved = 0
         self.unavailable = 0
 
@@ -109,7 +112,7 @@ class StackRecorder:
         if new_pids:
             self.discover(new_pids)
         for rec in self.probes.poll_stacks():
-            self._waiting[int(rec["id"])] = rec
+            self._waiting[int(rec["id"])] = self._read(rec)
             if len(self._waiting) > MAX_WAITING:
                 self._waiting.popitem(last=False)
         marked = np.flatnonzero(events["flags"] & FLAG_STACK)
@@ -122,16 +125,18 @@ class StackRecorder:
         for pid in events["pid"][events["kind"] == _EXIT].tolist():
             self.forget(int(pid))
 
-    def _stack(self, sid: int) -> Stack:
-        rec = self._waiting.pop(sid, None)
-        if rec is None:
-            self.unavailable += 1
-            return _LOST
+    def _read(self, rec: np.void) -> Stack:
         try:
-            stack = self.symboliser.stack(rec)
+            return self.symboliser.stack(rec)
         except Exception as error:  # a record memrec cannot make sense of must not cost the batch its events
             log.warning("stack of pid %d not read: %s", int(rec["pid"]), one_line(error))
-            stack = Unavailable(f"memrec could not read it: {one_line(error)}")
+            return Unavailable(f"memrec could not read it: {one_line(error)}")
+
+    def _stack(self, sid: int) -> Stack:
+        stack = self._waiting.pop(sid, None)
+        if stack is None:
+            self.unavailable += 1
+            return _LOST
         if isinstance(stack, Unavailable):
             self.unavailable += 1
         else:

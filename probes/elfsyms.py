@@ -13,6 +13,8 @@ import os
 import struct
 from dataclasses import dataclass
 
+import numpy as np
+
 _STT_FUNC, _STT_GNU_IFUNC = 2, 10
 _SHT_SYMTAB, _SHT_DYNSYM = 2, 11
 _PT_LOAD = 1
@@ -100,6 +102,62 @@ def read_layout(fd: int) -> Layout:
 def read_bytes(fd: int, offset: int, size: int) -> bytes:
     """``size`` bytes at ``offset`` of the file (bounded like every table read here)."""
     return _read(fd, offset, size)
+
+
+#: One Elf64_Sym.
+_SYM = np.dtype([("name", "<u4"), ("info", "u1"), ("other", "u1"), ("shndx", "<u2"), ("value", "<u8"),
+                 ("size", "<u8")])
+
+
+class FunctionTable:
+    """The function symbols of one file, by file offset, for naming native return addresses.
+
+    Why not :func:`function_offsets`: a stack's native frames land in PyTorch's and CUDA's
+    libraries, whose tables hold hundreds of thousands of symbols; reading them one by one in
+    Python took the daemon seconds per library, while the processes whose Python frames it still
+    had to read exited. The tables are taken whole with numpy and a name is decoded only when a
+    frame lands in it.
+    """
+
+    def __init__(self, fd: int) -> None:
+        layout = read_layout(fd)
+        starts, names, strtabs = [], [], []
+        sections = layout.raw_sections
+        for _n, sh_type, _f, _a, sh_offset, sh_size, sh_link, _i, _al, sh_entsize in sections:
+            if sh_type not in (_SHT_SYMTAB, _SHT_DYNSYM) or sh_entsize != _SYM.itemsize or sh_link >= len(sections):
+                continue
+            table = np.frombuffer(_read(fd, sh_offset, sh_size - sh_size % _SYM.itemsize), dtype=_SYM)
+            kind = table["info"] & 0xF
+            table = table[((kind == _STT_FUNC) | (kind == _STT_GNU_IFUNC)) & (table["shndx"] != 0)
+                          & (table["value"] != 0)]
+            offsets = np.full(len(table), -1, dtype=np.int64)
+            for lo, hi, off in layout.segments:
+                inside = (table["value"] >= lo) & (table["value"] < hi)
+                offsets[inside] = table["value"][inside].astype(np.int64) - lo + off
+            keep = offsets >= 0
+            starts.append(offsets[keep])
+            names.append(np.stack([np.full(int(keep.sum()), len(strtabs), dtype=np.int64),
+                                   table["name"][keep].astype(np.int64)], axis=1))
+            strtabs.append(_read(fd, sections[sh_link][4], sections[sh_link][5]))
+        start = np.concatenate(starts) if starts else np.zeros(0, dtype=np.int64)
+        order = np.argsort(start, kind="stable")
+        self._starts = start[order]
+        self._names = np.concatenate(names)[order] if names else np.zeros((0, 2), dtype=np.int64)
+        self._strtabs = strtabs
+
+    def __len__(self) -> int:
+        return len(self._starts)
+
+    def name_at(self, offset: int) -> str:
+        """``function+0xN`` for the function whose symbol is the last at or before ``offset``, or ""."""
+        at = int(np.searchsorted(self._starts, offset, side="right")) - 1
+        if at < 0:
+            return ""
+        table, name = (int(v) for v in self._names[at])
+        strtab = self._strtabs[table]
+        end = strtab.find(b"\0", name)
+        label = strtab[name:end if end >= 0 else len(strtab)].decode(errors="replace")
+        return f"{label}+0x{offset - int(self._starts[at]):x}"
 
 
 def _symbols(fd: int, layout: Layout):

@@ -23,18 +23,20 @@ an explicit ``<unreadable: reason>`` frame; a stack that cannot be read at all b
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import logging
 import os
 import re
 import struct
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from memrec.probes.elfsyms import ElfError
-from memrec.probes.elfsyms import function_offsets
+from memrec.probes.elfsyms import FunctionTable
 from memrec.probes.elfsyms import read_bytes
 from memrec.probes.elfsyms import symbol_offsets
 from memrec.probes.libs import MapsEntry
@@ -353,6 +355,10 @@ class Symboliser:
 
     #: Processes whose memory fd is kept open at once (the oldest is closed first).
     MAX_OPEN = 64
+    #: A native address outside every mapping known re-reads the process's maps at most this often
+    #: (seconds): a walk without frame pointers ends on such an address in most stacks, and a CUDA
+    #: process's maps run to thousands of lines.
+    MAPS_REFRESH_S = 1.0
 
     def __init__(self, proc: Path = Path("/proc"), depth: int = PY_FRAMES_DEFAULT) -> None:
         self.proc = proc
@@ -361,8 +367,9 @@ class Symboliser:
         self._problems: dict[int, str] = {}
         self._mem: dict[int, int] = {}
         self._codes: dict[tuple[int, int], _Code] = {}
-        self._maps: dict[int, list[MapsEntry]] = {}
-        self._functions: dict[tuple[int, int], list[tuple[int, str]]] = {}
+        #: pid -> (when read, the start of each file mapping in order, the mappings)
+        self._maps: dict[int, tuple[float, list[int], list[MapsEntry]]] = {}
+        self._functions: dict[tuple[int, int], FunctionTable | None] = {}
 
     def set_interpreter(self, interp: Interpreter) -> None:
         self._interpreters[interp.pid] = interp
@@ -465,8 +472,10 @@ class Symboliser:
             data = os.pread(self._fd(pid), size, addr)
         except OSError as error:
             raise _Unreadable(f"memory at 0x{addr:x}: {error.strerror}") from None
+        if not data and size:  # the kernel reads nothing once the address space is gone
+            raise _Unreadable("the process exited before memrec read this frame")
         if len(data) != size:
-            raise _Unreadable(f"memory at 0x{addr:x}: short read")
+            raise _Unreadable(f"memory at 0x{addr:x}: {len(data)} of {size} bytes readable")
         return data
 
     def _code(self, pid: int, interp: Interpreter, addr: int) -> _Code:
@@ -517,39 +526,32 @@ class Symboliser:
         return out
 
     def _mapping(self, pid: int, addr: int) -> MapsEntry | None:
+        now = time.monotonic()
+        cached = self._maps.get(pid)
         for fresh in (False, True):
-            if fresh or pid not in self._maps:
+            if cached is None or (fresh and now - cached[0] >= self.MAPS_REFRESH_S):
                 try:
-                    self._maps[pid] = parse_maps((self.proc / str(pid) / "maps").read_text())
+                    entries = sorted(parse_maps((self.proc / str(pid) / "maps").read_text()), key=lambda e: e.start)
                 except OSError:
-                    self._maps[pid] = []
-            for e in self._maps[pid]:
-                if e.start <= addr < e.end:
-                    return e
-            if fresh:
+                    entries = []
+                cached = self._maps[pid] = (now, [e.start for e in entries], entries)
+            elif fresh:
                 break
+            at = bisect.bisect_right(cached[1], addr) - 1
+            if at >= 0 and addr < cached[2][at].end:
+                return cached[2][at]
         return None
 
     def _symbol(self, pid: int, entry: MapsEntry, offset: int) -> str:
         key = (entry.dev, entry.inode)
-        table = self._functions.get(key)
-        if table is None:
-            table = []
+        if key not in self._functions:
+            table = None
             with contextlib.suppress(OSError, ElfError):
                 fd = _open_mapped(pid, entry, self.proc)
                 try:
-                    table = sorted((off, name) for name, off in function_offsets(fd).items())
+                    table = FunctionTable(fd)
                 finally:
                     os.close(fd)
             self._functions[key] = table
-        lo, hi = 0, len(table)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if table[mid][0] <= offset:
-                lo = mid + 1
-            else:
-                hi = mid
-        if not lo:
-            return ""
-        start, name = table[lo - 1]
-        return f"{name}+0x{offset - start:x}"
+        table = self._functions[key]
+        return table.name_at(offset) if table is not None else ""
