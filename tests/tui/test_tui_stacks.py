@@ -103,3 +103,51 @@ def test_a_live_stream_delivers_stacks_to_the_model(tmp_path):
     # THEN the model resolves the event's stack as a file's scan does
     view = model.stack_view(0)
     assert view.stack == CUSTOM_AR and view.site.function == "CustomAllreduce.__init__" and model.warnings == []
+
+
+def test_a_live_stream_s_stacks_keep_their_file_across_a_rotation_and_a_resync():
+    # GIVEN a stream as the daemon sends it: a file, then (a resync) its header and its record of
+    # every stack again, then (a rotation) a new file that numbers its stacks from 1 again
+    from memrec.terms.events import Kind
+    from memrec.trace import format as fmt
+    from memrec.trace.stacks import Unavailable
+    from memrec.trace.writer import BytesSink
+    from memrec.trace.writer import TraceWriter
+    from memrec.tui.model import TraceModel
+    from tests.stack_traces import CUSTOM_AR
+    from tests.stack_traces import KV_POOL
+    from tests.stack_traces import WEIGHTS
+    from tests.utils import GiB
+    from tests.utils import ev
+    from tests.utils import events
+
+    stream = []
+    first = BytesSink()
+    with TraceWriter(first, fmt.make_header(host="h")) as w:
+        a = w.intern_stack(WEIGHTS)
+        w.write_events(events(ev(Kind.ALLOC, ts=10, pid=5, gpu=0, ptr=0x10, size=1 * GiB, stack=a)))
+        w.flush()
+        stream += first.records
+        resync = [first.records[0], fmt.packb(w.stack_definitions())]  # header, the file's stacks so far
+        b = w.intern_stack(CUSTOM_AR)
+        w.write_events(events(ev(Kind.ALLOC, ts=20, pid=5, gpu=0, ptr=0x20, size=2 * GiB, stack=b)))
+        w.flush()
+        stream += resync + first.records[len(stream):]
+    second = BytesSink()
+    with TraceWriter(second, fmt.make_header(host="h")) as w:
+        c = w.intern_stack(KV_POOL)  # id 1 again
+        d = w.intern_stack(WEIGHTS)
+        w.write_events(events(ev(Kind.ALLOC, ts=30, pid=5, gpu=0, ptr=0x30, size=3 * GiB, stack=c),
+                              ev(Kind.ALLOC, ts=40, pid=5, gpu=0, ptr=0x40, size=4 * GiB, stack=d),
+                              ev(Kind.ALLOC, ts=50, pid=5, gpu=0, ptr=0x50, size=5 * GiB, stack=99)))
+    stream += second.records
+    assert (a, b, c, d) == (1, 2, 1, 2)
+    model = TraceModel()
+    for data in stream:
+        model.add_record(fmt.unpackb(data), live=True)
+    # THEN each event shows its own file's stack; the one whose id its file never defined, none
+    stacks = {model.stack_view(seq).size // GiB: model.stack_view(seq).stack for seq in range(model.store.n)}
+    assert stacks == {1: WEIGHTS, 2: CUSTOM_AR, 3: KV_POOL, 4: WEIGHTS, 5: None}
+    assert model.warnings == [] and not isinstance(stacks[3], Unavailable)
+    # AND a stack seen in both files is one stack of the stream
+    assert len(model.stacks) == 3
