@@ -58,6 +58,9 @@ _PAIRS = {
     int(Kind.TENSOR_ALLOC): (int(Kind.TENSOR_FREE), "ptr", "tensor"),
 }
 LEVELS = ("driver", "tensor")
+#: A free kind -> (the allocation kind it ends, the column that pairs them): the stack of a free is
+#: its allocation's (the TUI's ``s`` on a free).
+ALLOCATION_OF = {free: (alloc, key) for alloc, (free, key, _) in _PAIRS.items()}
 _STDLIB = re.compile(r"/lib(64)?/python\d+(\.\d+)?/")
 _PACKAGES = ("/site-packages/", "/dist-packages/")
 _NOT_USER_DIRS = ("/torch/", "/memrec/")
