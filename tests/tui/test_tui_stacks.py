@@ -219,3 +219,17 @@ def test_a_free_whose_allocation_came_before_the_events_says_so(tmp_path):
         assert "no allocation of this free among the events" in stack_text(view, "pid 5", "+0s").plain
     # AND an allocation without a stack still says so
     assert not model.stack_view(0).free_unmatched
+
+
+async def test_tui_diff_says_which_line_of_code_changed(tmp_path):
+    # GIVEN two runs with stacks alike but for custom all-reduce (18 GiB a rank, then 30 GiB)
+    from memrec.tui.sources import DiffSource
+
+    a = sglang_trace(tmp_path / "a.mrec")
+    b = sglang_trace(tmp_path / "b.mrec", custom_ar=30 << 30)
+    app = MemrecApp(DiffSource(a, b))
+    async with app.run_test(size=(160, 36)) as pilot:
+        await settle(pilot)
+        # THEN the status line carries memrec diff's verdict, and its line names the site that grew
+        status = str(app.query_one("#status").render())
+        assert "custom_all_reduce.py:123 CustomAllreduce.__init__ holds +24.00 GiB" in status, status

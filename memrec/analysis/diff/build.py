@@ -73,7 +73,9 @@ from memrec.terms.ranks import shown_dims
 from memrec.analysis.report.tensors import tensor_section
 from memrec.analysis.report.sites import SitesSection
 from memrec.analysis.report.sites import sites_section
+from memrec.analysis.diff.sites import SitesDiff
 from memrec.analysis.diff.sites import diff_sites
+from memrec.analysis.diff.sites import verdict_line
 from memrec.analysis.text import human
 from memrec.analysis.text import signed_human
 from memrec.engine.journal import Journal
@@ -534,6 +536,9 @@ def _verdict(d: Diff, a: Run, b: Run, relation: Relation) -> DiffVerdict:
     pre_moved = any(abs(x["deltas"].get("pre_model_load_memory", 0.0)) >= 0.005 for x in d.kv)
     if pre_moved or not d.kv:
         lines += _cause_lines(d.windows.before, "before", an, bn)
+    site = verdict_line(d.sites, bn, MIN_NAMED) if isinstance(d.sites, SitesDiff) else None
+    if site is not None:  # runs with stacks: the line of code whose memory changed most
+        lines.append(site)
     needed = {}
     for name, run in (("a", a), ("b", b)):
         mins = [x.min_mem_fraction_static for x in run.budgets if not x.draft and x.min_mem_fraction_static is not None]

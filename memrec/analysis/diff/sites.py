@@ -96,6 +96,18 @@ def diff_sites(a: SitesSection | None, b: SitesSection | None) -> SitesDiff | No
     return SitesDiff(tuple(changes[:SITES_CHANGED]), b is None, a is None)
 
 
+def verdict_line(diff: SitesDiff, b_name: str, least: int) -> str | None:
+    """The verdict's line on sites (``memrec diff``'s first lines, ``tui --diff``, ``plot --diff``):
+    the site whose held bytes changed most, when both runs have stacks and it changed by ``least``
+    bytes or more."""
+    if diff.only_a or diff.only_b or not diff.changes or abs(diff.changes[0].delta) < least:
+        return None
+    c = diff.changes[0]
+    level = "" if c.level == "driver" else " (tensor blocks)"
+    return (f"in {clean_text(c.phase, 60)}, {clean_text(c.site.label, 120)}{level} holds {signed_human(c.delta)} "
+            f"in {b_name} ({human(c.held_a)} → {human(c.held_b)}, all ranks)")
+
+
 def render_sites_diff(diff: SitesDiff, width: int | None = None) -> list[str]:
     """The diff's sites section: per site and phase, what it held in A and B and the change."""
     if diff.only_a or diff.only_b:

@@ -114,7 +114,7 @@ def render_text(report: Report, width: int = 80, show_all: bool = False) -> str:
 
     if report.sites:
         out.append("")
-        out.extend(render_sites(report.sites, width))
+        out.extend(render_sites(report.sites, width, show_all))
 
     if report.failures_unknown_gpu:
         out.append("")
