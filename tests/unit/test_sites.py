@@ -229,3 +229,25 @@ def test_report_all_lists_every_site(tmp_path, capsys):
     (phase,) = json.loads(capsys.readouterr().out)["sites"]["phases"]
     assert (len(phase["rows"]), phase["more"]) == (60, 0)
     assert SitesSection.from_json({"phases": [phase], "stacks": 60, "with_stack": 60, "without_stack": 0}).phases[0].more == 0
+
+
+def test_the_blocks_alive_at_a_failed_call_name_the_line_that_allocated_each(tmp_path, capsys):
+    # GIVEN two ranks whose KV pool's segment allocation fails while a 512 MiB tensor block made by
+    # the model's load_weights is alive (a trace recorded with --tensors --stacks)
+    path = sglang_trace(tmp_path / "t.mrec", fail=True)
+    failures = build_report(load_trace(path)).to_json()["tensors"]["failures"]
+    # THEN each failure's blocks carry their site, the line that made the tensor
+    assert [(f["pid"], [(b["size"], b["site"]["function"], b["site"]["line"]) for b in f["largest"]])
+            for f in failures] == [(pid, [(512 * MiB, "LlamaForCausalLM.load_weights", 402)]) for pid in (100, 101)]
+    # AND the text shows it under ALLOCATED AT, in 80 columns
+    assert main(["report", str(path)]) == 0
+    out = capsys.readouterr().out
+    section = out[out.index("failed segment allocation"):out.index("allocation sites by phase")]
+    assert "ALLOCATED AT" in section and section.count("llama.py:402 LlamaForCausalLM.load_weights") == 2
+    assert all(len(line) <= 80 for line in section.splitlines())
+    # AND without stacks the blocks are listed as before, without the column
+    plain = sglang_trace(tmp_path / "plain.mrec", fail=True, stacks=False)
+    failures = build_report(load_trace(plain)).to_json()["tensors"]["failures"]
+    assert [b["site"] for f in failures for b in f["largest"]] == [None, None]
+    assert main(["report", str(plain)]) == 0
+    assert "ALLOCATED AT" not in capsys.readouterr().out

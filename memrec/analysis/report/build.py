@@ -103,7 +103,8 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None, all
     failures_by_gpu = _place_failures(report, run, ctx)
     _add_gpu_sections(report, run, ctx, failures_by_gpu)
     report.sglang = run.sglang
-    report.tensors = tensor_section(run.events, run.phases, run.start, trace.header, trace.trailer, pid=pid, gpu=gpu)
+    report.tensors = tensor_section(run.events, run.phases, run.start, trace.header, trace.trailer, pid=pid, gpu=gpu,
+                                    stacks=trace.stacks)
     sites = sites_section(trace, run.phases, pid=pid, gpu=gpu, end_ts=run.end, limit=None if all_sites else SITES_JSON)
     if sites is not None:  # a trace with stacks (format 2.3); without, the report is as it was
         report.sites = sites
