@@ -178,12 +178,11 @@ def test_a_live_subscriber_resolves_the_stacks_defined_after_it_joined_and_after
     """The daemon writes a stack's definition when an allocation first needs it: a subscriber that
     joined before gets it mid-stream. After SIGHUP the next file numbers its stacks from 1 again;
     the live model must resolve each event through its own file's ids, never the previous file's."""
-    import signal
-
     from memrec.trace.reader import load_trace
     from memrec.tui.model import TraceModel
 
     from test_daemon import DaemonProcess
+    from test_daemon import sighup
 
     worker = StackWorker(_python("3.12"), stub_lib)
     d = DaemonProcess(tmp_path, stub_lib, args=("--stacks",))
@@ -196,12 +195,7 @@ def test_a_live_subscriber_resolves_the_stacks_defined_after_it_joined_and_after
         worker.ask("thread", 2 << 20)  # stack 2: its definition comes mid-stream
         worker.ask("alloc", 5 << 20)  # stack 1 again: defined in the sync's record of the file's stacks
         sub.drain()
-        d.signal(signal.SIGHUP)
-        second = d.output.with_name("out.1.mrec")
-        deadline = time.monotonic() + 10
-        while not second.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert second.exists(), d.log()
+        second = sighup(d)
         sub.drain(0.5)
         worker.ask("thread", 3 << 20)  # the second file's stack 1: the first file's 1 is another stack
         worker.ask("alloc", 4 << 20)  # its stack 2: the first file's 1 again
