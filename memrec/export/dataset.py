@@ -470,12 +470,14 @@ def check_manifest(root: Path, write: bool = True) -> int | None:
     except (OSError, ValueError) as error:
         raise MemrecCommandError(f"{path}: not a memrec dataset manifest ({error})", exit_code=ExitCode.DATA) from error
     version = manifest.get("memrec_dataset") if isinstance(manifest, dict) else None
+    if isinstance(version, bool):  # JSON's true is no version (though Python's True == 1)
+        version = str(version).lower()
     if write and version != SCHEMA_VERSION and version in READ_VERSIONS:
         raise MemrecCommandError(
             f"{root}: a memrec dataset of layout version {version}; this memrec writes version {SCHEMA_VERSION} "
             f"(export into another folder; memrec sql reads both together: memrec sql {root} NEW)",
             exit_code=ExitCode.DATA)
-    if version not in READ_VERSIONS or isinstance(version, bool):
+    if version not in READ_VERSIONS:
         raise MemrecCommandError(
             f"{root}: a memrec dataset of layout version {version!r}; this memrec writes version {SCHEMA_VERSION} "
             f"and reads versions {', '.join(map(str, READ_VERSIONS))} (export into another folder)",

@@ -175,6 +175,11 @@ def test_a_dataset_of_another_layout_is_refused(tmp_path, fleet, capsys):
     assert f"layout version {SCHEMA_VERSION + 1}" in capsys.readouterr().err
     assert main(["sql", "-q", "fleet", str(out)]) == ExitCode.DATA
     assert not (out / "events").exists()
+    # AND a manifest whose version is JSON's true (Python's True == 1) is no layout 1
+    (out / MANIFEST).write_text(json.dumps({"memrec_dataset": True}))
+    capsys.readouterr()
+    assert main(["sql", "-q", "fleet", str(out)]) == ExitCode.DATA
+    assert "layout version 'true'" in capsys.readouterr().err
 
 
 def test_stacks_table_and_each_event_s_stack_answer_which_line_took_the_memory(tmp_path, fleet, capsys):
