@@ -424,3 +424,14 @@ def test_daemon_dataset_option_fails_before_recording(tmp_path, capsys):
     assert code == ExitCode.CANT_CREATE
     assert f"{tmp_path / 'no'}" in capsys.readouterr().err
     assert not (tmp_path / "t.mrec").exists()
+
+
+def test_daemon_dataset_option_refuses_a_layout_1_folder_before_recording(tmp_path, capsys):
+    old = tmp_path / "old"
+    old.mkdir()
+    with tarfile.open(DATASET_V1) as tar:
+        tar.extractall(old)  # the repository's own file
+    code = main(["daemon", "--dataset", str(old), "-o", str(tmp_path / "t.mrec")])
+    assert code == ExitCode.DATA
+    assert "layout version 1; this memrec writes version 2" in capsys.readouterr().err
+    assert not (tmp_path / "t.mrec").exists()
