@@ -47,9 +47,7 @@ class SqlCommand:
       memrec sql --query failures --set since=2026-11-24 /data/memrec-dataset
       memrec sql --query phase-growth --set old=0.5.20 --set new=0.5.21 /data/memrec-dataset
       memrec sql -e "SELECT host, count(*) FROM failures GROUP BY host" /data/memrec-dataset
-      memrec sql -e "SELECT s.file, s.line, SUM(e.size) AS bytes FROM events e JOIN stacks s
-        ON s.trace_id = e.trace_id AND s.part = e.part AND s.stack = e.stack AND s.site
-        WHERE e.kind = 'ALLOC' AND e.result = 0 GROUP BY ALL ORDER BY bytes DESC" /data/memrec-dataset
+      memrec sql -e "SELECT s.file, s.line, SUM(e.size) AS bytes FROM events e JOIN stacks s USING (trace_id, part, stack) WHERE s.site AND e.kind = 'ALLOC' AND e.result = 0 GROUP BY ALL ORDER BY bytes DESC" /data/memrec-dataset
       memrec sql --query peaks --format csv run1.mrec run2.mrec > peaks.csv
       memrec sql --query peaks --print-sql           # the SQL, for Spark or Trino
     """
