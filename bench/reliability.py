@@ -464,7 +464,7 @@ def _seeds() -> dict[str, bytes]:
     from tests.fuzz import bombs
 
     root = Path(__file__).resolve().parents[1]
-    seeds = {f"golden_v{v}": (root / "tests" / "data" / f"golden_v{v}.mrec").read_bytes() for v in ("1", "2", "2_1")}
+    seeds = {f"golden_v{v}": (root / "tests" / "data" / f"golden_v{v}.mrec").read_bytes() for v in ("1", "2", "2_1", "2_2", "2_3")}
     seeds.update({
         "keyframe-zeros-4x256MiB": bombs.keyframe_bomb(4, 256 << 20),
         "keyframe-empty-lists-2x64Mi": bombs.keyframe_bomb(2, 64 << 20, empty_lists=True),

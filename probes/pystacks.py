@@ -25,12 +25,15 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import ctypes
+import functools
 import logging
 import os
 import re
 import struct
 import time
 from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 
 import numpy as np
@@ -330,13 +333,61 @@ def line_of(table: bytes, firstlineno: int, index: int) -> int | None:
     return None
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class _Code:
-    head: bytes  # the object's bytes up to its line table pointer: unchanged while it is the same object
+    ident: bytes  # the bytes that tell this code object from another at its address (_identity)
     file: str
     function: str
     firstlineno: int
     linetable: bytes
+    #: code unit index -> line, as found: decoding the table walks it from the start, and a busy
+    #: allocation site is met again and again (the daemon must keep up with the events).
+    lines: dict[int, int | None] = field(default_factory=dict)
+
+    def line(self, index: int) -> int:
+        if index not in self.lines:
+            self.lines[index] = line_of(self.linetable, self.firstlineno, index) if index >= 0 else None
+        found = self.lines[index]
+        return found if found is not None else self.firstlineno
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.process_vm_readv.restype = ctypes.c_ssize_t
+_libc.process_vm_readv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong,
+                                   ctypes.c_ulong]
+_IOVEC = np.dtype([("base", "<u8"), ("len", "<u8")])
+
+
+def _read_many(pid: int, addrs: list[int], size: int) -> bytes | None:
+    """The ``size`` bytes at each of ``addrs`` in ``pid``'s memory, in one system call (one
+    ``pread`` per frame cost the daemon more than the events it had to keep up with); None when
+    any of them cannot be read (the caller then reads them one by one, to say which and why)."""
+    n = len(addrs)
+    buf = ctypes.create_string_buffer(n * size)
+    local = np.empty(n, _IOVEC)
+    local["base"] = ctypes.addressof(buf) + np.arange(n, dtype=np.uint64) * size
+    local["len"] = size
+    remote = np.empty(n, _IOVEC)
+    remote["base"] = addrs
+    remote["len"] = size
+    got = _libc.process_vm_readv(pid, local.ctypes.data, n, remote.ctypes.data, n, 0)
+    return buf.raw if got == n * size else None
+
+
+def _identity(o: Offsets, heads: bytes, count: int) -> bytes:
+    """What tells a code object from another put at its address later, from ``count`` headers of
+    ``o.co_linetable + 8`` bytes each: its type, first line and the file, name, qualified name and
+    line table pointers. Not the whole header: the reference count changes with every frame that
+    runs the code, and 3.11's warm-up counter while it is quickened."""
+    rows = np.frombuffer(heads, np.uint8).reshape(count, o.co_linetable + 8)
+    return rows[:, _identity_columns(o)].tobytes()
+
+
+@functools.lru_cache(maxsize=16)
+def _identity_columns(o: Offsets) -> np.ndarray:
+    spans = [(8, 16), (o.co_firstlineno, o.co_firstlineno + 4)] + [
+        (at, at + 8) for at in (o.co_filename, o.co_name, o.co_qualname, o.co_linetable)]
+    return np.concatenate([np.arange(lo, hi) for lo, hi in spans])
 
 
 class _Unreadable(Exception):
@@ -347,8 +398,8 @@ class Symboliser:
     """Turns raw stack records into frames, per process, reading code objects from its memory.
 
     ``depth``: the most Python frames kept (the probe's ``PY_FRAMES``), innermost first.
-    Code objects are cached per (pid, address) with their header bytes, which are read again for
-    every frame and compared: a code object freed and another put at the same address (different
+    Code objects are cached per (pid, address) with their identity (:func:`_identity`), which is
+    read again for every frame and compared: a code object freed and another put at the same address (different
     names, line numbers or table) is read afresh, never given the old one's name. Interpreters and
     reasons come from :meth:`set_interpreter` and :meth:`set_problem` (the daemon's discovery).
     """
@@ -369,6 +420,11 @@ class Symboliser:
         self._codes: dict[tuple[int, int], _Code] = {}
         #: pid -> (when read, the start of each file mapping in order, the mappings)
         self._maps: dict[int, tuple[float, list[int], list[MapsEntry]]] = {}
+        #: pid -> a raw stack's code objects and instruction pointers -> (the code objects'
+        #: identities then, its frames): a stack met again costs one read of the headers, compared
+        self._stacks: dict[int, dict[bytes, tuple[bytes, tuple[Frame, ...]]]] = {}
+        #: pid -> return address -> its frame (or None: outside every mapping), while the maps last
+        self._natives: dict[int, dict[int, Frame | None]] = {}
         self._functions: dict[tuple[int, int], FunctionTable | None] = {}
 
     def set_interpreter(self, interp: Interpreter) -> None:
@@ -388,6 +444,8 @@ class Symboliser:
         self._interpreters.pop(pid, None)
         self._problems.pop(pid, None)
         self._maps.pop(pid, None)
+        self._natives.pop(pid, None)
+        self._stacks.pop(pid, None)
         fd = self._mem.pop(pid, None)
         if fd is not None:
             os.close(fd)
@@ -413,7 +471,7 @@ class Symboliser:
                 reason = "interpreter forgotten before the stack was read"
             else:
                 slots = int(rec["npy"])
-                frames = self._python(pid, interp, rec["code"][:slots], rec["instr"][:slots])
+                frames = self._python_seen(pid, interp, rec["code"][:slots], rec["instr"][:slots])
                 if not frames:  # a thread state without a frame: C++ code that made one
                     reason = "the thread runs no Python code (its thread state has no frame)"
                 if status & STACK_TRUNCATED or len(frames) > self.depth:
@@ -448,6 +506,27 @@ class Symboliser:
             fd = self._mem[pid] = os.open(self.proc / str(pid) / "mem", os.O_RDONLY | os.O_CLOEXEC)
         return fd
 
+    def _python_seen(self, pid: int, interp: Interpreter, codes: np.ndarray, instrs: np.ndarray) -> list[Frame]:
+        """:meth:`_python`, answered from the stacks met before when every code object in it is
+        still the one it was (:func:`_identity` unchanged, as :meth:`_code` checks per frame)."""
+        o = interp.offsets
+        assert o is not None
+        key = codes.tobytes() + instrs.tobytes()
+        real = [c for c in codes.tolist() if c > 1]
+        heads = _read_many(pid, real, o.co_linetable + 8) if real else b""
+        if heads:
+            heads = _identity(o, heads, len(real))
+        known = self._stacks.setdefault(pid, {})
+        seen = known.get(key)
+        if seen is not None and heads is not None and seen[0] == heads:
+            return list(seen[1])
+        frames = self._python(pid, interp, codes, instrs)
+        if heads is not None and all(f.file != "<unreadable>" for f in frames):
+            if len(known) >= 1 << 12:
+                known.clear()
+            known[key] = (heads, tuple(frames))
+        return frames
+
     def _python(self, pid: int, interp: Interpreter, codes: np.ndarray, instrs: np.ndarray) -> list[Frame]:
         o = interp.offsets
         assert o is not None
@@ -460,9 +539,7 @@ class Symboliser:
                 continue
             try:
                 obj = self._code(pid, interp, code)
-                index = (instr - code - o.co_code_adaptive) // 2
-                line = line_of(obj.linetable, obj.firstlineno, index) if index >= 0 else None
-                out.append(Frame(obj.file, line if line is not None else obj.firstlineno, obj.function))
+                out.append(Frame(obj.file, obj.line((instr - code - o.co_code_adaptive) // 2), obj.function))
             except _Unreadable as why:
                 out.append(Frame("<unreadable>", 0, str(why)))
         return out
@@ -482,20 +559,21 @@ class Symboliser:
         o = interp.offsets
         assert o is not None
         head = self._read(pid, addr, o.co_linetable + 8)
+        ident = _identity(o, head, 1)
         cached = self._codes.get((pid, addr))
-        if cached is not None and cached.head == head:
+        if cached is not None and cached.ident == ident:
             return cached
         (ob_type,) = struct.unpack_from("<Q", head, 8)
         if ob_type != interp.code_type:
             raise _Unreadable(f"object at 0x{addr:x} is not a code object")
-        field = lambda off: struct.unpack_from("<Q", head, off)[0]  # noqa: E731
+        pointer = lambda off: struct.unpack_from("<Q", head, off)[0]  # noqa: E731
         (firstlineno,) = struct.unpack_from("<i", head, o.co_firstlineno)
-        table = field(o.co_linetable)
+        table = pointer(o.co_linetable)
         (size,) = struct.unpack("<q", self._read(pid, table + 16, 8))
         if not 0 <= size <= 1 << 20:
             raise _Unreadable(f"line table of {size} bytes")
         linetable = self._read(pid, table + 32, size)  # PyBytesObject.ob_sval
-        got = _Code(head, self._string(pid, o, field(o.co_filename)), self._string(pid, o, field(o.co_qualname)),
+        got = _Code(ident, self._string(pid, o, pointer(o.co_filename)), self._string(pid, o, pointer(o.co_qualname)),
                     firstlineno, linetable)
         if len(self._codes) > 1 << 16:
             self._codes.clear()
@@ -517,12 +595,22 @@ class Symboliser:
     # -- native frames ----------------------------------------------------------------------------
     def _native(self, pid: int, addrs: np.ndarray) -> list[Frame]:
         out = []
+        known = self._natives.setdefault(pid, {})
         for addr in addrs.tolist():
-            entry = self._mapping(pid, addr)
-            if entry is None or "x" not in entry.perms:
+            if addr in known:
+                frame = known[addr]
+            else:
+                entry = self._mapping(pid, addr)
+                frame = None
+                if entry is not None and "x" in entry.perms:
+                    offset = addr - entry.start + entry.offset
+                    frame = Frame(entry.path, offset, self._symbol(pid, entry, offset), native=True)
+                known = self._natives.setdefault(pid, {})  # (the maps were re-read: a fresh table)
+                if len(known) < 1 << 16:
+                    known[addr] = frame
+            if frame is None:
                 break  # without frame pointers the walk goes astray here: what follows is not code
-            offset = addr - entry.start + entry.offset
-            out.append(Frame(entry.path, offset, self._symbol(pid, entry, offset), native=True))
+            out.append(frame)
         return out
 
     def _mapping(self, pid: int, addr: int) -> MapsEntry | None:
@@ -535,6 +623,7 @@ class Symboliser:
                 except OSError:
                     entries = []
                 cached = self._maps[pid] = (now, [e.start for e in entries], entries)
+                self._natives.pop(pid, None)  # return addresses are named afresh against these maps
             elif fresh:
                 break
             at = bisect.bisect_right(cached[1], addr) - 1

@@ -58,7 +58,7 @@ def main() -> None:
     argv = list(sys.argv)
     if not any(not a.startswith("-") for a in argv[1:]):  # no corpus dir: seed one with the golden traces
         corpus = tempfile.mkdtemp(prefix="memrec-corpus-")
-        for version in (1, 2):
+        for version in ("1", "2", "2_1", "2_2", "2_3"):
             shutil.copy(os.path.join(HERE, "..", "data", f"golden_v{version}.mrec"), corpus)
         argv.append(corpus)
     import atexit

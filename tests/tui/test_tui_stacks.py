@@ -232,4 +232,4 @@ async def test_tui_diff_says_which_line_of_code_changed(tmp_path):
         await settle(pilot)
         # THEN the status line carries memrec diff's verdict, and its line names the site that grew
         status = str(app.query_one("#status").render())
-        assert "custom_all_reduce.py:123 CustomAllreduce.__init__ holds +24.00 GiB" in status, status
+        assert "custom_all_reduce.py:123 CustomAllreduce.__init__ peaks +24.00 GiB" in status, status

@@ -72,6 +72,8 @@ def test_sites_by_phase_join_the_ranks_and_say_what_each_held(tmp_path):
     weights, scratch, tensors = by["load_weights"]
     assert (weights.site.function, weights.held) == ("DefaultModelLoader.load_model", 80 * GiB)
     assert (scratch.site.function, scratch.held, scratch.allocated) == ("scratch_buffer", 0, 4 * GiB)
+    # AND its peak is what it took at once: 2 GiB on each rank, at the same time
+    assert (weights.peak, ar.peak, scratch.peak) == (80 * GiB, 36 * GiB, 4 * GiB)
     # AND tensor blocks are counted apart from the driver memory that holds them
     assert (tensors.level, tensors.site.function, tensors.held) == ("tensor", "LlamaForCausalLM.load_weights", GiB)
     assert [p.phase for p in section.phases] == ["load_weights", "custom_ar_init"]
@@ -98,7 +100,38 @@ def test_a_process_exit_ends_what_it_held(tmp_path):
         w.write_events(events(ev(Kind.ALLOC, ts=10, pid=5, gpu=0, ptr=0x10, size=MiB, stack=sid),
                               ev(Kind.PROC_EXIT, ts=20, pid=5), ev(Kind.ALLOC, ts=30, pid=6, gpu=0, ptr=0x10, size=MiB)))
     row = sites_of(tmp_path / "t.mrec").top_in("(no phase)")
-    assert (row.allocated, row.held) == (MiB, 0)
+    assert (row.allocated, row.held, row.peak) == (MiB, 0, MiB)
+
+
+def test_a_site_is_ranked_by_what_it_took_at_once_not_by_what_a_dead_process_still_holds(tmp_path):
+    # GIVEN a process that allocated 3 x 1 GiB at one site (freed as it went: 1 GiB at once) and
+    # 2 GiB at another, held until it died; and a 1 MiB buffer of a process still running
+    from memrec.terms.events import Kind
+    from memrec.trace import format as fmt
+    from memrec.trace.writer import TraceWriter
+    from tests.utils import ev
+    from tests.utils import events
+
+    loop = (Frame("/srv/app/loop.py", 7, "step"),)
+    big = (Frame("/srv/app/model.py", 42, "build"),)
+    small = (Frame("/srv/app/cache.py", 3, "warm"),)
+    with TraceWriter(tmp_path / "t.mrec", fmt.make_header(host="h")) as w:
+        a, b, c = w.intern_stack(loop), w.intern_stack(big), w.intern_stack(small)
+        rows = [ev(Kind.ALLOC, ts=10, pid=5, gpu=0, ptr=0x100, size=GiB, stack=a),
+                ev(Kind.FREE, ts=11, pid=5, gpu=0, ptr=0x100),
+                ev(Kind.ALLOC, ts=11, pid=5, gpu=0, ptr=0x100, size=GiB, stack=a),  # reuses the address at once
+                ev(Kind.FREE, ts=12, pid=5, gpu=0, ptr=0x100),
+                ev(Kind.ALLOC, ts=13, pid=5, gpu=0, ptr=0x200, size=GiB, stack=a),
+                ev(Kind.FREE, ts=14, pid=5, gpu=0, ptr=0x200),
+                ev(Kind.ALLOC, ts=15, pid=5, gpu=0, ptr=0x300, size=2 * GiB, stack=b),
+                ev(Kind.ALLOC, ts=16, pid=6, gpu=0, ptr=0x400, size=MiB, stack=c),
+                ev(Kind.PROC_EXIT, ts=20, pid=5)]
+        w.write_events(events(*rows))
+    (phase,) = sites_of(tmp_path / "t.mrec").phases
+    # THEN the sites come by their peak: model.py (2 GiB, gone with its process), loop.py (1 GiB at
+    # once of 3 GiB allocated), cache.py (1 MiB, still held)
+    assert [(r.site.function, r.peak, r.held, r.allocated) for r in phase.rows] == [
+        ("build", 2 * GiB, 0, 2 * GiB), ("step", GiB, 0, 3 * GiB), ("warm", MiB, MiB, MiB)]
 
 
 def test_the_report_text_and_json_show_the_sites(tmp_path, capsys):
@@ -112,13 +145,13 @@ def test_the_report_text_and_json_show_the_sites(tmp_path, capsys):
     assert main(["report", "--json", str(path)]) == 0
     data = json.loads(capsys.readouterr().out)
     row = data["sites"]["phases"][1]["rows"][0]
-    assert row["site"]["line"] == 123 and row["held"] == 36 * GiB and row["level"] == "driver"
+    assert row["site"]["line"] == 123 and row["held"] == row["peak"] == 36 * GiB and row["level"] == "driver"
 
 
 def test_the_answer_names_the_top_site_of_the_phase_it_names(tmp_path):
     answer = build_report(load_trace(sglang_trace(tmp_path / "t.mrec"))).to_json()["answer"]
     site = next(line for line in answer["lines"] if line[0] == "SITE")
-    assert site[1:] == ["load_weights held most from loader.py:377 DefaultModelLoader.load_model: 80.00 GiB on 2 ranks"]
+    assert site[1:] == ["load_weights took most from loader.py:377 DefaultModelLoader.load_model: 80.00 GiB at its peak on 2 ranks"]
 
 
 def test_the_answer_names_the_failed_calls_site(tmp_path):
@@ -126,7 +159,7 @@ def test_the_answer_names_the_failed_calls_site(tmp_path):
     assert answer["lines"][0][0] == "FAILED"
     site = next(line for line in answer["lines"] if line[0] == "SITE")
     assert site[1] == "the failed call came from memory_pool.py:210 MHATokenToKVPool._create_buffers"
-    assert site[2].startswith("; load_weights held most from loader.py:377")
+    assert site[2].startswith("; load_weights took most from loader.py:377")
 
 
 def test_a_trace_without_stacks_has_no_sites_and_the_same_report(tmp_path):
@@ -168,13 +201,13 @@ def test_the_sglang_failure_answer_names_the_site_of_the_phase_that_took_the_mem
     # THEN the answer's three lines are the recording's, and a SITE line names custom all-reduce's line
     assert stacked["answer"]["lines"][:3] == plain["answer"]["lines"][:3]
     site = next(line for line in stacked["answer"]["lines"] if line[0] == "SITE")
-    assert site[1].startswith("custom_ar_init held most from custom_all_reduce.py:123 CustomAllreduce.__init__: ")
+    assert site[1].startswith("custom_ar_init took most from custom_all_reduce.py:123 CustomAllreduce.__init__: ")
     assert site[1].endswith(" on 2 ranks")
     # AND the report's text shows it at 80 columns, cut at a clause, never inside one
     monkeypatch.setenv("COLUMNS", "80")
     assert main(["report", str(path)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[3].startswith("SITE    custom_ar_init held most from custom_all_reduce.py:123")
+    assert lines[3].startswith("SITE    custom_ar_init took most from custom_all_reduce.py:123")
 
 
 def test_a_damaged_size_is_clamped_and_a_stack_id_not_defined_names_no_site(tmp_path):

@@ -44,7 +44,7 @@ def test_diff_says_which_site_grew(tmp_path, capsys):
     # THEN the one site that changed is custom all-reduce's line, +12 GiB on each of 2 ranks
     (change,) = sites.changes
     assert (change.phase, change.site.function, change.site.line) == ("custom_ar_init", "CustomAllreduce.__init__", 123)
-    assert (change.held_a, change.held_b, change.delta) == (36 * GiB, 60 * GiB, 24 * GiB)
+    assert (change.peak_a, change.peak_b, change.delta) == (36 * GiB, 60 * GiB, 24 * GiB)
     # AND the text says so in 80 columns
     assert main(["diff", str(a), str(b)]) == 0
     out = capsys.readouterr().out
@@ -52,7 +52,7 @@ def test_diff_says_which_site_grew(tmp_path, capsys):
     assert "+24.00 GiB  custom_all_reduce.py:123" in section
     assert all(len(line) <= 80 for line in section.splitlines())
     # AND the verdict, which tui --diff and plot --diff show too, names that line
-    line = "in custom_ar_init, custom_all_reduce.py:123 CustomAllreduce.__init__ holds +24.00 GiB in B"
+    line = "in custom_ar_init, custom_all_reduce.py:123 CustomAllreduce.__init__ peaks +24.00 GiB in B"
     assert line + " (36.00 GiB → 60.00 GiB, all ranks)" in diff.verdict.lines
     assert verdict_of(diff).lines == tuple(diff.verdict.lines)
     assert " ".join(out[:out.index("KV budget")].split()).count("custom_all_reduce.py:123") == 1
@@ -72,7 +72,7 @@ def test_diff_with_stacks_in_one_run_only(tmp_path, capsys):
     b = sglang_trace(tmp_path / "b.mrec")
     diff = diff_traces(load_trace(a), load_trace(b))
     sites = SitesDiff.from_json(diff.to_json()["sites"])
-    assert not any("holds" in line for line in diff.verdict.lines)  # a verdict line compares two runs' stacks
+    assert not any(" peaks " in line for line in diff.verdict.lines)  # a verdict line compares two runs' stacks
     assert sites.only_b and not sites.only_a
     assert {c.site.function for c in sites.changes} >= {"CustomAllreduce.__init__", "DefaultModelLoader.load_model"}
     assert main(["diff", str(a), str(b)]) == 0

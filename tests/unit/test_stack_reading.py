@@ -118,3 +118,30 @@ def test_the_function_table_names_every_function_symbol_as_the_symbol_walk_does(
         function, _, rest = label.rpartition("+")
         assert function in names and rest == "0x1", (off, names, label)
     assert table.name_at(min(at) - 1) == ""
+
+
+@needs_layout
+def test_a_code_object_is_known_again_by_its_identity_not_its_reference_count():
+    o = pystacks.LAYOUTS[sys.version_info[:2]]
+    size = o.co_linetable + 8
+    head = bytes(range(256))[:size]
+    recounted = (12345).to_bytes(8, "little") + head[8:]
+    moved = bytearray(head)
+    moved[o.co_qualname] ^= 0xFF  # another function's name: another code object at this address
+    ident = pystacks._identity(o, head, 1)
+    assert pystacks._identity(o, recounted, 1) == ident
+    assert pystacks._identity(o, bytes(moved), 1) != ident
+    assert pystacks._identity(o, head + recounted, 2) == ident * 2
+
+
+@needs_layout
+def test_a_stack_met_again_is_named_as_before_and_a_dead_process_is_not_answered_from_memory(child):
+    proc, code = child
+    symboliser = pystacks.Symboliser()
+    symboliser.set_interpreter(pystacks.locate(proc.pid))
+    first = symboliser.stack(_record(proc.pid, code))
+    assert symboliser.stack(_record(proc.pid, code)) == first == (Frame("<string>", 2, "where"),)
+    proc.kill()
+    proc.wait()
+    (frame,) = symboliser.stack(_record(proc.pid, code))
+    assert frame.file == "<unreadable>"

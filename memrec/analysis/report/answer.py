@@ -30,7 +30,7 @@ call, each rank's failed KV sizing, and each other marker with an ``error``.
 
 With stacks (format 2.3), a ``SITE`` line follows the three: the failed call's own site (the
 innermost user frame of its stack, :mod:`memrec.analysis.report.sites`), and the site that held the
-most in the phase the second line names first (``custom_ar_init held most from
+most in the phase the second line names first (``custom_ar_init took most from
 custom_all_reduce.py:123 CustomAllreduce.__init__: 36.00 GiB on 2 ranks``). Without stacks there
 is no such line.
 
@@ -462,9 +462,9 @@ def _site_line(report: Report, phase: str | None, failure: FailedCall | None = N
     if site is not None:
         out.append(f"the failed call came from {clean_text(site.label, 100)}")
     row = section.top_in(phase) if phase else None
-    if row is not None and row.held:
-        out.append(f"{'; ' if site else ''}{phase} held most from {clean_text(row.site.label, 100)}: "
-                   f"{human(row.held)} on {row.who}")
+    if row is not None and row.peak:
+        out.append(f"{'; ' if site else ''}{phase} took most from {clean_text(row.site.label, 100)}: "
+                   f"{human(row.peak)} at its peak on {row.who}")
     return out
 
 

@@ -18,9 +18,11 @@ frames only under a frame the recorder named ``<python stack unavailable>`` (lin
 as its function).
 
 Per phase (the report's phases, by path, joined over processes: every rank's
-``load_weights``) and per site: the bytes **allocated** there (successful allocations), and of
-those the bytes still **held** when the allocating process left the phase (not freed, its process
-not exited; ``(no phase)``: at the end of the trace). Driver allocations (``cuMemAlloc*``,
+``load_weights``) and per site: the bytes **allocated** there (successful allocations); of those,
+the most the site held at once (**peak**: what it took; a process that died of an out-of-memory
+error, or exited, holds nothing at the end, and its sites still show what they took), and the
+bytes still **held** when the allocating process left the phase (not freed, its process not
+exited; ``(no phase)``: at the end of the trace). Driver allocations (``cuMemAlloc*``,
 ``cuMemCreate``) and tensor blocks (PyTorch's caching allocator, inside the driver's segments) are
 counted apart (``level``), since one holds the other. The section is absent from a trace without
 stacks: every view of it stays as it was.
@@ -144,6 +146,7 @@ class SiteRow:
     allocations: int
     pids: tuple[int, ...]
     ranks: tuple[str, ...] = ()  # the rank labels of those pids that have one (TP0, ...)
+    peak: int = 0  # the most bytes of these allocations held at once (within the phase)
 
     @property
     def who(self) -> str:
@@ -155,7 +158,7 @@ class SiteRow:
 
 @dataclass(frozen=True)
 class PhaseSites:
-    """The sites of one phase (by path), most held first."""
+    """The sites of one phase (by path), the largest peak first."""
 
     phase: str
     rows: tuple[SiteRow, ...]
@@ -188,7 +191,7 @@ class SitesSection:
         phases = tuple(
             PhaseSites(p["phase"], tuple(
                 SiteRow(Site(**r["site"]), r["level"], r["allocated"], r["held"], r["allocations"], tuple(r["pids"]),
-                        tuple(r.get("ranks", ())))
+                        tuple(r.get("ranks", ())), r.get("peak", r["held"]))
                 for r in p["rows"]), p.get("more", 0))
             for p in data["phases"]
         )
@@ -196,8 +199,8 @@ class SitesSection:
         return cls(phases, data["stacks"], data["with_stack"], data["without_stack"], failures)
 
     def top_in(self, phase: str) -> SiteRow | None:
-        """The site that held the most in ``phase`` (driver memory first; then allocated the
-        most), None without one. ``phase``: a path, or a phase's own name (every path that ends
+        """The site whose allocations in ``phase`` peaked highest (driver memory first; then held,
+        then allocated the most), None without one. ``phase``: a path, or a phase's own name (every path that ends
         in it, joined: SGLang's ``custom_ar_init`` under each rank's ``load``)."""
         joined: dict[tuple[Site, str], SiteRow] = {}
         for p in self.phases:
@@ -207,8 +210,8 @@ class SitesSection:
                 was = joined.get((r.site, r.level))
                 joined[(r.site, r.level)] = r if was is None else SiteRow(
                     r.site, r.level, was.allocated + r.allocated, was.held + r.held, was.allocations + r.allocations,
-                    tuple(sorted({*was.pids, *r.pids})), tuple(sorted({*was.ranks, *r.ranks})))
-        return max(joined.values(), key=lambda r: (r.level == "driver", r.held, r.allocated), default=None)
+                    tuple(sorted({*was.pids, *r.pids})), tuple(sorted({*was.ranks, *r.ranks})), was.peak + r.peak)
+        return max(joined.values(), key=lambda r: (r.level == "driver", r.peak, r.held, r.allocated), default=None)
 
     def failure_site(self, index: int) -> Site | None:
         """The site of the failed call at event ``index``, None when it names no stack."""
@@ -280,6 +283,21 @@ def stacked_allocations(columns: Any, pid: int | None = None, gpu: int | None = 
     return Allocations(index, pids[index], ts[index], sizes, level, stack[index].astype(np.int64), end_ts), without
 
 
+def _peaks(key: np.ndarray, start: np.ndarray, end: np.ndarray, size: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """The most bytes held at once in each run of ``key`` (sorted; runs begin at ``starts``), from
+    allocations of ``size`` held over [``start``, ``end``): a free at the instant of an allocation
+    counts first, so a buffer replaced in place is not counted twice."""
+    n = len(key)
+    keys = np.r_[key, key]
+    times = np.r_[start, np.maximum(end, start)]
+    delta = np.r_[size, -size]
+    order = np.lexsort((delta, times, keys))
+    level = np.cumsum(delta[order])
+    first = np.searchsorted(keys[order], key[starts])  # each run's first step in the merged order
+    base = np.where(first > 0, level[first - 1], 0)  # the running sum before the run began
+    return np.maximum.reduceat(level - np.repeat(base, np.diff(np.r_[first, 2 * n])), first)
+
+
 def sites_section(trace: Any, phases: Phases, pid: int | None = None, gpu: int | None = None,
                   end_ts: int | None = None, limit: int | None = SITES_JSON) -> SitesSection | None:
     """Allocation sites by phase (see the module docstring); None for a trace without stacks.
@@ -309,26 +327,29 @@ def sites_section(trace: Any, phases: Phases, pid: int | None = None, gpu: int |
         sizes = allocs.size[sel]
         allocated = np.add.reduceat(sizes, starts)
         kept = np.add.reduceat(np.where(held[sel], sizes, 0), starts)
+        peaks = _peaks(key, allocs.ts[sel], np.minimum(allocs.end_ts[sel], phase_end[phase_ids[sel]]), sizes, starts)
         counts = np.diff(np.r_[starts, len(key)])
         pairs = np.unique(np.repeat(np.arange(len(starts), dtype=np.int64), counts) << 32 | allocs.pid[sel])
         pids_of = np.split(pairs & 0xFFFFFFFF, np.flatnonzero(np.diff(pairs >> 32)) + 1)
         for k, group in enumerate(key[starts].tolist()):
             ph, rest = divmod(group, span)
-            row = groups.setdefault((phases.label(ph - 1), rest // 2, rest % 2), [0, 0, 0, set()])
+            row = groups.setdefault((phases.label(ph - 1), rest // 2, rest % 2), [0, 0, 0, set(), 0])
             row[0] += int(allocated[k])
             row[1] += int(kept[k])
             row[2] += int(counts[k])
             row[3].update(pids_of[k].tolist())
+            row[4] += int(peaks[k])  # phases of one path (each rank's): their peaks together
     labels = pid_labels(trace.markers, trace.processes)
     by_phase: dict[str, list[SiteRow]] = {}
-    for (phase, site, level), (allocated_b, held_b, n, pids) in groups.items():
+    for (phase, site, level), (allocated_b, held_b, n, pids, peak) in groups.items():
         ranks = tuple(sorted({labels[p] for p in pids if p in labels}))
         by_phase.setdefault(phase, []).append(
-            SiteRow(sites[site], LEVELS[level], allocated_b, held_b, n, tuple(sorted(pids)), ranks))
+            SiteRow(sites[site], LEVELS[level], allocated_b, held_b, n, tuple(sorted(pids)), ranks, peak))
     order = {phases.label(p.id): (p.start, p.id) for p in reversed(phases.phases)}
     out = []  # phases in the order they began; (no phase) last
     for phase in sorted(by_phase, key=lambda name: order.get(name, (np.iinfo(np.int64).max, 0))):
-        rows = sorted(by_phase[phase], key=lambda r: (LEVELS.index(r.level), -r.held, -r.allocated, r.site.label))
+        rows = sorted(by_phase[phase], key=lambda r: (LEVELS.index(r.level), -r.peak, -r.held, -r.allocated,
+                                                      r.site.label))
         kept = rows if limit is None else rows[:limit]
         out.append(PhaseSites(phase, tuple(kept), len(rows) - len(kept)))
     failed = np.flatnonzero(failed_calls(columns) & (np.asarray(columns["stack"]) != 0))[:FAILURES_KEPT]

@@ -13,13 +13,14 @@ _HEADINGS = {"driver": "driver memory", "tensor": "tensor blocks"}
 
 
 def site_line(row) -> str:
-    """``custom_all_reduce.py:123 CustomAllreduce.__init__: 36.00 GiB on 2 ranks`` (held bytes)."""
-    return f"{clean_text(row.site.label, 120)}: {human(row.held)} on {row.who}"
+    """``custom_all_reduce.py:123 CustomAllreduce.__init__: 36.00 GiB on 2 ranks`` (its peak)."""
+    return f"{clean_text(row.site.label, 120)}: {human(row.peak)} on {row.who}"
 
 
 def render_sites(section: SitesSection, width: int | None = None, show_all: bool = False) -> list[str]:
-    """Per phase, the sites that held the most when the phase ended (then allocated the most):
-    the first :data:`SITES_SHOWN` of each level, or with ``show_all`` (``report --all``) every one."""
+    """Per phase, the sites whose allocations peaked highest (then held the most when the phase
+    ended, then allocated the most): the first :data:`SITES_SHOWN` of each level, or with
+    ``show_all`` (``report --all``) every one."""
     out = [f"allocation sites by phase  (innermost user frame of each allocation's stack; "
            f"{count(section.with_stack, 'allocation')} with a stack, {section.without_stack:,} without)"]
     for phase in section.phases:
@@ -28,10 +29,10 @@ def render_sites(section: SitesSection, width: int | None = None, show_all: bool
         for level in levels:
             rows = [r for r in phase.rows if r.level == level]
             shown = rows if show_all else rows[:SITES_SHOWN]
-            cells = [[human(r.held), human(r.allocated), f"{r.allocations:,}", r.who, clean_text(r.site.label, 160)]
-                     for r in shown]
-            lines = table(["HELD", "ALLOCATED", "ALLOCS", "BY", f"SITE ({_HEADINGS[level]})"], cells,
-                          right={0, 1, 2}, indent="    ", width=width, drop=(2, 1), wrap=True)
+            cells = [[human(r.peak), human(r.held), human(r.allocated), f"{r.allocations:,}", r.who,
+                      clean_text(r.site.label, 160)] for r in shown]
+            lines = table(["PEAK", "HELD", "ALLOCATED", "ALLOCS", "BY", f"SITE ({_HEADINGS[level]})"], cells,
+                          right={0, 1, 2, 3}, indent="    ", width=width, drop=(3, 2, 1), wrap=True)
             out.extend(lines)
             # the sites the section left out (past SITES_JSON) sort after the last level's rows
             left = len(rows) - len(shown) + (phase.more if level == levels[-1] else 0)
