@@ -414,9 +414,9 @@ class _Builder:
 
     def failure_holders(self) -> dict[str, Any]:
         names = {p.pid: p.short for p in self.report.processes}
-        rows = [(f.index, h["pid"], cat, b)
+        rows = [(f.index, h.pid, cat, b)
                 for f in self._failures() if f.held is not None
-                for h in f.held.holders for cat, b in h["by_category"].items()]
+                for h in f.held.holders for cat, b in h.by_category.items()]
         pids = [r[1] for r in rows]
         return {
             "failure": [r[0] for r in rows], "holder_pid": pids, "holder_job": self.job(pids),

@@ -48,7 +48,7 @@ def test_phases_peaks_and_fragmentation_where_the_process_left_them():
     )
     phases = build_phases([marker(5, "load", "begin"), marker(20, "load", "end"), marker(25, "step", "begin"),
                            marker(40, "step", "end")])
-    sec = tensor_section(ev, phases, 0, HEADER)
+    sec = tensor_section(ev, phases, 0, HEADER).to_json()
     assert sec["events"] == 6 and sec["unjoined_blocks"] == 0 and sec["libraries"] == HEADER["probes"]["torch"]
     load, step = sorted(sec["rows"], key=lambda r: r["phase"])
     assert (load["phase"], load["allocs"], load["frees"]) == ("load", 3, 1)
@@ -71,7 +71,7 @@ def test_expandable_segments_and_the_blocks_alive_at_a_failed_call():
         (20, Kind.VMM_CREATE, 0, 80 * MiB, 2),  # out of memory growing the segment
         (30, Kind.PROC_EXIT, 0, 0),
     )
-    sec = tensor_section(ev, build_phases([]), 0, HEADER)
+    sec = tensor_section(ev, build_phases([]), 0, HEADER).to_json()
     assert sec["unjoined_blocks"] == 1
     (f,) = sec["failures"]
     assert f["size"] == 80 * MiB and f["pid"] == PID and f["gpu"] == 0
@@ -87,7 +87,7 @@ def test_no_section_without_tensor_events_or_probed_installs():
     ev = events((10, Kind.ALLOC, SEG, MiB))
     assert tensor_section(ev, build_phases([]), 0, {"probes": {}}) is None
     without = {"probes": {"torch": [{"path": "/y/libc10_cuda.so", "attached": [], "problem": "no probes"}]}}
-    assert tensor_section(ev, build_phases([]), 0, without)["libraries"][0]["problem"] == "no probes"
+    assert tensor_section(ev, build_phases([]), 0, without).libraries[0].problem == "no probes"
 
 
 def test_a_damaged_torch_list_is_shown_not_crashed_on(capsys, tmp_path):

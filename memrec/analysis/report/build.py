@@ -24,6 +24,7 @@ import numpy as np
 from memrec.analysis.report.answer import Answer
 from memrec.analysis.report.answer import build_answer
 from memrec.analysis.names import api_name
+from memrec.analysis.names import kind_name
 from memrec.analysis.names import process_title
 from memrec.analysis.names import result_name
 from memrec.engine.phases import Phases
@@ -34,10 +35,11 @@ from memrec.engine.journal import Journal
 from memrec.analysis.untraced.reconcile import reconcile
 from memrec.analysis.report.gpu import ReportContext
 from memrec.analysis.report.gpu import gpu_section
-from memrec.analysis.report.gpu import holding_json
+from memrec.analysis.report.gpu import holding_row
 from memrec.analysis.report.model import FailedCall
 from memrec.analysis.report.model import HeldPhase
 from memrec.analysis.report.model import HeldThen
+from memrec.analysis.report.model import Holder
 from memrec.analysis.report.model import InstantEntry
 from memrec.analysis.report.model import PhaseEntry
 from memrec.analysis.report.model import ProcessEntry
@@ -306,8 +308,9 @@ def _holders_snapshot(state: LiveState, g: int, phases: Phases) -> HeldThen:
     return HeldThen(
         owned_on_gpu=state.owned_bytes(gpu=g),
         mapped_on_gpu=state.mapped_bytes(gpu=g),
-        holders=[holding_json(h) for h in state.holders(g, n=HOLDER_LARGEST)],
-        largest=[holding_json(h._asdict()) for h in state.largest(g, GPU_LARGEST)],
+        holders=[Holder(h["pid"], h["owned"], h["mapped"], h["by_category"], [holding_row(x) for x in h["largest"]])
+                 for h in state.holders(g, n=HOLDER_LARGEST)],
+        largest=[holding_row(h) for h in state.largest(g, GPU_LARGEST)],
         by_phase=_held_by_phase(state, g, phases),
     )
 
@@ -342,7 +345,7 @@ def _failure(events: np.ndarray, i: int, g: int, inferred: bool, start: int,
         pid=p,
         tid=int(e["tid"]),
         process=proc.short if proc else "",
-        kind=Kind(kind).name if kind in Kind._value2member_map_ else str(kind),
+        kind=kind_name(kind),
         api=api_name(int(e["api"])),
         size=int(e["size"]),
         result=int(e["result"]),

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from memrec.analysis.names import api_name
+from memrec.analysis.untraced.reconcile import GpuReconciliation
 from memrec.analysis.untraced.reconcile import Reconciliation
 from memrec.analysis.report.model import CategoryRow
 from memrec.analysis.report.model import FailedCall
@@ -19,6 +20,7 @@ from memrec.analysis.report.model import GpuProcess
 from memrec.analysis.report.model import GpuSection
 from memrec.analysis.report.model import HeldAtExit
 from memrec.analysis.report.model import NvmlSummary
+from memrec.analysis.report.model import HoldingRow
 from memrec.analysis.report.model import Peak
 from memrec.analysis.report.model import PidBytes
 from memrec.analysis.report.model import ProcessEntry
@@ -27,19 +29,18 @@ from memrec.engine.phases import Phases
 from memrec.engine.series import GpuSeries
 from memrec.terms.events import CATEGORIES
 from memrec.terms.events import OWNED
+from memrec.state.fields import Holding
 
 #: Process exit records list this many largest pieces still held.
 EXIT_LARGEST = 3
 
 
-def holding_json(h: dict) -> dict:
-    """A holding (or an exit record's piece) for JSON: API numbers as names, nested ones too."""
-    h = dict(h)
-    if "api" in h:
-        h["api"] = api_name(h["api"])
-    if "largest" in h:
-        h["largest"] = [holding_json(x) for x in h["largest"]]
-    return h
+def holding_row(h: Holding | dict) -> HoldingRow:
+    """A holding (or the state's record of one, :meth:`Holding._asdict`) as the report shows it:
+    its API by name."""
+    if isinstance(h, dict):
+        h = Holding(**h)
+    return HoldingRow(h.pid, h.gpu, h.category, h.size, h.address, h.ts, api_name(h.api), h.peer)
 
 
 @dataclass
@@ -181,18 +182,11 @@ def _final_by_category(series: GpuSeries) -> dict[int, dict[str, int]]:
     return out
 
 
-def _reconciliation(rec: Reconciliation, g: int, pid: int | None, start: int) -> dict | None:
+def _reconciliation(rec: Reconciliation, g: int, pid: int | None, start: int) -> GpuReconciliation | None:
     """NVML vs traced on GPU ``g`` (None for the host section and GPUs without NVML samples)."""
     if g < 0 or g not in rec.gpus():
         return None
-    out = rec.gpu_summary(g, pid)
-    rows = out["processes"] + ([out["device"]] if out["device"] else []) + out["contexts"]
-    rows += [st for p in out["processes"] for st in p.get("steps", [])]
-    for row in rows:
-        for key in ("last_ts", "untraced_max_ts", "exit_ts", "ts", "cause_ts"):
-            if key in row:
-                row[key[:-2] + "t_s"] = seconds(row[key] - start) if row[key] is not None else None
-    return out
+    return rec.gpu_summary(g, pid).with_seconds(start)
 
 
 def _held_at_exit(g: int, exits: list[dict], pid: int | None, start: int) -> list[HeldAtExit]:
@@ -212,7 +206,7 @@ def _held_at_exit(g: int, exits: list[dict], pid: int | None, start: int) -> lis
                 mapped=sum(h["bytes"] for h in rows if h["category"] == "ipc_mapped"),
                 count=sum(h["count"] for h in rows),
                 by_category={h["category"]: h["bytes"] for h in rows},
-                largest=[holding_json(h) for h in r["largest"] if h["gpu"] == g][:EXIT_LARGEST],
+                largest=[holding_row(h) for h in r["largest"] if h["gpu"] == g][:EXIT_LARGEST],
             )
         )
     return out

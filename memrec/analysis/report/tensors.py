@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from memrec.analysis.report.sites import Site
+from memrec.analysis.sections import Section
 from memrec.analysis.text import seconds
 from memrec.engine.phases import Phases
 from memrec.terms.events import Kind
@@ -55,6 +56,9 @@ class TensorRow:
     peak_reserved: int = 0
     last: Fragmentation = field(default_factory=Fragmentation)
 
+    def to_json(self) -> dict:
+        return asdict(self)
+
 
 @dataclass
 class BlockAtFailure:
@@ -81,6 +85,32 @@ class FailureBlocks:
     size: int  # what the failed call asked for
     state: Fragmentation
     largest: list[BlockAtFailure]
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class TorchLibrary(Section):
+    """A libc10_cuda.so the daemon tried: which probes it attached, or the problem (None: none)."""
+
+    path: str
+    attached: list[str]
+    problem: str | None
+
+
+@dataclass
+class TensorSection(Section):
+    """The report's ``tensors`` section: the installs tried, how many block events, blocks and
+    frees from before the recording, per (GPU, process, phase) rows and the failed segment
+    allocations with the blocks alive then."""
+
+    libraries: list[TorchLibrary]
+    events: int
+    unjoined_blocks: int
+    unknown_frees: int
+    rows: list[TensorRow]
+    failures: list[FailureBlocks]
 
 
 class _Replay(TensorBlocks):
@@ -157,7 +187,7 @@ class _Replay(TensorBlocks):
         return Site.of(self.stacks.stack(sid)) if sid and self.stacks is not None else None
 
 
-def _libraries(value: Any) -> list[dict] | None:
+def _libraries(value: Any) -> list[TorchLibrary] | None:
     """The header's or trailer's ``torch`` list as the report shows it: ``{path, attached, problem}``
     per entry, whatever a damaged or foreign file holds there (the format leaves ``probes`` free-form);
     None when there is no list."""
@@ -168,14 +198,15 @@ def _libraries(value: Any) -> list[dict] | None:
         if not isinstance(lib, dict):
             continue
         path, attached, problem = lib.get("path"), lib.get("attached"), lib.get("problem")
-        out.append({"path": path if isinstance(path, str) else "(no path)",
-                    "attached": [a for a in attached if isinstance(a, str)] if isinstance(attached, list) else [],
-                    "problem": problem if isinstance(problem, str) else None})
+        out.append(TorchLibrary(path if isinstance(path, str) else "(no path)",
+                                [a for a in attached if isinstance(a, str)] if isinstance(attached, list) else [],
+                                problem if isinstance(problem, str) else None))
     return out
 
 
 def tensor_section(events: Any, phases: Phases, start: int, header: dict, trailer: dict | None = None,
-                   pid: int | None = None, gpu: int | None = None, stacks: StackTable | None = None) -> dict | None:
+                   pid: int | None = None, gpu: int | None = None, stacks: StackTable | None = None
+                   ) -> TensorSection | None:
     """The report's ``tensors`` section, or None when the trace has no tensor events and no
     PyTorch install was tried (``header["probes"]["torch"]``).
 
@@ -223,12 +254,11 @@ def tensor_section(events: Any, phases: Phases, start: int, header: dict, traile
     def keep(p: int, g: int) -> bool:
         return (pid is None or p == pid) and (gpu is None or g == gpu)
 
-    return {
-        "libraries": libraries or [],
-        "events": int(tensor.sum()),
-        "unjoined_blocks": rp.unjoined,
-        "unknown_frees": rp.unknown_frees,
-        "rows": [asdict(r) for r in sorted(rp.rows.values(), key=lambda r: (r.gpu, r.pid, r.phase))
-                 if keep(r.pid, r.gpu)],
-        "failures": [asdict(f) for f in rp.failures if keep(f.pid, f.gpu)],
-    }
+    return TensorSection(
+        libraries=libraries or [],
+        events=int(tensor.sum()),
+        unjoined_blocks=rp.unjoined,
+        unknown_frees=rp.unknown_frees,
+        rows=[r for r in sorted(rp.rows.values(), key=lambda r: (r.gpu, r.pid, r.phase)) if keep(r.pid, r.gpu)],
+        failures=[f for f in rp.failures if keep(f.pid, f.gpu)],
+    )

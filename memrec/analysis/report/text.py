@@ -17,6 +17,7 @@ from memrec.analysis.sections import OMITTED
 from memrec.analysis.report.model import FailedCall
 from memrec.analysis.report.model import GpuPhase
 from memrec.analysis.report.model import GpuSection
+from memrec.analysis.report.model import HoldingRow
 from memrec.analysis.report.model import ProcessEntry
 from memrec.analysis.report.model import Report
 from memrec.analysis.report.model import TraceSummary
@@ -30,6 +31,8 @@ from memrec.analysis.text import human
 from memrec.analysis.text import scalar
 from memrec.analysis.text import seconds
 from memrec.analysis.text import table
+from memrec.analysis.untraced.reconcile import GpuReconciliation
+from memrec.analysis.untraced.reconcile import PhaseSplit
 from memrec.analysis.untraced.split import SPLIT
 from memrec.analysis.untraced.split import SPLIT_HEADINGS
 from dataclasses import replace
@@ -76,11 +79,11 @@ def _rank_of(pid: int, procs: dict[int, ProcessEntry]) -> str:
     return p.rank if p is not None else ""
 
 
-def _holding_text(h: dict) -> str:
-    addr = f"handle {h['address']:#x}" if h["category"] == "vmm" else f"{h['address']:#x}"
-    text = f"{human(h['size'])} {h['category']} {addr}"
-    if h["category"] == "ipc_mapped" and h.get("peer"):
-        text += f" from pid {h['peer']}"
+def _holding_text(h: HoldingRow) -> str:
+    addr = f"handle {h.address:#x}" if h.category == "vmm" else f"{h.address:#x}"
+    text = f"{human(h.size)} {h.category} {addr}"
+    if h.category == "ipc_mapped" and h.peer:
+        text += f" from pid {h.peer}"
     return text
 
 
@@ -321,10 +324,10 @@ def _render_gpu_failures(sec: GpuSection, procs: dict[int, ProcessEntry], show_a
             + (f", {human(held.mapped_on_gpu)} mapped from peers" if held.mapped_on_gpu else "")
         )
         for h in held.holders:
-            cats = ", ".join(f"{c} {human(b)}" for c, b in h["by_category"].items())
-            out.append(f"          {_pid_label(h['pid'], procs)}: {human(h['owned'])} owned ({cats})")
-            if h["largest"]:
-                out.append("            largest: " + "; ".join(_holding_text(x) for x in h["largest"]))
+            cats = ", ".join(f"{c} {human(b)}" for c, b in h.by_category.items())
+            out.append(f"          {_pid_label(h.pid, procs)}: {human(h.owned)} owned ({cats})")
+            if h.largest:
+                out.append("            largest: " + "; ".join(_holding_text(x) for x in h.largest))
     out.extend(more)
     if any(f.gpu_inferred for f in sec.failures):
         out.append("    (GPU n? = the call named no GPU: inferred from the process's previous calls)")
@@ -435,104 +438,106 @@ def collapse(lines: list[str], header: re.Pattern, procs: dict) -> list[str]:
     return out
 
 
-def _render_reconciliation(rc: dict, procs: dict[int, ProcessEntry], width: int) -> list[str]:
+def _render_reconciliation(rc: GpuReconciliation, procs: dict[int, ProcessEntry], width: int) -> list[str]:
     """The "NVML vs traced" table: each process NVML listed, then the whole GPU."""
     out = ["  NVML vs traced (at each NVML sample; untraced = NVML - traced, split below)"]
     rows = []
-    for r in rc["processes"]:
+    for r in rc.processes:
         notes = []
-        if not r["recorded"]:
+        if not r.recorded:
             notes.append("not recorded by memrec")
-        if r["negative_samples"]:
-            notes.append(f"! traced > NVML in {r['negative_samples']} of {r['samples']} samples")
-        if r["unavailable"]:
-            notes.append(f"{count(r['unavailable'], 'sample')} without a value")
-        if r["after_exit_samples"]:
-            n = r["after_exit_samples"]
-            notes.append(f"{count(n, 'sample')} after its exit left out"
+        if r.negative_samples:
+            notes.append(f"! traced > NVML in {r.negative_samples} of {r.samples} samples")
+        if r.unavailable:
+            notes.append(f"{count(r.unavailable, 'sample')} without a value")
+        if r.after_exit_samples:
+            notes.append(f"{count(r.after_exit_samples, 'sample')} after its exit left out"
                          " (the driver frees later)")
         rows.append(
-            [str(r["pid"]), _rank_of(r["pid"], procs), human(r["nvml_used_last"]),
-             human(r["traced_last"]), human(r["untraced_last"]), _range(r["untraced_min"], r["untraced_max"]),
-             str(r["samples"]), "; ".join(notes)]
+            [str(r.pid), _rank_of(r.pid, procs), human(r.nvml_used_last), human(r.traced_last),
+             human(r.untraced_last), _range(r.untraced_min, r.untraced_max), str(r.samples), "; ".join(notes)]
         )
-    d = rc["device"]
+    d = rc.device
     if d is not None:
         notes = []
-        if d["reserved_last"] is not None:
-            notes.append(f"reserved {human(d['reserved_last'])} (driver/firmware, not in used)")
+        if d.reserved_last is not None:
+            notes.append(f"reserved {human(d.reserved_last)} (driver/firmware, not in used)")
         else:
             notes.append("reserved unknown (NVML v1: used includes it)")
-        if d["negative_samples"]:
-            notes.append(f"! traced > NVML in {d['negative_samples']} of {d['samples']} samples")
+        if d.negative_samples:
+            notes.append(f"! traced > NVML in {d.negative_samples} of {d.samples} samples")
         rows.append(
-            ["GPU", "", human(d["used_last"]), human(d["traced_last"]), human(d["untraced_last"]),
-             _range(d["untraced_min"], d["untraced_max"]), str(d["samples"]), "; ".join(notes)]
+            ["GPU", "", human(d.used_last), human(d.traced_last), human(d.untraced_last),
+             _range(d.untraced_min, d.untraced_max), str(d.samples), "; ".join(notes)]
         )
     out.extend(
         table(["PID", "RANK", "NVML USED", "TRACED", "UNTRACED", "UNTRACED MIN..MAX", "SAMPLES", ""], rows,
               right={0, 2, 3, 4, 5, 6}, width=width, drop=(6,), wrap=True)
     )
-    if rc["unsampled_pids"]:
+    if rc.unsampled_pids:
         out.append(
             "    traced here but never in NVML's process samples: "
-            + ", ".join(f"pid {p}" for p in rc["unsampled_pids"])
+            + ", ".join(f"pid {p}" for p in rc.unsampled_pids)
             + " (gone between samples, or another PID namespace)"
         )
     out.extend(_render_split(rc, procs, width))
     return out
 
 
-def _render_split(rc: dict, procs: dict[int, ProcessEntry], width: int) -> list[str]:
+def _render_split(rc: GpuReconciliation, procs: dict[int, ProcessEntry], width: int) -> list[str]:
     """The untraced band split (memrec.analysis.untraced.split), the contexts, and the split per phase."""
     rows = []
-    splits = [r["split"] for r in rc["processes"] if r.get("split")]
-    d = rc["device"]
-    cols = _split_columns(splits + ([d["split"]] if d is not None and d.get("split") else []))
+    split_rows = [r for r in rc.processes if r.split]
+    d = rc.device
+    device_split = d.split if d is not None else None
+    cols = _split_columns([r.split for r in split_rows] + ([device_split] if device_split else []))
     shares = []
-    for r in rc["processes"]:
-        sp = r.get("split")
-        if sp:
-            rows.append([str(r["pid"]), _rank_of(r["pid"], procs), human(r["untraced_last"]),
-                         *(human(sp[k]) for k in cols)])
-            shares.append(f"pid {r['pid']} {_share(r.get('explained_share'))}")
-    if d is not None and d.get("split"):
-        rows.append(["GPU", "", human(sum(d["split"].values())), *(human(d["split"][k]) for k in cols)])
+    for r in split_rows:
+        rows.append([str(r.pid), _rank_of(r.pid, procs), human(r.untraced_last), *(human(r.split[k]) for k in cols)])
+        shares.append(f"pid {r.pid} {_share(r.explained_share)}")
+    if device_split:
+        rows.append(["GPU", "", human(sum(device_split.values())), *(human(device_split[k]) for k in cols)])
     out: list[str] = []
     if rows:
         out.append("  Untraced, split at the last sample (unexplained = untraced - the rest)")
         out.extend(table(["PID", "RANK", "UNTRACED", *(SPLIT_HEADINGS[k] for k in cols)],
                          rows, right={0, *range(2, 3 + len(cols))}, width=width, drop=(1,)))
-        if rc.get("explained_share") is not None:
-            shares.append(f"GPU {_share(rc['explained_share'])}")
+        if rc.explained_share is not None:
+            shares.append(f"GPU {_share(rc.explained_share)}")
         out.append("    NVML used traced or explained by measurement: " + ", ".join(shares))
-        for r in rc["processes"]:
-            libs = {k: v for k, v in r.get("module_code_by_library", {}).items() if v}
+        for r in rc.processes:
+            libs = {k: v for k, v in (r.module_code_by_library or {}).items() if v}
             if libs:
-                out.append(f"    pid {r['pid']} module code: " + "; ".join(f"{k} {human(v)}" for k, v in list(libs.items())[:6]))
+                out.append(f"    pid {r.pid} module code: " + "; ".join(f"{k} {human(v)}" for k, v in list(libs.items())[:6]))
     ctx_rows = []
-    for c in rc["contexts"]:
-        note = "foreign (owns nothing here)" if c["foreign"] else ""
-        ctx_rows.append([_t(c.get("t_s")), str(c["pid"]), c["api"], c["phase"], human(c["cost"]), note])
+    for c in rc.contexts:
+        note = "foreign (owns nothing here)" if c.foreign else ""
+        ctx_rows.append([_t(c.t_s), str(c.pid), c.api, c.phase, human(c.cost), note])
     if ctx_rows:
         out.append("  Contexts (cost: NVML's steps over the bind and its first kernel)")
         out.extend(table(["TIME", "PID", "API", "PHASE", "COST", ""], ctx_rows, right={0, 1, 4}, width=width,
                          drop=(3,), wrap=True))
-    phase_rows = []
-    for r in rc["processes"]:
-        phased = r.get("split_by_phase", [])
-        if all(ph["phase"] == NO_PHASE for ph in phased):
+    out.extend(_render_split_by_phase(rc, width))
+    return out
+
+
+def _render_split_by_phase(rc: GpuReconciliation, width: int) -> list[str]:
+    """The untraced steps per phase and process (none without markers: the split says it all)."""
+    phase_rows: list[tuple[str, PhaseSplit]] = []
+    for r in rc.processes:
+        phased = r.split_by_phase or []
+        if all(ph.phase == NO_PHASE for ph in phased):
             continue  # no markers: the split above says it all
         for ph in phased:
-            if any(ph[k] for k in SPLIT if k != "before_recording"):
-                phase_rows.append((str(r["pid"]), ph))
-    if phase_rows:
-        cols = [k for k in _split_columns([ph for _, ph in phase_rows]) if k != "before_recording"]
-        out.append("  Untraced steps per phase")
-        out.extend(table(["PID", "PHASE", *(SPLIT_HEADINGS[k] for k in cols)],
-                         [[pid, ph["phase"], *(human(ph[k]) for k in cols)] for pid, ph in phase_rows],
-                         right={0, *range(2, 2 + len(cols))}, width=width))
-    return out
+            if any(ph.split[k] for k in SPLIT if k != "before_recording"):
+                phase_rows.append((str(r.pid), ph))
+    if not phase_rows:
+        return []
+    cols = [k for k in _split_columns([ph.split for _, ph in phase_rows]) if k != "before_recording"]
+    return ["  Untraced steps per phase",
+            *table(["PID", "PHASE", *(SPLIT_HEADINGS[k] for k in cols)],
+                   [[pid, ph.phase, *(human(ph.split[k]) for k in cols)] for pid, ph in phase_rows],
+                   right={0, *range(2, 2 + len(cols))}, width=width)]
 
 
 #: Split columns shown only when some row has bytes there (issue 21's families: most traces have none).
