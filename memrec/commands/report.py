@@ -27,6 +27,7 @@ class ReportCommand:
       memrec report run.mrec
       memrec report run.mrec --gpu 3
       memrec report run.mrec -p 41234 --json
+      memrec report run.mrec --all         # every row, every allocation site
     """
 
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
@@ -37,7 +38,8 @@ class ReportCommand:
         parser.add_argument("-a", "--all", action="store_true",
                             help="keep what the default view leaves out: zero rows, rows past a table's first 200, "
                             "runs of one phase folded into a row (past 200 phases), frees at process exit in the "
-                            "by-phase tables, ranks and GPUs that repeat the first one")
+                            "by-phase tables, ranks and GPUs that repeat the first one, every allocation site of "
+                            "each phase (not its first 5; with --json, not its first 50)")
 
     def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         with paused():  # the report's rows make no cycles: no full collections over them
@@ -49,7 +51,7 @@ class ReportCommand:
         from memrec.commands.common import load_trace_for_command
 
         trace = load_trace_for_command(args.trace, warn=False)  # in the report itself
-        report = build_report(trace, gpu=args.gpu, pid=args.pid)
+        report = build_report(trace, gpu=args.gpu, pid=args.pid, all_sites=args.all)
         if args.gpu is not None and not report.gpus and report.host is None:
             known = trace.gpu_ids()
             raise MemrecCommandError(

@@ -53,7 +53,8 @@ from memrec.engine.replay import trace_phases
 from memrec.analysis.sglang.section import build_sglang_section
 from memrec.analysis.sglang.section import has_sglang_markers
 from memrec.analysis.report.tensors import tensor_section
-from memrec.analysis.sites import sites_section
+from memrec.analysis.report.sites import SITES_JSON
+from memrec.analysis.report.sites import sites_section
 from memrec.analysis.text import seconds
 from memrec.terms.ranks import pid_labels
 from memrec.engine.replay import Timeline
@@ -74,7 +75,7 @@ GPU_LARGEST = 5
 # ----------------------------------------------------------------------------------------- build
 
 
-def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> Report:
+def build_report(trace: Any, gpu: int | None = None, pid: int | None = None, all_sites: bool = False) -> Report:
     """Replay ``trace`` and summarise it per GPU (:meth:`Report.to_json` is ``report --json``).
 
     Args:
@@ -83,6 +84,8 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
         gpu: only this GPU (-1: the host / unknown-GPU section).
         pid: only this process's memory (peaks, phases, exits, failed calls are its own; the
             holders at its failed calls still show every process on that GPU).
+        all_sites: keep every allocation site of each phase (``report --all``), not the first
+            :data:`~memrec.analysis.report.sites.SITES_JSON`.
     """
     run = _replay(trace, gpu, pid)
     procs = _processes(trace, run.tl, run.exits)
@@ -104,8 +107,9 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
     failures_by_gpu = _place_failures(report, run, ctx)
     _add_gpu_sections(report, run, ctx, failures_by_gpu)
     report.sglang = run.sglang
-    report.tensors = tensor_section(run.events, run.phases, run.start, trace.header, trace.trailer, pid=pid, gpu=gpu)
-    sites = sites_section(trace, run.phases, pid=pid, gpu=gpu, end_ts=run.end)
+    report.tensors = tensor_section(run.events, run.phases, run.start, trace.header, trace.trailer, pid=pid, gpu=gpu,
+                                    stacks=trace.stacks)
+    sites = sites_section(trace, run.phases, pid=pid, gpu=gpu, end_ts=run.end, limit=None if all_sites else SITES_JSON)
     if sites is not None:  # a trace with stacks (format 2.3); without, the report is as it was
         report.sites = sites
     _peak_by_phase(report, trace, run.tl, run.phases)

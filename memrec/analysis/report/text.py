@@ -26,7 +26,7 @@ from memrec.analysis.report.model import TraceSummary
 from memrec.engine.phases import NO_PHASE
 from memrec.analysis.sglang.section import render_sglang
 from memrec.analysis.report.tensors_text import render_tensors
-from memrec.analysis.sites_text import render_sites
+from memrec.analysis.report.sites_text import render_sites
 from memrec.analysis.text import count
 from memrec.analysis.text import fit_lines
 from memrec.analysis.text import human
@@ -119,7 +119,7 @@ def render_text(report: Report, width: int = 80, show_all: bool = False) -> str:
 
     if report.sites:
         out.append("")
-        out.extend(render_sites(report.sites, width))
+        out.extend(render_sites(report.sites, width, show_all))
 
     if report.failures_unknown_gpu:
         out.append("")
