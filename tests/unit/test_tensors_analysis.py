@@ -111,3 +111,26 @@ def test_a_damaged_torch_list_is_shown_not_crashed_on(capsys, tmp_path):
     out = capsys.readouterr().out
     assert rc == 0
     assert "probes: (no path) (1 sites)" in out and "probes: /z/libc10_cuda.so (0 sites)" in out
+
+
+def test_the_section_is_the_same_a_chunk_of_rows_at_a_time(monkeypatch):
+    # The selection goes a chunk of rows at a time (issue 26: 100M events in bounded memory):
+    # chunks of 1 .. 3 rows, with a process whose tensor events come late (its segment first) and
+    # a failed call, give the section of the whole.
+    ev = events(
+        (10, Kind.ALLOC, SEG, 20 * MiB),
+        (11, Kind.TENSOR_ALLOC, SEG, 4 * MiB),
+        (12, Kind.TENSOR_ALLOC, SEG + 4 * MiB, 4 * MiB),
+        (14, Kind.TENSOR_FREE, SEG + 4 * MiB, 0),
+        (20, Kind.ALLOC, 0, 80 * MiB, 2),
+        (30, Kind.TENSOR_ALLOC, SEG + 4 * MiB, 2 * MiB),
+        (31, Kind.TENSOR_FREE, SEG, 0),
+        (40, Kind.PROC_EXIT, 0, 0),
+    )
+    ev["pid"][5:] = PID + 1  # a second process: its blocks in the first one's segment are unjoined
+    phases = build_phases([marker(5, "load", "begin"), marker(13, "load", "end")])
+    whole = tensor_section(ev, phases, 0, HEADER)
+    assert whole.events == 5 and whole.failures and len(whole.rows) == 3
+    for chunk in (1, 2, 3):
+        monkeypatch.setattr("memrec.analysis.report.tensors.SELECT_CHUNK", chunk)
+        assert tensor_section(ev, phases, 0, HEADER).to_json() == whole.to_json()

@@ -25,7 +25,7 @@ The diff holds:
 - ``tensors``: per phase × rank × GPU, the tensor blocks' peak allocated and reserved bytes in
   each run (traces recorded with ``memrec daemon --tensors``; empty otherwise);
 - ``sites`` (runs with stacks only): the allocation sites whose held bytes changed
-  (:mod:`memrec.analysis.sites_diff`);
+  (:mod:`memrec.analysis.diff.sites`);
 - ``untraced``: per rank and GPU, the untraced band's split (context, module code, pools, before
   recording, unexplained) and the contexts bound in each run (:mod:`memrec.analysis.untraced.diff`).
 """
@@ -81,9 +81,11 @@ from memrec.terms.ranks import rank_sort_key
 from memrec.terms.ranks import shown_dims
 from memrec.analysis.report.tensors import TensorSection
 from memrec.analysis.report.tensors import tensor_section
-from memrec.analysis.sites import SitesSection
-from memrec.analysis.sites import sites_section
-from memrec.analysis.sites_diff import diff_sites
+from memrec.analysis.report.sites import SitesSection
+from memrec.analysis.report.sites import sites_section
+from memrec.analysis.diff.sites import SitesDiff
+from memrec.analysis.diff.sites import diff_sites
+from memrec.analysis.diff.sites import verdict_line
 from memrec.analysis.text import human
 from memrec.analysis.text import signed_human
 from memrec.engine.journal import Journal
@@ -129,7 +131,7 @@ class Run:
     contexts: list[ProcessContext] = dataclasses.field(default_factory=list)  # foreign CUDA contexts (facts.process_contexts)
     custom_ar: CustomAllReduce | None = None  # facts.custom_ar_facts
     tensors: TensorSection | None = None  # memrec.analysis.report.tensors.tensor_section (a --tensors trace)
-    sites: SitesSection | None = None  # memrec.analysis.sites (a trace with stacks)
+    sites: SitesSection | None = None  # memrec.analysis.report.sites (a trace with stacks)
 
 
 def _norm_rank(rank: dict[str, int]) -> RankKey:
@@ -548,6 +550,9 @@ def _verdict(d: Diff, a: Run, b: Run, relation: Relation) -> DiffVerdict:
     pre_moved = any(abs(x.budgets.deltas.get("pre_model_load_memory", 0.0)) >= 0.005 for x in d.kv)
     if pre_moved or not d.kv:
         lines += _cause_lines(d.windows.before, "before", an, bn)
+    site = verdict_line(d.sites, bn, MIN_NAMED) if isinstance(d.sites, SitesDiff) else None
+    if site is not None:  # runs with stacks: the line of code whose memory changed most
+        lines.append(site)
     needed = {}
     for name, run in (("a", a), ("b", b)):
         mins = [x.min_mem_fraction_static for x in run.budgets if not x.draft and x.min_mem_fraction_static is not None]

@@ -20,7 +20,7 @@ from memrec.analysis.sections import OMITTED
 from memrec.analysis.sections import Section
 from memrec.analysis.sections import renamed
 from memrec.analysis.sglang.kv_budget_diff import BudgetDiff
-from memrec.analysis.sites_diff import SitesDiff
+from memrec.analysis.diff.sites import SitesDiff
 from memrec.analysis.untraced.diff import UntracedChange
 
 

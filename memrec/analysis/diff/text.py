@@ -9,7 +9,7 @@ from memrec.analysis.diff.model import Failure
 from memrec.analysis.diff.model import KvChange
 from memrec.analysis.diff.model import PhaseChange
 from memrec.analysis.diff.model import TensorChange
-from memrec.analysis.sites_diff import render_sites_diff
+from memrec.analysis.diff.sites import render_sites_diff
 from memrec.analysis.text import fit_lines
 from memrec.analysis.text import human
 from memrec.analysis.text import signed_human

@@ -29,7 +29,7 @@ in half. The cases, in order:
 call, each rank's failed KV sizing, and each other marker with an ``error``.
 
 With stacks (format 2.3), a ``SITE`` line follows the three: the failed call's own site (the
-innermost user frame of its stack, :mod:`memrec.analysis.sites`), and the site that held the
+innermost user frame of its stack, :mod:`memrec.analysis.report.sites`), and the site that held the
 most in the phase the second line names first (``custom_ar_init took most from
 custom_all_reduce.py:123 CustomAllreduce.__init__: 36.00 GiB on 2 ranks``). Without stacks there
 is no such line.
@@ -49,7 +49,7 @@ from dataclasses import field
 from typing import TYPE_CHECKING
 
 from memrec.base.untrusted import clean_text
-from memrec.analysis.sites import Site
+from memrec.analysis.report.sites import Site
 from memrec.analysis.text import human
 from memrec.analysis.untraced.split import EXPLAINED_SHARE_MIN
 
@@ -460,7 +460,7 @@ def _lines(*lines: list[str]) -> tuple[Line, ...]:
 
 
 def _site_line(report: Report, phase: str | None, failure: FailedCall | None = None) -> list[str]:
-    """The ``SITE`` line of a trace with stacks (:mod:`memrec.analysis.sites`): the failed call's
+    """The ``SITE`` line of a trace with stacks (:mod:`memrec.analysis.report.sites`): the failed call's
     own site, and the site that held the most in ``phase`` (the phase the line before names);
     without stacks no parts, and :func:`_lines` leaves the line out."""
     section = report.sites

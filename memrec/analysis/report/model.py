@@ -22,7 +22,7 @@ from memrec.analysis.sections import Section
 from memrec.analysis.sections import flatten
 from memrec.analysis.report.tensors import TensorSection
 from memrec.analysis.sglang.model import SglangSection
-from memrec.analysis.sites import SitesSection
+from memrec.analysis.report.sites import SitesSection
 from memrec.analysis.untraced.reconcile import GpuReconciliation
 
 

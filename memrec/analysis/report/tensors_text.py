@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from memrec.analysis.report.sites import Site
 from memrec.analysis.report.tensors import TensorSection
 from memrec.analysis.text import human
+from memrec.base.untrusted import clean_text
 from memrec.analysis.text import table
 
 
@@ -41,6 +43,10 @@ def render_tensors(sec: TensorSection, width: int) -> list[str]:
                    f"{human(st.reserved)} reserved, largest free {human(st.largest_free)}")
         rows = [[hex(b.ptr), human(b.size), f"{b.age_s:.3f}s", hex(b.segment) if b.segment is not None else "-",
                  b.phase] for b in f.largest]
-        out.extend(table(["BLOCK", "SIZE", "AGE", "SEGMENT", "PHASE"], rows, right={1, 2}, indent="    ",
-                         width=width, drop=(3,)))
+        head = ["BLOCK", "SIZE", "AGE", "SEGMENT", "PHASE"]
+        if any(b.site is not None for b in f.largest):  # a trace with stacks: the line that allocated each
+            head.append("ALLOCATED AT")
+            for row, b in zip(rows, f.largest):
+                row.append(clean_text(b.site.label, 160) if b.site is not None else "-")
+        out.extend(table(head, rows, right={1, 2}, indent="    ", width=width, drop=(3,), wrap=len(head) > 5))
     return out
