@@ -130,16 +130,21 @@ def test_the_tables_are_the_interpreters_own_offsets(minor, tmp_path):
     assert {k: int(got[k]) for k in want} == want
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="reads /proc/PID/map_files (root)")
-@pytest.mark.parametrize("python", _pythons(), ids=lambda p: p.name)
-def test_locate_finds_each_interpreter_or_says_why_not(python):
+def _locate_running(python: Path) -> pystacks.Interpreter | None:
+    """:func:`pystacks.locate` on a live process of ``python`` (it waits on stdin meanwhile)."""
     proc = subprocess.Popen([str(python), "-c", "import sys; print('up', flush=True); sys.stdin.readline()"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "up"
-        interp = pystacks.locate(proc.pid)
+        return pystacks.locate(proc.pid)
     finally:
         proc.communicate("\n")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="reads /proc/PID/map_files (root)")
+@pytest.mark.parametrize("python", _pythons(), ids=lambda p: p.name)
+def test_locate_finds_each_interpreter_or_says_why_not(python):
+    interp = _locate_running(python)
     minor = tuple(int(x) for x in python.name.removeprefix("python").split("."))
     assert interp is not None and interp.version[:2] == minor
     if minor in pystacks.LAYOUTS:
@@ -160,13 +165,7 @@ def test_a_310_process_without_kernel_btf_is_said_unreadable_not_guessed(tmp_pat
     if not found:
         pytest.skip("no pyenv CPython 3.10")
     monkeypatch.setattr(pystacks, "KERNEL_BTF", tmp_path / "vmlinux")  # absent
-    proc = subprocess.Popen([str(found[-1]), "-c", "import sys; print('up', flush=True); sys.stdin.readline()"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "up"
-        interp = pystacks.locate(proc.pid)
-    finally:
-        proc.communicate("\n")
+    interp = _locate_running(found[-1])
     assert interp is not None and interp.offsets is None
     assert interp.problem == (f"CPython 3.10: its threads cannot be matched (pthread ids): no kernel BTF "
                               f"({tmp_path / 'vmlinux'}: No such file or directory)")
