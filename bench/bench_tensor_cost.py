@@ -18,6 +18,8 @@ Workloads (each measurement: the median of its repeats):
   small  a 4-layer transformer encoder (d_model 256, 4 heads, ffn 1024, batch 16 x 128) forward +
          backward + Adam step, eager mode, synchronized: ms per step (--steps steps, median); on a
          fast GPU this is launch-bound: the CPU's time per op is the step time
+         (and ``small_cpu_ms``: the process's CPU time per step, all threads, which the host's
+         swings of wall time move less; a trap is CPU time of the thread that hits it)
   large  6 layers, d_model 1024, 16 heads, ffn 4096, batch 16 x 512 (--large-steps steps): GPU-bound,
          the CPU runs ahead of the GPU and a probe's CPU time can hide behind the kernels
   loop   ``torch.empty(256)`` + ``del``: ns per pair (--loop-reps repeats of --pairs pairs, median);
@@ -30,6 +32,9 @@ Configurations:
   self      ``memrec daemon --tensors-pid WORKER`` (scoped to the worker: it pays as with --tensors)
   other     ``memrec daemon --tensors-pid OTHER``, OTHER a process this bench starts that maps
             nothing: what every process outside the scope pays
+  trap      no daemon: a no-op BPF program at every pytorch probe site of the worker's
+            libc10_cuda.so, semaphores raised (bench_tensor_probes.py's NoopSites): what any
+            recorder of these probes pays before its program does anything
   EXTRA     any ``--extra NAME='daemon options'`` (e.g. another build's option), run like the others
 """
 
@@ -46,6 +51,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_tensor_probes import NoopSites  # noqa: E402  (the no-op program at PyTorch's sites)
 
 WORKER = r"""
 import json, os, statistics, sys, time
@@ -64,16 +72,17 @@ for size in sizes:
 
 def steps(size, n):
     model, opt, shape = models[size]
-    out = []
+    out, cpu = [], []
     for _ in range(n):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         loss = model(torch.randn(*shape, device=dev)).square().mean()
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         sync()
         out.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(out)
+        cpu.append((time.process_time() - c) * 1e3)
+    return statistics.median(out), statistics.median(cpu)
 
 def loop(pairs, reps):
     out = []
@@ -91,7 +100,9 @@ loop(2000, 2)
 print(json.dumps({"ready": True, "torch": torch.__version__}), flush=True)
 for line in sys.stdin:
     counts = [int(v) for v in line.split()]
-    row = {f"{size}_ms": steps(size, counts[i]) for i, size in enumerate(models)}
+    row = {}
+    for i, size in enumerate(models):
+        row[f"{size}_ms"], row[f"{size}_cpu_ms"] = steps(size, counts[i])
     row["loop_ns"] = loop(counts[-2], counts[-1])
     print(json.dumps(row), flush=True)
 """
@@ -154,6 +165,14 @@ class Daemon:
         return counts
 
 
+def torch_library(pid: int) -> Path:
+    """The libc10_cuda.so process ``pid`` maps."""
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        if line.rstrip().endswith("/libc10_cuda.so"):
+            return Path(line.split(maxsplit=5)[5])
+    raise SystemExit(f"bench_tensor_cost: pid {pid} maps no libc10_cuda.so")
+
+
 def _kind_counts(trace) -> dict:
     from memrec.terms.events import Kind
 
@@ -177,7 +196,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=10, help="interleaved rounds (default 10)")
     parser.add_argument("--device", default="cuda", help="torch device of the workloads (default cuda)")
     parser.add_argument("--configs", default="none,plain,tensors",
-                        help="configurations, comma-separated: none, plain, tensors, self, other (default "
+                        help="configurations, comma-separated: none, plain, tensors, self, other, trap (default "
                              "none,plain,tensors)")
     parser.add_argument("--extra", action="append", default=[], metavar="NAME=OPTIONS",
                         help="another configuration: the daemon with these options")
@@ -201,7 +220,7 @@ def main() -> int:
     idle = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     for name in args.configs.split(","):
         configs[name] = {"none": None, "plain": [], "tensors": ["--tensors"], "self": ["--tensors-pid", "WORKER"],
-                         "other": ["--tensors-pid", str(idle.pid)]}[name]
+                         "other": ["--tensors-pid", str(idle.pid)], "trap": None}[name]
     for extra in args.extra:
         name, _, options = extra.partition("=")
         configs[name] = shlex.split(options)
@@ -227,7 +246,10 @@ def main() -> int:
                     if options is not None:
                         options = [str(worker.proc.pid) if o == "WORKER" else o for o in options]
                     daemon = Daemon(args.python, options, Path(tmp), others) if options is not None else None
+                    trap = NoopSites(torch_library(worker.proc.pid)) if name == "trap" else None
                     m = worker.measure({"small": args.steps, "large": args.large_steps}, args.pairs, args.loop_reps)
+                    if trap is not None:
+                        trap.close()
                     row = {"round": r, "config": name, **m}
                     if daemon is not None:
                         row["daemon_start_s"] = round(daemon.start_s, 2)
@@ -244,7 +266,9 @@ def main() -> int:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     by = {(row["round"], row["config"]): row for row in rows}
     print(f"\nratios against 'none' of the same round (torch {worker.torch}, {args.device}):")
-    metrics = [(f"{size}_ms", f"{size} transformer step") for size in sizes] + [("loop_ns", "torch.empty(256)/del pair")]
+    metrics = [(f"{size}_ms", f"{size} transformer step") for size in sizes] + [
+        (f"{size}_cpu_ms", f"{size} transformer step, CPU time of the process (all its threads)") for size in sizes] + [
+        ("loop_ns", "torch.empty(256)/del pair")]
     for metric, label in metrics:
         print(f"{label}: none median {statistics.median(by[r, 'none'][metric] for r in range(args.rounds)):.1f} "
               f"{metric[-2:]}")

@@ -95,7 +95,7 @@ class MarkerClient:
 
     def _reset(self) -> None:
         """Forget the connection (at creation and in a forked child, whose socket is the parent's)."""
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # (see _locked: its owner is known; re-entry is refused there)
         #: threads inside _locked() from before they try the lock until after they release it
         self._inside: set[int] = set()
         self._pid = os.getpid()
@@ -169,11 +169,15 @@ class MarkerClient:
             self._inside.add(me)
             if not self._lock.acquire(timeout=LOCK_WAIT):  # another thread holds it for microseconds
                 return busy
-            try:
-                return action()
-            finally:
-                self._lock.release()
+            return action()
         finally:
+            # Released by its owner whatever came after the acquire: action()'s return, or an
+            # exception a signal handler raised at any instant after it (a KeyboardInterrupt
+            # between the acquire and a try would keep it held, and drop every later mark as
+            # busy). The lock is an RLock because it knows its owner: the release of a caller
+            # that did not get it (busy) is refused, not carried out.
+            with contextlib.suppress(RuntimeError):
+                self._lock.release()
             self._inside.discard(me)
 
     def _flush(self) -> bool:

@@ -481,12 +481,10 @@ def test_marks_from_a_signal_handler_never_deadlock_or_corrupt(sock_dir):
     assert r["deepest"] < 10 and r["invalid"] == 0, r
 
 
-# A signal that arrives in the instant after mark() took its lock (sys.setprofile's c_return of
-# the lock's acquire is that instant: CPython runs a pending handler right after the call returns).
-# The handler's mark must see that its own thread is inside and drop at once: waiting for the lock
-# can never end (the thread holding it is the one the handler interrupted), and the wait is
-# interruptible, so the next timer signal's handler re-enters and waits too, without end.
-SIGNAL_AFTER_LOCK_SCRIPT = """
+# A child connected to a listening socket, and ``when_lock_taken(then)``: ``then()`` runs in the
+# instant after the client's lock is taken (sys.setprofile's c_return of the lock's acquire is that
+# instant: CPython runs a pending handler right after the call returns).
+LOCK_TAKEN_PROLOGUE = """
 import json, signal, socket, sys, threading
 from memrec.terms import protocol
 from memrec.client import MarkerClient
@@ -497,6 +495,23 @@ server.listen()
 c = MarkerClient(sys.argv[1])
 assert c.mark("start")
 conn, _ = server.accept()
+lock_types = (type(threading.Lock()), type(threading.RLock()))
+
+def when_lock_taken(then):
+    def hook(frame, event, arg):
+        if event == "c_return" and getattr(arg, "__name__", "") == "acquire" \\
+                and type(getattr(arg, "__self__", None)) in lock_types:
+            sys.setprofile(None)
+            then()
+    sys.setprofile(hook)
+"""
+
+
+# A signal that arrives in the instant after mark() took its lock. The handler's mark must see
+# that its own thread is inside and drop at once: waiting for the lock can never end (the thread
+# holding it is the one the handler interrupted), and the wait is interruptible, so the next timer
+# signal's handler re-enters and waits too, without end.
+SIGNAL_AFTER_LOCK_SCRIPT = LOCK_TAKEN_PROLOGUE + """
 handler, depth = [], [0, 0]  # depth: now, deepest
 
 def on_alarm(*_):
@@ -506,16 +521,12 @@ def on_alarm(*_):
     depth[0] -= 1
 
 signal.signal(signal.SIGALRM, on_alarm)
-lock_type = type(threading.Lock())
 
-def at_lock_taken(frame, event, arg):
-    if event == "c_return" and getattr(arg, "__name__", "") == "acquire" \\
-            and type(getattr(arg, "__self__", None)) is lock_type:
-        sys.setprofile(None)
-        signal.setitimer(signal.ITIMER_REAL, 0.0005, 0.0005)
-        signal.raise_signal(signal.SIGALRM)  # its handler runs before this hook returns
+def alarms():
+    signal.setitimer(signal.ITIMER_REAL, 0.0005, 0.0005)
+    signal.raise_signal(signal.SIGALRM)  # its handler runs before the profile hook returns
 
-sys.setprofile(at_lock_taken)
+when_lock_taken(alarms)
 main = c.mark("main")
 signal.setitimer(signal.ITIMER_REAL, 0)
 first_handler_call = handler[0]
@@ -544,3 +555,35 @@ def test_a_mark_from_a_signal_right_after_the_lock_was_taken_is_dropped_at_once(
     # later handler mark reported sent
     assert r["names"] == ["start", "markers_dropped", "main"] + ["from-handler"] * r["handler_sent"]
     assert r["pending"] == 0
+
+
+# A KeyboardInterrupt (a signal handler that raises) in the instant after mark() took its lock:
+# the interrupted mark is lost, and every later mark must go out, not find the lock held forever.
+RAISE_AFTER_LOCK_SCRIPT = LOCK_TAKEN_PROLOGUE + """
+when_lock_taken(lambda: signal.raise_signal(signal.SIGINT))  # Python's handler raises KeyboardInterrupt
+try:
+    c.mark("interrupted")
+    interrupted = False
+except KeyboardInterrupt:
+    interrupted = True
+after = []  # from another thread: a lock left held by the main thread would keep it out
+worker = threading.Thread(target=lambda: after.extend(c.mark(f"after-{i}") for i in range(3)))
+worker.start()
+worker.join()
+c.close()
+conn.settimeout(5)
+decoder, names = protocol.FrameDecoder(), []
+while data := conn.recv(1 << 16):
+    names += [f["name"] for f in decoder.feed(data)]
+print(json.dumps({"interrupted": interrupted, "after": after, "busy": c.drops["busy"], "names": names}))
+"""
+
+
+def test_an_interrupt_right_after_the_lock_was_taken_does_not_keep_it(sock_dir):
+    # GIVEN a KeyboardInterrupt raised the instant after mark() took its lock
+    r = run_signal_child(RAISE_AFTER_LOCK_SCRIPT, sock_dir / "k.sock")
+    # THEN that mark is interrupted, and the next marks go out (before: the lock stayed held and
+    # each later mark waited and was dropped as busy)
+    assert r["interrupted"] is True
+    assert r["after"] == [True, True, True] and r["busy"] == 0, r
+    assert r["names"][-3:] == ["after-0", "after-1", "after-2"]
