@@ -266,7 +266,7 @@ def locate(pid: int, proc: Path = Path("/proc")) -> Interpreter | None:
 
 
 def _interpreter(pid: int, entry: MapsEntry, entries: list[MapsEntry], offsets: dict[str, int],
-                 version: tuple[int, int, int] | None, proc: Path) -> Interpreter:
+                 version: tuple[int, ...] | None, proc: Path) -> Interpreter:
     runtime = _address(entries, entry, offsets["_PyRuntime"])
     code_type = _address(entries, entry, offsets.get("PyCode_Type", -1))
     named = _NAMED_VERSION.search(os.path.basename(entry.path))
@@ -571,7 +571,7 @@ class Symboliser:
         still the one it was (:func:`_identity` unchanged, as :meth:`_code` checks per frame)."""
         o = interp.offsets
         assert o is not None
-        if o.frame_objects:  # the probe read 8 bytes at f_lasti: f_lineno, which changes, is above it
+        if o.frame_objects:  # the probe read 8 bytes at f_lasti: f_lineno (not the place) is above it
             instrs = instrs & np.uint64(0xFFFFFFFF)
         key = codes.tobytes() + instrs.tobytes()
         real = [c for c in codes.tolist() if c > 1]
