@@ -25,7 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from memrec.analysis.report.build import build_report  # noqa: E402
-from memrec.analysis.sites import sites_section  # noqa: E402
+from memrec.analysis.report.sites import sites_section  # noqa: E402
 from memrec.terms.columns import empty_events  # noqa: E402
 from memrec.engine.replay import trace_phases  # noqa: E402
 from memrec.terms.events import Kind  # noqa: E402

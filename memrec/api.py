@@ -230,9 +230,9 @@ class Recording:
         """Every stack the events name, one row per frame: ``stack`` (the events' id), ``depth``
         (0 the innermost), ``file``, ``line``, ``function``, ``native`` (a native frame: ``file``
         the module, ``line`` the offset, ``function`` the symbol), ``site`` (the frame ``memrec
-        report`` names the allocation's site: :mod:`memrec.analysis.sites`) and ``unavailable``
+        report`` names the allocation's site: :mod:`memrec.analysis.report.sites`) and ``unavailable``
         (the reason, on the one row of a stack memrec could not read; "" otherwise)."""
-        from memrec.analysis.sites import user_frame
+        from memrec.analysis.report.sites import user_frame
         from memrec.trace.stacks import Unavailable
 
         rows = []

@@ -10,6 +10,10 @@ at ``git worktree add /tmp/x REV`` to measure another revision). Prints:
   and ``from x import _name`` of a name that is not itself a module, in shipped code;
 - import circles: strongly connected components of memrec's own import graph, imports inside
   functions included (``if TYPE_CHECKING:`` blocks left out: they never run);
+- string-key reads: ``x["name"]`` (a string literal, read, not assigned) and ``x.get("name", ...)``
+  in the packages that build and read the report, the diff and the exports (:data:`KEY_READERS`);
+  they count every such read, whatever ``x`` is: a report dict, a numpy structured array's column
+  (``events["pid"]``), the trace header or a marker's values (``--list`` names the keys per module);
 - the ``duplicates`` pairs of the tree (the tool's own count line), when the tool is on PATH.
 
 The import graph here is the one ``tests/unit/test_layers.py`` checks the layer table against, so
@@ -31,6 +35,8 @@ from pathlib import Path
 #: (namedtuple's methods, ``os._exit``, ``sys._getframe``): not a reach into memrec's privates.
 STDLIB_PUBLIC_UNDERSCORE = {"_replace", "_asdict", "_fields", "_make", "_field_defaults", "_exit",
                             "_getframe"}
+#: Where the report, the diff and the exports are built and read (issue 24's first point).
+KEY_READERS = ("memrec.analysis", "memrec.export", "memrec.tui", "memrec.commands")
 
 
 def package_dirs(root: Path) -> dict[str, Path]:
@@ -192,6 +198,25 @@ def private_reaches(mods: dict[str, Path]) -> list[str]:
     return out
 
 
+def key_reads(mods: dict[str, Path]) -> dict[str, Counter]:
+    """Module (of :data:`KEY_READERS`) -> how often each string key is read there (see the docstring)."""
+    out: dict[str, Counter] = {}
+    for name, path in mods.items():
+        if not any(name == p or name.startswith(p + ".") for p in KEY_READERS):
+            continue
+        keys: Counter = Counter()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load)
+                    and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str)):
+                keys[node.slice.value] += 1
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+                  and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+                keys[node.args[0].value] += 1
+        if keys:
+            out[name] = keys
+    return out
+
+
 def duplicate_pairs(root: Path) -> str:
     tool = shutil.which("duplicates")
     if tool is None:
@@ -215,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     longs = long_functions(mods)
     reaches = private_reaches(mods)
     circles = cycles(graph(root))
+    keys = key_reads(mods)
+    key_total = Counter({p: sum(sum(c.values()) for m, c in keys.items() if m == p or m.startswith(p + "."))
+                         for p in KEY_READERS})
     by_package = Counter(r.split(":")[0].rsplit(".", 1)[0] if r.count(".") > 1 else r.split(":")[0]
                          for r in reaches)
     print(f"root: {root}")
@@ -225,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
           f"({', '.join(f'{k} {v}' for k, v in by_package.most_common(6))})")
     print(f"import circles (function-level imports included): {len(circles)} "
           f"(modules in them: {sum(len(c) for c in circles)})")
+    print(f"string-key reads (x['k'], x.get('k')): {sum(key_total.values())} "
+          f"({', '.join(f'{k} {v}' for k, v in key_total.most_common())})")
     if not args.no_duplicates:
         print(f"duplicates: {duplicate_pairs(root)}")
     if args.list:
@@ -234,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  reach {r}")
         for c in circles:
             print(f"  circle {' '.join(c)}")
+        for m, c in sorted(keys.items(), key=lambda mc: -sum(mc[1].values())):
+            print(f"  keys {sum(c.values()):4d} {m}: " + " ".join(f"{k}:{n}" for k, n in c.most_common(12)))
     return 0
 
 

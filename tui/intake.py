@@ -34,6 +34,7 @@ from memrec.trace.format import gpus_from_header
 from memrec.trace.format import parse_schema
 from memrec.trace.model import GpuIds
 from memrec.trace.stacks import StackTable
+from memrec.subscriber import StreamStacks
 from memrec.tui.navigation import Landmarks
 from memrec.tui.store import EventStore
 from memrec.tui.views import NCAT
@@ -110,6 +111,8 @@ class TraceIntake:
         self.keyframes: list[tuple[int, int, dict]] = []  # (event_index, ts, state)
         self.lost = 0
         self.stacks = StackTable()  # what the events' stack ids name (format 2.3)
+        #: live: the stream's stacks, numbered across its files (a file's are its own: :attr:`stacks`)
+        self._stream_stacks = StreamStacks()
         self.warnings: list[str] = []
         self.trailer: dict | None = None
         self.checkpoint_every = checkpoint_every
@@ -224,6 +227,8 @@ class TraceIntake:
     # RecordSink (memrec.trace.records): the one dispatch that file scans and the live stream use
 
     def on_header(self, header: dict) -> None:
+        if self._live_stream:  # a rotation's new file, or a resync: the stack ids that follow are its
+            self._stream_stacks.new_file()
         self.set_header(header)
         try:
             self._schema = parse_schema(header)
@@ -231,6 +236,9 @@ class TraceIntake:
             self.warnings.append(f"stream header: {error}")
 
     def on_events(self, chunk: Any) -> None:
+        stack = chunk.columns.get("stack") if self._live_stream and not isinstance(chunk, np.ndarray) else None
+        if stack is not None:  # the file's stack ids as the stream's
+            chunk = dataclasses.replace(chunk, columns={**chunk.columns, "stack": self._stream_stacks.ids(stack)})
         self.add_events(chunk)
 
     def on_nvml(self, chunk: Any) -> None:
@@ -258,7 +266,11 @@ class TraceIntake:
     def on_stacks(self, defs: Any) -> None:
         with self.lock:
             try:
-                self.stacks.add(defs)
+                if self._live_stream:
+                    self._stream_stacks.add(defs)
+                    self.stacks = self._stream_stacks.table
+                else:
+                    self.stacks.add(defs)
             except TraceFormatError as error:
                 self.warnings.append(f"stacks record skipped: {error}")
 

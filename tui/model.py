@@ -29,6 +29,7 @@ chunks, checkpoints and series points beyond ``max_events``.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import marshal
 import threading
 from typing import Any
@@ -41,7 +42,8 @@ from memrec.engine.replay import advance
 from memrec.state import LiveState
 from memrec.state.tensors import Fragmentation
 from memrec.state.tensors import TensorBlocks
-from memrec.analysis.sites import user_frame
+from memrec.analysis.report.sites import ALLOCATION_OF
+from memrec.analysis.report.sites import user_frame
 from memrec.trace.stacks import Unavailable
 from memrec.tui.filters import API_NAMES
 from memrec.tui.filters import KIND_NAMES
@@ -168,15 +170,42 @@ class TraceModel(ReplayedTrace):
 
     def stack_view(self, seq: int) -> StackView | None:
         """The stack of event ``seq`` (None: no such event), with the frame the report names its
-        site (:func:`memrec.analysis.sites.user_frame`)."""
+        site (:func:`memrec.analysis.report.sites.user_frame`). A free's is the allocation it
+        frees (:meth:`allocation_freed`): the stack that took the memory it gives back."""
         with self.lock:
             if not self.store.base <= seq < self.store.n:
                 return None
             row = self.store.slice(seq, seq + 1)[0]
             stack = self.stacks.stack(int(row["stack"]))
+        pair = ALLOCATION_OF.get(int(row["kind"]))
+        if pair is not None:
+            made = self.allocation_freed(seq, int(row["pid"]), *pair, int(row[pair[1]]))
+            if made is not None:
+                return dataclasses.replace(self.stack_view(made), free_seq=seq)  # type: ignore[arg-type]
         site = None if stack is None or isinstance(stack, Unavailable) else user_frame(stack)
         return StackView(seq, KIND_NAMES.get(int(row["kind"]), str(int(row["kind"]))), int(row["size"]), int(row["pid"]),
-                         int(row["ts"]), stack, site)
+                         int(row["ts"]), stack, site, free_unmatched=pair is not None)
+
+    #: Events read at a time while looking back for a free's allocation.
+    _LOOK_BACK = 1 << 16
+
+    def allocation_freed(self, seq: int, pid: int, kind: int, key: str, value: int) -> int | None:
+        """The event that made what the free ``seq`` frees: the last ``kind`` event of ``pid``
+        before it whose ``key`` column (the pointer, or the VMM handle) is ``value``; None when
+        the events hold none (made before the recording, or before those a live view keeps).
+        Read back a window of columns at a time: the weights freed at exit were allocated millions
+        of events earlier."""
+        hi = seq
+        while True:
+            with self.lock:
+                lo = max(hi - self._LOOK_BACK, self.store.base)
+                if hi <= lo:
+                    return None
+                hit = np.flatnonzero((self.store.column("kind", lo, hi) == kind) & (self.store.column("pid", lo, hi) == pid)
+                                     & (self.store.column(key, lo, hi) == value))
+            if len(hit):
+                return lo + int(hit[-1])
+            hi = lo
 
     def allocation_seq(self, pid: int, address: int, ts: int) -> int | None:
         """The event that made a live allocation (the largest holders' rows: pid, address, ts)."""

@@ -121,7 +121,9 @@ class LiveAlloc:
 class StackView:
     """The stack of one event (``s`` on the events or the largest allocations): what the event
     was (``kind``, ``size``, ``pid``, ``ts``) and its frames innermost first, Unavailable (with the
-    reason), or None when none was recorded; ``site``: the frame the report names its site."""
+    reason), or None when none was recorded; ``site``: the frame the report names its site.
+    A free selected shows the allocation it frees: then ``free_seq`` is the free's event, and
+    ``free_unmatched`` says that its allocation is not among the events (made before them)."""
 
     seq: int
     kind: str
@@ -130,6 +132,8 @@ class StackView:
     ts: int
     stack: Stack | None
     site: Frame | None
+    free_seq: int | None = None
+    free_unmatched: bool = False
 
 
 @dataclass

@@ -6,7 +6,9 @@ Builders and renderers share these classes, not string keys: a renamed field fai
 checker and at import, not in one CLI test. :meth:`Section.to_json` gives the JSON: each field in
 declaration order, under its own name, so that the JSON is the one the report always printed. A
 field left at :data:`OMITTED` is not in the JSON at all (keys the report only has sometimes); a
-field made with :func:`flatten` puts its section's keys into its parent's.
+field made with :func:`flatten` puts its section's keys into its parent's; one made with
+:func:`hidden` is never in the JSON (what the builders and renderers share beyond it); one made
+with :func:`renamed` goes under another name (a JSON key that is a Python keyword).
 """
 
 from __future__ import annotations
@@ -37,26 +39,43 @@ def flatten() -> Any:
     return field(default=None, metadata={"flatten": True})
 
 
+def hidden(default: Any = 0) -> Any:
+    """A field the builders and renderers share that is not in the JSON (a sort key, say)."""
+    return field(default=default, metadata={"json": False})
+
+
+def renamed(name: str, default: Any = OMITTED) -> Any:
+    """A field whose JSON key is ``name`` (``in``, which no Python field can be called)."""
+    return field(default=default, metadata={"key": name})
+
+
 class Section:
     """A dataclass that serialises to the report's JSON (see the module docstring)."""
 
-    _plan: ClassVar[tuple[tuple[str, bool], ...]]
+    _plan: ClassVar[tuple[tuple[str, str, bool], ...]]
+
+    @classmethod
+    def _json_plan(cls) -> tuple[tuple[str, str, bool], ...]:
+        """The fields in the JSON, their keys and which of them flatten (worked out once per class)."""
+        plan = cls.__dict__.get("_plan")
+        if plan is None:
+            plan = tuple((f.name, f.metadata.get("key", f.name), bool(f.metadata.get("flatten")))
+                         for f in fields(cls) if f.metadata.get("json", True))  # type: ignore[arg-type]
+            cls._plan = plan
+        return plan
 
     def to_json(self) -> dict:
-        plan = type(self).__dict__.get("_plan")
-        if plan is None:  # once per class: the fields and which of them flatten
-            plan = tuple((f.name, bool(f.metadata.get("flatten"))) for f in fields(self))  # type: ignore[arg-type]
-            type(self)._plan = plan
+        plan = self._json_plan()
         out: dict = {}
-        for name, flat in plan:
+        for name, json_key, flat in plan:
             v = getattr(self, name)
             if flat:
                 if v is not None:
                     out.update(v.to_json())
             elif type(v) in _SCALARS:  # most fields: no call (100,000 process rows)
-                out[name] = v
+                out[json_key] = v
             elif v is not OMITTED:
-                out[name] = to_json(v)
+                out[json_key] = to_json(v)
         return out
 
 

@@ -101,7 +101,8 @@ def too_deep(value: Any, max_depth: int = MAX_DEPTH) -> bool:
             children = obj
         if _CONTAINER_TYPES.isdisjoint(map(type, children)):
             continue
-        stack.extend((c, depth + 1) for c in children if type(c) in _CONTAINER_TYPES)
+        # an empty one goes no deeper: looked at only when it is itself one level too many
+        stack.extend((c, depth + 1) for c in children if type(c) in _CONTAINER_TYPES and (c or depth >= max_depth))
     return False
 
 

@@ -7,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+from memrec.base.collector import paused
 from memrec.base.errors import ExitCode
 from memrec.base.untrusted import clean_text
 
@@ -37,12 +38,13 @@ class DiffCommand:
         from memrec.analysis.diff.text import render_diff
         from memrec.commands.common import load_trace_for_command
 
-        a, b = load_trace_for_command(args.a), load_trace_for_command(args.b)
-        result = diff_traces(a, b, a_name=args.a.name, b_name=args.b.name)
-        if args.json:
-            print(json.dumps(result.to_json(), indent=2))
-        else:
-            width = shutil.get_terminal_size((80, 24)).columns  # $COLUMNS, the terminal, else 80
-            text = render_diff(result, width=max(width, 40))
-            print(clean_text(text, keep_newlines=True), end="")  # a client's text never drives the terminal
+        with paused():  # the reports' rows make no cycles: no full collections over them
+            a, b = load_trace_for_command(args.a), load_trace_for_command(args.b)
+            result = diff_traces(a, b, a_name=args.a.name, b_name=args.b.name)
+            if args.json:
+                print(json.dumps(result.to_json(), indent=2))
+            else:
+                width = shutil.get_terminal_size((80, 24)).columns  # $COLUMNS, the terminal, else 80
+                text = render_diff(result, width=max(width, 40))
+                print(clean_text(text, keep_newlines=True), end="")  # a client's text never drives the terminal
         return ExitCode.OK

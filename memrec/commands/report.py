@@ -7,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+from memrec.base.collector import paused
 from memrec.base.errors import ExitCode
 from memrec.base.errors import MemrecCommandError
 from memrec.base.untrusted import clean_text
@@ -26,6 +27,7 @@ class ReportCommand:
       memrec report run.mrec
       memrec report run.mrec --gpu 3
       memrec report run.mrec -p 41234 --json
+      memrec report run.mrec --all         # every row, every allocation site
     """
 
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
@@ -35,15 +37,21 @@ class ReportCommand:
         parser.add_argument("-p", "--pid", type=int, metavar="PID", help="only the memory of process PID")
         parser.add_argument("-a", "--all", action="store_true",
                             help="keep what the default view leaves out: zero rows, rows past a table's first 200, "
-                            "frees at process exit in the by-phase tables, ranks and GPUs that repeat the first one")
+                            "runs of one phase folded into a row (past 200 phases), frees at process exit in the "
+                            "by-phase tables, ranks and GPUs that repeat the first one, every allocation site of "
+                            "each phase (not its first 5; with --json, not its first 50)")
 
     def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+        with paused():  # the report's rows make no cycles: no full collections over them
+            return self._report(args)
+
+    def _report(self, args: argparse.Namespace) -> int:
         from memrec.analysis.report.build import build_report
         from memrec.analysis.report.text import render_text
         from memrec.commands.common import load_trace_for_command
 
         trace = load_trace_for_command(args.trace, warn=False)  # in the report itself
-        report = build_report(trace, gpu=args.gpu, pid=args.pid)
+        report = build_report(trace, gpu=args.gpu, pid=args.pid, all_sites=args.all)
         if args.gpu is not None and not report.gpus and report.host is None:
             known = trace.gpu_ids()
             raise MemrecCommandError(

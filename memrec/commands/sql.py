@@ -25,9 +25,10 @@ class SqlCommand:
 
     INPUT is a dataset folder (`memrec export --to dataset`, `memrec daemon --dataset`) or .mrec
     traces, which are put in a temporary dataset first. Each table is a view: traces, gpus,
-    processes, events, markers, phases, samples, process_samples, failures, failure_holders
-    (docs/format.md, "The dataset"). Named queries answer the usual questions and run unchanged
-    on Spark (--print-sql gives their text):
+    processes, events, stacks, markers, phases, samples, process_samples, failures,
+    failure_holders (docs/format.md, "The dataset"; a dataset of layout 1, written before the
+    stacks, is read too: its events have no stack). Named queries answer the usual questions and
+    run unchanged on Spark (--print-sql gives their text):
 
       fleet         per day: hosts, parts, events, failed calls, lost, top peak
       failures      every failed allocation and the process that held the most
@@ -35,6 +36,8 @@ class SqlCommand:
       peaks         the peak of each job and rank
       phase-growth  which phase grew between two SGLang releases (--set old=...
                     --set new=...)
+      sites         which lines of code took the most memory (traces recorded
+                    with --stacks; --set level=tensor for PyTorch's blocks)
 
     Every named query takes --set since=YYYY-MM-DD. DuckDB holds at most --memory-limit and
     spills to a temporary folder beyond it.
@@ -44,6 +47,7 @@ class SqlCommand:
       memrec sql --query failures --set since=2026-11-24 /data/memrec-dataset
       memrec sql --query phase-growth --set old=0.5.20 --set new=0.5.21 /data/memrec-dataset
       memrec sql -e "SELECT host, count(*) FROM failures GROUP BY host" /data/memrec-dataset
+      memrec sql -e "SELECT s.file, s.line, SUM(e.size) AS bytes FROM events e JOIN stacks s USING (trace_id, part, stack) WHERE s.site AND e.kind = 'ALLOC' AND e.result = 0 GROUP BY ALL ORDER BY bytes DESC" /data/memrec-dataset
       memrec sql --query peaks --format csv run1.mrec run2.mrec > peaks.csv
       memrec sql --query peaks --print-sql           # the SQL, for Spark or Trino
     """
@@ -129,7 +133,7 @@ class _datasets:
                 if not (path / MANIFEST).is_file():
                     raise MemrecCommandError(f"{path}: not a memrec dataset (no {MANIFEST}; "
                                              "memrec export --to dataset writes one)", exit_code=ExitCode.DATA)
-                check_manifest(path)
+                check_manifest(path, write=False)  # a layout of this memrec's or an older one
                 roots.append(path)
             else:
                 traces.append(path)

@@ -44,6 +44,8 @@ from memrec.terms.events import IPC_MAPPED
 from memrec.terms.events import Marker
 
 NO_PHASE = "(no phase)"
+#: Up to this many processes with markers, :meth:`Phases.assign` masks the rows once per process.
+FEW_PROCESSES = 64
 #: End time of a phase not ended yet when the end of the trace is not known (a live stream).
 OPEN_END = np.iinfo(np.int64).max
 
@@ -115,13 +117,29 @@ class Phases:
             return out
         pids = np.asarray(pids)
         ts = np.asarray(ts).astype(np.int64, copy=False)
-        for pid, (starts, ids) in self.segments.items():
-            sel = np.flatnonzero(pids == pid)
-            if not len(sel):
-                continue
+        for pid, sel in self._rows_by_pid(pids):
+            starts, ids = self.segments[pid]
             k = np.searchsorted(starts, ts[sel], side="right") - 1
             out[sel] = np.where(k >= 0, ids[np.maximum(k, 0)], -1)
         return out
+
+    def _rows_by_pid(self, pids: np.ndarray) -> Iterable[tuple[int, np.ndarray]]:
+        """``(pid, its rows)`` for each process with markers that ``pids`` names: a mask per such
+        process when they are few, else one sort of the rows (100,000 processes with markers
+        made a mask each over every row: O(processes × rows))."""
+        if len(self.segments) <= FEW_PROCESSES:
+            for pid in self.segments:
+                sel = np.flatnonzero(pids == pid)
+                if len(sel):
+                    yield pid, sel
+            return
+        order = np.argsort(pids, kind="stable")
+        grouped = pids[order]
+        cut = np.flatnonzero(grouped[1:] != grouped[:-1]) + 1
+        for lo, hi in zip([0, *cut.tolist()], [*cut.tolist(), len(order)]):
+            pid = int(grouped[lo])
+            if pid in self.segments:
+                yield pid, order[lo:hi]
 
     def phase_at(self, pid: int, ts: int) -> int:
         """The innermost phase of ``pid`` open at ``ts`` (-1 none)."""
@@ -140,13 +158,14 @@ def build_phases(markers: Iterable[Marker], end_ts: int = OPEN_END) -> Phases:
     """Pair begin/end markers per process (see the module docstring); unclosed phases end at
     ``end_ts`` (or the last marker, if later)."""
     markers = list(markers)
-    order = sorted(range(len(markers)), key=lambda i: (markers[i].ts, i))
-    end_ts = max([end_ts] + [markers[i].ts for i in order])
+    times = [m.ts for m in markers]
+    order = sorted(range(len(markers)), key=times.__getitem__)  # stable: markers at one time in file order
+    end_ts = max(end_ts, max(times, default=end_ts))
     rows: list[dict[str, Any]] = []  # mutable phases while building
-    instants: list[Instant] = []
+    instants: list[Marker] = []
     warnings: list[str] = []
     stacks: dict[int, list[int]] = {}  # pid -> open phase ids, in begin order
-    points: dict[int, list[tuple[int, int]]] = {}  # pid -> [(ts, innermost id after this marker)]
+    points: dict[int, tuple[list[int], list[int]]] = {}  # pid -> (times, innermost id from then on)
 
     def open_phase(pid: int, name: str, ts: int, gpu: int | None, values: dict, resumes: int) -> None:
         stack = stacks[pid]
@@ -160,51 +179,57 @@ def build_phases(markers: Iterable[Marker], end_ts: int = OPEN_END) -> Phases:
 
     for i in order:
         mk = markers[i]
-        stack = stacks.setdefault(mk.pid, [])
-        if mk.phase == "begin":
-            open_phase(mk.pid, mk.name, mk.ts, mk.gpu, dict(mk.values or {}), -1)
-        elif mk.phase == "end":
-            j = next((k for k in range(len(stack) - 1, -1, -1) if rows[stack[k]]["name"] == mk.name), None)
+        pid = mk.pid
+        stack = stacks.get(pid)
+        if stack is None:
+            stack = stacks[pid] = []
+        phase = mk.phase
+        if phase == "begin":
+            open_phase(pid, mk.name, mk.ts, mk.gpu, dict(mk.values) if mk.values else {}, -1)
+        elif phase == "end":
+            if stack and rows[stack[-1]]["name"] == mk.name:  # the innermost: most ends
+                j = len(stack) - 1
+            else:
+                j = next((k for k in range(len(stack) - 2, -1, -1) if rows[stack[k]]["name"] == mk.name), None)
             if j is None:
-                warnings.append(f"pid {mk.pid}: end of {mk.name!r} at {mk.ts} without a begin (ignored)")
+                warnings.append(f"pid {pid}: end of {mk.name!r} at {mk.ts} without a begin (ignored)")
                 continue
             row = rows[stack[j]]
             row["end"] = mk.ts
             row["closed"] = True
-            row["values"].update(mk.values or {})
+            if mk.values:
+                row["values"].update(mk.values)
             later = stack[j + 1 :]
             del stack[j:]
             for inner in later:  # begun inside the phase that ended: they go on, one level up
                 old = rows[inner]
                 old["end"] = mk.ts
-                open_phase(mk.pid, old["name"], mk.ts, old["gpu"], dict(old["values"]), inner)
+                open_phase(pid, old["name"], mk.ts, old["gpu"], dict(old["values"]), inner)
                 warnings.append(
-                    f"pid {mk.pid}: {mk.name!r} ended at {mk.ts} while {old['name']!r} begun inside it was open; "
+                    f"pid {pid}: {mk.name!r} ended at {mk.ts} while {old['name']!r} begun inside it was open; "
                     f"{old['name']!r} goes on as {rows[-1]['path']!r}"
                 )
-        elif mk.phase == "instant":
-            instants.append(Instant(mk.pid, mk.name, mk.ts, stack[-1] if stack else -1, mk.gpu, dict(mk.values or {})))
+        elif phase == "instant":
+            instants.append(mk)
             continue
         else:
-            warnings.append(f"pid {mk.pid}: marker {mk.name!r} with unknown phase {mk.phase!r} (ignored)")
+            warnings.append(f"pid {pid}: marker {mk.name!r} with unknown phase {phase!r} (ignored)")
             continue
-        points.setdefault(mk.pid, []).append((mk.ts, stack[-1] if stack else -1))
-    segments = {}
-    for pid, pts in points.items():
-        starts: list[int] = []
-        ids: list[int] = []
-        for ts, innermost in pts:
-            if starts and starts[-1] == ts:  # several markers at one time: the last one wins
-                ids[-1] = innermost
-            else:
-                starts.append(ts)
-                ids.append(innermost)
-        segments[pid] = (np.asarray(starts, dtype=np.int64), np.asarray(ids, dtype=np.int64))
-    # Instants take the phase open at their time once every marker at that time applied.
+        starts, ids = points.get(pid) or points.setdefault(pid, ([], []))
+        innermost = stack[-1] if stack else -1
+        if starts and starts[-1] == mk.ts:  # several markers at one time: the last one wins
+            ids[-1] = innermost
+        else:
+            starts.append(mk.ts)
+            ids.append(innermost)
+    segments = {pid: (np.asarray(starts, dtype=np.int64), np.asarray(ids, dtype=np.int64))
+                for pid, (starts, ids) in points.items()}
     phases = Phases([Phase(**r) for r in rows], [], warnings, segments)
-    phases.instants = [
-        Instant(x.pid, x.name, x.ts, phases.phase_at(x.pid, x.ts), x.gpu, x.values) for x in instants
-    ]
+    # Instants take the phase open at their time once every marker at that time applied.
+    at = phases.assign(np.array([x.pid for x in instants], dtype=np.int64),
+                       np.array([x.ts for x in instants], dtype=np.int64)).tolist()
+    phases.instants = [Instant(x.pid, x.name, x.ts, ph, x.gpu, dict(x.values) if x.values else {})
+                       for x, ph in zip(instants, at)]
     return phases
 
 

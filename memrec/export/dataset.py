@@ -4,7 +4,7 @@
 (DuckDB), Spark, Trino and ClickHouse read it (docs/format.md, "The dataset"). One trace part
 (one ``.mrec`` file) becomes one Parquet file in each table::
 
-    DIR/_memrec_dataset.json                     {"memrec_dataset": 1, "tables": [...]}
+    DIR/_memrec_dataset.json                     {"memrec_dataset": 2, "tables": [...]}
     DIR/<table>/host=<host>/day=<YYYY-MM-DD>/<trace_id>-<part>.parquet
 
 The file name is fixed by the trace (its recording id and part), so exporting a trace again
@@ -47,7 +47,11 @@ if TYPE_CHECKING:  # the report is built on demand (its import is heavy)
 
 #: The layout's version (``_memrec_dataset.json``, and the ``schema_version`` of every trace row).
 #: Adding a column keeps it; renaming, retyping or removing one, or a new partitioning, bumps it.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: The layout versions ``memrec sql`` reads (a folder of another is refused).
+READ_VERSIONS = (1, 2)
+#: What each version added to the one before: table -> its new columns (None: the whole table).
+ADDED: dict[int, dict[str, tuple[str, ...] | None]] = {2: {"events": ("stack",), "stacks": None}}
 MANIFEST = "_memrec_dataset.json"
 #: Hive partition keys, in folder order.
 PARTITIONS = ("host", "day")
@@ -80,7 +84,11 @@ COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
         ("ts", _I64), ("time", _T), ("pid", _I64), ("tid", _I64), ("job", _S), ("rank", _S), ("kind", _S),
         ("api", _S), ("result", _I32), ("result_name", _S), ("gpu", _I16), ("gpu_uuid", _S), ("ordinal", _I32),
         ("size", _I64), ("ptr", _I64), ("handle", _I64), ("aux", _I64), ("flags", _I64), ("peer", _I64),
-        ("phase", _S),
+        ("phase", _S), ("stack", _I64),
+    ),
+    "stacks": (
+        ("stack", _I64), ("depth", _I32), ("file", _S), ("line", _I64), ("function", _S), ("native", _B),
+        ("site", _B), ("unavailable", _S),
     ),
     "markers": (
         ("ts", _I64), ("time", _T), ("pid", _I64), ("tid", _I64), ("job", _S), ("rank", _S), ("name", _S),
@@ -109,6 +117,18 @@ COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
     ),
 }
 TABLES = tuple(COLUMNS)
+
+
+def layout_columns(table: str, version: int) -> tuple[str, ...] | None:
+    """The columns of ``table`` (after the key) in layout ``version``; None: no such table then."""
+    names = tuple(name for name, _ in COLUMNS[table])
+    for later in range(SCHEMA_VERSION, version, -1):
+        added = ADDED.get(later, {})
+        if table in added:
+            if added[table] is None:
+                return None
+            names = tuple(n for n in names if n not in added[table])
+    return names
 
 
 def arrow_schema(table: str) -> Any:
@@ -326,7 +346,14 @@ class _Builder:
         out["flags"] = ev["flags"].astype(np.int64)
         out["time"] = self.time(ev["ts"])
         out["job"], out["rank"], out["gpu_uuid"] = self.job(ev["pid"]), self.rank(ev["pid"]), self.uuid(ev["gpu"])
+        # the stacks table's id; 0: none (a trace recorded without stacks has no column)
+        out["stack"] = ev["stack"] if "stack" in (ev.dtype.names or ()) else np.zeros(len(ev), np.int64)
         return out
+
+    def stacks(self) -> dict[str, Any]:
+        """The stacks the events name, one row per frame (``memrec.load``'s ``stacks`` table)."""
+        st = self.rec.stacks_array()
+        return {name: st[name] for name, _ in COLUMNS["stacks"]}
 
     def markers(self) -> dict[str, Any]:
         mk = sorted(self.trace.markers, key=lambda m: m.ts)
@@ -387,9 +414,9 @@ class _Builder:
 
     def failure_holders(self) -> dict[str, Any]:
         names = {p.pid: p.short for p in self.report.processes}
-        rows = [(f.index, h["pid"], cat, b)
+        rows = [(f.index, h.pid, cat, b)
                 for f in self._failures() if f.held is not None
-                for h in f.held.holders for cat, b in h["by_category"].items()]
+                for h in f.held.holders for cat, b in h.by_category.items()]
         pids = [r[1] for r in rows]
         return {
             "failure": [r[0] for r in rows], "holder_pid": pids, "holder_job": self.job(pids),
@@ -421,8 +448,10 @@ def build_tables(trace: Any, file_name: str = "") -> tuple[TracePart, dict[str, 
 # ------------------------------------------------------------------------------- writing
 
 
-def check_manifest(root: Path) -> None:
-    """Refuse a folder that holds a dataset of another layout version (or a damaged manifest).
+def check_manifest(root: Path, write: bool = True) -> int | None:
+    """The layout version of the dataset at ``root`` (None: no dataset there yet). A folder of
+    another version (or a damaged manifest) is refused: for ``write``, any but this memrec's
+    version; for reading, any outside :data:`READ_VERSIONS`.
 
     Raises:
         MemrecCommandError: the manifest says another version, or cannot be read (DATA).
@@ -431,7 +460,7 @@ def check_manifest(root: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)  # a link there is no manifest
     except FileNotFoundError:
-        return
+        return None
     except OSError as error:
         raise MemrecCommandError(f"{path}: not a memrec dataset manifest ({error.strerror})",
                                  exit_code=ExitCode.DATA) from error
@@ -441,10 +470,19 @@ def check_manifest(root: Path) -> None:
     except (OSError, ValueError) as error:
         raise MemrecCommandError(f"{path}: not a memrec dataset manifest ({error})", exit_code=ExitCode.DATA) from error
     version = manifest.get("memrec_dataset") if isinstance(manifest, dict) else None
-    if version != SCHEMA_VERSION:
+    if isinstance(version, bool):  # JSON's true is no version (though Python's True == 1)
+        version = str(version).lower()
+    if write and version != SCHEMA_VERSION and version in READ_VERSIONS:
         raise MemrecCommandError(
-            f"{root}: a memrec dataset of layout version {version!r}; this memrec writes and reads version "
-            f"{SCHEMA_VERSION} (export into another folder)", exit_code=ExitCode.DATA)
+            f"{root}: a memrec dataset of layout version {version}; this memrec writes version {SCHEMA_VERSION} "
+            f"(export into another folder; memrec sql reads both together: memrec sql {root} NEW)",
+            exit_code=ExitCode.DATA)
+    if version not in READ_VERSIONS:
+        raise MemrecCommandError(
+            f"{root}: a memrec dataset of layout version {version!r}; this memrec writes version {SCHEMA_VERSION} "
+            f"and reads versions {', '.join(map(str, READ_VERSIONS))} (export into another folder)",
+            exit_code=ExitCode.DATA)
+    return version
 
 
 def _write_atomic(dir_fd: int, name: str, write: Any) -> None:

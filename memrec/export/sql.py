@@ -26,8 +26,12 @@ from typing import Iterator
 from memrec.base.errors import ExitCode
 from memrec.base.errors import MemrecCommandError
 from memrec.export import require
+from memrec.export.dataset import COLUMNS
+from memrec.export.dataset import SCHEMA_VERSION
 from memrec.export.dataset import TABLES
 from memrec.export.dataset import arrow_schema
+from memrec.export.dataset import check_manifest
+from memrec.export.dataset import layout_columns
 
 
 @dataclass(frozen=True)
@@ -144,7 +148,29 @@ ORDER BY growth_bytes DESC, name, category""",
          "new": Param(_RELEASE, None, "the later SGLang release (e.g. 0.5.21)"),
          "since": _DATE},
     ),
+    "sites": NamedQuery(
+        "which lines of code took the most memory across the fleet: each allocation site (the innermost "
+        "user frame of the allocation's stack, as memrec report names it) with the bytes allocated there, "
+        "on how many hosts and jobs (traces recorded with memrec daemon --stacks)",
+        """
+SELECT CASE WHEN s.unavailable <> '' THEN CONCAT('stack unavailable (', s.unavailable, ')') ELSE s.file END AS file,
+       s.line, s.function, CAST(SUM(e.size) AS BIGINT) AS allocated_bytes, COUNT(*) AS allocations,
+       MAX(e.size) AS largest, COUNT(DISTINCT e.host) AS hosts, COUNT(DISTINCT e.job) AS jobs
+FROM events e
+JOIN stacks s ON s.trace_id = e.trace_id AND s.part = e.part AND s.stack = e.stack
+WHERE (s.site OR s.unavailable <> '') AND e.result = 0 AND e.day >= DATE '{since}'
+  AND e.kind IN ({kinds})
+GROUP BY CASE WHEN s.unavailable <> '' THEN CONCAT('stack unavailable (', s.unavailable, ')') ELSE s.file END,
+         s.line, s.function
+ORDER BY allocated_bytes DESC, file, s.line""",
+        {"level": Param(r"driver|tensor", "driver",
+                        "driver (cuMemAlloc*, cuMemCreate) or tensor (PyTorch's blocks, memrec daemon --tensors)"),
+         "since": _DATE},
+    ),
 }
+
+#: The event kinds each ``level`` of the sites query counts (memrec.analysis.report.sites's levels).
+_LEVEL_KINDS = {"driver": "'ALLOC', 'VMM_CREATE'", "tensor": "'TENSOR_ALLOC'"}
 
 
 def render(name: str, values: dict[str, str]) -> str:
@@ -170,6 +196,8 @@ def render(name: str, values: dict[str, str]) -> str:
         if not re.fullmatch(param.pattern, value):
             raise MemrecCommandError(f"--set {key}={value!r}: {param.help}", exit_code=ExitCode.USAGE)
         filled[key] = value
+    if "level" in filled:
+        filled["kinds"] = _LEVEL_KINDS[filled["level"]]
     return query.sql.format(**filled).strip()
 
 
@@ -185,6 +213,11 @@ def register_spark(spark: Any, roots: list[str]) -> None:
 
 
 # ------------------------------------------------------------------------------- DuckDB
+
+
+#: DuckDB's name of each dataset column type (the null columns of an older layout).
+_DUCK_TYPES = {"string": "VARCHAR", "int16": "SMALLINT", "int32": "INTEGER", "int64": "BIGINT", "float64": "DOUBLE",
+               "bool": "BOOLEAN", "time": "TIMESTAMPTZ"}
 
 
 def _literal(text: str) -> str:
@@ -213,27 +246,40 @@ class DuckDB:
         self.error = duckdb.Error
         self.con.execute("SET TimeZone = 'UTC'")
         try:
+            layouts: dict[int, list[Path]] = {}  # layout version -> its roots
+            for root in roots:
+                layouts.setdefault(check_manifest(root, write=False) or SCHEMA_VERSION, []).append(root)
             for table in TABLES:
-                self._view(table, roots)
-        except duckdb.Error as error:
+                self._view(table, layouts)
+        except (duckdb.Error, MemrecCommandError) as error:
             self.close()
+            if isinstance(error, MemrecCommandError):
+                raise
             raise MemrecCommandError(f"sql: {str(error).splitlines()[0]}", exit_code=ExitCode.DATA) from error
 
-    def _view(self, table: str, roots: list[Path]) -> None:
+    def _view(self, table: str, layouts: dict[int, list[Path]]) -> None:
         """``table`` as a view over its files in every root; an empty one of its columns when no
         root has any yet (a new dataset). The schema is the first file's: every file of one layout
         version has the same (``union_by_name``, which reads every file's, took 2.7× as long
-        over 1,100 files)."""
+        over 1,100 files). Roots of an older layout are read apart, the columns it lacks null
+        (``UNION ALL BY NAME``); a table it lacks has no rows from them."""
         pa = require("pyarrow", "sql", "memrec sql")
-        globs = [str(root / table / "*" / "*" / "*.parquet") for root in roots]
-        if not any(next(iter(glob.glob(g)), None) for g in globs):
+        parts = []
+        for version, roots in sorted(layouts.items(), reverse=True):
+            columns = layout_columns(table, version)
+            globs = [str(root / table / "*" / "*" / "*.parquet") for root in roots]
+            if columns is None or not any(next(iter(glob.glob(g)), None) for g in globs):
+                continue
+            nulls = "".join(f", CAST(NULL AS {_DUCK_TYPES[kind]}) AS {name}"
+                            for name, kind in COLUMNS[table] if name not in columns)
+            parts.append(f"SELECT *{nulls} FROM read_parquet([{', '.join(map(_literal, globs))}], "
+                         "hive_partitioning = true, hive_types = {'host': 'VARCHAR', 'day': 'DATE'})")
+        if not parts:
             schema = arrow_schema(table).append(pa.field("host", pa.string())).append(pa.field("day", pa.date32()))
             self.con.register(f"_empty_{table}", schema.empty_table())
             self.con.execute(f"CREATE VIEW {table} AS SELECT * FROM _empty_{table}")
             return
-        self.con.execute(
-            f"CREATE VIEW {table} AS SELECT * FROM read_parquet([{', '.join(map(_literal, globs))}], "
-            "hive_partitioning = true, hive_types = {'host': 'VARCHAR', 'day': 'DATE'})")
+        self.con.execute(f"CREATE VIEW {table} AS {' UNION ALL BY NAME '.join(parts)}")
 
     def query(self, sql: str) -> tuple[list[str], Iterator[tuple]]:
         """Column names and the rows (fetched in batches as they are read).

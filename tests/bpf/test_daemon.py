@@ -206,17 +206,23 @@ def test_daemon_records_a_workload_and_a_marker_then_stops_cleanly(daemon_factor
     assert str(stub_lib) in [lib["path"] for lib in trace.header["probes"]["libraries"]]
 
 
-def workloads_around_sighup(d: DaemonProcess, stub_lib: Path) -> tuple[dict, dict, Path]:
-    """A workload recorded, SIGHUP, another workload recorded in the second file: both workloads'
-    facts and that file."""
-    first = run_workload(stub_lib, "basic")
-    wait_for_events(d.output, {first["pid"]})
+def sighup(d: DaemonProcess) -> Path:
+    """SIGHUP the daemon (recording into ``out.mrec``) and wait for its second file: that file."""
     d.signal(signal.SIGHUP)
     second_file = d.output.with_name("out.1.mrec")
     deadline = time.monotonic() + 10
     while not second_file.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert second_file.exists(), d.log()
+    return second_file
+
+
+def workloads_around_sighup(d: DaemonProcess, stub_lib: Path) -> tuple[dict, dict, Path]:
+    """A workload recorded, SIGHUP, another workload recorded in the second file: both workloads'
+    facts and that file."""
+    first = run_workload(stub_lib, "basic")
+    wait_for_events(d.output, {first["pid"]})
+    second_file = sighup(d)
     second = run_workload(stub_lib, "basic")
     wait_for_events(second_file, {second["pid"]})
     return first, second, second_file

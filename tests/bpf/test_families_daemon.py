@@ -134,7 +134,7 @@ def test_graph_memory_is_graph_and_nothing_is_unexplained(families):
     # the first launch 512 MiB, the second graph's upload 256 MiB more (the pool: the largest), trim -768 MiB
     assert sum(b for b in graph if b > 0) == 768 * MiB
     assert -768 * MiB in graph
-    row = next(r for r in rec.gpu_summary(0)["processes"] if r["pid"] == pid)
+    row = next(r for r in rec.gpu_summary(0).to_json()["processes"] if r["pid"] == pid)
     assert all(s.category != "unexplained" for s in steps), [(s.bytes, s.cause) for s in steps]
     assert row["explained_share"] == 1.0
 

@@ -158,3 +158,86 @@ def test_the_program_without_stacks_is_unchanged(stub_lib):
     assert "-DSTACKS=1" in program_cflags(False, 1024, StackOptions())
     with pytest.raises(ValueError):
         StackOptions(depth=33).cflags()
+
+
+class Subscriber:
+    """A live subscriber reading the daemon's stream as the TUI does (records in wire form)."""
+
+    def __init__(self, socket_path: Path) -> None:
+        from memrec.subscriber import subscribe
+        from memrec.trace.frames import MAX_SUBSCRIBER_FRAME
+        from memrec.trace.frames import FrameDecoder
+
+        self.sock = subscribe(str(socket_path))
+        self.sock.settimeout(0.2)
+        self.decoder = FrameDecoder(MAX_SUBSCRIBER_FRAME, decode=False)
+        self.records: list[dict] = []
+
+    def drain(self, seconds: float = 1.0) -> None:
+        """Read what the daemon sent for ``seconds`` (it flushes every 200 ms)."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                data = self.sock.recv(1 << 20)
+            except TimeoutError:
+                continue
+            if not data:
+                return
+            self.records += self.decoder.feed(data)
+
+
+def test_a_live_subscriber_resolves_the_stacks_defined_after_it_joined_and_after_a_rotation(stub_lib, tmp_path):
+    """The daemon writes a stack's definition when an allocation first needs it: a subscriber that
+    joined before gets it mid-stream. After SIGHUP the next file numbers its stacks from 1 again;
+    the live model must resolve each event through its own file's ids, never the previous file's."""
+    from memrec.trace.reader import load_trace
+    from memrec.tui.model import TraceModel
+
+    from test_daemon import DaemonProcess
+    from test_daemon import sighup
+
+    worker = StackWorker(_python("3.12"), stub_lib)
+    d = DaemonProcess(tmp_path, stub_lib, args=("--stacks",))
+    try:
+        d.wait_ready()
+        worker.ask("alloc", 1 << 20)  # stack 1 of the first file, defined before anyone subscribed
+        time.sleep(0.5)
+        sub = Subscriber(d.socket)
+        sub.drain(0.5)  # the sync: header, processes, the stacks so far, a keyframe
+        worker.ask("thread", 2 << 20)  # stack 2: its definition comes mid-stream
+        worker.ask("alloc", 5 << 20)  # stack 1 again: defined in the sync's record of the file's stacks
+        sub.drain()
+        second = sighup(d)
+        sub.drain(0.5)
+        worker.ask("thread", 3 << 20)  # the second file's stack 1: the first file's 1 is another stack
+        worker.ask("alloc", 4 << 20)  # its stack 2: the first file's 1 again
+        sub.drain()
+        assert d.stop() == 0, d.log()
+    finally:
+        worker.close()
+        d.kill()
+    files = [load_trace(d.output), load_trace(second)]
+    truth = {}  # size -> (file's own stack id, the stack) from the files the daemon wrote
+    for trace in files:
+        ev = trace.events
+        for row in ev[(ev["pid"] == worker.pid) & (ev["kind"] == Kind.ALLOC)]:
+            truth[int(row["size"])] = (int(row["stack"]), trace.stack(int(row["stack"])))
+    assert sorted(truth) == [1 << 20, 2 << 20, 3 << 20, 4 << 20, 5 << 20]
+    assert truth[3 << 20][0] == 1 and truth[3 << 20][1] != truth[1 << 20][1], "the second file reuses id 1"
+    assert truth[4 << 20][1] == truth[1 << 20][1] == truth[5 << 20][1] and truth[2 << 20][1] == truth[3 << 20][1]
+    # WHEN the stream is given to the TUI's live model
+    assert any(r.get("type") == "stacks" for r in sub.records[3:]), "a stacks record came mid-stream"
+    model = TraceModel(max_events=100_000)
+    for rec in sub.records:
+        model.add_record(rec, live=True)
+    assert model.warnings == []
+    # THEN every allocation of the worker since it subscribed shows the stack its file gives it
+    # (the 1 MiB one came before: it is in the sync's keyframe, not an event of the stream)
+    seen = {}
+    for seq in range(model.store.n):
+        view = model.stack_view(seq)
+        if view.pid == worker.pid and view.kind == "alloc":
+            seen[view.size] = view.stack
+    assert seen == {size: stack for size, (_, stack) in truth.items() if size != 1 << 20}
+    main_stack = ("stack_worker.py", _line("main.alloc"), "main")
+    assert main_stack in [(Path(f.file).name, f.line, f.function) for f in seen[4 << 20]]

@@ -285,7 +285,7 @@ def test_daemon_tensors_finds_running_pytorch_and_reports_blocks(stub_lib, torch
     # (other processes on the host may map other libc10_cuda.so files: other tests' stubs)
     assert str(torch_stub) in [lib["path"] for lib in trace.header["probes"]["torch"]]
     report = build_report(trace)
-    sec = report.tensors
+    sec = report.tensors.to_json()
     assert sec["events"] == 4 and sec["unjoined_blocks"] == 0
     (row,) = [r for r in sec["rows"] if r["pid"] == early.pid]
     assert row["peak_allocated"] == 3 << 20 and row["peak_reserved"] == 4 << 20
@@ -370,7 +370,7 @@ def test_memrec_record_tensors_probes_the_commands_pytorch(stub_lib, tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     # THEN the child's install was probed at its first context and its blocks are in the trace
-    sec = build_report(load_trace(out)).tensors
+    sec = build_report(load_trace(out)).tensors.to_json()
     assert [lib["path"] for lib in sec["libraries"]] == [str(torch_stub)]
     assert sec["events"] == 5 and sec["unjoined_blocks"] == 0
     (row,) = sec["rows"]

@@ -91,7 +91,7 @@ def recording(stub_lib):
 
 
 def split_of(rec, gpu: int, pid: int) -> dict:
-    return next(r for r in rec.gpu_summary(gpu)["processes"] if r["pid"] == pid)["split"]
+    return next(r for r in rec.gpu_summary(gpu).processes if r.pid == pid).split
 
 
 def test_code_and_pools_are_split_exactly(recording):
@@ -122,7 +122,7 @@ def test_code_and_pools_are_split_exactly(recording):
                                                 "cuKernelGetFunction", "cuLibraryLoadFromFile", "cuLibraryUnload"}
     # AND module code is told per library: the image handed to cuLibraryLoadData lay in the
     # driver's mapped file, which the daemon named
-    row = next(r for r in rec.gpu_summary(0)["processes"] if r["pid"] == pid)
+    row = next(r for r in rec.gpu_summary(0).to_json()["processes"] if r["pid"] == pid)
     # (a step whose interval holds calls about several libraries is "(several)": the readings around
     # a burst of code calls are 20 ms apart at most, and a call still running at one counts in it)
     libs = row["module_code_by_library"]

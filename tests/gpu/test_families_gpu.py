@@ -34,7 +34,7 @@ def _record(tmp_path, scenario: str) -> tuple[dict, dict]:
     pid = facts[-1]["pid"]
     trace = load_trace(trace_path)
     rec = reconcile(trace)
-    row = next(r for r in rec.gpu_summary(0)["processes"] if r["pid"] == pid)
+    row = next(r for r in rec.gpu_summary(0).to_json()["processes"] if r["pid"] == pid)
     sp = row["split"]
     limit = max(0.01 * row["nvml_used_last"], 16 * MiB)
     threads = [g.resident_threads for g in trace.gpus]

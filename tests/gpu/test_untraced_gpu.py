@@ -47,7 +47,7 @@ def _check(trace_path, pids: set[int] | None = None, unbracketed: int = 0) -> li
     rec = reconcile(trace)
     checked = []
     for g in rec.gpus():
-        summary = rec.gpu_summary(g)
+        summary = rec.gpu_summary(g).to_json()
         for row in summary["processes"]:
             # This test process itself: earlier GPU tests of the session (the metrics test's real
             # allocation) leave it a context NVML lists in every later recording, bound before that

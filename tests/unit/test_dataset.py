@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from tests.fleet import GiB
 from tests.fleet import Host
 from tests.fleet import MiB
 from tests.fleet import write_host
+from tests.stack_traces import sglang_trace
 
 pa = pytest.importorskip("pyarrow", reason="pyarrow not installed (memrec[sql])")
 pq = pytest.importorskip("pyarrow.parquet", reason="pyarrow not installed (memrec[sql])")
@@ -43,6 +45,7 @@ from memrec.export.dataset import arrow_schema  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 SGLANG_IPC = ROOT / "examples" / "sglang-standin-ipc.mrec"  # a real two-rank recording on an H200
 GOLDEN = ROOT / "tests" / "data" / "golden_v1.mrec"  # an OOM, markers, NVML; format 1
+DATASET_V1 = ROOT / "tests" / "data" / "dataset_v1.tar.xz"  # GOLDEN exported by memrec's layout 1
 
 
 @pytest.fixture
@@ -169,9 +172,86 @@ def test_a_dataset_of_another_layout_is_refused(tmp_path, fleet, capsys):
     out.mkdir()
     (out / MANIFEST).write_text(json.dumps({"memrec_dataset": SCHEMA_VERSION + 1}))
     assert export(fleet[:1], out) == ExitCode.DATA
-    assert "layout version 2" in capsys.readouterr().err
+    assert f"layout version {SCHEMA_VERSION + 1}" in capsys.readouterr().err
     assert main(["sql", "-q", "fleet", str(out)]) == ExitCode.DATA
     assert not (out / "events").exists()
+    # AND a manifest whose version is JSON's true (Python's True == 1) is no layout 1
+    (out / MANIFEST).write_text(json.dumps({"memrec_dataset": True}))
+    capsys.readouterr()
+    assert main(["sql", "-q", "fleet", str(out)]) == ExitCode.DATA
+    assert "layout version 'true'" in capsys.readouterr().err
+
+
+def test_stacks_table_and_each_event_s_stack_answer_which_line_took_the_memory(tmp_path, fleet, capsys):
+    # GIVEN two hosts recorded with stacks (each: two ranks; custom all-reduce 18 and 20 GiB a rank)
+    # and a fleet's traces without stacks, exported together
+    a = sglang_trace(tmp_path / "a.mrec", host="h1")
+    b = sglang_trace(tmp_path / "b.mrec", host="h2", custom_ar=20 * GiB)
+    out = tmp_path / "ds"
+    assert export([a, b, *fleet[:1]], out) == 0
+    # THEN the stacks table holds memrec.load's stacks of each part, and every event its stack id
+    stacks = read(out, "stacks").filter(pa.compute.equal(pa.compute.field("host"), "h1")).sort_by(
+        [("stack", "ascending"), ("depth", "ascending")])
+    loaded = memrec.load(a, pandas=False)
+    assert stacks["stack"].to_pylist() == loaded.stacks["stack"].tolist()
+    assert stacks["file"].to_pylist() == loaded.stacks["file"].tolist()
+    assert stacks["site"].to_pylist() == loaded.stacks["site"].tolist()
+    ev = read(out, "events").filter(pa.compute.equal(pa.compute.field("host"), "h1")).sort_by("ts")
+    assert ev["stack"].to_pylist() == loaded.events["stack"].tolist() and any(ev["stack"].to_pylist())
+    # AND the events of a trace without stacks say 0 (none)
+    other = read(out, "events").filter(pa.compute.equal(pa.compute.field("host"), "node-0001"))
+    assert set(other["stack"].to_pylist()) == {0}
+    # WHEN the fleet is asked which line took the most memory
+    rows = sql(capsys, "--query", "sites", str(out))
+    # THEN the sites are the report's, the bytes summed over both hosts' ranks
+    top = [(Path(r["file"]).name, r["line"], r["function"], r["allocated_bytes"], r["allocations"], r["hosts"])
+           for r in rows]
+    assert top == [
+        ("loader.py", 377, "DefaultModelLoader.load_model", 4 * 40 * GiB, 4, 2),
+        ("custom_all_reduce.py", 123, "CustomAllreduce.__init__", 2 * 18 * GiB + 2 * 20 * GiB, 4, 2),
+        ("weight_utils.py", 51, "scratch_buffer", 4 * 2 * GiB, 4, 2),
+        ("stack unavailable (python 3.9: interpreter layout unknown)", 0, "", 4 * MiB, 4, 2),
+    ]
+    # AND the report of one trace names the same custom all-reduce line
+    report_sites = build_report(load_trace(a)).to_json()["sites"]
+    assert any(r["site"]["line"] == 123 for p in report_sites["phases"] for r in p["rows"])
+    # AND tensor blocks are a level of their own
+    tensor = sql(capsys, "--query", "sites", "--set", "level=tensor", str(out))
+    assert [(Path(r["file"]).name, r["allocated_bytes"]) for r in tensor] == [("llama.py", 4 * 512 * MiB)]
+    assert main(["sql", "--query", "sites", "--set", "level=host", str(out)]) == ExitCode.USAGE
+
+
+def test_a_dataset_of_layout_1_is_still_read_and_never_written_into(tmp_path, capsys):
+    # GIVEN a dataset written by memrec before layout 2 (tests/data/dataset_v1.tar.xz: main at
+    # b8de783, `memrec export tests/data/golden_v1.mrec --to dataset`), and a layout-2 one with stacks
+    old = tmp_path / "old"
+    old.mkdir()
+    with tarfile.open(DATASET_V1) as tar:
+        tar.extractall(old)  # the repository's own file
+    assert json.loads((old / MANIFEST).read_text())["memrec_dataset"] == 1
+    assert not (old / "stacks").exists()
+    new = tmp_path / "new"
+    assert export([sglang_trace(tmp_path / "a.mrec", host="h1")], new) == 0
+    # WHEN memrec sql reads the old one THEN its events are there, each without a stack
+    rows = sql(capsys, "-e", "SELECT count(*) AS n, count(stack) AS with_stack FROM events", str(old))
+    assert rows == [{"n": load_trace(GOLDEN).n_events, "with_stack": 0}]
+    assert sql(capsys, "--query", "sites", str(old)) == []
+    assert sql(capsys, "-e", "SELECT count(*) AS n FROM stacks", str(old)) == [{"n": 0}]
+    # AND read with the new one, each keeps its own: the old events null, the new ones their ids
+    rows = sql(capsys, "-e", "SELECT host, count(*) AS n, count(stack) AS with_stack FROM events "
+                             "GROUP BY host ORDER BY host", str(old), str(new))
+    n_new = load_trace(tmp_path / "a.mrec").n_events
+    assert rows == [{"host": "golden-host", "n": load_trace(GOLDEN).n_events, "with_stack": 0},
+                    {"host": "h1", "n": n_new, "with_stack": n_new}]
+    assert sql(capsys, "--query", "sites", str(old), str(new))[0]["line"] == 377
+    # AND the named queries of layout 1 still run on it
+    assert sql(capsys, "--query", "failures", str(old))
+    # BUT nothing is exported into it: its tables would mix two schemas
+    capsys.readouterr()
+    assert export([GOLDEN], old) == ExitCode.DATA
+    err = capsys.readouterr().err
+    assert "layout version 1" in err and "memrec sql reads both together" in err and len(err.splitlines()) == 1
+    assert not (old / "stacks").exists()
 
 
 def test_export_dataset_needs_a_folder_whose_parent_exists(tmp_path, fleet):
@@ -343,4 +423,15 @@ def test_daemon_dataset_option_fails_before_recording(tmp_path, capsys):
     code = main(["daemon", "--dataset", str(tmp_path / "no" / "ds"), "-o", str(tmp_path / "t.mrec")])
     assert code == ExitCode.CANT_CREATE
     assert f"{tmp_path / 'no'}" in capsys.readouterr().err
+    assert not (tmp_path / "t.mrec").exists()
+
+
+def test_daemon_dataset_option_refuses_a_layout_1_folder_before_recording(tmp_path, capsys):
+    old = tmp_path / "old"
+    old.mkdir()
+    with tarfile.open(DATASET_V1) as tar:
+        tar.extractall(old)  # the repository's own file
+    code = main(["daemon", "--dataset", str(old), "-o", str(tmp_path / "t.mrec")])
+    assert code == ExitCode.DATA
+    assert "layout version 1; this memrec writes version 2" in capsys.readouterr().err
     assert not (tmp_path / "t.mrec").exists()

@@ -20,6 +20,7 @@ import pytest
 from memrec.commands import main
 from tests.fleet import Host
 from tests.fleet import write_host
+from tests.stack_traces import sglang_trace
 
 
 def _need(what: str) -> None:
@@ -49,6 +50,7 @@ def dataset(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("spark")
     hosts = [Host(1, "0.5.20"), Host(2, "0.5.21", oom=True), Host(3, "0.5.21"), Host(3, "0.5.21", part=1)]
     traces = [write_host(tmp / f"h{h.index}.{h.part}.mrec", h) for h in hosts]
+    traces.append(sglang_trace(tmp / "stacks.mrec", host="stacked"))  # the sites query's rows
     assert main(["export", *map(str, traces), "--to", "dataset", "-o", str(tmp / "ds")]) == 0
     return tmp / "ds"
 
@@ -80,6 +82,8 @@ def _duck(capsys, *args: str) -> list[dict]:
     ("holders", []),
     ("peaks", []),
     ("phase-growth", ["--set", "old=0.5.20", "--set", "new=0.5.21"]),
+    ("sites", []),
+    ("sites", ["--set", "level=tensor"]),
 ])
 def test_named_query_gives_duckdbs_answer_on_spark(spark, dataset, capsys, query, params):
     from memrec.export.sql import register_spark

@@ -175,3 +175,23 @@ def test_the_path_check_finds_a_missing_path():
     # THEN both are found, the gone one does not exist, the API pair is no path
     assert paths == {"memrec/state/tables.py", "memrec/state/gone.py"}
     assert [p for p in sorted(paths) if not (ROOT / p).exists()] == ["memrec/state/gone.py"]
+
+
+#: What the analysis layer keeps at its top level: what its families share (docs/architecture.md,
+#: "memrec/analysis/"); each family's modules live in its sub-package.
+ANALYSIS_SHARED = {"__init__.py", "sections.py", "names.py", "text.py", "merge_text.py"}
+
+
+def test_analysis_modules_live_in_their_family_s_sub_package():
+    # GIVEN memrec/analysis/ (the allocation sites' modules moved into report/ and diff/ on
+    # 2026-12-02, as the report's, diff's, SGLang's and the untraced band's had before them)
+    top = {p.name for p in (ROOT / "memrec" / "analysis").glob("*.py")}
+    # THEN its top level holds only what the families share
+    assert top == ANALYSIS_SHARED
+    # AND every family module the architecture page names is where it says
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    for family in ("report", "diff", "sglang", "untraced"):
+        modules = {p.name for p in (ROOT / "memrec" / "analysis" / family).glob("*.py")} - {"__init__.py"}
+        listed = text[text.index(f"  - `{family}/`:"):]
+        listed = listed[:listed.index("\n  - ")]
+        assert sorted(m for m in modules if f"`{m}`" not in listed and f"/ `{m}`" not in listed) == [], family

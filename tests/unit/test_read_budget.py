@@ -131,17 +131,24 @@ def test_proc_pseudo_files_are_not_regular_traces(tmp_path):
         assert code == ExitCode.NO_INPUT and "not a regular file" in err and err.count("\n") == 1, (argv, err)
 
 
-def test_the_text_report_of_a_marker_flood_is_bounded_with_a_summary(tmp_path):
-    # GIVEN a flood: 3,000 processes' worth of distinct phase names (1.43 GB of text for 300,000)
+def _flood(tmp_path, name):
+    """A trace with 3,000 phases of one process named ``name(i)``, one after the other."""
     from tests.fuzz import edges
 
     records = [{"type": "events", "events": edges.base_events()}]
     for i in range(3000):
         for phase, ts in (("begin", 2000 + 2 * i), ("end", 2001 + 2 * i)):
-            records.append({"type": "marker", "ts": ts, "pid": 7, "uid": 0, "tid": 7, "name": f"flood-{i}",
+            records.append({"type": "marker", "ts": ts, "pid": 7, "uid": 0, "tid": 7, "name": name(i),
                             "phase": phase, "gpu": 0, "values": {}})
     path = tmp_path / "flood.mrec"
     path.write_bytes(edges.pack(records))
+    return path
+
+
+def test_the_text_report_of_a_marker_flood_is_bounded_with_a_summary(tmp_path):
+    # GIVEN a flood: 3,000 distinct phase names (1.43 GB of text for 300,000), names that differ
+    # in more than a number (those fold into one row: below)
+    path = _flood(tmp_path, lambda i: f"flood-{chr(97 + i % 26)}{chr(97 + i // 26 % 26)}{i}")
     # WHEN reported as text THEN at most 200 rows a table, and a line that counts the rest
     code, out, _ = run("report", str(path))
     assert code == 0
@@ -149,4 +156,17 @@ def test_the_text_report_of_a_marker_flood_is_bounded_with_a_summary(tmp_path):
     assert out.count("flood-") <= 2 * 200 and len(out) < 100_000
     # AND --all lists every one
     code, out, _ = run("report", "--all", str(path))
-    assert code == 0 and out.count("flood-2999") >= 1 and "more phases" not in out
+    assert code == 0 and out.count("flood-") >= 3000 and "more phases" not in out
+
+
+def test_a_numbered_flood_is_one_row_in_the_text(tmp_path):
+    # GIVEN 3,000 phases of one process named flood-0 .. flood-2999 (a step loop's numbered steps)
+    path = _flood(tmp_path, lambda i: f"flood-{i}")
+    # WHEN reported as text THEN the phases are one row that says how many, with a note
+    code, out, _ = run("report", str(path))
+    assert code == 0 and len(out) < 100_000
+    assert "flood-0 … flood-2999 ×3,000" in out and out.count("flood-") < 20, out
+    assert "(×N: a process's phases of one name in a row" in out and "more phases" not in out
+    # AND --all lists every one
+    code, out, _ = run("report", "--all", str(path))
+    assert code == 0 and out.count("flood-2999") >= 1 and "×3,000" not in out

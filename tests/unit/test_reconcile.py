@@ -212,12 +212,12 @@ def test_samples_after_a_process_exit_are_kept_but_left_out_of_the_summary():
     assert s.untraced.tolist() == [600 * MiB, GiB + 600 * MiB, GiB + 600 * MiB]
     assert (s.exit_ts, s.live.tolist()) == (3000, [True, False, False])
     # AND the summary is over the live sample alone, the others counted
-    (row,) = rec.gpu_summary(0)["processes"]
+    (row,) = rec.gpu_summary(0).to_json()["processes"]
     assert (row["samples"], row["after_exit_samples"], row["exit_ts"]) == (1, 2, 3000)
     assert (row["untraced_last"], row["untraced_max"], row["last_ts"]) == (600 * MiB, 600 * MiB, 2000)
     # AND a process seen only after its exit has no numbers, and the text says why
     only_after = Trace(header={}, events=trace.events, procmem=procmem((3100, 0, 5, GiB)))
-    (row,) = reconcile(only_after).gpu_summary(0)["processes"]
+    (row,) = reconcile(only_after).gpu_summary(0).to_json()["processes"]
     assert (row["samples"], row["after_exit_samples"], row["untraced_last"], row["untraced_max"]) == (0, 1, None, None)
     assert "1 sample after its exit left out (the driver frees later)" in render_text(build_report(only_after), width=1000, show_all=True)
 

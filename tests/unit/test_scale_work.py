@@ -111,3 +111,112 @@ def test_the_reports_work_does_not_grow_with_the_processes(tmp_path: Path, monke
     assert work[4] > 0
     # the same events: the per-GPU and per-category series only (a series per process made it 100 ×)
     assert work[400] <= 1.5 * work[4], work
+
+
+def _report_lines(path: Path, modes: tuple[tuple[str, ...], ...] = ((), ("--json",), ("-a",))) -> int:
+    """Lines of Python ``memrec report`` (text, and each of ``modes``) executes on ``path``: a
+    comprehension's every item counts, numpy's work does not (it is per row, not per marker)."""
+    import sys
+
+    lines = [0]
+
+    def tracer(frame, event, arg):  # noqa: ANN001, ANN202 - sys.settrace's signature
+        if event == "line":
+            lines[0] += 1
+        return tracer
+
+    for argv in (["report", *mode, str(path)] for mode in modes):
+        with contextlib.redirect_stdout(io.StringIO()):
+            sys.settrace(tracer)
+            try:
+                assert commands.main(argv) == 0
+            finally:
+                sys.settrace(None)
+    return lines[0]
+
+
+def _with_markers(path: Path, pairs: int, processes: int = 4) -> None:
+    """The same 1,500 allocations with ``pairs`` step phases (begin/end, every 5th with an instant
+    inside, every 7th with values): a step loop's markers, spread over the processes."""
+    from memrec.terms.events import Marker
+
+    ev = events(1_500, processes, seed=2, exits=False)
+    t0, t1 = int(ev["ts"].min()), int(ev["ts"].max())
+    every = (t1 - t0) // max(pairs, 1)
+    pids = sorted(set(ev["pid"].tolist()))
+    with TraceWriter(path, {"host": "test"}) as w:
+        w.write_events(ev)
+        for k in range(pairs):
+            pid, ts = pids[k % len(pids)], t0 + every * k
+            values = {"step": k} if k % 7 == 0 else {}
+            w.write_marker(Marker(ts, pid, 0, pid, "step", "begin", k % 3, values))
+            if k % 5 == 0:
+                w.write_marker(Marker(ts + 1, pid, 0, pid, "tick", "instant", None, {}))
+            w.write_marker(Marker(ts + every * len(pids) // 2, pid, 0, pid, "step", "end", k % 3))
+
+
+def test_the_reports_work_per_marker_does_not_grow_with_the_markers(tmp_path: Path) -> None:
+    # Issue 26: 50,000 markers took × 3.6 the report of the same events without them. Every marker
+    # is some work (its record, phase, rows); what it must not be is work that grows with the
+    # other markers (each phase searching every phase, a list of every marker's time per marker).
+    # The text and -a: the JSON's encoding (the standard library's, a few hundred lines a phase)
+    # would hide a quadratic term of a line per pair of markers. Both sizes past the text's 200
+    # rows a table, so that a marker's share of the text is the same in both.
+    work = {}
+    for pairs in (0, 400, 1600):
+        path = tmp_path / f"m{pairs}.mrec"
+        _with_markers(path, pairs)
+        if not work:
+            _report_lines(path, ((),))  # the first report imports what it needs: their lines are no report's
+        work[pairs] = _report_lines(path, ((), ("-a",)))
+    per_pair_small = (work[400] - work[0]) / 400
+    per_pair_large = (work[1600] - work[0]) / 1600
+    assert per_pair_small > 0, work
+    assert per_pair_large <= 1.3 * per_pair_small, work
+
+
+def test_the_reports_work_per_process_does_not_grow_with_the_processes(tmp_path: Path) -> None:
+    # The same for processes, counted in Python lines (the dense series are counted above): 100,000
+    # short processes each make a few rows; a row must not cost in proportion to the others.
+    work = {}
+    for processes in (4, 400, 1600):  # as above: both past the text's 200 rows
+        path = tmp_path / f"p{processes}.mrec"
+        with TraceWriter(path, {"host": "test"}) as w:
+            w.write_events(events(1_500, processes, seed=1, exits=True))
+        if not work:
+            _report_lines(path)  # the first report imports what it needs: their lines are no report's
+        work[processes] = _report_lines(path, ((), ("-a",)))
+    per_process_small = (work[400] - work[4]) / 396
+    per_process_large = (work[1600] - work[4]) / 1596
+    assert per_process_small > 0, work
+    assert per_process_large <= 1.3 * per_process_small, work
+
+
+def test_phases_of_many_processes_are_assigned_by_one_sort_the_same_as_by_masks(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 100,000 processes with markers made Phases.assign mask every row once per process; past
+    # FEW_PROCESSES it groups the rows with one sort: the same phase for every row, nested and
+    # resumed phases, instants and rows of processes without markers included.
+    from memrec.engine import phases as phases_mod
+    from memrec.terms.events import Marker
+
+    rng = np.random.default_rng(5)
+    markers = []
+    for pid in range(200):
+        t = int(rng.integers(0, 50))
+        for k in range(4):
+            markers.append(Marker(t, pid, 0, pid, "step", "begin", None, {}))
+            if k % 2:
+                markers.append(Marker(t + 3, pid, 0, pid, "inner", "begin", None, {}))
+                markers.append(Marker(t + 9, pid, 0, pid, "step", "end", None, {}))  # inner goes on
+                markers.append(Marker(t + 12, pid, 0, pid, "inner", "end", None, {}))
+            else:
+                markers.append(Marker(t + 10, pid, 0, pid, "step", "end", None, {}))
+            t += 20 + int(rng.integers(0, 5))
+    phases = phases_mod.build_phases(markers)
+    pids = rng.integers(0, 260, 20_000)  # some without markers
+    ts = rng.integers(0, 160, 20_000)
+    assert len(phases.segments) > phases_mod.FEW_PROCESSES
+    by_sort = phases.assign(pids, ts)
+    monkeypatch.setattr(phases_mod, "FEW_PROCESSES", 10**9)
+    by_masks = phases.assign(pids, ts)
+    assert by_sort.tolist() == by_masks.tolist() and (by_sort >= 0).any() and (by_sort < 0).any()

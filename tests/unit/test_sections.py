@@ -13,6 +13,8 @@ from memrec.analysis.report.model import HeldThen
 from memrec.analysis.report.model import NvmlSummary
 from memrec.analysis.sections import OMITTED
 from memrec.analysis.sections import Section
+from memrec.analysis.sections import hidden
+from memrec.analysis.sections import renamed
 from memrec.commands import main
 from memrec.trace.reader import load_trace
 
@@ -40,6 +42,22 @@ def test_fields_keep_their_order_and_omitted_ones_are_left_out():
     # AND once set, it is there, last
     s.maybe = 0
     assert list(s.to_json()) == ["z", "inner", "maybe"]
+
+
+@dataclass
+class _Row(Section):
+    kind: str
+    where: str = renamed("in")
+    first_ts: int = hidden()
+
+
+def test_a_hidden_field_is_never_in_the_json_and_a_renamed_one_goes_under_its_key():
+    # GIVEN a row with a sort key the renderers share and a field whose JSON key is a keyword
+    row = _Row("driver_call", first_ts=7)
+    # THEN the sort key is not in the JSON, and the renamed field is absent until set
+    assert row.to_json() == {"kind": "driver_call"} and row.first_ts == 7
+    row.where = "both"
+    assert json.dumps(row.to_json()) == '{"kind": "driver_call", "in": "both"}'
 
 
 def test_a_failed_call_flattens_the_holders_then_into_its_own_keys():

@@ -357,7 +357,7 @@ def test_a_cuda_oom_after_the_kv_sizing_is_named_with_the_slack():
             f"everything after the pools was 9.88 GiB (--mem-fraction-static 0.875): a smaller fraction leaves more, "
             f"but it must stay above {1 - 39 / 79:.4f} for the pools to fit") in render_sglang(section)
     # AND a run without the failed allocation has none
-    assert build_report(sglang_run()).sglang.summary.oom_after_sizing == []
+    assert build_report(sglang_run()).sglang.summary.facts.oom_after_sizing == []
 
 
 def test_each_phase_splits_into_torch_and_the_rest_when_the_hooks_recorded_torch():

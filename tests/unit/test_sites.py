@@ -8,10 +8,10 @@ import json
 import pytest
 
 from memrec.analysis.report.build import build_report
-from memrec.analysis.sites import Site
-from memrec.analysis.sites import SitesSection
-from memrec.analysis.sites import is_user_frame
-from memrec.analysis.sites import user_frame
+from memrec.analysis.report.sites import Site
+from memrec.analysis.report.sites import SitesSection
+from memrec.analysis.report.sites import is_user_frame
+from memrec.analysis.report.sites import user_frame
 from memrec.commands import main
 from memrec.trace.reader import load_trace
 from memrec.trace.stacks import Frame
@@ -224,3 +224,63 @@ def test_a_damaged_size_is_clamped_and_a_stack_id_not_defined_names_no_site(tmp_
     section = sites_of(tmp_path / "t.mrec")
     (row,) = section.phases[0].rows
     assert row.held == row.allocated == 1 << 52 and section.with_stack == 2
+
+
+def test_report_all_lists_every_site(tmp_path, capsys):
+    # GIVEN one phase whose 60 allocations each come from a line of their own
+    from memrec.terms.events import Kind
+    from memrec.terms.events import Marker
+    from memrec.trace import format as fmt
+    from memrec.trace.writer import TraceWriter
+    from tests.utils import ev
+    from tests.utils import events
+
+    path = tmp_path / "many.mrec"
+    with TraceWriter(path, fmt.make_header(host="h")) as w:
+        w.write_marker(Marker(ts=1, pid=7, uid=0, tid=7, name="load", phase="begin"))
+        rows = [ev(Kind.ALLOC, ts=10 + i, pid=7, gpu=0, ptr=0x1000 * (i + 1), size=(100 - i) * MiB,
+                   stack=w.intern_stack([Frame("/srv/app/load.py", 1000 + i, f"part_{i}")])) for i in range(60)]
+        w.write_events(events(*rows))
+        w.write_marker(Marker(ts=100, pid=7, uid=0, tid=7, name="load", phase="end"))
+    # WHEN reported as by default THEN the text shows the first 5 and says how many more
+    assert main(["report", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "load.py:1004 part_4" in out and "load.py:1005 part_5" not in out
+    assert "... 55 more sites (report --all lists them)" in out
+    # AND the JSON keeps 50 and counts the rest
+    assert main(["report", str(path), "--json"]) == 0
+    (phase,) = json.loads(capsys.readouterr().out)["sites"]["phases"]
+    assert (len(phase["rows"]), phase["more"]) == (50, 10)
+    # WHEN reported with --all THEN every site is there, in the text and the JSON, most held first
+    assert main(["report", str(path), "--all"]) == 0
+    out = capsys.readouterr().out
+    section = out[out.index("allocation sites by phase"):]
+    lines = [line for line in section.splitlines() if "load.py:" in line]
+    assert [int(line.split("load.py:")[1].split()[0]) for line in lines] == list(range(1000, 1060))
+    assert "more site" not in out
+    assert main(["report", str(path), "--json", "--all"]) == 0
+    (phase,) = json.loads(capsys.readouterr().out)["sites"]["phases"]
+    assert (len(phase["rows"]), phase["more"]) == (60, 0)
+    assert SitesSection.from_json({"phases": [phase], "stacks": 60, "with_stack": 60, "without_stack": 0}).phases[0].more == 0
+
+
+def test_the_blocks_alive_at_a_failed_call_name_the_line_that_allocated_each(tmp_path, capsys):
+    # GIVEN two ranks whose KV pool's segment allocation fails while a 512 MiB tensor block made by
+    # the model's load_weights is alive (a trace recorded with --tensors --stacks)
+    path = sglang_trace(tmp_path / "t.mrec", fail=True)
+    failures = build_report(load_trace(path)).to_json()["tensors"]["failures"]
+    # THEN each failure's blocks carry their site, the line that made the tensor
+    assert [(f["pid"], [(b["size"], b["site"]["function"], b["site"]["line"]) for b in f["largest"]])
+            for f in failures] == [(pid, [(512 * MiB, "LlamaForCausalLM.load_weights", 402)]) for pid in (100, 101)]
+    # AND the text shows it under ALLOCATED AT, in 80 columns
+    assert main(["report", str(path)]) == 0
+    out = capsys.readouterr().out
+    section = out[out.index("failed segment allocation"):out.index("allocation sites by phase")]
+    assert "ALLOCATED AT" in section and section.count("llama.py:402 LlamaForCausalLM.load_weights") == 2
+    assert all(len(line) <= 80 for line in section.splitlines())
+    # AND without stacks the blocks are listed as before, without the column
+    plain = sglang_trace(tmp_path / "plain.mrec", fail=True, stacks=False)
+    failures = build_report(load_trace(plain)).to_json()["tensors"]["failures"]
+    assert [b["site"] for f in failures for b in f["largest"]] == [None, None]
+    assert main(["report", str(plain)]) == 0
+    assert "ALLOCATED AT" not in capsys.readouterr().out

@@ -12,7 +12,8 @@ import pickle
 import pytest
 
 from memrec.analysis.diff.build import diff_traces
-from memrec.analysis.sites_diff import SitesDiff
+from memrec.analysis.diff.build import verdict_of
+from memrec.analysis.diff.sites import SitesDiff
 from memrec.commands import main
 from memrec.trace.reader import load_trace
 from tests.stack_traces import sglang_trace
@@ -50,11 +51,16 @@ def test_diff_says_which_site_grew(tmp_path, capsys):
     section = out[out.index("allocation sites that changed"):]
     assert "+24.00 GiB  custom_all_reduce.py:123" in section
     assert all(len(line) <= 80 for line in section.splitlines())
+    # AND the verdict, which tui --diff and plot --diff show too, names that line
+    line = "in custom_ar_init, custom_all_reduce.py:123 CustomAllreduce.__init__ peaks +24.00 GiB in B"
+    assert line + " (36.00 GiB → 60.00 GiB, all ranks)" in diff.verdict.lines
+    assert verdict_of(diff).lines == tuple(diff.verdict.lines)
+    assert " ".join(out[:out.index("KV budget")].split()).count("custom_all_reduce.py:123") == 1
 
 
 def test_diff_matches_sites_installed_in_different_folders(tmp_path):
-    from memrec.analysis.sites import Site
-    from memrec.analysis.sites_diff import site_key
+    from memrec.analysis.report.sites import Site
+    from memrec.analysis.diff.sites import site_key
 
     a = Site("/opt/venv/lib/python3.12/site-packages/sglang/x.py", 3, "f")
     b = Site("/home/u/.local/lib/python3.11/site-packages/sglang/x.py", 3, "f")
@@ -64,7 +70,9 @@ def test_diff_matches_sites_installed_in_different_folders(tmp_path):
 def test_diff_with_stacks_in_one_run_only(tmp_path, capsys):
     a = sglang_trace(tmp_path / "a.mrec", stacks=False)
     b = sglang_trace(tmp_path / "b.mrec")
-    sites = SitesDiff.from_json(diff_traces(load_trace(a), load_trace(b)).to_json()["sites"])
+    diff = diff_traces(load_trace(a), load_trace(b))
+    sites = SitesDiff.from_json(diff.to_json()["sites"])
+    assert not any(" peaks " in line for line in diff.verdict.lines)  # a verdict line compares two runs' stacks
     assert sites.only_b and not sites.only_a
     assert {c.site.function for c in sites.changes} >= {"CustomAllreduce.__init__", "DefaultModelLoader.load_model"}
     assert main(["diff", str(a), str(b)]) == 0

@@ -48,7 +48,7 @@ def test_phases_peaks_and_fragmentation_where_the_process_left_them():
     )
     phases = build_phases([marker(5, "load", "begin"), marker(20, "load", "end"), marker(25, "step", "begin"),
                            marker(40, "step", "end")])
-    sec = tensor_section(ev, phases, 0, HEADER)
+    sec = tensor_section(ev, phases, 0, HEADER).to_json()
     assert sec["events"] == 6 and sec["unjoined_blocks"] == 0 and sec["libraries"] == HEADER["probes"]["torch"]
     load, step = sorted(sec["rows"], key=lambda r: r["phase"])
     assert (load["phase"], load["allocs"], load["frees"]) == ("load", 3, 1)
@@ -71,7 +71,7 @@ def test_expandable_segments_and_the_blocks_alive_at_a_failed_call():
         (20, Kind.VMM_CREATE, 0, 80 * MiB, 2),  # out of memory growing the segment
         (30, Kind.PROC_EXIT, 0, 0),
     )
-    sec = tensor_section(ev, build_phases([]), 0, HEADER)
+    sec = tensor_section(ev, build_phases([]), 0, HEADER).to_json()
     assert sec["unjoined_blocks"] == 1
     (f,) = sec["failures"]
     assert f["size"] == 80 * MiB and f["pid"] == PID and f["gpu"] == 0
@@ -87,7 +87,7 @@ def test_no_section_without_tensor_events_or_probed_installs():
     ev = events((10, Kind.ALLOC, SEG, MiB))
     assert tensor_section(ev, build_phases([]), 0, {"probes": {}}) is None
     without = {"probes": {"torch": [{"path": "/y/libc10_cuda.so", "attached": [], "problem": "no probes"}]}}
-    assert tensor_section(ev, build_phases([]), 0, without)["libraries"][0]["problem"] == "no probes"
+    assert tensor_section(ev, build_phases([]), 0, without).libraries[0].problem == "no probes"
 
 
 def test_a_damaged_torch_list_is_shown_not_crashed_on(capsys, tmp_path):
@@ -111,3 +111,26 @@ def test_a_damaged_torch_list_is_shown_not_crashed_on(capsys, tmp_path):
     out = capsys.readouterr().out
     assert rc == 0
     assert "probes: (no path) (1 sites)" in out and "probes: /z/libc10_cuda.so (0 sites)" in out
+
+
+def test_the_section_is_the_same_a_chunk_of_rows_at_a_time(monkeypatch):
+    # The selection goes a chunk of rows at a time (issue 26: 100M events in bounded memory):
+    # chunks of 1 .. 3 rows, with a process whose tensor events come late (its segment first) and
+    # a failed call, give the section of the whole.
+    ev = events(
+        (10, Kind.ALLOC, SEG, 20 * MiB),
+        (11, Kind.TENSOR_ALLOC, SEG, 4 * MiB),
+        (12, Kind.TENSOR_ALLOC, SEG + 4 * MiB, 4 * MiB),
+        (14, Kind.TENSOR_FREE, SEG + 4 * MiB, 0),
+        (20, Kind.ALLOC, 0, 80 * MiB, 2),
+        (30, Kind.TENSOR_ALLOC, SEG + 4 * MiB, 2 * MiB),
+        (31, Kind.TENSOR_FREE, SEG, 0),
+        (40, Kind.PROC_EXIT, 0, 0),
+    )
+    ev["pid"][5:] = PID + 1  # a second process: its blocks in the first one's segment are unjoined
+    phases = build_phases([marker(5, "load", "begin"), marker(13, "load", "end")])
+    whole = tensor_section(ev, phases, 0, HEADER)
+    assert whole.events == 5 and whole.failures and len(whole.rows) == 3
+    for chunk in (1, 2, 3):
+        monkeypatch.setattr("memrec.analysis.report.tensors.SELECT_CHUNK", chunk)
+        assert tensor_section(ev, phases, 0, HEADER).to_json() == whole.to_json()

@@ -45,7 +45,7 @@ def context(t: float = 1.0) -> list:
 
 def split_of(trace: Trace) -> dict:
     rec = reconcile(trace)
-    row = next(r for r in rec.gpu_summary(0)["processes"] if r["pid"] == 1)
+    row = next(r for r in rec.gpu_summary(0).to_json()["processes"] if r["pid"] == 1)
     sp, s = rec.splits[(0, 1)], rec.process(0, 1)
     total = sum(getattr(sp, name) for name in row["split"])
     assert (total == s.nvml_used - s.traced).all()  # the identity, at every sample
@@ -248,9 +248,9 @@ def test_under_98_percent_explained_the_answer_says_how_much_is_unexplained_not_
         procmem=procmem((1.05, 0), (1.2, 518 * MiB), (2.5, 518 * MiB + 1 * GiB), (3.0, 518 * MiB + 5 * GiB)),
     )
     report = build_report(trace)
-    row = next(r for r in report.gpus[0].reconciliation["processes"] if r["pid"] == 1)
+    row = next(r for r in report.gpus[0].reconciliation.to_json()["processes"] if r["pid"] == 1)
     assert round(row["explained_share"], 3) == round(1 - 4 * GiB / (518 * MiB + 5 * GiB), 3)
-    assert abs(report.gpus[0].reconciliation["explained_share"] - row["explained_share"]) < 1e-9  # one process
+    assert abs(report.gpus[0].reconciliation.explained_share - row["explained_share"]) < 1e-9  # one process
     lines = build_answer(report).to_json()["lines"]
     assert ["UNTRACED", "GPU 0: 4.00 GiB (73 %) of pid 1's memory is unexplained"] in lines
     # AND explained_share is traced + explained over NVML used

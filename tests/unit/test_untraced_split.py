@@ -63,7 +63,7 @@ def context_trace() -> Trace:
 def test_context_first_kernel_module_code_and_the_rest_are_split():
     # WHEN the trace is reconciled
     rec = reconcile(context_trace())
-    row = next(r for r in rec.gpu_summary(0)["processes"] if r["pid"] == 1)
+    row = next(r for r in rec.gpu_summary(0).to_json()["processes"] if r["pid"] == 1)
 
     # THEN the 668 - 64 MiB untraced are: the context with its first kernel, 10 MiB of kernels over
     # the call, the step just after it and the rounding unexplained; and the identity holds at every sample
@@ -91,11 +91,11 @@ def test_context_first_kernel_module_code_and_the_rest_are_split():
 
 def test_a_process_memrec_never_saw_bind_a_context_held_its_memory_before_recording():
     rec = reconcile(context_trace())
-    row = next(r for r in rec.gpu_summary(0)["processes"] if r["pid"] == 2)
+    row = next(r for r in rec.gpu_summary(0).to_json()["processes"] if r["pid"] == 2)
     assert row["split"] == {"context": 0, "module_code": 0, "pools": 0, "limits": 0, "graph": 0, "multicast": 0,
                             "before_recording": 300 * MiB, "unexplained": 0}
     # AND the GPU's split is its processes'
-    assert rec.gpu_summary(0)["device"] is None  # no device samples in this trace
+    assert rec.gpu_summary(0).device is None  # no device samples in this trace
 
 
 def pool_events() -> np.ndarray:
@@ -151,7 +151,7 @@ def test_a_context_on_a_gpu_the_process_allocates_nothing_on_is_foreign():
     ), procmem=procmem((3.5, 1, 4, 500 * MiB)))
     rec = reconcile(trace)
     assert [(c.gpu, c.foreign, c.cost) for c in rec.contexts] == [(0, False, None), (1, True, 500 * MiB)]
-    assert rec.gpu_summary(1)["contexts"][0]["foreign"] is True
+    assert rec.gpu_summary(1).contexts[0].foreign is True
 
 
 # ------------------------------------------------------------------------------ daemon readings

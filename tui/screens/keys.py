@@ -58,7 +58,7 @@ KEYS = (
     ("a", "all GPUs overview"),
     ("g G", "next / previous GPU tab"),
     ("h", "holders at the cursor: by process, phase, largest, category, context, untraced"),
-    ("s", "stack of the selected allocation (events row, or the largest holders' row)"),
+    ("s", "stack of the selected allocation (events row, a free's: its allocation; or the largest holders' row)"),
     ("/", "filter events: pid:N kind:alloc,free size>=1G phase:NAME fail TEXT"),
     ("esc", "leave the filter box / close this screen"),
     ("y", "y axis: fitted to the data on screen / the GPU's total memory"),

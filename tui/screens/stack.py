@@ -3,7 +3,7 @@
 The selection is the row of the events table (the event at the cursor until another row is
 chosen), or, while the holders table shows the largest allocations and has the focus, the
 allocation on its row. The frame the report names as the allocation's site (its innermost user
-frame, :mod:`memrec.analysis.sites`) is marked ``▶``; native frames are dim. A screen of its own:
+frame, :mod:`memrec.analysis.report.sites`) is marked ``▶``; native frames are dim. A screen of its own:
 a stack of 30 frames needs the terminal's height at 80x24, and it scrolls.
 """
 
@@ -48,9 +48,14 @@ def stack_text(view: StackView | None, who: str, when: str, width: int = 80) -> 
     size = f" {fmt_bytes(view.size)}" if view.size else ""
     t.append(f"{view.kind}{size} by {who} at {when}", style="bold")
     t.append(f"  (event {view.seq:,})\n", style="dim")
+    if view.free_seq is not None:
+        t.append(f"the allocation that event {view.free_seq:,} (the free selected) gives back\n", style="dim")
+    if view.free_unmatched:
+        t.append("no allocation of this free among the events: it was made before the recording (or, "
+                 "live, before the events the view keeps)")
+        return t
     if view.stack is None:
-        t.append("no stack recorded for this event (stacks off, below the size threshold, or a free: "
-                 "select its allocation)")
+        t.append("no stack recorded for this event (stacks off, or below the size threshold)")
         return t
     if isinstance(view.stack, Unavailable):
         t.append(f"stack unavailable: {clean_text(view.stack.reason, width * 3)}")

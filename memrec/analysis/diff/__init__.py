@@ -1,2 +1,2 @@
 """``memrec diff``: two runs compared by rank, phase and GPU (:mod:`.build`, typed in
-:mod:`.model`), whether they are one workload (:mod:`.related`), and the text (:mod:`.text`)."""
+:mod:`.model`), by allocation site (:mod:`.sites`), whether they are one workload (:mod:`.related`), and the text (:mod:`.text`)."""

@@ -25,7 +25,7 @@ The diff holds:
 - ``tensors``: per phase × rank × GPU, the tensor blocks' peak allocated and reserved bytes in
   each run (traces recorded with ``memrec daemon --tensors``; empty otherwise);
 - ``sites`` (runs with stacks only): the allocation sites whose held bytes changed
-  (:mod:`memrec.analysis.sites_diff`);
+  (:mod:`memrec.analysis.diff.sites`);
 - ``untraced``: per rank and GPU, the untraced band's split (context, module code, pools, before
   recording, unexplained) and the contexts bound in each run (:mod:`memrec.analysis.untraced.diff`).
 """
@@ -43,6 +43,12 @@ from memrec.analysis.diff.model import Diff
 from memrec.analysis.diff.model import DiffSide
 from memrec.analysis.diff.model import DiffVerdict
 from memrec.analysis.diff.model import DiffWindows
+from memrec.analysis.diff.model import Failure
+from memrec.analysis.diff.model import KvChange
+from memrec.analysis.diff.model import PhaseChange
+from memrec.analysis.diff.model import TensorChange
+from memrec.analysis.diff.model import WindowChange
+from memrec.analysis.diff.model import WindowDiff
 from memrec.analysis.sglang.kv_budget import KvBudget
 from memrec.analysis.sglang.kv_budget import kv_budgets
 from memrec.analysis.sglang.kv_budget_diff import compare_budgets
@@ -55,6 +61,8 @@ from memrec.analysis.untraced.reconcile import reconcile
 from memrec.engine.replay import initial_state
 from memrec.engine.replay import trace_bounds
 from memrec.engine.replay import trace_phases
+from memrec.analysis.sglang.facts import CustomAllReduce
+from memrec.analysis.sglang.facts import ProcessContext
 from memrec.analysis.sglang.facts import custom_ar_facts
 from memrec.analysis.sglang.facts import custom_ar_line
 from memrec.analysis.sglang.facts import process_contexts
@@ -62,6 +70,7 @@ from memrec.analysis.diff.related import Relation
 from memrec.analysis.diff.related import identity
 from memrec.analysis.diff.related import relate
 from memrec.analysis.sglang.windows import KvWindow
+from memrec.analysis.sglang.windows import WindowRow
 from memrec.analysis.sglang.windows import MAPPED
 from memrec.terms.ranks import format_rank
 from memrec.analysis.sglang.windows import kv_windows
@@ -70,16 +79,20 @@ from memrec.terms.ranks import process_info_ranks
 from memrec.analysis.sglang.windows import rank_gpus
 from memrec.terms.ranks import rank_sort_key
 from memrec.terms.ranks import shown_dims
+from memrec.analysis.report.tensors import TensorSection
 from memrec.analysis.report.tensors import tensor_section
-from memrec.analysis.sites import SitesSection
-from memrec.analysis.sites import sites_section
-from memrec.analysis.sites_diff import diff_sites
+from memrec.analysis.report.sites import SitesSection
+from memrec.analysis.report.sites import sites_section
+from memrec.analysis.diff.sites import SitesDiff
+from memrec.analysis.diff.sites import diff_sites
+from memrec.analysis.diff.sites import verdict_line
 from memrec.analysis.text import human
 from memrec.analysis.text import signed_human
 from memrec.engine.journal import Journal
 from memrec.terms.events import CUDA_ERROR_OUT_OF_MEMORY
 from memrec.terms.events import OWNED
 from memrec.engine.replay import build_timeline
+from memrec.analysis.untraced.diff import UntracedCell
 from memrec.analysis.untraced.diff import split_by_rank
 from memrec.analysis.untraced.diff import untraced_rows
 from memrec.terms.columns import failed_calls
@@ -114,11 +127,11 @@ class Run:
     budgets: list[KvBudget]
     windows: dict[int, KvWindow]
     events: Batch  # the replayed events, column by column
-    untraced: dict  # (rank, gpu) -> the untraced band's split (memrec.analysis.untraced.diff)
-    contexts: list = dataclasses.field(default_factory=list)  # foreign CUDA contexts (sglang_report.process_contexts)
-    custom_ar: dict | None = None  # sglang_report.custom_ar_facts
-    tensors: dict | None = None  # memrec.analysis.report.tensors.tensor_section (a --tensors trace)
-    sites: SitesSection | None = None  # memrec.analysis.sites (a trace with stacks)
+    untraced: dict[tuple[RankKey, int], UntracedCell]  # (rank, gpu) -> the untraced band (memrec.analysis.untraced.diff)
+    contexts: list[ProcessContext] = dataclasses.field(default_factory=list)  # foreign CUDA contexts (facts.process_contexts)
+    custom_ar: CustomAllReduce | None = None  # facts.custom_ar_facts
+    tensors: TensorSection | None = None  # memrec.analysis.report.tensors.tensor_section (a --tensors trace)
+    sites: SitesSection | None = None  # memrec.analysis.report.sites (a trace with stacks)
 
 
 def _norm_rank(rank: dict[str, int]) -> RankKey:
@@ -156,7 +169,7 @@ def analyze(trace: Any, name: str) -> Run:
     contexts = process_contexts(trace, ranked, rank_gpus(trace.markers, j, budgets), labels)
     untraced = split_by_rank(reconcile(trace, tl, phases), rank_of)
     return Run(name, start, phases, j, exit_rows, rank_of, budgets, windows, events, untraced,
-               [c for c in contexts if c["foreign"]], custom_ar_facts(trace.markers),
+               [c for c in contexts if c.foreign], custom_ar_facts(trace.markers),
                tensor_section(events, phases, start, trace.header, trace.trailer),
                sites_section(trace, phases, end_ts=trace_bounds(trace)[1]))
 
@@ -202,7 +215,7 @@ def _rank_label(key: RankKey, dims: tuple[str, ...], draft: bool = False) -> str
     return format_rank(_as_dict(key), dims, draft) if key else NO_RANK
 
 
-def _phase_rows(a: Run, b: Run, dims: tuple[str, ...]) -> list[dict]:
+def _phase_rows(a: Run, b: Run, dims: tuple[str, ...]) -> list[PhaseChange]:
     bytes_a, present_a = _phase_bytes(a)
     bytes_b, present_b = _phase_bytes(b)
     order = _merge_order(_phase_order(a), _phase_order(b)) + [NO_PHASE]
@@ -213,21 +226,12 @@ def _phase_rows(a: Run, b: Run, dims: tuple[str, ...]) -> list[dict]:
         if not va and not vb:
             continue
         path, rank, g, cat = key
-        rows.append(
-            {
-                "phase": path,
-                "rank": _rank_label(rank, dims),
-                "rank_key": list(rank),
-                "gpu": g,
-                "category": cat,
-                "owned": cat in OWNED,
-                "a": va if (path, rank) in present_a else None,
-                "b": vb if (path, rank) in present_b else None,
-                "delta": vb - va,
-            }
-        )
-    rows.sort(key=lambda r: (pos.get(r["phase"], len(order)), rank_sort_key(tuple(r["rank_key"]) + (None,) * 3),
-                             r["gpu"], CATEGORIES.index(r["category"])))
+        rows.append(PhaseChange(
+            phase=path, rank=_rank_label(rank, dims), rank_key=list(rank), gpu=g, category=cat, owned=cat in OWNED,
+            a=va if (path, rank) in present_a else None, b=vb if (path, rank) in present_b else None, delta=vb - va,
+        ))
+    rows.sort(key=lambda r: (pos.get(r.phase, len(order)), rank_sort_key(tuple(r.rank_key) + (None,) * 3),
+                             r.gpu, CATEGORIES.index(r.category)))
     return rows
 
 
@@ -235,15 +239,15 @@ def _tensor_peaks(run: Run) -> dict[tuple, list[int]]:
     """(phase, rank key, gpu) -> [peak allocated, peak reserved] of tensor blocks (processes of a
     rank summed)."""
     out: dict[tuple, list[int]] = {}
-    for r in (run.tensors or {}).get("rows", []):
-        key = (r["phase"], run.rank_of.get(r["pid"], ()), r["gpu"])
+    for r in run.tensors.rows if run.tensors else ():
+        key = (r.phase, run.rank_of.get(r.pid, ()), r.gpu)
         acc = out.setdefault(key, [0, 0])
-        acc[0] += r["peak_allocated"]
-        acc[1] += r["peak_reserved"]
+        acc[0] += r.peak_allocated
+        acc[1] += r.peak_reserved
     return out
 
 
-def _tensor_rows(a: Run, b: Run, dims: tuple[str, ...]) -> list[dict]:
+def _tensor_rows(a: Run, b: Run, dims: tuple[str, ...]) -> list[TensorChange]:
     """Per phase, rank and GPU: the tensor blocks' peak allocated and reserved in each run (None:
     no blocks there), and the deltas. Empty unless a run was recorded with --tensors."""
     pa, pb = _tensor_peaks(a), _tensor_peaks(b)
@@ -253,32 +257,42 @@ def _tensor_rows(a: Run, b: Run, dims: tuple[str, ...]) -> list[dict]:
     for key in set(pa) | set(pb):
         path, rank, g = key
         va, vb = pa.get(key), pb.get(key)
-        rows.append({"phase": path, "rank": _rank_label(rank, dims), "rank_key": list(rank), "gpu": g,
-                     "a_allocated": va[0] if va else None, "b_allocated": vb[0] if vb else None,
-                     "a_reserved": va[1] if va else None, "b_reserved": vb[1] if vb else None,
-                     "delta_allocated": (vb[0] if vb else 0) - (va[0] if va else 0),
-                     "delta_reserved": (vb[1] if vb else 0) - (va[1] if va else 0)})
-    rows.sort(key=lambda r: (pos.get(r["phase"], len(order)), rank_sort_key(tuple(r["rank_key"]) + (None,) * 3),
-                             r["gpu"]))
+        rows.append(TensorChange(
+            phase=path, rank=_rank_label(rank, dims), rank_key=list(rank), gpu=g,
+            a_allocated=va[0] if va else None, b_allocated=vb[0] if vb else None,
+            a_reserved=va[1] if va else None, b_reserved=vb[1] if vb else None,
+            delta_allocated=(vb[0] if vb else 0) - (va[0] if va else 0),
+            delta_reserved=(vb[1] if vb else 0) - (va[1] if va else 0),
+        ))
+    rows.sort(key=lambda r: (pos.get(r.phase, len(order)), rank_sort_key(tuple(r.rank_key) + (None,) * 3), r.gpu))
     return rows
 
 
 # ------------------------------------------------------------------------------------------ windows
 
 
-def _window_table(rows: list[dict], rank_of: dict[int, RankKey]) -> dict[tuple[str, RankKey], dict]:
-    out: dict[tuple[str, RankKey], dict] = {}
+@dataclass
+class _WindowSum:
+    """One (phase, rank)'s rows of a window, summed over the rank's processes."""
+
+    weights: bool
+    owned: int = 0
+    mapped: int = 0
+    by_category: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+def _window_table(rows: list[WindowRow], rank_of: dict[int, RankKey]) -> dict[tuple[str, RankKey], _WindowSum]:
+    out: dict[tuple[str, RankKey], _WindowSum] = {}
     for r in rows:
-        key = (r["phase"], rank_of.get(r["pid"], ()))
-        e = out.setdefault(key, {"owned": 0, "mapped": 0, "by_category": {}, "weights": r["weights"]})
-        e["owned"] += r["owned"]
-        e["mapped"] += r["mapped"]
-        for c, v in r["by_category"].items():
-            e["by_category"][c] = e["by_category"].get(c, 0) + v
+        e = out.setdefault((r.phase, rank_of.get(r.pid, ())), _WindowSum(r.weights))
+        e.owned += r.owned
+        e.mapped += r.mapped
+        for c, v in r.by_category.items():
+            e.by_category[c] = e.by_category.get(c, 0) + v
     return out
 
 
-def _window_diff(a: Run, b: Run, which: str, dims: tuple[str, ...]) -> list[dict]:
+def _window_diff(a: Run, b: Run, which: str, dims: tuple[str, ...]) -> list[WindowDiff]:
     """Per GPU: each (phase, rank) in window ``which`` ("between" | "before") of both runs."""
     out = []
     for g in sorted(set(a.windows) | set(b.windows)):
@@ -290,57 +304,43 @@ def _window_diff(a: Run, b: Run, which: str, dims: tuple[str, ...]) -> list[dict
         keys = sorted(set(ta) | set(tb), key=lambda k: (order.index(k[0]), rank_sort_key(tuple(k[1]) + (None,) * 3)))
         for key in keys:
             ea, eb = ta.get(key), tb.get(key)
-            rows.append(
-                {
-                    "phase": key[0],
-                    "rank": _rank_label(key[1], dims),
-                    "weights": (ea or eb)["weights"],  # type: ignore[index]
-                    "a_owned": ea["owned"] if ea else None,
-                    "b_owned": eb["owned"] if eb else None,
-                    "a_mapped": ea["mapped"] if ea else None,
-                    "b_mapped": eb["mapped"] if eb else None,
-                    "a_by_category": ea["by_category"] if ea else {},
-                    "b_by_category": eb["by_category"] if eb else {},
-                    "delta_owned": (eb["owned"] if eb else 0) - (ea["owned"] if ea else 0),
-                    "delta_mapped": (eb["mapped"] if eb else 0) - (ea["mapped"] if ea else 0),
-                }
-            )
-        out.append(
-            {
-                "gpu": g,
-                "in_a": wa is not None,
-                "in_b": wb is not None,
-                "rows": rows,
-                "a_owned": sum(r["a_owned"] or 0 for r in rows),
-                "b_owned": sum(r["b_owned"] or 0 for r in rows),
-            }
-        )
+            rows.append(WindowChange(
+                phase=key[0],
+                rank=_rank_label(key[1], dims),
+                weights=(ea or eb).weights,  # type: ignore[union-attr]
+                a_owned=ea.owned if ea else None,
+                b_owned=eb.owned if eb else None,
+                a_mapped=ea.mapped if ea else None,
+                b_mapped=eb.mapped if eb else None,
+                a_by_category=ea.by_category if ea else {},
+                b_by_category=eb.by_category if eb else {},
+                delta_owned=(eb.owned if eb else 0) - (ea.owned if ea else 0),
+                delta_mapped=(eb.mapped if eb else 0) - (ea.mapped if ea else 0),
+            ))
+        out.append(WindowDiff(gpu=g, in_a=wa is not None, in_b=wb is not None, rows=rows,
+                              a_owned=sum(r.a_owned or 0 for r in rows), b_owned=sum(r.b_owned or 0 for r in rows)))
     return out
 
 
 # ----------------------------------------------------------------------------------------- failures
 
 
-def _failures(run: Run, dims: tuple[str, ...]) -> dict[tuple, dict]:
+def _failures(run: Run, dims: tuple[str, ...]) -> dict[tuple, Failure]:
     """Key -> failure: SGLang errors, KV budgets <= 0 without an error, failed driver calls."""
-    out: dict[tuple, dict] = {}
+    out: dict[tuple, Failure] = {}
     for ph in run.phases.phases:
         err = ph.values.get("error")
         if err:
             rank = run.rank_of.get(ph.pid, ())
             label = _rank_label(rank, dims)
             key = ("sglang", label, ph.name, str(err))
-            out.setdefault(key, {"kind": "sglang_error", "rank": label, "rank_key": list(rank), "phase": ph.name,
-                                 "error": str(err), "count": 0})
-            out[key]["count"] += 1
+            out.setdefault(key, Failure("sglang_error", label, list(rank), phase=ph.name, error=str(err))).count += 1
     for b in run.budgets:
         if not b.ok and not b.error:
             rank = run.rank_of.get(b.pid, ())
             label = _rank_label(rank, dims, b.draft)
-            key = ("kv", label)
-            out[key] = {"kind": "kv_budget", "rank": label, "rank_key": list(rank), "phase": "kv_budget",
-                        "error": f"KV budget {b.rest_gib:.2f} GiB (<= 0)" if b.rest_gib is not None else "KV budget <= 0",
-                        "count": 1}
+            error = f"KV budget {b.rest_gib:.2f} GiB (<= 0)" if b.rest_gib is not None else "KV budget <= 0"
+            out[("kv", label)] = Failure("kv_budget", label, list(rank), phase="kv_budget", error=error, count=1)
     ev = run.events
     if len(ev):
         for i in np.nonzero(failed_calls(ev))[0].tolist():
@@ -349,10 +349,10 @@ def _failures(run: Run, dims: tuple[str, ...]) -> dict[tuple, dict]:
             label = _rank_label(rank, dims)
             api, result = api_name(int(e["api"])), result_name(int(e["result"]))
             key = ("driver", label, int(e["gpu"]), api, result)
-            f = out.setdefault(key, {"kind": "driver_call", "rank": label, "rank_key": list(rank), "gpu": int(e["gpu"]), "api": api,
-                                     "result": result, "count": 0, "bytes": 0})
-            f["count"] += 1
-            f["bytes"] += int(e["size"])
+            f = out.setdefault(key, Failure("driver_call", label, list(rank), gpu=int(e["gpu"]), api=api, result=result,
+                                            bytes=0))
+            f.count += 1
+            f.bytes += int(e["size"])
     return out
 
 
@@ -361,59 +361,59 @@ def _sglang_failed(run: Run) -> bool:
     return any(ph.values.get("error") for ph in run.phases.phases) or any(not b.ok for b in run.budgets)
 
 
-def _failed(run: Run, failures: dict[tuple, dict]) -> bool:
+def _failed(run: Run, failures: dict[tuple, Failure]) -> bool:
     """A run failed when SGLang said so or the driver ran out of memory (which SGLang may never
     report: the process dies in the allocator, or a library catches the error)."""
     return _sglang_failed(run) or bool(_driver_ooms(failures.values()))
 
 
-def _driver_ooms(failures: Iterable[dict]) -> list[dict]:
+def _driver_ooms(failures: Iterable[Failure]) -> list[Failure]:
     """The failed driver calls that ran out of memory (a failed cuMemAlloc, cuMemCreate...)."""
-    return [f for f in failures if f["kind"] == "driver_call" and f["result"] == OUT_OF_MEMORY]
+    return [f for f in failures if f.kind == "driver_call" and f.result == OUT_OF_MEMORY]
 
 
 # ------------------------------------------------------------------------------------------ verdict
 
 
-def _what_failed(fails: list[dict]) -> str:
-    kv = [f for f in fails if f["kind"] in ("sglang_error", "kv_budget") and f["phase"] in ("kv_budget", "kv_pool")]
-    pick = kv or [f for f in fails if f["kind"] != "driver_call"]
+def _what_failed(fails: list[Failure]) -> str:
+    kv = [f for f in fails if f.kind in ("sglang_error", "kv_budget") and f.phase in ("kv_budget", "kv_pool")]
+    pick = kv or [f for f in fails if f.kind != "driver_call"]
     if not pick:
         return _what_ran_out(_driver_ooms(fails))
-    ranks = list(dict.fromkeys(f["rank"] for f in pick))
-    errors = list(dict.fromkeys(f["error"] for f in pick))
-    what = "KV sizing" if kv else f"{pick[0]['phase']}"
+    ranks = list(dict.fromkeys(f.rank for f in pick))
+    errors = list(dict.fromkeys(f.error for f in pick))
+    what = "KV sizing" if kv else f"{pick[0].phase}"
     return f"{what} failed on {', '.join(ranks)} ({' | '.join(errors)})"
 
 
-def _what_ran_out(ooms: list[dict]) -> str:
+def _what_ran_out(ooms: list[Failure]) -> str:
     """The driver's out-of-memory failures in a few words: which call, on which rank and GPU, how much."""
     if not ooms:
         return "?"
-    n = sum(f["count"] for f in ooms)
+    n = sum(f.count for f in ooms)
     # "TP0 (GPU 0)"; a process without a rank (no SGLang markers) by its GPU alone
-    where = list(dict.fromkeys(f"GPU {f['gpu']}" if f["rank"] == NO_RANK else f"{f['rank']} (GPU {f['gpu']})"
-                               for f in ooms))
-    apis = list(dict.fromkeys(f["api"] for f in ooms))
+    where = list(dict.fromkeys(f"GPU {f.gpu}" if f.rank == NO_RANK else f"{f.rank} (GPU {f.gpu})" for f in ooms))
+    apis = list(dict.fromkeys(f.api for f in ooms))
     return (f"{', '.join(apis)} ran out of GPU memory on {', '.join(where[:4])}{', …' if len(where) > 4 else ''}: "
-            f"{n} failed call{'' if n == 1 else 's'} for {human(sum(f['bytes'] for f in ooms))} ({OUT_OF_MEMORY})")
+            f"{n} failed call{'' if n == 1 else 's'} for {human(sum(f.bytes for f in ooms))} ({OUT_OF_MEMORY})")
 
 
-def _kv_lines(kv: list[dict], an: str, bn: str) -> list[str]:
-    pairs = [d for d in kv if d["before"] is not None and d["after"] is not None and "rest_gib" in d["deltas"]]
+def _kv_lines(kv: list[KvChange], an: str, bn: str) -> list[str]:
+    pairs = [d for d in kv if d.budgets.before is not None and d.budgets.after is not None
+             and "rest_gib" in d.budgets.deltas]
     if not pairs:
         return []
-    groups: dict[tuple, list[dict]] = {}
+    groups: dict[tuple, list[KvChange]] = {}
     for d in pairs:
-        a, b, dl = d["before"], d["after"], d["deltas"]
-        key = tuple(round(x, 2) for x in (a["rest_gib"], b["rest_gib"], dl.get("available_gpu_memory", 0.0),
+        a, b, dl = d.budgets.before, d.budgets.after, d.budgets.deltas
+        key = tuple(round(x, 2) for x in (a.rest_gib, b.rest_gib, dl.get("available_gpu_memory", 0.0),  # type: ignore[union-attr]
                                            dl.get("slack_gib", 0.0), dl.get("pre_model_load_memory", 0.0)))
         groups.setdefault(key, []).append(d)
     lines = []
     for (ra, rb, da, ds, dp), ds_ in list(groups.items())[:4]:
-        where = "on every rank" if len(groups) == 1 and len(pairs) > 1 else "on " + ", ".join(d["label"] for d in ds_)
-        d0 = ds_[0]
-        ta, tb = d0["before"]["tokens"], d0["after"]["tokens"]
+        where = "on every rank" if len(groups) == 1 and len(pairs) > 1 else "on " + ", ".join(d.label for d in ds_)
+        before, after = ds_[0].budgets.before, ds_[0].budgets.after
+        ta, tb = before.tokens, after.tokens  # type: ignore[union-attr]
         tokens = f"; tokens {ta:,} → {tb:,}" if ta is not None and tb is not None else ""
         lines.append(
             f"KV budget: rest {ra:.2f} GiB → {rb:.2f} GiB {where} (Δrest {rb - ra:+.2f} GiB = "
@@ -421,8 +421,8 @@ def _kv_lines(kv: list[dict], an: str, bn: str) -> list[str]:
         )
         if abs(dp) >= 0.005:
             lines.append(
-                f"  pre_model_load_memory {d0['before']['pre_model_load_memory']:.2f} → "
-                f"{d0['after']['pre_model_load_memory']:.2f} GiB ({dp:+.2f} GiB): memory taken before the baseline changed"
+                f"  pre_model_load_memory {before.pre_model_load_memory:.2f} → "  # type: ignore[union-attr]
+                f"{after.pre_model_load_memory:.2f} GiB ({dp:+.2f} GiB): memory taken before the baseline changed"  # type: ignore[union-attr]
             )
     if len(groups) > 4:
         lines.append(f"  ({len(groups) - 4} more rank groups in the KV table)")
@@ -433,47 +433,63 @@ def _gpus_text(gpus: list[int]) -> str:
     return f"GPU {gpus[0]}" if len(gpus) == 1 else "each of GPUs " + ", ".join(map(str, gpus))
 
 
-def _cause_lines(windows: list[dict], which: str, an: str, bn: str) -> list[str]:
+@dataclass
+class _PhaseMove:
+    """How one phase's allocations in a window moved from A to B, over its ranks."""
+
+    delta: int = 0
+    mapped: int = 0
+    a: int | None = None  # owned in A; None: the phase did not run there
+    b: int | None = None
+    ranks: list[str] = dataclasses.field(default_factory=list)
+    cats: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def add(self, r: WindowChange) -> None:
+        self.delta += r.delta_owned
+        self.mapped += r.delta_mapped
+        if r.a_owned is not None:
+            self.a = (self.a or 0) + r.a_owned
+        if r.b_owned is not None:
+            self.b = (self.b or 0) + r.b_owned
+        if r.delta_owned:
+            self.ranks.append(f"{r.rank} {signed_human(r.delta_owned)}")
+        for c in set(r.a_by_category) | set(r.b_by_category):
+            if c != MAPPED:
+                self.cats[c] = self.cats.get(c, 0) + r.b_by_category.get(c, 0) - r.a_by_category.get(c, 0)
+
+    def line(self, p: str, where: str, an: str, bn: str) -> str:
+        """What the phase (path ``p``) took, in the window ``where``, with ``{gpus}`` left to fill in."""
+        name = "allocations outside any phase" if p == NO_PHASE else p.rsplit("/", 1)[-1]
+        if self.a is None:
+            took = f"{name} took {human(self.b or 0)} on {{gpus}} in {bn}; it does not run in {an}"
+        elif self.b is None:
+            took = f"{name} took {human(self.a)} on {{gpus}} in {an}; it does not run in {bn}"
+        else:
+            took = f"{name} took {human(self.b)} on {{gpus}} in {bn}, {human(self.a)} in {an} ({signed_human(self.delta)})"
+        details = [", ".join(self.ranks)] if len(self.ranks) > 1 else []
+        details += [", ".join(f"{c} {signed_human(v)}" for c, v in self.cats.items() if v)]
+        if self.mapped:
+            more = "more" if self.mapped > 0 else "less"
+            details.append(f"{human(abs(self.mapped))} {more} of peers' memory mapped by IPC, not owned")
+        return f"{where}, {took} ({'; '.join(x for x in details if x)})"
+
+
+def _cause_lines(windows: list[WindowDiff], which: str, an: str, bn: str) -> list[str]:
     """The phases whose allocations in a window changed most, one line per phase (GPUs alike merged)."""
     where = "between the memory baseline and the KV sizing" if which == "between" else "before the memory baseline"
     said: dict[str, list[int]] = {}  # line with "{gpus}" -> GPUs
     totals: dict[str, list[int]] = {}
     for w in windows:
-        by_phase: dict[str, dict] = {}
-        for r in w["rows"]:
-            e = by_phase.setdefault(r["phase"], {"delta": 0, "mapped": 0, "a": 0, "b": 0, "in_a": False, "in_b": False,
-                                                 "ranks": [], "cats": {}})
-            e["delta"] += r["delta_owned"]
-            e["mapped"] += r["delta_mapped"]
-            e["a"] += r["a_owned"] or 0
-            e["b"] += r["b_owned"] or 0
-            e["in_a"] |= r["a_owned"] is not None
-            e["in_b"] |= r["b_owned"] is not None
-            if r["delta_owned"]:
-                e["ranks"].append(f"{r['rank']} {signed_human(r['delta_owned'])}")
-            for c in set(r["a_by_category"]) | set(r["b_by_category"]):
-                if c != MAPPED:
-                    e["cats"][c] = e["cats"].get(c, 0) + r["b_by_category"].get(c, 0) - r["a_by_category"].get(c, 0)
-        named = sorted((p for p, e in by_phase.items() if abs(e["delta"]) >= MIN_NAMED),
-                       key=lambda p: (-abs(by_phase[p]["delta"]), p))[:VERDICT_PHASES]
+        by_phase: dict[str, _PhaseMove] = {}
+        for r in w.rows:
+            by_phase.setdefault(r.phase, _PhaseMove()).add(r)
+        named = sorted((p for p, e in by_phase.items() if abs(e.delta) >= MIN_NAMED),
+                       key=lambda p: (-abs(by_phase[p].delta), p))[:VERDICT_PHASES]
         for p in named:
-            e = by_phase[p]
-            name = "allocations outside any phase" if p == NO_PHASE else p.rsplit("/", 1)[-1]
-            if not e["in_a"]:
-                took = f"{name} took {human(e['b'])} on {{gpus}} in {bn}; it does not run in {an}"
-            elif not e["in_b"]:
-                took = f"{name} took {human(e['a'])} on {{gpus}} in {an}; it does not run in {bn}"
-            else:
-                took = f"{name} took {human(e['b'])} on {{gpus}} in {bn}, {human(e['a'])} in {an} ({signed_human(e['delta'])})"
-            details = [", ".join(e["ranks"])] if len(e["ranks"]) > 1 else []
-            details += [", ".join(f"{c} {signed_human(v)}" for c, v in e["cats"].items() if v)]
-            if e["mapped"]:
-                more = "more" if e["mapped"] > 0 else "less"
-                details.append(f"{human(abs(e['mapped']))} {more} of peers' memory mapped by IPC, not owned")
-            said.setdefault(f"{where}, {took} ({'; '.join(x for x in details if x)})", []).append(w["gpu"])
-        if named and w["in_a"] and w["in_b"]:
-            total = f"  all traced changes {where} on {{gpus}}: {signed_human(w['b_owned'] - w['a_owned'])} owned"
-            totals.setdefault(total, []).append(w["gpu"])
+            said.setdefault(by_phase[p].line(p, where, an, bn), []).append(w.gpu)
+        if named and w.in_a and w.in_b:
+            total = f"  all traced changes {where} on {{gpus}}: {signed_human(w.b_owned - w.a_owned)} owned"
+            totals.setdefault(total, []).append(w.gpu)
     lines = [line.replace("{gpus}", _gpus_text(gpus)) for line, gpus in said.items()]
     lines += [line.replace("{gpus}", _gpus_text(gpus)) for line, gpus in totals.items()]
     return lines
@@ -482,8 +498,8 @@ def _cause_lines(windows: list[dict], which: str, an: str, bn: str) -> list[str]
 def _sglang_fact_lines(a: Run, b: Run) -> list[str]:
     """Foreign CUDA contexts and the custom all-reduce, when they differ between the runs."""
     def foreign(run: Run) -> str:
-        return ", ".join(f"{c['label'] or 'pid ' + str(c['pid'])} on GPU {c['gpu']}"
-                         + (f" (NVML {human(c['nvml_peak'])})" if c["nvml_peak"] is not None else "")
+        return ", ".join(f"{c.label or 'pid ' + str(c.pid)} on GPU {c.gpu}"
+                         + (f" (NVML {human(c.nvml_peak)})" if c.nvml_peak is not None else "")
                          for c in run.contexts) or "none"
 
     def car(run: Run) -> str:
@@ -505,7 +521,7 @@ def _unrelated_verdict(d: Diff, relation: Relation) -> DiffVerdict:
     explains one by the other."""
     lines = list(relation.reasons)
     for side in ("a", "b"):
-        mine = [f for f in d.failures if f["in"] in (side, "both")]
+        mine = [f for f in d.failures if f.where in (side, "both")]
         outcome = f"fails: {_what_failed(mine)}" if d.side(side).failed else "works"
         lines.append(f"{d.side(side).name} {outcome}")
     lines += relation.notes
@@ -518,9 +534,9 @@ def _verdict(d: Diff, a: Run, b: Run, relation: Relation) -> DiffVerdict:
         return _unrelated_verdict(d, relation)
     an, bn = d.a.name, d.b.name
     fa, fb = d.a.failed, d.b.failed
-    only_a = [f for f in d.failures if f["in"] == "a"]
-    only_b = [f for f in d.failures if f["in"] == "b"]
-    both = [f for f in d.failures if f["in"] == "both"]
+    only_a = [f for f in d.failures if f.where == "a"]
+    only_b = [f for f in d.failures if f.where == "b"]
+    both = [f for f in d.failures if f.where == "both"]
     if fb and not fa:
         head = f"{bn} fails where {an} works: {_what_failed(only_b + both)}"
     elif fa and not fb:
@@ -531,9 +547,12 @@ def _verdict(d: Diff, a: Run, b: Run, relation: Relation) -> DiffVerdict:
         head = "both runs work"
     lines = _kv_lines(d.kv, an, bn)
     lines += _cause_lines(d.windows.between, "between", an, bn)
-    pre_moved = any(abs(x["deltas"].get("pre_model_load_memory", 0.0)) >= 0.005 for x in d.kv)
+    pre_moved = any(abs(x.budgets.deltas.get("pre_model_load_memory", 0.0)) >= 0.005 for x in d.kv)
     if pre_moved or not d.kv:
         lines += _cause_lines(d.windows.before, "before", an, bn)
+    site = verdict_line(d.sites, bn, MIN_NAMED) if isinstance(d.sites, SitesDiff) else None
+    if site is not None:  # runs with stacks: the line of code whose memory changed most
+        lines.append(site)
     needed = {}
     for name, run in (("a", a), ("b", b)):
         mins = [x.min_mem_fraction_static for x in run.budgets if not x.draft and x.min_mem_fraction_static is not None]
@@ -548,12 +567,12 @@ def _verdict(d: Diff, a: Run, b: Run, relation: Relation) -> DiffVerdict:
             else:
                 lines.append(f"no --mem-fraction-static sizes a KV cache in {d.side(name).name}: it would have to exceed {need:.4f}{ran}")
     lines += _sglang_fact_lines(a, b)
-    drv_a = [f for f in only_a if f["kind"] == "driver_call"]
-    drv_b = [f for f in only_b if f["kind"] == "driver_call"]
+    drv_a = [f for f in only_a if f.kind == "driver_call"]
+    drv_b = [f for f in only_b if f.kind == "driver_call"]
     for name, drv in ((an, drv_a), (bn, drv_b)):
         if drv:
-            n = sum(f["count"] for f in drv)
-            lines.append(f"{n} failed driver call{'' if n == 1 else 's'} only in {name} ({drv[0]['api']} {drv[0]['result']}{', …' if len(drv) > 1 else ''})")
+            n = sum(f.count for f in drv)
+            lines.append(f"{n} failed driver call{'' if n == 1 else 's'} only in {name} ({drv[0].api} {drv[0].result}{', …' if len(drv) > 1 else ''})")
     if not lines and head == "both runs work":
         lines.append("no change in the KV budget or between the baseline and the KV sizing")
     return DiffVerdict(head, lines + relation.notes)
@@ -606,9 +625,9 @@ def verdict_of(d: Diff) -> Verdict:
     return Verdict(d.verdict.headline, tuple(d.verdict.lines), failing, d.a.name, d.b.name)
 
 
-def _side(run: Run, name: str, failures: dict[tuple, dict]) -> DiffSide:
+def _side(run: Run, name: str, failures: dict[tuple, Failure]) -> DiffSide:
     """One run's line of the diff: whether it failed and how many driver calls ran out of memory."""
-    ooms = sum(f["count"] for f in _driver_ooms(failures.values()))
+    ooms = sum(f.count for f in _driver_ooms(failures.values()))
     return DiffSide(name=name, failed=_failed(run, failures), driver_ooms=ooms,
                     ranks=len([k for k in set(run.rank_of.values()) if k]))
 
@@ -619,24 +638,19 @@ def diff_traces(a_trace: Any, b_trace: Any, a_name: str = "A", b_name: str = "B"
     dims = shown_dims([_as_dict(k) for k in list(a.rank_of.values()) + list(b.rank_of.values()) if k])
     kv = []
     for bd in compare_budgets(a.budgets, b.budgets):
-        x = bd.to_dict()
         dp, pp, tp, draft = bd.rank_key
-        x["label"] = _rank_label((dp, pp, tp), dims, draft) if tp is not None else bd.label
-        for side in ("before", "after"):
-            if x[side] is not None:
-                x[side]["label"] = x["label"]
-        kv.append(x)
+        kv.append(KvChange(bd, _rank_label((dp, pp, tp), dims, draft) if tp is not None else bd.label))
     fa, fb = _failures(a, dims), _failures(b, dims)
     failures = []
     for key in list(fa) + [k for k in fb if k not in fa]:
-        f = dict(fb.get(key) or fa[key])
-        f["in"] = "both" if key in fa and key in fb else ("a" if key in fa else "b")
-        if f["in"] == "both" and "count" in f:
-            f["count_a"], f["count_b"] = fa[key]["count"], fb[key]["count"]
+        f = dataclasses.replace(fb.get(key) or fa[key])
+        f.where = "both" if key in fa and key in fb else ("a" if key in fa else "b")
+        if f.where == "both":
+            f.count_a, f.count_b = fa[key].count, fb[key].count
         failures.append(f)
     kinds = ["sglang_error", "kv_budget", "driver_call"]
-    failures.sort(key=lambda f: (kinds.index(f["kind"]), rank_sort_key(tuple(f["rank_key"]) + (None,) * 3),
-                                 f.get("phase", ""), f.get("gpu", 0), f.get("api", ""), f.get("error", "")))
+    failures.sort(key=lambda f: (kinds.index(f.kind), rank_sort_key(tuple(f.rank_key) + (None,) * 3),
+                                 f.phase or "", f.gpu or 0, f.api or "", f.error or ""))
     relation = relate(identity(a_trace, a.phases), identity(b_trace, b.phases), a_name, b_name)
     d = Diff(
         memrec_diff=DIFF_VERSION,

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from memrec.analysis.diff.model import Diff
 from memrec.analysis.diff.model import DiffWindows
-from memrec.analysis.sites_diff import render_sites_diff
+from memrec.analysis.diff.model import Failure
+from memrec.analysis.diff.model import KvChange
+from memrec.analysis.diff.model import PhaseChange
+from memrec.analysis.diff.model import TensorChange
+from memrec.analysis.diff.sites import render_sites_diff
 from memrec.analysis.text import fit_lines
 from memrec.analysis.text import human
 from memrec.analysis.text import signed_human
@@ -53,7 +57,7 @@ def _title(title: str, width: int | None) -> list[str]:
     return fit_lines([title], width) if width is not None else [title]
 
 
-def _kv_table(kv: list[dict], width: int | None) -> list[str]:
+def _kv_table(kv: list[KvChange], width: int | None) -> list[str]:
     """Each rank's KV budget in both runs and the deltas."""
     if not kv:
         return []
@@ -61,16 +65,16 @@ def _kv_table(kv: list[dict], width: int | None) -> list[str]:
                         "Δrest = Δavailable − Δslack)", width)
     rows = []
     for x in kv:
-        for tag, side in (("A", x["before"]), ("B", x["after"])):
+        for tag, side in (("A", x.budgets.before), ("B", x.budgets.after)):
             if side is None:
-                rows.append([x["label"], tag, "", "", "", "", "", "", "", "(not in this run)"])
+                rows.append([x.label, tag, "", "", "", "", "", "", "", "(not in this run)"])
                 continue
             rows.append(
-                [x["label"], tag, _g(side["pre_model_load_memory"]), _g(side["available_gpu_memory"]),
-                 _g(side["mem_fraction_static"], 3), _g(side["slack_gib"]), _g(side["rest_gib"]), _n(side["tokens"]),
-                 _g(side["min_mem_fraction_static"], 4), side["error"] or ""]
+                [x.label, tag, _g(side.pre_model_load_memory), _g(side.available_gpu_memory),
+                 _g(side.mem_fraction_static, 3), _g(side.slack_gib), _g(side.rest_gib), _n(side.tokens),
+                 _g(side.min_mem_fraction_static, 4), side.error or ""]
             )
-        dl = x["deltas"]
+        dl = x.budgets.deltas
         if dl:
             rows.append(
                 ["", "Δ", _g(dl.get("pre_model_load_memory"), sign=True), _g(dl.get("available_gpu_memory"), sign=True),
@@ -89,39 +93,37 @@ def _window_tables(windows: DiffWindows) -> list[str]:
     for which, title in (("between", "between the memory baseline and the KV sizing (lowers rest one for one)"),
                          ("before", "before the memory baseline (lowers pre_model_load_memory and the slack)")):
         for w in getattr(windows, which):
-            if not w["rows"]:
+            if not w.rows:
                 continue
             out.append("")
-            out.append(f"GPU {w['gpu']}, {title}")
+            out.append(f"GPU {w.gpu}, {title}")
             rows = [
-                [r["phase"], r["rank"], human(r["a_owned"]) if r["a_owned"] is not None else "-",
-                 human(r["b_owned"]) if r["b_owned"] is not None else "-", signed_human(r["delta_owned"]),
-                 signed_human(r["delta_mapped"]) if r["delta_mapped"] else ""]
-                for r in w["rows"]
+                [r.phase, r.rank, human(r.a_owned) if r.a_owned is not None else "-",
+                 human(r.b_owned) if r.b_owned is not None else "-", signed_human(r.delta_owned),
+                 signed_human(r.delta_mapped) if r.delta_mapped else ""]
+                for r in w.rows
             ]
-            rows.append(["total", "", human(w["a_owned"]), human(w["b_owned"]), signed_human(w["b_owned"] - w["a_owned"]), ""])
+            rows.append(["total", "", human(w.a_owned), human(w.b_owned), signed_human(w.b_owned - w.a_owned), ""])
             out.extend(table(["PHASE", "RANK", "A OWNED", "B OWNED", "Δ OWNED", "Δ IPC MAPPED"], rows,
                              right={2, 3, 4, 5}, indent="  "))
     return out
 
 
-def _phase_table(phases: list[dict], width: int | None) -> list[str]:
+def _phase_table(phases: list[PhaseChange], width: int | None) -> list[str]:
     if not phases:
         return []
     out = [""] + _title("phases (net bytes per phase, rank, GPU and category; '-': the phase did not run; "
                         "exits left out)", width)
     rows = [
-        [r["phase"], r["rank"], str(r["gpu"]) if r["gpu"] >= 0 else "host",
-         r["category"] + ("" if r["owned"] else " (not owned)"),
-         human(r["a"]) if r["a"] is not None else "-", human(r["b"]) if r["b"] is not None else "-",
-         signed_human(r["delta"])]
+        [r.phase, r.rank, str(r.gpu) if r.gpu >= 0 else "host", r.category + ("" if r.owned else " (not owned)"),
+         human(r.a) if r.a is not None else "-", human(r.b) if r.b is not None else "-", signed_human(r.delta)]
         for r in phases
     ]
     out.extend(table(["PHASE", "RANK", "GPU", "CATEGORY", "A", "B", "Δ"], rows, right={2, 4, 5, 6}, indent="  "))
     return out
 
 
-def _tensor_table(tensors: list[dict] | None, width: int | None) -> list[str]:
+def _tensor_table(tensors: list[TensorChange] | None, width: int | None) -> list[str]:
     if not tensors:
         return []
     out = [""] + _title("tensor blocks (peak allocated and reserved per phase, rank and GPU; '-': no blocks in that run)",
@@ -130,23 +132,22 @@ def _tensor_table(tensors: list[dict] | None, width: int | None) -> list[str]:
     def opt(v: int | None) -> str:
         return human(v) if v is not None else "-"
 
-    rows = [[r["phase"], r["rank"], str(r["gpu"]), opt(r["a_allocated"]), opt(r["b_allocated"]),
-             signed_human(r["delta_allocated"]), opt(r["a_reserved"]), opt(r["b_reserved"]),
-             signed_human(r["delta_reserved"])] for r in tensors]
+    rows = [[r.phase, r.rank, str(r.gpu), opt(r.a_allocated), opt(r.b_allocated), signed_human(r.delta_allocated),
+             opt(r.a_reserved), opt(r.b_reserved), signed_human(r.delta_reserved)] for r in tensors]
     out.extend(table(["PHASE", "RANK", "GPU", "A ALLOC", "B ALLOC", "Δ ALLOC", "A RESV", "B RESV", "Δ RESV"], rows,
                      right={2, 3, 4, 5, 6, 7, 8}, indent="  "))
     return out
 
 
-def _failure_table(failures: list[dict], width: int | None) -> list[str]:
+def _failure_table(failures: list[Failure], width: int | None) -> list[str]:
     if not failures:
         return ["failures: none in either run"]
     rows = []
     for f in failures:
-        where = {"both": "both", "a": "A only", "b": "B only"}[f["in"]]
-        if f["kind"] == "driver_call":
-            what = f"{f['api']} {f['result']} ×{f['count']} on GPU {f['gpu']}"
+        where = {"both": "both", "a": "A only", "b": "B only"}[f.where]
+        if f.kind == "driver_call":
+            what = f"{f.api} {f.result} ×{f.count} on GPU {f.gpu}"
         else:
-            what = f"{f['phase']}: {f['error']}"
-        rows.append([where, f["rank"], what])
+            what = f"{f.phase}: {f.error}"
+        rows.append([where, f.rank, what])
     return ["failures"] + table(["IN", "RANK", "WHAT"], rows, right=set(), indent="  ", width=width, wrap=True)

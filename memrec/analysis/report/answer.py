@@ -29,7 +29,7 @@ in half. The cases, in order:
 call, each rank's failed KV sizing, and each other marker with an ``error``.
 
 With stacks (format 2.3), a ``SITE`` line follows the three: the failed call's own site (the
-innermost user frame of its stack, :mod:`memrec.analysis.sites`), and the site that held the
+innermost user frame of its stack, :mod:`memrec.analysis.report.sites`), and the site that held the
 most in the phase the second line names first (``custom_ar_init took most from
 custom_all_reduce.py:123 CustomAllreduce.__init__: 36.00 GiB on 2 ranks``). Without stacks there
 is no such line.
@@ -49,7 +49,7 @@ from dataclasses import field
 from typing import TYPE_CHECKING
 
 from memrec.base.untrusted import clean_text
-from memrec.analysis.sites import Site
+from memrec.analysis.report.sites import Site
 from memrec.analysis.text import human
 from memrec.analysis.untraced.split import EXPLAINED_SHARE_MIN
 
@@ -60,6 +60,7 @@ if TYPE_CHECKING:  # the report's sections hold an Answer: the types only, for t
     from memrec.analysis.report.model import Report
     from memrec.analysis.sglang.model import SglangSection
     from memrec.analysis.sglang.model import SglangSummary
+    from memrec.analysis.sglang.windows import ShownWindow
 
 #: SGLang phases (memrec's hook names) whose memory a server flag removes or shrinks.
 PHASE_FLAGS = {
@@ -210,13 +211,13 @@ def _unexplained(report: Report) -> tuple[Line, ...]:
     as unexplained, never given a cause (issue 21)."""
     out = []
     for sec in report.gpus:
-        for r in (sec.reconciliation or {}).get("processes", []):
-            share, split = r.get("explained_share"), r.get("split") or {}
-            if share is None or share >= EXPLAINED_SHARE_MIN or not r.get("nvml_used_last"):
+        for r in sec.reconciliation.processes if sec.reconciliation else ():
+            share = r.explained_share
+            if share is None or share >= EXPLAINED_SHARE_MIN or not r.nvml_used_last:
                 continue
-            gone = split.get("unexplained", 0)
+            gone = (r.split or {}).get("unexplained", 0)
             pct = round(100 * (1 - share))
-            out.append(Line("UNTRACED", (f"GPU {sec.gpu}: {human(gone)} ({pct} %) of pid {r['pid']}'s memory is unexplained",)))
+            out.append(Line("UNTRACED", (f"GPU {sec.gpu}: {human(gone)} ({pct} %) of pid {r.pid}'s memory is unexplained",)))
     return tuple(out)
 
 
@@ -345,17 +346,17 @@ def _sglang_failed(report: Report, sg: SglangSection) -> tuple[tuple[Line, ...],
         rank = next((r for r in ranks if any(not rb.budget.ok for rb in r.budgets)), ranks[0] if ranks else None)
         worst = rank.label if rank else worst
     gpu = rank.gpu if rank else None
-    window = next((w for w in sg.windows if w["gpu"] == gpu), sg.windows[0] if sg.windows else None)
+    window = next((w for w in sg.windows if w.gpu == gpu), sg.windows[0] if sg.windows else None)
     if window is not None:
-        gpu = window["gpu"]
+        gpu = window.gpu
     order = _took_between(window)
     if order:
         name, e = order[0]
-        cause = ["CAUSE", f"GPU {gpu}: {name} took {human(e['owned'])}"]
-        cause.append(f" ({span(sorted(e['labels']))})")
+        cause = ["CAUSE", f"GPU {gpu}: {name} took {human(e.owned)}"]
+        cause.append(f" ({span(sorted(e.labels))})")
         cause.append(" after SGLang's memory baseline")
         for other, o in order[1:3]:
-            cause.append(f"; {other} {human(o['owned'])}")
+            cause.append(f"; {other} {human(o.owned)}")
     else:
         cause = ["CAUSE", f"GPU {gpu}: the weights and what was already in use left too little for the KV cache"]
     need = summary.needed_mem_fraction_static
@@ -370,28 +371,36 @@ def _sglang_failed(report: Report, sg: SglangSection) -> tuple[tuple[Line, ...],
         fix.append(f", or {PHASE_FLAGS[order[0][0]]}")
     if order:
         diag = next((rb.diagnosis for r in ranks for rb in r.budgets if r.label == worst and rb.diagnosis), None)
-        if diag and diag.get("rest_without_extras_gib") is not None:
-            fix.append(f" (without it rest = {_gib(diag['rest_without_extras_gib'])})")
+        if diag and diag.rest_without_extras_gib is not None:
+            fix.append(f" (without it rest = {_gib(diag.rest_without_extras_gib)})")
     lines = _lines(first, cause, fix, _site_line(report, order[0][0] if order else None))
     if window is None:
         return lines, None
     ends = [rb.budget.ts for r in ranks if r.gpu == gpu for rb in r.budgets
             if not rb.budget.ok and rb.budget.ts is not None]
-    end = max(ends + [window["sizing_ts"]])
-    return lines, _window(report, window["baseline_ts"], end, gpu, "from SGLang's memory baseline to its failed KV sizing")
+    end = max(ends + [window.sizing_ts])
+    return lines, _window(report, window.baseline_ts, end, gpu, "from SGLang's memory baseline to its failed KV sizing")
 
 
-def _took_between(window: dict | None) -> list[tuple[str, dict]]:
+@dataclass
+class _Took:
+    """What one phase took in a window, over the ranks that ran it."""
+
+    owned: int = 0
+    labels: list[str] = field(default_factory=list)
+
+
+def _took_between(window: ShownWindow | None) -> list[tuple[str, _Took]]:
     """What each phase other than the weights took between the baseline and the KV sizing on the
     window's GPU (``owned`` and the ranks' labels), largest first."""
-    extras: dict[str, dict] = {}
-    for row in window["between"] if window is not None else ():
-        if row["weights"] or not row["owned"]:
+    extras: dict[str, _Took] = {}
+    for row in window.between if window is not None else ():
+        if row.weights or not row.owned:
             continue
-        e = extras.setdefault(row["name"], {"owned": 0, "labels": []})
-        e["owned"] += row["owned"]
-        e["labels"].append(row["label"])
-    return sorted(extras.items(), key=lambda kv: -kv[1]["owned"])
+        e = extras.setdefault(row.name, _Took())
+        e.owned += row.owned
+        e.labels.append(row.label)
+    return sorted(extras.items(), key=lambda kv: -kv[1].owned)
 
 
 def _who(pids: list[int], procs: dict[int, ProcessEntry]) -> str:
@@ -451,7 +460,7 @@ def _lines(*lines: list[str]) -> tuple[Line, ...]:
 
 
 def _site_line(report: Report, phase: str | None, failure: FailedCall | None = None) -> list[str]:
-    """The ``SITE`` line of a trace with stacks (:mod:`memrec.analysis.sites`): the failed call's
+    """The ``SITE`` line of a trace with stacks (:mod:`memrec.analysis.report.sites`): the failed call's
     own site, and the site that held the most in ``phase`` (the phase the line before names);
     without stacks no parts, and :func:`_lines` leaves the line out."""
     section = report.sites
@@ -480,7 +489,7 @@ def _call_window(report: Report, f: FailedCall) -> Window:
     allocated; otherwise from the start of the phase it failed in (else the call alone)."""
     gpu = f.gpu if f.gpu >= 0 else None
     if f.result_name == OOM and f.held is not None and f.held.largest:
-        start = min(h["ts"] for h in f.held.largest)
+        start = min(h.ts for h in f.held.largest)
         return _window(report, start, f.ts, gpu, "from the largest allocations it held then to the failed call")
     start = _phase_start(report, [f.pid], f.phase or "", f.ts)
     if start is None:

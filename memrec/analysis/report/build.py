@@ -24,6 +24,7 @@ import numpy as np
 from memrec.analysis.report.answer import Answer
 from memrec.analysis.report.answer import build_answer
 from memrec.analysis.names import api_name
+from memrec.analysis.names import kind_name
 from memrec.analysis.names import process_title
 from memrec.analysis.names import result_name
 from memrec.engine.phases import Phases
@@ -34,10 +35,12 @@ from memrec.engine.journal import Journal
 from memrec.analysis.untraced.reconcile import reconcile
 from memrec.analysis.report.gpu import ReportContext
 from memrec.analysis.report.gpu import gpu_section
-from memrec.analysis.report.gpu import holding_json
+from memrec.analysis.report.gpu import holding_row
+from memrec.analysis.report.gpu import usage_by_gpu
 from memrec.analysis.report.model import FailedCall
 from memrec.analysis.report.model import HeldPhase
 from memrec.analysis.report.model import HeldThen
+from memrec.analysis.report.model import Holder
 from memrec.analysis.report.model import InstantEntry
 from memrec.analysis.report.model import PhaseEntry
 from memrec.analysis.report.model import ProcessEntry
@@ -50,7 +53,8 @@ from memrec.engine.replay import trace_phases
 from memrec.analysis.sglang.section import build_sglang_section
 from memrec.analysis.sglang.section import has_sglang_markers
 from memrec.analysis.report.tensors import tensor_section
-from memrec.analysis.sites import sites_section
+from memrec.analysis.report.sites import SITES_JSON
+from memrec.analysis.report.sites import sites_section
 from memrec.analysis.text import seconds
 from memrec.terms.ranks import pid_labels
 from memrec.engine.replay import Timeline
@@ -71,7 +75,7 @@ GPU_LARGEST = 5
 # ----------------------------------------------------------------------------------------- build
 
 
-def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> Report:
+def build_report(trace: Any, gpu: int | None = None, pid: int | None = None, all_sites: bool = False) -> Report:
     """Replay ``trace`` and summarise it per GPU (:meth:`Report.to_json` is ``report --json``).
 
     Args:
@@ -80,11 +84,14 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
         gpu: only this GPU (-1: the host / unknown-GPU section).
         pid: only this process's memory (peaks, phases, exits, failed calls are its own; the
             holders at its failed calls still show every process on that GPU).
+        all_sites: keep every allocation site of each phase (``report --all``), not the first
+            :data:`~memrec.analysis.report.sites.SITES_JSON`.
     """
     run = _replay(trace, gpu, pid)
     procs = _processes(trace, run.tl, run.exits)
-    ctx = ReportContext(trace=trace, start=run.start, pid=pid, procs=procs, exits=run.exits, usage=run.usage,
-                        exit_usage=run.exit_usage, phases=run.phases, rec=reconcile(trace, run.tl, run.phases))
+    ctx = ReportContext(trace=trace, start=run.start, pid=pid, procs=procs, exits=run.exits,
+                        usage=usage_by_gpu(run.usage), exit_usage=usage_by_gpu(run.exit_usage), phases=run.phases,
+                        rec=reconcile(trace, run.tl, run.phases))
     report = Report(
         memrec_report=REPORT_VERSION,
         filter=ReportFilter(gpu, pid),
@@ -100,8 +107,9 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None) -> 
     failures_by_gpu = _place_failures(report, run, ctx)
     _add_gpu_sections(report, run, ctx, failures_by_gpu)
     report.sglang = run.sglang
-    report.tensors = tensor_section(run.events, run.phases, run.start, trace.header, trace.trailer, pid=pid, gpu=gpu)
-    sites = sites_section(trace, run.phases, pid=pid, gpu=gpu, end_ts=run.end)
+    report.tensors = tensor_section(run.events, run.phases, run.start, trace.header, trace.trailer, pid=pid, gpu=gpu,
+                                    stacks=trace.stacks)
+    sites = sites_section(trace, run.phases, pid=pid, gpu=gpu, end_ts=run.end, limit=None if all_sites else SITES_JSON)
     if sites is not None:  # a trace with stacks (format 2.3); without, the report is as it was
         report.sites = sites
     _peak_by_phase(report, trace, run.tl, run.phases)
@@ -302,8 +310,9 @@ def _holders_snapshot(state: LiveState, g: int, phases: Phases) -> HeldThen:
     return HeldThen(
         owned_on_gpu=state.owned_bytes(gpu=g),
         mapped_on_gpu=state.mapped_bytes(gpu=g),
-        holders=[holding_json(h) for h in state.holders(g, n=HOLDER_LARGEST)],
-        largest=[holding_json(h._asdict()) for h in state.largest(g, GPU_LARGEST)],
+        holders=[Holder(h["pid"], h["owned"], h["mapped"], h["by_category"], [holding_row(x) for x in h["largest"]])
+                 for h in state.holders(g, n=HOLDER_LARGEST)],
+        largest=[holding_row(h) for h in state.largest(g, GPU_LARGEST)],
         by_phase=_held_by_phase(state, g, phases),
     )
 
@@ -338,7 +347,7 @@ def _failure(events: np.ndarray, i: int, g: int, inferred: bool, start: int,
         pid=p,
         tid=int(e["tid"]),
         process=proc.short if proc else "",
-        kind=Kind(kind).name if kind in Kind._value2member_map_ else str(kind),
+        kind=kind_name(kind),
         api=api_name(int(e["api"])),
         size=int(e["size"]),
         result=int(e["result"]),
@@ -354,21 +363,31 @@ def _processes(trace: Any, tl: Timeline, exit_records: list[dict]) -> dict[int, 
         pids |= set(distinct(trace.event_columns["pid"]))
     exits = {r["pid"]: r["ts"] for r in exit_records}
     ranks = pid_labels(trace.markers, trace.processes)  # "TP0" from the markers' tp/pp/dp_rank, else ProcessInfo.rank
-    gpus_of: dict[int, set[int]] = {}
-    for g, s in tl.gpus.items():
-        for p in s.pids():
-            gpus_of.setdefault(p, set()).add(g)
+    gpus_of: dict[int, list[int]] = {}
+    for g in sorted(tl.gpus):
+        for p in tl.gpus[g].pids():
+            gpus_of.setdefault(p, []).append(g)
+    # One title per command line: a host's 100,000 workers share a few (issue 26).
+    titles: dict[tuple[str, ...], str] = {}
     out = {}
     for p in sorted(pids):
         info = trace.processes.get(p)
+        if info is None:
+            short, cmdline = "", []
+        else:
+            cmdline = list(info.cmdline)
+            key = tuple(cmdline)
+            short = titles.get(key)
+            if short is None:
+                short = titles[key] = process_title(info)
         out[p] = ProcessEntry(
             pid=p,
             ppid=info.ppid if info else None,
-            short=process_title(info),
-            cmdline=list(info.cmdline) if info else [],
+            short=short,
+            cmdline=cmdline,
             rank=ranks.get(p, ""),
             cuda_visible_devices=info.cuda_visible_devices if info else None,
-            gpus=sorted(gpus_of.get(p, ())),
+            gpus=gpus_of.get(p, []),
             exit_ts=exits.get(p),
         )
     return out
@@ -406,6 +425,8 @@ def _instant_list(phases: Phases, start: int, pid: int | None) -> list[InstantEn
 
 def _jsonable(v: Any) -> Any:
     if isinstance(v, dict):
+        if not v:
+            return {}
         return {str(k): _jsonable(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
         return [_jsonable(x) for x in v]

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from memrec.analysis.names import api_name
+from memrec.analysis.untraced.reconcile import GpuReconciliation
 from memrec.analysis.untraced.reconcile import Reconciliation
 from memrec.analysis.report.model import CategoryRow
 from memrec.analysis.report.model import FailedCall
@@ -19,27 +20,28 @@ from memrec.analysis.report.model import GpuProcess
 from memrec.analysis.report.model import GpuSection
 from memrec.analysis.report.model import HeldAtExit
 from memrec.analysis.report.model import NvmlSummary
+from memrec.analysis.report.model import HoldingRow
 from memrec.analysis.report.model import Peak
 from memrec.analysis.report.model import PidBytes
 from memrec.analysis.report.model import ProcessEntry
 from memrec.analysis.text import seconds
+from memrec.engine.phases import NO_PHASE
 from memrec.engine.phases import Phases
 from memrec.engine.series import GpuSeries
 from memrec.terms.events import CATEGORIES
 from memrec.terms.events import OWNED
+from memrec.state.fields import Holding
 
 #: Process exit records list this many largest pieces still held.
 EXIT_LARGEST = 3
 
 
-def holding_json(h: dict) -> dict:
-    """A holding (or an exit record's piece) for JSON: API numbers as names, nested ones too."""
-    h = dict(h)
-    if "api" in h:
-        h["api"] = api_name(h["api"])
-    if "largest" in h:
-        h["largest"] = [holding_json(x) for x in h["largest"]]
-    return h
+def holding_row(h: Holding | dict) -> HoldingRow:
+    """A holding (or the state's record of one, :meth:`Holding._asdict`) as the report shows it:
+    its API by name."""
+    if isinstance(h, dict):
+        h = Holding(**h)
+    return HoldingRow(h.pid, h.gpu, h.category, h.size, h.address, h.ts, api_name(h.api), h.peer)
 
 
 @dataclass
@@ -53,8 +55,8 @@ class ReportContext:
     pid: int | None
     procs: dict[int, ProcessEntry]
     exits: list[dict]
-    usage: list
-    exit_usage: list
+    usage: dict[int, list]  # per GPU: its rows of the usage by phase (:func:`usage_by_gpu`)
+    exit_usage: dict[int, list]
     phases: Phases
     rec: Reconciliation
 
@@ -83,7 +85,8 @@ def gpu_section(ctx: ReportContext, g: int, series: GpuSeries | None, info: Any,
         final=final,
         categories=categories,
         processes=_process_rows(ctx, g, series, pids, held),
-        phases=_gpu_phases(g, ctx.usage, ctx.exit_usage, ctx.phases, ctx.pid, ctx.start) if ctx.phases.phases else [],
+        phases=_gpu_phases(ctx.usage.get(g, []), ctx.exit_usage.get(g, []), ctx.phases, ctx.pid, ctx.start)
+        if ctx.phases.phases else [],
         held_at_exit=held,
         failures=failures,
         nvml=_nvml(ctx.trace, g, series, ctx.start),
@@ -139,21 +142,28 @@ def _process_rows(ctx: ReportContext, g: int, series: GpuSeries | None, pids: li
     final_by_pid = _final_by_category(series)
     # every listed pid has keys here, and per_pid lists every pid of the keys, ascending
     at = np.searchsorted(owned.pids, pids)
-    columns = zip(owned.peak[at].tolist(), series.ts[owned.peak_row[at]].tolist(), owned.final[at].tolist(),
-                  mapped.peak[at].tolist(), mapped.final[at].tolist())
+    peak, mapped_peak = owned.peak[at], mapped.peak[at]
+    # largest owned peak first, then mapped, then pid: one sort of the columns, not of 100,000 rows
+    order = np.lexsort((np.asarray(pids, dtype=np.int64), -mapped_peak, -peak))
+    at = at[order]
+    columns = zip(np.asarray(pids, dtype=np.int64)[order].tolist(), peak[order].tolist(),
+                  series.ts[owned.peak_row[at]].tolist(), owned.final[at].tolist(), mapped_peak[order].tolist(),
+                  mapped.final[at].tolist())
     rows = []
-    for p, (peak, peak_ts, final, mapped_peak, mapped_final) in zip(pids, columns):
-        proc = ctx.procs.get(p)
+    start = ctx.start
+    procs = ctx.procs
+    for p, peak_b, peak_ts, final, mapped_b, mapped_final in columns:
+        proc = procs.get(p)
         rows.append(
             GpuProcess(
                 pid=p,
                 process=proc.short if proc else "",
                 rank=proc.rank if proc else "",
-                peak=peak,
+                peak=peak_b,
                 peak_ts=peak_ts,
-                peak_t_s=seconds(peak_ts - ctx.start),
+                peak_t_s=seconds(peak_ts - start),
                 final=final,
-                mapped_peak=mapped_peak,
+                mapped_peak=mapped_b,
                 mapped_final=mapped_final,
                 by_category=final_by_pid.get(p, {}),
                 exit_ts=proc.exit_ts if proc else None,
@@ -161,7 +171,6 @@ def _process_rows(ctx: ReportContext, g: int, series: GpuSeries | None, pids: li
                 nvml_used=nvml_used.get(p),
             )
         )
-    rows.sort(key=lambda r: (-r.peak, -r.mapped_peak, r.pid))
     return rows
 
 
@@ -181,18 +190,11 @@ def _final_by_category(series: GpuSeries) -> dict[int, dict[str, int]]:
     return out
 
 
-def _reconciliation(rec: Reconciliation, g: int, pid: int | None, start: int) -> dict | None:
+def _reconciliation(rec: Reconciliation, g: int, pid: int | None, start: int) -> GpuReconciliation | None:
     """NVML vs traced on GPU ``g`` (None for the host section and GPUs without NVML samples)."""
     if g < 0 or g not in rec.gpus():
         return None
-    out = rec.gpu_summary(g, pid)
-    rows = out["processes"] + ([out["device"]] if out["device"] else []) + out["contexts"]
-    rows += [st for p in out["processes"] for st in p.get("steps", [])]
-    for row in rows:
-        for key in ("last_ts", "untraced_max_ts", "exit_ts", "ts", "cause_ts"):
-            if key in row:
-                row[key[:-2] + "t_s"] = seconds(row[key] - start) if row[key] is not None else None
-    return out
+    return rec.gpu_summary(g, pid).with_seconds(start)
 
 
 def _held_at_exit(g: int, exits: list[dict], pid: int | None, start: int) -> list[HeldAtExit]:
@@ -212,47 +214,55 @@ def _held_at_exit(g: int, exits: list[dict], pid: int | None, start: int) -> lis
                 mapped=sum(h["bytes"] for h in rows if h["category"] == "ipc_mapped"),
                 count=sum(h["count"] for h in rows),
                 by_category={h["category"]: h["bytes"] for h in rows},
-                largest=[holding_json(h) for h in r["largest"] if h["gpu"] == g][:EXIT_LARGEST],
+                largest=[holding_row(h) for h in r["largest"] if h["gpu"] == g][:EXIT_LARGEST],
             )
         )
     return out
 
 
-def _gpu_phases(g: int, usage: list, exit_usage: list, phases: Phases, pid: int | None,
-                start: int) -> list[GpuPhase]:
-    """Per (pid, phase) on ``g`` (:class:`GpuPhase`): by process, then in time order, (no phase) last."""
-    at_exit = {(u.pid, u.phase, u.category): u.freed for u in exit_usage if u.gpu == g}
+def usage_by_gpu(usage: list) -> dict[int, list]:
+    """:class:`~memrec.engine.phases.PhaseUsage` rows by GPU, once for every GPU's section (50,000
+    markers make a row per phase, process, GPU and category)."""
+    out: dict[int, list] = {}
+    for u in usage:
+        out.setdefault(u.gpu, []).append(u)
+    return out
+
+
+def _gpu_phases(usage: list, exit_usage: list, phases: Phases, pid: int | None, start: int) -> list[GpuPhase]:
+    """Per (pid, phase) of one GPU's ``usage`` (:class:`GpuPhase`): by process, then in time order,
+    (no phase) last."""
+    at_exit = {(u.pid, u.phase, u.category): u.freed for u in exit_usage}
     rows: dict[tuple[int, int], GpuPhase] = {}
     for u in usage:
-        if u.gpu != g or (pid is not None and u.pid != pid):
+        p, phase, category = u.pid, u.phase, u.category
+        if pid is not None and p != pid:
             continue
-        row = rows.get((u.pid, u.phase))
+        row = rows.get((p, phase))
         if row is None:
-            ph = phases.phases[u.phase] if u.phase >= 0 else None
-            row = rows[(u.pid, u.phase)] = GpuPhase(
-                pid=u.pid,
-                phase=u.phase,
-                path=phases.label(u.phase),
-                start_ts=ph.start if ph else None,
-                end_ts=ph.end if ph else None,
-                start_s=seconds(ph.start - start) if ph else None,
-                end_s=seconds(ph.end - start) if ph else None,
-                closed=ph.closed if ph else None,
-            )
-        row.by_category[u.category] = row.by_category.get(u.category, 0) + u.net
-        freed_at_exit = at_exit.get((u.pid, u.phase, u.category), 0)
+            if phase >= 0:
+                ph = phases.phases[phase]
+                row = GpuPhase(p, phase, ph.path, ph.start, ph.end, seconds(ph.start - start),
+                               seconds(ph.end - start), ph.closed)
+            else:
+                row = GpuPhase(p, phase, NO_PHASE, None, None, None, None, None)
+            rows[(p, phase)] = row
+        net = u.allocated - u.freed
+        row.by_category[category] = row.by_category.get(category, 0) + net
+        freed_at_exit = at_exit.get((p, phase, category), 0) if at_exit else 0
         if freed_at_exit:
-            row.exit_by_category[u.category] = freed_at_exit
-        if u.category in OWNED:
+            row.exit_by_category[category] = freed_at_exit
+        if category in OWNED:
             row.exit_freed += freed_at_exit
             row.allocated += u.allocated
             row.freed += u.freed
-            row.net += u.net
+            row.net += net
         else:
-            row.mapped_net += u.net
+            row.mapped_net += net
     out = list(rows.values())
     for r in out:
-        r.by_category = {c: r.by_category[c] for c in CATEGORIES if c in r.by_category}
+        if len(r.by_category) > 1:
+            r.by_category = {c: r.by_category[c] for c in CATEGORIES if c in r.by_category}
     out.sort(key=lambda r: (r.pid, r.phase < 0, r.start_ts or 0, r.phase))
     return out
 

@@ -6,9 +6,9 @@ Keys the report only has sometimes are :data:`~memrec.analysis.sections.OMITTED`
 (``traced_at_last`` without a series, ``by_phase`` on all but the highest peak); a failed call's
 snapshot of the holders is flattened into the call's JSON.
 
-The parts that stay plain dicts are the ones their own modules build and read as JSON: the
-reconciliation (:mod:`memrec.analysis.untraced.reconcile`), the tensors (:mod:`memrec.analysis.report.tensors`),
-the merge summary, holdings from the state, and marker values.
+The reconciliation (:class:`memrec.analysis.untraced.reconcile.GpuReconciliation`) and the tensors
+(:class:`memrec.analysis.report.tensors.TensorSection`) are typed where they are built. The parts
+that stay plain dicts are the merge summary (the trace header's ``merged`` map) and marker values.
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ from memrec.analysis.report.answer import Answer
 from memrec.analysis.sections import OMITTED
 from memrec.analysis.sections import Section
 from memrec.analysis.sections import flatten
+from memrec.analysis.report.tensors import TensorSection
 from memrec.analysis.sglang.model import SglangSection
-from memrec.analysis.sites import SitesSection
+from memrec.analysis.report.sites import SitesSection
+from memrec.analysis.untraced.reconcile import GpuReconciliation
 
 
 # ------------------------------------------------------------------------------------ the trace
@@ -103,13 +105,39 @@ class HeldPhase(Section):
 
 
 @dataclass
+class HoldingRow(Section):
+    """One live piece of memory (:class:`memrec.state.fields.Holding`) with its API by name."""
+
+    pid: int
+    gpu: int
+    category: str
+    size: int
+    address: int  # the VMM handle for category "vmm"
+    ts: int
+    api: str
+    peer: int  # ipc_mapped: the exporter's pid (0 unknown)
+
+
+@dataclass
+class Holder(Section):
+    """One process's memory on a GPU at an instant: owned, mapped from peers, by category, and its
+    largest pieces (owned first)."""
+
+    pid: int
+    owned: int
+    mapped: int
+    by_category: dict[str, int]
+    largest: list[HoldingRow]
+
+
+@dataclass
 class HeldThen(Section):
     """Who held what on a failed call's GPU at that instant (flattened into the call's JSON)."""
 
     owned_on_gpu: int
     mapped_on_gpu: int
-    holders: list[dict]
-    largest: list[dict]
+    holders: list[Holder]
+    largest: list[HoldingRow]
     by_phase: list[HeldPhase]
 
 
@@ -224,7 +252,7 @@ class HeldAtExit(Section):
     mapped: int
     count: int
     by_category: dict[str, int]
-    largest: list[dict]
+    largest: list[HoldingRow]
 
 
 @dataclass
@@ -261,7 +289,7 @@ class GpuSection(Section):
     failures: list[FailedCall]
     nvml: NvmlSummary | None
     #: :meth:`memrec.analysis.untraced.reconcile.Reconciliation.gpu_summary` with ``*_t_s`` added.
-    reconciliation: dict | None
+    reconciliation: GpuReconciliation | None
 
 
 # ----------------------------------------------------------------------------------- the whole
@@ -280,7 +308,7 @@ class Report(Section):
     instants: list[InstantEntry]
     failures_unknown_gpu: list[FailedCall]
     sglang: SglangSection | None = None
-    tensors: dict | None = None
+    tensors: TensorSection | None = None
     #: Allocation sites by phase (a trace with stacks, format 2.3; absent from the JSON without).
     sites: SitesSection = OMITTED
     answer: Answer | None = None

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from memrec.analysis.report.sites import Site
+from memrec.analysis.sections import Section
 from memrec.analysis.text import seconds
 from memrec.engine.phases import Phases
 from memrec.terms.events import Kind
@@ -34,8 +36,11 @@ from memrec.state.tensors import Block
 from memrec.state.tensors import Fragmentation
 from memrec.state.tensors import TensorBlocks
 from memrec.state.tensors import rows
+from memrec.trace.stacks import StackTable
 
 _SEGMENT_FAILS = (int(Kind.ALLOC), int(Kind.VMM_CREATE))
+#: Rows of the trace selected at a time (the masks, indices and phases of one chunk).
+SELECT_CHUNK = 1 << 20
 #: How many of the largest blocks a failed call lists.
 BLOCKS_AT_FAILURE = 10
 
@@ -53,6 +58,9 @@ class TensorRow:
     peak_reserved: int = 0
     last: Fragmentation = field(default_factory=Fragmentation)
 
+    def to_json(self) -> dict:
+        return asdict(self)
+
 
 @dataclass
 class BlockAtFailure:
@@ -63,6 +71,9 @@ class BlockAtFailure:
     age_s: float
     segment: int | None  # the address of the segment holding it (None: not seen)
     phase: str
+    #: the line of code that allocated it (a trace with stacks: the innermost user frame of the
+    #: block's stack, as the report's allocation sites name it); None without a stack
+    site: Site | None = None
 
 
 @dataclass
@@ -77,14 +88,42 @@ class FailureBlocks:
     state: Fragmentation
     largest: list[BlockAtFailure]
 
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class TorchLibrary(Section):
+    """A libc10_cuda.so the daemon tried: which probes it attached, or the problem (None: none)."""
+
+    path: str
+    attached: list[str]
+    problem: str | None
+
+
+@dataclass
+class TensorSection(Section):
+    """The report's ``tensors`` section: the installs tried, how many block events, blocks and
+    frees from before the recording, per (GPU, process, phase) rows and the failed segment
+    allocations with the blocks alive then."""
+
+    libraries: list[TorchLibrary]
+    events: int
+    unjoined_blocks: int
+    unknown_frees: int
+    rows: list[TensorRow]
+    failures: list[FailureBlocks]
+
 
 class _Replay(TensorBlocks):
     """The tracker, with per-phase rows and the blocks alive at failed calls."""
 
-    def __init__(self, phases: Phases, start: int) -> None:
+    def __init__(self, phases: Phases, start: int, stacks: StackTable | None = None) -> None:
         super().__init__()
         self.phases = phases
         self.start = start
+        self.stacks = stacks  # a trace with stacks: each live block's stack id is kept
+        self.stack_of: dict[tuple[int, int], int] = {}  # (pid, ptr) -> the live block's stack id
         self.rows: dict[tuple[int, int, str], TensorRow] = {}
         self.by_id: dict[tuple[int, int, int], TensorRow] = {}  # (pid, gpu, phase id) -> its row
         self.phase_of: dict[int, int] = {}  # pid -> the phase id of its last tensor event
@@ -139,13 +178,18 @@ class _Replay(TensorBlocks):
         gpus = [g for p, g in self.totals if p == pid and (gpu < 0 or g == gpu)]
         for g in gpus:
             mine = sorted(self.blocks_of(pid, g), key=lambda item: -item[1].size)[:BLOCKS_AT_FAILURE]
-            largest = [BlockAtFailure(ptr, b.size, seconds(ts - b.ts), b.segment, self.phases.label(b.phase))
-                       for ptr, b in mine]
+            largest = [BlockAtFailure(ptr, b.size, seconds(ts - b.ts), b.segment, self.phases.label(b.phase),
+                                      self._site(pid, ptr)) for ptr, b in mine]
             self.failures.append(FailureBlocks(index, seconds(ts - self.start), pid, g, size,
                                                self.fragmentation(pid, g), largest))
 
 
-def _libraries(value: Any) -> list[dict] | None:
+    def _site(self, pid: int, ptr: int) -> Site | None:
+        sid = self.stack_of.get((pid, ptr), 0)
+        return Site.of(self.stacks.stack(sid)) if sid and self.stacks is not None else None
+
+
+def _libraries(value: Any) -> list[TorchLibrary] | None:
     """The header's or trailer's ``torch`` list as the report shows it: ``{path, attached, problem}``
     per entry, whatever a damaged or foreign file holds there (the format leaves ``probes`` free-form);
     None when there is no list."""
@@ -156,14 +200,15 @@ def _libraries(value: Any) -> list[dict] | None:
         if not isinstance(lib, dict):
             continue
         path, attached, problem = lib.get("path"), lib.get("attached"), lib.get("problem")
-        out.append({"path": path if isinstance(path, str) else "(no path)",
-                    "attached": [a for a in attached if isinstance(a, str)] if isinstance(attached, list) else [],
-                    "problem": problem if isinstance(problem, str) else None})
+        out.append(TorchLibrary(path if isinstance(path, str) else "(no path)",
+                                [a for a in attached if isinstance(a, str)] if isinstance(attached, list) else [],
+                                problem if isinstance(problem, str) else None))
     return out
 
 
 def tensor_section(events: Any, phases: Phases, start: int, header: dict, trailer: dict | None = None,
-                   pid: int | None = None, gpu: int | None = None) -> dict | None:
+                   pid: int | None = None, gpu: int | None = None, stacks: StackTable | None = None
+                   ) -> TensorSection | None:
     """The report's ``tensors`` section, or None when the trace has no tensor events and no
     PyTorch install was tried (``header["probes"]["torch"]``).
 
@@ -173,40 +218,56 @@ def tensor_section(events: Any, phases: Phases, start: int, header: dict, traile
         header, trailer: the trace's (which libc10_cuda.so files gave probes, which did not, why:
             the trailer lists those found during the recording too, the header those at its start).
         pid, gpu: the report's filter.
+        stacks: the trace's stacks (format 2.3): the blocks alive at a failed call name the line
+            that allocated each (``events`` then carry the ``stack`` column).
     """
     probes = header.get("probes")
     libraries = _libraries((trailer or {}).get("torch", probes.get("torch") if isinstance(probes, dict) else None))
-    kinds = events["kind"]
-    tensor = (kinds == T_ALLOC) | (kinds == T_FREE)
-    if not tensor.any() and libraries is None:
+    # A chunk of rows at a time: the masks and indices of a whole 100M-event trace were 3 GB.
+    n = len(events["kind"])
+    chunks = [(lo, min(lo + SELECT_CHUNK, n)) for lo in range(0, n, SELECT_CHUNK)]
+    count, pids_with = 0, np.zeros(0, dtype=np.int64)
+    for lo, hi in chunks:
+        kinds = events["kind"][lo:hi]
+        tensor = (kinds == T_ALLOC) | (kinds == T_FREE)
+        count += int(np.count_nonzero(tensor))
+        # Only processes with tensor events matter (their exits and segments included).
+        pids_with = np.union1d(pids_with, events["pid"][lo:hi][tensor])
+    if not count and libraries is None:
         return None
-    ok = events["result"] == 0
-    wanted = (ok & np.isin(kinds, TRACKED_KINDS)) | (~ok & np.isin(kinds, _SEGMENT_FAILS))
-    # Only processes with tensor events matter (their exits and segments included).
-    pids_with = np.unique(events["pid"][tensor])
-    idx = np.flatnonzero(wanted & np.isin(events["pid"], pids_with))
-    rp = _Replay(phases, start)
-    aligned = {"index": idx, "phase": phases.assign(events["pid"][idx], events["ts"][idx])}
-    names = ("index", "phase", "kind", "pid", "ptr", "size", "gpu", "ts", "result")
-    for i, ph, k, p, ptr, size, g, ts, result in rows(events, idx, names, aligned):
-        if result != 0:
-            rp.failed(i, ts, p, g, size)
-            continue
-        if k == T_ALLOC or k == T_FREE:
-            rp.enter(p, ph)
-        rp.apply_one(k, p, ptr, size, g, ts, ph)
+    with_stacks = bool(stacks) and any(np.asarray(events["stack"][lo:hi]).any() for lo, hi in chunks)
+    rp = _Replay(phases, start, stacks if with_stacks else None)
+    names = ("index", "phase", "kind", "pid", "ptr", "size", "gpu", "ts", "result", "stack")
+    for lo, hi in chunks:
+        kinds, ok = events["kind"][lo:hi], events["result"][lo:hi] == 0
+        wanted = (ok & np.isin(kinds, TRACKED_KINDS)) | (~ok & np.isin(kinds, _SEGMENT_FAILS))
+        idx = lo + np.flatnonzero(wanted & np.isin(events["pid"][lo:hi], pids_with))
+        aligned = {"index": idx, "phase": phases.assign(events["pid"][idx], events["ts"][idx])}
+        if not with_stacks:
+            aligned["stack"] = np.zeros(len(idx), np.int64)
+        for i, ph, k, p, ptr, size, g, ts, result, sid in rows(events, idx, names, aligned):
+            if result != 0:
+                rp.failed(i, ts, p, g, size)
+                continue
+            if k == T_ALLOC or k == T_FREE:
+                rp.enter(p, ph)
+                if with_stacks:  # the live block's stack, for the blocks alive at a failed call
+                    if k == T_ALLOC and sid:
+                        rp.stack_of[(p, ptr)] = sid
+                    else:
+                        rp.stack_of.pop((p, ptr), None)
+            rp.apply_one(k, p, ptr, size, g, ts, ph)
     for p, phase in list(rp.phase_of.items()):
         rp.snapshot_pid(p, phase)
 
     def keep(p: int, g: int) -> bool:
         return (pid is None or p == pid) and (gpu is None or g == gpu)
 
-    return {
-        "libraries": libraries or [],
-        "events": int(tensor.sum()),
-        "unjoined_blocks": rp.unjoined,
-        "unknown_frees": rp.unknown_frees,
-        "rows": [asdict(r) for r in sorted(rp.rows.values(), key=lambda r: (r.gpu, r.pid, r.phase))
-                 if keep(r.pid, r.gpu)],
-        "failures": [asdict(f) for f in rp.failures if keep(f.pid, f.gpu)],
-    }
+    return TensorSection(
+        libraries=libraries or [],
+        events=count,
+        unjoined_blocks=rp.unjoined,
+        unknown_frees=rp.unknown_frees,
+        rows=[r for r in sorted(rp.rows.values(), key=lambda r: (r.gpu, r.pid, r.phase)) if keep(r.pid, r.gpu)],
+        failures=[f for f in rp.failures if keep(f.pid, f.gpu)],
+    )

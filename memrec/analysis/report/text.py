@@ -17,19 +17,24 @@ from memrec.analysis.sections import OMITTED
 from memrec.analysis.report.model import FailedCall
 from memrec.analysis.report.model import GpuPhase
 from memrec.analysis.report.model import GpuSection
+from memrec.analysis.report.model import HoldingRow
+from memrec.analysis.report.model import InstantEntry
+from memrec.analysis.report.model import PhaseEntry
 from memrec.analysis.report.model import ProcessEntry
 from memrec.analysis.report.model import Report
 from memrec.analysis.report.model import TraceSummary
 from memrec.engine.phases import NO_PHASE
 from memrec.analysis.sglang.section import render_sglang
 from memrec.analysis.report.tensors_text import render_tensors
-from memrec.analysis.sites_text import render_sites
+from memrec.analysis.report.sites_text import render_sites
 from memrec.analysis.text import count
 from memrec.analysis.text import fit_lines
 from memrec.analysis.text import human
 from memrec.analysis.text import scalar
 from memrec.analysis.text import seconds
 from memrec.analysis.text import table
+from memrec.analysis.untraced.reconcile import GpuReconciliation
+from memrec.analysis.untraced.reconcile import PhaseSplit
 from memrec.analysis.untraced.split import SPLIT
 from memrec.analysis.untraced.split import SPLIT_HEADINGS
 from dataclasses import replace
@@ -76,11 +81,11 @@ def _rank_of(pid: int, procs: dict[int, ProcessEntry]) -> str:
     return p.rank if p is not None else ""
 
 
-def _holding_text(h: dict) -> str:
-    addr = f"handle {h['address']:#x}" if h["category"] == "vmm" else f"{h['address']:#x}"
-    text = f"{human(h['size'])} {h['category']} {addr}"
-    if h["category"] == "ipc_mapped" and h.get("peer"):
-        text += f" from pid {h['peer']}"
+def _holding_text(h: HoldingRow) -> str:
+    addr = f"handle {h.address:#x}" if h.category == "vmm" else f"{h.address:#x}"
+    text = f"{human(h.size)} {h.category} {addr}"
+    if h.category == "ipc_mapped" and h.peer:
+        text += f" from pid {h.peer}"
     return text
 
 
@@ -114,7 +119,7 @@ def render_text(report: Report, width: int = 80, show_all: bool = False) -> str:
 
     if report.sites:
         out.append("")
-        out.extend(render_sites(report.sites, width))
+        out.extend(render_sites(report.sites, width, show_all))
 
     if report.failures_unknown_gpu:
         out.append("")
@@ -161,12 +166,12 @@ def _render_head(report: Report) -> list[str]:
 def _render_processes(report: Report, width: int, show_all: bool) -> list[str]:
     if not report.processes:
         return []
+    shown, more = _capped(report.processes, "processes", show_all)
     rows = [
         [str(p.pid), p.rank, ",".join("host" if g < 0 else str(g) for g in p.gpus) or "-",
          _t_exit(p, report.trace), p.short]
-        for p in report.processes
+        for p in shown
     ]
-    rows, more = _capped(rows, "processes", show_all)
     return ["", "processes"] + table(["PID", "RANK", "GPUS", "EXIT", "COMMAND"], rows, right={0}, width=width,
                                      wrap=True) + more
 
@@ -175,18 +180,70 @@ def _render_phases(report: Report, width: int, show_all: bool) -> list[str]:
     """Every phase and instant, by process and then in time order."""
     if not report.phases and not report.instants:
         return []
-    keyed = []
-    for ph in report.phases:
-        name = "  " * ph.depth + ph.name + ("" if ph.closed else " (unclosed)")
-        keyed.append(
-            ((ph.pid, ph.start_ts, 0, ph.id),
-             [str(ph.pid), name, _t(ph.start_s), _t(ph.end_s), f"{ph.end_s - ph.start_s:.3f}s", _values(ph.values)])
-        )
-    for n, i in enumerate(report.instants):
-        keyed.append(((i.pid, i.ts, 1, n), [str(i.pid), f"* {i.name}", _t(i.t_s), "", "", _values(i.values)]))
-    rows, more = _capped([row for _, row in sorted(keyed, key=lambda kr: kr[0])], "phases and instants", show_all)
-    return ["", "phases"] + table(["PID", "PHASE", "START", "END", "DURATION", "VALUES"], rows, right={0, 2, 3, 4},
-                                  width=width, drop=(4, 3), wrap=True) + more
+    # Sorted by key first and only the rows shown made into text (50,000 markers: 25,000 phases).
+    keyed = [((ph.pid, ph.start_ts, 0, ph.id), ph) for ph in report.phases]
+    keyed += [((i.pid, i.ts, 1, n), i) for n, i in enumerate(report.instants)]
+    keyed.sort(key=lambda kr: kr[0])
+    items = [x for _, x in keyed]
+    folded = not show_all and len(items) > MAX_ROWS
+    # a step loop's phases: a process's run of one name is one row (past a table's worth of rows)
+    runs = _runs(items, _phase_run_key) if folded else [[x] for x in items]
+    shown, more = _capped(runs, "phases and instants", show_all)
+    rows = []
+    for run in shown:
+        x, n = run[0], "" if len(run) == 1 else f" ×{len(run):,}"
+        if isinstance(x, InstantEntry):
+            rows.append([str(x.pid), f"* {_run_name(x.name, run[-1].name)}{n}", _t(x.t_s), "", "",
+                         _values(x.values) if not n else ""])
+        else:
+            name = "  " * x.depth + _run_name(x.name, run[-1].name) + n + ("" if x.closed else " (unclosed)")
+            duration = sum(ph.end_s - ph.start_s for ph in run)
+            rows.append([str(x.pid), name, _t(x.start_s), _t(run[-1].end_s), f"{duration:.3f}s",
+                         _values(x.values) if not n else ""])
+    out = ["", "phases"] + table(["PID", "PHASE", "START", "END", "DURATION", "VALUES"], rows, right={0, 2, 3, 4},
+                                 width=width, drop=(4, 3), wrap=True)
+    if any(len(run) > 1 for run in shown):
+        out.append(_FOLDED)
+    return out + more
+
+
+#: The note under a table with folded rows.
+_FOLDED = ("  (×N: a process's phases of one name in a row, numbers in the name aside, as one row: the first "
+           "start, the last end, durations and bytes summed; --all lists each)")
+
+
+def _phase_run_key(x: PhaseEntry | InstantEntry) -> tuple:
+    if isinstance(x, InstantEntry):
+        return (x.pid, "*", _DIGITS.sub("#", x.name))
+    return (x.pid, x.depth, _DIGITS.sub("#", x.name), x.closed)
+
+
+#: Numbers in a phase's name: a loop's ``step-17``, ``step-18`` fold into one run.
+_DIGITS = re.compile(r"\d+")
+
+
+def _run_name(first: str, last: str) -> str:
+    """A run's name: the one name, or its first and last (``step-0 … step-99``)."""
+    return first if first == last else f"{first} … {last}"
+
+
+#: The fewest rows of one run that fold into one (two show as they are, with their values).
+FOLD_MIN = 3
+
+
+def _runs(items: list, key: Any) -> list[list]:
+    """``items`` as runs of at least :data:`FOLD_MIN` consecutive ones with the same ``key``, the
+    rest one to a run."""
+    runs: list[list] = []
+    last = object()
+    for x in items:
+        k = key(x)
+        if runs and k == last:
+            runs[-1].append(x)
+        else:
+            runs.append([x])
+            last = k
+    return [r for run in runs for r in ([run] if len(run) >= FOLD_MIN else [[x] for x in run])]
 
 
 def _t_exit(p: ProcessEntry, tr: TraceSummary) -> str:
@@ -212,12 +269,12 @@ def _render_gpu(sec: GpuSection, procs: dict[int, ProcessEntry], width: int, sho
     if sec.held_at_exit:
         out.append("")
         out.append("  held at exit (freed implicitly when the process exited)")
+        shown, more = _capped(sec.held_at_exit, "processes", show_all)
         rows = [
             [str(r.pid), _t(r.t_s), human(r.owned), human(r.mapped) if r.mapped else "-",
              str(r.count), "; ".join(_holding_text(h) for h in r.largest)]
-            for r in sec.held_at_exit
+            for r in shown
         ]
-        rows, more = _capped(rows, "processes", show_all)
         out.extend(table(["PID", "EXIT AT", "OWNED", "MAPPED", "PIECES", "LARGEST"], rows, right={0, 1, 2, 3, 4},
                          width=width, wrap=True) + more)
     out.extend(_render_gpu_failures(sec, procs, show_all))
@@ -284,6 +341,11 @@ def _render_gpu_phases(sec: GpuSection, width: int, show_all: bool) -> list[str]
     out = ["", "  by phase (net bytes per category during each phase of the process that made them; owned totals)"]
     if not show_all and any(r.exit_freed or r.exit_by_category for r in sec.phases):
         out.append("  (frees at process exit are under \"held at exit\"; --all counts them here too)")
+    folded = False
+    if not show_all and len(phase_rows) > MAX_ROWS:  # a step loop's phases: a run of one path, one row
+        runs = _runs(phase_rows, lambda r: (r.pid, _DIGITS.sub("#", r.path)))
+        folded = len(runs) < len(phase_rows)
+        phase_rows = [_fold_gpu_phases(run) for run in runs]
     phase_rows, more = _capped(phase_rows, "phases", show_all)
     cats = [c for c in CATEGORIES if any(c in r.by_category for r in phase_rows)]
     rows = []
@@ -298,6 +360,7 @@ def _render_gpu_phases(sec: GpuSection, width: int, show_all: bool) -> list[str]
             ["PID", "PHASE", "START", "END"] + [c.upper() for c in cats] + ["ALLOCATED", "FREED", "NET OWNED"],
             rows, right=set(range(2, 7 + len(cats))) | {0}, width=width, drop=(3, 2),
         )
+        + ([_FOLDED] if folded else [])
         + more
     )
     return out
@@ -321,10 +384,10 @@ def _render_gpu_failures(sec: GpuSection, procs: dict[int, ProcessEntry], show_a
             + (f", {human(held.mapped_on_gpu)} mapped from peers" if held.mapped_on_gpu else "")
         )
         for h in held.holders:
-            cats = ", ".join(f"{c} {human(b)}" for c, b in h["by_category"].items())
-            out.append(f"          {_pid_label(h['pid'], procs)}: {human(h['owned'])} owned ({cats})")
-            if h["largest"]:
-                out.append("            largest: " + "; ".join(_holding_text(x) for x in h["largest"]))
+            cats = ", ".join(f"{c} {human(b)}" for c, b in h.by_category.items())
+            out.append(f"          {_pid_label(h.pid, procs)}: {human(h.owned)} owned ({cats})")
+            if h.largest:
+                out.append("            largest: " + "; ".join(_holding_text(x) for x in h.largest))
     out.extend(more)
     if any(f.gpu_inferred for f in sec.failures):
         out.append("    (GPU n? = the call named no GPU: inferred from the process's previous calls)")
@@ -344,8 +407,23 @@ def _capped(rows: list, what: str, show_all: bool) -> tuple[list, list[str]]:
     return rows[:MAX_ROWS], [f"  … and {len(rows) - MAX_ROWS:,} more {what} (memrec report --all, or --json, lists all)"]
 
 
+def _fold_gpu_phases(run: list[GpuPhase]) -> GpuPhase:
+    """One row for a process's run of by-phase rows of one path: ``path ×N``, the first start,
+    the last end, the bytes summed."""
+    if len(run) == 1:
+        return run[0]
+    first, last = run[0], run[-1]
+    by_category = {c: sum(r.by_category.get(c, 0) for r in run) for c in CATEGORIES
+                   if any(c in r.by_category for r in run)}
+    return replace(first, path=f"{_run_name(first.path, last.path)} ×{len(run):,}", end_ts=last.end_ts, end_s=last.end_s,
+                   by_category=by_category, allocated=sum(r.allocated for r in run),
+                   freed=sum(r.freed for r in run), net=sum(r.net for r in run))
+
+
 def _without_exit_frees(r: GpuPhase) -> GpuPhase | None:
     """A by-phase row without the frees a process exit made (None when nothing is left)."""
+    if not r.exit_freed and not r.exit_by_category and all(r.by_category.values()):
+        return r if r.by_category or r.allocated or r.freed else None  # most rows: no copy
     by_category = {c: v + r.exit_by_category.get(c, 0) for c, v in r.by_category.items()}
     by_category = {c: v for c, v in by_category.items() if v}
     row = replace(r, by_category=by_category, freed=r.freed - r.exit_freed, net=r.net + r.exit_freed)
@@ -435,104 +513,106 @@ def collapse(lines: list[str], header: re.Pattern, procs: dict) -> list[str]:
     return out
 
 
-def _render_reconciliation(rc: dict, procs: dict[int, ProcessEntry], width: int) -> list[str]:
+def _render_reconciliation(rc: GpuReconciliation, procs: dict[int, ProcessEntry], width: int) -> list[str]:
     """The "NVML vs traced" table: each process NVML listed, then the whole GPU."""
     out = ["  NVML vs traced (at each NVML sample; untraced = NVML - traced, split below)"]
     rows = []
-    for r in rc["processes"]:
+    for r in rc.processes:
         notes = []
-        if not r["recorded"]:
+        if not r.recorded:
             notes.append("not recorded by memrec")
-        if r["negative_samples"]:
-            notes.append(f"! traced > NVML in {r['negative_samples']} of {r['samples']} samples")
-        if r["unavailable"]:
-            notes.append(f"{count(r['unavailable'], 'sample')} without a value")
-        if r["after_exit_samples"]:
-            n = r["after_exit_samples"]
-            notes.append(f"{count(n, 'sample')} after its exit left out"
+        if r.negative_samples:
+            notes.append(f"! traced > NVML in {r.negative_samples} of {r.samples} samples")
+        if r.unavailable:
+            notes.append(f"{count(r.unavailable, 'sample')} without a value")
+        if r.after_exit_samples:
+            notes.append(f"{count(r.after_exit_samples, 'sample')} after its exit left out"
                          " (the driver frees later)")
         rows.append(
-            [str(r["pid"]), _rank_of(r["pid"], procs), human(r["nvml_used_last"]),
-             human(r["traced_last"]), human(r["untraced_last"]), _range(r["untraced_min"], r["untraced_max"]),
-             str(r["samples"]), "; ".join(notes)]
+            [str(r.pid), _rank_of(r.pid, procs), human(r.nvml_used_last), human(r.traced_last),
+             human(r.untraced_last), _range(r.untraced_min, r.untraced_max), str(r.samples), "; ".join(notes)]
         )
-    d = rc["device"]
+    d = rc.device
     if d is not None:
         notes = []
-        if d["reserved_last"] is not None:
-            notes.append(f"reserved {human(d['reserved_last'])} (driver/firmware, not in used)")
+        if d.reserved_last is not None:
+            notes.append(f"reserved {human(d.reserved_last)} (driver/firmware, not in used)")
         else:
             notes.append("reserved unknown (NVML v1: used includes it)")
-        if d["negative_samples"]:
-            notes.append(f"! traced > NVML in {d['negative_samples']} of {d['samples']} samples")
+        if d.negative_samples:
+            notes.append(f"! traced > NVML in {d.negative_samples} of {d.samples} samples")
         rows.append(
-            ["GPU", "", human(d["used_last"]), human(d["traced_last"]), human(d["untraced_last"]),
-             _range(d["untraced_min"], d["untraced_max"]), str(d["samples"]), "; ".join(notes)]
+            ["GPU", "", human(d.used_last), human(d.traced_last), human(d.untraced_last),
+             _range(d.untraced_min, d.untraced_max), str(d.samples), "; ".join(notes)]
         )
     out.extend(
         table(["PID", "RANK", "NVML USED", "TRACED", "UNTRACED", "UNTRACED MIN..MAX", "SAMPLES", ""], rows,
               right={0, 2, 3, 4, 5, 6}, width=width, drop=(6,), wrap=True)
     )
-    if rc["unsampled_pids"]:
+    if rc.unsampled_pids:
         out.append(
             "    traced here but never in NVML's process samples: "
-            + ", ".join(f"pid {p}" for p in rc["unsampled_pids"])
+            + ", ".join(f"pid {p}" for p in rc.unsampled_pids)
             + " (gone between samples, or another PID namespace)"
         )
     out.extend(_render_split(rc, procs, width))
     return out
 
 
-def _render_split(rc: dict, procs: dict[int, ProcessEntry], width: int) -> list[str]:
+def _render_split(rc: GpuReconciliation, procs: dict[int, ProcessEntry], width: int) -> list[str]:
     """The untraced band split (memrec.analysis.untraced.split), the contexts, and the split per phase."""
     rows = []
-    splits = [r["split"] for r in rc["processes"] if r.get("split")]
-    d = rc["device"]
-    cols = _split_columns(splits + ([d["split"]] if d is not None and d.get("split") else []))
+    split_rows = [r for r in rc.processes if r.split]
+    d = rc.device
+    device_split = d.split if d is not None else None
+    cols = _split_columns([r.split for r in split_rows] + ([device_split] if device_split else []))
     shares = []
-    for r in rc["processes"]:
-        sp = r.get("split")
-        if sp:
-            rows.append([str(r["pid"]), _rank_of(r["pid"], procs), human(r["untraced_last"]),
-                         *(human(sp[k]) for k in cols)])
-            shares.append(f"pid {r['pid']} {_share(r.get('explained_share'))}")
-    if d is not None and d.get("split"):
-        rows.append(["GPU", "", human(sum(d["split"].values())), *(human(d["split"][k]) for k in cols)])
+    for r in split_rows:
+        rows.append([str(r.pid), _rank_of(r.pid, procs), human(r.untraced_last), *(human(r.split[k]) for k in cols)])
+        shares.append(f"pid {r.pid} {_share(r.explained_share)}")
+    if device_split:
+        rows.append(["GPU", "", human(sum(device_split.values())), *(human(device_split[k]) for k in cols)])
     out: list[str] = []
     if rows:
         out.append("  Untraced, split at the last sample (unexplained = untraced - the rest)")
         out.extend(table(["PID", "RANK", "UNTRACED", *(SPLIT_HEADINGS[k] for k in cols)],
                          rows, right={0, *range(2, 3 + len(cols))}, width=width, drop=(1,)))
-        if rc.get("explained_share") is not None:
-            shares.append(f"GPU {_share(rc['explained_share'])}")
+        if rc.explained_share is not None:
+            shares.append(f"GPU {_share(rc.explained_share)}")
         out.append("    NVML used traced or explained by measurement: " + ", ".join(shares))
-        for r in rc["processes"]:
-            libs = {k: v for k, v in r.get("module_code_by_library", {}).items() if v}
+        for r in rc.processes:
+            libs = {k: v for k, v in (r.module_code_by_library or {}).items() if v}
             if libs:
-                out.append(f"    pid {r['pid']} module code: " + "; ".join(f"{k} {human(v)}" for k, v in list(libs.items())[:6]))
+                out.append(f"    pid {r.pid} module code: " + "; ".join(f"{k} {human(v)}" for k, v in list(libs.items())[:6]))
     ctx_rows = []
-    for c in rc["contexts"]:
-        note = "foreign (owns nothing here)" if c["foreign"] else ""
-        ctx_rows.append([_t(c.get("t_s")), str(c["pid"]), c["api"], c["phase"], human(c["cost"]), note])
+    for c in rc.contexts:
+        note = "foreign (owns nothing here)" if c.foreign else ""
+        ctx_rows.append([_t(c.t_s), str(c.pid), c.api, c.phase, human(c.cost), note])
     if ctx_rows:
         out.append("  Contexts (cost: NVML's steps over the bind and its first kernel)")
         out.extend(table(["TIME", "PID", "API", "PHASE", "COST", ""], ctx_rows, right={0, 1, 4}, width=width,
                          drop=(3,), wrap=True))
-    phase_rows = []
-    for r in rc["processes"]:
-        phased = r.get("split_by_phase", [])
-        if all(ph["phase"] == NO_PHASE for ph in phased):
+    out.extend(_render_split_by_phase(rc, width))
+    return out
+
+
+def _render_split_by_phase(rc: GpuReconciliation, width: int) -> list[str]:
+    """The untraced steps per phase and process (none without markers: the split says it all)."""
+    phase_rows: list[tuple[str, PhaseSplit]] = []
+    for r in rc.processes:
+        phased = r.split_by_phase or []
+        if all(ph.phase == NO_PHASE for ph in phased):
             continue  # no markers: the split above says it all
         for ph in phased:
-            if any(ph[k] for k in SPLIT if k != "before_recording"):
-                phase_rows.append((str(r["pid"]), ph))
-    if phase_rows:
-        cols = [k for k in _split_columns([ph for _, ph in phase_rows]) if k != "before_recording"]
-        out.append("  Untraced steps per phase")
-        out.extend(table(["PID", "PHASE", *(SPLIT_HEADINGS[k] for k in cols)],
-                         [[pid, ph["phase"], *(human(ph[k]) for k in cols)] for pid, ph in phase_rows],
-                         right={0, *range(2, 2 + len(cols))}, width=width))
-    return out
+            if any(ph.split[k] for k in SPLIT if k != "before_recording"):
+                phase_rows.append((str(r.pid), ph))
+    if not phase_rows:
+        return []
+    cols = [k for k in _split_columns([ph.split for _, ph in phase_rows]) if k != "before_recording"]
+    return ["  Untraced steps per phase",
+            *table(["PID", "PHASE", *(SPLIT_HEADINGS[k] for k in cols)],
+                   [[pid, ph.phase, *(human(ph.split[k]) for k in cols)] for pid, ph in phase_rows],
+                   right={0, *range(2, 2 + len(cols))}, width=width)]
 
 
 #: Split columns shown only when some row has bytes there (issue 21's families: most traces have none).

@@ -2,10 +2,10 @@
 over every rank (:func:`memrec.analysis.sglang.section.build_sglang_section` builds it; the text,
 the answer and ``report --json`` read it).
 
-The parts that stay plain dicts are those their own modules build as JSON: the windows between
-the baseline and the KV sizing (:meth:`memrec.analysis.sglang.windows.KvWindow.to_dict`), a
-budget's diagnosis (:func:`memrec.analysis.sglang.section.diagnose`), the facts rows
-(:mod:`memrec.analysis.sglang.facts`) and marker values.
+The windows between the baseline and the KV sizing are typed where they are built
+(:class:`memrec.analysis.sglang.windows.ShownWindow`, rows :class:`~memrec.analysis.sglang.windows.WindowRow`).
+The facts rows are typed where they are built (:mod:`memrec.analysis.sglang.facts`); what stays a
+plain dict is SGLang's own marker values, passed through.
 """
 
 from __future__ import annotations
@@ -13,9 +13,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from dataclasses import field
+
+from memrec.analysis.sglang.facts import CustomAllReduce
+from memrec.analysis.sglang.facts import MarkersDropped
+from memrec.analysis.sglang.facts import NcclVmm
+from memrec.analysis.sglang.facts import OomAfterSizing
+from memrec.analysis.sglang.facts import ProcessContext
 from memrec.analysis.sglang.kv_budget import KvBudget
+from memrec.analysis.sglang.windows import ShownWindow
 from memrec.analysis.sections import OMITTED
 from memrec.analysis.sections import Section
+from memrec.analysis.sections import flatten
 
 
 @dataclass
@@ -43,6 +52,21 @@ class SglangPhase(Section):
 
 
 @dataclass
+class Diagnosis(Section):
+    """Why a KV budget failed (:func:`memrec.analysis.sglang.section.diagnose`): the shortfall, what
+    was taken between the baseline and the sizing other than the weights (``extra_owned``), the
+    rest without it, and the lines that say so; ``weights_owned`` where the window has a baseline,
+    ``other_gpu`` where another GPU's window explains the failure."""
+
+    shortfall_gib: float | None = None
+    extra_owned: int = 0
+    rest_without_extras_gib: float | None = None
+    lines: list[str] = field(default_factory=list)
+    weights_owned: int = OMITTED
+    other_gpu: int = OMITTED
+
+
+@dataclass
 class RankBudget:
     """One KV budget of a rank: SGLang's numbers (:class:`KvBudget`), the rank's label, the
     formula with its values and, for the target runner, the diagnosis (None without a window)."""
@@ -50,7 +74,7 @@ class RankBudget:
     budget: KvBudget
     label: str
     formula: list[str]
-    diagnosis: dict | None
+    diagnosis: Diagnosis | None
 
     def to_json(self) -> dict:
         """The budget's own dict with the rank's label over SGLang's (kept as ``sglang_label``)."""
@@ -58,7 +82,7 @@ class RankBudget:
         out["label"] = self.label
         out["sglang_label"] = self.budget.label
         out["formula"] = self.formula
-        out["diagnosis"] = self.diagnosis
+        out["diagnosis"] = self.diagnosis.to_json() if self.diagnosis is not None else None
         return out
 
 
@@ -103,15 +127,23 @@ class SglangSummary(Section):
     kv_failed: bool
     mem_fraction_static: list[float]
     fraction_is_lower_bound: bool
-    markers_dropped: list[dict]
-    custom_all_reduce: Any
-    contexts: list[dict]
-    nccl_vmm: list[dict]
-    oom_after_sizing: list[dict]
+    facts: SglangFacts = flatten()
+
+
+@dataclass
+class SglangFacts(Section):
+    """What explains real startup failures (:mod:`memrec.analysis.sglang.facts`), the keys of the
+    summary's JSON after the numbers."""
+
+    markers_dropped: list[MarkersDropped]
+    custom_all_reduce: CustomAllReduce | None
+    contexts: list[ProcessContext]
+    nccl_vmm: list[NcclVmm]
+    oom_after_sizing: list[OomAfterSizing]
 
 
 @dataclass
 class SglangSection(Section):
     ranks: list[SglangRank]
-    windows: list[dict]
+    windows: list[ShownWindow]
     summary: SglangSummary

@@ -28,8 +28,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-import numpy as np
-
 from memrec.analysis.sglang.kv_budget import GIB
 from memrec.analysis.sglang.kv_budget import PROFILERS
 from memrec.analysis.sglang.kv_budget import KvBudget
@@ -42,6 +40,7 @@ from memrec.analysis.sections import OMITTED
 from memrec.analysis.sglang.facts import contexts_line
 from memrec.analysis.sglang.facts import custom_ar_facts
 from memrec.analysis.sglang.facts import custom_ar_line
+from memrec.analysis.sglang.facts import jsonable
 from memrec.analysis.sglang.facts import markers_dropped
 from memrec.analysis.sglang.facts import nccl_line
 from memrec.analysis.sglang.facts import nccl_vmm
@@ -57,15 +56,19 @@ from memrec.terms.ranks import format_rank
 from memrec.terms.ranks import marker_ranks
 from memrec.terms.ranks import rank_sort_key
 from memrec.terms.ranks import shown_dims
+from memrec.analysis.sglang.model import Diagnosis
 from memrec.analysis.sglang.model import RankBudget
 from memrec.analysis.sglang.model import RankError
 from memrec.analysis.sglang.model import SglangPhase
 from memrec.analysis.sglang.model import SglangRank
+from memrec.analysis.sglang.model import SglangFacts
 from memrec.analysis.sglang.model import SglangSection
 from memrec.analysis.sglang.model import SglangSummary
 from memrec.analysis.sglang.windows import MAPPED
 from memrec.analysis.sglang.windows import KvTimes
 from memrec.analysis.sglang.windows import KvWindow
+from memrec.analysis.sglang.windows import ShownWindow
+from memrec.analysis.sglang.windows import WindowRow
 from memrec.analysis.sglang.windows import kv_times
 from memrec.analysis.sglang.windows import kv_windows
 from memrec.analysis.sglang.windows import rank_gpus
@@ -125,24 +128,12 @@ def has_sglang_markers(markers: Iterable[Marker]) -> bool:
 # ---------------------------------------------------------------------------------------- section
 
 
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, np.generic):
-        return v.item()
-    if v is None or isinstance(v, (bool, int, float, str)):
-        return v
-    return str(v)
-
-
 def _shown_values(name: str, values: dict) -> dict:
     keys = _SHOWN.get(name, ())
     out = {}
     for k, v in values.items():
         if k in keys or (name == "cuda_graph_capture" and k.startswith("graph_memory_usage")):
-            out[k] = _jsonable(v)
+            out[k] = jsonable(v)
     if values.get("error"):
         out["error"] = str(values["error"])
     return out
@@ -217,11 +208,11 @@ def _phase_rows(pid: int, phases: Phases, usage: list, t: KvTimes | None, start:
     return rows
 
 
-def _cats_text(r: dict, human) -> str:
-    owned = [f"{c} {human(v)}" for c, v in r["by_category"].items() if c != MAPPED]
+def _cats_text(r: WindowRow, human) -> str:
+    owned = [f"{c} {human(v)}" for c, v in r.by_category.items() if c != MAPPED]
     text = ", ".join(owned)
-    if r.get("mapped"):
-        text += ("; " if text else "") + f"{human(r['mapped'])} of peers' memory mapped by IPC, not owned"
+    if r.mapped:
+        text += ("; " if text else "") + f"{human(r.mapped)} of peers' memory mapped by IPC, not owned"
     return text
 
 
@@ -249,76 +240,74 @@ def kv_failed(b: KvBudget) -> bool:
     return b.error_kind in _KV_ERRORS
 
 
-def _took(r: dict, human) -> str:
+def _took(r: WindowRow, human) -> str:
     """``TP1's custom_ar_init took 18.00 GiB`` / ``pid 7 took 2.00 GiB outside any phase``."""
-    who = r["label"] or f"pid {r['pid']}"
-    if r["phase"] == NO_PHASE:
-        return f"{who} took {human(r['owned'])} outside any phase"
-    return f"{who}'s {r['name']} took {human(r['owned'])}"
+    who = r.label or f"pid {r.pid}"
+    if r.phase == NO_PHASE:
+        return f"{who} took {human(r.owned)} outside any phase"
+    return f"{who}'s {r.name} took {human(r.owned)}"
 
 
-def _extras(window: KvWindow) -> list[dict]:
+def _extras(window: KvWindow) -> list[WindowRow]:
     """What was taken between the baseline and the sizing, the weights left out (largest first)."""
-    rows = [r for r in window.between if not r["weights"] and r["owned"] > 0]
-    return sorted(rows, key=lambda r: (-r["owned"], r["first_ts"]))
+    rows = [r for r in window.between if not r.weights and r.owned > 0]
+    return sorted(rows, key=lambda r: (-r.owned, r.first_ts))
 
 
-def diagnose(budget: KvBudget, window: KvWindow | None, windows: dict[int, KvWindow] | None = None) -> dict:
+def diagnose(budget: KvBudget, window: KvWindow | None, windows: dict[int, KvWindow] | None = None) -> Diagnosis:
     """Which allocations between the baseline and the sizing made ``budget`` fail (or would have).
 
     ``window``: the rank's GPU; ``windows``: every GPU's (available_after_weights is a MIN over
     the ranks' GPUs, so when the rank's own GPU does not explain the failure another one may).
     """
     windows = windows or {}
-    out: dict = {"shortfall_gib": None, "extra_owned": 0, "rest_without_extras_gib": None, "lines": []}
+    out = Diagnosis()
     if window is None or window.baseline_ts is None:
         return out
     extras = _extras(window)
-    weights = sum(r["owned"] for r in window.between if r["weights"])
-    extra = sum(r["owned"] for r in extras)
-    out["extra_owned"] = extra
-    out["weights_owned"] = weights
+    weights = sum(r.owned for r in window.between if r.weights)
+    extra = sum(r.owned for r in extras)
+    out.extra_owned = extra
+    out.weights_owned = weights
     if budget.rest_gib is not None:
-        out["shortfall_gib"] = -budget.rest_gib if budget.rest_gib <= 0 else 0.0
-        out["rest_without_extras_gib"] = budget.rest_gib + extra / GIB
+        out.shortfall_gib = -budget.rest_gib if budget.rest_gib <= 0 else 0.0
+        out.rest_without_extras_gib = budget.rest_gib + extra / GIB
     if not kv_failed(budget):
         return out
     g = window.gpu
-    lines = []
-    for r in sorted(extras, key=lambda r: r["pid"] != budget.pid):  # its own first
-        if r["pid"] == budget.pid:
-            what = "allocations outside any phase" if r["phase"] == NO_PHASE else r["name"]
+    lines = out.lines
+    for r in sorted(extras, key=lambda r: r.pid != budget.pid):  # its own first
+        if r.pid == budget.pid:
+            what = "allocations outside any phase" if r.phase == NO_PHASE else r.name
             lines.append(
-                f"between the baseline and the KV sizing, {what} took {human(r['owned'])} on GPU {g} "
+                f"between the baseline and the KV sizing, {what} took {human(r.owned)} on GPU {g} "
                 f"({_cats_text(r, human)})"
             )
         else:
             lines.append(f"on the same GPU, {_took(r, human)} ({_cats_text(r, human)})")
     if budget.rest_gib is None:
-        out["lines"] = lines
         return out
     multi = len(windows) > 1
     short = -budget.rest_gib
-    covered = bool(extras) and out["rest_without_extras_gib"] > 0
+    covered = bool(extras) and out.rest_without_extras_gib > 0
     if covered:
         caveat = " (if no other GPU measured less: available is a MIN over the ranks' GPUs)" if multi else ""
         lines.append(
-            f"without these {human(extra)}, rest would have been {out['rest_without_extras_gib']:.2f} GiB "
+            f"without these {human(extra)}, rest would have been {out.rest_without_extras_gib:.2f} GiB "
             f"instead of {budget.rest_gib:.2f} GiB{caveat}"
         )
-        out["lines"] = lines
         return out
     others = [(w, _extras(w)) for k, w in sorted(windows.items()) if k != g]
     others = [(w, x) for w, x in others if x]
     if multi and others:
-        w, rows = max(others, key=lambda wx: (sum(r["owned"] for r in wx[1]), -wx[0].gpu))
-        out["other_gpu"] = w.gpu
+        w, rows = max(others, key=lambda wx: (sum(r.owned for r in wx[1]), -wx[0].gpu))
+        out.other_gpu = w.gpu
         lines.append(f"available_after_weights is a MIN over the ranks' GPUs; on GPU {w.gpu} in the same window:")
         for r in rows[:3]:
             lines.append(f"  {_took(r, human)} ({_cats_text(r, human)})")
     elif extras:
         lines.append(
-            f"without these {human(extra)} rest would still be {out['rest_without_extras_gib']:.2f} GiB: the weights "
+            f"without these {human(extra)} rest would still be {out.rest_without_extras_gib:.2f} GiB: the weights "
             f"({human(weights)} on GPU {g}) leave too little at --mem-fraction-static="
             f"{_frac(budget.mem_fraction_static)} (shortfall {short:.2f} GiB)"
         )
@@ -328,7 +317,6 @@ def diagnose(budget: KvBudget, window: KvWindow | None, windows: dict[int, KvWin
             f"KV sizing: they leave too little at --mem-fraction-static={_frac(budget.mem_fraction_static)}"
             f" (shortfall {short:.2f} GiB)"
         )
-    out["lines"] = lines
     return out
 
 
@@ -427,33 +415,33 @@ def build_sglang_section(
         ))
     if not out_ranks and (pid is not None or gpu is not None):
         return None  # the filter leaves no SGLang process
-    shown_windows = [w.to_dict(start) for g, w in windows.items() if gpu is None or g == gpu]
-    facts = {
-        "markers_dropped": markers_dropped(markers, labels),
-        "custom_all_reduce": custom_ar_facts(markers),
-        "contexts": process_contexts(trace, sglang_pids, gpus_of, labels),
-        "nccl_vmm": nccl_vmm([(r.pid, r.label, [(x.kind, x.name, x.gpu, x.by_category) for x in r.phases])
-                              for r in out_ranks]),
-        "oom_after_sizing": ooms_after_sizing(trace, phases, times, labels, budgets),
-    }
+    shown_windows = [w.shown(start) for g, w in windows.items() if gpu is None or g == gpu]
+    facts = SglangFacts(
+        markers_dropped=markers_dropped(markers, labels),
+        custom_all_reduce=custom_ar_facts(markers),
+        contexts=process_contexts(trace, sglang_pids, gpus_of, labels),
+        nccl_vmm=nccl_vmm([(r.pid, r.label, [(x.kind, x.name, x.gpu, x.by_category) for x in r.phases])
+                           for r in out_ranks]),
+        oom_after_sizing=ooms_after_sizing(trace, phases, times, labels, budgets),
+    )
     return SglangSection(ranks=out_ranks, windows=shown_windows, summary=_summary(budgets, ranks, dims, facts))
 
 
-def _summary(budgets: list[KvBudget], ranks: dict, dims: tuple[str, ...], facts: dict) -> SglangSummary:
+def _summary(budgets: list[KvBudget], ranks: dict, dims: tuple[str, ...], facts: SglangFacts) -> SglangSummary:
     """Every rank's KV sizing in a few numbers (:func:`summarize`), the rank that came out
-    smallest by its marker rank, and the facts (JSON-able)."""
+    smallest by its marker rank, and the facts."""
     summary = summarize(budgets)
     targets = [b for b in budgets if not b.draft]
     if summary["min_rest_label"] is not None:
         worst = min((b for b in targets if b.rest_gib is not None), key=lambda b: b.rest_gib)  # type: ignore[arg-type,return-value]
         summary["min_rest_label"] = format_rank(ranks.get(worst.pid, {}), dims) or worst.label
     return SglangSummary(
-        **_jsonable(summary),
+        **jsonable(summary),
         failed_labels=[format_rank(ranks.get(b.pid, {}), dims, b.draft) or f"pid {b.pid}" for b in budgets if not b.ok],
         kv_failed=any(kv_failed(b) for b in budgets),
         mem_fraction_static=sorted({b.mem_fraction_static for b in targets if b.mem_fraction_static is not None}),
         fraction_is_lower_bound=any(b.unknown_terms for b in targets),
-        **_jsonable(facts),
+        facts=facts,
     )
 
 
@@ -477,7 +465,7 @@ def render_sglang(section: SglangSection, width: int | None = None) -> list[str]
     title = "SGLang startup per rank: phases, memory by category, KV budget"
     out = [title, "=" * len(title)]
     out.extend(_summary_lines(section.summary))
-    windows = {w["gpu"]: w for w in section.windows}
+    windows = {w.gpu: w for w in section.windows}
     shown: dict[int, str] = {}  # GPU -> the rank under which its window was printed
     for r in section.ranks:
         out.append("")
@@ -517,18 +505,19 @@ def _summary_lines(s: SglangSummary) -> list[str]:
             )
     else:
         out.append("  no KV sizing in the markers")
-    if s.nccl_vmm:
-        out.append(nccl_line(s.nccl_vmm, human))
-    foreign_line = contexts_line(s.contexts or [], human)
+    f = s.facts
+    if f.nccl_vmm:
+        out.append(nccl_line(f.nccl_vmm, human))
+    foreign_line = contexts_line(f.contexts, human)
     if foreign_line:
         out.append(foreign_line)
-    for o in s.oom_after_sizing or ():
+    for o in f.oom_after_sizing:
         out.append(oom_line(o, human))
-    if s.custom_all_reduce:
-        out.append(custom_ar_line(s.custom_all_reduce, human))
-    for d in s.markers_dropped or ():
-        reasons = ", ".join(f"{k} {v}" for k, v in d["reasons"].items() if v)
-        out.append(f"  markers lost: {d['label'] or 'pid ' + str(d['pid'])} dropped {d['dropped']} marker(s)"
+    if f.custom_all_reduce:
+        out.append(custom_ar_line(f.custom_all_reduce, human))
+    for d in f.markers_dropped:
+        reasons = ", ".join(f"{k} {v}" for k, v in d.reasons.items() if v)
+        out.append(f"  markers lost: {d.label or 'pid ' + str(d.pid)} dropped {d.dropped} marker(s)"
                    f" ({reasons}); phases around them may be missing")
     return out
 
@@ -561,31 +550,28 @@ def _rank_phase_table(r: SglangRank, width: int | None) -> list[str]:
                  indent="  ", width=width, drop=(3, 4), wrap=True)
 
 
-def _budget_lines(r: SglangRank, rb: RankBudget, windows: dict[int, dict], shown: dict[int, str],
+def _budget_lines(r: SglangRank, rb: RankBudget, windows: dict[int, ShownWindow], shown: dict[int, str],
                   width: int | None) -> list[str]:
     """One KV budget: its formula, what was allocated on its GPU between the baseline and the
     sizing (once per GPU: ``shown`` remembers under which rank), and why it failed."""
     out = [f"  KV budget{' (draft runner)' if rb.budget.draft else ''}, GiB as SGLang measures them:"]
     out.extend("    " + line for line in rb.formula)
     w = windows.get(r.gpu) if not rb.budget.draft else None
-    if w is not None and w["between"] and w["gpu"] in shown:
-        out.append(f"  allocated on GPU {w['gpu']} between the baseline and the KV sizing: as for {shown[w['gpu']]} above")
-    elif w is not None and w["between"]:
-        shown[w["gpu"]] = r.label or f"pid {r.pid}"
+    if w is not None and w.between and w.gpu in shown:
+        out.append(f"  allocated on GPU {w.gpu} between the baseline and the KV sizing: as for {shown[w.gpu]} above")
+    elif w is not None and w.between:
+        shown[w.gpu] = r.label or f"pid {r.pid}"
         out.append(
-            f"  allocated on GPU {w['gpu']} between the baseline (+{w['baseline_s']:.3f}s) and the KV sizing "
-            f"(+{w['sizing_s']:.3f}s), which lowers rest one for one:"
+            f"  allocated on GPU {w.gpu} between the baseline (+{w.baseline_s:.3f}s) and the KV sizing "
+            f"(+{w.sizing_s:.3f}s), which lowers rest one for one:"
         )
-        wrows = [
-            [x["label"] or f"pid {x['pid']}", x["phase"], human(x["owned"]), _cats_text(x, human)]
-            for x in w["between"]
-        ]
+        wrows = [[x.label or f"pid {x.pid}", x.phase, human(x.owned), _cats_text(x, human)] for x in w.between]
         out.extend(table(["RANK", "PHASE", "OWNED", "BY CATEGORY"], wrows, right={2}, indent="    ",
                          width=width, wrap=True))
     dg = rb.diagnosis
-    if dg and dg["lines"]:
+    if dg and dg.lines:
         out.append("  why it failed:")
-        out.extend("    " + line for line in dg["lines"])
+        out.extend("    " + line for line in dg.lines)
     return out
 
 

@@ -43,6 +43,9 @@ from typing import Any
 
 import numpy as np
 
+from memrec.analysis.sections import OMITTED
+from memrec.analysis.sections import Section
+from memrec.analysis.text import seconds
 from memrec.engine.group import distinct
 from memrec.engine.replay import initial_state
 from memrec.engine.replay import trace_phases
@@ -123,6 +126,138 @@ class DeviceSeries(_Samples):
     unavailable: int = 0
 
 
+# ------------------------------------------------------------------- one GPU's summary, typed
+
+
+@dataclass
+class UntracedStep(Section):
+    """One step of a process's untraced band: when, how many bytes, the category and the call
+    that explains it (``cause``, None: unexplained), the phase and the library (module code)."""
+
+    ts: int
+    bytes: int
+    category: str
+    cause: str | None
+    cause_ts: int | None
+    phase: str
+    library: str | None
+    #: Seconds since the trace's start, set by the report (absent from :meth:`Reconciliation.summary`).
+    t_s: float | None = OMITTED
+    cause_t_s: float | None = OMITTED
+
+
+@dataclass
+class PhaseSplit:
+    """The untraced steps of one phase, summed per split category (keys :data:`SPLIT`)."""
+
+    phase: str
+    split: dict[str, int]
+
+    def to_json(self) -> dict:
+        return {"phase": self.phase, **self.split}
+
+
+@dataclass
+class NvmlProcess(Section):
+    """One process NVML listed on a GPU: its numbers over the samples taken before its recorded
+    exit (``samples``; those after it only counted, ``after_exit_samples``), None without any.
+    ``split`` is the untraced band's split at the last of them (keys :data:`SPLIT`); the fields
+    after ``explained_share`` are there only with a split."""
+
+    pid: int
+    recorded: bool
+    samples: int
+    unavailable: int
+    after_exit_samples: int
+    exit_ts: int | None
+    last_ts: int | None = None
+    nvml_used_last: int | None = None
+    traced_last: int | None = None
+    untraced_last: int | None = None
+    untraced_min: int | None = None
+    untraced_median: int | None = None
+    untraced_max: int | None = None
+    untraced_max_ts: int | None = None
+    negative_samples: int = 0
+    split: dict[str, int] | None = None
+    explained_share: float | None = None
+    unexplained_max_abs: int = OMITTED
+    split_by_phase: list[PhaseSplit] = OMITTED
+    module_code_by_library: dict[str, int] = OMITTED
+    #: The largest steps up to the last sample (:data:`MAX_STEPS`), in time order.
+    steps: list[UntracedStep] = OMITTED
+    last_t_s: float | None = OMITTED  # the report's seconds since the start, as UntracedStep's
+    untraced_max_t_s: float | None = OMITTED
+    exit_t_s: float | None = OMITTED
+
+
+@dataclass
+class NvmlDevice(Section):
+    """The whole GPU: NVML ``used`` beside every traced process's owned bytes, None without
+    samples; ``reserved_last`` None where NVML could not say; ``split`` the sum of the processes'
+    (absent when the summary is of one process)."""
+
+    samples: int
+    unavailable: int
+    last_ts: int | None = None
+    used_last: int | None = None
+    reserved_last: int | None = None
+    traced_last: int | None = None
+    untraced_last: int | None = None
+    untraced_min: int | None = None
+    untraced_max: int | None = None
+    untraced_max_ts: int | None = None
+    negative_samples: int = 0
+    split: dict[str, int] | None = OMITTED
+    last_t_s: float | None = OMITTED
+    untraced_max_t_s: float | None = OMITTED
+
+
+@dataclass
+class ContextRow(Section):
+    """A context bound on the GPU and its cost (NVML's steps over the bind and its first kernel);
+    ``foreign``: its process owns no traced memory on this GPU."""
+
+    pid: int
+    gpu: int
+    handle: int
+    api: str
+    ts: int
+    phase: str
+    cost: int | None  # None: no NVML reading of the process on that GPU
+    foreign: bool
+    t_s: float | None = OMITTED
+
+
+@dataclass
+class GpuReconciliation(Section):
+    """One GPU's reconciliation (:meth:`Reconciliation.gpu_summary`): the report's
+    ``reconciliation`` section, the diff's untraced rows and the answer's UNTRACED lines read it."""
+
+    gpu: int
+    processes: list[NvmlProcess]
+    device: NvmlDevice | None
+    #: The share of its processes' NVML used (last samples) that is traced or explained.
+    explained_share: float | None
+    unsampled_pids: list[int]
+    contexts: list[ContextRow]
+
+    def with_seconds(self, start: int) -> GpuReconciliation:
+        """Every time also as seconds since ``start`` (the ``*_t_s`` fields), as the report shows them."""
+        def s(ts: int | None) -> float | None:
+            return seconds(ts - start) if ts is not None else None
+
+        for p in self.processes:
+            for st in p.steps or ():
+                st.t_s, st.cause_t_s = s(st.ts), s(st.cause_ts)
+            p.last_t_s, p.untraced_max_t_s, p.exit_t_s = s(p.last_ts), s(p.untraced_max_ts), s(p.exit_ts)
+        if self.device is not None:
+            self.device.last_t_s, self.device.untraced_max_t_s = s(self.device.last_ts), s(self.device.untraced_max_ts)
+        for c in self.contexts:
+            c.t_s = s(c.ts)
+        return self
+
+
 @dataclass
 class Reconciliation:
     """NVML vs traced for every GPU with NVML samples (see the module docstring)."""
@@ -148,15 +283,14 @@ class Reconciliation:
         """The series of ``pid`` on ``gpu``, or None when NVML never listed it there."""
         return self.processes.get((gpu, pid))
 
-    def gpu_summary(self, gpu: int, pid: int | None = None) -> dict:
-        """One GPU's reconciliation as plain JSON-able values (``pid``: only that process's row).
+    def gpu_summary(self, gpu: int, pid: int | None = None) -> GpuReconciliation:
+        """One GPU's reconciliation (``pid``: only that process's row).
 
-        ``processes``: one row per process NVML listed on this GPU, pids ascending; its numbers
-        are over the samples taken before the process's recorded exit (``samples``), those after
-        it are only counted (``after_exit_samples``);
-        ``device``: the whole GPU (never filtered by ``pid``), None without device samples;
-        ``unsampled_pids``: processes that owned traced memory on this GPU but never appeared in
-        NVML's per-process samples of it (empty when the trace has no per-process samples at all).
+        ``processes``: one row per process NVML listed on this GPU, pids ascending (see
+        :class:`NvmlProcess`); ``device``: the whole GPU (never filtered by ``pid``), None without
+        device samples; ``unsampled_pids``: processes that owned traced memory on this GPU but never
+        appeared in NVML's per-process samples of it (empty when the trace has no per-process
+        samples at all).
         """
         label = self.phase_label or (lambda _i: "(no phase)")
         rows = [
@@ -171,25 +305,23 @@ class Reconciliation:
         dev = self.devices.get(gpu)
         device = _device_row(dev) if dev is not None else None
         if device is not None and pid is None:
-            device["split"] = _sum_splits(rows)
-        split_rows = [r for r in rows if r.get("split")]
-        used = sum(r["nvml_used_last"] or 0 for r in split_rows)
-        gone = sum(r["split"]["unexplained"] for r in split_rows)
-        return {
-            "gpu": gpu,
-            "processes": rows,
-            "device": device,
-            # the share of its processes' NVML used (last samples) that is traced or explained
-            "explained_share": max(0.0, min(1.0, 1 - gone / used)) if used > 0 else None,
-            "unsampled_pids": unsampled,
-            "contexts": [
-                _context_row(c, label) for c in self.contexts if c.gpu == gpu and (pid is None or c.pid == pid)
-            ],
-        }
+            device.split = _sum_splits(rows)
+        split_rows = [r for r in rows if r.split]
+        used = sum(r.nvml_used_last or 0 for r in split_rows)
+        gone = sum(r.split["unexplained"] for r in split_rows)
+        return GpuReconciliation(
+            gpu=gpu,
+            processes=rows,
+            device=device,
+            explained_share=max(0.0, min(1.0, 1 - gone / used)) if used > 0 else None,
+            unsampled_pids=unsampled,
+            contexts=[_context_row(c, label) for c in self.contexts
+                      if c.gpu == gpu and (pid is None or c.pid == pid)],
+        )
 
     def summary(self) -> dict[str, dict]:
-        """Every GPU's :meth:`gpu_summary`, keyed by the GPU index as a string (JSON keys)."""
-        return {str(g): self.gpu_summary(g) for g in self.gpus()}
+        """Every GPU's :meth:`gpu_summary` as JSON, keyed by the GPU index as a string (JSON keys)."""
+        return {str(g): self.gpu_summary(g).to_json() for g in self.gpus()}
 
 
 def reconcile(trace: Any, timeline: Timeline | None = None, phases: Any = None) -> Reconciliation:
@@ -311,109 +443,72 @@ def _lower_median(a: np.ndarray) -> int:
     return int(np.sort(a)[(len(a) - 1) // 2])
 
 
-def _process_row(s: ProcessSeries, split: UntracedSplit | None, label: Any) -> dict:
+def _process_row(s: ProcessSeries, split: UntracedSplit | None, label: Any) -> NvmlProcess:
     live = s.live
     after = int((~live).sum())
-    row: dict = {
-        "pid": s.pid,
-        "recorded": s.recorded,
-        "samples": len(s) - after,
-        "unavailable": s.unavailable,
-        "after_exit_samples": after,
-        "exit_ts": s.exit_ts,
-        "last_ts": None,
-        "nvml_used_last": None,
-        "traced_last": None,
-        "untraced_last": None,
-        "untraced_min": None,
-        "untraced_median": None,
-        "untraced_max": None,
-        "untraced_max_ts": None,
-        "negative_samples": 0,
-    }
-    if live.any():
-        u = s.untraced[live]
-        last = int(np.nonzero(live)[0][-1])
-        row.update(
-            last_ts=int(s.ts[last]),
-            nvml_used_last=int(s.nvml_used[last]),
-            traced_last=int(s.traced[last]),
-            untraced_last=int(u[-1]),
-            untraced_min=int(u.min()),
-            untraced_median=_lower_median(u),
-            untraced_max=int(u.max()),
-            untraced_max_ts=int(s.ts[live][int(np.argmax(u))]),
-            negative_samples=int((u < 0).sum()),
-        )
-    row["split"] = None
-    row["explained_share"] = None
-    if split is not None and live.any():
-        last = int(np.nonzero(live)[0][-1])
-        row["split"] = split.at(last)
-        row["explained_share"] = explained_share(int(s.nvml_used[last]), int(s.traced[last]), row["split"])
-        lim = s.ts[last]
-        counted = [st for st in split.steps if st.ts <= lim]
-        row["unexplained_max_abs"] = int(np.abs(split.unexplained[live]).max())
-        by_phase: dict[str, dict[str, int]] = {}
-        for st in counted:
-            cell = by_phase.setdefault(label(st.phase), dict.fromkeys(SPLIT, 0))
-            cell[st.category] += st.bytes
-        row["split_by_phase"] = [{"phase": name, **cells} for name, cells in by_phase.items()]
-        by_library: dict[str, int] = {}
-        for st in counted:
-            if st.category == "module_code":
-                by_library[st.library or "(unknown)"] = by_library.get(st.library or "(unknown)", 0) + st.bytes
-        if SEVERAL in by_library:  # a step over calls of several libraries: the split would mislead
-            by_library = {SEVERAL: sum(by_library.values())}
-        row["module_code_by_library"] = dict(sorted(by_library.items(), key=lambda kv: -abs(kv[1])))
-        largest = sorted(counted, key=lambda st: -abs(st.bytes))[:MAX_STEPS]
-        row["steps"] = [
-            {"ts": st.ts, "bytes": st.bytes, "category": st.category, "cause": st.cause, "cause_ts": st.cause_ts,
-             "phase": label(st.phase), "library": st.library}
-            for st in sorted(largest, key=lambda st: st.ts)
-        ]
+    row = NvmlProcess(pid=s.pid, recorded=s.recorded, samples=len(s) - after, unavailable=s.unavailable,
+                      after_exit_samples=after, exit_ts=s.exit_ts)
+    if not live.any():
+        return row
+    u = s.untraced[live]
+    last = int(np.nonzero(live)[0][-1])
+    row.last_ts = int(s.ts[last])
+    row.nvml_used_last = int(s.nvml_used[last])
+    row.traced_last = int(s.traced[last])
+    row.untraced_last = int(u[-1])
+    row.untraced_min = int(u.min())
+    row.untraced_median = _lower_median(u)
+    row.untraced_max = int(u.max())
+    row.untraced_max_ts = int(s.ts[live][int(np.argmax(u))])
+    row.negative_samples = int((u < 0).sum())
+    if split is None:
+        return row
+    row.split = split.at(last)
+    row.explained_share = explained_share(int(s.nvml_used[last]), int(s.traced[last]), row.split)
+    counted = [st for st in split.steps if st.ts <= s.ts[last]]
+    row.unexplained_max_abs = int(np.abs(split.unexplained[live]).max())
+    by_phase: dict[str, dict[str, int]] = {}
+    for st in counted:
+        cell = by_phase.setdefault(label(st.phase), dict.fromkeys(SPLIT, 0))
+        cell[st.category] += st.bytes
+    row.split_by_phase = [PhaseSplit(name, cells) for name, cells in by_phase.items()]
+    by_library: dict[str, int] = {}
+    for st in counted:
+        if st.category == "module_code":
+            by_library[st.library or "(unknown)"] = by_library.get(st.library or "(unknown)", 0) + st.bytes
+    if SEVERAL in by_library:  # a step over calls of several libraries: the split would mislead
+        by_library = {SEVERAL: sum(by_library.values())}
+    row.module_code_by_library = dict(sorted(by_library.items(), key=lambda kv: -abs(kv[1])))
+    largest = sorted(counted, key=lambda st: -abs(st.bytes))[:MAX_STEPS]
+    row.steps = [UntracedStep(st.ts, st.bytes, st.category, st.cause, st.cause_ts, label(st.phase), st.library)
+                 for st in sorted(largest, key=lambda st: st.ts)]
     return row
 
 
-def _sum_splits(rows: list[dict]) -> dict | None:
+def _sum_splits(rows: list[NvmlProcess]) -> dict | None:
     """The device's split: the sum of its processes' (at their last samples)."""
-    splits = [r["split"] for r in rows if r.get("split")]
+    splits = [r.split for r in rows if r.split]
     if not splits:
         return None
     return {name: sum(sp[name] for sp in splits) for name in SPLIT}
 
 
-def _context_row(c: ContextRecord, label: Any) -> dict:
-    return {"pid": c.pid, "gpu": c.gpu, "handle": c.handle, "api": c.api, "ts": c.ts, "phase": label(c.phase),
-            "cost": c.cost, "foreign": c.foreign}
+def _context_row(c: ContextRecord, label: Any) -> ContextRow:
+    return ContextRow(c.pid, c.gpu, c.handle, c.api, c.ts, label(c.phase), c.cost, c.foreign)
 
 
-def _device_row(d: DeviceSeries) -> dict:
-    row: dict = {
-        "samples": len(d),
-        "unavailable": d.unavailable,
-        "last_ts": None,
-        "used_last": None,
-        "reserved_last": None,
-        "traced_last": None,
-        "untraced_last": None,
-        "untraced_min": None,
-        "untraced_max": None,
-        "untraced_max_ts": None,
-        "negative_samples": 0,
-    }
+def _device_row(d: DeviceSeries) -> NvmlDevice:
+    row = NvmlDevice(samples=len(d), unavailable=d.unavailable)
     if len(d):
         u = d.untraced
         reserved = int(d.reserved[-1])
-        row.update(
-            last_ts=int(d.ts[-1]),
-            used_last=int(d.used[-1]),
-            reserved_last=reserved if reserved >= 0 else None,
-            traced_last=int(d.traced[-1]),
-            untraced_last=int(u[-1]),
-            untraced_min=int(u.min()),
-            untraced_max=int(u.max()),
-            untraced_max_ts=int(d.ts[int(np.argmax(u))]),
-            negative_samples=int((u < 0).sum()),
-        )
+        row.last_ts = int(d.ts[-1])
+        row.used_last = int(d.used[-1])
+        row.reserved_last = reserved if reserved >= 0 else None
+        row.traced_last = int(d.traced[-1])
+        row.untraced_last = int(u[-1])
+        row.untraced_min = int(u.min())
+        row.untraced_max = int(u.max())
+        row.untraced_max_ts = int(d.ts[int(np.argmax(u))])
+        row.negative_samples = int((u < 0).sum())
     return row

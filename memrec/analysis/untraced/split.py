@@ -118,6 +118,8 @@ _BIND_AUX = (0, 1)  # CTX aux: retain, create (2 is cuCtxGetDevice)
 _ASYNC_ALLOC = {int(a) for a in (Api.cuMemAllocAsync, Api.cuMemAllocAsync_ptsz)}
 _STREAM = [int(a) for a in STREAM_ORDERED_APIS]
 _K = {k: int(k) for k in Kind}
+#: Driver entry points by number: a step's cause by name (None for a number this memrec does not know).
+_API_NAMES = {int(a): a.name for a in Api}
 _CODE_KINDS = [_K[Kind.CODE_LOAD], _K[Kind.CODE_UNLOAD], _K[Kind.KERNEL_LOAD]]
 _POOL_KINDS = [_K[Kind.POOL], _K[Kind.POOL_DESTROY], _K[Kind.POOL_TRIM], _K[Kind.POOL_ATTR]]
 _GRAPH_KINDS = [_K[Kind.GRAPH_EXEC], _K[Kind.GRAPH_TRIM]]
@@ -643,7 +645,7 @@ class _Splitter:
             api = cause_ts = ctx = lib = None
         self.steps.append(Step(
             ts=int(self.ts[k]), since=since, bytes=nbytes, category=category,
-            cause=Api(api).name if api is not None and api in Api._value2member_map_ else None,
+            cause=_API_NAMES.get(api) if api is not None else None,
             cause_ts=cause_ts, phase=self.phase_of(self.pid, cause_ts if cause_ts is not None else int(self.ts[k])),
             context=ctx, library=lib,
         ))

@@ -48,7 +48,8 @@ from memrec.trace.stacks import Stack
 from memrec.trace.stacks import StackTable
 from memrec.trace.stacks import Unavailable
 
-#: How many sites each phase lists (report text; the JSON has them all up to SITES_JSON).
+#: How many sites each phase lists (report text; the JSON has them all up to SITES_JSON, and
+#: ``memrec report --all`` every one, in the text and the JSON).
 SITES_SHOWN = 5
 SITES_JSON = 50
 #: How many failed calls' sites the section keeps (the answer names the first out-of-memory's).
@@ -60,6 +61,9 @@ _PAIRS = {
     int(Kind.TENSOR_ALLOC): (int(Kind.TENSOR_FREE), "ptr", "tensor"),
 }
 LEVELS = ("driver", "tensor")
+#: A free kind -> (the allocation kind it ends, the column that pairs them): the stack of a free is
+#: its allocation's (the TUI's ``s`` on a free).
+ALLOCATION_OF = {free: (alloc, key) for alloc, (free, key, _) in _PAIRS.items()}
 _STDLIB = re.compile(r"/lib(64)?/python\d+(\.\d+)?/")
 _PACKAGES = ("/site-packages/", "/dist-packages/")
 _NOT_USER_DIRS = ("/torch/", "/memrec/")
@@ -158,6 +162,7 @@ class PhaseSites:
 
     phase: str
     rows: tuple[SiteRow, ...]
+    more: int = 0  # sites of the phase left out past SITES_JSON (``report --all`` keeps them)
 
 
 @dataclass(frozen=True)
@@ -187,7 +192,7 @@ class SitesSection:
             PhaseSites(p["phase"], tuple(
                 SiteRow(Site(**r["site"]), r["level"], r["allocated"], r["held"], r["allocations"], tuple(r["pids"]),
                         tuple(r.get("ranks", ())), r.get("peak", r["held"]))
-                for r in p["rows"]))
+                for r in p["rows"]), p.get("more", 0))
             for p in data["phases"]
         )
         failures = tuple(FailureSite(f["index"], Site(**f["site"])) for f in data.get("failures", ()))
@@ -294,12 +299,12 @@ def _peaks(key: np.ndarray, start: np.ndarray, end: np.ndarray, size: np.ndarray
 
 
 def sites_section(trace: Any, phases: Phases, pid: int | None = None, gpu: int | None = None,
-                  end_ts: int | None = None) -> SitesSection | None:
+                  end_ts: int | None = None, limit: int | None = SITES_JSON) -> SitesSection | None:
     """Allocation sites by phase (see the module docstring); None for a trace without stacks.
 
     ``end_ts``: the trace's end (what ``(no phase)`` holds is what is held then). ``pid``,
     ``gpu``: only that process's allocations, only those on that GPU (after the replay has
-    filled in the GPUs).
+    filled in the GPUs). ``limit``: the most sites kept per phase (None: every one).
     """
     columns = trace.event_columns
     if not len(trace.stacks) or not len(columns) or not np.asarray(columns["stack"]).any():
@@ -345,7 +350,8 @@ def sites_section(trace: Any, phases: Phases, pid: int | None = None, gpu: int |
     for phase in sorted(by_phase, key=lambda name: order.get(name, (np.iinfo(np.int64).max, 0))):
         rows = sorted(by_phase[phase], key=lambda r: (LEVELS.index(r.level), -r.peak, -r.held, -r.allocated,
                                                       r.site.label))
-        out.append(PhaseSites(phase, tuple(rows[:SITES_JSON])))
+        kept = rows if limit is None else rows[:limit]
+        out.append(PhaseSites(phase, tuple(kept), len(rows) - len(kept)))
     failed = np.flatnonzero(failed_calls(columns) & (np.asarray(columns["stack"]) != 0))[:FAILURES_KEPT]
     failure_sites, failure_of = stack_sites(trace.stacks, np.asarray(columns["stack"])[failed])
     failures = tuple(FailureSite(int(i), failure_sites[k]) for i, k in zip(failed.tolist(), failure_of.tolist()) if k >= 0)

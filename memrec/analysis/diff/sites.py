@@ -1,6 +1,6 @@
 """``memrec diff`` by allocation site: which lines of the user's code take more (or less) in B.
 
-Both runs' sites by phase (:mod:`memrec.analysis.sites`) are matched by phase path, level and
+Both runs' sites by phase (:mod:`memrec.analysis.report.sites`) are matched by phase path, level and
 site. A site is matched by its file's path inside its package (what follows ``site-packages/``
 or ``dist-packages/``, else the whole path: two hosts install SGLang in different folders), its
 line and its function; an unavailable stack by its reason. The rows are the sites whose peak
@@ -14,8 +14,8 @@ from dataclasses import asdict
 from dataclasses import dataclass
 
 from memrec.base.untrusted import clean_text
-from memrec.analysis.sites import Site
-from memrec.analysis.sites import SitesSection
+from memrec.analysis.report.sites import Site
+from memrec.analysis.report.sites import SitesSection
 from memrec.analysis.text import fit_lines
 from memrec.analysis.text import human
 from memrec.analysis.text import signed_human
@@ -95,6 +95,18 @@ def diff_sites(a: SitesSection | None, b: SitesSection | None) -> SitesDiff | No
         changes.append(SiteChange(key[0], key[1], site_b or site_a, peak_a, peak_b, alloc_a, alloc_b))  # type: ignore[arg-type]
     changes.sort(key=lambda c: (-abs(c.delta), -abs(c.allocated_b - c.allocated_a), c.phase, c.site.label))
     return SitesDiff(tuple(changes[:SITES_CHANGED]), b is None, a is None)
+
+
+def verdict_line(diff: SitesDiff, b_name: str, least: int) -> str | None:
+    """The verdict's line on sites (``memrec diff``'s first lines, ``tui --diff``, ``plot --diff``):
+    the site whose peak changed most, when both runs have stacks and it changed by ``least`` bytes
+    or more."""
+    if diff.only_a or diff.only_b or not diff.changes or abs(diff.changes[0].delta) < least:
+        return None
+    c = diff.changes[0]
+    level = "" if c.level == "driver" else " (tensor blocks)"
+    return (f"in {clean_text(c.phase, 60)}, {clean_text(c.site.label, 120)}{level} peaks {signed_human(c.delta)} "
+            f"in {b_name} ({human(c.peak_a)} → {human(c.peak_b)}, all ranks)")
 
 
 def render_sites_diff(diff: SitesDiff, width: int | None = None) -> list[str]:
