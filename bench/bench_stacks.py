@@ -1,6 +1,7 @@
 """Cost of --stacks per driver allocation, on the stub driver with real uprobes (root).
 
-A CPython 3.12 process (pyenv) calls cuMemAlloc_v2 N times from a Python stack 8 frames deep.
+A CPython process (pyenv's 3.12, or PYTHON: e.g. 3.10, whose threads the probe matches by FS base)
+calls cuMemAlloc_v2 N times from a Python stack 8 frames deep.
 Rounds interleave three programs: none attached (the floor), the driver probes without stacks,
 and with stacks (the process located, so the probe walks its frames). Prints the median time per
 call of each and the ratios. Then the same for the wall time of the demo workload's start-up
@@ -9,7 +10,7 @@ before it starts; the children it starts are not located in time and get native 
 Also, and less exposed to a loaded host's noise than wall times: the BPF programs' own run time
 per hit of ``enter_cuMemAlloc_v2`` (the entry probe, where the stack is read) and
 ``return_cuMemAlloc_v2``, from the kernel's run-time statistics (on only while measuring).
-Usage: python bench/bench_stacks.py [ROUNDS] [N]
+Usage: python bench/bench_stacks.py [ROUNDS] [N] [PYTHON]
 """
 
 from __future__ import annotations
@@ -45,8 +46,8 @@ print(alloc(8) / n, flush=True)
 PYTHON = "/root/.pyenv/versions/3.12.1/bin/python3.12"
 
 
-def run(stub: Path, n: int, probes: CudaProbes | None) -> float:
-    proc = subprocess.Popen([PYTHON, "-c", LOOP, str(stub), str(n)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+def run(stub: Path, n: int, probes: CudaProbes | None, python: str = PYTHON) -> float:
+    proc = subprocess.Popen([python, "-c", LOOP, str(stub), str(n)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             text=True)
     assert proc.stdout.readline().strip() == "ready"
     if probes is not None and probes.stacks is not None:
@@ -81,14 +82,14 @@ def run_workload(stub: Path, probes: CudaProbes | None) -> float:
     return took
 
 
-def kernel_ns(stub: Path, n: int, probes: CudaProbes) -> dict[str, float]:
+def kernel_ns(stub: Path, n: int, probes: CudaProbes, python: str) -> dict[str, float]:
     """ns per hit of the cuMemAlloc_v2 probes' BPF programs over one loop run."""
     names = ("enter_cuMemAlloc_v2", "return_cuMemAlloc_v2")
     probes.attach_library(stub)
     fd = bpfsys.enable_stats()
     try:
         before = {f: probes.run_stats(f) for f in names}
-        run(stub, n, probes)
+        run(stub, n, probes, python)
         after = {f: probes.run_stats(f) for f in names}
     finally:
         os.close(fd)
@@ -124,19 +125,20 @@ def show(what: str, unit: float, times: dict[str, list[float]]) -> None:
 def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 10
     n = int(sys.argv[2]) if len(sys.argv) > 2 else 5000
+    python = sys.argv[3] if len(sys.argv) > 3 else PYTHON
     stub = build_stub(Path(tempfile.mkdtemp()))
     plain = CudaProbes(ringbuf_pages=4096).load()
     stacked = CudaProbes(ringbuf_pages=4096, stacks=StackOptions(ring_pages=4096)).load()
     try:
         per_hit: dict[str, list[dict[str, float]]] = {"probes": [], "stacks": []}
         for _ in range(rounds):
-            per_hit["probes"].append(kernel_ns(stub, n, plain))
-            per_hit["stacks"].append(kernel_ns(stub, n, stacked))
+            per_hit["probes"].append(kernel_ns(stub, n, plain, python))
+            per_hit["stacks"].append(kernel_ns(stub, n, stacked, python))
         for label, runs in per_hit.items():
             for f in runs[0]:
                 print(f"BPF ns per hit: {label:7s} {f:22s} median {statistics.median(r[f] for r in runs):8.0f} "
                       f"(runs: {', '.join(f'{r[f]:.0f}' for r in runs)})")
-        loop = interleave(rounds, stub, plain, stacked, lambda probes: run(stub, n, probes))
+        loop = interleave(rounds, stub, plain, stacked, lambda probes: run(stub, n, probes, python))
         show("us per cuMemAlloc_v2", 1e3, loop)
         startup = interleave(rounds, stub, plain, stacked, lambda probes: run_workload(stub, probes))
         show("ms per workload start-up", 1e6, startup)

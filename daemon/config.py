@@ -172,7 +172,7 @@ class DaemonConfig:
         torch_paths: ``libc10_cuda.so`` files to probe besides those processes map (with tensors).
         stacks: also record the allocating thread's Python stack (and native return addresses)
             for every driver allocation and every tensor block of ``stack_min_bytes`` or more,
-            read by the probe from the interpreter (CPython 3.11-3.13; :mod:`memrec.probes.pystacks`).
+            read by the probe from the interpreter (CPython 3.10-3.13; :mod:`memrec.probes.pystacks`).
         stack_depth: the most Python frames kept per stack (1-32; the outer ones are cut).
         stack_min_bytes: tensor blocks below this get no stack (0: every block).
         tensor_pids: with tensors, only these processes get the probes (the kernel's per-process

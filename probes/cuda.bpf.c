@@ -261,7 +261,8 @@ static __always_inline void submit_proc(u16 kind, u16 api, u32 pid, u32 tid, u64
 // may run in the traced process. The daemon locates each process's interpreter (_PyRuntime) and
 // writes its address with the offsets of that CPython version into `py_procs`; this walks
 // _PyRuntime.interpreters.head->threads.head to the thread state whose native_thread_id is the
-// calling tid, then the frames, and records (code object, instruction pointer) per frame. The
+// calling tid (3.10: whose thread_id, pthread_self(), is the thread's FS base: py_proc.fsbase),
+// then the frames, and records (code object, instruction pointer or 3.10's f_lasti) per frame. The
 // daemon turns those into file, line and function by reading the code objects
 // (memrec.probes.pystacks). One record per stack in the `stacks` ring (all of one size, read like
 // `events`); the event names it by id in its ipc column (FLAG_STACK).
@@ -283,15 +284,18 @@ struct py_proc {
     u32 interp_head;  // _PyRuntimeState.interpreters.head
     u32 threads_head; // PyInterpreterState.threads.head
     u32 ts_next;      // PyThreadState.next
-    u32 ts_tid;       // PyThreadState.native_thread_id
-    u32 ts_frame;     // PyThreadState.cframe (3.11, 3.12) or .current_frame (3.13)
-    u32 cframe_frame; // _PyCFrame.current_frame, or PY_NONE (3.13: no cframe)
-    u32 fr_previous;  // _PyInterpreterFrame.previous
+    u32 ts_tid;       // PyThreadState.native_thread_id (3.10: .thread_id)
+    u32 ts_frame;     // PyThreadState.cframe (3.11, 3.12), .current_frame (3.13), .frame (3.10)
+    u32 cframe_frame; // _PyCFrame.current_frame, or PY_NONE (3.10, 3.13: the frame is the thread state's)
+    u32 fr_previous;  // _PyInterpreterFrame.previous (3.10: PyFrameObject.f_back)
     u32 fr_code;      // .f_code / .f_executable
-    u32 fr_instr;     // .prev_instr / .instr_ptr
+    u32 fr_instr;     // .prev_instr / .instr_ptr (3.10: .f_lasti)
     u32 fr_owner;     // .owner
     u32 owner_cstack; // owner of a C-stack shim frame (skipped), or PY_NONE
-    u32 pad;
+    // PY_NONE: ts_tid holds the kernel's thread id (3.11+). Otherwise ts_tid holds pthread_self()
+    // (3.10), which on x86-64 is the thread's FS base, at this offset in task_struct
+    // (thread.fsbase, found in the kernel's BTF by the daemon: the program is the same on every kernel).
+    u32 fsbase;
 };
 
 struct stack_rec {
@@ -328,8 +332,16 @@ static __always_inline u64 py_top_frame(struct py_proc *p, u64 ts) {
 // the one running Python. (Loops are kept free of state the verifier would have to tell apart
 // per iteration: a failed read ends the walk as a null pointer would.)
 static __always_inline u64 py_thread_frame(struct py_proc *p, u32 tid, u32 *status) {
-    u64 interp = 0, ts = 0, frame = 0;
+    u64 interp = 0, ts = 0, frame = 0, want = tid, mask = 0xffffffffULL;
     u32 matched = 0;
+    if (p->fsbase != PY_NONE) { // 3.10: the thread state's pthread id, all 64 bits of it
+        u64 task = bpf_get_current_task();
+        mask = ~0ULL;
+        if (bpf_probe_read_kernel(&want, sizeof(want), (void *)(task + p->fsbase)) || !want) {
+            *status = STACK_READ_FAILED;
+            return 0;
+        }
+    }
     if (bpf_probe_read_user(&interp, sizeof(interp), (void *)(p->runtime + p->interp_head)) || !interp
         || bpf_probe_read_user(&ts, sizeof(ts), (void *)(interp + p->threads_head))) {
         *status = STACK_READ_FAILED;
@@ -341,7 +353,7 @@ static __always_inline u64 py_thread_frame(struct py_proc *p, u32 tid, u32 *stat
             break;
         u64 native = 0, next = 0;
         bpf_probe_read_user(&native, sizeof(native), (void *)(ts + p->ts_tid));
-        if ((u32)native == tid) {
+        if ((native & mask) == want) {
             matched = 1;
             frame = py_top_frame(p, ts);
             if (frame)
@@ -377,11 +389,11 @@ static __always_inline u32 read_python(struct stack_rec *r, u32 tgid, u32 tid) {
             break;
         u8 owner = 0;
         u64 code = 1, instr = 0, prev = 0;
-        bpf_probe_read_user(&owner, sizeof(owner), (void *)(frame + off_owner));
         if (bpf_probe_read_user(&code, sizeof(code), (void *)(frame + off_code)))
             code = 1;
         bpf_probe_read_user(&instr, sizeof(instr), (void *)(frame + off_instr));
-        if (cstack != PY_NONE && owner == cstack)
+        if (cstack != PY_NONE && !bpf_probe_read_user(&owner, sizeof(owner), (void *)(frame + off_owner))
+            && owner == cstack)
             code = 0;
         r->code[i & (PY_SLOTS - 1)] = code;
         r->instr[i & (PY_SLOTS - 1)] = instr;

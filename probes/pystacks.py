@@ -10,11 +10,18 @@ What the probe needs per process (:class:`PyProc`, written into the ``py_procs``
 ``_PyRuntime``'s address in that process (the symbol of the python executable or the libpython it
 maps, plus where the file is mapped) and the offsets of the interpreter's structures for its
 CPython version. The tables below were generated from the real interpreters' internal headers
-(``offsetof`` over ``Py_BUILD_CORE`` headers of pyenv's 3.11.7, 3.12.1 and 3.13.0 builds, see
-``tests/bpf/test_pystacks.py`` which checks them against those interpreters); 3.13 and later also
-publish them in ``_PyRuntime`` (``_Py_DebugOffsets``), which is read and preferred when present.
-The probe matches a thread state by ``native_thread_id`` (3.11+); 3.10 and older keep only the
-pthread id, so they are said to be unsupported rather than guessed at.
+(``offsetof`` over ``Py_BUILD_CORE`` headers of pyenv's 3.10.13, 3.11.7, 3.12.1 and 3.13.0 builds,
+see ``tests/unit/test_pystacks.py`` which checks them against those interpreters); 3.13 and later
+also publish them in ``_PyRuntime`` (``_Py_DebugOffsets``), which is read and preferred when present.
+
+The probe matches a thread state by ``native_thread_id`` (3.11+). CPython 3.10 keeps only the
+pthread id (``thread_id``, ``pthread_self()``), which on x86-64 is the thread's FS base: the probe
+compares it with ``task_struct.thread.fsbase``, at an offset read from the running kernel's BTF
+(:mod:`memrec.probes.btf`) and handed to the probe in the process's entry. Where that offset
+cannot be known (no BTF, another architecture) 3.10 processes are said to be unreadable, and so
+are 3.9 and older, rather than guessed at. 3.10 also walks other frames (``PyFrameObject``: the
+probe records ``f_lasti``, an instruction index, where 3.11+ give an instruction pointer) and has
+another line table format (PEP 626's, :func:`line_of_pep626`).
 
 A frame that cannot be read (the process exited, the object is no longer a code object) becomes
 an explicit ``<unreadable: reason>`` frame; a stack that cannot be read at all becomes
@@ -38,6 +45,8 @@ from pathlib import Path
 
 import numpy as np
 
+from memrec.probes.btf import VMLINUX
+from memrec.probes.btf import task_fsbase_offset
 from memrec.probes.elfsyms import ElfError
 from memrec.probes.elfsyms import FunctionTable
 from memrec.probes.elfsyms import read_bytes
@@ -79,28 +88,34 @@ class Offsets:
     """Where the probe and the symboliser find things in one CPython version (bytes)."""
 
     interp_head: int  # _PyRuntimeState.interpreters.head
-    threads_head: int  # PyInterpreterState.threads.head
+    threads_head: int  # PyInterpreterState.threads.head (3.10: .tstate_head)
     ts_next: int  # PyThreadState.next
-    ts_tid: int  # PyThreadState.native_thread_id
-    ts_frame: int  # PyThreadState.cframe (3.11, 3.12) / .current_frame (3.13+)
-    cframe_frame: int  # _PyCFrame.current_frame; _NONE without a cframe (3.13+)
-    fr_previous: int  # _PyInterpreterFrame.previous
+    ts_tid: int  # PyThreadState.native_thread_id (3.10: .thread_id)
+    ts_frame: int  # PyThreadState.cframe (3.11, 3.12) / .current_frame (3.13+) / .frame (3.10)
+    cframe_frame: int  # _PyCFrame.current_frame; _NONE without a cframe (3.10, 3.13+)
+    fr_previous: int  # _PyInterpreterFrame.previous (3.10: PyFrameObject.f_back)
     fr_code: int  # .f_code / .f_executable
-    fr_instr: int  # .prev_instr / .instr_ptr
-    fr_owner: int  # .owner
+    fr_instr: int  # .prev_instr / .instr_ptr (3.10: .f_lasti)
+    fr_owner: int  # .owner; _NONE in 3.10
     owner_cstack: int  # FRAME_OWNED_BY_CSTACK (shim frames, skipped); _NONE before 3.12
     co_filename: int
     co_name: int
     co_qualname: int
     co_firstlineno: int
     co_linetable: int
-    co_code_adaptive: int
+    co_code_adaptive: int  # _NONE in 3.10 (its instructions are counted by index)
     ascii_size: int  # sizeof(PyASCIIObject): where a compact ASCII string's characters start
     compact_size: int  # sizeof(PyCompactUnicodeObject): the same for other compact strings
+    #: 3.10: frames are PyFrameObjects (``fr_instr`` is ``f_lasti``, an int: the index of the
+    #: instruction running), the line table is PEP 626's, code objects have no qualified name
+    #: (``co_qualname`` is ``co_name``), and ``ts_tid`` is the pthread id (see the module's doc).
+    frame_objects: bool = False
 
 
-#: Checked against pyenv's 3.11.7, 3.12.1 and 3.13.0 (tests/bpf/test_pystacks.py).
+#: Checked against pyenv's 3.10.13, 3.11.7, 3.12.1 and 3.13.0 (tests/unit/test_pystacks.py).
 LAYOUTS: dict[tuple[int, int], Offsets] = {
+    (3, 10): Offsets(32, 8, 8, 176, 24, _NONE, 24, 32, 96, _NONE, _NONE, 104, 112, 112, 40, 120, _NONE, 48, 72,
+                     frame_objects=True),
     (3, 11): Offsets(40, 16, 8, 160, 56, 8, 48, 32, 56, 69, _NONE, 112, 120, 128, 72, 136, 184, 48, 72),
     (3, 12): Offsets(40, 72, 8, 144, 56, 0, 8, 0, 56, 70, 3, 112, 120, 128, 68, 136, 192, 40, 56),
     (3, 13): Offsets(632, 7344, 8, 160, 72, _NONE, 8, 0, 56, 70, 3, 112, 120, 128, 68, 136, 200, 40, 56),
@@ -121,34 +136,39 @@ class Interpreter:
         pid: the process.
         path: the mapped file holding ``_PyRuntime`` (the executable or libpython), as the
             process names it.
-        version: (major, minor, micro), or None when the file does not say (before 3.11).
+        version: (major, minor, micro); (major, minor) when only the file's name says which
+            (before 3.11: no ``Py_Version``); None when nothing does.
         runtime: ``_PyRuntime``'s address in the process (0: not found).
         code_type: ``PyCode_Type``'s address (a frame's object is checked against it).
         offsets: the layout, or None when ``problem`` says why stacks cannot be read.
-        problem: "" or why this interpreter gives no stacks ("CPython 3.9: memrec reads 3.11, ...").
+        problem: "" or why this interpreter gives no stacks ("CPython 3.9: memrec reads 3.10, ...").
+        fsbase: where ``task_struct.thread.fsbase`` lies in the running kernel (3.10: the probe
+            matches thread states by it); ``_NONE`` for 3.11+, matched by native thread id.
     """
 
     pid: int
     path: str
-    version: tuple[int, int, int] | None
+    version: tuple[int, ...] | None
     runtime: int
     code_type: int
     offsets: Offsets | None
     problem: str = ""
+    fsbase: int = _NONE
 
     @property
     def label(self) -> str:
         """``CPython 3.12.1`` (``CPython 3.10`` when only the file's name says which)."""
         if self.version is None:
             return "CPython (before 3.11)"
-        return "CPython " + ".".join(map(str, self.version if self.version[2] or not self.problem else self.version[:2]))
+        return "CPython " + ".".join(map(str, self.version))
 
     def pack(self) -> bytes:
         """The ``py_procs`` map value (struct py_proc)."""
         o = self.offsets
         assert o is not None and not self.problem
         return struct.pack("<Q12I", self.runtime, o.interp_head, o.threads_head, o.ts_next, o.ts_tid, o.ts_frame,
-                           o.cframe_frame, o.fr_previous, o.fr_code, o.fr_instr, o.fr_owner, o.owner_cstack, 0)
+                           o.cframe_frame, o.fr_previous, o.fr_code, o.fr_instr, o.fr_owner, o.owner_cstack,
+                           self.fsbase)
 
 
 def _candidates(entries: list[MapsEntry]) -> list[MapsEntry]:
@@ -238,29 +258,33 @@ def locate(pid: int, proc: Path = Path("/proc")) -> Interpreter | None:
         return _interpreter(pid, entry, entries, offsets, version, proc)
     for entry in _candidates(entries):
         named = _NAMED_VERSION.search(os.path.basename(entry.path))
-        if named:  # an interpreter too old to export _PyRuntime (3.9 and before)
-            version = (int(named.group(1)), int(named.group(2)), 0)
+        if named:  # an interpreter too old to export _PyRuntime (3.6 and before)
+            version = (int(named.group(1)), int(named.group(2)))
             return Interpreter(pid, entry.path, version, 0, 0, None,
                                f"CPython {version[0]}.{version[1]}: memrec reads the stacks of CPython {SUPPORTED}")
     return None
 
 
 def _interpreter(pid: int, entry: MapsEntry, entries: list[MapsEntry], offsets: dict[str, int],
-                 version: tuple[int, int, int] | None, proc: Path) -> Interpreter:
+                 version: tuple[int, ...] | None, proc: Path) -> Interpreter:
     runtime = _address(entries, entry, offsets["_PyRuntime"])
     code_type = _address(entries, entry, offsets.get("PyCode_Type", -1))
-    found = Interpreter(pid, entry.path, version, runtime, code_type, None)
     named = _NAMED_VERSION.search(os.path.basename(entry.path))
-    if version is None and named:  # before 3.11 (no Py_Version): the file's name says which
-        found = Interpreter(pid, entry.path, (int(named.group(1)), int(named.group(2)), 0), runtime, code_type, None)
-    if found.version is None or found.version[:2] < min(LAYOUTS):
+    if version is None and named:  # before 3.11 (no Py_Version): the file's name says which, not the micro
+        version = (int(named.group(1)), int(named.group(2)))
+    found = Interpreter(pid, entry.path, version, runtime, code_type, None)
+    if version is None or version[:2] < min(LAYOUTS):
         return _with_problem(found, f"{found.label}: memrec reads the stacks of CPython {SUPPORTED}")
-    assert version is not None
     table = LAYOUTS.get(version[:2]) or (LAYOUTS[max(LAYOUTS)] if version[:2] > max(LAYOUTS) else None)
     if table is None:
         return _with_problem(found, f"{found.label}: memrec reads the stacks of CPython {SUPPORTED}")
     if not runtime or not code_type:
         return _with_problem(found, f"{found.label}: _PyRuntime or PyCode_Type is not mapped")
+    if table.frame_objects:
+        fsbase = thread_pointer_offset()
+        if isinstance(fsbase, str):
+            return _with_problem(found, f"{found.label}: {fsbase}")
+        return Interpreter(pid, entry.path, version, runtime, code_type, table, fsbase=fsbase)
     layout = table if version[:2] in LAYOUTS else None
     if version[:2] >= (3, 13):
         try:
@@ -274,6 +298,21 @@ def _interpreter(pid: int, entry: MapsEntry, entries: list[MapsEntry], offsets: 
     if layout is None:
         return _with_problem(found, f"{found.label}: no debug offsets and no table (memrec reads {SUPPORTED})")
     return Interpreter(pid, entry.path, version, runtime, code_type, layout)
+
+
+#: The kernel's BTF that :func:`thread_pointer_offset` reads.
+KERNEL_BTF = VMLINUX
+
+
+def thread_pointer_offset() -> int | str:
+    """Where the kernel keeps the calling thread's ``pthread_self()`` (``task_struct.thread.fsbase``:
+    on x86-64, glibc's and musl's pthread id is the thread pointer, the FS base set at the thread's
+    creation), or why a CPython 3.10 thread state cannot be matched to a thread (a string)."""
+    machine = os.uname().machine
+    if machine != "x86_64":
+        return f"its thread states name threads by pthread id, which memrec matches on x86-64 only (this is {machine})"
+    found = task_fsbase_offset(KERNEL_BTF)
+    return found if isinstance(found, int) else f"its threads cannot be matched (pthread ids): {found}"
 
 
 def _with_problem(found: Interpreter, problem: str) -> Interpreter:
@@ -298,6 +337,25 @@ def _varint(table: bytes, i: int) -> tuple[int, int]:
 def _svarint(table: bytes, i: int) -> tuple[int, int]:
     value, i = _varint(table, i)
     return (-(value >> 1) if value & 1 else value >> 1), i
+
+
+def line_of_pep626(table: bytes, firstlineno: int, index: int) -> int | None:
+    """The source line of code unit ``index`` in a CPython 3.10 line table (``co_linetable``, PEP
+    626: pairs of an unsigned byte, the bytes of code covered, and a signed byte, the line delta,
+    -128 for no line; a pair covering no code still moves the line), or None when the instruction
+    has no line. Mirrors CPython 3.10's ``PyCode_Addr2Line`` (``PyLineTable_NextAddressRange``)."""
+    addr = index * 2  # the table counts bytes; an index counts 2-byte code units
+    line = firstlineno
+    start = 0
+    for i in range(0, len(table) - 1, 2):
+        end = start + table[i]
+        delta = table[i + 1] - 256 if table[i + 1] > 127 else table[i + 1]
+        if delta != -128:
+            line += delta
+        if start <= addr < end:
+            return None if delta == -128 else line
+        start = end
+    return None
 
 
 def line_of(table: bytes, firstlineno: int, index: int) -> int | None:
@@ -340,13 +398,15 @@ class _Code:
     function: str
     firstlineno: int
     linetable: bytes
+    pep626: bool  # a 3.10 line table (line_of_pep626), not a 3.11+ location table (line_of)
     #: code unit index -> line, as found: decoding the table walks it from the start, and a busy
     #: allocation site is met again and again (the daemon must keep up with the events).
     lines: dict[int, int | None] = field(default_factory=dict)
 
     def line(self, index: int) -> int:
         if index not in self.lines:
-            self.lines[index] = line_of(self.linetable, self.firstlineno, index) if index >= 0 else None
+            decode = line_of_pep626 if self.pep626 else line_of
+            self.lines[index] = decode(self.linetable, self.firstlineno, index) if index >= 0 else None
         found = self.lines[index]
         return found if found is not None else self.firstlineno
 
@@ -511,6 +571,8 @@ class Symboliser:
         still the one it was (:func:`_identity` unchanged, as :meth:`_code` checks per frame)."""
         o = interp.offsets
         assert o is not None
+        if o.frame_objects:  # the probe read 8 bytes at f_lasti: f_lineno (not the place) is above it
+            instrs = instrs & np.uint64(0xFFFFFFFF)
         key = codes.tobytes() + instrs.tobytes()
         real = [c for c in codes.tolist() if c > 1]
         heads = _read_many(pid, real, o.co_linetable + 8) if real else b""
@@ -539,7 +601,11 @@ class Symboliser:
                 continue
             try:
                 obj = self._code(pid, interp, code)
-                out.append(Frame(obj.file, obj.line((instr - code - o.co_code_adaptive) // 2), obj.function))
+                if o.frame_objects:  # f_lasti: the low 32 bits, a signed int (-1: not started)
+                    index = (instr & 0xFFFFFFFF) - ((instr & 0x80000000) << 1)
+                else:
+                    index = (instr - code - o.co_code_adaptive) // 2
+                out.append(Frame(obj.file, obj.line(index), obj.function))
             except _Unreadable as why:
                 out.append(Frame("<unreadable>", 0, str(why)))
         return out
@@ -574,7 +640,7 @@ class Symboliser:
             raise _Unreadable(f"line table of {size} bytes")
         linetable = self._read(pid, table + 32, size)  # PyBytesObject.ob_sval
         got = _Code(ident, self._string(pid, o, pointer(o.co_filename)), self._string(pid, o, pointer(o.co_qualname)),
-                    firstlineno, linetable)
+                    firstlineno, linetable, o.frame_objects)
         if len(self._codes) > 1 << 16:
             self._codes.clear()
         self._codes[(pid, addr)] = got

@@ -112,7 +112,7 @@ class DaemonCommand:
                                  "(already running ones included; costs about 1 us per tensor allocation or free)")
         parser.add_argument("--stacks", action="store_true",
                             help="also record the allocating thread's Python stack (file, line, function; CPython "
-                                 "3.11-3.13, read by the probe: nothing runs in the process) and native return "
+                                 "3.10-3.13, read by the probe: nothing runs in the process) and native return "
                                  "addresses, for every driver allocation and every tensor block of --stack-min-bytes "
                                  "or more (off by default; docs/probes.md, docs/performance.md)")
         parser.add_argument("--stack-depth", type=_arg(c.stack_depth), default=32, metavar="N",

@@ -1,6 +1,6 @@
 """--stacks with real uprobes on the stub driver: the Python stack of each allocation, read by the
 probe from real CPython 3.10-3.13 interpreters (pyenv's builds), against the lines the worker
-script (tests/bpf/stack_worker.py) allocates from."""
+script (tests/bpf/stack_worker.py) allocates from; 3.9 is said to be unreadable."""
 
 from __future__ import annotations
 
@@ -51,6 +51,14 @@ class StackWorker:
         if self.proc.poll() is None:
             self.proc.stdin.close()
             self.proc.wait(10)
+
+
+def _named(frames: list[tuple[str, int, str]], minor: str) -> list[tuple[str, int, str]]:
+    """``frames`` as CPython ``minor`` names functions: 3.10's code objects have no qualified name
+    (``Holder.outer`` is ``outer`` there)."""
+    if minor != "3.10":
+        return frames
+    return [(file, line, function.rsplit(".", 1)[-1]) for file, line, function in frames]
 
 
 def _python_frames(trace, event) -> list[tuple[str, int, str]]:
@@ -110,17 +118,18 @@ def test_daemon_stacks_name_the_allocating_lines_in_every_supported_cpython(stub
         blocks = mine[mine["kind"] == Kind.TENSOR_ALLOC]
         assert len(big) == 1 and len(thread) == 1 and len(blocks) == 2, minor
         assert blocks[blocks["size"] == 4096]["stack"][0] == 0  # under the threshold
-        if minor in ("3.10", "3.9"):  # unsupported: said, never a wrong stack
+        if minor == "3.9":  # unsupported: said, never a wrong stack
             for e in (big[0], thread[0]):
                 stack = trace.stack(int(e["stack"]))
                 reason = stack.reason if isinstance(stack, Unavailable) else stack[0].function
-                assert f"CPython {minor}" in reason and "3.11, 3.12, 3.13" in reason, (minor, stack)
+                assert f"CPython {minor}" in reason and "3.10, 3.11, 3.12, 3.13" in reason, (minor, stack)
                 assert not isinstance(stack, tuple) or all(f.native or f.file.startswith("<") for f in stack)
             continue
-        assert _python_frames(trace, big[0]) == main_stack, minor
+        assert _python_frames(trace, big[0]) == _named(main_stack, minor), minor
         on_thread = _python_frames(trace, thread[0])
-        assert on_thread[:2] == main_stack[:2], minor  # the other thread's own stack
-        assert [f[2] for f in on_thread[2:]] == ["Thread.run", "Thread._bootstrap_inner", "Thread._bootstrap"]
+        assert on_thread[:2] == _named(main_stack[:2], minor), minor  # the other thread's own stack
+        assert [f[2] for f in on_thread[2:]] == [f[2] for f in _named(
+            [("", 0, "Thread.run"), ("", 0, "Thread._bootstrap_inner"), ("", 0, "Thread._bootstrap")], minor)], minor
         assert _python_frames(trace, blocks[blocks["size"] == 4 << 20][0]) == [
             ("stack_worker.py", _line("make_block"), "make_block"),
             ("stack_worker.py", _line("main.tensor"), "main"),
@@ -128,13 +137,16 @@ def test_daemon_stacks_name_the_allocating_lines_in_every_supported_cpython(stub
         (deep,) = allocs[allocs["size"] == 3 << 20]
         frames = _python_frames(trace, deep)
         assert len(frames) == 33 and frames[-1][0] == "<truncated>", minor  # 32 kept, none a shim
-        assert frames[:3] == [("stack_worker.py", _line("allocate"), "allocate"),
-                              ("stack_worker.py", _line("deep.leaf"), "deep"),
-                              ("stack_worker.py", _line("deep (through C: a shim frame each)"), "deep.<locals>.<lambda>")]
+        assert frames[:3] == _named([("stack_worker.py", _line("allocate"), "allocate"),
+                                     ("stack_worker.py", _line("deep.leaf"), "deep"),
+                                     ("stack_worker.py", _line("deep (through C: a shim frame each)"),
+                                      "deep.<locals>.<lambda>")], minor), minor
         native = [f for f in trace.stack(int(big[0]["stack"])) if f.native]
         assert native and native[0].file == str(stub_lib) and native[0].function.startswith("cuMemAlloc_v2")
     versions = {i["version"]: i for i in trace.trailer["stacks_read"]["interpreters"]}
     assert any(v.startswith("CPython 3.12") and not i["problem"] for v, i in versions.items())
+    if "3.10" in workers:  # read: the file's name says 3.10, not which 3.10
+        assert versions["CPython 3.10"]["problem"] == ""
 
 
 def test_the_program_without_stacks_is_unchanged(stub_lib):

@@ -5,13 +5,19 @@
 #include "internal/pycore_interp.h"
 #if PY_VERSION_HEX >= 0x030B0000
 #include "internal/pycore_frame.h"
+#else
+#include <frameobject.h>
 #endif
 #include "internal/pycore_code.h"
 #define O(s, f) printf("%s.%s %zu\n", #s, #f, offsetof(s, f))
 int main(void) {
     printf("version %s\n", PY_VERSION);
     O(_PyRuntimeState, interpreters.head);
+#if PY_VERSION_HEX >= 0x030B0000
     O(PyInterpreterState, threads.head);
+#else
+    O(PyInterpreterState, tstate_head);
+#endif
     O(PyThreadState, next);
     O(PyThreadState, thread_id);
 #if PY_VERSION_HEX >= 0x030B0000

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,6 +23,7 @@ from memrec.trace.stacks import Frame
 needs_layout = pytest.mark.skipif(sys.version_info[:2] not in pystacks.LAYOUTS,
                                   reason=f"CPython {sys.version_info[0]}.{sys.version_info[1]} has no offset table")
 
+PYENV = Path("/root/.pyenv/versions")
 _CHILD = "import time\ndef where():\n    print(id(where.__code__), flush=True)\n    time.sleep(120)\nwhere()\n"
 
 
@@ -102,6 +104,38 @@ def test_a_stack_is_read_when_polled_so_its_frames_outlive_the_process(child):
     assert (recorder.resolved, recorder.unavailable) == (1, 0)
 
 
+_CHILD_310 = """import sys, time
+def w\u00f6(pause):
+    frame = sys._getframe()
+    print(id(frame.f_code), frame.f_lasti // 2, frame.f_lineno, flush=True)
+    time.sleep(pause)
+w\u00f6(120)
+"""
+
+
+def test_a_cpython_310_frame_is_named_from_its_f_lasti_and_pep626_table():
+    """3.10: the probe records f_lasti (8 bytes read: f_lineno above it) where 3.11+ give an
+    instruction pointer; the name is co_name, here not ASCII (a compact string past 3.10's wstr)."""
+    found = sorted(PYENV.glob("3.10.*/bin/python3.10")) if PYENV.is_dir() else []
+    if not found:
+        pytest.skip("no pyenv CPython 3.10")
+    proc = subprocess.Popen([str(found[-1]), "-c", _CHILD_310], stdout=subprocess.PIPE, text=True)
+    try:
+        code, lasti, line = map(int, proc.stdout.readline().split())
+        interp = pystacks.locate(proc.pid)
+        assert interp is not None and not interp.problem, interp
+        symboliser = pystacks.Symboliser()
+        symboliser.set_interpreter(interp)
+        rec = _record(proc.pid, code)
+        rec["instr"][0] = (line << 32) | lasti
+        assert line == 4 and symboliser.stack(rec) == (Frame("<string>", 4, "w\u00f6"),)
+        rec["instr"][0] = 0xFFFFFFFF  # -1: the frame has not started, its first line
+        assert symboliser.stack(rec) == (Frame("<string>", 2, "w\u00f6"),)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_the_function_table_names_every_function_symbol_as_the_symbol_walk_does():
     path = next(p for p in ("/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libc.so.6") if os.path.exists(p))
     fd = os.open(path, os.O_RDONLY)
@@ -120,10 +154,11 @@ def test_the_function_table_names_every_function_symbol_as_the_symbol_walk_does(
     assert table.name_at(min(at) - 1) == ""
 
 
-@needs_layout
-def test_a_code_object_is_known_again_by_its_identity_not_its_reference_count():
-    o = pystacks.LAYOUTS[sys.version_info[:2]]
+@pytest.mark.parametrize("minor", sorted(pystacks.LAYOUTS), ids=lambda m: f"{m[0]}.{m[1]}")
+def test_a_code_object_is_known_again_by_its_identity_not_its_reference_count(minor):
+    o = pystacks.LAYOUTS[minor]
     size = o.co_linetable + 8
+    assert max(o.co_filename, o.co_name, o.co_qualname, o.co_firstlineno + 4) <= size  # all in the header read
     head = bytes(range(256))[:size]
     recounted = (12345).to_bytes(8, "little") + head[8:]
     moved = bytearray(head)
