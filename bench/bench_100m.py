@@ -64,11 +64,11 @@ HEADER = {
     "probes": {"torch": ["libc10_cuda.so"]},
 }
 
-COMMANDS = ("load_trace", "load", "report", "diff", "dump", "tui", "parquet", "csv", "perfetto", "memory-viz", "dataset")
+COMMANDS = ("load_trace", "load", "report", "diff", "dump", "tui", "tui_app", "parquet", "csv", "perfetto", "memory-viz", "dataset")
 
 CHILD = r"""
 import contextlib, io, json, os, resource, sys, threading, time
-what, path, tmp = sys.argv[1], sys.argv[2], sys.argv[3]
+what, path, tmp, root = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 t = time.perf_counter()
 first = None
 extra = {}
@@ -81,12 +81,22 @@ elif what == "load":
     import memrec
     rec = memrec.load(path, pandas=False)
     rec.events, rec.processes, rec.by_phase, rec.samples
-elif what == "tui":  # the TUI's first frame waits for the scan; the model's replay after it
+elif what == "tui":  # the TUI's first frame waits for the file's start (ready), the rest of the scan and the replay after it
     from memrec.tui.sources import FileSource
     source = FileSource(path)
-    source.scan()
-    first = time.perf_counter() - t
+    seen = {}
+    source.scan(ready=lambda: seen.setdefault("first", time.perf_counter() - t))
+    first = seen["first"]
+    extra = {"scan": time.perf_counter() - t}
     source.index()
+elif what == "tui_app":  # the app, headless: start -> the first frame painted with the cursor's state (bench_tui.py's)
+    import asyncio
+    from memrec.tui.sources import FileSource  # before bench_tui, which puts this tree first on the path (--base)
+    sys.path.insert(0, os.path.join(root, "bench"))
+    from bench_tui import first_frame
+    FileSource.answer = lambda self: None  # the report's answer, after the replay: another command's memory (report)
+    first, _, _ = asyncio.run(first_frame(path, replay=False))  # the replay: the tui command's
+    extra = {"app": True}
 else:
     from memrec.commands import main
     out = os.path.join(tmp, "out")
@@ -251,7 +261,8 @@ def write_trace(path: Path, n: int) -> dict:
 
 def run(what: str, path: Path) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-100m-") as tmp:
-        out = subprocess.run([sys.executable, "-c", CHILD, what, str(path), tmp], capture_output=True, text=True, cwd=tmp)
+        out = subprocess.run([sys.executable, "-c", CHILD, what, str(path), tmp, str(ROOT)], capture_output=True, text=True,
+                             cwd=tmp)
     if out.returncode:
         return {"error": (out.stderr.strip().splitlines() or ["?"])[-1], "rc": out.returncode}
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -292,7 +303,9 @@ def main() -> int:
             continue
         line = [f"{c:>10}: {sizes[0]:,}: {statistics.median(r['s'] for r in floor):.2f} s wall, "
                 f"{statistics.median(r['cpu'] for r in floor):.2f} s CPU, {max(r['rss_mib'] for r in floor):.0f} MiB"
-                + (f", scan {statistics.median(r['first'] for r in floor):.2f} s" if floor[0]["first"] else "")]
+                + (f", first frame's wait {statistics.median(r['first'] for r in floor):.3f} s, whole scan "
+                   f"{statistics.median(r['scan'] for r in floor):.2f} s" if "scan" in floor[0] else "")
+                + (f", first frame {statistics.median(r['first'] for r in floor):.3f} s" if "app" in floor[0] else "")]
         for n in sizes[1:]:
             rs = res[(c, n)]
             if any("s" not in r for r in rs):
@@ -302,8 +315,13 @@ def main() -> int:
             cpu = statistics.median(r["cpu"] / f["cpu"] for r, f in zip(rs, floor))
             text = (f"{n:,}: {statistics.median(r['s'] for r in rs):.2f} s (x{wall:.2f} wall, x{cpu:.2f} CPU), "
                     f"{max(r['rss_mib'] for r in rs):.0f} MiB (x{max(r['rss_mib'] for r in rs) / max(r['rss_mib'] for r in floor):.2f})")
-            if rs[0]["first"]:
-                text += f", scan x{statistics.median(r['first'] / f['first'] for r, f in zip(rs, floor)):.2f}"
+            if rs[0]["first"] and "scan" in rs[0]:
+                text += (f", first frame's wait {statistics.median(r['first'] for r in rs):.3f} s "
+                         f"(x{statistics.median(r['first'] / f['first'] for r, f in zip(rs, floor)):.2f}), whole scan "
+                         f"x{statistics.median(r['scan'] / f['scan'] for r, f in zip(rs, floor)):.2f}")
+            if "app" in rs[0]:
+                text += (f", first frame {statistics.median(r['first'] for r in rs):.3f} s "
+                         f"(x{statistics.median(r['first'] / f['first'] for r, f in zip(rs, floor)):.2f})")
             line.append(text)
         print(" | ".join(line))
     for path in () if args.keep else paths.values():

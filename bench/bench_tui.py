@@ -155,13 +155,14 @@ def timed(fn, repeat: int = 1) -> tuple[float, object]:
     return best, out
 
 
-async def first_frame(path: Path, keys: bool = False) -> tuple[float, float, object]:
+async def first_frame(path: Path, keys: bool = False, replay: bool = True) -> tuple[float, float, object]:
     """Seconds from app start to the first frame with the cursor state (painted), and to the end
     of the replay. The bench waits on the app's own messages (``message_signal``), not by polling:
     ``Pilot.pause`` every 5 ms walked every widget and repainted the screen, and even a plain
     sleep loop wakes the UI thread, which takes the GIL from the scan: work the app never does.
     ``keys``: six key presses while the replay runs, each timed (the handler's synchronous part);
-    each pauses the replay 0.5 s, as a key press does, so that run's replay time is not the app's."""
+    each pauses the replay 0.5 s, as a key press does, so that run's replay time is not the app's.
+    ``replay=False``: leave once the first frame is shown (the time to the end of the replay is then 0)."""
     from memrec.tui.app import MemrecApp
     from memrec.tui.sources import FileSource
 
@@ -192,8 +193,9 @@ async def first_frame(path: Path, keys: bool = False) -> tuple[float, float, obj
             action()
             redraw.append(time.perf_counter() - t)
             await pilot.pause(0.05)
-        await indexed.wait()
-        full = time.perf_counter() - t0
+        if replay:
+            await indexed.wait()
+        full = time.perf_counter() - t0 if replay else 0.0
     # the app froze its heap (gc.freeze) for the one run a process makes: let the next run's
     # collector see this one's cycles again, or each run keeps the last one's model (1 GB)
     gc.unfreeze()

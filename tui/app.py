@@ -96,6 +96,10 @@ class MemrecApp(App[None]):
         # the overview asks for no state at the cursor: nothing to wait for
         self._opening_until = min(self._opening_until, time.monotonic() + 0.5) if self.main.gpu != -1 else 0.0
 
+    def on_scanned(self, message: messages.Scanned) -> None:
+        self._freeze_heap()
+        self.main.source_scanned()
+
     def on_indexed(self, message: messages.Indexed) -> None:
         self._freeze_heap()
         self.main.source_indexed()

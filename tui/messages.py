@@ -63,7 +63,15 @@ class LoadProgress(Message):
 
 @dataclass
 class Loaded(Message):
-    """The file was scanned: the model can draw the whole time range (the replay goes on)."""
+    """The file's start is read: the model can draw a first frame over the whole time range (the
+    trailer's), while the rest of the file is read (:class:`Scanned`) and replayed (:class:`Indexed`)."""
+
+    seconds: float
+
+
+@dataclass
+class Scanned(Message):
+    """The whole file is read (every event, marker, NVML sample; the replay goes on)."""
 
     seconds: float
 

@@ -133,8 +133,10 @@ class TraceModel(ReplayedTrace):
         # chunk by chunk, outside the lock, as columns (no 130-byte rows built: the first frame waits)
         return advance(s, covered, (self.store.batch([piece]) for piece in pieces))
 
-    def state_at(self, seq: int, gpu: int, ts: int | None = None, n_largest: int = 50) -> CursorState:
-        """Who holds what on ``gpu`` after event ``seq`` (see :class:`CursorState`)."""
+    def state_at(self, seq: int, gpu: int, ts: int | None = None, n_largest: int = 50,
+                 tensors: bool = True) -> CursorState:
+        """Who holds what on ``gpu`` after event ``seq`` (see :class:`CursorState`). ``tensors=False``:
+        without the tensor blocks (:meth:`tensors_at`, which may replay them from the first event)."""
         ts = self.store.ts_of(seq) if ts is None else ts
         s = self.live_state_at(seq)
         tot = s.totals().get(gpu, {})
@@ -166,7 +168,7 @@ class TraceModel(ReplayedTrace):
         contexts, untraced = self.untraced_at(gpu, ts)
         return CursorState(gpu, seq, ts, by_cat, procs, by_phase, largest, nv.at(ts) if nv else None,
                            contexts=contexts, untraced_split=untraced, untraced_note=self.untraced_note,
-                           tensors=self.tensors_at(seq, gpu))
+                           tensors=self.tensors_at(seq, gpu) if tensors else [])
 
     def stack_view(self, seq: int) -> StackView | None:
         """The stack of event ``seq`` (None: no such event), with the frame the report names its

@@ -5,8 +5,9 @@ The app takes a source as an argument (tests pass their own). A source fills a
 ``post_message``); it never touches widgets.
 
 - :class:`FileSource`: scans the file once, keeping event chunks as columns decoded from the
-  mapped file (no 10-million-row structured array before the first frame), then replays it into
-  the model's series in steps.
+  mapped file (no 10-million-row structured array), then replays it into the model's series in
+  steps. The first frame waits for the file's start only (its trailer gives the time range): the
+  rest of the scan goes on behind it (:class:`~memrec.tui.messages.Loaded`, then ``Scanned``).
 - :class:`LiveSource`: a reader thread subscribes on the daemon's Unix socket, splits frames and
   posts :class:`RecordsReceived` (the model checks each record as a file's); when the daemon goes away it posts :class:`Disconnected` and
   reconnects with exponential backoff.
@@ -37,7 +38,7 @@ class Source(Protocol):
 
     A source fills :attr:`model` (and :attr:`other_model`, comparing two traces) from a thread of
     its own, started by :meth:`start`, and reports only through ``post`` (the app's thread-safe
-    ``post_message``): :class:`~memrec.tui.messages.Loaded` and ``Indexed`` for a file,
+    ``post_message``): :class:`~memrec.tui.messages.Loaded`, ``Scanned`` and ``Indexed`` for a file,
     ``Connected``/``Disconnected``/``RecordsReceived`` for a live stream.
     """
 
@@ -168,27 +169,57 @@ class FileSource(_Threaded):
         self._reader = TraceReader(self.path, read_size=16 << 20)
         self.model.set_header(self._reader.header)
 
-    def scan(self, post: Post | None = None) -> None:
+    def scan(self, post: Post | None = None, ready: Callable[[], object] | None = None) -> None:
         """Read every record into the model (events decoded straight from the mapped file; format-1
         columns stay views of it); fast, no replay.
 
         The records and warnings are the reader's (:meth:`~memrec.trace.reader.TraceReader.items`),
         the same every command gets.
+
+        ``ready``: called once, as soon as the model can draw a first frame: the trace's end
+        taken from the trailer in the file's last bytes (the time range), and the records up to
+        and with the first events chunk (the keyframe at the start, the first events) read. The
+        rest is read after it, waiting while ``busy()`` (the first frame being painted, the user
+        pressing keys): the first frame no longer waits for every chunk to be decoded (100M
+        events: 37 s).
         """
         if self._reader is None:
             self.open()
+        from memrec.trace.chunks import EVENTS
         from memrec.trace.records import deliver
 
         reader = self._reader
         model = self.model
+        if ready is not None:
+            trailer = reader.tail_trailer()
+            end = trailer.get("end_ts") if trailer is not None else None
+            if isinstance(end, int) and end >= 0:
+                with model.lock:
+                    model.t_end_hint = end  # a hint: the scan's checked trailer replaces it
         for i, (kind, item) in enumerate(reader.items(mapped=True, threads=SCAN_THREADS)):
             if self._stop.is_set():
                 return
             deliver(kind, item, model)  # the model is a RecordSink, as load_trace's builder is
+            if ready is not None and kind == EVENTS:
+                ready()
+                ready = None
+            elif ready is None:
+                self._wait_while_busy()
             if post is not None and i % 64 == 0:
                 post(messages.LoadProgress("scan", i, 0))
         model.warnings.extend(reader.warnings)
         reader.close()
+        if model.trailer is None:  # the last bytes' trailer was not one the scan could read: no end from it
+            with model.lock:
+                model.t_end_hint = None
+        if ready is not None:  # a trace without events
+            ready()
+
+    def _wait_while_busy(self) -> None:
+        """Leave the GIL to the UI thread while the user presses keys (or the first frame is
+        being drawn): the scan and the replay are the app's background work."""
+        while self.busy() and not self._stop.is_set():
+            time.sleep(0.02)
 
     def index(self, post: Post | None = None) -> None:
         """Replay the events into the series (run in a worker thread).
@@ -206,8 +237,7 @@ class FileSource(_Threaded):
         told = 0.0
         try:
             while not self._stop.is_set():
-                while self.busy() and not self._stop.is_set():
-                    time.sleep(0.02)
+                self._wait_while_busy()
                 n = model.index_step(self.index_step)
                 if not n:
                     break
@@ -219,14 +249,17 @@ class FileSource(_Threaded):
             gc.enable()
 
     def run(self, post: Post) -> None:
-        """Scan, tell the app it can draw, then replay (the worker thread's body)."""
+        """Scan (the app draws its first frame from the file's start while the rest is read),
+        then replay (the worker thread's body)."""
         t = time.perf_counter()
         try:
-            self.scan(post)
+            self.scan(post, ready=lambda: post(messages.Loaded(time.perf_counter() - t)))
         except Exception as error:  # a file that changed under us: say so, do not crash the UI
             post(messages.SourceFailed(f"{self.path}: {error}"))
             return
-        post(messages.Loaded(time.perf_counter() - t))
+        if self._stop.is_set():
+            return
+        post(messages.Scanned(time.perf_counter() - t))
         self.index(post)
         if not self._stop.is_set():
             post(messages.Indexed(time.perf_counter() - t))

@@ -32,6 +32,7 @@ from datetime import timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
+from typing import Iterator
 
 import numpy as np
 
@@ -60,6 +61,8 @@ NO_DAY = "1970-01-01"
 
 _S, _I16, _I32, _I64, _F64, _B, _T = "string", "int16", "int32", "int64", "float64", "bool", "time"
 _KEY = (("trace_id", _S), ("part", _I32))
+#: Rows of the events table built and written at a time (a row group each).
+EVENT_ROWS = 1 << 20
 
 #: Every table's columns (name, type), after the trace id and part; ``time`` is timestamp[us, UTC].
 COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
@@ -274,8 +277,16 @@ class _Builder:
 
     # ---------------------------------------------------------------- tables
 
-    def tables(self) -> dict[str, dict[str, Any]]:
-        return {name: getattr(self, name)() for name in TABLES}
+    def parts(self, name: str) -> Iterator[dict[str, Any]]:
+        """One table's columns: the events :data:`EVENT_ROWS` at a time (their rows whole, and
+        Arrow's copy of them, grew with the trace: the export streams them into row groups), the
+        other tables whole (they grow with markers, samples and processes); always one part at least."""
+        if name != "events":
+            yield getattr(self, name)()
+            return
+        n = len(self.rec.timeline.events)
+        for lo in range(0, max(n, 1), EVENT_ROWS):
+            yield self.events(lo, lo + EVENT_ROWS)
 
     def traces(self) -> dict[str, Any]:
         t = self.report.trace
@@ -337,8 +348,9 @@ class _Builder:
         """Wall-clock µs of each ``ts``, None where it is unknown (None or negative)."""
         return [None if t is None or t < 0 or self.offset is None else (int(t) + self.offset) // 1000 for t in ts]
 
-    def events(self) -> dict[str, Any]:
-        ev = self.rec.events_array()
+    def events(self, lo: int = 0, hi: int | None = None) -> dict[str, Any]:
+        """The events table's rows ``[lo, hi)`` (every row when not given)."""
+        ev = self.rec.events_array(lo, hi)
         out = {name: ev[name] for name in ("ts", "pid", "tid", "kind", "api", "result", "result_name", "gpu",
                                            "ordinal", "size", "peer", "phase")}
         for name in ("ptr", "handle", "aux"):
@@ -426,14 +438,19 @@ class _Builder:
         }
 
 
-def build_tables(trace: Any, file_name: str = "") -> tuple[TracePart, dict[str, Any]]:
-    """Every table of one trace part as a pyarrow Table (each with the table's exact schema)."""
+def build_tables(trace: Any, file_name: str = "") -> tuple[TracePart, dict[str, Iterator[Any]]]:
+    """Every table of one trace part as pyarrow Tables with the table's exact schema: table name ->
+    its parts in row order (the events a slice at a time, :meth:`_Builder.parts`), built as they
+    are written."""
     pa = require("pyarrow", "sql", "--to dataset")
     builder = _Builder(trace, file_name)
+    return builder.where, {name: _arrow_parts(pa, builder, name) for name in TABLES}
+
+
+def _arrow_parts(pa: Any, builder: _Builder, name: str) -> Iterator[Any]:
+    schema = arrow_schema(name)
     where = builder.where
-    out = {}
-    for name, columns in builder.tables().items():
-        schema = arrow_schema(name)
+    for columns in builder.parts(name):
         n = len(next(iter(columns.values()))) if columns else 0
         arrays = [pa.array([where.trace_id] * n, pa.string()), pa.array(np.full(n, where.part, np.int32))]
         for field in list(schema)[2:]:
@@ -441,8 +458,7 @@ def build_tables(trace: Any, file_name: str = "") -> tuple[TracePart, dict[str, 
             if isinstance(values, np.ndarray) and values.dtype == object:
                 values = values.tolist()
             arrays.append(pa.array(values, type=field.type) if len(values) else pa.array([], field.type))
-        out[name] = pa.Table.from_arrays(arrays, schema=schema)
-    return where, out
+        yield pa.Table.from_arrays(arrays, schema=schema)
 
 
 # ------------------------------------------------------------------------------- writing
@@ -502,13 +518,20 @@ def _write_atomic(dir_fd: int, name: str, write: Any) -> None:
         raise
 
 
-def _write_parquet(pq: Any, table: Any, f: Any) -> None:
-    """Zstandard, and the integer columns that grow steadily (times, ns, pointers) delta-encoded:
-    bench/bench_dataset.py's day of 32,105 events takes 267 KiB where dictionaries took 468 KiB."""
-    delta = [f.name for f in table.schema
-             if f.name in ("ts", "time", "ptr") or f.name.endswith(("_ts", "_time"))]
-    pq.write_table(table, f, compression="zstd", use_dictionary=[c for c in table.column_names if c not in delta],
-                   column_encoding=dict.fromkeys(delta, "DELTA_BINARY_PACKED"))
+def _write_parquet(pq: Any, parts: Iterator[Any], f: Any) -> None:
+    """A table's parts as row groups of one file. Zstandard, and the integer columns that grow
+    steadily (times, ns, pointers) delta-encoded: bench/bench_dataset.py's day of 32,105 events
+    takes 267 KiB where dictionaries took 468 KiB."""
+    writer = None
+    for table in parts:
+        if writer is None:
+            delta = [f.name for f in table.schema
+                     if f.name in ("ts", "time", "ptr") or f.name.endswith(("_ts", "_time"))]
+            writer = pq.ParquetWriter(f, table.schema, compression="zstd",
+                                      use_dictionary=[c for c in table.column_names if c not in delta],
+                                      column_encoding=dict.fromkeys(delta, "DELTA_BINARY_PACKED"))
+        writer.write_table(table)
+    writer.close()
 
 
 def _write_manifest(root_fd: int) -> None:
@@ -543,7 +566,7 @@ def write_trace(trace: Any, root: Path, file_name: str = "") -> tuple[TracePart,
             try:
                 fd = open_folder(root, *where.folder(name), create=True, parents=True, mode=0o755)
                 try:
-                    _write_atomic(fd, where.file_name, lambda f, t=table: _write_parquet(pq, t, f))
+                    _write_atomic(fd, where.file_name, lambda f, t=table: _write_parquet(pq, t, f))  # written as built
                 finally:
                     os.close(fd)
             except OSError as error:  # named by the whole path (the calls name the last part)

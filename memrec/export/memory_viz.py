@@ -39,14 +39,17 @@ with the reason; a segment or block takes the stack of the allocation that made 
 from __future__ import annotations
 
 import bisect
+import os
 import pickle
 from collections import deque
 from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
-from memrec.base.files import create_file
+from memrec.base.files import create_in
+from memrec.base.files import open_folder
 from memrec.analysis.report.answer import Answer
 from memrec.analysis.report.answer import DRIVER_OOM
 from memrec.analysis.report.answer import KV_SIZING
@@ -63,6 +66,8 @@ from memrec.trace.stacks import Unavailable
 
 #: Actions kept per process and device, the latest (``--max-entries``).
 MAX_ENTRIES = 100_000
+#: Events looked at and turned into Python values at a time (:func:`_selected`).
+SLICE_ROWS = 1 << 20
 _FREE = int(Kind.FREE)
 _T_ALLOC, _T_FREE = int(Kind.TENSOR_ALLOC), int(Kind.TENSOR_FREE)
 
@@ -125,23 +130,16 @@ def snapshots(rec: Recording, max_entries: int = MAX_ENTRIES, at: int | None = N
     ev = ev[:upto]
     nv = rec.trace.nvml
     nv = nv[np.argsort(nv["ts"], kind="stable")] if len(nv) else nv
-    kinds = ev["kind"]
-    oom_mask = (kinds == int(Kind.ALLOC)) & (ev["result"] == CUDA_ERROR_OUT_OF_MEMORY) & (ev["gpu"] >= 0)
-    ok_mask = np.isin(kinds, list(_SEGMENT)) & (ev["gpu"] >= 0) & (ev["result"] == 0)
-    tensor_mask = (kinds == _T_ALLOC) | (kinds == _T_FREE)
-    with_blocks = set(np.unique(ev["pid"][tensor_mask]).tolist())
+    with_blocks: set[int] = set()  # processes with tensor blocks (their segments get no block actions)
+    for lo in range(0, len(ev), SLICE_ROWS):
+        kinds = ev["kind"][lo:lo + SLICE_ROWS]
+        with_blocks.update(np.unique(ev["pid"][lo:lo + SLICE_ROWS][(kinds == _T_ALLOC) | (kinds == _T_FREE)]).tolist())
     blocks: dict[tuple[int, int], tuple[int, int, int]] = {}  # (pid, ptr) -> (size, gpu, stack) of live tensor blocks
-    sel = np.nonzero(ok_mask | oom_mask | tensor_mask)[0]
-    phase = rec.phases.assign(ev["pid"][sel].astype(np.int64), ev["ts"][sel].astype(np.int64))
-    freed = _freed_bytes(rec)
     traces: dict[tuple[int, int], deque] = {}
     made = 0
     frames_of: dict[tuple[int, int, int, int], list] = {}  # one list per (pid, api, phase, stack): pickled once
     stack_frames = _StackFrames(rec.trace.stacks)
-    cols = zip(sel.tolist(), ev["pid"][sel].tolist(), ev["gpu"][sel].tolist(), ev["kind"][sel].tolist(),
-               ev["api"][sel].tolist(), ev["ts"][sel].tolist(), ev["ptr"][sel].tolist(), ev["size"][sel].tolist(),
-               oom_mask[sel].tolist(), phase.tolist(), ev["stack"][sel].tolist())
-    for i, pid, gpu, kind, api, ts, addr, size, oom, ph, stack in cols:
+    for pid, gpu, kind, api, ts, addr, size, oom, ph, stack, freed in _selected(rec, ev):
         if kind == _T_FREE:
             size, gpu, stack = blocks.pop((pid, addr), (0, -1, 0))
             if not size:
@@ -165,7 +163,7 @@ def snapshots(rec: Recording, max_entries: int = MAX_ENTRIES, at: int | None = N
             made += 1
             continue
         if kind == _FREE:
-            size = freed.get(i, 0)
+            size = freed
             if not size:
                 continue  # a free of memory from before the recording: no size to show
         if kind in (_T_ALLOC, _T_FREE):
@@ -242,10 +240,15 @@ class _StackFrames:
 
 
 def _allocating_stacks(ev: np.ndarray) -> dict[tuple[int, int], int]:
-    """(pid, address) -> the stack of the last successful driver allocation or mapping there."""
-    made = np.flatnonzero(np.isin(ev["kind"], (int(Kind.ALLOC), int(Kind.VMM_MAP))) & (ev["result"] == 0)
-                          & (ev["stack"] != 0))
-    return dict(zip(zip(ev["pid"][made].tolist(), ev["ptr"][made].tolist()), ev["stack"][made].tolist()))
+    """(pid, address) -> the stack of the last successful driver allocation or mapping there (a
+    slice of the events at a time)."""
+    out: dict[tuple[int, int], int] = {}
+    for lo in range(0, len(ev), SLICE_ROWS):
+        part = ev[lo:lo + SLICE_ROWS]
+        made = np.flatnonzero(np.isin(part["kind"], (int(Kind.ALLOC), int(Kind.VMM_MAP))) & (part["result"] == 0)
+                              & (part["stack"] != 0))
+        out.update(zip(zip(part["pid"][made].tolist(), part["ptr"][made].tolist()), part["stack"][made].tolist()))
+    return out
 
 
 def _segment(rec: Recording, pid: int, gpu: int, addr: int, size: int, api: int | None, ts: int | None,
@@ -302,11 +305,46 @@ def _segment_blocks(addr: int, size: int, inside: list[tuple[int, int, int]],
     return out
 
 
-def _freed_bytes(rec: Recording) -> dict[int, int]:
-    """Event index -> bytes a driver free released, from the replay's journal (a free names no size)."""
+def _selected(rec: Recording, ev: np.ndarray) -> Iterator[tuple]:
+    """The fields of the events that make actions (driver allocations, frees, maps and unmaps that
+    succeeded on a GPU, allocations out of memory, tensor blocks) as Python values, with whether
+    the event is an out-of-memory failure, its phase and, for a driver free, the bytes it released
+    (from the replay's journal: a free names no size). :data:`SLICE_ROWS` events at a time, so
+    that the export's own memory does not grow with the events (100M events' fields as Python
+    lists whole: tens of GB)."""
     j = rec.timeline.journal
-    m = (j.category == DRIVER) & (j.delta < 0)
-    return dict(zip(j.index[m].tolist(), (-j.delta[m]).tolist()))
+    at, delta, category = j.index, j.delta, j.category
+    if not _ascending(at):  # (a replay journals in event order: never seen otherwise)
+        order = np.argsort(at, kind="stable")
+        at, delta, category = at[order], delta[order], category[order]
+    for lo in range(0, len(ev), SLICE_ROWS):
+        part = ev[lo:lo + SLICE_ROWS]
+        kinds, on_gpu = part["kind"], part["gpu"] >= 0
+        oom = (kinds == int(Kind.ALLOC)) & (part["result"] == CUDA_ERROR_OUT_OF_MEMORY) & on_gpu
+        ok = np.isin(kinds, list(_SEGMENT)) & on_gpu & (part["result"] == 0)
+        sel = np.flatnonzero(ok | oom | (kinds == _T_ALLOC) | (kinds == _T_FREE))
+        pid, ts, index = part["pid"][sel], part["ts"][sel], sel + lo
+        phase = rec.phases.assign(pid.astype(np.int64), ts.astype(np.int64))
+        rows = slice(*np.searchsorted(at, [lo, lo + len(part)]).tolist())  # the slice's journal rows
+        frees = (category[rows] == DRIVER) & (delta[rows] < 0)
+        freed_at, freed = at[rows][frees], -delta[rows][frees]
+        k = np.searchsorted(freed_at, index, side="right") - 1  # an event's last journal row, as a dict kept it
+        size = np.zeros(len(sel), np.int64)
+        if len(freed_at):
+            hit = (k >= 0) & (freed_at[np.maximum(k, 0)] == index)
+            size[hit] = freed[k[hit]]
+        yield from zip(pid.tolist(), part["gpu"][sel].tolist(), kinds[sel].tolist(), part["api"][sel].tolist(),
+                       ts.tolist(), part["ptr"][sel].tolist(), part["size"][sel].tolist(), oom[sel].tolist(),
+                       phase.tolist(), part["stack"][sel].tolist(), size.tolist())
+
+
+def _ascending(values: np.ndarray) -> bool:
+    """Whether ``values`` never decrease (checked a slice at a time: no temporaries of its size)."""
+    for lo in range(0, len(values) - 1, SLICE_ROWS):
+        part = values[lo:lo + SLICE_ROWS + 1]
+        if (part[1:] < part[:-1]).any():
+            return False
+    return True
 
 
 def _nvml_free_before(nv: np.ndarray, gpu: int, ts: int) -> int:
@@ -327,7 +365,16 @@ def write_memory_viz(rec: Recording, path: Path, pid: int | None = None, max_ent
                for p, snap in sorted(snaps.items())}
     for target in targets if check else ():
         check(target)
-    for target, snap in targets.items():
-        with create_file(target) as f:
-            pickle.dump(snap, f)
+    if not targets:
+        return [], dropped
+    # the folder reached once (its path walked safely), each file made in it: a process each,
+    # 100,000 of them on a host of short processes (walking the path for each took most of the export)
+    folder = open_folder(path.parent)
+    try:
+        for target, snap in targets.items():
+            fd, _ = create_in(folder, target.name, shown=str(target))
+            with os.fdopen(fd, "wb") as f:
+                pickle.dump(snap, f)
+    finally:
+        os.close(folder)
     return list(targets), dropped

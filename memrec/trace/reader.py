@@ -51,7 +51,7 @@ from memrec.trace.records import deliver
 MAX_HEADER_SIZE = 16 << 20
 #: The largest single record a reader accepts (a keyframe of a huge state, a giant chunk).
 MAX_RECORD_SIZE = 1 << 30
-#: How far from the end :meth:`TraceReader.expected_events` looks for the trailer; its first
+#: How far from the end :meth:`TraceReader.tail_trailer` looks for the trailer; its first
 #: bytes: a fixmap whose first entry is "type": "trailer" (how the writer writes it).
 _TRAILER_WINDOW = 1 << 16
 _TRAILER_KEY = b"\xa4type\xa7trailer"
@@ -304,6 +304,20 @@ class TraceReader:
 
         Only a hint for sizing (``load_trace`` allocates its columns once): nothing relies on it.
         """
+        trailer = self.tail_trailer()
+        counts = trailer.get("counts") if trailer is not None else None
+        count = counts.get("events") if isinstance(counts, dict) else None
+        if isinstance(count, int) and 0 <= count <= 256 * os.fstat(self._file.fileno()).st_size:
+            return count
+        return 0
+
+    def tail_trailer(self) -> dict | None:
+        """The trailer as the file's last bytes hold it, read without a scan (the TUI's first
+        frame takes the trace's end from it); None when there is none there (a crash, a file
+        still written) or it does not parse.
+
+        Unchecked, so only a hint: a scan's :attr:`trailer` is the record as checked.
+        """
         size = os.fstat(self._file.fileno()).st_size
         start = max(self._data_start, size - _TRAILER_WINDOW)
         self._file.seek(start)
@@ -316,11 +330,9 @@ class TraceReader:
                 obj = msgpack.unpackb(tail[start:], raw=False, strict_map_key=False)
             except (ValueError, TypeError, msgpack.UnpackException):
                 continue  # not the trailer's first bytes after all (extra data, a cut)
-            counts = obj.get("counts") if isinstance(obj, dict) else None
-            count = counts.get("events") if isinstance(counts, dict) else None
-            if isinstance(count, int) and 0 <= count <= 256 * size:
-                return count
-        return 0
+            if isinstance(obj, dict):
+                return obj
+        return None
 
     # -- lifetime ---------------------------------------------------------------------------------
 

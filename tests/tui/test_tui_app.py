@@ -360,6 +360,29 @@ async def test_diff_aligns_the_runs_on_their_first_common_marker(tmp_path):
         assert "aligned on load_weights begin" in str(app.query_one("#gpu-header").render())
 
 
+async def test_the_cursor_state_does_not_wait_for_the_tensor_blocks(tmp_path):
+    # GIVEN a --tensors trace (the blocks at a cursor may need a replay from the first event)
+    from memrec.tui import messages
+    from tests.utils import MiB
+    from tests.utils import write_tensor_trace
+
+    path = write_tensor_trace(tmp_path / "t.mrec", [(0, 4 * MiB), (4 * MiB, MiB)])
+    app = MemrecApp(FileSource(path))
+    got = []
+    async with app.run_test(size=(160, 40)) as pilot:
+        app.main.message_signal.subscribe(
+            app, lambda m: got.append(m) if isinstance(m, messages.CursorStateReady) else None, immediate=True)
+        await settle(pilot)
+        # WHEN the cursor goes to the last event
+        await pilot.press("end")
+        await settle(pilot)
+    # THEN its state came first without the blocks (the holders, the events), then with them
+    last = [m for m in got if m.key == got[-1].key]
+    assert len(last) == 2
+    assert last[0].state.tensors == [] and [f.blocks for _, f in last[1].state.tensors] == [2]
+    assert last[0].state.by_category == last[1].state.by_category and last[0].events is last[1].events
+
+
 async def test_holders_tensors_view_shows_allocated_and_reserved(tmp_path):
     # GIVEN a --tensors trace: a 20 MiB segment with blocks of 4 MiB and 1 MiB, the first freed
     from tests.utils import MiB

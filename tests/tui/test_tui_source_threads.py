@@ -54,8 +54,9 @@ def test_a_source_begun_before_the_app_holds_its_messages_until_started(trace_fi
     assert src.model.indexed and src.model.store.n
     # WHEN the app starts it
     got = start_until(src, messages.Indexed)
-    # THEN the app gets every message, in the order they were posted: loaded before indexed
+    # THEN the app gets every message, in the order they were posted: loaded (the first frame),
+    # scanned (the whole file read), indexed (replayed)
     kinds = [type(m).__name__ for m in got]
-    assert kinds.index("Loaded") < kinds.index("Indexed")
-    assert all(k in ("LoadProgress", "Loaded", "Indexed", "Answered") for k in kinds)
+    assert kinds.index("Loaded") < kinds.index("Scanned") < kinds.index("Indexed")
+    assert all(k in ("LoadProgress", "Loaded", "Scanned", "Indexed", "Answered") for k in kinds)
     src.stop()

@@ -125,3 +125,50 @@ def test_a_few_events_of_a_chunk_are_the_rows_of_the_whole_chunk(tmp_path):
         np.testing.assert_array_equal(rows, events[lo:hi])
     # AND a large slice (converted whole and kept for the next one) is the same
     np.testing.assert_array_equal(store.slice(100, 15_000), events[100:15_000])
+
+
+def test_the_first_frame_waits_for_the_files_start_only(trace_file, trace):
+    # GIVEN a trace of several event chunks, with a trailer (its end) in its last bytes
+    import threading
+
+    # WHEN it is scanned with a ``ready`` callback (the app's first frame), the scan held back
+    # afterwards as while the first frame is painted (busy)
+    src = FileSource(trace_file)
+    released = threading.Event()
+    src.busy = lambda: not released.is_set()
+    seen = {}
+
+    def ready():
+        model = src.model
+        seen.update(events=model.store.n, end=model.time_range()[1], chunks=len(model.store.pieces(0, model.store.n)))
+
+    scan = threading.Thread(target=src.scan, kwargs={"ready": ready})
+    scan.start()
+    scan.join(0.5)
+    # THEN the first frame came after the first events chunk, not the file: the time range
+    # already reaches the trailer's end, and the scan waits while the app is busy
+    assert seen["chunks"] == 1 and 0 < seen["events"] < len(trace.events)
+    assert seen["end"] == trace.trailer["end_ts"]
+    assert scan.is_alive() and src.model.store.n == seen["events"]
+    released.set()
+    scan.join(10)
+    # AND the rest of the scan then reads every record, as a scan without a first frame does
+    whole = FileSource(trace_file)
+    whole.scan()
+    assert src.model.store.n == whole.model.store.n == len(trace.events)
+    assert src.model.time_range() == whole.model.time_range()
+    assert len(src.model.markers) == len(whole.model.markers) and len(src.model.keyframes) == len(whole.model.keyframes)
+
+
+def test_a_trace_without_trailer_has_a_first_frame_and_then_its_end(trace_file, tmp_path, trace):
+    # GIVEN a trace cut before its trailer (a crash; a file still being written)
+    data = trace_file.read_bytes()
+    cut = tmp_path / "cut.mrec"
+    cut.write_bytes(data[: int(len(data) * 0.9)])
+    # WHEN it is scanned for the app
+    src = FileSource(cut)
+    ends = []
+    src.scan(ready=lambda: ends.append(src.model.time_range()[1]))
+    # THEN the first frame came (from the records read by then) and the whole scan knows more
+    assert len(ends) == 1 and ends[0] < src.model.time_range()[1] <= trace.trailer["end_ts"]
+    assert any("trailer" in w for w in src.model.warnings)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from dataclasses import replace
 from typing import Callable
 
 from textual import events
@@ -32,6 +33,7 @@ from textual.widgets import Input
 from textual.widgets import Static
 from textual.widgets import Tab
 from textual.widgets import Tabs
+from textual.worker import get_current_worker
 
 from memrec.analysis.diff.build import Verdict
 from memrec.terms.events import OWNED_CATEGORIES
@@ -371,8 +373,12 @@ class MainScreen(ViewKeys, SourceEvents, Screen[None]):
 
     @work(thread=True, exclusive=True, group="cursor")
     def _compute_state(self, key: tuple, seq: int, gpu: int, ts: int, flt: EventFilter) -> None:
+        """The state at the cursor, posted twice for a trace with tensor blocks: first without
+        them, then with them (their replay may start from the first event: minutes at 100M events
+        ahead of the TUI's own replay; the rest of the panel does not wait for it)."""
         model = self.model
-        st = model.state_at(seq, gpu, ts)
+        blocks_later = bool(model.tensor_events)
+        st = model.state_at(seq, gpu, ts, tensors=not blocks_later)
         ev = model.events_window(seq, flt, gpu, before=60, after=60)
         other = None
         if self.other_model is not None:
@@ -380,6 +386,9 @@ class MainScreen(ViewKeys, SourceEvents, Screen[None]):
             ots = ts + self.alignment.shift
             other = om.state_at(om.store.seq_at(ots), gpu, ots)
         self.post_message(messages.CursorStateReady(key, st, ev, other))
+        if blocks_later and not get_current_worker().is_cancelled:
+            st = replace(st, tensors=model.tensors_at(seq, gpu))
+            self.post_message(messages.CursorStateReady(key, st, ev, other))
 
     def on_cursor_state_ready(self, message: messages.CursorStateReady) -> None:
         if message.key != self._state_key or not self.is_attached:

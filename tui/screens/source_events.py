@@ -32,13 +32,25 @@ class SourceEvents:
             self._update_status()
 
     def source_loaded(self) -> None:
-        """The file is read: show all of it, at the answer (the first failed call, else the peak
-        of what the keyframes and the replay so far know)."""
+        """The file's start is read: show all of it (the trailer's time range), at the answer (the
+        first failed call, else the peak of what the keyframes and the replay so far know)."""
         self.loaded = True
-        self.t0, self.t1 = self.model.time_range()
-        self.t1 += max((self.t1 - self.t0) // 100, 1)
         if self.other_model is not None:
             self.alignment = align(self.model, self.other_model, self.model.time_range()[0], self.other_model.time_range()[0])
+        self._show_all()
+
+    def source_scanned(self) -> None:
+        """The whole file is read (the first frame came from its start): a trace without a
+        trailer now knows its end, and the answer so far its failures and markers."""
+        if self._opening:
+            self._show_all()
+        else:
+            self.refresh_all()
+
+    def _show_all(self) -> None:
+        """The whole time range on screen, the cursor at the answer (or the end)."""
+        self.t0, self.t1 = self.model.time_range()
+        self.t1 += max((self.t1 - self.t0) // 100, 1)
         self.cursor_ts = self.t1 - 1
         self._open_at_answer()
         self.refresh_all()
