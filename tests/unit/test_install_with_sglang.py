@@ -12,8 +12,10 @@ Needs the package index; skipped with the reason when it is unreachable.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -50,7 +52,12 @@ def resolve(requirements: list[str], python: str | None, report: Path) -> dict[s
            "--report", str(report), "--disable-pip-version-check"]
     if python:
         cmd += ["--python-version", python, "--only-binary=:all:"]
-    proc = subprocess.run([*cmd, *requirements], capture_output=True, text=True, timeout=900, check=False)
+    # pip builds the metadata of a package without a wheel in an environment of its build
+    # requirements (torch's: 5 GB) under TMPDIR, and leaves it there when it fails or times out:
+    # its own folder, removed whatever happens.
+    with tempfile.TemporaryDirectory(prefix="memrec-pip-") as scratch:
+        proc = subprocess.run([*cmd, *requirements], capture_output=True, text=True, timeout=900, check=False,
+                              env={**os.environ, "TMPDIR": scratch})
     assert proc.returncode == 0, f"pip could not resolve {requirements}: {proc.stderr[-3000:]}"
     data = json.loads(report.read_text())
     return {item["metadata"]["name"].lower().replace("_", "-"): item["metadata"]["version"] for item in data["install"]}
