@@ -12,7 +12,8 @@
   ``Trace.events`` not built), and its peak memory (``ru_maxrss``). Floor: read the file's bytes
   and decompress every columnar record's Zstandard frame into one new buffer: the least any reader
   of this file must do.
-* dump: ``memrec dump``'s ``dump_trace`` to ``/dev/null``. Floor: the load floor plus making as
+* dump: ``memrec dump`` (its command's ``run``, in a fresh interpreter as for load) to
+  ``/dev/null``. Floor: the load floor plus making as
   many bytes as the dump prints (one copy each).
 
 Each is timed ``--repeat`` times, wall and CPU (the machine is shared: CPU time is the steadier);
@@ -42,7 +43,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_trace import synthetic  # noqa: E402
 from bench_tui import write_trace  # noqa: E402
 
-from memrec.export.jsonl import dump_trace  # noqa: E402
 from memrec.trace.format import packb  # noqa: E402
 from memrec.trace.reader import TraceReader  # noqa: E402
 from memrec.trace.writer import BytesSink  # noqa: E402
@@ -98,6 +98,27 @@ def load_in_fresh_process(path: Path) -> tuple[float, float, float]:
     out = subprocess.run([sys.executable, "-c", _CHILD, str(path)], capture_output=True, text=True, check=True)
     wall, cpu, rss = (float(x) for x in out.stdout.split())
     return wall, cpu, rss
+
+
+_DUMP_CHILD = """
+import argparse, sys, time
+from memrec.commands.dump import DumpCommand
+if sys.argv[2] == "defaults":  # the dump as before memrec/base/heap.py: glibc's own heap policy
+    import memrec.base.heap
+    memrec.base.heap.keep_freed_pages = lambda: False
+w, c = time.perf_counter(), time.process_time()
+DumpCommand().run(argparse.Namespace(trace=sys.argv[1], force=True), None)
+print(time.perf_counter() - w, time.process_time() - c, file=sys.stderr)
+"""
+
+
+def dump_in_fresh_process(path: Path, heap: str = "kept") -> tuple[float, float]:
+    """(wall s, cpu s) of ``memrec dump``'s run in a new interpreter, its output to /dev/null;
+    ``heap="defaults"``: without :func:`memrec.base.heap.keep_freed_pages` (the dump before it)."""
+    out = subprocess.run([sys.executable, "-c", _DUMP_CHILD, str(path), heap], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True, check=True)
+    wall, cpu = (float(x) for x in out.stderr.split()[-2:])
+    return wall, cpu
 
 
 def reencoded(path: str) -> tuple[int, float, float, int, int]:
@@ -157,13 +178,9 @@ def main() -> int:
           f"cpu {' '.join(f'{t:.2f}' for t in lc)} s; floor wall {min(fw):.2f} s cpu {min(fc):.2f} s; "
           f"ratio {min(lw) / min(fw):.2f} (cpu {min(lc) / min(fc):.2f})")
     print(f"load: peak RSS {max(r[2] for r in runs):.0f} MiB ({n * 66 / 2**20:.0f} MiB of columns)")
-    with open(os.devnull, "w", encoding="utf-8") as null:
-        def dump() -> None:
-            with TraceReader(path) as reader:
-                dump_trace(reader, null)
-            null.flush()
-
-        dw, dc = timed(args.repeat, dump)
+    dumps = [(dump_in_fresh_process(path), dump_in_fresh_process(path, "defaults")) for _ in range(args.repeat)]
+    dw, dc = [d[0][0] for d in dumps], [d[0][1] for d in dumps]
+    bw, bc = [d[1][0] for d in dumps], [d[1][1] for d in dumps]
     out_bytes = 226 * n  # about 226 bytes a line on this trace
     blob = np.ones(1 << 24, np.uint8)
 
@@ -178,6 +195,9 @@ def main() -> int:
     print(f"dump: {n / min(dw) / 1e6:.2f} M events/s wall (best of {' '.join(f'{t:.1f}' for t in dw)} s), "
           f"{n / min(dc) / 1e6:.2f} M events/s cpu; floor {n / min(gw) / 1e6:.2f} M/s wall, "
           f"{n / min(gc) / 1e6:.2f} M/s cpu; ratio {min(dw) / min(gw):.2f} (cpu {min(dc) / min(gc):.2f})")
+    print(f"dump with glibc's heap defaults (before keep_freed_pages), interleaved: {n / min(bw) / 1e6:.2f} M events/s "
+          f"wall, {n / min(bc) / 1e6:.2f} M events/s cpu (cpu {' '.join(f'{t:.2f}' for t in bc)} s against "
+          f"{' '.join(f'{t:.2f}' for t in dc)} s); ratio {min(bw) / min(gw):.2f} (cpu {min(bc) / min(gc):.2f})")
     print(f"max rss of this process {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
     return 0
 

@@ -7,36 +7,18 @@ arena (glibc 2.8 and later), so the daemon calls it when a live-state table grew
 columns freed) or was compacted (:meth:`memrec.state.allocs.KeyTable.shrink`): rarely (a
 logarithmic number of times), and only when there is memory to give, and after each keyframe
 (whose build freed a few dozen bytes per live allocation). :func:`settle` keeps the large
-buffers out of the heap in the first place.
+buffers out of the heap in the first place. (A command that streams a trace wants the opposite:
+:func:`memrec.base.heap.keep_freed_pages`.)
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import logging
-
-log = logging.getLogger(__name__)
+from memrec.base.heap import M_MMAP_THRESHOLD
+from memrec.base.heap import libc
 
 #: Allocations from this size on are memory maps of their own (returned to the system when
 #: freed), whatever glibc's dynamic threshold would have risen to (up to 32 MiB).
 MMAP_THRESHOLD = 1 << 20
-_M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
-
-_libc = None
-
-
-def _c() -> ctypes.CDLL | bool:
-    global _libc
-    if _libc is None:
-        try:
-            _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            _libc.malloc_trim.argtypes = [ctypes.c_size_t]
-            _libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-        except (OSError, AttributeError):
-            log.debug("no malloc_trim/mallopt in this C library: freed heap pages stay with the daemon")
-            _libc = False
-    return _libc
 
 
 def settle() -> bool:
@@ -44,11 +26,11 @@ def settle() -> bool:
     live state's columns and a keyframe's buffers (MiBs each at a million live allocations) are
     then maps that go back to the system when freed, not heap that fragments; batches (a few
     hundred kB) stay on the heap."""
-    libc = _c()
-    return bool(libc) and bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+    lib = libc()
+    return lib is not None and bool(lib.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD))
 
 
 def give_back() -> bool:
     """``malloc_trim(0)``; False where the C library has none (musl, a static build)."""
-    libc = _c()
-    return bool(libc) and bool(libc.malloc_trim(0))
+    lib = libc()
+    return lib is not None and bool(lib.malloc_trim(0))

@@ -40,6 +40,7 @@ class DumpCommand:
             )
         check_trace_path(Path(args.trace))  # the same one-line errors as every other command's
         # Imported here: numpy and the reader are for reading traces, not for `memrec --help`.
+        from memrec.base.heap import keep_freed_pages
         from memrec.export.jsonl import dump_trace
         from memrec.trace.reader import TraceReader
 
@@ -54,6 +55,7 @@ class DumpCommand:
         with reader:
             if not reader.header:  # cut inside its header: no records (an empty {} is no dump), as report says
                 raise MemrecCommandError(f"{args.trace}: {reader.warnings[0]}", exit_code=ExitCode.DATA)
+            keep_freed_pages()  # each chunk's temporaries reuse the last one's pages (memrec/base/heap.py)
             dump_trace(reader, out)
             out.flush()
         for warning in reader.warnings:
