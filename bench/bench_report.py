@@ -10,7 +10,9 @@ within each repeat:
   time with the journal gathered into columns, as the replay does (the live state's part: every
   replay needs it);
 * ``numpy pass``: one ``np.cumsum`` over the events' timestamps (a floor for "numpy speed");
-* ``report``: ``memrec report`` end to end (``main(["report", path])``), wall time and peak RSS;
+* ``report``: ``memrec report`` end to end (``main(["report", path])``), wall time, CPU time and
+  peak RSS; its CPU time as a multiple of ``load`` + ``apply``'s (the part every replay needs: on
+  a loaded machine wall time measures the queue for a core, CPU time the work);
 * ``tui``: the TUI model's replay of the file (``FileSource.index`` after its scan, no app).
 * ``against`` (with ``--against DIR``): ``memrec report`` from another source tree (say main),
   run right after this one's in every repeat, and the ratio of the two per repeat.
@@ -42,7 +44,7 @@ if sys.argv[4:] == ["other"]:  # --against's tree, not the one an editable insta
     sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
 sys.path.insert(0, sys.argv[1])
 what, path = sys.argv[2], sys.argv[3]
-t = time.perf_counter()
+t, c = time.perf_counter(), time.process_time()
 spent = {"apply": 0.0, "load": 0.0}
 if what == "report":
     import memrec.trace.reader as reader
@@ -67,7 +69,7 @@ elif what == "tui":  # the TUI's model replay (FileSource.index) after its scan,
     from memrec.tui.sources import FileSource
     source = FileSource(path)
     source.scan()
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     source.index()
 else:
     from memrec.trace.reader import load_trace
@@ -78,7 +80,7 @@ else:
         from memrec.state import LiveState
         from memrec.state.batch import Batch
         ev = trace.event_columns  # what the report replays: the columns, no rows built
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         if what == "apply":  # as the replay applies: a chunk at a time, journal into columns
             ev, state, sink = Batch.of(ev), LiveState(journal=True), JournalBuffer(len(ev) + len(ev) // 8)
             state.journal_sink = sink
@@ -87,8 +89,8 @@ else:
                 sink.take(state)
         else:
             np.cumsum(ev["ts"].astype(np.int64))
-dt = time.perf_counter() - t
-print(json.dumps({"s": dt, "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **spent}))
+dt, cpu = time.perf_counter() - t, time.process_time() - c
+print(json.dumps({"s": dt, "cpu": cpu, "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **spent}))
 """
 
 
@@ -138,6 +140,9 @@ def main() -> int:
               f"report {med['report']:.2f} s ({min(r['s'] for r in r_n['report']):.2f}-{max(r['s'] for r in r_n['report']):.2f}), "
               f"peak {rss:.0f} MiB (load alone {rss_load:.0f}, load + apply {rss_apply:.0f}) | in the report: apply {in_apply:.0%} of it, after the journal {engine:.2f} s = x{engine / med['pass']:.0f} numpy passes | "
               f"TUI model replay {med['tui']:.2f} s ({min(r['s'] for r in r_n['tui']):.2f}-{max(r['s'] for r in r_n['tui']):.2f})")
+        cpu = {k: statistics.median(r["cpu"] for r in v) for k, v in r_n.items()}
+        print(f"{'':>11}         CPU: report {cpu['report']:.2f} s = x{cpu['report'] / (cpu['load'] + cpu['apply']):.2f} "
+              f"load + apply ({cpu['load']:.2f} + {cpu['apply']:.2f} s); TUI model replay {cpu['tui']:.2f} s")
         if args.against:
             ratios = [a["s"] / b["s"] for a, b in zip(r_n["report"], r_n["against"])]
             print(f"{'':>11}         against {args.against}: report {med['against']:.2f} s, "
