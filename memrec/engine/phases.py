@@ -179,8 +179,8 @@ def build_phases(markers: Iterable[Marker], end_ts: int = OPEN_END) -> Phases:
     resumes: list[int] = []
     instants: list[Marker] = []
     warnings: list[str] = []
-    stacks: dict[int, list[int]] = {}  # pid -> open phase ids, in begin order
-    points: dict[int, tuple[list[int], list[int]]] = {}  # pid -> (times, innermost id from then on)
+    # pid -> (open phase ids in begin order, times, the innermost phase id from each time on)
+    per_pid: dict[int, tuple[list[int], list[int], list[int]]] = {}
 
     def open_phase(stack: list[int], pid: int, name: str, ts: int, gpu: int | None, vals: dict, resumed: int) -> None:
         parent = stack[-1] if stack else -1
@@ -199,9 +199,10 @@ def build_phases(markers: Iterable[Marker], end_ts: int = OPEN_END) -> Phases:
 
     for mk in map(markers.__getitem__, order):
         pid, phase, ts = mk.pid, mk.phase, mk.ts
-        stack = stacks.get(pid)
-        if stack is None:
-            stack = stacks[pid] = []
+        known = per_pid.get(pid)
+        if known is None:
+            known = per_pid[pid] = ([], [], [])
+        stack, at, ids = known
         if phase == "begin":
             open_phase(stack, pid, mk.name, ts, mk.gpu, dict(mk.values) if mk.values else {}, -1)
         elif phase == "end":
@@ -233,7 +234,6 @@ def build_phases(markers: Iterable[Marker], end_ts: int = OPEN_END) -> Phases:
         else:
             warnings.append(f"pid {pid}: marker {mk.name!r} with unknown phase {phase!r} (ignored)")
             continue
-        at, ids = points.get(pid) or points.setdefault(pid, ([], []))
         innermost = stack[-1] if stack else -1
         if at and at[-1] == ts:  # several markers at one time: the last one wins
             ids[-1] = innermost
@@ -241,7 +241,7 @@ def build_phases(markers: Iterable[Marker], end_ts: int = OPEN_END) -> Phases:
             at.append(ts)
             ids.append(innermost)
     segments = {pid: (np.asarray(at, dtype=np.int64), np.asarray(ids, dtype=np.int64))
-                for pid, (at, ids) in points.items()}
+                for pid, (_, at, ids) in per_pid.items() if at}
     phases = Phases(list(map(Phase, range(len(pids)), pids, names, paths, starts, ends, depths, parents, closed, gpus,
                              values, resumes)), [], warnings, segments)
     # Instants take the phase open at their time once every marker at that time applied.
