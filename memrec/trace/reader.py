@@ -171,11 +171,13 @@ class TraceReader:
     def feed(self, sink: RecordSink, *, mapped: bool = False) -> None:
         """Hand every usable record to ``sink`` (see :meth:`items`); warnings as for :meth:`items`."""
         on_marker = sink.on_marker
-        for kind, item in self.items(mapped=mapped):
-            if kind == MARKER:  # most records of a step loop's trace: no dispatch
-                on_marker(item)
-            else:
-                deliver(kind, item, sink)
+        schema = self.schema
+        # a marker record of the writer's goes to the sink as it is read (most records of a step
+        # loop's trace: no item made, no dispatch); every other record as items() gives it
+        records = self._scan(lambda obj: check_record(obj, schema, self._budget), lambda marker, obj: on_marker(marker),
+                             mapped=mapped)
+        for kind, item in records:
+            deliver(kind, item, sink)
 
     def _stream_objects(self) -> Iterator[tuple[int, Any]]:
         """``(offset, object)`` for each msgpack object after the header, from 1 MiB reads.
@@ -226,7 +228,8 @@ class TraceReader:
 
         ``marker(m, obj)``: what to yield for a marker record of the writer's own shape
         (:func:`~memrec.trace.format.shallow_marker` gives ``m``), the same as ``decode(obj)``
-        would: such a record needs no depth walk (a step loop's trace is mostly marker records).
+        would, or None when it took the marker itself (:meth:`feed`): such a record needs no depth
+        walk (a step loop's trace is mostly marker records).
         """
         if threads:
             with ThreadPoolExecutor(threads, thread_name_prefix="memrec-decode") as pool:
@@ -270,7 +273,9 @@ class TraceReader:
                 if shallow is not None:
                     if last_ts is None or shallow.ts > last_ts:
                         last_ts = shallow.ts
-                    yield marker(shallow, obj)
+                    item = marker(shallow, obj)
+                    if item is not None:  # None: taken (feed)
+                        yield item
                     continue
             if not isinstance(kind, str):
                 malformed.append(f"byte {offset}: not a map with a string 'type'")
