@@ -172,10 +172,13 @@ class TraceReader:
         """Hand every usable record to ``sink`` (see :meth:`items`); warnings as for :meth:`items`."""
         on_marker = sink.on_marker
         schema = self.schema
+
+        def take(marker: Marker, obj: dict) -> None:
+            on_marker(marker)  # taken: nothing to yield
+
         # a marker record of the writer's goes to the sink as it is read (most records of a step
         # loop's trace: no item made, no dispatch); every other record as items() gives it
-        records = self._scan(lambda obj: check_record(obj, schema, self._budget), lambda marker, obj: on_marker(marker),
-                             mapped=mapped)
+        records = self._scan(lambda obj: check_record(obj, schema, self._budget), take, mapped=mapped)
         for kind, item in records:
             deliver(kind, item, sink)
 
