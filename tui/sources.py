@@ -186,6 +186,7 @@ class FileSource(_Threaded):
         if self._reader is None:
             self.open()
         from memrec.trace.chunks import EVENTS
+        from memrec.trace.format import MARKER
         from memrec.trace.records import deliver
 
         reader = self._reader
@@ -196,10 +197,14 @@ class FileSource(_Threaded):
             if isinstance(end, int) and end >= 0:
                 with model.lock:
                     model.t_end_hint = end  # a hint: the scan's checked trailer replaces it
+        on_marker = model.on_marker
         for i, (kind, item) in enumerate(reader.items(mapped=True, threads=SCAN_THREADS)):
             if self._stop.is_set():
                 return
-            deliver(kind, item, model)  # the model is a RecordSink, as load_trace's builder is
+            if kind == MARKER:  # most records of a step loop's trace: no dispatch
+                on_marker(item)
+            else:
+                deliver(kind, item, model)  # the model is a RecordSink, as load_trace's builder is
             if ready is not None and kind == EVENTS:
                 ready()
                 ready = None

@@ -68,8 +68,9 @@ def trace_bounds(trace: Any) -> tuple[int, int]:
             firsts.append(int(arr["ts"].min()))
             lasts.append(int(arr["ts"].max()))
     if trace.markers:
-        firsts.append(min(m.ts for m in trace.markers))
-        lasts.append(max(m.ts for m in trace.markers))
+        times = [m.ts for m in trace.markers]
+        firsts.append(min(times))
+        lasts.append(max(times))
     trailer = trace.trailer or {}
     for key in ("end_ts", "end"):
         if isinstance(trailer.get(key), int):

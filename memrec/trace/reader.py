@@ -26,6 +26,7 @@ from memrec.base.errors import TraceFormatError
 from memrec.base.untrusted import MAX_DEPTH
 from memrec.base.untrusted import clean_text
 from memrec.base.untrusted import too_deep
+from memrec.terms.events import Marker
 from memrec.trace import mapped as _mapped
 from memrec.trace.budget import OverBudget
 from memrec.trace.budget import read_budget
@@ -34,12 +35,14 @@ from memrec.trace.chunks import ROWS_KEY
 from memrec.trace.chunks import ColumnChunk
 from memrec.trace.chunks import Schema
 from memrec.trace.format import HEADER
+from memrec.trace.format import MARKER
 from memrec.trace.format import RECORD_TYPES
 from memrec.trace.format import TRAILER
 from memrec.trace.format import check_header
 from memrec.trace.format import decode_record
 from memrec.trace.format import header_prefix_plausible
 from memrec.trace.format import parse_schema
+from memrec.trace.format import shallow_marker
 from memrec.trace.format import unpacker
 from memrec.trace.model import Trace
 from memrec.trace.records import RecordSink
@@ -130,11 +133,11 @@ class TraceReader:
     def records(self) -> Iterator[dict]:
         """Yield every record after the header, decoded (see :func:`~memrec.trace.format.decode_record`)."""
         schema = self.schema
-        return self._scan(lambda obj: decode_record(obj, schema, self._budget))
+        return self._scan(lambda obj: decode_record(obj, schema, self._budget), lambda marker, obj: obj)
 
     def raw_records(self) -> Iterator[dict]:
         """Yield every record after the header as msgpack gave it (columns as bytes)."""
-        return self._scan(lambda obj: obj)
+        return self._scan(lambda obj: obj, lambda marker, obj: obj)
 
     def items(self, *, mapped: bool = False, threads: int = 0) -> Iterator[tuple[str, Any]]:
         """Yield ``(type, item)`` for every usable record, each checked the same way for every caller
@@ -155,17 +158,28 @@ class TraceReader:
         this scan).
         """
         schema = self.schema
-        return self._scan(lambda obj: check_record(obj, schema, self._budget), mapped=mapped, threads=threads)
+        return self._scan(lambda obj: check_record(obj, schema, self._budget), lambda marker, obj: (MARKER, marker),
+                          mapped=mapped, threads=threads)
 
     def entries(self, *, mapped: bool = False) -> Iterator[tuple[str, Any, dict]]:
         """Like :meth:`items`, with each record as msgpack gave it: ``(type, item, record)``
         (``memrec dump`` prints a marker's or a trailer's own keys, checked as every reader's)."""
         schema = self.schema
-        return self._scan(lambda obj: (*check_record(obj, schema, self._budget), obj), mapped=mapped)
+        return self._scan(lambda obj: (*check_record(obj, schema, self._budget), obj),
+                          lambda marker, obj: (MARKER, marker, obj), mapped=mapped)
 
     def feed(self, sink: RecordSink, *, mapped: bool = False) -> None:
         """Hand every usable record to ``sink`` (see :meth:`items`); warnings as for :meth:`items`."""
-        for kind, item in self.items(mapped=mapped):
+        on_marker = sink.on_marker
+        schema = self.schema
+
+        def take(marker: Marker, obj: dict) -> None:
+            on_marker(marker)  # taken: nothing to yield
+
+        # a marker record of the writer's goes to the sink as it is read (most records of a step
+        # loop's trace: no item made, no dispatch); every other record as items() gives it
+        records = self._scan(lambda obj: check_record(obj, schema, self._budget), take, mapped=mapped)
+        for kind, item in records:
             deliver(kind, item, sink)
 
     def _stream_objects(self) -> Iterator[tuple[int, Any]]:
@@ -211,18 +225,26 @@ class TraceReader:
         except _mapped.Damaged as error:
             self._damage = f"at byte {error.at} ({error}); the rest is skipped"
 
-    def _scan(self, decode: Callable[[dict], Any], *, mapped: bool = False, threads: int = 0) -> Iterator[Any]:
-        """Yield ``decode(obj)`` for every well-formed record; turn damage into warnings."""
+    def _scan(self, decode: Callable[[dict], Any], marker: Callable[[Marker, dict], Any], *, mapped: bool = False,
+              threads: int = 0) -> Iterator[Any]:
+        """Yield ``decode(obj)`` for every well-formed record; turn damage into warnings.
+
+        ``marker(m, obj)``: what to yield for a marker record of the writer's own shape
+        (:func:`~memrec.trace.format.shallow_marker` gives ``m``), the same as ``decode(obj)``
+        would, or None when it took the marker itself (:meth:`feed`): such a record needs no depth
+        walk (a step loop's trace is mostly marker records).
+        """
         if threads:
             with ThreadPoolExecutor(threads, thread_name_prefix="memrec-decode") as pool:
                 try:
-                    yield from self._scan_from(decode, mapped, pool, 2 * threads)
+                    yield from self._scan_from(decode, marker, mapped, pool, 2 * threads)
                 finally:  # stopped early: no decoding left running over a mapping about to close
                     pool.shutdown(wait=True, cancel_futures=True)
         else:
-            yield from self._scan_from(decode, mapped, None, 0)
+            yield from self._scan_from(decode, marker, mapped, None, 0)
 
-    def _scan_from(self, decode: Callable[[dict], Any], mapped: bool, pool: Executor | None, ahead: int) -> Iterator[Any]:
+    def _scan_from(self, decode: Callable[[dict], Any], marker: Callable[[Marker, dict], Any], mapped: bool,
+                   pool: Executor | None, ahead: int) -> Iterator[Any]:
         self.trailer = None
         self.warnings = list(self._header_warnings)
         self.records_read = 0
@@ -249,6 +271,15 @@ class TraceReader:
         for offset, obj, decoded in _decoded_ahead(source, decode, pool, ahead):
             self.records_read += 1
             kind = obj.get("type") if isinstance(obj, dict) else None
+            if kind == MARKER:
+                shallow = shallow_marker(obj)
+                if shallow is not None:
+                    if last_ts is None or shallow.ts > last_ts:
+                        last_ts = shallow.ts
+                    item = marker(shallow, obj)
+                    if item is not None:  # None: taken (feed)
+                        yield item
+                    continue
             if not isinstance(kind, str):
                 malformed.append(f"byte {offset}: not a map with a string 'type'")
                 continue

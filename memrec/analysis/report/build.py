@@ -36,6 +36,7 @@ from memrec.analysis.untraced.reconcile import reconcile
 from memrec.analysis.report.gpu import ReportContext
 from memrec.analysis.report.gpu import gpu_section
 from memrec.analysis.report.gpu import holding_row
+from memrec.analysis.report.gpu import phase_seconds
 from memrec.analysis.report.gpu import usage_by_gpu
 from memrec.analysis.report.model import FailedCall
 from memrec.analysis.report.model import HeldPhase
@@ -91,7 +92,7 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None, all
     procs = _processes(trace, run.tl, run.exits)
     ctx = ReportContext(trace=trace, start=run.start, pid=pid, procs=procs, exits=run.exits,
                         usage=usage_by_gpu(run.usage), exit_usage=usage_by_gpu(run.exit_usage), phases=run.phases,
-                        rec=reconcile(trace, run.tl, run.phases))
+                        rec=reconcile(trace, run.tl, run.phases), phase_s=phase_seconds(run.phases, run.start))
     report = Report(
         memrec_report=REPORT_VERSION,
         filter=ReportFilter(gpu, pid),
@@ -100,7 +101,7 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None, all
         processes=[p for p in procs.values() if pid is None or p.pid == pid],
         gpus=[],
         host=None,
-        phases=_phase_list(run.phases, run.start, pid),
+        phases=_phase_list(run.phases, ctx.phase_s, pid),
         instants=_instant_list(run.phases, run.start, pid),
         failures_unknown_gpu=[],
     )
@@ -393,7 +394,7 @@ def _processes(trace: Any, tl: Timeline, exit_records: list[dict]) -> dict[int, 
     return out
 
 
-def _phase_list(phases: Phases, start: int, pid: int | None) -> list[PhaseEntry]:
+def _phase_list(phases: Phases, phase_s: list[tuple[float, float]], pid: int | None) -> list[PhaseEntry]:
     return [
         PhaseEntry(
             id=ph.id,
@@ -403,11 +404,11 @@ def _phase_list(phases: Phases, start: int, pid: int | None) -> list[PhaseEntry]
             depth=ph.depth,
             start_ts=ph.start,
             end_ts=ph.end,
-            start_s=seconds(ph.start - start),
-            end_s=seconds(ph.end - start),
+            start_s=phase_s[ph.id][0],
+            end_s=phase_s[ph.id][1],
             closed=ph.closed,
             gpu=ph.gpu,
-            values=_jsonable(ph.values),
+            values=_jsonable(ph.values) if ph.values else {},
         )
         for ph in phases.phases
         if pid is None or ph.pid == pid

@@ -122,7 +122,7 @@ _INSTANTS = {"memory_baseline", "custom_ar_shared_buffer", "custom_ar_workspace"
 
 def has_sglang_markers(markers: Iterable[Marker]) -> bool:
     """Whether the markers include ones only the SGLang hooks send."""
-    return any(m.name in _SPECIFIC for m in markers)
+    return not _SPECIFIC.isdisjoint(m.name for m in markers)
 
 
 # ---------------------------------------------------------------------------------------- section
