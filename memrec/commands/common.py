@@ -93,9 +93,34 @@ def load_trace_for_command(path: Path, *, warn: bool = True):
     """
     from memrec.trace.reader import load_trace
 
+    return _checked_trace(path, load_trace, warn)
+
+
+def scan_trace_for_command(path: Path, *, warn: bool = True):
+    """Like :func:`load_trace_for_command`, but the events stay in the file: the trace without
+    them and a :class:`memrec.engine.source.TraceEvents` that reads them a record at a time
+    (``memrec report``: its memory does not follow the events).
+
+    Raises:
+        MemrecCommandError: as :func:`load_trace_for_command`.
+    """
+    from memrec.engine.source import scan_trace
+
+    events = None
+
+    def scan(p: Path):
+        nonlocal events
+        trace, events = scan_trace(p)
+        return trace
+
+    trace = _checked_trace(path, scan, warn)
+    return trace, events
+
+
+def _checked_trace(path: Path, read, warn: bool):
     check_trace_path(path)
     try:
-        trace = load_trace(path)
+        trace = read(path)
     except (TraceFormatError, OSError) as error:
         raise trace_error(path, error) from error
     if not trace.header:  # cut inside its header: nothing to report

@@ -89,6 +89,7 @@ from memrec.analysis.diff.sites import verdict_line
 from memrec.analysis.text import human
 from memrec.analysis.text import signed_human
 from memrec.engine.journal import Journal
+from memrec.engine.journal import exit_indexes
 from memrec.terms.events import CUDA_ERROR_OUT_OF_MEMORY
 from memrec.terms.events import OWNED
 from memrec.engine.replay import build_timeline
@@ -156,7 +157,7 @@ def analyze(trace: Any, name: str) -> Run:
     tl = build_timeline(events, start=start, state=initial_state(trace)[0])
     phases = trace_phases(trace)
     j = tl.journal
-    exit_rows = j.exit_mask(events)
+    exit_rows = j.exit_mask(exit_indexes(events))
     ranks = marker_ranks(trace.markers)
     rank_of: dict[int, RankKey] = {}
     for pid in set(trace.processes) | set(ranks) | {int(p) for p in np.unique(j.pid)}:
