@@ -21,6 +21,7 @@ import numpy as np
 
 from memrec.engine.journal import Journal
 from memrec.engine.journal import JournalBuffer
+from memrec.engine.journal import exit_indexes
 from memrec.engine.phases import Phases
 from memrec.engine.phases import build_phases
 from memrec.engine.series import GpuSeries
@@ -142,11 +143,14 @@ def build_timeline(
 class Replay:
     """One replay of a trace's ``n`` events fed a chunk at a time, in order (:meth:`feed`), then
     :meth:`finish`: what :func:`build_timeline` does with a whole trace, from chunks that need
-    not all be in memory at once. See :func:`build_timeline` for the arguments."""
+    not all be in memory at once. See :func:`build_timeline` for the arguments; ``capacity``:
+    the journal rows to make room for at first (default: a change per event). :attr:`exits`:
+    the indexes of the exits fed so far (what :meth:`Journal.exit_mask` reads), each chunk's
+    gathered before its journal rows are handed on."""
 
     def __init__(self, n: int, start: int, state: LiveState | None = None,
                  at_stop: Callable[[int, LiveState, int], None] | None = None,
-                 on_journal: Callable[[Journal], None] | None = None) -> None:
+                 on_journal: Callable[[Journal], None] | None = None, capacity: int | None = None) -> None:
         if state is None:
             state = LiveState(journal=True)
         elif state.journal is None:
@@ -155,13 +159,17 @@ class Replay:
         self._at_stop, self._on_journal = at_stop, on_journal
         initial = state.counters()  # (gpu, pid, category index) -> bytes
         self._series = SeriesBuilder(initial, start, state.n_events)
-        # about a change per event; a chunk's worth when the rows are let go after each chunk
-        self._rows = JournalBuffer(capacity=(n if on_journal is None else min(n, APPLY_CHUNK)) * 9 // 8)
+        # about a change per event; a chunk's worth when the rows are let go after each chunk, or
+        # when the caller says (``capacity``: a journal kept whole that grows as it needs)
+        if capacity is None:
+            capacity = n if on_journal is None else min(n, APPLY_CHUNK)
+        self._rows = JournalBuffer(capacity=capacity * 9 // 8)
         self._rows.take(state)  # what the state had journaled before (normally nothing)
         state.journal_sink = self._rows
         self._let_go = 0  # rows handed on and let go (on_journal)
         self._fed = 0  # rows of the buffer the series have
         self.done = 0  # events applied
+        self.exits = np.zeros(0, np.int64)  # the indexes of the exits (PROC_EXIT) among them
 
     def _hand_on(self, done: int) -> None:
         rows = self._rows
@@ -178,6 +186,9 @@ class Replay:
         """Apply the next ``events``; ``stops``: indexes into the whole trace's events, ascending,
         within these (``at_stop`` is called just before each)."""
         state, rows, base = self.state, self._rows, self.done
+        found = exit_indexes(events, base)  # before the journal's rows are handed on
+        if len(found):
+            self.exits = np.concatenate([self.exits, found])
         try:
             done = 0
             for stop in [*(s - base for s in stops), len(events)]:

@@ -58,13 +58,11 @@ from memrec.analysis.text import seconds
 from memrec.terms.ranks import pid_labels
 from memrec.engine.replay import Timeline
 from memrec.engine.replay import Replay
-from memrec.engine.journal import exit_indexes
-from memrec.engine.source import ColumnSource
 from memrec.engine.source import EventSource
 from memrec.engine.source import TraceEvents
+from memrec.engine.stream import KeptEvents
+from memrec.engine.stream import replay_pass
 from memrec.trace.model import GpuIds
-from memrec.terms.columns import empty_events
-from memrec.terms.events import TENSOR_KINDS
 from memrec.engine.replay import state_at
 from memrec.terms.columns import failed_calls
 from memrec.terms.events import Kind
@@ -73,7 +71,6 @@ from memrec.state.batch import Batch
 from memrec.analysis.merge_text import merged_summary
 
 REPORT_VERSION = 1
-_TENSOR_KINDS = np.array([int(k) for k in TENSOR_KINDS])
 #: How many holders' largest allocations the snapshot at a failed call lists, and how many on the GPU.
 HOLDER_LARGEST = 3
 GPU_LARGEST = 5
@@ -145,7 +142,7 @@ class _Replayed:
     its GPU, ``(gpu, inferred)``, and the holders then), the exits and anomalies of the recording
     (not of a rotated file's predecessors), usage by phase and the SGLang section."""
 
-    kept: _Kept
+    kept: KeptEvents
     n_events: int
     start: int
     end: int
@@ -163,53 +160,10 @@ class _Replayed:
     tensors: TensorFeed
 
 
-class _Kept:
-    """The events the report's sections read after the replay, with their indexes: every one but
-    the tensor blocks' (the failed calls, exits, contexts, pools and the driver's calls: what
-    the reconciliation, the failed calls and the SGLang facts read; the tensor section has its
-    own replay), or all of them when an event names a stack (the sites pair every allocation
-    with its free). Events already in memory are used in place."""
-
-    def __init__(self, events: TraceEvents) -> None:
-        source = events.source
-        self._whole = source.events if isinstance(source, ColumnSource) else None
-        self._every = events.census.stacked
-        self._parts: list[Batch] = []
-        self._index: list[np.ndarray] = []
-        self.rows: Any = None
-        self.index: np.ndarray | None = None  # the events' indexes (None: every event, in order)
-
-    def add(self, first: int, chunk: Batch) -> None:
-        if self._whole is not None:
-            return
-        if self._every:
-            self._parts.append(chunk)
-            self._index.append(np.arange(first, first + len(chunk), dtype=np.int64))
-            return
-        keep = np.flatnonzero((chunk["result"] != 0) | ~np.isin(chunk["kind"], _TENSOR_KINDS))
-        if len(keep):
-            self._parts.append(chunk[keep])
-            self._index.append(keep + first)
-
-    def finish(self) -> None:
-        if self._whole is not None:
-            self.rows = self._whole
-            return
-        self.rows = Batch.concat(self._parts) if self._parts else Batch.of(empty_events(0))
-        self.index = np.concatenate(self._index) if self._index else np.zeros(0, np.int64)
-        self._parts, self._index = [], []
-        if self._every:  # every event: positions are indexes
-            self.index = None
-
-    def at(self, index: int) -> int:
-        """The position among :attr:`rows` of the event at ``index`` (one kept)."""
-        return index if self.index is None else int(np.searchsorted(self.index, index))
-
-
 def _replay(trace: Any, events: TraceEvents, gpu: int | None, pid: int | None) -> _Replayed:
-    """One pass over the events, a chunk at a time: the live state's replay (its series, the
-    holders at each failed call, usage by phase), the tensor section's replay, the failed calls'
-    GPUs and the rows the sections keep (:class:`_Kept`)."""
+    """One pass over the events, a chunk at a time (:func:`memrec.engine.stream.replay_pass`):
+    the live state's replay (its series, the holders at each failed call, usage by phase), the
+    tensor section's replay, the failed calls' GPUs and the rows the sections keep."""
     census = events.census
     start, end = trace_bounds(trace, census)
     failed_idx: list[int] = []
@@ -234,12 +188,17 @@ def _replay(trace: Any, events: TraceEvents, gpu: int | None, pid: int | None) -
     prior_exits = len(initial.exit_records()) if initial is not None else 0
     prior_anomalies = dict(initial.anomalies) if initial is not None else {}
     usage_of, exit_usage_of = Attribution(phases), Attribution(phases)
-    exits = np.zeros(0, np.int64)  # the exits' event indexes so far
 
     def attribute_rows(journal: Journal) -> None:
         if trace.markers:
             usage_of.add(journal)
-            exit_usage_of.add(journal.take(journal.exit_mask(exits)))
+            exit_usage_of.add(journal.take(journal.exit_mask(replay.exits)))
+
+    def stops(first: int, chunk: Batch) -> list[int]:
+        failed = first + np.flatnonzero(failed_calls(chunk))
+        failed_gpu.update(_failure_gpus(chunk, first, failed, last_gpu))
+        failed_idx.extend(failed.tolist())
+        return failed.tolist()
 
     # The journal (35 B a change) is attributed chunk by chunk as the replay goes and let go,
     # unless the SGLang section needs it whole.
@@ -247,24 +206,8 @@ def _replay(trace: Any, events: TraceEvents, gpu: int | None, pid: int | None) -
     replay = Replay(census.n, start, initial, at_stop, None if whole else attribute_rows)
     tensors = TensorFeed(phases, start, census.tensor_events, census.tensor_pids,
                          trace.stacks if trace.stacks and census.stacked else None)
-    kept = _Kept(events)
-    gpu_ids = GpuIds()
-    gpu_ids.add_header(trace.header)
-    for first, chunk in events.source.chunks():
-        failed = first + np.flatnonzero(failed_calls(chunk))
-        failed_gpu.update(_failure_gpus(chunk, first, failed, last_gpu))
-        failed_idx += failed.tolist()
-        found = exit_indexes(chunk, first)
-        if len(found):
-            exits = np.concatenate([exits, found])
-        replay.feed(chunk, failed.tolist())  # fills in the chunk's GPUs
-        gpu_ids.add_column(chunk["gpu"])
-        tensors.add(first, chunk)
-        kept.add(first, chunk)
+    kept = replay_pass(trace, events, replay, [tensors], stops)
     tl = replay.finish()
-    kept.finish()
-    gpu_ids.add_column(trace.nvml["gpu"])
-    events.gpu_ids = gpu_ids
     if whole:
         attribute_rows(tl.journal)
     anomalies = {
