@@ -22,39 +22,26 @@ from memrec.analysis.report.build import build_report
 from memrec.engine import replay
 from memrec.engine.source import TraceEvents
 from memrec.engine.source import scan_trace
-from memrec.terms.columns import empty_events
 from memrec.terms.events import Api
 from memrec.terms.events import Kind
 from memrec.terms.events import Marker
 from memrec.trace.reader import load_trace
 from memrec.trace.writer import TraceWriter
 from tests.unit.test_scale_memory import CHUNK
+from tests.unit.test_scale_memory import chunk_events
 from tests.unit.test_scale_memory import peak
 
 PROCS = 8
-LIVE = 256  # tensor blocks alive at once (a block is freed LIVE allocations after its own)
 SEGMENT = 1 << 30
 
 
 def write_tensors(path: Path, n: int) -> Path:
     """``n`` events: each of 8 processes (4 GPUs) allocates a 1 GiB driver segment, then tensor
-    blocks inside the segments, each freed ``LIVE`` allocations later; a driver workspace is
-    allocated and freed once a chunk, and a step marker begins every chunk."""
+    blocks, each freed ``LIVE`` allocations later (``test_scale_memory``'s shape); a driver
+    workspace is allocated and freed once a chunk, and a step marker begins every chunk."""
     with TraceWriter(path, {"host": "t"}) as w:
         for lo in range(0, n, CHUNK):
-            idx = np.arange(lo, min(n, lo + CHUNK), dtype=np.int64)
-            ev = empty_events(len(idx))
-            alloc = idx % 2 == 0
-            target = np.where(alloc, idx // 2, idx // 2 - LIVE)
-            ok = alloc | (target >= 0)
-            pid = np.abs(target) % PROCS
-            ev["ts"] = 10**12 + idx * 1000
-            ev["pid"] = ev["tid"] = 100 + pid
-            ev["kind"] = np.where(alloc, int(Kind.TENSOR_ALLOC), np.where(ok, int(Kind.TENSOR_FREE), int(Kind.CTX)))
-            ev["api"] = np.where(alloc, int(Api.torch_malloc), int(Api.torch_free))
-            ev["ptr"] = (pid.astype(np.uint64) << np.uint64(40)) + (np.abs(target) % (4 * LIVE)).astype(np.uint64) * 4096
-            ev["size"] = np.where(alloc, (np.abs(target) % 8 + 1) * 512, 0)
-            ev["gpu"] = ev["ordinal"] = pid % 4
+            ev = chunk_events(lo, n, (Kind.TENSOR_ALLOC, Kind.TENSOR_FREE), (Api.torch_malloc, Api.torch_free))
             # the first events: every process's segment; the last two: a workspace allocated, freed
             if lo == 0:
                 ev["kind"][:PROCS] = int(Kind.ALLOC)
@@ -62,6 +49,7 @@ def write_tensors(path: Path, n: int) -> Path:
                 ev["ptr"][:PROCS] = np.arange(PROCS, dtype=np.uint64) << np.uint64(40)
                 ev["size"][:PROCS] = SEGMENT
                 ev["pid"][:PROCS] = ev["tid"][:PROCS] = 100 + np.arange(PROCS)
+                ev["gpu"][:PROCS] = np.arange(PROCS) % 4
             ev["kind"][-2:] = (int(Kind.ALLOC), int(Kind.FREE))
             ev["api"][-2:] = (int(Api.cuMemAlloc_v2), int(Api.cuMemFree_v2))
             ev["ptr"][-2:] = 1 << 50
