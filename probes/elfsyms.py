@@ -109,36 +109,51 @@ _SYM = np.dtype([("name", "<u4"), ("info", "u1"), ("other", "u1"), ("shndx", "<u
                  ("size", "<u8")])
 
 
+def _symbol_tables(fd: int, layout: Layout):
+    """Yield (symbols, file offsets, string table) of ``.symtab`` and ``.dynsym``, in file order.
+
+    The one reader of symbol tables here, in numpy: PyTorch's and CUDA's libraries hold hundreds
+    of thousands of symbols, and reading them one by one in Python took the daemon seconds per
+    library. Only defined symbols with a value are kept; a symbol whose bytes no loadable segment
+    holds (``.bss``) has offset -1.
+    """
+    sections = layout.raw_sections
+    for _n, sh_type, _f, _a, sh_offset, sh_size, sh_link, _i, _al, sh_entsize in sections:
+        if sh_type not in (_SHT_SYMTAB, _SHT_DYNSYM) or sh_entsize != _SYM.itemsize or sh_link >= len(sections):
+            continue
+        table = np.frombuffer(_read(fd, sh_offset, sh_size - sh_size % _SYM.itemsize), dtype=_SYM)
+        table = table[(table["shndx"] != 0) & (table["value"] != 0)]
+        offsets = np.full(len(table), -1, dtype=np.int64)
+        for lo, hi, off in reversed(layout.segments):  # the first segment that holds it wins
+            inside = (table["value"] >= lo) & (table["value"] < hi)
+            offsets[inside] = table["value"][inside].astype(np.int64) - lo + off
+        yield table, offsets, _read(fd, sections[sh_link][4], sections[sh_link][5])
+
+
+def _is_function(table: np.ndarray) -> np.ndarray:
+    kind = table["info"] & 0xF
+    return (kind == _STT_FUNC) | (kind == _STT_GNU_IFUNC)
+
+
+def _name(strtab: bytes, at: int) -> bytes:
+    end = strtab.find(b"\0", at)
+    return strtab[at:end if end >= 0 else len(strtab)]
+
+
 class FunctionTable:
     """The function symbols of one file, by file offset, for naming native return addresses.
 
-    Why not :func:`function_offsets`: a stack's native frames land in PyTorch's and CUDA's
-    libraries, whose tables hold hundreds of thousands of symbols; reading them one by one in
-    Python took the daemon seconds per library, while the processes whose Python frames it still
-    had to read exited. The tables are taken whole with numpy and a name is decoded only when a
-    frame lands in it.
+    The tables are taken whole and a name is decoded only when a frame lands in it.
     """
 
     def __init__(self, fd: int) -> None:
-        layout = read_layout(fd)
         starts, names, strtabs = [], [], []
-        sections = layout.raw_sections
-        for _n, sh_type, _f, _a, sh_offset, sh_size, sh_link, _i, _al, sh_entsize in sections:
-            if sh_type not in (_SHT_SYMTAB, _SHT_DYNSYM) or sh_entsize != _SYM.itemsize or sh_link >= len(sections):
-                continue
-            table = np.frombuffer(_read(fd, sh_offset, sh_size - sh_size % _SYM.itemsize), dtype=_SYM)
-            kind = table["info"] & 0xF
-            table = table[((kind == _STT_FUNC) | (kind == _STT_GNU_IFUNC)) & (table["shndx"] != 0)
-                          & (table["value"] != 0)]
-            offsets = np.full(len(table), -1, dtype=np.int64)
-            for lo, hi, off in layout.segments:
-                inside = (table["value"] >= lo) & (table["value"] < hi)
-                offsets[inside] = table["value"][inside].astype(np.int64) - lo + off
-            keep = offsets >= 0
+        for table, offsets, strtab in _symbol_tables(fd, read_layout(fd)):
+            keep = _is_function(table) & (offsets >= 0)
             starts.append(offsets[keep])
             names.append(np.stack([np.full(int(keep.sum()), len(strtabs), dtype=np.int64),
                                    table["name"][keep].astype(np.int64)], axis=1))
-            strtabs.append(_read(fd, sections[sh_link][4], sections[sh_link][5]))
+            strtabs.append(strtab)
         start = np.concatenate(starts) if starts else np.zeros(0, dtype=np.int64)
         order = np.argsort(start, kind="stable")
         self._starts = start[order]
@@ -154,27 +169,8 @@ class FunctionTable:
         if at < 0:
             return ""
         table, name = (int(v) for v in self._names[at])
-        strtab = self._strtabs[table]
-        end = strtab.find(b"\0", name)
-        label = strtab[name:end if end >= 0 else len(strtab)].decode(errors="replace")
+        label = _name(self._strtabs[table], name).decode(errors="replace")
         return f"{label}+0x{offset - int(self._starts[at]):x}"
-
-
-def _symbols(fd: int, layout: Layout):
-    """Yield (name, st_info, st_value) of every defined symbol of ``.symtab`` and ``.dynsym``."""
-    sections = layout.raw_sections
-    shnum = len(sections)
-    for _name, sh_type, _f, _a, sh_offset, sh_size, sh_link, _info, _al, sh_entsize in sections:
-        if sh_type not in (_SHT_SYMTAB, _SHT_DYNSYM) or sh_entsize < 24 or sh_link >= shnum:
-            continue
-        strtab = _read(fd, sections[sh_link][4], sections[sh_link][5])
-        table = _read(fd, sh_offset, sh_size)
-        for at in range(0, sh_size - sh_entsize + 1, sh_entsize):
-            st_name, st_info, _other, st_shndx, st_value = struct.unpack_from("<IBBHQ", table, at)
-            if st_shndx == 0 or st_value == 0:
-                continue
-            end = strtab.find(b"\0", st_name)
-            yield strtab[st_name:end if end >= 0 else len(strtab)], st_info, st_value
 
 
 def function_offsets(fd: int, prefix: bytes = b"") -> dict[str, int]:
@@ -184,14 +180,13 @@ def function_offsets(fd: int, prefix: bytes = b"") -> dict[str, int]:
         ElfError: not an ELF64 LE file, or its tables are out of bounds.
         OSError: the file cannot be read.
     """
-    layout = read_layout(fd)
     found: dict[str, int] = {}
-    for name, st_info, st_value in _symbols(fd, layout):
-        if (st_info & 0xF) not in (_STT_FUNC, _STT_GNU_IFUNC) or not name.startswith(prefix):
-            continue
-        offset = layout.file_offset(st_value)
-        if offset is not None:
-            found.setdefault(name.decode(errors="replace"), offset)
+    for table, offsets, strtab in _symbol_tables(fd, read_layout(fd)):
+        keep = np.flatnonzero(_is_function(table) & (offsets >= 0))
+        for at, offset in zip(table["name"][keep].tolist(), offsets[keep].tolist()):
+            name = _name(strtab, at)
+            if name.startswith(prefix):
+                found.setdefault(name.decode(errors="replace"), offset)
     return found
 
 
@@ -202,11 +197,11 @@ def symbol_offsets(fd: int, names: frozenset[bytes]) -> dict[str, int]:
     Raises:
         ElfError, OSError: as :func:`function_offsets`.
     """
-    layout = read_layout(fd)
     found: dict[str, int] = {}
-    for name, _info, st_value in _symbols(fd, layout):
-        if name in names:
-            offset = layout.file_offset(st_value)
-            if offset is not None:
+    for table, offsets, strtab in _symbol_tables(fd, read_layout(fd)):
+        keep = np.flatnonzero(offsets >= 0)
+        for at, offset in zip(table["name"][keep].tolist(), offsets[keep].tolist()):
+            name = _name(strtab, at)
+            if name in names:
                 found.setdefault(name.decode(), offset)
     return found

@@ -60,7 +60,8 @@ PARTITIONS = ("host", "day")
 NO_DAY = "1970-01-01"
 
 _S, _I16, _I32, _I64, _F64, _B, _T = "string", "int16", "int32", "int64", "float64", "bool", "time"
-_KEY = (("trace_id", _S), ("part", _I32))
+#: The columns every table starts with: the trace and its part.
+KEY_COLUMNS = (("trace_id", _S), ("part", _I32))
 #: Rows of the events table built and written at a time (a row group each).
 EVENT_ROWS = 1 << 20
 
@@ -139,7 +140,7 @@ def arrow_schema(table: str) -> Any:
     pa = require("pyarrow", "sql", "--to dataset")
     types = {_S: pa.string(), _I16: pa.int16(), _I32: pa.int32(), _I64: pa.int64(), _F64: pa.float64(),
              _B: pa.bool_(), _T: pa.timestamp("us", tz="UTC")}
-    return pa.schema([(name, types[kind]) for name, kind in _KEY + COLUMNS[table]])
+    return pa.schema([(name, types[kind]) for name, kind in KEY_COLUMNS + COLUMNS[table]])
 
 
 @dataclass(frozen=True)

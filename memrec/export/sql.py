@@ -27,6 +27,9 @@ from memrec.base.errors import ExitCode
 from memrec.base.errors import MemrecCommandError
 from memrec.export import require
 from memrec.export.dataset import COLUMNS
+from memrec.export.dataset import KEY_COLUMNS
+from memrec.export.dataset import MANIFEST
+from memrec.export.dataset import READ_VERSIONS
 from memrec.export.dataset import SCHEMA_VERSION
 from memrec.export.dataset import TABLES
 from memrec.export.dataset import arrow_schema
@@ -95,7 +98,7 @@ LEFT JOIN ({_HOLDER_RANKED}
 ) h ON h.trace_id = f.trace_id AND h.part = f.part AND h.failure = f.failure AND h.n = 1
 LEFT JOIN known kh ON kh.trace_id = h.trace_id AND kh.pid = h.holder_pid
 WHERE f.day >= DATE '{{since}}'
-ORDER BY f.time, f.host, f.pid""",
+ORDER BY f.time, f.host, f.pid, f.trace_id, f.part, f.failure""",  # the last three: a total order (ties are equal times)
         {"since": _DATE},
     ),
     "holders": NamedQuery(
@@ -109,7 +112,7 @@ JOIN failure_holders h ON h.trace_id = f.trace_id AND h.part = f.part AND h.fail
 LEFT JOIN known k ON k.trace_id = f.trace_id AND k.pid = f.pid
 LEFT JOIN known kh ON kh.trace_id = h.trace_id AND kh.pid = h.holder_pid
 WHERE f.day >= DATE '{{since}}'
-ORDER BY f.time, f.host, h.bytes DESC, h.holder_pid, h.category""",
+ORDER BY f.time, f.host, h.bytes DESC, h.holder_pid, h.category, f.trace_id, f.part, f.failure""",
         {"since": _DATE},
     ),
     "peaks": NamedQuery(
@@ -204,12 +207,85 @@ def render(name: str, values: dict[str, str]) -> str:
 def register_spark(spark: Any, roots: list[str]) -> None:
     """Make one temporary view per table in a Spark session, over the datasets at ``roots`` (local
     folders or ``s3a://``/``gs://``/``abfss://`` URLs): then ``spark.sql(render(...))`` runs a named
-    query. Partition values are read as strings (a host named ``001`` stays a name)."""
+    query. Partition values are read as strings (a host named ``001`` stays a name).
+
+    Roots of an older layout are read as :class:`DuckDB` reads them: the columns their layout
+    lacks are null, a table it lacks has no rows from them, and a table no root has yet is an
+    empty view of its columns (so every named query runs over a layout-1 dataset too).
+    """
     spark.conf.set("spark.sql.sources.partitionColumnTypeInference.enabled", "false")
+    layouts: dict[int, list[str]] = {}
+    for root in roots:
+        layouts.setdefault(_spark_layout(spark, root), []).append(root.rstrip("/"))
     for table in TABLES:
-        paths = [f"{root.rstrip('/')}/{table}" for root in roots]
-        reader = spark.read.option("basePath", paths[0]) if len(paths) == 1 else spark.read
-        reader.parquet(*paths).createOrReplaceTempView(table)
+        frame = None
+        for version, group in sorted(layouts.items(), reverse=True):
+            columns = layout_columns(table, version)
+            part = None if columns is None else _spark_parquet(spark, [f"{root}/{table}" for root in group])
+            if part is None:
+                continue
+            for name, kind in COLUMNS[table]:
+                if name not in columns:
+                    part = part.withColumn(name, _spark_null(kind))
+            frame = part if frame is None else frame.unionByName(part)
+        if frame is None:
+            frame = spark.createDataFrame([], _spark_schema(table))
+        frame.createOrReplaceTempView(table)
+
+
+def _spark_layout(spark: Any, root: str) -> int:
+    """The layout version of the dataset at ``root``: a local folder's manifest is checked as
+    ``memrec sql`` checks it (a clear error for another version); a URL's is read through Spark."""
+    if "://" not in root:
+        version = check_manifest(Path(root), write=False)
+        return SCHEMA_VERSION if version is None else version
+    try:
+        row = spark.read.option("multiLine", "true").json(f"{root.rstrip('/')}/{MANIFEST}").first()
+    except Exception:  # noqa: BLE001 - Spark's errors are Java exceptions of many kinds
+        return SCHEMA_VERSION  # no manifest: a new dataset's folders, read as this layout
+    version = row["memrec_dataset"] if row is not None and "memrec_dataset" in row else SCHEMA_VERSION
+    if version not in READ_VERSIONS or isinstance(version, bool):
+        raise MemrecCommandError(f"{root}: a memrec dataset of layout version {version!r}; this memrec reads "
+                                 f"versions {', '.join(map(str, READ_VERSIONS))}", exit_code=ExitCode.DATA)
+    return version
+
+
+def _spark_parquet(spark: Any, paths: list[str]) -> Any:
+    """A table's Parquet files under ``paths`` (partitions as columns), or None where none is there
+    yet (checked before reading for local folders; a URL's missing path is Spark's error)."""
+    present = [p for p in paths if "://" in p or glob.glob(f"{p}/*/*/*.parquet")]
+    if not present:
+        return None
+    reader = spark.read.option("basePath", present[0]) if len(present) == 1 else spark.read
+    try:
+        return reader.parquet(*present)
+    except Exception as error:  # noqa: BLE001 - pyspark's AnalysisException, without importing pyspark
+        if "PATH_NOT_FOUND" in str(error) or "Path does not exist" in str(error):
+            return None
+        raise
+
+
+def _spark_types() -> dict[str, Any]:
+    from pyspark.sql import types  # only here: Spark is the caller's, never memrec's dependency
+
+    return {"string": types.StringType(), "int16": types.ShortType(), "int32": types.IntegerType(),
+            "int64": types.LongType(), "float64": types.DoubleType(), "bool": types.BooleanType(),
+            "time": types.TimestampType()}
+
+
+def _spark_null(kind: str) -> Any:
+    from pyspark.sql import functions
+
+    return functions.lit(None).cast(_spark_types()[kind])
+
+
+def _spark_schema(table: str) -> Any:
+    """``table``'s columns, the key first and the partitions last, as a Spark schema."""
+    from pyspark.sql import types
+
+    kinds = _spark_types()
+    fields = [*KEY_COLUMNS, *COLUMNS[table], ("host", "string"), ("day", "string")]  # partitions as strings
+    return types.StructType([types.StructField(name, kinds[kind], True) for name, kind in fields])
 
 
 # ------------------------------------------------------------------------------- DuckDB

@@ -99,3 +99,32 @@ def test_named_query_gives_duckdbs_answer_on_spark(spark, dataset, capsys, query
     want = _duck(capsys, "-q", query, *params, str(dataset))
     assert want, "the fleet answers every question"
     assert got == want
+
+
+def test_a_layout_1_dataset_reads_on_spark_as_in_duckdb(spark, dataset, tmp_path, capsys):
+    import tarfile
+
+    from memrec.export.sql import register_spark
+
+    # GIVEN a dataset of layout 1 (no stacks table, no events.stack column) beside a layout-2 one
+    old = tmp_path / "old"
+    old.mkdir()
+    with tarfile.open(Path(__file__).parents[1] / "data" / "dataset_v1.tar.xz") as tar:
+        tar.extractall(old)  # the repository's own file
+    assert not (old / "stacks").exists()
+    # WHEN Spark registers both, and the old one alone
+    for roots in ([old, dataset], [old]):
+        register_spark(spark, [str(r) for r in roots])
+        # THEN every table is a view, the old events' stacks null, as memrec sql (DuckDB) says
+        text = "SELECT host, count(*) AS n, count(stack) AS with_stack FROM events GROUP BY host ORDER BY host"
+        got = [row.asDict() for row in spark.sql(text).collect()]
+        assert got == _duck(capsys, "-e", text, *map(str, roots))
+        assert spark.sql("SELECT count(*) AS n FROM stacks").collect()[0]["n"] == len(
+            _duck(capsys, "-e", "SELECT * FROM stacks", *map(str, roots)))
+        # AND a named query of layout 1 gives DuckDB's rows
+        capsys.readouterr()
+        assert main(["sql", "-q", "failures", "--print-sql"]) == 0
+        query = capsys.readouterr().out
+        got = [{k: _value(v) for k, v in row.asDict().items()} for row in spark.sql(query).collect()]
+        want = _duck(capsys, "-q", "failures", *map(str, roots))
+        assert got == want
