@@ -3,9 +3,11 @@ checking an output path."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
+from typing import Iterator
 
 from memrec.base.errors import DaemonError
 from memrec.base.errors import ExitCode
@@ -115,6 +117,18 @@ def scan_trace_for_command(path: Path, *, warn: bool = True):
 
     trace = _checked_trace(path, scan, warn)
     return trace, events
+
+
+@contextlib.contextmanager
+def reread(*paths: Path) -> Iterator[None]:
+    """Around what reads the events of :func:`scan_trace_for_command`'s traces again: a file
+    removed or replaced by something else since the first pass is the one-line error of a trace
+    that cannot be read, not a traceback."""
+    try:
+        yield
+    except (TraceFormatError, OSError) as error:
+        named = getattr(error, "filename", None)
+        raise trace_error(next((p for p in paths if str(p) == named), paths[0]), error) from error
 
 
 def _checked_trace(path: Path, read, warn: bool):

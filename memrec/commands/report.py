@@ -48,11 +48,13 @@ class ReportCommand:
     def _report(self, args: argparse.Namespace) -> int:
         from memrec.analysis.report.build import build_report
         from memrec.analysis.report.text import render_text
+        from memrec.commands.common import reread
         from memrec.commands.common import scan_trace_for_command
 
         # the events stay in the file, read a record at a time (100M events in bounded memory)
         trace, events = scan_trace_for_command(args.trace, warn=False)  # warnings: in the report itself
-        report = build_report(trace, gpu=args.gpu, pid=args.pid, all_sites=args.all, events=events)
+        with reread(args.trace):
+            report = build_report(trace, gpu=args.gpu, pid=args.pid, all_sites=args.all, events=events)
         if args.gpu is not None and not report.gpus and report.host is None:
             known = events.gpu_ids.sorted()
             raise MemrecCommandError(

@@ -12,9 +12,15 @@ before) is the control that must grow (a count of bytes, not a timing).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
+import pytest
+
+from memrec import commands
+from memrec.base.errors import ExitCode
+from memrec.engine import source
 
 from memrec.analysis.diff import build as diff_build
 from memrec.analysis.diff.build import diff_traces
@@ -112,3 +118,29 @@ def test_the_report_and_diff_from_the_file_are_those_of_the_loaded_trace(tmp_pat
     assert from_file == build_report(load_trace(path)).to_json()
     assert diff_file == diff_traces(load_trace(path), load_trace(path)).to_json()
     assert from_file["trace"]["events"] == 3 * CHUNK + 123
+
+
+@pytest.mark.parametrize("command", ["report", "diff"])
+@pytest.mark.parametrize("change, code", [("removed", ExitCode.NO_INPUT), ("replaced", ExitCode.DATA)])
+def test_a_trace_changed_after_its_first_pass_is_a_one_line_error(tmp_path, monkeypatch, capsys, command, change,
+                                                                 code):
+    # GIVEN a trace that is removed, or replaced by a file that is not a trace, between the
+    # first pass (scan_trace) and the second (the replay reads the events again)
+    path = write_tensors(tmp_path / "t.mrec", CHUNK + 5)
+    real = source.scan_trace
+
+    def scan_then_change(p):
+        out = real(p)
+        os.unlink(p)
+        if change == "replaced":
+            Path(p).write_bytes(b"not a trace at all" * 100)
+        return out
+
+    monkeypatch.setattr(source, "scan_trace", scan_then_change)
+    # WHEN the command reads it
+    argv = [command, str(path)] + ([str(write_tensors(tmp_path / "b.mrec", 10))] if command == "diff" else [])
+    rc = commands.main(argv)
+    err = capsys.readouterr().err
+    # THEN it says so in one line with the exit code of a trace that cannot be read
+    assert rc == code, err
+    assert err.count("\n") == 1 and str(path) in err and "Traceback" not in err

@@ -128,10 +128,11 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None, all
     return report
 
 
-def trace_answer(trace: Any) -> Answer:
+def trace_answer(trace: Any, events: TraceEvents | None = None) -> Answer:
     """The answer ``memrec report`` prints first (:mod:`memrec.analysis.report.answer`), for the views
-    that lead with it (TUI, plot, exports): built from the same report, so that they agree."""
-    answer = build_report(trace).answer
+    that lead with it (TUI, plot, exports): built from the same report, so that they agree.
+    ``events``: as :func:`build_report`'s (the TUI's reads them from the file)."""
+    answer = build_report(trace, events=events).answer
     assert answer is not None  # build_report always sets it
     return answer
 
