@@ -21,7 +21,8 @@ class ReportCommand:
     markers; what each process still held when it exited; every failed call (out of memory and
     others) with who held what on that GPU at that instant; NVML beside it. A trace with stacks
     (memrec daemon --stacks) adds the allocation sites by phase: the lines of code that held
-    the most, across ranks.
+    the most, across ranks. The events are read from the file a record at a time: a trace of
+    100M events is reported in about 100 MiB.
 
     examples:
       memrec report run.mrec
