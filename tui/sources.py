@@ -278,12 +278,13 @@ class FileSource(_Threaded):
     def answer(self) -> Answer | None:
         """The trace's answer, as ``memrec report`` prints it first: the report of the file, read
         and replayed again in this thread after the TUI's own replay (the first frame and the
-        replay never wait for it). None (the view keeps its own landmarks) when it cannot be had."""
+        replay never wait for it), in the report's bounded memory. None (the view keeps its own
+        landmarks) when it cannot be had."""
         from memrec.analysis.report.build import trace_answer
-        from memrec.trace.reader import load_trace
+        from memrec.engine.source import scan_trace
 
-        try:
-            return trace_answer(load_trace(self.path))
+        try:  # the events read from the file a record at a time, as ``memrec report`` reads them
+            return trace_answer(*scan_trace(self.path))
         except Exception as error:  # noqa: BLE001 - a file that changed under us: the TUI goes on without
             self.model.warnings.append(f"no answer: {error}")
             return None
