@@ -3,6 +3,8 @@
     .venv/bin/python bench/bench_100m.py --events 10000000 30000000 [100000000]
         [--commands load report diff tui jsonl parquet ...] [--repeat 1] [--dir /tmp] [--keep]
     .venv/bin/python bench/bench_100m.py --write PATH --events N   # only write one trace
+    .venv/bin/python bench/bench_100m.py --events 10000000 100000000 --commands report diff \
+        --trace 10000000=/work/traces/t10m.mrec --trace 100000000=/work/traces/t100m.mrec  # traces written before
 
 The trace (:func:`write_trace`, through the real :class:`~memrec.trace.writer.TraceWriter`, a
 million events at a time from numpy, so 100M events take minutes and memory stays flat): 16
@@ -276,6 +278,8 @@ def main() -> int:
     ap.add_argument("--dir", default=None, help="where the traces go (default: the temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the traces (reused when present)")
     ap.add_argument("--write", type=Path, help="only write one trace of --events[0] events here")
+    ap.add_argument("--trace", action="append", default=[], metavar="N=PATH",
+                    help="the trace of N events already written there (--write): read, never written or removed")
     args = ap.parse_args()
     if args.write:
         print(json.dumps(write_trace(args.write, args.events[0])))
@@ -283,6 +287,8 @@ def main() -> int:
     tmp = Path(args.dir or tempfile.gettempdir())
     sizes = sorted(args.events)
     paths = {n: tmp / f"bench-100m-{n}.mrec" for n in sizes}
+    given = {int(n): Path(p) for n, p in (t.split("=", 1) for t in args.trace)}
+    paths.update((n, p) for n, p in given.items() if n in paths)
     for n, path in paths.items():
         if not path.exists():
             w = write_trace(path, n)
@@ -324,8 +330,9 @@ def main() -> int:
                          f"(x{statistics.median(r['first'] / f['first'] for r, f in zip(rs, floor)):.2f})")
             line.append(text)
         print(" | ".join(line))
-    for path in () if args.keep else paths.values():
-        path.unlink()
+    for n, path in () if args.keep else paths.items():
+        if n not in given:
+            path.unlink()
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     return 0
 

@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_scale.py [--events 1000000] [--processes 8 100000]
         [--markers 0 50000] [--commands report diff ...] [--repeat 3] [--dir /tmp] [--keep]
+        [--beside /tmp/base-tree]
 
 Writes, with the real writer, one synthetic trace per shape: ``--events`` driver events on 8 GPUs
 (each allocation freed 4,000 allocations later), spread over ``P`` processes (allocation ``a``
@@ -16,6 +17,11 @@ the same repeat: the figure quoted is the median of the per-repeat ratios, so a 
 host's load hits both sides alike; of wall time and of the child's CPU time (user + system: on a
 loaded 2-core host the steadier of the two). Issue 26's goals: 100,000 processes ≤ 3 × the floor and
 ≤ 1 GB; 50,000 markers ≤ 1.5 ×.
+
+``--beside DIR``: every run is made a second time with another tree's memrec (``DIR`` on
+``PYTHONPATH``: ``git archive main | tar -x -C DIR``, with ``memrec/tui`` linked to ``../tui``), right
+after this tree's, so that a change is compared with its base in the same minutes; each code's
+ratios are to its own floor.
 """
 
 from __future__ import annotations
@@ -137,12 +143,16 @@ def write_trace(path: Path, n: int, processes: int, markers: int, keyframe_every
             w.write_marker(Marker(ts + every * min(processes, pairs) // 2, pid, 0, pid, name, "end", k % NGPU))
 
 
-def run(what: str, path: Path) -> dict:
-    """``what`` on ``path`` in a fresh process; its outputs in a folder removed after it (the
-    memory-viz export writes a file per process: 100,000 of them)."""
+def run(what: str, path: Path, tree: str | None = None) -> dict:
+    """``what`` on ``path`` in a fresh process (with ``tree``'s memrec, when given); its outputs in a
+    folder removed after it (the memory-viz export writes a file per process: 100,000 of them)."""
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    if tree is not None:
+        env["PYTHONPATH"] = tree
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
         out = subprocess.run([sys.executable, "-c", CHILD, what, str(path), tmp], check=True, capture_output=True,
-                             text=True, cwd=tmp)
+                             text=True, cwd=tmp, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -155,6 +165,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--dir", default=None, help="where the traces go (default: the temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the traces (reused when present)")
+    ap.add_argument("--beside", default=None, help="another tree (a base) whose memrec runs each command too")
     args = ap.parse_args()
     tmp = Path(args.dir or tempfile.gettempdir())
     # shapes: the floor (fewest processes, no markers), each process count, each marker count
@@ -165,22 +176,25 @@ def main() -> int:
         if not path.exists():
             write_trace(path, args.events, p, m)
     print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; {args.events:,} events")
-    res = {(c, s): [] for c in args.commands for s in shapes}
+    trees = {"": None} if args.beside is None else {"this tree: ": None, f"{args.beside}: ": args.beside}
+    res = {(t, c, s): [] for t in trees for c in args.commands for s in shapes}
     for _ in range(args.repeat):
         for c in args.commands:
             for s in shapes:
-                res[(c, s)].append(run(c, paths[s]))
-    for c in args.commands:
-        floor = res[(c, shapes[0])]
-        line = [f"{c:>10}: floor {statistics.median(r['s'] for r in floor):.2f} s wall, "
-                f"{statistics.median(r['cpu'] for r in floor):.2f} s CPU, {max(r['rss_mib'] for r in floor):.0f} MiB"]
-        for s in shapes[1:]:
-            rs = res[(c, s)]
-            wall = statistics.median(r["s"] / f["s"] for r, f in zip(rs, floor))
-            cpu = statistics.median(r["cpu"] / f["cpu"] for r, f in zip(rs, floor))
-            line.append(f"{s[0]:,} processes, {s[1]:,} markers: {statistics.median(r['s'] for r in rs):.2f} s "
-                        f"(x{wall:.2f} wall, x{cpu:.2f} CPU), {max(r['rss_mib'] for r in rs):.0f} MiB")
-        print(" | ".join(line))
+                for t, tree in trees.items():
+                    res[(t, c, s)].append(run(c, paths[s], tree))
+    for t in trees:
+        for c in args.commands:
+            floor = res[(t, c, shapes[0])]
+            line = [f"{t}{c:>10}: floor {statistics.median(r['s'] for r in floor):.2f} s wall, "
+                    f"{statistics.median(r['cpu'] for r in floor):.2f} s CPU, {max(r['rss_mib'] for r in floor):.0f} MiB"]
+            for s in shapes[1:]:
+                rs = res[(t, c, s)]
+                wall = statistics.median(r["s"] / f["s"] for r, f in zip(rs, floor))
+                cpu = statistics.median(r["cpu"] / f["cpu"] for r, f in zip(rs, floor))
+                line.append(f"{s[0]:,} processes, {s[1]:,} markers: {statistics.median(r['s'] for r in rs):.2f} s "
+                            f"(x{wall:.2f} wall, x{cpu:.2f} CPU), {max(r['rss_mib'] for r in rs):.0f} MiB")
+            print(" | ".join(line))
     if not args.keep:
         for path in paths.values():
             path.unlink()

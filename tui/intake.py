@@ -41,13 +41,17 @@ from memrec.tui.views import NCAT
 from memrec.tui.views import PhaseIndex
 
 
+def _marker_ts(marker: Marker) -> int:
+    return marker.ts
+
+
+#: How many of the latest markers :meth:`TraceIntake.add_marker` searches first for an early one.
+_NEAR_END = 16
+
+
 # ----------------------------------------------------------------------------------------------
 # NVML samples
 
-
-
-def _marker_ts(marker: Marker) -> int:
-    return marker.ts
 
 class NvmlSeries:
     def __init__(self) -> None:
@@ -185,8 +189,12 @@ class TraceIntake:
             markers = self.markers
             if not markers or marker.ts >= markers[-1].ts:  # a file's come in time order: no search
                 markers.append(marker)
-            else:  # a search by key, not a list of every marker's ts per marker (50,000 markers: minutes)
-                markers.insert(bisect.bisect_right(markers, marker.ts, key=_marker_ts), marker)
+            else:  # a search by key, not a list of every marker's ts per marker (50,000 markers: minutes);
+                # among the last few first (an end written after the begins that follow it)
+                lo = max(len(markers) - _NEAR_END, 0)
+                if markers[lo].ts > marker.ts:
+                    lo = 0
+                markers.insert(bisect.bisect_right(markers, marker.ts, lo, key=_marker_ts), marker)
 
     def add_process(self, process: ProcessInfo) -> None:
         process = dataclasses.replace(process, cmdline=[clean_text(a) for a in process.cmdline],

@@ -186,6 +186,7 @@ class FileSource(_Threaded):
         if self._reader is None:
             self.open()
         from memrec.trace.chunks import EVENTS
+        from memrec.trace.format import MARKER
         from memrec.trace.records import deliver
 
         reader = self._reader
@@ -196,10 +197,14 @@ class FileSource(_Threaded):
             if isinstance(end, int) and end >= 0:
                 with model.lock:
                     model.t_end_hint = end  # a hint: the scan's checked trailer replaces it
+        on_marker = model.on_marker
         for i, (kind, item) in enumerate(reader.items(mapped=True, threads=SCAN_THREADS)):
             if self._stop.is_set():
                 return
-            deliver(kind, item, model)  # the model is a RecordSink, as load_trace's builder is
+            if kind == MARKER:  # most records of a step loop's trace: no dispatch
+                on_marker(item)
+            else:
+                deliver(kind, item, model)  # the model is a RecordSink, as load_trace's builder is
             if ready is not None and kind == EVENTS:
                 ready()
                 ready = None
@@ -273,12 +278,13 @@ class FileSource(_Threaded):
     def answer(self) -> Answer | None:
         """The trace's answer, as ``memrec report`` prints it first: the report of the file, read
         and replayed again in this thread after the TUI's own replay (the first frame and the
-        replay never wait for it). None (the view keeps its own landmarks) when it cannot be had."""
+        replay never wait for it), in the report's bounded memory. None (the view keeps its own
+        landmarks) when it cannot be had."""
         from memrec.analysis.report.build import trace_answer
-        from memrec.trace.reader import load_trace
+        from memrec.engine.source import scan_trace
 
-        try:
-            return trace_answer(load_trace(self.path))
+        try:  # the events read from the file a record at a time, as ``memrec report`` reads them
+            return trace_answer(*scan_trace(self.path))
         except Exception as error:  # noqa: BLE001 - a file that changed under us: the TUI goes on without
             self.model.warnings.append(f"no answer: {error}")
             return None

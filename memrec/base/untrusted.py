@@ -112,5 +112,8 @@ def clean_marker(marker: Any) -> Any:
     # start-up, which reaches this module through the protocol and never calls this.
     import dataclasses
 
+    name = clean_text(marker.name)
+    if name == marker.name and marker.values == {}:  # most markers: nothing to make safe, none copied
+        return marker
     values = {clean_text(k): clean_text(v) if isinstance(v, str) else v for k, v in (marker.values or {}).items()}
-    return dataclasses.replace(marker, name=clean_text(marker.name), values=values)
+    return dataclasses.replace(marker, name=name, values=values)

@@ -3,9 +3,11 @@ checking an output path."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
+from typing import Iterator
 
 from memrec.base.errors import DaemonError
 from memrec.base.errors import ExitCode
@@ -93,9 +95,46 @@ def load_trace_for_command(path: Path, *, warn: bool = True):
     """
     from memrec.trace.reader import load_trace
 
+    return _checked_trace(path, load_trace, warn)
+
+
+def scan_trace_for_command(path: Path, *, warn: bool = True):
+    """Like :func:`load_trace_for_command`, but the events stay in the file: the trace without
+    them and a :class:`memrec.engine.source.TraceEvents` that reads them a record at a time
+    (``memrec report``: its memory does not follow the events).
+
+    Raises:
+        MemrecCommandError: as :func:`load_trace_for_command`.
+    """
+    from memrec.engine.source import scan_trace
+
+    events = None
+
+    def scan(p: Path):
+        nonlocal events
+        trace, events = scan_trace(p)
+        return trace
+
+    trace = _checked_trace(path, scan, warn)
+    return trace, events
+
+
+@contextlib.contextmanager
+def reread(*paths: Path) -> Iterator[None]:
+    """Around what reads the events of :func:`scan_trace_for_command`'s traces again: a file
+    removed or replaced by something else since the first pass is the one-line error of a trace
+    that cannot be read, not a traceback."""
+    try:
+        yield
+    except (TraceFormatError, OSError) as error:
+        named = getattr(error, "filename", None)
+        raise trace_error(next((p for p in paths if str(p) == named), paths[0]), error) from error
+
+
+def _checked_trace(path: Path, read, warn: bool):
     check_trace_path(path)
     try:
-        trace = load_trace(path)
+        trace = read(path)
     except (TraceFormatError, OSError) as error:
         raise trace_error(path, error) from error
     if not trace.header:  # cut inside its header: nothing to report

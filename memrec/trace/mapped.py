@@ -200,34 +200,50 @@ def objects(path: str, data_start: int) -> Iterator[tuple[int, Any]]:
     view = memoryview(mm)
     size = len(mm)
     pos = data_start
+    # Every other record (a keyframe can hold a big flat list) through msgpack's own parser: one
+    # unpacker for a run of them, fed from the mapping as it needs (an unpacker made for each of
+    # a step loop's 50,000 marker records, each reading 64 KiB ahead, was most of the TUI's scan).
+    up: msgpack.Unpacker | None = None  # holds the file's bytes [base, fed), in step with pos
+    base = fed = pos
     while pos < size:
         start = pos
         try:
-            obj, pos = _object(mm, view, pos, size)
+            if view[pos + 1 : pos + _MARKER_END] != _MARKER_START and _skip_or_type(view, pos, size)[0] in COLUMNAR_TYPE:
+                obj, pos = _columnar(view, pos, size)
+                up = None
+            else:
+                if up is None:
+                    up = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=1 << 30)
+                    base = fed = pos
+                while True:
+                    try:
+                        obj = up.unpack()
+                        break
+                    except msgpack.OutOfData:
+                        if fed >= size:
+                            raise Truncated from None
+                        step = max(1 << 16, fed - pos)  # a large record: twice as far each time
+                        up.feed(view[fed : fed + step])
+                        fed = min(fed + step, size)
+                pos = base + up.tell()
         except Truncated:
             raise Truncated(start) from None
-        except ValueError as error:
-            raise Damaged(start, str(error)) from None
+        except (ValueError, TypeError, msgpack.UnpackException) as error:
+            raise Damaged(start, str(error) or type(error).__name__) from None
         yield start, obj
 
 
-def _object(mm: mmap.mmap, view: memoryview, start: int, size: int) -> tuple[Any, int]:
-    """The object at ``start`` and where the next one begins."""
-    kind, _ = _skip_or_type(view, start, size)
-    if kind in COLUMNAR_TYPE:
-        obj, pos = _parse(view, start, size, True)
-        wire = {k: (view[v.start : v.end] if isinstance(v, _Bin) else v) for k, v in obj.items()}
-        columns = obj.get("columns")
-        if isinstance(columns, dict):
-            wire["columns"] = {k: (view[v.start : v.end] if isinstance(v, _Bin) else v) for k, v in columns.items()}
-        return wire, pos
-    # small records (a keyframe can hold a big flat list): msgpack's own parser
-    mm.seek(start)
-    up = msgpack.Unpacker(mm, raw=False, strict_map_key=False, max_buffer_size=1 << 30, read_size=1 << 16)
-    try:
-        obj = up.unpack()
-    except msgpack.OutOfData:
-        raise Truncated from None
-    except (ValueError, TypeError, msgpack.UnpackException) as error:
-        raise ValueError(str(error) or type(error).__name__) from None
-    return obj, start + up.tell()
+#: How a marker record of the writer's begins after its map's first byte: most records of a step
+#: loop's trace, known to be small without parsing their type.
+_MARKER_START = b"\xa4type\xa6marker"
+_MARKER_END = 1 + len(_MARKER_START)
+
+
+def _columnar(view: memoryview, start: int, size: int) -> tuple[dict, int]:
+    """The columnar record at ``start`` in wire form, its binary values views of the mapping."""
+    obj, pos = _parse(view, start, size, True)
+    wire = {k: (view[v.start : v.end] if isinstance(v, _Bin) else v) for k, v in obj.items()}
+    columns = obj.get("columns")
+    if isinstance(columns, dict):
+        wire["columns"] = {k: (view[v.start : v.end] if isinstance(v, _Bin) else v) for k, v in columns.items()}
+    return wire, pos

@@ -26,6 +26,7 @@ from memrec.base.errors import TraceFormatError
 from memrec.base.untrusted import MAX_DEPTH
 from memrec.base.untrusted import clean_text
 from memrec.base.untrusted import too_deep
+from memrec.terms.events import Marker
 from memrec.trace import mapped as _mapped
 from memrec.trace.budget import OverBudget
 from memrec.trace.budget import read_budget
@@ -34,12 +35,14 @@ from memrec.trace.chunks import ROWS_KEY
 from memrec.trace.chunks import ColumnChunk
 from memrec.trace.chunks import Schema
 from memrec.trace.format import HEADER
+from memrec.trace.format import MARKER
 from memrec.trace.format import RECORD_TYPES
 from memrec.trace.format import TRAILER
 from memrec.trace.format import check_header
 from memrec.trace.format import decode_record
 from memrec.trace.format import header_prefix_plausible
 from memrec.trace.format import parse_schema
+from memrec.trace.format import shallow_marker
 from memrec.trace.format import unpacker
 from memrec.trace.model import Trace
 from memrec.trace.records import RecordSink
@@ -73,6 +76,8 @@ class TraceReader:
         trailer: the trailer record once an iteration reached it, else None.
         warnings: what the last iteration found wrong (truncated tail, no trailer, skipped records).
         records_read: complete records the last iteration went through (header not counted).
+        offset: the byte offset of the record an iteration yielded last (where ``items(start=)``
+            can begin again).
 
     Raises:
         OSError: the file cannot be opened (FileNotFoundError etc.; the caller reports it).
@@ -93,6 +98,7 @@ class TraceReader:
         self.trailer: dict | None = None
         self.warnings: list[str] = list(self._header_warnings)
         self.records_read = 0
+        self.offset = 0
 
     # -- header ---------------------------------------------------------------------------------
 
@@ -130,13 +136,13 @@ class TraceReader:
     def records(self) -> Iterator[dict]:
         """Yield every record after the header, decoded (see :func:`~memrec.trace.format.decode_record`)."""
         schema = self.schema
-        return self._scan(lambda obj: decode_record(obj, schema, self._budget))
+        return self._scan(lambda obj: decode_record(obj, schema, self._budget), lambda marker, obj: obj)
 
     def raw_records(self) -> Iterator[dict]:
         """Yield every record after the header as msgpack gave it (columns as bytes)."""
-        return self._scan(lambda obj: obj)
+        return self._scan(lambda obj: obj, lambda marker, obj: obj)
 
-    def items(self, *, mapped: bool = False, threads: int = 0) -> Iterator[tuple[str, Any]]:
+    def items(self, *, mapped: bool = False, threads: int = 0, start: int | None = None) -> Iterator[tuple[str, Any]]:
         """Yield ``(type, item)`` for every usable record, each checked the same way for every caller
         (:func:`memrec.trace.records.check_record`).
 
@@ -153,27 +159,43 @@ class TraceReader:
         ``threads``: decode columnar records in that many threads, a few records ahead, yielded
         in order all the same (zstd and numpy let go of the GIL: the TUI's first frame waits for
         this scan).
+
+        ``start``: begin at this byte offset (a record's :attr:`offset` from an earlier scan of the
+        same file; streamed, not mapped): a second pass over part of a file reads only that part.
         """
         schema = self.schema
-        return self._scan(lambda obj: check_record(obj, schema, self._budget), mapped=mapped, threads=threads)
+        return self._scan(lambda obj: check_record(obj, schema, self._budget), lambda marker, obj: (MARKER, marker),
+                          mapped=mapped, threads=threads, start=start)
 
     def entries(self, *, mapped: bool = False) -> Iterator[tuple[str, Any, dict]]:
         """Like :meth:`items`, with each record as msgpack gave it: ``(type, item, record)``
         (``memrec dump`` prints a marker's or a trailer's own keys, checked as every reader's)."""
         schema = self.schema
-        return self._scan(lambda obj: (*check_record(obj, schema, self._budget), obj), mapped=mapped)
+        return self._scan(lambda obj: (*check_record(obj, schema, self._budget), obj),
+                          lambda marker, obj: (MARKER, marker, obj), mapped=mapped)
 
     def feed(self, sink: RecordSink, *, mapped: bool = False) -> None:
         """Hand every usable record to ``sink`` (see :meth:`items`); warnings as for :meth:`items`."""
-        for kind, item in self.items(mapped=mapped):
+        on_marker = sink.on_marker
+        schema = self.schema
+
+        def take(marker: Marker, obj: dict) -> None:
+            on_marker(marker)  # taken: nothing to yield
+
+        # a marker record of the writer's goes to the sink as it is read (most records of a step
+        # loop's trace: no item made, no dispatch); every other record as items() gives it
+        records = self._scan(lambda obj: check_record(obj, schema, self._budget), take, mapped=mapped)
+        for kind, item in records:
             deliver(kind, item, sink)
 
-    def _stream_objects(self) -> Iterator[tuple[int, Any]]:
-        """``(offset, object)`` for each msgpack object after the header, from 1 MiB reads.
+    def _stream_objects(self, start: int | None = None) -> Iterator[tuple[int, Any]]:
+        """``(offset, object)`` for each msgpack object after the header (or from ``start``), from
+        1 MiB reads.
 
         Damage ends the iteration and sets ``self._damage`` (a warning without the record count).
         """
-        self._file.seek(self._data_start)
+        begin = self._data_start if start is None else max(start, self._data_start)
+        self._file.seek(begin)
         up = unpacker(MAX_RECORD_SIZE)
         fed = 0
         consumed = 0  # end of the last complete object (tell() is unreliable after OutOfData)
@@ -184,12 +206,12 @@ class TraceReader:
             try:
                 up.feed(chunk)
             except msgpack.BufferFull:
-                self._damage = (f"at byte {self._data_start + consumed}: a record is larger than "
+                self._damage = (f"at byte {begin + consumed}: a record is larger than "
                                 f"{MAX_RECORD_SIZE} bytes; the rest is skipped")
                 return
             fed += len(chunk)
             while True:
-                offset = self._data_start + consumed
+                offset = begin + consumed
                 try:
                     obj = up.unpack()
                 except msgpack.OutOfData:
@@ -200,7 +222,7 @@ class TraceReader:
                 consumed = up.tell()
                 yield offset, obj
         if fed > consumed:
-            self._tail = (fed - consumed, self._data_start + consumed)
+            self._tail = (fed - consumed, begin + consumed)
 
     def _mapped_objects(self) -> Iterator[tuple[int, Any]]:
         """Like :meth:`_stream_objects`, through a memory mapping (columns stay views of the file)."""
@@ -211,18 +233,26 @@ class TraceReader:
         except _mapped.Damaged as error:
             self._damage = f"at byte {error.at} ({error}); the rest is skipped"
 
-    def _scan(self, decode: Callable[[dict], Any], *, mapped: bool = False, threads: int = 0) -> Iterator[Any]:
-        """Yield ``decode(obj)`` for every well-formed record; turn damage into warnings."""
+    def _scan(self, decode: Callable[[dict], Any], marker: Callable[[Marker, dict], Any], *, mapped: bool = False,
+              threads: int = 0, start: int | None = None) -> Iterator[Any]:
+        """Yield ``decode(obj)`` for every well-formed record; turn damage into warnings.
+
+        ``marker(m, obj)``: what to yield for a marker record of the writer's own shape
+        (:func:`~memrec.trace.format.shallow_marker` gives ``m``), the same as ``decode(obj)``
+        would, or None when it took the marker itself (:meth:`feed`): such a record needs no depth
+        walk (a step loop's trace is mostly marker records). ``start``: as for :meth:`items`.
+        """
         if threads:
             with ThreadPoolExecutor(threads, thread_name_prefix="memrec-decode") as pool:
                 try:
-                    yield from self._scan_from(decode, mapped, pool, 2 * threads)
+                    yield from self._scan_from(decode, marker, mapped, pool, 2 * threads, start)
                 finally:  # stopped early: no decoding left running over a mapping about to close
                     pool.shutdown(wait=True, cancel_futures=True)
         else:
-            yield from self._scan_from(decode, mapped, None, 0)
+            yield from self._scan_from(decode, marker, mapped, None, 0, start)
 
-    def _scan_from(self, decode: Callable[[dict], Any], mapped: bool, pool: Executor | None, ahead: int) -> Iterator[Any]:
+    def _scan_from(self, decode: Callable[[dict], Any], marker: Callable[[Marker, dict], Any], mapped: bool,
+                   pool: Executor | None, ahead: int, start: int | None = None) -> Iterator[Any]:
         self.trailer = None
         self.warnings = list(self._header_warnings)
         self.records_read = 0
@@ -237,8 +267,8 @@ class TraceReader:
         malformed: list[str] = []
         last_ts: int | None = None
         stopped = False  # over the read's budget
-        source = self._stream_objects()
-        if mapped:
+        source = self._stream_objects(start)
+        if mapped and start is None:
             objects = self._mapped_objects()
             try:
                 first = next(objects, None)
@@ -249,6 +279,16 @@ class TraceReader:
         for offset, obj, decoded in _decoded_ahead(source, decode, pool, ahead):
             self.records_read += 1
             kind = obj.get("type") if isinstance(obj, dict) else None
+            if kind == MARKER:
+                shallow = shallow_marker(obj)
+                if shallow is not None:
+                    if last_ts is None or shallow.ts > last_ts:
+                        last_ts = shallow.ts
+                    item = marker(shallow, obj)
+                    if item is not None:  # None: taken (feed)
+                        self.offset = offset
+                        yield item
+                    continue
             if not isinstance(kind, str):
                 malformed.append(f"byte {offset}: not a map with a string 'type'")
                 continue
@@ -276,6 +316,7 @@ class TraceReader:
                 last_ts = ts
             if kind == TRAILER:
                 self.trailer = obj
+            self.offset = offset
             yield item
         if self._damage is not None:
             warnings.append(f"corrupt trace after {self.records_read} records {self._damage}")

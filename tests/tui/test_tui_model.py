@@ -257,6 +257,26 @@ def test_pid_labels_come_from_marker_ranks_then_process_records():
     assert m.pid_label(300) == "300"
 
 
+def test_markers_come_in_time_order_whatever_order_they_arrive_in():
+    # GIVEN markers in time order, ends written after later begins (near the end and far back), and
+    # markers with text to clean among them
+    import random
+
+    from memrec.terms.events import Marker
+
+    rng = random.Random(3)
+    times = list(range(0, 4_000, 10))
+    arrival = sorted(times, key=lambda t: t + rng.choice([0, 0, 0, 15, 40, 900]))
+    m = TraceModel()
+    for k, t in enumerate(arrival):
+        m.add_marker(Marker(t, 100, 0, 100, f"step{k % 3}\x1b[2J" if k % 50 == 0 else "step", "instant", None,
+                            {"k": k} if k % 7 == 0 else {}))
+    # THEN the model holds every one in time order, their text cleaned
+    assert [x.ts for x in m.markers] == sorted(times)
+    assert not any("\x1b" in x.name for x in m.markers)
+    assert sum(1 for x in m.markers if x.values) == len(range(0, len(times), 7))
+
+
 def test_state_at_skips_the_tensor_replay_without_tensor_events(trace, tmp_path, monkeypatch):
     # GIVEN a driver-only trace, and a --tensors trace, both read but not replayed
     from memrec.state.tensors import TensorBlocks

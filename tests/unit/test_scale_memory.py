@@ -34,20 +34,27 @@ def write(path: Path, n: int) -> Path:
     later, written a chunk at a time as the daemon writes them."""
     with TraceWriter(path, {"host": "t"}) as w:
         for lo in range(0, n, CHUNK):
-            idx = np.arange(lo, min(n, lo + CHUNK), dtype=np.int64)
-            ev = empty_events(len(idx))
-            alloc = idx % 2 == 0
-            target = np.where(alloc, idx // 2, idx // 2 - LIVE)
-            ok = alloc | (target >= 0)
-            ev["ts"] = 10**12 + idx * 1000
-            ev["pid"] = ev["tid"] = 100 + np.abs(target) % 8
-            ev["kind"] = np.where(alloc, int(Kind.ALLOC), np.where(ok, int(Kind.FREE), int(Kind.CTX)))
-            ev["api"] = np.where(alloc, int(Api.cuMemAlloc_v2), int(Api.cuMemFree_v2))
-            ev["ptr"] = (1 << 40) + np.abs(target).astype(np.uint64) * 4096
-            ev["size"] = np.where(alloc, (np.abs(target) * 2654435761 % 4096 + 1) * 512, 0)
-            ev["gpu"] = np.where(alloc, np.abs(target) % 4, -1)
-            w.write_events(ev)
+            w.write_events(chunk_events(lo, n))
     return path
+
+
+def chunk_events(lo: int, n: int, kinds: tuple[Kind, Kind] = (Kind.ALLOC, Kind.FREE),
+                 apis: tuple[Api, Api] = (Api.cuMemAlloc_v2, Api.cuMemFree_v2)) -> np.ndarray:
+    """The chunk of :func:`write`'s events from ``lo`` (``kinds``, ``apis``: an allocation's and
+    a free's; the first ``LIVE`` frees, which have nothing to free, are context events)."""
+    idx = np.arange(lo, min(n, lo + CHUNK), dtype=np.int64)
+    ev = empty_events(len(idx))
+    alloc = idx % 2 == 0
+    target = np.where(alloc, idx // 2, idx // 2 - LIVE)
+    ok = alloc | (target >= 0)
+    ev["ts"] = 10**12 + idx * 1000
+    ev["pid"] = ev["tid"] = 100 + np.abs(target) % 8
+    ev["kind"] = np.where(alloc, int(kinds[0]), np.where(ok, int(kinds[1]), int(Kind.CTX)))
+    ev["api"] = np.where(alloc, int(apis[0]), int(apis[1]))
+    ev["ptr"] = (1 << 40) + np.abs(target).astype(np.uint64) * 4096
+    ev["size"] = np.where(alloc, (np.abs(target) * 2654435761 % 4096 + 1) * 512, 0)
+    ev["gpu"] = np.where(alloc, np.abs(target) % 4, -1)
+    return ev
 
 
 def peak(fn) -> int:

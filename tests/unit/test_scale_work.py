@@ -173,6 +173,14 @@ def test_the_reports_work_per_marker_does_not_grow_with_the_markers(tmp_path: Pa
     per_pair_large = (work[1600] - work[0]) / 1600
     assert per_pair_small > 0, work
     assert per_pair_large <= 1.3 * per_pair_small, work
+    # and a pair's own work is bounded: 853 lines on main before the marker records were read
+    # without their depth walk and the phases built as columns (branch `markers`: 663)
+    assert per_pair_large <= PER_PAIR_LINES, work
+
+
+#: The most Python lines ``memrec report`` and ``report -a`` may run per begin/end pair of markers
+#: (the pair's record read and checked, its phase, its rows in the text): 663 on 2026-12-02.
+PER_PAIR_LINES = 760
 
 
 def test_the_reports_work_per_process_does_not_grow_with_the_processes(tmp_path: Path) -> None:

@@ -80,7 +80,7 @@ from memrec.analysis.sglang.windows import rank_gpus
 from memrec.terms.ranks import rank_sort_key
 from memrec.terms.ranks import shown_dims
 from memrec.analysis.report.tensors import TensorSection
-from memrec.analysis.report.tensors import tensor_section
+from memrec.analysis.report.tensors import TensorFeed
 from memrec.analysis.report.sites import SitesSection
 from memrec.analysis.report.sites import sites_section
 from memrec.analysis.diff.sites import SitesDiff
@@ -91,7 +91,10 @@ from memrec.analysis.text import signed_human
 from memrec.engine.journal import Journal
 from memrec.terms.events import CUDA_ERROR_OUT_OF_MEMORY
 from memrec.terms.events import OWNED
-from memrec.engine.replay import build_timeline
+from memrec.engine.replay import APPLY_CHUNK
+from memrec.engine.replay import Replay
+from memrec.engine.source import TraceEvents
+from memrec.engine.stream import replay_pass
 from memrec.analysis.untraced.diff import UntracedCell
 from memrec.analysis.untraced.diff import split_by_rank
 from memrec.analysis.untraced.diff import untraced_rows
@@ -126,7 +129,7 @@ class Run:
     rank_of: dict[int, RankKey]  # pid -> rank key
     budgets: list[KvBudget]
     windows: dict[int, KvWindow]
-    events: Batch  # the replayed events, column by column
+    events: Batch  # the replayed events the diff reads (memrec.engine.stream.KeptEvents), column by column
     untraced: dict[tuple[RankKey, int], UntracedCell]  # (rank, gpu) -> the untraced band (memrec.analysis.untraced.diff)
     contexts: list[ProcessContext] = dataclasses.field(default_factory=list)  # foreign CUDA contexts (facts.process_contexts)
     custom_ar: CustomAllReduce | None = None  # facts.custom_ar_facts
@@ -149,14 +152,25 @@ def _norm_budget(b: KvBudget) -> KvBudget:
     return dataclasses.replace(b, dp_rank=b.dp_rank or 0, pp_rank=b.pp_rank or 0)
 
 
-def analyze(trace: Any, name: str) -> Run:
-    """Replay ``trace`` (its events' ``gpu`` get filled in) and gather what :func:`diff_traces` needs."""
-    start = trace_bounds(trace)[0]
-    events = Batch.of(trace.event_columns)  # columns: no 130-byte rows built
-    tl = build_timeline(events, start=start, state=initial_state(trace)[0])
-    phases = trace_phases(trace)
+def analyze(trace: Any, name: str, events: TraceEvents | None = None) -> Run:
+    """Replay ``trace`` (its events' ``gpu`` get filled in) and gather what :func:`diff_traces` needs.
+
+    ``events``: the trace's events when ``trace`` holds none (``memrec diff`` reads them from the
+    file a record at a time, as the report does); default: ``trace.event_columns``.
+    """
+    if events is None:
+        events = TraceEvents.of(trace.event_columns)
+    census = events.census
+    start, end = trace_bounds(trace, census)
+    phases = trace_phases(trace, census)
+    # the journal is kept whole (the windows and phases read it): as it grows, not a change per
+    # event from the start (on a trace of tensor blocks, the driver's changes are few)
+    replay = Replay(census.n, start, initial_state(trace)[0], capacity=min(census.n, APPLY_CHUNK))
+    tensors = TensorFeed(phases, start, census.tensor_events, census.tensor_pids)
+    kept = replay_pass(trace, events, replay, [tensors])
+    tl = replay.finish()
     j = tl.journal
-    exit_rows = j.exit_mask(events)
+    exit_rows = j.exit_mask(replay.exits)
     ranks = marker_ranks(trace.markers)
     rank_of: dict[int, RankKey] = {}
     for pid in set(trace.processes) | set(ranks) | {int(p) for p in np.unique(j.pid)}:
@@ -166,12 +180,12 @@ def analyze(trace: Any, name: str) -> Run:
     labels = {p: format_rank(_as_dict(k)) for p, k in rank_of.items() if k}
     windows = kv_windows(trace.markers, phases, j, budgets, labels, skip=exit_rows)
     ranked = [p for p, k in rank_of.items() if k]
-    contexts = process_contexts(trace, ranked, rank_gpus(trace.markers, j, budgets), labels)
-    untraced = split_by_rank(reconcile(trace, tl, phases), rank_of)
-    return Run(name, start, phases, j, exit_rows, rank_of, budgets, windows, events, untraced,
+    contexts = process_contexts(trace, ranked, rank_gpus(trace.markers, j, budgets), labels, kept.rows)
+    untraced = split_by_rank(reconcile(trace, tl, phases, events=kept.rows, pids=census.pids), rank_of)
+    return Run(name, start, phases, j, exit_rows, rank_of, budgets, windows, kept.rows, untraced,
                [c for c in contexts if c.foreign], custom_ar_facts(trace.markers),
-               tensor_section(events, phases, start, trace.header, trace.trailer),
-               sites_section(trace, phases, end_ts=trace_bounds(trace)[1]))
+               tensors.section(trace.header, trace.trailer),
+               sites_section(trace, phases, end_ts=end, columns=kept.rows) if census.stacked else None)
 
 
 def _as_dict(key: RankKey) -> dict[str, int]:
@@ -632,9 +646,11 @@ def _side(run: Run, name: str, failures: dict[tuple, Failure]) -> DiffSide:
                     ranks=len([k for k in set(run.rank_of.values()) if k]))
 
 
-def diff_traces(a_trace: Any, b_trace: Any, a_name: str = "A", b_name: str = "B") -> Diff:
-    """Compare two traces (``a`` the reference, ``b`` the other; see the module)."""
-    a, b = analyze(a_trace, a_name), analyze(b_trace, b_name)
+def diff_traces(a_trace: Any, b_trace: Any, a_name: str = "A", b_name: str = "B",
+                a_events: TraceEvents | None = None, b_events: TraceEvents | None = None) -> Diff:
+    """Compare two traces (``a`` the reference, ``b`` the other; see the module). ``a_events``,
+    ``b_events``: their events when the traces hold none (see :func:`analyze`)."""
+    a, b = analyze(a_trace, a_name, a_events), analyze(b_trace, b_name, b_events)
     dims = shown_dims([_as_dict(k) for k in list(a.rank_of.values()) + list(b.rank_of.values()) if k])
     kv = []
     for bd in compare_budgets(a.budgets, b.budgets):

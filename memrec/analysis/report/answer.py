@@ -318,8 +318,9 @@ def _all_failures(report: Report) -> tuple[Failure, ...]:
                     else "KV cache sizing: budget <= 0")
             out.append(Failure(KV_SIZING, b.ts, _t_s(report, b.ts), gpu, r.pid, r.label, what, "kv_budget"))
             sized.add(r.pid)
-    marked = [(ph.pid, ph.end_ts, ph.gpu, ph.path, ph.name, ph.values) for ph in report.phases]
-    marked += [(i.pid, i.ts, i.gpu, i.phase, i.name, i.values) for i in report.instants]
+    # only the markers with values can hold an error (a step loop's 25,000 phases have none)
+    marked = [(ph.pid, ph.end_ts, ph.gpu, ph.path, ph.name, ph.values) for ph in report.phases if ph.values]
+    marked += [(i.pid, i.ts, i.gpu, i.phase, i.name, i.values) for i in report.instants if i.values]
     for pid, ts, gpu, phase, name, values in marked:
         err = values.get("error")
         if not err or (pid in sized and name in KV_PHASES):

@@ -30,12 +30,12 @@ from memrec.analysis.names import result_name
 from memrec.engine.phases import Phases
 from memrec.engine.phases import Attribution
 from memrec.engine.phases import held_by_phase
-from memrec.engine.group import distinct
 from memrec.engine.journal import Journal
 from memrec.analysis.untraced.reconcile import reconcile
 from memrec.analysis.report.gpu import ReportContext
 from memrec.analysis.report.gpu import gpu_section
 from memrec.analysis.report.gpu import holding_row
+from memrec.analysis.report.gpu import phase_seconds
 from memrec.analysis.report.gpu import usage_by_gpu
 from memrec.analysis.report.model import FailedCall
 from memrec.analysis.report.model import HeldPhase
@@ -52,13 +52,18 @@ from memrec.engine.replay import trace_bounds
 from memrec.engine.replay import trace_phases
 from memrec.analysis.sglang.section import build_sglang_section
 from memrec.analysis.sglang.section import has_sglang_markers
-from memrec.analysis.report.tensors import tensor_section
+from memrec.analysis.report.tensors import TensorFeed
 from memrec.analysis.report.sites import SITES_JSON
 from memrec.analysis.report.sites import sites_section
 from memrec.analysis.text import seconds
 from memrec.terms.ranks import pid_labels
 from memrec.engine.replay import Timeline
-from memrec.engine.replay import build_timeline
+from memrec.engine.replay import Replay
+from memrec.engine.source import EventSource
+from memrec.engine.source import TraceEvents
+from memrec.engine.stream import KeptEvents
+from memrec.engine.stream import replay_pass
+from memrec.trace.model import GpuIds
 from memrec.engine.replay import state_at
 from memrec.terms.columns import failed_calls
 from memrec.terms.events import Kind
@@ -75,7 +80,8 @@ GPU_LARGEST = 5
 # ----------------------------------------------------------------------------------------- build
 
 
-def build_report(trace: Any, gpu: int | None = None, pid: int | None = None, all_sites: bool = False) -> Report:
+def build_report(trace: Any, gpu: int | None = None, pid: int | None = None, all_sites: bool = False,
+                 events: TraceEvents | None = None) -> Report:
     """Replay ``trace`` and summarise it per GPU (:meth:`Report.to_json` is ``report --json``).
 
     Args:
@@ -86,12 +92,18 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None, all
             holders at its failed calls still show every process on that GPU).
         all_sites: keep every allocation site of each phase (``report --all``), not the first
             :data:`~memrec.analysis.report.sites.SITES_JSON`.
+        events: the trace's events when ``trace`` holds none (``memrec report`` reads them from
+            the file a record at a time, :func:`memrec.engine.source.scan_trace`: its memory does
+            not follow the events); default: ``trace.event_columns``.
     """
-    run = _replay(trace, gpu, pid)
-    procs = _processes(trace, run.tl, run.exits)
+    if events is None:
+        events = TraceEvents.of(trace.event_columns)
+    run = _replay(trace, events, gpu, pid)
+    procs = _processes(trace, run.tl, run.exits, events.census.pids)
     ctx = ReportContext(trace=trace, start=run.start, pid=pid, procs=procs, exits=run.exits,
                         usage=usage_by_gpu(run.usage), exit_usage=usage_by_gpu(run.exit_usage), phases=run.phases,
-                        rec=reconcile(trace, run.tl, run.phases))
+                        rec=reconcile(trace, run.tl, run.phases, events=run.kept.rows, pids=events.census.pids),
+                        phase_s=phase_seconds(run.phases, run.start))
     report = Report(
         memrec_report=REPORT_VERSION,
         filter=ReportFilter(gpu, pid),
@@ -100,27 +112,29 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None, all
         processes=[p for p in procs.values() if pid is None or p.pid == pid],
         gpus=[],
         host=None,
-        phases=_phase_list(run.phases, run.start, pid),
+        phases=_phase_list(run.phases, ctx.phase_s, pid),
         instants=_instant_list(run.phases, run.start, pid),
         failures_unknown_gpu=[],
     )
     failures_by_gpu = _place_failures(report, run, ctx)
-    _add_gpu_sections(report, run, ctx, failures_by_gpu)
+    _add_gpu_sections(report, run, ctx, failures_by_gpu, events.gpu_ids)
     report.sglang = run.sglang
-    report.tensors = tensor_section(run.events, run.phases, run.start, trace.header, trace.trailer, pid=pid, gpu=gpu,
-                                    stacks=trace.stacks)
-    sites = sites_section(trace, run.phases, pid=pid, gpu=gpu, end_ts=run.end, limit=None if all_sites else SITES_JSON)
-    if sites is not None:  # a trace with stacks (format 2.3); without, the report is as it was
-        report.sites = sites
-    _peak_by_phase(report, trace, run.tl, run.phases)
+    report.tensors = run.tensors.section(trace.header, trace.trailer, pid=pid, gpu=gpu)
+    if events.census.stacked:  # a trace with stacks (format 2.3); without, the report is as it was
+        sites = sites_section(trace, run.phases, pid=pid, gpu=gpu, end_ts=run.end,
+                              limit=None if all_sites else SITES_JSON, columns=run.kept.rows)
+        if sites is not None:
+            report.sites = sites
+    _peak_by_phase(report, trace, run.tl, run.phases, events.source)
     report.answer = build_answer(report)
     return report
 
 
-def trace_answer(trace: Any) -> Answer:
+def trace_answer(trace: Any, events: TraceEvents | None = None) -> Answer:
     """The answer ``memrec report`` prints first (:mod:`memrec.analysis.report.answer`), for the views
-    that lead with it (TUI, plot, exports): built from the same report, so that they agree."""
-    answer = build_report(trace).answer
+    that lead with it (TUI, plot, exports): built from the same report, so that they agree.
+    ``events``: as :func:`build_report`'s (the TUI's reads them from the file)."""
+    answer = build_report(trace, events=events).answer
     assert answer is not None  # build_report always sets it
     return answer
 
@@ -131,7 +145,8 @@ class _Replayed:
     its GPU, ``(gpu, inferred)``, and the holders then), the exits and anomalies of the recording
     (not of a rotated file's predecessors), usage by phase and the SGLang section."""
 
-    events: Batch
+    kept: KeptEvents
+    n_events: int
     start: int
     end: int
     phases: Phases
@@ -145,16 +160,21 @@ class _Replayed:
     usage: list
     exit_usage: list
     sglang: dict | None
+    tensors: TensorFeed
 
 
-def _replay(trace: Any, gpu: int | None, pid: int | None) -> _Replayed:
-    events = Batch.of(trace.event_columns)  # the loaded columns, never the 130-byte rows
-    start, end = trace_bounds(trace)
-    failed_idx = np.nonzero(failed_calls(events))[0].tolist() if len(events) else []
-    failed_gpu = _failure_gpus(events, failed_idx)
+def _replay(trace: Any, events: TraceEvents, gpu: int | None, pid: int | None) -> _Replayed:
+    """One pass over the events, a chunk at a time (:func:`memrec.engine.stream.replay_pass`):
+    the live state's replay (its series, the holders at each failed call, usage by phase), the
+    tensor section's replay, the failed calls' GPUs and the rows the sections keep."""
+    census = events.census
+    start, end = trace_bounds(trace, census)
+    failed_idx: list[int] = []
+    failed_gpu: dict[int, tuple[int, bool]] = {}
+    last_gpu: dict[int, int] = {}  # pid -> the last GPU an event of it named (before the replay)
     snapshots: dict[int, HeldThen] = {}
     cache: dict[tuple[int, int], HeldThen] = {}
-    phases = trace_phases(trace)
+    phases = trace_phases(trace, census)
 
     def at_stop(index: int, state: LiveState, changes: int) -> None:
         g = failed_gpu[index][0]
@@ -175,38 +195,47 @@ def _replay(trace: Any, gpu: int | None, pid: int | None) -> _Replayed:
     def attribute_rows(journal: Journal) -> None:
         if trace.markers:
             usage_of.add(journal)
-            exit_usage_of.add(journal.take(journal.exit_mask(events)))
+            exit_usage_of.add(journal.take(journal.exit_mask(replay.exits)))
+
+    def stops(first: int, chunk: Batch) -> list[int]:
+        failed = first + np.flatnonzero(failed_calls(chunk))
+        failed_gpu.update(_failure_gpus(chunk, first, failed, last_gpu))
+        failed_idx.extend(failed.tolist())
+        return failed.tolist()
 
     # The journal (35 B a change) is attributed chunk by chunk as the replay goes and let go,
     # unless the SGLang section needs it whole.
     whole = has_sglang_markers(trace.markers)
-    tl = build_timeline(events, start=start, state=initial, stops=failed_idx, at_stop=at_stop,
-                        on_journal=None if whole else attribute_rows)
+    replay = Replay(census.n, start, initial, at_stop, None if whole else attribute_rows)
+    tensors = TensorFeed(phases, start, census.tensor_events, census.tensor_pids,
+                         trace.stacks if trace.stacks and census.stacked else None)
+    kept = replay_pass(trace, events, replay, [tensors], stops)
+    tl = replay.finish()
     if whole:
         attribute_rows(tl.journal)
     anomalies = {
         k: v - prior_anomalies.get(k, 0) for k, v in sorted(tl.state.anomalies.items()) if v > prior_anomalies.get(k, 0)
     }
     usage = usage_of.usage()
-    sglang = build_sglang_section(trace, phases, tl.journal, usage, start, gpu=gpu, pid=pid)
+    sglang = build_sglang_section(trace, phases, tl.journal, usage, start, gpu=gpu, pid=pid, events=kept.rows)
     # Nothing after this reads the journal: its columns (35 B a change) go before the
     # reconciliation makes its temporaries (the report's peak memory on 10M events).
     tl.journal = tl.journal.take(np.zeros(len(tl.journal), dtype=bool))
-    return _Replayed(events, start, end, phases, notes, tl, failed_idx, failed_gpu, snapshots,
-                     tl.state.exit_records()[prior_exits:], anomalies, usage, exit_usage_of.usage(), sglang)
+    return _Replayed(kept, census.n, start, end, phases, notes, tl, failed_idx, failed_gpu, snapshots,
+                     tl.state.exit_records()[prior_exits:], anomalies, usage, exit_usage_of.usage(), sglang, tensors)
 
 
 def _trace_summary(trace: Any, run: _Replayed, gpu: int | None, pid: int | None, processes: int) -> TraceSummary:
-    pids = run.events["pid"] if len(run.events) else None
+    pids = run.kept.rows["pid"]
     return TraceSummary(
         host=trace.header.get("host"),
         start_ts=run.start,
         end_ts=run.end,
         duration_s=seconds(run.end - run.start),
-        events=len(run.events),
+        events=run.n_events,
         failed_calls=sum(  # of the filter's selection
             1 for i in run.failed_idx
-            if (pid is None or int(pids[i]) == pid) and (gpu is None or run.failed_gpu[i][0] == gpu)
+            if (pid is None or int(pids[run.kept.at(i)]) == pid) and (gpu is None or run.failed_gpu[i][0] == gpu)
         ),
         failed_calls_all=len(run.failed_idx),
         processes=processes,
@@ -224,15 +253,16 @@ def _place_failures(report: Report, run: _Replayed, ctx: ReportContext) -> dict[
     """Each failed call of the filter's selection, with its phase, NVML's free bytes before it and
     (on a known GPU) the holders then: by GPU, or on the report's unknown-GPU list."""
     by_gpu: dict[int, list[FailedCall]] = {}
-    kinds = run.events["kind"] if len(run.events) else np.zeros(0, np.uint16)
+    rows = run.kept.rows
     for i in run.failed_idx:
         g, inferred = run.failed_gpu[i]
-        if ctx.pid is not None and int(run.events["pid"][i]) != ctx.pid:
+        at = run.kept.at(i)
+        if ctx.pid is not None and int(rows["pid"][at]) != ctx.pid:
             continue
-        f = _failure(run.events, i, g, inferred, run.start, ctx.procs)
+        f = _failure(rows, at, i, g, inferred, run.start, ctx.procs)
         f.phase = run.phases.label(run.phases.phase_at(f.pid, f.ts))
         f.nvml_free = _nvml_free_before(ctx.trace, g, f.ts)
-        if g < 0 and not _is_host_kind(int(kinds[i])):
+        if g < 0 and not _is_host_kind(int(rows["kind"][at])):
             report.failures_unknown_gpu.append(f)
             continue
         f.held = run.snapshots[i]
@@ -241,12 +271,13 @@ def _place_failures(report: Report, run: _Replayed, ctx: ReportContext) -> dict[
 
 
 def _add_gpu_sections(report: Report, run: _Replayed, ctx: ReportContext,
-                      failures_by_gpu: dict[int, list[FailedCall]]) -> None:
+                      failures_by_gpu: dict[int, list[FailedCall]], named: GpuIds) -> None:
     """A section per GPU the replay, the failed calls, the trace's GPU list or NVML saw (the
-    filter's GPU only); GPU -1 (pinned host memory, unknown GPU) is the report's ``host``."""
+    filter's GPU only); GPU -1 (pinned host memory, unknown GPU) is the report's ``host``.
+    ``named``: the GPUs the trace names (:meth:`memrec.trace.model.Trace.gpu_ids`)."""
     trace = ctx.trace
     gpu_ids = set(run.tl.gpus) | {g for g, _ in run.failed_gpu.values()}
-    gpu_ids |= set(trace.gpu_ids())
+    gpu_ids |= set(named.sorted())
     gpu_ids |= set(ctx.rec.gpus())
     gpu_info = {gi.index: gi for gi in trace.gpus}
     want = report.filter.gpu
@@ -262,10 +293,11 @@ def _add_gpu_sections(report: Report, run: _Replayed, ctx: ReportContext,
             report.gpus.append(section)
 
 
-def _peak_by_phase(report: Report, trace: Any, tl: Timeline, phases: Phases) -> None:
+def _peak_by_phase(report: Report, trace: Any, tl: Timeline, phases: Phases, source: EventSource) -> None:
     """What the GPU with the highest peak held at that peak, by phase (the answer's second line).
 
-    One GPU only: the state there comes from the nearest keyframe and a replay of the rest.
+    One GPU only: the state there comes from the nearest keyframe and a replay of the rest (a
+    second pass over the file from that keyframe's record on).
     """
     secs = [s for s in report.gpus if s.peak.bytes]
     if not secs:
@@ -273,7 +305,7 @@ def _peak_by_phase(report: Report, trace: Any, tl: Timeline, phases: Phases) -> 
     sec = max(secs, key=lambda s: (s.peak.bytes, -s.gpu))
     series = tl.gpus[sec.gpu]
     _, _, row = series.peak(report.filter.pid)
-    state = state_at(tl.events, int(series.event_index[row]) + 1, trace.keyframes)
+    state = state_at(source, int(series.event_index[row]) + 1, trace.keyframes)
     sec.peak.by_phase = _held_by_phase(state, sec.gpu, phases)
 
 
@@ -281,28 +313,38 @@ def _is_host_kind(kind: int) -> bool:
     return kind in (Kind.HOST_ALLOC, Kind.HOST_FREE, Kind.HOST_REGISTER, Kind.HOST_UNREGISTER)
 
 
-def _failure_gpus(events: np.ndarray, failed_idx: list[int]) -> dict[int, tuple[int, bool]]:
-    """Each failed call's GPU: its own, else its process's last known GPU before it (inferred)."""
+def _failure_gpus(events: Batch, first: int, failed: np.ndarray, last_gpu: dict[int, int]
+                  ) -> dict[int, tuple[int, bool]]:
+    """Each failed call's GPU among ``events`` (``first``: the index of the first; ``failed``:
+    the failed calls' indexes): its own, else its process's last known GPU before it (inferred).
+    ``last_gpu`` (pid -> the last GPU an event of it named, before these) is moved on past them.
+    Read before the replay fills in the GPUs."""
     out: dict[int, tuple[int, bool]] = {}
-    if not failed_idx:
-        return out
     gpus = events["gpu"]
     pids = events["pid"]
-    known = np.nonzero(gpus >= 0)[0]
+    known = np.flatnonzero(gpus >= 0)
     known_pids = pids[known]
     per_pid: dict[int, np.ndarray] = {}
-    for i in failed_idx:
+    for i in (failed - first).tolist():
         g = int(gpus[i])
         kind = int(events["kind"][i])
         if g >= 0 or _is_host_kind(kind):
-            out[i] = (g if not _is_host_kind(kind) else -1, False)
+            out[first + i] = (g if not _is_host_kind(kind) else -1, False)
             continue
         p = int(pids[i])
         if p not in per_pid:
             per_pid[p] = known[known_pids == p]
         idx = per_pid[p]
         k = int(np.searchsorted(idx, i)) - 1
-        out[i] = (int(gpus[idx[k]]), True) if k >= 0 else (-1, False)
+        if k >= 0:
+            out[first + i] = (int(gpus[idx[k]]), True)
+        else:
+            before = last_gpu.get(p)
+            out[first + i] = (before, True) if before is not None else (-1, False)
+    if len(known):  # each process's last known GPU: its last row among the known ones
+        rev_pids = known_pids[::-1]
+        uniq, last = np.unique(rev_pids, return_index=True)
+        last_gpu.update(zip(uniq.tolist(), gpus[known[::-1][last]].tolist()))
     return out
 
 
@@ -334,9 +376,10 @@ def _nvml_free_before(trace: Any, g: int, ts: int) -> int | None:
     return int(s["free"][np.argmax(s["ts"])])
 
 
-def _failure(events: np.ndarray, i: int, g: int, inferred: bool, start: int,
+def _failure(events: Any, at: int, i: int, g: int, inferred: bool, start: int,
              procs: dict[int, ProcessEntry]) -> FailedCall:
-    e = events[i]
+    """The failed call ``i`` (the trace's event index), row ``at`` of ``events``."""
+    e = events[at]
     p = int(e["pid"])
     kind = int(e["kind"])
     proc = procs.get(p)
@@ -357,10 +400,8 @@ def _failure(events: np.ndarray, i: int, g: int, inferred: bool, start: int,
     )
 
 
-def _processes(trace: Any, tl: Timeline, exit_records: list[dict]) -> dict[int, ProcessEntry]:
-    pids = set(trace.processes) | {p for s in tl.gpus.values() for p in s.pids()}
-    if len(trace.event_columns):
-        pids |= set(distinct(trace.event_columns["pid"]))
+def _processes(trace: Any, tl: Timeline, exit_records: list[dict], event_pids: list[int]) -> dict[int, ProcessEntry]:
+    pids = set(trace.processes) | {p for s in tl.gpus.values() for p in s.pids()} | set(event_pids)
     exits = {r["pid"]: r["ts"] for r in exit_records}
     ranks = pid_labels(trace.markers, trace.processes)  # "TP0" from the markers' tp/pp/dp_rank, else ProcessInfo.rank
     gpus_of: dict[int, list[int]] = {}
@@ -393,7 +434,7 @@ def _processes(trace: Any, tl: Timeline, exit_records: list[dict]) -> dict[int, 
     return out
 
 
-def _phase_list(phases: Phases, start: int, pid: int | None) -> list[PhaseEntry]:
+def _phase_list(phases: Phases, phase_s: list[tuple[float, float]], pid: int | None) -> list[PhaseEntry]:
     return [
         PhaseEntry(
             id=ph.id,
@@ -403,11 +444,11 @@ def _phase_list(phases: Phases, start: int, pid: int | None) -> list[PhaseEntry]
             depth=ph.depth,
             start_ts=ph.start,
             end_ts=ph.end,
-            start_s=seconds(ph.start - start),
-            end_s=seconds(ph.end - start),
+            start_s=phase_s[ph.id][0],
+            end_s=phase_s[ph.id][1],
             closed=ph.closed,
             gpu=ph.gpu,
-            values=_jsonable(ph.values),
+            values=_jsonable(ph.values) if ph.values else {},
         )
         for ph in phases.phases
         if pid is None or ph.pid == pid

@@ -59,6 +59,13 @@ class ReportContext:
     exit_usage: dict[int, list]
     phases: Phases
     rec: Reconciliation
+    phase_s: list[tuple[float, float]]  # each phase's start and end in seconds (:func:`phase_seconds`)
+
+
+def phase_seconds(phases: Phases, start: int) -> list[tuple[float, float]]:
+    """Each phase's start and end in seconds from ``start``, by phase id: once for the phase list and
+    every GPU's by-phase rows (a step loop's 25,000 phases)."""
+    return [(seconds(ph.start - start), seconds(ph.end - start)) for ph in phases.phases]
 
 
 def gpu_section(ctx: ReportContext, g: int, series: GpuSeries | None, info: Any,
@@ -85,7 +92,7 @@ def gpu_section(ctx: ReportContext, g: int, series: GpuSeries | None, info: Any,
         final=final,
         categories=categories,
         processes=_process_rows(ctx, g, series, pids, held),
-        phases=_gpu_phases(ctx.usage.get(g, []), ctx.exit_usage.get(g, []), ctx.phases, ctx.pid, ctx.start)
+        phases=_gpu_phases(ctx.usage.get(g, []), ctx.exit_usage.get(g, []), ctx.phases, ctx.pid, ctx.phase_s)
         if ctx.phases.phases else [],
         held_at_exit=held,
         failures=failures,
@@ -229,11 +236,13 @@ def usage_by_gpu(usage: list) -> dict[int, list]:
     return out
 
 
-def _gpu_phases(usage: list, exit_usage: list, phases: Phases, pid: int | None, start: int) -> list[GpuPhase]:
+def _gpu_phases(usage: list, exit_usage: list, phases: Phases, pid: int | None,
+                phase_s: list[tuple[float, float]]) -> list[GpuPhase]:
     """Per (pid, phase) of one GPU's ``usage`` (:class:`GpuPhase`): by process, then in time order,
-    (no phase) last."""
+    (no phase) last. (A step loop's 25,000 phases make as many rows: the loop keeps to locals.)"""
     at_exit = {(u.pid, u.phase, u.category): u.freed for u in exit_usage}
     rows: dict[tuple[int, int], GpuPhase] = {}
+    by_id = phases.phases
     for u in usage:
         p, phase, category = u.pid, u.phase, u.category
         if pid is not None and p != pid:
@@ -241,21 +250,23 @@ def _gpu_phases(usage: list, exit_usage: list, phases: Phases, pid: int | None, 
         row = rows.get((p, phase))
         if row is None:
             if phase >= 0:
-                ph = phases.phases[phase]
-                row = GpuPhase(p, phase, ph.path, ph.start, ph.end, seconds(ph.start - start),
-                               seconds(ph.end - start), ph.closed)
+                ph = by_id[phase]
+                row = GpuPhase(p, phase, ph.path, ph.start, ph.end, *phase_s[phase], ph.closed)
             else:
                 row = GpuPhase(p, phase, NO_PHASE, None, None, None, None, None)
             rows[(p, phase)] = row
-        net = u.allocated - u.freed
-        row.by_category[category] = row.by_category.get(category, 0) + net
+        allocated, freed = u.allocated, u.freed
+        net = allocated - freed
+        by_category = row.by_category
+        by_category[category] = by_category.get(category, 0) + net
         freed_at_exit = at_exit.get((p, phase, category), 0) if at_exit else 0
         if freed_at_exit:
             row.exit_by_category[category] = freed_at_exit
         if category in OWNED:
-            row.exit_freed += freed_at_exit
-            row.allocated += u.allocated
-            row.freed += u.freed
+            if freed_at_exit:
+                row.exit_freed += freed_at_exit
+            row.allocated += allocated
+            row.freed += freed
             row.net += net
         else:
             row.mapped_net += net

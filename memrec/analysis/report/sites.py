@@ -299,14 +299,17 @@ def _peaks(key: np.ndarray, start: np.ndarray, end: np.ndarray, size: np.ndarray
 
 
 def sites_section(trace: Any, phases: Phases, pid: int | None = None, gpu: int | None = None,
-                  end_ts: int | None = None, limit: int | None = SITES_JSON) -> SitesSection | None:
+                  end_ts: int | None = None, limit: int | None = SITES_JSON, columns: Any = None) -> SitesSection | None:
     """Allocation sites by phase (see the module docstring); None for a trace without stacks.
 
     ``end_ts``: the trace's end (what ``(no phase)`` holds is what is held then). ``pid``,
     ``gpu``: only that process's allocations, only those on that GPU (after the replay has
     filled in the GPUs). ``limit``: the most sites kept per phase (None: every one).
+    ``columns``: the trace's events (default ``trace.event_columns``; the report's, kept whole
+    from its pass over the file when any names a stack).
     """
-    columns = trace.event_columns
+    if columns is None:
+        columns = trace.event_columns
     if not len(trace.stacks) or not len(columns) or not np.asarray(columns["stack"]).any():
         return None
     allocs, without = stacked_allocations(columns, pid, gpu)

@@ -28,6 +28,7 @@ from memrec.analysis.report.sites import Site
 from memrec.analysis.sections import Section
 from memrec.analysis.text import seconds
 from memrec.engine.phases import Phases
+from memrec.engine.source import ColumnSource
 from memrec.terms.events import Kind
 from memrec.state.tensors import T_ALLOC
 from memrec.state.tensors import T_FREE
@@ -206,68 +207,97 @@ def _libraries(value: Any) -> list[TorchLibrary] | None:
     return out
 
 
+class TensorFeed:
+    """The tensor section's replay, fed the trace's events a chunk at a time (:meth:`add`, in
+    order, after the live state's replay has filled in their GPUs), then :meth:`section`.
+
+    Args:
+        phases: the trace's phases; start: the trace's first ts.
+        tensor_events, tensor_pids: how many tensor events the trace has and which processes
+            (a first pass: only processes with tensor events matter, their exits and segments
+            included).
+        stacks: the trace's stacks (format 2.3) when any event names one: the blocks alive at a
+            failed call name the line that allocated each.
+    """
+
+    def __init__(self, phases: Phases, start: int, tensor_events: int, tensor_pids: np.ndarray,
+                 stacks: StackTable | None = None) -> None:
+        self.phases = phases
+        self.count = tensor_events
+        self.pids_with = tensor_pids
+        self.with_stacks = stacks is not None
+        self.rp = _Replay(phases, start, stacks)
+
+    def add(self, first: int, events: Any) -> None:
+        """The next events (``first``: the index of the first), a chunk of rows at a time."""
+        if not self.count:
+            return
+        rp, phases, with_stacks = self.rp, self.phases, self.with_stacks
+        names = ("index", "phase", "kind", "pid", "ptr", "size", "gpu", "ts", "result", "stack")
+        # A chunk of rows at a time: the masks and indices of a whole 100M-event trace were 3 GB.
+        for lo in range(0, len(events), SELECT_CHUNK):
+            part = events[lo : lo + SELECT_CHUNK]
+            kinds, ok = part["kind"], part["result"] == 0
+            wanted = (ok & np.isin(kinds, TRACKED_KINDS)) | (~ok & np.isin(kinds, _SEGMENT_FAILS))
+            idx = np.flatnonzero(wanted & np.isin(part["pid"], self.pids_with))
+            aligned = {"index": first + lo + idx, "phase": phases.assign(part["pid"][idx], part["ts"][idx])}
+            if not with_stacks:
+                aligned["stack"] = np.zeros(len(idx), np.int64)
+            for i, ph, k, p, ptr, size, g, ts, result, sid in rows(part, idx, names, aligned):
+                if result != 0:
+                    rp.failed(i, ts, p, g, size)
+                    continue
+                if k == T_ALLOC or k == T_FREE:
+                    rp.enter(p, ph)
+                    if with_stacks:  # the live block's stack, for the blocks alive at a failed call
+                        if k == T_ALLOC and sid:
+                            rp.stack_of[(p, ptr)] = sid
+                        else:
+                            rp.stack_of.pop((p, ptr), None)
+                rp.apply_one(k, p, ptr, size, g, ts, ph)
+
+    def section(self, header: dict, trailer: dict | None = None, pid: int | None = None,
+                gpu: int | None = None) -> TensorSection | None:
+        """The report's ``tensors`` section, or None when the trace has no tensor events and no
+        PyTorch install was tried (``header["probes"]["torch"]``).
+
+        Args:
+            header, trailer: the trace's (which libc10_cuda.so files gave probes, which did not,
+                why: the trailer lists those found during the recording too, the header those at
+                its start).
+            pid, gpu: the report's filter.
+        """
+        probes = header.get("probes")
+        libraries = _libraries((trailer or {}).get("torch", probes.get("torch") if isinstance(probes, dict) else None))
+        if not self.count and libraries is None:
+            return None
+        rp = self.rp
+        for p, phase in list(rp.phase_of.items()):
+            rp.snapshot_pid(p, phase)
+
+        def keep(p: int, g: int) -> bool:
+            return (pid is None or p == pid) and (gpu is None or g == gpu)
+
+        return TensorSection(
+            libraries=libraries or [],
+            events=self.count,
+            unjoined_blocks=rp.unjoined,
+            unknown_frees=rp.unknown_frees,
+            rows=[r for r in sorted(rp.rows.values(), key=lambda r: (r.gpu, r.pid, r.phase)) if keep(r.pid, r.gpu)],
+            failures=[f for f in rp.failures if keep(f.pid, f.gpu)],
+        )
+
+
 def tensor_section(events: Any, phases: Phases, start: int, header: dict, trailer: dict | None = None,
                    pid: int | None = None, gpu: int | None = None, stacks: StackTable | None = None
                    ) -> TensorSection | None:
-    """The report's ``tensors`` section, or None when the trace has no tensor events and no
-    PyTorch install was tried (``header["probes"]["torch"]``).
-
-    Args:
-        events: the trace's events (a Batch or columns; ``gpu`` filled by the replay).
-        phases: the trace's phases; start: the trace's first ts.
-        header, trailer: the trace's (which libc10_cuda.so files gave probes, which did not, why:
-            the trailer lists those found during the recording too, the header those at its start).
-        pid, gpu: the report's filter.
-        stacks: the trace's stacks (format 2.3): the blocks alive at a failed call name the line
-            that allocated each (``events`` then carry the ``stack`` column).
-    """
-    probes = header.get("probes")
-    libraries = _libraries((trailer or {}).get("torch", probes.get("torch") if isinstance(probes, dict) else None))
-    # A chunk of rows at a time: the masks and indices of a whole 100M-event trace were 3 GB.
-    n = len(events["kind"])
-    chunks = [(lo, min(lo + SELECT_CHUNK, n)) for lo in range(0, n, SELECT_CHUNK)]
-    count, pids_with = 0, np.zeros(0, dtype=np.int64)
-    for lo, hi in chunks:
-        kinds = events["kind"][lo:hi]
-        tensor = (kinds == T_ALLOC) | (kinds == T_FREE)
-        count += int(np.count_nonzero(tensor))
-        # Only processes with tensor events matter (their exits and segments included).
-        pids_with = np.union1d(pids_with, events["pid"][lo:hi][tensor])
-    if not count and libraries is None:
-        return None
-    with_stacks = bool(stacks) and any(np.asarray(events["stack"][lo:hi]).any() for lo, hi in chunks)
-    rp = _Replay(phases, start, stacks if with_stacks else None)
-    names = ("index", "phase", "kind", "pid", "ptr", "size", "gpu", "ts", "result", "stack")
-    for lo, hi in chunks:
-        kinds, ok = events["kind"][lo:hi], events["result"][lo:hi] == 0
-        wanted = (ok & np.isin(kinds, TRACKED_KINDS)) | (~ok & np.isin(kinds, _SEGMENT_FAILS))
-        idx = lo + np.flatnonzero(wanted & np.isin(events["pid"][lo:hi], pids_with))
-        aligned = {"index": idx, "phase": phases.assign(events["pid"][idx], events["ts"][idx])}
-        if not with_stacks:
-            aligned["stack"] = np.zeros(len(idx), np.int64)
-        for i, ph, k, p, ptr, size, g, ts, result, sid in rows(events, idx, names, aligned):
-            if result != 0:
-                rp.failed(i, ts, p, g, size)
-                continue
-            if k == T_ALLOC or k == T_FREE:
-                rp.enter(p, ph)
-                if with_stacks:  # the live block's stack, for the blocks alive at a failed call
-                    if k == T_ALLOC and sid:
-                        rp.stack_of[(p, ptr)] = sid
-                    else:
-                        rp.stack_of.pop((p, ptr), None)
-            rp.apply_one(k, p, ptr, size, g, ts, ph)
-    for p, phase in list(rp.phase_of.items()):
-        rp.snapshot_pid(p, phase)
-
-    def keep(p: int, g: int) -> bool:
-        return (pid is None or p == pid) and (gpu is None or g == gpu)
-
-    return TensorSection(
-        libraries=libraries or [],
-        events=count,
-        unjoined_blocks=rp.unjoined,
-        unknown_frees=rp.unknown_frees,
-        rows=[r for r in sorted(rp.rows.values(), key=lambda r: (r.gpu, r.pid, r.phase)) if keep(r.pid, r.gpu)],
-        failures=[f for f in rp.failures if keep(f.pid, f.gpu)],
-    )
+    """The ``tensors`` section of events in memory (a Batch or columns; ``gpu`` filled by the
+    replay): a :class:`TensorFeed` over them a chunk at a time (see there; ``stacks``: the
+    trace's, used when an event names one)."""
+    source = ColumnSource(events)
+    census = source.census()
+    feed = TensorFeed(phases, start, census.tensor_events, census.tensor_pids,
+                      stacks if stacks and census.stacked else None)
+    for first, chunk in source.chunks():
+        feed.add(first, chunk)
+    return feed.section(header, trailer, pid=pid, gpu=gpu)

@@ -9,6 +9,7 @@ processes that only mapped peers' memory; ``show_all`` keeps them.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter
 from typing import Any
@@ -214,12 +215,18 @@ _FOLDED = ("  (×N: a process's phases of one name in a row, numbers in the name
 
 def _phase_run_key(x: PhaseEntry | InstantEntry) -> tuple:
     if isinstance(x, InstantEntry):
-        return (x.pid, "*", _DIGITS.sub("#", x.name))
-    return (x.pid, x.depth, _DIGITS.sub("#", x.name), x.closed)
+        return (x.pid, "*", _numberless(x.name))
+    return (x.pid, x.depth, _numberless(x.name), x.closed)
 
 
 #: Numbers in a phase's name: a loop's ``step-17``, ``step-18`` fold into one run.
 _DIGITS = re.compile(r"\d+")
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _numberless(name: str) -> str:
+    """``name`` with its numbers as ``#``: a run's key (a step loop's 25,000 phases have few names)."""
+    return _DIGITS.sub("#", name)
 
 
 def _run_name(first: str, last: str) -> str:
@@ -343,7 +350,7 @@ def _render_gpu_phases(sec: GpuSection, width: int, show_all: bool) -> list[str]
         out.append("  (frees at process exit are under \"held at exit\"; --all counts them here too)")
     folded = False
     if not show_all and len(phase_rows) > MAX_ROWS:  # a step loop's phases: a run of one path, one row
-        runs = _runs(phase_rows, lambda r: (r.pid, _DIGITS.sub("#", r.path)))
+        runs = _runs(phase_rows, lambda r: (r.pid, _numberless(r.path)))
         folded = len(runs) < len(phase_rows)
         phase_rows = [_fold_gpu_phases(run) for run in runs]
     phase_rows, more = _capped(phase_rows, "phases", show_all)
@@ -413,8 +420,11 @@ def _fold_gpu_phases(run: list[GpuPhase]) -> GpuPhase:
     if len(run) == 1:
         return run[0]
     first, last = run[0], run[-1]
-    by_category = {c: sum(r.by_category.get(c, 0) for r in run) for c in CATEGORIES
-                   if any(c in r.by_category for r in run)}
+    summed: dict[str, int] = {}
+    for r in run:  # one pass (a step loop's run is thousands of rows)
+        for c, v in r.by_category.items():
+            summed[c] = summed.get(c, 0) + v
+    by_category = {c: summed[c] for c in CATEGORIES if c in summed}
     return replace(first, path=f"{_run_name(first.path, last.path)} ×{len(run):,}", end_ts=last.end_ts, end_s=last.end_s,
                    by_category=by_category, allocated=sum(r.allocated for r in run),
                    freed=sum(r.freed for r in run), net=sum(r.net for r in run))

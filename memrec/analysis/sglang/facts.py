@@ -134,12 +134,12 @@ def torch_reserved_delta(markers: list) -> dict[tuple[int, int, str], int]:
 
 
 def ooms_after_sizing(trace: Any, phases: Phases, times: dict, labels: dict[int, str],
-                      budgets: list) -> list[OomAfterSizing]:
+                      budgets: list, events: Any = None) -> list[OomAfterSizing]:
     """Driver allocations that failed with CUDA_ERROR_OUT_OF_MEMORY in an SGLang process after
     its KV sizing: the pools fit, but what came after (graphs, workspaces, the first batches)
     did not fit in the slack (sgl-project/sglang#4330: "Not enough memory" at one fraction,
-    CUDA OOM at the next)."""
-    ev = Batch.of(trace.event_columns)  # columns: no 130-byte rows built
+    CUDA OOM at the next). ``events``: the trace's (default ``trace.event_columns``)."""
+    ev = Batch.of(trace.event_columns if events is None else events)  # columns: no 130-byte rows built
     if not len(ev) or not times:
         return []
     failed = ev[(ev["kind"] == int(Kind.ALLOC)) & (ev["result"] == CUDA_ERROR_OUT_OF_MEMORY)]
@@ -196,13 +196,14 @@ def nccl_line(rows: list[NcclVmm], human) -> str:
 
 
 def process_contexts(trace: Any, pids: Iterable[int], gpus_of: dict[int, int],
-                     labels: dict[int, str]) -> list[ProcessContext]:
+                     labels: dict[int, str], events: Any = None) -> list[ProcessContext]:
     """Every CUDA context of the given processes, per GPU: where NVML listed the process (its
     per-process samples) or the probes saw a context bound (CTX events). ``nvml_peak`` is the
     most NVML said the process used there; ``allocated`` whether memrec saw it allocate there.
     A context on a GPU that is not the rank's own and holds no allocation of its own is
     ``foreign``: a context only (IPC, or a library touching another device), ~500 MiB of that
-    GPU's memory that the process never computes with (sgl-project/sglang#1533, #4233)."""
+    GPU's memory that the process never computes with (sgl-project/sglang#1533, #4233).
+    ``events``: the trace's (default ``trace.event_columns``)."""
     pids = set(pids)
     seen: dict[tuple[int, int], int | None] = {}  # (pid, GPU) -> the most NVML said it used there
     pm = trace.procmem
@@ -212,7 +213,7 @@ def process_contexts(trace: Any, pids: Iterable[int], gpus_of: dict[int, int],
             for g in np.unique(rows["gpu"]):
                 used = rows["used"][rows["gpu"] == g]
                 seen[(pid, int(g))] = int(used.max())
-    ev = Batch.of(trace.event_columns)  # columns: no 130-byte rows built
+    ev = Batch.of(trace.event_columns if events is None else events)  # columns: no 130-byte rows built
     if len(ev):
         mine = ev[np.isin(ev["pid"], list(pids)) & (ev["gpu"] >= 0)]
         ctx = mine[mine["kind"] == int(Kind.CTX)]

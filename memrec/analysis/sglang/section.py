@@ -122,7 +122,7 @@ _INSTANTS = {"memory_baseline", "custom_ar_shared_buffer", "custom_ar_workspace"
 
 def has_sglang_markers(markers: Iterable[Marker]) -> bool:
     """Whether the markers include ones only the SGLang hooks send."""
-    return any(m.name in _SPECIFIC for m in markers)
+    return not _SPECIFIC.isdisjoint(m.name for m in markers)
 
 
 # ---------------------------------------------------------------------------------------- section
@@ -359,7 +359,7 @@ def budget_lines(b: KvBudget) -> list[str]:
 
 def build_sglang_section(
     trace: Any, phases: Phases, journal: Journal, usage: list, start: int,
-    gpu: int | None = None, pid: int | None = None,
+    gpu: int | None = None, pid: int | None = None, events: Any = None,
 ) -> SglangSection | None:
     """The SGLang section of the report (None when the trace has no SGLang markers).
 
@@ -368,6 +368,8 @@ def build_sglang_section(
         phases, journal, usage: the report's phases, replay journal and per-phase attribution.
         start: the report's time origin (ns).
         gpu, pid: the report's filters.
+        events: the trace's events (default ``trace.event_columns``; the report's pass over a file
+            keeps those these facts read).
     """
     markers = trace.markers
     if not has_sglang_markers(markers):
@@ -419,10 +421,10 @@ def build_sglang_section(
     facts = SglangFacts(
         markers_dropped=markers_dropped(markers, labels),
         custom_all_reduce=custom_ar_facts(markers),
-        contexts=process_contexts(trace, sglang_pids, gpus_of, labels),
+        contexts=process_contexts(trace, sglang_pids, gpus_of, labels, events),
         nccl_vmm=nccl_vmm([(r.pid, r.label, [(x.kind, x.name, x.gpu, x.by_category) for x in r.phases])
                            for r in out_ranks]),
-        oom_after_sizing=ooms_after_sizing(trace, phases, times, labels, budgets),
+        oom_after_sizing=ooms_after_sizing(trace, phases, times, labels, budgets, events),
     )
     return SglangSection(ranks=out_ranks, windows=shown_windows, summary=_summary(budgets, ranks, dims, facts))
 

@@ -324,7 +324,8 @@ class Reconciliation:
         return {str(g): self.gpu_summary(g).to_json() for g in self.gpus()}
 
 
-def reconcile(trace: Any, timeline: Timeline | None = None, phases: Any = None) -> Reconciliation:
+def reconcile(trace: Any, timeline: Timeline | None = None, phases: Any = None, events: Any = None,
+              pids: list[int] | None = None) -> Reconciliation:
     """Put NVML's per-process and device samples of ``trace`` beside the traced owned bytes.
 
     Args:
@@ -334,6 +335,9 @@ def reconcile(trace: Any, timeline: Timeline | None = None, phases: Any = None) 
             (a rotated file continues the previous one's state), as :func:`build_report` does.
         phases: the trace's :class:`~memrec.engine.phases.Phases` (the report passes its own);
             default: built here from the markers.
+        events, pids: the events the explanations read (default: the timeline's; the report's
+            pass over a file keeps all but the tensor blocks', which none of them reads) and
+            every process an event names (default: those of ``events``).
     """
     if timeline is None:
         initial, _ = initial_state(trace)
@@ -341,9 +345,9 @@ def reconcile(trace: Any, timeline: Timeline | None = None, phases: Any = None) 
     out = Reconciliation()
     recorded: set[int] = set()
     exits: dict[int, int] = {}
-    ev = timeline.events
+    ev = timeline.events if events is None else events
+    recorded |= set(pids) if pids is not None else set(distinct(ev["pid"]) if len(ev) else ())
     if len(ev):
-        recorded |= set(distinct(ev["pid"]))
         ex = ev[ev["kind"] == int(Kind.PROC_EXIT)]
         for p, t in zip(ex["pid"].tolist(), ex["ts"].tolist()):
             exits[p] = t  # the last one (a reused pid exits again later)

@@ -1,0 +1,189 @@
+"""Where a pass over a trace's events comes from: a loaded trace's columns, or the file itself.
+
+The report (and diff) read the events in passes, a chunk at a time, and keep only what they need
+(the live state, the series' change points, the rows the sections keep): so a 100M-event trace
+is reported in memory that does not follow its events (issue 26). :func:`scan_trace` is the
+first pass over a file: everything but the events (markers, samples, keyframes, processes,
+stacks, the trailer), the events' :class:`Census`, and where each events record begins, so that a
+later pass can start at any event (:class:`FileSource`). A loaded trace's columns are a
+:class:`ColumnSource`: the same passes over slices of memory (the TUI, ``memrec.load``, tests).
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from memrec.engine.group import distinct
+from memrec.state.batch import Batch
+from memrec.terms.events import TENSOR_KINDS
+from memrec.trace.chunks import EVENTS
+from memrec.trace.model import GpuIds
+from memrec.trace.model import Trace
+from memrec.trace.reader import TraceReader
+from memrec.trace.records import TraceBuilder
+from memrec.trace.records import deliver
+
+#: Events per chunk of a pass over loaded columns (the file's own records are its chunks).
+CHUNK = 1 << 20
+_TENSOR = np.array([int(k) for k in TENSOR_KINDS])
+
+
+class Census:
+    """What one pass learns about every event, before any section reads them: how many, their
+    time span, the processes, which processes have tensor events, whether any names a stack."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.first_ts: int | None = None
+        self.last_ts: int | None = None
+        self.tensor_events = 0
+        self.stacked = False
+        self._pids: set[int] = set()
+        self._tensor_pids: set[int] = set()
+
+    def add(self, chunk: Batch) -> None:
+        self.n += len(chunk)
+        if not len(chunk):
+            return
+        ts = chunk["ts"]
+        lo, hi = int(ts.min()), int(ts.max())
+        self.first_ts = lo if self.first_ts is None else min(self.first_ts, lo)
+        self.last_ts = hi if self.last_ts is None else max(self.last_ts, hi)
+        self._pids.update(distinct(chunk["pid"]))
+        tensor = np.isin(chunk["kind"], _TENSOR)
+        count = int(np.count_nonzero(tensor))
+        if count:
+            self.tensor_events += count
+            self._tensor_pids.update(distinct(chunk["pid"][tensor]))
+        self.stacked = self.stacked or bool(np.asarray(chunk["stack"]).any())
+
+    @property
+    def pids(self) -> list[int]:
+        """Every process an event names, ascending."""
+        return sorted(self._pids)
+
+    @property
+    def tensor_pids(self) -> np.ndarray:
+        """The processes with tensor events, ascending."""
+        return np.array(sorted(self._tensor_pids), dtype=np.int64)
+
+
+@dataclass
+class TraceEvents:
+    """A trace's events as the report reads them: where a pass comes from, their census, and
+    (once the report's replay has filled in their GPUs) every GPU the trace names."""
+
+    source: EventSource
+    census: Census
+    gpu_ids: GpuIds | None = None
+
+    @classmethod
+    def of(cls, events: object) -> TraceEvents:
+        """Events in memory (a loaded trace's columns): one pass for their census."""
+        source = ColumnSource(events)
+        return cls(source, source.census())
+
+
+class EventSource:
+    """The events of one trace, read again a chunk at a time from any event on."""
+
+    n: int
+
+    def chunks(self, start: int = 0, end: int | None = None) -> Iterator[tuple[int, Batch]]:
+        """``(index of its first event, events)`` for the events from ``start`` to ``end``, in order."""
+        raise NotImplementedError
+
+    def census(self) -> Census:
+        census = Census()
+        for _, chunk in self.chunks():
+            census.add(chunk)
+        return census
+
+
+class ColumnSource(EventSource):
+    """A loaded trace's columns (or rows), a slice at a time: views, so the GPUs a replay fills in
+    land in the caller's own columns."""
+
+    def __init__(self, events: object) -> None:
+        self.events = events if isinstance(events, np.ndarray) else Batch.of(events)
+        self.n = len(self.events)
+
+    def chunks(self, start: int = 0, end: int | None = None) -> Iterator[tuple[int, Batch]]:
+        end = self.n if end is None else min(end, self.n)
+        for lo in range(start, end, CHUNK):
+            yield lo, self.events[lo : min(lo + CHUNK, end)]
+
+
+class FileSource(EventSource):
+    """A trace file's events, read again from the events record that holds ``start`` (its byte
+    offset, from :func:`scan_trace`): each record's columns decoded, used and let go."""
+
+    def __init__(self, path: str | os.PathLike, n: int, offsets: list[tuple[int, int]]) -> None:
+        self.path = path
+        self.n = n
+        self._firsts = [first for first, _ in offsets]
+        self._offsets = offsets
+
+    def chunks(self, start: int = 0, end: int | None = None) -> Iterator[tuple[int, Batch]]:
+        end = self.n if end is None else min(end, self.n)
+        if start >= end or not self._offsets:
+            return
+        k = max(bisect.bisect_right(self._firsts, start) - 1, 0)
+        lo, at = self._offsets[k]
+        with TraceReader(self.path) as reader:
+            for kind, item in reader.items(start=at):
+                if kind != EVENTS:
+                    continue
+                chunk = writable(Batch.of(item))
+                hi = min(lo + len(chunk), end)
+                if hi > start:
+                    yield max(lo, start), chunk[max(start - lo, 0) : hi - lo]
+                lo += len(chunk)
+                if lo >= end:
+                    return
+
+
+def writable(chunk: Batch) -> Batch:
+    """``chunk`` with a ``gpu`` column of its own that a replay can fill in (a decoded record's
+    columns may be views of its bytes)."""
+    gpu = chunk.columns["gpu"]
+    if gpu.flags.writeable:
+        return chunk
+    return Batch(chunk.n, {**chunk.columns, "gpu": gpu.copy()}, chunk.ipc_index, chunk.ipc)
+
+
+class _Scan(TraceBuilder):
+    """A :class:`TraceBuilder` that keeps every record but the events: those are counted into a
+    :class:`Census`, and where each record begins noted."""
+
+    def __init__(self, reader: TraceReader) -> None:
+        super().__init__(reader.header)
+        self.reader = reader
+        self.census = Census()
+        self.offsets: list[tuple[int, int]] = []
+
+    def on_events(self, chunk: object) -> None:
+        self.offsets.append((self.census.n, self.reader.offset))
+        self.census.add(Batch.of(chunk))
+
+
+def scan_trace(path: str | os.PathLike) -> tuple[Trace, TraceEvents]:
+    """The first pass over a trace file: the :class:`Trace` without its events (``event_columns``
+    empty), and its events as a :class:`FileSource` to read them again with their
+    :class:`Census`. The reader's checks, budget and warnings are ``load_trace``'s (one reader).
+
+    Raises:
+        OSError: the file cannot be opened.
+        TraceFormatError: not a memrec trace, or a newer major format version.
+    """
+    with TraceReader(path) as reader:
+        scan = _Scan(reader)
+        for kind, item in reader.items():
+            deliver(kind, item, scan)
+        trace = scan.finish(reader.warnings)
+    return trace, TraceEvents(FileSource(path, scan.census.n, scan.offsets), scan.census)
