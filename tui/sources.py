@@ -155,6 +155,7 @@ class FileSource(_Threaded):
         self.model = TraceModel()
         self._stop = threading.Event()
         self._reader = None
+        self.identity: tuple[int, int, int] | None = None  # the file's, once opened
         #: Set by the app: true while the user interacts (the replay then pauses).
         self.busy: Callable[[], bool] = lambda: False
 
@@ -167,6 +168,8 @@ class FileSource(_Threaded):
         from memrec.trace.reader import TraceReader
 
         self._reader = TraceReader(self.path, read_size=16 << 20)
+        #: The file this view reads: the answer's own read of the path must find the same one.
+        self.identity = self._reader.identity()
         self.model.set_header(self._reader.header)
 
     def scan(self, post: Post | None = None, ready: Callable[[], object] | None = None) -> None:
@@ -284,7 +287,7 @@ class FileSource(_Threaded):
         from memrec.engine.source import scan_trace
 
         try:  # the events read from the file a record at a time, as ``memrec report`` reads them
-            return trace_answer(*scan_trace(self.path))
+            return trace_answer(*scan_trace(self.path, same_as=self.identity))
         except Exception as error:  # noqa: BLE001 - a file that changed under us: the TUI goes on without
             self.model.warnings.append(f"no answer: {error}")
             return None

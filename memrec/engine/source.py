@@ -18,6 +18,7 @@ from typing import Iterator
 
 import numpy as np
 
+from memrec.base.errors import TraceFormatError
 from memrec.engine.group import distinct
 from memrec.state.batch import Batch
 from memrec.terms.events import TENSOR_KINDS
@@ -123,11 +124,13 @@ class FileSource(EventSource):
     """A trace file's events, read again from the events record that holds ``start`` (its byte
     offset, from :func:`scan_trace`): each record's columns decoded, used and let go."""
 
-    def __init__(self, path: str | os.PathLike, n: int, offsets: list[tuple[int, int]]) -> None:
+    def __init__(self, path: str | os.PathLike, n: int, offsets: list[tuple[int, int]],
+                 identity: tuple[int, int, int]) -> None:
         self.path = path
         self.n = n
         self._firsts = [first for first, _ in offsets]
         self._offsets = offsets
+        self.identity = identity  # the scanned file's (TraceReader.identity): checked at each read
 
     def chunks(self, start: int = 0, end: int | None = None) -> Iterator[tuple[int, Batch]]:
         end = self.n if end is None else min(end, self.n)
@@ -136,16 +139,40 @@ class FileSource(EventSource):
         k = max(bisect.bisect_right(self._firsts, start) - 1, 0)
         lo, at = self._offsets[k]
         with TraceReader(self.path) as reader:
+            check_same_file(reader, self.identity)
             for kind, item in reader.items(start=at):
                 if kind != EVENTS:
                     continue
                 chunk = writable(Batch.of(item))
+                # each events record where and as long as the scan found it: a file rewritten in
+                # place since then (same inode, other bytes) is caught here
+                if k >= len(self._offsets) or reader.offset != self._offsets[k][1] or \
+                        lo + len(chunk) != (self._firsts[k + 1] if k + 1 < len(self._firsts) else self.n):
+                    raise TraceChanged(self.path)
+                k += 1
                 hi = min(lo + len(chunk), end)
                 if hi > start:
                     yield max(lo, start), chunk[max(start - lo, 0) : hi - lo]
                 lo += len(chunk)
                 if lo >= end:
                     return
+        raise TraceChanged(self.path)  # fewer events than the scan counted: cut since
+
+
+class TraceChanged(TraceFormatError):
+    """The trace file is not the one an earlier pass read (replaced, cut or rewritten since)."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        super().__init__(f"{os.fspath(path)}: changed while it was read (replaced, cut or rewritten since the "
+                         "first pass); read it again once it is whole")
+
+
+def check_same_file(reader: TraceReader, identity: tuple[int, int, int]) -> None:
+    """Raise :class:`TraceChanged` unless ``reader`` has the file ``identity`` was taken of: the
+    same device and inode, at least as long (a trace still being written only grows)."""
+    dev, ino, size = reader.identity()
+    if (dev, ino) != identity[:2] or size < identity[2]:
+        raise TraceChanged(reader.path)
 
 
 def writable(chunk: Batch) -> Batch:
@@ -172,7 +199,7 @@ class _Scan(TraceBuilder):
         self.census.add(Batch.of(chunk))
 
 
-def scan_trace(path: str | os.PathLike) -> tuple[Trace, TraceEvents]:
+def scan_trace(path: str | os.PathLike, same_as: tuple[int, int, int] | None = None) -> tuple[Trace, TraceEvents]:
     """The first pass over a trace file: the :class:`Trace` without its events (``event_columns``
     empty), and its events as a :class:`FileSource` to read them again with their
     :class:`Census`. The reader's checks, budget and warnings are ``load_trace``'s (one reader).
@@ -182,8 +209,11 @@ def scan_trace(path: str | os.PathLike) -> tuple[Trace, TraceEvents]:
         TraceFormatError: not a memrec trace, or a newer major format version.
     """
     with TraceReader(path) as reader:
+        identity = reader.identity()
+        if same_as is not None:
+            check_same_file(reader, same_as)
         scan = _Scan(reader)
         for kind, item in reader.items():
             deliver(kind, item, scan)
         trace = scan.finish(reader.warnings)
-    return trace, TraceEvents(FileSource(path, scan.census.n, scan.offsets), scan.census)
+    return trace, TraceEvents(FileSource(path, scan.census.n, scan.offsets, identity), scan.census)

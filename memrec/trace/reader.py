@@ -138,6 +138,12 @@ class TraceReader:
         schema = self.schema
         return self._scan(lambda obj: decode_record(obj, schema, self._budget), lambda marker, obj: obj)
 
+    def identity(self) -> tuple[int, int, int]:
+        """(device, inode, size) of the open file: what a later read of the same path compares,
+        so a file replaced or cut between two passes is an error, not another trace's report."""
+        st = os.fstat(self._file.fileno())
+        return st.st_dev, st.st_ino, st.st_size
+
     def raw_records(self) -> Iterator[dict]:
         """Yield every record after the header as msgpack gave it (columns as bytes)."""
         return self._scan(lambda obj: obj, lambda marker, obj: obj)

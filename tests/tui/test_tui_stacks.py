@@ -233,3 +233,18 @@ async def test_tui_diff_says_which_line_of_code_changed(tmp_path):
         # THEN the status line carries memrec diff's verdict, and its line names the site that grew
         status = str(app.query_one("#status").render())
         assert "custom_all_reduce.py:123 CustomAllreduce.__init__ peaks +24.00 GiB" in status, status
+
+
+def test_the_answer_is_of_the_file_the_view_shows(tmp_path):
+    import os
+
+    # GIVEN a view of a trace, and the answer of that trace read again from the path
+    path = sglang_trace(tmp_path / "t.mrec", fail=True)
+    src = FileSource(path)
+    src.open()
+    assert src.answer() is not None
+    # WHEN another trace is moved over the path after the view opened it
+    os.rename(sglang_trace(tmp_path / "o.mrec"), path)
+    # THEN the view gets no answer (not the other trace's), and says why
+    assert src.answer() is None
+    assert any("changed while it was read" in w for w in src.model.warnings)

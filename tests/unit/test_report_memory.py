@@ -121,7 +121,9 @@ def test_the_report_and_diff_from_the_file_are_those_of_the_loaded_trace(tmp_pat
 
 
 @pytest.mark.parametrize("command", ["report", "diff"])
-@pytest.mark.parametrize("change, code", [("removed", ExitCode.NO_INPUT), ("replaced", ExitCode.DATA)])
+@pytest.mark.parametrize("change, code", [("removed", ExitCode.NO_INPUT), ("replaced", ExitCode.DATA),
+                                          ("another trace", ExitCode.DATA), ("cut", ExitCode.DATA),
+                                          ("rewritten", ExitCode.DATA)])
 def test_a_trace_changed_after_its_first_pass_is_a_one_line_error(tmp_path, monkeypatch, capsys, command, change,
                                                                  code):
     # GIVEN a trace that is removed, or replaced by a file that is not a trace, between the
@@ -129,11 +131,23 @@ def test_a_trace_changed_after_its_first_pass_is_a_one_line_error(tmp_path, monk
     path = write_tensors(tmp_path / "t.mrec", CHUNK + 5)
     real = source.scan_trace
 
-    def scan_then_change(p):
-        out = real(p)
-        os.unlink(p)
-        if change == "replaced":
-            Path(p).write_bytes(b"not a trace at all" * 100)
+    other = write_tensors(tmp_path / "other.mrec", CHUNK + 900)  # a valid trace, longer
+
+    def scan_then_change(p, **kw):
+        out = real(p, **kw)
+        if os.fspath(p) != str(path):  # diff's other trace stays as it is
+            return out
+        if change == "cut":  # in place: the same inode, shorter
+            os.truncate(p, os.path.getsize(p) * 2 // 3)
+        elif change == "rewritten":  # in place: the same inode, another trace's bytes (cp over it)
+            with open(p, "r+b") as f:
+                f.write(Path(other).read_bytes())
+        else:
+            os.unlink(p)
+            if change == "replaced":
+                Path(p).write_bytes(b"not a trace at all" * 100)
+            elif change == "another trace":  # mv over it: a new inode
+                os.rename(other, p)
         return out
 
     monkeypatch.setattr(source, "scan_trace", scan_then_change)
@@ -144,3 +158,5 @@ def test_a_trace_changed_after_its_first_pass_is_a_one_line_error(tmp_path, monk
     # THEN it says so in one line with the exit code of a trace that cannot be read
     assert rc == code, err
     assert err.count("\n") == 1 and str(path) in err and "Traceback" not in err
+    if change in ("another trace", "cut", "rewritten"):  # a valid trace's bytes: not another's report
+        assert "changed while it was read" in err
