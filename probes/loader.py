@@ -132,6 +132,19 @@ def bcc_missing_hint() -> str:
             "or link it into this virtualenv (docs/operations.md, 1. Install)")
 
 
+def _table_functions(lib):
+    """libbcc's table functions with their C prototypes. bcc's Python binding declares none of the
+    three, and ctypes' default (every argument and the result a C ``int``) cut the module pointer
+    and the name's pointer to 32 bits: a segmentation fault whenever libbcc's heap lay above 2 GiB
+    (seen once in a CI run). Own prototypes, so bcc's shared ``lib`` object stays as bcc made it."""
+    import ctypes
+
+    module, index = ctypes.c_void_p, ctypes.c_size_t
+    return (ctypes.CFUNCTYPE(ctypes.c_size_t, module)(("bpf_num_tables", lib)),
+            ctypes.CFUNCTYPE(ctypes.c_char_p, module, index)(("bpf_table_name", lib)),
+            ctypes.CFUNCTYPE(ctypes.c_int, module, index)(("bpf_table_fd_id", lib)))
+
+
 def compile_program(source: str, cflags: list[str]) -> Program:
     """Compile the C ``source`` with bcc and take the program out of it; bcc's objects are released.
 
@@ -151,12 +164,13 @@ def compile_program(source: str, cflags: list[str]) -> Program:
     except Exception as exc:  # noqa: BLE001 - bcc raises plain Exception
         raise ProbeError(f"cannot compile the probe program: {exc}") from exc
     try:
-        module = bpf.module
+        module = ctypes.c_void_p(bpf.module)
+        num_tables, table_name, table_fd = _table_functions(lib)
         maps: dict[str, MapSpec] = {}
         fds: dict[int, str] = {}
-        for i in range(lib.bpf_num_tables(module)):
-            name = ctypes.string_at(lib.bpf_table_name(module, i)).decode()
-            fd = lib.bpf_table_fd_id(module, i)
+        for i in range(num_tables(module)):
+            name = table_name(module, i).decode()
+            fd = table_fd(module, i)
             info = bpfsys.map_info(fd)
             maps[name] = MapSpec(name, info["type"], info["key_size"], info["value_size"], info["max_entries"], info["flags"])
             fds[fd] = name
