@@ -61,9 +61,10 @@ def recording(stub_lib):
     daemon.start()
     procs = {}
     try:
-        # each lingers: its last NVML readings (0.25 s after its last step) come before its exit
-        procs["code_pool"] = workload(stub_lib, env, "--linger", "0.6", "code", "pool")
-        procs["foreign"] = workload(stub_lib, env, "--linger", "0.6", "foreign")
+        # each lingers: its last NVML readings (0.25 s after its last step) come before its exit, with
+        # room for a loaded machine (0.6 s was once too short: a reading after the exit kept 16 MiB of pools)
+        procs["code_pool"] = workload(stub_lib, env, "--linger", "1.5", "code", "pool")
+        procs["foreign"] = workload(stub_lib, env, "--linger", "1.5", "foreign")
         t0 = time.monotonic()
         released = []
 
