@@ -307,10 +307,11 @@ class HeldByPhase:
     pids: tuple[int, ...]
 
 
-def held_by_phase(state: Any, gpu: int, phases: Phases) -> list[HeldByPhase]:
+def held_by_phase(state: Any, gpu: int, phases: Phases, pid: int | None = None) -> list[HeldByPhase]:
     """What ``gpu`` holds in ``state`` (a LiveState; owned, ``ipc_mapped`` left out), by the phase
-    the owner was in when it allocated each piece; largest first (then by path)."""
-    held = [h for h in state.holdings(gpu=gpu) if h.category != CATEGORIES[IPC_MAPPED]]
+    the owner was in when it allocated each piece; largest first (then by path). ``pid``: only
+    that process's pieces (a report filtered to one process names only its own phases)."""
+    held = [h for h in state.holdings(gpu=gpu, pid=pid) if h.category != CATEGORIES[IPC_MAPPED]]
     if not held:
         return []
     ids = phases.assign(np.array([h.pid for h in held], dtype=np.int64), np.array([h.ts for h in held], dtype=np.int64))

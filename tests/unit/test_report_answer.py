@@ -170,3 +170,17 @@ def test_a_pid_filter_answers_for_that_process(capsys, monkeypatch):
     tp1 = next(r for r in report["sglang"]["ranks"] if r["label"] == "TP1")
     cause = report_text(path, capsys, monkeypatch, None, "-p", str(tp1["pid"]))[1]
     assert cause.startswith(f"CAUSE   GPU {tp1['gpu']}: ") and "(TP1)" in cause
+
+
+def test_a_pid_filter_names_only_that_process_s_memory_at_the_peak(capsys, monkeypatch):
+    # GIVEN two ranks that each held a 32.81 GiB KV pool at GPU 0's peak (65.62 GiB together)
+    path = ROOT / "examples" / "sglang-standin-stock.mrec"
+    report = build_report(load_trace(path)).to_json()
+    ranks = {r["label"]: r["pid"] for r in report["sglang"]["ranks"]}
+    assert "kv_pool 65.62 GiB (TP0, TP1)" in report_text(path, capsys, monkeypatch)[1]
+    for label, pid in ranks.items():
+        # WHEN the report is filtered to one rank
+        peak = report_text(path, capsys, monkeypatch, None, "-p", str(pid))[1]
+        # THEN the PEAK line holds that rank's pool alone, and names no other process
+        assert peak.startswith("PEAK    held at the peak on GPU 0: kv_pool 32.81 GiB"), peak
+        assert f"({label})" in peak and "pid" not in peak, peak

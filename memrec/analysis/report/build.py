@@ -306,7 +306,7 @@ def _peak_by_phase(report: Report, trace: Any, tl: Timeline, phases: Phases, sou
     series = tl.gpus[sec.gpu]
     _, _, row = series.peak(report.filter.pid)
     state = state_at(source, int(series.event_index[row]) + 1, trace.keyframes)
-    sec.peak.by_phase = _held_by_phase(state, sec.gpu, phases)
+    sec.peak.by_phase = _held_by_phase(state, sec.gpu, phases, report.filter.pid)
 
 
 def _is_host_kind(kind: int) -> bool:
@@ -359,10 +359,11 @@ def _holders_snapshot(state: LiveState, g: int, phases: Phases) -> HeldThen:
     )
 
 
-def _held_by_phase(state: LiveState, g: int, phases: Phases, n: int = 5) -> list[HeldPhase]:
-    """What ``g`` holds now (owned), by the phase that allocated each piece: the ``n`` largest
-    (:func:`memrec.engine.phases.held_by_phase`, the TUI's cursor panel reads the same)."""
-    return [HeldPhase(r.phase, r.bytes, list(r.pids)) for r in held_by_phase(state, g, phases)[:n]]
+def _held_by_phase(state: LiveState, g: int, phases: Phases, pid: int | None = None, n: int = 5) -> list[HeldPhase]:
+    """What ``g`` holds now (owned; of ``pid`` alone when given), by the phase that allocated each
+    piece: the ``n`` largest (:func:`memrec.engine.phases.held_by_phase`, the TUI's cursor panel
+    reads the same)."""
+    return [HeldPhase(r.phase, r.bytes, list(r.pids)) for r in held_by_phase(state, g, phases, pid)[:n]]
 
 
 def _nvml_free_before(trace: Any, g: int, ts: int) -> int | None:
