@@ -178,8 +178,10 @@ def _skip_or_type(buf: Any, pos: int, size: int) -> tuple[str | None, int]:
         return None, pos
 
 
-def objects(path: str, data_start: int) -> Iterator[tuple[int, Any]]:
-    """Yield ``(offset, object)`` for every msgpack object after the header.
+def objects(fileno: int, data_start: int) -> Iterator[tuple[int, Any]]:
+    """Yield ``(offset, object)`` for every msgpack object after the header of the open file
+    ``fileno`` (the reader's own: the path opened again could be another file by now, whose
+    records would follow this one's header).
 
     Columnar records come in wire form with their columns (and ipc bytes) as views of the
     mapping; every other object as msgpack decodes it.
@@ -190,11 +192,7 @@ def objects(path: str, data_start: int) -> Iterator[tuple[int, Any]]:
         Damaged: bytes that are not msgpack, or nested too deep.
     """
     try:
-        f = open(path, "rb")
-        try:
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        finally:
-            f.close()
+        mm = mmap.mmap(fileno, 0, access=mmap.ACCESS_READ)
     except (OSError, ValueError) as error:
         raise Unsupported(str(error)) from None
     view = memoryview(mm)

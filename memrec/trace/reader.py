@@ -233,7 +233,7 @@ class TraceReader:
     def _mapped_objects(self) -> Iterator[tuple[int, Any]]:
         """Like :meth:`_stream_objects`, through a memory mapping (columns stay views of the file)."""
         try:
-            yield from _mapped.objects(self.path, self._data_start)
+            yield from _mapped.objects(self._file.fileno(), self._data_start)
         except _mapped.Truncated as cut:
             self._tail = (os.fstat(self._file.fileno()).st_size - cut.at, cut.at)
         except _mapped.Damaged as error:

@@ -93,3 +93,21 @@ def test_gpu_ids_from_columns_find_every_new_index():
     ids.add_column(np.array([0, 4, 200, 1], np.int16))
     # THEN each new index is there, and only those
     assert ids.sorted() == [0, 1, 2, 3, 4, 5, 200]
+
+
+@pytest.mark.parametrize("mapped", [True, False], ids=["mapped", "streamed"])
+def test_a_file_replaced_after_the_open_is_not_read_in_its_place(tmp_path, mapped):
+    # GIVEN a reader open on a trace (its header read), then another trace moved over its path
+    path = _trace(tmp_path, cut=False)
+    whole, _ = _read(path, mapped, 0)
+    other = tmp_path / "other.mrec"
+    other.write_bytes(fmt.encode_record(fmt.finalize_header(HEADER))
+                      + fmt.encode_record({"type": "events", "events": synthetic_events(3)}))
+    with TraceReader(path) as reader:
+        other.replace(path)
+        # WHEN the open reader reads the records
+        items = list(reader.items(mapped=mapped))
+    # THEN they are the records of the file it opened, whose header it gave, not the new file's
+    assert [kind for kind, _ in items] == [kind for kind, _ in whole]
+    assert sum(len(item.to_array()) for kind, item in items if kind == "events") == sum(
+        len(item.to_array()) for kind, item in whole if kind == "events")
