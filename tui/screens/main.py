@@ -365,7 +365,10 @@ class MainScreen(ViewKeys, SourceEvents, Screen[None]):
         if self.gpu == -1 or not self.loaded:
             return
         seq = self.model.store.seq_at(self.cursor_ts)
-        key = (id(self.model), self.gpu, seq, self.flt, self.model.frontier >= seq, self.model.store.n)
+        # what the state is of, and how far the model had got: the replay past the cursor, the
+        # replay's end, the untraced band split (each makes the state at the same cursor richer)
+        key = (id(self.model), self.gpu, seq, self.flt, self.model.frontier >= seq, self.model.store.n,
+               self.indexed, self.model.reconciliation is not None)
         if key == self._state_key:
             return
         self._state_key = key

@@ -59,7 +59,6 @@ class SourceEvents:
         """The replay is done: the series (and so the peak) are exact."""
         self.indexed = True
         self.progress = ""
-        self._state_key = None
         self._open_at_answer()
         self.refresh_all()
 
