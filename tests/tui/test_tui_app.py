@@ -360,31 +360,10 @@ async def test_diff_aligns_the_runs_on_their_first_common_marker(tmp_path):
         assert "aligned on load_weights begin" in str(app.query_one("#gpu-header").render())
 
 
-async def test_the_cursor_state_does_not_wait_for_the_tensor_blocks(tmp_path):
-    # GIVEN a --tensors trace (the blocks at a cursor may need a replay from the first event)
-    from memrec.tui import messages
-    from tests.utils import MiB
-    from tests.utils import write_tensor_trace
-
-    path = write_tensor_trace(tmp_path / "t.mrec", [(0, 4 * MiB), (4 * MiB, MiB)])
-    app = MemrecApp(FileSource(path))
-    got = []
-    async with app.run_test(size=(160, 40)) as pilot:
-        app.main.message_signal.subscribe(
-            app, lambda m: got.append(m) if isinstance(m, messages.CursorStateReady) else None, immediate=True)
-        await settle(pilot)
-        # WHEN the cursor goes to the last event
-        await pilot.press("end")
-        await settle(pilot)
-    # THEN its state came first without the blocks (the holders, the events), then with them
-    last = [m for m in got if m.key == got[-1].key]
-    assert len(last) == 2
-    assert last[0].state.tensors == [] and [f.blocks for _, f in last[1].state.tensors] == [2]
-    assert last[0].state.by_category == last[1].state.by_category and last[0].events is last[1].events
-
-
-async def test_the_replay_s_end_told_again_does_not_compute_the_same_state_again(tmp_path):
-    # GIVEN a --tensors trace shown at its last event, its state computed (without, then with blocks)
+async def _cursor_states_at_the_end(tmp_path, then=None) -> tuple[list, int]:
+    """The cursor states a --tensors trace's view posts when the cursor goes to its last event (the
+    blocks at a cursor may need a replay from the first event), and how many came before ``then``
+    (a coroutine function given the app, run after them)."""
     from memrec.tui import messages
     from tests.utils import MiB
     from tests.utils import write_tensor_trace
@@ -399,10 +378,32 @@ async def test_the_replay_s_end_told_again_does_not_compute_the_same_state_again
         await pilot.press("end")
         await settle(pilot)
         before = len(got)
-        # WHEN the source says once more that its replay is done (it does after splitting the
-        # untraced band; on a loaded machine that came after the key press)
+        if then is not None:
+            await then(app)
+            await settle(pilot)
+    return got, before
+
+
+async def test_the_cursor_state_does_not_wait_for_the_tensor_blocks(tmp_path):
+    # GIVEN a --tensors trace; WHEN the cursor goes to the last event
+    got, _ = await _cursor_states_at_the_end(tmp_path)
+    # THEN its state came first without the blocks (the holders, the events), then with them
+    last = [m for m in got if m.key == got[-1].key]
+    assert len(last) == 2
+    assert last[0].state.tensors == [] and [f.blocks for _, f in last[1].state.tensors] == [2]
+    assert last[0].state.by_category == last[1].state.by_category and last[0].events is last[1].events
+
+
+async def test_the_replay_s_end_told_again_does_not_compute_the_same_state_again(tmp_path):
+    # GIVEN a --tensors trace shown at its last event, its state computed (without, then with blocks)
+    # WHEN the source says once more that its replay is done (it does after splitting the
+    # untraced band; on a loaded machine that came after the key press)
+    from memrec.tui import messages
+
+    async def told_again(app) -> None:
         app.post_message(messages.Indexed(0.0))
-        await settle(pilot)
+
+    got, before = await _cursor_states_at_the_end(tmp_path, told_again)
     # THEN the view kept the state it had: nothing was computed again
     assert before >= 2 and len(got) == before
 
