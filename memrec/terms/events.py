@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from dataclasses import field
+from typing import Iterable
 
 from memrec.terms.cu_results import CU_RESULT_NAMES
 
@@ -443,6 +444,25 @@ class Marker:
     gpu: int | None = None  # physical GPU the client named (NVML index), if any
     values: dict = field(default_factory=dict)
 
+
+
+@dataclass
+class MarkerColumns:
+    """Markers as a list per field of :class:`Marker` (:func:`memrec.engine.phases.build_phases`
+    pairs them with numpy, not a marker at a time)."""
+
+    ts: list[int]
+    pid: list[int]
+    name: list[str]
+    phase: list[str]
+    gpu: list[int | None]
+    values: list[dict]
+
+    @classmethod
+    def of(cls, markers: Iterable[Marker]) -> MarkerColumns:
+        ms = markers if isinstance(markers, list) else list(markers)
+        return cls([m.ts for m in ms], [m.pid for m in ms], [m.name for m in ms], [m.phase for m in ms],
+                   [m.gpu for m in ms], [m.values for m in ms])
 
 #: The most arguments a process's ``cmdline`` holds in a trace (the daemon keeps the first ones).
 MAX_CMDLINE_ARGS = 1 << 16
