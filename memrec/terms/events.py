@@ -446,6 +446,27 @@ class Marker:
 
 
 
+
+def checked_marker(ts: int, pid: int, uid: int, tid: int, name: str, phase: str, gpu: int | None,
+                   values: dict) -> Marker:
+    """``Marker(ts, pid, uid, tid, name, phase, gpu, values)`` for fields a reader has checked: the
+    same object, made without the frozen dataclass's ``__init__`` (its eight
+    ``object.__setattr__`` calls were a third of reading a step loop's marker record)."""
+    m = _new(Marker)
+    d = m.__dict__
+    d["ts"] = ts
+    d["pid"] = pid
+    d["uid"] = uid
+    d["tid"] = tid
+    d["name"] = name
+    d["phase"] = phase
+    d["gpu"] = gpu
+    d["values"] = values
+    return m
+
+
+_new = object.__new__
+
 @dataclass
 class MarkerColumns:
     """Markers as a list per field of :class:`Marker` (:func:`memrec.engine.phases.build_phases`

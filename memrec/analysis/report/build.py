@@ -214,6 +214,9 @@ def _replay(trace: Any, events: TraceEvents, gpu: int | None, pid: int | None) -
     tl = replay.finish()
     if whole:
         attribute_rows(tl.journal)
+    # The replay holds attribute_rows, which holds the replay (and the trace): without this the
+    # trace, a marker object each, waited for a full collection of the cycle after the report.
+    del replay
     anomalies = {
         k: v - prior_anomalies.get(k, 0) for k, v in sorted(tl.state.anomalies.items()) if v > prior_anomalies.get(k, 0)
     }
