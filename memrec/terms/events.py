@@ -8,6 +8,7 @@ from these tables (``bpf_defines()``), so there is one source of truth for every
 from __future__ import annotations
 
 import enum
+import operator
 from dataclasses import dataclass
 from dataclasses import field
 from typing import Iterable
@@ -482,8 +483,7 @@ class MarkerColumns:
     @classmethod
     def of(cls, markers: Iterable[Marker]) -> MarkerColumns:
         ms = markers if isinstance(markers, list) else list(markers)
-        return cls([m.ts for m in ms], [m.pid for m in ms], [m.name for m in ms], [m.phase for m in ms],
-                   [m.gpu for m in ms], [m.values for m in ms])
+        return cls(*(list(map(operator.attrgetter(f), ms)) for f in ("ts", "pid", "name", "phase", "gpu", "values")))
 
 #: The most arguments a process's ``cmdline`` holds in a trace (the daemon keeps the first ones).
 MAX_CMDLINE_ARGS = 1 << 16

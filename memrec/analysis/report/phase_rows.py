@@ -20,7 +20,7 @@ import numpy as np
 
 from memrec.analysis.report.model import GpuPhase
 from memrec.analysis.report.model import PhaseEntry
-from memrec.analysis.text import seconds
+from memrec.analysis.text import seconds_of
 from memrec.engine.phases import NO_PHASE
 from memrec.engine.phases import PhaseTable
 from memrec.engine.phases import UsageTable
@@ -55,11 +55,11 @@ class PhaseTimes:
 
     @functools.cached_property
     def start_s(self) -> list[float]:
-        return [seconds(t) for t in (self.table.start - self.start).tolist()]
+        return seconds_of(self.table.start - self.start)
 
     @functools.cached_property
     def end_s(self) -> list[float]:
-        return [seconds(t) for t in (self.table.end - self.start).tolist()]
+        return seconds_of(self.table.end - self.start)
 
 
 class PhaseList(Sequence[PhaseEntry]):
