@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 import textwrap
 
+import numpy as np
+
 from memrec.terms.units import fmt_bytes as human  # noqa: F401 (the one size format, re-exported for the report's modules)
 
 
@@ -136,6 +138,31 @@ def count(n: int, word: str) -> str:
 def seconds(ns: int) -> float:
     """Nanoseconds as seconds, rounded to the microsecond (the JSON's ``*_s`` fields)."""
     return round(ns / 1e9, 6)
+
+
+#: Up to this many ns (13 days) a time's double is within 1.3e-10 s of the exact value, less than
+#: the 1 ns between the exact value and a rounding tie: :func:`seconds_of` can round the integer.
+_EXACT_NS = 1 << 50
+
+
+def seconds_of(ns: np.ndarray) -> list[float]:
+    """:func:`seconds` of each of ``ns`` (integers), the same floats, worked out with numpy (a
+    step loop's 25,000 phases made 50,000 ``round`` calls).
+
+    ``round(ns / 1e9, 6)`` is the double nearest the decimal rounding of ``ns / 1e9`` to the
+    microsecond: ``k / 1e6`` for the nearest whole ``k`` µs. Away from a tie (``ns`` ending in
+    500) the double's rounding is the exact value's; ties, and times past :data:`_EXACT_NS`, are
+    left to :func:`seconds`.
+    """
+    ns = np.asarray(ns, dtype=np.int64)
+    whole, rem = np.divmod(ns, 1000)
+    k = whole + (rem > 500)
+    out = (k / 1e6).tolist()
+    for i in np.flatnonzero(k == 0).tolist():  # -0.0 where the time is negative, as round() gives
+        out[i] = seconds(int(ns[i]))
+    for i in np.flatnonzero((rem == 500) | (np.abs(ns) >= _EXACT_NS)).tolist():
+        out[i] = seconds(int(ns[i]))
+    return out
 
 
 def signed_human(n: int) -> str:

@@ -29,6 +29,7 @@ still held are attributed to the phase of the process that allocated them, when 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from dataclasses import field
 from typing import Any
@@ -42,6 +43,7 @@ from memrec.engine.journal import Journal
 from memrec.terms.events import CATEGORIES
 from memrec.terms.events import IPC_MAPPED
 from memrec.terms.events import Marker
+from memrec.terms.events import MarkerColumns
 
 NO_PHASE = "(no phase)"
 #: Up to this many processes with markers, :meth:`Phases.assign` masks the rows once per process.
@@ -97,18 +99,53 @@ class PhaseUsage:
 
 
 @dataclass
+class PhaseTable:
+    """Every phase as columns, by id (:class:`Phase`'s fields): what the report reads, a step
+    loop's 25,000 phases without an object each; :attr:`Phases.phases` makes the objects."""
+
+    pid: np.ndarray  # int64
+    start: np.ndarray  # int64
+    end: np.ndarray  # int64
+    depth: np.ndarray  # int64
+    parent: np.ndarray  # int64
+    closed: np.ndarray  # bool
+    resumes: np.ndarray  # int64
+    name: list[str]
+    path: list[str]
+    gpu: list[int | None]
+    values: list[dict]  # the begin marker's, updated by the end's; read only (may be a marker's own)
+
+    def __len__(self) -> int:
+        return len(self.name)
+
+    def phase(self, i: int) -> Phase:
+        """Phase ``i`` as an object."""
+        return Phase(i, int(self.pid[i]), self.name[i], self.path[i], int(self.start[i]), int(self.end[i]),
+                     int(self.depth[i]), int(self.parent[i]), bool(self.closed[i]), self.gpu[i], dict(self.values[i]),
+                     int(self.resumes[i]))
+
+
+@dataclass
 class Phases:
     """The phases and instants of a trace, and per process which phase is innermost when."""
 
-    phases: list[Phase]
+    table: PhaseTable
     instants: list[Instant]
     warnings: list[str]
     #: pid -> (segment start times, innermost phase id from that time on, -1 none)
     segments: dict[int, tuple[np.ndarray, np.ndarray]]
 
+    @functools.cached_property
+    def phases(self) -> list[Phase]:
+        """Every phase as a :class:`Phase`, by id (made on first use: the report reads the table)."""
+        t = self.table
+        return list(map(Phase, range(len(t)), t.pid.tolist(), t.name, t.path, t.start.tolist(), t.end.tolist(),
+                        t.depth.tolist(), t.parent.tolist(), t.closed.tolist(), t.gpu, [dict(v) for v in t.values],
+                        t.resumes.tolist()))
+
     def label(self, phase_id: int) -> str:
         """A phase's path, or ``(no phase)``."""
-        return NO_PHASE if phase_id < 0 else self.phases[phase_id].path
+        return NO_PHASE if phase_id < 0 else self.table.path[phase_id]
 
     def assign(self, pids: np.ndarray, ts: np.ndarray) -> np.ndarray:
         """The innermost phase id (-1 none) of each (pid, ts)."""
@@ -154,17 +191,104 @@ class Phases:
         return [self.label(i) for i in ids]
 
 
+#: A marker's phase as a code (:func:`build_phases`).
+_BEGIN, _END, _INSTANT, _UNKNOWN = range(4)
+_PHASE_CODE = {"begin": _BEGIN, "end": _END, "instant": _INSTANT}
+
+
 def build_phases(markers: Iterable[Marker], end_ts: int = OPEN_END) -> Phases:
     """Pair begin/end markers per process (see the module docstring); unclosed phases end at
     ``end_ts`` (or the last marker, if later).
 
-    The phases are built as columns (a list per field) and made :class:`Phase` at the end: a step
-    loop's 25,000 pairs spent most of this in a dict per phase and its keyword construction.
+    The phases come out as columns (:class:`PhaseTable`): a step loop's 25,000 phases spent most
+    of this in an object each. A step loop's markers (each process's begins and ends
+    alternating, each end closing the begin before it) are paired with numpy
+    (:func:`_flat_pairs`); any other shape is walked in time order (:func:`_walk`).
     """
-    markers = list(markers)
-    times = np.array([m.ts for m in markers], dtype=np.int64)
-    order = np.argsort(times, kind="stable").tolist()  # stable: markers at one time in file order
-    end_ts = max(end_ts, int(times.max())) if len(markers) else end_ts
+    cols = markers if isinstance(markers, MarkerColumns) else MarkerColumns.of(markers)
+    times = np.asarray(cols.ts, dtype=np.int64)
+    order = np.argsort(times, kind="stable")  # stable: markers at one time in file order
+    end_ts = max(end_ts, int(times.max())) if len(times) else end_ts
+    code = np.array([_PHASE_CODE.get(p, _UNKNOWN) for p in cols.phase], dtype=np.int8)
+    built = _flat_pairs(cols, times, order, code, end_ts)
+    table, segments, warnings = built if built is not None else _walk(cols, order.tolist(), end_ts)
+    phases = Phases(table, [], warnings, segments)
+    # Instants take the phase open at their time once every marker at that time applied.
+    instants = order[code[order] == _INSTANT]
+    at = phases.assign(np.asarray(cols.pid, dtype=np.int64)[instants], times[instants]).tolist()
+    phases.instants = [Instant(cols.pid[i], cols.name[i], cols.ts[i], ph, cols.gpu[i],
+                               dict(cols.values[i]) if cols.values[i] else {})
+                       for i, ph in zip(instants.tolist(), at)]
+    return phases
+
+
+def _flat_pairs(cols: MarkerColumns, times: np.ndarray, order: np.ndarray, code: np.ndarray,
+                end_ts: int) -> tuple[PhaseTable, dict, list[str]] | None:
+    """The phases of markers that never nest, with numpy; None for any other shape.
+
+    That shape: in time order, each process's begins and ends alternate, a begin first, each end
+    naming the begin before it (a process's last begin may stay open); instants anywhere, no
+    unknown phase. Then each phase is a begin and the end after it, at depth 0, and what
+    :func:`_walk` would build (ids in the order of the begins, a process's segments the phase from
+    its begin and none from its end, the last marker at one time winning) is computed per column.
+    """
+    if (code == _UNKNOWN).any():
+        return None
+    paired = order[code[order] < _INSTANT]  # begins and ends, in time order
+    pids = np.asarray(cols.pid, dtype=np.int64)[paired]
+    by_pid = np.argsort(pids, kind="stable")
+    seq = paired[by_pid]  # each process's begins and ends, in time order
+    pid = pids[by_pid]
+    n = len(seq)
+    first = np.ones(n, dtype=bool)
+    first[1:] = pid[1:] != pid[:-1]
+    group_start = np.maximum.accumulate(np.where(first, np.arange(n), 0))
+    nth = np.arange(n) - group_start  # position in its process's sequence
+    is_begin = code[seq] == _BEGIN
+    if not np.array_equal(is_begin, nth % 2 == 0):
+        return None
+    names = np.array(cols.name, dtype=object)
+    ends = np.flatnonzero(~is_begin)
+    if len(ends) and not (names[seq[ends]] == names[seq[ends - 1]]).all():
+        return None
+    # phase ids: the begins in time order (their place in ``seq`` by their place in ``order``)
+    begin_at = np.flatnonzero(is_begin)
+    rank = np.empty(len(times), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    begin_at = begin_at[np.argsort(rank[seq[begin_at]], kind="stable")]
+    phase_of = np.full(n, -1, dtype=np.int64)  # the phase a begin opens
+    phase_of[begin_at] = np.arange(len(begin_at))
+    begins = seq[begin_at]
+    has_end = begin_at + 1 < n
+    has_end[has_end] = ~first[begin_at[has_end] + 1]
+    end_marker = np.where(has_end, seq[np.minimum(begin_at + 1, n - 1)], -1)
+    m = len(begins)
+    begin_list, end_list = begins.tolist(), end_marker.tolist()
+    name = [cols.name[i] for i in begin_list]
+    marker_values = cols.values
+    values = [marker_values[i] for i in begin_list]  # read only (Phases.phases copies)
+    for k, e in enumerate(end_list):
+        if e >= 0 and marker_values[e]:
+            values[k] = {**values[k], **marker_values[e]}
+    table = PhaseTable(
+        pid=pids[by_pid][begin_at], start=times[begins], end=np.where(has_end, times[end_marker], end_ts),
+        depth=np.zeros(m, dtype=np.int64), parent=np.full(m, -1, dtype=np.int64), closed=has_end,
+        resumes=np.full(m, -1, dtype=np.int64), name=name, path=list(name), gpu=[cols.gpu[i] for i in begin_list],
+        values=values)
+    # segments: each marker's innermost phase from its time on; of markers at one time, the last
+    at = times[seq]
+    last = np.ones(n, dtype=bool)
+    last[:-1] = (at[1:] != at[:-1]) | first[1:]
+    kept = np.flatnonzero(last)
+    seg_ts, seg_id, seg_pid = at[kept], phase_of[kept], pid[kept]
+    starts = np.flatnonzero(np.diff(seg_pid, prepend=-1)).tolist() + [len(kept)]
+    segments = {int(seg_pid[lo]): (seg_ts[lo:hi], seg_id[lo:hi]) for lo, hi in zip(starts, starts[1:])}
+    return table, segments, []
+
+
+def _walk(cols: MarkerColumns, order: list[int], end_ts: int) -> tuple[PhaseTable, dict, list[str]]:
+    """The phases of markers of any shape, walked in time order (``order``): the module
+    docstring's semantics, nesting, resumed pieces, unknown phases and warnings included."""
     # the phases being built, a list per field of Phase (ids are indices)
     pids: list[int] = []
     names: list[str] = []
@@ -177,7 +301,6 @@ def build_phases(markers: Iterable[Marker], end_ts: int = OPEN_END) -> Phases:
     gpus: list[int | None] = []
     values: list[dict] = []
     resumes: list[int] = []
-    instants: list[Marker] = []
     warnings: list[str] = []
     # pid -> (open phase ids in begin order, times, the innermost phase id from each time on)
     per_pid: dict[int, tuple[list[int], list[int], list[int]]] = {}
@@ -197,16 +320,17 @@ def build_phases(markers: Iterable[Marker], end_ts: int = OPEN_END) -> Phases:
         values.append(vals)
         resumes.append(resumed)
 
-    for mk in map(markers.__getitem__, order):
-        pid, phase, ts = mk.pid, mk.phase, mk.ts
+    c_ts, c_pid, c_name, c_phase, c_gpu, c_values = cols.ts, cols.pid, cols.name, cols.phase, cols.gpu, cols.values
+    for i in order:
+        pid, phase, ts = c_pid[i], c_phase[i], c_ts[i]
         known = per_pid.get(pid)
         if known is None:
             known = per_pid[pid] = ([], [], [])
         stack, at, ids = known
         if phase == "begin":
-            open_phase(stack, pid, mk.name, ts, mk.gpu, dict(mk.values) if mk.values else {}, -1)
+            open_phase(stack, pid, c_name[i], ts, c_gpu[i], dict(c_values[i]) if c_values[i] else {}, -1)
         elif phase == "end":
-            name = mk.name
+            name = c_name[i]
             if stack and names[stack[-1]] == name:  # the innermost: most ends
                 j = len(stack) - 1
             else:
@@ -217,8 +341,8 @@ def build_phases(markers: Iterable[Marker], end_ts: int = OPEN_END) -> Phases:
             ended = stack[j]
             ends[ended] = ts
             closed[ended] = True
-            if mk.values:
-                values[ended].update(mk.values)
+            if c_values[i]:
+                values[ended].update(c_values[i])
             later = stack[j + 1 :]
             del stack[j:]
             for inner in later:  # begun inside the phase that ended: they go on, one level up
@@ -229,10 +353,9 @@ def build_phases(markers: Iterable[Marker], end_ts: int = OPEN_END) -> Phases:
                     f"{names[inner]!r} goes on as {paths[-1]!r}"
                 )
         elif phase == "instant":
-            instants.append(mk)
             continue
         else:
-            warnings.append(f"pid {pid}: marker {mk.name!r} with unknown phase {phase!r} (ignored)")
+            warnings.append(f"pid {pid}: marker {c_name[i]!r} with unknown phase {phase!r} (ignored)")
             continue
         innermost = stack[-1] if stack else -1
         if at and at[-1] == ts:  # several markers at one time: the last one wins
@@ -242,14 +365,10 @@ def build_phases(markers: Iterable[Marker], end_ts: int = OPEN_END) -> Phases:
             ids.append(innermost)
     segments = {pid: (np.asarray(at, dtype=np.int64), np.asarray(ids, dtype=np.int64))
                 for pid, (_, at, ids) in per_pid.items() if at}
-    phases = Phases(list(map(Phase, range(len(pids)), pids, names, paths, starts, ends, depths, parents, closed, gpus,
-                             values, resumes)), [], warnings, segments)
-    # Instants take the phase open at their time once every marker at that time applied.
-    at = phases.assign(np.array([x.pid for x in instants], dtype=np.int64),
-                       np.array([x.ts for x in instants], dtype=np.int64)).tolist()
-    phases.instants = [Instant(x.pid, x.name, x.ts, ph, x.gpu, dict(x.values) if x.values else {})
-                       for x, ph in zip(instants, at)]
-    return phases
+    i64 = functools.partial(np.array, dtype=np.int64)
+    table = PhaseTable(i64(pids), i64(starts), i64(ends), i64(depths), i64(parents), np.array(closed, dtype=bool),
+                       i64(resumes), names, paths, gpus, values)
+    return table, segments, warnings
 
 
 #: Journal rows per attribution step: the temporaries (phase ids, group codes) stay bounded (a
@@ -284,17 +403,39 @@ class Attribution:
             self._parts.append(keys + [group_sum(inverse, len(keys[0]), np.maximum(d, 0)),
                                        group_sum(inverse, len(keys[0]), np.maximum(-d, 0))])
 
-    def usage(self) -> list[PhaseUsage]:
-        """The usage of every row added so far."""
+    def table(self) -> UsageTable:
+        """The usage of every row added so far, as columns."""
         if not self._parts:
-            return []
+            return UsageTable(*(np.zeros(0, dtype=np.int64) for _ in range(6)))
         cols = [np.concatenate(c) for c in zip(*self._parts)]
         inverse, (g, p, ph, c) = group(cols[:4])
-        allocated = group_sum(inverse, len(g), cols[4])
-        freed = group_sum(inverse, len(g), cols[5])
-        # positional, a row per (phase, pid, gpu, category): a step loop's 25,000 phases
-        return list(map(PhaseUsage, ph.tolist(), p.tolist(), g.tolist(), [CATEGORIES[c_] for c_ in c.tolist()],
-                        allocated.tolist(), freed.tolist()))
+        return UsageTable(ph.astype(np.int64), p.astype(np.int64), g.astype(np.int64), c.astype(np.int64),
+                          group_sum(inverse, len(g), cols[4]), group_sum(inverse, len(g), cols[5]))
+
+    def usage(self) -> list[PhaseUsage]:
+        """The usage of every row added so far."""
+        return self.table().rows()
+
+
+@dataclass
+class UsageTable:
+    """:class:`PhaseUsage` rows as columns, ordered by gpu, pid, phase, category (the report's
+    by-phase rows read these: a step loop's 25,000 phases make as many rows)."""
+
+    phase: np.ndarray  # -1: (no phase)
+    pid: np.ndarray
+    gpu: np.ndarray
+    category: np.ndarray  # index in CATEGORIES
+    allocated: np.ndarray
+    freed: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.phase)
+
+    def rows(self) -> list[PhaseUsage]:
+        """Each row as a :class:`PhaseUsage`."""
+        return list(map(PhaseUsage, self.phase.tolist(), self.pid.tolist(), self.gpu.tolist(),
+                        [CATEGORIES[c] for c in self.category.tolist()], self.allocated.tolist(), self.freed.tolist()))
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ plus the gap (:func:`advance`), never a replay from the start when a snapshot is
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from dataclasses import field
 from typing import Any
@@ -57,6 +58,9 @@ def initial_state(trace: Any) -> tuple[LiveState | None, list[str]]:
     return None, []
 
 
+_TS = operator.attrgetter("ts")
+
+
 def trace_bounds(trace: Any, census: Census | None = None) -> tuple[int, int]:
     """The trace's first and last timestamp over events, markers and samples (trailer end if later).
 
@@ -78,7 +82,7 @@ def trace_bounds(trace: Any, census: Census | None = None) -> tuple[int, int]:
             firsts.append(int(arr["ts"].min()))
             lasts.append(int(arr["ts"].max()))
     if trace.markers:
-        times = [m.ts for m in trace.markers]
+        times = list(map(_TS, trace.markers))
         firsts.append(min(times))
         lasts.append(max(times))
     trailer = trace.trailer or {}

@@ -27,7 +27,6 @@ from memrec.trace.model import GpuIds
 from memrec.trace.model import Trace
 from memrec.trace.reader import TraceReader
 from memrec.trace.records import TraceBuilder
-from memrec.trace.records import deliver
 
 #: Events per chunk of a pass over loaded columns (the file's own records are its chunks).
 CHUNK = 1 << 20
@@ -213,7 +212,6 @@ def scan_trace(path: str | os.PathLike, same_as: tuple[int, int, int] | None = N
         if same_as is not None:
             check_same_file(reader, same_as)
         scan = _Scan(reader)
-        for kind, item in reader.items():
-            deliver(kind, item, scan)
+        reader.feed(scan)  # a marker record goes to the scan as it is read
         trace = scan.finish(reader.warnings)
     return trace, TraceEvents(FileSource(path, scan.census.n, scan.offsets, identity), scan.census)

@@ -8,8 +8,10 @@ from these tables (``bpf_defines()``), so there is one source of truth for every
 from __future__ import annotations
 
 import enum
+import operator
 from dataclasses import dataclass
 from dataclasses import field
+from typing import Iterable
 
 from memrec.terms.cu_results import CU_RESULT_NAMES
 
@@ -443,6 +445,45 @@ class Marker:
     gpu: int | None = None  # physical GPU the client named (NVML index), if any
     values: dict = field(default_factory=dict)
 
+
+
+
+def checked_marker(ts: int, pid: int, uid: int, tid: int, name: str, phase: str, gpu: int | None,
+                   values: dict) -> Marker:
+    """``Marker(ts, pid, uid, tid, name, phase, gpu, values)`` for fields a reader has checked: the
+    same object, made without the frozen dataclass's ``__init__`` (its eight
+    ``object.__setattr__`` calls were a third of reading a step loop's marker record)."""
+    m = _new(Marker)
+    d = m.__dict__
+    d["ts"] = ts
+    d["pid"] = pid
+    d["uid"] = uid
+    d["tid"] = tid
+    d["name"] = name
+    d["phase"] = phase
+    d["gpu"] = gpu
+    d["values"] = values
+    return m
+
+
+_new = object.__new__
+
+@dataclass
+class MarkerColumns:
+    """Markers as a list per field of :class:`Marker` (:func:`memrec.engine.phases.build_phases`
+    pairs them with numpy, not a marker at a time)."""
+
+    ts: list[int]
+    pid: list[int]
+    name: list[str]
+    phase: list[str]
+    gpu: list[int | None]
+    values: list[dict]
+
+    @classmethod
+    def of(cls, markers: Iterable[Marker]) -> MarkerColumns:
+        ms = markers if isinstance(markers, list) else list(markers)
+        return cls(*(list(map(operator.attrgetter(f), ms)) for f in ("ts", "pid", "name", "phase", "gpu", "values")))
 
 #: The most arguments a process's ``cmdline`` holds in a trace (the daemon keeps the first ones).
 MAX_CMDLINE_ARGS = 1 << 16

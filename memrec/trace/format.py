@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import operator
 import os
 import re
 import socket
@@ -43,6 +44,7 @@ from memrec.base.untrusted import too_deep
 from memrec.terms.events import MAX_CMDLINE_ARGS
 from memrec.terms.events import GpuInfo
 from memrec.terms.events import Marker
+from memrec.terms.events import checked_marker
 from memrec.terms.events import ProcessInfo
 from memrec.trace import codec
 from memrec.trace.budget import OverBudget
@@ -471,17 +473,25 @@ def shallow_marker(rec: dict) -> Marker | None:
     Such a record nests two levels at most, so a reader may skip its depth walk: what is left of
     reading a step loop's 50,000 marker records is their unpacking and these checks.
     """
-    ts, pid, uid, tid = rec.get("ts"), rec.get("pid"), rec.get("uid"), rec.get("tid")
-    name, phase, gpu, values = rec.get("name"), rec.get("phase"), rec.get("gpu"), rec.get("values")
-    if (type(ts) is int and 0 <= ts < _TS[1] and type(pid) is int and 0 <= pid < _U32[1]
-            and type(uid) is int and 0 <= uid < _U32[1] and type(tid) is int and 0 <= tid < _U32[1]
+    try:
+        ts, pid, uid, tid, name, phase, gpu, values = _MARKER_FIELDS(rec)
+    except KeyError:
+        return None
+    if (type(ts) is int and 0 <= ts < _TS_END and type(pid) is int and 0 <= pid < _U32_END
+            and type(uid) is int and 0 <= uid < _U32_END and type(tid) is int and 0 <= tid < _U32_END
             and type(name) is str and type(phase) is str
             and (gpu is None or (type(gpu) is int and _GPU[0] <= gpu < _GPU[1]))
-            and len(rec) == _MARKER_KEYS and "gpu" in rec and type(values) is dict
+            and len(rec) == _MARKER_KEYS and type(values) is dict
             and (not values or (_CONTAINER_TYPES.isdisjoint(map(type, values.values()))
                                 and all(type(k) is str for k in values)))):
-        return Marker(ts, pid, uid, tid, name, phase, gpu, values)
+        return checked_marker(ts, pid, uid, tid, name, phase, gpu, values)
     return None
+
+
+#: A marker record's fields, in :class:`Marker`'s order (KeyError: one is missing).
+_MARKER_FIELDS = operator.itemgetter(*(f.name for f in dataclasses.fields(Marker)))
+_TS_END = 2**63
+_U32_END = 2**32
 
 
 def process_record(process: ProcessInfo) -> dict:

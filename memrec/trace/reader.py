@@ -282,7 +282,7 @@ class TraceReader:
                 pass
             else:
                 source = itertools.chain([first] if first is not None else [], objects)
-        for offset, obj, decoded in _decoded_ahead(source, decode, pool, ahead):
+        for (offset, obj), decoded in _decoded_ahead(source, decode, pool, ahead):
             self.records_read += 1
             kind = obj.get("type") if isinstance(obj, dict) else None
             if kind == MARKER:
@@ -430,18 +430,24 @@ def load_trace(path: str | os.PathLike) -> Trace:
 
 
 def _decoded_ahead(source: Iterator[tuple[int, Any]], decode: Callable[[dict], Any], pool: Executor | None,
-                   ahead: int) -> Iterator[tuple[int, Any, Future | None]]:
-    """``(offset, object, decoding)`` in the source's order: each columnar record's ``decode`` is
-    started in ``pool`` up to ``ahead`` records before it is needed (None: not started)."""
+                   ahead: int) -> Iterator[tuple[tuple[int, Any], Future | None]]:
+    """``((offset, object), decoding)`` in the source's order: each columnar record's ``decode`` is
+    started in ``pool`` up to ``ahead`` records before it is needed (None: not started; without a
+    pool, no generator of its own between the source and the reader: a step loop's trace is
+    mostly small marker records)."""
     if pool is None:
-        for offset, obj in source:
-            yield offset, obj, None
-        return
+        return zip(source, itertools.repeat(None))
+    return _submitted_ahead(source, decode, pool, ahead)
+
+
+def _submitted_ahead(source: Iterator[tuple[int, Any]], decode: Callable[[dict], Any], pool: Executor,
+                     ahead: int) -> Iterator[tuple[tuple[int, Any], Future | None]]:
+    """:func:`_decoded_ahead` with a pool."""
     waiting: collections.deque = collections.deque()
     for offset, obj in source:
         kind = obj.get("type") if isinstance(obj, dict) else None
         columnar = isinstance(kind, str) and kind in COLUMNAR_TYPE
-        waiting.append((offset, obj, pool.submit(decode, obj) if columnar else None))
+        waiting.append(((offset, obj), pool.submit(decode, obj) if columnar else None))
         if len(waiting) > ahead:
             yield waiting.popleft()
     while waiting:

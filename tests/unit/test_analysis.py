@@ -474,3 +474,18 @@ def test_anomalies_are_reported():
 )
 def test_human_sizes(n, text):
     assert human(n) == text
+
+
+def test_seconds_of_many_times_are_the_floats_seconds_gives_each():
+    # the report's phase times (a step loop's 25,000 phases) are worked out with numpy: the same
+    # floats as round(ns / 1e9, 6), ties (ns ending in 500), -0.0 and times past 13 days included
+    import numpy as np
+
+    from memrec.analysis.text import seconds
+    from memrec.analysis.text import seconds_of
+
+    rng = np.random.default_rng(3)
+    ns = np.concatenate([rng.integers(-10**12, 10**15, 20_000), rng.integers(-10**6, 10**6, 20_000),
+                         rng.integers(-10**9, 10**13, 20_000) // 1000 * 1000 + 500,
+                         np.array([0, -1, -400, -500, -501, 500, 7_812_500, 2**50, -(2**50), 2**50 + 500, 2**62])])
+    assert [repr(x) for x in seconds_of(ns)] == [repr(seconds(x)) for x in ns.tolist()]

@@ -319,7 +319,7 @@ def _all_failures(report: Report) -> tuple[Failure, ...]:
             out.append(Failure(KV_SIZING, b.ts, _t_s(report, b.ts), gpu, r.pid, r.label, what, "kv_budget"))
             sized.add(r.pid)
     # only the markers with values can hold an error (a step loop's 25,000 phases have none)
-    marked = [(ph.pid, ph.end_ts, ph.gpu, ph.path, ph.name, ph.values) for ph in report.phases if ph.values]
+    marked = [(ph.pid, ph.end_ts, ph.gpu, ph.path, ph.name, ph.values) for ph in report.phases.with_values()]
     marked += [(i.pid, i.ts, i.gpu, i.phase, i.name, i.values) for i in report.instants if i.values]
     for pid, ts, gpu, phase, name, values in marked:
         err = values.get("error")
@@ -478,13 +478,6 @@ def _site_line(report: Report, phase: str | None, failure: FailedCall | None = N
     return out
 
 
-def _phase_start(report: Report, pids: list[int], path: str, ts: int) -> int | None:
-    """The latest start at or before ``ts`` of phase ``path`` of one of ``pids``."""
-    starts = [ph.start_ts for ph in report.phases
-              if ph.pid in pids and path in (ph.path, ph.name) and ph.start_ts <= ts]
-    return max(starts) if starts else None
-
-
 def _call_window(report: Report, f: FailedCall) -> Window:
     """A failed call's window: out of memory, from when the largest pieces the GPU then held were
     allocated; otherwise from the start of the phase it failed in (else the call alone)."""
@@ -492,7 +485,7 @@ def _call_window(report: Report, f: FailedCall) -> Window:
     if f.result_name == OOM and f.held is not None and f.held.largest:
         start = min(h.ts for h in f.held.largest)
         return _window(report, start, f.ts, gpu, "from the largest allocations it held then to the failed call")
-    start = _phase_start(report, [f.pid], f.phase or "", f.ts)
+    start = report.phases.latest_start([f.pid], f.phase or "", f.ts)
     if start is None:
         return _window(report, f.ts, f.ts, gpu, "the failed call")
     return _window(report, start, f.ts, gpu, f"the phase {f.phase} up to the failed call")
@@ -506,7 +499,7 @@ def _marker_failed(report: Report, marked: list[Failure]) -> tuple[tuple[Line, .
         first.append(f" (+{len(marked) - 1} more error{'s' if len(marked) > 2 else ''})")
     cause = ["CAUSE", "the program reported the error in a marker; no driver call failed"]
     fix = ["FIX", f"see the error's traceback in `memrec dump` and what {f.who} did in {f.phase or 'its phases'}"]
-    start = _phase_start(report, [f.pid], f.phase, f.ts)
+    start = report.phases.latest_start([f.pid], f.phase, f.ts)
     window = _window(report, f.ts if start is None else start, f.ts, f.gpu,
                      "the failed call" if start is None else f"the phase {f.phase}")
     return _lines(first, cause, fix), f, window
@@ -545,7 +538,7 @@ def _no_failure(report: Report, secs: list[GpuSection], summary: SglangSummary |
                          " (contexts and untraced memory not counted)")
     else:
         third.append("GPU totals unknown (no NVML in this trace)")
-    starts = [s for ph in by_phase[:3] if (s := _phase_start(report, ph.pids, ph.phase, pk.ts)) is not None]
+    starts = [s for ph in by_phase[:3] if (s := report.phases.latest_start(ph.pids, ph.phase, pk.ts)) is not None]
     window = _window(report, min(starts, default=pk.ts), pk.ts, sec.gpu,
                      "from the start of the phases held at the peak to the peak" if starts else "the peak")
     return _lines(first, held, third, _site_line(report, by_phase[0].phase if by_phase else None)), window

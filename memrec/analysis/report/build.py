@@ -29,20 +29,21 @@ from memrec.analysis.names import process_title
 from memrec.analysis.names import result_name
 from memrec.engine.phases import Phases
 from memrec.engine.phases import Attribution
+from memrec.engine.phases import UsageTable
 from memrec.engine.phases import held_by_phase
 from memrec.engine.journal import Journal
 from memrec.analysis.untraced.reconcile import reconcile
 from memrec.analysis.report.gpu import ReportContext
 from memrec.analysis.report.gpu import gpu_section
 from memrec.analysis.report.gpu import holding_row
-from memrec.analysis.report.gpu import phase_seconds
-from memrec.analysis.report.gpu import usage_by_gpu
+from memrec.analysis.report.phase_rows import PhaseList
+from memrec.analysis.report.phase_rows import PhaseTimes
+from memrec.analysis.report.phase_rows import jsonable
 from memrec.analysis.report.model import FailedCall
 from memrec.analysis.report.model import HeldPhase
 from memrec.analysis.report.model import HeldThen
 from memrec.analysis.report.model import Holder
 from memrec.analysis.report.model import InstantEntry
-from memrec.analysis.report.model import PhaseEntry
 from memrec.analysis.report.model import ProcessEntry
 from memrec.analysis.report.model import Report
 from memrec.analysis.report.model import ReportFilter
@@ -101,9 +102,9 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None, all
     run = _replay(trace, events, gpu, pid)
     procs = _processes(trace, run.tl, run.exits, events.census.pids)
     ctx = ReportContext(trace=trace, start=run.start, pid=pid, procs=procs, exits=run.exits,
-                        usage=usage_by_gpu(run.usage), exit_usage=usage_by_gpu(run.exit_usage), phases=run.phases,
+                        usage=run.usage, exit_usage=run.exit_usage, phases=run.phases,
                         rec=reconcile(trace, run.tl, run.phases, events=run.kept.rows, pids=events.census.pids),
-                        phase_s=phase_seconds(run.phases, run.start))
+                        phase_s=PhaseTimes(run.phases.table, run.start))
     report = Report(
         memrec_report=REPORT_VERSION,
         filter=ReportFilter(gpu, pid),
@@ -112,7 +113,7 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None, all
         processes=[p for p in procs.values() if pid is None or p.pid == pid],
         gpus=[],
         host=None,
-        phases=_phase_list(run.phases, ctx.phase_s, pid),
+        phases=_phase_list(ctx.phase_s, pid),
         instants=_instant_list(run.phases, run.start, pid),
         failures_unknown_gpu=[],
     )
@@ -157,8 +158,8 @@ class _Replayed:
     snapshots: dict[int, HeldThen]
     exits: list[dict]
     anomalies: dict[str, int]
-    usage: list
-    exit_usage: list
+    usage: UsageTable
+    exit_usage: UsageTable
     sglang: dict | None
     tensors: TensorFeed
 
@@ -213,16 +214,21 @@ def _replay(trace: Any, events: TraceEvents, gpu: int | None, pid: int | None) -
     tl = replay.finish()
     if whole:
         attribute_rows(tl.journal)
+    # The replay holds attribute_rows, which holds the replay (and the trace): without this the
+    # trace, a marker object each, waited for a full collection of the cycle after the report.
+    del replay
     anomalies = {
         k: v - prior_anomalies.get(k, 0) for k, v in sorted(tl.state.anomalies.items()) if v > prior_anomalies.get(k, 0)
     }
-    usage = usage_of.usage()
-    sglang = build_sglang_section(trace, phases, tl.journal, usage, start, gpu=gpu, pid=pid, events=kept.rows)
+    usage = usage_of.table()
+    # (the SGLang section reads the usage as objects: without SGLang's markers there is none)
+    sglang = build_sglang_section(trace, phases, tl.journal, usage.rows() if whole else [], start, gpu=gpu, pid=pid,
+                                  events=kept.rows)
     # Nothing after this reads the journal: its columns (35 B a change) go before the
     # reconciliation makes its temporaries (the report's peak memory on 10M events).
     tl.journal = tl.journal.take(np.zeros(len(tl.journal), dtype=bool))
     return _Replayed(kept, census.n, start, end, phases, notes, tl, failed_idx, failed_gpu, snapshots,
-                     tl.state.exit_records()[prior_exits:], anomalies, usage, exit_usage_of.usage(), sglang, tensors)
+                     tl.state.exit_records()[prior_exits:], anomalies, usage, exit_usage_of.table(), sglang, tensors)
 
 
 def _trace_summary(trace: Any, run: _Replayed, gpu: int | None, pid: int | None, processes: int) -> TraceSummary:
@@ -435,47 +441,16 @@ def _processes(trace: Any, tl: Timeline, exit_records: list[dict], event_pids: l
     return out
 
 
-def _phase_list(phases: Phases, phase_s: list[tuple[float, float]], pid: int | None) -> list[PhaseEntry]:
-    return [
-        PhaseEntry(
-            id=ph.id,
-            pid=ph.pid,
-            name=ph.name,
-            path=ph.path,
-            depth=ph.depth,
-            start_ts=ph.start,
-            end_ts=ph.end,
-            start_s=phase_s[ph.id][0],
-            end_s=phase_s[ph.id][1],
-            closed=ph.closed,
-            gpu=ph.gpu,
-            values=_jsonable(ph.values) if ph.values else {},
-        )
-        for ph in phases.phases
-        if pid is None or ph.pid == pid
-    ]
+def _phase_list(times: PhaseTimes, pid: int | None) -> PhaseList:
+    """The phases (``pid``'s only, when given), each made a row when read."""
+    ids = np.arange(len(times.table)) if pid is None else np.flatnonzero(times.table.pid == pid)
+    return PhaseList(times, ids)
 
 
 def _instant_list(phases: Phases, start: int, pid: int | None) -> list[InstantEntry]:
     return [
         InstantEntry(pid=i.pid, name=i.name, ts=i.ts, t_s=seconds(i.ts - start), phase=phases.label(i.phase),
-                     gpu=i.gpu, values=_jsonable(i.values))
+                     gpu=i.gpu, values=jsonable(i.values))
         for i in phases.instants
         if pid is None or i.pid == pid
     ]
-
-
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, dict):
-        if not v:
-            return {}
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, (bytes, bytearray)):
-        return bytes(v).hex()
-    if isinstance(v, np.generic):
-        return v.item()
-    if v is None or isinstance(v, (bool, int, float, str)):
-        return v
-    return str(v)

@@ -15,7 +15,6 @@ from memrec.analysis.untraced.reconcile import Reconciliation
 from memrec.analysis.report.model import CategoryRow
 from memrec.analysis.report.model import FailedCall
 from memrec.analysis.report.model import Final
-from memrec.analysis.report.model import GpuPhase
 from memrec.analysis.report.model import GpuProcess
 from memrec.analysis.report.model import GpuSection
 from memrec.analysis.report.model import HeldAtExit
@@ -25,8 +24,10 @@ from memrec.analysis.report.model import Peak
 from memrec.analysis.report.model import PidBytes
 from memrec.analysis.report.model import ProcessEntry
 from memrec.analysis.text import seconds
-from memrec.engine.phases import NO_PHASE
 from memrec.engine.phases import Phases
+from memrec.engine.phases import UsageTable
+from memrec.analysis.report.phase_rows import GpuPhaseList
+from memrec.analysis.report.phase_rows import PhaseTimes
 from memrec.engine.series import GpuSeries
 from memrec.terms.events import CATEGORIES
 from memrec.terms.events import OWNED
@@ -55,17 +56,11 @@ class ReportContext:
     pid: int | None
     procs: dict[int, ProcessEntry]
     exits: list[dict]
-    usage: dict[int, list]  # per GPU: its rows of the usage by phase (:func:`usage_by_gpu`)
-    exit_usage: dict[int, list]
+    usage: UsageTable  # the usage by phase, every GPU's
+    exit_usage: UsageTable
     phases: Phases
     rec: Reconciliation
-    phase_s: list[tuple[float, float]]  # each phase's start and end in seconds (:func:`phase_seconds`)
-
-
-def phase_seconds(phases: Phases, start: int) -> list[tuple[float, float]]:
-    """Each phase's start and end in seconds from ``start``, by phase id: once for the phase list and
-    every GPU's by-phase rows (a step loop's 25,000 phases)."""
-    return [(seconds(ph.start - start), seconds(ph.end - start)) for ph in phases.phases]
+    phase_s: PhaseTimes  # each phase's start and end in seconds
 
 
 def gpu_section(ctx: ReportContext, g: int, series: GpuSeries | None, info: Any,
@@ -92,8 +87,7 @@ def gpu_section(ctx: ReportContext, g: int, series: GpuSeries | None, info: Any,
         final=final,
         categories=categories,
         processes=_process_rows(ctx, g, series, pids, held),
-        phases=_gpu_phases(ctx.usage.get(g, []), ctx.exit_usage.get(g, []), ctx.phases, ctx.pid, ctx.phase_s)
-        if ctx.phases.phases else [],
+        phases=GpuPhaseList.of(ctx.phase_s, ctx.usage, ctx.exit_usage, g, ctx.pid),
         held_at_exit=held,
         failures=failures,
         nvml=_nvml(ctx.trace, g, series, ctx.start),
@@ -224,57 +218,6 @@ def _held_at_exit(g: int, exits: list[dict], pid: int | None, start: int) -> lis
                 largest=[holding_row(h) for h in r["largest"] if h["gpu"] == g][:EXIT_LARGEST],
             )
         )
-    return out
-
-
-def usage_by_gpu(usage: list) -> dict[int, list]:
-    """:class:`~memrec.engine.phases.PhaseUsage` rows by GPU, once for every GPU's section (50,000
-    markers make a row per phase, process, GPU and category)."""
-    out: dict[int, list] = {}
-    for u in usage:
-        out.setdefault(u.gpu, []).append(u)
-    return out
-
-
-def _gpu_phases(usage: list, exit_usage: list, phases: Phases, pid: int | None,
-                phase_s: list[tuple[float, float]]) -> list[GpuPhase]:
-    """Per (pid, phase) of one GPU's ``usage`` (:class:`GpuPhase`): by process, then in time order,
-    (no phase) last. (A step loop's 25,000 phases make as many rows: the loop keeps to locals.)"""
-    at_exit = {(u.pid, u.phase, u.category): u.freed for u in exit_usage}
-    rows: dict[tuple[int, int], GpuPhase] = {}
-    by_id = phases.phases
-    for u in usage:
-        p, phase, category = u.pid, u.phase, u.category
-        if pid is not None and p != pid:
-            continue
-        row = rows.get((p, phase))
-        if row is None:
-            if phase >= 0:
-                ph = by_id[phase]
-                row = GpuPhase(p, phase, ph.path, ph.start, ph.end, *phase_s[phase], ph.closed)
-            else:
-                row = GpuPhase(p, phase, NO_PHASE, None, None, None, None, None)
-            rows[(p, phase)] = row
-        allocated, freed = u.allocated, u.freed
-        net = allocated - freed
-        by_category = row.by_category
-        by_category[category] = by_category.get(category, 0) + net
-        freed_at_exit = at_exit.get((p, phase, category), 0) if at_exit else 0
-        if freed_at_exit:
-            row.exit_by_category[category] = freed_at_exit
-        if category in OWNED:
-            if freed_at_exit:
-                row.exit_freed += freed_at_exit
-            row.allocated += allocated
-            row.freed += freed
-            row.net += net
-        else:
-            row.mapped_net += net
-    out = list(rows.values())
-    for r in out:
-        if len(r.by_category) > 1:
-            r.by_category = {c: r.by_category[c] for c in CATEGORIES if c in r.by_category}
-    out.sort(key=lambda r: (r.pid, r.phase < 0, r.start_ts or 0, r.phase))
     return out
 
 

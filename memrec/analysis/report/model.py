@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from dataclasses import field
+from typing import TYPE_CHECKING
 
 from memrec.analysis.report.answer import Answer
 from memrec.analysis.sections import OMITTED
@@ -24,6 +25,10 @@ from memrec.analysis.report.tensors import TensorSection
 from memrec.analysis.sglang.model import SglangSection
 from memrec.analysis.report.sites import SitesSection
 from memrec.analysis.untraced.reconcile import GpuReconciliation
+
+if TYPE_CHECKING:  # they make this module's rows
+    from memrec.analysis.report.phase_rows import GpuPhaseList
+    from memrec.analysis.report.phase_rows import PhaseList
 
 
 # ------------------------------------------------------------------------------------ the trace
@@ -284,7 +289,7 @@ class GpuSection(Section):
     final: Final
     categories: list[CategoryRow]
     processes: list[GpuProcess]
-    phases: list[GpuPhase]
+    phases: GpuPhaseList  # made GpuPhase as read
     held_at_exit: list[HeldAtExit]
     failures: list[FailedCall]
     nvml: NvmlSummary | None
@@ -304,7 +309,7 @@ class Report(Section):
     processes: list[ProcessEntry]
     gpus: list[GpuSection]
     host: GpuSection | None
-    phases: list[PhaseEntry]
+    phases: PhaseList  # made PhaseEntry as read
     instants: list[InstantEntry]
     failures_unknown_gpu: list[FailedCall]
     sglang: SglangSection | None = None

@@ -316,7 +316,7 @@ def sites_section(trace: Any, phases: Phases, pid: int | None = None, gpu: int |
     sites, site_of = stack_sites(trace.stacks, allocs.stack)
     phase_ids = phases.assign(allocs.pid, allocs.ts)
     last = end_ts if end_ts is not None else (int(allocs.ts.max()) if len(allocs.ts) else 0)
-    phase_end = np.array([p.end for p in phases.phases] + [last], np.int64)
+    phase_end = np.append(phases.table.end, np.int64(last))
     held = allocs.end_ts > phase_end[phase_ids]  # -1 (no phase): the last entry, the trace's end
     groups: dict[tuple[str, int, int], list] = {}
     sel = np.flatnonzero(site_of >= 0)
@@ -348,7 +348,8 @@ def sites_section(trace: Any, phases: Phases, pid: int | None = None, gpu: int |
         ranks = tuple(sorted({labels[p] for p in pids if p in labels}))
         by_phase.setdefault(phase, []).append(
             SiteRow(sites[site], LEVELS[level], allocated_b, held_b, n, tuple(sorted(pids)), ranks, peak))
-    order = {phases.label(p.id): (p.start, p.id) for p in reversed(phases.phases)}
+    t = phases.table
+    order = {t.path[i]: (s, i) for i, s in reversed(list(enumerate(t.start.tolist())))}
     out = []  # phases in the order they began; (no phase) last
     for phase in sorted(by_phase, key=lambda name: order.get(name, (np.iinfo(np.int64).max, 0))):
         rows = sorted(by_phase[phase], key=lambda r: (LEVELS.index(r.level), -r.peak, -r.held, -r.allocated,

@@ -14,9 +14,10 @@ import re
 from collections import Counter
 from typing import Any
 
+import numpy as np
+
 from memrec.analysis.sections import OMITTED
 from memrec.analysis.report.model import FailedCall
-from memrec.analysis.report.model import GpuPhase
 from memrec.analysis.report.model import GpuSection
 from memrec.analysis.report.model import HoldingRow
 from memrec.analysis.report.model import InstantEntry
@@ -38,9 +39,9 @@ from memrec.analysis.untraced.reconcile import GpuReconciliation
 from memrec.analysis.untraced.reconcile import PhaseSplit
 from memrec.analysis.untraced.split import SPLIT
 from memrec.analysis.untraced.split import SPLIT_HEADINGS
-from dataclasses import replace
 from memrec.terms.events import CATEGORIES
 from memrec.analysis.merge_text import render_merged
+from memrec.analysis.report.phase_rows import fold_runs
 
 _CATEGORY_NOTE = {
     "driver": "cuMemAlloc*",
@@ -179,31 +180,49 @@ def _render_processes(report: Report, width: int, show_all: bool) -> list[str]:
 
 def _render_phases(report: Report, width: int, show_all: bool) -> list[str]:
     """Every phase and instant, by process and then in time order."""
-    if not report.phases and not report.instants:
+    phases, instants = report.phases, report.instants
+    if not len(phases) and not instants:
         return []
-    # Sorted by key first and only the rows shown made into text (50,000 markers: 25,000 phases).
-    keyed = [((ph.pid, ph.start_ts, 0, ph.id), ph) for ph in report.phases]
-    keyed += [((i.pid, i.ts, 1, n), i) for n, i in enumerate(report.instants)]
-    keyed.sort(key=lambda kr: kr[0])
-    items = [x for _, x in keyed]
-    folded = not show_all and len(items) > MAX_ROWS
-    # a step loop's phases: a process's run of one name is one row (past a table's worth of rows)
-    runs = _runs(items, _phase_run_key) if folded else [[x] for x in items]
-    shown, more = _capped(runs, "phases and instants", show_all)
+    # Sorted and folded as columns, only the rows shown made objects and text (50,000 markers:
+    # 25,000 phases).
+    t, ids, n = phases.table, phases.ids, len(phases)
+    pid = np.concatenate([t.pid[ids], np.array([i.pid for i in instants], dtype=np.int64)])
+    kind = np.repeat([0, 1], [n, len(instants)])  # phases first at one time
+    order = np.lexsort((np.concatenate([ids, np.arange(len(instants))]), kind,
+                        np.concatenate([t.start[ids], np.array([i.ts for i in instants], dtype=np.int64)]), pid))
+    if not show_all and len(order) > MAX_ROWS:
+        # a step loop's phases: a process's run of one name is one row (past a table's worth of rows)
+        codes: dict[str, int] = {}
+        names = [t.name[i] for i in ids.tolist()] + [i.name for i in instants]
+        name = np.array([codes.setdefault(_numberless(x), len(codes)) for x in names], dtype=np.int64)
+        depth = np.concatenate([t.depth[ids], np.zeros(len(instants), dtype=np.int64)])
+        closed = np.concatenate([t.closed[ids], np.zeros(len(instants), dtype=bool)])
+        first, end = fold_runs([x[order] for x in (pid, kind, depth, name, closed)], FOLD_MIN)
+    else:
+        first = np.arange(len(order))
+        end = first + 1
+    shown, more = _capped(list(zip(first.tolist(), end.tolist())), "phases and instants", show_all)
+    order_ = order.tolist()
+    start_s, end_s = phases.times.start_s, phases.times.end_s
+
+    def item(k: int) -> PhaseEntry | InstantEntry:
+        return phases.entry(int(ids[k])) if k < n else instants[k - n]
+
     rows = []
-    for run in shown:
-        x, n = run[0], "" if len(run) == 1 else f" ×{len(run):,}"
+    for lo, hi in shown:
+        x, last, n_ = item(order_[lo]), item(order_[hi - 1]), "" if hi - lo == 1 else f" ×{hi - lo:,}"
         if isinstance(x, InstantEntry):
-            rows.append([str(x.pid), f"* {_run_name(x.name, run[-1].name)}{n}", _t(x.t_s), "", "",
-                         _values(x.values) if not n else ""])
+            rows.append([str(x.pid), f"* {_run_name(x.name, last.name)}{n_}", _t(x.t_s), "", "",
+                         _values(x.values) if not n_ else ""])
         else:
-            name = "  " * x.depth + _run_name(x.name, run[-1].name) + n + ("" if x.closed else " (unclosed)")
-            duration = sum(ph.end_s - ph.start_s for ph in run)
-            rows.append([str(x.pid), name, _t(x.start_s), _t(run[-1].end_s), f"{duration:.3f}s",
-                         _values(x.values) if not n else ""])
+            name = "  " * x.depth + _run_name(x.name, last.name) + n_ + ("" if x.closed else " (unclosed)")
+            run = [int(ids[k]) for k in order_[lo:hi]]
+            duration = sum(end_s[i] - start_s[i] for i in run)
+            rows.append([str(x.pid), name, _t(x.start_s), _t(last.end_s), f"{duration:.3f}s",
+                         _values(x.values) if not n_ else ""])
     out = ["", "phases"] + table(["PID", "PHASE", "START", "END", "DURATION", "VALUES"], rows, right={0, 2, 3, 4},
                                  width=width, drop=(4, 3), wrap=True)
-    if any(len(run) > 1 for run in shown):
+    if any(hi - lo > 1 for lo, hi in shown):
         out.append(_FOLDED)
     return out + more
 
@@ -211,12 +230,6 @@ def _render_phases(report: Report, width: int, show_all: bool) -> list[str]:
 #: The note under a table with folded rows.
 _FOLDED = ("  (×N: a process's phases of one name in a row, numbers in the name aside, as one row: the first "
            "start, the last end, durations and bytes summed; --all lists each)")
-
-
-def _phase_run_key(x: PhaseEntry | InstantEntry) -> tuple:
-    if isinstance(x, InstantEntry):
-        return (x.pid, "*", _numberless(x.name))
-    return (x.pid, x.depth, _numberless(x.name), x.closed)
 
 
 #: Numbers in a phase's name: a loop's ``step-17``, ``step-18`` fold into one run.
@@ -236,21 +249,6 @@ def _run_name(first: str, last: str) -> str:
 
 #: The fewest rows of one run that fold into one (two show as they are, with their values).
 FOLD_MIN = 3
-
-
-def _runs(items: list, key: Any) -> list[list]:
-    """``items`` as runs of at least :data:`FOLD_MIN` consecutive ones with the same ``key``, the
-    rest one to a run."""
-    runs: list[list] = []
-    last = object()
-    for x in items:
-        k = key(x)
-        if runs and k == last:
-            runs[-1].append(x)
-        else:
-            runs.append([x])
-            last = k
-    return [r for run in runs for r in ([run] if len(run) >= FOLD_MIN else [[x] for x in run])]
 
 
 def _t_exit(p: ProcessEntry, tr: TraceSummary) -> str:
@@ -342,18 +340,24 @@ def _render_gpu_processes(sec: GpuSection, width: int, show_all: bool) -> list[s
 
 def _render_gpu_phases(sec: GpuSection, width: int, show_all: bool) -> list[str]:
     """Net bytes per category during each phase (without the frees at exit unless ``show_all``)."""
-    phase_rows = sec.phases if show_all else [r for r in map(_without_exit_frees, sec.phases) if r]
-    if not phase_rows:
+    listed = sec.phases if show_all else sec.phases.without_exit_frees()
+    if not len(listed):
         return []
     out = ["", "  by phase (net bytes per category during each phase of the process that made them; owned totals)"]
-    if not show_all and any(r.exit_freed or r.exit_by_category for r in sec.phases):
+    if not show_all and sec.phases.any_exit_frees():
         out.append("  (frees at process exit are under \"held at exit\"; --all counts them here too)")
     folded = False
-    if not show_all and len(phase_rows) > MAX_ROWS:  # a step loop's phases: a run of one path, one row
-        runs = _runs(phase_rows, lambda r: (r.pid, _numberless(r.path)))
-        folded = len(runs) < len(phase_rows)
-        phase_rows = [_fold_gpu_phases(run) for run in runs]
-    phase_rows, more = _capped(phase_rows, "phases", show_all)
+    if not show_all and len(listed) > MAX_ROWS:  # a step loop's phases: a run of one path, one row
+        paths = listed.path_of()
+        codes: dict[str, int] = {}
+        path = np.array([codes.setdefault(_numberless(p), len(codes)) for p in paths], dtype=np.int64)
+        first, end = fold_runs([listed.pid, path], FOLD_MIN)
+        folded = len(first) < len(listed)
+        units, more = _capped(list(zip(first.tolist(), end.tolist())), "phases", show_all)
+        phase_rows = [listed.row(lo) if hi - lo == 1 else
+                      listed.folded(lo, hi, f"{_run_name(paths[lo], paths[hi - 1])} ×{hi - lo:,}") for lo, hi in units]
+    else:
+        phase_rows, more = _capped(list(listed), "phases", show_all)
     cats = [c for c in CATEGORIES if any(c in r.by_category for r in phase_rows)]
     rows = []
     for r in phase_rows:
@@ -412,34 +416,6 @@ def _capped(rows: list, what: str, show_all: bool) -> tuple[list, list[str]]:
     if show_all or len(rows) <= MAX_ROWS:
         return rows, []
     return rows[:MAX_ROWS], [f"  … and {len(rows) - MAX_ROWS:,} more {what} (memrec report --all, or --json, lists all)"]
-
-
-def _fold_gpu_phases(run: list[GpuPhase]) -> GpuPhase:
-    """One row for a process's run of by-phase rows of one path: ``path ×N``, the first start,
-    the last end, the bytes summed."""
-    if len(run) == 1:
-        return run[0]
-    first, last = run[0], run[-1]
-    summed: dict[str, int] = {}
-    for r in run:  # one pass (a step loop's run is thousands of rows)
-        for c, v in r.by_category.items():
-            summed[c] = summed.get(c, 0) + v
-    by_category = {c: summed[c] for c in CATEGORIES if c in summed}
-    return replace(first, path=f"{_run_name(first.path, last.path)} ×{len(run):,}", end_ts=last.end_ts, end_s=last.end_s,
-                   by_category=by_category, allocated=sum(r.allocated for r in run),
-                   freed=sum(r.freed for r in run), net=sum(r.net for r in run))
-
-
-def _without_exit_frees(r: GpuPhase) -> GpuPhase | None:
-    """A by-phase row without the frees a process exit made (None when nothing is left)."""
-    if not r.exit_freed and not r.exit_by_category and all(r.by_category.values()):
-        return r if r.by_category or r.allocated or r.freed else None  # most rows: no copy
-    by_category = {c: v + r.exit_by_category.get(c, 0) for c, v in r.by_category.items()}
-    by_category = {c: v for c, v in by_category.items() if v}
-    row = replace(r, by_category=by_category, freed=r.freed - r.exit_freed, net=r.net + r.exit_freed)
-    if not by_category and not row.allocated and not row.freed:
-        return None
-    return row
 
 
 #: The first line of a block ``collapse`` compares: a GPU section's title, an SGLang rank's header.

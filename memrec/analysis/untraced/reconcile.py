@@ -402,7 +402,7 @@ def _split_untraced(out: Reconciliation, events: np.ndarray, phases: Any, thread
     """Fill ``out.splits`` and ``out.contexts`` (memrec.analysis.untraced.split); ``threads``: GPU ->
     its resident threads (the stack limit's cost per byte), where the trace's header knows it."""
     out.phase_label = phases.label
-    phase_of = phases.phase_at if phases.phases else (lambda _pid, _ts: -1)
+    phase_of = phases.phase_at if len(phases.table) else (lambda _pid, _ts: -1)
     explainers = Explainers(events)
     held = pool_held(events)
     until: dict[tuple[int, int], int | None] = {}
