@@ -40,18 +40,37 @@ def key_hash(pids: np.ndarray, ptrs: np.ndarray) -> np.ndarray:
     return x
 
 
+def radix_order(*parts: np.ndarray) -> np.ndarray:
+    """The stable order by ``parts`` (8- or 16-bit columns of one length, the last one the most
+    significant): one radix pass each (numpy sorts 16-bit keys stably by radix, several times
+    faster than any sort of a 64-bit key), a part holding one value throughout skipped."""
+    order = None
+    for part in parts:
+        if order is not None:
+            part = part[order]
+        if len(part) and part.min() == part.max():
+            continue
+        step = np.argsort(part, kind="stable")
+        order = step if order is None else order[step]
+    return np.arange(len(parts[0])) if order is None else order
+
+
+def top_order(tops: np.ndarray) -> np.ndarray:
+    """The stable order of ``tops`` (uint64 below 2^48: a key hash's top bits), as three radix passes."""
+    mask = np.uint64(0xFFFF)
+    return radix_order(*((tops >> np.uint64(s) & mask).astype(np.uint16) for s in (0, 16, 32)))
+
+
 def by_key(pid: np.ndarray, ptr: np.ndarray) -> np.ndarray:
     """The order that groups equal (pid, ptr) keys, each group in event order.
 
-    One unstable sort of the key's hash with the position in its low bits (fast); when two keys
-    share those hash bits (rare: then their events could interleave) a stable sort by (pid, ptr).
+    A stable radix sort of the key hash's top bits (fast); when two keys share those bits (rare:
+    then their events could interleave) a stable sort by (pid, ptr).
     """
-    m = len(pid)
-    bits = np.uint64(max(20, m.bit_length()))
-    pos = np.arange(m, dtype=np.uint64)
-    composite = np.sort((key_hash(pid, ptr) >> bits << bits) | pos)  # values sort faster than argsort
-    order = (composite & np.uint64((1 << int(bits)) - 1)).astype(np.int64)
-    sp, sq, sh = pid[order], ptr[order], composite >> bits
+    bits = np.uint64(max(20, len(pid).bit_length()))
+    tops = key_hash(pid, ptr) >> bits
+    order = top_order(tops)
+    sp, sq, sh = pid[order], ptr[order], tops[order]
     if np.any((sh[1:] == sh[:-1]) & ((sp[1:] != sp[:-1]) | (sq[1:] != sq[:-1]))):
         return np.lexsort((ptr, pid))
     return order

@@ -31,6 +31,7 @@ from memrec.terms.events import DRIVER
 from memrec.terms.events import IPC_MAPPED
 from memrec.state.allocs import by_key
 from memrec.state.allocs import key_hash
+from memrec.state.allocs import radix_order
 from memrec.state.fields import ALLOC
 from memrec.state.fields import FREE
 from memrec.state.fields import JOINABLE_KINDS
@@ -224,9 +225,10 @@ def apply_changes(tables: Tables, index: np.ndarray, ts: np.ndarray, gpu: np.nda
     elif tables.journal is not None:
         tables.journal.frombytes(np.column_stack((index, ts, gpu, pid, cat, delta)).astype(np.int64).tobytes())
     counts = tables.bytes
-    key = ((gpu + 32768) << 34) | (pid << 2) | cat
-    order = np.argsort(key)
-    key = key[order]
+    # The changes grouped by (gpu, pid, category), in the order of that key.
+    gcode = (gpu + 32768).astype(np.uint16)
+    order = radix_order(cat.astype(np.uint8), (pid & 0xFFFF).astype(np.uint16), (pid >> 16).astype(np.uint16), gcode)
+    key = (((gpu + 32768) << 34) | (pid << 2) | cat)[order]
     starts = np.flatnonzero(np.append(True, key[1:] != key[:-1]))
     for k, s in zip(key[starts].tolist(), np.add.reduceat(delta[order], starts).tolist()):
         kk = ((k >> 34) - 32768, (k >> 2) & 0xFFFFFFFF, k & 3)
@@ -239,7 +241,7 @@ def apply_changes(tables: Tables, index: np.ndarray, ts: np.ndarray, gpu: np.nda
     own = np.flatnonzero(cat != IPC_MAPPED)
     if len(own) == 0:
         return
-    own = (np.sort(((gpu[own] + 32768) << 40) | own) & ((1 << 40) - 1))  # by GPU, in event order
+    own = own[radix_order(gcode[own])]  # by GPU, in event order
     og, od = gpu[own], delta[own]
     head = np.ones(len(own), bool)
     head[1:] = og[1:] != og[:-1]
@@ -282,9 +284,11 @@ def group_sums(groups: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
 
 
 def exported_keys(tables: Tables) -> np.ndarray:
-    """Key hashes of the allocations with IPC exports (a hash match is then checked exactly)."""
-    pairs = [(p, q) for p, d in tables.exported.items() for q in d]
-    return key_hash(np.array([p for p, _ in pairs], np.uint32), np.array([q for _, q in pairs], np.uint64))
+    """Key hashes of the allocations with IPC exports (a hash match is then checked exactly),
+    read out of each process's dict at once."""
+    parts = [key_hash(np.full(len(d), p, np.uint32), np.fromiter(d, np.uint64, len(d)))
+             for p, d in tables.exported.items()]
+    return np.concatenate(parts) if parts else np.zeros(0, np.uint64)
 
 
 def last_of_keys(pids: np.ndarray, ptrs: np.ndarray) -> np.ndarray:

@@ -15,6 +15,7 @@ import numpy as np
 from memrec.terms.events import FLAG_IPC_BYTES
 from memrec.state.allocs import key_hash
 from memrec.state.allocs import key_hash1
+from memrec.state.allocs import top_order
 from memrec.state.fields import FREE
 from memrec.state.fields import IPC_EXPORT
 from memrec.state.fields import IPC_OPEN
@@ -51,8 +52,9 @@ class Planner:
         self.plain = np.flatnonzero(plain_ok)
         self.shift = np.uint64(max(20, len(self.kinds).bit_length()))
         self.low = (1 << int(self.shift)) - 1
-        pos = self.plain.astype(np.uint64)
-        self.by_key = np.sort((self.keys[self.plain] >> self.shift << self.shift) | pos)
+        tops = self.keys[self.plain] >> self.shift
+        order = top_order(tops)
+        self.by_key = (tops[order] << self.shift) | self.plain[order].astype(np.uint64)
         self.key_pos = (self.by_key & np.uint64(self.low)).astype(np.int64)
         self._of_pid: dict[int, np.ndarray] = {}
         self.joined: dict[bytes, int] = {}  # handle bytes -> key hash of the allocation, of exports joined
