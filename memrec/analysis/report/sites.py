@@ -284,7 +284,8 @@ class SitesFeed:
         self._site_first: list[int] = []  # each site's smallest stack id: the order of the sites
         self._group_of: dict[tuple[int, int, int], int] = {}  # (phase id, site, level) -> group
         self._groups: list[tuple[int, int, int]] = []
-        self._sums = np.zeros((0, 5), np.int64)  # per group: allocated, held, allocations, base, peak
+        # per group: allocated, held, allocations, base (its sum at the sweep's instant), peak, phase id
+        self._sums = np.zeros((0, 6), np.int64)
         self._pids: list[set[int]] = []
         self._rows: list[_Columns] = []  # allocations and frees not paired yet
         self._buffered = 0
@@ -387,8 +388,11 @@ class SitesFeed:
             g = self._group_of[key] = len(self._groups)
             self._groups.append(key)
             self._pids.append(set())
-            row = np.array([[0, 0, 0, 0, np.iinfo(np.int64).min]], np.int64)
-            self._sums = np.concatenate([self._sums, row])
+            if g == len(self._sums):  # room for twice as many: a copy per new group was quadratic
+                more = np.zeros((max(g, 64), 6), np.int64)
+                more[:, 4] = np.iinfo(np.int64).min
+                self._sums = np.concatenate([self._sums, more])
+            self._sums[g, 5] = phase
         return g
 
     def _pair(self) -> None:
@@ -402,7 +406,7 @@ class SitesFeed:
             fresh = _pending(len(new))
             for name in ("pk", "pid", "addr", "ts", "size", "group"):
                 getattr(fresh, name)[:] = getattr(batch, name)[new]
-            fresh.clip = self._phase_end[self._groups_phase(fresh.group)]
+            fresh.clip = self._phase_end[self._sums[fresh.group, 5]]
             pending = _Columns.concat([pending, fresh])
             opened = np.flatnonzero(pending.open)
             # the open allocations first, then the batch in order: sorted by key, an allocation's
@@ -424,10 +428,6 @@ class SitesFeed:
             pending.end[ref[ended]] = np.where(alloc[nxt], _NEVER, ts[nxt])
         self._pending = pending
         self._end(final=False)
-
-    def _groups_phase(self, group: np.ndarray) -> np.ndarray:
-        phase = np.array([k[0] for k in self._groups], np.int64)
-        return phase[group]
 
     def _end(self, final: bool) -> None:
         """End the pending allocations whose end is known (``final``: every one), count what each
@@ -495,7 +495,7 @@ class SitesFeed:
                                                                  self._groups[g][2])):
             phase, site, level = self._groups[g]
             row = groups.setdefault((self.phases.label(phase), site, level), [0, 0, 0, set(), 0])
-            allocated, held, count, _, peak = self._sums[g].tolist()
+            allocated, held, count, _, peak, _ = self._sums[g].tolist()
             row[0] += allocated
             row[1] += held
             row[2] += count
