@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_100m.py --events 10000000 30000000 [100000000]
         [--commands load report diff tui jsonl parquet ...] [--repeat 1] [--dir /tmp] [--keep]
-    .venv/bin/python bench/bench_100m.py --write PATH --events N   # only write one trace
+    .venv/bin/python bench/bench_100m.py --write PATH --events N [--stacks 256]   # only write one trace
     .venv/bin/python bench/bench_100m.py --events 10000000 100000000 --commands report diff \
         --trace 10000000=/work/traces/t10m.mrec --trace 100000000=/work/traces/t100m.mrec  # traces written before
 
@@ -16,7 +16,10 @@ many small tensor blocks (``pytorch:malloc``/``free`` events, 512 B - 2 MiB, the
 order (a layer's activations), bursts of the 16 processes interleaved. A step marker (begin/end)
 per process every 256 bursts, NVML at 10 Hz, a keyframe every 10 s of trace time (the daemon's
 cadence for a small driver state) built by a real :class:`~memrec.state.LiveState` that applies
-every event. 1M events a second of trace time.
+every event. 1M events a second of trace time. ``--stacks K`` (format 2.3, ``memrec daemon
+--stacks``' shape): every allocation names one of K stacks (a layer's line, three frames under
+the caller's; a block's stack by its place in its burst and its process, a segment's its own), so
+the report has its allocation sites section.
 
 Then every ``--commands`` on every size in a fresh process (wall, CPU, peak RSS); the ratios
 quoted are to the smallest size in the same repeat (the floor), so a change of the host's load hits
@@ -122,8 +125,9 @@ class Generator:
     """The events of the trace, a chunk at a time (see the module docstring); the bursts' layout
     (sizes, which process) from a seeded generator, so a size's trace is the same every run."""
 
-    def __init__(self, seed: int = 26) -> None:
+    def __init__(self, seed: int = 26, stacks: np.ndarray | None = None) -> None:
         self.rng = np.random.default_rng(seed)
+        self.stacks = stacks  # the stack ids the allocations name in turn (None: no stacks)
         self.burst = 0  # bursts made so far (all processes)
         self.pos = 0  # events made so far
         # each process's four 1 GiB segments (the blocks' home, kept), and a ring of four driver
@@ -151,6 +155,8 @@ class Generator:
         ev["ptr"][i] = ptr
         ev["size"][i] = size if kind == Kind.ALLOC else 0
         ev["gpu"][i] = p % NGPU if kind == Kind.ALLOC else -1
+        if self.stacks is not None and kind == Kind.ALLOC:
+            ev["stack"][i] = self.stacks[(ptr >> 30) % len(self.stacks)]
 
     def _stamp(self, ev: np.ndarray) -> np.ndarray:
         n = len(ev)
@@ -197,6 +203,8 @@ class Generator:
             ev["gpu"][pos] = proc[bi] % NGPU
             ev["handle"][pos] = 7  # the default stream
         ev["size"][a_pos] = size
+        if self.stacks is not None:
+            ev["stack"][a_pos] = self.stacks[(j + 3 * proc[bi]) % len(self.stacks)]
         for b in np.flatnonzero(swap).tolist():  # a segment swap: the oldest freed, a new one allocated
             p = int(proc[b])
             i = int(start[b] + 2 * k[b])
@@ -219,16 +227,22 @@ class Generator:
         return ev, markers
 
 
-def write_trace(path: Path, n: int) -> dict:
-    """``n`` events (whole bursts: a few more) of the shape above; returns what it wrote."""
+def write_trace(path: Path, n: int, stacks: int = 0) -> dict:
+    """``n`` events (whole bursts: a few more) of the shape above, allocations naming one of
+    ``stacks`` stacks (0: none); returns what it wrote."""
     from memrec.state import LiveState
+    from memrec.trace.stacks import Frame
     from memrec.trace.writer import TraceWriter
 
     t = time.perf_counter()
-    gen = Generator()
     state = LiveState()
     markers = 0
     with TraceWriter(path, HEADER) as w:
+        ids = np.array([w.intern_stack([Frame("/opt/venv/site-packages/torch/nn/modules/module.py", 1527, "_call_impl"),
+                                        Frame(f"/app/model/layer{k % 40}.py", 10 + k, f"Block{k}.forward"),
+                                        Frame("/app/serve.py", 88, "step"), Frame("/app/serve.py", 12, "main")])
+                        for k in range(stacks)], dtype=np.int64) if stacks else None
+        gen = Generator(stacks=ids)
         w.write_keyframe(T0, 0, state.snapshot())
         ev = gen.opening()
         next_kf = T0 + KEYFRAME_NS
@@ -278,20 +292,21 @@ def main() -> int:
     ap.add_argument("--dir", default=None, help="where the traces go (default: the temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the traces (reused when present)")
     ap.add_argument("--write", type=Path, help="only write one trace of --events[0] events here")
+    ap.add_argument("--stacks", type=int, default=0, help="allocations name one of this many stacks (format 2.3)")
     ap.add_argument("--trace", action="append", default=[], metavar="N=PATH",
                     help="the trace of N events already written there (--write): read, never written or removed")
     args = ap.parse_args()
     if args.write:
-        print(json.dumps(write_trace(args.write, args.events[0])))
+        print(json.dumps(write_trace(args.write, args.events[0], args.stacks)))
         return 0
     tmp = Path(args.dir or tempfile.gettempdir())
     sizes = sorted(args.events)
-    paths = {n: tmp / f"bench-100m-{n}.mrec" for n in sizes}
+    paths = {n: tmp / f"bench-100m-{n}{f'-stacks{args.stacks}' if args.stacks else ''}.mrec" for n in sizes}
     given = {int(n): Path(p) for n, p in (t.split("=", 1) for t in args.trace)}
     paths.update((n, p) for n, p in given.items() if n in paths)
     for n, path in paths.items():
         if not path.exists():
-            w = write_trace(path, n)
+            w = write_trace(path, n, args.stacks)
             print(f"wrote {path}: {w['events']:,} events, {w['markers']:,} markers, {w['bytes'] / 1e6:.1f} MB "
                   f"({w['bytes'] / w['events']:.3f} B/event, {w['events'] / w['bytes']:.2f} rows a byte) in {w['seconds']:.0f} s")
     print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")

@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from memrec.analysis.report.build import build_report  # noqa: E402
 from memrec.analysis.report.sites import sites_section  # noqa: E402
 from memrec.terms.columns import empty_events  # noqa: E402
+from memrec.engine.replay import trace_bounds  # noqa: E402
 from memrec.engine.replay import trace_phases  # noqa: E402
 from memrec.terms.events import Kind  # noqa: E402
 from memrec.trace import format as fmt  # noqa: E402
@@ -79,7 +80,7 @@ def main() -> None:
             base.append(timed(lambda: build_report(t_plain)))
             with_sites.append(timed(lambda: build_report(t_stacks)))
             phases = trace_phases(t_stacks)
-            alone.append(timed(lambda: sites_section(t_stacks, phases)))
+            alone.append(timed(lambda: sites_section(t_stacks, phases, trace_bounds(t_stacks)[1])))
         m0, m1, m2 = (statistics.median(x) for x in (base, with_sites, alone))
         print(f"report without stacks {m0:.2f} s (the floor); with stacks {m1:.2f} s = {m1 / m0:.2f}x; "
               f"sites_section alone {m2:.2f} s = {m2 / m0:.2f}x of the floor (medians of {args.repeat})")

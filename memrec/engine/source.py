@@ -35,7 +35,8 @@ _TENSOR = np.array([int(k) for k in TENSOR_KINDS])
 
 class Census:
     """What one pass learns about every event, before any section reads them: how many, their
-    time span, the processes, which processes have tensor events, whether any names a stack."""
+    time span, whether they are in time order, the processes, which processes have tensor
+    events, whether any names a stack."""
 
     def __init__(self) -> None:
         self.n = 0
@@ -43,6 +44,8 @@ class Census:
         self.last_ts: int | None = None
         self.tensor_events = 0
         self.stacked = False
+        self.ordered = True  # every event's ts at or after the one before it
+        self._last: int | None = None
         self._pids: set[int] = set()
         self._tensor_pids: set[int] = set()
 
@@ -54,6 +57,9 @@ class Census:
         lo, hi = int(ts.min()), int(ts.max())
         self.first_ts = lo if self.first_ts is None else min(self.first_ts, lo)
         self.last_ts = hi if self.last_ts is None else max(self.last_ts, hi)
+        self.ordered = self.ordered and (self._last is None or int(ts[0]) >= self._last) and \
+            bool((ts[1:] >= ts[:-1]).all())
+        self._last = int(ts[-1])
         self._pids.update(distinct(chunk["pid"]))
         tensor = np.isin(chunk["kind"], _TENSOR)
         count = int(np.count_nonzero(tensor))

@@ -3,7 +3,7 @@
 ``memrec report`` and ``memrec diff`` read a trace in this pass (:func:`replay_pass`): each chunk
 of events (a record of the file, or a slice of loaded columns) goes to the live state's replay
 (:class:`~memrec.engine.replay.Replay`, which fills in the chunk's GPUs), then to each reader
-that needs the GPUs filled in (the tensor section's own replay), then into the rows kept for the
+that needs the GPUs filled in (the tensor section's own replay, the allocation sites), then into the rows kept for the
 sections that read events after the pass (:class:`KeptEvents`). Nothing else of a chunk
 outlives it: the memory is the live state, the series' change points and the kept rows, not
 the events (issue 26: 100M events in bounded memory).
@@ -38,15 +38,13 @@ class ChunkReader(Protocol):
 class KeptEvents:
     """The events the sections read after the pass, with their indexes: every one but the
     successful tensor blocks' (the failed calls, exits, contexts, pools and the driver's calls:
-    what the reconciliation, the failed calls and the SGLang facts read; the tensor section has
-    its own replay in the pass), or all of them when an event names a stack (the sites pair
-    every allocation with its free: a trace with stacks is held whole). Events already in
-    memory are used in place."""
+    what the reconciliation, the failed calls and the SGLang facts read; the tensor section and
+    the allocation sites have their own readers in the pass). Events already in memory are used
+    in place."""
 
     def __init__(self, events: TraceEvents) -> None:
         source = events.source
         self._whole = source.events if isinstance(source, ColumnSource) else None
-        self._every = events.census.stacked
         self._parts: list[Batch] = []
         self._index: list[np.ndarray] = []
         self.rows: Any = self._whole
@@ -54,9 +52,6 @@ class KeptEvents:
 
     def add(self, first: int, chunk: Batch) -> None:
         if self._whole is not None:
-            return
-        if self._every:
-            self._parts.append(chunk)
             return
         keep = np.flatnonzero((chunk["result"] != 0) | ~np.isin(chunk["kind"], _TENSOR))
         if len(keep):
@@ -67,8 +62,7 @@ class KeptEvents:
         if self._whole is not None:
             return
         self.rows = Batch.concat(self._parts) if self._parts else Batch.of(empty_events(0))
-        if not self._every:
-            self.index = np.concatenate(self._index) if self._index else np.zeros(0, np.int64)
+        self.index = np.concatenate(self._index) if self._index else np.zeros(0, np.int64)
         self._parts, self._index = [], []
 
     def at(self, index: int) -> int:

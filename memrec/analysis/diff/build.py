@@ -82,7 +82,7 @@ from memrec.terms.ranks import shown_dims
 from memrec.analysis.report.tensors import TensorSection
 from memrec.analysis.report.tensors import TensorFeed
 from memrec.analysis.report.sites import SitesSection
-from memrec.analysis.report.sites import sites_section
+from memrec.analysis.report.sites import sites_feed
 from memrec.analysis.diff.sites import SitesDiff
 from memrec.analysis.diff.sites import diff_sites
 from memrec.analysis.diff.sites import verdict_line
@@ -167,7 +167,8 @@ def analyze(trace: Any, name: str, events: TraceEvents | None = None) -> Run:
     # event from the start (on a trace of tensor blocks, the driver's changes are few)
     replay = Replay(census.n, start, initial_state(trace)[0], capacity=min(census.n, APPLY_CHUNK))
     tensors = TensorFeed(phases, start, census.tensor_events, census.tensor_pids)
-    kept = replay_pass(trace, events, replay, [tensors])
+    sites = sites_feed(trace, events, phases, end)
+    kept = replay_pass(trace, events, replay, [tensors] if sites is None else [tensors, sites])
     tl = replay.finish()
     j = tl.journal
     exit_rows = j.exit_mask(replay.exits)
@@ -185,7 +186,7 @@ def analyze(trace: Any, name: str, events: TraceEvents | None = None) -> Run:
     return Run(name, start, phases, j, exit_rows, rank_of, budgets, windows, kept.rows, untraced,
                [c for c in contexts if c.foreign], custom_ar_facts(trace.markers),
                tensors.section(trace.header, trace.trailer),
-               sites_section(trace, phases, end_ts=end, columns=kept.rows) if census.stacked else None)
+               sites.section(trace) if sites is not None else None)
 
 
 def _as_dict(key: RankKey) -> dict[str, int]:

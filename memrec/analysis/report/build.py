@@ -55,7 +55,8 @@ from memrec.analysis.sglang.section import build_sglang_section
 from memrec.analysis.sglang.section import has_sglang_markers
 from memrec.analysis.report.tensors import TensorFeed
 from memrec.analysis.report.sites import SITES_JSON
-from memrec.analysis.report.sites import sites_section
+from memrec.analysis.report.sites import SitesFeed
+from memrec.analysis.report.sites import sites_feed
 from memrec.analysis.text import seconds
 from memrec.terms.ranks import pid_labels
 from memrec.engine.replay import Timeline
@@ -121,9 +122,8 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None, all
     _add_gpu_sections(report, run, ctx, failures_by_gpu, events.gpu_ids)
     report.sglang = run.sglang
     report.tensors = run.tensors.section(trace.header, trace.trailer, pid=pid, gpu=gpu)
-    if events.census.stacked:  # a trace with stacks (format 2.3); without, the report is as it was
-        sites = sites_section(trace, run.phases, pid=pid, gpu=gpu, end_ts=run.end,
-                              limit=None if all_sites else SITES_JSON, columns=run.kept.rows)
+    if run.sites is not None:  # a trace with stacks (format 2.3); without, the report is as it was
+        sites = run.sites.section(trace, limit=None if all_sites else SITES_JSON)
         if sites is not None:
             report.sites = sites
     _peak_by_phase(report, trace, run.tl, run.phases, events.source)
@@ -162,12 +162,14 @@ class _Replayed:
     exit_usage: UsageTable
     sglang: dict | None
     tensors: TensorFeed
+    sites: SitesFeed | None
 
 
 def _replay(trace: Any, events: TraceEvents, gpu: int | None, pid: int | None) -> _Replayed:
     """One pass over the events, a chunk at a time (:func:`memrec.engine.stream.replay_pass`):
     the live state's replay (its series, the holders at each failed call, usage by phase), the
-    tensor section's replay, the failed calls' GPUs and the rows the sections keep."""
+    tensor section's replay, the allocation sites (with stacks), the failed calls' GPUs and the
+    rows the sections keep."""
     census = events.census
     start, end = trace_bounds(trace, census)
     failed_idx: list[int] = []
@@ -210,7 +212,8 @@ def _replay(trace: Any, events: TraceEvents, gpu: int | None, pid: int | None) -
     replay = Replay(census.n, start, initial, at_stop, None if whole else attribute_rows)
     tensors = TensorFeed(phases, start, census.tensor_events, census.tensor_pids,
                          trace.stacks if trace.stacks and census.stacked else None)
-    kept = replay_pass(trace, events, replay, [tensors], stops)
+    sites = sites_feed(trace, events, phases, end, pid, gpu)
+    kept = replay_pass(trace, events, replay, [tensors] if sites is None else [tensors, sites], stops)
     tl = replay.finish()
     if whole:
         attribute_rows(tl.journal)
@@ -228,7 +231,8 @@ def _replay(trace: Any, events: TraceEvents, gpu: int | None, pid: int | None) -
     # reconciliation makes its temporaries (the report's peak memory on 10M events).
     tl.journal = tl.journal.take(np.zeros(len(tl.journal), dtype=bool))
     return _Replayed(kept, census.n, start, end, phases, notes, tl, failed_idx, failed_gpu, snapshots,
-                     tl.state.exit_records()[prior_exits:], anomalies, usage, exit_usage_of.table(), sglang, tensors)
+                     tl.state.exit_records()[prior_exits:], anomalies, usage, exit_usage_of.table(), sglang, tensors,
+                     sites)
 
 
 def _trace_summary(trace: Any, run: _Replayed, gpu: int | None, pid: int | None, processes: int) -> TraceSummary:

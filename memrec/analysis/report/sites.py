@@ -38,6 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from memrec.engine.source import ColumnSource
+from memrec.engine.source import TraceEvents
 from memrec.terms.columns import failed_calls
 from memrec.engine.phases import Phases
 from memrec.terms.events import Kind
@@ -218,130 +220,301 @@ class SitesSection:
         return next((f.site for f in self.failures if f.index == index), None)
 
 
-@dataclass
-class Allocations:
-    """The successful allocations that name a stack, with when each stopped being held."""
-
-    index: np.ndarray  # event index
-    pid: np.ndarray
-    ts: np.ndarray
-    size: np.ndarray
-    level: np.ndarray  # index into LEVELS
-    stack: np.ndarray
-    end_ts: np.ndarray  # when freed (or its process exited); int64 max: held to the end
-
-
-def stacked_allocations(columns: Any, pid: int | None = None, gpu: int | None = None) -> tuple[Allocations, int]:
-    """The successful allocations (driver and tensor blocks) that name a stack, each paired with
-    its free (the next free of the same process and address or handle) or its process's exit;
-    and how many successful allocations name none. ``columns``: a trace's event columns."""
-    kind = np.asarray(columns["kind"])
-    ok = np.asarray(columns["result"]) == 0
-    stack = np.asarray(columns["stack"])
-    pids = np.asarray(columns["pid"]).astype(np.int64)
-    ts = np.asarray(columns["ts"]).astype(np.int64)
-    selected = np.ones(len(kind), bool)
-    if pid is not None:
-        selected &= pids == pid
-    if gpu is not None:
-        selected &= np.asarray(columns["gpu"]) == gpu
-    never = np.iinfo(np.int64).max
-    parts, without = [], 0
-    for level_kind, (free_kind, key, level) in _PAIRS.items():
-        is_alloc = (kind == level_kind) & ok
-        without += int((is_alloc & selected & (stack == 0)).sum())
-        mine = np.flatnonzero(is_alloc & selected & (stack != 0))
-        if not len(mine):
-            continue
-        # every allocation and free of this kind (any stack, any filter), ordered by key then time:
-        # an allocation's end is the next event of its key when that is a free
-        pair = np.flatnonzero((is_alloc | ((kind == free_kind) & ok)))
-        addr = np.asarray(columns[key])[pair].astype(np.uint64)
-        order = np.lexsort((pair, addr, pids[pair]))
-        pair, addr = pair[order], addr[order]
-        same_next = np.zeros(len(pair), bool)
-        same_next[:-1] = (addr[1:] == addr[:-1]) & (pids[pair][1:] == pids[pair][:-1]) & (kind[pair][1:] == free_kind)
-        ends = np.full(len(pair), never, np.int64)
-        ends[:-1] = np.where(same_next[:-1], ts[pair][1:], never)
-        by_index = np.argsort(pair)
-        end_ts = ends[by_index][np.searchsorted(pair, mine, sorter=by_index)]
-        parts.append((mine, end_ts, LEVELS.index(level)))
-    if not parts:
-        empty = np.zeros(0, np.int64)
-        return Allocations(empty, empty, empty, empty, empty, empty, empty), without
-    index = np.concatenate([p[0] for p in parts])
-    end_ts = np.concatenate([p[1] for p in parts])
-    level = np.concatenate([np.full(len(p[0]), p[2], np.int64) for p in parts])
-    exits = np.flatnonzero(kind == int(Kind.PROC_EXIT))
-    if len(exits):  # a process's exit frees what it held: each allocation's end is at most its exit
-        exit_pids, first = np.unique(pids[exits], return_index=True)
-        at = np.minimum(np.searchsorted(exit_pids, pids[index]), len(exit_pids) - 1)
-        exited = exit_pids[at] == pids[index]
-        end_ts = np.where(exited, np.minimum(end_ts, ts[exits][first][at]), end_ts)
-    # a damaged size past 4 PiB is clamped, as the live state clamps it (the sums stay in int64)
-    sizes = np.minimum(np.asarray(columns["size"])[index], MAX_SIZE).astype(np.int64)
-    return Allocations(index, pids[index], ts[index], sizes, level, stack[index].astype(np.int64), end_ts), without
+#: Rows of allocations and frees a :class:`SitesFeed` gathers before it pairs them (bounds its memory).
+BATCH = 1 << 18
+_NEVER = np.iinfo(np.int64).max
+#: Event kind -> its pair's position in _PAIRS (-1: neither an allocation nor a free).
+_PAIR_OF = np.full(1 << 16, -1, np.int64)
+for _k, (_alloc, (_free, _, _)) in enumerate(_PAIRS.items()):
+    _PAIR_OF[_alloc] = _PAIR_OF[_free] = _k
+_BY_HANDLE = np.array([key == "handle" for _, key, _ in _PAIRS.values()])
+_LEVEL_OF = np.array([LEVELS.index(level) for _, _, level in _PAIRS.values()], np.int64)
+_ALLOC_KINDS = np.array(list(_PAIRS), np.int64)
 
 
-def _peaks(key: np.ndarray, start: np.ndarray, end: np.ndarray, size: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """The most bytes held at once in each run of ``key`` (sorted; runs begin at ``starts``), from
-    allocations of ``size`` held over [``start``, ``end``): a free at the instant of an allocation
-    counts first, so a buffer replaced in place is not counted twice."""
-    n = len(key)
-    keys = np.r_[key, key]
-    times = np.r_[start, np.maximum(end, start)]
-    delta = np.r_[size, -size]
-    order = np.lexsort((delta, times, keys))
-    level = np.cumsum(delta[order])
-    first = np.searchsorted(keys[order], key[starts])  # each run's first step in the merged order
-    base = np.where(first > 0, level[first - 1], 0)  # the running sum before the run began
-    return np.maximum.reduceat(level - np.repeat(base, np.diff(np.r_[first, 2 * n])), first)
+class _Columns:
+    """Columns of one length, kept together (the feed's rows, its pending allocations)."""
+
+    def __init__(self, **columns: np.ndarray) -> None:
+        self.__dict__.update(columns)
+
+    def __len__(self) -> int:
+        return len(next(iter(self.__dict__.values())))
+
+    def take(self, rows: np.ndarray) -> _Columns:
+        return _Columns(**{name: column[rows] for name, column in self.__dict__.items()})
+
+    @classmethod
+    def concat(cls, parts: list[_Columns]) -> _Columns:
+        return cls(**{name: np.concatenate([getattr(p, name) for p in parts]) for name in vars(parts[0])})
 
 
-def sites_section(trace: Any, phases: Phases, pid: int | None = None, gpu: int | None = None,
-                  end_ts: int | None = None, limit: int | None = SITES_JSON, columns: Any = None) -> SitesSection | None:
-    """Allocation sites by phase (see the module docstring); None for a trace without stacks.
+def _pending(n: int = 0) -> _Columns:
+    """``n`` pending allocations, zeroed: the columns :meth:`SitesFeed._pair` keeps of each."""
+    return _Columns(pk=np.zeros(n, np.int64), pid=np.zeros(n, np.int64), addr=np.zeros(n, np.uint64),
+                    ts=np.zeros(n, np.int64), size=np.zeros(n, np.int64), group=np.zeros(n, np.int64),
+                    clip=np.zeros(n, np.int64), end=np.full(n, _NEVER, np.int64), open=np.zeros(n, bool))
 
-    ``end_ts``: the trace's end (what ``(no phase)`` holds is what is held then). ``pid``,
-    ``gpu``: only that process's allocations, only those on that GPU (after the replay has
-    filled in the GPUs). ``limit``: the most sites kept per phase (None: every one).
-    ``columns``: the trace's events (default ``trace.event_columns``; the report's, kept whole
-    from its pass over the file when any names a stack).
+
+class SitesFeed:
+    """The sites section built a chunk at a time in the report's pass over the events (a
+    :class:`~memrec.engine.stream.ChunkReader`: it reads each chunk after the replay filled in its
+    GPUs), keeping per (phase, site, level) its sums and only the allocations whose end is not
+    known yet, those still held: a trace with stacks is not kept whole to pair every allocation
+    with its free (issue 26).
+
+    An allocation ends at the next allocation or free of its process and address (or handle)
+    among its level's kinds, if that is a free (else never), and at the latest at its process's
+    first exit; its peak and held bytes count it until the end of its phase. In a trace in time
+    order (``census.ordered``: every recorded one) an allocation is done with once it is freed,
+    its process exited or its phase ended before the latest event, and each group's running sum
+    is swept up to the latest event's instant a batch at a time. A trace out of time order keeps
+    the allocations that name a stack until :meth:`section` (the sums over time need them all).
     """
-    if columns is None:
-        columns = trace.event_columns
-    if not len(trace.stacks) or not len(columns) or not np.asarray(columns["stack"]).any():
-        return None
-    allocs, without = stacked_allocations(columns, pid, gpu)
-    sites, site_of = stack_sites(trace.stacks, allocs.stack)
-    phase_ids = phases.assign(allocs.pid, allocs.ts)
-    last = end_ts if end_ts is not None else (int(allocs.ts.max()) if len(allocs.ts) else 0)
-    phase_end = np.append(phases.table.end, np.int64(last))
-    held = allocs.end_ts > phase_end[phase_ids]  # -1 (no phase): the last entry, the trace's end
-    groups: dict[tuple[str, int, int], list] = {}
-    sel = np.flatnonzero(site_of >= 0)
-    if len(sel):
-        # one int64 key per (phase id, site, level), summed exactly (int64) over sorted runs
-        span = 2 * len(sites)
-        key = (phase_ids[sel] + 1) * span + site_of[sel] * 2 + allocs.level[sel]
-        order = np.argsort(key, kind="stable")
-        key, sel = key[order], sel[order]
-        starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
-        sizes = allocs.size[sel]
-        allocated = np.add.reduceat(sizes, starts)
-        kept = np.add.reduceat(np.where(held[sel], sizes, 0), starts)
-        peaks = _peaks(key, allocs.ts[sel], np.minimum(allocs.end_ts[sel], phase_end[phase_ids[sel]]), sizes, starts)
-        counts = np.diff(np.r_[starts, len(key)])
-        pairs = np.unique(np.repeat(np.arange(len(starts), dtype=np.int64), counts) << 32 | allocs.pid[sel])
-        pids_of = np.split(pairs & 0xFFFFFFFF, np.flatnonzero(np.diff(pairs >> 32)) + 1)
-        for k, group in enumerate(key[starts].tolist()):
-            ph, rest = divmod(group, span)
-            row = groups.setdefault((phases.label(ph - 1), rest // 2, rest % 2), [0, 0, 0, set(), 0])
-            row[0] += int(allocated[k])
-            row[1] += int(kept[k])
-            row[2] += int(counts[k])
-            row[3].update(pids_of[k].tolist())
-            row[4] += int(peaks[k])  # phases of one path (each rank's): their peaks together
+
+    def __init__(self, stacks: StackTable, phases: Phases, end_ts: int, ordered: bool,
+                 pid: int | None = None, gpu: int | None = None) -> None:
+        self.stacks, self.phases, self.pid, self.gpu, self.ordered = stacks, phases, pid, gpu, ordered
+        # each phase id's end, where its allocations stop counting (the last: no phase, the trace's end)
+        self._phase_end = np.append(phases.table.end, np.int64(end_ts))
+        self._exit: dict[int, int] = {}  # pid -> its first exit's ts
+        self._site_of_stack: dict[int, int] = {}  # stack id -> index in _sites (-1: no site)
+        self._site_index: dict[Site, int] = {}
+        self._sites: list[Site] = []
+        self._site_first: list[int] = []  # each site's smallest stack id: the order of the sites
+        self._group_of: dict[tuple[int, int, int], int] = {}  # (phase id, site, level) -> group
+        self._groups: list[tuple[int, int, int]] = []
+        # per group: allocated, held, allocations, base (its sum at the sweep's instant), peak, phase id
+        self._sums = np.zeros((0, 6), np.int64)
+        self._pids: list[set[int]] = []
+        self._rows: list[_Columns] = []  # allocations and frees not paired yet
+        self._buffered = 0
+        self._pending = _pending()
+        self._deltas: list[np.ndarray] = []  # (group, time, bytes) rows of the sums not swept yet
+        self._now: int | None = None  # the latest event's ts (None: out of time order, or none yet)
+        self._any_stack = False
+        self.with_stack = 0
+        self.without = 0
+        self._failed: list[tuple[np.ndarray, np.ndarray]] = []
+        self._failures = 0
+
+    def add(self, first: int, chunk: Any) -> None:
+        if not len(chunk):
+            return
+        kind = np.asarray(chunk["kind"])
+        stack = np.asarray(chunk["stack"])
+        self._any_stack = self._any_stack or bool(stack.any())
+        pids = np.asarray(chunk["pid"]).astype(np.int64)
+        ts = np.asarray(chunk["ts"]).astype(np.int64)
+        for i in np.flatnonzero(kind == int(Kind.PROC_EXIT)).tolist():
+            self._exit.setdefault(int(pids[i]), int(ts[i]))
+        if self._failures < FAILURES_KEPT:
+            failed = np.flatnonzero(failed_calls(chunk) & (stack != 0))[:FAILURES_KEPT - self._failures]
+            self._failed.append((failed + first, stack[failed].astype(np.int64)))
+            self._failures += len(failed)
+        pair = _PAIR_OF[kind]
+        rows = np.flatnonzero((pair >= 0) & (np.asarray(chunk["result"]) == 0))
+        if len(rows):
+            self._take_rows(chunk, rows, pair[rows], kind[rows], pids[rows], ts[rows], stack[rows].astype(np.int64))
+        if self.ordered:
+            self._now = int(ts[-1])
+        if self._buffered >= BATCH:
+            self._pair()
+
+    def _take_rows(self, chunk: Any, rows: np.ndarray, pk: np.ndarray, kind: np.ndarray, pid: np.ndarray,
+                   ts: np.ndarray, sid: np.ndarray) -> None:
+        """Buffer a chunk's allocations and frees; count its allocations, begin those that name a
+        site in their group's sum."""
+        is_alloc = np.isin(kind, _ALLOC_KINDS)
+        selected = np.ones(len(rows), bool)
+        if self.pid is not None:
+            selected &= pid == self.pid
+        if self.gpu is not None:
+            selected &= np.asarray(chunk["gpu"])[rows] == self.gpu
+        self.without += int(np.count_nonzero(is_alloc & selected & (sid == 0)))
+        tracked = np.flatnonzero(is_alloc & selected & (sid != 0))
+        self.with_stack += len(tracked)
+        group = np.full(len(rows), -1, np.int64)
+        size = np.minimum(np.asarray(chunk["size"])[rows], MAX_SIZE).astype(np.int64)
+        if len(tracked):
+            site = self._site_ids(sid[tracked])
+            tracked, site = tracked[site >= 0], site[site >= 0]
+            phase = self.phases.assign(pid[tracked], ts[tracked])
+            group[tracked] = self._group_ids(phase, site, _LEVEL_OF[pk[tracked]], pid[tracked], size[tracked])
+            self._deltas.append(np.stack([group[tracked], ts[tracked], size[tracked]]))
+        addr = np.where(_BY_HANDLE[pk], np.asarray(chunk["handle"])[rows], np.asarray(chunk["ptr"])[rows])
+        # a damaged size past 4 PiB is clamped, as the live state clamps it (the sums stay in int64)
+        self._rows.append(_Columns(pk=pk, alloc=is_alloc, pid=pid, addr=addr.astype(np.uint64), ts=ts, size=size,
+                                   group=group))
+        self._buffered += len(rows)
+
+    def _site_ids(self, sids: np.ndarray) -> np.ndarray:
+        """The index among the sites of each stack id (-1: it names no site)."""
+        unique, inverse = np.unique(sids, return_inverse=True)
+        of = np.empty(len(unique), np.int64)
+        for k, sid in enumerate(unique.tolist()):
+            got = self._site_of_stack.get(sid)
+            if got is None:
+                site = Site.of(self.stacks.stack(sid))
+                got = -1 if site is None else self._site_index.setdefault(site, len(self._sites))
+                if got == len(self._sites):
+                    self._sites.append(site)
+                    self._site_first.append(sid)
+                elif got >= 0:
+                    self._site_first[got] = min(self._site_first[got], sid)
+                self._site_of_stack[sid] = got
+            of[k] = got
+        return of[inverse.reshape(-1)]
+
+    def _group_ids(self, phase: np.ndarray, site: np.ndarray, level: np.ndarray, pid: np.ndarray,
+                   size: np.ndarray) -> np.ndarray:
+        """The group of each allocation (its phase, site and level), whose allocated bytes,
+        allocations and processes it is added to."""
+        # one int64 per (phase id, site, level): phase ids and sites are far below 2^30
+        key = ((phase + 1) << 32 | site) << 1 | level
+        unique, inverse = np.unique(key, return_inverse=True)
+        of = np.array([self._group((k >> 33) - 1, (k >> 1) & 0xFFFF_FFFF, k & 1) for k in unique.tolist()], np.int64)
+        group = of[inverse.reshape(-1)]
+        np.add.at(self._sums[:, 0], group, size)
+        np.add.at(self._sums[:, 2], group, 1)
+        for pair in np.unique(group << 32 | pid).tolist():
+            self._pids[pair >> 32].add(pair & 0xFFFF_FFFF)
+        return group
+
+    def _group(self, phase: int, site: int, level: int) -> int:
+        key = (phase, site, level)
+        g = self._group_of.get(key)
+        if g is None:
+            g = self._group_of[key] = len(self._groups)
+            self._groups.append(key)
+            self._pids.append(set())
+            if g == len(self._sums):  # room for twice as many: a copy per new group was quadratic
+                more = np.zeros((max(g, 64), 6), np.int64)
+                more[:, 4] = np.iinfo(np.int64).min
+                self._sums = np.concatenate([self._sums, more])
+            self._sums[g, 5] = phase
+        return g
+
+    def _pair(self) -> None:
+        """Pair the buffered allocations and frees with each other and with the allocations still
+        open; end what has ended; sweep the sums up to the latest instant."""
+        rows, self._rows, self._buffered = self._rows, [], 0
+        pending = self._pending
+        if rows:
+            batch = _Columns.concat(rows)
+            new = np.flatnonzero(batch.group >= 0)
+            fresh = _pending(len(new))
+            for name in ("pk", "pid", "addr", "ts", "size", "group"):
+                getattr(fresh, name)[:] = getattr(batch, name)[new]
+            fresh.clip = self._phase_end[self._sums[fresh.group, 5]]
+            pending = _Columns.concat([pending, fresh])
+            opened = np.flatnonzero(pending.open)
+            # the open allocations first, then the batch in order: sorted by key, an allocation's
+            # end is the next row of its key when that is a free (never when an allocation)
+            ref = np.r_[opened, np.full(len(batch), -1, np.int64)]
+            ref[len(opened) + new] = len(self._pending) + np.arange(len(new))
+            pk = np.r_[pending.pk[opened], batch.pk]
+            pid = np.r_[pending.pid[opened], batch.pid]
+            addr = np.r_[pending.addr[opened], batch.addr]
+            alloc = np.r_[np.ones(len(opened), bool), batch.alloc]
+            ts = np.r_[pending.ts[opened], batch.ts]
+            order = np.lexsort((np.arange(len(pk)), addr, pid, pk))
+            pk, pid, addr, alloc, ts, ref = pk[order], pid[order], addr[order], alloc[order], ts[order], ref[order]
+            same = np.r_[(pk[1:] == pk[:-1]) & (pid[1:] == pid[:-1]) & (addr[1:] == addr[:-1]), False]
+            mine = ref >= 0
+            pending.open[ref[mine]] = ~same[mine]
+            ended = mine & same
+            nxt = np.flatnonzero(ended) + 1
+            pending.end[ref[ended]] = np.where(alloc[nxt], _NEVER, ts[nxt])
+        self._pending = pending
+        self._end(final=False)
+
+    def _end(self, final: bool) -> None:
+        """End the pending allocations whose end is known (``final``: every one), count what each
+        held past its phase's end, and sweep the sums up to the latest instant."""
+        p = self._pending
+        exit_ts = np.full(len(p), _NEVER, np.int64)
+        if self._exit and len(p):
+            unique, inverse = np.unique(p.pid, return_inverse=True)
+            exit_ts = np.array([self._exit.get(q, _NEVER) for q in unique.tolist()], np.int64)[inverse.reshape(-1)]
+        if final:
+            done = np.ones(len(p), bool)
+        elif self._now is None:
+            done = np.zeros(len(p), bool)
+        else:
+            # in time order, what comes later is at or after the latest instant: a freed
+            # allocation's end is known, an open one's is its exit's, or past its phase's end
+            freed = ~p.open & (p.end != _NEVER)
+            done = freed | (exit_ts != _NEVER) | (p.clip < self._now)
+        end = np.where(p.open, _NEVER, p.end)
+        end = np.minimum(end, exit_ts)[done]
+        gone = p.take(np.flatnonzero(done))
+        self._pending = p.take(np.flatnonzero(~done))
+        if len(gone):
+            np.add.at(self._sums[:, 1], gone.group, np.where(end > gone.clip, gone.size, 0))
+            self._deltas.append(np.stack([gone.group, np.maximum(np.minimum(end, gone.clip), gone.ts), -gone.size]))
+        if final or self._now is not None:
+            self._sweep(None if final else self._now)
+
+    def _sweep(self, until: int | None) -> None:
+        """Add the changes before ``until`` (None: all) to each group's running sum, in time order
+        and a free at the instant of an allocation first, so a buffer replaced in place is not
+        counted twice; each group's peak is the most its sum reached."""
+        if not self._deltas:
+            return
+        deltas = np.concatenate(self._deltas, axis=1)
+        self._deltas = []
+        if until is not None:
+            later = deltas[1] >= until
+            self._deltas = [deltas[:, later]]
+            deltas = deltas[:, ~later]
+        if not deltas.shape[1]:
+            return
+        group, time, delta = deltas
+        order = np.lexsort((delta, time, group))
+        group, delta = group[order], delta[order]
+        starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
+        total = np.cumsum(delta)
+        before = np.r_[0, total][starts]
+        g = group[starts]
+        level = total - np.repeat(before - self._sums[g, 3], np.diff(np.r_[starts, len(group)]))
+        self._sums[g, 4] = np.maximum(self._sums[g, 4], np.maximum.reduceat(level, starts))
+        self._sums[g, 3] += np.add.reduceat(delta, starts)
+
+    def section(self, trace: Any, limit: int | None = SITES_JSON) -> SitesSection | None:
+        """The section (see the module docstring) once every chunk was added; None for a trace
+        without stacks. ``limit``: the most sites kept per phase (None: every one)."""
+        if not len(self.stacks) or not self._any_stack:
+            return None
+        self._pair()
+        self._end(final=True)
+        rank = np.argsort(np.argsort(np.array(self._site_first, np.int64), kind="stable"), kind="stable")
+        groups: dict[tuple[str, int, int], list] = {}
+        # in the order of (phase id, site, level): phases of one path (each rank's) summed
+        for g in sorted(range(len(self._groups)), key=lambda g: (self._groups[g][0], rank[self._groups[g][1]],
+                                                                 self._groups[g][2])):
+            phase, site, level = self._groups[g]
+            row = groups.setdefault((self.phases.label(phase), site, level), [0, 0, 0, set(), 0])
+            allocated, held, count, _, peak, _ = self._sums[g].tolist()
+            row[0] += allocated
+            row[1] += held
+            row[2] += count
+            row[3].update(self._pids[g])
+            row[4] += peak
+        return SitesSection(_by_phase(trace, self.phases, self._sites, groups, limit), len(self.stacks),
+                            self.with_stack, self.without, self._failure_sites())
+
+    def _failure_sites(self) -> tuple[FailureSite, ...]:
+        index = np.concatenate([i for i, _ in self._failed]) if self._failed else np.zeros(0, np.int64)
+        stack = np.concatenate([s for _, s in self._failed]) if self._failed else np.zeros(0, np.int64)
+        sites, of = stack_sites(self.stacks, stack)
+        return tuple(FailureSite(int(i), sites[k]) for i, k in zip(index.tolist(), of.tolist()) if k >= 0)
+
+
+def _by_phase(trace: Any, phases: Phases, sites: list[Site], groups: dict[tuple[str, int, int], list],
+              limit: int | None) -> tuple[PhaseSites, ...]:
+    """Each phase's rows, the phases in the order they began ((no phase) last), each phase's rows
+    by level, the largest peak first."""
     labels = pid_labels(trace.markers, trace.processes)
     by_phase: dict[str, list[SiteRow]] = {}
     for (phase, site, level), (allocated_b, held_b, n, pids, peak) in groups.items():
@@ -356,7 +529,25 @@ def sites_section(trace: Any, phases: Phases, pid: int | None = None, gpu: int |
                                                       r.site.label))
         kept = rows if limit is None else rows[:limit]
         out.append(PhaseSites(phase, tuple(kept), len(rows) - len(kept)))
-    failed = np.flatnonzero(failed_calls(columns) & (np.asarray(columns["stack"]) != 0))[:FAILURES_KEPT]
-    failure_sites, failure_of = stack_sites(trace.stacks, np.asarray(columns["stack"])[failed])
-    failures = tuple(FailureSite(int(i), failure_sites[k]) for i, k in zip(failed.tolist(), failure_of.tolist()) if k >= 0)
-    return SitesSection(tuple(out), len(trace.stacks), int(len(allocs.index)), without, failures)
+    return tuple(out)
+
+
+def sites_feed(trace: Any, events: TraceEvents, phases: Phases, end_ts: int, pid: int | None = None,
+               gpu: int | None = None) -> SitesFeed | None:
+    """A :class:`SitesFeed` for the report's (or the diff's) pass over ``events``, None when no
+    event names a stack or the trace defines none (no section: every view stays as it was)."""
+    if not events.census.stacked or not len(trace.stacks):
+        return None
+    return SitesFeed(trace.stacks, phases, end_ts, events.census.ordered, pid, gpu)
+
+
+def sites_section(trace: Any, phases: Phases, end_ts: int, pid: int | None = None, gpu: int | None = None,
+                  limit: int | None = SITES_JSON, columns: Any = None) -> SitesSection | None:
+    """The sites section of events in memory (default ``trace.event_columns``, ``gpu`` filled in
+    by a replay): a :class:`SitesFeed` over them a chunk at a time (see there). ``end_ts``: the
+    trace's end (what ``(no phase)`` holds is what is held then)."""
+    source = ColumnSource(trace.event_columns if columns is None else columns)
+    feed = SitesFeed(trace.stacks, phases, end_ts, source.census().ordered, pid, gpu)
+    for first, chunk in source.chunks():
+        feed.add(first, chunk)
+    return feed.section(trace, limit)
