@@ -20,6 +20,8 @@ import numpy as np
 
 from memrec.base.errors import TraceFormatError
 from memrec.engine.group import distinct
+from memrec.engine.ipc import Export
+from memrec.engine.ipc import ipc_exports
 from memrec.state.batch import Batch
 from memrec.terms.events import TENSOR_KINDS
 from memrec.trace.chunks import EVENTS
@@ -36,7 +38,9 @@ _TENSOR = np.array([int(k) for k in TENSOR_KINDS])
 
 class Census:
     """What one pass learns about every event, before any section reads them: how many, their
-    time span, the processes, which processes have tensor events, whether any names a stack."""
+    time span, the processes, which processes have tensor events (and the first of each),
+    whether any names a stack, and the IPC exports (a later pass pairs an open with an export
+    recorded after it: :class:`memrec.engine.ipc.IpcPairing`)."""
 
     def __init__(self) -> None:
         self.n = 0
@@ -45,9 +49,11 @@ class Census:
         self.tensor_events = 0
         self.stacked = False
         self._pids: set[int] = set()
-        self._tensor_pids: set[int] = set()
+        self.tensor_since: dict[int, int] = {}  # pid -> the ts of its first tensor event
+        self.ipc_exports: dict[bytes, list[Export]] = {}  # handle bytes -> its exports, in order
 
     def add(self, chunk: Batch) -> None:
+        first = self.n
         self.n += len(chunk)
         if not len(chunk):
             return
@@ -60,8 +66,12 @@ class Census:
         count = int(np.count_nonzero(tensor))
         if count:
             self.tensor_events += count
-            self._tensor_pids.update(distinct(chunk["pid"][tensor]))
+            pids = chunk["pid"][tensor]
+            for pid in set(distinct(pids)).difference(self.tensor_since):  # a process's first: rare
+                self.tensor_since[pid] = int(ts[tensor][np.argmax(pids == pid)])
         self.stacked = self.stacked or bool(np.asarray(chunk["stack"]).any())
+        for blob, export in ipc_exports(chunk, first):
+            self.ipc_exports.setdefault(blob, []).append(export)
 
     @property
     def pids(self) -> list[int]:
@@ -71,7 +81,7 @@ class Census:
     @property
     def tensor_pids(self) -> np.ndarray:
         """The processes with tensor events, ascending."""
-        return np.array(sorted(self._tensor_pids), dtype=np.int64)
+        return np.array(sorted(self.tensor_since), dtype=np.int64)
 
 
 @dataclass
