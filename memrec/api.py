@@ -16,8 +16,10 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
+from typing import Iterator
 
 import numpy as np
 
@@ -26,6 +28,8 @@ from memrec.analysis.names import kind_name
 from memrec.analysis.names import process_title
 from memrec.analysis.names import result_name
 from memrec.engine.phases import Phases
+from memrec.engine.phases import Attribution
+from memrec.engine.phases import PhaseUsage
 from memrec.engine.phases import attribute
 from memrec.analysis.untraced.reconcile import Reconciliation
 from memrec.analysis.untraced.reconcile import reconcile
@@ -34,11 +38,18 @@ from memrec.engine.replay import trace_bounds
 from memrec.engine.replay import trace_phases
 from memrec.terms.events import OWNED
 from memrec.engine.replay import Timeline
+from memrec.engine.replay import Replay
 from memrec.engine.replay import build_timeline
+from memrec.engine.journal import Journal
+from memrec.engine.source import TraceEvents
+from memrec.engine.stream import replayed
+from memrec.state.batch import Batch
 from memrec.engine.replay import state_at
 from memrec.engine.ipc import IpcOpens
+from memrec.engine.ipc import IpcPairing
 from memrec.engine.ipc import ipc_opens
 from memrec.terms.ranks import pid_labels
+from memrec.terms.columns import empty_events
 from memrec.trace.clock import wall_offset_ns
 from memrec.trace.model import Trace
 
@@ -118,6 +129,26 @@ def _table(columns: dict[str, Any], dtypes: dict[str, str], n: int) -> np.ndarra
     return out
 
 
+@dataclass
+class ReplayedChunk:
+    """One chunk of a :meth:`Recording.replayed` pass: its events (GPUs filled in), the replay's
+    journal rows for them, and their IPC opens paired (indexes into the whole trace)."""
+
+    first: int  # the index of its first event
+    events: Batch
+    journal: Journal
+    ipc: IpcOpens
+
+
+@dataclass
+class _Passed:
+    """What a whole :meth:`Recording.replayed` pass leaves: its timeline (the journal let go,
+    no events) and the bytes each phase moved."""
+
+    timeline: Timeline
+    usage: list[PhaseUsage]
+
+
 class Recording:
     """One trace, replayed once, as tables (see the module docstring).
 
@@ -125,27 +156,70 @@ class Recording:
         trace: the decoded :class:`memrec.trace.model.Trace`.
         start: the recording's start (CLOCK_MONOTONIC ns): ``t_s`` is relative to it.
         end: its last timestamp.
+
+    ``events``: the trace's events when ``trace`` holds none (the exports read them from the file
+    a record at a time, :func:`memrec.engine.source.scan_trace`): then the events are read only
+    in :meth:`replayed` passes (the whole-trace tables and :meth:`state_at` need a loaded trace),
+    and :attr:`timeline` is such a pass's (no events, no journal).
     """
 
-    def __init__(self, trace: Trace, pandas: bool | None = None) -> None:
+    def __init__(self, trace: Trace, pandas: bool | None = None, events: TraceEvents | None = None) -> None:
         self.trace = trace
-        self.start, self.end = trace_bounds(trace)
+        self._events = events
+        self._census = events.census if events is not None else None
+        self.start, self.end = trace_bounds(trace, self._census)
         self._pandas = _use_pandas(pandas)
         self._wall_offset = wall_offset_ns(trace.header)
         self.notes: list[str] = []
+        self._passed: _Passed | None = None
 
     # ------------------------------------------------------------------ the one replay
 
     @cached_property
     def timeline(self) -> Timeline:
         """The replay: per-GPU step series, the journal and the final state (fills ``events["gpu"]``)."""
+        if self._events is not None:
+            return self._pass().timeline
         initial, self.notes = initial_state(self.trace)
         return build_timeline(self.trace.events, start=self.start, state=initial)
 
     @cached_property
+    def trace_events(self) -> TraceEvents:
+        """The events as a pass reads them: the file's a record at a time, or the loaded columns."""
+        return self._events if self._events is not None else TraceEvents.of(self.trace.event_columns)
+
+    def replayed(self) -> Iterator[ReplayedChunk]:
+        """One replay of the events a chunk at a time (:func:`memrec.engine.stream.replayed`, the
+        report's pass): each chunk with its GPUs, journal rows and IPC pairing, used and let go,
+        so that what reads it (the exports' events table, memory-viz, Perfetto) holds no more of
+        the events than a chunk. Once every chunk is read, the pass's timeline and usage by
+        phase are kept (:attr:`timeline` of a Recording of the file's events)."""
+        events = self.trace_events
+        initial, self.notes = initial_state(self.trace)
+        parts: list[Journal] = []
+        replay = Replay(events.census.n, self.start, initial, on_journal=lambda j: parts.append(Journal.concat([j])))
+        usage = Attribution(self.phases)
+        pairing = IpcPairing(events.census.ipc_exports)
+        for first, chunk in replayed(self.trace, events, replay):
+            replay.flush()
+            journal = Journal.concat(parts)
+            parts.clear()
+            usage.add(journal)
+            yield ReplayedChunk(first, chunk, journal, pairing.add(first, chunk, journal))
+        self._passed = _Passed(replay.finish(), usage.usage())
+
+    def _pass(self) -> _Passed:
+        """The whole pass's timeline and usage (a pass made now when none was read to its end)."""
+        if self._passed is None:
+            for _ in self.replayed():
+                pass
+        assert self._passed is not None
+        return self._passed
+
+    @cached_property
     def phases(self) -> Phases:
         """Phases (begin/end marker pairs per process) and instants."""
-        return trace_phases(self.trace)
+        return trace_phases(self.trace, self._census)
 
     @cached_property
     def ipc_opens(self) -> IpcOpens:
@@ -190,18 +264,43 @@ class Recording:
 
     def events_array(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
         """Every driver event, one row each, with names and the phase of its process at that time;
-        only the rows ``[lo, hi)`` when given (the exports write a large table a slice at a time:
-        132 bytes a row, 1.3 GB for 10M events, never whole).
+        only the rows ``[lo, hi)`` when given (see :meth:`event_rows`).
 
         An IPC open's row has the bytes it mapped in ``size`` and the exporting pid in ``peer``
         (the driver's call carries neither: :mod:`memrec.engine.ipc`); ``peer`` is -1 elsewhere.
         """
         every = self.timeline.events  # the replay has filled in each event's GPU where it could
         rows = slice(lo, len(every) if hi is None else min(hi, len(every)))
-        ev = {name: every[name][rows] for name in ("ts", "pid", "tid", "kind", "api", "result", "gpu", "ordinal",
-                                                   "size", "ptr", "handle", "aux", "flags")}
-        ipc = self.ipc_opens
-        ipc_size = ipc.size[rows]
+        return self.event_rows(every[rows], self.ipc_opens[rows])
+
+    def event_parts(self, rows: int) -> Iterator[np.ndarray]:
+        """The events table (:meth:`event_rows`) ``rows`` rows at a time (the last part fewer),
+        from one :meth:`replayed` pass: what the exports write, in the same slices (Parquet's
+        row groups) whatever the file's records. Always one part at least, so that an empty
+        table still has its columns."""
+        events: list[Batch] = []
+        ipc: list[IpcOpens] = []
+        have, made = 0, False
+        for part in self.replayed():
+            lo = 0
+            while lo < len(part.events):
+                hi = lo + min(rows - have, len(part.events) - lo)
+                events.append(part.events[lo:hi])
+                ipc.append(part.ipc[lo:hi])
+                have, lo = have + hi - lo, hi
+                if have == rows:
+                    yield self.event_rows(Batch.concat(events), IpcOpens.concat(ipc))
+                    events, ipc, have, made = [], [], 0, True
+        if have or not made:
+            yield self.event_rows(Batch.concat(events) if events else Batch.of(empty_events(0)), IpcOpens.concat(ipc))
+
+    def event_rows(self, every: Any, ipc: IpcOpens) -> np.ndarray:
+        """The events table's rows of ``every`` (replayed events: rows, or a chunk of
+        :meth:`replayed`) with ``ipc``, their pairing: the exports write the table a slice at a
+        time (132 bytes a row, 1.3 GB for 10M events, never whole)."""
+        ev = {name: every[name] for name in ("ts", "pid", "tid", "kind", "api", "result", "gpu", "ordinal",
+                                             "size", "ptr", "handle", "aux", "flags")}
+        ipc_size = ipc.size
         size = np.where(ipc_size > 0, ipc_size, ev["size"].astype(np.int64))
         n = len(ev["ts"])
         phase_ids = self.phases.assign(ev["pid"].astype(np.int64), ev["ts"].astype(np.int64)) if n else np.zeros(0)
@@ -210,14 +309,14 @@ class Recording:
             "kind": _names(ev["kind"], kind_name), "api": _names(ev["api"], api_name),
             "result": ev["result"], "result_name": _names(ev["result"], result_name),
             "gpu": ev["gpu"], "ordinal": ev["ordinal"], "size": size, "ptr": ev["ptr"],
-            "handle": ev["handle"], "aux": ev["aux"], "flags": ev["flags"], "peer": ipc.peer[rows],
+            "handle": ev["handle"], "aux": ev["aux"], "flags": ev["flags"], "peer": ipc.peer,
             "phase": _names(phase_ids, lambda i: self.phases.label(int(i))),
         }
         types = {"ts": "<i8", "t_s": "<f8", "wall": _WALL, "pid": "<i8", "tid": "<i8", "kind": _STR, "api": _STR, "result": "<i4",
                  "result_name": _STR, "gpu": "<i2", "ordinal": "<i4", "size": "<i8", "ptr": "<u8", "handle": "<u8",
                  "aux": "<u8", "flags": "<u4", "peer": "<i8", "phase": _STR, "stack": "<i8"}
         if self.has_stacks:  # format 2.3: the stacks table's id (0: none); a trace without has no column
-            cols["stack"] = every["stack"][rows]
+            cols["stack"] = every["stack"]
         return _table(cols, types, n)
 
     @property
@@ -309,7 +408,7 @@ class Recording:
 
     def processes_array(self) -> np.ndarray:
         """Every process the trace knows: pid, parent, rank, name, command line, GPUs visible."""
-        pids = sorted(set(self.trace.processes) | {int(p) for p in np.unique(self.trace.events["pid"])})
+        pids = sorted(set(self.trace.processes) | set(self.event_pids()))
         infos = [self.trace.processes.get(p) for p in pids]
         cols = {
             "pid": pids,
@@ -324,6 +423,12 @@ class Recording:
         types = {"pid": "<i8", "ppid": "<i8", "rank": _STR, "name": _STR, "cmdline": _STR,
                  "cuda_visible_devices": _STR, "first_ts": "<i8", "first_wall": _WALL}
         return _table(cols, types, len(pids))
+
+    def event_pids(self) -> list[int]:
+        """Every process an event names, ascending."""
+        if self._census is not None:
+            return self._census.pids
+        return np.unique(self.trace.event_columns["pid"]).tolist()
 
     @property
     def processes(self) -> Any:
@@ -378,7 +483,7 @@ class Recording:
         outside any phase of their process are in ``(no phase)``; ``owned`` is False for
         ipc_mapped (a peer's memory, in the importer's view).
         """
-        usage = attribute(self.phases, self.timeline.journal)
+        usage = self._pass().usage if self._events is not None else attribute(self.phases, self.timeline.journal)
         ph = self.phases.phases
         starts = np.array([ph[u.phase].start if u.phase >= 0 else -1 for u in usage], dtype=np.int64)
         ends = np.array([ph[u.phase].end if u.phase >= 0 else -1 for u in usage], dtype=np.int64)

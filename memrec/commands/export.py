@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from pathlib import Path
 
 from memrec.base.errors import ExitCode
@@ -66,7 +67,8 @@ class ExportCommand:
 
     def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         from memrec.api import Recording
-        from memrec.commands.common import load_trace_for_command
+        from memrec.commands.common import reread
+        from memrec.commands.common import scan_trace_for_command
 
         if (args.pid is not None or args.max_entries is not None or args.at is not None) and args.to != "memory-viz":
             parser.error("-p/--pid, --at and --max-entries are only for --to memory-viz")
@@ -77,13 +79,18 @@ class ExportCommand:
         if len(args.traces) > 1:
             parser.error(f"--to {args.to} exports one trace (several only for --to dataset)")
         args.trace = args.traces[0]
-        rec = Recording(load_trace_for_command(args.trace), pandas=False)
+        # the events stay in the file, read a record at a time in each pass (100M events in bounded memory)
+        trace, events = scan_trace_for_command(args.trace)
+        rec = Recording(trace, pandas=False, events=events)
         out: Path = args.output
-        try:
-            written = self._write(rec, args.to, out, args)
-        except OSError as error:
-            raise MemrecCommandError(f"{error.filename or out}: {error.strerror or error}",
-                                     exit_code=ExitCode.CANT_CREATE) from error
+        with reread(args.trace):  # (the trace read again in each pass: its errors are a trace's)
+            try:
+                written = self._write(rec, args.to, out, args)
+            except OSError as error:
+                if error.filename == os.fspath(args.trace):
+                    raise
+                raise MemrecCommandError(f"{error.filename or out}: {error.strerror or error}",
+                                         exit_code=ExitCode.CANT_CREATE) from error
         if not written:
             who = f"process {args.pid} used no" if args.pid is not None else "no process used"
             raise MemrecCommandError(f"{args.trace}: {who} GPU memory in this trace: nothing to export",
@@ -110,7 +117,7 @@ class ExportCommand:
             from memrec.export.memory_viz import write_memory_viz
 
             try:
-                at = moment(rec, args.at, trace_answer(rec.trace))
+                at = moment(rec, args.at, trace_answer(rec.trace, rec.trace_events))
             except ValueError as error:
                 raise MemrecCommandError(f"{args.trace}: {error}", exit_code=ExitCode.USAGE) from error
             _check_file(out, args)
@@ -138,7 +145,8 @@ class ExportCommand:
 
 def _write_dataset(traces: list[Path], out: Path) -> int:
     """Each trace into the dataset at ``out`` (made when missing; its parent must exist)."""
-    from memrec.commands.common import load_trace_for_command
+    from memrec.commands.common import reread
+    from memrec.commands.common import scan_trace_for_command
     from memrec.export import require
     from memrec.export.dataset import check_manifest
     from memrec.export.dataset import write_trace
@@ -150,12 +158,15 @@ def _write_dataset(traces: list[Path], out: Path) -> int:
     check_output(out, force=True)  # its parent folder must exist, as for a file
     check_manifest(out)
     for trace in traces:
-        loaded = load_trace_for_command(trace)
-        try:
-            where, _ = write_trace(loaded, out, trace.name)
-        except OSError as error:
-            raise MemrecCommandError(f"{error.filename or out}: {error.strerror or error}",
-                                     exit_code=ExitCode.CANT_CREATE) from error
+        scanned, events = scan_trace_for_command(trace)  # the events read a record at a time
+        with reread(trace):
+            try:
+                where, _ = write_trace(scanned, out, trace.name, events)
+            except OSError as error:
+                if error.filename == os.fspath(trace):
+                    raise
+                raise MemrecCommandError(f"{error.filename or out}: {error.strerror or error}",
+                                         exit_code=ExitCode.CANT_CREATE) from error
         print(f"{trace}: {out}/<table>/host={where.host}/day={where.day}/{where.file_name}")
     return ExitCode.OK
 

@@ -122,7 +122,8 @@ class _datasets:
         self.tmp: str | None = None
 
     def __enter__(self) -> list[Path]:
-        from memrec.commands.common import load_trace_for_command
+        from memrec.commands.common import reread
+        from memrec.commands.common import scan_trace_for_command
         from memrec.export.dataset import MANIFEST
         from memrec.export.dataset import check_manifest
         from memrec.export.dataset import write_trace
@@ -141,7 +142,9 @@ class _datasets:
             self.tmp = tempfile.mkdtemp(prefix="memrec-sql-dataset-")
             try:
                 for path in traces:
-                    write_trace(load_trace_for_command(path), Path(self.tmp), path.name)
+                    trace, events = scan_trace_for_command(path)  # the events read a record at a time
+                    with reread(path):
+                        write_trace(trace, Path(self.tmp), path.name, events)
             except BaseException:
                 self.__exit__()
                 raise

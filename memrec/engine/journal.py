@@ -36,6 +36,13 @@ class Journal:
     def __len__(self) -> int:
         return len(self.index)
 
+    @classmethod
+    def concat(cls, parts: list[Journal]) -> Journal:
+        """The rows of ``parts`` in order, as columns of their own (no part is a view of them)."""
+        if not parts:
+            return cls(*(np.zeros(0, t) for t in COLUMN_TYPES))
+        return cls(*(np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)))
+
     def take(self, mask: np.ndarray) -> Journal:
         """The rows where ``mask`` is true."""
         return Journal(*(getattr(self, f.name)[mask] for f in fields(self)))

@@ -212,6 +212,13 @@ class Replay:
             raise
         self.done = base + len(events)
 
+    def flush(self) -> None:
+        """Hand the rows journaled so far on now (to the series, and ``on_journal``): what reads
+        each chunk's journal rows beside the chunk's events (the exports) calls it after each
+        :meth:`feed`. The series do not depend on where the rows are cut (whole events)."""
+        if self._fed < self._rows.n:
+            self._hand_on(self.done)
+
     def finish(self, events: np.ndarray | Batch | None = None) -> Timeline:
         """The timeline (``events``: what :attr:`Timeline.events` holds: the rows replayed)."""
         try:

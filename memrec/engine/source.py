@@ -20,6 +20,8 @@ import numpy as np
 
 from memrec.base.errors import TraceFormatError
 from memrec.engine.group import distinct
+from memrec.engine.ipc import Export
+from memrec.engine.ipc import ipc_exports
 from memrec.state.batch import Batch
 from memrec.terms.events import TENSOR_KINDS
 from memrec.trace.chunks import EVENTS
@@ -36,7 +38,8 @@ _TENSOR = np.array([int(k) for k in TENSOR_KINDS])
 class Census:
     """What one pass learns about every event, before any section reads them: how many, their
     time span, whether they are in time order, the processes, which processes have tensor
-    events, whether any names a stack."""
+    events (and the first of each), whether any names a stack, and the IPC exports (a later pass
+    pairs an open with an export recorded after it: :class:`memrec.engine.ipc.IpcPairing`)."""
 
     def __init__(self) -> None:
         self.n = 0
@@ -47,9 +50,11 @@ class Census:
         self.ordered = True  # every event's ts at or after the one before it
         self._last: int | None = None
         self._pids: set[int] = set()
-        self._tensor_pids: set[int] = set()
+        self.tensor_since: dict[int, int] = {}  # pid -> the ts of its first tensor event
+        self.ipc_exports: dict[bytes, list[Export]] = {}  # handle bytes -> its exports, in order
 
     def add(self, chunk: Batch) -> None:
+        first = self.n
         self.n += len(chunk)
         if not len(chunk):
             return
@@ -65,8 +70,12 @@ class Census:
         count = int(np.count_nonzero(tensor))
         if count:
             self.tensor_events += count
-            self._tensor_pids.update(distinct(chunk["pid"][tensor]))
+            pids = chunk["pid"][tensor]
+            for pid in set(distinct(pids)).difference(self.tensor_since):  # a process's first: rare
+                self.tensor_since[pid] = int(ts[tensor][np.argmax(pids == pid)])
         self.stacked = self.stacked or bool(np.asarray(chunk["stack"]).any())
+        for blob, export in ipc_exports(chunk, first):
+            self.ipc_exports.setdefault(blob, []).append(export)
 
     @property
     def pids(self) -> list[int]:
@@ -76,7 +85,7 @@ class Census:
     @property
     def tensor_pids(self) -> np.ndarray:
         """The processes with tensor events, ascending."""
-        return np.array(sorted(self._tensor_pids), dtype=np.int64)
+        return np.array(sorted(self.tensor_since), dtype=np.int64)
 
 
 @dataclass

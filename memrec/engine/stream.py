@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 from typing import Callable
+from typing import Iterator
 from typing import Protocol
 from typing import Sequence
 
@@ -70,23 +71,33 @@ class KeptEvents:
         return index if self.index is None else int(np.searchsorted(self.index, index))
 
 
-def replay_pass(trace: Any, events: TraceEvents, replay: Replay, readers: Sequence[ChunkReader] = (),
-                stops: Callable[[int, Batch], list[int]] | None = None) -> KeptEvents:
-    """Feed every chunk of ``trace``'s ``events`` to ``replay`` (not finished here), then to each
-    of ``readers``; return the rows kept, and set ``events.gpu_ids`` (the GPUs the trace names,
-    as :meth:`memrec.trace.model.Trace.gpu_ids`, with the events' GPUs filled in).
+def replayed(trace: Any, events: TraceEvents, replay: Replay,
+             stops: Callable[[int, Batch], list[int]] | None = None) -> Iterator[tuple[int, Batch]]:
+    """Feed every chunk of ``trace``'s ``events`` to ``replay`` (not finished here) and hand each
+    on, ``(index of its first event, events)``, its GPUs filled in: what reads the events in the
+    replay's own pass (:func:`replay_pass`'s readers, the exports' tables). Once every chunk is
+    read, ``events.gpu_ids`` is set (the GPUs the trace names, as
+    :meth:`memrec.trace.model.Trace.gpu_ids`, with the events' GPUs filled in).
     ``stops(first, chunk)``: the chunk's events (indexes into the trace) where the replay stops
     to look at the state (called before the replay fills in the chunk's GPUs)."""
-    kept = KeptEvents(events)
     gpu_ids = GpuIds()
     gpu_ids.add_header(trace.header)
     for first, chunk in events.source.chunks():
         replay.feed(chunk, stops(first, chunk) if stops is not None else ())
         gpu_ids.add_column(chunk["gpu"])
+        yield first, chunk
+    gpu_ids.add_column(trace.nvml["gpu"])
+    events.gpu_ids = gpu_ids
+
+
+def replay_pass(trace: Any, events: TraceEvents, replay: Replay, readers: Sequence[ChunkReader] = (),
+                stops: Callable[[int, Batch], list[int]] | None = None) -> KeptEvents:
+    """:func:`replayed`, each chunk given to each of ``readers`` then to the rows kept; return
+    the rows kept."""
+    kept = KeptEvents(events)
+    for first, chunk in replayed(trace, events, replay, stops):
         for reader in readers:
             reader.add(first, chunk)
         kept.add(first, chunk)
     kept.finish()
-    gpu_ids.add_column(trace.nvml["gpu"])
-    events.gpu_ids = gpu_ids
     return kept

@@ -8,7 +8,8 @@ in ns, ``markers.values`` as JSON text); CSV has one header line and the same co
 integers written as integers and wall-clock times as ISO 8601 (``2026-12-01T23:40:00.123456789Z``).
 
 :func:`table_parts` is the one place the tables are built (from :class:`memrec.api.Recording`;
-the events table a slice of rows at a time: its 132-byte rows are never whole);
+the events table a slice of rows at a time, as the replay reads them: its 132-byte rows are
+never whole, nor the events they come from);
 :func:`arrow_table` turns one into a typed Arrow table, for any writer of Parquet.
 """
 
@@ -52,15 +53,14 @@ def table_names(rec: Recording) -> list[str]:
 
 def table_parts(rec: Recording, name: str) -> Iterator[np.ndarray]:
     """One table as numpy structured arrays (string columns hold Python str): consecutive slices
-    of rows, the events table :data:`SLICE_ROWS` at a time, the others whole (they grow with
-    samples, markers and processes, not with events); always at least one part, so that an empty
-    table still has its columns."""
+    of rows, the events table :data:`SLICE_ROWS` at a time as a replay pass reads them
+    (:meth:`Recording.event_parts`: from the file a record at a time), the others whole (they
+    grow with samples, markers and processes, not with events); always at least one part, so
+    that an empty table still has its columns."""
     if name != "events":
         yield getattr(rec, TABLES[name])()
         return
-    n = len(rec.timeline.events)
-    for lo in range(0, max(n, 1), SLICE_ROWS):
-        yield rec.events_array(lo, lo + SLICE_ROWS)
+    yield from rec.event_parts(SLICE_ROWS)
 
 
 def table_files(folder: Path, suffix: str) -> dict[str, Path]:

@@ -45,6 +45,7 @@ from memrec.trace.clock import wall_offset_ns
 
 if TYPE_CHECKING:  # the report is built on demand (its import is heavy)
     from memrec.analysis.report.model import FailedCall
+    from memrec.engine.source import TraceEvents
 
 #: The layout's version (``_memrec_dataset.json``, and the ``schema_version`` of every trace row).
 #: Adding a column keeps it; renaming, retyping or removing one, or a new partitioning, bumps it.
@@ -208,7 +209,7 @@ class _Builder:
     """The rows of every table for one trace part: :class:`memrec.api.Recording`'s tables and the
     report's dict (each replays the part once, with the same engine)."""
 
-    def __init__(self, trace: Any, file_name: str) -> None:
+    def __init__(self, trace: Any, file_name: str, events: TraceEvents | None = None) -> None:
         from memrec.analysis.report.build import build_report
         from memrec.api import Recording
 
@@ -216,8 +217,8 @@ class _Builder:
         self.header = trace.header
         self.where = trace_part(self.header)
         self.file_name = file_name
-        self.rec = Recording(trace, pandas=False)
-        self.report = build_report(trace)
+        self.rec = Recording(trace, pandas=False, events=events)
+        self.report = build_report(trace, events=events)
         self.offset = wall_offset_ns(self.header)
         self.uuids = {g.index: g.uuid or "" for g in trace.gpus}
         self.ranks = self.rec.ranks
@@ -247,7 +248,7 @@ class _Builder:
         procs = self.trace.processes
         host = str(self.header.get("host") or "unknown")
         out: dict[int, str] = {}
-        pids = set(procs) | {int(p) for p in np.unique(self.trace.event_columns["pid"])} | {m.pid for m in self.trace.markers}
+        pids = set(procs) | set(self.rec.event_pids()) | {m.pid for m in self.trace.markers}
         for pid in pids:
             root, seen = pid, {pid}
             while root in procs and procs[root].ppid in procs and procs[root].ppid not in seen:
@@ -279,15 +280,15 @@ class _Builder:
     # ---------------------------------------------------------------- tables
 
     def parts(self, name: str) -> Iterator[dict[str, Any]]:
-        """One table's columns: the events :data:`EVENT_ROWS` at a time (their rows whole, and
-        Arrow's copy of them, grew with the trace: the export streams them into row groups), the
-        other tables whole (they grow with markers, samples and processes); always one part at least."""
+        """One table's columns: the events :data:`EVENT_ROWS` at a time as a replay pass reads
+        them (:meth:`memrec.api.Recording.event_parts`; their rows whole, and Arrow's copy of
+        them, grew with the trace: the export streams them into row groups), the other tables
+        whole (they grow with markers, samples and processes); always one part at least."""
         if name != "events":
             yield getattr(self, name)()
             return
-        n = len(self.rec.timeline.events)
-        for lo in range(0, max(n, 1), EVENT_ROWS):
-            yield self.events(lo, lo + EVENT_ROWS)
+        for rows in self.rec.event_parts(EVENT_ROWS):
+            yield self.events(rows)
 
     def traces(self) -> dict[str, Any]:
         t = self.report.trace
@@ -349,9 +350,8 @@ class _Builder:
         """Wall-clock µs of each ``ts``, None where it is unknown (None or negative)."""
         return [None if t is None or t < 0 or self.offset is None else (int(t) + self.offset) // 1000 for t in ts]
 
-    def events(self, lo: int = 0, hi: int | None = None) -> dict[str, Any]:
-        """The events table's rows ``[lo, hi)`` (every row when not given)."""
-        ev = self.rec.events_array(lo, hi)
+    def events(self, ev: np.ndarray) -> dict[str, Any]:
+        """The events table's columns of ``ev``, rows of :meth:`memrec.api.Recording.event_rows`."""
         out = {name: ev[name] for name in ("ts", "pid", "tid", "kind", "api", "result", "result_name", "gpu",
                                            "ordinal", "size", "peer", "phase")}
         for name in ("ptr", "handle", "aux"):
@@ -439,12 +439,13 @@ class _Builder:
         }
 
 
-def build_tables(trace: Any, file_name: str = "") -> tuple[TracePart, dict[str, Iterator[Any]]]:
+def build_tables(trace: Any, file_name: str = "", events: TraceEvents | None = None) -> tuple[TracePart, dict[str, Iterator[Any]]]:
     """Every table of one trace part as pyarrow Tables with the table's exact schema: table name ->
     its parts in row order (the events a slice at a time, :meth:`_Builder.parts`), built as they
-    are written."""
+    are written. ``events``: the trace's events when ``trace`` holds none (read from the file a
+    record at a time: :func:`memrec.engine.source.scan_trace`)."""
     pa = require("pyarrow", "sql", "--to dataset")
-    builder = _Builder(trace, file_name)
+    builder = _Builder(trace, file_name, events)
     return builder.where, {name: _arrow_parts(pa, builder, name) for name in TABLES}
 
 
@@ -548,8 +549,10 @@ def _write_manifest(root_fd: int) -> None:
     _write_atomic(root_fd, MANIFEST, lambda f: f.write((json.dumps(body, indent=1) + "\n").encode()))
 
 
-def write_trace(trace: Any, root: Path, file_name: str = "") -> tuple[TracePart, list[Path]]:
+def write_trace(trace: Any, root: Path, file_name: str = "", events: TraceEvents | None = None
+                ) -> tuple[TracePart, list[Path]]:
     """Write (or replace) one trace part's files in the dataset at ``root``; return them.
+    ``events``: as :func:`build_tables`'.
 
     Raises:
         MemrecCommandError: ``root`` holds a dataset of another layout version.
@@ -557,7 +560,7 @@ def write_trace(trace: Any, root: Path, file_name: str = "") -> tuple[TracePart,
     """
     pq = require("pyarrow.parquet", "sql", "--to dataset")
     check_manifest(root)
-    where, tables = build_tables(trace, file_name)
+    where, tables = build_tables(trace, file_name, events)
     root_fd = open_folder(root, create=True, parents=True, mode=0o755)
     written = []
     try:

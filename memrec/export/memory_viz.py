@@ -54,8 +54,8 @@ from memrec.analysis.report.answer import Answer
 from memrec.analysis.report.answer import DRIVER_OOM
 from memrec.analysis.report.answer import KV_SIZING
 from memrec.api import Recording
+from memrec.api import ReplayedChunk
 from memrec.engine.replay import state_at
-from memrec.engine.replay import trace_bounds
 from memrec.analysis.names import api_name
 from memrec.terms.events import CUDA_ERROR_OUT_OF_MEMORY
 from memrec.terms.events import DRIVER
@@ -92,7 +92,7 @@ def moment(rec: Recording, at: str | None, answer: Answer) -> int | None:
     Raises:
         ValueError: an unknown word, a time outside the trace, or ``failure`` in a trace without one.
     """
-    start, end = trace_bounds(rec.trace)
+    start, end = rec.start, rec.end
     if at is None:  # a failure that is no lack of memory (a refused call) may come before anything is held
         short = answer.failure is not None and answer.failure.kind in (KV_SIZING, DRIVER_OOM)
         at = "failure" if short else "peak"
@@ -125,78 +125,38 @@ def snapshots(rec: Recording, max_entries: int = MAX_ENTRIES, at: int | None = N
     (PyTorch's own history is a ring buffer too; memory_viz draws every entry, and a browser
     stalls on millions). Returns the snapshots and how many actions were left out.
     """
-    ev = rec.timeline.events  # GPUs filled in by the replay (a free gets its allocation's GPU)
-    upto = len(ev) if at is None else int(np.searchsorted(ev["ts"], np.uint64(at), side="right"))
-    ev = ev[:upto]
     nv = rec.trace.nvml
     nv = nv[np.argsort(nv["ts"], kind="stable")] if len(nv) else nv
-    with_blocks: set[int] = set()  # processes with tensor blocks (their segments get no block actions)
-    for lo in range(0, len(ev), SLICE_ROWS):
-        kinds = ev["kind"][lo:lo + SLICE_ROWS]
-        with_blocks.update(np.unique(ev["pid"][lo:lo + SLICE_ROWS][(kinds == _T_ALLOC) | (kinds == _T_FREE)]).tolist())
-    blocks: dict[tuple[int, int], tuple[int, int, int]] = {}  # (pid, ptr) -> (size, gpu, stack) of live tensor blocks
-    traces: dict[tuple[int, int], deque] = {}
-    made = 0
-    frames_of: dict[tuple[int, int, int, int], list] = {}  # one list per (pid, api, phase, stack): pickled once
-    stack_frames = _StackFrames(rec.trace.stacks)
-    for pid, gpu, kind, api, ts, addr, size, oom, ph, stack, freed in _selected(rec, ev):
-        if kind == _T_FREE:
-            size, gpu, stack = blocks.pop((pid, addr), (0, -1, 0))
-            if not size:
-                continue  # a block from before the recording: no size to show
-        elif kind == _T_ALLOC:
-            if gpu < 0:
-                continue
-            blocks[(pid, addr)] = (size, gpu, stack)
-        frames = frames_of.get((pid, api, ph, stack))
-        if frames is None:
-            call = f"{api_name(api)} ({rec.name_of(pid)})"
-            frames = frames_of[(pid, api, ph, stack)] = [
-                *stack_frames(stack), {"filename": f"memrec:{rec.phases.label(ph)}", "line": 0, "name": call}]
-        out = traces.get((pid, gpu))
-        if out is None:
-            out = traces[(pid, gpu)] = deque(maxlen=max_entries)
-        base = {"stream": 0, "time_us": ts // 1000, "frames": frames}
-        if oom:
-            free = _nvml_free_before(nv, gpu, ts)
-            out.append({**base, "action": "oom", "addr": 0, "size": size, "device_free": free})
-            made += 1
-            continue
-        if kind == _FREE:
-            size = freed
-            if not size:
-                continue  # a free of memory from before the recording: no size to show
-        if kind in (_T_ALLOC, _T_FREE):
-            actions: tuple[str, ...] = ("alloc",) if kind == _T_ALLOC else ("free_requested", "free_completed")
-            for action in actions:
-                out.append({**base, "action": action, "addr": addr, "size": size})
-            made += len(actions)
-            continue
-        segment_action, block_action = _SEGMENT[kind]
-        if pid in with_blocks:
-            actions = (segment_action,)  # its blocks are PyTorch's own
-        elif block_action == "free_completed":
-            actions = ("free_requested", "free_completed", segment_action)
-        else:
-            actions = (segment_action, block_action)
-        for action in actions:
-            out.append({**base, "action": action, "addr": addr, "size": size})
-        made += len(actions)
+    # processes with tensor blocks by then (their segments get no block actions)
+    with_blocks = {p for p, ts in rec.trace_events.census.tensor_since.items() if at is None or ts <= at}
+    history = _History(rec, with_blocks, nv, max_entries)
+    stack_frames = history.stack_frames
+    made_by: dict[tuple[int, int], int] = {}  # (pid, address) -> the stack of the allocation there
+    upto = 0  # the events up to the moment
+    whole = True  # every event is before the moment
+    for part in rec.replayed():  # GPUs filled in by the replay (a free gets its allocation's GPU)
+        ev = part.events
+        cut = len(ev) if at is None else int(np.searchsorted(ev["ts"], np.uint64(at), side="right"))
+        upto += cut
+        history.add(part, cut)
+        made_by.update(_allocating_stacks(ev[:cut]))
+        if cut < len(ev):
+            whole = False
+            break
+    blocks, made = history.blocks, history.made
     snaps: dict[int, dict] = {}
     kept = 0
-    for (pid, gpu), actions in sorted(traces.items()):
+    for (pid, gpu), actions in sorted(history.traces.items()):
         snap = snaps.setdefault(pid, {"segments": [], "device_traces": [], "allocator_settings": {}})
         while len(snap["device_traces"]) <= gpu:
             snap["device_traces"].append([])
         snap["device_traces"][gpu] = list(actions)
         kept += len(actions)
-    state = rec.timeline.state if upto == len(rec.timeline.events) else \
-        state_at(rec.timeline.events, upto, rec.trace.keyframes)
+    state = rec.timeline.state if whole else state_at(rec.trace_events.source, upto, rec.trace.keyframes)
     live = [(h.pid, h.address, h.size, h.gpu, h.api, h.ts, h.category, h.peer) for h in state.holdings()
             if h.gpu >= 0 and h.category in SEGMENT_CATEGORIES]
     live += [(pid, va, size, gpu, None, None, "vmm", 0) for pid, va, size, gpu in state.mappings() if gpu >= 0]
     inside = _blocks_by_segment(blocks, [(pid, addr, size) for pid, addr, size, *_ in live])
-    made_by = _allocating_stacks(ev)
     for pid, addr, size, gpu, api, ts, category, peer in live:
         snap = snaps.setdefault(pid, {"segments": [], "device_traces": [], "allocator_settings": {}})
         while len(snap["device_traces"]) <= gpu:
@@ -212,6 +172,65 @@ def snapshots(rec: Recording, max_entries: int = MAX_ENTRIES, at: int | None = N
     for snap in snaps.values():
         snap["segments"].sort(key=lambda x: (x["device"], x["address"]))
     return snaps, made - kept
+
+
+class _History:
+    """Each process's and device's actions, the latest ``max_entries`` (PyTorch's device traces),
+    from a replay's chunks in order (:meth:`add`), and the tensor blocks alive."""
+
+    def __init__(self, rec: Recording, with_blocks: set[int], nv: np.ndarray, max_entries: int) -> None:
+        self.rec, self.with_blocks, self.nv, self.max_entries = rec, with_blocks, nv, max_entries
+        self.blocks: dict[tuple[int, int], tuple[int, int, int]] = {}  # (pid, ptr) -> (size, gpu, stack), alive
+        self.traces: dict[tuple[int, int], deque] = {}
+        self.made = 0
+        self.frames_of: dict[tuple[int, int, int, int], list] = {}  # one list per (pid, api, phase, stack): pickled once
+        self.stack_frames = _StackFrames(rec.trace.stacks)
+
+    def add(self, part: ReplayedChunk, cut: int) -> None:
+        """The actions of ``part``'s first ``cut`` events."""
+        for pid, gpu, kind, api, ts, addr, size, oom, ph, stack, freed in _selected(self.rec, part, cut):
+            if kind == _T_FREE:
+                size, gpu, stack = self.blocks.pop((pid, addr), (0, -1, 0))
+                if not size:
+                    continue  # a block from before the recording: no size to show
+            elif kind == _T_ALLOC:
+                if gpu < 0:
+                    continue
+                self.blocks[(pid, addr)] = (size, gpu, stack)
+            frames = self.frames_of.get((pid, api, ph, stack))
+            if frames is None:
+                call = f"{api_name(api)} ({self.rec.name_of(pid)})"
+                frames = self.frames_of[(pid, api, ph, stack)] = [
+                    *self.stack_frames(stack), {"filename": f"memrec:{self.rec.phases.label(ph)}", "line": 0, "name": call}]
+            out = self.traces.get((pid, gpu))
+            if out is None:
+                out = self.traces[(pid, gpu)] = deque(maxlen=self.max_entries)
+            base = {"stream": 0, "time_us": ts // 1000, "frames": frames}
+            if oom:
+                free = _nvml_free_before(self.nv, gpu, ts)
+                out.append({**base, "action": "oom", "addr": 0, "size": size, "device_free": free})
+                self.made += 1
+                continue
+            if kind == _FREE:
+                size = freed
+                if not size:
+                    continue  # a free of memory from before the recording: no size to show
+            if kind in (_T_ALLOC, _T_FREE):
+                actions: tuple[str, ...] = ("alloc",) if kind == _T_ALLOC else ("free_requested", "free_completed")
+                for action in actions:
+                    out.append({**base, "action": action, "addr": addr, "size": size})
+                self.made += len(actions)
+                continue
+            segment_action, block_action = _SEGMENT[kind]
+            if pid in self.with_blocks:
+                actions = (segment_action,)  # its blocks are PyTorch's own
+            elif block_action == "free_completed":
+                actions = ("free_requested", "free_completed", segment_action)
+            else:
+                actions = (segment_action, block_action)
+            for action in actions:
+                out.append({**base, "action": action, "addr": addr, "size": size})
+            self.made += len(actions)
 
 
 #: The holdings that are segments: driver allocations and peers' memory mapped by IPC (VMM memory
@@ -305,27 +324,24 @@ def _segment_blocks(addr: int, size: int, inside: list[tuple[int, int, int]],
     return out
 
 
-def _selected(rec: Recording, ev: np.ndarray) -> Iterator[tuple]:
+def _selected(rec: Recording, part: ReplayedChunk, cut: int) -> Iterator[tuple]:
     """The fields of the events that make actions (driver allocations, frees, maps and unmaps that
-    succeeded on a GPU, allocations out of memory, tensor blocks) as Python values, with whether
-    the event is an out-of-memory failure, its phase and, for a driver free, the bytes it released
-    (from the replay's journal: a free names no size). :data:`SLICE_ROWS` events at a time, so
-    that the export's own memory does not grow with the events (100M events' fields as Python
-    lists whole: tens of GB)."""
-    j = rec.timeline.journal
-    at, delta, category = j.index, j.delta, j.category
-    if not _ascending(at):  # (a replay journals in event order: never seen otherwise)
-        order = np.argsort(at, kind="stable")
-        at, delta, category = at[order], delta[order], category[order]
-    for lo in range(0, len(ev), SLICE_ROWS):
-        part = ev[lo:lo + SLICE_ROWS]
-        kinds, on_gpu = part["kind"], part["gpu"] >= 0
-        oom = (kinds == int(Kind.ALLOC)) & (part["result"] == CUDA_ERROR_OUT_OF_MEMORY) & on_gpu
-        ok = np.isin(kinds, list(_SEGMENT)) & on_gpu & (part["result"] == 0)
+    succeeded on a GPU, allocations out of memory, tensor blocks) among ``part``'s first ``cut``
+    events, as Python values, with whether the event is an out-of-memory failure, its phase and,
+    for a driver free, the bytes it released (from the chunk's journal rows: a free names no
+    size). :data:`SLICE_ROWS` events at a time, so that the export's own memory does not grow
+    with the events (100M events' fields as Python lists whole: tens of GB)."""
+    j = part.journal
+    at, delta, category = j.index - part.first, j.delta, j.category  # (a replay journals in event order)
+    for lo in range(0, cut, SLICE_ROWS):
+        piece = part.events[lo:min(lo + SLICE_ROWS, cut)]
+        kinds, on_gpu = piece["kind"], piece["gpu"] >= 0
+        oom = (kinds == int(Kind.ALLOC)) & (piece["result"] == CUDA_ERROR_OUT_OF_MEMORY) & on_gpu
+        ok = np.isin(kinds, list(_SEGMENT)) & on_gpu & (piece["result"] == 0)
         sel = np.flatnonzero(ok | oom | (kinds == _T_ALLOC) | (kinds == _T_FREE))
-        pid, ts, index = part["pid"][sel], part["ts"][sel], sel + lo
+        pid, ts, index = piece["pid"][sel], piece["ts"][sel], sel + lo
         phase = rec.phases.assign(pid.astype(np.int64), ts.astype(np.int64))
-        rows = slice(*np.searchsorted(at, [lo, lo + len(part)]).tolist())  # the slice's journal rows
+        rows = slice(*np.searchsorted(at, [lo, lo + len(piece)]).tolist())  # the slice's journal rows
         frees = (category[rows] == DRIVER) & (delta[rows] < 0)
         freed_at, freed = at[rows][frees], -delta[rows][frees]
         k = np.searchsorted(freed_at, index, side="right") - 1  # an event's last journal row, as a dict kept it
@@ -333,18 +349,9 @@ def _selected(rec: Recording, ev: np.ndarray) -> Iterator[tuple]:
         if len(freed_at):
             hit = (k >= 0) & (freed_at[np.maximum(k, 0)] == index)
             size[hit] = freed[k[hit]]
-        yield from zip(pid.tolist(), part["gpu"][sel].tolist(), kinds[sel].tolist(), part["api"][sel].tolist(),
-                       ts.tolist(), part["ptr"][sel].tolist(), part["size"][sel].tolist(), oom[sel].tolist(),
-                       phase.tolist(), part["stack"][sel].tolist(), size.tolist())
-
-
-def _ascending(values: np.ndarray) -> bool:
-    """Whether ``values`` never decrease (checked a slice at a time: no temporaries of its size)."""
-    for lo in range(0, len(values) - 1, SLICE_ROWS):
-        part = values[lo:lo + SLICE_ROWS + 1]
-        if (part[1:] < part[:-1]).any():
-            return False
-    return True
+        yield from zip(pid.tolist(), piece["gpu"][sel].tolist(), kinds[sel].tolist(), piece["api"][sel].tolist(),
+                       ts.tolist(), piece["ptr"][sel].tolist(), piece["size"][sel].tolist(), oom[sel].tolist(),
+                       phase.tolist(), piece["stack"][sel].tolist(), size.tolist())
 
 
 def _nvml_free_before(nv: np.ndarray, gpu: int, ts: int) -> int:

@@ -20,13 +20,20 @@ What opens in ui.perfetto.dev:
   0``, ``tensors reserved on GPU 0``: the caching allocator's segments that held a block).
 
 Timestamps are the trace's own (CLOCK_MONOTONIC ns). Packets are streamed to the file one by one
-(the builder's streaming mode): memory stays in proportion to one GPU's series, not the file.
+(the builder's streaming mode), and the events are read from the trace file a record at a time in
+one replay pass: memory stays in proportion to one GPU's series and the failed and IPC calls,
+not the events; the tensor counters (a point per tensor event) wait in a temporary file until
+their process's tracks are written.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
+from typing import Iterable
+from typing import Iterator
 
 import numpy as np
 
@@ -42,9 +49,11 @@ from memrec.analysis.report.build import trace_answer
 from memrec.terms.events import IPC_MAPPED
 from memrec.terms.events import OWNED
 from memrec.api import Recording
+from memrec.terms.columns import empty_events
 from memrec.terms.columns import failed_calls
-from memrec.engine.ipc import IpcOpens
-from memrec.state.tensors import block_series
+from memrec.terms.events import Kind
+from memrec.state.batch import Batch
+from memrec.state.tensors import BlockSeries
 from memrec.export import require
 
 #: Every packet comes from one writer: one trusted sequence.
@@ -94,17 +103,28 @@ class _Writer:
 
     def counter(self, track: int, ts: np.ndarray, values: np.ndarray) -> None:
         """Counter values at each change (repeats of the previous value left out)."""
-        keep = np.ones(len(values), dtype=bool)
-        keep[1:] = values[1:] != values[:-1]
-        for t, v in zip(ts[keep].tolist(), values[keep].tolist()):
-            p = self.packet()
-            p.timestamp = int(t)
-            e = p.track_event
-            e.type = self.pb.TrackEvent.TYPE_COUNTER
-            e.track_uuid = track
-            e.counter_value = int(v)
-            self.builder.write_packet(p)
-            self.counts["counter_values"] += 1
+        self.counter_parts(track, [(ts, values)])
+
+    def counter_parts(self, track: int, parts: Iterable[tuple[np.ndarray, np.ndarray]]) -> None:
+        """:meth:`counter` of the values of ``parts`` (``(ts, values)`` in order) one after another."""
+        last = None
+        for ts, values in parts:
+            if not len(values):
+                continue
+            keep = np.ones(len(values), dtype=bool)
+            keep[1:] = values[1:] != values[:-1]
+            if last is not None and values[0] == last:
+                keep[0] = False
+            last = values[-1]
+            for t, v in zip(ts[keep].tolist(), values[keep].tolist()):
+                p = self.packet()
+                p.timestamp = int(t)
+                e = p.track_event
+                e.type = self.pb.TrackEvent.TYPE_COUNTER
+                e.track_uuid = track
+                e.counter_value = int(v)
+                self.builder.write_packet(p)
+                self.counts["counter_values"] += 1
 
     def event(self, track: int, ts: int, kind: str, name: str = "", args: dict | None = None,
               flows: list[int] = (), ends_flows: list[int] = ()) -> None:
@@ -142,15 +162,85 @@ def _annotate(a: Any, key: str, value: Any) -> None:
 
 def write_perfetto(rec: Recording, path: Path, answer: Answer | None = None) -> dict[str, int]:
     """Write ``rec`` as a Perfetto trace at ``path``; return how many tracks, values, slices... it
-    has. ``answer``: the trace's (:func:`memrec.analysis.report.build.trace_answer`, built when not given)."""
+    has. ``answer``: the trace's (:func:`memrec.analysis.report.build.trace_answer`, built when not given).
+
+    One replay pass (:meth:`Recording.replayed`) gathers what the tracks read of the events
+    (:class:`_Calls`), then the tracks are written in their order: the series come from that
+    pass, the tensor counters back from the file they were spilled to."""
     if answer is None:
-        answer = trace_answer(rec.trace)
-    with create_file(path) as f:
-        w = _Writer(f)
-        _answer_track(w, answer)
-        _gpu_tracks(w, rec)
-        _process_tracks(w, rec, answer)
+        answer = trace_answer(rec.trace, rec.trace_events)
+    with tempfile.TemporaryFile(prefix="memrec-perfetto-") as spill:
+        calls = _Calls(rec, _Spill(spill))
+        with create_file(path) as f:
+            w = _Writer(f)
+            _answer_track(w, answer)
+            _gpu_tracks(w, rec)
+            _process_tracks(w, rec, answer, calls)
     return w.counts
+
+
+class _Spill:
+    """Each (pid, GPU)'s tensor counters, (ts, allocated, reserved) as int64 triples, appended to
+    one temporary file a chunk at a time and read back in order: at 100M tensor events they are
+    2.4 GB, and the process tracks are written in pid order, after every event is read."""
+
+    def __init__(self, f: Any) -> None:
+        self.f = f
+        self.at: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (pid, gpu) -> [(offset, rows)]
+
+    def add(self, points: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
+        for key, columns in points.items():
+            block = np.stack([c.astype(np.int64, copy=False) for c in columns], axis=1)
+            self.at.setdefault(key, []).append((self.f.seek(0, os.SEEK_END), len(block)))
+            self.f.write(block.tobytes())
+
+    def pairs(self) -> list[tuple[int, int]]:
+        return sorted(self.at)
+
+    def parts(self, key: tuple[int, int], column: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """``(ts, values)`` of ``key``'s counter ``column`` (1 allocated, 2 reserved), a chunk at a time."""
+        for offset, n in self.at[key]:
+            self.f.seek(offset)
+            block = np.frombuffer(self.f.read(n * 24), dtype=np.int64).reshape(n, 3)
+            yield block[:, 0].astype(np.uint64), block[:, column]
+
+
+class _Calls:
+    """What the process tracks read of the events, from one replay pass: the failed calls' and the
+    IPC calls' rows (and their indexes), each paired open's export, the bytes each open mapped
+    (from the pass's journal: the event names no size), and the tensor counters (spilled)."""
+
+    def __init__(self, rec: Recording, spill: _Spill) -> None:
+        rows, index = [], []
+        self.source: dict[int, int] = {}  # open index -> its export's index
+        self.mapped: dict[int, int] = {}  # open index -> bytes it mapped
+        self.failed = np.zeros(0, np.int64)  # the failed calls' indexes
+        blocks = BlockSeries() if rec.trace_events.census.tensor_events else None
+        failed = []
+        for part in rec.replayed():
+            ev, first = part.events, part.first
+            bad = failed_calls(ev)
+            paired = part.ipc.source >= 0
+            keep = np.flatnonzero(bad | paired | (ev["kind"] == int(Kind.IPC_EXPORT)))
+            if len(keep):
+                rows.append(ev[keep])
+                index.append(keep + first)
+            failed.append(np.flatnonzero(bad) + first)
+            opens = np.flatnonzero(paired)
+            self.source.update(zip((opens + first).tolist(), part.ipc.source[opens].tolist()))
+            j = part.journal
+            m = (j.category == IPC_MAPPED) & (j.delta > 0)
+            self.mapped.update(zip(j.index[m].tolist(), j.delta[m].tolist()))
+            if blocks is not None:
+                spill.add(blocks.add(ev))
+        self.rows = Batch.concat(rows) if rows else Batch.of(empty_events(0))
+        self.index = np.concatenate(index) if index else np.zeros(0, np.int64)
+        self.failed = np.concatenate(failed) if failed else self.failed
+        self.blocks = spill
+
+    def row(self, i: int) -> dict:
+        """The fields of the event at index ``i`` (one kept)."""
+        return self.rows[int(np.searchsorted(self.index, i))]
 
 
 def _answer_track(w: _Writer, answer: Answer) -> None:
@@ -187,15 +277,14 @@ def _gpu_tracks(w: _Writer, rec: Recording) -> None:
                 w.counter(w.track(f"{label} NVML {field}", parent, counter=True), s["ts"][ok], s[field][ok])
 
 
-def _process_tracks(w: _Writer, rec: Recording, answer: Answer) -> None:
-    ev = rec.timeline.events
+def _process_tracks(w: _Writer, rec: Recording, answer: Answer, calls: _Calls) -> None:
     phases = rec.phases
     pids = sorted(
-        {int(p) for p in np.unique(ev["pid"])} | {ph.pid for ph in phases.phases} | {i.pid for i in phases.instants}
+        set(rec.event_pids()) | {ph.pid for ph in phases.phases} | {i.pid for i in phases.instants}
     )
-    flows_out, flows_in = _ipc_flows(rec.ipc_opens)
-    failed = np.nonzero(failed_calls(ev))[0]
-    ipc_args = _ipc_args(rec, flows_out, flows_in)
+    flows_out, flows_in = _ipc_flows(calls.source)
+    failed = calls.failed
+    ipc_args = _ipc_args(calls, flows_out, flows_in)
     owned = {g: s.per_pid(OWNED) for g, s in sorted(rec.timeline.gpus.items())}
     # each process's phases, instants, failed calls and IPC events, grouped once (not searched per process)
     phases_of: dict[int, list] = {}
@@ -205,17 +294,17 @@ def _process_tracks(w: _Writer, rec: Recording, answer: Answer) -> None:
     for i in phases.instants:
         instants_of.setdefault(i.pid, []).append(i)
     failed_of: dict[int, list[int]] = {}
-    for i, p in zip(failed.tolist(), ev["pid"][failed].tolist()):
-        failed_of.setdefault(p, []).append(i)
+    for i in failed.tolist():
+        failed_of.setdefault(int(calls.row(i)["pid"]), []).append(i)
     failures_of: dict[int, list[Failure]] = {}
     for f in answer.failures:
         failures_of.setdefault(f.pid, []).append(f)
     ipc_of: dict[int, list[int]] = {}
     for i in sorted(set(flows_out) | set(flows_in)):
-        ipc_of.setdefault(int(ev["pid"][i]), []).append(i)
-    blocks_of: dict[int, list] = {}
-    for (p, g), columns in sorted(block_series(ev).items()):
-        blocks_of.setdefault(p, []).append((g, columns))
+        ipc_of.setdefault(int(calls.row(i)["pid"]), []).append(i)
+    blocks_of: dict[int, list[int]] = {}
+    for p, g in calls.blocks.pairs():
+        blocks_of.setdefault(p, []).append(g)
     for pid in pids:
         title = process_title(rec.trace.processes.get(pid), rec.ranks.get(pid, "")) or f"pid {pid}"
         proc = w.track(title, pid=pid)
@@ -225,22 +314,22 @@ def _process_tracks(w: _Writer, rec: Recording, answer: Answer) -> None:
                 where = f"GPU {g}" if g >= 0 else "host"
                 rows, values = steps.steps(k)
                 w.counter(w.track(f"held on {where}", proc, counter=True), rec.timeline.gpus[g].ts[rows], values)
-        for g, (ts, allocated, reserved) in blocks_of.get(pid, []):
-            w.counter(w.track(f"tensors allocated on GPU {g}", proc, counter=True), ts, allocated)
-            w.counter(w.track(f"tensors reserved on GPU {g}", proc, counter=True), ts, reserved)
+        for g in blocks_of.get(pid, []):
+            w.counter_parts(w.track(f"tensors allocated on GPU {g}", proc, counter=True), calls.blocks.parts((pid, g), 1))
+            w.counter_parts(w.track(f"tensors reserved on GPU {g}", proc, counter=True), calls.blocks.parts((pid, g), 2))
         _phase_slices(w, pid, proc, phases_of.get(pid, []), instants_of.get(pid, []))
-        _failure_instants(w, ev, answer, failed_of.get(pid, []), failures_of.get(pid, []), proc)
+        _failure_instants(w, calls, answer, failed_of.get(pid, []), failures_of.get(pid, []), proc)
         ipc = ipc_of.get(pid, [])
         if ipc:
             track = w.track("IPC", proc)
             for i in ipc:
-                e = ev[i]
+                e = calls.row(i)
                 args = {"ptr": f"{int(e['ptr']):#x}", "gpu": int(e["gpu"]), **ipc_args.get(i, {})}
                 w.event(track, int(e["ts"]), "TYPE_INSTANT", api_name(int(e["api"])), args,
                         flows=flows_out.get(i, []), ends_flows=flows_in.get(i, []))
 
 
-def _failure_instants(w: _Writer, ev: np.ndarray, answer: Answer, failed: list[int], mine: list[Failure],
+def _failure_instants(w: _Writer, calls: _Calls, answer: Answer, failed: list[int], mine: list[Failure],
                       proc: int) -> None:
     """A process's failures (``mine``, the answer's) as instants on its ``failures`` track: a failed
     driver call (``failed``: its failed calls' event indexes) named by its result with api, size,
@@ -249,14 +338,14 @@ def _failure_instants(w: _Writer, ev: np.ndarray, answer: Answer, failed: list[i
     if not mine:
         return
     track = w.track("failures", proc)
-    calls = {int(ev["ts"][i]): i for i in failed}
+    at = {int(calls.row(i)["ts"]): i for i in failed}
     for f in mine:
         args: dict = {"failure": f.what, "kind": f.kind, "rank": f.who, "phase": f.phase}
         if f.gpu is not None:
             args["gpu"] = f.gpu
-        i = calls.get(f.ts) if f.kind in (DRIVER_OOM, DRIVER_CALL) else None
+        i = at.get(f.ts) if f.kind in (DRIVER_OOM, DRIVER_CALL) else None
         if i is not None:
-            e = ev[i]
+            e = calls.row(i)
             args.update({"api": api_name(int(e["api"])), "size": int(e["size"]), "gpu": int(e["gpu"]),
                          "result": int(e["result"])})
             name = result_name(int(e["result"]))
@@ -270,26 +359,23 @@ def _failure_instants(w: _Writer, ev: np.ndarray, answer: Answer, failed: list[i
         w.event(track, f.ts, "TYPE_INSTANT", name, args)
 
 
-def _ipc_args(rec: Recording, flows_out: dict[int, list[int]], flows_in: dict[int, list[int]]) -> dict[int, dict]:
+def _ipc_args(calls: _Calls, flows_out: dict[int, list[int]], flows_in: dict[int, list[int]]) -> dict[int, dict]:
     """Event index -> the IPC call's arguments: the bytes an open mapped (from the replay's
     journal: the event names no size), the peer (an open's exporter; an export's openers) and the
     64 handle bytes in hex."""
-    ev = rec.timeline.events
-    j = rec.timeline.journal
-    m = (j.category == IPC_MAPPED) & (j.delta > 0)
-    mapped = dict(zip(j.index[m].tolist(), j.delta[m].tolist()))
+    mapped = calls.mapped
     source = {fid: i for i, fids in flows_out.items() for fid in fids}
     out: dict[int, dict] = {}
     for i in set(flows_out) | set(flows_in):
-        out[i] = {"handle": ev["ipc"][i].tobytes().hex()}
+        out[i] = {"handle": calls.row(i)["ipc"].hex()}
     for i, fids in flows_in.items():
         exporter = source[fids[0]]
-        out[i]["peer"] = int(ev["pid"][exporter])
+        out[i]["peer"] = int(calls.row(exporter)["pid"])
         if i in mapped:
             out[i]["size"] = int(mapped[i])
             out[exporter].setdefault("size", int(mapped[i]))
         openers = out[exporter].setdefault("peer", "")
-        out[exporter]["peer"] = ", ".join(x for x in (str(openers), str(int(ev["pid"][i]))) if x)
+        out[exporter]["peer"] = ", ".join(x for x in (str(openers), str(int(calls.row(i)["pid"]))) if x)
     return out
 
 
@@ -309,14 +395,15 @@ def _phase_slices(w: _Writer, pid: int, proc: int, mine: list, instants: list) -
         w.event(track, ts, kind, name, args)
 
 
-def _ipc_flows(opens: IpcOpens) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
-    """Flows from each export to each open of the same handle bytes (:mod:`memrec.engine.ipc`):
-    event index -> flow ids it starts, and -> flow ids it ends."""
+def _ipc_flows(source: dict[int, int]) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+    """Flows from each export to each open of the same handle bytes (``source``: a paired open's
+    index -> its export's, :mod:`memrec.engine.ipc`): event index -> flow ids it starts, and ->
+    flow ids it ends."""
     out: dict[int, list[int]] = {}
     into: dict[int, list[int]] = {}
     next_id = 1
-    for i in np.nonzero(opens.source >= 0)[0].tolist():
-        src = int(opens.source[i])
+    for i in sorted(source):
+        src = source[i]
         out.setdefault(src, []).append(next_id)
         into.setdefault(i, []).append(next_id)
         next_id += 1

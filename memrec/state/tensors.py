@@ -227,25 +227,31 @@ class TensorBlocks:
         return Fragmentation(allocated, reserved, reserved - allocated, largest, len(mine), len(spans))
 
 
-def block_series(events: Any) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]]:
+class BlockSeries:
     """(pid, gpu) -> (ts, allocated, reserved) after each tensor event of that process and GPU:
-    the counters the Perfetto export draws (empty for a trace without tensor events)."""
-    kinds = events["kind"]
-    if not np.any((kinds == T_ALLOC) | (kinds == T_FREE)):
-        return {}
-    tb = TensorBlocks()
-    out: dict[tuple[int, int], tuple[list, list, list]] = {}
-    idx = np.flatnonzero(np.isin(kinds, TRACKED_KINDS) & (events["result"] == 0))
-    for k, p, ptr, size, g, ts in rows(events, idx, _COLUMNS):
-        if k == T_FREE:
-            b = tb.blocks.get((p, ptr))
-            g = b.gpu if b is not None else -1
-        tb.apply_one(k, p, ptr, size, g, ts)
-        if (k == T_ALLOC or k == T_FREE) and (p, g) in tb.totals:
-            tot = tb.totals[(p, g)]
-            ts_l, a_l, r_l = out.setdefault((p, g), ([], [], []))
-            ts_l.append(ts)
-            a_l.append(tot[0])
-            r_l.append(tot[1])
-    return {key: (np.asarray(t, np.uint64), np.asarray(a, np.int64), np.asarray(r, np.int64))
-            for key, (t, a, r) in out.items()}
+    the counters the Perfetto export draws, from a replay's chunks in order (:meth:`add`: the
+    blocks alive carry over; nothing else of a chunk is kept)."""
+
+    def __init__(self) -> None:
+        self._tb = TensorBlocks()
+
+    def add(self, events: Any) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """The counters' points of ``events`` (each chunk's driver events too: the segments
+        the blocks are in; a trace without tensor events needs none of this)."""
+        kinds = events["kind"]
+        tb = self._tb
+        out: dict[tuple[int, int], tuple[list, list, list]] = {}
+        idx = np.flatnonzero(np.isin(kinds, TRACKED_KINDS) & (events["result"] == 0))
+        for k, p, ptr, size, g, ts in rows(events, idx, _COLUMNS):
+            if k == T_FREE:
+                b = tb.blocks.get((p, ptr))
+                g = b.gpu if b is not None else -1
+            tb.apply_one(k, p, ptr, size, g, ts)
+            if (k == T_ALLOC or k == T_FREE) and (p, g) in tb.totals:
+                tot = tb.totals[(p, g)]
+                ts_l, a_l, r_l = out.setdefault((p, g), ([], [], []))
+                ts_l.append(ts)
+                a_l.append(tot[0])
+                r_l.append(tot[1])
+        return {key: (np.asarray(t, np.uint64), np.asarray(a, np.int64), np.asarray(r, np.int64))
+                for key, (t, a, r) in out.items()}
