@@ -118,12 +118,6 @@ class PhaseTable:
     def __len__(self) -> int:
         return len(self.name)
 
-    def phase(self, i: int) -> Phase:
-        """Phase ``i`` as an object."""
-        return Phase(i, int(self.pid[i]), self.name[i], self.path[i], int(self.start[i]), int(self.end[i]),
-                     int(self.depth[i]), int(self.parent[i]), bool(self.closed[i]), self.gpu[i], dict(self.values[i]),
-                     int(self.resumes[i]))
-
 
 @dataclass
 class Phases:
