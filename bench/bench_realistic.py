@@ -11,7 +11,8 @@ simulated time at 40,000 events/s: ``LiveState.apply`` in batches of 2,000 (the 
 50 ms), the trace writer flushed every 0.2 s, a periodic keyframe every 10 s built by the daemon's
 own :class:`memrec.daemon.keyframes.Keyframes` (and the last one at stop), and what the daemon
 does for its memory: ``mallopt`` at start, ``malloc_trim`` after a batch that grew or compacted a
-table and after a keyframe (:mod:`memrec.daemon.heap`).
+table and after a keyframe, and once the host goes quiet (the sweep's
+:class:`memrec.daemon.heap.QuietTrim`) (:mod:`memrec.daemon.heap`).
 
 Prints per repeat, each configuration in a fresh process, alternating: ``now`` (this code) and
 ``before`` (tables never compacted, no ``malloc_trim``, a keyframe every 10 s whatever its size:
@@ -20,7 +21,8 @@ the code before issue 26, in the same run):
 * memory: RSS before the workload (after a warm-up state written to a file with a keyframe: a
   daemon that has run; the floor), bytes per live allocation
   once the build-up is done (1M live) and at the peak (keyframes being built), and RSS after
-  every process exited as a ratio to the floor;
+  every process exited (the daemon recording on, two quiet sweeps later) as a ratio to the floor,
+  and after the stop's last keyframe;
 * the file: bytes per event of the whole file, and the keyframes' share of it.
 """
 
@@ -122,6 +124,7 @@ def batches(live: int, churn: int, seed: int = 7):
 
 
 def run_once(live: int, churn: int, path: Path, now: bool) -> dict:
+    from memrec.daemon.heap import QuietTrim
     from memrec.daemon.heap import give_back
     from memrec.daemon.heap import settle
     from memrec.daemon.keyframes import Keyframes
@@ -150,10 +153,11 @@ def run_once(live: int, churn: int, path: Path, now: bool) -> dict:
     rss0 = _rss()
     state = LiveState()
     kf = Keyframes() if now else Keyframes(share=0)
+    quiet = QuietTrim()
     peak = held = rss0
     with TraceWriter(FileSink(path), header) as w:
         kf.write_now(w, state, 10**12)
-        next_flush = next_kf = 0
+        next_flush = next_kf = next_sweep = 0
         for ev in batches(live, churn):
             capacity = state.capacity()  # what Daemon.record_events does
             state.apply(ev)
@@ -169,17 +173,25 @@ def run_once(live: int, churn: int, path: Path, now: bool) -> dict:
             if t >= next_kf:
                 kf.start(w, state, t)
                 next_kf = t + 10_000_000_000
+            if t >= next_sweep and now:  # what Daemon._sweep does
+                quiet.sweep(state.n_events)
+                next_sweep = t + 1_000_000_000
             rss = _rss()
             peak = max(peak, rss)
             if state.n_events == live:  # the build-up done: what the state holds at 1M live
                 held = rss
+        if now:  # every process has exited: the host is quiet for the next two sweeps
+            quiet.sweep(state.n_events)
+            quiet.sweep(state.n_events)
+        gc.collect()
+        idle = _rss()  # the daemon recording on, every process gone
         kf.write_now(w, state, t)
         events = w.event_count
         kf_bytes = w.keyframe_bytes
     gc.collect()
     after = _rss()
     size = path.stat().st_size
-    return {"rss0_mib": rss0 / MiB, "peak_mib": peak / MiB, "after_mib": after / MiB,
+    return {"rss0_mib": rss0 / MiB, "peak_mib": peak / MiB, "idle_mib": idle / MiB, "idle_ratio": idle / rss0, "after_mib": after / MiB,
             "held_b": (held - rss0) / live, "per_live_b": (peak - rss0) / live, "after_ratio": after / rss0, "events": events,
             "b_per_event": size / events, "keyframe_share": kf_bytes / size, "keyframes": kf.written,
             "file_mb": size / 1e6}
@@ -208,8 +220,8 @@ def main() -> int:
     for mode, rs in res.items():
         med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
         print(f"{mode:>6}: RSS before {med['rss0_mib']:.0f} MiB, at 1M live {med['held_b']:.0f} B per live allocation, "
-              f"peak {med['peak_mib']:.0f} MiB ({med['per_live_b']:.0f} B per live allocation), after every exit {med['after_mib']:.0f} MiB "
-              f"(x{med['after_ratio']:.2f} the floor); file {med['b_per_event']:.2f} B/event, keyframes "
+              f"peak {med['peak_mib']:.0f} MiB ({med['per_live_b']:.0f} B per live allocation), after every exit {med['idle_mib']:.0f} MiB "
+              f"(x{med['idle_ratio']:.2f} the floor; after the stop's keyframe x{med['after_ratio']:.2f}); file {med['b_per_event']:.2f} B/event, keyframes "
               f"{med['keyframe_share']:.0%} ({med['keyframes']:.0f} of them), {med['file_mb']:.1f} MB")
     args.path.unlink(missing_ok=True)
     print(f"load average after: {os.getloadavg()[0]:.2f}")

@@ -47,6 +47,7 @@ from memrec.daemon.config import DaemonConfig
 from memrec.daemon.fanout import Fanout
 from memrec.daemon.feed import ProbeFeed
 from memrec.daemon.gpustamp import GpuStamper
+from memrec.daemon.heap import QuietTrim
 from memrec.daemon.heap import give_back
 from memrec.daemon.heap import settle
 from memrec.daemon.intake import Intake
@@ -180,6 +181,7 @@ class Daemon:
         self.rotation = Rotation(config.rotate_bytes)
         self.events_recorded = 0
         self.markers_recorded = 0
+        self._quiet_trim = QuietTrim()
         self._next: dict[str, int] = {}
         self.disk = DiskWatch(clock)
         self._timers = AddOnTimers()
@@ -489,11 +491,13 @@ class Daemon:
         return None
 
     def _sweep(self) -> None:
-        """About once a second: close stale connections; forget gone marker clients and their phases."""
+        """About once a second: close stale connections; forget gone marker clients and their phases;
+        give the heap back once the host has gone quiet."""
         if self.markers is not None:
             self.markers.sweep()
         self.stamper.expire()
         self.intake.expire(lambda pid: self.stamper.start_time(pid) is not None)
+        self._quiet_trim.sweep(self.events_recorded)
 
     def _nvml_sink(self, device_rows: np.ndarray, process_rows: np.ndarray) -> None:
         """Called on the sampler's thread: only queue (the loop writes)."""

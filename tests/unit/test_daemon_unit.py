@@ -32,6 +32,7 @@ from memrec.base.errors import ProbeLoadError
 from memrec.client import MarkerClient
 from memrec.commands.common import exit_code
 from memrec.daemon import config as cfgmod
+from memrec.daemon import heap
 from memrec.daemon import scheduling
 from memrec.daemon.config import DaemonConfig
 from memrec.daemon.fanout import Fanout
@@ -471,6 +472,22 @@ def test_events_get_physical_gpus_and_process_records(daemon, worker):
     assert lib["path"] == "/fake/libcuda.so.1" and lib["missing"] == ["cuMemAllocAsync_ptsz"]
     assert trace.header["config"]["socket_path"] == str(daemon.config.socket_path)
     assert trace.trailer is not None and trace.trailer["reason"] == "stop"
+
+
+def test_the_heap_is_given_back_once_the_host_goes_quiet(daemon, monkeypatch):
+    # GIVEN a daemon whose sweep (once a second) has seen no event yet
+    trims = []
+    monkeypatch.setattr(heap, "give_back", lambda: trims.append(daemon.events_recorded) or True)
+    pump(daemon, 1.2)
+    assert trims == []  # nothing recorded: nothing to give back
+    # WHEN a process allocates and frees, then the host goes quiet for two sweeps
+    probes = FakeProbes.instances[-1]
+    t, me = time.monotonic_ns(), os.getpid()
+    probes.push(raw(Kind.ALLOC, ts=t + 1, pid=me, tid=me, ordinal=0, ptr=0x1000, size=MiB),
+                raw(Kind.FREE, ts=t + 2, pid=me, tid=me, ordinal=0, ptr=0x1000))
+    pump(daemon, 2.3)
+    # THEN the sweep trimmed the heap once, after those events, and not again while quiet
+    assert trims == [2]
 
 
 def test_single_gpu_process_gets_its_gpu_for_unknown_ordinals(workdir):
