@@ -39,6 +39,7 @@ with the reason; a segment or block takes the stack of the allocation that made 
 from __future__ import annotations
 
 import bisect
+import math
 import os
 import pickle
 from collections import deque
@@ -110,7 +111,9 @@ def moment(rec: Recording, at: str | None, answer: Answer) -> int | None:
     try:
         secs = float(at.strip().lstrip("+").removesuffix("s"))
     except ValueError:
-        raise ValueError(f"--at {at}: not failure, peak, end or seconds from the start") from None
+        secs = math.nan
+    if not math.isfinite(secs):  # "nan" and "inf" parse as floats but name no moment
+        raise ValueError(f"--at {at}: not failure, peak, end or seconds from the start")
     ts = start + int(round(secs * 1e9))
     if not start <= ts <= end:
         raise ValueError(f"--at {at}: the trace runs from 0 to {(end - start) / 1e9:.3f} s")

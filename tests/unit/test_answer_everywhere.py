@@ -158,7 +158,8 @@ def test_memory_viz_at_refuses_what_is_not_a_moment(tmp_path, capsys):
     ok = ROOT / "examples" / "sglang-standin-base.mrec"
     out = tmp_path / "snap.pickle"
     for at, said in (("failure", "nothing failed in this trace"), ("soon", "not failure, peak, end or seconds"),
-                     ("99", "the trace runs from 0 to")):
+                     ("99", "the trace runs from 0 to"), ("nan", "not failure, peak, end or seconds"),
+                     ("inf", "not failure, peak, end or seconds"), ("1e400", "not failure, peak, end or seconds")):
         assert main(["export", str(ok), "--to", "memory-viz", "-o", str(out), "--at", at]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and said in err[0]
