@@ -20,7 +20,8 @@ class DemoCommand:
     """
 
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("-o", "--output", type=Path, default=Path("demo.mrec"), help="trace to write")
+        parser.add_argument("-o", "--output", type=Path, default=Path("demo.mrec"),
+                            help="trace to write (default demo.mrec; a folder: demo.mrec in it)")
 
     def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         from memrec.analysis.report.build import build_report
@@ -31,6 +32,8 @@ class DemoCommand:
         from memrec.validation.stubdriver.build import build_stub
         from memrec.trace.reader import load_trace
 
+        if args.output.is_dir():  # the demo reports the file it wrote: one name, not record's timestamped one
+            args.output = args.output / "demo.mrec"
         replacing = check_output(args.output, force=True)  # the demo's own file: made again each run
         require_root()
         stub = build_stub()

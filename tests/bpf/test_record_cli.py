@@ -33,6 +33,18 @@ def test_demo_says_each_slow_step_replaces_its_own_file_and_points_at_a_command_
     assert "GPU 0" in proc.stdout and "CUDA_ERROR_OUT_OF_MEMORY" in proc.stdout
 
 
+def test_demo_into_a_folder_writes_demo_mrec_there_and_reports_it(bpf_host, tmp_path):
+    # GIVEN a folder as the demo's output
+    # WHEN the demo runs
+    proc = memrec("demo", "-o", str(tmp_path))
+    # THEN it writes demo.mrec in it and reports that trace (not an internal error reading the folder)
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "demo.mrec"
+    assert [p.name for p in tmp_path.iterdir()] == ["demo.mrec"]
+    assert load_trace(out).trailer is not None
+    assert "CUDA_ERROR_OUT_OF_MEMORY" in proc.stdout and f"memrec tui {out}" in proc.stderr
+
+
 def test_record_force_replaces_an_existing_trace_and_says_so(bpf_host, tmp_path):
     # GIVEN an existing file at the output
     out = tmp_path / "run.mrec"
