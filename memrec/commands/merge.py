@@ -15,8 +15,9 @@ class MergeCommand:
     The hosts' clocks are joined on each trace's wall-clock anchor (the first host's clock is the
     reference); hosts are told apart by boot id and host name, GPUs become host:index (numbered
     host after host), and the pids of the second and later hosts get a base (10000000 × host
-    number). Traces of one host (rotated parts, several recordings) join as that host. The result
-    reads like any trace: memrec report shows the hosts and the expected clock error first.
+    number). The rotated parts of one host's recording join as that host; two recordings of one
+    host are refused (compare them with memrec diff). The result reads like any trace: memrec
+    report shows the hosts and the expected clock error first.
 
     examples:
       memrec merge node0.mrec node1.mrec -o job.mrec

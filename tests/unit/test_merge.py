@@ -264,3 +264,8 @@ def test_two_separate_runs_of_one_host_are_refused_with_what_to_use_instead(tmp_
     assert f"{ipc}: a separate recording on the same host as {base}" in err
     assert f"memrec diff {base} {ipc}" in err
     assert not out.exists()
+    # AND merge's --help says the same (it once said several recordings of one host join as it)
+    with pytest.raises(SystemExit):
+        main(["merge", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "two recordings of one host are refused" in help_text and "several recordings" not in help_text
