@@ -160,3 +160,27 @@ def test_marker_values_keep_their_types():
 
     values = [json.loads(v) for v in rec.markers["values"]]
     assert any(v.get("standin") is True for v in values)  # true, not "True"
+
+
+def test_the_notebook_in_docs_prints_what_the_doc_shows(monkeypatch):
+    """docs/python-api.md's notebook session, run as written: each output block is what its call prints."""
+    import re
+
+    pd = pytest.importorskip("pandas", reason="pandas not installed")
+    doc = (ROOT / "docs" / "python-api.md").read_text()
+    session = doc.split("## A notebook session", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```(\w*)\n(.*?)```", session, re.S)
+    monkeypatch.chdir(ROOT)
+    scope: dict = {}
+    checked = 0
+    for (lang, code), (next_lang, shown) in zip(blocks, blocks[1:] + [("", "")]):
+        if lang != "python" or "run.mrec" in code:  # the pandas=False lines name no real file
+            continue
+        *body, last = code.strip().splitlines()
+        exec("\n".join(body), scope)
+        with pd.option_context("display.width", 200, "display.max_columns", 50):
+            printed = str(eval(last, scope))
+        if next_lang == "" and shown:
+            assert [s.rstrip() for s in printed.splitlines()] == [s.rstrip() for s in shown.strip("\n").splitlines()]
+            checked += 1
+    assert checked >= 4
