@@ -34,6 +34,7 @@ ceiling (or one compressed beyond these ratios) reads in full with the environme
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import threading
 
@@ -105,7 +106,7 @@ def read_budget(file_size: int, source: str = "the file") -> ReadBudget:
         factor = float(factor_text) if factor_text else 1.0
     except ValueError:
         factor = -1.0
-    if not factor > 0:
+    if not 0 < factor < math.inf:  # "inf" is no factor: `unlimited` says it
         raise MemrecCommandError(f"{ENV}={factor_text!r}: give a positive factor (e.g. 8) or 'unlimited'",
                                  exit_code=ExitCode.USAGE)
 

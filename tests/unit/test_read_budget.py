@@ -84,9 +84,10 @@ def test_a_rows_bomb_reads_up_to_its_budget_and_the_override_reads_all(tmp_path,
 def test_a_bad_override_is_one_line_with_a_usage_exit_code(tmp_path, monkeypatch):
     path = tmp_path / "rows.mrec"
     path.write_bytes(bombs.rows_bomb(1))
-    monkeypatch.setenv(budget.ENV, "lots")
-    code, _, err = run("report", str(path))
-    assert code == ExitCode.USAGE and err.count("\n") == 1 and budget.ENV in err
+    for bad in ("lots", "0", "nan", "inf"):  # inf once overflowed in int(): an internal error, exit 70
+        monkeypatch.setenv(budget.ENV, bad)
+        code, _, err = run("report", str(path))
+        assert code == ExitCode.USAGE and err.count("\n") == 1 and budget.ENV in err, (bad, err)
 
 
 def test_the_budget_is_proportional_with_a_floor_and_a_ceiling():
