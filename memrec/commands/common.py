@@ -3,10 +3,12 @@ checking an output path."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import sys
 from pathlib import Path
+from typing import Callable
 from typing import Iterator
 
 from memrec.base.errors import DaemonError
@@ -161,6 +163,21 @@ def check_not_an_input(out: Path, inputs: list[Path]) -> None:
         if same:
             raise MemrecCommandError(f"{out}: is a trace this command reads; give another name",
                                      exit_code=ExitCode.USAGE)
+
+
+def arg_type(convert: Callable[[str], object]) -> Callable[[str], object]:
+    """An argparse ``type=`` that keeps the converter's one-line reason in the usage error (a
+    ValueError from the converter would otherwise escape argparse's own check as an internal error
+    when it runs later, or read as argparse's bare "invalid value")."""
+
+    def parse(text: str) -> object:
+        try:
+            return convert(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    parse.__name__ = convert.__name__
+    return parse
 
 
 def check_output(path: Path, force: bool) -> bool:

@@ -7,24 +7,11 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Callable
 
 from memrec.terms import protocol
 from memrec.base.errors import ExitCode
 from memrec.base.errors import MemrecCommandError
-
-
-def _arg(convert: Callable[[str], object]) -> Callable[[str], object]:
-    """An argparse ``type=`` that keeps the converter's one-line reason in the usage error."""
-
-    def parse(text: str) -> object:
-        try:
-            return convert(text)
-        except ValueError as error:
-            raise argparse.ArgumentTypeError(str(error)) from None
-
-    parse.__name__ = convert.__name__
-    return parse
+from memrec.commands.common import arg_type
 
 
 def _pid(text: str) -> int:
@@ -93,16 +80,16 @@ class DaemonCommand:
                             help="group also allowed to subscribe to the live view: every event and every traced "
                                  "process's command line (default: root only)")
         parser.add_argument("--libcuda", action="append", default=[], metavar="PATH", help="also probe this libcuda (repeatable)")
-        parser.add_argument("--rotate-size", type=_arg(c.byte_size), default=c.GiB, metavar="SIZE",
+        parser.add_argument("--rotate-size", type=arg_type(c.byte_size), default=c.GiB, metavar="SIZE",
                             help="start a new file once SIZE bytes are written after its opening (header, processes, "
                                  "first keyframe) (e.g. 512M; 0: never; default 1G)")
-        parser.add_argument("--nvml-hz", type=_arg(c.rate), default=10.0, metavar="F",
+        parser.add_argument("--nvml-hz", type=arg_type(c.rate), default=10.0, metavar="F",
                             help="NVML device-memory samples per second (0: off; default 10)")
-        parser.add_argument("--nvml-process-hz", type=_arg(c.rate), default=1.0, metavar="F",
+        parser.add_argument("--nvml-process-hz", type=arg_type(c.rate), default=1.0, metavar="F",
                             help="NVML per-process samples per second (0: off; default 1)")
-        parser.add_argument("--ringbuf-pages", type=_arg(c.ring_pages), default=c.DEFAULT_RINGBUF_PAGES, metavar="N",
+        parser.add_argument("--ringbuf-pages", type=arg_type(c.ring_pages), default=c.DEFAULT_RINGBUF_PAGES, metavar="N",
                             help=f"BPF ring buffer size in pages (power of two; default {c.DEFAULT_RINGBUF_PAGES}: 16 MiB)")
-        parser.add_argument("--scheduling", type=_arg(scheduling.parse), default=scheduling.DEFAULT, metavar="POLICY",
+        parser.add_argument("--scheduling", type=arg_type(scheduling.parse), default=scheduling.DEFAULT, metavar="POLICY",
                             help="the daemon's CPU priority, so that it drains the ring buffer while the traced "
                                  f"processes keep every CPU busy: nice:N, fifo:N, rr:N or off (default {scheduling.DEFAULT}; "
                                  "falls back to the priority it has where not permitted)")
@@ -115,31 +102,31 @@ class DaemonCommand:
                                  "3.10-3.13, read by the probe: nothing runs in the process) and native return "
                                  "addresses, for every driver allocation and every tensor block of --stack-min-bytes "
                                  "or more (off by default; docs/probes.md, docs/performance.md)")
-        parser.add_argument("--stack-depth", type=_arg(c.stack_depth), default=32, metavar="N",
+        parser.add_argument("--stack-depth", type=arg_type(c.stack_depth), default=32, metavar="N",
                             help="with --stacks, the most Python frames kept per stack, innermost first (1-32; default 32)")
-        parser.add_argument("--stack-min-bytes", type=_arg(c.byte_size), default=1 << 20, metavar="SIZE",
+        parser.add_argument("--stack-min-bytes", type=arg_type(c.byte_size), default=1 << 20, metavar="SIZE",
                             help="with --stacks --tensors, tensor blocks smaller than this get no stack "
                                  "(0: every block; default 1M). Driver allocations always get one")
         parser.add_argument("--torch-lib", action="append", default=[], metavar="PATH",
                             help="with --tensors, also probe this libc10_cuda.so (repeatable)")
-        parser.add_argument("--tensors-pid", action="append", type=_arg(_pid), default=[], metavar="PID",
+        parser.add_argument("--tensors-pid", action="append", type=arg_type(_pid), default=[], metavar="PID",
                             help="record tensor blocks only in this running process (repeatable; implies "
                                  "--tensors): the probes' traps and semaphores are in the named processes only, so "
                                  "every other process on the host runs at no cost")
         parser.add_argument("--no-untraced-probes", dest="untraced_probes", action="store_false",
                             help="leave out the code-loading and pool probes (to measure what they cost)")
-        parser.add_argument("--probe-cache", type=_arg(c.probe_cache), default=c.DEFAULT_PROBE_CACHE, metavar="DIR|off",
+        parser.add_argument("--probe-cache", type=arg_type(c.probe_cache), default=c.DEFAULT_PROBE_CACHE, metavar="DIR|off",
                             help="keep the compiled BPF program here and reuse it while the program, its options and "
                                  "the kernel are unchanged (start in well under a second instead of compiling for "
                                  "seconds); a root-owned directory no one else can write; off: compile at every "
                                  f"start (default {c.DEFAULT_PROBE_CACHE})")
-        parser.add_argument("-d", "--duration", type=_arg(c.duration), metavar="DURATION",
+        parser.add_argument("-d", "--duration", type=arg_type(c.duration), metavar="DURATION",
                             help="stop after this long (e.g. 30s, 10m, 2h)")
-        parser.add_argument("--keep", type=_arg(file_count), default=0, metavar="N",
+        parser.add_argument("--keep", type=arg_type(file_count), default=0, metavar="N",
                             help="in a trace directory, keep the N newest trace files this daemon wrote (its ledger "
                                  ".memrec-written) and delete its older ones; other files are never touched "
                                  "(0: keep all; with --rotate-size, its files stay under about N x SIZE)")
-        parser.add_argument("--metrics-addr", type=_arg(metrics_addr), metavar="HOST:PORT",
+        parser.add_argument("--metrics-addr", type=arg_type(metrics_addr), metavar="HOST:PORT",
                             help="serve Prometheus metrics at http://HOST:PORT/metrics (needs prometheus-client, "
                                  "the metrics extra; :PORT listens on every address)")
         parser.add_argument("--dataset", type=Path, metavar="DIR",

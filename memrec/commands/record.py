@@ -12,6 +12,7 @@ from pathlib import Path
 
 from memrec.base.errors import ExitCode
 from memrec.base.errors import MemrecCommandError
+from memrec.commands.common import arg_type
 from memrec.commands.common import check_output
 
 log = logging.getLogger(__name__)
@@ -187,8 +188,12 @@ class RecordCommand:
         parser.add_argument("-f", "--force", action="store_true", help="replace the output file if it exists")
         parser.add_argument("--libcuda", action="append", default=[], metavar="PATH", help="also probe this libcuda")
         parser.add_argument("--socket", metavar="PATH", help="marker socket for the recorded tree")
-        parser.add_argument("--nvml-hz", type=float, help="NVML device samples per second (default 10)")
-        parser.add_argument("--nvml-process-hz", type=float, help="NVML per-process samples per second (default 1)")
+        from memrec.daemon.config import rate
+
+        parser.add_argument("--nvml-hz", type=arg_type(rate), metavar="F",
+                            help="NVML device samples per second (0: off; default 10)")
+        parser.add_argument("--nvml-process-hz", type=arg_type(rate), metavar="F",
+                            help="NVML per-process samples per second (0: off; default 1)")
         parser.add_argument("--tensors", action="store_true",
                             help="also record PyTorch's tensor blocks (its libc10_cuda.so's USDT probes; "
                                  "about 1 us per tensor allocation or free)")

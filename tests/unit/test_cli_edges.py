@@ -193,6 +193,21 @@ def test_record_refuses_a_folder_that_is_a_file(tmp_path, capsys):
     assert "is not a folder" in capsys.readouterr().err
 
 
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf"])
+def test_record_refuses_a_sampling_rate_the_daemon_refuses_before_recording(tmp_path, capsys, value):
+    # GIVEN a rate `memrec daemon --nvml-hz` refuses (it was an internal error, exit 70, once the
+    # probes were loaded)
+    out = tmp_path / "x.mrec"
+    # WHEN recording with it
+    with pytest.raises(SystemExit) as exc:
+        commands.main(["record", "--nvml-hz", value, "-o", str(out), "--", "true"])
+    # THEN argparse's usage error names it, exit 2, and nothing was recorded
+    err = capsys.readouterr().err
+    assert exc.value.code == ExitCode.USAGE and "argument --nvml-hz: must be a finite number >= 0" in err
+    assert not out.exists()
+
+
 # ---------------------------------------------------------------------- the daemon's domain errors
 
 
