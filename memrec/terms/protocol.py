@@ -217,6 +217,8 @@ def validate_mark(message: dict) -> str | None:
     for key, value in values.items():
         if not isinstance(key, str) or not 1 <= len(key) <= MAX_VALUE_KEY:
             return f"mark: value keys must be strings of 1..{MAX_VALUE_KEY} characters"
+        if _is_int(value) and not is_scalar(value):  # an int, but "is a int, not ... int" would puzzle
+            return f"mark: value {short_repr(key, 40)} does not fit in 64 bits ({_INT_MIN}..{_UINT_MAX})"
         if not is_scalar(value):
             return f"mark: value {short_repr(key, 40)} is a {type(value).__name__}, not nil/bool/int/float/str"
     return None

@@ -98,6 +98,8 @@ def test_valid_messages_pass():
         ({"values": [1]}, "values must be a map"),
         ({"values": {"a": [1, 2]}}, "not nil/bool/int/float/str"),
         ({"values": {"a": {"b": 1}}}, "not nil/bool/int/float/str"),
+        ({"values": {"a": 2**64}}, "value 'a' does not fit in 64 bits"),
+        ({"values": {"a": -2**63 - 1}}, "value 'a' does not fit in 64 bits"),
         ({"values": {1: 2}}, "value keys"),
         ({"pid": 0}, "pid must be a process id"),
         ({"pid": "7"}, "pid must be a process id"),
