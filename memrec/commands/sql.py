@@ -16,6 +16,7 @@ from typing import Iterator
 
 from memrec.base.errors import ExitCode
 from memrec.base.errors import MemrecCommandError
+from memrec.base.untrusted import clean_text
 
 FORMATS = ("table", "csv", "jsonl")
 
@@ -184,7 +185,7 @@ def _print(names: list[str], rows: Iterator[tuple], fmt: str, limit: int | None)
         elif fmt == "jsonl":
             out.write(json.dumps(dict(zip(names, row)), default=str) + "\n")
         else:
-            shown.append(["" if v is None else str(v) for v in row])
+            shown.append(["" if v is None else clean_text(str(v)) for v in row])  # markers' text: never raw
     if fmt == "table":
         widths = [max([len(n)] + [len(r[k]) for r in shown]) for k, n in enumerate(names)]
         print("  ".join(n.ljust(w) for n, w in zip(names, widths)).rstrip())

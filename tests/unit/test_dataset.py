@@ -368,6 +368,20 @@ def test_list_print_sql_limit_and_formats(tmp_path, fleet, capsys):
     assert rows[0]["m"] in ("286.1 MiB", "300.0 MB", "300MB")
 
 
+
+def test_the_table_shows_a_marker_s_terminal_escapes_as_text(tmp_path, fleet, capsys):
+    # GIVEN a dataset and text a marker client chose (a name that would turn the terminal red)
+    out = tmp_path / "ds"
+    assert export(fleet, out) == 0
+    capsys.readouterr()
+    # WHEN the table format prints it
+    assert main(["sql", "-e", "SELECT 'evil' || chr(27) || '[31m' || chr(7) AS name", str(out)]) == 0
+    printed = capsys.readouterr().out
+    # THEN as visible escapes, as the report shows them (the csv and jsonl formats stay data)
+    assert "\x1b" not in printed and "\x07" not in printed
+    assert "evil\\x1b[31m\\x07" in printed
+
+
 # ------------------------------------------------------------------------------------ the daemon's shipper
 
 
