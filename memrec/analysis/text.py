@@ -7,6 +7,7 @@ import textwrap
 
 import numpy as np
 
+from memrec.base.untrusted import clean_text
 from memrec.terms.units import fmt_bytes as human  # noqa: F401 (the one size format, re-exported for the report's modules)
 
 
@@ -25,6 +26,8 @@ def table(
     then, with ``wrap``, the last column (free text) wraps onto continuation lines under itself.
     Cells are never cut.
     """
+    # a cell as it will be shown: a client's escapes printed as text are wider than the raw cell
+    rows = [[clean_text(cell, keep_newlines=True) for cell in r] for r in rows]
     keep = list(range(len(headers)))
 
     def widths_of(cols: list[int]) -> list[int]:

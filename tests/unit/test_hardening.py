@@ -533,6 +533,23 @@ def test_10_client_text_cannot_drive_the_terminal(workdir, tmp_path, caplog):  #
     assert "\x1b" not in " ".join(src.model.processes[7].cmdline)
 
 
+def test_10_an_escaped_name_keeps_the_report_s_columns_aligned(tmp_path):
+    # GIVEN two markers of one process, one name with terminal escapes
+    path = tmp_path / "t.mrec"
+    with TraceWriter(path, fmt.make_header(host="h", boot_id="b")) as w:
+        w.write_process(ProcessInfo(7, 1, ["python"], None, None, [], 1))
+        w.write_marker(Marker(ts=5, pid=7, uid=0, tid=7, name="load", phase="instant", values={}))
+        w.write_marker(Marker(ts=6, pid=7, uid=0, tid=7, name="load" + ESCAPES, phase="instant", values={}))
+        w.write_events(events(ev(Kind.ALLOC, pid=7, ptr=0x10, size=MiB, gpu=0, ts=10)))
+    # WHEN reported
+    code, out, _ = run("report", str(path))
+    # THEN the START column lines up on both rows: the table measures the name as it is shown
+    # (escaped), not as it came (it once padded the raw name, and the escapes pushed the row right)
+    rows = [line for line in out.splitlines() if line.lstrip().startswith("7  * load")]
+    assert code == 0 and len(rows) == 2 and "\\x1b]0;pwned" in rows[1]
+    assert rows[0].index("+0.000s") == rows[1].index("+0.000s")
+
+
 def test_10_other_users_cmdlines_reach_the_daemon_log_cleaned(daemon, caplog):
     from memrec.daemon import gpustamp
 
