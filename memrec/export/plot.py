@@ -25,6 +25,7 @@ took 50 ms shows those 50 ms, not a vertical line.
 from __future__ import annotations
 
 import atexit
+import io
 import os
 import shutil
 import tempfile
@@ -198,13 +199,16 @@ def _draw(panels: list[Panel], out: Path, xlabel: str, same_scale: bool = False,
     fig, axes = plt.subplots(n, 1, figsize=(WIDTH_IN, height), sharex=True, sharey=same_scale, squeeze=False)
     lo, hi = _x_range(panels)
     top_all = max((_top(p) for p in panels), default=0.0)
+    # One y range for all with same_scale: the axes are shared, so each panel's own range would
+    # set them all, and the last panel's (a host panel's few KiB) would cut the others off.
+    ceiling_all = max((_ceiling(p) for p in panels), default=0.0)
     for ax, panel in zip(axes[:, 0], panels):
         unit, scale = _unit(top_all if same_scale else _top(panel))
         _panel(ax, panel, scale, (lo, hi))
         # Ticks at round numbers of the unit (10, 20 GiB), not of bytes (18.63 GiB).
         ax.yaxis.set_major_locator(MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]))
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _, u=unit: f"{v:g} {u}"))
-        ax.set_ylim(bottom=0, top=max(_top(panel), _capacity(panel) or 0) / scale * 1.04 or None)
+        ax.set_ylim(bottom=0, top=(ceiling_all if same_scale else _ceiling(panel)) / scale * 1.04 or None)
         ax.grid(axis="y", color="#e0e0e0", linewidth=0.6)
         ax.set_axisbelow(True)
     if not panels:
@@ -224,9 +228,11 @@ def _draw(panels: list[Panel], out: Path, xlabel: str, same_scale: bool = False,
         fig.legend(list(handles.values()), list(labels), loc="upper center", ncol=min(len(handles), 8),
                    frameon=False, fontsize=8, bbox_to_anchor=(0.5, 1 - (0.1 + HEAD_LINE_IN * len(head)) / height))
     fig.tight_layout(rect=(0, 0, 1, 1 - (top_in - 0.25) / height))
-    with create_file(out) as f:  # (never through a link planted at out)
-        fig.savefig(f, dpi=DPI, format=out.suffix[1:].lower())
+    picture = io.BytesIO()  # drawn first: a drawing that fails leaves no empty file that -f must replace
+    fig.savefig(picture, dpi=DPI, format=out.suffix[1:].lower())
     plt.close(fig)
+    with create_file(out) as f:  # (never through a link planted at out)
+        f.write(picture.getbuffer())
     return len(panels)
 
 
@@ -241,6 +247,11 @@ def _top(p: Panel) -> float:
     if len(nv):
         top = max(top, float(nv["used"].max()), float(nv["reserved"].max()))
     return top
+
+
+def _ceiling(p: Panel) -> float:
+    """What a panel's y axis must reach: its highest value, or the GPU's capacity line above it."""
+    return max(_top(p), _capacity(p) or 0)
 
 
 def _capacity(p: Panel) -> int | None:

@@ -74,6 +74,48 @@ def test_diff_aligns_on_the_kv_sizing_as_the_tui_does(tmp_path, capsys):
     assert panel_frames(read_png(out)) == 2
 
 
+def test_diff_draws_every_panel_on_one_scale_that_holds_the_highest(tmp_path, monkeypatch, capsys):
+    import matplotlib.pyplot as plt
+
+    from memrec.terms.events import Kind
+    from memrec.trace import format as fmt
+    from memrec.trace.writer import TraceWriter
+    from tests.utils import events
+    from tests.utils import ev
+
+    # GIVEN two runs with 1 GiB on GPU 0 and, drawn last, 4 KiB of pinned host memory
+    traces = []
+    for name in ("a.mrec", "b.mrec"):
+        rows = [ev(Kind.ALLOC, pid=7, gpu=0, ptr=0x1000, size=1 << 30, ts=1000),
+                ev(Kind.HOST_ALLOC, pid=7, ptr=0x9000, size=4096, ts=2000)]
+        with TraceWriter(tmp_path / name, fmt.make_header(host="h", boot_id=name)) as w:
+            w.write_events(events(*rows))
+        traces.append(tmp_path / name)
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    # WHEN drawn side by side
+    out = tmp_path / "diff.png"
+    assert main(["plot", str(traces[0]), "--diff", str(traces[1]), "-o", str(out)]) == 0
+    assert capsys.readouterr().out.startswith(f"{out}: 4 panels")
+    # THEN every panel's y axis reaches the GiB on GPU 0 (the host panel's 4 KiB, set last, once
+    # set the shared axis of all of them and cut GPU 0's panels off)
+    axes = figures[0].axes
+    assert len(axes) == 4 and all(ax.get_ylim()[1] >= 1.0 for ax in axes), [ax.get_ylim() for ax in axes]
+
+
+def test_a_drawing_that_fails_leaves_no_file_behind(tmp_path, monkeypatch, capsys):
+    from matplotlib.figure import Figure
+
+    # GIVEN matplotlib failing while it draws (as FreeType's "raster overflow" once did)
+    def fail(self, *args, **kwargs):
+        raise RuntimeError("FT_Render_Glyph failed with error 0x62: raster overflow")
+
+    monkeypatch.setattr(Figure, "savefig", fail)
+    out = tmp_path / "t.png"
+    # WHEN plotting THEN the error, and no empty picture that a second try would be refused over
+    assert main(["plot", str(IPC), "-o", str(out)]) == ExitCode.SOFTWARE
+    assert "raster overflow" in capsys.readouterr().err and not out.exists()
+
 def test_svg_and_errors(tmp_path, capsys):
     assert main(["plot", str(IPC), "-o", str(tmp_path / "t.svg")]) == 0
     assert (tmp_path / "t.svg").read_text().lstrip().startswith("<?xml")
