@@ -100,6 +100,11 @@ def check_libcuda(extra: list[str]):
     from memrec.probes.libs import find_libcuda
 
     libs = find_libcuda(extra)
+    missing = [path for path in extra if not os.path.exists(path)]
+    if missing:  # (the daemon warns the same; find_libcuda just skips them)
+        found = ", ".join(str(lib.path) for lib in libs) or "no other libcuda.so.1 mapped or installed"
+        return Check("libcuda", "warn", f"--libcuda {', '.join(missing)}: no such file; {found}",
+                     "name an existing libcuda.so.1 (ldconfig -p | grep libcuda)")
     if not libs:
         return Check(
             "libcuda",

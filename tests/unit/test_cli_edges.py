@@ -348,6 +348,16 @@ def test_doctor_fits_80_columns_and_says_everything(monkeypatch, capsys):
             assert " ".join(f"-> {check['fix']}".split()) in words
 
 
+def test_doctor_says_a_named_libcuda_does_not_exist(tmp_path):
+    from memrec.commands.doctor import check_libcuda
+
+    # GIVEN --libcuda naming a file that is not there (a typo) WHEN doctor checks
+    missing = str(tmp_path / "libcuda.so.l")
+    check = check_libcuda([missing])
+    # THEN it says so, as the daemon does, rather than "name one with --libcuda PATH"
+    assert check.status == "warn" and f"--libcuda {missing}: no such file" in check.detail
+    assert "--libcuda PATH" not in check.fix
+
 def test_doctor_as_an_ordinary_user_says_what_it_lacks_and_never_crashes():
     # GIVEN an ordinary user (nobody), who cannot look inside /sys/kernel/tracing (mode 0700)
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
