@@ -94,17 +94,29 @@ def check_headers(release: str | None = None, modules: Path = Path("/lib/modules
     )
 
 
+def named_but_missing(name: str, option: str, paths: list[str]):
+    """The check ``name`` failing on the files named with ``option`` that are not there, else None.
+
+    The finders skip such a path without a word, so the check would otherwise say "none found"
+    (or "ok" without it) of a file the user named with a typo.
+    """
+    from memrec.probes.health import Check
+
+    missing = [path for path in paths if not os.path.exists(path)]
+    if not missing:
+        return None
+    return Check(name, "warn", f"{option} {', '.join(missing)}: no such file", f"name an existing file with {option}")
+
+
 def check_libcuda(extra: list[str]):
     """Find every libcuda.so.1 the daemon would attach to."""
     from memrec.probes.health import Check
     from memrec.probes.libs import find_libcuda
 
+    missing = named_but_missing("libcuda", "--libcuda", extra)
+    if missing is not None:
+        return missing
     libs = find_libcuda(extra)
-    missing = [path for path in extra if not os.path.exists(path)]
-    if missing:  # (the daemon warns the same; find_libcuda just skips them)
-        found = ", ".join(str(lib.path) for lib in libs) or "no other libcuda.so.1 mapped or installed"
-        return Check("libcuda", "warn", f"--libcuda {', '.join(missing)}: no such file; {found}",
-                     "name an existing libcuda.so.1 (ldconfig -p | grep libcuda)")
     if not libs:
         return Check(
             "libcuda",
@@ -133,6 +145,9 @@ def check_torch(extra: list[str]):
     from memrec.probes.libs import find_libc10_cuda
     from memrec.probes.usdt import read_probes
 
+    missing = named_but_missing("tensor blocks", "--torch-lib", extra)
+    if missing is not None:
+        return missing
     libs = find_libc10_cuda([*extra, *_importable_torch_lib()])
     if not libs:
         return Check("tensor blocks", "ok", "no libc10_cuda.so mapped or importable here; `memrec daemon --tensors` "

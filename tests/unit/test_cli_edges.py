@@ -348,15 +348,17 @@ def test_doctor_fits_80_columns_and_says_everything(monkeypatch, capsys):
             assert " ".join(f"-> {check['fix']}".split()) in words
 
 
-def test_doctor_says_a_named_libcuda_does_not_exist(tmp_path):
+def test_doctor_says_a_named_library_does_not_exist(tmp_path):
     from memrec.commands.doctor import check_libcuda
+    from memrec.commands.doctor import check_torch
 
-    # GIVEN --libcuda naming a file that is not there (a typo) WHEN doctor checks
-    missing = str(tmp_path / "libcuda.so.l")
-    check = check_libcuda([missing])
-    # THEN it says so, as the daemon does, rather than "name one with --libcuda PATH"
-    assert check.status == "warn" and f"--libcuda {missing}: no such file" in check.detail
-    assert "--libcuda PATH" not in check.fix
+    # GIVEN --libcuda or --torch-lib naming a file that is not there (a typo) WHEN doctor checks
+    missing = str(tmp_path / "lib.so.l")
+    # THEN it says so, rather than "no libcuda.so.1 ... name one with --libcuda PATH" or "ok: no
+    # libc10_cuda.so mapped or importable here"
+    for check, option in ((check_libcuda([missing]), "--libcuda"), (check_torch([missing]), "--torch-lib")):
+        assert check.status == "warn" and check.detail == f"{option} {missing}: no such file"
+        assert check.fix == f"name an existing file with {option}"
 
 def test_doctor_as_an_ordinary_user_says_what_it_lacks_and_never_crashes():
     # GIVEN an ordinary user (nobody), who cannot look inside /sys/kernel/tracing (mode 0700)
