@@ -324,12 +324,13 @@ class TraceReader:
                 self.trailer = obj
             self.offset = offset
             yield item
+        ends = "no record with a time was read" if last_ts is None else f"trace ends at ts {last_ts}"
         if self._damage is not None:
             warnings.append(f"corrupt trace after {self.records_read} records {self._damage}")
         elif self._tail is not None:
             tail, at = self._tail
             warnings.append(
-                f"truncated tail after {self.records_read} records: trace ends at ts {last_ts} "
+                f"truncated tail after {self.records_read} records: {ends} "
                 f"({tail} bytes of an incomplete record at byte {at} skipped)"
             )
         for kind, count in sorted(unknown.items()):
@@ -342,7 +343,7 @@ class TraceReader:
         if self.trailer is None and not stopped:
             warnings.append(
                 f"no trailer after {self.records_read} records: the recording did not finish "
-                f"(still being written, or the writer crashed); trace ends at ts {last_ts}"
+                f"(still being written, or the writer crashed); {ends}"
             )
 
     def expected_events(self) -> int:

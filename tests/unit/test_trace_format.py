@@ -1192,3 +1192,13 @@ def test_load_sizes_its_columns_from_the_trailer_but_never_trusts_it(tmp_path, c
     np.testing.assert_array_equal(trace.events, ev)
     np.testing.assert_array_equal(trace.event_columns["size"], ev["size"])
     assert trace.event_columns["size"].base is not None and not trace.event_columns["size"].flags.c_contiguous
+
+
+def test_a_trace_with_no_timed_record_says_so_rather_than_ts_none(tmp_path):
+    # GIVEN a header followed by bytes that are no record (a damaged copy)
+    path = tmp_path / "t.mrec"
+    path.write_bytes(fmt.packb(fmt.make_header(host="h", boot_id="b")) + b"\x01\x02\x03")
+    # WHEN loaded THEN the warning says no time was read (it said "trace ends at ts None")
+    warnings = load_trace(path).warnings
+    assert any("no trailer" in w for w in warnings) and not any("None" in w for w in warnings), warnings
+    assert any("no record with a time was read" in w for w in warnings)
