@@ -56,8 +56,9 @@ class ReportCommand:
         trace, events = scan_trace_for_command(args.trace, warn=False)  # warnings: in the report itself
         with reread(args.trace):
             report = build_report(trace, gpu=args.gpu, pid=args.pid, all_sites=args.all, events=events)
-        if args.gpu is not None and not report.gpus and report.host is None:
-            known = events.gpu_ids.sorted()
+        known = events.gpu_ids.sorted()
+        if args.gpu is not None and not report.gpus and report.host is None and args.gpu not in known:
+            # (a GPU of the trace where -p's process held nothing is an empty selection, not a typo)
             raise MemrecCommandError(
                 f"GPU {args.gpu} is not in this trace (GPUs: {', '.join(map(str, known)) or 'none'})",
                 exit_code=ExitCode.USAGE,

@@ -172,6 +172,17 @@ def test_a_pid_filter_answers_for_that_process(capsys, monkeypatch):
     assert cause.startswith(f"CAUSE   GPU {tp1['gpu']}: ") and "(TP1)" in cause
 
 
+def test_a_filter_that_keeps_no_memory_says_so_of_its_selection_not_of_the_trace(capsys, monkeypatch):
+    # GIVEN the SGLang run that allocated 86.50 GiB, and its launcher, which allocated nothing
+    path = ROOT / "examples" / "sglang-standin-ipc.mrec"
+    launcher = next(p["pid"] for p in build_report(load_trace(path)).to_json()["processes"] if not p["rank"])
+    # WHEN the report is filtered to the launcher, or to the launcher on GPU 0
+    # THEN the first line speaks of that selection (it said "in this trace")
+    assert report_text(path, capsys, monkeypatch, None, "-p", str(launcher))[0] == \
+        f"OK      no GPU memory was allocated by pid {launcher}"
+    assert report_text(path, capsys, monkeypatch, None, "-p", str(launcher), "-g", "0")[0] == \
+        f"OK      no GPU memory was allocated by pid {launcher} on GPU 0"
+
 def test_a_pid_filter_names_only_that_process_s_memory_at_the_peak(capsys, monkeypatch):
     # GIVEN two ranks that each held a 32.81 GiB KV pool at GPU 0's peak (65.62 GiB together)
     path = ROOT / "examples" / "sglang-standin-stock.mrec"

@@ -235,6 +235,17 @@ def _cut_short(report: Report, answer: Answer) -> Answer:
     return Answer(answer.status, (first, *answer.lines[1:]), answer.failures, answer.failure, answer.window)
 
 
+def _selection(report: Report) -> str:
+    """What the report covers, as the end of a sentence: the trace, or the process and GPU that
+    -p and -g kept (a launcher's pid holds nothing in a trace that holds plenty)."""
+    f = report.filter
+    if f.pid is None and f.gpu is None:
+        return "in this trace"
+    return " ".join(x for x in (f"by pid {f.pid}" if f.pid is not None else "",
+                                "" if f.gpu is None else "in the host section" if f.gpu < 0 else f"on GPU {f.gpu}")
+                    if x)
+
+
 def _build(report: Report) -> Answer:
     failures = _all_failures(report)
     sg = report.sglang
@@ -255,7 +266,7 @@ def _build(report: Report) -> Answer:
         return Answer("failed", lines, failures, failure, window)
     secs = [s for s in report.gpus if s.peak.bytes]
     if not secs:
-        return Answer("empty", (Line("OK", ("no GPU memory was allocated in this trace",)),))
+        return Answer("empty", (Line("OK", (f"no GPU memory was allocated {_selection(report)}",)),))
     lines, window = _no_failure(report, secs, summary)
     return Answer("ok", lines, window=window)
 
