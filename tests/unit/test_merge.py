@@ -269,3 +269,21 @@ def test_two_separate_runs_of_one_host_are_refused_with_what_to_use_instead(tmp_
         main(["merge", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert "two recordings of one host are refused" in help_text and "several recordings" not in help_text
+
+
+def test_a_merge_of_a_cut_trace_reports_as_cut_short(tmp_path, capsys):
+    # GIVEN a recording cut before its end (no trailer: the recorder was killed), merged alone
+    cut = tmp_path / "cut.mrec"
+    cut.write_bytes(GOLDEN.read_bytes()[: GOLDEN.stat().st_size * 2 // 3])
+    out = tmp_path / "job.mrec"
+    assert main(["merge", str(cut), "-o", str(out)]) == 0
+    capsys.readouterr()
+    # WHEN the merged trace, which has merge's own trailer, is reported
+    assert main(["report", str(out), "--json"]) == 0
+    merged = json.loads(capsys.readouterr().out)
+    assert main(["report", str(out)]) == 0
+    text = capsys.readouterr().out
+    # THEN it is as incomplete as the cut trace: its answer says cut short, never a plain OK
+    assert merged["merged"]["hosts"][0]["complete"] is False and merged["trace"]["complete"] is False
+    assert "cut short" in "".join(merged["answer"]["lines"][0][1:])
+    assert "!! no trailer (a merged host's trace)" in text

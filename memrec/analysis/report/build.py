@@ -235,6 +235,13 @@ def _replay(trace: Any, events: TraceEvents, gpu: int | None, pid: int | None) -
                      sites)
 
 
+def _hosts_complete(header: dict) -> bool:
+    """Whether every host's trace a merged trace was made of ended cleanly (True for one
+    recording): `memrec merge` writes a trailer of its own, so a cut host's trace shows only here."""
+    merged = merged_summary(header)
+    return merged is None or all(h["complete"] is not False for h in merged["hosts"])
+
+
 def _trace_summary(trace: Any, run: _Replayed, gpu: int | None, pid: int | None, processes: int) -> TraceSummary:
     pids = run.kept.rows["pid"]
     return TraceSummary(
@@ -250,7 +257,7 @@ def _trace_summary(trace: Any, run: _Replayed, gpu: int | None, pid: int | None,
         failed_calls_all=len(run.failed_idx),
         processes=processes,
         lost=int(trace.lost),
-        complete=trace.trailer is not None,
+        complete=trace.trailer is not None and _hosts_complete(trace.header),
         warnings=list(trace.warnings) + run.notes,
         phase_warnings=list(run.phases.warnings),
         anomalies=run.anomalies,

@@ -152,7 +152,8 @@ def _render_head(report: Report) -> list[str]:
     if tr.lost:
         out.append(f"  !! LOST EVENTS: {tr.lost:,} events were dropped while recording; the numbers below miss them")
     if not tr.complete:
-        out.append("  !! no trailer: the recording did not end cleanly (the trace may stop early)")
+        whose = " (a merged host's trace)" if report.merged is not None else ""
+        out.append(f"  !! no trailer{whose}: the recording did not end cleanly (the trace may stop early)")
     for w in tr.warnings:
         out.append(f"  !! reader warning: {w}")
     for w in tr.phase_warnings:
