@@ -42,6 +42,7 @@ from tests.unit.daemon_fakes import raw
 from tests.unit.test_daemon_unit import connect
 from tests.unit.test_daemon_unit import make_daemon
 from tests.unit.test_daemon_unit import pump
+from tests.unit.test_daemon_unit import pump_until_reply
 from tests.unit.test_daemon_unit import recv_frames
 from tests.unit.test_daemon_unit import workdir  # noqa: F401  (fixture)
 from tests.utils import GiB
@@ -107,9 +108,8 @@ def test_1_a_1000_deep_frame_gets_an_error_and_the_daemon_keeps_serving(daemon):
     # GIVEN the frame that took the daemon down (RecursionError in the reply's repr)
     bad = connect(daemon.config.socket_path)
     bad.sendall(struct.pack(">I", len(DEEP_FRAME)) + DEEP_FRAME)
-    pump(daemon, 0.05)
     # THEN it gets a bounded error reply, and the daemon still records a good client's marker
-    replies = recv_frames(bad)
+    replies = pump_until_reply(daemon, bad)
     assert replies and replies[0]["type"] == "error" and len(replies[0]["message"]) < 300
     assert MarkerClient(daemon.config.socket_path).mark("after")
     pump(daemon, 0.05)
