@@ -204,13 +204,27 @@ def _phase_order(run: Run) -> list[str]:
 
 
 def _merge_order(a: list[str], b: list[str]) -> list[str]:
-    """A's order, with B's other phases each placed after the phase that precedes it in B."""
-    out = list(a)
-    for i, path in enumerate(b):
-        if path in out:
-            continue
-        prev = next((b[k] for k in range(i - 1, -1, -1) if b[k] in out), None)
-        out.insert(out.index(prev) + 1 if prev is not None else 0, path)
+    """A's order, with B's other phases each placed after the phase that precedes it in B.
+
+    Each of B's phases not in A follows the one just before it in B (placed by then), so each
+    phase is followed by at most one of them: a chain per phase, walked once. (Inserting into a
+    list, with list membership, took 7 s for each of two calls at 20,000 phases.)
+    """
+    placed = set(a)
+    after: dict[str | None, str] = {}
+    prev = None
+    for path in b:
+        if path not in placed:
+            placed.add(path)
+            after[prev] = path
+        prev = path
+    out: list[str] = []
+    for head in (None, *a):
+        if head is not None:
+            out.append(head)
+        while head in after:
+            head = after[head]
+            out.append(head)
     return out
 
 
