@@ -533,6 +533,16 @@ def test_10_client_text_cannot_drive_the_terminal(workdir, tmp_path, caplog):  #
     assert "\x1b" not in " ".join(src.model.processes[7].cmdline)
 
 
+def test_10_other_users_cmdlines_reach_the_daemon_log_cleaned(daemon, caplog):
+    from memrec.daemon import gpustamp
+
+    daemon.stamper.process_info = lambda pid, gpus, ts: ProcessInfo(pid, 1, ["evil", ESCAPES], None, None, [], ts)
+    caplog.set_level(logging.INFO, logger=gpustamp.__name__)
+    daemon.stamper.process(4242, 1)
+    lines = [r.getMessage() for r in caplog.records if "pid 4242" in r.getMessage()]
+    assert lines and all("\x1b" not in line and "\x07" not in line for line in lines)
+
+
 def test_10_an_escaped_name_keeps_the_report_s_columns_aligned(tmp_path):
     # GIVEN two markers of one process, one name with terminal escapes
     path = tmp_path / "t.mrec"
@@ -548,16 +558,6 @@ def test_10_an_escaped_name_keeps_the_report_s_columns_aligned(tmp_path):
     rows = [line for line in out.splitlines() if line.lstrip().startswith("7  * load")]
     assert code == 0 and len(rows) == 2 and "\\x1b]0;pwned" in rows[1]
     assert rows[0].index("+0.000s") == rows[1].index("+0.000s")
-
-
-def test_10_other_users_cmdlines_reach_the_daemon_log_cleaned(daemon, caplog):
-    from memrec.daemon import gpustamp
-
-    daemon.stamper.process_info = lambda pid, gpus, ts: ProcessInfo(pid, 1, ["evil", ESCAPES], None, None, [], ts)
-    caplog.set_level(logging.INFO, logger=gpustamp.__name__)
-    daemon.stamper.process(4242, 1)
-    lines = [r.getMessage() for r in caplog.records if "pid 4242" in r.getMessage()]
-    assert lines and all("\x1b" not in line and "\x07" not in line for line in lines)
 
 
 # ------------------------------------------------------------------------------ 11. loss warnings
