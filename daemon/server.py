@@ -211,6 +211,8 @@ class Daemon:
         self.selector = selectors.DefaultSelector()
         settle()  # large buffers as maps of their own: freed, they go back to the system
         try:
+            if self._install_signals:  # a stop while starting unwinds the start (below)
+                self.signals.raise_until_installed()
             # Before the compile (a start on a busy host is quicker) and before any thread starts.
             log.info("scheduling: %s", self.priority.apply())
             # The socket first: a second daemon fails here, before the slow BPF compile.

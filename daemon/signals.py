@@ -17,6 +17,8 @@ import threading
 from typing import Any
 from typing import Callable
 
+from memrec.base.errors import StopSignal
+
 log = logging.getLogger(__name__)
 
 #: The signals the daemon handles: stop (TERM, INT) and rotate the trace (HUP).
@@ -71,6 +73,18 @@ class SignalInbox:
         log.debug("received %s: ignored", name)
         return "ignore", signum
 
+    def raise_until_installed(self) -> None:
+        """Until :meth:`install`: a stop signal raises :class:`~memrec.base.errors.StopSignal`.
+
+        The start (a BPF compile of seconds) then unwinds through its teardown; the default
+        action would kill the process with its socket left behind. :meth:`restore` puts back the
+        handlers found here. Only from the main thread, as :meth:`install`.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in STOP:
+            self._old_handlers[signum] = signal.signal(signum, _raise_stop)
+
     def install(self, selector: selectors.BaseSelector, handler: Callable[[int, Any], None]) -> None:
         """Install ``handler`` for :data:`HANDLED` and the self-pipe that wakes ``selector``.
 
@@ -84,7 +98,8 @@ class SignalInbox:
         selector.register(self._wake_r, selectors.EVENT_READ, self._drain_wakeup)
         self._old_wakeup_fd = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
         for signum in HANDLED:
-            self._old_handlers[signum] = signal.signal(signum, handler)
+            old = signal.signal(signum, handler)
+            self._old_handlers.setdefault(signum, old)  # not raise_until_installed's handler
 
     def _drain_wakeup(self, _mask: int) -> None:
         with contextlib.suppress(OSError):
@@ -106,3 +121,7 @@ class SignalInbox:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         self._wake_r = self._wake_w = -1
+
+
+def _raise_stop(signum: int, _frame: Any) -> None:
+    raise StopSignal(signum)

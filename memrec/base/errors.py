@@ -40,6 +40,20 @@ class MemrecCommandError(MemrecError):
         self.exit_code = int(exit_code)
 
 
+class StopSignal(KeyboardInterrupt):
+    """SIGTERM or SIGINT while the daemon (or ``memrec record``) was still starting.
+
+    Raised from the signal handler so that the start unwinds through its teardown (its socket
+    removed, the probes detached, a recorded command's suspended child killed) instead of the
+    process dying with them in place; a KeyboardInterrupt, so that no ``except Exception`` on the
+    way catches it. ``main()`` exits with 128 + the signal's number, as the signal's death would.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = int(signum)
+
+
 class TraceFormatError(MemrecError):
     """A file is not a memrec trace, or is of a version this memrec cannot read."""
 

@@ -20,6 +20,7 @@ import sys
 from memrec.base.errors import ExitCode
 from memrec.base.errors import MemrecCommandError
 from memrec.base.errors import MemrecError
+from memrec.base.errors import StopSignal
 from memrec.base.errors import one_line
 from memrec.commands.table import COMMANDS
 from memrec.commands.table import DESCRIPTION
@@ -193,6 +194,9 @@ def main(args: list[str] | None = None) -> int:
 
         print(f"memrec: error: {error}", file=sys.stderr)
         return exit_code(error)
+    except StopSignal as stop:
+        print(f"memrec: stopped by signal {stop.signum} while starting", file=sys.stderr)
+        return 128 + stop.signum
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

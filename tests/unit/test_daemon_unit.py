@@ -809,6 +809,36 @@ def test_daemon_command_bpf_failure_is_unavailable(workdir, monkeypatch, capsys)
     assert err[-1] == "memrec: error: cannot load the BPF probes: bpf(BPF_PROG_LOAD) failed: Operation not permitted"
 
 
+@pytest.mark.parametrize("command", [["daemon", "--nvml-hz", "0"], ["record", "--nvml-hz", "0", "--", "sleep", "30"]],
+                         ids=["daemon", "record"])
+def test_a_stop_signal_while_loading_the_probes_unwinds_the_start(workdir, monkeypatch, capsys, command):
+    # GIVEN probes whose load (the seconds-long BPF compile) is interrupted by SIGTERM
+    from memrec.commands import main
+    from memrec.daemon import feed
+
+    class Interrupted(FakeProbes):
+        def load(self):
+            os.kill(os.getpid(), signal.SIGTERM)
+            return super().load()
+
+    def not_taken(signum, frame):  # without the start's own handler: a failure, not the test run killed
+        raise RuntimeError("the start did not take the signal")
+
+    monkeypatch.setattr(feed, "default_probes_factory", lambda **kw: Interrupted())
+    before = signal.signal(signal.SIGTERM, not_taken)
+    sock = workdir / "x.sock"
+    try:
+        # WHEN the command starts THEN it exits as SIGTERM would (143) with one line, not killed
+        # mid-start: its socket is removed and the handler it found is back
+        rc = main([command[0], "-o", str(workdir / "x.mrec"), "--socket", str(sock), *command[1:]])
+        assert rc == 128 + signal.SIGTERM, capsys.readouterr().err
+        assert capsys.readouterr().err.strip().splitlines()[-1] == "memrec: stopped by signal 15 while starting"
+        assert not sock.exists()
+        assert signal.getsignal(signal.SIGTERM) is not_taken
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def test_no_untraced_probes_reaches_the_probes(workdir, monkeypatch):
     # GIVEN probes that record how they were made (and stop the daemon there)
     from memrec.commands import main
