@@ -13,7 +13,6 @@ are written from these same tables.
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from typing import Iterator
 import numpy as np
 
 from memrec.analysis.names import api_name
+from memrec.base.jsontext import dumps
 from memrec.analysis.names import kind_name
 from memrec.analysis.names import process_title
 from memrec.analysis.names import result_name
@@ -395,7 +395,7 @@ class Recording:
             "name": [m.name for m in mk], "phase": [m.phase for m in mk],
             "gpu": [-1 if m.gpu is None else m.gpu for m in mk],
             "rank": [self.ranks.get(m.pid, "") for m in mk],
-            "values": [json.dumps(m.values or {}, default=str) for m in mk],
+            "values": [dumps(m.values or {}, default=str) for m in mk],
         }
         types = {"ts": "<i8", "t_s": "<f8", "wall": _WALL, "pid": "<i8", "tid": "<i8", "name": _STR, "phase": _STR, "gpu": "<i2",
                  "rank": _STR, "values": _STR}

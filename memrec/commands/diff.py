@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 from pathlib import Path
 
 from memrec.base.collector import paused
 from memrec.base.errors import ExitCode
+from memrec.base.jsontext import dumps
 from memrec.base.untrusted import clean_text
 
 
@@ -46,7 +46,7 @@ class DiffCommand:
                 result = diff_traces(a, b, a_name=args.a.name, b_name=args.b.name, a_events=a_events,
                                      b_events=b_events)
             if args.json:
-                print(json.dumps(result.to_json(), indent=2))
+                print(dumps(result.to_json(), indent=2))
             else:
                 width = shutil.get_terminal_size((80, 24)).columns  # $COLUMNS, the terminal, else 80
                 text = render_diff(result, width=max(width, 40))

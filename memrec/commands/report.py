@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 from pathlib import Path
 
 from memrec.base.collector import paused
 from memrec.base.errors import ExitCode
 from memrec.base.errors import MemrecCommandError
+from memrec.base.jsontext import dumps
 from memrec.base.untrusted import clean_text
 
 
@@ -66,7 +66,7 @@ class ReportCommand:
         if args.pid is not None and not report.processes:
             raise MemrecCommandError(f"process {args.pid} is not in this trace", exit_code=ExitCode.USAGE)
         if args.json:
-            print(json.dumps(report.to_json(), indent=2))
+            print(dumps(report.to_json(), indent=2))
         else:
             width = shutil.get_terminal_size((80, 24)).columns  # $COLUMNS, the terminal, else 80
             text = render_text(report, width=max(width, 40), show_all=args.all)

@@ -6,7 +6,6 @@ import argparse
 import csv
 import datetime
 import decimal
-import json
 import shutil
 import sys
 import tempfile
@@ -16,6 +15,7 @@ from typing import Iterator
 
 from memrec.base.errors import ExitCode
 from memrec.base.errors import MemrecCommandError
+from memrec.base.jsontext import dumps
 from memrec.base.untrusted import clean_text
 
 FORMATS = ("table", "csv", "jsonl")
@@ -183,7 +183,7 @@ def _print(names: list[str], rows: Iterator[tuple], fmt: str, limit: int | None)
         if writer is not None:
             writer.writerow(["" if v is None else v for v in row])
         elif fmt == "jsonl":
-            out.write(json.dumps(dict(zip(names, row)), default=str) + "\n")
+            out.write(dumps(dict(zip(names, row)), default=str) + "\n")
         else:
             shown.append(["" if v is None else _shown(str(v)) for v in row])
     if fmt == "table":

@@ -40,6 +40,7 @@ from memrec.base.errors import ExitCode
 from memrec.base.errors import MemrecCommandError
 from memrec.base.files import create_in
 from memrec.base.files import open_folder
+from memrec.base.jsontext import dumps
 from memrec.export import require
 from memrec.trace.clock import wall_offset_ns
 
@@ -377,7 +378,7 @@ class _Builder:
             "ts": ts, "time": self.time(ts), "pid": pids, "tid": [m.tid for m in mk], "job": self.job(pids),
             "rank": self.rank(pids), "name": [m.name for m in mk], "phase": [m.phase for m in mk], "gpu": gpus,
             "gpu_uuid": self.uuid(gpus),
-            "values": [json.dumps(m.values or {}, sort_keys=True, default=str) for m in mk],
+            "values": [dumps(m.values or {}, sort_keys=True, default=str) for m in mk],
         }
 
     def phases(self) -> dict[str, Any]:

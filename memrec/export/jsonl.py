@@ -14,6 +14,7 @@ from typing import TextIO
 
 import numpy as np
 
+from memrec.base.jsontext import strict
 from memrec.terms.columns import EVENT_DTYPE
 from memrec.terms.events import FLAG_IPC_BYTES
 from memrec.terms.events import FLAG_NAME
@@ -154,7 +155,7 @@ def dump_trace(reader: TraceReader, out: TextIO) -> None:
     Records are checked as every reader checks them (:meth:`TraceReader.entries`): a malformed one
     is left out and counted in the reader's warnings.
     """
-    encode = json.JSONEncoder(separators=(", ", ": "), ensure_ascii=False).encode
+    encode = strict(json.JSONEncoder(separators=(", ", ": "), ensure_ascii=False, allow_nan=False).encode)
     out.write(encode(jsonable(reader.header)) + "\n")
     binary = getattr(out, "buffer", None)  # a file's bytes: the event text is UTF-8 already
     if binary is not None and (getattr(out, "encoding", "") or "").lower().replace("-", "") != "utf8":
