@@ -198,3 +198,29 @@ async def test_a_daemon_without_nvml_after_its_workloads_exited(sockdir):
             assert "live, idle 10s" in status and "stalled" not in status, status
     finally:
         server.close()
+
+
+async def test_a_daemon_that_has_recorded_nothing_yet_says_so(sockdir):
+    # GIVEN a daemon without NVML on a host where no process has allocated yet
+    from memrec.terms.events import Api
+    from memrec.terms.events import Kind
+    from memrec.state import LiveState
+    from memrec.trace.format import finalize_header
+
+    empty_state = {"type": "keyframe", "ts": synth.T0, "event_index": 0, "state": LiveState().snapshot()}
+    server = ScriptedDaemon(sockdir / "memrec.sock", [finalize_header({"host": "h", "gpus": []}), empty_state])
+    app = MemrecApp(LiveSource(str(sockdir / "memrec.sock"), backoff=(0.05, 0.2)), refresh_interval=0.05)
+    try:
+        async with app.run_test(size=(120, 36)) as pilot:
+            await wait_for(pilot, lambda: server.subscribed.is_set() and app.link.connected)
+            # THEN the screen says what it waits for instead of staying blank
+            empty = app.query_one("#ov-empty")
+            assert empty.display and "No GPU memory recorded yet" in str(empty.render())
+            # AND the first GPU's events replace it with that GPU's view
+            script = synth.Script()
+            script.add(0.1, 4100, Kind.ALLOC, Api.cuMemAlloc_v2, 0, ptr=0x7F0000000000, size=1 << 20)
+            server.send({"type": "events", "events": script.events()})
+            await wait_for(pilot, lambda: app.model.gpu_ids() == [0])
+            assert not app.query_one("#ov-empty").display and app.main.gpu == 0
+    finally:
+        server.close()

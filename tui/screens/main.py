@@ -149,9 +149,17 @@ class MainScreen(ViewKeys, SourceEvents, Screen[None]):
                     with Vertical(id="events-pane"):
                         yield Input(placeholder="filter: pid:N kind:alloc size>=1G phase:NAME fail TEXT", id="filter")
                         yield EventsTable(id="events")
-            yield VerticalScroll(id=OVERVIEW)
+            with VerticalScroll(id=OVERVIEW):
+                yield Static(self._no_gpu_text(), id="ov-empty")
         yield StatusLine(id="status")
         yield Footer()
+
+    def _no_gpu_text(self) -> str:
+        """What the overview says before any GPU is known (a blank screen said nothing)."""
+        if self.live:
+            return ("No GPU memory recorded yet: the daemon is running, and each GPU appears here when "
+                    "a process first allocates on it (the status line counts the events).")
+        return "No GPU in what has been read of this trace (the status line says how far the reading is)."
 
     class Ready(Message):
         """The screen's widgets are mounted: the app starts the source (whose first messages
@@ -203,6 +211,7 @@ class MainScreen(ViewKeys, SourceEvents, Screen[None]):
         if new:
             self._gpu_ids = sorted(set(self._gpu_ids) | set(ids))
             overview = self.query_one(f"#{OVERVIEW}", VerticalScroll)
+            self.query_one("#ov-empty", Static).display = False
             for g in new:
                 tabs.add_tab(Tab(f"GPU{g}", id=f"tab-gpu{g}"), before="tab-all" if "all" in self._tab_ids_added else None)
                 self._tab_ids_added[g] = True
