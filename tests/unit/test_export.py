@@ -426,6 +426,37 @@ def test_perfetto_tensor_counters_per_process(tmp_path):
     assert reserved == [20 * MiB]
 
 
+def test_perfetto_counter_packets_are_the_builders_bytes():
+    # GIVEN counter values of every width: zeros, negatives (ten-byte varints), timestamps up to
+    # 2^63, track uuids of one to six bytes, more values than one slice of the encoder
+    pb = pytest.importorskip("perfetto.protos.perfetto.trace.perfetto_trace_pb2", reason="perfetto not installed")
+    builder = pytest.importorskip("perfetto.trace_builder.proto_builder").StreamingTraceProtoBuilder
+    import io
+
+    from memrec.export.perfetto import COUNTER_SLICE
+    from memrec.export.perfetto import _counter_packets
+
+    rng = np.random.default_rng(26)
+    n = COUNTER_SLICE + 999
+    ts = (rng.integers(0, 2**63, n, dtype=np.int64) >> rng.integers(0, 63, n)).astype(np.uint64)
+    values = rng.integers(-2**63, 2**63, n, dtype=np.int64) >> rng.integers(0, 64, n)
+    values[::7] = 0
+    for track in (1, 127, 128, 2**40 + 3):
+        # WHEN they are encoded at once, and by perfetto's builder a packet at a time (as before)
+        f = io.BytesIO()
+        b = builder(f)
+        for t, v in zip(ts.tolist(), values.tolist()):
+            p = b.create_packet()
+            p.trusted_packet_sequence_id = 1
+            p.timestamp = t
+            p.track_event.type = pb.TrackEvent.TYPE_COUNTER
+            p.track_event.track_uuid = track
+            p.track_event.counter_value = v
+            b.write_packet(p)
+        # THEN the bytes are the same
+        assert _counter_packets(track, pb.TrackEvent.TYPE_COUNTER, ts, values) == f.getvalue()
+
+
 # ------------------------------------------------------------------ what a user joins the tables on
 
 

@@ -192,10 +192,47 @@ def test_the_sites_are_their_definition_whatever_the_batches(tmp_path, monkeypat
     end = trace_bounds(trace)[1]
     want = by_definition(trace, phases, end, **select)
     got = []
-    for chunk, batch in ((37, 1), (101, 150), (1 << 20, 1 << 18)):  # a batch a chunk, of a few, of all
+    # a batch a chunk, of a few, of all; the ended phases' groups folded at every batch, at a few, at the end
+    for chunk, batch, fold in ((37, 1, 1), (101, 150, 2), (1 << 20, 1 << 18, sites_module.FOLD_AT)):
         monkeypatch.setattr(source_module, "CHUNK", chunk)
         monkeypatch.setattr(sites_module, "BATCH", batch)
+        monkeypatch.setattr(sites_module, "FOLD_AT", fold)
         section = sites_section(trace, phases, end, limit=None, **select)
         got.append({(p.phase, r.site, r.level): [r.allocated, r.held, r.allocations, r.peak]
                     for p in section.phases for r in p.rows})
     assert got[0] == got[1] == got[2] == want
+
+
+def test_the_groups_are_those_of_the_open_phases(tmp_path, monkeypatch):
+    # GIVEN a stacked trace of 500 bursts of BURST blocks, a step phase around each burst, so
+    # 500 phases of one path with BURST sites each (4,000 groups of (phase, site, level))
+    path = tmp_path / "t.mrec"
+    n = write_bursts(path, 500)
+    trace = load_trace(path)
+    steps = trace.event_columns["ts"][2:-1:2 * BURST].tolist()
+    trace.markers = [Marker(t + d, 7, 0, 7, "step", phase, 0) for t in steps
+                     for d, phase in ((-1, "begin"), (2 * BURST * 10 - 5, "end"))]
+    phases = trace_phases(trace)
+    end = trace_bounds(trace)[1]
+    assert len(phases.table) == 500
+    held = []
+    pair = sites_module.SitesFeed._pair
+
+    def counted(self):
+        pair(self)
+        held.append(len(self._groups))
+
+    monkeypatch.setattr(sites_module.SitesFeed, "_pair", counted)
+    monkeypatch.setattr(sites_module, "BATCH", 64)
+    monkeypatch.setattr(source_module, "CHUNK", 256)
+    sections = []
+    for fold in (16, 1 << 30):  # folded as the pass goes, and never (the groups of every phase)
+        monkeypatch.setattr(sites_module, "FOLD_AT", fold)
+        held.clear()
+        sections.append(sites_section(trace, phases, end, limit=None).to_json())
+        # THEN folded, the feed holds the groups of a few phases (at most twice FOLD_AT), not 4,000
+        assert max(held) <= (2 * 16 if fold == 16 else 500 * BURST + 1)
+    assert max(held) == 500 * BURST + 1  # (the control, unfolded: a group per phase and site, and the segments')
+    # AND the section is the same, its rows in the same order
+    assert sections[0] == sections[1]
+    assert [r["allocations"] for r in sections[0]["phases"][0]["rows"]] == [500] * BURST
