@@ -137,7 +137,7 @@ class TraceModel(ReplayedTrace):
         # chunk by chunk, outside the lock, as columns (no 130-byte rows built: the first frame waits)
         if gpu is None:
             return advance(s, covered, (self.store.batch([piece]) for piece in pieces))
-        return advance_for_gpu(s, covered, [self.store.batch([piece]) for piece in pieces], gpu)
+        return advance_for_gpu(s, covered, lambda: (self.store.batch([piece]) for piece in pieces), gpu)
 
     def state_at(self, seq: int, gpu: int, ts: int | None = None, n_largest: int = 50,
                  tensors: bool = True) -> CursorState:

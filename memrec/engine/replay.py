@@ -253,7 +253,7 @@ _JOINING = kind_mask((*JOINABLE_KINDS, IPC_CLOSE, SHARE_EXPORT, SHARE_IMPORT))
 _CHANGES = kind_mask((ALLOC, FREE, *OTHER_KINDS))
 
 
-def advance_for_gpu(state: LiveState, covered: int, chunks: Sequence[Batch], gpu: int) -> LiveState:
+def advance_for_gpu(state: LiveState, covered: int, chunks: Callable[[], Iterable[Batch]], gpu: int) -> LiveState:
     """``advance`` as far as ``gpu`` goes: what ``state`` holds on ``gpu`` (its counters, driver
     allocations, VMM handles and IPC mappings there) is what ``advance`` gives; the rest (other
     GPUs, the failures, anomalies and exits kept, the peaks) may not be.
@@ -265,19 +265,21 @@ def advance_for_gpu(state: LiveState, covered: int, chunks: Sequence[Batch], gpu
     processes that hold nothing there at the start and have no such event in the gap are left
     out, on a host with a process per GPU all but one GPU's events. A gap with IPC events, and
     the host's view (``gpu`` -1, whose pinned memory an event of any GPU makes), replay every
-    event. ``chunks`` are read twice (a list).
+    event. ``chunks()`` gives the gap's chunks, afresh each call: they are read twice (held
+    between the two passes, a million events' columns would be tens of MB).
     """
-    keep = _processes_on(state, chunks, gpu) if gpu >= 0 else None
+    keep = _processes_on(state, chunks(), gpu) if gpu >= 0 else None
     if keep is None:
-        return advance(state, covered, chunks)
+        return advance(state, covered, chunks())
     state.n_events = covered
-    for chunk in chunks:
+    for chunk in chunks():
         state.apply(chunk[np.isin(chunk["pid"], keep)])
-    state.n_events = covered + sum(len(c) for c in chunks)
+        covered += len(chunk)
+    state.n_events = covered
     return state
 
 
-def _processes_on(state: LiveState, chunks: Sequence[Batch], gpu: int) -> np.ndarray | None:
+def _processes_on(state: LiveState, chunks: Iterable[Batch], gpu: int) -> np.ndarray | None:
     """The processes :func:`advance_for_gpu` replays for ``gpu`` (None: every one)."""
     pids = [np.array([p for (g, p, _), b in state.tables.bytes.items() if g == gpu and b], np.int64)]
     for chunk in chunks:

@@ -90,7 +90,7 @@ def repository_traces() -> list[Path]:
 
 def whole_replay(state, covered, chunks, gpu):
     """The old path: every event of the gap replayed, whatever the GPU."""
-    return replay.advance(state, covered, chunks)
+    return replay.advance(state, covered, chunks())
 
 
 def cursors(n: int, most: int = 60) -> list[int]:
