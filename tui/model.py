@@ -15,8 +15,9 @@ answers what the screen asks for. It is built in three layers, one module each:
   the column's peak, O(columns) through a block-max pyramid), the phase bands, the rank labels;
 - this module: the queries at the cursor. :meth:`TraceModel.state_at`: who holds what at a
   ``seq`` (the nearest checkpoint, a file keyframe or a snapshot the replay took every
-  ``checkpoint_every`` events, restored plus a replay of the gap: never a replay from the
-  start); :meth:`TraceModel.events_window`: the events around a ``seq`` that pass an
+  ``checkpoint_every`` events, restored plus a replay of the gap, of the processes on the GPU
+  shown where no event joins processes: never a replay from the start);
+  :meth:`TraceModel.events_window`: the events around a ``seq`` that pass an
   :class:`~memrec.tui.filters.EventFilter`.
 
 What the widgets receive (:class:`SeriesView`, :class:`CursorState`, :class:`PhaseSpan`) lives in
@@ -39,6 +40,7 @@ import numpy as np
 from memrec.terms.columns import EVENT_DTYPE
 from memrec.engine.phases import held_by_phase
 from memrec.engine.replay import advance
+from memrec.engine.replay import advance_for_gpu
 from memrec.state import LiveState
 from memrec.state.tensors import Fragmentation
 from memrec.state.tensors import TensorBlocks
@@ -118,8 +120,10 @@ class TraceModel(ReplayedTrace):
                 best = (ei, state)
         return best
 
-    def live_state_at(self, seq: int) -> LiveState:
-        """A LiveState after the events up to and including ``seq`` (nearest checkpoint + gap)."""
+    def live_state_at(self, seq: int, gpu: int | None = None) -> LiveState:
+        """A LiveState after the events up to and including ``seq`` (nearest checkpoint + gap);
+        with ``gpu``, exact as far as that GPU goes only (:func:`memrec.engine.replay.advance_for_gpu`:
+        the gap's processes that never touch it may be left out)."""
         with self.lock:
             covered, snap = self._best_checkpoint(seq)
             if snap is None and covered > 0:
@@ -131,14 +135,16 @@ class TraceModel(ReplayedTrace):
             snap = marshal.loads(snap)
         s = LiveState.from_snapshot(snap) if snap is not None else LiveState()
         # chunk by chunk, outside the lock, as columns (no 130-byte rows built: the first frame waits)
-        return advance(s, covered, (self.store.batch([piece]) for piece in pieces))
+        if gpu is None:
+            return advance(s, covered, (self.store.batch([piece]) for piece in pieces))
+        return advance_for_gpu(s, covered, lambda: (self.store.batch([piece]) for piece in pieces), gpu)
 
     def state_at(self, seq: int, gpu: int, ts: int | None = None, n_largest: int = 50,
                  tensors: bool = True) -> CursorState:
         """Who holds what on ``gpu`` after event ``seq`` (see :class:`CursorState`). ``tensors=False``:
         without the tensor blocks (:meth:`tensors_at`, which may replay them from the first event)."""
         ts = self.store.ts_of(seq) if ts is None else ts
-        s = self.live_state_at(seq)
+        s = self.live_state_at(seq, gpu)
         tot = s.totals().get(gpu, {})
         by_cat: dict[str, int] = {}
         procs = []

@@ -32,6 +32,14 @@ from memrec.engine.source import ColumnSource
 from memrec.engine.source import EventSource
 from memrec.state import LiveState
 from memrec.state.batch import Batch
+from memrec.state.fields import ALLOC
+from memrec.state.fields import FREE
+from memrec.state.fields import IPC_CLOSE
+from memrec.state.fields import JOINABLE_KINDS
+from memrec.state.fields import OTHER_KINDS
+from memrec.state.fields import SHARE_EXPORT
+from memrec.state.fields import SHARE_IMPORT
+from memrec.state.fields import kind_mask
 
 #: Events per LiveState.apply call in a whole-trace replay: what apply makes per call (lists of a
 #: call's columns) and the state's own journal stay bounded however long the trace (one
@@ -236,6 +244,50 @@ def advance(state: LiveState, covered: int, chunks: Iterable[np.ndarray | Batch]
     for chunk in chunks:
         state.apply(chunk)
     return state
+
+
+#: Kinds whose events read or write another process's state: an IPC handle exported and opened,
+#: a shareable handle exported and imported (every other kind changes its own process's tables).
+_JOINING = kind_mask((*JOINABLE_KINDS, IPC_CLOSE, SHARE_EXPORT, SHARE_IMPORT))
+#: Kinds that change the state (the others: contexts, forks, code, markers, tensor blocks do not).
+_CHANGES = kind_mask((ALLOC, FREE, *OTHER_KINDS))
+
+
+def advance_for_gpu(state: LiveState, covered: int, chunks: Callable[[], Iterable[Batch]], gpu: int) -> LiveState:
+    """``advance`` as far as ``gpu`` goes: what ``state`` holds on ``gpu`` (its counters, driver
+    allocations, VMM handles and IPC mappings there) is what ``advance`` gives; the rest (other
+    GPUs, the failures, anomalies and exits kept, the peaks) may not be.
+
+    Why: a seek's gap from a far keyframe is a million events or more, replayed at about a
+    microsecond each, and the cursor shows one GPU. When no event of the gap joins two processes
+    (IPC and shareable handles), each process's state follows from its own events, and memory
+    on ``gpu`` comes only from an event on ``gpu`` (an allocation, a VMM handle, an array): the
+    processes that hold nothing there at the start and have no such event in the gap are left
+    out, on a host with a process per GPU all but one GPU's events. A gap with IPC events, and
+    the host's view (``gpu`` -1, whose pinned memory an event of any GPU makes), replay every
+    event. ``chunks()`` gives the gap's chunks, afresh each call: they are read twice (held
+    between the two passes, a million events' columns would be tens of MB).
+    """
+    keep = _processes_on(state, chunks(), gpu) if gpu >= 0 else None
+    if keep is None:
+        return advance(state, covered, chunks())
+    state.n_events = covered
+    for chunk in chunks():
+        state.apply(chunk[np.isin(chunk["pid"], keep)])
+        covered += len(chunk)
+    state.n_events = covered
+    return state
+
+
+def _processes_on(state: LiveState, chunks: Iterable[Batch], gpu: int) -> np.ndarray | None:
+    """The processes :func:`advance_for_gpu` replays for ``gpu`` (None: every one)."""
+    pids = [np.array([p for (g, p, _), b in state.tables.bytes.items() if g == gpu and b], np.int64)]
+    for chunk in chunks:
+        kinds, ok, g = chunk["kind"], chunk["result"] == 0, chunk["gpu"]
+        if np.any(ok & _JOINING[kinds]):
+            return None
+        pids.append(np.unique(chunk["pid"][ok & _CHANGES[kinds] & (g == gpu)]))
+    return np.unique(np.concatenate(pids))
 
 
 def state_at(events: np.ndarray | Batch | EventSource, index: int, keyframes: list | None = None) -> LiveState:
