@@ -187,13 +187,13 @@ class LiveState(Queries):
         if int(n_vec[-1]) < max(self.vector_min_run, 1):
             barriers = barriers[:0]  # no piece goes at once: one piece, event by event, no planning
         if len(barriers):
-            plan = Planner(self.tables, events, plain_ok)
-            for b in barriers.tolist():
-                if plan.joins(lo, b):
-                    continue
+            plan = Planner(self.tables, events, plain_ok, barriers)
+            k = 0
+            while (k := plan.next_cut(lo, k)) < len(barriers):
+                b = int(barriers[k])
                 piece(lo, b)
                 self._apply_events(events, np.arange(b, b + 1), fill)
-                lo = b + 1
+                lo, k = b + 1, k + 1
                 plan.restart()
         piece(lo, n)
         self.tables.alloc_hints.clear()
@@ -210,18 +210,19 @@ class LiveState(Queries):
         """Apply ``events[idx]`` one by one (any kind): the reference for every path."""
         if len(idx) == 0:
             return
-        sub = events[idx]
-        kinds = sub["kind"].tolist()
+        # The columns read, gathered from the batch (a sub-Batch would gather every column).
+        col = events.columns
+        kinds = col["kind"][idx].tolist()
         # A damaged file can hold any u64: keep ts and sizes where the int64 journal and the
         # analysis can hold them (no driver gives 4 PiB, no clock reads 2^63 ns).
-        tss = np.minimum(sub["ts"], MAX_TS).tolist()
-        pids = sub["pid"].tolist()
-        results = sub["result"].tolist()
-        gpus = sub["gpu"].tolist()
-        ptrs = sub["ptr"].tolist()
-        sizes = np.minimum(sub["size"], MAX_SIZE).tolist()
-        apis = sub["api"].tolist()
-        handles = sub["handle"].tolist()
+        tss = np.minimum(col["ts"][idx], MAX_TS).tolist()
+        pids = col["pid"][idx].tolist()
+        results = col["result"][idx].tolist()
+        gpus = col["gpu"][idx].tolist()
+        ptrs = col["ptr"][idx].tolist()
+        sizes = np.minimum(col["size"][idx], MAX_SIZE).tolist()
+        apis = col["api"][idx].tolist()
+        handles = col["handle"][idx].tolist()
         auxs = hbytes = None  # decoded on the first event that is not an alloc or a free
         tables = self.tables
         allocs, change, apply_other = tables.allocs, tables.change, self.vmm.apply_other
@@ -235,7 +236,7 @@ class LiveState(Queries):
                 if kind in QUIET_KINDS and results[i] != CUDA_ERROR_OUT_OF_MEMORY:
                     continue  # an expected failure of a code or pool call (events.QUIET_FAILURE_KINDS)
                 self.n_failures += 1
-                tid = int(sub["tid"][i])
+                tid = int(col["tid"][idx[i]])
                 self.failures.append([index[i], tss[i], pids[i], tid, kind, apis[i], results[i], gpus[i], sizes[i], ptrs[i]])
                 continue
             if kind == ALLOC:
@@ -266,9 +267,9 @@ class LiveState(Queries):
                 self._exit(index[i], tss[i], pids[i])
             else:
                 if auxs is None:
-                    auxs = sub["aux"].tolist()
-                    carry = HANDLE_BYTES_MASK[sub["kind"]] & ((sub["flags"] & FLAG_IPC_BYTES) != 0)
-                    hbytes = sub.ipc_bytes_at(np.arange(len(sub)), carry)
+                    auxs = col["aux"][idx].tolist()
+                    carry = HANDLE_BYTES_MASK[col["kind"][idx]] & ((col["flags"][idx] & FLAG_IPC_BYTES) != 0)
+                    hbytes = events.ipc_bytes_at(idx, carry)
                 g = apply_other(
                     kind, index[i], tss[i], pids[i], gpus[i], ptrs[i], sizes[i], handles[i], apis[i], auxs[i],
                     hbytes[i],

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from typing import TYPE_CHECKING
+from typing import NamedTuple
 
 import numpy as np
 
@@ -28,6 +29,20 @@ if TYPE_CHECKING:
     from memrec.state.tables import Tables
 
 
+class _Sure(NamedTuple):
+    """Per barrier of a batch, what decides whether it surely joins a run (see Planner._surely_join)."""
+
+    whole: np.ndarray  # an export whose key hash's top bits no other key of the batch has
+    prev: np.ndarray  # an export's last allocation or free of its key before it (-1: none)
+    prev_free: np.ndarray  # an export's last free of a key with its top bits before it (-1: none)
+    open_alone: np.ndarray  # an open without handle bytes (it reads no export)
+    export_of: np.ndarray  # an open's export: the barrier of the last one before it with its bytes (-1: none)
+    top: np.ndarray  # the top bits of that export's key hash, in by_key's form
+    rank: np.ndarray  # whole exports before each barrier (one more value: all of them)
+    hints: list  # per whole export: (event index, (ptr, hint)) as joins records it
+    joined: list  # per whole export: (handle bytes or None, key hash)
+
+
 class Planner:
     """Whether an IPC export or open can join the run being gathered, for one batch.
 
@@ -40,9 +55,10 @@ class Planner:
     frees that export's allocation before it. A process exit never joins.
     """
 
-    def __init__(self, tables: Tables, events: Batch, plain_ok: np.ndarray) -> None:
+    def __init__(self, tables: Tables, events: Batch, plain_ok: np.ndarray, barriers: np.ndarray) -> None:
         self.tables = tables
         self.events = events
+        self.barriers = barriers  # positions of the batch's exits and successful exports and opens
         self.kinds = events["kind"]
         self.pids = events["pid"]
         self.ptrs = events["ptr"]
@@ -60,11 +76,98 @@ class Planner:
         self.joined: dict[bytes, int] = {}  # handle bytes -> key hash of the allocation, of exports joined
         self._exports: dict[int, tuple] | None = None  # see _export_facts
         self._opens: dict[int, bytes | None] | None = None  # position -> an open's handle bytes
-        self._frees: list[int] = []  # the frees of by_key
+        self._frees: list[int] = []  # the frees of by_key, as ints for bisect
+        self._frees_at: np.ndarray | None = None  # the same as an array (see _free_tops)
+        self._sure: _Sure | None = None  # see _sure_facts
 
     def restart(self) -> None:
         """A new run begins."""
         self.joined.clear()
+
+    def next_cut(self, lo: int, k: int) -> int:
+        """The first of :attr:`barriers` from the ``k``-th on (the first at or after ``lo``)
+        that does not join the run begun at ``lo``; ``len(barriers)`` when all do.
+
+        The barriers that surely join are found with numpy at once (:meth:`_surely_join`) and
+        recorded in bulk as :meth:`joins` would one by one; the others go through
+        :meth:`joins`, in order, each after the sure ones before it are recorded.
+        """
+        if self._sure is None:
+            self._sure = self._sure_facts()
+        sure = self._surely_join(lo, k)
+        for j in (np.flatnonzero(~sure) + k).tolist():
+            self._record(k, j)
+            if not self.joins(lo, int(self.barriers[j])):
+                return j
+            k = j + 1
+        self._record(k, len(self.barriers))
+        return len(self.barriers)
+
+    def _sure_facts(self) -> _Sure:
+        """What :meth:`_surely_join` reads, per barrier, found once per batch."""
+        if self._exports is None:
+            self._exports = self._export_facts()
+        bars, ev = self.barriers, self.events
+        kinds = self.kinds[bars]
+        flagged = (ev["flags"][bars] & FLAG_IPC_BYTES) != 0
+        is_export = kinds == IPC_EXPORT
+        facts = [self._exports[b] if e else None for b, e in zip(bars.tolist(), is_export.tolist())]
+        whole = np.array([f is not None for f in facts], bool)  # an export whose top bits are its key's alone
+        prev = np.array([f[3] if f is not None else -1 for f in facts], np.int64)
+        prev_free = np.array([f[4] if f is not None else -1 for f in facts], np.int64)
+        # An open's export: the last successful export before it with the same handle bytes.
+        ex_bars = np.flatnonzero(is_export & flagged)
+        op_bars = np.flatnonzero((kinds == IPC_OPEN) & flagged)
+        ids: dict[bytes, int] = {}
+        ex_ids = [ids.setdefault(h, len(ids)) for h in ev.ipc_bytes_at(bars[ex_bars], np.ones(len(ex_bars), bool))]
+        op_ids = [ids.get(h, -1) for h in ev.ipc_bytes_at(bars[op_bars], np.ones(len(op_bars), bool))]
+        export_of = np.full(len(bars), -1)
+        if len(ex_bars) and len(op_bars):
+            width = len(bars) + 1
+            comp = np.sort(np.asarray(ex_ids, np.int64) * width + ex_bars)
+            want = np.asarray(op_ids, np.int64) * width + op_bars
+            i = np.maximum(np.searchsorted(comp, want) - 1, 0)
+            hit = (np.asarray(op_ids) >= 0) & (comp[i] // width == want // width) & (comp[i] < want)
+            export_of[op_bars[hit]] = comp[i[hit]] % width
+        top = (self.keys[bars[np.maximum(export_of, 0)]] >> self.shift) << self.shift
+        base = self.tables.n_events
+        return _Sure(whole, prev, prev_free, (kinds == IPC_OPEN) & ~flagged, export_of, top,
+                     np.concatenate(([0], np.cumsum(whole))),
+                     [(base + b, (f[1], f[5])) for b, f in zip(bars.tolist(), facts) if f is not None],
+                     [(f[6], f[2]) for f in facts if f is not None])
+
+    def _surely_join(self, lo: int, k: int) -> np.ndarray:
+        """Whether each barrier from the ``k``-th on joins the run begun at ``lo`` if every one
+        before it does, where that follows from the batch alone (False: ask :meth:`joins`): an
+        export whose last allocation or free before it is in the run, an allocation (see
+        :meth:`_export_joins`); an open without handle bytes, or of an export surely joined in the
+        run with no free of a key with its top bits in the run before it (see :meth:`_open_joins`)."""
+        sure, bars = self._sure, self.barriers[k:]
+        export = sure.whole[k:] & (sure.prev[k:] >= lo) & (sure.prev_free[k:] < lo)
+        of = sure.export_of[k:]
+        read = of >= k
+        joined_export = np.zeros(len(bars), bool)
+        joined_export[read] = export[of[read] - k]
+        frees = self._free_tops()
+        top = sure.top[k:]
+        i = np.minimum(np.searchsorted(frees, top | np.uint64(lo)), len(frees) - 1)
+        freed = (frees[i] >= (top | np.uint64(lo))) & (frees[i] < (top | bars.astype(np.uint64))) if len(frees) else False
+        return export | sure.open_alone[k:] | (joined_export & ~freed)
+
+    def _record(self, k: int, j: int) -> None:
+        """Record what :meth:`joins` would for the barriers ``k`` to ``j`` (all surely joined):
+        each export's hint, and its key under its handle bytes."""
+        sure = self._sure
+        r0, r1 = int(sure.rank[k]), int(sure.rank[j])
+        if r1 > r0:
+            self.tables.alloc_hints.update(sure.hints[r0:r1])
+            self.joined.update(p for p in sure.joined[r0:r1] if p[0] is not None)
+
+    def _free_tops(self) -> np.ndarray:
+        """The batch's frees in :attr:`by_key` (top bits of the key hash, position), ascending."""
+        if self._frees_at is None:
+            self._frees_at = self.by_key[self.kinds[self.key_pos] == FREE]
+        return self._frees_at
 
     def joins(self, lo: int, b: int) -> bool:
         """Whether event ``b`` (an export, open or exit) joins the run that began at ``lo``."""
@@ -179,8 +282,7 @@ class Planner:
         if self._opens is None:
             at = np.flatnonzero((self.kinds == IPC_OPEN) & ((self.events["flags"] & FLAG_IPC_BYTES) != 0))
             self._opens = dict(zip(at.tolist(), self.events.ipc_bytes_at(at, np.ones(len(at), bool))))
-            frees = self.by_key[self.kinds[self.key_pos] == FREE]
-            self._frees = frees.tolist()  # sorted: bisect on Python ints beats a numpy call per open
+            self._frees = self._free_tops().tolist()  # sorted: bisect on Python ints beats a numpy call per open
         hb = self._opens.get(b)
         if hb is None:
             return True  # it reads no export
