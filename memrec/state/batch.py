@@ -169,8 +169,7 @@ class Batch:
         index = self.ipc_index
         j = np.minimum(np.searchsorted(index, at), max(len(index) - 1, 0))
         hit = (index[j] == at) if len(index) else np.zeros(len(at), bool)
-        out: list[bytes | None] = [None] * len(at)
+        # Each event's value picked by number out of the values, zeros and None (no Python step each).
         values = self._ipc_bytes() if hit.any() else []
-        for i, k, h in zip(np.flatnonzero(flagged).tolist(), j[flagged].tolist(), hit[flagged].tolist()):
-            out[i] = values[k] if h else _NO_IPC
-        return out
+        pick = np.where(flagged, np.where(hit, j, len(values)), len(values) + 1)
+        return list(map([*values, _NO_IPC, None].__getitem__, pick.tolist()))

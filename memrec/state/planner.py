@@ -8,7 +8,10 @@ the run, so that a busy exporter (NCCL, SGLang's weight sharing) does not cut ev
 from __future__ import annotations
 
 from bisect import bisect_left
+from itertools import compress
+from itertools import repeat
 from typing import TYPE_CHECKING
+from typing import Iterator
 from typing import NamedTuple
 
 import numpy as np
@@ -27,6 +30,16 @@ from memrec.state.fields import PROC_EXIT
 if TYPE_CHECKING:
     from memrec.state.batch import Batch
     from memrec.state.tables import Tables
+
+
+class _Exports(NamedTuple):
+    """A batch's successful exports, found at once (see Planner._export_arrays)."""
+
+    at: np.ndarray  # positions
+    prev: np.ndarray  # the last allocation or free of its (pid, ptr) before it (-1: none)
+    prev_free: np.ndarray  # the last free of a key with its top bits before it (-1: none)
+    shared: np.ndarray  # the last event before it of a key with its top bits is another key's
+    hb: list  # handle bytes (None: none)
 
 
 class _Sure(NamedTuple):
@@ -74,7 +87,7 @@ class Planner:
         self.key_pos = (self.by_key & np.uint64(self.low)).astype(np.int64)
         self._of_pid: dict[int, np.ndarray] = {}
         self.joined: dict[bytes, int] = {}  # handle bytes -> key hash of the allocation, of exports joined
-        self._exports: dict[int, tuple] | None = None  # see _export_facts
+        self._exports: _Exports | None = None  # see _export_arrays
         self._opens: dict[int, bytes | None] | None = None  # position -> an open's handle bytes
         self._frees: list[int] = []  # the frees of by_key, as ints for bisect
         self._frees_at: np.ndarray | None = None  # the same as an array (see _free_tops)
@@ -104,37 +117,43 @@ class Planner:
         return len(self.barriers)
 
     def _sure_facts(self) -> _Sure:
-        """What :meth:`_surely_join` reads, per barrier, found once per batch."""
-        if self._exports is None:
-            self._exports = self._export_facts()
+        """What :meth:`_surely_join` reads, per barrier, found once per batch (every successful
+        export is a barrier)."""
+        ex = self._export_arrays()
         bars, ev = self.barriers, self.events
         kinds = self.kinds[bars]
-        flagged = (ev["flags"][bars] & FLAG_IPC_BYTES) != 0
-        is_export = kinds == IPC_EXPORT
-        facts = [self._exports[b] if e else None for b, e in zip(bars.tolist(), is_export.tolist())]
-        whole = np.array([f is not None for f in facts], bool)  # an export whose top bits are its key's alone
-        prev = np.array([f[3] if f is not None else -1 for f in facts], np.int64)
-        prev_free = np.array([f[4] if f is not None else -1 for f in facts], np.int64)
+        at = np.searchsorted(bars, ex.at)
+        whole = np.zeros(len(bars), bool)
+        whole[at] = ~ex.shared
+        prev = np.full(len(bars), -1)
+        prev[at] = ex.prev
+        prev_free = np.full(len(bars), -1)
+        prev_free[at] = ex.prev_free
+        # What joins records of each whole export, built by zip (no Python step per export).
+        w = ex.at[~ex.shared]
+        j = np.maximum(ex.prev[~ex.shared], 0)
+        hints = list(zip((w + self.tables.n_events).tolist(), zip(self.ptrs[w].tolist(), self._hints(j))))
+        joined = list(zip(compress(ex.hb, (~ex.shared).tolist()), self.keys[w].tolist()))
         # An open's export: the last successful export before it with the same handle bytes.
-        ex_bars = np.flatnonzero(is_export & flagged)
+        flagged = (ev["flags"][bars] & FLAG_IPC_BYTES) != 0
+        ex_bars = at[flagged[at]]
         op_bars = np.flatnonzero((kinds == IPC_OPEN) & flagged)
-        ids: dict[bytes, int] = {}
-        ex_ids = [ids.setdefault(h, len(ids)) for h in ev.ipc_bytes_at(bars[ex_bars], np.ones(len(ex_bars), bool))]
-        op_ids = [ids.get(h, -1) for h in ev.ipc_bytes_at(bars[op_bars], np.ones(len(op_bars), bool))]
         export_of = np.full(len(bars), -1)
         if len(ex_bars) and len(op_bars):
+            ex_hb = list(compress(ex.hb, flagged[at].tolist()))
+            ids = dict(zip(ex_hb, range(len(ex_hb))))  # equal bytes, equal number
+            ex_ids = np.fromiter(map(ids.__getitem__, ex_hb), np.int64, len(ex_hb))
+            op_hb = ev.ipc_bytes_at(bars[op_bars], np.ones(len(op_bars), bool))
+            op_ids = np.fromiter(map(ids.get, op_hb, repeat(-1)), np.int64, len(op_bars))
             width = len(bars) + 1
-            comp = np.sort(np.asarray(ex_ids, np.int64) * width + ex_bars)
-            want = np.asarray(op_ids, np.int64) * width + op_bars
+            comp = np.sort(ex_ids * width + ex_bars)
+            want = op_ids * width + op_bars
             i = np.maximum(np.searchsorted(comp, want) - 1, 0)
-            hit = (np.asarray(op_ids) >= 0) & (comp[i] // width == want // width) & (comp[i] < want)
+            hit = (op_ids >= 0) & (comp[i] // width == op_ids) & (comp[i] < want)
             export_of[op_bars[hit]] = comp[i[hit]] % width
         top = (self.keys[bars[np.maximum(export_of, 0)]] >> self.shift) << self.shift
-        base = self.tables.n_events
         return _Sure(whole, prev, prev_free, (kinds == IPC_OPEN) & ~flagged, export_of, top,
-                     np.concatenate(([0], np.cumsum(whole))),
-                     [(base + b, (f[1], f[5])) for b, f in zip(bars.tolist(), facts) if f is not None],
-                     [(f[6], f[2]) for f in facts if f is not None])
+                     np.concatenate(([0], np.cumsum(whole))), hints, joined)
 
     def _surely_join(self, lo: int, k: int) -> np.ndarray:
         """Whether each barrier from the ``k``-th on joins the run begun at ``lo`` if every one
@@ -192,13 +211,14 @@ class Planner:
         i = np.searchsorted(pos, lo)
         return bool(i < len(pos) and pos[i] < b)
 
-    def _export_facts(self) -> dict[int, tuple]:
-        """For each successful export of the batch (by position), found with numpy at once: its
-        pid, ptr and key hash, the position of the last allocation or free of its (pid, ptr)
-        before it (-1: none), of the last free of a key with its hash's top bits before it (-1:
-        none), the hint that last event gives, and its handle bytes (None: none). None instead
-        where the last event before it of a key with those top bits is another key's (then
-        :meth:`_export_joins_slowly` looks item by item)."""
+    def _export_arrays(self) -> _Exports:
+        """The batch's successful exports (by position) and, found with numpy at once, the
+        position of the last allocation or free of each one's (pid, ptr) before it (-1: none),
+        of the last free of a key with its hash's top bits before it (-1: none), whether the
+        last event before it of a key with those top bits is another key's (then
+        :meth:`_export_joins_slowly` looks item by item), and its handle bytes (None: none)."""
+        if self._exports is not None:
+            return self._exports
         ev = self.events
         at = np.flatnonzero((self.kinds == IPC_EXPORT) & (ev["result"] == 0))
         prev = prev_free = np.full(len(at), -1)
@@ -216,34 +236,34 @@ class Planner:
             # A free of any key with those top bits cuts: never wrong, and another key's is rare.
             free_at = np.maximum.accumulate(np.where(self.kinds[sp] == FREE, np.arange(len(sp)), -1))[last]
             prev_free = np.where(here & (free_at >= g0), sp[np.maximum(free_at, 0)], -1)
-        j = np.maximum(prev, 0)
-        hints = zip(np.minimum(ev["size"][j], MAX_SIZE).tolist(), ev["gpu"][j].tolist(),
-                    np.minimum(ev["ts"][j], MAX_TS).tolist(), ev["api"][j].tolist())
         hb = ev.ipc_bytes_at(at, (ev["flags"][at] & FLAG_IPC_BYTES) != 0)
-        cols = (at.tolist(), self.pids[at].tolist(), self.ptrs[at].tolist(), self.keys[at].tolist(), prev.tolist(),
-                prev_free.tolist(), shared.tolist(), hints, hb)
-        return {b: None if sh else (pid, ptr, key, pv, pf, hint, h)
-                for b, pid, ptr, key, pv, pf, sh, hint, h in zip(*cols)}
+        self._exports = _Exports(at, prev, prev_free, shared, hb)
+        return self._exports
+
+    def _hints(self, j: np.ndarray) -> Iterator[tuple[int, int, int, int]]:
+        """The allocation each event of ``j`` makes, as the table would hold it: (size, gpu, ts, api)."""
+        ev = self.events
+        return zip(np.minimum(ev["size"][j], MAX_SIZE).tolist(), ev["gpu"][j].tolist(),
+                   np.minimum(ev["ts"][j], MAX_TS).tolist(), ev["api"][j].tolist())
 
     def _export_joins(self, lo: int, b: int) -> bool:
-        if self._exports is None:
-            self._exports = self._export_facts()
-        facts = self._exports[b]
-        if facts is None:
+        ex = self._export_arrays()
+        i = int(np.searchsorted(ex.at, b))
+        if ex.shared[i]:
             return self._export_joins_slowly(lo, b)
         tables = self.tables
-        pid, ptr, key, prev, prev_free, hint, hb = facts
+        pid, ptr, key, prev, prev_free = int(self.pids[b]), int(self.ptrs[b]), int(self.keys[b]), int(ex.prev[i]), int(ex.prev_free[i])
         index = tables.n_events + b
         if prev >= lo:
             if prev_free >= lo:
                 return False  # the free forgets exports made before it only: keep it in order
-            tables.alloc_hints[index] = (ptr, hint)
+            tables.alloc_hints[index] = (ptr, next(self._hints(np.array([prev]))))
         elif tables.allocs.find(pid, ptr)[0] < 0:
             if self._pid_has_events(pid, lo, b):
                 return False
             key = self._interior_key(pid, ptr, key, index)
-        if hb is not None:
-            self.joined[hb] = key
+        if ex.hb[i] is not None:
+            self.joined[ex.hb[i]] = key
         return True
 
     def _export_joins_slowly(self, lo: int, b: int) -> bool:
@@ -256,7 +276,7 @@ class Planner:
         if len(same):
             if np.any(self.kinds[same] == FREE):
                 return False
-            tables.alloc_hints[index] = (ptr, self._hint(int(same[-1])))
+            tables.alloc_hints[index] = (ptr, next(self._hints(same[-1:])))
         elif tables.allocs.find(pid, ptr)[0] < 0:
             if self._pid_has_events(pid, lo, b):
                 return False
@@ -265,10 +285,6 @@ class Planner:
             self.joined[self.events.ipc_bytes(b)] = key
         return True
 
-    def _hint(self, j: int) -> tuple[int, int, int, int]:
-        """The allocation event ``j`` makes, as the table would hold it: (size, gpu, ts, api)."""
-        ev = self.events
-        return int(min(ev["size"][j], MAX_SIZE)), int(ev["gpu"][j]), int(min(ev["ts"][j], MAX_TS)), int(ev["api"][j])
 
     def _interior_key(self, pid: int, ptr: int, key: int, index: int) -> int:
         """The key hash of the allocation holding ``ptr`` (``key`` when none does)."""
