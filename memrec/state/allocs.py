@@ -29,6 +29,10 @@ _C2 = 0xBF58476D1CE4E5B9
 _MAX_LOAD = 0.5
 _MIN_SLOTS_BITS = 10
 _MIN_ROWS = 1024
+#: A batch's look-up or indexing goes on key by key in Python once this few keys are still
+#: probing: a round of numpy calls (a dozen) costs more than the Python steps of so few keys, and
+#: with linear probing the last keys go on for many rounds (about half of those left end each).
+_TAIL = 32
 
 Col = Union[np.ndarray, int]  # one row's value or a column of them
 
@@ -151,6 +155,10 @@ class KeyTable:
         pending = np.flatnonzero(~hit & (s != EMPTY))
         pos = (pos[pending] + 1) & mask
         while len(pending):
+            if len(pending) <= _TAIL:
+                for i, p, pid, key in zip(pending.tolist(), pos.tolist(), pids[pending].tolist(), ptrs[pending].tolist()):
+                    rows[i], where[i] = self._probe(p, pid, key)
+                break
             s = self._slots[pos].astype(np.int64)
             r = np.maximum(s, 0)
             hit = (s >= 0) & (self.pid[r] == pids[pending]) & (keys[r] == ptrs[pending])
@@ -258,6 +266,10 @@ class KeyTable:
         pos = self._hash(self.pid[rows], getattr(self, self.KEY)[rows])
         pending = rows
         while len(pending):
+            if len(pending) <= _TAIL:
+                for row, p in zip(pending.tolist(), pos.tolist()):
+                    self._claim(row, p)
+                return
             s = self._slots[pos]
             free = s < 0
             cand = np.flatnonzero(free)
@@ -282,15 +294,18 @@ class KeyTable:
         """(row, slot) of one key, (-1, -1) when absent."""
         if self.count == 0:
             return -1, -1
+        return self._probe(self._hash1(pid, ptr), pid, ptr)
+
+    def _probe(self, pos: int, pid: int, key: int) -> tuple[int, int]:
+        """(row, slot) of one key, probing from slot ``pos`` on; (-1, -1) when absent."""
         mask = (1 << self._bits) - 1
-        pos = self._hash1(pid, ptr)
         slots = self._slots
         keys = getattr(self, self.KEY)
         while True:
             s = int(slots[pos])
             if s == EMPTY:
                 return -1, -1
-            if s >= 0 and int(keys[s]) == ptr and int(self.pid[s]) == pid:
+            if s >= 0 and int(keys[s]) == key and int(self.pid[s]) == pid:
                 return s, pos
             pos = (pos + 1) & mask
 
@@ -310,8 +325,11 @@ class KeyTable:
         if self.count + self._tombs > _MAX_LOAD * len(self._slots):
             self._rehash()
             return
+        self._claim(row, self._hash1(pid, ptr))
+
+    def _claim(self, row: int, pos: int) -> None:
+        """Put one row (its key not in the index) into the first free slot from ``pos`` on."""
         mask = (1 << self._bits) - 1
-        pos = self._hash1(pid, ptr)
         slots = self._slots
         while slots[pos] >= 0:
             pos = (pos + 1) & mask
