@@ -65,14 +65,15 @@ def top_order(tops: np.ndarray) -> np.ndarray:
     return radix_order(*((tops >> np.uint64(s) & mask).astype(np.uint16) for s in (0, 16, 32)))
 
 
-def by_key(pid: np.ndarray, ptr: np.ndarray) -> np.ndarray:
-    """The order that groups equal (pid, ptr) keys, each group in event order.
+def by_key(pid: np.ndarray, ptr: np.ndarray, hashes: np.ndarray | None = None) -> np.ndarray:
+    """The order that groups equal (pid, ptr) keys, each group in event order (``hashes``: their
+    :func:`key_hash`, when the caller has them).
 
     A stable radix sort of the key hash's top bits (fast); when two keys share those bits (rare:
     then their events could interleave) a stable sort by (pid, ptr).
     """
     bits = np.uint64(max(20, len(pid).bit_length()))
-    tops = key_hash(pid, ptr) >> bits
+    tops = (key_hash(pid, ptr) if hashes is None else hashes) >> bits
     order = top_order(tops)
     sp, sq, sh = pid[order], ptr[order], tops[order]
     if np.any((sh[1:] == sh[:-1]) & ((sp[1:] != sp[:-1]) | (sq[1:] != sq[:-1]))):
@@ -128,23 +129,26 @@ class KeyTable:
 
     # ------------------------------------------------------------------ hashing
 
-    def _hash(self, pids: np.ndarray, ptrs: np.ndarray) -> np.ndarray:
-        return (key_hash(pids, ptrs) >> np.uint64(64 - self._bits)).astype(np.int64)
+    def _home(self, hashes: np.ndarray) -> np.ndarray:
+        """The home slots of keys of these :func:`key_hash` values."""
+        return (hashes >> np.uint64(64 - self._bits)).astype(np.int64)
 
     def _hash1(self, pid: int, ptr: int) -> int:
         return key_hash1(pid, ptr) >> (64 - self._bits)
 
     # ------------------------------------------------------------------ batches
 
-    def lookup(self, pids: np.ndarray, ptrs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Rows and index slots of keys ``(pids[i], ptrs[i])``: -1 where absent."""
+    def lookup(self, pids: np.ndarray, ptrs: np.ndarray,
+               hashes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Rows and index slots of keys ``(pids[i], ptrs[i])``: -1 where absent (``hashes``: their
+        :func:`key_hash`, when the caller has them)."""
         n = len(pids)
         if n == 0 or self.count == 0:
             return np.full(n, -1, np.int64), np.full(n, -1, np.int64)
         pids = pids.astype(np.uint32, copy=False)
         ptrs = ptrs.astype(np.uint64, copy=False)
         mask = (1 << self._bits) - 1
-        pos = self._hash(pids, ptrs)
+        pos = self._home(key_hash(pids, ptrs) if hashes is None else hashes)
         keys = getattr(self, self.KEY)
         # The first probe, for every key at once (most end there); then those that go on.
         s = self._slots[pos]
@@ -169,8 +173,9 @@ class KeyTable:
             pos = (pos[go] + 1) & mask
         return rows, where
 
-    def insert(self, *columns: np.ndarray) -> None:
-        """Add rows (columns in :attr:`names` order) whose keys are absent and distinct from each other."""
+    def insert(self, *columns: np.ndarray, hashes: np.ndarray | None = None) -> None:
+        """Add rows (columns in :attr:`names` order) whose keys are absent and distinct from each
+        other (``hashes``: their :func:`key_hash`, when the caller has them)."""
         n = len(columns[0])
         if n == 0:
             return
@@ -180,7 +185,7 @@ class KeyTable:
         if (self.count + self._tombs) > _MAX_LOAD * len(self._slots):
             self._rehash()
         else:
-            self._index(rows)
+            self._index(rows, hashes)
 
     def _write(self, rows: Col, *values: Col) -> None:
         """Fill rows (one, or an array of them; values in :attr:`names` order) and mark them live."""
@@ -260,10 +265,10 @@ class KeyTable:
         self._tombs = 0
         self._index(np.flatnonzero(self.live[: self._top]))
 
-    def _index(self, rows: np.ndarray) -> None:
+    def _index(self, rows: np.ndarray, hashes: np.ndarray | None = None) -> None:
         """Put ``rows`` (keys not in the index) into free slots, claiming each slot once."""
         mask = (1 << self._bits) - 1
-        pos = self._hash(self.pid[rows], getattr(self, self.KEY)[rows])
+        pos = self._home(key_hash(self.pid[rows], getattr(self, self.KEY)[rows]) if hashes is None else hashes)
         pending = rows
         while len(pending):
             if len(pending) <= _TAIL:
