@@ -188,8 +188,9 @@ def _commit(tables: Tables, plan: _Plan, fill: list) -> list[np.ndarray]:
 
     # Changes: +size at each create, -size where a record goes; none for 0 bytes.
     made = (st == _CREATE) & (gsize[gen] != 0)
-    at = np.flatnonzero(made | (gone & (gsize[gen] != 0)))
-    at = at[np.argsort(order[at])]
+    place = np.empty_like(order)  # each event's place in handle order: the changes in event order without a sort
+    place[order] = np.arange(len(order))
+    at = place[np.flatnonzero((made | (gone & (gsize[gen] != 0)))[place])]
     idx, ag = order[at], gen[at]
     return [
         pos[idx] + tables.n_events,
