@@ -168,10 +168,11 @@ class Planner:
         joined_export = np.zeros(len(bars), bool)
         joined_export[read] = export[of[read] - k]
         frees = self._free_tops()
-        top = sure.top[k:]
-        i = np.minimum(np.searchsorted(frees, top | np.uint64(lo)), len(frees) - 1)
-        freed = (frees[i] >= (top | np.uint64(lo))) & (frees[i] < (top | bars.astype(np.uint64))) if len(frees) else False
-        return export | sure.open_alone[k:] | (joined_export & ~freed)
+        if len(frees):
+            top = sure.top[k:]
+            i = np.minimum(np.searchsorted(frees, top | np.uint64(lo)), len(frees) - 1)
+            joined_export &= (frees[i] < (top | np.uint64(lo))) | (frees[i] >= (top | bars.astype(np.uint64)))
+        return export | sure.open_alone[k:] | joined_export
 
     def _record(self, k: int, j: int) -> None:
         """Record what :meth:`joins` would for the barriers ``k`` to ``j`` (all surely joined):
