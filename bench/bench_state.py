@@ -295,7 +295,7 @@ def breakdown(raw: np.ndarray, batch: int) -> tuple[float, dict[str, float]]:
     from memrec.state import plain
 
     parts = {"allocations and frees": (plain, "_allocs_and_frees"), "VMM runs": (plain, "apply_vmm"),
-             "planner (exports, opens)": (live.Planner, "joins"), "planner set-up": (live.Planner, "__init__"),
+             "planner (exports, opens)": (live.Planner, "next_cut"), "planner set-up": (live.Planner, "__init__"),
              "one at a time (IPC, host, ...)": (live.LiveState, "_apply_events"),
              "counter changes": (plain, "apply_changes"), "runs in all": (plain, "apply_run")}
     spent = dict.fromkeys(parts, 0.0)

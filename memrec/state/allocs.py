@@ -29,6 +29,10 @@ _C2 = 0xBF58476D1CE4E5B9
 _MAX_LOAD = 0.5
 _MIN_SLOTS_BITS = 10
 _MIN_ROWS = 1024
+#: A batch's look-up or indexing goes on key by key in Python once this few keys are still
+#: probing: a round of numpy calls (a dozen) costs more than the Python steps of so few keys, and
+#: with linear probing the last keys go on for many rounds (about half of those left end each).
+_TAIL = 32
 
 Col = Union[np.ndarray, int]  # one row's value or a column of them
 
@@ -61,14 +65,15 @@ def top_order(tops: np.ndarray) -> np.ndarray:
     return radix_order(*((tops >> np.uint64(s) & mask).astype(np.uint16) for s in (0, 16, 32)))
 
 
-def by_key(pid: np.ndarray, ptr: np.ndarray) -> np.ndarray:
-    """The order that groups equal (pid, ptr) keys, each group in event order.
+def by_key(pid: np.ndarray, ptr: np.ndarray, hashes: np.ndarray | None = None) -> np.ndarray:
+    """The order that groups equal (pid, ptr) keys, each group in event order (``hashes``: their
+    :func:`key_hash`, when the caller has them).
 
     A stable radix sort of the key hash's top bits (fast); when two keys share those bits (rare:
     then their events could interleave) a stable sort by (pid, ptr).
     """
     bits = np.uint64(max(20, len(pid).bit_length()))
-    tops = key_hash(pid, ptr) >> bits
+    tops = (key_hash(pid, ptr) if hashes is None else hashes) >> bits
     order = top_order(tops)
     sp, sq, sh = pid[order], ptr[order], tops[order]
     if np.any((sh[1:] == sh[:-1]) & ((sp[1:] != sp[:-1]) | (sq[1:] != sq[:-1]))):
@@ -124,23 +129,26 @@ class KeyTable:
 
     # ------------------------------------------------------------------ hashing
 
-    def _hash(self, pids: np.ndarray, ptrs: np.ndarray) -> np.ndarray:
-        return (key_hash(pids, ptrs) >> np.uint64(64 - self._bits)).astype(np.int64)
+    def _home(self, hashes: np.ndarray) -> np.ndarray:
+        """The home slots of keys of these :func:`key_hash` values."""
+        return (hashes >> np.uint64(64 - self._bits)).astype(np.int64)
 
     def _hash1(self, pid: int, ptr: int) -> int:
         return key_hash1(pid, ptr) >> (64 - self._bits)
 
     # ------------------------------------------------------------------ batches
 
-    def lookup(self, pids: np.ndarray, ptrs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Rows and index slots of keys ``(pids[i], ptrs[i])``: -1 where absent."""
+    def lookup(self, pids: np.ndarray, ptrs: np.ndarray,
+               hashes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Rows and index slots of keys ``(pids[i], ptrs[i])``: -1 where absent (``hashes``: their
+        :func:`key_hash`, when the caller has them)."""
         n = len(pids)
         if n == 0 or self.count == 0:
             return np.full(n, -1, np.int64), np.full(n, -1, np.int64)
         pids = pids.astype(np.uint32, copy=False)
         ptrs = ptrs.astype(np.uint64, copy=False)
         mask = (1 << self._bits) - 1
-        pos = self._hash(pids, ptrs)
+        pos = self._home(key_hash(pids, ptrs) if hashes is None else hashes)
         keys = getattr(self, self.KEY)
         # The first probe, for every key at once (most end there); then those that go on.
         s = self._slots[pos]
@@ -151,6 +159,10 @@ class KeyTable:
         pending = np.flatnonzero(~hit & (s != EMPTY))
         pos = (pos[pending] + 1) & mask
         while len(pending):
+            if len(pending) <= _TAIL:
+                for i, p, pid, key in zip(pending.tolist(), pos.tolist(), pids[pending].tolist(), ptrs[pending].tolist()):
+                    rows[i], where[i] = self._probe(p, pid, key)
+                break
             s = self._slots[pos].astype(np.int64)
             r = np.maximum(s, 0)
             hit = (s >= 0) & (self.pid[r] == pids[pending]) & (keys[r] == ptrs[pending])
@@ -161,8 +173,9 @@ class KeyTable:
             pos = (pos[go] + 1) & mask
         return rows, where
 
-    def insert(self, *columns: np.ndarray) -> None:
-        """Add rows (columns in :attr:`names` order) whose keys are absent and distinct from each other."""
+    def insert(self, *columns: np.ndarray, hashes: np.ndarray | None = None) -> None:
+        """Add rows (columns in :attr:`names` order) whose keys are absent and distinct from each
+        other (``hashes``: their :func:`key_hash`, when the caller has them)."""
         n = len(columns[0])
         if n == 0:
             return
@@ -172,7 +185,7 @@ class KeyTable:
         if (self.count + self._tombs) > _MAX_LOAD * len(self._slots):
             self._rehash()
         else:
-            self._index(rows)
+            self._index(rows, hashes)
 
     def _write(self, rows: Col, *values: Col) -> None:
         """Fill rows (one, or an array of them; values in :attr:`names` order) and mark them live."""
@@ -252,12 +265,16 @@ class KeyTable:
         self._tombs = 0
         self._index(np.flatnonzero(self.live[: self._top]))
 
-    def _index(self, rows: np.ndarray) -> None:
+    def _index(self, rows: np.ndarray, hashes: np.ndarray | None = None) -> None:
         """Put ``rows`` (keys not in the index) into free slots, claiming each slot once."""
         mask = (1 << self._bits) - 1
-        pos = self._hash(self.pid[rows], getattr(self, self.KEY)[rows])
+        pos = self._home(key_hash(self.pid[rows], getattr(self, self.KEY)[rows]) if hashes is None else hashes)
         pending = rows
         while len(pending):
+            if len(pending) <= _TAIL:
+                for row, p in zip(pending.tolist(), pos.tolist()):
+                    self._claim(row, p)
+                return
             s = self._slots[pos]
             free = s < 0
             cand = np.flatnonzero(free)
@@ -282,15 +299,18 @@ class KeyTable:
         """(row, slot) of one key, (-1, -1) when absent."""
         if self.count == 0:
             return -1, -1
+        return self._probe(self._hash1(pid, ptr), pid, ptr)
+
+    def _probe(self, pos: int, pid: int, key: int) -> tuple[int, int]:
+        """(row, slot) of one key, probing from slot ``pos`` on; (-1, -1) when absent."""
         mask = (1 << self._bits) - 1
-        pos = self._hash1(pid, ptr)
         slots = self._slots
         keys = getattr(self, self.KEY)
         while True:
             s = int(slots[pos])
             if s == EMPTY:
                 return -1, -1
-            if s >= 0 and int(keys[s]) == ptr and int(self.pid[s]) == pid:
+            if s >= 0 and int(keys[s]) == key and int(self.pid[s]) == pid:
                 return s, pos
             pos = (pos + 1) & mask
 
@@ -310,8 +330,11 @@ class KeyTable:
         if self.count + self._tombs > _MAX_LOAD * len(self._slots):
             self._rehash()
             return
+        self._claim(row, self._hash1(pid, ptr))
+
+    def _claim(self, row: int, pos: int) -> None:
+        """Put one row (its key not in the index) into the first free slot from ``pos`` on."""
         mask = (1 << self._bits) - 1
-        pos = self._hash1(pid, ptr)
         slots = self._slots
         while slots[pos] >= 0:
             pos = (pos + 1) & mask

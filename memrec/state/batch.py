@@ -31,13 +31,14 @@ class Batch:
     the column, by a slice, an index array or a mask gives the Batch of those events, by an int
     that event's fields (a dict)."""
 
-    __slots__ = ("n", "columns", "ipc_index", "ipc")
+    __slots__ = ("n", "columns", "ipc_index", "ipc", "_ipc_list")
 
     def __init__(self, n: int, columns: dict[str, np.ndarray], ipc_index: np.ndarray, ipc: np.ndarray) -> None:
         self.n = n
         self.columns = columns
         self.ipc_index = ipc_index  # ascending positions of the events with ipc bytes
         self.ipc = ipc  # their bytes (V64), one per ipc_index
+        self._ipc_list: list[bytes] | None = None  # the same as bytes objects, made on the first read
 
     @classmethod
     def of(cls, events: Any) -> Batch:
@@ -150,8 +151,17 @@ class Batch:
         """Event ``i``'s 64 ipc bytes (zeros when it has none)."""
         j = int(np.searchsorted(self.ipc_index, i))
         if j < len(self.ipc_index) and int(self.ipc_index[j]) == i:
-            return self.ipc[j].tobytes()
+            return self._ipc_bytes()[j]
         return _NO_IPC
+
+    def _ipc_bytes(self) -> list[bytes]:
+        """:attr:`ipc` as bytes objects, cut out of one copy once: the planner and the
+        event-by-event path both read an export's or open's bytes, and a ``tobytes`` per value
+        costs several times a slice."""
+        if self._ipc_list is None:
+            raw, width = self.ipc.tobytes(), _IPC.itemsize
+            self._ipc_list = [raw[k : k + width] for k in range(0, len(raw), width)]
+        return self._ipc_list
 
     def ipc_bytes_at(self, at: np.ndarray, flagged: np.ndarray) -> list[bytes | None]:
         """:meth:`ipc_bytes` of the events ``at`` that are ``flagged`` (None for the others),
@@ -159,7 +169,7 @@ class Batch:
         index = self.ipc_index
         j = np.minimum(np.searchsorted(index, at), max(len(index) - 1, 0))
         hit = (index[j] == at) if len(index) else np.zeros(len(at), bool)
-        out: list[bytes | None] = [None] * len(at)
-        for i, k, h in zip(np.flatnonzero(flagged).tolist(), j[flagged].tolist(), hit[flagged].tolist()):
-            out[i] = self.ipc[k].tobytes() if h else _NO_IPC
-        return out
+        # Each event's value picked by number out of the values, zeros and None (no Python step each).
+        values = self._ipc_bytes() if hit.any() else []
+        pick = np.where(flagged, np.where(hit, j, len(values)), len(values) + 1)
+        return list(map([*values, _NO_IPC, None].__getitem__, pick.tolist()))

@@ -187,13 +187,13 @@ class LiveState(Queries):
         if int(n_vec[-1]) < max(self.vector_min_run, 1):
             barriers = barriers[:0]  # no piece goes at once: one piece, event by event, no planning
         if len(barriers):
-            plan = Planner(self.tables, events, plain_ok)
-            for b in barriers.tolist():
-                if plan.joins(lo, b):
-                    continue
+            plan = Planner(self.tables, events, plain_ok, barriers)
+            k = 0
+            while (k := plan.next_cut(lo, k)) < len(barriers):
+                b = int(barriers[k])
                 piece(lo, b)
                 self._apply_events(events, np.arange(b, b + 1), fill)
-                lo = b + 1
+                lo, k = b + 1, k + 1
                 plan.restart()
         piece(lo, n)
         self.tables.alloc_hints.clear()
@@ -210,70 +210,58 @@ class LiveState(Queries):
         """Apply ``events[idx]`` one by one (any kind): the reference for every path."""
         if len(idx) == 0:
             return
-        sub = events[idx]
-        kinds = sub["kind"].tolist()
+        # The columns read, gathered from the batch (a sub-Batch would gather every column).
+        col = events.columns
+        kind_col = col["kind"][idx]
         # A damaged file can hold any u64: keep ts and sizes where the int64 journal and the
         # analysis can hold them (no driver gives 4 PiB, no clock reads 2^63 ns).
-        tss = np.minimum(sub["ts"], MAX_TS).tolist()
-        pids = sub["pid"].tolist()
-        results = sub["result"].tolist()
-        gpus = sub["gpu"].tolist()
-        ptrs = sub["ptr"].tolist()
-        sizes = np.minimum(sub["size"], MAX_SIZE).tolist()
-        apis = sub["api"].tolist()
-        handles = sub["handle"].tolist()
-        auxs = hbytes = None  # decoded on the first event that is not an alloc or a free
+        cols = [kind_col.tolist(), col["result"][idx].tolist(), (idx + self.n_events).tolist(),
+                np.minimum(col["ts"][idx], MAX_TS).tolist(), col["pid"][idx].tolist(), col["gpu"][idx].tolist(),
+                col["ptr"][idx].tolist(), np.minimum(col["size"][idx], MAX_SIZE).tolist(), col["api"][idx].tolist()]
+        if np.all((kind_col == ALLOC) | (kind_col == FREE)):
+            cols += [cols[0]] * 3  # no other kind: handle, aux and handle bytes are not read
+        else:
+            carry = HANDLE_BYTES_MASK[kind_col] & ((col["flags"][idx] & FLAG_IPC_BYTES) != 0)
+            cols += [col["handle"][idx].tolist(), col["aux"][idx].tolist(), events.ipc_bytes_at(idx, carry)]
         tables = self.tables
         allocs, change, apply_other = tables.allocs, tables.change, self.vmm.apply_other
         fill_idx: list[int] = []
         fill_gpu: list[int] = []
-        base = self.n_events
-        index = (idx + base).tolist()
-        for i in range(len(kinds)):
-            kind = kinds[i]
-            if results[i] != 0:
-                if kind in QUIET_KINDS and results[i] != CUDA_ERROR_OUT_OF_MEMORY:
+        for i, (kind, result, index, t, pid, gpu, ptr, size, api, handle, aux, hb) in enumerate(zip(*cols)):
+            if result != 0:
+                if kind in QUIET_KINDS and result != CUDA_ERROR_OUT_OF_MEMORY:
                     continue  # an expected failure of a code or pool call (events.QUIET_FAILURE_KINDS)
                 self.n_failures += 1
-                tid = int(sub["tid"][i])
-                self.failures.append([index[i], tss[i], pids[i], tid, kind, apis[i], results[i], gpus[i], sizes[i], ptrs[i]])
+                tid = int(col["tid"][idx[i]])
+                self.failures.append([index, t, pid, tid, kind, api, result, gpu, size, ptr])
                 continue
             if kind == ALLOC:
-                pid, ptr, t = pids[i], ptrs[i], tss[i]
                 row, slot = allocs.find(pid, ptr)
                 if row >= 0:  # a free we did not see: drop the old one first
                     tables.anomaly("alloc_over_live")
                     old_size, old_gpu = int(allocs.size[row]), int(allocs.gpu[row])
                     allocs.drop(row, slot)
-                    change(index[i], t, old_gpu, pid, DRIVER, -old_size)
-                allocs.add(pid, ptr, sizes[i], gpus[i], t, apis[i])
-                change(index[i], t, gpus[i], pid, DRIVER, sizes[i], keep_zero=True)
+                    change(index, t, old_gpu, pid, DRIVER, -old_size)
+                allocs.add(pid, ptr, size, gpu, t, api)
+                change(index, t, gpu, pid, DRIVER, size, keep_zero=True)
             elif kind == FREE:
-                pid, ptr = pids[i], ptrs[i]
                 row, slot = allocs.find(pid, ptr)
                 if row < 0:
                     tables.anomaly("free_unknown")
                     continue
                 size, g = int(allocs.size[row]), int(allocs.gpu[row])
                 allocs.drop(row, slot)
-                if gpus[i] < 0 and g >= 0:
+                if gpu < 0 and g >= 0:
                     fill_idx.append(i)
                     fill_gpu.append(g)
-                change(index[i], tss[i], g, pid, DRIVER, -size, peak=False, keep_zero=True)
+                change(index, t, g, pid, DRIVER, -size, peak=False, keep_zero=True)
                 if tables.exported:
-                    tables.forget_exports(pid, ptr)
+                    tables.forget_exports((pid,), (ptr,))
             elif kind == PROC_EXIT:
-                self._exit(index[i], tss[i], pids[i])
+                self._exit(index, t, pid)
             else:
-                if auxs is None:
-                    auxs = sub["aux"].tolist()
-                    carry = HANDLE_BYTES_MASK[sub["kind"]] & ((sub["flags"] & FLAG_IPC_BYTES) != 0)
-                    hbytes = sub.ipc_bytes_at(np.arange(len(sub)), carry)
-                g = apply_other(
-                    kind, index[i], tss[i], pids[i], gpus[i], ptrs[i], sizes[i], handles[i], apis[i], auxs[i],
-                    hbytes[i],
-                )
-                if g is not None and g >= 0 and gpus[i] < 0:
+                g = apply_other(kind, index, t, pid, gpu, ptr, size, handle, api, aux, hb)
+                if g is not None and g >= 0 and gpu < 0:
                     fill_idx.append(i)
                     fill_gpu.append(g)
         if fill_idx:

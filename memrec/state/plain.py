@@ -124,7 +124,9 @@ def _allocs_and_frees(tables: Tables, ev: dict[str, np.ndarray], where: np.ndarr
     """
     m = len(where)
     table = tables.allocs
-    order = by_key(ev["pid"], ev["ptr"])
+    hashes = key_hash(ev["pid"], ev["ptr"])
+    order = by_key(ev["pid"], ev["ptr"], hashes)
+    hashes = hashes[order]
     pid = ev["pid"][order]
     ptr = ev["ptr"][order]
     is_alloc = ev["kind"][order] == ALLOC
@@ -134,7 +136,7 @@ def _allocs_and_frees(tables: Tables, ev: dict[str, np.ndarray], where: np.ndarr
     head = np.ones(m, bool)
     head[1:] = (pid[1:] != pid[:-1]) | (ptr[1:] != ptr[:-1])
     heads = np.flatnonzero(head)
-    rows, slots = table.lookup(pid[heads], ptr[heads])
+    rows, slots = table.lookup(pid[heads], ptr[heads], hashes[heads])
     found = rows >= 0
     # What each event meets: the key's previous event (live after an allocation) or the table.
     live_before = np.zeros(m, bool)
@@ -164,14 +166,13 @@ def _allocs_and_frees(tables: Tables, ev: dict[str, np.ndarray], where: np.ndarr
     table.remove(rows[found], slots[found])
     tails = np.concatenate((heads[1:] - 1, [m - 1])) if m else heads
     last = tails[is_alloc[tails]]
-    table.insert(pid[last], ptr[last], size[last], gpu[last], ts[last], ev["api"][order[last]])
+    table.insert(pid[last], ptr[last], size[last], gpu[last], ts[last], ev["api"][order[last]], hashes=hashes[last])
     exported = np.sort(exported_keys(tables)) if tables.exported and freed.any() else ()
     if len(exported):
         hits = np.flatnonzero(freed)
-        h = key_hash(pid[hits], ptr[hits])
+        h = hashes[hits]
         hits = hits[exported[np.minimum(np.searchsorted(exported, h), len(exported) - 1)] == h]
-        for p, q in zip(pid[hits].tolist(), ptr[hits].tolist()):
-            tables.forget_exports(p, q)
+        tables.forget_exports(pid[hits].tolist(), ptr[hits].tolist())
 
     # Changes, in event order: an overwritten allocation leaves first (when not empty), then the
     # new one comes (or the freed one leaves).

@@ -8,7 +8,11 @@ the run, so that a busy exporter (NCCL, SGLang's weight sharing) does not cut ev
 from __future__ import annotations
 
 from bisect import bisect_left
+from itertools import compress
+from itertools import repeat
 from typing import TYPE_CHECKING
+from typing import Iterator
+from typing import NamedTuple
 
 import numpy as np
 
@@ -28,6 +32,30 @@ if TYPE_CHECKING:
     from memrec.state.tables import Tables
 
 
+class _Exports(NamedTuple):
+    """A batch's successful exports, found at once (see Planner._export_arrays)."""
+
+    at: np.ndarray  # positions
+    prev: np.ndarray  # the last allocation or free of its (pid, ptr) before it (-1: none)
+    prev_free: np.ndarray  # the last free of a key with its top bits before it (-1: none)
+    shared: np.ndarray  # the last event before it of a key with its top bits is another key's
+    hb: list  # handle bytes (None: none)
+
+
+class _Sure(NamedTuple):
+    """Per barrier of a batch, what decides whether it surely joins a run (see Planner._surely_join)."""
+
+    whole: np.ndarray  # an export whose key hash's top bits no other key of the batch has
+    prev: np.ndarray  # an export's last allocation or free of its key before it (-1: none)
+    prev_free: np.ndarray  # an export's last free of a key with its top bits before it (-1: none)
+    open_alone: np.ndarray  # an open without handle bytes (it reads no export)
+    export_of: np.ndarray  # an open's export: the barrier of the last one before it with its bytes (-1: none)
+    top: np.ndarray  # the top bits of that export's key hash, in by_key's form
+    rank: np.ndarray  # whole exports before each barrier (one more value: all of them)
+    hints: list  # per whole export: (event index, (ptr, hint)) as joins records it
+    joined: list  # per whole export: (handle bytes or None, key hash)
+
+
 class Planner:
     """Whether an IPC export or open can join the run being gathered, for one batch.
 
@@ -40,9 +68,10 @@ class Planner:
     frees that export's allocation before it. A process exit never joins.
     """
 
-    def __init__(self, tables: Tables, events: Batch, plain_ok: np.ndarray) -> None:
+    def __init__(self, tables: Tables, events: Batch, plain_ok: np.ndarray, barriers: np.ndarray) -> None:
         self.tables = tables
         self.events = events
+        self.barriers = barriers  # positions of the batch's exits and successful exports and opens
         self.kinds = events["kind"]
         self.pids = events["pid"]
         self.ptrs = events["ptr"]
@@ -58,13 +87,107 @@ class Planner:
         self.key_pos = (self.by_key & np.uint64(self.low)).astype(np.int64)
         self._of_pid: dict[int, np.ndarray] = {}
         self.joined: dict[bytes, int] = {}  # handle bytes -> key hash of the allocation, of exports joined
-        self._exports: dict[int, tuple] | None = None  # see _export_facts
+        self._exports: _Exports | None = None  # see _export_arrays
         self._opens: dict[int, bytes | None] | None = None  # position -> an open's handle bytes
-        self._frees: list[int] = []  # the frees of by_key
+        self._frees: list[int] = []  # the frees of by_key, as ints for bisect
+        self._frees_at: np.ndarray | None = None  # the same as an array (see _free_tops)
+        self._sure: _Sure | None = None  # see _sure_facts
 
     def restart(self) -> None:
         """A new run begins."""
         self.joined.clear()
+
+    def next_cut(self, lo: int, k: int) -> int:
+        """The first of :attr:`barriers` from the ``k``-th on (the first at or after ``lo``)
+        that does not join the run begun at ``lo``; ``len(barriers)`` when all do.
+
+        The barriers that surely join are found with numpy at once (:meth:`_surely_join`) and
+        recorded in bulk as :meth:`joins` would one by one; the others go through
+        :meth:`joins`, in order, each after the sure ones before it are recorded.
+        """
+        if self._sure is None:
+            self._sure = self._sure_facts()
+        sure = self._surely_join(lo, k)
+        for j in (np.flatnonzero(~sure) + k).tolist():
+            self._record(k, j)
+            if not self.joins(lo, int(self.barriers[j])):
+                return j
+            k = j + 1
+        self._record(k, len(self.barriers))
+        return len(self.barriers)
+
+    def _sure_facts(self) -> _Sure:
+        """What :meth:`_surely_join` reads, per barrier, found once per batch (every successful
+        export is a barrier)."""
+        ex = self._export_arrays()
+        bars, ev = self.barriers, self.events
+        kinds = self.kinds[bars]
+        at = np.searchsorted(bars, ex.at)
+        whole = np.zeros(len(bars), bool)
+        whole[at] = ~ex.shared
+        prev = np.full(len(bars), -1)
+        prev[at] = ex.prev
+        prev_free = np.full(len(bars), -1)
+        prev_free[at] = ex.prev_free
+        # What joins records of each whole export, built by zip (no Python step per export).
+        w = ex.at[~ex.shared]
+        j = np.maximum(ex.prev[~ex.shared], 0)
+        hints = list(zip((w + self.tables.n_events).tolist(), zip(self.ptrs[w].tolist(), self._hints(j))))
+        joined = list(zip(compress(ex.hb, (~ex.shared).tolist()), self.keys[w].tolist()))
+        # An open's export: the last successful export before it with the same handle bytes.
+        flagged = (ev["flags"][bars] & FLAG_IPC_BYTES) != 0
+        ex_bars = at[flagged[at]]
+        op_bars = np.flatnonzero((kinds == IPC_OPEN) & flagged)
+        export_of = np.full(len(bars), -1)
+        if len(ex_bars) and len(op_bars):
+            ex_hb = list(compress(ex.hb, flagged[at].tolist()))
+            ids = dict(zip(ex_hb, range(len(ex_hb))))  # equal bytes, equal number
+            ex_ids = np.fromiter(map(ids.__getitem__, ex_hb), np.int64, len(ex_hb))
+            op_hb = ev.ipc_bytes_at(bars[op_bars], np.ones(len(op_bars), bool))
+            op_ids = np.fromiter(map(ids.get, op_hb, repeat(-1)), np.int64, len(op_bars))
+            width = len(bars) + 1
+            comp = np.sort(ex_ids * width + ex_bars)
+            want = op_ids * width + op_bars
+            i = np.maximum(np.searchsorted(comp, want) - 1, 0)
+            hit = (op_ids >= 0) & (comp[i] // width == op_ids) & (comp[i] < want)
+            export_of[op_bars[hit]] = comp[i[hit]] % width
+        top = (self.keys[bars[np.maximum(export_of, 0)]] >> self.shift) << self.shift
+        return _Sure(whole, prev, prev_free, (kinds == IPC_OPEN) & ~flagged, export_of, top,
+                     np.concatenate(([0], np.cumsum(whole))), hints, joined)
+
+    def _surely_join(self, lo: int, k: int) -> np.ndarray:
+        """Whether each barrier from the ``k``-th on joins the run begun at ``lo`` if every one
+        before it does, where that follows from the batch alone (False: ask :meth:`joins`): an
+        export whose last allocation or free before it is in the run, an allocation (see
+        :meth:`_export_joins`); an open without handle bytes, or of an export surely joined in the
+        run with no free of a key with its top bits in the run before it (see :meth:`_open_joins`)."""
+        sure, bars = self._sure, self.barriers[k:]
+        export = sure.whole[k:] & (sure.prev[k:] >= lo) & (sure.prev_free[k:] < lo)
+        of = sure.export_of[k:]
+        read = of >= k
+        joined_export = np.zeros(len(bars), bool)
+        joined_export[read] = export[of[read] - k]
+        frees = self._free_tops()
+        if len(frees):
+            top = sure.top[k:]
+            i = np.minimum(np.searchsorted(frees, top | np.uint64(lo)), len(frees) - 1)
+            joined_export &= (frees[i] < (top | np.uint64(lo))) | (frees[i] >= (top | bars.astype(np.uint64)))
+        return export | sure.open_alone[k:] | joined_export
+
+    def _record(self, k: int, j: int) -> None:
+        """Record what :meth:`joins` would for the barriers ``k`` to ``j`` (all surely joined):
+        each export's hint, and its key under its handle bytes."""
+        sure = self._sure
+        r0, r1 = int(sure.rank[k]), int(sure.rank[j])
+        if r1 > r0:
+            self.tables.alloc_hints.update(sure.hints[r0:r1])
+            self.joined.update(p for p in sure.joined[r0:r1] if p[0] is not None)
+
+    def _free_tops(self) -> np.ndarray:
+        """The batch's frees in :attr:`by_key` (top bits of the key hash, position), ascending."""
+        if self._frees_at is None:
+            self._frees_at = self.by_key[self.kinds[self.key_pos] == FREE]
+        return self._frees_at
 
     def joins(self, lo: int, b: int) -> bool:
         """Whether event ``b`` (an export, open or exit) joins the run that began at ``lo``."""
@@ -89,13 +212,14 @@ class Planner:
         i = np.searchsorted(pos, lo)
         return bool(i < len(pos) and pos[i] < b)
 
-    def _export_facts(self) -> dict[int, tuple]:
-        """For each successful export of the batch (by position), found with numpy at once: its
-        pid, ptr and key hash, the position of the last allocation or free of its (pid, ptr)
-        before it (-1: none), of the last free of a key with its hash's top bits before it (-1:
-        none), the hint that last event gives, and its handle bytes (None: none). None instead
-        where the last event before it of a key with those top bits is another key's (then
-        :meth:`_export_joins_slowly` looks item by item)."""
+    def _export_arrays(self) -> _Exports:
+        """The batch's successful exports (by position) and, found with numpy at once, the
+        position of the last allocation or free of each one's (pid, ptr) before it (-1: none),
+        of the last free of a key with its hash's top bits before it (-1: none), whether the
+        last event before it of a key with those top bits is another key's (then
+        :meth:`_export_joins_slowly` looks item by item), and its handle bytes (None: none)."""
+        if self._exports is not None:
+            return self._exports
         ev = self.events
         at = np.flatnonzero((self.kinds == IPC_EXPORT) & (ev["result"] == 0))
         prev = prev_free = np.full(len(at), -1)
@@ -113,34 +237,34 @@ class Planner:
             # A free of any key with those top bits cuts: never wrong, and another key's is rare.
             free_at = np.maximum.accumulate(np.where(self.kinds[sp] == FREE, np.arange(len(sp)), -1))[last]
             prev_free = np.where(here & (free_at >= g0), sp[np.maximum(free_at, 0)], -1)
-        j = np.maximum(prev, 0)
-        hints = zip(np.minimum(ev["size"][j], MAX_SIZE).tolist(), ev["gpu"][j].tolist(),
-                    np.minimum(ev["ts"][j], MAX_TS).tolist(), ev["api"][j].tolist())
         hb = ev.ipc_bytes_at(at, (ev["flags"][at] & FLAG_IPC_BYTES) != 0)
-        cols = (at.tolist(), self.pids[at].tolist(), self.ptrs[at].tolist(), self.keys[at].tolist(), prev.tolist(),
-                prev_free.tolist(), shared.tolist(), hints, hb)
-        return {b: None if sh else (pid, ptr, key, pv, pf, hint, h)
-                for b, pid, ptr, key, pv, pf, sh, hint, h in zip(*cols)}
+        self._exports = _Exports(at, prev, prev_free, shared, hb)
+        return self._exports
+
+    def _hints(self, j: np.ndarray) -> Iterator[tuple[int, int, int, int]]:
+        """The allocation each event of ``j`` makes, as the table would hold it: (size, gpu, ts, api)."""
+        ev = self.events
+        return zip(np.minimum(ev["size"][j], MAX_SIZE).tolist(), ev["gpu"][j].tolist(),
+                   np.minimum(ev["ts"][j], MAX_TS).tolist(), ev["api"][j].tolist())
 
     def _export_joins(self, lo: int, b: int) -> bool:
-        if self._exports is None:
-            self._exports = self._export_facts()
-        facts = self._exports[b]
-        if facts is None:
+        ex = self._export_arrays()
+        i = int(np.searchsorted(ex.at, b))
+        if ex.shared[i]:
             return self._export_joins_slowly(lo, b)
         tables = self.tables
-        pid, ptr, key, prev, prev_free, hint, hb = facts
+        pid, ptr, key, prev, prev_free = int(self.pids[b]), int(self.ptrs[b]), int(self.keys[b]), int(ex.prev[i]), int(ex.prev_free[i])
         index = tables.n_events + b
         if prev >= lo:
             if prev_free >= lo:
                 return False  # the free forgets exports made before it only: keep it in order
-            tables.alloc_hints[index] = (ptr, hint)
+            tables.alloc_hints[index] = (ptr, next(self._hints(np.array([prev]))))
         elif tables.allocs.find(pid, ptr)[0] < 0:
             if self._pid_has_events(pid, lo, b):
                 return False
             key = self._interior_key(pid, ptr, key, index)
-        if hb is not None:
-            self.joined[hb] = key
+        if ex.hb[i] is not None:
+            self.joined[ex.hb[i]] = key
         return True
 
     def _export_joins_slowly(self, lo: int, b: int) -> bool:
@@ -153,7 +277,7 @@ class Planner:
         if len(same):
             if np.any(self.kinds[same] == FREE):
                 return False
-            tables.alloc_hints[index] = (ptr, self._hint(int(same[-1])))
+            tables.alloc_hints[index] = (ptr, next(self._hints(same[-1:])))
         elif tables.allocs.find(pid, ptr)[0] < 0:
             if self._pid_has_events(pid, lo, b):
                 return False
@@ -162,10 +286,6 @@ class Planner:
             self.joined[self.events.ipc_bytes(b)] = key
         return True
 
-    def _hint(self, j: int) -> tuple[int, int, int, int]:
-        """The allocation event ``j`` makes, as the table would hold it: (size, gpu, ts, api)."""
-        ev = self.events
-        return int(min(ev["size"][j], MAX_SIZE)), int(ev["gpu"][j]), int(min(ev["ts"][j], MAX_TS)), int(ev["api"][j])
 
     def _interior_key(self, pid: int, ptr: int, key: int, index: int) -> int:
         """The key hash of the allocation holding ``ptr`` (``key`` when none does)."""
@@ -179,8 +299,7 @@ class Planner:
         if self._opens is None:
             at = np.flatnonzero((self.kinds == IPC_OPEN) & ((self.events["flags"] & FLAG_IPC_BYTES) != 0))
             self._opens = dict(zip(at.tolist(), self.events.ipc_bytes_at(at, np.ones(len(at), bool))))
-            frees = self.by_key[self.kinds[self.key_pos] == FREE]
-            self._frees = frees.tolist()  # sorted: bisect on Python ints beats a numpy call per open
+            self._frees = self._free_tops().tolist()  # sorted: bisect on Python ints beats a numpy call per open
         hb = self._opens.get(b)
         if hb is None:
             return True  # it reads no export

@@ -15,6 +15,7 @@ from __future__ import annotations
 from array import array
 from collections import deque
 from typing import Any
+from typing import Iterable
 
 import numpy as np
 
@@ -102,17 +103,20 @@ class Tables:
         if self.journal is not None:
             self.journal.extend((index, ts, gpu, pid, cat, delta))
 
-    def forget_exports(self, pid: int, ptr: int) -> None:
-        """The exporter freed ``ptr``: its IPC handles can no longer be opened."""
-        ex = self.exported.get(pid)
-        if ex is None or ptr not in ex:
-            return
-        for hb in ex.pop(ptr):
-            cur = self.exports.get(hb)
-            if cur is not None and cur[0] == pid and cur[1] == ptr:
-                del self.exports[hb]
-        if not ex:
-            del self.exported[pid]
+    def forget_exports(self, pids: Iterable[int], ptrs: Iterable[int]) -> None:
+        """Each exporter ``pids[i]`` freed ``ptrs[i]``: those IPC handles can no longer be opened
+        (a run's frees in one call: a call per free cost more than its work)."""
+        exported, exports = self.exported, self.exports
+        for pid, ptr in zip(pids, ptrs):
+            ex = exported.get(pid)
+            if ex is None or ptr not in ex:
+                continue
+            for hb in ex.pop(ptr):
+                cur = exports.get(hb)
+                if cur is not None and cur[0] == pid and cur[1] == ptr:
+                    del exports[hb]
+            if not ex:
+                del exported[pid]
 
     def resolve_alias(self, pid: int, handle: int) -> int:
         """The handle a retained alias stands for (``handle`` itself when it is none)."""

@@ -33,6 +33,7 @@ from memrec.terms.events import HOST_PINNED
 from memrec.terms.events import IPC_MAPPED
 from memrec.terms.events import VMM
 from memrec.state.allocs import by_key
+from memrec.state.allocs import key_hash
 from memrec.state.fields import MAX_SIZE
 from memrec.state.fields import MAX_TS
 from memrec.state.fields import VMM_CREATE
@@ -98,10 +99,11 @@ def _plan(tables: Tables, events: Batch, pos: np.ndarray) -> _Plan | np.ndarray:
     # Mappings: each (pid, va) alternates map, unmap, ... from what the table holds.
     mm = np.flatnonzero(step >= _MAP)
     ms = tables.maps
-    morder = mm[by_key(pid[mm], va[mm])]
+    va_hash = key_hash(pid, va)
+    morder = mm[by_key(pid[mm], va[mm], va_hash[mm])]
     is_map = step[morder] == _MAP
     mhead = _heads(pid[morder], va[morder])
-    mrows, mslots = ms.lookup(pid[morder][mhead], va[morder][mhead])
+    mrows, mslots = ms.lookup(pid[morder][mhead], va[morder][mhead], va_hash[morder][mhead])
     present = _shift(is_map, mhead, mrows >= 0)
     r = np.maximum(mrows, 0)
     mapped_size = _shift(size[morder], mhead, ms.size[r])
@@ -112,10 +114,11 @@ def _plan(tables: Tables, events: Batch, pos: np.ndarray) -> _Plan | np.ndarray:
 
     # Handles: runs of events per (pid, handle), a new generation at each create.
     hs = tables.handles
-    order = by_key(pid, handle)
+    handle_hash = key_hash(pid, handle)
+    order = by_key(pid, handle, handle_hash)
     st = step[order]
     head = _heads(pid[order], handle[order])
-    rows, slots = hs.lookup(pid[order][head], handle[order][head])
+    rows, slots = hs.lookup(pid[order][head], handle[order][head], handle_hash[order][head])
     found = np.zeros(len(st), bool)
     found[head] = rows >= 0
     is_create = st == _CREATE
@@ -140,7 +143,7 @@ def _plan(tables: Tables, events: Batch, pos: np.ndarray) -> _Plan | np.ndarray:
         return np.unique(pid[bad]).astype(np.int64)
 
     # Each generation's record: the create's event, or the table's row.
-    cols = {"pid": pid, "va": va, "size": size, "handle": handle,
+    cols = {"pid": pid, "va": va, "size": size, "handle": handle, "va_hash": va_hash, "handle_hash": handle_hash,
             **{name: events[name][pos] for name in ("gpu", "ts", "api", "aux")}}
     cols["ts"] = np.minimum(cols["ts"], MAX_TS).astype(np.int64)
     origin = order[starts]
@@ -175,18 +178,19 @@ def _commit(tables: Tables, plan: _Plan, fill: list) -> list[np.ndarray]:
     ms.remove(mrows[mrows >= 0], mslots[mrows >= 0])
     mtail = _tails(mhead)
     m = morder[mtail[is_map[mtail]]]
-    ms.insert(c["pid"][m], c["va"][m], c["size"][m], c["handle"][m], c["aux"][m], c["ts"][m])
+    ms.insert(c["pid"][m], c["va"][m], c["size"][m], c["handle"][m], c["aux"][m], c["ts"][m], hashes=c["va_hash"][m])
     hs.remove(rows[rows >= 0], slots[rows >= 0])
     tail = _tails(head)
     keep = tail[~gone[tail]]
     k, kg = order[keep], gen[keep]
     hs.insert(c["pid"][k], c["handle"][k], gsize[kg], g[kg], gts[kg], cat[kg], refs[keep], nmaps[keep], gexp[kg],
-              gapi[kg])
+              gapi[kg], hashes=c["handle_hash"][k])
 
     # Changes: +size at each create, -size where a record goes; none for 0 bytes.
     made = (st == _CREATE) & (gsize[gen] != 0)
-    at = np.flatnonzero(made | (gone & (gsize[gen] != 0)))
-    at = at[np.argsort(order[at])]
+    place = np.empty_like(order)  # each event's place in handle order: the changes in event order without a sort
+    place[order] = np.arange(len(order))
+    at = place[np.flatnonzero((made | (gone & (gsize[gen] != 0)))[place])]
     idx, ag = order[at], gen[at]
     return [
         pos[idx] + tables.n_events,

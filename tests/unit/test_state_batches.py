@@ -401,3 +401,36 @@ def test_columns_carry_each_events_own_ipc_bytes():
     state.apply(batch[43:])
     # THEN the importer maps the first export's 4 MiB (its own handle's), not the last one's
     assert state.counters()[(1, 2, CATEGORIES.index("ipc_mapped"))] == 4 * MiB
+
+
+def test_exports_and_opens_of_the_runs_allocations_join_without_a_look_each(monkeypatch):
+    # GIVEN a batch (and a second one without a free) where 4 processes allocate, export what they
+    # allocated, and a peer opens each export, among frees of other allocations
+    import memrec.state.planner as planner
+
+    asked = []
+    real = planner.Planner.joins
+
+    def spy(self, lo, b):
+        asked.append(int(self.kinds[b]))
+        return real(self, lo, b)
+
+    monkeypatch.setattr(planner.Planner, "joins", spy)
+    batches = []
+    for frees in (True, False):
+        rows = []
+        for i in range(200):
+            pid, ptr, hb = 7 + i % 4, (0x100000 if frees else 0x900000) + 0x1000 * i, bytes([i, frees]) * 32
+            rows += [ev(Kind.ALLOC, pid=pid, ptr=ptr, size=4096, gpu=i % 2),
+                     ev(Kind.IPC_EXPORT, pid=pid, ptr=ptr, ipc=hb),
+                     ev(Kind.IPC_OPEN, pid=20, ptr=0x5000000 + 0x1000 * i + (frees << 30), ipc=hb)]
+            if frees and i % 2:  # the allocation before, exported and opened, freed
+                rows.append(ev(Kind.FREE, pid=7 + (i - 1) % 4, ptr=ptr - 0x1000))
+        batches.append(rows)
+    # WHEN applied at once (and event by event, the same result)
+    state = _both(batches)
+    # THEN no export or open needed a look of its own: all joined the one run of their batch
+    assert len(state.tables.exports) == 400 - 100
+    assert sum(len(o) for o in state.tables.opens.values()) == 400
+    assert state.anomalies == {}
+    assert asked == []
