@@ -29,14 +29,15 @@ from memrec.analysis.names import process_title
 from memrec.analysis.names import result_name
 from memrec.engine.phases import Phases
 from memrec.engine.phases import Attribution
-from memrec.engine.phases import PhaseUsage
-from memrec.engine.phases import attribute
+from memrec.engine.phases import UsageTable
+from memrec.engine.phases import attribute_table
 from memrec.analysis.untraced.reconcile import Reconciliation
 from memrec.analysis.untraced.reconcile import reconcile
 from memrec.engine.replay import initial_state
 from memrec.engine.replay import trace_bounds
 from memrec.engine.replay import trace_phases
-from memrec.terms.events import OWNED
+from memrec.terms.events import CATEGORIES
+from memrec.terms.events import OWNED_CATEGORIES
 from memrec.engine.replay import Timeline
 from memrec.engine.replay import Replay
 from memrec.engine.replay import build_timeline
@@ -146,7 +147,7 @@ class _Passed:
     no events) and the bytes each phase moved."""
 
     timeline: Timeline
-    usage: list[PhaseUsage]
+    usage: UsageTable
 
 
 class Recording:
@@ -206,7 +207,7 @@ class Recording:
             parts.clear()
             usage.add(journal)
             yield ReplayedChunk(first, chunk, journal, pairing.add(first, chunk, journal))
-        self._passed = _Passed(replay.finish(), usage.usage())
+        self._passed = _Passed(replay.finish(), usage.table())
 
     def _pass(self) -> _Passed:
         """The whole pass's timeline and usage (a pass made now when none was read to its end)."""
@@ -395,7 +396,7 @@ class Recording:
             "name": [m.name for m in mk], "phase": [m.phase for m in mk],
             "gpu": [-1 if m.gpu is None else m.gpu for m in mk],
             "rank": [self.ranks.get(m.pid, "") for m in mk],
-            "values": [dumps(m.values or {}, default=str) for m in mk],
+            "values": [dumps(m.values, default=str) if m.values else "{}" for m in mk],  # (a step loop's have none)
         }
         types = {"ts": "<i8", "t_s": "<f8", "wall": _WALL, "pid": "<i8", "tid": "<i8", "name": _STR, "phase": _STR, "gpu": "<i2",
                  "rank": _STR, "values": _STR}
@@ -483,20 +484,26 @@ class Recording:
         outside any phase of their process are in ``(no phase)``; ``owned`` is False for
         ipc_mapped (a peer's memory, in the importer's view).
         """
-        usage = self._pass().usage if self._events is not None else attribute(self.phases, self.timeline.journal)
-        ph = self.phases.phases
-        starts = np.array([ph[u.phase].start if u.phase >= 0 else -1 for u in usage], dtype=np.int64)
-        ends = np.array([ph[u.phase].end if u.phase >= 0 else -1 for u in usage], dtype=np.int64)
+        # the usage and the phases as columns: a step loop's 25,000 phases, no object per row
+        usage = self._pass().usage if self._events is not None else attribute_table(self.phases, self.timeline.journal)
+        table = self.phases.table
+        ids = usage.phase
+        if len(table):
+            starts = np.where(ids >= 0, table.start[np.maximum(ids, 0)], -1)
+            ends = np.where(ids >= 0, table.end[np.maximum(ids, 0)], -1)
+        else:
+            starts = ends = np.full(len(ids), -1, dtype=np.int64)
+        category = np.array(CATEGORIES, dtype=object)[usage.category]
         cols = {
-            "phase": [self.phases.label(u.phase) for u in usage],
+            "phase": [self.phases.label(i) for i in ids.tolist()],
             "start_s": np.where(starts >= 0, (starts - self.start) / 1e9, np.nan),
             "end_s": np.where(ends >= 0, (ends - self.start) / 1e9, np.nan),
             "start_wall": self.wall(starts), "end_wall": self.wall(ends),
-            "pid": [u.pid for u in usage], "rank": [self.ranks.get(u.pid, "") for u in usage],
-            "gpu": [u.gpu for u in usage], "category": [u.category for u in usage],
-            "allocated": [u.allocated for u in usage], "freed": [u.freed for u in usage],
-            "net": [u.net for u in usage],
-            "owned": [u.category in OWNED for u in usage],
+            "pid": usage.pid, "rank": [self.ranks.get(pid, "") for pid in usage.pid.tolist()],
+            "gpu": usage.gpu, "category": category,
+            "allocated": usage.allocated, "freed": usage.freed,
+            "net": usage.allocated - usage.freed,
+            "owned": np.isin(usage.category, OWNED_CATEGORIES),
         }
         types = {"phase": _STR, "start_s": "<f8", "end_s": "<f8", "start_wall": _WALL, "end_wall": _WALL, "pid": "<i8", "rank": _STR, "gpu": "<i2",
                  "category": _STR, "allocated": "<i8", "freed": "<i8", "net": "<i8", "owned": "?"}

@@ -46,6 +46,8 @@ def clean_text(value: Any, limit: int | None = None, *, keep_newlines: bool = Fa
         value = short_repr(value, limit or 200)
     if limit is not None and len(value) > limit:
         value = value[: max(limit - 1, 0)] + "…"
+    if value.isprintable():  # none of _UNSAFE is (a test checks it): most text, without a copy
+        return value
     return value.translate(_ESCAPED_KEEP_LINES if keep_newlines else _ESCAPED)
 
 

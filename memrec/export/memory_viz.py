@@ -160,12 +160,13 @@ def snapshots(rec: Recording, max_entries: int = MAX_ENTRIES, at: int | None = N
             if h.gpu >= 0 and h.category in SEGMENT_CATEGORIES]
     live += [(pid, va, size, gpu, None, None, "vmm", 0) for pid, va, size, gpu in state.mappings() if gpu >= 0]
     inside = _blocks_by_segment(blocks, [(pid, addr, size) for pid, addr, size, *_ in live])
-    for pid, addr, size, gpu, api, ts, category, peer in live:
+    made_in = _phases_made_in(rec, live)
+    for (pid, addr, size, gpu, api, ts, category, peer), phase in zip(live, made_in):
         snap = snaps.setdefault(pid, {"segments": [], "device_traces": [], "allocator_settings": {}})
         while len(snap["device_traces"]) <= gpu:
             snap["device_traces"].append([])
         own = stack_frames(made_by.get((pid, addr), 0)) if category != "ipc_mapped" else []
-        segment = _segment(rec, pid, gpu, addr, size, api, ts, category, peer, own)
+        segment = _segment(rec, pid, gpu, addr, size, api, phase, category, peer, own)
         if pid in with_blocks:  # PyTorch's own blocks in it, and the free stretches between them
             seg_blocks = _segment_blocks(addr, size, inside.get((pid, addr), []), stack_frames)
             used = sum(b["size"] for b in seg_blocks if b["state"] == "active_allocated")
@@ -273,13 +274,25 @@ def _allocating_stacks(ev: np.ndarray) -> dict[tuple[int, int], int]:
     return out
 
 
-def _segment(rec: Recording, pid: int, gpu: int, addr: int, size: int, api: int | None, ts: int | None,
+def _phases_made_in(rec: Recording, live: list[tuple]) -> list[str]:
+    """The phase each live segment (:func:`snapshots`' rows) was made in, ``(mapped)`` for a VMM
+    mapping: one search of the phases for them all (a search each was one per process with
+    markers per segment: 4,000 segments and a step loop's markers took a second)."""
+    made = [k for k, row in enumerate(live) if row[5] is not None]
+    ids = rec.phases.assign(np.array([live[k][0] for k in made], dtype=np.int64),
+                            np.array([live[k][5] for k in made], dtype=np.int64))
+    out = ["(mapped)"] * len(live)
+    for k, phase in zip(made, ids.tolist()):
+        out[k] = rec.phases.label(phase)
+    return out
+
+
+def _segment(rec: Recording, pid: int, gpu: int, addr: int, size: int, api: int | None, phase: str,
              category: str, peer: int, own: list[dict] = ()) -> dict:  # type: ignore[assignment]
     """One segment with its one active block, as PyTorch's snapshot has them; the frames are the
-    allocation's own (``own``, with stacks) then one naming the call, the phase it was made in and
-    the process (for IPC, the peer it came from)."""
+    allocation's own (``own``, with stacks) then one naming the call, the phase it was made in
+    (``phase``) and the process (for IPC, the peer it came from)."""
     call = api_name(api) if api is not None else "cuMemMap"
-    phase = rec.phases.label_at(pid, ts) if ts is not None else "(mapped)"
     who = f"ipc_mapped from pid {peer}" if category == "ipc_mapped" else rec.name_of(pid)
     frames = [*own, {"filename": f"memrec:{phase}", "line": 0, "name": f"{call} ({who})"}]
     return {

@@ -45,7 +45,6 @@ from memrec.analysis.diff.build import verdict_of
 from memrec.analysis.names import result_name
 from memrec.analysis.report.build import trace_answer
 from memrec.analysis.text import human
-from memrec.engine.phases import Phase
 from memrec.engine.series import GpuSeries
 from memrec.api import Recording
 from memrec.terms.events import Kind
@@ -279,8 +278,9 @@ def _x_range(panels: list[Panel]) -> tuple[float, float]:
             ts = s.ts[1:][keep]
             if len(ts):
                 points += [(ts[0] - p.offset) / 1e9, (ts[-1] - p.offset) / 1e9]
-        for ph in _band_phases(p):
-            points += [(ph.start - p.offset) / 1e9, (ph.end - p.offset) / 1e9]
+        bands = _band_phases(p)
+        for start, end in zip(bands.start, bands.end):
+            points += [(start - p.offset) / 1e9, (end - p.offset) / 1e9]
         points += [(t - p.offset) / 1e9 for t, _ in _failures(p)]
         win = _window(p)
         if win is not None:
@@ -296,7 +296,7 @@ def _x_range(panels: list[Panel]) -> tuple[float, float]:
 def _owner(p: Panel) -> int | None:
     """The process whose phases a panel shows: the one that held most on its GPU at the GPU's peak."""
     s = p.rec.timeline.gpus.get(p.gpu)
-    with_phases = {ph.pid for ph in p.rec.phases.phases}
+    with_phases = set(p.rec.phases.table.pid.tolist())
     if s is None or not with_phases:
         return None
     _, _, row = s.peak()
@@ -311,9 +311,21 @@ def _owner(p: Panel) -> int | None:
 NAMED = 100
 
 
-def _band_phases(p: Panel) -> list[Phase]:
+@dataclass
+class Bands:
+    """The phases a panel shades: its owner's outermost ones (:func:`_band_phases`), in order, as
+    columns (a step loop's 25,000 phases made a :class:`~memrec.engine.phases.Phase` each)."""
+
+    start: list[int]
+    end: list[int]
+    name: list[str]
+
+
+def _band_phases(p: Panel) -> Bands:
     owner = _owner(p)
-    return [ph for ph in p.rec.phases.phases if ph.pid == owner and ph.depth == 0]
+    t = p.rec.phases.table
+    ids = [] if owner is None else np.flatnonzero((t.pid == owner) & (t.depth == 0)).tolist()
+    return Bands(t.start[ids].tolist(), t.end[ids].tolist(), [t.name[i] for i in ids])
 
 
 def _failures(p: Panel) -> list[tuple[int, str]]:
@@ -411,15 +423,15 @@ def _panel(ax, p: Panel, scale: int, view: tuple[float, float]) -> None:
     bands = _band_phases(p)
     # One collection per colour, not a patch per phase; past NAMED phases only those wider than
     # 1/NAMED of the view are named: 3,000 phases a panel took minutes to draw, unreadable anyway.
-    wide = (view[1] - view[0]) / NAMED if len(bands) > NAMED else 0.0
+    wide = (view[1] - view[0]) / NAMED if len(bands.name) > NAMED else 0.0
     spans: tuple[list, list] = ([], [])
-    for k, ph in enumerate(bands):
-        x0, x1 = (ph.start - p.offset) / 1e9, (ph.end - p.offset) / 1e9
+    for k, (start, end, name) in enumerate(zip(bands.start, bands.end, bands.name)):
+        x0, x1 = (start - p.offset) / 1e9, (end - p.offset) / 1e9
         spans[k % 2].append((x0, x1 - x0))
         if x1 - x0 < wide:
             continue
         # Names alternate between two heights: short phases side by side stay readable.
-        ax.text(x0, 0.98 if k % 2 == 0 else 0.55, f" {ph.name}", transform=ax.get_xaxis_transform(), rotation=90,
+        ax.text(x0, 0.98 if k % 2 == 0 else 0.55, f" {name}", transform=ax.get_xaxis_transform(), rotation=90,
                 va="top", ha="left", fontsize=7, color="#303030", clip_on=True,
                 bbox={"facecolor": "white", "alpha": 0.75, "edgecolor": "none", "pad": 0.6})
     for k, xranges in enumerate(spans):

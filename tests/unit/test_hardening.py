@@ -533,6 +533,16 @@ def test_10_client_text_cannot_drive_the_terminal(workdir, tmp_path, caplog):  #
     assert "\x1b" not in " ".join(src.model.processes[7].cmdline)
 
 
+def test_10_every_character_cleaned_away_is_one_str_isprintable_refuses():
+    # clean_text returns printable text as it is (no translate): a character it escapes that
+    # Python called printable would reach the terminal
+    from memrec.base import untrusted
+
+    assert untrusted._UNSAFE and not any(chr(c).isprintable() for c in untrusted._UNSAFE)
+    assert untrusted.clean_text("load" + ESCAPES) == "load\\x1b]0;pwned\\x07\\x1b[2J"
+    assert untrusted.clean_text("a\u202eb") == "a\\u202eb" and untrusted.clean_text("step 3") == "step 3"
+
+
 def test_10_other_users_cmdlines_reach_the_daemon_log_cleaned(daemon, caplog):
     from memrec.daemon import gpustamp
 

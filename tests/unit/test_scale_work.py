@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import io
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -113,9 +115,9 @@ def test_the_reports_work_does_not_grow_with_the_processes(tmp_path: Path, monke
     assert work[400] <= 1.5 * work[4], work
 
 
-def _report_lines(path: Path, modes: tuple[tuple[str, ...], ...] = ((), ("--json",), ("-a",))) -> int:
-    """Lines of Python ``memrec report`` (text, and each of ``modes``) executes on ``path``: a
-    comprehension's every item counts, numpy's work does not (it is per row, not per marker)."""
+def _lines(run: Callable[[], None]) -> int:
+    """Lines of Python ``run()`` executes (its output to stdout discarded): a comprehension's
+    every item counts, numpy's work does not (it is per row, not per marker)."""
     import sys
 
     lines = [0]
@@ -125,14 +127,25 @@ def _report_lines(path: Path, modes: tuple[tuple[str, ...], ...] = ((), ("--json
             lines[0] += 1
         return tracer
 
-    for argv in (["report", *mode, str(path)] for mode in modes):
-        with contextlib.redirect_stdout(io.StringIO()):
-            sys.settrace(tracer)
-            try:
-                assert commands.main(argv) == 0
-            finally:
-                sys.settrace(None)
+    with contextlib.redirect_stdout(io.StringIO()):
+        sys.settrace(tracer)
+        try:
+            run()
+        finally:
+            sys.settrace(None)
     return lines[0]
+
+
+def _command(argv: list[str]) -> Callable[[], None]:
+    def run() -> None:
+        assert commands.main(argv) == 0
+
+    return run
+
+
+def _report_lines(path: Path, modes: tuple[tuple[str, ...], ...] = ((), ("--json",), ("-a",))) -> int:
+    """Lines of Python ``memrec report`` (text, and each of ``modes``) executes on ``path``."""
+    return sum(_lines(_command(["report", *mode, str(path)])) for mode in modes)
 
 
 def _with_markers(path: Path, pairs: int, processes: int = 4) -> None:
@@ -236,3 +249,72 @@ def test_phases_of_many_processes_are_assigned_by_one_sort_the_same_as_by_masks(
     monkeypatch.setattr(phases_mod, "FEW_PROCESSES", 10**9)
     by_masks = phases.assign(pids, ts)
     assert by_sort.tolist() == by_masks.tolist() and (by_sort >= 0).any() and (by_sort < 0).any()
+
+
+def _load(path: Path) -> None:
+    """``memrec.load`` and the tables the exports write."""
+    import memrec
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (no trailer: the writer's test traces have one, but say so)
+        rec = memrec.load(path, pandas=False)
+    rec.events_array(), rec.processes_array(), rec.by_phase_array(), rec.samples_array(), rec.markers_array()
+
+
+def _tui_model(path: Path) -> None:
+    """The TUI's model: the file's scan (the first frame's wait) and the replay."""
+    from memrec.tui.sources import FileSource
+
+    source = FileSource(str(path))
+    source.scan()
+    source.index()
+
+
+def _whole_trace(command: str, path: Path, out: Path) -> Callable[[], None]:
+    """One whole-trace command on ``path`` (its output files under ``out``)."""
+    if command == "load":
+        return lambda: _load(path)
+    if command == "tui":
+        return lambda: _tui_model(path)
+    argv = {
+        "diff": ["diff", str(path), str(path)],
+        "dump": ["dump", str(path)],
+        "plot": ["plot", str(path), "-o", str(out / "plot.svg"), "-f"],
+    }.get(command) or ["export", str(path), "--to", command, "-o", str(out / f"out.{command}"), "-f"]
+    return _command(argv)
+
+
+#: The most Python lines each whole-trace command besides the report may run per begin/end pair of
+#: markers (``_with_markers``), with what it ran on 2026-12-02 (branch `markers3`) and on main before
+#: it. A per-marker pass that came back (an SGLang walk of every marker, an object per phase for
+#: the diff's rows or the by-phase table) fails the bound; work per pair that grows with the other
+#: pairs fails the linearity. Not ``plot``: matplotlib's work per band is its picture, and past
+#: 100 bands a panel names only the wide ones (400 pairs name theirs, 1,600 do not).
+PER_PAIR_WHOLE_TRACE = {
+    "diff": 275,  # 246 (main 581: SGLang's KV passes sorted and walked every marker, three times a run)
+    "load": 150,  # 131 (main 252: a PhaseUsage and a Phase per by-phase row)
+    "parquet": 145,  # 131 (main 252: the same tables)
+    "csv": 180,  # 165 (main 286)
+    "memory-viz": 155,  # 141 (main 168; 276 at 400 pairs: a search of every process's phases per segment)
+    "perfetto": 220,  # 200 (main 204: a slice per phase is its output)
+    "dump": 195,  # 176 (main 176: a line per marker record is its output)
+    "tui": 205,  # 185 (main 185)
+}
+
+
+@pytest.mark.parametrize("command", sorted(PER_PAIR_WHOLE_TRACE))
+def test_each_whole_trace_commands_work_per_marker_is_bounded(command: str, tmp_path: Path) -> None:
+    # Issue 26: 50,000 markers ≤ 1.5 × none for every whole-trace command, not the report alone.
+    work = {}
+    for pairs in (0, 400, 1600):
+        path = tmp_path / f"m{pairs}.mrec"
+        _with_markers(path, pairs)
+        run = _whole_trace(command, path, tmp_path)
+        if not work:
+            _lines(run)  # the first run imports what it needs: their lines are no command's
+        work[pairs] = _lines(run)
+    per_pair_small = (work[400] - work[0]) / 400
+    per_pair_large = (work[1600] - work[0]) / 1600
+    assert per_pair_small > 0, work
+    assert per_pair_large <= 1.3 * per_pair_small, work
+    assert per_pair_large <= PER_PAIR_WHOLE_TRACE[command], work

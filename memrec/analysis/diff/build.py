@@ -56,7 +56,7 @@ from memrec.analysis.names import api_name
 from memrec.analysis.names import result_name
 from memrec.engine.phases import NO_PHASE
 from memrec.engine.phases import Phases
-from memrec.engine.phases import attribute
+from memrec.engine.phases import attribute_table
 from memrec.analysis.untraced.reconcile import reconcile
 from memrec.engine.replay import initial_state
 from memrec.engine.replay import trace_bounds
@@ -198,8 +198,9 @@ def _as_dict(key: RankKey) -> dict[str, int]:
 
 def _phase_order(run: Run) -> list[str]:
     first: dict[str, int] = {}
-    for ph in run.phases.phases:
-        first[ph.path] = min(first.get(ph.path, ph.start), ph.start)
+    t = run.phases.table  # (columns: a step loop's 25,000 phases without an object each)
+    for path, start in zip(t.path, t.start.tolist()):
+        first[path] = min(first.get(path, start), start)
     return sorted(first, key=lambda p: (first[p], p))
 
 
@@ -231,11 +232,13 @@ def _merge_order(a: list[str], b: list[str]) -> list[str]:
 def _phase_bytes(run: Run) -> tuple[dict[tuple, int], set[tuple]]:
     """(path, rank key, gpu, category) -> net bytes (exits left out); and which (path, rank) exist."""
     out: dict[tuple, int] = {}
-    for u in attribute(run.phases, run.journal.take(~run.exit_rows)):
-        path = NO_PHASE if u.phase < 0 else run.phases.phases[u.phase].path
-        key = (path, run.rank_of.get(u.pid, ()), u.gpu, u.category)
-        out[key] = out.get(key, 0) + u.net
-    present = {(ph.path, run.rank_of.get(ph.pid, ())) for ph in run.phases.phases}
+    u = attribute_table(run.phases, run.journal.take(~run.exit_rows))
+    t = run.phases.table  # columns, as the usage's: no object per phase or row
+    for phase, pid, gpu, category, net in zip(u.phase.tolist(), u.pid.tolist(), u.gpu.tolist(), u.category.tolist(),
+                                              (u.allocated - u.freed).tolist()):
+        key = (NO_PHASE if phase < 0 else t.path[phase], run.rank_of.get(pid, ()), gpu, CATEGORIES[category])
+        out[key] = out.get(key, 0) + net
+    present = {(path, run.rank_of.get(pid, ())) for path, pid in zip(t.path, t.pid.tolist())}
     present |= {(k[0], k[1]) for k in out}
     return out, present
 
@@ -357,13 +360,13 @@ def _window_diff(a: Run, b: Run, which: str, dims: tuple[str, ...]) -> list[Wind
 def _failures(run: Run, dims: tuple[str, ...]) -> dict[tuple, Failure]:
     """Key -> failure: SGLang errors, KV budgets <= 0 without an error, failed driver calls."""
     out: dict[tuple, Failure] = {}
-    for ph in run.phases.phases:
-        err = ph.values.get("error")
-        if err:
-            rank = run.rank_of.get(ph.pid, ())
-            label = _rank_label(rank, dims)
-            key = ("sglang", label, ph.name, str(err))
-            out.setdefault(key, Failure("sglang_error", label, list(rank), phase=ph.name, error=str(err))).count += 1
+    t = run.phases.table
+    for i in _erring(run.phases):
+        err, name = t.values[i]["error"], t.name[i]
+        rank = run.rank_of.get(int(t.pid[i]), ())
+        label = _rank_label(rank, dims)
+        key = ("sglang", label, name, str(err))
+        out.setdefault(key, Failure("sglang_error", label, list(rank), phase=name, error=str(err))).count += 1
     for b in run.budgets:
         if not b.ok and not b.error:
             rank = run.rank_of.get(b.pid, ())
@@ -385,9 +388,15 @@ def _failures(run: Run, dims: tuple[str, ...]) -> dict[tuple, Failure]:
     return out
 
 
+def _erring(phases: Phases) -> list[int]:
+    """The ids of the phases with an ``error`` value, in order (only phases with values are looked
+    at: a step loop's have none)."""
+    return [i for i, v in enumerate(phases.table.values) if v and v.get("error")]
+
+
 def _sglang_failed(run: Run) -> bool:
     """SGLang said the run failed: an error in a phase, or a KV budget <= 0."""
-    return any(ph.values.get("error") for ph in run.phases.phases) or any(not b.ok for b in run.budgets)
+    return bool(_erring(run.phases)) or any(not b.ok for b in run.budgets)
 
 
 def _failed(run: Run, failures: dict[tuple, Failure]) -> bool:

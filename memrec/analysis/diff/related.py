@@ -95,7 +95,7 @@ def identity(trace: Any, phases: Phases) -> Identity:
     roots = [p for p in procs.values() if p.ppid not in procs]
     commands = {c for p in roots if (c := command_identity(p.cmdline)) is not None}
     models = set().union(*(_models(p.cmdline) for p in procs.values())) if procs else set()
-    names = {ph.name for ph in phases.phases}
+    names = set(phases.table.name)
     gpus = {str(g.get("name")) for g in trace.header.get("gpus") or [] if isinstance(g, dict) and g.get("name")}
     return Identity(frozenset(commands), frozenset(models), frozenset(names), frozenset(gpus))
 

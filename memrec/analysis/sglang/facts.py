@@ -29,6 +29,7 @@ from memrec.client import DROPPED_MARKER
 from memrec.terms.events import CUDA_ERROR_OUT_OF_MEMORY
 from memrec.terms.events import Kind
 from memrec.analysis.sections import Section
+from memrec.analysis.sglang.kv_budget import any_named
 from memrec.analysis.text import scalar
 from memrec.state.batch import Batch
 
@@ -244,11 +245,17 @@ def contexts_line(ctxs: list[ProcessContext], human) -> str | None:
     return "  foreign CUDA contexts (a rank's context on a GPU it does not compute on): " + ", ".join(parts)
 
 
+#: The names without which :func:`custom_ar_facts` finds nothing.
+_CUSTOM_AR = frozenset({"dist_init", "custom_ar_init", "custom_ar_shared_buffer"})
+
+
 def custom_ar_facts(markers: list) -> CustomAllReduce | None:
     """What the custom all-reduce was, from the hooks' markers: whether it was switched off
     (``--disable-custom-all-reduce``), which class each rank built, the world size, NVLink,
     whether SGLang disabled it itself (e.g. more than 2 PCIe-only GPUs), and the bytes of
     IPC-shared buffers each rank allocated (legacy ``create_shared_buffer``)."""
+    if not any_named(markers, _CUSTOM_AR):  # (three passes over a step loop's 50,000 markers)
+        return None
     switched_off = sorted({bool(m.values["disable_custom_all_reduce"]) for m in markers
                            if m.name == "dist_init" and "disable_custom_all_reduce" in m.values})
     inits = [m for m in markers if m.name == "custom_ar_init" and m.phase == "end"]

@@ -31,6 +31,7 @@ no numpy. ``compare_budgets`` is the logic behind ``memrec diff``'s KV section.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import asdict
 from dataclasses import dataclass
 from dataclasses import field
@@ -56,6 +57,16 @@ _DIST = "dist_init"
 _MEASURED = "gpu_memory_measured"
 #: Callers of SGLang's memory measurement that size the KV cache (0.5.10 and 0.5.23 names).
 PROFILERS = ("profile_max_num_token", "_profile_available_bytes")
+#: The names without which :func:`kv_budgets` finds no budget.
+_SIZING = frozenset({_KV_BUDGET, _KV_POOL, _BASELINE})
+
+_NAME = operator.attrgetter("name")
+
+
+def any_named(markers: list[Marker], names: frozenset[str]) -> bool:
+    """Whether one of ``markers`` has one of ``names``: the SGLang passes (a sort and a Python
+    body per marker) skip a trace without them at this cost (a step loop's 50,000 markers)."""
+    return not names.isdisjoint(map(_NAME, markers))  # (no generator: 50,000 markers)
 
 
 def rest_memory(available: float, pre_model_load_memory: float, mem_fraction_static: float) -> float:
@@ -253,6 +264,9 @@ def kv_budgets(markers: Iterable[Marker]) -> list[KvBudget]:
     ``memory_baseline`` marker. When it sized more than once, the last sizing counts.
     Sorted by (dp, pp, tp, draft, pid).
     """
+    markers = markers if isinstance(markers, list) else list(markers)
+    if not any_named(markers, _SIZING):
+        return []
     groups: dict[tuple[int, bool], _Group] = {}
     shared: dict[int, _Group] = {}  # per pid: markers that belong to the process as a whole
 

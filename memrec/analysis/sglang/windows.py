@@ -17,6 +17,7 @@ from dataclasses import field
 import numpy as np
 
 from memrec.analysis.sglang.kv_budget import PROFILERS
+from memrec.analysis.sglang.kv_budget import any_named
 from memrec.analysis.sglang.kv_budget import KvBudget
 from memrec.analysis.sglang.kv_budget import kv_budgets
 from memrec.analysis.sections import Section
@@ -61,8 +62,15 @@ class _Seen:
     gpu: int | None = None
 
 
+#: The names without which :func:`kv_times` finds no time.
+_TIMES = frozenset({"memory_baseline", "dist_init", "kv_budget"})
+
+
 def kv_times(markers: Iterable[Marker]) -> dict[int, KvTimes]:
     """Per pid (target runner, not draft): the baseline and the last KV sizing."""
+    markers = markers if isinstance(markers, list) else list(markers)
+    if not any_named(markers, _TIMES):
+        return {}
     per: dict[int, _Seen] = {}
     for m in sorted(markers, key=lambda m: m.ts):
         values = m.values or {}
