@@ -434,9 +434,14 @@ def _panel(ax, p: Panel, scale: int, view: tuple[float, float]) -> None:
         ax.text(x0, 0.98 if k % 2 == 0 else 0.55, f" {name}", transform=ax.get_xaxis_transform(), rotation=90,
                 va="top", ha="left", fontsize=7, color="#303030", clip_on=True,
                 bbox={"facecolor": "white", "alpha": 0.75, "edgecolor": "none", "pad": 0.6})
+    # Past NAMED phases the bands go into a vector file (SVG, PDF) as one image at the figure's
+    # resolution, not a path each: 25,000 of them were most of what 50,000 markers cost the plot,
+    # for bands narrower than a pixel. A PNG is pixels either way; fewer bands stay paths.
+    many = len(bands.name) > NAMED
     for k, xranges in enumerate(spans):
         if xranges:
-            ax.broken_barh(xranges, (0, 1), transform=ax.get_xaxis_transform(), color=_BAND[k], zorder=-2, linewidth=0)
+            ax.broken_barh(xranges, (0, 1), transform=ax.get_xaxis_transform(), color=_BAND[k], zorder=-2, linewidth=0,
+                           rasterized=many)
     win = _window(p)
     if win is not None:
         ax.axvspan((win.start_ts - p.offset) / 1e9, (win.end_ts - p.offset) / 1e9, facecolor="none", hatch="////",

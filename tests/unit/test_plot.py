@@ -193,3 +193,43 @@ def test_plot_without_a_writable_home_prints_only_its_own_line(tmp_path):
         shutil.rmtree(out_dir)
     # AND the private folder it used is gone
     assert not [p for p in Path(tempfile.gettempdir()).glob("memrec-matplotlib-*") if p.owner() == "nobody"]
+
+
+def phased_trace(path: Path, phases: int) -> Path:
+    """One process on GPU 0 holding 1 MiB through ``phases`` begin/end phases of 10 ms each."""
+    from memrec.terms.events import Kind
+    from memrec.terms.events import Marker
+    from memrec.terms.events import ProcessInfo
+    from memrec.trace import format as fmt
+    from memrec.trace.writer import TraceWriter
+    from tests.utils import events
+    from tests.utils import ev
+
+    ms = 10**6
+    with TraceWriter(path, fmt.make_header(host="h", boot_id="b")) as w:
+        w.write_process(ProcessInfo(7, 1, ["python"], None, None, [], 1))
+        w.write_events(events(ev(Kind.ALLOC, pid=7, gpu=0, ptr=0x1000, size=1 << 20, ts=1)))
+        for i in range(phases):
+            for phase, t in (("begin", 2 + 20 * i * ms), ("end", 2 + (20 * i + 10) * ms)):
+                w.write_marker(Marker(ts=t, pid=7, uid=0, tid=7, name=f"step{i}", phase=phase, values={}))
+        w.write_events(events(ev(Kind.FREE, pid=7, gpu=0, ptr=0x1000, ts=2 + 20 * phases * ms)))
+    return path
+
+
+def test_past_named_phases_a_vector_file_holds_the_bands_as_one_image(tmp_path):
+    # GIVEN a run with a few phases and one with more than plot.NAMED (a step loop's markers)
+    few = phased_trace(tmp_path / "few.mrec", 10)
+    many = phased_trace(tmp_path / "many.mrec", 4 * plot_module.NAMED)
+    # WHEN each is drawn as SVG
+    svgs = {}
+    for trace in (few, many):
+        assert main(["plot", str(trace), "-o", str(tmp_path / f"{trace.stem}.svg")]) == 0
+        svgs[trace.stem] = (tmp_path / f"{trace.stem}.svg").read_text()
+    # THEN the few bands are vector paths, the many are one embedded image, not a path each
+    assert "<image" not in svgs["few"]
+    assert svgs["many"].count("<image") == 1
+    assert svgs["many"].count("<path") < svgs["few"].count("<path") + 100
+    # AND as PNG the bands are drawn all the same: the band colour covers a part of the picture
+    assert main(["plot", str(many), "-o", str(tmp_path / "many.png")]) == 0
+    img = read_png(tmp_path / "many.png")
+    assert sum(colour_share(img, c, tol=0.02) for c in plot_module._BAND) > 0.008
