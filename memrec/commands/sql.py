@@ -185,7 +185,7 @@ def _print(names: list[str], rows: Iterator[tuple], fmt: str, limit: int | None)
         elif fmt == "jsonl":
             out.write(dumps(dict(zip(names, row)), default=str) + "\n")
         else:
-            shown.append(["" if v is None else _shown(str(v)) for v in row])
+            shown.append(["" if v is None else clean_text(str(v)) for v in row])  # escapes, never raw
     if fmt == "table":
         widths = [max([len(n)] + [len(r[k]) for r in shown]) for k, n in enumerate(names)]
         print("  ".join(n.ljust(w) for n, w in zip(names, widths)).rstrip())
@@ -195,12 +195,6 @@ def _print(names: list[str], rows: Iterator[tuple], fmt: str, limit: int | None)
         print(f"({note}; more not shown: --limit)" if more else f"({note})", file=sys.stderr)
     elif more:
         print(f"memrec: only the first {limit} rows (--limit)", file=sys.stderr)
-
-
-def _shown(text: str) -> str:
-    """A cell as the table prints it: a marker's or a command line's control characters as escapes
-    (never raw to the terminal); a printable cell, nearly all, as it is (a C-speed test)."""
-    return text if text.isprintable() else clean_text(text)
 
 
 def _numeric(text: str) -> bool:
