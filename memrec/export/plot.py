@@ -227,11 +227,11 @@ def _draw(panels: list[Panel], out: Path, xlabel: str, same_scale: bool = False,
         fig.legend(list(handles.values()), list(labels), loc="upper center", ncol=min(len(handles), 8),
                    frameon=False, fontsize=8, bbox_to_anchor=(0.5, 1 - (0.1 + HEAD_LINE_IN * len(head)) / height))
     fig.tight_layout(rect=(0, 0, 1, 1 - (top_in - 0.25) / height))
-    picture = io.BytesIO()  # drawn first: a drawing that fails leaves no empty file that -f must replace
-    fig.savefig(picture, dpi=DPI, format=out.suffix[1:].lower())
-    plt.close(fig)
-    with create_file(out) as f:  # (never through a link planted at out)
-        f.write(picture.getbuffer())
+    with io.BytesIO() as picture:  # drawn first: a drawing that fails leaves no empty file that -f must replace
+        fig.savefig(picture, dpi=DPI, format=out.suffix[1:].lower())
+        plt.close(fig)
+        with create_file(out) as f:  # (never through a link planted at out)
+            f.write(picture.getvalue())
     return len(panels)
 
 

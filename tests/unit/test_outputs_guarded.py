@@ -48,8 +48,9 @@ MKDIR_ALLOWED = {
     ("memrec/validation/stubdriver/build.py", "build_torch_stub"): "the torch stub's build folder, named by the caller (tests)",
     ("memrec/commands/install_service.py", "_write"): "systemd's folders under a root-owned prefix",
 }
-#: Names a guarded file object may be bound by.
-GUARDED_OPENERS = {"create_file", "fdopen"}
+#: Calls whose result, bound by ``with``, a sink may write to: the guarded creator's file, a
+#: descriptor memrec holds, or memory (``io.BytesIO``: no path to write through).
+GUARDED_OPENERS = {"create_file", "fdopen", "BytesIO"}
 
 
 def _mode(call: ast.Call, position: int) -> str | None:
