@@ -236,6 +236,16 @@ def test_memory_viz_keeps_the_last_entries(tmp_path, caplog):
     assert f"the first {len(every) - 5} actions were left out" in caplog.text
 
 
+def test_memory_viz_keeps_every_entry_under_a_limit_past_any_length(tmp_path):
+    # GIVEN --max-entries of 10^23 (more than a deque's length holds: "internal error: OverflowError")
+    out = tmp_path / "exp.pickle"
+    assert export(EXPANDABLE, "memory-viz", out, "--max-entries", "1" + "0" * 23) == 0
+    # THEN it is no limit: the same actions as the default's, which keeps all of this trace's
+    full = tmp_path / "full.pickle"
+    assert export(EXPANDABLE, "memory-viz", full) == 0
+    assert pickle.loads(out.read_bytes())["device_traces"] == pickle.loads(full.read_bytes())["device_traces"]
+
+
 # --------------------------------------------------------------------------------------- parquet/csv
 
 
