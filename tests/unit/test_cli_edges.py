@@ -282,6 +282,17 @@ def test_selftest_without_cuda_python_says_what_to_install(monkeypatch, capsys):
     assert len(err.splitlines()) == 1
 
 
+@pytest.mark.parametrize("timeout", ["nan", "-1", "0"])
+def test_selftest_refuses_a_timeout_it_cannot_wait(timeout, capsys):
+    # GIVEN --timeout nan or a negative number (once accepted: the wait ended at once and every
+    # check failed for events that had not arrived yet)
+    with pytest.raises(SystemExit) as done:
+        commands.main(["selftest", "--timeout", timeout])
+    # THEN it is a usage error naming the option, before anything runs
+    assert done.value.code == ExitCode.USAGE
+    assert "argument --timeout: must be a finite number > 0" in capsys.readouterr().err
+
+
 def test_mark_accepts_verbose_after_its_name(tmp_path, capsys):
     # GIVEN no daemon WHEN `memrec mark x -v` THEN the usual one-line "no daemon" (not a usage error)
     rc = commands.main(["mark", "x", "-v", "--socket", str(tmp_path / "none.sock")])
