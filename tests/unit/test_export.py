@@ -249,6 +249,30 @@ def test_memory_viz_keeps_every_entry_under_a_limit_past_any_length(tmp_path):
 # --------------------------------------------------------------------------------------- parquet/csv
 
 
+@pytest.mark.parametrize("to", ["csv", "parquet"])
+def test_an_export_stopped_half_way_leaves_no_cut_table(to, tmp_path, monkeypatch):
+    if to == "parquet":
+        pytest.importorskip("pyarrow.parquet", reason="pyarrow not installed")
+    from memrec.export import columnar
+
+    # GIVEN an export stopped (Ctrl-C) right after the events table's first slice was written:
+    # a 0-byte events.parquet, or an events.csv cut at a row, was left and read as the whole table
+    parts = columnar.table_parts
+
+    def first_then_stop(rec, name):
+        for part in parts(rec, name):
+            yield part
+            if name == "events":
+                raise KeyboardInterrupt
+
+    monkeypatch.setattr(columnar, "table_parts", first_then_stop)
+    out = tmp_path / "tables"
+    # WHEN the command runs: the interrupt is its exit code 130
+    assert export(GOLDEN, to, out) == 130
+    # THEN the events table (the first one written) is not there, cut
+    assert out.is_dir() and list(out.iterdir()) == []
+
+
 def test_parquet_tables_are_typed(tmp_path):
     pq = pytest.importorskip("pyarrow.parquet", reason="pyarrow not installed")
     pa = pytest.importorskip("pyarrow")
