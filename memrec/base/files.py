@@ -270,8 +270,12 @@ def make_folder(path: str | os.PathLike[str]) -> None:
     dir_fd = open_folder(parent)  # the caller's path: its links by the caller's rule, not "never"
     try:
         if name:
-            with contextlib.suppress(FileExistsError):
+            try:
                 os.mkdir(name, 0o777, dir_fd=dir_fd)
+            except FileExistsError:
+                pass
+            except OSError as error:  # named by the caller's path, not the last name alone
+                raise OSError(error.errno, error.strerror, text) from None
     finally:
         os.close(dir_fd)
     os.close(open_folder(text))

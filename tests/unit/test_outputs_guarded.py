@@ -217,6 +217,16 @@ def test_create_file_never_truncates_a_link_planted_at_the_name(tmp_path):
     assert secret.read_text() == "root:secret\n"
 
 
+def test_a_folder_that_cannot_be_made_is_named_by_its_whole_path(tmp_path):
+    # GIVEN a folder that mkdir refuses (a name too long; as a user, a folder not theirs)
+    path = tmp_path / ("x" * 300)
+    with pytest.raises(OSError) as error:
+        make_folder(path)
+    # THEN the error names the path given, which the command prints ("x: Permission denied" was
+    # all `memrec export --to csv -o /data/run/x` said)
+    assert error.value.filename == str(path)
+
+
 def test_an_output_whose_writing_fails_is_removed_and_only_that_file(tmp_path):
     from memrec.base.files import create_output
 
