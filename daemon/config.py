@@ -22,6 +22,8 @@ DEFAULT_OUTPUT = "/var/lib/memrec/"
 GiB = 1 << 30
 #: 16 MiB of 4 KiB pages: 123,000 records, about 1.2 s at 100k events/s.
 DEFAULT_RINGBUF_PAGES = 4096
+#: The largest BPF ring buffer the kernel makes: a power of two under its 4 GiB bound.
+RINGBUF_MAX_BYTES = 1 << 31
 #: Where compiled probe programs are kept (memrec.probes.probecache.DEFAULT_DIR; not imported
 #: from there: the configuration needs nothing of the probes).
 DEFAULT_PROBE_CACHE = "/var/cache/memrec/probes"
@@ -123,10 +125,11 @@ def stack_depth(text: str | int) -> int:
 
 
 def ring_pages(text: str | int) -> int:
-    """Ring-buffer size in pages: a power of two >= 1.
+    """Ring-buffer size in pages: a power of two >= 1, of at most :data:`RINGBUF_MAX_BYTES`, so
+    that a size the kernel refuses is a usage error, not "cannot compile the probe program".
 
     Raises:
-        ValueError: not a power of two.
+        ValueError: not a power of two, or larger than the kernel takes.
     """
     try:
         value = int(text)
@@ -134,6 +137,9 @@ def ring_pages(text: str | int) -> int:
         raise ValueError(f"not an integer: {text!r}") from None
     if value < 1 or value & (value - 1):
         raise ValueError(f"ring buffer pages must be a power of two, got {text!r}")
+    most = RINGBUF_MAX_BYTES // os.sysconf("SC_PAGE_SIZE")
+    if value > most:
+        raise ValueError(f"ring buffer pages must be at most {most} (2 GiB, the kernel's largest ring), got {text!r}")
     return value
 
 

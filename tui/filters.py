@@ -19,6 +19,8 @@ from memrec.terms.units import parse_size
 
 KIND_NAMES = {int(k): k.name.lower() for k in Kind}
 API_NAMES = {int(a): a.name for a in Api}
+#: The largest pid the events hold (their pid column is uint32).
+PID_MAX = (1 << 32) - 1
 
 #: ``phases_of(pids, tss)``: the phase each event's process was in at its time.
 PhasesOf = Callable[[np.ndarray, np.ndarray], list[str]]
@@ -55,9 +57,13 @@ def parse_filter(text: str) -> EventFilter:
         low = word.lower()
         if low.startswith("pid:"):
             try:
-                pids.update(int(p) for p in low[4:].split(",") if p)
+                wanted = {int(p) for p in low[4:].split(",") if p}
             except ValueError:
                 raise ValueError(f"pid: wants numbers, got {word[4:]!r}") from None
+            # the events' pid column is uint32: a number past it would crash the view, not filter it
+            if any(not 0 <= p <= PID_MAX for p in wanted):
+                raise ValueError(f"pid: wants process ids (0 to {PID_MAX}), got {word[4:]!r}")
+            pids.update(wanted)
         elif low.startswith("kind:"):
             for name in low[5:].split(","):
                 if not name:

@@ -27,6 +27,7 @@ from memrec.analysis.report.answer import Window
 from memrec.analysis.diff.build import Verdict
 from memrec.analysis.diff.build import align_markers
 from memrec.engine.phases import NO_PHASE
+from memrec.terms.columns import failed_calls
 from memrec.terms.events import Kind
 from memrec.terms.events import OWNED_CATEGORIES
 from memrec.terms.events import cu_result_name
@@ -75,7 +76,7 @@ class TraceModel(Protocol):
 
 
 class Landmarks:
-    """Failed driver calls (any CUresult but success, as ``memrec report`` counts them) and big
+    """Failed driver calls (as ``memrec report`` counts them: ``failed_calls``) and big
     successful allocations, in trace order, fed chunk by chunk by the model."""
 
     def __init__(self) -> None:
@@ -99,7 +100,7 @@ class Landmarks:
     def add(self, column: Callable[[str], np.ndarray], start: int) -> None:
         """Index a chunk of events whose first is ``start`` (``column(name)`` reads one column)."""
         result, size = column("result"), column("size")
-        bad = np.flatnonzero(result != 0)
+        bad = np.flatnonzero(failed_calls({"result": result, "kind": column("kind")}))
         big = np.flatnonzero(size >= BIG_MIN)
         big = big[(result[big] == 0) & np.isin(column("kind")[big], ALLOC_KINDS)]
         with self._lock:

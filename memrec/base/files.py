@@ -37,6 +37,7 @@ import errno
 import os
 import stat
 from typing import IO
+from typing import Iterator
 
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -224,6 +225,39 @@ def create_file(path: str | os.PathLike[str], *, text: bool = False, replace: bo
         raise
 
 
+@contextlib.contextmanager
+def create_output(path: str | os.PathLike[str], *, text: bool = False) -> Iterator[IO]:
+    """:func:`create_file` for a command's output, removed again when the body fails (an error,
+    a full disk, Ctrl-C): a table or a trace cut at an arbitrary row reads as a whole one, and
+    the next run would need -f to replace it."""
+    f = create_file(path, text=text)
+    made = os.fstat(f.fileno())
+    try:
+        with f:
+            yield f
+    except BaseException:
+        folder, name = os.path.split(os.fspath(path))
+        with contextlib.suppress(OSError):
+            dir_fd = open_folder(folder)
+            try:
+                remove_made(dir_fd, name, made)
+            finally:
+                os.close(dir_fd)
+        raise
+
+
+def remove_made(dir_fd: int, name: str, made: os.stat_result) -> None:
+    """Remove ``name`` in ``dir_fd`` if it is still the file this process made (``made``: its
+    ``fstat``), not whatever another user put there since; a link is never followed.
+
+    Raises:
+        OSError: it could not be looked at or removed.
+    """
+    now = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    if (now.st_dev, now.st_ino) == (made.st_dev, made.st_ino):
+        os.unlink(name, dir_fd=dir_fd)
+
+
 def make_folder(path: str | os.PathLike[str]) -> None:
     """Create the folder ``path`` if it is not there (its parent must be), reached as
     :func:`open_folder` reaches folders; an existing folder is checked the same way.
@@ -236,8 +270,12 @@ def make_folder(path: str | os.PathLike[str]) -> None:
     dir_fd = open_folder(parent)  # the caller's path: its links by the caller's rule, not "never"
     try:
         if name:
-            with contextlib.suppress(FileExistsError):
+            try:
                 os.mkdir(name, 0o777, dir_fd=dir_fd)
+            except FileExistsError:
+                pass
+            except OSError as error:  # named by the caller's path, not the last name alone
+                raise OSError(error.errno, error.strerror, text) from None
     finally:
         os.close(dir_fd)
     os.close(open_folder(text))

@@ -14,6 +14,7 @@ argparse's layout rules (:func:`help_text`), and a command may parse its documen
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 
@@ -183,9 +184,12 @@ def main(args: list[str] | None = None) -> int:
             usage = text.split("\n", 1)[0]
             _write(sys.stderr, f"{usage}\nmemrec: error: the following arguments are required: COMMAND\n")
             raise SystemExit(ExitCode.USAGE)
-    run, verbose = _quick(argv) or _parse(argv)
-    try:
-        return int(run())
+    verbose = 0
+    try:  # the parsing too: an option's type that raises, or --version's print, is handled below
+        run, verbose = _quick(argv) or _parse(argv)
+        code = int(run())
+        sys.stdout.flush()  # a full disk under `> file` is this command's error, not the exit's
+        return code
     except MemrecCommandError as error:  # a command's own error says its exit code
         print(f"memrec: error: {error}", file=sys.stderr)
         return error.exit_code
@@ -201,14 +205,30 @@ def main(args: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return ExitCode.OK
-    except Exception as error:  # a bug: one line for the user, the traceback with -v
-        if verbose:
-            import traceback  # only for a bug: see _configure_logging
+    except OSError as error:
+        if error.filename is not None or error.errno not in _WRITE_ERRNOS:
+            return _internal_error(error, verbose)
+        # only a write fails so, and every file a command writes names its path (create_file):
+        # this is standard output (`> /dev/full`, a full disk, a quota)
+        print(f"memrec: error: cannot write the output: {error.strerror}", file=sys.stderr)
+        return ExitCode.CANT_CREATE
+    except Exception as error:
+        return _internal_error(error, verbose)
 
-            traceback.print_exc()
-        print(f"memrec: internal error: {type(error).__name__}: {one_line(error)} "
-              "(a bug in memrec: run again with -v for the traceback)", file=sys.stderr)
-        return ExitCode.SOFTWARE
+
+#: The errors only a write gives: with no file name, standard output could not be written.
+_WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _internal_error(error: Exception, verbose: int) -> int:
+    """A bug: one line for the user, the traceback with -v."""
+    if verbose:
+        import traceback  # only for a bug: see _configure_logging
+
+        traceback.print_exc()
+    print(f"memrec: internal error: {type(error).__name__}: {one_line(error)} "
+          "(a bug in memrec: run again with -v for the traceback)", file=sys.stderr)
+    return ExitCode.SOFTWARE
 
 
 def _write(stream, text: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 from pathlib import Path
 
 from memrec.base.errors import ExitCode
@@ -121,7 +122,9 @@ class ExportCommand:
             except ValueError as error:
                 raise MemrecCommandError(f"{args.trace}: {error}", exit_code=ExitCode.USAGE) from error
             _check_file(out, args)
-            written, dropped = write_memory_viz(rec, out, args.pid, args.max_entries or MAX_ENTRIES,
+            # past what a deque's length holds, "the last N" is every one (N of 10^23 was a crash)
+            max_entries = min(args.max_entries or MAX_ENTRIES, sys.maxsize)
+            written, dropped = write_memory_viz(rec, out, args.pid, max_entries,
                                                 check=lambda path: _check_file(path, args), at=at)
             if dropped:
                 logging.warning("memory-viz: the first %d actions were left out (--max-entries)", dropped)

@@ -95,7 +95,12 @@ class SelftestCommand:
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--socket", metavar="PATH", help="the daemon's socket")
         parser.add_argument("--device", type=int, default=0, help="device ordinal to test (default 0)")
-        parser.add_argument("--timeout", type=float, default=20.0, help="seconds to wait for the events")
+        from memrec.commands.common import arg_type
+        from memrec.daemon.config import positive_float
+
+        # nan or a negative number waited for nothing and failed every check
+        parser.add_argument("--timeout", type=arg_type(positive_float), default=20.0,
+                            help="seconds to wait for the events")
 
     def run(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         from memrec.terms.events import Kind

@@ -107,6 +107,11 @@ class TuiCommand:
                 app.run()
         finally:
             source.stop()
+        if app.return_code:  # textual printed an unhandled error's traceback and returned 1: a bug
+            raise MemrecCommandError(
+                "the TUI stopped on an internal error (a bug in memrec: the traceback is above)",
+                exit_code=ExitCode.SOFTWARE,
+            )
         return ExitCode.OK
 
 

@@ -22,7 +22,7 @@ from typing import Iterator
 
 import numpy as np
 
-from memrec.base.files import create_file
+from memrec.base.files import create_output
 from memrec.api import Recording
 from memrec.export import require
 
@@ -93,14 +93,17 @@ def write_parquet(rec: Recording, folder: Path) -> list[Path]:
     files = table_files(folder, "parquet")
     for name in table_names(rec):
         path = files[name]
-        with create_file(path) as f:
+        with create_output(path) as f:
             writer = None
-            for part in table_parts(rec, name):
-                table = arrow_table(part)
-                if writer is None:  # each slice's strings have their own dictionary; the type is one
-                    writer = pq.ParquetWriter(f, table.schema)
-                writer.write_table(table)
-            writer.close()
+            try:
+                for part in table_parts(rec, name):
+                    table = arrow_table(part)
+                    if writer is None:  # each slice's strings have their own dictionary; the type is one
+                        writer = pq.ParquetWriter(f, table.schema)
+                    writer.write_table(table)
+            finally:  # also when stopped: its __del__ would write into the closed file, "Exception ignored"
+                if writer is not None:
+                    writer.close()
         out.append(path)
     return out
 
@@ -112,7 +115,7 @@ def write_csv(rec: Recording, folder: Path) -> list[Path]:
     files = table_files(folder, "csv")
     for name in table_names(rec):
         path = files[name]
-        with create_file(path, text=True) as f:
+        with create_output(path, text=True) as f:
             writer = csv.writer(f)
             for k, arr in enumerate(table_parts(rec, name)):
                 if k == 0:

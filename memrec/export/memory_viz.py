@@ -39,6 +39,7 @@ with the reason; a segment or block takes the stack of the allocation that made 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import math
 import os
 import pickle
@@ -51,6 +52,7 @@ import numpy as np
 
 from memrec.base.files import create_in
 from memrec.base.files import open_folder
+from memrec.base.files import remove_made
 from memrec.analysis.report.answer import Answer
 from memrec.analysis.report.answer import DRIVER_OOM
 from memrec.analysis.report.answer import KV_SIZING
@@ -396,8 +398,14 @@ def write_memory_viz(rec: Recording, path: Path, pid: int | None = None, max_ent
     try:
         for target, snap in targets.items():
             fd, _ = create_in(folder, target.name, shown=str(target))
-            with os.fdopen(fd, "wb") as f:
-                pickle.dump(snap, f)
+            made = os.fstat(fd)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    pickle.dump(snap, f)
+            except BaseException:  # a cut pickle left behind would be read as a whole snapshot
+                with contextlib.suppress(OSError):
+                    remove_made(folder, target.name, made)
+                raise
     finally:
         os.close(folder)
     return list(targets), dropped

@@ -37,7 +37,7 @@ from typing import Iterator
 
 import numpy as np
 
-from memrec.base.files import create_file
+from memrec.base.files import create_output
 from memrec.analysis.report.answer import Answer
 from memrec.analysis.report.answer import DRIVER_CALL
 from memrec.analysis.report.answer import DRIVER_OOM
@@ -210,7 +210,7 @@ def write_perfetto(rec: Recording, path: Path, answer: Answer | None = None) -> 
         answer = trace_answer(rec.trace, rec.trace_events)
     with tempfile.TemporaryFile(prefix="memrec-perfetto-") as spill:
         calls = _Calls(rec, _Spill(spill))
-        with create_file(path) as f:
+        with create_output(path) as f:
             w = _Writer(f)
             _answer_track(w, answer)
             _gpu_tracks(w, rec)

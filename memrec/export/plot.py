@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from memrec.base.files import create_file
+from memrec.base.files import create_output
 from memrec.analysis.report.answer import Answer
 from memrec.analysis.report.answer import DRIVER_CALL
 from memrec.analysis.report.answer import DRIVER_OOM
@@ -230,7 +230,7 @@ def _draw(panels: list[Panel], out: Path, xlabel: str, same_scale: bool = False,
     with io.BytesIO() as picture:  # drawn first: a drawing that fails leaves no empty file that -f must replace
         fig.savefig(picture, dpi=DPI, format=out.suffix[1:].lower())
         plt.close(fig)
-        with create_file(out) as f:  # (never through a link planted at out)
+        with create_output(out) as f:  # (never through a link planted at out)
             f.write(picture.getvalue())
     return len(panels)
 

@@ -10,6 +10,9 @@ import re
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgtp]?)(i?b?)\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
+#: The largest size read: what a trace's int64 fields and numpy's comparisons hold (8 EiB), so a
+#: mistyped size is a usage error, not a crash after the daemon attached its probes.
+SIZE_MAX = (1 << 63) - 1
 
 
 def fmt_bytes(n: int | float | None, signed: bool = False) -> str:
@@ -31,16 +34,19 @@ def parse_size(text: str | int) -> int:
     so what :func:`fmt_bytes` writes (``1.50 GiB``) reads back.
 
     Raises:
-        ValueError: not a non-negative size.
+        ValueError: not a non-negative size, or one over :data:`SIZE_MAX` (8 EiB).
     """
     if isinstance(text, int) and not isinstance(text, bool):
-        if text < 0:
-            raise ValueError(f"size must be >= 0, got {text}")
+        if not 0 <= text <= SIZE_MAX:
+            raise ValueError(f"size must be 0 to 8 EiB, got {text}")
         return text
     match = _SIZE.match(str(text))
     if not match or (match.group(3) and match.group(3).lower() == "i"):
         raise ValueError(f"not a byte size: {text!r} (examples: 0, 4096, 512M, 1G, 1.5GiB)")
-    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+    value = float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
+    if not value <= SIZE_MAX:  # also an infinity: 400 digits are more than a float holds
+        raise ValueError(f"not a byte size: {text!r} is over 8 EiB")
+    return int(value)
 
 
 def fmt_at(ns: int | float, resolution: int | float) -> str:

@@ -55,6 +55,8 @@ def test_run_starts_the_app_with_the_source(trace_file, monkeypatch):
     started = []
 
     class FakeApp:
+        return_code = 0  # as textual's App after a clean exit
+
         def __init__(self, source):
             started.append(source)
 
@@ -65,6 +67,26 @@ def test_run_starts_the_app_with_the_source(trace_file, monkeypatch):
     monkeypatch.setattr("memrec.commands.tui.on_a_terminal", lambda: True)
     assert TuiCommand().run(parse(str(trace_file)), argparse.ArgumentParser()) == ExitCode.OK
     assert type(started[0]).__name__ == "FileSource" and not started[0].live and started[1] == "ran"
+
+
+def test_an_app_that_crashed_is_exit_70_not_0(trace_file, monkeypatch):
+    # GIVEN an app that stops on an unhandled error: textual prints its traceback, sets
+    # return_code 1 and returns from run() (the shell saw exit 0 after a traceback)
+    class CrashedApp:
+        return_code = None
+
+        def __init__(self, source):
+            pass
+
+        def run(self):
+            self.return_code = 1
+
+    monkeypatch.setattr("memrec.tui.app.MemrecApp", CrashedApp)
+    monkeypatch.setattr("memrec.commands.tui.on_a_terminal", lambda: True)
+    # THEN memrec tui says so in one line, with the internal-error exit code
+    with pytest.raises(MemrecCommandError) as info:
+        TuiCommand().run(parse(str(trace_file)), argparse.ArgumentParser())
+    assert info.value.exit_code == ExitCode.SOFTWARE and "a bug in memrec" in str(info.value)
 
 
 def test_registered_in_the_memrec_command(trace_file):

@@ -299,3 +299,16 @@ def test_state_at_skips_the_tensor_replay_without_tensor_events(trace, tmp_path,
     st = tensors.state_at(tensors.store.n - 1, 0)
     assert tensors.tensor_events == 2 and sum(applied) == tensors.store.n
     assert [f.blocks for _, f in st.tensors] == [2]
+
+
+def test_filter_refuses_a_pid_or_size_the_events_cannot_hold(trace):
+    # GIVEN filter words a user may mistype: a pid past the events' uint32 column (which crashed
+    # the TUI with a traceback from numpy), a negative pid, a size of 400 digits
+    for text in ("pid:99999999999999999999", "pid:12,-1", "size>=" + "9" * 400):
+        # THEN each is a one-line ValueError, which the filter box shows as a notice
+        with pytest.raises(ValueError, match="pid|size"):
+            parse_filter(text)
+    # AND the largest pid still filters the model's events (none match)
+    m = TraceModel.from_trace(trace)
+    seq = m.store.seq_at(T0 + 5 * SEC)
+    assert len(m.events_window(seq, parse_filter(f"pid:{2**32 - 1}"), gpu=None).rows) == 0

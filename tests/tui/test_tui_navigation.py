@@ -5,11 +5,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import synth
 
 from memrec.engine.replay import build_timeline
+from memrec.terms.columns import EVENT_DTYPE
+from memrec.terms.events import CUDA_ERROR_OUT_OF_MEMORY
+from memrec.terms.events import Kind
 from memrec.trace.reader import load_trace
 from memrec.tui.model import TraceModel
+from memrec.tui.navigation import Landmarks
 from memrec.tui.navigation import answer
 from memrec.tui.navigation import jump
 from memrec.terms.units import fmt_bytes
@@ -98,3 +103,20 @@ def test_diff_aligns_on_the_first_common_marker():
     al = align(ma, mb, ma.time_range()[0], mb.time_range()[0])
     # THEN B's time is A's plus 3 s, on the first marker both have
     assert al.shift == 3 * SEC and al.text == "aligned on load_weights begin"
+
+
+def test_failures_are_counted_as_the_report_counts_them():
+    # GIVEN a chunk with a cuModuleLoad that found no file (an expected failure the report leaves
+    # out) and a cuMemAlloc out of memory (the live TUI said "2 failures", the report 1 failed call)
+    rows = np.zeros(2, dtype=EVENT_DTYPE)
+    rows["ts"] = [T0, T0 + SEC]
+    rows["kind"] = [int(Kind.CODE_LOAD), int(Kind.ALLOC)]
+    rows["result"] = [301, CUDA_ERROR_OUT_OF_MEMORY]
+    rows["size"] = [0, 80 * GiB]
+    lm = Landmarks()
+    # WHEN the model indexes it (as the live source does, before any answer)
+    lm.add(lambda name: rows[name], 0)
+    # THEN only the out-of-memory call is a failure: counted, drawn and jumped to
+    assert lm.count() == 1
+    assert lm.failures(None, 0, T0 + 2 * SEC).tolist() == [T0 + SEC]
+    assert lm.next_failure(0, True)[0] == T0 + SEC

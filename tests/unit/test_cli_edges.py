@@ -282,6 +282,17 @@ def test_selftest_without_cuda_python_says_what_to_install(monkeypatch, capsys):
     assert len(err.splitlines()) == 1
 
 
+@pytest.mark.parametrize("timeout", ["nan", "-1", "0"])
+def test_selftest_refuses_a_timeout_it_cannot_wait(timeout, capsys):
+    # GIVEN --timeout nan or a negative number (once accepted: the wait ended at once and every
+    # check failed for events that had not arrived yet)
+    with pytest.raises(SystemExit) as done:
+        commands.main(["selftest", "--timeout", timeout])
+    # THEN it is a usage error naming the option, before anything runs
+    assert done.value.code == ExitCode.USAGE
+    assert "argument --timeout: must be a finite number > 0" in capsys.readouterr().err
+
+
 def test_mark_accepts_verbose_after_its_name(tmp_path, capsys):
     # GIVEN no daemon WHEN `memrec mark x -v` THEN the usual one-line "no daemon" (not a usage error)
     rc = commands.main(["mark", "x", "-v", "--socket", str(tmp_path / "none.sock")])
@@ -545,3 +556,18 @@ def test_a_fifo_or_a_device_as_a_trace_is_not_a_regular_file_to_every_command(ki
         # THEN one line saying it is not a regular file (not "empty file"), and the input exit code
         assert (done.returncode, done.stdout, done.stderr) == (
             ExitCode.NO_INPUT, "", f"memrec: error: {path}: not a regular file\n"), argv
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_output_to_a_full_device_is_one_line_and_exit_73_not_a_bug(tmp_path):
+    # GIVEN standard output that no write fits in (`> /dev/full`: a full disk under a redirection)
+    trace = write_trace(tmp_path / "run.mrec")
+    for argv in (["report", trace], ["report", "--json", trace], ["dump", trace], ["--version"]):
+        with open("/dev/full", "w") as full:
+            # WHEN a command prints to it (--version prints while its arguments are parsed)
+            done = subprocess.run([sys.executable, "-m", "memrec", *map(str, argv)], stdout=full,
+                                  stderr=subprocess.PIPE, text=True, timeout=60)
+        # THEN one line says the output could not be written and why, with the output exit code
+        # (it was "internal error ... a bug in memrec", exit 70, and a raw traceback for --version)
+        assert (done.returncode, done.stderr) == (
+            ExitCode.CANT_CREATE, "memrec: error: cannot write the output: No space left on device\n"), argv

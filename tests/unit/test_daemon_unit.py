@@ -246,6 +246,13 @@ def test_other_converters():
     assert cfgmod.ring_pages("64") == 64
     with pytest.raises(ValueError):
         cfgmod.ring_pages("100")
+    # a power of two past the kernel's largest ring (2^40 pages once failed as "cannot compile the
+    # probe program" after the daemon started) is refused with the largest it takes
+    most = (1 << 31) // os.sysconf("SC_PAGE_SIZE")
+    assert cfgmod.ring_pages(str(most)) == most
+    for pages in (most * 2, 1 << 40):
+        with pytest.raises(ValueError, match=f"at most {most}"):
+            cfgmod.ring_pages(str(pages))
 
 
 def test_config_defaults_and_validation(tmp_path):

@@ -236,7 +236,41 @@ def test_memory_viz_keeps_the_last_entries(tmp_path, caplog):
     assert f"the first {len(every) - 5} actions were left out" in caplog.text
 
 
+def test_memory_viz_keeps_every_entry_under_a_limit_past_any_length(tmp_path):
+    # GIVEN --max-entries of 10^23 (more than a deque's length holds: "internal error: OverflowError")
+    out = tmp_path / "exp.pickle"
+    assert export(EXPANDABLE, "memory-viz", out, "--max-entries", "1" + "0" * 23) == 0
+    # THEN it is no limit: the same actions as the default's, which keeps all of this trace's
+    full = tmp_path / "full.pickle"
+    assert export(EXPANDABLE, "memory-viz", full) == 0
+    assert pickle.loads(out.read_bytes())["device_traces"] == pickle.loads(full.read_bytes())["device_traces"]
+
+
 # --------------------------------------------------------------------------------------- parquet/csv
+
+
+@pytest.mark.parametrize("to", ["csv", "parquet"])
+def test_an_export_stopped_half_way_leaves_no_cut_table(to, tmp_path, monkeypatch):
+    if to == "parquet":
+        pytest.importorskip("pyarrow.parquet", reason="pyarrow not installed")
+    from memrec.export import columnar
+
+    # GIVEN an export stopped (Ctrl-C) right after the events table's first slice was written:
+    # a 0-byte events.parquet, or an events.csv cut at a row, was left and read as the whole table
+    parts = columnar.table_parts
+
+    def first_then_stop(rec, name):
+        for part in parts(rec, name):
+            yield part
+            if name == "events":
+                raise KeyboardInterrupt
+
+    monkeypatch.setattr(columnar, "table_parts", first_then_stop)
+    out = tmp_path / "tables"
+    # WHEN the command runs: the interrupt is its exit code 130
+    assert export(GOLDEN, to, out) == 130
+    # THEN the events table (the first one written) is not there, cut
+    assert out.is_dir() and list(out.iterdir()) == []
 
 
 def test_parquet_tables_are_typed(tmp_path):

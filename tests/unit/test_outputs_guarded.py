@@ -48,9 +48,10 @@ MKDIR_ALLOWED = {
     ("memrec/validation/stubdriver/build.py", "build_torch_stub"): "the torch stub's build folder, named by the caller (tests)",
     ("memrec/commands/install_service.py", "_write"): "systemd's folders under a root-owned prefix",
 }
-#: Calls whose result, bound by ``with``, a sink may write to: the guarded creator's file, a
-#: descriptor memrec holds, or memory (``io.BytesIO``: no path to write through).
-GUARDED_OPENERS = {"create_file", "fdopen", "BytesIO"}
+#: Calls whose result, bound by ``with``, a sink may write to: the guarded creator's file (also
+#: as ``create_output``, which removes it again when the writing fails), a descriptor memrec
+#: holds, or memory (``io.BytesIO``: no path to write through).
+GUARDED_OPENERS = {"create_file", "create_output", "fdopen", "BytesIO"}
 
 
 def _mode(call: ast.Call, position: int) -> str | None:
@@ -214,6 +215,41 @@ def test_create_file_never_truncates_a_link_planted_at_the_name(tmp_path):
         with pytest.raises(OSError):
             create_file(tmp_path / "out.csv", replace=replace)
     assert secret.read_text() == "root:secret\n"
+
+
+def test_a_folder_that_cannot_be_made_is_named_by_its_whole_path(tmp_path):
+    # GIVEN a folder that mkdir refuses (a name too long; as a user, a folder not theirs)
+    path = tmp_path / ("x" * 300)
+    with pytest.raises(OSError) as error:
+        make_folder(path)
+    # THEN the error names the path given, which the command prints ("x: Permission denied" was
+    # all `memrec export --to csv -o /data/run/x` said)
+    assert error.value.filename == str(path)
+
+
+def test_an_output_whose_writing_fails_is_removed_and_only_that_file(tmp_path):
+    from memrec.base.files import create_output
+
+    # GIVEN an output whose writing stops half-way (Ctrl-C, a full disk, a cut trace)
+    out = tmp_path / "events.csv"
+    with pytest.raises(KeyboardInterrupt):
+        with create_output(out, text=True) as f:
+            f.write("ts,pid\n1,2\n")
+            raise KeyboardInterrupt
+    # THEN no cut file is left to be read as a whole one (or to need -f next time)
+    assert not out.exists()
+    # AND a file that someone put at the name meanwhile is not the one made: it stays
+    with pytest.raises(RuntimeError):
+        with create_output(out) as f:
+            os.rename(out, tmp_path / "moved")
+            (tmp_path / "planted").write_text("theirs")
+            os.rename(tmp_path / "planted", out)
+            raise RuntimeError("stop")
+    assert out.read_text() == "theirs"
+    # AND a body that ends well keeps its file
+    with create_output(tmp_path / "whole.csv", text=True) as f:
+        f.write("ts\n")
+    assert (tmp_path / "whole.csv").read_text() == "ts\n"
 
 
 # ------------------------------------------------------------------------------ the commands, attacked

@@ -62,6 +62,15 @@ def test_out_of_memory_answer_says_what_the_gpu_held_and_how_much_to_free(capsys
     assert fix.startswith("FIX")
 
 
+def test_a_holder_outside_any_phase_is_named_by_its_process_not_as_no_phase(capsys, monkeypatch):
+    # GIVEN `memrec demo`'s trace: no markers, so what GPU 0 held at its out-of-memory is (no phase)
+    path = ROOT / "tests" / "data" / "demo_oom.mrec"
+    fix = report_text(path, capsys, monkeypatch, 200)[2]
+    # THEN the FIX line names the process that held it ("the largest holder is (no phase)" read as
+    # if a phase held the memory), as the CAUSE line does
+    assert fix.endswith("; the largest holder is pid 6865") and "(no phase)" not in fix
+
+
 def test_no_failure_answer_names_the_peak_and_what_held_it(capsys, monkeypatch):
     path = ROOT / "examples" / "sglang-standin-base.mrec"
     report = build_report(load_trace(path)).to_json()

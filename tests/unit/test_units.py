@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from memrec.terms.units import fmt_bytes
 from tests.utils import GiB
 from tests.utils import KiB
@@ -39,3 +41,29 @@ def test_durations():
 
     assert [fmt_dur(n) for n in (850, 12_300_000, 4_200_000_000, 185e9, 7380e9)] == ["850ns", "12.3ms", "4.20s", "3m05s", "2h03m"]
     assert fmt_dur(-1_500_000) == "-1.5ms"
+
+
+def test_a_size_past_what_a_trace_holds_is_a_usage_error_not_a_crash():
+    # GIVEN sizes a user may mistype: more digits than a float holds, or past int64 (8 EiB)
+    from memrec.terms.units import parse_size
+
+    for text in ("9" * 400, "99999999999999999999999", "9000000P", 1 << 63):
+        # THEN each is a ValueError with the text in it (argparse prints it as one line)
+        with pytest.raises(ValueError, match="8 EiB"):
+            parse_size(text)
+    # AND 8 EiB less a byte still reads
+    assert parse_size(str((1 << 63) - 1024)) == (1 << 63) - 1024
+
+
+def test_the_daemon_refuses_a_huge_rotate_size_before_it_starts(capsys):
+    # GIVEN `memrec daemon --rotate-size` with 400 digits (a traceback once) or 1e23 bytes (once
+    # accepted, then a crash writing the trace's header after the probes were attached)
+    from memrec import commands
+
+    for size in ("9" * 400, "99999999999999999999999"):
+        with pytest.raises(SystemExit) as done:
+            commands.main(["daemon", "--rotate-size", size, "-o", "/nonexistent/x.mrec"])
+        # THEN it is argparse's usage error, one line naming the option
+        assert done.value.code == 2
+        err = capsys.readouterr().err
+        assert "argument --rotate-size: not a byte size" in err and "Traceback" not in err

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING
 from memrec.base.untrusted import clean_text
 from memrec.analysis.report.sites import Site
 from memrec.analysis.text import human
+from memrec.engine.phases import NO_PHASE
 from memrec.analysis.untraced.split import EXPLAINED_SHARE_MIN
 
 if TYPE_CHECKING:  # the report's sections hold an Answer: the types only, for the checker
@@ -442,8 +443,9 @@ def _call_failed(report: Report, failures: list[FailedCall]) -> tuple[tuple[Line
         cause.append(f"{':' if k == 0 else ','} {ph.phase} {human(ph.bytes)} ({_who(ph.pids, procs)})")
     sec = next((s for s in report.gpus if s.gpu == f.gpu), None)
     fix = _call_fix(f, where, sec.total if sec else None, owned_then)
-    if phases and fix[0] == "FIX":
-        fix.append(f"; the largest holder is {phases[0].phase}")
+    if phases and fix[0] == "FIX":  # a phase names the holder; outside any, its processes do
+        top = phases[0]
+        fix.append(f"; the largest holder is {_who(top.pids, procs) if top.phase == NO_PHASE else top.phase}")
     return _lines(first, cause, fix, _site_line(report, phases[0].phase if phases else None, f)), f
 
 
