@@ -57,7 +57,7 @@ from memrec.analysis.names import api_name
 from memrec.analysis.names import result_name
 from memrec.engine.phases import NO_PHASE
 from memrec.engine.phases import Phases
-from memrec.engine.phases import attribute_table
+from memrec.engine.phases import ATTRIBUTE_CHUNK
 from memrec.engine.group import distinct
 from memrec.engine.group import group
 from memrec.engine.group import group_sum
@@ -252,25 +252,37 @@ def _merge_order(a: list[str], b: list[str]) -> list[str]:
 def _phase_bytes(run: Run) -> tuple[dict[tuple, int], set[tuple]]:
     """(path, rank key, gpu, category) -> net bytes (exits left out); and which (path, rank) exist.
 
-    Grouped by codes of the path and the rank with numpy: a step loop's usage has a row per phase
-    (25,000), its groups are a few per distinct path."""
-    u = attribute_table(run.phases, run.journal.take(~run.exit_rows))
-    t = run.phases.table  # columns, as the usage's: no object per phase or row
+    The journal's rows are grouped by codes of their phase's path and their process's rank with
+    numpy, a chunk of rows at a time (:data:`~memrec.engine.phases.ATTRIBUTE_CHUNK`, as the
+    attribution by phase): a step loop's 25,000 phases have a few paths, and the diff sums by path,
+    not by phase and process first."""
+    j = run.journal.take(~run.exit_rows)
+    t = run.phases.table  # columns: no object per phase or row
     paths, code = run.paths
     paths = list(paths)
     no_phase = paths.index(NO_PHASE) if NO_PHASE in paths else len(paths)
     if no_phase == len(paths):
         paths.append(NO_PHASE)
-    pids = np.asarray(distinct(np.concatenate([u.pid, t.pid])), dtype=np.int64)
+    pids = np.asarray(distinct(np.concatenate([j.pid.astype(np.int64), t.pid])), dtype=np.int64)
     rank_index: dict[RankKey, int] = {}
     pid_rank = np.array([rank_index.setdefault(run.rank_of.get(pid, ()), len(rank_index)) for pid in pids.tolist()],
                         dtype=np.int64)
     ranks = list(rank_index)
     phase_path = np.append(code, no_phase)  # phase -1 (no phase): the last
-    inverse, (kp, kr, kg, kc) = group([phase_path[u.phase], pid_rank[np.searchsorted(pids, u.pid)], u.gpu, u.category])
-    net = group_sum(inverse, len(kp), u.allocated - u.freed)
-    out = {(paths[p], ranks[r], g, CATEGORIES[c]): v
-           for p, r, g, c, v in zip(kp.tolist(), kr.tolist(), kg.tolist(), kc.tolist(), net.tolist())}
+    parts = []
+    for lo in range(0, len(j), ATTRIBUTE_CHUNK):
+        pid = j.pid[lo : lo + ATTRIBUTE_CHUNK]
+        path = phase_path[run.phases.assign(pid, j.ts[lo : lo + ATTRIBUTE_CHUNK])]
+        inverse, keys = group([path, pid_rank[np.searchsorted(pids, pid)], j.gpu[lo : lo + ATTRIBUTE_CHUNK],
+                               j.category[lo : lo + ATTRIBUTE_CHUNK]])
+        parts.append(keys + [group_sum(inverse, len(keys[0]), j.delta[lo : lo + ATTRIBUTE_CHUNK])])
+    out: dict[tuple, int] = {}
+    if parts:
+        cols = [np.concatenate(c) for c in zip(*parts)]
+        inverse, (kp, kr, kg, kc) = group(cols[:4])
+        net = group_sum(inverse, len(kp), cols[4])
+        out = {(paths[p], ranks[r], g, CATEGORIES[c]): v
+               for p, r, g, c, v in zip(kp.tolist(), kr.tolist(), kg.tolist(), kc.tolist(), net.tolist())}
     _, (pp, pr) = group([code, pid_rank[np.searchsorted(pids, t.pid)]])
     present = {(paths[p], ranks[r]) for p, r in zip(pp.tolist(), pr.tolist())}
     present |= {(k[0], k[1]) for k in out}
