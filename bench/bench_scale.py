@@ -192,8 +192,9 @@ def main() -> int:
                 rs = res[(t, c, s)]
                 wall = statistics.median(r["s"] / f["s"] for r, f in zip(rs, floor))
                 cpu = statistics.median(r["cpu"] / f["cpu"] for r, f in zip(rs, floor))
+                each = " ".join(f"{r['cpu'] / f['cpu']:.2f}" for r, f in zip(rs, floor))  # every repeat's, the bad ones too
                 line.append(f"{s[0]:,} processes, {s[1]:,} markers: {statistics.median(r['s'] for r in rs):.2f} s "
-                            f"(x{wall:.2f} wall, x{cpu:.2f} CPU), {max(r['rss_mib'] for r in rs):.0f} MiB")
+                            f"(x{wall:.2f} wall, x{cpu:.2f} CPU; each repeat x{each}), {max(r['rss_mib'] for r in rs):.0f} MiB")
             print(" | ".join(line))
     if not args.keep:
         for path in paths.values():

@@ -27,6 +27,7 @@ from typing import Callable
 from typing import Protocol
 
 from memrec.analysis.report.answer import Answer
+from memrec.base.collector import paused
 from memrec.tui import messages
 from memrec.tui.model import TraceModel
 
@@ -200,21 +201,28 @@ class FileSource(_Threaded):
             if isinstance(end, int) and end >= 0:
                 with model.lock:
                     model.t_end_hint = end  # a hint: the scan's checked trailer replaces it
-        on_marker = model.on_marker
-        for i, (kind, item) in enumerate(reader.items(mapped=True, threads=SCAN_THREADS)):
-            if self._stop.is_set():
-                return
-            if kind == MARKER:  # most records of a step loop's trace: no dispatch
-                on_marker(item)
-            else:
-                deliver(kind, item, model)  # the model is a RecordSink, as load_trace's builder is
-            if ready is not None and kind == EVENTS:
-                ready()
-                ready = None
-            elif ready is None:
-                self._wait_while_busy()
-            if post is not None and i % 64 == 0:
-                post(messages.LoadProgress("scan", i, 0))
+        on_marker = model.add_marker  # (what its RecordSink on_marker calls)
+        # The model keeps every marker and chunk and makes no cycles: the collector rests while it
+        # grows (a step loop's 50,000 marker records set off collections that walked all of it), as
+        # it does for the replay (index)
+        with paused():
+            for i, (kind, item) in enumerate(reader.items(mapped=True, threads=SCAN_THREADS)):
+                if kind == MARKER and i % 64:  # most records of a step loop's trace: no dispatch, and
+                    on_marker(item)  # the checks below (stop, busy, progress) every 64th record only
+                    continue
+                if self._stop.is_set():
+                    return
+                if kind == MARKER:
+                    on_marker(item)
+                else:
+                    deliver(kind, item, model)  # the model is a RecordSink, as load_trace's builder is
+                if ready is not None and kind == EVENTS:
+                    ready()
+                    ready = None
+                elif ready is None:
+                    self._wait_while_busy()
+                if post is not None and i % 64 == 0:
+                    post(messages.LoadProgress("scan", i, 0))
         model.warnings.extend(reader.warnings)
         reader.close()
         if model.trailer is None:  # the last bytes' trailer was not one the scan could read: no end from it

@@ -110,12 +110,13 @@ def too_deep(value: Any, max_depth: int = MAX_DEPTH) -> bool:
 
 def clean_marker(marker: Any) -> Any:
     """A :class:`~memrec.terms.events.Marker` with its name and text values made safe to print."""
-    # Imported here: dataclasses (with inspect and ast) costs milliseconds of `memrec mark`'s
-    # start-up, which reaches this module through the protocol and never calls this.
-    import dataclasses
-
     name = clean_text(marker.name)
     if name == marker.name and marker.values == {}:  # most markers: nothing to make safe, none copied
         return marker
+    # Imported here (after the common case: an import statement a marker was a tenth of the TUI's
+    # intake of one): dataclasses (with inspect and ast) costs milliseconds of `memrec mark`'s
+    # start-up, which reaches this module through the protocol and never calls this.
+    import dataclasses
+
     values = {clean_text(k): clean_text(v) if isinstance(v, str) else v for k, v in (marker.values or {}).items()}
     return dataclasses.replace(marker, name=name, values=values)

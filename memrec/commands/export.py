@@ -118,7 +118,7 @@ class ExportCommand:
             from memrec.export.memory_viz import write_memory_viz
 
             try:
-                at = moment(rec, args.at, trace_answer(rec.trace, rec.trace_events))
+                at = moment(rec, args.at, trace_answer(rec.trace, rec.trace_events, rec.phases))
             except ValueError as error:
                 raise MemrecCommandError(f"{args.trace}: {error}", exit_code=ExitCode.USAGE) from error
             _check_file(out, args)

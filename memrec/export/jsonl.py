@@ -18,6 +18,7 @@ from memrec.base.jsontext import strict
 from memrec.terms.columns import EVENT_DTYPE
 from memrec.terms.events import FLAG_IPC_BYTES
 from memrec.terms.events import FLAG_NAME
+from memrec.terms.events import Marker
 from memrec.terms.events import Api
 from memrec.terms.events import Kind
 from memrec.terms.events import cu_result_name
@@ -28,6 +29,8 @@ from memrec.trace.chunks import NVML
 from memrec.trace.chunks import PROCMEM
 from memrec.trace.chunks import ColumnChunk
 from memrec.trace.format import KEYFRAME
+from memrec.trace.format import MARKER
+from memrec.trace.format import marker_record
 from memrec.trace.format import packb
 from memrec.trace.reader import TraceReader
 
@@ -149,6 +152,23 @@ def event_text(chunk: ColumnChunk, encode: Callable[[Any], str]) -> bytes:
     return b"".join(parts)
 
 
+#: A marker record's keys as the writer writes them (:func:`memrec.trace.format.marker_record`).
+_MARKER_RECORD_KEYS = tuple(marker_record(Marker(0, 0, 0, 0, "", "begin")))
+
+
+def _marker_line(m: Marker) -> str:
+    """The dump's line of a marker record of the writer's keys, in its order, without values: what
+    ``encode(jsonable(record))`` writes for it (its fields checked: ints, strings, a GPU or nil),
+    without a JSON encoder made for each of a step loop's 50,000 records."""
+    gpu = "null" if m.gpu is None else m.gpu
+    return (f'{{"type": "{MARKER}", "ts": {m.ts}, "pid": {m.pid}, "uid": {m.uid}, "tid": {m.tid}, '
+            f'"name": {_string(m.name)}, "phase": {_string(m.phase)}, "gpu": {gpu}, "values": {{}}}}\n')
+
+
+#: A string as JSON, as the dump's encoder writes it (``ensure_ascii=False``).
+_string = json.encoder.encode_basestring
+
+
 def dump_trace(reader: TraceReader, out: TextIO) -> None:
     """Write the header and every usable record of ``reader`` to ``out``, one JSON object per line.
 
@@ -173,5 +193,7 @@ def dump_trace(reader: TraceReader, out: TextIO) -> None:
         elif kind == KEYFRAME:
             line = keyframe_line({"ts": item.ts, "event_index": item.event_index, "state": item.state})
             out.write(encode(jsonable(line)) + "\n")
+        elif kind == MARKER and tuple(rec) == _MARKER_RECORD_KEYS and not rec["values"]:
+            out.write(_marker_line(item))
         else:
             out.write(encode(jsonable(rec)) + "\n")

@@ -32,6 +32,7 @@ import os
 import tempfile
 from pathlib import Path
 from typing import Any
+from typing import NamedTuple
 from typing import Iterable
 from typing import Iterator
 
@@ -72,6 +73,7 @@ class _Writer:
         self.next_uuid = 1
         self.first = True
         self.counts = {"tracks": 0, "counter_values": 0, "slices": 0, "instants": 0, "flows": 0}
+        self._rests: dict[tuple[int, str, str], bytes] = {}  # (track, kind, name) -> a packet's bytes after its time (_plain_events)
 
     def packet(self) -> Any:
         p = self.builder.create_packet()
@@ -147,6 +149,66 @@ class _Writer:
         self.counts["flows"] += len(ends_flows)
 
 
+    def events(self, track: int, points: list[tuple[int, str, str, dict | None]]) -> None:
+        """:meth:`event` for each ``(ts, kind, name, args)`` of ``points``, in order; a run of those
+        without arguments is encoded at once (:meth:`_plain_events`)."""
+        run: list[tuple[int, str, str, dict | None]] = []
+        for point in points:
+            ts, kind, name, args = point
+            if not args and not self.first and 0 <= ts < 1 << 63:
+                run.append(point)
+                continue
+            self._plain_events(track, run)
+            run = []
+            self.event(track, ts, kind, name, args)
+        self._plain_events(track, run)
+
+    def _plain_events(self, track: int, run: list[tuple[int, str, str, dict | None]]) -> None:
+        """The builder's bytes for events without arguments or flows: each packet's fields after its
+        timestamp serialized once per (kind, name) on the track, the timestamps' varints with numpy
+        (a step loop's 50,000 phase slices: a protobuf message and a ``Trace`` each were most of
+        their export's time)."""
+        if not run:
+            return
+        rests = self._rests
+        t, n = _varints(np.array([p[0] for p in run], dtype=np.uint64))
+        times = t.tobytes()
+        parts = []
+        for i, ((_, kind, name, _), k) in enumerate(zip(run, n.tolist())):
+            rest = rests.get((track, kind, name))
+            if rest is None:
+                p = self.packet()
+                e = p.track_event
+                e.type = getattr(self.pb.TrackEvent, kind)
+                e.track_uuid = track
+                if name:
+                    e.name = name
+                rest = rests[(track, kind, name)] = p.SerializeToString()  # (field 8, the time, would come first)
+            size = 1 + k + len(rest)
+            # Trace.packet, its length, then TracePacket.timestamp and the rest, as the builder writes them
+            parts.append(b"\x0a" + (_ONE_BYTE[size] if size < 128 else _varint(size)) + b"\x40"
+                         + times[10 * i:10 * i + k] + rest)
+            if kind == "TYPE_SLICE_BEGIN":
+                self.counts["slices"] += 1
+            elif kind == "TYPE_INSTANT":
+                self.counts["instants"] += 1
+        self.f.write(b"".join(parts))
+
+
+#: A byte of each value below 128 (a varint of one byte).
+_ONE_BYTE = [bytes((b,)) for b in range(128)]
+
+
+def _varint(value: int) -> bytes:
+    """A non-negative integer as protobuf's varint."""
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
 def _annotate(a: Any, key: str, value: Any) -> None:
     a.name = str(key)
     if isinstance(value, bool):
@@ -207,7 +269,7 @@ def write_perfetto(rec: Recording, path: Path, answer: Answer | None = None) -> 
     (:class:`_Calls`), then the tracks are written in their order: the series come from that
     pass, the tensor counters back from the file they were spilled to."""
     if answer is None:
-        answer = trace_answer(rec.trace, rec.trace_events)
+        answer = trace_answer(rec.trace, rec.trace_events, rec.phases)
     with tempfile.TemporaryFile(prefix="memrec-perfetto-") as spill:
         calls = _Calls(rec, _Spill(spill))
         with create_output(path) as f:
@@ -318,17 +380,17 @@ def _gpu_tracks(w: _Writer, rec: Recording) -> None:
 
 def _process_tracks(w: _Writer, rec: Recording, answer: Answer, calls: _Calls) -> None:
     phases = rec.phases
-    pids = sorted(
-        set(rec.event_pids()) | {ph.pid for ph in phases.phases} | {i.pid for i in phases.instants}
-    )
+    table = phases.table  # columns: a step loop's 25,000 phases without a Phase object each
+    columns = _PhaseColumns(table.start.tolist(), table.end.tolist(), table.depth.tolist(), table.name, table.values)
+    pids = sorted(set(rec.event_pids()) | set(table.pid.tolist()) | {i.pid for i in phases.instants})
     flows_out, flows_in = _ipc_flows(calls.source)
     failed = calls.failed
     ipc_args = _ipc_args(calls, flows_out, flows_in)
     owned = {g: s.per_pid(OWNED) for g, s in sorted(rec.timeline.gpus.items())}
     # each process's phases, instants, failed calls and IPC events, grouped once (not searched per process)
-    phases_of: dict[int, list] = {}
-    for ph in phases.phases:
-        phases_of.setdefault(ph.pid, []).append(ph)
+    phases_of: dict[int, list[int]] = {}
+    for phase_id, pid in enumerate(table.pid.tolist()):
+        phases_of.setdefault(pid, []).append(phase_id)
     instants_of: dict[int, list] = {}
     for i in phases.instants:
         instants_of.setdefault(i.pid, []).append(i)
@@ -356,7 +418,7 @@ def _process_tracks(w: _Writer, rec: Recording, answer: Answer, calls: _Calls) -
         for g in blocks_of.get(pid, []):
             w.counter_parts(w.track(f"tensors allocated on GPU {g}", proc, counter=True), calls.blocks.parts((pid, g), 1))
             w.counter_parts(w.track(f"tensors reserved on GPU {g}", proc, counter=True), calls.blocks.parts((pid, g), 2))
-        _phase_slices(w, pid, proc, phases_of.get(pid, []), instants_of.get(pid, []))
+        _phase_slices(w, proc, columns, phases_of.get(pid, []), instants_of.get(pid, []))
         _failure_instants(w, calls, answer, failed_of.get(pid, []), failures_of.get(pid, []), proc)
         ipc = ipc_of.get(pid, [])
         if ipc:
@@ -418,20 +480,30 @@ def _ipc_args(calls: _Calls, flows_out: dict[int, list[int]], flows_in: dict[int
     return out
 
 
-def _phase_slices(w: _Writer, pid: int, proc: int, mine: list, instants: list) -> None:
-    """Process ``pid``'s phases (``mine``) as nested slices and its instants, on one track."""
+class _PhaseColumns(NamedTuple):
+    """The fields of the phase table the slices read, as lists (by phase id)."""
+
+    start: list[int]
+    end: list[int]
+    depth: list[int]
+    name: list[str]
+    values: list[dict]
+
+
+def _phase_slices(w: _Writer, proc: int, columns: _PhaseColumns, mine: list[int], instants: list) -> None:
+    """A process's phases (``mine``: their ids) as nested slices and its instants, on one track."""
     if not mine and not instants:
         return
     track = w.track("phases", proc)
     points: list[tuple] = []  # (ts, order, tie, kind, name, args): ends before begins at one time
-    for ph in mine:
-        points.append((ph.start, 1, ph.id, "TYPE_SLICE_BEGIN", ph.name, ph.values))
+    start, end, depth, name, values = columns
+    for i in mine:
+        points.append((start[i], 1, i, "TYPE_SLICE_BEGIN", name[i], values[i]))
         # A phase that ends at its own start must end after its begin; otherwise inner ends first.
-        points.append((ph.end, 2 if ph.end == ph.start else 0, -ph.depth, "TYPE_SLICE_END", "", None))
+        points.append((end[i], 2 if end[i] == start[i] else 0, -depth[i], "TYPE_SLICE_END", "", None))
     for n, i in enumerate(instants):
         points.append((i.ts, 1, 1 << 40 | n, "TYPE_INSTANT", i.name, i.values))
-    for ts, _, _, kind, name, args in sorted(points, key=lambda p: p[:3]):
-        w.event(track, ts, kind, name, args)
+    w.events(track, [(ts, kind, name_, args) for ts, _, _, kind, name_, args in sorted(points, key=lambda p: p[:3])])
 
 
 def _ipc_flows(source: dict[int, int]) -> tuple[dict[int, list[int]], dict[int, list[int]]]:

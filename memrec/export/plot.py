@@ -116,7 +116,7 @@ def _title(rec: Recording, gpu: int, name: str) -> str:
 def plot(rec: Recording, out: Path, name: str = "", answer: Answer | None = None) -> int:
     """Draw ``rec`` to ``out`` (PNG, SVG or PDF by its suffix); return the number of panels.
     ``answer``: the recording's (:func:`memrec.analysis.report.build.trace_answer`, built when not given)."""
-    answer = answer if answer is not None else trace_answer(rec.trace)
+    answer = answer if answer is not None else trace_answer(rec.trace, phases=rec.phases)
     panels = [Panel(rec, g, rec.start, _title(rec, g, name), answer) for g in _gpus(rec)]
     head = [line.fit(HEAD_WIDTH) for line in answer.lines]
     return _draw(panels, out, "seconds since the recording started", head=head)
@@ -132,7 +132,7 @@ def plot_diff(a: Recording, b: Recording, out: Path, names: tuple[str, str]) -> 
     common = align_markers(a.trace.markers, b.trace.markers)
     offsets = (common[2], common[3]) if common else (a.start, b.start)
     verdict = verdict_of(diff_traces(a.trace, b.trace, *names))
-    answers = (trace_answer(a.trace), trace_answer(b.trace))
+    answers = (trace_answer(a.trace, phases=a.phases), trace_answer(b.trace, phases=b.phases))
     gpus = sorted(set(_gpus(a)) | set(_gpus(b)), key=lambda g: (g < 0, g))
     panels = []
     for g in gpus:

@@ -22,6 +22,7 @@ from typing import Iterator
 import msgpack
 import numpy as np
 
+from memrec.base.collector import paused
 from memrec.base.errors import TraceFormatError
 from memrec.base.untrusted import MAX_DEPTH
 from memrec.base.untrusted import clean_text
@@ -191,8 +192,12 @@ class TraceReader:
         # a marker record of the writer's goes to the sink as it is read (most records of a step
         # loop's trace: no item made, no dispatch); every other record as items() gives it
         records = self._scan(lambda obj: check_record(obj, schema, self._budget), take, mapped=mapped)
-        for kind, item in records:
-            deliver(kind, item, sink)
+        # A step loop's 50,000 marker records leave 150,000 objects that make no cycles (each
+        # record's map, its values and its Marker): with the collector running, their allocation
+        # set off collections that walked the growing trace, most of reading a marker's cost.
+        with paused():
+            for kind, item in records:
+                deliver(kind, item, sink)
 
     def _stream_objects(self, start: int | None = None) -> Iterator[tuple[int, Any]]:
         """``(offset, object)`` for each msgpack object after the header (or from ``start``), from

@@ -230,3 +230,33 @@ def test_chunk_at_a_time_event_lines_are_the_json_encoders_lines(n):
     slow = "".join(encode(line) + "\n" for line in event_lines(chunk.to_array()))
     # THEN the text is the same, byte for byte
     assert fast == slow
+
+
+def test_a_marker_records_line_is_the_json_encoders_whatever_its_shape(main, capsys, tmp_path):
+    # GIVEN marker records of the writer's shape (values or none, odd text, no GPU) and of others
+    # (a field missing, the keys in another order, an unknown field): the first without values take
+    # the dump's own line (no JSON encoder each), the rest the encoder
+    import json as json_
+    from memrec.base.jsontext import strict
+    from memrec.export.jsonl import jsonable
+
+    base = {"type": "marker", "ts": 5, "pid": 7, "uid": 0, "tid": 7, "name": "step", "phase": "begin", "gpu": 1, "values": {}}
+    records = [
+        base,
+        {**base, "name": 'a"b\\c\u00e9\n\x01\u2028', "gpu": None, "ts": 2**63 - 1, "pid": 2**32 - 1},
+        {**base, "values": {"step": 3, "blob": b"\x00\x01", "x": 1.5, "s": "t"}},
+        {k: v for k, v in base.items() if k != "values"},
+        dict(reversed(list(base.items()))),
+        {**base, "extra": [1, 2]},
+    ]
+    path = tmp_path / "m.mrec"
+    with TraceWriter(path, {"host": "test"}) as w:
+        for rec in records:
+            w.write_record(rec)
+    # WHEN dumped
+    rc = main(["dump", str(path)])
+    out, err = capsys.readouterr()
+    # THEN each marker's line is what the JSON encoder writes for its record, in its keys' order
+    encode = strict(json_.JSONEncoder(separators=(", ", ": "), ensure_ascii=False, allow_nan=False).encode)
+    assert rc == ExitCode.OK
+    assert out.split("\n")[1:-2] == [encode(jsonable(rec)) for rec in records]  # (not splitlines: U+2028)

@@ -285,20 +285,21 @@ def _whole_trace(command: str, path: Path, out: Path) -> Callable[[], None]:
 
 
 #: The most Python lines each whole-trace command besides the report may run per begin/end pair of
-#: markers (``_with_markers``), with what it ran on 2026-12-02 (branch `markers3`) and on main before
-#: it. A per-marker pass that came back (an SGLang walk of every marker, an object per phase for
-#: the diff's rows or the by-phase table) fails the bound; work per pair that grows with the other
-#: pairs fails the linearity. Not ``plot``: matplotlib's work per band is its picture, and past
+#: markers (``_with_markers``), with what it ran on 2026-12-03 (branch `markers4`), on 2026-12-02
+#: (branch `markers3`) and on main before that. A per-marker pass that came back (an SGLang walk of
+#: every marker, an object per phase for the diff's rows or the by-phase table, a protobuf message
+#: per slice, a JSON encoder per marker record) fails the bound; work per pair that grows with the
+#: other pairs fails the linearity. Not ``plot``: matplotlib's work per band is its picture, and past
 #: 100 bands a panel names only the wide ones (400 pairs name theirs, 1,600 do not).
 PER_PAIR_WHOLE_TRACE = {
-    "diff": 275,  # 246 (main 581: SGLang's KV passes sorted and walked every marker, three times a run)
-    "load": 150,  # 131 (main 252: a PhaseUsage and a Phase per by-phase row)
-    "parquet": 145,  # 131 (main 252: the same tables)
-    "csv": 180,  # 165 (main 286)
-    "memory-viz": 155,  # 141 (main 168; 276 at 400 pairs: a search of every process's phases per segment)
-    "perfetto": 220,  # 200 (main 204: a slice per phase is its output)
-    "dump": 195,  # 176 (main 176: a line per marker record is its output)
-    "tui": 205,  # 185 (main 185)
+    "diff": 230,  # 208 (246 before: a Python step per usage row and per phase for the paths; main 581)
+    "load": 150,  # 129 (131; main 252: a PhaseUsage and a Phase per by-phase row)
+    "parquet": 145,  # 129 (131; main 252: the same tables)
+    "csv": 180,  # 164 (165; main 286)
+    "memory-viz": 145,  # 132 (141: the phases built twice; main 168)
+    "perfetto": 185,  # 168 (200: a Phase and a protobuf message per slice, the phases built twice)
+    "dump": 140,  # 125 (176: a JSON encoder per marker record)
+    "tui": 185,  # 168 (185: the checks of the scan's loop per record)
 }
 
 

@@ -36,6 +36,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 from typing import Iterable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -56,7 +57,10 @@ from memrec.analysis.names import api_name
 from memrec.analysis.names import result_name
 from memrec.engine.phases import NO_PHASE
 from memrec.engine.phases import Phases
-from memrec.engine.phases import attribute_table
+from memrec.engine.phases import ATTRIBUTE_CHUNK
+from memrec.engine.group import distinct
+from memrec.engine.group import group
+from memrec.engine.group import group_sum
 from memrec.analysis.untraced.reconcile import reconcile
 from memrec.engine.replay import initial_state
 from memrec.engine.replay import trace_bounds
@@ -131,6 +135,7 @@ class Run:
     windows: dict[int, KvWindow]
     events: Batch  # the replayed events the diff reads (memrec.engine.stream.KeptEvents), column by column
     untraced: dict[tuple[RankKey, int], UntracedCell]  # (rank, gpu) -> the untraced band (memrec.analysis.untraced.diff)
+    paths: PathCodes  # the phases' paths as codes (PathCodes.of)
     contexts: list[ProcessContext] = dataclasses.field(default_factory=list)  # foreign CUDA contexts (facts.process_contexts)
     custom_ar: CustomAllReduce | None = None  # facts.custom_ar_facts
     tensors: TensorSection | None = None  # memrec.analysis.report.tensors.tensor_section (a --tensors trace)
@@ -183,7 +188,7 @@ def analyze(trace: Any, name: str, events: TraceEvents | None = None) -> Run:
     ranked = [p for p, k in rank_of.items() if k]
     contexts = process_contexts(trace, ranked, rank_gpus(trace.markers, j, budgets), labels, kept.rows)
     untraced = split_by_rank(reconcile(trace, tl, phases, events=kept.rows, pids=census.pids), rank_of)
-    return Run(name, start, phases, j, exit_rows, rank_of, budgets, windows, kept.rows, untraced,
+    return Run(name, start, phases, j, exit_rows, rank_of, budgets, windows, kept.rows, untraced, PathCodes.of(phases),
                [c for c in contexts if c.foreign], custom_ar_facts(trace.markers),
                tensors.section(trace.header, trace.trailer),
                sites.section(trace) if sites is not None else None)
@@ -197,11 +202,26 @@ def _as_dict(key: RankKey) -> dict[str, int]:
 
 
 def _phase_order(run: Run) -> list[str]:
-    first: dict[str, int] = {}
-    t = run.phases.table  # (columns: a step loop's 25,000 phases without an object each)
-    for path, start in zip(t.path, t.start.tolist()):
-        first[path] = min(first.get(path, start), start)
-    return sorted(first, key=lambda p: (first[p], p))
+    """The run's phase paths, by the first start of each (then by path)."""
+    paths, code = run.paths
+    first = np.full(len(paths), np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first, code, run.phases.table.start)  # (a step loop's 25,000 phases: no Python step each)
+    f = first.tolist()
+    return [paths[i] for i in sorted(range(len(paths)), key=lambda i: (f[i], paths[i]))]
+
+
+class PathCodes(NamedTuple):
+    """A run's distinct phase paths (first seen first) and each phase's index among them: the diff
+    groups by path, and a step loop's 25,000 phases have a few dozen."""
+
+    paths: list[str]
+    code: np.ndarray  # by phase id
+
+    @classmethod
+    def of(cls, phases: Phases) -> PathCodes:
+        index: dict[str, int] = {}
+        code = [index.setdefault(path, len(index)) for path in phases.table.path]
+        return cls(list(index), np.array(code, dtype=np.int64))
 
 
 def _merge_order(a: list[str], b: list[str]) -> list[str]:
@@ -230,15 +250,41 @@ def _merge_order(a: list[str], b: list[str]) -> list[str]:
 
 
 def _phase_bytes(run: Run) -> tuple[dict[tuple, int], set[tuple]]:
-    """(path, rank key, gpu, category) -> net bytes (exits left out); and which (path, rank) exist."""
+    """(path, rank key, gpu, category) -> net bytes (exits left out); and which (path, rank) exist.
+
+    The journal's rows are grouped by codes of their phase's path and their process's rank with
+    numpy, a chunk of rows at a time (:data:`~memrec.engine.phases.ATTRIBUTE_CHUNK`, as the
+    attribution by phase): a step loop's 25,000 phases have a few paths, and the diff sums by path,
+    not by phase and process first."""
+    j = run.journal.take(~run.exit_rows)
+    t = run.phases.table  # columns: no object per phase or row
+    paths, code = run.paths
+    paths = list(paths)
+    no_phase = paths.index(NO_PHASE) if NO_PHASE in paths else len(paths)
+    if no_phase == len(paths):
+        paths.append(NO_PHASE)
+    pids = np.asarray(distinct(np.concatenate([j.pid.astype(np.int64), t.pid])), dtype=np.int64)
+    rank_index: dict[RankKey, int] = {}
+    pid_rank = np.array([rank_index.setdefault(run.rank_of.get(pid, ()), len(rank_index)) for pid in pids.tolist()],
+                        dtype=np.int64)
+    ranks = list(rank_index)
+    phase_path = np.append(code, no_phase)  # phase -1 (no phase): the last
+    parts = []
+    for lo in range(0, len(j), ATTRIBUTE_CHUNK):
+        pid = j.pid[lo : lo + ATTRIBUTE_CHUNK]
+        path = phase_path[run.phases.assign(pid, j.ts[lo : lo + ATTRIBUTE_CHUNK])]
+        inverse, keys = group([path, pid_rank[np.searchsorted(pids, pid)], j.gpu[lo : lo + ATTRIBUTE_CHUNK],
+                               j.category[lo : lo + ATTRIBUTE_CHUNK]])
+        parts.append(keys + [group_sum(inverse, len(keys[0]), j.delta[lo : lo + ATTRIBUTE_CHUNK])])
     out: dict[tuple, int] = {}
-    u = attribute_table(run.phases, run.journal.take(~run.exit_rows))
-    t = run.phases.table  # columns, as the usage's: no object per phase or row
-    for phase, pid, gpu, category, net in zip(u.phase.tolist(), u.pid.tolist(), u.gpu.tolist(), u.category.tolist(),
-                                              (u.allocated - u.freed).tolist()):
-        key = (NO_PHASE if phase < 0 else t.path[phase], run.rank_of.get(pid, ()), gpu, CATEGORIES[category])
-        out[key] = out.get(key, 0) + net
-    present = {(path, run.rank_of.get(pid, ())) for path, pid in zip(t.path, t.pid.tolist())}
+    if parts:
+        cols = [np.concatenate(c) for c in zip(*parts)]
+        inverse, (kp, kr, kg, kc) = group(cols[:4])
+        net = group_sum(inverse, len(kp), cols[4])
+        out = {(paths[p], ranks[r], g, CATEGORIES[c]): v
+               for p, r, g, c, v in zip(kp.tolist(), kr.tolist(), kg.tolist(), kc.tolist(), net.tolist())}
+    _, (pp, pr) = group([code, pid_rank[np.searchsorted(pids, t.pid)]])
+    present = {(paths[p], ranks[r]) for p, r in zip(pp.tolist(), pr.tolist())}
     present |= {(k[0], k[1]) for k in out}
     return out, present
 

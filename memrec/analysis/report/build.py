@@ -83,7 +83,7 @@ GPU_LARGEST = 5
 
 
 def build_report(trace: Any, gpu: int | None = None, pid: int | None = None, all_sites: bool = False,
-                 events: TraceEvents | None = None) -> Report:
+                 events: TraceEvents | None = None, phases: Phases | None = None) -> Report:
     """Replay ``trace`` and summarise it per GPU (:meth:`Report.to_json` is ``report --json``).
 
     Args:
@@ -97,10 +97,12 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None, all
         events: the trace's events when ``trace`` holds none (``memrec report`` reads them from
             the file a record at a time, :func:`memrec.engine.source.scan_trace`: its memory does
             not follow the events); default: ``trace.event_columns``.
+        phases: the trace's phases (:func:`~memrec.engine.replay.trace_phases`) when the caller has
+            them already (a view that draws them too: plot, the exports); built otherwise.
     """
     if events is None:
         events = TraceEvents.of(trace.event_columns)
-    run = _replay(trace, events, gpu, pid)
+    run = _replay(trace, events, gpu, pid, phases)
     procs = _processes(trace, run.tl, run.exits, events.census.pids)
     ctx = ReportContext(trace=trace, start=run.start, pid=pid, procs=procs, exits=run.exits,
                         usage=run.usage, exit_usage=run.exit_usage, phases=run.phases,
@@ -131,11 +133,12 @@ def build_report(trace: Any, gpu: int | None = None, pid: int | None = None, all
     return report
 
 
-def trace_answer(trace: Any, events: TraceEvents | None = None) -> Answer:
+def trace_answer(trace: Any, events: TraceEvents | None = None, phases: Phases | None = None) -> Answer:
     """The answer ``memrec report`` prints first (:mod:`memrec.analysis.report.answer`), for the views
     that lead with it (TUI, plot, exports): built from the same report, so that they agree.
-    ``events``: as :func:`build_report`'s (the TUI's reads them from the file)."""
-    answer = build_report(trace, events=events).answer
+    ``events``, ``phases``: as :func:`build_report`'s (the TUI's events are read from the file; a
+    view's :class:`~memrec.api.Recording` has the phases: not built twice, 25,000 of them)."""
+    answer = build_report(trace, events=events, phases=phases).answer
     assert answer is not None  # build_report always sets it
     return answer
 
@@ -165,7 +168,7 @@ class _Replayed:
     sites: SitesFeed | None
 
 
-def _replay(trace: Any, events: TraceEvents, gpu: int | None, pid: int | None) -> _Replayed:
+def _replay(trace: Any, events: TraceEvents, gpu: int | None, pid: int | None, phases: Phases | None) -> _Replayed:
     """One pass over the events, a chunk at a time (:func:`memrec.engine.stream.replay_pass`):
     the live state's replay (its series, the holders at each failed call, usage by phase), the
     tensor section's replay, the allocation sites (with stacks), the failed calls' GPUs and the
@@ -177,7 +180,8 @@ def _replay(trace: Any, events: TraceEvents, gpu: int | None, pid: int | None) -
     last_gpu: dict[int, int] = {}  # pid -> the last GPU an event of it named (before the replay)
     snapshots: dict[int, HeldThen] = {}
     cache: dict[tuple[int, int], HeldThen] = {}
-    phases = trace_phases(trace, census)
+    if phases is None:
+        phases = trace_phases(trace, census)
 
     def at_stop(index: int, state: LiveState, changes: int) -> None:
         g = failed_gpu[index][0]
