@@ -365,9 +365,18 @@ class KeyTable:
         slots[pos] = row
 
     def drop(self, row: int, slot: int) -> None:
-        """Remove one key found by :meth:`find`."""
-        self._slots[slot] = TOMB
-        self._tombs += 1
+        """Remove one key found by :meth:`find` (its slot emptied as :meth:`_untomb` would)."""
+        slots, mask = self._slots, len(self._slots) - 1
+        if slots[(slot + 1) & mask] == EMPTY:
+            slots[slot] = EMPTY
+            slot = (slot - 1) & mask
+            while slots[slot] == TOMB:  # the next one is empty now
+                slots[slot] = EMPTY
+                self._tombs -= 1
+                slot = (slot - 1) & mask
+        else:
+            slots[slot] = TOMB
+            self._tombs += 1
         self.live[row] = False
         self.count -= 1
         if self._nfree == len(self._free):
@@ -423,6 +432,13 @@ class KeyTable:
         used = np.count_nonzero(self._slots >= 0)
         assert used == self.count, f"{used} index slots for {self.count} rows"
         assert np.count_nonzero(self._slots == TOMB) == self._tombs, "removed-slot count is off"
+        tombs = np.flatnonzero(self._slots == TOMB)
+        assert not np.any(self._slots[(tombs + 1) % len(self._slots)] == EMPTY), "a removed slot before an empty one"
+
+    @property
+    def removed_slots(self) -> int:
+        """Index slots of removed keys: counted as used until the index is rebuilt."""
+        return self._tombs
 
 
 class AllocTable(KeyTable):

@@ -74,7 +74,8 @@ def apply_run(tables: Tables, each: Callable[[Batch, np.ndarray, list], None], e
     vmm = ok & VMM_RUN_MASK[kinds]
     vmm_changes = None
     if vmm.any() and not np.any(ok & (kinds == SHARE_IMPORT)):  # an import reads a peer's handle
-        serial = np.unique(seg["pid"][ok & _VMM_SERIAL[kinds]]).astype(np.int64)
+        serial_at = ok & _VMM_SERIAL[kinds]
+        serial = np.unique(seg["pid"][serial_at]).astype(np.int64) if serial_at.any() else np.zeros(0, np.int64)
         vmm_changes, declined = apply_vmm(tables, events, np.flatnonzero(vmm) + lo, fill, serial)
         per_event &= ~vmm
         per_event[declined - lo] = True
