@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_state import _load  # noqa: E402
+from bench_state import load_baseline  # noqa: E402
 from bench_state import churn  # noqa: E402
 from bench_state import decode  # noqa: E402
 from bench_state import mixed  # noqa: E402
@@ -96,7 +96,7 @@ def main() -> int:
     parser.add_argument("--batches", default="20000,3000,257")
     parser.add_argument("--seeds", default="1,2")
     args = parser.parse_args()
-    old_cls = _load(args.baseline).LiveState
+    old_cls = load_baseline(args.baseline).LiveState
     bad = 0
     for gen in (mixed, churn):
         for seed in map(int, args.seeds.split(",")):
