@@ -325,7 +325,7 @@ def breakdown(raw: np.ndarray, batch: int) -> tuple[float, dict[str, float]]:
     return total, {label: t / total for label, t in spent.items()}
 
 
-def _load(path: str) -> ModuleType:
+def load_baseline(path: str) -> ModuleType:
     """Another LiveState: a ``memrec/state.py`` file, or a ``memrec/state/`` package folder (copied
     as the package ``baseline_state``, its own imports rewritten; the rest of memrec is this one)."""
     if Path(path).is_dir():
@@ -359,7 +359,7 @@ def main() -> None:
         print(f"load average: {' '.join(f.read().split()[:3])}")
     impls: dict[str, type] = {"LiveState": LiveState}
     if args.baseline:
-        impls["baseline"] = _load(args.baseline).LiveState
+        impls["baseline"] = load_baseline(args.baseline).LiveState
 
     def one_by_one() -> LiveState:
         s = LiveState()

@@ -65,20 +65,29 @@ def top_order(tops: np.ndarray) -> np.ndarray:
     return radix_order(*((tops >> np.uint64(s) & mask).astype(np.uint16) for s in (0, 16, 32)))
 
 
-def by_key(pid: np.ndarray, ptr: np.ndarray, hashes: np.ndarray | None = None) -> np.ndarray:
+def by_key(pid: np.ndarray, ptr: np.ndarray, hashes: np.ndarray | None = None,
+           order: np.ndarray | None = None) -> np.ndarray:
     """The order that groups equal (pid, ptr) keys, each group in event order (``hashes``: their
-    :func:`key_hash`, when the caller has them).
+    :func:`key_hash`, when the caller has them; ``order``: the stable order of those hashes'
+    top :func:`key_bits`, when the caller has it: the planner sorted the whole batch's).
 
     A stable radix sort of the key hash's top bits (fast); when two keys share those bits (rare:
     then their events could interleave) a stable sort by (pid, ptr).
     """
-    bits = np.uint64(max(20, len(pid).bit_length()))
+    bits = np.uint64(key_bits(len(pid)))
     tops = (key_hash(pid, ptr) if hashes is None else hashes) >> bits
-    order = top_order(tops)
+    if order is None:
+        order = top_order(tops)
     sp, sq, sh = pid[order], ptr[order], tops[order]
     if np.any((sh[1:] == sh[:-1]) & ((sp[1:] != sp[:-1]) | (sq[1:] != sq[:-1]))):
         return np.lexsort((ptr, pid))
     return order
+
+
+def key_bits(n: int) -> int:
+    """How many low bits of a key hash :func:`by_key` drops for ``n`` keys: the rest (at most 44
+    bits) sort in three 16-bit radix passes."""
+    return max(20, n.bit_length())
 
 
 def key_hash1(pid: int, ptr: int) -> int:
@@ -199,9 +208,22 @@ class KeyTable:
             return
         self._slots[where] = TOMB
         self._tombs += len(rows)
+        self._untomb(where)
         self.live[rows] = False
         self.count -= len(rows)
         self._push_free(rows)
+
+    def _untomb(self, where: np.ndarray) -> None:
+        """Empty the removed slots that no probe needs to pass: a removed slot before an empty one
+        (no key beyond an empty slot was placed past it), and so on backwards. Fewer removed
+        slots, shorter probes and fewer rebuilds of the index (each counts them as used)."""
+        mask = len(self._slots) - 1
+        slots = self._slots
+        while len(where):
+            where = where[(slots[(where + 1) & mask] == EMPTY) & (slots[where] == TOMB)]
+            slots[where] = EMPTY
+            self._tombs -= len(where)
+            where = (where - 1) & mask
 
     def _push_free(self, rows: np.ndarray) -> None:
         need = self._nfree + len(rows)
@@ -343,9 +365,18 @@ class KeyTable:
         slots[pos] = row
 
     def drop(self, row: int, slot: int) -> None:
-        """Remove one key found by :meth:`find`."""
-        self._slots[slot] = TOMB
-        self._tombs += 1
+        """Remove one key found by :meth:`find` (its slot emptied as :meth:`_untomb` would)."""
+        slots, mask = self._slots, len(self._slots) - 1
+        if slots[(slot + 1) & mask] == EMPTY:
+            slots[slot] = EMPTY
+            slot = (slot - 1) & mask
+            while slots[slot] == TOMB:  # the next one is empty now
+                slots[slot] = EMPTY
+                self._tombs -= 1
+                slot = (slot - 1) & mask
+        else:
+            slots[slot] = TOMB
+            self._tombs += 1
         self.live[row] = False
         self.count -= 1
         if self._nfree == len(self._free):
@@ -401,6 +432,13 @@ class KeyTable:
         used = np.count_nonzero(self._slots >= 0)
         assert used == self.count, f"{used} index slots for {self.count} rows"
         assert np.count_nonzero(self._slots == TOMB) == self._tombs, "removed-slot count is off"
+        tombs = np.flatnonzero(self._slots == TOMB)
+        assert not np.any(self._slots[(tombs + 1) % len(self._slots)] == EMPTY), "a removed slot before an empty one"
+
+    @property
+    def removed_slots(self) -> int:
+        """Index slots of removed keys: counted as used until the index is rebuilt."""
+        return self._tombs
 
 
 class AllocTable(KeyTable):

@@ -176,12 +176,14 @@ class LiveState(Queries):
             if hi <= lo:
                 return
             if int(n_vec[hi]) - int(n_vec[lo]) >= max(self.vector_min_run, 1):
-                plain.apply_run(self.tables, self._apply_events, events, lo, hi, fill)
+                plain.apply_run(self.tables, self._apply_events, events, lo, hi, fill,
+                                plan.run_order if plan is not None else None)
             else:  # tensor blocks are not driver memory: memrec.analysis.report.tensors reads them
                 idx = np.arange(lo, hi)
                 self._apply_events(events, idx[~TENSOR_MASK[kinds[lo:hi]]], fill)
 
         lo = 0
+        plan: Planner | None = None  # the batch's, when it has barriers: the runs share its key order
         self.tables.alloc_hints.clear()
         barriers = np.flatnonzero(ok & BARRIER_MASK[kinds])
         if int(n_vec[-1]) < max(self.vector_min_run, 1):

@@ -59,10 +59,12 @@ _VMM_SERIAL = kind_mask(VMM_SERIAL_KINDS)
 
 
 def apply_run(tables: Tables, each: Callable[[Batch, np.ndarray, list], None], events: Batch, lo: int, hi: int,
-              fill: list) -> None:
+              fill: list, key_order: Callable[[int, int], np.ndarray | None] | None = None) -> None:
     """Apply ``events[lo:hi]`` (no exit among them; exports and opens that may join) at once to
     ``tables``; ``each(events, idx, fill)`` applies the events that go one by one (the state's
-    event-by-event path, whose changes wait in ``tables.log`` meanwhile)."""
+    event-by-event path, whose changes wait in ``tables.log`` meanwhile); ``key_order(lo, hi)``
+    gives the run's allocations and frees in the radix order of their key hashes when the
+    caller has it (:meth:`memrec.state.planner.Planner.run_order`)."""
     seg = events[lo:hi]
     kinds = seg["kind"]
     ok = seg["result"] == 0
@@ -72,7 +74,8 @@ def apply_run(tables: Tables, each: Callable[[Batch, np.ndarray, list], None], e
     vmm = ok & VMM_RUN_MASK[kinds]
     vmm_changes = None
     if vmm.any() and not np.any(ok & (kinds == SHARE_IMPORT)):  # an import reads a peer's handle
-        serial = np.unique(seg["pid"][ok & _VMM_SERIAL[kinds]]).astype(np.int64)
+        serial_at = ok & _VMM_SERIAL[kinds]
+        serial = np.unique(seg["pid"][serial_at]).astype(np.int64) if serial_at.any() else np.zeros(0, np.int64)
         vmm_changes, declined = apply_vmm(tables, events, np.flatnonzero(vmm) + lo, fill, serial)
         per_event &= ~vmm
         per_event[declined - lo] = True
@@ -81,7 +84,8 @@ def apply_run(tables: Tables, each: Callable[[Batch, np.ndarray, list], None], e
         each(events, np.flatnonzero(per_event) + lo, fill)
         pm = np.flatnonzero(ok & ((kinds == ALLOC) | (kinds == FREE)))
         cols = {name: seg[name][pm] for name in ("kind", "pid", "ptr", "size", "gpu", "ts", "api")}
-        changes = _allocs_and_frees(tables, cols, pm + lo, base - lo, fill)
+        order = key_order(lo, hi) if key_order is not None else None
+        changes = _allocs_and_frees(tables, cols, pm + lo, base - lo, fill, order)
         log = tables.log
     finally:
         tables.log = None
@@ -117,15 +121,16 @@ def _failures(tables: Tables, seg: Batch, ok: np.ndarray, base: int) -> None:
 
 
 def _allocs_and_frees(tables: Tables, ev: dict[str, np.ndarray], where: np.ndarray, base: int,
-                      fill: list) -> list[np.ndarray]:
-    """Apply successful ALLOC/FREE events (columns ``ev``, at batch positions ``where``) to the table.
+                      fill: list, top: np.ndarray | None = None) -> list[np.ndarray]:
+    """Apply successful ALLOC/FREE events (columns ``ev``, at batch positions ``where``) to the
+    table (``top``: their radix order by key hash, when known; see :func:`by_key`).
 
     Returns their counter changes in event order: index, ts, gpu, pid, category, delta, peak.
     """
     m = len(where)
     table = tables.allocs
     hashes = key_hash(ev["pid"], ev["ptr"])
-    order = by_key(ev["pid"], ev["ptr"], hashes)
+    order = by_key(ev["pid"], ev["ptr"], hashes, top)
     hashes = hashes[order]
     pid = ev["pid"][order]
     ptr = ev["ptr"][order]

@@ -17,6 +17,7 @@ from typing import NamedTuple
 import numpy as np
 
 from memrec.terms.events import FLAG_IPC_BYTES
+from memrec.state.allocs import key_bits
 from memrec.state.allocs import key_hash
 from memrec.state.allocs import key_hash1
 from memrec.state.allocs import top_order
@@ -79,7 +80,7 @@ class Planner:
         # The batch's successful allocations and frees as (top bits of the key hash, position)
         # in one sorted uint64 each: a key's events are a range, in event order.
         self.plain = np.flatnonzero(plain_ok)
-        self.shift = np.uint64(max(20, len(self.kinds).bit_length()))
+        self.shift = np.uint64(key_bits(len(self.kinds)))
         self.low = (1 << int(self.shift)) - 1
         tops = self.keys[self.plain] >> self.shift
         order = top_order(tops)
@@ -92,6 +93,23 @@ class Planner:
         self._frees: list[int] = []  # the frees of by_key, as ints for bisect
         self._frees_at: np.ndarray | None = None  # the same as an array (see _free_tops)
         self._sure: _Sure | None = None  # see _sure_facts
+        self._rank: np.ndarray | None = None  # batch position -> its number among the allocations and frees
+
+    def run_order(self, lo: int, hi: int) -> np.ndarray | None:
+        """:func:`memrec.state.allocs.by_key`'s radix order of the successful allocations and frees
+        in ``[lo, hi)`` (numbered from 0 in event order), cut out of the batch's (a stable sort
+        restricted to a range is the range's own stable sort); None when the run's
+        :func:`~memrec.state.allocs.key_bits` are not the batch's (a batch past 2^20 events)."""
+        i0, i1 = np.searchsorted(self.plain, (lo, hi)).tolist()
+        if key_bits(i1 - i0) != int(self.shift):
+            return None
+        if self._rank is None:
+            self._rank = np.zeros(len(self.kinds), np.int64)
+            self._rank[self.plain] = np.arange(len(self.plain))
+        pos = self.key_pos
+        if i1 - i0 < len(pos):
+            pos = pos[(pos >= lo) & (pos < hi)]
+        return self._rank[pos] - i0
 
     def restart(self) -> None:
         """A new run begins."""
