@@ -233,3 +233,28 @@ def test_past_named_phases_a_vector_file_holds_the_bands_as_one_image(tmp_path):
     assert main(["plot", str(many), "-o", str(tmp_path / "many.png")]) == 0
     img = read_png(tmp_path / "many.png")
     assert sum(colour_share(img, c, tol=0.02) for c in plot_module._BAND) > 0.008
+
+
+def test_band_corners_are_the_floats_broken_barh_makes():
+    # GIVEN bands as the panel computes them: starts and widths in seconds, some far from zero,
+    # some narrower than a float's step there, one empty
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rng = np.random.default_rng(7)
+    ns = np.sort(rng.integers(0, 10**13, 2000))
+    x0 = (ns - 123_456_789) / 1e9
+    width = (ns + rng.integers(0, 5000, 2000) - 123_456_789) / 1e9 - x0
+    # WHEN the corners are made at once, and by matplotlib's own broken_barh from the same floats
+    fig, ax = plt.subplots()
+    try:
+        theirs = ax.broken_barh(list(zip(x0.tolist(), width.tolist())), (0, 1)).get_paths()
+    finally:
+        plt.close(fig)
+    ours = plot_module._band_corners(x0, width)
+    # THEN every corner is the same float (the picture is drawn from them, byte for byte as before)
+    assert len(theirs) == len(ours)
+    for path, corners in zip(theirs, ours):
+        assert np.array_equal(path.vertices[:4], corners)
