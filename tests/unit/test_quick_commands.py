@@ -188,7 +188,10 @@ WORDS = st.sampled_from([
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(WORDS, max_size=7))
 def test_the_hand_parser_agrees_with_argparse_or_leaves_it_to_argparse(words):
-    # GIVEN any command line after `memrec mark`  WHEN the hand parser reads it
+    # GIVEN any command line after `memrec mark` (before a `--`: what follows is the command to run)
+    if "--" in words:
+        words = words[: words.index("--")]
+    # WHEN the hand parser reads it
     quick = MarkCommand.quick_args(words)
     # THEN it either leaves it to argparse, or reads exactly what argparse reads (which accepts it)
     if quick is not None:
