@@ -208,6 +208,23 @@ def test_record_refuses_a_sampling_rate_the_daemon_refuses_before_recording(tmp_
     assert not out.exists()
 
 
+@pytest.mark.parametrize("command", ["record", "daemon"])
+@pytest.mark.parametrize("option", ["--nvml-hz", "--nvml-process-hz"])
+def test_a_sampling_rate_past_1000_hz_is_a_usage_error(tmp_path, capsys, command, option):
+    # GIVEN a rate no sampler can keep (1e300 was accepted: on a GPU host the sampler would spin)
+    out = tmp_path / "x.mrec"
+    argv = [command, option, "1e300", "-o", str(out)] + (["--", "true"] if command == "record" else [])
+    # WHEN it is given  THEN one usage line, exit 2, nothing started or written; 1000 itself is accepted
+    with pytest.raises(SystemExit) as exc:
+        commands.main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == ExitCode.USAGE and f"argument {option}: at most 1000 samples a second, got '1e300'" in err
+    assert not out.exists()
+    from memrec.daemon.config import rate
+
+    assert rate("1000") == 1000.0
+
+
 # ---------------------------------------------------------------------- the daemon's domain errors
 
 
