@@ -579,7 +579,8 @@ def test_a_fifo_or_a_device_as_a_trace_is_not_a_regular_file_to_every_command(ki
 def test_output_to_a_full_device_is_one_line_and_exit_73_not_a_bug(tmp_path):
     # GIVEN standard output that no write fits in (`> /dev/full`: a full disk under a redirection)
     trace = write_trace(tmp_path / "run.mrec")
-    for argv in (["report", trace], ["report", "--json", trace], ["dump", trace], ["--version"]):
+    for argv in (["report", trace], ["report", "--json", trace], ["dump", trace], ["--version"], ["--help"], ["-h"],
+                 ["report", "-h"], ["mark", "--help"]):
         with open("/dev/full", "w") as full:
             # WHEN a command prints to it (--version prints while its arguments are parsed)
             done = subprocess.run([sys.executable, "-m", "memrec", *map(str, argv)], stdout=full,
