@@ -285,8 +285,26 @@ def test_daemon_tensors_pid_names_a_running_process(tmp_path, capsys):
 # ---------------------------------------------------------------------- 3.5 selftest without cuda-python
 
 
+def test_selftest_without_a_gpu_says_so_before_asking_for_cuda_python(monkeypatch, tmp_path, capsys):
+    # GIVEN a host without the NVIDIA driver's control device, and no cuda-python either
+    from memrec.commands import selftest
+
+    monkeypatch.setattr(selftest, "NVIDIACTL", str(tmp_path / "nvidiactl"))
+    monkeypatch.setitem(sys.modules, "cuda", None)
+    # WHEN selftest runs
+    rc = commands.main(["selftest", "--socket", "/nonexistent/memrec.sock"])
+    err = capsys.readouterr().err
+    # THEN one line says there is no GPU to test (not to install cuda-python first), exit 69
+    assert rc == ExitCode.UNAVAILABLE and len(err.splitlines()) == 1
+    assert err.startswith("memrec: error: no NVIDIA GPU here") and "cuda-python" not in err
+
+
 def test_selftest_without_cuda_python_says_what_to_install(monkeypatch, capsys):
-    # GIVEN no cuda-python (None in sys.modules makes its import fail, as when it is not installed)
+    # GIVEN a GPU (its driver's device: /dev/null stands in) and no cuda-python (None in
+    # sys.modules makes its import fail, as when it is not installed)
+    from memrec.commands import selftest
+
+    monkeypatch.setattr(selftest, "NVIDIACTL", "/dev/null")
     monkeypatch.setitem(sys.modules, "cuda", None)
     # WHEN selftest runs (no daemon either: the missing package is said first)
     rc = commands.main(["selftest", "--socket", "/nonexistent/memrec.sock"])
