@@ -264,7 +264,11 @@ def _parse(argv: list[str]) -> tuple[Callable[[], int], int]:
     its verbosity; logging configured unless the command never logs."""
     from memrec.commands.parser import get_argument_parser
 
-    arg_values = get_argument_parser(only=_command_in(argv)).parse_args(argv)
+    parser = get_argument_parser(only=_command_in(argv))
+    arg_values, unknown = parser.parse_known_args(argv)
+    if unknown:  # after the command: its usage and prog (argparse's parse_args named memrec's)
+        before = argv.index(unknown[0]) < argv.index(arg_values.command)
+        (parser if before else arg_values.parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     arg_values.verbose += arg_values.verbose_after
     if arg_values.verbose or getattr(arg_values.entrypoint.__self__, "logs", True):
         _configure_logging(arg_values.verbose)

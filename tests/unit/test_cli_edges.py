@@ -607,3 +607,16 @@ def test_output_to_a_full_device_is_one_line_and_exit_73_not_a_bug(tmp_path):
         # (it was "internal error ... a bug in memrec", exit 70, and a raw traceback for --version)
         assert (done.returncode, done.stderr) == (
             ExitCode.CANT_CREATE, "memrec: error: cannot write the output: No space left on device\n"), argv
+
+
+@pytest.mark.parametrize("argv, prog", [(["report", "--bogus", "x"], "memrec report"),
+                                        (["dump", "x", "y"], "memrec dump"), (["--bogus", "report", "x"], "memrec")])
+def test_an_unknown_argument_is_reported_with_the_usage_of_the_command_it_follows(argv, prog, capsys):
+    # GIVEN an argument no parser knows (after a command: it was memrec's usage, `usage: memrec [-h] ...`)
+    # WHEN the command line runs
+    with pytest.raises(SystemExit) as exc:
+        commands.main(argv)
+    # THEN the usage and the error are those of the command it follows, exit 2
+    err = capsys.readouterr().err.splitlines()
+    assert exc.value.code == ExitCode.USAGE
+    assert err[0].startswith(f"usage: {prog} [-h]") and err[-1].startswith(f"{prog}: error: unrecognized arguments: ")
