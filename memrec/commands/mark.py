@@ -455,11 +455,14 @@ def marker_frame(args: argparse.Namespace, values: dict, phase: str, ts: int, ti
     if problem:
         raise MemrecCommandError(problem.removeprefix("mark: "), exit_code=ExitCode.USAGE)
     payload = pack(message)
-    if payload is None or len(payload) > protocol.MAX_CLIENT_FRAME:  # msgpack's own encoding, or its error
+    if payload is None:  # msgpack's own encoding, or its error
         try:
-            return protocol.encode_frame(message)
-        except protocol.ProtocolError as error:
-            raise MemrecCommandError(str(error), exit_code=ExitCode.USAGE) from None
+            payload = protocol.pack(message)
+        except (TypeError, ValueError, OverflowError) as error:
+            raise MemrecCommandError(f"cannot encode the marker: {error}", exit_code=ExitCode.USAGE) from None
+    if len(payload) > protocol.MAX_CLIENT_FRAME:  # in the user's words, not the wire's ("frame of N bytes")
+        raise MemrecCommandError(f"the marker is {len(payload):,} bytes; at most {protocol.MAX_CLIENT_FRAME:,}",
+                                 exit_code=ExitCode.USAGE)
     return protocol.frame(payload)
 
 
