@@ -50,11 +50,16 @@ def positive_float(text: str | float) -> float:
     return value
 
 
+#: The fastest NVML sampling a rate may ask for: an NVML query takes about a millisecond, so past
+#: this the sampler would only spin (1e300 was accepted).
+MAX_RATE = 1000.0
+
+
 def rate(text: str | float) -> float:
-    """Samples per second: a finite number >= 0 (0 turns the sampling off).
+    """Samples per second: a finite number from 0 (the sampling off) to :data:`MAX_RATE`.
 
     Raises:
-        ValueError: not a number, not finite, or negative.
+        ValueError: not a number, not finite, negative or past MAX_RATE.
     """
     try:
         value = float(text)
@@ -62,6 +67,8 @@ def rate(text: str | float) -> float:
         raise ValueError(f"not a number: {text!r}") from None
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"must be a finite number >= 0, got {text!r}")
+    if value > MAX_RATE:
+        raise ValueError(f"at most {MAX_RATE:g} samples a second, got {text!r}")
     return value
 
 

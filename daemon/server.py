@@ -609,7 +609,7 @@ class Daemon:
             self.writer = TraceWriter(holder, self._header(reason))
         except OSError as error:
             raise OutputError(f"cannot write the trace {path}: {error.strerror or error}") from None
-        if sink.replaced:
+        if sink.replaced and not self.config.follow_tree:  # memrec record and demo said so before the probes loaded
             log.warning("replaced the existing file %s", path)
         self.files.append(path)
         self.rotation.opened()

@@ -78,12 +78,19 @@ def load(path: str | os.PathLike, pandas: bool | None = None) -> Recording:
         PandasMissing: DataFrames were asked for and pandas is not installed (an ImportError whose
             message is the command that installs it, and ``pandas=False``).
         OSError: the file cannot be opened.
-        memrec.base.errors.TraceFormatError: not a memrec trace, or a newer format.
+        memrec.base.errors.TraceFormatError: not a memrec trace, a newer format, or one with no
+            records at all (an empty file, or cut inside its header), which every memrec command
+            refuses alike (exit 65); it was an empty Recording and a warning.
     """
+    from memrec.base.errors import TraceFormatError
     from memrec.trace.reader import load_trace
 
     use_pandas = _use_pandas(pandas)
     trace = load_trace(path)
+    if not trace.header:  # the commands' words: memrec.commands.common's check_trace_path and _checked_trace
+        empty = os.path.getsize(path) == 0
+        raise TraceFormatError(f"{os.fspath(path)}: "
+                               + ("empty file, not a memrec trace (yet?)" if empty else trace.warnings[0]))
     for warning in trace.warnings:
         warnings.warn(f"{os.fspath(path)}: {warning}", UserWarning, stacklevel=3)  # the caller of memrec.load
     return Recording(trace, pandas=use_pandas)

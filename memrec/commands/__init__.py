@@ -178,8 +178,12 @@ def main(args: list[str] | None = None) -> int:
     if argv in ([], ["-h"], ["--help"]):
         text = help_text(terminal_columns())
         if text is not None:  # what argparse prints, and how it ends, without argparse
-            if argv:
-                _write(sys.stdout, text)
+            if argv:  # written as any command's output: one that cannot be written is an error
+                try:
+                    sys.stdout.write(text)
+                    sys.stdout.flush()
+                except OSError as error:
+                    raise SystemExit(_output_error(error, 0)) from None
                 raise SystemExit(ExitCode.OK)
             usage = text.split("\n", 1)[0]
             _write(sys.stderr, f"{usage}\nmemrec: error: the following arguments are required: COMMAND\n")
@@ -206,18 +210,23 @@ def main(args: list[str] | None = None) -> int:
     except BrokenPipeError:
         return ExitCode.OK
     except OSError as error:
-        if error.filename is not None or error.errno not in _WRITE_ERRNOS:
-            return _internal_error(error, verbose)
-        # only a write fails so, and every file a command writes names its path (create_file):
-        # this is standard output (`> /dev/full`, a full disk, a quota)
-        print(f"memrec: error: cannot write the output: {error.strerror}", file=sys.stderr)
-        return ExitCode.CANT_CREATE
+        return _output_error(error, verbose)
     except Exception as error:
         return _internal_error(error, verbose)
 
 
 #: The errors only a write gives: with no file name, standard output could not be written.
 _WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _output_error(error: OSError, verbose: int) -> int:
+    """Standard output that cannot be written: one line and CANT_CREATE; any other OSError a bug."""
+    if error.filename is not None or error.errno not in _WRITE_ERRNOS:
+        return _internal_error(error, verbose)
+    # only a write fails so, and every file a command writes names its path (create_file):
+    # this is standard output (`> /dev/full`, a full disk, a quota)
+    print(f"memrec: error: cannot write the output: {error.strerror}", file=sys.stderr)
+    return ExitCode.CANT_CREATE
 
 
 def _internal_error(error: Exception, verbose: int) -> int:
@@ -255,7 +264,11 @@ def _parse(argv: list[str]) -> tuple[Callable[[], int], int]:
     its verbosity; logging configured unless the command never logs."""
     from memrec.commands.parser import get_argument_parser
 
-    arg_values = get_argument_parser(only=_command_in(argv)).parse_args(argv)
+    parser = get_argument_parser(only=_command_in(argv))
+    arg_values, unknown = parser.parse_known_args(argv)
+    if unknown:  # after the command: its usage and prog (argparse's parse_args named memrec's)
+        before = argv.index(unknown[0]) < argv.index(arg_values.command)
+        (parser if before else arg_values.parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     arg_values.verbose += arg_values.verbose_after
     if arg_values.verbose or getattr(arg_values.entrypoint.__self__, "logs", True):
         _configure_logging(arg_values.verbose)

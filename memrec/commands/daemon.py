@@ -84,9 +84,9 @@ class DaemonCommand:
                             help="start a new file once SIZE bytes are written after its opening (header, processes, "
                                  "first keyframe) (e.g. 512M; 0: never; default 1G)")
         parser.add_argument("--nvml-hz", type=arg_type(c.rate), default=10.0, metavar="F",
-                            help="NVML device-memory samples per second (0: off; default 10)")
+                            help="NVML device-memory samples per second (0: off; at most 1000; default 10)")
         parser.add_argument("--nvml-process-hz", type=arg_type(c.rate), default=1.0, metavar="F",
-                            help="NVML per-process samples per second (0: off; default 1)")
+                            help="NVML per-process samples per second (0: off; at most 1000; default 1)")
         parser.add_argument("--ringbuf-pages", type=arg_type(c.ring_pages), default=c.DEFAULT_RINGBUF_PAGES, metavar="N",
                             help=f"BPF ring buffer size in pages (power of two; default {c.DEFAULT_RINGBUF_PAGES}: 16 MiB)")
         parser.add_argument("--scheduling", type=arg_type(scheduling.parse), default=scheduling.DEFAULT, metavar="POLICY",

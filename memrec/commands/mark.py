@@ -360,11 +360,16 @@ class MarkCommand:
     phases of one name at once), and --pid names another process of yours (for instance a server
     started in the background, whose memory the phase then covers). Values are int, float,
     true/false or text.
+    With -- CMD [ARGS...], mark runs CMD and makes its run the phase NAME (a begin before CMD
+    starts, an end when it exits, both about CMD's process; the processes CMD starts are not in
+    it: use memrec.phase in them) and exits with CMD's exit status (128+N for a signal N); Ctrl-C
+    goes to CMD. Without a daemon it says so and runs CMD all the same.
 
     examples:
         memrec mark load_weights --phase begin --gpu 0
         python load.py
         memrec mark load_weights --phase end
+        memrec mark load_weights gpu_mem=0.88 -- python load.py
         memrec mark kv_cache_sized tokens=524288 fraction=0.88 ok=true
         memrec mark warmup --phase begin --pid "$SERVER_PID"
     """
@@ -380,7 +385,8 @@ class MarkCommand:
         # Options may follow NAME and mix with the values: argparse alone cannot do that with two
         # positionals, so everything after NAME is parsed again in run().
         values = parser.add_argument("values", nargs=argparse.REMAINDER, metavar="KEY=VALUE",
-                                     help="values to record, and any of the options above")
+                                     help="values to record, any of the options above, then -- CMD [ARGS...] "
+                                         "to run CMD as the phase")
         values.required = False  # argparse counts a REMAINDER as required: `memrec mark` named it missing
 
     @staticmethod
@@ -393,6 +399,11 @@ class MarkCommand:
         -h, an abbreviated option, any other word starting with ``-``, a phase not in PHASES, a
         number that is not plain ASCII digits, a missing NAME.
         """
+        if "--" in words:  # NAME ... -- CMD: the words before are mark's, argparse's where not quick
+            split = words.index("--")
+            args = MarkCommand.quick_args(words[:split]) or _parsed(words[:split])
+            args.to_run = list(words[split + 1 :])
+            return args
         options = {"phase": "instant", "gpu": None, "socket": None, "pid": None, "scope": "session"}
         words = list(words)
         positional: list[str] = []
@@ -425,21 +436,105 @@ class MarkCommand:
                                      exit_code=ExitCode.USAGE)
         utf8_text(args.name, "the marker name")
         values = parse_values(args.values)
+        command = getattr(args, "to_run", None)  # not "command": argparse names the subcommand so
+        if command is not None:
+            return run_as_phase(args, values, command)
         pid = check_pid(args.pid) if args.pid is not None else scope_process(args.scope)
-        message = protocol.make_mark(args.name, args.phase, ts, get_native_id(), args.gpu, values, pid)
-        problem = protocol.validate_mark(message)
-        if problem:
-            raise MemrecCommandError(problem.removeprefix("mark: "), exit_code=ExitCode.USAGE)
-        payload = pack(message)
-        if payload is None or len(payload) > protocol.MAX_CLIENT_FRAME:  # msgpack's own encoding, or its error
-            try:
-                frame = protocol.encode_frame(message)
-            except protocol.ProtocolError as error:
-                raise MemrecCommandError(str(error), exit_code=ExitCode.USAGE) from None
-        else:
-            frame = protocol.frame(payload)
-        send_marker(protocol.socket_path(args.socket), frame)
+        send_marker(protocol.socket_path(args.socket), marker_frame(args, values, args.phase, ts, get_native_id(), pid))
         return ExitCode.OK
+
+
+def marker_frame(args: argparse.Namespace, values: dict, phase: str, ts: int, tid: int, pid: int) -> bytes:
+    """The frame of one marker of ``args.name`` (``args.gpu``) about ``pid``.
+
+    Raises:
+        MemrecCommandError: the marker breaks the protocol's limits (exit code USAGE).
+    """
+    message = protocol.make_mark(args.name, phase, ts, tid, args.gpu, values, pid)
+    problem = protocol.validate_mark(message)
+    if problem:
+        raise MemrecCommandError(problem.removeprefix("mark: "), exit_code=ExitCode.USAGE)
+    payload = pack(message)
+    if payload is None:  # msgpack's own encoding, or its error
+        try:
+            payload = protocol.pack(message)
+        except (TypeError, ValueError, OverflowError) as error:
+            raise MemrecCommandError(f"cannot encode the marker: {error}", exit_code=ExitCode.USAGE) from None
+    if len(payload) > protocol.MAX_CLIENT_FRAME:  # in the user's words, not the wire's ("frame of N bytes")
+        raise MemrecCommandError(f"the marker is {len(payload):,} bytes; at most {protocol.MAX_CLIENT_FRAME:,}",
+                                 exit_code=ExitCode.USAGE)
+    return protocol.frame(payload)
+
+
+def run_as_phase(args: argparse.Namespace, values: dict, command: list[str]) -> int:
+    """``memrec mark NAME -- CMD``: run CMD as a child whose run is the phase NAME; its exit status.
+
+    Phases are per process (docs/report.md), so the markers are stamped with the child's pid, which
+    the daemon accepts as ours while /proc/PID exists: the begin is sent after the fork and before
+    the child execs CMD (it waits on a pipe for it), the end once the child has exited but before it
+    is reaped (a zombie keeps its /proc entry). A marker that cannot be sent is said on stderr and
+    CMD runs all the same: a phase is never worth not running the command. Ctrl-C reaches CMD (the
+    terminal's whole foreground group) while this waits for it.
+    """
+    if args.phase != "instant" or args.pid is not None:
+        given = "--pid" if args.pid is not None else f"--phase {args.phase}"
+        raise MemrecCommandError(f"{given} with a command: the command's run is the phase (its begin and end "
+                                 "are sent for you)", exit_code=ExitCode.USAGE)
+    if not command:
+        raise MemrecCommandError("nothing after --: name the command to run as the phase", exit_code=ExitCode.USAGE)
+    path = protocol.socket_path(args.socket)
+    marker_frame(args, values, "begin", 0, protocol.MAX_PID, protocol.MAX_PID)  # its limits, before CMD runs
+    go_read, go_write = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: waits for the begin, then becomes CMD
+        try:
+            os.close(go_write)
+            if os.read(go_read, 1) != b"g":  # memrec mark died before the begin: nothing to run
+                os._exit(ExitCode.SOFTWARE)
+            os.close(go_read)
+            os.execvp(command[0], command)
+        except OSError as error:
+            os.write(2, f"memrec: error: cannot run {command[0]}: {error.strerror}\n".encode(errors="replace"))
+            os._exit(127 if isinstance(error, FileNotFoundError) else 126)
+        except BaseException:  # a Ctrl-C before the exec: the child must never return into memrec
+            os._exit(130)
+    import signal  # here: the plain forms of this quick command never need it
+
+    os.close(go_read)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # the child takes Ctrl-C; this waits for it
+    try:
+        begun = _send_phase(path, marker_frame(args, values, "begin", time.monotonic_ns(), child, child))
+        os.write(go_write, b"g")
+        os.close(go_write)
+        os.waitid(os.P_PID, child, os.WEXITED | os.WNOWAIT)  # exited, not yet reaped: /proc/PID still there
+        if begun:  # no end for a begin that was not taken (no daemon: said once)
+            _send_phase(path, marker_frame(args, values, "end", time.monotonic_ns(), child, child))
+        _, status = os.waitpid(child, 0)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
+
+
+def _send_phase(path: str, frame: bytes) -> bool:
+    """Send one of a wrapped command's markers; whether it was taken (a failure is one line on
+    stderr, and the command runs on)."""
+    try:
+        send_marker(path, frame)
+    except MemrecCommandError as error:
+        os.write(2, f"memrec: warning: {error}; the command runs without its phase\n".encode(errors="replace"))
+        return False
+    return True
+
+
+def _parsed(words: list[str]) -> argparse.Namespace:
+    """``memrec mark WORDS`` read by argparse (its usage errors and --help exit), what follows NAME
+    included: argparse would take a ``--`` right after NAME as its own and drop it."""
+    from memrec.commands.parser import get_argument_parser
+
+    args = get_argument_parser(only="mark").parse_args(["mark", *words])
+    read_after_name(args, args.parser)
+    return args
 
 
 def _digits(text: str) -> bool:

@@ -191,9 +191,9 @@ class RecordCommand:
         from memrec.daemon.config import rate
 
         parser.add_argument("--nvml-hz", type=arg_type(rate), metavar="F",
-                            help="NVML device samples per second (0: off; default 10)")
+                            help="NVML device samples per second (0: off; at most 1000; default 10)")
         parser.add_argument("--nvml-process-hz", type=arg_type(rate), metavar="F",
-                            help="NVML per-process samples per second (0: off; default 1)")
+                            help="NVML per-process samples per second (0: off; at most 1000; default 1)")
         parser.add_argument("--tensors", action="store_true",
                             help="also record PyTorch's tensor blocks (its libc10_cuda.so's USDT probes; "
                                  "about 1 us per tensor allocation or free)")

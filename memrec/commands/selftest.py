@@ -62,6 +62,24 @@ def _expected_gpu(header: dict, ordinal: int) -> int | None:
     return mapping[ordinal] if ordinal < len(mapping) else None
 
 
+#: The NVIDIA driver's control device: there on every host where the driver is loaded.
+NVIDIACTL = "/dev/nvidiactl"
+
+
+def _require_gpu() -> None:
+    """A GPU to make the calls on, asked before cuda-python (which there is no use installing without one).
+
+    Raises:
+        MemrecCommandError: no NVIDIA driver is loaded (exit code UNAVAILABLE).
+    """
+    if not os.path.exists(NVIDIACTL):
+        raise MemrecCommandError(
+            f"no NVIDIA GPU here ({NVIDIACTL} does not exist: no driver loaded): selftest makes real driver "
+            "calls on a GPU; memrec demo records the bundled stub driver without one",
+            exit_code=ExitCode.UNAVAILABLE,
+        )
+
+
 def _require_cuda_python() -> None:
     """The driver calls go through cuda-python, an extra (``memrec[gpu]``), not a dependency.
 
@@ -109,6 +127,7 @@ class SelftestCommand:
         from memrec.validation.selftest import check_exits
         from memrec.validation.selftest import check_facts
 
+        _require_gpu()
         _require_cuda_python()
         wait_for_daemon(args.socket)
         sock = subscribe(args.socket)

@@ -15,12 +15,19 @@ _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p
 SIZE_MAX = (1 << 63) - 1
 
 
+#: The driver's "no limit" as a size (a pool's release threshold set to UINT64_MAX), never a real size.
+UNLIMITED = (1 << 64) - 1
+
+
 def fmt_bytes(n: int | float | None, signed: bool = False) -> str:
     """Bytes with binary units: ``777 B``, ``12.0 KiB``, ``146.1 MiB`` (one decimal), ``60.00 GiB``,
-    ``1.50 TiB`` (two decimals); ``-`` for None. ``signed``: a delta, ``+`` before a positive value."""
+    ``1.50 TiB`` (two decimals); ``-`` for None; ``unlimited`` for :data:`UNLIMITED` (it was
+    ``16777216.00 TiB``). ``signed``: a delta, ``+`` before a positive value."""
     if n is None:
         return "-"
     n = int(n)
+    if n == UNLIMITED:
+        return "unlimited"
     sign = "-" if n < 0 else "+" if signed and n > 0 else ""
     a = abs(n)
     for unit, shift, digits in (("TiB", 40, 2), ("GiB", 30, 2), ("MiB", 20, 1), ("KiB", 10, 1)):

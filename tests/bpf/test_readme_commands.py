@@ -61,7 +61,7 @@ LONG_RUNNING = {
     "sudo memrec daemon -o /var/lib/memrec/", "memrec daemon --metrics-addr 127.0.0.1:9862 ...",
     "memrec tui run.mrec", "memrec tui --live", "memrec tui examples/sglang-standin-ipc.mrec",
     "memrec tui examples/sglang-standin-base.mrec --diff examples/sglang-standin-ipc.mrec",
-    "memrec mark load --phase begin; python load.py; memrec mark load --phase end",
+    "memrec mark load -- python load.py",
 }
 
 
@@ -251,8 +251,8 @@ def daemon(clone, tmp_path):
 
 
 def test_the_daemon_records_until_ctrl_c_and_shell_markers_pair(clone, daemon):
-    # WHEN a phase is marked from the shell while the daemon records (the README's line)
-    done = run(clone, "memrec mark load --phase begin; python load.py; memrec mark load --phase end")
+    # WHEN a command is run as a phase while the daemon records (the README's line)
+    done = run(clone, "memrec mark load -- python load.py")
     assert done.returncode == 0, done.stderr
     assert done.stdout == "loading\n"
     # AND the live view opens on it

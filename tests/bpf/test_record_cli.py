@@ -23,7 +23,7 @@ def test_demo_says_each_slow_step_replaces_its_own_file_and_points_at_a_command_
     # THEN it replaces its file and says so, and says what it does before each silent wait
     assert proc.returncode == 0, proc.stderr
     err = proc.stderr
-    assert f"memrec demo: replacing {out}" in err
+    assert f"memrec demo: replacing {out}" in err and "replaced the existing file" not in err
     assert "memrec demo: loading the BPF probes" in err and "memrec demo: recording; probe program " in err
     assert "memrec demo: closing the trace, then detaching the probes" in err
     assert load_trace(out).trailer is not None
@@ -53,7 +53,21 @@ def test_record_force_replaces_an_existing_trace_and_says_so(bpf_host, tmp_path)
     proc = memrec("record", "-f", "-o", str(out), "--", "true")
     # THEN the command's exit code, one line about the replaced file, one before each slow step
     assert proc.returncode == 0, proc.stderr
-    assert f"memrec record: replacing {out}" in proc.stderr
+    assert f"memrec record: replacing {out}" in proc.stderr and "replaced the existing file" not in proc.stderr
     assert "memrec record: loading the BPF probes" in proc.stderr and "memrec record: recording; probe program " in proc.stderr
     assert "memrec record: closing the trace, then detaching the probes" in proc.stderr
     assert load_trace(out).trailer is not None
+
+
+def test_mark_with_a_command_gives_the_command_s_memory_to_its_phase(stub_lib, tmp_path):
+    # GIVEN the stub workload run as a phase: `memrec mark x -- WORKLOAD`, under memrec record
+    out = tmp_path / "run.mrec"
+    workload = [sys.executable, "-m", "memrec.validation.stubdriver.workload", "demo", "--lib", str(stub_lib)]
+    proc = memrec("record", "-o", str(out), "--libcuda", str(stub_lib), "--", sys.executable, "-m", "memrec",
+                  "mark", "x", "--", *workload)
+    # THEN the workload's exit status is record's, and the report's by-phase table gives its memory to x
+    assert proc.returncode == 0, proc.stderr
+    report = memrec("report", str(out)).stdout
+    phases = report[report.index("by phase"):]
+    assert any(line.split()[1:2] == ["x"] for line in phases.splitlines()), phases
+    assert "(no phase)" not in phases.split("\n\n")[0], phases

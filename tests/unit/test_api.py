@@ -8,6 +8,9 @@ import numpy as np
 import pytest
 
 import memrec
+import memrec.commands
+from memrec.base.errors import ExitCode
+from memrec.base.errors import TraceFormatError
 from memrec.analysis.report.build import build_report
 from memrec.terms.events import Kind
 from memrec.trace.reader import load_trace
@@ -103,6 +106,21 @@ def test_load_of_a_cut_trace_warns_and_keeps_what_is_readable(tmp_path):
     assert {w.filename for w in caught} == {__file__}  # pointing at the line that called memrec.load
     # AND the events before the cut are there
     assert 0 < len(rec.events) < len(load_trace(SGLANG_IPC).events)
+
+
+@pytest.mark.parametrize("size, reason", [(0, "empty file, not a memrec trace (yet?)"),
+                                          (20, "trace ends inside its header")])
+def test_load_of_a_trace_with_no_records_raises_what_the_commands_say(tmp_path, capsys, size, reason):
+    # GIVEN an empty file, or one cut inside its header (every command refuses both, exit 65)
+    path = tmp_path / "run.mrec"
+    path.write_bytes(SGLANG_IPC.read_bytes()[:size])
+    # WHEN loaded from Python  THEN the error the commands report, as TraceFormatError (it was an
+    # empty Recording and a warning)
+    with pytest.raises(TraceFormatError) as error:
+        memrec.load(path, pandas=False)
+    assert str(error.value).startswith(f"{path}: {reason}")
+    assert memrec.commands.main(["report", str(path)]) == ExitCode.DATA
+    assert capsys.readouterr().err == f"memrec: error: {error.value}\n"
 
 
 def test_load_of_a_whole_trace_warns_nothing(recwarn):

@@ -208,6 +208,23 @@ def test_record_refuses_a_sampling_rate_the_daemon_refuses_before_recording(tmp_
     assert not out.exists()
 
 
+@pytest.mark.parametrize("command", ["record", "daemon"])
+@pytest.mark.parametrize("option", ["--nvml-hz", "--nvml-process-hz"])
+def test_a_sampling_rate_past_1000_hz_is_a_usage_error(tmp_path, capsys, command, option):
+    # GIVEN a rate no sampler can keep (1e300 was accepted: on a GPU host the sampler would spin)
+    out = tmp_path / "x.mrec"
+    argv = [command, option, "1e300", "-o", str(out)] + (["--", "true"] if command == "record" else [])
+    # WHEN it is given  THEN one usage line, exit 2, nothing started or written; 1000 itself is accepted
+    with pytest.raises(SystemExit) as exc:
+        commands.main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == ExitCode.USAGE and f"argument {option}: at most 1000 samples a second, got '1e300'" in err
+    assert not out.exists()
+    from memrec.daemon.config import rate
+
+    assert rate("1000") == 1000.0
+
+
 # ---------------------------------------------------------------------- the daemon's domain errors
 
 
@@ -268,8 +285,26 @@ def test_daemon_tensors_pid_names_a_running_process(tmp_path, capsys):
 # ---------------------------------------------------------------------- 3.5 selftest without cuda-python
 
 
+def test_selftest_without_a_gpu_says_so_before_asking_for_cuda_python(monkeypatch, tmp_path, capsys):
+    # GIVEN a host without the NVIDIA driver's control device, and no cuda-python either
+    from memrec.commands import selftest
+
+    monkeypatch.setattr(selftest, "NVIDIACTL", str(tmp_path / "nvidiactl"))
+    monkeypatch.setitem(sys.modules, "cuda", None)
+    # WHEN selftest runs
+    rc = commands.main(["selftest", "--socket", "/nonexistent/memrec.sock"])
+    err = capsys.readouterr().err
+    # THEN one line says there is no GPU to test (not to install cuda-python first), exit 69
+    assert rc == ExitCode.UNAVAILABLE and len(err.splitlines()) == 1
+    assert err.startswith("memrec: error: no NVIDIA GPU here") and "cuda-python" not in err
+
+
 def test_selftest_without_cuda_python_says_what_to_install(monkeypatch, capsys):
-    # GIVEN no cuda-python (None in sys.modules makes its import fail, as when it is not installed)
+    # GIVEN a GPU (its driver's device: /dev/null stands in) and no cuda-python (None in
+    # sys.modules makes its import fail, as when it is not installed)
+    from memrec.commands import selftest
+
+    monkeypatch.setattr(selftest, "NVIDIACTL", "/dev/null")
     monkeypatch.setitem(sys.modules, "cuda", None)
     # WHEN selftest runs (no daemon either: the missing package is said first)
     rc = commands.main(["selftest", "--socket", "/nonexistent/memrec.sock"])
@@ -562,7 +597,8 @@ def test_a_fifo_or_a_device_as_a_trace_is_not_a_regular_file_to_every_command(ki
 def test_output_to_a_full_device_is_one_line_and_exit_73_not_a_bug(tmp_path):
     # GIVEN standard output that no write fits in (`> /dev/full`: a full disk under a redirection)
     trace = write_trace(tmp_path / "run.mrec")
-    for argv in (["report", trace], ["report", "--json", trace], ["dump", trace], ["--version"]):
+    for argv in (["report", trace], ["report", "--json", trace], ["dump", trace], ["--version"], ["--help"], ["-h"],
+                 ["report", "-h"], ["mark", "--help"]):
         with open("/dev/full", "w") as full:
             # WHEN a command prints to it (--version prints while its arguments are parsed)
             done = subprocess.run([sys.executable, "-m", "memrec", *map(str, argv)], stdout=full,
@@ -571,3 +607,16 @@ def test_output_to_a_full_device_is_one_line_and_exit_73_not_a_bug(tmp_path):
         # (it was "internal error ... a bug in memrec", exit 70, and a raw traceback for --version)
         assert (done.returncode, done.stderr) == (
             ExitCode.CANT_CREATE, "memrec: error: cannot write the output: No space left on device\n"), argv
+
+
+@pytest.mark.parametrize("argv, prog", [(["report", "--bogus", "x"], "memrec report"),
+                                        (["dump", "x", "y"], "memrec dump"), (["--bogus", "report", "x"], "memrec")])
+def test_an_unknown_argument_is_reported_with_the_usage_of_the_command_it_follows(argv, prog, capsys):
+    # GIVEN an argument no parser knows (after a command: it was memrec's usage, `usage: memrec [-h] ...`)
+    # WHEN the command line runs
+    with pytest.raises(SystemExit) as exc:
+        commands.main(argv)
+    # THEN the usage and the error are those of the command it follows, exit 2
+    err = capsys.readouterr().err.splitlines()
+    assert exc.value.code == ExitCode.USAGE
+    assert err[0].startswith(f"usage: {prog} [-h]") and err[-1].startswith(f"{prog}: error: unrecognized arguments: ")

@@ -1004,6 +1004,38 @@ def test_shell_markers_pair_into_one_phase(daemon, capsys, tmp_path, how):
     assert any(line.split()[:2] == [str(leader), "load"] for line in out.splitlines())
 
 
+@pytest.mark.parametrize("script, code", [("echo $$ > {pidfile}; exit 3", 3),
+                                          ("echo $$ > {pidfile}; kill -TERM $$", 128 + signal.SIGTERM)])
+def test_mark_with_a_command_makes_the_command_s_process_the_phase(daemon, tmp_path, script, code):
+    # GIVEN `memrec mark NAME -- CMD` run from a shell, CMD a child that ends with a status or a signal
+    sock = daemon.config.socket_path
+    pidfile = tmp_path / "pid"
+    argv = [sys.executable, "-m", "memrec", "mark", "load", "tokens=3", "--socket", str(sock), "--",
+            "sh", "-c", script.format(pidfile=pidfile)]
+    run = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while run.poll() is None:  # the daemon answers both markers while it runs
+        pump(daemon, 0.05)
+    pump(daemon, 0.05)
+    daemon.stop()
+    # THEN mark exits with CMD's status (128+N for a signal), and a begin and an end, both taken,
+    # are stamped with CMD's pid (exec'd in the child: the pid the shell wrote), not mark's session
+    assert run.returncode == code, run.stderr.read()
+    child = int(pidfile.read_text())
+    markers = load_trace(daemon.files[0]).markers
+    assert [(m.name, m.phase, m.pid) for m in markers] == [("load", "begin", child), ("load", "end", child)]
+    assert markers[0].values == {"tokens": 3} and daemon.markers.claims_refused == 0
+
+
+def test_mark_with_a_command_and_no_daemon_still_runs_it(tmp_path):
+    # GIVEN no daemon at the socket
+    # WHEN a command is run as a phase
+    run = subprocess.run([sys.executable, "-m", "memrec", "mark", "x", "--socket", str(tmp_path / "none.sock"), "--",
+                          "sh", "-c", "echo ran; exit 4"], capture_output=True, text=True, timeout=60)
+    # THEN it runs, its status is mark's, and the missing daemon is said once
+    assert run.stdout == "ran\n" and run.returncode == 4
+    assert run.stderr.count("no memrec daemon") == 1 and "runs without its phase" in run.stderr
+
+
 def test_scope_shell_keeps_two_scripts_of_one_session_apart(daemon, capsys):
     # GIVEN one session running two scripts, each marking a phase of the same name, with --scope shell
     sock = daemon.config.socket_path

@@ -411,6 +411,18 @@ def test_7_an_existing_output_is_replaced_with_a_word(workdir, caplog):  # noqa:
     assert load_trace(d.files[0]).trailer is not None
 
 
+def test_7_a_recording_s_replaced_output_is_said_once_by_its_command(workdir, caplog):  # noqa: F811
+    # GIVEN the daemon of `memrec record -f` or `memrec demo` (it follows a tree), whose command has
+    # already said "replacing X" before the probes loaded
+    (workdir / "out.mrec").write_text("old")
+    d = make_daemon(workdir, follow_tree=True)
+    d.start()
+    d.stop()
+    # THEN the daemon does not say it again
+    assert not any("replaced the existing file" in r.message for r in caplog.records)
+    assert load_trace(d.files[0]).trailer is not None
+
+
 # ------------------------------------------------------------------------------ 8. full disk
 
 @pytest.fixture

@@ -67,3 +67,10 @@ def test_the_daemon_refuses_a_huge_rotate_size_before_it_starts(capsys):
         assert done.value.code == 2
         err = capsys.readouterr().err
         assert "argument --rotate-size: not a byte size" in err and "Traceback" not in err
+
+
+def test_a_size_of_uint64_max_is_unlimited_not_16_million_tib():
+    # GIVEN the size a pool attribute carries for "no limit" (cuMemPoolSetAttribute, UINT64_MAX)
+    # WHEN it is shown (the TUI's events table, the report)  THEN as the driver means it
+    assert fmt_bytes(2**64 - 1) == "unlimited"
+    assert fmt_bytes(2**64 - 2) == "16777216.00 TiB" and fmt_bytes(60 << 30) == "60.00 GiB"
