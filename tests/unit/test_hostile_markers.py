@@ -155,11 +155,23 @@ def test_1_a_marker_clients_entry_goes_when_its_process_is_gone(daemon):
 # ------------------------------------------------------------------------------ 2. connections alone
 
 def test_2_a_1mb_argv_costs_the_trace_at_most_the_capped_command_line(daemon):
-    # GIVEN 20 connects of processes with a 1 MB argv (the review used 200 for 192 MB of trace)
+    # GIVEN 20 connects of processes with a 1 MB argv (the review used 200 for 192 MB of trace),
+    # each kept alive until the daemon has its process record: one that exits first has no /proc
+    # left to read (on a loaded machine the loop may get there late)
     before = daemon.writer.bytes_written
-    for _ in range(20):
-        c = as_nobody(daemon.config.socket_path.as_posix(), "connect", "0", argv_padding=1_000_000)
-        pump_until(daemon, c)
+    clients = []
+    try:
+        for _ in range(20):
+            c = as_nobody(daemon.config.socket_path.as_posix(), "connect", "30", argv_padding=1_000_000)
+            clients.append(c)
+            assert b"done" in c.stdout.readline(), c.stderr.read()
+            deadline = time.monotonic() + 20
+            while c.pid not in daemon.stamper.processes and time.monotonic() < deadline:
+                pump(daemon, 0.02)
+    finally:
+        for c in clients:
+            c.kill()
+            c.wait()
     daemon.writer.flush()
     # THEN each kept at most MAX_CMDLINE_BYTES of command line, and the trace grew by about that
     grown = daemon.writer.bytes_written - before
