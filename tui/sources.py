@@ -9,8 +9,8 @@ The app takes a source as an argument (tests pass their own). A source fills a
   steps. The first frame waits for the file's start only (its trailer gives the time range): the
   rest of the scan goes on behind it (:class:`~memrec.tui.messages.Loaded`, then ``Scanned``).
 - :class:`LiveSource`: a reader thread subscribes on the daemon's Unix socket, splits frames and
-  posts :class:`RecordsReceived` (the model checks each record as a file's); when the daemon goes away it posts :class:`Disconnected` and
-  reconnects with exponential backoff.
+  posts :class:`RecordsReceived` (the model checks each record as a file's); when the daemon goes
+  away it posts :class:`Disconnected` and reconnects with exponential backoff.
 - :class:`DiffSource`: two file sources.
 
 All three implement :class:`Source`, the one type the app takes.
@@ -185,8 +185,7 @@ class FileSource(_Threaded):
         and with the first events chunk (the keyframe at the start, the first events) read. The
         rest is read after it, waiting while ``busy()`` (the first frame being painted, the user
         pressing keys): the first frame no longer waits for every chunk to be decoded (100M
-        events: 37 s).
-        """
+        events: 37 s)."""
         if self._reader is None:
             self.open()
         from memrec.trace.chunks import EVENTS
@@ -207,15 +206,14 @@ class FileSource(_Threaded):
         # it does for the replay (index)
         with paused():
             for i, (kind, item) in enumerate(reader.items(mapped=True, threads=SCAN_THREADS)):
-                if kind == MARKER and i % 64:  # most records of a step loop's trace: no dispatch, and
-                    on_marker(item)  # the checks below (stop, busy, progress) every 64th record only
-                    continue
-                if self._stop.is_set():
-                    return
-                if kind == MARKER:
-                    on_marker(item)
+                if kind == MARKER:  # most records of a step loop's trace: no dispatch, and the
+                    on_marker(item)  # checks below (stop, busy, progress) every 64th record only
+                    if i % 64:
+                        continue
                 else:
                     deliver(kind, item, model)  # the model is a RecordSink, as load_trace's builder is
+                if self._stop.is_set():
+                    return
                 if ready is not None and kind == EVENTS:
                     ready()
                     ready = None
