@@ -6,7 +6,8 @@ bytes by category (driver allocations, VMM physical; pinned host memory on the h
 areas, draws the bytes mapped from peers by IPC as a dotted line above them (mapped, not owned),
 NVML's ``used`` and ``reserved`` as lines, the GPU's capacity as a line (the y axis reaches it),
 the phases of the process that held most on that GPU as shaded bands with their names (past
-:data:`NAMED` phases, the wide ones' names only), the
+:data:`NAMED` phases, the wide ones' names only, and the bands one strip of pixel columns, each
+the average of the bands over it: a step loop's phases are narrower than a pixel), the
 answer's window as a hatched band, and every failure the answer counts as a red cross with what
 failed (a driver call's result, SGLang's KV sizing, a marker's error). Where NVML's ``used`` reads
 far below what was traced (its samples lag the driver calls, up to a sampling period), a note
@@ -339,6 +340,45 @@ def _band_corners(x0: np.ndarray, width: np.ndarray) -> np.ndarray:
     return corners
 
 
+def _band_strip(x0: np.ndarray, width: np.ndarray, view: tuple[float, float], columns: int) -> np.ndarray:
+    """The bands from ``x0`` to ``x0 + width`` (every other one in each of the two colours) as one
+    row of RGBA pixels over ``view``: each column's colour is what the two colours' collections
+    drawn at a resolution without limit (the second over the first) average to over it.
+
+    Exact for any bands, overlapping ones too: a column shows the second colour over the length
+    the union of its bands covers there, the first over what the union of all bands adds to it."""
+    from matplotlib.colors import to_rgb  # matplotlib is loaded by then (_draw)
+
+    edges = np.linspace(view[0], view[1], columns + 1)
+    end = x0 + width
+    second = _covered(*_union(x0[1::2], end[1::2]), edges)
+    every = _covered(*_union(x0, end), edges)
+    rgba = np.zeros((1, columns, 4))
+    over = np.maximum(every, np.finfo(float).tiny)
+    rgba[0, :, :3] = (np.outer(every - second, to_rgb(_BAND[0])) + np.outer(second, to_rgb(_BAND[1]))) / over[:, None]
+    rgba[0, :, 3] = every
+    return np.clip(rgba, 0.0, 1.0)
+
+
+def _union(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The intervals from ``start`` to ``end`` merged where they overlap: sorted, disjoint."""
+    if not len(start):
+        return start, end
+    order = np.argsort(start, kind="stable")
+    start, reach = start[order], np.maximum.accumulate(end[order])
+    first = np.flatnonzero(np.concatenate(([True], start[1:] > reach[:-1])))
+    return start[first], reach[np.concatenate((first[1:] - 1, [len(start) - 1]))]
+
+
+def _covered(start: np.ndarray, end: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Each column's share (between consecutive ``edges``) that the disjoint sorted intervals cover."""
+    def to(points: np.ndarray) -> np.ndarray:  # for each edge, the sum of (edge - p) over the points before it
+        before = np.searchsorted(points, edges, side="right")
+        return before * edges - np.concatenate(([0.0], np.cumsum(points)))[before]
+
+    return np.clip(np.diff(to(start) - to(end)) / np.diff(edges), 0.0, 1.0)
+
+
 def _failures(p: Panel) -> list[tuple[int, str]]:
     """(ts, what) of the answer's failures on the panel's GPU (or of no known GPU, on GPU 0's
     panel or the host's): a driver call by its result and size, SGLang's KV sizing, a marker's error."""
@@ -403,6 +443,7 @@ def _envelope(x: np.ndarray, y: np.ndarray, edges: np.ndarray) -> tuple[np.ndarr
 
 def _panel(ax, p: Panel, scale: int, view: tuple[float, float]) -> None:
     from matplotlib.collections import PolyCollection  # matplotlib is loaded by then (_draw)
+    from matplotlib.image import AxesImage
 
     ax.set_title(p.title, loc="left", fontsize=10)
     s = p.rec.timeline.gpus.get(p.gpu)
@@ -444,14 +485,19 @@ def _panel(ax, p: Panel, scale: int, view: tuple[float, float]) -> None:
         ax.text(x0[k].item(), 0.98 if k % 2 == 0 else 0.55, f" {bands.name[k]}", transform=ax.get_xaxis_transform(),
                 rotation=90, va="top", ha="left", fontsize=7, color="#303030", clip_on=True,
                 bbox={"facecolor": "white", "alpha": 0.75, "edgecolor": "none", "pad": 0.6})
-    # Past NAMED phases the bands go into a vector file (SVG, PDF) as one image at the figure's
-    # resolution, not a path each: 25,000 of them were most of what 50,000 markers cost the plot,
-    # for bands narrower than a pixel. A PNG is pixels either way; fewer bands stay paths.
-    many = len(bands.name) > NAMED
-    for k in (0, 1):  # every other band in a colour
-        if len(x0[k::2]):
-            ax.add_collection(PolyCollection(_band_corners(x0[k::2], width[k::2]), transform=ax.get_xaxis_transform(),
-                                             color=_BAND[k], zorder=-2, linewidth=0, rasterized=many))
+    # Past NAMED phases the bands are one image a pixel column of the picture each, not a path
+    # each: 25,000 of them were most of what 50,000 markers cost the plot (Agg drew every band the
+    # panel's height, in a vector file too, rasterized), for bands narrower than a pixel.
+    if len(bands.name) > NAMED:
+        strip = AxesImage(ax, interpolation="antialiased", extent=(view[0], view[1], 0, 1), zorder=-2,
+                          transform=ax.get_xaxis_transform())
+        strip.set_data(_band_strip(x0, width, view, int(WIDTH_IN * DPI)))
+        ax.add_image(strip)
+    else:
+        for k in (0, 1):  # every other band in a colour
+            if len(x0[k::2]):
+                ax.add_collection(PolyCollection(_band_corners(x0[k::2], width[k::2]), color=_BAND[k], zorder=-2,
+                                                 linewidth=0, transform=ax.get_xaxis_transform()))
     win = _window(p)
     if win is not None:
         ax.axvspan((win.start_ts - p.offset) / 1e9, (win.end_ts - p.offset) / 1e9, facecolor="none", hatch="////",

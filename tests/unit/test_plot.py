@@ -258,3 +258,29 @@ def test_band_corners_are_the_floats_broken_barh_makes():
     assert len(theirs) == len(ours)
     for path, corners in zip(theirs, ours):
         assert np.array_equal(path.vertices[:4], corners)
+
+
+def test_a_strip_column_is_the_bands_share_of_it_in_their_colours():
+    # GIVEN bands over a view of 4 columns: band 0 (first colour) covers column 0 whole, band 1
+    # (second colour) half of column 1, band 2 (first colour) columns 2 and 3 and band 3 (second)
+    # column 3 again, over it; an empty band 4 at the edge of column 2
+    from matplotlib.colors import to_rgb
+
+    x0 = np.array([0.0, 1.5, 2.0, 3.0, 2.0])
+    width = np.array([1.0, 0.5, 2.0, 1.0, 0.0])
+    # WHEN the strip is made
+    strip = plot_module._band_strip(x0, width, (0.0, 4.0), 4)[0]
+    first, second = (np.array(to_rgb(c)) for c in plot_module._BAND)
+    # THEN each column's alpha is the covered share, its colour the bands' own, the second
+    # colour over the first where both cover it (as the two collections were drawn)
+    assert np.allclose(strip[:, 3], [1.0, 0.5, 1.0, 1.0])
+    assert np.allclose(strip[0, :3], first) and np.allclose(strip[2, :3], first)
+    assert np.allclose(strip[1, :3], second) and np.allclose(strip[3, :3], second)
+    # AND bands narrower than a column add up: 1,000 bands of a thousandth of a column each in
+    # every other thousandth cover half of it
+    many = np.arange(2000) / 2000
+    strip = plot_module._band_strip(many, np.full(2000, 1 / 2000), (0.0, 1.0), 1)[0]
+    assert np.isclose(strip[0, 3], 1.0)
+    x0 = np.arange(0, 2000, 2) / 2000
+    strip = plot_module._band_strip(np.repeat(x0, 2), np.tile([1 / 2000, 0.0], 1000), (0.0, 1.0), 1)[0]
+    assert np.isclose(strip[0, 3], 0.5) and np.allclose(strip[0, :3], first)
