@@ -84,13 +84,13 @@ def load(path: str | os.PathLike, pandas: bool | None = None) -> Recording:
     """
     from memrec.base.errors import TraceFormatError
     from memrec.trace.reader import load_trace
+    from memrec.trace.reader import nothing_read
 
     use_pandas = _use_pandas(pandas)
     trace = load_trace(path)
-    if not trace.header:  # the commands' words: memrec.commands.common's check_trace_path and _checked_trace
-        empty = os.path.getsize(path) == 0
-        raise TraceFormatError(f"{os.fspath(path)}: "
-                               + ("empty file, not a memrec trace (yet?)" if empty else trace.warnings[0]))
+    problem = nothing_read(trace, path)
+    if problem is not None:
+        raise TraceFormatError(f"{os.fspath(path)}: {problem}")
     for warning in trace.warnings:
         warnings.warn(f"{os.fspath(path)}: {warning}", UserWarning, stacklevel=3)  # the caller of memrec.load
     return Recording(trace, pandas=use_pandas)

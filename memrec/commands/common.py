@@ -71,7 +71,9 @@ def check_trace_path(path: Path) -> None:
     except PermissionError as error:  # pathlib's exists() raises it inside a folder this user may not search
         raise MemrecCommandError(f"{path}: {error.strerror}", exit_code=ExitCode.NO_INPUT) from None
     if empty:
-        raise MemrecCommandError(f"{path}: empty file, not a memrec trace (yet?)", exit_code=ExitCode.DATA)
+        from memrec.trace.reader import EMPTY_FILE
+
+        raise MemrecCommandError(f"{path}: {EMPTY_FILE}", exit_code=ExitCode.DATA)
 
 
 def _reads_past_its_size(path: Path) -> bool:
@@ -139,8 +141,11 @@ def _checked_trace(path: Path, read, warn: bool):
         trace = read(path)
     except (TraceFormatError, OSError) as error:
         raise trace_error(path, error) from error
-    if not trace.header:  # cut inside its header: nothing to report
-        raise MemrecCommandError(f"{path}: {trace.warnings[0]}", exit_code=ExitCode.DATA)
+    from memrec.trace.reader import nothing_read
+
+    problem = nothing_read(trace, path)  # cut inside its header: nothing to report
+    if problem is not None:
+        raise MemrecCommandError(f"{path}: {problem}", exit_code=ExitCode.DATA)
     if warn:
         for warning in trace.warnings:
             print(f"memrec: warning: {path}: {warning}", file=sys.stderr)

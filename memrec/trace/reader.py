@@ -417,6 +417,19 @@ def _record_ts(obj: dict, item: Any) -> int | None:
     return ts if isinstance(ts, int) else None
 
 
+#: What a reader says of an empty file (a daemon's before it wrote its header, or not a trace).
+EMPTY_FILE = "empty file, not a memrec trace (yet?)"
+
+
+def nothing_read(trace: Any, path: str | os.PathLike) -> str | None:
+    """Why ``trace`` (read from ``path`` by :func:`load_trace` or a scan) holds nothing to show: an
+    empty file, or one cut inside its header; None when it has its header. Every command and
+    ``memrec.load`` refuse such a trace alike."""
+    if trace.header:
+        return None
+    return EMPTY_FILE if os.path.getsize(path) == 0 else trace.warnings[0]
+
+
 def load_trace(path: str | os.PathLike) -> Trace:
     """Read a whole trace into memory.
 
